@@ -1,0 +1,155 @@
+"""Where KV bytes live: a paged KV pool (pinned host RAM or device memory) and the device index-key cache.
+
+Primitives:
+- `KVPool(medium, ...)`: one tensor `[attn_layers, n_pages * page_size, row_words]` of int64 words
+  (a row is one token's K+V of one QSA layer, `row_bytes` long). `medium="host"` pins it (page-locked,
+  mapped into the GPU's address space so kernels can read it directly); `medium="device"` puts it in
+  device memory (the no-offload baseline).
+- `PageTable`: hands pages of the pool to request slots and translates token positions to physical
+  rows (`page * page_size + pos % page_size`), on the device so a decode step needs no host sync.
+- `IndexKeyCache`: per slot and QSA layer, `index_dim` fp8 values + one fp16 scale per token, always
+  on the compute device (66 B/token/layer for the reference shape).
+
+Bytes are moved elsewhere (`transfer.py`); this module only decides where they are.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+WORD = 8  # pool rows are int64 words: every row_bytes in our shapes is a multiple of 8
+
+
+def pin_available(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+class KVPool:
+    """Paged pool of K+V rows for all QSA layers of all requests."""
+
+    def __init__(self, medium: str, attn_layers: int, n_pages: int, page_size: int, row_bytes: int,
+                 device: torch.device):
+        if medium not in ("host", "device"):
+            raise ValueError(f"KV pool medium must be 'host' or 'device', not {medium!r}")
+        if row_bytes % WORD:
+            raise ValueError(f"row_bytes {row_bytes} must be a multiple of {WORD}")
+        self.medium, self.page_size, self.row_bytes = medium, page_size, row_bytes
+        self.attn_layers, self.n_pages = attn_layers, n_pages
+        shape = (attn_layers, n_pages * page_size, row_bytes // WORD)
+        if medium == "device":
+            self.data = torch.empty(shape, dtype=torch.int64, device=device)
+        else:
+            # Pinned so that DMA and zero-copy kernels reach it; on CPU-only machines plain memory.
+            self.data = torch.empty(shape, dtype=torch.int64, pin_memory=pin_available(device))
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * WORD
+
+    def rows_bf16(self, layer: int) -> torch.Tensor:
+        """The layer's rows as bf16 values `[rows, 2 * kv_heads * head_dim]` (K first, then V)."""
+        return self.data[layer].view(torch.bfloat16)
+
+    def fill_random_(self, seed: int) -> None:
+        """Seeded random rows of moderate magnitude (decode time does not depend on values; never zeros)."""
+        g = torch.Generator(device="cpu" if self.data.device.type == "cpu" else self.data.device).manual_seed(seed)
+        flat = self.data.view(torch.bfloat16).view(-1)
+        # Fill in chunks so a 24 GiB pinned pool does not need a 24 GiB temporary.
+        chunk = 1 << 26
+        for s in range(0, flat.numel(), chunk):
+            part = flat[s:s + chunk]
+            part.copy_(torch.randn(part.numel(), generator=g, device=g.device, dtype=torch.float32).to(torch.bfloat16))
+
+
+class PageTable:
+    """Pages of a `KVPool` per request slot; positions -> physical rows on the device."""
+
+    def __init__(self, n_pages: int, page_size: int, n_slots: int, max_pages_per_slot: int, device: torch.device):
+        self.page_size, self.n_pages = page_size, n_pages
+        self.free = list(range(n_pages))
+        self.pages: list[list[int]] = [[] for _ in range(n_slots)]
+        self.table = torch.zeros((n_slots, max_pages_per_slot), dtype=torch.int64, device=device)
+
+    def reserve(self, slot: int, n_tokens: int) -> None:
+        need = math.ceil(n_tokens / self.page_size) - len(self.pages[slot])
+        if need > len(self.free):
+            raise MemoryError(f"KV pool has {len(self.free)} free pages, slot {slot} needs {need}")
+        if need > 0:
+            # Lowest free pages first: a request admitted into an empty pool gets one contiguous run.
+            self.free.sort()
+            new, self.free = self.free[:need], self.free[need:]
+            self.pages[slot].extend(new)
+            self.table[slot, :len(self.pages[slot])] = torch.tensor(self.pages[slot], dtype=torch.int64)
+
+    def release(self, slot: int) -> None:
+        self.free.extend(self.pages[slot])
+        self.pages[slot] = []
+
+    def rows(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Physical rows of `positions` [B, ...] for request `slots` [B] (device tensors, no sync)."""
+        page = positions // self.page_size
+        tab = self.table[slots]                                   # [B, max_pages]
+        phys_page = torch.gather(tab, 1, page.reshape(page.shape[0], -1)).reshape(page.shape)
+        return phys_page * self.page_size + positions % self.page_size
+
+    def runs(self, slot: int, start: int, end: int) -> list[tuple[int, int, int]]:
+        """Contiguous (first_pos, first_row, n) runs covering positions [start, end) of a slot."""
+        out: list[tuple[int, int, int]] = []
+        ps = self.page_size
+        pos = start
+        while pos < end:
+            page, off = divmod(pos, ps)
+            n = min(ps - off, end - pos)
+            row = self.pages[slot][page] * ps + off
+            if out and out[-1][1] + out[-1][2] == row:
+                a, r, m = out[-1]
+                out[-1] = (a, r, m + n)
+            else:
+                out.append((pos, row, n))
+            pos += n
+        return out
+
+
+@dataclass
+class IndexKeyCache:
+    """fp8 index keys and their fp16 scales per slot, QSA layer and position: `[L, S, cap, D]`, `[L, S, cap]`."""
+    keys: torch.Tensor
+    scales: torch.Tensor
+
+    @classmethod
+    def allocate(cls, attn_layers: int, n_slots: int, capacity: int, index_dim: int, device: torch.device):
+        fp8 = fp8_dtype(device)
+        return cls(torch.zeros((attn_layers, n_slots, capacity, index_dim), dtype=fp8, device=device),
+                   torch.zeros((attn_layers, n_slots, capacity), dtype=torch.float16, device=device))
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.numel() * self.keys.element_size() + self.scales.numel() * 2
+
+    def fill_random_(self, seed: int) -> None:
+        g = torch.Generator(device=self.keys.device).manual_seed(seed)
+        for layer in range(self.keys.shape[0]):
+            k = torch.randn(self.keys.shape[1:], generator=g, device=self.keys.device, dtype=torch.float32)
+            self.keys[layer].copy_(quantize_index_keys(k)[0])
+            self.scales[layer].uniform_(0.5, 1.5, generator=g)
+
+
+def fp8_dtype(device: torch.device) -> torch.dtype:
+    return torch.float8_e4m3fn
+
+
+FP8_MAX = 448.0
+
+
+def quantize_index_keys(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token symmetric fp8 quantization: `k ≈ q.float() * scale` with one fp16 scale per token."""
+    amax = k.abs().amax(dim=-1).float().clamp_min(1e-6)
+    scale = (amax / FP8_MAX)
+    q = (k.float() / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale.to(torch.float16)

@@ -1,0 +1,207 @@
+"""The decoder's layers, pure compute (where KV lives is model.py's business).
+
+- `QSALayer`: projections of a sparse-attention layer (query + output gate, K, V with per-head norm
+  and partial RoPE, and the indexer's query, head weights and index key) and its output projection.
+- `DeltaNetLayer`: gated DeltaNet (Qwen3-Next linear attention) with a fixed-size state per head:
+  `S <- a*S + b * k (v - (a*S)^T k)^T`, output `S^T q`; a one-token `step` for decode and a chunked
+  `forward_seq` for prefill, both checked against `delta_rule_reference` (a plain loop).
+- `FFN`: SwiGLU, a dense stand-in for the active experts.
+Weights are random and seeded, scaled 1/sqrt(fan_in) so activations stay O(1) through 48 layers.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..shapes import ModelShape
+
+
+def _w(gen: torch.Generator, fan_in: int, fan_out: int, dtype, device) -> nn.Parameter:
+    t = torch.randn(fan_in, fan_out, generator=gen, device=device, dtype=torch.float32) / math.sqrt(fan_in)
+    return nn.Parameter(t.to(dtype), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, dtype, device, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def apply_rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float = 1e7) -> torch.Tensor:
+    """Rotate the first `rotary_dim` dims of x [N, H, D] at positions pos [N] (neox half-split)."""
+    half = rotary_dim // 2
+    inv = 1.0 / theta ** (torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    ang = pos.to(torch.float32)[:, None] * inv[None, :]                 # [N, half]
+    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    x1, x2, rest = x[..., :half].float(), x[..., half:rotary_dim].float(), x[..., rotary_dim:]
+    rot = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return torch.cat([rot, rest], dim=-1)
+
+
+class QSALayer(nn.Module):
+    def __init__(self, s: ModelShape, gen, dtype, device):
+        super().__init__()
+        self.s = s
+        self.q_out = 2 * s.n_heads * s.head_dim                 # query and sigmoid output gate
+        self.kv_out = s.n_kv_heads * s.head_dim
+        self.splits = [self.q_out, self.kv_out, self.kv_out, s.index_heads * s.index_dim, s.index_heads, s.index_dim]
+        self.w_in = _w(gen, s.hidden, sum(self.splits), dtype, device)
+        self.w_o = _w(gen, s.n_heads * s.head_dim, s.hidden, dtype, device)
+        self.q_norm = RMSNorm(s.head_dim, dtype, device)
+        self.k_norm = RMSNorm(s.head_dim, dtype, device)
+
+    def project(self, x: torch.Tensor, pos: torch.Tensor):
+        """x [N, hidden], pos [N] -> q [N, Hq, D], gate [N, Hq*D], kv_row [N, 2*Hkv*D] (K roped),
+        index query [N, Hi, Di], index head weights [N, Hi], index key [N, Di]."""
+        s = self.s
+        qg, k, v, iq, iw, ik = torch.split(x @ self.w_in, self.splits, dim=-1)
+        q, gate = qg.view(-1, s.n_heads, 2 * s.head_dim).chunk(2, dim=-1)
+        q = apply_rope(self.q_norm(q), pos, s.rotary_dim)
+        k = apply_rope(self.k_norm(k.view(-1, s.n_kv_heads, s.head_dim)), pos, s.rotary_dim)
+        kv_row = torch.cat([k.flatten(1), v], dim=-1)
+        return (q, gate.reshape(-1, s.n_heads * s.head_dim), kv_row,
+                iq.view(-1, s.index_heads, s.index_dim), iw * (s.index_heads ** -0.5), ik)
+
+    def output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return (attn.flatten(1) * torch.sigmoid(gate)) @ self.w_o
+
+
+class FFN(nn.Module):
+    def __init__(self, s: ModelShape, gen, dtype, device):
+        super().__init__()
+        self.w_gu = _w(gen, s.hidden, 2 * s.ffn_intermediate, dtype, device)
+        self.w_d = _w(gen, s.ffn_intermediate, s.hidden, dtype, device)
+
+    def forward(self, x):
+        g, u = (x @ self.w_gu).chunk(2, dim=-1)
+        return (F.silu(g) * u) @ self.w_d
+
+
+# ----------------------------------------------------------------------------- gated DeltaNet
+def delta_rule_reference(q, k, v, log_a, beta, S0):
+    """The gated delta rule, one token at a time (the definition the fast paths are checked against).
+    q, k [T, H, dk] (L2-normalised, q pre-scaled), v [T, H, dv], log_a, beta [T, H], S0 [H, dk, dv] fp32.
+    Returns o [T, H, dv] and the final state."""
+    S = S0.clone()
+    outs = []
+    for t in range(q.shape[0]):
+        S = S * log_a[t].exp()[:, None, None]
+        kt, vt = k[t].float(), v[t].float()
+        v_old = torch.einsum("hkv,hk->hv", S, kt)
+        S = S + beta[t].float()[:, None, None] * torch.einsum("hk,hv->hkv", kt, vt - v_old)
+        outs.append(torch.einsum("hkv,hk->hv", S, q[t].float()))
+    return torch.stack(outs), S
+
+
+def delta_rule_chunked(q, k, v, log_a, beta, S0, chunk: int = 64):
+    """Same function as `delta_rule_reference`, chunk by chunk (WY form): within a chunk the updates
+    are solved as one triangular system, so the Python loop runs T/chunk times instead of T."""
+    T, H, dk = k.shape
+    dv = v.shape[-1]
+    pad = (-T) % chunk
+    q, k, v = (F.pad(x.float(), (0, 0, 0, 0, 0, pad)) for x in (q, k, v))   # pad tokens: k=0, beta=0, decay 1
+    log_a = F.pad(log_a.float(), (0, 0, 0, pad))
+    beta = F.pad(beta.float(), (0, 0, 0, pad))
+    n = (T + pad) // chunk
+    # [H, n, C, ...]
+    q, k, v = (x.view(n, chunk, H, -1).permute(2, 0, 1, 3) for x in (q, k, v))
+    g = log_a.view(n, chunk, H).permute(2, 0, 1).cumsum(-1)                 # cumulative log decay in chunk
+    b = beta.view(n, chunk, H).permute(2, 0, 1)
+    kb = k * b[..., None]
+    decay = (g[..., :, None] - g[..., None, :])                              # [H, n, C, C]
+    lower = torch.tril(torch.ones(chunk, chunk, dtype=torch.bool, device=q.device), -1)
+    L = torch.where(lower, decay.exp(), torch.zeros((), device=q.device))
+    A = (kb @ k.transpose(-1, -2)) * L                                       # strictly lower
+    eye = torch.eye(chunk, device=q.device)
+    Tm = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False)   # (I + A)^-1
+    u = Tm @ (v * b[..., None])                                              # [H, n, C, dv]
+    w = Tm @ (kb * g.exp()[..., None])                                       # [H, n, C, dk]
+    causal = torch.tril(torch.ones(chunk, chunk, dtype=torch.bool, device=q.device))
+    Lq = torch.where(causal, decay.exp(), torch.zeros((), device=q.device))
+    qk = (q @ k.transpose(-1, -2)) * Lq                                      # [H, n, C, C]
+    S = S0.float().clone()
+    out = torch.empty(H, n, chunk, dv, device=q.device, dtype=torch.float32)
+    g_last = g[..., -1]                                                      # [H, n]
+    k_tail = k * (g_last[..., None] - g).exp()[..., None]                    # decay from t to chunk end
+    qg = q * g.exp()[..., None]
+    for i in range(n):
+        v_new = u[:, i] - w[:, i] @ S                                        # [H, C, dv]
+        out[:, i] = qg[:, i] @ S + qk[:, i] @ v_new
+        S = S * g_last[:, i].exp()[:, None, None] + k_tail[:, i].transpose(-1, -2) @ v_new
+    out = out.permute(1, 2, 0, 3).reshape(n * chunk, H, dv)[:T]
+    return out, S
+
+
+class DeltaNetLayer(nn.Module):
+    def __init__(self, s: ModelShape, gen, dtype, device):
+        super().__init__()
+        self.s = s
+        dk, dv, nv = s.dn_k_heads * s.dn_head_dim, s.dn_v_heads * s.dn_head_dim, s.dn_v_heads
+        self.splits = [dk, dk, dv, dv, nv, nv]                              # q, k, v, z (out gate), a, b
+        self.conv_ch = 2 * dk + dv
+        self.w_in = _w(gen, s.hidden, sum(self.splits), dtype, device)
+        self.conv_w = nn.Parameter((torch.randn(self.conv_ch, s.dn_conv, generator=gen, device=device) /
+                                    math.sqrt(s.dn_conv)).to(dtype), requires_grad=False)
+        self.A_log = nn.Parameter(torch.empty(nv, device=device).uniform_(0, math.log(16), generator=gen), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.randn(nv, generator=gen, device=device) * 0.5, requires_grad=False)
+        self.o_norm = RMSNorm(s.dn_head_dim, dtype, device)
+        self.w_o = _w(gen, dv, s.hidden, dtype, device)
+
+    def state_shapes(self):
+        s = self.s
+        return (s.dn_v_heads, s.dn_head_dim, s.dn_head_dim), (self.conv_ch, s.dn_conv - 1)
+
+    def _gates(self, a, b):
+        log_a = -self.A_log.exp() * F.softplus(a.float() + self.dt_bias)     # log of the decay, < 0
+        return log_a, torch.sigmoid(b.float())
+
+    def _qkv(self, conv_out, n):
+        s = self.s
+        dk = s.dn_k_heads * s.dn_head_dim
+        q, k, v = torch.split(conv_out, [dk, dk, conv_out.shape[-1] - 2 * dk], dim=-1)
+        rep = s.dn_v_heads // s.dn_k_heads                                   # each key head serves `rep` value heads
+        q = F.normalize(q.float().view(n, s.dn_k_heads, -1), dim=-1).repeat_interleave(rep, 1) * s.dn_head_dim ** -0.5
+        k = F.normalize(k.float().view(n, s.dn_k_heads, -1), dim=-1).repeat_interleave(rep, 1)
+        return q, k, v.float().view(n, s.dn_v_heads, -1)
+
+    def _out(self, o, z):
+        n = o.shape[0]
+        o = self.o_norm(o.to(z.dtype)) * F.silu(z.view(n, self.s.dn_v_heads, -1))
+        return o.flatten(1) @ self.w_o
+
+    def step(self, x: torch.Tensor, S: torch.Tensor, conv: torch.Tensor) -> torch.Tensor:
+        """One token per request: x [B, hidden]; S [B, H, dk, dv] fp32 and conv [B, C, K-1] updated in place."""
+        B = x.shape[0]
+        qkv, z, a, b = torch.split(x @ self.w_in, [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
+        window = torch.cat([conv, qkv.unsqueeze(-1)], dim=-1)                # [B, C, K]
+        conv.copy_(window[..., 1:])
+        conv_out = F.silu((window.float() * self.conv_w.float()).sum(-1)).to(x.dtype)
+        q, k, v = self._qkv(conv_out, B)
+        log_a, beta = self._gates(a, b)
+        S.mul_(log_a.exp()[..., None, None])
+        v_old = torch.einsum("bhkv,bhk->bhv", S, k)
+        S.add_(torch.einsum("bhk,bhv->bhkv", k * beta[..., None], v - v_old))
+        o = torch.einsum("bhkv,bhk->bhv", S, q)
+        return self._out(o, z)
+
+    def forward_seq(self, x: torch.Tensor, S: torch.Tensor, conv: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+        """A prompt chunk of one request: x [T, hidden]; S [H, dk, dv], conv [C, K-1] updated in place."""
+        T = x.shape[0]
+        qkv, z, a, b = torch.split(x @ self.w_in, [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
+        seq = torch.cat([conv.to(qkv.dtype), qkv.t()], dim=-1)               # [C, K-1+T]
+        conv.copy_(seq[:, -(self.s.dn_conv - 1):])
+        conv_out = F.silu(F.conv1d(seq.unsqueeze(0).float(), self.conv_w.float().unsqueeze(1),
+                                   groups=self.conv_ch)[0].t()).to(x.dtype)  # [T, C]
+        q, k, v = self._qkv(conv_out, T)
+        log_a, beta = self._gates(a, b)
+        o, S_new = delta_rule_chunked(q, k, v, log_a, beta, S, chunk=chunk)
+        S.copy_(S_new)
+        return self._out(o, z)

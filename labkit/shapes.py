@@ -1,0 +1,117 @@
+"""Model shapes: layer pattern, heads, dims, bytes per KV row and per index key; named presets.
+
+`ModelShape.from_name("qwen3.8-flash-next")` gives the reference shape of seed 000. Users add their
+own with `ModelShape.from_json(path)` (the same field names) or by constructing the dataclass.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    layers: int
+    attn_every: int          # every `attn_every`-th layer (1-based: layer index % attn_every == attn_every-1) is QSA
+    hidden: int
+    n_heads: int             # query heads of a QSA layer
+    n_kv_heads: int
+    head_dim: int
+    rotary_dim: int          # partial RoPE (Qwen3-Next rotates a quarter of head_dim)
+    index_dim: int           # fp8 values per index key (+ one fp16 scale)
+    index_heads: int         # indexer query heads, weighted and summed into one score per token
+    dn_k_heads: int          # gated DeltaNet key/query heads
+    dn_v_heads: int          # gated DeltaNet value heads
+    dn_head_dim: int
+    dn_conv: int             # short causal conv kernel of the DeltaNet q/k/v
+    ffn_intermediate: int    # dense stand-in for the active experts
+    vocab: int
+    note: str = ""
+
+    # -- derived ---------------------------------------------------------------
+    @property
+    def attn_layer_ids(self) -> list[int]:
+        return [i for i in range(self.layers) if i % self.attn_every == self.attn_every - 1]
+
+    @property
+    def attn_layers(self) -> int:
+        return len(self.attn_layer_ids)
+
+    @property
+    def deltanet_layers(self) -> int:
+        return self.layers - self.attn_layers
+
+    @property
+    def row_bytes(self) -> int:
+        """K+V bytes of one token in one QSA layer (bf16)."""
+        return 2 * self.n_kv_heads * self.head_dim * BF16_BYTES
+
+    @property
+    def index_key_bytes(self) -> int:
+        """Index key of one token in one QSA layer: index_dim fp8 values + one fp16 scale."""
+        return self.index_dim + 2
+
+    def kv_bytes_per_token(self) -> int:
+        return self.row_bytes * self.attn_layers
+
+    def h2d_bytes_per_step(self, budget: int, context_lens: list[int]) -> int:
+        """Bytes the selected rows of one decode step weigh, summed over requests and QSA layers."""
+        return sum(min(budget, c) for c in context_lens) * self.row_bytes * self.attn_layers
+
+    def weight_params(self) -> int:
+        """Parameters the engine instantiates (embedding and head counted once each)."""
+        h = self.hidden
+        qsa = h * (2 * self.n_heads * self.head_dim) + 2 * h * self.n_kv_heads * self.head_dim \
+            + self.n_heads * self.head_dim * h + h * (self.index_heads * self.index_dim + self.index_heads + self.index_dim)
+        dk, dv = self.dn_k_heads * self.dn_head_dim, self.dn_v_heads * self.dn_head_dim
+        dn = h * (2 * dk + 2 * dv + 2 * self.dn_v_heads) + dv * h
+        ffn = 3 * h * self.ffn_intermediate
+        return (self.attn_layers * qsa + self.deltanet_layers * dn + self.layers * ffn + 2 * self.vocab * h)
+
+    def weight_bytes(self) -> int:
+        return self.weight_params() * BF16_BYTES
+
+    def summary(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(attn_layers=self.attn_layers, deltanet_layers=self.deltanet_layers, row_bytes=self.row_bytes,
+                 index_key_bytes=self.index_key_bytes, weight_bytes=self.weight_bytes())
+        return d
+
+    # -- construction ----------------------------------------------------------
+    @classmethod
+    def from_name(cls, name: str) -> "ModelShape":
+        if name in PRESETS:
+            return PRESETS[name]
+        if name.endswith(".json") and Path(name).is_file():
+            return cls.from_json(name)
+        raise ValueError(f"unknown shape {name!r}: choose one of {', '.join(PRESETS)} or give a .json file")
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "ModelShape":
+        d = json.loads(Path(path).read_text())
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"shape file {path}: unknown fields {sorted(unknown)}")
+        return cls(**d)
+
+
+PRESETS: dict[str, ModelShape] = {
+    # Seed 000's model with the public Qwen3-Next-80B-A3B layout where the seed is silent.
+    "qwen3.8-flash-next": ModelShape(
+        name="qwen3.8-flash-next", layers=48, attn_every=4, hidden=2048, n_heads=16, n_kv_heads=2,
+        head_dim=256, rotary_dim=64, index_dim=64, index_heads=4, dn_k_heads=16, dn_v_heads=32,
+        dn_head_dim=128, dn_conv=4, ffn_intermediate=11 * 512, vocab=151936,
+        note="MoE FFN (10 routed + 1 shared experts of 512) replaced by a dense 11x512 stand-in with "
+             "the same active parameters; weights random and seeded"),
+    # Same pattern, tiny dims: CPU tests in seconds.
+    "tiny": ModelShape(
+        name="tiny", layers=8, attn_every=4, hidden=64, n_heads=4, n_kv_heads=2, head_dim=32,
+        rotary_dim=8, index_dim=16, index_heads=2, dn_k_heads=2, dn_v_heads=4, dn_head_dim=16,
+        dn_conv=4, ffn_intermediate=128, vocab=512, note="test shape with the reference layer pattern"),
+}
