@@ -257,10 +257,14 @@ def attention_modules(model) -> list:
 
 
 def instrument(model, controller: SparseController | None = None) -> SparseController:
-    """Switch `model` to `labkit_sparse` attention driven by `controller` (returned). Idempotent."""
+    """Switch `model` to `labkit_sparse` attention driven by `controller` (returned).
+
+    Without a controller the one already attached is kept (a fresh one if none): idempotent.
+    """
     _register()
-    ctl = controller or SparseController()
-    for m in attention_modules(model):
+    mods = attention_modules(model)
+    ctl = controller or getattr(mods[0], "_labkit_ctl", None) or SparseController()
+    for m in mods:
         m._labkit_ctl = ctl
     try:
         model.set_attn_implementation(ATTN_NAME)
