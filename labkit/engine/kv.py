@@ -15,6 +15,7 @@ Bytes are moved elsewhere (`transfer.py`); this module only decides where they a
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -38,15 +39,37 @@ class KVPool:
         self.medium, self.page_size, self.row_bytes = medium, page_size, row_bytes
         self.attn_layers, self.n_pages = attn_layers, n_pages
         shape = (attn_layers, n_pages * page_size, row_bytes // WORD)
+        self.pinned = False
         if medium == "device":
             self.data = torch.empty(shape, dtype=torch.int64, device=device)
         else:
-            # Pinned so that DMA and zero-copy kernels reach it; on CPU-only machines plain memory.
-            self.data = torch.empty(shape, dtype=torch.int64, pin_memory=pin_available(device))
+            # Plain pages first, pinned after `fill_random_`/`pin_()` (see `pin_`): on CPU-only machines
+            # host and "device" are the same memory and nothing is pinned.
+            self.data = torch.empty(shape, dtype=torch.int64)
+            if pin_available(device):
+                self.data.zero_()   # fault the pages in with all threads; registering would do it on one
+                self.pin_()
 
     @property
     def nbytes(self) -> int:
         return self.data.numel() * WORD
+
+    def pin_(self) -> None:
+        """Page-lock the pool with cudaHostRegister (mapped + portable), so DMA and zero-copy kernels reach it.
+
+        Not `pin_memory=True`: torch's caching host allocator rounds a pinned block up to a power of
+        two, so a 96 GiB pool would ask for 128 GiB of page-locked RAM. Registering the exact bytes of
+        an ordinary allocation costs nothing extra; with unified addressing the device uses the host
+        pointer itself."""
+        if self.pinned:
+            return
+        rt = torch.cuda.cudart()
+        ptr, size = self.data.data_ptr(), self.nbytes
+        err = rt.cudaHostRegister(ptr, size, 3)      # cudaHostRegisterPortable | cudaHostRegisterMapped
+        if int(err) != 0:
+            raise MemoryError(f"cudaHostRegister of {size / 2**30:.1f} GiB failed (error {int(err)}): not enough lockable RAM")
+        self.pinned = True
+        weakref.finalize(self, rt.cudaHostUnregister, ptr)
 
     def rows_bf16(self, layer: int) -> torch.Tensor:
         """The layer's rows as bf16 values `[rows, 2 * kv_heads * head_dim]` (K first, then V)."""
@@ -54,13 +77,18 @@ class KVPool:
 
     def fill_random_(self, seed: int) -> None:
         """Seeded random rows of moderate magnitude (decode time does not depend on values; never zeros)."""
-        g = torch.Generator(device="cpu" if self.data.device.type == "cpu" else self.data.device).manual_seed(seed)
+        dev = self.data.device
+        g = torch.Generator(device=dev).manual_seed(seed)
         flat = self.data.view(torch.bfloat16).view(-1)
-        # Fill in chunks so a 24 GiB pinned pool does not need a 24 GiB temporary.
-        chunk = 1 << 26
-        for s in range(0, flat.numel(), chunk):
-            part = flat[s:s + chunk]
-            part.copy_(torch.randn(part.numel(), generator=g, device=g.device, dtype=torch.float32).to(torch.bfloat16))
+        if dev.type == "cuda":
+            flat.normal_(generator=g)
+            return
+        # Host: one 64 MiB random block tiled over the pool (randn over 96 GiB would take minutes; a
+        # memcpy-speed fill takes seconds; decode time does not depend on the values).
+        block = torch.randn(min(flat.numel(), 1 << 25), generator=g).to(torch.bfloat16)
+        for s in range(0, flat.numel(), block.numel()):
+            part = flat[s:s + block.numel()]
+            part.copy_(block[:part.numel()])
 
 
 class PageTable:

@@ -141,6 +141,41 @@ def _topk_mask(score: torch.Tensor, k: int, causal: torch.Tensor) -> torch.Tenso
     return mask & causal
 
 
+def select(ctl: "SparseController", layer: int, policy: str, budget: int, p: torch.Tensor, query, key,
+           qpos: torch.Tensor, kpos: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+    """Selected positions as a bool mask broadcastable to p [B,Hkv,G,Tq,Tk].
+
+    p: dense attention probabilities; qpos/kpos: absolute positions; causal: [Tq,Tk].
+    Shapes of the mask: [B,Hkv,G,..] (oracle_qhead), [B,Hkv,1,..] (oracle), [B,1,1,..] (layer-shared).
+    """
+    g = p.shape[2]
+    if policy == "oracle_qhead":
+        return _topk_mask(p, budget, causal)
+    if policy == "oracle":
+        return _topk_mask(p.sum(2, keepdim=True), budget, causal)
+    if policy == "oracle_shared":
+        return _topk_mask(p.sum((1, 2), keepdim=True), budget, causal)
+    if policy == "indexer":
+        if ctl.indexer is None:
+            raise RuntimeError("policy 'indexer' needs a calibrated indexer (labkit.quality.indexer.calibrate)")
+        score = ctl.indexer.scores(layer, query, key)  # [B,Tq,Tk]
+        return _topk_mask(score.masked_fill(~causal, float("-inf"))[:, None, None], budget, causal)
+    if policy == "retrieval_head":
+        if layer not in ctl.retrieval_heads:
+            raise RuntimeError(f"policy 'retrieval_head' has no head chosen for layer {layer}")
+        h = ctl.retrieval_heads[layer]
+        score = p[:, h // g, h % g].clone()  # [B,Tq,Tk], probabilities in [0, 1]
+        score += 2.0 * (kpos < ctl.sink_window)[None, None, :]  # sink first,
+        score += 1.0 * (kpos[None, :] > qpos[:, None] - ctl.recent_window)[None]  # then the recent window
+        return _topk_mask(score.masked_fill(~causal, float("-inf"))[:, None, None], budget, causal)
+    raise ValueError(f"unknown policy {policy!r}: choose from {', '.join(POLICIES)}")
+
+
+def selection_recall(sel: torch.Tensor, ref: torch.Tensor, budget: int) -> torch.Tensor:
+    """|sel ∩ ref| / budget per row (last dim = key positions): recall@budget of sel against ref."""
+    return (sel & ref).sum(-1).float() / budget
+
+
 def _dense_sdpa(query, key, value, scaling, q_off):
     tq, tk = query.shape[2], key.shape[2]
     g = query.shape[1] // key.shape[1]
@@ -200,30 +235,7 @@ def sparse_attention_forward(module, query, key, value, attention_mask, scaling=
 
     k_budget = int(lp.budget)
     pol = lp.policy
-    if pol == "oracle_qhead":
-        mask = _topk_mask(p, k_budget, causal)
-    elif pol == "oracle":
-        mask = _topk_mask(p.sum(2, keepdim=True), k_budget, causal)
-    elif pol == "oracle_shared":
-        mask = _topk_mask(p.sum((1, 2), keepdim=True), k_budget, causal)
-    elif pol == "indexer":
-        if ctl.indexer is None:
-            raise RuntimeError("policy 'indexer' needs a calibrated indexer (labkit.quality.indexer.calibrate)")
-        score = ctl.indexer.scores(li, query, key)  # [B,Tq,Tk]
-        score = score.masked_fill(~causal, float("-inf"))[:, None, None]
-        mask = _topk_mask(score, k_budget, causal)
-    elif pol == "retrieval_head":
-        if li not in ctl.retrieval_heads:
-            raise RuntimeError(f"policy 'retrieval_head' has no head chosen for layer {li}")
-        h = ctl.retrieval_heads[li]
-        score = p[:, h // g, h % g].clone()  # [B,Tq,Tk]
-        score += 2.0 * (kpos < ctl.sink_window)[None, None, :]
-        score += 1.0 * (kpos[None, :] > qpos[:, None] - ctl.recent_window)[None]
-        score = score.masked_fill(~causal, float("-inf"))[:, None, None]
-        mask = _topk_mask(score, k_budget, causal)
-    else:  # pragma: no cover - LayerPolicy validates
-        raise ValueError(pol)
-
+    mask = select(ctl, li, pol, k_budget, p, query, key, qpos, kpos, causal)
     sparse_rows = (qpos + 1) > k_budget
     if sparse_rows.any():
         rec = (p * mask).sum(-1)[..., sparse_rows]  # [B,Hkv,G,rows]
@@ -231,7 +243,7 @@ def sparse_attention_forward(module, query, key, value, attention_mask, scaling=
         st.recall_n += rec.numel()
         if ctl.collect_overlap and pol in SHARED_POLICIES:
             ref = _topk_mask(p.sum((1, 2), keepdim=True), k_budget, causal)
-            ov = (ref & mask).sum(-1)[..., sparse_rows].float() / k_budget
+            ov = selection_recall(mask, ref, k_budget)[..., sparse_rows]
             st.overlap_sum += float(ov.sum())
             st.overlap_n += ov.numel()
     if ctl.record_selection:

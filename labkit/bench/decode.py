@@ -1,0 +1,310 @@
+"""The decode sweep (seed 000's table): decode speed against context length, budget and concurrency for
+each transfer strategy, plus prefill speed, with engine-counted H2D bytes next to NVML's PCIe counters.
+
+Grid: `context_lens x concurrency x strategies` at `budgets[0]` (the main table), plus `budgets[1:] x
+strategies` at `budget_context` (default: the largest context) and `concurrency[0]` (the budget axis),
+plus one prefill per `prefill_lens` entry. A decode point fills its requests' caches with seeded random
+rows and index keys (decode time does not depend on the values); prefill is measured on its own.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from ..engine import Engine, HybridModel, OffloadCache, get_strategy
+from ..engine.transfer import STRATEGIES
+from ..results import Run
+from ..shapes import ModelShape
+from ..telemetry import Sampler
+from .params import BadInput, Param, check_positive, gib, one_line, resolve, resolve_device
+from .progress import progress
+
+EXPERIMENT = "decode"
+
+SPEC = [
+    Param("shape", "str", "auto", "model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
+    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    Param("strategies", "list[str]", ["resident", "per_row", "host_gather", "zero_copy"], "transfer strategies"),
+    Param("context_lens", "list[int]", "auto", "context lengths (tokens; 8K, 1M accepted)"),
+    Param("budgets", "list[int]", "auto", "indexer budgets; the first is the main table's"),
+    Param("concurrency", "list[int]", [1, 4], "concurrent requests per decode step"),
+    Param("repeats", "int", 5, "timed repeats of `steps` steps"),
+    Param("steps", "int", 20, "decode steps per repeat"),
+    Param("prefill_lens", "list[int]", "auto", "prompt lengths for the prefill measurement (empty: none)"),
+    Param("budget_context", "int", 0, "context of the budget axis (0: the largest context)"),
+    Param("selection", "str", "indexer", "indexer, or trace:PATH to replay recorded selections"),
+    Param("per_row_steps", "int", 3, "steps (1 repeat) for per_row, whose steps take ~0.4 s per request"),
+    Param("seed", "int", 0, "weights and cache contents"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+
+AUTO = {
+    "cuda": {"shape": "qwen3.8-flash-next", "context_lens": [8 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20],
+             "budgets": [2048, 256, 512, 1024, 4096, 8192], "prefill_lens": [248 << 10]},
+    "cpu": {"shape": "tiny", "context_lens": [256, 1024, 4096], "budgets": [64, 16, 256], "prefill_lens": [2048]},
+}
+MARGIN = 64   # tokens of cache beyond a point's context: warm-up + timed steps must fit (checked)
+
+
+def plan(given: dict) -> dict:
+    """Resolve and validate parameters; raises BadInput with one line before anything is allocated."""
+    p = resolve(SPEC, given, EXPERIMENT)
+    dev = resolve_device(p["device"])
+    auto = AUTO["cuda" if dev.type == "cuda" else "cpu"]
+    for k in ("shape", "context_lens", "budgets", "prefill_lens"):
+        if p[k] == "auto":
+            p[k] = auto[k]
+    p["device"] = str(dev)
+    try:
+        shape = ModelShape.from_name(p["shape"])
+    except ValueError as ex:
+        raise BadInput(str(ex)) from None
+    unknown = [s for s in p["strategies"] if s not in STRATEGIES]
+    if unknown or not p["strategies"]:
+        raise BadInput(f"unknown strategy {unknown[0] if unknown else '(none)'}: choose from {', '.join(STRATEGIES)}")
+    if not p["context_lens"] or not p["budgets"] or not p["concurrency"]:
+        raise BadInput("context_lens, budgets and concurrency need at least one value each")
+    check_positive("budgets", p["budgets"])
+    check_positive("context_lens", p["context_lens"])
+    check_positive("concurrency", p["concurrency"])
+    check_positive("repeats", [p["repeats"]])
+    check_positive("steps", [p["steps"]])
+    check_positive("prefill_lens", p["prefill_lens"] or [1])
+    if p["selection"] != "indexer" and not p["selection"].startswith("trace:"):
+        raise BadInput(f"selection must be 'indexer' or 'trace:PATH', got {p['selection']!r}")
+    if p["selection"].startswith("trace:") and not Path(p["selection"][6:]).is_file():
+        raise BadInput(f"selection trace {p['selection'][6:]} does not exist")
+    if p["budget_context"] == 0:
+        p["budget_context"] = max(p["context_lens"])
+    if p["steps"] * p["repeats"] + 8 > MARGIN * 64:
+        raise BadInput(f"steps x repeats = {p['steps'] * p['repeats']} is more than this sweep's cache margin allows")
+    # Host RAM: the biggest concurrency group's pool must fit in this machine's RAM at all.
+    total = psutil.virtual_memory().total
+    need = host_pool_bytes(shape, max(p["concurrency"]), max(p["context_lens"] + [p["budget_context"]]), p)
+    if any(STRATEGIES[s].medium == "host" for s in p["strategies"]) or dev.type == "cpu":
+        if need > total:
+            raise BadInput(f"context {max(p['context_lens'])} x concurrency {max(p['concurrency'])} needs "
+                           f"{gib(need)} of host KV ({shape.kv_bytes_per_token()} B/token); this machine has {gib(total)} of RAM")
+    p["_shape"] = shape
+    return p
+
+
+def margin(p: dict) -> int:
+    return 8 + 4 + p["steps"] * p["repeats"] + MARGIN
+
+
+def host_pool_bytes(shape: ModelShape, conc: int, ctx: int, p: dict) -> int:
+    return conc * (ctx + margin(p)) * shape.kv_bytes_per_token()
+
+
+def points(p: dict) -> list[dict]:
+    """The grid, in the order it runs: grouped by concurrency (one cache allocation per group)."""
+    out = []
+    for c in p["concurrency"]:
+        for ctx in sorted(set(p["context_lens"])):
+            for s in p["strategies"]:
+                out.append({"concurrency": c, "context_len": ctx, "budget": p["budgets"][0], "strategy": s, "axis": "context"})
+        if c == p["concurrency"][0]:
+            for b in p["budgets"][1:]:
+                for s in p["strategies"]:
+                    out.append({"concurrency": c, "context_len": p["budget_context"], "budget": b, "strategy": s, "axis": "budget"})
+    return out
+
+
+class Caches:
+    """One host cache and one device cache per concurrency group, sized to the group's largest context
+    that fits, filled once; points reuse prefixes of them."""
+
+    def __init__(self, model: HybridModel, p: dict):
+        self.model, self.p = model, p
+        self.cache: dict[str, OffloadCache] = {}
+        self.group = None
+        self.limit: dict[str, int] = {}
+
+    def get(self, medium: str, conc: int, ctx: int, group_ctx: int) -> OffloadCache:
+        if self.group != conc:
+            self.release()
+            self.group = conc
+        c = self.cache.get(medium)
+        if c is None:
+            shape, dev = self.model.shape, self.model.device
+            cap = group_ctx + margin(self.p)
+            need = conc * cap * shape.kv_bytes_per_token()
+            if medium == "host" or dev.type == "cpu":
+                avail = psutil.virtual_memory().available
+                if need > 0.9 * avail:
+                    raise MemoryError(f"host KV of {gib(need)} exceeds 90% of the {gib(avail)} RAM available now")
+            else:
+                free, _ = torch.cuda.mem_get_info(dev)
+                if need > free - (2 << 30):
+                    raise MemoryError(f"device KV of {gib(need)} does not fit the {gib(free)} of device memory free")
+            c = OffloadCache.allocate(self.model, medium, conc, cap)
+            c.fill_random_([ctx] * conc, seed=self.p["seed"])
+            self.cache[medium] = c
+        return c
+
+    def release(self) -> None:
+        self.cache.clear()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _time_steps(runner, steps: int, cuda: bool) -> list[float]:
+    if cuda:
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        ev[0].record()
+        for i in range(steps):
+            runner.step()
+            ev[i + 1].record()
+        torch.cuda.synchronize()
+        return [ev[i].elapsed_time(ev[i + 1]) for i in range(steps)]
+    ts = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        runner.step()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return ts
+
+
+def measure_decode(model, caches: Caches, pt: dict, p: dict, tel: Sampler) -> dict:
+    shape, dev = model.shape, model.device
+    trace = None
+    if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
+        from ..engine.trace_replay import load_selection_trace
+        trace = load_selection_trace(p["selection"][6:], shape.attn_layers, pt["context_len"], pt["budget"],
+                                     steps=p["steps"] * p["repeats"] + 16)
+    strat = get_strategy(pt["strategy"])
+    conc, ctx = pt["concurrency"], pt["context_len"]
+    group_ctx = max([q["context_len"] for q in points(p) if q["concurrency"] == conc])
+    cache = caches.get(strat.medium, conc, ctx, group_ctx)
+    cache.lens[:conc] = ctx
+    engine = Engine(model, cache, strat, pt["budget"])
+    runner = engine.decoder(conc, trace=trace)
+    per_row = strat.name == "per_row"
+    steps, repeats = (p["per_row_steps"], 1) if per_row else (p["steps"], p["repeats"])
+    runner.prepare(warmup=1 if per_row else 2)
+    cuda = dev.type == "cuda"
+    times, rx, tx = [], 0.0, 0.0
+    rx_ok = True
+    t_start = time.time()
+    for _ in range(repeats):
+        a = tel.mark()
+        times += _time_steps(runner, steps, cuda)
+        b = tel.mark()
+        r, t = tel.rx_bytes(a, b), tel.tx_bytes(a, b)
+        rx_ok = rx_ok and r is not None
+        rx += r or 0.0
+        tx += t or 0.0
+    n = len(times)
+    times_sorted = sorted(times)
+    med = times_sorted[n // 2] if n % 2 else 0.5 * (times_sorted[n // 2 - 1] + times_sorted[n // 2])
+    used_kv = conc * ctx * shape.kv_bytes_per_token()
+    on_dev = strat.medium == "device"
+    rec = {
+        "experiment": EXPERIMENT, "status": "ok", "error": None, "axis": pt["axis"],
+        "strategy": strat.name, "context_len": ctx, "budget": pt["budget"], "concurrency": conc,
+        "repeats": repeats, "steps": steps, "step_ms_median": med, "step_ms_min": times_sorted[0],
+        "step_ms_max": times_sorted[-1], "tok_s": conc / (med / 1e3),
+        "h2d_bytes_per_step": runner.h2d_bytes_per_step,
+        "nvml_rx_bytes_per_step": rx / n if rx_ok and tel.enabled else None,
+        "nvml_tx_bytes_per_step": tx / n if rx_ok and tel.enabled else None,
+        "device_kv_bytes": used_kv if on_dev else 0,
+        "device_index_bytes": conc * ctx * shape.index_key_bytes * shape.attn_layers,
+        "host_kv_bytes": 0 if on_dev else used_kv,
+        "device_kv_alloc_bytes": cache.pool.nbytes if on_dev else 0,
+        "device_index_alloc_bytes": cache.index.nbytes,
+        "host_kv_alloc_bytes": 0 if on_dev else cache.pool.nbytes,
+        "selected_rows_per_step": runner.rows_per_step,
+        "graph_mode": "full" if runner._full is not None else ("piecewise" if runner._pieces else "eager"),
+        "weight_bytes": model.weight_bytes(),
+        "weight_gbps": model.weight_bytes() / (med / 1e3) / 1e9,
+        "selection": p["selection"], "t_start": t_start, "t_end": time.time(),
+        "device_mem_peak_bytes": torch.cuda.max_memory_allocated(dev) if cuda else None,
+    }
+    if rec["nvml_rx_bytes_per_step"] is not None and rec["h2d_bytes_per_step"]:
+        rec["nvml_over_engine"] = rec["nvml_rx_bytes_per_step"] / rec["h2d_bytes_per_step"]
+    del runner, engine
+    return rec
+
+
+def measure_prefill(model, n_tokens: int, strategy: str, p: dict) -> dict:
+    strat = get_strategy(strategy)
+    dev = model.device
+    chunk = 8192 if dev.type == "cuda" else 512
+    cache = OffloadCache.allocate(model, strat.medium, 1, n_tokens)
+    engine = Engine(model, cache, strat, p["budgets"][0], prefill_chunk=chunk)
+    g = torch.Generator().manual_seed(p["seed"])
+    tokens = torch.randint(0, model.shape.vocab, (n_tokens,), generator=g).to(dev)
+    engine.prefill(0, tokens[: min(n_tokens, 2 * chunk)])        # warm-up: kernels, workspaces
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    engine.prefill(0, tokens)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    on_dev = strat.medium == "device"
+    kv = n_tokens * model.shape.kv_bytes_per_token()
+    return {"experiment": "prefill", "status": "ok", "error": None, "strategy": strat.name,
+            "context_len": n_tokens, "budget": p["budgets"][0], "concurrency": 1, "repeats": 1, "steps": 1,
+            "step_ms_median": dt * 1e3, "step_ms_min": dt * 1e3, "step_ms_max": dt * 1e3,
+            "tok_s": n_tokens / dt, "prefill_chunk": chunk, "device_kv_bytes": kv if on_dev else 0,
+            "host_kv_bytes": 0 if on_dev else kv,
+            "device_index_bytes": n_tokens * model.shape.index_key_bytes * model.shape.attn_layers}
+
+
+def run_sweep(given: dict, run: Run | None = None, progress_bar: bool = True) -> Run:
+    """Validate, then measure every point into a run folder; a failing point becomes a failed row."""
+    p = plan(given)
+    shape: ModelShape = p.pop("_shape")
+    dev = torch.device(p["device"])
+    if run is None:
+        run = Run.create(p["out_dir"] or None, EXPERIMENT, {k: v for k, v in p.items()})
+    base = {"device": p["device"], "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": shape.name}
+    pts = points(p)
+    prefill = [(n, s) for n in (p["prefill_lens"] or []) for s in ("zero_copy", "resident") if s in p["strategies"]]
+    tel = Sampler(gpus=[dev.index or 0] if dev.type == "cuda" else []).start()
+    run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary())
+    bar = progress(total=len(pts) + len(prefill), desc=f"{EXPERIMENT} {shape.name}", disable=not progress_bar)
+    try:
+        torch.manual_seed(p["seed"])
+        model = HybridModel(shape, dev, seed=p["seed"])
+        caches = Caches(model, p)
+        for pt in pts:
+            bar.set_postfix_str(f"{pt['strategy']} ctx={pt['context_len']} c={pt['concurrency']} b={pt['budget']}")
+            try:
+                rec = measure_decode(model, caches, pt, p, tel)
+            except Exception as ex:  # one failed point is a row, the sweep goes on
+                rec = {"experiment": EXPERIMENT, "status": "failed", "error": one_line(ex), **pt}
+                if isinstance(ex, torch.cuda.OutOfMemoryError) or isinstance(ex, MemoryError):
+                    caches.release()
+            run.add({**base, **rec})
+            bar.update()
+        caches.release()
+        for n, s in prefill:
+            bar.set_postfix_str(f"prefill {s} {n}")
+            try:
+                rec = measure_prefill(model, n, s, p)
+            except Exception as ex:
+                rec = {"experiment": "prefill", "status": "failed", "error": one_line(ex), "strategy": s, "context_len": n}
+            run.add({**base, **rec})
+            gc.collect()
+            bar.update()
+    finally:
+        bar.close()
+        tel.stop()
+        tf = tel.frame()
+        run.write_table("telemetry", tf)
+        if not tf.empty and "pcie_gen" in tf and tf["pcie_gen"].notna().any():
+            # Idle links drop generation: record the link as seen under load.
+            run.update_manifest(pcie_gen=int(tf["pcie_gen"].max()), pcie_width=int(tf["pcie_width"].max()),
+                                nvml_max_counter_gap_s=round(tel.max_gap_s, 4))
+        ok = all(r.get("status") == "ok" for r in run.records)
+        run.finish("ok" if ok else "partial")
+    return run

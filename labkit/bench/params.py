@@ -1,0 +1,107 @@
+"""Parameters shared by the CLI (`-p key=value`, lists comma-separated) and the notebooks' `parameters` cells.
+
+`BadInput` carries one line for the user; front doors print it and exit non-zero, before any allocation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+class BadInput(ValueError):
+    """A parameter error worth one line to the user (no traceback)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str                      # "str", "int", "float", "bool", "list[str]", "list[int]"
+    default: Any
+    help: str
+
+
+def parse_value(p: Param, raw: Any) -> Any:
+    """Turn a CLI string (or a notebook value) into the parameter's type."""
+    try:
+        if p.kind.startswith("list["):
+            if isinstance(raw, str):
+                if raw.strip() == "auto":
+                    return "auto"
+                items = [x.strip() for x in raw.split(",") if x.strip()]
+            elif isinstance(raw, (list, tuple)):
+                items = list(raw)
+            else:
+                items = [raw]
+            elem = p.kind[5:-1]
+            return [parse_size(x) if elem == "int" else str(x) for x in items]
+        if p.kind == "int":
+            return parse_size(raw)
+        if p.kind == "float":
+            return float(raw)
+        if p.kind == "bool":
+            return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
+        return str(raw)
+    except (TypeError, ValueError) as ex:
+        raise BadInput(f"parameter {p.name}: cannot read {raw!r} as {p.kind} ({ex})") from None
+
+
+def parse_size(x: Any) -> int:
+    """'8K' -> 8192, '1M' -> 1048576, '248k' -> 253952; ints pass through."""
+    if isinstance(x, bool):
+        raise ValueError("not a number")
+    if isinstance(x, (int,)):
+        return int(x)
+    s = str(x).strip().lower()
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:], 1)
+    if mult != 1:
+        s = s[:-1]
+    v = float(s) * mult
+    if v != int(v):
+        raise ValueError("not a whole number")
+    return int(v)
+
+
+def resolve(spec: list[Param], given: dict, experiment: str) -> dict:
+    """Defaults + given values, unknown names rejected."""
+    names = {p.name: p for p in spec}
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise BadInput(f"{experiment}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(names)}")
+    return {p.name: parse_value(p, given[p.name]) if p.name in given else p.default for p in spec}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device in ("", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise BadInput(f"device {device!r} is not a device name (auto, cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BadInput(f"device={device} but this machine has no CUDA GPU (torch {torch.__version__}); use device=cpu or auto")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise BadInput(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif dev.type != "cpu":
+        raise BadInput(f"device {device!r}: only cpu and cuda are supported")
+    return dev
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_positive(name: str, values: list[int]) -> None:
+    bad = [v for v in values if v <= 0]
+    if bad:
+        raise BadInput(f"{name} must be > 0, got {bad[0]}")
+
+
+def one_line(ex: BaseException) -> str:
+    msg = str(ex).strip().splitlines()[0] if str(ex).strip() else ""
+    return f"{type(ex).__name__}: {msg}"[:500]
+
+
+Formatter = Callable[[Any], str]

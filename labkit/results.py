@@ -1,0 +1,177 @@
+"""Run folders: write, load, list.
+
+A run folder `results/<run-id>/` holds (DESIGN.md contract):
+- `manifest.json`: run_id, created, git_sha, host, gpu_name, driver, cuda, torch, pcie_gen, pcie_width,
+  labkit version, the experiment and its parameters, and (when finished) status and wall time;
+- `metrics.parquet`: one tidy row per measured point (`METRIC_COLUMNS` at least), rewritten after every
+  point so a crash loses nothing already measured;
+- `telemetry.parquet`: the NVML/host time series;
+- other tables (`<name>.parquet`), the executed notebook(s) and `report.html`.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from . import __version__
+
+METRIC_COLUMNS = ["run_id", "experiment", "status", "error", "device", "gpu_name", "shape", "strategy",
+                  "context_len", "budget", "concurrency", "repeats", "step_ms_median", "step_ms_min",
+                  "step_ms_max", "tok_s", "h2d_bytes_per_step", "nvml_rx_bytes_per_step", "device_kv_bytes",
+                  "host_kv_bytes"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
+        sha = out.stdout.strip() or "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except Exception:
+        return "unknown"
+
+
+def machine_info() -> dict:
+    """What the machine was: host, CPU, GPU, driver, CUDA, torch, PCIe link (read now)."""
+    import torch
+    from .telemetry import host_memory, link_info
+    info = {"host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+            "gpu_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "driver": None, "pcie_gen": None, "pcie_width": None}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except Exception:
+        info["triton"] = None
+    info.update(host_memory())
+    if torch.cuda.is_available():
+        info.update({k: v for k, v in link_info(0).items() if k != "gpu_name" or v})
+    return info
+
+
+def new_run_id(experiment: str) -> str:
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{now}-{experiment}"
+
+
+class Run:
+    """A run folder being written."""
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path, self.manifest = path, manifest
+        self.records: list[dict] = []
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest["run_id"]
+
+    @classmethod
+    def create(cls, out_dir: str | Path | None, experiment: str, params: dict, root: str | Path = "results") -> "Run":
+        """Make the folder and write manifest.json. `out_dir` empty/None -> `<root>/<new run id>`."""
+        path = Path(out_dir) if out_dir else Path(root) / new_run_id(experiment)
+        path.mkdir(parents=True, exist_ok=True)
+        if (path / "metrics.parquet").exists():
+            raise FileExistsError(f"{path} already holds a run (metrics.parquet); choose another --out")
+        manifest = {"run_id": path.name, "experiment": experiment,
+                    "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                    "git_sha": git_sha(), "labkit": __version__, **machine_info(), "parameters": params,
+                    "status": "running"}
+        run = cls(path, manifest)
+        run._write_manifest()
+        return run
+
+    def _write_manifest(self) -> None:
+        tmp = self.path / "manifest.json.tmp"
+        tmp.write_text(json.dumps(self.manifest, indent=1, default=str))
+        tmp.replace(self.path / "manifest.json")
+
+    def update_manifest(self, **fields) -> None:
+        self.manifest.update(fields)
+        self._write_manifest()
+
+    def add(self, record: dict) -> None:
+        """Append one metrics row and rewrite metrics.parquet (atomic), so nothing measured is lost."""
+        row = {"run_id": self.run_id, **record}
+        self.records.append(row)
+        self.write_table("metrics", self.metrics())
+
+    def metrics(self) -> pd.DataFrame:
+        df = pd.DataFrame(self.records)
+        for c in METRIC_COLUMNS:
+            if c not in df.columns:
+                df[c] = None
+        front = [c for c in METRIC_COLUMNS]
+        return df[front + [c for c in df.columns if c not in front]]
+
+    def write_table(self, name: str, df: pd.DataFrame) -> Path:
+        path = self.path / f"{name}.parquet"
+        tmp = self.path / f".{name}.parquet.tmp"
+        df = df.copy()
+        for c in df.columns:   # mixed None/str/number object columns: store as text, keep numbers numeric
+            if df[c].dtype == object:
+                num = pd.to_numeric(df[c], errors="coerce")
+                df[c] = num if num.notna().sum() == df[c].notna().sum() else df[c].astype("string")
+        df.to_parquet(tmp, index=False)
+        tmp.replace(path)
+        return path
+
+    add_table = write_table
+
+    def finish(self, status: str = "ok", **fields) -> None:
+        created = dt.datetime.fromisoformat(self.manifest["created"])
+        wall = (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
+        self.update_manifest(status=status, wall_s=round(wall, 1), **fields)
+
+
+class LoadedRun:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        mf = self.path / "manifest.json"
+        if not mf.is_file():
+            raise FileNotFoundError(f"{self.path} is not a run folder: no manifest.json")
+        self.manifest = json.loads(mf.read_text())
+
+    def table(self, name: str) -> pd.DataFrame:
+        p = self.path / f"{name}.parquet"
+        return pd.read_parquet(p) if p.is_file() else pd.DataFrame()
+
+    @property
+    def metrics(self) -> pd.DataFrame:
+        df = self.table("metrics")
+        return df if not df.empty else pd.DataFrame(columns=METRIC_COLUMNS)
+
+    @property
+    def telemetry(self) -> pd.DataFrame:
+        return self.table("telemetry")
+
+
+def load_run(path: str | Path) -> LoadedRun:
+    return LoadedRun(path)
+
+
+def list_runs(root: str | Path = "results") -> pd.DataFrame:
+    """One row per run folder under root (newest first)."""
+    rows = []
+    for mf in sorted(Path(root).glob("**/manifest.json")):
+        try:
+            m = json.loads(mf.read_text())
+        except Exception:
+            continue
+        rows.append({"path": str(mf.parent), "run_id": m.get("run_id"), "experiment": m.get("experiment"),
+                     "created": m.get("created"), "status": m.get("status"), "gpu_name": m.get("gpu_name"),
+                     "pcie_gen": m.get("pcie_gen"), "pcie_width": m.get("pcie_width"), "git_sha": m.get("git_sha"),
+                     "host": m.get("host")})
+    df = pd.DataFrame(rows)
+    return df.sort_values("created", ascending=False) if not df.empty else df
