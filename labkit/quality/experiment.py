@@ -1,0 +1,169 @@
+"""The `quality` experiment: one call from the notebook or `labkit run quality` to a run folder.
+
+Parameters (same names in `notebooks/quality.ipynb`'s `parameters` cell and `labkit run quality -p`):
+see `SPEC`. Steps, each writing into the run folder as it goes:
+
+1. validate everything (one line on bad input, nothing loaded yet), load the model;
+2. calibrate what the policies need on the *calibration* split: the indexer projections and the
+   retrieval heads (mid-context attention share per head) -> `head_share.parquet` (split column),
+   `retrieval_heads.parquet`;
+3. the table: for each corpus, `n_sequences` eval sequences of `seq_len` tokens, dense prefill +
+   sparse decode of the last `eval_tokens` tokens per (policy, budget) -> one `metrics.parquet` row
+   each (DESIGN columns + corpus, document, policy, budget, seq_len, ppl, ppl_dense, ppl_ratio,
+   mass_recall, oracle_overlap, indexer_recall); `quality_summary.parquet` token-weighted per
+   (corpus, policy, budget);
+4. the eval-split head map -> `head_share.parquet` (split=eval);
+5. selection traces from greedy decoding after a `trace_prompt_len`-token prose and code prompt
+   per (trace policy, trace budget) -> `traces/<corpus>-<policy>-<budget>.npz`,
+   `locality.parquet` (per step and layer), `locality_summary.parquet`, `reuse_distance.parquet`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from labkit.bench.params import BadInput, Param, one_line, resolve, resolve_device
+
+EXPERIMENT = "quality"
+
+SPEC = [
+    Param("model", "str", "smollm2-135m", "preset name or local HF checkpoint folder / .gguf file"),
+    Param("corpora", "list[str]", ["code", "prose"], "code (CPython stdlib), prose (Shakespeare)"),
+    Param("budgets", "list[int]", [64, 128, 256, 512, 1024, 2048], "top-k budgets (the dense 'full' reference is always measured)"),
+    Param("policies", "list[str]", ["oracle", "oracle_shared", "indexer", "retrieval_head"], "selection policies"),
+    Param("seq_len", "int", 4096, "tokens per evaluation sequence (2K-8K)"),
+    Param("n_sequences", "int", 2, "evaluation sequences per corpus (distinct documents)"),
+    Param("eval_tokens", "int", 512, "tokens at the end of each sequence decoded sparsely (the rest is dense prefill)"),
+    Param("calib_sequences", "int", 2, "calibration sequences per corpus (indexer fit, retrieval heads)"),
+    Param("sink_window", "int", 16, "positions at the start kept by retrieval_head and excluded from mid share"),
+    Param("recent_window", "int", 64, "last positions kept by retrieval_head and excluded from mid share"),
+    Param("trace_policies", "list[str]", ["indexer", "retrieval_head", "oracle_shared"], "layer-shared policies traced"),
+    Param("trace_budgets", "list[int]", [256, 2048], "budgets traced"),
+    Param("trace_steps", "int", 32, "greedy decode steps per trace"),
+    Param("trace_prompt_len", "int", 8000, "prompt tokens before the traced decode steps"),
+    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    Param("dtype", "str", "auto", "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+
+
+def plan(given: dict) -> dict:
+    """Resolve and validate; raises BadInput (one line) before anything is loaded."""
+    from labkit.models import ModelNotFound, resolve as resolve_model
+    from labkit.quality.measure import validate
+    from labkit.quality.sparse import SHARED_POLICIES
+
+    p = resolve(SPEC, given, EXPERIMENT)
+    dev = resolve_device(p["device"])
+    p["device"] = str(dev)
+    if p["dtype"] == "auto":
+        p["dtype"] = "bfloat16" if dev.type == "cuda" else "float32"
+    if p["dtype"] not in ("float32", "bfloat16", "float16"):
+        raise BadInput(f"dtype must be auto, float32, bfloat16 or float16, got {p['dtype']!r}")
+    try:
+        validate(p["corpora"], p["budgets"], p["policies"], p["seq_len"], p["n_sequences"], p["eval_tokens"])
+        resolve_model(p["model"])
+    except (ValueError, ModelNotFound) as ex:
+        raise BadInput(str(ex)) from None
+    bad = [x for x in p["trace_policies"] if x not in SHARED_POLICIES]
+    if bad:
+        raise BadInput(f"trace_policies must be layer-shared ({', '.join(SHARED_POLICIES)}), got {bad[0]!r}")
+    if p["trace_steps"] < 0 or p["calib_sequences"] < 1:
+        raise BadInput("trace_steps must be >= 0 and calib_sequences >= 1")
+    if p["trace_steps"] and not (max(p["trace_budgets"] or [1]) < p["trace_prompt_len"] <= 8192 - p["trace_steps"]):
+        raise BadInput(f"trace_prompt_len must exceed the trace budgets and leave room for trace_steps in 8192, "
+                       f"got {p['trace_prompt_len']}")
+    if p["sink_window"] < 0 or p["recent_window"] < 1:
+        raise BadInput("sink_window must be >= 0 and recent_window >= 1")
+    return p
+
+
+def run_quality(given: dict, run=None, log=print):
+    """Measure everything into a run folder (labkit.results.Run); returns the Run."""
+    import torch
+
+    from labkit.models import load_model
+    from labkit.quality.corpora import sequences
+    from labkit.quality.measure import head_share_map, prepare_policies, quality_sweep, summarize
+    from labkit.quality.traces import locality, locality_summary, record_traces, reuse_distance, save_trace
+    from labkit.results import Run
+    from labkit.telemetry import Sampler
+
+    p = plan(given)
+    if run is None:
+        run = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
+    dev = torch.device(p["device"])
+    tel = Sampler(gpus=[dev.index or 0] if dev.type == "cuda" else []).start()
+    run.update_manifest(telemetry=tel.reason or "nvml")
+    base = {"experiment": EXPERIMENT, "device": p["device"], "gpu_name": run.manifest.get("gpu_name") or "cpu",
+            "shape": p["model"], "strategy": None, "concurrency": 1, "repeats": 1}
+    t_start = time.perf_counter()
+    try:
+        if dev.type == "cpu":
+            torch.set_num_threads(max(torch.get_num_threads(), 1))
+        model, tok = load_model(p["model"], dtype=getattr(torch, p["dtype"]), device=p["device"])
+        cfg = model.config
+        run.update_manifest(model_info={"layers": cfg.num_hidden_layers, "q_heads": cfg.num_attention_heads,
+                                        "kv_heads": cfg.num_key_value_heads,
+                                        "head_dim": getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads),
+                                        "dtype": p["dtype"]})
+        ctl, calib_share = prepare_policies(model, tok, p["policies"], p["corpora"], p["seq_len"], p["calib_sequences"],
+                                            p["eval_tokens"], p["sink_window"], p["recent_window"], log=log)
+        if calib_share is None:  # retrieval heads still worth reporting
+            calib_share = head_share_map(model, tok, p["corpora"], p["seq_len"], p["calib_sequences"], p["eval_tokens"],
+                                         "calibration", p["sink_window"], p["recent_window"])
+        if ctl.retrieval_heads:
+            run.write_table("retrieval_heads", pd.DataFrame(
+                [{"layer": k, "head": v} for k, v in sorted(ctl.retrieval_heads.items())]))
+        run.update_manifest(indexer={"bytes_per_token": ctl.indexer.bytes_per_token, "rank": ctl.indexer.rank,
+                                     "fit": "closed-form rank-64 from query/key second moments on the calibration split"}
+                            if ctl.indexer is not None else None)
+
+        def on_record(row):
+            rec = dict(base, **row)
+            rec["indexer_recall"] = row.get("oracle_overlap") if row.get("policy") == "indexer" else None
+            run.add(rec)
+
+        df = quality_sweep(model, tok, p["corpora"], p["budgets"], p["policies"], p["seq_len"], p["n_sequences"],
+                           p["eval_tokens"], controller=ctl, on_record=on_record, log=log)
+        run.write_table("quality_summary", summarize(df))
+        eval_share = head_share_map(model, tok, p["corpora"], p["seq_len"], 1, p["eval_tokens"], "eval",
+                                    p["sink_window"], p["recent_window"])
+        run.write_table("head_share", pd.concat([calib_share, eval_share], ignore_index=True))
+
+        if p["trace_steps"]:
+            locs, sums, rds = [], [], []
+            for corpus in p["corpora"]:
+                (name, ids), = sequences(tok, corpus, p["trace_prompt_len"], 1, split="eval")
+                traces = record_traces(model, ids, p["trace_policies"], p["trace_budgets"], p["trace_steps"],
+                                       controller=ctl, meta={"model": p["model"], "corpus": corpus, "document": name},
+                                       log=log)
+                for (pol, b), tr in traces.items():
+                    save_trace(tr, run.path / "traces" / f"{corpus}-{pol}-{b}.npz")
+                    locs.append(locality(tr).assign(corpus=corpus, policy=pol, budget=b))
+                    rds.append(reuse_distance(tr).assign(corpus=corpus, policy=pol, budget=b))
+                sums.append(locality_summary(traces).assign(corpus=corpus))
+            run.write_table("locality", pd.concat(locs, ignore_index=True))
+            run.write_table("locality_summary", pd.concat(sums, ignore_index=True))
+            run.write_table("reuse_distance", pd.concat(rds, ignore_index=True))
+    except BadInput:
+        raise
+    except Exception as ex:
+        run.add(dict(base, status="failed", error=one_line(ex)))
+        run.finish("failed")
+        raise
+    finally:
+        tel.stop()
+        run.write_table("telemetry", tel.frame())
+    ok = all(r.get("status") == "ok" for r in run.records)
+    run.finish("ok" if ok else "partial", wall_compute_s=round(time.perf_counter() - t_start, 1))
+    return run
+
+
+def headline(summary: pd.DataFrame, budgets=(256, 2048)) -> pd.DataFrame:
+    """ppl_ratio per (corpus, policy) at the given budgets (the issue's closing-note table)."""
+    s = summary[summary["budget"].isin(budgets) & (summary["policy"] != "dense")]
+    return s.pivot_table(index=["corpus", "policy"], columns="budget", values="ppl_ratio").round(4)
+

@@ -1,0 +1,86 @@
+"""Plotly figures for the quality lab, each from one table of a quality run folder."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+POLICY_ORDER = ["oracle_qhead", "oracle", "oracle_shared", "indexer", "retrieval_head"]
+
+
+def _sparse(summary: pd.DataFrame) -> pd.DataFrame:
+    s = summary[summary["policy"] != "dense"].copy()
+    return s.sort_values(["corpus", "policy", "budget"])
+
+
+def ppl_vs_budget(summary: pd.DataFrame) -> go.Figure:
+    """Perplexity ratio to dense against budget, one line per policy, one panel per corpus."""
+    s = _sparse(summary)
+    fig = px.line(s, x="budget", y="ppl_ratio", color="policy", facet_col="corpus", markers=True, log_x=True,
+                  category_orders={"policy": POLICY_ORDER}, hover_data=["ppl", "n_tokens", "n_sequences"],
+                  title="Perplexity / dense perplexity vs top-k budget (dense prefill, sparse decode)")
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="dense (full)")
+    fig.update_yaxes(type="log", title="ppl ratio")
+    return fig
+
+
+def recall_vs_budget(summary: pd.DataFrame) -> go.Figure:
+    """Attention-mass recall (solid) and recall@budget against oracle_shared (dashed)."""
+    s = _sparse(summary)
+    long = pd.concat([s.assign(metric="mass recall", value=s["mass_recall"]),
+                      s[s["policy"].isin(["indexer", "retrieval_head"])].assign(
+                          metric="recall@budget vs oracle_shared", value=lambda d: d["oracle_overlap"])])
+    fig = px.line(long, x="budget", y="value", color="policy", line_dash="metric", facet_col="corpus", markers=True,
+                  log_x=True, category_orders={"policy": POLICY_ORDER},
+                  title="Attention-mass recall and selection recall vs budget")
+    fig.update_yaxes(range=[0, 1.02], title="recall")
+    return fig
+
+
+def head_map(share: pd.DataFrame, heads: pd.DataFrame | None = None, split: str = "eval") -> go.Figure:
+    """Layer x head heatmap of mid-context attention share (mean over corpora); chosen heads marked."""
+    d = share[share["split"] == split].groupby(["layer", "head"])["mid_share"].mean().unstack("head")
+    fig = go.Figure(go.Heatmap(z=d.values, x=[f"h{h}" for h in d.columns], y=d.index, colorscale="Viridis",
+                               colorbar={"title": "mid share"}))
+    if heads is not None and not heads.empty:
+        fig.add_trace(go.Scatter(x=[f"h{h}" for h in heads["head"]], y=heads["layer"], mode="markers",
+                                 marker={"symbol": "x", "color": "red", "size": 9}, name="retrieval head (calibration)"))
+    fig.update_layout(title=f"Mid-context attention share per layer x head ({split} text)",
+                      yaxis_title="layer", xaxis_title="query head", height=650)
+    return fig
+
+
+def overlap_vs_step(loc: pd.DataFrame) -> go.Figure:
+    """Mean (over layers) overlap of consecutive steps' selected sets."""
+    d = loc.dropna(subset=["overlap_prev"]).groupby(["corpus", "policy", "budget", "step"], as_index=False)["overlap_prev"].mean()
+    d["policy@budget"] = d["policy"] + "@" + d["budget"].astype(str)
+    fig = px.line(d, x="step", y="overlap_prev", color="policy@budget", facet_col="corpus",
+                  title="Temporal locality: |S_t ∩ S_t-1| / |S_t| per decode step (mean over layers)")
+    fig.update_yaxes(range=[0, 1.02])
+    return fig
+
+
+def overlap_by_layer(loc: pd.DataFrame) -> go.Figure:
+    d = loc.dropna(subset=["overlap_prev"]).groupby(["policy", "budget", "layer"], as_index=False)["overlap_prev"].mean()
+    d["policy@budget"] = d["policy"] + "@" + d["budget"].astype(str)
+    return px.line(d, x="layer", y="overlap_prev", color="policy@budget", markers=True,
+                   title="Consecutive-step overlap per layer (mean over steps and corpora)")
+
+
+def reuse_hist(rd: pd.DataFrame) -> go.Figure:
+    d = rd.groupby(["policy", "budget", "reuse_distance"], as_index=False)["count"].sum()
+    d["share"] = d["count"] / d.groupby(["policy", "budget"])["count"].transform("sum")
+    d["policy@budget"] = d["policy"] + "@" + d["budget"].astype(str)
+    order = ["1", "2", "3-4", "5-8", "9-16", ">16", "new"]
+    return px.bar(d, x="reuse_distance", y="share", color="policy@budget", barmode="group",
+                  category_orders={"reuse_distance": order},
+                  title="Reuse distance of selected positions (steps since the layer last selected them)")
+
+
+def window_shares(summ: pd.DataFrame) -> go.Figure:
+    d = summ.melt(id_vars=["corpus", "policy", "budget"], value_vars=["sink_share", "middle_share", "recent_share"],
+                  var_name="where", value_name="share")
+    d["policy@budget"] = d["policy"] + "@" + d["budget"].astype(str)
+    return px.bar(d, x="policy@budget", y="share", color="where", facet_col="corpus",
+                  title="Where selected positions lie: sink window / middle / recent window")
