@@ -131,19 +131,20 @@ def test_decode_with_cache_matches_full_pass_under_sparsity():
     """Teacher-forced block on a dense-prefilled cache == step-by-step decode (same selections)."""
     import copy
 
+    from labkit.quality.measure import forward
+
     model = tiny_llama()
     ids = torch.randint(0, 101, (1, 48))
     ctl = instrument(model)
     with torch.no_grad():
         ctl.set_all(None, None, 2)
-        cache = model(input_ids=ids[:, :32], use_cache=True).past_key_values
+        cache = forward(model, ids[:, :32])[1]
         ctl.set_all("oracle", 8, 2)
-        block = model(input_ids=ids[:, 32:], past_key_values=copy.deepcopy(cache), use_cache=True).logits
+        block = forward(model, ids[:, 32:], copy.deepcopy(cache))[0]
         c = copy.deepcopy(cache)
         steps = []
         for t in range(32, 48):
-            o = model(input_ids=ids[:, t : t + 1], past_key_values=c, use_cache=True)
-            c = o.past_key_values
-            steps.append(o.logits)
+            logits, c = forward(model, ids[:, t : t + 1], c)
+            steps.append(logits)
     assert torch.allclose(block, torch.cat(steps, 1), atol=1e-4)
     assert not math.isnan(float(block.sum()))

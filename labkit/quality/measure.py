@@ -16,6 +16,7 @@ notebook and `labkit run quality` put them into a run folder.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import time
 
@@ -53,6 +54,18 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def forward(model, ids: torch.Tensor, cache=None, use_cache: bool = True):
+    """(logits, cache) of one forward; passes the KV cache under the name this transformers uses
+    (`cache` from 5.2x, `past_key_values` before)."""
+    kw = {}
+    if cache is not None:
+        name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+        kw[name] = cache
+    out = model(input_ids=ids, use_cache=use_cache, **kw)
+    new = out.get("cache", None) if "cache" in out else out.get("past_key_values", None)
+    return out.logits, new
+
+
 @torch.no_grad()
 def prefill(model, ids: torch.Tensor, eval_tokens: int):
     """Dense KV cache of the prefix of `ids` (1-D) and the decode block's ids [1, eval_tokens]."""
@@ -64,7 +77,7 @@ def prefill(model, ids: torch.Tensor, eval_tokens: int):
         n_pre = ids.shape[1] - eval_tokens
         cache = None
         if n_pre > 0:
-            cache = model(input_ids=ids[:, :n_pre], use_cache=True).past_key_values
+            cache = forward(model, ids[:, :n_pre])[1]
     finally:
         ctl.layers = saved
     return cache, ids[:, n_pre:]
@@ -73,8 +86,7 @@ def prefill(model, ids: torch.Tensor, eval_tokens: int):
 @torch.no_grad()
 def decode_block_nll(model, cache, block: torch.Tensor) -> tuple[float, int]:
     """Summed next-token NLL inside `block` [1, E] decoded on top of (a copy of) `cache`."""
-    kw = {"past_key_values": copy.deepcopy(cache), "use_cache": True} if cache is not None else {"use_cache": False}
-    logits = model(input_ids=block, **kw).logits.float()
+    logits = forward(model, block, copy.deepcopy(cache), use_cache=cache is not None)[0].float()
     nll = torch.nn.functional.cross_entropy(logits[0, :-1], block[0, 1:], reduction="sum")
     return float(nll), block.shape[1] - 1
 

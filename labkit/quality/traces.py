@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from labkit.quality.measure import forward
 from labkit.quality.sparse import SHARED_POLICIES, instrument, n_layers
 
 SCHEMA_VERSION = 1
@@ -98,8 +99,8 @@ def record_traces(model, prompt: torch.Tensor, policies, budgets, steps: int = 3
     dev = next(model.parameters()).device
     ids = prompt.view(1, -1).to(dev)
     ctl.layers = {}
-    out = model(input_ids=ids, use_cache=True)
-    cache0, first = out.past_key_values, out.logits[0, -1].argmax()
+    logits, cache0 = forward(model, ids)
+    first = logits[0, -1].argmax()
     L = n_layers(model)
     traces = {}
     for policy in policies:
@@ -114,14 +115,13 @@ def record_traces(model, prompt: torch.Tensor, policies, budgets, steps: int = 3
             try:
                 for s in range(steps):
                     ctl.last_selection = {}
-                    o = model(input_ids=tok, past_key_values=cache, use_cache=True)
-                    cache = o.past_key_values
+                    logits, cache = forward(model, tok, cache)
                     toks[s] = int(tok)
                     ctx[s] = ids.shape[1] + s + 1
                     for li in range(L):
                         sel = torch.nonzero(ctl.last_selection[li][0]).flatten().cpu().numpy()
                         pos[s, li, : sel.size] = sel[:budget]
-                    tok = o.logits[0, -1].argmax().view(1, 1)
+                    tok = logits[0, -1].argmax().view(1, 1)
             finally:
                 ctl.record_selection = False
                 ctl.set_all(None, None, L)
