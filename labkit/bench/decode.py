@@ -22,6 +22,7 @@ from ..results import Run
 from ..shapes import ModelShape
 from ..telemetry import Sampler
 from .params import BadInput, Param, check_positive, gib, one_line, resolve, resolve_device
+from .probe import run_probe
 from .progress import progress
 
 EXPERIMENT = "decode"
@@ -39,6 +40,7 @@ SPEC = [
     Param("budget_context", "int", 0, "context of the budget axis (0: the largest context)"),
     Param("selection", "str", "indexer", "indexer, or trace:PATH to replay recorded selections"),
     Param("per_row_steps", "int", 3, "steps (1 repeat) for per_row, whose steps take ~0.4 s per request"),
+    Param("probe", "bool", True, "measure the link limits first (contiguous, host_gather, zero_copy): the plots' bounds"),
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
 ]
@@ -273,6 +275,14 @@ def run_sweep(given: dict, run: Run | None = None, progress_bar: bool = True) ->
     run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary())
     bar = progress(total=len(pts) + len(prefill), desc=f"{EXPERIMENT} {shape.name}", disable=not progress_bar)
     try:
+        if p["probe"]:
+            bar.set_postfix_str("link probe")
+            try:
+                for r in run_probe(p["device"], pool_gib=8.0 if dev.type == "cuda" else 0.05, repeats=10):
+                    run.add({**base, **r})
+            except Exception as ex:
+                run.add({**base, "experiment": "probe", "status": "failed", "error": one_line(ex)})
+            gc.collect()
         torch.manual_seed(p["seed"])
         model = HybridModel(shape, dev, seed=p["seed"])
         caches = Caches(model, p)

@@ -30,4 +30,6 @@ def select_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     vals, pos = torch.topk(scores, k, dim=-1, sorted=False)
     pos, order = torch.sort(pos, dim=-1)
     valid = torch.gather(vals, -1, order) > NEG_INF
-    return pos, valid
+    # Unwritten positions point at row 0 instead: their bytes are still moved (k rows a step) but are
+    # real, finite data, so the masked softmax weight 0 never meets a NaN from uninitialised memory.
+    return torch.where(valid, pos, torch.zeros_like(pos)), valid

@@ -1,0 +1,155 @@
+"""`labkit run|report|probe|shapes|runs`: the command-line door to the same experiments as the notebooks.
+
+    labkit shapes [--json]
+    labkit run decode -p context_lens=8K,64K,1M -p concurrency=1,4 [--out DIR]
+    labkit probe [--out DIR]
+    labkit report DIR
+    labkit runs [--root results]
+
+Bad input prints one line and exits 2 before anything is allocated or written.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .bench.params import BadInput
+
+
+def _kv(pairs: list[str]) -> dict:
+    out = {}
+    for p in pairs or []:
+        if "=" not in p:
+            raise BadInput(f"-p {p!r}: expected key=value")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def cmd_shapes(a) -> int:
+    from .shapes import PRESETS
+    rows = [s.summary() for s in PRESETS.values()]
+    if a.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(f"{r['name']:22s} layers={r['layers']:3d} attn_layers={r['attn_layers']:3d} row_bytes={r['row_bytes']:5d} "
+                  f"index_key_bytes={r['index_key_bytes']:3d} weights={r['weight_bytes'] / 1e9:.2f} GB")
+    return 0
+
+
+def _run(experiment: str, params: dict, out: str | None) -> int:
+    from .execute import run_notebook
+    path, err = run_notebook(experiment, params, out)
+    report = path / "report.html"
+    if err is not None:
+        print(f"labkit: {experiment} run failed: {type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}",
+              file=sys.stderr)
+        if report.exists():
+            print(report.resolve())
+        return 1
+    _after_run(path)
+    print(report.resolve())
+    return 0
+
+
+def _after_run(path: Path) -> None:
+    """Hook for whatever indexes runs (the run index page); absent modules are fine."""
+    try:
+        from .index import rebuild_index   # noqa: F401  (provided by the run-index work)
+    except ImportError:
+        return
+    try:
+        rebuild_index(path.parent)
+    except Exception as ex:  # the run itself succeeded; say why the index did not update
+        print(f"labkit: run index not rebuilt: {ex}", file=sys.stderr)
+
+
+def cmd_run(a) -> int:
+    return _run(a.experiment, _kv(a.p), a.out)
+
+
+def cmd_probe(a) -> int:
+    return _run("probe", _kv(a.p), a.out)
+
+
+def cmd_report(a) -> int:
+    from .report.notebook import executed_notebooks, render_report
+    from .results import load_run
+    run_dir = Path(a.run_dir)
+    load_run(run_dir)   # one line if it is not a run folder
+    if executed_notebooks(run_dir):
+        print(render_report(run_dir).resolve())
+        return 0
+    # A run made without a notebook (e.g. from Python): render it through its experiment's notebook.
+    import shutil
+    import papermill as pm
+    from .execute import EXPERIMENTS, NOTEBOOKS
+    exp = EXPERIMENTS.get(load_run(run_dir).manifest.get("experiment", ""))
+    if exp is None:
+        raise BadInput(f"{run_dir}: no executed notebook and no known experiment to render it with")
+    pm.execute_notebook(str(NOTEBOOKS / exp.notebook), str(run_dir / exp.notebook),
+                        parameters={"run_dir": str(run_dir.resolve())}, progress_bar=False, kernel_name="python3")
+    print(render_report(run_dir).resolve())
+    return 0
+
+
+def cmd_runs(a) -> int:
+    from .results import list_runs
+    df = list_runs(a.root)
+    print(df.to_string(index=False) if not df.empty else f"no runs under {a.root}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="labkit", description="KV-cache offload lab")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("shapes", help="list model shape presets")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_shapes)
+    r = sub.add_parser("run", help="run an experiment notebook under papermill into a run folder")
+    r.add_argument("experiment")
+    r.add_argument("-p", action="append", metavar="KEY=VALUE", help="parameter (lists comma-separated)")
+    r.add_argument("--out", help="run folder (default results/<run-id>)")
+    r.set_defaults(fn=cmd_run)
+    p = sub.add_parser("probe", help="measure the host link's limits")
+    p.add_argument("-p", action="append", metavar="KEY=VALUE")
+    p.add_argument("--out")
+    p.set_defaults(fn=cmd_probe)
+    rp = sub.add_parser("report", help="write DIR/report.html")
+    rp.add_argument("run_dir")
+    rp.set_defaults(fn=cmd_report)
+    ls = sub.add_parser("runs", help="list run folders")
+    ls.add_argument("--root", default="results")
+    ls.set_defaults(fn=cmd_runs)
+    for hook in _extensions():
+        hook(sub)
+    return ap
+
+
+def _extensions():
+    """Sub-commands contributed by other modules (nightly, compare, quality, ...), if present."""
+    hooks = []
+    for mod in ("labkit.nightly", "labkit.compare", "labkit.quality.cli"):
+        try:
+            m = __import__(mod, fromlist=["add_cli"])
+        except ImportError:
+            continue
+        if hasattr(m, "add_cli"):
+            hooks.append(m.add_cli)
+    return hooks
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except (BadInput, FileNotFoundError, FileExistsError) as ex:
+        print(f"labkit: {ex}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Run an experiment notebook under papermill into a run folder, then render its report.
+
+This is what `labkit run`, `make sweep` and the nightly runner call: one papermill run (one kernel)
+per experiment, so a crash or an out-of-memory in one cannot poison the next. Parameters are
+validated here first (papermill only warns about unknown names) so bad input fails in one line,
+before a kernel starts or anything is written.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .bench.params import BadInput
+from .results import REPO, new_run_id
+
+NOTEBOOKS = REPO / "notebooks"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    notebook: str
+    spec_module: str        # module with SPEC (and optionally plan()) for validation
+
+
+EXPERIMENTS = {
+    "decode": Experiment("decode", "decode_sweep.ipynb", "labkit.bench.decode"),
+    "probe": Experiment("probe", "probe.ipynb", "labkit.bench.probe"),
+}
+
+
+def register(name: str, notebook: str, spec_module: str) -> None:
+    EXPERIMENTS[name] = Experiment(name, notebook, spec_module)
+
+
+def _module(exp: Experiment):
+    import importlib
+    return importlib.import_module(exp.spec_module)
+
+
+def validate(experiment: str, params: dict) -> dict:
+    """Check names and values against the experiment's spec; return the parsed values."""
+    if experiment not in EXPERIMENTS:
+        raise BadInput(f"unknown experiment {experiment!r}: choose from {', '.join(EXPERIMENTS)}")
+    mod = _module(EXPERIMENTS[experiment])
+    if hasattr(mod, "plan"):
+        mod.plan(dict(params))           # full validation (shape, strategies, RAM) without allocating
+    from .bench.params import resolve
+    return resolve(mod.SPEC, params, experiment)
+
+
+def notebook_parameters(path: Path) -> set[str]:
+    import papermill
+    return set(papermill.inspect_notebook(str(path)).keys())
+
+
+def run_notebook(experiment: str, params: dict, out_dir: str | Path | None = None, root: str | Path = "results",
+                 log_output: bool = True, timeout: int | None = None) -> tuple[Path, Exception | None]:
+    """Execute the experiment's notebook with `params` into a run folder; returns (folder, error or None).
+    The report is rendered even when the notebook failed part-way (what was measured is kept)."""
+    import papermill as pm
+    validate(experiment, params)
+    exp = EXPERIMENTS[experiment]
+    nb = NOTEBOOKS / exp.notebook
+    if not nb.is_file():
+        raise BadInput(f"notebook {nb} is missing")
+    known = notebook_parameters(nb)
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise BadInput(f"{exp.notebook} has no parameter(s) {', '.join(unknown)}")
+    out = Path(out_dir) if out_dir else Path(root) / new_run_id(experiment)
+    if (out / "metrics.parquet").exists():
+        raise BadInput(f"{out} already holds a run; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    # Strings as the CLI gave them; the notebook parses them with the same spec.
+    pm_params = {k: (",".join(map(str, v)) if isinstance(v, (list, tuple)) else v) for k, v in params.items()}
+    pm_params["out_dir"] = str(out.resolve())
+    os.environ["LABKIT_PLAIN_PROGRESS"] = "1"
+    error = None
+    try:
+        pm.execute_notebook(str(nb), str(out / exp.notebook), parameters=pm_params, log_output=False,
+                            progress_bar=False, cwd=str(REPO), kernel_name="python3", execution_timeout=timeout,
+                            stdout_file=sys.stdout if log_output else None, stderr_file=sys.stderr if log_output else None)
+    except Exception as ex:     # PapermillExecutionError, dead kernel: keep what was measured
+        error = ex
+    try:
+        from .report.notebook import render_report
+        render_report(out)
+    except Exception as ex:
+        error = error or ex
+    return out, error

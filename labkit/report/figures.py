@@ -1,0 +1,216 @@
+"""Plotly figures over a run's tidy tables. Every speed plot carries its physical bound where one exists:
+the link bound (bytes per step / contiguous pinned H2D GB/s measured in the same run) and the resident
+(no-offload) baseline."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .summary import _ok, decode_table, link_gbps
+
+COLORS = {"resident": "#1f77b4", "zero_copy": "#2ca02c", "host_gather": "#ff7f0e", "per_row": "#d62728",
+          "hot_cache": "#9467bd", "contiguous": "#7f7f7f", "pageable": "#8c564b", "hbm_gather": "#17becf"}
+TEMPLATE = "plotly_white"
+
+
+def _ctx_ticks(values) -> dict:
+    vals = sorted(set(int(v) for v in values))
+    return {"tickvals": vals, "ticktext": [f"{v // (1 << 20)}M" if v >= 1 << 20 and v % (1 << 20) == 0 else
+                                           f"{v // 1024}K" if v >= 1024 else str(v) for v in vals]}
+
+
+def _err(d: pd.DataFrame, col: str = "tok_s") -> dict:
+    """Error bars from the step-time spread (min/max), mapped onto tok/s."""
+    if col == "tok_s":
+        hi = d["concurrency"] / (d["step_ms_min"] / 1e3) - d["tok_s"]
+        lo = d["tok_s"] - d["concurrency"] / (d["step_ms_max"] / 1e3)
+    else:
+        hi, lo = d["step_ms_max"] - d[col], d[col] - d["step_ms_min"]
+    return {"type": "data", "symmetric": False, "array": hi.clip(lower=0), "arrayminus": lo.clip(lower=0), "thickness": 1}
+
+
+def _empty(title: str, why: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, template=TEMPLATE, annotations=[{"text": why, "showarrow": False, "x": 0.5, "y": 0.5,
+                                                                   "xref": "paper", "yref": "paper"}])
+    return fig
+
+
+def tok_s_vs_context(m: pd.DataFrame) -> go.Figure:
+    d = decode_table(m)
+    if d.empty:
+        return _empty("Decode tok/s vs context", "no decode points")
+    concs = sorted(d["concurrency"].unique())
+    fig = make_subplots(rows=1, cols=len(concs), subplot_titles=[f"concurrency {c}" for c in concs], shared_yaxes=False)
+    link = link_gbps(m)
+    for j, c in enumerate(concs, start=1):
+        dc = d[d["concurrency"] == c]
+        for s, g in dc.groupby("strategy", sort=False):
+            g = g.sort_values("context_len")
+            fig.add_trace(go.Scatter(x=g["context_len"], y=g["tok_s"], mode="lines+markers", name=s,
+                                     legendgroup=s, showlegend=j == 1, line={"color": COLORS.get(s)},
+                                     error_y=_err(g), customdata=np.stack([g["step_ms_median"], g["h2d_bytes_per_step"] / 2**20], -1),
+                                     hovertemplate="%{x} tokens<br>%{y:.1f} tok/s<br>step %{customdata[0]:.2f} ms"
+                                                   "<br>H2D %{customdata[1]:.1f} MiB/step<extra>" + s + "</extra>"), row=1, col=j)
+        off = dc[dc["h2d_bytes_per_step"] > 0].groupby("context_len")["h2d_bytes_per_step"].max().sort_index()
+        if link and not off.empty:
+            bound = c / (off / (link * 1e9))
+            fig.add_trace(go.Scatter(x=bound.index, y=bound.values, mode="lines", name=f"link bound ({link:.1f} GB/s)",
+                                     legendgroup="bound", showlegend=j == 1, line={"dash": "dash", "color": "black"},
+                                     hovertemplate="transfer alone: %{y:.0f} tok/s<extra>link bound</extra>"), row=1, col=j)
+        fig.update_xaxes(type="log", title="context (tokens)", row=1, col=j, **_ctx_ticks(dc["context_len"]))
+        fig.update_yaxes(title="decode tok/s (aggregate)" if j == 1 else None, rangemode="tozero", row=1, col=j)
+    fig.update_layout(title="Decode speed vs context length (budget {})".format(int(d["budget"].iloc[0])),
+                      template=TEMPLATE, height=430)
+    return fig
+
+
+def step_ms_vs_context(m: pd.DataFrame) -> go.Figure:
+    d = decode_table(m)
+    if d.empty:
+        return _empty("Decode step time", "no decode points")
+    fig = go.Figure()
+    for (s, c), g in d.groupby(["strategy", "concurrency"], sort=False):
+        g = g.sort_values("context_len")
+        fig.add_trace(go.Scatter(x=g["context_len"], y=g["step_ms_median"], mode="lines+markers", name=f"{s} c={c}",
+                                 line={"color": COLORS.get(s), "dash": "solid" if c == d["concurrency"].min() else "dot"},
+                                 error_y=_err(g, "step_ms_median")))
+    fig.update_xaxes(type="log", title="context (tokens)", **_ctx_ticks(d["context_len"]))
+    fig.update_yaxes(type="log", title="step time (ms), median with min/max")
+    fig.update_layout(title="Decode step time vs context", template=TEMPLATE, height=420)
+    return fig
+
+
+def tok_s_vs_budget(m: pd.DataFrame) -> go.Figure:
+    d = _ok(m[m["experiment"] == "decode"])
+    if d.empty or "axis" not in d:
+        return _empty("Decode tok/s vs budget", "no budget axis in this run")
+    ctx = d[d["axis"] == "budget"]["context_len"]
+    if ctx.empty:
+        return _empty("Decode tok/s vs budget", "no budget axis in this run (one budget)")
+    ctx, c = int(ctx.iloc[0]), int(d[d["axis"] == "budget"]["concurrency"].iloc[0])
+    d = d[(d["context_len"] == ctx) & (d["concurrency"] == c)]
+    fig = go.Figure()
+    for s, g in d.groupby("strategy", sort=False):
+        g = g.sort_values("budget")
+        fig.add_trace(go.Scatter(x=g["budget"], y=g["tok_s"], mode="lines+markers", name=s, line={"color": COLORS.get(s)},
+                                 error_y=_err(g)))
+    link = link_gbps(m)
+    off = d[d["h2d_bytes_per_step"] > 0].groupby("budget")["h2d_bytes_per_step"].max().sort_index()
+    if link and not off.empty:
+        fig.add_trace(go.Scatter(x=off.index, y=c / (off.values / (link * 1e9)), mode="lines", name=f"link bound ({link:.1f} GB/s)",
+                                 line={"dash": "dash", "color": "black"}))
+    fig.update_xaxes(type="log", title="indexer budget (selected tokens per QSA layer)", tickvals=sorted(d["budget"].unique()))
+    fig.update_yaxes(type="log", title="decode tok/s")
+    fig.update_layout(title=f"Decode speed vs budget (context {ctx // 1024}K, concurrency {c})", template=TEMPLATE, height=420)
+    return fig
+
+
+def tok_s_vs_concurrency(m: pd.DataFrame) -> go.Figure:
+    d = decode_table(m)
+    if d.empty or d["concurrency"].nunique() < 2:
+        return _empty("Aggregate tok/s vs concurrency", "one concurrency value in this run")
+    fig = go.Figure()
+    for s, g in d.groupby("strategy", sort=False):
+        for ctx, gc in g.groupby("context_len"):
+            if ctx not in (d["context_len"].min(), d["context_len"].max()):
+                continue
+            gc = gc.sort_values("concurrency")
+            fig.add_trace(go.Scatter(x=gc["concurrency"], y=gc["tok_s"], mode="lines+markers",
+                                     name=f"{s} @ {ctx // 1024}K", error_y=_err(gc),
+                                     line={"color": COLORS.get(s), "dash": "solid" if ctx == d["context_len"].max() else "dot"}))
+    fig.update_xaxes(title="concurrent requests", tickvals=sorted(d["concurrency"].unique()))
+    fig.update_yaxes(title="aggregate decode tok/s", rangemode="tozero")
+    fig.update_layout(title="Aggregate decode speed vs concurrency (smallest and largest context)", template=TEMPLATE, height=420)
+    return fig
+
+
+def bytes_engine_vs_nvml(m: pd.DataFrame) -> go.Figure:
+    d = decode_table(m)
+    if d.empty or "nvml_rx_bytes_per_step" not in d or d["nvml_rx_bytes_per_step"].isna().all():
+        return _empty("H2D bytes per step: engine vs NVML", "NVML PCIe counters not available on this machine (CPU run)")
+    d = d.dropna(subset=["nvml_rx_bytes_per_step"])
+    fig = go.Figure()
+    for s, g in d.groupby("strategy", sort=False):
+        fig.add_trace(go.Scatter(x=g["h2d_bytes_per_step"] / 2**20, y=g["nvml_rx_bytes_per_step"] / 2**20, mode="markers",
+                                 name=s, marker={"color": COLORS.get(s), "size": 9},
+                                 text=[f"ctx {int(a)} c={int(b)}" for a, b in zip(g["context_len"], g["concurrency"])],
+                                 hovertemplate="%{text}<br>engine %{x:.1f} MiB<br>NVML RX %{y:.1f} MiB<extra>" + s + "</extra>"))
+    top = float(max(d["h2d_bytes_per_step"].max(), d["nvml_rx_bytes_per_step"].max())) / 2**20 * 1.1 + 1
+    xs = np.array([0, top])
+    fig.add_trace(go.Scatter(x=xs, y=xs, mode="lines", name="equal", line={"dash": "dash", "color": "gray"}))
+    fig.add_trace(go.Scatter(x=np.r_[xs, xs[::-1]], y=np.r_[xs * 0.85, xs[::-1] * 1.15], fill="toself", mode="none",
+                             name="±15%", fillcolor="rgba(0,0,0,0.07)"))
+    fig.update_xaxes(title="engine-counted H2D MiB per step")
+    fig.update_yaxes(title="NVML PCIe RX MiB per step")
+    fig.update_layout(title="Bytes moved per step: engine count vs NVML PCIe RX counter", template=TEMPLATE, height=430)
+    return fig
+
+
+def memory_held(m: pd.DataFrame) -> go.Figure:
+    d = decode_table(m)
+    if d.empty:
+        return _empty("Memory held", "no decode points")
+    d = d[d["concurrency"] == d["concurrency"].min()]
+    fig = go.Figure()
+    for s, g in d.groupby("strategy", sort=False):
+        g = g.sort_values("context_len")
+        for col, dash, label in (("device_kv_bytes", "solid", "device KV"), ("device_index_bytes", "dot", "device index keys"),
+                                 ("host_kv_bytes", "dash", "host KV")):
+            if g[col].fillna(0).sum() == 0:
+                continue
+            fig.add_trace(go.Scatter(x=g["context_len"], y=g[col] / 2**30, mode="lines+markers", name=f"{s}: {label}",
+                                     line={"color": COLORS.get(s), "dash": dash}))
+    fig.update_xaxes(type="log", title="context (tokens)", **_ctx_ticks(d["context_len"]))
+    fig.update_yaxes(type="log", title="GiB held (one request)")
+    fig.update_layout(title="KV and index-key memory held per request", template=TEMPLATE, height=420)
+    return fig
+
+
+def probe_bars(m: pd.DataFrame) -> go.Figure:
+    p = _ok(m[m["experiment"] == "probe"]) if "experiment" in m else m.iloc[0:0]
+    if p.empty:
+        return _empty("Host link limits", "no probe rows")
+    if "direction" in p:
+        p = p[p["direction"].isna() | (p["direction"] == "h2d")]
+    labels = []
+    for _, r in p.iterrows():
+        extra = ""
+        if r["strategy"] in ("contiguous", "pageable") and "size_mib" in r and pd.notna(r.get("size_mib")):
+            extra = f" {int(r['size_mib'])} MiB"
+        elif r["strategy"] == "host_gather" and pd.notna(r.get("threads")):
+            extra = f" {int(r['threads'])} thr"
+        elif r["strategy"] == "zero_copy" and pd.notna(r.get("rows_per_prog")):
+            extra = f" {int(r['rows_per_prog'])}r/{int(r['num_warps'])}w"
+        labels.append(r["strategy"] + extra)
+    fig = go.Figure(go.Bar(x=labels, y=p["gbps"], marker_color=[COLORS.get(s, "#444") for s in p["strategy"]],
+                           text=[f"{v:.1f}" for v in p["gbps"]], textposition="outside"))
+    link = link_gbps(m)
+    if link:
+        fig.add_hline(y=link, line_dash="dash", annotation_text=f"contiguous pinned H2D {link:.1f} GB/s")
+    fig.update_yaxes(title="GB/s (host → device)", type="log")
+    fig.update_layout(title="Host link limits for sparse KV gathers (48 MiB decode step of the reference shape)",
+                      template=TEMPLATE, height=430)
+    return fig
+
+
+def telemetry_timeline(t: pd.DataFrame, m: pd.DataFrame | None = None, max_points: int = 3000) -> go.Figure:
+    if t is None or t.empty or "pcie_rx_gbps" not in t:
+        return _empty("Telemetry", "no NVML telemetry in this run (NVML missing or CPU run)")
+    t = t.sort_values("timestamp")
+    if len(t) > max_points:
+        t = t.iloc[:: len(t) // max_points + 1]
+    x = pd.to_datetime(t["timestamp"], unit="s")
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, subplot_titles=["PCIe GB/s", "GPU utilization %", "power W / memory GiB"])
+    fig.add_trace(go.Scattergl(x=x, y=t["pcie_rx_gbps"].astype("float32"), name="PCIe RX (to GPU)", mode="lines"), 1, 1)
+    fig.add_trace(go.Scattergl(x=x, y=t["pcie_tx_gbps"].astype("float32"), name="PCIe TX", mode="lines"), 1, 1)
+    if "util_gpu" in t:
+        fig.add_trace(go.Scattergl(x=x, y=t["util_gpu"].astype("float32"), name="util", mode="lines"), 2, 1)
+    if "power_w" in t:
+        fig.add_trace(go.Scattergl(x=x, y=t["power_w"].astype("float32"), name="power W", mode="lines"), 3, 1)
+    if "mem_used_bytes" in t:
+        fig.add_trace(go.Scattergl(x=x, y=(t["mem_used_bytes"] / 2**30).astype("float32"), name="GPU memory GiB", mode="lines"), 3, 1)
+    fig.update_layout(title="Telemetry over the run (NVML, unwrapped PCIe byte counters)", template=TEMPLATE, height=620)
+    return fig

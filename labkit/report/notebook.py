@@ -1,0 +1,50 @@
+"""Self-contained HTML reports from the executed notebooks in a run folder.
+
+The notebooks set `plotly.io.renderers.default = "notebook"` in their first cell, so plotly.js is
+embedded once in that cell's output and every figure after it is a `<div>` plus data: the exported
+page works offline. Code cells are hidden; cells tagged `remove_output` (progress bars) lose their
+output; widgets are not used in reports (their loader would come from a CDN).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+
+def _exporter():
+    from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import TagRemovePreprocessor
+    from traitlets.config import Config
+    c = Config()
+    c.TagRemovePreprocessor.remove_all_outputs_tags = {"remove_output"}
+    c.TagRemovePreprocessor.remove_cell_tags = {"remove_cell"}
+    c.TagRemovePreprocessor.enabled = True
+    ex = HTMLExporter(config=c, template_name="lab")
+    ex.exclude_input = True
+    ex.exclude_input_prompt = True
+    ex.exclude_output_prompt = True
+    ex.register_preprocessor(TagRemovePreprocessor(config=c), enabled=True)
+    return ex
+
+
+def executed_notebooks(run_dir: str | Path) -> list[Path]:
+    return sorted(p for p in Path(run_dir).glob("*.ipynb") if not p.name.startswith("."))
+
+
+def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write `run_dir/report.html` from the executed notebook(s) in the folder (one page, sections in order)."""
+    run_dir = Path(run_dir)
+    nbs = executed_notebooks(run_dir)
+    if not nbs:
+        raise FileNotFoundError(f"{run_dir} holds no executed notebook to render")
+    ex = _exporter()
+    nb = nbformat.read(nbs[0], as_version=4)
+    for extra in nbs[1:]:   # several notebooks (e.g. probe + sweep): one page
+        more = nbformat.read(extra, as_version=4)
+        nb.cells.extend(more.cells)
+    nb.metadata.setdefault("title", f"labkit report {run_dir.name}")
+    html, _ = ex.from_notebook_node(nb, resources={"metadata": {"name": f"labkit {run_dir.name}"}})
+    out = Path(out) if out else run_dir / "report.html"
+    out.write_text(html, encoding="utf-8")
+    return out

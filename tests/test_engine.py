@@ -1,0 +1,247 @@
+"""Engine correctness on CPU (the same tests run on CUDA in test_gpu.py): every strategy against
+`resident`, sparse with budget >= context against dense prefill, DeltaNet fast paths against the loop,
+batched requests of different lengths against each alone, bytes moved against the formula."""
+import dataclasses
+
+import pytest
+import torch
+
+from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
+from labkit.engine.attention import dense_reference_attention, sparse_decode_attention
+from labkit.engine.indexer import select_topk
+from labkit.engine.kv import PageTable
+from labkit.engine.layers import delta_rule_chunked, delta_rule_reference
+from labkit.engine.transfer import STRATEGIES, TransferStrategy
+from labkit.shapes import PRESETS
+
+TINY = PRESETS["tiny"]
+# A second shape: other head counts, GQA ratio, page-straddling rows.
+ODD = dataclasses.replace(TINY, name="odd", layers=6, attn_every=3, n_heads=6, n_kv_heads=3, head_dim=16,
+                          rotary_dim=4, index_dim=8, index_heads=3, dn_k_heads=1, dn_v_heads=2, hidden=48)
+
+
+def _engine(model, strategy, slots, capacity, budget, page_size=16, chunk=64):
+    st = get_strategy(strategy)
+    cache = OffloadCache.allocate(model, st.medium, slots, capacity, page_size=page_size)
+    return Engine(model, cache, st, budget, prefill_chunk=chunk)
+
+
+def _tokens(n, vocab, seed):
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("shape", [TINY, ODD], ids=lambda s: s.name)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_strategy_matches_resident(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    lens = [int(x) for x in torch.randint(20, 300, (3,), generator=g)]
+    budget = int(torch.randint(8, 64, (1,), generator=g))
+    model = HybridModel(shape, "cpu", seed=seed)
+    out = {}
+    for name in STRATEGIES:
+        e = _engine(model, name, 3, 400, budget)
+        for slot, n in enumerate(lens):
+            e.prefill(slot, _tokens(n, shape.vocab, seed * 10 + slot))
+        r = e.decoder(3)
+        logits, sels, rows = [], [], []
+        for _ in range(3):
+            r.step()
+            logits.append(r.state.logits.clone())
+            sels.append(r.state.last_sel.clone())
+            rows.append(r.state.staging.clone())   # the last QSA layer's gathered bytes
+        out[name] = (torch.stack(logits), torch.stack(sels), torch.stack(rows))
+    ref = out["resident"]
+    for name, (lg, sel, rows) in out.items():
+        assert torch.equal(sel, ref[1]), f"{name}: different selection"
+        assert torch.equal(rows, ref[2]), f"{name}: gathered bytes differ from resident"
+        assert torch.equal(lg, ref[0]), f"{name}: logits differ from resident"
+
+
+def test_sparse_with_full_budget_equals_dense_prefill():
+    """Decode with budget >= context (sparse path, recurrent DeltaNet step) == prefill of the same
+    tokens (dense attention, chunked DeltaNet): the last token's logits agree within bf16 rounding."""
+    model = HybridModel(TINY, "cpu", seed=3)
+    toks = _tokens(150, TINY.vocab, 7)
+    e = _engine(model, "zero_copy", 1, 256, budget=4096)
+    e.prefill(0, toks[:-1])
+    r = e.decoder(1)
+    r.state.tokens.copy_(toks[-1:])
+    r.step()
+    dec = r.state.logits[0].float()
+    e2 = _engine(model, "resident", 1, 256, budget=4096, chunk=32)
+    pre = e2.prefill(0, toks)[0].float()
+    rel = (dec - pre).norm() / pre.norm()
+    assert rel < 3e-2, rel
+    for layer_sel in r.state.last_sel[:, 0]:      # every written position (149 + the new token) selected
+        assert set(layer_sel.tolist()) == set(range(150))
+
+
+def test_sparse_attention_equals_dense_when_all_selected():
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 32, dtype=torch.bfloat16)
+    rows = torch.randn(2, 50, 2 * 2 * 32, dtype=torch.bfloat16)
+    perm = torch.randperm(50)
+    valid = torch.ones(2, 50, dtype=torch.bool)
+    a = sparse_decode_attention(q, rows[:, perm], valid, 2)         # order of selected rows must not matter
+    b = dense_reference_attention(q, rows, 2)
+    assert torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+    # masking: invalid rows contribute nothing
+    valid2 = valid.clone(); valid2[:, 40:] = False
+    c = sparse_decode_attention(q, rows, valid2, 2)
+    d = dense_reference_attention(q, rows[:, :40], 2)
+    assert torch.allclose(c.float(), d.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_prefill_chunk_size_does_not_change_results():
+    model = HybridModel(TINY, "cpu", seed=5)
+    toks = _tokens(200, TINY.vocab, 9)
+    a = _engine(model, "resident", 1, 256, 32, chunk=200).prefill(0, toks)
+    b = _engine(model, "resident", 1, 256, 32, chunk=48).prefill(0, toks)
+    assert ((a.float() - b.float()).norm() / a.float().norm()) < 3e-2
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_delta_rule_chunked_matches_loop(seed):
+    g = torch.Generator().manual_seed(seed)
+    T, H, dk, dv = 150, 3, 16, 8
+    q = torch.nn.functional.normalize(torch.randn(T, H, dk, generator=g), dim=-1) * dk ** -0.5
+    k = torch.nn.functional.normalize(torch.randn(T, H, dk, generator=g), dim=-1)
+    v = torch.randn(T, H, dv, generator=g)
+    log_a = -torch.rand(T, H, generator=g) * 0.5
+    beta = torch.rand(T, H, generator=g)
+    S0 = torch.randn(H, dk, dv, generator=g) * 0.1
+    o_ref, S_ref = delta_rule_reference(q, k, v, log_a, beta, S0)
+    for chunk in (16, 64):
+        o, S = delta_rule_chunked(q, k, v, log_a, beta, S0, chunk=chunk)
+        assert torch.allclose(o, o_ref, atol=1e-4, rtol=1e-4)
+        assert torch.allclose(S, S_ref, atol=1e-4, rtol=1e-4)
+
+
+def test_deltanet_step_matches_loop():
+    model = HybridModel(TINY, "cpu", seed=0, dtype=torch.float32)
+    layer = next(b.mixer for b in model.blocks if b.kind == "dn")
+    (H, dk, dv), (C, K1) = layer.state_shapes()
+    x = torch.randn(12, TINY.hidden)
+    S = torch.zeros(1, H, dk, dv); conv = torch.zeros(1, C, K1)
+    steps = torch.cat([layer.step(x[t:t + 1], S, conv) for t in range(12)])
+    S2 = torch.zeros(H, dk, dv); conv2 = torch.zeros(C, K1)
+    seq = layer.forward_seq(x, S2, conv2, chunk=4)
+    assert torch.allclose(steps, seq, atol=1e-4, rtol=1e-3)
+    assert torch.allclose(S[0], S2, atol=1e-5)
+    assert torch.allclose(conv[0], conv2, atol=1e-5)
+
+
+def test_batched_requests_of_different_lengths_equal_each_alone():
+    model = HybridModel(TINY, "cpu", seed=1)
+    lens = [37, 180]
+    both = _engine(model, "zero_copy", 2, 256, 24)
+    for s, n in enumerate(lens):
+        both.prefill(s, _tokens(n, TINY.vocab, s))
+    rb = both.decoder(2)
+    rb.step()
+    for s, n in enumerate(lens):
+        alone = _engine(model, "zero_copy", 1, 256, 24)
+        alone.prefill(0, _tokens(n, TINY.vocab, s))
+        ra = alone.decoder(1)
+        ra.state.tokens.copy_(rb.state.tokens[s:s + 1] * 0 + _first_token(2, TINY.vocab)[s])
+        ra.step()
+        assert torch.equal(ra.state.last_sel[:, 0], rb.state.last_sel[:, s])
+        assert torch.allclose(ra.state.logits[0].float(), rb.state.logits[s].float(), atol=1e-2, rtol=1e-2)
+
+
+def _first_token(batch, vocab):
+    # DecodeState's seeded first tokens (what rb used before its step)
+    return torch.randint(0, vocab, (batch,), generator=torch.Generator().manual_seed(batch))
+
+
+def test_short_context_masks_unwritten_positions():
+    """Context below the budget: only the written positions are selected as valid."""
+    model = HybridModel(TINY, "cpu", seed=2)
+    e = _engine(model, "host_gather", 1, 128, budget=64)
+    e.prefill(0, _tokens(20, TINY.vocab, 0))
+    r = e.decoder(1)
+    r.step()
+    sel = r.state.last_sel[:, 0]
+    assert r.state.k == 64
+    assert set(sel[0].tolist()) >= set(range(21))   # all 21 real positions (20 + the new token) chosen
+
+
+class Counting(TransferStrategy):
+    name, medium, graphable = "counting", "host", False
+
+    def __init__(self):
+        self.rows = 0
+
+    def load(self, pool, layer, rows, out):
+        self.rows += rows.numel()
+        out.copy_(pool.data[layer][rows])
+
+
+@pytest.mark.parametrize("conc,ctx,budget", [(1, 300, 64), (3, 300, 64), (2, 40, 64)])
+def test_bytes_moved_match_formula(conc, ctx, budget):
+    model = HybridModel(TINY, "cpu", seed=0)
+    st = Counting()
+    cache = OffloadCache.allocate(model, "host", conc, 400, page_size=16)
+    cache.fill_random_([ctx] * conc, seed=1)
+    r = Engine(model, cache, st, budget).decoder(conc)
+    r.step()
+    k = min(budget, cache.capacity)
+    assert st.rows * TINY.row_bytes == r.h2d_bytes_per_step == conc * k * TINY.attn_layers * TINY.row_bytes
+    if ctx >= budget:
+        assert r.h2d_bytes_per_step == TINY.h2d_bytes_per_step(budget, [ctx] * conc)
+
+
+def test_topk_is_exact():
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(3, 500, generator=g)
+    s[2, 100:] = float("-inf")
+    pos, valid = select_topk(s, 150)
+    for b in range(2):
+        want = set(torch.topk(s[b], 150).indices.tolist())
+        assert set(pos[b].tolist()) == want
+        assert torch.all(pos[b][1:] > pos[b][:-1])
+    assert valid[:2].all() and valid[2].sum() == 100
+    assert set(pos[2][valid[2]].tolist()) == set(range(100))
+    assert (pos[2][~valid[2]] == 0).all()     # unwritten positions point at a real row
+
+
+def test_page_table_non_contiguous_pages_are_translated():
+    pt = PageTable(n_pages=8, page_size=4, n_slots=2, max_pages_per_slot=4, device=torch.device("cpu"))
+    pt.reserve(0, 8)          # pages 0,1
+    pt.reserve(1, 8)          # pages 2,3
+    pt.reserve(0, 16)         # pages 4,5 (slot 0 is no longer contiguous)
+    rows = pt.rows(torch.tensor([0, 1]), torch.tensor([[0, 5, 9, 15], [0, 3, 4, 7]]))
+    assert rows.tolist() == [[0, 5, 17, 23], [8, 11, 12, 15]]
+    assert pt.runs(0, 0, 16) == [(0, 0, 8), (8, 16, 8)]
+    assert pt.runs(0, 6, 10) == [(6, 6, 2), (8, 16, 2)]
+    with pytest.raises(MemoryError):
+        pt.reserve(1, 100)
+
+
+def test_fragmented_pool_gives_same_outputs():
+    """Requests whose pages interleave in the pool decode exactly like contiguous ones."""
+    model = HybridModel(TINY, "cpu", seed=4)
+    toks = [_tokens(90, TINY.vocab, i) for i in range(2)]
+    outs = []
+    for interleave in (False, True):
+        e = _engine(model, "host_gather", 2, 128, 32, page_size=8)
+        if interleave:   # grow both slots page by page so their pages alternate
+            for n in range(8, 96, 8):
+                e.cache.pages.reserve(0, n); e.cache.pages.reserve(1, n)
+        for s in range(2):
+            e.prefill(s, toks[s])
+        r = e.decoder(2)
+        r.step()
+        outs.append(r.state.logits.clone())
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_engine_rejects_bad_budget_and_mismatched_pool():
+    model = HybridModel(TINY, "cpu", seed=0)
+    cache = OffloadCache.allocate(model, "host", 1, 64)
+    with pytest.raises(ValueError, match="budget"):
+        Engine(model, cache, get_strategy("zero_copy"), 0)
+    with pytest.raises(ValueError, match="needs a device pool"):
+        Engine(model, cache, get_strategy("resident"), 16)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        get_strategy("warp")

@@ -1,0 +1,45 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from labkit.shapes import ModelShape, PRESETS
+
+
+def test_reference_shape_bytes():
+    s = ModelShape.from_name("qwen3.8-flash-next")
+    assert (s.layers, s.attn_layers, s.deltanet_layers) == (48, 12, 36)
+    assert s.attn_layer_ids == list(range(3, 48, 4))
+    assert s.row_bytes == 2 * 2 * 256 * 2 == 2048
+    assert s.index_key_bytes == 66
+    # seed 000: 12 layers x 2048 rows x 2048 B = 48 MiB per step at budget 2048
+    assert s.h2d_bytes_per_step(2048, [1 << 20]) == 12 * 2048 * 2048 == 48 << 20
+    assert s.h2d_bytes_per_step(2048, [1000]) == 12 * 1000 * 2048      # context below the budget
+    assert s.h2d_bytes_per_step(2048, [1 << 20] * 4) == 4 * (48 << 20)
+    # weights close to the 7.0 GB the probe's weight-read model used (+ index projections, conv)
+    assert 6.5e9 < s.weight_bytes() < 8e9
+
+
+def test_unknown_shape_and_json(tmp_path):
+    with pytest.raises(ValueError, match="unknown shape"):
+        ModelShape.from_name("nope")
+    d = PRESETS["tiny"].summary()
+    base = {k: d[k] for k in ModelShape.__dataclass_fields__}
+    base["name"], base["layers"] = "mine", 12
+    p = tmp_path / "mine.json"
+    p.write_text(json.dumps(base))
+    s = ModelShape.from_name(str(p))
+    assert s.name == "mine" and s.attn_layers == 3
+    base["bogus"] = 1
+    p.write_text(json.dumps(base))
+    with pytest.raises(ValueError, match="unknown fields"):
+        ModelShape.from_json(p)
+
+
+def test_cli_shapes_json():
+    out = subprocess.run([sys.executable, "-m", "labkit", "shapes", "--json"], capture_output=True, text=True, check=True)
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    for r in rows.values():
+        assert {"name", "layers", "attn_layers", "row_bytes", "index_key_bytes"} <= set(r)
+    assert rows["qwen3.8-flash-next"]["row_bytes"] == 2048
