@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device session on a CUDA host that has torch/Triton/NVML but no internet: install the carried
+# wheels (./.whl, see README "Running on a GPU host without internet"), then run what MODE says.
+#   scripts/gpu_session.sh tests            GPU tests + link probe + a small decode sweep (pipeline check)
+#   scripts/gpu_session.sh sweep [ARGS...]  the reference decode sweep (labkit run decode ARGS)
+# Results land in results/<run-id>/ and, when $OUT is set, are copied there too.
+set -u
+MODE=${1:-tests}; shift || true
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD}
+OUT=${OUT:-/tmp/labkit-out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.max,pcie.link.width.current,memory.total --format=csv | tee "$OUT/machine.txt"
+free -g | tee -a "$OUT/machine.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/machine.txt"
+stamp=$(date -u +%Y%m%d-%H%M%S)
+case "$MODE" in
+  tests)
+    timeout 300 python3 -m pytest -m gpu -q -rA tests/test_gpu.py 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt"
+    python3 -m labkit probe --out "results/$stamp-probe-h200" -p repeats=20 2>&1 | tail -5
+    python3 -m labkit run decode --out "results/$stamp-decode-smoke" -p context_lens=8K,64K -p concurrency=1,2 \
+        -p budgets=2048,512 -p repeats=2 -p steps=5 -p prefill_lens=16K 2>&1 | tail -15
+    for d in results/$stamp-*; do tar czf "$OUT/$(basename "$d").tgz" "$d"; done
+    ;;
+  sweep)
+    python3 -m labkit run decode --out "results/$stamp-decode-h200" "$@" 2>&1 | grep -v '^\s*$' | tail -60
+    tar czf "$OUT/$stamp-decode-h200.tgz" "results/$stamp-decode-h200"
+    ;;
+esac
+ls -la "$OUT"
