@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def git_sha() -> str:
+    if os.environ.get("LABKIT_GIT_SHA"):      # a copy of the tree without .git (e.g. a GPU host session)
+        return os.environ["LABKIT_GIT_SHA"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
         sha = out.stdout.strip() or "unknown"

@@ -11,6 +11,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD}
+[ -d /tmp/site/share/jupyter ] && export JUPYTER_PATH=/tmp/site/share/jupyter   # nbconvert templates, ipykernel spec
 OUT=${OUT:-/tmp/labkit-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.max,pcie.link.width.current,memory.total --format=csv | tee "$OUT/machine.txt"
 free -g | tee -a "$OUT/machine.txt"

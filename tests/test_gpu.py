@@ -110,7 +110,9 @@ def test_delta_rule_chunked_on_cuda():
     assert ((S - S_ref).norm() / S_ref.norm()) < 1e-4
 
 
-def test_nvml_counts_zero_copy_bytes_within_15_percent():
+def test_nvml_counts_gather_and_dma_bytes():
+    """NVML's unwrapped RX counter against known payloads. DMA (copy engine, 256 B TLPs) reads ~8% over
+    payload on the H200 host; SM-issued zero-copy reads travel in smaller completions, ~19% over."""
     from labkit.telemetry import Sampler
     pool = KVPool("host", 1, 4096, 256, 2048, torch.device("cuda"))   # 2 GiB registered
     pool.data[0, ::97].random_()
@@ -129,7 +131,15 @@ def test_nvml_counts_zero_copy_bytes_within_15_percent():
             gather_rows(src, rows, out)
         torch.cuda.synchronize()
         b = tel.mark()
+        c = tel.mark()
+        for _ in range(20):
+            out.copy_(src[: rows.numel()], non_blocking=True)
+        torch.cuda.synchronize()
+        d = tel.mark()
     moved = n * rows.numel() * 2048
-    ratio = tel.rx_bytes(a, b) / moved
-    assert 0.85 < ratio < 1.15, ratio
+    zc = tel.rx_bytes(a, b) / moved
+    dma = tel.rx_bytes(c, d) / (20 * rows.numel() * 2048)
+    print(f"NVML RX / payload: zero-copy gather {zc:.3f}, DMA {dma:.3f}")
+    assert 1.0 < dma < 1.15, dma
+    assert 1.0 < zc < 1.25, zc
     assert tel.max_gap_s < 0.078          # never a full counter wrap between reads
