@@ -80,6 +80,21 @@ def test_graph_replay_equals_eager():
     assert torch.equal(logits[0], logits[1])
 
 
+def test_compiled_blocks_match_eager():
+    model = HybridModel(MID, "cuda", seed=5)
+    logits = []
+    for compile in (False, True):
+        cache = OffloadCache.allocate(model, "host", 2, 4096)
+        cache.fill_random_([3000, 1000], seed=2)
+        r = Engine(model, cache, get_strategy("zero_copy"), 512, compile=compile).decoder(2)
+        assert r.engine.fns.compiled == compile
+        r.prepare(warmup=1)
+        r.step()
+        logits.append(r.state.logits.float().clone())
+    rel = ((logits[0] - logits[1]).norm() / logits[0].norm()).item()
+    assert rel < 3e-2, rel
+
+
 def test_full_budget_decode_equals_dense_prefill_on_cuda():
     model = HybridModel(MID, "cuda", seed=4)
     toks = torch.randint(0, MID.vocab, (1500,), generator=torch.Generator().manual_seed(0)).cuda()

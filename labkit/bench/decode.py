@@ -224,6 +224,7 @@ def measure_decode(model, caches: Caches, pt: dict, p: dict, tel: Sampler) -> di
         "host_kv_alloc_bytes": 0 if on_dev else cache.pool.nbytes,
         "selected_rows_per_step": runner.rows_per_step,
         "graph_mode": "full" if runner._full is not None else ("piecewise" if runner._pieces else "eager"),
+        "compiled": engine.fns.compiled,
         "weight_bytes": model.weight_bytes(),
         "weight_gbps": model.weight_bytes() / (med / 1e3) / 1e9,
         "selection": p["selection"], "t_start": t_start, "t_end": time.time(),
@@ -270,7 +271,9 @@ def run_sweep(given: dict, run: Run | None = None, progress_bar: bool = True) ->
         run = Run.create(p["out_dir"] or None, EXPERIMENT, {k: v for k, v in p.items()})
     base = {"device": p["device"], "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": shape.name}
     pts = points(p)
-    prefill = [(n, s) for n in (p["prefill_lens"] or []) for s in ("zero_copy", "resident") if s in p["strategies"]]
+    # Prefill is measured once per length, with the KV pool where the offloaded strategies keep it.
+    host = [s for s in ("zero_copy", "host_gather", "per_row") if s in p["strategies"]]
+    prefill = [(n, (host or p["strategies"])[0]) for n in (p["prefill_lens"] or [])]
     tel = Sampler(gpus=[dev.index or 0] if dev.type == "cuda" else []).start()
     run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary())
     bar = progress(total=len(pts) + len(prefill), desc=f"{EXPERIMENT} {shape.name}", disable=not progress_bar)
