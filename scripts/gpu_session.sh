@@ -26,8 +26,9 @@ case "$MODE" in
     for d in results/$stamp-*; do tar czf "$OUT/$(basename "$d").tgz" "$d"; done
     ;;
   sweep)
-    python3 -m labkit run decode --out "results/$stamp-decode-h200" "$@" 2>&1 | grep -v '^\s*$' | tail -60
-    tar czf "$OUT/$stamp-decode-h200.tgz" "results/$stamp-decode-h200"
+    # Written straight under $OUT so a run cut short by the session's limit still comes back.
+    timeout ${SWEEP_TIMEOUT:-480} python3 -m labkit run decode --out "$OUT/$stamp-decode-h200" "$@" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -40
+    timeout ${TEST_TIMEOUT:-100} python3 -m pytest -m gpu -q -rA tests/test_gpu.py 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt"
     ;;
 esac
 ls -la "$OUT"
