@@ -66,6 +66,23 @@ def test_every_strategy_matches_resident_on_cuda(seed):
             assert torch.equal(lg, lg0), name
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_index_kernel_matches_reference(seed):
+    from labkit.engine.indexer import index_scores_reference, index_scores_triton
+    from labkit.engine.kv import quantize_index_keys
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    B, cap, L, Hi, D = 3, 5000, 4321, 4, 64
+    k8, sc = quantize_index_keys(torch.randn(B, cap, D, generator=g, device="cuda"))
+    q = torch.randn(B, Hi, D, generator=g, device="cuda").to(torch.bfloat16)
+    w = torch.randn(B, Hi, generator=g, device="cuda").to(torch.bfloat16)
+    lens = torch.tensor([4321, 17, 3000], device="cuda")
+    a = index_scores_triton(q, w, k8[:, :L], sc[:, :L], lens)
+    b = index_scores_reference(q, w, k8[:, :L], sc[:, :L], lens)
+    fin = torch.isfinite(b)
+    assert torch.equal(fin, torch.isfinite(a))
+    assert torch.allclose(a[fin], b[fin], rtol=2e-2, atol=1e-2 * b[fin].abs().max().item())
+
+
 def test_graph_replay_equals_eager():
     model = HybridModel(MID, "cuda", seed=3)
     logits = []

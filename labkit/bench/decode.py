@@ -187,7 +187,7 @@ def measure_decode(model, caches: Caches, pt: dict, p: dict, tel: Sampler) -> di
     cache = caches.get(strat.medium, conc, ctx, group_ctx)
     cache.lens[:conc] = ctx
     engine = Engine(model, cache, strat, pt["budget"])
-    runner = engine.decoder(conc, trace=trace)
+    runner = engine.decoder(conc, trace=trace, max_steps=margin(p))
     per_row = strat.name == "per_row"
     steps, repeats = (p["per_row_steps"], 1) if per_row else (p["steps"], p["repeats"])
     runner.prepare(warmup=1 if per_row else 2)

@@ -127,6 +127,26 @@ def probe_gathers(dev, pool_gib: float, repeats: int, which=("per_row", "host_ga
     return out
 
 
+def probe_indexer(dev, repeats, contexts=(65536, 1 << 20), budget=BUDGET) -> list[dict]:
+    """Where a QSA layer's selection time goes as context grows: the fused index-score pass over
+    66 B/token fp8 keys, and the exact top-k over the scores (one request, one layer)."""
+    from ..engine.indexer import index_scores, select_topk
+    from ..engine.kv import quantize_index_keys
+    out = []
+    g = torch.Generator(device=dev).manual_seed(0)
+    for n in contexts:
+        k8, sc = quantize_index_keys(torch.randn(1, n, 64, generator=g, device=dev))
+        q = torch.randn(1, 4, 64, generator=g, device=dev).to(torch.bfloat16)
+        w = torch.randn(1, 4, generator=g, device=dev).to(torch.bfloat16)
+        lens = torch.tensor([n], device=dev)
+        ts = _timer(dev, lambda: index_scores(q, w, k8, sc, lens), repeats)
+        out.append(_row("indexer_score", n * 66, ts, context_len=n))
+        scores = index_scores(q, w, k8, sc, lens)
+        ts = _timer(dev, lambda: select_topk(scores, budget), repeats)
+        out.append(_row("topk", n * 4, ts, context_len=n, budget=budget))
+    return out
+
+
 def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, gathers=None) -> list[dict]:
     dev = resolve_device(device)
     check_positive("repeats", [repeats])
@@ -135,6 +155,7 @@ def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, ga
     pool_gib = pool_gib or (24.0 if dev.type == "cuda" else 0.25)
     rows = probe_contiguous(dev, repeats) + probe_pageable(dev, repeats)
     rows += probe_gathers(dev, pool_gib, repeats, **({} if gathers is None else {"which": gathers}))
+    rows += probe_indexer(dev, repeats, contexts=(65536, 1 << 20) if dev.type == "cuda" else (4096,))
     return rows
 
 

@@ -235,7 +235,8 @@ class Engine:
             flat = st.slots * c.capacity + pos
             c.index.keys[ki].view(torch.uint8).view(-1, s.index_dim).index_copy_(0, flat, k8.view(torch.uint8))
             c.index.scales[ki].view(-1).index_copy_(0, flat, sc)
-            scores = index_scores(iq, iw, c.index.keys[ki, :B], c.index.scales[ki, :B], pos + 1)
+            W = st.window
+            scores = index_scores(iq, iw, c.index.keys[ki, :B, :W], c.index.scales[ki, :B, :W], pos + 1)
             sel, valid = select_topk(scores, k)
             if st.trace is not None:   # replay recorded selections (scaled to this context)
                 sel = torch.minimum(st.trace[st.trace_step, ki].expand(B, k), pos[:, None])
@@ -252,19 +253,26 @@ class Engine:
         if st.trace is not None:
             st.trace_step.copy_((st.trace_step + 1) % st.trace.shape[0])
 
-    def decoder(self, batch: int, graphs: bool | None = None, trace: torch.Tensor | None = None) -> "DecodeRunner":
-        return DecodeRunner(self, batch, graphs, trace)
+    def decoder(self, batch: int, graphs: bool | None = None, trace: torch.Tensor | None = None,
+                max_steps: int = 1024) -> "DecodeRunner":
+        """A runner for slots [0, batch) as they are now; it may take up to `max_steps` steps."""
+        return DecodeRunner(self, batch, graphs, trace, max_steps)
 
 
 class DecodeState:
     """Static buffers of one decode batch (fixed addresses so CUDA graphs can replay them)."""
 
-    def __init__(self, engine: Engine, batch: int, trace: torch.Tensor | None):
+    def __init__(self, engine: Engine, batch: int, trace: torch.Tensor | None, max_steps: int = 1024):
         c, s, dev = engine.cache, engine.model.shape, engine.model.device
         if batch > c.n_slots:
             raise ValueError(f"batch {batch} exceeds the cache's {c.n_slots} slots")
         self.batch = batch
-        self.k = min(engine.budget, c.capacity)
+        # The indexer scores positions [0, window): the batch's longest request now plus the steps this
+        # runner may take, not the whole cache capacity (a 1M-token cache would cost every step a
+        # 1M-position scan even at 8K of context). Read once here: no sync inside a step.
+        longest = int(c.lens[:batch].max())
+        self.window = min(c.capacity, longest + max_steps)
+        self.k = min(engine.budget, self.window)
         self.slots = torch.arange(batch, device=dev)
         self.tokens = torch.randint(0, s.vocab, (batch,), generator=torch.Generator().manual_seed(batch)).to(dev)
         self.staging = torch.empty((batch * self.k, s.row_bytes // WORD), dtype=torch.int64, device=dev)
@@ -279,8 +287,8 @@ class DecodeRunner:
     """Runs decode steps for one batch: eager on CPU, one CUDA graph for device-only strategies,
     one graph per segment (loads in between) for host strategies."""
 
-    def __init__(self, engine: Engine, batch: int, graphs: bool | None, trace):
-        self.engine, self.state = engine, DecodeState(engine, batch, trace)
+    def __init__(self, engine: Engine, batch: int, graphs: bool | None, trace, max_steps: int = 1024):
+        self.engine, self.state = engine, DecodeState(engine, batch, trace, max_steps)
         self.cuda = engine.model.device.type == "cuda"
         self.graphs = self.cuda if graphs is None else (graphs and self.cuda)
         self._full: torch.cuda.CUDAGraph | None = None
@@ -300,6 +308,7 @@ class DecodeRunner:
     def prepare(self, warmup: int = 2) -> None:
         """Warm up (compiles kernels, sizes workspaces), then capture graphs. Each call advances lens."""
         if self.cuda:
+            warmup = max(warmup, 1)       # compiles kernels outside any graph capture
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
