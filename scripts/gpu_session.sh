@@ -28,7 +28,7 @@ case "$MODE" in
   sweep)
     # Written straight under $OUT so a run cut short by the session's limit still comes back.
     timeout ${SWEEP_TIMEOUT:-480} python3 -m labkit run decode --out "$OUT/$stamp-decode-h200" "$@" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -40
-    timeout ${TEST_TIMEOUT:-100} python3 -m pytest -m gpu -q -rA tests/test_gpu.py 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt"
+    timeout ${TEST_TIMEOUT:-100} python3 -m pytest -m gpu -q -rA tests/test_gpu.py 2>&1 | grep -v DEBUG | tail -40 | tee "$OUT/gpu_tests.txt"
     ;;
 esac
 ls -la "$OUT"

@@ -175,6 +175,7 @@ def probe_bars(m: pd.DataFrame) -> go.Figure:
         return _empty("Host link limits", "no probe rows")
     if "direction" in p:
         p = p[p["direction"].isna() | (p["direction"] == "h2d")]
+    p = p[p["strategy"].isin(["contiguous", "pageable", "per_row", "host_gather", "zero_copy", "hbm_gather"])]
     labels = []
     for _, r in p.iterrows():
         extra = ""
