@@ -1,0 +1,244 @@
+"""The run index `results/index.html`: every run, and trends of the headline figures on each machine.
+
+`rebuild_index(root)` scans every run folder under `root` (nightly folders included), and writes one
+self-contained page:
+- a table of runs: date, experiment, status, machine (GPU, PCIe link), git sha, wall time, points
+  ok/failed, a link to the run's report;
+- the nightly folders and each entry's status;
+- per machine (same GPU and link; CPU runs are their own machine and never mixed with GPU runs), trend
+  charts of the headline figures (`headlines`): decode tok/s at the largest context per strategy, the
+  zero-copy gather GB/s, the contiguous pinned link GB/s, prefill tok/s;
+- regressions: a figure whose value falls below the spread (min..max over the previous runs' points,
+  each point's own min..max included) of the earlier runs on that machine is flagged; one above it is
+  an improvement; inside it is noise.
+
+`labkit run` and `labkit nightly` call it after every run.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from .report.summary import _ok, link_gbps
+
+INDEX_NAME = "index.html"
+
+
+@dataclass(frozen=True)
+class Headline:
+    family: str        # "decode tok/s", "gather GB/s", "link GB/s", "prefill tok/s"
+    key: str           # the figure within its family, e.g. "zero_copy @ 1M c=1 (qwen3.8-flash-next)"
+    value: float
+    lo: float          # the run's own spread (slowest repeat) ...
+    hi: float          # ... and fastest
+
+
+def _ctx(v: int) -> str:
+    v = int(v)
+    return f"{v >> 20}M" if v >= 1 << 20 and v % (1 << 20) == 0 else f"{v >> 10}K" if v >= 1024 and v % 1024 == 0 else str(v)
+
+
+def headlines(m: pd.DataFrame) -> list[Headline]:
+    """The headline figures of one run's metrics (higher is better for all of them)."""
+    out: list[Headline] = []
+    if m is None or m.empty or "experiment" not in m:
+        return out
+    d = _ok(m[m["experiment"] == "decode"])
+    if "axis" in d:
+        d = d[d["axis"].isna() | (d["axis"] == "context")]
+    d = d.dropna(subset=["tok_s"])
+    if not d.empty:
+        c1 = d["concurrency"].min()
+        for s, g in d[d["concurrency"] == c1].groupby("strategy", sort=True):
+            r = g.sort_values("context_len").iloc[-1]
+            lo = c1 / (r["step_ms_max"] / 1e3) if pd.notna(r.get("step_ms_max")) and r["step_ms_max"] else r["tok_s"]
+            hi = c1 / (r["step_ms_min"] / 1e3) if pd.notna(r.get("step_ms_min")) and r["step_ms_min"] else r["tok_s"]
+            out.append(Headline("decode tok/s", f"{s} @ {_ctx(r['context_len'])} c={int(c1)} ({r.get('shape')})",
+                                float(r["tok_s"]), float(lo), float(hi)))
+    p = _ok(m[m["experiment"] == "probe"])
+    zc = p[p["strategy"] == "zero_copy"].dropna(subset=["gbps"]) if "gbps" in p else p.iloc[0:0]
+    if not zc.empty:
+        r = zc.sort_values("gbps").iloc[-1]
+        out.append(Headline("gather GB/s", "zero_copy gather", float(r["gbps"]), *_gbps_spread(r)))
+    link = link_gbps(m)
+    if link:
+        c = p[(p["strategy"] == "contiguous")]
+        if "direction" in c:
+            c = c[c["direction"] == "h2d"]
+        r = c.sort_values("bytes").iloc[-1]
+        out.append(Headline("link GB/s", "contiguous pinned H2D", float(link), *_gbps_spread(r)))
+    pf = _ok(m[m["experiment"] == "prefill"]).dropna(subset=["tok_s"])
+    for _, r in pf.iterrows():
+        out.append(Headline("prefill tok/s", f"{r['strategy']} @ {_ctx(r['context_len'])} ({r.get('shape')})",
+                            float(r["tok_s"]), float(r["tok_s"]), float(r["tok_s"])))
+    return out
+
+
+def _gbps_spread(r) -> tuple[float, float]:
+    b = r.get("bytes")
+    if pd.notna(b) and pd.notna(r.get("step_ms_max")) and pd.notna(r.get("step_ms_min")) and r["step_ms_min"] > 0:
+        return float(b / r["step_ms_max"] / 1e6), float(b / r["step_ms_min"] / 1e6)
+    return float(r["gbps"]), float(r["gbps"])
+
+
+def machine_label(mf: dict) -> str:
+    """Runs are comparable only on the same GPU behind the same link (CPU runs: same host)."""
+    if mf.get("gpu_name"):
+        link = f"PCIe gen{mf['pcie_gen']} x{mf['pcie_width']}" if mf.get("pcie_gen") else "link unknown"
+        return f"{mf['gpu_name']} · {link}"
+    return f"CPU · {mf.get('host', '?')} ({mf.get('cpu_count', '?')} cores)"
+
+
+def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """(runs, headline figures, problems) for every run folder under root."""
+    root = Path(root)
+    runs, heads, problems = [], [], []
+    for mf_path in sorted(root.glob("**/manifest.json")):
+        run_dir = mf_path.parent
+        try:
+            mf = json.loads(mf_path.read_text())
+        except Exception as ex:
+            problems.append(f"{run_dir}: manifest.json unreadable ({type(ex).__name__})")
+            continue
+        mp = run_dir / "metrics.parquet"
+        try:
+            m = pd.read_parquet(mp) if mp.is_file() else pd.DataFrame()
+        except Exception as ex:
+            problems.append(f"{run_dir}: metrics.parquet unreadable ({type(ex).__name__})")
+            m = pd.DataFrame()
+        st = m["status"] if "status" in m else pd.Series(dtype=object)
+        report = run_dir / "report.html"
+        runs.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
+                     "experiment": mf.get("experiment", ""), "status": mf.get("status", "?"),
+                     "machine": machine_label(mf), "git_sha": mf.get("git_sha", ""), "wall_s": mf.get("wall_s"),
+                     "points_ok": int((st == "ok").sum()), "points_failed": int((st != "ok").sum()) if len(st) else 0,
+                     "folder": os.path.relpath(run_dir, root),
+                     "report": os.path.relpath(report, root) if report.is_file() else ""})
+        for h in headlines(m):
+            heads.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
+                          "machine": machine_label(mf), "family": h.family, "key": h.key, "value": h.value,
+                          "lo": h.lo, "hi": h.hi})
+    runs_df = pd.DataFrame(runs)
+    if not runs_df.empty:
+        runs_df = runs_df.sort_values("created", ascending=False).reset_index(drop=True)
+    return runs_df, flag(pd.DataFrame(heads)), problems
+
+
+def flag(heads: pd.DataFrame) -> pd.DataFrame:
+    """Add `prev_lo, prev_hi, verdict` to each headline: against the spread of the earlier runs of the
+    same figure on the same machine. All headline figures are higher-is-better."""
+    if heads.empty:
+        return heads.assign(prev_lo=[], prev_hi=[], verdict=[])
+    heads = heads.sort_values("created").reset_index(drop=True)
+    prev_lo, prev_hi, verdict = [], [], []
+    seen: dict[tuple, tuple[float, float]] = {}
+    for _, r in heads.iterrows():
+        k = (r["machine"], r["family"], r["key"])
+        if k not in seen:
+            prev_lo.append(None), prev_hi.append(None), verdict.append("first")
+            seen[k] = (min(r["lo"], r["value"]), max(r["hi"], r["value"]))
+            continue
+        lo, hi = seen[k]
+        prev_lo.append(lo), prev_hi.append(hi)
+        verdict.append("regression" if r["value"] < lo else "improvement" if r["value"] > hi else "noise")
+        seen[k] = (min(lo, r["lo"], r["value"]), max(hi, r["hi"], r["value"]))
+    return heads.assign(prev_lo=prev_lo, prev_hi=prev_hi, verdict=verdict)
+
+
+def trend_figure(h: pd.DataFrame, machine: str, family: str) -> go.Figure:
+    fig = go.Figure()
+    for key, g in h.groupby("key", sort=True):
+        g = g.sort_values("created")
+        x = pd.to_datetime(g["created"], utc=True, errors="coerce")
+        fig.add_trace(go.Scatter(x=x, y=g["value"], mode="lines+markers", name=key, text=g["run_id"],
+                                 error_y={"type": "data", "symmetric": False, "array": (g["hi"] - g["value"]).clip(lower=0),
+                                          "arrayminus": (g["value"] - g["lo"]).clip(lower=0), "thickness": 1},
+                                 hovertemplate="%{text}<br>%{y:.4g}<extra>" + key + "</extra>"))
+        bad = g[g["verdict"] == "regression"]
+        if not bad.empty:
+            fig.add_trace(go.Scatter(x=pd.to_datetime(bad["created"], utc=True, errors="coerce"), y=bad["value"], mode="markers",
+                                     name=f"regression: {key}", marker={"symbol": "x", "size": 14, "color": "red"},
+                                     text=bad["run_id"], hovertemplate="REGRESSION %{text}<br>%{y:.4g}<extra></extra>"))
+    fig.update_layout(title=f"{family} — {machine}", template="plotly_white", height=380,
+                      xaxis_title="run created (UTC)", yaxis_title=family, legend={"font": {"size": 10}})
+    fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
+def _nightlies(root: Path) -> pd.DataFrame:
+    rows = []
+    for nj in sorted(root.glob("nightly-*/nightly.json"), reverse=True):
+        try:
+            n = json.loads(nj.read_text())
+        except Exception:
+            continue
+        for e in n.get("entries", []):
+            rows.append({"nightly": nj.parent.name, "entry": e.get("name"), "status": e.get("status"),
+                         "wall_s": e.get("wall_s"), "error": e.get("error") or "",
+                         "report": os.path.relpath(nj.parent / e["name"] / "report.html", root)
+                         if e.get("name") and (nj.parent / e["name"] / "report.html").is_file() else ""})
+    return pd.DataFrame(rows)
+
+
+def rebuild_index(results_root: str | Path = "results") -> Path:
+    """Write `<results_root>/index.html` (a nightly folder's parent if given a nightly folder)."""
+    root = Path(results_root)
+    if root.name.startswith("nightly-") and (root.parent / root.name).is_dir():
+        root = root.parent
+    if not root.is_dir():
+        from .bench.params import BadInput
+        raise BadInput(f"{root} is not a folder of runs")
+    from .report.html import Page, esc
+    runs, heads, problems = collect(root)
+    page = Page(f"labkit runs — {root.resolve().name}")
+    page.text(f"{len(runs)} run(s) under {root}. Figures are compared only between runs on the same machine "
+              "(same GPU and PCIe link; CPU runs by host). A figure below the spread (min..max) of the earlier runs "
+              "is a regression, above it an improvement, inside it noise.")
+    latest = heads.sort_values("created").groupby(["machine", "family", "key"]).tail(1) if not heads.empty else heads
+    regress = latest[latest["verdict"] == "regression"] if not latest.empty else latest
+    page.heading("Regressions (latest run of each figure)")
+    if regress.empty:
+        page.text("none", cls="ok")
+    else:
+        t = regress[["machine", "run_id", "family", "key", "value", "prev_lo", "prev_hi"]]
+        page.table(t, classes={i: "regression" for i in range(len(t))}, fmt={"value": ".4g", "prev_lo": ".4g", "prev_hi": ".4g"})
+    page.heading("Runs")
+    if runs.empty:
+        page.text("no runs yet")
+    else:
+        t = runs.copy()
+        t["report_link"] = t["report"]
+        t["report"] = t["report"].map(lambda r: "report" if r else "(no report)")
+        t["created"] = t["created"].str.replace("T", " ").str.slice(0, 19)
+        page.table(t[["created", "run_id", "experiment", "status", "machine", "git_sha", "wall_s", "points_ok",
+                      "points_failed", "folder", "report", "report_link"]],
+                   classes={i: "failed" for i, s in enumerate(t["status"]) if s not in ("ok",)},
+                   links={"report": "report_link"})
+    nights = _nightlies(root)
+    if not nights.empty:
+        page.heading("Nightly runs")
+        nights["report_link"] = nights["report"]
+        nights["report"] = nights["report"].map(lambda r: "report" if r else "")
+        page.table(nights, classes={i: "failed" for i, s in enumerate(nights["status"]) if s not in ("ok", "skipped")},
+                   links={"report": "report_link"})
+    if not heads.empty:
+        for machine, hm in heads.groupby("machine", sort=True):
+            page.heading(f"Trends — {machine}")
+            for family in ["decode tok/s", "gather GB/s", "link GB/s", "prefill tok/s"]:
+                hf = hm[hm["family"] == family]
+                if not hf.empty:
+                    page.figure(trend_figure(hf, machine, family))
+        page.heading("Headline figures, every run")
+        t = heads.sort_values(["machine", "family", "key", "created"])[
+            ["machine", "created", "run_id", "family", "key", "value", "lo", "hi", "prev_lo", "prev_hi", "verdict"]]
+        page.table(t.reset_index(drop=True), classes={i: v for i, v in enumerate(t["verdict"]) if v in ("regression", "improvement", "noise")},
+                   fmt={c: ".4g" for c in ("value", "lo", "hi", "prev_lo", "prev_hi")})
+    if problems:
+        page.heading("Folders skipped")
+        page.raw("<ul>" + "".join(f"<li>{esc(p)}</li>" for p in problems) + "</ul>")
+    return page.write(root / INDEX_NAME)
