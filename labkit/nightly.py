@@ -1,0 +1,387 @@
+"""`labkit nightly --plan FILE`: run a plan of notebooks, one papermill run (one kernel) per entry.
+
+A plan is a TOML file (`nightly/plan.toml` is the default):
+
+    [[entry]]
+    name = "decode"                 # folder name under results/nightly-<date>/
+    experiment = "decode"           # a registered experiment (labkit.execute.EXPERIMENTS) ...
+    # notebook = "notebooks/x.ipynb"  ... or any notebook with a `parameters` cell
+    timeout_s = 3600                # per cell (optional)
+    [entry.parameters]              # omitted names keep the notebook's defaults ("auto": sized to the hardware)
+    repeats = 3
+    [entry.cpu]                     # optional overrides used only where there is no CUDA GPU
+    context_lens = "256,1024"
+
+What it guarantees:
+- **Checked first.** Every entry's parameter names are checked against its notebook's `parameters` cell
+  (`papermill.inspect_notebook`; papermill itself only warns) and registered experiments' values are
+  validated, before anything runs or is written. Bad input is one line (`BadInput`).
+- **Isolated.** Each entry runs in its own kernel via `labkit.execute.run_notebook` into
+  `results/nightly-<date>/<name>/`; a failure (exception, timeout, dead kernel) is recorded and the
+  next entry runs.
+- **Recorded.** `nightly.json` (rewritten after every entry) holds each entry's status, wall time and
+  error; a failed entry's folder holds `error.txt`; every entry's folder holds `log.txt` (the kernel's
+  output) and `nightly-entry.json`.
+- **Resumable.** Running the same plan again for the same date skips entries already done (ok or
+  partial); a failed entry is retried after its folder is moved aside to `<name>.attempt-N` (nothing
+  is overwritten).
+- The run index (`results/index.html`) is rebuilt after every entry.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .bench.params import BadInput
+from .results import REPO
+
+DEFAULT_PLAN = REPO / "nightly" / "plan.toml"
+ENTRY_KEYS = {"name", "experiment", "notebook", "parameters", "cpu", "cuda", "timeout_s", "description"}
+RESERVED = {"out_dir", "run_dir"}       # set by the runner
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DONE = ("ok", "partial")
+
+
+@dataclass
+class Entry:
+    name: str
+    notebook: Path
+    parameters: dict
+    experiment: str | None = None
+    timeout_s: int | None = None
+    description: str = ""
+    raw: dict = field(default_factory=dict)
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def _resolve_notebook(nb: str, plan_dir: Path) -> Path:
+    p = Path(nb)
+    for cand in ([p] if p.is_absolute() else [Path.cwd() / p, REPO / p, plan_dir / p]):
+        if cand.is_file():
+            return cand.resolve()
+    return p
+
+
+def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
+    """Parse and check a plan; raises BadInput (one line) on the first problem. Nothing runs or is written."""
+    from .execute import EXPERIMENTS, NOTEBOOKS, notebook_parameters, validate
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"plan {path} does not exist")
+    try:
+        plan = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as ex:
+        raise BadInput(f"plan {path}: not valid TOML ({ex})") from None
+    raw_entries = plan.get("entry")
+    if not isinstance(raw_entries, list) or not raw_entries:
+        raise BadInput(f"plan {path}: no [[entry]] tables")
+    unknown_top = sorted(set(plan) - {"entry", "description"})
+    if unknown_top:
+        raise BadInput(f"plan {path}: unknown top-level key(s) {', '.join(unknown_top)}")
+    cuda = _has_cuda() if cuda is None else cuda
+    entries, seen = [], set()
+    by_notebook = {(NOTEBOOKS / e.notebook).resolve(): name for name, e in EXPERIMENTS.items()}
+    for i, e in enumerate(raw_entries, start=1):
+        where = f"plan {path.name} entry {i}"
+        name = e.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise BadInput(f"{where}: `name` must be a folder-safe word (letters, digits, _ . -), got {name!r}")
+        where = f"plan {path.name} entry {name!r}"
+        if name in seen:
+            raise BadInput(f"{where}: name used twice")
+        seen.add(name)
+        extra = sorted(set(e) - ENTRY_KEYS)
+        if extra:
+            raise BadInput(f"{where}: unknown key(s) {', '.join(extra)}; an entry has {', '.join(sorted(ENTRY_KEYS))}")
+        if ("experiment" in e) == ("notebook" in e):
+            raise BadInput(f"{where}: give exactly one of `experiment` or `notebook`")
+        if "experiment" in e:
+            exp = e["experiment"]
+            if exp not in EXPERIMENTS:
+                raise BadInput(f"{where}: unknown experiment {exp!r}: choose from {', '.join(EXPERIMENTS)}")
+            nb = (NOTEBOOKS / EXPERIMENTS[exp].notebook)
+        else:
+            nb = _resolve_notebook(str(e["notebook"]), path.parent)
+            exp = by_notebook.get(nb.resolve()) if nb.is_file() else None
+        if not nb.is_file():
+            raise BadInput(f"{where}: notebook {nb} is missing")
+        params = {}
+        for key in ("parameters", "cuda" if cuda else "cpu"):
+            t = e.get(key, {})
+            if not isinstance(t, dict):
+                raise BadInput(f"{where}: `{key}` must be a table of parameter = value")
+            params.update(t)
+        for key in ("parameters", "cpu", "cuda"):     # names in every table are checked, used or not
+            names = set(e.get(key, {}) or {})
+            try:
+                known = notebook_parameters(nb)
+            except Exception as ex:
+                raise BadInput(f"{where}: cannot read {nb.name}'s parameters ({type(ex).__name__}: {ex})") from None
+            if not known:
+                raise BadInput(f"{where}: {nb.name} has no cell tagged `parameters`")
+            unknown = sorted(names - known)
+            if unknown:
+                raise BadInput(f"{where}: {nb.name} has no parameter(s) {', '.join(unknown)}; it has {', '.join(sorted(known))}")
+            reserved = sorted(names & RESERVED)
+            if reserved:
+                raise BadInput(f"{where}: {', '.join(reserved)} is set by the nightly runner, not the plan")
+        params = {k: (",".join(map(str, v)) if isinstance(v, list) else v) for k, v in params.items()}
+        if exp is not None:
+            try:
+                validate(exp, params)
+            except BadInput as ex:
+                raise BadInput(f"{where}: {ex}") from None
+        timeout = e.get("timeout_s")
+        if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
+            raise BadInput(f"{where}: timeout_s must be a positive whole number of seconds")
+        entries.append(Entry(name, nb, params, exp, timeout, str(e.get("description", "")), e))
+    return entries
+
+
+class _Tee:
+    """Kernel output to the console and to the entry's log.txt."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, s):
+        for st in self.streams:
+            try:
+                st.write(s)
+                st.flush()
+            except Exception:
+                pass
+        return len(s)
+
+    def flush(self):
+        for st in self.streams:
+            try:
+                st.flush()
+            except Exception:
+                pass
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _entry_status(folder: Path) -> str | None:
+    f = folder / "nightly-entry.json"
+    if not f.is_file():
+        return None
+    try:
+        return json.loads(f.read_text()).get("status")
+    except Exception:
+        return None
+
+
+def _set_aside(folder: Path) -> Path:
+    n = 1
+    while (folder.parent / f"{folder.name}.attempt-{n}").exists():
+        n += 1
+    dest = folder.parent / f"{folder.name}.attempt-{n}"
+    folder.rename(dest)
+    return dest
+
+
+class _Lock:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(self.path.read_text().strip() or 0)
+                os.kill(pid, 0)
+                raise BadInput(f"another nightly (pid {pid}) is running in {self.path.parent}")
+            except (ValueError, ProcessLookupError, PermissionError):
+                self.path.unlink(missing_ok=True)       # stale: its process is gone
+                return self.__enter__()
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return self
+
+    def __exit__(self, *a):
+        self.path.unlink(missing_ok=True)
+
+
+def _run_plain_notebook(entry: Entry, out: Path, log) -> Exception | None:
+    """A notebook that is not a registered experiment: papermill into `out`, then the report."""
+    import papermill as pm
+    from .execute import notebook_parameters
+    params = dict(entry.parameters)
+    if "out_dir" in notebook_parameters(entry.notebook):
+        params["out_dir"] = str(out.resolve())
+    err = None
+    try:
+        pm.execute_notebook(str(entry.notebook), str(out / entry.notebook.name), parameters=params, progress_bar=False,
+                            cwd=str(REPO), kernel_name="python3", execution_timeout=entry.timeout_s,
+                            log_output=False, stdout_file=log, stderr_file=log)
+    except Exception as ex:
+        err = ex
+    try:
+        from .report.notebook import render_report
+        render_report(out)
+    except Exception as ex:
+        err = err or ex
+    return err
+
+
+def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None]:
+    """Run one entry into `out` (its own kernel). Returns (status, wall seconds, error)."""
+    from .execute import run_notebook
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    err: Exception | None = None
+    with open(out / "log.txt", "a", encoding="utf-8") as logf:
+        tee = _Tee(sys.stderr, logf)
+        saved = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = tee        # run_notebook streams the kernel's output to sys.stdout/err
+        try:
+            if entry.experiment is not None:
+                _, err = run_notebook(entry.experiment, entry.parameters, out, timeout=entry.timeout_s)
+            else:
+                err = _run_plain_notebook(entry, out, tee)
+        except Exception as ex:              # anything at all: recorded, the night goes on
+            err = ex
+        finally:
+            sys.stdout, sys.stderr = saved
+    wall = time.time() - t0
+    status = "failed" if err is not None else "ok"
+    mf = out / "manifest.json"
+    if err is None and mf.is_file():
+        try:
+            status = json.loads(mf.read_text()).get("status", "ok")   # "partial": some points failed
+            status = status if status in DONE else "failed"
+        except Exception:
+            pass
+    return status, wall, err
+
+
+def _error_text(err: Exception) -> str:
+    s = str(err).strip()
+    return f"{type(err).__name__}: {s}" if s else type(err).__name__
+
+
+def _one_line(err: Exception) -> str:
+    if getattr(err, "ename", None):           # PapermillExecutionError: the notebook's own exception
+        evalue = str(getattr(err, "evalue", "")).strip().splitlines()
+        return f"{err.ename}: {evalue[0] if evalue else ''} (cell {getattr(err, 'exec_count', '?')})"[:400]
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    return f"{type(err).__name__}: {lines[0].strip() if lines else ''}"[:400]
+
+
+def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "results", only: list[str] | None = None,
+             echo=print) -> dict:
+    """Run (or resume) a plan into `<root>/nightly-<date>/`; returns the nightly record."""
+    entries = load_plan(plan)
+    if only:
+        missing = sorted(set(only) - {e.name for e in entries})
+        if missing:
+            raise BadInput(f"--only: no entry named {', '.join(missing)} in {plan}")
+        entries = [e for e in entries if e.name in only]
+    date = date or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    if not re.match(r"^\d{4}-\d{2}-\d{2}$", date):
+        raise BadInput(f"--date {date!r}: expected YYYY-MM-DD")
+    root = Path(root)
+    night = root / f"nightly-{date}"
+    night.mkdir(parents=True, exist_ok=True)
+    rec_path = night / "nightly.json"
+    with _Lock(night / ".lock"):
+        try:
+            record = json.loads(rec_path.read_text()) if rec_path.is_file() else {}
+        except Exception:
+            record = {}
+        plan_text = Path(plan).read_text()
+        record.update({"date": date, "plan": str(Path(plan)), "plan_sha256": hashlib.sha256(plan_text.encode()).hexdigest()[:16],
+                       "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "finished": None,
+                       "cuda": _has_cuda()})
+        by_name = {e["name"]: e for e in record.get("entries", [])}
+        order = [e.name for e in entries] + [n for n in by_name if n not in {e.name for e in entries}]
+        for i, entry in enumerate(entries, start=1):
+            out = night / entry.name
+            prev = by_name.get(entry.name, {})
+            if out.exists() and _entry_status(out) in DONE:
+                echo(f"[{i}/{len(entries)}] {entry.name}: already done ({_entry_status(out)}), skipped")
+                done = json.loads((out / "nightly-entry.json").read_text())
+                by_name[entry.name] = {**prev, **done, "skipped_on_resume": True}
+                continue
+            attempts = list(prev.get("earlier_attempts", []))
+            if out.exists():
+                attempts.append(str(_set_aside(out).name))
+            echo(f"[{i}/{len(entries)}] {entry.name}: running {entry.notebook.name} {entry.parameters or '(defaults)'}")
+            started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            status, wall, err = run_entry(entry, out)
+            info = {"name": entry.name, "experiment": entry.experiment, "notebook": str(entry.notebook.relative_to(REPO))
+                    if entry.notebook.is_relative_to(REPO) else str(entry.notebook),
+                    "parameters": entry.parameters, "timeout_s": entry.timeout_s, "status": status, "started": started,
+                    "wall_s": round(wall, 1), "error": _one_line(err) if err else None, "folder": entry.name,
+                    "earlier_attempts": attempts}
+            if err is not None:
+                (out / "error.txt").write_text(f"entry {entry.name} failed after {wall:.1f} s\n{_error_text(err)}\n"
+                                               f"kernel output: log.txt; executed notebook (failing cell marked): "
+                                               f"{out / entry.notebook.name}\n")
+            _write_json(out / "nightly-entry.json", info)
+            by_name[entry.name] = info
+            record["entries"] = [by_name[n] for n in order if n in by_name]
+            _write_json(rec_path, record)
+            echo(f"[{i}/{len(entries)}] {entry.name}: {status} in {wall:.1f} s" + (f" — {info['error']}" if err else ""))
+            try:
+                from .index import rebuild_index
+                rebuild_index(root)
+            except Exception as ex:
+                echo(f"labkit: run index not rebuilt: {ex}")
+        record["entries"] = [by_name[n] for n in order if n in by_name]
+        record["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        _write_json(rec_path, record)
+    try:
+        from .index import rebuild_index
+        rebuild_index(root)
+    except Exception as ex:
+        echo(f"labkit: run index not rebuilt: {ex}")
+    return record
+
+
+def cmd_nightly(a) -> int:
+    if a.dry_run:
+        for e in load_plan(a.plan):
+            print(f"{e.name}: {e.experiment or '-'} {e.notebook.name} {e.parameters or '(defaults)'}"
+                  + (f" timeout {e.timeout_s} s" if e.timeout_s else ""))
+        return 0
+    rec = run_plan(a.plan, a.date, a.root, only=a.only.split(",") if a.only else None)
+    bad = [e for e in rec["entries"] if e.get("status") not in DONE]
+    night = Path(a.root) / f"nightly-{rec['date']}"
+    print(f"nightly {rec['date']}: {len(rec['entries']) - len(bad)} of {len(rec['entries'])} entries done; "
+          f"record {night / 'nightly.json'}; index {Path(a.root) / 'index.html'}")
+    for e in bad:
+        print(f"  FAILED {e['name']}: {e.get('error')} (see {night / e['name'] / 'error.txt'})")
+    return 1 if bad else 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("nightly", help="run a plan of notebooks (one papermill kernel each), resumable")
+    p.add_argument("--plan", default=str(DEFAULT_PLAN), help="TOML plan (default nightly/plan.toml)")
+    p.add_argument("--date", help="nightly folder date YYYY-MM-DD (default today, UTC); same date resumes")
+    p.add_argument("--root", default="results", help="results folder (default results)")
+    p.add_argument("--only", help="comma-separated entry names to run")
+    p.add_argument("--dry-run", action="store_true", help="check the plan and print it; run nothing")
+    p.set_defaults(fn=cmd_nightly)
