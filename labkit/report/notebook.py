@@ -7,6 +7,7 @@ output; widgets are not used in reports (their loader would come from a CDN).
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -28,6 +29,16 @@ def _exporter():
     return ex
 
 
+# nbconvert's lab template links require.js and MathJax from a CDN, and plotly's notebook renderer adds a
+# MathJax <script src=cdn> to every figure. Reports have no LaTeX and plotly.js is embedded, so these
+# tags only produce failed loads (console errors) offline: drop them.
+_CDN_SCRIPT = re.compile(r'<script[^>]*\ssrc="https://cdnjs\.cloudflare\.com/ajax/libs/(?:require\.js|mathjax)/[^"]*"[^>]*>\s*</script>')
+
+
+def strip_cdn_scripts(html: str) -> str:
+    return _CDN_SCRIPT.sub("", html)
+
+
 def executed_notebooks(run_dir: str | Path) -> list[Path]:
     return sorted(p for p in Path(run_dir).glob("*.ipynb") if not p.name.startswith("."))
 
@@ -45,6 +56,7 @@ def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
         nb.cells.extend(more.cells)
     nb.metadata.setdefault("title", f"labkit report {run_dir.name}")
     html, _ = ex.from_notebook_node(nb, resources={"metadata": {"name": f"labkit {run_dir.name}"}})
+    html = strip_cdn_scripts(html)
     out = Path(out) if out else run_dir / "report.html"
     out.write_text(html, encoding="utf-8")
     return out

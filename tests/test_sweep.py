@@ -1,0 +1,100 @@
+"""The decode sweep end to end on CPU: run-folder contract, bytes against the formula, a failing point
+recorded while the sweep goes on, bad input rejected in one line before anything is written."""
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from labkit.bench import decode
+from labkit.bench.params import BadInput
+from labkit.results import METRIC_COLUMNS, load_run
+from labkit.shapes import PRESETS
+
+SMALL = dict(device="cpu", shape="tiny", context_lens="128,512", budgets="64,16", concurrency="1,2",
+             repeats=2, steps=2, prefill_lens="256", probe=False, per_row_steps=1)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "sweep"
+    return load_run(decode.run_sweep({**SMALL, "out_dir": str(out)}, progress_bar=False).path)
+
+
+def test_run_folder_contract(run):
+    m = run.metrics
+    assert set(METRIC_COLUMNS) <= set(m.columns)
+    mf = run.manifest
+    for k in ("run_id", "created", "git_sha", "host", "gpu_name", "driver", "cuda", "torch", "pcie_gen",
+              "pcie_width", "labkit", "parameters"):
+        assert k in mf, k
+    assert mf["status"] == "ok"
+    assert (run.path / "telemetry.parquet").is_file()
+    dec = m[m["experiment"] == "decode"]
+    # 2 contexts x 2 concurrency x 4 strategies + 1 extra budget x 4 strategies
+    assert len(dec) == 2 * 2 * 4 + 4
+    assert (dec["status"] == "ok").all()
+    assert (m[m["experiment"] == "prefill"]["tok_s"] > 0).all()
+
+
+def test_bytes_and_memory_columns_follow_the_formula(run):
+    s = PRESETS["tiny"]
+    d = run.metrics[run.metrics["experiment"] == "decode"]
+    for _, r in d.iterrows():
+        ctx, c, b = int(r["context_len"]), int(r["concurrency"]), int(r["budget"])
+        want = 0 if r["strategy"] == "resident" else c * min(b, ctx + 64) * s.row_bytes * s.attn_layers
+        if ctx >= b:
+            assert r["h2d_bytes_per_step"] == want, r.to_dict()
+        kv = c * ctx * s.kv_bytes_per_token()
+        assert r["device_kv_bytes"] == (kv if r["strategy"] == "resident" else 0)
+        assert r["host_kv_bytes"] == (0 if r["strategy"] == "resident" else kv)
+        assert r["device_index_bytes"] == c * ctx * s.index_key_bytes * s.attn_layers
+        assert r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"]
+        assert abs(r["tok_s"] - c / (r["step_ms_median"] / 1e3)) < 1e-6 * r["tok_s"]
+
+
+def test_failed_point_is_recorded_and_sweep_continues(tmp_path, monkeypatch):
+    real = decode.measure_decode
+
+    def flaky(model, caches, pt, p, tel):
+        if pt["strategy"] == "host_gather" and pt["context_len"] == 512:
+            raise RuntimeError("injected failure\nsecond line")
+        return real(model, caches, pt, p, tel)
+
+    monkeypatch.setattr(decode, "measure_decode", flaky)
+    r = load_run(decode.run_sweep({**SMALL, "concurrency": "1", "budgets": "64", "out_dir": str(tmp_path / "f")},
+                                  progress_bar=False).path)
+    m = r.metrics[r.metrics["experiment"] == "decode"]
+    bad = m[m["status"] == "failed"]
+    assert len(bad) == 1 and bad["error"].iloc[0] == "RuntimeError: injected failure"
+    assert (m["status"] == "ok").sum() == len(m) - 1          # the others were measured
+    assert r.manifest["status"] == "partial"
+
+
+@pytest.mark.parametrize("arg,msg", [
+    ("budgets=0", "budgets must be > 0"),
+    ("budgets=-5", "budgets must be > 0"),
+    ("shape=nope", "unknown shape"),
+    ("strategies=resident,warp", "unknown strategy warp"),
+    ("device=cuda", "no CUDA GPU"),
+    ("context_lens=64M", "of host KV"),
+    ("bogus=1", "unknown parameter"),
+    ("concurrency=two", "cannot read"),
+])
+def test_bad_input_one_line_nothing_written(tmp_path, arg, msg):
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "labkit", "run", "decode", "-p", arg, "--out", str(out)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    if arg == "device=cuda" and "no CUDA GPU" not in p.stderr and p.returncode == 0:
+        pytest.skip("this machine has a GPU")
+    assert p.returncode == 2, p.stderr
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and msg in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+    assert not out.exists() and not (tmp_path / "results").exists()
+
+
+def test_plan_rejects_budget_in_notebook_values():
+    with pytest.raises(BadInput):
+        decode.plan({"device": "cpu", "budgets": [0]})
