@@ -42,8 +42,8 @@ def tok_s_vs_context(m: pd.DataFrame) -> go.Figure:
     d = decode_table(m)
     if d.empty:
         return _empty("Decode tok/s vs context", "no decode points")
-    concs = sorted(d["concurrency"].unique())
-    fig = make_subplots(rows=1, cols=len(concs), subplot_titles=[f"concurrency {c}" for c in concs], shared_yaxes=False)
+    concs = sorted(int(c) for c in d["concurrency"].unique())
+    fig = make_subplots(rows=1, cols=len(concs), subplot_titles=[f"concurrency {c}" for c in concs], shared_yaxes=True)
     link = link_gbps(m)
     for j, c in enumerate(concs, start=1):
         dc = d[d["concurrency"] == c]
@@ -61,7 +61,7 @@ def tok_s_vs_context(m: pd.DataFrame) -> go.Figure:
                                      legendgroup="bound", showlegend=j == 1, line={"dash": "dash", "color": "black"},
                                      hovertemplate="transfer alone: %{y:.0f} tok/s<extra>link bound</extra>"), row=1, col=j)
         fig.update_xaxes(type="log", title="context (tokens)", row=1, col=j, **_ctx_ticks(dc["context_len"]))
-        fig.update_yaxes(title="decode tok/s (aggregate)" if j == 1 else None, rangemode="tozero", row=1, col=j)
+        fig.update_yaxes(title="decode tok/s (aggregate)" if j == 1 else None, type="log", row=1, col=j)
     fig.update_layout(title="Decode speed vs context length (budget {})".format(int(d["budget"].iloc[0])),
                       template=TEMPLATE, height=430)
     return fig
@@ -74,7 +74,7 @@ def step_ms_vs_context(m: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for (s, c), g in d.groupby(["strategy", "concurrency"], sort=False):
         g = g.sort_values("context_len")
-        fig.add_trace(go.Scatter(x=g["context_len"], y=g["step_ms_median"], mode="lines+markers", name=f"{s} c={c}",
+        fig.add_trace(go.Scatter(x=g["context_len"], y=g["step_ms_median"], mode="lines+markers", name=f"{s} c={int(c)}",
                                  line={"color": COLORS.get(s), "dash": "solid" if c == d["concurrency"].min() else "dot"},
                                  error_y=_err(g, "step_ms_median")))
     fig.update_xaxes(type="log", title="context (tokens)", **_ctx_ticks(d["context_len"]))
@@ -119,7 +119,7 @@ def tok_s_vs_concurrency(m: pd.DataFrame) -> go.Figure:
                 continue
             gc = gc.sort_values("concurrency")
             fig.add_trace(go.Scatter(x=gc["concurrency"], y=gc["tok_s"], mode="lines+markers",
-                                     name=f"{s} @ {ctx // 1024}K", error_y=_err(gc),
+                                     name=f"{s} @ {int(ctx) // 1024}K", error_y=_err(gc),
                                      line={"color": COLORS.get(s), "dash": "solid" if ctx == d["context_len"].max() else "dot"}))
     fig.update_xaxes(title="concurrent requests", tickvals=sorted(d["concurrency"].unique()))
     fig.update_yaxes(title="aggregate decode tok/s", rangemode="tozero")
