@@ -211,11 +211,17 @@ class _Lock:
         except FileExistsError:
             try:
                 pid = int(self.path.read_text().strip() or 0)
-                os.kill(pid, 0)
+                alive = pid > 0
+                if alive:
+                    os.kill(pid, 0)
+            except (ValueError, ProcessLookupError):
+                alive = False
+            except PermissionError:                     # exists, owned by someone else
+                alive = True
+            if alive:
                 raise BadInput(f"another nightly (pid {pid}) is running in {self.path.parent}")
-            except (ValueError, ProcessLookupError, PermissionError):
-                self.path.unlink(missing_ok=True)       # stale: its process is gone
-                return self.__enter__()
+            self.path.unlink(missing_ok=True)           # stale: its process is gone
+            return self.__enter__()
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
         return self
@@ -253,6 +259,9 @@ def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None]:
     t0 = time.time()
     err: Exception | None = None
     with open(out / "log.txt", "a", encoding="utf-8") as logf:
+        logf.write(f"== {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} entry {entry.name}: "
+                   f"{entry.notebook.name} parameters {json.dumps(entry.parameters)} timeout {entry.timeout_s}\n")
+        logf.flush()
         tee = _Tee(sys.stderr, logf)
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = tee        # run_notebook streams the kernel's output to sys.stdout/err
