@@ -54,15 +54,15 @@ def derived_run(dest: Path, created: str, scale: dict[str, float] | None = None,
     (dest / "manifest.json").write_text(json.dumps(mf))
     m = pd.read_parquet(dest / "metrics.parquet")
     m["run_id"] = dest.name
+    if spread is not None:
+        d = m["experiment"] == "decode"
+        m.loc[d, "step_ms_min"] = m.loc[d, "step_ms_median"] * (1 - spread)
+        m.loc[d, "step_ms_max"] = m.loc[d, "step_ms_median"] * (1 + spread)
     for s, f in (scale or {}).items():
         sel = (m["strategy"] == s) & (m["experiment"] == "decode")
         for c in ("step_ms_median", "step_ms_min", "step_ms_max"):
             m.loc[sel, c] *= f
         m.loc[sel, "tok_s"] /= f
-    if spread is not None:
-        d = m["experiment"] == "decode"
-        m.loc[d, "step_ms_min"] = m.loc[d, "step_ms_median"] * (1 - spread)
-        m.loc[d, "step_ms_max"] = m.loc[d, "step_ms_median"] * (1 + spread)
     m.to_parquet(dest / "metrics.parquet")
     (dest / "report.html").unlink(missing_ok=True)
     return dest

@@ -1,0 +1,168 @@
+"""The run index (runs, trends, regression flags) and `labkit compare` (ratios, noise vs change)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pandas as pd
+import pytest
+
+from browser_util import REPO, cpu_run, derived_run, figures_in_page
+from labkit.bench.params import BadInput
+from labkit.cli import main
+from labkit.compare import compare, match
+from labkit.index import collect, flag, headlines, rebuild_index
+from labkit.results import load_run
+
+
+# ---------------------------------------------------------------- regression rule
+
+def _h(created, value, lo, hi, machine="m", key="k"):
+    return {"created": created, "run_id": created, "machine": machine, "family": "decode tok/s", "key": key,
+            "value": value, "lo": lo, "hi": hi}
+
+
+def test_flag_against_spread_of_previous_runs():
+    h = pd.DataFrame([_h("1", 100, 95, 105), _h("2", 103, 99, 104), _h("3", 94.9, 90, 97), _h("4", 106, 100, 108),
+                      _h("5", 80, 79, 82, machine="other")])
+    f = flag(h).set_index("run_id")
+    assert f.loc["1", "verdict"] == "first" and f.loc["5", "verdict"] == "first"   # other machine: own series
+    assert f.loc["2", "verdict"] == "noise"                  # inside 95..105
+    assert f.loc["3", "verdict"] == "regression"             # below 95 (min of the earlier spreads)
+    assert (f.loc["3", "prev_lo"], f.loc["3", "prev_hi"]) == (95, 105)
+    assert f.loc["4", "verdict"] == "improvement"            # above 105 ... but not above 108 next time
+    assert (f.loc["4", "prev_lo"], f.loc["4", "prev_hi"]) == (90, 105)
+
+
+def test_headlines_of_a_real_cpu_run():
+    m = load_run(cpu_run()).metrics
+    h = {x.key: x for x in headlines(m)}
+    assert set(h) == {"resident @ 1K c=1 (tiny)", "zero_copy @ 1K c=1 (tiny)"}
+    for x in h.values():
+        assert x.lo <= x.value <= x.hi and x.family == "decode tok/s"
+
+
+def test_headlines_of_the_h200_run_if_committed():
+    run = REPO / "results" / "20261129-101629-decode-h200"
+    if not (run / "manifest.json").is_file():
+        pytest.skip("the H200 run folder is not in this checkout")
+    fam = {x.family for x in headlines(load_run(run).metrics)}
+    assert fam == {"decode tok/s", "gather GB/s", "link GB/s", "prefill tok/s"}
+
+
+# ---------------------------------------------------------------- index page
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Three runs on this CPU (the last one's zero_copy 3x slower, beyond the spread), a fake GPU run,
+    and a folder without a manifest."""
+    root = tmp_path_factory.mktemp("results")
+    # spreads fixed at +-5% of the median: a noisy CPU's real spread must not decide the verdicts
+    derived_run(root / "run-a", "2026-01-01T00:00:00+00:00", spread=0.05)
+    derived_run(root / "run-b", "2026-01-02T00:00:00+00:00", spread=0.05)
+    derived_run(root / "run-c", "2026-01-03T00:00:00+00:00", spread=0.05, scale={"zero_copy": 3.0})
+    gpu = derived_run(root / "run-gpu", "2026-01-04T00:00:00+00:00", spread=0.05, scale={"zero_copy": 0.01, "resident": 0.01})
+    mf = json.loads((gpu / "manifest.json").read_text())
+    mf.update(gpu_name="NVIDIA Test", pcie_gen=5, pcie_width=16)
+    (gpu / "manifest.json").write_text(json.dumps(mf))
+    (root / "not-a-run").mkdir()
+    (root / "not-a-run" / "metrics.parquet").write_bytes(b"junk")
+    return root
+
+
+def test_index_lists_runs_and_flags_the_regression(results):
+    runs, heads, problems = collect(results)
+    assert sorted(runs["run_id"]) == ["run-a", "run-b", "run-c", "run-gpu"]
+    assert set(runs["machine"]) == {"NVIDIA Test · PCIe gen5 x16", next(m for m in runs["machine"] if m.startswith("CPU"))}
+    v = heads.set_index(["run_id", "key"])["verdict"]
+    assert v[("run-c", "zero_copy @ 1K c=1 (tiny)")] == "regression"
+    assert v[("run-c", "resident @ 1K c=1 (tiny)")] == "noise"       # same numbers as before: inside the spread
+    assert v[("run-b", "zero_copy @ 1K c=1 (tiny)")] == "noise"
+    # the GPU run is 100x faster but is not compared with CPU runs
+    assert (heads[heads["run_id"] == "run-gpu"]["verdict"] == "first").all()
+
+    path = rebuild_index(results)
+    assert path == results / "index.html"
+    html = path.read_text()
+    assert html.count("<script") >= 1 and not re.search(r"<script[^>]*src=", html)   # nothing loaded from elsewhere
+    assert html.count("plotly.js v") <= 2          # plotly.js inlined once (its banner)
+    reg = html.split("Regressions (latest run of each figure)")[1].split("<h2>")[0]
+    assert "run-c" in reg and "zero_copy @ 1K c=1 (tiny)" in reg and 'class=regression' in reg
+    assert "resident @ 1K" not in reg
+    for r in ("run-a", "run-b", "run-c", "run-gpu"):
+        assert f'href="{r}/report.html"' not in html        # no report in these folders: no dead link
+        assert r in html
+    assert "NVIDIA Test · PCIe gen5 x16" in html
+    # one trend chart per machine and headline family present: CPU decode, GPU decode
+    assert figures_in_page(path) == 2 == len(re.findall(r'id="fig\d+"', html))
+
+
+def test_index_links_existing_reports(results, tmp_path):
+    root = tmp_path / "r"
+    shutil.copytree(results / "run-a", root / "run-a")
+    (root / "run-a" / "report.html").write_text("<html></html>")
+    html = rebuild_index(root).read_text()
+    assert 'href="run-a/report.html"' in html
+
+
+def test_index_of_a_missing_folder_is_one_line(tmp_path):
+    with pytest.raises(BadInput, match="is not a folder of runs"):
+        rebuild_index(tmp_path / "nope")
+
+
+# ---------------------------------------------------------------- compare
+
+def test_compare_marks_noise_and_change(results, tmp_path):
+    a, c = load_run(results / "run-a"), load_run(results / "run-c")
+    j, only = match(a.metrics, c.metrics)
+    assert len(j) == 4 and only.empty
+    v = j.set_index(["strategy", "context_len"])
+    assert (v.loc["zero_copy", "verdict"] == "slower").all()
+    assert v.loc["zero_copy", "ratio"].round(3).eq(round(1 / 3, 3)).all()
+    assert (v.loc["resident", "verdict"] == "noise").all() and (v.loc["resident", "ratio"] == 1).all()
+
+    out = compare(results / "run-a", results / "run-c", tmp_path / "cmp.html")
+    html = out.read_text()
+    assert figures_in_page(out) == 1
+    assert "4 matching points: 2 noise, 2 slower" in html or "4 matching points: 2 slower, 2 noise" in html
+    assert html.count("class=regression") == 2 and html.count("class=noise") >= 2
+    assert "0.3333" in html
+
+
+def test_compare_tight_spread_is_a_change_wide_spread_is_noise(results, tmp_path):
+    # 5% slower: with +-1% spreads that is a change, with +-10% spreads it is noise
+    tight_a = derived_run(tmp_path / "ta", "2026-01-05T00:00:00+00:00", spread=0.01, src=results / "run-a")
+    tight_b = derived_run(tmp_path / "tb", "2026-01-06T00:00:00+00:00", spread=0.01, scale={"resident": 1.05}, src=results / "run-a")
+    wide_a = derived_run(tmp_path / "wa", "2026-01-05T00:00:00+00:00", spread=0.10, src=results / "run-a")
+    wide_b = derived_run(tmp_path / "wb", "2026-01-06T00:00:00+00:00", spread=0.10, scale={"resident": 1.05}, src=results / "run-a")
+    jt, _ = match(load_run(tight_a).metrics, load_run(tight_b).metrics)
+    jw, _ = match(load_run(wide_a).metrics, load_run(wide_b).metrics)
+    assert set(jt[jt["strategy"] == "resident"]["verdict"]) == {"slower"}
+    assert set(jw[jw["strategy"] == "resident"]["verdict"]) == {"noise"}
+
+
+def test_compare_bad_input_one_line_nothing_written(results, tmp_path, capsys):
+    out = tmp_path / "x.html"
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(BadInput, match="no manifest.json"):
+        compare(results / "run-a", tmp_path / "bare", out)
+    with pytest.raises(BadInput, match="CPU timings are never compared"):
+        compare(results / "run-a", results / "run-gpu", out)
+    with pytest.raises(BadInput, match="is not a folder"):
+        compare(results / "run-a", tmp_path / "missing", out)
+    assert not out.exists()
+    rc = main(["compare", str(results / "run-a"), str(tmp_path / "bare"), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "no manifest.json" in err
+    assert not out.exists()
+    # a report is never overwritten by a comparison
+    with pytest.raises(BadInput, match="overwrite"):
+        compare(results / "run-a", results / "run-b", results / "run-b" / "report.html")
+
+
+def test_compare_cli_default_path(results, capsys):
+    rc = main(["compare", str(results / "run-a"), str(results / "run-b")])
+    path = capsys.readouterr().out.strip()
+    assert rc == 0 and path.endswith("compare-run-a-vs-run-b.html")
+    assert "4 matching points: 4 noise" in open(path).read()

@@ -1,0 +1,62 @@
+"""Layers split across devices give the same outputs as one device (CPU "devices" here; N=1 on the GPU
+host in test_gpu.py; N>1 GPUs need a multi-GPU machine)."""
+import pytest
+import torch
+
+from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
+from labkit.engine.pipeline import (PipelineEngine, measure_block_costs, model_block_costs, place_layers,
+                                    split_model)
+from labkit.shapes import PRESETS
+
+TINY = PRESETS["tiny"]
+
+
+def test_place_layers_balances_cost_not_count():
+    costs = [1, 1, 1, 1, 1, 1, 10, 1]
+    r = place_layers(costs, 2)
+    assert r == [(0, 6), (6, 8)]                      # 6 cheap blocks vs the expensive one + 1
+    assert place_layers([1] * 9, 3) == [(0, 3), (3, 6), (6, 9)]
+    for n in (1, 2, 3, 4):
+        rr = place_layers(costs, n)
+        assert rr[0][0] == 0 and rr[-1][1] == len(costs) and all(a < b for a, b in rr)
+        assert all(rr[i][1] == rr[i + 1][0] for i in range(n - 1))
+    with pytest.raises(ValueError):
+        place_layers(costs, 9)
+
+
+@pytest.mark.parametrize("n_dev", [2, 3])
+@pytest.mark.parametrize("strategy", ["zero_copy", "resident"])
+def test_split_model_matches_single_device(n_dev, strategy):
+    toks = [torch.randint(0, TINY.vocab, (n,), generator=torch.Generator().manual_seed(n)) for n in (90, 150)]
+    ref_model = HybridModel(TINY, "cpu", seed=7)
+    st = get_strategy(strategy)
+    e = Engine(ref_model, OffloadCache.allocate(ref_model, st.medium, 2, 256, 16), st, 32)
+    ref_pre = [e.prefill(s, t) for s, t in enumerate(toks)]
+    r = e.decoder(2)
+    ref = []
+    for _ in range(3):
+        r.step()
+        ref.append(r.state.logits.clone())
+
+    model = HybridModel(TINY, "cpu", seed=7)
+    ranges = place_layers(model_block_costs(model, 32), n_dev)
+    stages = split_model(model, ranges, ["cpu"] * n_dev)
+    assert sum(s.n_attn for s in stages) == TINY.attn_layers
+    pipe = PipelineEngine(stages, strategy, 32, n_slots=2, capacity=256, page_size=16)
+    pre = [pipe.prefill(s, t) for s, t in enumerate(toks)]
+    for a, b in zip(pre, ref_pre):
+        assert torch.equal(a, b)
+    pr = pipe.decoder(2)
+    for want in ref:
+        pr.step()
+        assert torch.equal(pr.state.logits, want)
+    assert pr.h2d_bytes_per_step == r.h2d_bytes_per_step
+
+
+def test_measured_block_costs_cover_every_block():
+    model = HybridModel(TINY, "cpu", seed=0)
+    cache = OffloadCache.allocate(model, "host", 1, 256, 16)
+    cache.fill_random_([200], seed=0)
+    costs = measure_block_costs(Engine(model, cache, get_strategy("host_gather"), 32), steps=3)
+    assert len(costs) == TINY.layers and all(c > 0 for c in costs)
+    assert place_layers(costs, 2)[-1][1] == TINY.layers
