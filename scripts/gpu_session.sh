@@ -36,7 +36,7 @@ case "$MODE" in
     timeout 200 python3 -m labkit run decode --out "$OUT/$stamp-decode-indexer-h200" $common 2>&1 | tail -3
     timeout 200 python3 -m labkit run decode --out "$OUT/$stamp-decode-trace-h200" $common \
         -p selection=trace:labkit/data/smollm2-135m-prose-indexer-b2048.npz 2>&1 | tail -3
-    rm -f "$OUT"/*/decode_sweep.ipynb      # keep the returned files under the limit; reports hold the figures
+    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back
     timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -rA tests/test_gpu.py 2>&1 | grep -v DEBUG | tail -40 | tee "$OUT/gpu_tests.txt"
     ;;
 esac
