@@ -165,8 +165,9 @@ def assert_plotly_renders(ctx, path: Path, expected: int, timeout_ms: int = 3000
     page.wait_for_timeout(300)
     errors = list(page.errors)
     page.close()
-    assert plots == expected, f"{path.name}: {plots} plotly figures rendered, {expected} expected"
-    assert with_svg == expected, f"{path.name}: {with_svg} of {expected} figures have an svg"
-    assert drawn == expected, f"{path.name}: {drawn} of {expected} figures drew traces or a note"
-    assert not errors, f"{path.name}: browser errors: {errors[:5]}"
-    assert not ctx.blocked, f"{path.name}: tried to reach the network: {ctx.blocked[:5]}"
+    name = f"{path.parent.name}/{path.name}"
+    assert plots == expected, f"{name}: {plots} plotly figures rendered, {expected} expected"
+    assert with_svg == expected, f"{name}: {with_svg} of {expected} figures have an svg"
+    assert drawn == expected, f"{name}: {drawn} of {expected} figures drew traces or a note"
+    assert not errors, f"{path}: browser errors: {errors[:3]}; requests blocked: {ctx.blocked[:5]}"
+    assert not ctx.blocked, f"{name}: tried to reach the network: {ctx.blocked[:5]}"

@@ -184,7 +184,8 @@ def test_pipeline_matches_single_gpu(n_dev):
     if torch.cuda.device_count() < n_dev:
         pytest.skip(f"needs {n_dev} GPUs, this host has {torch.cuda.device_count()}")
     toks = torch.randint(0, MID.vocab, (3000,), generator=torch.Generator().manual_seed(0))
-    ref_model = HybridModel(MID, "cpu", seed=9).to("cuda")
+    # the one-device reference: the same CPU-initialised weights as a single stage on cuda:0, plain Engine
+    ref_model = split_model(HybridModel(MID, "cpu", seed=9), [(0, MID.layers)], ["cuda:0"])[0]
     e = Engine(ref_model, OffloadCache.allocate(ref_model, "host", 1, 4096), get_strategy("zero_copy"), 512)
     e.prefill(0, toks.cuda())
     r = e.decoder(1); r.prepare(1); r.step()
