@@ -254,7 +254,9 @@ class Engine:
             scores = index_scores(iq, iw, c.index.keys[ki, :B, :W], c.index.scales[ki, :B, :W], pos + 1)
             sel, valid = select_topk(scores, k)
             if st.trace is not None:   # replay recorded selections (scaled to this context)
-                sel = torch.minimum(st.trace[st.trace_step, ki].expand(B, k), pos[:, None])
+                # index_select with the step as a 1-element device tensor: plain indexing would .item() (a sync)
+                step_sel = torch.index_select(st.trace, 0, st.trace_step.view(1))[0, ki]
+                sel = torch.minimum(step_sel.expand(B, k), pos[:, None])
                 valid = torch.ones_like(valid)
             st.rows_buf[ki].copy_(c.pages.rows(st.slots, sel).view(-1))
             yield LoadRequest(ki, st.rows_buf[ki], st.staging)
