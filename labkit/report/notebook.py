@@ -39,24 +39,54 @@ def strip_cdn_scripts(html: str) -> str:
     return _CDN_SCRIPT.sub("", html)
 
 
+def _is_plotlyjs_bundle(output) -> bool:
+    html = output.get("data", {}).get("text/html", "") if output.get("output_type") == "display_data" else ""
+    html = "".join(html) if isinstance(html, list) else html
+    return len(html) > 1_000_000 and "plotly.js" in html[:5000]
+
+
+def shrink_notebook(nb) -> int:
+    """Drop the plotly.js bundle (~4.8 MB) that the "notebook" renderer embeds in the setup cell's output;
+    `render_report` puts plotly.js into the page itself. Returns the number of outputs dropped."""
+    n = 0
+    for cell in nb.cells:
+        if cell.get("cell_type") == "code" and cell.get("outputs"):
+            keep = [o for o in cell.outputs if not _is_plotlyjs_bundle(o)]
+            n += len(cell.outputs) - len(keep)
+            cell.outputs = keep
+    return n
+
+
+def _plotlyjs_script() -> str:
+    from plotly.offline import get_plotlyjs
+    return '<script type="text/javascript">window.PlotlyConfig = {MathJaxConfig: "local"};</script>\n' \
+           f'<script type="text/javascript">{get_plotlyjs()}</script>'
+
+
 def executed_notebooks(run_dir: str | Path) -> list[Path]:
     return sorted(p for p in Path(run_dir).glob("*.ipynb") if not p.name.startswith("."))
 
 
-def render_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bool = True) -> Path:
     """Write `run_dir/report.html` from the executed notebook(s) in the folder (one page, sections in order)."""
     run_dir = Path(run_dir)
     nbs = executed_notebooks(run_dir)
     if not nbs:
         raise FileNotFoundError(f"{run_dir} holds no executed notebook to render")
     ex = _exporter()
-    nb = nbformat.read(nbs[0], as_version=4)
-    for extra in nbs[1:]:   # several notebooks (e.g. probe + sweep): one page
-        more = nbformat.read(extra, as_version=4)
+    parts = []
+    for path in nbs:
+        one = nbformat.read(path, as_version=4)
+        if shrink_notebook(one) and shrink:   # the run folder keeps the notebook without the 4.8 MB bundle
+            nbformat.write(one, path)
+        parts.append(one)
+    nb = parts[0]
+    for more in parts[1:]:   # several notebooks (e.g. probe + sweep): one page
         nb.cells.extend(more.cells)
     nb.metadata.setdefault("title", f"labkit report {run_dir.name}")
     html, _ = ex.from_notebook_node(nb, resources={"metadata": {"name": f"labkit {run_dir.name}"}})
-    html = strip_cdn_scripts(html)
+    # plotly.js exactly once, from the installed package, before any figure: readable offline
+    html = strip_cdn_scripts(html).replace("<head>", "<head>\n" + _plotlyjs_script(), 1)
     out = Path(out) if out else run_dir / "report.html"
     out.write_text(html, encoding="utf-8")
     return out
