@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -103,5 +103,3 @@ def one_line(ex: BaseException) -> str:
     msg = str(ex).strip().splitlines()[0] if str(ex).strip() else ""
     return f"{type(ex).__name__}: {msg}"[:500]
 
-
-Formatter = Callable[[Any], str]

@@ -140,6 +140,12 @@ def delta_rule_chunked(q, k, v, log_a, beta, S0, chunk: int = 64):
     return out, S
 
 
+def dn_state_shapes(s: ModelShape) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """Per request and DeltaNet layer: the recurrent state [v_heads, dk, dv] and the conv window [channels, K-1]."""
+    conv_ch = 2 * s.dn_k_heads * s.dn_head_dim + s.dn_v_heads * s.dn_head_dim
+    return (s.dn_v_heads, s.dn_head_dim, s.dn_head_dim), (conv_ch, s.dn_conv - 1)
+
+
 class DeltaNetLayer(nn.Module):
     def __init__(self, s: ModelShape, gen, dtype, device):
         super().__init__()
@@ -156,8 +162,7 @@ class DeltaNetLayer(nn.Module):
         self.w_o = _w(gen, dv, s.hidden, dtype, device)
 
     def state_shapes(self):
-        s = self.s
-        return (s.dn_v_heads, s.dn_head_dim, s.dn_head_dim), (self.conv_ch, s.dn_conv - 1)
+        return dn_state_shapes(self.s)
 
     def _gates(self, a, b):
         log_a = -self.A_log.exp() * F.softplus(a.float() + self.dt_bias)     # log of the decay, < 0

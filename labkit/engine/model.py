@@ -26,7 +26,7 @@ from ..shapes import ModelShape
 from .attention import dense_prefill_attention, sparse_decode_attention, split_rows
 from .indexer import index_scores, select_topk
 from .kv import WORD, IndexKeyCache, KVPool, PageTable, quantize_index_keys
-from .layers import FFN, DeltaNetLayer, QSALayer, RMSNorm
+from .layers import FFN, DeltaNetLayer, QSALayer, RMSNorm, dn_state_shapes
 from .transfer import TransferStrategy
 
 
@@ -86,8 +86,7 @@ class OffloadCache:
         pool = KVPool(medium, model.n_attn, n_slots * pages_per_slot, page_size, s.row_bytes, dev)
         pages = PageTable(pool.n_pages, page_size, n_slots, pages_per_slot, dev)
         index = IndexKeyCache.allocate(model.n_attn, n_slots, pages_per_slot * page_size, s.index_dim, dev)
-        st = (s.dn_v_heads, s.dn_head_dim, s.dn_head_dim)
-        cv = (2 * s.dn_k_heads * s.dn_head_dim + s.dn_v_heads * s.dn_head_dim, s.dn_conv - 1)
+        st, cv = dn_state_shapes(s)
         n_dn = model.n_dn
         return cls(pool, pages, index, torch.zeros((n_dn, n_slots) + st, dtype=torch.float32, device=dev),
                    torch.zeros((n_dn, n_slots) + cv, dtype=model.dtype, device=dev),
