@@ -87,11 +87,18 @@ class Sampler:
         self._last_t = now
         return now
 
-    def _read_slow(self, now: float) -> None:
+    def _read_slow(self, now: float, counters: dict) -> None:
+        """Slow metrics, read outside the lock (a throughput sample blocks ~21 ms) but between two
+        counter reads well inside one 78 ms wrap period."""
         nv = self.nv
         for i, h in self.handles:
             row = {"timestamp": time.time(), "t": now, "gpu": i,
-                   "pcie_rx_bytes": self._unwrapped[i][0], "pcie_tx_bytes": self._unwrapped[i][1]}
+                   "pcie_rx_bytes": counters[i][0], "pcie_tx_bytes": counters[i][1]}
+            for key, kind in (("pcie_rx_sample_gbps", "NVML_PCIE_UTIL_RX_BYTES"), ("pcie_tx_sample_gbps", "NVML_PCIE_UTIL_TX_BYTES")):
+                try:   # KB/s averaged over ~20 ms: a sample, kept beside the exact counters
+                    row[key] = nv.nvmlDeviceGetPcieThroughput(h, getattr(nv, kind)) * 1e3 / 1e9
+                except Exception:
+                    row[key] = None
             for key, fn in (("util_gpu", lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu),
                             ("util_mem", lambda: nv.nvmlDeviceGetUtilizationRates(h).memory),
                             ("mem_used_bytes", lambda: nv.nvmlDeviceGetMemoryInfo(h).used),
@@ -106,16 +113,18 @@ class Sampler:
                     row[key] = None
             vm = psutil.virtual_memory()
             row["host_mem_used_bytes"], row["host_mem_available_bytes"] = vm.total - vm.available, vm.available
-            self.rows.append(row)
+            with self._lock:
+                self.rows.append(row)
 
     def _run(self) -> None:
         next_slow = 0.0
         while not self._stop.is_set():
             with self._lock:
                 now = self._read_counters()
-                if now >= next_slow:
-                    self._read_slow(now)
-                    next_slow = now + self.slow_period
+                counters = {i: list(v) for i, v in self._unwrapped.items()}
+            if now >= next_slow:
+                self._read_slow(now, counters)
+                next_slow = now + self.slow_period
             self._stop.wait(self.counter_period)
 
     # ---------------------------------------------------------------- API
