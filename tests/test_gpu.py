@@ -175,6 +175,10 @@ def test_nvml_counts_gather_and_dma_bytes():
     assert 1.0 < dma < 1.15, dma
     assert 1.0 < zc < 1.25, zc
     assert tel.max_gap_s < 0.078          # never a full counter wrap between reads
+    df = tel.frame()
+    assert {"pcie_rx_gbps", "pcie_rx_sample_gbps", "util_gpu", "mem_used_bytes", "power_w", "pcie_gen"} <= set(df.columns)
+    assert df["pcie_rx_gbps"].max() > 20          # the gathers ran at tens of GB/s while sampled
+    assert df["pcie_rx_sample_gbps"].notna().any()
 
 
 @pytest.mark.parametrize("n_dev", [1, 2, 3])
