@@ -83,6 +83,7 @@ def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bo
     nb = parts[0]
     for more in parts[1:]:   # several notebooks (e.g. probe + sweep): one page
         nb.cells.extend(more.cells)
+    nb.metadata.pop("widgets", None)   # widget state would pull the widget manager from a CDN; reports are widget-free
     nb.metadata.setdefault("title", f"labkit report {run_dir.name}")
     html, _ = ex.from_notebook_node(nb, resources={"metadata": {"name": f"labkit {run_dir.name}"}})
     # plotly.js exactly once, from the installed package, before any figure: readable offline
