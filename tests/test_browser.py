@@ -132,7 +132,7 @@ def jupyterlab(tmp_path):
     log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
                              f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={REPO}",
-                             "--ServerApp.port_retries=0", "--LabApp.expose_app_in_browser=True",
+                             "--ServerApp.port_retries=0", "--allow-root", "--LabApp.expose_app_in_browser=True",
                              "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
                              "--LabApp.extension_manager=readonly"],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -98,3 +98,22 @@ def test_bad_input_one_line_nothing_written(tmp_path, arg, msg):
 def test_plan_rejects_budget_in_notebook_values():
     with pytest.raises(BadInput):
         decode.plan({"device": "cpu", "budgets": [0]})
+
+
+def test_sweep_with_layers_split_over_devices(tmp_path):
+    """`device=cpu,cpu,cpu`: the layers are split into three stages (CPU stand-ins for three GPUs); every
+    point runs and moves the same bytes as on one device."""
+    small = {**SMALL, "concurrency": "1", "budgets": "64", "prefill_lens": "256"}
+    one = load_run(decode.run_sweep({**small, "out_dir": str(tmp_path / "one")}, progress_bar=False).path).metrics
+    three = load_run(decode.run_sweep({**small, "device": "cpu,cpu,cpu", "out_dir": str(tmp_path / "three")},
+                                      progress_bar=False).path)
+    m = three.metrics
+    assert (m["status"] == "ok").all(), m[m["status"] != "ok"]["error"].tolist()
+    ranges = three.manifest["stage_layers"]
+    assert len(ranges) == 3 and ranges[0][0] == 0 and ranges[-1][1] == PRESETS["tiny"].layers
+    dec = m[m["experiment"] == "decode"]
+    assert set(dec["devices"]) == {"cpu,cpu,cpu"}
+    key = ["strategy", "context_len"]
+    a = one[one["experiment"] == "decode"].set_index(key)["h2d_bytes_per_step"]
+    b = dec.set_index(key)["h2d_bytes_per_step"]
+    assert a.sort_index().equals(b.sort_index())

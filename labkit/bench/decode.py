@@ -17,6 +17,7 @@ import psutil
 import torch
 
 from ..engine import Engine, HybridModel, OffloadCache, get_strategy
+from ..engine.pipeline import PipelineRunner, model_block_costs, place_layers, split_model, staged_prefill
 from ..engine.transfer import STRATEGIES
 from ..results import Run
 from ..shapes import ModelShape
@@ -56,12 +57,20 @@ MARGIN = 64   # tokens of cache beyond a point's context: warm-up + timed steps 
 def plan(given: dict) -> dict:
     """Resolve and validate parameters; raises BadInput with one line before anything is allocated."""
     p = resolve(SPEC, given, EXPERIMENT)
-    dev = resolve_device(p["device"])
+    # `device` may list several devices ("cuda:0,cuda:1,cuda:2", or "cpu,cpu" to exercise the split on a
+    # CPU): the layers are then split over them, one pipeline stage per device.
+    devs = [resolve_device(d.strip()) for d in str(p["device"]).split(",") if d.strip()] or [resolve_device("auto")]
+    if len({d.type for d in devs}) > 1:
+        raise BadInput(f"device={p['device']}: mix of device types; use cuda:N,... or cpu,...")
+    if len(devs) > 1 and devs[0].type == "cuda" and len(set(devs)) < len(devs):
+        raise BadInput(f"device={p['device']}: a GPU is listed twice")
+    dev = devs[0]
+    p["devices"] = [str(d) for d in devs]
     auto = AUTO["cuda" if dev.type == "cuda" else "cpu"]
     for k in ("shape", "context_lens", "budgets", "prefill_lens"):
         if p[k] == "auto":
             p[k] = auto[k]
-    p["device"] = str(dev)
+    p["device"] = ",".join(p["devices"])
     try:
         shape = ModelShape.from_name(p["shape"])
     except ValueError as ex:
@@ -119,36 +128,49 @@ def points(p: dict) -> list[dict]:
 
 
 class Caches:
-    """One host cache and one device cache per concurrency group, sized to the group's largest context
-    that fits, filled once; points reuse prefixes of them."""
+    """Per concurrency group, one host and one device cache per stage (one stage unless the layers are
+    split over several devices), sized to the group's largest context, filled once; points reuse
+    prefixes of them. Several stages: each stage's cache is allocated by a thread bound to its device."""
 
-    def __init__(self, model: HybridModel, p: dict):
-        self.model, self.p = model, p
-        self.cache: dict[str, OffloadCache] = {}
+    def __init__(self, stages: list, p: dict):
+        self.stages, self.p = stages, p
+        self.cache: dict[str, list[OffloadCache]] = {}
         self.group = None
-        self.limit: dict[str, int] = {}
 
-    def get(self, medium: str, conc: int, ctx: int, group_ctx: int) -> OffloadCache:
+    def get(self, medium: str, conc: int, ctx: int, group_ctx: int) -> list[OffloadCache]:
         if self.group != conc:
             self.release()
             self.group = conc
-        c = self.cache.get(medium)
-        if c is None:
-            shape, dev = self.model.shape, self.model.device
+        if medium not in self.cache:
             cap = group_ctx + margin(self.p)
-            need = conc * cap * shape.kv_bytes_per_token()
-            if medium == "host" or dev.type == "cpu":
+            shape = self.stages[0].shape
+            need = conc * cap * shape.kv_bytes_per_token()          # over all stages together
+            on_host = medium == "host" or self.stages[0].device.type == "cpu"
+            if on_host:
                 avail = psutil.virtual_memory().available
                 if need > 0.9 * avail:
                     raise MemoryError(f"host KV of {gib(need)} exceeds 90% of the {gib(avail)} RAM available now")
             else:
-                free, _ = torch.cuda.mem_get_info(dev)
-                if need > free - (2 << 30):
-                    raise MemoryError(f"device KV of {gib(need)} does not fit the {gib(free)} of device memory free")
-            c = OffloadCache.allocate(self.model, medium, conc, cap)
-            c.fill_random_([ctx] * conc, seed=self.p["seed"])
-            self.cache[medium] = c
-        return c
+                for st in self.stages:
+                    share = need * st.n_attn // max(1, shape.attn_layers)
+                    free, _ = torch.cuda.mem_get_info(st.device)
+                    if share > free - (2 << 30):
+                        raise MemoryError(f"device KV of {gib(share)} does not fit the {gib(free)} free on {st.device}")
+
+            def build(stage):
+                if stage.device.type == "cuda":
+                    torch.cuda.set_device(stage.device)
+                c = OffloadCache.allocate(stage, medium, conc, cap)
+                c.fill_random_([ctx] * conc, seed=self.p["seed"])
+                return c
+
+            if len(self.stages) == 1:
+                self.cache[medium] = [build(self.stages[0])]
+            else:
+                from concurrent.futures import ThreadPoolExecutor
+                with ThreadPoolExecutor(len(self.stages)) as ex:
+                    self.cache[medium] = list(ex.map(build, self.stages))
+        return self.cache[medium]
 
     def release(self) -> None:
         self.cache.clear()
@@ -174,8 +196,8 @@ def _time_steps(runner, steps: int, cuda: bool) -> list[float]:
     return ts
 
 
-def measure_decode(model, caches: Caches, pt: dict, p: dict, tel: Sampler) -> dict:
-    shape, dev = model.shape, model.device
+def measure_decode(stages: list, caches: Caches, pt: dict, p: dict, tel: Sampler) -> dict:
+    shape, dev = stages[0].shape, stages[0].device
     trace = None
     if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
         from ..engine.trace_replay import load_selection_trace
@@ -184,10 +206,15 @@ def measure_decode(model, caches: Caches, pt: dict, p: dict, tel: Sampler) -> di
     strat = get_strategy(pt["strategy"])
     conc, ctx = pt["concurrency"], pt["context_len"]
     group_ctx = max([q["context_len"] for q in points(p) if q["concurrency"] == conc])
-    cache = caches.get(strat.medium, conc, ctx, group_ctx)
-    cache.lens[:conc] = ctx
-    engine = Engine(model, cache, strat, pt["budget"])
-    runner = engine.decoder(conc, trace=trace, max_steps=margin(p))
+    stage_caches = caches.get(strat.medium, conc, ctx, group_ctx)
+    runners, first_attn = [], 0
+    for stage, cache in zip(stages, stage_caches):
+        cache.lens[:conc] = ctx
+        engine = Engine(stage, cache, get_strategy(pt["strategy"]), pt["budget"])
+        tr = None if trace is None else trace[:, first_attn:first_attn + stage.n_attn]
+        first_attn += stage.n_attn
+        runners.append(engine.decoder(conc, trace=tr, max_steps=margin(p)))
+    runner = runners[0] if len(runners) == 1 else PipelineRunner(runners)
     per_row = strat.name == "per_row"
     steps, repeats = (p["per_row_steps"], 1) if per_row else (p["steps"], p["repeats"])
     runner.prepare(warmup=1 if per_row else 2)
@@ -195,19 +222,28 @@ def measure_decode(model, caches: Caches, pt: dict, p: dict, tel: Sampler) -> di
     times, rx, tx = [], 0.0, 0.0
     rx_ok = True
     t_start = time.time()
+    n_gpu = len(tel.handles) if tel.enabled else 0
+    per_gpu = [[0.0, 0.0] for _ in range(n_gpu if n_gpu > 1 else 0)]
     for _ in range(repeats):
         a = tel.mark()
         times += _time_steps(runner, steps, cuda)
         b = tel.mark()
-        r, t = tel.rx_bytes(a, b), tel.tx_bytes(a, b)
-        rx_ok = rx_ok and r is not None
-        rx += r or 0.0
-        tx += t or 0.0
+        rs = [tel.rx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
+        ts = [tel.tx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
+        rx_ok = rx_ok and all(r is not None for r in rs)
+        rx += sum(r or 0.0 for r in rs)
+        tx += sum(t or 0.0 for t in ts)
+        for g, acc in enumerate(per_gpu):
+            acc[0] += rs[g] or 0.0
+            acc[1] += ts[g] or 0.0
     n = len(times)
     times_sorted = sorted(times)
     med = times_sorted[n // 2] if n % 2 else 0.5 * (times_sorted[n // 2 - 1] + times_sorted[n // 2])
     used_kv = conc * ctx * shape.kv_bytes_per_token()
     on_dev = strat.medium == "device"
+    pool_bytes = sum(c.pool.nbytes for c in stage_caches)
+    weight_bytes = sum(st.weight_bytes() for st in stages)
+    first = runners[0]
     rec = {
         "experiment": EXPERIMENT, "status": "ok", "error": None, "axis": pt["axis"],
         "strategy": strat.name, "context_len": ctx, "budget": pt["budget"], "concurrency": conc,
@@ -219,54 +255,64 @@ def measure_decode(model, caches: Caches, pt: dict, p: dict, tel: Sampler) -> di
         "device_kv_bytes": used_kv if on_dev else 0,
         "device_index_bytes": conc * ctx * shape.index_key_bytes * shape.attn_layers,
         "host_kv_bytes": 0 if on_dev else used_kv,
-        "device_kv_alloc_bytes": cache.pool.nbytes if on_dev else 0,
-        "device_index_alloc_bytes": cache.index.nbytes,
-        "host_kv_alloc_bytes": 0 if on_dev else cache.pool.nbytes,
-        "selected_rows_per_step": runner.rows_per_step,
-        "graph_mode": "full" if runner._full is not None else ("piecewise" if runner._pieces else "eager"),
-        "compiled": engine.fns.compiled,
-        "weight_bytes": model.weight_bytes(),
-        "weight_gbps": model.weight_bytes() / (med / 1e3) / 1e9,
+        "device_kv_alloc_bytes": pool_bytes if on_dev else 0,
+        "device_index_alloc_bytes": sum(c.index.nbytes for c in stage_caches),
+        "host_kv_alloc_bytes": 0 if on_dev else pool_bytes,
+        "selected_rows_per_step": sum(r.rows_per_step for r in runners),
+        "graph_mode": "full" if first._full is not None else ("piecewise" if first._pieces else "eager"),
+        "compiled": first.engine.fns.compiled,
+        "devices": ",".join(str(st.device) for st in stages),
+        "stage_layers": ";".join(f"{st.range[0]}-{st.range[1]}" for st in stages) if len(stages) > 1 else None,
+        "weight_bytes": weight_bytes,
+        "weight_gbps": weight_bytes / (med / 1e3) / 1e9,
         "selection": p["selection"], "t_start": t_start, "t_end": time.time(),
-        "device_mem_peak_bytes": torch.cuda.max_memory_allocated(dev) if cuda else None,
+        "device_mem_peak_bytes": sum(torch.cuda.max_memory_allocated(st.device) for st in stages) if cuda else None,
     }
     if rec["nvml_rx_bytes_per_step"] is not None and rec["h2d_bytes_per_step"]:
         rec["nvml_over_engine"] = rec["nvml_rx_bytes_per_step"] / rec["h2d_bytes_per_step"]
-    del runner, engine
+    for i, (a_rx, a_tx) in enumerate(per_gpu):        # each link's bytes when several GPUs are sampled
+        rec[f"nvml_rx_bytes_per_step_gpu{i}"] = a_rx / n
+        rec[f"nvml_tx_bytes_per_step_gpu{i}"] = a_tx / n
+    del runner, runners
     return rec
 
 
-def measure_prefill(model, n_tokens: int, strategy: str, p: dict) -> dict:
+def measure_prefill(stages: list, n_tokens: int, strategy: str, p: dict) -> dict:
     strat = get_strategy(strategy)
-    dev = model.device
+    dev = stages[0].device
     chunk = 8192 if dev.type == "cuda" else 512
-    cache = OffloadCache.allocate(model, strat.medium, 1, n_tokens)
-    engine = Engine(model, cache, strat, p["budgets"][0], prefill_chunk=chunk)
+    engines = [Engine(st, OffloadCache.allocate(st, strat.medium, 1, n_tokens), get_strategy(strategy), p["budgets"][0],
+                      prefill_chunk=chunk) for st in stages]
     g = torch.Generator().manual_seed(p["seed"])
-    tokens = torch.randint(0, model.shape.vocab, (n_tokens,), generator=g).to(dev)
-    engine.prefill(0, tokens[: min(n_tokens, 2 * chunk)])        # warm-up: kernels, workspaces
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    tokens = torch.randint(0, stages[0].shape.vocab, (n_tokens,), generator=g)
+
+    def sync():
+        for st in stages:
+            if st.device.type == "cuda":
+                torch.cuda.synchronize(st.device)
+
+    staged_prefill(engines, 0, tokens[: min(n_tokens, 2 * chunk)])     # warm-up: kernels, workspaces
+    sync()
     t0 = time.perf_counter()
-    engine.prefill(0, tokens)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    staged_prefill(engines, 0, tokens)
+    sync()
     dt = time.perf_counter() - t0
     on_dev = strat.medium == "device"
-    kv = n_tokens * model.shape.kv_bytes_per_token()
+    kv = n_tokens * stages[0].shape.kv_bytes_per_token()
     return {"experiment": "prefill", "status": "ok", "error": None, "strategy": strat.name,
             "context_len": n_tokens, "budget": p["budgets"][0], "concurrency": 1, "repeats": 1, "steps": 1,
             "step_ms_median": dt * 1e3, "step_ms_min": dt * 1e3, "step_ms_max": dt * 1e3,
             "tok_s": n_tokens / dt, "prefill_chunk": chunk, "device_kv_bytes": kv if on_dev else 0,
             "host_kv_bytes": 0 if on_dev else kv,
-            "device_index_bytes": n_tokens * model.shape.index_key_bytes * model.shape.attn_layers}
+            "device_index_bytes": n_tokens * stages[0].shape.index_key_bytes * stages[0].shape.attn_layers}
 
 
 def run_sweep(given: dict, run: Run | None = None, progress_bar: bool = True) -> Run:
     """Validate, then measure every point into a run folder; a failing point becomes a failed row."""
     p = plan(given)
     shape: ModelShape = p.pop("_shape")
-    dev = torch.device(p["device"])
+    devices = [torch.device(d) for d in p.pop("devices")]
+    dev = devices[0]
     if run is None:
         run = Run.create(p["out_dir"] or None, EXPERIMENT, {k: v for k, v in p.items()})
     base = {"device": p["device"], "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": shape.name}
@@ -274,7 +320,7 @@ def run_sweep(given: dict, run: Run | None = None, progress_bar: bool = True) ->
     # Prefill is measured once per length, with the KV pool where the offloaded strategies keep it.
     host = [s for s in ("zero_copy", "host_gather", "per_row") if s in p["strategies"]]
     prefill = [(n, (host or p["strategies"])[0]) for n in (p["prefill_lens"] or [])]
-    tel = Sampler(gpus=[dev.index or 0] if dev.type == "cuda" else []).start()
+    tel = Sampler(gpus=[d.index or 0 for d in devices] if dev.type == "cuda" else []).start()
     run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary())
     bar = progress(total=len(pts) + len(prefill), desc=f"{EXPERIMENT} {shape.name}", disable=not progress_bar)
     try:
@@ -287,12 +333,19 @@ def run_sweep(given: dict, run: Run | None = None, progress_bar: bool = True) ->
                 run.add({**base, "experiment": "probe", "status": "failed", "error": one_line(ex)})
             gc.collect()
         torch.manual_seed(p["seed"])
-        model = HybridModel(shape, dev, seed=p["seed"])
-        caches = Caches(model, p)
+        if len(devices) == 1:
+            model = HybridModel(shape, dev, seed=p["seed"])
+            stages = [model]
+        else:   # built on the CPU and moved stage by stage: the same weights whatever the split
+            model = HybridModel(shape, "cpu", seed=p["seed"])
+            ranges = place_layers(model_block_costs(model, p["budgets"][0]), len(devices))
+            stages = split_model(model, ranges, devices)
+            run.update_manifest(stage_layers=[list(r) for r in ranges])
+        caches = Caches(stages, p)
         for pt in pts:
             bar.set_postfix_str(f"{pt['strategy']} ctx={pt['context_len']} c={pt['concurrency']} b={pt['budget']}")
             try:
-                rec = measure_decode(model, caches, pt, p, tel)
+                rec = measure_decode(stages, caches, pt, p, tel)
             except Exception as ex:  # one failed point is a row, the sweep goes on
                 rec = {"experiment": EXPERIMENT, "status": "failed", "error": one_line(ex), **pt}
                 if isinstance(ex, torch.cuda.OutOfMemoryError) or isinstance(ex, MemoryError):
@@ -303,7 +356,7 @@ def run_sweep(given: dict, run: Run | None = None, progress_bar: bool = True) ->
         for n, s in prefill:
             bar.set_postfix_str(f"prefill {s} {n}")
             try:
-                rec = measure_prefill(model, n, s, p)
+                rec = measure_prefill(stages, n, s, p)
             except Exception as ex:
                 rec = {"experiment": "prefill", "status": "failed", "error": one_line(ex), "strategy": s, "context_len": n}
             run.add({**base, **rec})

@@ -63,6 +63,8 @@ class KVPool:
         pointer itself."""
         if self.pinned:
             return
+        if self.nbytes == 0:       # a pipeline stage without QSA layers
+            return
         rt = torch.cuda.cudart()
         ptr, size = self.data.data_ptr(), self.nbytes
         err = rt.cudaHostRegister(ptr, size, 3)      # cudaHostRegisterPortable | cudaHostRegisterMapped
@@ -80,6 +82,8 @@ class KVPool:
         dev = self.data.device
         g = torch.Generator(device=dev).manual_seed(seed)
         flat = self.data.view(torch.bfloat16).view(-1)
+        if flat.numel() == 0:      # a pipeline stage without QSA layers holds no KV
+            return
         if dev.type == "cuda":
             flat.normal_(generator=g)
             return

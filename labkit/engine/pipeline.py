@@ -108,6 +108,16 @@ def split_model(model: HybridModel, ranges: list[tuple[int, int]], devices: list
             enumerate(zip(ranges, devices))]
 
 
+def staged_prefill(engines: list[Engine], slot: int, tokens: torch.Tensor) -> torch.Tensor:
+    """Prefill through the stages in order: each takes the previous stage's hidden states (all tokens)
+    on its own device; the last returns the logits. One engine: a plain prefill."""
+    hidden = None
+    for i, e in enumerate(engines):
+        dev = e.model.device
+        hidden = e.prefill(slot, tokens.to(dev) if i == 0 else None, hidden=None if i == 0 else hidden.to(dev))
+    return hidden
+
+
 class PipelineEngine:
     def __init__(self, stages: list[StageModel], strategy: str, budget: int, n_slots: int, capacity: int,
                  page_size: int = 256, compile: bool | None = None):
@@ -125,12 +135,7 @@ class PipelineEngine:
             self.engines = list(ex.map(build, stages))
 
     def prefill(self, slot: int, tokens: torch.Tensor) -> torch.Tensor:
-        hidden = None
-        for i, (stage, e) in enumerate(zip(self.stages, self.engines)):
-            out = e.prefill(slot, tokens.to(stage.device) if i == 0 else None,
-                            hidden=None if i == 0 else hidden.to(stage.device))
-            hidden = out
-        return hidden
+        return staged_prefill(self.engines, slot, tokens)
 
     def decoder(self, batch: int, graphs: bool | None = None, max_steps: int = 1024) -> "PipelineRunner":
         return PipelineRunner([e.decoder(batch, graphs=graphs, max_steps=max_steps) for e in self.engines])
