@@ -9,7 +9,6 @@ rows and index keys (decode time does not depend on the values); prefill is meas
 from __future__ import annotations
 
 import gc
-import math
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ EXPERIMENT = "decode"
 
 SPEC = [
     Param("shape", "str", "auto", "model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N; several (cuda:0,cuda:1) split the layers over them"),
     Param("strategies", "list[str]", ["resident", "per_row", "host_gather", "zero_copy"], "transfer strategies"),
     Param("context_lens", "list[int]", "auto", "context lengths (tokens; 8K, 1M accepted)"),
     Param("budgets", "list[int]", "auto", "indexer budgets; the first is the main table's"),
@@ -51,7 +50,7 @@ AUTO = {
              "budgets": [2048, 256, 512, 1024, 4096, 8192], "prefill_lens": [248 << 10]},
     "cpu": {"shape": "tiny", "context_lens": [256, 1024, 4096], "budgets": [64, 16, 256], "prefill_lens": [2048]},
 }
-MARGIN = 64   # tokens of cache beyond a point's context: warm-up + timed steps must fit (checked)
+MARGIN = 64   # tokens of cache beyond a point's context and its warm-up + timed steps (see margin())
 
 
 def plan(given: dict) -> dict:
@@ -92,8 +91,8 @@ def plan(given: dict) -> dict:
         raise BadInput(f"selection trace {p['selection'][6:]} does not exist")
     if p["budget_context"] == 0:
         p["budget_context"] = max(p["context_lens"])
-    if p["steps"] * p["repeats"] + 8 > MARGIN * 64:
-        raise BadInput(f"steps x repeats = {p['steps'] * p['repeats']} is more than this sweep's cache margin allows")
+    if len(devs) > shape.layers:
+        raise BadInput(f"{len(devs)} devices for a shape of {shape.layers} layers")
     # Host RAM: the biggest concurrency group's pool must fit in this machine's RAM at all.
     total = psutil.virtual_memory().total
     need = host_pool_bytes(shape, max(p["concurrency"]), max(p["context_lens"] + [p["budget_context"]]), p)
