@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -126,16 +127,20 @@ def _free_port() -> int:
 
 @pytest.fixture
 def jupyterlab(tmp_path):
+    # a copy of the notebook in its own folder: JupyterLab autosaves, and the repo's file must stay as committed
+    lab_root = tmp_path / "lab"
+    (lab_root / "notebooks").mkdir(parents=True)
+    shutil.copy(EXPLORE, lab_root / "notebooks" / EXPLORE.name)
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "LABKIT_RESULTS": str(nightly_root()), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
     log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-                             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={REPO}",
+                             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={lab_root}",
                              "--ServerApp.port_retries=0", "--allow-root", "--LabApp.expose_app_in_browser=True",
                              "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
                              "--LabApp.extension_manager=readonly"],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=lab_root, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(120):
@@ -160,36 +165,46 @@ def jupyterlab(tmp_path):
 
 @pytest.mark.browser
 @needs_chromium
-def test_jupyterlab_runs_explorer_and_slider_changes_figure(jupyterlab):
+def test_jupyterlab_runs_explorer_and_slider_changes_figure(jupyterlab, tmp_path):
     base, token = jupyterlab
+    point = ("() => { const p = document.querySelectorAll('.js-plotly-plot')[1]; "
+             "return p && p.data && p.data[0] ? Array.from(p.data[0].y).map(Number) : null; }")
     with browser() as ctx:
         page = open_page(ctx, f"{base}/lab/tree/notebooks/explore.ipynb?token={token}")
-        page.wait_for_selector(".jp-NotebookPanel", timeout=60000)
-        page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
-                               timeout=60000)
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=30000)
-        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        page.wait_for_selector(".widget-slider", timeout=90000)
-        # four FigureWidgets: vs context, the selected point, vs budget, live PCIe
-        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length > 0 && "
-                               "document.querySelectorAll('.js-plotly-plot').length >= 4", timeout=90000)
-        point = "() => { const p = document.querySelectorAll('.js-plotly-plot')[1]; " \
-                "return p && p.data && p.data[0] ? Array.from(p.data[0].y).map(Number) : null; }"
-        page.wait_for_function(f"() => ({point})() !== null", timeout=30000)
-        before = page.evaluate(point)
-        slider = page.locator(".widget-slider").filter(has_text="context").first
-        assert "1K" in slider.inner_text()
-        slider.locator(".noUi-handle").first.focus()
-        page.keyboard.press("ArrowLeft")
-        page.wait_for_function(f"b => JSON.stringify(({point})()) !== JSON.stringify(b)", arg=before, timeout=30000)
-        after = page.evaluate(point)
-        assert after != before
-        assert "256" in slider.inner_text()
-        assert page.locator(".widget-button:has-text('measure now')").first.is_disabled() or \
-            page.locator("text=needs a CUDA GPU").count() or True
-        disabled_note = page.locator("text=measure now is disabled").count()
+        try:
+            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60000)
+            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
+                                   timeout=30000)
+            # JupyterLab may ask which kernel to start (a fresh settings folder): take the notebook's own
+            try:
+                page.wait_for_selector(".jp-Dialog .jp-mod-accept", timeout=8000)
+                page.click(".jp-Dialog .jp-mod-accept")
+            except Exception:
+                pass
+            # fire and forget: the command's promise settles only when every cell has run
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+            page.wait_for_selector(".widget-slider", timeout=120000)
+            # four FigureWidgets: vs context, the selected point, vs budget, live PCIe
+            page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 4 && "
+                                   "[...document.querySelectorAll('.js-plotly-plot')].every(e => e.querySelector('.main-svg'))",
+                                   timeout=60000)
+            page.wait_for_function(f"() => ({point})() !== null", timeout=30000)
+            before = page.evaluate(point)
+            slider = page.locator(".widget-slider").filter(has_text="context").first
+            assert "1K" in slider.inner_text()
+            slider.locator(".noUi-handle").first.focus()
+            page.keyboard.press("ArrowLeft")
+            page.wait_for_function(f"b => JSON.stringify(({point})()) !== JSON.stringify(b)", arg=before, timeout=30000)
+            after = page.evaluate(point)
+            assert "256" in slider.inner_text()
+            disabled_note = page.locator("text=measure now is disabled").count()
+        except Exception:
+            page.screenshot(path=str(tmp_path / "lab.png"), full_page=True)
+            raise AssertionError(f"JupyterLab check failed; screenshot {tmp_path / 'lab.png'}, browser errors "
+                                 f"{page.errors[:5]}, blocked {ctx.blocked[:5]}") from None
         errors = [e for e in page.errors if "pageerror" in e]
         page.close()
+    assert after != before and len(after) == len(before) == 3
     import torch
     if not torch.cuda.is_available():
         assert disabled_note >= 1
