@@ -54,6 +54,14 @@ def test_explorer_widgets_update_figures_in_place(monkeypatch):
     import torch
     if not torch.cuda.is_available():
         assert ns["measure"].disabled and "no CUDA GPU" in ns["why"].value
+    # the button's code path, on the CPU: one point through labkit.bench.decode, progress bar, live bar
+    ns["w_repeats"].value, ns["w_steps"].value = 1, 2
+    n_traces = len(fig_point.data)
+    rec = ns["measure_point"]("cpu")
+    assert rec["status"] == "ok" and rec["tok_s"] > 0 and rec["strategy"] == "zero_copy"
+    assert ns["bar"].value == ns["bar"].max == 1 and ns["bar"].description == "done"
+    assert len(fig_point.data) == n_traces + 1 and fig_point.data[-1].name == "live"
+    assert len(ns["LIVE"]) == 1
 
 
 # ---------------------------------------------------------------- pages in a real browser
