@@ -36,9 +36,13 @@ import os
 import re
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:     # Python 3.10
+    import tomli as tomllib
 
 from .bench.params import BadInput
 from .results import REPO
