@@ -3,13 +3,14 @@
 #   make test                                                     pytest (GPU tests skip without CUDA)
 #   make lab                                                      JupyterLab on notebooks/
 #   make probe                                                    host-link limits
+#   make nightly [ARGS="--date YYYY-MM-DD"]                       the nightly plan (resumable) -> results/nightly-<date>/
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: sweep test lab probe nightly venv clean-venv
+.PHONY: sweep test lab probe nightly nightly-test venv clean-venv
 
 venv: $(STAMP)
 
@@ -42,6 +43,9 @@ lab: $(STAMP)
 
 nightly: $(STAMP)
 	$(BIN)/labkit nightly --plan nightly/plan.toml $(ARGS)
+
+nightly-test: $(STAMP)
+	$(BIN)/labkit nightly --plan nightly/test_plan.toml $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

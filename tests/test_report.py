@@ -52,3 +52,18 @@ def test_report_command_rerenders(cli_run, tmp_path):
     assert p.returncode == 0 and (out / "report.html").is_file(), p.stderr[-2000:]
     p = subprocess.run([sys.executable, "-m", "labkit", "report", str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 2 and "no manifest.json" in p.stderr
+
+
+def test_report_of_a_run_whose_points_all_failed(tmp_path):
+    """A sweep where nothing could be measured still gets a report (it lists the failures)."""
+    from labkit.results import Run
+    run = Run.create(tmp_path / "bad", "decode", {"shape": "tiny", "budgets": [64], "concurrency": [1], "repeats": 1,
+                                                  "steps": 1})
+    for s in ("resident", "zero_copy"):
+        run.add({"experiment": "decode", "status": "failed", "error": "RuntimeError: boom", "strategy": s,
+                 "context_len": 256, "budget": 64, "concurrency": 1, "axis": "context"})
+    run.finish("partial")
+    p = subprocess.run([sys.executable, "-m", "labkit", "report", str(run.path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    html = (run.path / "report.html").read_text()
+    assert "Failed points: 2" in html and "RuntimeError: boom" in html

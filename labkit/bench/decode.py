@@ -157,7 +157,7 @@ class Caches:
                         raise MemoryError(f"device KV of {gib(share)} does not fit the {gib(free)} free on {st.device}")
 
             def build(stage):
-                if stage.device.type == "cuda":
+                if stage.device.type == "cuda" and stage.device.index is not None:   # "cuda" alone: the current one
                     torch.cuda.set_device(stage.device)
                 c = OffloadCache.allocate(stage, medium, conc, cap)
                 c.fill_random_([ctx] * conc, seed=self.p["seed"])

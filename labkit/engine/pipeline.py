@@ -125,7 +125,7 @@ class PipelineEngine:
 
         def build(stage: StageModel) -> Engine:
             # Runs in a thread bound to the stage's device: its pool is allocated and pinned from there.
-            if stage.device.type == "cuda":
+            if stage.device.type == "cuda" and stage.device.index is not None:   # "cuda" alone: the current one
                 torch.cuda.set_device(stage.device)
             st = get_strategy(strategy)
             cache = OffloadCache.allocate(stage, st.medium, n_slots, capacity, page_size)
