@@ -152,8 +152,7 @@ class IndexKeyCache:
 
     @classmethod
     def allocate(cls, attn_layers: int, n_slots: int, capacity: int, index_dim: int, device: torch.device):
-        fp8 = fp8_dtype(device)
-        return cls(torch.zeros((attn_layers, n_slots, capacity, index_dim), dtype=fp8, device=device),
+        return cls(torch.zeros((attn_layers, n_slots, capacity, index_dim), dtype=torch.float8_e4m3fn, device=device),
                    torch.zeros((attn_layers, n_slots, capacity), dtype=torch.float16, device=device))
 
     @property
@@ -170,10 +169,6 @@ class IndexKeyCache:
             k = torch.randn(self.keys.shape[1:], generator=g, device=self.keys.device, dtype=torch.float32)
             self.keys[layer].copy_(quantize_index_keys(k)[0])
             self.scales[layer].uniform_(0.5, 1.5, generator=g)
-
-
-def fp8_dtype(device: torch.device) -> torch.dtype:
-    return torch.float8_e4m3fn
 
 
 FP8_MAX = 448.0
