@@ -32,10 +32,6 @@ EXPERIMENTS = {
 }
 
 
-def register(name: str, notebook: str, spec_module: str) -> None:
-    EXPERIMENTS[name] = Experiment(name, notebook, spec_module)
-
-
 def _module(exp: Experiment):
     import importlib
     return importlib.import_module(exp.spec_module)

@@ -1,28 +1,37 @@
 """The decode sweep (seed 000's table): decode speed against context length, budget and concurrency for
-each transfer strategy, plus prefill speed, with engine-counted H2D bytes next to NVML's PCIe counters.
+each transfer strategy, plus prefill speed, with engine-counted H2D bytes next to NVML's PCIe counters
+and, for every point, the step's anatomy (where its time goes).
 
 Grid: `context_lens x concurrency x strategies` at `budgets[0]` (the main table), plus `budgets[1:] x
 strategies` at `budget_context` (default: the largest context) and `concurrency[0]` (the budget axis),
 plus one prefill per `prefill_lens` entry. A decode point fills its requests' caches with seeded random
 rows and index keys (decode time does not depend on the values); prefill is measured on its own.
+
+    p = plan({"context_lens": "8K,1M"})          # DecodePlan, validated; nothing allocated yet
+    run = run_sweep({"context_lens": "8K,1M"})   # measures every point into a run folder
+    with DecodeSession(p) as s:                  # or one point at a time (the explorer's "measure now")
+        rec = s.measure(p.points[0])
 """
 from __future__ import annotations
 
 import gc
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
 import torch
 
 from ..engine import Engine, HybridModel, OffloadCache, get_strategy
+from ..engine.cache import build_on_devices
 from ..engine.pipeline import PipelineRunner, model_block_costs, place_layers, split_model, staged_prefill
-from ..engine.transfer import STRATEGIES
+from ..engine.transfer import SETTINGS, STRATEGIES
 from ..results import Run
 from ..shapes import ModelShape
+from ..stats import spread
 from ..telemetry import Sampler
 from .params import BadInput, Param, check_positive, gib, one_line, resolve, resolve_device
-from .probe import run_probe
+from .probe import hbm_read_gbps, run_probe
 from .progress import progress
 
 EXPERIMENT = "decode"
@@ -40,6 +49,10 @@ SPEC = [
     Param("budget_context", "int", 0, "context of the budget axis (0: the largest context)"),
     Param("selection", "str", "indexer", "indexer, or trace:PATH to replay recorded selections"),
     Param("per_row_steps", "int", 3, "steps (1 repeat) for per_row, whose steps take ~0.4 s per request"),
+    Param("anatomy", "bool", True, "per point, where the step's time goes (phases marked inside one extra graph)"),
+    Param("gather_rows_per_prog", "int", 4, "resident/zero_copy gather kernel: rows per program"),
+    Param("gather_num_warps", "int", 4, "resident/zero_copy gather kernel: warps per program"),
+    Param("host_threads", "int", 0, "host_gather: CPU threads (0: all cores)"),
     Param("probe", "bool", True, "measure the link limits first (contiguous, host_gather, zero_copy): the plots' bounds"),
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
@@ -50,10 +63,43 @@ AUTO = {
              "budgets": [2048, 256, 512, 1024, 4096, 8192], "prefill_lens": [248 << 10]},
     "cpu": {"shape": "tiny", "context_lens": [256, 1024, 4096], "budgets": [64, 16, 256], "prefill_lens": [2048]},
 }
-MARGIN = 64   # tokens of cache beyond a point's context and its warm-up + timed steps (see margin())
+MARGIN = 64          # tokens of cache beyond a point's context and its warm-up + timed steps (see margin)
+ANATOMY_STEPS = 3    # marked steps per point (the anatomy is their per-phase median)
 
 
-def plan(given: dict) -> dict:
+@dataclass(frozen=True)
+class Point:
+    concurrency: int
+    context_len: int
+    budget: int
+    strategy: str
+    axis: str            # "context" (the main table) or "budget" (the budget axis)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """A validated sweep: its parameters as the user gave them (resolved), and what they imply."""
+    params: dict                      # the manifest's parameters: names as in SPEC, `device` normalised
+    shape: ModelShape
+    devices: tuple[torch.device, ...]
+    points: tuple[Point, ...]
+    settings: dict = field(default_factory=dict)     # strategy settings (SETTINGS names) for get_strategy
+
+    @property
+    def margin(self) -> int:
+        p = self.params
+        return 8 + 4 + ANATOMY_STEPS + 1 + p["steps"] * p["repeats"] + MARGIN
+
+    @property
+    def cuda(self) -> bool:
+        return self.devices[0].type == "cuda"
+
+    def group_context(self, conc: int) -> int:
+        """The largest context of a concurrency group: its caches are sized for it once."""
+        return max(q.context_len for q in self.points if q.concurrency == conc)
+
+
+def plan(given: dict) -> DecodePlan:
     """Resolve and validate parameters; raises BadInput with one line before anything is allocated."""
     p = resolve(SPEC, given, EXPERIMENT)
     # `device` may list several devices ("cuda:0,cuda:1,cuda:2", or "cpu,cpu" to exercise the split on a
@@ -63,13 +109,11 @@ def plan(given: dict) -> dict:
         raise BadInput(f"device={p['device']}: mix of device types; use cuda:N,... or cpu,...")
     if len(devs) > 1 and devs[0].type == "cuda" and len(set(devs)) < len(devs):
         raise BadInput(f"device={p['device']}: a GPU is listed twice")
-    dev = devs[0]
-    p["devices"] = [str(d) for d in devs]
-    auto = AUTO["cuda" if dev.type == "cuda" else "cpu"]
+    auto = AUTO["cuda" if devs[0].type == "cuda" else "cpu"]
     for k in ("shape", "context_lens", "budgets", "prefill_lens"):
         if p[k] == "auto":
             p[k] = auto[k]
-    p["device"] = ",".join(p["devices"])
+    p["device"] = ",".join(str(d) for d in devs)
     try:
         shape = ModelShape.from_name(p["shape"])
     except ValueError as ex:
@@ -79,12 +123,17 @@ def plan(given: dict) -> dict:
         raise BadInput(f"unknown strategy {unknown[0] if unknown else '(none)'}: choose from {', '.join(STRATEGIES)}")
     if not p["context_lens"] or not p["budgets"] or not p["concurrency"]:
         raise BadInput("context_lens, budgets and concurrency need at least one value each")
-    check_positive("budgets", p["budgets"])
-    check_positive("context_lens", p["context_lens"])
-    check_positive("concurrency", p["concurrency"])
-    check_positive("repeats", [p["repeats"]])
-    check_positive("steps", [p["steps"]])
+    for name in ("budgets", "context_lens", "concurrency"):
+        check_positive(name, p[name])
+    for name in ("repeats", "steps", "gather_rows_per_prog", "gather_num_warps"):
+        check_positive(name, [p[name]])
     check_positive("prefill_lens", p["prefill_lens"] or [1])
+    settings = {k: p[k] for k in SETTINGS}
+    for s in p["strategies"]:
+        try:
+            get_strategy(s, **settings)
+        except ValueError as ex:
+            raise BadInput(str(ex)) from None
     if p["selection"] != "indexer" and not p["selection"].startswith("trace:"):
         raise BadInput(f"selection must be 'indexer' or 'trace:PATH', got {p['selection']!r}")
     if p["selection"].startswith("trace:") and not Path(p["selection"][6:]).is_file():
@@ -93,59 +142,49 @@ def plan(given: dict) -> dict:
         p["budget_context"] = max(p["context_lens"])
     if len(devs) > shape.layers:
         raise BadInput(f"{len(devs)} devices for a shape of {shape.layers} layers")
+    pl = DecodePlan(p, shape, tuple(devs), tuple(_points(p)), settings)
     # Host RAM: the biggest concurrency group's pool must fit in this machine's RAM at all.
     total = psutil.virtual_memory().total
-    need = host_pool_bytes(shape, max(p["concurrency"]), max(p["context_lens"] + [p["budget_context"]]), p)
-    if any(STRATEGIES[s].medium == "host" for s in p["strategies"]) or dev.type == "cpu":
+    need = max(q.concurrency for q in pl.points) * (max(q.context_len for q in pl.points) + pl.margin) \
+        * shape.kv_bytes_per_token()
+    if any(STRATEGIES[s].medium == "host" for s in p["strategies"]) or not pl.cuda:
         if need > total:
             raise BadInput(f"context {max(p['context_lens'])} x concurrency {max(p['concurrency'])} needs "
                            f"{gib(need)} of host KV ({shape.kv_bytes_per_token()} B/token); this machine has {gib(total)} of RAM")
-    p["_shape"] = shape
-    return p
+    return pl
 
 
-def margin(p: dict) -> int:
-    return 8 + 4 + p["steps"] * p["repeats"] + MARGIN
-
-
-def host_pool_bytes(shape: ModelShape, conc: int, ctx: int, p: dict) -> int:
-    return conc * (ctx + margin(p)) * shape.kv_bytes_per_token()
-
-
-def points(p: dict) -> list[dict]:
+def _points(p: dict) -> list[Point]:
     """The grid, in the order it runs: grouped by concurrency (one cache allocation per group)."""
     out = []
     for c in p["concurrency"]:
         for ctx in sorted(set(p["context_lens"])):
-            for s in p["strategies"]:
-                out.append({"concurrency": c, "context_len": ctx, "budget": p["budgets"][0], "strategy": s, "axis": "context"})
+            out += [Point(c, ctx, p["budgets"][0], s, "context") for s in p["strategies"]]
         if c == p["concurrency"][0]:
             for b in p["budgets"][1:]:
-                for s in p["strategies"]:
-                    out.append({"concurrency": c, "context_len": p["budget_context"], "budget": b, "strategy": s, "axis": "budget"})
+                out += [Point(c, p["budget_context"], b, s, "budget") for s in p["strategies"]]
     return out
 
 
 class Caches:
     """Per concurrency group, one host and one device cache per stage (one stage unless the layers are
     split over several devices), sized to the group's largest context, filled once; points reuse
-    prefixes of them. Several stages: each stage's cache is allocated by a thread bound to its device."""
+    prefixes of them. Each stage's cache is built by a thread bound to its device."""
 
-    def __init__(self, stages: list, p: dict):
-        self.stages, self.p = stages, p
+    def __init__(self, stages: list, pl: DecodePlan):
+        self.stages, self.pl = stages, pl
         self.cache: dict[str, list[OffloadCache]] = {}
         self.group = None
 
-    def get(self, medium: str, conc: int, ctx: int, group_ctx: int) -> list[OffloadCache]:
+    def get(self, medium: str, conc: int, ctx: int) -> list[OffloadCache]:
         if self.group != conc:
             self.release()
             self.group = conc
         if medium not in self.cache:
-            cap = group_ctx + margin(self.p)
+            cap = self.pl.group_context(conc) + self.pl.margin
             shape = self.stages[0].shape
             need = conc * cap * shape.kv_bytes_per_token()          # over all stages together
-            on_host = medium == "host" or self.stages[0].device.type == "cpu"
-            if on_host:
+            if medium == "host" or self.stages[0].device.type == "cpu":
                 avail = psutil.virtual_memory().available
                 if need > 0.9 * avail:
                     raise MemoryError(f"host KV of {gib(need)} exceeds 90% of the {gib(avail)} RAM available now")
@@ -157,18 +196,11 @@ class Caches:
                         raise MemoryError(f"device KV of {gib(share)} does not fit the {gib(free)} free on {st.device}")
 
             def build(stage):
-                if stage.device.type == "cuda" and stage.device.index is not None:   # "cuda" alone: the current one
-                    torch.cuda.set_device(stage.device)
                 c = OffloadCache.allocate(stage, medium, conc, cap)
-                c.fill_random_([ctx] * conc, seed=self.p["seed"])
+                c.fill_random_([ctx] * conc, seed=self.pl.params["seed"])
                 return c
 
-            if len(self.stages) == 1:
-                self.cache[medium] = [build(self.stages[0])]
-            else:
-                from concurrent.futures import ThreadPoolExecutor
-                with ThreadPoolExecutor(len(self.stages)) as ex:
-                    self.cache[medium] = list(ex.map(build, self.stages))
+            self.cache[medium] = build_on_devices(build, self.stages)
         return self.cache[medium]
 
     def release(self) -> None:
@@ -195,24 +227,55 @@ def _time_steps(runner, steps: int, cuda: bool) -> list[float]:
     return ts
 
 
-def measure_decode(stages: list, caches: Caches, pt: dict, p: dict, tel: Sampler) -> dict:
-    shape, dev = stages[0].shape, stages[0].device
+class DecodeSession:
+    """What the points of one plan share: the model (or its stages), the caches, the telemetry sampler.
+    `measure(point)` gives one record; `run_sweep` and the explorer both measure through it."""
+
+    def __init__(self, pl: DecodePlan, tel: Sampler | None = None):
+        self.pl, self.tel = pl, tel or Sampler(gpus=[])
+        self.stage_layers = None
+        torch.manual_seed(pl.params["seed"])
+        if len(pl.devices) == 1:
+            self.stages = [HybridModel(pl.shape, pl.devices[0], seed=pl.params["seed"])]
+        else:   # built on the CPU and moved stage by stage: the same weights whatever the split
+            model = HybridModel(pl.shape, "cpu", seed=pl.params["seed"])
+            self.stage_layers = place_layers(model_block_costs(model, pl.params["budgets"][0]), len(pl.devices))
+            self.stages = split_model(model, self.stage_layers, list(pl.devices))
+        self.caches = Caches(self.stages, pl)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.caches.release()
+
+    def measure(self, pt: Point) -> dict:
+        """One decode point as a record; a failure becomes a failed record (the caller goes on)."""
+        try:
+            return measure_decode(self.stages, self.caches, pt, self.pl, self.tel)
+        except Exception as ex:  # one failed point is a row, the sweep goes on
+            if isinstance(ex, (torch.cuda.OutOfMemoryError, MemoryError)):
+                self.caches.release()
+            return {"experiment": EXPERIMENT, "status": "failed", "error": one_line(ex), **asdict(pt)}
+
+
+def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel: Sampler) -> dict:
+    p, shape, dev = pl.params, pl.shape, stages[0].device
     trace = None
     if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
         from ..engine.trace_replay import load_selection_trace
-        trace = load_selection_trace(p["selection"][6:], shape.attn_layers, pt["context_len"], pt["budget"],
-                                     steps=p["steps"] * p["repeats"] + 16)
-    strat = get_strategy(pt["strategy"])
-    conc, ctx = pt["concurrency"], pt["context_len"]
-    group_ctx = max([q["context_len"] for q in points(p) if q["concurrency"] == conc])
-    stage_caches = caches.get(strat.medium, conc, ctx, group_ctx)
+        trace = load_selection_trace(p["selection"][6:], shape.attn_layers, pt.context_len, pt.budget,
+                                     steps=pl.margin)
+    conc, ctx = pt.concurrency, pt.context_len
+    strat = get_strategy(pt.strategy, **pl.settings)
+    stage_caches = caches.get(strat.medium, conc, ctx)
     runners, first_attn = [], 0
     for stage, cache in zip(stages, stage_caches):
         cache.lens[:conc] = ctx
-        engine = Engine(stage, cache, get_strategy(pt["strategy"]), pt["budget"])
+        engine = Engine(stage, cache, get_strategy(pt.strategy, **pl.settings), pt.budget)
         tr = None if trace is None else trace[:, first_attn:first_attn + stage.n_attn]
         first_attn += stage.n_attn
-        runners.append(engine.decoder(conc, trace=tr, max_steps=margin(p)))
+        runners.append(engine.decoder(conc, trace=tr, max_steps=pl.margin))
     runner = runners[0] if len(runners) == 1 else PipelineRunner(runners)
     per_row = strat.name == "per_row"
     steps, repeats = (p["per_row_steps"], 1) if per_row else (p["steps"], p["repeats"])
@@ -236,19 +299,18 @@ def measure_decode(stages: list, caches: Caches, pt: dict, p: dict, tel: Sampler
             acc[0] += rs[g] or 0.0
             acc[1] += ts[g] or 0.0
     n = len(times)
-    times_sorted = sorted(times)
-    med = times_sorted[n // 2] if n % 2 else 0.5 * (times_sorted[n // 2 - 1] + times_sorted[n // 2])
+    t = spread(times)
     used_kv = conc * ctx * shape.kv_bytes_per_token()
     on_dev = strat.medium == "device"
     pool_bytes = sum(c.pool.nbytes for c in stage_caches)
-    weight_bytes = sum(st.weight_bytes() for st in stages)
+    step_weights = sum(st.step_weight_bytes() for st in stages)
     first = runners[0]
     rec = {
-        "experiment": EXPERIMENT, "status": "ok", "error": None, "axis": pt["axis"],
-        "strategy": strat.name, "context_len": ctx, "budget": pt["budget"], "concurrency": conc,
-        "repeats": repeats, "steps": steps, "step_ms_median": med, "step_ms_min": times_sorted[0],
-        "step_ms_max": times_sorted[-1], "tok_s": conc / (med / 1e3),
-        "h2d_bytes_per_step": runner.h2d_bytes_per_step,
+        "experiment": EXPERIMENT, "status": "ok", "error": None, **asdict(pt),
+        "repeats": repeats, "steps": steps, "step_ms_median": t.median, "step_ms_min": t.min,
+        "step_ms_max": t.max, "tok_s": conc / (t.median / 1e3),
+        "h2d_bytes_per_step": runner.h2d_bytes_per_step,                 # summed from the strategies' LoadResults
+        "selected_rows_per_step": runner.rows_per_step,
         "nvml_rx_bytes_per_step": rx / n if rx_ok and tel.enabled else None,
         "nvml_tx_bytes_per_step": tx / n if rx_ok and tel.enabled else None,
         "device_kv_bytes": used_kv if on_dev else 0,
@@ -257,32 +319,39 @@ def measure_decode(stages: list, caches: Caches, pt: dict, p: dict, tel: Sampler
         "device_kv_alloc_bytes": pool_bytes if on_dev else 0,
         "device_index_alloc_bytes": sum(c.index.nbytes for c in stage_caches),
         "host_kv_alloc_bytes": 0 if on_dev else pool_bytes,
-        "selected_rows_per_step": sum(r.rows_per_step for r in runners),
-        "graph_mode": "full" if first._full is not None else ("piecewise" if first._pieces else "eager"),
+        "graph_mode": first.graph_mode,
         "compiled": first.engine.fns.compiled,
         "devices": ",".join(str(st.device) for st in stages),
         "stage_layers": ";".join(f"{st.range[0]}-{st.range[1]}" for st in stages) if len(stages) > 1 else None,
-        "weight_bytes": weight_bytes,
-        "weight_gbps": weight_bytes / (med / 1e3) / 1e9,
+        "weight_bytes": sum(st.weight_bytes() for st in stages),
+        "step_weight_bytes": step_weights,
+        "weight_gbps": step_weights / (t.median / 1e3) / 1e9,
         "selection": p["selection"], "t_start": t_start, "t_end": time.time(),
         "device_mem_peak_bytes": sum(torch.cuda.max_memory_allocated(st.device) for st in stages) if cuda else None,
+        **strat.settings(),
     }
     if rec["nvml_rx_bytes_per_step"] is not None and rec["h2d_bytes_per_step"]:
         rec["nvml_over_engine"] = rec["nvml_rx_bytes_per_step"] / rec["h2d_bytes_per_step"]
     for i, (a_rx, a_tx) in enumerate(per_gpu):        # each link's bytes when several GPUs are sampled
         rec[f"nvml_rx_bytes_per_step_gpu{i}"] = a_rx / n
         rec[f"nvml_tx_bytes_per_step_gpu{i}"] = a_tx / n
+    if p["anatomy"] and not per_row:
+        anat = runner.anatomy(repeats=ANATOMY_STEPS)
+        rec.update({f"anat_{k}_ms" if k != "marked_step_ms" else "anat_marked_step_ms": v for k, v in anat.items()})
+        # How far the phase marks themselves moved the step (1.0: not at all); the anatomy is trusted
+        # only where this stays within 5%.
+        rec["anat_closure"] = anat["marked_step_ms"] / t.median
     del runner, runners
     return rec
 
 
-def measure_prefill(stages: list, n_tokens: int, strategy: str, p: dict) -> dict:
-    strat = get_strategy(strategy)
+def measure_prefill(stages: list, n_tokens: int, strategy: str, pl: DecodePlan) -> dict:
+    strat = get_strategy(strategy, **pl.settings)
     dev = stages[0].device
     chunk = 8192 if dev.type == "cuda" else 512
-    engines = [Engine(st, OffloadCache.allocate(st, strat.medium, 1, n_tokens), get_strategy(strategy), p["budgets"][0],
-                      prefill_chunk=chunk) for st in stages]
-    g = torch.Generator().manual_seed(p["seed"])
+    engines = [Engine(st, OffloadCache.allocate(st, strat.medium, 1, n_tokens), get_strategy(strategy, **pl.settings),
+                      pl.params["budgets"][0], prefill_chunk=chunk) for st in stages]
+    g = torch.Generator().manual_seed(pl.params["seed"])
     tokens = torch.randint(0, stages[0].shape.vocab, (n_tokens,), generator=g)
 
     def sync():
@@ -299,7 +368,7 @@ def measure_prefill(stages: list, n_tokens: int, strategy: str, p: dict) -> dict
     on_dev = strat.medium == "device"
     kv = n_tokens * stages[0].shape.kv_bytes_per_token()
     return {"experiment": "prefill", "status": "ok", "error": None, "strategy": strat.name,
-            "context_len": n_tokens, "budget": p["budgets"][0], "concurrency": 1, "repeats": 1, "steps": 1,
+            "context_len": n_tokens, "budget": pl.params["budgets"][0], "concurrency": 1, "repeats": 1, "steps": 1,
             "step_ms_median": dt * 1e3, "step_ms_min": dt * 1e3, "step_ms_max": dt * 1e3,
             "tok_s": n_tokens / dt, "prefill_chunk": chunk, "device_kv_bytes": kv if on_dev else 0,
             "host_kv_bytes": 0 if on_dev else kv,
@@ -308,59 +377,48 @@ def measure_prefill(stages: list, n_tokens: int, strategy: str, p: dict) -> dict
 
 def run_sweep(given: dict, run: Run | None = None, progress_bar: bool = True) -> Run:
     """Validate, then measure every point into a run folder; a failing point becomes a failed row."""
-    p = plan(given)
-    shape: ModelShape = p.pop("_shape")
-    devices = [torch.device(d) for d in p.pop("devices")]
-    dev = devices[0]
+    pl = plan(given)
+    p, shape, dev = pl.params, pl.shape, pl.devices[0]
     if run is None:
-        run = Run.create(p["out_dir"] or None, EXPERIMENT, {k: v for k, v in p.items()})
+        run = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
     base = {"device": p["device"], "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": shape.name}
-    pts = points(p)
     # Prefill is measured once per length, with the KV pool where the offloaded strategies keep it.
     host = [s for s in ("zero_copy", "host_gather", "per_row") if s in p["strategies"]]
     prefill = [(n, (host or p["strategies"])[0]) for n in (p["prefill_lens"] or [])]
-    tel = Sampler(gpus=[d.index or 0 for d in devices] if dev.type == "cuda" else []).start()
+    bar = progress(total=len(pl.points) + len(prefill), desc=f"{EXPERIMENT} {shape.name}", disable=not progress_bar)
+    tel = Sampler(gpus=[d.index or 0 for d in pl.devices] if pl.cuda else [])
     run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary())
-    bar = progress(total=len(pts) + len(prefill), desc=f"{EXPERIMENT} {shape.name}", disable=not progress_bar)
     try:
+        # The link probe runs before the NVML sampler thread starts: the thread's reads (and the GIL it
+        # takes) slowed the host-side gathers of an in-sweep probe by up to 3x.
         if p["probe"]:
             bar.set_postfix_str("link probe")
             try:
-                for r in run_probe(p["device"], pool_gib=8.0 if dev.type == "cuda" else 0.05, repeats=10):
+                for r in run_probe(str(dev), pool_gib=8.0 if pl.cuda else 0.05, repeats=10):
                     run.add({**base, **r})
             except Exception as ex:
                 run.add({**base, "experiment": "probe", "status": "failed", "error": one_line(ex)})
             gc.collect()
-        torch.manual_seed(p["seed"])
-        if len(devices) == 1:
-            model = HybridModel(shape, dev, seed=p["seed"])
-            stages = [model]
-        else:   # built on the CPU and moved stage by stage: the same weights whatever the split
-            model = HybridModel(shape, "cpu", seed=p["seed"])
-            ranges = place_layers(model_block_costs(model, p["budgets"][0]), len(devices))
-            stages = split_model(model, ranges, devices)
-            run.update_manifest(stage_layers=[list(r) for r in ranges])
-        caches = Caches(stages, p)
-        for pt in pts:
-            bar.set_postfix_str(f"{pt['strategy']} ctx={pt['context_len']} c={pt['concurrency']} b={pt['budget']}")
-            try:
-                rec = measure_decode(stages, caches, pt, p, tel)
-            except Exception as ex:  # one failed point is a row, the sweep goes on
-                rec = {"experiment": EXPERIMENT, "status": "failed", "error": one_line(ex), **pt}
-                if isinstance(ex, torch.cuda.OutOfMemoryError) or isinstance(ex, MemoryError):
-                    caches.release()
-            run.add({**base, **rec})
-            bar.update()
-        caches.release()
-        for n, s in prefill:
-            bar.set_postfix_str(f"prefill {s} {n}")
-            try:
-                rec = measure_prefill(stages, n, s, p)
-            except Exception as ex:
-                rec = {"experiment": "prefill", "status": "failed", "error": one_line(ex), "strategy": s, "context_len": n}
-            run.add({**base, **rec})
-            gc.collect()
-            bar.update()
+        if pl.cuda:   # the roofline's denominator, measured in this run whether or not the probe ran
+            run.add({**base, **hbm_read_gbps(dev)})
+        tel.start()
+        with DecodeSession(pl, tel) as session:
+            if session.stage_layers:
+                run.update_manifest(stage_layers=[list(r) for r in session.stage_layers])
+            for pt in pl.points:
+                bar.set_postfix_str(f"{pt.strategy} ctx={pt.context_len} c={pt.concurrency} b={pt.budget}")
+                run.add({**base, **session.measure(pt)})
+                bar.update()
+            session.caches.release()
+            for n, s in prefill:
+                bar.set_postfix_str(f"prefill {s} {n}")
+                try:
+                    rec = measure_prefill(session.stages, n, s, pl)
+                except Exception as ex:
+                    rec = {"experiment": "prefill", "status": "failed", "error": one_line(ex), "strategy": s, "context_len": n}
+                run.add({**base, **rec})
+                gc.collect()
+                bar.update()
     finally:
         bar.close()
         tel.stop()

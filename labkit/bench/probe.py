@@ -1,62 +1,85 @@
-"""Link probe: the physical limits that bound sparse KV offload on this host (after shared/probes/pcie_probe.py).
+"""Link probe: the physical limits that bound sparse KV offload on this host, measured through the
+engine's own strategy classes (what the probe reports is what a decode step can get).
 
-Measures, as tidy `experiment=probe` rows with `gbps`:
+Rows (`experiment=probe`, with `gbps` where bytes move):
 - `contiguous`: pinned host->device copies of 1, 8, 48 and 256 MiB (and device->host, `direction=d2h`);
 - `pageable`: 256 MiB from ordinary (unpinned) memory;
-- `per_row`: one `copy_` per 2 KiB row, as naive per-block transfers do;
-- `host_gather`: CPU threads gather the step's rows into pinned staging, then one DMA (1, 4, all threads);
-- `zero_copy`: the Triton gather kernel reading mapped pinned host memory (each launch configuration);
-- `hbm_gather`: the same kernel over device memory (what a no-offload engine pays).
-The gather probes move one decode step of the reference shape: 12 layers x 2048 rows x 2048 B = 48 MiB,
-from random rows of a `pool_gib` pool (large, so rows are spread as in a 1M-token cache).
+- `per_row`, `host_gather` (1, 4, all threads), `zero_copy` (each gather launch configuration),
+  `hbm_gather` (`resident` over device memory): one decode step of the reference shape,
+  12 layers x 2048 rows x 2048 B = 48 MiB, loaded layer by layer with `strategy.load` from random rows
+  of a `pool_gib` pool (large, so rows are spread as in a 1M-token cache; per_row: one layer);
+- `hbm_read`: a contiguous read of device memory (the weights' roofline);
+- `index_score`, `select`, `topk_sort`, `score_select`: one QSA layer's selection at 8K..1M context and
+  batch 1..16: the fused score kernel, our radix select, torch.topk + sort (the previous path), and
+  score + select together.
+
+Timing follows `triton.testing.do_bench`: every call between its own pair of CUDA events, calls issued
+back to back with no host sync in between (one at the end), the L2 cache flushed before each call
+where device memory is read, and the variants of one measurement interleaved round by round so that
+drift (clocks, a neighbour on the host) falls on all of them alike.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 
 import torch
 
-from ..engine.gather import HAVE_TRITON, gather_rows
 from ..engine.kv import KVPool
-from .params import Param, check_positive, resolve, resolve_device, BadInput
+from ..engine.transfer import HostGather, PerRow, Resident, ZeroCopy
+from ..stats import spread
+from .params import BadInput, Param, check_positive, resolve, resolve_device
 
 EXPERIMENT = "probe"
 SPEC = [
     Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
     Param("pool_gib", "float", 0.0, "host pool to gather from (0: 24 GiB on CUDA, 0.25 on CPU)"),
-    Param("repeats", "int", 20, "timed repeats per measurement"),
+    Param("repeats", "int", 20, "timed calls per measurement (interleaved rounds)"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
 ]
 ROW_BYTES, LAYERS, BUDGET = 2048, 12, 2048
+ZERO_COPY_CONFIGS = [(1, 4), (2, 4), (4, 4), (4, 8), (8, 8)]      # (rows per program, warps)
+L2_FLUSH_BYTES = 256 << 20
 
 
-def _timer(dev: torch.device, fn, repeats: int, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-        for _ in range(repeats):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
+def bench(fns: dict, dev: torch.device, repeats: int, rounds: int = 4, flush: bool = False,
+          warmup: int = 3) -> dict[str, list[float]]:
+    """ms per call of each function: `repeats` calls each, in `rounds` interleaved rounds."""
+    for fn in fns.values():
+        for _ in range(warmup):
             fn()
-            e.record()
-            torch.cuda.synchronize()
-            ts.append(s.elapsed_time(e))
-    else:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t0) * 1e3)
-    return sorted(ts)
+    cuda = dev.type == "cuda"
+    scratch = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=dev) if cuda and flush else None
+    per_round = max(1, math.ceil(repeats / rounds))
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    if cuda:
+        torch.cuda.synchronize(dev)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if cuda:
+                ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(per_round)]
+                for s, e in ev:
+                    if scratch is not None:
+                        scratch.zero_()
+                    s.record()
+                    fn()
+                    e.record()
+                torch.cuda.synchronize(dev)
+                out[name] += [s.elapsed_time(e) for s, e in ev]
+            else:
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    fn()
+                    out[name].append((time.perf_counter() - t0) * 1e3)
+    return out
 
 
-def _row(strategy: str, nbytes: int, ts: list[float], **extra) -> dict:
-    med = ts[len(ts) // 2]
+def _row(strategy: str, nbytes: int | None, ts: list[float], **extra) -> dict:
+    t = spread(ts)
     return {"experiment": EXPERIMENT, "status": "ok", "error": None, "strategy": strategy, "bytes": nbytes,
-            "step_ms_median": med, "step_ms_min": ts[0], "step_ms_max": ts[-1], "repeats": len(ts),
-            "gbps": nbytes / med / 1e6, **extra}
+            "step_ms_median": t.median, "step_ms_min": t.min, "step_ms_max": t.max, "repeats": t.n,
+            "gbps": nbytes / t.median / 1e6 if nbytes else None, **extra}
 
 
 def probe_contiguous(dev, repeats, sizes_mib=(1, 8, 48, 256)) -> list[dict]:
@@ -66,8 +89,8 @@ def probe_contiguous(dev, repeats, sizes_mib=(1, 8, 48, 256)) -> list[dict]:
         n = mib << 20
         h = torch.empty(n, dtype=torch.uint8, pin_memory=pin).random_(0, 255)
         d = torch.empty(n, dtype=torch.uint8, device=dev)
-        rows.append(_row("contiguous", n, _timer(dev, lambda: d.copy_(h, non_blocking=True), repeats), size_mib=mib, direction="h2d"))
-        rows.append(_row("contiguous", n, _timer(dev, lambda: h.copy_(d, non_blocking=True), repeats), size_mib=mib, direction="d2h"))
+        ts = bench({"h2d": lambda: d.copy_(h, non_blocking=True), "d2h": lambda: h.copy_(d, non_blocking=True)}, dev, repeats)
+        rows += [_row("contiguous", n, ts[k], size_mib=mib, direction=k) for k in ("h2d", "d2h")]
         del h, d
     return rows
 
@@ -76,78 +99,109 @@ def probe_pageable(dev, repeats) -> list[dict]:
     n = 256 << 20
     h = torch.empty(n, dtype=torch.uint8).random_(0, 255)
     d = torch.empty(n, dtype=torch.uint8, device=dev)
-    return [_row("pageable", n, _timer(dev, lambda: d.copy_(h), max(3, repeats // 4)), size_mib=256, direction="h2d")]
+    ts = bench({"pageable": lambda: d.copy_(h)}, dev, max(4, repeats // 2))
+    return [_row("pageable", n, ts["pageable"], size_mib=256, direction="h2d")]
 
 
-def probe_gathers(dev, pool_gib: float, repeats: int, which=("per_row", "host_gather", "zero_copy", "hbm_gather")) -> list[dict]:
+def _step(strategy, pool: KVPool, idx: torch.Tensor, dst: torch.Tensor, layers: int = LAYERS):
+    """One decode step's loads, layer by layer, as the engine issues them."""
+    def run():
+        for layer in range(layers):
+            strategy.load(pool, layer, idx[layer], dst[layer])
+    return run
+
+
+def probe_gathers(dev, pool_gib: float, repeats: int,
+                  which=("per_row", "host_gather", "zero_copy", "hbm_gather")) -> list[dict]:
     out = []
     W = ROW_BYTES // 8
-    n_rows = max(BUDGET, int(pool_gib * 2**30) // (LAYERS * ROW_BYTES))
-    pool = KVPool("host", LAYERS, n_rows // 256, 256, ROW_BYTES, dev)    # pinned (registered) on CUDA
+    rows_per_layer = max(BUDGET, int(pool_gib * 2**30) // (LAYERS * ROW_BYTES)) // 256 * 256
+    pool = KVPool("host", LAYERS, rows_per_layer // 256, 256, ROW_BYTES, dev)    # pinned (registered) on CUDA
     pool.fill_random_(0)
     R = pool.data.shape[1]
     g = torch.Generator().manual_seed(1)
     idx = torch.stack([torch.randperm(R, generator=g)[:BUDGET].sort().values for _ in range(LAYERS)])  # [L, B]
-    flat = (idx + torch.arange(LAYERS)[:, None] * R).reshape(-1)            # rows of the [L*R, W] view
-    idx_d = flat.to(dev)
-    src = pool.data.view(-1, W)
-    dst = torch.empty((LAYERS * BUDGET, W), dtype=torch.int64, device=dev)
+    idx_d = idx.to(dev)
+    dst = torch.empty((LAYERS, BUDGET, W), dtype=torch.int64, device=dev)
     step = LAYERS * BUDGET * ROW_BYTES
-    ref = src[flat]
+    ref = torch.stack([pool.data[layer][idx[layer]] for layer in range(LAYERS)])
     extra = {"pool_bytes": pool.nbytes}
-    if "per_row" in which:
-        def per_row():   # one layer's rows, one copy each (the full step would take ~0.4 s)
-            for j, r in enumerate(idx[0].tolist()):
-                dst[j].copy_(src[r], non_blocking=True)
-        out.append(_row("per_row", BUDGET * ROW_BYTES, _timer(dev, per_row, 3, warmup=1), **extra))
+
+    def correct() -> bool:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        ok = bool(torch.equal(dst.cpu(), ref))
+        dst.fill_(-1)
+        return ok
+
+    if "per_row" in which:   # one layer's rows, one copy each (the full step would take ~0.4 s)
+        dst.fill_(-1)
+        ts = bench({"per_row": _step(PerRow(), pool, idx, dst, layers=1)}, dev, 3, rounds=1, warmup=1)
+        out.append(_row("per_row", BUDGET * ROW_BYTES, ts["per_row"], correct=bool(torch.equal(dst[0].cpu(), ref[0])), **extra))
     if "host_gather" in which:
-        stage = torch.empty((LAYERS * BUDGET, W), dtype=torch.int64, pin_memory=dev.type == "cuda")
         saved = torch.get_num_threads()
-        for th in sorted({1, 4, os.cpu_count() or 1}):
-            torch.set_num_threads(th)
-            def host_gather():
-                torch.index_select(src, 0, flat, out=stage)
-                dst.copy_(stage, non_blocking=True)
-            out.append(_row("host_gather", step, _timer(dev, host_gather, max(5, repeats // 2)), threads=th, **extra))
+        threads = sorted({1, 4, os.cpu_count() or 1})
+        strats = {th: HostGather(threads=th) for th in threads}
+        ts = bench({th: _step(st, pool, idx, dst) for th, st in strats.items()}, dev, max(8, repeats // 2))
+        ok = correct()                # the last call's bytes (every variant writes the same rows)
+        out += [_row("host_gather", step, ts[th], threads=th, correct=ok, **extra) for th in threads]
         torch.set_num_threads(saved)
     if "zero_copy" in which:
-        variants = [(1, 4), (2, 4), (4, 4), (4, 8), (8, 8)] if dev.type == "cuda" else [(4, 4)]
-        for rpp, nw in variants:
-            if dev.type == "cuda" or HAVE_TRITON:
-                dst.fill_(-1)
-                ts = _timer(dev, lambda: gather_rows(src, idx_d, dst, rows_per_prog=rpp, num_warps=nw), repeats)
-                ok = bool(torch.equal(dst.cpu(), ref))
-                out.append(_row("zero_copy", step, ts, rows_per_prog=rpp, num_warps=nw, correct=ok, **extra))
+        configs = ZERO_COPY_CONFIGS if dev.type == "cuda" else [(4, 4)]
+        strats = {c: ZeroCopy(*c) for c in configs}
+        ts = bench({c: _step(st, pool, idx_d, dst) for c, st in strats.items()}, dev, repeats)
+        for c, st in strats.items():
+            _step(st, pool, idx_d, dst)()
+            out.append(_row("zero_copy", step, ts[c], rows_per_prog=c[0], num_warps=c[1], correct=correct(), **extra))
     if "hbm_gather" in which and dev.type == "cuda":
-        dpool = torch.empty((LAYERS * min(R, 1 << 16), W), dtype=torch.int64, device=dev).random_()
-        didx = (idx_d % dpool.shape[0])
-        out.append(_row("hbm_gather", step, _timer(dev, lambda: gather_rows(dpool, didx, dst), repeats), **extra))
+        dpool = KVPool("device", LAYERS, min(R, 1 << 16) // 256, 256, ROW_BYTES, dev)
+        dpool.fill_random_(2)
+        didx = idx_d % dpool.data.shape[1]
+        ts = bench({"hbm": _step(Resident(), dpool, didx, dst)}, dev, repeats, flush=True)
+        out.append(_row("hbm_gather", step, ts["hbm"], **extra))
         del dpool
     del pool
     return out
 
 
-def probe_indexer(dev, repeats, contexts=(65536, 1 << 20), budget=BUDGET) -> list[dict]:
-    """Where a QSA layer's selection time goes as context grows: the fused index-score pass over
-    66 B/token fp8 keys, and the exact top-k over the scores (one request, one layer)."""
-    from ..engine.indexer import index_scores, select_topk
+def hbm_read_gbps(dev: torch.device, gib: float = 2.0, repeats: int = 20) -> dict:
+    """Contiguous read bandwidth of device memory (a sum over `gib` of bf16, L2 flushed before each
+    call): the denominator of the weight-streaming roofline."""
+    x = torch.ones(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=dev)
+    ts = bench({"read": lambda: x.sum(dtype=torch.float32)}, dev, repeats, flush=True)
+    n = x.numel() * 2
+    del x
+    return _row("hbm_read", n, ts["read"])
+
+
+def probe_selection(dev, repeats, contexts=(8 << 10, 64 << 10, 256 << 10, 1 << 20), batches=(1, 4, 16),
+                    budget=BUDGET, index_dim=64, index_heads=4) -> list[dict]:
+    """One QSA layer's selection: score (66 B/token fp8 keys), our select, torch.topk + sort, both."""
+    from ..engine.indexer import index_scores
     from ..engine.kv import quantize_index_keys
+    from ..engine.select import select_topk, select_topk_torch
     out = []
     g = torch.Generator(device=dev).manual_seed(0)
-    for n in contexts:
-        k8, sc = quantize_index_keys(torch.randn(1, n, 64, generator=g, device=dev))
-        q = torch.randn(1, 4, 64, generator=g, device=dev).to(torch.bfloat16)
-        w = torch.randn(1, 4, generator=g, device=dev).to(torch.bfloat16)
-        lens = torch.tensor([n], device=dev)
-        ts = _timer(dev, lambda: index_scores(q, w, k8, sc, lens), repeats)
-        out.append(_row("indexer_score", n * 66, ts, context_len=n))
-        scores = index_scores(q, w, k8, sc, lens)
-        ts = _timer(dev, lambda: select_topk(scores, budget), repeats)
-        out.append(_row("topk", n * 4, ts, context_len=n, budget=budget))
+    for B in batches:
+        for n in contexts:
+            k8, sc = quantize_index_keys(torch.randn(B, n, index_dim, generator=g, device=dev))
+            q = torch.randn(B, index_heads, index_dim, generator=g, device=dev).to(torch.bfloat16)
+            w = torch.randn(B, index_heads, generator=g, device=dev).to(torch.bfloat16)
+            lens = torch.full((B,), n, device=dev)
+            scores = index_scores(q, w, k8, sc, lens)
+            k = min(budget, n)
+            ts = bench({"index_score": lambda: index_scores(q, w, k8, sc, lens),
+                        "select": lambda: select_topk(scores, k),
+                        "topk_sort": lambda: select_topk_torch(scores, k),
+                        "score_select": lambda: select_topk(index_scores(q, w, k8, sc, lens), k)}, dev, repeats)
+            for name, t in ts.items():
+                out.append(_row(name, None, t, context_len=n, concurrency=B, budget=k))
+            del k8, sc, scores
     return out
 
 
-def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, gathers=None) -> list[dict]:
+def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, gathers=None,
+              selection: bool = True) -> list[dict]:
     dev = resolve_device(device)
     check_positive("repeats", [repeats])
     if pool_gib < 0:
@@ -155,7 +209,11 @@ def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, ga
     pool_gib = pool_gib or (24.0 if dev.type == "cuda" else 0.25)
     rows = probe_contiguous(dev, repeats) + probe_pageable(dev, repeats)
     rows += probe_gathers(dev, pool_gib, repeats, **({} if gathers is None else {"which": gathers}))
-    rows += probe_indexer(dev, repeats, contexts=(65536, 1 << 20) if dev.type == "cuda" else (4096,))
+    if dev.type == "cuda":
+        rows.append(hbm_read_gbps(dev))
+    if selection:
+        rows += probe_selection(dev, repeats, **({} if dev.type == "cuda" else
+                                                 {"contexts": (4096,), "batches": (1,), "budget": 64}))
     return rows
 
 
@@ -166,7 +224,6 @@ def run(given: dict, progress_bar: bool = True):
     p = resolve(SPEC, given, EXPERIMENT)
     dev = resolve_device(p["device"])
     run = Run.create(p["out_dir"] or None, EXPERIMENT, p)
-    tel = Sampler(gpus=[dev.index or 0] if dev.type == "cuda" else []).start()
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": "qwen3.8-flash-next"}
     try:
         for r in run_probe(p["device"], p["pool_gib"], p["repeats"]):
@@ -174,6 +231,12 @@ def run(given: dict, progress_bar: bool = True):
     except Exception as ex:
         from .params import one_line
         run.add({**base, "experiment": EXPERIMENT, "status": "failed", "error": one_line(ex)})
+    # The NVML sampler runs after the timed probes, not beside them (its thread competes with the
+    # host-side gathers): a short contiguous copy under it records the link generation under load.
+    tel = Sampler(gpus=[dev.index or 0] if dev.type == "cuda" else []).start()
+    try:
+        if dev.type == "cuda":
+            probe_contiguous(dev, 8, sizes_mib=(256,))
     finally:
         tel.stop()
         run.write_table("telemetry", tel.frame())

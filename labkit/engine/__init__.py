@@ -1,6 +1,16 @@
-"""The offload engine: KV placement (kv.py), transfer strategies (transfer.py), indexer, attention,
-layers and the hybrid decoder (model.py)."""
-from .model import Engine, HybridModel, OffloadCache
-from .transfer import STRATEGIES, get_strategy
+"""The offload engine, one module per concern:
 
-__all__ = ["Engine", "HybridModel", "OffloadCache", "STRATEGIES", "get_strategy"]
+- `shapes` (package level) -> `model.py`: weights and the block pieces (HybridModel, block_fns)
+- `kv.py`: where bytes live (KV pool, page table, index keys); `cache.py`: OffloadCache and its one write path
+- `transfer.py`: how selected rows reach the attention (strategies, `LoadResult`)
+- `indexer.py` (scores), `select.py` (top-k), `attention.py`, `layers.py`, `gather.py` (kernels)
+- `engine.py`: Engine, the one block forward shared by prefill and decode
+- `runner.py`: DecodeRunner, CUDA graphs, what moved per step and the step anatomy
+- `pipeline.py`: layers split over several devices
+"""
+from .cache import OffloadCache
+from .engine import Engine
+from .model import HybridModel
+from .transfer import STRATEGIES, LoadResult, get_strategy
+
+__all__ = ["Engine", "HybridModel", "LoadResult", "OffloadCache", "STRATEGIES", "get_strategy"]

@@ -42,9 +42,3 @@ def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
         og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias)
         out[:, g * group:(g + 1) * group] = og[0].transpose(0, 1)
     return out
-
-
-def dense_reference_attention(q: torch.Tensor, rows: torch.Tensor, n_kv: int) -> torch.Tensor:
-    """Decode attention of q [B, Hq, D] over *all* rows [B, n, row] (the budget >= context check)."""
-    valid = torch.ones(rows.shape[:2], dtype=torch.bool, device=rows.device)
-    return sparse_decode_attention(q, rows, valid, n_kv)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import torch
 
-try:
+from .gather import HAVE_TRITON
+
+if HAVE_TRITON:
     import triton
     import triton.language as tl
-    HAVE_TRITON = True
-except Exception:  # pragma: no cover
-    HAVE_TRITON = False
 
 NEG_INF = float("-inf")
 
@@ -67,14 +66,3 @@ def index_scores_reference(q, w, keys, scales, lens):
     s = torch.bmm(s, w.to(torch.float32).unsqueeze(-1)).squeeze(-1) * scales.to(torch.float32)
     pos = torch.arange(cap, device=keys.device)
     return s.masked_fill(pos[None, :] >= lens[:, None], NEG_INF)
-
-
-def select_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k positions per row, sorted ascending (friendlier gathers), and which of them are real
-    (fewer than k tokens written -> the rest are -inf and masked in attention)."""
-    vals, pos = torch.topk(scores, k, dim=-1, sorted=False)
-    pos, order = torch.sort(pos, dim=-1)
-    valid = torch.gather(vals, -1, order) > NEG_INF
-    # Unwritten positions point at row 0 instead: their bytes are still moved (k rows a step) but are
-    # real, finite data, so the masked softmax weight 0 never meets a NaN from uninitialised memory.
-    return torch.where(valid, pos, torch.zeros_like(pos)), valid

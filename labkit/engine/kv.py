@@ -73,10 +73,6 @@ class KVPool:
         self.pinned = True
         weakref.finalize(self, rt.cudaHostUnregister, ptr)
 
-    def rows_bf16(self, layer: int) -> torch.Tensor:
-        """The layer's rows as bf16 values `[rows, 2 * kv_heads * head_dim]` (K first, then V)."""
-        return self.data[layer].view(torch.bfloat16)
-
     def fill_random_(self, seed: int) -> None:
         """Seeded random rows of moderate magnitude (decode time does not depend on values; never zeros)."""
         dev = self.data.device
@@ -114,10 +110,6 @@ class PageTable:
             new, self.free = self.free[:need], self.free[need:]
             self.pages[slot].extend(new)
             self.table[slot, :len(self.pages[slot])] = torch.tensor(self.pages[slot], dtype=torch.int64)
-
-    def release(self, slot: int) -> None:
-        self.free.extend(self.pages[slot])
-        self.pages[slot] = []
 
     def rows(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Physical rows of `positions` [B, ...] for request `slots` [B] (device tensors, no sync)."""
@@ -171,12 +163,20 @@ class IndexKeyCache:
             self.scales[layer].uniform_(0.5, 1.5, generator=g)
 
 
-FP8_MAX = 448.0
+FP8_MAX = 448.0            # largest finite float8_e4m3fn
+SCALE_MIN = 2.0 ** -14     # smallest normal fp16: an all-zero key keeps a finite, exact scale
 
 
 def quantize_index_keys(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token symmetric fp8 quantization: `k ≈ q.float() * scale` with one fp16 scale per token."""
-    amax = k.abs().amax(dim=-1).float().clamp_min(1e-6)
-    scale = (amax / FP8_MAX)
-    q = (k.float() / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, scale.to(torch.float16)
+    """Per-token symmetric fp8: `k ≈ q.float() * scale`, q [..., D] float8_e4m3fn, scale [...] fp16.
+
+    The one quantiser of index keys (the engine's cache and the quality lab's real-model indexer). The
+    scale is rounded to fp16 *before* dividing, so dequantising with the stored scale is consistent."""
+    amax = k.abs().amax(dim=-1).float()
+    scale = (amax / FP8_MAX).clamp_min(SCALE_MIN).to(torch.float16)
+    q = (k.float() / scale.float().unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def dequantize_index_keys(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale.float().unsqueeze(-1)

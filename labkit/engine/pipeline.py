@@ -16,13 +16,17 @@ stages at once); a step runs the stages one after another.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
-from concurrent.futures import ThreadPoolExecutor
+import statistics
 
 import torch
 from torch import nn
 
-from .model import Engine, HybridModel, OffloadCache, block_times_ms
+from .cache import OffloadCache, build_on_devices
+from .engine import Engine
+from .model import HybridModel, kind_index
+from .runner import Marks
 from .transfer import get_strategy
 
 
@@ -40,9 +44,10 @@ class StageModel(nn.Module):
         self.embed = nn.Parameter(model.embed.detach().to(device), requires_grad=False) if first else None
         self.norm = move(model.norm) if last else None
         self.lm_head = nn.Parameter(model.lm_head.detach().to(device), requires_grad=False) if last else None
-        self.kind_index = [sum(1 for b in self.blocks[:i] if b.kind == blk.kind) for i, blk in enumerate(self.blocks)]
+        self.kind_index = kind_index(self.blocks)
 
     weight_bytes = HybridModel.weight_bytes
+    step_weight_bytes = HybridModel.step_weight_bytes
     n_attn = HybridModel.n_attn
     n_dn = HybridModel.n_dn
 
@@ -87,17 +92,16 @@ def model_block_costs(model: HybridModel, budget: int, link_gbps: float = 25.0, 
 
 
 def measure_block_costs(engine: Engine, batch: int = 1, steps: int = 5) -> list[float]:
-    """Measured per-block time (ms, median over `steps` eager decode steps, transfers included)."""
+    """Measured per-block time (ms, median over `steps` marked eager decode steps, transfers included)."""
     runner = engine.decoder(batch, graphs=False)
     runner.prepare(warmup=1)
     samples = []
     for _ in range(steps):
-        runner.state.marks = []
+        runner.state.marks = Marks(cuda=runner.cuda)
         runner.step()
-        samples.append(block_times_ms(runner.state.marks))
+        samples.append(runner.state.marks.block_durations())
         runner.state.marks = None
-    cols = list(zip(*samples))
-    return [sorted(c)[len(c) // 2] for c in cols]
+    return [statistics.median(c) for c in zip(*samples)]
 
 
 def split_model(model: HybridModel, ranges: list[tuple[int, int]], devices: list, copy_weights: bool = False) -> list[StageModel]:
@@ -124,15 +128,11 @@ class PipelineEngine:
         self.stages = stages
 
         def build(stage: StageModel) -> Engine:
-            # Runs in a thread bound to the stage's device: its pool is allocated and pinned from there.
-            if stage.device.type == "cuda" and stage.device.index is not None:   # "cuda" alone: the current one
-                torch.cuda.set_device(stage.device)
             st = get_strategy(strategy)
             cache = OffloadCache.allocate(stage, st.medium, n_slots, capacity, page_size)
             return Engine(stage, cache, st, budget, compile=compile)
 
-        with ThreadPoolExecutor(max_workers=len(stages)) as ex:
-            self.engines = list(ex.map(build, stages))
+        self.engines = build_on_devices(build, stages)
 
     def prefill(self, slot: int, tokens: torch.Tensor) -> torch.Tensor:
         return staged_prefill(self.engines, slot, tokens)
@@ -160,15 +160,39 @@ class PipelineRunner:
     def h2d_bytes_per_step(self) -> int:
         return sum(r.h2d_bytes_per_step for r in self.runners)
 
+    @property
+    def rows_per_step(self) -> int:
+        return sum(r.rows_per_step for r in self.runners)
+
+    @property
+    def graph_mode(self) -> str:
+        return self.runners[0].graph_mode
+
+    def anatomy(self, repeats: int = 5) -> dict[str, float]:
+        """Per phase, summed over the stages (a step runs them one after another)."""
+        total: dict[str, float] = {}
+        for r in self.runners:
+            with device_guard(r.engine.model.device):
+                for k, v in r.anatomy(repeats).items():
+                    total[k] = total.get(k, 0.0) + v
+        return total
+
     def prepare(self, warmup: int = 2) -> None:
         for r in self.runners:
-            r.prepare(warmup)
+            with device_guard(r.engine.model.device):
+                r.prepare(warmup)
 
     @torch.inference_mode()
     def step(self) -> None:
         rs = self.runners
         for i, r in enumerate(rs):
-            if i > 0:
-                r.state.x_in.copy_(rs[i - 1].state.x_out, non_blocking=True)
-            r.step()
+            with device_guard(r.engine.model.device):     # every launch of a stage on its own GPU
+                if i > 0:
+                    r.state.x_in.copy_(rs[i - 1].state.x_out, non_blocking=True)
+                r.step()
         rs[0].state.tokens.copy_(rs[-1].state.tokens, non_blocking=True)
+
+
+def device_guard(device: torch.device):
+    """The current-device guard of a stage (Triton launches on the current device, not the tensors')."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

@@ -9,15 +9,25 @@ One interface (`TransferStrategy`), four media/mechanisms (DESIGN.md):
 | host_gather | host        | CPU threads gather into pinned staging, then one DMA              | no        |
 | zero_copy   | host        | gather kernel reading mapped pinned host memory over PCIe         | yes       |
 
-`load(pool, layer, rows, out)` fills `out [M, W]` (device, int64 words) with `pool[layer][rows]`;
-`store(pool, layer, rows, values)` writes a decode step's new rows. A *graphable* strategy does only
-device work, so a whole decode step can be captured in one CUDA graph; the others need the selected
-indices on the host, so the step runs as CUDA-graph segments with the load between them.
+Primitives (after vLLM's `kv_offload/abstract.py`):
+- `load(pool, layer, rows, out) -> LoadResult`: fill `out [M, W]` (device, int64 words) with
+  `pool[layer][rows]` and say what crossed the link to do it. Byte counts in run folders are sums of
+  these results, never a formula applied from outside.
+- `store(pool, layer, rows, values)`: write a decode step's new rows.
+- `bind(cache, batch, k)`: called once per decode batch before any load; strategies with device state
+  (slots, indices) allocate it here. The stateless ones need nothing.
+
+A *graphable* strategy does only device work, so a whole decode step can be captured in one CUDA graph;
+the others need the selected indices on the host, so the step runs as CUDA-graph segments with the load
+between them. A strategy's own settings (gather launch configuration, host threads) are constructor
+arguments, named in `SETTINGS`, and sweep parameters (`labkit run decode -p gather_rows_per_prog=8`).
 Every strategy must produce the same bytes as `resident` for the same rows (tests check it).
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
@@ -25,38 +35,66 @@ from .gather import gather_rows, scatter_rows
 from .kv import KVPool
 
 
+@dataclass(frozen=True)
+class LoadResult:
+    """What one `load` moved: rows delivered to the attention, and the bytes of them that crossed the
+    host link (0 for device-resident rows). `h2d_bytes` may be a 0-d device tensor when it depends on
+    data the host does not see (a cache's misses); it is then read after the timed steps."""
+    rows: int
+    h2d_bytes: int | torch.Tensor
+
+
 class TransferStrategy(ABC):
     name: str
     medium: str          # where the KV pool lives: "device" or "host"
     graphable: bool
 
+    def bind(self, cache, batch: int, k: int) -> None:
+        """Per decode batch, before the first load (device state is allocated here)."""
+
     @abstractmethod
-    def load(self, pool: KVPool, layer: int, rows: torch.Tensor, out: torch.Tensor) -> None: ...
+    def load(self, pool: KVPool, layer: int, rows: torch.Tensor, out: torch.Tensor) -> LoadResult: ...
 
     def store(self, pool: KVPool, layer: int, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Write the step's new rows (one per request, 2 KiB each for the reference shape). Every
         strategy does it with the scatter kernel: on CUDA the GPU writes straight into mapped host
         memory (or device memory for `resident`), so the write stays inside the captured graph and
-        needs no host sync; it is D2H traffic and not counted in `h2d_bytes`."""
+        needs no host sync; it is D2H traffic, not part of a `LoadResult`."""
         scatter_rows(values, rows, pool.data[layer])
 
-    def h2d_bytes(self, n_rows: int, row_bytes: int) -> int:
-        """Bytes this strategy moves host->device to load `n_rows` rows (engine-counted)."""
-        return 0 if self.medium == "device" else n_rows * row_bytes
+    def settings(self) -> dict:
+        """This strategy's own settings, as recorded beside each measured point."""
+        return {}
+
+    def _moved(self, pool: KVPool, rows: torch.Tensor) -> LoadResult:
+        n = rows.numel()
+        return LoadResult(n, 0 if pool.medium == "device" else n * pool.row_bytes)
 
 
-class Resident(TransferStrategy):
-    name, medium, graphable = "resident", "device", True
+class KernelGather(TransferStrategy):
+    """The Triton gather kernel; its launch configuration is this strategy's setting."""
+    graphable = True
+
+    def __init__(self, rows_per_prog: int = 4, num_warps: int = 4):
+        if rows_per_prog <= 0 or num_warps <= 0 or num_warps & (num_warps - 1):
+            raise ValueError(f"{self.name}: rows_per_prog must be > 0 and num_warps a power of two, "
+                             f"got {rows_per_prog}, {num_warps}")
+        self.rows_per_prog, self.num_warps = rows_per_prog, num_warps
 
     def load(self, pool, layer, rows, out):
-        gather_rows(pool.data[layer], rows, out)
+        gather_rows(pool.data[layer], rows, out, rows_per_prog=self.rows_per_prog, num_warps=self.num_warps)
+        return self._moved(pool, rows)
+
+    def settings(self):
+        return {"gather_rows_per_prog": self.rows_per_prog, "gather_num_warps": self.num_warps}
 
 
-class ZeroCopy(TransferStrategy):
-    name, medium, graphable = "zero_copy", "host", True
+class Resident(KernelGather):
+    name, medium = "resident", "device"
 
-    def load(self, pool, layer, rows, out):
-        gather_rows(pool.data[layer], rows, out)      # GPU threads read mapped pinned host memory
+
+class ZeroCopy(KernelGather):
+    name, medium = "zero_copy", "host"     # GPU threads read mapped pinned host memory
 
 
 class PerRow(TransferStrategy):
@@ -66,16 +104,23 @@ class PerRow(TransferStrategy):
         src = pool.data[layer]
         for j, r in enumerate(rows.tolist()):       # one copy per row: what per-block transfers do
             out[j].copy_(src[r], non_blocking=True)
+        return self._moved(pool, rows)
 
 
 class HostGather(TransferStrategy):
+    """CPU threads gather the rows into one of two pinned staging buffers, then one DMA."""
     name, medium, graphable = "host_gather", "host", False
 
-    def __init__(self, threads: int | None = None):
-        self.threads = threads
+    def __init__(self, threads: int = 0):
+        if threads < 0:
+            raise ValueError(f"host_gather: threads must be >= 0 (0: all cores), got {threads}")
+        self.threads = threads or os.cpu_count() or 1
         self._stage: dict[tuple, list[torch.Tensor]] = {}
         self._turn = 0
         self._events: list = [None, None]
+
+    def settings(self):
+        return {"host_threads": self.threads}
 
     def _staging(self, shape, dtype) -> tuple[torch.Tensor, int]:
         bufs = self._stage.get((shape, dtype))
@@ -86,7 +131,7 @@ class HostGather(TransferStrategy):
         return bufs[self._turn], self._turn
 
     def load(self, pool, layer, rows, out):
-        if self.threads:
+        if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
         idx = rows.to("cpu")
         stage, turn = self._staging(tuple(out.shape), out.dtype)
@@ -100,13 +145,27 @@ class HostGather(TransferStrategy):
             ev = torch.cuda.Event()
             ev.record()
             self._events[turn] = ev
+        return self._moved(pool, rows)
 
 
 STRATEGIES: dict[str, type[TransferStrategy]] = {
     "resident": Resident, "per_row": PerRow, "host_gather": HostGather, "zero_copy": ZeroCopy}
 
+# Sweep parameter -> (strategies it applies to, constructor argument).
+SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "gather_rows_per_prog": (("resident", "zero_copy"), "rows_per_prog"),
+    "gather_num_warps": (("resident", "zero_copy"), "num_warps"),
+    "host_threads": (("host_gather",), "threads"),
+}
 
-def get_strategy(name: str) -> TransferStrategy:
+
+def get_strategy(name: str, **settings) -> TransferStrategy:
+    """A strategy by name; `settings` uses the sweep's names (`SETTINGS`), those that do not apply to
+    this strategy are ignored, so one dict of sweep settings serves every strategy of a sweep."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}: choose from {', '.join(STRATEGIES)}")
-    return STRATEGIES[name]()
+    unknown = set(settings) - set(SETTINGS)
+    if unknown:
+        raise ValueError(f"unknown strategy setting {sorted(unknown)[0]!r}: choose from {', '.join(SETTINGS)}")
+    kw = {arg: settings[key] for key, (names, arg) in SETTINGS.items() if key in settings and name in names}
+    return STRATEGIES[name](**kw)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-FP8_MAX = 448.0  # float8_e4m3fn
+from ..engine.kv import dequantize_index_keys, quantize_index_keys
+
 
 
 def _group_query(query: torch.Tensor, n_kv: int) -> torch.Tensor:
@@ -38,14 +39,14 @@ def _cat_keys(key: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row fp8 e4m3 values + fp16 scale (the stored 66-byte key)."""
-    scale = (x.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(1e-8).half()
-    vals = (x / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return vals, scale
+    """Per-row fp8 e4m3 values + fp16 scale (the stored 66-byte key): the engine's quantiser, with the
+    scale kept as a trailing dimension for broadcasting here."""
+    vals, scale = quantize_index_keys(x)
+    return vals, scale.unsqueeze(-1)
 
 
 def dequantize_fp8(vals: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return vals.float() * scale.float()
+    return dequantize_index_keys(vals, scale.squeeze(-1))
 
 
 @dataclass

@@ -1,0 +1,108 @@
+"""OffloadCache: the per-request state of a batch of slots, and its one write path.
+
+    cache = OffloadCache.allocate(model, "host", n_slots, capacity)
+    cache.write(layer, slots, positions, kv_rows, index_keys, index_scales, strategy)
+
+Holds the paged KV pool (host or device, `kv.KVPool`), its page table, the device index keys, and the
+DeltaNet states. Every K/V row and index key the engine produces (a prompt chunk's thousands of
+tokens or a decode step's one per request) enters through `write`, which translates positions to
+pool rows on the device and lets the transfer strategy store the rows (so a strategy that mirrors rows
+elsewhere, a hot cache say, sees every write).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kv import WORD, IndexKeyCache, KVPool, PageTable
+from .layers import dn_state_shapes
+
+
+@dataclass
+class OffloadCache:
+    pool: KVPool
+    pages: PageTable
+    index: IndexKeyCache
+    dn_state: torch.Tensor      # [n_dn, S, H, dk, dv] fp32
+    dn_conv: torch.Tensor       # [n_dn, S, C, K-1]
+    lens: torch.Tensor          # [S] int64 on the device: tokens written per slot
+
+    @classmethod
+    def allocate(cls, model, medium: str, n_slots: int, capacity: int, page_size: int = 256) -> "OffloadCache":
+        s, dev = model.shape, model.device
+        pages_per_slot = -(-capacity // page_size)
+        pool = KVPool(medium, model.n_attn, n_slots * pages_per_slot, page_size, s.row_bytes, dev)
+        pages = PageTable(pool.n_pages, page_size, n_slots, pages_per_slot, dev)
+        index = IndexKeyCache.allocate(model.n_attn, n_slots, pages_per_slot * page_size, s.index_dim, dev)
+        st, cv = dn_state_shapes(s)
+        n_dn = model.n_dn
+        return cls(pool, pages, index, torch.zeros((n_dn, n_slots) + st, dtype=torch.float32, device=dev),
+                   torch.zeros((n_dn, n_slots) + cv, dtype=model.dtype, device=dev),
+                   torch.zeros(n_slots, dtype=torch.int64, device=dev))
+
+    @property
+    def n_slots(self) -> int:
+        return self.lens.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.index.capacity
+
+    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, kv_rows: torch.Tensor,
+              keys: torch.Tensor, scales: torch.Tensor, strategy) -> None:
+        """Store N tokens' K/V rows [N, row] (bf16) and index keys [N, D] fp8 + scales [N] of QSA
+        `layer`, for request `slots` [N] at `positions` [N] (device tensors; no host sync, so a decode
+        step's write stays inside its CUDA graph). Pages must have been reserved."""
+        rows = self.pages.rows(slots, positions)
+        strategy.store(self.pool, layer, rows, kv_rows.reshape(rows.shape[0], -1).view(torch.int64))
+        flat = slots * self.capacity + positions
+        self.index.keys[layer].view(torch.uint8).view(-1, keys.shape[-1]).index_copy_(0, flat, keys.view(torch.uint8))
+        self.index.scales[layer].view(-1).index_copy_(0, flat, scales)
+
+    def read_prefix(self, layer: int, slot: int, n: int, out: torch.Tensor) -> torch.Tensor:
+        """Positions [0, n) of a slot's K/V rows into `out [>= n, W]` on the compute device, one copy
+        per contiguous run of pages (the whole prefix a dense prefill chunk attends to)."""
+        for p, r, m in self.pages.runs(slot, 0, n):
+            out[p:p + m].copy_(self.pool.data[layer, r:r + m], non_blocking=True)
+        return out[:n]
+
+    def row_words(self) -> int:
+        return self.pool.row_bytes // WORD
+
+    def device_bytes(self) -> dict:
+        on_dev = self.pool.medium == "device"
+        return {"device_kv_bytes": self.pool.nbytes if on_dev else 0,
+                "device_index_bytes": self.index.nbytes,
+                "device_state_bytes": self.dn_state.numel() * 4 + self.dn_conv.numel() * self.dn_conv.element_size(),
+                "host_kv_bytes": 0 if on_dev else self.pool.nbytes}
+
+    def fill_random_(self, context_lens: list[int], seed: int = 0) -> None:
+        """Stand in for a prefill of `context_lens[i]` tokens in slot i: seeded random rows, index keys
+        and DeltaNet states (decode time does not depend on the values)."""
+        for slot, n in enumerate(context_lens):
+            self.pages.reserve(slot, self.capacity)
+        self.pool.fill_random_(seed)
+        self.index.fill_random_(seed + 1)
+        g = torch.Generator(device=self.dn_state.device).manual_seed(seed + 2)
+        self.dn_state.normal_(0, 0.02, generator=g)
+        self.dn_conv.normal_(0, 1.0, generator=g)
+        self.lens.copy_(torch.tensor(context_lens, dtype=torch.int64))
+
+
+def build_on_devices(fn, items: list, device_of=lambda item: item.device) -> list:
+    """`fn(item)` for each item (a pipeline stage, say), each in a thread bound to the item's device
+    (`torch.cuda.set_device`), so what it allocates and page-locks is first touched from there and
+    its pinned pages sit near that GPU's driver thread. One item: called inline, same binding."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def bound(item):
+        d = torch.device(device_of(item))
+        if d.type == "cuda" and d.index is not None:   # "cuda" alone: the current one
+            torch.cuda.set_device(d)
+        return fn(item)
+
+    if len(items) == 1:
+        return [bound(items[0])]
+    with ThreadPoolExecutor(len(items)) as ex:
+        return list(ex.map(bound, items))

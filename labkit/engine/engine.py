@@ -1,0 +1,204 @@
+"""Engine: chunked prefill and the batched decode step, both through one block forward.
+
+    engine = Engine(model, cache, get_strategy("zero_copy"), budget=2048)
+    engine.prefill(slot, tokens)             # K/V rows to the pool, index keys to the device
+    runner = engine.decoder(batch=4)         # runner.py: static buffers, CUDA graphs where they fit
+    runner.step()                            # one token for each of the 4 requests
+
+`Engine.block` is the one composition of a block. It is a generator: a QSA block's attention is
+`yield from io.attend(...)`, and the decode step's attention yields a `LoadRequest` (the selected rows
+of that layer) at exactly the point where a runner must move them, or a scheduler may switch to other
+work while they travel. Prefill's attention (dense, over the prefix read back from the pool) yields
+nothing. Requests in one decode batch may have different lengths.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from .attention import dense_prefill_attention, split_rows
+from .cache import OffloadCache
+from .indexer import index_scores
+from .model import block_fns
+from .select import select_topk
+from .transfer import TransferStrategy
+
+
+@dataclass
+class LoadRequest:
+    layer: int                 # QSA layer (pool layer)
+    rows: torch.Tensor         # [B*k] physical rows to load
+    out: torch.Tensor          # [B*k, W] int64 staging on the compute device
+
+
+class _NoMarks:
+    def mark(self, phase: str, new_block: bool = False) -> None:
+        pass
+
+
+NO_MARKS = _NoMarks()
+
+
+class Engine:
+    def __init__(self, model, cache: OffloadCache, strategy: TransferStrategy, budget: int,
+                 prefill_chunk: int = 8192, compile: bool | None = None):
+        if budget <= 0:
+            raise ValueError(f"budget must be > 0, got {budget}")
+        if (cache.pool.medium == "device") != (strategy.medium == "device"):
+            raise ValueError(f"strategy {strategy.name} needs a {strategy.medium} pool, cache has {cache.pool.medium}")
+        self.model, self.cache, self.strategy, self.budget = model, cache, strategy, budget
+        self.prefill_chunk = prefill_chunk
+        self.fns = block_fns(model.device.type == "cuda" if compile is None else compile)
+        self._eager_fns = block_fns(False)      # prefill: every chunk a new shape, nothing to reuse
+
+    # ------------------------------------------------------------------ the block
+    def block(self, blk, ki: int, x: torch.Tensor, pos: torch.Tensor, io):
+        """x [N, hidden] at positions pos [N] -> x after the block. `io` says how attention and the
+        DeltaNet state are reached (prefill: one request's chunk; decode: a batch, one token each)
+        and where the anatomy's phase lines fall."""
+        f, mark = io.fns, io.mark
+        if blk.kind == "dn":
+            mark("deltanet", new_block=True)
+            x = io.deltanet(blk, ki, x)
+        else:
+            mark("weights", new_block=True)
+            q, gate, kv_row, k8, sc, iq, iw = f.qsa_pre(blk, x, pos)
+            mark("other")
+            self.cache.write(ki, io.slots, pos, kv_row, k8, sc, self.strategy)
+            att = yield from io.attend(ki, q, iq, iw, pos)
+            mark("weights")
+            x = f.qsa_out(blk, x, att, gate)
+        mark("weights")
+        return f.ffn_residual(blk, x)
+
+    # ------------------------------------------------------------------ prefill
+    @torch.inference_mode()
+    def prefill(self, slot: int, tokens: torch.Tensor | None, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Run a prompt through the model in chunks; K/V rows go to the pool, index keys to the device.
+        Returns the last token's logits; a pipeline stage without the head returns the hidden states
+        of all tokens instead, and one without the embedding takes them as `hidden` [T, hidden]."""
+        m, c = self.model, self.cache
+        T = tokens.numel() if hidden is None else hidden.shape[0]
+        if T > c.capacity:
+            raise ValueError(f"prompt of {T} tokens exceeds the cache capacity {c.capacity}")
+        c.pages.reserve(slot, T)
+        io = _PrefillIO(self, slot, T)
+        outs, x = [], None
+        for a in range(0, T, self.prefill_chunk):
+            e = min(T, a + self.prefill_chunk)
+            pos = torch.arange(a, e, device=m.device)
+            io.begin_chunk(a, e)
+            x = m.embed[tokens[a:e]] if m.embed is not None else hidden[a:e]
+            for blk, ki in zip(m.blocks, m.kind_index):
+                x = _run(self.block(blk, ki, x, pos, io))
+            if m.lm_head is None:
+                outs.append(x)
+        c.lens[slot] = T
+        return m.norm(x[-1:]) @ m.lm_head if m.lm_head is not None else torch.cat(outs)
+
+    # ------------------------------------------------------------------ decode
+    def decode_segments(self, st):
+        """One decode step for slots [0, B) of a `runner.DecodeState`: yields a LoadRequest at each QSA layer."""
+        m, c = self.model, self.cache
+        pos = c.lens[:st.batch].clone()
+        io = _DecodeIO(self, st)
+        x = m.embed[st.tokens] if m.embed is not None else st.x_in
+        for blk, ki in zip(m.blocks, m.kind_index):
+            x = yield from self.block(blk, ki, x, pos, io)
+        st.mark("head")
+        if m.lm_head is None:          # a pipeline stage: hand the activations to the next one
+            st.x_out.copy_(x)
+        else:
+            logits = m.norm(x) @ m.lm_head
+            st.logits.copy_(logits)
+            st.tokens.copy_(logits.argmax(-1))
+        c.lens[:st.batch] += 1
+        if st.trace is not None:
+            st.trace_step.copy_((st.trace_step + 1) % st.trace.shape[0])
+        st.mark("end")
+
+    def decoder(self, batch: int, graphs: bool | None = None, trace: torch.Tensor | None = None,
+                max_steps: int = 1024):
+        """A runner for slots [0, batch) as they are now; it may take up to `max_steps` steps."""
+        from .runner import DecodeRunner
+        return DecodeRunner(self, batch, graphs, trace, max_steps)
+
+
+def _run(gen):
+    """Drive a block generator that must not yield (prefill) to its return value."""
+    try:
+        req = next(gen)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError(f"prefill attention yielded a load request for layer {req.layer}")
+
+
+class _PrefillIO:
+    """Prefill of one request: a chunk's tokens attend densely to the whole prefix so far, read back
+    from the pool (where the chunk's own rows were just written)."""
+
+    def __init__(self, engine: Engine, slot: int, T: int):
+        m = engine.model
+        self.e, self.slot, self.fns, self.mark = engine, slot, engine._eager_fns, NO_MARKS.mark
+        self.prefix = torch.empty((T, engine.cache.row_words()), dtype=torch.int64, device=m.device)
+        self.end, self.slots = 0, None
+
+    def begin_chunk(self, start: int, end: int) -> None:
+        self.end = end
+        self.slots = torch.full((end - start,), self.slot, dtype=torch.int64, device=self.prefix.device)
+
+    def deltanet(self, blk, ki, x):
+        c = self.e.cache
+        return x + blk.mixer.forward_seq(blk.norm1(x), c.dn_state[ki, self.slot], c.dn_conv[ki, self.slot])
+
+    def attend(self, ki, q, iq, iw, pos):
+        s = self.e.model.shape
+        prefix = self.e.cache.read_prefix(ki, self.slot, self.end, self.prefix)
+        k, v = split_rows(prefix.view(torch.bfloat16), s.n_kv_heads, s.head_dim)
+        with _fast_sdpa(q.device):
+            att = dense_prefill_attention(q, k, v)
+        return att
+        yield  # a generator that yields nothing: prefill moves no rows on request
+
+
+class _DecodeIO:
+    """Decode of a batch, one token per request: score every written position, keep the top `k`,
+    yield the rows to load, attend over them."""
+
+    def __init__(self, engine: Engine, st):
+        self.e, self.st, self.fns, self.mark = engine, st, engine.fns, st.mark
+        self.slots = st.slots
+
+    def deltanet(self, blk, ki, x):
+        c, B = self.e.cache, self.st.batch
+        return self.fns.dn_mix(blk, x, c.dn_state[ki, :B], c.dn_conv[ki, :B])
+
+    def attend(self, ki, q, iq, iw, pos):
+        e, st, c, mark = self.e, self.st, self.e.cache, self.mark
+        B, k, W = st.batch, st.k, st.window
+        mark("index_score")
+        scores = index_scores(iq, iw, c.index.keys[ki, :B, :W], c.index.scales[ki, :B, :W], pos + 1)
+        mark("selection")
+        sel, valid = select_topk(scores, k, out=(st.last_sel[ki], st.last_valid[ki]))
+        mark("other")
+        if st.trace is not None:   # replay recorded selections (scaled to this context)
+            # index_select with the step as a 1-element device tensor: plain indexing would .item() (a sync)
+            step_sel = torch.index_select(st.trace, 0, st.trace_step.view(1))[0, ki]
+            sel.copy_(torch.minimum(step_sel.expand(B, k), pos[:, None]))
+            valid.fill_(True)
+        st.rows_buf[ki].copy_(c.pages.rows(st.slots, sel).view(-1))
+        mark("transfer")
+        yield LoadRequest(ki, st.rows_buf[ki], st.staging)
+        mark("attention")
+        rows = st.staging.view(torch.bfloat16).view(B, k, -1)
+        return self.fns.sparse_attention(q, rows, valid, e.model.shape.n_kv_heads)
+
+
+def _fast_sdpa(device: torch.device):
+    """On CUDA forbid SDPA's math fallback: at 248K tokens it would materialise a T x S score matrix."""
+    if device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])

@@ -1,0 +1,234 @@
+"""DecodeRunner: runs decode steps of one batch as fast as the strategy allows, and measures them.
+
+- eager (CPU, or graphs off): the step generator is driven op by op, loads between its segments;
+- one CUDA graph for the whole step when the strategy does only device work (`graphable`);
+- one graph per segment, with the host-side load between replays, for the host strategies (piecewise
+  graphs, as vLLM does around host-side ops).
+
+What moved: every `load` returns a `LoadResult`; the runner keeps those of the last step it ran (for a
+whole-step graph, those of the captured step, which every replay repeats) and sums them
+(`h2d_bytes_per_step`, `rows_per_step`). Nothing here computes bytes from a formula.
+
+Where the time goes (`anatomy`): the engine marks phase boundaries (`weights`, `deltanet`,
+`index_score`, `selection`, `transfer`, `attention`, `head`, `other`) as it composes a step. A second
+graph of the step is captured with a timing event recorded at each boundary (graph event-record
+nodes), replayed a few times, and the time between consecutive events is the time of the phase that
+began at the first. The phases of a step therefore add up to that marked step exactly; how far the
+marks themselves slow it is the anatomy's closure against the unmarked step, reported beside it.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .engine import Engine, LoadRequest
+from .transfer import LoadResult
+
+PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attention", "head", "other")
+
+
+class DecodeState:
+    """Static buffers of one decode batch (fixed addresses so CUDA graphs can replay them)."""
+
+    def __init__(self, engine: Engine, batch: int, trace: torch.Tensor | None, max_steps: int = 1024):
+        c, s, dev = engine.cache, engine.model.shape, engine.model.device
+        if batch > c.n_slots:
+            raise ValueError(f"batch {batch} exceeds the cache's {c.n_slots} slots")
+        self.batch = batch
+        # The indexer scores positions [0, window): the batch's longest request now plus the steps this
+        # runner may take, not the whole cache capacity (a 1M-token cache would cost every step a
+        # 1M-position scan even at 8K of context). Read once here: no sync inside a step.
+        longest = int(c.lens[:batch].max())
+        self.window = min(c.capacity, longest + max_steps)
+        self.k = min(engine.budget, self.window)
+        self.slots = torch.arange(batch, device=dev)
+        self.tokens = torch.randint(0, s.vocab, (batch,), generator=torch.Generator().manual_seed(batch)).to(dev)
+        self.staging = torch.empty((batch * self.k, c.row_words()), dtype=torch.int64, device=dev)
+        n_attn = engine.model.n_attn
+        self.rows_buf = torch.zeros((n_attn, batch * self.k), dtype=torch.int64, device=dev)
+        # this step's selection per QSA layer, written in place by the selection kernel
+        self.last_sel = torch.zeros((n_attn, batch, self.k), dtype=torch.int64, device=dev)
+        self.last_valid = torch.zeros((n_attn, batch, self.k), dtype=torch.bool, device=dev)
+        self.x_in = torch.zeros((batch, s.hidden), dtype=engine.model.dtype, device=dev)
+        self.x_out = torch.zeros((batch, s.hidden), dtype=engine.model.dtype, device=dev)
+        self.logits = torch.empty((batch, s.vocab), dtype=engine.model.dtype, device=dev)
+        self.trace = None if trace is None else trace[..., :self.k].to(dev)
+        self.trace_step = torch.zeros((), dtype=torch.int64, device=dev)
+        self.marks: Marks | None = None      # set while a step is being marked for its anatomy
+
+    def mark(self, phase: str, new_block: bool = False) -> None:
+        if self.marks is not None:
+            self.marks.mark(phase, new_block)
+
+
+class Marks:
+    """Phase boundaries of one step: CUDA events (recorded into a graph when captured) or wall clock."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.phases: list[str] = []
+        self.stamps: list = []
+        self.block_starts: list[int] = []
+
+    def mark(self, phase: str, new_block: bool = False) -> None:
+        if new_block:
+            self.block_starts.append(len(self.stamps))
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True, external=True)
+            ev.record()
+        else:
+            ev = time.perf_counter()
+        self.phases.append(phase)
+        self.stamps.append(ev)
+
+    def durations(self) -> dict[str, float]:
+        """ms per phase over the marked span (the phase named at a mark runs until the next mark)."""
+        gaps = self._gaps()
+        out = dict.fromkeys(PHASES, 0.0)
+        for ph, g in zip(self.phases, gaps):
+            out[ph] = out.get(ph, 0.0) + g
+        return out
+
+    def block_durations(self) -> list[float]:
+        """ms per block of the marked step (a block runs from its first mark to the next block's, the
+        last one to the `head` mark): what the layer placement over several devices balances."""
+        gaps = self._gaps()
+        starts = self.block_starts + [self.phases.index("head")]
+        return [sum(gaps[a:b]) for a, b in zip(starts, starts[1:])]
+
+    def _gaps(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.stamps, self.stamps[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self.stamps, self.stamps[1:])]
+
+
+class DecodeRunner:
+    """Runs decode steps for one batch: eager on CPU, one CUDA graph for device-only strategies,
+    one graph per segment (loads in between) for host strategies."""
+
+    def __init__(self, engine: Engine, batch: int, graphs: bool | None, trace, max_steps: int = 1024):
+        self.engine, self.state = engine, DecodeState(engine, batch, trace, max_steps)
+        self.cuda = engine.model.device.type == "cuda"
+        self.graphs = self.cuda if graphs is None else (graphs and self.cuda)
+        self._full: torch.cuda.CUDAGraph | None = None
+        self._pieces: list[tuple[torch.cuda.CUDAGraph, LoadRequest | None]] = []
+        self._pool = None
+        self.results: list[LoadResult] = []
+        engine.strategy.bind(engine.cache, batch, self.state.k)
+
+    @property
+    def graph_mode(self) -> str:
+        return "full" if self._full is not None else ("piecewise" if self._pieces else "eager")
+
+    # ------------------------------------------------------------------ what moved
+    @property
+    def h2d_bytes_per_step(self) -> int:
+        return int(sum(int(r.h2d_bytes) for r in self.results))
+
+    @property
+    def rows_per_step(self) -> int:
+        return sum(r.rows for r in self.results)
+
+    def _load(self, req: LoadRequest) -> LoadResult:
+        return self.engine.strategy.load(self.engine.cache.pool, req.layer, req.rows, req.out)
+
+    # ------------------------------------------------------------------ running
+    @torch.inference_mode()
+    def _eager(self) -> None:
+        self.results = [self._load(req) for req in self.engine.decode_segments(self.state)]
+
+    @torch.inference_mode()
+    def prepare(self, warmup: int = 2) -> None:
+        """Warm up (compiles kernels, sizes workspaces), then capture graphs. Each call advances lens."""
+        if self.cuda:
+            warmup = max(warmup, 1)       # compiles kernels outside any graph capture
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    self._eager()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+        else:
+            for _ in range(warmup):
+                self._eager()
+        if not self.graphs:
+            return
+        self._pool = torch.cuda.graph_pool_handle()
+        if self.engine.strategy.graphable:
+            self._full = self._capture_full()
+        else:
+            self._pieces = self._capture_pieces()
+        torch.cuda.synchronize()
+
+    def _capture_full(self) -> torch.cuda.CUDAGraph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self._pool):
+            self._eager()
+        return g
+
+    def _capture_pieces(self) -> list:
+        pieces, gen, done = [], self.engine.decode_segments(self.state), False
+        while not done:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._pool):
+                try:
+                    req = next(gen)
+                except StopIteration:
+                    req, done = None, True
+            pieces.append((g, req))
+        return pieces
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        if self._full is not None:
+            self._full.replay()
+        elif self._pieces:
+            self._replay_pieces(self._pieces)
+        else:
+            self._eager()
+
+    def _replay_pieces(self, pieces) -> None:
+        results = []
+        for g, req in pieces:
+            g.replay()
+            if req is not None:
+                results.append(self._load(req))
+        self.results = results
+
+    # ------------------------------------------------------------------ anatomy
+    @torch.inference_mode()
+    def anatomy(self, repeats: int = 5) -> dict[str, float]:
+        """Median ms per phase over `repeats` marked steps (run the way `step` runs them), plus
+        `marked_step_ms`, the median total of a marked step. Advances lens by `repeats` (+1 capture)."""
+        st = self.state
+        runs = []
+        if self.graphs:
+            marks = st.marks = Marks(cuda=True)
+            try:
+                if self.engine.strategy.graphable:
+                    g = self._capture_full()
+                    replay = g.replay
+                else:
+                    pieces = self._capture_pieces()
+                    replay = lambda: self._replay_pieces(pieces)   # noqa: E731
+            finally:
+                st.marks = None
+            torch.cuda.synchronize()
+            for _ in range(repeats):
+                replay()
+                runs.append(marks.durations())
+        else:
+            for _ in range(repeats):
+                st.marks = Marks(cuda=self.cuda)
+                try:
+                    self._eager()
+                finally:
+                    marks, st.marks = st.marks, None
+                runs.append(marks.durations())
+        out = {ph: statistics.median(r[ph] for r in runs) for ph in runs[0]}
+        out["marked_step_ms"] = statistics.median(sum(r.values()) for r in runs)
+        return out

@@ -1,0 +1,180 @@
+"""Top-`k` selection of index scores, in position order, without a sort: a radix threshold select.
+
+`select_topk(scores [B, L] fp32, k) -> (pos [B, k] int64 ascending, valid [B, k] bool)`.
+
+Which positions: the `k` largest scores of each row; among scores equal to the k-th largest (the
+threshold), the lowest positions win. That tie rule is ours (torch.topk documents none), so sets are
+compared with torch.topk's exactly when the threshold value is unique, and as value multisets always.
+Positions whose score is -inf (not yet written: fewer valid tokens than `k`) may fill the tail of the
+selection; they come back `valid=False` and pointing at position 0 (real, finite rows: the masked
+softmax weight 0 never meets a NaN from uninitialised memory).
+
+How (CUDA, Triton; `select_topk_reference` is the same function in torch ops and the CPU path):
+1. each fp32 score becomes an order-preserving 32-bit key (flip the sign bit of non-negative floats,
+   all bits of negative ones);
+2. four passes over the keys, 8 bits each from the top: a histogram of the next digit among keys
+   whose higher digits equal the prefix found so far (block-local `tl.histogram`, then 256 atomic
+   adds per block), and a one-program pass that picks the digit holding the k-th largest and how
+   many of the threshold's equals are still needed;
+3. a count pass (per block: keys above the threshold, keys equal to it) and a write pass that places
+   each taken position at its rank, found from the counts of the blocks before it and a block-local
+   prefix sum. No sort of k elements, no full sort of L: 10 small kernels, each reading L keys once
+   at most, so the cost is bandwidth plus launch latency (inside a CUDA graph, a few µs each).
+"""
+from __future__ import annotations
+
+import torch
+
+from .gather import HAVE_TRITON, interpret_mode
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+NEG_INF = float("-inf")
+DIGIT_BITS, N_PASSES = 8, 4
+RADIX = 1 << DIGIT_BITS
+
+
+def order_keys(scores: torch.Tensor) -> torch.Tensor:
+    """fp32 -> int64 keys in [0, 2^32) with the same order (the transform the kernels apply)."""
+    u = scores.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    neg = (u >> 31) == 1
+    return torch.where(neg, (~u) & 0xFFFFFFFF, u | 0x80000000)
+
+
+def select_topk_reference(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition in torch ops: k largest, ties at the threshold to the lowest positions."""
+    B, L = scores.shape
+    if not 0 < k <= L:
+        raise ValueError(f"select k={k} of {L} scores")
+    key = order_keys(scores)
+    thr = torch.topk(key, k, dim=-1).values[:, -1:]                  # the k-th largest key per row
+    gt = key > thr
+    eq = key == thr
+    need = k - gt.sum(-1, keepdim=True)                                # equals still needed
+    take = gt | (eq & (torch.cumsum(eq.to(torch.int64), -1) <= need))
+    pos = torch.nonzero(take)[:, 1].view(B, k)                         # row-major: ascending per row
+    valid = torch.gather(scores, 1, pos) > NEG_INF
+    return torch.where(valid, pos, torch.zeros_like(pos)), valid
+
+
+if HAVE_TRITON:
+    @triton.jit
+    def _keys(s_ptr, offs, mask):
+        u = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+        return tl.where((u >> 31) == 1, (~u) & 0xFFFFFFFF, u | 0x80000000)
+
+    @triton.jit
+    def _hist_kernel(s_ptr, prefix_ptr, hist_ptr, L, SHIFT: tl.constexpr, FIRST: tl.constexpr,
+                     BLOCK: tl.constexpr, RADIX: tl.constexpr):
+        b = tl.program_id(1)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < L
+        key = _keys(s_ptr + b * L, offs, m)
+        if FIRST:
+            match = m
+        else:
+            match = m & ((key >> (SHIFT + 8)) == tl.load(prefix_ptr + b))
+        digit = tl.where(match, (key >> SHIFT) & (RADIX - 1), RADIX)      # the rest into a spare bin
+        h = tl.histogram(digit.to(tl.int32), 2 * RADIX)
+        bins = tl.arange(0, 2 * RADIX)
+        tl.atomic_add(hist_ptr + b * RADIX + bins, h, mask=(bins < RADIX) & (h > 0))
+
+    @triton.jit
+    def _find_kernel(hist_ptr, prefix_ptr, need_ptr, RADIX: tl.constexpr):
+        # The digit d holding the need-th largest: the largest d with count(digit >= d) >= need.
+        b = tl.program_id(0)
+        bins = tl.arange(0, RADIX)
+        h = tl.load(hist_ptr + b * RADIX + bins)
+        ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h                            # count of digits >= d
+        need = tl.load(need_ptr + b)
+        d = tl.sum((ge >= need).to(tl.int32), 0) - 1
+        above = tl.sum(tl.where(bins > d, h, 0), 0)
+        tl.store(prefix_ptr + b, (tl.load(prefix_ptr + b) << 8) | d.to(tl.int64))
+        tl.store(need_ptr + b, need - above)
+
+    @triton.jit
+    def _count_kernel(s_ptr, thr_ptr, gt_ptr, eq_ptr, L, NBLK, BLOCK: tl.constexpr):
+        b, j = tl.program_id(1), tl.program_id(0)
+        offs = j * BLOCK + tl.arange(0, BLOCK)
+        m = offs < L
+        key = _keys(s_ptr + b * L, offs, m)
+        thr = tl.load(thr_ptr + b)
+        tl.store(gt_ptr + b * NBLK + j, tl.sum((m & (key > thr)).to(tl.int32), 0))
+        tl.store(eq_ptr + b * NBLK + j, tl.sum((m & (key == thr)).to(tl.int32), 0))
+
+    @triton.jit
+    def _write_kernel(s_ptr, thr_ptr, need_ptr, gt_ptr, eq_ptr, pos_ptr, valid_ptr, L, NBLK, K,
+                      BLOCK: tl.constexpr, NBLK_P2: tl.constexpr):
+        b, j = tl.program_id(1), tl.program_id(0)
+        blk = tl.arange(0, NBLK_P2)
+        before = blk < j
+        gt_before = tl.sum(tl.load(gt_ptr + b * NBLK + blk, mask=before, other=0), 0)
+        eq_before = tl.sum(tl.load(eq_ptr + b * NBLK + blk, mask=before, other=0), 0)
+        need = tl.load(need_ptr + b).to(tl.int32)
+        offs = j * BLOCK + tl.arange(0, BLOCK)
+        m = offs < L
+        key = _keys(s_ptr + b * L, offs, m)
+        thr = tl.load(thr_ptr + b)
+        eq = (m & (key == thr)).to(tl.int32)
+        take = (m & (key > thr)) | ((eq == 1) & (eq_before + tl.cumsum(eq, 0) <= need))
+        rank = gt_before + tl.minimum(eq_before, need) + tl.cumsum(take.to(tl.int32), 0) - 1
+        sc = tl.load(s_ptr + b * L + offs, mask=m, other=float("-inf"))
+        ok = sc > float("-inf")
+        tl.store(pos_ptr + b * K + rank, tl.where(ok, offs, 0).to(tl.int64), mask=take)
+        tl.store(valid_ptr + b * K + rank, ok.to(tl.int8), mask=take)
+
+
+def _triton_ok(t: torch.Tensor) -> bool:
+    if not HAVE_TRITON:
+        return False
+    return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
+
+
+def select_topk_triton(scores: torch.Tensor, k: int, block: int = 8192, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    B, L = scores.shape
+    if not 0 < k <= L:
+        raise ValueError(f"select k={k} of {L} scores")
+    s = scores.contiguous()
+    dev = s.device
+    block = min(block, triton.next_power_of_2(L))
+    nblk = triton.cdiv(L, block)
+    hist = torch.zeros((N_PASSES, B, RADIX), dtype=torch.int32, device=dev)
+    prefix = torch.zeros(B, dtype=torch.int64, device=dev)
+    need = torch.full((B,), k, dtype=torch.int64, device=dev)
+    warps = 8 if block >= 4096 else 4
+    for p in range(N_PASSES):
+        shift = 32 - DIGIT_BITS * (p + 1)
+        _hist_kernel[(nblk, B)](s, prefix, hist[p], L, SHIFT=shift, FIRST=p == 0, BLOCK=block, RADIX=RADIX,
+                                num_warps=warps)
+        _find_kernel[(B,)](hist[p], prefix, need, RADIX=RADIX, num_warps=4)
+    gt = torch.empty((B, nblk), dtype=torch.int32, device=dev)
+    eq = torch.empty((B, nblk), dtype=torch.int32, device=dev)
+    _count_kernel[(nblk, B)](s, prefix, gt, eq, L, nblk, BLOCK=block, num_warps=warps)
+    pos, valid = out if out is not None else (torch.empty((B, k), dtype=torch.int64, device=dev),
+                                              torch.empty((B, k), dtype=torch.bool, device=dev))
+    _write_kernel[(nblk, B)](s, prefix, need, gt, eq, pos, valid.view(torch.int8), L, nblk, k, BLOCK=block,
+                             NBLK_P2=triton.next_power_of_2(nblk), num_warps=warps)
+    return pos, valid
+
+
+def select_topk(scores: torch.Tensor, k: int, out: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """Top-k positions per row in ascending order and which are real (see the module docstring).
+    `out=(pos [B, k] int64, valid [B, k] bool)` receives them in place (a decode step's static buffers)."""
+    if _triton_ok(scores):
+        return select_topk_triton(scores, k, out=out)
+    pos, valid = select_topk_reference(scores, k)
+    if out is None:
+        return pos, valid
+    out[0].copy_(pos)
+    out[1].copy_(valid)
+    return out
+
+
+def select_topk_torch(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The previous path, kept as the benchmark's baseline: torch.topk, then a sort of the k positions."""
+    vals, pos = torch.topk(scores, k, dim=-1, sorted=False)
+    pos, order = torch.sort(pos, dim=-1)
+    valid = torch.gather(vals, -1, order) > NEG_INF
+    return torch.where(valid, pos, torch.zeros_like(pos)), valid

@@ -1,0 +1,100 @@
+"""Top-k selection: the definition (`select_topk_reference`) against torch.topk on random and adversarial
+scores, and the Triton radix-select kernels against the definition, bit for bit, under TRITON_INTERPRET=1
+(in a subprocess: the variable must be set before triton is imported)."""
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from labkit.engine.select import order_keys, select_topk, select_topk_reference
+
+NEG = float("-inf")
+
+
+def _cases():
+    g = torch.Generator().manual_seed(0)
+    yield "random", torch.randn(3, 1000, generator=g), 100
+    yield "all equal", torch.full((2, 300), 0.5), 64
+    many = torch.randint(0, 4, (2, 800), generator=g).float()            # 4 distinct values, ~200 each
+    yield "many ties", many, 250
+    tail = torch.randn(3, 400, generator=g)
+    tail[0, 50:] = NEG                                                    # fewer valid than k
+    tail[1, 390:] = NEG
+    tail[2, :] = NEG                                                      # nothing written yet
+    yield "-inf tails", tail, 128
+    yield "k == L", torch.randn(2, 77, generator=g), 77
+    yield "negative and tiny", torch.randn(2, 500, generator=g) * 1e-30 - 1.0, 33
+    yield "inf", torch.where(torch.rand(1, 300, generator=g) < 0.1, float("inf"), torch.randn(1, 300, generator=g)), 40
+
+
+@pytest.mark.parametrize("name,scores,k", list(_cases()), ids=[c[0] for c in _cases()])
+def test_reference_selects_what_topk_selects(name, scores, k):
+    pos, valid = select_topk_reference(scores, k)
+    for b in range(scores.shape[0]):
+        s = scores[b]
+        vals_topk = torch.topk(s, k).values
+        taken = torch.unique(pos[b][valid[b]]) if valid[b].any() else pos[b][:0]
+        assert taken.numel() == int(valid[b].sum()), "a position taken twice"
+        # value multiset equals torch.topk's (ties may be broken differently, values may not)
+        got = torch.sort(torch.cat([s[taken], torch.full((k - taken.numel(),), NEG)]), descending=True).values
+        assert torch.equal(got, vals_topk)
+        valid_pos = pos[b][valid[b]]
+        assert torch.all(valid_pos[1:] > valid_pos[:-1]), "positions not ascending"
+        assert (pos[b][~valid[b]] == 0).all()                         # masked slots point at a real row
+        assert int(valid[b].sum()) == min(k, int((s > NEG).sum()))
+        kth = vals_topk[-1]
+        if (s == kth).sum() == 1 or kth == NEG:                    # threshold unique: sets equal exactly
+            want = set(torch.topk(s, k).indices.tolist()) if kth > NEG else set(torch.nonzero(s > NEG)[:, 0].tolist())
+            assert set(valid_pos.tolist()) == want
+        else:                                                       # ties: the lowest positions win
+            eq = torch.nonzero(s == kth)[:, 0]
+            n_eq = k - int((s > kth).sum())
+            assert set(eq[:n_eq].tolist()) <= set(valid_pos.tolist())
+
+
+def test_order_keys_preserve_order():
+    x = torch.tensor([NEG, -3.0, -1e-30, 0.0, 1e-30, 2.0, float("inf")])
+    k = order_keys(x)
+    assert torch.all(k[1:] > k[:-1]) and (k >= 0).all() and (k < 2**32).all()
+
+
+def test_select_writes_in_place():
+    s = torch.randn(2, 300)
+    out = (torch.empty(2, 20, dtype=torch.int64), torch.empty(2, 20, dtype=torch.bool))
+    pos, valid = select_topk(s, 20, out=out)
+    assert pos.data_ptr() == out[0].data_ptr() and torch.equal(pos, select_topk_reference(s, 20)[0])
+
+
+def test_bad_k_is_refused():
+    with pytest.raises(ValueError, match="select k=0"):
+        select_topk_reference(torch.randn(1, 10), 0)
+
+
+SCRIPT = textwrap.dedent('''
+    import torch
+    from labkit.engine import select
+    assert select._triton_ok(torch.zeros(1))
+    g = torch.Generator().manual_seed(0)
+    many = torch.randint(0, 4, (2, 900), generator=g).float()
+    tail = torch.randn(2, 700, generator=g); tail[0, 30:] = float("-inf"); tail[1, :] = float("-inf")
+    cases = [(torch.randn(3, 1000, generator=g), 100), (torch.full((2, 600), 0.25), 64), (many, 250),
+             (tail, 128), (torch.randn(1, 513, generator=g), 513), (torch.randn(2, 300, generator=g) - 5, 7)]
+    for scores, k in cases:
+        for block in (128, 1024):
+            pos, valid = select.select_topk_triton(scores, k, block=block)
+            rpos, rvalid = select.select_topk_reference(scores, k)
+            assert torch.equal(pos, rpos), (scores.shape, k, block, "positions")
+            assert torch.equal(valid, rvalid), (scores.shape, k, block, "valid")
+    print("select ok")
+''')
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_radix_select_kernels_match_reference_under_interpreter():
+    p = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0 and "select ok" in p.stdout, p.stderr[-3000:]
