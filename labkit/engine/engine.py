@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import dense_prefill_attention, split_rows
+from .deltanet_step import delta_step
 from .cache import OffloadCache
 from .indexer import index_scores
 from .model import block_fns
@@ -175,8 +176,10 @@ class _DecodeIO:
         self.lens = pos + 1
 
     def deltanet(self, blk, ki, x):
-        c, B = self.e.cache, self.st.batch
-        return self.fns.dn_mix(blk, x, c.dn_state[ki, :B], c.dn_conv[ki, :B])
+        c, B, f = self.e.cache, self.st.batch, self.fns
+        q, k, v, log_a, beta, z = f.dn_pre(blk, x, c.dn_conv[ki, :B])
+        o = delta_step(c.dn_state[ki, :B], q, k, v, log_a, beta)      # one kernel on CUDA
+        return f.dn_post(blk, x, o, z)
 
     def attend(self, ki, q, iq, iw, pos):
         e, st, c, mark = self.e, self.st, self.e.cache, self.mark
