@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     m = pd.read_parquet(Path(a[1]) / "metrics.parquet")
     t = pairs(shared, m)
     t.to_csv(Path(a[1]) / "agreement.csv", index=False)
-    print(t.to_markdown(index=False, floatfmt=".3f") if hasattr(t, "to_markdown") else t.to_string(index=False))
+    print(t.round(3).to_string(index=False))
     return 0
 
 
