@@ -39,8 +39,8 @@ def test_report_is_self_contained_with_all_figures(cli_run):
     assert not re.search(r"<script[^>]+src=[\"']https?://", html)
     # every figure cell rendered a plotly div with data
     n_divs = len(re.findall(r'class="plotly-graph-div"', html))
-    assert n_divs == 8, n_divs          # the notebook's eight figures (CPU: NVML/probe ones say why empty)
-    assert html.count("Plotly.newPlot(") >= 8
+    assert n_divs == 9, n_divs          # the notebook's nine figures, anatomy included (CPU: NVML/probe ones say why empty)
+    assert html.count("Plotly.newPlot(") >= 9
     assert "def " not in html.split("<body", 1)[1][:200000] or "run_sweep(" not in html   # code cells hidden
     assert "Decode speed vs context length" in html and "link bound" in html
 
