@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _extensions():
     """Sub-commands contributed by other modules (nightly, compare, quality, ...), if present."""
     hooks = []
-    for mod in ("labkit.nightly", "labkit.compare", "labkit.quality.cli"):
+    for mod in ("labkit.nightly", "labkit.compare", "labkit.quality.cli", "labkit.serving.engine_server"):
         try:
             m = __import__(mod, fromlist=["add_cli"])
         except ImportError:
