@@ -256,3 +256,16 @@ def test_bad_requests_are_one_line_and_a_failure_mid_run_is_recorded(lanes_facto
     # it went on: requests started after the failed round completed, in the offload lane too
     at = max(r.end_iter for r in failed)
     assert any(r.lane == "offload" and r.start_iter > at for r in ok)
+
+
+def test_switching_bench_point_on_cpu():
+    from labkit.bench.pulse import overlap_ms, switching_point
+    r = switching_point(TINY, "cpu", context=200, offload_batch=2, normal_batch=2, normal_context=100, budget=16,
+                        steps=2, warmup=1)
+    for k in ("normal_only_ms", "offload_only_ms", "offload_compute_ms", "sequential_ms", "switched_ms", "bound_ms"):
+        assert r[k] > 0, k
+    assert r["switches"] + r["stalls"] == TINY.attn_layers
+    assert r["h2d_bytes_per_round"] == 2 * 16 * TINY.attn_layers * TINY.row_bytes
+    assert {s["kind"] for s in r["timeline"]} >= {"compute", "transfer"}
+    assert overlap_ms([{"kind": "transfer", "batch": "offloaded", "start_ms": 0, "end_ms": 2},
+                       {"kind": "compute", "batch": "normal", "start_ms": 1, "end_ms": 5}]) == 1

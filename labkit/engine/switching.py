@@ -30,6 +30,7 @@ timed by CUDA events against one event at the round's start (wall clock on CPU).
 """
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 
@@ -123,13 +124,21 @@ class RoundStats:
 
 
 def switched_round(norm: Engine, norm_state, off: Engine, off_state, loader: Loader,
-                   timeline: Timeline | None = None) -> RoundStats:
+                   timeline: Timeline | None = None, n_gen=None, o_gen=None, lookahead: int = 0) -> RoundStats:
     """One decode step of the normal batch and one of the offloaded batch, switched at layer boundaries.
-    Call under `torch.inference_mode()`."""
+    Call under `torch.inference_mode()`.
+
+    `n_gen`/`o_gen` replace the eager step generators with graph replays (`replay(capture_pieces(...))`),
+    which yield the same items. Replays let the host run far ahead of the GPU, so its event queries
+    would see every transfer unfinished: `lookahead > 0` keeps the host at most that many normal blocks
+    ahead of the GPU (it waits on the event of the block `lookahead` back, which keeps that many blocks
+    queued, so the GPU itself never waits for the host)."""
     st = RoundStats()
     tl = timeline
-    n_gen = norm.decode_segments(norm_state, boundaries=True)
-    o_gen = off.decode_segments(off_state)
+    n_gen = n_gen if n_gen is not None else norm.decode_segments(norm_state, boundaries=True)
+    o_gen = o_gen if o_gen is not None else off.decode_segments(off_state)
+    ahead: collections.deque = collections.deque()
+    pace = lookahead > 0 and loader.cuda
 
     def run_offloaded() -> Pending | None:
         a = tl.stamp() if tl else None
@@ -164,6 +173,12 @@ def switched_round(norm: Engine, norm_state, off: Engine, off_state, loader: Loa
         st.order.append(("n", item.block))
         if tl:
             tl.add("normal", "compute", f"block {item.block}", a, tl.stamp())
+        if pace:
+            ev = torch.cuda.Event()
+            ev.record()
+            ahead.append(ev)
+            if len(ahead) > lookahead:
+                ahead.popleft().synchronize()
         if pending is not None:
             st.checks += 1
             if pending.done():
@@ -189,3 +204,41 @@ def sequential_round(engines_states: list[tuple[Engine, object]], timeline: Time
         if timeline:
             timeline.add("normal" if normal else "offloaded", "compute", "step", a, timeline.stamp())
     return st
+
+
+def capture_pieces(engine: Engine, state, split: str, pool=None) -> list:
+    """CUDA graphs of one decode step of `state`'s batch, cut where a scheduler needs control:
+    `split="loads"`: at each LoadRequest (the load is issued outside the graphs: the offloaded batch);
+    `split="blocks"`: at each block boundary, loads captured inside (a graphable strategy: the normal
+    batch); `split="none"`: the whole step in one graph, loads inside. Returns [(graph, item)], item the
+    LoadRequest/BlockDone the piece ends at (None for the last). Capturing runs one step (lens + 1)."""
+    if split not in ("loads", "blocks", "none"):
+        raise ValueError(f"split must be loads, blocks or none, not {split!r}")
+    if split != "loads" and not engine.strategy.graphable:
+        raise ValueError(f"{engine.strategy.name} cannot be captured with its loads")
+    gen = engine.decode_segments(state, boundaries=split == "blocks")
+    pieces, done = [], False
+    while not done:
+        g = torch.cuda.CUDAGraph()
+        item = None
+        with torch.cuda.graph(g, pool=pool):
+            while True:
+                try:
+                    item = next(gen)
+                except StopIteration:
+                    item, done = None, True
+                    break
+                if isinstance(item, LoadRequest) and split != "loads":
+                    engine.strategy.load(engine.cache.pool, item.layer, item.rows, item.out)
+                    continue
+                break
+        pieces.append((g, item))
+    return pieces
+
+
+def replay(pieces):
+    """Replay captured pieces as a step generator (yields what the eager step yields at each cut)."""
+    for g, item in pieces:
+        g.replay()
+        if item is not None:
+            yield item
