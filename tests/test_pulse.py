@@ -269,3 +269,25 @@ def test_switching_bench_point_on_cpu():
     assert {s["kind"] for s in r["timeline"]} >= {"compute", "transfer"}
     assert overlap_ms([{"kind": "transfer", "batch": "offloaded", "start_ms": 0, "end_ms": 2},
                        {"kind": "compute", "batch": "normal", "start_ms": 1, "end_ms": 5}]) == 1
+
+
+def test_adaptive_placement_and_calibration(lanes_factory):
+    from labkit.engine.scheduler import Adaptive, Costs, calibrate
+    lanes = lanes_factory(resident=2, offload=2, capacity=256)
+    costs = calibrate(lanes)
+    assert costs.step_ms >= 0 and costs.per_req_ms >= 0 and costs.xfer_ms >= 0
+    for e in lanes.values():                              # calibration left the lanes empty
+        assert e.cache.pages.n_free == e.cache.pages.n_pages and int(e.cache.lens.sum()) == 0
+    sched = Scheduler(lanes_factory(resident=4, resident_pool_tokens=512),
+                      Adaptive(Costs(step_ms=1.0, per_req_ms=0.1, xfer_ms=0.5)))
+    short, long_ = Request([1] * 20, 4), Request([1] * 200, 8)
+    assert sched.policy.place(short, sched) == "resident"     # no normal batch to hide a transfer behind
+    assert sched.policy.place(long_, sched) == "offload"      # 13 pages > its share (32 free / 4 slots)
+    sched.lanes["resident"].running = [Request([1], 1)]       # a normal batch of one: 1.1 ms of compute
+    assert sched.policy.place(short, sched) == "offload"      # 0.5 ms of transfer hides behind it
+    sched.policy = Adaptive(Costs(step_ms=1.0, per_req_ms=0.1, xfer_ms=5.0))
+    assert sched.policy.place(short, sched) == "resident"     # 5 ms would not hide
+    # and it runs: the adaptive policy through a whole run, tokens as alone
+    sched = Scheduler(lanes_factory(), Adaptive(costs))
+    done = sched.run(_requests(SPEC))
+    assert all(r.status == "done" for r in done)

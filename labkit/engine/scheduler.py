@@ -155,10 +155,103 @@ class Threshold:
         return "offload" if len(req.prompt) + req.max_tokens > self.tokens else "resident"
 
 
-def parse_policy(text: str):
-    """`resident`, `offload` (all to one lane) or `threshold:N`."""
+@dataclass(frozen=True)
+class Costs:
+    """Measured decode costs (ms per step; `calibrate`): a batch of B requests takes
+    `step_ms + per_req_ms * B` of compute; each offloaded request adds `xfer_ms` of transfer."""
+    step_ms: float
+    per_req_ms: float
+    xfer_ms: float
+
+    def compute(self, batch: int) -> float:
+        return self.step_ms + self.per_req_ms * batch if batch > 0 else 0.0
+
+
+class Adaptive:
+    """Placement from measured costs and device memory left, re-evaluated at every arrival:
+
+    - a request that needs more than its share of the device pool left (free pages / free slots) goes
+      to the offload lane (if it fits there): long requests do not crowd short ones off the device;
+    - within its share, a request of at least `budget` tokens (its per-step transfer is then the full
+      budget) is offloaded when that is free: the offloaded batch's transfers, with it, stay hidden
+      behind the normal batch's compute (`xfer_ms * (B_o + 1) <= compute(B_n)`);
+    - otherwise resident (or wherever it fits)."""
+
+    def __init__(self, costs: Costs):
+        self.costs = costs
+
+    def place(self, req: Request, sched: "Scheduler") -> str:
+        res, off = sched.lanes.get("resident"), sched.lanes.get("offload")
+        if res is None or off is None:
+            return next(iter(sched.lanes))
+        need = len(req.prompt) + req.max_tokens
+        if need > res.cache.capacity:
+            return "offload"
+        if need > off.cache.capacity:
+            return "resident"
+        busy_r, busy_o = sched.lane_load(res), sched.lane_load(off)
+        share = res.cache.pages.n_free / max(1, res.cache.n_slots - busy_r)
+        if res.pages_for(req) > share:
+            return "offload" if off.fits(req) or not res.fits(req) else "resident"
+        hidden = self.costs.xfer_ms * (busy_o + 1) <= self.costs.compute(busy_r)
+        if len(req.prompt) >= res.engine.budget and hidden and off.fits(req):
+            return "offload"
+        return "resident" if res.fits(req) or not off.fits(req) else "offload"
+
+
+@torch.inference_mode()
+def calibrate(lanes: dict[str, Engine], context: int | None = None, steps: int = 3) -> Costs:
+    """Measure `Costs` on the (empty) lanes: decode steps at batch 1 and at the lane's slot count over
+    random contents of `context` tokens (default: the budget), then free every slot again."""
+    def step_ms(e: Engine, b: int) -> float:
+        st = DecodeState(e, b, None, 2 * steps + 2)
+        e.strategy.bind(e.cache, b, st.k)
+        ts = []
+        for i in range(steps + 1):
+            sync(e)
+            t = time.perf_counter()
+            for req in e.decode_segments(st):
+                e.strategy.load(e.cache.pool, req.layer, req.rows, req.out)
+            sync(e)
+            ts.append((time.perf_counter() - t) * 1e3)
+        return sorted(ts[1:])[len(ts[1:]) // 2]
+
+    def sync(e):
+        if e.model.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    res, off = lanes.get("resident"), lanes.get("offload")
+    budget = next(iter(lanes.values())).budget
+    fits = [budget + 1, *(e.cache.capacity - 2 * steps - 4 for e in lanes.values())]
+    ctx = context or min(fits)
+    out = {}
+    for name, e in lanes.items():
+        c, n = e.cache, e.cache.n_slots
+        n = max(1, min(n, c.pages.n_pages // -(-(ctx + 2 * steps + 4) // c.pages.page_size)))
+        for slot in range(n):       # as OffloadCache.fill_random_, for a pool smaller than slots x capacity
+            c.pages.reserve(slot, ctx + 2 * steps + 4)
+        c.pool.fill_random_(7)
+        c.index.fill_random_(8)
+        c.lens[:n] = ctx
+        one, many = step_ms(e, 1), step_ms(e, n)
+        out[name] = (one, (many - one) / max(1, n - 1))
+        for slot in range(n):
+            clear_slot(e.cache, slot)
+    if res is None or off is None:
+        one, per = next(iter(out.values()))
+        return Costs(max(0.0, one - per), per, 0.0)
+    (r1, rper), (o1, oper) = out["resident"], out["offload"]
+    return Costs(max(0.0, r1 - rper), rper, max(0.0, oper - rper, o1 - r1))
+
+
+def parse_policy(text: str, costs: Costs | None = None):
+    """`resident`, `offload` (all to one lane), `threshold:N` or `adaptive` (needs measured `costs`)."""
     if text in ("resident", "offload"):
         return AllTo(text)
+    if text == "adaptive":
+        if costs is None:
+            raise BadInput("the adaptive policy needs measured costs (scheduler.calibrate)")
+        return Adaptive(costs)
     if text.startswith("threshold:"):
         try:
             n = int(text.split(":", 1)[1])
@@ -166,7 +259,7 @@ def parse_policy(text: str):
             n = -1
         if n >= 0:
             return Threshold(n)
-    raise BadInput(f"unknown placement policy {text!r}: use resident, offload or threshold:N (N >= 0 tokens)")
+    raise BadInput(f"unknown placement policy {text!r}: use resident, offload, adaptive or threshold:N (N >= 0 tokens)")
 
 
 # ---------------------------------------------------------------------------- the scheduler
@@ -202,9 +295,10 @@ class Scheduler:
             raise BadInput(f"request {req.id}: max_tokens must be >= 1, got {req.max_tokens}")
         if req.arrival < 0:
             raise BadInput(f"request {req.id}: negative arrival {req.arrival}")
-        lane = self.lanes.get(self.policy.place(req, self))
+        name = self.policy.place(req, self)
+        lane = self.lanes.get(name)
         if lane is None:
-            raise BadInput(f"request {req.id}: placed in lane {self.policy.place(req, self)!r}, which does not exist")
+            raise BadInput(f"request {req.id}: placed in lane {name!r}, which does not exist")
         need = len(req.prompt) + req.max_tokens
         if need > lane.cache.capacity or lane.pages_for(req) > lane.cache.pages.n_pages:
             raise BadInput(f"request {req.id}: {len(req.prompt)} prompt + {req.max_tokens} new tokens exceed "
@@ -223,6 +317,11 @@ class Scheduler:
             self.future.append(req)
             self.future.sort(key=lambda r: r.arrival)
         return req
+
+    def lane_load(self, lane: Lane) -> int:
+        """Requests holding a slot of `lane` (running, or being prefilled)."""
+        pre = self.prefilling is not None and self.prefilling[1] is lane
+        return len(lane.running) + int(pre)
 
     @property
     def busy(self) -> bool:
@@ -377,8 +476,11 @@ class Scheduler:
 
 def make_lanes(shape, device="cpu", resident_slots: int = 4, offload_slots: int = 0, capacity: int = 4096,
                budget: int = 2048, strategy: str = "zero_copy", seed: int = 0, page_size: int = 256,
-               prefill_chunk: int = 8192, compile: bool = False, model: HybridModel | None = None) -> dict[str, Engine]:
-    """Engines over one model: `resident` (device pool) and/or `offload` (host pool, `strategy`)."""
+               prefill_chunk: int = 8192, compile: bool = False, model: HybridModel | None = None,
+               resident_pool_tokens: int | None = None) -> dict[str, Engine]:
+    """Engines over one model: `resident` (device pool) and/or `offload` (host pool, `strategy`).
+    `resident_pool_tokens` caps the device pool below slots x capacity (device memory is what the
+    placement policies share out)."""
     from ..shapes import ModelShape
     if isinstance(shape, str):
         shape = ModelShape.from_name(shape)
@@ -388,7 +490,8 @@ def make_lanes(shape, device="cpu", resident_slots: int = 4, offload_slots: int 
         if slots <= 0:
             continue
         st = get_strategy(strat)
-        cache = OffloadCache.allocate(model, st.medium, slots, capacity, page_size=page_size)
+        pool = resident_pool_tokens if name == "resident" else None
+        cache = OffloadCache.allocate(model, st.medium, slots, capacity, page_size=page_size, pool_tokens=pool)
         lanes[name] = Engine(model, cache, st, budget, prefill_chunk=prefill_chunk, compile=compile)
     if not lanes:
         raise BadInput("at least one of resident_slots and offload_slots must be > 0")
