@@ -429,7 +429,8 @@ class Scheduler:
         t = self.now()
         rec = {"iteration": self.iteration, "mode": mode, "switches": stats.switches, "stalls": stats.stalls,
                "checks": stats.checks, "batch": {l.name: len(l.running) for l in busy},
-               "h2d_bytes": sum(int(r.h2d_bytes) for r in stats.loads_offloaded), "time": t}
+               "h2d_bytes": sum(int(r.h2d_bytes) for r in stats.loads_offloaded), "time": t,
+               "load_bytes": [int(r.h2d_bytes) for r in stats.loads_offloaded]}
         self.rounds.append(rec)
         if tl is not None:
             self.timelines.append({**rec, "spans": tl.spans()})
