@@ -291,3 +291,17 @@ def test_adaptive_placement_and_calibration(lanes_factory):
     sched = Scheduler(lanes_factory(), Adaptive(costs))
     done = sched.run(_requests(SPEC))
     assert all(r.status == "done" for r in done)
+
+
+def test_block_probe_on_cpu():
+    from labkit.bench.pulse_blocks import block_probe
+    rows = block_probe(TINY, "cpu", context=1024, budget=128, block=16, repeats=2)
+    by = {(r["selection"], r["strategy"]): r for r in rows}
+    assert len(by) == 10 and all(r["status"] == "ok" for r in rows)
+    ph, rh = by[("per_head", "zero_copy")], by[("retrieval_head", "zero_copy")]
+    assert ph["unit_bytes"] == 16 * TINY.head_dim * 2 and rh["unit_bytes"] == 16 * TINY.row_bytes
+    assert ph["bytes"] == rh["bytes"] == 128 * TINY.row_bytes                   # same bytes, other granularity
+    assert ph["units"] == 128 // 16 * TINY.n_kv_heads * 2 and rh["units"] == 128 // 16
+    assert all(r["correct"] for r in rows if r["correct"] is not None)
+    with pytest.raises(ValueError, match="multiples"):
+        block_probe(TINY, "cpu", context=1000, budget=128, block=16)
