@@ -37,6 +37,20 @@ def test_switching_changes_no_token_on_gpu(model):
     assert [r.tokens for r in runs[True]] == [r.tokens for r in runs[False]]
 
 
+def test_scheduler_graphs_change_no_token(model):
+    """CUDA graphs in the scheduler (whole steps; steps cut at block boundaries and loads when switched,
+    host paced) give the eager tokens."""
+    runs = {}
+    for graphs in (True, False):
+        sched = Scheduler(make_lanes(TINY, "cuda", 2, 2, model=model, **CFG), Threshold(150), switching=True,
+                          graphs=graphs, timeline_every=3)
+        runs[graphs] = sched.run(_requests(SPEC))
+        assert all(r.status == "done" for r in runs[graphs]), [r.error for r in runs[graphs]]
+        assert any(x["mode"] == "switched" for x in sched.rounds)
+        assert all(t["spans"] for t in sched.timelines)
+    assert [r.tokens for r in runs[True]] == [r.tokens for r in runs[False]]
+
+
 def test_switched_tokens_equal_each_alone_on_gpu(model):
     """The issue's contract on the device: each request alone gets the same greedy tokens. (A failure
     here with the test above passing would mean batch-size-dependent GEMM rounding, not switching.)"""

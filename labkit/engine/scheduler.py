@@ -42,7 +42,7 @@ from .cache import OffloadCache
 from .engine import Engine
 from .model import HybridModel
 from .runner import DecodeState
-from .switching import Loader, Timeline, sequential_round, switched_round
+from .switching import Loader, RoundStats, Timeline, capture_pieces, replay, sequential_round, switched_round
 from .transfer import get_strategy
 
 
@@ -90,6 +90,23 @@ class Lane:
         self.running: list[Request] = []
         self.state: DecodeState | None = None
         self.offloaded = engine.strategy.medium == "host"
+        self.graphs: dict = {}
+        self.graph_loads: dict = {}
+        self.warm = False               # one eager step done with this batch (kernels compiled)
+
+    def reset(self) -> None:
+        """The batch changed: new static buffers (and graphs) at the next step."""
+        self.state, self.graphs, self.warm = None, {}, False
+
+    def pieces(self, split: str) -> list:
+        """CUDA graphs of this batch's step cut for `split` (see `switching.capture_pieces`), captured
+        once per batch composition; `self.graph_loads[split]`: the LoadResults captured inside them."""
+        if split not in self.graphs:
+            results: list = []
+            self.graphs[split] = capture_pieces(self.engine, self.state, split, torch.cuda.graph_pool_handle(),
+                                                results=results)
+            self.graph_loads[split] = results
+        return self.graphs[split]
 
     @property
     def free_slots(self) -> int:
@@ -265,12 +282,18 @@ def parse_policy(text: str, costs: Costs | None = None):
 # ---------------------------------------------------------------------------- the scheduler
 class Scheduler:
     def __init__(self, lanes: dict[str, Engine], policy=None, switching: bool = True,
-                 timeline_every: int = 0, clock=time.perf_counter):
+                 timeline_every: int = 0, clock=time.perf_counter, graphs: bool = False, lookahead: int = 2):
+        """`graphs` (CUDA): after one eager step of each new batch, replay CUDA graphs captured for it:
+        whole steps when one batch runs, steps cut at block boundaries / loads when two are switched
+        (the host then paced `lookahead` blocks ahead of the GPU, see `switched_round`)."""
         if not lanes:
             raise ValueError("a scheduler needs at least one lane")
         self.lanes = {name: Lane(name, e) for name, e in lanes.items()}
         self.policy = policy or AllTo(next(iter(self.lanes)))
         self.switching = switching
+        dev = next(iter(lanes.values())).model.device
+        self.graphs = graphs and dev.type == "cuda"
+        self.lookahead = lookahead
         self.timeline_every = timeline_every
         self.clock = clock
         self.t0 = clock()
@@ -398,7 +421,7 @@ class Scheduler:
             move_slot(lane.cache, slot, n)
         lane.running.append(req)
         req.status = "decode"
-        lane.state = None
+        lane.reset()
 
     def _decode(self) -> None:
         busy = [l for l in self.lanes.values() if l.running]
@@ -409,13 +432,32 @@ class Scheduler:
         off = [l for l in busy if l.offloaded]
         try:
             states = [(l.engine, l.decode_state()) for l in busy]
+            graphs = self.graphs and all(l.warm for l in busy)
             if self.switching and norm and off:
                 (ne, ns), (oe, os_) = (norm[0].engine, norm[0].state), (off[0].engine, off[0].state)
-                stats = switched_round(ne, ns, oe, os_, self._loaders[off[0].name], tl)
+                kw = {}
+                if graphs and ne.strategy.graphable:
+                    kw = dict(n_gen=replay(norm[0].pieces("blocks")), o_gen=replay(off[0].pieces("loads")),
+                              lookahead=self.lookahead)
+                stats = switched_round(ne, ns, oe, os_, self._loaders[off[0].name], tl, **kw)
+                if kw:
+                    stats.loads_normal = list(norm[0].graph_loads["blocks"])
                 mode = "switched"
+            elif graphs and all(l.engine.strategy.graphable for l in busy):
+                stats = RoundStats()
+                for l in busy:
+                    a = tl.stamp() if tl else None
+                    for g, _ in l.pieces("none"):
+                        g.replay()
+                    if tl:
+                        tl.add("offloaded" if l.offloaded else "normal", "compute", "step", a, tl.stamp())
+                    (stats.loads_offloaded if l.offloaded else stats.loads_normal).extend(l.graph_loads["none"])
+                mode = "sequential"
             else:
                 stats = sequential_round(states, tl)
                 mode = "sequential"
+            for l in busy:
+                l.warm = True
             toks = {l.name: l.state.tokens.tolist() for l in busy}     # the one sync of the iteration
         except Exception as ex:                      # noqa: BLE001 - the batch fails, the scheduler goes on
             for l in busy:
@@ -424,7 +466,8 @@ class Scheduler:
                     self._fail(r, ex)
                 for slot in range(len(l.running)):
                     clear_slot(l.cache, slot)
-                l.running, l.state = [], None
+                l.running = []
+                l.reset()
             return
         t = self.now()
         rec = {"iteration": self.iteration, "mode": mode, "switches": stats.switches, "stalls": stats.stalls,
@@ -452,7 +495,8 @@ class Scheduler:
             else:
                 clear_slot(lane.cache, slot)
                 self._finish(r)
-        lane.running, lane.state = keep, None
+        lane.running = keep
+        lane.reset()
 
     def _emit(self, req: Request, tok: int, t: float) -> None:
         req.tokens.append(tok)

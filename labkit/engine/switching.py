@@ -206,12 +206,13 @@ def sequential_round(engines_states: list[tuple[Engine, object]], timeline: Time
     return st
 
 
-def capture_pieces(engine: Engine, state, split: str, pool=None) -> list:
+def capture_pieces(engine: Engine, state, split: str, pool=None, results: list | None = None) -> list:
     """CUDA graphs of one decode step of `state`'s batch, cut where a scheduler needs control:
     `split="loads"`: at each LoadRequest (the load is issued outside the graphs: the offloaded batch);
     `split="blocks"`: at each block boundary, loads captured inside (a graphable strategy: the normal
     batch); `split="none"`: the whole step in one graph, loads inside. Returns [(graph, item)], item the
-    LoadRequest/BlockDone the piece ends at (None for the last). Capturing runs one step (lens + 1)."""
+    LoadRequest/BlockDone the piece ends at (None for the last); the LoadResults of loads captured inside
+    are appended to `results`. Capture records work without running it: replay to run a step."""
     if split not in ("loads", "blocks", "none"):
         raise ValueError(f"split must be loads, blocks or none, not {split!r}")
     if split != "loads" and not engine.strategy.graphable:
@@ -229,7 +230,9 @@ def capture_pieces(engine: Engine, state, split: str, pool=None) -> list:
                     item, done = None, True
                     break
                 if isinstance(item, LoadRequest) and split != "loads":
-                    engine.strategy.load(engine.cache.pool, item.layer, item.rows, item.out)
+                    res = engine.strategy.load(engine.cache.pool, item.layer, item.rows, item.out)
+                    if results is not None:
+                        results.append(res)
                     continue
                 break
         pieces.append((g, item))
