@@ -65,3 +65,10 @@ def test_labkit_run_pulse_notebook(tmp_path):
     assert {"transfer", "compute"} <= set(tl["kind"]) and (tl["mode"] == "switched").any()
     assert len(pd.read_parquet(out / "loads.parquet")) > 0
     assert (out / "report.html").stat().st_size > 100_000                    # plotly embedded, figures in
+
+
+def test_pulse_notebook_parameters_match_spec():
+    import papermill as pm
+    from labkit.execute import EXPERIMENTS, NOTEBOOKS
+    names = set(pm.inspect_notebook(str(NOTEBOOKS / EXPERIMENTS["pulse"].notebook)))
+    assert names == {p.name for p in P.SPEC} | {"run_dir"}

@@ -47,6 +47,7 @@ SPEC = [
     Param("timeline_every", "int", 10, "record the switching timeline every N decode rounds"),
     Param("page_size", "int", 0, "KV page (0: 256 on CUDA, 16 on CPU)"),
     Param("prefill_chunk", "int", 0, "prefill chunk (0: 8192 on CUDA, 64 on CPU)"),
+    Param("graphs", "bool", False, "CUDA graphs per batch composition (CUDA only)"),
     Param("seed", "int", 0, "model weights"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
 ]
@@ -128,7 +129,7 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     costs = calibrate(lanes) if policy == "adaptive" else None
     switching = not policy.startswith("noswitch:")
     sched = Scheduler(lanes, parse_policy(policy.replace("noswitch:", "threshold:"), costs), switching=switching,
-                      timeline_every=p["timeline_every"])
+                      timeline_every=p["timeline_every"], graphs=p["graphs"])
     for s in specs:      # every request must fit where the policy may put it: one line before anything runs
         from ..engine.scheduler import Request
         sched.validate(Request(s.prompt, s.output_len, id=str(s.index)))

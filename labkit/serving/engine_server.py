@@ -182,7 +182,7 @@ def create_app(loop: EngineLoop, model_name: str = "labkit"):
 
 
 def build(args) -> EngineLoop:
-    from ..engine.scheduler import Scheduler, make_lanes, parse_policy
+    from ..engine.scheduler import Scheduler, calibrate, make_lanes, parse_policy
     device = args.device
     if device == "auto":
         import torch
@@ -190,8 +190,9 @@ def build(args) -> EngineLoop:
     lanes = make_lanes(args.shape, device, args.resident_slots, args.offload_slots, capacity=args.capacity,
                        budget=args.budget, strategy=args.strategy, seed=args.seed, page_size=args.page_size,
                        prefill_chunk=args.prefill_chunk, compile=args.compile)
-    sched = Scheduler(lanes, parse_policy(args.policy), switching=args.switching == "on",
-                      timeline_every=args.timeline_every)
+    costs = calibrate(lanes) if args.policy == "adaptive" else None
+    sched = Scheduler(lanes, parse_policy(args.policy, costs), switching=args.switching == "on",
+                      timeline_every=args.timeline_every, graphs=args.graphs)
     return EngineLoop(sched)
 
 
@@ -201,8 +202,8 @@ def cmd_serve(args) -> int:
         raise BadInput(f"labkit serve binds to the loopback interface only, not {args.host}")
     if args.switching not in ("on", "off"):
         raise BadInput("--switching must be on or off")
-    from ..engine.scheduler import parse_policy
-    parse_policy(args.policy)
+    from ..engine.scheduler import Costs, parse_policy
+    parse_policy(args.policy, Costs(0, 0, 0))
     loop = build(args).start()
     app = create_app(loop, args.model_name)
     print(f"labkit serve: lanes {', '.join(f'{n}={l.cache.n_slots} slots' for n, l in loop.sched.lanes.items())}, "
@@ -223,11 +224,12 @@ def add_cli(sub) -> None:
     s.add_argument("--capacity", type=int, default=4096, help="tokens per request slot")
     s.add_argument("--budget", type=int, default=2048)
     s.add_argument("--strategy", default="zero_copy", help="the offload lane's strategy")
-    s.add_argument("--policy", default="threshold:2048", help="resident | offload | threshold:N")
+    s.add_argument("--policy", default="threshold:2048", help="resident | offload | threshold:N | adaptive")
     s.add_argument("--switching", default="on", help="on | off")
     s.add_argument("--page-size", type=int, default=256)
     s.add_argument("--prefill-chunk", type=int, default=8192)
     s.add_argument("--compile", action="store_true", help="torch.compile the block pieces (CUDA)")
+    s.add_argument("--graphs", action="store_true", help="CUDA graphs per batch composition (CUDA)")
     s.add_argument("--timeline-every", type=int, default=0, help="record the switching timeline every N rounds")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--model-name", default="labkit")
