@@ -37,11 +37,11 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
-def _lane(model, strategy, batch, ctx, budget, steps, seed):
+def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False):
     st = get_strategy(strategy)
     cache = OffloadCache.allocate(model, st.medium, batch, ctx + steps + 8, page_size=256)
     cache.fill_random_([ctx] * batch, seed=seed)
-    e = Engine(model, cache, st, budget, compile=False)
+    e = Engine(model, cache, st, budget, compile=compile)
     s = DecodeState(e, batch, None, steps + 8)
     st.bind(cache, batch, s.k)
     return e, s
@@ -62,19 +62,23 @@ def _time(fn, steps, dev) -> list[float]:
 def switching_point(shape: ModelShape, device: str = "cuda", context: int = 65536, offload_batch: int = 4,
                     normal_batch: int = 4, normal_context: int = 8192, budget: int = 2048,
                     strategy: str = "zero_copy", steps: int = 10, warmup: int = 2, seed: int = 0,
-                    graphs: bool = True, lookahead: int = 2, compute_ref: bool = True) -> dict:
+                    graphs: bool = True, lookahead: int = 2, compute_ref: bool = True,
+                    compile: bool | None = None) -> dict:
     """One measured point (see the module doc). With `graphs` (CUDA, graphable strategy): every mode
     replays CUDA graphs: whole steps for the single and sequential modes, steps cut at block
     boundaries (normal) and at loads (offloaded) for `switched`, paced `lookahead` blocks ahead."""
     dev = torch.device(device)
     graphs = graphs and dev.type == "cuda" and get_strategy(strategy).graphable
+    # torch.compile'd block pieces on CUDA (as DecodeRunner): un-fused, a graph replay of the reference
+    # step is ~9 ms of small kernels against 3.1 ms of weight reads, and would flatter the overlap
+    compile = dev.type == "cuda" if compile is None else compile
     model = HybridModel(shape, dev, seed=seed)
     total = 8 * (steps + warmup) + 16          # every mode and capture advances the lengths
-    n_e, n_s = _lane(model, "resident", normal_batch, normal_context, budget, total, seed)
-    o_e, o_s = _lane(model, strategy, offload_batch, context, budget, total, seed + 10)
+    n_e, n_s = _lane(model, "resident", normal_batch, normal_context, budget, total, seed, compile)
+    o_e, o_s = _lane(model, strategy, offload_batch, context, budget, total, seed + 10, compile)
     lanes = {"n": (n_e, n_s), "o": (o_e, o_s)}
     if compute_ref:     # the offloaded batch's rows on the device: its compute without the link
-        lanes["r"] = _lane(model, "resident", offload_batch, context, budget, total, seed + 10)
+        lanes["r"] = _lane(model, "resident", offload_batch, context, budget, total, seed + 10, compile)
     loader = Loader(o_e)
     last = {}
     if graphs:
@@ -113,7 +117,7 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
         modes["offload_compute"] = seq("r")
     out = {"shape": shape.name, "device": str(dev), "gpu_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "strategy": strategy, "context_len": context, "offload_batch": offload_batch, "normal_batch": normal_batch,
-           "normal_context": normal_context, "budget": budget, "steps": steps, "graphs": graphs,
+           "normal_context": normal_context, "budget": budget, "steps": steps, "graphs": graphs, "compile": compile,
            "lookahead": lookahead if graphs else 0}
     for name, fn in modes.items():
         _time(fn, warmup, dev)

@@ -48,6 +48,7 @@ SPEC = [
     Param("page_size", "int", 0, "KV page (0: 256 on CUDA, 16 on CPU)"),
     Param("prefill_chunk", "int", 0, "prefill chunk (0: 8192 on CUDA, 64 on CPU)"),
     Param("graphs", "bool", False, "CUDA graphs per batch composition (CUDA only)"),
+    Param("compile", "bool", False, "torch.compile the block pieces (CUDA; one compile per batch size seen)"),
     Param("seed", "int", 0, "model weights"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
 ]
@@ -124,7 +125,7 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     from ..serving.loadgen import run_load
     lanes = make_lanes(model.shape, model.device, p["resident_slots"], p["offload_slots"], capacity=p["capacity"],
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
-                       prefill_chunk=p["prefill_chunk"], model=model,
+                       prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
                        resident_pool_tokens=p["resident_pool_tokens"] or None)
     costs = calibrate(lanes) if policy == "adaptive" else None
     switching = not policy.startswith("noswitch:")

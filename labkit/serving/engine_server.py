@@ -228,7 +228,8 @@ def add_cli(sub) -> None:
     s.add_argument("--switching", default="on", help="on | off")
     s.add_argument("--page-size", type=int, default=256)
     s.add_argument("--prefill-chunk", type=int, default=8192)
-    s.add_argument("--compile", action="store_true", help="torch.compile the block pieces (CUDA)")
+    s.add_argument("--compile", action="store_true",
+                   help="torch.compile the block pieces (CUDA; one compile per batch size seen)")
     s.add_argument("--graphs", action="store_true", help="CUDA graphs per batch composition (CUDA)")
     s.add_argument("--timeline-every", type=int, default=0, help="record the switching timeline every N rounds")
     s.add_argument("--seed", type=int, default=0)
