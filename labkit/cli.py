@@ -5,6 +5,7 @@
     labkit probe [--out DIR]
     labkit report DIR
     labkit runs [--root results]
+    labkit predict DIR --gpu rtx3090 --gpus 3
 
 Bad input prints one line and exits 2 before anything is allocated or written.
 """
@@ -56,11 +57,8 @@ def _run(experiment: str, params: dict, out: str | None) -> int:
 
 
 def _after_run(path: Path) -> None:
-    """Hook for whatever indexes runs (the run index page); absent modules are fine."""
-    try:
-        from .index import rebuild_index   # noqa: F401  (provided by the run-index work)
-    except ImportError:
-        return
+    """Rebuild the run index page beside the new run."""
+    from .index import rebuild_index
     try:
         rebuild_index(path.parent)
     except Exception as ex:  # the run itself succeeded; say why the index did not update
@@ -96,6 +94,46 @@ def cmd_report(a) -> int:
     return 0
 
 
+def cmd_predict(a) -> int:
+    """Predicted step time and tok/s of a measured decode run on another GPU (a prediction, labelled)."""
+    from . import costmodel as C
+    from .results import load_run
+    from .shapes import ModelShape
+    if a.gpus < 1:
+        raise BadInput(f"--gpus must be >= 1, got {a.gpus}")
+    try:
+        target = C.gpu(a.gpu)
+    except ValueError as ex:
+        raise BadInput(str(ex)) from None
+    run = load_run(Path(a.run_dir))
+    m, mf = run.metrics, run.manifest
+    source = C.gpu_for_name(mf.get("gpu_name") or "")
+    if source is None:
+        raise BadInput(f"{a.run_dir}: measured on {mf.get('gpu_name') or 'a CPU'}, which labkit/data/gpus.toml does not "
+                       f"list; the model needs the source GPU's specs")
+    if "anat_weights_ms" not in m:
+        raise BadInput(f"{a.run_dir}: no step anatomy in this run (measured before anatomies existed, or anatomy=false)")
+    shape = ModelShape.from_name(mf["parameters"]["shape"])
+    tab = C.predict_table(m, shape, source, target, a.gpus)
+    err = C.validate(m, shape, source)
+    if a.json:
+        print(json.dumps({"prediction": tab.to_dict("records"), "validation_on_source": err.to_dict("records")}, indent=1,
+                         default=str))
+        return 0
+    print(f"PREDICTED (not measured) on {a.gpus} x {target.name} (PCIe gen{target.pcie_gen} x{target.pcie_width}, "
+          f"{target.hbm_gbps} GB/s memory), from the anatomy of {mf['run_id']} on {source.name}:")
+    cols = ["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "fits", "memory_gib_per_gpu"]
+    print(tab[cols].round(2).to_string(index=False))
+    print("\nwhy (largest context, concurrency 1):")
+    for strategy, g in tab.groupby("strategy"):
+        r = g[g["concurrency"] == g["concurrency"].min()].sort_values("context_len").iloc[-1]
+        print(f"  {strategy}: " + r["reasoning"].replace("; ", "\n    "))
+    if not err.empty:
+        print(f"\nthe same model predicting this run's own points on {source.key} (fit on one point per strategy): "
+              f"median |error| {err['error'].abs().median():.1%}, worst {err['error'].abs().max():.1%}")
+    return 0
+
+
 def cmd_runs(a) -> int:
     from .results import list_runs
     df = list_runs(a.root)
@@ -121,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="write DIR/report.html")
     rp.add_argument("run_dir")
     rp.set_defaults(fn=cmd_report)
+    pr = sub.add_parser("predict", help="predict a decode run's table on another GPU from its step anatomy")
+    pr.add_argument("run_dir")
+    pr.add_argument("--gpu", default="rtx3090", help="target GPU key in labkit/data/gpus.toml")
+    pr.add_argument("--gpus", type=int, default=1, help="GPUs the layers are split over (the reference box: 3)")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(fn=cmd_predict)
     ls = sub.add_parser("runs", help="list run folders")
     ls.add_argument("--root", default="results")
     ls.set_defaults(fn=cmd_runs)
@@ -130,16 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _extensions():
-    """Sub-commands contributed by other modules (nightly, compare, quality, ...), if present."""
-    hooks = []
-    for mod in ("labkit.nightly", "labkit.compare", "labkit.quality.cli", "labkit.serving.engine_server"):
-        try:
-            m = __import__(mod, fromlist=["add_cli"])
-        except ImportError:
-            continue
-        if hasattr(m, "add_cli"):
-            hooks.append(m.add_cli)
-    return hooks
+    """Sub-commands that live beside their modules (each module's `add_cli(subparsers)`)."""
+    from . import compare, nightly
+    from .serving import engine_server
+    return [nightly.add_cli, compare.add_cli, engine_server.add_cli]
 
 
 def main(argv: list[str] | None = None) -> int:

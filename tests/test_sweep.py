@@ -58,7 +58,7 @@ def test_failed_point_is_recorded_and_sweep_continues(tmp_path, monkeypatch):
     real = decode.measure_decode
 
     def flaky(model, caches, pt, p, tel):
-        if pt["strategy"] == "host_gather" and pt["context_len"] == 512:
+        if pt.strategy == "host_gather" and pt.context_len == 512:
             raise RuntimeError("injected failure\nsecond line")
         return real(model, caches, pt, p, tel)
 

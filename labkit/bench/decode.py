@@ -88,7 +88,7 @@ class DecodePlan:
     @property
     def margin(self) -> int:
         p = self.params
-        return 8 + 4 + ANATOMY_STEPS + 1 + p["steps"] * p["repeats"] + MARGIN
+        return 8 + 4 + 2 * ANATOMY_STEPS + 2 + p["steps"] * p["repeats"] + MARGIN
 
     @property
     def cuda(self) -> bool:
@@ -337,10 +337,12 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
         rec[f"nvml_tx_bytes_per_step_gpu{i}"] = a_tx / n
     if p["anatomy"] and not per_row:
         anat = runner.anatomy(repeats=ANATOMY_STEPS)
-        rec.update({f"anat_{k}_ms" if k != "marked_step_ms" else "anat_marked_step_ms": v for k, v in anat.items()})
-        # How far the phase marks themselves moved the step (1.0: not at all); the anatomy is trusted
-        # only where this stays within 5%.
-        rec["anat_closure"] = anat["marked_step_ms"] / t.median
+        phases = {k: v for k, v in anat.items() if k not in ("marked_step_ms", "mark_us", "n_marks")}
+        rec.update({f"anat_{k}_ms": v for k, v in phases.items()})
+        rec.update(anat_marked_step_ms=anat["marked_step_ms"], anat_mark_us=anat["mark_us"], anat_marks=anat["n_marks"])
+        # The corrected phases against the unmarked step (1.0: they account for it exactly); the
+        # anatomy is trusted where this stays within 5% (targets.py).
+        rec["anat_closure"] = sum(phases.values()) / t.median
     del runner, runners
     return rec
 

@@ -1,7 +1,7 @@
 """OffloadCache: the per-request state of a batch of slots, and its one write path.
 
     cache = OffloadCache.allocate(model, "host", n_slots, capacity)
-    cache.write(layer, slots, positions, kv_rows, index_keys, index_scales, strategy)
+    cache.write(layer, cache.locate(slots, positions), kv_rows, index_keys, index_scales, strategy)
 
 Holds the paged KV pool (host or device, `kv.KVPool`), its page table, the device index keys, and the
 DeltaNet states. Every K/V row and index key the engine produces (a prompt chunk's thousands of
@@ -52,14 +52,18 @@ class OffloadCache:
     def capacity(self) -> int:
         return self.index.capacity
 
-    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, kv_rows: torch.Tensor,
+    def locate(self, slots: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pool rows and index-key slots of request `slots` [N] at `positions` [N] (device, no sync).
+        The same for every QSA layer: a decode step computes them once."""
+        return self.pages.rows(slots, positions), slots * self.capacity + positions
+
+    def write(self, layer: int, where: tuple[torch.Tensor, torch.Tensor], kv_rows: torch.Tensor,
               keys: torch.Tensor, scales: torch.Tensor, strategy) -> None:
         """Store N tokens' K/V rows [N, row] (bf16) and index keys [N, D] fp8 + scales [N] of QSA
-        `layer`, for request `slots` [N] at `positions` [N] (device tensors; no host sync, so a decode
-        step's write stays inside its CUDA graph). Pages must have been reserved."""
-        rows = self.pages.rows(slots, positions)
+        `layer` at `where = locate(slots, positions)`, through the transfer strategy (which may mirror
+        rows elsewhere). Device tensors only: a decode step's write stays inside its CUDA graph."""
+        rows, flat = where
         strategy.store(self.pool, layer, rows, kv_rows.reshape(rows.shape[0], -1).view(torch.int64))
-        flat = slots * self.capacity + positions
         self.index.keys[layer].view(torch.uint8).view(-1, keys.shape[-1]).index_copy_(0, flat, keys.view(torch.uint8))
         self.index.scales[layer].view(-1).index_copy_(0, flat, scales)
 

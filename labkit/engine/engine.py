@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import dense_prefill_attention, split_rows
+from .deltanet_step import delta_step
 from .cache import OffloadCache
 from .indexer import index_scores
 from .model import block_fns
@@ -71,7 +72,7 @@ class Engine:
             mark("weights", new_block=True)
             q, gate, kv_row, k8, sc, iq, iw = f.qsa_pre(blk, x, pos)
             mark("other")
-            self.cache.write(ki, io.slots, pos, kv_row, k8, sc, self.strategy)
+            self.cache.write(ki, io.where, kv_row, k8, sc, self.strategy)
             att = yield from io.attend(ki, q, iq, iw, pos)
             mark("weights")
             x = f.qsa_out(blk, x, att, gate)
@@ -124,7 +125,7 @@ class Engine:
         `switching.py`, may hand the GPU to the other batch)."""
         m, c = self.model, self.cache
         pos = c.lens[:st.batch].clone()
-        io = _DecodeIO(self, st)
+        io = _DecodeIO(self, st, pos)
         x = m.embed[st.tokens] if m.embed is not None else st.x_in
         for i, (blk, ki) in enumerate(zip(m.blocks, m.kind_index)):
             x = yield from self.block(blk, ki, x, pos, io)
@@ -166,11 +167,12 @@ class _PrefillIO:
         m = engine.model
         self.e, self.slot, self.fns, self.mark = engine, slot, engine._eager_fns, NO_MARKS.mark
         self.prefix = torch.empty((T, engine.cache.row_words()), dtype=torch.int64, device=m.device)
-        self.end, self.slots = 0, None
+        self.end, self.where = 0, None
 
     def begin_chunk(self, start: int, end: int) -> None:
         self.end = end
-        self.slots = torch.full((end - start,), self.slot, dtype=torch.int64, device=self.prefix.device)
+        slots = torch.full((end - start,), self.slot, dtype=torch.int64, device=self.prefix.device)
+        self.where = self.e.cache.locate(slots, torch.arange(start, end, device=slots.device))
 
     def deltanet(self, blk, ki, x):
         c = self.e.cache
@@ -190,28 +192,34 @@ class _DecodeIO:
     """Decode of a batch, one token per request: score every written position, keep the top `k`,
     yield the rows to load, attend over them."""
 
-    def __init__(self, engine: Engine, st):
+    def __init__(self, engine: Engine, st, pos: torch.Tensor):
         self.e, self.st, self.fns, self.mark = engine, st, engine.fns, st.mark
-        self.slots = st.slots
+        # Layer-independent, so once per step: the new token's pool row and key slot, the lengths.
+        self.where = engine.cache.locate(st.slots, pos)
+        self.lens = pos + 1
 
     def deltanet(self, blk, ki, x):
-        c, B = self.e.cache, self.st.batch
-        return self.fns.dn_mix(blk, x, c.dn_state[ki, :B], c.dn_conv[ki, :B])
+        c, B, f = self.e.cache, self.st.batch, self.fns
+        q, k, v, log_a, beta, z = f.dn_pre(blk, x, c.dn_conv[ki, :B])
+        o = delta_step(c.dn_state[ki, :B], q, k, v, log_a, beta)      # one kernel on CUDA
+        return f.dn_post(blk, x, o, z)
 
     def attend(self, ki, q, iq, iw, pos):
         e, st, c, mark = self.e, self.st, self.e.cache, self.mark
         B, k, W = st.batch, st.k, st.window
         mark("index_score")
-        scores = index_scores(iq, iw, c.index.keys[ki, :B, :W], c.index.scales[ki, :B, :W], pos + 1)
+        scores = index_scores(iq, iw, c.index.keys[ki, :B, :W], c.index.scales[ki, :B, :W], self.lens)
         mark("selection")
-        sel, valid = select_topk(scores, k, out=(st.last_sel[ki], st.last_valid[ki]))
-        mark("other")
+        rows = st.rows_buf[ki].view(B, k)
+        sel, valid = select_topk(scores, k, out=(st.last_sel[ki], st.last_valid[ki]),
+                                 pages=(rows, c.pages.table, c.pages.page_size))
         if st.trace is not None:   # replay recorded selections (scaled to this context)
+            mark("other")
             # index_select with the step as a 1-element device tensor: plain indexing would .item() (a sync)
             step_sel = torch.index_select(st.trace, 0, st.trace_step.view(1))[0, ki]
             sel.copy_(torch.minimum(step_sel.expand(B, k), pos[:, None]))
             valid.fill_(True)
-        st.rows_buf[ki].copy_(c.pages.rows(st.slots, sel).view(-1))
+            rows.copy_(c.pages.rows(st.slots, sel))
         mark("transfer")
         yield LoadRequest(ki, st.rows_buf[ki], st.staging)
         mark("attention")

@@ -168,11 +168,11 @@ class DeltaNetLayer(nn.Module):
         log_a = -self.A_log.exp() * F.softplus(a.float() + self.dt_bias)     # log of the decay, < 0
         return log_a, torch.sigmoid(b.float())
 
-    def _qkv(self, conv_out, n):
+    def _qkv(self, conv_out, n, repeat: bool = True):
         s = self.s
         dk = s.dn_k_heads * s.dn_head_dim
         q, k, v = torch.split(conv_out, [dk, dk, conv_out.shape[-1] - 2 * dk], dim=-1)
-        rep = s.dn_v_heads // s.dn_k_heads                                   # each key head serves `rep` value heads
+        rep = s.dn_v_heads // s.dn_k_heads if repeat else 1                  # each key head serves `rep` value heads
         q = F.normalize(q.float().view(n, s.dn_k_heads, -1), dim=-1).repeat_interleave(rep, 1) * s.dn_head_dim ** -0.5
         k = F.normalize(k.float().view(n, s.dn_k_heads, -1), dim=-1).repeat_interleave(rep, 1)
         return q, k, v.float().view(n, s.dn_v_heads, -1)
@@ -182,20 +182,27 @@ class DeltaNetLayer(nn.Module):
         o = self.o_norm(o.to(z.dtype)) * F.silu(z.view(n, self.s.dn_v_heads, -1))
         return o.flatten(1) @ self.w_o
 
-    def step(self, x: torch.Tensor, S: torch.Tensor, conv: torch.Tensor) -> torch.Tensor:
-        """One token per request: x [B, hidden]; S [B, H, dk, dv] fp32 and conv [B, C, K-1] updated in place."""
+    def step_inputs(self, x: torch.Tensor, conv: torch.Tensor):
+        """Decode, one token per request, up to the recurrence: x [B, hidden], conv [B, C, K-1] updated in
+        place -> q, k [B, Hk, dk] (per key head, not repeated), v [B, H, dv], log_a, beta [B, H], z."""
         B = x.shape[0]
         qkv, z, a, b = torch.split(x @ self.w_in, [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
         window = torch.cat([conv, qkv.unsqueeze(-1)], dim=-1)                # [B, C, K]
         conv.copy_(window[..., 1:])
         conv_out = F.silu((window.float() * self.conv_w.float()).sum(-1)).to(x.dtype)
-        q, k, v = self._qkv(conv_out, B)
+        q, k, v = self._qkv(conv_out, B, repeat=False)
         log_a, beta = self._gates(a, b)
-        S.mul_(log_a.exp()[..., None, None])
-        v_old = torch.einsum("bhkv,bhk->bhv", S, k)
-        S.add_(torch.einsum("bhk,bhv->bhkv", k * beta[..., None], v - v_old))
-        o = torch.einsum("bhkv,bhk->bhv", S, q)
+        return q, k, v, log_a, beta, z
+
+    def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return self._out(o, z)
+
+    def step(self, x: torch.Tensor, S: torch.Tensor, conv: torch.Tensor) -> torch.Tensor:
+        """One token per request: x [B, hidden]; S [B, H, dk, dv] fp32 and conv [B, C, K-1] updated in place.
+        The engine runs the same three parts with the recurrence as one kernel (`deltanet_step`)."""
+        from .deltanet_step import delta_step_reference
+        q, k, v, log_a, beta, z = self.step_inputs(x, conv)
+        return self._out(delta_step_reference(S, q, k, v, log_a, beta), z)
 
     def forward_seq(self, x: torch.Tensor, S: torch.Tensor, conv: torch.Tensor, chunk: int = 64) -> torch.Tensor:
         """A prompt chunk of one request: x [T, hidden]; S [H, dk, dv], conv [C, K-1] updated in place."""

@@ -77,9 +77,14 @@ def kind_index(blocks) -> list[int]:
 # fuses each piece's elementwise chains into a few Triton kernels; written as functions of the block
 # (not methods), one compiled graph serves every layer of a kind (parameters are lifted as inputs).
 # The pieces end where the step anatomy draws its phase lines (weights | DeltaNet | attention).
-def dn_mix(blk, x, S, conv):
-    """Decode: x [B, hidden] -> x + DeltaNet(norm1 x); S, conv updated in place."""
-    return x + blk.mixer.step(blk.norm1(x), S, conv)
+def dn_pre(blk, x, conv):
+    """Decode, a DeltaNet block up to its recurrence (projection, conv window, gates); conv in place."""
+    return blk.mixer.step_inputs(blk.norm1(x), conv)
+
+
+def dn_post(blk, x, o, z):
+    """The recurrence's output o [B, H, dv] through the gated norm and output projection, plus x."""
+    return x + blk.mixer.output(o, z)
 
 
 def ffn_residual(blk, x):
@@ -104,7 +109,8 @@ def qsa_out(blk, x, att, gate):
 
 @dataclass(frozen=True)
 class BlockFns:
-    dn_mix: object
+    dn_pre: object
+    dn_post: object
     ffn_residual: object
     qsa_pre: object
     sparse_attention: object
@@ -118,7 +124,7 @@ _FNS: dict[bool, BlockFns] = {}
 def block_fns(compiled: bool) -> BlockFns:
     compiled = compiled and os.environ.get("LABKIT_COMPILE", "1") != "0"
     if compiled not in _FNS:
-        pieces = (dn_mix, ffn_residual, qsa_pre, sparse_attention, qsa_out)
+        pieces = (dn_pre, dn_post, ffn_residual, qsa_pre, sparse_attention, qsa_out)
         if compiled:
             import torch._dynamo
             torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)

@@ -76,10 +76,13 @@ if HAVE_TRITON:
             match = m
         else:
             match = m & ((key >> (SHIFT + 8)) == tl.load(prefix_ptr + b))
-        digit = tl.where(match, (key >> SHIFT) & (RADIX - 1), RADIX)      # the rest into a spare bin
-        h = tl.histogram(digit.to(tl.int32), 2 * RADIX)
-        bins = tl.arange(0, 2 * RADIX)
-        tl.atomic_add(hist_ptr + b * RADIX + bins, h, mask=(bins < RADIX) & (h > 0))
+        # Non-matching keys go to bin 0 and are taken out of it again: a RADIX-bin histogram, not
+        # 2*RADIX (tl.histogram's cost grows with the bins).
+        digit = tl.where(match, (key >> SHIFT) & (RADIX - 1), 0)
+        h = tl.histogram(digit.to(tl.int32), RADIX)
+        bins = tl.arange(0, RADIX)
+        h = h - tl.where(bins == 0, BLOCK - tl.sum(match.to(tl.int32), 0), 0)
+        tl.atomic_add(hist_ptr + b * RADIX + bins, h, mask=h > 0)
 
     @triton.jit
     def _find_kernel(hist_ptr, prefix_ptr, need_ptr, RADIX: tl.constexpr):
@@ -105,7 +108,8 @@ if HAVE_TRITON:
         tl.store(eq_ptr + b * NBLK + j, tl.sum((m & (key == thr)).to(tl.int32), 0))
 
     @triton.jit
-    def _write_kernel(s_ptr, thr_ptr, need_ptr, gt_ptr, eq_ptr, pos_ptr, valid_ptr, L, NBLK, K,
+    def _write_kernel(s_ptr, thr_ptr, need_ptr, gt_ptr, eq_ptr, pos_ptr, valid_ptr, rows_ptr, table_ptr,
+                      table_stride, L, NBLK, K, PAGE: tl.constexpr, ROWS: tl.constexpr,
                       BLOCK: tl.constexpr, NBLK_P2: tl.constexpr):
         b, j = tl.program_id(1), tl.program_id(0)
         blk = tl.arange(0, NBLK_P2)
@@ -122,8 +126,12 @@ if HAVE_TRITON:
         rank = gt_before + tl.minimum(eq_before, need) + tl.cumsum(take.to(tl.int32), 0) - 1
         sc = tl.load(s_ptr + b * L + offs, mask=m, other=float("-inf"))
         ok = sc > float("-inf")
-        tl.store(pos_ptr + b * K + rank, tl.where(ok, offs, 0).to(tl.int64), mask=take)
+        pos = tl.where(ok, offs, 0).to(tl.int64)
+        tl.store(pos_ptr + b * K + rank, pos, mask=take)
         tl.store(valid_ptr + b * K + rank, ok.to(tl.int8), mask=take)
+        if ROWS:   # the pool rows of the request in row b: page table lookup, fused here
+            page = tl.load(table_ptr + b * table_stride + pos // PAGE, mask=take, other=0)
+            tl.store(rows_ptr + b * K + rank, page * PAGE + pos % PAGE, mask=take)
 
 
 def _triton_ok(t: torch.Tensor) -> bool:
@@ -132,7 +140,7 @@ def _triton_ok(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
 
 
-def select_topk_triton(scores: torch.Tensor, k: int, block: int = 8192, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+def select_topk_triton(scores: torch.Tensor, k: int, block: int = 2048, out=None, pages=None):
     B, L = scores.shape
     if not 0 < k <= L:
         raise ValueError(f"select k={k} of {L} scores")
@@ -154,22 +162,32 @@ def select_topk_triton(scores: torch.Tensor, k: int, block: int = 8192, out=None
     _count_kernel[(nblk, B)](s, prefix, gt, eq, L, nblk, BLOCK=block, num_warps=warps)
     pos, valid = out if out is not None else (torch.empty((B, k), dtype=torch.int64, device=dev),
                                               torch.empty((B, k), dtype=torch.bool, device=dev))
-    _write_kernel[(nblk, B)](s, prefix, need, gt, eq, pos, valid.view(torch.int8), L, nblk, k, BLOCK=block,
+    rows, table, page = (None, None, 1) if pages is None else pages
+    _write_kernel[(nblk, B)](s, prefix, need, gt, eq, pos, valid.view(torch.int8), rows if rows is not None else pos,
+                             table if table is not None else pos, table.stride(0) if table is not None else 0,
+                             L, nblk, k, PAGE=page, ROWS=rows is not None, BLOCK=block,
                              NBLK_P2=triton.next_power_of_2(nblk), num_warps=warps)
     return pos, valid
 
 
-def select_topk(scores: torch.Tensor, k: int, out: tuple[torch.Tensor, torch.Tensor] | None = None):
+def select_topk(scores: torch.Tensor, k: int, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                pages: tuple | None = None):
     """Top-k positions per row in ascending order and which are real (see the module docstring).
-    `out=(pos [B, k] int64, valid [B, k] bool)` receives them in place (a decode step's static buffers)."""
+    `out=(pos [B, k] int64, valid [B, k] bool)` receives them in place (a decode step's static buffers).
+    `pages=(rows [B, k] int64, table [B, pages] int64, page_size)`: also write each selected position's
+    pool row (`table[b, pos // page_size] * page_size + pos % page_size`, row b of the batch is request
+    slot b), fused into the write pass on CUDA."""
     if _triton_ok(scores):
-        return select_topk_triton(scores, k, out=out)
+        return select_topk_triton(scores, k, out=out, pages=pages)
     pos, valid = select_topk_reference(scores, k)
-    if out is None:
-        return pos, valid
-    out[0].copy_(pos)
-    out[1].copy_(valid)
-    return out
+    if out is not None:
+        out[0].copy_(pos)
+        out[1].copy_(valid)
+        pos, valid = out
+    if pages is not None:
+        rows, table, page = pages
+        rows.copy_(torch.gather(table[:pos.shape[0]], 1, pos // page) * page + pos % page)
+    return pos, valid
 
 
 def select_topk_torch(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

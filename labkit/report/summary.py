@@ -1,9 +1,9 @@
 """Headline figures and the issue's targets, computed as ratios within one run."""
 from __future__ import annotations
 
-import math
-
 import pandas as pd
+
+from ..targets import SEED_000, TARGETS
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -41,46 +41,78 @@ def _point(d, strategy, conc, ctx, col="tok_s"):
     return None if r.empty else float(r[col].iloc[0])
 
 
+def probe_ms(m: pd.DataFrame, strategy: str, **where) -> float | None:
+    p = _ok(m[(m["experiment"] == "probe") & (m["strategy"] == strategy)])
+    for k, v in where.items():
+        if k not in p:
+            return None
+        p = p[p[k] == v]
+    return None if p.empty else float(p["step_ms_median"].iloc[0])
+
+
 def targets(m: pd.DataFrame) -> pd.DataFrame:
-    """Each target of the foundation issue: measured value, threshold, met or not (None: not measured)."""
+    """Every target of `labkit.targets.TARGETS` this run can answer: value, threshold, met (None: not
+    measured here), and how the value was formed."""
     d = decode_table(m)
     rows = []
 
-    def add(name, value, threshold, higher=True, detail=""):
-        met = None if value is None or (isinstance(value, float) and math.isnan(value)) else (
-            value >= threshold if higher else value <= threshold)
-        rows.append({"target": name, "value": value, "threshold": threshold, "met": met, "detail": detail})
+    def add(key, value, detail=""):
+        t = TARGETS[key]
+        rows.append({"target": t.what, "value": value, "threshold": t.threshold,
+                     "met": t.met(value), "detail": detail, "source": t.source})
 
     link, zc = link_gbps(m), gather_gbps(m)
-    add("zero_copy gather GB/s / contiguous pinned H2D GB/s", zc / link if zc and link else None, 0.90,
-        detail=f"{zc:.1f} / {link:.1f} GB/s" if zc and link else "")
-    zcd = d[(d["strategy"] == "zero_copy") & (d["concurrency"] == d["concurrency"].min())] if not d.empty else d
-    if not zcd.empty:
-        c1 = int(zcd["concurrency"].iloc[0])
-        big, ref = int(zcd["context_len"].max()), 64 << 10
-        s_big, s_ref = _point(d, "zero_copy", c1, big, "step_ms_median"), _point(d, "zero_copy", c1, ref, "step_ms_median")
-        add(f"zero_copy step at {big // 1024}K / step at 64K", s_big / s_ref if s_big and s_ref else None, 1.15, higher=False,
-            detail=f"{s_big:.2f} / {s_ref:.2f} ms" if s_big and s_ref else "")
-        res = d[(d["strategy"] == "resident") & (d["concurrency"] == c1)]
-        if not res.empty:
-            ctx = int(res["context_len"].max())
-            z, r = _point(d, "zero_copy", c1, ctx), _point(d, "resident", c1, ctx)
-            add(f"zero_copy tok/s / resident tok/s at {ctx // 1024}K", z / r if z and r else None, 0.75,
-                detail=f"{z:.1f} / {r:.1f} tok/s" if z and r else "")
-        cmax = int(d["concurrency"].max())
-        if cmax > c1:
-            z1, zc4 = _point(d, "zero_copy", c1, big), _point(d, "zero_copy", cmax, big)
-            add(f"zero_copy aggregate tok/s at concurrency {cmax} / concurrency {c1} ({big // 1024}K)",
-                zc4 / z1 if z1 and zc4 else None, 2.5, detail=f"{zc4:.1f} / {z1:.1f} tok/s" if z1 and zc4 else "")
+    add("gather_over_link", zc / link if zc and link else None, f"{zc:.1f} / {link:.1f} GB/s" if zc and link else "")
+    if d.empty:
+        return pd.DataFrame(rows)
+    c1, cmax = int(d["concurrency"].min()), int(d["concurrency"].max())
+    big, ref = int(d["context_len"].max()), 64 << 10
+
+    def ratio(key, strategy, a_ctx, b_ctx, col="step_ms_median", a_c=c1, b_c=c1, unit="ms"):
+        a, b = _point(d, strategy, a_c, a_ctx, col), _point(d, strategy, b_c, b_ctx, col)
+        add(key, a / b if a and b else None, f"{a:.2f} / {b:.2f} {unit}" if a and b else "")
+
+    ratio("zero_copy_1m_over_64k", "zero_copy", big, ref)
+    z, r = _point(d, "zero_copy", c1, big), _point(d, "resident", c1, big)
+    add("zero_copy_over_resident", z / r if z and r else None, f"{z:.1f} / {r:.1f} tok/s at {big // 1024}K" if z and r else "")
+    if cmax > c1:
+        ratio("concurrency_scaling", "zero_copy", big, big, col="tok_s", a_c=cmax, unit="tok/s")
     dd = d.dropna(subset=["nvml_rx_bytes_per_step"]) if "nvml_rx_bytes_per_step" in d else d.iloc[0:0]
     dd = dd[dd["h2d_bytes_per_step"] > 0]
     if not dd.empty:
-        ratio = dd["nvml_rx_bytes_per_step"] / dd["h2d_bytes_per_step"]
-        worst = float((ratio - 1).abs().max())
-        add("max |NVML PCIe RX / engine-counted H2D - 1| over offloaded points", worst, 0.15, higher=False,
-            detail=f"ratio {ratio.min():.3f}..{ratio.max():.3f} over {len(dd)} points")
+        nv = dd["nvml_rx_bytes_per_step"] / dd["h2d_bytes_per_step"]
+        add("nvml_vs_engine", float((nv - 1).abs().max()), f"ratio {nv.min():.3f}..{nv.max():.3f} over {len(dd)} points")
+    hbm = gather_gbps(m, "hbm_read")
+    res = d[(d["strategy"] == "resident") & (d["concurrency"] == c1) & (d["context_len"] == ref)]
+    if hbm and not res.empty and "step_weight_bytes" in res:
+        bound = float(res["step_weight_bytes"].iloc[0]) / (hbm * 1e6)
+        step = float(res["step_ms_median"].iloc[0])
+        add("resident_roofline", step / bound, f"{step:.2f} ms / {bound:.2f} ms ({hbm:.0f} GB/s read)")
+    ratio("resident_1m_over_64k", "resident", big, ref)
+    sel = probe_ms(m, "score_select", context_len=1 << 20, concurrency=1)
+    add("selection_1m_ms", sel, "probe: index_score + radix select, one layer" if sel else "")
+    if "anat_closure" in d and d["anat_closure"].notna().any():
+        cl = d["anat_closure"].dropna()
+        add("anatomy_closure", float((cl - 1).abs().max()), f"{cl.min():.3f}..{cl.max():.3f} over {len(cl)} points")
+    err = cost_model_errors(m)
+    if err is not None and not err.empty:
+        add("cost_model_error", float(err["error"].abs().max()), f"median {err['error'].abs().median():.1%} over {len(err)} points")
     pf = _ok(m[m["experiment"] == "prefill"])
     for _, r in pf.iterrows():
         rows.append({"target": f"prefill tok/s at {int(r['context_len']) // 1024}K ({r['strategy']})",
-                     "value": float(r["tok_s"]), "threshold": None, "met": None, "detail": "seed 000: 3,701 tok/s on 3x RTX 3090"})
+                     "value": float(r["tok_s"]), "threshold": None, "met": None, "detail": "measured here",
+                     "source": "seed 000 (3x RTX 3090, not this machine): " + SEED_000["prefill tok/s at 248K tokens"]})
     return pd.DataFrame(rows)
+
+
+def cost_model_errors(m: pd.DataFrame) -> pd.DataFrame | None:
+    """The cost model's error on this run's own points, when the run has anatomies and a known GPU."""
+    from ..costmodel import gpu_for_name, validate
+    from ..shapes import ModelShape
+    d = decode_table(m)
+    if d.empty or "anat_weights_ms" not in m or "gpu_name" not in m or "shape" not in m:
+        return None
+    src = gpu_for_name(str(m["gpu_name"].dropna().iloc[0]) if m["gpu_name"].notna().any() else "")
+    if src is None:
+        return None
+    return validate(m, ModelShape.from_name(str(m["shape"].dropna().iloc[0])), src)

@@ -1,0 +1,254 @@
+"""A cost model that turns one measured step anatomy into predicted step times on other GPUs and points.
+
+    model = CostModel.fit(run_dir, strategy="zero_copy", context_len=65536, concurrency=1)
+    model.predict(gpu("rtx3090"), context_len=1 << 20, concurrency=4, budget=2048)   # a Prediction
+    labkit predict RUN_DIR --gpu rtx3090 --gpus 3                                    # the same, as a table
+
+Each phase of the anatomy (`runner.py`: weights, deltanet, index_score, selection, transfer,
+attention, head, other) is read as `t = fixed + bytes / bandwidth`:
+- `bytes` is what the phase must move at a point, from the shape (`phase_bytes`): the weights its
+  GEMMs stream, the DeltaNet states (per request), the index keys scored (per request and token), the
+  scores the selection passes read, the selected rows (over the host link for the offloaded
+  strategies, twice through HBM for `resident`'s gather);
+- `bandwidth` is the source GPU's memory bandwidth (or host link) times the efficiency this run
+  achieved on a contiguous read (`hbm_read` probe row; link: the zero-copy gather probe). Where a
+  phase ran faster than that (L2-resident data), its own achieved rate is used instead;
+- `fixed` is what is left of the measured phase time: kernel launches and latency, taken as the same
+  on every GPU (an assumption: launch latency is roughly constant across recent NVIDIA GPUs).
+On another GPU the bandwidths scale by the spec ratios (`data/gpus.toml`: memory GB/s, PCIe link),
+efficiency assumed equal. Several GPUs (`gpus=3`, the reference box) split the layers into stages run
+one after another at a step (no pipelining): the step is the same sum plus one activation hand-off
+per stage boundary; memory per GPU is checked against the card.
+
+Validation, honestly: `validate(run)` fits on one point per strategy and predicts every other point
+of the same run; the error per point is reported beside the prediction.
+"""
+from __future__ import annotations
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+
+import pandas as pd
+
+from .shapes import ModelShape
+
+PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attention", "head", "other")
+LINK_GBPS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}       # x16 payload rate per PCIe generation
+SELECT_PASSES = 7            # reads of the fp32 scores by the radix select (4 histograms, count, write) + the write of them
+HANDOFF_MS = 0.02            # one activation hand-off between stages (a few KiB, latency-bound)
+MEMORY_RESERVE_GIB = 1.5     # CUDA context, workspaces, graphs
+
+
+@dataclass(frozen=True)
+class GPU:
+    key: str
+    name: str
+    hbm_gbps: float
+    pcie_gen: int
+    pcie_width: int
+    sms: int
+    memory_gib: float
+
+    @property
+    def link_gbps(self) -> float:
+        return LINK_GBPS[self.pcie_gen] * self.pcie_width / 16
+
+
+def gpus() -> dict[str, GPU]:
+    data = tomllib.loads(resources.files("labkit").joinpath("data/gpus.toml").read_text())
+    return {k: GPU(key=k, **v) for k, v in data.items()}
+
+
+def gpu(key: str) -> GPU:
+    table = gpus()
+    if key not in table:
+        raise ValueError(f"unknown GPU {key!r}: choose from {', '.join(table)} (or add it to labkit/data/gpus.toml)")
+    return table[key]
+
+
+def gpu_for_name(name: str) -> GPU | None:
+    """The spec entry whose name a measured device's name contains (e.g. 'NVIDIA H200' -> h200)."""
+    for g in gpus().values():
+        if g.name.lower() in (name or "").lower() or (name or "").lower() in g.name.lower():
+            return g
+    return None
+
+
+def phase_bytes(shape: ModelShape, strategy: str, context_len: int, concurrency: int, budget: int) -> dict[str, float]:
+    """Bytes each phase must move for one decode step at this point (see the module docstring)."""
+    s, B, L_a, L_d = shape, concurrency, shape.attn_layers, shape.deltanet_layers
+    h, bf = s.hidden, 2
+    k = min(budget, context_len)
+    qsa_in = h * (2 * s.n_heads * s.head_dim + 2 * s.n_kv_heads * s.head_dim + s.index_heads * s.index_dim
+                  + s.index_heads + s.index_dim)
+    qsa_out = s.n_heads * s.head_dim * h
+    ffn = 3 * h * s.ffn_intermediate
+    dk, dv = s.dn_k_heads * s.dn_head_dim, s.dn_v_heads * s.dn_head_dim
+    dn_w = h * (2 * dk + 2 * dv + 2 * s.dn_v_heads) + dv * h
+    dn_state = s.dn_v_heads * s.dn_head_dim * s.dn_head_dim * 4
+    rows = B * L_a * k * s.row_bytes
+    return {
+        "weights": (L_a * (qsa_in + qsa_out) + s.layers * ffn) * bf,
+        "deltanet": L_d * (dn_w * bf + 2 * B * dn_state),
+        "index_score": B * L_a * context_len * s.index_key_bytes,
+        "selection": B * L_a * context_len * 4 * SELECT_PASSES,
+        "transfer": rows * (2 if strategy == "resident" else 1),      # resident: read + write in HBM
+        "attention": rows,
+        "head": s.vocab * h * bf,
+        "other": 0.0,
+    }
+
+
+def _medium(phase: str, strategy: str) -> str:
+    return "link" if phase == "transfer" and strategy != "resident" else "hbm"
+
+
+@dataclass
+class Prediction:
+    gpu: str
+    gpus: int
+    strategy: str
+    context_len: int
+    concurrency: int
+    budget: int
+    step_ms: float
+    phases_ms: dict[str, float]
+    fits: bool
+    memory_gib_per_gpu: float
+    reasoning: list[str] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        return self.concurrency / (self.step_ms / 1e3)
+
+
+@dataclass
+class CostModel:
+    shape: ModelShape
+    strategy: str
+    source: GPU
+    hbm_eff_gbps: float                 # achieved contiguous read on the source GPU
+    link_eff_gbps: float                # achieved host-link gather on the source GPU
+    fixed_ms: dict[str, float]
+    bw_gbps: dict[str, float]           # per phase, on the source GPU
+    fit_point: dict
+
+    @classmethod
+    def fit(cls, metrics: pd.DataFrame, shape: ModelShape, strategy: str, context_len: int, concurrency: int,
+            source: GPU) -> "CostModel":
+        d = metrics[(metrics["experiment"] == "decode") & (metrics["status"] == "ok")]
+        if "axis" in d:
+            d = d[d["axis"] == "context"]
+        row = d[(d["strategy"] == strategy) & (d["context_len"] == context_len) & (d["concurrency"] == concurrency)]
+        if row.empty or "anat_weights_ms" not in row or row["anat_weights_ms"].isna().all():
+            raise ValueError(f"no measured anatomy for {strategy} at context {context_len}, concurrency {concurrency}")
+        r = row.iloc[0]
+        hbm = _probe_gbps(metrics, "hbm_read") or 0.6 * source.hbm_gbps
+        link = _probe_gbps(metrics, "zero_copy") or 0.8 * source.link_gbps
+        by = phase_bytes(shape, strategy, context_len, concurrency, int(r["budget"]))
+        fixed, bw = {}, {}
+        for ph in PHASES:
+            t = float(r[f"anat_{ph}_ms"])
+            base = link if _medium(ph, strategy) == "link" else hbm
+            need = by[ph] / (base * 1e6) if by[ph] else 0.0          # ms at the achieved bandwidth
+            if t >= need:
+                fixed[ph], bw[ph] = t - need, base
+            else:                                                      # faster than streaming: L2-resident
+                fixed[ph], bw[ph] = 0.0, by[ph] / (t * 1e6)
+        return cls(shape, strategy, source, hbm, link, fixed, bw,
+                   {"context_len": context_len, "concurrency": concurrency, "budget": int(r["budget"]),
+                    "step_ms": float(r["step_ms_median"])})
+
+    def predict(self, target: GPU, context_len: int, concurrency: int, budget: int, n_gpus: int = 1) -> Prediction:
+        by = phase_bytes(self.shape, self.strategy, context_len, concurrency, budget)
+        phases, why = {}, []
+        for ph in PHASES:
+            link = _medium(ph, self.strategy) == "link"
+            scale = (target.link_gbps / self.source.link_gbps) if link else (target.hbm_gbps / self.source.hbm_gbps)
+            bw = self.bw_gbps[ph] * scale
+            t = self.fixed_ms[ph] + (by[ph] / (bw * 1e6) if by[ph] else 0.0)
+            phases[ph] = t
+            if by[ph]:
+                why.append(f"{ph}: {self.fixed_ms[ph]:.3f} ms fixed + {by[ph] / 1e6:.1f} MB at {bw:.0f} GB/s "
+                           f"({'host link' if link else 'memory'}, x{scale:.2f} of {self.source.key})")
+        step = sum(phases.values()) + HANDOFF_MS * (n_gpus - 1)
+        if n_gpus > 1:
+            why.append(f"{n_gpus} stages in sequence: + {n_gpus - 1} hand-offs of {HANDOFF_MS} ms")
+        mem = self._memory_gib(context_len, concurrency) / n_gpus
+        fits = mem <= target.memory_gib - MEMORY_RESERVE_GIB
+        if not fits:
+            why.append(f"does not fit: {mem:.1f} GiB per GPU > {target.memory_gib - MEMORY_RESERVE_GIB:.1f} GiB usable")
+        return Prediction(target.key, n_gpus, self.strategy, context_len, concurrency, budget, step, phases, fits, mem, why)
+
+    def _memory_gib(self, context_len: int, concurrency: int) -> float:
+        s = self.shape
+        dev = s.weight_bytes() + concurrency * context_len * s.index_key_bytes * s.attn_layers
+        if self.strategy == "resident":
+            dev += concurrency * context_len * s.kv_bytes_per_token()
+        return dev / 2**30
+
+
+def _probe_gbps(m: pd.DataFrame, strategy: str) -> float | None:
+    p = m[(m["experiment"] == "probe") & (m["strategy"] == strategy) & (m["status"] == "ok")]
+    return None if p.empty or p["gbps"].isna().all() else float(p["gbps"].max())
+
+
+def _decode_points(m: pd.DataFrame) -> pd.DataFrame:
+    d = m[(m["experiment"] == "decode") & (m["status"] == "ok")]
+    return d[d["axis"] == "context"] if "axis" in d else d
+
+
+def fit_point(m: pd.DataFrame, strategy: str) -> tuple[int, int]:
+    """The point a run's model is fitted on: concurrency 1 (or the lowest) at the context nearest 64K."""
+    d = _decode_points(m)
+    d = d[(d["strategy"] == strategy) & d.get("anat_weights_ms", pd.Series(dtype=float)).notna()]
+    if d.empty:
+        raise ValueError(f"no {strategy} point with an anatomy in this run")
+    c = int(d["concurrency"].min())
+    ctx = min(d[d["concurrency"] == c]["context_len"], key=lambda x: abs(x - 65536))
+    return int(ctx), c
+
+
+def validate(m: pd.DataFrame, shape: ModelShape, source: GPU) -> pd.DataFrame:
+    """Fit on one point per strategy, predict every measured point of that strategy: the error table."""
+    rows = []
+    d = _decode_points(m)
+    for strategy in sorted(d["strategy"].unique()):
+        try:
+            ctx0, c0 = fit_point(m, strategy)
+        except ValueError:
+            continue
+        cm = CostModel.fit(m, shape, strategy, ctx0, c0, source)
+        for _, r in d[d["strategy"] == strategy].iterrows():
+            p = cm.predict(source, int(r["context_len"]), int(r["concurrency"]), int(r["budget"]))
+            rows.append({"strategy": strategy, "context_len": int(r["context_len"]), "concurrency": int(r["concurrency"]),
+                         "fit_point": f"{ctx0 // 1024}K c={c0}", "measured_ms": float(r["step_ms_median"]),
+                         "predicted_ms": p.step_ms, "error": p.step_ms / float(r["step_ms_median"]) - 1})
+    return pd.DataFrame(rows)
+
+
+def predict_table(m: pd.DataFrame, shape: ModelShape, source: GPU, target: GPU, n_gpus: int = 1,
+                  contexts=None, concurrency=None) -> pd.DataFrame:
+    """Predicted tok/s on `target` for each strategy of the run at its measured contexts and concurrencies."""
+    d = _decode_points(m)
+    contexts = contexts or sorted(int(x) for x in d["context_len"].unique())
+    concurrency = concurrency or sorted(int(x) for x in d["concurrency"].unique())
+    budget = int(d["budget"].iloc[0]) if not d.empty else 2048
+    rows = []
+    for strategy in sorted(d["strategy"].unique()):
+        try:
+            cm = CostModel.fit(m, shape, strategy, *fit_point(m, strategy), source)
+        except ValueError:
+            continue
+        for c in concurrency:
+            for ctx in contexts:
+                p = cm.predict(target, ctx, c, budget, n_gpus)
+                rows.append({"gpu": target.key, "gpus": n_gpus, "strategy": strategy, "context_len": ctx, "concurrency": c,
+                             "predicted_step_ms": p.step_ms, "predicted_tok_s": p.tok_s if p.fits else None,
+                             "fits": p.fits, "memory_gib_per_gpu": p.memory_gib_per_gpu,
+                             **{f"{k}_ms": v for k, v in p.phases_ms.items()}, "reasoning": "; ".join(p.reasoning)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,96 @@
+"""Where a decode step's time goes (the per-point anatomy) and what the cost model makes of it."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .summary import cost_model_errors, decode_table
+
+PHASE_COLORS = {"weights": "#4c78a8", "deltanet": "#72b7b2", "index_score": "#f58518", "selection": "#e45756",
+                "transfer": "#54a24b", "attention": "#b279a2", "head": "#9d755d", "other": "#bab0ac"}
+TEMPLATE = "plotly_white"
+
+
+def _ctx(v: int) -> str:
+    return f"{v // (1 << 20)}M" if v >= 1 << 20 and v % (1 << 20) == 0 else f"{v // 1024}K" if v >= 1024 else str(v)
+
+
+def anatomy_frame(m: pd.DataFrame) -> pd.DataFrame:
+    """Tidy anatomy: one row per (point, phase) with ms, and the measured step beside it."""
+    d = m[(m["experiment"] == "decode") & (m["status"] == "ok")]
+    if "axis" in d:
+        d = d[d["axis"] == "context"]
+    cols = [c for c in d.columns if c.startswith("anat_") and c.endswith("_ms") and c != "anat_marked_step_ms"]
+    if d.empty or not cols:
+        return pd.DataFrame()
+    t = d.melt(id_vars=["strategy", "context_len", "concurrency", "step_ms_median"], value_vars=cols,
+               var_name="phase", value_name="ms")
+    t["phase"] = t["phase"].str[len("anat_"):-len("_ms")]
+    return t.dropna(subset=["ms"])
+
+
+def anatomy_bars(m: pd.DataFrame) -> go.Figure:
+    """Stacked phases per strategy and context, one panel per concurrency; a black tick marks the
+    measured (unmarked) step, so the gap between bar and tick is what the anatomy leaves unexplained."""
+    t = anatomy_frame(m)
+    if t.empty:
+        fig = go.Figure()
+        fig.update_layout(title="Step anatomy", template=TEMPLATE, annotations=[{
+            "text": "no anatomy in this run (anatomy=false, or per_row only)", "showarrow": False,
+            "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper"}])
+        return fig
+    concs = sorted(int(c) for c in t["concurrency"].unique())
+    fig = make_subplots(rows=len(concs), cols=1, subplot_titles=[f"concurrency {c}" for c in concs], vertical_spacing=0.12)
+    for i, c in enumerate(concs, start=1):
+        tc = t[t["concurrency"] == c].sort_values(["strategy", "context_len"])
+        for ph, color in PHASE_COLORS.items():
+            g = tc[tc["phase"] == ph]
+            if g.empty:
+                continue
+            fig.add_trace(go.Bar(x=[g["strategy"], g["context_len"].map(_ctx)], y=g["ms"], name=ph, marker_color=color,
+                                 legendgroup=ph, showlegend=i == 1,
+                                 hovertemplate="%{x}<br>" + ph + " %{y:.3f} ms<extra></extra>"), row=i, col=1)
+        steps = tc.drop_duplicates(["strategy", "context_len"])
+        fig.add_trace(go.Scatter(x=[steps["strategy"], steps["context_len"].map(_ctx)], y=steps["step_ms_median"],
+                                 mode="markers", marker={"symbol": "line-ew-open", "size": 22, "color": "black",
+                                                         "line": {"width": 2}},
+                                 name="measured step", legendgroup="step", showlegend=i == 1,
+                                 hovertemplate="%{x}<br>measured step %{y:.3f} ms<extra></extra>"), row=i, col=1)
+    fig.update_layout(barmode="stack", template=TEMPLATE, height=380 * len(concs),
+                      title="Step anatomy: where each decode step's time goes (ms)")
+    fig.update_yaxes(title="ms per step")
+    return fig
+
+
+def cost_model_check(m: pd.DataFrame) -> go.Figure | None:
+    """Predicted (from one point per strategy) against measured step times of this run."""
+    err = cost_model_errors(m)
+    if err is None or err.empty:
+        return None
+    fig = go.Figure()
+    for s, g in err.groupby("strategy"):
+        fig.add_trace(go.Scatter(x=g["measured_ms"], y=g["predicted_ms"], mode="markers", name=s,
+                                 customdata=g[["context_len", "concurrency", "error"]].to_numpy(),
+                                 hovertemplate="context %{customdata[0]} c=%{customdata[1]}<br>measured %{x:.2f} ms"
+                                               "<br>predicted %{y:.2f} ms (%{customdata[2]:+.1%})<extra>" + s + "</extra>"))
+    top = float(max(err["measured_ms"].max(), err["predicted_ms"].max())) * 1.05
+    fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", line={"dash": "dot", "color": "gray"}, name="exact"))
+    fig.update_layout(template=TEMPLATE, title="Cost model on this GPU: predicted vs measured step (fit on one point per strategy)",
+                      xaxis_title="measured step (ms)", yaxis_title="predicted step (ms)")
+    return fig
+
+
+def reference_box_prediction(m: pd.DataFrame, gpu_key: str = "rtx3090", n_gpus: int = 3) -> pd.DataFrame | None:
+    """PREDICTED tok/s on the reference box, from this run's anatomies (None when the run cannot say)."""
+    from ..costmodel import gpu, gpu_for_name, predict_table
+    from ..shapes import ModelShape
+    d = decode_table(m)
+    if d.empty or "anat_weights_ms" not in m or not m["gpu_name"].notna().any():
+        return None
+    src = gpu_for_name(str(m["gpu_name"].dropna().iloc[0]))
+    if src is None:
+        return None
+    tab = predict_table(m, ModelShape.from_name(str(m["shape"].dropna().iloc[0])), src, gpu(gpu_key), n_gpus)
+    return tab[["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "fits",
+                "memory_gib_per_gpu"]]

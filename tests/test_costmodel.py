@@ -1,0 +1,67 @@
+"""The cost model's arithmetic: a run whose phases follow `fixed + bytes / bandwidth` exactly is predicted
+exactly at its other points, a GPU with half the memory bandwidth doubles exactly the memory-bound
+part, memory limits are checked, and bad input is one line. The metrics frame is built from the model's
+own byte formulas (a real sweep on this CPU has no GPU spec to scale from): it tests the algebra, the
+H200 run tests the physics (README, `labkit predict`)."""
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from labkit import costmodel as C
+from labkit.cli import main
+from labkit.shapes import PRESETS
+
+SHAPE = PRESETS["qwen3.8-flash-next"]
+H200 = C.gpu("h200")
+FIXED = {"weights": 0.3, "deltanet": 1.0, "index_score": 0.05, "selection": 0.2, "transfer": 0.02,
+         "attention": 0.1, "head": 0.01, "other": 0.4}
+HBM, LINK = 3000.0, 50.0
+
+
+def _run():
+    rows = [{"experiment": "probe", "status": "ok", "strategy": "hbm_read", "gbps": HBM},
+            {"experiment": "probe", "status": "ok", "strategy": "zero_copy", "gbps": LINK}]
+    for strategy in ("resident", "zero_copy"):
+        for c in (1, 4):
+            for ctx in (8192, 65536, 1 << 20):
+                by = C.phase_bytes(SHAPE, strategy, ctx, c, 2048)
+                an = {ph: FIXED[ph] + by[ph] / ((LINK if ph == "transfer" and strategy != "resident" else HBM) * 1e6)
+                      for ph in C.PHASES}
+                rows.append({"experiment": "decode", "status": "ok", "axis": "context", "strategy": strategy,
+                             "context_len": ctx, "concurrency": c, "budget": 2048, "step_ms_median": sum(an.values()),
+                             **{f"anat_{k}_ms": v for k, v in an.items()}})
+    return pd.DataFrame(rows)
+
+
+def test_validation_is_exact_when_the_run_follows_the_model():
+    err = C.validate(_run(), SHAPE, H200)
+    assert len(err) == 12 and err["error"].abs().max() < 1e-9
+
+
+def test_half_bandwidth_doubles_only_the_memory_bound_part():
+    m = _run()
+    cm = C.CostModel.fit(m, SHAPE, "resident", 65536, 1, H200)
+    slow = dataclasses.replace(H200, key="half", hbm_gbps=H200.hbm_gbps / 2)
+    a, b = cm.predict(H200, 1 << 20, 1, 2048), cm.predict(slow, 1 << 20, 1, 2048)
+    by = C.phase_bytes(SHAPE, "resident", 1 << 20, 1, 2048)
+    for ph in C.PHASES:
+        assert b.phases_ms[ph] - a.phases_ms[ph] == pytest.approx(by[ph] / (HBM * 1e6), rel=1e-9, abs=1e-12)
+
+
+def test_link_phase_scales_with_the_link_and_memory_is_checked():
+    m = _run()
+    cm = C.CostModel.fit(m, SHAPE, "zero_copy", 65536, 1, H200)
+    p = cm.predict(C.gpu("rtx3090"), 1 << 20, 1, 2048, n_gpus=3)
+    rows = 12 * 2048 * SHAPE.row_bytes
+    assert p.phases_ms["transfer"] == pytest.approx(FIXED["transfer"] + rows / (LINK * 31.5 / 63.0 * 1e6))
+    assert p.fits                                   # 7.7 GB of weights / 3 + index keys fit a 24 GB card
+    r = C.CostModel.fit(m, SHAPE, "resident", 65536, 1, H200).predict(C.gpu("rtx3090"), 1 << 20, 4, 2048, n_gpus=3)
+    assert not r.fits and "does not fit" in " ".join(r.reasoning)    # 96 GiB of KV on three 24 GB cards
+
+
+def test_fit_needs_an_anatomy_and_cli_refuses_bad_input(tmp_path, capsys):
+    with pytest.raises(ValueError, match="no measured anatomy"):
+        C.CostModel.fit(_run().drop(columns=["anat_weights_ms"]), SHAPE, "resident", 65536, 1, H200)
+    assert main(["predict", str(tmp_path), "--gpu", "tpu9"]) == 2
+    assert "unknown GPU 'tpu9'" in capsys.readouterr().err
