@@ -48,6 +48,7 @@ def test_scheduler_graphs_change_no_token(model):
         assert all(r.status == "done" for r in runs[graphs]), [r.error for r in runs[graphs]]
         assert any(x["mode"] == "switched" for x in sched.rounds)
         assert all(t["spans"] for t in sched.timelines)
+        assert sched.graph_error is None and sched.graphs == graphs       # no silent fallback to eager
     assert [r.tokens for r in runs[True]] == [r.tokens for r in runs[False]]
 
 

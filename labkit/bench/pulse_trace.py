@@ -182,6 +182,7 @@ def _summary(policy: str, p: dict, out: dict) -> dict:
            "switches": sum(r["switches"] for r in rounds), "stalls": sum(r["stalls"] for r in rounds),
            "gpu_stall_share_sampled": stall / span if span else None,
            "h2d_bytes_total": sum(r["h2d_bytes"] for r in rounds),
+           "graphs": st.get("graphs"), "graph_error": st.get("graph_error"),
            "rate": p["rate"], "length_scale": p["length_scale"], "n_requests": len(recs), **s}
     if out["costs"] is not None:
         row.update({f"cost_{k}": v for k, v in out["costs"].__dict__.items()})

@@ -293,6 +293,7 @@ class Scheduler:
         self.switching = switching
         dev = next(iter(lanes.values())).model.device
         self.graphs = graphs and dev.type == "cuda"
+        self.graph_error: str | None = None
         self.lookahead = lookahead
         self.timeline_every = timeline_every
         self.clock = clock
@@ -432,7 +433,7 @@ class Scheduler:
         off = [l for l in busy if l.offloaded]
         try:
             states = [(l.engine, l.decode_state()) for l in busy]
-            graphs = self.graphs and all(l.warm for l in busy)
+            graphs = self.graphs and all(l.warm for l in busy) and self._capture(busy, norm, off)
             if self.switching and norm and off:
                 (ne, ns), (oe, os_) = (norm[0].engine, norm[0].state), (off[0].engine, off[0].state)
                 kw = {}
@@ -481,6 +482,26 @@ class Scheduler:
             for r, tok in zip(l.running, toks[l.name]):
                 self._emit(r, tok, t)
             self._retire(l)
+
+    def _capture(self, busy, norm, off) -> bool:
+        """Capture this round's graphs (once per batch composition). A capture that fails turns graphs
+        off for the rest of the run (recorded in `graph_error`); capture runs nothing, so the round then
+        runs eagerly from the same state."""
+        try:
+            if self.switching and norm and off:
+                if norm[0].engine.strategy.graphable:
+                    norm[0].pieces("blocks")
+                    off[0].pieces("loads")
+            elif all(l.engine.strategy.graphable for l in busy):
+                for l in busy:
+                    l.pieces("none")
+            return True
+        except Exception as ex:                      # noqa: BLE001
+            self.graphs = False
+            self.graph_error = f"{type(ex).__name__}: {str(ex).strip()[:300]}"
+            for l in busy:
+                l.graphs = {}
+            return False
 
     def _retire(self, lane: Lane) -> None:
         """Finish requests that have all their tokens; keep the rest in slots [0, n) in order."""

@@ -109,7 +109,7 @@ def create_app(loop: EngineLoop, model_name: str = "labkit"):
     @app.get("/stats")
     async def stats():
         return {"records": [r.record() for r in list(sched.finished)], "rounds": list(sched.rounds),
-                "errors": list(loop.errors)}
+                "errors": list(loop.errors), "graphs": sched.graphs, "graph_error": sched.graph_error}
 
     @app.get("/timeline")
     async def timeline():
