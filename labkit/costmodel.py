@@ -15,6 +15,9 @@ attention, head, other) is read as `t = fixed + bytes / bandwidth`:
   phase ran faster than that (L2-resident data), its own achieved rate is used instead;
 - `fixed` is what is left of the measured phase time: kernel launches and latency, taken as the same
   on every GPU (an assumption: launch latency is roughly constant across recent NVIDIA GPUs).
+- the score and selection kernels stream at their own rate, timed by the run's probe at its largest
+  batch x context; rows moved by host threads (`host_gather`, `per_row`) take time in proportion to
+  the rows, with no fixed part.
 On another GPU the bandwidths scale by the spec ratios (`data/gpus.toml`: memory GB/s, PCIe link),
 efficiency assumed equal. Several GPUs (`gpus=3`, the reference box) split the layers into stages run
 one after another at a step (no pipelining): the step is the same sum plus one activation hand-off
@@ -41,6 +44,7 @@ LINK_GBPS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}       # x16 payload rate per 
 SELECT_PASSES = 7            # reads of the fp32 scores by the radix select (4 histograms, count, write) + the write of them
 HANDOFF_MS = 0.02            # one activation hand-off between stages (a few KiB, latency-bound)
 MEMORY_RESERVE_GIB = 1.5     # CUDA context, workspaces, graphs
+HOST_MOVERS = ("host_gather", "per_row")
 
 
 @dataclass(frozen=True)
@@ -150,10 +154,18 @@ class CostModel:
         hbm = _probe_gbps(metrics, "hbm_read") or 0.6 * source.hbm_gbps
         link = _probe_gbps(metrics, "zero_copy") or 0.8 * source.link_gbps
         by = phase_bytes(shape, strategy, context_len, concurrency, int(r["budget"]))
+        # The selection kernels' own throughput, where the run's probe timed them at its largest size:
+        # their passes and atomics stream far below a plain read.
+        kernel_rate = {ph: _kernel_gbps(metrics, name, shape, ph) for ph, name in
+                       (("index_score", "index_score"), ("selection", "select"))}
         fixed, bw = {}, {}
         for ph in PHASES:
             t = float(r[f"anat_{ph}_ms"])
-            base = link if _medium(ph, strategy) == "link" else hbm
+            if ph == "transfer" and strategy in HOST_MOVERS:
+                # Moved by host threads or one copy per row: time goes with the rows, nothing is fixed.
+                fixed[ph], bw[ph] = 0.0, (by[ph] / (t * 1e6) if t > 0 else link)
+                continue
+            base = kernel_rate.get(ph) or (link if _medium(ph, strategy) == "link" else hbm)
             need = by[ph] / (base * 1e6) if by[ph] else 0.0          # ms at the achieved bandwidth
             if t >= need:
                 fixed[ph], bw[ph] = t - need, base
@@ -190,6 +202,18 @@ class CostModel:
         if self.strategy == "resident":
             dev += concurrency * context_len * s.kv_bytes_per_token()
         return dev / 2**30
+
+
+def _kernel_gbps(m: pd.DataFrame, name: str, shape: ModelShape, phase: str) -> float | None:
+    """Bytes per second of one selection kernel at the largest batch x context the probe timed (one
+    layer), in this model's byte accounting."""
+    p = m[(m["experiment"] == "probe") & (m["strategy"] == name) & (m["status"] == "ok")]
+    if p.empty or "context_len" not in p:
+        return None
+    p = p.assign(n=p["context_len"] * p["concurrency"]).sort_values("n")
+    r = p.iloc[-1]
+    one = phase_bytes(shape, "resident", int(r["context_len"]), int(r["concurrency"]), 1)[phase] / shape.attn_layers
+    return one / (float(r["step_ms_median"]) * 1e6)
 
 
 def _probe_gbps(m: pd.DataFrame, strategy: str) -> float | None:

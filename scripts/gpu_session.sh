@@ -3,6 +3,7 @@
 # wheels (./.whl, see README "Running on a GPU host without internet"), then run what MODE says.
 #   scripts/gpu_session.sh tests            GPU tests + link probe + a small decode sweep (pipeline check)
 #   scripts/gpu_session.sh sweep [ARGS...]  the reference decode sweep (labkit run decode ARGS)
+#   scripts/gpu_session.sh roofline         link probe beside the shared probe (agreement), GPU tests
 # Results land in results/<run-id>/ and, when $OUT is set, are copied there too.
 set -u
 MODE=${1:-tests}; shift || true
@@ -29,6 +30,21 @@ case "$MODE" in
     # Written straight under $OUT so a run cut short by the session's limit still comes back.
     timeout ${SWEEP_TIMEOUT:-480} python3 -m labkit run decode --out "$OUT/$stamp-decode-h200" "$@" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -40
     timeout ${TEST_TIMEOUT:-100} python3 -m pytest -m gpu -q -rA tests/test_gpu.py 2>&1 | grep -v DEBUG | tail -40 | tee "$OUT/gpu_tests.txt"
+    ;;
+  roofline)
+    # The roofline issue's record: the link probe next to the independent shared probe (run back to back;
+    # copy ../shared/probes/pcie_probe.py to .devcarry/ and carry it), then the decode sweep with anatomies.
+    if [ -f .devcarry/pcie_probe.py ]; then
+      mkdir -p "$OUT/$stamp-probe-h200"
+      timeout 150 python3 .devcarry/pcie_probe.py "$OUT/$stamp-probe-h200" > "$OUT/$stamp-probe-h200/shared_probe.log" 2>&1
+      mv "$OUT/$stamp-probe-h200/pcie_probe.json" "$OUT/$stamp-probe-h200/shared_pcie_probe.json" 2>/dev/null
+      timeout 200 python3 -c "from labkit.bench.probe import run; run({'out_dir': '$OUT/$stamp-probe-h200-lab'})" 2>&1 | tail -3
+      mv "$OUT/$stamp-probe-h200/"* "$OUT/$stamp-probe-h200-lab/" && rmdir "$OUT/$stamp-probe-h200"
+      python3 -m labkit.bench.agreement "$OUT/$stamp-probe-h200-lab/shared_pcie_probe.json" "$OUT/$stamp-probe-h200-lab"
+    fi
+    timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -rA tests/test_gpu.py -p no:cacheprovider 2>&1 | grep -v DEBUG | tail -40 > "$OUT/gpu_tests.txt"
+    tail -3 "$OUT/gpu_tests.txt"
+    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back
     ;;
   trace)
     # zero_copy (and resident) timed on the indexer's own selections and on a recorded real trace

@@ -265,3 +265,19 @@ def test_engine_rejects_bad_budget_and_mismatched_pool():
         Engine(model, cache, get_strategy("resident"), 16)
     with pytest.raises(ValueError, match="unknown strategy"):
         get_strategy("warp")
+
+
+def test_anatomy_accounts_for_the_step_on_cpu():
+    """Eager anatomy: phases are non-negative, add up to the marked step, and runs of DeltaNet blocks
+    are one interval each (fewer marks than blocks), their FFN split out at the QSA blocks' FFN time."""
+    from labkit.engine.runner import PHASES
+    model = HybridModel(TINY, "cpu", seed=0)
+    e = _engine(model, "zero_copy", 2, 400, 32)
+    e.cache.fill_random_([300, 200], seed=1)
+    r = e.decoder(2)
+    anat = r.anatomy(repeats=3)
+    phases = {k: anat[k] for k in PHASES}
+    assert all(v >= 0 for v in phases.values()) and phases["weights"] > 0 and phases["deltanet"] > 0
+    assert sum(phases.values()) == pytest.approx(anat["marked_step_ms"], rel=0.05)
+    runs_of_dn = TINY.attn_layers                      # pattern dn,dn,dn,qsa: one DeltaNet run per QSA block
+    assert anat["n_marks"] == runs_of_dn + 7 * TINY.attn_layers + 2      # 7 per QSA block, head, end

@@ -242,7 +242,22 @@ def test_anatomy_phases_add_up_to_the_graph_step():
         a.record(); r.step(); b.record(); torch.cuda.synchronize()
         times.append(a.elapsed_time(b))
     anat = r.anatomy(repeats=5)
-    phases = sum(v for k, v in anat.items() if k != "marked_step_ms")
-    assert abs(phases - anat["marked_step_ms"]) < 1e-3 * anat["marked_step_ms"] + 1e-3
+    phases = sum(v for k, v in anat.items() if k not in ("marked_step_ms", "mark_us", "n_marks"))
+    # the phases are the marked intervals less one measured mark cost each
+    expect = anat["marked_step_ms"] - anat["mark_us"] / 1e3 * (anat["n_marks"] - 1)
+    assert abs(phases - expect) < 2e-2 * anat["marked_step_ms"]
     assert anat["selection"] > 0 and anat["transfer"] > 0 and anat["weights"] > 0
     print(f"anatomy tiny: marked {anat['marked_step_ms']:.3f} ms vs step {spread(times).median:.3f} ms")
+
+
+@pytest.mark.parametrize("B", [1, 4])
+def test_delta_step_kernel_matches_reference_on_cuda(B):
+    from labkit.engine.deltanet_step import delta_step, delta_step_reference
+    g = torch.Generator(device="cuda").manual_seed(B)
+    S = torch.randn(B, 32, 128, 128, generator=g, device="cuda") * 0.05
+    q, k = (torch.nn.functional.normalize(torch.randn(B, 16, 128, generator=g, device="cuda"), dim=-1) for _ in range(2))
+    v = torch.randn(B, 32, 128, generator=g, device="cuda")
+    la, beta = -torch.rand(B, 32, generator=g, device="cuda"), torch.rand(B, 32, generator=g, device="cuda")
+    S2 = S.clone()
+    o, o2 = delta_step(S, q, k, v, la, beta), delta_step_reference(S2, q, k, v, la, beta)
+    assert torch.allclose(o, o2, atol=1e-4, rtol=1e-3) and torch.allclose(S, S2, atol=1e-5, rtol=1e-4)

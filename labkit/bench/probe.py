@@ -11,7 +11,7 @@ Rows (`experiment=probe`, with `gbps` where bytes move):
 - `hbm_read`: a contiguous read of device memory (the weights' roofline);
 - `index_score`, `select`, `topk_sort`, `score_select`: one QSA layer's selection at 8K..1M context and
   batch 1..16: the fused score kernel, our radix select, torch.topk + sort (the previous path), and
-  score + select together.
+  score + select together, each replayed from a CUDA graph as in a decode step.
 
 Timing follows `triton.testing.do_bench`: every call between its own pair of CUDA events, calls issued
 back to back with no host sync in between (one at the end), the L2 cache flushed before each call
@@ -44,11 +44,21 @@ L2_FLUSH_BYTES = 256 << 20
 
 
 def bench(fns: dict, dev: torch.device, repeats: int, rounds: int = 4, flush: bool = False,
-          warmup: int = 3) -> dict[str, list[float]]:
-    """ms per call of each function: `repeats` calls each, in `rounds` interleaved rounds."""
+          warmup: int = 3, graph: bool = False) -> dict[str, list[float]]:
+    """ms per call of each function: `repeats` calls each, in `rounds` interleaved rounds. `graph`:
+    each function is captured once in a CUDA graph and its replays are timed, as a decode step runs it
+    (a sequence of small kernels launched from Python would time the launches, not the GPU)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
+    if graph and dev.type == "cuda":
+        captured = {}
+        for name, fn in fns.items():
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            captured[name] = g.replay
+        fns = captured
     cuda = dev.type == "cuda"
     scratch = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=dev) if cuda and flush else None
     per_round = max(1, math.ceil(repeats / rounds))
@@ -193,7 +203,8 @@ def probe_selection(dev, repeats, contexts=(8 << 10, 64 << 10, 256 << 10, 1 << 2
             ts = bench({"index_score": lambda: index_scores(q, w, k8, sc, lens),
                         "select": lambda: select_topk(scores, k),
                         "topk_sort": lambda: select_topk_torch(scores, k),
-                        "score_select": lambda: select_topk(index_scores(q, w, k8, sc, lens), k)}, dev, repeats)
+                        "score_select": lambda: select_topk(index_scores(q, w, k8, sc, lens), k)}, dev, repeats,
+                       graph=True)
             for name, t in ts.items():
                 out.append(_row(name, None, t, context_len=n, concurrency=B, budget=k))
             del k8, sc, scores

@@ -68,15 +68,15 @@ class Engine:
         if blk.kind == "dn":
             mark("deltanet", new_block=True)
             x = io.deltanet(blk, ki, x)
+            mark("dn_ffn")
         else:
             mark("weights", new_block=True)
             q, gate, kv_row, k8, sc, iq, iw = f.qsa_pre(blk, x, pos)
-            mark("other")
             self.cache.write(ki, io.where, kv_row, k8, sc, self.strategy)
             att = yield from io.attend(ki, q, iq, iw, pos)
             mark("weights")
             x = f.qsa_out(blk, x, att, gate)
-        mark("weights")
+            mark("ffn")
         return f.ffn_residual(blk, x)
 
     # ------------------------------------------------------------------ prefill

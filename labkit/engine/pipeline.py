@@ -11,6 +11,9 @@ bandwidth grows with the number of GPUs. Each stage's pinned host pool is alloca
 by a thread bound to that stage's device, so its pages are first touched where that GPU's driver
 thread runs. Placement balances measured per-block cost (`measure_block_costs`), not block counts.
 
+Every launch of a stage (prefill, warm-up, graph capture, replay, anatomy) runs under `device_guard`
+of its device: Triton launches on the *current* device, whatever device its tensors are on.
+
 Not here yet: pipelining concurrent requests across stages (micro-batches in flight on different
 stages at once); a step runs the stages one after another.
 """
@@ -118,7 +121,8 @@ def staged_prefill(engines: list[Engine], slot: int, tokens: torch.Tensor) -> to
     hidden = None
     for i, e in enumerate(engines):
         dev = e.model.device
-        hidden = e.prefill(slot, tokens.to(dev) if i == 0 else None, hidden=None if i == 0 else hidden.to(dev))
+        with device_guard(dev):
+            hidden = e.prefill(slot, tokens.to(dev) if i == 0 else None, hidden=None if i == 0 else hidden.to(dev))
     return hidden
 
 

@@ -82,8 +82,10 @@ def targets(m: pd.DataFrame) -> pd.DataFrame:
     if not dd.empty:
         nv = dd["nvml_rx_bytes_per_step"] / dd["h2d_bytes_per_step"]
         add("nvml_vs_engine", float((nv - 1).abs().max()), f"ratio {nv.min():.3f}..{nv.max():.3f} over {len(dd)} points")
+    full = _ok(m[m["experiment"] == "decode"])
+    full = full[full["axis"] == "context"] if "axis" in full else full
     hbm = gather_gbps(m, "hbm_read")
-    res = d[(d["strategy"] == "resident") & (d["concurrency"] == c1) & (d["context_len"] == ref)]
+    res = full[(full["strategy"] == "resident") & (full["concurrency"] == c1) & (full["context_len"] == ref)]
     if hbm and not res.empty and "step_weight_bytes" in res:
         bound = float(res["step_weight_bytes"].iloc[0]) / (hbm * 1e6)
         step = float(res["step_ms_median"].iloc[0])
@@ -91,8 +93,8 @@ def targets(m: pd.DataFrame) -> pd.DataFrame:
     ratio("resident_1m_over_64k", "resident", big, ref)
     sel = probe_ms(m, "score_select", context_len=1 << 20, concurrency=1)
     add("selection_1m_ms", sel, "probe: index_score + radix select, one layer" if sel else "")
-    if "anat_closure" in d and d["anat_closure"].notna().any():
-        cl = d["anat_closure"].dropna()
+    if "anat_closure" in full and full["anat_closure"].notna().any():
+        cl = full["anat_closure"].dropna()
         add("anatomy_closure", float((cl - 1).abs().max()), f"{cl.min():.3f}..{cl.max():.3f} over {len(cl)} points")
     err = cost_model_errors(m)
     if err is not None and not err.empty:

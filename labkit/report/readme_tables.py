@@ -1,0 +1,156 @@
+"""The README's measured tables, generated from committed run folders (never typed).
+
+    python -m labkit.report.readme_tables            # print every block
+    python -m labkit.report.readme_tables --write    # rewrite the blocks between their markers in README.md
+
+A block sits in README.md between `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->`;
+tests check that the README holds exactly what this module generates from the committed runs.
+"""
+from __future__ import annotations
+
+import re
+import sys
+
+import pandas as pd
+
+from ..results import REPO, load_run
+from . import summary as S
+
+DECODE_RUN = "results/20261129-153810-decode-h200"
+PROBE_RUN = "results/20261129-153514-probe-h200"
+PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
+
+
+def _ctx(v) -> str:
+    v = int(v)
+    return f"{v // (1 << 20)}M" if v >= 1 << 20 else f"{v // 1024}K"
+
+
+def _md(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(str(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(x).replace("|", "\\|") for x in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def decode_tables(m: pd.DataFrame) -> str:
+    d = S.decode_table(m)
+    out = []
+    for c in sorted(d["concurrency"].unique()):
+        dc = d[d["concurrency"] == c]
+        piv = dc.pivot(index="context_len", columns="strategy", values="tok_s")
+        zc = dc[dc["strategy"] == "zero_copy"].set_index("context_len")
+        rows = []
+        for ctx in piv.index:
+            r = {"context": _ctx(ctx)}
+            r.update({s: f"{piv.loc[ctx, s]:.1f}" for s in piv.columns})
+            if ctx in zc.index:
+                z = zc.loc[ctx]
+                r["zero_copy step ms (min–max)"] = f"{z['step_ms_median']:.2f} ({z['step_ms_min']:.2f}–{z['step_ms_max']:.2f})"
+                if "resident" in piv.columns:
+                    r["zero_copy / resident"] = f"{piv.loc[ctx, 'zero_copy'] / piv.loc[ctx, 'resident']:.2f}"
+            rows.append(r)
+        title = "Concurrency 1 (tok/s)" if c == 1 else f"Concurrency {int(c)} (aggregate tok/s)"
+        out.append(f"{title}\n\n{_md(pd.DataFrame(rows))}")
+    return "\n\n".join(out)
+
+
+def targets_table(m: pd.DataFrame) -> str:
+    t = S.targets(m)
+    t = t[t["threshold"].notna()]
+
+    def fmt(v):
+        return "—" if v is None or v != v else f"{v:.3f}"
+    rows = [{"target": r["target"], "measured": fmt(r["value"]), "goal": f"{'≥' if r['target'] and _higher(r) else '≤'} {r['threshold']:g}",
+             "met": {True: "met", False: "missed", None: "—"}[r["met"]], "how": r["detail"]} for _, r in t.iterrows()]
+    return _md(pd.DataFrame(rows))
+
+
+def _higher(r) -> bool:
+    from ..targets import TARGETS
+    return next(t.higher_is_better for t in TARGETS.values() if t.what == r["target"])
+
+
+def anatomy_table(m: pd.DataFrame) -> str:
+    d = m[(m["experiment"] == "decode") & (m["status"] == "ok") & (m["axis"] == "context")]
+    d = d[d["context_len"].isin([65536, 1 << 20])].sort_values(["concurrency", "strategy", "context_len"])
+    rows = []
+    for _, r in d.iterrows():
+        row = {"strategy": r["strategy"], "c": int(r["concurrency"]), "context": _ctx(r["context_len"])}
+        row.update({ph: f"{r[f'anat_{ph}_ms']:.2f}" for ph in PHASE_ORDER})
+        row["sum / step"] = f"{r['anat_closure']:.3f}"
+        row["step ms"] = f"{r['step_ms_median']:.2f}"
+        rows.append(row)
+    return _md(pd.DataFrame(rows))
+
+
+def selection_table(m: pd.DataFrame) -> str:
+    p = m[(m["experiment"] == "probe") & (m["strategy"].isin(["index_score", "select", "topk_sort", "score_select"]))]
+    rows = []
+    for (b, ctx), g in p.groupby(["concurrency", "context_len"]):
+        ms = g.set_index("strategy")["step_ms_median"] * 1e3
+        rows.append({"batch": int(b), "context": _ctx(ctx), "index score µs": f"{ms['index_score']:.0f}",
+                     "radix select µs": f"{ms['select']:.0f}", "torch.topk + sort µs": f"{ms['topk_sort']:.0f}",
+                     "score + select µs": f"{ms['score_select']:.0f}"})
+    return _md(pd.DataFrame(rows))
+
+
+def agreement_table() -> str:
+    t = pd.read_csv(REPO / PROBE_RUN / "agreement.csv")
+    rows = [{"path": r["path"], "shared probe GB/s": f"{r['shared_gbps']:.1f}", "labkit probe GB/s": f"{r['labkit_gbps']:.1f}",
+             "ratio": f"{r['ratio']:.3f}", "within 5%": "yes" if r["within"] else "no"} for _, r in t.iterrows()]
+    return _md(pd.DataFrame(rows))
+
+
+def prediction_table(m: pd.DataFrame) -> str:
+    from ..costmodel import gpu, gpu_for_name, predict_table
+    from ..shapes import ModelShape
+    tab = predict_table(m, ModelShape.from_name(str(m["shape"].dropna().iloc[0])),
+                        gpu_for_name(str(m["gpu_name"].dropna().iloc[0])), gpu("rtx3090"), 3,
+                        contexts=[8192, 65536, 1 << 20], concurrency=[1, 4])
+    tab = tab[tab["strategy"].isin(["resident", "zero_copy"])]
+    rows = [{"strategy": r["strategy"], "c": int(r["concurrency"]), "context": _ctx(r["context_len"]),
+             "PREDICTED tok/s": f"{r['predicted_tok_s']:.1f}" if r["fits"] else "does not fit",
+             "GiB per GPU": f"{r['memory_gib_per_gpu']:.1f}"} for _, r in tab.iterrows()]
+    return _md(pd.DataFrame(rows))
+
+
+def validation_summary(m: pd.DataFrame) -> str:
+    err = S.cost_model_errors(m)
+    g = err.groupby("strategy")["error"]
+    rows = [{"strategy": s, "points": len(e), "median abs error": f"{e.abs().median():.1%}", "worst": f"{e.abs().max():.1%}"}
+            for s, e in g]
+    return _md(pd.DataFrame(rows))
+
+
+def blocks() -> dict[str, str]:
+    m = load_run(REPO / DECODE_RUN).metrics
+    return {"decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
+            "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
+            "predict-rtx3090": prediction_table(m), "costmodel-h200": validation_summary(m)}
+
+
+def rewrite(text: str, generated: dict[str, str]) -> str:
+    for name, body in generated.items():
+        pat = re.compile(rf"(<!-- BEGIN generated:{re.escape(name)} -->\n)(?:.*?\n)?(<!-- END generated:{re.escape(name)} -->)", re.S)
+        if not pat.search(text):
+            raise ValueError(f"README has no block generated:{name}")
+        text = pat.sub(lambda mt: mt.group(1) + body + "\n" + mt.group(2), text)
+    return text
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    gen = blocks()
+    if "--write" in argv:
+        p = REPO / "README.md"
+        p.write_text(rewrite(p.read_text(), gen))
+        print(f"rewrote {len(gen)} blocks in {p}")
+    else:
+        for k, v in gen.items():
+            print(f"<!-- {k} -->\n{v}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
