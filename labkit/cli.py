@@ -176,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _extensions():
     """Sub-commands that live beside their modules (each module's `add_cli(subparsers)`)."""
     from . import compare, nightly
-    return [nightly.add_cli, compare.add_cli]
+    from .serving import engine_server
+    return [nightly.add_cli, compare.add_cli, engine_server.add_cli]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ EXPERIMENTS = {
     "decode": Experiment("decode", "decode_sweep.ipynb", "labkit.bench.decode"),
     "probe": Experiment("probe", "probe.ipynb", "labkit.bench.probe"),
     "quality": Experiment("quality", "quality.ipynb", "labkit.quality.experiment"),
+    "pulse": Experiment("pulse", "pulse.ipynb", "labkit.bench.pulse_trace"),
 }
 
 

@@ -7,6 +7,8 @@
 - `engine.py`: Engine, the one block forward shared by prefill and decode
 - `runner.py`: DecodeRunner, CUDA graphs, what moved per step and the step anatomy
 - `pipeline.py`: layers split over several devices
+- `scheduler.py`: requests, continuous batching over a resident and an offload lane, placement policies
+- `switching.py`: two decode batches switched at layer boundaries (side-stream loads, event queries)
 """
 from .cache import OffloadCache
 from .engine import Engine

@@ -29,10 +29,13 @@ class OffloadCache:
     lens: torch.Tensor          # [S] int64 on the device: tokens written per slot
 
     @classmethod
-    def allocate(cls, model, medium: str, n_slots: int, capacity: int, page_size: int = 256) -> "OffloadCache":
+    def allocate(cls, model, medium: str, n_slots: int, capacity: int, page_size: int = 256,
+                 pool_tokens: int | None = None) -> "OffloadCache":
+        """`pool_tokens`: KV pool size when smaller than n_slots x capacity (slots then share it)."""
         s, dev = model.shape, model.device
         pages_per_slot = -(-capacity // page_size)
-        pool = KVPool(medium, model.n_attn, n_slots * pages_per_slot, page_size, s.row_bytes, dev)
+        n_pages = n_slots * pages_per_slot if pool_tokens is None else -(-pool_tokens // page_size)
+        pool = KVPool(medium, model.n_attn, n_pages, page_size, s.row_bytes, dev)
         pages = PageTable(pool.n_pages, page_size, n_slots, pages_per_slot, dev)
         index = IndexKeyCache.allocate(model.n_attn, n_slots, pages_per_slot * page_size, s.index_dim, dev)
         st, cv = dn_state_shapes(s)

@@ -34,6 +34,11 @@ class LoadRequest:
     out: torch.Tensor          # [B*k, W] int64 staging on the compute device
 
 
+@dataclass(frozen=True)
+class BlockDone:
+    block: int                 # model block just enqueued (a layer boundary of the decode step)
+
+
 class _NoMarks:
     def mark(self, phase: str, new_block: bool = False) -> None:
         pass
@@ -80,6 +85,18 @@ class Engine:
         """Run a prompt through the model in chunks; K/V rows go to the pool, index keys to the device.
         Returns the last token's logits; a pipeline stage without the head returns the hidden states
         of all tokens instead, and one without the embedding takes them as `hidden` [T, hidden]."""
+        chunks = self.prefill_chunks(slot, tokens, hidden)
+        while True:
+            try:
+                next(chunks)
+            except StopIteration as done:
+                return done.value
+
+    def prefill_chunks(self, slot: int, tokens: torch.Tensor | None, hidden: torch.Tensor | None = None):
+        """`prefill` one chunk at a time: a generator that yields `(start, end)` after each chunk and
+        returns what `prefill` returns, so a scheduler can run decode steps between a prompt's chunks.
+        The slot's length is set when the last chunk is done. Drive it under `torch.inference_mode()`
+        (a context entered inside a generator would stay on in the caller between chunks)."""
         m, c = self.model, self.cache
         T = tokens.numel() if hidden is None else hidden.shape[0]
         if T > c.capacity:
@@ -96,18 +113,24 @@ class Engine:
                 x = _run(self.block(blk, ki, x, pos, io))
             if m.lm_head is None:
                 outs.append(x)
+            if e < T:
+                yield a, e
         c.lens[slot] = T
         return m.norm(x[-1:]) @ m.lm_head if m.lm_head is not None else torch.cat(outs)
 
     # ------------------------------------------------------------------ decode
-    def decode_segments(self, st):
-        """One decode step for slots [0, B) of a `runner.DecodeState`: yields a LoadRequest at each QSA layer."""
+    def decode_segments(self, st, boundaries: bool = False):
+        """One decode step for slots [0, B) of a `runner.DecodeState`: yields a LoadRequest at each QSA
+        layer; with `boundaries`, also a `BlockDone` after each block (where a two-batch scheduler,
+        `switching.py`, may hand the GPU to the other batch)."""
         m, c = self.model, self.cache
         pos = c.lens[:st.batch].clone()
         io = _DecodeIO(self, st, pos)
         x = m.embed[st.tokens] if m.embed is not None else st.x_in
-        for blk, ki in zip(m.blocks, m.kind_index):
+        for i, (blk, ki) in enumerate(zip(m.blocks, m.kind_index)):
             x = yield from self.block(blk, ki, x, pos, io)
+            if boundaries:
+                yield BlockDone(i)
         st.mark("head")
         if m.lm_head is None:          # a pipeline stage: hand the activations to the next one
             st.x_out.copy_(x)

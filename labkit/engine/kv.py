@@ -111,6 +111,27 @@ class PageTable:
             self.pages[slot].extend(new)
             self.table[slot, :len(self.pages[slot])] = torch.tensor(self.pages[slot], dtype=torch.int64)
 
+    def release(self, slot: int) -> int:
+        """Give a finished request's pages back to the pool; returns how many. The slot's table row is
+        zeroed (a stale row would alias pages another slot now owns)."""
+        n = len(self.pages[slot])
+        self.free.extend(self.pages[slot])
+        self.pages[slot] = []
+        self.table[slot].zero_()
+        return n
+
+    def move(self, src: int, dst: int) -> None:
+        """Hand slot `src`'s pages to the empty slot `dst` (the rows stay where they are in the pool)."""
+        if self.pages[dst]:
+            raise ValueError(f"slot {dst} still holds {len(self.pages[dst])} pages")
+        self.pages[dst], self.pages[src] = self.pages[src], []
+        self.table[dst].copy_(self.table[src])
+        self.table[src].zero_()
+
+    @property
+    def n_free(self) -> int:
+        return len(self.free)
+
     def rows(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Physical rows of `positions` [B, ...] for request `slots` [B] (device tensors, no sync)."""
         page = positions // self.page_size

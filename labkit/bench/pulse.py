@@ -1,0 +1,184 @@
+"""Two-batch switching against running the batches one after the other (PulseInfer, issue 11).
+
+    python -m labkit.bench.pulse --shape qwen3.8-flash-next --context 65536 --offload-batch 4 \
+        --normal-batch 4 --normal-context 8192 --steps 20 --out results/pulse-switch.json
+
+One point: a normal batch (KV resident on the device) and an offloaded batch (KV in pinned host RAM,
+`strategy`), both at random seeded contents (`OffloadCache.fill_random_`: decode time does not depend
+on the values). Measured, each with `steps` rounds after `warmup`, eager (no CUDA graphs):
+- `normal_only`, `offload_only`: one batch's step alone (C_n; C_o + T);
+- `sequential`: both steps in turn, loads inline (the "no switching" baseline: C_n + C_o + T);
+- `switched`: `switching.switched_round` (loads on a side stream, event queries at block boundaries).
+Bound: a switched round cannot beat the GPU work of both batches, C_n + C_o (`normal_only_ms` +
+`offload_compute_ms`, the offloaded batch's step with the same rows on the device: no link), nor the
+offloaded batch's own chain of layer -> selection -> transfer -> attention (`offload_only_ms`):
+`bound_ms = max(C_n + C_o, offload_only_ms)`; the sequential round is C_n + offload_only_ms. Switching
+therefore pays at most `min(C_n, T)` per round (T = offload_only - C_o, the transfer time the offloaded
+batch waits): nothing when the transfers are negligible, and it re-reads the weights once per batch
+where one merged batch would read them once. One round's timeline is kept.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from ..engine import Engine, HybridModel, OffloadCache, get_strategy
+from ..engine.runner import DecodeState
+from ..engine.switching import Loader, Timeline, capture_pieces, replay, sequential_round, switched_round
+from ..shapes import ModelShape
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False):
+    st = get_strategy(strategy)
+    cache = OffloadCache.allocate(model, st.medium, batch, ctx + steps + 8, page_size=256)
+    cache.fill_random_([ctx] * batch, seed=seed)
+    e = Engine(model, cache, st, budget, compile=compile)
+    s = DecodeState(e, batch, None, steps + 8)
+    st.bind(cache, batch, s.k)
+    return e, s
+
+
+def _time(fn, steps, dev) -> list[float]:
+    out = []
+    for _ in range(steps):
+        _sync(dev)
+        t = time.perf_counter()
+        fn()
+        _sync(dev)
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+@torch.inference_mode()
+def switching_point(shape: ModelShape, device: str = "cuda", context: int = 65536, offload_batch: int = 4,
+                    normal_batch: int = 4, normal_context: int = 8192, budget: int = 2048,
+                    strategy: str = "zero_copy", steps: int = 10, warmup: int = 2, seed: int = 0,
+                    graphs: bool = True, lookahead: int = 2, compute_ref: bool = True,
+                    compile: bool | None = None) -> dict:
+    """One measured point (see the module doc). With `graphs` (CUDA, graphable strategy): every mode
+    replays CUDA graphs: whole steps for the single and sequential modes, steps cut at block
+    boundaries (normal) and at loads (offloaded) for `switched`, paced `lookahead` blocks ahead."""
+    dev = torch.device(device)
+    graphs = graphs and dev.type == "cuda" and get_strategy(strategy).graphable
+    # torch.compile'd block pieces on CUDA (as DecodeRunner): un-fused, a graph replay of the reference
+    # step is ~9 ms of small kernels against 3.1 ms of weight reads, and would flatter the overlap
+    compile = dev.type == "cuda" if compile is None else compile
+    model = HybridModel(shape, dev, seed=seed)
+    total = 8 * (steps + warmup) + 16          # every mode and capture advances the lengths
+    n_e, n_s = _lane(model, "resident", normal_batch, normal_context, budget, total, seed, compile)
+    o_e, o_s = _lane(model, strategy, offload_batch, context, budget, total, seed + 10, compile)
+    lanes = {"n": (n_e, n_s), "o": (o_e, o_s)}
+    if compute_ref:     # the offloaded batch's rows on the device: its compute without the link
+        lanes["r"] = _lane(model, "resident", offload_batch, context, budget, total, seed + 10, compile)
+    loader = Loader(o_e)
+    last = {}
+    if graphs:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):           # Triton JIT and workspaces outside any capture
+            sequential_round(list(lanes.values()))
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        full_pool = torch.cuda.graph_pool_handle()
+        full = {k: capture_pieces(e, s_, "none", full_pool) for k, (e, s_) in lanes.items()}
+        # separate pools: pieces of the two batches interleave, so neither may reuse the other's memory
+        n_pieces = capture_pieces(n_e, n_s, "blocks", torch.cuda.graph_pool_handle())
+        o_pieces = capture_pieces(o_e, o_s, "loads", torch.cuda.graph_pool_handle())
+        torch.cuda.synchronize()
+
+        def seq(keys):
+            def run():
+                for k in keys:
+                    for g, _ in full[k]:
+                        g.replay()
+            return run
+
+        def sw(tl=None):
+            last["stats"] = switched_round(n_e, n_s, o_e, o_s, loader, tl, n_gen=replay(n_pieces),
+                                           o_gen=replay(o_pieces), lookahead=lookahead)
+    else:
+        def seq(keys):
+            return lambda: last.__setitem__("stats", sequential_round([lanes[k] for k in keys]))
+
+        def sw(tl=None):
+            last["stats"] = switched_round(n_e, n_s, o_e, o_s, loader, tl)
+
+    modes = {"normal_only": seq("n"), "offload_only": seq("o"), "sequential": seq("no"), "switched": sw}
+    if compute_ref:
+        modes["offload_compute"] = seq("r")
+    out = {"shape": shape.name, "device": str(dev), "gpu_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+           "strategy": strategy, "context_len": context, "offload_batch": offload_batch, "normal_batch": normal_batch,
+           "normal_context": normal_context, "budget": budget, "steps": steps, "graphs": graphs, "compile": compile,
+           "lookahead": lookahead if graphs else 0}
+    for name, fn in modes.items():
+        _time(fn, warmup, dev)
+        ms = _time(fn, steps, dev)
+        out[f"{name}_ms"] = statistics.median(ms)
+        out[f"{name}_ms_min"] = min(ms)
+        if name == "switched":
+            s = last["stats"]
+            out.update(switches=s.switches, stalls=s.stalls, checks=s.checks,
+                       h2d_bytes_per_round=sum(int(r.h2d_bytes) for r in s.loads_offloaded))
+    if compute_ref:
+        out["bound_ms"] = max(out["normal_only_ms"] + out["offload_compute_ms"], out["offload_only_ms"])
+        out["bound_speedup"] = out["sequential_ms"] / out["bound_ms"]
+    out["speedup_vs_sequential"] = out["sequential_ms"] / out["switched_ms"]
+    tokens = normal_batch + offload_batch
+    out["tok_s_sequential"] = tokens / out["sequential_ms"] * 1e3
+    out["tok_s_switched"] = tokens / out["switched_ms"] * 1e3
+    tl = Timeline(dev.type == "cuda")
+    sw(tl)
+    out["timeline"] = tl.spans()
+    out["overlap_ms"] = overlap_ms(out["timeline"])
+    return out
+
+
+def overlap_ms(spans: list[dict]) -> float:
+    """Time during which an offloaded transfer was in flight while the normal batch computed."""
+    tr = [(s["start_ms"], s["end_ms"]) for s in spans if s["kind"] == "transfer"]
+    nc = [(s["start_ms"], s["end_ms"]) for s in spans if s["kind"] == "compute" and s["batch"] == "normal"]
+    return sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in tr for b0, b1 in nc)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m labkit.bench.pulse", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="qwen3.8-flash-next")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--context", type=int, nargs="+", default=[65536])
+    ap.add_argument("--offload-batch", type=int, nargs="+", default=[4])
+    ap.add_argument("--normal-batch", type=int, default=4)
+    ap.add_argument("--normal-context", type=int, default=8192)
+    ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--strategy", default="zero_copy")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--lookahead", type=int, default=2)
+    ap.add_argument("--no-compute-ref", action="store_true", help="skip the device copy of the offloaded KV (memory)")
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    shape = ModelShape.from_name(a.shape)
+    rows = []
+    for ctx in a.context:
+        for ob in a.offload_batch:
+            r = switching_point(shape, a.device, ctx, ob, a.normal_batch, a.normal_context, a.budget, a.strategy,
+                                a.steps, graphs=not a.no_graphs, lookahead=a.lookahead, compute_ref=not a.no_compute_ref)
+            rows.append(r)
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "timeline"}),
+                  flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""Block-granular transfers of one QSA layer's selection (PulseInfer, issue 11 #4).
+
+    python -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 --out blocks.json
+
+The selection is made in blocks of `block` tokens (`budget / block` blocks per layer), either
+
+- **per head** (`selection=per_head`): each KV head picks its own blocks; with a head-major pool
+  (`[head][K|V][block][block * head_dim]`) every transfer unit is one head's K or V of one block:
+  `block * head_dim * 2` bytes (8 KB for the reference shape at block 16);
+- **retrieval head** (`selection=retrieval_head`): one head's blocks serve every head of the layer; with a
+  token-major pool (`[block][block tokens][row]`) every unit is a whole block of rows:
+  `block * row_bytes` (32 KB).
+
+Both move the same bytes (`budget * row_bytes`). Variants, each timed over `repeats` calls (CUDA events
+around host-synchronised calls; wall clock on CPU) and checked against `src[units]`:
+- `per_unit_copy`: one `copy_` per unit (what per-head block transfers do);
+- `coalesced`: CPU threads gather the units into pinned staging, one H2D copy, a scatter on the device
+  into the destination order (here the attention's order: a permutation, so the scatter is real work);
+- `coalesced_copy`: that one H2D copy alone (the link part of `coalesced`);
+- `zero_copy`: the Triton gather kernel reading the units from mapped pinned host memory;
+- `contiguous`: one pinned H2D copy of the same number of bytes (the link's reference).
+Each row: bytes counted from the units moved, ms, GB/s and the ratio to `contiguous`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from ..engine.gather import gather_rows
+from ..shapes import ModelShape
+
+WORD = 8
+
+
+def _timer(dev, fn, repeats: int) -> list[float]:
+    fn()                                    # warm (Triton JIT, staging buffers)
+    out = []
+    for _ in range(repeats):
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def _host(shape, dev) -> torch.Tensor:
+    pin = dev.type == "cuda"
+    return torch.empty(shape, dtype=torch.int64, pin_memory=pin)
+
+
+def _units(selection: str, s: ModelShape, context: int, budget: int, block: int, g: torch.Generator):
+    """(host pool [n_units, unit_words], selected unit ids [M]) for one layer."""
+    nb_ctx, nb_sel = context // block, budget // block
+    if selection == "per_head":
+        unit_words = block * s.head_dim * 2 // WORD
+        pool = _host((s.n_kv_heads * 2 * nb_ctx, unit_words), torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        ids = []
+        for h in range(s.n_kv_heads):
+            blocks = torch.randperm(nb_ctx, generator=g)[:nb_sel].sort().values
+            for kv in range(2):
+                ids.append((h * 2 + kv) * nb_ctx + blocks)
+        return pool, torch.cat(ids)
+    unit_words = block * s.row_bytes // WORD
+    pool = _host((nb_ctx, unit_words), torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    return pool, torch.randperm(nb_ctx, generator=g)[:nb_sel].sort().values
+
+
+@torch.inference_mode()
+def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, budget: int = 2048, block: int = 16,
+                repeats: int = 20, threads: int = 0, seed: int = 0) -> list[dict]:
+    if budget % block or context % block or budget > context:
+        raise ValueError(f"budget {budget} and context {context} must be multiples of block {block}, budget <= context")
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(seed)
+    if threads:
+        torch.set_num_threads(threads)
+    rows = []
+    contiguous_gbps = {}
+    for selection in ("per_head", "retrieval_head"):
+        pool, ids = _units(selection, shape, context, budget, block, g)
+        pool.view(torch.bfloat16).normal_(generator=g)
+        M, W = ids.numel(), pool.shape[1]
+        nbytes = M * W * WORD
+        ids_dev = ids.to(dev)
+        perm = torch.randperm(M, generator=g).to(dev)           # the attention's order of the units
+        dst = torch.empty((M, W), dtype=torch.int64, device=dev)
+        stage = _host((M, W), dev)
+        stage_dev = torch.empty((M, W), dtype=torch.int64, device=dev)
+        ref = pool[ids]
+
+        def per_unit():
+            for j, u in enumerate(ids.tolist()):
+                dst[j].copy_(pool[u], non_blocking=True)
+
+        def coalesced():
+            torch.index_select(pool, 0, ids, out=stage)
+            stage_dev.copy_(stage, non_blocking=True)
+            dst.index_copy_(0, perm, stage_dev)
+
+        def coalesced_copy():
+            stage_dev.copy_(stage, non_blocking=True)
+
+        def zero_copy():
+            gather_rows(pool, ids_dev, dst)
+
+        def contiguous():
+            stage_dev.copy_(pool[:M] if M <= pool.shape[0] else stage, non_blocking=True)
+
+        variants = {"per_unit_copy": (per_unit, lambda: dst), "coalesced": (coalesced, lambda: dst[perm]),
+                    "coalesced_copy": (coalesced_copy, None), "zero_copy": (zero_copy, lambda: dst),
+                    "contiguous": (contiguous, None)}
+        for name, (fn, result) in variants.items():
+            dst.zero_()
+            ms = _timer(dev, fn, repeats)
+            correct = None
+            if result is not None:
+                correct = bool(torch.equal(result().cpu(), ref))
+            med = statistics.median(ms)
+            rows.append({"experiment": "pulse_blocks", "device": str(dev), "shape": shape.name,
+                         "selection": selection, "strategy": name, "block": block, "budget": budget,
+                         "context_len": context, "unit_bytes": W * WORD, "units": M, "bytes": nbytes,
+                         "ms_median": med, "ms_min": min(ms), "gbps": nbytes / med / 1e6, "correct": correct,
+                         "status": "ok" if correct in (None, True) else "failed"})
+            if name == "contiguous":
+                contiguous_gbps[selection] = rows[-1]["gbps"]
+    for r in rows:
+        r["ratio_to_contiguous"] = r["gbps"] / contiguous_gbps[r["selection"]]
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m labkit.bench.pulse_blocks", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="qwen3.8-flash-next")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--context", type=int, default=65536)
+    ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--block", type=int, nargs="+", default=[16])
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    rows = []
+    for b in a.block:
+        for r in block_probe(ModelShape.from_name(a.shape), a.device, a.context, a.budget, b, a.repeats, a.threads):
+            rows.append(r)
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""`labkit run pulse` on CPU: the trace replay through `labkit serve` and the shared load generator,
+its notebook under papermill, and one-line errors on bad input before anything runs."""
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from labkit.bench import pulse_trace as P
+from labkit.bench.params import BadInput
+
+
+def _trace(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+GOOD = [{"timestamp": 0, "input_length": 6000, "output_length": 20, "hash_ids": [1, 2]},
+        {"timestamp": 50, "input_length": 12000, "output_length": 9, "hash_ids": [1, 3]},
+        {"timestamp": 120, "input_length": 3000, "output_length": 30, "hash_ids": [4]},
+        {"timestamp": 160, "input_length": 20000, "output_length": 5, "hash_ids": [5]}]
+
+
+def test_bad_input_is_one_line_before_anything_runs(tmp_path):
+    base = dict(device="cpu", n_requests=4)
+    missing = _trace(tmp_path / "m.jsonl", [{"timestamp": 0, "output_length": 3}])
+    with pytest.raises(BadInput, match="not a trace record"):
+        P.plan({**base, "trace": missing})
+    neg = _trace(tmp_path / "n.jsonl", [{**GOOD[0], "timestamp": -5}])
+    with pytest.raises(BadInput, match="negative time"):
+        P.plan({**base, "trace": neg})
+    good = _trace(tmp_path / "g.jsonl", GOOD)
+    with pytest.raises(BadInput, match="rate must be > 0"):
+        P.plan({**base, "trace": good, "rate": 0})
+    with pytest.raises(BadInput, match="policy"):
+        P.plan({**base, "trace": good, "policies": "fastest"})
+    specs = P.requests(P.plan({**base, "trace": good, "length_scale": 0.01, "capacity": 100, "max_output": 8}))
+    assert [len(s.prompt) for s in specs] == [60, 92, 30, 95]                # scaled, then capped to the slot
+    assert [s.output_len for s in specs] == [8, 8, 8, 5]
+    assert all(len(s.prompt) + s.output_len <= 100 for s in specs)
+    assert [s.arrival_s for s in specs] == [0.0, 0.05, 0.12, 0.16]
+    r = subprocess.run([sys.executable, "-m", "labkit", "run", "pulse", "-p", f"trace={neg}", "-p", "device=cpu",
+                        "--out", str(tmp_path / "never")], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "negative time" in r.stderr
+    assert not (tmp_path / "never").exists()
+
+
+def test_labkit_run_pulse_notebook(tmp_path):
+    from labkit.execute import run_notebook
+    good = _trace(tmp_path / "g.jsonl", GOOD)
+    out, err = run_notebook("pulse", {"device": "cpu", "trace": good, "n_requests": "4", "rate": "10",
+                                      "policies": "threshold:60,noswitch:60", "resident_slots": "2",
+                                      "offload_slots": "2", "timeline_every": "1"},
+                            out_dir=tmp_path / "run", log_output=False, timeout=300)
+    assert err is None, err
+    m = pd.read_parquet(out / "metrics.parquet")
+    assert list(m["policy"]) == ["threshold:60", "noswitch:60"] and set(m["status"]) == {"ok"}
+    assert (m["completed"] == 4).all() and (m["output_throughput"] > 0).all() and m["tpot_ms_p99"].notna().all()
+    assert list(m["switching"]) == [True, False]
+    sw, ns = m.iloc[0], m.iloc[1]
+    assert sw["switched_rounds"] > 0 and ns["switched_rounds"] == 0
+    assert 0 < sw["share_offloaded"] < 1
+    tl = pd.read_parquet(out / "timeline.parquet")
+    assert {"transfer", "compute"} <= set(tl["kind"]) and (tl["mode"] == "switched").any()
+    assert len(pd.read_parquet(out / "loads.parquet")) > 0
+    assert (out / "report.html").stat().st_size > 100_000                    # plotly embedded, figures in
+
+
+def test_pulse_notebook_parameters_match_spec():
+    import papermill as pm
+    from labkit.execute import EXPERIMENTS, NOTEBOOKS
+    names = set(pm.inspect_notebook(str(NOTEBOOKS / EXPERIMENTS["pulse"].notebook)))
+    assert names == {p.name for p in P.SPEC} | {"run_dir"}
