@@ -43,6 +43,7 @@ if HAVE_TRITON:
         dm = d < D
         qrow = (b * NKV * G + g * G + hq).to(tl.int64)
         q = tl.load(q_ptr + qrow[:, None] * D + d[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
+        q = q.to(tl.float32)     # bf16 values are exact in fp32 (and in tf32, the dot's precision)
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, DP], tl.float32)
@@ -67,14 +68,14 @@ if HAVE_TRITON:
             keep = m2 & (~hit) & (v >= 0)[:, None]
             tl.store(slots_ptr + v[:, None] * ROW + koff + d[None, :], kk, mask=keep)
             tl.store(slots_ptr + v[:, None] * ROW + voff + d[None, :], vv, mask=keep)
-            sc = tl.dot(q, tl.trans(kk)) * sm_scale                          # [GP, BN] fp32
+            sc = tl.dot(q, tl.trans(kk.to(tl.float32))) * sm_scale                         # [GP, BN] fp32
             sc = tl.where((ok & jm)[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp(m_i - m_safe)
             p = tl.exp(sc - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16).to(tl.float32), vv.to(tl.float32))
             m_i = m_new
         part = (b * NKV + g) * NS + sp
         tl.store(m_ptr + part * GP + hq, m_i)
