@@ -279,7 +279,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
         from ..engine.trace_replay import load_selection_trace
         trace = load_selection_trace(p["selection"][6:], shape.attn_layers, pt.context_len, pt.budget,
-                                     steps=pl.margin)
+                                     steps=pl.margin, stable=True)   # keeps the trace's reuse (hot_cache)
     conc, ctx = pt.concurrency, pt.context_len
     strat = get_strategy(pt.strategy, **pl.settings)
     stage_caches = caches.get(strat.medium, conc, ctx)
