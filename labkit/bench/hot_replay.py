@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from fractions import Fraction
+import math
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +52,8 @@ def overlap_prev(sel: np.ndarray) -> float:
 
 
 def ratio_label(budget: int, context: int) -> str:
-    f = Fraction(budget, context).limit_denominator(1024)
-    return f"{f.numerator}/{f.denominator}"
+    """Recording density to the nearest power of two: 2048 of 8001 -> "1/4", 16 of 8001 -> "1/512"."""
+    return f"1/{2 ** round(math.log2(context / budget))}"
 
 
 def replay_sweep(traces, context_lens, budget: int = 2048, capacity_x=(0.5, 1.0, 1.5, 2.0, 3.0),
