@@ -116,10 +116,9 @@ class SlotModel:
                     new.append(r)
             seen.add(r)
         pri = [float("inf") if i in prot else self.key[i] for i in range(self.C)]
-        order = sorted(range(self.C), key=lambda i: (pri[i], i))[:min(len(rows), self.C)]
-        for r, i in zip(new, order):
-            if pri[i] == float("inf"):
-                break
+        free = [i for i in sorted(range(self.C), key=lambda i: (pri[i], i)) if pri[i] < float("inf")]
+        victims = sorted(free[:len(new)])             # the lowest keys, then taken in slot order
+        for r, i in zip(new, victims):
             if self.row[i] is not None:
                 del self.where[self.row[i]]
                 ev += 1
@@ -252,6 +251,27 @@ SCRIPT = textwrap.dedent('''
             assert torch.equal(s1[:S], s2[:S]), "fused: slots"
             err = (a.float() - b.float()).abs().max().item()
             assert err <= 0.02 * b.float().abs().max().item() + 1e-2, ("fused: attention", err)
+    from labkit.engine.hot_cache import HotIndex
+    from labkit.engine.hot_plan import hot_plan
+    for policy, C in (("lru", 5), ("lfu", 1), ("lrfu", 24)):      # the plan kernel == HotIndex's torch ops
+        g = torch.Generator().manual_seed(C)
+        B, k, R = 2, 12, 80
+        a, b = HotIndex(1, B, C, R, policy), HotIndex(1, B, C, R, policy)
+        base = [torch.randperm(40, generator=g)[:k] for _ in range(B)]
+        for t in range(4):
+            rows = []
+            for r in range(B):
+                keep = base[r][torch.rand(k, generator=g) < 0.6]
+                sel = torch.cat([keep, torch.randperm(40, generator=g)[:k]])[:k].clone()
+                sel[-2:] = 0
+                rows.append(sel + r * 40)
+            base = [x - r * 40 for r, x in enumerate(rows)]
+            flat = torch.cat(rows)
+            s1, v1 = a.plan_reference(0, flat, 8)
+            s2, v2 = hot_plan(b, 0, flat, 8)
+            assert torch.equal(s1, s2) and torch.equal(v1, v2), (policy, C, t, "plan outputs")
+            assert torch.equal(a.rev[:, :R], b.rev[:, :R]) and torch.equal(a.slot_row[:, :B * C], b.slot_row[:, :B * C])
+            assert torch.equal(a.key[:, :B * C], b.key[:, :B * C]) and torch.equal(a.total, b.total), (policy, C, t)
     print("hot kernels ok")
 ''')
 

@@ -30,9 +30,10 @@ decode step stays one CUDA graph):
    0): only the first of a missing row is inserted; every missing entry is read from the host (that is
    what moves, and what is counted);
 3. the policy's key of every hit slot is updated and the hit slots are protected for this step;
-4. victims: the request's slots in order of (key, slot index) (a stable sort; protected slots last);
-   its i-th new miss in selection order takes the i-th of them, if that one is not protected. When the
-   misses outnumber the free and evictable slots (capacity < budget), the rest are loaded but not kept;
+4. victims: with m = min(new misses, unprotected slots) of a request, its m slots lowest in
+   (key, slot index) order (a stable sort; protected slots have key +inf); listed in slot order, the
+   i-th of them takes the request's i-th new miss in selection order. When the misses outnumber the
+   free and evictable slots (capacity < budget), the rest are loaded but not kept;
 5. the victims' old rows leave the reverse index, the new rows enter it;
 6. counters from the masks: hits, misses (rows read from host), inserts, evictions, bytes = misses x
    row bytes. `LoadResult.h2d_bytes` is this layer's 0-d counter on the device.
@@ -57,9 +58,11 @@ cached copy of a row that is in a slot (so a cached row can never be stale).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
-from .gather import scatter_rows
+from .gather import HAVE_TRITON, scatter_rows
 from .hot_gather import gather_hot_rows
 from .transfer import LoadResult, TransferStrategy
 
@@ -97,6 +100,12 @@ class HotIndex:
         self._owner = torch.full((n_rows + 1,), torch.iinfo(torch.int64).max, dtype=torch.int64, device=dev)
         self._prot = torch.zeros(S + 1, dtype=torch.bool, device=dev)
         self._first_req = torch.arange(batch, device=dev) * capacity
+        self._iota_c = torch.arange(capacity + 1, device=dev)
+        self._prot8 = torch.zeros(S + 1, dtype=torch.int8, device=dev)       # the kernel's scratch (hot_plan.py)
+        self._list = torch.zeros(S + 1, dtype=torch.int64, device=dev)
+        self._cnt_b = torch.zeros((batch, len(COUNTERS)), dtype=torch.int64, device=dev)
+        # one Triton kernel on CUDA (hot_plan.py), these torch ops elsewhere (and as its reference)
+        self.kernel = dev.type == "cuda" and HAVE_TRITON and os.environ.get("LABKIT_HOT_PLAN", "kernel") == "kernel"
 
     @property
     def slots(self) -> int:
@@ -106,6 +115,13 @@ class HotIndex:
         """One step of one layer for the selected pool rows [B*k] (each request's k in a row).
         Returns (slot [B*k]: the slot to read from, -1 for a miss; victim [B*k]: the slot a missing
         row is written into, -1 when it is not kept). Updates the index, keys and counters."""
+        if self.kernel:
+            from .hot_plan import hot_plan
+            return hot_plan(self, layer, rows, row_bytes)
+        return self.plan_reference(layer, rows, row_bytes)
+
+    def plan_reference(self, layer: int, rows: torch.Tensor, row_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`plan` in torch ops (the CPU path, and what the kernel is checked against)."""
         B, C, S = self.batch, self.capacity, self.slots
         M = rows.numel()
         k = M // B
@@ -131,15 +147,19 @@ class HotIndex:
             key.index_put_((touched,), key.index_select(0, touched) + 1)
         prot.zero_()
         prot.index_fill_(0, touched, True)
-        pri = key.masked_fill(prot, _INF)[:S].view(B, C)                   # 4. victims, in key order
-        kk = min(k, C)
-        order = torch.sort(pri, dim=1, stable=True).indices[:, :kk]        # [B, kk] local slots
-        free = torch.gather(pri, 1, order) < _INF
+        pri = key.masked_fill(prot, _INF)[:S].view(B, C)                   # 4. victims
         newb = new.view(B, k)
+        m = torch.minimum(newb.sum(1), (pri < _INF).sum(1))                 # [B] slots to (re)fill
+        order = torch.sort(pri, dim=1, stable=True).indices                 # by (key, slot index)
+        chosen = torch.zeros((B, C), dtype=torch.bool, device=rows.device)
+        chosen.scatter_(1, order, self._iota_c[None, :C] < m[:, None])     # the m lowest, in slot order
+        at = torch.where(chosen, torch.cumsum(chosen.to(torch.int64), 1) - 1, C)
+        listed = torch.full((B, C + 1), C, dtype=torch.int64, device=rows.device)
+        listed.scatter_(1, at, self._iota_c[None, :C].expand(B, C))        # r-th chosen slot, slot order
         rank = torch.cumsum(newb.to(torch.int64), 1) - 1                   # i-th new miss of its request
-        rc = rank.clamp(0, kk - 1)
-        ok = newb & (rank < kk) & torch.gather(free, 1, rc)
-        victim = torch.where(ok, torch.gather(order, 1, rc) + self._first_req[:, None], -1).view(M)
+        ok = newb & (rank < m[:, None])
+        vloc = torch.gather(listed, 1, rank.clamp(0, C))
+        victim = torch.where(ok, vloc + self._first_req[:, None], -1).view(M)
         vt = torch.where(victim >= 0, victim, S)                           # 5. evict, insert
         old = srow.index_select(0, vt)
         oc = old.clamp_min(0)
