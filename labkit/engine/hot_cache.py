@@ -68,6 +68,7 @@ from .transfer import LoadResult, TransferStrategy
 
 POLICIES = ("lru", "lfu", "lrfu")
 LRFU_DECAY = 0.8
+MAX_KERNEL_ROWS = 16384     # budget and capacity the one-program-per-request plan kernel holds in registers
 COUNTERS = ("hits", "misses", "inserts", "evictions", "h2d_bytes")
 _LFU_UNIT = float(2 ** 32)
 _INF = float("inf")
@@ -115,7 +116,7 @@ class HotIndex:
         """One step of one layer for the selected pool rows [B*k] (each request's k in a row).
         Returns (slot [B*k]: the slot to read from, -1 for a miss; victim [B*k]: the slot a missing
         row is written into, -1 when it is not kept). Updates the index, keys and counters."""
-        if self.kernel:
+        if self.kernel and max(rows.numel() // self.batch, self.capacity) <= MAX_KERNEL_ROWS:
             from .hot_plan import hot_plan
             return hot_plan(self, layer, rows, row_bytes)
         return self.plan_reference(layer, rows, row_bytes)
