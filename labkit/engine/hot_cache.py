@@ -23,8 +23,9 @@ table's translation, and a pool row belongs to exactly one request (its page), s
 is the per-request, per-layer position -> slot map with the translation already applied, one int32
 per token and layer (4 B against the index key's 66 B).
 
-A step of one layer (`HotIndex.plan`; device ops only, fixed shapes, nothing read back, so the whole
-decode step stays one CUDA graph):
+A step of one layer (`HotIndex.plan`: on CUDA one Triton kernel, `hot_plan.py`; elsewhere, and as
+that kernel's reference, the torch ops of `plan_reference`; device work only, fixed shapes, nothing
+read back, so the whole decode step stays one CUDA graph):
 1. lookup `s = rev[rows]`; a row is a *hit* when `s >= 0`;
 2. first occurrence of each row (a selection may repeat a row: masked entries all point at position
    0): only the first of a missing row is inserted; every missing entry is read from the host (that is
