@@ -281,3 +281,18 @@ def test_hot_kernels_match_references_under_interpreter():
     p = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "TRITON_INTERPRET": "1"})
     assert p.returncode == 0 and "hot kernels ok" in p.stdout, p.stderr[-3000:]
+
+
+def test_decode_point_records_what_the_hot_cache_moved():
+    """One decode point through DecodeSession: per-step hits, misses and bytes are the device counters'
+    means over the timed steps, and they add up to the selected rows."""
+    from labkit.bench.decode import DecodeSession
+    pl = plan({"device": "cpu", "strategies": "hot_cache", "context_lens": "300", "budgets": "32",
+               "concurrency": "2", "repeats": "1", "steps": "3", "anatomy": "false", "probe": "false",
+               "prefill_lens": "", "hot_capacity": "40", "hot_policy": "lfu"})
+    with DecodeSession(pl) as s:
+        rec = s.measure(pl.points[0])
+    assert rec["status"] == "ok", rec.get("error")
+    assert rec["hot_hits_per_step"] + rec["hot_misses_per_step"] == rec["selected_rows_per_step"] == 2 * 32 * TINY.attn_layers
+    assert rec["h2d_bytes_per_step"] == rec["hot_misses_per_step"] * TINY.row_bytes
+    assert 0 <= rec["hot_hit_rate"] <= 1 and rec["hot_capacity"] == 40 and rec["hot_policy"] == "lfu"
