@@ -53,6 +53,9 @@ SPEC = [
     Param("gather_rows_per_prog", "int", 4, "resident/zero_copy gather kernel: rows per program"),
     Param("gather_num_warps", "int", 4, "resident/zero_copy gather kernel: warps per program"),
     Param("host_threads", "int", 0, "host_gather: CPU threads (0: all cores)"),
+    Param("hot_capacity", "int", 4096, "hot_cache: device slots per request and QSA layer (rows)"),
+    Param("hot_policy", "str", "lru", "hot_cache: eviction policy (lru, lfu, lrfu)"),
+    Param("hot_fused", "bool", False, "hot_cache: fused miss-load attention kernel instead of gather + attention"),
     Param("probe", "bool", True, "measure the link limits first (contiguous, host_gather, zero_copy): the plots' bounds"),
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
@@ -134,6 +137,8 @@ def plan(given: dict) -> DecodePlan:
             get_strategy(s, **settings)
         except ValueError as ex:
             raise BadInput(str(ex)) from None
+    if "hot_cache" in p["strategies"]:
+        _check_hot_capacity(p, shape, devs[0])
     if p["selection"] != "indexer" and not p["selection"].startswith("trace:"):
         raise BadInput(f"selection must be 'indexer' or 'trace:PATH', got {p['selection']!r}")
     if p["selection"].startswith("trace:") and not Path(p["selection"][6:]).is_file():
@@ -152,6 +157,15 @@ def plan(given: dict) -> DecodePlan:
             raise BadInput(f"context {max(p['context_lens'])} x concurrency {max(p['concurrency'])} needs "
                            f"{gib(need)} of host KV ({shape.kv_bytes_per_token()} B/token); this machine has {gib(total)} of RAM")
     return pl
+
+
+def _check_hot_capacity(p: dict, shape: ModelShape, dev: torch.device) -> None:
+    """The hot cache's slots of the largest batch must fit the device (RAM on a CPU) at all."""
+    need = p["hot_capacity"] * max(p["concurrency"]) * shape.attn_layers * shape.row_bytes
+    have = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else psutil.virtual_memory().total
+    if need > have:
+        raise BadInput(f"hot_capacity={p['hot_capacity']} x concurrency {max(p['concurrency'])} needs {gib(need)} "
+                       f"of device slots; the device has {gib(have)}")
 
 
 def _points(p: dict) -> list[Point]:
@@ -265,7 +279,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
         from ..engine.trace_replay import load_selection_trace
         trace = load_selection_trace(p["selection"][6:], shape.attn_layers, pt.context_len, pt.budget,
-                                     steps=pl.margin)
+                                     steps=pl.margin, stable=True)   # keeps the trace's reuse (hot_cache)
     conc, ctx = pt.concurrency, pt.context_len
     strat = get_strategy(pt.strategy, **pl.settings)
     stage_caches = caches.get(strat.medium, conc, ctx)
@@ -281,6 +295,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     steps, repeats = (p["per_row_steps"], 1) if per_row else (p["steps"], p["repeats"])
     runner.prepare(warmup=1 if per_row else 2)
     cuda = dev.type == "cuda"
+    counted = [r.engine.strategy.counters() for r in runners]    # hot_cache: device counts before the timed steps
     times, rx, tx = [], 0.0, 0.0
     rx_ok = True
     t_start = time.time()
@@ -330,6 +345,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
         "device_mem_peak_bytes": sum(torch.cuda.max_memory_allocated(st.device) for st in stages) if cuda else None,
         **strat.settings(),
     }
+    rec.update(counted_per_step(runners, counted, n))
     if rec["nvml_rx_bytes_per_step"] is not None and rec["h2d_bytes_per_step"]:
         rec["nvml_over_engine"] = rec["nvml_rx_bytes_per_step"] / rec["h2d_bytes_per_step"]
     for i, (a_rx, a_tx) in enumerate(per_gpu):        # each link's bytes when several GPUs are sampled
@@ -345,6 +361,19 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
         rec["anat_closure"] = sum(phases.values()) / t.median
     del runner, runners
     return rec
+
+
+def counted_per_step(runners, before: list[dict], n: int) -> dict:
+    """Means over the timed steps of what strategies with data-dependent traffic counted on the device
+    (hot_cache: hits, misses, inserts, evictions, bytes); `h2d_bytes_per_step` becomes that mean."""
+    after = [r.engine.strategy.counters() for r in runners]
+    tot = {k: sum(a[k] - b[k] for a, b in zip(after, before)) for k in after[0]} if after and after[0] else {}
+    if not tot:
+        return {}
+    out = {f"hot_{k}_per_step": v / n for k, v in tot.items()}
+    out["hot_hit_rate"] = tot["hits"] / max(1, tot["hits"] + tot["misses"])
+    out["h2d_bytes_per_step"] = tot["h2d_bytes"] / n
+    return out
 
 
 def measure_prefill(stages: list, n_tokens: int, strategy: str, pl: DecodePlan) -> dict:

@@ -223,6 +223,8 @@ class _DecodeIO:
         mark("transfer")
         yield LoadRequest(ki, st.rows_buf[ki], st.staging)
         mark("attention")
+        if e.strategy.attends:      # the strategy's kernel reads the rows as it attends (hot_cache, fused)
+            return e.strategy.attend(c.pool, ki, q, valid, e.model.shape.n_kv_heads)
         rows = st.staging.view(torch.bfloat16).view(B, k, -1)
         return self.fns.sparse_attention(q, rows, valid, e.model.shape.n_kv_heads)
 

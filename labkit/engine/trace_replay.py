@@ -19,6 +19,20 @@ with another number of sparse layers, another context length and another budget:
   spread is kept. Too few (or a trace budget below the engine's): fill with the most recent
   not-yet-selected positions, as an engine growing its recent window would.
 
+Stable replay (`stable=True`, what the decode sweep uses): the default maps step `s` with that step's
+own trace context `C_s`, and since `C_s` grows by one token per step, the same token lands on a
+different engine position every step (at 8K -> 1M, middle positions drift by ~60 per step) and the
+trace's reuse is lost, which a hot cache would measure as misses. The stable mapping uses one map for
+all steps, that of the trace's final context (`max C_s`): a token keeps its engine position, and the
+map is one-to-one when the engine context is longer than the trace's (sink: identity; middle: linear
+expansion; recent: shift), so the *sets* of every step, and with them the step-to-step overlap and
+every reuse distance, are the trace's exactly. Budget: a trace sparser than the engine's budget (say
+256 of 8K replayed with budget 2048) would be filled with recent positions, a sliding window whose
+easy reuse is not the trace's; the stable mapping instead widens each mapped middle position into a run
+of `budget // trace_budget` consecutive positions (top-k selections at long context come in runs;
+a run is kept or dropped whole, so overlap and reuse distance are again the trace's), then fills what
+is left as before.
+
 Result: `LongTensor[steps, n_layers, budget]`, every row sorted ascending, unique, within
 `[0, context_len)`. Deterministic: same inputs, same tensor. Needs `budget <= context_len`.
 """
@@ -47,8 +61,10 @@ def _read(path):
     return pos, ctx, meta
 
 
-def scale_row(row: np.ndarray, src_ctx: int, context_len: int, budget: int, sink: int, recent: int) -> np.ndarray:
-    """Map one trace row (-1 padded) into an engine context; returns `budget` sorted unique positions."""
+def scale_row(row: np.ndarray, src_ctx: int, context_len: int, budget: int, sink: int, recent: int,
+              rep: int = 1) -> np.ndarray:
+    """Map one trace row (-1 padded) into an engine context; returns `budget` sorted unique positions.
+    `rep` > 1 (stable replay of a sparser trace): each mapped middle position becomes a run of `rep`."""
     row = row[(row >= 0) & (row < src_ctx)]
     # windows: anchored; shrink in proportion if the engine context is too small for them
     room = context_len - budget
@@ -66,7 +82,11 @@ def scale_row(row: np.ndarray, src_ctx: int, context_len: int, budget: int, sink
     out[mid] = sink + ((row[mid] - sink) * dst_mid) // src_mid
     out = np.clip(out, 0, context_len - 1)
     anchored = np.unique(out[is_sink | is_recent])
-    middle = np.setdiff1d(np.unique(out[mid]), anchored, assume_unique=True)
+    middle = np.unique(out[mid])
+    if rep > 1 and middle.size:
+        middle = np.unique((middle[:, None] + np.arange(rep)[None, :]).ravel())
+        middle = middle[middle < context_len - recent]
+    middle = np.setdiff1d(middle, anchored, assume_unique=True)
     sel = np.union1d(anchored, middle)
     if sel.size > budget:
         keep = anchored[:budget]  # sink first (ascending), then recent
@@ -82,8 +102,10 @@ def scale_row(row: np.ndarray, src_ctx: int, context_len: int, budget: int, sink
     return np.sort(sel)[:budget]
 
 
-def load_selection_trace(path, n_layers: int, context_len: int, budget: int, steps: int) -> torch.LongTensor:
-    """Selected positions `[steps, n_layers, budget]` for an engine, from a trace file (module docstring)."""
+def load_selection_trace(path, n_layers: int, context_len: int, budget: int, steps: int,
+                         stable: bool = False) -> torch.LongTensor:
+    """Selected positions `[steps, n_layers, budget]` for an engine, from a trace file (module docstring).
+    `stable=True`: the reuse-preserving mapping (module docstring, "Stable replay")."""
     for name, v in (("n_layers", n_layers), ("context_len", context_len), ("budget", budget), ("steps", steps)):
         if int(v) < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
@@ -95,12 +117,14 @@ def load_selection_trace(path, n_layers: int, context_len: int, budget: int, ste
     t_steps, t_layers = pos.shape[0], pos.shape[1]
     out = np.empty((steps, n_layers, budget), dtype=np.int64)
     cache: dict[tuple[int, int], np.ndarray] = {}
+    rep = max(1, budget // pos.shape[2]) if stable else 1
     for j in range(steps):
         s = j % t_steps
         for i in range(n_layers):
             li = (i * t_layers) // n_layers
             key = (s, li)
             if key not in cache:
-                cache[key] = scale_row(pos[s, li], int(ctx[s]), context_len, budget, sink, recent)
+                src = int(ctx.max()) if stable else int(ctx[s])
+                cache[key] = scale_row(pos[s, li], src, context_len, budget, sink, recent, rep)
             out[j, i] = cache[key]
     return torch.from_numpy(out)

@@ -8,6 +8,7 @@ One interface (`TransferStrategy`), four media/mechanisms (DESIGN.md):
 | per_row     | host        | one `copy_` per selected row (the naive reference)                | no        |
 | host_gather | host        | CPU threads gather into pinned staging, then one DMA              | no        |
 | zero_copy   | host        | gather kernel reading mapped pinned host memory over PCIe         | yes       |
+| hot_cache   | host        | device slots per request; only the misses cross (`hot_cache.py`)  | yes       |
 
 Primitives (after vLLM's `kv_offload/abstract.py`):
 - `load(pool, layer, rows, out) -> LoadResult`: fill `out [M, W]` (device, int64 words) with
@@ -64,6 +65,16 @@ class TransferStrategy(ABC):
 
     def settings(self) -> dict:
         """This strategy's own settings, as recorded beside each measured point."""
+        return {}
+
+    # A strategy that loads rows inside its own attention kernel (hot_cache, fused) sets `attends`; the
+    # engine then calls `attend(pool, layer, q, valid, n_kv)` after the step's `load` instead of
+    # attending over the staging rows itself.
+    attends = False
+
+    def counters(self) -> dict[str, int]:
+        """Cumulative device-side counts (hits, misses, bytes...) of strategies whose per-step traffic
+        depends on data; read outside timed regions, differenced over a measured window."""
         return {}
 
     def _moved(self, pool: KVPool, rows: torch.Tensor) -> LoadResult:
@@ -148,14 +159,20 @@ class HostGather(TransferStrategy):
         return self._moved(pool, rows)
 
 
+from .hot_cache import HotCache  # noqa: E402  (it subclasses TransferStrategy)
+
 STRATEGIES: dict[str, type[TransferStrategy]] = {
-    "resident": Resident, "per_row": PerRow, "host_gather": HostGather, "zero_copy": ZeroCopy}
+    "resident": Resident, "per_row": PerRow, "host_gather": HostGather, "zero_copy": ZeroCopy,
+    "hot_cache": HotCache}
 
 # Sweep parameter -> (strategies it applies to, constructor argument).
 SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
     "gather_rows_per_prog": (("resident", "zero_copy"), "rows_per_prog"),
     "gather_num_warps": (("resident", "zero_copy"), "num_warps"),
     "host_threads": (("host_gather",), "threads"),
+    "hot_capacity": (("hot_cache",), "capacity"),
+    "hot_policy": (("hot_cache",), "policy"),
+    "hot_fused": (("hot_cache",), "fused"),
 }
 
 

@@ -1,0 +1,93 @@
+"""Figures of the hot cache (issue 10): hit rate and link bytes per step against capacity, policy and the
+traces' recording density, from `labkit.bench.hot_replay` tables; hit rate, misses and step anatomy
+per strategy from decode-sweep metrics (rows with `hot_*` columns).
+
+    replay_report(df).write("hot_replay/report.html")
+"""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+from .html import Page
+
+HEADLINE_RATIO = 1 / 32     # the issue: claims on traces recorded at budget/context <= 1/32
+
+
+def hit_rate_vs_capacity(df: pd.DataFrame) -> go.Figure:
+    """Hit rate against capacity (x budget), one line per policy, a panel per recording density."""
+    d = df[df["context_len"] == df["context_len"].max()].sort_values(["ratio_value", "capacity_x"])
+    fig = px.line(d, x="capacity_x", y="hit_rate", color="policy", facet_col="ratio", line_dash="corpus",
+                  markers=True, category_orders={"ratio": list(dict.fromkeys(d["ratio"]))},
+                  labels={"capacity_x": "capacity (x budget)", "hit_rate": "hit rate (steady state)"},
+                  title=f"Hot-cache hit rate vs capacity, per recording density (trace budget / context), "
+                        f"replayed at {d['context_len'].max():,} tokens, budget {int(d['budget'].iloc[0])}")
+    fig.update_yaxes(range=[0, 1.02])
+    return fig
+
+
+def bytes_vs_density(df: pd.DataFrame, policy: str = "lru") -> go.Figure:
+    """Link bytes per step against the recording density, one line per capacity, zero_copy's bytes as bound."""
+    d = df[(df["policy"] == policy) & (df["context_len"] == df["context_len"].max())]
+    d = d.groupby(["ratio_value", "ratio", "capacity_x"], as_index=False)[["h2d_bytes_per_step", "zero_copy_bytes_per_step"]].mean()
+    fig = go.Figure()
+    for cx, g in d.groupby("capacity_x"):
+        g = g.sort_values("ratio_value")
+        fig.add_scatter(x=g["ratio_value"], y=g["h2d_bytes_per_step"] / 2**20, mode="lines+markers",
+                        name=f"hot_cache {cx:g} x budget", text=g["ratio"])
+    zc = d.groupby("ratio_value")["zero_copy_bytes_per_step"].first().sort_index()
+    fig.add_scatter(x=zc.index, y=zc.values / 2**20, mode="lines", name="zero_copy (every selected row)",
+                    line={"dash": "dash", "color": "black"})
+    fig.add_vline(x=HEADLINE_RATIO, line_dash="dot", annotation_text="1/32")
+    fig.update_xaxes(type="log", title="recording density (trace budget / trace context)")
+    fig.update_yaxes(title="link MiB per step (steady state)")
+    fig.update_layout(title=f"Link bytes per decode step vs recording density ({policy})")
+    return fig
+
+
+def headline_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Traces recorded at <= 1/32: best policy at capacity <= 2 x budget, bytes against zero_copy."""
+    d = df[(df["ratio_value"] <= HEADLINE_RATIO + 1e-12) & (df["capacity_x"] <= 2.0)]
+    cols = ["trace", "ratio", "context_len", "capacity_x", "policy", "hit_rate", "bytes_vs_zero_copy",
+            "overlap_trace", "overlap_replayed"]
+    return d.sort_values(["trace", "context_len", "capacity_x", "hit_rate"], ascending=[True, True, True, False])[cols]
+
+
+def replay_report(df: pd.DataFrame) -> Page:
+    page = Page("hot_cache: hit rate and link bytes on replayed real selections")
+    page.text("Recorded SmolLM2-135M selections (the quality lab's indexer), scaled to the engine's context with "
+              "the stable mapping (a token keeps its position; step-to-step overlap and reuse distance are the "
+              "trace's), replayed through the hot cache's own bookkeeping on the CPU, 12 QSA layers, one request. "
+              "Steady state: steps after the first (cold) one.")
+    page.figure(hit_rate_vs_capacity(df))
+    page.figure(bytes_vs_density(df))
+    page.heading("Headline: traces recorded at budget/context <= 1/32, capacity <= 2 x budget")
+    page.table(headline_table(df), fmt={"hit_rate": ".3f", "bytes_vs_zero_copy": ".3f", "overlap_trace": ".3f",
+                                        "overlap_replayed": ".3f"})
+    page.heading("All replays")
+    page.table(df.drop(columns=["trace_context", "zero_copy_bytes_per_step", "selected_of_trace"]),
+               fmt={"hit_rate": ".3f", "bytes_vs_zero_copy": ".3f", "ratio_value": ".4f", "misses_per_step": ".1f",
+                    "h2d_bytes_per_step": ".3e", "first_step_hit_rate": ".3f", "overlap_trace": ".3f",
+                    "overlap_replayed": ".3f"})
+    return page
+
+
+def sweep_figures(metrics: pd.DataFrame) -> list[go.Figure]:
+    """From a decode sweep with hot_cache rows: hit rate and misses per step per point, and the step
+    anatomy (transfer = lookup + miss loads, attention) per strategy."""
+    m = metrics[(metrics.get("experiment") == "decode") & (metrics.get("status") == "ok")] if "experiment" in metrics else metrics
+    figs = []
+    if "hot_hit_rate" in m:
+        h = m[m["strategy"] == "hot_cache"]
+        if not h.empty:
+            figs.append(px.bar(h, x="context_len", y="hot_hit_rate", color="hot_policy" if "hot_policy" in h else None,
+                               barmode="group", facet_col="concurrency", title="hot_cache hit rate per point"))
+    phases = [c for c in ("anat_weights_ms", "anat_index_score_ms", "anat_selection_ms", "anat_transfer_ms",
+                          "anat_attention_ms", "anat_other_ms") if c in m]
+    if phases:
+        a = m.groupby(["strategy", "context_len"], as_index=False)[phases].median()
+        a = a.melt(id_vars=["strategy", "context_len"], value_vars=phases, var_name="phase", value_name="ms")
+        figs.append(px.bar(a, x="strategy", y="ms", color="phase", facet_col="context_len",
+                           title="step anatomy per strategy (transfer: hot_cache lookup + misses; fused: in attention)"))
+    return figs
