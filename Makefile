@@ -1,7 +1,7 @@
 # labkit: every target bootstraps .venv itself on a fresh machine (Python 3.10+ and pip, nothing else).
 #   make sweep [ARGS="-p context_lens=8K,1M -p concurrency=1,4"]   reference decode sweep -> results/<run-id>/report.html
 #   make test                                                     pytest (GPU tests skip without CUDA)
-#   make lab                                                      JupyterLab on notebooks/
+#   make lab [ARGS="--port 8890"]                                 JupyterLab on notebooks/ (127.0.0.1 + token; prints URL and SSH tunnel)
 #   make probe                                                    host-link limits
 #   make nightly [ARGS="--date YYYY-MM-DD"]                       the nightly plan (resumable) -> results/nightly-<date>/
 PY ?= python3
@@ -35,11 +35,15 @@ sweep: $(STAMP)
 probe: $(STAMP)
 	$(BIN)/labkit probe $(ARGS)
 
+# Chromium for the browser tests where root + apt allow it (never fails); pytest's last line names any
+# group of tests that did not run and why (tests/conftest.py).
 test: $(STAMP)
+	@scripts/ensure_chromium.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# root is fine (containers): labkit lab passes --allow-root; it binds 127.0.0.1 with a token
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/labkit lab $(ARGS)
 
 nightly: $(STAMP)
 	$(BIN)/labkit nightly --plan nightly/plan.toml $(ARGS)

@@ -8,7 +8,10 @@ before a kernel starts or anything is written.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +60,50 @@ def notebook_parameters(path: Path) -> set[str]:
     return set(papermill.inspect_notebook(str(path)).keys())
 
 
+@contextmanager
+def private_kernel(kernel_name: str = "python3"):
+    """A kernel manager for one papermill run whose kernel listens on IPC sockets in a private temporary
+    folder instead of TCP ports on 127.0.0.1: nothing else on the machine can connect to it, and ipykernel
+    no longer warns "Kernel is running over TCP without encryption" at every run (a warning a user cannot
+    act on). Pass it to papermill as `km=`; it is shut down and its folder removed afterwards."""
+    from jupyter_client import KernelManager
+    folder = tempfile.mkdtemp(prefix="labkit-kernel-")
+    km = KernelManager(kernel_name=kernel_name, transport="ipc", connection_file=os.path.join(folder, "kernel.json"))
+    try:
+        yield km
+    finally:
+        try:
+            if km.has_kernel:
+                km.shutdown_kernel(now=not km.is_alive())
+        except Exception:      # already dead (a crashed cell): nothing left to stop
+            pass
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def rerender_notebook(exp: "Experiment", run_dir: str | Path) -> Path:
+    """Execute the experiment's notebook against an existing run folder (`run_dir=`): today's figures of the
+    tables the run wrote, nothing measured again. The executed notebook replaces the folder's; the first
+    execution's papermill record (parameters, times) is kept under `metadata.labkit.measured_by`."""
+    import nbformat
+    import papermill as pm
+    run_dir = Path(run_dir).resolve()
+    target = run_dir / exp.notebook
+    measured = None
+    if target.is_file():
+        old = nbformat.read(target, as_version=4).metadata
+        measured = old.get("labkit", {}).get("measured_by") or old.get("papermill")
+    where = os.path.relpath(run_dir, REPO) if run_dir.is_relative_to(REPO) else str(run_dir)
+    os.environ["LABKIT_PLAIN_PROGRESS"] = "1"
+    with private_kernel() as km:
+        pm.execute_notebook(str(NOTEBOOKS / exp.notebook), str(target), parameters={"run_dir": where}, progress_bar=False,
+                            cwd=str(REPO), kernel_name="python3", km=km)
+    if measured:
+        nb = nbformat.read(target, as_version=4)
+        nb.metadata.setdefault("labkit", {})["measured_by"] = measured
+        nbformat.write(nb, target)
+    return target
+
+
 def run_notebook(experiment: str, params: dict, out_dir: str | Path | None = None, root: str | Path = "results",
                  log_output: bool = True, timeout: int | None = None) -> tuple[Path, Exception | None]:
     """Execute the experiment's notebook with `params` into a run folder; returns (folder, error or None).
@@ -81,9 +128,11 @@ def run_notebook(experiment: str, params: dict, out_dir: str | Path | None = Non
     os.environ["LABKIT_PLAIN_PROGRESS"] = "1"
     error = None
     try:
-        pm.execute_notebook(str(nb), str(out / exp.notebook), parameters=pm_params, log_output=False,
-                            progress_bar=False, cwd=str(REPO), kernel_name="python3", execution_timeout=timeout,
-                            stdout_file=sys.stdout if log_output else None, stderr_file=sys.stderr if log_output else None)
+        with private_kernel() as km:
+            pm.execute_notebook(str(nb), str(out / exp.notebook), parameters=pm_params, log_output=False,
+                                progress_bar=False, cwd=str(REPO), kernel_name="python3", execution_timeout=timeout,
+                                stdout_file=sys.stdout if log_output else None,
+                                stderr_file=sys.stderr if log_output else None, km=km)
     except Exception as ex:     # PapermillExecutionError, dead kernel: keep what was measured
         error = ex
     try:
