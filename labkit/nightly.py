@@ -277,17 +277,16 @@ class _Lock:
 def _run_plain_notebook(entry: Entry, out: Path, log) -> Exception | None:
     """A notebook that is not a registered experiment: papermill into `out`, then the report."""
     import papermill as pm
-    from .execute import notebook_parameters, private_kernel
+    from .execute import KERNEL_ARGS, notebook_parameters
     params = dict(entry.parameters)
     if "out_dir" in notebook_parameters(entry.notebook):
         params["out_dir"] = str(out.resolve())
     os.environ["LABKIT_PLAIN_PROGRESS"] = "1"     # text progress, not widgets (a report's widgets need a CDN)
     err = None
     try:
-        with private_kernel() as km:
-            pm.execute_notebook(str(entry.notebook), str(out / entry.notebook.name), parameters=params, progress_bar=False,
-                                cwd=str(REPO), kernel_name="python3", execution_timeout=entry.timeout_s,
-                                log_output=False, stdout_file=log, stderr_file=log, km=km)
+        pm.execute_notebook(str(entry.notebook), str(out / entry.notebook.name), parameters=params, progress_bar=False,
+                            cwd=str(REPO), kernel_name="python3", execution_timeout=entry.timeout_s,
+                            log_output=False, stdout_file=log, stderr_file=log, **KERNEL_ARGS)
     except Exception as ex:
         err = ex
     try:
