@@ -222,9 +222,18 @@ class Explorer:
         else:
             self.readout.value = "<i>no point measured at this selection</i>"
 
+    def _fresh_widgets(self, *names: str) -> None:
+        """Re-create FigureWidgets from their current content just before they are displayed. plotly's
+        widget sends trace changes as deltas that only a rendered view applies; a widget filled before its
+        first display would show empty axes. Built from a figure, the traces are in its initial state."""
+        import plotly.graph_objects as go
+        for n in names:
+            setattr(self, n, go.FigureWidget(getattr(self, n)))
+
     def show(self) -> None:
         import ipywidgets as W
         from IPython.display import display
+        self._fresh_widgets("fig_ctx", "fig_point", "fig_budget")
         if not self.runs:
             display(W.HTML(f"<b>No decode runs under {self.root}.</b> Make one with <code>make sweep</code>, "
                            "or point <code>results_root</code> (or $LABKIT_RESULTS) at a folder of runs."))
@@ -311,5 +320,6 @@ class Explorer:
     def show_measure(self) -> None:
         import ipywidgets as W
         from IPython.display import display
+        self._fresh_widgets("fig_pcie")
         display(W.HBox([self.measure, self.w_repeats, self.w_steps]), self.why, W.HBox([self.bar, self.status]),
                 self.fig_pcie, self.live)

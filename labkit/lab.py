@@ -36,14 +36,15 @@ def pick_port(wanted: int) -> int:
         return s.getsockname()[1]
 
 
-def lab_command(port: int, token: str, root_dir: Path, open_notebook: str = "explore.ipynb") -> list[str]:
+def lab_command(port: int, token: str, root_dir: Path, open_notebook: str = "explore.ipynb",
+                extra: list[str] | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}",
            f"--LabApp.default_url=/lab/tree/{open_notebook}", "--LabApp.news_url=None",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
-    return cmd
+    return cmd + list(extra or [])
 
 
 def banner(port: int, token: str, open_notebook: str = "explore.ipynb") -> str:
@@ -63,7 +64,7 @@ def cmd_lab(a) -> int:
     port = a.port if a.port_exact else pick_port(a.port)
     token = a.token or os.environ.get("LABKIT_LAB_TOKEN") or secrets.token_hex(24)
     print(banner(port, token), flush=True)
-    cmd = lab_command(port, token, root)
+    cmd = lab_command(port, token, root, extra=[x for x in a.jupyter_args if x != "--"])
     os.execv(cmd[0], cmd)     # JupyterLab in this process: Ctrl-C and the exit status are its own
 
 
@@ -73,4 +74,6 @@ def add_cli(sub) -> None:
     p.add_argument("--port-exact", action="store_true", help="fail rather than move to another port")
     p.add_argument("--token", help="access token (default: $LABKIT_LAB_TOKEN or a random one)")
     p.add_argument("--dir", default=str(REPO / "notebooks"), help="folder to serve (default the repo's notebooks/)")
+    p.add_argument("jupyter_args", nargs="*", metavar="-- JUPYTER_OPTION",
+                   help="passed on to jupyter lab after `--`, e.g. -- --LabApp.expose_app_in_browser=True")
     p.set_defaults(fn=cmd_lab)

@@ -98,7 +98,8 @@ def _free_port() -> int:
 @pytest.fixture
 def jupyterlab(tmp_path):
     """`make lab`'s own command (`labkit lab`) as the current user, on a copy of the notebooks (JupyterLab
-    autosaves, and the repo's files must stay as committed). Yields the URL it printed and its output."""
+    autosaves, and the repo's files must stay as committed), with `window.jupyterapp` exposed so the test
+    can run all cells. Yields the URL it printed and its output."""
     lab_root = tmp_path / "notebooks"
     lab_root.mkdir()
     shutil.copy(EXPLORE, lab_root / EXPLORE.name)
@@ -109,7 +110,7 @@ def jupyterlab(tmp_path):
     log_path = tmp_path / "lab.log"
     log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "labkit", "lab", "--port", str(port), "--port-exact", "--token", token,
-                             "--dir", str(lab_root)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                             "--dir", str(lab_root), "--", "--LabApp.expose_app_in_browser=True"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(120):
