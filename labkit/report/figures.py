@@ -50,19 +50,15 @@ def tok_s_vs_context(m: pd.DataFrame) -> go.Figure:
     if d.empty:
         return _empty("Decode tok/s vs context", "no decode points")
     concs = sorted(int(c) for c in d["concurrency"].unique())
-    fig = make_subplots(rows=1, cols=len(concs), subplot_titles=[f"concurrency {c}" for c in concs], shared_yaxes=True)
+    # each facet its own range: aggregate tok/s grows with concurrency, a shared axis would flatten both
+    fig = make_subplots(rows=1, cols=len(concs), subplot_titles=[f"concurrency {c}" for c in concs])
     link = link_gbps(m)
-    lo_err = d["concurrency"] / (d["step_ms_max"] / 1e3)
-    hi_err = d["concurrency"] / (d["step_ms_min"] / 1e3)
-    y_lo, y_hi = float(np.nanmin(np.minimum(lo_err, d["tok_s"]))), float(np.nanmax(np.maximum(hi_err, d["tok_s"])))
     bounds: dict[int, pd.Series] = {}
     for c in concs:
         off = d[(d["concurrency"] == c) & (d["h2d_bytes_per_step"] > 0)].groupby("context_len")["h2d_bytes_per_step"].max()
         if link and not off.empty:
             bounds[c] = (c / (off.sort_index() / (link * 1e9))).astype(float)
-    near = bounds and max(b.max() for b in bounds.values()) <= 3 * y_hi    # drawn only if it does not flatten the data
-    if near:
-        y_hi = max(y_hi, max(b.max() for b in bounds.values()))
+    bound_in_legend = False
     for j, c in enumerate(concs, start=1):
         dc = d[d["concurrency"] == c]
         for s, g in dc.groupby("strategy", sort=False):
@@ -72,11 +68,19 @@ def tok_s_vs_context(m: pd.DataFrame) -> go.Figure:
                                      error_y=_err(g), customdata=np.stack([g["step_ms_median"], g["h2d_bytes_per_step"] / 2**20], -1),
                                      hovertemplate="%{x} tokens<br>%{y:.1f} tok/s<br>step %{customdata[0]:.2f} ms"
                                                    "<br>H2D %{customdata[1]:.1f} MiB/step<extra>" + s + "</extra>"), row=1, col=j)
+        lo_err = dc["concurrency"] / (dc["step_ms_max"] / 1e3)
+        hi_err = dc["concurrency"] / (dc["step_ms_min"] / 1e3)
+        y_lo = float(np.nanmin(np.minimum(lo_err, dc["tok_s"])))
+        y_hi = float(np.nanmax(np.maximum(hi_err, dc["tok_s"])))
         bound = bounds.get(c)
+        near = bound is not None and bound.max() <= 3 * y_hi     # drawn only where it does not flatten the data
+        if near:
+            y_hi = max(y_hi, float(bound.max()))
         if bound is not None and near:
             fig.add_trace(go.Scatter(x=bound.index, y=bound.values, mode="lines", name=f"link bound ({link:.1f} GB/s)",
-                                     legendgroup="bound", showlegend=j == 1, line={"dash": "dash", "color": "black"},
+                                     legendgroup="bound", showlegend=not bound_in_legend, line={"dash": "dash", "color": "black"},
                                      hovertemplate="transfer alone: %{y:.0f} tok/s<extra>link bound</extra>"), row=1, col=j)
+            bound_in_legend = True
         elif bound is not None:
             lo_b, hi_b = _fmt_tok_s(bound.min()), _fmt_tok_s(bound.max())
             fig.add_annotation(text=f"▲ link bound {lo_b if lo_b == hi_b else f'{lo_b}–{hi_b}'} tok/s "
