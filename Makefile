@@ -4,13 +4,14 @@
 #   make lab [ARGS="--port 8890"]                                 JupyterLab on notebooks/ (127.0.0.1 + token; prints URL and SSH tunnel)
 #   make probe                                                    host-link limits
 #   make nightly [ARGS="--date YYYY-MM-DD"]                       the nightly plan (resumable) -> results/nightly-<date>/
+#   make screenshots                                              the README's pictures (docs/img/) from the real report and lab
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: sweep test lab probe nightly nightly-test venv clean-venv
+.PHONY: sweep test lab probe nightly nightly-test screenshots venv clean-venv
 
 venv: $(STAMP)
 
@@ -50,6 +51,11 @@ nightly: $(STAMP)
 
 nightly-test: $(STAMP)
 	$(BIN)/labkit nightly --plan nightly/test_plan.toml $(ARGS)
+
+# the README's pictures, taken in Chromium from a committed report and from `labkit lab` (needs Chromium)
+screenshots: $(STAMP)
+	@scripts/ensure_chromium.sh
+	$(BIN)/python scripts/screenshots.py
 
 clean-venv:
 	rm -rf $(VENV)
