@@ -111,10 +111,11 @@ class Explorer:
         self.w_budget = W.SelectionSlider(options=[("-", 0)], description="budget", **slider)
         self.w_conc = W.SelectionSlider(options=[("-", 0)], description="concurrency", **slider)
         base = dict(template="plotly_white", height=380, margin=dict(t=50, b=40))
-        self.fig_ctx = go.FigureWidget(layout=dict(base, xaxis=dict(type="log", title="context (tokens)"),
+        # side by side in a notebook about 1000 px wide: fixed widths, or the second figure is cut off
+        self.fig_ctx = go.FigureWidget(layout=dict(base, width=560, xaxis=dict(type="log", title="context (tokens)"),
                                                    yaxis=dict(title="decode tok/s (aggregate)", rangemode="tozero"),
                                                    title="tok/s vs context"))
-        self.fig_point = go.FigureWidget(layout=dict(base, yaxis=dict(title="decode tok/s", rangemode="tozero"),
+        self.fig_point = go.FigureWidget(layout=dict(base, width=440, yaxis=dict(title="decode tok/s", rangemode="tozero"),
                                                      title="the selected point"))
         self.fig_budget = go.FigureWidget(layout=dict(base, xaxis=dict(type="log", title="budget"),
                                                       yaxis=dict(title="decode tok/s", type="log"), title="tok/s vs budget"))
