@@ -110,7 +110,7 @@ def explorer(out: Path, results: Path = REPO / "results") -> Path:
     return out / "explorer.png"
 
 
-def run_all_and_wait(page, timeout_ms: int = 180000) -> None:
+def run_all_and_wait(page, timeout_ms: int = 400000) -> None:
     """Run every cell of the open notebook and wait until the explorer's figures have drawn their data."""
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60000)
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",

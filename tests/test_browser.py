@@ -62,8 +62,9 @@ COMMITTED = sorted((REPO / "results").glob("**/report.html"))
 @needs_chromium
 @pytest.mark.parametrize("report", COMMITTED, ids=[str(p.parent.relative_to(REPO / "results")) for p in COMMITTED])
 def test_committed_reports_render_all_figures_offline(report):
-    """Every report in the project's measured record opens offline with all its figures."""
-    assert _check_reports([report]) == 1
+    """Every report in the project's measured record opens offline with all its figures (a nightly entry
+    that failed before its first figure opens without errors and with none)."""
+    assert _check_reports([report]) == (1 if figures_in_notebook_report(report.parent) else 0)
 
 
 @pytest.mark.browser
