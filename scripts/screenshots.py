@@ -120,6 +120,9 @@ def run_all_and_wait(page, timeout_ms: int = 400000) -> None:
         page.click(".jp-Dialog .jp-mod-accept")
     except Exception:
         pass
+    page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget; const k = w && w.sessionContext "
+                   "&& w.sessionContext.session && w.sessionContext.session.kernel; return k && k.status === 'idle'; }",
+                   timeout=180000)     # run-all before the kernel is up is lost on a loaded machine
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     page.wait_for_selector(".widget-slider", timeout=timeout_ms)
     page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.data && p.data.length).length >= 1",

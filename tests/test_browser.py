@@ -169,8 +169,11 @@ def test_lab_opens_on_the_explorer_controls_not_code(jupyterlab, tmp_path):
             # hidden code: no code editor is shown in any code cell
             shown_editors = page.evaluate("() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-editor')]"
                                           ".filter(e => e.offsetParent !== null).length")
+            page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget; const k = w && w.sessionContext "
+                                   "&& w.sessionContext.session && w.sessionContext.session.kernel; return k && k.status === 'idle'; }",
+                                   timeout=180000)     # run-all before the kernel is up is lost on a loaded machine
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            page.wait_for_selector(".widget-dropdown", timeout=120000)
+            page.wait_for_selector(".widget-dropdown", timeout=300000)
             page.wait_for_selector(".widget-slider", timeout=60000)
             page.wait_for_timeout(500)
             vh = page.viewport_size["height"]
@@ -208,8 +211,11 @@ def test_jupyterlab_runs_explorer_and_slider_changes_figure(jupyterlab, tmp_path
             except Exception:
                 pass
             # fire and forget: the command's promise settles only when every cell has run
+            page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget; const k = w && w.sessionContext "
+                                   "&& w.sessionContext.session && w.sessionContext.session.kernel; return k && k.status === 'idle'; }",
+                                   timeout=180000)     # run-all before the kernel is up is lost on a loaded machine
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            page.wait_for_selector(".widget-slider", timeout=120000)
+            page.wait_for_selector(".widget-slider", timeout=300000)
             # four FigureWidgets: vs context, the selected point, vs budget, live PCIe
             page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 4 && "
                                    "[...document.querySelectorAll('.js-plotly-plot')].every(e => e.querySelector('.main-svg'))",
