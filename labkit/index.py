@@ -150,22 +150,34 @@ def flag(heads: pd.DataFrame) -> pd.DataFrame:
     return heads.assign(prev_lo=prev_lo, prev_hi=prev_hi, verdict=verdict)
 
 
+def _when(created: pd.Series) -> pd.Series:
+    return pd.to_datetime(created, utc=True, errors="coerce")
+
+
 def trend_figure(h: pd.DataFrame, machine: str, family: str) -> go.Figure:
+    """One line per figure over the runs' creation times. With a single run there is no trend yet: a time
+    axis would zoom into fractions of a millisecond around it, so the point is placed at its date instead."""
     fig = go.Figure()
+    single = h["run_id"].nunique() < 2
     for key, g in h.groupby("key", sort=True):
         g = g.sort_values("created")
-        x = pd.to_datetime(g["created"], utc=True, errors="coerce")
+        x = _when(g["created"])
+        if single:
+            x = x.dt.strftime("%Y-%m-%d %H:%M UTC")
         fig.add_trace(go.Scatter(x=x, y=g["value"], mode="lines+markers", name=key, text=g["run_id"],
                                  error_y={"type": "data", "symmetric": False, "array": (g["hi"] - g["value"]).clip(lower=0),
                                           "arrayminus": (g["value"] - g["lo"]).clip(lower=0), "thickness": 1},
                                  hovertemplate="%{text}<br>%{y:.4g}<extra>" + key + "</extra>"))
         bad = g[g["verdict"] == "regression"]
         if not bad.empty:
-            fig.add_trace(go.Scatter(x=pd.to_datetime(bad["created"], utc=True, errors="coerce"), y=bad["value"], mode="markers",
+            fig.add_trace(go.Scatter(x=_when(bad["created"]), y=bad["value"], mode="markers",
                                      name=f"regression: {key}", marker={"symbol": "x", "size": 14, "color": "red"},
                                      text=bad["run_id"], hovertemplate="REGRESSION %{text}<br>%{y:.4g}<extra></extra>"))
-    fig.update_layout(title=f"{family} — {machine}", template="plotly_white", height=380,
-                      xaxis_title="run created (UTC)", yaxis_title=family, legend={"font": {"size": 10}})
+    fig.update_layout(title=f"{family} — {machine}" + (" (one run so far: a trend needs two)" if single else ""),
+                      template="plotly_white", height=380, xaxis_title="run created (UTC)", yaxis_title=family,
+                      legend={"font": {"size": 10}})
+    if single:
+        fig.update_xaxes(type="category")
     fig.update_yaxes(rangemode="tozero")
     return fig
 

@@ -21,7 +21,10 @@ What it guarantees:
   next entry runs.
 - **Recorded.** `nightly.json` (rewritten after every entry) holds each entry's status, wall time and
   error; a failed entry's folder holds `error.txt`; every entry's folder holds `log.txt` (the kernel's
-  output) and `nightly-entry.json`.
+  output) and `nightly-entry.json`; `nightly.log` holds the runner's own lines with times.
+- **Locked, never stuck.** One nightly per folder (`.lock`); a lock whose holder crashed, was killed or
+  did not survive a reboot is cleared, with a note in `nightly.log` and `nightly.json`.
+- **Scheduled** by `nightly/systemd/` (a timer and a service) or `nightly/crontab` on the GPU box.
 - **Resumable.** Running the same plan again for the same date skips entries already done (ok or
   partial); a failed entry is retried after its folder is moved aside to `<name>.attempt-N` (nothing
   is overwritten).
@@ -205,28 +208,65 @@ def _set_aside(folder: Path) -> Path:
     return dest
 
 
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 class _Lock:
+    """One nightly per folder. The lock file names its holder (pid, process start time, boot id), so a
+    lock left by a run that crashed, was killed or outlived a reboot is recognised as stale (holder gone,
+    pid now someone else's, or another boot), cleared, and reported in `notes` — it never blocks later runs."""
+
     def __init__(self, path: Path):
         self.path = path
+        self.notes: list[str] = []
+
+    @staticmethod
+    def _holder_alive(info: dict) -> tuple[bool, str]:
+        import psutil
+        pid = int(info.get("pid") or 0)
+        if pid <= 0:
+            return False, "the lock names no process"
+        if info.get("boot_id") and info["boot_id"] != _boot_id():
+            return False, f"pid {pid} held it before this machine rebooted"
+        try:
+            proc = psutil.Process(pid)
+            if info.get("proc_started") and proc.create_time() > float(info["proc_started"]) + 1:
+                return False, f"pid {pid} now belongs to another process"
+        except psutil.NoSuchProcess:
+            return False, f"pid {pid} has exited (crashed or killed)"
+        except psutil.AccessDenied:          # exists, owned by someone else
+            return True, ""
+        return True, ""
+
+    def _read(self) -> dict:
+        text = self.path.read_text().strip()
+        try:
+            info = json.loads(text)
+            return info if isinstance(info, dict) else {"pid": int(info)}
+        except ValueError:
+            return {"pid": int(text)} if text.isdigit() else {}
 
     def __enter__(self):
+        import psutil
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            try:
-                pid = int(self.path.read_text().strip() or 0)
-                alive = pid > 0
-                if alive:
-                    os.kill(pid, 0)
-            except (ValueError, ProcessLookupError):
-                alive = False
-            except PermissionError:                     # exists, owned by someone else
-                alive = True
+            info = self._read()
+            alive, why = self._holder_alive(info)
             if alive:
-                raise BadInput(f"another nightly (pid {pid}) is running in {self.path.parent}")
-            self.path.unlink(missing_ok=True)           # stale: its process is gone
+                raise BadInput(f"another nightly (pid {info.get('pid')}, since {info.get('started', '?')}) is running "
+                               f"in {self.path.parent}")
+            self.notes.append(f"cleared a stale lock (started {info.get('started', '?')}): {why}")
+            self.path.unlink(missing_ok=True)
             return self.__enter__()
-        os.write(fd, str(os.getpid()).encode())
+        me = psutil.Process()
+        os.write(fd, json.dumps({"pid": me.pid, "proc_started": me.create_time(), "boot_id": _boot_id(),
+                                 "host": os.uname().nodename,
+                                 "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}).encode())
         os.close(fd)
         return self
 
@@ -237,7 +277,7 @@ class _Lock:
 def _run_plain_notebook(entry: Entry, out: Path, log) -> Exception | None:
     """A notebook that is not a registered experiment: papermill into `out`, then the report."""
     import papermill as pm
-    from .execute import notebook_parameters
+    from .execute import KERNEL_ARGS, notebook_parameters
     params = dict(entry.parameters)
     if "out_dir" in notebook_parameters(entry.notebook):
         params["out_dir"] = str(out.resolve())
@@ -246,7 +286,7 @@ def _run_plain_notebook(entry: Entry, out: Path, log) -> Exception | None:
     try:
         pm.execute_notebook(str(entry.notebook), str(out / entry.notebook.name), parameters=params, progress_bar=False,
                             cwd=str(REPO), kernel_name="python3", execution_timeout=entry.timeout_s,
-                            log_output=False, stdout_file=log, stderr_file=log)
+                            log_output=False, stdout_file=log, stderr_file=log, **KERNEL_ARGS)
     except Exception as ex:
         err = ex
     try:
@@ -304,6 +344,19 @@ def _one_line(err: Exception) -> str:
     return f"{type(err).__name__}: {lines[0].strip() if lines else ''}"[:400]
 
 
+LOG_NAME = "nightly.log"
+
+
+def _logged(echo, path: Path):
+    """`echo`, plus every line appended with a UTC time to the nightly folder's log (a scheduled run has
+    no terminal; each entry's kernel output is in `<entry>/log.txt`)."""
+    def out(msg: str) -> None:
+        echo(msg)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} {msg}\n")
+    return out
+
+
 def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "results", only: list[str] | None = None,
              echo=print) -> dict:
     """Run (or resume) a plan into `<root>/nightly-<date>/`; returns the nightly record."""
@@ -320,11 +373,17 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
     night = root / f"nightly-{date}"
     night.mkdir(parents=True, exist_ok=True)
     rec_path = night / "nightly.json"
-    with _Lock(night / ".lock"):
+    echo = _logged(echo, night / LOG_NAME)
+    lock = _Lock(night / ".lock")
+    with lock:
+        echo(f"nightly {date}: plan {plan}, pid {os.getpid()}, host {os.uname().nodename}")
         try:
             record = json.loads(rec_path.read_text()) if rec_path.is_file() else {}
         except Exception:
             record = {}
+        for note in lock.notes:
+            echo(f"nightly {date}: {note}")
+            record.setdefault("notes", []).append(f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} {note}")
         plan_text = Path(plan).read_text()
         record.update({"date": date, "plan": str(Path(plan)), "plan_sha256": hashlib.sha256(plan_text.encode()).hexdigest()[:16],
                        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "finished": None,
@@ -367,6 +426,8 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
         record["entries"] = [by_name[n] for n in order if n in by_name]
         record["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         _write_json(rec_path, record)
+        done = sum(e.get("status") in DONE for e in record["entries"])
+        echo(f"nightly {date}: finished, {done} of {len(record['entries'])} entries done")
     try:
         from .index import rebuild_index
         rebuild_index(root)

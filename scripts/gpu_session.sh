@@ -4,6 +4,8 @@
 #   scripts/gpu_session.sh tests            GPU tests + link probe + a small decode sweep (pipeline check)
 #   scripts/gpu_session.sh sweep [ARGS...]  the reference decode sweep (labkit run decode ARGS)
 #   scripts/gpu_session.sh roofline         link probe beside the shared probe (agreement), GPU tests
+#   scripts/gpu_session.sh explore          the explorer's "measure now" pressed on the GPU (tests/test_gpu_explore.py),
+#                                           then the committed nightly's decode-small entry resumed (--date 2026-11-29)
 # Results land in results/<run-id>/ and, when $OUT is set, are copied there too.
 set -u
 MODE=${1:-tests}; shift || true
@@ -54,6 +56,15 @@ case "$MODE" in
         -p selection=trace:labkit/data/smollm2-135m-prose-indexer-b2048.npz 2>&1 | tail -3
     (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back
     timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -rA tests/test_gpu.py 2>&1 | grep -v DEBUG | tail -40 | tee "$OUT/gpu_tests.txt"
+    ;;
+  explore)
+    # "measure now": the explorer's button over the committed H200 runs; the live run folder is kept
+    LABKIT_LIVE_OUT="$OUT/$stamp-explore-live-h200" timeout ${TEST_TIMEOUT:-400} python3 -m pytest -m gpu -q -rA -s \
+        tests/test_gpu_explore.py 2>&1 | grep -v DEBUG | tail -30 | tee "$OUT/gpu_explore_test.txt"
+    # the committed nightly: its decode-small entry again (the failed attempt is kept as decode-small.attempt-1)
+    timeout ${NIGHTLY_TIMEOUT:-900} python3 -m labkit nightly --plan nightly/test_plan.toml --date 2026-11-29 \
+        --only decode-small 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -30 | tee "$OUT/nightly_resume.txt"
+    tar czf "$OUT/nightly-2026-11-29.tgz" results/nightly-2026-11-29 results/index.html
     ;;
 esac
 ls -la "$OUT"

@@ -38,13 +38,27 @@ def _empty(title: str, why: str) -> go.Figure:
     return fig
 
 
+def _fmt_tok_s(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
 def tok_s_vs_context(m: pd.DataFrame) -> go.Figure:
+    """Aggregate tok/s per strategy, one facet per concurrency. The y axis is logarithmic and fitted to the
+    strategies (per_row sits two decades below the rest); the link bound is drawn when it lies near the
+    data and otherwise named in each facet with its value, so it never squashes the strategies together."""
     d = decode_table(m)
     if d.empty:
         return _empty("Decode tok/s vs context", "no decode points")
     concs = sorted(int(c) for c in d["concurrency"].unique())
-    fig = make_subplots(rows=1, cols=len(concs), subplot_titles=[f"concurrency {c}" for c in concs], shared_yaxes=True)
+    # each facet its own range: aggregate tok/s grows with concurrency, a shared axis would flatten both
+    fig = make_subplots(rows=1, cols=len(concs), subplot_titles=[f"concurrency {c}" for c in concs])
     link = link_gbps(m)
+    bounds: dict[int, pd.Series] = {}
+    for c in concs:
+        off = d[(d["concurrency"] == c) & (d["h2d_bytes_per_step"] > 0)].groupby("context_len")["h2d_bytes_per_step"].max()
+        if link and not off.empty:
+            bounds[c] = (c / (off.sort_index() / (link * 1e9))).astype(float)
+    bound_in_legend = False
     for j, c in enumerate(concs, start=1):
         dc = d[d["concurrency"] == c]
         for s, g in dc.groupby("strategy", sort=False):
@@ -54,14 +68,30 @@ def tok_s_vs_context(m: pd.DataFrame) -> go.Figure:
                                      error_y=_err(g), customdata=np.stack([g["step_ms_median"], g["h2d_bytes_per_step"] / 2**20], -1),
                                      hovertemplate="%{x} tokens<br>%{y:.1f} tok/s<br>step %{customdata[0]:.2f} ms"
                                                    "<br>H2D %{customdata[1]:.1f} MiB/step<extra>" + s + "</extra>"), row=1, col=j)
-        off = dc[dc["h2d_bytes_per_step"] > 0].groupby("context_len")["h2d_bytes_per_step"].max().sort_index()
-        if link and not off.empty:
-            bound = c / (off / (link * 1e9))
+        lo_err = dc["concurrency"] / (dc["step_ms_max"] / 1e3)
+        hi_err = dc["concurrency"] / (dc["step_ms_min"] / 1e3)
+        y_lo = float(np.nanmin(np.minimum(lo_err, dc["tok_s"])))
+        y_hi = float(np.nanmax(np.maximum(hi_err, dc["tok_s"])))
+        bound = bounds.get(c)
+        near = bound is not None and bound.max() <= 3 * y_hi     # drawn only where it does not flatten the data
+        if near:
+            y_hi = max(y_hi, float(bound.max()))
+        if bound is not None and near:
             fig.add_trace(go.Scatter(x=bound.index, y=bound.values, mode="lines", name=f"link bound ({link:.1f} GB/s)",
-                                     legendgroup="bound", showlegend=j == 1, line={"dash": "dash", "color": "black"},
+                                     legendgroup="bound", showlegend=not bound_in_legend, line={"dash": "dash", "color": "black"},
                                      hovertemplate="transfer alone: %{y:.0f} tok/s<extra>link bound</extra>"), row=1, col=j)
+            bound_in_legend = True
+        elif bound is not None:
+            lo_b, hi_b = _fmt_tok_s(bound.min()), _fmt_tok_s(bound.max())
+            fig.add_annotation(text=f"▲ link bound {lo_b if lo_b == hi_b else f'{lo_b}–{hi_b}'} tok/s "
+                                    f"(H2D alone at {link:.1f} GB/s), above this axis",
+                               xref=f"x{'' if j == 1 else j} domain", yref=f"y{'' if j == 1 else j} domain", x=0.02, y=0.98,
+                               xanchor="left", yanchor="top", showarrow=False, font={"size": 11},
+                               bgcolor="rgba(255,255,255,0.8)", bordercolor="black", borderwidth=1)
         fig.update_xaxes(type="log", title="context (tokens)", row=1, col=j, **_ctx_ticks(dc["context_len"]))
-        fig.update_yaxes(title="decode tok/s (aggregate)" if j == 1 else None, type="log", row=1, col=j)
+        # a named bound needs an empty band at the top for its label: more headroom there
+        fig.update_yaxes(title="decode tok/s (aggregate, log)" if j == 1 else None, type="log", row=1, col=j,
+                         range=[np.log10(y_lo / 1.25), np.log10(y_hi * (1.6 if near or bound is None else 4.0))])
     fig.update_layout(title="Decode speed vs context length (budget {})".format(int(d["budget"].iloc[0])),
                       template=TEMPLATE, height=430)
     return fig

@@ -1,10 +1,11 @@
-"""Self-contained HTML pages (the run index, comparisons): plotly.js embedded once, readable offline.
+"""HTML pages (the run index, comparisons), readable offline.
 
     page = Page("labkit runs")
     page.heading("Trends"); page.figure(fig); page.table(df); page.write("results/index.html")
 
-Each figure is a `<div>` plus its data; plotly.js (~4.8 MB) is inlined once in the page head, so the
-file works with no network. The page records how many figures it holds (`<meta name="labkit-figures">`)
+Each figure is a `<div>` plus its data; plotly.js comes once, in the page head: linked from the results
+folder's shared copy when the page is written inside one, embedded otherwise or with `standalone=True`
+(see `assets.py`), so the file works with no network either way. The page records how many figures it holds (`<meta name="labkit-figures">`)
 so a browser check can compare it with what rendered. Text and table cells are HTML-escaped; links
 are only ever relative paths we built.
 """
@@ -25,11 +26,6 @@ table.lk th{background:#f5f5f5} table.lk td.t{text-align:left}
 .regression{background:#fdd;font-weight:600} .improvement{background:#dfd} .noise{color:#888}
 .failed{color:#b00;font-weight:600} .ok{color:#080} .note{color:#555;font-size:.9rem}
 """
-
-
-def _plotlyjs() -> str:
-    from plotly.offline import get_plotlyjs
-    return get_plotlyjs()
 
 
 def esc(x) -> str:
@@ -85,19 +81,22 @@ class Page:
         self.parts.append(f'<table class="lk"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
         return self
 
-    def render(self) -> str:
+    def render(self, path: str | Path | None = None, standalone: bool = False) -> str:
+        """The page as it would be written at `path` (None: standalone, plotly.js embedded)."""
+        from .assets import plotly_script
+        script = plotly_script(path, standalone) if path is not None else plotly_script("", standalone=True)
         return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
                 f'<meta name="viewport" content="width=device-width, initial-scale=1">'
                 f'<meta name="labkit-figures" content="{self.n_figures}">'
                 f"<title>{esc(self.title)}</title><style>{CSS}</style>"
-                f'<script type="text/javascript">{_plotlyjs()}</script></head>\n<body>\n'
+                f"{script}</head>\n<body>\n"
                 f"<h1>{esc(self.title)}</h1>\n" + "\n".join(self.parts) + "\n</body></html>\n")
 
-    def write(self, path: str | Path) -> Path:
+    def write(self, path: str | Path, standalone: bool = False) -> Path:
         """Write atomically (a reader never sees half a page)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(self.render(), encoding="utf-8")
+        tmp.write_text(self.render(path, standalone), encoding="utf-8")
         tmp.replace(path)
         return path

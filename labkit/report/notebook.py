@@ -1,9 +1,12 @@
-"""Self-contained HTML reports from the executed notebooks in a run folder.
+"""HTML reports from the executed notebooks in a run folder, readable offline.
 
 The notebooks set `plotly.io.renderers.default = "notebook"` in their first cell, so plotly.js is
-embedded once in that cell's output and every figure after it is a `<div>` plus data: the exported
-page works offline. Code cells are hidden; cells tagged `remove_output` (progress bars) lose their
-output; widgets are not used in reports (their loader would come from a CDN).
+embedded once in that cell's output and every figure after it is a `<div>` plus data. That bundle is
+dropped from the stored notebook and the report gets plotly.js once in its head: a link to the results
+folder's shared copy (`results/_assets/plotly.min.js`, see `assets.py`), or embedded with
+`standalone=True` (`labkit report DIR --standalone`: one file to send). Code cells are hidden; cells
+tagged `remove_output` (progress bars) lose their output; widgets are not used in reports (their loader
+would come from a CDN).
 """
 from __future__ import annotations
 
@@ -57,18 +60,19 @@ def shrink_notebook(nb) -> int:
     return n
 
 
-def _plotlyjs_script() -> str:
-    from plotly.offline import get_plotlyjs
+def _plotlyjs_script(out: Path, standalone: bool) -> str:
+    from .assets import plotly_script
     return '<script type="text/javascript">window.PlotlyConfig = {MathJaxConfig: "local"};</script>\n' \
-           f'<script type="text/javascript">{get_plotlyjs()}</script>'
+           + plotly_script(out, standalone)
 
 
 def executed_notebooks(run_dir: str | Path) -> list[Path]:
     return sorted(p for p in Path(run_dir).glob("*.ipynb") if not p.name.startswith("."))
 
 
-def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bool = True) -> Path:
-    """Write `run_dir/report.html` from the executed notebook(s) in the folder (one page, sections in order)."""
+def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bool = True, standalone: bool = False) -> Path:
+    """Write `run_dir/report.html` (or `out`) from the executed notebook(s) in the folder (one page,
+    sections in order); `standalone` embeds plotly.js instead of linking the results folder's copy."""
     run_dir = Path(run_dir)
     nbs = executed_notebooks(run_dir)
     if not nbs:
@@ -87,7 +91,7 @@ def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bo
     nb.metadata.setdefault("title", f"labkit report {run_dir.name}")
     html, _ = ex.from_notebook_node(nb, resources={"metadata": {"name": f"labkit {run_dir.name}"}})
     # plotly.js exactly once, from the installed package, before any figure: readable offline
-    html = strip_cdn_scripts(html).replace("<head>", "<head>\n" + _plotlyjs_script(), 1)
     out = Path(out) if out else run_dir / "report.html"
+    html = strip_cdn_scripts(html).replace("<head>", "<head>\n" + _plotlyjs_script(out, standalone), 1)
     out.write_text(html, encoding="utf-8")
     return out

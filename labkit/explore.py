@@ -1,0 +1,326 @@
+"""The JupyterLab explorer (`notebooks/explore.ipynb`): decode runs on disk browsed with widgets, and one
+point measured live. The notebook only calls this module:
+
+    ex = Explorer(results_root, run)     # finds the runs, builds the controls and figures
+    ex.show()                            # controls, then the figures they drive (updated in place)
+    ex.show_measure()                    # "measure now": button, progress, live PCIe plot, live table
+
+`measure_point` is the one measurement path behind the button. It is the decode sweep itself
+(`labkit.bench.decode.run_sweep`) on a one-point grid, written to a scratch run folder outside
+`results/`: the same validation, model, caches, timing, NVML byte check and failed-row handling as a
+sweep, so a live point is comparable with the runs it sits next to. The scratch folder is kept (its path
+is in the record) and can be opened with `labkit report`.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .index import machine_label
+from .report.figures import COLORS
+from .results import REPO, load_run
+
+TOK_COLS = ("strategy", "context_len", "budget", "concurrency", "tok_s", "step_ms_median", "step_ms_min",
+            "step_ms_max", "h2d_bytes_per_step", "nvml_rx_bytes_per_step")
+
+
+def ctx_label(v: int) -> str:
+    v = int(v)
+    return f"{v >> 20}M" if v >= 1 << 20 and v % (1 << 20) == 0 else f"{v >> 10}K" if v >= 1024 and v % 1024 == 0 else str(v)
+
+
+def results_root(given: str | Path = "") -> Path:
+    return Path(given or os.environ.get("LABKIT_RESULTS") or REPO / "results")
+
+
+def decode_runs(root: str | Path) -> dict[str, tuple[dict, pd.DataFrame]]:
+    """Every run under root with ok decode points: label -> (manifest, rows). Newest first."""
+    root = Path(root)
+    out = []
+    for mf in root.glob("**/manifest.json"):
+        try:
+            r = load_run(mf.parent)
+            m = r.metrics
+        except Exception:      # a half-written or foreign folder: not a run to explore
+            continue
+        d = m[(m["experiment"] == "decode") & (m["status"] == "ok")].copy() if "experiment" in m else m.iloc[0:0]
+        if d.empty:
+            continue
+        if "axis" not in d:
+            d["axis"] = "context"
+        for c in ("context_len", "budget", "concurrency"):
+            d[c] = d[c].astype(int)
+        d["shape"] = d["shape"].astype(str)
+        label = f"{mf.parent.relative_to(root)} · {machine_label(r.manifest)} · {r.manifest.get('created', '')[:16]}"
+        out.append((r.manifest.get("created", ""), label, r.manifest, d))
+    out.sort(key=lambda t: t[0], reverse=True)
+    return {label: (mf, d) for _, label, mf, d in out}
+
+
+def tok_err(g: pd.DataFrame) -> dict:
+    """Error bars of tok/s from the step-time spread (fastest and slowest step)."""
+    hi = g["concurrency"] / (g["step_ms_min"] / 1e3) - g["tok_s"]
+    lo = g["tok_s"] - g["concurrency"] / (g["step_ms_max"] / 1e3)
+    return dict(type="data", symmetric=False, array=hi.clip(lower=0).tolist(), arrayminus=lo.clip(lower=0).tolist())
+
+
+def cuda_note() -> str:
+    """Empty when a CUDA GPU is here; otherwise why "measure now" is disabled and what to do instead."""
+    import torch
+    if torch.cuda.is_available():
+        return ""
+    return (f"<b>measure now is disabled:</b> this machine has no CUDA GPU (torch {torch.__version__}, "
+            "torch.cuda.is_available() is False). CPU timings are not comparable with the GPU runs; "
+            "measure on a GPU box, or use <code>labkit run decode -p device=cpu</code> for a CPU run.")
+
+
+def measure_point(shape: str, strategy: str, context_len: int, budget: int, concurrency: int, repeats: int = 5,
+                  steps: int = 20, device: str = "cuda", scratch: str | Path | None = None, progress_bar: bool = False) -> dict:
+    """One decode point measured by the sweep (`run_sweep` on a one-point grid, no probe, no prefill) into a
+    scratch run folder. Returns the sweep's metrics row (status `ok` or `failed` with its error) plus
+    `run_dir`. Bad parameters raise `BadInput` before anything is allocated, as in a sweep."""
+    from .bench.decode import run_sweep
+    out = Path(scratch) if scratch else Path(tempfile.mkdtemp(prefix="labkit-live-"))
+    run = run_sweep(dict(shape=shape, device=device, strategies=strategy, context_lens=str(int(context_len)),
+                         budgets=str(int(budget)), concurrency=str(int(concurrency)), repeats=int(repeats),
+                         steps=int(steps), prefill_lens="", probe=False, out_dir=str(out)), progress_bar=progress_bar)
+    rec = next(r for r in run.records if r.get("experiment") == "decode")
+    return {**rec, "run_dir": str(run.path)}
+
+
+class Explorer:
+    """Widgets and FigureWidgets over the decode runs under `root`; every selection redraws in place."""
+
+    def __init__(self, root: str | Path = "", run: str = ""):
+        import ipywidgets as W
+        import plotly.graph_objects as go
+        self.root = results_root(root)
+        self.runs = decode_runs(self.root)
+        first = next((k for k in self.runs if k.split(" · ")[0].split("/")[-1] == run), next(iter(self.runs), None))
+        slider = dict(continuous_update=False, layout=W.Layout(width="460px"))
+        self.w_run = W.Dropdown(options=list(self.runs), value=first, description="run", layout=W.Layout(width="760px"))
+        self.w_shape = W.Dropdown(description="shape")
+        self.w_strat = W.SelectMultiple(description="strategies", rows=4)
+        self.w_ctx = W.SelectionSlider(options=[("-", 0)], description="context", **slider)
+        self.w_budget = W.SelectionSlider(options=[("-", 0)], description="budget", **slider)
+        self.w_conc = W.SelectionSlider(options=[("-", 0)], description="concurrency", **slider)
+        base = dict(template="plotly_white", height=380, margin=dict(t=50, b=40))
+        # side by side in a notebook about 1000 px wide: fixed widths, or the second figure is cut off
+        self.fig_ctx = go.FigureWidget(layout=dict(base, width=560, xaxis=dict(type="log", title="context (tokens)"),
+                                                   yaxis=dict(title="decode tok/s (aggregate)", rangemode="tozero"),
+                                                   title="tok/s vs context"))
+        self.fig_point = go.FigureWidget(layout=dict(base, width=440, yaxis=dict(title="decode tok/s", rangemode="tozero"),
+                                                     title="the selected point"))
+        self.fig_budget = go.FigureWidget(layout=dict(base, xaxis=dict(type="log", title="budget"),
+                                                      yaxis=dict(title="decode tok/s", type="log"), title="tok/s vs budget"))
+        self.readout = W.HTML()
+        self._busy = False
+        self.w_run.observe(self._on_run, "value")
+        self.w_shape.observe(self._on_shape, "value")
+        for w in (self.w_strat, self.w_ctx, self.w_budget, self.w_conc):
+            w.observe(self.update, "value")
+        self._on_run()
+        self._build_measure()
+
+    # ------------------------------------------------------------------ browsing
+
+    def rows(self) -> pd.DataFrame:
+        if self.w_run.value is None:
+            return pd.DataFrame(columns=["shape", "strategy", "axis", "context_len", "budget", "concurrency", "tok_s"])
+        d = self.runs[self.w_run.value][1]
+        return d[d["shape"] == self.w_shape.value] if self.w_shape.value else d
+
+    def _set_options(self, w, values, fmt=str) -> None:
+        values = sorted(set(int(v) for v in values)) or [0]
+        cur = w.value
+        w.options = [(fmt(v), v) for v in values]
+        w.value = cur if cur in values else values[len(values) // 2] if w is self.w_ctx else values[0]
+
+    def _on_run(self, _=None) -> None:
+        self._busy = True
+        try:
+            shapes = sorted(self.rows()["shape"].unique()) if self.w_run.value else []
+            self.w_shape.options = shapes
+            self.w_shape.value = shapes[0] if shapes else None
+            self._on_shape()
+        finally:
+            self._busy = False
+        self.update()
+
+    def _on_shape(self, _=None) -> None:
+        was, self._busy = self._busy, True
+        try:
+            d = self.rows()
+            strats = list(dict.fromkeys(d["strategy"]))
+            self.w_strat.options = strats
+            self.w_strat.value = tuple(strats)
+            self._set_options(self.w_ctx, d[d["axis"] == "context"]["context_len"], ctx_label)
+            self._set_options(self.w_budget, d["budget"])
+            self._set_options(self.w_conc, d["concurrency"])
+        finally:
+            self._busy = was
+        if not was:
+            self.update()
+
+    def selected_point(self) -> pd.DataFrame:
+        d = self.rows()
+        sel = d[d["strategy"].isin(list(self.w_strat.value))]
+        pt = sel[(sel["context_len"] == self.w_ctx.value) & (sel["budget"] == self.w_budget.value)
+                 & (sel["concurrency"] == self.w_conc.value)]
+        return pt.drop_duplicates("strategy")
+
+    def update(self, _=None) -> None:
+        """Redraw the three figures in place for the current selection."""
+        if self._busy:
+            return
+        d = self.rows()
+        strats = list(self.w_strat.value)
+        ctx, b, c = self.w_ctx.value, self.w_budget.value, self.w_conc.value
+        sel = d[d["strategy"].isin(strats)]
+        with self.fig_ctx.batch_update():
+            self.fig_ctx.data = []
+            g_all = sel[(sel["budget"] == b) & (sel["concurrency"] == c) & (sel["axis"] == "context")]
+            for s in strats:
+                g = g_all[g_all["strategy"] == s].sort_values("context_len")
+                self.fig_ctx.add_scatter(x=g["context_len"].tolist(), y=g["tok_s"].tolist(), mode="lines+markers", name=s,
+                                         line=dict(color=COLORS.get(s)), error_y=tok_err(g))
+            self.fig_ctx.layout.shapes = [dict(type="line", x0=ctx, x1=ctx, yref="paper", y0=0, y1=1,
+                                               line=dict(dash="dot", color="gray"))] if ctx else []
+            self.fig_ctx.layout.title = f"tok/s vs context — budget {b}, concurrency {c}"
+        pt = self.selected_point()
+        with self.fig_point.batch_update():
+            self.fig_point.data = []
+            if len(pt):
+                self.fig_point.add_bar(
+                    x=pt["strategy"].tolist(), y=pt["tok_s"].tolist(), error_y=tok_err(pt), name="on disk",
+                    marker_color=[COLORS.get(s, "#444") for s in pt["strategy"]],
+                    customdata=np.stack([pt["step_ms_median"], pt["h2d_bytes_per_step"].fillna(0) / 2**20], -1).tolist(),
+                    hovertemplate="%{x}: %{y:.1f} tok/s<br>step %{customdata[0]:.2f} ms<br>H2D %{customdata[1]:.1f} MiB/step<extra></extra>")
+            self.fig_point.layout.title = f"context {ctx_label(ctx)}, budget {b}, concurrency {c}" + (
+                "" if len(pt) else " — not measured in this run")
+        bud = sel[(sel["concurrency"] == c) & (sel["context_len"] == ctx)]
+        with self.fig_budget.batch_update():
+            self.fig_budget.data = []
+            for s in strats:
+                g = bud[bud["strategy"] == s].drop_duplicates("budget").sort_values("budget")
+                if len(g):
+                    self.fig_budget.add_scatter(x=g["budget"].tolist(), y=g["tok_s"].tolist(), mode="lines+markers", name=s,
+                                                line=dict(color=COLORS.get(s)), error_y=tok_err(g))
+            n = bud["budget"].nunique()
+            self.fig_budget.layout.title = f"tok/s vs budget at context {ctx_label(ctx)}, concurrency {c}" + (
+                "" if n > 1 else " — one budget measured here (the budget axis is at the run's largest context)")
+        if len(pt):
+            cells = "".join(f"<tr><td>{r.strategy}</td><td>{r.tok_s:.1f} tok/s</td><td>{r.step_ms_median:.2f} ms "
+                            f"({r.step_ms_min:.2f}..{r.step_ms_max:.2f})</td>"
+                            f"<td>{(r.h2d_bytes_per_step or 0) / 2**20:.1f} MiB/step</td></tr>" for r in pt.itertuples())
+            self.readout.value = f"<table>{cells}</table>"
+        else:
+            self.readout.value = "<i>no point measured at this selection</i>"
+
+    def _fresh_widgets(self, *names: str) -> None:
+        """Re-create FigureWidgets from their current content just before they are displayed. plotly's
+        widget sends trace changes as deltas that only a rendered view applies; a widget filled before its
+        first display would show empty axes. Built from a figure, the traces are in its initial state."""
+        import plotly.graph_objects as go
+        for n in names:
+            setattr(self, n, go.FigureWidget(getattr(self, n)))
+
+    def show(self) -> None:
+        import ipywidgets as W
+        from IPython.display import display
+        self._fresh_widgets("fig_ctx", "fig_point", "fig_budget")
+        if not self.runs:
+            display(W.HTML(f"<b>No decode runs under {self.root}.</b> Make one with <code>make sweep</code>, "
+                           "or point <code>results_root</code> (or $LABKIT_RESULTS) at a folder of runs."))
+        controls = W.VBox([self.w_run, W.HBox([self.w_shape, self.w_strat]), self.w_ctx, self.w_budget, self.w_conc])
+        display(controls, W.HBox([self.fig_ctx, self.fig_point]), self.fig_budget, self.readout)
+
+    # ------------------------------------------------------------------ measure now
+
+    def _build_measure(self) -> None:
+        import ipywidgets as W
+        import plotly.graph_objects as go
+        note = cuda_note()
+        self.device = "cuda"
+        self.w_repeats = W.IntSlider(value=5, min=1, max=20, description="repeats")
+        self.w_steps = W.IntSlider(value=20, min=2, max=100, description="steps")
+        self.measure = W.Button(description="measure now", button_style="primary", icon="play", disabled=bool(note),
+                                tooltip="needs a CUDA GPU" if note else "runs the selected point on this GPU")
+        self.why = W.HTML(note)
+        self.bar = W.IntProgress(value=0, min=0, max=3, description="idle", layout=W.Layout(width="460px"))
+        self.status = W.HTML()
+        self.fig_pcie = go.FigureWidget(layout=dict(template="plotly_white", height=300, title="PCIe RX to the GPU (NVML, live)",
+                                                    xaxis=dict(title="s"), yaxis=dict(title="GB/s", rangemode="tozero")))
+        self.fig_pcie.add_scatter(x=[], y=[], mode="lines", name="PCIe RX GB/s")
+        self.live = W.HTML()
+        self.live_rows: list[dict] = []
+        self.measure.on_click(self.measure_now)
+
+    def _watch_pcie(self, stop: threading.Event, t0: float) -> None:
+        """Plot the GPU's PCIe receive rate while the point runs (a second NVML sampler; the sweep keeps its own)."""
+        from .telemetry import Sampler
+        import torch
+        dev = torch.device(self.device)
+        with Sampler(gpus=[dev.index or 0] if dev.type == "cuda" else []) as tel:
+            while not stop.wait(0.5):
+                self.status.value = f"measuring… {time.time() - t0:.0f} s"
+                f = tel.frame()
+                if f.empty or "pcie_rx_gbps" not in f:
+                    continue
+                f = f.dropna(subset=["pcie_rx_gbps"])
+                with self.fig_pcie.batch_update():
+                    self.fig_pcie.data[0].x = (f["timestamp"] - t0).tolist()
+                    self.fig_pcie.data[0].y = f["pcie_rx_gbps"].tolist()
+
+    def measure_selected(self, device: str | None = None) -> dict:
+        """Measure the selection (first selected strategy) with the sweep; shows it beside the stored bars."""
+        from .bench.params import BadInput
+        device = device or self.device
+        strat = (list(self.w_strat.value) or ["zero_copy"])[0]
+        args = dict(shape=self.w_shape.value or "auto", strategy=strat, context_len=self.w_ctx.value,
+                    budget=self.w_budget.value, concurrency=self.w_conc.value, repeats=self.w_repeats.value,
+                    steps=self.w_steps.value, device=device)
+        self.bar.value, self.bar.description = 1, "measuring"
+        stop, t0 = threading.Event(), time.time()
+        watcher = threading.Thread(target=self._watch_pcie, args=(stop, t0), daemon=True)
+        watcher.start()
+        try:
+            rec = measure_point(**args)
+        except BadInput as ex:                 # a selection the sweep refuses: one line, nothing allocated
+            rec = {**args, "status": "failed", "error": str(ex)}
+        finally:
+            stop.set()
+            watcher.join(timeout=5)
+        self.bar.value = 3
+        self.bar.description = "done" if rec.get("status") == "ok" else "failed"
+        self.status.value = (f"{rec['strategy']}: {rec['tok_s']:.1f} tok/s in {time.time() - t0:.0f} s "
+                             f"(scratch run <code>{rec['run_dir']}</code>)" if rec.get("status") == "ok"
+                             else f"<b>measure now failed:</b> {rec.get('error')}")
+        if rec.get("status") == "ok":
+            self.fig_point.add_bar(x=[f"live {strat}"], y=[rec["tok_s"]], marker_color="black", name="live")
+            self.live_rows.append({k: rec.get(k) for k in TOK_COLS})
+            self.live.value = pd.DataFrame(self.live_rows).round(3).to_html(index=False)
+        return rec
+
+    def measure_now(self, _=None) -> None:
+        self.measure.disabled = True
+        try:
+            self.measure_selected()
+        except Exception as ex:      # OOM or anything else: say so, keep the notebook alive
+            self.bar.description = "failed"
+            self.status.value = f"<b>measure now failed:</b> {type(ex).__name__}: {ex}"
+        finally:
+            self.measure.disabled = bool(cuda_note())
+
+    def show_measure(self) -> None:
+        import ipywidgets as W
+        from IPython.display import display
+        self._fresh_widgets("fig_pcie")
+        display(W.HBox([self.measure, self.w_repeats, self.w_steps]), self.why, W.HBox([self.bar, self.status]),
+                self.fig_pcie, self.live)

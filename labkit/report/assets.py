@@ -1,0 +1,58 @@
+"""Where a page gets plotly.js (~4.8 MB) from.
+
+A page written inside a results folder links one shared copy, `<results>/_assets/plotly.min.js`, by a
+relative path: the folder still opens offline (from disk or any static server) and the committed
+record does not carry one bundle per report (the GPU host takes a project tree of at most 64 MiB).
+A page written anywhere else, or asked for `standalone=True` (`labkit report DIR --standalone`),
+embeds plotly.js itself: one file that can be sent to someone.
+
+The results folder of a page is the nearest folder above it that already has `_assets/` or is named
+`results` (run folders, nightly entries and the index all sit below one).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ASSETS = "_assets"
+PLOTLY_JS = "plotly.min.js"
+# A page's plotly.js <script> larger than this is an embedded bundle (figure data never comes close
+# inside a <script> without a src).
+BUNDLE_BYTES = 1_000_000
+
+
+def _plotlyjs() -> str:
+    from plotly.offline import get_plotlyjs
+    return get_plotlyjs()
+
+
+def results_root_of(page: str | Path) -> Path | None:
+    """The results folder a page at `page` belongs to, or None (then the page embeds plotly.js)."""
+    here = Path(page).resolve().parent
+    for d in (here, *here.parents):
+        if (d / ASSETS).is_dir() or d.name == "results":
+            return d
+    return None
+
+
+def ensure_shared(root: str | Path) -> Path:
+    """Write `<root>/_assets/plotly.min.js` from the installed plotly unless it already holds exactly that."""
+    path = Path(root) / ASSETS / PLOTLY_JS
+    js = _plotlyjs()
+    if not path.is_file() or path.stat().st_size != len(js.encode()) or path.read_text(encoding="utf-8") != js:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{PLOTLY_JS}.tmp")
+        tmp.write_text(js, encoding="utf-8")
+        tmp.replace(path)
+    return path
+
+
+def plotly_script(page: str | Path, standalone: bool = False) -> str:
+    """The <script> that gives a page at `page` plotly.js: a relative link to the shared copy, or the
+    bundle inlined (standalone, or no results folder above the page)."""
+    root = None if standalone else results_root_of(page)
+    if root is None:
+        return f'<script type="text/javascript">{_plotlyjs()}</script>'
+    shared = ensure_shared(root)
+    href = Path(os.path.relpath(shared, Path(page).resolve().parent)).as_posix()
+    return f'<script type="text/javascript" src="{href}"></script>'
