@@ -97,13 +97,14 @@ def derive_first_layers(large_ckpt: Path, n: int, out: Path | None = None) -> Pa
     cfg = AutoConfig.from_pretrained(large_ckpt)
     if not 1 <= n < cfg.num_hidden_layers:
         raise PairError(f"first:{n}: N must be in [1, {cfg.num_hidden_layers - 1}] for a {cfg.num_hidden_layers}-layer model")
-    large = AutoModelForCausalLM.from_pretrained(large_ckpt, dtype=torch.bfloat16)
+    large = AutoModelForCausalLM.from_pretrained(large_ckpt, dtype="auto")  # keep the stored dtype: exact copies
+    dtype = next(large.parameters()).dtype
     cfg.num_hidden_layers = n
     if getattr(cfg, "layer_types", None):
         cfg.layer_types = list(cfg.layer_types)[:n]
     if getattr(cfg, "max_window_layers", None):
         cfg.max_window_layers = min(cfg.max_window_layers, n)
-    small = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    small = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     sd = {k: v for k, v in large.state_dict().items()
           if not (k.startswith("model.layers.") and int(k.split(".")[2]) >= n)}
     missing, unexpected = small.load_state_dict(sd, strict=False)
