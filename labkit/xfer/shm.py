@@ -219,7 +219,7 @@ class KVFile:
     def __init__(self, path: Path, hdr: Header):
         self.path, self.hdr = Path(path), hdr
         self._f = open(self.path, "rb")
-        self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: writable view, pages never copied unless written
         self._t = torch.frombuffer(memoryview(self._mm)[hdr.header_bytes: hdr.header_bytes + hdr.data_bytes],
                                    dtype=hdr.dtype).view(hdr.num_layers, 2, hdr.num_tokens, hdr.num_kv_heads,
                                                          hdr.head_dim)
