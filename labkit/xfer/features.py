@@ -109,7 +109,7 @@ def cache_len(cache) -> int:
     return cache_kv(cache, 0)[0].shape[-2]
 
 
-def call(model, ids: torch.Tensor, cache=None, use_cache: bool = True):
+def call(model, ids: torch.Tensor, cache=None, use_cache: bool = True, **extra):
     """model(input_ids=ids) passing the cache under the name this transformers uses (`cache` from
     5.2x, `past_key_values` before); returns (output, cache)."""
     import inspect
@@ -118,7 +118,7 @@ def call(model, ids: torch.Tensor, cache=None, use_cache: bool = True):
     if cache is not None:
         names = inspect.signature(type(model).forward).parameters
         kw["cache" if "cache" in names else "past_key_values"] = cache
-    out = model(input_ids=ids, use_cache=use_cache, **kw)
+    out = model(input_ids=ids, use_cache=use_cache, **kw, **extra)
     new = out["cache"] if "cache" in out else out.get("past_key_values", None)
     return out, new
 

@@ -1,0 +1,200 @@
+"""labkit's cross-model KV connector for vLLM: load a producer's /dev/shm file instead of prefilling.
+
+Configured as
+    --kv-transfer-config '{"kv_connector": "LabkitXferConnector", "kv_connector_module_path":
+        "labkit.xfer.connector", "kv_role": "kv_consumer", "kv_connector_extra_config":
+        {"shm_root": "/dev/shm/labkit-xfer", "fingerprint": "<large model fingerprint>"}}'
+
+Scheduler side: `get_num_new_matched_tokens` looks for `shm.path_for(prompt)`, validates its header
+(`shm.validate`: magic, version, complete flag, size, model fingerprint, layers/heads/dim, dtype,
+length, token hash); a file that fails is refused with one warning line and vLLM prefills normally.
+An accepted file reports its tokens (rounded down to whole blocks, at most prompt - 1: vLLM computes the
+last prompt token itself) as matched; `update_state_after_alloc` and `build_connector_meta` hand the
+request's block ids to the worker. Worker side: `start_load_kv` maps the file and copies each layer's
+K and V rows into the paged cache slots of those blocks before the forward runs (synchronous:
+`wait_for_layer_load` has nothing to wait for). Nothing is saved (`save_kv_layer` is a no-op): this is
+a consumer. A file that fails validation at load time reports its blocks through
+`get_block_ids_with_load_errors`, so vLLM recomputes them.
+
+`SupportsHMA` is implemented (one group of full-attention layers here) so the same connector loads
+into a hybrid model's attention layers.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
+                                                                KVConnectorRole, SupportsHMA)
+
+from labkit.xfer import shm
+
+try:
+    from vllm.logger import init_logger
+
+    logger = init_logger(__name__)
+except Exception:  # pragma: no cover
+    logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadSpec:
+    req_id: str
+    path: str
+    prompt: list[int]
+    start: int          # first token to load (tokens before are already in vLLM's prefix cache)
+    end: int            # one past the last token to load
+    block_ids: list[int]
+
+
+@dataclass
+class XferMeta(KVConnectorMetadata):
+    loads: list[LoadSpec] = field(default_factory=list)
+
+
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def layer_index(name: str) -> int:
+    m = _LAYER.search(name)
+    if m is None:
+        raise ValueError(f"cannot find a layer index in {name!r}")
+    return int(m.group(1))
+
+
+def split_kv(cache: torch.Tensor, kv_heads: int, head_dim: int):
+    """(K view, V view) of one layer's paged cache, each indexable as [block, head, offset, dim].
+
+    Layouts seen: (2, blocks, heads, block_size, dim) and (blocks, heads, block_size, 2*dim) (the CPU
+    backend packs K and V along the last dimension), (blocks, 2, block_size, heads, dim) (flash).
+    """
+    if cache.dim() == 5 and cache.shape[0] == 2 and cache.shape[2] == kv_heads:
+        return cache[0], cache[1], "2,NB,H,BS,D"
+    if cache.dim() == 4 and cache.shape[1] == kv_heads and cache.shape[-1] == 2 * head_dim:
+        return cache[..., :head_dim], cache[..., head_dim:], "NB,H,BS,2D"
+    if cache.dim() == 5 and cache.shape[1] == 2 and cache.shape[3] == kv_heads:
+        return cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2), "NB,2,BS,H,D"
+    raise ValueError(f"unknown KV cache layout {tuple(cache.shape)} for {kv_heads} heads x {head_dim}")
+
+
+class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        self.root = Path(extra.get("shm_root") or shm.default_root())
+        self.fingerprint = str(extra.get("fingerprint", ""))
+        self.block_size = int(vllm_config.cache_config.block_size)
+        mc, pc = vllm_config.model_config, vllm_config.parallel_config
+        self.num_layers = int(mc.get_num_layers(pc))
+        self.kv_heads = int(mc.get_num_kv_heads(pc))
+        self.head_dim = int(mc.get_head_size())
+        self._matched: dict[str, tuple[str, int]] = {}
+        self._need_load: dict[str, tuple[Any, str, int, int]] = {}
+        self._kv: dict[str, torch.Tensor] = {}
+        self._load_errors: set[int] = set()
+        self.stats = {"loaded_requests": 0, "loaded_tokens": 0, "refused": 0, "load_s": 0.0}
+        logger.info("labkit xfer connector (%s): root %s, model fingerprint %s, %d layers x %d kv heads x %d, "
+                    "block %d", role.name, self.root, self.fingerprint, self.num_layers, self.kv_heads,
+                    self.head_dim, self.block_size)
+
+    # ---- scheduler side -------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        ids = list(request.prompt_token_ids or [])
+        if len(ids) < 2:
+            return 0, False
+        path = shm.path_for(ids, self.root)
+        if not path.exists():
+            return 0, False
+        try:
+            hdr = shm.validate(path, ids, self.fingerprint, self.num_layers, self.kv_heads, self.head_dim)
+        except (shm.ShmError, OSError) as ex:
+            self.stats["refused"] += 1
+            logger.warning("labkit xfer: refusing KV file for request %s: %s; vLLM prefills it", request.request_id, ex)
+            return 0, False
+        n = (min(hdr.num_tokens, len(ids) - 1) // self.block_size) * self.block_size
+        if n <= num_computed_tokens:
+            return 0, False
+        self._matched[request.request_id] = (str(path), n)
+        return n - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        if num_external_tokens > 0 and request.request_id in self._matched:
+            path, n = self._matched.pop(request.request_id)
+            self._need_load[request.request_id] = (request, path, n - num_external_tokens, n)
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        meta = XferMeta()
+        for new in scheduler_output.scheduled_new_reqs:
+            if new.req_id in self._need_load:
+                req, path, start, end = self._need_load.pop(new.req_id)
+                meta.loads.append(LoadSpec(new.req_id, path, list(req.prompt_token_ids), start, end,
+                                           list(new.block_ids[0])))
+        return meta
+
+    def request_finished(self, request, block_ids):
+        self._matched.pop(request.request_id, None)
+        self._need_load.pop(request.request_id, None)
+        return False, None
+
+    def request_finished_all_groups(self, request, block_ids):
+        return self.request_finished(request, block_ids[0] if block_ids else [])
+
+    # ---- worker side ----------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        self._kv = {name: t for name, t in kv_caches.items()}
+        name, t = next(iter(self._kv.items()))
+        layout = split_kv(t, self.kv_heads, self.head_dim)[2]
+        logger.info("labkit xfer: %d KV layers registered, e.g. %s %s %s (layout %s)", len(self._kv), name,
+                    tuple(t.shape), t.dtype, layout)
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        if not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        for ld in getattr(meta, "loads", []):
+            t0 = time.perf_counter()
+            bs = self.block_size
+            try:
+                dtype = next(iter(self._kv.values())).dtype
+                hdr = shm.validate(ld.path, ld.prompt, self.fingerprint, self.num_layers, self.kv_heads,
+                                   self.head_dim)
+                f = shm.KVFile(Path(ld.path), hdr)
+            except (shm.ShmError, OSError) as ex:
+                logger.warning("labkit xfer: KV file for %s failed at load time: %s; vLLM recomputes", ld.req_id, ex)
+                self._load_errors |= set(ld.block_ids[ld.start // bs: (ld.end + bs - 1) // bs])
+                continue
+            pos = torch.arange(ld.start, ld.end)
+            blk = torch.tensor(ld.block_ids, dtype=torch.long)[pos // bs]
+            off = pos % bs
+            for name, cache in self._kv.items():
+                k_dst, v_dst, _ = split_kv(cache, self.kv_heads, self.head_dim)
+                k, v = f.layer(layer_index(name))
+                k_dst[blk, :, off] = k[ld.start: ld.end].to(dtype)
+                v_dst[blk, :, off] = v[ld.start: ld.end].to(dtype)
+            f.close()
+            dt = time.perf_counter() - t0
+            self.stats["loaded_requests"] += 1
+            self.stats["loaded_tokens"] += ld.end - ld.start
+            self.stats["load_s"] += dt
+            logger.info("labkit xfer: loaded %d tokens x %d layers for %s from %s in %.1f ms", ld.end - ld.start,
+                        len(self._kv), ld.req_id, Path(ld.path).name, dt * 1e3)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
+        return
+
+    def wait_for_save(self):
+        return
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        out, self._load_errors = self._load_errors, set()
+        return out
