@@ -94,3 +94,28 @@ def test_producer_writes_what_the_mapped_cache_holds(tmp_path, monkeypatch):
     f.close()
     with pytest.raises(shm.ShmError, match="cover must be"):
         prod.produce(ids, cover=len(ids))
+
+
+@pytest.mark.parametrize("layout", ["NB,H,BS,2D", "2,NB,H,BS,D", "NB,2,BS,H,D"])
+def test_scatter_into_paged_cache_lands_in_the_request_blocks(tmp_path, layout):
+    """What the connector does in vLLM's worker: file rows -> (block, offset) slots of the request's
+    blocks, nothing else touched; read back through the same layout."""
+    from labkit.xfer.paged import gather, scatter, split_kv
+
+    L, H, T, D, BS, NB = 3, 2, 20, 4, 8, 6
+    ids = list(range(T + 1))
+    path = shm.path_for(ids, tmp_path)
+    kv = _kv(L, H, T, D, seed=5)
+    hdr = shm.write(path, kv, ids[:T], "fp", dtype=torch.float32)
+    shape = {"NB,H,BS,2D": (NB, H, BS, 2 * D), "2,NB,H,BS,D": (2, NB, H, BS, D), "NB,2,BS,H,D": (NB, 2, BS, H, D)}[layout]
+    caches = {f"model.layers.{i}.self_attn.attn": torch.full(shape, 7.0) for i in range(L)}
+    assert split_kv(caches["model.layers.0.self_attn.attn"], H, D)[2] == layout
+    blocks = [4, 1, 3]                    # 20 tokens over three non-contiguous blocks of 8
+    f = shm.KVFile(path, hdr)
+    scatter(f, caches, 8, 16, blocks, BS, H, D)      # tokens 0..7 already cached: load block 1 only
+    f.close()
+    for i in range(L):
+        k, v = gather(caches[f"model.layers.{i}.self_attn.attn"], 8, 16, blocks, BS, H, D)
+        assert torch.equal(k, kv[i][0][0].transpose(0, 1)[8:16]) and torch.equal(v, kv[i][1][0].transpose(0, 1)[8:16])
+        k_other, _, _ = split_kv(caches[f"model.layers.{i}.self_attn.attn"], H, D)
+        assert bool((k_other[[0, 2, 4, 5]] == 7.0).all()), "blocks of other requests must stay untouched"

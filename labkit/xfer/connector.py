@@ -23,7 +23,6 @@ into a hybrid model's attention layers.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                                 KVConnectorRole, SupportsHMA)
 
 from labkit.xfer import shm
+from labkit.xfer.paged import scatter, split_kv
 
 try:
     from vllm.logger import init_logger
@@ -57,31 +57,6 @@ class LoadSpec:
 @dataclass
 class XferMeta(KVConnectorMetadata):
     loads: list[LoadSpec] = field(default_factory=list)
-
-
-_LAYER = re.compile(r"layers\.(\d+)\.")
-
-
-def layer_index(name: str) -> int:
-    m = _LAYER.search(name)
-    if m is None:
-        raise ValueError(f"cannot find a layer index in {name!r}")
-    return int(m.group(1))
-
-
-def split_kv(cache: torch.Tensor, kv_heads: int, head_dim: int):
-    """(K view, V view) of one layer's paged cache, each indexable as [block, head, offset, dim].
-
-    Layouts seen: (2, blocks, heads, block_size, dim) and (blocks, heads, block_size, 2*dim) (the CPU
-    backend packs K and V along the last dimension), (blocks, 2, block_size, heads, dim) (flash).
-    """
-    if cache.dim() == 5 and cache.shape[0] == 2 and cache.shape[2] == kv_heads:
-        return cache[0], cache[1], "2,NB,H,BS,D"
-    if cache.dim() == 4 and cache.shape[1] == kv_heads and cache.shape[-1] == 2 * head_dim:
-        return cache[..., :head_dim], cache[..., head_dim:], "NB,H,BS,2D"
-    if cache.dim() == 5 and cache.shape[1] == 2 and cache.shape[3] == kv_heads:
-        return cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2), "NB,2,BS,H,D"
-    raise ValueError(f"unknown KV cache layout {tuple(cache.shape)} for {kv_heads} heads x {head_dim}")
 
 
 class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
@@ -162,7 +137,6 @@ class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
             t0 = time.perf_counter()
             bs = self.block_size
             try:
-                dtype = next(iter(self._kv.values())).dtype
                 hdr = shm.validate(ld.path, ld.prompt, self.fingerprint, self.num_layers, self.kv_heads,
                                    self.head_dim)
                 f = shm.KVFile(Path(ld.path), hdr)
@@ -170,14 +144,7 @@ class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
                 logger.warning("labkit xfer: KV file for %s failed at load time: %s; vLLM recomputes", ld.req_id, ex)
                 self._load_errors |= set(ld.block_ids[ld.start // bs: (ld.end + bs - 1) // bs])
                 continue
-            pos = torch.arange(ld.start, ld.end)
-            blk = torch.tensor(ld.block_ids, dtype=torch.long)[pos // bs]
-            off = pos % bs
-            for name, cache in self._kv.items():
-                k_dst, v_dst, _ = split_kv(cache, self.kv_heads, self.head_dim)
-                k, v = f.layer(layer_index(name))
-                k_dst[blk, :, off] = k[ld.start: ld.end].to(dtype)
-                v_dst[blk, :, off] = v[ld.start: ld.end].to(dtype)
+            scatter(f, self._kv, ld.start, ld.end, ld.block_ids, bs, self.kv_heads, self.head_dim)
             f.close()
             dt = time.perf_counter() - t0
             self.stats["loaded_requests"] += 1
