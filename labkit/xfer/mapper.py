@@ -237,3 +237,37 @@ class Fitter:
 def feature_width(pair: PairSpec, features: FeatureSpec, layer: int) -> int:
     keys = features.keys(layer, pair.table, pair.small.layers)
     return feature_dim(keys, pair.small.hidden, pair.small.kv_heads * pair.small.head_dim)
+
+
+def _columns(keys, hidden: int, kv_width: int) -> dict:
+    """Column range of each feature key in X (keys in order, bias last)."""
+    out, at = {}, 0
+    for k in keys:
+        w = hidden if k[0] == "h" else 2 * kv_width
+        out[k] = (at, at + w)
+        at += w
+    out["bias"] = (at, at + 1)
+    return out
+
+
+def restrict(fitter: Fitter, features: FeatureSpec) -> Fitter:
+    """A Fitter for a *subset* of `fitter`'s features, its sums cut out of the superset's (no new passes):
+    one calibration run serves a feature-selection sweep."""
+    sub = Fitter(fitter.pair, features, fitter.rope)
+    p = fitter.pair
+    hidden, kvw = p.small.hidden, p.small.kv_heads * p.small.head_dim
+    for skeys, layers in sub.groups.items():
+        sup = next((k for k, ls in fitter.groups.items() if set(layers) <= set(ls) and set(skeys) <= set(k)), None)
+        if sup is None:
+            raise PairError(f"features {features} are not a subset of {fitter.features} for layers {layers}")
+        cols = _columns(sup, hidden, kvw)
+        idx = torch.cat([torch.arange(*cols[k]) for k in skeys] + [torch.arange(*cols["bias"])])
+        for split in ("fit", "val"):
+            src, dst = fitter.sums[split], sub.sums[split]
+            dst.xtx[skeys] = src.xtx[sup][idx][:, idx]
+            dst.n[skeys] = src.n[sup]
+            for l_ in layers:
+                dst.xty[l_] = src.xty[l_][idx]
+                dst.yy[l_], dst.ys[l_] = src.yy[l_], src.ys[l_]
+    sub.tokens = dict(fitter.tokens)
+    return sub
