@@ -34,14 +34,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                                 KVConnectorRole, SupportsHMA)
 
 from labkit.xfer import shm
-from labkit.xfer.paged import scatter, split_kv
+from labkit.xfer.paged import layer_index, scatter, slot_mapping, split_kv
 
-try:
+try:  # under vLLM's logger so its handlers print our lines beside its own
     from vllm.logger import init_logger
 
-    logger = init_logger(__name__)
+    logger = init_logger("vllm.labkit_xfer")
 except Exception:  # pragma: no cover
     logger = logging.getLogger(__name__)
+
+# vllm_xargs key of a request that asks for prompt logprobs *and* the mapped cache (quality measurement).
+# vLLM skips every cached prefix for prompt-logprob requests; this opt-in keeps the connector's tokens,
+# and the engine returns logprobs for the positions it computes (the tail after the loaded tokens).
+FORCE_KEY = "labkit_xfer_load"
 
 
 @dataclass
@@ -96,6 +101,9 @@ class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
         n = (min(hdr.num_tokens, len(ids) - 1) // self.block_size) * self.block_size
         if n <= num_computed_tokens:
             return 0, False
+        sp = getattr(request, "sampling_params", None)
+        if sp is not None and (sp.extra_args or {}).get(FORCE_KEY):
+            request.skip_reading_prefix_cache = False
         self._matched[request.request_id] = (str(path), n)
         return n - num_computed_tokens, False
 
@@ -144,14 +152,26 @@ class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
                 logger.warning("labkit xfer: KV file for %s failed at load time: %s; vLLM recomputes", ld.req_id, ex)
                 self._load_errors |= set(ld.block_ids[ld.start // bs: (ld.end + bs - 1) // bs])
                 continue
-            scatter(f, self._kv, ld.start, ld.end, ld.block_ids, bs, self.kv_heads, self.head_dim)
+            layers = getattr(forward_context, "no_compile_layers", {}) or {}
+            slots = slot_mapping(ld.start, ld.end, ld.block_ids, bs)
+            how = "backend writer"
+            for name, cache in self._kv.items():
+                layer = layers.get(name)
+                k, v = f.layer(layer_index(name))
+                k, v = k[ld.start: ld.end].to(cache.dtype).contiguous(), v[ld.start: ld.end].to(cache.dtype).contiguous()
+                if layer is not None and hasattr(getattr(layer, "impl", None), "do_kv_cache_update"):
+                    # the attention backend's own cache writer: right for any layout / ISA packing
+                    layer.impl.do_kv_cache_update(layer, k, v, cache, slots)
+                else:
+                    how = "labkit scatter"
+                    scatter(f, {name: cache}, ld.start, ld.end, ld.block_ids, bs, self.kv_heads, self.head_dim)
             f.close()
             dt = time.perf_counter() - t0
             self.stats["loaded_requests"] += 1
             self.stats["loaded_tokens"] += ld.end - ld.start
             self.stats["load_s"] += dt
-            logger.info("labkit xfer: loaded %d tokens x %d layers for %s from %s in %.1f ms", ld.end - ld.start,
-                        len(self._kv), ld.req_id, Path(ld.path).name, dt * 1e3)
+            logger.info("labkit xfer: loaded %d tokens x %d layers for %s from %s in %.1f ms (%s)", ld.end - ld.start,
+                        len(self._kv), ld.req_id, Path(ld.path).name, dt * 1e3, how)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return

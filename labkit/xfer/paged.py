@@ -2,8 +2,11 @@
 
 A paged cache holds, per layer, `num_blocks` blocks of `block_size` token slots; a request's tokens
 live at slot (block_ids[pos // block_size], pos % block_size). Layouts handled by `split_kv`:
-(2, blocks, heads, block_size, dim), (blocks, heads, block_size, 2*dim) (vLLM's CPU backend packs K
-and V along the last dimension) and (blocks, 2, block_size, heads, dim) (flash-attention backends).
+(2, blocks, heads, block_size, dim), (blocks, heads, block_size, 2*dim) (vLLM 0.32's CPU backend: per
+block and head, block_size K rows then block_size V rows, i.e. a (blocks, heads, 2*block_size, dim)
+view chunked in two) and (blocks, 2, block_size, heads, dim) (flash-attention backends). Inside vLLM
+the connector prefers the attention backend's own writer (`impl.do_kv_cache_update`), which also
+covers ISA-specific packings; `scatter` is the fallback and the tested reference.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ def split_kv(cache: torch.Tensor, kv_heads: int, head_dim: int):
     if cache.dim() == 5 and cache.shape[0] == 2 and cache.shape[2] == kv_heads:
         return cache[0], cache[1], "2,NB,H,BS,D"
     if cache.dim() == 4 and cache.shape[1] == kv_heads and cache.shape[-1] == 2 * head_dim:
-        return cache[..., :head_dim], cache[..., head_dim:], "NB,H,BS,2D"
+        nb, h, bs, _ = cache.shape
+        k, v = cache.view(nb, h, 2 * bs, head_dim).chunk(2, dim=2)
+        return k, v, "NB,H,BS,2D"
     if cache.dim() == 5 and cache.shape[1] == 2 and cache.shape[3] == kv_heads:
         return cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2), "NB,2,BS,H,D"
     raise ValueError(f"unknown KV cache layout {tuple(cache.shape)} for {kv_heads} heads x {head_dim}")
@@ -48,6 +53,12 @@ def scatter(kvfile, caches: dict[str, torch.Tensor], start: int, end: int, block
         v_dst[blk, :, off] = v[start:end].to(cache.dtype)
         n += 2 * (end - start) * kv_heads * head_dim * cache.element_size()
     return n
+
+
+def slot_mapping(start: int, end: int, block_ids, block_size: int) -> torch.Tensor:
+    """Flat slot index (block * block_size + offset) of tokens [start, end), as engines take it."""
+    pos = torch.arange(start, end)
+    return torch.as_tensor(list(block_ids), dtype=torch.long)[pos // block_size] * block_size + pos % block_size
 
 
 def gather(cache: torch.Tensor, start: int, end: int, block_ids, block_size: int, kv_heads: int, head_dim: int):

@@ -95,10 +95,13 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self._log.close()
 
-    def complete(self, ids, max_tokens: int = 1, prompt_logprobs: int | None = None, timeout: float = 900) -> dict:
+    def complete(self, ids, max_tokens: int = 1, prompt_logprobs: int | None = None, timeout: float = 900,
+                 load: bool = False) -> dict:
         body = {"model": "large", "prompt": [int(x) for x in ids], "max_tokens": max_tokens, "temperature": 0.0}
         if prompt_logprobs is not None:
             body["prompt_logprobs"] = prompt_logprobs
+        if load:  # prompt logprobs *with* the connector's tokens (see connector.FORCE_KEY)
+            body["vllm_xargs"] = {"labkit_xfer_load": 1}
         req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -113,9 +116,10 @@ def _cached_tokens(resp: dict) -> int:
 def _prompt_nll(resp: dict, ids, first: int) -> tuple[float, list[int]]:
     """Summed NLL of ids[first:] from prompt_logprobs, and the top-1 token at each of those positions."""
     pl = resp["choices"][0]["prompt_logprobs"]
+    shift = len(ids) - len(pl)  # an engine that loaded a prefix may return only the computed tail
     nll, top = 0.0, []
     for pos in range(first, len(ids)):
-        entry = pl[pos]
+        entry = pl[pos - shift]
         if entry is None:
             raise RuntimeError(f"vLLM returned no prompt logprob at position {pos}")
         tok = entry.get(str(int(ids[pos])))
@@ -137,11 +141,11 @@ def quality_vllm(server: Server, prod, seqs, prompt_len: int, cont_len: int, agr
         ref_ids = _completion_ids(server, ids[:prompt_len], agree_tokens)
         forced = ids[:prompt_len] + ref_ids[:-1]
         prod.produce(ids, cover=cover)
-        mapped = server.complete(ids, prompt_logprobs=1)
+        mapped = server.complete(ids, prompt_logprobs=1, load=True)
         loaded = _cached_tokens(mapped)
         nll_m, _ = _prompt_nll(mapped, ids, prompt_len)
         prod.produce(forced, cover=cover)
-        fr = server.complete(forced, prompt_logprobs=1)
+        fr = server.complete(forced, prompt_logprobs=1, load=True)
         _, top = _prompt_nll(fr, forced, prompt_len)
         agree = sum(int(a == b) for a, b in zip(top + [None], ref_ids)) / len(ref_ids)
         for f in (ids, forced):
