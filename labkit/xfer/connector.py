@@ -49,6 +49,29 @@ except Exception:  # pragma: no cover
 FORCE_KEY = "labkit_xfer_load"
 
 
+def _zero_fill_prompt_logprobs() -> None:
+    """vLLM 0.32 allocates a request's prompt-logprob buffers with torch.empty and fills only the
+    positions it computes; with a loaded prefix the rest stays garbage and detokenizing it raises
+    OverflowError in the API server. Zero-filled buffers make those entries token 0 / logprob 0, which
+    the measurement ignores (it reads only computed positions). Enabled by the connector's extra config
+    `zero_fill_prompt_logprobs` (the quality measurement), never by default."""
+    from vllm.v1 import outputs
+
+    if getattr(outputs.LogprobsTensors.empty_cpu, "_labkit", False):
+        return
+    orig = outputs.LogprobsTensors.empty_cpu
+
+    def empty_cpu(num_positions, num_tokens_per_position):
+        t = orig(num_positions, num_tokens_per_position)
+        t.logprob_token_ids.zero_()
+        t.logprobs.zero_()
+        t.selected_token_ranks.zero_()
+        return t
+
+    empty_cpu._labkit = True
+    outputs.LogprobsTensors.empty_cpu = staticmethod(empty_cpu)
+
+
 @dataclass
 class LoadSpec:
     req_id: str
@@ -70,6 +93,8 @@ class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self.root = Path(extra.get("shm_root") or shm.default_root())
         self.fingerprint = str(extra.get("fingerprint", ""))
+        if extra.get("zero_fill_prompt_logprobs"):
+            _zero_fill_prompt_logprobs()
         self.block_size = int(vllm_config.cache_config.block_size)
         mc, pc = vllm_config.model_config, vllm_config.parallel_config
         self.num_layers = int(mc.get_num_layers(pc))

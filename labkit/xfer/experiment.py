@@ -208,6 +208,7 @@ def run_xfer(given: dict, run=None, log=print):
 
     p = plan(given)
     pair = p.pop("_pair")
+    log = log or (lambda *a, **k: None)
     if run is None:
         run = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
     base = {"experiment": EXPERIMENT, "device": "cpu", "gpu_name": "cpu", "shape": p["large"]}

@@ -63,7 +63,8 @@ class Server:
                    PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1",
                    LABKIT_XFER_SHM=str(shm_root))
         ktc = {"kv_connector": "LabkitXferConnector", "kv_connector_module_path": "labkit.xfer.connector",
-               "kv_role": "kv_consumer", "kv_connector_extra_config": {"shm_root": str(shm_root), "fingerprint": fingerprint}}
+               "kv_role": "kv_consumer", "kv_connector_extra_config": {"shm_root": str(shm_root), "fingerprint": fingerprint,
+                                             "zero_fill_prompt_logprobs": True}}
         self.cmd = [vllm_python(), "-m", "labkit.xfer._vllm_cli", "serve", ckpt, "--host", "127.0.0.1", "--port",
                     str(self.port), "--served-model-name", "large", "--max-model-len", str(max_model_len),
                     "--enforce-eager", "--dtype", dtype, "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
