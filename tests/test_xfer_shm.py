@@ -119,3 +119,12 @@ def test_scatter_into_paged_cache_lands_in_the_request_blocks(tmp_path, layout):
         assert torch.equal(k, kv[i][0][0].transpose(0, 1)[8:16]) and torch.equal(v, kv[i][1][0].transpose(0, 1)[8:16])
         k_other, _, _ = split_kv(caches[f"model.layers.{i}.self_attn.attn"], H, D)
         assert bool((k_other[[0, 2, 4, 5]] == 7.0).all()), "blocks of other requests must stay untouched"
+
+
+def test_xfer_notebook_takes_the_cli_parameters():
+    pm = pytest.importorskip("papermill")
+    from labkit.execute import EXPERIMENTS, NOTEBOOKS
+    from labkit.xfer.experiment import SPEC
+
+    names = set(pm.inspect_notebook(str(NOTEBOOKS / EXPERIMENTS["xfer"].notebook)))
+    assert names == {p.name for p in SPEC} | {"run_dir"}
