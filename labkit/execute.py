@@ -29,6 +29,7 @@ EXPERIMENTS = {
     "decode": Experiment("decode", "decode_sweep.ipynb", "labkit.bench.decode"),
     "probe": Experiment("probe", "probe.ipynb", "labkit.bench.probe"),
     "quality": Experiment("quality", "quality.ipynb", "labkit.quality.experiment"),
+    "serve": Experiment("serve", "serve_sweep.ipynb", "labkit.serving.experiment"),
 }
 
 
