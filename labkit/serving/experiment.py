@@ -342,7 +342,7 @@ def run_serve(given: dict, run=None, log=print):
 
     def save_tables(scraper=None):
         if requests:
-            run.write_table("requests", pd.DataFrame(requests))
+            write_requests(run.path, requests)
         frames = scrapes + ([scraper.frame()] if scraper is not None else [])
         nv = tel.frame()
         if not nv.empty:
@@ -462,6 +462,19 @@ def run_serve(given: dict, run=None, log=print):
             run.update_manifest(outputs=outputs_check(pd.DataFrame(requests)))
         run.finish(status=status if status != "ok" or not (run.metrics()["status"] == "failed").any() else "partial")
     return run
+
+
+def write_requests(path: Path, requests: list[dict]) -> Path:
+    """requests.parquet with token_times kept as a list column (Run.write_table would stringify lists)."""
+    df = pd.DataFrame(requests)
+    for c in df.columns:
+        if c != "token_times" and df[c].dtype == object:
+            num = pd.to_numeric(df[c], errors="coerce")
+            df[c] = num if num.notna().sum() == df[c].notna().sum() else df[c].astype("string")
+    out, tmp = path / "requests.parquet", path / ".requests.parquet.tmp"
+    df.to_parquet(tmp, index=False)
+    tmp.replace(out)
+    return out
 
 
 def _warmup(base_url: str, model: str, n: int, vocab: int, input_len: int = 16, output_len: int = 4) -> None:
