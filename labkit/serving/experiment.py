@@ -428,10 +428,14 @@ def run_serve(given: dict, run=None, log=print):
                                         s = None
                                 if s is not None:
                                     failed = s.get("failed") or 0
+                                    err = next((r["error"] for r in requests[-len(specs):] if r.get("error")), None) \
+                                        if client == "labkit" and failed else None
+                                    dead = failed and not srv.alive()
                                     run.add({**row, **s, "status": "ok" if not failed else "failed",
-                                             "error": next((r["error"] for r in requests[-len(specs):] if r.get("error")), None)
-                                             if client == "labkit" and failed else None})
-                                log(f"{point_id}: ok")
+                                             "error": (err or "") + (" (server died)" if dead else "") or None,
+                                             "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
+                                    status = status if not failed else "partial"
+                                log(f"{point_id}: {'ok' if s is None or not s.get('failed') else 'FAILED'}")
                             except KeyboardInterrupt:
                                 raise
                             except Exception as ex:
