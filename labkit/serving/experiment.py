@@ -398,7 +398,7 @@ def run_serve(given: dict, run=None, log=print):
                                                          extra=lambda d=server.stats_dir: connector_counters(d),
                                                          tags={"offload_gib": off, "strategy": strategy}).start()
                             scraper.set_tags(point_id=point_id, client=client)
-                            seed = p["seed"] * 1000 + i
+                            seed = p["seed"] * 100000 + rnd * 1000 + i     # new prompts every round: no prefix-cache hits across rounds
                             try:
                                 if client == "vllm":
                                     res = run_bench(srv.base_url, str(model), pt["input_len"], p["output_len"],
