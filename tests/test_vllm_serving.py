@@ -192,7 +192,7 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
             except (OSError, ValueError):
                 return []
 
-        deadline = time.time() + 420
+        deadline = time.time() + 900
         while not (servers() and servers()[0].get("startup_s")) and time.time() < deadline:
             time.sleep(1)
         first = servers()[0]
