@@ -339,6 +339,7 @@ def run_serve(given: dict, run=None, log=print):
     requests: list[dict] = []
     scrapes: list[pd.DataFrame] = []
     status = "ok"
+    restore = _interrupt_on_signals()
 
     def save_tables(scraper=None):
         if requests:
@@ -460,12 +461,29 @@ def run_serve(given: dict, run=None, log=print):
         status = "interrupted"
         raise
     finally:
+        restore()
         tel.stop()
         save_tables()
         if p["workload"] == "repeat" and requests:
             run.update_manifest(outputs=outputs_check(pd.DataFrame(requests)))
         run.finish(status=status if status != "ok" or not (run.metrics()["status"] == "failed").any() else "partial")
     return run
+
+
+def _interrupt_on_signals():
+    """SIGINT and SIGTERM raise KeyboardInterrupt here (a Jupyter kernel may ignore SIGINT between cells, and
+    a kernel shut down by papermill gets SIGTERM), so the clean-up below always runs: server stopped, tables
+    written, run marked interrupted. Returns a function restoring the previous handlers."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(s, h) for s, h in old.items()]
 
 
 def write_requests(path: Path, requests: list[dict]) -> Path:
