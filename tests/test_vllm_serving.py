@@ -182,7 +182,7 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
     restarted for the next point), then Ctrl-C the sweep: server stopped, run folder valid, marked interrupted."""
     out = tmp_path / "run"
     code = ("from labkit.serving.experiment import run_serve\n"
-            f"run_serve({{'input_lens': '32', 'concurrency': '1', 'num_prompts': 40, 'output_len': 16, 'repeats': 50, "
+            f"run_serve({{'input_lens': '32', 'concurrency': '1', 'num_prompts': 3, 'output_len': 4, 'repeats': 200, "
             f"'out_dir': {str(out)!r}}})\n")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
@@ -194,10 +194,9 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
                 return []
 
         deadline = time.time() + 900
-        while not (servers() and servers()[0].get("startup_s")) and time.time() < deadline:
-            time.sleep(1)
+        while not (out / "metrics.parquet").is_file() and time.time() < deadline:
+            time.sleep(0.5)                                      # the first point is done, the next one runs
         first = servers()[0]
-        time.sleep(3)                                            # inside the first point
         os.killpg(first["pid"], signal.SIGKILL)                 # the server dies mid-sweep
         while not (len(servers()) > 1 and servers()[1].get("startup_s")) and time.time() < deadline:
             time.sleep(1)
