@@ -123,7 +123,10 @@ def run_load(base_url: str, model: str, requests: list[RequestSpec], concurrency
         except BaseException as ex:      # cancelled, or an error to re-raise in the caller
             box["error"] = ex
         finally:
-            loop.close()
+            try:       # close httpx's stream generators here, not at garbage collection ("Task was destroyed")
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
 
     t = threading.Thread(target=worker, name="labkit-loadgen", daemon=True)
     t.start()
