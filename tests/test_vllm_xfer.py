@@ -12,10 +12,12 @@ HAS = all(importlib.util.find_spec(m) is not None for m in ("transformers", "ggu
 
 
 def _vllm():
+    from labkit.bench.params import BadInput
+    from labkit.serving.lifecycle import vllm_python
+
     try:
-        from labkit.xfer.vllm_path import vllm_python
         return vllm_python()
-    except FileNotFoundError:
+    except BadInput:
         return None
 
 
@@ -41,7 +43,7 @@ def test_connector_loads_true_cache_exactly_and_refuses_other_models(tmp_path):
     kv = [cache_kv(true_cache(large, torch.tensor(ids[:256]).view(1, -1)), i) for i in range(30)]
     srv = Server(pair.large.path, pair.large.fingerprint, root, tmp_path / "vllm.log", max_model_len=2048)
     try:
-        srv.wait(900)
+        srv.wait()
         ref, _ = _prompt_nll(srv.complete(ids, prompt_logprobs=1), ids, 260)
         path = shm.path_for(ids, root)
         shm.write(path, kv, ids[:256], pair.large.fingerprint, "smollm2", dtype=torch.float32)
