@@ -181,21 +181,24 @@ def _completion_ids(server: Server, prompt, n: int) -> list[int]:
     return [int(t.split(":", 1)[1]) for t in toks]
 
 
-def ttft_vllm(server: Server, prod, tokenizer, lens, concurrency, repeats: int, log=print) -> list[dict]:
+def ttft_vllm(server: Server, prod, tokenizer, lens, concurrency, repeats: int, log=print):
     from labkit.quality.corpora import sequences
 
-    rows = []
-    for n in lens:
-        need = max(concurrency) * (repeats + 1) * 2
-        docs = [ids[:n].tolist() for _, ids in sequences(tokenizer, "prose", n, min(need, 30), split="eval")]
-        k = 0
+    need = max(concurrency) * (repeats + 1) * 2
+    pool = {n: [ids[:n].tolist() for _, ids in sequences(tokenizer, "prose", n, min(need, 30), split="eval")]
+            for n in lens}
+    # c=1 at every length first, then higher concurrency: a run cut short keeps the most basic points;
+    # each point is yielded (and recorded by the caller) as soon as it is measured
+    for c in concurrency:
+        for n in lens:
+            docs = pool[n]
+            k = 0
 
-        def nxt():
-            nonlocal k
-            k += 1
-            return docs[(k - 1) % len(docs)]
+            def nxt():
+                nonlocal k
+                k += 1
+                return docs[(k - 1) % len(docs)]
 
-        for c in concurrency:
             res = {"large_prefill": [], "mapped": []}
             parts = []
             for r in range(repeats + 1):
@@ -247,11 +250,10 @@ def ttft_vllm(server: Server, prod, tokenizer, lens, concurrency, repeats: int, 
                     row["shm_bytes"] = prod.bytes_for(n - 1)
                     if parts:
                         row.update({k2: float(pd.Series([x[k2] for x in parts]).median()) for k2 in parts[0]})
-                rows.append(row)
+                yield row
             if log:
                 log(f"TTFT vLLM {n} tokens c={c}: large {st['large_prefill']:.0f} ms, mapped {st['mapped']:.0f} ms "
                     f"({st['large_prefill'] / st['mapped']:.2f}x), loaded >= {min(res.get('loaded', [0]))} tokens")
-    return rows
 
 
 def run_vllm(p: dict, models, mapper, mapper_path, seqs, run, base: dict, log=print) -> None:
