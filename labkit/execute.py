@@ -7,8 +7,10 @@ before a kernel starts or anything is written.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,8 @@ EXPERIMENTS = {
     "probe": Experiment("probe", "probe.ipynb", "labkit.bench.probe"),
     "quality": Experiment("quality", "quality.ipynb", "labkit.quality.experiment"),
     "pulse": Experiment("pulse", "pulse.ipynb", "labkit.bench.pulse_trace"),
+    "serve": Experiment("serve", "serve_sweep.ipynb", "labkit.serving.experiment"),
+    "xfer": Experiment("xfer", "xfer.ipynb", "labkit.xfer.experiment"),
 }
 
 
@@ -84,6 +88,35 @@ def rerender_notebook(exp: "Experiment", run_dir: str | Path) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def _sigint_to_kernels():
+    """Ctrl-C reaches only this process (a Jupyter kernel runs in a session of its own): pass it on to our
+    kernels, so the experiment's own clean-up runs there (servers stopped, run folder marked interrupted) and
+    the cell fails with KeyboardInterrupt. A second Ctrl-C interrupts this process as usual."""
+    import signal
+
+    import psutil
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    me = psutil.Process()
+
+    def forward(signum, frame):
+        signal.signal(signal.SIGINT, old)
+        for ch in me.children(recursive=True):
+            try:
+                if any("ipykernel" in a for a in ch.cmdline()):
+                    ch.send_signal(signal.SIGINT)
+            except psutil.Error:
+                pass
+
+    old = signal.signal(signal.SIGINT, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def run_notebook(experiment: str, params: dict, out_dir: str | Path | None = None, root: str | Path = "results",
                  log_output: bool = True, timeout: int | None = None) -> tuple[Path, Exception | None]:
     """Execute the experiment's notebook with `params` into a run folder; returns (folder, error or None).
@@ -112,6 +145,12 @@ def run_notebook(experiment: str, params: dict, out_dir: str | Path | None = Non
                             progress_bar=False, cwd=str(REPO), kernel_name="python3", execution_timeout=timeout,
                             stdout_file=sys.stdout if log_output else None, stderr_file=sys.stderr if log_output else None,
                             **KERNEL_ARGS)
+
+
+        with _sigint_to_kernels():
+            pm.execute_notebook(str(nb), str(out / exp.notebook), parameters=pm_params, log_output=False,
+                                progress_bar=False, cwd=str(REPO), kernel_name="python3", execution_timeout=timeout,
+                                stdout_file=sys.stdout if log_output else None, stderr_file=sys.stderr if log_output else None)
     except Exception as ex:     # PapermillExecutionError, dead kernel: keep what was measured
         error = ex
     try:

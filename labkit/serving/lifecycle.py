@@ -104,6 +104,7 @@ class VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.extra_env}
         # the server must import labkit (the launcher, the KV connector) from this tree
+        env["LABKIT_WATCH_PARENT"] = str(os.getpid())     # the launcher stops the group if we die
         env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         with open(self.log_path, "ab") as log:
             log.write(("$ " + " ".join(self.command) + "\n").encode())

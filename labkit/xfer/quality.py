@@ -1,0 +1,145 @@
+"""Quality of a mapped cache against the large model's own, in plain transformers (the reference).
+
+Protocol per held-out sequence (corpora's *eval* split; the mapper never saw it) of `prompt_len +
+cont_len` tokens, as a KV connector runs it: the cache covers the first `prompt_len - 1` tokens (an
+engine recomputes the prompt's last token itself), then the large model processes the last prompt token
+and the continuation:
+
+- **perplexity** of the real continuation (`cont_len` next-token predictions), teacher-forced on top
+  of the true cache and on top of each mode's cache; `ppl_ratio = ppl(mode) / ppl(true)`;
+- **top-1 agreement**: the large model greedily decodes `agree_tokens` tokens from the true cache
+  (reference); each mode's cache is teacher-forced on the reference tokens and we count the positions
+  whose argmax equals the reference token (a copied-only pair, or the true cache, gives 1.0);
+- **R² per layer** of the mapper's K (before RoPE) and V on the prompt tokens:
+  1 − Σ(y − ŷ)² / Σ(y − ȳ)², pooled over the eval sequences of a corpus.
+
+Rows are tidy dicts; `summarize` pools perplexities token-weighted per (corpus, mode).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from labkit.xfer.features import build_cache, cache_kv, call
+from labkit.xfer.transfer import MODES, Models, large_targets, mapped_kv, true_cache
+
+
+def eval_sequences(tokenizer, corpora, total_len: int, n: int):
+    from labkit.quality.corpora import sequences
+
+    return [(c, name, ids) for c in corpora for name, ids in sequences(tokenizer, c, total_len, n, split="eval")]
+
+
+@torch.no_grad()
+def _logits(large, block: torch.Tensor, kv) -> torch.Tensor:
+    cache = build_cache(large, [(k.clone(), v.clone()) for k, v in kv])
+    return call(large, block, cache)[0].logits[0].float()
+
+
+@torch.no_grad()
+def greedy(large, first: torch.Tensor, kv, steps: int) -> torch.Tensor:
+    """`steps` greedy tokens decoded one at a time after `first` [1, 1] on top of a copy of kv."""
+    cache = build_cache(large, [(k.clone(), v.clone()) for k, v in kv])
+    tok, out = first, []
+    for _ in range(steps):
+        logits = call(large, tok, cache)[0].logits[0, -1]
+        tok = logits.argmax().view(1, 1)
+        out.append(int(tok))
+    return torch.tensor(out, dtype=torch.long)
+
+
+def _kv_list(cache, layers: int):
+    return [cache_kv(cache, i) for i in range(layers)]
+
+
+@torch.no_grad()
+def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree_tokens: int = 32,
+             modes=MODES, on_row=None, log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per sequence x mode rows, per corpus x layer R² rows)."""
+    large, pair = models.large, models.pair
+    L = pair.large.layers
+    rows, r2acc = [], {}
+    for corpus, name, ids in seqs:
+        ids = ids.view(1, -1)
+        ctx = ids[:, : prompt_len - 1]
+        block = ids[:, prompt_len - 1: prompt_len + cont_len]
+        t0 = time.perf_counter()
+        tc = true_cache(large, ctx)
+        t_true = time.perf_counter() - t0
+        true_kv = _kv_list(tc, L)
+        logits = _logits(large, block, true_kv)
+        nll_true = float(F.cross_entropy(logits[:-1], block[0, 1:], reduction="sum"))
+        ref = greedy(large, block[:, :1], true_kv, agree_tokens)
+        forced = torch.cat([block[:, :1], ref[:-1].view(1, -1)], dim=1)
+        base = {"corpus": corpus, "document": name, "prompt_len": prompt_len, "cont_len": cont_len,
+                "n_tokens": cont_len, "agree_tokens": agree_tokens}
+
+        def score(kv):
+            lg = _logits(large, block, kv)
+            nll = float(F.cross_entropy(lg[:-1], block[0, 1:], reduction="sum"))
+            agree = float((_logits(large, forced, kv).argmax(-1) == ref).float().mean())
+            return nll, agree
+
+        nll_t, agree_t = score(true_kv)
+        row = dict(base, mode="true", nll_sum=nll_true, ppl=math.exp(nll_true / cont_len), ppl_true=math.exp(nll_true / cont_len),
+                   ppl_ratio=1.0, top1_agree=agree_t, prefill_s=t_true)
+        rows.append(row)
+        if on_row:
+            on_row(row)
+        targets = None
+        if mapper is not None:
+            targets = large_targets(large, tc, pair.table.mapped_layers, mapper.rope)
+        for mode in modes:
+            if mode == "mapped" and mapper is None:
+                continue
+            tm = {}
+            kv = mapped_kv(models, mapper, ctx, mode, timings=tm)
+            nll, agree = score(kv)
+            row = dict(base, mode=mode, nll_sum=nll, ppl=math.exp(nll / cont_len), ppl_true=math.exp(nll_true / cont_len),
+                       ppl_ratio=math.exp((nll - nll_true) / cont_len), top1_agree=agree,
+                       prefill_s=tm["small_prefill_s"], mapping_s=tm["mapping_s"])
+            rows.append(row)
+            if on_row:
+                on_row(row)
+            if log:
+                log(f"{corpus}/{name} {mode}: ppl {row['ppl']:.3f} (true {row['ppl_true']:.3f}) ratio "
+                    f"{row['ppl_ratio']:.4f} top1 {agree:.3f}")
+            if mode == "mapped" and targets is not None:
+                w = pair.large.kv_heads * pair.large.head_dim
+                T = ctx.shape[1]
+                for l_ in pair.table.mapped_layers:
+                    k, v = kv[l_]
+                    if mapper.rope == "pre":
+                        from labkit.xfer.features import rope_cos_sin, unrotate
+                        cos, sin = rope_cos_sin(large, T)
+                        k = unrotate(k.float(), cos, sin)
+                    pk = k[0].float().transpose(0, 1).reshape(T, w)
+                    pv = v[0].float().transpose(0, 1).reshape(T, w)
+                    for part, pred, y in (("K", pk, targets[l_][0]), ("V", pv, targets[l_][1])):
+                        a = r2acc.setdefault((corpus, l_, part), [0.0, 0.0, 0.0, 0])
+                        a[0] += float(((y - pred) ** 2).sum())
+                        a[1] += float((y.double() ** 2).sum())
+                        a[2] = a[2] + y.double().sum(0) if isinstance(a[2], torch.Tensor) else y.double().sum(0)
+                        a[3] += T
+    r2rows = []
+    for (corpus, l_, part), (sse, yy, ys, n) in sorted(r2acc.items()):
+        sst = yy - float((ys * ys).sum()) / n
+        r2rows.append({"corpus": corpus, "layer": l_, "part": part, "r2": 1 - sse / sst, "sse": sse, "sst": sst,
+                       "tokens": n})
+    return pd.DataFrame(rows), pd.DataFrame(r2rows)
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (corpus, mode): token-weighted ppl, its ratio to the true cache, mean top-1 agreement."""
+    g = df.groupby(["corpus", "mode"], as_index=False).agg(nll_sum=("nll_sum", "sum"), n_tokens=("n_tokens", "sum"),
+                                                           top1_agree=("top1_agree", "mean"),
+                                                           n_sequences=("document", "nunique"))
+    g["ppl"] = (g["nll_sum"] / g["n_tokens"]).map(math.exp)
+    true = g[g["mode"] == "true"].set_index("corpus")["ppl"]
+    g["ppl_ratio"] = g["ppl"] / g["corpus"].map(true)
+    return g

