@@ -18,7 +18,8 @@ PCTS = (50, 90, 99)
 
 def per_request(rec: dict) -> dict:
     """TTFT, TPOT, E2EL (s) and ITLs of one successful record."""
-    tt = list(rec.get("token_times") or [])
+    tt = rec.get("token_times")
+    tt = [] if tt is None else list(tt)        # a list, or a numpy array when read back from parquet
     ttft, e2el, n = rec.get("ttft_s"), rec.get("e2el_s"), int(rec.get("output_len") or 0)
     tpot = (e2el - ttft) / (n - 1) if n > 1 and ttft is not None else None
     itl = np.diff(tt).tolist() if len(tt) > 1 else []
@@ -69,3 +70,14 @@ def summarize(records: list[dict], slo_ttft_ms: float | None = None, slo_tpot_ms
     else:
         out["good_requests"] = out["goodput"] = None
     return out
+
+
+def goodput_grid(records: list[dict], ttft_slos_ms: list[float], tpot_slos_ms: list[float]) -> "pd.DataFrame":
+    """Goodput (requests/s meeting both SLOs) over a grid of TTFT x TPOT SLOs, for choosing an SLO after the fact."""
+    import pandas as pd
+    rows = []
+    for a in ttft_slos_ms:
+        for b in tpot_slos_ms:
+            s = summarize(records, a, b)
+            rows.append({"slo_ttft_ms": a, "slo_tpot_ms": b, "good_requests": s["good_requests"], "goodput": s["goodput"]})
+    return pd.DataFrame(rows)
