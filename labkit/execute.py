@@ -141,16 +141,11 @@ def run_notebook(experiment: str, params: dict, out_dir: str | Path | None = Non
     os.environ["LABKIT_PLAIN_PROGRESS"] = "1"
     error = None
     try:
-        pm.execute_notebook(str(nb), str(out / exp.notebook), parameters=pm_params, log_output=False,
-                            progress_bar=False, cwd=str(REPO), kernel_name="python3", execution_timeout=timeout,
-                            stdout_file=sys.stdout if log_output else None, stderr_file=sys.stderr if log_output else None,
-                            **KERNEL_ARGS)
-
-
         with _sigint_to_kernels():
             pm.execute_notebook(str(nb), str(out / exp.notebook), parameters=pm_params, log_output=False,
                                 progress_bar=False, cwd=str(REPO), kernel_name="python3", execution_timeout=timeout,
-                                stdout_file=sys.stdout if log_output else None, stderr_file=sys.stderr if log_output else None)
+                                stdout_file=sys.stdout if log_output else None, stderr_file=sys.stderr if log_output else None,
+                                **KERNEL_ARGS)
     except Exception as ex:     # PapermillExecutionError, dead kernel: keep what was measured
         error = ex
     try:
