@@ -60,3 +60,64 @@ def test_measured_block_costs_cover_every_block():
     costs = measure_block_costs(Engine(model, cache, get_strategy("host_gather"), 32), steps=3)
     assert len(costs) == TINY.layers and all(c > 0 for c in costs)
     assert place_layers(costs, 2)[-1][1] == TINY.layers
+
+
+def test_micro_batch_ranges_cover_the_batch():
+    from labkit.engine.pipeline import micro_batch_ranges
+    assert micro_batch_ranges(5, 2) == [(0, 3), (3, 2)]
+    assert micro_batch_ranges(2, 4) == [(0, 1), (1, 1)]          # never more micro-batches than requests
+    assert micro_batch_ranges(4, 1) == [(0, 4)]
+    with pytest.raises(ValueError):
+        micro_batch_ranges(0, 1)
+
+
+@pytest.mark.parametrize("strategy", ["zero_copy", "resident"])
+def test_micro_batches_give_each_request_its_own_decode(strategy):
+    """Three requests of different lengths as two micro-batches over two stages: every request's logits,
+    step after step, equal a one-device run of the whole batch (token for token), and the bytes moved
+    per step are the same."""
+    toks = [torch.randint(0, TINY.vocab, (n,), generator=torch.Generator().manual_seed(n)) for n in (90, 150, 60)]
+    st = get_strategy(strategy)
+    ref_model = HybridModel(TINY, "cpu", seed=3)
+    e = Engine(ref_model, OffloadCache.allocate(ref_model, st.medium, 3, 256, 16), st, 32)
+    for s, t in enumerate(toks):
+        e.prefill(s, t)
+    r = e.decoder(3)
+    model = HybridModel(TINY, "cpu", seed=3)
+    stages = split_model(model, place_layers(model_block_costs(model, 32), 2), ["cpu", "cpu"])
+    pipe = PipelineEngine(stages, strategy, 32, n_slots=3, capacity=256, page_size=16)
+    for s, t in enumerate(toks):
+        pipe.prefill(s, t)
+    pr = pipe.decoder(3, micro_batches=2)
+    assert [len(row) for row in pr.grid] == [2, 2] and [row[0].state.batch for row in pr.grid] == [2, 1]
+    for row in pr.grid:            # the same first tokens (a runner draws them per batch size)
+        row[0].state.tokens.copy_(r.state.tokens[row[0].state.span])
+    for _ in range(4):
+        r.step()
+        pr.step()
+        got = pr.logits()
+        assert torch.equal(got.argmax(-1), r.state.logits.argmax(-1))
+        assert torch.equal(got, r.state.logits)
+    assert pr.h2d_bytes_per_step == r.h2d_bytes_per_step
+    assert sum(pr.stage_h2d_bytes_per_step()) == pr.h2d_bytes_per_step
+    # the stages' caches advanced each micro-batch's slots once per step, like the one-device run
+    for eng in pipe.engines:
+        assert torch.equal(eng.cache.lens[:3].cpu(), e.cache.lens[:3].cpu())
+
+
+def test_timeline_of_stages_taking_turns_has_bubbles():
+    """On a CPU the stages run one after another: each sits idle while the other works, so the idle
+    share of two stages is at least half the step (a pipelined GPU run shows less; test_gpu_multi)."""
+    from labkit.engine.pipeline import bubbles
+    model = HybridModel(TINY, "cpu", seed=1)
+    stages = split_model(model, place_layers(model_block_costs(model, 32), 2), ["cpu", "cpu"])
+    pipe = PipelineEngine(stages, "zero_copy", 32, n_slots=2, capacity=512, page_size=16)
+    pipe.fill_random_([300, 200])
+    pr = pipe.decoder(2, micro_batches=2)
+    pr.prepare(1)
+    spans = pr.timeline(steps=3)
+    assert len(spans) == 3 * 2 * 2 and all(s["end_ms"] >= s["start_ms"] for s in spans)
+    b = bubbles(spans)
+    assert b["cycle_ms"] > 0
+    assert b["busy_ms_stage0"] + b["busy_ms_stage1"] <= b["cycle_ms"] * 1.05
+    assert b["bubble_share"] >= 0.45

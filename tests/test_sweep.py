@@ -117,3 +117,22 @@ def test_sweep_with_layers_split_over_devices(tmp_path):
     a = one[one["experiment"] == "decode"].set_index(key)["h2d_bytes_per_step"]
     b = dec.set_index(key)["h2d_bytes_per_step"]
     assert a.sort_index().equals(b.sort_index())
+
+
+def test_sweep_pipelines_micro_batches_over_split_layers(tmp_path):
+    """`micro_batches=1,2` over `device=cpu,cpu`: each point of the main table once per micro-batch count,
+    the same bytes either way, each stage's engine-counted bytes beside the total, and the timeline's
+    overlap columns for every split point."""
+    small = {**SMALL, "concurrency": "1,2", "budgets": "64", "prefill_lens": "", "strategies": "zero_copy,resident",
+             "micro_batches": "1,2"}
+    m = load_run(decode.run_sweep({**small, "device": "cpu,cpu", "out_dir": str(tmp_path / "two")},
+                                  progress_bar=False).path).metrics
+    assert (m["status"] == "ok").all(), m[m["status"] != "ok"]["error"].tolist()
+    d = m[m["experiment"] == "decode"]
+    assert set(d[d.concurrency == 1].micro_batches) == {1}          # one request cannot be split
+    assert set(d[d.concurrency == 2].micro_batches) == {1, 2}
+    assert (d.h2d_bytes_per_step_stage0 + d.h2d_bytes_per_step_stage1 == d.h2d_bytes_per_step).all()
+    by = d[d.concurrency == 2].set_index(["strategy", "context_len", "micro_batches"]).h2d_bytes_per_step.unstack()
+    assert (by[1] == by[2]).all()
+    assert d.bubble_share.between(0, 1).all() and (d.cycle_ms > 0).all()
+    assert d[d.micro_batches == 2].anat_closure.isna().all()        # no phase anatomy of overlapped work

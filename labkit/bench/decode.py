@@ -24,7 +24,8 @@ import torch
 
 from ..engine import Engine, HybridModel, OffloadCache, get_strategy
 from ..engine.cache import build_on_devices
-from ..engine.pipeline import PipelineRunner, model_block_costs, place_layers, split_model, staged_prefill
+from ..engine.pipeline import (PipelineRunner, bubbles, device_guard, micro_batch_ranges, model_block_costs,
+                               place_layers, split_model, staged_prefill)
 from ..engine.transfer import SETTINGS, STRATEGIES
 from ..results import Run
 from ..shapes import ModelShape
@@ -43,6 +44,8 @@ SPEC = [
     Param("context_lens", "list[int]", "auto", "context lengths (tokens; 8K, 1M accepted)"),
     Param("budgets", "list[int]", "auto", "indexer budgets; the first is the main table's"),
     Param("concurrency", "list[int]", [1, 4], "concurrent requests per decode step"),
+    Param("micro_batches", "list[int]", [1], "split each batch into this many micro-batches, pipelined over "
+          "the devices of a layer split (1: the stages take turns); main table only"),
     Param("repeats", "int", 5, "timed repeats of `steps` steps"),
     Param("steps", "int", 20, "decode steps per repeat"),
     Param("prefill_lens", "list[int]", "auto", "prompt lengths for the prefill measurement (empty: none)"),
@@ -77,6 +80,7 @@ class Point:
     budget: int
     strategy: str
     axis: str            # "context" (the main table) or "budget" (the budget axis)
+    micro_batches: int = 1   # the batch in this many micro-batches, pipelined over the stages
 
 
 @dataclass(frozen=True)
@@ -126,8 +130,10 @@ def plan(given: dict) -> DecodePlan:
         raise BadInput(f"unknown strategy {unknown[0] if unknown else '(none)'}: choose from {', '.join(STRATEGIES)}")
     if not p["context_lens"] or not p["budgets"] or not p["concurrency"]:
         raise BadInput("context_lens, budgets and concurrency need at least one value each")
-    for name in ("budgets", "context_lens", "concurrency"):
+    for name in ("budgets", "context_lens", "concurrency", "micro_batches"):
         check_positive(name, p[name])
+    if not p["micro_batches"]:
+        p["micro_batches"] = [1]
     for name in ("repeats", "steps", "gather_rows_per_prog", "gather_num_warps"):
         check_positive(name, [p[name]])
     check_positive("prefill_lens", p["prefill_lens"] or [1])
@@ -172,8 +178,9 @@ def _points(p: dict) -> list[Point]:
     """The grid, in the order it runs: grouped by concurrency (one cache allocation per group)."""
     out = []
     for c in p["concurrency"]:
+        mbs = sorted({min(m, c) for m in p["micro_batches"]})     # never more micro-batches than requests
         for ctx in sorted(set(p["context_lens"])):
-            out += [Point(c, ctx, p["budgets"][0], s, "context") for s in p["strategies"]]
+            out += [Point(c, ctx, p["budgets"][0], s, "context", m) for m in mbs for s in p["strategies"]]
         if c == p["concurrency"][0]:
             for b in p["budgets"][1:]:
                 out += [Point(c, p["budget_context"], b, s, "budget") for s in p["strategies"]]
@@ -283,14 +290,20 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     conc, ctx = pt.concurrency, pt.context_len
     strat = get_strategy(pt.strategy, **pl.settings)
     stage_caches = caches.get(strat.medium, conc, ctx)
-    runners, first_attn = [], 0
-    for stage, cache in zip(stages, stage_caches):
+    for cache in stage_caches:
         cache.lens[:conc] = ctx
-        engine = Engine(stage, cache, get_strategy(pt.strategy, **pl.settings), pt.budget)
-        tr = None if trace is None else trace[:, first_attn:first_attn + stage.n_attn]
-        first_attn += stage.n_attn
-        runners.append(engine.decoder(conc, trace=tr, max_steps=pl.margin))
-    runner = runners[0] if len(runners) == 1 else PipelineRunner(runners)
+    grid = []
+    for first, size in micro_batch_ranges(conc, pt.micro_batches):
+        row, first_attn = [], 0
+        for stage, cache in zip(stages, stage_caches):
+            engine = Engine(stage, cache, get_strategy(pt.strategy, **pl.settings), pt.budget)
+            tr = None if trace is None else trace[:, first_attn:first_attn + stage.n_attn]
+            first_attn += stage.n_attn
+            with device_guard(stage.device):
+                row.append(engine.decoder(size, trace=tr, max_steps=pl.margin, first=first))
+        grid.append(row)
+    runners = [r for row in grid for r in row]
+    runner = runners[0] if len(runners) == 1 else PipelineRunner(grid)
     per_row = strat.name == "per_row"
     steps, repeats = (p["per_row_steps"], 1) if per_row else (p["steps"], p["repeats"])
     runner.prepare(warmup=1 if per_row else 2)
@@ -351,7 +364,12 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     for i, (a_rx, a_tx) in enumerate(per_gpu):        # each link's bytes when several GPUs are sampled
         rec[f"nvml_rx_bytes_per_step_gpu{i}"] = a_rx / n
         rec[f"nvml_tx_bytes_per_step_gpu{i}"] = a_tx / n
-    if p["anatomy"] and not per_row:
+    if isinstance(runner, PipelineRunner):
+        # each stage's engine-counted link bytes (beside its GPU's NVML RX), and the overlap of a step
+        for i, b in enumerate(runner.stage_h2d_bytes_per_step()):
+            rec[f"h2d_bytes_per_step_stage{i}"] = b
+        rec.update(bubbles(runner.timeline(steps=4)))
+    if p["anatomy"] and not per_row and pt.micro_batches == 1:   # phases of overlapped micro-batches do not add up
         anat = runner.anatomy(repeats=ANATOMY_STEPS)
         phases = {k: v for k, v in anat.items() if k not in ("marked_step_ms", "mark_us", "n_marks")}
         rec.update({f"anat_{k}_ms": v for k, v in phases.items()})

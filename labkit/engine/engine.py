@@ -120,11 +120,11 @@ class Engine:
 
     # ------------------------------------------------------------------ decode
     def decode_segments(self, st, boundaries: bool = False):
-        """One decode step for slots [0, B) of a `runner.DecodeState`: yields a LoadRequest at each QSA
+        """One decode step for the slots of a `runner.DecodeState` (`st.span`): yields a LoadRequest at each QSA
         layer; with `boundaries`, also a `BlockDone` after each block (where a two-batch scheduler,
         `switching.py`, may hand the GPU to the other batch)."""
         m, c = self.model, self.cache
-        pos = c.lens[:st.batch].clone()
+        pos = c.lens[st.span].clone()
         io = _DecodeIO(self, st, pos)
         x = m.embed[st.tokens] if m.embed is not None else st.x_in
         for i, (blk, ki) in enumerate(zip(m.blocks, m.kind_index)):
@@ -138,16 +138,16 @@ class Engine:
             logits = m.norm(x) @ m.lm_head
             st.logits.copy_(logits)
             st.tokens.copy_(logits.argmax(-1))
-        c.lens[:st.batch] += 1
+        c.lens[st.span] += 1
         if st.trace is not None:
             st.trace_step.copy_((st.trace_step + 1) % st.trace.shape[0])
         st.mark("end")
 
     def decoder(self, batch: int, graphs: bool | None = None, trace: torch.Tensor | None = None,
-                max_steps: int = 1024):
-        """A runner for slots [0, batch) as they are now; it may take up to `max_steps` steps."""
+                max_steps: int = 1024, first: int = 0):
+        """A runner for slots [first, first + batch) as they are now; it may take up to `max_steps` steps."""
         from .runner import DecodeRunner
-        return DecodeRunner(self, batch, graphs, trace, max_steps)
+        return DecodeRunner(self, batch, graphs, trace, max_steps, first)
 
 
 def _run(gen):
@@ -199,20 +199,21 @@ class _DecodeIO:
         self.lens = pos + 1
 
     def deltanet(self, blk, ki, x):
-        c, B, f = self.e.cache, self.st.batch, self.fns
-        q, k, v, log_a, beta, z = f.dn_pre(blk, x, c.dn_conv[ki, :B])
-        o = delta_step(c.dn_state[ki, :B], q, k, v, log_a, beta)      # one kernel on CUDA
+        c, sp, f = self.e.cache, self.st.span, self.fns
+        q, k, v, log_a, beta, z = f.dn_pre(blk, x, c.dn_conv[ki, sp])
+        o = delta_step(c.dn_state[ki, sp], q, k, v, log_a, beta)      # one kernel on CUDA
         return f.dn_post(blk, x, o, z)
 
     def attend(self, ki, q, iq, iw, pos):
         e, st, c, mark = self.e, self.st, self.e.cache, self.mark
         B, k, W = st.batch, st.k, st.window
         mark("index_score")
-        scores = index_scores(iq, iw, c.index.keys[ki, :B, :W], c.index.scales[ki, :B, :W], self.lens)
+        sp = st.span
+        scores = index_scores(iq, iw, c.index.keys[ki, sp, :W], c.index.scales[ki, sp, :W], self.lens)
         mark("selection")
         rows = st.rows_buf[ki].view(B, k)
         sel, valid = select_topk(scores, k, out=(st.last_sel[ki], st.last_valid[ki]),
-                                 pages=(rows, c.pages.table, c.pages.page_size))
+                                 pages=(rows, c.pages.table[sp], c.pages.page_size))
         if st.trace is not None:   # replay recorded selections (scaled to this context)
             mark("other")
             # index_select with the step as a 1-element device tensor: plain indexing would .item() (a sync)

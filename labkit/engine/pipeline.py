@@ -14,14 +14,16 @@ thread runs. Placement balances measured per-block cost (`measure_block_costs`),
 Every launch of a stage (prefill, warm-up, graph capture, replay, anatomy) runs under `device_guard`
 of its device: Triton launches on the *current* device, whatever device its tensors are on.
 
-Not here yet: pipelining concurrent requests across stages (micro-batches in flight on different
-stages at once); a step runs the stages one after another.
+Pipelining across requests: `decoder(batch, micro_batches=M)` splits the batch into M micro-batches
+whose chains run on the stages at once (`PipelineRunner`); `timeline` and `bubbles` say how much of a
+step each stage sat idle.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import statistics
+import time
 
 import torch
 from torch import nn
@@ -128,11 +130,11 @@ def staged_prefill(engines: list[Engine], slot: int, tokens: torch.Tensor) -> to
 
 class PipelineEngine:
     def __init__(self, stages: list[StageModel], strategy: str, budget: int, n_slots: int, capacity: int,
-                 page_size: int = 256, compile: bool | None = None):
-        self.stages = stages
+                 page_size: int = 256, compile: bool | None = None, **settings):
+        self.stages, self.strategy, self.settings = stages, strategy, settings
 
         def build(stage: StageModel) -> Engine:
-            st = get_strategy(strategy)
+            st = get_strategy(strategy, **settings)
             cache = OffloadCache.allocate(stage, st.medium, n_slots, capacity, page_size)
             return Engine(stage, cache, st, budget, compile=compile)
 
@@ -141,24 +143,83 @@ class PipelineEngine:
     def prefill(self, slot: int, tokens: torch.Tensor) -> torch.Tensor:
         return staged_prefill(self.engines, slot, tokens)
 
-    def decoder(self, batch: int, graphs: bool | None = None, max_steps: int = 1024) -> "PipelineRunner":
-        return PipelineRunner([e.decoder(batch, graphs=graphs, max_steps=max_steps) for e in self.engines])
+    def decoder(self, batch: int, graphs: bool | None = None, max_steps: int = 1024,
+                micro_batches: int = 1) -> "PipelineRunner":
+        """Slots [0, batch) as `micro_batches` neighbouring ranges, each with its own runner per stage
+        (its own strategy instance: strategies that keep per-batch state bind once per runner)."""
+        grid = []
+        for first, size in micro_batch_ranges(batch, micro_batches):
+            row = []
+            for e in self.engines:
+                mine = copy.copy(e)
+                mine.strategy = get_strategy(self.strategy, **self.settings)
+                with device_guard(e.model.device):
+                    row.append(mine.decoder(size, graphs=graphs, max_steps=max_steps, first=first))
+            grid.append(row)
+        return PipelineRunner(grid)
 
     def fill_random_(self, context_lens: list[int], seed: int = 0) -> None:
         for e in self.engines:
             e.cache.fill_random_(context_lens, seed)
 
 
-class PipelineRunner:
-    """One decode step = each stage's step in turn, activations copied to the next device in between,
-    the sampled tokens copied from the last stage back to the first."""
+def micro_batch_ranges(batch: int, micro_batches: int) -> list[tuple[int, int]]:
+    """(first slot, size) of each micro-batch: `batch` requests in `micro_batches` near-equal ranges
+    (never more micro-batches than requests)."""
+    if batch < 1 or micro_batches < 1:
+        raise ValueError(f"batch and micro_batches must be >= 1, got {batch}, {micro_batches}")
+    m = min(batch, micro_batches)
+    sizes = [batch // m + (i < batch % m) for i in range(m)]
+    return [(sum(sizes[:i]), n) for i, n in enumerate(sizes)]
 
-    def __init__(self, runners):
-        self.runners = runners
+
+class PipelineRunner:
+    """Decode steps of a batch split over stages (devices) and micro-batches.
+
+    `grid[m][k]` is the runner of micro-batch m on stage k. Each micro-batch is a chain: stage k's
+    activations go to stage k+1, the last stage's sampled tokens back to stage 0 for the next step. On
+    CUDA every stage has a compute stream and a hand-off stream, and the chain is kept by events only:
+    the host issues (m, k) for all m and k without waiting, so while stage k+1 works on micro-batch m,
+    stage k already works on micro-batch m+1 -- with two or more micro-batches both GPUs and both PCIe
+    links are busy at once. Hand-offs are device-to-device copies (peer to peer: NVLink where present).
+    One micro-batch is the plain layer split: the stages take turns.
+
+    Pipelining pays where a step's per-request work (rows over each stage's own link, attention)
+    dominates; weight reads do not shrink: every micro-batch re-reads its stage's weights.
+    Only whole-step graphs (device-only strategies) overlap fully: a host strategy's loads run on the
+    issuing thread between graph pieces and serialise the issue.
+    """
+
+    def __init__(self, grid):
+        if grid and not isinstance(grid[0], (list, tuple)):
+            grid = [list(grid)]               # one micro-batch: a list of stage runners
+        self.grid = [list(row) for row in grid]
+        self.runners = [r for row in self.grid for r in row]
+        self.devices = [r.engine.model.device for r in self.grid[0]]
+        self.cuda = self.devices[0].type == "cuda"
+        M, N = len(self.grid), len(self.devices)
+        if self.cuda:
+            def on(k, make):
+                with torch.cuda.device(self.devices[k]):
+                    return make()
+            self.compute = [on(k, torch.cuda.Stream) for k in range(N)]
+            self.handoff = [on(k, torch.cuda.Stream) for k in range(N)]
+            self.done = [[on(k, torch.cuda.Event) for k in range(N)] for _ in range(M)]
+            self.ready = [[on(k, torch.cuda.Event) for k in range(N)] for _ in range(M)]
+        self._spans = None          # set by `timeline`: (start, end) timing events per (m, k)
+
+    @property
+    def micro_batches(self) -> int:
+        return len(self.grid)
 
     @property
     def state(self):
-        return self.runners[-1].state
+        """The last stage's state of a single micro-batch (logits, tokens)."""
+        return self.grid[0][-1].state
+
+    def logits(self) -> torch.Tensor:
+        """Every request's logits of the last step, in slot order (on the last stage's device)."""
+        return torch.cat([row[-1].state.logits for row in self.grid])
 
     @property
     def h2d_bytes_per_step(self) -> int:
@@ -168,12 +229,17 @@ class PipelineRunner:
     def rows_per_step(self) -> int:
         return sum(r.rows_per_step for r in self.runners)
 
+    def stage_h2d_bytes_per_step(self) -> list[int]:
+        """Engine-counted bytes over each stage's link (its GPU's PCIe RX counter is the check)."""
+        return [sum(row[k].h2d_bytes_per_step for row in self.grid) for k in range(len(self.devices))]
+
     @property
     def graph_mode(self) -> str:
         return self.runners[0].graph_mode
 
     def anatomy(self, repeats: int = 5) -> dict[str, float]:
-        """Per phase, summed over the stages (a step runs them one after another)."""
+        """Per phase, summed over the stages and micro-batches run one after another (so it describes
+        the work of a step, not its overlap: with several micro-batches compare with `timeline`)."""
         total: dict[str, float] = {}
         for r in self.runners:
             with device_guard(r.engine.model.device):
@@ -186,16 +252,137 @@ class PipelineRunner:
         for r in self.runners:
             with device_guard(r.engine.model.device):
                 r.prepare(warmup)
+        if self.cuda:
+            for d in self.devices:
+                torch.cuda.synchronize(d)
 
     @torch.inference_mode()
     def step(self) -> None:
-        rs = self.runners
-        for i, r in enumerate(rs):
-            with device_guard(r.engine.model.device):     # every launch of a stage on its own GPU
-                if i > 0:
-                    r.state.x_in.copy_(rs[i - 1].state.x_out, non_blocking=True)
+        if not self.cuda:
+            for row in self.grid:
+                for k, r in enumerate(row):
+                    if k > 0:
+                        r.state.x_in.copy_(row[k - 1].state.x_out)
+                    r.step()
+                if len(row) > 1:
+                    row[0].state.tokens.copy_(row[-1].state.tokens)
+            return
+        N = len(self.devices)
+        for m, row in enumerate(self.grid):
+            for k, r in enumerate(row):
+                with torch.cuda.stream(self.compute[k]):        # also makes stage k's device current
+                    self.compute[k].wait_event(self.ready[m][k])
+                    if self._spans is not None:
+                        self._spans[m][k][0].record()
+                    r.step()
+                    if self._spans is not None:
+                        self._spans[m][k][1].record()
+                    self.done[m][k].record()
+                if N > 1:
+                    nxt = (k + 1) % N
+                    src = r.state.x_out if nxt else r.state.tokens
+                    dst = row[nxt].state.x_in if nxt else row[0].state.tokens
+                    self._hand_off(m, k, nxt, src, dst)
+        # The caller's stream (timing events, synchronize) sees the step end when every chain has.
+        cur = torch.cuda.current_stream(self.devices[0])
+        for m in range(len(self.grid)):
+            cur.wait_event(self.done[m][N - 1])
+
+    def _hand_off(self, m: int, k: int, nxt: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """src (stage k) -> dst (stage nxt) once (m, k) is done, on the hand-off streams: torch's
+        cross-device copy fences the *current* streams of both devices, and those are the hand-off
+        streams here, so neither compute stream is held up by the other's work."""
+        hs, hd = self.handoff[k], self.handoff[nxt]
+        with torch.cuda.stream(hs):
+            hs.wait_event(self.done[m][k])
+            with torch.cuda.stream(hd):
+                dst.copy_(src, non_blocking=True)
+                self.ready[m][nxt].record(hd)
+
+    @torch.inference_mode()
+    def timeline(self, steps: int = 3) -> list[dict]:
+        """Run `steps` steps with a timing event at each (micro-batch, stage) start and end; returns one
+        row per span: step, micro_batch, stage, device, start_ms, end_ms (from a common origin: every
+        device's idle stream records an origin event right after a synchronize, µs apart)."""
+        M, N = len(self.grid), len(self.devices)
+        rows, mk = [], (lambda k: self._event(k))
+        for d in self.devices:
+            if self.cuda:
+                torch.cuda.synchronize(d)
+        origin = [self._event(k) for k in range(N)]
+        for k in range(N):
+            self._record(origin[k], k)
+        for s in range(steps):
+            if self.cuda:
+                self._spans = [[(mk(k), mk(k)) for k in range(N)] for _ in range(M)]
+                self.step()
+                spans, self._spans = self._spans, None
+            else:
+                spans = self._cpu_spans()
+            for m in range(M):
+                for k in range(N):
+                    a, b = spans[m][k]
+                    rows.append(dict(step=s, micro_batch=m, stage=k, device=str(self.devices[k]),
+                                     start_ms=self._since(origin[k], a), end_ms=self._since(origin[k], b)))
+        return rows
+
+    def _event(self, k: int):
+        if not self.cuda:
+            return None
+        with torch.cuda.device(self.devices[k]):
+            return torch.cuda.Event(enable_timing=True)
+
+    def _record(self, ev, k: int) -> None:
+        if self.cuda:
+            with torch.cuda.device(self.devices[k]):
+                ev.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def _since(self, origin, ev) -> float:
+        if self.cuda:
+            ev.synchronize()
+            return origin.elapsed_time(ev)
+        return (ev - self._t0) * 1e3
+
+    def _cpu_spans(self):
+        """The CPU step, timed per (micro-batch, stage): wall clock, the stages take turns."""
+        out = []
+        for row in self.grid:
+            spans = []
+            for k, r in enumerate(row):
+                if k > 0:
+                    r.state.x_in.copy_(row[k - 1].state.x_out)
+                t0 = time.perf_counter()
                 r.step()
-        rs[0].state.tokens.copy_(rs[-1].state.tokens, non_blocking=True)
+                spans.append((t0, time.perf_counter()))
+            if len(row) > 1:
+                row[0].state.tokens.copy_(row[-1].state.tokens)
+            out.append(spans)
+        return out
+
+
+def bubbles(spans: list[dict]) -> dict:
+    """Per step of a `timeline`: the cycle (the step's last end less its first start) and, per stage,
+    the share of it the stage sat idle. Returns medians over the steps after the first (its start has
+    no step before it to overlap)."""
+    import pandas as pd
+    df = pd.DataFrame(spans)
+    later = df[df.step > df.step.min()] if df.step.nunique() > 1 else df
+    out, cycles = {}, []
+    for s, g in later.groupby("step"):
+        cycles.append(g.end_ms.max() - g[g.stage == 0].start_ms.min())
+    # the steady-state cycle: the interval between consecutive steps' ends
+    ends = df.groupby("step").end_ms.max().sort_index().to_numpy()
+    cycle = float(statistics.median(ends[1:] - ends[:-1])) if len(ends) > 1 else float(cycles[0])
+    out["cycle_ms"] = cycle
+    for k, g in later.groupby("stage"):
+        busy = (g.end_ms - g.start_ms).groupby(g.step).sum().median()
+        out[f"busy_ms_stage{k}"] = float(busy)
+        out[f"bubble_ms_stage{k}"] = max(0.0, cycle - float(busy))
+    n = df.stage.nunique()
+    out["bubble_share"] = sum(out[f"bubble_ms_stage{k}"] for k in range(n)) / (n * cycle) if cycle > 0 else 0.0
+    return out
 
 
 def device_guard(device: torch.device):

@@ -34,18 +34,22 @@ PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attent
 class DecodeState:
     """Static buffers of one decode batch (fixed addresses so CUDA graphs can replay them)."""
 
-    def __init__(self, engine: Engine, batch: int, trace: torch.Tensor | None, max_steps: int = 1024):
+    def __init__(self, engine: Engine, batch: int, trace: torch.Tensor | None, max_steps: int = 1024,
+                 first: int = 0):
         c, s, dev = engine.cache, engine.model.shape, engine.model.device
-        if batch > c.n_slots:
-            raise ValueError(f"batch {batch} exceeds the cache's {c.n_slots} slots")
+        if first < 0 or first + batch > c.n_slots:
+            raise ValueError(f"slots [{first}, {first + batch}) exceed the cache's {c.n_slots} slots")
         self.batch = batch
+        # The batch's cache slots: a contiguous range, so per-slot state is a view (micro-batches of a
+        # pipeline are neighbouring ranges of one cache).
+        self.span = slice(first, first + batch)
         # The indexer scores positions [0, window): the batch's longest request now plus the steps this
         # runner may take, not the whole cache capacity (a 1M-token cache would cost every step a
         # 1M-position scan even at 8K of context). Read once here: no sync inside a step.
-        longest = int(c.lens[:batch].max())
+        longest = int(c.lens[self.span].max())
         self.window = min(c.capacity, longest + max_steps)
         self.k = min(engine.budget, self.window)
-        self.slots = torch.arange(batch, device=dev)
+        self.slots = torch.arange(first, first + batch, device=dev)
         self.tokens = torch.randint(0, s.vocab, (batch,), generator=torch.Generator().manual_seed(batch)).to(dev)
         self.staging = torch.empty((batch * self.k, c.row_words()), dtype=torch.int64, device=dev)
         n_attn = engine.model.n_attn
@@ -139,9 +143,14 @@ class DecodeRunner:
     """Runs decode steps for one batch: eager on CPU, one CUDA graph for device-only strategies,
     one graph per segment (loads in between) for host strategies."""
 
-    def __init__(self, engine: Engine, batch: int, graphs: bool | None, trace, max_steps: int = 1024):
-        self.engine, self.state = engine, DecodeState(engine, batch, trace, max_steps)
+    def __init__(self, engine: Engine, batch: int, graphs: bool | None, trace, max_steps: int = 1024,
+                 first: int = 0):
+        self.engine, self.state = engine, DecodeState(engine, batch, trace, max_steps, first)
         self.cuda = engine.model.device.type == "cuda"
+        # Each runner captures on a stream of its own device. torch.cuda.graph's default capture stream
+        # is one per process, created on whichever device captured first: a second GPU's stage captured
+        # on it runs under the first GPU (cudaErrorStreamCaptureUnsupported on the x2 host).
+        self._capture_stream = torch.cuda.Stream(device=engine.model.device) if self.cuda else None
         self.graphs = self.cuda if graphs is None else (graphs and self.cuda)
         self._full: torch.cuda.CUDAGraph | None = None
         self._pieces: list[tuple[torch.cuda.CUDAGraph, LoadRequest | None]] = []
@@ -175,7 +184,7 @@ class DecodeRunner:
         """Warm up (compiles kernels, sizes workspaces), then capture graphs. Each call advances lens."""
         if self.cuda:
             warmup = max(warmup, 1)       # compiles kernels outside any graph capture
-            side = torch.cuda.Stream()
+            side = torch.cuda.Stream(device=self.engine.model.device)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(warmup):
@@ -196,7 +205,7 @@ class DecodeRunner:
 
     def _capture_full(self) -> torch.cuda.CUDAGraph:
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._pool):
+        with torch.cuda.graph(g, pool=self._pool, stream=self._capture_stream):
             self._eager()
         return g
 
@@ -204,7 +213,7 @@ class DecodeRunner:
         pieces, gen, done = [], self.engine.decode_segments(self.state), False
         while not done:
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._pool):
+            with torch.cuda.graph(g, pool=self._pool, stream=self._capture_stream):
                 try:
                     req = next(gen)
                 except StopIteration:
