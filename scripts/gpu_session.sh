@@ -6,6 +6,8 @@
 #   scripts/gpu_session.sh roofline         link probe beside the shared probe (agreement), GPU tests
 #   scripts/gpu_session.sh explore          the explorer's "measure now" pressed on the GPU (tests/test_gpu_explore.py),
 #                                           then the committed nightly's decode-small entry resumed (--date 2026-11-29)
+#   scripts/gpu_session.sh multigpu         (x2 host) the layer split vs one GPU, pipelined micro-batches, gather
+#                                           scaling (labkit.bench.multigpu), then the multi-GPU tests
 # Results land in results/<run-id>/ and, when $OUT is set, are copied there too.
 set -u
 MODE=${1:-tests}; shift || true
@@ -56,6 +58,14 @@ case "$MODE" in
         -p selection=trace:labkit/data/smollm2-135m-prose-indexer-b2048.npz 2>&1 | tail -3
     (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back
     timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -rA tests/test_gpu.py 2>&1 | grep -v DEBUG | tail -40 | tee "$OUT/gpu_tests.txt"
+    ;;
+  multigpu)
+    # written straight under $OUT: a run cut short by the session's limit still comes back
+    timeout ${SWEEP_TIMEOUT:-400} python3 -m labkit.bench.multigpu --out "$OUT/$stamp-multigpu-h200x2" \
+        -p context_lens=64K,1M -p concurrency=1,4,8 -p micro_batches=2 "$@" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -40
+    timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_multi.py \
+        tests/test_gpu.py -k "multi or pipeline" 2>&1 | grep -v DEBUG | tail -40 | tee "$OUT/$stamp-multigpu-h200x2/gpu_tests_x2.txt"
+    nvidia-smi topo -m > "$OUT/$stamp-multigpu-h200x2/topo.txt" 2>&1
     ;;
   explore)
     # "measure now": the explorer's button over the committed H200 runs; the live run folder is kept

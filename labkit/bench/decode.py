@@ -270,17 +270,19 @@ class DecodeSession:
     def __exit__(self, *exc):
         self.caches.release()
 
-    def measure(self, pt: Point) -> dict:
-        """One decode point as a record; a failure becomes a failed record (the caller goes on)."""
+    def measure(self, pt: Point, timeline: list | None = None) -> dict:
+        """One decode point as a record; a failure becomes a failed record (the caller goes on).
+        `timeline`: a list that receives the spans of a split point's sampled steps."""
         try:
-            return measure_decode(self.stages, self.caches, pt, self.pl, self.tel)
+            return measure_decode(self.stages, self.caches, pt, self.pl, self.tel, timeline)
         except Exception as ex:  # one failed point is a row, the sweep goes on
             if isinstance(ex, (torch.cuda.OutOfMemoryError, MemoryError)):
                 self.caches.release()
             return {"experiment": EXPERIMENT, "status": "failed", "error": one_line(ex), **asdict(pt)}
 
 
-def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel: Sampler) -> dict:
+def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel: Sampler,
+                   timeline: list | None = None) -> dict:
     p, shape, dev = pl.params, pl.shape, stages[0].device
     trace = None
     if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
@@ -368,7 +370,10 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
         # each stage's engine-counted link bytes (beside its GPU's NVML RX), and the overlap of a step
         for i, b in enumerate(runner.stage_h2d_bytes_per_step()):
             rec[f"h2d_bytes_per_step_stage{i}"] = b
-        rec.update(bubbles(runner.timeline(steps=4)))
+        spans = runner.timeline(steps=4)
+        rec.update(bubbles(spans))
+        if timeline is not None:
+            timeline += [{**asdict(pt), **s} for s in spans]
     if p["anatomy"] and not per_row and pt.micro_batches == 1:   # phases of overlapped micro-batches do not add up
         anat = runner.anatomy(repeats=ANATOMY_STEPS)
         phases = {k: v for k, v in anat.items() if k not in ("marked_step_ms", "mark_us", "n_marks")}

@@ -248,24 +248,41 @@ class PipelineRunner:
         total["mark_us"] /= len(self.runners)        # a mean cost per mark, not a sum
         return total
 
+    @torch.inference_mode()
     def prepare(self, warmup: int = 2) -> None:
+        """Warm-up steps through the whole chain (a stage warmed up on its own would write K/V rows of
+        stale activations), then each runner captures its graphs."""
+        for _ in range(max(warmup, 1) if self.cuda else warmup):
+            self._sequential_step()
         for r in self.runners:
             with device_guard(r.engine.model.device):
-                r.prepare(warmup)
+                r.prepare(warmed=True)
         if self.cuda:
             for d in self.devices:
                 torch.cuda.synchronize(d)
 
+    def _sequential_step(self) -> list:
+        """Micro-batch after micro-batch, stage after stage, on the current streams; returns each
+        (micro-batch, stage)'s wall-clock (start, end) (the CPU timeline)."""
+        spans = []
+        for row in self.grid:
+            spans.append([])
+            for k, r in enumerate(row):
+                with device_guard(r.engine.model.device):
+                    if k > 0:
+                        r.state.x_in.copy_(row[k - 1].state.x_out)
+                    t0 = time.perf_counter()
+                    r.step()
+                    spans[-1].append((t0, time.perf_counter()))
+            if len(row) > 1:
+                with device_guard(row[0].engine.model.device):
+                    row[0].state.tokens.copy_(row[-1].state.tokens)
+        return spans
+
     @torch.inference_mode()
     def step(self) -> None:
         if not self.cuda:
-            for row in self.grid:
-                for k, r in enumerate(row):
-                    if k > 0:
-                        r.state.x_in.copy_(row[k - 1].state.x_out)
-                    r.step()
-                if len(row) > 1:
-                    row[0].state.tokens.copy_(row[-1].state.tokens)
+            self._sequential_step()
             return
         N = len(self.devices)
         for m, row in enumerate(self.grid):
@@ -318,7 +335,7 @@ class PipelineRunner:
                 self.step()
                 spans, self._spans = self._spans, None
             else:
-                spans = self._cpu_spans()
+                spans = self._sequential_step()
             for m in range(M):
                 for k in range(N):
                     a, b = spans[m][k]
@@ -345,41 +362,22 @@ class PipelineRunner:
             return origin.elapsed_time(ev)
         return (ev - self._t0) * 1e3
 
-    def _cpu_spans(self):
-        """The CPU step, timed per (micro-batch, stage): wall clock, the stages take turns."""
-        out = []
-        for row in self.grid:
-            spans = []
-            for k, r in enumerate(row):
-                if k > 0:
-                    r.state.x_in.copy_(row[k - 1].state.x_out)
-                t0 = time.perf_counter()
-                r.step()
-                spans.append((t0, time.perf_counter()))
-            if len(row) > 1:
-                row[0].state.tokens.copy_(row[-1].state.tokens)
-            out.append(spans)
-        return out
-
 
 def bubbles(spans: list[dict]) -> dict:
-    """Per step of a `timeline`: the cycle (the step's last end less its first start) and, per stage,
-    the share of it the stage sat idle. Returns medians over the steps after the first (its start has
-    no step before it to overlap)."""
+    """From a `timeline`: the steady-state cycle (median interval between consecutive steps' ends; one
+    step: its whole span) and per stage its busy time in a cycle and the rest, its bubble. The first
+    step counts only towards the cycle (nothing before it to overlap). `bubble_share`: the idle share
+    of all stages together (two stages taking turns: >= 1/2)."""
     import pandas as pd
     df = pd.DataFrame(spans)
-    later = df[df.step > df.step.min()] if df.step.nunique() > 1 else df
-    out, cycles = {}, []
-    for s, g in later.groupby("step"):
-        cycles.append(g.end_ms.max() - g[g.stage == 0].start_ms.min())
-    # the steady-state cycle: the interval between consecutive steps' ends
     ends = df.groupby("step").end_ms.max().sort_index().to_numpy()
-    cycle = float(statistics.median(ends[1:] - ends[:-1])) if len(ends) > 1 else float(cycles[0])
-    out["cycle_ms"] = cycle
+    cycle = float(statistics.median(ends[1:] - ends[:-1])) if len(ends) > 1 else float(ends[0] - df.start_ms.min())
+    later = df[df.step > df.step.min()] if len(ends) > 1 else df
+    out = {"cycle_ms": cycle}
     for k, g in later.groupby("stage"):
-        busy = (g.end_ms - g.start_ms).groupby(g.step).sum().median()
-        out[f"busy_ms_stage{k}"] = float(busy)
-        out[f"bubble_ms_stage{k}"] = max(0.0, cycle - float(busy))
+        busy = float((g.end_ms - g.start_ms).groupby(g.step).sum().median())
+        out[f"busy_ms_stage{k}"] = busy
+        out[f"bubble_ms_stage{k}"] = max(0.0, cycle - busy)
     n = df.stage.nunique()
     out["bubble_share"] = sum(out[f"bubble_ms_stage{k}"] for k in range(n)) / (n * cycle) if cycle > 0 else 0.0
     return out

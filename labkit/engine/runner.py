@@ -180,9 +180,13 @@ class DecodeRunner:
         self.results = [self._load(req) for req in self.engine.decode_segments(self.state)]
 
     @torch.inference_mode()
-    def prepare(self, warmup: int = 2) -> None:
-        """Warm up (compiles kernels, sizes workspaces), then capture graphs. Each call advances lens."""
-        if self.cuda:
+    def prepare(self, warmup: int = 2, warmed: bool = False) -> None:
+        """Warm up (compiles kernels, sizes workspaces), then capture graphs. Each call advances lens.
+        `warmed`: the caller already ran the warm-up steps (a pipeline stage warms up with real
+        activations from the stage before it), only capture."""
+        if warmed:
+            pass
+        elif self.cuda:
             warmup = max(warmup, 1)       # compiles kernels outside any graph capture
             side = torch.cuda.Stream(device=self.engine.model.device)
             side.wait_stream(torch.cuda.current_stream())

@@ -1,0 +1,315 @@
+"""Several GPUs of one host, in one run folder (experiment `multigpu`): what a layer split buys over one
+GPU, with and without pipelined micro-batches, and whether each GPU's own link carries its share.
+
+Rows (`experiment` column):
+- `gather`: one decode step's zero-copy gathers (12 layers x 2048 rows x 2 KiB from a pinned pool
+  registered for that GPU, as `probe` measures them) on each GPU alone (`mode=alone`), then on every
+  GPU at once (`mode=together`, the same calls issued to all GPUs without waiting): GB/s per GPU and,
+  for `together`, the aggregate (`gbps_aggregate`) -- the bound the split's offloaded decode can reach.
+- `decode`: the seed-000 table (context x concurrency x strategy) once per `layout`: `1gpu` (the first
+  device alone), `split` (the layers over every device, the stages taking turns) and `pipelined` (the
+  same split with `micro_batches` micro-batches in flight on different stages at once). Split rows carry
+  each stage's engine-counted link bytes beside each GPU's NVML RX, and the step's bubbles.
+- `handoff`: the activations of one step copied stage k -> stage k+1 (device to device) on their own.
+Tables: `timeline` (the sampled steps of every split point: micro-batch, stage, start, end), telemetry.
+
+    labkit run multigpu -p devices=cuda:0,cuda:1 -p context_lens=64K,1M -p concurrency=1,4,8
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+
+import pandas as pd
+import torch
+
+from ..engine.cache import build_on_devices
+from ..engine.kv import KVPool
+from ..engine.pipeline import device_guard
+from ..engine.transfer import ZeroCopy
+from ..results import Run
+from ..stats import spread
+from ..telemetry import Sampler
+from . import decode
+from .params import BadInput, Param, check_positive, one_line, resolve, resolve_device
+from .progress import progress
+
+EXPERIMENT = "multigpu"
+SPEC = [
+    Param("devices", "str", "auto", "devices to split over (auto: every GPU; cpu,cpu on a CPU)"),
+    Param("shape", "str", "auto", "model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
+    Param("strategies", "list[str]", ["resident", "zero_copy"], "transfer strategies"),
+    Param("context_lens", "list[int]", "auto", "context lengths (tokens; 64K, 1M accepted)"),
+    Param("concurrency", "list[int]", [1, 4, 8], "concurrent requests per decode step"),
+    Param("micro_batches", "list[int]", [2], "the pipelined layouts: micro-batches in flight (0: none)"),
+    Param("budget", "int", 0, "indexer budget (0: 2048 on CUDA, 64 on CPU)"),
+    Param("repeats", "int", 3, "timed repeats of `steps` steps"),
+    Param("steps", "int", 10, "decode steps per repeat"),
+    Param("gather_pool_gib", "float", 0.0, "per-GPU pinned pool of the gather rows (0: 8 GiB on CUDA, 0.05 on CPU)"),
+    Param("gather_repeats", "int", 20, "timed gather steps per GPU and mode"),
+    Param("anatomy", "bool", False, "the step anatomy of 1gpu and split points (costs ~8 steps a point)"),
+    Param("seed", "int", 0, "weights and cache contents"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+AUTO_CONTEXT = {"cuda": [64 << 10, 1 << 20], "cpu": [256, 1024]}
+LAYERS, BUDGET, ROW_BYTES = 12, 2048, 2048      # one decode step of the reference shape (probe.py)
+
+
+def plan(given: dict) -> dict:
+    """Resolve and check; the decode plans of every layout are validated here (one line, nothing
+    allocated). Returns the parameters with `devices` as a list and `layouts` (name -> decode params)."""
+    p = resolve(SPEC, given, EXPERIMENT)
+    if p["devices"] == "auto":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        p["devices"] = ",".join(f"cuda:{i}" for i in range(n)) if n else "cpu,cpu"
+    devs = [resolve_device(d.strip()) for d in p["devices"].split(",") if d.strip()]
+    if len(devs) < 2:
+        raise BadInput(f"devices={p['devices']}: a split needs at least two devices")
+    cuda = devs[0].type == "cuda"
+    check_positive("concurrency", p["concurrency"])
+    for k in ("repeats", "steps", "gather_repeats"):
+        check_positive(k, [p[k]])
+    if any(m < 0 for m in p["micro_batches"]):
+        raise BadInput(f"micro_batches must be >= 0, got {p['micro_batches']}")
+    if p["context_lens"] == "auto":
+        p["context_lens"] = AUTO_CONTEXT["cuda" if cuda else "cpu"]
+    p["budget"] = p["budget"] or (2048 if cuda else 64)
+    p["gather_pool_gib"] = p["gather_pool_gib"] or (8.0 if cuda else 0.05)
+    common = dict(shape=p["shape"], strategies=p["strategies"], context_lens=p["context_lens"], budgets=[p["budget"]],
+                  concurrency=p["concurrency"], repeats=p["repeats"], steps=p["steps"], prefill_lens=[], probe=False,
+                  anatomy=p["anatomy"], seed=p["seed"])
+    mbs = sorted({1, *[m for m in p["micro_batches"] if m > 1]})
+    p["layouts"] = {"1gpu": {**common, "device": str(devs[0])},
+                    "split": {**common, "device": ",".join(map(str, devs)), "micro_batches": mbs}}
+    p["device_list"] = [str(d) for d in devs]
+    for lay in p["layouts"].values():
+        decode.plan(dict(lay))
+    return p
+
+
+# ---------------------------------------------------------------------------------------------- gather
+def gather_scaling(devices: list[torch.device], pool_gib: float, repeats: int) -> list[dict]:
+    """One decode step's zero-copy gathers per GPU, alone and on every GPU at once. Each GPU reads its
+    own pinned pool (built and registered by a thread bound to that GPU) over its own link."""
+    W = ROW_BYTES // 8
+    rows = max(BUDGET, int(pool_gib * 2**30) // (LAYERS * ROW_BYTES)) // 256 * 256
+
+    def build(dev: torch.device):
+        pool = KVPool("host", LAYERS, rows // 256, 256, ROW_BYTES, dev)
+        pool.fill_random_(0)
+        g = torch.Generator().manual_seed(dev.index or 0)
+        idx = torch.stack([torch.randperm(rows, generator=g)[:BUDGET].sort().values for _ in range(LAYERS)])
+        return pool, idx.to(dev), torch.empty((LAYERS, BUDGET, W), dtype=torch.int64, device=dev), idx
+
+    built = build_on_devices(build, devices, device_of=lambda d: d)
+    zc = ZeroCopy()
+    step_bytes = LAYERS * BUDGET * ROW_BYTES
+
+    def launch(i: int) -> None:
+        pool, idx, dst, _ = built[i]
+        for layer in range(LAYERS):
+            zc.load(pool, layer, idx[layer], dst[layer])
+
+    cuda = devices[0].type == "cuda"
+
+    def sync():
+        for d in devices:
+            if cuda:
+                torch.cuda.synchronize(d)
+
+    def timed(which: list[int]) -> tuple[dict[int, list[float]], float]:
+        """ms per step on each GPU in `which` (its own events), issued round-robin; and the wall time."""
+        ev = {i: [] for i in which}
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            for i in which:
+                with device_guard(devices[i]):
+                    if cuda:
+                        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        a.record()
+                        launch(i)
+                        b.record()
+                        ev[i].append((a, b))
+                    else:
+                        s = time.perf_counter()
+                        launch(i)
+                        ev[i].append(time.perf_counter() - s)
+        sync()
+        wall = time.perf_counter() - t0
+        ms = {i: [a.elapsed_time(b) for a, b in e] if cuda else [x * 1e3 for x in e] for i, e in ev.items()}
+        return ms, wall
+
+    for i in range(len(devices)):     # warm-up: kernels compiled, pages touched
+        with device_guard(devices[i]):
+            launch(i)
+    sync()
+    out = []
+    for i, d in enumerate(devices):
+        ms, _ = timed([i])
+        t = spread(ms[i])
+        out.append(dict(experiment="gather", status="ok", mode="alone", device=str(d), gpu=i, step_bytes=step_bytes,
+                        ms_median=t.median, ms_min=t.min, ms_max=t.max, gbps=step_bytes / (t.median / 1e3) / 1e9,
+                        pool_bytes=built[i][0].nbytes))
+    ms, wall = timed(list(range(len(devices))))
+    agg = len(devices) * repeats * step_bytes / wall / 1e9
+    for i, d in enumerate(devices):
+        t = spread(ms[i])
+        out.append(dict(experiment="gather", status="ok", mode="together", device=str(d), gpu=i, step_bytes=step_bytes,
+                        ms_median=t.median, ms_min=t.min, ms_max=t.max, gbps=step_bytes / (t.median / 1e3) / 1e9,
+                        gbps_aggregate=agg, pool_bytes=built[i][0].nbytes))
+    ok = all(torch.equal(dst.cpu(), torch.stack([pool.data[l][ix[l]] for l in range(LAYERS)]))
+             for pool, _, dst, ix in built)
+    for r in out:
+        r["correct"] = ok
+    del built
+    gc.collect()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- hand-off
+def handoff_latency(devices: list[torch.device], hidden: int, batches: list[int], repeats: int = 50) -> list[dict]:
+    """One step's activations [B, hidden] bf16 copied device k -> k+1, on their own (events on the
+    destination's stream, which a cross-device copy fences)."""
+    out = []
+    cuda = devices[0].type == "cuda"
+    for k in range(len(devices) - 1):
+        src_d, dst_d = devices[k], devices[k + 1]
+        for b in batches:
+            src = torch.randn((b, hidden), device=src_d).to(torch.bfloat16)
+            dst = torch.empty((b, hidden), dtype=torch.bfloat16, device=dst_d)
+            ts = []
+            for i in range(repeats + 3):
+                with device_guard(dst_d):
+                    if cuda:
+                        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        a.record()
+                        dst.copy_(src, non_blocking=True)
+                        e.record()
+                        e.synchronize()
+                        t = a.elapsed_time(e)
+                    else:
+                        s = time.perf_counter()
+                        dst.copy_(src)
+                        t = (time.perf_counter() - s) * 1e3
+                if i >= 3:
+                    ts.append(t)
+            assert torch.equal(dst.cpu(), src.cpu())
+            t = spread(ts)
+            out.append(dict(experiment="handoff", status="ok", src=str(src_d), dst=str(dst_d), concurrency=b,
+                            bytes=b * hidden * 2, us_median=t.median * 1e3, us_min=t.min * 1e3, us_max=t.max * 1e3))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the run
+def layout_of(rec: dict) -> str:
+    if "," not in str(rec.get("devices", "")):
+        return "1gpu"
+    return "split" if rec.get("micro_batches", 1) == 1 else "pipelined"
+
+
+def run(given: dict, progress_bar: bool = True) -> Run:
+    p = plan(given)
+    devs = [torch.device(d) for d in p["device_list"]]
+    cuda = devs[0].type == "cuda"
+    run = Run.create(p["out_dir"] or None, EXPERIMENT, {k: v for k, v in p.items() if k != "layouts"})
+    plans = {name: decode.plan(dict(lay)) for name, lay in p["layouts"].items()}
+    n_points = sum(len(pl.points) for pl in plans.values())
+    bar = progress(total=n_points + 2, desc=f"{EXPERIMENT} {len(devs)} devices", disable=not progress_bar)
+    tel = Sampler(gpus=[d.index or 0 for d in devs] if cuda else [])
+    shape = plans["split"].shape
+    run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary(),
+                        devices=p["device_list"])
+    spans: list[dict] = []
+    try:
+        bar.set_postfix_str("gather scaling")
+        try:
+            for r in gather_scaling(devs, p["gather_pool_gib"], p["gather_repeats"]):
+                run.add(r)
+        except Exception as ex:
+            run.add({"experiment": "gather", "status": "failed", "error": one_line(ex)})
+        gc.collect()
+        bar.update()
+        try:
+            for r in handoff_latency(devs, shape.hidden, sorted(set(p["concurrency"]))):
+                run.add(r)
+        except Exception as ex:
+            run.add({"experiment": "handoff", "status": "failed", "error": one_line(ex)})
+        bar.update()
+        tel.start()
+        # Concurrency groups outermost, layouts inside: a run cut short loses the largest group, not a
+        # whole layout. One layout's caches are released before the next builds its own (at 1M x 8
+        # requests the host KV is ~190 GiB: two at once would not fit).
+        with contextlib.ExitStack() as stack:
+            sessions = {name: stack.enter_context(decode.DecodeSession(pl, tel)) for name, pl in plans.items()}
+            if sessions["split"].stage_layers:
+                run.update_manifest(stage_layers=[list(r) for r in sessions["split"].stage_layers])
+            for conc in p["concurrency"]:
+                for name, pl in plans.items():
+                    for pt in (q for q in pl.points if q.concurrency == conc):
+                        bar.set_postfix_str(f"{name} {pt.strategy} ctx={pt.context_len} c={conc} mb={pt.micro_batches}")
+                        got: list[dict] = []
+                        rec = sessions[name].measure(pt, timeline=got)
+                        rec.setdefault("devices", pl.params["device"])
+                        rec["layout"] = layout_of({**rec, "micro_batches": pt.micro_batches})
+                        spans += [{**s, "layout": rec["layout"]} for s in got]
+                        run.add(rec)
+                        bar.update()
+                    sessions[name].caches.release()
+    finally:
+        bar.close()
+        tel.stop()
+        run.write_table("telemetry", tel.frame())
+        run.write_table("timeline", pd.DataFrame(spans))
+        ok = all(r.get("status") == "ok" for r in run.records)
+        run.finish("ok" if ok else "partial")
+    return run
+
+
+def summary(m: pd.DataFrame) -> dict:
+    """The issue's figures from a run's metrics: gather scaling, and per (strategy, context,
+    concurrency) the split/pipelined aggregate tok/s over one GPU's."""
+    out = {}
+    g = m[(m.experiment == "gather") & (m.status == "ok")]
+    if len(g):
+        alone = g[g["mode"] == "alone"].gbps.max()
+        out["gather_alone_gbps"] = float(alone)
+        out["gather_together_gbps"] = float(g[g["mode"] == "together"].gbps_aggregate.iloc[0])
+        out["gather_scaling"] = out["gather_together_gbps"] / alone
+    d = m[(m.experiment == "decode") & (m.status == "ok")]
+    if len(d):
+        t = d.pivot_table(index=["strategy", "context_len", "concurrency"], columns="layout", values="tok_s", aggfunc="max")
+        for lay in ("split", "pipelined"):
+            if lay in t and "1gpu" in t:
+                t[f"{lay}_over_1gpu"] = t[lay] / t["1gpu"]
+        out["table"] = t.reset_index()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m labkit.bench.multigpu -p key=value ...` (the device host has no papermill)."""
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser(prog="python -m labkit.bench.multigpu", description=__doc__.splitlines()[0])
+    ap.add_argument("-p", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    given = dict(kv.split("=", 1) for kv in a.p)
+    if a.out:
+        given["out_dir"] = a.out
+    try:
+        r = run(given)
+    except BadInput as ex:
+        print(f"labkit: {ex}", file=sys.stderr)
+        return 2
+    s = summary(r.metrics())
+    print({k: v for k, v in s.items() if k != "table"})
+    if "table" in s:
+        print(s["table"].round(3).to_string())
+    print(r.path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
