@@ -15,21 +15,28 @@ N_GPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
 need_two = pytest.mark.skipif(N_GPU < 2, reason=f"needs 2 GPUs, this host has {N_GPU}")
 
 
+def _prompts(lens: list[int]) -> list[torch.Tensor]:
+    return [torch.randint(0, MID.vocab, (n,), generator=torch.Generator().manual_seed(n)) for n in lens]
+
+
 def _pipe(strategy: str, n_slots: int, lens: list[int], n_dev: int = 2, seed: int = 9) -> PipelineEngine:
+    """Prefilled, not filled at random: a random fill draws each stage's layers from its own stream."""
     model = HybridModel(MID, "cpu", seed=seed)
     stages = split_model(model, place_layers(model_block_costs(model, 512), n_dev), [f"cuda:{i}" for i in range(n_dev)])
     pipe = PipelineEngine(stages, strategy, 512, n_slots=n_slots, capacity=8192)
-    pipe.fill_random_(lens, seed=1)
+    for s, t in enumerate(_prompts(lens)):
+        pipe.prefill(s, t)
     return pipe
 
 
 def _single(strategy: str, n_slots: int, lens: list[int], seed: int = 9) -> Engine:
-    """The one-GPU reference: the same CPU-initialised weights as one stage on cuda:0."""
+    """The one-GPU reference: the same CPU-initialised weights as one stage on cuda:0, same prompts."""
     model = split_model(HybridModel(MID, "cpu", seed=seed), [(0, MID.layers)], ["cuda:0"])[0]
     st = get_strategy(strategy)
-    cache = OffloadCache.allocate(model, st.medium, n_slots, 8192)
-    cache.fill_random_(lens, seed=1)
-    return Engine(model, cache, st, 512)
+    e = Engine(model, OffloadCache.allocate(model, st.medium, n_slots, 8192), st, 512)
+    for s, t in enumerate(_prompts(lens)):
+        e.prefill(s, t.cuda())
+    return e
 
 
 @pytest.fixture

@@ -329,13 +329,16 @@ class PipelineRunner:
         origin = [self._event(k) for k in range(N)]
         for k in range(N):
             self._record(origin[k], k)
-        for s in range(steps):
+        taken = []
+        for _ in range(steps):          # issued back to back: read only after the last (a read syncs)
             if self.cuda:
                 self._spans = [[(mk(k), mk(k)) for k in range(N)] for _ in range(M)]
                 self.step()
-                spans, self._spans = self._spans, None
+                taken.append(self._spans)
+                self._spans = None
             else:
-                spans = self._sequential_step()
+                taken.append(self._sequential_step())
+        for s, spans in enumerate(taken):
             for m in range(M):
                 for k in range(N):
                     a, b = spans[m][k]
