@@ -34,6 +34,7 @@ EXPERIMENTS = {
     "pulse": Experiment("pulse", "pulse.ipynb", "labkit.bench.pulse_trace"),
     "serve": Experiment("serve", "serve_sweep.ipynb", "labkit.serving.experiment"),
     "xfer": Experiment("xfer", "xfer.ipynb", "labkit.xfer.experiment"),
+    "multigpu": Experiment("multigpu", "multigpu.ipynb", "labkit.bench.multigpu"),
 }
 
 
