@@ -165,21 +165,34 @@ def _batches_to_try(n: int, max_batch: int) -> int:
     return min(n, max_batch) if max_batch > 0 else n
 
 
-def measure_config(session, f: Fit, p: dict, batch: int):
+def _reusing_caches(stages, dp):
+    """The decode sweep's `Caches`, except that a cache of more slots serves a smaller batch (a runner
+    uses slots [0, batch)): a TPOT-bound retry does not allocate, pin and fill the host pool again."""
+    from .decode import Caches
+
+    class Reuse(Caches):
+        def get(self, medium, conc, ctx):
+            have = self.cache.get(medium)
+            if have and have[0].n_slots >= conc:
+                return have
+            return super().get(medium, conc, ctx)
+
+    return Reuse(stages, dp)
+
+
+def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
     """One decode point (the decode sweep's measure_decode) for `f.config` at `batch` requests."""
-    from .decode import Caches, DecodePlan, Point, measure_decode, plan as decode_plan
+    from .decode import Point, measure_decode, plan as decode_plan
     strat = CONFIGS[f.config]
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": strat,
                       "context_lens": str(p["context_len"]), "budgets": str(p["budget"]), "concurrency": str(batch),
                       "repeats": str(p["repeats"]), "steps": str(p["steps"]), "prefill_lens": "", "probe": "false",
                       "anatomy": "false", "selection": p["selection"], "hot_capacity": str(p["hot_capacity"]),
                       "hot_policy": p["hot_policy"], "seed": str(p["seed"])})
-    caches = Caches(session.stages, dp)
-    try:
-        return measure_decode(session.stages, caches, Point(batch, p["context_len"], p["budget"], strat, "context"),
-                              dp, session.tel)
-    finally:
-        caches.release()
+    caches = caches if caches is not None else _reusing_caches(session.stages, dp)
+    caches.pl = dp                 # sizes a new cache for this batch (the plan's only concurrency)
+    return measure_decode(session.stages, caches, Point(batch, p["context_len"], p["budget"], strat, "context"),
+                          dp, session.tel)
 
 
 def run(given: dict, progress=print) -> Run:
@@ -198,17 +211,23 @@ def run(given: dict, progress=print) -> Run:
             r.add({**base, "experiment": EXPERIMENT, "status": "ok", "error": None, **f.row()})
         r.finish("ok")
         return r
-    from .decode import DecodePlan, DecodeSession, plan as decode_plan
+    from .decode import DecodeSession, plan as decode_plan
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": "resident", "context_lens": str(p["context_len"]),
                       "budgets": str(p["budget"]), "concurrency": "1", "prefill_lens": "", "probe": "false", "seed": str(p["seed"])})
     done: dict[tuple[str, int], dict] = {}     # none and prefill decode alike: time a batch once
     with DecodeSession(dp) as session:
+        caches = {}
         for f in fits:
             batch = _batches_to_try(f.requests, p["max_batch"])
+            strat = CONFIGS[f.config]
+            for other in [k for k in caches if k != strat]:      # one medium's pool in memory at a time
+                caches.pop(other).release()
+            if strat not in caches:
+                caches[strat] = _reusing_caches(session.stages, session.pl)
             tried = []
             for _ in range(3):      # capacity, then what a TPOT-bound scheduler would admit (twice at most)
                 key = (CONFIGS[f.config], batch)
-                rec = done[key] if key in done else measure_config(session, f, p, batch)
+                rec = done[key] if key in done else measure_config(session, f, p, batch, caches[strat])
                 done[key] = rec
                 tpot = rec.get("step_ms_median") if rec.get("status") == "ok" else None
                 good = tpot is not None and tpot <= p["tpot_ms"]
@@ -218,6 +237,7 @@ def run(given: dict, progress=print) -> Run:
                     break
                 batch = max(1, min(batch - 1, int(batch * p["tpot_ms"] / tpot)))
             for b, tpot, good, rec in tried:
+                rec = {k: v for k, v in rec.items() if k not in ("concurrency",)} | {"concurrency": b}
                 rec = {**rec, **base, **f.row(), "experiment": EXPERIMENT, "batch": b, "tpot_ms": tpot, "good": good,
                        "goodput_tok_s": b / (tpot / 1e3) if good else 0.0}
                 r.add(rec)
