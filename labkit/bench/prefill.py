@@ -16,7 +16,8 @@ fraction of its time (the row says `tail_tokens`; `tok_s` is over the computed t
 `tail_tokens=0` the whole prompt is prefilled and the time of every chunk goes to `chunks.csv`.
 
 Writes a run folder: manifest.json, metrics.parquet + metrics.csv (one row per mode and length,
-`vs_resident` the ratio of tok/s to resident's in the same run), chunks.csv. Bad parameters: one line,
+`vs_resident` the ratio of tok/s to resident's in the same run), chunks.csv (each chunk's enqueue time,
+appended as it goes). Bad parameters: one line,
 exit 2, before anything is allocated.
 """
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _sync(dev):
         torch.cuda.synchronize(dev)
 
 
-def measure(model, mode: str, T: int, p: dict, chunk_log: list | None = None) -> dict:
+def measure(model, mode: str, T: int, p: dict, chunk_log=None) -> dict:
     """One prefill of T tokens (or its last `tail_tokens`) in `mode`; a record."""
     dev, shape = model.device, model.shape
     strategy, pmode = MODES[mode]
@@ -138,7 +139,7 @@ def measure(model, mode: str, T: int, p: dict, chunk_log: list | None = None) ->
                 logits = done.value
                 break
             if chunk_log is not None:      # host time at the chunk's enqueue (the GPU runs behind by <= a chunk)
-                chunk_log.append({"mode": mode, "context_len": T, "chunk_end": b, "t_s": time.perf_counter() - t0})
+                chunk_log(mode, T, b, time.perf_counter() - t0)
         _sync(dev)
         dt = time.perf_counter() - t0
     n = T - start
@@ -166,7 +167,13 @@ def run(given: dict, progress=print) -> Run:
     base = {"device": p["device"], "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name}
     model = HybridModel(shape, dev, seed=p["seed"])
     r.update_manifest(weight_bytes=model.weight_bytes(), shape_info=shape.summary())
-    chunk_log: list[dict] = []
+    chunks_csv = r.path / "chunks.csv"
+    chunks_csv.write_text("mode,context_len,chunk_end,t_s\n")
+
+    def chunk_log(mode, T, end, t):     # appended as it goes: a run cut short still says how far it got
+        with chunks_csv.open("a") as fh:
+            fh.write(f"{mode},{T},{end},{t:.3f}\n")
+
     for T in p["context_lens"]:
         for mode in p["modes"]:
             try:
@@ -189,9 +196,6 @@ def run(given: dict, progress=print) -> Run:
     r.records = df.to_dict("records")
     r.write_table("metrics", df)
     df.to_csv(r.path / "metrics.csv", index=False)
-    if chunk_log:
-        import pandas as pd
-        pd.DataFrame(chunk_log).to_csv(r.path / "chunks.csv", index=False)
     r.finish("ok" if (df["status"] == "ok").all() else "partial")
     return r
 
