@@ -96,12 +96,13 @@ class RotatingPrefillIO:
     # ---------------------------------------------------------------- chunk and layer order
     def begin_chunk(self, start: int, end: int) -> None:
         self.start, self.end = start, end
-        slots = torch.full((end - start,), self.slot, dtype=torch.int64, device=self.bufs[0].device)
+        slots = torch.full((end - start,), self.slot, dtype=torch.int64, device=self.e.model.device)
         self.where = self.e.cache.locate(slots, torch.arange(start, end, device=slots.device))
         for t in self.where:
             if self.wb.cuda:     # the write-back stream reads them after the compute stream moves on
                 t.record_stream(self.wb.stream)
-        self._prefetch(start, 0)
+        if self.n:                           # a pipeline stage may hold no QSA layer
+            self._prefetch(start, 0)
 
     def _next(self, start: int, layer: int) -> tuple[int, int] | None:
         if layer + 1 < self.e.cache.pool.attn_layers:
