@@ -70,12 +70,12 @@ case "$MODE" in
     # 24 GiB pool cannot (a failed row with the allocator's message). Only the last chunk is computed
     # (its prefix, 1M - 8K rows per layer, is in the pinned pool): the full prompt's attention alone is
     # ~1e17 FLOP, past a session's limit; `hot1m` below runs it whole.
-    timeout ${CAP1M_TIMEOUT:-75} python3 -m labkit.bench.prefill --out "$OUT/$stamp-prefill-1m-cap24-h200" \
+    timeout ${CAP1M_TIMEOUT:-70} python3 -m labkit.bench.prefill --out "$OUT/$stamp-prefill-1m-cap24-h200" \
         -p context_lens=1M -p modes=rotating,resident -p mem_cap_gib=24 -p tail_tokens=8K 2>&1 | tail -4
-    timeout ${CAPACITY_TIMEOUT:-110} python3 -m labkit.bench.capacity --out "$OUT/$stamp-capacity-cap24-h200" \
+    timeout ${CAPACITY_TIMEOUT:-130} python3 -m labkit.bench.capacity --out "$OUT/$stamp-capacity-cap24-h200" \
         -p context_len=${CAPACITY_CONTEXT:-32K} -p mem_cap_gib=24 -p host_cap_gib=${HOST_CAP_GIB:-40} -p tpot_ms=30 \
         -p selection=${CAPACITY_SELECTION:-trace:labkit/data/smollm2-135m-prose-indexer-b2048.npz} -p steps=10 -p repeats=2 2>&1 | tail -8
-    timeout ${TEST_TIMEOUT:-130} python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_prefill.py \
+    timeout ${TEST_TIMEOUT:-140} python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_prefill.py \
         tests/test_gpu_hot_cache.py 2>&1 | grep -v DEBUG | tail -40 > "$OUT/gpu_tests.txt"
     tail -3 "$OUT/gpu_tests.txt"
     for d in "$OUT"/*/; do cp "$OUT/gpu_tests.txt" "$d" 2>/dev/null; done

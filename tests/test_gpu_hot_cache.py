@@ -73,7 +73,8 @@ def selection_trace(steps: int, layers: int, k: int, n: int, keep: float = 0.7, 
         cur = torch.randperm(n, generator=g)[:k]
         for t in range(steps):
             out[t, li] = cur
-            fresh = torch.tensor([x for x in torch.randperm(n, generator=g).tolist() if x not in set(cur.tolist())][:k])
+            now = set(cur.tolist())
+            fresh = torch.tensor([x for x in torch.randperm(n, generator=g).tolist() if x not in now][:k])
             cur = torch.where(torch.rand(k, generator=g) < keep, cur, fresh)
     return out
 
