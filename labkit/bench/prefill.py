@@ -98,8 +98,9 @@ def check_cap(cap_gib: float, shape: ModelShape, dev: torch.device) -> None:
 def apply_cap(cap_gib: float, dev: torch.device) -> None:
     """Make the caching allocator refuse what would not fit a card of `cap_gib` (CUDA; a no-op on CPU)."""
     if cap_gib and dev.type == "cuda":
-        total = torch.cuda.get_device_properties(dev).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total), dev)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()   # it wants an index
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(float(min(1.0, cap_gib * 2**30 / total)), index)
 
 
 def _sync(dev):
