@@ -227,14 +227,24 @@ def run(given: dict, progress=print) -> Run:
             tried = []
             for _ in range(3):      # capacity, then what a TPOT-bound scheduler would admit (twice at most)
                 key = (CONFIGS[f.config], batch)
-                rec = done[key] if key in done else measure_config(session, f, p, batch, caches[strat])
-                done[key] = rec
+                if key not in done:
+                    try:
+                        done[key] = measure_config(session, f, p, batch, caches[strat])
+                    except Exception as ex:      # a batch that does not fit after all is a row, not the end
+                        done[key] = {"status": "failed", "error": one_line(ex), "strategy": strat}
+                        caches[strat].release()
+                rec = done[key]
                 tpot = rec.get("step_ms_median") if rec.get("status") == "ok" else None
                 good = tpot is not None and tpot <= p["tpot_ms"]
                 tried.append((batch, tpot, good, rec))
                 progress(f"  {f.config} batch {batch}: " + (f"TPOT {tpot:.2f} ms" if tpot else rec.get("error", "failed")))
-                if good or batch == 1 or tpot is None:
+                if good or batch == 1:
                     break
+                if tpot is None:         # out of memory after all (workspaces the arithmetic misses): 10% fewer
+                    if "memory" not in str(rec.get("error", "")).lower():
+                        break
+                    batch = max(1, batch - max(1, batch // 10))
+                    continue
                 batch = max(1, min(batch - 1, int(batch * p["tpot_ms"] / tpot)))
             for b, tpot, good, rec in tried:
                 rec = {k: v for k, v in rec.items() if k not in ("concurrency",)} | {"concurrency": b}
@@ -245,6 +255,7 @@ def run(given: dict, progress=print) -> Run:
     ok = df[df["status"] == "ok"]
     summary = []
     for f in fits:
+        # `requests` is the arithmetic's count; `good_batch` the largest batch timed under the TPOT limit
         mine = ok[ok["config"] == f.config]
         best = mine.loc[mine["goodput_tok_s"].idxmax()] if len(mine) else None
         summary.append({"config": f.config, "requests": f.requests, "n_device": f.n_device, "n_host": f.n_host,
