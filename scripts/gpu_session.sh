@@ -8,6 +8,9 @@
 #                                           then the committed nightly's decode-small entry resumed (--date 2026-11-29)
 #   scripts/gpu_session.sh multigpu         (x2 host) the layer split vs one GPU, pipelined micro-batches, gather
 #                                           scaling (labkit.bench.multigpu), then the multi-GPU tests
+#   scripts/gpu_session.sh hot              issue 10 items 5-6 in ~6 min: prefill resident/sync/rotating at 248K (its last
+#                                           PREFILL_TAIL tokens), a 1M prompt's last chunk under a 24 GiB cap, capacity and
+#                                           goodput at 30 ms TPOT under 24 GiB, then the hot-cache and prefill GPU tests
 # Results land in results/<run-id>/ and, when $OUT is set, are copied there too.
 set -u
 MODE=${1:-tests}; shift || true
@@ -66,6 +69,34 @@ case "$MODE" in
     timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_multi.py \
         tests/test_gpu.py -k "multi or pipeline" 2>&1 | grep -v DEBUG | tail -40 | tee "$OUT/$stamp-multigpu-h200x2/gpu_tests_x2.txt"
     nvidia-smi topo -m > "$OUT/$stamp-multigpu-h200x2/topo.txt" 2>&1
+    ;;
+  hot)
+    # Each step under its own timeout, most wanted first; every run folder is written straight under $OUT
+    # (manifest.json, metrics.csv/parquet) and tarred at the end (a step cut short still leaves its rows).
+    tail=${PREFILL_TAIL:-64K}     # 0: the whole 248K prompt (~50 s per mode on the H200 instead of ~20)
+    timeout ${PREFILL_TIMEOUT:-110} python3 -m labkit.bench.prefill --out "$OUT/$stamp-prefill-248k-h200" \
+        -p context_lens=248K -p modes=resident,sync,rotating -p tail_tokens=$tail 2>&1 | tail -6
+    # 1M tokens under a 24 GiB cap: the rotating buffers (4 x 2 GiB) fit beside the weights; resident's
+    # 24 GiB pool cannot (a failed row with the allocator's message). Only the last chunk is computed
+    # (its prefix, 1M - 8K rows per layer, is in the pinned pool): the full prompt's attention alone is
+    # ~1e17 FLOP, past a session's limit; `hot1m` below runs it whole.
+    timeout ${CAP1M_TIMEOUT:-70} python3 -m labkit.bench.prefill --out "$OUT/$stamp-prefill-1m-cap24-h200" \
+        -p context_lens=1M -p modes=rotating,resident -p mem_cap_gib=24 -p tail_tokens=8K 2>&1 | tail -4
+    timeout ${CAPACITY_TIMEOUT:-130} python3 -m labkit.bench.capacity --out "$OUT/$stamp-capacity-cap24-h200" \
+        -p context_len=${CAPACITY_CONTEXT:-32K} -p mem_cap_gib=24 -p host_cap_gib=${HOST_CAP_GIB:-40} -p tpot_ms=30 \
+        -p selection=${CAPACITY_SELECTION:-trace:labkit/data/smollm2-135m-prose-indexer-b2048.npz} -p steps=10 -p repeats=2 2>&1 | tail -8
+    timeout ${TEST_TIMEOUT:-140} python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_prefill.py \
+        tests/test_gpu_hot_cache.py 2>&1 | grep -v DEBUG | tail -40 > "$OUT/gpu_tests.txt"
+    tail -3 "$OUT/gpu_tests.txt"
+    for d in "$OUT"/*/; do cp "$OUT/gpu_tests.txt" "$d" 2>/dev/null; done
+    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back
+    ;;
+  hot1m)
+    # The whole 1M-token prompt under the 24 GiB cap, rotating buffers; chunks.csv records each chunk as it
+    # is enqueued, so a run cut short by the limit still says how far it got.
+    timeout ${PREFILL_TIMEOUT:-560} python3 -m labkit.bench.prefill --out "$OUT/$stamp-prefill-1m-full-cap24-h200" \
+        -p context_lens=1M -p modes=rotating -p mem_cap_gib=24 2>&1 | tail -4
+    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
     ;;
   explore)
     # "measure now": the explorer's button over the committed H200 runs; the live run folder is kept

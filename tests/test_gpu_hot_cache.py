@@ -22,17 +22,19 @@ LENS = [3000, 5000]
 BUDGET = 512
 
 
-def _run(model, name, steps=4, **settings):
+def _run(model, name, steps=4, trace=None, **settings):
     st = get_strategy(name, **settings)
     cache = OffloadCache.allocate(model, st.medium, 2, 6000)
     e = Engine(model, cache, st, budget=BUDGET, prefill_chunk=2048)
     for s, n in enumerate(LENS):
         e.prefill(s, torch.randint(0, MID.vocab, (n,), generator=torch.Generator().manual_seed(s)).cuda())
-    r = e.decoder(2)
+    r = e.decoder(2, trace=trace)
     r.prepare(warmup=0)                 # captured from the first step on
     assert r.graph_mode == "full", r.graph_mode
     res = []
-    for _ in range(steps):
+    for t in range(steps):
+        if trace is not None:     # the same input tokens too: an argmax may flip where logits differ in bf16
+            r.state.tokens.copy_(torch.tensor([7 * t + 1, 11 * t + 3], device="cuda"))
         r.step()
         res.append((r.state.logits.clone(), r.state.last_sel.clone(), r.state.staging.clone(),
                     r.state.rows_buf.clone(), None if name != "hot_cache" else st.index.step.clone()))
@@ -62,13 +64,39 @@ def test_hot_cache_graph_matches_resident_on_cuda(model, resident, capacity, pol
     assert c["hits"] + c["misses"] > 0 and c["h2d_bytes"] == c["misses"] * MID.row_bytes
 
 
+def selection_trace(steps: int, layers: int, k: int, n: int, keep: float = 0.7, seed: int = 0) -> torch.Tensor:
+    """[steps, layers, k] distinct positions below n, each step keeping ~`keep` of the step before
+    (hits and misses both happen), the same for every request of the batch."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.empty((steps, layers, k), dtype=torch.int64)
+    for li in range(layers):
+        cur = torch.randperm(n, generator=g)[:k]
+        for t in range(steps):
+            out[t, li] = cur
+            now = set(cur.tolist())
+            fresh = torch.tensor([x for x in torch.randperm(n, generator=g).tolist() if x not in now][:k])
+            cur = torch.where(torch.rand(k, generator=g) < keep, cur, fresh)
+    return out
+
+
 @pytest.mark.parametrize("capacity", [64, 2 * BUDGET])
-def test_fused_graph_matches_resident_within_bf16(model, resident, capacity):
-    res, st = _run(model, "hot_cache", hot_capacity=capacity, hot_fused=True)
-    for (lg, sel, *_), (lg0, sel0, *_) in zip(res, resident):
+def test_fused_graph_matches_resident_within_bf16(model, capacity):
+    """On the same selections (replayed: the fused attention is equal to the split path's within bf16
+    rounding, not bitwise, and the indexer of the next QSA layer reads the attention's output, so left
+    to itself it may pick a different row at a near tie: issue 10's H200 failures of this test), the
+    fused kernel leaves the slots byte-identical to the split path's and the logits within bf16 of
+    resident's."""
+    tr = selection_trace(12, MID.attn_layers, BUDGET, min(LENS)).cuda()
+    res0, _ = _run(model, "resident", trace=tr)
+    split, st_s = _run(model, "hot_cache", trace=tr, hot_capacity=capacity)
+    res, st = _run(model, "hot_cache", trace=tr, hot_capacity=capacity, hot_fused=True)
+    for (lg, sel, *_), (lg0, sel0, *_) in zip(res, res0):
         assert torch.equal(sel, sel0)
         rel = (lg.float() - lg0.float()).norm() / lg0.float().norm()
         assert rel < 3e-2, rel
+    S = st.index.slots
+    assert torch.equal(st.data[:, :S], st_s.data[:, :S]), "fused kernel's slot writes differ from the split gather's"
+    assert st.counters() == st_s.counters() and st.counters()["hits"] > 0 and st.counters()["misses"] > 0
 
 
 @pytest.mark.parametrize("policy", POLICIES)

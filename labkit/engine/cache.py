@@ -62,17 +62,31 @@ class OffloadCache:
         """Store N tokens' K/V rows [N, row] (bf16) and index keys [N, D] fp8 + scales [N] of QSA
         `layer` at `where = locate(slots, positions)`, through the transfer strategy (which may mirror
         rows elsewhere). Device tensors only: a decode step's write stays inside its CUDA graph."""
-        rows, flat = where
+        rows, _ = where
         strategy.store(self.pool, layer, rows, kv_rows.reshape(rows.shape[0], -1).view(torch.int64))
+        self.write_index(layer, where, keys, scales)
+
+    def write_index(self, layer: int, where: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor,
+                    scales: torch.Tensor) -> None:
+        """The index-key half of `write` (the rotating-buffer prefill stores the K/V rows itself, on its
+        write-back stream, and the keys here on the compute stream)."""
+        flat = where[1]
         self.index.keys[layer].view(torch.uint8).view(-1, keys.shape[-1]).index_copy_(0, flat, keys.view(torch.uint8))
         self.index.scales[layer].view(-1).index_copy_(0, flat, scales)
 
-    def read_prefix(self, layer: int, slot: int, n: int, out: torch.Tensor) -> torch.Tensor:
-        """Positions [0, n) of a slot's K/V rows into `out [>= n, W]` on the compute device, one copy
-        per contiguous run of pages (the whole prefix a dense prefill chunk attends to)."""
-        for p, r, m in self.pages.runs(slot, 0, n):
+    def read_prefix(self, layer: int, slot: int, n: int, out: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Positions [start, n) of a slot's K/V rows into `out[start:n]` (`out [>= n, W]` on the compute
+        device), one copy per contiguous run of pages (the whole prefix a dense prefill chunk attends to).
+        Returns `out[:n]`."""
+        for p, r, m in self.pages.runs(slot, start, n):
             out[p:p + m].copy_(self.pool.data[layer, r:r + m], non_blocking=True)
         return out[:n]
+
+    def write_back(self, layer: int, slot: int, start: int, end: int, src: torch.Tensor) -> None:
+        """`src[start:end]` (device rows of positions [start, end)) into the pool, one copy per
+        contiguous run of pages: DMA on the current stream, the reverse of `read_prefix`."""
+        for p, r, m in self.pages.runs(slot, start, end):
+            self.pool.data[layer, r:r + m].copy_(src[p:p + m], non_blocking=True)
 
     def row_words(self) -> int:
         return self.pool.row_bytes // WORD

@@ -49,9 +49,11 @@ NO_MARKS = _NoMarks()
 
 class Engine:
     def __init__(self, model, cache: OffloadCache, strategy: TransferStrategy, budget: int,
-                 prefill_chunk: int = 8192, compile: bool | None = None):
+                 prefill_chunk: int = 8192, compile: bool | None = None, prefill_mode: str = "sync"):
         if budget <= 0:
             raise ValueError(f"budget must be > 0, got {budget}")
+        check_prefill_mode(prefill_mode, cache.pool.medium)
+        self.prefill_mode = prefill_mode
         if (cache.pool.medium == "device") != (strategy.medium == "device"):
             raise ValueError(f"strategy {strategy.name} needs a {strategy.medium} pool, cache has {cache.pool.medium}")
         self.model, self.cache, self.strategy, self.budget = model, cache, strategy, budget
@@ -72,7 +74,7 @@ class Engine:
         else:
             mark("weights", new_block=True)
             q, gate, kv_row, k8, sc, iq, iw = f.qsa_pre(blk, x, pos)
-            self.cache.write(ki, io.where, kv_row, k8, sc, self.strategy)
+            io.write(ki, kv_row, k8, sc)
             att = yield from io.attend(ki, q, iq, iw, pos)
             mark("weights")
             x = f.qsa_out(blk, x, att, gate)
@@ -81,30 +83,42 @@ class Engine:
 
     # ------------------------------------------------------------------ prefill
     @torch.inference_mode()
-    def prefill(self, slot: int, tokens: torch.Tensor | None, hidden: torch.Tensor | None = None) -> torch.Tensor:
+    def prefill(self, slot: int, tokens: torch.Tensor | None, hidden: torch.Tensor | None = None,
+                start: int = 0) -> torch.Tensor:
         """Run a prompt through the model in chunks; K/V rows go to the pool, index keys to the device.
         Returns the last token's logits; a pipeline stage without the head returns the hidden states
         of all tokens instead, and one without the embedding takes them as `hidden` [T, hidden]."""
-        chunks = self.prefill_chunks(slot, tokens, hidden)
+        chunks = self.prefill_chunks(slot, tokens, hidden, start)
         while True:
             try:
                 next(chunks)
             except StopIteration as done:
                 return done.value
 
-    def prefill_chunks(self, slot: int, tokens: torch.Tensor | None, hidden: torch.Tensor | None = None):
+    def prefill_chunks(self, slot: int, tokens: torch.Tensor | None, hidden: torch.Tensor | None = None,
+                       start: int = 0):
         """`prefill` one chunk at a time: a generator that yields `(start, end)` after each chunk and
         returns what `prefill` returns, so a scheduler can run decode steps between a prompt's chunks.
         The slot's length is set when the last chunk is done. Drive it under `torch.inference_mode()`
-        (a context entered inside a generator would stay on in the caller between chunks)."""
+        (a context entered inside a generator would stay on in the caller between chunks).
+        `start`: positions [0, start) are already in the cache (a cached prefix, or a bench that
+        measures the last chunks of a long prompt); only [start, T) is computed.
+        `self.prefill_mode` says how a chunk reaches its prefix: `sync` (read back from the pool on
+        the compute stream) or `rotating` (four layer-sized buffers, `prefill_buffers.py`)."""
         m, c = self.model, self.cache
         T = tokens.numel() if hidden is None else hidden.shape[0]
         if T > c.capacity:
             raise ValueError(f"prompt of {T} tokens exceeds the cache capacity {c.capacity}")
+        if not 0 <= start < T:
+            raise ValueError(f"prefill start {start} outside the prompt [0, {T})")
         c.pages.reserve(slot, T)
-        io = _PrefillIO(self, slot, T)
+        if self.prefill_mode == "rotating":
+            from .prefill_buffers import RotatingPrefillIO
+            io = RotatingPrefillIO(self, slot, T)
+        else:
+            io = _PrefillIO(self, slot, T)
         outs, x = [], None
-        for a in range(0, T, self.prefill_chunk):
+        for a in range(start, T, self.prefill_chunk):
             e = min(T, a + self.prefill_chunk)
             pos = torch.arange(a, e, device=m.device)
             io.begin_chunk(a, e)
@@ -115,6 +129,7 @@ class Engine:
                 outs.append(x)
             if e < T:
                 yield a, e
+        io.finish()
         c.lens[slot] = T
         return m.norm(x[-1:]) @ m.lm_head if m.lm_head is not None else torch.cat(outs)
 
@@ -150,6 +165,16 @@ class Engine:
         return DecodeRunner(self, batch, graphs, trace, max_steps, first)
 
 
+PREFILL_MODES = ("sync", "rotating")
+
+
+def check_prefill_mode(mode: str, medium: str) -> None:
+    if mode not in PREFILL_MODES:
+        raise ValueError(f"unknown prefill_mode {mode!r}: choose from {', '.join(PREFILL_MODES)}")
+    if mode == "rotating" and medium != "host":
+        raise ValueError("prefill_mode=rotating offloads the prompt's KV: it needs a host pool (not the resident strategy)")
+
+
 def _run(gen):
     """Drive a block generator that must not yield (prefill) to its return value."""
     try:
@@ -168,6 +193,12 @@ class _PrefillIO:
         self.e, self.slot, self.fns, self.mark = engine, slot, engine._eager_fns, NO_MARKS.mark
         self.prefix = torch.empty((T, engine.cache.row_words()), dtype=torch.int64, device=m.device)
         self.end, self.where = 0, None
+
+    def write(self, ki, kv_rows, keys, scales) -> None:
+        self.e.cache.write(ki, self.where, kv_rows, keys, scales, self.e.strategy)
+
+    def finish(self) -> None:
+        pass
 
     def begin_chunk(self, start: int, end: int) -> None:
         self.end = end
@@ -197,6 +228,9 @@ class _DecodeIO:
         # Layer-independent, so once per step: the new token's pool row and key slot, the lengths.
         self.where = engine.cache.locate(st.slots, pos)
         self.lens = pos + 1
+
+    def write(self, ki, kv_rows, keys, scales) -> None:
+        self.e.cache.write(ki, self.where, kv_rows, keys, scales, self.e.strategy)
 
     def deltanet(self, blk, ki, x):
         c, sp, f = self.e.cache, self.st.span, self.fns

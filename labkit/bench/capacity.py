@@ -1,0 +1,301 @@
+"""Capacity and goodput under a device-memory cap (issue 10, item 6; FlashOffloading's comparison,
+SEEDS.md §2): for a context length and a cap (e.g. 24 GiB, the reference box's per-card memory), how
+many requests fit, and the decode goodput of those that keep their TPOT under a limit, in three
+configurations:
+
+| config    | prefill                                   | decode                                       |
+|-----------|-------------------------------------------|----------------------------------------------|
+| `none`    | KV resident; one layer-sized prefix copy  | KV resident (`resident`)                     |
+| `prefill` | rotating layer buffers (4 layers on device)| KV resident (`resident`)                     |
+| `both`    | rotating layer buffers                    | KV in host RAM, `hot_cache` slots on device  |
+
+Device bytes (`budget_bytes`), from the engine's own allocations: the weights, a fixed `workspace_gib`
+(prefill activations, CUDA graphs, cuBLAS), the prefill working set of one prompt of the context, and
+per request: its KV (not in `both`), its index keys, its DeltaNet state, the decode staging of
+`budget` rows, and in `both` the hot cache's slots and reverse index (`HotCache.device_bytes`). `both`
+is also bounded by host RAM (`host_cap_gib` of pinned KV). In a colocated engine, decode holds every
+request's KV, so prefill-only offload changes only the prefill working set (four layer buffers
+against sync's one, so it may hold one request *fewer*); its gain in the seed is prefill throughput
+(`bench/prefill.py`), not decode capacity. Offload in both stages is what multiplies the batch.
+
+Goodput: decode tok/s of the requests whose TPOT stays under `tpot_ms`. For a configuration, the
+decode step is timed (the decode sweep's `measure_decode`, CUDA graphs, under the cap) at its full
+capacity; a step over the limit means those requests are not good, so the batch a scheduler would
+admit instead is timed too (capacity x limit / step, once more if still over). goodput = batch /
+step for the largest timed batch under the limit, 0 when none is.
+
+    python -m labkit.bench.capacity --out DIR -p context_len=32K -p mem_cap_gib=24 -p tpot_ms=30
+
+Bad input (cap below the weights, a capacity of 0 requests, unknown config or hot policy): one line,
+exit 2, before anything is allocated.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+from ..engine.hot_cache import HotCache, check_settings
+from ..engine.layers import dn_state_shapes
+from ..engine.prefill_buffers import rotating_buffer_bytes
+from ..results import Run
+from ..shapes import ModelShape
+from .params import BadInput, Param, check_positive, gib, one_line, resolve, resolve_device
+from .prefill import apply_cap, check_cap
+
+EXPERIMENT = "capacity"
+CONFIGS = {"none": "resident", "prefill": "resident", "both": "hot_cache"}
+
+SPEC = [
+    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
+    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    Param("context_len", "int", 0, "tokens per request (0: 32K on CUDA, 256 on CPU)"),
+    Param("mem_cap_gib", "float", 24.0, "device memory cap (GiB)"),
+    Param("host_cap_gib", "float", 0.0, "pinned host KV allowed (GiB; 0: half the RAM)"),
+    Param("workspace_gib", "float", 2.0, "device reserve for activations, graphs, cuBLAS (GiB)"),
+    Param("configs", "list[str]", ["none", "prefill", "both"], "none, prefill, both"),
+    Param("budget", "int", 2048, "indexer budget (rows per request and QSA layer)"),
+    Param("hot_capacity", "int", 4096, "hot_cache slots per request and QSA layer (both)"),
+    Param("hot_policy", "str", "lru", "hot_cache eviction policy (both)"),
+    Param("selection", "str", "indexer", "indexer, or trace:PATH (recorded selections)"),
+    Param("tpot_ms", "float", 30.0, "TPOT limit of a good request (ms)"),
+    Param("max_batch", "int", 0, "largest batch timed (0: no limit beyond the capacity)"),
+    Param("steps", "int", 10, "decode steps per repeat"),
+    Param("repeats", "int", 2, "timed repeats"),
+    Param("measure", "bool", True, "time the decode step (false: capacities only)"),
+    Param("seed", "int", 0, "weights and cache contents"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+
+
+@dataclass(frozen=True)
+class Fit:
+    config: str
+    per_request_bytes: int     # device bytes each request adds
+    shared_bytes: int          # weights + workspace + one prefill's working set
+    n_device: int              # requests the cap holds
+    n_host: int | None         # requests the host RAM holds (offloaded decode only)
+    requests: int              # min of the two
+
+    def row(self) -> dict:
+        return {"config": self.config, "per_request_bytes": self.per_request_bytes, "shared_bytes": self.shared_bytes,
+                "n_device": self.n_device, "n_host": self.n_host, "requests": self.requests}
+
+
+def request_bytes(shape: ModelShape, ctx: int, config: str, budget: int, hot_capacity: int) -> int:
+    """Device bytes one decoding request holds in `config` (module docstring)."""
+    st, cv = dn_state_shapes(shape)
+    dn = shape.deltanet_layers * (math.prod(st) * 4 + math.prod(cv) * 2)
+    index = shape.attn_layers * ctx * shape.index_key_bytes
+    staging = min(budget, ctx) * shape.row_bytes
+    if config == "both":
+        kv = HotCache.device_bytes(shape.attn_layers, 1, hot_capacity, ctx, shape.row_bytes)
+    else:
+        kv = shape.attn_layers * ctx * shape.row_bytes
+    return dn + index + staging + kv
+
+
+def shared_bytes(shape: ModelShape, ctx: int, config: str, workspace: float) -> int:
+    prefill = (shape.row_bytes * ctx if config == "none"          # sync: the prefix read back, one layer
+               else rotating_buffer_bytes(ctx, shape.row_bytes, shape.attn_layers))
+    return shape.weight_bytes() + int(workspace) + prefill
+
+
+def fit(shape: ModelShape, ctx: int, cap: float, config: str, budget: int = 2048, hot_capacity: int = 4096,
+        host_cap: float | None = None, workspace: float = 2 * 2**30) -> Fit:
+    per, shared = request_bytes(shape, ctx, config, budget, hot_capacity), shared_bytes(shape, ctx, config, workspace)
+    n_dev = max(0, int((cap - shared) // per))
+    n_host = None
+    if config == "both":
+        n_host = int(host_cap // (ctx * shape.kv_bytes_per_token())) if host_cap is not None else None
+    n = n_dev if n_host is None else min(n_dev, n_host)
+    return Fit(config, per, shared, n_dev, n_host, n)
+
+
+def plan(given: dict) -> tuple[dict, ModelShape, torch.device, list[Fit]]:
+    p = resolve(SPEC, given, EXPERIMENT)
+    dev = resolve_device(p["device"])
+    p["device"] = str(dev)
+    if p["shape"] == "auto":
+        p["shape"] = "qwen3.8-flash-next" if dev.type == "cuda" else "tiny"
+    if p["context_len"] == 0:
+        p["context_len"] = 32 << 10 if dev.type == "cuda" else 256
+    try:
+        shape = ModelShape.from_name(p["shape"])
+    except ValueError as ex:
+        raise BadInput(str(ex)) from None
+    bad = [c for c in p["configs"] if c not in CONFIGS]
+    if bad or not p["configs"]:
+        raise BadInput(f"unknown config {bad[0] if bad else '(none)'}: choose from {', '.join(CONFIGS)}")
+    check_positive("context_len", [p["context_len"]])
+    check_positive("budget", [p["budget"]])
+    for k in ("steps", "repeats"):
+        check_positive(k, [p[k]])
+    if p["tpot_ms"] <= 0:
+        raise BadInput(f"tpot_ms must be > 0, got {p['tpot_ms']}")
+    if p["mem_cap_gib"] <= 0:
+        raise BadInput(f"mem_cap_gib must be > 0, got {p['mem_cap_gib']}")
+    check_cap(p["mem_cap_gib"], shape, dev)
+    try:
+        check_settings(p["hot_capacity"], p["hot_policy"])
+    except ValueError as ex:
+        raise BadInput(str(ex)) from None
+    if p["selection"] != "indexer" and not p["selection"].startswith("trace:"):
+        raise BadInput(f"selection must be 'indexer' or 'trace:PATH', got {p['selection']!r}")
+    host = p["host_cap_gib"] * 2**30 if p["host_cap_gib"] > 0 else psutil.virtual_memory().total / 2
+    p["host_cap_gib"] = round(host / 2**30, 2)
+    fits = [fit(shape, p["context_len"], p["mem_cap_gib"] * 2**30, c, p["budget"], p["hot_capacity"], host,
+                p["workspace_gib"] * 2**30) for c in p["configs"]]
+    for f in fits:
+        if f.requests <= 0:
+            why = (f"the cap leaves {gib(p['mem_cap_gib'] * 2**30 - f.shared_bytes)} after weights, workspace and "
+                   f"prefill buffers ({gib(f.shared_bytes)}); one request needs {gib(f.per_request_bytes)}")
+            if f.n_host == 0:
+                why = f"host_cap_gib={p['host_cap_gib']} holds no request of {gib(p['context_len'] * shape.kv_bytes_per_token())} KV"
+            raise BadInput(f"config {f.config}: no request of {p['context_len']} tokens fits a "
+                           f"{p['mem_cap_gib']:g} GiB cap: {why}")
+    return p, shape, dev, fits
+
+
+def _batches_to_try(n: int, max_batch: int) -> int:
+    return min(n, max_batch) if max_batch > 0 else n
+
+
+def _reusing_caches(stages, dp):
+    """The decode sweep's `Caches`, except that a cache of more slots serves a smaller batch (a runner
+    uses slots [0, batch)): a TPOT-bound retry does not allocate, pin and fill the host pool again."""
+    from .decode import Caches
+
+    class Reuse(Caches):
+        def get(self, medium, conc, ctx):
+            have = self.cache.get(medium)
+            if have and have[0].n_slots >= conc:
+                return have
+            return super().get(medium, conc, ctx)
+
+    return Reuse(stages, dp)
+
+
+def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
+    """One decode point (the decode sweep's measure_decode) for `f.config` at `batch` requests."""
+    from .decode import Point, measure_decode, plan as decode_plan
+    strat = CONFIGS[f.config]
+    dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": strat,
+                      "context_lens": str(p["context_len"]), "budgets": str(p["budget"]), "concurrency": str(batch),
+                      "repeats": str(p["repeats"]), "steps": str(p["steps"]), "prefill_lens": "", "probe": "false",
+                      "anatomy": "false", "selection": p["selection"], "hot_capacity": str(p["hot_capacity"]),
+                      "hot_policy": p["hot_policy"], "seed": str(p["seed"])})
+    caches = caches if caches is not None else _reusing_caches(session.stages, dp)
+    caches.pl = dp                 # sizes a new cache for this batch (the plan's only concurrency)
+    return measure_decode(session.stages, caches, Point(batch, p["context_len"], p["budget"], strat, "context"),
+                          dp, session.tel)
+
+
+def run(given: dict, progress=print) -> Run:
+    p, shape, dev, fits = plan(given)
+    apply_cap(p["mem_cap_gib"], dev)
+    r = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
+    base = {"device": p["device"], "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name,
+            "context_len": p["context_len"], "budget": p["budget"], "mem_cap_bytes": int(p["mem_cap_gib"] * 2**30),
+            "tpot_ms_limit": p["tpot_ms"], "selection": p["selection"]}
+    r.update_manifest(weight_bytes=shape.weight_bytes(), fits=[f.row() for f in fits])
+    for f in fits:
+        progress(f"capacity {f.config}: {f.requests} requests (device {f.n_device}, host {f.n_host}) "
+                 f"at {p['context_len']} tokens under {p['mem_cap_gib']:g} GiB")
+    if not p["measure"]:
+        for f in fits:
+            r.add({**base, "experiment": EXPERIMENT, "status": "ok", "error": None, **f.row()})
+        r.finish("ok")
+        return r
+    from .decode import DecodeSession, plan as decode_plan
+    dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": "resident", "context_lens": str(p["context_len"]),
+                      "budgets": str(p["budget"]), "concurrency": "1", "prefill_lens": "", "probe": "false", "seed": str(p["seed"])})
+    done: dict[tuple[str, int], dict] = {}     # none and prefill decode alike: time a batch once
+    with DecodeSession(dp) as session:
+        caches = {}
+        for f in fits:
+            batch = _batches_to_try(f.requests, p["max_batch"])
+            strat = CONFIGS[f.config]
+            for other in [k for k in caches if k != strat]:      # one medium's pool in memory at a time
+                caches.pop(other).release()
+            if strat not in caches:
+                caches[strat] = _reusing_caches(session.stages, session.pl)
+            tried = []
+            for _ in range(3):      # capacity, then what a TPOT-bound scheduler would admit (twice at most)
+                key = (CONFIGS[f.config], batch)
+                if key not in done:
+                    try:
+                        done[key] = measure_config(session, f, p, batch, caches[strat])
+                    except Exception as ex:      # a batch that does not fit after all is a row, not the end
+                        done[key] = {"status": "failed", "error": one_line(ex), "strategy": strat}
+                        caches[strat].release()
+                rec = done[key]
+                tpot = rec.get("step_ms_median") if rec.get("status") == "ok" else None
+                good = tpot is not None and tpot <= p["tpot_ms"]
+                tried.append((batch, tpot, good, rec))
+                progress(f"  {f.config} batch {batch}: " + (f"TPOT {tpot:.2f} ms" if tpot else rec.get("error", "failed")))
+                if good or batch == 1:
+                    break
+                if tpot is None:         # out of memory after all (workspaces the arithmetic misses): 10% fewer
+                    if "memory" not in str(rec.get("error", "")).lower():
+                        break
+                    batch = max(1, batch - max(1, batch // 10))
+                    continue
+                batch = max(1, min(batch - 1, int(batch * p["tpot_ms"] / tpot)))
+            for b, tpot, good, rec in tried:
+                rec = {k: v for k, v in rec.items() if k not in ("concurrency",)} | {"concurrency": b}
+                rec = {**rec, **base, **f.row(), "experiment": EXPERIMENT, "batch": b, "tpot_ms": tpot, "good": good,
+                       "goodput_tok_s": b / (tpot / 1e3) if good else 0.0}
+                r.add(rec)
+    df = r.metrics()
+    ok = df[df["status"] == "ok"]
+    summary = []
+    for f in fits:
+        # `requests` is the arithmetic's count; `good_batch` the largest batch timed under the TPOT limit
+        mine = ok[ok["config"] == f.config]
+        best = mine.loc[mine["goodput_tok_s"].idxmax()] if len(mine) else None
+        summary.append({"config": f.config, "requests": f.requests, "n_device": f.n_device, "n_host": f.n_host,
+                        "good_batch": int(best["batch"]) if best is not None and best["goodput_tok_s"] > 0 else 0,
+                        "tpot_ms": float(best["tpot_ms"]) if best is not None else None,
+                        "goodput_tok_s": float(best["goodput_tok_s"]) if best is not None else 0.0})
+    none = next((s["goodput_tok_s"] for s in summary if s["config"] == "none"), 0.0)
+    for s in summary:
+        s["goodput_vs_none"] = s["goodput_tok_s"] / none if none else None
+    import pandas as pd
+    sdf = pd.DataFrame(summary)
+    r.write_table("goodput", sdf)
+    sdf.to_csv(r.path / "goodput.csv", index=False)
+    df.drop(columns=[c for c in df.columns if c.startswith("anat_")]).to_csv(r.path / "metrics.csv", index=False)
+    r.finish("ok" if (df["status"] == "ok").all() else "partial")
+    progress(sdf.to_string(index=False))
+    return r
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m labkit.bench.capacity", description=__doc__.splitlines()[0])
+    ap.add_argument("-p", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    try:
+        given = {}
+        for kv in a.p:
+            if "=" not in kv:
+                raise BadInput(f"-p {kv}: expected KEY=VALUE")
+            k, v = kv.split("=", 1)
+            given[k] = v
+        if a.out:
+            given["out_dir"] = a.out
+        r = run(given)
+    except BadInput as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    print(f"wrote {r.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Capacity under a device-memory cap and the prefill bench (issue 10, items 5-6) on CPU: the capacity
+arithmetic equals what the engine really allocates; bad input is one line and exit 2 before any run
+folder exists; both benches write run folders with manifest.json."""
+import json
+import math
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from labkit.bench.capacity import fit, request_bytes
+from labkit.engine import HybridModel, OffloadCache, get_strategy
+from labkit.engine.layers import dn_state_shapes
+from labkit.shapes import PRESETS
+
+REF, TINY = PRESETS["qwen3.8-flash-next"], PRESETS["tiny"]
+
+
+def _cli(module, *args, cwd=None):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_request_bytes_equal_the_engines_allocations():
+    """One request's cache (pool on the device, index keys, DeltaNet state) and, offloaded, the hot
+    cache's bound state: the bytes the arithmetic charges are the bytes the engine allocates."""
+    model = HybridModel(TINY, "cpu", seed=0)
+    ctx, budget, cap = 512, 64, 96
+    c = OffloadCache.allocate(model, "device", 1, ctx, page_size=256)
+    d = c.device_bytes()
+    staging = budget * TINY.row_bytes
+    assert request_bytes(TINY, ctx, "none", budget, cap) == \
+        d["device_kv_bytes"] + d["device_index_bytes"] + d["device_state_bytes"] + staging
+    h = OffloadCache.allocate(model, "host", 1, ctx, page_size=256)
+    st = get_strategy("hot_cache", hot_capacity=cap)
+    st.bind(h, 1, budget)
+    idx = st.index
+    hot = sum(t.numel() * t.element_size() for t in (st.data, idx.rev, idx.slot_row, idx.key, idx._owner, idx._prot))
+    hd = h.device_bytes()
+    got = request_bytes(TINY, ctx, "both", budget, cap)
+    want = hd["device_index_bytes"] + hd["device_state_bytes"] + staging + hot
+    assert got == want
+
+
+def test_offloading_both_stages_holds_more_requests_at_24_gib():
+    cap = 24 * 2**30
+    none, pre, both = (fit(REF, 64 << 10, cap, c, host_cap=64 * 2**30) for c in ("none", "prefill", "both"))
+    assert 0 < pre.requests <= none.requests < both.requests
+    assert both.n_host == 64 * 2**30 // ((64 << 10) * REF.kv_bytes_per_token())
+    # none: the cap minus weights, workspace and one layer-sized prefix, over a request's resident KV
+    assert none.requests == (cap - REF.weight_bytes() - 2 * 2**30 - (64 << 10) * REF.row_bytes) // none.per_request_bytes
+
+
+@pytest.mark.parametrize("module,args,msg", [
+    ("labkit.bench.capacity", ["-p", "mem_cap_gib=0.0001"], "weights"),
+    ("labkit.bench.capacity", ["-p", "configs=none,gpu"], "unknown config gpu"),
+    ("labkit.bench.capacity", ["-p", "hot_policy=mru"], "unknown policy"),
+    ("labkit.bench.capacity", ["-p", "hot_capacity=0"], "capacity"),
+    ("labkit.bench.capacity", ["-p", "mem_cap_gib=0.002", "-p", "context_len=1M", "-p", "workspace_gib=0"], "no request"),
+    ("labkit.bench.capacity", ["-p", "mem_cap_gib=-1"], "mem_cap_gib"),
+    ("labkit.bench.prefill", ["-p", "modes=resident,async"], "unknown prefill mode async"),
+    ("labkit.bench.prefill", ["-p", "mem_cap_gib=0.0001"], "weights"),
+    ("labkit.bench.prefill", ["-p", "context_lens=256", "-p", "tail_tokens=256"], "tail_tokens"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, module, args, msg):
+    out = tmp_path / "run"
+    p = _cli(module, "--out", str(out), "-p", "device=cpu", *args)
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and msg in lines[0], p.stderr
+    assert not out.exists(), "a run folder was created before the input was checked"
+
+
+def test_capacity_run_on_cpu(tmp_path):
+    out = tmp_path / "cap"
+    p = _cli("labkit.bench.capacity", "--out", str(out), "-p", "device=cpu", "-p", "context_len=128",
+             "-p", "mem_cap_gib=0.006", "-p", "workspace_gib=0", "-p", "hot_capacity=16", "-p", "budget=16",
+             "-p", "max_batch=2", "-p", "steps=2", "-p", "repeats=1", "-p", "tpot_ms=100000")
+    assert p.returncode == 0, p.stderr[-3000:]
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["experiment"] == "capacity" and man["status"] == "ok" and len(man["fits"]) == 3
+    g = pd.read_csv(out / "goodput.csv").set_index("config")
+    assert list(g.index) == ["none", "prefill", "both"]
+    assert (g["good_batch"] == 2).all() and (g["goodput_tok_s"] > 0).all()
+    m = pd.read_csv(out / "metrics.csv")
+    assert set(m["strategy"]) == {"resident", "hot_cache"}
+    assert math.isclose(g.loc["both", "goodput_tok_s"], 2 / (m[m.config == "both"]["tpot_ms"].iloc[0] / 1e3))
+
+
+def test_prefill_bench_on_cpu(tmp_path):
+    out = tmp_path / "pf"
+    p = _cli("labkit.bench.prefill", "--out", str(out), "-p", "device=cpu", "-p", "context_lens=200",
+             "-p", "tail_tokens=72", "-p", "chunk=64")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = pd.read_csv(out / "metrics.csv").set_index("mode")
+    assert list(m.index) == ["resident", "sync", "rotating"] and (m["status"] == "ok").all()
+    assert (m["computed_tokens"] == 72).all() and m.loc["resident", "vs_resident"] == 1.0
+    assert m.loc["rotating", "prefill_buffer_bytes"] == min(4, TINY.attn_layers) * 200 * TINY.row_bytes
+    assert json.loads((out / "manifest.json").read_text())["parameters"]["tail_tokens"] == 72
