@@ -18,6 +18,9 @@ from . import summary as S
 
 DECODE_RUN = "results/20261129-153810-decode-h200"
 PROBE_RUN = "results/20261129-153514-probe-h200"
+MULTIGPU_RUNS = ["results/20261130-065613-multigpu-h200x2", "results/20261130-070629-multigpu-h200x2"]  # c=1 / rerun
+PREFILL_RUNS = ["results/20261130-071914-prefill-248k-h200", "results/20261130-071914-prefill-1m-cap24-h200"]
+CAPACITY_RUN = "results/20261130-071914-capacity-cap24-h200"
 PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
 
 
@@ -123,9 +126,64 @@ def validation_summary(m: pd.DataFrame) -> str:
     return _md(pd.DataFrame(rows))
 
 
+def multigpu_table() -> str:
+    """1 GPU vs the layers split over two (stages taking turns) vs pipelined micro-batches; the rerun's
+    points where it has them, concurrency 1 from the first run; gather scaling and hand-off beside."""
+    first, rerun = (load_run(REPO / r).metrics for r in MULTIGPU_RUNS)
+    dec = lambda m: m[(m.experiment == "decode") & (m.status == "ok")]
+    d = pd.concat([dec(first)[dec(first).concurrency == 1], dec(rerun)])
+    best = d.sort_values("tok_s").groupby(["strategy", "context_len", "concurrency", "layout"]).last().reset_index()
+    rows = []
+    for (s, c, n), g in best.groupby(["strategy", "context_len", "concurrency"]):
+        by = g.set_index("layout")
+        one = by.tok_s.get("1gpu")
+        r = {"strategy": s, "context": _ctx(c), "requests": int(n), "1 GPU tok/s": f"{one:.1f}" if one else "does not fit",
+             "split tok/s (bubble)": f"{by.tok_s['split']:.1f} ({by.bubble_share['split']:.0%})"}
+        if "pipelined" in by.index:
+            pp = by.loc["pipelined"]
+            r["pipelined tok/s (micro-batches, bubble)"] = f"{pp.tok_s:.1f} ({int(pp.micro_batches)}, {pp.bubble_share:.0%})"
+            r["pipelined / 1 GPU"] = f"{pp.tok_s / one:.2f}" if one else "–"
+        else:
+            r["pipelined tok/s (micro-batches, bubble)"] = "–"
+            r["pipelined / 1 GPU"] = "–"
+        r["split / 1 GPU"] = f"{by.tok_s['split'] / one:.2f}" if one else "–"
+        rows.append(r)
+    g = rerun[(rerun.experiment == "gather") & (rerun.status == "ok")]
+    alone = g[g["mode"] == "alone"].gbps.max()
+    agg = g[g["mode"] == "together"].gbps_aggregate.iloc[0]
+    h = first[(first.experiment == "handoff") & (first.status == "ok")]
+    lead = (f"Zero-copy gather of one decode step (48 MiB), each GPU over its own link: one GPU {alone:.1f} GB/s, "
+            f"both at once {agg:.1f} GB/s (**{agg / alone:.2f}x**). Hand-off of one step's activations "
+            f"cuda:0 -> cuda:1 (NVLink): {h.us_median.median():.0f} µs.")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
+def prefill_table() -> str:
+    rows = []
+    for run in PREFILL_RUNS:
+        m = load_run(REPO / run).metrics
+        for _, r in m.iterrows():
+            cap = r.get("mem_cap_bytes")
+            rows.append({"prompt": _ctx(r.context_len), "computed (last tokens)": _ctx(r.tail_tokens) if r.get("tail_tokens") else "all",
+                         "mode": r["mode"], "cap": f"{cap / 2**30:.0f} GiB" if pd.notna(cap) else "none",
+                         "status": r.status, "tok/s": f"{r.tok_s:.0f}" if pd.notna(r.tok_s) else "–",
+                         "vs resident": f"{r.vs_resident:.3f}" if pd.notna(r.get("vs_resident")) else "–",
+                         "device peak": f"{r.device_mem_peak_bytes / 2**30:.1f} GiB" if pd.notna(r.get("device_mem_peak_bytes")) else "–"})
+    return _md(pd.DataFrame(rows))
+
+
+def capacity_table() -> str:
+    g = load_run(REPO / CAPACITY_RUN).table("goodput")
+    rows = [{"configuration": r.config, "requests held": int(r.requests), "batch under TPOT limit": int(r.good_batch),
+             "TPOT ms": f"{r.tpot_ms:.2f}", "goodput tok/s": f"{r.goodput_tok_s:.0f}", "vs none": f"{r.goodput_vs_none:.2f}"}
+            for r in g.itertuples()]
+    return _md(pd.DataFrame(rows))
+
+
 def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
-    return {"decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
+    return {"multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
+            "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
             "predict-rtx3090": prediction_table(m), "costmodel-h200": validation_summary(m)}
 
