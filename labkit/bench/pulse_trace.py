@@ -25,12 +25,15 @@ from pathlib import Path
 from .params import BadInput, Param, one_line, resolve, resolve_device
 
 EXPERIMENT = "pulse"
-TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces" / "conversation_trace.jsonl"
+# The first 1,000 requests (330 s of arrivals) of the Mooncake FAST'25 conversation trace (Apache-2.0,
+# kvcache-ai/Mooncake; the whole hour is ../shared/data/traces/conversation_trace.jsonl), committed in
+# the package: a GPU host gets only the repository tree, and the default replay uses the first 64.
+TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake-conversation-first1000.jsonl"
 
 SPEC = [
     Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
     Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("trace", "str", "", "Mooncake-format trace (empty: shared/data/traces/conversation_trace.jsonl)"),
+    Param("trace", "str", "", "Mooncake-format trace (empty: the trace's first 1,000 requests, labkit/data)"),
     Param("n_requests", "int", 0, "first N requests of the trace (0: 64 on CUDA, 8 on CPU)"),
     Param("rate", "float", 1.0, "arrival-rate multiplier (2: twice as fast as the trace)"),
     Param("length_scale", "float", 0.0, "multiply input lengths (0: 1.0 on CUDA, 1/200 on CPU)"),
@@ -79,6 +82,11 @@ def _params(given: dict) -> dict:
     from ..engine.scheduler import Costs, parse_policy
     for pol in p["policies"]:
         parse_policy(pol.replace("noswitch:", "threshold:"), Costs(0, 0, 0))
+    if p["resident_slots"] and p["resident_pool_tokens"] and p["resident_pool_tokens"] < p["capacity"]:
+        # a request of `capacity` tokens placed resident could never get its pages: say so now, not
+        # as a failed policy row after the pools are allocated
+        raise BadInput(f"resident_pool_tokens {p['resident_pool_tokens']} is below the {p['capacity']} tokens a "
+                       "request slot holds (capacity): lower capacity or raise the pool")
     p["device"] = str(dev)
     return p
 
@@ -225,3 +233,38 @@ def run(given: dict, progress_bar: bool = False):
         run.write_table(name, pd.DataFrame(rows))
     run.finish("ok" if all(r["status"] == "ok" for r in run.records) else "partial")
     return run
+
+
+def main(argv=None) -> int:
+    """`python -m labkit.bench.pulse_trace -p key=value ... --out DIR`: the replay without papermill (a GPU
+    host without Jupyter); `labkit report DIR` renders the notebook from the folder's tables later."""
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser(prog="python -m labkit.bench.pulse_trace", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-p", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    given = {}
+    for kv in a.p:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            print(f"error: -p {kv!r} is not key=value", file=sys.stderr)
+            return 2
+        given[k.strip()] = v.strip()
+    if a.out:
+        given["out_dir"] = a.out
+    try:
+        r = run(given)
+    except BadInput as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    m = r.metrics()
+    cols = [c for c in ("policy", "status", "output_throughput", "tpot_ms_p99", "ttft_ms_p99", "share_offloaded",
+                        "switches", "error") if c in m]
+    print(m[cols].to_string(index=False))
+    print(r.path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
