@@ -229,6 +229,9 @@ def run(given: dict, progress_bar: bool = False):
             loads += [{"policy": pol, "iteration": r["iteration"], "bytes": b} for b in r.get("load_bytes", [])]
         for t in out["timelines"]:
             spans += [{"policy": pol, "iteration": t["iteration"], "mode": t["mode"], **s} for s in t["spans"]]
+        # after every policy: a run cut short (a device session's time limit) keeps what it measured
+        for name, rows in (("requests", reqs), ("rounds", rounds), ("timeline", spans), ("loads", loads)):
+            run.write_table(name, pd.DataFrame(rows))
     for name, rows in (("requests", reqs), ("rounds", rounds), ("timeline", spans), ("loads", loads)):
         run.write_table(name, pd.DataFrame(rows))
     run.finish("ok" if all(r["status"] == "ok" for r in run.records) else "partial")
