@@ -108,3 +108,45 @@ def test_scaling_bench_run_folder_on_cpu(tmp_path):
     assert (m["tok_s"] > 0).all()
     assert len(pd.read_parquet(out / "timeline.parquet")) > 0
     assert main(["--shape", "tiny", "--device", "cpu", "--requests", "0", "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_report_pieces_find_the_session_and_join_quality(tmp_path, monkeypatch):
+    """The pulse report's physics section: companion runs found by the manifests' session (not by name),
+    the scaling figure with its bound and crossover, and the selection table joining block transfers with
+    the committed quality run at the same budget."""
+    from labkit.bench.pulse_blocks import main as blocks_main
+    from labkit.bench.pulse_scaling import main as scaling_main
+    from labkit.report import pulse_figures as F
+    from labkit.results import REPO, Run
+    monkeypatch.setenv("LABKIT_SESSION", "sess-1")
+    assert blocks_main(["--shape", "tiny", "--device", "cpu", "--context", "4096", "--budget", "2048", "--block", "16",
+                        "--repeats", "1", "--run-dir", str(tmp_path / "b")]) == 0
+    assert scaling_main(["--shape", "tiny", "--device", "cpu", "--context", "64", "--budget", "16", "--requests", "2",
+                         "--steps", "1", "--page-size", "16", "--out", str(tmp_path / "x-scaling")]) == 0
+    Run.create(tmp_path / "t", "pulse", {})
+    monkeypatch.setenv("LABKIT_SESSION", "other")
+    Run.create(tmp_path / "stranger", "pulse_scaling", {})
+    comp = F.companions(tmp_path / "t")
+    assert comp == {"pulse_blocks": tmp_path / "b", "pulse_scaling": tmp_path / "x-scaling"}
+
+    # the scaling figure from a GPU-like table: bound lines and both crossovers drawn
+    def row(n, mode, ms, extra, xfer):
+        return {"status": "ok", "mode": mode, "concurrency": n, "tok_s": n / ms * 1e3, "context_len": 1 << 20,
+                "no_switch_model_ms": ms, "switched_floor_ms": ms * 0.8, "extra_weight_ms": extra,
+                "transfer_ms": xfer, "crossover_physics": 3.4}
+    m = pd.DataFrame([row(n, mode, 5 + n, 3.0, 0.9 * n) for n in (2, 4, 8) for mode in ("no_switch", "switched")])
+    assert F.measured_crossover(m) == pytest.approx(2 + 2 * (3 - 1.8) / (3.6 - 1.8))
+    fig = F.scaling(m)
+    assert len(fig.data) == 4 and len(fig.layout.shapes) == 2
+
+    qdir, qsum = F.latest_quality_summary(REPO / "results")
+    assert qdir is not None
+    bl = pd.read_parquet(tmp_path / "b" / "metrics.parquet")
+    t = F.selection_table(bl, qsum, 5.0, TINY.attn_layers)
+    assert list(t["selection"]) == ["per_head", "retrieval_head"]
+    assert (t["link_bytes_per_step"] == 2048 * TINY.row_bytes * TINY.attn_layers).all()
+    q = qsum[qsum["budget"] == 2048].groupby("policy")["ppl_ratio"].mean()
+    assert t.set_index("selection").loc["retrieval_head", "ppl_ratio"] == pytest.approx(q["retrieval_head"])
+    assert t.set_index("selection").loc["per_head", "ppl_ratio"] == pytest.approx(q["oracle"])
+    assert (t["step_ms_zero_copy"] > 5.0).all()
+    assert len(F.selection_figure(t).data) >= 7

@@ -72,3 +72,20 @@ def test_pulse_notebook_parameters_match_spec():
     from labkit.execute import EXPERIMENTS, NOTEBOOKS
     names = set(pm.inspect_notebook(str(NOTEBOOKS / EXPERIMENTS["pulse"].notebook)))
     assert names == {p.name for p in P.SPEC} | {"run_dir"}
+
+
+def test_default_trace_travels_with_the_package_and_pool_check(tmp_path):
+    """The default trace is the committed first 1,000 Mooncake requests (a GPU host gets only the tree);
+    a resident pool smaller than one request slot is one line before anything is allocated, from the
+    plain-Python entry point too (no papermill on the GPU host)."""
+    p = P.plan({"device": "cpu"})
+    assert p["trace"].endswith("labkit/data/mooncake-conversation-first1000.jsonl")
+    from labkit.serving.workload import load_trace
+    rows = load_trace(p["trace"])
+    assert len(rows) == 1000 and rows[0]["input_length"] == 6758 and rows[-1]["timestamp"] == 330000
+    with pytest.raises(BadInput, match="resident_pool_tokens"):
+        P.plan({"device": "cpu", "capacity": 512, "resident_pool_tokens": 256})
+    r = subprocess.run([sys.executable, "-m", "labkit.bench.pulse_trace", "-p", "device=cpu", "-p", "rate=-1",
+                        "--out", str(tmp_path / "never")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == ["error: rate must be > 0, got -1.0"]
+    assert not (tmp_path / "never").exists()
