@@ -201,15 +201,24 @@ def selection_figure(t: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def latest_quality_summary(root) -> tuple:
+def latest_quality_summary(root, block: int | None = None) -> tuple:
     """(path, quality_summary) of the newest quality run under `root` that measured both the per-KV-head
-    oracle and the retrieval head; (None, None) if there is none."""
+    oracle and the retrieval head, selecting in blocks of `block` tokens when such a run exists (runs
+    from before the `block` parameter selected single tokens); (None, None) if there is none."""
     import json
     from pathlib import Path
+    found = []
     for d in sorted(Path(root).iterdir(), reverse=True):
         f, q = d / "manifest.json", d / "quality_summary.parquet"
-        if f.is_file() and q.is_file() and json.loads(f.read_text()).get("experiment") == "quality":
-            s = pd.read_parquet(q)
-            if {"oracle", "retrieval_head"} <= set(s["policy"]):
-                return d, s
-    return None, None
+        if not (f.is_file() and q.is_file()):
+            continue
+        mf = json.loads(f.read_text())
+        if mf.get("experiment") != "quality":
+            continue
+        s = pd.read_parquet(q)
+        if {"oracle", "retrieval_head"} <= set(s["policy"]):
+            found.append((int(mf.get("parameters", {}).get("block") or 1), d, s))
+    for b, d, s in found:
+        if block is None or b == block:
+            return d, s
+    return (found[0][1], found[0][2]) if found else (None, None)
