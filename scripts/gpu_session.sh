@@ -83,7 +83,7 @@ case "$MODE" in
     echo "trace replay: ${left}s left"
     timeout $left python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-h200" \
         -p n_requests=${PULSE_REQUESTS:-32} -p max_output=64 -p capacity=65536 -p rate=1.0 \
-        -p policies=noswitch:4096,threshold:4096,adaptive,threshold:16384,threshold:8192 -p timeline_every=5 \
+        -p policies=noswitch:4096,threshold:4096,adaptive,threshold:16384,threshold:8192 -p timeline_every=5 -p transport=auto \
         2>&1 | grep -v DEBUG | tail -15
     echo "pulse mode: ${SECONDS}s"
     (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back

@@ -52,6 +52,8 @@ SPEC = [
     Param("prefill_chunk", "int", 0, "prefill chunk (0: 8192 on CUDA, 64 on CPU)"),
     Param("graphs", "bool", False, "CUDA graphs per batch composition (CUDA only)"),
     Param("compile", "bool", False, "torch.compile the block pieces (CUDA; one compile per batch size seen)"),
+    Param("transport", "str", "http", "http: labkit serve + the load generator; inprocess: the scheduler's own "
+          "clock, no server (a GPU host without fastapi/uvicorn/httpx); auto: http when importable"),
     Param("seed", "int", 0, "model weights"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
 ]
@@ -77,6 +79,12 @@ def _params(given: dict) -> dict:
     for k in ("n_requests", "max_output", "capacity", "budget", "page_size", "prefill_chunk"):
         if p[k] <= 0:
             raise BadInput(f"{k} must be > 0, got {p[k]}")
+    if p["transport"] == "auto":
+        import importlib.util
+        have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
+        p["transport"] = "http" if have else "inprocess"
+    if p["transport"] not in ("http", "inprocess"):
+        raise BadInput(f"transport must be http, inprocess or auto, got {p['transport']!r}")
     if p["resident_slots"] < 0 or p["offload_slots"] < 0 or p["resident_slots"] + p["offload_slots"] == 0:
         raise BadInput("resident_slots and offload_slots must be >= 0, not both 0")
     from ..engine.scheduler import Costs, parse_policy
@@ -125,12 +133,7 @@ def _free_port() -> int:
 
 def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     """One policy: a server on a free port, the load generator against it; returns records and stats."""
-    import httpx
-    import uvicorn
-
     from ..engine.scheduler import Scheduler, calibrate, make_lanes, parse_policy
-    from ..serving.engine_server import EngineLoop, create_app
-    from ..serving.loadgen import run_load
     lanes = make_lanes(model.shape, model.device, p["resident_slots"], p["offload_slots"], capacity=p["capacity"],
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
@@ -139,9 +142,21 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     switching = not policy.startswith("noswitch:")
     sched = Scheduler(lanes, parse_policy(policy.replace("noswitch:", "threshold:"), costs), switching=switching,
                       timeline_every=p["timeline_every"], graphs=p["graphs"])
+    from ..engine.scheduler import Request
     for s in specs:      # every request must fit where the policy may put it: one line before anything runs
-        from ..engine.scheduler import Request
         sched.validate(Request(s.prompt, s.output_len, id=str(s.index)))
+    if p["transport"] == "inprocess":
+        # the same scheduler on its own clock: arrivals at the trace's times, records in the load
+        # generator's format (`Request.record`); no HTTP or streaming overhead in the latencies
+        done = sched.run([Request(s.prompt, s.output_len, arrival=s.arrival_s, id=str(s.index)) for s in specs])
+        recs = [r.record() for r in done]
+        stats = {"records": recs, "rounds": list(sched.rounds), "graphs": sched.graphs, "graph_error": sched.graph_error}
+        return {"records": recs, "stats": stats, "timelines": list(sched.timelines), "costs": costs}
+    import httpx
+    import uvicorn
+
+    from ..serving.engine_server import EngineLoop, create_app
+    from ..serving.loadgen import run_load
     loop = EngineLoop(sched).start()
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(loop, "labkit"), host="127.0.0.1", port=port, log_level="warning"))
@@ -191,7 +206,8 @@ def _summary(policy: str, p: dict, out: dict) -> dict:
            "gpu_stall_share_sampled": stall / span if span else None,
            "h2d_bytes_total": sum(r["h2d_bytes"] for r in rounds),
            "graphs": st.get("graphs"), "graph_error": st.get("graph_error"),
-           "rate": p["rate"], "length_scale": p["length_scale"], "n_requests": len(recs), **s}
+           "rate": p["rate"], "length_scale": p["length_scale"], "n_requests": len(recs), "transport": p["transport"],
+           **s}
     if out["costs"] is not None:
         row.update({f"cost_{k}": v for k, v in out["costs"].__dict__.items()})
     return row
