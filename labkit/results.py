@@ -90,6 +90,8 @@ class Run:
                     "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "git_sha": git_sha(), "labkit": __version__, **machine_info(), "parameters": params,
                     "status": "running"}
+        if os.environ.get("LABKIT_SESSION"):     # runs made by one device session (their reports meet)
+            manifest["session"] = os.environ["LABKIT_SESSION"]
         run = cls(path, manifest)
         run._write_manifest()
         return run

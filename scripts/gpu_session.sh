@@ -4,6 +4,8 @@
 #   scripts/gpu_session.sh tests            GPU tests + link probe + a small decode sweep (pipeline check)
 #   scripts/gpu_session.sh sweep [ARGS...]  the reference decode sweep (labkit run decode ARGS)
 #   scripts/gpu_session.sh roofline         link probe beside the shared probe (agreement), GPU tests
+#   scripts/gpu_session.sh pulse            PulseInfer (issue 11), ~7 min: block transfers, concurrency scaling at 1M,
+#                                           GPU pulse tests, the Mooncake trace replay per placement policy
 #   scripts/gpu_session.sh explore          the explorer's "measure now" pressed on the GPU (tests/test_gpu_explore.py),
 #                                           then the committed nightly's decode-small entry resumed (--date 2026-11-29)
 #   scripts/gpu_session.sh multigpu         (x2 host) the layer split vs one GPU, pipelined micro-batches, gather
@@ -97,6 +99,35 @@ case "$MODE" in
     timeout ${PREFILL_TIMEOUT:-560} python3 -m labkit.bench.prefill --out "$OUT/$stamp-prefill-1m-full-cap24-h200" \
         -p context_lens=1M -p modes=rotating -p mem_cap_gib=24 2>&1 | tail -4
     (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    ;;
+  pulse)
+    # Run folders straight under $OUT (a run cut short still comes back), one session id in every manifest
+    # (the pulse report finds its companions by it). Render later on a machine with Jupyter:
+    #   labkit report results/<stamp>-pulse-trace-h200   (its notebook draws the scaling and block figures too)
+    # Pass LABKIT_GIT_SHA=$(git rev-parse --short HEAD) when the tree travels without .git.
+    export LABKIT_SESSION=$stamp
+    SECONDS=0
+    budget=${PULSE_BUDGET_S:-420}
+    # 1. block-granular transfers of one QSA layer's selection: per-head 8 KB units vs coalesced vs zero_copy,
+    #    each against a contiguous pinned copy of the same bytes in the same process (~20 s)
+    timeout 120 python3 -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 64 --repeats 20 \
+        --run-dir "$OUT/$stamp-pulse-blocks-h200" 2>&1 | grep -v '^{' | tail -3
+    # 2. every request offloaded at 1M: one batch vs two switched, 1..16 requests, with the bound (~90 s)
+    timeout 200 python3 -m labkit.bench.pulse_scaling --context 1048576 --requests 1,2,3,4,6,8,12,16 --steps 8 \
+        --out "$OUT/$stamp-pulse-scaling-h200" 2>&1 | tail -30
+    # 3. the pulse GPU tests (switching changes no token; graphs; overlap; block transfers) (~60 s)
+    timeout 150 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_pulse.py 2>&1 | grep -v DEBUG \
+        | tail -40 > "$OUT/$stamp-gpu-pulse-tests.txt"
+    tail -3 "$OUT/$stamp-gpu-pulse-tests.txt"
+    # 4. the trace replay with what is left: policies most wanted first (metrics written after each policy)
+    left=$(( budget - SECONDS )); [ $left -lt 60 ] && left=60
+    echo "trace replay: ${left}s left"
+    timeout $left python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-h200" \
+        -p n_requests=${PULSE_REQUESTS:-32} -p max_output=64 -p capacity=65536 -p rate=1.0 \
+        -p policies=noswitch:4096,threshold:4096,adaptive,threshold:16384,threshold:8192 -p timeline_every=5 -p transport=auto \
+        2>&1 | grep -v DEBUG | tail -15
+    echo "pulse mode: ${SECONDS}s"
+    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back
     ;;
   explore)
     # "measure now": the explorer's button over the committed H200 runs; the live run folder is kept

@@ -72,3 +72,40 @@ def test_pulse_notebook_parameters_match_spec():
     from labkit.execute import EXPERIMENTS, NOTEBOOKS
     names = set(pm.inspect_notebook(str(NOTEBOOKS / EXPERIMENTS["pulse"].notebook)))
     assert names == {p.name for p in P.SPEC} | {"run_dir"}
+
+
+def test_default_trace_travels_with_the_package_and_pool_check(tmp_path):
+    """The default trace is the committed first 1,000 Mooncake requests (a GPU host gets only the tree);
+    a resident pool smaller than one request slot is one line before anything is allocated, from the
+    plain-Python entry point too (no papermill on the GPU host)."""
+    p = P.plan({"device": "cpu"})
+    assert p["trace"].endswith("labkit/data/mooncake-conversation-first1000.jsonl")
+    from labkit.serving.workload import load_trace
+    rows = load_trace(p["trace"])
+    assert len(rows) == 1000 and rows[0]["input_length"] == 6758 and rows[-1]["timestamp"] == 330000
+    with pytest.raises(BadInput, match="resident_pool_tokens"):
+        P.plan({"device": "cpu", "capacity": 512, "resident_pool_tokens": 256})
+    r = subprocess.run([sys.executable, "-m", "labkit.bench.pulse_trace", "-p", "device=cpu", "-p", "rate=-1",
+                        "--out", str(tmp_path / "never")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == ["error: rate must be > 0, got -1.0"]
+    assert not (tmp_path / "never").exists()
+
+
+def test_inprocess_transport_same_tables(tmp_path):
+    """`transport=inprocess` (a GPU host without the ASGI stack): the same scheduler on its own clock,
+    the same run-folder tables and metrics, switching still on for `threshold:N`."""
+    good = _trace(tmp_path / "g.jsonl", GOOD)
+    run = P.run({"device": "cpu", "trace": good, "n_requests": "4", "rate": "10", "transport": "inprocess",
+                 "policies": "threshold:60,noswitch:60", "resident_slots": "2", "offload_slots": "2",
+                 "timeline_every": "1", "out_dir": str(tmp_path / "run")})
+    m = pd.read_parquet(run.path / "metrics.parquet")
+    assert list(m["policy"]) == ["threshold:60", "noswitch:60"] and set(m["status"]) == {"ok"}
+    assert (m["completed"] == 4).all() and set(m["transport"]) == {"inprocess"}
+    assert m.iloc[0]["switched_rounds"] > 0 and m.iloc[1]["switched_rounds"] == 0
+    assert (m["tpot_ms_p99"] > 0).all() and (m["output_throughput"] > 0).all()
+    r = pd.read_parquet(run.path / "requests.parquet")
+    assert set(r["lane"]) == {"resident", "offload"} and len(r) == 8
+    assert len(pd.read_parquet(run.path / "timeline.parquet")) > 0
+    assert P.plan({"device": "cpu", "transport": "auto"})["transport"] in ("http", "inprocess")
+    with pytest.raises(BadInput, match="transport"):
+        P.plan({"device": "cpu", "transport": "pigeon"})

@@ -80,6 +80,31 @@ def test_retrieval_head_keeps_sink_and_recent_then_its_head():
     assert sel - {0, 1, 37, 38, 39} == set((torch.topk(head, 3).indices + 2).tolist())
 
 
+def test_block_selection_takes_whole_blocks_of_most_mass():
+    """Block granularity (PulseInfer's 16-token blocks; here 4 of a 40-token past): every selected
+    position comes with its whole (causal part of the) block, `budget // block` blocks per row, and the
+    blocks are those of the most summed probability -- per KV head for `oracle`, the retrieval head's for
+    `retrieval_head` (its sink and recent blocks first)."""
+    p, qpos, kpos, causal = _probs(t=40)
+    ctl = SparseController(block=4, sink_window=2, recent_window=3, retrieval_heads={0: 4})
+    t = 39
+    m = select(ctl, 0, "oracle", 12, p, None, None, qpos, kpos, causal)
+    for h in range(2):
+        sel = torch.nonzero(m[0, h, 0, t]).flatten()
+        blocks = set((sel // 4).tolist())
+        assert len(blocks) == 3 and len(sel) == 12                      # whole blocks, budget // block of them
+        mass = p[0, h, :, t].sum(0).view(10, 4).sum(-1)
+        assert blocks == set(torch.topk(mass, 3).indices.tolist())
+    m = select(ctl, 0, "retrieval_head", 12, p, None, None, qpos, kpos, causal)[0, 0, 0, t]
+    blocks = set((torch.nonzero(m).flatten() // 4).tolist())
+    assert {0, 9} <= blocks and len(blocks) == 3                        # sink block, recent block, then mass
+    mass = p[0, 4 // 3, 4 % 3, t].view(10, 4).sum(-1)
+    assert (blocks - {0, 9}).pop() == int(torch.topk(mass[1:9], 1).indices) + 1
+    # a row whose causal past holds fewer blocks than the budget keeps its whole past
+    early = select(ctl, 0, "oracle", 12, p, None, None, qpos, kpos, causal)[0, 0, 0, 9]
+    assert torch.equal(early, causal[9])
+
+
 def test_selection_recall_hand_made():
     sel = torch.tensor([[1, 1, 0, 1, 0, 0], [0, 0, 1, 1, 1, 0]], dtype=torch.bool)
     ref = torch.tensor([[1, 0, 0, 1, 1, 0], [1, 1, 0, 0, 0, 1]], dtype=torch.bool)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -149,16 +150,31 @@ def main(argv=None) -> int:
     ap.add_argument("--block", type=int, nargs="+", default=[16])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="JSON file of the rows")
+    ap.add_argument("--run-dir", help="run folder (manifest.json, metrics.parquet) for the report")
     a = ap.parse_args(argv)
+    for b in a.block:               # bad sizes: one line before anything is allocated or written
+        if a.budget % b or a.context % b or not 0 < a.budget <= a.context:
+            print(f"error: budget {a.budget} and context {a.context} must be multiples of block {b}, "
+                  "0 < budget <= context", file=sys.stderr)
+            return 2
+    run = None
+    if a.run_dir:
+        from ..results import Run
+        run = Run.create(a.run_dir, "pulse_blocks", {k: v for k, v in vars(a).items() if k not in ("out", "run_dir")})
     rows = []
     for b in a.block:
         for r in block_probe(ModelShape.from_name(a.shape), a.device, a.context, a.budget, b, a.repeats, a.threads):
             rows.append(r)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+            if run is not None:
+                run.add({**r, "gpu_name": run.manifest.get("gpu_name") or "cpu"})
     if a.out:
         with open(a.out, "w") as f:
             json.dump(rows, f)
+    if run is not None:
+        run.finish("ok" if all(r["status"] == "ok" for r in rows) else "partial")
+        print(run.path)
     return 0
 
 

@@ -25,12 +25,15 @@ from pathlib import Path
 from .params import BadInput, Param, one_line, resolve, resolve_device
 
 EXPERIMENT = "pulse"
-TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces" / "conversation_trace.jsonl"
+# The first 1,000 requests (330 s of arrivals) of the Mooncake FAST'25 conversation trace (Apache-2.0,
+# kvcache-ai/Mooncake; the whole hour is ../shared/data/traces/conversation_trace.jsonl), committed in
+# the package: a GPU host gets only the repository tree, and the default replay uses the first 64.
+TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake-conversation-first1000.jsonl"
 
 SPEC = [
     Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
     Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("trace", "str", "", "Mooncake-format trace (empty: shared/data/traces/conversation_trace.jsonl)"),
+    Param("trace", "str", "", "Mooncake-format trace (empty: the trace's first 1,000 requests, labkit/data)"),
     Param("n_requests", "int", 0, "first N requests of the trace (0: 64 on CUDA, 8 on CPU)"),
     Param("rate", "float", 1.0, "arrival-rate multiplier (2: twice as fast as the trace)"),
     Param("length_scale", "float", 0.0, "multiply input lengths (0: 1.0 on CUDA, 1/200 on CPU)"),
@@ -49,6 +52,8 @@ SPEC = [
     Param("prefill_chunk", "int", 0, "prefill chunk (0: 8192 on CUDA, 64 on CPU)"),
     Param("graphs", "bool", False, "CUDA graphs per batch composition (CUDA only)"),
     Param("compile", "bool", False, "torch.compile the block pieces (CUDA; one compile per batch size seen)"),
+    Param("transport", "str", "http", "http: labkit serve + the load generator; inprocess: the scheduler's own "
+          "clock, no server (a GPU host without fastapi/uvicorn/httpx); auto: http when importable"),
     Param("seed", "int", 0, "model weights"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
 ]
@@ -74,11 +79,22 @@ def _params(given: dict) -> dict:
     for k in ("n_requests", "max_output", "capacity", "budget", "page_size", "prefill_chunk"):
         if p[k] <= 0:
             raise BadInput(f"{k} must be > 0, got {p[k]}")
+    if p["transport"] == "auto":
+        import importlib.util
+        have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
+        p["transport"] = "http" if have else "inprocess"
+    if p["transport"] not in ("http", "inprocess"):
+        raise BadInput(f"transport must be http, inprocess or auto, got {p['transport']!r}")
     if p["resident_slots"] < 0 or p["offload_slots"] < 0 or p["resident_slots"] + p["offload_slots"] == 0:
         raise BadInput("resident_slots and offload_slots must be >= 0, not both 0")
     from ..engine.scheduler import Costs, parse_policy
     for pol in p["policies"]:
         parse_policy(pol.replace("noswitch:", "threshold:"), Costs(0, 0, 0))
+    if p["resident_slots"] and p["resident_pool_tokens"] and p["resident_pool_tokens"] < p["capacity"]:
+        # a request of `capacity` tokens placed resident could never get its pages: say so now, not
+        # as a failed policy row after the pools are allocated
+        raise BadInput(f"resident_pool_tokens {p['resident_pool_tokens']} is below the {p['capacity']} tokens a "
+                       "request slot holds (capacity): lower capacity or raise the pool")
     p["device"] = str(dev)
     return p
 
@@ -117,12 +133,7 @@ def _free_port() -> int:
 
 def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     """One policy: a server on a free port, the load generator against it; returns records and stats."""
-    import httpx
-    import uvicorn
-
     from ..engine.scheduler import Scheduler, calibrate, make_lanes, parse_policy
-    from ..serving.engine_server import EngineLoop, create_app
-    from ..serving.loadgen import run_load
     lanes = make_lanes(model.shape, model.device, p["resident_slots"], p["offload_slots"], capacity=p["capacity"],
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
@@ -131,9 +142,21 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     switching = not policy.startswith("noswitch:")
     sched = Scheduler(lanes, parse_policy(policy.replace("noswitch:", "threshold:"), costs), switching=switching,
                       timeline_every=p["timeline_every"], graphs=p["graphs"])
+    from ..engine.scheduler import Request
     for s in specs:      # every request must fit where the policy may put it: one line before anything runs
-        from ..engine.scheduler import Request
         sched.validate(Request(s.prompt, s.output_len, id=str(s.index)))
+    if p["transport"] == "inprocess":
+        # the same scheduler on its own clock: arrivals at the trace's times, records in the load
+        # generator's format (`Request.record`); no HTTP or streaming overhead in the latencies
+        done = sched.run([Request(s.prompt, s.output_len, arrival=s.arrival_s, id=str(s.index)) for s in specs])
+        recs = [r.record() for r in done]
+        stats = {"records": recs, "rounds": list(sched.rounds), "graphs": sched.graphs, "graph_error": sched.graph_error}
+        return {"records": recs, "stats": stats, "timelines": list(sched.timelines), "costs": costs}
+    import httpx
+    import uvicorn
+
+    from ..serving.engine_server import EngineLoop, create_app
+    from ..serving.loadgen import run_load
     loop = EngineLoop(sched).start()
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(loop, "labkit"), host="127.0.0.1", port=port, log_level="warning"))
@@ -183,7 +206,8 @@ def _summary(policy: str, p: dict, out: dict) -> dict:
            "gpu_stall_share_sampled": stall / span if span else None,
            "h2d_bytes_total": sum(r["h2d_bytes"] for r in rounds),
            "graphs": st.get("graphs"), "graph_error": st.get("graph_error"),
-           "rate": p["rate"], "length_scale": p["length_scale"], "n_requests": len(recs), **s}
+           "rate": p["rate"], "length_scale": p["length_scale"], "n_requests": len(recs), "transport": p["transport"],
+           **s}
     if out["costs"] is not None:
         row.update({f"cost_{k}": v for k, v in out["costs"].__dict__.items()})
     return row
@@ -221,7 +245,45 @@ def run(given: dict, progress_bar: bool = False):
             loads += [{"policy": pol, "iteration": r["iteration"], "bytes": b} for b in r.get("load_bytes", [])]
         for t in out["timelines"]:
             spans += [{"policy": pol, "iteration": t["iteration"], "mode": t["mode"], **s} for s in t["spans"]]
+        # after every policy: a run cut short (a device session's time limit) keeps what it measured
+        for name, rows in (("requests", reqs), ("rounds", rounds), ("timeline", spans), ("loads", loads)):
+            run.write_table(name, pd.DataFrame(rows))
     for name, rows in (("requests", reqs), ("rounds", rounds), ("timeline", spans), ("loads", loads)):
         run.write_table(name, pd.DataFrame(rows))
     run.finish("ok" if all(r["status"] == "ok" for r in run.records) else "partial")
     return run
+
+
+def main(argv=None) -> int:
+    """`python -m labkit.bench.pulse_trace -p key=value ... --out DIR`: the replay without papermill (a GPU
+    host without Jupyter); `labkit report DIR` renders the notebook from the folder's tables later."""
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser(prog="python -m labkit.bench.pulse_trace", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-p", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    given = {}
+    for kv in a.p:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            print(f"error: -p {kv!r} is not key=value", file=sys.stderr)
+            return 2
+        given[k.strip()] = v.strip()
+    if a.out:
+        given["out_dir"] = a.out
+    try:
+        r = run(given)
+    except BadInput as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    m = r.metrics()
+    cols = [c for c in ("policy", "status", "output_throughput", "tpot_ms_p99", "ttft_ms_p99", "share_offloaded",
+                        "switches", "error") if c in m]
+    print(m[cols].to_string(index=False))
+    print(r.path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

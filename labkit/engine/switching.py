@@ -193,6 +193,55 @@ def switched_round(norm: Engine, norm_state, off: Engine, off_state, loader: Loa
     return st
 
 
+def pingpong_round(a: Engine, a_state, b: Engine, b_state, loaders: tuple[Loader, Loader],
+                   timeline: Timeline | None = None, a_gen=None, b_gen=None) -> RoundStats:
+    """One decode step of each of two *offloaded* batches, each computing while the other's rows travel
+    (the all-offloaded case of the concurrency-scaling experiment: no resident batch to hide behind).
+
+    Strict alternation: A runs to its next QSA layer and issues that load on its side stream; B does
+    the same; then A resumes after a device-side wait on its load's event, and so on. With two batches
+    of equal size the load issued first is the one to resume, so no event query is needed and the host
+    never sleeps. What it costs: each batch reads the weights once per step, twice per round where one
+    merged batch reads them once (`bench.pulse_scaling.two_batch_bound`). `a_gen`/`b_gen`: graph
+    replays (`replay(capture_pieces(e, s, "loads"))`) in place of the eager steps."""
+    st = RoundStats()
+    tl = timeline
+    gens = [a_gen if a_gen is not None else a.decode_segments(a_state),
+            b_gen if b_gen is not None else b.decode_segments(b_state)]
+    names = ("offloaded A", "offloaded B")
+
+    def advance(i: int) -> Pending | None:
+        t0 = tl.stamp() if tl else None
+        try:
+            req = next(gens[i])
+        except StopIteration:
+            req = None
+        if tl:
+            tl.add(names[i], "compute", "head" if req is None else f"to QSA {req.layer}", t0, tl.stamp())
+        st.order.append(("ab"[i], -1 if req is None else req.layer))
+        if req is None:
+            return None
+        p = loaders[i].issue(req, tl)
+        st.loads_offloaded.append(p.result)
+        if tl:
+            tl.add(names[i], "transfer", f"QSA {req.layer}", p.start, p.end)
+        return p
+
+    pending = [advance(0), advance(1)]
+    while any(p is not None for p in pending):
+        for i in (0, 1):
+            p = pending[i]
+            if p is None:
+                continue
+            t0 = tl.stamp() if tl else None
+            st.switches += 1
+            p.join()                # device-side: the GPU waits only if the rows have not arrived yet
+            if tl:
+                tl.add(names[i], "wait", f"QSA {p.req.layer}", t0, tl.stamp())
+            pending[i] = advance(i)
+    return st
+
+
 def sequential_round(engines_states: list[tuple[Engine, object]], timeline: Timeline | None = None) -> RoundStats:
     """The no-switching baseline: each batch's step in turn, every load inline on the main stream."""
     st = RoundStats()

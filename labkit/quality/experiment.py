@@ -39,6 +39,7 @@ SPEC = [
     Param("calib_sequences", "int", 2, "calibration sequences per corpus (indexer fit, retrieval heads)"),
     Param("sink_window", "int", 16, "positions at the start kept by retrieval_head and excluded from mid share"),
     Param("recent_window", "int", 64, "last positions kept by retrieval_head and excluded from mid share"),
+    Param("block", "int", 1, "select whole blocks of this many tokens (PulseInfer: 16); 1: single tokens"),
     Param("trace_policies", "list[str]", ["indexer", "retrieval_head", "oracle_shared"], "layer-shared policies traced"),
     Param("trace_budgets", "list[int]", [256, 2048], "budgets traced"),
     Param("trace_steps", "int", 32, "greedy decode steps per trace"),
@@ -75,6 +76,8 @@ def plan(given: dict) -> dict:
     if p["trace_steps"] and not (max(p["trace_budgets"] or [1]) < p["trace_prompt_len"] <= 8192 - p["trace_steps"]):
         raise BadInput(f"trace_prompt_len must exceed the trace budgets and leave room for trace_steps in 8192, "
                        f"got {p['trace_prompt_len']}")
+    if p["block"] < 1 or any(b % p["block"] for b in p["budgets"]):
+        raise BadInput(f"block must be >= 1 and divide every budget, got block {p['block']}")
     if p["sink_window"] < 0 or p["recent_window"] < 1:
         raise BadInput("sink_window must be >= 0 and recent_window >= 1")
     return p
@@ -111,6 +114,7 @@ def run_quality(given: dict, run=None, log=print):
                                         "dtype": p["dtype"]})
         ctl, calib_share = prepare_policies(model, tok, p["policies"], p["corpora"], p["seq_len"], p["calib_sequences"],
                                             p["eval_tokens"], p["sink_window"], p["recent_window"], log=log)
+        ctl.block = p["block"]  # calibration ran dense; the sweep and the traces select in blocks
         if calib_share is None:  # retrieval heads still worth reporting
             calib_share = head_share_map(model, tok, p["corpora"], p["seq_len"], p["calib_sequences"], p["eval_tokens"],
                                          "calibration", p["sink_window"], p["recent_window"])

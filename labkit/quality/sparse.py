@@ -22,6 +22,12 @@ Policies (score -> top-`budget` positions per row, restricted to the causal past
 | `indexer`       | one set per layer      | compressed index key (64 fp8 values + fp16 scale = 66 B/token) . projected query (`labkit.quality.indexer`) |
 | `retrieval_head`| one set per layer      | the layer's retrieval head's probabilities, sink and recent windows forced in first |
 
+Block granularity (`SparseController.block = b > 1`, PulseInfer's blocks of 16 tokens): the key axis is cut
+into blocks of `b` positions and whole blocks are selected, `budget // b` of them per row: a block's score is
+the sum of its positions' scores for the probability-based policies (the attention mass it holds) and
+their maximum for `indexer` (its scores are logits). Sink and recent bonuses of `retrieval_head` are summed
+with the rest, so those blocks still come first.
+
 Statistics gathered while running (per layer, only on rows that are really sparsified, i.e. rows
 whose causal past is longer than the budget): attention-mass recall (share of the dense attention
 mass, averaged over query heads, that falls on the selected positions), and for layer-shared
@@ -82,6 +88,7 @@ class SparseController:
     recent_window: int = 64
     indexer: object | None = None  # labkit.quality.indexer.Indexer
     retrieval_heads: dict[int, int] = field(default_factory=dict)  # layer -> query head
+    block: int = 1  # select whole blocks of this many positions (1: single positions)
     collect_overlap: bool = True
     collect_head_share: bool = False  # mid-context share per head (forces the explicit path)
     record_selection: bool = False  # keep the last call's selected positions (decode traces)
@@ -141,9 +148,41 @@ def _topk_mask(score: torch.Tensor, k: int, causal: torch.Tensor) -> torch.Tenso
     return mask & causal
 
 
+def _block_topk_mask(score: torch.Tensor, k: int, causal: torch.Tensor, block: int, pool: str) -> torch.Tensor:
+    """`_topk_mask` over blocks of `block` key positions: the top `k // block` blocks (a block's score is
+    the `pool` -- sum or max -- of its causal positions' scores), expanded back to positions."""
+    n = score.shape[-1]
+    if k >= n:
+        return causal.expand(score.shape).clone()
+    nb, pad = -(-n // block), -n % block
+    fill = 0.0 if pool == "sum" else float("-inf")
+    s = torch.nn.functional.pad(score.masked_fill(~causal, fill), (0, pad), value=fill)
+    s = s.unflatten(-1, (nb, block))
+    bs = s.sum(-1) if pool == "sum" else s.amax(-1)
+    bc = torch.nn.functional.pad(causal, (0, pad)).unflatten(-1, (nb, block)).any(-1)    # block has a causal key
+    bs = bs.masked_fill(~bc, float("-inf"))
+    kb = max(1, k // block)
+    if kb >= nb:
+        return causal.expand(score.shape).clone()
+    idx = torch.topk(bs, kb, dim=-1, sorted=False).indices
+    bm = torch.zeros(bs.shape, dtype=torch.bool, device=score.device).scatter_(-1, idx, True) & bc
+    return bm.repeat_interleave(block, dim=-1)[..., :n] & causal
+
+
 def select(ctl: "SparseController", layer: int, policy: str, budget: int, p: torch.Tensor, query, key,
            qpos: torch.Tensor, kpos: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
-    """Selected positions as a bool mask broadcastable to p [B,Hkv,G,Tq,Tk].
+    if getattr(ctl, "block", 1) > 1:
+        b = ctl.block
+
+        def topk(score, k, c):
+            return _block_topk_mask(score, k, c, b, "max" if policy == "indexer" else "sum")
+    else:
+        topk = _topk_mask
+    return _select(ctl, layer, policy, budget, p, query, key, qpos, kpos, causal, topk)
+
+
+def _select(ctl, layer, policy, budget, p, query, key, qpos, kpos, causal, _topk_mask) -> torch.Tensor:
+    """(`_topk_mask` here is the position or block top-k that `select` chose.) Selected positions as a bool mask broadcastable to p [B,Hkv,G,Tq,Tk].
 
     p: dense attention probabilities; qpos/kpos: absolute positions; causal: [Tq,Tk].
     Shapes of the mask: [B,Hkv,G,..] (oracle_qhead), [B,Hkv,1,..] (oracle), [B,1,1,..] (layer-shared).

@@ -1,0 +1,293 @@
+"""Concurrency scaling with every request offloaded: one batch vs two batches switched (PulseInfer, issue 11).
+
+    python -m labkit.bench.pulse_scaling --context 1048576 --requests 1,2,4,8,12,16 --out DIR
+
+For N requests at `context` tokens, all with their KV in pinned host RAM (`strategy`, default zero_copy):
+- `no_switch`: one batch of N; at every QSA layer the batch's selected rows cross the link while the GPU
+  waits (the indexer needs that layer's query before it knows which rows to fetch);
+- `switched`: two batches of ceil(N/2) and floor(N/2), `switching.pingpong_round`: each computes while
+  the other's rows travel;
+- `resident` at N, ceil(N/2), floor(N/2): the same steps with the rows in HBM, i.e. the compute C(B);
+- the link: one contiguous pinned copy of a request's step of rows (GB/s), and HBM: a device copy.
+
+Every request's KV is the *same* host rows (one pool of `context` tokens; every slot's page table maps
+to it): 16 distinct 1M-token contexts would need 412 GB of host RAM, and decode time does not depend
+on the values. The link still carries each request's rows separately (bytes counted from the loads).
+
+The bound (`two_batch_bound`, derived in its docstring) is drawn from the measured C(B) and the measured
+link rate; `crossover_requests` gives the N above which switching can pay from the physics alone
+(weight bytes / HBM bandwidth vs a request's selected-row bytes / link bandwidth).
+Run folder: `metrics.parquet` (one row per N and mode), `timeline.parquet` (one switched round per N).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+
+import torch
+
+from .params import BadInput
+
+
+# ------------------------------------------------------------------------------------------ the bound
+def two_batch_bound(c_full: float, c_a: float, c_b: float, t_a: float, t_b: float) -> dict:
+    """Step times (ms per round of one token for every request) from measured parts.
+
+    c_full: compute of one step of the merged batch (rows already on the device); c_a, c_b: compute of
+    one step of each half; t_a, t_b: link time of each half's selected rows in one step.
+
+    - one batch, no switching: each QSA layer's rows are requested only once that layer's query exists
+      and the next layer needs them, so compute and transfer add: `no_switch = c_full + t_a + t_b`;
+    - two batches switched cannot beat (a) the GPU's work, both halves' compute, each of which reads
+      every weight once: `c_a + c_b`, (b) the link carrying both halves' rows one after another:
+      `t_a + t_b`, (c) either half's own chain of compute and transfer: `c_x + t_x`. So
+      `switched >= max(c_a + c_b, t_a + t_b, c_a + t_a, c_b + t_b)`.
+    With C(B) = W + B c (W the weight read, c per request) and T = t_a + t_b, switching can only win when
+    max(2W + N c, T, ...) < W + N c + T, i.e. when T > W (`c_a + c_b - c_full = W`): the transfer of the
+    merged batch must outweigh one extra read of the weights. The best it can do is hide the smaller of
+    the two: the gain is at most `no_switch / max(c_a + c_b, t_a + t_b)`."""
+    no_switch = c_full + t_a + t_b
+    floor = max(c_a + c_b, t_a + t_b, c_a + t_a, c_b + t_b)
+    return {"no_switch_model_ms": no_switch, "switched_floor_ms": floor, "gain_bound": no_switch / floor,
+            "extra_weight_ms": c_a + c_b - c_full, "transfer_ms": t_a + t_b}
+
+
+def crossover_requests(weight_bytes: float, hbm_gbps: float, row_bytes_per_request: float, link_gbps: float) -> float:
+    """N above which two switched batches can beat one: the merged batch's transfer N * t must exceed
+    the extra weight read W (see `two_batch_bound`): N* = (weight_bytes / HBM) / (row bytes / link)."""
+    if min(weight_bytes, hbm_gbps, row_bytes_per_request, link_gbps) <= 0:
+        raise ValueError("weight bytes, bandwidths and row bytes must be > 0")
+    return (weight_bytes / hbm_gbps) / (row_bytes_per_request / link_gbps)
+
+
+# ------------------------------------------------------------------------------------ the measurement
+def aliased_cache(model, pool, n_slots: int, context: int, capacity: int, page_size: int, seed: int):
+    """An `OffloadCache` of `n_slots` requests at `context` tokens whose page tables all map to the pages
+    of `pool` (one request's worth): distinct index keys and states per slot, shared K/V rows."""
+    from ..engine.cache import OffloadCache
+    c = OffloadCache.allocate(model, pool.medium, n_slots, capacity, page_size=page_size, pool_tokens=page_size)
+    per_slot = -(-capacity // page_size)
+    if pool.n_pages < per_slot:
+        raise ValueError(f"pool of {pool.n_pages} pages < {per_slot} a slot maps")
+    c.pool = pool
+    c.pages.n_pages, c.pages.free = pool.n_pages, []
+    for s in range(n_slots):
+        c.pages.pages[s] = list(range(per_slot))
+    c.pages.table.copy_(torch.arange(per_slot, device=c.pages.table.device).expand(n_slots, per_slot))
+    c.index.fill_random_(seed + 1)
+    g = torch.Generator(device=c.dn_state.device).manual_seed(seed + 2)
+    c.dn_state.normal_(0, 0.02, generator=g)
+    c.dn_conv.normal_(0, 1.0, generator=g)
+    c.lens.fill_(context)
+    return c
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(fn, n: int, dev) -> list[float]:
+    out = []
+    for _ in range(n):
+        _sync(dev)
+        t = time.perf_counter()
+        fn()
+        _sync(dev)
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def _link_probe(pool, nbytes: int, dev, repeats: int = 10) -> dict:
+    """Contiguous pinned H2D of `nbytes` from the pool (the link's reference) and a device-to-device
+    copy of the same size (HBM: read + write counted)."""
+    words = nbytes // 8
+    src = pool.data.view(-1)[:words]
+    dst = torch.empty(words, dtype=torch.int64, device=dev)
+    d2 = torch.empty_like(dst)
+    h2d = _time(lambda: dst.copy_(src, non_blocking=True), repeats, dev)
+    d2d = _time(lambda: d2.copy_(dst), repeats, dev)
+    return {"link_gbps": nbytes / statistics.median(h2d) / 1e6, "hbm_gbps": 2 * nbytes / statistics.median(d2d) / 1e6}
+
+
+@torch.inference_mode()
+def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2, 4, 8, 16), budget: int = 2048,
+            strategy: str = "zero_copy", steps: int = 10, warmup: int = 2, graphs: bool = True,
+            compile: bool = False, page_size: int = 256, seed: int = 0, log=print):
+    """Rows (one per N and mode) and one switched round's timeline per N; see the module doc."""
+    from ..engine import Engine, HybridModel, get_strategy
+    from ..engine.kv import KVPool
+    from ..engine.runner import DecodeState
+    from ..engine.switching import Loader, Timeline, capture_pieces, pingpong_round, replay, sequential_round
+    requests = sorted(set(int(n) for n in requests))
+    if not requests or requests[0] < 1:
+        raise BadInput(f"requests must be >= 1, got {requests}")
+    if budget > context:
+        raise BadInput(f"budget {budget} exceeds context {context}")
+    dev = torch.device(device)
+    st_off = get_strategy(strategy)
+    if st_off.medium != "host":
+        raise BadInput(f"strategy {strategy} keeps KV on the device; choose an offload strategy")
+    graphs = graphs and dev.type == "cuda" and st_off.graphable
+    n_max, half = requests[-1], -(-requests[-1] // 2)
+    rounds = len(requests) * 8 * (steps + warmup + 2) + 16        # every mode advances the lengths
+    capacity = context + rounds
+    model = HybridModel(shape, dev, seed=seed)
+    n_pages = -(-capacity // page_size)
+    host = KVPool("host", model.n_attn, n_pages, page_size, shape.row_bytes, dev)
+    host.fill_random_(seed)
+    devpool = KVPool("device", model.n_attn, n_pages, page_size, shape.row_bytes, dev)
+    devpool.fill_random_(seed)
+    full = aliased_cache(model, host, n_max, context, capacity, page_size, seed)
+    ca = aliased_cache(model, host, half, context, capacity, page_size, seed + 10)
+    cb = aliased_cache(model, host, half, context, capacity, page_size, seed + 20)
+    res_full = dataclasses.replace(full, pool=devpool)      # same slots, rows in HBM: compute without the link
+    req_bytes = budget * shape.row_bytes * model.n_attn
+    probe = _link_probe(host, req_bytes, dev) if dev.type == "cuda" else {"link_gbps": None, "hbm_gbps": None}
+    weight_bytes = model.step_weight_bytes()
+    base = {"experiment": "pulse_scaling", "status": "ok", "error": None, "device": str(dev),
+            "gpu_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "shape": shape.name,
+            "strategy": strategy, "context_len": context, "budget": budget, "graphs": graphs, "compile": compile,
+            "weight_bytes": weight_bytes, "row_bytes_per_request": req_bytes, **probe}
+    if probe["link_gbps"]:
+        base["crossover_physics"] = crossover_requests(weight_bytes, probe["hbm_gbps"], req_bytes, probe["link_gbps"])
+    rows, spans = [], []
+    for n in requests:
+        na, nb = -(-n // 2), n // 2
+        try:
+            lanes = {"no_switch": (Engine(model, full, st_off, budget, compile=compile), n),
+                     "resident": (Engine(model, res_full, get_strategy("resident"), budget, compile=compile), n),
+                     "resident_a": (Engine(model, res_full, get_strategy("resident"), budget, compile=compile), na)}
+            if nb:
+                lanes["resident_b"] = (Engine(model, res_full, get_strategy("resident"), budget, compile=compile), nb)
+                lanes["a"] = (Engine(model, ca, get_strategy(strategy), budget, compile=compile), na)
+                lanes["b"] = (Engine(model, cb, get_strategy(strategy), budget, compile=compile), nb)
+            states = {}
+            for k, (e, b) in lanes.items():
+                s = DecodeState(e, b, None, rounds)
+                e.strategy.bind(e.cache, b, s.k)
+                states[k] = (e, s)
+            timed = {}
+            if graphs:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):           # Triton JIT and workspaces outside any capture
+                    sequential_round(list(states.values()))
+                torch.cuda.current_stream().wait_stream(side)
+                torch.cuda.synchronize()
+                pool = torch.cuda.graph_pool_handle()
+                whole = {k: capture_pieces(e, s, "none", pool) for k, (e, s) in states.items() if k not in ("a", "b")}
+                if nb:
+                    pa = capture_pieces(*states["a"], "loads", torch.cuda.graph_pool_handle())
+                    pb = capture_pieces(*states["b"], "loads", torch.cuda.graph_pool_handle())
+                torch.cuda.synchronize()
+                for k, pieces in whole.items():
+                    timed[k] = (lambda p=pieces: [g.replay() for g, _ in p])
+                if nb:
+                    la, lb = Loader(states["a"][0]), Loader(states["b"][0])
+
+                    def sw(tl=None):
+                        return pingpong_round(*states["a"], *states["b"], (la, lb), tl, replay(pa), replay(pb))
+            else:
+                for k, es in states.items():
+                    if k not in ("a", "b"):
+                        timed[k] = (lambda es=es: sequential_round([es]))
+                if nb:
+                    la, lb = Loader(states["a"][0]), Loader(states["b"][0])
+
+                    def sw(tl=None):
+                        return pingpong_round(*states["a"], *states["b"], (la, lb), tl)
+            if nb:
+                timed["switched"] = sw
+            ms = {}
+            for k, fn in timed.items():
+                _time(fn, warmup, dev)
+                t = _time(fn, steps, dev)
+                ms[k] = (statistics.median(t), min(t), max(t))
+            link = probe["link_gbps"]
+            t_req = req_bytes / link / 1e6 if link else None
+            c_full = ms["resident"][0]
+            c_a = ms["resident_a"][0]
+            c_b = ms["resident_b"][0] if nb else 0.0
+            bound = two_batch_bound(c_full, c_a, c_b, na * t_req, nb * t_req) if t_req else {}
+            for mode in ("no_switch", "switched", "resident"):
+                if mode not in ms:
+                    continue
+                med, lo, hi = ms[mode]
+                rows.append({**base, "mode": mode, "concurrency": n, "batch_a": na if mode == "switched" else n,
+                             "batch_b": nb if mode == "switched" else 0, "step_ms_median": med, "step_ms_min": lo,
+                             "step_ms_max": hi, "tok_s": n / med * 1e3, "compute_full_ms": c_full,
+                             "compute_a_ms": c_a, "compute_b_ms": c_b,
+                             "h2d_bytes_per_step": 0 if mode == "resident" else n * req_bytes, **bound})
+                log(f"N={n:2d} {mode:9s} {med:8.2f} ms  {n / med * 1e3:8.1f} tok/s"
+                    + (f"  (bound: no-switch {bound['no_switch_model_ms']:.2f}, switched >= {bound['switched_floor_ms']:.2f})"
+                       if bound and mode != "resident" else ""))
+            if nb:
+                tl = Timeline(dev.type == "cuda")
+                stats = sw(tl)
+                rows[-2]["h2d_bytes_per_step_counted"] = sum(int(r.h2d_bytes) for r in stats.loads_offloaded)
+                spans += [{"concurrency": n, **s} for s in tl.spans()]
+        except Exception as ex:      # noqa: BLE001 - a failed point is a row, the sweep goes on
+            from .params import one_line
+            rows.append({**base, "mode": "failed", "concurrency": n, "status": "failed", "error": one_line(ex)})
+            log(f"N={n}: failed: {one_line(ex)}")
+        finally:
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows, spans
+
+
+def main(argv=None) -> int:
+    import pandas as pd
+
+    from ..results import Run
+    from ..shapes import ModelShape
+    ap = argparse.ArgumentParser(prog="python -m labkit.bench.pulse_scaling", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="qwen3.8-flash-next")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--context", type=int, default=1 << 20)
+    ap.add_argument("--requests", default="1,2,4,6,8,12,16", help="comma-separated request counts")
+    ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--strategy", default="zero_copy")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--page-size", type=int, default=256)
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the block pieces (one compile per batch size)")
+    ap.add_argument("--out", required=True, help="run folder")
+    a = ap.parse_args(argv)
+    try:
+        reqs = [int(x) for x in a.requests.split(",") if x.strip()]
+        shape = ModelShape.from_name(a.shape)
+        if a.device.startswith("cuda") and not torch.cuda.is_available():
+            raise BadInput(f"device={a.device} but this machine has no CUDA GPU")
+        if a.context < 1 or a.steps < 1:
+            raise BadInput("context and steps must be >= 1")
+        if not reqs or min(reqs) < 1:
+            raise BadInput(f"--requests must be counts >= 1, got {a.requests!r}")
+        if not 1 <= a.budget <= a.context:
+            raise BadInput(f"budget {a.budget} must be in [1, context {a.context}]")
+    except (BadInput, ValueError, KeyError) as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    params = {k: v for k, v in vars(a).items() if k != "out"}
+    run = Run.create(a.out, "pulse_scaling", params)
+    try:
+        rows, spans = scaling(shape, a.device, a.context, reqs, a.budget, a.strategy, a.steps, graphs=not a.no_graphs,
+                              compile=a.compile, page_size=a.page_size)
+    except BadInput as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        run.finish("failed", error=str(ex))
+        return 2
+    for r in rows:
+        run.add(r)
+    run.write_table("timeline", pd.DataFrame(spans))
+    run.finish("ok" if all(r["status"] == "ok" for r in rows) else "partial")
+    print(run.path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
