@@ -20,6 +20,7 @@ DECODE_RUN = "results/20261129-153810-decode-h200"
 PROBE_RUN = "results/20261129-153514-probe-h200"
 MULTIGPU_RUNS = ["results/20261130-065613-multigpu-h200x2", "results/20261130-070629-multigpu-h200x2"]  # c=1 / rerun
 PREFILL_RUNS = ["results/20261130-071914-prefill-248k-h200", "results/20261130-071914-prefill-1m-cap24-h200"]
+PULSE_RUNS = {k: f"results/20261130-072708-pulse-{k}-h200" for k in ("blocks", "scaling", "trace")}
 CAPACITY_RUN = "results/20261130-071914-capacity-cap24-h200"
 PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
 
@@ -180,9 +181,49 @@ def capacity_table() -> str:
     return _md(pd.DataFrame(rows))
 
 
+def pulse_blocks_table() -> str:
+    m = load_run(REPO / PULSE_RUNS["blocks"]).metrics
+    m = m[m.status == "ok"]
+    rows = [{"selection": r.selection, "block": int(r.block), "unit": f"{int(r.unit_bytes) // 1024} KiB", "units": int(r.units),
+             "variant": r.strategy, "GB/s": f"{r.gbps:.2f}", "vs contiguous": f"{r.ratio_to_contiguous:.3f}"}
+            for r in m.itertuples()]
+    return _md(pd.DataFrame(rows))
+
+
+def pulse_scaling_table() -> str:
+    m = load_run(REPO / PULSE_RUNS["scaling"]).metrics
+    m = m[m.status == "ok"]
+    piv = m.pivot_table(index="concurrency", columns="mode", values="tok_s")
+    b = m[m["mode"] == "no_switch"].set_index("concurrency")
+    rows = [{"requests": int(n), "one batch tok/s": f"{piv.loc[n, 'no_switch']:.1f}",
+             "two switched tok/s": f"{piv.loc[n, 'switched']:.1f}" if pd.notna(piv.loc[n].get("switched")) else "–",
+             "resident tok/s": f"{piv.loc[n, 'resident']:.1f}", "bound: one batch ms": f"{b.loc[n, 'no_switch_model_ms']:.2f}",
+             "bound: switched ≥ ms": f"{b.loc[n, 'switched_floor_ms']:.2f}", "transfer ms": f"{b.loc[n, 'transfer_ms']:.2f}",
+             "2nd weight pass ms": f"{b.loc[n, 'extra_weight_ms']:.2f}"} for n in piv.index]
+    first = m.iloc[0]
+    lead = (f"Link {first.link_gbps:.1f} GB/s and HBM {first.hbm_gbps:.0f} GB/s measured in the run; the physics crossover "
+            f"(weights / HBM vs one request's rows / link) is {first.crossover_physics:.1f} requests; steps are CUDA graphs "
+            f"without torch.compile (launch-bound).")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
+def pulse_trace_table() -> str:
+    m = load_run(REPO / PULSE_RUNS["trace"]).metrics
+    cols = {"policy": "policy", "completed": "requests done", "output_throughput": "output tok/s",
+            "ttft_ms_p99": "p99 TTFT ms", "tpot_ms_p50": "p50 TPOT ms", "tpot_ms_p99": "p99 TPOT ms",
+            "share_offloaded": "share offloaded", "switched_rounds": "switched rounds", "stalls": "stalls"}
+    t = m[list(cols)].rename(columns=cols)
+    base = float(m.loc[m.policy.str.startswith("noswitch"), "output_throughput"].iloc[0])
+    t.insert(3, "vs noswitch", (m["output_throughput"] / base).map(lambda v: f"{v:.2f}"))
+    for c in ("output tok/s", "p99 TTFT ms", "p50 TPOT ms", "p99 TPOT ms", "share offloaded"):
+        t[c] = t[c].map(lambda v: f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}")
+    return _md(t)
+
+
 def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
-    return {"multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
+    return {"pulse-blocks-h200": pulse_blocks_table(), "pulse-scaling-h200": pulse_scaling_table(),
+            "pulse-trace-h200": pulse_trace_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
             "predict-rtx3090": prediction_table(m), "costmodel-h200": validation_summary(m)}
