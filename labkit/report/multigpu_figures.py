@@ -10,6 +10,10 @@ LAYOUT_ORDER = ["1gpu", "split", "pipelined"]
 COLORS = {"1gpu": "#4c78a8", "split": "#bab0ac", "pipelined": "#f58518"}
 
 
+def _ctx(c: int) -> str:
+    return f"{c >> 20}M" if c >= 1 << 20 else f"{c >> 10}K"
+
+
 def _ok(m: pd.DataFrame, experiment: str) -> pd.DataFrame:
     return m[(m["experiment"] == experiment) & (m["status"] == "ok")]
 
@@ -53,7 +57,7 @@ def tok_s_by_layout(m: pd.DataFrame) -> go.Figure:
         return go.Figure().update_layout(title="decode: nothing measured")
     d = d.sort_values("tok_s").groupby(["strategy", "context_len", "concurrency", "layout"], as_index=False).last()
     panels = sorted({(s, int(c)) for s, c in zip(d["strategy"], d["context_len"])})
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{s} @ {c // 1024}K" for s, c in panels],
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{s} @ {_ctx(c)}" for s, c in panels],
                         shared_yaxes=False)
     for j, (s, c) in enumerate(panels, 1):
         p = d[(d["strategy"] == s) & (d["context_len"] == c)]
@@ -83,7 +87,7 @@ def link_bytes_per_gpu(m: pd.DataFrame) -> go.Figure:
     if d.empty or not stages:
         return go.Figure().update_layout(title="per-GPU bytes: no split points")
     d = d[d["strategy"] != "resident"]
-    label = [f"{s} {int(c) // 1024}K c={int(n)} {lay}" + (f" mb={int(mb)}" if lay == "pipelined" else "")
+    label = [f"{s} {_ctx(int(c))} c={int(n)} {lay}" + (f" mb={int(mb)}" if lay == "pipelined" else "")
              for s, c, n, lay, mb in zip(d["strategy"], d["context_len"], d["concurrency"], d["layout"], d["micro_batches"])]
     fig = go.Figure()
     for k in stages:
@@ -104,7 +108,7 @@ def bubbles(m: pd.DataFrame) -> go.Figure:
         return go.Figure().update_layout(title="bubbles: no timeline")
     fig = go.Figure()
     for mb, q in d.groupby("micro_batches"):
-        lab = [f"{s} {int(c) // 1024}K c={int(n)}" for s, c, n in zip(q["strategy"], q["context_len"], q["concurrency"])]
+        lab = [f"{s} {_ctx(int(c))} c={int(n)}" for s, c, n in zip(q["strategy"], q["context_len"], q["concurrency"])]
         fig.add_bar(x=lab, y=q["bubble_share"], name="stages take turns" if mb == 1 else f"{int(mb)} micro-batches")
     fig.add_hline(y=0.5, line_dash="dot", annotation_text="2 stages taking turns: 1/2")
     fig.update_layout(barmode="group", yaxis_title="idle share of the stages", yaxis_range=[0, 1], height=380,
@@ -133,5 +137,5 @@ def stage_timeline(tl: pd.DataFrame, strategy: str, context_len: int, concurrenc
                         hovertext=[f"step {int(s)}" for s in g["step"]], row=i, col=1)
         fig.update_xaxes(title_text="ms", row=i, col=1)
     fig.update_layout(height=220 * len(shown) + 80, barmode="overlay",
-                      title=f"Stage timeline: {strategy}, {context_len // 1024}K, {concurrency} requests")
+                      title=f"Stage timeline: {strategy}, {_ctx(context_len)}, {concurrency} requests")
     return fig
