@@ -57,10 +57,10 @@ def test_bytes_and_memory_columns_follow_the_formula(run):
 def test_failed_point_is_recorded_and_sweep_continues(tmp_path, monkeypatch):
     real = decode.measure_decode
 
-    def flaky(model, caches, pt, p, tel):
+    def flaky(model, caches, pt, p, tel, timeline=None):
         if pt.strategy == "host_gather" and pt.context_len == 512:
             raise RuntimeError("injected failure\nsecond line")
-        return real(model, caches, pt, p, tel)
+        return real(model, caches, pt, p, tel, timeline)
 
     monkeypatch.setattr(decode, "measure_decode", flaky)
     r = load_run(decode.run_sweep({**SMALL, "concurrency": "1", "budgets": "64", "out_dir": str(tmp_path / "f")},
