@@ -16,17 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from .bench.params import BadInput
-
-
-def _kv(pairs: list[str]) -> dict:
-    out = {}
-    for p in pairs or []:
-        if "=" not in p:
-            raise BadInput(f"-p {p!r}: expected key=value")
-        k, v = p.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
+from .bench.params import BadInput, kv_pairs as _kv
 
 
 def cmd_shapes(a) -> int:

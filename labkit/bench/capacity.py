@@ -31,7 +31,6 @@ exit 2, before anything is allocated.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from ..engine.layers import dn_state_shapes
 from ..engine.prefill_buffers import rotating_buffer_bytes
 from ..results import Run
 from ..shapes import ModelShape
-from .params import BadInput, Param, check_positive, gib, one_line, resolve, resolve_device
+from .params import BadInput, bench_main, Param, check_positive, gib, one_line, resolve, resolve_device
 from .prefill import apply_cap, check_cap
 
 EXPERIMENT = "capacity"
@@ -276,25 +275,7 @@ def run(given: dict, progress=print) -> Run:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labkit.bench.capacity", description=__doc__.splitlines()[0])
-    ap.add_argument("-p", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--out", default="")
-    a = ap.parse_args(argv)
-    try:
-        given = {}
-        for kv in a.p:
-            if "=" not in kv:
-                raise BadInput(f"-p {kv}: expected KEY=VALUE")
-            k, v = kv.split("=", 1)
-            given[k] = v
-        if a.out:
-            given["out_dir"] = a.out
-        r = run(given)
-    except BadInput as ex:
-        print(f"error: {ex}", file=sys.stderr)
-        return 2
-    print(f"wrote {r.path}")
-    return 0
+    return bench_main(argv, "python -m labkit.bench.capacity", __doc__, run)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from ..results import Run
 from ..stats import spread
 from ..telemetry import Sampler
 from . import decode
-from .params import BadInput, Param, check_positive, one_line, resolve, resolve_device
+from .params import BadInput, bench_main, Param, check_positive, one_line, resolve, resolve_device
 from .progress import progress
 
 EXPERIMENT = "multigpu"
@@ -182,7 +182,7 @@ def gather_scaling(devices: list[torch.device], pool_gib: float, repeats: int) -
              for pool, _, dst, ix in built)
     for r in out:
         r["correct"] = ok
-    del built
+    built.clear()          # the pinned pools go with this frame
     gc.collect()
     return out
 
@@ -306,28 +306,16 @@ def summary(m: pd.DataFrame) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m labkit.bench.multigpu -p key=value ...` (the device host has no papermill)."""
-    import argparse
-    import sys
-    ap = argparse.ArgumentParser(prog="python -m labkit.bench.multigpu", description=__doc__.splitlines()[0])
-    ap.add_argument("-p", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--out", default="")
-    a = ap.parse_args(argv)
-    given = dict(kv.split("=", 1) for kv in a.p)
-    if a.out:
-        given["out_dir"] = a.out
-    try:
-        r = run(given)
-    except BadInput as ex:
-        print(f"labkit: {ex}", file=sys.stderr)
-        return 2
+def _show(r: Run) -> None:
     s = summary(r.metrics())
     print({k: v for k, v in s.items() if k != "table"})
     if "table" in s:
         print(s["table"].round(3).to_string())
-    print(r.path)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m labkit.bench.multigpu -p key=value ... [--out DIR]` (the device host has no papermill)."""
+    return bench_main(argv, "python -m labkit.bench.multigpu", __doc__, run, _show)
 
 
 if __name__ == "__main__":

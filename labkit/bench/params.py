@@ -103,3 +103,38 @@ def one_line(ex: BaseException) -> str:
     msg = str(ex).strip().splitlines()[0] if str(ex).strip() else ""
     return f"{type(ex).__name__}: {msg}"[:500]
 
+
+
+def kv_pairs(pairs: list[str] | None) -> dict:
+    """`-p key=value` pairs as given on a command line (values stay strings: the spec parses them)."""
+    out = {}
+    for p in pairs or []:
+        if "=" not in p:
+            raise BadInput(f"-p {p!r}: expected key=value")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def bench_main(argv, prog: str, doc: str, run, show=None) -> int:
+    """The `python -m labkit.bench.X -p key=value ... [--out DIR]` entry point of an experiment that runs
+    without papermill (a GPU host without Jupyter; `labkit report DIR` renders its notebook later):
+    bad input is one line and exit 2; `show(run)` prints what a person wants to see at the end."""
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser(prog=prog, description=doc.strip().split("\n\n")[0])
+    ap.add_argument("-p", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    try:
+        given = kv_pairs(a.p)
+        if a.out:
+            given["out_dir"] = a.out
+        r = run(given)
+    except BadInput as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    if show is not None:
+        show(r)
+    print(f"wrote {r.path}")
+    return 0

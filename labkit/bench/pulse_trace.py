@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from .params import BadInput, Param, one_line, resolve, resolve_device
+from .params import BadInput, bench_main, Param, one_line, resolve, resolve_device
 
 EXPERIMENT = "pulse"
 # The first 1,000 requests (330 s of arrivals) of the Mooncake FAST'25 conversation trace (Apache-2.0,
@@ -254,35 +254,17 @@ def run(given: dict, progress_bar: bool = False):
     return run
 
 
-def main(argv=None) -> int:
-    """`python -m labkit.bench.pulse_trace -p key=value ... --out DIR`: the replay without papermill (a GPU
-    host without Jupyter); `labkit report DIR` renders the notebook from the folder's tables later."""
-    import argparse
-    import sys
-    ap = argparse.ArgumentParser(prog="python -m labkit.bench.pulse_trace", description=__doc__.split("\n\n")[0])
-    ap.add_argument("-p", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--out", default="")
-    a = ap.parse_args(argv)
-    given = {}
-    for kv in a.p:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            print(f"error: -p {kv!r} is not key=value", file=sys.stderr)
-            return 2
-        given[k.strip()] = v.strip()
-    if a.out:
-        given["out_dir"] = a.out
-    try:
-        r = run(given)
-    except BadInput as ex:
-        print(f"error: {ex}", file=sys.stderr)
-        return 2
+def _show(r) -> None:
     m = r.metrics()
     cols = [c for c in ("policy", "status", "output_throughput", "tpot_ms_p99", "ttft_ms_p99", "share_offloaded",
                         "switches", "error") if c in m]
     print(m[cols].to_string(index=False))
-    print(r.path)
-    return 0
+
+
+def main(argv=None) -> int:
+    """`python -m labkit.bench.pulse_trace -p key=value ... --out DIR`: the replay without papermill (a GPU
+    host without Jupyter); `labkit report DIR` renders the notebook from the folder's tables later."""
+    return bench_main(argv, "python -m labkit.bench.pulse_trace", __doc__, run, _show)
 
 
 if __name__ == "__main__":
