@@ -66,3 +66,15 @@ def test_replay_of_the_committed_trace_gives_the_quoted_hit_rate():
 def test_overlap_prev_counts_shared_positions():
     sel = np.array([[[1, 2, 3, 4]], [[2, 3, 4, 9]], [[9, 10, 11, 12]]])
     assert overlap_prev(sel) == pytest.approx((3 / 4 + 1 / 4) / 2)
+
+
+def test_trace_share_counts_what_the_fill_adds(tmp_path):
+    from labkit.bench.hot_replay import trace_share
+    mid = save_trace(growing_trace(budget=8, middle_only=True), tmp_path / "mid.npz")
+    assert trace_share(mid, 2, 1 << 20, 32) == pytest.approx(1.0)     # 8 middle positions x runs of 4
+    tr = growing_trace(budget=8, middle_only=True)
+    tr.positions[:, :, 0] = 0                                           # one sink pick per row: not widened
+    p = save_trace(tr, tmp_path / "sink.npz")
+    share = trace_share(p, 2, 1 << 20, 32)
+    x = load_selection_trace(p, 2, 1 << 20, 32, tr.steps, stable=True).numpy()
+    assert share == pytest.approx(29 / 32) and x.shape[2] == 32       # 1 + 7 x 4 rows; 3 filled

@@ -13,7 +13,8 @@ whose cache starts cold), those bytes against `zero_copy`'s (every selected row,
 step-to-step overlap of the replayed selections next to the trace's own (the stable mapping keeps it).
 
     python -m labkit.bench.hot_replay OUT_DIR TRACE.npz ... [--contexts 128K,1M] [--budget 2048]
-writes OUT_DIR/hot_replay.parquet and OUT_DIR/report.html (`labkit.report.hot_cache`).
+writes OUT_DIR/hot_replay.parquet, summary.md, manifest.json and report.html (`labkit.report.hot_cache`;
+`--no-report` skips it).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import pandas as pd
 import torch
 
 from ..engine.hot_cache import COUNTERS, POLICIES, HotIndex
-from ..engine.trace_replay import load_selection_trace
+from ..engine.trace_replay import _read, load_selection_trace, scale_row
 from ..quality.traces import load_trace, locality
 from ..shapes import PRESETS
 
@@ -51,6 +52,19 @@ def overlap_prev(sel: np.ndarray) -> float:
     return float(np.mean(vals)) if vals else float("nan")
 
 
+def trace_share(path, n_layers: int, context_len: int, budget: int) -> float:
+    """Share of the stably replayed rows that come from the trace (its positions, widened into runs),
+    the rest being the recent fill `scale_row` adds when a sparse trace's mapped set falls short of the
+    budget (sink/recent picks are not widened). The fill is the same rows every step, so it hits once warm:
+    a hit rate far above `trace_share` is partly the fill's."""
+    pos, ctx, meta = _read(path)
+    sink, recent = int(meta.get("sink_window", 16)), int(meta.get("recent_window", 64))
+    rep = max(1, budget // pos.shape[2])
+    n = [scale_row(pos[s, (i * pos.shape[1]) // n_layers], int(ctx.max()), context_len, budget, sink, recent, rep,
+                   fill=False).size for s in range(pos.shape[0]) for i in range(n_layers)]
+    return float(np.mean(n)) / budget
+
+
 def ratio_label(budget: int, context: int) -> str:
     """Recording density to the nearest power of two: 2048 of 8001 -> "1/4", 16 of 8001 -> "1/512"."""
     return f"1/{2 ** round(math.log2(context / budget))}"
@@ -69,6 +83,7 @@ def replay_sweep(traces, context_lens, budget: int = 2048, capacity_x=(0.5, 1.0,
             t0 = time.perf_counter()
             sel = load_selection_trace(path, s.attn_layers, ctx, budget, tr.steps, stable=True)
             ov = overlap_prev(sel.numpy())
+            share = trace_share(path, s.attn_layers, ctx, budget)
             for cx in capacity_x:
                 cap = max(1, int(round(cx * budget)))
                 for pol in policies:
@@ -84,7 +99,7 @@ def replay_sweep(traces, context_lens, budget: int = 2048, capacity_x=(0.5, 1.0,
                         "misses_per_step": misses / len(st), "h2d_bytes_per_step": st["h2d_bytes"].mean(),
                         "zero_copy_bytes_per_step": zc, "bytes_vs_zero_copy": st["h2d_bytes"].mean() / zc,
                         "first_step_hit_rate": df.loc[0, "hits"] / (budget * s.attn_layers),
-                        "overlap_replayed": ov, "overlap_trace": src_overlap,
+                        "overlap_replayed": ov, "overlap_trace": src_overlap, "trace_share": share,
                         "selected_of_trace": int(valid.size)})
             if log:
                 log(f"{Path(path).name} @ {ctx}: {len(capacity_x) * len(policies)} replays in {time.perf_counter() - t0:.1f}s")
@@ -100,16 +115,28 @@ def main(argv=None):
     ap.add_argument("--budget", default="2048")
     ap.add_argument("--capacity-x", default="0.5,1,1.5,2,3")
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--no-report", action="store_true", help="skip report.html (keep a committed run folder small)")
     a = ap.parse_args(argv)
+    import datetime as dt
+    import json
+    from .. import __version__
+    from ..results import git_sha, machine_info
+    created, t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
     df = replay_sweep(a.traces, [parse_size(x) for x in a.contexts.split(",")], parse_size(a.budget),
                       [float(x) for x in a.capacity_x.split(",")], a.policies.split(","))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "hot_replay.parquet", index=False)
     (out / "summary.md").write_text(summary_markdown(df, vars(a)))
-    from ..report.hot_cache import replay_report
-    replay_report(df).write(out / "report.html")
-    print(f"wrote {out / 'hot_replay.parquet'}, summary.md and report.html ({len(df)} rows)")
+    params = {k: v for k, v in vars(a).items() if k != "out"}
+    manifest = {"run_id": out.name, "experiment": "hot_replay", "created": created.isoformat(timespec="seconds"),
+                "git_sha": git_sha(), "labkit": __version__, **machine_info(), "parameters": params,
+                "status": "ok", "wall_s": round(time.perf_counter() - t0, 1)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
+    if not a.no_report:
+        from ..report.hot_cache import replay_report
+        replay_report(df).write(out / "report.html")
+    print(f"wrote {out / 'hot_replay.parquet'}, summary.md, manifest.json{'' if a.no_report else ', report.html'} ({len(df)} rows)")
 
 
 def summary_markdown(df: pd.DataFrame, args: dict) -> str:
@@ -118,12 +145,13 @@ def summary_markdown(df: pd.DataFrame, args: dict) -> str:
     from ..results import git_sha
     lines = [f"# hot_cache replay of recorded selections (CPU, `HotIndex`)", "",
              f"labkit {__version__}, git {git_sha()}, args: `{args}`", "",
-             "Steady state (steps after the first). bytes/zc: link bytes per step against zero_copy's.", "",
-             "| trace | density | context | capacity (x budget) | policy | hit rate | bytes/zc | overlap trace | overlap replayed |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "Steady state (steps after the first). bytes/zc: link bytes per step against zero_copy's. trace share: "
+             "replayed rows that come from the trace (the rest: the recent fill of a sparse trace, hits once warm).", "",
+             "| trace | density | context | capacity (x budget) | policy | hit rate | bytes/zc | overlap trace | overlap replayed | trace share |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in df.sort_values(["ratio_value", "trace", "context_len", "capacity_x", "policy"]).itertuples():
         lines.append(f"| {r.trace} | {r.ratio} | {r.context_len:,} | {r.capacity_x:g} | {r.policy} | {r.hit_rate:.3f} "
-                     f"| {r.bytes_vs_zero_copy:.3f} | {r.overlap_trace:.3f} | {r.overlap_replayed:.3f} |")
+                     f"| {r.bytes_vs_zero_copy:.3f} | {r.overlap_trace:.3f} | {r.overlap_replayed:.3f} | {r.trace_share:.3f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -62,9 +62,10 @@ def _read(path):
 
 
 def scale_row(row: np.ndarray, src_ctx: int, context_len: int, budget: int, sink: int, recent: int,
-              rep: int = 1) -> np.ndarray:
+              rep: int = 1, fill: bool = True) -> np.ndarray:
     """Map one trace row (-1 padded) into an engine context; returns `budget` sorted unique positions.
-    `rep` > 1 (stable replay of a sparser trace): each mapped middle position becomes a run of `rep`."""
+    `rep` > 1 (stable replay of a sparser trace): each mapped middle position becomes a run of `rep`.
+    `fill=False`: only the positions that come from the trace (no recent fill; possibly fewer than budget)."""
     row = row[(row >= 0) & (row < src_ctx)]
     # windows: anchored; shrink in proportion if the engine context is too small for them
     room = context_len - budget
@@ -95,7 +96,7 @@ def scale_row(row: np.ndarray, src_ctx: int, context_len: int, budget: int, sink
             idx = np.unique(np.linspace(0, middle.size - 1, need).round().astype(np.int64))
             keep = np.union1d(keep, middle[idx])
         sel = keep
-    if sel.size < budget:  # fill from the end of the context backwards
+    if sel.size < budget and fill:  # fill from the end of the context backwards
         cand = np.arange(context_len - 1, -1, -1)
         cand = cand[~np.isin(cand, sel)][: budget - sel.size]
         sel = np.union1d(sel, cand)

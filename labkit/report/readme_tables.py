@@ -22,6 +22,7 @@ MULTIGPU_RUNS = ["results/20261130-065613-multigpu-h200x2", "results/20261130-07
 PREFILL_RUNS = ["results/20261130-071914-prefill-248k-h200", "results/20261130-071914-prefill-1m-cap24-h200"]
 PULSE_RUNS = {k: f"results/20261130-072708-pulse-{k}-h200" for k in ("blocks", "scaling", "trace")}
 CAPACITY_RUN = "results/20261130-071914-capacity-cap24-h200"
+HOT_DENSITY_RUN = "results/20261130-hot-replay-density-cpu"
 PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
 
 
@@ -220,9 +221,31 @@ def pulse_trace_table() -> str:
     return _md(t)
 
 
+def hot_density_table(context_len: int = 1 << 20) -> str:
+    """Hot-cache replay of recorded SmolLM2 selections per recording density x corpus x policy at one context:
+    hit rate and link bytes against zero_copy's at capacity 1x and 2x budget, the smallest capacity of the
+    run that reaches <= 1/3 of zero_copy's bytes, and the share of replayed rows that are the trace's own."""
+    d = pd.read_parquet(REPO / HOT_DENSITY_RUN / "hot_replay.parquet")
+    d = d[d["context_len"] == context_len]
+    rows = []
+    for (rv, corpus, pol), g in d.groupby(["ratio_value", "corpus", "policy"], sort=True):
+        g = g.set_index("capacity_x").sort_index()
+        ok = g.index[g["bytes_vs_zero_copy"] <= 1 / 3]
+        r0 = g.iloc[0]
+        rows.append({"density": f"{r0['ratio']} ({int(r0['trace_budget'])} of {int(r0['trace_context']):,})",
+                     "corpus": corpus, "policy": pol,
+                     "hit rate 1x": f"{g.loc[1.0, 'hit_rate']:.3f}", "bytes/zc 1x": f"{g.loc[1.0, 'bytes_vs_zero_copy']:.3f}",
+                     "hit rate 2x": f"{g.loc[2.0, 'hit_rate']:.3f}", "bytes/zc 2x": f"{g.loc[2.0, 'bytes_vs_zero_copy']:.3f}",
+                     "≤ 1/3 of zero_copy from": f"{ok.min():g}x" if len(ok) else f"no (≤ {g.index.max():g}x)",
+                     "trace share": f"{r0['trace_share']:.2f}"})
+    lead = (f"Replayed at {_ctx(context_len)} tokens, budget {int(d['budget'].iloc[0])}, 12 QSA layers, one request; "
+            f"capacity in rows per layer as a multiple of the budget.")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
 def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
-    return {"pulse-blocks-h200": pulse_blocks_table(), "pulse-scaling-h200": pulse_scaling_table(),
+    return {"hot-density-cpu": hot_density_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-scaling-h200": pulse_scaling_table(),
             "pulse-trace-h200": pulse_trace_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
