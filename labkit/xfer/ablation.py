@@ -90,10 +90,11 @@ def layer_macs_per_token(pair) -> int:
     return h * q + 2 * h * kv + q * h + 3 * h * inter
 
 
-def run(large_name="smollm2-135m", ns=(8, 10, 12, 15, 20, 24), ablation_n=8, corpora=("code", "prose"),
-        calib_tiers=(32768, 65536), calib_seq_len=512, n_sequences=6, prompt_len=1025, cont_len=128,
+def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, corpora=("code", "prose"),
+        calib_tiers=(8192, 32768), calib_seq_len=512, n_sequences=6, prompt_len=1025, cont_len=128,
         agree_tokens=32, out: Path | None = None, mapper_dir: Path | None = None, log=print,
-        superset_ablation=SUPERSET_ABLATION, superset_frontier=SUPERSET_FRONTIER, sums_cache: Path | None = None):
+        superset_ablation=SUPERSET_ABLATION, superset_frontier=SUPERSET_FRONTIER, sums_cache: Path | None = None,
+        frontier_only: str = ""):
     from labkit.quality.corpora import sequences
     from labkit.xfer.transfer import calibration_chunks, load_models
 
@@ -104,6 +105,8 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 15, 20, 24), ablation_n=8, cor
     large, tok = load_model(pair0.large.path, dtype=torch.float32, device="cpu", attn_implementation="sdpa")
     large.eval()
     L = pair0.large.layers
+    if frontier_only and not sums_cache:  # only the frontier, these features at every N (no ablation superset)
+        superset_frontier = superset_ablation = frontier_only
     supers = {n: FeatureSpec.parse(superset_ablation if n == ablation_n else superset_frontier) for n in ns}
     fitters = {(n, t): Fitter(pairs[n], supers[n]) for n in ns for t in range(len(calib_tiers))}
     hid_need = set().union(*[f.hidden_needed for f in fitters.values()])
@@ -125,8 +128,6 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 15, 20, 24), ablation_n=8, cor
             seen[corpus] = seen.get(corpus, 0) + ids.numel()
             hidden, kv, _, cos, sin = large_pass(large, ids.view(1, -1), hid_need, kv_need)
             for n in ns:
-                if tier and n != ablation_n:
-                    continue  # more calibration text is an ablation at ablation_n only
                 sp = small_view(hidden, kv, n, cos, sin)
                 fitters[(n, tier)].add(split, sp, {l_: kv[l_] for l_ in pairs[n].table.mapped_layers})
             if log and (i + 1) % 16 == 0:
@@ -181,10 +182,12 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 15, 20, 24), ablation_n=8, cor
 
     results, mappers = [], {}
 
-    def score(name, n, features, lambda_per="layer", tiers=1, stage="features"):
+    full = len(calib_tiers)
+
+    def score(name, n, features, lambda_per="layer", tiers=full, stage="features"):
         t = time.perf_counter()
         f = fitter_for(n, features, tiers)
-        mp = f.mapper(grid=GRID, corpus={"ablation": name, "calib_tokens_per_corpus": calib_tiers[tiers - 1]}, lambda_per=lambda_per)
+        mp = f.mapper(grid=GRID, sweep_dtype=torch.float32, corpus={"ablation": name, "calib_tokens_per_corpus": calib_tiers[tiers - 1]}, lambda_per=lambda_per)
         tag = dict(stage=stage, config=name, small_layers=n, features=features, lambda_per=lambda_per,
                    calib_tokens_per_corpus=calib_tiers[tiers - 1], fit_tokens=f.tokens["fit"], val_tokens=f.tokens["val"],
                    **mapper_cost(mp), r2_val_k_mean=sum(r[0] for r in mp.r2_val.values()) / len(mp.r2_val),
@@ -201,6 +204,17 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 15, 20, 24), ablation_n=8, cor
 
     # 1. features at the ablation's N
     best_name, best_feat, best_val = None, None, math.inf
+    if frontier_only:
+        for n in ns:
+            score("frontier", n, frontier_only, "layer", full, stage="frontier")
+        return _write(results, mappers, out, mapper_dir, ablation_n, {
+            "large": large_name, "ns": list(ns), "ablation_n": ablation_n, "corpora": list(corpora),
+            "calib_tiers_tokens_per_corpus": list(calib_tiers), "calib_seq_len": calib_seq_len,
+            "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
+            "frontier_recipe": {"features": frontier_only, "lambda_per": "layer", "tiers": full},
+            "lambda_grid": list(GRID), "calibration_seconds": round(fit_s, 1),
+            "wall_seconds": round(time.perf_counter() - t_start, 1), "layer_macs_per_token": layer_macs_per_token(pair0),
+            "torch_threads": torch.get_num_threads()})
     sup_ab = set(FeatureSpec.parse(superset_ablation).items)
     for name, feats in FEATURE_CONFIGS:
         if not set(FeatureSpec.parse(feats).items) <= sup_ab:
@@ -209,32 +223,21 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 15, 20, 24), ablation_n=8, cor
         if v < best_val:
             best_name, best_feat, best_val = name, feats, v
     # 2. λ per KV head, more calibration text, on the best features
-    best = {"features": best_feat, "lambda_per": "layer", "tiers": 1}
-    v = score(best_name + "|lambda_per_head", ablation_n, best_feat, "head", 1, stage="lambda")
+    best = {"features": best_feat, "lambda_per": "layer", "tiers": full}
+    v = score(best_name + "|lambda_per_head", ablation_n, best_feat, "head", full, stage="lambda")
     if v < best_val:
         best_val, best["lambda_per"] = v, "head"
-    if len(calib_tiers) > 1:
-        v = score(best_name + "|more_text", ablation_n, best_feat, best["lambda_per"], len(calib_tiers), stage="calibration")
-        if v < best_val:
-            best_val, best["tiers"] = v, len(calib_tiers)
+    for t in range(1, full):  # less calibration text: what the amount of text buys
+        score(best_name + f"|calib_{calib_tiers[t - 1]}", ablation_n, best_feat, best["lambda_per"], t, stage="calibration")
     # 3. the frontier: the best recipe whose features the frontier superset holds, at every N
     sup = set(FeatureSpec.parse(superset_frontier).items)
     front_feat = best_feat if set(FeatureSpec.parse(best_feat).items) <= sup else max(
         (f for _, f in FEATURE_CONFIGS if set(FeatureSpec.parse(f).items) <= sup),
         key=lambda f: -pooled(pd.DataFrame([r for r in results if r["features"] == f and r["small_layers"] == ablation_n]))["ppl_ratio"]
         if any(r["features"] == f for r in results) else -math.inf)
-    frontier = {"features": front_feat, "lambda_per": best["lambda_per"], "tiers": 1}
+    frontier = {"features": front_feat, "lambda_per": best["lambda_per"], "tiers": full}
     for n in ns:
-        score("frontier", n, front_feat, best["lambda_per"], 1, stage="frontier")
-        if front_feat != "h:-1,h:0,h:-1@-1" and {"h:-1", "h:0", "h:-1@-1"} <= sup:  # the old default at every N too: the cheaper mapper's frontier
-            score("frontier_old_default", n, "h:-1,h:0,h:-1@-1", "layer", 1, stage="frontier")
-    if mapper_dir:
-        mapper_dir.mkdir(parents=True, exist_ok=True)
-        for (name, n), mp in mappers.items():
-            if name.startswith("frontier"):
-                mp.save(mapper_dir / f"first{n}-{name}.safetensors")
-    df = pd.DataFrame(results)
-    summary = summarize(df)
+        score("frontier", n, front_feat, best["lambda_per"], full, stage="frontier")
     meta = {"large": large_name, "ns": list(ns), "ablation_n": ablation_n, "corpora": list(corpora),
             "calib_tiers_tokens_per_corpus": list(calib_tiers), "calib_seq_len": calib_seq_len,
             "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
@@ -242,6 +245,17 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 15, 20, 24), ablation_n=8, cor
             "best": dict(best, config=best_name, ppl_ratio=best_val), "frontier_recipe": frontier,
             "lambda_grid": list(GRID), "calibration_seconds": round(fit_s, 1), "wall_seconds": round(time.perf_counter() - t_start, 1),
             "layer_macs_per_token": layer_macs_per_token(pair0), "torch_threads": torch.get_num_threads()}
+    return _write(results, mappers, out, mapper_dir, ablation_n, meta)
+
+
+def _write(results, mappers, out, mapper_dir, ablation_n, meta):
+    if mapper_dir:
+        mapper_dir.mkdir(parents=True, exist_ok=True)
+        for (name, n), mp in mappers.items():
+            if name.startswith("frontier") or n == ablation_n:
+                mp.save(mapper_dir / f"first{n}-{name.replace('|', '-')}.safetensors")
+    df = pd.DataFrame(results)
+    summary = summarize(df)
     if out:
         out.mkdir(parents=True, exist_ok=True)
         df.to_csv(out / "ablation_rows.csv", index=False)
@@ -272,15 +286,16 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m labkit.xfer.ablation", description=__doc__.splitlines()[0])
     ap.add_argument("--large", default="smollm2-135m")
-    ap.add_argument("--ns", default="8,10,12,15,20,24")
+    ap.add_argument("--ns", default="8,10,12,16,20,24")
     ap.add_argument("--ablation-n", type=int, default=8)
-    ap.add_argument("--calib-tiers", default="32768,65536", help="calibration tokens per corpus, nested tiers")
+    ap.add_argument("--calib-tiers", default="8192,32768", help="calibration tokens per corpus, nested tiers")
     ap.add_argument("--n-sequences", type=int, default=6)
     ap.add_argument("--prompt-len", type=int, default=1025)
     ap.add_argument("--cont-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--superset-ablation", default=SUPERSET_ABLATION)
     ap.add_argument("--superset-frontier", default=SUPERSET_FRONTIER)
+    ap.add_argument("--frontier-only", default="", help="features: skip the ablation, fit and score these at every N")
     ap.add_argument("--sums-cache", default="", help="save the calibration sums here / reuse them if present")
     ap.add_argument("--out", required=True)
     ap.add_argument("--mapper-dir", default=str(Path.home() / ".cache" / "labkit" / "xfer" / "ablation"))
@@ -292,9 +307,9 @@ def main(argv=None) -> int:
                            mapper_dir=Path(a.mapper_dir) if a.mapper_dir else None,
                            log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True),
                            superset_ablation=a.superset_ablation, superset_frontier=a.superset_frontier,
-                           sums_cache=Path(a.sums_cache) if a.sums_cache else None)
+                           sums_cache=Path(a.sums_cache) if a.sums_cache else None, frontier_only=a.frontier_only)
     print(summary.to_string())
-    print(json.dumps(meta["best"]))
+    print(json.dumps(meta.get("best") or meta.get("frontier_recipe")))
     return 0
 
 

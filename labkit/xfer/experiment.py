@@ -36,7 +36,7 @@ SPEC = [
     Param("large", "str", "smollm2-135m", "the model that decodes: preset or local HF checkpoint"),
     Param("small", "str", "first:8", "the model that prefills: first:N (the large model's first N layers) or a checkpoint"),
     Param("layer_table", "str", "", "large:small,... alignment entries (empty: proportional / deepest layer for first:N)"),
-    Param("features", "str", "h:-1,h:0,h:-1@-1", "small-model features: h:i, kv:i, h:aligned, kv:aligned, suffix @-k"),
+    Param("features", "str", "h:-1,h:0,h:-1@-1,h:-2", "small-model features: h:i, kv:i, h:aligned, kv:aligned, suffix @-k or @avg (default: the ablation's best at its cost)"),
     Param("rope", "str", "pre", "pre: map keys before RoPE and rotate at the target positions; post: map rotated keys"),
     Param("mapper", "str", "", "mapper .safetensors to use (empty: cached fit for these parameters, fitted if missing)"),
     Param("calib_tokens", "int", 32768, "calibration tokens per corpus (calibration split; 1 in 5 chunks held out for lambda)"),

@@ -70,7 +70,7 @@ def factor(xtx: torch.Tensor, lam_rel: float):
     unpenalized. Factored once, applied to any right-hand sides (λ choice and refits reuse it)."""
     d = xtx.shape[0]
     scale = float(torch.diagonal(xtx)[:-1].mean()) if d > 1 else 1.0
-    pen = torch.full((d,), lam_rel * scale, dtype=torch.float64)
+    pen = torch.full((d,), lam_rel * scale, dtype=xtx.dtype)
     pen[-1] = 0.0
     A = xtx + torch.diag(pen)
     try:
@@ -219,10 +219,13 @@ class Fitter:
             self.sums[split].add(keys, X, {l_: torch.cat(targets[l_], dim=1) for l_ in layers})
         self.tokens[split] += next(iter(targets.values()))[0].shape[0] if targets else 0
 
-    def mapper(self, grid=LAMBDA_GRID, corpus: dict | None = None, log=None, lambda_per: str = "layer") -> Mapper:
+    def mapper(self, grid=LAMBDA_GRID, corpus: dict | None = None, log=None, lambda_per: str = "layer",
+               sweep_dtype=torch.float64) -> Mapper:
         """Choose λ on `val` and refit on fit + val. `lambda_per`: 'layer' (one λ for a layer's K, one for
         its V) or 'head' (one per KV head of K and of V). Ridge columns are independent given X, so
-        per-head *targets* differ from joint ones only through this choice of λ."""
+        per-head *targets* differ from joint ones only through this choice of λ. `sweep_dtype=torch.float32`
+        runs the λ sweep (factorizations and held-out errors) in float32, ~2x faster on CPU, to choose λ
+        only; the refit is float64 either way."""
         if lambda_per not in ("layer", "head"):
             raise PairError(f"lambda_per must be 'layer' or 'head', got {lambda_per!r}")
         fit, val = self.sums["fit"], self.sums["val"]
@@ -233,12 +236,14 @@ class Fitter:
         weights, lambdas, r2 = {}, {}, {}
         for keys, layers in self.groups.items():
             sse = {l_: [] for l_ in layers}
-            rhs = torch.cat([fit.xty[l_] for l_ in layers], dim=1)
+            dt = sweep_dtype
+            rhs = torch.cat([fit.xty[l_] for l_ in layers], dim=1).to(dt)
+            vxtx = val.xtx[keys].to(dt)
             for lam in grid:
-                Ws = factor(fit.xtx[keys], lam)(rhs)
+                Ws = factor(fit.xtx[keys].to(dt), lam)(rhs)
                 for j, l_ in enumerate(layers):
                     W = Ws[:, j * 2 * w:(j + 1) * 2 * w]
-                    sse[l_].append(column_sse(W, val.xtx[keys], val.xty[l_], val.yy[l_]))
+                    sse[l_].append(column_sse(W, vxtx, val.xty[l_].to(dt), val.yy[l_].to(dt)).double())
             pick = {}
             for l_ in layers:
                 errs = torch.stack(sse[l_])                                   # [grid, 2w]
