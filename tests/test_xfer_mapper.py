@@ -136,3 +136,42 @@ def test_bad_pairs_and_tables_are_one_line(tiny, tmp_path):
         FeatureSpec.parse("q:3")
     with pytest.raises(PairError, match="hidden index out of range"):
         FeatureSpec.parse("h:12").keys(5, layer_table(30, 8, 8), 8)
+
+
+def test_causal_mean_feature_and_per_head_lambda(tiny, tmp_path):
+    """`@avg` is the causal mean over positions 0..t; λ chosen per KV head still recovers a linearly
+    readable layer exactly (one λ per head of K and of V in the file), and the layer's K/V is the same
+    whichever λ granularity chose it."""
+    from labkit.xfer.ablation import merged
+    from labkit.xfer.features import SmallPass
+    from labkit.xfer.mapper import Fitter, restrict
+
+    x = torch.arange(12, dtype=torch.float32).view(4, 3)
+    sp = SmallPass({0: x}, None, None, None, None, {})
+    keys = FeatureSpec.parse("h:0@avg").keys(0, layer_table(3, 1, 0), 1)
+    got = sp.features(keys)[:, :3]
+    from labkit.xfer.features import rms_normalize
+    want = rms_normalize(x).cumsum(0) / torch.arange(1, 5).view(4, 1)
+    assert torch.allclose(got, want)
+    with pytest.raises(PairError, match="@avg"):
+        FeatureSpec.parse("h:0@mean")
+
+    pair = plan_pair(str(tiny), "first:2")
+    models, mp = _fit_tiny(pair, "h:-1,h:-1@avg")
+    assert mp.r2_val[2][0] > 0.999 and mp.r2_val[2][1] > 0.999
+    # per-head λ from the same sums: 2 KV heads -> 4 λs per layer, the exact layer still exact
+    from labkit.xfer.transfer import large_targets, true_cache
+    from labkit.xfer.features import small_pass
+    f = Fitter(pair, FeatureSpec.parse("h:-1,h:-1@avg"))
+    g = torch.Generator().manual_seed(1)
+    for i in range(12):
+        ids = torch.randint(0, 64, (1, 48), generator=g)
+        sp = small_pass(models.small, ids, f.hidden_needed)
+        f.add("val" if i % 4 == 0 else "fit", sp, large_targets(models.large, true_cache(models.large, ids), [2]))
+    mh = f.mapper(lambda_per="head")
+    assert len(mh.lambdas[2]) == 4 and mh.r2_val[2][0] > 0.999 and mh.r2_val[2][1] > 0.999
+    assert mh.corpus["lambda_per"] == "head" and len(mh.lambda_kv(2)) == 2
+    # restrict + merge: the subset's mapper from the superset's sums equals a direct fit of the subset
+    sub = restrict(merged(f, Fitter(pair, FeatureSpec.parse("h:-1,h:-1@avg"))), FeatureSpec.parse("h:-1"))
+    assert sub.tokens == f.tokens
+    assert sub.mapper().weights[2].shape[0] == pair.small.hidden + 1

@@ -36,7 +36,7 @@ SPEC = [
     Param("large", "str", "smollm2-135m", "the model that decodes: preset or local HF checkpoint"),
     Param("small", "str", "first:8", "the model that prefills: first:N (the large model's first N layers) or a checkpoint"),
     Param("layer_table", "str", "", "large:small,... alignment entries (empty: proportional / deepest layer for first:N)"),
-    Param("features", "str", "h:-1,h:0,h:-1@-1", "small-model features: h:i, kv:i, h:aligned, kv:aligned, suffix @-k"),
+    Param("features", "str", "h:-1,h:0,h:-1@-1,h:-2", "small-model features: h:i, kv:i, h:aligned, kv:aligned, suffix @-k or @avg (default: the ablation's best at its cost)"),
     Param("rope", "str", "pre", "pre: map keys before RoPE and rotate at the target positions; post: map rotated keys"),
     Param("mapper", "str", "", "mapper .safetensors to use (empty: cached fit for these parameters, fitted if missing)"),
     Param("calib_tokens", "int", 32768, "calibration tokens per corpus (calibration split; 1 in 5 chunks held out for lambda)"),
@@ -145,56 +145,78 @@ def _stats(xs) -> dict:
 
 
 @torch.no_grad()
+def large_ttft_once(large, ids: torch.Tensor) -> tuple[float, int]:
+    """Seconds of the large model's own prefill + first token over ids [1, T], and that token."""
+    from labkit.xfer.features import call
+
+    t0 = time.perf_counter()
+    logits = call(large, ids, logits_to_keep=1)[0].logits[0, -1]
+    return time.perf_counter() - t0, int(logits.argmax())
+
+
+@torch.no_grad()
+def mapped_ttft_once(prod, models, ids: torch.Tensor) -> tuple[float, dict, int]:
+    """Seconds of the producer path (small prefill + mapping + /dev/shm write + read into a cache + the
+    large model's last-token forward) over ids [1, T], its stage breakdown, and its first token."""
+    from labkit.xfer import shm
+    from labkit.xfer.features import build_cache, call
+
+    large = models.large
+    t1 = time.perf_counter()
+    info = prod.produce(ids[0].tolist())
+    t2 = time.perf_counter()
+    hdr = shm.validate(info["path"], ids[0].tolist(), prod.fingerprint, models.pair.large.layers,
+                       models.pair.large.kv_heads, models.pair.large.head_dim)
+    f = shm.KVFile(info["path"], hdr)
+    kv = [tuple(x.transpose(0, 1).unsqueeze(0).clone() for x in f.layer(i)) for i in range(hdr.num_layers)]
+    f.close()
+    t3 = time.perf_counter()
+    first = int(call(large, ids[:, -1:], build_cache(large, kv))[0].logits[0, -1].argmax())
+    t4 = time.perf_counter()
+    Path(info["path"]).unlink(missing_ok=True)
+    return t4 - t1, {"small_prefill_s": info["small_prefill_s"], "mapping_s": info["mapping_s"],
+                     "write_s": info["write_s"], "read_s": t3 - t2, "decode_first_s": t4 - t3}, first
+
+
+def ttft_rows(n: int, t_large: list, t_map: list, parts: list, firsts_equal: list, shm_bytes: int, **extra) -> list[dict]:
+    """The two tidy rows (large_prefill, mapped) of one prompt length from repeated timings (seconds)."""
+    a, b = _stats(t_large), _stats(t_map)
+    base = {"kind": "ttft", "backend": "transformers", "context_len": n, "concurrency": 1, "repeats": len(t_large), **extra}
+    br = {k: float(pd.Series([x[k] for x in parts]).median()) * 1e3 for k in
+          ("small_prefill_s", "mapping_s", "write_s", "read_s", "decode_first_s")}
+    return [dict(base, strategy="large_prefill", ttft_ms_median=a["median"] * 1e3, ttft_ms_min=a["min"] * 1e3,
+                 ttft_ms_max=a["max"] * 1e3),
+            dict(base, strategy="mapped", ttft_ms_median=b["median"] * 1e3, ttft_ms_min=b["min"] * 1e3,
+                 ttft_ms_max=b["max"] * 1e3, speedup=a["median"] / b["median"],
+                 first_token_agree=float(sum(firsts_equal) / len(firsts_equal)),
+                 **{k.replace("_s", "_ms"): v for k, v in br.items()}, shm_bytes=shm_bytes)]
+
+
+@torch.no_grad()
 def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path, log=print) -> list[dict]:
     """Per prompt length: the large model's prefill + first token vs the producer path, in-process."""
     from labkit.quality.corpora import sequences
-    from labkit.xfer import shm
-    from labkit.xfer.features import build_cache, call
     from labkit.xfer.producer import Producer
 
     prod = Producer(models, mapper, root, dtype=next(models.large.parameters()).dtype)
-    large = models.large
     rows = []
     docs = {n: sequences(tokenizer, "prose", n, repeats + 1, split="eval") for n in lens}
     for n in lens:
-        t_large, t_map, parts = [], [], []
+        t_large, t_map, parts, eq = [], [], [], []
         for r in range(repeats + 1):
             ids = docs[n][r % len(docs[n])][1].view(1, -1)
-            t0 = time.perf_counter()
-            logits = call(large, ids, logits_to_keep=1)[0].logits[0, -1]
-            first_true = int(logits.argmax())
-            t1 = time.perf_counter()
-            info = prod.produce(ids[0].tolist())
-            t2 = time.perf_counter()
-            hdr = shm.validate(info["path"], ids[0].tolist(), prod.fingerprint, models.pair.large.layers,
-                               models.pair.large.kv_heads, models.pair.large.head_dim)
-            f = shm.KVFile(info["path"], hdr)
-            kv = [tuple(x.transpose(0, 1).unsqueeze(0).clone() for x in f.layer(i)) for i in range(hdr.num_layers)]
-            f.close()
-            t3 = time.perf_counter()
-            first_mapped = int(call(large, ids[:, -1:], build_cache(large, kv))[0].logits[0, -1].argmax())
-            t4 = time.perf_counter()
-            Path(info["path"]).unlink(missing_ok=True)
+            tl, first_true = large_ttft_once(models.large, ids)
+            tm, part, first_mapped = mapped_ttft_once(prod, models, ids)
             if r == 0:
                 continue  # warm-up
-            t_large.append(t1 - t0)
-            t_map.append(t4 - t1)
-            parts.append({"small_prefill_s": info["small_prefill_s"], "mapping_s": info["mapping_s"],
-                          "write_s": info["write_s"], "read_s": t3 - t2, "decode_first_s": t4 - t3,
-                          "first_token_equal": first_true == first_mapped})
-        a, b = _stats(t_large), _stats(t_map)
-        base = {"kind": "ttft", "backend": "transformers", "context_len": n, "concurrency": 1, "repeats": len(t_large)}
-        rows.append(dict(base, strategy="large_prefill", ttft_ms_median=a["median"] * 1e3, ttft_ms_min=a["min"] * 1e3,
-                         ttft_ms_max=a["max"] * 1e3))
-        br = {k: float(pd.Series([x[k] for x in parts]).median()) * 1e3 for k in
-              ("small_prefill_s", "mapping_s", "write_s", "read_s", "decode_first_s")}
-        rows.append(dict(base, strategy="mapped", ttft_ms_median=b["median"] * 1e3, ttft_ms_min=b["min"] * 1e3,
-                         ttft_ms_max=b["max"] * 1e3, speedup=a["median"] / b["median"],
-                         first_token_agree=float(sum(x["first_token_equal"] for x in parts) / len(parts)),
-                         **{k.replace("_s", "_ms"): v for k, v in br.items()}, shm_bytes=prod.bytes_for(n - 1)))
+            t_large.append(tl)
+            t_map.append(tm)
+            parts.append(part)
+            eq.append(first_true == first_mapped)
+        rows += ttft_rows(n, t_large, t_map, parts, eq, prod.bytes_for(n - 1))
         if log:
-            log(f"TTFT transformers {n} tokens: large {a['median'] * 1e3:.0f} ms, mapped {b['median'] * 1e3:.0f} ms "
-                f"({a['median'] / b['median']:.2f}x)")
+            log(f"TTFT transformers {n} tokens: large {rows[-2]['ttft_ms_median']:.0f} ms, mapped "
+                f"{rows[-1]['ttft_ms_median']:.0f} ms ({rows[-1]['speedup']:.2f}x)")
     return rows
 
 
@@ -224,7 +246,7 @@ def run_xfer(given: dict, run=None, log=print):
         run.update_manifest(mapper={"path": str(mpath), "bytes": mpath.stat().st_size, "fitted_in_this_run": fitted,
                                     "features": str(mp.features), "rope": mp.rope, "corpus": mp.corpus})
         run.write_table("mapper_fit", pd.DataFrame(
-            [{"layer": l_, "lambda_k": mp.lambdas[l_][0], "lambda_v": mp.lambdas[l_][1], "r2_val_k": mp.r2_val[l_][0],
+            [{"layer": l_, "lambda_k": mp.lambda_kv(l_)[0], "lambda_v": mp.lambda_kv(l_)[1], "r2_val_k": mp.r2_val[l_][0],
               "r2_val_v": mp.r2_val[l_][1]} for l_ in sorted(mp.weights)]))
 
         def on_row(row):

@@ -9,6 +9,8 @@ Features of the small model for a token (a `FeatureSpec`, comma-separated):
 - `h:aligned`, `kv:aligned`: the same at the small layer the layer table aligns with the target layer;
 - a suffix `@-k` takes the feature of the token k positions earlier (zeros before the start): a deep
   layer's KV at token t carries context that the residual stream at t alone does not;
+- a suffix `@avg` takes the causal mean of the feature over positions 0..t (a running summary of the
+  document so far, one of the things deep layers' values carry and no single position's state does);
 - a constant 1 (bias) is always appended.
 
 Targets of large layer l: its keys *before* RoPE and its values, [T, kv_heads * head_dim] each. Keys
@@ -25,7 +27,7 @@ import torch
 
 from labkit.xfer.pair import LayerTable, PairError
 
-FeatureKey = tuple[str, int, int]  # ("h", hidden index, shift) | ("kv", layer, shift)
+FeatureKey = tuple[str, int, int | str]  # ("h", hidden index, shift) | ("kv", layer, shift); shift "avg": causal mean
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,8 @@ class FeatureSpec:
         for it in items:
             kind, _, where = it.partition(":")
             where, _, shift = where.partition("@")
-            if shift and not (shift.startswith("-") and shift[1:].isdigit()):
-                raise PairError(f"feature {it!r}: shift must be @-k with k a positive integer")
+            if shift and shift != "avg" and not (shift.startswith("-") and shift[1:].isdigit()):
+                raise PairError(f"feature {it!r}: suffix must be @-k (k a positive integer) or @avg")
             if kind not in ("h", "kv") or not where:
                 raise PairError(f"feature {it!r}: expected h:i, kv:i, h:aligned or kv:aligned")
             if where != "aligned":
@@ -57,7 +59,7 @@ class FeatureSpec:
         for it in self.items:
             kind, _, where = it.partition(":")
             where, _, shift = where.partition("@")
-            shift = -int(shift) if shift else 0
+            shift = "avg" if shift == "avg" else (-int(shift) if shift else 0)
             i = table.aligned(layer) if where == "aligned" else int(where)
             if kind == "h":
                 if i < 0:
@@ -228,7 +230,10 @@ class SmallPass:
                 p = [rms_normalize(self.hidden[i])]
             else:
                 p = list(self.kv(i))
-            if shift:
+            if shift == "avg":
+                pos = torch.arange(1, p[0].shape[0] + 1, dtype=p[0].dtype).unsqueeze(1)
+                p = [x.cumsum(0) / pos for x in p]
+            elif shift:
                 p = [torch.cat([torch.zeros(shift, x.shape[1]), x[:-shift]]) if shift < x.shape[0]
                      else torch.zeros_like(x) for x in p]
             parts += p

@@ -86,3 +86,47 @@ def quality_bars(summary: pd.DataFrame) -> go.Figure:
     fig.update_layout(barmode="group", yaxis_type="log", title="Perplexity ratio to the true cache (continuations, held-out)",
                       yaxis_title="ppl(mode) / ppl(true cache)")
     return fig
+
+
+AIM_PPL, AIM_SPEEDUP = 1.10, 2.5   # the issue's aim: ppl ratio <= 1.10 at >= 2.5x TTFT (seed: +10%)
+
+
+def frontier(fr: pd.DataFrame, label: str = "CPU") -> go.Figure:
+    """Perplexity ratio against measured TTFT speedup, one point per N (labelled), a line per mapper and
+    prompt length; the aim's corner shaded. The figure a user picks N from."""
+    fig = go.Figure()
+    if fr.empty:
+        return fig
+    fig.add_shape(type="rect", x0=AIM_SPEEDUP, x1=max(AIM_SPEEDUP * 1.6, float(fr["speedup"].max()) * 1.1), y0=1.0,
+                  y1=AIM_PPL, fillcolor="green", opacity=0.12, line_width=0, layer="below")
+    fig.add_annotation(x=AIM_SPEEDUP, y=AIM_PPL, text="aim: ≤ 1.10 at ≥ 2.5×", showarrow=False, xanchor="left",
+                       yanchor="bottom")
+    for (mapper, n_tok), g in fr.groupby(["mapper", "context_len"]):
+        g = g.sort_values("small_layers")
+        fig.add_trace(go.Scatter(
+            x=g["speedup"], y=g["ppl_ratio"], mode="lines+markers+text", text=[f"N={n}" for n in g["small_layers"]],
+            textposition="top right", name=f"{n_tok} tok · {mapper}",
+            customdata=g[["small_layers", "top1_agree", "feature_dim", "ttft_ms_median", "large_ttft_ms"]].values,
+            hovertemplate="N=%{customdata[0]}<br>speedup %{x:.2f}×<br>ppl ratio %{y:.3f}<br>top-1 %{customdata[1]:.3f}"
+                          "<br>feature dim %{customdata[2]}<br>mapped %{customdata[3]:.0f} ms vs large %{customdata[4]:.0f} ms"))
+    fig.add_hline(y=AIM_PPL, line_dash="dot")
+    fig.add_vline(x=AIM_SPEEDUP, line_dash="dot")
+    fig.update_layout(title=f"Frontier of first:N — perplexity ratio vs TTFT speedup ({label}, transformers path)",
+                      xaxis_title="TTFT speedup (large prefill / mapped path)", yaxis_title="ppl ratio (mapped / true cache)",
+                      yaxis_type="log")
+    return fig
+
+
+def ablation_bars(ab: pd.DataFrame) -> go.Figure:
+    """Perplexity ratio (code, prose, pooled) per mapper config at the ablation's N."""
+    fig = go.Figure()
+    a = ab[ab["stage"] != "frontier"]
+    x = a["config"] + " (d=" + a["feature_dim"].astype(str) + ")"
+    for col, name in (("ppl_ratio_code", "code"), ("ppl_ratio_prose", "prose"), ("ppl_ratio", "pooled")):
+        if col in a:
+            fig.add_trace(go.Bar(x=x, y=a[col], name=name, text=a[col].round(3), textposition="outside"))
+    fig.add_hline(y=AIM_PPL, line_dash="dot", annotation_text="aim 1.10")
+    n = int(a["small_layers"].iloc[0]) if not a.empty else 0
+    fig.update_layout(barmode="group", title=f"Mapper ablation at N={n}: perplexity ratio on held-out text",
+                      yaxis_title="ppl(mapped) / ppl(true cache)", yaxis_type="log")
+    return fig

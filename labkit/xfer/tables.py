@@ -55,11 +55,37 @@ def r2_line(run) -> str:
     return ", ".join(f"{p}: mean {g.mean()[p]:.3f} (min {g.min()[p]:.3f}, max {g.max()[p]:.3f})" for p in g.mean().index)
 
 
+def ablation_table(run) -> str:
+    a = run.table("ablation")
+    if a.empty:
+        return ""
+    lines = ["| stage | config | N | features | λ per | calib tok/corpus | d | ppl ratio (code / prose / pooled) | top-1 (code / prose) | R² val K / V |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in a.itertuples():
+        lines.append(f"| {r.stage} | {r.config} | {r.small_layers} | `{r.features}` | {r.lambda_per} | {r.calib_tokens_per_corpus} | "
+                     f"{r.feature_dim} | {r.ppl_ratio_code:.3f} / {r.ppl_ratio_prose:.3f} / **{r.ppl_ratio:.3f}** | "
+                     f"{r.top1_agree_code:.3f} / {r.top1_agree_prose:.3f} | {r.r2_val_k_mean:.3f} / {r.r2_val_v_mean:.3f} |")
+    return "\n".join(lines)
+
+
+def frontier_table(run) -> str:
+    f = run.table("frontier")
+    if f.empty:
+        return ""
+    lines = ["| prompt tokens | N | ppl ratio (pooled) | top-1 | TTFT speedup | large prefill ms | mapped ms | small prefill ms | mapping ms | shm write+read ms | last token ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in f.sort_values(["context_len", "small_layers"]).itertuples():
+        lines.append(f"| {r.context_len} | {r.small_layers} | {_fmt(r.ppl_ratio)} | {_fmt(r.top1_agree)} | {r.speedup:.2f} | "
+                     f"{r.large_ttft_ms:.0f} | {r.ttft_ms_median:.0f} | {r.small_prefill_ms:.0f} | {r.mapping_ms:.0f} | "
+                     f"{r.write_ms + r.read_ms:.0f} | {r.decode_first_ms:.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     for d in (argv or sys.argv[1:]):
         run = load_run(d)
         print(f"### `{d}`\n")
-        for t in (ttft_table(run), quality_table(run)):
+        for t in (ttft_table(run), quality_table(run), ablation_table(run), frontier_table(run)):
             if t:
                 print(t + "\n")
         line = r2_line(run)

@@ -1,0 +1,317 @@
+"""Which mapper and which N: a feature / λ / calibration-text ablation and the quality side of the N
+frontier, for `first:N` pairs, from one set of large-model passes.
+
+Why one pass serves every N: the small model `first:N` *is* the large model's first N layers, so its
+residual stream h:0..N and its K/V of layers 0..N-1 are the large model's on the same tokens. The
+ablation reads them from one large-model forward (hooks) instead of running each small model, and a
+`Fitter` per (N, calibration tier) accumulates XᵀX / XᵀY for a *superset* of features; every feature
+subset is cut out of it with `restrict` (no new passes), λ is chosen per layer (or per KV head) on the
+held-out calibration chunks. The official path (`labkit run xfer`, a real small model) reproduces the
+default's row — the run folder shows both.
+
+Quality per config on the corpora's eval split (never used for fitting), as `quality.evaluate` does it:
+the cache covers `prompt_len - 1` tokens, the continuation's perplexity is teacher-forced, top-1
+agreement is against the true cache's greedy decode. Rows also carry the mapper's cost (feature width,
+mapped columns, multiply-adds per prompt token) — what the TTFT side of the frontier pays for it.
+
+    python -m labkit.xfer.ablation --out results/<run>   (see --help)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from labkit.xfer.features import FeatureSpec, SmallPass, cache_kv, pre_rope_kv, rope_cos_sin, rotate, run_with_hidden
+from labkit.xfer.mapper import Fitter, restrict
+from labkit.xfer.pair import plan_pair
+from labkit.xfer.quality import _logits, greedy
+
+# N=8: the feature ablation; every other N: the frontier (a smaller superset keeps the passes cheap)
+SUPERSET_ABLATION = "h:-1,h:0,h:-1@-1,h:-2,h:-1@-2,kv:-1,h:-1@avg"
+SUPERSET_FRONTIER = "h:-1,h:0,h:-1@-1,h:-1@avg"
+# λ grid of the sweeps here: the values first:8 fits ever chose (1e-5 only for the exactly linear layer N,
+# where 1e-3 loses nothing measurable); five instead of eight factorizations per config keeps CPU runs short
+GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3)
+FEATURE_CONFIGS = [  # (name, features) evaluated at the ablation's N
+    ("h_last", "h:-1"),
+    ("old_default", "h:-1,h:0,h:-1@-1"),
+    ("+h_prev_layer", "h:-1,h:0,h:-1@-1,h:-2"),
+    ("+kv_last_layer", "h:-1,h:0,h:-1@-1,kv:-1"),
+    ("+shift2", "h:-1,h:0,h:-1@-1,h:-1@-2"),
+    ("+causal_mean", "h:-1,h:0,h:-1@-1,h:-1@avg"),
+    ("all_hidden", "h:-1,h:0,h:-1@-1,h:-2,h:-1@avg"),
+]
+
+
+def merged(a: Fitter, b: Fitter) -> Fitter:
+    """One Fitter holding the sums of both (same pair and features): more calibration text, no new pass."""
+    out = Fitter(a.pair, a.features, a.rope)
+    out.sums = {s: a.sums[s].merged(b.sums[s]) for s in ("fit", "val")}
+    out.tokens = {s: a.tokens[s] + b.tokens[s] for s in ("fit", "val")}
+    return out
+
+
+def small_view(hidden: dict, kv: dict, n: int, cos, sin) -> SmallPass:
+    """The SmallPass that first:n would produce, read off the large model's pass."""
+    return SmallPass({i: h for i, h in hidden.items() if i <= n}, None, cos, sin, None,
+                     {i: x for i, x in kv.items() if i < n})
+
+
+@torch.no_grad()
+def large_pass(large, ids: torch.Tensor, hidden_idx, kv_layers):
+    """Hidden states {i: [T, hidden]}, pre-RoPE (K, V) {l: [T, w]} and the cache of one large forward."""
+    hidden, cache = run_with_hidden(large, ids, hidden_idx, use_cache=True)
+    T = ids.shape[1]
+    cos, sin = rope_cos_sin(large, T)
+    return hidden, {l_: pre_rope_kv(large, cache, l_, cos, sin) for l_ in kv_layers}, cache, cos, sin
+
+
+def mapper_cost(mp) -> dict:
+    """Feature width d and multiply-adds per prompt token of the mapping (all mapped layers)."""
+    d = {l_: w.shape[0] for l_, w in mp.weights.items()}
+    macs = sum(w.shape[0] * w.shape[1] for w in mp.weights.values())
+    return {"feature_dim": max(d.values()), "mapped_layers": len(d), "mapper_macs_per_token": macs}
+
+
+def layer_macs_per_token(pair) -> int:
+    """Multiply-adds per token of one large decoder layer's projections (attention's T-dependent part aside)."""
+    cfg = json.loads((Path(pair.large.path) / "config.json").read_text())
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    q = cfg["num_attention_heads"] * pair.large.head_dim
+    kv = pair.large.kv_heads * pair.large.head_dim
+    return h * q + 2 * h * kv + q * h + 3 * h * inter
+
+
+def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, corpora=("code", "prose"),
+        calib_tiers=(8192, 32768), calib_seq_len=512, n_sequences=6, prompt_len=1025, cont_len=128,
+        agree_tokens=32, out: Path | None = None, mapper_dir: Path | None = None, log=print,
+        superset_ablation=SUPERSET_ABLATION, superset_frontier=SUPERSET_FRONTIER, sums_cache: Path | None = None,
+        frontier_only: str = ""):
+    from labkit.quality.corpora import sequences
+    from labkit.xfer.transfer import calibration_chunks, load_models
+
+    t_start = time.perf_counter()
+    pairs = {n: plan_pair(large_name, f"first:{n}", derive=False) for n in ns}
+    pair0 = pairs[ns[0]]
+    from labkit.models import load_model
+    large, tok = load_model(pair0.large.path, dtype=torch.float32, device="cpu", attn_implementation="sdpa")
+    large.eval()
+    L = pair0.large.layers
+    if frontier_only and not sums_cache:  # only the frontier, these features at every N (no ablation superset)
+        superset_frontier = superset_ablation = frontier_only
+    supers = {n: FeatureSpec.parse(superset_ablation if n == ablation_n else superset_frontier) for n in ns}
+    fitters = {(n, t): Fitter(pairs[n], supers[n]) for n in ns for t in range(len(calib_tiers))}
+    hid_need = set().union(*[f.hidden_needed for f in fitters.values()])
+    kv_need = set(range(min(ns) - 1, L))
+
+    # calibration: chunks of the largest tier; a chunk's tier is where it falls in its corpus' order
+    calib = calibration_chunks(tok, list(corpora), calib_seq_len, calib_tiers[-1])
+    seen: dict[str, int] = {}
+    t0 = time.perf_counter()
+    if sums_cache and sums_cache.is_file():  # the passes of an earlier run with the same arguments
+        saved = torch.load(sums_cache, weights_only=False)
+        for k, f in fitters.items():
+            f.sums, f.tokens = saved[k]
+        log(f"calibration sums loaded from {sums_cache}")
+    else:
+        for i, (split, name, ids) in enumerate(calib):
+            corpus = name.split("/")[0]
+            tier = next(t for t, lim in enumerate(calib_tiers) if seen.get(corpus, 0) < lim)
+            seen[corpus] = seen.get(corpus, 0) + ids.numel()
+            hidden, kv, _, cos, sin = large_pass(large, ids.view(1, -1), hid_need, kv_need)
+            for n in ns:
+                sp = small_view(hidden, kv, n, cos, sin)
+                fitters[(n, tier)].add(split, sp, {l_: kv[l_] for l_ in pairs[n].table.mapped_layers})
+            if log and (i + 1) % 16 == 0:
+                log(f"calibration {i + 1}/{len(calib)} chunks ({time.perf_counter() - t0:.0f}s)")
+        if sums_cache:
+            sums_cache.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({k: (f.sums, f.tokens) for k, f in fitters.items()}, sums_cache)
+    fit_s = time.perf_counter() - t0
+
+    def fitter_for(n, features, tiers):
+        f = fitters[(n, 0)]
+        for t in range(1, tiers):
+            f = merged(f, fitters[(n, t)])
+        return restrict(f, FeatureSpec.parse(features))
+
+    # evaluation sequences: one true pass each (hidden states for every N's features, true cache, reference)
+    seqs = [(c, name, ids) for c in corpora for name, ids in sequences(tok, c, prompt_len + cont_len, n_sequences, split="eval")]
+    ev = []
+    for corpus, name, ids in seqs:
+        ids = ids.view(1, -1)
+        ctx, block = ids[:, : prompt_len - 1], ids[:, prompt_len - 1: prompt_len + cont_len]
+        hidden, kv, cache, cos, sin = large_pass(large, ctx, hid_need, kv_need)
+        true_kv = [cache_kv(cache, i) for i in range(L)]
+        lg = _logits(large, block, true_kv)
+        nll_true = float(F.cross_entropy(lg[:-1], block[0, 1:], reduction="sum"))
+        ref = greedy(large, block[:, :1], true_kv, agree_tokens)
+        forced = torch.cat([block[:, :1], ref[:-1].view(1, -1)], dim=1)
+        ev.append(dict(corpus=corpus, document=name, hidden=hidden, kv=kv, true_kv=true_kv, cos=cos, sin=sin,
+                       block=block, nll_true=nll_true, ref=ref, forced=forced))
+    H, D = pair0.large.kv_heads, pair0.large.head_dim
+
+    def evaluate(mp, n, tag: dict) -> list[dict]:
+        rows = []
+        for e in ev:
+            sp = small_view(e["hidden"], e["kv"], n, e["cos"], e["sin"])
+            kvs = list(e["true_kv"][:n])
+            T = e["cos"].shape[2]
+            feats = {}
+            for l_ in range(n, L):
+                keys = mp.keys(l_)
+                if keys not in feats:
+                    feats[keys] = sp.features(keys)
+                kp, v = mp.predict(feats[keys], l_)
+                kp = kp.view(T, H, D).transpose(0, 1).unsqueeze(0)
+                kvs.append((rotate(kp, e["cos"], e["sin"]), v.view(T, H, D).transpose(0, 1).unsqueeze(0)))
+            lg = _logits(large, e["block"], kvs)
+            nll = float(F.cross_entropy(lg[:-1], e["block"][0, 1:], reduction="sum"))
+            agree = float((_logits(large, e["forced"], kvs).argmax(-1) == e["ref"]).float().mean())
+            rows.append(dict(tag, corpus=e["corpus"], document=e["document"], n_tokens=cont_len, nll_sum=nll,
+                             nll_true=e["nll_true"], top1_agree=agree))
+        return rows
+
+    results, mappers = [], {}
+
+    full = len(calib_tiers)
+
+    def score(name, n, features, lambda_per="layer", tiers=full, stage="features"):
+        t = time.perf_counter()
+        f = fitter_for(n, features, tiers)
+        mp = f.mapper(grid=GRID, sweep_dtype=torch.float32, corpus={"ablation": name, "calib_tokens_per_corpus": calib_tiers[tiers - 1]}, lambda_per=lambda_per)
+        tag = dict(stage=stage, config=name, small_layers=n, features=features, lambda_per=lambda_per,
+                   calib_tokens_per_corpus=calib_tiers[tiers - 1], fit_tokens=f.tokens["fit"], val_tokens=f.tokens["val"],
+                   **mapper_cost(mp), r2_val_k_mean=sum(r[0] for r in mp.r2_val.values()) / len(mp.r2_val),
+                   r2_val_v_mean=sum(r[1] for r in mp.r2_val.values()) / len(mp.r2_val))
+        rows = evaluate(mp, n, tag)
+        results.extend(rows)
+        s = pooled(pd.DataFrame(rows))
+        mappers[(name, n)] = mp
+        if log:
+            log(f"N={n} {stage}/{name} [{features}; lambda per {lambda_per}; {calib_tiers[tiers - 1]} tok/corpus]: "
+                f"ppl ratio {s['ppl_ratio']:.3f} (code {s['ppl_ratio_code']:.3f}, prose {s['ppl_ratio_prose']:.3f}), "
+                f"top1 {s['top1_agree']:.3f} ({time.perf_counter() - t:.0f}s)")
+        return s["ppl_ratio"]
+
+    # 1. features at the ablation's N
+    best_name, best_feat, best_val = None, None, math.inf
+    if frontier_only:
+        for n in ns:
+            score("frontier", n, frontier_only, "layer", full, stage="frontier")
+        return _write(results, mappers, out, mapper_dir, ablation_n, {
+            "large": large_name, "ns": list(ns), "ablation_n": ablation_n, "corpora": list(corpora),
+            "calib_tiers_tokens_per_corpus": list(calib_tiers), "calib_seq_len": calib_seq_len,
+            "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
+            "frontier_recipe": {"features": frontier_only, "lambda_per": "layer", "tiers": full},
+            "lambda_grid": list(GRID), "calibration_seconds": round(fit_s, 1),
+            "wall_seconds": round(time.perf_counter() - t_start, 1), "layer_macs_per_token": layer_macs_per_token(pair0),
+            "torch_threads": torch.get_num_threads()})
+    sup_ab = set(FeatureSpec.parse(superset_ablation).items)
+    for name, feats in FEATURE_CONFIGS:
+        if not set(FeatureSpec.parse(feats).items) <= sup_ab:
+            continue
+        v = score(name, ablation_n, feats)
+        if v < best_val:
+            best_name, best_feat, best_val = name, feats, v
+    # 2. λ per KV head, more calibration text, on the best features
+    best = {"features": best_feat, "lambda_per": "layer", "tiers": full}
+    v = score(best_name + "|lambda_per_head", ablation_n, best_feat, "head", full, stage="lambda")
+    if v < best_val:
+        best_val, best["lambda_per"] = v, "head"
+    for t in range(1, full):  # less calibration text: what the amount of text buys
+        score(best_name + f"|calib_{calib_tiers[t - 1]}", ablation_n, best_feat, best["lambda_per"], t, stage="calibration")
+    # 3. the frontier: the best recipe whose features the frontier superset holds, at every N
+    sup = set(FeatureSpec.parse(superset_frontier).items)
+    front_feat = best_feat if set(FeatureSpec.parse(best_feat).items) <= sup else max(
+        (f for _, f in FEATURE_CONFIGS if set(FeatureSpec.parse(f).items) <= sup),
+        key=lambda f: -pooled(pd.DataFrame([r for r in results if r["features"] == f and r["small_layers"] == ablation_n]))["ppl_ratio"]
+        if any(r["features"] == f for r in results) else -math.inf)
+    frontier = {"features": front_feat, "lambda_per": best["lambda_per"], "tiers": full}
+    for n in ns:
+        score("frontier", n, front_feat, best["lambda_per"], full, stage="frontier")
+    meta = {"large": large_name, "ns": list(ns), "ablation_n": ablation_n, "corpora": list(corpora),
+            "calib_tiers_tokens_per_corpus": list(calib_tiers), "calib_seq_len": calib_seq_len,
+            "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
+            "superset_ablation": superset_ablation, "superset_frontier": superset_frontier,
+            "best": dict(best, config=best_name, ppl_ratio=best_val), "frontier_recipe": frontier,
+            "lambda_grid": list(GRID), "calibration_seconds": round(fit_s, 1), "wall_seconds": round(time.perf_counter() - t_start, 1),
+            "layer_macs_per_token": layer_macs_per_token(pair0), "torch_threads": torch.get_num_threads()}
+    return _write(results, mappers, out, mapper_dir, ablation_n, meta)
+
+
+def _write(results, mappers, out, mapper_dir, ablation_n, meta):
+    if mapper_dir:
+        mapper_dir.mkdir(parents=True, exist_ok=True)
+        for (name, n), mp in mappers.items():
+            if name.startswith("frontier") or n == ablation_n:
+                mp.save(mapper_dir / f"first{n}-{name.replace('|', '-')}.safetensors")
+    df = pd.DataFrame(results)
+    summary = summarize(df)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out / "ablation_rows.csv", index=False)
+        summary.to_csv(out / "ablation.csv", index=False)
+        (out / "ablation.json").write_text(json.dumps(meta, indent=1))
+    return df, summary, meta
+
+
+def pooled(df: pd.DataFrame) -> dict:
+    """Token-pooled perplexity ratio overall and per corpus, mean top-1 agreement."""
+    out = {"ppl_ratio": math.exp((df["nll_sum"].sum() - df["nll_true"].sum()) / df["n_tokens"].sum()),
+           "top1_agree": float(df["top1_agree"].mean())}
+    for c, g in df.groupby("corpus"):
+        out[f"ppl_ratio_{c}"] = math.exp((g["nll_sum"].sum() - g["nll_true"].sum()) / g["n_tokens"].sum())
+        out[f"top1_agree_{c}"] = float(g["top1_agree"].mean())
+    return out
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    keys = ["stage", "config", "small_layers", "features", "lambda_per", "calib_tokens_per_corpus", "feature_dim",
+            "mapped_layers", "mapper_macs_per_token", "r2_val_k_mean", "r2_val_v_mean"]
+    rows = []
+    for k, g in df.groupby(keys, sort=False):
+        rows.append(dict(zip(keys, k), **pooled(g), n_sequences=len(g)))
+    return pd.DataFrame(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m labkit.xfer.ablation", description=__doc__.splitlines()[0])
+    ap.add_argument("--large", default="smollm2-135m")
+    ap.add_argument("--ns", default="8,10,12,16,20,24")
+    ap.add_argument("--ablation-n", type=int, default=8)
+    ap.add_argument("--calib-tiers", default="8192,32768", help="calibration tokens per corpus, nested tiers")
+    ap.add_argument("--n-sequences", type=int, default=6)
+    ap.add_argument("--prompt-len", type=int, default=1025)
+    ap.add_argument("--cont-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--superset-ablation", default=SUPERSET_ABLATION)
+    ap.add_argument("--superset-frontier", default=SUPERSET_FRONTIER)
+    ap.add_argument("--frontier-only", default="", help="features: skip the ablation, fit and score these at every N")
+    ap.add_argument("--sums-cache", default="", help="save the calibration sums here / reuse them if present")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--mapper-dir", default=str(Path.home() / ".cache" / "labkit" / "xfer" / "ablation"))
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    _, summary, meta = run(a.large, tuple(int(x) for x in a.ns.split(",")), a.ablation_n,
+                           calib_tiers=tuple(int(x) for x in a.calib_tiers.split(",")), n_sequences=a.n_sequences,
+                           prompt_len=a.prompt_len, cont_len=a.cont_len, out=Path(a.out),
+                           mapper_dir=Path(a.mapper_dir) if a.mapper_dir else None,
+                           log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True),
+                           superset_ablation=a.superset_ablation, superset_frontier=a.superset_frontier,
+                           sums_cache=Path(a.sums_cache) if a.sums_cache else None, frontier_only=a.frontier_only)
+    print(summary.to_string())
+    print(json.dumps(meta.get("best") or meta.get("frontier_recipe")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

