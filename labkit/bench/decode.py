@@ -308,7 +308,8 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     runner = runners[0] if len(runners) == 1 else PipelineRunner(grid)
     per_row = strat.name == "per_row"
     steps, repeats = (p["per_row_steps"], 1) if per_row else (p["steps"], p["repeats"])
-    runner.prepare(warmup=1 if per_row else 2)
+    with device_guard(dev):
+        runner.prepare(warmup=1 if per_row else 2)
     cuda = dev.type == "cuda"
     counted = [r.engine.strategy.counters() for r in runners]    # hot_cache: device counts before the timed steps
     times, rx, tx = [], 0.0, 0.0
@@ -318,7 +319,8 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     per_gpu = [[0.0, 0.0] for _ in range(n_gpu if n_gpu > 1 else 0)]
     for _ in range(repeats):
         a = tel.mark()
-        times += _time_steps(runner, steps, cuda)
+        with device_guard(dev):       # the timing events on the first stage's device, where a step starts and ends
+            times += _time_steps(runner, steps, cuda)
         b = tel.mark()
         rs = [tel.rx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
         ts = [tel.tx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
@@ -375,7 +377,8 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
         if timeline is not None:
             timeline += [{**asdict(pt), **s} for s in spans]
     if p["anatomy"] and not per_row and pt.micro_batches == 1:   # phases of overlapped micro-batches do not add up
-        anat = runner.anatomy(repeats=ANATOMY_STEPS)
+        with device_guard(dev):
+            anat = runner.anatomy(repeats=ANATOMY_STEPS)
         phases = {k: v for k, v in anat.items() if k not in ("marked_step_ms", "mark_us", "n_marks")}
         rec.update({f"anat_{k}_ms": v for k, v in phases.items()})
         rec.update(anat_marked_step_ms=anat["marked_step_ms"], anat_mark_us=anat["mark_us"], anat_marks=anat["n_marks"])
