@@ -21,6 +21,7 @@ PROBE_RUN = "results/20261129-153514-probe-h200"
 MULTIGPU_RUNS = ["results/20261130-065613-multigpu-h200x2", "results/20261130-070629-multigpu-h200x2"]  # c=1 / rerun
 PREFILL_RUNS = ["results/20261130-071914-prefill-248k-h200", "results/20261130-071914-prefill-1m-cap24-h200"]
 PULSE_RUNS = {k: f"results/20261130-072708-pulse-{k}-h200" for k in ("blocks", "scaling", "trace")}
+CROSSCHECK_RUN = "results/20261130-serve-crosscheck-smollm2-cpu"
 CAPACITY_RUN = "results/20261130-071914-capacity-cap24-h200"
 HOT_DENSITY_RUN = "results/20261130-hot-replay-density-cpu"
 PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
@@ -243,9 +244,23 @@ def hot_density_table(context_len: int = 1 << 20) -> str:
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
+def crosscheck_block() -> str:
+    """labkit's load generator against `vllm bench serve` on one server and load, interleaved rounds."""
+    from ..serving.figures import crosscheck_table
+    t = crosscheck_table(load_run(REPO / CROSSCHECK_RUN).metrics)
+    rows = [{"input / conc.": f"{int(r.input_len)} / {int(r.concurrency)}",
+             "TTFT labkit / vLLM (ms)": f"{r.ttft_labkit_ms:,.0f} / {r.ttft_vllm_ms:,.0f}", "TTFT ratio": f"{r.ttft_ratio:.2f}",
+             "TPOT labkit / vLLM (ms)": f"{r.tpot_labkit_ms:,.1f} / {r.tpot_vllm_ms:,.1f}", "TPOT ratio": f"{r.tpot_ratio:.2f}",
+             "rounds": int(r.rounds)} for r in t.itertuples()]
+    within = lambda col: int(((t[col] - 1).abs() <= 0.10).sum())
+    lead = (f"Within 10%: TTFT at {within('ttft_ratio')} of {len(t)} points, TPOT at {within('tpot_ratio')} of {len(t)} "
+            f"(medians over rounds of each round's median).")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
 def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
-    return {"hot-density-cpu": hot_density_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-scaling-h200": pulse_scaling_table(),
+    return {"serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-scaling-h200": pulse_scaling_table(),
             "pulse-trace-h200": pulse_trace_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
