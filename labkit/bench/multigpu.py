@@ -25,7 +25,6 @@ import pandas as pd
 import torch
 
 from ..engine.cache import build_on_devices
-from ..engine.kv import KVPool
 from ..engine.pipeline import device_guard
 from ..engine.transfer import ZeroCopy
 from ..results import Run
@@ -33,6 +32,7 @@ from ..stats import spread
 from ..telemetry import Sampler
 from . import decode
 from .params import BadInput, bench_main, Param, check_positive, one_line, resolve, resolve_device
+from .probe import BUDGET, LAYERS, ROW_BYTES, _step, gather_workload
 from .progress import progress
 
 EXPERIMENT = "multigpu"
@@ -53,7 +53,6 @@ SPEC = [
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
 ]
 AUTO_CONTEXT = {"cuda": [64 << 10, 1 << 20], "cpu": [256, 1024]}
-LAYERS, BUDGET, ROW_BYTES = 12, 2048, 2048      # one decode step of the reference shape (probe.py)
 
 
 def plan(given: dict) -> dict:
@@ -96,24 +95,14 @@ def plan(given: dict) -> dict:
 def gather_scaling(devices: list[torch.device], pool_gib: float, repeats: int) -> list[dict]:
     """One decode step's zero-copy gathers per GPU, alone and on every GPU at once. Each GPU reads its
     own pinned pool (built and registered by a thread bound to that GPU) over its own link."""
-    W = ROW_BYTES // 8
-    rows = max(BUDGET, int(pool_gib * 2**30) // (LAYERS * ROW_BYTES)) // 256 * 256
-
     def build(dev: torch.device):
-        pool = KVPool("host", LAYERS, rows // 256, 256, ROW_BYTES, dev)
-        pool.fill_random_(0)
-        g = torch.Generator().manual_seed(dev.index or 0)
-        idx = torch.stack([torch.randperm(rows, generator=g)[:BUDGET].sort().values for _ in range(LAYERS)])
-        return pool, idx.to(dev), torch.empty((LAYERS, BUDGET, W), dtype=torch.int64, device=dev), idx
+        pool, idx, dst = gather_workload(dev, pool_gib, seed=dev.index or 0)
+        return pool, idx.to(dev), dst, idx
 
     built = build_on_devices(build, devices, device_of=lambda d: d)
     zc = ZeroCopy()
     step_bytes = LAYERS * BUDGET * ROW_BYTES
-
-    def launch(i: int) -> None:
-        pool, idx, dst, _ = built[i]
-        for layer in range(LAYERS):
-            zc.load(pool, layer, idx[layer], dst[layer])
+    launch = [_step(zc, pool, idx, dst) for pool, idx, dst, _ in built]     # one decode step's gathers per GPU
 
     cuda = devices[0].type == "cuda"
 
@@ -127,17 +116,17 @@ def gather_scaling(devices: list[torch.device], pool_gib: float, repeats: int) -
     # and GPU would not: the first measurement here was host-bound at 1.56x).
     for i, d in enumerate(devices):   # eager once first: kernels compiled outside any capture
         with device_guard(d):
-            launch(i)
+            launch[i]()
     sync()
     graphs = []
     for i, d in enumerate(devices):
         if not cuda:
-            graphs.append(lambda i=i: launch(i))
+            graphs.append(launch[i])
             continue
         with device_guard(d):
             g, side = torch.cuda.CUDAGraph(), torch.cuda.Stream(device=d)
             with torch.cuda.graph(g, stream=side):
-                launch(i)
+                launch[i]()
             graphs.append(g.replay)
     sync()
 

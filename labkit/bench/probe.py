@@ -121,18 +121,24 @@ def _step(strategy, pool: KVPool, idx: torch.Tensor, dst: torch.Tensor, layers: 
     return run
 
 
+def gather_workload(dev, pool_gib: float, seed: int = 1):
+    """One decode step's loads of the reference shape: a host pool of `pool_gib` (pinned, registered on
+    CUDA; large, so rows are spread as in a 1M-token cache), BUDGET random rows per layer (sorted, on the
+    host) and the step's destination on `dev`. Returns (pool, idx [LAYERS, BUDGET], dst)."""
+    rows_per_layer = max(BUDGET, int(pool_gib * 2**30) // (LAYERS * ROW_BYTES)) // 256 * 256
+    pool = KVPool("host", LAYERS, rows_per_layer // 256, 256, ROW_BYTES, dev)
+    pool.fill_random_(0)
+    R = pool.data.shape[1]
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randperm(R, generator=g)[:BUDGET].sort().values for _ in range(LAYERS)])
+    return pool, idx, torch.empty((LAYERS, BUDGET, ROW_BYTES // 8), dtype=torch.int64, device=dev)
+
+
 def probe_gathers(dev, pool_gib: float, repeats: int,
                   which=("per_row", "host_gather", "zero_copy", "hbm_gather")) -> list[dict]:
     out = []
-    W = ROW_BYTES // 8
-    rows_per_layer = max(BUDGET, int(pool_gib * 2**30) // (LAYERS * ROW_BYTES)) // 256 * 256
-    pool = KVPool("host", LAYERS, rows_per_layer // 256, 256, ROW_BYTES, dev)    # pinned (registered) on CUDA
-    pool.fill_random_(0)
-    R = pool.data.shape[1]
-    g = torch.Generator().manual_seed(1)
-    idx = torch.stack([torch.randperm(R, generator=g)[:BUDGET].sort().values for _ in range(LAYERS)])  # [L, B]
+    pool, idx, dst = gather_workload(dev, pool_gib)
     idx_d = idx.to(dev)
-    dst = torch.empty((LAYERS, BUDGET, W), dtype=torch.int64, device=dev)
     step = LAYERS * BUDGET * ROW_BYTES
     ref = torch.stack([pool.data[layer][idx[layer]] for layer in range(LAYERS)])
     extra = {"pool_bytes": pool.nbytes}
@@ -164,7 +170,7 @@ def probe_gathers(dev, pool_gib: float, repeats: int,
             _step(st, pool, idx_d, dst)()
             out.append(_row("zero_copy", step, ts[c], rows_per_prog=c[0], num_warps=c[1], correct=correct(), **extra))
     if "hbm_gather" in which and dev.type == "cuda":
-        dpool = KVPool("device", LAYERS, min(R, 1 << 16) // 256, 256, ROW_BYTES, dev)
+        dpool = KVPool("device", LAYERS, min(pool.data.shape[1], 1 << 16) // 256, 256, ROW_BYTES, dev)
         dpool.fill_random_(2)
         didx = idx_d % dpool.data.shape[1]
         ts = bench({"hbm": _step(Resident(), dpool, didx, dst)}, dev, repeats, flush=True)
