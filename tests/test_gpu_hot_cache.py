@@ -99,6 +99,23 @@ def test_fused_graph_matches_resident_within_bf16(model, capacity):
     assert st.counters() == st_s.counters() and st.counters()["hits"] > 0 and st.counters()["misses"] > 0
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_deferred_side_stream_equals_in_line_in_the_graph(model, fused):
+    """The bookkeeping on a side stream inside the captured step (`defer`, the default) leaves what the
+    in-line order leaves: logits bit-equal, slots, reverse index and counters equal."""
+    tr = selection_trace(10, MID.attn_layers, BUDGET, min(LENS), seed=3).cuda()
+    a, sa = _run(model, "hot_cache", trace=tr, hot_capacity=300, hot_fused=fused)
+    b, sb = _run(model, "hot_cache", trace=tr, hot_capacity=300, hot_fused=fused, hot_defer=False)
+    assert sa._side is not None and sb._side is None
+    for (lg, sel, *_, cnt), (lg0, sel0, *_, cnt0) in zip(a, b):
+        assert torch.equal(sel, sel0) and torch.equal(lg, lg0) and torch.equal(cnt, cnt0)
+    S, R = sa.index.slots, sa.index.n_rows
+    assert torch.equal(sa.data[:, :S], sb.data[:, :S])
+    assert torch.equal(sa.index.rev[:, :R], sb.index.rev[:, :R])
+    c = sa.counters()
+    assert c == sb.counters() and c["hits"] > 0 and c["evictions"] > 0
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_device_counters_equal_a_cpu_replay(model, policy):
     """Counters of the captured steps == the same selections replayed through HotIndex on the CPU."""

@@ -81,6 +81,27 @@ def test_fused_path_matches_resident_within_bf16(model, resident):
     assert st.counters()["evictions"] > 0
 
 
+@pytest.mark.parametrize("capacity,policy,fused", [(1, "lru", False), (5, "lfu", False), (40, "lrfu", False),
+                                                   (20, "lru", True)])
+def test_deferred_bookkeeping_equals_in_line(model, capacity, policy, fused):
+    """Reading first (by reverse-index lookup) and choosing victims after (`defer`, the default) leaves
+    exactly what choosing first leaves: logits, gathered rows, slots, index, keys and counters."""
+    a, sa, _ = _decode(model, "hot_cache", 4, hot_capacity=capacity, hot_policy=policy, hot_fused=fused)
+    b, sb, _ = _decode(model, "hot_cache", 4, hot_capacity=capacity, hot_policy=policy, hot_fused=fused,
+                       hot_defer=False)
+    assert sa.defer and not sb.defer
+    for (lg, sel, rows, _, cnt), (lg0, sel0, rows0, _, cnt0) in zip(a, b):
+        assert torch.equal(sel, sel0) and torch.equal(lg, lg0) and cnt == cnt0
+        if not fused:                    # (the fused path writes no staging rows in line)
+            assert torch.equal(rows, rows0)
+    S, R = sa.index.slots, sa.index.n_rows
+    assert torch.equal(sa.data[:, :S], sb.data[:, :S])
+    for name in ("slot_row", "key"):
+        assert torch.equal(getattr(sa.index, name)[:, :S], getattr(sb.index, name)[:, :S]), name
+    assert torch.equal(sa.index.rev[:, :R], sb.index.rev[:, :R])
+    assert sa.counters() == sb.counters() and sa.counters()["evictions"] + sa.counters()["hits"] > 0
+
+
 class SlotModel:
     """The policy spelled out slot by slot in plain Python (one request, one layer): what the device
     counters must agree with."""
@@ -244,6 +265,22 @@ SCRIPT = textwrap.dedent('''
             hot_gather.gather_hot_rows_reference(src, rows, s2, slot, victim, o2)
             assert torch.equal(o1, o2), "gather_hot_rows: rows"
             assert torch.equal(s1[:S], s2[:S]), "gather_hot_rows: slots"
+        rev = torch.full((R + 1,), -1, dtype=torch.int32)        # the lookup (deferred) variants
+        hit_rows = rows[slot >= 0]
+        rev[hit_rows] = slot[slot >= 0].to(torch.int32)
+        o1 = torch.full((B * k, W), -1, dtype=torch.int64); o2 = o1.clone()
+        s1, s2 = slots0.clone(), slots0.clone()
+        hot_gather.gather_hot_rows(src, rows, s1, None, None, o1, rev=rev)
+        slot_l = rev[rows].to(torch.int64)
+        hot_gather.gather_hot_rows_reference(src, rows, s2, slot_l, torch.full_like(slot_l, -1), o2)
+        assert torch.equal(o1, o2) and torch.equal(s1, slots0), "gather_hot_rows(rev=): rows, slots untouched"
+        st1 = torch.full((B * k, W), -1, dtype=torch.int64)
+        a = fa.hot_sparse_attention(q, src, s1, rows, None, None, valid, n_kv, rev=rev, stage=st1)
+        b = fa.hot_sparse_attention_reference(q, src, s2, rows, slot_l, torch.full_like(slot_l, -1), valid, n_kv)
+        miss = slot_l < 0
+        assert torch.equal(st1[miss], src[rows[miss]]) and (st1[~miss] == -1).all(), "fused(rev=): staged misses"
+        assert torch.equal(s1, slots0), "fused(rev=): slots untouched"
+        assert (a.float() - b.float()).abs().max().item() <= 0.02 * b.float().abs().max().item() + 1e-2
         for split, bn in ((16, 16), (32, 16)):
             s1, s2 = slots0.clone(), slots0.clone()
             a = fa.hot_sparse_attention(q, src, s1, rows, slot, victim, valid, n_kv, split=split, block_n=bn)
@@ -335,9 +372,12 @@ FUSED_SCRIPT = textwrap.dedent('''
     for (l0, s0), (l1, s1) in zip(split, fused):
         assert torch.equal(s0, s1)
         assert ((l1.float() - l0.float()).norm() / l0.float().norm()).item() < 3e-2
+    (fused0, c) = decode(tr, hot_fused=True, hot_defer=False)
     S = a.index.slots
     assert torch.equal(a.data[:, :S], b.data[:, :S]), "fused slot writes differ from the split gather's"
-    assert a.counters() == b.counters() and a.counters()["evictions"] > 0
+    assert torch.equal(c.data[:, :S], b.data[:, :S]), "in-line fused slot writes differ from the deferred ones"
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(fused, fused0)), "deferred fused logits differ from in-line"
+    assert a.counters() == b.counters() == c.counters() and a.counters()["evictions"] > 0
     print("fused ok")
 ''')
 

@@ -59,6 +59,7 @@ SPEC = [
     Param("hot_capacity", "int", 4096, "hot_cache: device slots per request and QSA layer (rows)"),
     Param("hot_policy", "str", "lru", "hot_cache: eviction policy (lru, lfu, lrfu)"),
     Param("hot_fused", "bool", False, "hot_cache: fused miss-load attention kernel instead of gather + attention"),
+    Param("hot_defer", "bool", True, "hot_cache: victims and inserts after the read, on a side stream (false: before it)"),
     Param("probe", "bool", True, "measure the link limits first (contiguous, host_gather, zero_copy): the plots' bounds"),
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),

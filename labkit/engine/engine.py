@@ -146,6 +146,7 @@ class Engine:
             x = yield from self.block(blk, ki, x, pos, io)
             if boundaries:
                 yield BlockDone(i)
+        self.strategy.end_step()
         st.mark("head")
         if m.lm_head is None:          # a pipeline stage: hand the activations to the next one
             st.x_out.copy_(x)

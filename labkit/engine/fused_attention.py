@@ -30,9 +30,9 @@ if HAVE_TRITON:
 
     @triton.jit
     def _hot_attn_kernel(q_ptr, src_ptr, slots_ptr, rows_ptr, slot_ptr, victim_ptr, valid_ptr,
-                         o_ptr, m_ptr, l_ptr, K, NS, sm_scale,
+                         o_ptr, m_ptr, l_ptr, rev_ptr, stage_ptr, K, NS, sm_scale,
                          NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GP: tl.constexpr,
-                         DP: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+                         DP: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, DEFER: tl.constexpr):
         b = tl.program_id(0)
         g = tl.program_id(1)
         sp = tl.program_id(2)
@@ -54,8 +54,12 @@ if HAVE_TRITON:
             jm = j < K
             idx = b * K + j
             r = tl.load(rows_ptr + idx, mask=jm, other=0).to(tl.int64)
-            s = tl.load(slot_ptr + idx, mask=jm, other=-1).to(tl.int64)
-            v = tl.load(victim_ptr + idx, mask=jm, other=-1).to(tl.int64)
+            if DEFER:    # look the row up; misses go to the staging rows, the bookkeeping keeps them later
+                s = tl.load(rev_ptr + r, mask=jm, other=-1).to(tl.int64)
+                v = tl.full([BN], -1, tl.int64)
+            else:
+                s = tl.load(slot_ptr + idx, mask=jm, other=-1).to(tl.int64)
+                v = tl.load(victim_ptr + idx, mask=jm, other=-1).to(tl.int64)
             ok = tl.load(valid_ptr + idx, mask=jm, other=0) != 0
             hit = (s >= 0)[:, None]
             m2 = jm[:, None] & dm[None, :]
@@ -68,6 +72,10 @@ if HAVE_TRITON:
             keep = m2 & (~hit) & (v >= 0)[:, None]
             tl.store(slots_ptr + v[:, None] * ROW + koff + d[None, :], kk, mask=keep)
             tl.store(slots_ptr + v[:, None] * ROW + voff + d[None, :], vv, mask=keep)
+            if DEFER:
+                cold = m2 & (~hit)
+                tl.store(stage_ptr + idx.to(tl.int64)[:, None] * ROW + koff + d[None, :], kk, mask=cold)
+                tl.store(stage_ptr + idx.to(tl.int64)[:, None] * ROW + voff + d[None, :], vv, mask=cold)
             sc = tl.dot(q, tl.trans(kk.to(tl.float32))) * sm_scale                         # [GP, BN] fp32
             sc = tl.where((ok & jm)[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, 1))
@@ -91,9 +99,20 @@ def hot_sparse_attention_reference(q, src, slots, rows, slot, victim, valid, n_k
     return sparse_decode_attention(q, tmp.view(torch.bfloat16).view(B, valid.shape[1], -1), valid, n_kv)
 
 
-def hot_sparse_attention(q, src, slots, rows, slot, victim, valid, n_kv: int, split: int = 32, block_n: int = 16):
-    """Sparse decode attention over the selected rows wherever they are (module docstring)."""
+def hot_sparse_attention(q, src, slots, rows, slot, victim, valid, n_kv: int, split: int = 32, block_n: int = 16,
+                         rev=None, stage=None):
+    """Sparse decode attention over the selected rows wherever they are (module docstring). With `rev`
+    (the layer's reverse index; the deferred path) each row is looked up in the kernel, `slot` and
+    `victim` are not used, nothing is kept, and every miss is written to its row of `stage` [B*k, W]."""
+    defer = rev is not None
+    if defer:
+        assert stage is not None and stage.shape == (rows.numel(), src.shape[1])
     if not _launch_ok(q, src, slots, rows):
+        if defer:
+            slot = rev.index_select(0, rows).to(torch.int64)
+            victim = torch.full_like(slot, -1)
+            miss = slot < 0
+            stage[miss] = src.index_select(0, rows[miss].to(src.device)).to(stage.device)
         return hot_sparse_attention_reference(q, src, slots, rows, slot, victim, valid, n_kv)
     B, Hq, D = q.shape
     K = valid.shape[1]
@@ -106,8 +125,10 @@ def hot_sparse_attention(q, src, slots, rows, slot, victim, valid, n_kv: int, sp
     m = torch.empty((B, n_kv, NS, GP), dtype=torch.float32, device=dev)
     l = torch.empty((B, n_kv, NS, GP), dtype=torch.float32, device=dev)
     _hot_attn_kernel[(B, n_kv, NS)](q.contiguous(), src.view(torch.bfloat16), slots.view(torch.bfloat16),
-                                    rows, slot, victim, valid.view(torch.int8), o, m, l, K, NS, D ** -0.5,
-                                    NKV=n_kv, G=G, D=D, GP=GP, DP=DP, BN=block_n, SPLIT=split, num_warps=4)
+                                    rows, rows if defer else slot, rows if defer else victim, valid.view(torch.int8),
+                                    o, m, l, rev if defer else rows, (stage if defer else src).view(torch.bfloat16),
+                                    K, NS, D ** -0.5, NKV=n_kv, G=G, D=D, GP=GP, DP=DP, BN=block_n, SPLIT=split,
+                                    DEFER=defer, num_warps=4)
     # combine the splits: softmax partials weighted by exp(m_split - m_max)
     mx = m.amax(2, keepdim=True)
     mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)

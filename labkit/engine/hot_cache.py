@@ -54,6 +54,17 @@ Moving the bytes, two paths (`fused`):
   `attend` instead of its own attention when the strategy sets `attends` (the one hook this needs in
   `engine._DecodeIO.attend`); nothing lands in the staging buffer then.
 
+Deferred bookkeeping (`defer`, on by default): what a step must *read* depends only on the reverse
+index (`s = rev[rows]`), not on which slots the misses will take. So the read goes first, looking the
+rows up itself (`gather_hot_rows(..., rev=)`, or the fused kernel with `rev=`; the fused kernel also
+drops each miss into its staging row), and the bookkeeping (`plan`: victims, keys, counters) and the
+inserts (staging rows -> victim slots, one `index_copy_`) follow on a side stream, overlapping the
+layers after this one (one program per request: a few dozen microseconds a layer that would otherwise
+sit between the indexer and the attention). The next layer's read waits for that work (it reuses the
+staging buffer) and `end_step` joins it, so the step is still one graph and the next step sees the
+index updated. Same slots, same bytes, same counters as the in-line order (tests check both); on CPU
+the same order runs in line.
+
 `store` writes a decode step's new rows to the host pool as every strategy does, and refreshes the
 cached copy of a row that is in a slot (so a cached row can never be stale).
 """
@@ -198,9 +209,11 @@ class HotCache(TransferStrategy):
     name, medium, graphable = "hot_cache", "host", True
 
     def __init__(self, capacity: int = 4096, policy: str = "lru", fused: bool = False,
-                 rows_per_prog: int = 4, num_warps: int = 4):
+                 rows_per_prog: int = 4, num_warps: int = 4, defer: bool = True):
         check_settings(capacity, policy)
-        self.capacity, self.policy, self.fused = capacity, policy, bool(fused)
+        self.capacity, self.policy, self.fused, self.defer = capacity, policy, bool(fused), bool(defer)
+        self._side: torch.cuda.Stream | None = None      # where deferred bookkeeping runs (CUDA)
+        self._pending = False                            # side-stream work not yet joined
         self.rows_per_prog, self.num_warps = rows_per_prog, num_warps
         self.index: HotIndex | None = None
         self.data: torch.Tensor | None = None
@@ -211,7 +224,8 @@ class HotCache(TransferStrategy):
         return self.fused
 
     def settings(self):
-        return {"hot_capacity": self.capacity, "hot_policy": self.policy, "hot_fused": self.fused}
+        return {"hot_capacity": self.capacity, "hot_policy": self.policy, "hot_fused": self.fused,
+                "hot_defer": self.defer}
 
     @staticmethod
     def device_bytes(layers: int, batch: int, capacity: int, n_rows: int, row_bytes: int) -> int:
@@ -233,10 +247,21 @@ class HotCache(TransferStrategy):
         self.data = torch.zeros((L, batch * self.capacity + 1, W), dtype=torch.int64, device=dev)
         self.row_bytes = pool.row_bytes
         self._plan.clear()
+        self._side = torch.cuda.Stream(device=dev) if self.defer and dev.type == "cuda" else None
+        self._pending = False
 
     def load(self, pool, layer, rows, out):
         if self.index is None:
             raise RuntimeError("hot_cache: load before bind")
+        if self.defer:
+            if self.fused:   # the read happens in `attend`, the bookkeeping after it
+                self._plan[layer] = (rows, out)
+            else:
+                self._join()                 # the previous layer's inserts have read the staging rows
+                gather_hot_rows(pool.data[layer], rows, self.data[layer], None, None, out,
+                                rows_per_prog=self.rows_per_prog, num_warps=self.num_warps, rev=self.index.rev[layer])
+                self._bookkeep(layer, rows, out)
+            return LoadResult(rows.numel(), self.index.step[layer, 4])
         s, victim = self.index.plan(layer, rows, pool.row_bytes)
         if self.fused:       # the bytes move inside `attend`, in the attention kernel
             self._plan[layer] = (rows, s, victim)
@@ -247,8 +272,39 @@ class HotCache(TransferStrategy):
 
     def attend(self, pool, layer, q, valid, n_kv):
         from .fused_attention import hot_sparse_attention
+        if self.defer:
+            rows, stage = self._plan.pop(layer)
+            self._join()
+            att = hot_sparse_attention(q, pool.data[layer], self.data[layer], rows, None, None, valid, n_kv,
+                                       rev=self.index.rev[layer], stage=stage)
+            self._bookkeep(layer, rows, stage)
+            return att
         rows, s, victim = self._plan.pop(layer)
         return hot_sparse_attention(q, pool.data[layer], self.data[layer], rows, s, victim, valid, n_kv)
+
+    def _bookkeep(self, layer: int, rows: torch.Tensor, staged: torch.Tensor) -> None:
+        """The deferred half of a step: choose victims (`plan`), then copy the kept misses from their
+        staging rows into the victim slots. On the side stream when there is one."""
+        if self._side is None:
+            self._insert(layer, rows, staged)
+            return
+        self._side.wait_stream(torch.cuda.current_stream(self._side.device))
+        with torch.cuda.stream(self._side):
+            self._insert(layer, rows, staged)
+        self._pending = True
+
+    def _insert(self, layer, rows, staged):
+        _, victim = self.index.plan(layer, rows, self.row_bytes)
+        slots = self.data[layer]
+        slots.index_copy_(0, torch.where(victim >= 0, victim, self.index.slots), staged)
+
+    def _join(self) -> None:
+        if self._pending:
+            torch.cuda.current_stream(self._side.device).wait_stream(self._side)
+            self._pending = False
+
+    def end_step(self) -> None:
+        self._join()
 
     def store(self, pool, layer, rows, values):
         scatter_rows(values, rows, pool.data[layer])

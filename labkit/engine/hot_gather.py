@@ -6,7 +6,11 @@
     out[j] = src[rows[j]]              otherwise         (a miss: read over the link)
     slots[victim[j]] = out[j]          if victim[j] >= 0 (the miss is kept)
 Victim slots are never hit slots of the same step (the hot cache protects them), so the reads and
-writes of one launch never overlap. `gather_hot_rows_reference` is the same in torch ops (the CPU path
+writes of one launch never overlap.
+
+`gather_hot_rows(..., rev=REV)` (the deferred path, `HotCache(defer=True)`): the kernel looks each row
+up itself, `slot[j] = REV[rows[j]]`, and keeps nothing (`slot` and `victim` are not read); the misses
+reach their slots afterwards, from `out`, when the bookkeeping has chosen the victims. `gather_hot_rows_reference` is the same in torch ops (the CPU path
 and what the kernel is checked against under TRITON_INTERPRET=1); it reads every row of `src`, which is
 harmless on a CPU where host and device are one memory, and is why CUDA always takes the kernel.
 """
@@ -22,13 +26,17 @@ if HAVE_TRITON:
 
     @triton.jit
     def _gather_hot_kernel(src_ptr, rows_ptr, slots_ptr, slot_ptr, victim_ptr, out_ptr, n_rows,
-                           W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                           W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, LOOKUP: tl.constexpr):
         pid = tl.program_id(0)
         j = pid * ROWS + tl.arange(0, ROWS)
         jm = j < n_rows
         r = tl.load(rows_ptr + j, mask=jm, other=0).to(tl.int64)
-        s = tl.load(slot_ptr + j, mask=jm, other=-1).to(tl.int64)
-        v = tl.load(victim_ptr + j, mask=jm, other=-1).to(tl.int64)
+        if LOOKUP:      # slot_ptr is the reverse index (int32, by pool row); nothing is kept
+            s = tl.load(slot_ptr + r, mask=jm, other=-1).to(tl.int64)
+            v = tl.full([ROWS], -1, tl.int64)
+        else:
+            s = tl.load(slot_ptr + j, mask=jm, other=-1).to(tl.int64)
+            v = tl.load(victim_ptr + j, mask=jm, other=-1).to(tl.int64)
         hit = (s >= 0)[:, None]
         keep = (v >= 0)[:, None]
         for c in tl.static_range(0, W, BLOCK):
@@ -51,13 +59,23 @@ def gather_hot_rows_reference(src, rows, slots, slot, victim, out):
     return out
 
 
-def gather_hot_rows(src: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, slot: torch.Tensor,
-                    victim: torch.Tensor, out: torch.Tensor, rows_per_prog: int = 4, num_warps: int = 4):
+def gather_hot_rows(src: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, slot: torch.Tensor | None,
+                    victim: torch.Tensor | None, out: torch.Tensor, rows_per_prog: int = 4, num_warps: int = 4,
+                    rev: torch.Tensor | None = None):
+    """Module docstring; with `rev` (the layer's reverse index) `slot` and `victim` are not used."""
     assert src.dim() == 2 and slots.dim() == 2 and out.dim() == 2
-    assert src.shape[1] == slots.shape[1] == out.shape[1] and rows.numel() == slot.numel() == victim.numel() == out.shape[0]
+    assert src.shape[1] == slots.shape[1] == out.shape[1] and rows.numel() == out.shape[0]
+    if rev is None:
+        assert rows.numel() == slot.numel() == victim.numel()
     if not _launch_ok(src, rows, slots, out):
+        if rev is not None:
+            slot = rev.index_select(0, rows).to(torch.int64)
+            victim = torch.full_like(slot, -1)
         return gather_hot_rows_reference(src, rows, slots, slot, victim, out)
     M, W = out.shape
-    _gather_hot_kernel[(triton.cdiv(M, rows_per_prog),)](src, rows, slots, slot, victim, out, M, W=W,
-                                                         ROWS=rows_per_prog, BLOCK=_block(W), num_warps=num_warps)
+    lookup = rev is not None
+    _gather_hot_kernel[(triton.cdiv(M, rows_per_prog),)](src, rows, slots, rev if lookup else slot,
+                                                         rows if lookup else victim, out, M, W=W,
+                                                         ROWS=rows_per_prog, BLOCK=_block(W), LOOKUP=lookup,
+                                                         num_warps=num_warps)
     return out

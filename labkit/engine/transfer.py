@@ -72,6 +72,10 @@ class TransferStrategy(ABC):
     # attending over the staging rows itself.
     attends = False
 
+    def end_step(self) -> None:
+        """After the last block of a decode step (inside the step's graph): a strategy that left work
+        on a side stream joins it here, so a captured step ends with every stream joined."""
+
     def counters(self) -> dict[str, int]:
         """Cumulative device-side counts (hits, misses, bytes...) of strategies whose per-step traffic
         depends on data; read outside timed regions, differenced over a measured window."""
@@ -173,6 +177,7 @@ SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
     "hot_capacity": (("hot_cache",), "capacity"),
     "hot_policy": (("hot_cache",), "policy"),
     "hot_fused": (("hot_cache",), "fused"),
+    "hot_defer": (("hot_cache",), "defer"),
 }
 
 
