@@ -10,6 +10,10 @@
 #                                           then the committed nightly's decode-small entry resumed (--date 2026-11-29)
 #   scripts/gpu_session.sh multigpu         (x2 host) the layer split vs one GPU, pipelined micro-batches, gather
 #                                           scaling (labkit.bench.multigpu), then the multi-GPU tests
+#   scripts/gpu_session.sh hotdecode        issue 10's decode-speed targets, ~6 min: resident / zero_copy / hot_cache at 1M,
+#                                           concurrency 1, on the indexer's selections and on recorded traces of three
+#                                           densities; hot_cache's bookkeeping in line (hot_defer=false) and fused beside
+#                                           them; then the hot-cache GPU tests
 #   scripts/gpu_session.sh hot              issue 10 items 5-6 in ~6 min: prefill resident/sync/rotating at 248K (its last
 #                                           PREFILL_TAIL tokens), a 1M prompt's last chunk under a 24 GiB cap, capacity and
 #                                           goodput at 30 ms TPOT under 24 GiB, then the hot-cache and prefill GPU tests
@@ -92,6 +96,25 @@ case "$MODE" in
     tail -3 "$OUT/gpu_tests.txt"
     for d in "$OUT"/*/; do cp "$OUT/gpu_tests.txt" "$d" 2>/dev/null; done
     (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back
+    ;;
+  hotdecode)
+    # Each run straight under $OUT with its own timeout (a run cut short still leaves its rows), tarred at the end.
+    common="-p context_lens=1M -p concurrency=1 -p budgets=2048 -p prefill_lens= -p probe=false -p repeats=5 -p steps=20 -p hot_capacity=4096"
+    D=labkit/data/smollm2-135m
+    run() { name=$1; shift; timeout ${RUN_TIMEOUT:-100} python3 -m labkit run decode --out "$OUT/$stamp-hotdecode-$name-h200" $common "$@" 2>&1 \
+              | tr '\r' '\n' | grep -E "^(decode|labkit|Error|[A-Za-z]*Error)" | tail -2; }
+    run indexer -p strategies=resident,zero_copy,hot_cache -p selection=indexer
+    run prose-b64 -p strategies=resident,zero_copy,hot_cache -p selection=trace:$D-prose-indexer-b64.npz
+    run code-b64 -p strategies=resident,zero_copy,hot_cache -p selection=trace:$D-code-indexer-b64.npz -p anatomy=false
+    run prose-b256 -p strategies=resident,zero_copy,hot_cache -p selection=trace:$D-prose-indexer-b256.npz -p anatomy=false
+    run prose-b2048 -p strategies=resident,zero_copy,hot_cache -p selection=trace:$D-prose-indexer-b2048.npz -p anatomy=false
+    run indexer-inline -p strategies=zero_copy,hot_cache -p selection=indexer -p hot_defer=false -p anatomy=false
+    run prose-b64-inline -p strategies=resident,hot_cache -p selection=trace:$D-prose-indexer-b64.npz -p hot_defer=false -p anatomy=false
+    run prose-b64-fused -p strategies=resident,hot_cache -p selection=trace:$D-prose-indexer-b64.npz -p hot_fused=true -p anatomy=false
+    timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_hot_cache.py 2>&1 \
+        | grep -v DEBUG | tail -40 > "$OUT/gpu_tests_hot.txt"
+    tail -3 "$OUT/gpu_tests_hot.txt"
+    (cd "$OUT" && for d in */; do cp gpu_tests_hot.txt "$d"; tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
     ;;
   hot1m)
     # The whole 1M-token prompt under the 24 GiB cap, rotating buffers; chunks.csv records each chunk as it
