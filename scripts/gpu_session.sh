@@ -107,10 +107,12 @@ case "$MODE" in
     run prose-b64 -p strategies=resident,zero_copy,hot_cache -p selection=trace:$D-prose-indexer-b64.npz
     run code-b64 -p strategies=resident,zero_copy,hot_cache -p selection=trace:$D-code-indexer-b64.npz -p anatomy=false
     run prose-b256 -p strategies=resident,zero_copy,hot_cache -p selection=trace:$D-prose-indexer-b256.npz -p anatomy=false
-    run prose-b2048 -p strategies=resident,zero_copy,hot_cache -p selection=trace:$D-prose-indexer-b2048.npz -p anatomy=false
-    run indexer-inline -p strategies=zero_copy,hot_cache -p selection=indexer -p hot_defer=false -p anatomy=false
-    run prose-b64-inline -p strategies=resident,hot_cache -p selection=trace:$D-prose-indexer-b64.npz -p hot_defer=false -p anatomy=false
-    run prose-b64-fused -p strategies=resident,hot_cache -p selection=trace:$D-prose-indexer-b64.npz -p hot_fused=true -p anatomy=false
+    if [ -z "${HOT_SHORT:-}" ]; then    # the comparisons: the old dense trace, the in-line bookkeeping, the fused kernel
+      run prose-b2048 -p strategies=resident,zero_copy,hot_cache -p selection=trace:$D-prose-indexer-b2048.npz -p anatomy=false
+      run indexer-inline -p strategies=zero_copy,hot_cache -p selection=indexer -p hot_defer=false -p anatomy=false
+      run prose-b64-inline -p strategies=resident,hot_cache -p selection=trace:$D-prose-indexer-b64.npz -p hot_defer=false -p anatomy=false
+      run prose-b64-fused -p strategies=resident,hot_cache -p selection=trace:$D-prose-indexer-b64.npz -p hot_fused=true -p anatomy=false
+    fi
     timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_hot_cache.py 2>&1 \
         | grep -v DEBUG | tail -40 > "$OUT/gpu_tests_hot.txt"
     tail -3 "$OUT/gpu_tests_hot.txt"

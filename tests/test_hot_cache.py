@@ -281,6 +281,10 @@ SCRIPT = textwrap.dedent('''
         assert torch.equal(st1[miss], src[rows[miss]]) and (st1[~miss] == -1).all(), "fused(rev=): staged misses"
         assert torch.equal(s1, slots0), "fused(rev=): slots untouched"
         assert (a.float() - b.float()).abs().max().item() <= 0.02 * b.float().abs().max().item() + 1e-2
+        s1, s2 = slots0.clone(), slots0.clone()                  # the deferred inserts: kept rows only
+        hot_gather.insert_rows(o1, victim, s1, rows_per_prog=4)
+        s2.index_copy_(0, torch.where(victim >= 0, victim, S), o1)
+        assert torch.equal(s1[:S], s2[:S]) and torch.equal(s1[S], slots0[S]), "insert_rows"
         for split, bn in ((16, 16), (32, 16)):
             s1, s2 = slots0.clone(), slots0.clone()
             a = fa.hot_sparse_attention(q, src, s1, rows, slot, victim, valid, n_kv, split=split, block_n=bn)

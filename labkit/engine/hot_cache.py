@@ -58,7 +58,7 @@ Deferred bookkeeping (`defer`, on by default): what a step must *read* depends o
 index (`s = rev[rows]`), not on which slots the misses will take. So the read goes first, looking the
 rows up itself (`gather_hot_rows(..., rev=)`, or the fused kernel with `rev=`; the fused kernel also
 drops each miss into its staging row), and the bookkeeping (`plan`: victims, keys, counters) and the
-inserts (staging rows -> victim slots, one `index_copy_`) follow on a side stream, overlapping the
+inserts (staging rows -> victim slots, `insert_rows`: only the kept rows move) follow on a side stream, overlapping the
 layers after this one (one program per request: a few dozen microseconds a layer that would otherwise
 sit between the indexer and the attention). The next layer's read waits for that work (it reuses the
 staging buffer) and `end_step` joins it, so the step is still one graph and the next step sees the
@@ -75,7 +75,7 @@ import os
 import torch
 
 from .gather import HAVE_TRITON, scatter_rows
-from .hot_gather import gather_hot_rows
+from .hot_gather import gather_hot_rows, insert_rows
 from .transfer import LoadResult, TransferStrategy
 
 POLICIES = ("lru", "lfu", "lrfu")
@@ -295,8 +295,7 @@ class HotCache(TransferStrategy):
 
     def _insert(self, layer, rows, staged):
         _, victim = self.index.plan(layer, rows, self.row_bytes)
-        slots = self.data[layer]
-        slots.index_copy_(0, torch.where(victim >= 0, victim, self.index.slots), staged)
+        insert_rows(staged, victim, self.data[layer])
 
     def _join(self) -> None:
         if self._pending:

@@ -49,6 +49,34 @@ if HAVE_TRITON:
             tl.store(slots_ptr + v[:, None] * W + col[None, :], x, mask=m & keep)
 
 
+    @triton.jit
+    def _insert_kernel(staged_ptr, victim_ptr, slots_ptr, n_rows, W: tl.constexpr, ROWS: tl.constexpr,
+                       BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        j = pid * ROWS + tl.arange(0, ROWS)
+        v = tl.load(victim_ptr + j, mask=j < n_rows, other=-1).to(tl.int64)
+        keep = v >= 0
+        if tl.max(keep.to(tl.int32), 0) > 0:          # most programs keep nothing: one load and out
+            for c in tl.static_range(0, W, BLOCK):
+                col = c + tl.arange(0, BLOCK)
+                m = keep[:, None] & (col[None, :] < W)
+                x = tl.load(staged_ptr + j.to(tl.int64)[:, None] * W + col[None, :], mask=m)
+                tl.store(slots_ptr + v[:, None] * W + col[None, :], x, mask=m)
+
+
+def insert_rows(staged: torch.Tensor, victim: torch.Tensor, slots: torch.Tensor, rows_per_prog: int = 4,
+                num_warps: int = 4) -> None:
+    """The deferred inserts: `slots[victim[j]] = staged[j]` where `victim[j] >= 0`. Only the kept
+    rows are read and written (an `index_copy_` of every row into a trash slot would move the whole
+    selection, 4 MiB a layer at the reference point, for the few dozen rows a step keeps)."""
+    if not _launch_ok(staged, victim, slots):
+        slots.index_copy_(0, torch.where(victim >= 0, victim, slots.shape[0] - 1), staged)
+        return
+    M, W = staged.shape
+    _insert_kernel[(triton.cdiv(M, rows_per_prog),)](staged, victim, slots, M, W=W, ROWS=rows_per_prog,
+                                                     BLOCK=_block(W), num_warps=num_warps)
+
+
 def gather_hot_rows_reference(src, rows, slots, slot, victim, out):
     hit = (slot >= 0)[:, None]
     dev = out.device

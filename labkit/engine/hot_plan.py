@@ -6,8 +6,11 @@ equal, state and outputs, under TRITON_INTERPRET=1). The torch version is ~60 sm
 Per request b (rows `rows[b*K:(b+1)*K]`, slots `[b*C, (b+1)*C)`), in the order of `HotIndex.plan`:
 lookup in the reverse index; first occurrences through `owner` (atomic min of the entry index, then
 reset); keys of first-occurrence hits touched and their slots protected; victims: the m = min(new
-misses, unprotected slots) lowest (key, slot) slots, found by bisecting on an order-preserving int64
-image of the float64 keys (64 count passes, no sort), listed in slot order through a scratch row; the
+misses, unprotected slots) lowest (key, slot) slots, found by bisecting (count passes, no sort) on the
+keys as int64: lru and lfu keys are whole numbers, so their values, and the passes are log2 of the
+free keys' span (~10 for lru, where the span is the steps since the oldest use: one pass is a block-wide
+reduction, and the 64 passes of the bit image cost ~4x the rest of the kernel); lrfu's fractional keys
+through an order-preserving int64 image of their bits (up to 64 passes); listed in slot order through a scratch row; the
 i-th new miss takes the i-th; old rows leave the reverse index, new rows enter it; per-request counts.
 Barriers (`tl.debug_barrier`) separate the phases that read what other threads of the program wrote.
 """
@@ -65,11 +68,14 @@ if HAVE_TRITON:
         pr = tl.load(prot_ptr + base + cc, mask=cm, other=1, volatile=True)
         free = cm & (pr == 0)
         m = tl.minimum(tl.sum(new.to(tl.int32), 0), tl.sum(free.to(tl.int32), 0))
-        bits = pk.to(tl.int64, bitcast=True)
-        skey = tl.where(bits < 0, bits ^ BIG, bits)                # order-preserving image of the key
+        if POLICY == 2:
+            bits = pk.to(tl.int64, bitcast=True)
+            skey = tl.where(bits < 0, bits ^ BIG, bits)            # order-preserving image of the key
+        else:
+            skey = pk.to(tl.int64)      # lru/lfu keys are whole numbers below 2^53: the value is exact
         lo = tl.min(tl.where(free, skey, BIG), 0)
         hi = tl.max(tl.where(free, skey, -BIG), 0)
-        for _ in range(64):                                        # smallest T with #(skey <= T) >= m
+        while lo < hi:                  # smallest T with #(skey <= T) >= m; log2(hi - lo) passes
             mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)
             cnt = tl.sum((free & (skey <= mid)).to(tl.int32), 0)
             go = cnt >= m
