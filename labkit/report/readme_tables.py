@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import pandas as pd
 
@@ -24,6 +25,14 @@ PULSE_RUNS = {k: f"results/20261130-072708-pulse-{k}-h200" for k in ("blocks", "
 CROSSCHECK_RUN = "results/20261130-serve-crosscheck-smollm2-cpu"
 CAPACITY_RUN = "results/20261130-071914-capacity-cap24-h200"
 HOT_DENSITY_RUN = "results/20261130-hot-replay-density-cpu"
+# issue 10's decode-speed targets at 1M, c=1: (run, bookkeeping) in the order of the changes that moved them
+HOT_DECODE_RUNS = [(f"results/20261130-{r}-h200", b) for r, b in [
+    ("093617-hotdecode-indexer-inline", "in line"), ("093617-hotdecode-prose-b64-inline", "in line"),
+    ("093617-hotdecode-indexer", "deferred, 64-pass plan"), ("093617-hotdecode-prose-b64", "deferred, 64-pass plan"),
+    ("093617-hotdecode-prose-b64-fused", "deferred, 64-pass plan, fused"),
+    ("093617-hotdecode-prose-b2048", "deferred, 64-pass plan"),
+    ("094624-hotdecode-indexer", "deferred"), ("094624-hotdecode-prose-b64", "deferred"),
+    ("094624-hotdecode-code-b64", "deferred"), ("094624-hotdecode-prose-b256", "deferred")]]
 PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
 
 
@@ -244,6 +253,29 @@ def hot_density_table(context_len: int = 1 << 20) -> str:
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
+def hot_decode_table() -> str:
+    """hot_cache against resident and zero_copy at 1M tokens, concurrency 1, budget 2048, capacity 2x budget,
+    per selection (the indexer's, random for reuse; recorded traces by density and corpus) and bookkeeping
+    order; ratios within each run (the other strategies ran in the same run, beside it)."""
+    rows = []
+    for run, how in HOT_DECODE_RUNS:
+        m = load_run(REPO / run).metrics.set_index("strategy")
+        h = m.loc["hot_cache"]
+        sel = h["selection"]
+        if sel.startswith("trace:"):
+            name = Path(sel[6:]).stem.split("indexer-b")
+            budget = int(name[1])
+            sel = f"{name[0].split('-')[-2]} trace, 1/{round(8001 / budget)}"
+        else:
+            sel = "indexer (random)"
+        vs = lambda s: f"{m.loc[s, 'step_ms_median'] / h['step_ms_median']:.3f}" if s in m.index else "–"
+        rows.append({"selection": sel, "bookkeeping": how, "hot_cache tok/s": f"{h['tok_s']:.1f}",
+                     "vs resident": vs("resident"), "vs zero_copy": vs("zero_copy"),
+                     "hit rate": f"{h['hot_hit_rate']:.3f}", "link MB/step": f"{h['h2d_bytes_per_step'] / 1e6:.2f}",
+                     "run": run.split("/")[-1]})
+    return _md(pd.DataFrame(rows))
+
+
 def crosscheck_block() -> str:
     """labkit's load generator against `vllm bench serve` on one server and load, interleaved rounds."""
     from ..serving.figures import crosscheck_table
@@ -260,7 +292,7 @@ def crosscheck_block() -> str:
 
 def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
-    return {"serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-scaling-h200": pulse_scaling_table(),
+    return {"serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-scaling-h200": pulse_scaling_table(),
             "pulse-trace-h200": pulse_trace_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
