@@ -295,9 +295,15 @@ def test_adaptive_placement_and_calibration(lanes_factory):
 
 def test_block_probe_on_cpu():
     from labkit.bench.pulse_blocks import block_probe
-    rows = block_probe(TINY, "cpu", context=1024, budget=128, block=16, repeats=2)
+    rows = block_probe(TINY, "cpu", context=1024, budget=128, block=16, repeats=2, chunk_bytes=4096, threads=3)
     by = {(r["selection"], r["strategy"]): r for r in rows}
-    assert len(by) == 10 and all(r["status"] == "ok" for r in rows)
+    assert len(by) == 16 and all(r["status"] == "ok" for r in rows)
+    for sel in ("per_head", "retrieval_head"):        # the pipelined paths put every unit where it belongs
+        assert by[(sel, "coalesced_pipelined")]["correct"] and by[(sel, "coalesced_pipelined_torch")]["correct"]
+        assert by[(sel, "gather_only")]["correct"]
+    multi = block_probe(TINY, "cpu", context=1024, budget=128, block=16, repeats=1, requests=3)
+    assert {r["bytes"] for r in multi} == {3 * 128 * TINY.row_bytes} and all(r["correct"] is not False for r in multi)
+    assert "per_unit_copy" not in {r["strategy"] for r in multi}
     ph, rh = by[("per_head", "zero_copy")], by[("retrieval_head", "zero_copy")]
     assert ph["unit_bytes"] == 16 * TINY.head_dim * 2 and rh["unit_bytes"] == 16 * TINY.row_bytes
     assert ph["bytes"] == rh["bytes"] == 128 * TINY.row_bytes                   # same bytes, other granularity

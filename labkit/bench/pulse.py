@@ -68,7 +68,7 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
     replays CUDA graphs: whole steps for the single and sequential modes, steps cut at block
     boundaries (normal) and at loads (offloaded) for `switched`, paced `lookahead` blocks ahead."""
     dev = torch.device(device)
-    graphs = graphs and dev.type == "cuda" and get_strategy(strategy).graphable
+    graphs = graphs and dev.type == "cuda"        # a host strategy's step: graph pieces with its loads between
     # torch.compile'd block pieces on CUDA (as DecodeRunner): un-fused, a graph replay of the reference
     # step is ~9 ms of small kernels against 3.1 ms of weight reads, and would flatter the overlap
     compile = dev.type == "cuda" if compile is None else compile
@@ -89,7 +89,8 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         full_pool = torch.cuda.graph_pool_handle()
-        full = {k: capture_pieces(e, s_, "none", full_pool) for k, (e, s_) in lanes.items()}
+        full = {k: capture_pieces(e, s_, "none" if e.strategy.graphable else "loads", full_pool)
+                for k, (e, s_) in lanes.items()}
         # separate pools: pieces of the two batches interleave, so neither may reuse the other's memory
         n_pieces = capture_pieces(n_e, n_s, "blocks", torch.cuda.graph_pool_handle())
         o_pieces = capture_pieces(o_e, o_s, "loads", torch.cuda.graph_pool_handle())
@@ -98,8 +99,11 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
         def seq(keys):
             def run():
                 for k in keys:
-                    for g, _ in full[k]:
+                    e = lanes[k][0]
+                    for g, item in full[k]:
                         g.replay()
+                        if item is not None:        # a host strategy's load, inline (sync) between pieces
+                            e.strategy.load(e.cache.pool, item.layer, item.rows, item.out)
             return run
 
         def sw(tl=None):

@@ -1,6 +1,9 @@
 """Block-granular transfers of one QSA layer's selection (PulseInfer, issue 11 #4).
 
-    python -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 --out blocks.json
+    python -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 --requests 1 4 12 --out blocks.json
+
+`--requests R`: the units of R requests' selections in one transfer (what an offloaded batch of R moves
+per layer: R x 4 MiB at the reference point).
 
 The selection is made in blocks of `block` tokens (`budget / block` blocks per layer), either
 
@@ -17,6 +20,11 @@ around host-synchronised calls; wall clock on CPU) and checked against `src[unit
 - `coalesced`: CPU threads gather the units into pinned staging, one H2D copy, a scatter on the device
   into the destination order (here the attention's order: a permutation, so the scatter is real work);
 - `coalesced_copy`: that one H2D copy alone (the link part of `coalesced`);
+- `coalesced_pipelined` / `coalesced_pipelined_torch`: the same three steps cut into chunks of
+  `chunk_bytes`, each chunk's copy issued as soon as it is gathered (`engine.coalesced.CoalescedLoader`,
+  gathered by a pool of threads / by torch's intra-op threads), so the link waits only for the first chunk;
+- `gather_only`: the pool of threads gathering into pinned staging, no copy (the CPU side's own rate:
+  the pipelined path cannot beat min(this, the link));
 - `zero_copy`: the Triton gather kernel reading the units from mapped pinned host memory;
 - `contiguous`: one pinned H2D copy of the same number of bytes (the link's reference).
 Each row: bytes counted from the units moved, ms, GB/s and the ratio to `contiguous`.
@@ -31,6 +39,7 @@ import time
 
 import torch
 
+from ..engine.coalesced import CoalescedLoader
 from ..engine.gather import gather_rows
 from ..shapes import ModelShape
 
@@ -80,17 +89,22 @@ def _units(selection: str, s: ModelShape, context: int, budget: int, block: int,
 
 @torch.inference_mode()
 def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, budget: int = 2048, block: int = 16,
-                repeats: int = 20, threads: int = 0, seed: int = 0) -> list[dict]:
+                repeats: int = 20, threads: int = 0, seed: int = 0, requests: int = 1,
+                chunk_bytes: int = 1 << 20) -> list[dict]:
     if budget % block or context % block or budget > context:
         raise ValueError(f"budget {budget} and context {context} must be multiples of block {block}, budget <= context")
+    if requests < 1:
+        raise ValueError(f"requests must be >= 1, got {requests}")
     dev = torch.device(device)
     g = torch.Generator().manual_seed(seed)
     if threads:
         torch.set_num_threads(threads)
     rows = []
     contiguous_gbps = {}
+    loaders = {b: CoalescedLoader(threads, chunk_bytes, backend=b) for b in ("threads", "torch")}
     for selection in ("per_head", "retrieval_head"):
-        pool, ids = _units(selection, shape, context, budget, block, g)
+        # R requests' selections: R x budget of R x context (units of distinct requests never coincide)
+        pool, ids = _units(selection, shape, context * requests, budget * requests, block, g)
         pool.view(torch.bfloat16).normal_(generator=g)
         M, W = ids.numel(), pool.shape[1]
         nbytes = M * W * WORD
@@ -119,9 +133,21 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
         def contiguous():
             stage_dev.copy_(pool[:M] if M <= pool.shape[0] else stage, non_blocking=True)
 
+        def pipelined(backend):
+            return lambda: loaders[backend].load(pool, ids, dst, order=perm)
+
+        def gather_only():
+            lt = loaders["threads"]
+            for e in lt._gather_threads(pool, ids, stage, lt.chunks(M, W * WORD)):
+                e.wait()
+
         variants = {"per_unit_copy": (per_unit, lambda: dst), "coalesced": (coalesced, lambda: dst[perm]),
-                    "coalesced_copy": (coalesced_copy, None), "zero_copy": (zero_copy, lambda: dst),
-                    "contiguous": (contiguous, None)}
+                    "coalesced_pipelined": (pipelined("threads"), lambda: dst[perm]),
+                    "coalesced_pipelined_torch": (pipelined("torch"), lambda: dst[perm]),
+                    "gather_only": (gather_only, lambda: stage), "coalesced_copy": (coalesced_copy, None),
+                    "zero_copy": (zero_copy, lambda: dst), "contiguous": (contiguous, None)}
+        if requests > 1:            # ~0.4 s per unit copy a call at 12 requests: not worth the session
+            variants.pop("per_unit_copy")
         for name, (fn, result) in variants.items():
             dst.zero_()
             ms = _timer(dev, fn, repeats)
@@ -131,11 +157,14 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
             med = statistics.median(ms)
             rows.append({"experiment": "pulse_blocks", "device": str(dev), "shape": shape.name,
                          "selection": selection, "strategy": name, "block": block, "budget": budget,
-                         "context_len": context, "unit_bytes": W * WORD, "units": M, "bytes": nbytes,
+                         "context_len": context, "requests": requests, "chunk_bytes": chunk_bytes,
+                         "threads": loaders["threads"].threads, "unit_bytes": W * WORD, "units": M, "bytes": nbytes,
                          "ms_median": med, "ms_min": min(ms), "gbps": nbytes / med / 1e6, "correct": correct,
                          "status": "ok" if correct in (None, True) else "failed"})
             if name == "contiguous":
                 contiguous_gbps[selection] = rows[-1]["gbps"]
+    for loader in loaders.values():
+        loader.close()
     for r in rows:
         r["ratio_to_contiguous"] = r["gbps"] / contiguous_gbps[r["selection"]]
     return rows
@@ -150,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block", type=int, nargs="+", default=[16])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--requests", type=int, nargs="+", default=[1], help="requests' selections per transfer")
+    ap.add_argument("--chunk-bytes", type=int, default=1 << 20, help="coalesced_pipelined: bytes gathered per copy")
     ap.add_argument("--out", help="JSON file of the rows")
     ap.add_argument("--run-dir", help="run folder (manifest.json, metrics.parquet) for the report")
     a = ap.parse_args(argv)
@@ -158,13 +189,17 @@ def main(argv=None) -> int:
             print(f"error: budget {a.budget} and context {a.context} must be multiples of block {b}, "
                   "0 < budget <= context", file=sys.stderr)
             return 2
+    if min(a.requests) < 1 or a.chunk_bytes <= 0 or a.threads < 0:
+        print("error: requests must be >= 1, chunk-bytes > 0, threads >= 0", file=sys.stderr)
+        return 2
     run = None
     if a.run_dir:
         from ..results import Run
         run = Run.create(a.run_dir, "pulse_blocks", {k: v for k, v in vars(a).items() if k not in ("out", "run_dir")})
     rows = []
-    for b in a.block:
-        for r in block_probe(ModelShape.from_name(a.shape), a.device, a.context, a.budget, b, a.repeats, a.threads):
+    for b, req in [(b, r) for r in a.requests for b in a.block]:
+        for r in block_probe(ModelShape.from_name(a.shape), a.device, a.context, a.budget, b, a.repeats, a.threads,
+                             requests=req, chunk_bytes=a.chunk_bytes):
             rows.append(r)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
             if run is not None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -65,24 +66,33 @@ class Timeline:
             at = lambda ev: self._t0.elapsed_time(ev)          # noqa: E731
         else:
             at = lambda t: (t - self._t0) * 1e3                 # noqa: E731
-        return [{"batch": b, "kind": k, "label": lab, "start_ms": at(a), "end_ms": at(e)}
+        end = lambda e: e.result() if isinstance(e, Future) else e     # noqa: E731  (an async load's event)
+        return [{"batch": b, "kind": k, "label": lab, "start_ms": at(a), "end_ms": at(end(e))}
                 for b, k, lab, a, e in self._raw]
 
 
 class Pending:
-    """A load in flight: its result, and the event recorded after it on the side stream."""
+    """A load in flight: its result, and the event recorded after it on the side stream (or a Future
+    of that event, for a strategy whose load is issued from a background thread: `load_async`)."""
 
     def __init__(self, req: LoadRequest, result: LoadResult, event, start=None, end=None):
-        self.req, self.result, self.event, self.start, self.end = req, result, event, start, end
+        self.req, self.result, self._event, self.start, self.end = req, result, event, start, end
         self.checks = 0
+
+    @property
+    def event(self):
+        return self._event.result() if isinstance(self._event, Future) else self._event
 
     def done(self) -> bool:
         """Non-blocking completion check (an event query); always true for a synchronous load."""
         self.checks += 1
+        if isinstance(self._event, Future) and not self._event.done():
+            return False                       # the background thread has not issued every copy yet
         return True if self.event is None else self.event.query()
 
     def join(self) -> None:
-        """Order the main stream after the load (a device-side wait: the host does not block)."""
+        """Order the main stream after the load (a device-side wait: the host blocks only until an
+        asynchronous load's copies are issued)."""
         if self.event is not None:
             torch.cuda.current_stream().wait_event(self.event)
 
@@ -103,6 +113,10 @@ class Loader:
             res = e.strategy.load(e.cache.pool, req.layer, req.rows, req.out)
             return Pending(req, res, None, a, timeline.stamp() if timeline else None)
         self.side.wait_stream(torch.cuda.current_stream())
+        if hasattr(e.strategy, "load_async"):   # gather + DMA from a background thread (coalesced)
+            a = timeline.stamp(self.side) if timeline else None
+            res, fut = e.strategy.load_async(e.cache.pool, req.layer, req.rows, req.out, self.side)
+            return Pending(req, res, fut, a, fut if timeline else None)
         with torch.cuda.stream(self.side):
             # rows/out are the DecodeState's static buffers: no allocator reuse across the two streams
             a = timeline.stamp(self.side) if timeline else None

@@ -8,6 +8,8 @@ One interface (`TransferStrategy`), four media/mechanisms (DESIGN.md):
 | per_row     | host        | one `copy_` per selected row (the naive reference)                | no        |
 | host_gather | host        | CPU threads gather into pinned staging, then one DMA              | no        |
 | zero_copy   | host        | gather kernel reading mapped pinned host memory over PCIe         | yes       |
+| coalesced   | host        | chunked threaded gather into pinned staging, each chunk's DMA     | no        |
+|             |             | issued as it is ready (`coalesced.py`); `load_async` for switching |           |
 | hot_cache   | host        | device slots per request; only the misses cross (`hot_cache.py`)  | yes       |
 
 Primitives (after vLLM's `kv_offload/abstract.py`):
@@ -163,17 +165,60 @@ class HostGather(TransferStrategy):
         return self._moved(pool, rows)
 
 
+class Coalesced(TransferStrategy):
+    """`host_gather` pipelined: `coalesced.CoalescedLoader` gathers chunk by chunk on a pool of threads
+    and issues each chunk's copy as soon as it is gathered. The copies are DMA (copy engine, no SMs),
+    which is what lets a switched batch's transfer hide behind the other batch's compute: `load_async`
+    does the whole load (indices to the host, gather, copies) from a background thread, so the caller's
+    thread goes on launching other work and learns of completion from an event."""
+    name, medium, graphable = "coalesced", "host", False
+
+    def __init__(self, threads: int = 0, chunk_bytes: int = 1 << 20):
+        from .coalesced import CoalescedLoader
+        self.loader = CoalescedLoader(threads, chunk_bytes)
+        self._bg = None
+
+    def settings(self):
+        return {"host_threads": self.loader.threads}
+
+    def load(self, pool, layer, rows, out):
+        self.loader.load(pool.data[layer], rows.to("cpu"), out)
+        return self._moved(pool, rows)
+
+    def load_async(self, pool, layer, rows, out, stream: torch.cuda.Stream):
+        """Queue the load on `stream` from a background thread (CUDA only; `stream` must already be
+        ordered after the work that wrote `rows`). Returns (LoadResult, Future of the CUDA event
+        recorded on `stream` after the last copy)."""
+        from concurrent.futures import ThreadPoolExecutor
+        if self._bg is None:
+            self._bg = ThreadPoolExecutor(1, thread_name_prefix="labkit-coalesced")
+        dev = out.device
+
+        def run() -> torch.cuda.Event:
+            with torch.cuda.device(dev), torch.cuda.stream(stream):
+                ids = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+                ids.copy_(rows, non_blocking=True)
+                got = torch.cuda.Event()
+                got.record(stream)
+                got.synchronize()                      # this thread waits for the indices, not the caller
+                self.loader.load(pool.data[layer], ids, out, stream=stream)
+                done = torch.cuda.Event(enable_timing=True)
+                done.record(stream)
+                return done
+        return self._moved(pool, rows), self._bg.submit(run)
+
+
 from .hot_cache import HotCache  # noqa: E402  (it subclasses TransferStrategy)
 
 STRATEGIES: dict[str, type[TransferStrategy]] = {
     "resident": Resident, "per_row": PerRow, "host_gather": HostGather, "zero_copy": ZeroCopy,
-    "hot_cache": HotCache}
+    "hot_cache": HotCache, "coalesced": Coalesced}
 
 # Sweep parameter -> (strategies it applies to, constructor argument).
 SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
     "gather_rows_per_prog": (("resident", "zero_copy"), "rows_per_prog"),
     "gather_num_warps": (("resident", "zero_copy"), "num_warps"),
-    "host_threads": (("host_gather",), "threads"),
+    "host_threads": (("host_gather", "coalesced"), "threads"),
     "hot_capacity": (("hot_cache",), "capacity"),
     "hot_policy": (("hot_cache",), "policy"),
     "hot_fused": (("hot_cache",), "fused"),
