@@ -123,7 +123,7 @@ case "$MODE" in
     ;;
   pulse2)
     export LABKIT_SESSION=$stamp
-    timeout 200 python3 -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 64 --requests 1 4 12 \
+    timeout 200 python3 -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 64 --requests 1 12 \
         --repeats 10 --run-dir "$OUT/$stamp-pulse-blocks-h200" 2>&1 | grep -v '^{' | tail -3
     mkdir -p "$OUT/$stamp-pulse-switch-h200"
     for st in coalesced zero_copy; do

@@ -17,9 +17,10 @@ def _case(seed, n=300, m=77, w=16):
 
 
 @pytest.mark.parametrize("backend", ["threads", "torch"])
-@pytest.mark.parametrize("threads,chunk_units", [(1, 1000), (3, 5), (4, 1), (8, 13)])
-def test_units_land_in_order(backend, threads, chunk_units):
-    loader = CoalescedLoader(threads=threads, chunk_bytes=chunk_units * 16 * 8, backend=backend)
+@pytest.mark.parametrize("threads,chunk_units,piece", [(1, 1000, 8192), (3, 5, 32), (4, 1, 8192), (8, 13, 64)])
+def test_units_land_in_order(backend, threads, chunk_units, piece):
+    """`piece` below the unit's 128 bytes: each unit gathered as 128 / piece pieces (through views)."""
+    loader = CoalescedLoader(threads=threads, chunk_bytes=chunk_units * 16 * 8, backend=backend, piece_bytes=piece)
     try:
         for seed in range(3):                      # the same staging, reused with other ids
             src, ids, order = _case(seed)
@@ -33,6 +34,8 @@ def test_units_land_in_order(backend, threads, chunk_units):
             loader.load(src, ids, plain)
             assert torch.equal(plain, src[ids])
         assert len(loader.chunks(77, 16 * 8)) == -(-77 // chunk_units)
+        src, ids, _ = _case(5)
+        assert loader._pieces(src, ids, torch.empty(77, 16, dtype=torch.int64))[2] == 77 * max(1, 128 // piece)
     finally:
         loader.close()
 

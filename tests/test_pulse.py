@@ -299,7 +299,7 @@ def test_block_probe_on_cpu():
     by = {(r["selection"], r["strategy"]): r for r in rows}
     assert len(by) == 16 and all(r["status"] == "ok" for r in rows)
     for sel in ("per_head", "retrieval_head"):        # the pipelined paths put every unit where it belongs
-        assert by[(sel, "coalesced_pipelined")]["correct"] and by[(sel, "coalesced_pipelined_torch")]["correct"]
+        assert by[(sel, "coalesced_pipelined")]["correct"] and by[(sel, "coalesced_pipelined_threads")]["correct"]
         assert by[(sel, "gather_only")]["correct"]
     multi = block_probe(TINY, "cpu", context=1024, budget=128, block=16, repeats=1, requests=3)
     assert {r["bytes"] for r in multi} == {3 * 128 * TINY.row_bytes} and all(r["correct"] is not False for r in multi)

@@ -20,11 +20,12 @@ around host-synchronised calls; wall clock on CPU) and checked against `src[unit
 - `coalesced`: CPU threads gather the units into pinned staging, one H2D copy, a scatter on the device
   into the destination order (here the attention's order: a permutation, so the scatter is real work);
 - `coalesced_copy`: that one H2D copy alone (the link part of `coalesced`);
-- `coalesced_pipelined` / `coalesced_pipelined_torch`: the same three steps cut into chunks of
+- `coalesced_pipelined` / `coalesced_pipelined_threads`: the same three steps cut into chunks of
   `chunk_bytes`, each chunk's copy issued as soon as it is gathered (`engine.coalesced.CoalescedLoader`,
-  gathered by a pool of threads / by torch's intra-op threads), so the link waits only for the first chunk;
-- `gather_only`: the pool of threads gathering into pinned staging, no copy (the CPU side's own rate:
-  the pipelined path cannot beat min(this, the link));
+  gathered by torch's intra-op threads / by a pool of Python threads), so the link waits only for the
+  first chunk;
+- `gather_only`: the pipeline's gather into pinned staging in one call, no copy (the CPU side's own
+  rate: a gather-then-copy path cannot beat min(this, the link));
 - `zero_copy`: the Triton gather kernel reading the units from mapped pinned host memory;
 - `contiguous`: one pinned H2D copy of the same number of bytes (the link's reference).
 Each row: bytes counted from the units moved, ms, GB/s and the ratio to `contiguous`.
@@ -90,7 +91,7 @@ def _units(selection: str, s: ModelShape, context: int, budget: int, block: int,
 @torch.inference_mode()
 def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, budget: int = 2048, block: int = 16,
                 repeats: int = 20, threads: int = 0, seed: int = 0, requests: int = 1,
-                chunk_bytes: int = 1 << 20) -> list[dict]:
+                chunk_bytes: int = 8 << 20) -> list[dict]:
     if budget % block or context % block or budget > context:
         raise ValueError(f"budget {budget} and context {context} must be multiples of block {block}, budget <= context")
     if requests < 1:
@@ -136,14 +137,14 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
         def pipelined(backend):
             return lambda: loaders[backend].load(pool, ids, dst, order=perm)
 
-        def gather_only():
-            lt = loaders["threads"]
-            for e in lt._gather_threads(pool, ids, stage, lt.chunks(M, W * WORD)):
-                e.wait()
+        def gather_only():            # the default pipeline's gather, all of it in one call, no copy
+            lt = loaders["torch"]
+            src_v, ids_v, _, _, _ = lt._pieces(pool, ids, stage)
+            torch.index_select(src_v, 0, ids_v, out=stage.view(ids_v.numel(), -1))
 
         variants = {"per_unit_copy": (per_unit, lambda: dst), "coalesced": (coalesced, lambda: dst[perm]),
-                    "coalesced_pipelined": (pipelined("threads"), lambda: dst[perm]),
-                    "coalesced_pipelined_torch": (pipelined("torch"), lambda: dst[perm]),
+                    "coalesced_pipelined": (pipelined("torch"), lambda: dst[perm]),
+                    "coalesced_pipelined_threads": (pipelined("threads"), lambda: dst[perm]),
                     "gather_only": (gather_only, lambda: stage), "coalesced_copy": (coalesced_copy, None),
                     "zero_copy": (zero_copy, lambda: dst), "contiguous": (contiguous, None)}
         if requests > 1:            # ~0.4 s per unit copy a call at 12 requests: not worth the session
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--requests", type=int, nargs="+", default=[1], help="requests' selections per transfer")
-    ap.add_argument("--chunk-bytes", type=int, default=1 << 20, help="coalesced_pipelined: bytes gathered per copy")
+    ap.add_argument("--chunk-bytes", type=int, default=8 << 20, help="coalesced_pipelined: bytes gathered per copy")
     ap.add_argument("--out", help="JSON file of the rows")
     ap.add_argument("--run-dir", help="run folder (manifest.json, metrics.parquet) for the report")
     a = ap.parse_args(argv)

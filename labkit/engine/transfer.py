@@ -173,7 +173,7 @@ class Coalesced(TransferStrategy):
     thread goes on launching other work and learns of completion from an event."""
     name, medium, graphable = "coalesced", "host", False
 
-    def __init__(self, threads: int = 0, chunk_bytes: int = 1 << 20):
+    def __init__(self, threads: int = 0, chunk_bytes: int = 8 << 20):
         from .coalesced import CoalescedLoader
         self.loader = CoalescedLoader(threads, chunk_bytes)
         self._bg = None
@@ -195,7 +195,9 @@ class Coalesced(TransferStrategy):
         dev = out.device
 
         def run() -> torch.cuda.Event:
-            with torch.cuda.device(dev), torch.cuda.stream(stream):
+            # inference_mode: `out` is the decode state's staging, an inference tensor (a thread does not
+            # inherit the caller's mode, and an in-place copy into one outside it is refused)
+            with torch.inference_mode(), torch.cuda.device(dev), torch.cuda.stream(stream):
                 ids = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
                 ids.copy_(rows, non_blocking=True)
                 got = torch.cuda.Event()
