@@ -22,6 +22,8 @@ PROBE_RUN = "results/20261129-153514-probe-h200"
 MULTIGPU_RUNS = ["results/20261130-065613-multigpu-h200x2", "results/20261130-070629-multigpu-h200x2"]  # c=1 / rerun
 PREFILL_RUNS = ["results/20261130-071914-prefill-248k-h200", "results/20261130-071914-prefill-1m-cap24-h200"]
 PULSE_RUNS = {k: f"results/20261130-072708-pulse-{k}-h200" for k in ("blocks", "scaling", "trace")}
+PULSE_COALESCED_RUN = "results/20261130-100611-pulse-blocks-h200"      # pipelined coalesced, 1 and 12 requests
+PULSE_SWITCH_RUN = "results/20261130-100611-pulse-switch-h200"         # switched round: coalesced (DMA) vs zero_copy
 CROSSCHECK_RUN = "results/20261130-serve-crosscheck-smollm2-cpu"
 CAPACITY_RUN = "results/20261130-071914-capacity-cap24-h200"
 HOT_DENSITY_RUN = "results/20261130-hot-replay-density-cpu"
@@ -201,6 +203,37 @@ def pulse_blocks_table() -> str:
     return _md(pd.DataFrame(rows))
 
 
+def pulse_coalesced_table() -> str:
+    """Each variant's GB/s as a ratio to the contiguous copy of the same bytes in the same run, per
+    selection, block and number of requests' selections moved at once."""
+    m = load_run(REPO / PULSE_COALESCED_RUN).metrics
+    m = m[m.status == "ok"]
+    cols = ["coalesced", "coalesced_pipelined", "coalesced_pipelined_threads", "gather_only", "coalesced_copy", "zero_copy"]
+    rows = []
+    for (req, sel, blk), g in m.groupby(["requests", "selection", "block"], sort=True):
+        r = g.set_index("strategy")
+        row = {"requests": int(req), "MiB": f"{r['bytes'].iloc[0] / 2**20:.0f}", "selection": sel, "block": int(blk),
+               "unit": f"{int(r['unit_bytes'].iloc[0]) // 1024} KiB", "contiguous GB/s": f"{r.loc['contiguous', 'gbps']:.1f}"}
+        row.update({c: f"{r.loc[c, 'ratio_to_contiguous']:.2f}" if c in r.index else "–" for c in cols})
+        rows.append(row)
+    return _md(pd.DataFrame(rows))
+
+
+def pulse_switch_table() -> str:
+    """The switched round (4 offloaded requests at 64K beside 4 normal at 8K) with each transfer mechanism."""
+    import json
+    rows = []
+    for st in ("zero_copy", "coalesced"):
+        r = json.loads((REPO / PULSE_SWITCH_RUN / f"{st}.json").read_text())[0]
+        tr = [x["end_ms"] - x["start_ms"] for x in r["timeline"] if x["kind"] == "transfer"]
+        rows.append({"offloaded batch's transfer": st, "sequential ms": f"{r['sequential_ms']:.2f}",
+                     "switched ms": f"{r['switched_ms']:.2f}", "switched / sequential": f"{r['switched_ms'] / r['sequential_ms']:.3f}",
+                     "bound ms": f"{r['bound_ms']:.2f}", "offloaded step alone ms": f"{r['offload_only_ms']:.2f}",
+                     "transfer per layer ms (median)": f"{sorted(tr)[len(tr) // 2]:.2f}",
+                     "overlap ms": f"{r['overlap_ms']:.2f}", "switches / stalls": f"{r['switches']} / {r['stalls']}"})
+    return _md(pd.DataFrame(rows))
+
+
 def pulse_scaling_table() -> str:
     m = load_run(REPO / PULSE_RUNS["scaling"]).metrics
     m = m[m.status == "ok"]
@@ -292,7 +325,7 @@ def crosscheck_block() -> str:
 
 def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
-    return {"serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-scaling-h200": pulse_scaling_table(),
+    return {"serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
             "pulse-trace-h200": pulse_trace_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
