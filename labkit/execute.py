@@ -35,6 +35,7 @@ EXPERIMENTS = {
     "serve": Experiment("serve", "serve_sweep.ipynb", "labkit.serving.experiment"),
     "xfer": Experiment("xfer", "xfer.ipynb", "labkit.xfer.experiment"),
     "multigpu": Experiment("multigpu", "multigpu.ipynb", "labkit.bench.multigpu"),
+    "capacity": Experiment("capacity", "capacity.ipynb", "labkit.bench.capacity"),
 }
 
 

@@ -98,3 +98,26 @@ def test_prefill_bench_on_cpu(tmp_path):
     assert (m["computed_tokens"] == 72).all() and m.loc["resident", "vs_resident"] == 1.0
     assert m.loc["rotating", "prefill_buffer_bytes"] == min(4, TINY.attn_layers) * 200 * TINY.row_bytes
     assert json.loads((out / "manifest.json").read_text())["parameters"]["tail_tokens"] == 72
+
+
+def test_labkit_run_capacity_notebook_holds_issue_10s_figures(tmp_path):
+    """`labkit run capacity` under papermill on a CPU: the goodput bars of its own measurement, and beside
+    them the committed companions' figures (hit rate and bytes vs capacity per policy from the density
+    replay; the H200 decode run's hot-cache hit rate and step anatomy per strategy)."""
+    from browser_util import REPO, figures_in_notebook_report
+    from labkit.execute import run_notebook
+    replay = REPO / "results/20261130-hot-replay-density-cpu"
+    decode = REPO / "results/20261130-094624-hotdecode-prose-b64-h200"
+    out, err = run_notebook("capacity", {"device": "cpu", "context_len": "128", "mem_cap_gib": "0.006", "workspace_gib": "0",
+                                         "hot_capacity": "16", "budget": "16", "max_batch": "2", "steps": "2", "repeats": "1",
+                                         "tpot_ms": "100000", "replay_run": str(replay), "decode_run": str(decode)},
+                            out_dir=tmp_path / "run", log_output=False, timeout=600)
+    assert err is None, err
+    g = pd.read_parquet(out / "goodput.parquet")
+    assert list(g["config"]) == ["none", "prefill", "both"] and (g["goodput_tok_s"] > 0).all()
+    assert figures_in_notebook_report(out) == 1 + 2 + 2          # goodput; replay x2; decode hit rate + anatomy
+    assert (out / "report.html").exists()
+    r = subprocess.run([sys.executable, "-m", "labkit", "run", "capacity", "-p", "replay_run=/nonexistent",
+                        "--out", str(tmp_path / "never")], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "replay_run" in r.stderr
+    assert not (tmp_path / "never").exists()

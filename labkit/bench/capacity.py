@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import torch
@@ -68,6 +69,9 @@ SPEC = [
     Param("measure", "bool", True, "time the decode step (false: capacities only)"),
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    # the report's companions (nothing is measured from them): issue 10's other figures in one report
+    Param("replay_run", "str", "", "report: a hot_replay run folder (hit rate and bytes vs capacity per policy)"),
+    Param("decode_run", "str", "", "report: a decode run with hot_cache rows (step anatomy per strategy)"),
 ]
 
 
@@ -145,6 +149,9 @@ def plan(given: dict) -> tuple[dict, ModelShape, torch.device, list[Fit]]:
         raise BadInput(str(ex)) from None
     if p["selection"] != "indexer" and not p["selection"].startswith("trace:"):
         raise BadInput(f"selection must be 'indexer' or 'trace:PATH', got {p['selection']!r}")
+    for key, table in (("replay_run", "hot_replay.parquet"), ("decode_run", "metrics.parquet")):
+        if p[key] and not (Path(p[key]) / table).is_file():
+            raise BadInput(f"{key}={p[key]}: not a run folder with {table}")
     host = p["host_cap_gib"] * 2**30 if p["host_cap_gib"] > 0 else psutil.virtual_memory().total / 2
     p["host_cap_gib"] = round(host / 2**30, 2)
     fits = [fit(shape, p["context_len"], p["mem_cap_gib"] * 2**30, c, p["budget"], p["hot_capacity"], host,
