@@ -24,6 +24,8 @@ around host-synchronised calls; wall clock on CPU) and checked against `src[unit
   `chunk_bytes`, each chunk's copy issued as soon as it is gathered (`engine.coalesced.CoalescedLoader`,
   gathered by torch's intra-op threads / by a pool of Python threads), so the link waits only for the
   first chunk;
+- `batched_dma`: one `cuMemcpyBatchAsync` call, a copy per unit straight from the pinned pool into the
+  attention's order (`engine.batched_dma`; CUDA 13 drivers): no gather, no SMs;
 - `gather_only`: the pipeline's gather into pinned staging in one call, no copy (the CPU side's own
   rate: a gather-then-copy path cannot beat min(this, the link));
 - `zero_copy`: the Triton gather kernel reading the units from mapped pinned host memory;
@@ -103,6 +105,13 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
     rows = []
     contiguous_gbps = {}
     loaders = {b: CoalescedLoader(threads, chunk_bytes, backend=b) for b in ("threads", "torch")}
+    dma = None
+    if dev.type == "cuda":
+        from ..engine.batched_dma import BatchedDMA
+        try:
+            dma = BatchedDMA()
+        except RuntimeError as ex:      # an older driver: the other variants still run
+            print(f"pulse_blocks: batched_dma skipped: {ex}", file=sys.stderr)
     for selection in ("per_head", "retrieval_head"):
         # R requests' selections: R x budget of R x context (units of distinct requests never coincide)
         pool, ids = _units(selection, shape, context * requests, budget * requests, block, g)
@@ -149,6 +158,9 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
                     "zero_copy": (zero_copy, lambda: dst), "contiguous": (contiguous, None)}
         if requests > 1:            # ~0.4 s per unit copy a call at 12 requests: not worth the session
             variants.pop("per_unit_copy")
+        if dma is not None:
+            ids_cpu = ids.cpu()
+            variants["batched_dma"] = (lambda: dma.copy(pool, ids_cpu, dst, order=perm), lambda: dst[perm])
         for name, (fn, result) in variants.items():
             dst.zero_()
             ms = _timer(dev, fn, repeats)
