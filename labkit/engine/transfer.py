@@ -166,7 +166,7 @@ class HostGather(TransferStrategy):
 
 
 class Coalesced(TransferStrategy):
-    """`host_gather` pipelined: `coalesced.CoalescedLoader` gathers chunk by chunk on a pool of threads
+    """`host_gather` pipelined: `coalesced.CoalescedLoader` gathers chunk by chunk (torch's CPU threads)
     and issues each chunk's copy as soon as it is gathered. The copies are DMA (copy engine, no SMs),
     which is what lets a switched batch's transfer hide behind the other batch's compute: `load_async`
     does the whole load (indices to the host, gather, copies) from a background thread, so the caller's
