@@ -206,6 +206,8 @@ def probe_bars(m: pd.DataFrame) -> go.Figure:
     if "direction" in p:
         p = p[p["direction"].isna() | (p["direction"] == "h2d")]
     p = p[p["strategy"].isin(["contiguous", "pageable", "per_row", "host_gather", "zero_copy", "hbm_gather"])]
+    if p.empty:      # probe=false: the sweep still times the HBM read (the weights' bound), not the link
+        return _empty("Host link limits", "no link probe in this run (probe=false); `labkit probe` measures it")
     labels = []
     for _, r in p.iterrows():
         extra = ""
