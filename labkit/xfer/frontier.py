@@ -18,6 +18,7 @@ with `small_layers` and `mapper`), `ablation.parquet` (the ablation's summary), 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import time
@@ -104,6 +105,15 @@ def shape_mapper(pair, features: str):
                   weights=weights, lambdas={l_: (0.0, 0.0) for l_ in weights}, r2_val={l_: (0.0, 0.0) for l_ in weights})
 
 
+def shape_path(mapper_dir: Path, n: int, features: str) -> Path:
+    """Where the shape-only mapper of (N, features) is cached: the features are in the name (a file named by
+    N alone was reused for other features of the same width, whose feature construction costs differ)."""
+    from labkit.xfer.features import FeatureSpec
+
+    tag = hashlib.sha256(str(FeatureSpec.parse(features)).encode()).hexdigest()[:8]
+    return mapper_dir / "shape-only" / f"first{n}-{tag}.safetensors"
+
+
 def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
     """Copy the ablation's tables into a frontier run folder and write `frontier.parquet` (the join)."""
     from labkit.results import load_run
@@ -161,7 +171,7 @@ def main(argv=None) -> int:
     ap.add_argument("--attach", default="", help="only join the ablation into this existing frontier run folder")
     ap.add_argument("--large", default="smollm2-135m")
     ap.add_argument("--ns", default="8,10,12,16,20,24")
-    ap.add_argument("--features", default="h:-1,h:0,h:-1@-1,h:-1@avg", help="with --shape-only: the mappers' features")
+    ap.add_argument("--features", default="h:-1,h:0,h:-1@-1,h:-2", help="with --shape-only: the mappers' features")
     ap.add_argument("--shape-only", action="store_true", help="time zero-weight mappers of the frontier's shapes")
     ap.add_argument("--mapper-dir", default=str(Path.home() / ".cache" / "labkit" / "xfer" / "ablation"))
     ap.add_argument("--lens", default="2048,4096")
@@ -181,7 +191,7 @@ def main(argv=None) -> int:
         mappers = {}
         for n in ns:
             pair = plan_pair(a.large, f"first:{n}")
-            path = Path(a.mapper_dir) / "shape-only" / f"first{n}.safetensors"
+            path = shape_path(Path(a.mapper_dir), n, a.features)
             if not path.is_file():
                 shape_mapper(pair, a.features).save(path)
             mappers[(n, "frontier")] = path
