@@ -37,6 +37,7 @@ SPEC = [
     Param("small", "str", "first:8", "the model that prefills: first:N (the large model's first N layers) or a checkpoint"),
     Param("layer_table", "str", "", "large:small,... alignment entries (empty: proportional / deepest layer for first:N)"),
     Param("features", "str", "h:-1,h:0,h:-1@-1,h:-2", "small-model features: h:i, kv:i, h:aligned, kv:aligned, suffix @-k or @avg (default: the ablation's best at its cost)"),
+    Param("rank", "int", 0, "reduced-rank mapper: one projection of the features to `rank` dimensions shared by the mapped layers, then per-layer maps (0: full ridge)"),
     Param("rope", "str", "pre", "pre: map keys before RoPE and rotate at the target positions; post: map rotated keys"),
     Param("mapper", "str", "", "mapper .safetensors to use (empty: cached fit for these parameters, fitted if missing)"),
     Param("calib_tokens", "int", 32768, "calibration tokens per corpus (calibration split; 1 in 5 chunks held out for lambda)"),
@@ -76,6 +77,8 @@ def plan(given: dict) -> dict:
             check_compatible(read_metadata(p["mapper"]), pair, p["mapper"])
     except PairError as ex:
         raise BadInput(str(ex)) from None
+    if p["rank"] < 0:
+        raise BadInput(f"rank must be >= 0 (0: full ridge), got {p['rank']}")
     if p["rope"] not in ("pre", "post"):
         raise BadInput(f"rope must be pre or post, got {p['rope']!r}")
     if p["backend"] not in ("transformers", "vllm", "both"):
@@ -115,7 +118,8 @@ def mapper_cache_path(p: dict, pair) -> Path:
     from labkit.models.loader import cache_dir
 
     key = json.dumps({k: p[k] for k in ("features", "rope", "calib_tokens", "calib_seq_len", "corpora", "layer_table")}
-                     | {"large": pair.large.fingerprint, "small": pair.small.fingerprint}, sort_keys=True)
+                     | {"large": pair.large.fingerprint, "small": pair.small.fingerprint}
+                     | ({"rank": p["rank"]} if p.get("rank") else {}), sort_keys=True)  # full-rank keys as before
     return cache_dir().parent / "xfer" / f"{pair.large.name.replace('/', '_')}-{p['small'].replace(':', '')}-" \
         f"{hashlib.sha256(key.encode()).hexdigest()[:12]}.safetensors"
 
@@ -132,7 +136,7 @@ def get_mapper(p: dict, models, log=print):
         return Mapper.load(path, expect=pair), path, False
     calib = calibration_chunks(models.tokenizer, p["corpora"], p["calib_seq_len"], p["calib_tokens"])
     log(f"fitting the mapper on {len(calib)} calibration chunks of {p['calib_seq_len']} tokens")
-    mp = fit_mapper(models, FeatureSpec.parse(p["features"]), calib, rope=p["rope"], log=log)
+    mp = fit_mapper(models, FeatureSpec.parse(p["features"]), calib, rope=p["rope"], log=log, rank=p.get("rank", 0))
     mp.save(path)
     log(f"mapper saved: {path} ({path.stat().st_size / 2**20:.0f} MiB)")
     return mp, path, True
@@ -244,7 +248,8 @@ def run_xfer(given: dict, run=None, log=print):
             if pair.shared_layers else "")
         mp, mpath, fitted = get_mapper(p, models, log=log)
         run.update_manifest(mapper={"path": str(mpath), "bytes": mpath.stat().st_size, "fitted_in_this_run": fitted,
-                                    "features": str(mp.features), "rope": mp.rope, "corpus": mp.corpus})
+                                    "features": str(mp.features), "rope": mp.rope, "rank": mp.rank,
+                                    "macs_per_token": mp.macs_per_token(), "corpus": mp.corpus})
         run.write_table("mapper_fit", pd.DataFrame(
             [{"layer": l_, "lambda_k": mp.lambda_kv(l_)[0], "lambda_v": mp.lambda_kv(l_)[1], "r2_val_k": mp.r2_val[l_][0],
               "r2_val_v": mp.r2_val[l_][1]} for l_ in sorted(mp.weights)]))

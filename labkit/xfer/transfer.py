@@ -73,8 +73,9 @@ def large_targets(large, cache, layers, rope: str = "pre") -> dict[int, tuple[to
 
 
 def fit_mapper(models: Models, features, calib: list[tuple[str, str, torch.Tensor]], grid=None, rope: str = "pre",
-               log=print) -> Mapper:
-    """Fit on calibration chunks [(split 'fit'|'val', name, ids[T])]; λ chosen on the 'val' chunks."""
+               log=print, rank: int = 0) -> Mapper:
+    """Fit on calibration chunks [(split 'fit'|'val', name, ids[T])]; λ chosen on the 'val' chunks; `rank` > 0
+    factorizes the ridge solution (`Fitter.reduced`)."""
     from labkit.xfer.mapper import LAMBDA_GRID
 
     fitter = Fitter(models.pair, features, rope)
@@ -92,7 +93,7 @@ def fit_mapper(models: Models, features, calib: list[tuple[str, str, torch.Tenso
     corpus = {"fit_sha256": h["fit"].hexdigest()[:16], "val_sha256": h["val"].hexdigest()[:16],
               "fit_sequences": sum(s == "fit" for s, _, _ in calib), "val_sequences": sum(s == "val" for s, _, _ in calib),
               "fit_seconds": round(time.perf_counter() - t0, 1)}
-    return fitter.mapper(grid or LAMBDA_GRID, corpus=corpus, log=log)
+    return fitter.mapper(grid or LAMBDA_GRID, corpus=corpus, log=log, rank=rank)
 
 
 def calibration_chunks(tokenizer, corpora, seq_len: int, tokens_per_corpus: int, val_every: int = 5):
@@ -155,8 +156,8 @@ def mapped_kv(models: Models, mapper: Mapper | None, ids: torch.Tensor, mode: st
             out.append((torch.zeros(1, H, T, D, dtype=dtype), torch.zeros(1, H, T, D, dtype=dtype)))
         else:
             keys = mapper.keys(l_)
-            if keys not in feats:
-                feats[keys] = sp.features(keys)
+            if keys not in feats:  # features (and a reduced-rank mapper's projection) once per feature group
+                feats[keys] = mapper.project(sp.features(keys), l_)
             kp, v = mapper.predict(feats[keys], l_)
             kp = kp.view(T, H, D).transpose(0, 1).unsqueeze(0)
             v = v.view(T, H, D).transpose(0, 1).unsqueeze(0)
