@@ -307,3 +307,28 @@ def test_reduced_rank_mapper_roundtrip_and_pipeline(tiny, tmp_path):
     assert torch.equal(kv8[0][0], kv_full[0][0])                     # the copied layer is untouched
     with pytest.raises(PairError, match="rank must be"):
         f.reduced(mp, 0)
+
+
+def test_exact_prefix_holds_the_large_models_own_first_positions(tiny):
+    """`exact_prefix=k`: the first k positions of every mapped layer are the large model's own K/V (its
+    k-token forward equals its full prefill there: attention is causal); later positions are the mapper's."""
+    from labkit.xfer.features import cache_kv
+    from labkit.xfer.transfer import mapped_kv, true_cache
+
+    pair = plan_pair(str(tiny), "first:1")
+    models, mp = _fit_tiny(pair, "h:-1", n_seq=6)
+    ids = torch.randint(0, 64, (1, 30), generator=torch.Generator().manual_seed(4))
+    tc = true_cache(models.large, ids)
+    plain = mapped_kv(models, mp, ids, exact_prefix=0)
+    tm = {}
+    for k in (1, 3):
+        kv = mapped_kv(models, mp, ids, exact_prefix=k, timings=tm)
+        for l_ in pair.table.mapped_layers:
+            for j in (0, 1):
+                assert torch.allclose(kv[l_][j][:, :, :k], cache_kv(tc, l_)[j][:, :, :k], atol=1e-5)
+                assert torch.equal(kv[l_][j][:, :, k:], plain[l_][j][:, :, k:])
+        assert not torch.allclose(plain[2][1][:, :, :k], cache_kv(tc, 2)[1][:, :, :k], atol=1e-3)  # it was predicted
+        assert torch.equal(kv[0][0], plain[0][0])   # copied layer untouched
+    assert tm["prefix_s"] >= 0
+    zeros = mapped_kv(models, mp, ids, "zeros", exact_prefix=1)   # the ablations stay what they say
+    assert float(zeros[2][0].abs().max()) == 0.0

@@ -93,7 +93,7 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
         calib_tiers=(8192, 32768), calib_seq_len=512, n_sequences=6, prompt_len=1025, cont_len=128,
         agree_tokens=32, out: Path | None = None, mapper_dir: Path | None = None, log=print,
         superset_ablation=SUPERSET_ABLATION, superset_frontier=SUPERSET_FRONTIER, sums_cache: Path | None = None,
-        frontier_only: str = "", ranks=()):
+        frontier_only: str = "", ranks=(), grid=GRID, exact_prefix: int = 1):
     from labkit.quality.corpora import sequences
     from labkit.xfer.transfer import calibration_chunks, load_models
 
@@ -172,6 +172,10 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
                 kp, v = mp.predict(feats[keys], l_)
                 kp = kp.view(T, H, D).transpose(0, 1).unsqueeze(0)
                 kvs.append((rotate(kp, e["cos"], e["sin"]), v.view(T, H, D).transpose(0, 1).unsqueeze(0)))
+            if exact_prefix:   # the first k positions the large model's own (transfer.mapped_kv's exact_prefix)
+                k = exact_prefix
+                kvs[n:] = [tuple(torch.cat([t[:, :, :k], x[:, :, k:]], dim=2) for t, x in zip(e["true_kv"][l_], kv_))
+                           for l_, kv_ in zip(range(n, L), kvs[n:])]
             lg = _logits(large, e["block"], kvs)
             nll = float(F.cross_entropy(lg[:-1], e["block"][0, 1:], reduction="sum"))
             agree = float((_logits(large, e["forced"], kvs).argmax(-1) == e["ref"]).float().mean())
@@ -190,14 +194,14 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
         key = (n, features, lambda_per, tiers)
         if key not in fitted:
             f = fitter_for(n, features, tiers)
-            fitted[key] = f, f.mapper(grid=GRID, sweep_dtype=torch.float32, lambda_per=lambda_per,
+            fitted[key] = f, f.mapper(grid=grid, sweep_dtype=torch.float32, lambda_per=lambda_per,
                                       corpus={"ablation": name, "calib_tokens_per_corpus": calib_tiers[tiers - 1]})
         f, mp = fitted[key]
         if rank:
             mp = f.reduced(mp, rank)
         gap = {"rank_gap_k_mean": sum(g[0] for g in mp.rank_gap.values()) / len(mp.rank_gap),
                "rank_gap_v_mean": sum(g[1] for g in mp.rank_gap.values()) / len(mp.rank_gap)} if rank else {}
-        tag = dict(stage=stage, config=name, small_layers=n, features=features, lambda_per=lambda_per,
+        tag = dict(stage=stage, config=name, small_layers=n, features=features, lambda_per=lambda_per, exact_prefix=exact_prefix,
                    calib_tokens_per_corpus=calib_tiers[tiers - 1], fit_tokens=f.tokens["fit"], val_tokens=f.tokens["val"],
                    **mapper_cost(mp), r2_val_k_mean=sum(r[0] for r in mp.r2_val.values()) / len(mp.r2_val),
                    r2_val_v_mean=sum(r[1] for r in mp.r2_val.values()) / len(mp.r2_val), **gap)
@@ -224,7 +228,8 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
             "calib_tiers_tokens_per_corpus": list(calib_tiers), "calib_seq_len": calib_seq_len,
             "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
             "frontier_recipe": {"features": frontier_only, "lambda_per": "layer", "tiers": full}, "ranks": list(ranks),
-            "lambda_grid": list(GRID), "calibration_seconds": round(fit_s, 1),
+            "exact_prefix": exact_prefix,
+            "lambda_grid": list(grid), "calibration_seconds": round(fit_s, 1),
             "wall_seconds": round(time.perf_counter() - t_start, 1), "layer_macs_per_token": layer_macs_per_token(pair0),
             "torch_threads": torch.get_num_threads()})
     sup_ab = set(FeatureSpec.parse(superset_ablation).items)
@@ -255,7 +260,7 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
             "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
             "superset_ablation": superset_ablation, "superset_frontier": superset_frontier,
             "best": dict(best, config=best_name, ppl_ratio=best_val), "frontier_recipe": frontier,
-            "lambda_grid": list(GRID), "calibration_seconds": round(fit_s, 1), "wall_seconds": round(time.perf_counter() - t_start, 1),
+            "lambda_grid": list(grid), "calibration_seconds": round(fit_s, 1), "wall_seconds": round(time.perf_counter() - t_start, 1),
             "layer_macs_per_token": layer_macs_per_token(pair0), "torch_threads": torch.get_num_threads()}
     return _write(results, mappers, out, mapper_dir, ablation_n, meta)
 
@@ -287,7 +292,7 @@ def pooled(df: pd.DataFrame) -> dict:
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    keys = ["stage", "config", "small_layers", "features", "lambda_per", "calib_tokens_per_corpus", "feature_dim",
+    keys = ["stage", "config", "small_layers", "features", "lambda_per", "exact_prefix", "calib_tokens_per_corpus", "feature_dim",
             "rank", "mapped_layers", "mapper_macs_per_token", "r2_val_k_mean", "r2_val_v_mean", "rank_gap_k_mean",
             "rank_gap_v_mean"]
     keys = [k for k in keys if k in df]
@@ -310,6 +315,8 @@ def main(argv=None) -> int:
     ap.add_argument("--superset-ablation", default=SUPERSET_ABLATION)
     ap.add_argument("--superset-frontier", default=SUPERSET_FRONTIER)
     ap.add_argument("--frontier-only", default="", help="features: skip the ablation, fit and score these at every N")
+    ap.add_argument("--lambda-grid", default=",".join(str(x) for x in GRID), help="relative λ values to choose from")
+    ap.add_argument("--exact-prefix", type=int, default=1, help="first positions whose K/V are the large model's own")
     ap.add_argument("--ranks", default="", help="with --frontier-only: also score these reduced ranks at --ablation-n")
     ap.add_argument("--sums-cache", default="", help="save the calibration sums here / reuse them if present")
     ap.add_argument("--out", required=True)
@@ -323,7 +330,8 @@ def main(argv=None) -> int:
                            log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True),
                            superset_ablation=a.superset_ablation, superset_frontier=a.superset_frontier,
                            sums_cache=Path(a.sums_cache) if a.sums_cache else None, frontier_only=a.frontier_only,
-                           ranks=tuple(int(x) for x in a.ranks.split(",") if x))
+                           ranks=tuple(int(x) for x in a.ranks.split(",") if x),
+                           grid=tuple(float(x) for x in a.lambda_grid.split(",")), exact_prefix=a.exact_prefix)
     print(summary.to_string())
     print(json.dumps(meta.get("best") or meta.get("frontier_recipe")))
     return 0

