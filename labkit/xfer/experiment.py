@@ -37,6 +37,8 @@ SPEC = [
     Param("small", "str", "first:8", "the model that prefills: first:N (the large model's first N layers) or a checkpoint"),
     Param("layer_table", "str", "", "large:small,... alignment entries (empty: proportional / deepest layer for first:N)"),
     Param("features", "str", "h:-1,h:0,h:-1@-1,h:-2", "small-model features: h:i, kv:i, h:aligned, kv:aligned, suffix @-k or @avg (default: the ablation's best at its cost)"),
+    Param("rank", "int", 0, "reduced-rank mapper: one projection of the features to `rank` dimensions shared by the mapped layers, then per-layer maps (0: full ridge)"),
+    Param("exact_prefix", "int", 1, "first tokens whose K/V the large model computes itself (a k-token forward): position 0 is the attention sink the mapper predicts worst"),
     Param("rope", "str", "pre", "pre: map keys before RoPE and rotate at the target positions; post: map rotated keys"),
     Param("mapper", "str", "", "mapper .safetensors to use (empty: cached fit for these parameters, fitted if missing)"),
     Param("calib_tokens", "int", 32768, "calibration tokens per corpus (calibration split; 1 in 5 chunks held out for lambda)"),
@@ -76,6 +78,10 @@ def plan(given: dict) -> dict:
             check_compatible(read_metadata(p["mapper"]), pair, p["mapper"])
     except PairError as ex:
         raise BadInput(str(ex)) from None
+    if p["exact_prefix"] < 0:
+        raise BadInput(f"exact_prefix must be >= 0, got {p['exact_prefix']}")
+    if p["rank"] < 0:
+        raise BadInput(f"rank must be >= 0 (0: full ridge), got {p['rank']}")
     if p["rope"] not in ("pre", "post"):
         raise BadInput(f"rope must be pre or post, got {p['rope']!r}")
     if p["backend"] not in ("transformers", "vllm", "both"):
@@ -115,7 +121,8 @@ def mapper_cache_path(p: dict, pair) -> Path:
     from labkit.models.loader import cache_dir
 
     key = json.dumps({k: p[k] for k in ("features", "rope", "calib_tokens", "calib_seq_len", "corpora", "layer_table")}
-                     | {"large": pair.large.fingerprint, "small": pair.small.fingerprint}, sort_keys=True)
+                     | {"large": pair.large.fingerprint, "small": pair.small.fingerprint}
+                     | ({"rank": p["rank"]} if p.get("rank") else {}), sort_keys=True)  # full-rank keys as before
     return cache_dir().parent / "xfer" / f"{pair.large.name.replace('/', '_')}-{p['small'].replace(':', '')}-" \
         f"{hashlib.sha256(key.encode()).hexdigest()[:12]}.safetensors"
 
@@ -132,7 +139,7 @@ def get_mapper(p: dict, models, log=print):
         return Mapper.load(path, expect=pair), path, False
     calib = calibration_chunks(models.tokenizer, p["corpora"], p["calib_seq_len"], p["calib_tokens"])
     log(f"fitting the mapper on {len(calib)} calibration chunks of {p['calib_seq_len']} tokens")
-    mp = fit_mapper(models, FeatureSpec.parse(p["features"]), calib, rope=p["rope"], log=log)
+    mp = fit_mapper(models, FeatureSpec.parse(p["features"]), calib, rope=p["rope"], log=log, rank=p.get("rank", 0))
     mp.save(path)
     log(f"mapper saved: {path} ({path.stat().st_size / 2**20:.0f} MiB)")
     return mp, path, True
@@ -175,7 +182,7 @@ def mapped_ttft_once(prod, models, ids: torch.Tensor) -> tuple[float, dict, int]
     t4 = time.perf_counter()
     Path(info["path"]).unlink(missing_ok=True)
     return t4 - t1, {"small_prefill_s": info["small_prefill_s"], "mapping_s": info["mapping_s"],
-                     "write_s": info["write_s"], "read_s": t3 - t2, "decode_first_s": t4 - t3}, first
+                     "prefix_s": info["prefix_s"], "write_s": info["write_s"], "read_s": t3 - t2, "decode_first_s": t4 - t3}, first
 
 
 def ttft_rows(n: int, t_large: list, t_map: list, parts: list, firsts_equal: list, shm_bytes: int, **extra) -> list[dict]:
@@ -183,7 +190,7 @@ def ttft_rows(n: int, t_large: list, t_map: list, parts: list, firsts_equal: lis
     a, b = _stats(t_large), _stats(t_map)
     base = {"kind": "ttft", "backend": "transformers", "context_len": n, "concurrency": 1, "repeats": len(t_large), **extra}
     br = {k: float(pd.Series([x[k] for x in parts]).median()) * 1e3 for k in
-          ("small_prefill_s", "mapping_s", "write_s", "read_s", "decode_first_s")}
+          ("small_prefill_s", "mapping_s", "prefix_s", "write_s", "read_s", "decode_first_s") if k in parts[0]}
     return [dict(base, strategy="large_prefill", ttft_ms_median=a["median"] * 1e3, ttft_ms_min=a["min"] * 1e3,
                  ttft_ms_max=a["max"] * 1e3),
             dict(base, strategy="mapped", ttft_ms_median=b["median"] * 1e3, ttft_ms_min=b["min"] * 1e3,
@@ -193,12 +200,12 @@ def ttft_rows(n: int, t_large: list, t_map: list, parts: list, firsts_equal: lis
 
 
 @torch.no_grad()
-def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path, log=print) -> list[dict]:
+def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path, log=print, exact_prefix: int = 1) -> list[dict]:
     """Per prompt length: the large model's prefill + first token vs the producer path, in-process."""
     from labkit.quality.corpora import sequences
     from labkit.xfer.producer import Producer
 
-    prod = Producer(models, mapper, root, dtype=next(models.large.parameters()).dtype)
+    prod = Producer(models, mapper, root, dtype=next(models.large.parameters()).dtype, exact_prefix=exact_prefix)
     rows = []
     docs = {n: sequences(tokenizer, "prose", n, repeats + 1, split="eval") for n in lens}
     for n in lens:
@@ -244,7 +251,8 @@ def run_xfer(given: dict, run=None, log=print):
             if pair.shared_layers else "")
         mp, mpath, fitted = get_mapper(p, models, log=log)
         run.update_manifest(mapper={"path": str(mpath), "bytes": mpath.stat().st_size, "fitted_in_this_run": fitted,
-                                    "features": str(mp.features), "rope": mp.rope, "corpus": mp.corpus})
+                                    "features": str(mp.features), "rope": mp.rope, "rank": mp.rank,
+                                    "macs_per_token": mp.macs_per_token(), "corpus": mp.corpus})
         run.write_table("mapper_fit", pd.DataFrame(
             [{"layer": l_, "lambda_k": mp.lambda_kv(l_)[0], "lambda_v": mp.lambda_kv(l_)[1], "r2_val_k": mp.r2_val[l_][0],
               "r2_val_v": mp.r2_val[l_][1]} for l_ in sorted(mp.weights)]))
@@ -255,12 +263,12 @@ def run_xfer(given: dict, run=None, log=print):
 
         seqs = q.eval_sequences(models.tokenizer, p["corpora"], p["prompt_len"] + p["cont_len"], p["n_sequences"])
         df, r2 = q.evaluate(models, mp, seqs, p["prompt_len"], p["cont_len"], p["agree_tokens"], p["modes"],
-                            on_row=on_row, log=log)
+                            on_row=on_row, log=log, exact_prefix=p["exact_prefix"])
         run.write_table("quality_summary", q.summarize(df).assign(backend="transformers"))
         run.write_table("r2", r2)
         if p["ttft_lens"] and p["backend"] in ("transformers", "both"):
             for row in ttft_transformers(models, mp, models.tokenizer, p["ttft_lens"], p["repeats"],
-                                         shm.default_root(), log=log):
+                                         shm.default_root(), log=log, exact_prefix=p["exact_prefix"]):
                 run.add(dict(base, status="ok", error=None, **row))
         if p["backend"] in ("vllm", "both"):
             from labkit.xfer.vllm_path import run_vllm

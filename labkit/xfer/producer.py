@@ -1,7 +1,7 @@
 """The producer: small-model prefill + mapping, written to /dev/shm for the vLLM connector.
 
-A `Producer` holds both models (the large one only for its rotary embedding and shapes: it never runs)
-and the mapper; `produce(prompt_ids)` builds the large model's KV for the first `cover` prompt tokens
+A `Producer` holds both models (the large one for its rotary embedding, its shapes and the K/V of the
+first `exact_prefix` tokens, a k-token forward) and the mapper; `produce(prompt_ids)` builds the large model's KV for the first `cover` prompt tokens
 (default: all but the last, which the engine computes itself) and writes `shm.path_for(prompt_ids)`.
 Before anything is computed it checks that /dev/shm can hold the file (one line otherwise).
 
@@ -23,13 +23,14 @@ import torch
 from labkit.xfer import shm
 from labkit.xfer.mapper import Mapper
 from labkit.xfer.pair import PairError, PairSpec, plan_pair
-from labkit.xfer.transfer import Models, load_models, mapped_kv
+from labkit.xfer.transfer import EXACT_PREFIX, Models, load_models, mapped_kv
 
 
 class Producer:
     def __init__(self, models: Models, mapper: Mapper | None, root: Path | None = None, mode: str = "mapped",
-                 dtype=torch.bfloat16):
+                 dtype=torch.bfloat16, exact_prefix: int = EXACT_PREFIX):
         self.models, self.mapper, self.mode, self.dtype = models, mapper, mode, dtype
+        self.exact_prefix = exact_prefix
         self.root = Path(root) if root else shm.default_root()
         p = models.pair.large
         self.fingerprint, self.name = p.fingerprint, p.name
@@ -54,13 +55,15 @@ class Producer:
         shm.check_space(self.root, self.bytes_for(cover))
         t0 = time.perf_counter()
         tm: dict = {}
-        kv = mapped_kv(self.models, self.mapper, torch.tensor(ids[:cover]).view(1, -1), self.mode, timings=tm)
+        kv = mapped_kv(self.models, self.mapper, torch.tensor(ids[:cover]).view(1, -1), self.mode, timings=tm,
+                       exact_prefix=self.exact_prefix)
         t1 = time.perf_counter()
         path = shm.path_for(ids, self.root)
         shm.write(path, kv, ids[:cover], self.fingerprint, self.name, dtype=self.dtype)
         t2 = time.perf_counter()
         return {"path": str(path), "tokens": cover, "bytes": self.bytes_for(cover),
-                "small_prefill_s": tm["small_prefill_s"], "mapping_s": tm["mapping_s"], "write_s": t2 - t1,
+                "small_prefill_s": tm["small_prefill_s"], "mapping_s": tm["mapping_s"], "prefix_s": tm["prefix_s"],
+                "write_s": t2 - t1,
                 "produce_s": t2 - t0}
 
 

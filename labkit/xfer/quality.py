@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.xfer.features import build_cache, cache_kv, call
-from labkit.xfer.transfer import MODES, Models, large_targets, mapped_kv, true_cache
+from labkit.xfer.transfer import EXACT_PREFIX, MODES, Models, large_targets, mapped_kv, true_cache
 
 
 def eval_sequences(tokenizer, corpora, total_len: int, n: int):
@@ -59,7 +59,7 @@ def _kv_list(cache, layers: int):
 
 @torch.no_grad()
 def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree_tokens: int = 32,
-             modes=MODES, on_row=None, log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
+             modes=MODES, on_row=None, log=print, exact_prefix: int = EXACT_PREFIX) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per sequence x mode rows, per corpus x layer R² rows)."""
     large, pair = models.large, models.pair
     L = pair.large.layers
@@ -98,7 +98,7 @@ def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree
             if mode == "mapped" and mapper is None:
                 continue
             tm = {}
-            kv = mapped_kv(models, mapper, ctx, mode, timings=tm)
+            kv = mapped_kv(models, mapper, ctx, mode, timings=tm, exact_prefix=exact_prefix)
             nll, agree = score(kv)
             row = dict(base, mode=mode, nll_sum=nll, ppl=math.exp(nll / cont_len), ppl_true=math.exp(nll_true / cont_len),
                        ppl_ratio=math.exp((nll - nll_true) / cont_len), top1_agree=agree,

@@ -9,6 +9,12 @@ small-model prefill (`mapped_kv`), with the ablations that show what the mapper 
 | `zeros`      | the small model's own KV | zeros (no information: attention degenerates to a mean of zeros) |
 | `copy_last`  | the small model's own KV | the small model's KV of the aligned layer (first:N: layer N-1) |
 
+`exact_prefix=k` (default 1): in `mapped` mode the first k positions of every mapped layer hold the large
+model's own K/V, from a k-token forward of the large model (k/T of its prefill). Position 0 is the
+attention sink most deep-layer heads put their mass on; it is one row in 512 of the calibration text and
+the linear map predicts it badly; that one position carried 43% (first:8: 1.67 -> 1.34) and 60% (first:10:
+1.91 -> 1.30) of the log perplexity ratio at k = 1 (`labkit.xfer.attribution --prefix`).
+
 The same function feeds the pure-transformers quality reference and the /dev/shm producer.
 """
 
@@ -26,6 +32,7 @@ from labkit.xfer.mapper import Fitter, Mapper
 from labkit.xfer.pair import PairSpec
 
 MODES = ("mapped", "zeros", "copy_last")
+EXACT_PREFIX = 1   # positions whose K/V the large model computes itself (the attention sink)
 
 
 @dataclass
@@ -73,8 +80,9 @@ def large_targets(large, cache, layers, rope: str = "pre") -> dict[int, tuple[to
 
 
 def fit_mapper(models: Models, features, calib: list[tuple[str, str, torch.Tensor]], grid=None, rope: str = "pre",
-               log=print) -> Mapper:
-    """Fit on calibration chunks [(split 'fit'|'val', name, ids[T])]; λ chosen on the 'val' chunks."""
+               log=print, rank: int = 0) -> Mapper:
+    """Fit on calibration chunks [(split 'fit'|'val', name, ids[T])]; λ chosen on the 'val' chunks; `rank` > 0
+    factorizes the ridge solution (`Fitter.reduced`)."""
     from labkit.xfer.mapper import LAMBDA_GRID
 
     fitter = Fitter(models.pair, features, rope)
@@ -92,7 +100,7 @@ def fit_mapper(models: Models, features, calib: list[tuple[str, str, torch.Tenso
     corpus = {"fit_sha256": h["fit"].hexdigest()[:16], "val_sha256": h["val"].hexdigest()[:16],
               "fit_sequences": sum(s == "fit" for s, _, _ in calib), "val_sequences": sum(s == "val" for s, _, _ in calib),
               "fit_seconds": round(time.perf_counter() - t0, 1)}
-    return fitter.mapper(grid or LAMBDA_GRID, corpus=corpus, log=log)
+    return fitter.mapper(grid or LAMBDA_GRID, corpus=corpus, log=log, rank=rank)
 
 
 def calibration_chunks(tokenizer, corpora, seq_len: int, tokens_per_corpus: int, val_every: int = 5):
@@ -126,8 +134,10 @@ def calibration_chunks(tokenizer, corpora, seq_len: int, tokens_per_corpus: int,
 
 @torch.no_grad()
 def mapped_kv(models: Models, mapper: Mapper | None, ids: torch.Tensor, mode: str = "mapped",
-              sp: SmallPass | None = None, timings: dict | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per large layer (K rotated, V) [1, kv_heads, T, head_dim] from a small-model prefill of ids [1, T]."""
+              sp: SmallPass | None = None, timings: dict | None = None,
+              exact_prefix: int = EXACT_PREFIX) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per large layer (K rotated, V) [1, kv_heads, T, head_dim] from a small-model prefill of ids [1, T]; in
+    `mapped` mode the first `exact_prefix` positions of the mapped layers are the large model's own."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}: choose from {', '.join(MODES)}")
     pair, large = models.pair, models.large
@@ -155,14 +165,23 @@ def mapped_kv(models: Models, mapper: Mapper | None, ids: torch.Tensor, mode: st
             out.append((torch.zeros(1, H, T, D, dtype=dtype), torch.zeros(1, H, T, D, dtype=dtype)))
         else:
             keys = mapper.keys(l_)
-            if keys not in feats:
-                feats[keys] = sp.features(keys)
+            if keys not in feats:  # features (and a reduced-rank mapper's projection) once per feature group
+                feats[keys] = mapper.project(sp.features(keys), l_)
             kp, v = mapper.predict(feats[keys], l_)
             kp = kp.view(T, H, D).transpose(0, 1).unsqueeze(0)
             v = v.view(T, H, D).transpose(0, 1).unsqueeze(0)
             k = rotate(kp, cos, sin) if mapper.rope == "pre" else kp
             out.append((k.to(dtype), v.to(dtype)))
+    t2 = time.perf_counter()
+    k = min(int(exact_prefix), T) if mode == "mapped" else 0
+    if k:   # a k-token forward of the large model: its own K/V at the first k positions (the sink)
+        tc = true_cache(large, ids[:, :k])
+        for l_ in pair.table.mapped_layers:
+            tk, tv = cache_kv(tc, l_)
+            mk, mv = out[l_]
+            out[l_] = (torch.cat([tk.to(mk.dtype), mk[:, :, k:]], dim=2), torch.cat([tv.to(mv.dtype), mv[:, :, k:]], dim=2))
     if timings is not None:
         timings["small_prefill_s"] = t1 - t0
-        timings["mapping_s"] = time.perf_counter() - t1
+        timings["mapping_s"] = t2 - t1
+        timings["prefix_s"] = time.perf_counter() - t2
     return out

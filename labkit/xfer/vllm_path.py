@@ -200,7 +200,8 @@ def ttft_vllm(server: Server, prod, tokenizer, lens, concurrency, repeats: int, 
                     if strat == "mapped":
                         if c == 1:
                             parts.append({"small_prefill_ms": info[0]["small_prefill_s"] * 1e3,
-                                          "mapping_ms": info[0]["mapping_s"] * 1e3, "write_ms": info[0]["write_s"] * 1e3,
+                                          "mapping_ms": info[0]["mapping_s"] * 1e3, "prefix_ms": info[0]["prefix_s"] * 1e3,
+                                          "write_ms": info[0]["write_s"] * 1e3,
                                           "engine_ms": (done[0] - info[0]["ready"]) * 1e3})
                         res.setdefault("loaded", []).extend(loaded)
             base = {"kind": "ttft", "backend": "vllm", "context_len": n, "concurrency": c, "repeats": repeats}
@@ -229,7 +230,7 @@ def run_vllm(p: dict, models, mapper, mapper_path, seqs, run, base: dict, log=pr
     from labkit.xfer.producer import Producer
 
     root = shm.default_root()
-    prod = Producer(models, mapper, root, dtype=torch.float32)
+    prod = Producer(models, mapper, root, dtype=torch.float32, exact_prefix=p.get("exact_prefix", 1))
     server = Server(models.pair.large.path, models.pair.large.fingerprint, root, run.path / "vllm_server.log")
     try:
         startup = server.wait()
