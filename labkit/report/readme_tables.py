@@ -8,6 +8,7 @@ tests check that the README holds exactly what this module generates from the co
 """
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -298,7 +299,8 @@ def hot_decode_table() -> str:
         if sel.startswith("trace:"):
             name = Path(sel[6:]).stem.split("indexer-b")
             budget = int(name[1])
-            sel = f"{name[0].split('-')[-2]} trace, 1/{round(8001 / budget)}"
+            # the density table's nominal label (a power of two: 64 of 8,001 is "1/128")
+            sel = f"{name[0].split('-')[-2]} trace, 1/{2 ** round(math.log2(8001 / budget))} ({budget} of 8,001)"
         else:
             sel = "indexer (random)"
         vs = lambda s: f"{m.loc[s, 'step_ms_median'] / h['step_ms_median']:.3f}" if s in m.index else "–"
