@@ -159,8 +159,8 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
         if requests > 1:            # ~0.4 s per unit copy a call at 12 requests: not worth the session
             variants.pop("per_unit_copy")
         if dma is not None:
-            ids_cpu = ids.cpu()
-            variants["batched_dma"] = (lambda: dma.copy(pool, ids_cpu, dst, order=perm), lambda: dst[perm])
+            ids_cpu, perm_cpu = ids.cpu(), perm.cpu()     # the pointer arrays are built on the host
+            variants["batched_dma"] = (lambda: dma.copy(pool, ids_cpu, dst, order=perm_cpu), lambda: dst[perm])
         for name, (fn, result) in variants.items():
             dst.zero_()
             ms = _timer(dev, fn, repeats)
