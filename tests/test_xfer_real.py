@@ -49,3 +49,33 @@ def test_bad_pair_input_is_one_line():
         with pytest.raises(BadInput, match=msg) as e:
             plan(given)
         assert "\n" not in str(e.value)
+
+
+def test_attribution_rows_and_their_bounds(models, tmp_path):
+    """`labkit.xfer.attribution` on a real first:6 mapper: one row per variant (all, only:l and but:l for
+    each of the 24 mapped layers, l's K and V apart for --split, the exact-prefix variant), and where a
+    variant gives the large model its own K/V everywhere (a prefix covering the whole prompt) its NLL is
+    the true cache's to the bit; `summarize` pools tokens, not documents."""
+    import math
+
+    from labkit.xfer import attribution as A
+    from labkit.xfer.features import FeatureSpec
+    from labkit.xfer.transfer import calibration_chunks, fit_mapper
+
+    calib = calibration_chunks(models.tokenizer, ["code", "prose"], 64, 768)
+    path = tmp_path / "first6.safetensors"
+    fit_mapper(models, FeatureSpec.parse("h:-1"), calib, log=None).save(path)
+    df = A.run([path], corpora=("code",), n_sequences=1, prompt_lens=(33, 65), cont_len=16, split=(20,),
+               prefixes=(64,), log=None)
+    per = df.groupby("prompt_len")["variant"].agg(list)
+    for p_len, variants in per.items():
+        assert len(variants) == len(set(variants)) == 1 + 2 * 24 + 4 + 1, (p_len, len(variants))
+        assert {"all", "only:6", "but:29", "only:20:K", "but:20:V", "all|prefix:64"} <= set(variants)
+    full = df[df["variant"] == "all|prefix:64"]
+    assert (full["nll_sum"] == full["nll_true"]).all()            # every position's K/V the large model's own
+    assert (df[df["variant"] == "all"]["nll_sum"] > df[df["variant"] == "all"]["nll_true"]).all()
+    s = A.summarize(df).set_index(["prompt_len", "variant"])
+    g = df[(df["prompt_len"] == 65) & (df["variant"] == "only:20")]
+    assert math.isclose(s.loc[(65, "only:20"), "ppl_ratio"],
+                        math.exp((g["nll_sum"].sum() - g["nll_true"].sum()) / g["n_tokens"].sum()))
+    assert s.loc[(65, "all|prefix:64"), "ppl_ratio"] == 1.0
