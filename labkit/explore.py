@@ -24,7 +24,7 @@ import pandas as pd
 
 from .index import machine_label
 from .report.figures import COLORS
-from .results import REPO, load_run
+from .results import REPO, load_run, run_manifests
 
 TOK_COLS = ("strategy", "context_len", "budget", "concurrency", "tok_s", "step_ms_median", "step_ms_min",
             "step_ms_max", "h2d_bytes_per_step", "nvml_rx_bytes_per_step")
@@ -43,7 +43,7 @@ def decode_runs(root: str | Path) -> dict[str, tuple[dict, pd.DataFrame]]:
     """Every run under root with ok decode points: label -> (manifest, rows). Newest first."""
     root = Path(root)
     out = []
-    for mf in root.glob("**/manifest.json"):
+    for mf in run_manifests(root):
         try:
             r = load_run(mf.parent)
             m = r.metrics

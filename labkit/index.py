@@ -25,6 +25,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .report.summary import _ok, link_gbps
+from .results import run_manifests
 
 INDEX_NAME = "index.html"
 
@@ -98,7 +99,7 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """(runs, headline figures, problems) for every run folder under root."""
     root = Path(root)
     runs, heads, problems = [], [], []
-    for mf_path in sorted(root.glob("**/manifest.json")):
+    for mf_path in run_manifests(root):
         run_dir = mf_path.parent
         try:
             mf = json.loads(mf_path.read_text())

@@ -165,10 +165,17 @@ def load_run(path: str | Path) -> LoadedRun:
     return LoadedRun(path)
 
 
+def run_manifests(root: str | Path) -> list[Path]:
+    """Every run folder's manifest.json under root, sorted; the shared assets' manifest
+    (`_assets/manifest.json`: what the reports link, not a run) is not one."""
+    from .report.assets import ASSETS
+    return sorted(mf for mf in Path(root).glob("**/manifest.json") if mf.parent.name != ASSETS)
+
+
 def list_runs(root: str | Path = "results") -> pd.DataFrame:
     """One row per run folder under root (newest first)."""
     rows = []
-    for mf in sorted(Path(root).glob("**/manifest.json")):
+    for mf in run_manifests(root):
         try:
             m = json.loads(mf.read_text())
         except Exception:

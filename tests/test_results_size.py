@@ -73,3 +73,15 @@ def test_report_standalone_is_one_file(tmp_path):
     html = alone.read_text()
     assert max(_inline_scripts(html)) > BUNDLE_BYTES and not re.search(r"<script[^>]+src=", html)
     assert html.count('class="plotly-graph-div"') == shared.count('class="plotly-graph-div"') > 0
+
+
+def test_shared_assets_manifest_describes_the_bundle_and_is_no_run():
+    import hashlib
+    import json
+
+    from labkit.results import list_runs
+    mf = json.loads((RESULTS / ASSETS / "manifest.json").read_text())
+    data = (RESULTS / ASSETS / PLOTLY_JS).read_bytes()
+    entry = mf["files"][PLOTLY_JS]
+    assert entry["bytes"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
+    assert not any(Path(p).name == ASSETS for p in list_runs(RESULTS)["path"])

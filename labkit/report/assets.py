@@ -36,15 +36,37 @@ def results_root_of(page: str | Path) -> Path | None:
 
 
 def ensure_shared(root: str | Path) -> Path:
-    """Write `<root>/_assets/plotly.min.js` from the installed plotly unless it already holds exactly that."""
+    """Write `<root>/_assets/plotly.min.js` from the installed plotly unless it already holds exactly that,
+    and `_assets/manifest.json` saying what it is (plotly's version, bytes, sha256; not a run folder:
+    `results.run_manifests` passes it over)."""
     path = Path(root) / ASSETS / PLOTLY_JS
     js = _plotlyjs()
     if not path.is_file() or path.stat().st_size != len(js.encode()) or path.read_text(encoding="utf-8") != js:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{PLOTLY_JS}.tmp")
-        tmp.write_text(js, encoding="utf-8")
-        tmp.replace(path)
+        _write(path, js)
+    _write_manifest(path, js)
     return path
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _write_manifest(path: Path, js: str) -> None:
+    import hashlib
+    import json
+
+    import plotly
+    data = js.encode()
+    text = json.dumps({"kind": "shared assets", "note": "the one plotly.js every report and the index link by a "
+                       "relative path (labkit.report.assets); not a run", "files": {PLOTLY_JS: {
+                           "plotly": plotly.__version__, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}},
+                      indent=1) + "\n"
+    mf = path.parent / "manifest.json"
+    if not mf.is_file() or mf.read_text(encoding="utf-8") != text:
+        _write(mf, text)
 
 
 def plotly_script(page: str | Path, standalone: bool = False) -> str:
