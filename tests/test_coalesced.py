@@ -35,7 +35,7 @@ def test_units_land_in_order(backend, threads, chunk_units, piece):
             assert torch.equal(plain, src[ids])
         assert len(loader.chunks(77, 16 * 8)) == -(-77 // chunk_units)
         src, ids, _ = _case(5)
-        assert loader._pieces(src, ids, torch.empty(77, 16, dtype=torch.int64))[2] == 77 * max(1, 128 // piece)
+        assert loader.pieces(src, ids, torch.empty(77, 16, dtype=torch.int64))[2] == 77 * max(1, 128 // piece)
     finally:
         loader.close()
 

@@ -148,7 +148,7 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
 
         def gather_only():            # the default pipeline's gather, all of it in one call, no copy
             lt = loaders["torch"]
-            src_v, ids_v, _, _, _ = lt._pieces(pool, ids, stage)
+            src_v, ids_v, _, _, _ = lt.pieces(pool, ids, stage)
             torch.index_select(src_v, 0, ids_v, out=stage.view(ids_v.numel(), -1))
 
         variants = {"per_unit_copy": (per_unit, lambda: dst), "coalesced": (coalesced, lambda: dst[perm]),

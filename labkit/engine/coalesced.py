@@ -87,7 +87,7 @@ class CoalescedLoader:
         if M and (int(ids.min()) < 0 or int(ids.max()) >= src.shape[0]):
             raise IndexError(f"coalesced: unit ids outside [0, {src.shape[0]})")
         cuda = dst.device.type == "cuda"
-        src, ids, M, W, final = self._pieces(src, ids, dst)
+        src, ids, M, W, final = self.pieces(src, ids, dst)
         host, dev = self._buffers((M, W), dst.dtype, dst.device)
         if cuda and self._done is not None:
             self._done.synchronize()            # the previous call's copies have read the staging
@@ -113,7 +113,7 @@ class CoalescedLoader:
                 self._done.record()
         return M * W * dst.element_size()
 
-    def _pieces(self, src, ids, dst):
+    def pieces(self, src, ids, dst):
         """Units larger than `piece_bytes` (and a multiple of it) are gathered as that many pieces: the
         same bytes in the same order (a unit's pieces are neighbours in src and in dst), through views.
         On the H200 host torch's CPU index_select moved 8 KiB rows at ~75 GB/s but 32 KiB rows at ~9."""
