@@ -14,9 +14,9 @@
 #                                           concurrency 1, on the indexer's selections and on recorded traces of three
 #                                           densities; hot_cache's bookkeeping in line (hot_defer=false) and fused beside
 #                                           them; then the hot-cache GPU tests
-#   scripts/gpu_session.sh pulse2           issue 11's transfers, ~5 min: block transfers with the pipelined coalesced path at
-#                                           1/4/12 requests' selections, the switched round with coalesced (DMA) vs zero_copy
-#                                           transfers, the pulse GPU tests
+#   scripts/gpu_session.sh pulse2           issue 11's transfers, ~5 min: block transfers (pipelined coalesced, batched DMA)
+#                                           at 1/12 requests' selections, the switched round with block_dma / coalesced /
+#                                           zero_copy transfers over 16-position blocks, the pulse GPU tests
 #   scripts/gpu_session.sh hot              issue 10 items 5-6 in ~6 min: prefill resident/sync/rotating at 248K (its last
 #                                           PREFILL_TAIL tokens), a 1M prompt's last chunk under a 24 GiB cap, capacity and
 #                                           goodput at 30 ms TPOT under 24 GiB, then the hot-cache and prefill GPU tests
@@ -126,11 +126,15 @@ case "$MODE" in
     timeout 200 python3 -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 64 --requests 1 12 \
         --repeats 10 --run-dir "$OUT/$stamp-pulse-blocks-h200" 2>&1 | grep -v '^{' | tail -3
     mkdir -p "$OUT/$stamp-pulse-switch-h200"
-    for st in coalesced zero_copy; do
-      timeout 150 python3 -m labkit.bench.pulse --strategy $st --context 65536 --offload-batch 4 --normal-batch 4 \
-          --normal-context 8192 --steps 10 --out "$OUT/$stamp-pulse-switch-h200/$st.json" 2>&1 | tail -2 | cut -c1-600
+    # one switched round per transfer mechanism, the same block selection (16 positions) for each, then
+    # zero_copy with per-token selection (the earlier rounds' setting)
+    for st in block_dma:16 coalesced:16 zero_copy:16 zero_copy:1; do
+      timeout 150 python3 -m labkit.bench.pulse --strategy ${st%:*} --select-block ${st#*:} --context 65536 \
+          --offload-batch 4 --normal-batch 4 --normal-context 8192 --steps 10 \
+          --out "$OUT/$stamp-pulse-switch-h200/${st%:*}-b${st#*:}.json" 2>&1 | tail -2 | cut -c1-600
     done
-    timeout 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_pulse.py 2>&1 | grep -v DEBUG \
+    timeout 240 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_pulse.py \
+        tests/test_gpu.py -k "pulse or every_strategy" 2>&1 | grep -v DEBUG \
         | tail -40 > "$OUT/$stamp-pulse-switch-h200/gpu_pulse_tests.txt"
     tail -3 "$OUT/$stamp-pulse-switch-h200/gpu_pulse_tests.txt"
     (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)

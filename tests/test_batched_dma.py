@@ -41,3 +41,32 @@ def test_bad_input_is_refused():
         unit_pointers(src, torch.tensor([0, 1, 2]), dst, torch.tensor([0, 0, 1]))
     with pytest.raises(ValueError, match="contiguous"):
         unit_pointers(torch.zeros(10, 8, dtype=torch.int64)[:, ::2], torch.tensor([0, 1, 2]), dst)
+
+
+def test_runs_cover_the_rows_in_order():
+    from labkit.engine.batched_dma import runs
+    g = torch.Generator().manual_seed(1)
+    blocks = torch.randperm(40, generator=g)[:7] * 16
+    rows = (blocks[:, None] + torch.arange(16)).flatten()
+    rows[20] = 999                                      # a stray row breaks its block in two
+    j, first, n = runs(rows)
+    assert n.sum() == rows.numel() and j[0] == 0
+    rebuilt = torch.cat([torch.arange(f, f + m) for f, m in zip(first.tolist(), n.tolist())])
+    assert torch.equal(rebuilt, rows)
+    assert len(j) == 7 + 2                              # 7 blocks, one cut by the stray row into 3 runs
+    assert all(len(runs(torch.tensor(x))[0]) == 0 for x in ([],))
+
+
+def test_run_pointers_name_the_runs():
+    from labkit.engine.batched_dma import run_pointers
+    g = torch.Generator().manual_seed(2)
+    src = torch.randint(-2**40, 2**40, (64, 6), generator=g)
+    rows = torch.tensor([8, 9, 10, 11, 40, 41, 3, 20, 21])
+    dst = torch.zeros(rows.numel(), 6, dtype=torch.int64)
+    d, s, z = run_pointers(src, rows, dst)
+    assert z.tolist() == [4 * 48, 2 * 48, 48, 2 * 48]
+    for a, b, n in zip(d.tolist(), s.tolist(), z.tolist()):
+        ctypes.memmove(a, b, n)
+    assert torch.equal(dst, src[rows])
+    with pytest.raises(IndexError, match="outside"):
+        run_pointers(src, torch.tensor([62, 63, 64]), torch.zeros(3, 6, dtype=torch.int64))

@@ -58,6 +58,72 @@ def test_every_strategy_matches_resident(shape, seed):
         assert torch.equal(lg, ref[0]), f"{name}: logits differ from resident"
 
 
+@pytest.mark.parametrize("block", [4, 8])
+def test_block_selection_every_strategy_matches_resident(block):
+    """select_block: every strategy (block_dma's one copy per run included) delivers resident's bytes, and
+    what is selected is whole aligned blocks of `block` positions, the last one cut at the length."""
+    g = torch.Generator().manual_seed(block)
+    lens = [int(x) for x in torch.randint(40, 300, (3,), generator=g)]
+    budget = 4 * block
+    model = HybridModel(ODD, "cpu", seed=block)
+    out = {}
+    for name in STRATEGIES:
+        st = get_strategy(name)
+        cache = OffloadCache.allocate(model, st.medium, 3, 400, page_size=16)
+        e = Engine(model, cache, st, budget, prefill_chunk=64, select_block=block)
+        for slot, n in enumerate(lens):
+            e.prefill(slot, _tokens(n, ODD.vocab, block * 10 + slot))
+        r = e.decoder(3)
+        res = []
+        for _ in range(3):
+            r.step()
+            res.append((r.state.logits.clone(), r.state.last_sel.clone(), r.state.last_valid.clone(),
+                        r.state.staging.clone()))
+        out[name] = res
+    for name, res in out.items():
+        for (lg, sel, val, rows), (lg0, sel0, val0, rows0) in zip(res, out["resident"]):
+            assert torch.equal(sel, sel0) and torch.equal(rows, rows0) and torch.equal(lg, lg0), name
+    for step, (_, sel, valid, _) in enumerate(out["resident"]):
+        for b, n in enumerate(lens):
+            length = n + step + 1                       # the prompt, the steps before, this step's token
+            for layer in range(sel.shape[0]):
+                s, v = sel[layer, b].view(-1, block), valid[layer, b].view(-1, block)
+                kept = s[:, 0][v[:, 0]]
+                assert (kept % block == 0).all()           # aligned blocks, in ascending order
+                assert (kept.diff() > 0).all()
+                want = (kept[:, None] + torch.arange(block)).clamp(max=length)
+                got = torch.where(v, s, torch.full_like(s, length))[v[:, 0]]
+                assert torch.equal(got, want)              # whole blocks; past the length not valid
+
+
+def test_select_blocks_keeps_the_best_blocks():
+    """Against a brute-force reference: the blocks kept are those with the largest best-position score."""
+    from labkit.engine.select import select_blocks
+    g = torch.Generator().manual_seed(0)
+    B, L, block, k = 3, 203, 8, 40
+    lens = torch.tensor([203, 150, 9])
+    scores = torch.randn(B, L, generator=g)
+    scores[torch.arange(L)[None, :] >= lens[:, None]] = float("-inf")
+    pos, valid = select_blocks(scores, k, block, lens)
+    for b in range(B):
+        nb = -(-int(lens[b]) // block)
+        best = [max(scores[b, i * block:min((i + 1) * block, L)].tolist()) for i in range(nb)]
+        want = sorted(sorted(range(nb), key=lambda i: -best[i])[:k // block])
+        got = sorted(set((pos[b][valid[b]] // block).tolist()))
+        assert got == want
+        assert int(valid[b].sum()) == sum(min(block, int(lens[b]) - i * block) for i in want)
+    with pytest.raises(ValueError, match="multiple"):
+        select_blocks(scores, 30, block, lens)
+
+
+def test_select_block_is_checked():
+    model = HybridModel(TINY, "cpu", seed=0)
+    cache = OffloadCache.allocate(model, "host", 1, 64, page_size=16)
+    for bad in (0, 3, 32):          # below 1; divides neither the budget 40 nor the page 16; not the budget 48
+        with pytest.raises(ValueError, match="select_block"):
+            Engine(model, cache, get_strategy("zero_copy"), 48 if bad != 3 else 40, select_block=bad)
+
+
 def test_sparse_with_full_budget_equals_dense_prefill():
     """Decode with budget >= context (sparse path, recurrent DeltaNet step) == prefill of the same
     tokens (dense attention, chunked DeltaNet): the last token's logits agree within bf16 rounding."""

@@ -39,8 +39,10 @@ def test_zero_copy_kernel_reads_pinned_host_rows(seed):
     assert torch.equal(src[wr.cpu()], vals.cpu())
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_every_strategy_matches_resident_on_cuda(seed):
+@pytest.mark.parametrize("seed,select_block", [(0, 1), (1, 1), (0, 16)])
+def test_every_strategy_matches_resident_on_cuda(seed, select_block):
+    """Captured graphs (whole or piecewise) from the first step; select_block=16 adds block selection
+    inside the capture and block_dma's one copy per 16-row block."""
     model = HybridModel(MID, "cuda", seed=seed)
     g = torch.Generator().manual_seed(seed)
     lens = [3000 + seed * 777, 5000]
@@ -48,7 +50,7 @@ def test_every_strategy_matches_resident_on_cuda(seed):
     for name in STRATEGIES:
         st = get_strategy(name)
         cache = OffloadCache.allocate(model, st.medium, 2, 6000)
-        e = Engine(model, cache, st, budget=512, prefill_chunk=2048)
+        e = Engine(model, cache, st, budget=512, prefill_chunk=2048, select_block=select_block)
         for s, n in enumerate(lens):
             e.prefill(s, torch.randint(0, MID.vocab, (n,), generator=torch.Generator().manual_seed(s + 10 * seed)).cuda())
         r = e.decoder(2)

@@ -84,6 +84,21 @@ def test_batched_tokens_equal_each_alone(lanes_factory, switching):
         assert r.tokens == alone.tokens, r.id
 
 
+def test_block_dma_lanes_switched_tokens_equal_each_alone(lanes_factory):
+    """block_dma with block selection (the offload lane's loads are one run per block) under switching:
+    tokens as each request alone, and the selection is coarser than per token (other tokens than
+    select_block=1 for at least one request, or the option would be a no-op)."""
+    sched = Scheduler(lanes_factory(strategy="block_dma", select_block=4), Threshold(80), switching=True)
+    done = sched.run(_requests(SPEC))
+    assert [r.status for r in done] == ["done"] * len(SPEC)
+    assert any(x["mode"] == "switched" for x in sched.rounds)
+    for r, alone_req in zip(done, _requests(SPEC)):
+        alone = Scheduler(lanes_factory(strategy="block_dma", select_block=4), Threshold(80)).run([alone_req])[0]
+        assert r.tokens == alone.tokens, r.id
+    per_token = Scheduler(lanes_factory(), Threshold(80)).run(_requests(SPEC))
+    assert [r.tokens for r in done] != [r.tokens for r in per_token]
+
+
 def test_switching_on_cpu_is_not_a_no_op(lanes_factory):
     """A different model seed must change tokens (the equality above can fail)."""
     from labkit.engine.model import HybridModel

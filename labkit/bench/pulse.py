@@ -37,11 +37,11 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
-def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False):
+def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False, select_block=1):
     st = get_strategy(strategy)
     cache = OffloadCache.allocate(model, st.medium, batch, ctx + steps + 8, page_size=256)
     cache.fill_random_([ctx] * batch, seed=seed)
-    e = Engine(model, cache, st, budget, compile=compile)
+    e = Engine(model, cache, st, budget, compile=compile, select_block=select_block)
     s = DecodeState(e, batch, None, steps + 8)
     st.bind(cache, batch, s.k)
     return e, s
@@ -63,10 +63,12 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
                     normal_batch: int = 4, normal_context: int = 8192, budget: int = 2048,
                     strategy: str = "zero_copy", steps: int = 10, warmup: int = 2, seed: int = 0,
                     graphs: bool = True, lookahead: int = 2, compute_ref: bool = True,
-                    compile: bool | None = None) -> dict:
+                    compile: bool | None = None, select_block: int = 1) -> dict:
     """One measured point (see the module doc). With `graphs` (CUDA, graphable strategy): every mode
     replays CUDA graphs: whole steps for the single and sequential modes, steps cut at block
-    boundaries (normal) and at loads (offloaded) for `switched`, paced `lookahead` blocks ahead."""
+    boundaries (normal) and at loads (offloaded) for `switched`, paced `lookahead` blocks ahead.
+    `select_block`: the offloaded batch (and its compute reference) selects whole aligned blocks of
+    that many positions (`block_dma` then moves one 32 KiB unit per block of the reference shape)."""
     dev = torch.device(device)
     graphs = graphs and dev.type == "cuda"        # a host strategy's step: graph pieces with its loads between
     # torch.compile'd block pieces on CUDA (as DecodeRunner): un-fused, a graph replay of the reference
@@ -75,10 +77,10 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
     model = HybridModel(shape, dev, seed=seed)
     total = 8 * (steps + warmup) + 16          # every mode and capture advances the lengths
     n_e, n_s = _lane(model, "resident", normal_batch, normal_context, budget, total, seed, compile)
-    o_e, o_s = _lane(model, strategy, offload_batch, context, budget, total, seed + 10, compile)
+    o_e, o_s = _lane(model, strategy, offload_batch, context, budget, total, seed + 10, compile, select_block)
     lanes = {"n": (n_e, n_s), "o": (o_e, o_s)}
     if compute_ref:     # the offloaded batch's rows on the device: its compute without the link
-        lanes["r"] = _lane(model, "resident", offload_batch, context, budget, total, seed + 10, compile)
+        lanes["r"] = _lane(model, "resident", offload_batch, context, budget, total, seed + 10, compile, select_block)
     loader = Loader(o_e)
     last = {}
     if graphs:
@@ -121,7 +123,8 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
         modes["offload_compute"] = seq("r")
     out = {"shape": shape.name, "device": str(dev), "gpu_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "strategy": strategy, "context_len": context, "offload_batch": offload_batch, "normal_batch": normal_batch,
-           "normal_context": normal_context, "budget": budget, "steps": steps, "graphs": graphs, "compile": compile,
+           "normal_context": normal_context, "budget": budget, "select_block": select_block, "steps": steps,
+           "graphs": graphs, "compile": compile,
            "lookahead": lookahead if graphs else 0}
     for name, fn in modes.items():
         _time(fn, warmup, dev)
@@ -166,6 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--lookahead", type=int, default=2)
+    ap.add_argument("--select-block", type=int, default=1, help="offloaded batch selects whole blocks of N positions")
     ap.add_argument("--no-compute-ref", action="store_true", help="skip the device copy of the offloaded KV (memory)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
@@ -174,7 +178,8 @@ def main(argv=None) -> int:
     for ctx in a.context:
         for ob in a.offload_batch:
             r = switching_point(shape, a.device, ctx, ob, a.normal_batch, a.normal_context, a.budget, a.strategy,
-                                a.steps, graphs=not a.no_graphs, lookahead=a.lookahead, compute_ref=not a.no_compute_ref)
+                                a.steps, graphs=not a.no_graphs, lookahead=a.lookahead, compute_ref=not a.no_compute_ref,
+                                select_block=a.select_block)
             rows.append(r)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "timeline"}),
                   flush=True)

@@ -43,7 +43,8 @@ SPEC = [
     Param("capacity", "int", 0, "tokens per request slot (0: 131072 on CUDA, 512 on CPU)"),
     Param("resident_pool_tokens", "int", 0, "device KV pool in tokens (0: slots x capacity)"),
     Param("budget", "int", 0, "indexer budget (0: 2048 on CUDA, 16 on CPU)"),
-    Param("strategy", "str", "zero_copy", "the offload lane's strategy"),
+    Param("strategy", "str", "zero_copy", "the offload lane's strategy (block_dma: one batched DMA a layer)"),
+    Param("select_block", "int", 1, "decode selects whole aligned blocks of N positions (16: PulseInfer's)"),
     Param("policies", "list[str]", ["adaptive", "threshold:4096", "threshold:16384", "noswitch:4096"],
           "placement policies to compare"),
     Param("tpot_slo_ms", "float", 0.0, "goodput's TPOT limit (0: 50 on CUDA, 2000 on CPU)"),
@@ -79,6 +80,9 @@ def _params(given: dict) -> dict:
     for k in ("n_requests", "max_output", "capacity", "budget", "page_size", "prefill_chunk"):
         if p[k] <= 0:
             raise BadInput(f"{k} must be > 0, got {p[k]}")
+    if p["select_block"] < 1 or p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
+        raise BadInput(f"select_block must be >= 1 and divide budget ({p['budget']}) and page_size "
+                       f"({p['page_size']}), got {p['select_block']}")
     if p["transport"] == "auto":
         import importlib.util
         have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
@@ -137,7 +141,7 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     lanes = make_lanes(model.shape, model.device, p["resident_slots"], p["offload_slots"], capacity=p["capacity"],
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
-                       resident_pool_tokens=p["resident_pool_tokens"] or None)
+                       resident_pool_tokens=p["resident_pool_tokens"] or None, select_block=p["select_block"])
     costs = calibrate(lanes) if policy == "adaptive" else None
     switching = not policy.startswith("noswitch:")
     sched = Scheduler(lanes, parse_policy(policy.replace("noswitch:", "threshold:"), costs), switching=switching,

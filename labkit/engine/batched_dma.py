@@ -12,8 +12,18 @@ for block-granular selections (PulseInfer's 8-128 KiB units), not for 2 KiB toke
 
 The entry point is looked up with `cuGetProcAddress` for the driver's own CUDA version: the batch
 API's signature changed between 12.8 (a `failIdx` argument) and 13.0, and the versioned lookup returns
-the variant that matches the signature declared here (13.0's). `unit_pointers` (pure arithmetic, tested
-on any machine) builds the three arrays the call takes.
+the variant that matches the signature declared here (13.0's). `unit_pointers` and `run_pointers` (pure
+arithmetic, tested on any machine) build the three arrays the call takes.
+
+Two rules of the driver, both enforced here before the call: the legacy default stream is refused
+(`CUDA_ERROR_INVALID_VALUE`, measured on the H200: torch's current stream is that stream unless one is
+set, so such copies go through a private stream joined both ways), and the call has no graph-node
+form, so it cannot be captured.
+
+    dma.copy_runs(src, rows, dst, stream)            # dst[j] = src[rows[j]], one unit per run of consecutive rows
+
+`copy_runs` is what a block-granular selection needs: 16 selected tokens of one aligned block are 16
+consecutive pool rows (32 KiB for the reference shape), so the batch holds one copy per block.
 """
 from __future__ import annotations
 
@@ -55,6 +65,35 @@ def unit_pointers(src: torch.Tensor, ids: torch.Tensor, dst: torch.Tensor, order
     return dst.data_ptr() + j * row, src.data_ptr() + ids * row, torch.full_like(j, row)
 
 
+def runs(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Maximal runs of consecutive values in `rows` (1-D, kept in its order): (index j of each run's
+    first element, its first row, its length), int64 CPU tensors."""
+    rows = rows.to("cpu", torch.int64).flatten()
+    n = rows.numel()
+    if n == 0:
+        e = torch.empty(0, dtype=torch.int64)
+        return e, e, e
+    start = torch.ones(n, dtype=torch.bool)
+    start[1:] = rows[1:] != rows[:-1] + 1
+    j = start.nonzero().flatten()
+    return j, rows[j], torch.diff(j, append=torch.tensor([n]))
+
+
+def run_pointers(src: torch.Tensor, rows: torch.Tensor, dst: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dst pointers, src pointers, sizes) for dst[j] = src[rows[j]], one unit per run of consecutive
+    rows (`runs`)."""
+    if src.dim() != 2 or dst.dim() != 2 or src.shape[1] != dst.shape[1] or rows.numel() != dst.shape[0]:
+        raise ValueError(f"batched_dma: src {tuple(src.shape)}, rows {rows.numel()}, dst {tuple(dst.shape)} do not agree")
+    if not (src.is_contiguous() and dst.is_contiguous()):
+        raise ValueError("batched_dma: src and dst must be contiguous")
+    j, first, n = runs(rows)
+    if first.numel() and (int(first.min()) < 0 or int((first + n).max()) > src.shape[0]):
+        raise IndexError(f"batched_dma: rows outside [0, {src.shape[0]})")
+    row = src.shape[1] * src.element_size()
+    return dst.data_ptr() + j * row, src.data_ptr() + first * row, n * row
+
+
 class BatchedDMA:
     """`cuMemcpyBatchAsync` through ctypes: host-to-device copies of scattered pinned units."""
 
@@ -78,25 +117,49 @@ class BatchedDMA:
         self._call = proto(fn.value)
         self.driver_version = version.value
         self._keep: list = []            # the pointer arrays of calls whose copies may still be queued
+        self._side: dict = {}            # device index -> private stream (for callers on the legacy stream)
 
     def copy(self, src: torch.Tensor, ids: torch.Tensor, dst: torch.Tensor, order: torch.Tensor | None = None,
              stream: torch.cuda.Stream | None = None) -> int:
         """Queue dst[order[j]] = src[ids[j]] on `stream` (the current stream by default): the units land in
         the attention's order directly, no scatter. src: pinned host [N, W]; dst: device [M, W]. Returns
         the bytes queued."""
+        self._check_places(src, dst)
+        return self._submit(*unit_pointers(src, ids, dst, order), dst.device, stream)
+
+    def copy_runs(self, src: torch.Tensor, rows: torch.Tensor, dst: torch.Tensor,
+                  stream: torch.cuda.Stream | None = None) -> int:
+        """Queue dst[j] = src[rows[j]] with one unit per run of consecutive rows. Returns the bytes queued."""
+        self._check_places(src, dst)
+        return self._submit(*run_pointers(src, rows, dst), dst.device, stream)
+
+    @staticmethod
+    def _check_places(src, dst):
         if dst.device.type != "cuda" or not src.is_pinned():
             raise ValueError("batched_dma: src must be pinned host memory and dst on a CUDA device")
-        d, s, z = unit_pointers(src, ids, dst, order)
+
+    def _submit(self, d, s, z, dev: torch.device, stream: torch.cuda.Stream | None) -> int:
         if not len(d):
             return 0
-        stream = stream or torch.cuda.current_stream(dst.device)
+        stream = stream or torch.cuda.current_stream(dev)
+        with torch.cuda.device(dev), torch.cuda.stream(stream):
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("batched_dma: cuMemcpyBatchAsync cannot be captured in a CUDA graph")
+        on = stream
+        if stream.cuda_stream == 0:          # the legacy default stream: refused by the call
+            on = self._side.get(dev.index)
+            if on is None:
+                on = self._side[dev.index] = torch.cuda.Stream(dev)
+            on.wait_stream(stream)
         attr = _MemcpyAttributes(CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, _MemLocation(CU_MEM_LOCATION_TYPE_HOST, 0),
-                                 _MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, dst.device.index or 0),
+                                 _MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, dev.index or 0),
                                  CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE)
         idx = ctypes.c_size_t(0)
-        with torch.cuda.device(dst.device):
+        with torch.cuda.device(dev):
             _check(self._call(d.data_ptr(), s.data_ptr(), z.data_ptr(), len(d), ctypes.byref(attr), ctypes.byref(idx), 1,
-                              ctypes.c_void_p(stream.cuda_stream)), "cuMemcpyBatchAsync")
+                              ctypes.c_void_p(on.cuda_stream)), "cuMemcpyBatchAsync")
+        if on is not stream:
+            stream.wait_stream(on)
         # The driver reads the arrays during the call (source access order "stream" concerns the data, not the
         # arrays), but keep the last call's alive anyway: it costs nothing and survives a lazier driver.
         self._keep = [d, s, z]

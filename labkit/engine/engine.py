@@ -23,7 +23,7 @@ from .deltanet_step import delta_step
 from .cache import OffloadCache
 from .indexer import index_scores
 from .model import block_fns
-from .select import select_topk
+from .select import select_blocks, select_topk
 from .transfer import TransferStrategy
 
 
@@ -49,9 +49,16 @@ NO_MARKS = _NoMarks()
 
 class Engine:
     def __init__(self, model, cache: OffloadCache, strategy: TransferStrategy, budget: int,
-                 prefill_chunk: int = 8192, compile: bool | None = None, prefill_mode: str = "sync"):
+                 prefill_chunk: int = 8192, compile: bool | None = None, prefill_mode: str = "sync",
+                 select_block: int = 1):
         if budget <= 0:
             raise ValueError(f"budget must be > 0, got {budget}")
+        # select_block > 1: decode keeps whole aligned blocks of positions (select.select_blocks); a block
+        # must lie inside one page so that it is consecutive pool rows (one copy for block_dma)
+        if select_block < 1 or budget % select_block or cache.pages.page_size % select_block:
+            raise ValueError(f"select_block must be >= 1 and divide the budget ({budget}) and the page size "
+                             f"({cache.pages.page_size}), got {select_block}")
+        self.select_block = select_block
         check_prefill_mode(prefill_mode, cache.pool.medium)
         self.prefill_mode = prefill_mode
         if (cache.pool.medium == "device") != (strategy.medium == "device"):
@@ -247,8 +254,12 @@ class _DecodeIO:
         scores = index_scores(iq, iw, c.index.keys[ki, sp, :W], c.index.scales[ki, sp, :W], self.lens)
         mark("selection")
         rows = st.rows_buf[ki].view(B, k)
-        sel, valid = select_topk(scores, k, out=(st.last_sel[ki], st.last_valid[ki]),
-                                 pages=(rows, c.pages.table[sp], c.pages.page_size))
+        if e.select_block > 1 and k < W:       # (k == W keeps every position: nothing to choose)
+            sel, valid = select_blocks(scores, k, e.select_block, self.lens, out=(st.last_sel[ki], st.last_valid[ki]))
+            rows.copy_(c.pages.rows(st.slots, sel))
+        else:
+            sel, valid = select_topk(scores, k, out=(st.last_sel[ki], st.last_valid[ki]),
+                                     pages=(rows, c.pages.table[sp], c.pages.page_size))
         if st.trace is not None:   # replay recorded selections (scaled to this context)
             mark("other")
             # index_select with the step as a 1-element device tensor: plain indexing would .item() (a sync)

@@ -196,3 +196,29 @@ def select_topk_torch(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
     pos, order = torch.sort(pos, dim=-1)
     valid = torch.gather(vals, -1, order) > NEG_INF
     return torch.where(valid, pos, torch.zeros_like(pos)), valid
+
+
+def select_blocks(scores: torch.Tensor, k: int, block: int, lens: torch.Tensor,
+                  out: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """Block-granular top-k (PulseInfer's selection): positions in whole aligned blocks of `block`, each
+    block scored by its best position, the k // block best blocks kept in ascending order. Positions at
+    or past a request's length (`lens [B]`) in a kept block are not valid (position 0 in their place, as
+    `select_topk` does). Device ops only, so a captured step may contain it. A block of aligned
+    positions is `block` consecutive pool rows when the page size is a multiple of `block`: one copy."""
+    B, L = scores.shape
+    if block < 1 or k % block:
+        raise ValueError(f"select_blocks: k={k} must be a multiple of block={block}")
+    nb = -(-L // block)
+    if not 0 < k // block <= nb:
+        raise ValueError(f"select_blocks: {k // block} blocks of {nb}")
+    s = scores if nb * block == L else torch.nn.functional.pad(scores, (0, nb * block - L), value=NEG_INF)
+    bpos, bvalid = select_topk(s.view(B, nb, block).amax(-1), k // block)
+    pos = (bpos[:, :, None] * block + torch.arange(block, device=scores.device)).reshape(B, k)
+    # expand, not repeat_interleave: the latter may size its output on the host (a sync inside a capture)
+    valid = bvalid[:, :, None].expand(B, k // block, block).reshape(B, k) & (pos < lens.view(B, 1))
+    pos = torch.where(valid, pos, torch.zeros_like(pos))
+    if out is not None:
+        out[0].copy_(pos)
+        out[1].copy_(valid)
+        pos, valid = out
+    return pos, valid
