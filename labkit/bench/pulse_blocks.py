@@ -25,7 +25,8 @@ around host-synchronised calls; wall clock on CPU) and checked against `src[unit
   gathered by torch's intra-op threads / by a pool of Python threads), so the link waits only for the
   first chunk;
 - `batched_dma`: one `cuMemcpyBatchAsync` call, a copy per unit straight from the pinned pool into the
-  attention's order (`engine.batched_dma`; CUDA 13 drivers): no gather, no SMs;
+  attention's order (`engine.batched_dma`; CUDA 13 drivers), hinted to overlap compute (copy engines);
+  `batched_dma_default` without the hint (the driver picks how);
 - `gather_only`: the pipeline's gather into pinned staging in one call, no copy (the CPU side's own
   rate: a gather-then-copy path cannot beat min(this, the link));
 - `zero_copy`: the Triton gather kernel reading the units from mapped pinned host memory;
@@ -105,11 +106,11 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
     rows = []
     contiguous_gbps = {}
     loaders = {b: CoalescedLoader(threads, chunk_bytes, backend=b) for b in ("threads", "torch")}
-    dma = None
+    dma = dma_default = None
     if dev.type == "cuda":
         from ..engine.batched_dma import BatchedDMA
         try:
-            dma = BatchedDMA()
+            dma, dma_default = BatchedDMA(), BatchedDMA(prefer_overlap=False)
         except RuntimeError as ex:      # an older driver: the other variants still run
             print(f"pulse_blocks: batched_dma skipped: {ex}", file=sys.stderr)
     for selection in ("per_head", "retrieval_head"):
@@ -161,6 +162,8 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
         if dma is not None:
             ids_cpu, perm_cpu = ids.cpu(), perm.cpu()     # the pointer arrays are built on the host
             variants["batched_dma"] = (lambda: dma.copy(pool, ids_cpu, dst, order=perm_cpu), lambda: dst[perm])
+            variants["batched_dma_default"] = (lambda: dma_default.copy(pool, ids_cpu, dst, order=perm_cpu),
+                                               lambda: dst[perm])
         for name, (fn, result) in variants.items():
             dst.zero_()
             ms = _timer(dev, fn, repeats)

@@ -97,7 +97,11 @@ def run_pointers(src: torch.Tensor, rows: torch.Tensor, dst: torch.Tensor
 class BatchedDMA:
     """`cuMemcpyBatchAsync` through ctypes: host-to-device copies of scattered pinned units."""
 
-    def __init__(self):
+    def __init__(self, prefer_overlap: bool = True):
+        """`prefer_overlap`: the CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE hint (the driver keeps the copies
+        on the copy engines so they overlap kernels; without it the driver picks the mechanism). Both are
+        measured by `labkit.bench.pulse_blocks` (`batched_dma`, `batched_dma_default`)."""
+        self.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE if prefer_overlap else 0
         if not torch.cuda.is_available():
             raise RuntimeError("batched_dma needs CUDA")
         torch.cuda.init()
@@ -152,8 +156,7 @@ class BatchedDMA:
                 on = self._side[dev.index] = torch.cuda.Stream(dev)
             on.wait_stream(stream)
         attr = _MemcpyAttributes(CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, _MemLocation(CU_MEM_LOCATION_TYPE_HOST, 0),
-                                 _MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, dev.index or 0),
-                                 CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE)
+                                 _MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, dev.index or 0), self.flags)
         idx = ctypes.c_size_t(0)
         with torch.cuda.device(dev):
             _check(self._call(d.data_ptr(), s.data_ptr(), z.data_ptr(), len(d), ctypes.byref(attr), ctypes.byref(idx), 1,

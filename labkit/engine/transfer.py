@@ -233,6 +233,12 @@ class BlockDMA(HostDMA):
     name = "block_dma"
     _dma = None
 
+    def __init__(self, prefer_overlap: bool = True):
+        self.prefer_overlap = bool(prefer_overlap)
+
+    def settings(self):
+        return {"dma_prefer_overlap": self.prefer_overlap}
+
     def _load_ids(self, src, ids, out, stream):
         if out.device.type != "cuda":
             from .batched_dma import runs
@@ -241,7 +247,7 @@ class BlockDMA(HostDMA):
             return
         if self._dma is None:
             from .batched_dma import BatchedDMA
-            self._dma = BatchedDMA()
+            self._dma = BatchedDMA(self.prefer_overlap)
         self._dma.copy_runs(src, ids, out, stream)
 
 
@@ -260,6 +266,7 @@ SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
     "hot_policy": (("hot_cache",), "policy"),
     "hot_fused": (("hot_cache",), "fused"),
     "hot_defer": (("hot_cache",), "defer"),
+    "dma_prefer_overlap": (("block_dma",), "prefer_overlap"),
 }
 
 
