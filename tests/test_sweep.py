@@ -81,6 +81,7 @@ def test_failed_point_is_recorded_and_sweep_continues(tmp_path, monkeypatch):
     ("context_lens=64M", "of host KV"),
     ("bogus=1", "unknown parameter"),
     ("concurrency=two", "cannot read"),
+    ("select_block=3", "select_block must be"),
 ])
 def test_bad_input_one_line_nothing_written(tmp_path, arg, msg):
     out = tmp_path / "run"
@@ -136,3 +137,16 @@ def test_sweep_pipelines_micro_batches_over_split_layers(tmp_path):
     assert (by[1] == by[2]).all()
     assert d.bubble_share.between(0, 1).all() and (d.cycle_ms > 0).all()
     assert d[d.micro_batches == 2].anat_closure.isna().all()        # no phase anatomy of overlapped work
+
+
+def test_sweep_with_block_selection_and_block_dma(tmp_path):
+    """`select_block=16` with `block_dma` beside `zero_copy`: every point runs and both move the bytes
+    the formula says (block selection keeps the budget's count of rows)."""
+    small = {**SMALL, "strategies": "zero_copy,block_dma", "concurrency": "1", "budgets": "64", "prefill_lens": "",
+             "select_block": 16, "out_dir": str(tmp_path / "r")}
+    m = load_run(decode.run_sweep(small, progress_bar=False).path).metrics
+    dec = m[m["experiment"] == "decode"]
+    assert (dec["status"] == "ok").all(), dec[dec["status"] != "ok"]["error"].tolist()
+    by = dec.set_index(["strategy", "context_len"])["h2d_bytes_per_step"]
+    for ctx in (128, 512):
+        assert by["block_dma", ctx] == by["zero_copy", ctx] == PRESETS["tiny"].h2d_bytes_per_step(64, [ctx])

@@ -60,6 +60,8 @@ SPEC = [
     Param("hot_policy", "str", "lru", "hot_cache: eviction policy (lru, lfu, lrfu)"),
     Param("hot_fused", "bool", False, "hot_cache: fused miss-load attention kernel instead of gather + attention"),
     Param("hot_defer", "bool", True, "hot_cache: victims and inserts after the read, on a side stream (false: before it)"),
+    Param("dma_prefer_overlap", "bool", True, "block_dma: hint the driver to keep the copies on the copy engines"),
+    Param("select_block", "int", 1, "select whole aligned blocks of N positions (16: PulseInfer's; block_dma's units)"),
     Param("probe", "bool", True, "measure the link limits first (contiguous, host_gather, zero_copy): the plots' bounds"),
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
@@ -146,6 +148,9 @@ def plan(given: dict) -> DecodePlan:
             raise BadInput(str(ex)) from None
     if "hot_cache" in p["strategies"]:
         _check_hot_capacity(p, shape, devs[0])
+    sb = p["select_block"]
+    if sb < 1 or any(b % sb for b in p["budgets"]) or 256 % sb:
+        raise BadInput(f"select_block must be >= 1 and divide every budget and the page size 256, got {sb}")
     if p["selection"] != "indexer" and not p["selection"].startswith("trace:"):
         raise BadInput(f"selection must be 'indexer' or 'trace:PATH', got {p['selection']!r}")
     if p["selection"].startswith("trace:") and not Path(p["selection"][6:]).is_file():
@@ -299,7 +304,8 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     for first, size in micro_batch_ranges(conc, pt.micro_batches):
         row, first_attn = [], 0
         for stage, cache in zip(stages, stage_caches):
-            engine = Engine(stage, cache, get_strategy(pt.strategy, **pl.settings), pt.budget)
+            engine = Engine(stage, cache, get_strategy(pt.strategy, **pl.settings), pt.budget,
+                            select_block=pl.params["select_block"])
             tr = None if trace is None else trace[:, first_attn:first_attn + stage.n_attn]
             first_attn += stage.n_attn
             with device_guard(stage.device):

@@ -21,10 +21,19 @@ from . import summary as S
 DECODE_RUN = "results/20261129-153810-decode-h200"
 PROBE_RUN = "results/20261129-153514-probe-h200"
 MULTIGPU_RUNS = ["results/20261130-065613-multigpu-h200x2", "results/20261130-070629-multigpu-h200x2"]  # c=1 / rerun
-PREFILL_RUNS = ["results/20261130-071914-prefill-248k-h200", "results/20261130-071914-prefill-1m-cap24-h200"]
+PREFILL_RUNS = ["results/20261130-071914-prefill-248k-h200", "results/20261130-071914-prefill-1m-cap24-h200",
+                "results/20261130-121336-prefill-248k-full-h200", "results/20261130-121920-prefill-1m-full-cap24-h200"]
 PULSE_RUNS = {k: f"results/20261130-072708-pulse-{k}-h200" for k in ("blocks", "scaling", "trace")}
-PULSE_COALESCED_RUN = "results/20261130-100611-pulse-blocks-h200"      # pipelined coalesced, 1 and 12 requests
-PULSE_SWITCH_RUN = "results/20261130-100611-pulse-switch-h200"         # switched round: coalesced (DMA) vs zero_copy
+# block transfers with the pipelined coalesced path and batched DMA (1/12 requests; then 4/12 with both DMA hints)
+PULSE_COALESCED_RUNS = ["results/20261130-123044-pulse-blocks-h200", "results/20261130-123809-pulse-blocks-h200"]
+# the switched round per transfer mechanism: (run, json files) in the order they were measured
+PULSE_SWITCH_RUNS = [("results/20261130-100611-pulse-switch-h200", ["zero_copy", "coalesced"]),
+                     ("results/20261130-123044-pulse-switch-h200", ["zero_copy-b1", "zero_copy-b16", "coalesced-b16",
+                                                                    "block_dma-b16"]),
+                     ("results/20261130-123809-pulse-switch-h200", ["block_dma-b16-overlap-true",
+                                                                    "block_dma-b16-overlap-false"]),
+                     ("results/20261130-124244-pulse-switch-repeat-h200", [f"block_dma-b16-run{i}" for i in (1, 2, 3)])]
+PULSE_TRACE_BLOCKDMA_RUN = "results/20261130-123809-pulse-trace-blockdma-h200"
 CROSSCHECK_RUN = "results/20261130-serve-crosscheck-smollm2-cpu"
 CAPACITY_RUN = "results/20261130-071914-capacity-cap24-h200"
 HOT_DENSITY_RUN = "results/20261130-hot-replay-density-cpu"
@@ -183,6 +192,7 @@ def prefill_table() -> str:
                          "mode": r["mode"], "cap": f"{cap / 2**30:.0f} GiB" if pd.notna(cap) else "none",
                          "status": r.status, "tok/s": f"{r.tok_s:.0f}" if pd.notna(r.tok_s) else "–",
                          "vs resident": f"{r.vs_resident:.3f}" if pd.notna(r.get("vs_resident")) else "–",
+                         "time s": f"{r.step_ms_median / 1e3:.1f}" if pd.notna(r.step_ms_median) else "–",
                          "device peak": f"{r.device_mem_peak_bytes / 2**30:.1f} GiB" if pd.notna(r.get("device_mem_peak_bytes")) else "–"})
     return _md(pd.DataFrame(rows))
 
@@ -206,32 +216,42 @@ def pulse_blocks_table() -> str:
 
 def pulse_coalesced_table() -> str:
     """Each variant's GB/s as a ratio to the contiguous copy of the same bytes in the same run, per
-    selection, block and number of requests' selections moved at once."""
-    m = load_run(REPO / PULSE_COALESCED_RUN).metrics
-    m = m[m.status == "ok"]
-    cols = ["coalesced", "coalesced_pipelined", "coalesced_pipelined_threads", "gather_only", "coalesced_copy", "zero_copy"]
+    run, selection, block and number of requests' selections moved at once."""
+    cols = ["coalesced", "coalesced_pipelined", "gather_only", "coalesced_copy", "zero_copy", "batched_dma",
+            "batched_dma_default"]
     rows = []
-    for (req, sel, blk), g in m.groupby(["requests", "selection", "block"], sort=True):
-        r = g.set_index("strategy")
-        row = {"requests": int(req), "MiB": f"{r['bytes'].iloc[0] / 2**20:.0f}", "selection": sel, "block": int(blk),
-               "unit": f"{int(r['unit_bytes'].iloc[0]) // 1024} KiB", "contiguous GB/s": f"{r.loc['contiguous', 'gbps']:.1f}"}
-        row.update({c: f"{r.loc[c, 'ratio_to_contiguous']:.2f}" if c in r.index else "–" for c in cols})
-        rows.append(row)
+    for run in PULSE_COALESCED_RUNS:
+        m = load_run(REPO / run).metrics
+        m = m[m.status == "ok"]
+        for (req, sel, blk), g in m.groupby(["requests", "selection", "block"], sort=True):
+            r = g.set_index("strategy")
+            row = {"run": run.split("-")[1], "requests": int(req), "MiB": f"{r['bytes'].iloc[0] / 2**20:.0f}",
+                   "selection": sel, "block": int(blk), "unit": f"{int(r['unit_bytes'].iloc[0]) // 1024} KiB",
+                   "contiguous GB/s": f"{r.loc['contiguous', 'gbps']:.1f}"}
+            row.update({c: f"{r.loc[c, 'ratio_to_contiguous']:.2f}" if c in r.index else "–" for c in cols})
+            rows.append(row)
     return _md(pd.DataFrame(rows))
 
 
 def pulse_switch_table() -> str:
-    """The switched round (4 offloaded requests at 64K beside 4 normal at 8K) with each transfer mechanism."""
+    """The switched round (4 offloaded requests at 64K beside 4 normal at 8K) per transfer mechanism and
+    selection granularity, every measurement of it."""
     import json
     rows = []
-    for st in ("zero_copy", "coalesced"):
-        r = json.loads((REPO / PULSE_SWITCH_RUN / f"{st}.json").read_text())[0]
-        tr = [x["end_ms"] - x["start_ms"] for x in r["timeline"] if x["kind"] == "transfer"]
-        rows.append({"offloaded batch's transfer": st, "sequential ms": f"{r['sequential_ms']:.2f}",
-                     "switched ms": f"{r['switched_ms']:.2f}", "switched / sequential": f"{r['switched_ms'] / r['sequential_ms']:.3f}",
-                     "bound ms": f"{r['bound_ms']:.2f}", "offloaded step alone ms": f"{r['offload_only_ms']:.2f}",
-                     "transfer per layer ms (median)": f"{sorted(tr)[len(tr) // 2]:.2f}",
-                     "overlap ms": f"{r['overlap_ms']:.2f}", "switches / stalls": f"{r['switches']} / {r['stalls']}"})
+    for run, names in PULSE_SWITCH_RUNS:
+        for name in names:
+            r = json.loads((REPO / run / f"{name}.json").read_text())[0]
+            tr = [x["end_ms"] - x["start_ms"] for x in r["timeline"] if x["kind"] == "transfer"]
+            hint = r.get("dma_prefer_overlap")
+            rows.append({"run": run.split("-")[1], "offloaded batch's transfer": r["strategy"],
+                         "select block": r.get("select_block", 1),
+                         "DMA hint": "–" if hint is None else ("overlap" if hint else "default"),
+                         "sequential ms": f"{r['sequential_ms']:.2f}", "switched ms": f"{r['switched_ms']:.2f}",
+                         "switched / sequential": f"{r['switched_ms'] / r['sequential_ms']:.3f}",
+                         "bound ms": f"{r['bound_ms']:.2f}" if "bound_ms" in r else "–",
+                         "offloaded step alone ms": f"{r['offload_only_ms']:.2f}",
+                         "transfer per layer ms (median)": f"{sorted(tr)[len(tr) // 2]:.2f}",
+                         "overlap ms": f"{r['overlap_ms']:.2f}", "switches / stalls": f"{r['switches']} / {r['stalls']}"})
     return _md(pd.DataFrame(rows))
 
 
@@ -253,13 +273,22 @@ def pulse_scaling_table() -> str:
 
 
 def pulse_trace_table() -> str:
-    m = load_run(REPO / PULSE_RUNS["trace"]).metrics
+    """Per policy, throughput as a ratio to "noswitch" of the same run (same requests, same strategy)."""
     cols = {"policy": "policy", "completed": "requests done", "output_throughput": "output tok/s",
             "ttft_ms_p99": "p99 TTFT ms", "tpot_ms_p50": "p50 TPOT ms", "tpot_ms_p99": "p99 TPOT ms",
             "share_offloaded": "share offloaded", "switched_rounds": "switched rounds", "stalls": "stalls"}
-    t = m[list(cols)].rename(columns=cols)
-    base = float(m.loc[m.policy.str.startswith("noswitch"), "output_throughput"].iloc[0])
-    t.insert(3, "vs noswitch", (m["output_throughput"] / base).map(lambda v: f"{v:.2f}"))
+    parts = []
+    for run in (PULSE_RUNS["trace"], PULSE_TRACE_BLOCKDMA_RUN):
+        lr = load_run(REPO / run)
+        m = lr.metrics
+        t = m[list(cols)].rename(columns=cols)
+        base = float(m.loc[m.policy.str.startswith("noswitch"), "output_throughput"].iloc[0])
+        t.insert(3, "vs noswitch", (m["output_throughput"] / base).map(lambda v: f"{v:.2f}"))
+        sb = lr.manifest["parameters"].get("select_block", 1)
+        t.insert(0, "offload lane", f"{m.strategy.iloc[0]}" + (f", blocks of {sb}" if sb > 1 else ""))
+        t.insert(1, "requests", int(m.n_requests.iloc[0]))
+        parts.append(t)
+    t = pd.concat(parts, ignore_index=True)
     for c in ("output tok/s", "p99 TTFT ms", "p50 TPOT ms", "p99 TPOT ms", "share offloaded"):
         t[c] = t[c].map(lambda v: f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}")
     return _md(t)
