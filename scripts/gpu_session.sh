@@ -19,6 +19,8 @@
 #                                           zero_copy transfers over 16-position blocks, the pulse GPU tests
 #   scripts/gpu_session.sh pulse3           batched DMA with/without the prefer-overlap hint (blocks, switched round with
 #                                           block_dma over 16-position blocks), a short trace replay with block_dma, ~5 min
+#   scripts/gpu_session.sh pulse4           block_dma everywhere: scheduler graphs with a host strategy (GPU tests), scaling
+#                                           at 1M with compiled steps, a decode-heavier trace replay with graphs on, ~10 min
 #   scripts/gpu_session.sh hot              issue 10 items 5-6 in ~6 min: prefill resident/sync/rotating at 248K (its last
 #                                           PREFILL_TAIL tokens), a 1M prompt's last chunk under a 24 GiB cap, capacity and
 #                                           goodput at 30 ms TPOT under 24 GiB, then the hot-cache and prefill GPU tests
@@ -157,6 +159,21 @@ case "$MODE" in
         -p n_requests=${PULSE_REQUESTS:-16} -p max_output=64 -p capacity=65536 -p strategy=block_dma -p select_block=16 \
         -p policies=noswitch:4096,threshold:4096 -p timeline_every=5 -p transport=inprocess 2>&1 | grep -v DEBUG | tail -8
     (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    ;;
+  pulse4)
+    # issue 11 with block_dma over 16-position blocks everywhere: the scheduler's graphs with a host
+    # strategy (GPU tests first), the concurrency scaling at 1M with compiled steps, a decode-heavier trace
+    # replay with graphs on (every policy's steps from CUDA graphs, host loads between pieces)
+    export LABKIT_SESSION=$stamp
+    timeout 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_pulse.py -k "graphs or scaling" \
+        2>&1 | grep -v DEBUG | tail -12 | tee "$OUT/gpu_pulse4_tests.txt"
+    timeout ${SCALING_TIMEOUT:-240} python3 -m labkit.bench.pulse_scaling --context 1048576 --requests 1,2,4,8,16 --steps 6 \
+        --strategy block_dma --select-block 16 --compile --out "$OUT/$stamp-pulse-scaling-blockdma-h200" 2>&1 | tail -12
+    timeout ${TRACE_TIMEOUT:-300} python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-graphs-h200" \
+        -p n_requests=${PULSE_REQUESTS:-24} -p max_output=256 -p capacity=65536 -p strategy=block_dma -p select_block=16 \
+        -p graphs=true -p policies=noswitch:4096,threshold:4096,adaptive -p timeline_every=10 -p transport=inprocess \
+        2>&1 | grep -v DEBUG | tail -8
+    (cd "$OUT" && for d in */; do cp gpu_pulse4_tests.txt "$d"; tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
     ;;
   hot1m)
     # The whole 1M-token prompt under the 24 GiB cap, rotating buffers; chunks.csv records each chunk as it

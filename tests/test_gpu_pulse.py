@@ -37,16 +37,20 @@ def test_switching_changes_no_token_on_gpu(model):
     assert [r.tokens for r in runs[True]] == [r.tokens for r in runs[False]]
 
 
-def test_scheduler_graphs_change_no_token(model):
+@pytest.mark.parametrize("strategy,select_block,switching", [("zero_copy", 1, True), ("block_dma", 16, True),
+                                                              ("block_dma", 16, False)])
+def test_scheduler_graphs_change_no_token(model, strategy, select_block, switching):
     """CUDA graphs in the scheduler (whole steps; steps cut at block boundaries and loads when switched,
-    host paced) give the eager tokens."""
+    host paced; a host strategy's steps cut at its loads, run inline, when not switched) give the eager
+    tokens."""
     runs = {}
     for graphs in (True, False):
-        sched = Scheduler(make_lanes(TINY, "cuda", 2, 2, model=model, **CFG), Threshold(150), switching=True,
-                          graphs=graphs, timeline_every=3)
+        sched = Scheduler(make_lanes(TINY, "cuda", 2, 2, model=model, strategy=strategy, select_block=select_block,
+                                     **CFG), Threshold(150), switching=switching, graphs=graphs, timeline_every=3)
         runs[graphs] = sched.run(_requests(SPEC))
         assert all(r.status == "done" for r in runs[graphs]), [r.error for r in runs[graphs]]
-        assert any(x["mode"] == "switched" for x in sched.rounds)
+        assert any(x["mode"] == "switched" for x in sched.rounds) == switching
+        assert sum(x["h2d_bytes"] for x in sched.rounds) > 0       # the offload lane's loads were counted
         assert all(t["spans"] for t in sched.timelines)
         assert sched.graph_error is None and sched.graphs == graphs       # no silent fallback to eager
     assert [r.tokens for r in runs[True]] == [r.tokens for r in runs[False]]
@@ -146,12 +150,15 @@ def test_pingpong_round_changes_no_token_on_gpu(model):
     assert toks["pingpong"] == toks["sequential"]
 
 
-def test_scaling_point_on_gpu(tmp_path):
+@pytest.mark.parametrize("strategy,select_block", [("zero_copy", 1), ("block_dma", 16)])
+def test_scaling_point_on_gpu(tmp_path, strategy, select_block):
     """The scaling bench at a small size on the device: every mode measured, the link probe and bound
-    filled in, bytes counted from the loads."""
+    filled in, bytes counted from the loads; a host strategy's steps as graph pieces with its loads between."""
     from labkit.bench.pulse_scaling import scaling
-    rows, spans = scaling(PRESETS["qwen3.8-flash-next"], "cuda", context=65536, requests=(1, 4), steps=3)
+    rows, spans = scaling(PRESETS["qwen3.8-flash-next"], "cuda", context=65536, requests=(1, 4), steps=3,
+                          strategy=strategy, select_block=select_block)
     assert all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
+    assert all(r["graphs"] for r in rows)
     sw = next(r for r in rows if r["mode"] == "switched")
     assert sw["h2d_bytes_per_step_counted"] == 4 * sw["row_bytes_per_request"]
     assert sw["link_gbps"] > 5 and sw["switched_floor_ms"] > 0 and spans

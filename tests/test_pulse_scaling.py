@@ -94,11 +94,13 @@ def test_pingpong_round_changes_no_token():
     assert toks["pingpong"] == toks["sequential"]
 
 
-def test_scaling_bench_run_folder_on_cpu(tmp_path):
+@pytest.mark.parametrize("strategy,block", [("zero_copy", "1"), ("block_dma", "8")])
+def test_scaling_bench_run_folder_on_cpu(tmp_path, strategy, block):
     from labkit.bench.pulse_scaling import main
     out = tmp_path / "scale"
     assert main(["--shape", "tiny", "--device", "cpu", "--context", "128", "--budget", "16", "--requests", "1,2",
-                 "--steps", "1", "--page-size", "16", "--out", str(out)]) == 0
+                 "--steps", "1", "--page-size", "16", "--strategy", strategy, "--select-block", block,
+                 "--out", str(out)]) == 0
     m = pd.read_parquet(out / "metrics.parquet")
     assert set(m["status"]) == {"ok"}
     assert set(zip(m["concurrency"], m["mode"])) == {(1, "no_switch"), (1, "resident"), (2, "no_switch"),
@@ -108,6 +110,8 @@ def test_scaling_bench_run_folder_on_cpu(tmp_path):
     assert (m["tok_s"] > 0).all()
     assert len(pd.read_parquet(out / "timeline.parquet")) > 0
     assert main(["--shape", "tiny", "--device", "cpu", "--requests", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert main(["--shape", "tiny", "--device", "cpu", "--select-block", "3", "--out", str(tmp_path / "bad2")]) == 2
+    assert not (tmp_path / "bad2").exists()
 
 
 def test_report_pieces_find_the_session_and_join_quality(tmp_path, monkeypatch):

@@ -101,6 +101,14 @@ def _time(fn, n: int, dev) -> list[float]:
     return out
 
 
+def _replay_inline(pieces, engine) -> None:
+    """A step from its captured pieces; a host strategy's loads (pieces cut at them) run inline."""
+    for g, item in pieces:
+        g.replay()
+        if item is not None:
+            engine.strategy.load(engine.cache.pool, item.layer, item.rows, item.out)
+
+
 def _link_probe(pool, nbytes: int, dev, repeats: int = 10) -> dict:
     """Contiguous pinned H2D of `nbytes` from the pool (the link's reference) and a device-to-device
     copy of the same size (HBM: read + write counted)."""
@@ -116,7 +124,7 @@ def _link_probe(pool, nbytes: int, dev, repeats: int = 10) -> dict:
 @torch.inference_mode()
 def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2, 4, 8, 16), budget: int = 2048,
             strategy: str = "zero_copy", steps: int = 10, warmup: int = 2, graphs: bool = True,
-            compile: bool = False, page_size: int = 256, seed: int = 0, log=print):
+            compile: bool = False, page_size: int = 256, seed: int = 0, log=print, select_block: int = 1):
     """Rows (one per N and mode) and one switched round's timeline per N; see the module doc."""
     from ..engine import Engine, HybridModel, get_strategy
     from ..engine.kv import KVPool
@@ -131,7 +139,8 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
     st_off = get_strategy(strategy)
     if st_off.medium != "host":
         raise BadInput(f"strategy {strategy} keeps KV on the device; choose an offload strategy")
-    graphs = graphs and dev.type == "cuda" and st_off.graphable
+    # a host strategy (block_dma, coalesced) runs its steps as graph pieces cut at its loads, loads between
+    graphs = graphs and dev.type == "cuda"
     n_max, half = requests[-1], -(-requests[-1] // 2)
     rounds = len(requests) * 8 * (steps + warmup + 2) + 16        # every mode advances the lengths
     capacity = context + rounds
@@ -151,6 +160,7 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
     base = {"experiment": "pulse_scaling", "status": "ok", "error": None, "device": str(dev),
             "gpu_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "shape": shape.name,
             "strategy": strategy, "context_len": context, "budget": budget, "graphs": graphs, "compile": compile,
+            "select_block": select_block,
             "weight_bytes": weight_bytes, "row_bytes_per_request": req_bytes, **probe}
     if probe["link_gbps"]:
         base["crossover_physics"] = crossover_requests(weight_bytes, probe["hbm_gbps"], req_bytes, probe["link_gbps"])
@@ -158,13 +168,14 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
     for n in requests:
         na, nb = -(-n // 2), n // 2
         try:
-            lanes = {"no_switch": (Engine(model, full, st_off, budget, compile=compile), n),
-                     "resident": (Engine(model, res_full, get_strategy("resident"), budget, compile=compile), n),
-                     "resident_a": (Engine(model, res_full, get_strategy("resident"), budget, compile=compile), na)}
+            kw = dict(compile=compile, select_block=select_block)
+            lanes = {"no_switch": (Engine(model, full, st_off, budget, **kw), n),
+                     "resident": (Engine(model, res_full, get_strategy("resident"), budget, **kw), n),
+                     "resident_a": (Engine(model, res_full, get_strategy("resident"), budget, **kw), na)}
             if nb:
-                lanes["resident_b"] = (Engine(model, res_full, get_strategy("resident"), budget, compile=compile), nb)
-                lanes["a"] = (Engine(model, ca, get_strategy(strategy), budget, compile=compile), na)
-                lanes["b"] = (Engine(model, cb, get_strategy(strategy), budget, compile=compile), nb)
+                lanes["resident_b"] = (Engine(model, res_full, get_strategy("resident"), budget, **kw), nb)
+                lanes["a"] = (Engine(model, ca, get_strategy(strategy), budget, **kw), na)
+                lanes["b"] = (Engine(model, cb, get_strategy(strategy), budget, **kw), nb)
             states = {}
             for k, (e, b) in lanes.items():
                 s = DecodeState(e, b, None, rounds)
@@ -179,13 +190,14 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
                 torch.cuda.current_stream().wait_stream(side)
                 torch.cuda.synchronize()
                 pool = torch.cuda.graph_pool_handle()
-                whole = {k: capture_pieces(e, s, "none", pool) for k, (e, s) in states.items() if k not in ("a", "b")}
+                whole = {k: capture_pieces(e, s, "none" if e.strategy.graphable else "loads", pool)
+                         for k, (e, s) in states.items() if k not in ("a", "b")}
                 if nb:
                     pa = capture_pieces(*states["a"], "loads", torch.cuda.graph_pool_handle())
                     pb = capture_pieces(*states["b"], "loads", torch.cuda.graph_pool_handle())
                 torch.cuda.synchronize()
                 for k, pieces in whole.items():
-                    timed[k] = (lambda p=pieces: [g.replay() for g, _ in p])
+                    timed[k] = (lambda p=pieces, e=states[k][0]: _replay_inline(p, e))
                 if nb:
                     la, lb = Loader(states["a"][0]), Loader(states["b"][0])
 
@@ -256,6 +268,7 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", type=int, default=256)
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--compile", action="store_true", help="torch.compile the block pieces (one compile per batch size)")
+    ap.add_argument("--select-block", type=int, default=1, help="select whole aligned blocks of N positions")
     ap.add_argument("--out", required=True, help="run folder")
     a = ap.parse_args(argv)
     try:
@@ -269,6 +282,8 @@ def main(argv=None) -> int:
             raise BadInput(f"--requests must be counts >= 1, got {a.requests!r}")
         if not 1 <= a.budget <= a.context:
             raise BadInput(f"budget {a.budget} must be in [1, context {a.context}]")
+        if a.select_block < 1 or a.budget % a.select_block or a.page_size % a.select_block:
+            raise BadInput(f"--select-block must be >= 1 and divide --budget and --page-size, got {a.select_block}")
     except (BadInput, ValueError, KeyError) as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2
@@ -276,7 +291,7 @@ def main(argv=None) -> int:
     run = Run.create(a.out, "pulse_scaling", params)
     try:
         rows, spans = scaling(shape, a.device, a.context, reqs, a.budget, a.strategy, a.steps, graphs=not a.no_graphs,
-                              compile=a.compile, page_size=a.page_size)
+                              compile=a.compile, page_size=a.page_size, select_block=a.select_block)
     except BadInput as ex:
         print(f"error: {ex}", file=sys.stderr)
         run.finish("failed", error=str(ex))

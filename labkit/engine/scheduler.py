@@ -98,6 +98,24 @@ class Lane:
         """The batch changed: new static buffers (and graphs) at the next step."""
         self.state, self.graphs, self.warm = None, {}, False
 
+    @property
+    def step_split(self) -> str:
+        """How a whole step of this lane is captured: in one graph with its loads ("none"), or, for a host
+        strategy whose loads need the indices on the host, cut at its loads ("loads")."""
+        return "none" if self.engine.strategy.graphable else "loads"
+
+    def replay_step(self, stats: RoundStats) -> None:
+        """One step from the captured graphs; a host strategy's loads run inline between the pieces
+        (what its eager step does, without the launch cost of the pieces)."""
+        e = self.engine
+        split = self.step_split
+        loads = stats.loads_offloaded if self.offloaded else stats.loads_normal
+        for g, item in self.pieces(split):
+            g.replay()
+            if item is not None:
+                loads.append(e.strategy.load(e.cache.pool, item.layer, item.rows, item.out))
+        loads.extend(self.graph_loads[split])
+
     def pieces(self, split: str) -> list:
         """CUDA graphs of this batch's step cut for `split` (see `switching.capture_pieces`), captured
         once per batch composition; `self.graph_loads[split]`: the LoadResults captured inside them."""
@@ -444,15 +462,13 @@ class Scheduler:
                 if kw:
                     stats.loads_normal = list(norm[0].graph_loads["blocks"])
                 mode = "switched"
-            elif graphs and all(l.engine.strategy.graphable for l in busy):
+            elif graphs:
                 stats = RoundStats()
                 for l in busy:
                     a = tl.stamp() if tl else None
-                    for g, _ in l.pieces("none"):
-                        g.replay()
+                    l.replay_step(stats)
                     if tl:
                         tl.add("offloaded" if l.offloaded else "normal", "compute", "step", a, tl.stamp())
-                    (stats.loads_offloaded if l.offloaded else stats.loads_normal).extend(l.graph_loads["none"])
                 mode = "sequential"
             else:
                 stats = sequential_round(states, tl)
@@ -492,9 +508,9 @@ class Scheduler:
                 if norm[0].engine.strategy.graphable:
                     norm[0].pieces("blocks")
                     off[0].pieces("loads")
-            elif all(l.engine.strategy.graphable for l in busy):
+            else:
                 for l in busy:
-                    l.pieces("none")
+                    l.pieces(l.step_split)
             return True
         except Exception as ex:                      # noqa: BLE001
             self.graphs = False
