@@ -167,6 +167,15 @@ case "$MODE" in
     export LABKIT_SESSION=$stamp
     timeout 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_pulse.py -k "graphs or scaling" \
         2>&1 | grep -v DEBUG | tail -12 | tee "$OUT/gpu_pulse4_tests.txt"
+    # batched DMA split into calls of 128 / 512 units (the driver's per-unit intake hidden behind the copies)
+    timeout 100 python3 -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 --requests 4 12 \
+        --repeats 10 --dma-split 64 128 512 --run-dir "$OUT/$stamp-pulse-blocks-h200" 2>&1 | grep -v '^{' | tail -2
+    mkdir -p "$OUT/$stamp-pulse-switch-h200"
+    for n in 0 128; do
+      timeout 80 python3 -m labkit.bench.pulse --strategy block_dma --select-block 16 --set dma_units_per_call=$n \
+          --context 65536 --offload-batch 4 --normal-batch 4 --normal-context 8192 --steps 10 \
+          --out "$OUT/$stamp-pulse-switch-h200/block_dma-b16-per$n.json" 2>&1 | tail -1 | cut -c1-400
+    done
     timeout ${SCALING_TIMEOUT:-240} python3 -m labkit.bench.pulse_scaling --context 1048576 --requests 1,2,4,8,16 --steps 6 \
         --strategy block_dma --select-block 16 --compile --out "$OUT/$stamp-pulse-scaling-blockdma-h200" 2>&1 | tail -12
     timeout ${TRACE_TIMEOUT:-300} python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-graphs-h200" \

@@ -70,3 +70,13 @@ def test_run_pointers_name_the_runs():
     assert torch.equal(dst, src[rows])
     with pytest.raises(IndexError, match="outside"):
         run_pointers(src, torch.tensor([62, 63, 64]), torch.zeros(3, 6, dtype=torch.int64))
+
+
+def test_call_slices_cover_the_units_once():
+    from labkit.engine.batched_dma import call_slices
+    assert call_slices(1536, 0) == [(0, 1536)]
+    assert call_slices(1000, 256) == [(0, 256), (256, 512), (512, 768), (768, 1000)]
+    assert call_slices(0, 128) == []
+    for n, k in ((7, 3), (512, 512), (513, 512)):
+        got = [i for a, b in call_slices(n, k) for i in range(a, b)]
+        assert got == list(range(n)) and all(b - a <= k for a, b in call_slices(n, k))

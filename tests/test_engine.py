@@ -341,7 +341,8 @@ def test_anatomy_accounts_for_the_step_on_cpu():
     e = _engine(model, "zero_copy", 2, 400, 32)
     e.cache.fill_random_([300, 200], seed=1)
     r = e.decoder(2)
-    anat = r.anatomy(repeats=3)
+    # medians of the parts against the median of the sums: 9 repeats keep a busy 2-core box's noise inside 5%
+    anat = r.anatomy(repeats=9)
     phases = {k: anat[k] for k in PHASES}
     assert all(v >= 0 for v in phases.values()) and phases["weights"] > 0 and phases["deltanet"] > 0
     assert sum(phases.values()) == pytest.approx(anat["marked_step_ms"], rel=0.05)

@@ -61,6 +61,7 @@ SPEC = [
     Param("hot_fused", "bool", False, "hot_cache: fused miss-load attention kernel instead of gather + attention"),
     Param("hot_defer", "bool", True, "hot_cache: victims and inserts after the read, on a side stream (false: before it)"),
     Param("dma_prefer_overlap", "bool", True, "block_dma: hint the driver to keep the copies on the copy engines"),
+    Param("dma_units_per_call", "int", 0, "block_dma: units per batched DMA call (0: a load in one call)"),
     Param("select_block", "int", 1, "select whole aligned blocks of N positions (16: PulseInfer's; block_dma's units)"),
     Param("probe", "bool", True, "measure the link limits first (contiguous, host_gather, zero_copy): the plots' bounds"),
     Param("seed", "int", 0, "weights and cache contents"),

@@ -26,7 +26,8 @@ around host-synchronised calls; wall clock on CPU) and checked against `src[unit
   first chunk;
 - `batched_dma`: one `cuMemcpyBatchAsync` call, a copy per unit straight from the pinned pool into the
   attention's order (`engine.batched_dma`; CUDA 13 drivers), hinted to overlap compute (copy engines);
-  `batched_dma_default` without the hint (the driver picks how);
+  `batched_dma_default` without the hint (the driver picks how); `batched_dma_perN` the same units in
+  calls of N (the copies of one call run while the driver takes in the next);
 - `gather_only`: the pipeline's gather into pinned staging in one call, no copy (the CPU side's own
   rate: a gather-then-copy path cannot beat min(this, the link));
 - `zero_copy`: the Triton gather kernel reading the units from mapped pinned host memory;
@@ -94,7 +95,7 @@ def _units(selection: str, s: ModelShape, context: int, budget: int, block: int,
 @torch.inference_mode()
 def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, budget: int = 2048, block: int = 16,
                 repeats: int = 20, threads: int = 0, seed: int = 0, requests: int = 1,
-                chunk_bytes: int = 8 << 20) -> list[dict]:
+                chunk_bytes: int = 8 << 20, dma_split_units: tuple = (128, 512)) -> list[dict]:
     if budget % block or context % block or budget > context:
         raise ValueError(f"budget {budget} and context {context} must be multiples of block {block}, budget <= context")
     if requests < 1:
@@ -111,6 +112,7 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
         from ..engine.batched_dma import BatchedDMA
         try:
             dma, dma_default = BatchedDMA(), BatchedDMA(prefer_overlap=False)
+            dma_split = {n: BatchedDMA(units_per_call=n) for n in dma_split_units}
         except RuntimeError as ex:      # an older driver: the other variants still run
             print(f"pulse_blocks: batched_dma skipped: {ex}", file=sys.stderr)
     for selection in ("per_head", "retrieval_head"):
@@ -164,6 +166,9 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
             variants["batched_dma"] = (lambda: dma.copy(pool, ids_cpu, dst, order=perm_cpu), lambda: dst[perm])
             variants["batched_dma_default"] = (lambda: dma_default.copy(pool, ids_cpu, dst, order=perm_cpu),
                                                lambda: dst[perm])
+            for n, d in dma_split.items():
+                variants[f"batched_dma_per{n}"] = (lambda d=d: d.copy(pool, ids_cpu, dst, order=perm_cpu),
+                                                   lambda: dst[perm])
         for name, (fn, result) in variants.items():
             dst.zero_()
             ms = _timer(dev, fn, repeats)
@@ -197,6 +202,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--requests", type=int, nargs="+", default=[1], help="requests' selections per transfer")
     ap.add_argument("--chunk-bytes", type=int, default=8 << 20, help="coalesced_pipelined: bytes gathered per copy")
+    ap.add_argument("--dma-split", type=int, nargs="*", default=[128, 512],
+                    help="batched_dma_perN variants: units per batched DMA call")
     ap.add_argument("--out", help="JSON file of the rows")
     ap.add_argument("--run-dir", help="run folder (manifest.json, metrics.parquet) for the report")
     a = ap.parse_args(argv)
@@ -215,7 +222,7 @@ def main(argv=None) -> int:
     rows = []
     for b, req in [(b, r) for r in a.requests for b in a.block]:
         for r in block_probe(ModelShape.from_name(a.shape), a.device, a.context, a.budget, b, a.repeats, a.threads,
-                             requests=req, chunk_bytes=a.chunk_bytes):
+                             requests=req, chunk_bytes=a.chunk_bytes, dma_split_units=tuple(a.dma_split)):
             rows.append(r)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
             if run is not None:

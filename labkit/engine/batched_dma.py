@@ -94,14 +94,26 @@ def run_pointers(src: torch.Tensor, rows: torch.Tensor, dst: torch.Tensor
     return dst.data_ptr() + j * row, src.data_ptr() + first * row, n * row
 
 
+def call_slices(n: int, per_call: int) -> list[tuple[int, int]]:
+    """[a, b) ranges of the n units, `per_call` each (0: one call), in order."""
+    step = per_call or n
+    return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+
 class BatchedDMA:
     """`cuMemcpyBatchAsync` through ctypes: host-to-device copies of scattered pinned units."""
 
-    def __init__(self, prefer_overlap: bool = True):
+    def __init__(self, prefer_overlap: bool = True, units_per_call: int = 0):
         """`prefer_overlap`: the CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE hint (the driver keeps the copies
         on the copy engines so they overlap kernels; without it the driver picks the mechanism). Both are
-        measured by `labkit.bench.pulse_blocks` (`batched_dma`, `batched_dma_default`)."""
+        measured by `labkit.bench.pulse_blocks` (`batched_dma`, `batched_dma_default`).
+        `units_per_call` (0: all in one): a load split into several calls, so the copies of one call run
+        while the driver takes in the next (one call of 1,536 units left ~0.5 us a unit exposed on the H200
+        host; the shared probe's back-to-back calls hid it)."""
+        if units_per_call < 0:
+            raise ValueError(f"batched_dma: units_per_call must be >= 0, got {units_per_call}")
         self.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE if prefer_overlap else 0
+        self.units_per_call = units_per_call
         if not torch.cuda.is_available():
             raise RuntimeError("batched_dma needs CUDA")
         torch.cuda.init()
@@ -159,8 +171,9 @@ class BatchedDMA:
                                  _MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, dev.index or 0), self.flags)
         idx = ctypes.c_size_t(0)
         with torch.cuda.device(dev):
-            _check(self._call(d.data_ptr(), s.data_ptr(), z.data_ptr(), len(d), ctypes.byref(attr), ctypes.byref(idx), 1,
-                              ctypes.c_void_p(on.cuda_stream)), "cuMemcpyBatchAsync")
+            for a, b in call_slices(len(d), self.units_per_call):
+                _check(self._call(d[a:].data_ptr(), s[a:].data_ptr(), z[a:].data_ptr(), b - a, ctypes.byref(attr),
+                                  ctypes.byref(idx), 1, ctypes.c_void_p(on.cuda_stream)), "cuMemcpyBatchAsync")
         if on is not stream:
             stream.wait_stream(on)
         # The driver reads the arrays during the call (source access order "stream" concerns the data, not the

@@ -233,11 +233,13 @@ class BlockDMA(HostDMA):
     name = "block_dma"
     _dma = None
 
-    def __init__(self, prefer_overlap: bool = True):
-        self.prefer_overlap = bool(prefer_overlap)
+    def __init__(self, prefer_overlap: bool = True, units_per_call: int = 0):
+        if units_per_call < 0:
+            raise ValueError(f"block_dma: dma_units_per_call must be >= 0 (0: one call), got {units_per_call}")
+        self.prefer_overlap, self.units_per_call = bool(prefer_overlap), int(units_per_call)
 
     def settings(self):
-        return {"dma_prefer_overlap": self.prefer_overlap}
+        return {"dma_prefer_overlap": self.prefer_overlap, "dma_units_per_call": self.units_per_call}
 
     def _load_ids(self, src, ids, out, stream):
         if out.device.type != "cuda":
@@ -247,7 +249,7 @@ class BlockDMA(HostDMA):
             return
         if self._dma is None:
             from .batched_dma import BatchedDMA
-            self._dma = BatchedDMA(self.prefer_overlap)
+            self._dma = BatchedDMA(self.prefer_overlap, self.units_per_call)
         self._dma.copy_runs(src, ids, out, stream)
 
 
@@ -267,6 +269,7 @@ SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
     "hot_fused": (("hot_cache",), "fused"),
     "hot_defer": (("hot_cache",), "defer"),
     "dma_prefer_overlap": (("block_dma",), "prefer_overlap"),
+    "dma_units_per_call": (("block_dma",), "units_per_call"),
 }
 
 

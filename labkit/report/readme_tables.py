@@ -223,14 +223,15 @@ def pulse_coalesced_table() -> str:
     for run in PULSE_COALESCED_RUNS:
         m = load_run(REPO / run).metrics
         m = m[m.status == "ok"]
+        split = sorted({x for x in m.strategy if x.startswith("batched_dma_per")}, key=lambda x: int(x[15:]))
         for (req, sel, blk), g in m.groupby(["requests", "selection", "block"], sort=True):
             r = g.set_index("strategy")
             row = {"run": run.split("-")[1], "requests": int(req), "MiB": f"{r['bytes'].iloc[0] / 2**20:.0f}",
                    "selection": sel, "block": int(blk), "unit": f"{int(r['unit_bytes'].iloc[0]) // 1024} KiB",
                    "contiguous GB/s": f"{r.loc['contiguous', 'gbps']:.1f}"}
-            row.update({c: f"{r.loc[c, 'ratio_to_contiguous']:.2f}" if c in r.index else "–" for c in cols})
+            row.update({c: f"{r.loc[c, 'ratio_to_contiguous']:.2f}" if c in r.index else "–" for c in cols + split})
             rows.append(row)
-    return _md(pd.DataFrame(rows))
+    return _md(pd.DataFrame(rows).fillna("–"))
 
 
 def pulse_switch_table() -> str:
