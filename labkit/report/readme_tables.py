@@ -34,6 +34,10 @@ PULSE_SWITCH_RUNS = [("results/20261130-100611-pulse-switch-h200", ["zero_copy",
                                                                     "block_dma-b16-overlap-false"]),
                      ("results/20261130-124244-pulse-switch-repeat-h200", [f"block_dma-b16-run{i}" for i in (1, 2, 3)])]
 PULSE_TRACE_BLOCKDMA_RUN = "results/20261130-123809-pulse-trace-blockdma-h200"
+# the quality lab per token and at blocks of 16 (SmolLM2-135M, 4K-token sequences, CPU): (run, granularity)
+QUALITY_BLOCK_RUNS = [("results/20261129-quality-smollm2-cpu", "token"),
+                      ("results/20261130-quality-smollm2-cpu-block16", "block 16"),
+                      ("results/20261130-quality-smollm2-cpu-block16-indexer", "block 16")]
 CROSSCHECK_RUN = "results/20261130-serve-crosscheck-smollm2-cpu"
 CAPACITY_RUN = "results/20261130-071914-capacity-cap24-h200"
 HOT_DENSITY_RUN = "results/20261130-hot-replay-density-cpu"
@@ -295,6 +299,27 @@ def pulse_trace_table() -> str:
     return _md(t)
 
 
+def quality_blocks_table(budgets=(256, 2048)) -> str:
+    """Perplexity ratio to dense (pooled over a corpus's sequences) and attention-mass recall per policy,
+    selected per token or in whole blocks of 16, at budgets 256 and 2048 of 4K tokens."""
+    rows = []
+    for run, gran in QUALITY_BLOCK_RUNS:
+        q = load_run(REPO / run).table("quality_summary")
+        q = q[q.budget.isin(budgets) & (q.policy != "dense")]
+        for (pol, corpus), g in q.groupby(["policy", "corpus"], sort=True):
+            if pol == "oracle_shared":
+                continue
+            g = g.set_index("budget")
+            row = {"policy": pol, "selection": gran, "corpus": corpus}
+            for b in budgets:
+                row[f"ppl ratio @{b}"] = f"{g.loc[b, 'ppl_ratio']:.3f}"
+                row[f"mass recall @{b}"] = f"{g.loc[b, 'mass_recall']:.3f}"
+            rows.append(row)
+    t = pd.DataFrame(rows)
+    t = t.assign(_o=t.selection != "token").sort_values(["policy", "corpus", "_o"], kind="stable").drop(columns="_o")
+    return _md(t)
+
+
 def hot_density_table(context_len: int = 1 << 20) -> str:
     """Hot-cache replay of recorded SmolLM2 selections per recording density x corpus x policy at one context:
     hit rate and link bytes against zero_copy's at capacity 1x and 2x budget, the smallest capacity of the
@@ -484,7 +509,7 @@ def xfer_blocks() -> dict[str, str]:
 def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
     return {"serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
-            "pulse-trace-h200": pulse_trace_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
+            "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
             **xfer_blocks(),
