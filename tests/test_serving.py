@@ -208,3 +208,25 @@ def test_launcher_answers_the_vllm_version_lookup_only(monkeypatch):
     finally:
         monkeypatch.setattr(md, "version", real)
         importlib.reload(L)
+
+
+def test_server_death_seen_through_its_teardown(tmp_path):
+    """A failed request's server counts as dead if its process exits within the grace (a killed server's
+    socket closes before the process is gone: reading `alive()` at once raced with that in CI); a live
+    one is not. Real child processes stand in for `vllm serve` (any process has the same lifecycle)."""
+    import subprocess
+    import sys
+    import time
+    from labkit.serving.lifecycle import VllmServer
+    srv = VllmServer([], None, tmp_path / "log")
+    srv.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    assert srv.alive()                          # still tearing down when the request failed
+    t = time.time()
+    assert srv.died(grace_s=10)
+    assert time.time() - t < 5 and not srv.alive()
+    srv.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert not srv.died(grace_s=0.3)        # a live server is not reported dead
+    finally:
+        srv.proc.kill()
+        srv.proc.wait()

@@ -431,7 +431,7 @@ def run_serve(given: dict, run=None, log=print):
                                     failed = s.get("failed") or 0
                                     err = next((r["error"] for r in requests[-len(specs):] if r.get("error")), None) \
                                         if client == "labkit" and failed else None
-                                    dead = failed and not srv.alive()
+                                    dead = bool(failed) and srv.died()
                                     run.add({**row, **s, "status": "ok" if not failed else "failed",
                                              "error": (err or "") + (" (server died)" if dead else "") or None,
                                              "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
@@ -440,7 +440,7 @@ def run_serve(given: dict, run=None, log=print):
                             except KeyboardInterrupt:
                                 raise
                             except Exception as ex:
-                                dead = not srv.alive()
+                                dead = srv.died()
                                 run.add({**row, "status": "failed", "error": one_line(ex) + (" (server died)" if dead else ""),
                                          "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
                                 status = "partial"

@@ -97,6 +97,18 @@ class VllmServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def died(self, grace_s: float = 3.0) -> bool:
+        """After a failed request: is the server gone, or going? A killed server's requests fail the moment
+        its socket closes, while the process itself may still be tearing down (a large process takes
+        a while to exit), so an `alive()` read at once can miss the death: wait up to `grace_s`."""
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def start(self) -> "VllmServer":
         if port_in_use(self.port):
             raise BadInput(f"port {self.port} on 127.0.0.1 is in use: choose another (port=0 picks a free one)")
