@@ -23,7 +23,7 @@ import psutil
 import torch
 
 from ..engine import Engine, HybridModel, OffloadCache, get_strategy
-from ..engine.cache import build_on_devices
+from ..engine.cache import PAGE_SIZE, build_on_devices
 from ..engine.pipeline import (PipelineRunner, bubbles, device_guard, micro_batch_ranges, model_block_costs,
                                place_layers, split_model, staged_prefill)
 from ..engine.transfer import SETTINGS, STRATEGIES
@@ -150,8 +150,8 @@ def plan(given: dict) -> DecodePlan:
     if "hot_cache" in p["strategies"]:
         _check_hot_capacity(p, shape, devs[0])
     sb = p["select_block"]
-    if sb < 1 or any(b % sb for b in p["budgets"]) or 256 % sb:
-        raise BadInput(f"select_block must be >= 1 and divide every budget and the page size 256, got {sb}")
+    if sb < 1 or any(b % sb for b in p["budgets"]) or PAGE_SIZE % sb:
+        raise BadInput(f"select_block must be >= 1 and divide every budget and the page size {PAGE_SIZE}, got {sb}")
     if p["selection"] != "indexer" and not p["selection"].startswith("trace:"):
         raise BadInput(f"selection must be 'indexer' or 'trace:PATH', got {p['selection']!r}")
     if p["selection"].startswith("trace:") and not Path(p["selection"][6:]).is_file():

@@ -28,7 +28,7 @@ import torch
 
 from ..engine import Engine, HybridModel, OffloadCache, get_strategy
 from ..engine.runner import DecodeState
-from ..engine.switching import Loader, Timeline, capture_pieces, replay, sequential_round, switched_round
+from ..engine.switching import Loader, Timeline, capture_pieces, replay, replay_inline, sequential_round, switched_round
 from ..shapes import ModelShape
 
 
@@ -101,12 +101,8 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
 
         def seq(keys):
             def run():
-                for k in keys:
-                    e = lanes[k][0]
-                    for g, item in full[k]:
-                        g.replay()
-                        if item is not None:        # a host strategy's load, inline (sync) between pieces
-                            e.strategy.load(e.cache.pool, item.layer, item.rows, item.out)
+                for k in keys:          # a host strategy's loads inline (sync) between its pieces
+                    replay_inline(full[k], lanes[k][0])
             return run
 
         def sw(tl=None):
@@ -158,15 +154,10 @@ def overlap_ms(spans: list[dict]) -> float:
     return sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in tr for b0, b1 in nc)
 
 
-def _setting(text: str) -> tuple[str, object]:
-    """`KEY=VALUE` with VALUE read as a bool (true/false), an int, or kept as text."""
-    key, sep, val = text.partition("=")
-    if not sep:
-        raise SystemExit(f"error: --set takes KEY=VALUE, got {text!r}")
-    low = val.strip().lower()
-    if low in ("true", "false"):
-        return key.strip(), low == "true"
-    return key.strip(), int(val) if val.strip().lstrip("-").isdigit() else val
+def _unknown(key: str):
+    from .params import BadInput
+    from ..engine.transfer import SETTINGS
+    raise BadInput(f"--set {key}: not a strategy setting (choose from {', '.join(SETTINGS)})")
 
 
 def main(argv=None) -> int:
@@ -189,7 +180,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     shape = ModelShape.from_name(a.shape)
-    settings = dict(_setting(x) for x in a.set)
+    from ..engine.transfer import SETTINGS
+    from .decode import SPEC                  # the sweep's parameters: each strategy setting's type
+    from .params import BadInput, kv_pairs, parse_value
+    spec = {p.name: p for p in SPEC if p.name in SETTINGS}
+    try:
+        settings = {k: parse_value(spec[k], v) if k in spec else _unknown(k) for k, v in kv_pairs(a.set).items()}
+    except BadInput as ex:
+        ap.error(str(ex))
     rows = []
     for ctx in a.context:
         for ob in a.offload_batch:

@@ -101,14 +101,6 @@ def _time(fn, n: int, dev) -> list[float]:
     return out
 
 
-def _replay_inline(pieces, engine) -> None:
-    """A step from its captured pieces; a host strategy's loads (pieces cut at them) run inline."""
-    for g, item in pieces:
-        g.replay()
-        if item is not None:
-            engine.strategy.load(engine.cache.pool, item.layer, item.rows, item.out)
-
-
 def _link_probe(pool, nbytes: int, dev, repeats: int = 10) -> dict:
     """Contiguous pinned H2D of `nbytes` from the pool (the link's reference) and a device-to-device
     copy of the same size (HBM: read + write counted)."""
@@ -129,7 +121,8 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
     from ..engine import Engine, HybridModel, get_strategy
     from ..engine.kv import KVPool
     from ..engine.runner import DecodeState
-    from ..engine.switching import Loader, Timeline, capture_pieces, pingpong_round, replay, sequential_round
+    from ..engine.switching import (Loader, Timeline, capture_pieces, pingpong_round, replay, replay_inline,
+                                    sequential_round)
     requests = sorted(set(int(n) for n in requests))
     if not requests or requests[0] < 1:
         raise BadInput(f"requests must be >= 1, got {requests}")
@@ -197,7 +190,7 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
                     pb = capture_pieces(*states["b"], "loads", torch.cuda.graph_pool_handle())
                 torch.cuda.synchronize()
                 for k, pieces in whole.items():
-                    timed[k] = (lambda p=pieces, e=states[k][0]: _replay_inline(p, e))
+                    timed[k] = (lambda p=pieces, e=states[k][0]: replay_inline(p, e))
                 if nb:
                     la, lb = Loader(states["a"][0]), Loader(states["b"][0])
 

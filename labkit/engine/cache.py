@@ -19,6 +19,9 @@ from .kv import WORD, IndexKeyCache, KVPool, PageTable
 from .layers import dn_state_shapes
 
 
+PAGE_SIZE = 256      # KV page (positions) unless a caller picks another
+
+
 @dataclass
 class OffloadCache:
     pool: KVPool
@@ -29,7 +32,7 @@ class OffloadCache:
     lens: torch.Tensor          # [S] int64 on the device: tokens written per slot
 
     @classmethod
-    def allocate(cls, model, medium: str, n_slots: int, capacity: int, page_size: int = 256,
+    def allocate(cls, model, medium: str, n_slots: int, capacity: int, page_size: int = PAGE_SIZE,
                  pool_tokens: int | None = None) -> "OffloadCache":
         """`pool_tokens`: KV pool size when smaller than n_slots x capacity (slots then share it)."""
         s, dev = model.shape, model.device

@@ -42,7 +42,8 @@ from .cache import OffloadCache
 from .engine import Engine
 from .model import HybridModel
 from .runner import DecodeState
-from .switching import Loader, RoundStats, Timeline, capture_pieces, replay, sequential_round, switched_round
+from .switching import (Loader, RoundStats, Timeline, capture_pieces, replay, replay_inline, sequential_round,
+                        switched_round)
 from .transfer import get_strategy
 
 
@@ -107,13 +108,9 @@ class Lane:
     def replay_step(self, stats: RoundStats) -> None:
         """One step from the captured graphs; a host strategy's loads run inline between the pieces
         (what its eager step does, without the launch cost of the pieces)."""
-        e = self.engine
         split = self.step_split
         loads = stats.loads_offloaded if self.offloaded else stats.loads_normal
-        for g, item in self.pieces(split):
-            g.replay()
-            if item is not None:
-                loads.append(e.strategy.load(e.cache.pool, item.layer, item.rows, item.out))
+        loads.extend(replay_inline(self.pieces(split), self.engine))
         loads.extend(self.graph_loads[split])
 
     def pieces(self, split: str) -> list:

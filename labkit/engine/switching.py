@@ -302,6 +302,17 @@ def capture_pieces(engine: Engine, state, split: str, pool=None, results: list |
     return pieces
 
 
+def replay_inline(pieces, engine: Engine) -> list[LoadResult]:
+    """One step from pieces captured with split="loads" (or "none"): each piece replayed, the load it ends
+    at run inline before the next (a host strategy's step without switching). Returns the loads' results."""
+    out = []
+    for g, item in pieces:
+        g.replay()
+        if item is not None:
+            out.append(engine.strategy.load(engine.cache.pool, item.layer, item.rows, item.out))
+    return out
+
+
 def replay(pieces):
     """Replay captured pieces as a step generator (yields what the eager step yields at each cut)."""
     for g, item in pieces:

@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 from labkit.bench.params import BadInput, Param, one_line, resolve
+from labkit.xfer.transfer import EXACT_PREFIX
 
 EXPERIMENT = "xfer"
 
@@ -38,7 +39,7 @@ SPEC = [
     Param("layer_table", "str", "", "large:small,... alignment entries (empty: proportional / deepest layer for first:N)"),
     Param("features", "str", "h:-1,h:0,h:-1@-1,h:-2", "small-model features: h:i, kv:i, h:aligned, kv:aligned, suffix @-k or @avg (default: the ablation's best at its cost)"),
     Param("rank", "int", 0, "reduced-rank mapper: one projection of the features to `rank` dimensions shared by the mapped layers, then per-layer maps (0: full ridge)"),
-    Param("exact_prefix", "int", 1, "first tokens whose K/V the large model computes itself (a k-token forward): position 0 is the attention sink the mapper predicts worst"),
+    Param("exact_prefix", "int", EXACT_PREFIX, "first tokens whose K/V the large model computes itself (a k-token forward): position 0 is the attention sink the mapper predicts worst"),
     Param("rope", "str", "pre", "pre: map keys before RoPE and rotate at the target positions; post: map rotated keys"),
     Param("mapper", "str", "", "mapper .safetensors to use (empty: cached fit for these parameters, fitted if missing)"),
     Param("calib_tokens", "int", 32768, "calibration tokens per corpus (calibration split; 1 in 5 chunks held out for lambda)"),
@@ -200,7 +201,8 @@ def ttft_rows(n: int, t_large: list, t_map: list, parts: list, firsts_equal: lis
 
 
 @torch.no_grad()
-def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path, log=print, exact_prefix: int = 1) -> list[dict]:
+def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path, log=print,
+                      exact_prefix: int = EXACT_PREFIX) -> list[dict]:
     """Per prompt length: the large model's prefill + first token vs the producer path, in-process."""
     from labkit.quality.corpora import sequences
     from labkit.xfer.producer import Producer

@@ -30,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from labkit.results import REPO
+from labkit.xfer.transfer import EXACT_PREFIX
 
 
 class Server:
@@ -230,7 +231,7 @@ def run_vllm(p: dict, models, mapper, mapper_path, seqs, run, base: dict, log=pr
     from labkit.xfer.producer import Producer
 
     root = shm.default_root()
-    prod = Producer(models, mapper, root, dtype=torch.float32, exact_prefix=p.get("exact_prefix", 1))
+    prod = Producer(models, mapper, root, dtype=torch.float32, exact_prefix=p.get("exact_prefix", EXACT_PREFIX))
     server = Server(models.pair.large.path, models.pair.large.fingerprint, root, run.path / "vllm_server.log")
     try:
         startup = server.wait()
