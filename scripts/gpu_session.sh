@@ -19,8 +19,10 @@
 #                                           zero_copy transfers over 16-position blocks, the pulse GPU tests
 #   scripts/gpu_session.sh pulse3           batched DMA with/without the prefer-overlap hint (blocks, switched round with
 #                                           block_dma over 16-position blocks), a short trace replay with block_dma, ~5 min
-#   scripts/gpu_session.sh pulse4           block_dma everywhere: scheduler graphs with a host strategy (GPU tests), scaling
-#                                           at 1M with compiled steps, a decode-heavier trace replay with graphs on, ~10 min
+#   scripts/gpu_session.sh pulse4           scheduler graphs with a host strategy (GPU tests), then a decode-heavier trace
+#                                           replay (inputs x0.5, 256 output tokens) with graphs on and block_dma, ~8 min
+#   scripts/gpu_session.sh pulse5           batched DMA split into calls of 64/128/512 units (blocks, switched rounds),
+#                                           the concurrency scaling at 1M with block_dma and compiled steps, ~7 min
 #   scripts/gpu_session.sh hot              issue 10 items 5-6 in ~6 min: prefill resident/sync/rotating at 248K (its last
 #                                           PREFILL_TAIL tokens), a 1M prompt's last chunk under a 24 GiB cap, capacity and
 #                                           goodput at 30 ms TPOT under 24 GiB, then the hot-cache and prefill GPU tests
@@ -161,28 +163,34 @@ case "$MODE" in
     (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
     ;;
   pulse4)
-    # issue 11 with block_dma over 16-position blocks everywhere: the scheduler's graphs with a host
-    # strategy (GPU tests first), the concurrency scaling at 1M with compiled steps, a decode-heavier trace
-    # replay with graphs on (every policy's steps from CUDA graphs, host loads between pieces)
+    # issue 11 with block_dma over 16-position blocks: the scheduler's graphs with a host strategy (GPU
+    # tests first), then a decode-heavier trace replay with graphs on (every policy's steps from CUDA
+    # graphs, host loads between pieces): inputs x0.5, 256 output tokens, 24 requests
     export LABKIT_SESSION=$stamp
     timeout 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_pulse.py -k "graphs or scaling" \
         2>&1 | grep -v DEBUG | tail -12 | tee "$OUT/gpu_pulse4_tests.txt"
-    # batched DMA split into calls of 128 / 512 units (the driver's per-unit intake hidden behind the copies)
+    timeout ${TRACE_TIMEOUT:-330} python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-graphs-h200" \
+        -p n_requests=${PULSE_REQUESTS:-24} -p length_scale=${PULSE_SCALE:-0.5} -p max_output=256 -p capacity=65536 \
+        -p strategy=block_dma -p select_block=16 -p graphs=true -p policies=noswitch:4096,threshold:4096,adaptive \
+        -p timeline_every=10 -p transport=inprocess 2>&1 | grep -v DEBUG | tail -8
+    (cd "$OUT" && for d in */; do cp gpu_pulse4_tests.txt "$d"; tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    ;;
+  pulse5)
+    # issue 11, transfers: the batched DMA split into calls of 64 / 128 / 512 units (one call's copies
+    # running while the driver takes in the next), the switched round per split, the concurrency scaling
+    # at 1M with block_dma and compiled steps
+    export LABKIT_SESSION=$stamp
     timeout 100 python3 -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 --requests 4 12 \
         --repeats 10 --dma-split 64 128 512 --run-dir "$OUT/$stamp-pulse-blocks-h200" 2>&1 | grep -v '^{' | tail -2
     mkdir -p "$OUT/$stamp-pulse-switch-h200"
-    for n in 0 128; do
-      timeout 80 python3 -m labkit.bench.pulse --strategy block_dma --select-block 16 --set dma_units_per_call=$n \
+    for n in 0 128 0 128; do
+      timeout 70 python3 -m labkit.bench.pulse --strategy block_dma --select-block 16 --set dma_units_per_call=$n \
           --context 65536 --offload-batch 4 --normal-batch 4 --normal-context 8192 --steps 10 \
-          --out "$OUT/$stamp-pulse-switch-h200/block_dma-b16-per$n.json" 2>&1 | tail -1 | cut -c1-400
+          --out "$OUT/$stamp-pulse-switch-h200/block_dma-b16-per$n-$(date +%H%M%S).json" 2>&1 | tail -1 | cut -c1-400
     done
     timeout ${SCALING_TIMEOUT:-240} python3 -m labkit.bench.pulse_scaling --context 1048576 --requests 1,2,4,8,16 --steps 6 \
         --strategy block_dma --select-block 16 --compile --out "$OUT/$stamp-pulse-scaling-blockdma-h200" 2>&1 | tail -12
-    timeout ${TRACE_TIMEOUT:-300} python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-graphs-h200" \
-        -p n_requests=${PULSE_REQUESTS:-24} -p max_output=256 -p capacity=65536 -p strategy=block_dma -p select_block=16 \
-        -p graphs=true -p policies=noswitch:4096,threshold:4096,adaptive -p timeline_every=10 -p transport=inprocess \
-        2>&1 | grep -v DEBUG | tail -8
-    (cd "$OUT" && for d in */; do cp gpu_pulse4_tests.txt "$d"; tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
     ;;
   hot1m)
     # The whole 1M-token prompt under the 24 GiB cap, rotating buffers; chunks.csv records each chunk as it
