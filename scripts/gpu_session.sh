@@ -21,6 +21,7 @@
 #                                           block_dma over 16-position blocks), a short trace replay with block_dma, ~5 min
 #   scripts/gpu_session.sh pulse4           scheduler graphs with a host strategy (GPU tests), then a decode-heavier trace
 #                                           replay (inputs x0.5, 256 output tokens) with graphs on and block_dma, ~8 min
+#   scripts/gpu_session.sh pulsetrace       pulse4's trace replay alone: 32 requests, thresholds 4096 and 8192, ~8 min
 #   scripts/gpu_session.sh pulse5           batched DMA split into calls of 64/128/512 units (blocks, switched rounds),
 #                                           the concurrency scaling at 1M with block_dma and compiled steps, ~7 min
 #   scripts/gpu_session.sh hot              issue 10 items 5-6 in ~6 min: prefill resident/sync/rotating at 248K (its last
@@ -174,6 +175,17 @@ case "$MODE" in
         -p strategy=block_dma -p select_block=16 -p graphs=true -p policies=noswitch:4096,threshold:4096,adaptive \
         -p timeline_every=10 -p transport=inprocess 2>&1 | grep -v DEBUG | tail -8
     (cd "$OUT" && for d in */; do cp gpu_pulse4_tests.txt "$d"; tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    ;;
+  pulsetrace)
+    # pulse4's trace replay alone, more requests and a second static threshold (p99 over 24 requests is
+    # their maximum): PULSE_REQUESTS (32), PULSE_POLICIES, TRACE_TIMEOUT; policies are written as they end
+    export LABKIT_SESSION=$stamp
+    timeout ${TRACE_TIMEOUT:-520} python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-graphs-h200" \
+        -p n_requests=${PULSE_REQUESTS:-32} -p length_scale=${PULSE_SCALE:-0.5} -p max_output=256 -p capacity=65536 \
+        -p strategy=block_dma -p select_block=16 -p graphs=true \
+        -p policies=${PULSE_POLICIES:-noswitch:4096,threshold:4096,adaptive,threshold:8192} \
+        -p timeline_every=10 -p transport=inprocess 2>&1 | grep -v DEBUG | tail -8
+    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
     ;;
   pulse5)
     # issue 11, transfers: the batched DMA split into calls of 64 / 128 / 512 units (one call's copies
