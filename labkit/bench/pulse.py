@@ -154,10 +154,19 @@ def overlap_ms(spans: list[dict]) -> float:
     return sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in tr for b0, b1 in nc)
 
 
-def _unknown(key: str):
-    from .params import BadInput
+def strategy_settings(pairs: list[str]) -> dict:
+    """`--set KEY=VALUE` pairs as strategy settings, each parsed by the decode sweep's declared type
+    (the benches and the sweep take the same names); an unknown key is refused in one line."""
     from ..engine.transfer import SETTINGS
-    raise BadInput(f"--set {key}: not a strategy setting (choose from {', '.join(SETTINGS)})")
+    from .decode import SPEC
+    from .params import BadInput, kv_pairs, parse_value
+    spec = {p.name: p for p in SPEC if p.name in SETTINGS}
+    out = {}
+    for k, v in kv_pairs(pairs).items():
+        if k not in spec:
+            raise BadInput(f"--set {k}: not a strategy setting (choose from {', '.join(SETTINGS)})")
+        out[k] = parse_value(spec[k], v)
+    return out
 
 
 def main(argv=None) -> int:
@@ -180,12 +189,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     shape = ModelShape.from_name(a.shape)
-    from ..engine.transfer import SETTINGS
-    from .decode import SPEC                  # the sweep's parameters: each strategy setting's type
-    from .params import BadInput, kv_pairs, parse_value
-    spec = {p.name: p for p in SPEC if p.name in SETTINGS}
+    from .params import BadInput
     try:
-        settings = {k: parse_value(spec[k], v) if k in spec else _unknown(k) for k, v in kv_pairs(a.set).items()}
+        settings = strategy_settings(a.set)
     except BadInput as ex:
         ap.error(str(ex))
     rows = []

@@ -116,7 +116,8 @@ def _link_probe(pool, nbytes: int, dev, repeats: int = 10) -> dict:
 @torch.inference_mode()
 def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2, 4, 8, 16), budget: int = 2048,
             strategy: str = "zero_copy", steps: int = 10, warmup: int = 2, graphs: bool = True,
-            compile: bool = False, page_size: int = 256, seed: int = 0, log=print, select_block: int = 1):
+            compile: bool = False, page_size: int = 256, seed: int = 0, log=print, select_block: int = 1,
+            settings: dict | None = None):
     """Rows (one per N and mode) and one switched round's timeline per N; see the module doc."""
     from ..engine import Engine, HybridModel, get_strategy
     from ..engine.kv import KVPool
@@ -129,7 +130,8 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
     if budget > context:
         raise BadInput(f"budget {budget} exceeds context {context}")
     dev = torch.device(device)
-    st_off = get_strategy(strategy)
+    settings = settings or {}
+    st_off = get_strategy(strategy, **settings)
     if st_off.medium != "host":
         raise BadInput(f"strategy {strategy} keeps KV on the device; choose an offload strategy")
     # a host strategy (block_dma, coalesced) runs its steps as graph pieces cut at its loads, loads between
@@ -153,7 +155,7 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
     base = {"experiment": "pulse_scaling", "status": "ok", "error": None, "device": str(dev),
             "gpu_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "shape": shape.name,
             "strategy": strategy, "context_len": context, "budget": budget, "graphs": graphs, "compile": compile,
-            "select_block": select_block,
+            "select_block": select_block, **st_off.settings(),
             "weight_bytes": weight_bytes, "row_bytes_per_request": req_bytes, **probe}
     if probe["link_gbps"]:
         base["crossover_physics"] = crossover_requests(weight_bytes, probe["hbm_gbps"], req_bytes, probe["link_gbps"])
@@ -167,8 +169,8 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
                      "resident_a": (Engine(model, res_full, get_strategy("resident"), budget, **kw), na)}
             if nb:
                 lanes["resident_b"] = (Engine(model, res_full, get_strategy("resident"), budget, **kw), nb)
-                lanes["a"] = (Engine(model, ca, get_strategy(strategy), budget, **kw), na)
-                lanes["b"] = (Engine(model, cb, get_strategy(strategy), budget, **kw), nb)
+                lanes["a"] = (Engine(model, ca, get_strategy(strategy, **settings), budget, **kw), na)
+                lanes["b"] = (Engine(model, cb, get_strategy(strategy, **settings), budget, **kw), nb)
             states = {}
             for k, (e, b) in lanes.items():
                 s = DecodeState(e, b, None, rounds)
@@ -262,9 +264,13 @@ def main(argv=None) -> int:
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--compile", action="store_true", help="torch.compile the block pieces (one compile per batch size)")
     ap.add_argument("--select-block", type=int, default=1, help="select whole aligned blocks of N positions")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a strategy setting by its sweep name (e.g. dma_units_per_call=512)")
     ap.add_argument("--out", required=True, help="run folder")
     a = ap.parse_args(argv)
     try:
+        from .pulse import strategy_settings
+        settings = strategy_settings(a.set)
         reqs = [int(x) for x in a.requests.split(",") if x.strip()]
         shape = ModelShape.from_name(a.shape)
         if a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -284,7 +290,8 @@ def main(argv=None) -> int:
     run = Run.create(a.out, "pulse_scaling", params)
     try:
         rows, spans = scaling(shape, a.device, a.context, reqs, a.budget, a.strategy, a.steps, graphs=not a.no_graphs,
-                              compile=a.compile, page_size=a.page_size, select_block=a.select_block)
+                              compile=a.compile, page_size=a.page_size, select_block=a.select_block,
+                              settings=settings)
     except BadInput as ex:
         print(f"error: {ex}", file=sys.stderr)
         run.finish("failed", error=str(ex))
