@@ -45,6 +45,7 @@ SPEC = [
     Param("budget", "int", 0, "indexer budget (0: 2048 on CUDA, 16 on CPU)"),
     Param("strategy", "str", "zero_copy", "the offload lane's strategy (block_dma: one batched DMA a layer)"),
     Param("select_block", "int", 1, "decode selects whole aligned blocks of N positions (16: PulseInfer's)"),
+    Param("dma_units_per_call", "int", 0, "block_dma: units per batched DMA call (0: a load in one call)"),
     Param("policies", "list[str]", ["adaptive", "threshold:4096", "threshold:16384", "noswitch:4096"],
           "placement policies to compare"),
     Param("tpot_slo_ms", "float", 0.0, "goodput's TPOT limit (0: 50 on CUDA, 2000 on CPU)"),
@@ -83,6 +84,10 @@ def _params(given: dict) -> dict:
     if p["select_block"] < 1 or p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
         raise BadInput(f"select_block must be >= 1 and divide budget ({p['budget']}) and page_size "
                        f"({p['page_size']}), got {p['select_block']}")
+    if p["dma_units_per_call"] < 0:
+        raise BadInput(f"dma_units_per_call must be >= 0 (0: one call), got {p['dma_units_per_call']}")
+    if p["dma_units_per_call"] and p["strategy"] != "block_dma":
+        raise BadInput(f"dma_units_per_call applies to strategy block_dma, not {p['strategy']}")
     if p["transport"] == "auto":
         import importlib.util
         have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
@@ -141,7 +146,8 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     lanes = make_lanes(model.shape, model.device, p["resident_slots"], p["offload_slots"], capacity=p["capacity"],
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
-                       resident_pool_tokens=p["resident_pool_tokens"] or None, select_block=p["select_block"])
+                       resident_pool_tokens=p["resident_pool_tokens"] or None, select_block=p["select_block"],
+                       settings={"dma_units_per_call": p["dma_units_per_call"]})
     costs = calibrate(lanes) if policy == "adaptive" else None
     switching = not policy.startswith("noswitch:")
     sched = Scheduler(lanes, parse_policy(policy.replace("noswitch:", "threshold:"), costs), switching=switching,

@@ -556,8 +556,10 @@ class Scheduler:
 def make_lanes(shape, device="cpu", resident_slots: int = 4, offload_slots: int = 0, capacity: int = 4096,
                budget: int = 2048, strategy: str = "zero_copy", seed: int = 0, page_size: int = 256,
                prefill_chunk: int = 8192, compile: bool = False, model: HybridModel | None = None,
-               resident_pool_tokens: int | None = None, select_block: int = 1) -> dict[str, Engine]:
-    """Engines over one model: `resident` (device pool) and/or `offload` (host pool, `strategy`).
+               resident_pool_tokens: int | None = None, select_block: int = 1,
+               settings: dict | None = None) -> dict[str, Engine]:
+    """Engines over one model: `resident` (device pool) and/or `offload` (host pool, `strategy` with its
+    `settings`, the sweep's names, e.g. dma_units_per_call).
     `resident_pool_tokens` caps the device pool below slots x capacity (device memory is what the
     placement policies share out). `select_block` applies to both lanes, so a request's tokens do not
     depend on where it is placed."""
@@ -569,7 +571,7 @@ def make_lanes(shape, device="cpu", resident_slots: int = 4, offload_slots: int 
     for name, slots, strat in (("resident", resident_slots, "resident"), ("offload", offload_slots, strategy)):
         if slots <= 0:
             continue
-        st = get_strategy(strat)
+        st = get_strategy(strat, **(settings or {}) if name == "offload" else {})
         pool = resident_pool_tokens if name == "resident" else None
         cache = OffloadCache.allocate(model, st.medium, slots, capacity, page_size=page_size, pool_tokens=pool)
         lanes[name] = Engine(model, cache, st, budget, prefill_chunk=prefill_chunk, compile=compile,
