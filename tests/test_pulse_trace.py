@@ -51,9 +51,13 @@ def test_labkit_run_pulse_notebook(tmp_path):
     good = _trace(tmp_path / "g.jsonl", GOOD)
     out, err = run_notebook("pulse", {"device": "cpu", "trace": good, "n_requests": "4", "rate": "10",
                                       "policies": "threshold:60,noswitch:60", "resident_slots": "2",
-                                      "offload_slots": "2", "timeline_every": "1"},
+                                      "offload_slots": "2", "timeline_every": "1", "strategy": "block_dma",
+                                      "select_block": "16", "dma_units_per_call": "3"},
                             out_dir=tmp_path / "run", log_output=False, timeout=300)
     assert err is None, err
+    # every notebook parameter reaches the experiment (select_block was once dropped between the two)
+    prm = json.loads((out / "manifest.json").read_text())["parameters"]
+    assert (prm["strategy"], prm["select_block"], prm["dma_units_per_call"]) == ("block_dma", 16, 3)
     m = pd.read_parquet(out / "metrics.parquet")
     assert list(m["policy"]) == ["threshold:60", "noswitch:60"] and set(m["status"]) == {"ok"}
     assert (m["completed"] == 4).all() and (m["output_throughput"] > 0).all() and m["tpot_ms_p99"].notna().all()
