@@ -25,15 +25,27 @@ PREFILL_RUNS = ["results/20261130-071914-prefill-248k-h200", "results/20261130-0
                 "results/20261130-121336-prefill-248k-full-h200", "results/20261130-121920-prefill-1m-full-cap24-h200"]
 PULSE_RUNS = {k: f"results/20261130-072708-pulse-{k}-h200" for k in ("blocks", "scaling", "trace")}
 # block transfers with the pipelined coalesced path and batched DMA (1/12 requests; then 4/12 with both DMA hints)
-PULSE_COALESCED_RUNS = ["results/20261130-123044-pulse-blocks-h200", "results/20261130-123809-pulse-blocks-h200"]
+# and the batched DMA split into calls of 64/128/512 units (round 4)
+PULSE_COALESCED_RUNS = ["results/20261130-123044-pulse-blocks-h200", "results/20261130-123809-pulse-blocks-h200",
+                        "results/20261130-150912-pulse-blocks-h200"]
 # the switched round per transfer mechanism: (run, json files) in the order they were measured
 PULSE_SWITCH_RUNS = [("results/20261130-100611-pulse-switch-h200", ["zero_copy", "coalesced"]),
                      ("results/20261130-123044-pulse-switch-h200", ["zero_copy-b1", "zero_copy-b16", "coalesced-b16",
                                                                     "block_dma-b16"]),
                      ("results/20261130-123809-pulse-switch-h200", ["block_dma-b16-overlap-true",
                                                                     "block_dma-b16-overlap-false"]),
-                     ("results/20261130-124244-pulse-switch-repeat-h200", [f"block_dma-b16-run{i}" for i in (1, 2, 3)])]
-PULSE_TRACE_BLOCKDMA_RUN = "results/20261130-123809-pulse-trace-blockdma-h200"
+                     ("results/20261130-124244-pulse-switch-repeat-h200", [f"block_dma-b16-run{i}" for i in (1, 2, 3)]),
+                     ("results/20261130-150912-pulse-switch-h200", ["block_dma-b16-per0-151040", "block_dma-b16-per128-151123",
+                                                                    "block_dma-b16-per0-151150", "block_dma-b16-per128-151215"])]
+# every trace replay, in the order measured: eager zero_copy, eager block_dma, then graphs on with inputs x0.5 and
+# 256 output tokens (24 requests; 32 requests with a second threshold; 32 with the DMA split into calls of 512)
+PULSE_TRACE_RUNS = ["results/20261130-072708-pulse-trace-h200", "results/20261130-123809-pulse-trace-blockdma-h200",
+                    "results/20261130-150446-pulse-trace-graphs-h200", "results/20261130-151530-pulse-trace-graphs-h200",
+                    "results/20261130-152407-pulse-trace-split512-h200"]
+# every request offloaded at 1M with compiled steps: (run, label); the last two ran in one device call
+PULSE_SCALING_COMPILED_RUNS = [("results/20261130-150912-pulse-scaling-blockdma-h200", "block_dma, one call"),
+                               ("results/20261130-152141-pulse-scaling-compiled-block_dma-h200", "block_dma, calls of 512"),
+                               ("results/20261130-152141-pulse-scaling-compiled-zero_copy-h200", "zero_copy")]
 # the quality lab per token and at blocks of 16 (SmolLM2-135M, 4K-token sequences, CPU): (run, granularity)
 QUALITY_BLOCK_RUNS = [("results/20261129-quality-smollm2-cpu", "token"),
                       ("results/20261130-quality-smollm2-cpu-block16", "block 16"),
@@ -247,10 +259,11 @@ def pulse_switch_table() -> str:
         for name in names:
             r = json.loads((REPO / run / f"{name}.json").read_text())[0]
             tr = [x["end_ms"] - x["start_ms"] for x in r["timeline"] if x["kind"] == "transfer"]
-            hint = r.get("dma_prefer_overlap")
+            hint, per = r.get("dma_prefer_overlap"), r.get("dma_units_per_call")
             rows.append({"run": run.split("-")[1], "offloaded batch's transfer": r["strategy"],
                          "select block": r.get("select_block", 1),
                          "DMA hint": "–" if hint is None else ("overlap" if hint else "default"),
+                         "units per DMA call": "–" if per is None else (f"{per}" if per else "all"),
                          "sequential ms": f"{r['sequential_ms']:.2f}", "switched ms": f"{r['switched_ms']:.2f}",
                          "switched / sequential": f"{r['switched_ms'] / r['sequential_ms']:.3f}",
                          "bound ms": f"{r['bound_ms']:.2f}" if "bound_ms" in r else "–",
@@ -277,24 +290,60 @@ def pulse_scaling_table() -> str:
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
+def pulse_scaling_compiled_table() -> str:
+    """Aggregate tok/s at 1M with every request offloaded, compiled steps: per request count and offload
+    transfer, one batch vs two switched, switched against the best one-batch transfer (zero_copy, the
+    last run) and the bound's two floors (the same for every transfer: they use the contiguous link)."""
+    runs = [(load_run(REPO / run).metrics, label) for run, label in PULSE_SCALING_COMPILED_RUNS]
+    runs = [(m[m.status == "ok"].pivot_table(index="concurrency", columns="mode", values="tok_s"), m, label)
+            for m, label in runs]
+    ref_piv, ref, _ = runs[-1]
+    b = ref[ref["mode"] == "no_switch"].set_index("concurrency")
+    rows = []
+    for n in sorted(set().union(*(p.index for p, _, _ in runs))):
+        for p, _, label in runs:
+            if n not in p.index:
+                continue
+            one, two = p.loc[n, "no_switch"], p.loc[n].get("switched")
+            best = ref_piv.loc[n, "no_switch"] if n in ref_piv.index else float("nan")
+            rows.append({"requests": int(n), "offload transfer": label, "one batch tok/s": f"{one:.0f}",
+                         "two switched tok/s": f"{two:.0f}" if pd.notna(two) else "–",
+                         "switched / one batch": f"{two / one:.2f}" if pd.notna(two) else "–",
+                         "switched / zero_copy one batch": f"{two / best:.2f}" if pd.notna(two) and pd.notna(best) else "–",
+                         "resident tok/s": f"{p.loc[n, 'resident']:.0f}",
+                         "bound: one batch ms": f"{b.loc[n, 'no_switch_model_ms']:.2f}" if n in b.index else "–",
+                         "bound: switched ≥ ms": f"{b.loc[n, 'switched_floor_ms']:.2f}" if n in b.index else "–"})
+    first = ref.iloc[0]
+    lead = (f"Link {first.link_gbps:.1f} GB/s and HBM {first.hbm_gbps:.0f} GB/s measured in the zero_copy run; the "
+            f"physics crossover (weights / HBM vs one request's rows / link) is {first.crossover_physics:.1f} requests; "
+            "steps are CUDA graphs of torch.compile'd pieces; block_dma selects blocks of 16, zero_copy single "
+            "positions; the bounds are the zero_copy run's.")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
 def pulse_trace_table() -> str:
     """Per policy, throughput as a ratio to "noswitch" of the same run (same requests, same strategy)."""
     cols = {"policy": "policy", "completed": "requests done", "output_throughput": "output tok/s",
-            "ttft_ms_p99": "p99 TTFT ms", "tpot_ms_p50": "p50 TPOT ms", "tpot_ms_p99": "p99 TPOT ms",
-            "share_offloaded": "share offloaded", "switched_rounds": "switched rounds", "stalls": "stalls"}
+            "ttft_ms_p99": "p99 TTFT ms", "tpot_ms_p50": "p50 TPOT ms", "tpot_ms_p90": "p90 TPOT ms",
+            "tpot_ms_p99": "p99 TPOT ms", "share_offloaded": "share offloaded", "switched_rounds": "switched rounds",
+            "stalls": "stalls"}
     parts = []
-    for run in (PULSE_RUNS["trace"], PULSE_TRACE_BLOCKDMA_RUN):
+    for run in PULSE_TRACE_RUNS:
         lr = load_run(REPO / run)
-        m = lr.metrics
+        m, prm = lr.metrics, lr.manifest["parameters"]
         t = m[list(cols)].rename(columns=cols)
         base = float(m.loc[m.policy.str.startswith("noswitch"), "output_throughput"].iloc[0])
         t.insert(3, "vs noswitch", (m["output_throughput"] / base).map(lambda v: f"{v:.2f}"))
-        sb = lr.manifest["parameters"].get("select_block", 1)
-        t.insert(0, "offload lane", f"{m.strategy.iloc[0]}" + (f", blocks of {sb}" if sb > 1 else ""))
-        t.insert(1, "requests", int(m.n_requests.iloc[0]))
+        sb, per = prm.get("select_block", 1), prm.get("dma_units_per_call", 0)
+        lane = f"{m.strategy.iloc[0]}" + (f", blocks of {sb}" if sb > 1 else "") + (f", calls of {per}" if per else "")
+        t.insert(0, "run", run.split("-")[1])
+        t.insert(1, "offload lane", lane)
+        t.insert(2, "steps", "graphs" if prm.get("graphs") in (True, "true", "True") else "eager")
+        t.insert(3, "requests × inputs / outputs", f"{int(m.n_requests.iloc[0])} × {float(prm.get('length_scale') or 1):g} "
+                 f"/ ≤ {prm.get('max_output')}")
         parts.append(t)
     t = pd.concat(parts, ignore_index=True)
-    for c in ("output tok/s", "p99 TTFT ms", "p50 TPOT ms", "p99 TPOT ms", "share offloaded"):
+    for c in ("output tok/s", "p99 TTFT ms", "p50 TPOT ms", "p90 TPOT ms", "p99 TPOT ms", "share offloaded"):
         t[c] = t[c].map(lambda v: f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}")
     return _md(t)
 
@@ -509,6 +558,7 @@ def xfer_blocks() -> dict[str, str]:
 def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
     return {"serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
+            "pulse-scaling-compiled-h200": pulse_scaling_compiled_table(),
             "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
