@@ -132,6 +132,11 @@ def test_report_pieces_find_the_session_and_join_quality(tmp_path, monkeypatch):
     Run.create(tmp_path / "stranger", "pulse_scaling", {})
     comp = F.companions(tmp_path / "t")
     assert comp == {"pulse_blocks": tmp_path / "b", "pulse_scaling": tmp_path / "x-scaling"}
+    # a manifest's own `companions` come first (a replay from another device call names its runs)
+    other = Run.create(tmp_path / "t2", "pulse", {})
+    other.manifest["companions"] = {"pulse_scaling": "stranger", "pulse_blocks": "no-such-run"}
+    other.finish("ok")
+    assert F.companions(tmp_path / "t2") == {"pulse_scaling": tmp_path / "stranger"}
 
     # the scaling figure from a GPU-like table: bound lines and both crossovers drawn
     def row(n, mode, ms, extra, xfer):

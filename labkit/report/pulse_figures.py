@@ -73,19 +73,23 @@ def load_sizes(loads: pd.DataFrame) -> go.Figure:
 # ------------------------------------------------------------------ the session's companion runs
 def companions(run_dir) -> dict:
     """Run folders of the same device session as `run_dir` (manifest `session`, set by
-    `scripts/gpu_session.sh pulse`), by experiment: {"pulse_scaling": path, "pulse_blocks": path}."""
+    `scripts/gpu_session.sh pulse`), by experiment: {"pulse_scaling": path, "pulse_blocks": path}.
+    A manifest's own `companions` ({experiment: folder name beside it}) come first: a replay made in
+    another device call than its transfer and scaling runs names them there."""
     import json
     from pathlib import Path
     run_dir = Path(run_dir)
-    mine = json.loads((run_dir / "manifest.json").read_text()).get("session")
-    out = {}
+    mf = json.loads((run_dir / "manifest.json").read_text())
+    mine = mf.get("session")
+    named = {k: run_dir.parent / v for k, v in (mf.get("companions") or {}).items()}
+    out = {k: d for k, d in named.items() if (d / "manifest.json").is_file()}
     if not mine:
         return out
     for d in sorted(run_dir.parent.iterdir()):
         f = d / "manifest.json"
         if d != run_dir and f.is_file():
             m = json.loads(f.read_text())
-            if m.get("session") == mine:
+            if m.get("session") == mine and m.get("experiment") not in named:
                 out[m.get("experiment")] = d
     return out
 
@@ -153,8 +157,13 @@ def block_bars(m: pd.DataFrame) -> go.Figure:
     return fig
 
 
+# the transfer variants a selection table shows when the block run measured them (batched DMA: round 3 on)
+SELECTION_VARIANTS = ("per_unit_copy", "coalesced", "coalesced_pipelined", "batched_dma", "batched_dma_per512", "zero_copy")
+
+
 def selection_table(blocks: pd.DataFrame, quality: pd.DataFrame | None, compute_ms: float | None,
-                    attn_layers: int, block: int | None = None) -> pd.DataFrame:
+                    attn_layers: int, block: int | None = None, variants=SELECTION_VARIANTS,
+                    requests: int | None = None) -> pd.DataFrame:
     """Per-head vs retrieval-head selection side by side: link bytes per step, transfer ms (per unit
     copies, coalesced, zero_copy; measured per layer x QSA layers), the step time that gives with the
     measured compute (`compute_ms`: the resident step at the same point), and quality from the quality
@@ -163,6 +172,8 @@ def selection_table(blocks: pd.DataFrame, quality: pd.DataFrame | None, compute_
     ok = blocks[blocks["status"] == "ok"]
     block = block or int(ok["block"].min())
     ok = ok[ok["block"] == block]
+    if "requests" in ok:           # one batch size: the fewest requests' selections moved at once unless named
+        ok = ok[ok["requests"] == (requests or int(ok["requests"].min()))]
     qpol = {"per_head": "oracle", "retrieval_head": "retrieval_head"}
     rows = []
     for sel, g in ok.groupby("selection"):
@@ -170,7 +181,7 @@ def selection_table(blocks: pd.DataFrame, quality: pd.DataFrame | None, compute_
         r = {"selection": sel, "block": block, "unit_bytes": int(by["unit_bytes"].iloc[0]),
              "units_per_layer": int(by["units"].iloc[0]),
              "link_bytes_per_step": int(by["bytes"].iloc[0]) * attn_layers}
-        for v in ("per_unit_copy", "coalesced", "zero_copy"):
+        for v in variants:
             if v in by.index:
                 ms = float(by.loc[v, "ms_median"]) * attn_layers
                 r[f"{v}_ms_per_step"] = ms
@@ -191,10 +202,11 @@ def selection_figure(t: pd.DataFrame) -> go.Figure:
     """The selection table as three panels: transfer per step, step time, quality."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=("transfer ms per step", "step ms (compute + transfer)",
                                                         "quality: recall / ppl ratio"))
-    for v, color in (("per_unit_copy", "#e45756"), ("coalesced", "#4c78a8"), ("zero_copy", "#54a24b")):
-        if f"{v}_ms_per_step" in t:
-            fig.add_bar(x=t["selection"], y=t[f"{v}_ms_per_step"], name=v, marker_color=color, row=1, col=1,
-                        legendgroup=v)
+    colors = dict(zip(SELECTION_VARIANTS, ("#e45756", "#4c78a8", "#72b7b2", "#f58518", "#b279a2", "#54a24b")))
+    for v in [c[:-len("_ms_per_step")] for c in t.columns if c.endswith("_ms_per_step")]:
+        color = colors.get(v)
+        fig.add_bar(x=t["selection"], y=t[f"{v}_ms_per_step"], name=v, marker_color=color, row=1, col=1,
+                    legendgroup=v)
         if f"step_ms_{v}" in t:
             fig.add_bar(x=t["selection"], y=t[f"step_ms_{v}"], name=v, marker_color=color, row=1, col=2,
                         legendgroup=v, showlegend=False)

@@ -42,6 +42,8 @@ PULSE_SWITCH_RUNS = [("results/20261130-100611-pulse-switch-h200", ["zero_copy",
 PULSE_TRACE_RUNS = ["results/20261130-072708-pulse-trace-h200", "results/20261130-123809-pulse-trace-blockdma-h200",
                     "results/20261130-150446-pulse-trace-graphs-h200", "results/20261130-151530-pulse-trace-graphs-h200",
                     "results/20261130-152407-pulse-trace-split512-h200"]
+# per-head vs retrieval-head selection: the block run with every transfer variant, DMA splits included
+PULSE_SELECTION_BLOCKS_RUN = "results/20261130-150912-pulse-blocks-h200"
 # every request offloaded at 1M with compiled steps: (run, label); the last two ran in one device call
 PULSE_SCALING_COMPILED_RUNS = [("results/20261130-150912-pulse-scaling-blockdma-h200", "block_dma, one call"),
                                ("results/20261130-152141-pulse-scaling-compiled-block_dma-h200", "block_dma, calls of 512"),
@@ -321,6 +323,41 @@ def pulse_scaling_compiled_table() -> str:
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
+def pulse_selection_table(requests: int = 4, budgets=(256, 2048)) -> str:
+    """Per-head vs retrieval-head selection side by side (issue 11): link bytes per step, transfer and
+    step time per mechanism (per layer measured x QSA layers; step = the measured resident step of the
+    same batch + the transfer), quality from the quality lab at blocks of 16 (per-KV-head oracle vs the
+    layer's retrieval head, mean over corpora)."""
+    from ..shapes import ModelShape
+    from .pulse_figures import selection_table
+    bl = load_run(REPO / PULSE_SELECTION_BLOCKS_RUN).metrics
+    sc = load_run(REPO / PULSE_SCALING_COMPILED_RUNS[-1][0]).metrics
+    comp = float(sc[(sc["mode"] == "resident") & (sc["concurrency"] == requests)]["step_ms_median"].iloc[0])
+    variants = ("coalesced_pipelined", "batched_dma", "batched_dma_per512", "zero_copy")
+    t = selection_table(bl, None, comp, ModelShape.from_name(bl["shape"].iloc[0]).attn_layers, block=16,
+                        variants=variants, requests=requests)
+    q = load_run(REPO / QUALITY_BLOCK_RUNS[1][0]).table("quality_summary")
+    qpol = {"per_head": "oracle", "retrieval_head": "retrieval_head"}
+    rows = []
+    for r in t.itertuples():
+        row = {"selection": r.selection, "unit": f"{r.unit_bytes // 1024} KiB", "units per layer": r.units_per_layer,
+               "link MiB per step": f"{r.link_bytes_per_step / 2**20:.0f}"}
+        for v in variants:
+            row[f"{v} ms/step"] = f"{getattr(r, f'{v}_ms_per_step'):.2f}"
+        row["step ms (zero_copy)"] = f"{r.step_ms_zero_copy:.2f}"
+        row["step ms (batched_dma_per512)"] = f"{r.step_ms_batched_dma_per512:.2f}"
+        for b in budgets:
+            g = q[(q.policy == qpol[r.selection]) & (q.budget == b)]
+            row[f"ppl ratio @{b}"] = f"{g.ppl_ratio.mean():.3f}"
+            row[f"mass recall @{b}"] = f"{g.mass_recall.mean():.3f}"
+        rows.append(row)
+    lead = (f"{requests} requests' selections at once (budget {int(bl.budget.iloc[0])} at 64K, blocks of 16), "
+            f"run `{PULSE_SELECTION_BLOCKS_RUN.split('/')[-1]}`; resident step of {requests} requests at 1M "
+            f"{comp:.2f} ms (`{PULSE_SCALING_COMPILED_RUNS[-1][0].split('/')[-1]}`); quality: SmolLM2-135M, 4K-token "
+            f"sequences, `{QUALITY_BLOCK_RUNS[1][0].split('/')[-1]}` (per-head = the per-KV-head oracle).")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
 def pulse_trace_table() -> str:
     """Per policy, throughput as a ratio to "noswitch" of the same run (same requests, same strategy)."""
     cols = {"policy": "policy", "completed": "requests done", "output_throughput": "output tok/s",
@@ -558,7 +595,7 @@ def xfer_blocks() -> dict[str, str]:
 def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
     return {"serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
-            "pulse-scaling-compiled-h200": pulse_scaling_compiled_table(),
+            "pulse-scaling-compiled-h200": pulse_scaling_compiled_table(), "pulse-selection-h200": pulse_selection_table(),
             "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
