@@ -221,3 +221,20 @@ def test_block_dma_transfer_overlaps_normal_compute():
     assert r["h2d_bytes_per_round"] == 4 * 2048 * s.attn_layers * s.row_bytes
     assert r["overlap_ms"] > 0 and r["switches"] > 0
     assert r["switched_ms"] < r["sequential_ms"]
+
+
+@pytest.mark.parametrize("strategy,select_block", [("zero_copy", 1), ("block_dma", 16)])
+def test_calibrate_times_the_steps_the_scheduler_runs(model, strategy, select_block):
+    """`calibrate(graphs=True)` times replays of the captured step (a host strategy's loads inline), as a
+    scheduler with graphs runs it: cheaper than the eager, launch-bound step it timed before (which made
+    every transfer look hidden and the adaptive policy offload like a low threshold), and the lanes are
+    empty again afterwards (a scheduler starts from them)."""
+    from labkit.engine.scheduler import calibrate
+    lanes = make_lanes(TINY, "cuda", 2, 2, model=model, strategy=strategy, select_block=select_block, **CFG)
+    eager, graphed = calibrate(lanes), calibrate(lanes, graphs=True)
+    print(f"{strategy}: eager {eager}, graphed {graphed}")
+    assert 0 < graphed.compute(1) < 0.8 * eager.compute(1)
+    assert all(e.cache.pages.n_free == e.cache.pages.n_pages for e in lanes.values())
+    sched = Scheduler(lanes, Threshold(150), graphs=True)
+    done = sched.run(_requests(SPEC[:3]))
+    assert all(r.status == "done" for r in done), [r.error for r in done]

@@ -148,7 +148,7 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
                        resident_pool_tokens=p["resident_pool_tokens"] or None, select_block=p["select_block"],
                        settings={"dma_units_per_call": p["dma_units_per_call"]})
-    costs = calibrate(lanes) if policy == "adaptive" else None
+    costs = calibrate(lanes, graphs=p["graphs"]) if policy == "adaptive" else None
     switching = not policy.startswith("noswitch:")
     sched = Scheduler(lanes, parse_policy(policy.replace("noswitch:", "threshold:"), costs), switching=switching,
                       timeline_every=p["timeline_every"], graphs=p["graphs"])

@@ -232,18 +232,30 @@ class Adaptive:
 
 
 @torch.inference_mode()
-def calibrate(lanes: dict[str, Engine], context: int | None = None, steps: int = 3) -> Costs:
+def calibrate(lanes: dict[str, Engine], context: int | None = None, steps: int = 3, graphs: bool = False) -> Costs:
     """Measure `Costs` on the (empty) lanes: decode steps at batch 1 and at the lane's slot count over
-    random contents of `context` tokens (default: the budget), then free every slot again."""
+    random contents of `context` tokens (default: the budget), then free every slot again. `graphs`
+    (CUDA): time the steps as a scheduler with graphs runs them (one eager step, then replays of the
+    captured step, a host strategy's loads inline): an eager step is launch-bound, ~10x a graphed one
+    at small batches, and would make every transfer look hidden behind compute."""
     def step_ms(e: Engine, b: int) -> float:
-        st = DecodeState(e, b, None, 2 * steps + 2)
+        st = DecodeState(e, b, None, 2 * steps + 4)
         e.strategy.bind(e.cache, b, st.k)
+
+        def eager():
+            for req in e.decode_segments(st):
+                e.strategy.load(e.cache.pool, req.layer, req.rows, req.out)
+        run = eager
+        if graphs and e.model.device.type == "cuda":
+            eager()                                   # kernels compiled, workspaces made, outside any capture
+            sync(e)
+            pieces = capture_pieces(e, st, "none" if e.strategy.graphable else "loads", torch.cuda.graph_pool_handle())
+            run = lambda: replay_inline(pieces, e)    # noqa: E731
         ts = []
         for i in range(steps + 1):
             sync(e)
             t = time.perf_counter()
-            for req in e.decode_segments(st):
-                e.strategy.load(e.cache.pool, req.layer, req.rows, req.out)
+            run()
             sync(e)
             ts.append((time.perf_counter() - t) * 1e3)
         return sorted(ts[1:])[len(ts[1:]) // 2]

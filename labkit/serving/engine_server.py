@@ -190,7 +190,7 @@ def build(args) -> EngineLoop:
     lanes = make_lanes(args.shape, device, args.resident_slots, args.offload_slots, capacity=args.capacity,
                        budget=args.budget, strategy=args.strategy, seed=args.seed, page_size=args.page_size,
                        prefill_chunk=args.prefill_chunk, compile=args.compile)
-    costs = calibrate(lanes) if args.policy == "adaptive" else None
+    costs = calibrate(lanes, graphs=args.graphs) if args.policy == "adaptive" else None
     sched = Scheduler(lanes, parse_policy(args.policy, costs), switching=args.switching == "on",
                       timeline_every=args.timeline_every, graphs=args.graphs)
     return EngineLoop(sched)
