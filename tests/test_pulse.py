@@ -290,7 +290,8 @@ def test_adaptive_placement_and_calibration(lanes_factory):
     from labkit.engine.scheduler import Adaptive, Costs, calibrate
     lanes = lanes_factory(resident=2, offload=2, capacity=256)
     costs = calibrate(lanes)
-    assert costs.step_ms >= 0 and costs.per_req_ms >= 0 and costs.xfer_ms >= 0
+    assert costs.step_ms >= 0 and costs.per_req_ms >= 0 and costs.xfer_ms >= 0 and costs.xfer_fixed_ms >= 0
+    assert costs.transfer(0) == 0 and costs.transfer(3) == costs.xfer_fixed_ms + 3 * costs.xfer_ms
     for e in lanes.values():                              # calibration left the lanes empty
         assert e.cache.pages.n_free == e.cache.pages.n_pages and int(e.cache.lens.sum()) == 0
     sched = Scheduler(lanes_factory(resident=4, resident_pool_tokens=512),
@@ -302,6 +303,16 @@ def test_adaptive_placement_and_calibration(lanes_factory):
     assert sched.policy.place(short, sched) == "offload"      # 0.5 ms of transfer hides behind it
     sched.policy = Adaptive(Costs(step_ms=1.0, per_req_ms=0.1, xfer_ms=5.0))
     assert sched.policy.place(short, sched) == "resident"     # 5 ms would not hide
+    sched.policy = Adaptive(Costs(step_ms=1.0, per_req_ms=0.1, xfer_ms=0.5, xfer_fixed_ms=0.7))
+    assert sched.policy.place(short, sched) == "resident"     # 0.7 + 0.5 > 1.1: the fixed cost counts
+    # a full resident lane: overflow to the offload lane only where the transfer hides, else wait
+    full = Scheduler(lanes_factory(resident=2, offload=2), Adaptive(Costs(step_ms=1.0, per_req_ms=0.1, xfer_ms=5.0)))
+    full.lanes["resident"].running = [Request([1], 1), Request([1], 1)]
+    tiny = Request([1] * 4, 2)                                # below the budget: never offloaded for itself
+    assert not full.lanes["resident"].fits(tiny) and full.lanes["offload"].fits(tiny)
+    assert full.policy.place(tiny, full) == "resident"        # 5 ms cannot hide behind 1.2: it waits
+    full.policy = Adaptive(Costs(step_ms=1.0, per_req_ms=0.1, xfer_ms=0.5))
+    assert full.policy.place(tiny, full) == "offload"         # 0.5 ms hides: it overflows
     # and it runs: the adaptive policy through a whole run, tokens as alone
     sched = Scheduler(lanes_factory(), Adaptive(costs))
     done = sched.run(_requests(SPEC))

@@ -190,13 +190,18 @@ class Threshold:
 @dataclass(frozen=True)
 class Costs:
     """Measured decode costs (ms per step; `calibrate`): a batch of B requests takes
-    `step_ms + per_req_ms * B` of compute; each offloaded request adds `xfer_ms` of transfer."""
+    `step_ms + per_req_ms * B` of compute; an offloaded batch of B adds `xfer_fixed_ms + xfer_ms * B`
+    of transfer (a load's fixed cost: one batched DMA call a layer, the index fetch, whatever B is)."""
     step_ms: float
     per_req_ms: float
     xfer_ms: float
+    xfer_fixed_ms: float = 0.0
 
     def compute(self, batch: int) -> float:
         return self.step_ms + self.per_req_ms * batch if batch > 0 else 0.0
+
+    def transfer(self, batch: int) -> float:
+        return self.xfer_fixed_ms + self.xfer_ms * batch if batch > 0 else 0.0
 
 
 class Adaptive:
@@ -206,8 +211,11 @@ class Adaptive:
       to the offload lane (if it fits there): long requests do not crowd short ones off the device;
     - within its share, a request of at least `budget` tokens (its per-step transfer is then the full
       budget) is offloaded when that is free: the offloaded batch's transfers, with it, stay hidden
-      behind the normal batch's compute (`xfer_ms * (B_o + 1) <= compute(B_n)`);
-    - otherwise resident (or wherever it fits)."""
+      behind the normal batch's compute (`transfer(B_o + 1) <= compute(B_n)`);
+    - otherwise resident; when the resident lane is full it overflows to the offload lane only if the
+      transfer stays hidden there, else it waits for a resident slot (an offloaded request whose
+      transfer cannot hide slows every round it is in: measured on the H200, overflowing regardless
+      put half the trace's requests, short ones too, on the offload lane)."""
 
     def __init__(self, costs: Costs):
         self.costs = costs
@@ -225,10 +233,10 @@ class Adaptive:
         share = res.cache.pages.n_free / max(1, res.cache.n_slots - busy_r)
         if res.pages_for(req) > share:
             return "offload" if off.fits(req) or not res.fits(req) else "resident"
-        hidden = self.costs.xfer_ms * (busy_o + 1) <= self.costs.compute(busy_r)
+        hidden = self.costs.transfer(busy_o + 1) <= self.costs.compute(busy_r)
         if len(req.prompt) >= res.engine.budget and hidden and off.fits(req):
             return "offload"
-        return "resident" if res.fits(req) or not off.fits(req) else "offload"
+        return "offload" if not res.fits(req) and off.fits(req) and hidden else "resident"
 
 
 @torch.inference_mode()
@@ -278,14 +286,19 @@ def calibrate(lanes: dict[str, Engine], context: int | None = None, steps: int =
         c.index.fill_random_(8)
         c.lens[:n] = ctx
         one, many = step_ms(e, 1), step_ms(e, n)
-        out[name] = (one, max(0.0, (many - one) / max(1, n - 1)))      # timing noise can make it < 0
+        out[name] = (one, max(0.0, (many - one) / max(1, n - 1)), n, many)  # noise can make the slope < 0
         for slot in range(n):
             clear_slot(e.cache, slot)
     if res is None or off is None:
-        one, per = next(iter(out.values()))
+        one, per, _, _ = next(iter(out.values()))
         return Costs(max(0.0, one - per), per, 0.0)
-    (r1, rper), (o1, oper) = out["resident"], out["offload"]
-    return Costs(max(0.0, r1 - rper), rper, max(0.0, oper - rper, o1 - r1))
+    (r1, rper, _, _), (o1, _, no, on) = out["resident"], out["offload"]
+    # the transfer is what the offload lane's step costs above the resident step of the same batch, at
+    # batch 1 and at the lane's slot count: a line through both (fixed cost + per request)
+    t1 = max(0.0, o1 - r1)
+    tn = max(0.0, on - (r1 + rper * (no - 1)))
+    per = max(0.0, (tn - t1) / (no - 1)) if no > 1 else t1
+    return Costs(max(0.0, r1 - rper), rper, per, max(0.0, t1 - per))
 
 
 def parse_policy(text: str, costs: Costs | None = None):
