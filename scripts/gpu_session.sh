@@ -41,6 +41,16 @@ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.max,pcie.link.width.cur
 free -g | tee -a "$OUT/machine.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/machine.txt"
 stamp=$(date -u +%Y%m%d-%H%M%S)
+# each run folder under $OUT as one .tgz (few files come back); a file named in $1 is copied into each first
+pack_out() { (cd "$OUT" && for d in */; do [ -n "${1:-}" ] && cp "$1" "$d"; tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done); }
+# the Mooncake replay with every step from CUDA graphs, block_dma over 16-position blocks, inputs x0.5 and up to
+# 256 output tokens (decode-heavier than the eager replays): $1 requests, $2 policies, $3 timeout (s)
+graphs_trace() {
+    timeout "$3" python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-graphs-h200" \
+        -p n_requests="$1" -p length_scale=${PULSE_SCALE:-0.5} -p max_output=256 -p capacity=65536 \
+        -p strategy=block_dma -p select_block=16 -p graphs=true -p policies="$2" \
+        -p timeline_every=10 -p transport=inprocess 2>&1 | grep -v DEBUG | tail -8
+}
 case "$MODE" in
   tests)
     timeout 300 python3 -m pytest -m gpu -q -rA tests/test_gpu.py 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt"
@@ -67,7 +77,7 @@ case "$MODE" in
     fi
     timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -rA tests/test_gpu.py -p no:cacheprovider 2>&1 | grep -v DEBUG | tail -40 > "$OUT/gpu_tests.txt"
     tail -3 "$OUT/gpu_tests.txt"
-    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back
+    pack_out
     ;;
   trace)
     # zero_copy (and resident) timed on the indexer's own selections and on a recorded real trace
@@ -75,7 +85,7 @@ case "$MODE" in
     timeout 200 python3 -m labkit run decode --out "$OUT/$stamp-decode-indexer-h200" $common 2>&1 | tail -3
     timeout 200 python3 -m labkit run decode --out "$OUT/$stamp-decode-trace-h200" $common \
         -p selection=trace:labkit/data/smollm2-135m-prose-indexer-b2048.npz 2>&1 | tail -3
-    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back
+    pack_out
     timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -rA tests/test_gpu.py 2>&1 | grep -v DEBUG | tail -40 | tee "$OUT/gpu_tests.txt"
     ;;
   multigpu)
@@ -105,7 +115,7 @@ case "$MODE" in
         tests/test_gpu_hot_cache.py 2>&1 | grep -v DEBUG | tail -40 > "$OUT/gpu_tests.txt"
     tail -3 "$OUT/gpu_tests.txt"
     for d in "$OUT"/*/; do cp "$OUT/gpu_tests.txt" "$d" 2>/dev/null; done
-    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back
+    pack_out
     ;;
   hotdecode)
     # Each run straight under $OUT with its own timeout (a run cut short still leaves its rows), tarred at the end.
@@ -126,7 +136,7 @@ case "$MODE" in
     timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_hot_cache.py 2>&1 \
         | grep -v DEBUG | tail -40 > "$OUT/gpu_tests_hot.txt"
     tail -3 "$OUT/gpu_tests_hot.txt"
-    (cd "$OUT" && for d in */; do cp gpu_tests_hot.txt "$d"; tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    pack_out gpu_tests_hot.txt
     ;;
   pulse2)
     export LABKIT_SESSION=$stamp
@@ -144,7 +154,7 @@ case "$MODE" in
         tests/test_gpu.py -k "pulse or every_strategy" 2>&1 | grep -v DEBUG \
         | tail -40 > "$OUT/$stamp-pulse-switch-h200/gpu_pulse_tests.txt"
     tail -3 "$OUT/$stamp-pulse-switch-h200/gpu_pulse_tests.txt"
-    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    pack_out
     ;;
   pulse3)
     # batched DMA with and without the prefer-overlap hint: block transfers, the switched round with
@@ -161,7 +171,7 @@ case "$MODE" in
     timeout ${TRACE_TIMEOUT:-200} python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-blockdma-h200" \
         -p n_requests=${PULSE_REQUESTS:-16} -p max_output=64 -p capacity=65536 -p strategy=block_dma -p select_block=16 \
         -p policies=noswitch:4096,threshold:4096 -p timeline_every=5 -p transport=inprocess 2>&1 | grep -v DEBUG | tail -8
-    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    pack_out
     ;;
   pulse4)
     # issue 11 with block_dma over 16-position blocks: the scheduler's graphs with a host strategy (GPU
@@ -170,22 +180,16 @@ case "$MODE" in
     export LABKIT_SESSION=$stamp
     timeout 200 python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_pulse.py -k "graphs or scaling" \
         2>&1 | grep -v DEBUG | tail -12 | tee "$OUT/gpu_pulse4_tests.txt"
-    timeout ${TRACE_TIMEOUT:-330} python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-graphs-h200" \
-        -p n_requests=${PULSE_REQUESTS:-24} -p length_scale=${PULSE_SCALE:-0.5} -p max_output=256 -p capacity=65536 \
-        -p strategy=block_dma -p select_block=16 -p graphs=true -p policies=noswitch:4096,threshold:4096,adaptive \
-        -p timeline_every=10 -p transport=inprocess 2>&1 | grep -v DEBUG | tail -8
-    (cd "$OUT" && for d in */; do cp gpu_pulse4_tests.txt "$d"; tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    graphs_trace ${PULSE_REQUESTS:-24} noswitch:4096,threshold:4096,adaptive ${TRACE_TIMEOUT:-330}
+    pack_out gpu_pulse4_tests.txt
     ;;
   pulsetrace)
     # pulse4's trace replay alone, more requests and a second static threshold (p99 over 24 requests is
     # their maximum): PULSE_REQUESTS (32), PULSE_POLICIES, TRACE_TIMEOUT; policies are written as they end
     export LABKIT_SESSION=$stamp
-    timeout ${TRACE_TIMEOUT:-520} python3 -m labkit.bench.pulse_trace --out "$OUT/$stamp-pulse-trace-graphs-h200" \
-        -p n_requests=${PULSE_REQUESTS:-32} -p length_scale=${PULSE_SCALE:-0.5} -p max_output=256 -p capacity=65536 \
-        -p strategy=block_dma -p select_block=16 -p graphs=true \
-        -p policies=${PULSE_POLICIES:-noswitch:4096,threshold:4096,adaptive,threshold:8192} \
-        -p timeline_every=10 -p transport=inprocess 2>&1 | grep -v DEBUG | tail -8
-    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    graphs_trace ${PULSE_REQUESTS:-32} ${PULSE_POLICIES:-noswitch:4096,threshold:4096,adaptive,threshold:8192} \
+        ${TRACE_TIMEOUT:-520}
+    pack_out
     ;;
   pulse5)
     # issue 11, transfers: the batched DMA split into calls of 64 / 128 / 512 units (one call's copies
@@ -202,14 +206,14 @@ case "$MODE" in
     done
     timeout ${SCALING_TIMEOUT:-240} python3 -m labkit.bench.pulse_scaling --context 1048576 --requests 1,2,4,8,16 --steps 6 \
         --strategy block_dma --select-block 16 --compile --out "$OUT/$stamp-pulse-scaling-blockdma-h200" 2>&1 | tail -12
-    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    pack_out
     ;;
   hot1m)
     # The whole 1M-token prompt under the 24 GiB cap, rotating buffers; chunks.csv records each chunk as it
     # is enqueued, so a run cut short by the limit still says how far it got.
     timeout ${PREFILL_TIMEOUT:-560} python3 -m labkit.bench.prefill --out "$OUT/$stamp-prefill-1m-full-cap24-h200" \
         -p context_lens=1M -p modes=rotating -p mem_cap_gib=24 2>&1 | tail -4
-    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)
+    pack_out
     ;;
   pulse)
     # Run folders straight under $OUT (a run cut short still comes back), one session id in every manifest
@@ -238,7 +242,7 @@ case "$MODE" in
         -p policies=noswitch:4096,threshold:4096,adaptive,threshold:16384,threshold:8192 -p timeline_every=5 -p transport=auto \
         2>&1 | grep -v DEBUG | tail -15
     echo "pulse mode: ${SECONDS}s"
-    (cd "$OUT" && for d in */; do tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done)   # few files come back
+    pack_out
     ;;
   explore)
     # "measure now": the explorer's button over the committed H200 runs; the live run folder is kept

@@ -98,11 +98,14 @@ def test_pingpong_round_changes_no_token():
 def test_scaling_bench_run_folder_on_cpu(tmp_path, strategy, block):
     from labkit.bench.pulse_scaling import main
     out = tmp_path / "scale"
+    split = ["--set", "dma_units_per_call=3"] if strategy == "block_dma" else []   # a load in calls of 3 units
     assert main(["--shape", "tiny", "--device", "cpu", "--context", "128", "--budget", "16", "--requests", "1,2",
                  "--steps", "1", "--page-size", "16", "--strategy", strategy, "--select-block", block,
-                 "--out", str(out)]) == 0
+                 *split, "--out", str(out)]) == 0
     m = pd.read_parquet(out / "metrics.parquet")
     assert set(m["status"]) == {"ok"}
+    if split:                                             # the setting reached the strategy, recorded per row
+        assert (m["dma_units_per_call"] == 3).all()
     assert set(zip(m["concurrency"], m["mode"])) == {(1, "no_switch"), (1, "resident"), (2, "no_switch"),
                                                      (2, "switched"), (2, "resident")}
     sw = m[m["mode"] == "switched"].iloc[0]
@@ -112,6 +115,8 @@ def test_scaling_bench_run_folder_on_cpu(tmp_path, strategy, block):
     assert main(["--shape", "tiny", "--device", "cpu", "--requests", "0", "--out", str(tmp_path / "bad")]) == 2
     assert main(["--shape", "tiny", "--device", "cpu", "--select-block", "3", "--out", str(tmp_path / "bad2")]) == 2
     assert not (tmp_path / "bad2").exists()
+    assert main(["--shape", "tiny", "--device", "cpu", "--set", "bogus=1", "--out", str(tmp_path / "bad3")]) == 2
+    assert not (tmp_path / "bad3").exists()
 
 
 def test_report_pieces_find_the_session_and_join_quality(tmp_path, monkeypatch):

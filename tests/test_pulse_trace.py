@@ -33,6 +33,8 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path):
     good = _trace(tmp_path / "g.jsonl", GOOD)
     with pytest.raises(BadInput, match="rate must be > 0"):
         P.plan({**base, "trace": good, "rate": 0})
+    with pytest.raises(BadInput, match="dma_units_per_call applies to strategy block_dma"):
+        P.plan({**base, "trace": good, "dma_units_per_call": 4})
     with pytest.raises(BadInput, match="policy"):
         P.plan({**base, "trace": good, "policies": "fastest"})
     specs = P.requests(P.plan({**base, "trace": good, "length_scale": 0.01, "capacity": 100, "max_output": 8}))

@@ -285,14 +285,18 @@ def calibrate(lanes: dict[str, Engine], context: int | None = None, steps: int =
         c.pool.fill_random_(7)
         c.index.fill_random_(8)
         c.lens[:n] = ctx
-        one, many = step_ms(e, 1), step_ms(e, n)
-        out[name] = (one, max(0.0, (many - one) / max(1, n - 1)), n, many)  # noise can make the slope < 0
+        out[name] = (step_ms(e, 1), step_ms(e, n), n)
         for slot in range(n):
             clear_slot(e.cache, slot)
+
+    def slope(one, many, n):                       # ms per request; timing noise can make it < 0
+        return max(0.0, (many - one) / max(1, n - 1))
     if res is None or off is None:
-        one, per, _, _ = next(iter(out.values()))
+        one, many, n = next(iter(out.values()))
+        per = slope(one, many, n)
         return Costs(max(0.0, one - per), per, 0.0)
-    (r1, rper, _, _), (o1, _, no, on) = out["resident"], out["offload"]
+    (r1, rn, nr), (o1, on, no) = out["resident"], out["offload"]
+    rper = slope(r1, rn, nr)
     # the transfer is what the offload lane's step costs above the resident step of the same batch, at
     # batch 1 and at the lane's slot count: a line through both (fixed cost + per request)
     t1 = max(0.0, o1 - r1)

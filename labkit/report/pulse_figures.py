@@ -157,6 +157,8 @@ def block_bars(m: pd.DataFrame) -> go.Figure:
     return fig
 
 
+# the quality lab's policy for each transfer selection: per-KV-head selection is its per-head oracle
+QUALITY_POLICY = {"per_head": "oracle", "retrieval_head": "retrieval_head"}
 # the transfer variants a selection table shows when the block run measured them (batched DMA: round 3 on)
 SELECTION_VARIANTS = ("per_unit_copy", "coalesced", "coalesced_pipelined", "batched_dma", "batched_dma_per512", "zero_copy")
 
@@ -174,7 +176,6 @@ def selection_table(blocks: pd.DataFrame, quality: pd.DataFrame | None, compute_
     ok = ok[ok["block"] == block]
     if "requests" in ok:           # one batch size: the fewest requests' selections moved at once unless named
         ok = ok[ok["requests"] == (requests or int(ok["requests"].min()))]
-    qpol = {"per_head": "oracle", "retrieval_head": "retrieval_head"}
     rows = []
     for sel, g in ok.groupby("selection"):
         by = g.set_index("strategy")
@@ -190,9 +191,9 @@ def selection_table(blocks: pd.DataFrame, quality: pd.DataFrame | None, compute_
                     r[f"step_ms_{v}"] = compute_ms + ms
         if quality is not None and len(quality):
             budget = int(g["budget"].iloc[0])
-            q = quality[(quality["policy"] == qpol[sel]) & (quality["budget"] == budget)]
+            q = quality[(quality["policy"] == QUALITY_POLICY[sel]) & (quality["budget"] == budget)]
             if len(q):
-                r.update(quality_policy=qpol[sel], quality_budget=budget, mass_recall=float(q["mass_recall"].mean()),
+                r.update(quality_policy=QUALITY_POLICY[sel], quality_budget=budget, mass_recall=float(q["mass_recall"].mean()),
                          ppl_ratio=float(q["ppl_ratio"].mean()))
         rows.append(r)
     return pd.DataFrame(rows)

@@ -296,9 +296,10 @@ def pulse_scaling_compiled_table() -> str:
     """Aggregate tok/s at 1M with every request offloaded, compiled steps: per request count and offload
     transfer, one batch vs two switched, switched against the best one-batch transfer (zero_copy, the
     last run) and the bound's two floors (the same for every transfer: they use the contiguous link)."""
-    runs = [(load_run(REPO / run).metrics, label) for run, label in PULSE_SCALING_COMPILED_RUNS]
-    runs = [(m[m.status == "ok"].pivot_table(index="concurrency", columns="mode", values="tok_s"), m, label)
-            for m, label in runs]
+    runs = []
+    for run, label in PULSE_SCALING_COMPILED_RUNS:
+        m = load_run(REPO / run).metrics
+        runs.append((m[m.status == "ok"].pivot_table(index="concurrency", columns="mode", values="tok_s"), m, label))
     ref_piv, ref, _ = runs[-1]
     b = ref[ref["mode"] == "no_switch"].set_index("concurrency")
     rows = []
@@ -329,7 +330,7 @@ def pulse_selection_table(requests: int = 4, budgets=(256, 2048)) -> str:
     same batch + the transfer), quality from the quality lab at blocks of 16 (per-KV-head oracle vs the
     layer's retrieval head, mean over corpora)."""
     from ..shapes import ModelShape
-    from .pulse_figures import selection_table
+    from .pulse_figures import QUALITY_POLICY, selection_table
     bl = load_run(REPO / PULSE_SELECTION_BLOCKS_RUN).metrics
     sc = load_run(REPO / PULSE_SCALING_COMPILED_RUNS[-1][0]).metrics
     comp = float(sc[(sc["mode"] == "resident") & (sc["concurrency"] == requests)]["step_ms_median"].iloc[0])
@@ -337,7 +338,6 @@ def pulse_selection_table(requests: int = 4, budgets=(256, 2048)) -> str:
     t = selection_table(bl, None, comp, ModelShape.from_name(bl["shape"].iloc[0]).attn_layers, block=16,
                         variants=variants, requests=requests)
     q = load_run(REPO / QUALITY_BLOCK_RUNS[1][0]).table("quality_summary")
-    qpol = {"per_head": "oracle", "retrieval_head": "retrieval_head"}
     rows = []
     for r in t.itertuples():
         row = {"selection": r.selection, "unit": f"{r.unit_bytes // 1024} KiB", "units per layer": r.units_per_layer,
@@ -347,7 +347,7 @@ def pulse_selection_table(requests: int = 4, budgets=(256, 2048)) -> str:
         row["step ms (zero_copy)"] = f"{r.step_ms_zero_copy:.2f}"
         row["step ms (batched_dma_per512)"] = f"{r.step_ms_batched_dma_per512:.2f}"
         for b in budgets:
-            g = q[(q.policy == qpol[r.selection]) & (q.budget == b)]
+            g = q[(q.policy == QUALITY_POLICY[r.selection]) & (q.budget == b)]
             row[f"ppl ratio @{b}"] = f"{g.ppl_ratio.mean():.3f}"
             row[f"mass recall @{b}"] = f"{g.mass_recall.mean():.3f}"
         rows.append(row)
