@@ -79,15 +79,32 @@ def test_bad_request_is_recorded_run_goes_on(server):
 
 
 def test_metrics_scraper_sees_load(server):
+    """The gauges while requests run, the counters by exactly what was served. The load runs on a thread and the
+    test scrapes until it ends: a fixed-period scraper beside a short load could miss the requests entirely
+    (seen once in CI: three scrapes, all before or after two 12-token requests)."""
+    import threading
     from labkit.serving import loadgen, workload
     from labkit.serving.experiment import connector_counters
     from labkit.serving.servermetrics import MetricsScraper
-    with MetricsScraper(server.base_url, 0.25, extra=lambda: connector_counters(server.stats)) as s:
-        loadgen.run_load(server.base_url, server.model, workload.synthetic(2, 300, 12, 49152, seed=11), 2)
-        time.sleep(0.6)
+    n_out = 160                                   # long enough that several scrapes land while both decode
+    s = MetricsScraper(server.base_url, extra=lambda: connector_counters(server.stats))
+    box = {}
+    load = threading.Thread(target=lambda: box.update(recs=loadgen.run_load(
+        server.base_url, server.model, workload.synthetic(2, 300, n_out, 49152, seed=11), 2)))
+    with __import__("httpx").Client(timeout=2.0) as client:
+        s.scrape_once(client)
+        load.start()
+        while load.is_alive():
+            s.scrape_once(client)
+            time.sleep(0.05)
+        load.join()
+        time.sleep(0.6)                           # counters are published after the last step
+        s.scrape_once(client)
+    assert all(r["status"] == "ok" for r in box["recs"]), box["recs"]
     df = s.frame()
     assert len(df) >= 3 and s.errors == 0
-    assert df["num_requests_running"].max() >= 1
+    assert df["num_requests_running"].max() >= 1, df["num_requests_running"].tolist()
+    assert df["generation_tokens"].iloc[-1] - df["generation_tokens"].iloc[0] == 2 * n_out
     assert df["prefix_cache_queries"].iloc[-1] > df["prefix_cache_queries"].iloc[0]
     assert df["connector_bytes_saved"].iloc[-1] > 0                        # the connector's own counters ride along
 
