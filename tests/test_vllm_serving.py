@@ -83,6 +83,8 @@ def test_metrics_scraper_sees_load(server):
     test scrapes until it ends: a fixed-period scraper beside a short load could miss the requests entirely
     (seen once in CI: three scrapes, all before or after two 12-token requests)."""
     import threading
+
+    import httpx
     from labkit.serving import loadgen, workload
     from labkit.serving.experiment import connector_counters
     from labkit.serving.servermetrics import MetricsScraper
@@ -91,7 +93,7 @@ def test_metrics_scraper_sees_load(server):
     box = {}
     load = threading.Thread(target=lambda: box.update(recs=loadgen.run_load(
         server.base_url, server.model, workload.synthetic(2, 300, n_out, 49152, seed=11), 2)))
-    with __import__("httpx").Client(timeout=2.0) as client:
+    with httpx.Client(timeout=2.0) as client:
         s.scrape_once(client)
         load.start()
         while load.is_alive():
