@@ -600,7 +600,7 @@ def make_lanes(shape, device="cpu", resident_slots: int = 4, offload_slots: int 
     for name, slots, strat in (("resident", resident_slots, "resident"), ("offload", offload_slots, strategy)):
         if slots <= 0:
             continue
-        st = get_strategy(strat, **(settings or {}) if name == "offload" else {})
+        st = get_strategy(strat, **((settings or {}) if name == "offload" else {}))      # resident takes none
         pool = resident_pool_tokens if name == "resident" else None
         cache = OffloadCache.allocate(model, st.medium, slots, capacity, page_size=page_size, pool_tokens=pool)
         lanes[name] = Engine(model, cache, st, budget, prefill_chunk=prefill_chunk, compile=compile,

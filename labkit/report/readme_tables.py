@@ -39,7 +39,7 @@ PULSE_SWITCH_RUNS = [("results/20261130-100611-pulse-switch-h200", ["zero_copy",
                                                                     "block_dma-b16-per0-151150", "block_dma-b16-per128-151215"])]
 # every trace replay, in the order measured: eager zero_copy, eager block_dma, then graphs on with inputs x0.5 and
 # 256 output tokens (24 requests; 32 requests with a second threshold; 32 with the DMA split into calls of 512)
-PULSE_TRACE_RUNS = ["results/20261130-072708-pulse-trace-h200", "results/20261130-123809-pulse-trace-blockdma-h200",
+PULSE_TRACE_RUNS = [PULSE_RUNS["trace"], "results/20261130-123809-pulse-trace-blockdma-h200",
                     "results/20261130-150446-pulse-trace-graphs-h200", "results/20261130-151530-pulse-trace-graphs-h200",
                     "results/20261130-152407-pulse-trace-split512-h200"]
 # per-head vs retrieval-head selection: the block run with every transfer variant, DMA splits included
