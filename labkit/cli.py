@@ -1,13 +1,20 @@
-"""`labkit run|report|probe|shapes|runs`: the command-line door to the same experiments as the notebooks.
+"""`labkit`: the command line, the one front door beside the notebooks to the same experiments.
 
-    labkit shapes [--json]
-    labkit run decode -p context_lens=8K,64K,1M -p concurrency=1,4 [--out DIR]
-    labkit probe [--out DIR]
+    labkit run --help                          the experiments, what each answers and needs
+    labkit run decode --help                   its parameters: type, default, help
+    labkit run decode -p context_lens=8K,1M -p concurrency=1,4 [--out DIR]
     labkit report DIR [--standalone] [--rerun]
     labkit runs [--root results]
     labkit predict DIR --gpu rtx3090 --gpus 3
+    labkit compare RUN_A RUN_B
+    labkit nightly [--plan nightly/plan.toml] [--date YYYY-MM-DD]
+    labkit lab                                 JupyterLab on notebooks/
+    labkit serve                               labkit's engine behind an OpenAI-compatible endpoint
+    labkit shapes [--json]
+    labkit docs [--write]                      the measured tables in README.md and docs/ from committed runs
 
-Bad input prints one line and exits 2 before anything is allocated or written.
+Every argument parser of labkit lives here. Bad input prints one line and exits 2 before anything is
+allocated or written; parsing a command line imports neither torch nor papermill nor plotly.
 """
 from __future__ import annotations
 
@@ -16,9 +23,73 @@ import json
 import sys
 from pathlib import Path
 
-from .bench.params import BadInput, kv_pairs as _kv
+from .params import BadInput, kv_pairs
 
 
+# ------------------------------------------------------------------------------------------ run
+def experiments_help() -> str:
+    from .experiments import EXPERIMENTS
+    w = max(map(len, EXPERIMENTS))
+    lines = ["experiments (labkit run NAME --help lists a NAME's parameters):", ""]
+    for e in EXPERIMENTS.values():
+        lines.append(f"  {e.name:<{w}}  {e.question}")
+        lines.append(f"  {'':<{w}}  needs: {e.needs}; notebook: notebooks/{e.notebook}"
+                     + (f"; measures {e.system}" if e.system else ""))
+    return "\n".join(lines)
+
+
+def params_help(name: str) -> str:
+    from .experiments import get
+    e = get(name)
+    lines = [f"labkit run {e.name} [-p NAME=VALUE ...] [--out DIR]", "", e.question, f"needs: {e.needs}",
+             f"notebook: notebooks/{e.notebook} (the same parameters)", "", "parameters (lists comma-separated; "
+             "sizes as 8K, 1M):"]
+    spec = [p for p in e.spec if p.name != "out_dir"]
+    w = max(len(p.name) for p in spec)
+    for p in spec:
+        default = ",".join(map(str, p.default)) if isinstance(p.default, list) else p.default
+        lines.append(f"  {p.name:<{w}}  {p.kind:<9}  default {default!s:<14}  {p.help}")
+    lines.append(f"  {'--out DIR':<{w}}  {'':<9}  {'':<22}  run folder (default results/<run-id>)")
+    return "\n".join(lines)
+
+
+def cmd_run(a) -> int:
+    from . import experiments
+    if a.help or not a.experiment:
+        print(params_help(a.experiment) if a.experiment else experiments_help())
+        return 0
+    given = kv_pairs(a.p)
+    if a.out:
+        given["out_dir"] = a.out
+    plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
+    from .execute import run_notebook
+    path, err = run_notebook(plan)
+    report = path / "report.html"
+    if err is not None:
+        print(f"labkit: {a.experiment} run failed: {type(err).__name__}: {_last_line(err)}", file=sys.stderr)
+        if report.exists():
+            print(report.resolve())
+        return 1
+    _after_run(path)
+    print(report.resolve())
+    return 0
+
+
+def _last_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[-1] if text else ""
+
+
+def _after_run(path: Path) -> None:
+    """Rebuild the run index page beside the new run."""
+    from .index import rebuild_index
+    try:
+        rebuild_index(path.parent)
+    except Exception as ex:  # the run itself succeeded; say why the index did not update
+        print(f"labkit: run index not rebuilt: {ex}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------ the rest
 def cmd_shapes(a) -> int:
     from .shapes import PRESETS
     rows = [s.summary() for s in PRESETS.values()]
@@ -31,38 +102,6 @@ def cmd_shapes(a) -> int:
     return 0
 
 
-def _run(experiment: str, params: dict, out: str | None) -> int:
-    from .execute import run_notebook
-    path, err = run_notebook(experiment, params, out)
-    report = path / "report.html"
-    if err is not None:
-        print(f"labkit: {experiment} run failed: {type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}",
-              file=sys.stderr)
-        if report.exists():
-            print(report.resolve())
-        return 1
-    _after_run(path)
-    print(report.resolve())
-    return 0
-
-
-def _after_run(path: Path) -> None:
-    """Rebuild the run index page beside the new run."""
-    from .index import rebuild_index
-    try:
-        rebuild_index(path.parent)
-    except Exception as ex:  # the run itself succeeded; say why the index did not update
-        print(f"labkit: run index not rebuilt: {ex}", file=sys.stderr)
-
-
-def cmd_run(a) -> int:
-    return _run(a.experiment, _kv(a.p), a.out)
-
-
-def cmd_probe(a) -> int:
-    return _run("probe", _kv(a.p), a.out)
-
-
 def cmd_report(a) -> int:
     from .report.notebook import executed_notebooks, render_report
     from .results import load_run
@@ -72,7 +111,8 @@ def cmd_report(a) -> int:
     if a.rerun or not executed_notebooks(run_dir):
         # Re-execute the experiment's notebook against the folder's tables (run_dir=...), so the report
         # shows today's figures of the measured data; nothing is measured again.
-        from .execute import EXPERIMENTS, rerender_notebook
+        from .execute import rerender_notebook
+        from .experiments import EXPERIMENTS
         exp = EXPERIMENTS.get(run.manifest.get("experiment", ""))
         if exp is None:
             raise BadInput(f"{run_dir}: no executed notebook and no known experiment to render it with")
@@ -128,21 +168,43 @@ def cmd_runs(a) -> int:
     return 0
 
 
+def cmd_docs(a) -> int:
+    from .report import readme_tables
+    return readme_tables.main(["--write"] if a.write else [])
+
+
+def cmd_compare(a) -> int:
+    from .compare import cmd_compare as run
+    return run(a)
+
+
+def cmd_nightly(a) -> int:
+    from .nightly import cmd_nightly as run
+    return run(a)
+
+
+def cmd_lab(a) -> int:
+    from .lab import cmd_lab as run
+    return run(a)
+
+
+def cmd_serve(a) -> int:
+    from .serving.engine_server import cmd_serve as run
+    return run(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="labkit", description="KV-cache offload lab")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("shapes", help="list model shape presets")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(fn=cmd_shapes)
-    r = sub.add_parser("run", help="run an experiment notebook under papermill into a run folder")
-    r.add_argument("experiment")
-    r.add_argument("-p", action="append", metavar="KEY=VALUE", help="parameter (lists comma-separated)")
+    ap = argparse.ArgumentParser(prog="labkit", description="KV-cache offload lab: `labkit run --help` lists the experiments")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("run", add_help=False, help="run an experiment into a run folder (labkit run --help lists them)",
+                       usage="labkit run [EXPERIMENT] [-p NAME=VALUE ...] [--out DIR] [--help]")
+    r.add_argument("experiment", nargs="?")
+    r.add_argument("-p", action="append", metavar="NAME=VALUE", help="parameter (lists comma-separated)")
     r.add_argument("--out", help="run folder (default results/<run-id>)")
+    r.add_argument("-h", "--help", action="store_true")
     r.set_defaults(fn=cmd_run)
-    p = sub.add_parser("probe", help="measure the host link's limits")
-    p.add_argument("-p", action="append", metavar="KEY=VALUE")
-    p.add_argument("--out")
-    p.set_defaults(fn=cmd_probe)
+
     rp = sub.add_parser("report", help="write DIR/report.html (plotly.js linked from results/_assets)")
     rp.add_argument("run_dir")
     rp.add_argument("--standalone", action="store_true",
@@ -151,25 +213,73 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--rerun", action="store_true",
                     help="re-execute the experiment's notebook on the folder's tables first (today's figures, no new measurement)")
     rp.set_defaults(fn=cmd_report)
+
+    ls = sub.add_parser("runs", help="list run folders")
+    ls.add_argument("--root", default="results")
+    ls.set_defaults(fn=cmd_runs)
+
     pr = sub.add_parser("predict", help="predict a decode run's table on another GPU from its step anatomy")
     pr.add_argument("run_dir")
     pr.add_argument("--gpu", default="rtx3090", help="target GPU key in labkit/data/gpus.toml")
     pr.add_argument("--gpus", type=int, default=1, help="GPUs the layers are split over (the reference box: 3)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(fn=cmd_predict)
-    ls = sub.add_parser("runs", help="list run folders")
-    ls.add_argument("--root", default="results")
-    ls.set_defaults(fn=cmd_runs)
-    for hook in _extensions():
-        hook(sub)
+
+    c = sub.add_parser("compare", help="compare two runs point by point (HTML page with ratios)")
+    c.add_argument("run_a")
+    c.add_argument("run_b")
+    c.add_argument("--out", help="HTML file to write (default: next to RUN_B, compare-A-vs-B.html)")
+    c.set_defaults(fn=cmd_compare)
+
+    n = sub.add_parser("nightly", help="run a plan of experiments (one papermill kernel each), resumable")
+    n.add_argument("--plan", default="nightly/plan.toml", help="TOML plan (default nightly/plan.toml; plans/ holds others)")
+    n.add_argument("--date", help="nightly folder date YYYY-MM-DD (default today, UTC); same date resumes")
+    n.add_argument("--root", default="results", help="results folder (default results)")
+    n.add_argument("--only", help="comma-separated entry names to run")
+    n.add_argument("--dry-run", action="store_true", help="check the plan and print it; run nothing")
+    n.set_defaults(fn=cmd_nightly)
+
+    lab = sub.add_parser("lab", help="JupyterLab on notebooks/ (127.0.0.1, token; prints the URL and the SSH tunnel)")
+    lab.add_argument("--port", type=int, default=8888, help="port to bind on 127.0.0.1 (next free one if taken)")
+    lab.add_argument("--port-exact", action="store_true", help="fail rather than move to another port")
+    lab.add_argument("--token", help="access token (default: $LABKIT_LAB_TOKEN or a random one)")
+    lab.add_argument("--dir", default="", help="folder to serve (default the repository's notebooks/)")
+    lab.add_argument("jupyter_args", nargs="*", metavar="-- JUPYTER_OPTION",
+                     help="passed on to jupyter lab after `--`, e.g. -- --LabApp.expose_app_in_browser=True")
+    lab.set_defaults(fn=cmd_lab)
+
+    s = sub.add_parser("serve", help="serve labkit's engine on an OpenAI-compatible /v1/completions (127.0.0.1); "
+                                     "not the vLLM sweep, which is `labkit run serve`")
+    s.add_argument("--shape", default="tiny")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--resident-slots", type=int, default=4)
+    s.add_argument("--offload-slots", type=int, default=4)
+    s.add_argument("--capacity", type=int, default=4096, help="tokens per request slot")
+    s.add_argument("--budget", type=int, default=2048)
+    s.add_argument("--strategy", default="zero_copy", help="the offload lane's strategy")
+    s.add_argument("--policy", default="threshold:2048", help="resident | offload | threshold:N | adaptive")
+    s.add_argument("--switching", default="on", help="on | off")
+    s.add_argument("--page-size", type=int, default=256)
+    s.add_argument("--prefill-chunk", type=int, default=8192)
+    s.add_argument("--compile", action="store_true",
+                   help="torch.compile the block pieces (CUDA; one compile per batch size seen)")
+    s.add_argument("--graphs", action="store_true", help="CUDA graphs per batch composition (CUDA)")
+    s.add_argument("--timeline-every", type=int, default=0, help="record the switching timeline every N rounds")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--model-name", default="labkit")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--log-level", default="warning")
+    s.set_defaults(fn=cmd_serve)
+
+    sh = sub.add_parser("shapes", help="list model shape presets")
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(fn=cmd_shapes)
+
+    d = sub.add_parser("docs", help="the measured tables of README.md and docs/, generated from committed runs")
+    d.add_argument("--write", action="store_true", help="rewrite the generated blocks in place")
+    d.set_defaults(fn=cmd_docs)
     return ap
-
-
-def _extensions():
-    """Sub-commands that live beside their modules (each module's `add_cli(subparsers)`)."""
-    from . import compare, lab, nightly
-    from .serving import engine_server
-    return [nightly.add_cli, compare.add_cli, lab.add_cli, engine_server.add_cli]
 
 
 def main(argv: list[str] | None = None) -> int:

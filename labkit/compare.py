@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .bench.params import BadInput
+from .params import BadInput
 from .index import machine_label
 from .report.summary import _ok
 
@@ -166,12 +166,3 @@ def compare(run_a: str | Path, run_b: str | Path, out: str | Path | None = None)
 def cmd_compare(a) -> int:
     print(compare(a.run_a, a.run_b, a.out).resolve())
     return 0
-
-
-def add_cli(sub) -> None:
-    p = sub.add_parser("compare", help="compare two runs point by point (HTML page with ratios)")
-    p.add_argument("run_a")
-    p.add_argument("run_b")
-    p.add_argument("--out", help="HTML file to write (default: next to RUN_B, compare-A-vs-B.html)")
-    p.set_defaults(fn=cmd_compare)
-

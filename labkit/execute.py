@@ -1,9 +1,9 @@
-"""Run an experiment notebook under papermill into a run folder, then render its report.
+"""Run an experiment's notebook under papermill into a run folder, then render its report.
 
-This is what `labkit run`, `make sweep` and the nightly runner call: one papermill run (one kernel)
-per experiment, so a crash or an out-of-memory in one cannot poison the next. Parameters are
-validated here first (papermill only warns about unknown names) so bad input fails in one line,
-before a kernel starts or anything is written.
+This is what `labkit run`, `make sweep` and the nightly runner call: one papermill run (one kernel) per
+experiment, so a crash or an out-of-memory in one cannot poison the next. The caller has planned the
+experiment (`experiments.plan`: parsed and checked once, bad input one line before anything is written);
+the notebook receives that frozen plan as one JSON parameter, `plan`, and runs it as it is.
 """
 from __future__ import annotations
 
@@ -11,53 +11,12 @@ import contextlib
 import os
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
-from .bench.params import BadInput
+from .params import BadInput, Plan
 from .results import REPO, new_run_id
 
 NOTEBOOKS = REPO / "notebooks"
-
-
-@dataclass(frozen=True)
-class Experiment:
-    name: str
-    notebook: str
-    spec_module: str        # module with SPEC (and optionally plan()) for validation
-
-
-EXPERIMENTS = {
-    "decode": Experiment("decode", "decode_sweep.ipynb", "labkit.bench.decode"),
-    "probe": Experiment("probe", "probe.ipynb", "labkit.bench.probe"),
-    "quality": Experiment("quality", "quality.ipynb", "labkit.quality.experiment"),
-    "pulse": Experiment("pulse", "pulse.ipynb", "labkit.bench.pulse_trace"),
-    "serve": Experiment("serve", "serve_sweep.ipynb", "labkit.serving.experiment"),
-    "xfer": Experiment("xfer", "xfer.ipynb", "labkit.xfer.experiment"),
-    "multigpu": Experiment("multigpu", "multigpu.ipynb", "labkit.bench.multigpu"),
-    "capacity": Experiment("capacity", "capacity.ipynb", "labkit.bench.capacity"),
-}
-
-
-def _module(exp: Experiment):
-    import importlib
-    return importlib.import_module(exp.spec_module)
-
-
-def validate(experiment: str, params: dict) -> dict:
-    """Check names and values against the experiment's spec; return the parsed values."""
-    if experiment not in EXPERIMENTS:
-        raise BadInput(f"unknown experiment {experiment!r}: choose from {', '.join(EXPERIMENTS)}")
-    mod = _module(EXPERIMENTS[experiment])
-    if hasattr(mod, "plan"):
-        mod.plan(dict(params))           # full validation (shape, strategies, RAM) without allocating
-    from .bench.params import resolve
-    return resolve(mod.SPEC, params, experiment)
-
-
-def notebook_parameters(path: Path) -> set[str]:
-    import papermill
-    return set(papermill.inspect_notebook(str(path)).keys())
 
 
 # ipykernel logs "Kernel is running over TCP without encryption ..." at every start: a warning about the
@@ -67,7 +26,7 @@ def notebook_parameters(path: Path) -> set[str]:
 KERNEL_ARGS = {"extra_arguments": ["--IPKernelApp.log_level=ERROR"]}
 
 
-def rerender_notebook(exp: "Experiment", run_dir: str | Path) -> Path:
+def rerender_notebook(exp, run_dir: str | Path) -> Path:
     """Execute the experiment's notebook against an existing run folder (`run_dir=`): today's figures of the
     tables the run wrote, nothing measured again. The executed notebook replaces the folder's; the first
     execution's papermill record (parameters, times) is kept under `metadata.labkit.measured_by`."""
@@ -119,35 +78,30 @@ def _sigint_to_kernels():
         signal.signal(signal.SIGINT, old)
 
 
-def run_notebook(experiment: str, params: dict, out_dir: str | Path | None = None, root: str | Path = "results",
+def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path = "results",
                  log_output: bool = True, timeout: int | None = None) -> tuple[Path, Exception | None]:
-    """Execute the experiment's notebook with `params` into a run folder; returns (folder, error or None).
-    The report is rendered even when the notebook failed part-way (what was measured is kept)."""
+    """Execute the plan's notebook into a run folder; returns (folder, error or None). The report is rendered
+    even when the notebook failed part-way (what was measured is kept)."""
     import papermill as pm
-    validate(experiment, params)
-    exp = EXPERIMENTS[experiment]
+
+    from .experiments import get
+    exp = get(plan.experiment)
     nb = NOTEBOOKS / exp.notebook
     if not nb.is_file():
         raise BadInput(f"notebook {nb} is missing")
-    known = notebook_parameters(nb)
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise BadInput(f"{exp.notebook} has no parameter(s) {', '.join(unknown)}")
-    out = Path(out_dir) if out_dir else Path(root) / new_run_id(experiment)
+    out = Path(out_dir or plan.params.get("out_dir") or Path(root) / new_run_id(plan.experiment))
     if (out / "metrics.parquet").exists():
         raise BadInput(f"{out} already holds a run; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    # Strings as the CLI gave them; the notebook parses them with the same spec.
-    pm_params = {k: (",".join(map(str, v)) if isinstance(v, (list, tuple)) else v) for k, v in params.items()}
-    pm_params["out_dir"] = str(out.resolve())
+    plan = plan.replace(out_dir=str(out.resolve()))
     os.environ["LABKIT_PLAIN_PROGRESS"] = "1"
     error = None
     try:
         with _sigint_to_kernels():
-            pm.execute_notebook(str(nb), str(out / exp.notebook), parameters=pm_params, log_output=False,
-                                progress_bar=False, cwd=str(REPO), kernel_name="python3", execution_timeout=timeout,
-                                stdout_file=sys.stdout if log_output else None, stderr_file=sys.stderr if log_output else None,
-                                **KERNEL_ARGS)
+            pm.execute_notebook(str(nb), str(out / exp.notebook), parameters={"plan": plan.to_json()},
+                                log_output=False, progress_bar=False, cwd=str(REPO), kernel_name="python3",
+                                execution_timeout=timeout, stdout_file=sys.stdout if log_output else None,
+                                stderr_file=sys.stderr if log_output else None, **KERNEL_ARGS)
     except Exception as ex:     # PapermillExecutionError, dead kernel: keep what was measured
         error = ex
     try:

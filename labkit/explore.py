@@ -280,7 +280,7 @@ class Explorer:
 
     def measure_selected(self, device: str | None = None) -> dict:
         """Measure the selection (first selected strategy) with the sweep; shows it beside the stored bars."""
-        from .bench.params import BadInput
+        from .params import BadInput
         device = device or self.device
         strat = (list(self.w_strat.value) or ["zero_copy"])[0]
         args = dict(shape=self.w_shape.value or "auto", strategy=strat, context_len=self.w_ctx.value,

@@ -204,7 +204,7 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
     if root.name.startswith("nightly-") and (root.parent / root.name).is_dir():
         root = root.parent
     if not root.is_dir():
-        from .bench.params import BadInput
+        from .params import BadInput
         raise BadInput(f"{root} is not a folder of runs")
     from .report.html import Page, esc
     runs, heads, problems = collect(root)

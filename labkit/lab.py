@@ -57,23 +57,12 @@ def banner(port: int, token: str, open_notebook: str = "explore.ipynb") -> str:
 
 
 def cmd_lab(a) -> int:
-    root = Path(a.dir).resolve()
+    root = Path(a.dir or REPO / "notebooks").resolve()
     if not root.is_dir():
-        from .bench.params import BadInput
+        from .params import BadInput
         raise BadInput(f"{root} is not a folder of notebooks")
     port = a.port if a.port_exact else pick_port(a.port)
     token = a.token or os.environ.get("LABKIT_LAB_TOKEN") or secrets.token_hex(24)
     print(banner(port, token), flush=True)
     cmd = lab_command(port, token, root, extra=[x for x in a.jupyter_args if x != "--"])
     os.execv(cmd[0], cmd)     # JupyterLab in this process: Ctrl-C and the exit status are its own
-
-
-def add_cli(sub) -> None:
-    p = sub.add_parser("lab", help="JupyterLab on notebooks/ (127.0.0.1, token; prints the URL and the SSH tunnel)")
-    p.add_argument("--port", type=int, default=8888, help="port to bind on 127.0.0.1 (next free one if taken)")
-    p.add_argument("--port-exact", action="store_true", help="fail rather than move to another port")
-    p.add_argument("--token", help="access token (default: $LABKIT_LAB_TOKEN or a random one)")
-    p.add_argument("--dir", default=str(REPO / "notebooks"), help="folder to serve (default the repo's notebooks/)")
-    p.add_argument("jupyter_args", nargs="*", metavar="-- JUPYTER_OPTION",
-                   help="passed on to jupyter lab after `--`, e.g. -- --LabApp.expose_app_in_browser=True")
-    p.set_defaults(fn=cmd_lab)

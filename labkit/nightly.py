@@ -47,7 +47,7 @@ try:
 except ModuleNotFoundError:     # Python 3.10
     import tomli as tomllib
 
-from .bench.params import BadInput
+from .params import BadInput
 from .results import REPO
 
 DEFAULT_PLAN = REPO / "nightly" / "plan.toml"
@@ -450,13 +450,3 @@ def cmd_nightly(a) -> int:
     for e in bad:
         print(f"  FAILED {e['name']}: {e.get('error')} (see {night / e['name'] / 'error.txt'})")
     return 1 if bad else 0
-
-
-def add_cli(sub) -> None:
-    p = sub.add_parser("nightly", help="run a plan of notebooks (one papermill kernel each), resumable")
-    p.add_argument("--plan", default=str(DEFAULT_PLAN), help="TOML plan (default nightly/plan.toml)")
-    p.add_argument("--date", help="nightly folder date YYYY-MM-DD (default today, UTC); same date resumes")
-    p.add_argument("--root", default="results", help="results folder (default results)")
-    p.add_argument("--only", help="comma-separated entry names to run")
-    p.add_argument("--dry-run", action="store_true", help="check the plan and print it; run nothing")
-    p.set_defaults(fn=cmd_nightly)

@@ -15,6 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
 from labkit.shapes import PRESETS
 from labkit.stats import spread
+from labkit.engine.drive.runner import DecodeRunner
 
 
 def kernel_table(prof, top=45):
@@ -40,7 +41,7 @@ def main():
     st = get_strategy(a.strategy)
     cache = OffloadCache.allocate(model, st.medium, a.batch, a.context + 512)
     cache.fill_random_([a.context] * a.batch, seed=1)
-    r = Engine(model, cache, st, 2048).decoder(a.batch, max_steps=400)
+    r = DecodeRunner(Engine(model, cache, st, 2048), a.batch, max_steps=400)
     r.prepare()
     ts = []
     for _ in range(40):

@@ -7,7 +7,7 @@ import ctypes
 import pytest
 import torch
 
-from labkit.engine.batched_dma import unit_pointers
+from labkit.engine.transfer.batched_dma import unit_pointers
 
 
 def _bytes_at(ptr: int, n: int) -> bytes:
@@ -44,7 +44,7 @@ def test_bad_input_is_refused():
 
 
 def test_runs_cover_the_rows_in_order():
-    from labkit.engine.batched_dma import runs
+    from labkit.engine.transfer.batched_dma import runs
     g = torch.Generator().manual_seed(1)
     blocks = torch.randperm(40, generator=g)[:7] * 16
     rows = (blocks[:, None] + torch.arange(16)).flatten()
@@ -58,7 +58,7 @@ def test_runs_cover_the_rows_in_order():
 
 
 def test_run_pointers_name_the_runs():
-    from labkit.engine.batched_dma import run_pointers
+    from labkit.engine.transfer.batched_dma import run_pointers
     g = torch.Generator().manual_seed(2)
     src = torch.randint(-2**40, 2**40, (64, 6), generator=g)
     rows = torch.tensor([8, 9, 10, 11, 40, 41, 3, 20, 21])
@@ -73,7 +73,7 @@ def test_run_pointers_name_the_runs():
 
 
 def test_call_slices_cover_the_units_once():
-    from labkit.engine.batched_dma import call_slices
+    from labkit.engine.transfer.batched_dma import call_slices
     assert call_slices(1536, 0) == [(0, 1536)]
     assert call_slices(1000, 256) == [(0, 256), (256, 512), (512, 768), (768, 1000)]
     assert call_slices(0, 128) == []

@@ -12,7 +12,7 @@ import torch
 
 from labkit.bench.capacity import fit, request_bytes
 from labkit.engine import HybridModel, OffloadCache, get_strategy
-from labkit.engine.layers import dn_state_shapes
+from labkit.engine.model.layers import dn_state_shapes
 from labkit.shapes import PRESETS
 
 REF, TINY = PRESETS["qwen3.8-flash-next"], PRESETS["tiny"]

@@ -6,7 +6,7 @@ written."""
 import pytest
 import torch
 
-from labkit.engine.coalesced import CoalescedLoader
+from labkit.engine.transfer.coalesced import CoalescedLoader
 
 
 def _case(seed, n=300, m=77, w=16):

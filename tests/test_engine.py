@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
-from labkit.engine.attention import sparse_decode_attention
-from labkit.engine.kv import PageTable
-from labkit.engine.layers import delta_rule_chunked, delta_rule_reference
+from labkit.engine.model.attention import sparse_decode_attention
+from labkit.engine.model.kv import PageTable
+from labkit.engine.model.layers import delta_rule_chunked, delta_rule_reference
 from labkit.engine.transfer import STRATEGIES, LoadResult, TransferStrategy
 from labkit.shapes import PRESETS
+from labkit.engine.drive.runner import DecodeRunner
 
 TINY = PRESETS["tiny"]
 # A second shape: other head counts, GQA ratio, page-straddling rows.
@@ -43,7 +44,7 @@ def test_every_strategy_matches_resident(shape, seed):
         e = _engine(model, name, 3, 400, budget)
         for slot, n in enumerate(lens):
             e.prefill(slot, _tokens(n, shape.vocab, seed * 10 + slot))
-        r = e.decoder(3)
+        r = DecodeRunner(e, 3)
         logits, sels, rows = [], [], []
         for _ in range(3):
             r.step()
@@ -73,7 +74,7 @@ def test_block_selection_every_strategy_matches_resident(block):
         e = Engine(model, cache, st, budget, prefill_chunk=64, select_block=block)
         for slot, n in enumerate(lens):
             e.prefill(slot, _tokens(n, ODD.vocab, block * 10 + slot))
-        r = e.decoder(3)
+        r = DecodeRunner(e, 3)
         res = []
         for _ in range(3):
             r.step()
@@ -98,7 +99,7 @@ def test_block_selection_every_strategy_matches_resident(block):
 
 def test_select_blocks_keeps_the_best_blocks():
     """Against a brute-force reference: the blocks kept are those with the largest best-position score."""
-    from labkit.engine.select import select_blocks
+    from labkit.engine.model.select import select_blocks
     g = torch.Generator().manual_seed(0)
     B, L, block, k = 3, 203, 8, 40
     lens = torch.tensor([203, 150, 9])
@@ -131,7 +132,7 @@ def test_sparse_with_full_budget_equals_dense_prefill():
     toks = _tokens(150, TINY.vocab, 7)
     e = _engine(model, "zero_copy", 1, 256, budget=4096)
     e.prefill(0, toks[:-1])
-    r = e.decoder(1)
+    r = DecodeRunner(e, 1)
     r.state.tokens.copy_(toks[-1:])
     r.step()
     dec = r.state.logits[0].float()
@@ -218,12 +219,12 @@ def test_batched_requests_of_different_lengths_equal_each_alone():
     both = _engine(model, "zero_copy", 2, 256, 24)
     for s, n in enumerate(lens):
         both.prefill(s, _tokens(n, TINY.vocab, s))
-    rb = both.decoder(2)
+    rb = DecodeRunner(both, 2)
     rb.step()
     for s, n in enumerate(lens):
         alone = _engine(model, "zero_copy", 1, 256, 24)
         alone.prefill(0, _tokens(n, TINY.vocab, s))
-        ra = alone.decoder(1)
+        ra = DecodeRunner(alone, 1)
         ra.state.tokens.copy_(rb.state.tokens[s:s + 1] * 0 + _first_token(2, TINY.vocab)[s])
         ra.step()
         assert torch.equal(ra.state.last_sel[:, 0], rb.state.last_sel[:, s])
@@ -240,7 +241,7 @@ def test_short_context_masks_unwritten_positions():
     model = HybridModel(TINY, "cpu", seed=2)
     e = _engine(model, "host_gather", 1, 128, budget=64)
     e.prefill(0, _tokens(20, TINY.vocab, 0))
-    r = e.decoder(1)
+    r = DecodeRunner(e, 1)
     r.step()
     assert r.state.k == 64
     for layer in range(model.n_attn):
@@ -269,7 +270,7 @@ def test_bytes_moved_are_summed_from_load_results(conc, ctx, budget):
     st = Counting()
     cache = OffloadCache.allocate(model, "host", conc, 400, page_size=16)
     cache.fill_random_([ctx] * conc, seed=1)
-    r = Engine(model, cache, st, budget).decoder(conc)
+    r = DecodeRunner(Engine(model, cache, st, budget), conc)
     r.step()
     r.step()
     k = min(budget, cache.capacity)
@@ -285,7 +286,7 @@ def test_each_strategy_reports_what_it_moved(name):
     st = get_strategy(name)
     cache = OffloadCache.allocate(model, st.medium, 2, 200, page_size=16)
     cache.fill_random_([150, 90], seed=1)
-    r = Engine(model, cache, st, 32).decoder(2)
+    r = DecodeRunner(Engine(model, cache, st, 32), 2)
     r.step()
     assert r.rows_per_step == 2 * 32 * TINY.attn_layers
     assert r.h2d_bytes_per_step == (0 if st.medium == "device" else r.rows_per_step * TINY.row_bytes)
@@ -316,7 +317,7 @@ def test_fragmented_pool_gives_same_outputs():
                 e.cache.pages.reserve(0, n); e.cache.pages.reserve(1, n)
         for s in range(2):
             e.prefill(s, toks[s])
-        r = e.decoder(2)
+        r = DecodeRunner(e, 2)
         r.step()
         outs.append(r.state.logits.clone())
     assert torch.equal(outs[0], outs[1])
@@ -336,11 +337,11 @@ def test_engine_rejects_bad_budget_and_mismatched_pool():
 def test_anatomy_accounts_for_the_step_on_cpu():
     """Eager anatomy: phases are non-negative, add up to the marked step, and runs of DeltaNet blocks
     are one interval each (fewer marks than blocks), their FFN split out at the QSA blocks' FFN time."""
-    from labkit.engine.runner import PHASES
+    from labkit.engine.drive.runner import PHASES
     model = HybridModel(TINY, "cpu", seed=0)
     e = _engine(model, "zero_copy", 2, 400, 32)
     e.cache.fill_random_([300, 200], seed=1)
-    r = e.decoder(2)
+    r = DecodeRunner(e, 2)
     # One marked step: its phases must add up to it exactly. (Over several steps the medians of the parts
     # need not add up to the median of the sums: on a busy 2-core box they differed by 30%.)
     import time

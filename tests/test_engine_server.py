@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 
-from labkit.engine.scheduler import Request, Scheduler, Threshold, make_lanes
+from labkit.engine.drive.scheduler import Request, Scheduler, Threshold, make_lanes
 from labkit.serving.engine_server import EngineLoop, create_app
 from labkit.serving.latency import summarize
 from labkit.serving.loadgen import run_load

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from browser_util import REPO, nightly_root
-from labkit.bench.params import BadInput
+from labkit.params import BadInput
 
 EXPLORE = REPO / "notebooks" / "explore.ipynb"
 

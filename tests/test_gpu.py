@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
-from labkit.engine.gather import gather_rows, scatter_rows
-from labkit.engine.kv import KVPool
-from labkit.engine.layers import delta_rule_chunked, delta_rule_reference
+from labkit.engine.model.gather import gather_rows, scatter_rows
+from labkit.engine.model.kv import KVPool
+from labkit.engine.model.layers import delta_rule_chunked, delta_rule_reference
 from labkit.engine.transfer import STRATEGIES
 from labkit.shapes import PRESETS
+from labkit.engine.drive.runner import DecodeRunner
 
 pytestmark = pytest.mark.gpu
 REF = PRESETS["qwen3.8-flash-next"]
@@ -53,7 +54,7 @@ def test_every_strategy_matches_resident_on_cuda(seed, select_block):
         e = Engine(model, cache, st, budget=512, prefill_chunk=2048, select_block=select_block)
         for s, n in enumerate(lens):
             e.prefill(s, torch.randint(0, MID.vocab, (n,), generator=torch.Generator().manual_seed(s + 10 * seed)).cuda())
-        r = e.decoder(2)
+        r = DecodeRunner(e, 2)
         r.prepare(warmup=0)     # captured graphs (full or piecewise) from the first step on
         res = []
         for _ in range(3):
@@ -70,8 +71,8 @@ def test_every_strategy_matches_resident_on_cuda(seed, select_block):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_index_kernel_matches_reference(seed):
-    from labkit.engine.indexer import index_scores_reference, index_scores_triton
-    from labkit.engine.kv import quantize_index_keys
+    from labkit.engine.model.indexer import index_scores_reference, index_scores_triton
+    from labkit.engine.model.kv import quantize_index_keys
     g = torch.Generator(device="cuda").manual_seed(seed)
     B, cap, L, Hi, D = 3, 5000, 4321, 4, 64
     k8, sc = quantize_index_keys(torch.randn(B, cap, D, generator=g, device="cuda"))
@@ -92,7 +93,7 @@ def test_graph_replay_equals_eager():
         st = get_strategy("zero_copy")
         cache = OffloadCache.allocate(model, "host", 1, 4096)
         cache.fill_random_([3000], seed=1)
-        r = Engine(model, cache, st, 256).decoder(1, graphs=graphs)
+        r = DecodeRunner(Engine(model, cache, st, 256), 1, graphs=graphs)
         r.prepare(warmup=1)
         r.step(); r.step()
         logits.append(r.state.logits.clone())
@@ -105,7 +106,7 @@ def test_compiled_blocks_match_eager():
     for compile in (False, True):
         cache = OffloadCache.allocate(model, "host", 2, 4096)
         cache.fill_random_([3000, 1000], seed=2)
-        r = Engine(model, cache, get_strategy("zero_copy"), 512, compile=compile).decoder(2)
+        r = DecodeRunner(Engine(model, cache, get_strategy("zero_copy"), 512, compile=compile), 2)
         assert r.engine.fns.compiled == compile
         r.prepare(warmup=1)
         r.step()
@@ -119,7 +120,7 @@ def test_full_budget_decode_equals_dense_prefill_on_cuda():
     toks = torch.randint(0, MID.vocab, (1500,), generator=torch.Generator().manual_seed(0)).cuda()
     e = Engine(model, OffloadCache.allocate(model, "host", 1, 2048), get_strategy("zero_copy"), 4096, prefill_chunk=512)
     e.prefill(0, toks[:-1])
-    r = e.decoder(1)
+    r = DecodeRunner(e, 1)
     r.state.tokens.copy_(toks[-1:])
     r.step()
     pre = Engine(model, OffloadCache.allocate(model, "device", 1, 2048), get_strategy("resident"), 4096,
@@ -186,7 +187,7 @@ def test_nvml_counts_gather_and_dma_bytes():
 @pytest.mark.parametrize("n_dev", [1, 2, 3])
 def test_pipeline_matches_single_gpu(n_dev):
     """N=1 runs on the one-GPU host (the stage path: hand-off buffers, per-stage pools); N>1 needs N GPUs."""
-    from labkit.engine.pipeline import PipelineEngine, model_block_costs, place_layers, split_model
+    from labkit.engine.drive.pipeline import PipelineEngine, model_block_costs, place_layers, split_model
     if torch.cuda.device_count() < n_dev:
         pytest.skip(f"needs {n_dev} GPUs, this host has {torch.cuda.device_count()}")
     toks = torch.randint(0, MID.vocab, (3000,), generator=torch.Generator().manual_seed(0))
@@ -194,7 +195,7 @@ def test_pipeline_matches_single_gpu(n_dev):
     ref_model = split_model(HybridModel(MID, "cpu", seed=9), [(0, MID.layers)], ["cuda:0"])[0]
     e = Engine(ref_model, OffloadCache.allocate(ref_model, "host", 1, 4096), get_strategy("zero_copy"), 512)
     e.prefill(0, toks.cuda())
-    r = e.decoder(1); r.prepare(1); r.step()
+    r = DecodeRunner(e, 1); r.prepare(1); r.step()
     model = HybridModel(MID, "cpu", seed=9)
     stages = split_model(model, place_layers(model_block_costs(model, 512), n_dev), [f"cuda:{i}" for i in range(n_dev)])
     pipe = PipelineEngine(stages, "zero_copy", 512, n_slots=1, capacity=4096)
@@ -217,7 +218,7 @@ def test_sweep_on_the_default_cuda_device(tmp_path):
 
 @pytest.mark.parametrize("B,L,k", [(1, 1 << 20, 2048), (4, 65536 + 77, 2048), (16, 8192, 2048), (2, 3000, 3000)])
 def test_radix_select_matches_reference_on_cuda(B, L, k):
-    from labkit.engine.select import select_topk_reference, select_topk_triton
+    from labkit.engine.model.select import select_topk_reference, select_topk_triton
     g = torch.Generator(device="cuda").manual_seed(B)
     s = torch.randn(B, L, generator=g, device="cuda")
     s[0, L // 2:] = float("-inf")                                   # a request with fewer tokens written
@@ -236,7 +237,7 @@ def test_anatomy_phases_add_up_to_the_graph_step():
     st = get_strategy("zero_copy")
     cache = OffloadCache.allocate(model, st.medium, 2, 4096)
     cache.fill_random_([3000, 2000], seed=1)
-    r = Engine(model, cache, st, 256).decoder(2, max_steps=200)
+    r = DecodeRunner(Engine(model, cache, st, 256), 2, max_steps=200)
     r.prepare()
     times = []
     for _ in range(30):
@@ -254,7 +255,7 @@ def test_anatomy_phases_add_up_to_the_graph_step():
 
 @pytest.mark.parametrize("B", [1, 4])
 def test_delta_step_kernel_matches_reference_on_cuda(B):
-    from labkit.engine.deltanet_step import delta_step, delta_step_reference
+    from labkit.engine.model.deltanet_step import delta_step, delta_step_reference
     g = torch.Generator(device="cuda").manual_seed(B)
     S = torch.randn(B, 32, 128, 128, generator=g, device="cuda") * 0.05
     q, k = (torch.nn.functional.normalize(torch.randn(B, 16, 128, generator=g, device="cuda"), dim=-1) for _ in range(2))

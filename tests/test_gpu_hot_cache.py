@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
-from labkit.engine.fused_attention import hot_sparse_attention, hot_sparse_attention_reference
-from labkit.engine.hot_cache import COUNTERS, POLICIES, HotIndex
-from labkit.engine.hot_gather import gather_hot_rows, gather_hot_rows_reference
-from labkit.engine.kv import KVPool
+from labkit.engine.transfer.hot_attention import hot_sparse_attention, hot_sparse_attention_reference
+from labkit.engine.transfer.hot_cache import COUNTERS, POLICIES, HotIndex
+from labkit.engine.transfer.hot_gather import gather_hot_rows, gather_hot_rows_reference
+from labkit.engine.model.kv import KVPool
 from labkit.shapes import PRESETS
+from labkit.engine.drive.runner import DecodeRunner
 
 pytestmark = pytest.mark.gpu
 REF = PRESETS["qwen3.8-flash-next"]
@@ -28,7 +29,7 @@ def _run(model, name, steps=4, trace=None, **settings):
     e = Engine(model, cache, st, budget=BUDGET, prefill_chunk=2048)
     for s, n in enumerate(LENS):
         e.prefill(s, torch.randint(0, MID.vocab, (n,), generator=torch.Generator().manual_seed(s)).cuda())
-    r = e.decoder(2, trace=trace)
+    r = DecodeRunner(e, 2, trace=trace)
     r.prepare(warmup=0)                 # captured from the first step on
     assert r.graph_mode == "full", r.graph_mode
     res = []

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
-from labkit.engine.pipeline import PipelineEngine, bubbles, model_block_costs, place_layers, split_model
+from labkit.engine.drive.pipeline import PipelineEngine, bubbles, model_block_costs, place_layers, split_model
 from labkit.shapes import PRESETS
+from labkit.engine.drive.runner import DecodeRunner
 
 pytestmark = pytest.mark.gpu
 MID = dataclasses.replace(PRESETS["qwen3.8-flash-next"], name="mid", layers=8, vocab=4096)
@@ -67,7 +68,7 @@ def test_split_over_two_gpus_equals_one_gpu(strategy, launches_on_their_device):
     one GPU; every Triton launch under its stage's device (graphs captured, replayed, anatomy marked)."""
     lens = [5000, 3000]
     e = _single(strategy, 2, lens)
-    r = e.decoder(2)
+    r = DecodeRunner(e, 2)
     pipe = _pipe(strategy, 2, lens)
     pr = pipe.decoder(2)
     pr.grid[0][0].state.tokens.copy_(r.state.tokens.to("cuda:0"))
@@ -95,7 +96,7 @@ def test_pipelined_micro_batches_equal_each_micro_batch_alone(launches_on_their_
     refs = []
     for row in pr.grid:
         e = _single("zero_copy", 4, lens)
-        ref = e.decoder(row[0].state.batch, first=row[0].state.span.start)
+        ref = DecodeRunner(e, row[0].state.batch, first=row[0].state.span.start)
         row[0].state.tokens.copy_(ref.state.tokens.to("cuda:0"))
         ref.prepare(1)
         refs.append(ref)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from labkit.engine.model import HybridModel
-from labkit.engine.scheduler import Request, Scheduler, Threshold, make_lanes
+from labkit.engine.model.hybrid import HybridModel
+from labkit.engine.drive.scheduler import Request, Scheduler, Threshold, make_lanes
 from labkit.shapes import PRESETS
 
 pytestmark = pytest.mark.gpu
@@ -125,9 +125,9 @@ def test_pingpong_round_changes_no_token_on_gpu(model):
     """Two offloaded batches alternated at their loads (side streams, device-side waits) give the tokens
     of running them one after the other: the streams are ordered right."""
     from labkit.engine import Engine, get_strategy
-    from labkit.engine.cache import OffloadCache
-    from labkit.engine.runner import DecodeState
-    from labkit.engine.switching import Loader, pingpong_round, sequential_round
+    from labkit.engine.model.cache import OffloadCache
+    from labkit.engine.drive.runner import DecodeState
+    from labkit.engine.drive.switching import Loader, pingpong_round, sequential_round
     toks = {}
     for mode in ("pingpong", "sequential"):
         es = []
@@ -168,7 +168,7 @@ def test_batched_dma_delivers_runs_on_any_stream():
     """cuMemcpyBatchAsync refuses the legacy default stream (CUresult 1 on the H200 before the fix): a
     copy from it goes through a private stream joined both ways; from a side stream it is queued there.
     Every unit lands where it should, and a capture is refused before the driver sees it."""
-    from labkit.engine.batched_dma import BatchedDMA
+    from labkit.engine.transfer.batched_dma import BatchedDMA
     dma = BatchedDMA()
     g = torch.Generator().manual_seed(0)
     src = torch.randint(-2**40, 2**40, (4096, 256), generator=g).pin_memory()      # 2 KiB rows
@@ -229,7 +229,7 @@ def test_calibrate_times_the_steps_the_scheduler_runs(model, strategy, select_bl
     scheduler with graphs runs it: cheaper than the eager, launch-bound step it timed before (which made
     every transfer look hidden and the adaptive policy offload like a low threshold), and the lanes are
     empty again afterwards (a scheduler starts from them)."""
-    from labkit.engine.scheduler import calibrate
+    from labkit.engine.drive.scheduler import calibrate
     lanes = make_lanes(TINY, "cuda", 2, 2, model=model, strategy=strategy, select_block=select_block, **CFG)
     eager, graphed = calibrate(lanes), calibrate(lanes, graphs=True)
     print(f"{strategy}: eager {eager}, graphed {graphed}")

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from labkit.bench.decode import plan
-from labkit.bench.params import BadInput
+from labkit.params import BadInput
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
-from labkit.engine.hot_cache import COUNTERS, LRFU_DECAY, POLICIES, HotIndex
+from labkit.engine.transfer.hot_cache import COUNTERS, LRFU_DECAY, POLICIES, HotIndex
 from labkit.shapes import PRESETS
+from labkit.engine.drive.runner import DecodeRunner
 
 TINY = PRESETS["tiny"]
 LENS = [70, 260, 150]          # three requests of different lengths
@@ -34,7 +35,7 @@ def _decode(model, name, steps, **settings):
     e = Engine(model, cache, st, BUDGET, prefill_chunk=128)
     for slot, n in enumerate(LENS):
         e.prefill(slot, _tokens(n, slot))
-    r = e.decoder(len(LENS))
+    r = DecodeRunner(e, len(LENS))
     out = []
     for _ in range(steps):
         r.step()
@@ -194,7 +195,7 @@ def test_hits_come_from_the_device_and_misses_from_the_host(model):
     cache = OffloadCache.allocate(model, "host", 1, 320, page_size=16)
     e = Engine(model, cache, st, BUDGET, prefill_chunk=128)
     e.prefill(0, _tokens(200, 5))
-    r = e.decoder(1)
+    r = DecodeRunner(e, 1)
     r.step()
     r.step()
     before = cache.pool.data.clone()
@@ -242,7 +243,8 @@ def test_capacity_beyond_device_memory_is_refused_in_plan():
 
 SCRIPT = textwrap.dedent('''
     import torch
-    from labkit.engine import gather, hot_gather, fused_attention as fa
+    from labkit.engine.model import gather
+    from labkit.engine.transfer import hot_gather, hot_attention as fa
     assert gather.interpret_mode() and gather.HAVE_TRITON
     for seed, (B, k, n_kv, G, D, C) in enumerate([(2, 24, 2, 2, 16, 10), (1, 40, 1, 4, 32, 64), (3, 17, 3, 2, 16, 5)]):
         g = torch.Generator().manual_seed(seed)
@@ -292,8 +294,8 @@ SCRIPT = textwrap.dedent('''
             assert torch.equal(s1[:S], s2[:S]), "fused: slots"
             err = (a.float() - b.float()).abs().max().item()
             assert err <= 0.02 * b.float().abs().max().item() + 1e-2, ("fused: attention", err)
-    from labkit.engine.hot_cache import HotIndex
-    from labkit.engine.hot_plan import hot_plan
+    from labkit.engine.transfer.hot_cache import HotIndex
+    from labkit.engine.transfer.hot_plan import hot_plan
     for policy, C in (("lru", 5), ("lfu", 1), ("lrfu", 24)):      # the plan kernel == HotIndex's torch ops
         g = torch.Generator().manual_seed(C)
         B, k, R = 2, 12, 80
@@ -341,7 +343,8 @@ def test_decode_point_records_what_the_hot_cache_moved():
 
 FUSED_SCRIPT = textwrap.dedent('''
     import torch
-    from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy, gather
+    from labkit.engine import DecodeRunner, Engine, HybridModel, OffloadCache, get_strategy
+    from labkit.engine.model import gather
     from labkit.shapes import PRESETS
     assert gather.interpret_mode()
     T, LENS, K = PRESETS["tiny"], [70, 200], 32
@@ -353,7 +356,7 @@ FUSED_SCRIPT = textwrap.dedent('''
         e = Engine(model, c, st, K, prefill_chunk=256)
         for s, n in enumerate(LENS):
             e.prefill(s, torch.randint(0, T.vocab, (n,), generator=torch.Generator().manual_seed(s)))
-        r = e.decoder(2, trace=trace)
+        r = DecodeRunner(e, 2, trace=trace)
         out = []
         for t in range(steps):
             if trace is not None:

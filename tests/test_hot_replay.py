@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from labkit.bench.hot_replay import overlap_prev, replay_sweep
-from labkit.engine.trace_replay import load_selection_trace
+from labkit.engine.model.trace_replay import load_selection_trace
 from labkit.quality.traces import Trace, save_trace
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from browser_util import REPO, cpu_run, derived_run, figures_in_page
-from labkit.bench.params import BadInput
+from labkit.params import BadInput
 from labkit.cli import main
 from labkit.compare import compare, match
 from labkit.index import collect, flag, headlines, rebuild_index

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 SCRIPT = textwrap.dedent('''
     import torch
-    from labkit.engine import gather
+    from labkit.engine.model import gather
     assert gather.interpret_mode() and gather.HAVE_TRITON
     for seed in (0, 1):
         g = torch.Generator().manual_seed(seed)
@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent('''
         gather.scatter_rows(vals, wr, dst)
         ref = src.clone(); ref[wr] = vals
         assert torch.equal(dst, ref), "scatter"
-    from labkit.engine import deltanet_step as D
+    from labkit.engine.model import deltanet_step as D
     for B, H, HK in ((1, 4, 2), (3, 4, 4)):
         g = torch.Generator().manual_seed(B)
         S = torch.randn(B, H, 16, 64, generator=g)

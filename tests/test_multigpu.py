@@ -9,7 +9,7 @@ import papermill as pm
 import pytest
 
 from labkit.bench import multigpu as G
-from labkit.bench.params import BadInput
+from labkit.params import BadInput
 from labkit.execute import EXPERIMENTS, NOTEBOOKS
 
 

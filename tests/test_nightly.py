@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from browser_util import REPO, nightly_record, nightly_root
-from labkit.bench.params import BadInput
+from labkit.params import BadInput
 from labkit.cli import main
 from labkit.nightly import load_plan, run_plan
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
-from labkit.engine.pipeline import (PipelineEngine, measure_block_costs, model_block_costs, place_layers,
-                                    split_model)
+from labkit.engine.drive.pipeline import PipelineEngine, measure_block_costs, model_block_costs, place_layers, split_model
 from labkit.shapes import PRESETS
+from labkit.engine.drive.runner import DecodeRunner
 
 TINY = PRESETS["tiny"]
 
@@ -32,7 +32,7 @@ def test_split_model_matches_single_device(n_dev, strategy):
     st = get_strategy(strategy)
     e = Engine(ref_model, OffloadCache.allocate(ref_model, st.medium, 2, 256, 16), st, 32)
     ref_pre = [e.prefill(s, t) for s, t in enumerate(toks)]
-    r = e.decoder(2)
+    r = DecodeRunner(e, 2)
     ref = []
     for _ in range(3):
         r.step()
@@ -63,7 +63,7 @@ def test_measured_block_costs_cover_every_block():
 
 
 def test_micro_batch_ranges_cover_the_batch():
-    from labkit.engine.pipeline import micro_batch_ranges
+    from labkit.engine.drive.pipeline import micro_batch_ranges
     assert micro_batch_ranges(5, 2) == [(0, 3), (3, 2)]
     assert micro_batch_ranges(2, 4) == [(0, 1), (1, 1)]          # never more micro-batches than requests
     assert micro_batch_ranges(4, 1) == [(0, 4)]
@@ -82,7 +82,7 @@ def test_micro_batches_give_each_request_its_own_decode(strategy):
     e = Engine(ref_model, OffloadCache.allocate(ref_model, st.medium, 3, 256, 16), st, 32)
     for s, t in enumerate(toks):
         e.prefill(s, t)
-    r = e.decoder(3)
+    r = DecodeRunner(e, 3)
     model = HybridModel(TINY, "cpu", seed=3)
     stages = split_model(model, place_layers(model_block_costs(model, 32), 2), ["cpu", "cpu"])
     pipe = PipelineEngine(stages, strategy, 32, n_slots=3, capacity=256, page_size=16)
@@ -126,7 +126,7 @@ def test_bubbles_of_a_known_timeline():
     """Two stages, two micro-batches of 1 ms each per stage, perfectly pipelined: in steady state each
     step ends 2 ms after the previous one and both stages are busy the whole cycle; stages taking turns
     (one micro-batch) leave each idle half the cycle."""
-    from labkit.engine.pipeline import bubbles
+    from labkit.engine.drive.pipeline import bubbles
     piped = [dict(step=t, micro_batch=m, stage=k, start_ms=2 * t + m + k, end_ms=2 * t + m + k + 1)
              for t in range(4) for m in range(2) for k in range(2)]
     b = bubbles(piped)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
-from labkit.engine.prefill_buffers import RotatingPrefillIO, buffer_of
+from labkit.engine.model.prefill_buffers import RotatingPrefillIO, buffer_of
 from labkit.shapes import PRESETS
 
 # 6 QSA layers: layer 0 resident, layers 1..5 rotate through 3 buffers (1 and 4 share one, so a

@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-from labkit.bench.params import BadInput
+from labkit.params import BadInput
 from labkit.engine import Engine
-from labkit.engine.engine import BlockDone, LoadRequest
-from labkit.engine.kv import PageTable
-from labkit.engine.runner import DecodeState
-from labkit.engine.scheduler import AllTo, Request, Scheduler, Threshold, make_lanes, parse_policy
-from labkit.engine.switching import Loader, Pending, Timeline, switched_round
+from labkit.engine.model.forward import BlockDone, LoadRequest
+from labkit.engine.model.kv import PageTable
+from labkit.engine.drive.runner import DecodeState
+from labkit.engine.drive.scheduler import AllTo, Request, Scheduler, Threshold, make_lanes, parse_policy
+from labkit.engine.drive.switching import Loader, Pending, Timeline, switched_round
 from labkit.serving.latency import summarize
 from labkit.shapes import PRESETS
 
@@ -32,7 +32,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def lanes_factory():
-    from labkit.engine.model import HybridModel
+    from labkit.engine.model.hybrid import HybridModel
     model = HybridModel(TINY, "cpu", seed=0)
 
     def make(resident=2, offload=2, strategy="zero_copy", **kw):
@@ -101,7 +101,7 @@ def test_block_dma_lanes_switched_tokens_equal_each_alone(lanes_factory):
 
 def test_switching_on_cpu_is_not_a_no_op(lanes_factory):
     """A different model seed must change tokens (the equality above can fail)."""
-    from labkit.engine.model import HybridModel
+    from labkit.engine.model.hybrid import HybridModel
     other = make_lanes(TINY, "cpu", 2, 2, model=HybridModel(TINY, "cpu", seed=1), **CFG)
     a = Scheduler(lanes_factory(), Threshold(80)).run(_requests(SPEC[:2]))
     b = Scheduler(other, Threshold(80)).run(_requests(SPEC[:2]))
@@ -287,7 +287,7 @@ def test_switching_bench_point_on_cpu():
 
 
 def test_adaptive_placement_and_calibration(lanes_factory):
-    from labkit.engine.scheduler import Adaptive, Costs, calibrate
+    from labkit.engine.drive.scheduler import Adaptive, Costs, calibrate
     lanes = lanes_factory(resident=2, offload=2, capacity=256)
     costs = calibrate(lanes)
     assert costs.step_ms >= 0 and costs.per_req_ms >= 0 and costs.xfer_ms >= 0 and costs.xfer_fixed_ms >= 0

@@ -54,7 +54,7 @@ def test_two_batch_bound_on_both_sides_of_the_crossover():
 
 
 def _two_caches(model, seed):
-    from labkit.engine.cache import OffloadCache
+    from labkit.engine.model.cache import OffloadCache
     out = []
     for i in range(2):
         c = OffloadCache.allocate(model, "host", 2, 192, page_size=16)
@@ -67,8 +67,8 @@ def test_pingpong_round_changes_no_token():
     """Two offloaded batches alternated at their loads give the tokens of running them one after the
     other (same caches, same seeds), over several rounds, and every load is counted."""
     from labkit.engine import Engine, HybridModel, get_strategy
-    from labkit.engine.runner import DecodeState
-    from labkit.engine.switching import Loader, Timeline, pingpong_round, sequential_round
+    from labkit.engine.drive.runner import DecodeState
+    from labkit.engine.drive.switching import Loader, Timeline, pingpong_round, sequential_round
     model = HybridModel(TINY, "cpu", seed=0)
     toks = {}
     for mode in ("pingpong", "sequential"):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from labkit.bench import pulse_trace as P
-from labkit.bench.params import BadInput
+from labkit.params import BadInput
 
 
 def _trace(path, rows):

@@ -42,7 +42,7 @@ def test_notebook_parameters_match_experiment_spec():
 ])
 def test_bad_input_fails_in_one_line_before_loading(given, msg):
     pytest.importorskip("transformers")
-    from labkit.bench.params import BadInput
+    from labkit.params import BadInput
     from labkit.quality.experiment import plan
 
     with pytest.raises(BadInput) as e:

@@ -45,7 +45,7 @@ def test_faithful_when_budget_covers_the_sequence(real):
 
 
 def test_policies_and_trace_on_real_model(real, tmp_path):
-    from labkit.engine.trace_replay import load_selection_trace
+    from labkit.engine.model.trace_replay import load_selection_trace
     from labkit.quality.corpora import sequences
     from labkit.quality.measure import prepare_policies, quality_sweep, summarize
     from labkit.quality.traces import load_trace, locality_summary, record_traces, save_trace

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from labkit.engine.trace_replay import load_selection_trace, scale_row
+from labkit.engine.model.trace_replay import load_selection_trace, scale_row
 from labkit.quality.traces import Trace, load_trace, locality, reuse_distance, save_trace
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from labkit.engine.select import order_keys, select_topk, select_topk_reference
+from labkit.engine.model.select import order_keys, select_topk, select_topk_reference
 
 NEG = float("-inf")
 
@@ -76,7 +76,7 @@ def test_bad_k_is_refused():
 
 SCRIPT = textwrap.dedent('''
     import torch
-    from labkit.engine import select
+    from labkit.engine.model import select
     assert select._triton_ok(torch.zeros(1))
     g = torch.Generator().manual_seed(0)
     many = torch.randint(0, 4, (2, 900), generator=g).float()

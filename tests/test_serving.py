@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labkit.bench.params import BadInput
+from labkit.params import BadInput
 from labkit.serving import latency, workload
 from labkit.serving.profiles import available, load_profile
 

@@ -12,7 +12,7 @@ HAS = all(importlib.util.find_spec(m) is not None for m in ("transformers", "ggu
 
 
 def _vllm():
-    from labkit.bench.params import BadInput
+    from labkit.params import BadInput
     from labkit.serving.lifecycle import vllm_python
 
     try:

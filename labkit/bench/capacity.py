@@ -39,40 +39,17 @@ from pathlib import Path
 import psutil
 import torch
 
-from ..engine.hot_cache import HotCache, check_settings
-from ..engine.layers import dn_state_shapes
-from ..engine.prefill_buffers import rotating_buffer_bytes
+from ..engine.transfer.hot_cache import HotCache, check_settings
+from ..engine.model.layers import dn_state_shapes
+from ..engine.model.prefill_buffers import rotating_buffer_bytes
 from ..results import Run
 from ..shapes import ModelShape
-from .params import BadInput, bench_main, Param, check_positive, gib, one_line, resolve, resolve_device
+from ..params import BadInput, check_positive, gib, one_line, resolve_device
 from .prefill import apply_cap, check_cap
 
 EXPERIMENT = "capacity"
 CONFIGS = {"none": "resident", "prefill": "resident", "both": "hot_cache"}
 
-SPEC = [
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("context_len", "int", 0, "tokens per request (0: 32K on CUDA, 256 on CPU)"),
-    Param("mem_cap_gib", "float", 24.0, "device memory cap (GiB)"),
-    Param("host_cap_gib", "float", 0.0, "pinned host KV allowed (GiB; 0: half the RAM)"),
-    Param("workspace_gib", "float", 2.0, "device reserve for activations, graphs, cuBLAS (GiB)"),
-    Param("configs", "list[str]", ["none", "prefill", "both"], "none, prefill, both"),
-    Param("budget", "int", 2048, "indexer budget (rows per request and QSA layer)"),
-    Param("hot_capacity", "int", 4096, "hot_cache slots per request and QSA layer (both)"),
-    Param("hot_policy", "str", "lru", "hot_cache eviction policy (both)"),
-    Param("selection", "str", "indexer", "indexer, or trace:PATH (recorded selections)"),
-    Param("tpot_ms", "float", 30.0, "TPOT limit of a good request (ms)"),
-    Param("max_batch", "int", 0, "largest batch timed (0: no limit beyond the capacity)"),
-    Param("steps", "int", 10, "decode steps per repeat"),
-    Param("repeats", "int", 2, "timed repeats"),
-    Param("measure", "bool", True, "time the decode step (false: capacities only)"),
-    Param("seed", "int", 0, "weights and cache contents"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
-    # the report's companions (nothing is measured from them): issue 10's other figures in one report
-    Param("replay_run", "str", "", "report: a hot_replay run folder (hit rate and bytes vs capacity per policy)"),
-    Param("decode_run", "str", "", "report: a decode run with hot_cache rows (step anatomy per strategy)"),
-]
 
 
 @dataclass(frozen=True)
@@ -119,8 +96,10 @@ def fit(shape: ModelShape, ctx: int, cap: float, config: str, budget: int = 2048
     return Fit(config, per, shared, n_dev, n_host, n)
 
 
-def plan(given: dict) -> tuple[dict, ModelShape, torch.device, list[Fit]]:
-    p = resolve(SPEC, given, EXPERIMENT)
+def check(p: dict) -> dict:
+    """Validate resolved parameters and decide the "auto" ones (one line before anything is allocated);
+    returns the parameters a plan records."""
+    p = dict(p)
     dev = resolve_device(p["device"])
     p["device"] = str(dev)
     if p["shape"] == "auto":
@@ -164,7 +143,13 @@ def plan(given: dict) -> tuple[dict, ModelShape, torch.device, list[Fit]]:
                 why = f"host_cap_gib={p['host_cap_gib']} holds no request of {gib(p['context_len'] * shape.kv_bytes_per_token())} KV"
             raise BadInput(f"config {f.config}: no request of {p['context_len']} tokens fits a "
                            f"{p['mem_cap_gib']:g} GiB cap: {why}")
-    return p, shape, dev, fits
+    return p
+
+
+def fits_of(p: dict, shape: ModelShape) -> list[Fit]:
+    """What the cap holds per config, for checked parameters (pure arithmetic on the shape)."""
+    return [fit(shape, p["context_len"], p["mem_cap_gib"] * 2**30, c, p["budget"], p["hot_capacity"],
+                p["host_cap_gib"] * 2**30, p["workspace_gib"] * 2**30) for c in p["configs"]]
 
 
 def _batches_to_try(n: int, max_batch: int) -> int:
@@ -201,8 +186,10 @@ def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
                           dp, session.tel)
 
 
-def run(given: dict, progress=print) -> Run:
-    p, shape, dev, fits = plan(given)
+def run(p: dict, progress=print) -> Run:
+    """Capacities, then the decode step of each config's batches, into a run folder (checked parameters)."""
+    shape, dev = ModelShape.from_name(p["shape"]), torch.device(p["device"])
+    fits = fits_of(p, shape)
     apply_cap(p["mem_cap_gib"], dev)
     r = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
     base = {"device": p["device"], "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name,
@@ -279,11 +266,3 @@ def run(given: dict, progress=print) -> Run:
     r.finish("ok" if (df["status"] == "ok").all() else "partial")
     progress(sdf.to_string(index=False))
     return r
-
-
-def main(argv=None) -> int:
-    return bench_main(argv, "python -m labkit.bench.capacity", __doc__, run)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The decode sweep (seed 000's table): decode speed against context length, budget and concurrency for
+"""The decode sweep (sparse offload of Qwen3.8-Flash-Next): decode speed against context length, budget and concurrency for
 each transfer strategy, plus prefill speed, with engine-counted H2D bytes next to NVML's PCIe counters
 and, for every point, the step's anatomy (where its time goes).
 
@@ -7,10 +7,11 @@ strategies` at `budget_context` (default: the largest context) and `concurrency[
 plus one prefill per `prefill_lens` entry. A decode point fills its requests' caches with seeded random
 rows and index keys (decode time does not depend on the values); prefill is measured on its own.
 
-    p = plan({"context_lens": "8K,1M"})          # DecodePlan, validated; nothing allocated yet
-    run = run_sweep({"context_lens": "8K,1M"})   # measures every point into a run folder
-    with DecodeSession(p) as s:                  # or one point at a time (the explorer's "measure now")
-        rec = s.measure(p.points[0])
+    plan = experiments.plan("decode", {"context_lens": "8K,1M"})   # checked once; nothing allocated yet
+    pl = derive(plan.params)                     # the grid it implies
+    run = run_sweep(pl)                          # measures every point into a run folder
+    with DecodeSession(pl) as s:                 # or one point at a time (the explorer's "measure now")
+        rec = s.measure(pl.points[0])
 """
 from __future__ import annotations
 
@@ -23,50 +24,20 @@ import psutil
 import torch
 
 from ..engine import Engine, HybridModel, OffloadCache, get_strategy
-from ..engine.cache import PAGE_SIZE, build_on_devices
-from ..engine.pipeline import (PipelineRunner, bubbles, device_guard, micro_batch_ranges, model_block_costs,
-                               place_layers, split_model, staged_prefill)
-from ..engine.transfer import SETTINGS, STRATEGIES
+from ..engine.model.cache import PAGE_SIZE, build_on_devices
+from ..engine.drive.pipeline import PipelineRunner, bubbles, device_guard, micro_batch_ranges, model_block_costs, place_layers, split_model, staged_prefill
+from ..engine.transfer import STRATEGIES, setting_names
 from ..results import Run
 from ..shapes import ModelShape
 from ..stats import spread
 from ..telemetry import Sampler
-from .params import BadInput, Param, check_positive, gib, one_line, resolve, resolve_device
+from ..params import BadInput, check_positive, gib, one_line, resolve_device
 from .probe import hbm_read_gbps, run_probe
 from .progress import progress
+from ..engine.drive.runner import DecodeRunner
 
 EXPERIMENT = "decode"
 
-SPEC = [
-    Param("shape", "str", "auto", "model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N; several (cuda:0,cuda:1) split the layers over them"),
-    Param("strategies", "list[str]", ["resident", "per_row", "host_gather", "zero_copy"], "transfer strategies"),
-    Param("context_lens", "list[int]", "auto", "context lengths (tokens; 8K, 1M accepted)"),
-    Param("budgets", "list[int]", "auto", "indexer budgets; the first is the main table's"),
-    Param("concurrency", "list[int]", [1, 4], "concurrent requests per decode step"),
-    Param("micro_batches", "list[int]", [1], "split each batch into this many micro-batches, pipelined over "
-          "the devices of a layer split (1: the stages take turns); main table only"),
-    Param("repeats", "int", 5, "timed repeats of `steps` steps"),
-    Param("steps", "int", 20, "decode steps per repeat"),
-    Param("prefill_lens", "list[int]", "auto", "prompt lengths for the prefill measurement (empty: none)"),
-    Param("budget_context", "int", 0, "context of the budget axis (0: the largest context)"),
-    Param("selection", "str", "indexer", "indexer, or trace:PATH to replay recorded selections"),
-    Param("per_row_steps", "int", 3, "steps (1 repeat) for per_row, whose steps take ~0.4 s per request"),
-    Param("anatomy", "bool", True, "per point, where the step's time goes (phases marked inside one extra graph)"),
-    Param("gather_rows_per_prog", "int", 4, "resident/zero_copy gather kernel: rows per program"),
-    Param("gather_num_warps", "int", 4, "resident/zero_copy gather kernel: warps per program"),
-    Param("host_threads", "int", 0, "host_gather: CPU threads (0: all cores)"),
-    Param("hot_capacity", "int", 4096, "hot_cache: device slots per request and QSA layer (rows)"),
-    Param("hot_policy", "str", "lru", "hot_cache: eviction policy (lru, lfu, lrfu)"),
-    Param("hot_fused", "bool", False, "hot_cache: fused miss-load attention kernel instead of gather + attention"),
-    Param("hot_defer", "bool", True, "hot_cache: victims and inserts after the read, on a side stream (false: before it)"),
-    Param("dma_prefer_overlap", "bool", True, "block_dma: hint the driver to keep the copies on the copy engines"),
-    Param("dma_units_per_call", "int", 0, "block_dma: units per batched DMA call (0: a load in one call)"),
-    Param("select_block", "int", 1, "select whole aligned blocks of N positions (16: PulseInfer's; block_dma's units)"),
-    Param("probe", "bool", True, "measure the link limits first (contiguous, host_gather, zero_copy): the plots' bounds"),
-    Param("seed", "int", 0, "weights and cache contents"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
-]
 
 AUTO = {
     "cuda": {"shape": "qwen3.8-flash-next", "context_lens": [8 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20],
@@ -94,7 +65,7 @@ class DecodePlan:
     shape: ModelShape
     devices: tuple[torch.device, ...]
     points: tuple[Point, ...]
-    settings: dict = field(default_factory=dict)     # strategy settings (SETTINGS names) for get_strategy
+    settings: dict = field(default_factory=dict)     # strategy settings (their sweep names) for get_strategy
 
     @property
     def margin(self) -> int:
@@ -110,9 +81,10 @@ class DecodePlan:
         return max(q.context_len for q in self.points if q.concurrency == conc)
 
 
-def plan(given: dict) -> DecodePlan:
-    """Resolve and validate parameters; raises BadInput with one line before anything is allocated."""
-    p = resolve(SPEC, given, EXPERIMENT)
+def check(p: dict) -> dict:
+    """Validate resolved parameters against this machine and decide the "auto" ones; returns them as a plan
+    records them. Raises BadInput with one line before anything is allocated (`experiments.decode.plan`)."""
+    p = dict(p)
     # `device` may list several devices ("cuda:0,cuda:1,cuda:2", or "cpu,cpu" to exercise the split on a
     # CPU): the layers are then split over them, one pipeline stage per device.
     devs = [resolve_device(d.strip()) for d in str(p["device"]).split(",") if d.strip()] or [resolve_device("auto")]
@@ -141,7 +113,7 @@ def plan(given: dict) -> DecodePlan:
     for name in ("repeats", "steps", "gather_rows_per_prog", "gather_num_warps"):
         check_positive(name, [p[name]])
     check_positive("prefill_lens", p["prefill_lens"] or [1])
-    settings = {k: p[k] for k in SETTINGS}
+    settings = {k: p[k] for k in setting_names()}
     for s in p["strategies"]:
         try:
             get_strategy(s, **settings)
@@ -160,7 +132,7 @@ def plan(given: dict) -> DecodePlan:
         p["budget_context"] = max(p["context_lens"])
     if len(devs) > shape.layers:
         raise BadInput(f"{len(devs)} devices for a shape of {shape.layers} layers")
-    pl = DecodePlan(p, shape, tuple(devs), tuple(_points(p)), settings)
+    pl = derive(p)
     # Host RAM: the biggest concurrency group's pool must fit in this machine's RAM at all.
     total = psutil.virtual_memory().total
     need = max(q.concurrency for q in pl.points) * (max(q.context_len for q in pl.points) + pl.margin) \
@@ -169,7 +141,14 @@ def plan(given: dict) -> DecodePlan:
         if need > total:
             raise BadInput(f"context {max(p['context_lens'])} x concurrency {max(p['concurrency'])} needs "
                            f"{gib(need)} of host KV ({shape.kv_bytes_per_token()} B/token); this machine has {gib(total)} of RAM")
-    return pl
+    return p
+
+
+def derive(p: dict) -> DecodePlan:
+    """What checked parameters imply (shape, devices, the grid, strategy settings); checks nothing."""
+    devs = tuple(torch.device(d) for d in str(p["device"]).split(","))
+    return DecodePlan(dict(p), ModelShape.from_name(p["shape"]), devs, tuple(_points(p)),
+                      {k: p[k] for k in setting_names()})
 
 
 def _check_hot_capacity(p: dict, shape: ModelShape, dev: torch.device) -> None:
@@ -293,7 +272,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     p, shape, dev = pl.params, pl.shape, stages[0].device
     trace = None
     if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
-        from ..engine.trace_replay import load_selection_trace
+        from ..engine.model.trace_replay import load_selection_trace
         trace = load_selection_trace(p["selection"][6:], shape.attn_layers, pt.context_len, pt.budget,
                                      steps=pl.margin, stable=True)   # keeps the trace's reuse (hot_cache)
     conc, ctx = pt.concurrency, pt.context_len
@@ -310,14 +289,14 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
             tr = None if trace is None else trace[:, first_attn:first_attn + stage.n_attn]
             first_attn += stage.n_attn
             with device_guard(stage.device):
-                row.append(engine.decoder(size, trace=tr, max_steps=pl.margin, first=first))
+                row.append(DecodeRunner(engine, size, trace=tr, max_steps=pl.margin, first=first))
         grid.append(row)
     runners = [r for row in grid for r in row]
     runner = runners[0] if len(runners) == 1 else PipelineRunner(grid)
-    per_row = strat.name == "per_row"
-    steps, repeats = (p["per_row_steps"], 1) if per_row else (p["steps"], p["repeats"])
+    slow = strat.slow             # ~0.4 s a step per request (per_row): fewer steps, one repeat, no anatomy
+    steps, repeats = (p["per_row_steps"], 1) if slow else (p["steps"], p["repeats"])
     with device_guard(dev):
-        runner.prepare(warmup=1 if per_row else 2)
+        runner.prepare(warmup=1 if slow else 2)
     cuda = dev.type == "cuda"
     counted = [r.engine.strategy.counters() for r in runners]    # hot_cache: device counts before the timed steps
     times, rx, tx = [], 0.0, 0.0
@@ -384,7 +363,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
         rec.update(bubbles(spans))
         if timeline is not None:
             timeline += [{**asdict(pt), **s} for s in spans]
-    if p["anatomy"] and not per_row and pt.micro_batches == 1:   # phases of overlapped micro-batches do not add up
+    if p["anatomy"] and not slow and pt.micro_batches == 1:   # phases of overlapped micro-batches do not add up
         with device_guard(dev):
             anat = runner.anatomy(repeats=ANATOMY_STEPS)
         phases = {k: v for k, v in anat.items() if k not in ("marked_step_ms", "mark_us", "n_marks")}
@@ -398,14 +377,17 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
 
 
 def counted_per_step(runners, before: list[dict], n: int) -> dict:
-    """Means over the timed steps of what strategies with data-dependent traffic counted on the device
-    (hot_cache: hits, misses, inserts, evictions, bytes); `h2d_bytes_per_step` becomes that mean."""
+    """Means over the timed steps of what strategies that `count` counted on the device (hot_cache: hits,
+    misses, inserts, evictions, bytes), as columns named with the strategy's `counter_prefix`;
+    `h2d_bytes_per_step` becomes the counted bytes' mean."""
     after = [r.engine.strategy.counters() for r in runners]
     tot = {k: sum(a[k] - b[k] for a, b in zip(after, before)) for k in after[0]} if after and after[0] else {}
     if not tot:
         return {}
-    out = {f"hot_{k}_per_step": v / n for k, v in tot.items()}
-    out["hot_hit_rate"] = tot["hits"] / max(1, tot["hits"] + tot["misses"])
+    pre = runners[0].engine.strategy.counter_prefix
+    out = {f"{pre}{k}_per_step": v / n for k, v in tot.items()}
+    if "hits" in tot and "misses" in tot:
+        out[f"{pre}hit_rate"] = tot["hits"] / max(1, tot["hits"] + tot["misses"])
     out["h2d_bytes_per_step"] = tot["h2d_bytes"] / n
     return out
 
@@ -440,15 +422,17 @@ def measure_prefill(stages: list, n_tokens: int, strategy: str, pl: DecodePlan) 
             "device_index_bytes": n_tokens * stages[0].shape.index_key_bytes * stages[0].shape.attn_layers}
 
 
-def run_sweep(given: dict, run: Run | None = None, progress_bar: bool = True) -> Run:
-    """Validate, then measure every point into a run folder; a failing point becomes a failed row."""
-    pl = plan(given)
+def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True) -> Run:
+    """Measure every point of a checked plan into a run folder; a failing point becomes a failed row."""
     p, shape, dev = pl.params, pl.shape, pl.devices[0]
     if run is None:
         run = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
     base = {"device": p["device"], "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": shape.name}
     # Prefill is measured once per length, with the KV pool where the offloaded strategies keep it.
-    host = [s for s in ("zero_copy", "host_gather", "per_row") if s in p["strategies"]]
+    # (plain rows, no mirror of them to keep up to date; a graphable one first: the prefill path the sweep's
+    # offloaded strategies share)
+    host = sorted((s for s in p["strategies"] if STRATEGIES[s].medium == "host" and not STRATEGIES[s].mirrors),
+                  key=lambda s: not STRATEGIES[s].graphable)
     prefill = [(n, (host or p["strategies"])[0]) for n in (p["prefill_lens"] or [])]
     bar = progress(total=len(pl.points) + len(prefill), desc=f"{EXPERIMENT} {shape.name}", disable=not progress_bar)
     tel = Sampler(gpus=[d.index or 0 for d in pl.devices] if pl.cuda else [])

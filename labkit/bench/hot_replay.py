@@ -18,7 +18,6 @@ writes OUT_DIR/hot_replay.parquet, summary.md, manifest.json and report.html (`l
 """
 from __future__ import annotations
 
-import argparse
 import time
 import math
 from pathlib import Path
@@ -27,8 +26,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..engine.hot_cache import COUNTERS, POLICIES, HotIndex
-from ..engine.trace_replay import _read, load_selection_trace, scale_row
+from ..engine.transfer.hot_cache import COUNTERS, POLICIES, HotIndex
+from ..engine.model.trace_replay import _read, load_selection_trace, scale_row
 from ..quality.traces import load_trace, locality
 from ..shapes import PRESETS
 
@@ -105,40 +104,6 @@ def replay_sweep(traces, context_lens, budget: int = 2048, capacity_x=(0.5, 1.0,
                 log(f"{Path(path).name} @ {ctx}: {len(capacity_x) * len(policies)} replays in {time.perf_counter() - t0:.1f}s")
     return pd.DataFrame(rows)
 
-
-def main(argv=None):
-    from ..bench.params import parse_size
-    ap = argparse.ArgumentParser(prog="python -m labkit.bench.hot_replay")
-    ap.add_argument("out")
-    ap.add_argument("traces", nargs="+")
-    ap.add_argument("--contexts", default="128K,1M")
-    ap.add_argument("--budget", default="2048")
-    ap.add_argument("--capacity-x", default="0.5,1,1.5,2,3")
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--no-report", action="store_true", help="skip report.html (keep a committed run folder small)")
-    a = ap.parse_args(argv)
-    import datetime as dt
-    import json
-    from .. import __version__
-    from ..results import git_sha, machine_info
-    created, t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
-    df = replay_sweep(a.traces, [parse_size(x) for x in a.contexts.split(",")], parse_size(a.budget),
-                      [float(x) for x in a.capacity_x.split(",")], a.policies.split(","))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    df.to_parquet(out / "hot_replay.parquet", index=False)
-    (out / "summary.md").write_text(summary_markdown(df, vars(a)))
-    params = {k: v for k, v in vars(a).items() if k != "out"}
-    manifest = {"run_id": out.name, "experiment": "hot_replay", "created": created.isoformat(timespec="seconds"),
-                "git_sha": git_sha(), "labkit": __version__, **machine_info(), "parameters": params,
-                "status": "ok", "wall_s": round(time.perf_counter() - t0, 1)}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
-    if not a.no_report:
-        from ..report.hot_cache import replay_report
-        replay_report(df).write(out / "report.html")
-    print(f"wrote {out / 'hot_replay.parquet'}, summary.md, manifest.json{'' if a.no_report else ', report.html'} ({len(df)} rows)")
-
-
 def summary_markdown(df: pd.DataFrame, args: dict) -> str:
     """Hit rate and bytes against zero_copy per (trace density, context, capacity, policy), as text."""
     from .. import __version__
@@ -153,7 +118,3 @@ def summary_markdown(df: pd.DataFrame, args: dict) -> str:
         lines.append(f"| {r.trace} | {r.ratio} | {r.context_len:,} | {r.capacity_x:g} | {r.policy} | {r.hit_rate:.3f} "
                      f"| {r.bytes_vs_zero_copy:.3f} | {r.overlap_trace:.3f} | {r.overlap_replayed:.3f} | {r.trace_share:.3f} |")
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    main()

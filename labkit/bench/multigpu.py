@@ -24,41 +24,25 @@ import time
 import pandas as pd
 import torch
 
-from ..engine.cache import build_on_devices
-from ..engine.pipeline import device_guard
+from ..engine.model.cache import build_on_devices
+from ..engine.drive.pipeline import device_guard
 from ..engine.transfer import ZeroCopy
 from ..results import Run
 from ..stats import spread
 from ..telemetry import Sampler
 from . import decode
-from .params import BadInput, bench_main, Param, check_positive, one_line, resolve, resolve_device
+from ..params import BadInput, check_positive, one_line, resolve_device
 from .probe import BUDGET, LAYERS, ROW_BYTES, _step, gather_workload
 from .progress import progress
 
 EXPERIMENT = "multigpu"
-SPEC = [
-    Param("devices", "str", "auto", "devices to split over (auto: every GPU; cpu,cpu on a CPU)"),
-    Param("shape", "str", "auto", "model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("strategies", "list[str]", ["resident", "zero_copy"], "transfer strategies"),
-    Param("context_lens", "list[int]", "auto", "context lengths (tokens; 64K, 1M accepted)"),
-    Param("concurrency", "list[int]", [1, 4, 8], "concurrent requests per decode step"),
-    Param("micro_batches", "list[int]", [2], "the pipelined layouts: micro-batches in flight (0: none)"),
-    Param("budget", "int", 0, "indexer budget (0: 2048 on CUDA, 64 on CPU)"),
-    Param("repeats", "int", 3, "timed repeats of `steps` steps"),
-    Param("steps", "int", 10, "decode steps per repeat"),
-    Param("gather_pool_gib", "float", 0.0, "per-GPU pinned pool of the gather rows (0: 8 GiB on CUDA, 0.05 on CPU)"),
-    Param("gather_repeats", "int", 20, "timed gather steps per GPU and mode"),
-    Param("anatomy", "bool", False, "the step anatomy of 1gpu and split points (costs ~8 steps a point)"),
-    Param("seed", "int", 0, "weights and cache contents"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
-]
 AUTO_CONTEXT = {"cuda": [64 << 10, 1 << 20], "cpu": [256, 1024]}
 
 
-def plan(given: dict) -> dict:
-    """Resolve and check; the decode plans of every layout are validated here (one line, nothing
-    allocated). Returns the parameters with `devices` as a list and `layouts` (name -> decode params)."""
-    p = resolve(SPEC, given, EXPERIMENT)
+def check(p: dict) -> dict:
+    """Check resolved parameters; the decode plans of every layout are checked here (one line, nothing
+    allocated). Returns the parameters with `device_list` and `layouts` (name -> checked decode params)."""
+    p = dict(p)
     auto = p["devices"] == "auto"
     if auto:
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -86,8 +70,8 @@ def plan(given: dict) -> dict:
     if len(devs) > 1:
         p["layouts"]["split"] = {**common, "device": ",".join(map(str, devs)), "micro_batches": mbs}
     p["device_list"] = [str(d) for d in devs]
-    for lay in p["layouts"].values():
-        decode.plan(dict(lay))
+    from ..experiments import decode as decode_experiment
+    p["layouts"] = {name: dict(decode_experiment.plan(lay).params) for name, lay in p["layouts"].items()}
     return p
 
 
@@ -221,12 +205,12 @@ def layout_of(rec: dict) -> str:
     return "split" if rec.get("micro_batches", 1) == 1 else "pipelined"
 
 
-def run(given: dict, progress_bar: bool = True) -> Run:
-    p = plan(given)
+def run(p: dict, progress_bar: bool = True) -> Run:
+    """Gather scaling, hand-off latency and every layout's decode points (checked parameters)."""
     devs = [torch.device(d) for d in p["device_list"]]
     cuda = devs[0].type == "cuda"
     run = Run.create(p["out_dir"] or None, EXPERIMENT, {k: v for k, v in p.items() if k != "layouts"})
-    plans = {name: decode.plan(dict(lay)) for name, lay in p["layouts"].items()}
+    plans = {name: decode.derive(lay) for name, lay in p["layouts"].items()}
     n_points = sum(len(pl.points) for pl in plans.values())
     bar = progress(total=n_points + 2, desc=f"{EXPERIMENT} {len(devs)} devices", disable=not progress_bar)
     tel = Sampler(gpus=[d.index or 0 for d in devs] if cuda else [])
@@ -298,18 +282,3 @@ def summary(m: pd.DataFrame) -> dict:
         out["table"] = t.reset_index()
     return out
 
-
-def _show(r: Run) -> None:
-    s = summary(r.metrics())
-    print({k: v for k, v in s.items() if k != "table"})
-    if "table" in s:
-        print(s["table"].round(3).to_string())
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m labkit.bench.multigpu -p key=value ... [--out DIR]` (the device host has no papermill)."""
-    return bench_main(argv, "python -m labkit.bench.multigpu", __doc__, run, _show)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -28,33 +28,22 @@ import time
 import torch
 
 from ..engine import Engine, HybridModel, OffloadCache, get_strategy
-from ..engine.prefill_buffers import rotating_buffer_bytes
+from ..engine.model.prefill_buffers import rotating_buffer_bytes
 from ..results import Run
 from ..shapes import ModelShape
-from .params import BadInput, bench_main, Param, check_positive, gib, one_line, resolve, resolve_device
+from ..params import BadInput, check_positive, gib, one_line, resolve_device
 
 EXPERIMENT = "prefill"
 MODES = {"resident": ("resident", "sync"), "sync": ("zero_copy", "sync"), "rotating": ("zero_copy", "rotating")}
 
-SPEC = [
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("context_lens", "list[int]", "auto", "prompt lengths (248K, 1M accepted)"),
-    Param("modes", "list[str]", ["resident", "sync", "rotating"], "resident, sync, rotating"),
-    Param("chunk", "int", 0, "prefill chunk in tokens (0: 8192 on CUDA, 64 on CPU)"),
-    Param("tail_tokens", "int", 0, "compute only the last N tokens over a cached random prefix (0: whole prompt)"),
-    Param("mem_cap_gib", "float", 0.0, "device memory cap in GiB (0: none)"),
-    Param("warmup_tokens", "int", 0, "warm-up prompt per mode (0: two chunks)"),
-    Param("seed", "int", 0, "weights and prompt"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
-]
 AUTO = {"cuda": {"shape": "qwen3.8-flash-next", "context_lens": [248 << 10]},
         "cpu": {"shape": "tiny", "context_lens": [512]}}
 
 
-def plan(given: dict) -> tuple[dict, ModelShape, torch.device]:
-    """Resolved parameters; BadInput (one line) before anything is allocated."""
-    p = resolve(SPEC, given, EXPERIMENT)
+def check(p: dict) -> dict:
+    """Validate resolved parameters and decide the "auto" ones; BadInput (one line) before anything is
+    allocated. Returns the parameters a plan records."""
+    p = dict(p)
     dev = resolve_device(p["device"])
     auto = AUTO[dev.type]
     for k in ("shape", "context_lens"):
@@ -75,7 +64,7 @@ def plan(given: dict) -> tuple[dict, ModelShape, torch.device]:
     if p["tail_tokens"] < 0 or any(p["tail_tokens"] >= n for n in p["context_lens"]):
         raise BadInput(f"tail_tokens={p['tail_tokens']} must be >= 0 and below every context length")
     check_cap(p["mem_cap_gib"], shape, dev)
-    return p, shape, dev
+    return p
 
 
 def check_cap(cap_gib: float, shape: ModelShape, dev: torch.device) -> None:
@@ -160,8 +149,9 @@ def measure(model, mode: str, T: int, p: dict, chunk_log=None) -> dict:
     return rec
 
 
-def run(given: dict, progress=print) -> Run:
-    p, shape, dev = plan(given)
+def run(p: dict, progress=print) -> Run:
+    """Every (length, mode) of checked parameters into a run folder."""
+    shape, dev = ModelShape.from_name(p["shape"]), torch.device(p["device"])
     apply_cap(p["mem_cap_gib"], dev)
     r = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
     base = {"device": p["device"], "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name}
@@ -198,11 +188,3 @@ def run(given: dict, progress=print) -> Run:
     df.to_csv(r.path / "metrics.csv", index=False)
     r.finish("ok" if (df["status"] == "ok").all() else "partial")
     return r
-
-
-def main(argv=None) -> int:
-    return bench_main(argv, "python -m labkit.bench.prefill", __doc__, run)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,18 +26,12 @@ import time
 
 import torch
 
-from ..engine.kv import KVPool
+from ..engine.model.kv import KVPool
 from ..engine.transfer import HostGather, PerRow, Resident, ZeroCopy
 from ..stats import spread
-from .params import BadInput, Param, check_positive, resolve, resolve_device
+from ..params import BadInput, check_positive, resolve_device
 
 EXPERIMENT = "probe"
-SPEC = [
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("pool_gib", "float", 0.0, "host pool to gather from (0: 24 GiB on CUDA, 0.25 on CPU)"),
-    Param("repeats", "int", 20, "timed calls per measurement (interleaved rounds)"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
-]
 ROW_BYTES, LAYERS, BUDGET = 2048, 12, 2048
 ZERO_COPY_CONFIGS = [(1, 4), (2, 4), (4, 4), (4, 8), (8, 8)]      # (rows per program, warps)
 L2_FLUSH_BYTES = 256 << 20
@@ -193,9 +187,9 @@ def hbm_read_gbps(dev: torch.device, gib: float = 2.0, repeats: int = 20) -> dic
 def probe_selection(dev, repeats, contexts=(8 << 10, 64 << 10, 256 << 10, 1 << 20), batches=(1, 4, 16),
                     budget=BUDGET, index_dim=64, index_heads=4) -> list[dict]:
     """One QSA layer's selection: score (66 B/token fp8 keys), our select, torch.topk + sort, both."""
-    from ..engine.indexer import index_scores
-    from ..engine.kv import quantize_index_keys
-    from ..engine.select import select_topk, select_topk_torch
+    from ..engine.model.indexer import index_scores
+    from ..engine.model.kv import quantize_index_keys
+    from ..engine.model.select import select_topk, select_topk_torch
     out = []
     g = torch.Generator(device=dev).manual_seed(0)
     for B in batches:
@@ -234,11 +228,20 @@ def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, ga
     return rows
 
 
-def run(given: dict, progress_bar: bool = True):
-    """`labkit run probe` / `labkit probe`: a run folder with the probe rows and telemetry."""
+def check(p: dict) -> dict:
+    """Validate resolved parameters against this machine (one line on bad input); returns them."""
+    p = dict(p)
+    p["device"] = str(resolve_device(p["device"]))
+    check_positive("repeats", [p["repeats"]])
+    if p["pool_gib"] < 0:
+        raise BadInput(f"pool_gib must be >= 0, got {p['pool_gib']}")
+    return p
+
+
+def run(p: dict, progress_bar: bool = True):
+    """A run folder with the probe rows and telemetry (checked parameters: `experiments.probe`)."""
     from ..results import Run
     from ..telemetry import Sampler
-    p = resolve(SPEC, given, EXPERIMENT)
     dev = resolve_device(p["device"])
     run = Run.create(p["out_dir"] or None, EXPERIMENT, p)
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": "qwen3.8-flash-next"}
@@ -246,7 +249,7 @@ def run(given: dict, progress_bar: bool = True):
         for r in run_probe(p["device"], p["pool_gib"], p["repeats"]):
             run.add({**base, **r})
     except Exception as ex:
-        from .params import one_line
+        from ..params import one_line
         run.add({**base, "experiment": EXPERIMENT, "status": "failed", "error": one_line(ex)})
     # The NVML sampler runs after the timed probes, not beside them (its thread competes with the
     # host-side gathers): a short contiguous copy under it records the link generation under load.

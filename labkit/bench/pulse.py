@@ -19,7 +19,6 @@ where one merged batch would read them once. One round's timeline is kept.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -27,8 +26,9 @@ import time
 import torch
 
 from ..engine import Engine, HybridModel, OffloadCache, get_strategy
-from ..engine.runner import DecodeState
-from ..engine.switching import Loader, Timeline, capture_pieces, replay, replay_inline, sequential_round, switched_round
+from ..engine.drive.dispatch import warm_up
+from ..engine.drive.runner import DecodeState
+from ..engine.drive.switching import Loader, Timeline, capture_pieces, replay, replay_inline, sequential_round, switched_round
 from ..shapes import ModelShape
 
 
@@ -85,12 +85,7 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
     loader = Loader(o_e)
     last = {}
     if graphs:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):           # Triton JIT and workspaces outside any capture
-            sequential_round(list(lanes.values()))
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
+        warm_up(lambda: sequential_round(list(lanes.values())), model.device)
         full_pool = torch.cuda.graph_pool_handle()
         full = {k: capture_pieces(e, s_, "none" if e.strategy.graphable else "loads", full_pool)
                 for k, (e, s_) in lanes.items()}
@@ -157,57 +152,12 @@ def overlap_ms(spans: list[dict]) -> float:
 def strategy_settings(pairs: list[str]) -> dict:
     """`--set KEY=VALUE` pairs as strategy settings, each parsed by the decode sweep's declared type
     (the benches and the sweep take the same names); an unknown key is refused in one line."""
-    from ..engine.transfer import SETTINGS
-    from .decode import SPEC
-    from .params import BadInput, kv_pairs, parse_value
-    spec = {p.name: p for p in SPEC if p.name in SETTINGS}
+    from ..engine.transfer import strategy_params
+    from ..params import BadInput, kv_pairs, parse_value
+    spec = {p.name: p for p in strategy_params()}
     out = {}
     for k, v in kv_pairs(pairs).items():
         if k not in spec:
-            raise BadInput(f"--set {k}: not a strategy setting (choose from {', '.join(SETTINGS)})")
+            raise BadInput(f"--set {k}: not a strategy setting (choose from {', '.join(spec)})")
         out[k] = parse_value(spec[k], v)
     return out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labkit.bench.pulse", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="qwen3.8-flash-next")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--context", type=int, nargs="+", default=[65536])
-    ap.add_argument("--offload-batch", type=int, nargs="+", default=[4])
-    ap.add_argument("--normal-batch", type=int, default=4)
-    ap.add_argument("--normal-context", type=int, default=8192)
-    ap.add_argument("--budget", type=int, default=2048)
-    ap.add_argument("--strategy", default="zero_copy")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--no-graphs", action="store_true")
-    ap.add_argument("--lookahead", type=int, default=2)
-    ap.add_argument("--select-block", type=int, default=1, help="offloaded batch selects whole blocks of N positions")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a strategy setting by its sweep name (e.g. dma_prefer_overlap=false)")
-    ap.add_argument("--no-compute-ref", action="store_true", help="skip the device copy of the offloaded KV (memory)")
-    ap.add_argument("--out")
-    a = ap.parse_args(argv)
-    shape = ModelShape.from_name(a.shape)
-    from .params import BadInput
-    try:
-        settings = strategy_settings(a.set)
-    except BadInput as ex:
-        ap.error(str(ex))
-    rows = []
-    for ctx in a.context:
-        for ob in a.offload_batch:
-            r = switching_point(shape, a.device, ctx, ob, a.normal_batch, a.normal_context, a.budget, a.strategy,
-                                a.steps, graphs=not a.no_graphs, lookahead=a.lookahead, compute_ref=not a.no_compute_ref,
-                                select_block=a.select_block, settings=settings)
-            rows.append(r)
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "timeline"}),
-                  flush=True)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rows, f)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -36,7 +36,6 @@ Each row: bytes counted from the units moved, ms, GB/s and the ratio to `contigu
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -44,8 +43,8 @@ import time
 
 import torch
 
-from ..engine.coalesced import CoalescedLoader
-from ..engine.gather import gather_rows
+from ..engine.transfer.coalesced import CoalescedLoader
+from ..engine.model.gather import gather_rows
 from ..shapes import ModelShape
 
 WORD = 8
@@ -109,7 +108,7 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
     loaders = {b: CoalescedLoader(threads, chunk_bytes, backend=b) for b in ("threads", "torch")}
     dma = dma_default = None
     if dev.type == "cuda":
-        from ..engine.batched_dma import BatchedDMA
+        from ..engine.transfer.batched_dma import BatchedDMA
         try:
             dma, dma_default = BatchedDMA(), BatchedDMA(prefer_overlap=False)
             dma_split = {n: BatchedDMA(units_per_call=n) for n in dma_split_units}
@@ -189,52 +188,3 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
     for r in rows:
         r["ratio_to_contiguous"] = r["gbps"] / contiguous_gbps[r["selection"]]
     return rows
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labkit.bench.pulse_blocks", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="qwen3.8-flash-next")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--context", type=int, default=65536)
-    ap.add_argument("--budget", type=int, default=2048)
-    ap.add_argument("--block", type=int, nargs="+", default=[16])
-    ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--requests", type=int, nargs="+", default=[1], help="requests' selections per transfer")
-    ap.add_argument("--chunk-bytes", type=int, default=8 << 20, help="coalesced_pipelined: bytes gathered per copy")
-    ap.add_argument("--dma-split", type=int, nargs="*", default=[128, 512],
-                    help="batched_dma_perN variants: units per batched DMA call")
-    ap.add_argument("--out", help="JSON file of the rows")
-    ap.add_argument("--run-dir", help="run folder (manifest.json, metrics.parquet) for the report")
-    a = ap.parse_args(argv)
-    for b in a.block:               # bad sizes: one line before anything is allocated or written
-        if a.budget % b or a.context % b or not 0 < a.budget <= a.context:
-            print(f"error: budget {a.budget} and context {a.context} must be multiples of block {b}, "
-                  "0 < budget <= context", file=sys.stderr)
-            return 2
-    if min(a.requests) < 1 or a.chunk_bytes <= 0 or a.threads < 0:
-        print("error: requests must be >= 1, chunk-bytes > 0, threads >= 0", file=sys.stderr)
-        return 2
-    run = None
-    if a.run_dir:
-        from ..results import Run
-        run = Run.create(a.run_dir, "pulse_blocks", {k: v for k, v in vars(a).items() if k not in ("out", "run_dir")})
-    rows = []
-    for b, req in [(b, r) for r in a.requests for b in a.block]:
-        for r in block_probe(ModelShape.from_name(a.shape), a.device, a.context, a.budget, b, a.repeats, a.threads,
-                             requests=req, chunk_bytes=a.chunk_bytes, dma_split_units=tuple(a.dma_split)):
-            rows.append(r)
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
-            if run is not None:
-                run.add({**r, "gpu_name": run.manifest.get("gpu_name") or "cpu"})
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rows, f)
-    if run is not None:
-        run.finish("ok" if all(r["status"] == "ok" for r in rows) else "partial")
-        print(run.path)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

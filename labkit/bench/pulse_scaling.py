@@ -21,7 +21,6 @@ Run folder: `metrics.parquet` (one row per N and mode), `timeline.parquet` (one 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import sys
@@ -29,7 +28,7 @@ import time
 
 import torch
 
-from .params import BadInput
+from ..params import BadInput
 
 
 # ------------------------------------------------------------------------------------------ the bound
@@ -67,7 +66,7 @@ def crossover_requests(weight_bytes: float, hbm_gbps: float, row_bytes_per_reque
 def aliased_cache(model, pool, n_slots: int, context: int, capacity: int, page_size: int, seed: int):
     """An `OffloadCache` of `n_slots` requests at `context` tokens whose page tables all map to the pages
     of `pool` (one request's worth): distinct index keys and states per slot, shared K/V rows."""
-    from ..engine.cache import OffloadCache
+    from ..engine.model.cache import OffloadCache
     c = OffloadCache.allocate(model, pool.medium, n_slots, capacity, page_size=page_size, pool_tokens=page_size)
     per_slot = -(-capacity // page_size)
     if pool.n_pages < per_slot:
@@ -120,10 +119,10 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
             settings: dict | None = None):
     """Rows (one per N and mode) and one switched round's timeline per N; see the module doc."""
     from ..engine import Engine, HybridModel, get_strategy
-    from ..engine.kv import KVPool
-    from ..engine.runner import DecodeState
-    from ..engine.switching import (Loader, Timeline, capture_pieces, pingpong_round, replay, replay_inline,
-                                    sequential_round)
+    from ..engine.model.kv import KVPool
+    from ..engine.drive.dispatch import warm_up
+    from ..engine.drive.runner import DecodeState
+    from ..engine.drive.switching import Loader, Timeline, capture_pieces, pingpong_round, replay, replay_inline, sequential_round
     requests = sorted(set(int(n) for n in requests))
     if not requests or requests[0] < 1:
         raise BadInput(f"requests must be >= 1, got {requests}")
@@ -178,12 +177,7 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
                 states[k] = (e, s)
             timed = {}
             if graphs:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):           # Triton JIT and workspaces outside any capture
-                    sequential_round(list(states.values()))
-                torch.cuda.current_stream().wait_stream(side)
-                torch.cuda.synchronize()
+                warm_up(lambda: sequential_round(list(states.values())), model.device)
                 pool = torch.cuda.graph_pool_handle()
                 whole = {k: capture_pieces(e, s, "none" if e.strategy.graphable else "loads", pool)
                          for k, (e, s) in states.items() if k not in ("a", "b")}
@@ -238,71 +232,10 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
                 rows[-2]["h2d_bytes_per_step_counted"] = sum(int(r.h2d_bytes) for r in stats.loads_offloaded)
                 spans += [{"concurrency": n, **s} for s in tl.spans()]
         except Exception as ex:      # noqa: BLE001 - a failed point is a row, the sweep goes on
-            from .params import one_line
+            from ..params import one_line
             rows.append({**base, "mode": "failed", "concurrency": n, "status": "failed", "error": one_line(ex)})
             log(f"N={n}: failed: {one_line(ex)}")
         finally:
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     return rows, spans
-
-
-def main(argv=None) -> int:
-    import pandas as pd
-
-    from ..results import Run
-    from ..shapes import ModelShape
-    ap = argparse.ArgumentParser(prog="python -m labkit.bench.pulse_scaling", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="qwen3.8-flash-next")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--context", type=int, default=1 << 20)
-    ap.add_argument("--requests", default="1,2,4,6,8,12,16", help="comma-separated request counts")
-    ap.add_argument("--budget", type=int, default=2048)
-    ap.add_argument("--strategy", default="zero_copy")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--page-size", type=int, default=256)
-    ap.add_argument("--no-graphs", action="store_true")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the block pieces (one compile per batch size)")
-    ap.add_argument("--select-block", type=int, default=1, help="select whole aligned blocks of N positions")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a strategy setting by its sweep name (e.g. dma_units_per_call=512)")
-    ap.add_argument("--out", required=True, help="run folder")
-    a = ap.parse_args(argv)
-    try:
-        from .pulse import strategy_settings
-        settings = strategy_settings(a.set)
-        reqs = [int(x) for x in a.requests.split(",") if x.strip()]
-        shape = ModelShape.from_name(a.shape)
-        if a.device.startswith("cuda") and not torch.cuda.is_available():
-            raise BadInput(f"device={a.device} but this machine has no CUDA GPU")
-        if a.context < 1 or a.steps < 1:
-            raise BadInput("context and steps must be >= 1")
-        if not reqs or min(reqs) < 1:
-            raise BadInput(f"--requests must be counts >= 1, got {a.requests!r}")
-        if not 1 <= a.budget <= a.context:
-            raise BadInput(f"budget {a.budget} must be in [1, context {a.context}]")
-        if a.select_block < 1 or a.budget % a.select_block or a.page_size % a.select_block:
-            raise BadInput(f"--select-block must be >= 1 and divide --budget and --page-size, got {a.select_block}")
-    except (BadInput, ValueError, KeyError) as ex:
-        print(f"error: {ex}", file=sys.stderr)
-        return 2
-    params = {k: v for k, v in vars(a).items() if k != "out"}
-    run = Run.create(a.out, "pulse_scaling", params)
-    try:
-        rows, spans = scaling(shape, a.device, a.context, reqs, a.budget, a.strategy, a.steps, graphs=not a.no_graphs,
-                              compile=a.compile, page_size=a.page_size, select_block=a.select_block,
-                              settings=settings)
-    except BadInput as ex:
-        print(f"error: {ex}", file=sys.stderr)
-        run.finish("failed", error=str(ex))
-        return 2
-    for r in rows:
-        run.add(r)
-    run.write_table("timeline", pd.DataFrame(spans))
-    run.finish("ok" if all(r["status"] == "ok" for r in rows) else "partial")
-    print(run.path)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from .params import BadInput, bench_main, Param, one_line, resolve, resolve_device
+from ..params import BadInput, one_line, resolve_device
 
 EXPERIMENT = "pulse"
 # The first 1,000 requests (330 s of arrivals) of the Mooncake FAST'25 conversation trace (Apache-2.0,
@@ -30,35 +30,6 @@ EXPERIMENT = "pulse"
 # the package: a GPU host gets only the repository tree, and the default replay uses the first 64.
 TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake-conversation-first1000.jsonl"
 
-SPEC = [
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("trace", "str", "", "Mooncake-format trace (empty: the trace's first 1,000 requests, labkit/data)"),
-    Param("n_requests", "int", 0, "first N requests of the trace (0: 64 on CUDA, 8 on CPU)"),
-    Param("rate", "float", 1.0, "arrival-rate multiplier (2: twice as fast as the trace)"),
-    Param("length_scale", "float", 0.0, "multiply input lengths (0: 1.0 on CUDA, 1/200 on CPU)"),
-    Param("max_output", "int", 0, "cap output lengths (0: 128 on CUDA, 6 on CPU)"),
-    Param("resident_slots", "int", 8, "requests with KV on the device"),
-    Param("offload_slots", "int", 8, "requests with KV in host RAM"),
-    Param("capacity", "int", 0, "tokens per request slot (0: 131072 on CUDA, 512 on CPU)"),
-    Param("resident_pool_tokens", "int", 0, "device KV pool in tokens (0: slots x capacity)"),
-    Param("budget", "int", 0, "indexer budget (0: 2048 on CUDA, 16 on CPU)"),
-    Param("strategy", "str", "zero_copy", "the offload lane's strategy (block_dma: one batched DMA a layer)"),
-    Param("select_block", "int", 1, "decode selects whole aligned blocks of N positions (16: PulseInfer's)"),
-    Param("dma_units_per_call", "int", 0, "block_dma: units per batched DMA call (0: a load in one call)"),
-    Param("policies", "list[str]", ["adaptive", "threshold:4096", "threshold:16384", "noswitch:4096"],
-          "placement policies to compare"),
-    Param("tpot_slo_ms", "float", 0.0, "goodput's TPOT limit (0: 50 on CUDA, 2000 on CPU)"),
-    Param("timeline_every", "int", 10, "record the switching timeline every N decode rounds"),
-    Param("page_size", "int", 0, "KV page (0: 256 on CUDA, 16 on CPU)"),
-    Param("prefill_chunk", "int", 0, "prefill chunk (0: 8192 on CUDA, 64 on CPU)"),
-    Param("graphs", "bool", False, "CUDA graphs per batch composition (CUDA only)"),
-    Param("compile", "bool", False, "torch.compile the block pieces (CUDA; one compile per batch size seen)"),
-    Param("transport", "str", "http", "http: labkit serve + the load generator; inprocess: the scheduler's own "
-          "clock, no server (a GPU host without fastapi/uvicorn/httpx); auto: http when importable"),
-    Param("seed", "int", 0, "model weights"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
-]
 
 DEFAULTS = {"cuda": dict(shape="qwen3.8-flash-next", n_requests=64, length_scale=1.0, max_output=128, capacity=131072,
                          budget=2048, tpot_slo_ms=50.0, page_size=256, prefill_chunk=8192),
@@ -67,7 +38,7 @@ DEFAULTS = {"cuda": dict(shape="qwen3.8-flash-next", n_requests=64, length_scale
 
 
 def _params(given: dict) -> dict:
-    p = resolve(SPEC, given, EXPERIMENT)
+    p = dict(given)
     dev = resolve_device(p["device"])
     d = DEFAULTS["cuda" if dev.type == "cuda" else "cpu"]
     for k, v in d.items():
@@ -96,7 +67,7 @@ def _params(given: dict) -> dict:
         raise BadInput(f"transport must be http, inprocess or auto, got {p['transport']!r}")
     if p["resident_slots"] < 0 or p["offload_slots"] < 0 or p["resident_slots"] + p["offload_slots"] == 0:
         raise BadInput("resident_slots and offload_slots must be >= 0, not both 0")
-    from ..engine.scheduler import Costs, parse_policy
+    from ..engine.drive.scheduler import Costs, parse_policy
     for pol in p["policies"]:
         parse_policy(pol.replace("noswitch:", "threshold:"), Costs(0, 0, 0))
     if p["resident_slots"] and p["resident_pool_tokens"] and p["resident_pool_tokens"] < p["capacity"]:
@@ -108,8 +79,9 @@ def _params(given: dict) -> dict:
     return p
 
 
-def plan(given: dict) -> dict:
-    """Validate everything, trace included, before anything is allocated (one line on bad input)."""
+def check(given: dict) -> dict:
+    """Validate resolved parameters, trace included, and decide the "auto" ones before anything is
+    allocated (one line on bad input)."""
     p = _params(given)
     requests(p)
     return p
@@ -142,7 +114,7 @@ def _free_port() -> int:
 
 def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     """One policy: a server on a free port, the load generator against it; returns records and stats."""
-    from ..engine.scheduler import Scheduler, calibrate, make_lanes, parse_policy
+    from ..engine.drive.scheduler import Scheduler, calibrate, make_lanes, parse_policy
     lanes = make_lanes(model.shape, model.device, p["resident_slots"], p["offload_slots"], capacity=p["capacity"],
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
@@ -152,7 +124,7 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     switching = not policy.startswith("noswitch:")
     sched = Scheduler(lanes, parse_policy(policy.replace("noswitch:", "threshold:"), costs), switching=switching,
                       timeline_every=p["timeline_every"], graphs=p["graphs"])
-    from ..engine.scheduler import Request
+    from ..engine.drive.scheduler import Request
     for s in specs:      # every request must fit where the policy may put it: one line before anything runs
         sched.validate(Request(s.prompt, s.output_len, id=str(s.index)))
     if p["transport"] == "inprocess":
@@ -223,15 +195,14 @@ def _summary(policy: str, p: dict, out: dict) -> dict:
     return row
 
 
-def run(given: dict, progress_bar: bool = False):
+def run(p: dict, progress_bar: bool = False):
     """`labkit run pulse`: every policy over the same trace slice into one run folder."""
     import pandas as pd
     import torch
 
-    from ..engine.model import HybridModel
+    from ..engine.model.hybrid import HybridModel
     from ..results import Run
     from ..shapes import ModelShape
-    p = plan(given)
     specs = requests(p)
     run = Run.create(p["out_dir"] or None, EXPERIMENT, {**p, "policies": ",".join(p["policies"])})
     dev = torch.device(p["device"])
@@ -263,19 +234,3 @@ def run(given: dict, progress_bar: bool = False):
     run.finish("ok" if all(r["status"] == "ok" for r in run.records) else "partial")
     return run
 
-
-def _show(r) -> None:
-    m = r.metrics()
-    cols = [c for c in ("policy", "status", "output_throughput", "tpot_ms_p99", "ttft_ms_p99", "share_offloaded",
-                        "switches", "error") if c in m]
-    print(m[cols].to_string(index=False))
-
-
-def main(argv=None) -> int:
-    """`python -m labkit.bench.pulse_trace -p key=value ... --out DIR`: the replay without papermill (a GPU
-    host without Jupyter); `labkit report DIR` renders the notebook from the folder's tables later."""
-    return bench_main(argv, "python -m labkit.bench.pulse_trace", __doc__, run, _show)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -22,41 +22,23 @@ from __future__ import annotations
 
 import time
 
-import pandas as pd
+from labkit import lazy
 
-from labkit.bench.params import BadInput, Param, one_line, resolve, resolve_device
+from labkit.params import BadInput, one_line, resolve_device
+
+pd = lazy.module("pandas")
 
 EXPERIMENT = "quality"
 
-SPEC = [
-    Param("model", "str", "smollm2-135m", "preset name or local HF checkpoint folder / .gguf file"),
-    Param("corpora", "list[str]", ["code", "prose"], "code (CPython stdlib), prose (Shakespeare)"),
-    Param("budgets", "list[int]", [64, 128, 256, 512, 1024, 2048], "top-k budgets (the dense 'full' reference is always measured)"),
-    Param("policies", "list[str]", ["oracle", "oracle_shared", "indexer", "retrieval_head"], "selection policies"),
-    Param("seq_len", "int", 4096, "tokens per evaluation sequence (2K-8K)"),
-    Param("n_sequences", "int", 2, "evaluation sequences per corpus (distinct documents)"),
-    Param("eval_tokens", "int", 512, "tokens at the end of each sequence decoded sparsely (the rest is dense prefill)"),
-    Param("calib_sequences", "int", 2, "calibration sequences per corpus (indexer fit, retrieval heads)"),
-    Param("sink_window", "int", 16, "positions at the start kept by retrieval_head and excluded from mid share"),
-    Param("recent_window", "int", 64, "last positions kept by retrieval_head and excluded from mid share"),
-    Param("block", "int", 1, "select whole blocks of this many tokens (PulseInfer: 16); 1: single tokens"),
-    Param("trace_policies", "list[str]", ["indexer", "retrieval_head", "oracle_shared"], "layer-shared policies traced"),
-    Param("trace_budgets", "list[int]", [256, 2048], "budgets traced"),
-    Param("trace_steps", "int", 32, "greedy decode steps per trace"),
-    Param("trace_prompt_len", "int", 8000, "prompt tokens before the traced decode steps"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("dtype", "str", "auto", "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
-]
 
 
-def plan(given: dict) -> dict:
-    """Resolve and validate; raises BadInput (one line) before anything is loaded."""
+def check(given: dict) -> dict:
+    """Validate resolved parameters (`experiments.quality`); raises BadInput (one line) before anything is loaded."""
     from labkit.models import ModelNotFound, resolve as resolve_model
     from labkit.quality.measure import validate
     from labkit.quality.sparse import SHARED_POLICIES
 
-    p = resolve(SPEC, given, EXPERIMENT)
+    p = dict(given)
     dev = resolve_device(p["device"])
     p["device"] = str(dev)
     if p["dtype"] == "auto":
@@ -94,7 +76,7 @@ def run_quality(given: dict, run=None, log=print):
     from labkit.results import Run
     from labkit.telemetry import Sampler
 
-    p = plan(given)
+    p = dict(given)          # checked by `experiments.quality.plan`
     if run is None:
         run = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
     dev = torch.device(p["device"])

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.kv import dequantize_index_keys, quantize_index_keys
+from ..engine.model.kv import dequantize_index_keys, quantize_index_keys
 
 
 

@@ -7,7 +7,7 @@ random seeded weights and no tokenizer: a prompt is a list of token ids (what th
 or a string, read as its UTF-8 bytes (ids 0-255); each generated token is streamed as the text
 `" <id>"`. Decoding is greedy whatever `temperature` says; there is no EOS (`ignore_eos` is implied).
 
-One thread runs the scheduler (`labkit.engine.scheduler.Scheduler`): requests reach it through a queue,
+One thread runs the scheduler (`labkit.engine.drive.scheduler.Scheduler`): requests reach it through a queue,
 tokens come back through the event loop (`call_soon_threadsafe`). A request the engine cannot take
 (prompt + max_tokens longer than the cache, ids outside the vocabulary) gets HTTP 400 with one line; a
 request that fails mid-run ends its stream with an `error` event and the server goes on.
@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 
-from ..bench.params import BadInput
+from ..params import BadInput
 
 
 class EngineLoop:
@@ -89,7 +89,7 @@ def _prompt_ids(prompt) -> list[int]:
 
 def create_app(loop: EngineLoop, model_name: str = "labkit"):
     from fastapi import FastAPI, Request as HTTPRequest
-    from ..engine.scheduler import Request
+    from ..engine.drive.scheduler import Request
     from fastapi.responses import JSONResponse, StreamingResponse
 
     app = FastAPI(title="labkit engine")
@@ -182,7 +182,7 @@ def create_app(loop: EngineLoop, model_name: str = "labkit"):
 
 
 def build(args) -> EngineLoop:
-    from ..engine.scheduler import Scheduler, calibrate, make_lanes, parse_policy
+    from ..engine.drive.scheduler import Scheduler, calibrate, make_lanes, parse_policy
     device = args.device
     if device == "auto":
         import torch
@@ -202,7 +202,7 @@ def cmd_serve(args) -> int:
         raise BadInput(f"labkit serve binds to the loopback interface only, not {args.host}")
     if args.switching not in ("on", "off"):
         raise BadInput("--switching must be on or off")
-    from ..engine.scheduler import Costs, parse_policy
+    from ..engine.drive.scheduler import Costs, parse_policy
     parse_policy(args.policy, Costs(0, 0, 0))
     loop = build(args).start()
     app = create_app(loop, args.model_name)
@@ -213,28 +213,3 @@ def cmd_serve(args) -> int:
     finally:
         loop.stop()
     return 0
-
-
-def add_cli(sub) -> None:
-    s = sub.add_parser("serve", help="serve labkit's engine on an OpenAI-compatible /v1/completions (127.0.0.1)")
-    s.add_argument("--shape", default="tiny")
-    s.add_argument("--device", default="auto")
-    s.add_argument("--resident-slots", type=int, default=4)
-    s.add_argument("--offload-slots", type=int, default=4)
-    s.add_argument("--capacity", type=int, default=4096, help="tokens per request slot")
-    s.add_argument("--budget", type=int, default=2048)
-    s.add_argument("--strategy", default="zero_copy", help="the offload lane's strategy")
-    s.add_argument("--policy", default="threshold:2048", help="resident | offload | threshold:N | adaptive")
-    s.add_argument("--switching", default="on", help="on | off")
-    s.add_argument("--page-size", type=int, default=256)
-    s.add_argument("--prefill-chunk", type=int, default=8192)
-    s.add_argument("--compile", action="store_true",
-                   help="torch.compile the block pieces (CUDA; one compile per batch size seen)")
-    s.add_argument("--graphs", action="store_true", help="CUDA graphs per batch composition (CUDA)")
-    s.add_argument("--timeline-every", type=int, default=0, help="record the switching timeline every N rounds")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--model-name", default="labkit")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--log-level", default="warning")
-    s.set_defaults(fn=cmd_serve)

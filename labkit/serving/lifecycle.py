@@ -21,7 +21,7 @@ import time
 import weakref
 from pathlib import Path
 
-from labkit.bench.params import BadInput
+from labkit.params import BadInput
 from labkit.results import REPO
 
 LAUNCHER = "labkit.serving.launcher"

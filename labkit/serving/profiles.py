@@ -18,7 +18,7 @@ try:
 except ModuleNotFoundError:      # Python 3.10
     import tomli as tomllib
 
-from labkit.bench.params import BadInput
+from labkit.params import BadInput
 from labkit.results import REPO
 
 PROFILES = REPO / "profiles"

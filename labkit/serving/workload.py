@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.bench.params import BadInput
+from labkit.params import BadInput
 
 FIRST_ID = 256          # below this: special/control tokens in common vocabularies
 TRACE_BLOCK = 512       # Mooncake hash_ids name 512-token blocks

@@ -28,46 +28,23 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from labkit.bench.params import BadInput, Param, one_line, resolve
+from labkit.params import BadInput, one_line
 from labkit.xfer.transfer import EXACT_PREFIX
 
 EXPERIMENT = "xfer"
 
-SPEC = [
-    Param("large", "str", "smollm2-135m", "the model that decodes: preset or local HF checkpoint"),
-    Param("small", "str", "first:8", "the model that prefills: first:N (the large model's first N layers) or a checkpoint"),
-    Param("layer_table", "str", "", "large:small,... alignment entries (empty: proportional / deepest layer for first:N)"),
-    Param("features", "str", "h:-1,h:0,h:-1@-1,h:-2", "small-model features: h:i, kv:i, h:aligned, kv:aligned, suffix @-k or @avg (default: the ablation's best at its cost)"),
-    Param("rank", "int", 0, "reduced-rank mapper: one projection of the features to `rank` dimensions shared by the mapped layers, then per-layer maps (0: full ridge)"),
-    Param("exact_prefix", "int", EXACT_PREFIX, "first tokens whose K/V the large model computes itself (a k-token forward): position 0 is the attention sink the mapper predicts worst"),
-    Param("rope", "str", "pre", "pre: map keys before RoPE and rotate at the target positions; post: map rotated keys"),
-    Param("mapper", "str", "", "mapper .safetensors to use (empty: cached fit for these parameters, fitted if missing)"),
-    Param("calib_tokens", "int", 32768, "calibration tokens per corpus (calibration split; 1 in 5 chunks held out for lambda)"),
-    Param("calib_seq_len", "int", 512, "tokens per calibration chunk"),
-    Param("corpora", "list[str]", ["code", "prose"], "code (CPython stdlib), prose (Shakespeare)"),
-    Param("n_sequences", "int", 2, "held-out evaluation sequences per corpus"),
-    Param("prompt_len", "int", 1025, "prompt tokens of a quality sequence (the cache covers prompt_len - 1)"),
-    Param("cont_len", "int", 128, "continuation tokens scored for perplexity"),
-    Param("agree_tokens", "int", 32, "greedy tokens of the true cache for top-1 agreement"),
-    Param("modes", "list[str]", ["mapped", "zeros", "copy_last"], "mapped, and the ablations zeros, copy_last"),
-    Param("backend", "str", "transformers", "transformers, vllm, or both"),
-    Param("ttft_lens", "list[int]", [1024, 2048, 4096, 8064], "prompt lengths for TTFT (up to the model's context)"),
-    Param("concurrency", "list[int]", [1, 4], "concurrent requests for the vLLM TTFT"),
-    Param("repeats", "int", 3, "timed repeats per point after one warm-up"),
-    Param("dtype", "str", "float32", "float32 or bfloat16 for the transformers models"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
-]
 
 
-def plan(given: dict) -> dict:
-    """Resolve and validate; raises BadInput (one line) before anything is loaded or written."""
+def check(given: dict) -> dict:
+    """Validate resolved parameters (`experiments.xfer`); raises BadInput (one line) before anything is loaded
+    or written. Returns them with `_pair` (the model pair, not recorded)."""
     from labkit.xfer import shm
     from labkit.xfer.features import FeatureSpec
     from labkit.xfer.mapper import check_compatible, read_metadata
     from labkit.xfer.pair import PairError, plan_pair
     from labkit.xfer.transfer import MODES
 
-    p = resolve(SPEC, given, EXPERIMENT)
+    p = dict(given)
     try:
         pair = plan_pair(p["large"], p["small"], p["layer_table"] or None, derive=False)
         feats = FeatureSpec.parse(p["features"])
@@ -237,8 +214,9 @@ def run_xfer(given: dict, run=None, log=print):
     from labkit.xfer.pair import plan_pair
     from labkit.xfer.transfer import load_models
 
-    p = plan(given)
-    pair = p.pop("_pair")
+    from labkit.xfer.pair import plan_pair
+    p = dict(given)           # checked by `experiments.xfer.plan`
+    pair = p.pop("_pair", None) or plan_pair(p["large"], p["small"], p["layer_table"] or None)
     log = log or (lambda *a, **k: None)
     if run is None:
         run = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))

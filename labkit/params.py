@@ -1,13 +1,19 @@
-"""Parameters shared by the CLI (`-p key=value`, lists comma-separated) and the notebooks' `parameters` cells.
+"""Parameters: what an experiment takes (`Param`, a SPEC is a list of them), how a command line's strings
+become typed values (`resolve`), and the frozen `Plan` a run executes.
 
 `BadInput` carries one line for the user; front doors print it and exit non-zero, before any allocation.
+This is the bottom layer: every part of labkit may import it, and it imports nothing heavy (torch only
+inside `resolve_device`).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class BadInput(ValueError):
@@ -17,9 +23,37 @@ class BadInput(ValueError):
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str                      # "str", "int", "float", "bool", "list[str]", "list[int]"
+    kind: str                      # "str", "int", "float", "bool", "list[str]", "list[int]", "list[float]"
     default: Any
     help: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated experiment: its name and every parameter resolved (typed, "auto" decided for the machine
+    it was planned on). Made once, in the process the user started; a notebook receives it as JSON and runs
+    it without parsing or checking anything again."""
+    experiment: str
+    params: Mapping[str, Any]
+
+    def __post_init__(self):
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+
+    def __getitem__(self, name: str) -> Any:
+        return self.params[name]
+
+    def to_json(self) -> str:
+        return json.dumps({"experiment": self.experiment, "params": dict(self.params)}, default=str)
+
+    @classmethod
+    def from_json(cls, text: "str | Plan") -> "Plan":
+        if isinstance(text, Plan):
+            return text
+        d = json.loads(text)
+        return cls(d["experiment"], d["params"])
+
+    def replace(self, **params) -> "Plan":
+        return Plan(self.experiment, {**self.params, **params})
 
 
 def parse_value(p: Param, raw: Any) -> Any:
@@ -35,7 +69,7 @@ def parse_value(p: Param, raw: Any) -> Any:
             else:
                 items = [raw]
             elem = p.kind[5:-1]
-            return [parse_size(x) if elem == "int" else str(x) for x in items]
+            return [parse_size(x) if elem == "int" else float(x) if elem == "float" else str(x) for x in items]
         if p.kind == "int":
             return parse_size(raw)
         if p.kind == "float":
@@ -68,11 +102,16 @@ def resolve(spec: list[Param], given: dict, experiment: str) -> dict:
     names = {p.name: p for p in spec}
     unknown = sorted(set(given) - set(names))
     if unknown:
-        raise BadInput(f"{experiment}: unknown parameter(s) {', '.join(unknown)}; known: {', '.join(names)}")
+        import difflib
+        close = {u: difflib.get_close_matches(u, names, n=1, cutoff=0.6) for u in unknown}
+        hints = [f"{u} (did you mean {c[0]}?)" if c else u for u, c in close.items()]
+        raise BadInput(f"{experiment}: unknown parameter(s) {', '.join(hints)}; `labkit run {experiment} --help` "
+                       f"lists its {len(names)}")
     return {p.name: parse_value(p, given[p.name]) if p.name in given else p.default for p in spec}
 
 
-def resolve_device(device: str) -> torch.device:
+def resolve_device(device: str) -> "torch.device":
+    import torch
     if device in ("", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -114,27 +153,3 @@ def kv_pairs(pairs: list[str] | None) -> dict:
         k, v = p.split("=", 1)
         out[k.strip()] = v.strip()
     return out
-
-
-def bench_main(argv, prog: str, doc: str, run, show=None) -> int:
-    """The `python -m labkit.bench.X -p key=value ... [--out DIR]` entry point of an experiment that runs
-    without papermill (a GPU host without Jupyter; `labkit report DIR` renders its notebook later):
-    bad input is one line and exit 2; `show(run)` prints what a person wants to see at the end."""
-    import argparse
-    import sys
-    ap = argparse.ArgumentParser(prog=prog, description=doc.strip().split("\n\n")[0])
-    ap.add_argument("-p", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--out", default="")
-    a = ap.parse_args(argv)
-    try:
-        given = kv_pairs(a.p)
-        if a.out:
-            given["out_dir"] = a.out
-        r = run(given)
-    except BadInput as ex:
-        print(f"error: {ex}", file=sys.stderr)
-        return 2
-    if show is not None:
-        show(r)
-    print(f"wrote {r.path}")
-    return 0

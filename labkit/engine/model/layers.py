@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..shapes import ModelShape
+from ...shapes import ModelShape
 
 
 def _w(gen: torch.Generator, fan_in: int, fan_out: int, dtype, device) -> nn.Parameter:

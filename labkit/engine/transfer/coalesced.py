@@ -1,4 +1,4 @@
-"""Coalesced block transfers (PulseInfer, SEEDS.md §3): CPU threads gather the selected units of a pinned
+"""Coalesced block transfers (PulseInfer): CPU threads gather the selected units of a pinned
 host pool into pinned staging, the staging crosses the link in large copies, and one scatter on the
 device puts the units in the order the attention wants.
 
@@ -28,7 +28,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import torch
+
+from ... import lazy
+from .base import HostDMA, Setting, register
+
+torch = lazy.module("torch")
 
 
 BACKENDS = ("threads", "torch")
@@ -155,3 +159,23 @@ class CoalescedLoader:
         for t in range(T):
             self._pool.submit(work, t)
         return ready
+
+
+@register
+class Coalesced(HostDMA):
+    """`host_gather` pipelined: `CoalescedLoader` gathers chunk by chunk (torch's CPU threads) and issues
+    each chunk's copy as soon as it is gathered. The copies are DMA (copy engine, no SMs), which is what
+    lets a switched batch's transfer hide behind the other batch's compute."""
+    name = "coalesced"
+    summary = "PulseInfer's coalesced transfers: CPU gathers blocks into staging, chunked copies overlap the gather"
+    SETTINGS = (Setting("host_threads", "int", 0, "CPU threads gathering rows (0: all cores)", "threads"),)
+
+    def __init__(self, threads: int = 0, chunk_bytes: int = 8 << 20):
+        self.loader = CoalescedLoader(threads, chunk_bytes)
+
+    @property
+    def threads(self) -> int:
+        return self.loader.threads
+
+    def _load_ids(self, src, ids, out, stream):
+        self.loader.load(src, ids, out, stream=stream)

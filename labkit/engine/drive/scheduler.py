@@ -37,14 +37,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..bench.params import BadInput
-from .cache import OffloadCache
-from .engine import Engine
-from .model import HybridModel
+from ...params import BadInput
+from ..model.cache import OffloadCache
+from ..model.forward import Engine
+from ..model.hybrid import HybridModel
+from .dispatch import run_eager
 from .runner import DecodeState
-from .switching import (Loader, RoundStats, Timeline, capture_pieces, replay, replay_inline, sequential_round,
-                        switched_round)
-from .transfer import get_strategy
+from .switching import Loader, RoundStats, Timeline, capture_pieces, replay, replay_inline, sequential_round, switched_round
+from ..transfer import get_strategy
 
 
 @dataclass(eq=False)
@@ -251,8 +251,7 @@ def calibrate(lanes: dict[str, Engine], context: int | None = None, steps: int =
         e.strategy.bind(e.cache, b, st.k)
 
         def eager():
-            for req in e.decode_segments(st):
-                e.strategy.load(e.cache.pool, req.layer, req.rows, req.out)
+            run_eager(e, st)
         run = eager
         if graphs and e.model.device.type == "cuda":
             eager()                                   # kernels compiled, workspaces made, outside any capture
@@ -592,7 +591,7 @@ def make_lanes(shape, device="cpu", resident_slots: int = 4, offload_slots: int 
     `resident_pool_tokens` caps the device pool below slots x capacity (device memory is what the
     placement policies share out). `select_block` applies to both lanes, so a request's tokens do not
     depend on where it is placed."""
-    from ..shapes import ModelShape
+    from ...shapes import ModelShape
     if isinstance(shape, str):
         shape = ModelShape.from_name(shape)
     model = model or HybridModel(shape, device, seed=seed)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .gather import HAVE_TRITON, _block, _launch_ok
+from ..model.gather import HAVE_TRITON, col_block, launch_ok
 
 if HAVE_TRITON:
     import triton
@@ -69,12 +69,12 @@ def insert_rows(staged: torch.Tensor, victim: torch.Tensor, slots: torch.Tensor,
     """The deferred inserts: `slots[victim[j]] = staged[j]` where `victim[j] >= 0`. Only the kept
     rows are read and written (an `index_copy_` of every row into a trash slot would move the whole
     selection, 4 MiB a layer at the reference point, for the few dozen rows a step keeps)."""
-    if not _launch_ok(staged, victim, slots):
+    if not launch_ok(staged, victim, slots):
         slots.index_copy_(0, torch.where(victim >= 0, victim, slots.shape[0] - 1), staged)
         return
     M, W = staged.shape
     _insert_kernel[(triton.cdiv(M, rows_per_prog),)](staged, victim, slots, M, W=W, ROWS=rows_per_prog,
-                                                     BLOCK=_block(W), num_warps=num_warps)
+                                                     BLOCK=col_block(W), num_warps=num_warps)
 
 
 def gather_hot_rows_reference(src, rows, slots, slot, victim, out):
@@ -95,7 +95,7 @@ def gather_hot_rows(src: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, 
     assert src.shape[1] == slots.shape[1] == out.shape[1] and rows.numel() == out.shape[0]
     if rev is None:
         assert rows.numel() == slot.numel() == victim.numel()
-    if not _launch_ok(src, rows, slots, out):
+    if not launch_ok(src, rows, slots, out):
         if rev is not None:
             slot = rev.index_select(0, rows).to(torch.int64)
             victim = torch.full_like(slot, -1)
@@ -104,6 +104,6 @@ def gather_hot_rows(src: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, 
     lookup = rev is not None
     _gather_hot_kernel[(triton.cdiv(M, rows_per_prog),)](src, rows, slots, rev if lookup else slot,
                                                          rows if lookup else victim, out, M, W=W,
-                                                         ROWS=rows_per_prog, BLOCK=_block(W), LOOKUP=lookup,
+                                                         ROWS=rows_per_prog, BLOCK=col_block(W), LOOKUP=lookup,
                                                          num_warps=num_warps)
     return out

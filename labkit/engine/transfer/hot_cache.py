@@ -1,4 +1,4 @@
-"""`hot_cache`: FlashOffloading's device hot cache (SEEDS.md §2). Its `load` moves only the misses.
+"""`hot_cache`: FlashOffloading's device hot cache. Its `load` moves only the misses.
 
 Consecutive decode steps select mostly the same positions (a real model's mean step-to-step overlap is
 0.74-0.89), so every request keeps, per QSA layer, `capacity` recently selected rows in device memory
@@ -56,7 +56,7 @@ Moving the bytes, two paths (`fused`):
 
 Deferred bookkeeping (`defer`, on by default): what a step must *read* depends only on the reverse
 index (`s = rev[rows]`), not on which slots the misses will take. So the read goes first, looking the
-rows up itself (`gather_hot_rows(..., rev=)`, or the fused kernel with `rev=`, which also drops each
+rows up itself (`hot_gather.gather_hot_rows(..., rev=)`, or the fused kernel with `rev=`, which also drops each
 miss into its staging row), and the bookkeeping (`plan`: victims, keys, counters) and the inserts
 (staging rows -> victim slots, `insert_rows`: only the kept rows move) follow on a side stream,
 overlapping the layers after this one: they no longer sit between the indexer and the attention. The
@@ -72,11 +72,8 @@ from __future__ import annotations
 
 import os
 
-import torch
-
-from .gather import HAVE_TRITON, scatter_rows
-from .hot_gather import gather_hot_rows, insert_rows
-from .transfer import LoadResult, TransferStrategy
+from ... import lazy
+from .base import LoadResult, Setting, TransferStrategy, register
 
 POLICIES = ("lru", "lfu", "lrfu")
 LRFU_DECAY = 0.8
@@ -84,6 +81,10 @@ MAX_KERNEL_ROWS = 16384     # budget and capacity the one-program-per-request pl
 COUNTERS = ("hits", "misses", "inserts", "evictions", "h2d_bytes")
 _LFU_UNIT = float(2 ** 32)
 _INF = float("inf")
+
+torch = lazy.module("torch")
+gather = lazy.module("labkit.engine.model.gather")
+hot_gather = lazy.module("labkit.engine.transfer.hot_gather")
 
 
 def check_settings(capacity, policy) -> None:
@@ -118,7 +119,7 @@ class HotIndex:
         self._list = torch.zeros(S + 1, dtype=torch.int64, device=dev)
         self._cnt_b = torch.zeros((batch, len(COUNTERS)), dtype=torch.int64, device=dev)
         # one Triton kernel on CUDA (hot_plan.py), these torch ops elsewhere (and as its reference)
-        self.kernel = dev.type == "cuda" and HAVE_TRITON and os.environ.get("LABKIT_HOT_PLAN", "kernel") == "kernel"
+        self.kernel = dev.type == "cuda" and gather.HAVE_TRITON and os.environ.get("LABKIT_HOT_PLAN", "kernel") == "kernel"
 
     @property
     def slots(self) -> int:
@@ -204,9 +205,18 @@ class HotIndex:
         return set(int(x) for x in r[r >= 0].tolist())
 
 
+@register
 class HotCache(TransferStrategy):
     """Device slots per request and layer; a step moves only the rows not in them (module docstring)."""
-    name, medium, graphable = "hot_cache", "host", True
+    name, medium, graphable, counts, mirrors = "hot_cache", "host", True, True, True
+    counter_prefix = "hot_"
+    summary = "FlashOffloading: device slots per request, a reverse index finds rows already there; only misses cross"
+    SETTINGS = (Setting("hot_capacity", "int", 4096, "device slots per request and QSA layer (rows)", "capacity"),
+                Setting("hot_policy", "str", "lru", "eviction policy (lru, lfu, lrfu)", "policy"),
+                Setting("hot_fused", "bool", False, "fused miss-load attention kernel instead of gather + attention",
+                        "fused"),
+                Setting("hot_defer", "bool", True,
+                        "victims and inserts after the read, on a side stream (false: before it)", "defer"))
 
     def __init__(self, capacity: int = 4096, policy: str = "lru", fused: bool = False,
                  rows_per_prog: int = 4, num_warps: int = 4, defer: bool = True):
@@ -222,10 +232,6 @@ class HotCache(TransferStrategy):
     @property
     def attends(self) -> bool:
         return self.fused
-
-    def settings(self):
-        return {"hot_capacity": self.capacity, "hot_policy": self.policy, "hot_fused": self.fused,
-                "hot_defer": self.defer}
 
     @staticmethod
     def device_bytes(layers: int, batch: int, capacity: int, n_rows: int, row_bytes: int) -> int:
@@ -258,7 +264,7 @@ class HotCache(TransferStrategy):
                 self._plan[layer] = (rows, out)
             else:
                 self._join()                 # the previous layer's inserts have read the staging rows
-                gather_hot_rows(pool.data[layer], rows, self.data[layer], None, None, out,
+                hot_gather.gather_hot_rows(pool.data[layer], rows, self.data[layer], None, None, out,
                                 rows_per_prog=self.rows_per_prog, num_warps=self.num_warps, rev=self.index.rev[layer])
                 self._bookkeep(layer, rows, out)
             return LoadResult(rows.numel(), self.index.step[layer, 4])
@@ -266,12 +272,12 @@ class HotCache(TransferStrategy):
         if self.fused:       # the bytes move inside `attend`, in the attention kernel
             self._plan[layer] = (rows, s, victim)
         else:
-            gather_hot_rows(pool.data[layer], rows, self.data[layer], s, victim, out,
+            hot_gather.gather_hot_rows(pool.data[layer], rows, self.data[layer], s, victim, out,
                             rows_per_prog=self.rows_per_prog, num_warps=self.num_warps)
         return LoadResult(rows.numel(), self.index.step[layer, 4])
 
     def attend(self, pool, layer, q, valid, n_kv):
-        from .fused_attention import hot_sparse_attention
+        from .hot_attention import hot_sparse_attention
         if self.defer:
             rows, stage = self._plan.pop(layer)
             self._join()
@@ -295,7 +301,7 @@ class HotCache(TransferStrategy):
 
     def _insert(self, layer, rows, staged):
         _, victim = self.index.plan(layer, rows, self.row_bytes)
-        insert_rows(staged, victim, self.data[layer])
+        hot_gather.insert_rows(staged, victim, self.data[layer])
 
     def _join(self) -> None:
         if self._pending:
@@ -306,7 +312,7 @@ class HotCache(TransferStrategy):
         self._join()
 
     def store(self, pool, layer, rows, values):
-        scatter_rows(values, rows, pool.data[layer])
+        gather.scatter_rows(values, rows, pool.data[layer])
         if self.index is not None:       # refresh a cached copy (the trash slot takes the others)
             s = self.index.rev[layer].index_select(0, rows).to(torch.int64)
             t = torch.where(s >= 0, s, self.index.slots)

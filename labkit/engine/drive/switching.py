@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .engine import BlockDone, Engine, LoadRequest
-from .transfer import LoadResult
+from ..model.forward import BlockDone, Engine, LoadRequest
+from ..transfer import LoadResult
+from .dispatch import capture, load, load_async, run_eager
 
 
 class Timeline:
@@ -110,17 +111,17 @@ class Loader:
         e = self.engine
         if self.side is None:
             a = timeline.stamp() if timeline else None
-            res = e.strategy.load(e.cache.pool, req.layer, req.rows, req.out)
+            res = load(e, req)
             return Pending(req, res, None, a, timeline.stamp() if timeline else None)
         self.side.wait_stream(torch.cuda.current_stream())
-        if hasattr(e.strategy, "load_async"):   # gather + DMA from a background thread (coalesced)
+        if e.strategy.async_load:   # gather + DMA from a background thread (coalesced, block_dma)
             a = timeline.stamp(self.side) if timeline else None
-            res, fut = e.strategy.load_async(e.cache.pool, req.layer, req.rows, req.out, self.side)
+            res, fut = load_async(e, req, self.side)
             return Pending(req, res, fut, a, fut if timeline else None)
         with torch.cuda.stream(self.side):
             # rows/out are the DecodeState's static buffers: no allocator reuse across the two streams
             a = timeline.stamp(self.side) if timeline else None
-            res = e.strategy.load(e.cache.pool, req.layer, req.rows, req.out)
+            res = load(e, req)
             ev = torch.cuda.Event(enable_timing=timeline is not None)
             ev.record(self.side)
         return Pending(req, res, ev, a, ev if timeline else None)
@@ -181,7 +182,7 @@ def switched_round(norm: Engine, norm_state, off: Engine, off_state, loader: Loa
     a = tl.stamp() if tl else None
     for item in n_gen:
         if isinstance(item, LoadRequest):           # the normal batch's own rows: a device gather, inline
-            st.loads_normal.append(norm.strategy.load(norm.cache.pool, item.layer, item.rows, item.out))
+            st.loads_normal.append(load(norm, item))
             continue
         assert isinstance(item, BlockDone)
         st.order.append(("n", item.block))
@@ -262,7 +263,7 @@ def sequential_round(engines_states: list[tuple[Engine, object]], timeline: Time
     for e, s in engines_states:
         normal = e.strategy.medium == "device"
         a = timeline.stamp() if timeline else None
-        loads = [e.strategy.load(e.cache.pool, r.layer, r.rows, r.out) for r in e.decode_segments(s)]
+        loads = run_eager(e, s)
         (st.loads_normal if normal else st.loads_offloaded).extend(loads)
         if timeline:
             timeline.add("normal" if normal else "offloaded", "compute", "step", a, timeline.stamp())
@@ -285,7 +286,7 @@ def capture_pieces(engine: Engine, state, split: str, pool=None, results: list |
     while not done:
         g = torch.cuda.CUDAGraph()
         item = None
-        with torch.cuda.graph(g, pool=pool):
+        with capture(g, engine.model.device, pool):
             while True:
                 try:
                     item = next(gen)
@@ -293,7 +294,7 @@ def capture_pieces(engine: Engine, state, split: str, pool=None, results: list |
                     item, done = None, True
                     break
                 if isinstance(item, LoadRequest) and split != "loads":
-                    res = engine.strategy.load(engine.cache.pool, item.layer, item.rows, item.out)
+                    res = load(engine, item)
                     if results is not None:
                         results.append(res)
                     continue
@@ -309,7 +310,7 @@ def replay_inline(pieces, engine: Engine) -> list[LoadResult]:
     for g, item in pieces:
         g.replay()
         if item is not None:
-            out.append(engine.strategy.load(engine.cache.pool, item.layer, item.rows, item.out))
+            out.append(load(engine, item))
     return out
 
 

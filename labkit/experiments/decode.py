@@ -1,0 +1,47 @@
+"""`labkit run decode`: decode speed, link bytes and where the step's time goes, against context length,
+budget and concurrency, per transfer strategy (sparse offload of Qwen3.8-Flash-Next at up to 1M tokens),
+plus prefill speed. The measuring code is `labkit.bench.decode`.
+
+    plan = experiments.plan("decode", {"context_lens": "8K,1M", "concurrency": "1,4"})
+    run = experiments.run(plan)
+"""
+from __future__ import annotations
+
+from ..engine.transfer import strategy_params
+from ..params import Param, Plan, resolve
+
+NAME = "decode"
+
+SPEC = [
+    Param("shape", "str", "auto", "model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
+    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N; several (cuda:0,cuda:1) split the layers over them"),
+    Param("strategies", "list[str]", ["resident", "per_row", "host_gather", "zero_copy"], "transfer strategies"),
+    Param("context_lens", "list[int]", "auto", "context lengths (tokens; 8K, 1M accepted)"),
+    Param("budgets", "list[int]", "auto", "indexer budgets; the first is the main table's"),
+    Param("concurrency", "list[int]", [1, 4], "concurrent requests per decode step"),
+    Param("micro_batches", "list[int]", [1], "split each batch into this many micro-batches, pipelined over "
+          "the devices of a layer split (1: the stages take turns); main table only"),
+    Param("repeats", "int", 5, "timed repeats of `steps` steps"),
+    Param("steps", "int", 20, "decode steps per repeat"),
+    Param("prefill_lens", "list[int]", "auto", "prompt lengths for the prefill measurement (empty: none)"),
+    Param("budget_context", "int", 0, "context of the budget axis (0: the largest context)"),
+    Param("selection", "str", "indexer", "indexer, or trace:PATH to replay recorded selections"),
+    Param("per_row_steps", "int", 3, "steps (1 repeat) for slow strategies (per_row: ~0.4 s a step per request)"),
+    Param("anatomy", "bool", True, "per point, where the step's time goes (phases marked inside one extra graph)"),
+    *strategy_params(),        # each strategy's own settings, declared beside it
+    Param("select_block", "int", 1, "select whole aligned blocks of N positions (16: PulseInfer's; block_dma's units)"),
+    Param("probe", "bool", True, "measure the link limits first (contiguous, host_gather, zero_copy): the plots' bounds"),
+    Param("seed", "int", 0, "weights and cache contents"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+
+
+def plan(given: dict) -> Plan:
+    p = resolve(SPEC, given, NAME)
+    from ..bench import decode
+    return Plan(NAME, decode.check(p))
+
+
+def run(plan: Plan, progress_bar: bool = True):
+    from ..bench import decode
+    return decode.run_sweep(decode.derive(plan.params), progress_bar=progress_bar)

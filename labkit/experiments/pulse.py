@@ -1,0 +1,49 @@
+"""`labkit run pulse`: PulseInfer's scheduling on a real request trace (Mooncake conversations): labkit's
+engine serves the trace with a resident and an offload lane, with and without switching batches at layer
+boundaries, once per placement policy. Code: `labkit.bench.pulse_trace`."""
+from __future__ import annotations
+
+from ..params import Param, Plan, resolve
+
+NAME = "pulse"
+
+SPEC = [
+    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
+    Param("trace", "str", "", "Mooncake-format trace (empty: the trace's first 1,000 requests, labkit/data)"),
+    Param("n_requests", "int", 0, "first N requests of the trace (0: 64 on CUDA, 8 on CPU)"),
+    Param("rate", "float", 1.0, "arrival-rate multiplier (2: twice as fast as the trace)"),
+    Param("length_scale", "float", 0.0, "multiply input lengths (0: 1.0 on CUDA, 1/200 on CPU)"),
+    Param("max_output", "int", 0, "cap output lengths (0: 128 on CUDA, 6 on CPU)"),
+    Param("resident_slots", "int", 8, "requests with KV on the device"),
+    Param("offload_slots", "int", 8, "requests with KV in host RAM"),
+    Param("capacity", "int", 0, "tokens per request slot (0: 131072 on CUDA, 512 on CPU)"),
+    Param("resident_pool_tokens", "int", 0, "device KV pool in tokens (0: slots x capacity)"),
+    Param("budget", "int", 0, "indexer budget (0: 2048 on CUDA, 16 on CPU)"),
+    Param("strategy", "str", "zero_copy", "the offload lane's strategy (block_dma: one batched DMA a layer)"),
+    Param("select_block", "int", 1, "decode selects whole aligned blocks of N positions (16: PulseInfer's)"),
+    Param("dma_units_per_call", "int", 0, "block_dma: units per batched DMA call (0: a load in one call)"),
+    Param("policies", "list[str]", ["adaptive", "threshold:4096", "threshold:16384", "noswitch:4096"],
+          "placement policies to compare"),
+    Param("tpot_slo_ms", "float", 0.0, "goodput's TPOT limit (0: 50 on CUDA, 2000 on CPU)"),
+    Param("timeline_every", "int", 10, "record the switching timeline every N decode rounds"),
+    Param("page_size", "int", 0, "KV page (0: 256 on CUDA, 16 on CPU)"),
+    Param("prefill_chunk", "int", 0, "prefill chunk (0: 8192 on CUDA, 64 on CPU)"),
+    Param("graphs", "bool", False, "CUDA graphs per batch composition (CUDA only)"),
+    Param("compile", "bool", False, "torch.compile the block pieces (CUDA; one compile per batch size seen)"),
+    Param("transport", "str", "http", "http: labkit serve + the load generator; inprocess: the scheduler's own "
+          "clock, no server (a GPU host without fastapi/uvicorn/httpx); auto: http when importable"),
+    Param("seed", "int", 0, "model weights"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+
+
+def plan(given: dict) -> Plan:
+    p = resolve(SPEC, given, NAME)
+    from ..bench import pulse_trace
+    return Plan(NAME, pulse_trace.check(p))
+
+
+def run(plan: Plan, progress_bar: bool = True):
+    from ..bench import pulse_trace
+    return pulse_trace.run(dict(plan.params), progress_bar=progress_bar)

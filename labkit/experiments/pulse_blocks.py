@@ -1,0 +1,72 @@
+"""`labkit run pulse_blocks`: how block-granular selections cross the link — one copy per unit, a CPU gather
+into staging then one copy, the gather pipelined with chunked copies (PulseInfer's coalesced transfers),
+batched DMA (`cuMemcpyBatchAsync`), the zero-copy kernel — against one contiguous copy of the same bytes,
+every result checked against the rows it should hold. Code: `labkit.bench.pulse_blocks`.
+"""
+from __future__ import annotations
+
+from ..params import BadInput, Param, Plan, resolve
+
+NAME = "pulse_blocks"
+
+SPEC = [
+    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
+    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    Param("context", "int", 0, "tokens a request's selection is drawn from (0: 64K on CUDA, 4K on CPU)"),
+    Param("budget", "int", 0, "rows selected per request and QSA layer (0: 2048 on CUDA, 256 on CPU)"),
+    Param("blocks", "list[int]", [16], "positions per selected block (1: per token)"),
+    Param("requests", "list[int]", [1], "requests' selections moved per transfer"),
+    Param("repeats", "int", 0, "timed calls per variant (0: 20 on CUDA, 3 on CPU)"),
+    Param("threads", "int", 0, "CPU gather threads (0: all cores)"),
+    Param("chunk_bytes", "int", 8 << 20, "coalesced pipeline: bytes gathered per copy"),
+    Param("dma_split", "list[int]", [128, 512], "batched DMA split into calls of N units (one variant each)"),
+    Param("seed", "int", 0, "selections"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+AUTO = {"cuda": dict(shape="qwen3.8-flash-next", context=64 << 10, budget=2048, repeats=20),
+        "cpu": dict(shape="tiny", context=4096, budget=256, repeats=3)}
+
+
+def plan(given: dict) -> Plan:
+    from ..params import resolve_device
+    from ..shapes import ModelShape
+    p = resolve(SPEC, given, NAME)
+    dev = resolve_device(p["device"])
+    p["device"] = str(dev)
+    for k, v in AUTO[dev.type].items():
+        if p[k] in ("auto", 0):
+            p[k] = v
+    try:
+        ModelShape.from_name(p["shape"])
+    except ValueError as ex:
+        raise BadInput(str(ex)) from None
+    for b in p["blocks"]:
+        if b < 1 or p["budget"] % b or p["context"] % b or not 0 < p["budget"] <= p["context"]:
+            raise BadInput(f"budget {p['budget']} and context {p['context']} must be multiples of block {b}, "
+                           "0 < budget <= context")
+    if not p["requests"] or min(p["requests"]) < 1 or p["chunk_bytes"] <= 0 or p["threads"] < 0 or p["repeats"] < 1:
+        raise BadInput("requests and repeats must be >= 1, chunk_bytes > 0, threads >= 0")
+    if any(n < 1 for n in p["dma_split"]):
+        raise BadInput(f"dma_split: units per call must be >= 1, got {p['dma_split']}")
+    return Plan(NAME, p)
+
+
+def run(plan: Plan, progress_bar: bool = True):
+    from ..bench.pulse_blocks import block_probe
+    from ..params import one_line
+    from ..results import Run
+    from ..shapes import ModelShape
+    p = dict(plan.params)
+    run = Run.create(p["out_dir"] or None, NAME, p)
+    gpu = run.manifest.get("gpu_name") or "cpu"
+    for req in p["requests"]:
+        for b in p["blocks"]:
+            try:
+                for r in block_probe(ModelShape.from_name(p["shape"]), p["device"], p["context"], p["budget"], b,
+                                     p["repeats"], p["threads"], seed=p["seed"], requests=req,
+                                     chunk_bytes=p["chunk_bytes"], dma_split_units=tuple(p["dma_split"])):
+                    run.add({**r, "gpu_name": gpu})
+            except Exception as ex:
+                run.add({"experiment": NAME, "status": "failed", "error": one_line(ex), "block": b, "requests": req})
+    run.finish("ok" if all(r["status"] == "ok" for r in run.records) else "partial")
+    return run

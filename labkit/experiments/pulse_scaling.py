@@ -1,0 +1,83 @@
+"""`labkit run pulse_scaling`: every request's KV in host RAM at long context; one batch of N requests against
+two batches switched at layer boundaries (PulseInfer), with the resident compute of each, the measured link,
+the bound they allow and where switching can start to pay. Code: `labkit.bench.pulse_scaling`.
+"""
+from __future__ import annotations
+
+from ..engine.transfer import strategy_params
+from ..params import BadInput, Param, Plan, check_positive, resolve
+
+NAME = "pulse_scaling"
+
+SPEC = [
+    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
+    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    Param("context", "int", 0, "tokens per request (0: 1M on CUDA, 1K on CPU)"),
+    Param("requests", "list[int]", "auto", "request counts (auto: 1,2,4,6,8,12,16 on CUDA, 1,2,4 on CPU)"),
+    Param("budget", "int", 0, "indexer budget (0: 2048 on CUDA, 64 on CPU)"),
+    Param("strategy", "str", "zero_copy", "the offloaded requests' transfer strategy"),
+    Param("steps", "int", 10, "timed steps per mode"),
+    Param("page_size", "int", 0, "KV page size in tokens (0: 256 on CUDA, 16 on CPU)"),
+    Param("graphs", "bool", True, "replay CUDA graphs (CUDA only)"),
+    Param("compile", "bool", False, "torch.compile the block pieces (one compile per batch size)"),
+    Param("select_block", "int", 1, "select whole aligned blocks of N positions"),
+    *strategy_params(),
+    Param("seed", "int", 0, "weights and cache contents"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+AUTO = {"cuda": dict(shape="qwen3.8-flash-next", context=1 << 20, requests=[1, 2, 4, 6, 8, 12, 16], budget=2048,
+                     page_size=256),
+        "cpu": dict(shape="tiny", context=1024, requests=[1, 2, 4], budget=64, page_size=16)}
+
+
+def plan(given: dict) -> Plan:
+    from ..engine.transfer import STRATEGIES
+    from ..params import resolve_device
+    from ..shapes import ModelShape
+    p = resolve(SPEC, given, NAME)
+    dev = resolve_device(p["device"])
+    p["device"] = str(dev)
+    for k, v in AUTO[dev.type].items():
+        if p[k] in ("auto", 0):
+            p[k] = v
+    try:
+        ModelShape.from_name(p["shape"])
+    except ValueError as ex:
+        raise BadInput(str(ex)) from None
+    if p["strategy"] not in STRATEGIES or STRATEGIES[p["strategy"]].medium != "host":
+        raise BadInput(f"strategy {p['strategy']!r}: every request is offloaded, choose a host strategy "
+                       f"({', '.join(n for n, c in STRATEGIES.items() if c.medium == 'host')})")
+    check_positive("requests", p["requests"] or [0])
+    for k in ("context", "steps", "page_size", "select_block"):
+        check_positive(k, [p[k]])
+    if not 1 <= p["budget"] <= p["context"]:
+        raise BadInput(f"budget {p['budget']} must be in [1, context {p['context']}]")
+    if p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
+        raise BadInput(f"select_block must divide budget and page_size, got {p['select_block']}")
+    return Plan(NAME, p)
+
+
+def run(plan: Plan, progress_bar: bool = True):
+    import pandas as pd
+
+    from ..bench.pulse_scaling import scaling
+    from ..engine.transfer import setting_names
+    from ..params import one_line
+    from ..results import Run
+    from ..shapes import ModelShape
+    p = dict(plan.params)
+    run = Run.create(p["out_dir"] or None, NAME, p)
+    try:
+        rows, spans = scaling(ModelShape.from_name(p["shape"]), p["device"], p["context"], p["requests"], p["budget"],
+                              p["strategy"], p["steps"], graphs=p["graphs"], compile=p["compile"],
+                              page_size=p["page_size"], seed=p["seed"], select_block=p["select_block"],
+                              settings={k: p[k] for k in setting_names()}, log=print if progress_bar else (lambda *a: None))
+    except Exception as ex:
+        run.add({"experiment": NAME, "status": "failed", "error": one_line(ex)})
+        run.finish("failed")
+        return run
+    for r in rows:
+        run.add(r)
+    run.write_table("timeline", pd.DataFrame(spans))
+    run.finish("ok" if all(r["status"] == "ok" for r in rows) else "partial")
+    return run

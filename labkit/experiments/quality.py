@@ -1,0 +1,42 @@
+"""`labkit run quality`: what top-k selection costs a real model (SmolLM2-135M ships with the lab): perplexity
+and recall against dense attention per selection policy (oracle, shared oracle, a trained indexer, retrieval
+heads) and budget, on code and prose, plus the selection traces the engine and the hot cache replay.
+Code: `labkit.quality.experiment`."""
+from __future__ import annotations
+
+from ..params import Param, Plan, resolve
+
+NAME = "quality"
+
+SPEC = [
+    Param("model", "str", "smollm2-135m", "preset name or local HF checkpoint folder / .gguf file"),
+    Param("corpora", "list[str]", ["code", "prose"], "code (CPython stdlib), prose (Shakespeare)"),
+    Param("budgets", "list[int]", [64, 128, 256, 512, 1024, 2048], "top-k budgets (the dense 'full' reference is always measured)"),
+    Param("policies", "list[str]", ["oracle", "oracle_shared", "indexer", "retrieval_head"], "selection policies"),
+    Param("seq_len", "int", 4096, "tokens per evaluation sequence (2K-8K)"),
+    Param("n_sequences", "int", 2, "evaluation sequences per corpus (distinct documents)"),
+    Param("eval_tokens", "int", 512, "tokens at the end of each sequence decoded sparsely (the rest is dense prefill)"),
+    Param("calib_sequences", "int", 2, "calibration sequences per corpus (indexer fit, retrieval heads)"),
+    Param("sink_window", "int", 16, "positions at the start kept by retrieval_head and excluded from mid share"),
+    Param("recent_window", "int", 64, "last positions kept by retrieval_head and excluded from mid share"),
+    Param("block", "int", 1, "select whole blocks of this many tokens (PulseInfer: 16); 1: single tokens"),
+    Param("trace_policies", "list[str]", ["indexer", "retrieval_head", "oracle_shared"], "layer-shared policies traced"),
+    Param("trace_budgets", "list[int]", [256, 2048], "budgets traced"),
+    Param("trace_steps", "int", 32, "greedy decode steps per trace"),
+    Param("trace_prompt_len", "int", 8000, "prompt tokens before the traced decode steps"),
+    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    Param("dtype", "str", "auto", "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+
+
+def plan(given: dict) -> Plan:
+    p = resolve(SPEC, given, NAME)
+    from ..quality import experiment
+    checked = experiment.check(p)
+    return Plan(NAME, {k: v for k, v in checked.items() if not k.startswith("_")})
+
+
+def run(plan: Plan, log=print):
+    from ..quality import experiment
+    return experiment.run_quality(dict(plan.params), log=log)

