@@ -19,6 +19,11 @@ from .results import REPO, new_run_id
 NOTEBOOKS = REPO / "notebooks"
 
 
+def notebook_parameters(path: Path) -> set[str]:
+    """The names a notebook's `parameters` cell sets (a plain notebook run by the nightly)."""
+    import papermill
+    return set(papermill.inspect_notebook(str(path)).keys())
+
 # ipykernel logs "Kernel is running over TCP without encryption ..." at every start: a warning about the
 # kernel's 127.0.0.1 sockets that a user of `make sweep` cannot act on. The kernel's own log is kept to
 # errors; everything the notebook prints still comes through. (IPC sockets would avoid the warning, but

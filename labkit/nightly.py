@@ -1,21 +1,23 @@
-"""`labkit nightly --plan FILE`: run a plan of notebooks, one papermill run (one kernel) per entry.
+"""`labkit nightly --plan FILE`: run a plan of experiments, one papermill run (one kernel) per entry.
 
-A plan is a TOML file (`nightly/plan.toml` is the default):
+A plan is a TOML file (`nightly/plan.toml` is the nightly; `plans/` holds the device batches, each named
+by what it measures):
 
     [[entry]]
     name = "decode"                 # folder name under results/nightly-<date>/
-    experiment = "decode"           # a registered experiment (labkit.execute.EXPERIMENTS) ...
-    # notebook = "notebooks/x.ipynb"  ... or any notebook with a `parameters` cell
+    experiment = "decode"           # a registered experiment (`labkit run --help`) ...
+    # notebook = "notebooks/x.ipynb"  ... or any other notebook with a `parameters` cell ...
+    # tests = "-m gpu tests/test_gpu.py"  ... or pytest arguments (a device batch's GPU tests)
     timeout_s = 3600                # per cell (optional)
-    [entry.parameters]              # omitted names keep the notebook's defaults ("auto": sized to the hardware)
-    repeats = 3
+    [entry.parameters]              # the names `labkit run decode --help` lists; omitted ones keep their
+    repeats = 3                     # defaults ("auto": sized to the hardware)
     [entry.cpu]                     # optional overrides used only where there is no CUDA GPU
     context_lens = "256,1024"
 
 What it guarantees:
-- **Checked first.** Every entry's parameter names are checked against its notebook's `parameters` cell
-  (`papermill.inspect_notebook`; papermill itself only warns) and registered experiments' values are
-  validated, before anything runs or is written. Bad input is one line (`BadInput`).
+- **Checked first.** Every experiment entry is planned (`experiments.plan`: names, types and values checked
+  against this machine) before anything runs or is written, and runs that plan as it is; a plain notebook's
+  names are checked against its `parameters` cell (papermill itself only warns). Bad input is one line.
 - **Isolated.** Each entry runs in its own kernel via `labkit.execute.run_notebook` into
   `results/nightly-<date>/<name>/`; a failure (exception, timeout, dead kernel) is recorded and the
   next entry runs.
@@ -51,7 +53,7 @@ from .params import BadInput
 from .results import REPO
 
 DEFAULT_PLAN = REPO / "nightly" / "plan.toml"
-ENTRY_KEYS = {"name", "experiment", "notebook", "parameters", "cpu", "cuda", "timeout_s", "description"}
+ENTRY_KEYS = {"name", "experiment", "notebook", "tests", "parameters", "cpu", "cuda", "timeout_s", "description"}
 RESERVED = {"out_dir", "run_dir"}       # set by the runner
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DONE = ("ok", "partial")
@@ -63,6 +65,8 @@ class Entry:
     notebook: Path
     parameters: dict
     experiment: str | None = None
+    plan: object = None            # the experiment's frozen Plan, made when the plan file is loaded
+    tests: str = ""                # pytest arguments, for a tests entry
     timeout_s: int | None = None
     description: str = ""
     raw: dict = field(default_factory=dict)
@@ -86,7 +90,9 @@ def _resolve_notebook(nb: str, plan_dir: Path) -> Path:
 
 def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
     """Parse and check a plan; raises BadInput (one line) on the first problem. Nothing runs or is written."""
-    from .execute import EXPERIMENTS, NOTEBOOKS, notebook_parameters, validate
+    from .execute import NOTEBOOKS, notebook_parameters
+    from .experiments import EXPERIMENTS
+    from .experiments import plan as plan_experiment
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"plan {path} does not exist")
@@ -102,7 +108,11 @@ def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
         raise BadInput(f"plan {path}: unknown top-level key(s) {', '.join(unknown_top)}")
     cuda = _has_cuda() if cuda is None else cuda
     entries, seen = [], set()
-    by_notebook = {(NOTEBOOKS / e.notebook).resolve(): name for name, e in EXPERIMENTS.items()}
+    # a notebook that belongs to one experiment only is that experiment (shared ones need `experiment`)
+    users: dict = {}
+    for name, ex in EXPERIMENTS.items():
+        users.setdefault((NOTEBOOKS / ex.notebook).resolve(), []).append(name)
+    by_notebook = {nb: names[0] for nb, names in users.items() if len(names) == 1}
     for i, e in enumerate(raw_entries, start=1):
         where = f"plan {path.name} entry {i}"
         name = e.get("name")
@@ -115,8 +125,17 @@ def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
         extra = sorted(set(e) - ENTRY_KEYS)
         if extra:
             raise BadInput(f"{where}: unknown key(s) {', '.join(extra)}; an entry has {', '.join(sorted(ENTRY_KEYS))}")
-        if ("experiment" in e) == ("notebook" in e):
-            raise BadInput(f"{where}: give exactly one of `experiment` or `notebook`")
+        if sum(k in e for k in ("experiment", "notebook", "tests")) != 1:
+            raise BadInput(f"{where}: give exactly one of `experiment`, `notebook` or `tests`")
+        if "tests" in e:
+            if not isinstance(e["tests"], str) or not e["tests"].strip() or set(e) & {"parameters", "cpu", "cuda"}:
+                raise BadInput(f"{where}: `tests` is a string of pytest arguments, and takes no parameters")
+            timeout = e.get("timeout_s")
+            if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
+                raise BadInput(f"{where}: timeout_s must be a positive whole number of seconds")
+            entries.append(Entry(name, Path(str(REPO / "tests")), {}, None, None, e["tests"], timeout,
+                                 str(e.get("description", "")), e))
+            continue
         if "experiment" in e:
             exp = e["experiment"]
             if exp not in EXPERIMENTS:
@@ -135,6 +154,16 @@ def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
             params.update(t)
         for key in ("parameters", "cpu", "cuda"):     # names in every table are checked, used or not
             names = set(e.get(key, {}) or {})
+            reserved = sorted(names & RESERVED)
+            if reserved:
+                raise BadInput(f"{where}: {', '.join(reserved)} is set by the nightly runner, not the plan")
+            if exp is not None:
+                spec = {p.name for p in EXPERIMENTS[exp].spec}
+                unknown = sorted(names - spec)
+                if unknown:
+                    raise BadInput(f"{where}: {exp} has no parameter(s) {', '.join(unknown)} "
+                                   f"(`labkit run {exp} --help` lists them)")
+                continue
             try:
                 known = notebook_parameters(nb)
             except Exception as ex:
@@ -144,19 +173,17 @@ def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
             unknown = sorted(names - known)
             if unknown:
                 raise BadInput(f"{where}: {nb.name} has no parameter(s) {', '.join(unknown)}; it has {', '.join(sorted(known))}")
-            reserved = sorted(names & RESERVED)
-            if reserved:
-                raise BadInput(f"{where}: {', '.join(reserved)} is set by the nightly runner, not the plan")
         params = {k: (",".join(map(str, v)) if isinstance(v, list) else v) for k, v in params.items()}
+        planned = None
         if exp is not None:
             try:
-                validate(exp, params)
+                planned = plan_experiment(exp, params)
             except BadInput as ex:
                 raise BadInput(f"{where}: {ex}") from None
         timeout = e.get("timeout_s")
         if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
             raise BadInput(f"{where}: timeout_s must be a positive whole number of seconds")
-        entries.append(Entry(name, nb, params, exp, timeout, str(e.get("description", "")), e))
+        entries.append(Entry(name, nb, params, exp, planned, "", timeout, str(e.get("description", "")), e))
     return entries
 
 
@@ -297,6 +324,23 @@ def _run_plain_notebook(entry: Entry, out: Path, log) -> Exception | None:
     return err
 
 
+def _run_tests(entry: Entry, out: Path, logf) -> Exception | None:
+    """pytest with the entry's arguments in its own process; its output is the entry's log and tests.txt."""
+    import shlex
+    import subprocess
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *shlex.split(entry.tests)]
+    try:
+        p = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=entry.timeout_s)
+    except subprocess.TimeoutExpired as ex:
+        (out / "tests.txt").write_text((ex.stdout or b"").decode(errors="replace") if isinstance(ex.stdout, bytes) else (ex.stdout or ""))
+        return RuntimeError(f"pytest {entry.tests}: timed out after {entry.timeout_s} s")
+    (out / "tests.txt").write_text(p.stdout)
+    logf.write(p.stdout)
+    last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+    return None if p.returncode == 0 else RuntimeError(f"pytest {entry.tests}: {last}")
+
+
 def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None]:
     """Run one entry into `out` (its own kernel). Returns (status, wall seconds, error)."""
     from .execute import run_notebook
@@ -305,14 +349,17 @@ def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None]:
     err: Exception | None = None
     with open(out / "log.txt", "a", encoding="utf-8") as logf:
         logf.write(f"== {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} entry {entry.name}: "
-                   f"{entry.notebook.name} parameters {json.dumps(entry.parameters)} timeout {entry.timeout_s}\n")
+                   f"{('pytest ' + entry.tests) if entry.tests else entry.notebook.name} parameters "
+                   f"{json.dumps(entry.parameters)} timeout {entry.timeout_s}\n")
         logf.flush()
         tee = _Tee(sys.stderr, logf)
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = tee        # run_notebook streams the kernel's output to sys.stdout/err
         try:
-            if entry.experiment is not None:
-                _, err = run_notebook(entry.experiment, entry.parameters, out, timeout=entry.timeout_s)
+            if entry.tests:
+                err = _run_tests(entry, out, logf)
+            elif entry.experiment is not None:
+                _, err = run_notebook(entry.plan, out, timeout=entry.timeout_s)
             else:
                 err = _run_plain_notebook(entry, out, tee)
         except Exception as ex:              # anything at all: recorded, the night goes on
@@ -439,7 +486,8 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
 def cmd_nightly(a) -> int:
     if a.dry_run:
         for e in load_plan(a.plan):
-            print(f"{e.name}: {e.experiment or '-'} {e.notebook.name} {e.parameters or '(defaults)'}"
+            what = f"pytest {e.tests}" if e.tests else f"{e.experiment or '-'} {e.notebook.name} {e.parameters or '(defaults)'}"
+            print(f"{e.name}: {what}"
                   + (f" timeout {e.timeout_s} s" if e.timeout_s else ""))
         return 0
     rec = run_plan(a.plan, a.date, a.root, only=a.only.split(",") if a.only else None)
