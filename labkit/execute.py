@@ -115,3 +115,9 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     except Exception as ex:
         error = error or ex
     return out, error
+
+
+def run_experiment(name: str, given: dict, out_dir: str | Path | None = None, **kw) -> tuple[Path, Exception | None]:
+    """Plan experiment `name` from `given` (one BadInput line on bad input), then `run_notebook`."""
+    from .experiments import plan
+    return run_notebook(plan(name, given), out_dir, **kw)

@@ -6,7 +6,7 @@ point measured live. The notebook only calls this module:
     ex.show_measure()                    # "measure now": button, progress, live PCIe plot, live table
 
 `measure_point` is the one measurement path behind the button. It is the decode sweep itself
-(`labkit.bench.decode.run_sweep`) on a one-point grid, written to a scratch run folder outside
+(`labkit run decode`'s sweep) on a one-point grid, written to a scratch run folder outside
 `results/`: the same validation, model, caches, timing, NVML byte check and failed-row handling as a
 sweep, so a live point is comparable with the runs it sits next to. The scratch folder is kept (its path
 is in the record) and can be opened with `labkit report`.
@@ -82,12 +82,12 @@ def cuda_note() -> str:
 
 def measure_point(shape: str, strategy: str, context_len: int, budget: int, concurrency: int, repeats: int = 5,
                   steps: int = 20, device: str = "cuda", scratch: str | Path | None = None, progress_bar: bool = False) -> dict:
-    """One decode point measured by the sweep (`run_sweep` on a one-point grid, no probe, no prefill) into a
+    """One decode point measured by the sweep (the decode sweep on a one-point grid, no probe, no prefill) into a
     scratch run folder. Returns the sweep's metrics row (status `ok` or `failed` with its error) plus
     `run_dir`. Bad parameters raise `BadInput` before anything is allocated, as in a sweep."""
-    from .bench.decode import run_sweep
+    from . import experiments
     out = Path(scratch) if scratch else Path(tempfile.mkdtemp(prefix="labkit-live-"))
-    run = run_sweep(dict(shape=shape, device=device, strategies=strategy, context_lens=str(int(context_len)),
+    run = experiments.measure("decode", dict(shape=shape, device=device, strategies=strategy, context_lens=str(int(context_len)),
                          budgets=str(int(budget)), concurrency=str(int(concurrency)), repeats=int(repeats),
                          steps=int(steps), prefill_lens="", probe=False, out_dir=str(out)), progress_bar=progress_bar)
     rec = next(r for r in run.records if r.get("experiment") == "decode")

@@ -56,9 +56,9 @@ def _tmp(name: str) -> Path:
 def cpu_run() -> Path:
     """One real CPU decode run folder (no notebook), made once."""
     if "cpu_run" not in _CACHE:
-        from labkit.bench.decode import run_sweep
+        from labkit import experiments
         out = _tmp("base-run")
-        run_sweep({**SWEEP, "out_dir": str(out)}, progress_bar=False)
+        experiments.measure("decode", {**SWEEP, "out_dir": str(out)}, progress_bar=False)
         _CACHE["cpu_run"] = out
     return _CACHE["cpu_run"]
 

@@ -105,10 +105,10 @@ def test_labkit_run_capacity_notebook_holds_issue_10s_figures(tmp_path):
     them the committed companions' figures (hit rate and bytes vs capacity per policy from the density
     replay; the H200 decode run's hot-cache hit rate and step anatomy per strategy)."""
     from browser_util import REPO, figures_in_notebook_report
-    from labkit.execute import run_notebook
+    from labkit.execute import run_experiment
     replay = REPO / "results/20261130-hot-replay-density-cpu"
     decode = REPO / "results/20261130-094624-hotdecode-prose-b64-h200"
-    out, err = run_notebook("capacity", {"device": "cpu", "context_len": "128", "mem_cap_gib": "0.006", "workspace_gib": "0",
+    out, err = run_experiment("capacity", {"device": "cpu", "context_len": "128", "mem_cap_gib": "0.006", "workspace_gib": "0",
                                          "hot_capacity": "16", "budget": "16", "max_batch": "2", "steps": "2", "repeats": "1",
                                          "tpot_ms": "100000", "replay_run": str(replay), "decode_run": str(decode)},
                             out_dir=tmp_path / "run", log_output=False, timeout=600)

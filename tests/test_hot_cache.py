@@ -13,7 +13,12 @@ import textwrap
 import pytest
 import torch
 
-from labkit.bench.decode import plan
+from labkit.bench.decode import derive
+from labkit.experiments import plan as plan_experiment
+
+
+def plan(given):
+    return derive(plan_experiment("decode", given).params)
 from labkit.params import BadInput
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
 from labkit.engine.transfer.hot_cache import COUNTERS, LRFU_DECAY, POLICIES, HotIndex

@@ -8,21 +8,16 @@ import pandas as pd
 import papermill as pm
 import pytest
 
+from labkit import experiments
 from labkit.bench import multigpu as G
 from labkit.params import BadInput
-from labkit.execute import EXPERIMENTS, NOTEBOOKS
-
-
-def test_multigpu_notebook_parameters_match_spec():
-    names = set(pm.inspect_notebook(str(NOTEBOOKS / EXPERIMENTS["multigpu"].notebook)))
-    assert names == {p.name for p in G.SPEC} | {"run_dir"}
 
 
 def test_bad_input_is_one_line_before_anything_runs(tmp_path):
     with pytest.raises(BadInput):
-        G.plan({"devices": "cpu"})                      # a split needs two devices
+        experiments.plan("multigpu", {"devices": "cpu"})                      # a split needs two devices
     with pytest.raises(BadInput):
-        G.plan({"devices": "cpu,cpu", "micro_batches": "-1"})
+        experiments.plan("multigpu", {"devices": "cpu,cpu", "micro_batches": "-1"})
     r = subprocess.run([sys.executable, "-m", "labkit", "run", "multigpu", "-p", "devices=cpu,cpu", "-p", "strategies=nope",
                         "--out", str(tmp_path / "never")], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "nope" in r.stderr
@@ -31,8 +26,8 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path):
 
 def test_labkit_run_multigpu_notebook(tmp_path):
     from browser_util import figures_in_notebook_report
-    from labkit.execute import run_notebook
-    out, err = run_notebook("multigpu", {"devices": "cpu,cpu", "context_lens": "256", "concurrency": "1,2",
+    from labkit.execute import run_experiment
+    out, err = run_experiment("multigpu", {"devices": "cpu,cpu", "context_lens": "256", "concurrency": "1,2",
                                          "micro_batches": "2", "steps": "2", "repeats": "1", "gather_repeats": "3"},
                             out_dir=tmp_path / "run", log_output=False, timeout=600)
     assert err is None, err

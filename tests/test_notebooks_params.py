@@ -1,17 +1,19 @@
-"""The notebooks and the CLI take the same parameter names (papermill only warns about unknown ones)."""
+"""Every experiment's notebook takes the frozen plan and nothing else: its parameters cell is `plan` (the JSON
+`labkit run` hands over), `params` (names as `labkit run NAME --help` lists, planned in the notebook when no
+plan came) and `run_dir` (render a run folder) — never a hand-kept mirror of the experiment's SPEC."""
 import papermill as pm
 
-from labkit.bench import decode, probe
-from labkit.execute import EXPERIMENTS, NOTEBOOKS
+from labkit.execute import NOTEBOOKS
+from labkit.experiments import EXPERIMENTS
 
 
-def test_notebook_parameters_match_experiment_specs():
-    for exp, mod in (("decode", decode), ("probe", probe)):
-        nb = NOTEBOOKS / EXPERIMENTS[exp].notebook
-        names = set(pm.inspect_notebook(str(nb)))
-        assert names == {p.name for p in mod.SPEC} | {"run_dir"}, exp
+def test_every_experiment_notebook_takes_the_plan():
+    for name, exp in EXPERIMENTS.items():
+        nb = NOTEBOOKS / exp.notebook
+        assert nb.is_file(), name
+        assert set(pm.inspect_notebook(str(nb))) == {"plan", "params", "run_dir"}, name
 
 
 def test_design_parameter_names_present():
-    names = {p.name for p in decode.SPEC}
+    names = {p.name for p in EXPERIMENTS["decode"].spec}
     assert {"shape", "device", "strategies", "context_lens", "budgets", "concurrency", "repeats", "steps"} <= names

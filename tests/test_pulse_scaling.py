@@ -96,12 +96,14 @@ def test_pingpong_round_changes_no_token():
 
 @pytest.mark.parametrize("strategy,block", [("zero_copy", "1"), ("block_dma", "8")])
 def test_scaling_bench_run_folder_on_cpu(tmp_path, strategy, block):
-    from labkit.bench.pulse_scaling import main
+    from labkit import experiments
+    from labkit.params import BadInput
     out = tmp_path / "scale"
-    split = ["--set", "dma_units_per_call=3"] if strategy == "block_dma" else []   # a load in calls of 3 units
-    assert main(["--shape", "tiny", "--device", "cpu", "--context", "128", "--budget", "16", "--requests", "1,2",
-                 "--steps", "1", "--page-size", "16", "--strategy", strategy, "--select-block", block,
-                 *split, "--out", str(out)]) == 0
+    split = {"dma_units_per_call": "3"} if strategy == "block_dma" else {}   # a load in calls of 3 units
+    small = {"shape": "tiny", "device": "cpu", "context": "128", "budget": "16", "requests": "1,2", "steps": "1",
+             "page_size": "16", "strategy": strategy, "select_block": block}
+    run = experiments.measure("pulse_scaling", {**small, **split, "out_dir": str(out)}, progress_bar=False)
+    assert run.manifest["status"] == "ok"
     m = pd.read_parquet(out / "metrics.parquet")
     assert set(m["status"]) == {"ok"}
     if split:                                             # the setting reached the strategy, recorded per row
@@ -112,26 +114,25 @@ def test_scaling_bench_run_folder_on_cpu(tmp_path, strategy, block):
     assert sw["h2d_bytes_per_step_counted"] == 2 * 16 * TINY.row_bytes * TINY.attn_layers
     assert (m["tok_s"] > 0).all()
     assert len(pd.read_parquet(out / "timeline.parquet")) > 0
-    assert main(["--shape", "tiny", "--device", "cpu", "--requests", "0", "--out", str(tmp_path / "bad")]) == 2
-    assert main(["--shape", "tiny", "--device", "cpu", "--select-block", "3", "--out", str(tmp_path / "bad2")]) == 2
-    assert not (tmp_path / "bad2").exists()
-    assert main(["--shape", "tiny", "--device", "cpu", "--set", "bogus=1", "--out", str(tmp_path / "bad3")]) == 2
-    assert not (tmp_path / "bad3").exists()
+    for bad in ({"requests": "0"}, {"select_block": "3"}, {"bogus": "1"}, {"strategy": "resident"}):
+        with pytest.raises(BadInput):
+            experiments.plan("pulse_scaling", {**small, **bad, "out_dir": str(tmp_path / "bad")})
+    assert not (tmp_path / "bad").exists()
 
 
 def test_report_pieces_find_the_session_and_join_quality(tmp_path, monkeypatch):
     """The pulse report's physics section: companion runs found by the manifests' session (not by name),
     the scaling figure with its bound and crossover, and the selection table joining block transfers with
     the committed quality run at the same budget."""
-    from labkit.bench.pulse_blocks import main as blocks_main
-    from labkit.bench.pulse_scaling import main as scaling_main
+    from labkit import experiments
     from labkit.report import pulse_figures as F
     from labkit.results import REPO, Run
     monkeypatch.setenv("LABKIT_SESSION", "sess-1")
-    assert blocks_main(["--shape", "tiny", "--device", "cpu", "--context", "4096", "--budget", "2048", "--block", "16",
-                        "--repeats", "1", "--run-dir", str(tmp_path / "b")]) == 0
-    assert scaling_main(["--shape", "tiny", "--device", "cpu", "--context", "64", "--budget", "16", "--requests", "2",
-                         "--steps", "1", "--page-size", "16", "--out", str(tmp_path / "x-scaling")]) == 0
+    experiments.measure("pulse_blocks", {"shape": "tiny", "device": "cpu", "context": "4096", "budget": "2048",
+                                         "blocks": "16", "repeats": "1", "out_dir": str(tmp_path / "b")}, progress_bar=False)
+    experiments.measure("pulse_scaling", {"shape": "tiny", "device": "cpu", "context": "64", "budget": "16",
+                                          "requests": "2", "steps": "1", "page_size": "16",
+                                          "out_dir": str(tmp_path / "x-scaling")}, progress_bar=False)
     Run.create(tmp_path / "t", "pulse", {})
     monkeypatch.setenv("LABKIT_SESSION", "other")
     Run.create(tmp_path / "stranger", "pulse_scaling", {})

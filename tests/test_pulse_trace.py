@@ -7,8 +7,13 @@ import sys
 import pandas as pd
 import pytest
 
+from labkit import experiments
 from labkit.bench import pulse_trace as P
 from labkit.params import BadInput
+
+
+def _plan(given):
+    return experiments.plan("pulse", given)
 
 
 def _trace(path, rows):
@@ -26,18 +31,18 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path):
     base = dict(device="cpu", n_requests=4)
     missing = _trace(tmp_path / "m.jsonl", [{"timestamp": 0, "output_length": 3}])
     with pytest.raises(BadInput, match="not a trace record"):
-        P.plan({**base, "trace": missing})
+        _plan({**base, "trace": missing})
     neg = _trace(tmp_path / "n.jsonl", [{**GOOD[0], "timestamp": -5}])
     with pytest.raises(BadInput, match="negative time"):
-        P.plan({**base, "trace": neg})
+        _plan({**base, "trace": neg})
     good = _trace(tmp_path / "g.jsonl", GOOD)
     with pytest.raises(BadInput, match="rate must be > 0"):
-        P.plan({**base, "trace": good, "rate": 0})
+        _plan({**base, "trace": good, "rate": 0})
     with pytest.raises(BadInput, match="dma_units_per_call applies to strategy block_dma"):
-        P.plan({**base, "trace": good, "dma_units_per_call": 4})
+        _plan({**base, "trace": good, "dma_units_per_call": 4})
     with pytest.raises(BadInput, match="policy"):
-        P.plan({**base, "trace": good, "policies": "fastest"})
-    specs = P.requests(P.plan({**base, "trace": good, "length_scale": 0.01, "capacity": 100, "max_output": 8}))
+        _plan({**base, "trace": good, "policies": "fastest"})
+    specs = P.requests(dict(_plan({**base, "trace": good, "length_scale": 0.01, "capacity": 100, "max_output": 8}).params))
     assert [len(s.prompt) for s in specs] == [60, 92, 30, 95]                # scaled, then capped to the slot
     assert [s.output_len for s in specs] == [8, 8, 8, 5]
     assert all(len(s.prompt) + s.output_len <= 100 for s in specs)
@@ -49,9 +54,9 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path):
 
 
 def test_labkit_run_pulse_notebook(tmp_path):
-    from labkit.execute import run_notebook
+    from labkit.execute import run_experiment
     good = _trace(tmp_path / "g.jsonl", GOOD)
-    out, err = run_notebook("pulse", {"device": "cpu", "trace": good, "n_requests": "4", "rate": "10",
+    out, err = run_experiment("pulse", {"device": "cpu", "trace": good, "n_requests": "4", "rate": "10",
                                       "policies": "threshold:60,noswitch:60", "resident_slots": "2",
                                       "offload_slots": "2", "timeline_every": "1", "strategy": "block_dma",
                                       "select_block": "16", "dma_units_per_call": "3"},
@@ -73,27 +78,20 @@ def test_labkit_run_pulse_notebook(tmp_path):
     assert (out / "report.html").stat().st_size > 100_000                    # plotly embedded, figures in
 
 
-def test_pulse_notebook_parameters_match_spec():
-    import papermill as pm
-    from labkit.execute import EXPERIMENTS, NOTEBOOKS
-    names = set(pm.inspect_notebook(str(NOTEBOOKS / EXPERIMENTS["pulse"].notebook)))
-    assert names == {p.name for p in P.SPEC} | {"run_dir"}
-
-
 def test_default_trace_travels_with_the_package_and_pool_check(tmp_path):
     """The default trace is the committed first 1,000 Mooncake requests (a GPU host gets only the tree);
     a resident pool smaller than one request slot is one line before anything is allocated, from the
     plain-Python entry point too (no papermill on the GPU host)."""
-    p = P.plan({"device": "cpu"})
+    p = _plan({"device": "cpu"})
     assert p["trace"].endswith("labkit/data/mooncake-conversation-first1000.jsonl")
     from labkit.serving.workload import load_trace
     rows = load_trace(p["trace"])
     assert len(rows) == 1000 and rows[0]["input_length"] == 6758 and rows[-1]["timestamp"] == 330000
     with pytest.raises(BadInput, match="resident_pool_tokens"):
-        P.plan({"device": "cpu", "capacity": 512, "resident_pool_tokens": 256})
-    r = subprocess.run([sys.executable, "-m", "labkit.bench.pulse_trace", "-p", "device=cpu", "-p", "rate=-1",
+        _plan({"device": "cpu", "capacity": 512, "resident_pool_tokens": 256})
+    r = subprocess.run([sys.executable, "-m", "labkit", "run", "pulse", "-p", "device=cpu", "-p", "rate=-1",
                         "--out", str(tmp_path / "never")], capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == ["error: rate must be > 0, got -1.0"]
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == ["labkit: rate must be > 0, got -1.0"]
     assert not (tmp_path / "never").exists()
 
 
@@ -101,9 +99,10 @@ def test_inprocess_transport_same_tables(tmp_path):
     """`transport=inprocess` (a GPU host without the ASGI stack): the same scheduler on its own clock,
     the same run-folder tables and metrics, switching still on for `threshold:N`."""
     good = _trace(tmp_path / "g.jsonl", GOOD)
-    run = P.run({"device": "cpu", "trace": good, "n_requests": "4", "rate": "10", "transport": "inprocess",
-                 "policies": "threshold:60,noswitch:60", "resident_slots": "2", "offload_slots": "2",
-                 "timeline_every": "1", "out_dir": str(tmp_path / "run")})
+    run = experiments.measure("pulse", {"device": "cpu", "trace": good, "n_requests": "4", "rate": "10",
+                                        "transport": "inprocess", "policies": "threshold:60,noswitch:60",
+                                        "resident_slots": "2", "offload_slots": "2", "timeline_every": "1",
+                                        "out_dir": str(tmp_path / "run")})
     m = pd.read_parquet(run.path / "metrics.parquet")
     assert list(m["policy"]) == ["threshold:60", "noswitch:60"] and set(m["status"]) == {"ok"}
     assert (m["completed"] == 4).all() and set(m["transport"]) == {"inprocess"}
@@ -112,9 +111,9 @@ def test_inprocess_transport_same_tables(tmp_path):
     r = pd.read_parquet(run.path / "requests.parquet")
     assert set(r["lane"]) == {"resident", "offload"} and len(r) == 8
     assert len(pd.read_parquet(run.path / "timeline.parquet")) > 0
-    assert P.plan({"device": "cpu", "transport": "auto"})["transport"] in ("http", "inprocess")
+    assert _plan({"device": "cpu", "transport": "auto"})["transport"] in ("http", "inprocess")
     with pytest.raises(BadInput, match="transport"):
-        P.plan({"device": "cpu", "transport": "pigeon"})
+        _plan({"device": "cpu", "transport": "pigeon"})
 
 
 def test_load_size_figure_counts_every_load_once():

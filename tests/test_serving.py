@@ -162,26 +162,19 @@ def test_loadgen_records_errors_and_goes_on():
     ({"input_lens": "4096", "context_len": 1024}, "shorter than the longest input"),
 ])
 def test_bad_input_one_line_before_anything(given, msg):
-    from labkit.serving.experiment import plan
+    from labkit.experiments.serve import plan
     with pytest.raises(BadInput) as e:
         plan(given, check_args=False)
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
 def test_port_in_use_is_bad_input():
-    from labkit.serving.experiment import plan
+    from labkit.experiments.serve import plan
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         with pytest.raises(BadInput, match="in use"):
             plan({"port": s.getsockname()[1]}, check_args=False)
-
-
-def test_notebook_parameters_match_spec():
-    papermill = pytest.importorskip("papermill")
-    from labkit.serving.experiment import SPEC
-    names = set(papermill.inspect_notebook(str(REPO / "notebooks" / "serve_sweep.ipynb")))
-    assert {p.name for p in SPEC} <= names and "run_dir" in names
 
 
 def test_launcher_answers_the_vllm_version_lookup_only(monkeypatch):

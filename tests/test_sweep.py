@@ -7,7 +7,7 @@ import sys
 import pandas as pd
 import pytest
 
-from labkit.bench import decode
+from labkit import experiments
 from labkit.params import BadInput
 from labkit.results import METRIC_COLUMNS, load_run
 from labkit.shapes import PRESETS
@@ -19,7 +19,7 @@ SMALL = dict(device="cpu", shape="tiny", context_lens="128,512", budgets="64,16"
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "sweep"
-    return load_run(decode.run_sweep({**SMALL, "out_dir": str(out)}, progress_bar=False).path)
+    return load_run(experiments.measure("decode", {**SMALL, "out_dir": str(out)}, progress_bar=False).path)
 
 
 def test_run_folder_contract(run):
@@ -63,7 +63,7 @@ def test_failed_point_is_recorded_and_sweep_continues(tmp_path, monkeypatch):
         return real(model, caches, pt, p, tel, timeline)
 
     monkeypatch.setattr(decode, "measure_decode", flaky)
-    r = load_run(decode.run_sweep({**SMALL, "concurrency": "1", "budgets": "64", "out_dir": str(tmp_path / "f")},
+    r = load_run(experiments.measure("decode", {**SMALL, "concurrency": "1", "budgets": "64", "out_dir": str(tmp_path / "f")},
                                   progress_bar=False).path)
     m = r.metrics[r.metrics["experiment"] == "decode"]
     bad = m[m["status"] == "failed"]
@@ -98,15 +98,15 @@ def test_bad_input_one_line_nothing_written(tmp_path, arg, msg):
 
 def test_plan_rejects_budget_in_notebook_values():
     with pytest.raises(BadInput):
-        decode.plan({"device": "cpu", "budgets": [0]})
+        experiments.plan("decode", {"device": "cpu", "budgets": [0]})
 
 
 def test_sweep_with_layers_split_over_devices(tmp_path):
     """`device=cpu,cpu,cpu`: the layers are split into three stages (CPU stand-ins for three GPUs); every
     point runs and moves the same bytes as on one device."""
     small = {**SMALL, "concurrency": "1", "budgets": "64", "prefill_lens": "256"}
-    one = load_run(decode.run_sweep({**small, "out_dir": str(tmp_path / "one")}, progress_bar=False).path).metrics
-    three = load_run(decode.run_sweep({**small, "device": "cpu,cpu,cpu", "out_dir": str(tmp_path / "three")},
+    one = load_run(experiments.measure("decode", {**small, "out_dir": str(tmp_path / "one")}, progress_bar=False).path).metrics
+    three = load_run(experiments.measure("decode", {**small, "device": "cpu,cpu,cpu", "out_dir": str(tmp_path / "three")},
                                       progress_bar=False).path)
     m = three.metrics
     assert (m["status"] == "ok").all(), m[m["status"] != "ok"]["error"].tolist()
@@ -126,7 +126,7 @@ def test_sweep_pipelines_micro_batches_over_split_layers(tmp_path):
     overlap columns for every split point."""
     small = {**SMALL, "concurrency": "1,2", "budgets": "64", "prefill_lens": "", "strategies": "zero_copy,resident",
              "micro_batches": "1,2"}
-    m = load_run(decode.run_sweep({**small, "device": "cpu,cpu", "out_dir": str(tmp_path / "two")},
+    m = load_run(experiments.measure("decode", {**small, "device": "cpu,cpu", "out_dir": str(tmp_path / "two")},
                                   progress_bar=False).path).metrics
     assert (m["status"] == "ok").all(), m[m["status"] != "ok"]["error"].tolist()
     d = m[m["experiment"] == "decode"]
@@ -144,7 +144,7 @@ def test_sweep_with_block_selection_and_block_dma(tmp_path):
     the formula says (block selection keeps the budget's count of rows)."""
     small = {**SMALL, "strategies": "zero_copy,block_dma", "concurrency": "1", "budgets": "64", "prefill_lens": "",
              "select_block": 16, "out_dir": str(tmp_path / "r")}
-    m = load_run(decode.run_sweep(small, progress_bar=False).path).metrics
+    m = load_run(experiments.measure("decode", small, progress_bar=False).path).metrics
     dec = m[m["experiment"] == "decode"]
     assert (dec["status"] == "ok").all(), dec[dec["status"] != "ok"]["error"].tolist()
     by = dec.set_index(["strategy", "context_len"])["h2d_bytes_per_step"]

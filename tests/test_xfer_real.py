@@ -40,14 +40,14 @@ def test_derived_small_model_is_real_and_its_layers_are_exact(models):
 
 
 def test_bad_pair_input_is_one_line():
-    from labkit.xfer.experiment import plan
+    from labkit.experiments import plan
     from labkit.params import BadInput
 
     for given, msg in [({"small": "first:30"}, "N must be in"), ({"layer_table": "29:8"}, "out of range"),
                        ({"features": "h:99"}, "hidden index out of range"), ({"ttft_lens": "9000"}, "context"),
                        ({"mapper": "/nonexistent.safetensors"}, "does not exist")]:
         with pytest.raises(BadInput, match=msg) as e:
-            plan(given)
+            plan("xfer", given)
         assert "\n" not in str(e.value)
 
 

@@ -120,11 +120,3 @@ def test_scatter_into_paged_cache_lands_in_the_request_blocks(tmp_path, layout):
         k_other, _, _ = split_kv(caches[f"model.layers.{i}.self_attn.attn"], H, D)
         assert bool((k_other[[0, 2, 4, 5]] == 7.0).all()), "blocks of other requests must stay untouched"
 
-
-def test_xfer_notebook_takes_the_cli_parameters():
-    pm = pytest.importorskip("papermill")
-    from labkit.execute import EXPERIMENTS, NOTEBOOKS
-    from labkit.xfer.experiment import SPEC
-
-    names = set(pm.inspect_notebook(str(NOTEBOOKS / EXPERIMENTS["xfer"].notebook)))
-    assert names == {p.name for p in SPEC} | {"run_dir"}

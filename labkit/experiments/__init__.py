@@ -83,7 +83,14 @@ def plan(name: str, given: dict | None = None) -> Plan:
     return get(name).module.plan(dict(given or {}))
 
 
-def run(plan: Plan | str):
-    """Measure a plan (a `Plan` or its JSON) into its run folder; returns the `Run`."""
+def run(plan: Plan | str, **options):
+    """Measure a plan (a `Plan` or its JSON) into its run folder; returns the `Run`. `options` go to the
+    experiment's `run` (progress_bar, log)."""
     plan = Plan.from_json(plan)
-    return get(plan.experiment).module.run(plan)
+    return get(plan.experiment).module.run(plan, **options)
+
+
+def measure(name: str, given: dict | None = None, **options):
+    """Plan and run in this process (no notebook): the library's one-call form, e.g.
+    `measure("decode", {"context_lens": "8K"}, progress_bar=False)`."""
+    return run(plan(name, given), **options)

@@ -38,6 +38,6 @@ def plan(given: dict) -> Plan:
     return Plan(NAME, capacity.check(p))
 
 
-def run(plan: Plan, progress=print):
+def run(plan: Plan, progress_bar: bool = True):
     from ..bench import capacity
-    return capacity.run(dict(plan.params), progress=progress)
+    return capacity.run(dict(plan.params), progress=print if progress_bar else (lambda *a: None))

@@ -27,6 +27,6 @@ def plan(given: dict) -> Plan:
     return Plan(NAME, prefill.check(p))
 
 
-def run(plan: Plan, progress=print):
+def run(plan: Plan, progress_bar: bool = True):
     from ..bench import prefill
-    return prefill.run(dict(plan.params), progress=progress)
+    return prefill.run(dict(plan.params), progress=print if progress_bar else (lambda *a: None))

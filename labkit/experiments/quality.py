@@ -37,6 +37,6 @@ def plan(given: dict) -> Plan:
     return Plan(NAME, {k: v for k, v in checked.items() if not k.startswith("_")})
 
 
-def run(plan: Plan, log=print):
+def run(plan: Plan, progress_bar: bool = True):
     from ..quality import experiment
-    return experiment.run_quality(dict(plan.params), log=log)
+    return experiment.run_quality(dict(plan.params), log=print if progress_bar else None)

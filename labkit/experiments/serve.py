@@ -41,13 +41,14 @@ SPEC = [
 ]
 
 
-def plan(given: dict) -> Plan:
+def plan(given: dict, check_args: bool = True) -> Plan:
+    """`check_args`: also run vLLM's own argument parser on the server command (a few seconds in .venv-vllm)."""
     p = resolve(SPEC, given, NAME)
     from ..serving import experiment
-    checked = experiment.check(p)
+    checked = experiment.check(p, check_args=check_args)
     return Plan(NAME, {k: v for k, v in checked.items() if not k.startswith("_")})
 
 
-def run(plan: Plan, log=print):
+def run(plan: Plan, progress_bar: bool = True):
     from ..serving import experiment
-    return experiment.run_serve(dict(plan.params), log=log)
+    return experiment.run_serve(dict(plan.params), log=print if progress_bar else None)
