@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from .params import BadInput
 from .index import machine_label
-from .report.summary import _ok
+from .report.summary import ok_rows
 
 KEY = ["experiment", "shape", "strategy", "axis", "context_len", "budget", "concurrency", "selection",
        "direction", "bytes", "size_mib", "threads", "rows_per_prog", "num_warps"]
@@ -43,7 +43,7 @@ def _speed(df: pd.DataFrame) -> pd.Series:
 
 
 def _keyed(m: pd.DataFrame, key: list[str]) -> pd.DataFrame:
-    m = _ok(m).copy()
+    m = ok_rows(m).copy()
     for k in key:
         if k not in m:
             m[k] = None

@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from .report.summary import _ok, link_gbps
+from .report.summary import ok_rows, link_gbps
 from .results import run_manifests
 
 INDEX_NAME = "index.html"
@@ -49,7 +49,7 @@ def headlines(m: pd.DataFrame) -> list[Headline]:
     out: list[Headline] = []
     if m is None or m.empty or "experiment" not in m:
         return out
-    d = _ok(m[m["experiment"] == "decode"])
+    d = ok_rows(m[m["experiment"] == "decode"])
     if "axis" in d:
         d = d[d["axis"].isna() | (d["axis"] == "context")]
     d = d.dropna(subset=["tok_s"])
@@ -61,7 +61,7 @@ def headlines(m: pd.DataFrame) -> list[Headline]:
             hi = c1 / (r["step_ms_min"] / 1e3) if pd.notna(r.get("step_ms_min")) and r["step_ms_min"] else r["tok_s"]
             out.append(Headline("decode tok/s", f"{s} @ {_ctx(r['context_len'])} c={int(c1)} ({r.get('shape')})",
                                 float(r["tok_s"]), float(lo), float(hi)))
-    p = _ok(m[m["experiment"] == "probe"])
+    p = ok_rows(m[m["experiment"] == "probe"])
     zc = p[p["strategy"] == "zero_copy"].dropna(subset=["gbps"]) if "gbps" in p else p.iloc[0:0]
     if not zc.empty:
         r = zc.sort_values("gbps").iloc[-1]
@@ -73,7 +73,7 @@ def headlines(m: pd.DataFrame) -> list[Headline]:
             c = c[c["direction"] == "h2d"]
         r = c.sort_values("bytes").iloc[-1]
         out.append(Headline("link GB/s", "contiguous pinned H2D", float(link), *_gbps_spread(r)))
-    pf = _ok(m[m["experiment"] == "prefill"]).dropna(subset=["tok_s"])
+    pf = ok_rows(m[m["experiment"] == "prefill"]).dropna(subset=["tok_s"])
     for _, r in pf.iterrows():
         out.append(Headline("prefill tok/s", f"{r['strategy']} @ {_ctx(r['context_len'])} ({r.get('shape')})",
                             float(r["tok_s"]), float(r["tok_s"]), float(r["tok_s"])))

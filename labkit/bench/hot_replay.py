@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from ..engine.transfer.hot_cache import COUNTERS, POLICIES, HotIndex
-from ..engine.model.trace_replay import _read, load_selection_trace, scale_row
+from ..engine.model.trace_replay import read_trace, load_selection_trace, scale_row
 from ..quality.traces import load_trace, locality
 from ..shapes import PRESETS
 
@@ -56,7 +56,7 @@ def trace_share(path, n_layers: int, context_len: int, budget: int) -> float:
     the rest being the recent fill `scale_row` adds when a sparse trace's mapped set falls short of the
     budget (sink/recent picks are not widened). The fill is the same rows every step, so it hits once warm:
     a hit rate far above `trace_share` is partly the fill's."""
-    pos, ctx, meta = _read(path)
+    pos, ctx, meta = read_trace(path)
     sink, recent = int(meta.get("sink_window", 16)), int(meta.get("recent_window", 64))
     rep = max(1, budget // pos.shape[2])
     n = [scale_row(pos[s, (i * pos.shape[1]) // n_layers], int(ctx.max()), context_len, budget, sink, recent, rep,

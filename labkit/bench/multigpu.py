@@ -32,7 +32,7 @@ from ..stats import spread
 from ..telemetry import Sampler
 from . import decode
 from ..params import BadInput, check_positive, one_line, resolve_device
-from .probe import BUDGET, LAYERS, ROW_BYTES, _step, gather_workload
+from .probe import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
 from .progress import progress
 
 EXPERIMENT = "multigpu"
@@ -86,7 +86,7 @@ def gather_scaling(devices: list[torch.device], pool_gib: float, repeats: int) -
     built = build_on_devices(build, devices, device_of=lambda d: d)
     zc = ZeroCopy()
     step_bytes = LAYERS * BUDGET * ROW_BYTES
-    launch = [_step(zc, pool, idx, dst) for pool, idx, dst, _ in built]     # one decode step's gathers per GPU
+    launch = [gather_step(zc, pool, idx, dst) for pool, idx, dst, _ in built]     # one decode step's gathers per GPU
 
     cuda = devices[0].type == "cuda"
 

@@ -107,7 +107,7 @@ def probe_pageable(dev, repeats) -> list[dict]:
     return [_row("pageable", n, ts["pageable"], size_mib=256, direction="h2d")]
 
 
-def _step(strategy, pool: KVPool, idx: torch.Tensor, dst: torch.Tensor, layers: int = LAYERS):
+def gather_step(strategy, pool: KVPool, idx: torch.Tensor, dst: torch.Tensor, layers: int = LAYERS):
     """One decode step's loads, layer by layer, as the engine issues them."""
     def run():
         for layer in range(layers):
@@ -146,28 +146,28 @@ def probe_gathers(dev, pool_gib: float, repeats: int,
 
     if "per_row" in which:   # one layer's rows, one copy each (the full step would take ~0.4 s)
         dst.fill_(-1)
-        ts = bench({"per_row": _step(PerRow(), pool, idx, dst, layers=1)}, dev, 3, rounds=1, warmup=1)
+        ts = bench({"per_row": gather_step(PerRow(), pool, idx, dst, layers=1)}, dev, 3, rounds=1, warmup=1)
         out.append(_row("per_row", BUDGET * ROW_BYTES, ts["per_row"], correct=bool(torch.equal(dst[0].cpu(), ref[0])), **extra))
     if "host_gather" in which:
         saved = torch.get_num_threads()
         threads = sorted({1, 4, os.cpu_count() or 1})
         strats = {th: HostGather(threads=th) for th in threads}
-        ts = bench({th: _step(st, pool, idx, dst) for th, st in strats.items()}, dev, max(8, repeats // 2))
+        ts = bench({th: gather_step(st, pool, idx, dst) for th, st in strats.items()}, dev, max(8, repeats // 2))
         ok = correct()                # the last call's bytes (every variant writes the same rows)
         out += [_row("host_gather", step, ts[th], threads=th, correct=ok, **extra) for th in threads]
         torch.set_num_threads(saved)
     if "zero_copy" in which:
         configs = ZERO_COPY_CONFIGS if dev.type == "cuda" else [(4, 4)]
         strats = {c: ZeroCopy(*c) for c in configs}
-        ts = bench({c: _step(st, pool, idx_d, dst) for c, st in strats.items()}, dev, repeats)
+        ts = bench({c: gather_step(st, pool, idx_d, dst) for c, st in strats.items()}, dev, repeats)
         for c, st in strats.items():
-            _step(st, pool, idx_d, dst)()
+            gather_step(st, pool, idx_d, dst)()
             out.append(_row("zero_copy", step, ts[c], rows_per_prog=c[0], num_warps=c[1], correct=correct(), **extra))
     if "hbm_gather" in which and dev.type == "cuda":
         dpool = KVPool("device", LAYERS, min(pool.data.shape[1], 1 << 16) // 256, 256, ROW_BYTES, dev)
         dpool.fill_random_(2)
         didx = idx_d % dpool.data.shape[1]
-        ts = bench({"hbm": _step(Resident(), dpool, didx, dst)}, dev, repeats, flush=True)
+        ts = bench({"hbm": gather_step(Resident(), dpool, didx, dst)}, dev, repeats, flush=True)
         out.append(_row("hbm_gather", step, ts["hbm"], **extra))
         del dpool
     del pool

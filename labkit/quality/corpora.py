@@ -82,7 +82,7 @@ def documents(corpus: str, split: str = "eval") -> list[tuple[str, Path]]:
     return sorted(docs, key=lambda np_: _hash_order(np_[0]))
 
 
-def _read(path: Path, corpus: str) -> str:
+def read_document(path: Path, corpus: str) -> str:
     text = path.read_text(encoding="utf-8", errors="replace")
     if corpus == "prose":  # skip the Gutenberg header so sequences start in the play
         for marker in ("*** START", "*END*THE SMALL PRINT"):
@@ -101,7 +101,7 @@ def sequences(tokenizer, corpus: str, seq_len: int, n: int, split: str = "eval",
         raise ValueError(f"need seq_len >= 2 and n >= 1, got seq_len={seq_len}, n={n}")
     out = []
     for name, path in documents(corpus, split):
-        text = _read(path, corpus)
+        text = read_document(path, corpus)
         if len(text) < seq_len * min_chars_per_token:
             continue  # too short to hold seq_len tokens; skip without tokenizing
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .summary import _ok, decode_table, link_gbps
+from .summary import ok_rows, decode_table, link_gbps
 
 COLORS = {"resident": "#1f77b4", "zero_copy": "#2ca02c", "host_gather": "#ff7f0e", "per_row": "#d62728",
           "hot_cache": "#9467bd", "contiguous": "#7f7f7f", "pageable": "#8c564b", "hbm_gather": "#17becf"}
@@ -114,7 +114,7 @@ def step_ms_vs_context(m: pd.DataFrame) -> go.Figure:
 
 
 def tok_s_vs_budget(m: pd.DataFrame) -> go.Figure:
-    d = _ok(m[m["experiment"] == "decode"])
+    d = ok_rows(m[m["experiment"] == "decode"])
     if d.empty or "axis" not in d:
         return _empty("Decode tok/s vs budget", "no budget axis in this run")
     ctx = d[d["axis"] == "budget"]["context_len"]
@@ -200,7 +200,7 @@ def memory_held(m: pd.DataFrame) -> go.Figure:
 
 
 def probe_bars(m: pd.DataFrame) -> go.Figure:
-    p = _ok(m[m["experiment"] == "probe"]) if "experiment" in m else m.iloc[0:0]
+    p = ok_rows(m[m["experiment"] == "probe"]) if "experiment" in m else m.iloc[0:0]
     if p.empty:
         return _empty("Host link limits", "no probe rows")
     if "direction" in p:

@@ -6,13 +6,13 @@ import pandas as pd
 from ..targets import SEED_000, TARGETS
 
 
-def _ok(df: pd.DataFrame) -> pd.DataFrame:
+def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"] if "status" in df else df
 
 
 def decode_table(m: pd.DataFrame) -> pd.DataFrame:
     """The seed-000 table: one row per (strategy, concurrency, context) on the context axis."""
-    d = _ok(m[m["experiment"] == "decode"])
+    d = ok_rows(m[m["experiment"] == "decode"])
     if "axis" in d:
         d = d[d["axis"] == "context"]
     cols = ["strategy", "concurrency", "context_len", "budget", "tok_s", "step_ms_median", "step_ms_min", "step_ms_max",
@@ -23,7 +23,7 @@ def decode_table(m: pd.DataFrame) -> pd.DataFrame:
 
 def link_gbps(m: pd.DataFrame) -> float | None:
     """Contiguous pinned H2D bandwidth measured in this run (largest copy)."""
-    p = _ok(m[(m["experiment"] == "probe") & (m["strategy"] == "contiguous")])
+    p = ok_rows(m[(m["experiment"] == "probe") & (m["strategy"] == "contiguous")])
     if "direction" in p:
         p = p[p["direction"] == "h2d"]
     if p.empty:
@@ -32,7 +32,7 @@ def link_gbps(m: pd.DataFrame) -> float | None:
 
 
 def gather_gbps(m: pd.DataFrame, strategy: str = "zero_copy") -> float | None:
-    p = _ok(m[(m["experiment"] == "probe") & (m["strategy"] == strategy)])
+    p = ok_rows(m[(m["experiment"] == "probe") & (m["strategy"] == strategy)])
     return None if p.empty else float(p["gbps"].max())
 
 
@@ -42,7 +42,7 @@ def _point(d, strategy, conc, ctx, col="tok_s"):
 
 
 def probe_ms(m: pd.DataFrame, strategy: str, **where) -> float | None:
-    p = _ok(m[(m["experiment"] == "probe") & (m["strategy"] == strategy)])
+    p = ok_rows(m[(m["experiment"] == "probe") & (m["strategy"] == strategy)])
     for k, v in where.items():
         if k not in p:
             return None
@@ -82,7 +82,7 @@ def targets(m: pd.DataFrame) -> pd.DataFrame:
     if not dd.empty:
         nv = dd["nvml_rx_bytes_per_step"] / dd["h2d_bytes_per_step"]
         add("nvml_vs_engine", float((nv - 1).abs().max()), f"ratio {nv.min():.3f}..{nv.max():.3f} over {len(dd)} points")
-    full = _ok(m[m["experiment"] == "decode"])
+    full = ok_rows(m[m["experiment"] == "decode"])
     full = full[full["axis"] == "context"] if "axis" in full else full
     hbm = gather_gbps(m, "hbm_read")
     res = full[(full["strategy"] == "resident") & (full["concurrency"] == c1) & (full["context_len"] == ref)]
@@ -99,7 +99,7 @@ def targets(m: pd.DataFrame) -> pd.DataFrame:
     err = cost_model_errors(m)
     if err is not None and not err.empty:
         add("cost_model_error", float(err["error"].abs().max()), f"median {err['error'].abs().median():.1%} over {len(err)} points")
-    pf = _ok(m[m["experiment"] == "prefill"])
+    pf = ok_rows(m[m["experiment"] == "prefill"])
     for _, r in pf.iterrows():
         rows.append({"target": f"prefill tok/s at {int(r['context_len']) // 1024}K ({r['strategy']})",
                      "value": float(r["tok_s"]), "threshold": None, "met": None, "detail": "measured here",

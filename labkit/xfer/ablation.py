@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from labkit.xfer.features import FeatureSpec, SmallPass, cache_kv, pre_rope_kv, rope_cos_sin, rotate, run_with_hidden
 from labkit.xfer.mapper import Fitter, restrict
 from labkit.xfer.pair import plan_pair
-from labkit.xfer.quality import _logits, greedy
+from labkit.xfer.quality import logits_with_kv, greedy
 
 # N=8: the feature ablation; every other N: the frontier (a smaller superset keeps the passes cheap)
 SUPERSET_ABLATION = "h:-1,h:0,h:-1@-1,h:-2,h:-1@-2,kv:-1,h:-1@avg"
@@ -150,7 +150,7 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
         ctx, block = ids[:, : prompt_len - 1], ids[:, prompt_len - 1: prompt_len + cont_len]
         hidden, kv, cache, cos, sin = large_pass(large, ctx, hid_need, kv_need)
         true_kv = [cache_kv(cache, i) for i in range(L)]
-        lg = _logits(large, block, true_kv)
+        lg = logits_with_kv(large, block, true_kv)
         nll_true = float(F.cross_entropy(lg[:-1], block[0, 1:], reduction="sum"))
         ref = greedy(large, block[:, :1], true_kv, agree_tokens)
         forced = torch.cat([block[:, :1], ref[:-1].view(1, -1)], dim=1)
@@ -176,9 +176,9 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
                 k = exact_prefix
                 kvs[n:] = [tuple(torch.cat([t[:, :, :k], x[:, :, k:]], dim=2) for t, x in zip(e["true_kv"][l_], kv_))
                            for l_, kv_ in zip(range(n, L), kvs[n:])]
-            lg = _logits(large, e["block"], kvs)
+            lg = logits_with_kv(large, e["block"], kvs)
             nll = float(F.cross_entropy(lg[:-1], e["block"][0, 1:], reduction="sum"))
-            agree = float((_logits(large, e["forced"], kvs).argmax(-1) == e["ref"]).float().mean())
+            agree = float((logits_with_kv(large, e["forced"], kvs).argmax(-1) == e["ref"]).float().mean())
             rows.append(dict(tag, corpus=e["corpus"], document=e["document"], n_tokens=cont_len, nll_sum=nll,
                              nll_true=e["nll_true"], top1_agree=agree))
         return rows

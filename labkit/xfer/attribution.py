@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from labkit.xfer.ablation import large_pass, small_view
 from labkit.xfer.features import cache_kv, rotate
 from labkit.xfer.mapper import Mapper
-from labkit.xfer.quality import _logits
+from labkit.xfer.quality import logits_with_kv
 
 
 @torch.no_grad()
@@ -64,7 +64,7 @@ def run(mapper_paths, large_name="smollm2-135m", corpora=("code", "prose"), n_se
                 ctx = ids[:, longest - p_len: longest - 1]
                 hidden, kv, cache, cos, sin = large_pass(large, ctx, hid_need | {0}, kv_need)
                 true_kv = [cache_kv(cache, i) for i in range(L)]
-                nll_true = float(F.cross_entropy(_logits(large, block, true_kv)[:-1], block[0, 1:], reduction="sum"))
+                nll_true = float(F.cross_entropy(logits_with_kv(large, block, true_kv)[:-1], block[0, 1:], reduction="sum"))
                 T = ctx.shape[1]
                 for path, (mp, n) in mappers.items():
                     sp = small_view(hidden, kv, n, cos, sin)
@@ -94,7 +94,7 @@ def run(mapper_paths, large_name="smollm2-135m", corpora=("code", "prose"), n_se
                             k = int(var.split(":")[-1])
                             kvs = [tuple(torch.cat([t[j][:, :, :k], x[:, :, k:]], dim=2) for j, x in enumerate(kv_))
                                    for t, kv_ in zip(true_kv, kvs)]
-                        nll = float(F.cross_entropy(_logits(large, block, kvs)[:-1], block[0, 1:], reduction="sum"))
+                        nll = float(F.cross_entropy(logits_with_kv(large, block, kvs)[:-1], block[0, 1:], reduction="sum"))
                         rows.append({"mapper": Path(path).name, "small_layers": n, "features": str(mp.features),
                                      "rank": mp.rank, "prompt_len": p_len, "variant": var,
                                      "layer": int(var.split(":")[1]) if ":" in var and "|" not in var else -1,

@@ -36,7 +36,7 @@ def eval_sequences(tokenizer, corpora, total_len: int, n: int):
 
 
 @torch.no_grad()
-def _logits(large, block: torch.Tensor, kv) -> torch.Tensor:
+def logits_with_kv(large, block: torch.Tensor, kv) -> torch.Tensor:
     cache = build_cache(large, [(k.clone(), v.clone()) for k, v in kv])
     return call(large, block, cache)[0].logits[0].float()
 
@@ -72,7 +72,7 @@ def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree
         tc = true_cache(large, ctx)
         t_true = time.perf_counter() - t0
         true_kv = _kv_list(tc, L)
-        logits = _logits(large, block, true_kv)
+        logits = logits_with_kv(large, block, true_kv)
         nll_true = float(F.cross_entropy(logits[:-1], block[0, 1:], reduction="sum"))
         ref = greedy(large, block[:, :1], true_kv, agree_tokens)
         forced = torch.cat([block[:, :1], ref[:-1].view(1, -1)], dim=1)
@@ -80,9 +80,9 @@ def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree
                 "n_tokens": cont_len, "agree_tokens": agree_tokens}
 
         def score(kv):
-            lg = _logits(large, block, kv)
+            lg = logits_with_kv(large, block, kv)
             nll = float(F.cross_entropy(lg[:-1], block[0, 1:], reduction="sum"))
-            agree = float((_logits(large, forced, kv).argmax(-1) == ref).float().mean())
+            agree = float((logits_with_kv(large, forced, kv).argmax(-1) == ref).float().mean())
             return nll, agree
 
         nll_t, agree_t = score(true_kv)

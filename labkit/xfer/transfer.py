@@ -110,13 +110,13 @@ def calibration_chunks(tokenizer, corpora, seq_len: int, tokens_per_corpus: int,
     does not make up a corpus), until `tokens_per_corpus`; every `val_every`-th chunk (by a hash of its
     name) is held out for choosing λ.
     """
-    from labkit.quality.corpora import _read, documents
+    from labkit.quality.corpora import read_document, documents
 
     out = []
     for corpus in corpora:
         n = 0
         for name, path in documents(corpus, "calibration"):
-            ids = tokenizer(_read(path, corpus), add_special_tokens=False)["input_ids"]
+            ids = tokenizer(read_document(path, corpus), add_special_tokens=False)["input_ids"]
             for j in range(min(len(ids) // seq_len, 8)):
                 cname = f"{corpus}/{name}#{j}"
                 split = "val" if int(hashlib.sha1(cname.encode()).hexdigest()[:8], 16) % val_every == 0 else "fit"

@@ -4,6 +4,8 @@ A row is one token's K+V for one QSA layer: `[2, n_kv_heads, head_dim]` bf16 (K 
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
@@ -42,3 +44,10 @@ def dense_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
         og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias)
         out[:, g * group:(g + 1) * group] = og[0].transpose(0, 1)
     return out
+
+def fast_sdpa(device: torch.device):
+    """On CUDA forbid SDPA's math fallback: at 248K tokens it would materialise a T x S score matrix."""
+    if device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .attention import dense_prefill_attention, split_rows
+from .attention import dense_prefill_attention, fast_sdpa, split_rows
 from .deltanet_step import delta_step
 from .cache import OffloadCache
 from .indexer import index_scores
@@ -219,7 +219,7 @@ class _PrefillIO:
         s = self.e.model.shape
         prefix = self.e.cache.read_prefix(ki, self.slot, self.end, self.prefix)
         k, v = split_rows(prefix.view(torch.bfloat16), s.n_kv_heads, s.head_dim)
-        with _fast_sdpa(q.device):
+        with fast_sdpa(q.device):
             att = dense_prefill_attention(q, k, v)
         return att
         yield  # a generator that yields nothing: prefill moves no rows on request
@@ -272,11 +272,3 @@ class _DecodeIO:
             return e.strategy.attend(c.pool, ki, q, valid, e.model.shape.n_kv_heads)
         rows = st.staging.view(torch.bfloat16).view(B, k, -1)
         return self.fns.sparse_attention(q, rows, valid, e.model.shape.n_kv_heads)
-
-
-def _fast_sdpa(device: torch.device):
-    """On CUDA forbid SDPA's math fallback: at 248K tokens it would materialise a T x S score matrix."""
-    if device.type != "cuda":
-        return nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])

@@ -74,9 +74,8 @@ class RotatingPrefillIO:
     def __init__(self, engine, slot: int, T: int, n_buffers: int = N_BUFFERS):
         if n_buffers < 2:
             raise ValueError(f"rotating prefill needs >= 2 buffers (one resident, one rotating), got {n_buffers}")
-        from .forward import NO_MARKS
         c, dev = engine.cache, engine.model.device
-        self.e, self.slot, self.T, self.fns, self.mark = engine, slot, T, engine._eager_fns, NO_MARKS.mark
+        self.e, self.slot, self.T, self.fns, self.mark = engine, slot, T, engine._eager_fns, _no_mark
         self.n = min(n_buffers, c.pool.attn_layers)
         self.bufs = [torch.empty((T, c.row_words()), dtype=torch.int64, device=dev) for _ in range(self.n)]
         self.held: list[tuple[int, int]] = [(-1, 0)] * self.n     # (layer, rows [0, n) valid) per buffer
@@ -167,12 +166,11 @@ class RotatingPrefillIO:
             st.store(c.pool, ki, self.where[0], buf[self.start:self.end])
 
     def attend(self, ki, q, iq, iw, pos):
-        from .attention import dense_prefill_attention, split_rows
-        from .forward import _fast_sdpa
+        from .attention import dense_prefill_attention, fast_sdpa, split_rows
         s = self.e.model.shape
         b = buffer_of(ki, self.n)
         k, v = split_rows(self.bufs[b][:self.end].view(torch.bfloat16), s.n_kv_heads, s.head_dim)
-        with _fast_sdpa(q.device):
+        with fast_sdpa(q.device):
             att = dense_prefill_attention(q, k, v)
         self.load.record(self.used[b], self.compute)
         self.active = -1
@@ -188,3 +186,7 @@ class RotatingPrefillIO:
         if self.compute is not None:
             self.compute.wait_stream(self.wb.stream)
             self.compute.wait_stream(self.load.stream)
+
+
+def _no_mark(phase: str, new_block: bool = False) -> None:
+    """Prefill is not marked for an anatomy."""

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 
-def _read(path):
+def read_trace(path):
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"selection trace {path} does not exist")
@@ -112,7 +112,7 @@ def load_selection_trace(path, n_layers: int, context_len: int, budget: int, ste
             raise ValueError(f"{name} must be >= 1, got {v}")
     if budget > context_len:
         raise ValueError(f"budget {budget} exceeds context_len {context_len}: cannot select unique positions")
-    pos, ctx, meta = _read(path)
+    pos, ctx, meta = read_trace(path)
     sink = int(meta.get("sink_window", 16))
     recent = int(meta.get("recent_window", 64))
     t_steps, t_layers = pos.shape[0], pos.shape[1]

@@ -1,0 +1,125 @@
+"""The code's shape, checked statically from the source: no import cycle between labkit's modules (imports
+inside functions count: a cycle broken only by deferring an import is still a cycle), no argument parser
+outside the command line, no private name imported across modules, the bottom layer imports nothing of labkit."""
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "labkit"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in PKG.rglob("*.py"):
+        parts = list(f.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(mod: str) -> list[tuple[str, list[str]]]:
+    """(imported module, names) for every import in `mod`, at any depth; `from pkg import sub` names the
+    submodule when `sub` is one."""
+    f = MODULES[mod]
+    out = []
+    for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names if a.name.startswith("labkit")]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(mod, f.name == "__init__.py", node)
+            if not target.startswith("labkit"):
+                continue
+            names = [a.name for a in node.names]
+            subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in MODULES]
+            out += [(s, []) for s in subs]
+            rest = [n for n in names if f"{target}.{n}" not in MODULES]
+            if rest or not subs:
+                out.append((target, rest))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    g = {}
+    for m in MODULES:
+        # importing a module runs its packages' __init__ first: that edge is the language's, not a choice;
+        # only the module's own imports count
+        g[m] = {t for t, _ in _imports(m) if t in MODULES and t != m and not m.startswith(t + ".")}
+    return g
+
+
+def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in g:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_inside_labkit():
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_private_name_imported_across_modules():
+    bad = [(m, t, n) for m in MODULES for t, names in _imports(m) for n in names
+           if n.startswith("_") and not n.startswith("__") and t != m]
+    assert bad == []
+
+
+def test_only_the_cli_builds_an_argument_parser():
+    users = sorted(m for m, f in MODULES.items() if "ArgumentParser" in f.read_text() or "import argparse" in f.read_text())
+    assert users == ["labkit.cli"]
+
+
+def test_bottom_layer_imports_nothing_of_labkit():
+    assert [t for t, _ in _imports("labkit.params")] == []
+    assert {t for t, _ in _imports("labkit.lazy")} == set()
+
+
+def test_the_model_does_not_import_the_drivers():
+    """Layers point one way: model <- transfer <- drive <- experiments; the model knows no driver."""
+    g = _graph()
+    for m, targets in g.items():
+        if m.startswith("labkit.engine.model"):
+            assert not any(t.startswith(("labkit.engine.drive", "labkit.experiments", "labkit.bench")) for t in targets), m
+        if m.startswith("labkit.engine.transfer"):
+            assert not any(t.startswith(("labkit.engine.drive", "labkit.experiments")) for t in targets), m
