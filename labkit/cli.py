@@ -170,7 +170,7 @@ def cmd_runs(a) -> int:
 
 def cmd_docs(a) -> int:
     from .report import readme_tables
-    return readme_tables.main(["--write"] if a.write else [])
+    return readme_tables.main(write_files=a.write)
 
 
 def cmd_compare(a) -> int:

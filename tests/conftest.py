@@ -31,7 +31,7 @@ def device():
 
 HOW = {
     "browser": "as root: scripts/ensure_chromium.sh (apt-get install -y chromium), then make test",
-    "gpu": "on a CUDA host: python -m pytest -m gpu (offline host: scripts/gpu_session.sh tests)",
+    "gpu": "on a CUDA host: python -m pytest -m gpu (offline host: scripts/device.sh gpu-tests)",
 }
 _SKIPPED: dict[str, Counter] = {}
 

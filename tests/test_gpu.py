@@ -207,9 +207,9 @@ def test_pipeline_matches_single_gpu(n_dev):
 
 def test_sweep_on_the_default_cuda_device(tmp_path):
     """The sweep with device=auto ("cuda", no index) runs every strategy (a regression once: set_device)."""
-    from labkit.bench.decode import run_sweep
+    from labkit import experiments
     from labkit.results import load_run
-    r = run_sweep(dict(device="auto", shape="tiny", context_lens="300", budgets="64", concurrency="1,2", repeats=1,
+    r = experiments.measure("decode", dict(device="auto", shape="tiny", context_lens="300", budgets="64", concurrency="1,2", repeats=1,
                        steps=2, prefill_lens="512", probe=False, per_row_steps=1, out_dir=str(tmp_path / "r")),
                   progress_bar=False)
     m = load_run(r.path).metrics

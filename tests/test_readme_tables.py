@@ -1,5 +1,5 @@
 """The measured tables in README.md and docs/*.md are what the committed run folders say (regenerate with
-`python -m labkit.report.readme_tables --write`), and each block sits in the one file the generator names."""
+`labkit docs --write`), and each block sits in the one file the generator names."""
 import pytest
 
 from labkit.report.readme_tables import BLOCK_FILES, RUNS, RUNS_FILE, blocks, by_file, markers, rewrite, write

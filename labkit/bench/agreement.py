@@ -1,6 +1,5 @@
-"""`labkit probe` against the independent shared probe (`../shared/probes/pcie_probe.py`), path by path.
-
-    python3 -m labkit.bench.agreement SHARED_JSON LABKIT_RUN_DIR     # prints the table, writes agreement.csv
+"""labkit's link probe against an independent probe of the same host link (a reference `pcie_probe.json`),
+path by path: `pairs(reference_json, metrics)` gives the table the results docs show.
 
 Both measure the same host link on the same machine, run back to back; the shared probe times each call
 between its own events with a sync after each, labkit's probe as `triton.testing.do_bench` does (see
@@ -9,10 +8,6 @@ and all threads (shared: 16), and the zero-copy gather (shared: its CUDA kernel;
 `zero_copy` strategy at its default launch configuration).
 """
 from __future__ import annotations
-
-import json
-import sys
-from pathlib import Path
 
 import pandas as pd
 
@@ -39,17 +34,3 @@ def pairs(shared: dict, m: pd.DataFrame) -> pd.DataFrame:
     t["ratio"] = t["labkit_gbps"] / t["shared_gbps"]
     t["within"] = (t["ratio"] - 1).abs() <= TARGETS["probe_agreement"].threshold
     return t
-
-
-def main(argv=None) -> int:
-    a = argv or sys.argv[1:]
-    shared = json.loads(Path(a[0]).read_text())
-    m = pd.read_parquet(Path(a[1]) / "metrics.parquet")
-    t = pairs(shared, m)
-    t.to_csv(Path(a[1]) / "agreement.csv", index=False)
-    print(t.round(3).to_string(index=False))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The measured tables in README.md and docs/*.md, generated from committed run folders (never typed).
 
-    python -m labkit.report.readme_tables            # print every block
-    python -m labkit.report.readme_tables --write    # rewrite every block between its markers, in the file that holds it
+    labkit docs            # print every block
+    labkit docs --write    # rewrite every block between its markers, in the file that holds it
 
 A block sits between `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->` in the one file that
 `docs/runs.toml` names for it (`[files]`); the same file names the runs behind every table (`[runs]`). Tests
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 import tomllib
 from pathlib import Path
 
@@ -659,10 +658,10 @@ def write(generated: dict[str, str], repo: Path = REPO) -> list[Path]:
     return list(new)
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def main(write_files: bool = False) -> int:
+    """`labkit docs`: print every block; `labkit docs --write`: rewrite them where they sit."""
     gen = blocks()
-    if "--write" in argv:
+    if write_files:
         for p in write(gen):
             print(f"rewrote {sum(BLOCK_FILES[n] == str(p.relative_to(REPO)) for n in gen)} blocks in {p.relative_to(REPO)}")
     else:
@@ -670,6 +669,3 @@ def main(argv=None) -> int:
             print(f"<!-- {k} -->\n{v}\n")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,7 +19,6 @@ mapped columns, multiply-adds per prompt token) — what the TTFT side of the fr
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -302,26 +301,38 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labkit.xfer.ablation", description=__doc__.splitlines()[0])
-    ap.add_argument("--large", default="smollm2-135m")
-    ap.add_argument("--ns", default="8,10,12,16,20,24")
-    ap.add_argument("--ablation-n", type=int, default=8)
-    ap.add_argument("--calib-tiers", default="8192,32768", help="calibration tokens per corpus, nested tiers")
-    ap.add_argument("--n-sequences", type=int, default=6)
-    ap.add_argument("--prompt-len", type=int, default=1025)
-    ap.add_argument("--cont-len", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--superset-ablation", default=SUPERSET_ABLATION)
-    ap.add_argument("--superset-frontier", default=SUPERSET_FRONTIER)
-    ap.add_argument("--frontier-only", default="", help="features: skip the ablation, fit and score these at every N")
-    ap.add_argument("--lambda-grid", default=",".join(str(x) for x in GRID), help="relative λ values to choose from")
-    ap.add_argument("--exact-prefix", type=int, default=1, help="first positions whose K/V are the large model's own")
-    ap.add_argument("--ranks", default="", help="with --frontier-only: also score these reduced ranks at --ablation-n")
-    ap.add_argument("--sums-cache", default="", help="save the calibration sums here / reuse them if present")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--mapper-dir", default=str(Path.home() / ".cache" / "labkit" / "xfer" / "ablation"))
-    a = ap.parse_args(argv)
+DEFAULTS = {
+    'large': "smollm2-135m",
+    'ns': "8,10,12,16,20,24",
+    'ablation_n': 8,
+    'calib_tiers': "8192,32768",
+    'n_sequences': 6,
+    'prompt_len': 1025,
+    'cont_len': 128,
+    'threads': 1,
+    'superset_ablation': SUPERSET_ABLATION,
+    'superset_frontier': SUPERSET_FRONTIER,
+    'frontier_only': "",
+    'lambda_grid': ",".join(str(x) for x in GRID),
+    'exact_prefix': 1,
+    'ranks': "",
+    'sums_cache': "",
+    'out': None,
+    'mapper_dir': str(Path.home() / ".cache" / "labkit" / "xfer" / "ablation"),
+}
+REQUIRED = ('out',)
+
+
+def study(**given) -> int:
+    """The mapper ablation over feature sets and small-model depths N, into a folder of CSVs (ablation.csv, ablation_rows.csv, ablation.json). Keywords: DEFAULTS' names (REQUIRED ones must be given); one BadInput line on an unknown or missing one."""
+    from types import SimpleNamespace
+
+    from labkit.params import BadInput
+    unknown = sorted(set(given) - set(DEFAULTS))
+    missing = [k for k in REQUIRED if given.get(k) in (None, "")]
+    if unknown or missing:
+        raise BadInput(f"{__name__}: unknown {unknown} / missing {missing}; takes {', '.join(DEFAULTS)}")
+    a = SimpleNamespace(**{**DEFAULTS, **given})
     torch.set_num_threads(a.threads)
     _, summary, meta = run(a.large, tuple(int(x) for x in a.ns.split(",")), a.ablation_n,
                            calib_tiers=tuple(int(x) for x in a.calib_tiers.split(",")), n_sequences=a.n_sequences,
@@ -335,7 +346,3 @@ def main(argv=None) -> int:
     print(summary.to_string())
     print(json.dumps(meta.get("best") or meta.get("frontier_recipe")))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -20,7 +20,6 @@ whether a mapper's loss comes from there.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -117,19 +116,31 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labkit.xfer.attribution", description=__doc__.splitlines()[0])
-    ap.add_argument("--mappers", required=True, help="comma-separated mapper files (first:N pairs of --large)")
-    ap.add_argument("--large", default="smollm2-135m")
-    ap.add_argument("--prompt-lens", default="513,1025")
-    ap.add_argument("--n-sequences", type=int, default=6)
-    ap.add_argument("--cont-len", type=int, default=128)
-    ap.add_argument("--no-per-layer", action="store_true", help="only the all-mapped rows")
-    ap.add_argument("--prefix", default="", help="also score all mapped with the first k positions true (k,...)")
-    ap.add_argument("--split", default="", help="layers whose K and V are also attributed separately")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
+DEFAULTS = {
+    'mappers': None,
+    'large': "smollm2-135m",
+    'prompt_lens': "513,1025",
+    'n_sequences': 6,
+    'cont_len': 128,
+    'no_per_layer': False,
+    'prefix': "",
+    'split': "",
+    'threads': 1,
+    'out': None,
+}
+REQUIRED = ('mappers', 'out')
+
+
+def study(**given) -> int:
+    """Per-layer attribution of the mapped KV's quality cost, into a folder of CSVs. Keywords: DEFAULTS' names (REQUIRED ones must be given); one BadInput line on an unknown or missing one."""
+    from types import SimpleNamespace
+
+    from labkit.params import BadInput
+    unknown = sorted(set(given) - set(DEFAULTS))
+    missing = [k for k in REQUIRED if given.get(k) in (None, "")]
+    if unknown or missing:
+        raise BadInput(f"{__name__}: unknown {unknown} / missing {missing}; takes {', '.join(DEFAULTS)}")
+    a = SimpleNamespace(**{**DEFAULTS, **given})
     torch.set_num_threads(a.threads)
     df = run([Path(x) for x in a.mappers.split(",")], a.large, n_sequences=a.n_sequences,
              prompt_lens=tuple(int(x) for x in a.prompt_lens.split(",")), cont_len=a.cont_len,
@@ -143,7 +154,3 @@ def main(argv=None) -> int:
     (out / "attribution.json").write_text(json.dumps(vars(a), indent=1))
     print(s[s["variant"] == "all"].round(3).to_string())
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

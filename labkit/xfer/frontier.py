@@ -17,7 +17,6 @@ with `small_layers` and `mapper`), `ablation.parquet` (the ablation's summary), 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shutil
@@ -178,28 +177,40 @@ def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency
             server.stop()
 
 
-def main(argv=None) -> int:
+DEFAULTS = {
+    'ablation': "",
+    'attach': "",
+    'large': "smollm2-135m",
+    'ns': "8,10,12,16,20,24",
+    'features': "h:-1,h:0,h:-1@-1,h:-2",
+    'shape_only': False,
+    'ranks': "",
+    'mapper_dir': str(Path.home() / ".cache" / "labkit" / "xfer" / "ablation"),
+    'lens': "2048,4096",
+    'repeats': 2,
+    'threads': 1,
+    'backend': "transformers",
+    'exact_prefix': 1,
+    'concurrency': "1",
+    'out': "",
+}
+REQUIRED = ()
+
+
+def study(**given) -> int:
+    """TTFT of mapped prefill against the large model's own, per small-model depth N, into an xfer run folder. Keywords: DEFAULTS' names (REQUIRED ones must be given); one BadInput line on an unknown or missing one."""
+    from types import SimpleNamespace
+
+    from labkit.params import BadInput
+    unknown = sorted(set(given) - set(DEFAULTS))
+    missing = [k for k in REQUIRED if given.get(k) in (None, "")]
+    if unknown or missing:
+        raise BadInput(f"{__name__}: unknown {unknown} / missing {missing}; takes {', '.join(DEFAULTS)}")
+    a = SimpleNamespace(**{**DEFAULTS, **given})
     from labkit.results import Run
     from labkit.xfer import shm
     from labkit.xfer.pair import plan_pair
 
-    ap = argparse.ArgumentParser(prog="python -m labkit.xfer.frontier", description=__doc__.splitlines()[0])
-    ap.add_argument("--ablation", default="", help="folder with ablation.csv / ablation_rows.csv / ablation.json")
-    ap.add_argument("--attach", default="", help="only join the ablation into this existing frontier run folder")
-    ap.add_argument("--large", default="smollm2-135m")
-    ap.add_argument("--ns", default="8,10,12,16,20,24")
-    ap.add_argument("--features", default="h:-1,h:0,h:-1@-1,h:-2", help="with --shape-only: the mappers' features")
-    ap.add_argument("--shape-only", action="store_true", help="time zero-weight mappers of the frontier's shapes")
-    ap.add_argument("--ranks", default="", help="also time reduced-rank mappers at the first of --ns (fitted: first<N>-rank<r> files)")
-    ap.add_argument("--mapper-dir", default=str(Path.home() / ".cache" / "labkit" / "xfer" / "ablation"))
-    ap.add_argument("--lens", default="2048,4096")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--backend", default="transformers", help="transformers (every N, in-process) or vllm (server + connector)")
-    ap.add_argument("--exact-prefix", type=int, default=1, help="first tokens whose K/V the large model computes itself")
-    ap.add_argument("--concurrency", default="1", help="vLLM backend: concurrent requests")
-    ap.add_argument("--out", default="")
-    a = ap.parse_args(argv)
     if a.attach:
         print(attach(Path(a.attach), Path(a.ablation)).round(3).to_string())
         return 0
@@ -246,7 +257,3 @@ def main(argv=None) -> int:
     if a.ablation:
         print(attach(run.path, Path(a.ablation)).round(3).to_string())
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -4,17 +4,10 @@ A `Producer` holds both models (the large one for its rotary embedding, its shap
 first `exact_prefix` tokens, a k-token forward) and the mapper; `produce(prompt_ids)` builds the large model's KV for the first `cover` prompt tokens
 (default: all but the last, which the engine computes itself) and writes `shm.path_for(prompt_ids)`.
 Before anything is computed it checks that /dev/shm can hold the file (one line otherwise).
-
-As a process: `python -m labkit.xfer.producer --large L --small first:8 --mapper M.safetensors
---ids ids.json [--root /dev/shm/labkit-xfer]` writes one file per prompt (a JSON list of token-id
-lists) and prints one JSON line per file (path, tokens, seconds per stage).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +15,7 @@ import torch
 
 from labkit.xfer import shm
 from labkit.xfer.mapper import Mapper
-from labkit.xfer.pair import PairError, PairSpec, plan_pair
+from labkit.xfer.pair import plan_pair
 from labkit.xfer.transfer import EXACT_PREFIX, Models, load_models, mapped_kv
 
 
@@ -65,33 +58,3 @@ class Producer:
                 "small_prefill_s": tm["small_prefill_s"], "mapping_s": tm["mapping_s"], "prefix_s": tm["prefix_s"],
                 "write_s": t2 - t1,
                 "produce_s": t2 - t0}
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labkit.xfer.producer", description=__doc__.splitlines()[0])
-    ap.add_argument("--large", required=True)
-    ap.add_argument("--small", required=True, help="first:N or a local checkpoint")
-    ap.add_argument("--mapper", required=True)
-    ap.add_argument("--table", default=None)
-    ap.add_argument("--ids", required=True, help="JSON file: a list of token-id lists")
-    ap.add_argument("--root", default=None)
-    a = ap.parse_args(argv)
-    try:
-        prompts = json.loads(Path(a.ids).read_text())
-        pair: PairSpec = plan_pair(a.large, a.small, a.table)
-        mp = Mapper.load(a.mapper, expect=pair)
-        root = Path(a.root) if a.root else shm.default_root()
-        need = sum(shm.expected_bytes(pair.large.layers, len(p) - 1, pair.large.kv_heads, pair.large.head_dim)
-                   for p in prompts)
-        shm.check_space(root, need)
-    except (PairError, shm.ShmError, FileNotFoundError, json.JSONDecodeError) as ex:
-        print(f"labkit xfer producer: {ex}", file=sys.stderr)
-        return 2
-    prod = Producer(load_models(pair), mp, root)
-    for p in prompts:
-        print(json.dumps(prod.produce(p)), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

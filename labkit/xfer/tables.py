@@ -1,15 +1,9 @@
-"""Markdown tables of xfer run folders for the README (generated, never typed):
-
-    python -m labkit.xfer.tables results/<run>/ [results/<run2>/ ...]
-"""
+"""Markdown tables of cross-model transfer run folders for the docs (generated, never typed)."""
 
 from __future__ import annotations
 
-import sys
-
 import pandas as pd
 
-from labkit.results import load_run
 
 
 def _fmt(x, nd=3):
@@ -79,20 +73,3 @@ def frontier_table(run) -> str:
                      f"{r.large_ttft_ms:.0f} | {r.ttft_ms_median:.0f} | {r.small_prefill_ms:.0f} | {r.mapping_ms:.0f} | "
                      f"{r.write_ms + r.read_ms:.0f} | {r.decode_first_ms:.0f} |")
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    for d in (argv or sys.argv[1:]):
-        run = load_run(d)
-        print(f"### `{d}`\n")
-        for t in (ttft_table(run), quality_table(run), ablation_table(run), frontier_table(run)):
-            if t:
-                print(t + "\n")
-        line = r2_line(run)
-        if line:
-            print(f"Mapper R² per layer on held-out eval text (mapped layers): {line}\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
