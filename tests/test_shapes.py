@@ -13,7 +13,7 @@ def test_reference_shape_bytes():
     assert s.attn_layer_ids == list(range(3, 48, 4))
     assert s.row_bytes == 2 * 2 * 256 * 2 == 2048
     assert s.index_key_bytes == 66
-    # seed 000: 12 layers x 2048 rows x 2048 B = 48 MiB per step at budget 2048
+    # the reference shape: 12 layers x 2048 rows x 2048 B = 48 MiB per step at budget 2048
     assert s.h2d_bytes_per_step(2048, [1 << 20]) == 12 * 2048 * 2048 == 48 << 20
     assert s.h2d_bytes_per_step(2048, [1000]) == 12 * 1000 * 2048      # context below the budget
     assert s.h2d_bytes_per_step(2048, [1 << 20] * 4) == 4 * (48 << 20)

@@ -6,7 +6,7 @@ Rows (`experiment` column):
   registered for that GPU, as `probe` measures them) on each GPU alone (`mode=alone`), then on every
   GPU at once (`mode=together`, the same calls issued to all GPUs without waiting): GB/s per GPU and,
   for `together`, the aggregate (`gbps_aggregate`) -- the bound the split's offloaded decode can reach.
-- `decode`: the seed-000 table (context x concurrency x strategy) once per `layout`: `1gpu` (the first
+- `decode`: the decode table of sparse offload (context x concurrency x strategy) once per `layout`: `1gpu` (the first
   device alone), `split` (the layers over every device, the stages taking turns) and `pipelined` (the
   same split with `micro_batches` micro-batches in flight on different stages at once). Split rows carry
   each stage's engine-counted link bytes beside each GPU's NVML RX, and the step's bubbles.

@@ -1,4 +1,4 @@
-"""Prefill speed by where the prompt's KV goes (issue 10, item 5): `resident` (the pool in device
+"""Prefill speed by where the prompt's KV goes (FlashOffloading's prefill): `resident` (the pool in device
 memory: the baseline the lab did not measure before), `sync` (pool in pinned host RAM, each chunk's
 prefix read back on the compute stream: the engine's default) and `rotating` (four layer-sized device
 buffers, loads and write-backs on their own streams: `engine/prefill_buffers.py`).

@@ -1,4 +1,4 @@
-"""Two-batch switching against running the batches one after the other (PulseInfer, issue 11).
+"""Two-batch switching against running the batches one after the other (PulseInfer).
 
     python -m labkit.bench.pulse --shape qwen3.8-flash-next --context 65536 --offload-batch 4 \
         --normal-batch 4 --normal-context 8192 --steps 20 --out results/pulse-switch.json

@@ -1,4 +1,4 @@
-"""Block-granular transfers of one QSA layer's selection (PulseInfer, issue 11 #4).
+"""Block-granular transfers of one QSA layer's selection (PulseInfer).
 
     python -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 --requests 1 4 12 --out blocks.json
 

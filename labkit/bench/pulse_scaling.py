@@ -1,4 +1,4 @@
-"""Concurrency scaling with every request offloaded: one batch vs two batches switched (PulseInfer, issue 11).
+"""Concurrency scaling with every request offloaded: one batch vs two batches switched (PulseInfer).
 
     python -m labkit.bench.pulse_scaling --context 1048576 --requests 1,2,4,8,12,16 --out DIR
 

@@ -1,5 +1,5 @@
 """`labkit run pulse`: the Mooncake conversation trace replayed against `labkit serve`, one placement
-policy at a time (PulseInfer, issue 11).
+policy at a time (PulseInfer).
 
 For each policy a fresh engine server (the same seeded model, empty pools) is started on 127.0.0.1 and
 the load generator that drives vLLM (`labkit.serving.loadgen.run_load`, open loop at the trace's arrival
@@ -26,7 +26,7 @@ from ..params import BadInput, one_line, resolve_device
 
 EXPERIMENT = "pulse"
 # The first 1,000 requests (330 s of arrivals) of the Mooncake FAST'25 conversation trace (Apache-2.0,
-# kvcache-ai/Mooncake; the whole hour is ../shared/data/traces/conversation_trace.jsonl), committed in
+# kvcache-ai/Mooncake, where the whole hour is), committed in
 # the package: a GPU host gets only the repository tree, and the default replay uses the first 64.
 TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake-conversation-first1000.jsonl"
 

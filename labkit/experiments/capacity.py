@@ -26,7 +26,7 @@ SPEC = [
     Param("measure", "bool", True, "time the decode step (false: capacities only)"),
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
-    # the report's companions (nothing is measured from them): issue 10's other figures in one report
+    # the report's companions (nothing is measured from them): FlashOffloading's other figures in one report
     Param("replay_run", "str", "", "report: a hot_replay run folder (hit rate and bytes vs capacity per policy)"),
     Param("decode_run", "str", "", "report: a decode run with hot_cache rows (step anatomy per strategy)"),
 ]

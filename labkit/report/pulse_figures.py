@@ -73,7 +73,7 @@ def load_sizes(loads: pd.DataFrame) -> go.Figure:
 # ------------------------------------------------------------------ the session's companion runs
 def companions(run_dir) -> dict:
     """Run folders of the same device session as `run_dir` (manifest `session`, set by
-    `scripts/gpu_session.sh pulse`), by experiment: {"pulse_scaling": path, "pulse_blocks": path}.
+    `scripts/device.sh`), by experiment: {"pulse_scaling": path, "pulse_blocks": path}.
     A manifest's own `companions` ({experiment: folder name beside it}) come first: a replay made in
     another device call than its transfer and scaling runs names them there."""
     import json

@@ -1,4 +1,4 @@
-"""Cross-model KV transfer (SEEDS.md §4): a small model prefills, a ridge mapper turns its features into
+"""Cross-model KV transfer: a small model prefills, a ridge mapper turns its features into
 the large model's KV cache, the cache travels through /dev/shm into vLLM, the large model only decodes.
 
 Modules: `pair` (the two checkpoints, `first:N` derived small models, layer alignment), `features`

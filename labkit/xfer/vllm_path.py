@@ -13,7 +13,7 @@ Quality: the same held-out sequences as the transformers reference; perplexity o
 from vLLM's `prompt_logprobs` with the cache loaded from the file (covering prompt_len - 1 tokens,
 whole blocks) vs vLLM's own prefill, and top-1 agreement teacher-forced on vLLM's own greedy tokens.
 
-The server's lifecycle is issue 9's (`labkit.serving.lifecycle`); vLLM runs from `.venv-vllm`
+The server's lifecycle is the serving experiment's (`labkit.serving.lifecycle`); vLLM runs from `.venv-vllm`
 (`make vllm-venv`) or `$LABKIT_VLLM_PYTHON`.
 """
 
@@ -34,7 +34,7 @@ from labkit.xfer.transfer import EXACT_PREFIX
 
 
 class Server:
-    """The large model behind `vllm serve` with labkit's connector, on issue 9's lifecycle
+    """The large model behind `vllm serve` with labkit's connector, on the serving experiment's lifecycle
     (`labkit.serving.lifecycle.VllmServer`: launcher from .venv-vllm, 127.0.0.1 and a free port, /health,
     stop by process group)."""
 

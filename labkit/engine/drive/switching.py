@@ -1,4 +1,4 @@
-"""Two decode batches on one GPU, switched at layer boundaries (PulseInfer, SEEDS.md §3).
+"""Two decode batches on one GPU, switched at layer boundaries (PulseInfer).
 
     loader = Loader(off_engine)                      # side CUDA stream for the offloaded batch's loads
     stats = switched_round(norm_engine, norm_state, off_engine, off_state, loader, timeline)

@@ -1,4 +1,4 @@
-"""Prefill through four layer-sized device buffers (FlashOffloading's prefill, SEEDS.md §2): a prompt
+"""Prefill through four layer-sized device buffers (FlashOffloading's prefill): a prompt
 whose KV does not fit the device prefills with only four layers' worth of it there.
 
 A chunked prefill's QSA layer l, for the chunk [a, e), attends densely over positions [0, e) of layer l.

@@ -1,5 +1,5 @@
 """Batched DMA of scattered units: one driver call that queues a copy per unit on the copy engines
-(`cuMemcpyBatchAsync`, CUDA 12.8+; the mechanism of vLLM's OffloadingConnector, DESIGN.md "Measuring").
+(`cuMemcpyBatchAsync`, CUDA 12.8+; the mechanism of vLLM's OffloadingConnector).
 
     dma = BatchedDMA()                               # resolves the driver entry point once (CUDA only)
     dma.copy(src, ids, dst, stream)                  # dst[j] = src[ids[j]], one batched call

@@ -1,6 +1,6 @@
 """Fused miss-load sparse attention for the hot cache: one kernel reads each selected row where it is
 (hits from the device slots, misses straight from mapped pinned host memory), writes each kept miss
-into its slot on the way, and attends over the rows (FlashOffloading's fused kernel, SEEDS.md §2).
+into its slot on the way, and attends over the rows (FlashOffloading's fused kernel).
 
     out = hot_sparse_attention(q, src, slots, rows, slot, victim, valid, n_kv)
 
