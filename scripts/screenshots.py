@@ -16,6 +16,7 @@ The sweep is `make sweep`'s CPU grid with fewer repeats (`--repeats`), so the pi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -61,13 +62,19 @@ def labkit(*args: str, **kw) -> None:
     subprocess.run([sys.executable, "-m", "labkit", *args], cwd=REPO, env=env, check=True, **kw)
 
 
-def scratch_results(tmp: Path, repeats: int) -> tuple[Path, Path]:
-    """A copy of the repository's results/ with a fresh CPU decode sweep (with its report) added; returns
-    (the copy, the sweep's folder)."""
+def scratch_results(tmp: Path, repeats: int, sweep_from: Path | None = None) -> tuple[Path, Path]:
+    """A copy of the repository's results/ with a CPU decode sweep added: a fresh one (with its report), or
+    a copy of `sweep_from` (a run folder made earlier by `make sweep`). Returns (the copy, the sweep's folder)."""
     root = tmp / "results"
     shutil.copytree(REPO / "results", root, ignore=shutil.ignore_patterns("index.html"))
-    sweep = root / time.strftime("%Y%m%d-%H%M%S-decode-cpu", time.gmtime())
-    labkit("run", "decode", "-p", "device=cpu", "-p", f"repeats={repeats}", "--out", str(sweep))
+    if sweep_from:
+        sweep = root / sweep_from.name
+        shutil.copytree(sweep_from, sweep, dirs_exist_ok=True)
+        if not (sweep / "report.html").is_file():
+            labkit("report", str(sweep))
+    else:
+        sweep = root / time.strftime("%Y%m%d-%H%M%S-decode-cpu", time.gmtime())
+        labkit("run", "decode", "-p", "device=cpu", "-p", f"repeats={repeats}", "--out", str(sweep))
     return root, sweep
 
 
@@ -171,7 +178,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "docs" / "img"))
     ap.add_argument("--only", choices=["report", "explorer"], help="report: the H200 report's figures only (no sweep)")
     ap.add_argument("--repeats", type=int, default=2, help="repeats per point of the CPU sweep (make sweep: 5)")
+    ap.add_argument("--sweep", help="a CPU decode run folder to show instead of measuring a fresh one")
     a = ap.parse_args(argv)
+    if a.sweep and not (Path(a.sweep) / "manifest.json").is_file():
+        ap.error(f"--sweep {a.sweep}: not a run folder (no manifest.json)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.only in (None, "report"):
@@ -181,11 +191,13 @@ def main(argv=None) -> int:
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="labkit-shots-results-"))
     try:
-        root, sweep = scratch_results(tmp, a.repeats)
+        root, sweep = scratch_results(tmp, a.repeats, Path(a.sweep) if a.sweep else None)
         if a.only is None:
             print(page_top(out, sweep / "report.html", "report-cpu.png", 1400, figures=2))
             from labkit.index import rebuild_index
-            print(page_top(out, rebuild_index(root), "run-index.png", 1100))
+            with contextlib.chdir(root.parent):      # the page names its root as given: "results", as in a clone
+                index = root.parent / rebuild_index(Path(root.name))
+            print(page_top(out, index, "run-index.png", 1100))
         print(explorer(out, root))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
