@@ -18,6 +18,7 @@ import os
 import secrets
 import socket
 import sys
+import warnings
 from pathlib import Path
 
 from .results import REPO
@@ -67,21 +68,36 @@ def app_settings_dir() -> Path:
     return out
 
 
+def shipped_notebooks() -> set[str]:
+    """The names of the notebooks labkit ships: those git tracks in notebooks/ (a notebook a user added there
+    is not one), or every notebook there when this copy of labkit is not a git checkout."""
+    import subprocess
+    folder = REPO / "notebooks"
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "ls-files", "--", "notebooks/*.ipynb"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+        return {Path(ln).name for ln in out.splitlines() if ln.strip()}
+    except (OSError, subprocess.SubprocessError):
+        return {p.name for p in folder.glob("*.ipynb")}
+
+
 def trust_shipped_notebooks(root: Path) -> list[str]:
-    """Sign the notebooks under `root` that are labkit's own (the repository's notebooks/, or a file equal to
-    one of them), so JupyterLab opens them trusted instead of logging "Notebook … is not trusted" and hiding
-    their rich outputs. Other notebooks are left as they are. Returns the names signed."""
+    """Sign the notebooks under `root` that are labkit's own (in the repository's notebooks/, or a copy of
+    one elsewhere), so JupyterLab opens them trusted instead of logging "Notebook … is not trusted" and
+    hiding their rich outputs. Other notebooks are left as they are. Returns the names signed."""
     import nbformat
     from nbformat.sign import NotebookNotary
-    shipped = REPO / "notebooks"
-    ours = root.resolve() == shipped.resolve()
+    shipped, folder = shipped_notebooks(), REPO / "notebooks"
+    ours = root.resolve() == folder.resolve()
     notary, signed = NotebookNotary(), []
     for path in sorted(root.glob("*.ipynb")):
-        twin = shipped / path.name
-        if not (ours or (twin.is_file() and twin.read_bytes() == path.read_bytes())):
+        twin = folder / path.name
+        if path.name not in shipped or not (ours or (twin.is_file() and twin.read_bytes() == path.read_bytes())):
             continue
         try:
-            nb = nbformat.read(path, as_version=4)
+            with warnings.catch_warnings():       # nbformat's validation notes are no news at lab start
+                warnings.simplefilter("ignore")
+                nb = nbformat.read(path, as_version=4)
         except Exception:          # not a notebook JupyterLab could open either
             continue
         if not notary.check_signature(nb):

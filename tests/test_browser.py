@@ -233,7 +233,8 @@ def test_banner_and_explorer_name_every_notebook():
 def test_lab_signs_only_the_notebooks_labkit_ships(tmp_path, monkeypatch):
     from nbformat.sign import NotebookNotary
     import nbformat
-    from labkit.lab import trust_shipped_notebooks
+    from labkit.lab import shipped_notebooks, trust_shipped_notebooks
+    assert shipped_notebooks() == {p.name for p in (REPO / "notebooks").glob("*.ipynb")}
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
     shutil.copy(EXPLORE, tmp_path / EXPLORE.name)
     other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")])
