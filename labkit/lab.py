@@ -50,13 +50,18 @@ LAB_OVERRIDES = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "f
 
 def app_settings_dir() -> Path:
     """A JupyterLab app-settings folder holding labkit's overrides.json, merged over any overrides.json in
-    the installed JupyterLab's own app-settings folder (so a site's own defaults still apply)."""
+    the installed JupyterLab's own app-settings folder (so a site's own defaults still apply), beside a copy
+    of that folder's page_config.json if it has one (JupyterLab reads both from the one folder)."""
     from jupyter_core.paths import jupyter_data_dir
     from jupyterlab.commands import get_app_dir
     out = Path(jupyter_data_dir()) / "labkit" / "lab-settings"
     out.mkdir(parents=True, exist_ok=True)
     merged: dict = {}
-    site = Path(get_app_dir()) / "settings" / "overrides.json"
+    site_dir = Path(get_app_dir()) / "settings"
+    for name in ("page_config.json", "page_config.json5"):      # the site's page config, read from here too
+        if (site_dir / name).is_file():
+            (out / name).write_bytes((site_dir / name).read_bytes())
+    site = site_dir / "overrides.json"
     if site.is_file():
         try:
             merged = json.loads(site.read_text())
