@@ -26,6 +26,9 @@ from .index import machine_label
 from .report.figures import COLORS
 from .results import REPO, load_run, run_manifests
 
+# figure widths (px): the first two side by side in a notebook about 1000 px wide; titles wrap to them
+CTX_W, POINT_W, BUDGET_W = 560, 440, 1000
+
 TOK_COLS = ("strategy", "context_len", "budget", "concurrency", "tok_s", "step_ms_median", "step_ms_min",
             "step_ms_max", "h2d_bytes_per_step", "nvml_rx_bytes_per_step")
 
@@ -61,6 +64,36 @@ def decode_runs(root: str | Path) -> dict[str, tuple[dict, pd.DataFrame]]:
         out.append((r.manifest.get("created", ""), label, r.manifest, d))
     out.sort(key=lambda t: t[0], reverse=True)
     return {label: (mf, d) for _, label, mf, d in out}
+
+
+def default_point(d: pd.DataFrame) -> tuple[int, int, int]:
+    """The (context, budget, concurrency) a run opens on: a point that was measured, with every figure filled.
+
+    The sweep measures its main table (every context) at one budget per concurrency and its budget axis at
+    one context only, so the smallest budget and the middle context may well be a point never measured.
+    Taken instead: the (budget, concurrency) with the most contexts measured (the fullest tok/s-vs-context
+    curve), then among its contexts the one with the most budgets measured (the budget axis's context, so
+    the budget figure is a curve too); with no budget axis, the middle context."""
+    if d.empty:
+        return 0, 0, 0
+    main = d[d["axis"] == "context"] if (d["axis"] == "context").any() else d
+    per = main.groupby(["budget", "concurrency"])["context_len"].nunique()
+    b, c = per.sort_index().idxmax()          # ties: the smallest budget, then the smallest concurrency
+    ctxs = sorted(main[(main["budget"] == b) & (main["concurrency"] == c)]["context_len"].unique())
+    budgets = d[d["concurrency"] == c].groupby("context_len")["budget"].nunique().reindex(ctxs)
+    ctx = int(budgets.idxmax()) if budgets.max() > 1 else ctxs[len(ctxs) // 2]
+    return int(ctx), int(b), int(c)
+
+
+def wrap_title(text: str, width: int, note: str = "") -> str:
+    """A plot title that fits a figure `width` px wide (plotly clips a long title at the right edge rather
+    than wrapping it): broken into lines, with an optional `note` below it in a smaller font."""
+    import textwrap
+    out = "<br>".join(textwrap.wrap(text, max(20, (width - 60) // 9)))
+    if note:
+        small = "<br>".join(textwrap.wrap(note, max(24, (width - 60) // 7)))
+        out += f"<br><span style='font-size:12px;color:#666'>{small}</span>"
+    return out
 
 
 def tok_err(g: pd.DataFrame) -> dict:
@@ -110,14 +143,15 @@ class Explorer:
         self.w_ctx = W.SelectionSlider(options=[("-", 0)], description="context", **slider)
         self.w_budget = W.SelectionSlider(options=[("-", 0)], description="budget", **slider)
         self.w_conc = W.SelectionSlider(options=[("-", 0)], description="concurrency", **slider)
-        base = dict(template="plotly_white", height=380, margin=dict(t=50, b=40))
+        # room above the plot for a title of up to three lines (see wrap_title)
+        base = dict(template="plotly_white", height=400, margin=dict(t=90, b=40))
         # side by side in a notebook about 1000 px wide: fixed widths, or the second figure is cut off
-        self.fig_ctx = go.FigureWidget(layout=dict(base, width=560, xaxis=dict(type="log", title="context (tokens)"),
+        self.fig_ctx = go.FigureWidget(layout=dict(base, width=CTX_W, xaxis=dict(type="log", title="context (tokens)"),
                                                    yaxis=dict(title="decode tok/s (aggregate)", rangemode="tozero"),
                                                    title="tok/s vs context"))
-        self.fig_point = go.FigureWidget(layout=dict(base, width=440, yaxis=dict(title="decode tok/s", rangemode="tozero"),
+        self.fig_point = go.FigureWidget(layout=dict(base, width=POINT_W, yaxis=dict(title="decode tok/s", rangemode="tozero"),
                                                      title="the selected point"))
-        self.fig_budget = go.FigureWidget(layout=dict(base, xaxis=dict(type="log", title="budget"),
+        self.fig_budget = go.FigureWidget(layout=dict(base, width=BUDGET_W, xaxis=dict(type="log", title="budget"),
                                                       yaxis=dict(title="decode tok/s", type="log"), title="tok/s vs budget"))
         self.readout = W.HTML()
         self._busy = False
@@ -130,22 +164,27 @@ class Explorer:
 
     # ------------------------------------------------------------------ browsing
 
-    def rows(self) -> pd.DataFrame:
+    def run_rows(self) -> pd.DataFrame:
+        """Every ok decode row of the selected run, whatever shape is selected."""
         if self.w_run.value is None:
             return pd.DataFrame(columns=["shape", "strategy", "axis", "context_len", "budget", "concurrency", "tok_s"])
-        d = self.runs[self.w_run.value][1]
+        return self.runs[self.w_run.value][1]
+
+    def rows(self) -> pd.DataFrame:
+        d = self.run_rows()
         return d[d["shape"] == self.w_shape.value] if self.w_shape.value else d
 
-    def _set_options(self, w, values, fmt=str) -> None:
+    def _set_options(self, w, values, default: int, fmt=str) -> None:
         values = sorted(set(int(v) for v in values)) or [0]
-        cur = w.value
         w.options = [(fmt(v), v) for v in values]
-        w.value = cur if cur in values else values[len(values) // 2] if w is self.w_ctx else values[0]
+        w.value = default if default in values else values[0]
 
     def _on_run(self, _=None) -> None:
         self._busy = True
         try:
-            shapes = sorted(self.rows()["shape"].unique()) if self.w_run.value else []
+            # the new run's own shapes: through rows() they would still be filtered by the old run's shape
+            shapes = sorted(self.run_rows()["shape"].unique())
+            self.w_shape.value = None          # before the options change, so no stale value is kept
             self.w_shape.options = shapes
             self.w_shape.value = shapes[0] if shapes else None
             self._on_shape()
@@ -160,9 +199,10 @@ class Explorer:
             strats = list(dict.fromkeys(d["strategy"]))
             self.w_strat.options = strats
             self.w_strat.value = tuple(strats)
-            self._set_options(self.w_ctx, d[d["axis"] == "context"]["context_len"], ctx_label)
-            self._set_options(self.w_budget, d["budget"])
-            self._set_options(self.w_conc, d["concurrency"])
+            ctx, b, c = default_point(d)
+            self._set_options(self.w_ctx, d["context_len"], ctx, ctx_label)
+            self._set_options(self.w_budget, d["budget"], b)
+            self._set_options(self.w_conc, d["concurrency"], c)
         finally:
             self._busy = was
         if not was:
@@ -192,7 +232,8 @@ class Explorer:
                                          line=dict(color=COLORS.get(s)), error_y=tok_err(g))
             self.fig_ctx.layout.shapes = [dict(type="line", x0=ctx, x1=ctx, yref="paper", y0=0, y1=1,
                                                line=dict(dash="dot", color="gray"))] if ctx else []
-            self.fig_ctx.layout.title = f"tok/s vs context — budget {b}, concurrency {c}"
+            self.fig_ctx.layout.title = wrap_title(f"tok/s vs context — budget {b}, concurrency {c}", CTX_W,
+                                                   "" if len(g_all) else "no context sweep at this budget and concurrency")
         pt = self.selected_point()
         with self.fig_point.batch_update():
             self.fig_point.data = []
@@ -202,8 +243,8 @@ class Explorer:
                     marker_color=[COLORS.get(s, "#444") for s in pt["strategy"]],
                     customdata=np.stack([pt["step_ms_median"], pt["h2d_bytes_per_step"].fillna(0) / 2**20], -1).tolist(),
                     hovertemplate="%{x}: %{y:.1f} tok/s<br>step %{customdata[0]:.2f} ms<br>H2D %{customdata[1]:.1f} MiB/step<extra></extra>")
-            self.fig_point.layout.title = f"context {ctx_label(ctx)}, budget {b}, concurrency {c}" + (
-                "" if len(pt) else " — not measured in this run")
+            self.fig_point.layout.title = wrap_title(f"context {ctx_label(ctx)}, budget {b}, concurrency {c}", POINT_W,
+                                                     "" if len(pt) else "not measured in this run")
         bud = sel[(sel["concurrency"] == c) & (sel["context_len"] == ctx)]
         with self.fig_budget.batch_update():
             self.fig_budget.data = []
@@ -213,8 +254,11 @@ class Explorer:
                     self.fig_budget.add_scatter(x=g["budget"].tolist(), y=g["tok_s"].tolist(), mode="lines+markers", name=s,
                                                 line=dict(color=COLORS.get(s)), error_y=tok_err(g))
             n = bud["budget"].nunique()
-            self.fig_budget.layout.title = f"tok/s vs budget at context {ctx_label(ctx)}, concurrency {c}" + (
-                "" if n > 1 else " — one budget measured here (the budget axis is at the run's largest context)")
+            axis_ctx = sorted(set(sel[sel["axis"] == "budget"]["context_len"]))
+            where = f" (this run's budget axis is at context {', '.join(map(ctx_label, axis_ctx))})" if axis_ctx else ""
+            self.fig_budget.layout.title = wrap_title(
+                f"tok/s vs budget at context {ctx_label(ctx)}, concurrency {c}", BUDGET_W,
+                "" if n > 1 else ("one budget measured here" if n else "no budget measured here") + where)
         if len(pt):
             cells = "".join(f"<tr><td>{r.strategy}</td><td>{r.tok_s:.1f} tok/s</td><td>{r.step_ms_median:.2f} ms "
                             f"({r.step_ms_min:.2f}..{r.step_ms_max:.2f})</td>"

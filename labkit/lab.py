@@ -4,14 +4,21 @@ It binds 127.0.0.1 only, with a random token, so nothing on the network can reac
 way in is an SSH tunnel, and the command prints both the URL and the tunnel line. It starts whoever runs
 it: root is the usual user in containers, and Jupyter refuses root unless told `--allow-root` (a refusal
 that protects nothing here, since the server is reachable only from this machine).
+
+Two things JupyterLab would otherwise put in front of a new user are settled before it starts: its
+"get notified about official Jupyter news?" prompt (the lab is offline by design: news fetching and update
+checks are off, as defaults the user can still change in Settings), and the "not trusted" state of the
+notebooks labkit ships (they are signed in the user's notebook-signature store, so their outputs show).
 """
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import secrets
 import socket
 import sys
+import warnings
 from pathlib import Path
 
 from .results import REPO
@@ -36,24 +43,108 @@ def pick_port(wanted: int) -> int:
         return s.getsockname()[1]
 
 
+# Plugin defaults for this lab (JupyterLab's overrides.json): no news feed, no update check, so no prompt
+# asking whether to fetch them. Defaults, not locks: Settings → Notifications can still turn them on.
+LAB_OVERRIDES = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
+
+
+def app_settings_dir() -> Path:
+    """A JupyterLab app-settings folder holding labkit's overrides.json, merged over any overrides.json in
+    the installed JupyterLab's own app-settings folder (so a site's own defaults still apply), beside a copy
+    of that folder's page_config.json if it has one (JupyterLab reads both from the one folder)."""
+    from jupyter_core.paths import jupyter_data_dir
+    from jupyterlab.commands import get_app_dir
+    out = Path(jupyter_data_dir()) / "labkit" / "lab-settings"
+    out.mkdir(parents=True, exist_ok=True)
+    merged: dict = {}
+    site_dir = Path(get_app_dir()) / "settings"
+    for name in ("page_config.json", "page_config.json5"):      # the site's page config, read from here too
+        if (site_dir / name).is_file():
+            (out / name).write_bytes((site_dir / name).read_bytes())
+    site = site_dir / "overrides.json"
+    if site.is_file():
+        try:
+            merged = json.loads(site.read_text())
+        except ValueError:        # a broken site file: JupyterLab would ignore it too
+            merged = {}
+    for plugin, values in LAB_OVERRIDES.items():
+        merged[plugin] = {**merged.get(plugin, {}), **values}
+    (out / "overrides.json").write_text(json.dumps(merged, indent=1))
+    return out
+
+
+def shipped_notebooks() -> set[str]:
+    """The names of the notebooks labkit ships: those git tracks in notebooks/ (a notebook a user added there
+    is not one), or every notebook there when this copy of labkit is not a git checkout."""
+    import subprocess
+    folder = REPO / "notebooks"
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "ls-files", "--", "notebooks/*.ipynb"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+        return {Path(ln).name for ln in out.splitlines() if ln.strip()}
+    except (OSError, subprocess.SubprocessError):
+        return {p.name for p in folder.glob("*.ipynb")}
+
+
+def trust_shipped_notebooks(root: Path) -> list[str]:
+    """Sign the notebooks under `root` that are labkit's own (in the repository's notebooks/, or a copy of
+    one elsewhere), so JupyterLab opens them trusted instead of logging "Notebook … is not trusted" and
+    hiding their rich outputs. Other notebooks are left as they are. Returns the names signed."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+    shipped, folder = shipped_notebooks(), REPO / "notebooks"
+    ours = root.resolve() == folder.resolve()
+    notary, signed = NotebookNotary(), []
+    for path in sorted(root.glob("*.ipynb")):
+        twin = folder / path.name
+        if path.name not in shipped or not (ours or (twin.is_file() and twin.read_bytes() == path.read_bytes())):
+            continue
+        try:
+            with warnings.catch_warnings():       # nbformat's validation notes are no news at lab start
+                warnings.simplefilter("ignore")
+                nb = nbformat.read(path, as_version=4)
+        except Exception:          # not a notebook JupyterLab could open either
+            continue
+        if not notary.check_signature(nb):
+            notary.sign(nb)
+        signed.append(path.name)
+    return signed
+
+
 def lab_command(port: int, token: str, root_dir: Path, open_notebook: str = "explore.ipynb",
-                extra: list[str] | None = None) -> list[str]:
+                extra: list[str] | None = None, settings_dir: Path | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}",
            f"--LabApp.default_url=/lab/tree/{open_notebook}", "--LabApp.news_url=None",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if settings_dir is not None:
+        cmd.append(f"--LabApp.app_settings_dir={settings_dir}")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     return cmd + list(extra or [])
 
 
-def banner(port: int, token: str, open_notebook: str = "explore.ipynb") -> str:
+def notebook_title(path: Path) -> str:
+    """What a notebook is, from its first heading: the words before the first colon."""
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        md = next("".join(c["source"]) for c in nb.get("cells", []) if c.get("cell_type") == "markdown")
+        head = next(ln for ln in md.splitlines() if ln.startswith("#"))
+    except (StopIteration, ValueError, OSError, KeyError):
+        return ""
+    return head.lstrip("# ").split(":")[0].strip()
+
+
+def banner(port: int, token: str, open_notebook: str = "explore.ipynb", root_dir: Path | None = None) -> str:
     url = f"http://127.0.0.1:{port}/lab/tree/{open_notebook}?token={token}"
     host, user = socket.gethostname(), getpass.getuser()
+    nbs = sorted(Path(root_dir or REPO / "notebooks").glob("*.ipynb"))
+    listing = "".join(f"    {p.name:<20} {notebook_title(p)}\n" for p in nbs)
     return (f"\nlabkit lab: JupyterLab on notebooks/ (127.0.0.1 only, token required). Open:\n\n    {url}\n\n"
             f"From a laptop, tunnel first, then open the same URL there:\n\n"
             f"    ssh -N -L {port}:127.0.0.1:{port} {user}@{host}\n\n"
-            f"Stop with Ctrl-C. Other notebooks: decode_sweep.ipynb (measure or re-render a run), probe.ipynb.\n")
+            f"The {len(nbs)} notebooks here (the file browser on the left opens any of them):\n{listing}\n"
+            f"Stop with Ctrl-C.\n")
 
 
 def cmd_lab(a) -> int:
@@ -63,6 +154,7 @@ def cmd_lab(a) -> int:
         raise BadInput(f"{root} is not a folder of notebooks")
     port = a.port if a.port_exact else pick_port(a.port)
     token = a.token or os.environ.get("LABKIT_LAB_TOKEN") or secrets.token_hex(24)
-    print(banner(port, token), flush=True)
-    cmd = lab_command(port, token, root, extra=[x for x in a.jupyter_args if x != "--"])
+    trust_shipped_notebooks(root)
+    print(banner(port, token, root_dir=root), flush=True)
+    cmd = lab_command(port, token, root, extra=[x for x in a.jupyter_args if x != "--"], settings_dir=app_settings_dir())
     os.execv(cmd[0], cmd)     # JupyterLab in this process: Ctrl-C and the exit status are its own

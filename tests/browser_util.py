@@ -88,6 +88,25 @@ def derived_run(dest: Path, created: str, scale: dict[str, float] | None = None,
     return dest
 
 
+# A CPU sweep with a budget axis, as `make sweep` makes one (main table at the first budget, the other
+# budgets at the largest context only), kept tiny: 2 contexts x 2 budgets x 2 strategies, 1 repeat of 2 steps.
+BUDGET_AXIS_SWEEP = {**SWEEP, "context_lens": "256,1024", "budgets": "64,16", "repeats": 1, "steps": 2}
+H200_RUN = REPO / "results" / "20261129-153810-decode-h200"     # committed: budget axis at 1M only
+
+
+def explore_root() -> Path:
+    """A results root as a new user has it: the committed H200 decode run and a fresh CPU sweep with a
+    budget axis (the newest run, so the explorer opens on it). Made once."""
+    if "explore" not in _CACHE:
+        from labkit.bench.decode import run_sweep
+        root = _tmp("explore-results")
+        root.mkdir(parents=True)
+        shutil.copytree(H200_RUN, root / H200_RUN.name)
+        run_sweep({**BUDGET_AXIS_SWEEP, "out_dir": str(root / "cpu-sweep")}, progress_bar=False)
+        _CACHE["explore"] = root
+    return _CACHE["explore"]
+
+
 def nightly_root() -> Path:
     """`nightly/test_plan.toml` run once on CPU into a fresh results root (probe, a failing entry, a decode)."""
     if "nightly" not in _CACHE:

@@ -5,6 +5,7 @@ console errors; `make lab`'s command (`labkit lab`, as the current user: root in
 changes a figure's data."""
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -96,18 +98,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def jupyterlab(tmp_path):
+@contextmanager
+def lab_server(tmp_path: Path, results: Path):
     """`make lab`'s own command (`labkit lab`) as the current user, on a copy of the notebooks (JupyterLab
-    autosaves, and the repo's files must stay as committed), with `window.jupyterapp` exposed so the test
-    can run all cells. Yields the URL it printed and its output."""
+    autosaves, and the repo's files must stay as committed), over the runs under `results`, with fresh
+    Jupyter settings, data (signature store) and runtime folders, as on a new user's machine, and
+    `window.jupyterapp` exposed so the test can run all cells. Yields the base URL, token, the URL it
+    printed, its output so far, and the path of its log."""
     lab_root = tmp_path / "notebooks"
     lab_root.mkdir()
     shutil.copy(EXPLORE, lab_root / EXPLORE.name)
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "LABKIT_RESULTS": str(nightly_root()), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+    env = {**os.environ, "LABKIT_RESULTS": str(results), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws"),
-           "PYTHONUNBUFFERED": "1"}
+           "JUPYTER_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
     log_path = tmp_path / "lab.log"
     log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "labkit", "lab", "--port", str(port), "--port-exact", "--token", token,
@@ -126,7 +130,7 @@ def jupyterlab(tmp_path):
             raise RuntimeError("labkit lab did not start in 60 s")
         printed = log_path.read_text()
         url = next(w for w in printed.split() if w.startswith(base) and "token=" in w)
-        yield base, token, url, printed
+        yield base, token, url, printed, log_path
     finally:
         proc.terminate()
         try:
@@ -134,6 +138,111 @@ def jupyterlab(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    with lab_server(tmp_path, nightly_root()) as (base, token, url, printed, _):
+        yield base, token, url, printed
+
+
+def run_all_cells(page) -> None:
+    """Wait for the notebook and its kernel, then Run All (fire and forget: the command's promise settles
+    only when every cell has run)."""
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60000)
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
+                           timeout=30000)
+    try:      # JupyterLab may ask which kernel to start (a fresh settings folder): take the notebook's own
+        page.wait_for_selector(".jp-Dialog .jp-mod-accept", timeout=8000)
+        page.click(".jp-Dialog .jp-mod-accept")
+    except Exception:
+        pass
+    page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget; const k = w && w.sessionContext "
+                           "&& w.sessionContext.session && w.sessionContext.session.kernel; return k && k.status === 'idle'; }",
+                           timeout=180000)     # run-all before the kernel is up is lost on a loaded machine
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+
+# per explorer figure (vs context, the selected point, vs budget: the first three plots), how many traces
+# hold at least one point
+FILLED = """() => [...document.querySelectorAll('.js-plotly-plot')].slice(0, 3).map(p =>
+              (p.data || []).filter(t => t.y && t.y.length > 0).length)"""
+# per figure, whether its title lies inside the figure's box (plotly clips a long one at the right)
+TITLES_FIT = """() => [...document.querySelectorAll('.js-plotly-plot')].slice(0, 3).map(p => {
+              const t = p.querySelector('.gtitle'); if (!t) return true;
+              const a = p.getBoundingClientRect(), b = t.getBoundingClientRect();
+              return b.left >= a.left - 1 && b.right <= a.right + 1; })"""
+SHAPES = "() => [...document.querySelectorAll('.widget-dropdown')].filter(d => d.innerText.trim().startsWith('shape'))" \
+         ".map(d => [...d.querySelectorAll('option')].map(o => o.textContent))[0]"
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_explorer_first_view_is_filled_and_a_run_change_keeps_the_shapes(tmp_path):
+    """What a new user gets from `make lab` on a fresh clone: no news prompt, no "not trusted" notebook;
+    after Run All on a fresh CPU sweep every explorer figure holds data, and so it does after switching
+    to the committed H200 run, whose shape the shape dropdown then offers (no widget state errors)."""
+    from browser_util import H200_RUN, explore_root
+    root = explore_root()
+    with lab_server(tmp_path, root) as (base, token, url, printed, log_path):
+        with urllib.request.urlopen(f"{base}/lab/api/settings/@jupyterlab/apputils-extension:notification?token={token}") as r:
+            notif = json.loads(r.read())
+        with browser() as ctx:
+            page = open_page(ctx, url)
+            try:
+                run_all_cells(page)
+                page.wait_for_function(f"() => ({FILLED})().length === 3", timeout=300000)
+                page.wait_for_timeout(3000)        # the three figures draw within moments of each other
+                first = {"filled": page.evaluate(FILLED), "titles": page.evaluate(TITLES_FIT), "shapes": page.evaluate(SHAPES)}
+                news = page.get_by_text("official Jupyter news").count()
+                h200 = next(o for o in page.eval_on_selector_all(".widget-dropdown option", "os => os.map(o => o.textContent)")
+                            if o.startswith(H200_RUN.name))
+                run_select = page.locator(".widget-dropdown").filter(has=page.locator("label", has_text="run")).locator("select")
+                run_select.select_option(label=h200)
+                page.wait_for_function(f"() => JSON.stringify(({FILLED})()) === JSON.stringify([3, 1, 3])", timeout=60000)
+                page.wait_for_timeout(1000)
+                second = {"filled": page.evaluate(FILLED), "titles": page.evaluate(TITLES_FIT), "shapes": page.evaluate(SHAPES)}
+            except Exception:
+                page.screenshot(path=str(tmp_path / "lab.png"), full_page=True)
+                raise AssertionError(f"explorer check failed; screenshot {tmp_path / 'lab.png'}, browser errors "
+                                     f"{page.errors[:5]}, blocked {ctx.blocked[:5]}") from None
+            errors = list(page.errors)
+            page.close()
+        log = log_path.read_text()
+    assert first["shapes"] == ["tiny"] and all(n >= 1 for n in first["filled"]), first
+    assert all(first["titles"]) and all(second["titles"]), (first, second)
+    assert second["shapes"] == ["qwen3.8-flash-next"], second
+    assert not [e for e in errors if "Error setting state" in e or "pageerror" in e], errors
+    assert news == 0, "JupyterLab asked about official Jupyter news"
+    assert notif["schema"]["properties"]["fetchNews"]["default"] == "false"
+    assert notif["schema"]["properties"]["checkForUpdates"]["default"] is False
+    assert "is not trusted" not in log, log[-2000:]
+
+
+def test_banner_and_explorer_name_every_notebook():
+    """`labkit lab` prints every notebook it serves, and the explorer's intro links every other one."""
+    import nbformat
+    from labkit.lab import banner
+    text = banner(8888, "t")
+    names = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
+    assert len(names) >= 9 and all(n in text for n in names), text
+    intro = nbformat.read(EXPLORE, as_version=4).cells[0].source
+    assert all(f"]({n}" in intro for n in names if n != EXPLORE.name), intro
+
+
+def test_lab_signs_only_the_notebooks_labkit_ships(tmp_path, monkeypatch):
+    from nbformat.sign import NotebookNotary
+    import nbformat
+    from labkit.lab import shipped_notebooks, trust_shipped_notebooks
+    assert shipped_notebooks() == {p.name for p in (REPO / "notebooks").glob("*.ipynb")}
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    shutil.copy(EXPLORE, tmp_path / EXPLORE.name)
+    other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")])
+    nbformat.write(other, tmp_path / "mine.ipynb")
+    assert trust_shipped_notebooks(tmp_path) == [EXPLORE.name]
+    notary = NotebookNotary(data_dir=str(tmp_path / "data"))
+    assert notary.check_signature(nbformat.read(tmp_path / EXPLORE.name, as_version=4))
+    assert not notary.check_signature(nbformat.read(tmp_path / "mine.ipynb", as_version=4))
 
 
 def test_make_lab_runs_labkit_lab_as_any_user():

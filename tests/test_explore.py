@@ -6,7 +6,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from browser_util import REPO, nightly_root
+from browser_util import H200_RUN, REPO, explore_root, nightly_root
 from labkit.params import BadInput
 
 EXPLORE = REPO / "notebooks" / "explore.ipynb"
@@ -35,6 +35,64 @@ def test_widgets_update_figures_in_place(explorer):
     ex.w_strat.value = ("zero_copy",)
     assert [t.name for t in ex.fig_ctx.data] == ["zero_copy"] and list(ex.fig_point.data[0].x) == ["zero_copy"]
     assert "zero_copy" in ex.readout.value and "tok/s" in ex.readout.value
+
+
+def _filled(ex) -> dict[str, int]:
+    """Per explorer figure, how many of its traces hold at least one point."""
+    return {n: sum(1 for t in getattr(ex, n).data if t.y is not None and len(t.y))
+            for n in ("fig_ctx", "fig_point", "fig_budget")}
+
+
+def _select_run(ex, folder: str) -> None:
+    ex.w_run.value = next(k for k in ex.runs if k.split(" · ")[0] == folder)
+
+
+def test_first_view_is_filled_on_a_cpu_sweep_with_a_budget_axis():
+    """The newest run (a CPU sweep whose smaller budget is measured only at the largest context) opens on
+    a measured point: its main-table budget, at the context where the budget axis was measured."""
+    from labkit.explore import Explorer
+    ex = Explorer(explore_root())
+    assert ex.w_run.value.startswith("cpu-sweep")
+    assert (ex.w_ctx.value, ex.w_budget.value, ex.w_conc.value) == (1024, 64, 1)
+    assert all(_filled(ex).values()), _filled(ex)
+    assert [len(t.y) for t in ex.fig_ctx.data] == [2, 2] and [len(t.y) for t in ex.fig_budget.data] == [2, 2]
+    assert "no point measured" not in ex.readout.value
+
+
+def test_first_view_is_filled_on_the_committed_h200_run():
+    from labkit.explore import Explorer
+    ex = Explorer(explore_root(), run=H200_RUN.name)
+    assert (ex.w_ctx.value, ex.w_budget.value, ex.w_conc.value) == (1 << 20, 2048, 1)
+    assert all(_filled(ex).values()), _filled(ex)
+    assert [len(t.y) for t in ex.fig_budget.data] == [3, 3, 3]      # 512, 2048, 8192 at 1M
+
+
+def test_changing_run_offers_the_new_runs_shapes_and_a_filled_view():
+    from labkit.explore import Explorer
+    ex = Explorer(explore_root())
+    assert ex.w_shape.options == ("tiny",)
+    _select_run(ex, H200_RUN.name)
+    assert ex.w_shape.options == ("qwen3.8-flash-next",) and ex.w_shape.value == "qwen3.8-flash-next"
+    assert all(_filled(ex).values()), _filled(ex)
+    _select_run(ex, "cpu-sweep")
+    assert ex.w_shape.options == ("tiny",) and all(_filled(ex).values())
+
+
+def test_titles_fit_their_figure():
+    """No title line wider than its figure (plotly clips a long title at the right instead of wrapping):
+    the longest note, a single-budget point off the budget axis, included."""
+    import re
+    from labkit.explore import Explorer
+    ex = Explorer(explore_root(), run=H200_RUN.name)
+    ex.w_ctx.value = 8192                     # one budget here: the budget figure's title carries a note
+    assert "one budget measured here" in ex.fig_budget.layout.title.text
+    ex.w_budget.value = 512                   # not measured at 8K: the point's title says so
+    assert "not measured" in ex.fig_point.layout.title.text
+    for name in ("fig_ctx", "fig_point", "fig_budget"):
+        f = getattr(ex, name)
+        for line in f.layout.title.text.split("<br>"):
+            text = re.sub("<[^>]+>", "", line)
+            assert len(text) * 9 <= f.layout.width - 40, f"{name}: title line {text!r} is wider than {f.layout.width} px"
 
 
 def test_measure_button_is_disabled_without_cuda_and_says_why(explorer):
