@@ -98,11 +98,11 @@ def explore_root() -> Path:
     """A results root as a new user has it: the committed H200 decode run and a fresh CPU sweep with a
     budget axis (the newest run, so the explorer opens on it). Made once."""
     if "explore" not in _CACHE:
-        from labkit.bench.decode import run_sweep
+        from labkit import experiments
         root = _tmp("explore-results")
         root.mkdir(parents=True)
         shutil.copytree(H200_RUN, root / H200_RUN.name)
-        run_sweep({**BUDGET_AXIS_SWEEP, "out_dir": str(root / "cpu-sweep")}, progress_bar=False)
+        experiments.measure("decode", {**BUDGET_AXIS_SWEEP, "out_dir": str(root / "cpu-sweep")}, progress_bar=False)
         _CACHE["explore"] = root
     return _CACHE["explore"]
 
