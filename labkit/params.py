@@ -70,6 +70,8 @@ def parse_value(p: Param, raw: Any) -> Any:
                 items = [raw]
             elem = p.kind[5:-1]
             return [parse_size(x) if elem == "int" else float(x) if elem == "float" else str(x) for x in items]
+        if p.kind in ("int", "float") and isinstance(raw, str) and raw.strip() == "auto":
+            return "auto"            # decided by the experiment for the machine it is planned on
         if p.kind == "int":
             return parse_size(raw)
         if p.kind == "float":

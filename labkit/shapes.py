@@ -13,6 +13,11 @@ from pathlib import Path
 BF16_BYTES = 2
 
 
+# rows the reference model's indexer keeps per QSA layer and request (its top-k): every experiment's budget
+# on a GPU unless told otherwise
+REFERENCE_BUDGET = 2048
+
+
 @dataclass(frozen=True)
 class ModelShape:
     name: str

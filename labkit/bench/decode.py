@@ -28,7 +28,7 @@ from ..engine.model.cache import PAGE_SIZE, build_on_devices
 from ..engine.drive.pipeline import PipelineRunner, bubbles, device_guard, micro_batch_ranges, model_block_costs, place_layers, split_model, staged_prefill
 from ..engine.transfer import STRATEGIES, setting_names
 from ..results import Run
-from ..shapes import ModelShape
+from ..shapes import REFERENCE_BUDGET, ModelShape
 from ..stats import spread
 from ..telemetry import Sampler
 from ..params import BadInput, check_positive, gib, one_line, resolve_device
@@ -41,7 +41,7 @@ EXPERIMENT = "decode"
 
 AUTO = {
     "cuda": {"shape": "qwen3.8-flash-next", "context_lens": [8 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20],
-             "budgets": [2048, 256, 512, 1024, 4096, 8192], "prefill_lens": [248 << 10]},
+             "budgets": [REFERENCE_BUDGET, 256, 512, 1024, 4096, 8192], "prefill_lens": [248 << 10]},
     "cpu": {"shape": "tiny", "context_lens": [256, 1024, 4096], "budgets": [64, 16, 256], "prefill_lens": [2048]},
 }
 MARGIN = 64          # tokens of cache beyond a point's context and its warm-up + timed steps (see margin)

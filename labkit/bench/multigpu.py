@@ -31,6 +31,7 @@ from ..results import Run
 from ..stats import spread
 from ..telemetry import Sampler
 from . import decode
+from ..shapes import REFERENCE_BUDGET
 from ..params import BadInput, check_positive, one_line, resolve_device
 from .probe import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
 from .progress import progress
@@ -60,7 +61,8 @@ def check(p: dict) -> dict:
         raise BadInput(f"micro_batches must be >= 0, got {p['micro_batches']}")
     if p["context_lens"] == "auto":
         p["context_lens"] = AUTO_CONTEXT["cuda" if cuda else "cpu"]
-    p["budget"] = p["budget"] or (2048 if cuda else 64)
+    if p["budget"] in ("auto", 0):
+        p["budget"] = REFERENCE_BUDGET if cuda else 64
     p["gather_pool_gib"] = p["gather_pool_gib"] or (8.0 if cuda else 0.05)
     common = dict(shape=p["shape"], strategies=p["strategies"], context_lens=p["context_lens"], budgets=[p["budget"]],
                   concurrency=p["concurrency"], repeats=p["repeats"], steps=p["steps"], prefill_lens=[], probe=False,
@@ -72,6 +74,7 @@ def check(p: dict) -> dict:
     p["device_list"] = [str(d) for d in devs]
     from ..experiments import decode as decode_experiment
     p["layouts"] = {name: dict(decode_experiment.plan(lay).params) for name, lay in p["layouts"].items()}
+    p["shape"] = p["layouts"]["1gpu"]["shape"]          # "auto" as the layouts decided it
     return p
 
 

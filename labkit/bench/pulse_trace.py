@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..shapes import REFERENCE_BUDGET
 from ..params import BadInput, one_line, resolve_device
 
 EXPERIMENT = "pulse"
@@ -32,7 +33,7 @@ TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake-conversation-fi
 
 
 DEFAULTS = {"cuda": dict(shape="qwen3.8-flash-next", n_requests=64, length_scale=1.0, max_output=128, capacity=131072,
-                         budget=2048, tpot_slo_ms=50.0, page_size=256, prefill_chunk=8192),
+                         budget=REFERENCE_BUDGET, tpot_slo_ms=50.0, page_size=256, prefill_chunk=8192),
             "cpu": dict(shape="tiny", n_requests=8, length_scale=1 / 200, max_output=6, capacity=512, budget=16,
                         tpot_slo_ms=2000.0, page_size=16, prefill_chunk=64)}
 

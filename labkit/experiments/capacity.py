@@ -3,6 +3,7 @@ offloaded prefill + a device hot cache (FlashOffloading), and the goodput of eac
 Code: `labkit.bench.capacity`."""
 from __future__ import annotations
 
+from ..shapes import REFERENCE_BUDGET
 from ..params import Param, Plan, resolve
 
 NAME = "capacity"
@@ -15,7 +16,7 @@ SPEC = [
     Param("host_cap_gib", "float", 0.0, "pinned host KV allowed (GiB; 0: half the RAM)"),
     Param("workspace_gib", "float", 2.0, "device reserve for activations, graphs, cuBLAS (GiB)"),
     Param("configs", "list[str]", ["none", "prefill", "both"], "none, prefill, both"),
-    Param("budget", "int", 2048, "indexer budget (rows per request and QSA layer)"),
+    Param("budget", "int", REFERENCE_BUDGET, "indexer budget (rows per request and QSA layer)"),
     Param("hot_capacity", "int", 4096, "hot_cache slots per request and QSA layer (both)"),
     Param("hot_policy", "str", "lru", "hot_cache eviction policy (both)"),
     Param("selection", "str", "indexer", "indexer, or trace:PATH (recorded selections)"),

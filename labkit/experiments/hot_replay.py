@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..shapes import REFERENCE_BUDGET
 from ..params import BadInput, Param, Plan, resolve
 
 NAME = "hot_replay"
@@ -15,7 +16,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 SPEC = [
     Param("traces", "list[str]", "auto", "selection traces (.npz; auto: every trace shipped in labkit/data)"),
     Param("context_lens", "list[int]", [128 << 10, 1 << 20], "contexts the traces are scaled to"),
-    Param("budget", "int", 2048, "rows selected per step and QSA layer"),
+    Param("budget", "int", REFERENCE_BUDGET, "rows selected per step and QSA layer"),
     Param("capacity_x", "list[float]", [0.5, 1.0, 1.5, 2.0, 3.0], "hot-cache capacities, in budgets"),
     Param("policies", "list[str]", ["lru", "lfu", "lrfu"], "eviction policies"),
     Param("shape", "str", "qwen3.8-flash-next", "model shape whose layers the traces are spread over"),

@@ -14,7 +14,7 @@ SPEC = [
     Param("context_lens", "list[int]", "auto", "context lengths (tokens; 64K, 1M accepted)"),
     Param("concurrency", "list[int]", [1, 4, 8], "concurrent requests per decode step"),
     Param("micro_batches", "list[int]", [2], "the pipelined layouts: micro-batches in flight (0: none)"),
-    Param("budget", "int", 0, "indexer budget (0: 2048 on CUDA, 64 on CPU)"),
+    Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 64 on CPU)"),
     Param("repeats", "int", 3, "timed repeats of `steps` steps"),
     Param("steps", "int", 10, "decode steps per repeat"),
     Param("gather_pool_gib", "float", 0.0, "per-GPU pinned pool of the gather rows (0: 8 GiB on CUDA, 0.05 on CPU)"),

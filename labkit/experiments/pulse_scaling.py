@@ -5,6 +5,7 @@ the bound they allow and where switching can start to pay. Code: `labkit.bench.p
 from __future__ import annotations
 
 from ..engine.transfer import strategy_params
+from ..shapes import REFERENCE_BUDGET
 from ..params import BadInput, Param, Plan, check_positive, resolve
 
 NAME = "pulse_scaling"
@@ -12,12 +13,12 @@ NAME = "pulse_scaling"
 SPEC = [
     Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
     Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("context", "int", 0, "tokens per request (0: 1M on CUDA, 1K on CPU)"),
+    Param("context", "int", "auto", "tokens per request (auto: 1M on CUDA, 1K on CPU)"),
     Param("requests", "list[int]", "auto", "request counts (auto: 1,2,4,6,8,12,16 on CUDA, 1,2,4 on CPU)"),
-    Param("budget", "int", 0, "indexer budget (0: 2048 on CUDA, 64 on CPU)"),
+    Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 64 on CPU)"),
     Param("strategy", "str", "zero_copy", "the offloaded requests' transfer strategy"),
     Param("steps", "int", 10, "timed steps per mode"),
-    Param("page_size", "int", 0, "KV page size in tokens (0: 256 on CUDA, 16 on CPU)"),
+    Param("page_size", "int", "auto", "KV page size in tokens (auto: 256 on CUDA, 16 on CPU)"),
     Param("graphs", "bool", True, "replay CUDA graphs (CUDA only)"),
     Param("compile", "bool", False, "torch.compile the block pieces (one compile per batch size)"),
     Param("select_block", "int", 1, "select whole aligned blocks of N positions"),
@@ -25,7 +26,7 @@ SPEC = [
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
 ]
-AUTO = {"cuda": dict(shape="qwen3.8-flash-next", context=1 << 20, requests=[1, 2, 4, 6, 8, 12, 16], budget=2048,
+AUTO = {"cuda": dict(shape="qwen3.8-flash-next", context=1 << 20, requests=[1, 2, 4, 6, 8, 12, 16], budget=REFERENCE_BUDGET,
                      page_size=256),
         "cpu": dict(shape="tiny", context=1024, requests=[1, 2, 4], budget=64, page_size=16)}
 

@@ -6,6 +6,7 @@ timeline. Code: `labkit.bench.pulse.switching_point`.
 from __future__ import annotations
 
 from ..engine.transfer import strategy_params
+from ..shapes import REFERENCE_BUDGET
 from ..params import BadInput, Param, Plan, check_positive, resolve
 
 NAME = "pulse_switch"
@@ -16,8 +17,8 @@ SPEC = [
     Param("contexts", "list[int]", "auto", "offloaded batch's context (auto: 64K on CUDA, 1K on CPU)"),
     Param("offload_batches", "list[int]", [4], "requests in the offloaded batch"),
     Param("normal_batch", "int", 4, "requests in the resident batch"),
-    Param("normal_context", "int", 0, "resident batch's context (0: 8K on CUDA, 256 on CPU)"),
-    Param("budget", "int", 0, "indexer budget (0: 2048 on CUDA, 64 on CPU)"),
+    Param("normal_context", "int", "auto", "resident batch's context (auto: 8K on CUDA, 256 on CPU)"),
+    Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 64 on CPU)"),
     Param("strategy", "str", "zero_copy", "the offloaded batch's transfer strategy"),
     Param("steps", "int", 10, "timed rounds per mode"),
     Param("graphs", "bool", True, "replay CUDA graphs (CUDA only)"),
@@ -28,7 +29,7 @@ SPEC = [
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
 ]
-AUTO = {"cuda": dict(shape="qwen3.8-flash-next", contexts=[64 << 10], normal_context=8 << 10, budget=2048),
+AUTO = {"cuda": dict(shape="qwen3.8-flash-next", contexts=[64 << 10], normal_context=8 << 10, budget=REFERENCE_BUDGET),
         "cpu": dict(shape="tiny", contexts=[1024], normal_context=256, budget=64)}
 
 
