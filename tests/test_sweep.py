@@ -80,7 +80,7 @@ def test_failed_point_is_recorded_and_sweep_continues(tmp_path, monkeypatch):
     ("device=cuda", "no CUDA GPU"),
     ("context_lens=64M", "of host KV"),
     ("bogus=1", "unknown parameter"),
-    ("concurrency=two", "cannot read"),
+    ("concurrency=two", "parameter concurrency: 'two' is not a whole number"),
     ("select_block=3", "select_block must be"),
 ])
 def test_bad_input_one_line_nothing_written(tmp_path, arg, msg):
