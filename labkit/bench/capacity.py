@@ -1,5 +1,4 @@
-"""Capacity and goodput under a device-memory cap (issue 10, item 6; FlashOffloading's comparison,
-SEEDS.md §2): for a context length and a cap (e.g. 24 GiB, the reference box's per-card memory), how
+"""Capacity and goodput under a device-memory cap (FlashOffloading's comparison): for a context length and a cap (e.g. 24 GiB, the reference box's per-card memory), how
 many requests fit, and the decode goodput of those that keep their TPOT under a limit, in three
 configurations:
 
@@ -26,8 +25,10 @@ step for the largest timed batch under the limit, 0 when none is.
 
     python -m labkit.bench.capacity --out DIR -p context_len=32K -p mem_cap_gib=24 -p tpot_ms=30
 
-Bad input (cap below the weights, a capacity of 0 requests, unknown config or hot policy): one line,
-exit 2, before anything is allocated.
+The defaults are sized to the machine: the cap is 24 GiB or the GPU's memory if smaller (on a CPU, where
+the "device" is host RAM, a quarter of the RAM available); a CPU times at most `CPU_MAX_BATCH` requests.
+Bad input (cap below the weights, a capacity of 0 requests, unknown config or hot policy, a timed batch
+whose caches would not fit the RAM available now): one line, exit 2, before anything is allocated.
 """
 from __future__ import annotations
 
@@ -48,13 +49,17 @@ from .params import BadInput, bench_main, Param, check_positive, gib, one_line, 
 from .prefill import apply_cap, check_cap
 
 EXPERIMENT = "capacity"
+REFERENCE_CAP_GIB = 24.0     # the reference box's per-card memory (3x RTX 3090)
+CPU_MAX_BATCH = 16           # a CPU steps a batch of thousands of tiny requests far too slowly to time
+RAM_SHARE = 0.9              # of the RAM available now, the most a timed batch may take (as the decode sweep)
 CONFIGS = {"none": "resident", "prefill": "resident", "both": "hot_cache"}
 
 SPEC = [
     Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
     Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
     Param("context_len", "int", 0, "tokens per request (0: 32K on CUDA, 256 on CPU)"),
-    Param("mem_cap_gib", "float", 24.0, "device memory cap (GiB)"),
+    Param("mem_cap_gib", "float", 0.0, "device memory cap (GiB; 0: 24 or the GPU's memory if less; on CPU a "
+                                        "quarter of the RAM available)"),
     Param("host_cap_gib", "float", 0.0, "pinned host KV allowed (GiB; 0: half the RAM)"),
     Param("workspace_gib", "float", 2.0, "device reserve for activations, graphs, cuBLAS (GiB)"),
     Param("configs", "list[str]", ["none", "prefill", "both"], "none, prefill, both"),
@@ -63,13 +68,13 @@ SPEC = [
     Param("hot_policy", "str", "lru", "hot_cache eviction policy (both)"),
     Param("selection", "str", "indexer", "indexer, or trace:PATH (recorded selections)"),
     Param("tpot_ms", "float", 30.0, "TPOT limit of a good request (ms)"),
-    Param("max_batch", "int", 0, "largest batch timed (0: no limit beyond the capacity)"),
+    Param("max_batch", "int", 0, f"largest batch timed (0: the capacity on CUDA, {CPU_MAX_BATCH} on CPU)"),
     Param("steps", "int", 10, "decode steps per repeat"),
     Param("repeats", "int", 2, "timed repeats"),
     Param("measure", "bool", True, "time the decode step (false: capacities only)"),
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
-    # the report's companions (nothing is measured from them): issue 10's other figures in one report
+    # the report's companions (nothing is measured from them): the hot cache's other figures in one report
     Param("replay_run", "str", "", "report: a hot_replay run folder (hit rate and bytes vs capacity per policy)"),
     Param("decode_run", "str", "", "report: a decode run with hot_cache rows (step anatomy per strategy)"),
 ]
@@ -127,6 +132,12 @@ def plan(given: dict) -> tuple[dict, ModelShape, torch.device, list[Fit]]:
         p["shape"] = "qwen3.8-flash-next" if dev.type == "cuda" else "tiny"
     if p["context_len"] == 0:
         p["context_len"] = 32 << 10 if dev.type == "cuda" else 256
+    if p["mem_cap_gib"] == 0:      # sized to the machine: never a cap the device does not have
+        have = (torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda"
+                else psutil.virtual_memory().available / 4)
+        p["mem_cap_gib"] = round(min(REFERENCE_CAP_GIB, have / 2**30), 2)
+    if p["max_batch"] == 0 and dev.type != "cuda":
+        p["max_batch"] = CPU_MAX_BATCH
     try:
         shape = ModelShape.from_name(p["shape"])
     except ValueError as ex:
@@ -164,7 +175,30 @@ def plan(given: dict) -> tuple[dict, ModelShape, torch.device, list[Fit]]:
                 why = f"host_cap_gib={p['host_cap_gib']} holds no request of {gib(p['context_len'] * shape.kv_bytes_per_token())} KV"
             raise BadInput(f"config {f.config}: no request of {p['context_len']} tokens fits a "
                            f"{p['mem_cap_gib']:g} GiB cap: {why}")
+    if p["measure"]:
+        check_host_memory(p, shape, dev, fits)
     return p, shape, dev, fits
+
+
+def host_bytes(shape: ModelShape, ctx: int, f: Fit, batch: int, dev: torch.device) -> int:
+    """Host RAM that timing `batch` requests of `f.config` takes: the pinned KV pool when decode is
+    offloaded, and on a CPU everything the "device" holds (weights, workspace, prefill, the requests)."""
+    kv = batch * ctx * shape.kv_bytes_per_token() if CONFIGS[f.config] == "hot_cache" else 0
+    device = f.shared_bytes + batch * f.per_request_bytes if dev.type != "cuda" else 0
+    return kv + device
+
+
+def check_host_memory(p: dict, shape: ModelShape, dev: torch.device, fits: list[Fit]) -> None:
+    """Every configuration's timed batch must fit the RAM available now (one pool in memory at a time), as
+    the decode sweep checks its pools: one line before anything is allocated, not a failed row after."""
+    avail = psutil.virtual_memory().available
+    for f in fits:
+        batch = _batches_to_try(f.requests, p["max_batch"])
+        need = host_bytes(shape, p["context_len"], f, batch, dev)
+        if need > RAM_SHARE * avail:
+            raise BadInput(f"config {f.config}: timing {batch:,} requests of {p['context_len']} tokens needs {gib(need)} "
+                           f"of host RAM; {gib(avail)} is available now: lower mem_cap_gib or max_batch "
+                           f"(measure=false gives the capacities alone)")
 
 
 def _batches_to_try(n: int, max_batch: int) -> int:
