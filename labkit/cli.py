@@ -78,6 +78,7 @@ def cmd_report(a) -> int:
             raise BadInput(f"{run_dir}: no executed notebook and no known experiment to render it with")
         rerender_notebook(exp, run_dir)
     print(render_report(run_dir, out, standalone=a.standalone).resolve())
+    _after_run(run_dir)       # the index links the new report (or tells how to draw one)
     return 0
 
 

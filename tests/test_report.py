@@ -51,8 +51,11 @@ def test_report_is_self_contained_with_all_figures(cli_run):
 def test_report_command_rerenders(cli_run, tmp_path):
     out, _ = cli_run
     (out / "report.html").unlink()
+    (out.parent / "index.html").unlink(missing_ok=True)
     p = subprocess.run([sys.executable, "-m", "labkit", "report", str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and (out / "report.html").is_file(), p.stderr[-2000:]
+    # the run index beside the run is rebuilt and links the new report
+    assert f'href="{out.name}/report.html"' in (out.parent / "index.html").read_text()
     p = subprocess.run([sys.executable, "-m", "labkit", "report", str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 2 and "no manifest.json" in p.stderr
 
