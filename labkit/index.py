@@ -255,7 +255,7 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
     runs, heads, problems = collect(root)
     page = Page(f"labkit runs — {root.resolve().name}")
     page.text(f"{len(runs)} run(s) under {root}. Figures are compared only between runs on the same machine "
-              "(same GPU and PCIe link; CPU runs by host). A figure below the spread (min..max) of the earlier runs "
+              "(same GPU and PCIe link; CPU runs by CPU model, cores and RAM). A figure below the spread (min..max) of the earlier runs "
               "is a regression, above it an improvement, inside it noise.")
     latest = heads.sort_values("created").groupby(["machine", "family", "key"]).tail(1) if not heads.empty else heads
     regress = latest[latest["verdict"] == "regression"] if not latest.empty else latest
@@ -285,8 +285,10 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
         t["folder_link"] = t["folder"].map(lambda f: f + "/")
         t["created"] = t["created"].str.replace("T", " ").str.slice(0, 19)
         t["wall_s"] = t["wall_s"].map(lambda w: f"{w:,.0f}" if isinstance(w, (int, float)) and w == w else "not recorded")
-        page.table(t[["created", "run_id", "experiment", "status", "machine", "git_sha", "wall_s", "holds", "note",
-                      "report", "report_link", "folder_link"]],
+        # the manifest's note says what a folder without a metrics table is
+        t["holds"] = [h + (f" — {n}" if n and "no metrics table" in h else "") for h, n in zip(t["holds"], t["note"])]
+        page.table(t[["created", "run_id", "experiment", "status", "machine", "git_sha", "wall_s", "holds",
+                      "report", "report_link", "folder_link"]], wrap=("holds", "machine"),
                    classes={i: "failed" for i, s in enumerate(t["status"]) if s not in ("ok",)},
                    links={"report": "report_link", "run_id": "folder_link"})
     nights = _nightlies(root)

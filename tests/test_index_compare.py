@@ -194,7 +194,7 @@ def test_a_folder_of_result_files_says_what_it_holds(results, tmp_path):
     r = runs.iloc[0]
     assert r["holds"] == "2 JSON result files, no metrics table" and "switched rounds" in r["note"]
     row = rebuild_index(root).read_text().split("<h2>Runs</h2>")[1]
-    assert "not recorded" in row and "2 JSON result files" in row
+    assert "not recorded" in row and "2 JSON result files, no metrics table — two switched rounds" in row
 
 
 def test_headline_keys_take_the_runs_shape_never_nan(results):
