@@ -134,3 +134,20 @@ def test_wide_table_scrolls_in_the_browser(cli_run):
     assert boxes and all(x["ox"] == "auto" and x["right"] <= 900 for x in boxes), boxes
     wide = [x for x in boxes if x["table"] > x["cw"]]
     assert wide and all(x["sw"] >= x["table"] - 1 for x in wide), boxes
+
+
+def test_gpu_run_header_and_targets_keep_the_gpu_facts():
+    """The committed H200 decode run: its header names the GPU and PCIe link, its targets label the
+    published figures with the system that published them, and nothing says 'CPU run'."""
+    from labkit.report import summary as S
+    from labkit.results import REPO
+    path = REPO / "results/20261129-153810-decode-h200"
+    if not path.is_dir():
+        pytest.skip("the H200 run folder is not in this checkout")
+    run = load_run(path)
+    head = S.run_header(run.manifest)
+    assert "NVIDIA H200 · PCIe gen 5 x16" in head and "CPU run" not in head and S.what_this_run_is(run.manifest) == ""
+    t, _ = S.targets_view(run.metrics, run.manifest)
+    assert set(t["result"]) <= {"met", "not met", "not judged"}
+    src = " ".join(t["source"])
+    assert "published by sparse offload of Qwen3.8-Flash-Next" in src and "seed" not in src and "issue" not in src

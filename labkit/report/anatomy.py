@@ -135,5 +135,7 @@ def reference_box_prediction(m: pd.DataFrame, gpu_key: str = "rtx3090", n_gpus: 
     if src is None:
         return None
     tab = predict_table(m, ModelShape.from_name(str(m["shape"].dropna().iloc[0])), src, gpu(gpu_key), n_gpus)
-    return tab[["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "fits",
-                "memory_gib_per_gpu"]]
+    tab = tab[["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "fits",
+               "memory_gib_per_gpu"]].copy()
+    tab["fits"] = tab["fits"].map({True: "fits", False: "does not fit"})     # words, not a raw bool
+    return tab

@@ -208,8 +208,9 @@ def busy_note(m: pd.DataFrame, mf: dict) -> str:
     busy = f" The 1-min load average was {la[0]:.1f} on {mf.get('cpu_count')} cores at the start." if la else ""
     return (f"⚠ **Busy machine:** {len(b)} of {len(d)} points have a slowest step more than {BUSY_SPREAD:g}× their "
             f"fastest (worst: {w['strategy']} at {_tok(w['context_len'])}, concurrency {int(w['concurrency'])}: "
-            f"{w['step_ms_min']:,.0f}–{w['step_ms_max']:,.0f} ms).{busy} Other work shared the machine: their medians "
-            "say more about it than about the strategies. They are marked `busy` in the table.")
+            f"{w['step_ms_min']:,.0f}–{w['step_ms_max']:,.0f} ms).{busy} A spread this wide says other work shared the "
+            "machine while they ran: their medians may say more about it than about the strategies. They are marked "
+            "`busy` in the table.")
 
 
 def targets_view(m: pd.DataFrame, mf: dict) -> tuple[pd.DataFrame, str]:
@@ -227,7 +228,7 @@ def targets_view(m: pd.DataFrame, mf: dict) -> tuple[pd.DataFrame, str]:
     def num(v):
         return f"{v:.3f}" if abs(v) < 100 else f"{v:,.0f}"
     t["value"] = t["value"].map(num)
-    t["goal"] = [("" if thr is None or thr != thr else f"{'≥' if higher.get(w, True) else '≤'} {thr:g}")
+    t["goal"] = [("" if thr is None or thr != thr else f"{'≥' if higher.get(w, True) else '≤'}\u00a0{thr:g}")
                  for w, thr in zip(t["target"], t["threshold"])]
     t["result"] = t["met"].map(lambda v: "met" if v is True else "not met" if v is False else "not judged")
     cols = ["target", "value", "goal", "result", "detail"] + ([] if is_cpu_run(mf) else ["source"])
