@@ -87,6 +87,7 @@ def test_cpu_report_says_what_it_is_and_shows_no_gpu_rows(cli_run):
     # what the run is, and what a GPU run adds, in plain words; no None fields or NVML errors in the header
     assert "What this run is." in text and "a check that the pipeline runs" in text and "What a GPU run adds:" in text
     assert "no GPU, no PCIe link" in text
+    assert "1-min load average" in text and "busiest other processes" in text    # the machine's load, recorded
     for wrong in ("gen None", "xNone", "driver None", "CUDA None", "NVMLError", "never compared with GPU figures"):
         assert wrong not in text, wrong
     # targets: verdicts in words, no rows for points a CPU run never measures, no GPU figures as comparisons

@@ -143,8 +143,12 @@ def _load_line(mf: dict) -> str:
         return ""
     def la(x):
         return f"{x['load_avg'][0]:.1f}" if x.get("load_avg") else "?"
-    procs = (b.get("busy_processes") or []) + (a.get("busy_processes") or [])
-    top = ", ".join(f"{p['name']} {p['cpu_percent']:.0f}%" for p in sorted(procs, key=lambda p: -p["cpu_percent"])[:3])
+    procs: dict = {}
+    for p in (b.get("busy_processes") or []) + (a.get("busy_processes") or []):    # one entry per process
+        if p.get("pid") not in procs or p["cpu_percent"] > procs[p.get("pid")]["cpu_percent"]:
+            procs[p.get("pid")] = p
+    top = ", ".join(f"{p['name']} (pid {p.get('pid')}) {p['cpu_percent']:.0f}% of a core"
+                    for p in sorted(procs.values(), key=lambda p: -p["cpu_percent"])[:3])
     return (f"**Load** 1-min load average {la(b)} at the start, {la(a)} at the end, on {mf.get('cpu_count')} cores"
             + (f" · busiest other processes: {top}" if top else ""))
 
