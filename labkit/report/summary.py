@@ -150,7 +150,7 @@ def _load_line(mf: dict) -> str:
     top = ", ".join(f"{p['name']} (pid {p.get('pid')}) {p['cpu_percent']:.0f}% of a core"
                     for p in sorted(procs.values(), key=lambda p: -p["cpu_percent"])[:3])
     return (f"**Load** 1-min load average {la(b)} at the start, {la(a)} at the end, on {mf.get('cpu_count')} cores"
-            + (f" · busiest other processes: {top}" if top else ""))
+            + f" · busiest other processes: {top or 'none above 1% of a core'}")
 
 
 def run_header(mf: dict) -> str:
