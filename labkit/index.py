@@ -2,17 +2,18 @@
 
 `rebuild_index(root)` scans every run folder under `root` (nightly folders included), and writes one
 self-contained page:
-- a table of runs: date, experiment, status, machine (GPU, PCIe link), git sha, wall time, points
-  ok/failed, a link to the run's report;
+- a table of runs: date, the run (a link to its folder), experiment, status (whatever the manifest says),
+  machine (GPU, PCIe link; a CPU by its model, cores and RAM), git sha, wall time, what the folder holds,
+  a link to the run's report or the command that draws one;
 - the nightly folders and each entry's status;
-- per machine (same GPU and link; CPU runs are their own machine and never mixed with GPU runs), trend
+- per machine (same GPU and link; CPU runs by CPU model, cores and RAM, never mixed with GPU runs), trend
   charts of the headline figures (`headlines`): decode tok/s at the largest context per strategy, the
   zero-copy gather GB/s, the contiguous pinned link GB/s, prefill tok/s;
 - regressions: a figure whose value falls below the spread (min..max over the previous runs' points,
   each point's own min..max included) of the earlier runs on that machine is flagged; one above it is
   an improvement; inside it is noise.
 
-`labkit run` and `labkit nightly` call it after every run.
+`labkit run`, `labkit report` and `labkit nightly` call it after every run or report.
 """
 from __future__ import annotations
 
@@ -44,8 +45,16 @@ def _ctx(v: int) -> str:
     return f"{v >> 20}M" if v >= 1 << 20 and v % (1 << 20) == 0 else f"{v >> 10}K" if v >= 1024 and v % 1024 == 0 else str(v)
 
 
-def headlines(m: pd.DataFrame) -> list[Headline]:
-    """The headline figures of one run's metrics (higher is better for all of them)."""
+def _shape(r, default: str | None) -> str:
+    """' (shape)' for a figure's key: the row's shape, else the run's, else nothing (never '(nan)')."""
+    v = r.get("shape")
+    v = v if isinstance(v, str) and v.strip() and v.lower() not in ("nan", "none") else default
+    return f" ({v})" if v else ""
+
+
+def headlines(m: pd.DataFrame, shape: str | None = None) -> list[Headline]:
+    """The headline figures of one run's metrics (higher is better for all of them); `shape` names the
+    run's shape where its rows do not (multi-GPU runs)."""
     out: list[Headline] = []
     if m is None or m.empty or "experiment" not in m:
         return out
@@ -59,7 +68,7 @@ def headlines(m: pd.DataFrame) -> list[Headline]:
             r = g.sort_values("context_len").iloc[-1]
             lo = c1 / (r["step_ms_max"] / 1e3) if pd.notna(r.get("step_ms_max")) and r["step_ms_max"] else r["tok_s"]
             hi = c1 / (r["step_ms_min"] / 1e3) if pd.notna(r.get("step_ms_min")) and r["step_ms_min"] else r["tok_s"]
-            out.append(Headline("decode tok/s", f"{s} @ {_ctx(r['context_len'])} c={int(c1)} ({r.get('shape')})",
+            out.append(Headline("decode tok/s", f"{s} @ {_ctx(r['context_len'])} c={int(c1)}{_shape(r, shape)}",
                                 float(r["tok_s"]), float(lo), float(hi)))
     p = ok_rows(m[m["experiment"] == "probe"])
     zc = p[p["strategy"] == "zero_copy"].dropna(subset=["gbps"]) if "gbps" in p else p.iloc[0:0]
@@ -75,7 +84,7 @@ def headlines(m: pd.DataFrame) -> list[Headline]:
         out.append(Headline("link GB/s", "contiguous pinned H2D", float(link), *_gbps_spread(r)))
     pf = ok_rows(m[m["experiment"] == "prefill"]).dropna(subset=["tok_s"])
     for _, r in pf.iterrows():
-        out.append(Headline("prefill tok/s", f"{r['strategy']} @ {_ctx(r['context_len'])} ({r.get('shape')})",
+        out.append(Headline("prefill tok/s", f"{r['strategy']} @ {_ctx(r['context_len'])}{_shape(r, shape)}",
                             float(r["tok_s"]), float(r["tok_s"]), float(r["tok_s"])))
     return out
 
@@ -87,12 +96,46 @@ def _gbps_spread(r) -> tuple[float, float]:
     return float(r["gbps"]), float(r["gbps"])
 
 
+# Host names that say nothing about the machine (every cloud VM or container may carry them).
+_GENERIC_HOSTS = {"", "vm", "localhost", "ubuntu", "debian", "runner", "host", "box"}
+
+
+def _meaningful_host(host: str | None) -> bool:
+    import re
+    h = (host or "").strip().lower()
+    return not (h in _GENERIC_HOSTS or re.fullmatch(r"[0-9a-f]{12}", h))      # a container's id
+
+
 def machine_label(mf: dict) -> str:
-    """Runs are comparable only on the same GPU behind the same link (CPU runs: same host)."""
+    """Runs are comparable only on the same GPU behind the same link; CPU runs only on the same CPU
+    (model, cores, RAM; the host name too where it names a machine rather than every VM)."""
     if mf.get("gpu_name"):
         link = f"PCIe gen{mf['pcie_gen']} x{mf['pcie_width']}" if mf.get("pcie_gen") else "link unknown"
         return f"{mf['gpu_name']} · {link}"
-    return f"CPU · {mf.get('host', '?')} ({mf.get('cpu_count', '?')} cores)"
+    parts = ["CPU", mf.get("cpu_model") or "model not recorded", f"{mf.get('cpu_count', '?')} cores"]
+    if mf.get("host_mem_total_bytes"):
+        parts.append(f"{mf['host_mem_total_bytes'] / 2**30:.0f} GiB")
+    if _meaningful_host(mf.get("host")):
+        parts.append(f"host {mf['host']}")
+    return " · ".join(parts)
+
+
+def _short(text: str, n: int = 110) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+
+
+def contents(run_dir: Path, st: pd.Series) -> str:
+    """What a run folder holds, in words: its points, or (no metrics table) the result files it has."""
+    if len(st):
+        ok, bad = int((st == "ok").sum()), int((st != "ok").sum())
+        return f"{ok} point{'s' if ok != 1 else ''} ok" + (f", {bad} failed" if bad else "")
+    files = [f for f in run_dir.iterdir() if f.is_file() and f.name != "manifest.json" and not f.name.startswith(".")
+             and f.suffix in (".json", ".parquet", ".csv", ".jsonl")]
+    if not files:
+        return "no measurements"
+    kinds = sorted({f.suffix[1:].upper() for f in files})
+    return f"{len(files)} {'/'.join(kinds)} result file{'s' if len(files) != 1 else ''}, no metrics table"
 
 
 def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
@@ -118,9 +161,11 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
                      "experiment": mf.get("experiment", ""), "status": mf.get("status", "?"),
                      "machine": machine_label(mf), "git_sha": mf.get("git_sha", ""), "wall_s": mf.get("wall_s"),
                      "points_ok": int((st == "ok").sum()), "points_failed": int((st != "ok").sum()) if len(st) else 0,
+                     "holds": contents(run_dir, st), "note": _short(mf.get("note") or mf.get("command") or ""),
                      "folder": os.path.relpath(run_dir, root),
                      "report": os.path.relpath(report, root) if report.is_file() else ""})
-        for h in headlines(m):
+        shape = (mf.get("parameters") or {}).get("shape")
+        for h in headlines(m, shape if isinstance(shape, str) and shape != "auto" else None):
             heads.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
                           "machine": machine_label(mf), "family": h.family, "key": h.key, "value": h.value,
                           "lo": h.lo, "hi": h.hi})
@@ -210,28 +255,42 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
     runs, heads, problems = collect(root)
     page = Page(f"labkit runs — {root.resolve().name}")
     page.text(f"{len(runs)} run(s) under {root}. Figures are compared only between runs on the same machine "
-              "(same GPU and PCIe link; CPU runs by host). A figure below the spread (min..max) of the earlier runs "
+              "(same GPU and PCIe link; CPU runs by CPU model, cores and RAM). A figure below the spread (min..max) of the earlier runs "
               "is a regression, above it an improvement, inside it noise.")
     latest = heads.sort_values("created").groupby(["machine", "family", "key"]).tail(1) if not heads.empty else heads
     regress = latest[latest["verdict"] == "regression"] if not latest.empty else latest
+    every = heads[heads["verdict"] == "regression"] if not heads.empty else heads
+    earlier = every[~every.index.isin(regress.index)] if not every.empty else every
+    cols = ["machine", "run_id", "family", "key", "value", "prev_lo", "prev_hi"]
+    fmt = {"value": ".4g", "prev_lo": ".4g", "prev_hi": ".4g"}
     page.heading("Regressions (latest run of each figure)")
     if regress.empty:
-        page.text("none", cls="ok")
+        page.text("none standing" + (f"; {len(earlier)} earlier regression(s), each followed by a run back inside "
+                                     "the spread (✖ in the trends, listed below)" if not earlier.empty else ""), cls="ok")
     else:
-        t = regress[["machine", "run_id", "family", "key", "value", "prev_lo", "prev_hi"]]
-        page.table(t, classes={i: "regression" for i in range(len(t))}, fmt={"value": ".4g", "prev_lo": ".4g", "prev_hi": ".4g"})
+        t = regress[cols]
+        page.table(t.reset_index(drop=True), classes={i: "regression" for i in range(len(t))}, fmt=fmt)
+    if not earlier.empty:
+        page.heading("Earlier regressions (✖ in the trends; a later run of the figure is not one)", level=3)
+        t = earlier.sort_values("created")[cols].reset_index(drop=True)
+        page.table(t, fmt=fmt)
     page.heading("Runs")
     if runs.empty:
         page.text("no runs yet")
     else:
         t = runs.copy()
         t["report_link"] = t["report"]
-        t["report"] = t["report"].map(lambda r: "report" if r else "(no report)")
+        # a run without a report says how to draw one (from its own tables; nothing is measured again)
+        t["report"] = [("report" if r else f"labkit report {root.as_posix()}/{f}") for r, f in zip(t["report"], t["folder"])]
+        t["folder_link"] = t["folder"].map(lambda f: f + "/")
         t["created"] = t["created"].str.replace("T", " ").str.slice(0, 19)
-        page.table(t[["created", "run_id", "experiment", "status", "machine", "git_sha", "wall_s", "points_ok",
-                      "points_failed", "folder", "report", "report_link"]],
+        t["wall_s"] = t["wall_s"].map(lambda w: f"{w:,.0f}" if isinstance(w, (int, float)) and w == w else "not recorded")
+        # the manifest's note says what a folder without a metrics table is
+        t["holds"] = [h + (f" — {n}" if n and "no metrics table" in h else "") for h, n in zip(t["holds"], t["note"])]
+        page.table(t[["created", "run_id", "experiment", "status", "machine", "git_sha", "wall_s", "holds",
+                      "report", "report_link", "folder_link"]], wrap=("holds", "machine"),
                    classes={i: "failed" for i, s in enumerate(t["status"]) if s not in ("ok",)},
-                   links={"report": "report_link"})
+                   links={"report": "report_link", "run_id": "folder_link"})
     nights = _nightlies(root)
     if not nights.empty:
         page.heading("Nightly runs")

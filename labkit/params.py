@@ -28,6 +28,10 @@ class Param:
     help: str
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+_WHAT = {"int": "a whole number (sizes like 8K or 1M accepted)", "float": "a number", "bool": "true or false"}
+
+
 @dataclass(frozen=True)
 class Plan:
     """A validated experiment: its name and every parameter resolved (typed, "auto" decided for the machine
@@ -57,9 +61,11 @@ class Plan:
 
 
 def parse_value(p: Param, raw: Any) -> Any:
-    """Turn a CLI string (or a notebook value) into the parameter's type."""
+    """Turn a CLI string (or a notebook value) into the parameter's type; a value that is not one is a
+    one-line BadInput naming the parameter and what it takes."""
+    kind = p.kind
     try:
-        if p.kind.startswith("list["):
+        if kind.startswith("list["):
             if isinstance(raw, str):
                 if raw.strip() == "auto":
                     return "auto"
@@ -68,34 +74,49 @@ def parse_value(p: Param, raw: Any) -> Any:
                 items = list(raw)
             else:
                 items = [raw]
-            elem = p.kind[5:-1]
-            return [parse_size(x) if elem == "int" else float(x) if elem == "float" else str(x) for x in items]
-        if p.kind in ("int", "float") and isinstance(raw, str) and raw.strip() == "auto":
+            kind = p.kind[5:-1]
+            out = []
+            for x in items:
+                raw = x        # the item the message names
+                out.append(parse_size(x) if kind == "int" else float(x) if kind == "float" else str(x))
+            return out
+        if kind in ("int", "float") and isinstance(raw, str) and raw.strip() == "auto":
             return "auto"            # decided by the experiment for the machine it is planned on
-        if p.kind == "int":
+        if kind == "int":
             return parse_size(raw)
-        if p.kind == "float":
+        if kind == "float":
+            if isinstance(raw, bool):
+                raise ValueError(raw)
             return float(raw)
-        if p.kind == "bool":
-            return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
+        if kind == "bool":
+            if isinstance(raw, bool):
+                return raw
+            word = str(raw).strip().lower()
+            if word not in _TRUE + _FALSE:
+                raise ValueError(raw)
+            return word in _TRUE
         return str(raw)
-    except (TypeError, ValueError) as ex:
-        raise BadInput(f"parameter {p.name}: cannot read {raw!r} as {p.kind} ({ex})") from None
+    except (TypeError, ValueError):
+        raise BadInput(f"parameter {p.name}: {raw!r} is not {_WHAT.get(kind, kind)}") from None
 
 
 def parse_size(x: Any) -> int:
-    """'8K' -> 8192, '1M' -> 1048576, '248k' -> 253952; ints pass through."""
+    """'8K' -> 8192, '1M' -> 1048576, '248k' -> 253952; ints pass through. ValueError for anything else
+    (a word, a fraction of a token, a bool)."""
     if isinstance(x, bool):
-        raise ValueError("not a number")
-    if isinstance(x, (int,)):
+        raise ValueError(f"{x!r} is not a whole number")
+    if isinstance(x, int):
         return int(x)
     s = str(x).strip().lower()
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:], 1)
     if mult != 1:
         s = s[:-1]
-    v = float(s) * mult
-    if v != int(v):
-        raise ValueError("not a whole number")
+    try:
+        v = float(s) * mult
+    except ValueError:
+        raise ValueError(f"{x!r} is not a whole number") from None
+    if v != v or v in (float("inf"), float("-inf")) or v != int(v):
+        raise ValueError(f"{x!r} is not a whole number")
     return int(v)
 
 

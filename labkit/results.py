@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import __version__
+from .telemetry import machine_load
 
 METRIC_COLUMNS = ["run_id", "experiment", "status", "error", "device", "gpu_name", "shape", "strategy",
                   "context_len", "budget", "concurrency", "repeats", "step_ms_median", "step_ms_min",
@@ -46,8 +47,8 @@ def git_sha() -> str:
 def machine_info() -> dict:
     """What the machine was: host, CPU, GPU, driver, CUDA, torch, PCIe link (read now)."""
     import torch
-    from .telemetry import host_memory, link_info
-    info = {"host": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+    from .telemetry import cpu_model, host_memory, link_info
+    info = {"host": socket.gethostname(), "platform": platform.platform(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__,
             "cuda": torch.version.cuda if torch.cuda.is_available() else None,
             "gpu_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -89,7 +90,7 @@ class Run:
         manifest = {"run_id": path.name, "experiment": experiment,
                     "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "git_sha": git_sha(), "labkit": __version__, **machine_info(), "parameters": params,
-                    "status": "running"}
+                    "status": "running", "machine_load_before": machine_load()}
         if os.environ.get("LABKIT_SESSION"):     # runs made by one device session (their reports meet)
             manifest["session"] = os.environ["LABKIT_SESSION"]
         run = cls(path, manifest)
@@ -136,7 +137,7 @@ class Run:
     def finish(self, status: str = "ok", **fields) -> None:
         created = dt.datetime.fromisoformat(self.manifest["created"])
         wall = (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
-        self.update_manifest(status=status, wall_s=round(wall, 1), **fields)
+        self.update_manifest(status=status, wall_s=round(wall, 1), machine_load_after=machine_load(), **fields)
 
 
 class LoadedRun:

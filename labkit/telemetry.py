@@ -203,3 +203,49 @@ def link_info(index: int = 0) -> dict:
                 "pcie_max_width": nv.nvmlDeviceGetMaxPcieLinkWidth(h)}
     except Exception as ex:
         return {"nvml": f"NVML error: {ex}"}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (/proc/cpuinfo, else platform): with the core count and RAM it tells machines
+    apart whose host name says nothing (every VM called `vm`)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or None
+
+
+def machine_load(top: int = 5, interval: float = 0.2) -> dict:
+    """How busy the machine is right now: the 1/5/15-minute load averages, the core count they compare
+    with, and the `top` other processes by CPU share over `interval` seconds (name, pid, % of one core).
+    Recorded at a run's start and end: a point whose slowest step is many times its fastest on a loaded
+    machine measured the neighbours, not the strategy."""
+    import os
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:       # not on this platform
+        load = None
+    me = os.getpid()
+    procs = []
+    for p in psutil.process_iter(["pid", "name"]):
+        try:
+            if p.pid != me:
+                p.cpu_percent(None)        # the first call starts the window
+                procs.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    time.sleep(interval)
+    busy = []
+    for p in procs:
+        try:
+            pct = p.cpu_percent(None)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if pct >= 1.0:
+            busy.append({"name": p.info["name"], "pid": p.pid, "cpu_percent": round(pct, 1)})
+    busy.sort(key=lambda r: -r["cpu_percent"])
+    return {"at": round(time.time(), 1), "load_avg": load, "cpu_count": os.cpu_count(), "busy_processes": busy[:top]}

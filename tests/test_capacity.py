@@ -121,3 +121,32 @@ def test_labkit_run_capacity_notebook_holds_issue_10s_figures(tmp_path):
                         "--out", str(tmp_path / "never")], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "replay_run" in r.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_capacity_defaults_are_sized_to_this_machine(tmp_path):
+    """With its defaults on a CPU, the cap is a share of the RAM available (never 24 GiB on a machine that
+    has less) and the timed batch small enough to step: every row measured, none failed."""
+    import psutil
+    from labkit.bench.capacity import CPU_MAX_BATCH, plan
+    p, _, _, fits = plan({"device": "cpu"})
+    assert 0 < p["mem_cap_gib"] * 2**30 <= psutil.virtual_memory().total / 4 + 2**30
+    assert p["max_batch"] == CPU_MAX_BATCH
+    out = tmp_path / "cap"
+    r = _cli("labkit.bench.capacity", "--out", str(out), "-p", "device=cpu", "-p", "steps=2", "-p", "repeats=1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = pd.read_csv(out / "metrics.csv")
+    assert (m["status"] == "ok").all(), m.get("error")
+    assert m["batch"].max() <= CPU_MAX_BATCH
+
+
+def test_a_timed_batch_larger_than_the_ram_is_refused_before_allocating(tmp_path):
+    """A cap the size of the whole RAM, timed at its full capacity on a CPU: one line, exit 2, no folder."""
+    import psutil
+    cap = psutil.virtual_memory().total / 2**30
+    out = tmp_path / "run"
+    r = _cli("labkit.bench.capacity", "--out", str(out), "-p", "device=cpu", "-p", f"mem_cap_gib={cap:.1f}",
+             "-p", "max_batch=1000000000")
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "of host RAM" in lines[0] and "available now" in lines[0], r.stderr
+    assert not out.exists()

@@ -65,3 +65,12 @@ def test_fit_needs_an_anatomy_and_cli_refuses_bad_input(tmp_path, capsys):
         C.CostModel.fit(_run().drop(columns=["anat_weights_ms"]), SHAPE, "resident", 65536, 1, H200)
     assert main(["predict", str(tmp_path), "--gpu", "tpu9"]) == 2
     assert "unknown GPU 'tpu9'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,key", [("NVIDIA H200", "h200"), ("NVIDIA GeForce RTX 3090", "rtx3090"), ("H200", "h200"),
+                                      ("", None), (None, None), ("None", None), ("nan", None), ("cpu", None),
+                                      ("NVIDIA", None), ("NVIDIA GeForce", None)])
+def test_gpu_for_name_never_matches_an_empty_or_vendor_only_name(name, key):
+    """A CPU run has no GPU name: nothing may match it (an empty string is part of every name)."""
+    g = C.gpu_for_name(name)
+    assert (g.key if g else None) == key

@@ -46,3 +46,65 @@ def test_single_run_trend_is_a_dated_point():
     assert "one run so far" in fig.layout.title.text
     two = pd.concat([h, h.assign(run_id="r2", created="2026-11-30T10:00:00+00:00", verdict="noise")])
     assert trend_figure(two, "H200", "decode tok/s").layout.xaxis.type != "category"
+
+
+def _probe_rows():
+    """The link probe's bars as a CPU run measures them (0.1 to 84 GB/s)."""
+    return pd.DataFrame([{"experiment": "probe", "status": "ok", "strategy": s, "direction": "h2d", "bytes": 2**28,
+                          "gbps": g, "size_mib": mib} for s, g, mib in
+                         (("contiguous", 0.1, 1), ("contiguous", 83.9, 8), ("contiguous", 5.7, 256),
+                          ("pageable", 10.6, 256), ("per_row", 0.6, None), ("zero_copy", 0.6, None))])
+
+
+def test_link_limits_axis_fits_its_bars():
+    from labkit.report.figures import probe_bars
+    fig = probe_bars(_probe_rows())
+    lo, hi = fig.layout.yaxis.range
+    assert fig.layout.yaxis.type == "log" and 10 ** hi < 1000 and 10 ** lo <= 0.1     # was autoranged to 1M GB/s
+
+
+def test_token_counts_read_as_people_write_them():
+    from labkit.report.anatomy import _ctx
+    from labkit.report.figures import tok_s_vs_concurrency, tokens_label
+    assert [tokens_label(v) for v in (256, 256.0, 1024.0, 4096, 65536, 248 << 10, 1 << 20, 1536)] == \
+        ["256", "256", "1K", "4K", "64K", "248K", "1M", "1.5K"]
+    assert _ctx(4096.0) == "4K" and _ctx(256.0) == "256"
+    m = _metrics(5.0)
+    m.loc[m["context_len"] == 8192, "context_len"] = 256
+    names = {t.name for t in tok_s_vs_concurrency(m).data}
+    assert "zero_copy @ 256" in names and "zero_copy @ 1M" in names and not [n for n in names if "0K" in n]
+
+
+def test_log_axes_label_each_tick_once_without_crowding():
+    from labkit.report.figures import log_ticks, step_ms_vs_context
+    for lo, hi in ((8, 600), (0.05, 90), (1e-5, 3e-3), (12, 19)):
+        t = log_ticks(lo, hi)
+        assert 2 <= len(t["tickvals"]) <= 12, (lo, hi, t)
+        assert len(set(t["ticktext"])) == len(t["ticktext"]) and all(lo <= v <= hi for v in t["tickvals"])
+    y = step_ms_vs_context(_metrics(5.0)).layout.yaxis
+    assert y.type == "log" and y.tickvals and len(y.tickvals) <= 12        # no plotly minor labels (2..9 per decade)
+
+
+def test_empty_figures_become_one_line_of_text():
+    """A figure without data is shown as one sentence (`figures.show`), not empty axes under it; the
+    rendered report is checked in test_report."""
+    from labkit.report.figures import bytes_engine_vs_nvml, empty_reason, empty_text, telemetry_timeline
+    m = _metrics(5.0)                                   # no NVML counts, as on a CPU
+    fig = bytes_engine_vs_nvml(m)
+    assert empty_reason(fig) and empty_reason(telemetry_timeline(pd.DataFrame(), m))
+    assert empty_reason(tok_s_vs_context(m)) is None
+    assert empty_text(fig).startswith("H2D bytes per step") and "NVML" in empty_text(fig)
+
+
+def test_busy_points_are_flagged():
+    from labkit.report.summary import busy_note, busy_points, table_view
+    m = _metrics(5.0)
+    hit = (m["strategy"] == "host_gather") & (m["concurrency"] == 1.0) & (m["context_len"] == 65536)
+    m.loc[hit, ["step_ms_min", "step_ms_max"]] = [11.0, 1503.0]
+    b = busy_points(m)
+    assert len(b) == 1 and b["strategy"].iloc[0] == "host_gather"
+    note = busy_note(m, {"cpu_count": 2, "machine_load_before": {"load_avg": [5.2, 4.0, 2.0]}})
+    assert "1 of 24 points" in note and "11–1,503 ms" in note and "5.2 on 2 cores" in note
+    t = table_view(m)
+    assert (t["busy"] == "busy").sum() == 1 and str(t["context_len"].dtype) == "Int64"
+    assert busy_note(_metrics(5.0), {}) == ""

@@ -166,3 +166,64 @@ def test_compare_cli_default_path(results, capsys):
     path = capsys.readouterr().out.strip()
     assert rc == 0 and path.endswith("compare-run-a-vs-run-b.html")
     assert "4 matching points: 4 noise" in open(path).read()
+
+
+# ---------------------------------------------------------------- what the index says about each run
+
+def test_runs_link_their_folder_and_say_how_to_draw_a_missing_report(results):
+    html = rebuild_index(results).read_text()
+    runs = html.split("<h2>Runs</h2>")[1].split("<h2>")[0]
+    assert "<th>folder</th>" not in runs and "(no report)" not in runs
+    assert '<a href="run-a/">run-a</a>' in runs                              # the run id is the link
+    assert f"labkit report {results.as_posix()}/run-a" in runs
+
+
+def test_a_folder_of_result_files_says_what_it_holds(results, tmp_path):
+    """A run that wrote JSON result files and no metrics table (as the PulseInfer switch rounds do), and a
+    manifest without wall time: the index says so instead of 'ok, 0 points' and an empty cell."""
+    root = tmp_path / "r"
+    run = root / "switch"
+    run.mkdir(parents=True)
+    mf = json.loads((results / "run-a" / "manifest.json").read_text())
+    mf.update(run_id="switch", experiment="pulse_switch", note="two switched rounds, each in its own process")
+    mf.pop("wall_s", None)
+    (run / "manifest.json").write_text(json.dumps(mf))
+    for n in ("a", "b"):
+        (run / f"round-{n}.json").write_text("[]")
+    runs, _, _ = collect(root)
+    r = runs.iloc[0]
+    assert r["holds"] == "2 JSON result files, no metrics table" and "switched rounds" in r["note"]
+    row = rebuild_index(root).read_text().split("<h2>Runs</h2>")[1]
+    assert "not recorded" in row and "2 JSON result files, no metrics table — two switched rounds" in row
+
+
+def test_headline_keys_take_the_runs_shape_never_nan(results):
+    m = load_run(results / "run-a").metrics.drop(columns=["shape"])
+    keys = [h.key for h in headlines(m, "qwen3.8-flash-next")]
+    assert keys and all(k.endswith("(qwen3.8-flash-next)") for k in keys if "@" in k)
+    m["shape"] = float("nan")
+    assert not [h.key for h in headlines(m) if "nan" in h.key]
+
+
+def test_cpu_machines_are_told_apart_by_cpu_not_by_a_generic_host_name():
+    from labkit.index import machine_label
+    a = {"host": "vm", "cpu_model": "AMD EPYC 7B13", "cpu_count": 2, "host_mem_total_bytes": 24 * 2**30}
+    b = {**a, "cpu_model": "Intel Xeon Platinum 8480+", "cpu_count": 16}
+    assert machine_label(a) != machine_label(b)
+    assert machine_label(a) == "CPU · AMD EPYC 7B13 · 2 cores · 24 GiB" and "vm" not in machine_label(a)
+    assert machine_label({**a, "host": "lab-box-3"}).endswith("host lab-box-3")
+
+
+def test_header_and_trend_agree_on_regressions(tmp_path):
+    """A regression followed by a run back inside the spread: the trend marks it (✖), so the header says
+    it is not standing and lists it, instead of a bare 'none'."""
+    root = tmp_path / "r"
+    derived_run(root / "run-a", "2026-01-01T00:00:00+00:00", spread=0.05)
+    derived_run(root / "run-b", "2026-01-02T00:00:00+00:00", spread=0.05)
+    derived_run(root / "run-c", "2026-01-03T00:00:00+00:00", spread=0.05, scale={"zero_copy": 3.0})
+    derived_run(root / "run-d", "2026-01-04T00:00:00+00:00", spread=0.05)
+    html = rebuild_index(root).read_text()
+    head = html.split("Regressions (latest run of each figure)")[1].split("<h2>")[0]
+    assert "none standing; 1 earlier regression(s)" in head
+    assert "Earlier regressions" in head and "run-c" in head and "zero_copy @ 1K" in head
+    assert '"name":"regression:zero_copy@1K' in html.replace(" ", "")      # the ✖ trace of the trend

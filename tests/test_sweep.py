@@ -80,7 +80,7 @@ def test_failed_point_is_recorded_and_sweep_continues(tmp_path, monkeypatch):
     ("device=cuda", "no CUDA GPU"),
     ("context_lens=64M", "of host KV"),
     ("bogus=1", "unknown parameter"),
-    ("concurrency=two", "cannot read"),
+    ("concurrency=two", "parameter concurrency: 'two' is not a whole number"),
     ("select_block=3", "select_block must be"),
 ])
 def test_bad_input_one_line_nothing_written(tmp_path, arg, msg):
@@ -150,3 +150,14 @@ def test_sweep_with_block_selection_and_block_dma(tmp_path):
     by = dec.set_index(["strategy", "context_len"])["h2d_bytes_per_step"]
     for ctx in (128, 512):
         assert by["block_dma", ctx] == by["zero_copy", ctx] == PRESETS["tiny"].h2d_bytes_per_step(64, [ctx])
+
+
+def test_predict_refuses_a_cpu_run_in_one_line(run):
+    """`labkit predict` scales a GPU's step anatomy; a CPU run has no GPU to scale from, so it is refused
+    (an empty GPU name used to match the first GPU of the spec list and print a prediction)."""
+    p = subprocess.run([sys.executable, "-m", "labkit", "predict", str(run.path), "--gpu", "rtx3090"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "CPU" in lines[0], p.stderr
+    assert "PREDICTED" not in p.stdout and "RTX 3090" not in p.stdout

@@ -1,5 +1,4 @@
-"""Capacity and goodput under a device-memory cap (issue 10, item 6; FlashOffloading's comparison,
-SEEDS.md §2): for a context length and a cap (e.g. 24 GiB, the reference box's per-card memory), how
+"""Capacity and goodput under a device-memory cap (FlashOffloading's comparison): for a context length and a cap (e.g. 24 GiB, the reference box's per-card memory), how
 many requests fit, and the decode goodput of those that keep their TPOT under a limit, in three
 configurations:
 
@@ -26,8 +25,10 @@ step for the largest timed batch under the limit, 0 when none is.
 
     python -m labkit.bench.capacity --out DIR -p context_len=32K -p mem_cap_gib=24 -p tpot_ms=30
 
-Bad input (cap below the weights, a capacity of 0 requests, unknown config or hot policy): one line,
-exit 2, before anything is allocated.
+The defaults are sized to the machine: the cap is 24 GiB or the GPU's memory if smaller (on a CPU, where
+the "device" is host RAM, a quarter of the RAM available); a CPU times at most `CPU_MAX_BATCH` requests.
+Bad input (cap below the weights, a capacity of 0 requests, unknown config or hot policy, a timed batch
+whose caches would not fit the RAM available now): one line, exit 2, before anything is allocated.
 """
 from __future__ import annotations
 
@@ -48,7 +49,11 @@ from ..params import BadInput, check_positive, gib, one_line, resolve_device
 from .prefill import apply_cap, check_cap
 
 EXPERIMENT = "capacity"
+REFERENCE_CAP_GIB = 24.0     # the reference box's per-card memory (3x RTX 3090)
+CPU_MAX_BATCH = 16           # a CPU steps a batch of thousands of tiny requests far too slowly to time
+RAM_SHARE = 0.9              # of the RAM available now, the most a timed batch may take (as the decode sweep)
 CONFIGS = {"none": "resident", "prefill": "resident", "both": "hot_cache"}
+
 
 
 
@@ -106,6 +111,12 @@ def check(p: dict) -> dict:
         p["shape"] = "qwen3.8-flash-next" if dev.type == "cuda" else "tiny"
     if p["context_len"] == 0:
         p["context_len"] = 32 << 10 if dev.type == "cuda" else 256
+    if p["mem_cap_gib"] == 0:      # sized to the machine: never a cap the device does not have
+        have = (torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda"
+                else psutil.virtual_memory().available / 4)
+        p["mem_cap_gib"] = round(min(REFERENCE_CAP_GIB, have / 2**30), 2)
+    if p["max_batch"] == 0 and dev.type != "cuda":
+        p["max_batch"] = CPU_MAX_BATCH
     try:
         shape = ModelShape.from_name(p["shape"])
     except ValueError as ex:
@@ -143,6 +154,8 @@ def check(p: dict) -> dict:
                 why = f"host_cap_gib={p['host_cap_gib']} holds no request of {gib(p['context_len'] * shape.kv_bytes_per_token())} KV"
             raise BadInput(f"config {f.config}: no request of {p['context_len']} tokens fits a "
                            f"{p['mem_cap_gib']:g} GiB cap: {why}")
+    if p["measure"]:
+        check_host_memory(p, shape, dev, fits_of(p, shape))
     return p
 
 
@@ -150,6 +163,27 @@ def fits_of(p: dict, shape: ModelShape) -> list[Fit]:
     """What the cap holds per config, for checked parameters (pure arithmetic on the shape)."""
     return [fit(shape, p["context_len"], p["mem_cap_gib"] * 2**30, c, p["budget"], p["hot_capacity"],
                 p["host_cap_gib"] * 2**30, p["workspace_gib"] * 2**30) for c in p["configs"]]
+
+
+def host_bytes(shape: ModelShape, ctx: int, f: Fit, batch: int, dev: torch.device) -> int:
+    """Host RAM that timing `batch` requests of `f.config` takes: the pinned KV pool when decode is
+    offloaded, and on a CPU everything the "device" holds (weights, workspace, prefill, the requests)."""
+    kv = batch * ctx * shape.kv_bytes_per_token() if CONFIGS[f.config] == "hot_cache" else 0
+    device = f.shared_bytes + batch * f.per_request_bytes if dev.type != "cuda" else 0
+    return kv + device
+
+
+def check_host_memory(p: dict, shape: ModelShape, dev: torch.device, fits: list[Fit]) -> None:
+    """Every configuration's timed batch must fit the RAM available now (one pool in memory at a time), as
+    the decode sweep checks its pools: one line before anything is allocated, not a failed row after."""
+    avail = psutil.virtual_memory().available
+    for f in fits:
+        batch = _batches_to_try(f.requests, p["max_batch"])
+        need = host_bytes(shape, p["context_len"], f, batch, dev)
+        if need > RAM_SHARE * avail:
+            raise BadInput(f"config {f.config}: timing {batch:,} requests of {p['context_len']} tokens needs {gib(need)} "
+                           f"of host RAM; {gib(avail)} is available now: lower mem_cap_gib or max_batch "
+                           f"(measure=false gives the capacities alone)")
 
 
 def _batches_to_try(n: int, max_batch: int) -> int:
@@ -171,9 +205,16 @@ def _reusing_caches(stages, dp):
     return Reuse(stages, dp)
 
 
+def decode_plan(given: dict):
+    """The decode sweep's plan of one point (checked as `labkit run decode` checks it)."""
+    from ..experiments import decode as decode_experiment
+    from .decode import derive
+    return derive(decode_experiment.plan(given).params)
+
+
 def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
     """One decode point (the decode sweep's measure_decode) for `f.config` at `batch` requests."""
-    from .decode import Point, measure_decode, plan as decode_plan
+    from .decode import Point, measure_decode
     strat = CONFIGS[f.config]
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": strat,
                       "context_lens": str(p["context_len"]), "budgets": str(p["budget"]), "concurrency": str(batch),
@@ -204,7 +245,7 @@ def run(p: dict, progress=print) -> Run:
             r.add({**base, "experiment": EXPERIMENT, "status": "ok", "error": None, **f.row()})
         r.finish("ok")
         return r
-    from .decode import DecodeSession, plan as decode_plan
+    from .decode import DecodeSession
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": "resident", "context_lens": str(p["context_len"]),
                       "budgets": str(p["budget"]), "concurrency": "1", "prefill_lens": "", "probe": "false", "seed": str(p["seed"])})
     done: dict[tuple[str, int], dict] = {}     # none and prefill decode alike: time a batch once

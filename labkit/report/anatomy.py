@@ -12,8 +12,38 @@ PHASE_COLORS = {"weights": "#4c78a8", "deltanet": "#72b7b2", "index_score": "#f5
 TEMPLATE = "plotly_white"
 
 
-def _ctx(v: int) -> str:
-    return f"{v // (1 << 20)}M" if v >= 1 << 20 and v % (1 << 20) == 0 else f"{v // 1024}K" if v >= 1024 else str(v)
+def _ctx(v) -> str:
+    from .figures import tokens_label
+    return tokens_label(v)
+
+
+def is_cpu(m: pd.DataFrame) -> bool:
+    """No GPU named on any row (the metrics name the device `cpu` there): a CPU run."""
+    if "gpu_name" not in m:
+        return True
+    names = m["gpu_name"].dropna().astype(str).str.strip().str.lower()
+    return names.isin(["", "cpu", "none", "nan"]).all()
+
+
+def anatomy_text(m: pd.DataFrame) -> str:
+    """What the anatomy section's bars mean in this run (markdown): on a GPU, phases timed inside one CUDA
+    graph that should meet the measured step within 5%; on a CPU, what holds and what does not."""
+    t = anatomy_frame(m)
+    if t.empty:
+        return "No step anatomy in this run (`anatomy=false`, or per_row only)."
+    if not is_cpu(m):
+        return ("Each decode point's step split into phases (weights/GEMMs, DeltaNet, index score, selection, transfer, "
+                "attention, head, other), timed by events recorded inside one extra CUDA graph of the step; the cost of "
+                "the marks themselves is measured (every mark doubled in a third graph) and taken off. The black tick is "
+                "the measured, unmarked step: bar and tick should meet (within 5%).")
+    total = t.groupby(["strategy", "context_len", "concurrency"]).agg(ms=("ms", "sum"), step=("step_ms_median", "first"))
+    r = (total["ms"] / total["step"]).replace([float("inf")], float("nan")).dropna()
+    spread = f" (here the bars are {r.min():.2g}× to {r.max():.2g}× the tick)" if len(r) else ""
+    return ("**CPU run.** Each phase (weights/GEMMs, DeltaNet, index score, selection, transfer, attention, head, "
+            "other) is timed by wall-clock marks around eager code on this CPU; there are no CUDA graphs. The marked "
+            "steps and the unmarked ones (black tick) are different runs of the step on a shared CPU, so bar and tick "
+            f"need not meet{spread}. What holds here: which phases each strategy runs and how they compare within one "
+            "bar. The closure check (bar within 5% of the tick) and the cost model are a GPU run's.")
 
 
 def anatomy_frame(m: pd.DataFrame) -> pd.DataFrame:
@@ -38,7 +68,8 @@ def anatomy_bars(m: pd.DataFrame) -> go.Figure:
         fig = go.Figure()
         fig.update_layout(title="Step anatomy", template=TEMPLATE, annotations=[{
             "text": "no anatomy in this run (anatomy=false, or per_row only)", "showarrow": False,
-            "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper"}])
+            "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper"}], meta={"labkit_empty": "no anatomy in this run "
+                                                                           "(anatomy=false, or per_row only)"})
         return fig
     concs = sorted(int(c) for c in t["concurrency"].unique())
     fig = make_subplots(rows=len(concs), cols=1, subplot_titles=[f"concurrency {c}" for c in concs], vertical_spacing=0.12)
@@ -81,6 +112,18 @@ def cost_model_check(m: pd.DataFrame) -> go.Figure | None:
     return fig
 
 
+def prediction_text(m: pd.DataFrame) -> str:
+    """The heading and first line of the reference-box prediction section (markdown), or why there is none."""
+    if is_cpu(m):
+        return ("## Prediction for a GPU\n_Not from a CPU run: `labkit predict RUN_DIR` scales a GPU run's step anatomy "
+                "by the specs of the GPU it ran on and of the target GPU (labkit/data/gpus.toml)._")
+    return ("## Predicted on the reference box (3× RTX 3090, PCIe 4.0) — a prediction, not a measurement\n"
+            "`labkit predict RUN_DIR --gpu rtx3090 --gpus 3`: each phase of this run's anatomy as fixed time + bytes / "
+            "bandwidth, the bandwidths scaled to the RTX 3090's memory (936 GB/s) and PCIe 4.0 link, the layers in "
+            "three stages one after another (no pipelining), memory checked per card. The plot above shows how well "
+            "the same model predicts this run's own points.")
+
+
 def reference_box_prediction(m: pd.DataFrame, gpu_key: str = "rtx3090", n_gpus: int = 3) -> pd.DataFrame | None:
     """PREDICTED tok/s on the reference box, from this run's anatomies (None when the run cannot say)."""
     from ..costmodel import gpu, gpu_for_name, predict_table
@@ -92,5 +135,7 @@ def reference_box_prediction(m: pd.DataFrame, gpu_key: str = "rtx3090", n_gpus: 
     if src is None:
         return None
     tab = predict_table(m, ModelShape.from_name(str(m["shape"].dropna().iloc[0])), src, gpu(gpu_key), n_gpus)
-    return tab[["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "fits",
-                "memory_gib_per_gpu"]]
+    tab = tab[["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "fits",
+               "memory_gib_per_gpu"]].copy()
+    tab["fits"] = tab["fits"].map({True: "fits", False: "does not fit"})     # words, not a raw bool
+    return tab

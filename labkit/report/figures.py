@@ -15,10 +15,46 @@ COLORS = {"resident": "#1f77b4", "zero_copy": "#2ca02c", "host_gather": "#ff7f0e
 TEMPLATE = "plotly_white"
 
 
+def tokens_label(v) -> str:
+    """A token count as people write it: 256, 1K, 4K, 64K, 248K, 1M, 1.5K (never 0K or 4.0K)."""
+    v = int(v)
+    for unit, n in (("M", 1 << 20), ("K", 1 << 10)):
+        if v >= n:
+            q = v / n
+            return f"{q:.0f}{unit}" if q == int(q) else f"{q:.3g}{unit}"
+    return str(v)
+
+
 def _ctx_ticks(values) -> dict:
     vals = sorted(set(int(v) for v in values))
-    return {"tickvals": vals, "ticktext": [f"{v // (1 << 20)}M" if v >= 1 << 20 and v % (1 << 20) == 0 else
-                                           f"{v // 1024}K" if v >= 1024 else str(v) for v in vals]}
+    return {"tickvals": vals, "ticktext": [tokens_label(v) for v in vals]}
+
+
+def log_ticks(lo: float, hi: float) -> dict:
+    """Ticks of a logarithmic axis at 1, 2, 5 x 10^k inside [lo, hi] (only powers of ten when the range
+    spans more than three decades), labelled once each: plotly's own minor labels overlap on short axes."""
+    lo, hi = float(lo), float(hi)
+    if not (lo > 0 and hi > 0) or lo != lo or hi != hi:
+        return {}
+    k0, k1 = int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi)))
+    steps = (1,) if k1 - k0 > 3 else (1, 2, 5)
+    vals = [m * 10.0 ** k for k in range(k0, k1 + 1) for m in steps if lo <= m * 10.0 ** k <= hi]
+    if len(vals) < 2:
+        vals = [m * 10.0 ** k for k in range(k0, k1 + 1) for m in (1, 1.5, 2, 3, 5, 7) if lo <= m * 10.0 ** k <= hi]
+    if len(vals) < 2:     # less than a factor of ~1.5: evenly spaced round values
+        step = 10.0 ** np.floor(np.log10((hi - lo) / 2))
+        vals = list(np.arange(np.ceil(lo / step) * step, hi + step / 2, step))[:8]
+    return {"tickvals": vals, "ticktext": [f"{v:,.0f}" if v >= 1 else f"{v:g}" for v in vals]}
+
+
+def log_axis(values, pad: float = 1.3) -> dict:
+    """A log axis fitted to `values` (padded by `pad` either side) with `log_ticks`."""
+    v = pd.to_numeric(pd.Series(list(values)), errors="coerce")
+    v = v[v > 0]
+    if v.empty:
+        return {"type": "log"}
+    lo, hi = float(v.min()) / pad, float(v.max()) * pad
+    return {"type": "log", "range": [np.log10(lo), np.log10(hi)], **log_ticks(lo, hi)}
 
 
 def _err(d: pd.DataFrame, col: str = "tok_s") -> dict:
@@ -32,10 +68,36 @@ def _err(d: pd.DataFrame, col: str = "tok_s") -> dict:
 
 
 def _empty(title: str, why: str) -> go.Figure:
+    """A figure with nothing to draw: `show` prints its one line of text instead of empty axes."""
     fig = go.Figure()
-    fig.update_layout(title=title, template=TEMPLATE, annotations=[{"text": why, "showarrow": False, "x": 0.5, "y": 0.5,
-                                                                   "xref": "paper", "yref": "paper"}])
+    fig.update_layout(title=title, template=TEMPLATE, meta={"labkit_empty": why},
+                      annotations=[{"text": why, "showarrow": False, "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper"}],
+                      xaxis={"visible": False}, yaxis={"visible": False})
     return fig
+
+
+def empty_reason(fig: go.Figure | None) -> str | None:
+    """Why a figure has nothing to draw (None: it has data)."""
+    if fig is None:
+        return "nothing to draw"
+    meta = fig.layout.meta
+    return meta.get("labkit_empty") if isinstance(meta, dict) else None
+
+
+def show(fig: go.Figure | None) -> None:
+    """A report cell's figure: the chart when it has data, else one line of text saying why not (no empty
+    axes under a sentence that says there is no data)."""
+    from IPython.display import Markdown, display
+    if empty_reason(fig) is None:
+        fig.show()
+    else:
+        display(Markdown(f"_{empty_text(fig)}_"))
+
+
+def empty_text(fig: go.Figure | None) -> str:
+    """The sentence that stands for a figure with nothing to draw: its title and why."""
+    title = fig.layout.title.text if fig is not None and fig.layout.title.text else ""
+    return f"{title + ': ' if title else ''}{empty_reason(fig)}."
 
 
 def _fmt_tok_s(v: float) -> str:
@@ -90,8 +152,9 @@ def tok_s_vs_context(m: pd.DataFrame) -> go.Figure:
                                bgcolor="rgba(255,255,255,0.8)", bordercolor="black", borderwidth=1)
         fig.update_xaxes(type="log", title="context (tokens)", row=1, col=j, **_ctx_ticks(dc["context_len"]))
         # a named bound needs an empty band at the top for its label: more headroom there
+        lo_r, hi_r = y_lo / 1.25, y_hi * (1.6 if near or bound is None else 4.0)
         fig.update_yaxes(title="decode tok/s (aggregate, log)" if j == 1 else None, type="log", row=1, col=j,
-                         range=[np.log10(y_lo / 1.25), np.log10(y_hi * (1.6 if near or bound is None else 4.0))])
+                         range=[np.log10(lo_r), np.log10(hi_r)], **log_ticks(lo_r, hi_r))
     fig.update_layout(title="Decode speed vs context length (budget {})".format(int(d["budget"].iloc[0])),
                       template=TEMPLATE, height=430)
     return fig
@@ -108,7 +171,8 @@ def step_ms_vs_context(m: pd.DataFrame) -> go.Figure:
                                  line={"color": COLORS.get(s), "dash": "solid" if c == d["concurrency"].min() else "dot"},
                                  error_y=_err(g, "step_ms_median")))
     fig.update_xaxes(type="log", title="context (tokens)", **_ctx_ticks(d["context_len"]))
-    fig.update_yaxes(type="log", title="step time (ms), median with min/max")
+    fig.update_yaxes(title="step time (ms), median with min/max",
+                     **log_axis(pd.concat([d["step_ms_min"], d["step_ms_max"], d["step_ms_median"]])))
     fig.update_layout(title="Decode step time vs context", template=TEMPLATE, height=420)
     return fig
 
@@ -129,12 +193,23 @@ def tok_s_vs_budget(m: pd.DataFrame) -> go.Figure:
                                  error_y=_err(g)))
     link = link_gbps(m)
     off = d[d["h2d_bytes_per_step"] > 0].groupby("budget")["h2d_bytes_per_step"].max().sort_index()
+    ys = pd.concat([d["tok_s"], c / (d["step_ms_max"] / 1e3), c / (d["step_ms_min"] / 1e3)])
     if link and not off.empty:
-        fig.add_trace(go.Scatter(x=off.index, y=c / (off.values / (link * 1e9)), mode="lines", name=f"link bound ({link:.1f} GB/s)",
-                                 line={"dash": "dash", "color": "black"}))
-    fig.update_xaxes(type="log", title="indexer budget (selected tokens per QSA layer)", tickvals=sorted(d["budget"].unique()))
-    fig.update_yaxes(type="log", title="decode tok/s")
-    fig.update_layout(title=f"Decode speed vs budget (context {ctx // 1024}K, concurrency {c})", template=TEMPLATE, height=420)
+        bound = c / (off / (link * 1e9))
+        if bound.max() <= 3 * ys.max():       # drawn only where it does not flatten the data, else named
+            fig.add_trace(go.Scatter(x=bound.index, y=bound.values, mode="lines", name=f"link bound ({link:.1f} GB/s)",
+                                     line={"dash": "dash", "color": "black"}))
+            ys = pd.concat([ys, bound])
+        else:
+            fig.add_annotation(text=f"▲ link bound {_fmt_tok_s(bound.min())}–{_fmt_tok_s(bound.max())} tok/s "
+                                    f"(H2D alone at {link:.1f} GB/s), far above this axis",
+                               xref="paper", yref="paper", x=0.02, y=0.98, xanchor="left", yanchor="top", showarrow=False,
+                               font={"size": 11}, bgcolor="rgba(255,255,255,0.8)", bordercolor="black", borderwidth=1)
+    budgets = sorted(int(b) for b in d["budget"].unique())
+    fig.update_xaxes(type="log", title="indexer budget (selected tokens per QSA layer)", tickvals=budgets,
+                     ticktext=[tokens_label(b) for b in budgets])
+    fig.update_yaxes(title="decode tok/s", **log_axis(ys, pad=1.6))
+    fig.update_layout(title=f"Decode speed vs budget (context {tokens_label(ctx)}, concurrency {c})", template=TEMPLATE, height=420)
     return fig
 
 
@@ -149,7 +224,7 @@ def tok_s_vs_concurrency(m: pd.DataFrame) -> go.Figure:
                 continue
             gc = gc.sort_values("concurrency")
             fig.add_trace(go.Scatter(x=gc["concurrency"], y=gc["tok_s"], mode="lines+markers",
-                                     name=f"{s} @ {int(ctx) // 1024}K", error_y=_err(gc),
+                                     name=f"{s} @ {tokens_label(ctx)}", error_y=_err(gc),
                                      line={"color": COLORS.get(s), "dash": "solid" if ctx == d["context_len"].max() else "dot"}))
     fig.update_xaxes(title="concurrent requests", tickvals=sorted(d["concurrency"].unique()))
     fig.update_yaxes(title="aggregate decode tok/s", rangemode="tozero")
@@ -194,7 +269,8 @@ def memory_held(m: pd.DataFrame) -> go.Figure:
             fig.add_trace(go.Scatter(x=g["context_len"], y=g[col] / 2**30, mode="lines+markers", name=f"{s}: {label}",
                                      line={"color": COLORS.get(s), "dash": dash}))
     fig.update_xaxes(type="log", title="context (tokens)", **_ctx_ticks(d["context_len"]))
-    fig.update_yaxes(type="log", title="GiB held (one request)")
+    held = pd.concat([d[c] for c in ("device_kv_bytes", "device_index_bytes", "host_kv_bytes") if c in d]) / 2**30
+    fig.update_yaxes(title="GiB held (one request)", **log_axis(held[held > 0]))
     fig.update_layout(title="KV and index-key memory held per request", template=TEMPLATE, height=420)
     return fig
 
@@ -223,7 +299,10 @@ def probe_bars(m: pd.DataFrame) -> go.Figure:
     link = link_gbps(m)
     if link:
         fig.add_hline(y=link, line_dash="dash", annotation_text=f"contiguous pinned H2D {link:.1f} GB/s")
-    fig.update_yaxes(title="GB/s (host → device)", type="log")
+    # fitted to the bars (and the dashed line) with room for the labels above them: plotly's autorange
+    # of a log axis with outside text ran to 1M GB/s
+    vals = list(p["gbps"]) + ([link] if link else [])
+    fig.update_yaxes(title="GB/s (host → device)", **log_axis(vals, pad=2.5))
     fig.update_layout(title="Host link limits for sparse KV gathers (48 MiB decode step of the reference shape)",
                       template=TEMPLATE, height=430)
     return fig

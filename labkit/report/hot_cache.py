@@ -1,4 +1,4 @@
-"""Figures of the hot cache (issue 10): hit rate and link bytes per step against capacity, policy and the
+"""Figures of the hot cache (FlashOffloading): hit rate and link bytes per step against capacity, policy and the
 traces' recording density, from `labkit.bench.hot_replay` tables; hit rate, misses and step anatomy
 per strategy from decode-sweep metrics (rows with `hot_*` columns).
 

@@ -20,8 +20,9 @@ import plotly.graph_objects as go
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5rem auto;max-width:1400px;padding:0 1rem;color:#222}
 h1{font-size:1.5rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd}
-table.lk{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
-table.lk th,table.lk td{border:1px solid #ddd;padding:.25rem .5rem;text-align:right}
+table.lk{border-collapse:collapse;font-size:.85rem;margin:.5rem 0;display:block;overflow-x:auto;max-width:100%}
+table.lk th,table.lk td{border:1px solid #ddd;padding:.25rem .5rem;text-align:right;white-space:nowrap}
+table.lk td.t.wrap{white-space:normal;min-width:16rem}
 table.lk th{background:#f5f5f5} table.lk td.t{text-align:left}
 .regression{background:#fdd;font-weight:600} .improvement{background:#dfd} .noise{color:#888}
 .failed{color:#b00;font-weight:600} .ok{color:#080} .note{color:#555;font-size:.9rem}
@@ -58,8 +59,9 @@ class Page:
         return self
 
     def table(self, df: pd.DataFrame, classes: dict[int, str] | None = None, links: dict[str, str] | None = None,
-              fmt: dict[str, str] | None = None) -> "Page":
-        """A table; `classes` maps row position -> CSS class, `links` column -> column holding its href."""
+              fmt: dict[str, str] | None = None, wrap: tuple[str, ...] = ()) -> "Page":
+        """A table (it scrolls sideways when wider than the page; cells do not wrap except the `wrap`
+        columns); `classes` maps row position -> CSS class, `links` column -> column holding its href."""
         classes, links, fmt = classes or {}, links or {}, fmt or {}
         shown = [c for c in df.columns if c not in set(links.values())]
         head = "".join(f"<th>{esc(c)}</th>" for c in shown)
@@ -75,7 +77,8 @@ class Page:
                 else:
                     txt = esc(txt)
                 num = isinstance(v, (int, float)) and not isinstance(v, bool)
-                cells.append(f'<td{"" if num else " class=t"}>{txt}</td>')
+                cls_attr = "" if num else ' class="t wrap"' if c in wrap else " class=t"
+                cells.append(f"<td{cls_attr}>{txt}</td>")
             cls = classes.get(i)
             body.append(f'<tr{f" class={cls}" if cls else ""}>' + "".join(cells) + "</tr>")
         self.parts.append(f'<table class="lk"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
