@@ -16,7 +16,7 @@ attention, head, other) is read as `t = fixed + bytes / bandwidth`:
 - `fixed` is what is left of the measured phase time: kernel launches and latency, taken as the same
   on every GPU (an assumption: launch latency is roughly constant across recent NVIDIA GPUs).
 - the score and selection kernels stream at their own rate, timed by the run's probe at its largest
-  batch x context; rows moved by host threads (`host_gather`, `per_row`) take time in proportion to
+  batch x context; rows moved by host threads (strategies with `moved_by = "cpu"`) take time in proportion to
   the rows, with no fixed part.
 On another GPU the bandwidths scale by the spec ratios (`data/gpus.toml`: memory GB/s, PCIe link),
 efficiency assumed equal. Several GPUs (`gpus=3`, the reference box) split the layers into stages run
@@ -44,7 +44,18 @@ LINK_GBPS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}       # x16 payload rate per 
 SELECT_PASSES = 7            # reads of the fp32 scores by the radix select (4 histograms, count, write) + the write of them
 HANDOFF_MS = 0.02            # one activation hand-off between stages (a few KiB, latency-bound)
 MEMORY_RESERVE_GIB = 1.5     # CUDA context, workspaces, graphs
-HOST_MOVERS = ("host_gather", "per_row")
+
+
+def _on_device(strategy: str) -> bool:
+    """KV in device memory (the baseline's gather reads and writes HBM), by the strategy's declared medium."""
+    from .engine.transfer import STRATEGIES
+    return strategy in STRATEGIES and STRATEGIES[strategy].medium == "device"
+
+
+def _host_moved(strategy: str) -> bool:
+    """Rows moved by host threads (or one host-issued copy each): time in proportion to the rows."""
+    from .engine.transfer import STRATEGIES
+    return strategy in STRATEGIES and STRATEGIES[strategy].moved_by == "cpu"
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,7 @@ def phase_bytes(shape: ModelShape, strategy: str, context_len: int, concurrency:
         "deltanet": L_d * (dn_w * bf + 2 * B * dn_state),
         "index_score": B * L_a * context_len * s.index_key_bytes,
         "selection": B * L_a * context_len * 4 * SELECT_PASSES,
-        "transfer": rows * (2 if strategy == "resident" else 1),      # resident: read + write in HBM
+        "transfer": rows * (2 if _on_device(strategy) else 1),        # on the device: read + write in HBM
         "attention": rows,
         "head": s.vocab * h * bf,
         "other": 0.0,
@@ -115,7 +126,7 @@ def phase_bytes(shape: ModelShape, strategy: str, context_len: int, concurrency:
 
 
 def _medium(phase: str, strategy: str) -> str:
-    return "link" if phase == "transfer" and strategy != "resident" else "hbm"
+    return "link" if phase == "transfer" and not _on_device(strategy) else "hbm"
 
 
 @dataclass
@@ -168,7 +179,7 @@ class CostModel:
         fixed, bw = {}, {}
         for ph in PHASES:
             t = float(r[f"anat_{ph}_ms"])
-            if ph == "transfer" and strategy in HOST_MOVERS:
+            if ph == "transfer" and _host_moved(strategy):
                 # Moved by host threads or one copy per row: time goes with the rows, nothing is fixed.
                 fixed[ph], bw[ph] = 0.0, (by[ph] / (t * 1e6) if t > 0 else link)
                 continue
@@ -206,7 +217,7 @@ class CostModel:
     def _memory_gib(self, context_len: int, concurrency: int) -> float:
         s = self.shape
         dev = s.weight_bytes() + concurrency * context_len * s.index_key_bytes * s.attn_layers
-        if self.strategy == "resident":
+        if _on_device(self.strategy):
             dev += concurrency * context_len * s.kv_bytes_per_token()
         return dev / 2**30
 

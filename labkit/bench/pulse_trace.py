@@ -58,8 +58,12 @@ def _params(given: dict) -> dict:
                        f"({p['page_size']}), got {p['select_block']}")
     if p["dma_units_per_call"] < 0:
         raise BadInput(f"dma_units_per_call must be >= 0 (0: one call), got {p['dma_units_per_call']}")
-    if p["dma_units_per_call"] and p["strategy"] != "block_dma":
-        raise BadInput(f"dma_units_per_call applies to strategy block_dma, not {p['strategy']}")
+    from ..engine.transfer import STRATEGIES, settings_of
+    if p["strategy"] not in STRATEGIES:
+        raise BadInput(f"unknown strategy {p['strategy']!r}: choose from {', '.join(STRATEGIES)}")
+    if p["dma_units_per_call"] and "dma_units_per_call" not in {s.param for s in settings_of(p["strategy"])}:
+        users = [n for n, c in STRATEGIES.items() if any(s.param == "dma_units_per_call" for s in c.SETTINGS)]
+        raise BadInput(f"dma_units_per_call applies to strategy {', '.join(users)}, not {p['strategy']}")
     if p["transport"] == "auto":
         import importlib.util
         have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))

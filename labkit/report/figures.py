@@ -10,8 +10,22 @@ from plotly.subplots import make_subplots
 
 from .summary import ok_rows, decode_table, link_gbps
 
-COLORS = {"resident": "#1f77b4", "zero_copy": "#2ca02c", "host_gather": "#ff7f0e", "per_row": "#d62728",
-          "hot_cache": "#9467bd", "contiguous": "#7f7f7f", "pageable": "#8c564b", "hbm_gather": "#17becf"}
+class _Colors:
+    """A colour per strategy, by its place in the strategy registry (the baseline first, a newly registered one
+    gets the next), so no figure names a strategy; the probe's reference paths have their own."""
+    PALETTE = ("#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#e377c2", "#bcbd22", "#aec7e8", "#ffbb78",
+               "#98df8a", "#ff9896", "#c5b0d5")
+    PROBE = {"contiguous": "#7f7f7f", "pageable": "#8c564b", "hbm_gather": "#17becf"}
+
+    def get(self, name, default=None):
+        if name in self.PROBE:
+            return self.PROBE[name]
+        from ..engine.transfer import STRATEGIES
+        names = list(STRATEGIES)
+        return self.PALETTE[names.index(name) % len(self.PALETTE)] if name in names else default
+
+
+COLORS = _Colors()
 TEMPLATE = "plotly_white"
 
 

@@ -21,7 +21,9 @@ What a strategy can do is declared, never guessed from its name or its methods:
 - `attends`: it reads rows inside its own attention kernel (`attend`), not through the staging rows;
 - `mirrors`: it keeps copies of pool rows (device slots), so every write must go through its `store`;
 - `slow`: a step takes of the order of a second (per_row): sweeps time it over fewer steps, no anatomy;
-- `counter_prefix`: the prefix of its counters' columns in a run's metrics (hot_cache: `hot_hit_rate`).
+- `counter_prefix`: the prefix of its counters' columns in a run's metrics (hot_cache: `hot_hit_rate`);
+- `moved_by`: who moves the selected rows — "gpu" (a kernel's threads), "cpu" (host threads or one host-issued
+  copy per row: time grows with the rows, no fixed part), "dma" (copy engines, queued in batches).
 
 A strategy's own settings are `Setting`s declared on its class (`SETTINGS`): the sweep parameter's name,
 type, default and help, and the constructor argument it feeds. Every experiment that takes strategies
@@ -79,6 +81,7 @@ class TransferStrategy(ABC):
     mirrors: bool = False
     slow: bool = False
     counter_prefix: str = ""
+    moved_by: str = "gpu"
     SETTINGS: tuple[Setting, ...] = ()
     # what it stands for, one line (the glossary, `labkit run decode --help`)
     summary: str = ""

@@ -13,7 +13,7 @@ batched_dma = lazy.module("labkit.engine.transfer.batched_dma")
 
 @register
 class BlockDMA(HostDMA):
-    name = "block_dma"
+    name, moved_by = "block_dma", "dma"
     summary = "PulseInfer's block transfers as batched DMA (cuMemcpyBatchAsync), a copy per run of consecutive rows"
     SETTINGS = (Setting("dma_prefer_overlap", "bool", True,
                         "hint the driver to keep the copies on the copy engines", "prefer_overlap"),

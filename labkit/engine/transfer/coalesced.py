@@ -166,7 +166,7 @@ class Coalesced(HostDMA):
     """`host_gather` pipelined: `CoalescedLoader` gathers chunk by chunk (torch's CPU threads) and issues
     each chunk's copy as soon as it is gathered. The copies are DMA (copy engine, no SMs), which is what
     lets a switched batch's transfer hide behind the other batch's compute."""
-    name = "coalesced"
+    name, moved_by = "coalesced", "cpu"
     summary = "PulseInfer's coalesced transfers: CPU gathers blocks into staging, chunked copies overlap the gather"
     SETTINGS = (Setting("host_threads", "int", 0, "CPU threads gathering rows (0: all cores)", "threads"),)
 

@@ -12,7 +12,7 @@ torch = lazy.module("torch")
 
 @register
 class HostGather(TransferStrategy):
-    name, medium, graphable = "host_gather", "host", False
+    name, medium, graphable, moved_by = "host_gather", "host", False, "cpu"
     summary = "CPU threads gather rows into pinned staging, then one DMA"
     SETTINGS = (Setting("host_threads", "int", 0, "CPU threads gathering rows (0: all cores)", "threads"),)
 

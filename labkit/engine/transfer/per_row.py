@@ -10,6 +10,7 @@ class PerRow(TransferStrategy):
     name, medium, graphable = "per_row", "host", False
     summary = "one copy per selected row: the naive reference (what per-head 8 KB transfers do)"
     slow = True          # ~0.4 s a step per request on the reference shape
+    moved_by = "cpu"
 
     def load(self, pool, layer, rows, out):
         src = pool.data[layer]
