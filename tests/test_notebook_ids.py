@@ -1,4 +1,4 @@
-"""Every cell of the decode and capacity notebooks carries an id in the file itself: nbformat warns
+"""Every cell of every notebook carries an id in the file itself: nbformat warns
 (MissingIDFieldWarning) on every `labkit run` that reads a notebook without them."""
 import json
 import warnings
@@ -10,7 +10,7 @@ import pytest
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
-@pytest.mark.parametrize("name", ["decode_sweep.ipynb", "capacity.ipynb"])
+@pytest.mark.parametrize("name", sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")))
 def test_cells_have_ids_and_reading_warns_nothing(name):
     raw = json.loads((NOTEBOOKS / name).read_text())
     ids = [c.get("id") for c in raw["cells"]]
