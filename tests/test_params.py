@@ -2,7 +2,7 @@
 what it takes (no Python conversion error in the user's face)."""
 import pytest
 
-from labkit.bench.params import BadInput, Param, parse_size, parse_value
+from labkit.params import BadInput, Param, parse_size, parse_value
 
 REPEATS = Param("repeats", "int", 5, "")
 CONTEXTS = Param("context_lens", "list[int]", "auto", "")
