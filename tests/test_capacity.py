@@ -19,7 +19,16 @@ REF, TINY = PRESETS["qwen3.8-flash-next"], PRESETS["tiny"]
 
 
 def _cli(module, *args, cwd=None):
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    """`labkit run NAME` for the experiment module `labkit.bench.NAME` (bad input stops before papermill)."""
+    return subprocess.run([sys.executable, "-m", "labkit", "run", module.rsplit(".", 1)[1], *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=120)
+
+
+def _measure(name, out, *pairs):
+    """The same experiment measured in this process (no notebook): `-p k=v` pairs as the CLI takes them."""
+    from labkit import experiments
+    given = dict(a.split("=", 1) for a in pairs[1::2])
+    return experiments.measure(name, {**given, "out_dir": str(out)}, progress_bar=False)
 
 
 def test_request_bytes_equal_the_engines_allocations():
@@ -74,10 +83,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, module, args, msg):
 
 def test_capacity_run_on_cpu(tmp_path):
     out = tmp_path / "cap"
-    p = _cli("labkit.bench.capacity", "--out", str(out), "-p", "device=cpu", "-p", "context_len=128",
+    _measure("capacity", out, "-p", "device=cpu", "-p", "context_len=128",
              "-p", "mem_cap_gib=0.006", "-p", "workspace_gib=0", "-p", "hot_capacity=16", "-p", "budget=16",
              "-p", "max_batch=2", "-p", "steps=2", "-p", "repeats=1", "-p", "tpot_ms=100000")
-    assert p.returncode == 0, p.stderr[-3000:]
     man = json.loads((out / "manifest.json").read_text())
     assert man["experiment"] == "capacity" and man["status"] == "ok" and len(man["fits"]) == 3
     g = pd.read_csv(out / "goodput.csv").set_index("config")
@@ -90,9 +98,7 @@ def test_capacity_run_on_cpu(tmp_path):
 
 def test_prefill_bench_on_cpu(tmp_path):
     out = tmp_path / "pf"
-    p = _cli("labkit.bench.prefill", "--out", str(out), "-p", "device=cpu", "-p", "context_lens=200",
-             "-p", "tail_tokens=72", "-p", "chunk=64")
-    assert p.returncode == 0, p.stderr[-3000:]
+    _measure("prefill", out, "-p", "device=cpu", "-p", "context_lens=200", "-p", "tail_tokens=72", "-p", "chunk=64")
     m = pd.read_csv(out / "metrics.csv").set_index("mode")
     assert list(m.index) == ["resident", "sync", "rotating"] and (m["status"] == "ok").all()
     assert (m["computed_tokens"] == 72).all() and m.loc["resident", "vs_resident"] == 1.0
@@ -127,13 +133,13 @@ def test_capacity_defaults_are_sized_to_this_machine(tmp_path):
     """With its defaults on a CPU, the cap is a share of the RAM available (never 24 GiB on a machine that
     has less) and the timed batch small enough to step: every row measured, none failed."""
     import psutil
-    from labkit.bench.capacity import CPU_MAX_BATCH, plan
-    p, _, _, fits = plan({"device": "cpu"})
+    from labkit.bench.capacity import CPU_MAX_BATCH
+    from labkit.experiments import plan
+    p = plan("capacity", {"device": "cpu"}).params
     assert 0 < p["mem_cap_gib"] * 2**30 <= psutil.virtual_memory().total / 4 + 2**30
     assert p["max_batch"] == CPU_MAX_BATCH
     out = tmp_path / "cap"
-    r = _cli("labkit.bench.capacity", "--out", str(out), "-p", "device=cpu", "-p", "steps=2", "-p", "repeats=1")
-    assert r.returncode == 0, r.stderr[-3000:]
+    _measure("capacity", out, "-p", "device=cpu", "-p", "steps=2", "-p", "repeats=1")
     m = pd.read_csv(out / "metrics.csv")
     assert (m["status"] == "ok").all(), m.get("error")
     assert m["batch"].max() <= CPU_MAX_BATCH
