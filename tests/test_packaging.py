@@ -40,7 +40,9 @@ def test_editable_install_as_the_makefile_runs_it_prints_nothing(tmp_path):
     args = [a for a in shlex.split(cmd) if not a.startswith(".[")]
     assert args[:3] == ["-m", "pip", "install"] and re.search(r"-q\b", cmd)
     import os
-    p = subprocess.run([sys.executable, *args, ".", "--no-deps", "--no-build-isolation", "--prefix", str(tmp_path)],
+    # --ignore-installed: pip must not uninstall the labkit this test runs from (it would, for a new prefix)
+    p = subprocess.run([sys.executable, *args, ".", "--no-deps", "--no-build-isolation", "--ignore-installed",
+                        "--prefix", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == "" and p.stderr.strip() == "", (p.stdout + p.stderr)[-2000:]
