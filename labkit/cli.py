@@ -32,16 +32,26 @@ def cmd_shapes(a) -> int:
 
 
 def _run(experiment: str, params: dict, out: str | None) -> int:
-    from .execute import run_notebook
+    """Exit 0 only when the run's status is `ok`; otherwise one line saying what it is and why, exit 1."""
+    from .execute import error_line, run_notebook
+    from .results import effective_status, load_run, status_reason
     path, err = run_notebook(experiment, params, out)
     report = path / "report.html"
-    if err is not None:
-        print(f"labkit: {experiment} run failed: {type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}",
-              file=sys.stderr)
+    try:
+        run = load_run(path)
+        status, why = effective_status(run.manifest), status_reason(run.manifest, run.metrics)
+    except (OSError, ValueError) as ex:
+        status, why = "failed", f"failed: no readable manifest ({type(ex).__name__})"
+    _after_run(path)
+    if status != "ok" or err is not None:
+        if status == "ok":       # measured fine, then something after (e.g. the report) failed
+            why = f"report not written: {error_line(err)}"
+        elif err is not None and error_line(err) not in why and status != "interrupted":
+            why += f" ({error_line(err)})"
+        print(f"labkit: {experiment} run {why}", file=sys.stderr)
         if report.exists():
             print(report.resolve())
         return 1
-    _after_run(path)
     print(report.resolve())
     return 0
 
@@ -121,10 +131,35 @@ def cmd_predict(a) -> int:
     return 0
 
 
+def _link(gen, width) -> str:
+    """PCIe link as `5 x16` (manifests hold floats or None)."""
+    def num(v):
+        try:
+            return f"{float(v):g}"
+        except (TypeError, ValueError):
+            return None
+    g, w = num(gen), num(width)
+    return f"{g} x{w}" if g and w else "-"
+
+
 def cmd_runs(a) -> int:
+    """One short line per run: id, experiment, status (stale when its process died), machine, link, sha;
+    the folder only when it is not `<root>/<run id>`."""
     from .results import list_runs
-    df = list_runs(a.root)
-    print(df.to_string(index=False) if not df.empty else f"no runs under {a.root}")
+    root = Path(a.root)
+    if not root.is_dir():
+        raise BadInput(f"--root {a.root} is not a folder")
+    df = list_runs(root)
+    if df.empty:
+        print(f"no runs under {a.root}")
+        return 0
+    for r in df.to_dict("records"):
+        where = Path(r["path"])
+        folder = "" if where.name == r["run_id"] and where.parent == root else f"  {where}"
+        machine = r.get("gpu_name") or (f"CPU {r['host']}" if r.get("host") else "CPU")
+        line = (f"{r['run_id'] or '?':40s} {r['experiment'] or '?':9s} {r['status'] or '?':11s} "
+                f"{machine[:28]:28s} {_link(r.get('pcie_gen'), r.get('pcie_width')):7s} {(r.get('git_sha') or '')[:12]}")
+        print(line.rstrip() + folder)
     return 0
 
 

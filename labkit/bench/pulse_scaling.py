@@ -294,12 +294,12 @@ def main(argv=None) -> int:
                               settings=settings)
     except BadInput as ex:
         print(f"error: {ex}", file=sys.stderr)
-        run.finish("failed", error=str(ex))
+        run.finish(error=str(ex))
         return 2
     for r in rows:
         run.add(r)
     run.write_table("timeline", pd.DataFrame(spans))
-    run.finish("ok" if all(r["status"] == "ok" for r in rows) else "partial")
+    run.finish()
     print(run.path)
     return 0
 
