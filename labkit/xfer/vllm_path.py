@@ -34,7 +34,7 @@ from labkit.xfer.transfer import EXACT_PREFIX
 
 
 class Server:
-    """The large model behind `vllm serve` with labkit's connector, on issue 9's lifecycle
+    """The large model behind `vllm serve` with labkit's connector, on the serving lifecycle
     (`labkit.serving.lifecycle.VllmServer`: launcher from .venv-vllm, 127.0.0.1 and a free port, /health,
     stop by process group)."""
 
