@@ -1,7 +1,10 @@
 """labkit.serving without a vLLM server: profiles, workloads, metric definitions, /metrics parsing, the load
 generator's error path, bad input. The tests that start real `vllm serve` processes are in test_vllm_*.py."""
+import json
 import math
+import os
 import socket
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -64,9 +67,59 @@ def test_synthetic_lengths_exact_and_ranged():
 
 def test_poisson_arrivals_rate():
     t = workload.poisson_arrivals(4000, rate=5.0, seed=0)
-    assert t[0] == 0 and all(b >= a for a, b in zip(t, t[1:]))
-    assert len(t) / t[-1] == pytest.approx(5.0, rel=0.08)
+    assert t[0] > 0 and all(b >= a for a, b in zip(t, t[1:]))
     assert workload.poisson_arrivals(3, math.inf) == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("n,rate,burstiness", [(6, 0.1, 1.0), (200, 5.0, 1.0), (40, 2.0, 0.25), (40, 2.0, 4.0)])
+def test_last_arrival_lands_at_n_over_rate(n, rate, burstiness):
+    """vLLM rescales the arrivals so the last lands at N / rate: every seed offers the nominal load (6 prompts at
+    0.1 req/s end at 60 s, never at 19.6 s)."""
+    for seed in range(20):
+        t = workload.poisson_arrivals(n, rate, seed=seed, burstiness=burstiness)
+        assert len(t) == n and t[-1] == pytest.approx(n / rate, rel=1e-12)
+
+
+VLLM_PY = Path(os.environ.get("LABKIT_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+# vLLM's own generator (vllm/benchmarks/serve.py `get_request`) after `vllm bench serve`'s np.random.seed(seed),
+# with its clock frozen and its sleeps recorded instead of slept: the recorded sleeps are its arrival offsets.
+_VLLM_ARRIVALS = """
+import asyncio, json, sys, types
+import numpy as np
+import vllm.benchmarks.serve as S
+slept = []
+async def sleep(s):
+    slept.append(s)
+S.time = types.SimpleNamespace(time=lambda: 1000.0)
+S.asyncio = types.SimpleNamespace(sleep=sleep)
+async def main(n, rate, burst):
+    return [r async for r in S.get_request(list(range(n)), rate, burst)]
+out = []
+for n, rate, burst, seed in json.loads(sys.argv[1]):
+    slept.clear()
+    np.random.seed(seed)
+    asyncio.run(main(n, rate, burst))
+    out.append(list(slept))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not VLLM_PY.is_file(), reason="needs .venv-vllm (make vllm-venv): vLLM's own generator")
+def test_arrivals_equal_vllm_bench_serve_for_the_same_seed():
+    cases = [(6, 0.1, 1.0, 0), (50, 3.0, 1.0, 12345), (30, 2.0, 0.5, 7)]
+    out = subprocess.run([str(VLLM_PY), "-c", _VLLM_ARRIVALS, json.dumps(cases)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for (n, rate, burst, seed), theirs in zip(cases, json.loads(out.stdout.strip().splitlines()[-1])):
+        ours = workload.poisson_arrivals(n, rate, seed=seed, burstiness=burst)
+        assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-9), (n, rate, burst, seed)
+
+
+def test_cross_check_command_is_greedy_with_the_same_arrivals():
+    from labkit.serving.benchclient import bench_command
+    cmd = bench_command("http://127.0.0.1:1", "m", 8, 4, 6, 2, Path("/tmp"), "x.json", request_rate=0.5, seed=3)
+    assert cmd[cmd.index("--temperature") + 1] == "0"
+    assert cmd[cmd.index("--seed") + 1] == "3" and cmd[cmd.index("--burstiness") + 1] == "1.0"
 
 
 def test_repeated_sends_each_prompt_twice_after_all_firsts():
