@@ -230,6 +230,26 @@ def test_port_in_use_is_bad_input():
             plan({"port": s.getsockname()[1]}, check_args=False)
 
 
+def test_port_held_only_by_time_wait_is_free():
+    """A server (vLLM's uvicorn, which binds with SO_REUSEADDR) that closed its connections first leaves them in
+    TIME_WAIT on its port; its successor binds with SO_REUSEADDR too, so the port is free for it."""
+    from labkit.serving.lifecycle import port_in_use
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as uvicorn (asyncio's create_server) binds
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    cli = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    conn.close()                  # the server side closes first: its end goes to TIME_WAIT
+    cli.recv(1)
+    cli.close()
+    srv.close()
+    states = subprocess.run(["ss", "-tan", f"sport = :{port}"], capture_output=True, text=True).stdout
+    assert "TIME-WAIT" in states, states
+    assert not port_in_use(port)
+
+
 def test_notebook_parameters_match_spec():
     papermill = pytest.importorskip("papermill")
     from labkit.serving.experiment import SPEC
