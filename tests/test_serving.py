@@ -230,6 +230,16 @@ def test_port_in_use_is_bad_input():
             plan({"port": s.getsockname()[1]}, check_args=False)
 
 
+@pytest.mark.parametrize("config", ["{}", '{"vocab_size": null}', "[1, 2]", "not json"])
+def test_config_without_vocab_is_bad_input_before_a_folder(tmp_path, config):
+    from labkit.serving.experiment import plan
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(config)
+    with pytest.raises(BadInput, match="config.json") as e:
+        plan({"model": str(tmp_path / "m"), "out_dir": str(tmp_path / "run")}, check_args=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
 def test_port_held_only_by_time_wait_is_free():
     """A server (vLLM's uvicorn, which binds with SO_REUSEADDR) that closed its connections first leaves them in
     TIME_WAIT on its port; its successor binds with SO_REUSEADDR too, so the port is free for it."""

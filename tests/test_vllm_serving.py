@@ -196,9 +196,35 @@ def test_sweep_end_to_end_with_vllm_client_and_notebook(tmp_path):
     assert sum("Plotly.newPlot" in h for h in html) >= 5          # latency, input, throughput, cross-check, timeline, waterfall
 
 
+def _survivors(pgid: int, pids: set[int]) -> list[str]:
+    """Processes left of a server: by its process group, and among the processes it had started (by parent,
+    recorded while it ran: a killed parent's children are re-parented, so they are looked up by pid)."""
+    import psutil
+    left = []
+    for pr in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            if os.getpgid(pr.pid) == pgid or pr.pid in pids:
+                if pr.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"{pr.pid} {pr.info['name']}")
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return left
+
+
+def _family(pid: int) -> set[int]:
+    import psutil
+    try:
+        return {pid} | {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return {pid}
+
+
 def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
-    """A sweep in a child process: kill its server mid-sweep (the point fails with the log's tail, the server is
-    restarted for the next point), then Ctrl-C the sweep: server stopped, run folder valid, marked interrupted."""
+    """A sweep in a child process: kill -9 its server's PID only (not its group: the engine-core and worker
+    processes it forked live on), mid-sweep. The point fails with the log's tail, the dead server's group is
+    stopped before its successor starts (no engine of it survives), and the server is restarted for the next
+    point; then Ctrl-C the sweep: server stopped, run folder valid, marked interrupted, no process of either
+    server left, by process group or by parent."""
     out = tmp_path / "run"
     code = ("from labkit.serving.experiment import run_serve\n"
             f"run_serve({{'input_lens': '32', 'concurrency': '1', 'num_prompts': 3, 'output_len': 4, 'repeats': 200, "
@@ -216,21 +242,80 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
         while not (out / "metrics.parquet").is_file() and time.time() < deadline:
             time.sleep(0.5)                                      # the first point is done, the next one runs
         first = servers()[0]
-        os.killpg(first["pid"], signal.SIGKILL)                 # the server dies mid-sweep
+        first_family = _family(first["pid"])
+        assert len(first_family) > 1, "the server forked no engine process: nothing to orphan"
+        os.kill(first["pid"], signal.SIGKILL)                   # the server's PID only, mid-sweep
         while not (len(servers()) > 1 and servers()[1].get("startup_s")) and time.time() < deadline:
             time.sleep(1)
         assert len(servers()) == 2, "server not restarted"
+        assert not _survivors(first["pid"], first_family), "the killed server's engine outlived its restart"
         second = servers()[1]
+        second_family = _family(second["pid"])
         child.send_signal(signal.SIGINT)                        # Ctrl-C
         child.wait(120)
     finally:
         if child.poll() is None:
             child.kill()
     assert child.returncode != 0
-    assert not _group_alive(first["pid"]) and not _group_alive(second["pid"])
+    assert not _survivors(first["pid"], first_family) and not _survivors(second["pid"], second_family)
     mf = json.loads((out / "manifest.json").read_text())
     assert mf["status"] == "interrupted"
     m = pd.read_parquet(out / "metrics.parquet")
     failed = m[m["status"] == "failed"]
     assert len(failed) >= 1 and failed["error"].str.contains("server died|Connect|Remote", regex=True).any()
     assert failed["server_log_tail"].notna().any()
+
+
+def test_a_server_that_never_comes_up_fails_the_run(tmp_path):
+    """`-p startup_timeout_s=5` (a server that cannot be healthy in time): every point is a failed row, the
+    manifest says failed, `labkit run` exits 1 with one line saying so, and no process of the server is left."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "labkit", "run", "serve", "-p", "input_lens=16", "-p", "concurrency=1",
+                        "-p", "num_prompts=1", "-p", "output_len=2", "-p", "startup_timeout_s=5", "--out", str(out)],
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    mf = json.loads((out / "manifest.json").read_text())
+    assert r.returncode == 1 and mf["status"] == "failed", (r.returncode, mf["status"], r.stderr[-2000:])
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("labkit:")]
+    assert len(lines) == 1 and "failed" in lines[0] and "not healthy after 5 s" in lines[0], r.stderr[-2000:]
+    pid = mf["servers"][0]["pid"]
+    assert not _survivors(pid, {pid})
+
+
+def test_weightless_model_and_port_taken_after_checks_are_not_ok(tmp_path, monkeypatch):
+    """A checkpoint folder with a config but no weights: the server exits, every point failed, status failed.
+    A port taken between labkit's checks and the server's start: the run ends failed, not ok."""
+    import socket as so
+
+    from labkit.serving import experiment as E
+    from labkit.serving.profiles import load_profile
+    src = load_profile("smollm2-cpu").model_path()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in src.iterdir():                                   # config and tokenizer, no weights
+        if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".pt")):
+            (bare / f.name).write_bytes(f.read_bytes())
+    run = E.run_serve({"model": str(bare), "input_lens": "16", "concurrency": "1", "num_prompts": 1, "output_len": 2,
+                       "out_dir": str(tmp_path / "bare-run")}, log=None)
+    assert run.manifest["status"] == "failed" and (run.metrics()["status"] == "failed").all()
+    pid = run.manifest["servers"][0]["pid"]
+    assert not _survivors(pid, {pid})
+
+    holder = so.socket()
+    from labkit.serving.lifecycle import free_port
+    port = free_port()
+    real_plan = E.plan
+
+    def plan_then_take_the_port(given, check_args=True):
+        p = real_plan(given, check_args)
+        holder.bind(("127.0.0.1", port))                       # someone else takes it after labkit's checks
+        holder.listen()
+        return p
+    monkeypatch.setattr(E, "plan", plan_then_take_the_port)
+    try:
+        with pytest.raises(Exception, match="in use"):
+            E.run_serve({"port": port, "input_lens": "16", "concurrency": "1", "num_prompts": 1, "output_len": 2,
+                         "out_dir": str(tmp_path / "port-run")}, log=None)
+    finally:
+        holder.close()
+    mf = json.loads((tmp_path / "port-run" / "manifest.json").read_text())
+    assert mf["status"] == "failed" and "in use" in mf["error"]
