@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -135,9 +136,10 @@ def _link(gen, width) -> str:
     """PCIe link as `5 x16` (manifests hold floats or None)."""
     def num(v):
         try:
-            return f"{float(v):g}"
+            f = float(v)
         except (TypeError, ValueError):
             return None
+        return f"{f:g}" if f == f and f not in (float("inf"), float("-inf")) else None
     g, w = num(gen), num(width)
     return f"{g} x{w}" if g and w else "-"
 
@@ -153,13 +155,20 @@ def cmd_runs(a) -> int:
     if df.empty:
         print(f"no runs under {a.root}")
         return 0
+    def text(v) -> str:
+        return v if isinstance(v, str) else ""          # None / NaN from the table: empty
+
+    rows = []
     for r in df.to_dict("records"):
         where = Path(r["path"])
-        folder = "" if where.name == r["run_id"] and where.parent == root else f"  {where}"
-        machine = r.get("gpu_name") or (f"CPU {r['host']}" if r.get("host") else "CPU")
-        line = (f"{r['run_id'] or '?':40s} {r['experiment'] or '?':9s} {r['status'] or '?':11s} "
-                f"{machine[:28]:28s} {_link(r.get('pcie_gen'), r.get('pcie_width')):7s} {(r.get('git_sha') or '')[:12]}")
-        print(line.rstrip() + folder)
+        machine = text(r.get("gpu_name")) or "CPU " + text(r.get("host"))
+        rows.append([text(r["run_id"]) or where.name, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
+                     _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
+                     "" if where.name == text(r["run_id"]) else os.path.relpath(where, root)])   # only when not the id
+    widths = [min(max(len(row[i]) for row in rows), cap) for i, cap in enumerate((44, 13, 11, 24, 7, 12))]
+    for row in rows:
+        cells = [c[:w].ljust(w) for c, w in zip(row[:6], widths)]
+        print((" ".join(cells) + ("  " + row[6] if row[6] else "")).rstrip())
     return 0
 
 
