@@ -140,6 +140,38 @@ def test_connector_host_hit_after_device_eviction(server):
     assert parse_metrics(page).get("prompt_tokens_cached_host", 0) >= host_blocks * BLOCK
 
 
+def _aborted(url: str) -> float:
+    import re
+
+    import httpx
+    page = httpx.get(url + "/metrics", timeout=10).text
+    return sum(float(m.group(1)) for m in
+               re.finditer(r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)', page, re.M))
+
+
+def test_client_disconnect_mid_stream_aborts_in_vllm(server):
+    """A client that reads two chunks of a 400-token stream and hangs up: vLLM aborts the request (its abort
+    counter rises, nothing stays running) instead of generating all 400 tokens."""
+    import httpx
+    before = _aborted(server.base_url)
+    body = {"model": server.model, "prompt": list(range(300, 340)), "max_tokens": 400, "ignore_eos": True,
+            "stream": True, "temperature": 0}
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", server.base_url + "/v1/completions", json=body) as resp:
+            got = 0
+            for ln in resp.iter_lines():
+                got += ln.startswith("data:")
+                if got == 2:
+                    break
+    deadline = time.time() + 30
+    while _aborted(server.base_url) <= before and time.time() < deadline:
+        time.sleep(0.5)
+    assert _aborted(server.base_url) == before + 1
+    from labkit.serving.servermetrics import parse_metrics
+    import httpx as h
+    assert parse_metrics(h.get(server.base_url + "/metrics").text).get("num_requests_running", 0) == 0
+
+
 def test_failed_start_leaves_nothing(tmp_path):
     from labkit.serving.lifecycle import ServerFailed, VllmServer
     (tmp_path / "m").mkdir()
