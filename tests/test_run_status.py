@@ -141,8 +141,11 @@ def test_error_line_never_ends_in_a_bare_colon():
 CAPACITY_LONG = ["-p", "device=cpu", "-p", "mem_cap_gib=0.5", "-p", "workspace_gib=0.1", "-p", "configs=none", "-p", "max_batch=1", "-p", "steps=100000", "-p", "repeats=2"]
 
 
-def _start(out: Path, *params):
-    return subprocess.Popen([sys.executable, "-m", "labkit", "run", "capacity", *params, "--out", str(out)], cwd=REPO,
+MULTIGPU_LONG = ["-p", "concurrency=1", "-p", "micro_batches=0", "-p", "repeats=100000", "-p", "steps=10"]
+
+
+def _start(out: Path, *params, experiment="capacity"):
+    return subprocess.Popen([sys.executable, "-m", "labkit", "run", experiment, *params, "--out", str(out)], cwd=REPO,
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -160,12 +163,15 @@ def _wait_measuring(proc, out: Path, timeout=120):
     raise AssertionError(f"run never started: {proc.communicate()[1][-2000:] if proc.poll() is not None else ''}")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_during_labkit_run_leaves_interrupted(tmp_path, sig):
-    """`timeout -s INT 90 labkit run capacity ...`: the manifest ends interrupted (it stayed running), the CLI
-    exits non-zero with one line that says so, and no kernel is left."""
+@pytest.mark.parametrize("experiment,params,sig", [("capacity", CAPACITY_LONG, signal.SIGINT),
+                                                   ("capacity", CAPACITY_LONG, signal.SIGTERM),
+                                                   ("multigpu", MULTIGPU_LONG, signal.SIGINT)])
+def test_signal_during_labkit_run_leaves_interrupted(tmp_path, experiment, params, sig):
+    """`timeout -s INT 90 labkit run capacity ...`: the manifest ends interrupted (capacity left it running,
+    multigpu `ok` over the rows measured so far), the CLI exits non-zero with one line that says so, and no
+    kernel is left."""
     out = tmp_path / "run"
-    proc = _start(out, *CAPACITY_LONG)
+    proc = _start(out, *params, experiment=experiment)
     try:
         _wait_measuring(proc, out)
         proc.send_signal(sig)

@@ -240,6 +240,14 @@ def test_config_without_vocab_is_bad_input_before_a_folder(tmp_path, config):
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
 
 
+def test_trace_workload_reads_the_shipped_trace():
+    from labkit.serving.experiment import plan
+    p = plan({"workload": "trace"}, check_args=False)
+    trace = Path(p["trace"]).resolve()
+    assert trace.is_file() and trace.is_relative_to(REPO / "labkit" / "data"), trace
+    assert len(workload.load_trace(trace)) >= p["trace_requests"]
+
+
 def test_port_held_only_by_time_wait_is_free():
     """A server (vLLM's uvicorn, which binds with SO_REUSEADDR) that closed its connections first leaves them in
     TIME_WAIT on its port; its successor binds with SO_REUSEADDR too, so the port is free for it."""
