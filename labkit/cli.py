@@ -34,9 +34,12 @@ def cmd_shapes(a) -> int:
 
 def _run(experiment: str, params: dict, out: str | None) -> int:
     """Exit 0 only when the run's status is `ok`; otherwise one line saying what it is and why, exit 1."""
-    from .execute import error_line, run_notebook
+    from .execute import Terminated, error_line, run_notebook
     from .results import effective_status, load_run, status_reason
-    path, err = run_notebook(experiment, params, out)
+    try:
+        path, err = run_notebook(experiment, params, out)
+    except Terminated as t:                 # settled and rendered; say so and stop
+        path, err = t.path, None
     report = path / "report.html"
     try:
         run = load_run(path)

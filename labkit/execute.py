@@ -124,6 +124,15 @@ def _signals_to_kernels(seen: list):
             signal.signal(s, h)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the driver during a run: raised by `run_notebook` after the run folder was settled
+    (`interrupted`) and its report rendered, so a driver that loops over runs stops as SIGTERM asks."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"terminated (SIGTERM) during the run in {path}")
+        self.path = path
+
+
 def error_line(err: BaseException) -> str:
     """One line for an error: papermill's `ename: evalue` with a KeyboardInterrupt that carries no message
     named for what it was, never a bare `KeyboardInterrupt:`."""
@@ -225,4 +234,7 @@ def run_notebook(experiment: str, params: dict, out_dir: str | Path | None = Non
         render_report(out)
     except Exception as ex:
         error = error or ex
+    import signal
+    if signal.SIGTERM in seen:
+        raise Terminated(out)
     return out, error
