@@ -11,7 +11,6 @@ A run folder `results/<run-id>/` holds (DESIGN.md contract):
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
@@ -212,11 +211,21 @@ class Run:
 
     add_table = write_table
 
-    def finish(self, interrupted: bool | None = None, error: BaseException | str | None = None, **fields) -> str:
+    def finish(self, status: str | None = None, *, interrupted: bool | None = None,
+               error: BaseException | str | None = None, **fields) -> str:
         """Write the final status, derived from the points by `derive_status` (the one rule), and the wall
         time; returns the status. `error`: the exception that ended the run early (recorded in one line).
         Called in a `finally` or `except` block while an exception propagates, that exception decides:
-        KeyboardInterrupt (Ctrl-C, or SIGTERM turned into one) -> interrupted, anything else -> an error."""
+        KeyboardInterrupt (Ctrl-C, or SIGTERM turned into one) -> interrupted, anything else -> an error.
+        `status` given explicitly is written as is: for run folders built by hand (test fixtures, imports);
+        experiments never pass it (a test checks)."""
+        if status is not None:
+            if status not in STATUSES:
+                raise ValueError(f"unknown run status {status!r}: one of {', '.join(STATUSES)}")
+            created = dt.datetime.fromisoformat(self.manifest["created"])
+            wall = (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
+            self.update_manifest(status=status, wall_s=round(wall, 1), **fields)
+            return status
         if interrupted is None and error is None:
             exc = sys.exc_info()[1]
             interrupted = isinstance(exc, KeyboardInterrupt)
@@ -231,21 +240,6 @@ class Run:
         wall = (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
         self.update_manifest(status=status, wall_s=round(wall, 1), **fields)
         return status
-
-    @contextlib.contextmanager
-    def finishing(self, **fields):
-        """`with run.finishing(): ...measure...`: the run ends with the shared rule's status whatever happens:
-        interrupted on Ctrl-C/SIGTERM (KeyboardInterrupt), partial/failed on an exception (re-raised)."""
-        try:
-            yield self
-        except KeyboardInterrupt:
-            self.finish(interrupted=True, **fields)
-            raise
-        except BaseException as ex:
-            self.finish(error=ex, **fields)
-            raise
-        else:
-            self.finish(**fields)
 
 
 class LoadedRun:
