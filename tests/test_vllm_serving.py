@@ -140,21 +140,19 @@ def test_connector_host_hit_after_device_eviction(server):
     assert parse_metrics(page).get("prompt_tokens_cached_host", 0) >= host_blocks * BLOCK
 
 
-def _aborted(url: str) -> float:
-    import re
-
+def _metrics(url: str) -> dict:
     import httpx
-    page = httpx.get(url + "/metrics", timeout=10).text
-    return sum(float(m.group(1)) for m in
-               re.finditer(r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)', page, re.M))
+
+    from labkit.serving.servermetrics import parse_metrics
+    return parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
 
 
 def test_client_disconnect_mid_stream_aborts_in_vllm(server):
-    """A client that reads two chunks of a 400-token stream and hangs up: vLLM aborts the request (its abort
-    counter rises, nothing stays running) instead of generating all 400 tokens."""
+    """A client that reads two chunks of a 900-token stream and hangs up: vLLM aborts the request within
+    seconds (nothing left running, far fewer than 900 tokens generated) instead of generating all of them."""
     import httpx
-    before = _aborted(server.base_url)
-    body = {"model": server.model, "prompt": list(range(300, 340)), "max_tokens": 400, "ignore_eos": True,
+    before = _metrics(server.base_url).get("generation_tokens", 0)
+    body = {"model": server.model, "prompt": list(range(300, 340)), "max_tokens": 900, "ignore_eos": True,
             "stream": True, "temperature": 0}
     with httpx.Client(timeout=60) as c:
         with c.stream("POST", server.base_url + "/v1/completions", json=body) as resp:
@@ -163,13 +161,13 @@ def test_client_disconnect_mid_stream_aborts_in_vllm(server):
                 got += ln.startswith("data:")
                 if got == 2:
                     break
-    deadline = time.time() + 30
-    while _aborted(server.base_url) <= before and time.time() < deadline:
-        time.sleep(0.5)
-    assert _aborted(server.base_url) == before + 1
-    from labkit.serving.servermetrics import parse_metrics
-    import httpx as h
-    assert parse_metrics(h.get(server.base_url + "/metrics").text).get("num_requests_running", 0) == 0
+    hung_up = time.time()
+    while _metrics(server.base_url).get("num_requests_running", 0) > 0 and time.time() - hung_up < 30:
+        time.sleep(0.2)
+    stopped_after = time.time() - hung_up
+    time.sleep(1.0)                                   # the counters of the last steps
+    made = _metrics(server.base_url).get("generation_tokens", 0) - before
+    assert stopped_after < 5 and made < 900, (stopped_after, made)
 
 
 def test_failed_start_leaves_nothing(tmp_path):
