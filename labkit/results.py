@@ -100,11 +100,11 @@ def status_reason(manifest: dict, metrics: "pd.DataFrame | None" = None) -> str:
         bad = metrics[metrics["status"] != "ok"]
         parts.append(f"{len(bad)} of {len(metrics)} points failed" if len(bad) else f"{len(metrics)} points measured")
         if len(bad) and "error" in bad and bad["error"].notna().any():
-            parts.append(str(bad["error"].dropna().iloc[0]).strip().splitlines()[0][:200])
+            parts.append(str(bad["error"].dropna().iloc[0]).strip().splitlines()[0][:200].rstrip(" :"))
     elif metrics is not None:
         parts.append("no point measured")
     if manifest.get("error"):
-        parts.append(str(manifest["error"]).strip().splitlines()[0][:200])
+        parts.append(str(manifest["error"]).strip().splitlines()[0][:200].rstrip(" :"))
     if st == "stale":
         parts.append("its process died without writing a status")
     return ": ".join(parts)
