@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -54,6 +55,7 @@ def params_help(name: str) -> str:
 
 
 def cmd_run(a) -> int:
+    """Exit 0 only when the run's status is `ok`; otherwise one line saying what it is and why, exit 1."""
     from . import experiments
     if a.help or not a.experiment:
         print(params_help(a.experiment) if a.experiment else experiments_help())
@@ -62,22 +64,30 @@ def cmd_run(a) -> int:
     if a.out:
         given["out_dir"] = a.out
     plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
-    from .execute import run_notebook
-    path, err = run_notebook(plan)
+    from .execute import Terminated, error_line, run_notebook
+    from .results import effective_status, load_run, status_reason
+    try:
+        path, err = run_notebook(plan)
+    except Terminated as t:                 # settled and rendered; say so and stop
+        path, err = t.path, None
     report = path / "report.html"
-    if err is not None:
-        print(f"labkit: {a.experiment} run failed: {type(err).__name__}: {_last_line(err)}", file=sys.stderr)
+    try:
+        run = load_run(path)
+        status, why = effective_status(run.manifest), status_reason(run.manifest, run.metrics)
+    except (OSError, ValueError) as ex:
+        status, why = "failed", f"failed: no readable manifest ({type(ex).__name__})"
+    _after_run(path)
+    if status != "ok" or err is not None:
+        if status == "ok":       # measured fine, then something after (e.g. the report) failed
+            why = f"report not written: {error_line(err)}"
+        elif err is not None and error_line(err) not in why and status != "interrupted":
+            why += f" ({error_line(err)})"
+        print(f"labkit: {a.experiment} run {why}", file=sys.stderr)
         if report.exists():
             print(report.resolve())
         return 1
-    _after_run(path)
     print(report.resolve())
     return 0
-
-
-def _last_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[-1] if text else ""
 
 
 def _after_run(path: Path) -> None:
@@ -164,10 +174,43 @@ def cmd_predict(a) -> int:
     return 0
 
 
+def _link(gen, width) -> str:
+    """PCIe link as `5 x16` (manifests hold floats or None)."""
+    def num(v):
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            return None
+        return f"{f:g}" if f == f and f not in (float("inf"), float("-inf")) else None
+    g, w = num(gen), num(width)
+    return f"{g} x{w}" if g and w else "-"
+
+
 def cmd_runs(a) -> int:
+    """One short line per run: id, experiment, status (stale when its process died), machine, link, sha;
+    the folder only when it is not `<root>/<run id>`."""
     from .results import list_runs
-    df = list_runs(a.root)
-    print(df.to_string(index=False) if not df.empty else f"no runs under {a.root}")
+    root = Path(a.root)
+    if not root.is_dir():
+        raise BadInput(f"--root {a.root} is not a folder")
+    df = list_runs(root)
+    if df.empty:
+        print(f"no runs under {a.root}")
+        return 0
+    def text(v) -> str:
+        return v if isinstance(v, str) else ""          # None / NaN from the table: empty
+
+    rows = []
+    for r in df.to_dict("records"):
+        where = Path(r["path"])
+        machine = text(r.get("gpu_name")) or "CPU " + text(r.get("host"))
+        rows.append([text(r["run_id"]) or where.name, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
+                     _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
+                     "" if where.name == text(r["run_id"]) else os.path.relpath(where, root)])   # only when not the id
+    widths = [min(max(len(row[i]) for row in rows), cap) for i, cap in enumerate((44, 13, 11, 24, 7, 12))]
+    for row in rows:
+        cells = [c[:w].ljust(w) for c, w in zip(row[:6], widths)]
+        print((" ".join(cells) + ("  " + row[6] if row[6] else "")).rstrip())
     return 0
 
 

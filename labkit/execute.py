@@ -55,10 +55,11 @@ def rerender_notebook(exp, run_dir: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def _sigint_to_kernels():
-    """Ctrl-C reaches only this process (a Jupyter kernel runs in a session of its own): pass it on to our
-    kernels, so the experiment's own clean-up runs there (servers stopped, run folder marked interrupted) and
-    the cell fails with KeyboardInterrupt. A second Ctrl-C interrupts this process as usual."""
+def _signals_to_kernels(seen: list):
+    """Ctrl-C (or SIGTERM, e.g. from `timeout`) reaches only this process (a Jupyter kernel runs in a session
+    of its own): pass it on to our kernels as SIGINT, so the experiment's own clean-up runs there (servers
+    stopped, tables written) and the cell fails with KeyboardInterrupt; `seen` records the signal so the run
+    ends `interrupted`. A second signal interrupts this process as usual."""
     import signal
 
     import psutil
@@ -66,9 +67,12 @@ def _sigint_to_kernels():
         yield
         return
     me = psutil.Process()
+    sigs = (signal.SIGINT, signal.SIGTERM)
 
     def forward(signum, frame):
-        signal.signal(signal.SIGINT, old)
+        seen.append(signum)
+        for s, h in old.items():
+            signal.signal(s, h)
         for ch in me.children(recursive=True):
             try:
                 if any("ipykernel" in a for a in ch.cmdline()):
@@ -76,11 +80,84 @@ def _sigint_to_kernels():
             except psutil.Error:
                 pass
 
-    old = signal.signal(signal.SIGINT, forward)
+    old = {s: signal.signal(s, forward) for s in sigs}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the driver during a run: raised by `run_notebook` after the run folder was settled
+    (`interrupted`) and its report rendered, so a driver that loops over runs stops as SIGTERM asks."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"terminated (SIGTERM) during the run in {path}")
+        self.path = path
+
+
+def error_line(err: BaseException) -> str:
+    """One line for an error: papermill's `ename: evalue` with a KeyboardInterrupt that carries no message
+    named for what it was, never a bare `KeyboardInterrupt:`."""
+    ename = getattr(err, "ename", None)
+    if ename:
+        evalue = (getattr(err, "evalue", "") or "").strip()
+        if not evalue:
+            evalue = "interrupted by a signal" if ename == "KeyboardInterrupt" else "no message"
+        return f"{ename}: {evalue.splitlines()[-1]}"
+    text = str(err).strip()
+    if isinstance(err, KeyboardInterrupt) or not text:
+        text = text or ("interrupted by a signal" if isinstance(err, KeyboardInterrupt) else "no message")
+    return f"{type(err).__name__}: {text.splitlines()[-1]}"
+
+
+def _was_interrupt(err: BaseException | None) -> bool:
+    return isinstance(err, KeyboardInterrupt) or getattr(err, "ename", None) == "KeyboardInterrupt"
+
+
+def settle_status(out: Path, experiment: str, params: dict, error: BaseException | None, interrupted: bool) -> str:
+    """After the notebook: make the manifest's status the shared rule's verdict. The notebook's own finish
+    path writes it when it ran to the end; a signal, a dead kernel or an exception outside that path leaves
+    `running` (or an `ok` over the rows measured so far), so the status is derived here from the rows and
+    how the kernel ended. A folder the notebook never got to make a manifest in gets a minimal one."""
+    import datetime as dt
+    import json
+
+    import pandas as pd
+
+    from .results import derive_status
+    mf_path = out / "manifest.json"
+    try:
+        mf = json.loads(mf_path.read_text())
+    except (OSError, ValueError):
+        mf = {"run_id": out.name, "experiment": experiment, "parameters": params,
+              "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "status": "running"}
+    interrupted = interrupted or _was_interrupt(error)
+    if error is None and not interrupted and mf.get("status") not in (None, "running"):
+        return mf["status"]              # the notebook finished and wrote its verdict
+    try:
+        m = pd.read_parquet(out / "metrics.parquet")
+        sts = list(m["status"]) if "status" in m else []
+    except Exception:
+        sts = []
+    status = derive_status(sts, interrupted=interrupted, error=error is not None or mf.get("status") == "running")
+    if mf.get("status") in ("failed",) and not interrupted:
+        status = "failed"                # the notebook's own word that nothing counts
+    mf["status"] = status
+    if error is not None:
+        mf["error"] = error_line(error)
+    elif interrupted:
+        mf["error"] = "interrupted by a signal"
+    if "wall_s" not in mf and mf.get("created"):
+        try:
+            mf["wall_s"] = round((dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(mf["created"])).total_seconds(), 1)
+        except ValueError:
+            pass
+    tmp = out / "manifest.json.tmp"
+    tmp.write_text(json.dumps(mf, indent=1, default=str))
+    tmp.replace(mf_path)
+    return status
 
 
 def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path = "results",
@@ -100,20 +177,25 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     out.mkdir(parents=True, exist_ok=True)
     plan = plan.replace(out_dir=str(out.resolve()))
     os.environ["LABKIT_PLAIN_PROGRESS"] = "1"
-    error = None
+    os.environ["LABKIT_RUN_DRIVER"] = str(os.getpid())      # the manifest names us beside the kernel (stale check)
+    error, seen = None, []
     try:
-        with _sigint_to_kernels():
+        with _signals_to_kernels(seen):
             pm.execute_notebook(str(nb), str(out / exp.notebook), parameters={"plan": plan.to_json()},
                                 log_output=False, progress_bar=False, cwd=str(REPO), kernel_name="python3",
                                 execution_timeout=timeout, stdout_file=sys.stdout if log_output else None,
                                 stderr_file=sys.stderr if log_output else None, **KERNEL_ARGS)
-    except Exception as ex:     # PapermillExecutionError, dead kernel: keep what was measured
+    except (Exception, KeyboardInterrupt) as ex:     # PapermillExecutionError, dead kernel: keep what was measured
         error = ex
+    settle_status(out, plan.experiment, dict(plan.params), error, bool(seen))
     try:
         from .report.notebook import render_report
         render_report(out)
     except Exception as ex:
         error = error or ex
+    import signal
+    if signal.SIGTERM in seen:
+        raise Terminated(out)
     return out, error
 
 

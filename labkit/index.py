@@ -26,7 +26,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .report.summary import ok_rows, link_gbps
-from .results import run_manifests
+from .results import effective_status, run_manifests
 
 INDEX_NAME = "index.html"
 
@@ -158,7 +158,7 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
         st = m["status"] if "status" in m else pd.Series(dtype=object)
         report = run_dir / "report.html"
         runs.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
-                     "experiment": mf.get("experiment", ""), "status": mf.get("status", "?"),
+                     "experiment": mf.get("experiment", ""), "status": effective_status(mf),
                      "machine": machine_label(mf), "git_sha": mf.get("git_sha", ""), "wall_s": mf.get("wall_s"),
                      "points_ok": int((st == "ok").sum()), "points_failed": int((st != "ok").sum()) if len(st) else 0,
                      "holds": contents(run_dir, st), "note": _short(mf.get("note") or mf.get("command") or ""),

@@ -2,7 +2,8 @@
 
 A run folder `results/<run-id>/` holds (the contract reports, tests and the index rely on):
 - `manifest.json`: run_id, created, git_sha, host, gpu_name, driver, cuda, torch, pcie_gen, pcie_width,
-  labkit version, the experiment and its parameters, and (when finished) status and wall time;
+  labkit version, the experiment and its parameters, the writing processes (`writers`: pid and start time on
+  `host`), and (when finished) status and wall time;
 - `metrics.parquet`: one tidy row per measured point (`METRIC_COLUMNS` at least), rewritten after every
   point so a crash loses nothing already measured;
 - `telemetry.parquet`: the NVML/host time series;
@@ -16,6 +17,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -64,6 +66,82 @@ def machine_info() -> dict:
     return info
 
 
+# ------------------------------------------------------------------------------------------- run status
+# One rule for every experiment (the CLI, the notebooks, the run index and `labkit runs` all read it):
+#   ok           every point measured is ok (and at least one was)
+#   partial      some point failed, some was measured
+#   failed       nothing was measured (no ok point), or the run ended with an error before any point
+#   interrupted  a signal (Ctrl-C, SIGTERM) ended the run
+#   running      a process of the run is still alive
+#   stale        the manifest says running but every process that wrote it is gone (killed, crashed)
+STATUSES = ("ok", "partial", "failed", "interrupted", "running", "stale")
+
+
+def derive_status(point_statuses, interrupted: bool = False, error: bool = False) -> str:
+    """The run's status from its points' statuses. `error`: the run ended with an exception (what was
+    measured before it still counts: partial when something was, failed when nothing was)."""
+    sts = [s for s in point_statuses if s is not None]
+    if interrupted:
+        return "interrupted"
+    n_ok = sum(1 for s in sts if s == "ok")
+    if n_ok == 0:
+        return "failed"
+    if error or n_ok < len(sts):
+        return "partial"
+    return "ok"
+
+
+def status_reason(manifest: dict, metrics: "pd.DataFrame | None" = None) -> str:
+    """One line saying why a run is not ok (empty when it is)."""
+    st = effective_status(manifest)
+    if st == "ok":
+        return ""
+    parts = [st]
+    if metrics is not None and "status" in metrics and len(metrics):
+        bad = metrics[metrics["status"] != "ok"]
+        parts.append(f"{len(bad)} of {len(metrics)} points failed" if len(bad) else f"{len(metrics)} points measured")
+        if len(bad) and "error" in bad and bad["error"].notna().any():
+            parts.append(str(bad["error"].dropna().iloc[0]).strip().splitlines()[0][:200].rstrip(" :"))
+    elif metrics is not None:
+        parts.append("no point measured")
+    if manifest.get("error"):
+        parts.append(str(manifest["error"]).strip().splitlines()[0][:200].rstrip(" :"))
+    if st == "stale":
+        parts.append("its process died without writing a status")
+    return ": ".join(parts)
+
+
+def _proc_start(pid: int) -> float | None:
+    try:
+        import psutil
+        return round(psutil.Process(pid).create_time(), 2)
+    except Exception:
+        return None
+
+
+def writer_entry(pid: int | None = None) -> dict:
+    """This process (or `pid`) as a writer of a run: pid and start time (a reused pid is not the writer)."""
+    pid = pid or os.getpid()
+    return {"pid": pid, "started": _proc_start(pid)}
+
+
+def _writer_alive(w: dict) -> bool:
+    started = _proc_start(int(w.get("pid") or 0)) if w.get("pid") else None
+    return started is not None and (w.get("started") is None or abs(started - float(w["started"])) < 1.0)
+
+
+def effective_status(manifest: dict) -> str:
+    """The manifest's status, except that a `running` run whose writers (on this host) are all gone is
+    `stale`. A run written on another host cannot be checked here and keeps its word."""
+    st = manifest.get("status") or "running"
+    if st != "running":
+        return st
+    writers = manifest.get("writers") or []
+    if not writers or manifest.get("host") != socket.gethostname():
+        return "stale" if not writers and manifest.get("host") == socket.gethostname() else st
+    return st if any(_writer_alive(w) for w in writers) else "stale"
+
+
 def new_run_id(experiment: str) -> str:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"{now}-{experiment}"
@@ -90,7 +168,7 @@ class Run:
         manifest = {"run_id": path.name, "experiment": experiment,
                     "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "git_sha": git_sha(), "labkit": __version__, **machine_info(), "parameters": params,
-                    "status": "running", "machine_load_before": machine_load()}
+                    "status": "running", "writers": _writers(), "machine_load_before": machine_load()}
         if os.environ.get("LABKIT_SESSION"):     # runs made by one device session (their reports meet)
             manifest["session"] = os.environ["LABKIT_SESSION"]
         run = cls(path, manifest)
@@ -134,10 +212,35 @@ class Run:
 
     add_table = write_table
 
-    def finish(self, status: str = "ok", **fields) -> None:
+    def finish(self, status: str | None = None, *, interrupted: bool | None = None,
+               error: BaseException | str | None = None, **fields) -> str:
+        """Write the final status, derived from the points by `derive_status` (the one rule), and the wall
+        time; returns the status. `error`: the exception that ended the run early (recorded in one line).
+        Called in a `finally` or `except` block while an exception propagates, that exception decides:
+        KeyboardInterrupt (Ctrl-C, or SIGTERM turned into one) -> interrupted, anything else -> an error.
+        `status` given explicitly is written as is: for run folders built by hand (test fixtures, imports);
+        experiments never pass it (a test checks)."""
+        if status is not None:
+            if status not in STATUSES:
+                raise ValueError(f"unknown run status {status!r}: one of {', '.join(STATUSES)}")
+            created = dt.datetime.fromisoformat(self.manifest["created"])
+            wall = (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
+            self.update_manifest(status=status, wall_s=round(wall, 1), **fields)
+            return status
+        if interrupted is None and error is None:
+            exc = sys.exc_info()[1]
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            error = exc if exc is not None and not interrupted else None
+        status = derive_status([r.get("status") for r in self.records], interrupted=bool(interrupted),
+                               error=error is not None)
+        if error is not None and not isinstance(error, str):
+            error = f"{type(error).__name__}: {str(error).strip() or 'no message'}".splitlines()[0]
+        if error is not None:
+            fields["error"] = error
         created = dt.datetime.fromisoformat(self.manifest["created"])
         wall = (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
         self.update_manifest(status=status, wall_s=round(wall, 1), machine_load_after=machine_load(), **fields)
+        return status
 
 
 class LoadedRun:
@@ -162,6 +265,15 @@ class LoadedRun:
         return self.table("telemetry")
 
 
+def _writers() -> list[dict]:
+    """This process, and the driver that started it (`labkit run` sets LABKIT_RUN_DRIVER for its kernel)."""
+    out = [writer_entry()]
+    drv = os.environ.get("LABKIT_RUN_DRIVER", "")
+    if drv.isdigit() and int(drv) != os.getpid():
+        out.append(writer_entry(int(drv)))
+    return out
+
+
 def load_run(path: str | Path) -> LoadedRun:
     return LoadedRun(path)
 
@@ -182,7 +294,7 @@ def list_runs(root: str | Path = "results") -> pd.DataFrame:
         except Exception:
             continue
         rows.append({"path": str(mf.parent), "run_id": m.get("run_id"), "experiment": m.get("experiment"),
-                     "created": m.get("created"), "status": m.get("status"), "gpu_name": m.get("gpu_name"),
+                     "created": m.get("created"), "status": effective_status(m), "gpu_name": m.get("gpu_name"),
                      "pcie_gen": m.get("pcie_gen"), "pcie_width": m.get("pcie_width"), "git_sha": m.get("git_sha"),
                      "host": m.get("host")})
     df = pd.DataFrame(rows)

@@ -1,5 +1,6 @@
 """`labkit serve` over real HTTP on 127.0.0.1: the load generator that drives vLLM (serving/loadgen.py)
 drives labkit's engine; streamed tokens equal each request's tokens run alone in-process."""
+import json
 import socket
 import subprocess
 import sys
@@ -112,3 +113,64 @@ def test_labkit_serve_cli(tmp_path):
     assert "lanes resident=1 slots, offload=1 slots" in out
     bad = subprocess.run([sys.executable, "-m", "labkit", "serve", "--host", "0.0.0.0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "loopback" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("body,msg", [
+    ({"prompt": [1, 2, 3], "max_tokens": 2, "stream": True, "stream_options": 5}, "stream_options"),
+    ({"prompt": [1, 2, 3], "max_tokens": True}, "max_tokens"),
+    ({"prompt": [1, 2, 3], "max_tokens": 2, "stream": "yes"}, "stream"),
+    ({"prompt": [1, 2, 3], "max_tokens": 2, "stream": True, "stream_options": {"include_usage": 3}}, "include_usage"),
+])
+def test_wrong_types_get_400_not_500(server, body, msg):
+    url, _ = server
+    r = httpx.post(url + "/v1/completions", json={"model": "tiny", **body}, timeout=30)
+    assert r.status_code == 400 and msg in r.json()["error"]["message"]
+
+
+def _stats_for(url, rid, timeout=30):
+    t = time.time()
+    while time.time() - t < timeout:
+        got = [r for r in httpx.get(url + "/stats").json()["records"] if r["request_id"] == rid]
+        if got:
+            return got[0]
+        time.sleep(0.2)
+    raise AssertionError(f"request {rid} never finished")
+
+
+def test_client_disconnect_mid_stream_aborts_the_request(server):
+    """A client that reads two chunks and hangs up: the request stops (not run to its 200 tokens), is recorded
+    as aborted, and its slot serves the next request."""
+    url, _ = server
+    body = {"model": "tiny", "prompt": list(range(1, 41)), "max_tokens": 200, "stream": True}
+    with httpx.Client(timeout=30) as c:
+        with c.stream("POST", url + "/v1/completions", json=body) as resp:
+            lines = resp.iter_lines()
+            first = next(ln for ln in lines if ln.startswith("data:"))
+            rid = json.loads(first[5:])["id"]
+            next(ln for ln in lines if ln.startswith("data:"))
+    rec = _stats_for(url, rid)
+    assert rec["status"] == "failed" and "aborted" in rec["error"] and rec["output_len"] < 200, rec
+    r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 3}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_half_sent_body_logs_no_traceback(tmp_path):
+    """A body cut off mid-upload (Content-Length larger than what arrives, then the socket closes)."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "serve", "--device", "cpu", "--port", str(port),
+                             "--capacity", "64", "--budget", "16", "--page-size", "16", "--prefill-chunk", "64",
+                             "--resident-slots", "1", "--offload-slots", "0", "--policy", "resident"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_health(url)
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 500\r\n\r\n{\"prompt\": [1, 2")
+            time.sleep(0.5)
+        time.sleep(1.0)
+        assert httpx.get(url + "/health", timeout=5).status_code == 200
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert "Traceback" not in out, out[-3000:]

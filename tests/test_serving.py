@@ -1,7 +1,10 @@
 """labkit.serving without a vLLM server: profiles, workloads, metric definitions, /metrics parsing, the load
 generator's error path, bad input. The tests that start real `vllm serve` processes are in test_vllm_*.py."""
+import json
 import math
+import os
 import socket
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -64,9 +67,59 @@ def test_synthetic_lengths_exact_and_ranged():
 
 def test_poisson_arrivals_rate():
     t = workload.poisson_arrivals(4000, rate=5.0, seed=0)
-    assert t[0] == 0 and all(b >= a for a, b in zip(t, t[1:]))
-    assert len(t) / t[-1] == pytest.approx(5.0, rel=0.08)
+    assert t[0] > 0 and all(b >= a for a, b in zip(t, t[1:]))
     assert workload.poisson_arrivals(3, math.inf) == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("n,rate,burstiness", [(6, 0.1, 1.0), (200, 5.0, 1.0), (40, 2.0, 0.25), (40, 2.0, 4.0)])
+def test_last_arrival_lands_at_n_over_rate(n, rate, burstiness):
+    """vLLM rescales the arrivals so the last lands at N / rate: every seed offers the nominal load (6 prompts at
+    0.1 req/s end at 60 s, never at 19.6 s)."""
+    for seed in range(20):
+        t = workload.poisson_arrivals(n, rate, seed=seed, burstiness=burstiness)
+        assert len(t) == n and t[-1] == pytest.approx(n / rate, rel=1e-12)
+
+
+VLLM_PY = Path(os.environ.get("LABKIT_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+# vLLM's own generator (vllm/benchmarks/serve.py `get_request`) after `vllm bench serve`'s np.random.seed(seed),
+# with its clock frozen and its sleeps recorded instead of slept: the recorded sleeps are its arrival offsets.
+_VLLM_ARRIVALS = """
+import asyncio, json, sys, types
+import numpy as np
+import vllm.benchmarks.serve as S
+slept = []
+async def sleep(s):
+    slept.append(s)
+S.time = types.SimpleNamespace(time=lambda: 1000.0)
+S.asyncio = types.SimpleNamespace(sleep=sleep)
+async def main(n, rate, burst):
+    return [r async for r in S.get_request(list(range(n)), rate, burst)]
+out = []
+for n, rate, burst, seed in json.loads(sys.argv[1]):
+    slept.clear()
+    np.random.seed(seed)
+    asyncio.run(main(n, rate, burst))
+    out.append(list(slept))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not VLLM_PY.is_file(), reason="needs .venv-vllm (make vllm-venv): vLLM's own generator")
+def test_arrivals_equal_vllm_bench_serve_for_the_same_seed():
+    cases = [(6, 0.1, 1.0, 0), (50, 3.0, 1.0, 12345), (30, 2.0, 0.5, 7)]
+    out = subprocess.run([str(VLLM_PY), "-c", _VLLM_ARRIVALS, json.dumps(cases)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for (n, rate, burst, seed), theirs in zip(cases, json.loads(out.stdout.strip().splitlines()[-1])):
+        ours = workload.poisson_arrivals(n, rate, seed=seed, burstiness=burst)
+        assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-9), (n, rate, burst, seed)
+
+
+def test_cross_check_command_is_greedy_with_the_same_arrivals():
+    from labkit.serving.benchclient import bench_command
+    cmd = bench_command("http://127.0.0.1:1", "m", 8, 4, 6, 2, Path("/tmp"), "x.json", request_rate=0.5, seed=3)
+    assert cmd[cmd.index("--temperature") + 1] == "0"
+    assert cmd[cmd.index("--seed") + 1] == "3" and cmd[cmd.index("--burstiness") + 1] == "1.0"
 
 
 def test_repeated_sends_each_prompt_twice_after_all_firsts():
@@ -175,6 +228,44 @@ def test_port_in_use_is_bad_input():
         s.listen()
         with pytest.raises(BadInput, match="in use"):
             plan({"port": s.getsockname()[1]}, check_args=False)
+
+
+@pytest.mark.parametrize("config", ["{}", '{"vocab_size": null}', "[1, 2]", "not json"])
+def test_config_without_vocab_is_bad_input_before_a_folder(tmp_path, config):
+    from labkit.experiments.serve import plan
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(config)
+    with pytest.raises(BadInput, match="config.json") as e:
+        plan({"model": str(tmp_path / "m"), "out_dir": str(tmp_path / "run")}, check_args=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_trace_workload_reads_the_shipped_trace():
+    from labkit.experiments.serve import plan
+    p = plan({"workload": "trace"}, check_args=False)
+    trace = Path(p["trace"]).resolve()
+    assert trace.is_file() and trace.is_relative_to(REPO / "labkit" / "data"), trace
+    assert len(workload.load_trace(trace)) >= p["trace_requests"]
+
+
+def test_port_held_only_by_time_wait_is_free():
+    """A server (vLLM's uvicorn, which binds with SO_REUSEADDR) that closed its connections first leaves them in
+    TIME_WAIT on its port; its successor binds with SO_REUSEADDR too, so the port is free for it."""
+    from labkit.serving.lifecycle import port_in_use
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as uvicorn (asyncio's create_server) binds
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    cli = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    conn.close()                  # the server side closes first: its end goes to TIME_WAIT
+    cli.recv(1)
+    cli.close()
+    srv.close()
+    states = subprocess.run(["ss", "-tan", f"sport = :{port}"], capture_output=True, text=True).stdout
+    assert "TIME-WAIT" in states, states
+    assert not port_in_use(port)
 
 
 def test_launcher_answers_the_vllm_version_lookup_only(monkeypatch):

@@ -140,6 +140,36 @@ def test_connector_host_hit_after_device_eviction(server):
     assert parse_metrics(page).get("prompt_tokens_cached_host", 0) >= host_blocks * BLOCK
 
 
+def _metrics(url: str) -> dict:
+    import httpx
+
+    from labkit.serving.servermetrics import parse_metrics
+    return parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
+
+
+def test_client_disconnect_mid_stream_aborts_in_vllm(server):
+    """A client that reads two chunks of a 900-token stream and hangs up: vLLM aborts the request within
+    seconds (nothing left running, far fewer than 900 tokens generated) instead of generating all of them."""
+    import httpx
+    before = _metrics(server.base_url).get("generation_tokens", 0)
+    body = {"model": server.model, "prompt": list(range(300, 340)), "max_tokens": 900, "ignore_eos": True,
+            "stream": True, "temperature": 0}
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", server.base_url + "/v1/completions", json=body) as resp:
+            got = 0
+            for ln in resp.iter_lines():
+                got += ln.startswith("data:")
+                if got == 2:
+                    break
+    hung_up = time.time()
+    while _metrics(server.base_url).get("num_requests_running", 0) > 0 and time.time() - hung_up < 30:
+        time.sleep(0.2)
+    stopped_after = time.time() - hung_up
+    time.sleep(1.0)                                   # the counters of the last steps
+    made = _metrics(server.base_url).get("generation_tokens", 0) - before
+    assert stopped_after < 5 and made < 900, (stopped_after, made)
+
+
 def test_failed_start_leaves_nothing(tmp_path):
     from labkit.serving.lifecycle import ServerFailed, VllmServer
     (tmp_path / "m").mkdir()
@@ -151,6 +181,13 @@ def test_failed_start_leaves_nothing(tmp_path):
             pass
     assert "exited with code" in str(e.value) and str(tmp_path / "s.log") in str(e.value)
     assert not _group_alive(srv.pid)
+
+
+def _run_serve(given: dict, **kw):
+    """Plan (as `labkit run serve` does, without vLLM's own argument check) and run in this process."""
+    from labkit.experiments.serve import plan
+    from labkit.serving.experiment import run_serve
+    return run_serve(dict(plan(given, check_args=False).params), **{"log": None, **kw})
 
 
 def _labkit(*args, timeout=600):
@@ -168,12 +205,14 @@ def test_unknown_flag_rejected_by_vllms_parser(tmp_path):
 
 
 def test_sweep_end_to_end_with_vllm_client_and_notebook(tmp_path):
-    """run_serve writes the run-folder contract; vLLM's client ran at the same points; the notebook renders it."""
+    """`labkit run serve` under papermill: the run-folder contract, vLLM's client at the same points, the
+    notebook rendered from the plan it was handed."""
+    from labkit.execute import run_experiment
     from labkit.results import load_run
-    from labkit.serving.experiment import run_serve
-    run = run_serve({"input_lens": "48", "concurrency": "1,2", "num_prompts": 2, "output_len": 4, "bench_client": True,
-                     "out_dir": str(tmp_path / "run")}, log=None)
-    lr = load_run(run.path)
+    out, err = run_experiment("serve", {"input_lens": "48", "concurrency": "1,2", "num_prompts": 2, "output_len": 4,
+                                        "bench_client": True}, out_dir=tmp_path / "run", log_output=False, timeout=900)
+    assert err is None, err
+    lr = load_run(out)
     m = lr.metrics
     assert set(m["client"]) == {"labkit", "vllm"} and (m["status"] == "ok").all(), m[["client", "status", "error"]]
     assert m["ttft_ms_median"].gt(0).all() and m["tpot_ms_median"].gt(0).all()
@@ -183,26 +222,49 @@ def test_sweep_end_to_end_with_vllm_client_and_notebook(tmp_path):
     assert len(req) == 4 and req["token_times"].map(len).eq(4).all()
     tel = lr.telemetry
     assert (tel["source"] == "vllm").sum() >= 2 and "kv_cache_usage_perc" in tel
-    assert len(list((run.path / "bench").glob("*.json"))) == 2
+    assert len(list((out / "bench").glob("*.json"))) == 2
     assert not _group_alive(lr.manifest["servers"][0]["pid"])
-    papermill = pytest.importorskip("papermill")
-    papermill.execute_notebook(str(REPO / "notebooks" / "serve_sweep.ipynb"), str(run.path / "serve_sweep.ipynb"),
-                               parameters={"run_dir": str(run.path)}, cwd=str(REPO), progress_bar=False,
-                               kernel_name="python3")
-    nb = json.loads((run.path / "serve_sweep.ipynb").read_text())
+    nb = json.loads((out / "serve_sweep.ipynb").read_text())
+    assert "plan" in nb["metadata"]["papermill"]["parameters"]
     outs = [o for c in nb["cells"] for o in c.get("outputs", [])]
     assert not any(o.get("output_type") == "error" for o in outs)
     html = ["".join(o.get("data", {}).get("text/html", "")) for o in outs]
     assert sum("Plotly.newPlot" in h for h in html) >= 5          # latency, input, throughput, cross-check, timeline, waterfall
 
 
+def _survivors(pgid: int, pids: set[int]) -> list[str]:
+    """Processes left of a server: by its process group, and among the processes it had started (by parent,
+    recorded while it ran: a killed parent's children are re-parented, so they are looked up by pid)."""
+    import psutil
+    left = []
+    for pr in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            if os.getpgid(pr.pid) == pgid or pr.pid in pids:
+                if pr.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"{pr.pid} {pr.info['name']}")
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return left
+
+
+def _family(pid: int) -> set[int]:
+    import psutil
+    try:
+        return {pid} | {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return {pid}
+
+
 def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
-    """A sweep in a child process: kill its server mid-sweep (the point fails with the log's tail, the server is
-    restarted for the next point), then Ctrl-C the sweep: server stopped, run folder valid, marked interrupted."""
+    """A sweep in a child process: kill -9 its server's PID only (not its group: the engine-core and worker
+    processes it forked live on), mid-sweep. The point fails with the log's tail, the dead server's group is
+    stopped before its successor starts (no engine of it survives), and the server is restarted for the next
+    point; then Ctrl-C the sweep: server stopped, run folder valid, marked interrupted, no process of either
+    server left, by process group or by parent."""
     out = tmp_path / "run"
-    code = ("from labkit.serving.experiment import run_serve\n"
-            f"run_serve({{'input_lens': '32', 'concurrency': '1', 'num_prompts': 3, 'output_len': 4, 'repeats': 200, "
-            f"'out_dir': {str(out)!r}}})\n")
+    code = ("from labkit.experiments.serve import plan\nfrom labkit.serving.experiment import run_serve\n"
+            f"run_serve(dict(plan({{'input_lens': '32', 'concurrency': '1', 'num_prompts': 3, 'output_len': 4, "
+            f"'repeats': 200, 'out_dir': {str(out)!r}}}, check_args=False).params))\n")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
     try:
@@ -216,21 +278,76 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
         while not (out / "metrics.parquet").is_file() and time.time() < deadline:
             time.sleep(0.5)                                      # the first point is done, the next one runs
         first = servers()[0]
-        os.killpg(first["pid"], signal.SIGKILL)                 # the server dies mid-sweep
+        first_family = _family(first["pid"])
+        assert len(first_family) > 1, "the server forked no engine process: nothing to orphan"
+        os.kill(first["pid"], signal.SIGKILL)                   # the server's PID only, mid-sweep
         while not (len(servers()) > 1 and servers()[1].get("startup_s")) and time.time() < deadline:
             time.sleep(1)
         assert len(servers()) == 2, "server not restarted"
+        assert not _survivors(first["pid"], first_family), "the killed server's engine outlived its restart"
         second = servers()[1]
+        second_family = _family(second["pid"])
         child.send_signal(signal.SIGINT)                        # Ctrl-C
         child.wait(120)
     finally:
         if child.poll() is None:
             child.kill()
     assert child.returncode != 0
-    assert not _group_alive(first["pid"]) and not _group_alive(second["pid"])
+    assert not _survivors(first["pid"], first_family) and not _survivors(second["pid"], second_family)
     mf = json.loads((out / "manifest.json").read_text())
     assert mf["status"] == "interrupted"
     m = pd.read_parquet(out / "metrics.parquet")
     failed = m[m["status"] == "failed"]
     assert len(failed) >= 1 and failed["error"].str.contains("server died|Connect|Remote", regex=True).any()
     assert failed["server_log_tail"].notna().any()
+
+
+def test_a_server_that_never_comes_up_fails_the_run(tmp_path):
+    """`-p startup_timeout_s=5` (a server that cannot be healthy in time): every point is a failed row, the
+    manifest says failed, `labkit run` exits 1 with one line saying so, and no process of the server is left."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "labkit", "run", "serve", "-p", "input_lens=16", "-p", "concurrency=1",
+                        "-p", "num_prompts=1", "-p", "output_len=2", "-p", "startup_timeout_s=5", "--out", str(out)],
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    mf = json.loads((out / "manifest.json").read_text())
+    assert r.returncode == 1 and mf["status"] == "failed", (r.returncode, mf["status"], r.stderr[-2000:])
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("labkit:")]
+    assert len(lines) == 1 and "failed" in lines[0] and "not healthy after 5 s" in lines[0], r.stderr[-2000:]
+    pid = mf["servers"][0]["pid"]
+    assert not _survivors(pid, {pid})
+
+
+def test_weightless_model_and_port_taken_after_checks_are_not_ok(tmp_path, monkeypatch):
+    """A checkpoint folder with a config but no weights: the server exits, every point failed, status failed.
+    A port taken between labkit's checks and the server's start: the run ends failed, not ok."""
+    import socket as so
+
+    from labkit.serving import experiment as E
+    from labkit.serving.profiles import load_profile
+    src = load_profile("smollm2-cpu").model_path()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in src.iterdir():                                   # config and tokenizer, no weights
+        if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".pt")):
+            (bare / f.name).write_bytes(f.read_bytes())
+    run = _run_serve({"model": str(bare), "input_lens": "16", "concurrency": "1", "num_prompts": 1, "output_len": 2,
+                      "out_dir": str(tmp_path / "bare-run")})
+    assert run.manifest["status"] == "failed" and (run.metrics()["status"] == "failed").all()
+    pid = run.manifest["servers"][0]["pid"]
+    assert not _survivors(pid, {pid})
+
+    holder = so.socket()
+    from labkit.serving.lifecycle import free_port
+    port = free_port()
+    from labkit.experiments.serve import plan
+    p = plan({"port": port, "input_lens": "16", "concurrency": "1", "num_prompts": 1, "output_len": 2,
+              "out_dir": str(tmp_path / "port-run")}, check_args=False)
+    holder.bind(("127.0.0.1", port))                           # someone else takes it after labkit's checks
+    holder.listen()
+    try:
+        with pytest.raises(Exception, match="in use"):
+            E.run_serve(dict(p.params), log=None)
+    finally:
+        holder.close()
+    mf = json.loads((tmp_path / "port-run" / "manifest.json").read_text())
+    assert mf["status"] == "failed" and "in use" in mf["error"]

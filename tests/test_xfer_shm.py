@@ -120,3 +120,80 @@ def test_scatter_into_paged_cache_lands_in_the_request_blocks(tmp_path, layout):
         k_other, _, _ = split_kv(caches[f"model.layers.{i}.self_attn.attn"], H, D)
         assert bool((k_other[[0, 2, 4, 5]] == 7.0).all()), "blocks of other requests must stay untouched"
 
+
+def relocate_data(path, header_bytes: int) -> None:
+    """Rewrite a valid file as if its header said `header_bytes` (data moved there, size made consistent):
+    only the header_bytes check can tell."""
+    raw = path.read_bytes()
+    hdr = shm.read_header(path)
+    data = raw[hdr.header_bytes:]
+    head = bytearray(raw[:shm._FIXED])
+    head[16:20] = struct.pack("<I", header_bytes)
+    if header_bytes >= shm._FIXED:
+        path.write_bytes(bytes(head).ljust(header_bytes, b"\0") + data)
+    else:                                   # the fields stay at the front; data from header_bytes on
+        path.write_bytes(bytes(head) + data[shm._FIXED - header_bytes:])
+    assert path.stat().st_size == header_bytes + hdr.data_bytes
+
+
+@pytest.mark.parametrize("header_bytes", [0, 64, 4095])
+def test_wrong_header_bytes_refused_though_size_is_consistent(tmp_path, header_bytes):
+    ids = list(range(11))
+    path = shm.path_for(ids, tmp_path)
+    shm.write(path, _kv(), ids[:10], "fp")
+    relocate_data(path, header_bytes)
+    with pytest.raises(shm.ShmError, match=f"header_bytes {header_bytes}") as e:
+        shm.validate(path, ids, "fp", 3, 2, 4)
+    assert "\n" not in str(e.value)
+
+
+def overwrite_payload(path, value: float) -> None:
+    """Every data element set to `value` under the file's untouched (valid) header."""
+    hdr = shm.read_header(path)
+    raw = bytearray(path.read_bytes())
+    n = hdr.data_bytes // torch.tensor([], dtype=hdr.dtype).element_size()
+    raw[hdr.header_bytes:] = torch.full((n,), value, dtype=hdr.dtype).view(torch.uint8).numpy().tobytes()
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("value", [float("nan"), 1e30])
+def test_corrupt_payload_under_a_valid_header_refused_by_checksum(tmp_path, value):
+    ids = list(range(11))
+    path = shm.path_for(ids, tmp_path)
+    shm.write(path, _kv(), ids[:10], "fp", dtype=torch.float32)
+    assert shm.validate(path, ids, "fp", 3, 2, 4, verify_payload=True).payload_crc32 != 0
+    overwrite_payload(path, value)
+    hdr = shm.validate(path, ids, "fp", 3, 2, 4)                    # the header alone cannot tell
+    with pytest.raises(shm.ShmError, match="CRC-32"):
+        shm.validate(path, ids, "fp", 3, 2, 4, verify_payload=True)
+    f = shm.KVFile(path, hdr)                                         # nor can the worker's mapping
+    assert not f.payload_ok()
+    f.close()
+
+
+@pytest.mark.parametrize("field,offset,value,msg", [
+    ("complete", 12, 7, "complete flag 7"),
+    ("pid", 36, 0, "empty field"),
+    ("layers", 24, 0, "empty field"),
+    ("padding", 300, 1, "padding"),
+])
+def test_every_header_field_checked(tmp_path, field, offset, value, msg):
+    ids = list(range(11))
+    path = shm.path_for(ids, tmp_path)
+    shm.write(path, _kv(), ids[:10], "fp")
+    b = bytearray(path.read_bytes())
+    b[offset:offset + 4] = struct.pack("<I", value)
+    path.write_bytes(bytes(b))
+    with pytest.raises(shm.ShmError, match=msg):
+        shm.validate(path, ids, "fp", 3, 2, 4)
+
+
+def test_created_in_the_future_refused(tmp_path):
+    ids = list(range(11))
+    path = shm.path_for(ids, tmp_path)
+    shm.write(path, _kv(), ids[:10], "fp")
+    b = bytearray(path.read_bytes())
+    b[56:64] = struct.pack("<d", float("inf"))
+    path.write_bytes(bytes(b))
+    with pytest.raises(shm.ShmError, match="creation time"):
+        shm.validate(path, ids, "fp", 3, 2, 4)

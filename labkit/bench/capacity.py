@@ -243,7 +243,7 @@ def run(p: dict, progress=print) -> Run:
     if not p["measure"]:
         for f in fits:
             r.add({**base, "experiment": EXPERIMENT, "status": "ok", "error": None, **f.row()})
-        r.finish("ok")
+        r.finish()
         return r
     from .decode import DecodeSession
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": "resident", "context_lens": str(p["context_len"]),
@@ -304,6 +304,6 @@ def run(p: dict, progress=print) -> Run:
     r.write_table("goodput", sdf)
     sdf.to_csv(r.path / "goodput.csv", index=False)
     df.drop(columns=[c for c in df.columns if c.startswith("anat_")]).to_csv(r.path / "metrics.csv", index=False)
-    r.finish("ok" if (df["status"] == "ok").all() else "partial")
+    r.finish()
     progress(sdf.to_string(index=False))
     return r

@@ -260,5 +260,5 @@ def run(p: dict, progress_bar: bool = True):
     finally:
         tel.stop()
         run.write_table("telemetry", tel.frame())
-        run.finish("ok" if all(r["status"] == "ok" for r in run.records) else "partial")
+        run.finish()        # the shared rule; an exception in flight (Ctrl-C included) decides too
     return run

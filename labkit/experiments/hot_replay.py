@@ -58,5 +58,5 @@ def run(plan: Plan, progress_bar: bool = True):
         run.records.append({"run_id": run.run_id, "experiment": NAME, "status": "ok", "error": None,
                             "shape": p["shape"], **r})
     run.write_table("metrics", run.metrics())
-    run.finish("ok")
+    run.finish()
     return run

@@ -75,10 +75,10 @@ def run(plan: Plan, progress_bar: bool = True):
                               settings={k: p[k] for k in setting_names()}, log=print if progress_bar else (lambda *a: None))
     except Exception as ex:
         run.add({"experiment": NAME, "status": "failed", "error": one_line(ex)})
-        run.finish("failed")
+        run.finish(error=ex)
         return run
     for r in rows:
         run.add(r)
     run.write_table("timeline", pd.DataFrame(spans))
-    run.finish("ok" if all(r["status"] == "ok" for r in rows) else "partial")
+    run.finish()                 # the shared rule over the rows
     return run

@@ -19,16 +19,18 @@ KEYS = ("median_ttft_ms", "mean_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "mean
 
 
 def bench_command(base_url: str, model: str, input_len: int, output_len: int, num_prompts: int, concurrency: int,
-                  result_dir: Path, result_name: str, request_rate: float = math.inf, seed: int = 0) -> list[str]:
+                  result_dir: Path, result_name: str, request_rate: float = math.inf, seed: int = 0,
+                  burstiness: float = 1.0) -> list[str]:
     args = ["bench", "serve", "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
             "--model", model, "--tokenizer", model, "--dataset-name", "random",
             "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--random-range-ratio", "0",
             "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--ignore-eos",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+            "--temperature", "0",       # greedy, as labkit's own client asks
             "--seed", str(seed), "--save-result", "--result-dir", str(result_dir), "--result-filename", result_name,
             "--disable-tqdm"]
-    if math.isfinite(request_rate):
-        args += ["--request-rate", str(request_rate)]
+    if math.isfinite(request_rate):    # the same seed gives the same arrivals as labkit's (workload.poisson_arrivals)
+        args += ["--request-rate", str(request_rate), "--burstiness", str(burstiness)]
     return launcher_cmd(*args)
 
 

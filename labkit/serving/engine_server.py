@@ -11,6 +11,9 @@ One thread runs the scheduler (`labkit.engine.drive.scheduler.Scheduler`): reque
 tokens come back through the event loop (`call_soon_threadsafe`). A request the engine cannot take
 (prompt + max_tokens longer than the cache, ids outside the vocabulary) gets HTTP 400 with one line; a
 request that fails mid-run ends its stream with an `error` event and the server goes on.
+A client that disconnects (mid-stream, or while a non-streamed answer is being generated) aborts its
+request: it leaves the queue, or a running one stops after its next token and frees its slot; its record
+says `aborted`. A body cut off mid-upload is dropped without a traceback.
 `GET /stats` returns the scheduler's per-request records and per-iteration rounds (lane sizes,
 switches, stalls, bytes), `GET /timeline` the sampled switching timelines.
 """
@@ -31,6 +34,7 @@ class EngineLoop:
     def __init__(self, sched, idle_wait_s: float = 0.02):
         self.sched, self.idle_wait_s = sched, idle_wait_s
         self.inbox: queue.Queue = queue.Queue()
+        self.aborts: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="labkit-engine", daemon=True)
         self.errors: list[str] = []
@@ -48,12 +52,53 @@ class EngineLoop:
         req.arrival = self.sched.now()
         self.inbox.put(req)
 
+    def abort(self, req) -> None:
+        """From any thread: stop `req` (its client is gone); done on the engine's thread between steps."""
+        self.aborts.put(req)
+
+    def _abort_pending(self) -> None:
+        while True:
+            try:
+                req = self.aborts.get_nowait()
+            except queue.Empty:
+                return
+            if req.status in ("done", "failed", "aborted"):
+                continue
+            why = f"aborted: the client disconnected after {len(req.tokens)} of {req.max_tokens} tokens"
+            sched = self.sched
+            queued = [q for q in (sched.waiting, sched.future) if any(r is req for r in q)]
+            if queued:                      # never started: just leave the queue
+                for q in queued:
+                    keep = [r for r in q if r is not req]
+                    q.clear()
+                    q.extend(keep)
+                sched._fail(req, RuntimeError(why))
+                req.status, req.error = "aborted", why
+                continue
+            # prefilling or decoding: end after the next token through the scheduler's own finish path (which
+            # frees the slot and its pages), then mark it aborted
+            req.max_tokens = len(req.tokens) + 1
+            done = req.on_done
+
+            def aborted(r, done=done, why=why):
+                r.status, r.error = "aborted", why
+                if done is not None:
+                    done(r)
+            req.on_done = aborted
+            self.inbox.put(None)          # wake an idle loop
+
     def _take(self, block: bool) -> None:
         try:
             req = self.inbox.get(timeout=self.idle_wait_s) if block else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
+            if req is None:                 # a wake-up, not a request
+                try:
+                    req = self.inbox.get_nowait()
+                except queue.Empty:
+                    return
+                continue
             try:
                 self.sched.submit(req)
             except BadInput as ex:          # validated at the door; recorded, never fatal to the loop
@@ -66,6 +111,7 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._take(block=False)
+            self._abort_pending()
             try:
                 did = self.sched.step()
             except Exception as ex:         # noqa: BLE001 - the scheduler records request failures itself
@@ -89,6 +135,7 @@ def _prompt_ids(prompt) -> list[int]:
 
 def create_app(loop: EngineLoop, model_name: str = "labkit"):
     from fastapi import FastAPI, Request as HTTPRequest
+    from starlette.requests import ClientDisconnect
     from ..engine.drive.scheduler import Request
     from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -119,16 +166,28 @@ def create_app(loop: EngineLoop, model_name: str = "labkit"):
     async def completions(http: HTTPRequest):
         try:
             body = await http.json()
+        except ClientDisconnect:            # the body was cut off: nobody is listening for an answer
+            return error(400, "the client disconnected before sending the whole body")
+        except ValueError as ex:
+            return error(400, f"body is not JSON: {ex}")
+        try:
             if not isinstance(body, dict):
                 raise BadInput("body must be a JSON object")
             ids = _prompt_ids(body.get("prompt"))
             max_tokens = body.get("max_tokens", 16)
-            if not isinstance(max_tokens, int):
+            if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
                 raise BadInput("max_tokens must be an integer")
-        except (BadInput, ValueError) as ex:
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise BadInput("stream must be true or false")
+            opts = body.get("stream_options")
+            if opts is not None and not isinstance(opts, dict):
+                raise BadInput("stream_options must be an object")
+            usage_on = (opts or {}).get("include_usage", False)
+            if not isinstance(usage_on, bool):
+                raise BadInput("stream_options.include_usage must be true or false")
+        except BadInput as ex:
             return error(400, str(ex))
-        stream = bool(body.get("stream", False))
-        usage_on = bool((body.get("stream_options") or {}).get("include_usage", False))
         aio = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         rid = f"cmpl-{uuid.uuid4().hex[:16]}"
@@ -153,22 +212,34 @@ def create_app(loop: EngineLoop, model_name: str = "labkit"):
 
         if stream:
             async def gen():
-                while True:
-                    kind, tok, last = await events.get()
-                    if kind == "tok":
-                        yield chunk([{"index": 0, "text": f" {tok}", "logprobs": None,
-                                      "finish_reason": "length" if last else None}])
-                        continue
-                    if req.status == "failed":
-                        yield f"data: {json.dumps({'error': {'message': req.error, 'type': 'InternalServerError', 'code': 500}})}\n\n"
-                    elif usage_on:
-                        yield chunk([], usage())
-                    yield "data: [DONE]\n\n"
-                    return
+                finished = False
+                try:
+                    while True:
+                        kind, tok, last = await events.get()
+                        if kind == "tok":
+                            yield chunk([{"index": 0, "text": f" {tok}", "logprobs": None,
+                                          "finish_reason": "length" if last else None}])
+                            continue
+                        finished = True
+                        if req.status == "failed":
+                            yield f"data: {json.dumps({'error': {'message': req.error, 'type': 'InternalServerError', 'code': 500}})}\n\n"
+                        elif usage_on:
+                            yield chunk([], usage())
+                        yield "data: [DONE]\n\n"
+                        return
+                finally:
+                    if not finished:        # the client went away (the generator was closed or cancelled)
+                        loop.abort(req)
             return StreamingResponse(gen(), media_type="text/event-stream")
 
         while True:
-            kind, _, _ = await events.get()
+            try:
+                kind, _, _ = await asyncio.wait_for(events.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                if await http.is_disconnected():
+                    loop.abort(req)
+                    return error(499, "client disconnected")
+                continue
             if kind == "done":
                 break
         if req.status == "failed":

@@ -38,7 +38,7 @@ pd = lazy.module("pandas")
 EXPERIMENT = "serve"
 BACKENDS = ("vllm",)
 WORKLOADS = ("synthetic", "repeat", "trace")
-DEFAULT_TRACE = str((REPO.parent / "shared" / "data" / "traces" / "conversation_trace.jsonl"))
+DEFAULT_TRACE = str(REPO / "labkit" / "data" / "mooncake-conversation-first1000.jsonl")
 
 
 
@@ -78,6 +78,9 @@ def check(given: dict, check_args: bool = True) -> dict:
         raise BadInput(f"unknown workload {p['workload']!r}: choose from {', '.join(WORKLOADS)}")
     prof = load_profile(p["profile"])
     prof.check_model(p["model"])
+    local = Path(p["model"] or prof.model).expanduser()
+    if (local / "config.json").is_file():
+        _vocab(local)                   # a config without a vocabulary: refused before a folder exists
     if prof.platform == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -190,7 +193,10 @@ class _Server:
         self.tag, self.n_starts, self.srv = tag, 0, None
 
     def start(self):
+        """A fresh server; the previous one (dead, or half-dead: a killed server's engine-core and worker
+        processes outlive it) is stopped as a process group first, so no engine of it survives."""
         from labkit.serving.lifecycle import VllmServer
+        self.stop()
         self.n_starts += 1
         log = self.run.path / f"server-{self.tag}-{self.n_starts}.log"
         self.srv = VllmServer(self.args, self.env, log, self.p["startup_timeout_s"] or self.prof.startup_timeout_s,
@@ -265,8 +271,16 @@ def _requests_for(p: dict, pt: dict, vocab: int, seed: int):
 
 
 def _vocab(model: Path) -> int:
-    cfg = json.loads((Path(model) / "config.json").read_text())
-    return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size"))
+    """The checkpoint's vocabulary size (prompts are random token ids below it); BadInput in one line."""
+    path = Path(model) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as ex:
+        raise BadInput(f"{path}: {one_line(ex)}") from None
+    v = (cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")) if isinstance(cfg, dict) else None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 2:
+        raise BadInput(f"{path} has no vocab_size (got {v!r}): not a model checkpoint's config")
+    return v
 
 
 def _bench_row(res: dict) -> dict:
@@ -295,7 +309,12 @@ def run_serve(given: dict, run=None, log=print):
     if run is None:
         run = Run.create(p["out_dir"] or None, EXPERIMENT, {k: v for k, v in p.items() if k != "extra_args_list"})
     model = prof.model_path(p["model"])
-    vocab = _vocab(model)
+    try:
+        vocab = _vocab(model)
+    except BaseException as ex:        # an unreadable config: the run is failed, not left running
+        run.finish(error=BadInput(f"{model}/config.json: {one_line(ex)}") if not isinstance(ex, KeyboardInterrupt) else None,
+                   interrupted=isinstance(ex, KeyboardInterrupt))
+        raise
     run.update_manifest(**vllm_info(), profile={"name": prof.name, "path": str(prof.path.relative_to(REPO))
                         if prof.path.is_relative_to(REPO) else str(prof.path), "platform": prof.platform,
                         "description": prof.description}, model_path=str(model), timings_label=prof.platform.upper(),
@@ -309,7 +328,6 @@ def run_serve(given: dict, run=None, log=print):
             "request_rate": p["request_rate"], "timings": label}
     requests: list[dict] = []
     scrapes: list[pd.DataFrame] = []
-    status = "ok"
     restore = _interrupt_on_signals()
 
     def save_tables(scraper=None):
@@ -338,7 +356,6 @@ def run_serve(given: dict, run=None, log=print):
                         run.add({**base, **pt, "status": "failed", "error": one_line(ex), "strategy": strategy,
                                  "offload_gib": off, "offload_backend": backend, "client": "labkit", "round": rnd,
                                  "server_log_tail": log_tail(server.srv.log_path, 10) if server.srv else ""})
-                status = "partial"
                 continue
             scraper = MetricsScraper(srv.base_url, 1.0 / p["scrape_hz"],
                                      extra=lambda d=server.stats_dir: connector_counters(d),
@@ -364,7 +381,6 @@ def run_serve(given: dict, run=None, log=print):
                                 except ServerFailed as ex:
                                     run.add({**row, "status": "failed", "error": one_line(ex),
                                              "server_log_tail": log_tail(server.srv.log_path, 10)})
-                                    status = "partial"
                                     continue
                                 scraper = MetricsScraper(srv.base_url, 1.0 / p["scrape_hz"],
                                                          extra=lambda d=server.stats_dir: connector_counters(d),
@@ -406,7 +422,6 @@ def run_serve(given: dict, run=None, log=print):
                                     run.add({**row, **s, "status": "ok" if not failed else "failed",
                                              "error": (err or "") + (" (server died)" if dead else "") or None,
                                              "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
-                                    status = status if not failed else "partial"
                                 log(f"{point_id}: {'ok' if s is None or not s.get('failed') else 'FAILED'}")
                             except KeyboardInterrupt:
                                 raise
@@ -414,7 +429,6 @@ def run_serve(given: dict, run=None, log=print):
                                 dead = srv.died()
                                 run.add({**row, "status": "failed", "error": one_line(ex) + (" (server died)" if dead else ""),
                                          "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
-                                status = "partial"
                                 log(f"{point_id}: FAILED {one_line(ex)}")
                             save_tables(scraper)
             finally:
@@ -428,16 +442,13 @@ def run_serve(given: dict, run=None, log=print):
                     prev = run.path / "connector_requests.parquet"
                     old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
                     run.write_table("connector_requests", pd.concat([old, cr.assign(offload_gib=off)], ignore_index=True))
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
     finally:
         restore()
         tel.stop()
         save_tables()
         if p["workload"] == "repeat" and requests:
             run.update_manifest(outputs=outputs_check(pd.DataFrame(requests)))
-        run.finish(status=status if status != "ok" or not (run.metrics()["status"] == "failed").any() else "partial")
+        run.finish()        # the shared rule over the rows; an exception in flight (Ctrl-C included) decides too
     return run
 
 

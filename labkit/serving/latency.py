@@ -1,6 +1,6 @@
 """Serving metrics from per-request records, with vLLM's definitions (`vllm bench serve`):
 
-- TTFT: send -> first streamed token;  E2EL: send -> last byte;
+- TTFT: send -> first streamed token;  E2EL: send -> last streamed token (not the `[DONE]` after it);
 - TPOT per request: (E2EL - TTFT) / (output tokens - 1), requests with one output token count 0 for goodput
   and are left out of the TPOT statistics;
 - ITL: every gap between consecutive streamed chunks, pooled over requests (AIPerf calls TPOT "ITL": here

@@ -59,7 +59,10 @@ def free_port() -> int:
 
 
 def port_in_use(port: int) -> bool:
+    """Is something listening on (or bound to) 127.0.0.1:port? SO_REUSEADDR, as servers bind (uvicorn does), so
+    connections in TIME_WAIT from an earlier server do not count as taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return False

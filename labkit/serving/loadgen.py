@@ -70,7 +70,8 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, spec: RequestSpe
     rec["first_token_time"] = rec["send_time"] + ttft if ttft is not None else None
     rec["end_time"] = wall0 + (t_end - perf0)
     rec["ttft_s"] = ttft
-    rec["e2el_s"] = t_end - t_send
+    # vLLM's E2EL ends at the last chunk that carries a token (not the usage chunk or `[DONE]` after it)
+    rec["e2el_s"] = rec["token_times"][-1] if rec["status"] == "ok" else t_end - t_send
     return rec
 
 

@@ -40,22 +40,36 @@ def _lengths(rng: np.random.Generator, n: int, base: int, range_ratio: float) ->
     return rng.integers(lo, hi + 1, size=n)
 
 
-def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
-    """Arrival offsets (s) of a Poisson process at `rate` req/s (first at 0); rate=inf: all at 0."""
+def poisson_arrivals(n: int, rate: float, seed: int = 0, burstiness: float = 1.0) -> list[float]:
+    """Arrival offsets (s) of `n` requests at `rate` req/s, generated exactly as `vllm bench serve` generates
+    them for `--seed seed --request-rate rate --burstiness b`: one gamma(shape=b, scale=1/(rate*b)) gap per
+    request (b=1: exponential, a Poisson process; b=inf: constant gaps), drawn from numpy's legacy generator
+    seeded with `seed`, accumulated, then rescaled so the last arrival lands at n/rate (vLLM's own
+    normalisation: both clients offer the same load). rate=inf: all at 0."""
     if not np.isfinite(rate):
         return [0.0] * n
-    gaps = np.random.default_rng(seed + 7).exponential(1.0 / rate, size=n)
-    gaps[0] = 0.0
-    return np.cumsum(gaps).tolist()
+    if rate <= 0 or not burstiness > 0:
+        raise BadInput(f"request rate and burstiness must be > 0, got {rate} and {burstiness}")
+    if burstiness == float("inf"):
+        gaps = [1.0 / rate] * n
+    else:
+        rs, theta = np.random.RandomState(seed), 1.0 / (rate * burstiness)
+        gaps = [float(rs.gamma(shape=burstiness, scale=theta)) for _ in range(n)]   # one draw per request, as vLLM
+    t = np.cumsum(gaps).tolist()
+    if t and t[-1] != 0:
+        f = (n / rate) / t[-1]
+        t = [x * f for x in t]
+    return t
 
 
 def synthetic(n: int, input_len: int, output_len: int, vocab_size: int, input_range: float = 0.0,
-              output_range: float = 0.0, request_rate: float = float("inf"), seed: int = 0) -> list[RequestSpec]:
+              output_range: float = 0.0, request_rate: float = float("inf"), seed: int = 0,
+              burstiness: float = 1.0) -> list[RequestSpec]:
     if n < 1 or input_len < 1 or output_len < 1:
         raise BadInput("num_prompts, input length and output length must be >= 1")
     rng = np.random.default_rng(seed)
     ins, outs = _lengths(rng, n, input_len, input_range), _lengths(rng, n, output_len, output_range)
-    arrivals = poisson_arrivals(n, request_rate, seed) if np.isfinite(request_rate) else [None] * n
+    arrivals = poisson_arrivals(n, request_rate, seed, burstiness) if np.isfinite(request_rate) else [None] * n
     return [RequestSpec(i, rng.integers(FIRST_ID, vocab_size, size=int(ins[i])).tolist(), int(outs[i]), arrivals[i])
             for i in range(n)]
 

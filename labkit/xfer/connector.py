@@ -6,8 +6,10 @@ Configured as
         {"shm_root": "/dev/shm/labkit-xfer", "fingerprint": "<large model fingerprint>"}}'
 
 Scheduler side: `get_num_new_matched_tokens` looks for `shm.path_for(prompt)`, validates its header
-(`shm.validate`: magic, version, complete flag, size, model fingerprint, layers/heads/dim, dtype,
-length, token hash); a file that fails is refused with one warning line and vLLM prefills normally.
+(`shm.validate`: every header field against the file and the engine, and the payload's CRC-32 against the
+producer's, once per file version); a file that fails is refused with one warning line and vLLM prefills
+normally. The worker checks the CRC-32 again over the very bytes it maps before copying any of them into
+the cache (the file may have changed since): a mismatch reports the blocks as load errors, recomputed.
 An accepted file reports its tokens (rounded down to whole blocks, at most prompt - 1: vLLM computes the
 last prompt token itself) as matched; `update_state_after_alloc` and `build_connector_meta` hand the
 request's block ids to the worker. Worker side: `start_load_kv` maps the file and copies each layer's
@@ -104,6 +106,7 @@ class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
         self._need_load: dict[str, tuple[Any, str, int, int]] = {}
         self._kv: dict[str, torch.Tensor] = {}
         self._load_errors: set[int] = set()
+        self._verified: dict[str, tuple] = {}     # path -> (inode, size, mtime) whose payload CRC matched
         self.stats = {"loaded_requests": 0, "loaded_tokens": 0, "refused": 0, "load_s": 0.0}
         logger.info("labkit xfer connector (%s): root %s, model fingerprint %s, %d layers x %d kv heads x %d, "
                     "block %d", role.name, self.root, self.fingerprint, self.num_layers, self.kv_heads,
@@ -118,8 +121,13 @@ class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
         if not path.exists():
             return 0, False
         try:
-            hdr = shm.validate(path, ids, self.fingerprint, self.num_layers, self.kv_heads, self.head_dim)
+            st = path.stat()
+            version = (st.st_ino, st.st_size, st.st_mtime_ns)
+            hdr = shm.validate(path, ids, self.fingerprint, self.num_layers, self.kv_heads, self.head_dim,
+                               verify_payload=self._verified.get(str(path)) != version)
+            self._verified[str(path)] = version
         except (shm.ShmError, OSError) as ex:
+            self._verified.pop(str(path), None)
             self.stats["refused"] += 1
             logger.warning("labkit xfer: refusing KV file for request %s: %s; vLLM prefills it", request.request_id, ex)
             return 0, False
@@ -173,6 +181,9 @@ class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
                 hdr = shm.validate(ld.path, ld.prompt, self.fingerprint, self.num_layers, self.kv_heads,
                                    self.head_dim)
                 f = shm.KVFile(Path(ld.path), hdr)
+                if not f.payload_ok():
+                    f.close()
+                    raise shm.ShmError(f"{Path(ld.path).name}: payload CRC-32 differs from the producer's")
             except (shm.ShmError, OSError) as ex:
                 logger.warning("labkit xfer: KV file for %s failed at load time: %s; vLLM recomputes", ld.req_id, ex)
                 self._load_errors |= set(ld.block_ids[ld.start // bs: (ld.end + bs - 1) // bs])

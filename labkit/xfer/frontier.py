@@ -253,7 +253,7 @@ def study(**given) -> int:
         if a.shape_only:
             r["first_token_agree"] = None
         run.add(dict(base, **r))
-    run.finish("ok", wall_compute_s=round(time.perf_counter() - t0, 1))
+    run.finish(wall_compute_s=round(time.perf_counter() - t0, 1))
     if a.ablation:
         print(attach(run.path, Path(a.ablation)).round(3).to_string())
     return 0

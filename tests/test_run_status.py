@@ -1,0 +1,217 @@
+"""One status rule for every experiment: ok only when every point is ok, partial when some failed, failed when
+nothing was measured, interrupted on a signal, stale when the process died without a word; the CLI exits
+non-zero with one line whenever a run is not ok; `labkit runs` prints short lines."""
+import ast
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from labkit.results import Run, derive_status, effective_status, list_runs, writer_entry
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+@pytest.mark.parametrize("points,kw,want", [
+    (["ok", "ok"], {}, "ok"),
+    (["ok", "failed"], {}, "partial"),
+    (["failed", "failed"], {}, "failed"),
+    ([], {}, "failed"),
+    (["ok"], {"error": True}, "partial"),
+    ([], {"error": True}, "failed"),
+    (["ok", "ok"], {"interrupted": True}, "interrupted"),
+    ([], {"interrupted": True}, "interrupted"),
+])
+def test_the_rule(points, kw, want):
+    assert derive_status(points, **kw) == want
+
+
+def _run(tmp_path, name="r"):
+    return Run.create(tmp_path / name, "probe", {})
+
+
+def test_finish_derives_status_from_rows(tmp_path):
+    r = _run(tmp_path)
+    r.add({"status": "ok"})
+    r.add({"status": "failed", "error": "x"})
+    assert r.finish() == "partial"
+    assert json.loads((r.path / "manifest.json").read_text())["status"] == "partial"
+    r2 = _run(tmp_path, "r2")
+    assert r2.finish() == "failed"            # nothing measured is not ok
+
+
+def test_finish_in_flight_exception_decides(tmp_path):
+    """A `finally: run.finish()` sees the exception that propagates: Ctrl-C -> interrupted, else not ok."""
+    r = _run(tmp_path)
+    r.add({"status": "ok"})
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            r.finish()
+    assert r.manifest["status"] == "interrupted"
+    r2 = _run(tmp_path, "r2")
+    r2.add({"status": "ok"})
+    with pytest.raises(TypeError):
+        try:
+            raise TypeError("bad config")
+        finally:
+            r2.finish()
+    assert r2.manifest["status"] == "partial" and "TypeError: bad config" in r2.manifest["error"]
+
+
+def test_every_experiment_finishes_through_the_rule():
+    """No experiment names its own final status: every `.finish(` call in the experiments passes none
+    (the shared rule derives it from the rows and the exception in flight)."""
+    files = [*sorted((REPO / "labkit" / "bench").glob("*.py")), *sorted((REPO / "labkit" / "experiments").glob("*.py")),
+             REPO / "labkit" / "quality" / "experiment.py",
+             REPO / "labkit" / "xfer" / "experiment.py", REPO / "labkit" / "xfer" / "frontier.py",
+             REPO / "labkit" / "serving" / "experiment.py"]
+    calls = 0
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "finish" \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in ("run", "r"):
+                calls += 1
+                assert not node.args and not any(k.arg == "status" for k in node.keywords), \
+                    f"{f.name}:{node.lineno} names a status instead of deriving it"
+    assert calls >= 10
+
+
+def test_stale_when_writers_are_gone(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        mf = {"status": "running", "host": socket.gethostname(), "writers": [writer_entry(child.pid)]}
+        assert effective_status(mf) == "running"
+    finally:
+        child.kill()
+        child.wait()
+    assert effective_status(mf) == "stale"
+    # a reused pid is not the writer: same pid, another start time
+    assert effective_status({**mf, "writers": [{"pid": os.getpid(), "started": 1.0}]}) == "stale"
+    assert effective_status({**mf, "host": "elsewhere"}) == "running"      # cannot be checked here
+    assert effective_status({**mf, "status": "ok"}) == "ok"
+
+
+def test_runs_and_index_show_stale(tmp_path):
+    r = _run(tmp_path, "20260101-000000-probe")
+    assert r.manifest["writers"][0]["pid"] == os.getpid()
+    r.update_manifest(writers=[{"pid": 999_999_999, "started": 1.0}])    # a process that is gone
+    assert list(list_runs(tmp_path)["status"]) == ["stale"]
+    from labkit.index import collect
+    runs, _, _ = collect(tmp_path)
+    assert list(runs["status"]) == ["stale"]
+
+
+def _cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True, text=True, cwd=REPO, env=ENV,
+                          timeout=timeout)
+
+
+def test_runs_lines_short_and_bad_root(tmp_path):
+    r = _run(tmp_path, "20260101-000000-probe")
+    r.update_manifest(pcie_gen=5.0, pcie_width=16.0, gpu_name="NVIDIA H200")
+    r.finish()
+    out = _cli("runs", "--root", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and len(lines[0]) <= 120, lines
+    assert "5 x16" in lines[0] and "5.0" not in lines[0] and lines[0].count("20260101-000000-probe") == 1
+    bad = _cli("runs", "--root", str(tmp_path / "nonexistent"))
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "nonexistent" in bad.stderr
+
+
+def test_error_line_never_ends_in_a_bare_colon():
+    from papermill.exceptions import PapermillExecutionError
+
+    from labkit.execute import error_line
+    err = PapermillExecutionError(0, 1, "", "KeyboardInterrupt", "", [])
+    assert error_line(err) == "KeyboardInterrupt: interrupted by a signal"
+    assert not error_line(KeyboardInterrupt()).endswith(":")
+
+
+# ------------------------------------------------------------------ real papermill runs of `labkit run`
+CAPACITY_LONG = ["-p", "device=cpu", "-p", "mem_cap_gib=0.5", "-p", "workspace_gib=0.1", "-p", "configs=none", "-p", "max_batch=1", "-p", "steps=100000", "-p", "repeats=2"]
+
+
+MULTIGPU_LONG = ["-p", "concurrency=1", "-p", "micro_batches=0", "-p", "repeats=100000", "-p", "steps=10"]
+
+
+def _start(out: Path, *params, experiment="capacity"):
+    return subprocess.Popen([sys.executable, "-m", "labkit", "run", experiment, *params, "--out", str(out)], cwd=REPO,
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_measuring(proc, out: Path, timeout=120):
+    """Until the kernel has made the run (manifest with writers) and is inside the measurement."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if json.loads((out / "manifest.json").read_text()).get("writers"):
+                time.sleep(3)
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"run never started: {proc.communicate()[1][-2000:] if proc.poll() is not None else ''}")
+
+
+@pytest.mark.parametrize("experiment,params,sig", [("capacity", CAPACITY_LONG, signal.SIGINT),
+                                                   ("capacity", CAPACITY_LONG, signal.SIGTERM),
+                                                   ("multigpu", MULTIGPU_LONG, signal.SIGINT)])
+def test_signal_during_labkit_run_leaves_interrupted(tmp_path, experiment, params, sig):
+    """`timeout -s INT 90 labkit run capacity ...`: the manifest ends interrupted (capacity left it running,
+    multigpu `ok` over the rows measured so far), the CLI exits non-zero with one line that says so, and no
+    kernel is left."""
+    out = tmp_path / "run"
+    proc = _start(out, *params, experiment=experiment)
+    try:
+        _wait_measuring(proc, out)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    mf = json.loads((out / "manifest.json").read_text())
+    assert mf["status"] == "interrupted", mf
+    assert proc.returncode == 1
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("labkit:")]
+    assert lines and "interrupted" in lines[-1] and not lines[-1].rstrip().endswith(":"), err[-2000:]
+    for w in mf["writers"]:
+        assert effective_status({**mf, "status": "running"}) == "stale", f"writer {w} still alive"
+
+
+def test_kill_9_of_the_cli_leaves_stale(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, *CAPACITY_LONG)
+    try:
+        _wait_measuring(proc, out)
+        proc.kill()
+        proc.wait(10)
+        deadline = time.time() + 30           # the kernel notices its parent is gone within a few seconds
+        mf = json.loads((out / "manifest.json").read_text())
+        while effective_status(mf) != "stale" and time.time() < deadline:
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert mf["status"] == "running" and effective_status(mf) == "stale"
+    assert "stale" in _cli("runs", "--root", str(tmp_path)).stdout
+
+
+def test_an_ok_run_exits_zero(tmp_path):
+    """The same path, run to the end with every point ok: status ok, exit 0."""
+    out = tmp_path / "run"
+    r = _cli("run", "capacity", "-p", "device=cpu", "-p", "mem_cap_gib=0.5", "-p", "workspace_gib=0.1", "-p", "configs=none", "-p", "steps=2",
+             "-p", "repeats=1", "-p", "measure=false", "--out", str(out), timeout=300)
+    mf = json.loads((out / "manifest.json").read_text())
+    m = pd.read_parquet(out / "metrics.parquet")
+    assert (m["status"] == "ok").all() and mf["status"] == "ok" and r.returncode == 0, r.stderr
