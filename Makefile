@@ -78,7 +78,7 @@ probe: $(STAMP)
 # Chromium for the browser tests where root + apt allow it (never fails).
 test: $(STAMP) $(VLLM_STAMP)
 	@scripts/ensure_chromium.sh
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 test-main: $(STAMP)
 	$(BIN)/python -m pytest -q --ignore-glob='tests/test_vllm*' $(PYTEST_ARGS)

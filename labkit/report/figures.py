@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .summary import ok_rows, decode_table, link_gbps
+from .units import tokens_label
 
 class _Colors:
     """A colour per strategy, by its place in the strategy registry (the baseline first, a newly registered one
@@ -27,16 +28,6 @@ class _Colors:
 
 COLORS = _Colors()
 TEMPLATE = "plotly_white"
-
-
-def tokens_label(v) -> str:
-    """A token count as people write it: 256, 1K, 4K, 64K, 248K, 1M, 1.5K (never 0K or 4.0K)."""
-    v = int(v)
-    for unit, n in (("M", 1 << 20), ("K", 1 << 10)):
-        if v >= n:
-            q = v / n
-            return f"{q:.0f}{unit}" if q == int(q) else f"{q:.3g}{unit}"
-    return str(v)
 
 
 def _ctx_ticks(values) -> dict:

@@ -38,7 +38,7 @@ def gather_gbps(m: pd.DataFrame, strategy: str = "zero_copy") -> float | None:
 
 
 def _tok(v) -> str:
-    from .figures import tokens_label
+    from .units import tokens_label
     return tokens_label(v)
 
 
