@@ -214,13 +214,14 @@ def decode_plan(given: dict):
 
 def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
     """One decode point (the decode sweep's measure_decode) for `f.config` at `batch` requests."""
+    from ..engine.transfer import settings_of
     from .decode import Point, measure_decode
     strat = CONFIGS[f.config]
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": strat,
                       "context_lens": str(p["context_len"]), "budgets": str(p["budget"]), "concurrency": str(batch),
                       "repeats": str(p["repeats"]), "steps": str(p["steps"]), "prefill_lens": "", "probe": "false",
-                      "anatomy": "false", "selection": p["selection"], "hot_capacity": str(p["hot_capacity"]),
-                      "hot_policy": p["hot_policy"], "seed": str(p["seed"])})
+                      "anatomy": "false", "selection": p["selection"], "seed": str(p["seed"]),
+                      **{s.param: p[s.param] for s in settings_of("hot_cache")}})
     caches = caches if caches is not None else _reusing_caches(session.stages, dp)
     caches.pl = dp                 # sizes a new cache for this batch (the plan's only concurrency)
     return measure_decode(session.stages, caches, Point(batch, p["context_len"], p["budget"], strat, "context"),

@@ -56,14 +56,20 @@ def _params(given: dict) -> dict:
     if p["select_block"] < 1 or p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
         raise BadInput(f"select_block must be >= 1 and divide budget ({p['budget']}) and page_size "
                        f"({p['page_size']}), got {p['select_block']}")
-    if p["dma_units_per_call"] < 0:
-        raise BadInput(f"dma_units_per_call must be >= 0 (0: one call), got {p['dma_units_per_call']}")
-    from ..engine.transfer import STRATEGIES, settings_of
+    from ..engine.transfer import STRATEGIES, get_strategy, setting_names, settings_of
     if p["strategy"] not in STRATEGIES:
         raise BadInput(f"unknown strategy {p['strategy']!r}: choose from {', '.join(STRATEGIES)}")
-    if p["dma_units_per_call"] and "dma_units_per_call" not in {s.param for s in settings_of(p["strategy"])}:
-        users = [n for n, c in STRATEGIES.items() if any(s.param == "dma_units_per_call" for s in c.SETTINGS)]
-        raise BadInput(f"dma_units_per_call applies to strategy {', '.join(users)}, not {p['strategy']}")
+    try:                                  # its settings' values, as the strategy itself checks them
+        get_strategy(p["strategy"], **{k: p[k] for k in setting_names()})
+    except ValueError as ex:
+        raise BadInput(str(ex)) from None
+    # a setting given away from its default must be one the offload strategy has
+    from ..engine.transfer import strategy_params
+    mine = {s.param for s in settings_of(p["strategy"])}
+    for sp in strategy_params():
+        if p[sp.name] != sp.default and sp.name not in mine:
+            users = [n for n, c in STRATEGIES.items() if any(s.param == sp.name for s in c.SETTINGS)]
+            raise BadInput(f"{sp.name} applies to strategy {', '.join(users)}, not {p['strategy']}")
     if p["transport"] == "auto":
         import importlib.util
         have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
@@ -120,11 +126,12 @@ def _free_port() -> int:
 def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     """One policy: a server on a free port, the load generator against it; returns records and stats."""
     from ..engine.drive.scheduler import Scheduler, calibrate, make_lanes, parse_policy
+    from ..engine.transfer import setting_names, settings_of
     lanes = make_lanes(model.shape, model.device, p["resident_slots"], p["offload_slots"], capacity=p["capacity"],
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
                        resident_pool_tokens=p["resident_pool_tokens"] or None, select_block=p["select_block"],
-                       settings={"dma_units_per_call": p["dma_units_per_call"]})
+                       settings={k: p[k] for k in setting_names() if k in {s.param for s in settings_of(p["strategy"])}})
     costs = calibrate(lanes, graphs=p["graphs"]) if policy == "adaptive" else None
     switching = not policy.startswith("noswitch:")
     sched = Scheduler(lanes, parse_policy(policy.replace("noswitch:", "threshold:"), costs), switching=switching,

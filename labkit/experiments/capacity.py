@@ -4,6 +4,7 @@ Code: `labkit.bench.capacity`."""
 from __future__ import annotations
 
 from ..shapes import REFERENCE_BUDGET
+from ..engine.transfer import strategy_params
 from ..params import Param, Plan, resolve
 
 NAME = "capacity"
@@ -18,8 +19,7 @@ SPEC = [
     Param("workspace_gib", "float", 2.0, "device reserve for activations, graphs, cuBLAS (GiB)"),
     Param("configs", "list[str]", ["none", "prefill", "both"], "none, prefill, both"),
     Param("budget", "int", REFERENCE_BUDGET, "indexer budget (rows per request and QSA layer)"),
-    Param("hot_capacity", "int", 4096, "hot_cache slots per request and QSA layer (both)"),
-    Param("hot_policy", "str", "lru", "hot_cache eviction policy (both)"),
+    *strategy_params(["hot_cache"]),     # the hot cache of config `both`, its settings declared beside it
     Param("selection", "str", "indexer", "indexer, or trace:PATH (recorded selections)"),
     Param("tpot_ms", "float", 30.0, "TPOT limit of a good request (ms)"),
     Param("max_batch", "int", 0, "largest batch timed (0: the capacity on CUDA, 16 on CPU)"),

@@ -3,6 +3,7 @@ engine serves the trace with a resident and an offload lane, with and without sw
 boundaries, once per placement policy. Code: `labkit.bench.pulse_trace`."""
 from __future__ import annotations
 
+from ..engine.transfer import strategy_params
 from ..params import Param, Plan, resolve
 
 NAME = "pulse"
@@ -22,7 +23,7 @@ SPEC = [
     Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 16 on CPU)"),
     Param("strategy", "str", "zero_copy", "the offload lane's strategy (block_dma: one batched DMA a layer)"),
     Param("select_block", "int", 1, "decode selects whole aligned blocks of N positions (16: PulseInfer's)"),
-    Param("dma_units_per_call", "int", 0, "block_dma: units per batched DMA call (0: a load in one call)"),
+    *strategy_params(),        # the offload lane's strategy settings, declared beside each strategy
     Param("policies", "list[str]", ["adaptive", "threshold:4096", "threshold:16384", "noswitch:4096"],
           "placement policies to compare"),
     Param("tpot_slo_ms", "float", "auto", "goodput's TPOT limit (auto: 50 on CUDA, 2000 on CPU)"),

@@ -43,12 +43,13 @@ def setting_names() -> list[str]:
     return out
 
 
-def strategy_params() -> list:
-    """The sweep parameters of every registered strategy's settings (`labkit.params.Param`), help text
-    prefixed with the strategies each applies to: what an experiment that takes strategies adds to its SPEC."""
+def strategy_params(of=None) -> list:
+    """The sweep parameters of the registered strategies' settings (`labkit.params.Param`; `of`: only these
+    strategies'), help text prefixed with the strategies each applies to: what an experiment that takes
+    strategies adds to its SPEC."""
     from ...params import Param
     by_name: dict[str, tuple[Setting, list[str]]] = {}
-    for cls in STRATEGIES.values():
+    for cls in (STRATEGIES[n] for n in of) if of is not None else STRATEGIES.values():
         for s in cls.SETTINGS:
             by_name.setdefault(s.param, (s, []))[1].append(cls.name)
     return [Param(s.param, s.kind, s.default, f"{'/'.join(names)}: {s.help}") for s, names in by_name.values()]
