@@ -225,7 +225,7 @@ class Run:
                 raise ValueError(f"unknown run status {status!r}: one of {', '.join(STATUSES)}")
             created = dt.datetime.fromisoformat(self.manifest["created"])
             wall = (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
-            self.update_manifest(status=status, wall_s=round(wall, 1), **fields)
+            self.update_manifest(status=status, wall_s=round(wall, 1), machine_load_after=machine_load(), **fields)
             return status
         if interrupted is None and error is None:
             exc = sys.exc_info()[1]

@@ -28,7 +28,7 @@ GOOD = '[[entry]]\nname = "p"\nexperiment = "probe"\n[entry.parameters]\nrepeats
 
 @pytest.mark.parametrize("body, message", [
     ('[[entry]]\nname = "p"\nexperiment = "probe"\n[entry.parameters]\nrepeatz = 2\n',
-     "probe.ipynb has no parameter(s) repeatz"),
+     "probe has no parameter(s) repeatz"),
     ('[[entry]]\nname = "q"\nnotebook = "notebooks/nope.ipynb"\n', "notebook notebooks/nope.ipynb is missing"),
     ('[[entry]]\nname = "q"\nexperiment = "warp"\n', "unknown experiment 'warp'"),
     ('[[entry]]\nname = "q"\nexperiment = "decode"\n[entry.parameters]\nout_dir = "/tmp/x"\n', "set by the nightly runner"),
