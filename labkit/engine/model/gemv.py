@@ -1,0 +1,218 @@
+"""Small-batch matrix products that stream the weight once: `out[M, N] = x[M, K] @ w[K, N]` for M <= 16.
+
+    y = matmul(x, w)            # the engine's entry: the GEMV below where it applies, else `x @ w`
+    y = gemv(x, w, out=None)    # the Triton kernel itself (bf16/fp16, w row-major [K, N] as the layers hold it)
+
+Why: at decode the activations have one row per request (M = 1..16) and every weight is read once per
+step, so a step's weights phase is a pure stream of HBM. cuBLAS runs these shapes at ~60% of the
+contiguous read bandwidth on an H200; a kernel that does nothing but stream W and keep all M rows of
+the accumulator in registers reaches most of it.
+
+How: each program owns BLOCK_N columns and a range of K, reads [BLOCK_K, BLOCK_N] tiles of W (rows of W
+are contiguous along N, so each tile is BLOCK_K coalesced row segments) and accumulates fp32 for all M
+rows (a tensor-core `tl.dot` with the rows padded to 16, or for M = 1 plain FMAs into a [BLOCK_K,
+BLOCK_N] accumulator reduced once at the end). When N alone gives too few programs to fill the GPU (N =
+2048: 16 tiles for 132 SMs), K is split over SPLIT programs per tile: each writes its fp32 partial, bumps
+the tile's arrival counter, and the last to arrive sums the partials in split order (deterministic: the
+same bits whichever program came last), writes the output and resets the counter to zero. One kernel per
+product, no memset and no host sync: fixed shapes, capturable in a CUDA graph. The counters are one
+int32 per column tile and device, zero between calls; concurrent products on two streams of one device
+would share them, so products run on one stream per device (as the engine's step does).
+
+torch.compile: `matmul` calls the kernel through the custom op `labkit::gemv` (with a fake
+implementation for tracing), so a compiled block keeps it inside its graph as an opaque kernel and the
+elementwise work around it still fuses. On CPU `matmul` is `x @ w`, so CPU results are unchanged; under
+`TRITON_INTERPRET=1` the kernel runs on CPU tensors (its tests). `LABKIT_GEMV=0` turns the kernel off.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .gather import HAVE_TRITON, interpret_mode
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+MAX_M = 16                      # rows the kernel takes; above it cuBLAS's tiled GEMMs win
+_DTYPES = (torch.bfloat16, torch.float16)
+_INTERPRET = interpret_mode()
+_ENABLED = os.environ.get("LABKIT_GEMV", "1") != "0"
+COUNTER_SLOTS = 8192            # column tiles a split product may have (split is used only for few tiles)
+
+
+def set_enabled(on: bool) -> None:
+    """Turn the kernel on or off for `matmul` (the env `LABKIT_GEMV` sets the default at import).
+    torch.compile guards on this flag: a compiled function recompiles when it changes."""
+    global _ENABLED
+    _ENABLED = bool(on)
+
+
+def enabled() -> bool:
+    return _ENABLED
+
+
+def gemv_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The definition the kernel is checked against: fp32 products and sums, one rounding at the end."""
+    return (x.float() @ w.float()).to(x.dtype)
+
+
+if HAVE_TRITON:
+    @triton.jit
+    def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, stride_xm, stride_xk, stride_om,
+                     K_PER_SPLIT, SPLIT: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        nm = n < N
+        m = tl.arange(0, M_PAD)
+        mm = m < M
+        kk = tl.arange(0, BLOCK_K)
+        k0 = pid_k * K_PER_SPLIT
+        k_end = tl.minimum(k0 + K_PER_SPLIT, K)
+        w_p = w_ptr + k0.to(tl.int64) * N + kk[:, None] * N + n[None, :]     # the tile's row segments
+        x_p = x_ptr + m[:, None] * stride_xm + (k0 + kk)[None, :] * stride_xk
+        if USE_DOT:
+            acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+        else:
+            acc2 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+        for kb in range(k0, k_end, BLOCK_K):
+            km = (kb + kk) < k_end
+            w = tl.load(w_p, mask=km[:, None] & nm[None, :], other=0.0)
+            xt = tl.load(x_p, mask=mm[:, None] & km[None, :], other=0.0)     # [M_PAD, BLOCK_K], from L2
+            if USE_DOT:
+                if DOT_F32:   # the interpreter's dot gets bf16 wrong; exact fp32 operands, same products
+                    acc = tl.dot(xt.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(xt, w, acc)
+            else:   # M_PAD == 1: FMAs only; the K reduction happens once, after the loop
+                acc2 += tl.reshape(xt, (BLOCK_K, 1)).to(tl.float32) * w.to(tl.float32)
+            w_p += BLOCK_K * N
+            x_p += BLOCK_K * stride_xk
+        if not USE_DOT:
+            acc = tl.reshape(tl.sum(acc2, axis=0), (1, BLOCK_N))
+        omask = mm[:, None] & nm[None, :]
+        o_p = out_ptr + m[:, None] * stride_om + n[None, :]
+        if SPLIT == 1:
+            tl.store(o_p, acc.to(out_ptr.dtype.element_ty), mask=omask)
+        else:
+            # partial [SPLIT, M, N] fp32; the arrival counter orders it before the last program's reads
+            tl.store(part_ptr + (pid_k * M + m[:, None]) * N + n[None, :], acc, mask=omask)
+            tl.debug_barrier()                       # every thread's partial stored before the release
+            arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT - 1:
+                tot = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT):               # split order, whoever arrived last: deterministic
+                    tot += tl.load(part_ptr + (s * M + m[:, None]) * N + n[None, :], mask=omask, other=0.0,
+                                   cache_modifier=".cg")
+                tl.store(o_p, tot.to(out_ptr.dtype.element_ty), mask=omask)
+                tl.atomic_xchg(cnt_ptr + pid_n, 0)  # zero again for the next product (graph replays too)
+
+
+@dataclass(frozen=True)
+class Config:
+    block_n: int
+    block_k: int
+    split: int
+    use_dot: bool
+    num_warps: int
+    num_stages: int
+
+
+_SMS: dict = {}
+_COUNTERS: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132                                   # interpreter: the H200's count, for the same shapes
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    key = (device.type, device.index if device.index is not None or device.type != "cuda"
+           else torch.cuda.current_device())
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
+def default_config(M: int, N: int, K: int, sms: int = 132) -> Config:
+    """Tiles of 128 columns; K split until the products's programs cover the SMs twice (each program
+    keeps at least two K blocks, so the stream is not all prologue)."""
+    use_dot = M > 1
+    bn, bk = 128, (64 if use_dot else 32)
+    tiles = triton.cdiv(N, bn) if HAVE_TRITON else -(-N // bn)
+    kblocks = -(-K // bk)
+    split = max(1, min(-(-2 * sms // tiles), kblocks // 2))
+    split = -(-kblocks // -(-kblocks // split))       # no empty split
+    return Config(bn, bk, split, use_dot, num_warps=4, num_stages=4)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: Config | None = None) -> torch.Tensor:
+    """x [M, K] (1 <= M <= 16), w [K, N] row-major, same dtype (bf16 or fp16) -> out [M, N] of x's dtype."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(f"gemv: x {tuple(x.shape)} and w {tuple(w.shape)} are not [M, K] and [K, N]")
+    M, K = x.shape
+    N = w.shape[1]
+    if not 1 <= M <= MAX_M:
+        raise ValueError(f"gemv: {M} rows, the kernel takes 1 to {MAX_M}")
+    if x.dtype != w.dtype or x.dtype not in _DTYPES:
+        raise ValueError(f"gemv: dtypes {x.dtype} and {w.dtype}, the kernel takes bf16 or fp16 for both")
+    if not w.is_contiguous():
+        raise ValueError("gemv: w must be row-major contiguous [K, N]")
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    elif out.shape != (M, N) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"gemv: out must be [{M}, {N}] {x.dtype} with unit column stride")
+    c = config or default_config(M, N, K, _sm_count(x.device))
+    tiles = triton.cdiv(N, c.block_n)
+    k_per = triton.cdiv(triton.cdiv(K, c.block_k), c.split) * c.block_k
+    split = triton.cdiv(K, k_per)                      # the splits that hold any K
+    if split > 1 and tiles > COUNTER_SLOTS:
+        raise ValueError(f"gemv: split over {tiles} column tiles, at most {COUNTER_SLOTS}")
+    m_pad = 16 if c.use_dot else 1
+    if m_pad < M:
+        raise ValueError(f"gemv: the FMA path takes one row, got {M}")
+    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else out
+    cnt = _counters(x.device) if split > 1 else out
+    _gemv_kernel[(tiles, split)](x, w, out, part, cnt, M, N, K, x.stride(0), x.stride(1), out.stride(0), k_per,
+                                 SPLIT=split, M_PAD=m_pad, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                                 USE_DOT=c.use_dot, DOT_F32=_INTERPRET, num_warps=c.num_warps, num_stages=c.num_stages)
+    return out
+
+
+# ------------------------------------------------------------------ the engine's entry
+@torch.library.custom_op("labkit::gemv", mutates_args=())
+def _gemv_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return gemv(x, w)
+
+
+@_gemv_op.register_fake
+def _(x, w):
+    return x.new_empty((x.shape[0], w.shape[1]))
+
+
+def kernel_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `matmul` takes the kernel: on, Triton where it runs (CUDA; CPU only under the
+    interpreter), 1 <= M <= 16, bf16/fp16 on both sides, w row-major."""
+    if not (_ENABLED and HAVE_TRITON):
+        return False
+    if x.device.type != ("cpu" if _INTERPRET else "cuda"):
+        return False
+    return (x.dim() == 2 and w.dim() == 2 and 1 <= x.shape[0] <= MAX_M and x.dtype == w.dtype
+            and x.dtype in _DTYPES and w.is_contiguous())
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`x @ w`, through the GEMV kernel where it applies (see `kernel_applies`)."""
+    if kernel_applies(x, w):
+        return torch.ops.labkit.gemv(x, w)
+    return x @ w
