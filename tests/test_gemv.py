@@ -1,0 +1,158 @@
+"""The small-batch GEMV: the Triton kernel under the interpreter on CPU (TRITON_INTERPRET=1 must be set
+before triton is imported, so in a subprocess) against the fp32 reference, and `matmul`'s dispatch
+(kernel for 1..16 rows where Triton runs, `x @ w` otherwise, also inside torch.compile).
+
+Tolerance: the kernel sums exact bf16 products in fp32 (in another order than the reference) and rounds
+once, so each output is within 2 bf16 ulps of the fp32 reference `x.float() @ w.float()` (one for the
+rounding, one for a different fp32 sum crossing a rounding boundary), plus 2^-16 of the largest output
+for outputs that cancel to near zero (where an ulp of the output is far below the fp32 sum's error)."""
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from labkit.engine.model import gemv as G
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+
+TOLERANCE = textwrap.dedent('''
+    import torch
+    def bf16_ulp(v):
+        """Spacing of bf16 numbers at |v| (7 stored mantissa bits)."""
+        e = torch.floor(torch.log2(v.abs().clamp_min(2.0 ** -126)))
+        return torch.exp2(e - 7)
+    def check(out, x, w, what):
+        ref = x.float() @ w.float()
+        tol = 2 * bf16_ulp(ref) + 2.0 ** -16 * ref.abs().max()
+        err = (out.float() - ref).abs()
+        assert out.dtype == x.dtype and out.shape == ref.shape, what
+        assert bool((err <= tol).all()), f"{what}: max err {err.max().item()} (tol there {tol.flatten()[err.argmax()].item()})"
+        return err.max().item()
+''')
+
+
+def _interpret(script: str) -> str:
+    p = subprocess.run([sys.executable, "-c", TOLERANCE + textwrap.dedent(script)], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "TRITON_INTERPRET": "1", "LABKIT_GEMV": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout
+
+
+@needs_triton
+def test_kernel_matches_fp32_reference_under_interpreter():
+    """M = 1, 3, 16; K and N not multiples of the blocks; one program per tile and K split over several
+    (the last-arriving program sums the partials); the FMA path (M = 1) and the tensor-core path."""
+    out = _interpret('''
+        from labkit.engine.model import gemv as G
+        g = torch.Generator().manual_seed(0)
+        n_checked = 0
+        for M in (1, 3, 16):
+            for K, N in ((100, 70), (257, 300), (64, 128)):
+                x = torch.randn(M, K, generator=g).bfloat16()
+                w = (torch.randn(K, N, generator=g) / K ** 0.5).bfloat16()
+                configs = [None, G.Config(32, 16, 1, M > 1, 4, 2), G.Config(32, 16, 3, M > 1, 4, 2),
+                           G.Config(64, 32, 5, M > 1, 4, 2)]
+                if M == 1:
+                    configs.append(G.Config(32, 16, 3, True, 4, 2))    # one row through the dot path
+                for c in configs:
+                    o = G.gemv(x, w, config=c)
+                    check(o, x, w, f"M={M} K={K} N={N} {c}")
+                    n_checked += 1
+                    if c is not None and c.split > 1:
+                        again = torch.full_like(o, float("nan"))
+                        G.gemv(x, w, out=again, config=c)
+                        assert torch.equal(o, again), "split partials summed in another order"
+        assert int(G._counters(torch.device("cpu")).abs().sum()) == 0, "arrival counters not reset"
+        # fp16 and a strided x (a column slice of a wider activation)
+        xw = torch.randn(5, 2 * 90, generator=g).half()
+        w = (torch.randn(90, 33, generator=g) / 90 ** 0.5).half()
+        check(G.gemv(xw[:, ::2], w, config=G.Config(16, 16, 2, True, 4, 2)), xw[:, ::2], w, "fp16 strided")
+        # the engine's decode shapes are exact multiples: a DeltaNet output projection at M = 4
+        x = torch.randn(4, 512, generator=g).bfloat16()
+        w = (torch.randn(512, 256, generator=g) / 512 ** 0.5).bfloat16()
+        check(G.gemv(x, w), x, w, "default config, split")
+        print("checked", n_checked + 2)
+    ''')
+    assert "checked 41" in out, out
+
+
+@needs_triton
+def test_matmul_takes_the_kernel_for_up_to_16_rows_also_when_compiled():
+    """Under the interpreter the kernel runs on CPU tensors: `matmul` sends 1..16 rows to it (counted),
+    17 rows and the switched-off kernel to `x @ w` (bit-equal), and a torch.compile'd function keeps the
+    custom op in its graph (the kernel runs, the result matches)."""
+    out = _interpret('''
+        from labkit.engine.model import gemv as G
+        calls = []
+        real = G.gemv
+        def counting(x, w, out=None, config=None):
+            calls.append(tuple(x.shape))
+            return real(x, w, out=out, config=config)
+        G.gemv = counting
+        g = torch.Generator().manual_seed(1)
+        w = (torch.randn(96, 80, generator=g) / 96 ** 0.5).bfloat16()
+        for M in (1, 16):
+            x = torch.randn(M, 96, generator=g).bfloat16()
+            check(G.matmul(x, w), x, w, f"matmul M={M}")
+        assert calls == [(1, 96), (16, 96)], calls
+        x17 = torch.randn(17, 96, generator=g).bfloat16()
+        assert torch.equal(G.matmul(x17, w), x17 @ w) and len(calls) == 2, "17 rows went to the kernel"
+        G.set_enabled(False)
+        assert torch.equal(G.matmul(x17[:4], w), x17[:4] @ w) and len(calls) == 2, "kernel off but called"
+        G.set_enabled(True)
+        assert torch.equal(G.matmul(x17[:4].float(), w.float()), x17[:4].float() @ w.float()) and len(calls) == 2
+
+        def block(x, w):
+            return torch.nn.functional.silu(G.matmul(x * 2.0, w)) + 1.0
+        x = torch.randn(4, 96, generator=g).bfloat16()
+        fn = torch.compile(block, dynamic=False, backend="aot_eager", fullgraph=True)
+        got = fn(x, w)
+        assert len(calls) == 3, f"compiled graph did not run the kernel: {calls}"
+        assert torch.equal(got, block(x, w)) and len(calls) == 4, "compiled differs from eager"
+        check(G.matmul(x * 2.0, w), x * 2.0, w, "the compiled block's product")
+        print("dispatch ok")
+    ''')
+    assert "dispatch ok" in out
+
+
+def test_cpu_matmul_is_plain_matmul_eager_and_compiled():
+    """Without the interpreter a CPU tensor never meets the kernel: bit-equal to `x @ w` for any rows,
+    eager and inside torch.compile (the engine's CPU results stay what they were)."""
+    assert not G.kernel_applies(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(8, 4, dtype=torch.bfloat16))
+    g = torch.Generator().manual_seed(2)
+    w = (torch.randn(64, 48, generator=g) / 8).bfloat16()
+    for M in (1, 3, 16, 17, 40):
+        x = torch.randn(M, 64, generator=g).bfloat16()
+        assert torch.equal(G.matmul(x, w), x @ w)
+
+    def f(x, w):
+        return G.matmul(x, w).float().relu()
+    x = torch.randn(4, 64, generator=g).bfloat16()
+    assert torch.equal(torch.compile(f, dynamic=False, backend="aot_eager", fullgraph=True)(x, w), f(x, w))
+
+
+def test_custom_op_traces_with_its_fake():
+    """The op's fake gives the shape and dtype compile needs without running anything."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(3, 64, dtype=torch.bfloat16)
+        w = torch.empty(64, 40, dtype=torch.bfloat16)
+        y = torch.ops.labkit.gemv(x, w)
+    assert y.shape == (3, 40) and y.dtype == torch.bfloat16
+
+
+@needs_triton
+@pytest.mark.parametrize("x_shape,w_shape,dtypes,msg", [
+    ((17, 8), (8, 4), (torch.bfloat16, torch.bfloat16), "17 rows"),
+    ((2, 8), (9, 4), (torch.bfloat16, torch.bfloat16), "not [M, K] and [K, N]"),
+    ((2, 8), (8, 4), (torch.bfloat16, torch.float16), "dtypes"),
+    ((2, 8), (8, 4), (torch.float32, torch.float32), "dtypes"),
+])
+def test_bad_input_is_one_clear_line(x_shape, w_shape, dtypes, msg):
+    x, w = torch.zeros(x_shape, dtype=dtypes[0]), torch.zeros(w_shape, dtype=dtypes[1])
+    with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+        G.gemv(x, w)
