@@ -63,7 +63,7 @@ def gemv_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 if HAVE_TRITON:
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, stride_xm, stride_xk, stride_om,
-                     K_PER_SPLIT, SPLIT: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                     K_PER_SPLIT, SPLIT, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -184,7 +184,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
     part = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = _counters(x.device) if split > 1 else out
     _gemv_kernel[(tiles, split)](x, w, out, part, cnt, M, N, K, x.stride(0), x.stride(1), out.stride(0), k_per,
-                                 SPLIT=split, M_PAD=m_pad, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                                 split, M_PAD=m_pad, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
                                  USE_DOT=c.use_dot, DOT_F32=_INTERPRET, num_warps=c.num_warps, num_stages=c.num_stages)
     return out
 
