@@ -90,7 +90,7 @@ def read_bandwidth() -> dict:
 
 def sweep_configs(M: int):
     """GEMV configs tried per shape: column tile, K block, warps, programs per SM (the K split); 4 stages.
-    36 configs, 12 kernels to compile per row count."""
+    36 configs (42 at M = 1), 12 kernels to compile per path and column alignment."""
     use_dot = M > 1
     bks = (64, 128) if use_dot else (32, 64)
     for bn in (64, 128, 256):
@@ -98,6 +98,10 @@ def sweep_configs(M: int):
             for warps in (4, 8):
                 for per_sm in (1, 2, 4):
                     yield bn, bk, use_dot, warps, 4, per_sm
+    if M == 1:      # one row through the tensor-core path too (its kernels are the ones M = 4, 16 compile)
+        for bn in (128, 256):
+            for per_sm in (1, 2, 4):
+                yield bn, 64, True, 4, 4, per_sm
 
 
 def make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms) -> G.Config:

@@ -61,7 +61,7 @@ def gemv_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 if HAVE_TRITON:
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])     # M = 4 and M = 16 share one compiled kernel
     def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, stride_xm, stride_xk, stride_om,
                      K_PER_SPLIT, SPLIT, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
@@ -145,7 +145,7 @@ def _counters(device: torch.device) -> torch.Tensor:
 
 
 def default_config(M: int, N: int, K: int, sms: int = 132) -> Config:
-    """Tiles of 128 columns; K split until the products's programs cover the SMs twice (each program
+    """Tiles of 128 columns; K split until the product's programs cover the SMs twice (each program
     keeps at least two K blocks, so the stream is not all prologue)."""
     use_dot = M > 1
     bn, bk = 128, (64 if use_dot else 32)
