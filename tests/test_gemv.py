@@ -81,6 +81,35 @@ def test_kernel_matches_fp32_reference_under_interpreter():
 
 
 @needs_triton
+def test_fused_gate_up_silu_matches_fp32_reference_under_interpreter():
+    """silu(x @ gate) * (x @ up) from one pass over [gate | up], rounded once, against the same in fp32;
+    K split too (the last program applies the activation to the summed partials)."""
+    out = _interpret('''
+        from labkit.engine.model import gemv as G
+        g = torch.Generator().manual_seed(3)
+        n = 0
+        for M in (1, 3, 16):
+            for K, F in ((100, 35), (257, 150)):
+                x = torch.randn(M, K, generator=g).bfloat16()
+                w = (torch.randn(K, 2 * F, generator=g) / K ** 0.5).bfloat16()
+                gate, up = (x.float() @ w.float()).chunk(2, dim=-1)
+                ref = torch.nn.functional.silu(gate) * up
+                for c in (None, G.Config(32, 16, 1, M > 1, 4, 2), G.Config(32, 16, 3, M > 1, 4, 2)):
+                    o = G.gemv(x, w, glu=True, config=c)
+                    assert o.shape == (M, F) and o.dtype == torch.bfloat16
+                    err = (o.float() - ref).abs()
+                    tol = 2 * bf16_ulp(ref) + 2.0 ** -16 * ref.abs().max()
+                    assert bool((err <= tol).all()), f"M={M} K={K} F={F} {c}: {err.max().item()}"
+                    n += 1
+                if M == 3:     # the entry the FFN calls takes the kernel here
+                    assert torch.equal(G.silu_glu(x, w), G.gemv(x, w, glu=True))
+        assert int(G._counters(torch.device("cpu")).abs().sum()) == 0
+        print("glu checked", n)
+    ''')
+    assert "glu checked 18" in out, out
+
+
+@needs_triton
 def test_matmul_takes_the_kernel_for_up_to_16_rows_also_when_compiled():
     """Under the interpreter the kernel runs on CPU tensors: `matmul` sends 1..16 rows to it (counted),
     17 rows and the switched-off kernel to `x @ w` (bit-equal), and a torch.compile'd function keeps the
@@ -128,6 +157,12 @@ def test_cpu_matmul_is_plain_matmul_eager_and_compiled():
     for M in (1, 3, 16, 17, 40):
         x = torch.randn(M, 64, generator=g).bfloat16()
         assert torch.equal(G.matmul(x, w), x @ w)
+
+    w_gu = (torch.randn(64, 96, generator=g) / 8).bfloat16()
+    for M in (1, 16, 17):
+        x = torch.randn(M, 64, generator=g).bfloat16()
+        gate, up = (x @ w_gu).chunk(2, dim=-1)
+        assert torch.equal(G.silu_glu(x, w_gu), torch.nn.functional.silu(gate) * up)
 
     def f(x, w):
         return G.matmul(x, w).float().relu()

@@ -2,6 +2,7 @@
 
     y = matmul(x, w)            # the engine's entry: the GEMV below where it applies, else `x @ w`
     y = gemv(x, w, out=None)    # the Triton kernel itself (bf16/fp16, w row-major [K, N] as the layers hold it)
+    h = silu_glu(x, w_gu)       # the SwiGLU's silu(x @ gate) * (x @ up) from one pass over w_gu = [gate | up]
 
 Why: at decode the activations have one row per request (M = 1..16) and every weight is read once per
 step, so a step's weights phase is a pure stream of HBM. cuBLAS runs these shapes at ~60% of the
@@ -61,12 +62,31 @@ def gemv_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 if HAVE_TRITON:
+    @triton.jit
+    def _accumulate(acc, xt, w, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_K: tl.constexpr):
+        if USE_DOT:
+            if DOT_F32:   # the interpreter's dot gets bf16 wrong; exact fp32 operands, same products
+                acc = tl.dot(xt.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xt, w, acc)
+        else:   # one row: FMAs into [BLOCK_K, BLOCK_N], the K reduction once after the loop
+            acc += tl.reshape(xt, (BLOCK_K, 1)).to(tl.float32) * w.to(tl.float32)
+        return acc
+
+    @triton.jit
+    def _rows(acc, USE_DOT: tl.constexpr, BLOCK_N: tl.constexpr):
+        if not USE_DOT:
+            acc = tl.reshape(tl.sum(acc, axis=0), (1, BLOCK_N))
+        return acc
+
     @triton.jit(do_not_specialize=["M"])     # M = 4 and M = 16 share one compiled kernel
     def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, stride_xm, stride_xk, stride_om,
                      K_PER_SPLIT, SPLIT, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
+                     BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, GLU: tl.constexpr):
+        """out = x @ w, or with GLU (w = [gate | up], 2N columns) out = silu(x @ gate) * (x @ up)."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
+        LDW = 2 * N if GLU else N                                          # w's row length
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         nm = n < N
         m = tl.arange(0, M_PAD)
@@ -74,41 +94,49 @@ if HAVE_TRITON:
         kk = tl.arange(0, BLOCK_K)
         k0 = pid_k * K_PER_SPLIT
         k_end = tl.minimum(k0 + K_PER_SPLIT, K)
-        w_p = w_ptr + k0.to(tl.int64) * N + kk[:, None] * N + n[None, :]     # the tile's row segments
+        w_p = w_ptr + k0.to(tl.int64) * LDW + kk[:, None] * LDW + n[None, :]   # the tile's row segments
         x_p = x_ptr + m[:, None] * stride_xm + (k0 + kk)[None, :] * stride_xk
         if USE_DOT:
             acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
         else:
-            acc2 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+            acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros_like(acc)
         for kb in range(k0, k_end, BLOCK_K):
             km = (kb + kk) < k_end
-            w = tl.load(w_p, mask=km[:, None] & nm[None, :], other=0.0)
+            wm = km[:, None] & nm[None, :]
             xt = tl.load(x_p, mask=mm[:, None] & km[None, :], other=0.0)     # [M_PAD, BLOCK_K], from L2
-            if USE_DOT:
-                if DOT_F32:   # the interpreter's dot gets bf16 wrong; exact fp32 operands, same products
-                    acc = tl.dot(xt.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(xt, w, acc)
-            else:   # M_PAD == 1: FMAs only; the K reduction happens once, after the loop
-                acc2 += tl.reshape(xt, (BLOCK_K, 1)).to(tl.float32) * w.to(tl.float32)
-            w_p += BLOCK_K * N
+            acc = _accumulate(acc, xt, tl.load(w_p, mask=wm, other=0.0), USE_DOT, DOT_F32, BLOCK_K)
+            if GLU:
+                acc_u = _accumulate(acc_u, xt, tl.load(w_p + N, mask=wm, other=0.0), USE_DOT, DOT_F32, BLOCK_K)
+            w_p += BLOCK_K * LDW
             x_p += BLOCK_K * stride_xk
-        if not USE_DOT:
-            acc = tl.reshape(tl.sum(acc2, axis=0), (1, BLOCK_N))
+        acc = _rows(acc, USE_DOT, BLOCK_N)
+        if GLU:
+            acc_u = _rows(acc_u, USE_DOT, BLOCK_N)
         omask = mm[:, None] & nm[None, :]
         o_p = out_ptr + m[:, None] * stride_om + n[None, :]
         if SPLIT == 1:
+            if GLU:
+                acc = acc * tl.sigmoid(acc) * acc_u
             tl.store(o_p, acc.to(out_ptr.dtype.element_ty), mask=omask)
         else:
-            # partial [SPLIT, M, N] fp32; the arrival counter orders it before the last program's reads
-            tl.store(part_ptr + (pid_k * M + m[:, None]) * N + n[None, :], acc, mask=omask)
+            # partial [SPLIT, M, LDW] fp32; the arrival counter orders it before the last program's reads
+            p_p = part_ptr + (pid_k * M + m[:, None]) * LDW + n[None, :]
+            tl.store(p_p, acc, mask=omask)
+            if GLU:
+                tl.store(p_p + N, acc_u, mask=omask)
             tl.debug_barrier()                       # every thread's partial stored before the release
             arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT - 1:
                 tot = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+                tot_u = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
                 for s in range(SPLIT):               # split order, whoever arrived last: deterministic
-                    tot += tl.load(part_ptr + (s * M + m[:, None]) * N + n[None, :], mask=omask, other=0.0,
-                                   cache_modifier=".cg")
+                    q_p = part_ptr + (s * M + m[:, None]) * LDW + n[None, :]
+                    tot += tl.load(q_p, mask=omask, other=0.0, cache_modifier=".cg")
+                    if GLU:
+                        tot_u += tl.load(q_p + N, mask=omask, other=0.0, cache_modifier=".cg")
+                if GLU:
+                    tot = tot * tl.sigmoid(tot) * tot_u
                 tl.store(o_p, tot.to(out_ptr.dtype.element_ty), mask=omask)
                 tl.atomic_xchg(cnt_ptr + pid_n, 0)  # zero again for the next product (graph replays too)
 
@@ -156,12 +184,16 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> Config:
     return Config(bn, bk, split, use_dot, num_warps=4, num_stages=4)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: Config | None = None) -> torch.Tensor:
-    """x [M, K] (1 <= M <= 16), w [K, N] row-major, same dtype (bf16 or fp16) -> out [M, N] of x's dtype."""
+def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: Config | None = None,
+         glu: bool = False) -> torch.Tensor:
+    """x [M, K] (1 <= M <= 16), w [K, N] row-major, same dtype (bf16 or fp16) -> out [M, N] of x's dtype.
+    glu: w is [gate | up] ([K, 2F]) and out [M, F] = silu(x @ gate) * (x @ up), rounded once."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[0]:
         raise ValueError(f"gemv: x {tuple(x.shape)} and w {tuple(w.shape)} are not [M, K] and [K, N]")
     M, K = x.shape
-    N = w.shape[1]
+    if glu and w.shape[1] % 2:
+        raise ValueError(f"gemv: a gate|up weight has an even number of columns, got {w.shape[1]}")
+    N = w.shape[1] // 2 if glu else w.shape[1]
     if not 1 <= M <= MAX_M:
         raise ValueError(f"gemv: {M} rows, the kernel takes 1 to {MAX_M}")
     if x.dtype != w.dtype or x.dtype not in _DTYPES:
@@ -172,7 +204,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     elif out.shape != (M, N) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"gemv: out must be [{M}, {N}] {x.dtype} with unit column stride")
-    c = config or default_config(M, N, K, _sm_count(x.device))
+    c = config or default_config(M, w.shape[1] if glu else N, K, _sm_count(x.device))
     tiles = triton.cdiv(N, c.block_n)
     k_per = triton.cdiv(triton.cdiv(K, c.block_k), c.split) * c.block_k
     split = triton.cdiv(K, k_per)                      # the splits that hold any K
@@ -181,12 +213,18 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
     m_pad = 16 if c.use_dot else 1
     if m_pad < M:
         raise ValueError(f"gemv: the FMA path takes one row, got {M}")
-    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else out
+    part = torch.empty((split, M, w.shape[1]), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = _counters(x.device) if split > 1 else out
     _gemv_kernel[(tiles, split)](x, w, out, part, cnt, M, N, K, x.stride(0), x.stride(1), out.stride(0), k_per,
-                                 split, M_PAD=m_pad, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-                                 USE_DOT=c.use_dot, DOT_F32=_INTERPRET, num_warps=c.num_warps, num_stages=c.num_stages)
+                                 split, M_PAD=m_pad, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_DOT=c.use_dot,
+                                 DOT_F32=_INTERPRET, GLU=glu, num_warps=c.num_warps, num_stages=c.num_stages)
     return out
+
+
+def silu_glu_reference(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
+    """The fused product's definition: fp32 gate and up, silu(gate) * up, one rounding."""
+    g, u = (x.float() @ w_gu.float()).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(g) * u).to(x.dtype)
 
 
 # ------------------------------------------------------------------ the engine's entry
@@ -198,6 +236,16 @@ def _gemv_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @_gemv_op.register_fake
 def _(x, w):
     return x.new_empty((x.shape[0], w.shape[1]))
+
+
+@torch.library.custom_op("labkit::gemv_silu_glu", mutates_args=())
+def _gemv_glu_op(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
+    return gemv(x, w_gu, glu=True)
+
+
+@_gemv_glu_op.register_fake
+def _(x, w_gu):
+    return x.new_empty((x.shape[0], w_gu.shape[1] // 2))
 
 
 def kernel_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -216,3 +264,13 @@ def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if kernel_applies(x, w):
         return torch.ops.labkit.gemv(x, w)
     return x @ w
+
+
+def silu_glu(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU's first half, `silu(g) * u` for `g, u = (x @ w_gu).chunk(2)`: one kernel reading w_gu
+    once (gate and up tiles side by side, the product never written) where the kernel applies, else
+    exactly those torch ops."""
+    if kernel_applies(x, w_gu) and w_gu.shape[1] % 2 == 0:
+        return torch.ops.labkit.gemv_silu_glu(x, w_gu)
+    g, u = (x @ w_gu).chunk(2, dim=-1)
+    return torch.nn.functional.silu(g) * u

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...shapes import ModelShape
-from .gemv import matmul
+from .gemv import matmul, silu_glu
 
 
 def _w(gen: torch.Generator, fan_in: int, fan_out: int, dtype, device) -> nn.Parameter:
@@ -84,8 +84,7 @@ class FFN(nn.Module):
         self.w_d = _w(gen, s.ffn_intermediate, s.hidden, dtype, device)
 
     def forward(self, x):
-        g, u = matmul(x, self.w_gu).chunk(2, dim=-1)
-        return matmul(F.silu(g) * u, self.w_d)
+        return matmul(silu_glu(x, self.w_gu), self.w_d)
 
 
 # ----------------------------------------------------------------------------- gated DeltaNet
