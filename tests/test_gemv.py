@@ -191,3 +191,21 @@ def test_bad_input_is_one_clear_line(x_shape, w_shape, dtypes, msg):
     x, w = torch.zeros(x_shape, dtype=dtypes[0]), torch.zeros(w_shape, dtype=dtypes[1])
     with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]")):
         G.gemv(x, w)
+
+
+@needs_triton
+def test_bench_script_runs_end_to_end_on_cpu(tmp_path):
+    """scripts/gemv_bench.py's dry run: every code path of the GPU measurement (sweep, whole-step chains,
+    JSON and table) on CPU under the interpreter with the tiny shape; its numbers mean nothing."""
+    import json
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "gemv_bench.py")
+    p = subprocess.run([sys.executable, script, str(tmp_path), "--dry-run", "--shape", "tiny"], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((tmp_path / "gemv_bench.json").read_text())
+    assert r["dry_run"] and len(r["per_matrix"]) == 7 * 3 and [w["M"] for w in r["whole_step"]] == [1, 4, 16]
+    assert all("gemv_best" in x and x["gemv_max_abs_err"] <= 0.25 for x in r["per_matrix"])
+    assert r["whole_step"][0]["matrices"] == 8 * 4 + 1          # tiny: 8 layers, 4 weights each, the head
+    assert "gemv_glu" in next(x for x in r["per_matrix"] if x["matrix"] == "ffn.w_gu")
+    md = (tmp_path / "gemv_bench.md").read_text()
+    assert md.count("\n| ") >= 21 + 3 + 2

@@ -47,6 +47,14 @@ def test_gemv_matches_reference_on_every_weight_shape(M):
         _check(y, x, w, f"{name} M={M}")
         assert torch.equal(G.gemv(x, w), y), f"{name} M={M}: repeat differs"
         assert torch.allclose(y.float(), (x @ w).float(), rtol=2 ** -6, atol=2 ** -12 * y.float().abs().max().item())
+        if name == "ffn.w_gu":
+            gate, up = (x.float() @ w.float()).chunk(2, dim=-1)
+            ref = torch.nn.functional.silu(gate) * up
+            h = G.gemv(x, w, glu=True)
+            ulp = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(2.0 ** -126))) - 7)
+            err = (h.float() - ref).abs()
+            assert bool((err <= 2 * ulp + 2.0 ** -16 * ref.abs().max()).all()), f"gate/up M={M}: {err.max().item()}"
+            assert torch.equal(G.silu_glu(x, w), h)
     torch.cuda.synchronize()
     assert int(G._counters(torch.device("cuda")).abs().sum()) == 0
 
