@@ -118,9 +118,9 @@ def test_matmul_takes_the_kernel_for_up_to_16_rows_also_when_compiled():
         from labkit.engine.model import gemv as G
         calls = []
         real = G.gemv
-        def counting(x, w, out=None, config=None):
+        def counting(x, w, out=None, config=None, glu=False):
             calls.append(tuple(x.shape))
-            return real(x, w, out=out, config=config)
+            return real(x, w, out=out, config=config, glu=glu)
         G.gemv = counting
         g = torch.Generator().manual_seed(1)
         w = (torch.randn(96, 80, generator=g) / 96 ** 0.5).bfloat16()
@@ -143,6 +143,18 @@ def test_matmul_takes_the_kernel_for_up_to_16_rows_also_when_compiled():
         assert len(calls) == 3, f"compiled graph did not run the kernel: {calls}"
         assert torch.equal(got, block(x, w)) and len(calls) == 4, "compiled differs from eager"
         check(G.matmul(x * 2.0, w), x * 2.0, w, "the compiled block's product")
+
+        # inductor, as the engine compiles its blocks: the ops stay in the graph, the elementwise work
+        # around them is fused (in fp32, so that part is equal within bf16 rounding, not bit-equal)
+        w_gu = (torch.randn(96, 64, generator=g) / 96 ** 0.5).bfloat16()
+        def ffn_like(x, w, w_gu):
+            return torch.nn.functional.silu(G.matmul(x * 2.0, w)) + 1.0, G.silu_glu(x, w_gu)
+        n0 = len(calls)
+        a = torch.compile(ffn_like, dynamic=False, fullgraph=True)(x, w, w_gu)
+        assert len(calls) == n0 + 2, "inductor's graph did not run both kernels"
+        b = ffn_like(x, w, w_gu)
+        assert torch.equal(a[1], b[1])
+        assert torch.allclose(a[0].float(), b[0].float(), rtol=2 ** -7, atol=2 ** -7)
         print("dispatch ok")
     ''')
     assert "dispatch ok" in out
@@ -167,7 +179,7 @@ def test_cpu_matmul_is_plain_matmul_eager_and_compiled():
     def f(x, w):
         return G.matmul(x, w).float().relu()
     x = torch.randn(4, 64, generator=g).bfloat16()
-    assert torch.equal(torch.compile(f, dynamic=False, backend="aot_eager", fullgraph=True)(x, w), f(x, w))
+    assert torch.equal(torch.compile(f, dynamic=False, fullgraph=True)(x, w), f(x, w))     # inductor
 
 
 def test_custom_op_traces_with_its_fake():

@@ -59,6 +59,25 @@ def test_gemv_matches_reference_on_every_weight_shape(M):
     assert int(G._counters(torch.device("cuda")).abs().sum()) == 0
 
 
+def test_split_products_repeat_bit_identically():
+    """The K-split products hand their partials over through arrival counters: 300 back-to-back products
+    (several programs racing to be last in each tile) give the same bits every time."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for K, N, M in [(4096, 2048, 1), (5632, 2048, 16), (2048, 11264, 4)]:
+        w = (torch.randn(K, N, generator=g, device="cuda") / K ** 0.5).bfloat16()
+        x = torch.randn(M, K, generator=g, device="cuda").bfloat16()
+        assert G.default_config(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count).split > 1
+        first = G.gemv(x, w)
+        outs = torch.empty(300, M, N, device="cuda", dtype=torch.bfloat16)
+        for i in range(300):
+            G.gemv(x, w, out=outs[i])
+        torch.cuda.synchronize()
+        assert bool((outs == first).all()), f"K={K} N={N} M={M}: a repeat differs"
+        _check(first, x, w, f"K={K} N={N} M={M}")
+        glu = G.gemv(x, w, glu=True) if N % 2 == 0 else None
+        assert glu is None or all(torch.equal(G.gemv(x, w, glu=True), glu) for _ in range(50))
+
+
 def test_gemv_chain_replays_from_a_cuda_graph():
     """Split and unsplit products back to back in one graph, replayed with new inputs."""
     g = torch.Generator(device="cuda").manual_seed(7)
