@@ -19,11 +19,18 @@ same bits whichever program came last), writes the output and resets the counter
 product, no memset and no host sync: fixed shapes, capturable in a CUDA graph. The counters are one
 int32 per column tile and device, zero between calls; concurrent products on two streams of one device
 would share them, so products run on one stream per device (as the engine's step does).
+`silu_glu` is the same kernel with the gate and up tiles of one column range side by side (two
+accumulators, the activation applied to the fp32 sums before the one rounding): the FFN's [M, 2F]
+product is never written or read back.
 
-torch.compile: `matmul` calls the kernel through the custom op `labkit::gemv` (with a fake
-implementation for tracing), so a compiled block keeps it inside its graph as an opaque kernel and the
-elementwise work around it still fuses. On CPU `matmul` is `x @ w`, so CPU results are unchanged; under
-`TRITON_INTERPRET=1` the kernel runs on CPU tensors (its tests). `LABKIT_GEMV=0` turns the kernel off.
+torch.compile: `matmul` and `silu_glu` call the kernel through the custom ops `labkit::gemv` and
+`labkit::gemv_silu_glu` (each with a fake implementation for tracing), so a compiled block (the
+engine's `block_fns` on CUDA) keeps them inside its graph as extern kernels, without a graph break, and
+inductor still fuses the elementwise work around them; the step's CUDA graph then captures them like
+any other kernel (the first call compiles the Triton kernel, which the runner's warm-up does before
+capture). On CPU `matmul` is `x @ w`, so CPU results are unchanged; under
+`TRITON_INTERPRET=1` the kernel runs on CPU tensors (its tests). `LABKIT_GEMV=0` (read at import)
+turns the kernel off; `set_enabled` switches it in a running process.
 """
 from __future__ import annotations
 
