@@ -76,8 +76,8 @@ if HAVE_TRITON:
                 acc = tl.dot(xt.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
             else:
                 acc = tl.dot(xt, w, acc)
-        else:   # one row: FMAs into [BLOCK_K, BLOCK_N], the K reduction once after the loop
-            acc += tl.reshape(xt, (BLOCK_K, 1)).to(tl.float32) * w.to(tl.float32)
+        else:   # one row, xt [BLOCK_K, 1]: FMAs into [BLOCK_K, BLOCK_N], the K reduction once after the loop
+            acc += xt.to(tl.float32) * w.to(tl.float32)
         return acc
 
     @triton.jit
@@ -102,7 +102,10 @@ if HAVE_TRITON:
         k0 = pid_k * K_PER_SPLIT
         k_end = tl.minimum(k0 + K_PER_SPLIT, K)
         w_p = w_ptr + k0.to(tl.int64) * LDW + kk[:, None] * LDW + n[None, :]   # the tile's row segments
-        x_p = x_ptr + m[:, None] * stride_xm + (k0 + kk)[None, :] * stride_xk
+        if USE_DOT:   # x tile [M_PAD, BLOCK_K]; for one row [BLOCK_K, 1], already along W's rows
+            x_p = x_ptr + m[:, None] * stride_xm + (k0 + kk)[None, :] * stride_xk
+        else:
+            x_p = x_ptr + (k0 + kk)[:, None] * stride_xk + m[None, :] * stride_xm
         if USE_DOT:
             acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
         else:
@@ -111,7 +114,10 @@ if HAVE_TRITON:
         for kb in range(k0, k_end, BLOCK_K):
             km = (kb + kk) < k_end
             wm = km[:, None] & nm[None, :]
-            xt = tl.load(x_p, mask=mm[:, None] & km[None, :], other=0.0)     # [M_PAD, BLOCK_K], from L2
+            if USE_DOT:
+                xt = tl.load(x_p, mask=mm[:, None] & km[None, :], other=0.0)     # from L2: x is small
+            else:
+                xt = tl.load(x_p, mask=km[:, None] & mm[None, :], other=0.0)
             acc = _accumulate(acc, xt, tl.load(w_p, mask=wm, other=0.0), USE_DOT, DOT_F32, BLOCK_K)
             if GLU:
                 acc_u = _accumulate(acc_u, xt, tl.load(w_p + N, mask=wm, other=0.0), USE_DOT, DOT_F32, BLOCK_K)
