@@ -160,6 +160,61 @@ def test_matmul_takes_the_kernel_for_up_to_16_rows_also_when_compiled():
     assert "dispatch ok" in out
 
 
+
+@needs_triton
+def test_every_weight_product_of_a_decode_block_takes_the_kernel():
+    """The layers' decode paths call the kernel for each weight (QSA and DeltaNet input and output
+    projections, the FFN's fused gate/up and its down projection), at batch 3 here (under the
+    interpreter, where the kernel runs on CPU), and give what they give with the kernel off within
+    bf16 rounding; a 40-token prefill chunk stays on `x @ w`."""
+    out = _interpret('''
+        from labkit.engine import HybridModel
+        from labkit.engine.model import gemv as G, hybrid as Hy
+        from labkit.shapes import PRESETS
+        calls = []
+        real = G.gemv
+        def counting(x, w, out=None, config=None, glu=False):
+            calls.append((tuple(w.shape), glu))
+            return real(x, w, out=out, config=config, glu=glu)
+        G.gemv = counting
+        s = PRESETS["tiny"]
+        model = HybridModel(s, "cpu", seed=0)
+        qsa = next(b for b in model.blocks if b.kind == "qsa")
+        dn = next(b for b in model.blocks if b.kind == "dn")
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(3, s.hidden, generator=g).bfloat16()
+        pos = torch.tensor([5, 9, 30])
+        from labkit.engine.model.layers import dn_state_shapes
+        (H, dk, dv), (C, kw) = dn_state_shapes(s)
+        def run():
+            conv = torch.zeros(3, C, kw).bfloat16()
+            q, k, v, la, beta, z = Hy.dn_pre(dn, x, conv)
+            o = torch.randn(3, H, dv, generator=torch.Generator().manual_seed(1))
+            y1 = Hy.dn_post(dn, x, o, z)
+            y2 = Hy.ffn_residual(dn, y1)
+            qq, gate, kv_row, k8, sc, iq, iw = Hy.qsa_pre(qsa, y2, pos)
+            y3 = Hy.qsa_out(qsa, y2, qq.flatten(1), gate)
+            return [t.float() for t in (q, k, v, z, y1, y2, kv_row, y3)]
+        on = run()
+        want = [(tuple(dn.mixer.w_in.shape), False), (tuple(dn.mixer.w_o.shape), False),
+                (tuple(dn.ffn.w_gu.shape), True), (tuple(dn.ffn.w_d.shape), False),
+                (tuple(qsa.mixer.w_in.shape), False), (tuple(qsa.mixer.w_o.shape), False)]
+        assert calls == want, calls
+        G.set_enabled(False)
+        off = run()
+        G.set_enabled(True)
+        assert len(calls) == len(want)
+        for i, (a, b) in enumerate(zip(on, off)):
+            rel = ((a - b).norm() / b.norm()).item()
+            assert rel < 2e-2, (i, rel)
+        conv = torch.zeros(C, kw).bfloat16()
+        S = torch.zeros(H, dk, dv)
+        dn.mixer.forward_seq(torch.randn(40, s.hidden, generator=g).bfloat16(), S, conv)
+        assert len(calls) == len(want), "a 40-row prefill chunk went to the kernel"
+        print("blocks ok")
+    ''')
+    assert "blocks ok" in out
+
 def test_cpu_matmul_is_plain_matmul_eager_and_compiled():
     """Without the interpreter a CPU tensor never meets the kernel: bit-equal to `x @ w` for any rows,
     eager and inside torch.compile (the engine's CPU results stay what they were)."""
