@@ -127,7 +127,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
     ap.add_argument("--shape", default="qwen3.8-flash-next")
-    ap.add_argument("--budget-s", type=float, default=120.0, help="wall-clock budget (s) for the bench; the config sweep gets 70%% of it")
+    ap.add_argument("--budget-s", type=float, default=120.0,
+                    help="wall-clock budget (s) for the bench; the config sweep gets 70%% of it")
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, a tiny shape: checks the script")
     a = ap.parse_args()
     if a.shape not in PRESETS:
@@ -252,7 +253,8 @@ def main():
               ", ".join(f"{k} {r[k]['ms']:.3f} ms ({r[k]['of_read_bw']:.0%})"
                         for k in ("cublas", "cublas_nk", "gemv", "gemv_best", "gemv_glu")), flush=True)
 
-    result = {"device": "cpu (dry run)" if DRY else torch.cuda.get_device_name(dev), "dry_run": DRY, "sms": sms, "torch": torch.__version__,
+    result = {"device": "cpu (dry run)" if DRY else torch.cuda.get_device_name(dev), "dry_run": DRY, "sms": sms,
+              "torch": torch.__version__,
               "triton": __import__("triton").__version__, "shape": a.shape, "read_bandwidth": bw,
               "per_matrix": rows, "whole_step": whole, "sweep_cut_short": sweep_cut,
               "wall_s": time.time() - t0,

@@ -30,7 +30,8 @@ TOLERANCE = textwrap.dedent('''
         tol = 2 * bf16_ulp(ref) + 2.0 ** -16 * ref.abs().max()
         err = (out.float() - ref).abs()
         assert out.dtype == x.dtype and out.shape == ref.shape, what
-        assert bool((err <= tol).all()), f"{what}: max err {err.max().item()} (tol there {tol.flatten()[err.argmax()].item()})"
+        worst = err.argmax()
+        assert bool((err <= tol).all()), f"{what}: max err {err.max().item()} (tol there {tol.flatten()[worst].item()})"
         return err.max().item()
 ''')
 
