@@ -21,6 +21,7 @@ import torch
 
 from .attention import dense_prefill_attention, fast_sdpa, split_rows
 from .deltanet_step import delta_step
+from .gemv import matmul
 from .cache import OffloadCache
 from .indexer import index_scores
 from .hybrid import block_fns
@@ -161,7 +162,7 @@ class Engine:
         if m.lm_head is None:          # a pipeline stage: hand the activations to the next one
             st.x_out.copy_(x)
         else:
-            logits = m.norm(x) @ m.lm_head
+            logits = matmul(m.norm(x), m.lm_head)     # the GEMV at decode batch sizes on the GPU
             st.logits.copy_(logits)
             st.tokens.copy_(logits.argmax(-1))
         c.lens[st.span] += 1

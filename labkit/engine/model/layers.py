@@ -6,6 +6,8 @@
   `S <- a*S + b * k (v - (a*S)^T k)^T`, output `S^T q`; a one-token `step` for decode and a chunked
   `forward_seq` for prefill, both checked against `delta_rule_reference` (a plain loop).
 - `FFN`: SwiGLU, a dense stand-in for the active experts.
+Every product with a weight goes through `gemv.matmul`: a weight-streaming GEMV for the few rows of a
+decode step on the GPU, `x @ w` otherwise (CPU: unchanged results).
 Weights are random and seeded, scaled 1/sqrt(fan_in) so activations stay O(1) through 48 layers.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...shapes import ModelShape
+from .gemv import matmul, silu_glu
 
 
 def _w(gen: torch.Generator, fan_in: int, fan_out: int, dtype, device) -> nn.Parameter:
@@ -62,7 +65,7 @@ class QSALayer(nn.Module):
         """x [N, hidden], pos [N] -> q [N, Hq, D], gate [N, Hq*D], kv_row [N, 2*Hkv*D] (K roped),
         index query [N, Hi, Di], index head weights [N, Hi], index key [N, Di]."""
         s = self.s
-        qg, k, v, iq, iw, ik = torch.split(x @ self.w_in, self.splits, dim=-1)
+        qg, k, v, iq, iw, ik = torch.split(matmul(x, self.w_in), self.splits, dim=-1)
         q, gate = qg.view(-1, s.n_heads, 2 * s.head_dim).chunk(2, dim=-1)
         q = apply_rope(self.q_norm(q), pos, s.rotary_dim)
         k = apply_rope(self.k_norm(k.view(-1, s.n_kv_heads, s.head_dim)), pos, s.rotary_dim)
@@ -71,7 +74,7 @@ class QSALayer(nn.Module):
                 iq.view(-1, s.index_heads, s.index_dim), iw * (s.index_heads ** -0.5), ik)
 
     def output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return (attn.flatten(1) * torch.sigmoid(gate)) @ self.w_o
+        return matmul(attn.flatten(1) * torch.sigmoid(gate), self.w_o)
 
 
 class FFN(nn.Module):
@@ -81,8 +84,7 @@ class FFN(nn.Module):
         self.w_d = _w(gen, s.ffn_intermediate, s.hidden, dtype, device)
 
     def forward(self, x):
-        g, u = (x @ self.w_gu).chunk(2, dim=-1)
-        return (F.silu(g) * u) @ self.w_d
+        return matmul(silu_glu(x, self.w_gu), self.w_d)
 
 
 # ----------------------------------------------------------------------------- gated DeltaNet
@@ -180,13 +182,13 @@ class DeltaNetLayer(nn.Module):
     def _out(self, o, z):
         n = o.shape[0]
         o = self.o_norm(o.to(z.dtype)) * F.silu(z.view(n, self.s.dn_v_heads, -1))
-        return o.flatten(1) @ self.w_o
+        return matmul(o.flatten(1), self.w_o)
 
     def step_inputs(self, x: torch.Tensor, conv: torch.Tensor):
         """Decode, one token per request, up to the recurrence: x [B, hidden], conv [B, C, K-1] updated in
         place -> q, k [B, Hk, dk] (per key head, not repeated), v [B, H, dv], log_a, beta [B, H], z."""
         B = x.shape[0]
-        qkv, z, a, b = torch.split(x @ self.w_in, [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
+        qkv, z, a, b = torch.split(matmul(x, self.w_in), [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
         window = torch.cat([conv, qkv.unsqueeze(-1)], dim=-1)                # [B, C, K]
         conv.copy_(window[..., 1:])
         conv_out = F.silu((window.float() * self.conv_w.float()).sum(-1)).to(x.dtype)
@@ -207,7 +209,7 @@ class DeltaNetLayer(nn.Module):
     def forward_seq(self, x: torch.Tensor, S: torch.Tensor, conv: torch.Tensor, chunk: int = 64) -> torch.Tensor:
         """A prompt chunk of one request: x [T, hidden]; S [H, dk, dv], conv [C, K-1] updated in place."""
         T = x.shape[0]
-        qkv, z, a, b = torch.split(x @ self.w_in, [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
+        qkv, z, a, b = torch.split(matmul(x, self.w_in), [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
         seq = torch.cat([conv.to(qkv.dtype), qkv.t()], dim=-1)               # [C, K-1+T]
         conv.copy_(seq[:, -(self.s.dn_conv - 1):])
         conv_out = F.silu(F.conv1d(seq.unsqueeze(0).float(), self.conv_w.float().unsqueeze(1),

@@ -1,0 +1,289 @@
+"""Small-batch matrix products that stream the weight once: `out[M, N] = x[M, K] @ w[K, N]` for M <= 16.
+
+    y = matmul(x, w)            # the engine's entry: the GEMV below where it applies, else `x @ w`
+    y = gemv(x, w, out=None)    # the Triton kernel itself (bf16/fp16, w row-major [K, N] as the layers hold it)
+    h = silu_glu(x, w_gu)       # the SwiGLU's silu(x @ gate) * (x @ up) from one pass over w_gu = [gate | up]
+
+Why: at decode the activations have one row per request (M = 1..16) and every weight is read once per
+step, so a step's weights phase is a pure stream of HBM. cuBLAS runs these shapes at ~60% of the
+contiguous read bandwidth on an H200; a kernel that does nothing but stream W and keep all M rows of
+the accumulator in registers reaches most of it.
+
+How: each program owns BLOCK_N columns and a range of K, reads [BLOCK_K, BLOCK_N] tiles of W (rows of W
+are contiguous along N, so each tile is BLOCK_K coalesced row segments) and accumulates fp32 for all M
+rows (a tensor-core `tl.dot` with the rows padded to 16, or for M = 1 plain FMAs into a [BLOCK_K,
+BLOCK_N] accumulator reduced once at the end). When N alone gives too few programs to fill the GPU (N =
+2048: 16 tiles for 132 SMs), K is split over SPLIT programs per tile: each writes its fp32 partial, bumps
+the tile's arrival counter, and the last to arrive sums the partials in split order (deterministic: the
+same bits whichever program came last), writes the output and resets the counter to zero. One kernel per
+product, no memset and no host sync: fixed shapes, capturable in a CUDA graph. The counters are one
+int32 per column tile and device, zero between calls; concurrent products on two streams of one device
+would share them, so products run on one stream per device (as the engine's step does).
+`silu_glu` is the same kernel with the gate and up tiles of one column range side by side (two
+accumulators, the activation applied to the fp32 sums before the one rounding): the FFN's [M, 2F]
+product is never written or read back.
+
+torch.compile: `matmul` and `silu_glu` call the kernel through the custom ops `labkit::gemv` and
+`labkit::gemv_silu_glu` (each with a fake implementation for tracing), so a compiled block (the
+engine's `block_fns` on CUDA) keeps them inside its graph as extern kernels, without a graph break, and
+inductor still fuses the elementwise work around them; the step's CUDA graph then captures them like
+any other kernel (the first call compiles the Triton kernel, which the runner's warm-up does before
+capture). On CPU `matmul` is `x @ w`, so CPU results are unchanged; under
+`TRITON_INTERPRET=1` the kernel runs on CPU tensors (its tests). `LABKIT_GEMV=0` (read at import)
+turns the kernel off; `set_enabled` switches it in a running process.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .gather import HAVE_TRITON, interpret_mode
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+MAX_M = 16                      # rows the kernel takes; above it cuBLAS's tiled GEMMs win
+_DTYPES = (torch.bfloat16, torch.float16)
+_INTERPRET = interpret_mode()
+_ENABLED = os.environ.get("LABKIT_GEMV", "1") != "0"
+COUNTER_SLOTS = 8192            # column tiles a split product may have (split is used only for few tiles)
+
+
+def set_enabled(on: bool) -> None:
+    """Turn the kernel on or off for `matmul` (the env `LABKIT_GEMV` sets the default at import).
+    torch.compile guards on this flag: a compiled function recompiles when it changes."""
+    global _ENABLED
+    _ENABLED = bool(on)
+
+
+def enabled() -> bool:
+    return _ENABLED
+
+
+def gemv_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The definition the kernel is checked against: fp32 products and sums, one rounding at the end."""
+    return (x.float() @ w.float()).to(x.dtype)
+
+
+if HAVE_TRITON:
+    @triton.jit
+    def _accumulate(acc, xt, w, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_K: tl.constexpr):
+        if USE_DOT:
+            if DOT_F32:   # the interpreter's dot gets bf16 wrong; exact fp32 operands, same products
+                acc = tl.dot(xt.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xt, w, acc)
+        else:   # one row, xt [BLOCK_K, 1]: FMAs into [BLOCK_K, BLOCK_N], the K reduction once after the loop
+            acc += xt.to(tl.float32) * w.to(tl.float32)
+        return acc
+
+    @triton.jit
+    def _rows(acc, USE_DOT: tl.constexpr, BLOCK_N: tl.constexpr):
+        if not USE_DOT:
+            acc = tl.reshape(tl.sum(acc, axis=0), (1, BLOCK_N))
+        return acc
+
+    @triton.jit(do_not_specialize=["M"])     # M = 4 and M = 16 share one compiled kernel
+    def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, stride_xm, stride_xk, stride_om,
+                     K_PER_SPLIT, SPLIT, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, GLU: tl.constexpr):
+        """out = x @ w, or with GLU (w = [gate | up], 2N columns) out = silu(x @ gate) * (x @ up)."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        LDW = 2 * N if GLU else N                                          # w's row length
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        nm = n < N
+        m = tl.arange(0, M_PAD)
+        mm = m < M
+        kk = tl.arange(0, BLOCK_K)
+        k0 = pid_k * K_PER_SPLIT
+        k_end = tl.minimum(k0 + K_PER_SPLIT, K)
+        w_p = w_ptr + k0.to(tl.int64) * LDW + kk[:, None] * LDW + n[None, :]   # the tile's row segments
+        if USE_DOT:   # x tile [M_PAD, BLOCK_K]; for one row [BLOCK_K, 1], already along W's rows
+            x_p = x_ptr + m[:, None] * stride_xm + (k0 + kk)[None, :] * stride_xk
+        else:
+            x_p = x_ptr + (k0 + kk)[:, None] * stride_xk + m[None, :] * stride_xm
+        if USE_DOT:
+            acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros_like(acc)
+        for kb in range(k0, k_end, BLOCK_K):
+            km = (kb + kk) < k_end
+            wm = km[:, None] & nm[None, :]
+            if USE_DOT:
+                xt = tl.load(x_p, mask=mm[:, None] & km[None, :], other=0.0)     # from L2: x is small
+            else:
+                xt = tl.load(x_p, mask=km[:, None] & mm[None, :], other=0.0)
+            acc = _accumulate(acc, xt, tl.load(w_p, mask=wm, other=0.0), USE_DOT, DOT_F32, BLOCK_K)
+            if GLU:
+                acc_u = _accumulate(acc_u, xt, tl.load(w_p + N, mask=wm, other=0.0), USE_DOT, DOT_F32, BLOCK_K)
+            w_p += BLOCK_K * LDW
+            x_p += BLOCK_K * stride_xk
+        acc = _rows(acc, USE_DOT, BLOCK_N)
+        if GLU:
+            acc_u = _rows(acc_u, USE_DOT, BLOCK_N)
+        omask = mm[:, None] & nm[None, :]
+        o_p = out_ptr + m[:, None] * stride_om + n[None, :]
+        if SPLIT == 1:
+            if GLU:
+                acc = acc * tl.sigmoid(acc) * acc_u
+            tl.store(o_p, acc.to(out_ptr.dtype.element_ty), mask=omask)
+        else:
+            # partial [SPLIT, M, LDW] fp32; the arrival counter orders it before the last program's reads
+            p_p = part_ptr + (pid_k * M + m[:, None]) * LDW + n[None, :]
+            tl.store(p_p, acc, mask=omask)
+            if GLU:
+                tl.store(p_p + N, acc_u, mask=omask)
+            tl.debug_barrier()                       # every thread's partial stored before the release
+            arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT - 1:
+                tot = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+                tot_u = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT):               # split order, whoever arrived last: deterministic
+                    q_p = part_ptr + (s * M + m[:, None]) * LDW + n[None, :]
+                    tot += tl.load(q_p, mask=omask, other=0.0, cache_modifier=".cg")
+                    if GLU:
+                        tot_u += tl.load(q_p + N, mask=omask, other=0.0, cache_modifier=".cg")
+                if GLU:
+                    tot = tot * tl.sigmoid(tot) * tot_u
+                tl.store(o_p, tot.to(out_ptr.dtype.element_ty), mask=omask)
+                tl.atomic_xchg(cnt_ptr + pid_n, 0)  # zero again for the next product (graph replays too)
+
+
+@dataclass(frozen=True)
+class Config:
+    block_n: int
+    block_k: int
+    split: int
+    use_dot: bool
+    num_warps: int
+    num_stages: int
+
+
+_SMS: dict = {}
+_COUNTERS: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132                                   # interpreter: the H200's count, for the same shapes
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    key = (device.type, device.index if device.index is not None or device.type != "cuda"
+           else torch.cuda.current_device())
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
+def default_config(M: int, N: int, K: int, sms: int = 132) -> Config:
+    """Tiles of 128 columns; K split until the product's programs cover the SMs twice (each program
+    keeps at least two K blocks, so the stream is not all prologue)."""
+    use_dot = M > 1
+    bn, bk = 128, (64 if use_dot else 32)
+    tiles = triton.cdiv(N, bn) if HAVE_TRITON else -(-N // bn)
+    kblocks = -(-K // bk)
+    split = max(1, min(-(-2 * sms // tiles), kblocks // 2))
+    split = -(-kblocks // -(-kblocks // split))       # no empty split
+    return Config(bn, bk, split, use_dot, num_warps=4, num_stages=4)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: Config | None = None,
+         glu: bool = False) -> torch.Tensor:
+    """x [M, K] (1 <= M <= 16), w [K, N] row-major, same dtype (bf16 or fp16) -> out [M, N] of x's dtype.
+    glu: w is [gate | up] ([K, 2F]) and out [M, F] = silu(x @ gate) * (x @ up), rounded once."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(f"gemv: x {tuple(x.shape)} and w {tuple(w.shape)} are not [M, K] and [K, N]")
+    M, K = x.shape
+    if glu and w.shape[1] % 2:
+        raise ValueError(f"gemv: a gate|up weight has an even number of columns, got {w.shape[1]}")
+    N = w.shape[1] // 2 if glu else w.shape[1]
+    if not 1 <= M <= MAX_M:
+        raise ValueError(f"gemv: {M} rows, the kernel takes 1 to {MAX_M}")
+    if x.dtype != w.dtype or x.dtype not in _DTYPES:
+        raise ValueError(f"gemv: dtypes {x.dtype} and {w.dtype}, the kernel takes bf16 or fp16 for both")
+    if not w.is_contiguous():
+        raise ValueError("gemv: w must be row-major contiguous [K, N]")
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    elif out.shape != (M, N) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"gemv: out must be [{M}, {N}] {x.dtype} with unit column stride")
+    c = config or default_config(M, w.shape[1] if glu else N, K, _sm_count(x.device))
+    tiles = triton.cdiv(N, c.block_n)
+    k_per = triton.cdiv(triton.cdiv(K, c.block_k), c.split) * c.block_k
+    split = triton.cdiv(K, k_per)                      # the splits that hold any K
+    if split > 1 and tiles > COUNTER_SLOTS:
+        raise ValueError(f"gemv: split over {tiles} column tiles, at most {COUNTER_SLOTS}")
+    m_pad = 16 if c.use_dot else 1
+    if m_pad < M:
+        raise ValueError(f"gemv: the FMA path takes one row, got {M}")
+    part = torch.empty((split, M, w.shape[1]), dtype=torch.float32, device=x.device) if split > 1 else out
+    cnt = _counters(x.device) if split > 1 else out
+    _gemv_kernel[(tiles, split)](x, w, out, part, cnt, M, N, K, x.stride(0), x.stride(1), out.stride(0), k_per,
+                                 split, M_PAD=m_pad, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_DOT=c.use_dot,
+                                 DOT_F32=_INTERPRET, GLU=glu, num_warps=c.num_warps, num_stages=c.num_stages)
+    return out
+
+
+def silu_glu_reference(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
+    """The fused product's definition: fp32 gate and up, silu(gate) * up, one rounding."""
+    g, u = (x.float() @ w_gu.float()).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(g) * u).to(x.dtype)
+
+
+# ------------------------------------------------------------------ the engine's entry
+@torch.library.custom_op("labkit::gemv", mutates_args=())
+def _gemv_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return gemv(x, w)
+
+
+@_gemv_op.register_fake
+def _(x, w):
+    return x.new_empty((x.shape[0], w.shape[1]))
+
+
+@torch.library.custom_op("labkit::gemv_silu_glu", mutates_args=())
+def _gemv_glu_op(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
+    return gemv(x, w_gu, glu=True)
+
+
+@_gemv_glu_op.register_fake
+def _(x, w_gu):
+    return x.new_empty((x.shape[0], w_gu.shape[1] // 2))
+
+
+def kernel_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `matmul` takes the kernel: on, Triton where it runs (CUDA; CPU only under the
+    interpreter), 1 <= M <= 16, bf16/fp16 on both sides, w row-major."""
+    if not (_ENABLED and HAVE_TRITON):
+        return False
+    if x.device.type != ("cpu" if _INTERPRET else "cuda"):
+        return False
+    return (x.dim() == 2 and w.dim() == 2 and 1 <= x.shape[0] <= MAX_M and x.dtype == w.dtype
+            and x.dtype in _DTYPES and w.is_contiguous())
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`x @ w`, through the GEMV kernel where it applies (see `kernel_applies`)."""
+    if kernel_applies(x, w):
+        return torch.ops.labkit.gemv(x, w)
+    return x @ w
+
+
+def silu_glu(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU's first half, `silu(g) * u` for `g, u = (x @ w_gu).chunk(2)`: one kernel reading w_gu
+    once (gate and up tiles side by side, the product never written) where the kernel applies, else
+    exactly those torch ops."""
+    if kernel_applies(x, w_gu) and w_gu.shape[1] % 2 == 0:
+        return torch.ops.labkit.gemv_silu_glu(x, w_gu)
+    g, u = (x @ w_gu).chunk(2, dim=-1)
+    return torch.nn.functional.silu(g) * u

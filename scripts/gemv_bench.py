@@ -1,0 +1,301 @@
+"""The weights phase at decode batch sizes: cuBLAS against the GEMV kernel on every weight shape of the
+reference model, beside the contiguous HBM read bandwidth measured in the same process.
+
+    python3 scripts/gemv_bench.py OUT_DIR [--shape qwen3.8-flash-next] [--budget-s 120]
+    TRITON_INTERPRET=1 python3 scripts/gemv_bench.py OUT_DIR --dry-run --shape tiny     # the script on CPU
+
+Per distinct weight shape [K, N] and M in 1, 4, 16: `x @ w` (cuBLAS on the layers' [K, N] layout), the
+same through `torch.matmul(x, wt.t())` on a [N, K] copy (the layout of a checkpoint's nn.Linear), the
+GEMV with the engine's default config, and the best of a small sweep of GEMV configs. Each is timed as a
+CUDA graph of products over distinct copies of the weight (>= 256 MB in all, so L2, 50 MB on an H200,
+holds none of them between reads), median over replays; GB/s = weight bytes / time. Then every weight
+matrix a decode step multiplies by, streamed back to back from one graph per M, each way (the bound the
+step's weights phase can reach). The read bandwidth: a sum over 8 GiB (bytes read / time) and a 4 GiB
+device-to-device copy (read + written bytes / time).
+
+Writes OUT_DIR/gemv_bench.json and OUT_DIR/gemv_bench.md. Runs in about 2-3 minutes on an H200: the
+sweep stops early when it nears --budget-s, and says so in the JSON.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from labkit.engine import HybridModel  # noqa: E402
+from labkit.engine.model import gemv as G  # noqa: E402
+from labkit.shapes import PRESETS  # noqa: E402
+
+MS = (1, 4, 16)
+L2_SAFE_BYTES = 256 << 20
+# --dry-run: the same code path on CPU under the Triton interpreter with a tiny shape, timed by the wall
+# clock without graphs (numbers meaningless): the script's own check, run by the test suite.
+DRY = "--dry-run" in sys.argv
+DEV = "cpu" if DRY else "cuda"
+
+
+def weight_shapes(s) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
+    """[K, N] of each distinct weight a decode step multiplies by, and how many of each a step reads."""
+    m = HybridModel(dataclasses.replace(s, layers=s.attn_every, vocab=8), DEV)     # one block of each kind
+    qsa = next(b for b in m.blocks if b.kind == "qsa")
+    dn = next(b for b in m.blocks if b.kind == "dn")
+    n_attn = len(s.attn_layer_ids)
+    n_dn = s.layers - n_attn
+    shapes = {"qsa.w_in": tuple(qsa.mixer.w_in.shape), "qsa.w_o": tuple(qsa.mixer.w_o.shape),
+              "dn.w_in": tuple(dn.mixer.w_in.shape), "dn.w_o": tuple(dn.mixer.w_o.shape),
+              "ffn.w_gu": tuple(dn.ffn.w_gu.shape), "ffn.w_d": tuple(dn.ffn.w_d.shape),
+              "lm_head": (s.hidden, s.vocab)}
+    counts = {"qsa.w_in": n_attn, "qsa.w_o": n_attn, "dn.w_in": n_dn, "dn.w_o": n_dn,
+              "ffn.w_gu": s.layers, "ffn.w_d": s.layers, "lm_head": 1}
+    del m
+    return shapes, counts
+
+
+def graph_ms(fn, replays: int = 15) -> float:
+    """Median ms of one replay of a graph that runs fn() once (fn warmed up outside the capture)."""
+    fn()
+    if DRY:
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    del g
+    return statistics.median(ts)
+
+
+def read_bandwidth() -> dict:
+    """Contiguous HBM read: bytes read by a sum over 8 GiB; and a 4 GiB copy (read + write bytes)."""
+    big = torch.ones((2 << 30) if not DRY else (1 << 20), dtype=torch.float32, device=DEV)   # 8 GiB
+    acc = torch.empty((), dtype=torch.float32, device=DEV)
+    t_sum = graph_ms(lambda: torch.sum(big, dim=0, out=acc), replays=10)
+    src = big[: 1 << 30]
+    dst = torch.empty_like(src)
+    t_copy = graph_ms(lambda: dst.copy_(src), replays=10)
+    out = {"sum_bytes": big.numel() * 4, "sum_ms": t_sum, "read_GBps": big.numel() * 4 / t_sum / 1e6,
+           "copy_bytes_moved": 2 * src.numel() * 4, "copy_ms": t_copy,
+           "copy_GBps_read_plus_write": 2 * src.numel() * 4 / t_copy / 1e6}
+    del big, dst, src
+    if not DRY:
+        torch.cuda.empty_cache()
+    return out
+
+
+def sweep_configs(M: int):
+    """GEMV configs tried per shape: column tile, K block, warps, programs per SM (the K split); 4 stages.
+    36 configs (42 at M = 1), 12 kernels to compile per path and column alignment."""
+    use_dot = M > 1
+    bks = (64, 128) if use_dot else (32, 64)
+    for bn in (128, 256, 64):             # the likeliest first: a sweep cut short by the budget keeps them
+        for bk in bks:
+            for warps in (4, 8):
+                for per_sm in (1, 2, 4):
+                    yield bn, bk, use_dot, warps, 4, per_sm
+    if M == 1:      # one row through the tensor-core path too (its kernels are the ones M = 4, 16 compile)
+        for bn in (128, 256):
+            for per_sm in (1, 2, 4):
+                yield bn, 64, True, 4, 4, per_sm
+
+
+def make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms) -> G.Config:
+    tiles = -(-N // bn)
+    kblocks = -(-K // bk)
+    split = max(1, min(-(-per_sm * sms // tiles), kblocks // 2))
+    split = -(-kblocks // -(-kblocks // split))
+    return G.Config(bn, bk, split, use_dot, warps, stages)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--shape", default="qwen3.8-flash-next")
+    ap.add_argument("--budget-s", type=float, default=120.0,
+                    help="wall-clock budget (s) for the bench; the config sweep gets 70%% of it")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, a tiny shape: checks the script")
+    a = ap.parse_args()
+    if a.shape not in PRESETS:
+        sys.exit(f"gemv_bench: unknown shape {a.shape!r} (known: {', '.join(PRESETS)})")
+    if DRY and os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("gemv_bench: --dry-run runs under TRITON_INTERPRET=1")
+    if not DRY and not torch.cuda.is_available():
+        sys.exit("gemv_bench: needs a CUDA GPU (or --dry-run under TRITON_INTERPRET=1)")
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    dev = torch.device(DEV)
+    sms = 132 if DRY else torch.cuda.get_device_properties(dev).multi_processor_count
+    bw = read_bandwidth()
+    read = bw["read_GBps"]
+    print(f"HBM read {read:.0f} GB/s (sum over 8 GiB), copy {bw['copy_GBps_read_plus_write']:.0f} GB/s r+w", flush=True)
+    shapes, counts = weight_shapes(PRESETS[a.shape])
+    g = torch.Generator(device=DEV).manual_seed(0)
+    rows, best_cfg = [], {}
+    # the sweep's deadline for the j-th (shape, M) row: an even share, time left by fast rows carried on
+    sweep_budget, n_rows, t_sweep = a.budget_s * 0.7, len(shapes) * len(MS), time.time()
+    sweep_cut = False
+    for name, (K, N) in shapes.items():
+        nbytes = K * N * 2
+        copies = max(1, -(-L2_SAFE_BYTES // nbytes)) if not DRY else 2
+        ws = [(torch.randn(K, N, generator=g, device=DEV) / K ** 0.5).bfloat16() for _ in range(copies)]
+        wts = [w.t().contiguous() for w in ws]
+        for M in MS:
+            xs = torch.randn(M, K, generator=g, device=DEV).bfloat16()
+            outs = [torch.empty(M, N, device=DEV, dtype=torch.bfloat16) for _ in ws]
+
+            def run_cublas():
+                for w, o in zip(ws, outs):
+                    torch.matmul(xs, w, out=o)
+
+            def run_cublas_nk():
+                for w, o in zip(wts, outs):
+                    torch.matmul(xs, w.t(), out=o)
+
+            def run_gemv(cfg):
+                def f():
+                    for w, o in zip(ws, outs):
+                        G.gemv(xs, w, out=o, config=cfg)
+                return f
+
+            res = {"matrix": name, "K": K, "N": N, "M": M, "bytes": nbytes, "copies": copies}
+            for key, fn in (("cublas", run_cublas), ("cublas_nk", run_cublas_nk),
+                            ("gemv", run_gemv(G.default_config(M, N, K, sms)))):
+                ms = graph_ms(fn) / copies
+                res[key] = {"ms": ms, "GBps": nbytes / ms / 1e6, "of_read_bw": nbytes / ms / 1e6 / read}
+            if name == "ffn.w_gu":   # the FFN's fused path: gate and up tiles side by side, silu(g) * u out
+                glu_outs = [torch.empty(M, N // 2, device=DEV, dtype=torch.bfloat16) for _ in ws]
+
+                def run_glu():
+                    for w, o in zip(ws, glu_outs):
+                        G.gemv(xs, w, out=o, glu=True)
+                ms = graph_ms(run_glu) / copies
+                res["gemv_glu"] = {"ms": ms, "GBps": nbytes / ms / 1e6, "of_read_bw": nbytes / ms / 1e6 / read}
+            ref = xs.float() @ ws[0].float()
+            res["gemv_max_abs_err"] = (G.gemv(xs, ws[0]).float() - ref).abs().max().item()
+            res["cublas_max_abs_err"] = ((xs @ ws[0]).float() - ref).abs().max().item()
+            res["gemv_config"] = dataclasses.asdict(G.default_config(M, N, K, sms))
+            best = None
+            for bn, bk, use_dot, warps, stages, per_sm in list(sweep_configs(M))[:: 12 if DRY else 1]:
+                if time.time() - t_sweep > sweep_budget * (len(rows) + 1) / n_rows:
+                    sweep_cut = True
+                    break
+                cfg = make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms)
+                try:
+                    ms = graph_ms(run_gemv(cfg), replays=7) / copies
+                except Exception as e:   # a config the GPU cannot hold (shared memory): skip it, say which
+                    print(f"  skip {cfg}: {type(e).__name__}", flush=True)
+                    continue
+                if best is None or ms < best[0]:
+                    best = (ms, cfg)
+            if best is not None:
+                ms = graph_ms(run_gemv(best[1])) / copies          # re-timed like the others
+                res["gemv_best"] = {"ms": ms, "GBps": nbytes / ms / 1e6, "of_read_bw": nbytes / ms / 1e6 / read,
+                                    "config": dataclasses.asdict(best[1])}
+                best_cfg[(name, M)] = best[1]
+            rows.append(res)
+            print(f"{name:9s} K={K:5d} N={N:6d} M={M:2d}: cuBLAS {res['cublas']['GBps']:6.0f} GB/s, "
+                  f"[N,K] {res['cublas_nk']['GBps']:6.0f}, GEMV {res['gemv']['GBps']:6.0f}, "
+                  f"best {res.get('gemv_best', {}).get('GBps', float('nan')):6.0f} GB/s "
+                  f"({res['gemv']['of_read_bw']:.0%} of read, default)", flush=True)
+        del ws, wts
+        if not DRY:
+            torch.cuda.empty_cache()
+
+    # every matrix of a step, back to back in one graph per M
+    order = [n for n in shapes for _ in range(counts[n])]
+    total_bytes = sum(shapes[n][0] * shapes[n][1] * 2 for n in order)
+    mats = {n: [(torch.randn(*shapes[n], generator=g, device=DEV) / shapes[n][0] ** 0.5).bfloat16()
+                for _ in range(counts[n])] for n in shapes}
+    mats_nk = {n: [w.t().contiguous() for w in ws] for n, ws in mats.items()}
+    whole = []
+    for M in MS:
+        xs = {n: torch.randn(M, shapes[n][0], generator=g, device=DEV).bfloat16() for n in shapes}
+        outs = {n: torch.empty(M, shapes[n][1], device=DEV, dtype=torch.bfloat16) for n in shapes}
+        glu_out = torch.empty(M, shapes["ffn.w_gu"][1] // 2, device=DEV, dtype=torch.bfloat16)
+
+        def chain(kind):
+            def f():
+                for n, ws in (mats_nk if kind == "cublas_nk" else mats).items():
+                    for w in ws:
+                        if kind == "cublas":
+                            torch.matmul(xs[n], w, out=outs[n])
+                        elif kind == "cublas_nk":
+                            torch.matmul(xs[n], w.t(), out=outs[n])
+                        elif kind == "gemv_glu" and n == "ffn.w_gu":
+                            G.gemv(xs[n], w, out=glu_out, glu=True)
+                        else:
+                            cfg = best_cfg.get((n, M)) if kind == "gemv_best" else None
+                            G.gemv(xs[n], w, out=outs[n], config=cfg)
+            return f
+        r = {"M": M, "matrices": len(order), "bytes": total_bytes}
+        for kind in ("cublas", "cublas_nk", "gemv", "gemv_best", "gemv_glu"):
+            ms = graph_ms(chain(kind), replays=10)
+            r[kind] = {"ms": ms, "GBps": total_bytes / ms / 1e6, "of_read_bw": total_bytes / ms / 1e6 / read}
+        whole.append(r)
+        print(f"all {len(order)} matrices ({total_bytes / 1e9:.2f} GB) M={M}: " +
+              ", ".join(f"{k} {r[k]['ms']:.3f} ms ({r[k]['of_read_bw']:.0%})"
+                        for k in ("cublas", "cublas_nk", "gemv", "gemv_best", "gemv_glu")), flush=True)
+
+    result = {"device": "cpu (dry run)" if DRY else torch.cuda.get_device_name(dev), "dry_run": DRY, "sms": sms,
+              "torch": torch.__version__,
+              "triton": __import__("triton").__version__, "shape": a.shape, "read_bandwidth": bw,
+              "per_matrix": rows, "whole_step": whole, "sweep_cut_short": sweep_cut,
+              "wall_s": time.time() - t0,
+              "method": "CUDA graphs of products over distinct weight copies (>= 256 MB, past L2), median of "
+                        "replays; GB/s = weight bytes / time; of_read_bw = that / the sum's read GB/s"}
+    (out_dir / "gemv_bench.json").write_text(json.dumps(result, indent=1))
+    (out_dir / "gemv_bench.md").write_text(markdown(result))
+    print(f"wrote {out_dir}/gemv_bench.json and .md in {time.time() - t0:.0f} s")
+
+
+def markdown(r) -> str:
+    read = r["read_bandwidth"]["read_GBps"]
+    lines = [f"# Weight streaming at decode batch sizes ({r['device']}, {r['shape']})", "",
+             f"Contiguous HBM read (a sum over 8 GiB): **{read:.0f} GB/s**; a 4 GiB device copy "
+             f"{r['read_bandwidth']['copy_GBps_read_plus_write']:.0f} GB/s (read + write).", "",
+             "| matrix | K | N | M | MB | cuBLAS [K,N] GB/s | cuBLAS [N,K] GB/s | GEMV GB/s | GEMV best GB/s | "
+             "cuBLAS / read bw | GEMV / read bw | GEMV best / read bw | gate/up fused GB/s | "
+             "best config (BN, BK, split, dot, warps, stages) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in r["per_matrix"]:
+        b = x.get("gemv_best")
+        cfg = tuple(b["config"].values()) if b else "-"
+        glu = f"{x['gemv_glu']['GBps']:.0f}" if "gemv_glu" in x else "-"
+        lines.append(f"| {x['matrix']} | {x['K']} | {x['N']} | {x['M']} | {x['bytes'] / 1e6:.1f} | "
+                     f"{x['cublas']['GBps']:.0f} | {x['cublas_nk']['GBps']:.0f} | {x['gemv']['GBps']:.0f} | "
+                     f"{b['GBps'] if b else float('nan'):.0f} | {x['cublas']['of_read_bw']:.0%} | "
+                     f"{x['gemv']['of_read_bw']:.0%} | {b['of_read_bw'] if b else float('nan'):.0%} | "
+                     f"{glu} | {cfg} |")
+    lines += ["", "Every weight matrix of a decode step back to back in one CUDA graph (as the layers hold them: "
+              "gate and up are one matrix):", "",
+              "| M | matrices | GB | cuBLAS [K,N] ms (of read bw) | cuBLAS [N,K] ms | GEMV ms | GEMV best ms | "
+              "GEMV, gate/up fused ms |",
+              "|---|---|---|---|---|---|---|---|"]
+    for w in r["whole_step"]:
+        cell = lambda k: f"{w[k]['ms']:.3f} ({w[k]['of_read_bw']:.0%})"  # noqa: E731
+        lines.append(f"| {w['M']} | {w['matrices']} | {w['bytes'] / 1e9:.2f} | {cell('cublas')} | "
+                     f"{cell('cublas_nk')} | {cell('gemv')} | {cell('gemv_best')} | {cell('gemv_glu')} |")
+    if r["sweep_cut_short"]:
+        lines += ["", "The config sweep stopped early for some shapes (time budget): 'best' is over the configs tried."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

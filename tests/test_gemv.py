@@ -1,0 +1,279 @@
+"""The small-batch GEMV: the Triton kernel under the interpreter on CPU (TRITON_INTERPRET=1 must be set
+before triton is imported, so in a subprocess) against the fp32 reference, and `matmul`'s dispatch
+(kernel for 1..16 rows where Triton runs, `x @ w` otherwise, also inside torch.compile).
+
+Tolerance: the kernel sums exact bf16 products in fp32 (in another order than the reference) and rounds
+once, so each output is within 2 bf16 ulps of the fp32 reference `x.float() @ w.float()` (one for the
+rounding, one for a different fp32 sum crossing a rounding boundary), plus 2^-16 of the largest output
+for outputs that cancel to near zero (where an ulp of the output is far below the fp32 sum's error)."""
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from labkit.engine.model import gemv as G
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+
+TOLERANCE = textwrap.dedent('''
+    import torch
+    def bf16_ulp(v):
+        """Spacing of bf16 numbers at |v| (7 stored mantissa bits)."""
+        e = torch.floor(torch.log2(v.abs().clamp_min(2.0 ** -126)))
+        return torch.exp2(e - 7)
+    def check(out, x, w, what):
+        ref = x.float() @ w.float()
+        tol = 2 * bf16_ulp(ref) + 2.0 ** -16 * ref.abs().max()
+        err = (out.float() - ref).abs()
+        assert out.dtype == x.dtype and out.shape == ref.shape, what
+        worst = err.argmax()
+        assert bool((err <= tol).all()), f"{what}: max err {err.max().item()} (tol there {tol.flatten()[worst].item()})"
+        return err.max().item()
+''')
+
+
+def _interpret(script: str) -> str:
+    p = subprocess.run([sys.executable, "-c", TOLERANCE + textwrap.dedent(script)], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "TRITON_INTERPRET": "1", "LABKIT_GEMV": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout
+
+
+@needs_triton
+def test_kernel_matches_fp32_reference_under_interpreter():
+    """M = 1, 3, 16; K and N not multiples of the blocks; one program per tile and K split over several
+    (the last-arriving program sums the partials); the FMA path (M = 1) and the tensor-core path."""
+    out = _interpret('''
+        from labkit.engine.model import gemv as G
+        g = torch.Generator().manual_seed(0)
+        n_checked = 0
+        for M in (1, 3, 16):
+            for K, N in ((100, 70), (257, 300), (64, 128)):
+                x = torch.randn(M, K, generator=g).bfloat16()
+                w = (torch.randn(K, N, generator=g) / K ** 0.5).bfloat16()
+                configs = [None, G.Config(32, 16, 1, M > 1, 4, 2), G.Config(32, 16, 3, M > 1, 4, 2),
+                           G.Config(64, 32, 5, M > 1, 4, 2)]
+                if M == 1:
+                    configs.append(G.Config(32, 16, 3, True, 4, 2))    # one row through the dot path
+                for c in configs:
+                    o = G.gemv(x, w, config=c)
+                    check(o, x, w, f"M={M} K={K} N={N} {c}")
+                    n_checked += 1
+                    if c is not None and c.split > 1:
+                        again = torch.full_like(o, float("nan"))
+                        G.gemv(x, w, out=again, config=c)
+                        assert torch.equal(o, again), "split partials summed in another order"
+        assert int(G._counters(torch.device("cpu")).abs().sum()) == 0, "arrival counters not reset"
+        # fp16 and a strided x (a column slice of a wider activation)
+        xw = torch.randn(5, 2 * 90, generator=g).half()
+        w = (torch.randn(90, 33, generator=g) / 90 ** 0.5).half()
+        check(G.gemv(xw[:, ::2], w, config=G.Config(16, 16, 2, True, 4, 2)), xw[:, ::2], w, "fp16 strided")
+        # the engine's decode shapes are exact multiples: a DeltaNet output projection at M = 4
+        x = torch.randn(4, 512, generator=g).bfloat16()
+        w = (torch.randn(512, 256, generator=g) / 512 ** 0.5).bfloat16()
+        check(G.gemv(x, w), x, w, "default config, split")
+        print("checked", n_checked + 2)
+    ''')
+    assert "checked 41" in out, out
+
+
+@needs_triton
+def test_fused_gate_up_silu_matches_fp32_reference_under_interpreter():
+    """silu(x @ gate) * (x @ up) from one pass over [gate | up], rounded once, against the same in fp32;
+    K split too (the last program applies the activation to the summed partials)."""
+    out = _interpret('''
+        from labkit.engine.model import gemv as G
+        g = torch.Generator().manual_seed(3)
+        n = 0
+        for M in (1, 3, 16):
+            for K, F in ((100, 35), (257, 150)):
+                x = torch.randn(M, K, generator=g).bfloat16()
+                w = (torch.randn(K, 2 * F, generator=g) / K ** 0.5).bfloat16()
+                gate, up = (x.float() @ w.float()).chunk(2, dim=-1)
+                ref = torch.nn.functional.silu(gate) * up
+                for c in (None, G.Config(32, 16, 1, M > 1, 4, 2), G.Config(32, 16, 3, M > 1, 4, 2)):
+                    o = G.gemv(x, w, glu=True, config=c)
+                    assert o.shape == (M, F) and o.dtype == torch.bfloat16
+                    err = (o.float() - ref).abs()
+                    tol = 2 * bf16_ulp(ref) + 2.0 ** -16 * ref.abs().max()
+                    assert bool((err <= tol).all()), f"M={M} K={K} F={F} {c}: {err.max().item()}"
+                    n += 1
+                if M == 3:     # the entry the FFN calls takes the kernel here
+                    assert torch.equal(G.silu_glu(x, w), G.gemv(x, w, glu=True))
+        assert int(G._counters(torch.device("cpu")).abs().sum()) == 0
+        print("glu checked", n)
+    ''')
+    assert "glu checked 18" in out, out
+
+
+@needs_triton
+def test_matmul_takes_the_kernel_for_up_to_16_rows_also_when_compiled():
+    """Under the interpreter the kernel runs on CPU tensors: `matmul` sends 1..16 rows to it (counted),
+    17 rows and the switched-off kernel to `x @ w` (bit-equal), and a torch.compile'd function keeps the
+    custom op in its graph (the kernel runs, the result matches)."""
+    out = _interpret('''
+        from labkit.engine.model import gemv as G
+        calls = []
+        real = G.gemv
+        def counting(x, w, out=None, config=None, glu=False):
+            calls.append(tuple(x.shape))
+            return real(x, w, out=out, config=config, glu=glu)
+        G.gemv = counting
+        g = torch.Generator().manual_seed(1)
+        w = (torch.randn(96, 80, generator=g) / 96 ** 0.5).bfloat16()
+        for M in (1, 16):
+            x = torch.randn(M, 96, generator=g).bfloat16()
+            check(G.matmul(x, w), x, w, f"matmul M={M}")
+        assert calls == [(1, 96), (16, 96)], calls
+        x17 = torch.randn(17, 96, generator=g).bfloat16()
+        assert torch.equal(G.matmul(x17, w), x17 @ w) and len(calls) == 2, "17 rows went to the kernel"
+        G.set_enabled(False)
+        assert torch.equal(G.matmul(x17[:4], w), x17[:4] @ w) and len(calls) == 2, "kernel off but called"
+        G.set_enabled(True)
+        assert torch.equal(G.matmul(x17[:4].float(), w.float()), x17[:4].float() @ w.float()) and len(calls) == 2
+
+        def block(x, w):
+            return torch.nn.functional.silu(G.matmul(x * 2.0, w)) + 1.0
+        x = torch.randn(4, 96, generator=g).bfloat16()
+        fn = torch.compile(block, dynamic=False, backend="aot_eager", fullgraph=True)
+        got = fn(x, w)
+        assert len(calls) == 3, f"compiled graph did not run the kernel: {calls}"
+        assert torch.equal(got, block(x, w)) and len(calls) == 4, "compiled differs from eager"
+        check(G.matmul(x * 2.0, w), x * 2.0, w, "the compiled block's product")
+
+        # inductor, as the engine compiles its blocks: the ops stay in the graph, the elementwise work
+        # around them is fused (in fp32, so that part is equal within bf16 rounding, not bit-equal)
+        w_gu = (torch.randn(96, 64, generator=g) / 96 ** 0.5).bfloat16()
+        def ffn_like(x, w, w_gu):
+            return torch.nn.functional.silu(G.matmul(x * 2.0, w)) + 1.0, G.silu_glu(x, w_gu)
+        n0 = len(calls)
+        a = torch.compile(ffn_like, dynamic=False, fullgraph=True)(x, w, w_gu)
+        assert len(calls) == n0 + 2, "inductor's graph did not run both kernels"
+        b = ffn_like(x, w, w_gu)
+        assert torch.equal(a[1], b[1])
+        assert torch.allclose(a[0].float(), b[0].float(), rtol=2 ** -7, atol=2 ** -7)
+        print("dispatch ok")
+    ''')
+    assert "dispatch ok" in out
+
+
+
+@needs_triton
+def test_every_weight_product_of_a_decode_block_takes_the_kernel():
+    """The layers' decode paths call the kernel for each weight (QSA and DeltaNet input and output
+    projections, the FFN's fused gate/up and its down projection), at batch 3 here (under the
+    interpreter, where the kernel runs on CPU), and give what they give with the kernel off within
+    bf16 rounding; a 40-token prefill chunk stays on `x @ w`."""
+    out = _interpret('''
+        from labkit.engine import HybridModel
+        from labkit.engine.model import gemv as G, hybrid as Hy
+        from labkit.shapes import PRESETS
+        calls = []
+        real = G.gemv
+        def counting(x, w, out=None, config=None, glu=False):
+            calls.append((tuple(w.shape), glu))
+            return real(x, w, out=out, config=config, glu=glu)
+        G.gemv = counting
+        s = PRESETS["tiny"]
+        model = HybridModel(s, "cpu", seed=0)
+        qsa = next(b for b in model.blocks if b.kind == "qsa")
+        dn = next(b for b in model.blocks if b.kind == "dn")
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(3, s.hidden, generator=g).bfloat16()
+        pos = torch.tensor([5, 9, 30])
+        from labkit.engine.model.layers import dn_state_shapes
+        (H, dk, dv), (C, kw) = dn_state_shapes(s)
+        def run():
+            conv = torch.zeros(3, C, kw).bfloat16()
+            q, k, v, la, beta, z = Hy.dn_pre(dn, x, conv)
+            o = torch.randn(3, H, dv, generator=torch.Generator().manual_seed(1))
+            y1 = Hy.dn_post(dn, x, o, z)
+            y2 = Hy.ffn_residual(dn, y1)
+            qq, gate, kv_row, k8, sc, iq, iw = Hy.qsa_pre(qsa, y2, pos)
+            y3 = Hy.qsa_out(qsa, y2, qq.flatten(1), gate)
+            return [t.float() for t in (q, k, v, z, y1, y2, kv_row, y3)]
+        on = run()
+        want = [(tuple(dn.mixer.w_in.shape), False), (tuple(dn.mixer.w_o.shape), False),
+                (tuple(dn.ffn.w_gu.shape), True), (tuple(dn.ffn.w_d.shape), False),
+                (tuple(qsa.mixer.w_in.shape), False), (tuple(qsa.mixer.w_o.shape), False)]
+        assert calls == want, calls
+        G.set_enabled(False)
+        off = run()
+        G.set_enabled(True)
+        assert len(calls) == len(want)
+        for i, (a, b) in enumerate(zip(on, off)):
+            rel = ((a - b).norm() / b.norm()).item()
+            assert rel < 2e-2, (i, rel)
+        conv = torch.zeros(C, kw).bfloat16()
+        S = torch.zeros(H, dk, dv)
+        dn.mixer.forward_seq(torch.randn(40, s.hidden, generator=g).bfloat16(), S, conv)
+        assert len(calls) == len(want), "a 40-row prefill chunk went to the kernel"
+        print("blocks ok")
+    ''')
+    assert "blocks ok" in out
+
+def test_cpu_matmul_is_plain_matmul_eager_and_compiled():
+    """Without the interpreter a CPU tensor never meets the kernel: bit-equal to `x @ w` for any rows,
+    eager and inside torch.compile (the engine's CPU results stay what they were)."""
+    assert not G.kernel_applies(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(8, 4, dtype=torch.bfloat16))
+    g = torch.Generator().manual_seed(2)
+    w = (torch.randn(64, 48, generator=g) / 8).bfloat16()
+    for M in (1, 3, 16, 17, 40):
+        x = torch.randn(M, 64, generator=g).bfloat16()
+        assert torch.equal(G.matmul(x, w), x @ w)
+
+    w_gu = (torch.randn(64, 96, generator=g) / 8).bfloat16()
+    for M in (1, 16, 17):
+        x = torch.randn(M, 64, generator=g).bfloat16()
+        gate, up = (x @ w_gu).chunk(2, dim=-1)
+        assert torch.equal(G.silu_glu(x, w_gu), torch.nn.functional.silu(gate) * up)
+
+    def f(x, w):
+        return G.matmul(x, w).float().relu()
+    x = torch.randn(4, 64, generator=g).bfloat16()
+    assert torch.equal(torch.compile(f, dynamic=False, fullgraph=True)(x, w), f(x, w))     # inductor
+
+
+def test_custom_op_traces_with_its_fake():
+    """The op's fake gives the shape and dtype compile needs without running anything."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(3, 64, dtype=torch.bfloat16)
+        w = torch.empty(64, 40, dtype=torch.bfloat16)
+        y = torch.ops.labkit.gemv(x, w)
+    assert y.shape == (3, 40) and y.dtype == torch.bfloat16
+
+
+@needs_triton
+@pytest.mark.parametrize("x_shape,w_shape,dtypes,msg", [
+    ((17, 8), (8, 4), (torch.bfloat16, torch.bfloat16), "17 rows"),
+    ((2, 8), (9, 4), (torch.bfloat16, torch.bfloat16), "not [M, K] and [K, N]"),
+    ((2, 8), (8, 4), (torch.bfloat16, torch.float16), "dtypes"),
+    ((2, 8), (8, 4), (torch.float32, torch.float32), "dtypes"),
+])
+def test_bad_input_is_one_clear_line(x_shape, w_shape, dtypes, msg):
+    x, w = torch.zeros(x_shape, dtype=dtypes[0]), torch.zeros(w_shape, dtype=dtypes[1])
+    with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+        G.gemv(x, w)
+
+
+@needs_triton
+def test_bench_script_runs_end_to_end_on_cpu(tmp_path):
+    """scripts/gemv_bench.py's dry run: every code path of the GPU measurement (sweep, whole-step chains,
+    JSON and table) on CPU under the interpreter with the tiny shape; its numbers mean nothing."""
+    import json
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "gemv_bench.py")
+    p = subprocess.run([sys.executable, script, str(tmp_path), "--dry-run", "--shape", "tiny"], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((tmp_path / "gemv_bench.json").read_text())
+    assert r["dry_run"] and len(r["per_matrix"]) == 7 * 3 and [w["M"] for w in r["whole_step"]] == [1, 4, 16]
+    assert all("gemv_best" in x and x["gemv_max_abs_err"] <= 0.25 for x in r["per_matrix"])
+    assert r["whole_step"][0]["matrices"] == 8 * 4 + 1          # tiny: 8 layers, 4 weights each, the head
+    assert "gemv_glu" in next(x for x in r["per_matrix"] if x["matrix"] == "ffn.w_gu")
+    md = (tmp_path / "gemv_bench.md").read_text()
+    assert md.count("\n| ") >= 21 + 3 + 2
