@@ -18,6 +18,14 @@ REF = PRESETS["qwen3.8-flash-next"]
 MID = dataclasses.replace(REF, name="mid", layers=8, vocab=4096)
 
 
+@pytest.fixture(autouse=True)
+def kernel_on():
+    """The kernel is off by default (slower than cuBLAS on the H200); these tests check it where it runs."""
+    G.set_enabled(True)
+    yield
+    G.set_enabled(False)
+
+
 def reference_weight_shapes(s=REF) -> dict[str, tuple[int, int]]:
     """[K, N] of each distinct weight a decode step multiplies by (the layers' and the head's)."""
     m = HybridModel(dataclasses.replace(s, layers=s.attn_every, vocab=8), "cuda")      # one block of each kind

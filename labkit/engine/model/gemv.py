@@ -29,8 +29,13 @@ engine's `block_fns` on CUDA) keeps them inside its graph as extern kernels, wit
 inductor still fuses the elementwise work around them; the step's CUDA graph then captures them like
 any other kernel (the first call compiles the Triton kernel, which the runner's warm-up does before
 capture). On CPU `matmul` is `x @ w`, so CPU results are unchanged; under
-`TRITON_INTERPRET=1` the kernel runs on CPU tensors (its tests). `LABKIT_GEMV=0` (read at import)
-turns the kernel off; `set_enabled` switches it in a running process.
+`TRITON_INTERPRET=1` the kernel runs on CPU tensors (its tests). `LABKIT_GEMV=1` (read at import)
+turns the kernel on; `set_enabled` switches it in a running process.
+
+Off by default: measured on an H200 (results/20261201-072000-gpu-tests-gemv-bench-h200), correct but slower
+than cuBLAS: a decode step's 193 weight matrices streamed in 5.21 ms at M = 1 with the default
+configuration (2.85 ms with the best per-shape configuration) against cuBLAS's 2.38 ms (67% of the 4.39 TB/s
+read bandwidth); the resident step at 64K went from 4.58 to 7.01 ms with it on.
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ if HAVE_TRITON:
 MAX_M = 16                      # rows the kernel takes; above it cuBLAS's tiled GEMMs win
 _DTYPES = (torch.bfloat16, torch.float16)
 _INTERPRET = interpret_mode()
-_ENABLED = os.environ.get("LABKIT_GEMV", "1") != "0"
+_ENABLED = os.environ.get("LABKIT_GEMV", "0") == "1"
 COUNTER_SLOTS = 8192            # column tiles a split product may have (split is used only for few tiles)
 
 
