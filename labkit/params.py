@@ -176,3 +176,14 @@ def kv_pairs(pairs: list[str] | None) -> dict:
         k, v = p.split("=", 1)
         out[k.strip()] = v.strip()
     return out
+
+
+def keywords(given: dict, defaults: dict, required: tuple = (), where: str = ""):
+    """A study's keyword arguments against its declared `defaults` (names `required` must be given): the
+    values as attributes, or one BadInput line naming what is unknown or missing."""
+    from types import SimpleNamespace
+    unknown = sorted(set(given) - set(defaults))
+    missing = [k for k in required if given.get(k) in (None, "")]
+    if unknown or missing:
+        raise BadInput(f"{where}: unknown {unknown} / missing {missing}; takes {', '.join(defaults)}")
+    return SimpleNamespace(**{**defaults, **given})

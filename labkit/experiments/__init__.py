@@ -69,6 +69,24 @@ _ALL = [
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
 
 
+def for_this_machine(spec: list[Param], given: dict, name: str, auto: dict[str, dict]) -> dict:
+    """Resolve `given` against `spec`, pick the device, fill every "auto" (or 0) parameter from `auto[device
+    type]` and check the shape exists: the common first half of an engine experiment's `plan`."""
+    from ..params import resolve, resolve_device
+    from ..shapes import ModelShape
+    p = resolve(spec, given, name)
+    dev = resolve_device(p["device"])
+    p["device"] = str(dev)
+    for k, v in auto[dev.type].items():
+        if p[k] in ("auto", 0):
+            p[k] = v
+    try:
+        ModelShape.from_name(p["shape"])
+    except ValueError as ex:
+        raise BadInput(str(ex)) from None
+    return p
+
+
 def get(name: str) -> Experiment:
     """The experiment called `name`; an unknown name is one line with the closest names."""
     if name in EXPERIMENTS:

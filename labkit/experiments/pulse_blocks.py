@@ -6,7 +6,8 @@ every result checked against the rows it should hold. Code: `labkit.bench.pulse_
 from __future__ import annotations
 
 from ..shapes import REFERENCE_BUDGET
-from ..params import BadInput, Param, Plan, resolve
+from ..params import BadInput, Param, Plan
+from . import for_this_machine
 
 NAME = "pulse_blocks"
 
@@ -29,18 +30,7 @@ AUTO = {"cuda": dict(shape="qwen3.8-flash-next", context=64 << 10, budget=REFERE
 
 
 def plan(given: dict) -> Plan:
-    from ..params import resolve_device
-    from ..shapes import ModelShape
-    p = resolve(SPEC, given, NAME)
-    dev = resolve_device(p["device"])
-    p["device"] = str(dev)
-    for k, v in AUTO[dev.type].items():
-        if p[k] in ("auto", 0):
-            p[k] = v
-    try:
-        ModelShape.from_name(p["shape"])
-    except ValueError as ex:
-        raise BadInput(str(ex)) from None
+    p = for_this_machine(SPEC, given, NAME, AUTO)
     for b in p["blocks"]:
         if b < 1 or p["budget"] % b or p["context"] % b or not 0 < p["budget"] <= p["context"]:
             raise BadInput(f"budget {p['budget']} and context {p['context']} must be multiples of block {b}, "

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ..engine.transfer import strategy_params
 from ..shapes import REFERENCE_BUDGET
-from ..params import BadInput, Param, Plan, check_positive, resolve
+from ..params import BadInput, Param, Plan, check_positive
+from . import for_this_machine
 
 NAME = "pulse_switch"
 
@@ -35,18 +36,7 @@ AUTO = {"cuda": dict(shape="qwen3.8-flash-next", contexts=[64 << 10], normal_con
 
 def plan(given: dict) -> Plan:
     from ..engine.transfer import STRATEGIES
-    from ..params import resolve_device
-    from ..shapes import ModelShape
-    p = resolve(SPEC, given, NAME)
-    dev = resolve_device(p["device"])
-    p["device"] = str(dev)
-    for k, v in AUTO[dev.type].items():
-        if p[k] in ("auto", 0):
-            p[k] = v
-    try:
-        ModelShape.from_name(p["shape"])
-    except ValueError as ex:
-        raise BadInput(str(ex)) from None
+    p = for_this_machine(SPEC, given, NAME, AUTO)
     if p["strategy"] not in STRATEGIES or STRATEGIES[p["strategy"]].medium != "host":
         raise BadInput(f"strategy {p['strategy']!r}: the offloaded batch needs a host strategy "
                        f"({', '.join(n for n, c in STRATEGIES.items() if c.medium == 'host')})")

@@ -325,14 +325,8 @@ REQUIRED = ('out',)
 
 def study(**given) -> int:
     """The mapper ablation over feature sets and small-model depths N, into a folder of CSVs (ablation.csv, ablation_rows.csv, ablation.json). Keywords: DEFAULTS' names (REQUIRED ones must be given); one BadInput line on an unknown or missing one."""
-    from types import SimpleNamespace
-
-    from labkit.params import BadInput
-    unknown = sorted(set(given) - set(DEFAULTS))
-    missing = [k for k in REQUIRED if given.get(k) in (None, "")]
-    if unknown or missing:
-        raise BadInput(f"{__name__}: unknown {unknown} / missing {missing}; takes {', '.join(DEFAULTS)}")
-    a = SimpleNamespace(**{**DEFAULTS, **given})
+    from labkit.params import keywords
+    a = keywords(given, DEFAULTS, REQUIRED, __name__)
     torch.set_num_threads(a.threads)
     _, summary, meta = run(a.large, tuple(int(x) for x in a.ns.split(",")), a.ablation_n,
                            calib_tiers=tuple(int(x) for x in a.calib_tiers.split(",")), n_sequences=a.n_sequences,

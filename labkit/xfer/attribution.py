@@ -133,14 +133,8 @@ REQUIRED = ('mappers', 'out')
 
 def study(**given) -> int:
     """Per-layer attribution of the mapped KV's quality cost, into a folder of CSVs. Keywords: DEFAULTS' names (REQUIRED ones must be given); one BadInput line on an unknown or missing one."""
-    from types import SimpleNamespace
-
-    from labkit.params import BadInput
-    unknown = sorted(set(given) - set(DEFAULTS))
-    missing = [k for k in REQUIRED if given.get(k) in (None, "")]
-    if unknown or missing:
-        raise BadInput(f"{__name__}: unknown {unknown} / missing {missing}; takes {', '.join(DEFAULTS)}")
-    a = SimpleNamespace(**{**DEFAULTS, **given})
+    from labkit.params import keywords
+    a = keywords(given, DEFAULTS, REQUIRED, __name__)
     torch.set_num_threads(a.threads)
     df = run([Path(x) for x in a.mappers.split(",")], a.large, n_sequences=a.n_sequences,
              prompt_lens=tuple(int(x) for x in a.prompt_lens.split(",")), cont_len=a.cont_len,

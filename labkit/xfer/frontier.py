@@ -199,14 +199,8 @@ REQUIRED = ()
 
 def study(**given) -> int:
     """TTFT of mapped prefill against the large model's own, per small-model depth N, into an xfer run folder. Keywords: DEFAULTS' names (REQUIRED ones must be given); one BadInput line on an unknown or missing one."""
-    from types import SimpleNamespace
-
-    from labkit.params import BadInput
-    unknown = sorted(set(given) - set(DEFAULTS))
-    missing = [k for k in REQUIRED if given.get(k) in (None, "")]
-    if unknown or missing:
-        raise BadInput(f"{__name__}: unknown {unknown} / missing {missing}; takes {', '.join(DEFAULTS)}")
-    a = SimpleNamespace(**{**DEFAULTS, **given})
+    from labkit.params import keywords
+    a = keywords(given, DEFAULTS, REQUIRED, __name__)
     from labkit.results import Run
     from labkit.xfer import shm
     from labkit.xfer.pair import plan_pair
