@@ -72,3 +72,9 @@ def test_cli_and_notebook_take_the_same_names():
     assert set(pl.params) == {p.name for p in EXPERIMENTS["decode"].spec}
     assert pl.params["context_lens"] == [1024] and pl.params["shape"] == "tiny"
     assert Plan.from_json(pl.to_json()) == pl
+
+
+def test_a_strategy_file_that_is_not_there_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "labkit", "run", "decode", "--help"], capture_output=True, text=True,
+                       env={**ENV, "LABKIT_STRATEGIES": "/nonexistent/toy.py"})
+    assert r.returncode == 2 and r.stderr.strip() == "labkit: LABKIT_STRATEGIES names /nonexistent/toy.py, which is not a Python file"

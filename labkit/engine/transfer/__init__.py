@@ -66,7 +66,8 @@ def load_plugins(paths: str | None = None) -> list[str]:
             continue
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None or not path.is_file():
-            raise ValueError(f"LABKIT_STRATEGIES names {p}, which is not a Python file")
+            from ...params import BadInput
+            raise BadInput(f"LABKIT_STRATEGIES names {p}, which is not a Python file")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         _loaded[name] = mod
