@@ -1,6 +1,6 @@
 """Concurrency scaling with every request offloaded (PulseInfer): the two-batch bound and its crossover,
 the ping-pong round of two offloaded batches (it must change no token), and the bench's run folder on CPU.
-(GPU: `bash scripts/gpu_session.sh pulse` measures it at 1M context.)"""
+(GPU: `scripts/device.sh pulseinfer` measures it at 1M context.)"""
 import pandas as pd
 import pytest
 import torch
