@@ -107,7 +107,7 @@ class ModelShape:
 
 
 PRESETS: dict[str, ModelShape] = {
-    # Seed 000's model with the public Qwen3-Next-80B-A3B layout where the seed is silent.
+    # The published sparse-offload model (Qwen3.8-Flash-Next), with the public Qwen3-Next-80B-A3B layout where the publication is silent.
     "qwen3.8-flash-next": ModelShape(
         name="qwen3.8-flash-next", layers=48, attn_every=4, hidden=2048, n_heads=16, n_kv_heads=2,
         head_dim=256, rotary_dim=64, index_dim=64, index_heads=4, dn_k_heads=16, dn_v_heads=32,
