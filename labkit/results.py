@@ -223,20 +223,17 @@ class Run:
         if status is not None:
             if status not in STATUSES:
                 raise ValueError(f"unknown run status {status!r}: one of {', '.join(STATUSES)}")
-            created = dt.datetime.fromisoformat(self.manifest["created"])
-            wall = (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
-            self.update_manifest(status=status, wall_s=round(wall, 1), machine_load_after=machine_load(), **fields)
-            return status
-        if interrupted is None and error is None:
-            exc = sys.exc_info()[1]
-            interrupted = isinstance(exc, KeyboardInterrupt)
-            error = exc if exc is not None and not interrupted else None
-        status = derive_status([r.get("status") for r in self.records], interrupted=bool(interrupted),
-                               error=error is not None)
-        if error is not None and not isinstance(error, str):
-            error = f"{type(error).__name__}: {str(error).strip() or 'no message'}".splitlines()[0]
-        if error is not None:
-            fields["error"] = error
+        else:
+            if interrupted is None and error is None:
+                exc = sys.exc_info()[1]
+                interrupted = isinstance(exc, KeyboardInterrupt)
+                error = exc if exc is not None and not interrupted else None
+            status = derive_status([r.get("status") for r in self.records], interrupted=bool(interrupted),
+                                   error=error is not None)
+            if error is not None and not isinstance(error, str):
+                error = f"{type(error).__name__}: {str(error).strip() or 'no message'}".splitlines()[0]
+            if error is not None:
+                fields["error"] = error
         created = dt.datetime.fromisoformat(self.manifest["created"])
         wall = (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
         self.update_manifest(status=status, wall_s=round(wall, 1), machine_load_after=machine_load(), **fields)

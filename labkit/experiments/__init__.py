@@ -69,6 +69,15 @@ _ALL = [
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
 
 
+def checked(name: str, spec: list[Param], given: dict, module: str, **check_options) -> Plan:
+    """Resolve `given` against `spec` (names and types: nothing heavy imported yet), then the measuring module's
+    own `check(params)` (the machine, files, servers); keys it marks private (`_pair`) are not recorded."""
+    from ..params import resolve
+    p = resolve(spec, given, name)
+    p = importlib.import_module(module).check(p, **check_options)
+    return Plan(name, {k: v for k, v in p.items() if not k.startswith("_")})
+
+
 def for_this_machine(spec: list[Param], given: dict, name: str, auto: dict[str, dict]) -> dict:
     """Resolve `given` against `spec`, pick the device, fill every "auto" (or 0) parameter from `auto[device
     type]` and check the shape exists: the common first half of an engine experiment's `plan`."""

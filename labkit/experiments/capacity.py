@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..shapes import REFERENCE_BUDGET
 from ..engine.transfer import strategy_params
-from ..params import Param, Plan, resolve
+from ..params import Param, Plan
+from . import checked
 
 NAME = "capacity"
 
@@ -35,9 +36,7 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    p = resolve(SPEC, given, NAME)
-    from ..bench import capacity
-    return Plan(NAME, capacity.check(p))
+    return checked(NAME, SPEC, given, "labkit.bench.capacity")
 
 
 def run(plan: Plan, progress_bar: bool = True):

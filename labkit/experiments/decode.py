@@ -8,7 +8,8 @@ plus prefill speed. The measuring code is `labkit.bench.decode`.
 from __future__ import annotations
 
 from ..engine.transfer import strategy_params
-from ..params import Param, Plan, resolve
+from ..params import Param, Plan
+from . import checked
 
 NAME = "decode"
 
@@ -37,9 +38,7 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    p = resolve(SPEC, given, NAME)
-    from ..bench import decode
-    return Plan(NAME, decode.check(p))
+    return checked(NAME, SPEC, given, "labkit.bench.decode")
 
 
 def run(plan: Plan, progress_bar: bool = True):

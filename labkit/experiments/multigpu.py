@@ -3,7 +3,8 @@ pipelined micro-batches, the zero-copy gather's scaling when every GPU pulls ove
 activation hand-off between stages. Code: `labkit.bench.multigpu`."""
 from __future__ import annotations
 
-from ..params import Param, Plan, resolve
+from ..params import Param, Plan
+from . import checked
 
 NAME = "multigpu"
 
@@ -26,9 +27,7 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    p = resolve(SPEC, given, NAME)
-    from ..bench import multigpu
-    return Plan(NAME, multigpu.check(p))
+    return checked(NAME, SPEC, given, "labkit.bench.multigpu")
 
 
 def run(plan: Plan, progress_bar: bool = True):

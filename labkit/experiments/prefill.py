@@ -3,7 +3,8 @@ made (`sync`), or through four rotating layer-sized device buffers (`rotating`, 
 a device-memory cap shows what fits. Code: `labkit.bench.prefill`."""
 from __future__ import annotations
 
-from ..params import Param, Plan, resolve
+from ..params import Param, Plan
+from . import checked
 
 NAME = "prefill"
 
@@ -22,9 +23,7 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    p = resolve(SPEC, given, NAME)
-    from ..bench import prefill
-    return Plan(NAME, prefill.check(p))
+    return checked(NAME, SPEC, given, "labkit.bench.prefill")
 
 
 def run(plan: Plan, progress_bar: bool = True):

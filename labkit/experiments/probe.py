@@ -3,7 +3,8 @@ one copy per row, a CPU gather + one DMA, the zero-copy gather kernel, the same 
 the selection kernels' speed. Every speed plot of the lab draws its bound from these. Code: `labkit.bench.probe`."""
 from __future__ import annotations
 
-from ..params import Param, Plan, resolve
+from ..params import Param, Plan
+from . import checked
 
 NAME = "probe"
 
@@ -16,9 +17,7 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    p = resolve(SPEC, given, NAME)
-    from ..bench import probe
-    return Plan(NAME, probe.check(p))
+    return checked(NAME, SPEC, given, "labkit.bench.probe")
 
 
 def run(plan: Plan, progress_bar: bool = True):

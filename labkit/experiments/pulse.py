@@ -4,7 +4,8 @@ boundaries, once per placement policy. Code: `labkit.bench.pulse_trace`."""
 from __future__ import annotations
 
 from ..engine.transfer import strategy_params
-from ..params import Param, Plan, resolve
+from ..params import Param, Plan
+from . import checked
 
 NAME = "pulse"
 
@@ -40,9 +41,7 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    p = resolve(SPEC, given, NAME)
-    from ..bench import pulse_trace
-    return Plan(NAME, pulse_trace.check(p))
+    return checked(NAME, SPEC, given, "labkit.bench.pulse_trace")
 
 
 def run(plan: Plan, progress_bar: bool = True):

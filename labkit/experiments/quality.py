@@ -4,7 +4,8 @@ heads) and budget, on code and prose, plus the selection traces the engine and t
 Code: `labkit.quality.experiment`."""
 from __future__ import annotations
 
-from ..params import Param, Plan, resolve
+from ..params import Param, Plan
+from . import checked
 
 NAME = "quality"
 
@@ -31,10 +32,7 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    p = resolve(SPEC, given, NAME)
-    from ..quality import experiment
-    checked = experiment.check(p)
-    return Plan(NAME, {k: v for k, v in checked.items() if not k.startswith("_")})
+    return checked(NAME, SPEC, given, "labkit.quality.experiment")
 
 
 def run(plan: Plan, progress_bar: bool = True):

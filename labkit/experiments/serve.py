@@ -3,7 +3,8 @@ machines): TTFT, TPOT, ITL and E2EL against input length, concurrency and arriva
 host KV tier, on synthetic prompts, repeated prompts or a real trace. Code: `labkit.serving.experiment`."""
 from __future__ import annotations
 
-from ..params import Param, Plan, resolve
+from ..params import Param, Plan
+from . import checked
 
 NAME = "serve"
 
@@ -43,10 +44,7 @@ SPEC = [
 
 def plan(given: dict, check_args: bool = True) -> Plan:
     """`check_args`: also run vLLM's own argument parser on the server command (a few seconds in .venv-vllm)."""
-    p = resolve(SPEC, given, NAME)
-    from ..serving import experiment
-    checked = experiment.check(p, check_args=check_args)
-    return Plan(NAME, {k: v for k, v in checked.items() if not k.startswith("_")})
+    return checked(NAME, SPEC, given, "labkit.serving.experiment", check_args=check_args)
 
 
 def run(plan: Plan, progress_bar: bool = True):

@@ -3,7 +3,8 @@ the large model's K/V, the large model decodes: quality against its own prefill,
 first token through transformers or vLLM with labkit's KV connector. Code: `labkit.xfer.experiment`."""
 from __future__ import annotations
 
-from ..params import Param, Plan, resolve
+from ..params import Param, Plan
+from . import checked
 
 NAME = "xfer"
 
@@ -34,10 +35,7 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    p = resolve(SPEC, given, NAME)
-    from ..xfer import experiment
-    checked = experiment.check(p)
-    return Plan(NAME, {k: v for k, v in checked.items() if not k.startswith("_")})
+    return checked(NAME, SPEC, given, "labkit.xfer.experiment")
 
 
 def run(plan: Plan, progress_bar: bool = True):
