@@ -33,11 +33,18 @@ from labkit.engine.model import gemv as G  # noqa: E402
 from labkit.shapes import PRESETS  # noqa: E402
 
 MS = (1, 4, 16)
+KINDS = ("cublas", "cublas_nk", "gemv", "gemv_pdl", "gemv_best", "gemv_best_nopdl", "gemv_glu")
+PER_MATRIX = ("cublas", "cublas_nk", "gemv", "gemv_pdl", "gemv_best", "gemv_best_nopdl", "gemv_glu")
+LABELS = {"cublas": "cuBLAS [K,N]", "cublas_nk": "cuBLAS [N,K]", "gemv": "GEMV", "gemv_pdl": "GEMV pdl",
+          "gemv_best": "GEMV best", "gemv_best_nopdl": "GEMV best nopdl", "gemv_glu": "GEMV gate/up fused"}
 L2_SAFE_BYTES = 256 << 20
 # --dry-run: the same code path on CPU under the Triton interpreter with a tiny shape, timed by the wall
 # clock without graphs (numbers meaningless): the script's own check, run by the test suite.
 DRY = "--dry-run" in sys.argv
 DEV = "cpu" if DRY else "cuda"
+# the config sweep launches with programmatic dependent launch where the GPU has it (sm90+): the
+# weights of the next product stream while the one before finishes
+PDL = not DRY and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
 
 def weight_shapes(s) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
@@ -115,12 +122,12 @@ def sweep_configs(M: int):
                 yield bn, 64, True, 4, 4, per_sm
 
 
-def make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms) -> G.Config:
+def make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms, pdl=False) -> G.Config:
     tiles = -(-N // bn)
     kblocks = -(-K // bk)
     split = max(1, min(-(-per_sm * sms // tiles), kblocks // 2))
     split = -(-kblocks // -(-kblocks // split))
-    return G.Config(bn, bk, split, use_dot, warps, stages)
+    return G.Config(bn, bk, split, use_dot, warps, stages, pdl)
 
 
 def main():
@@ -175,9 +182,15 @@ def main():
                 return f
 
             res = {"matrix": name, "K": K, "N": N, "M": M, "bytes": nbytes, "copies": copies}
-            for key, fn in (("cublas", run_cublas), ("cublas_nk", run_cublas_nk),
-                            ("gemv", run_gemv(G.default_config(M, N, K, sms)))):
-                ms = graph_ms(fn) / copies
+            dcfg = G.default_config(M, N, K, sms)
+            for key, fn in (("cublas", run_cublas), ("cublas_nk", run_cublas_nk), ("gemv", run_gemv(dataclasses.replace(dcfg, pdl=False))),
+                            ("gemv_pdl", run_gemv(dataclasses.replace(dcfg, pdl=True)))):
+                try:
+                    ms = graph_ms(fn) / copies
+                except Exception as e:     # a variant this GPU or driver refuses: recorded, the bench goes on
+                    res[key] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                    print(f"  {key} failed: {res[key]['error']}", flush=True)
+                    continue
                 res[key] = {"ms": ms, "GBps": nbytes / ms / 1e6, "of_read_bw": nbytes / ms / 1e6 / read}
             if name == "ffn.w_gu":   # the FFN's fused path: gate and up tiles side by side, silu(g) * u out
                 glu_outs = [torch.empty(M, N // 2, device=DEV, dtype=torch.bfloat16) for _ in ws]
@@ -196,7 +209,7 @@ def main():
                 if time.time() - t_sweep > sweep_budget * (len(rows) + 1) / n_rows:
                     sweep_cut = True
                     break
-                cfg = make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms)
+                cfg = make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms, pdl=PDL)
                 try:
                     ms = graph_ms(run_gemv(cfg), replays=7) / copies
                 except Exception as e:   # a config the GPU cannot hold (shared memory): skip it, say which
@@ -209,6 +222,8 @@ def main():
                 res["gemv_best"] = {"ms": ms, "GBps": nbytes / ms / 1e6, "of_read_bw": nbytes / ms / 1e6 / read,
                                     "config": dataclasses.asdict(best[1])}
                 best_cfg[(name, M)] = best[1]
+                ms = graph_ms(run_gemv(dataclasses.replace(best[1], pdl=False))) / copies
+                res["gemv_best_nopdl"] = {"ms": ms, "GBps": nbytes / ms / 1e6, "of_read_bw": nbytes / ms / 1e6 / read}
             rows.append(res)
             print(f"{name:9s} K={K:5d} N={N:6d} M={M:2d}: cuBLAS {res['cublas']['GBps']:6.0f} GB/s, "
                   f"[N,K] {res['cublas_nk']['GBps']:6.0f}, GEMV {res['gemv']['GBps']:6.0f}, "
@@ -241,17 +256,27 @@ def main():
                         elif kind == "gemv_glu" and n == "ffn.w_gu":
                             G.gemv(xs[n], w, out=glu_out, glu=True)
                         else:
-                            cfg = best_cfg.get((n, M)) if kind == "gemv_best" else None
+                            cfg = best_cfg.get((n, M)) if kind.startswith("gemv_best") else None
+                            if kind == "gemv":
+                                cfg = dataclasses.replace(G.default_config(xs[n].shape[0], w.shape[1], w.shape[0], sms), pdl=False)
+                            elif kind == "gemv_pdl":
+                                cfg = dataclasses.replace(G.default_config(xs[n].shape[0], w.shape[1], w.shape[0], sms), pdl=True)
+                            elif kind == "gemv_best_nopdl" and cfg is not None:
+                                cfg = dataclasses.replace(cfg, pdl=False)
                             G.gemv(xs[n], w, out=outs[n], config=cfg)
             return f
         r = {"M": M, "matrices": len(order), "bytes": total_bytes}
-        for kind in ("cublas", "cublas_nk", "gemv", "gemv_best", "gemv_glu"):
-            ms = graph_ms(chain(kind), replays=10)
+        for kind in KINDS:
+            try:
+                ms = graph_ms(chain(kind), replays=10)
+            except Exception as e:
+                r[kind] = {"error": f"{type(e).__name__}: {e}"[:300], "ms": float("nan"), "of_read_bw": float("nan")}
+                continue
             r[kind] = {"ms": ms, "GBps": total_bytes / ms / 1e6, "of_read_bw": total_bytes / ms / 1e6 / read}
         whole.append(r)
         print(f"all {len(order)} matrices ({total_bytes / 1e9:.2f} GB) M={M}: " +
               ", ".join(f"{k} {r[k]['ms']:.3f} ms ({r[k]['of_read_bw']:.0%})"
-                        for k in ("cublas", "cublas_nk", "gemv", "gemv_best", "gemv_glu")), flush=True)
+                        for k in KINDS), flush=True)
 
     result = {"device": "cpu (dry run)" if DRY else torch.cuda.get_device_name(dev), "dry_run": DRY, "sms": sms,
               "torch": torch.__version__,
@@ -270,28 +295,28 @@ def markdown(r) -> str:
     lines = [f"# Weight streaming at decode batch sizes ({r['device']}, {r['shape']})", "",
              f"Contiguous HBM read (a sum over 8 GiB): **{read:.0f} GB/s**; a 4 GiB device copy "
              f"{r['read_bandwidth']['copy_GBps_read_plus_write']:.0f} GB/s (read + write).", "",
-             "| matrix | K | N | M | MB | cuBLAS [K,N] GB/s | cuBLAS [N,K] GB/s | GEMV GB/s | GEMV best GB/s | "
-             "cuBLAS / read bw | GEMV / read bw | GEMV best / read bw | gate/up fused GB/s | "
-             "best config (BN, BK, split, dot, warps, stages) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "GB/s per product and its share of the read bandwidth; `pdl`: launched with programmatic dependent "
+             "launch (the first weight tile streams while the kernel before finishes); `best`: the best config of "
+             "the sweep (itself with PDL where the GPU has it), `best nopdl` the same config without.", "",
+             "| matrix | K | N | M | MB | " + " | ".join(LABELS[k] for k in PER_MATRIX) + " | best config |",
+             "|---|---|---|---|---|" + "---|" * len(PER_MATRIX) + "---|"]
+
+    def cell(d):
+        if not d or "GBps" not in d:
+            return "failed" if d else "-"
+        return f"{d['GBps']:.0f} ({d['of_read_bw']:.0%})"
     for x in r["per_matrix"]:
         b = x.get("gemv_best")
         cfg = tuple(b["config"].values()) if b else "-"
-        glu = f"{x['gemv_glu']['GBps']:.0f}" if "gemv_glu" in x else "-"
-        lines.append(f"| {x['matrix']} | {x['K']} | {x['N']} | {x['M']} | {x['bytes'] / 1e6:.1f} | "
-                     f"{x['cublas']['GBps']:.0f} | {x['cublas_nk']['GBps']:.0f} | {x['gemv']['GBps']:.0f} | "
-                     f"{b['GBps'] if b else float('nan'):.0f} | {x['cublas']['of_read_bw']:.0%} | "
-                     f"{x['gemv']['of_read_bw']:.0%} | {b['of_read_bw'] if b else float('nan'):.0%} | "
-                     f"{glu} | {cfg} |")
+        lines.append(f"| {x['matrix']} | {x['K']} | {x['N']} | {x['M']} | {x['bytes'] / 1e6:.1f} | " +
+                     " | ".join(cell(x.get(k)) for k in PER_MATRIX) + f" | {cfg} |")
     lines += ["", "Every weight matrix of a decode step back to back in one CUDA graph (as the layers hold them: "
-              "gate and up are one matrix):", "",
-              "| M | matrices | GB | cuBLAS [K,N] ms (of read bw) | cuBLAS [N,K] ms | GEMV ms | GEMV best ms | "
-              "GEMV, gate/up fused ms |",
-              "|---|---|---|---|---|---|---|---|"]
+              "gate and up are one matrix), ms (share of the read bandwidth):", "",
+              "| M | matrices | GB | " + " | ".join(LABELS[k] for k in KINDS) + " |",
+              "|---|---|---|" + "---|" * len(KINDS)]
     for w in r["whole_step"]:
-        cell = lambda k: f"{w[k]['ms']:.3f} ({w[k]['of_read_bw']:.0%})"  # noqa: E731
-        lines.append(f"| {w['M']} | {w['matrices']} | {w['bytes'] / 1e9:.2f} | {cell('cublas')} | "
-                     f"{cell('cublas_nk')} | {cell('gemv')} | {cell('gemv_best')} | {cell('gemv_glu')} |")
+        c = lambda k: (f"{w[k]['ms']:.3f} ({w[k]['of_read_bw']:.0%})" if "error" not in w[k] else "failed")  # noqa: E731
+        lines.append(f"| {w['M']} | {w['matrices']} | {w['bytes'] / 1e9:.2f} | " + " | ".join(c(k) for k in KINDS) + " |")
     if r["sweep_cut_short"]:
         lines += ["", "The config sweep stopped early for some shapes (time budget): 'best' is over the configs tried."]
     return "\n".join(lines) + "\n"

@@ -1,69 +1,163 @@
-"""Where a decode step's time goes, kernel by kernel: the torch profiler over graph replays (and one
-eager step) of the reference shape, beside the step time and its anatomy. A development tool; the
-sweep's per-point anatomy is the measured record.
+"""Every kernel of one graph-replayed decode step: what runs, how long, and how much of the step the GPU
+sits between kernels. The anatomy says which phase is slow; this says which kernels make it so.
 
-    python3 scripts/profile_step.py [--strategy resident] [--context 65536] [--batch 1] [--out DIR]
+    python3 scripts/profile_step.py OUT_DIR [--shape qwen3.8-flash-next] [--ctx 65536] [--conc 1,4]
+                                           [--strategy resident] [--budget 2048] [--tag NAME]
+
+Per concurrency: the step's median over 50 graph replays (CUDA events), the runner's anatomy, and a
+torch.profiler (CUPTI) trace of 10 replays -> per kernel name: launches per step, µs per step; the sum
+of kernel time per step against the step (the rest is the GPU between kernels: launch latency and
+ramp/tail of small grids). Kernels are grouped by what they do, from their names (cuBLAS/CUTLASS GEMMs,
+the lab's GEMV, the DeltaNet recurrence, inductor's fused kernels, the lab's gather/selection kernels).
+Writes OUT_DIR/profile_<tag>.json and .md. Needs a CUDA GPU.
 """
 import argparse
-import collections
 import json
 import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
-from labkit.shapes import PRESETS
-from labkit.stats import spread
-from labkit.engine.drive.runner import DecodeRunner
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from labkit.engine import DecodeRunner, Engine, HybridModel, OffloadCache, get_strategy  # noqa: E402
+from labkit.shapes import PRESETS  # noqa: E402
+
+GROUPS = (("gemm (cuBLAS/CUTLASS)", ("gemm", "cutlass", "sm90", "nvjet", "cublas", "splitk", "gemv2", "gemvx")),
+          ("gemv (lab kernel)", ("_gemv_kernel",)),
+          ("deltanet recurrence", ("delta",)),
+          ("selection / index", ("select", "topk", "hist", "index", "radix", "sort")),
+          ("attention", ("attn", "flash", "sdpa", "attention")),
+          ("gather / copy", ("gather", "copy", "memcpy", "memset")),
+          ("inductor fused", ("triton_",)),
+          ("other", ("",)))
 
 
-def kernel_table(prof, top=45):
-    agg = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            agg[e.name][0] += 1
-            agg[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    rows = sorted(agg.items(), key=lambda kv: -kv[1][1])
-    return [(n[:110], c, t / 1e3) for n, (c, t) in rows[:top]], sum(v[1] for v in agg.values()) / 1e3, sum(v[0] for v in agg.values())
+def group_of(name: str) -> str:
+    low = name.lower()
+    for g, keys in GROUPS:
+        if any(k in low for k in keys):
+            return g
+    return "other"
+
+
+def step_ms(runner, n: int = 50) -> list[float]:
+    ts = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        runner.step()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return ts
+
+
+def profile(runner, steps: int = 10) -> dict:
+    from torch.profiler import ProfilerActivity, profile as prof
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as p:
+        for _ in range(steps):
+            runner.step()
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0, 0.0])
+    spans = []
+    for e in p.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.name
+        d = getattr(e, "device_time_total", None)
+        d = e.cuda_time_total if d is None else d
+        per[name][0] += 1
+        per[name][1] += d
+        spans.append((e.time_range.start, e.time_range.end))
+    kernels = sorted(({"name": n[:160], "group": group_of(n), "per_step": c / steps, "us_per_step": t / steps}
+                      for n, (c, t) in per.items()), key=lambda r: -r["us_per_step"])
+    spans.sort()
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in spans:                       # union of kernel intervals: time the GPU ran something
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    groups = defaultdict(lambda: [0.0, 0.0])
+    for k in kernels:
+        groups[k["group"]][0] += k["per_step"]
+        groups[k["group"]][1] += k["us_per_step"]
+    return {"kernels": kernels, "kernels_per_step": sum(k["per_step"] for k in kernels),
+            "kernel_us_per_step": sum(k["us_per_step"] for k in kernels), "busy_us_per_step": busy / steps,
+            "groups": {g: {"per_step": c, "us_per_step": t} for g, (c, t) in groups.items()}}
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--shape", default="qwen3.8-flash-next")
+    ap.add_argument("--ctx", type=int, default=65536)
+    ap.add_argument("--conc", default="1,4")
     ap.add_argument("--strategy", default="resident")
-    ap.add_argument("--context", type=int, default=65536)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--tag", default="step")
     a = ap.parse_args()
-    shape = PRESETS["qwen3.8-flash-next"]
-    model = HybridModel(shape, "cuda", seed=0)
-    st = get_strategy(a.strategy)
-    cache = OffloadCache.allocate(model, st.medium, a.batch, a.context + 512)
-    cache.fill_random_([a.context] * a.batch, seed=1)
-    r = DecodeRunner(Engine(model, cache, st, 2048), a.batch, max_steps=400)
-    r.prepare()
-    ts = []
-    for _ in range(40):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); r.step(); e.record(); torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e))
-    t = spread(ts)
-    anat = r.anatomy(repeats=5)
-    wb = model.step_weight_bytes()
-    print(f"{a.strategy} ctx={a.context} B={a.batch}: step {t.median:.3f} ms ({t.min:.3f}-{t.max:.3f}), "
-          f"weights {wb/1e9:.2f} GB -> {wb/t.median/1e6:.0f} GB/s; anatomy closure {anat['marked_step_ms']/t.median:.3f}")
-    print("anatomy ms:", {k: round(v, 3) for k, v in anat.items()})
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(a.steps):
-            r.step()
-        torch.cuda.synchronize()
-    rows, total, n = kernel_table(prof)
-    print(f"graph replays: {n / a.steps:.0f} kernels/step, {total / a.steps:.3f} ms kernel time/step")
-    for name, c, ms in rows:
-        print(f"{ms / a.steps:8.3f} ms {c // a.steps:5d}x  {name}")
-    with open(os.path.join(a.out, f"profile_{a.strategy}_{a.context}_{a.batch}.json"), "w") as f:
-        json.dump({"step": t.__dict__, "anatomy": anat, "kernels": rows, "kernels_per_step": n / a.steps}, f, indent=1)
+    if not torch.cuda.is_available():
+        sys.exit("profile_step: needs a CUDA GPU")
+    concs = [int(c) for c in a.conc.split(",")]
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    model = HybridModel(PRESETS[a.shape], "cuda")
+    strat = get_strategy(a.strategy)
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": a.shape, "ctx": a.ctx,
+           "strategy": a.strategy, "budget": a.budget, "env": {k: v for k, v in os.environ.items()
+                                                                if k.startswith("LABKIT_")},
+           "weight_bytes": model.step_weight_bytes(), "points": []}
+    for conc in concs:
+        cache = OffloadCache.allocate(model, strat.medium, conc, a.ctx + 256)
+        cache.fill_random_([a.ctx] * conc, seed=0)
+        cache.lens[:conc] = a.ctx
+        engine = Engine(model, cache, get_strategy(a.strategy), a.budget)
+        runner = DecodeRunner(engine, conc, max_steps=256)
+        runner.prepare()
+        ts = step_ms(runner)
+        anat = runner.anatomy()
+        cache.lens[:conc] = a.ctx
+        pr = profile(runner)
+        pt = {"conc": conc, "step_ms_median": statistics.median(ts), "step_ms_min": min(ts), "step_ms_max": max(ts),
+              "graph_mode": runner.graph_mode, "anatomy_ms": anat, **pr}
+        res["points"].append(pt)
+        print(f"c={conc}: step {pt['step_ms_median']:.3f} ms, {pt['kernels_per_step']:.0f} kernels, "
+              f"kernel time {pt['kernel_us_per_step'] / 1e3:.3f} ms, busy {pt['busy_us_per_step'] / 1e3:.3f} ms",
+              flush=True)
+        for g, v in sorted(pt["groups"].items(), key=lambda kv: -kv[1]["us_per_step"]):
+            print(f"   {g:24s} {v['per_step']:6.0f} kernels {v['us_per_step'] / 1e3:7.3f} ms", flush=True)
+        del runner, engine, cache
+        torch.cuda.empty_cache()
+    res["wall_s"] = time.time() - t0
+    (out / f"profile_{a.tag}.json").write_text(json.dumps(res, indent=1))
+    lines = [f"# Kernels of one decode step ({res['device']}, {a.shape}, {a.strategy}, {a.ctx} context, "
+             f"budget {a.budget}, {a.tag})", ""]
+    for pt in res["points"]:
+        lines += [f"## c = {pt['conc']}: step {pt['step_ms_median']:.3f} ms (min {pt['step_ms_min']:.3f}, max "
+                  f"{pt['step_ms_max']:.3f}), {pt['kernels_per_step']:.0f} kernels, kernel time "
+                  f"{pt['kernel_us_per_step'] / 1e3:.3f} ms, GPU busy {pt['busy_us_per_step'] / 1e3:.3f} ms", "",
+                  "anatomy (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in pt["anatomy_ms"].items()), "",
+                  "| group | kernels / step | ms / step |", "|---|---|---|"]
+        for g, v in sorted(pt["groups"].items(), key=lambda kv: -kv[1]["us_per_step"]):
+            lines.append(f"| {g} | {v['per_step']:.0f} | {v['us_per_step'] / 1e3:.3f} |")
+        lines += ["", "| kernel | group | per step | µs / step | µs each |", "|---|---|---|---|---|"]
+        for k in pt["kernels"][:40]:
+            lines.append(f"| `{k['name'][:90]}` | {k['group']} | {k['per_step']:.0f} | {k['us_per_step']:.1f} | "
+                         f"{k['us_per_step'] / max(k['per_step'], 1e-9):.2f} |")
+        lines.append("")
+    (out / f"profile_{a.tag}.md").write_text("\n".join(lines))
+    print(f"wrote {out}/profile_{a.tag}.md in {res['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

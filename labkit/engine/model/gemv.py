@@ -54,6 +54,8 @@ MAX_M = 16                      # rows the kernel takes; above it cuBLAS's tiled
 _DTYPES = (torch.bfloat16, torch.float16)
 _INTERPRET = interpret_mode()
 _ENABLED = os.environ.get("LABKIT_GEMV", "0") == "1"
+# programmatic dependent launch for the default configs where the GPU has it (LABKIT_GEMV_PDL=0: off)
+_PDL = os.environ.get("LABKIT_GEMV_PDL", "1") == "1"
 COUNTER_SLOTS = 8192            # column tiles a split product may have (split is used only for few tiles)
 
 
@@ -94,8 +96,13 @@ if HAVE_TRITON:
     @triton.jit(do_not_specialize=["M"])     # M = 4 and M = 16 share one compiled kernel
     def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, stride_xm, stride_xk, stride_om,
                      K_PER_SPLIT, SPLIT, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, GLU: tl.constexpr):
-        """out = x @ w, or with GLU (w = [gate | up], 2N columns) out = silu(x @ gate) * (x @ up)."""
+                     BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, GLU: tl.constexpr,
+                     PEEL: tl.constexpr, USE_GDC: tl.constexpr):
+        """out = x @ w, or with GLU (w = [gate | up], 2N columns) out = silu(x @ gate) * (x @ up).
+        PEEL: the first K block is taken out of the loop so that its weight tile can be loaded before x;
+        with USE_GDC (launched with programmatic dependent launch) the wait on the kernel before, whose
+        output x is, goes between the two: the weights never depend on it. (The interpreter has no
+        grid dependency control: there PEEL runs alone, which is how its tests cover the peeled path.)"""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         LDW = 2 * N if GLU else N                                          # w's row length
@@ -116,7 +123,30 @@ if HAVE_TRITON:
         else:
             acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros_like(acc)
-        for kb in range(k0, k_end, BLOCK_K):
+        if PEEL:
+            # the first tile streams while the kernel before finishes; then wait for x, and let the
+            # next kernel's programs launch (they in turn only prefetch weights before their wait)
+            km = (k0 + kk) < k_end
+            wm = km[:, None] & nm[None, :]
+            w0 = tl.load(w_p, mask=wm, other=0.0)
+            if GLU:
+                w0u = tl.load(w_p + N, mask=wm, other=0.0)
+            if USE_GDC:
+                tl.extra.cuda.gdc_wait()
+                tl.extra.cuda.gdc_launch_dependents()
+            if USE_DOT:
+                xt = tl.load(x_p, mask=mm[:, None] & km[None, :], other=0.0)
+            else:
+                xt = tl.load(x_p, mask=km[:, None] & mm[None, :], other=0.0)
+            acc = _accumulate(acc, xt, w0, USE_DOT, DOT_F32, BLOCK_K)
+            if GLU:
+                acc_u = _accumulate(acc_u, xt, w0u, USE_DOT, DOT_F32, BLOCK_K)
+            w_p += BLOCK_K * LDW
+            x_p += BLOCK_K * stride_xk
+            k_first = k0 + BLOCK_K
+        else:
+            k_first = k0
+        for kb in range(k_first, k_end, BLOCK_K):
             km = (kb + kk) < k_end
             wm = km[:, None] & nm[None, :]
             if USE_DOT:
@@ -167,6 +197,7 @@ class Config:
     use_dot: bool
     num_warps: int
     num_stages: int
+    pdl: bool = False        # programmatic dependent launch (sm90+): weights prefetched before the wait
 
 
 _SMS: dict = {}
@@ -180,6 +211,13 @@ def _sm_count(device: torch.device) -> int:
     if key not in _SMS:
         _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
     return _SMS[key]
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: CUDA, compute capability 9 or above; never under the interpreter."""
+    if _INTERPRET or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -199,7 +237,7 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> Config:
     kblocks = -(-K // bk)
     split = max(1, min(-(-2 * sms // tiles), kblocks // 2))
     split = -(-kblocks // -(-kblocks // split))       # no empty split
-    return Config(bn, bk, split, use_dot, num_warps=4, num_stages=4)
+    return Config(bn, bk, split, use_dot, num_warps=4, num_stages=4, pdl=_PDL)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: Config | None = None,
@@ -231,11 +269,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
     m_pad = 16 if c.use_dot else 1
     if m_pad < M:
         raise ValueError(f"gemv: the FMA path takes one row, got {M}")
+    gdc = c.pdl and pdl_supported(x.device)
     part = torch.empty((split, M, w.shape[1]), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = _counters(x.device) if split > 1 else out
     _gemv_kernel[(tiles, split)](x, w, out, part, cnt, M, N, K, x.stride(0), x.stride(1), out.stride(0), k_per,
                                  split, M_PAD=m_pad, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_DOT=c.use_dot,
-                                 DOT_F32=_INTERPRET, GLU=glu, num_warps=c.num_warps, num_stages=c.num_stages)
+                                 DOT_F32=_INTERPRET, GLU=glu, PEEL=c.pdl, USE_GDC=gdc,
+                                 num_warps=c.num_warps, num_stages=c.num_stages, **({"launch_pdl": True} if gdc else {}))
     return out
 
 
