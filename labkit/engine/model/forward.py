@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .attention import dense_prefill_attention, fast_sdpa, split_rows
-from .deltanet_step import delta_step
+from .deltanet_step import FUSED_MIX, delta_step, deltanet_mix
 from .gemv import matmul
 from .cache import OffloadCache
 from .indexer import index_scores
@@ -241,8 +241,11 @@ class _DecodeIO:
 
     def deltanet(self, blk, ki, x):
         c, sp, f = self.e.cache, self.st.span, self.fns
+        if FUSED_MIX:   # between the projections one kernel on CUDA (deltanet_step.deltanet_mix)
+            g = deltanet_mix(blk.mixer, f.dn_project(blk, x), c.dn_state[ki, sp], c.dn_conv[ki, sp])
+            return f.dn_out(blk, x, g)
         q, k, v, log_a, beta, z = f.dn_pre(blk, x, c.dn_conv[ki, sp])
-        o = delta_step(c.dn_state[ki, sp], q, k, v, log_a, beta)      # one kernel on CUDA
+        o = delta_step(c.dn_state[ki, sp], q, k, v, log_a, beta)      # the recurrence alone as one kernel
         return f.dn_post(blk, x, o, z)
 
     def attend(self, ki, q, iq, iw, pos):

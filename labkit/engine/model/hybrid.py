@@ -19,6 +19,7 @@ from torch import nn
 from ...shapes import ModelShape
 from .attention import sparse_decode_attention
 from .kv import quantize_index_keys
+from .gemv import matmul
 from .layers import FFN, DeltaNetLayer, QSALayer, RMSNorm
 
 
@@ -87,6 +88,16 @@ def dn_post(blk, x, o, z):
     return x + blk.mixer.output(o, z)
 
 
+def dn_project(blk, x):
+    """Decode, a DeltaNet block's input projection of norm1(x): what `deltanet_step.deltanet_mix` takes."""
+    return matmul(blk.norm1(x), blk.mixer.w_in)
+
+
+def dn_out(blk, x, g):
+    """The mixer's gated, normed output g [B, H * dv] through the output projection, plus x."""
+    return x + matmul(g, blk.mixer.w_o)
+
+
 def ffn_residual(blk, x):
     return x + blk.ffn(blk.norm2(x))
 
@@ -111,6 +122,8 @@ def qsa_out(blk, x, att, gate):
 class BlockFns:
     dn_pre: object
     dn_post: object
+    dn_project: object
+    dn_out: object
     ffn_residual: object
     qsa_pre: object
     sparse_attention: object
@@ -124,7 +137,7 @@ _FNS: dict[bool, BlockFns] = {}
 def block_fns(compiled: bool) -> BlockFns:
     compiled = compiled and os.environ.get("LABKIT_COMPILE", "1") != "0"
     if compiled not in _FNS:
-        pieces = (dn_pre, dn_post, ffn_residual, qsa_pre, sparse_attention, qsa_out)
+        pieces = (dn_pre, dn_post, dn_project, dn_out, ffn_residual, qsa_pre, sparse_attention, qsa_out)
         if compiled:
             import torch._dynamo
             torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)

@@ -179,19 +179,35 @@ class DeltaNetLayer(nn.Module):
         k = F.normalize(k.float().view(n, s.dn_k_heads, -1), dim=-1).repeat_interleave(rep, 1)
         return q, k, v.float().view(n, s.dn_v_heads, -1)
 
-    def _out(self, o, z):
+    def gated_norm(self, o, z):
+        """The recurrence's output o [N, H, dv] through the per-head norm and the output gate silu(z):
+        [N, H * dv], the input of the output projection."""
         n = o.shape[0]
-        o = self.o_norm(o.to(z.dtype)) * F.silu(z.view(n, self.s.dn_v_heads, -1))
-        return matmul(o.flatten(1), self.w_o)
+        return (self.o_norm(o.to(z.dtype)) * F.silu(z.view(n, self.s.dn_v_heads, -1))).flatten(1)
+
+    def _out(self, o, z):
+        return matmul(self.gated_norm(o, z), self.w_o)
+
+    def mix_reference(self, y: torch.Tensor, S: torch.Tensor, conv: torch.Tensor) -> torch.Tensor:
+        """Decode, from the input projection y [B, C + dv + 2 H] to the output projection's input
+        [B, H * dv] (conv window, gates, recurrence, norm, gate) in torch ops; S and conv in place.
+        The definition `deltanet_step.deltanet_mix` (one kernel on the GPU) is checked against."""
+        from .deltanet_step import delta_step_reference
+        q, k, v, log_a, beta, z = self.inputs_from_projection(y, conv)
+        return self.gated_norm(delta_step_reference(S, q, k, v, log_a, beta), z)
 
     def step_inputs(self, x: torch.Tensor, conv: torch.Tensor):
         """Decode, one token per request, up to the recurrence: x [B, hidden], conv [B, C, K-1] updated in
         place -> q, k [B, Hk, dk] (per key head, not repeated), v [B, H, dv], log_a, beta [B, H], z."""
-        B = x.shape[0]
-        qkv, z, a, b = torch.split(matmul(x, self.w_in), [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
+        return self.inputs_from_projection(matmul(x, self.w_in), conv)
+
+    def inputs_from_projection(self, y: torch.Tensor, conv: torch.Tensor):
+        """`step_inputs` after the input projection y = x @ w_in [B, C + dv + 2 H]."""
+        B = y.shape[0]
+        qkv, z, a, b = torch.split(y, [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
         window = torch.cat([conv, qkv.unsqueeze(-1)], dim=-1)                # [B, C, K]
         conv.copy_(window[..., 1:])
-        conv_out = F.silu((window.float() * self.conv_w.float()).sum(-1)).to(x.dtype)
+        conv_out = F.silu((window.float() * self.conv_w.float()).sum(-1)).to(y.dtype)
         q, k, v = self._qkv(conv_out, B, repeat=False)
         log_a, beta = self._gates(a, b)
         return q, k, v, log_a, beta, z
