@@ -105,6 +105,9 @@ def main():
     ap.add_argument("--strategy", default="resident")
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--tag", default="step")
+    ap.add_argument("--mix", default="fused", choices=("fused", "unfused", "both"),
+                    help="the DeltaNet mixer as one kernel, as torch.compile's kernels, or both in this process "
+                         "(an A/B within one process)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("profile_step: needs a CUDA GPU")
@@ -118,7 +121,10 @@ def main():
            "strategy": a.strategy, "budget": a.budget, "env": {k: v for k, v in os.environ.items()
                                                                 if k.startswith("LABKIT_")},
            "weight_bytes": model.step_weight_bytes(), "points": []}
-    for conc in concs:
+    from labkit.engine.model import forward
+    mixes = {"fused": [True], "unfused": [False], "both": [True, False]}[a.mix]
+    for conc, fused in [(c, f) for c in concs for f in mixes]:
+        forward.FUSED_MIX = fused
         cache = OffloadCache.allocate(model, strat.medium, conc, a.ctx + 256)
         cache.fill_random_([a.ctx] * conc, seed=0)
         cache.lens[:conc] = a.ctx
@@ -129,10 +135,10 @@ def main():
         anat = runner.anatomy()
         cache.lens[:conc] = a.ctx
         pr = profile(runner)
-        pt = {"conc": conc, "step_ms_median": statistics.median(ts), "step_ms_min": min(ts), "step_ms_max": max(ts),
+        pt = {"conc": conc, "deltanet_mix": "fused" if fused else "unfused", "step_ms_median": statistics.median(ts), "step_ms_min": min(ts), "step_ms_max": max(ts),
               "graph_mode": runner.graph_mode, "anatomy_ms": anat, **pr}
         res["points"].append(pt)
-        print(f"c={conc}: step {pt['step_ms_median']:.3f} ms, {pt['kernels_per_step']:.0f} kernels, "
+        print(f"c={conc} {pt['deltanet_mix']}: step {pt['step_ms_median']:.3f} ms, {pt['kernels_per_step']:.0f} kernels, "
               f"kernel time {pt['kernel_us_per_step'] / 1e3:.3f} ms, busy {pt['busy_us_per_step'] / 1e3:.3f} ms",
               flush=True)
         for g, v in sorted(pt["groups"].items(), key=lambda kv: -kv[1]["us_per_step"]):
@@ -144,7 +150,7 @@ def main():
     lines = [f"# Kernels of one decode step ({res['device']}, {a.shape}, {a.strategy}, {a.ctx} context, "
              f"budget {a.budget}, {a.tag})", ""]
     for pt in res["points"]:
-        lines += [f"## c = {pt['conc']}: step {pt['step_ms_median']:.3f} ms (min {pt['step_ms_min']:.3f}, max "
+        lines += [f"## c = {pt['conc']}, DeltaNet mixer {pt['deltanet_mix']}: step {pt['step_ms_median']:.3f} ms (min {pt['step_ms_min']:.3f}, max "
                   f"{pt['step_ms_max']:.3f}), {pt['kernels_per_step']:.0f} kernels, kernel time "
                   f"{pt['kernel_us_per_step'] / 1e3:.3f} ms, GPU busy {pt['busy_us_per_step'] / 1e3:.3f} ms", "",
                   "anatomy (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in pt["anatomy_ms"].items()), "",
