@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent('''
         conv, conv2 = conv_buf[1, 1:], conv2_buf[1, 1:]                         # a slice, as the engine's
         for step in range(4):
             y = (torch.randn(B, C + h * d + 2 * h, generator=g) * 2).to(dt)
-            out = D.deltanet_mix(layer, y, S, conv)
+            out = D.deltanet_mix(layer, y, S, conv, tile=8)         # several DV tiles per head
             ref = layer.mix_reference(y, S2, conv2)
             assert out.shape == ref.shape == (B, h * d) and out.dtype == dt
             err = (out.float() - ref.float()).abs()

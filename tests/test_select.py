@@ -84,7 +84,7 @@ SCRIPT = textwrap.dedent('''
     cases = [(torch.randn(3, 1000, generator=g), 100), (torch.full((2, 600), 0.25), 64), (many, 250),
              (tail, 128), (torch.randn(1, 513, generator=g), 513), (torch.randn(2, 300, generator=g) - 5, 7)]
     for scores, k in cases:
-        for block in (128, 1024, None):
+        for block in (128, 1024):
             pos, valid = select.select_topk_triton(scores, k, block=block)
             rpos, rvalid = select.select_topk_reference(scores, k)
             assert torch.equal(pos, rpos), (scores.shape, k, block, "positions")
@@ -99,14 +99,3 @@ def test_radix_select_kernels_match_reference_under_interpreter():
                        env={**os.environ, "TRITON_INTERPRET": "1"})
     assert p.returncode == 0 and "select ok" in p.stdout, p.stderr[-3000:]
 
-
-def test_auto_block_keeps_batch_one_small_and_grows_with_the_batch():
-    from labkit.engine.model.select import auto_block
-    assert auto_block(1, 1 << 20) == 2048            # 512 programs already fill 132 SMs
-    assert auto_block(16, 1 << 20) == 16384           # 1,024 programs, not 8,192, on 16 x 256 bins
-    assert auto_block(4, 1 << 20) == 8192
-    assert auto_block(1, 8192) == 2048                # never below 2048 keys
-    for B in (1, 2, 4, 8, 16):
-        for L in (1 << 13, 1 << 16, 1 << 20):
-            b = auto_block(B, L)
-            assert b & (b - 1) == 0 and 2048 <= b <= 16384

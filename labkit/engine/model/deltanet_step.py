@@ -69,15 +69,21 @@ def delta_step(S, q, k, v, log_a, beta, tile: int = 32):
     return o
 
 
-# ---------------------------------------------------------------------------- the whole mixer, one kernel
+# ---------------------------------------------------------------------------- the whole mixer, two kernels
 # Between its two projections a DeltaNet block's decode step is a dozen small operations (split, conv
 # window shift, conv + silu, two l2 norms, softplus and sigmoid gates, the recurrence, the per-head norm,
-# the output gate). torch.compile fuses them into ~9 kernels of 1-2 µs each; on an H200 at batch 1
-# that was ~17 µs a layer, 0.6 ms of a 4.7 ms step over 36 layers, against ~3 µs for the recurrence
-# itself. `deltanet_mix` does all of it in one kernel per layer: one program per request and key head
-# owns that key head's q/k conv channels and the value heads that share it (so the conv window shift
-# has a single writer), reads each [dk, dv] state once, writes it once, and stores the gated, normed
-# output in bf16 for the output projection. Roundings follow the torch definition
+# the output gate). torch.compile fuses them into ~9 kernels of 1-2 µs each (measured on an H200 at
+# batch 1: ~17 µs a layer, 0.6 ms of a 4.7 ms step over 36 layers, the recurrence itself ~3 µs of it).
+# `deltanet_mix` runs them as two kernels:
+# 1. the recurrence, one program per (request, value head, DV tile) as `_delta_step_kernel`: each
+#    recomputes its key head's q and k from the conv window (256 channels x K taps, from L2) and its
+#    tile's v, reads its [dk, TILE] slice of the state once, writes it once, and stores its slice of o
+#    (fp32). The conv window is only read here: several programs read the same q/k channels, so none
+#    may shift them yet.
+# 2. per (request, value head): o's norm over dv, the output gate, the bf16 output for the output
+#    projection; and the conv window's shift (a key head's q/k channels by its first value head).
+# One program per (request, key head) doing all of it was tried first: 16 programs at batch 1, 16 µs
+# a layer, no faster than the kernels it replaced. Roundings follow the torch definition
 # (`DeltaNetLayer.mix_reference`): the conv output, the recurrence output, the norm and the gate are
 # rounded to the activation dtype where the torch ops round them.
 FUSED_MIX = os.environ.get("LABKIT_DN_FUSED", "1") == "1"
@@ -85,71 +91,94 @@ FUSED_MIX = os.environ.get("LABKIT_DN_FUSED", "1") == "1"
 if HAVE_TRITON:
     @triton.jit
     def _conv_silu(y_ptr, conv_ptr, cw_ptr, c, conv_sc, conv_sj, CONV_K: tl.constexpr):
-        """conv + silu over channels c of one request (window = conv state, then the new input);
-        shifts the window in place. Returns the bf16-rounded output as fp32."""
-        new = tl.load(y_ptr + c)
-        acc = new.to(tl.float32) * tl.load(cw_ptr + c * CONV_K + (CONV_K - 1)).to(tl.float32)
-        prev = tl.load(conv_ptr + c * conv_sc)
-        acc += prev.to(tl.float32) * tl.load(cw_ptr + c * CONV_K).to(tl.float32)
-        for j in tl.static_range(1, CONV_K - 1):
-            cur = tl.load(conv_ptr + c * conv_sc + j * conv_sj)
-            acc += cur.to(tl.float32) * tl.load(cw_ptr + c * CONV_K + j).to(tl.float32)
-            tl.store(conv_ptr + c * conv_sc + (j - 1) * conv_sj, cur)
-        tl.store(conv_ptr + c * conv_sc + (CONV_K - 2) * conv_sj, new)
+        """conv + silu over channels c of one request: the window is the conv state, then the new input.
+        Returns the output rounded to the activation dtype, as fp32. Reads only."""
+        acc = tl.load(y_ptr + c).to(tl.float32) * tl.load(cw_ptr + c * CONV_K + (CONV_K - 1)).to(tl.float32)
+        for j in tl.static_range(CONV_K - 1):
+            acc += (tl.load(conv_ptr + c * conv_sc + j * conv_sj).to(tl.float32)
+                    * tl.load(cw_ptr + c * CONV_K + j).to(tl.float32))
         return (acc * tl.sigmoid(acc)).to(y_ptr.dtype.element_ty).to(tl.float32)
 
     @triton.jit
-    def _deltanet_mix_kernel(y_ptr, conv_ptr, cw_ptr, S_ptr, alog_ptr, dtb_ptr, nw_ptr, out_ptr,
-                             y_sb, conv_sb, conv_sc, conv_sj, S_sb, out_sb, eps, q_scale,
-                             H: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                             CONV_K: tl.constexpr):
-        b, kh = tl.program_id(0), tl.program_id(1)
-        REP: tl.constexpr = H // HK
+    def _shift_window(y_ptr, conv_ptr, c, conv_sc, conv_sj, CONV_K: tl.constexpr):
+        for j in tl.static_range(CONV_K - 2):
+            tl.store(conv_ptr + c * conv_sc + j * conv_sj, tl.load(conv_ptr + c * conv_sc + (j + 1) * conv_sj))
+        tl.store(conv_ptr + c * conv_sc + (CONV_K - 2) * conv_sj, tl.load(y_ptr + c))
+
+    @triton.jit
+    def _mix_recur_kernel(y_ptr, conv_ptr, cw_ptr, S_ptr, alog_ptr, dtb_ptr, o_ptr,
+                          y_sb, conv_sb, conv_sc, conv_sj, S_sb, q_scale,
+                          H: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                          TILE: tl.constexpr, CONV_K: tl.constexpr):
+        b, h, t = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        kh = h // (H // HK)
         C: tl.constexpr = 2 * HK * DK + H * DV                  # conv channels: q, k, v
         yb, cb = y_ptr + b * y_sb, conv_ptr + b * conv_sb
         i = tl.arange(0, DK)
-        jv = tl.arange(0, DV)
+        j = t * TILE + tl.arange(0, TILE)
         q = _conv_silu(yb, cb, cw_ptr, kh * DK + i, conv_sc, conv_sj, CONV_K)
         k = _conv_silu(yb, cb, cw_ptr, HK * DK + kh * DK + i, conv_sc, conv_sj, CONV_K)
         q = q / tl.maximum(tl.sqrt(tl.sum(q * q, 0)), 1e-12) * q_scale
         k = k / tl.maximum(tl.sqrt(tl.sum(k * k, 0)), 1e-12)
+        v = _conv_silu(yb, cb, cw_ptr, 2 * HK * DK + h * DV + j, conv_sc, conv_sj, CONV_K)
+        a = tl.load(yb + C + H * DV + h).to(tl.float32) + tl.load(dtb_ptr + h)
+        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+        decay = tl.exp(-tl.exp(tl.load(alog_ptr + h)) * softplus)
+        beta = tl.sigmoid(tl.load(yb + C + H * DV + H + h).to(tl.float32))
+        s_p = S_ptr + b * S_sb + (h * DK + i[:, None]) * DV + j[None, :]
+        S = tl.load(s_p) * decay                                           # [DK, TILE] fp32
+        v_old = tl.sum(S * k[:, None], axis=0)
+        S = S + (beta * k)[:, None] * (v - v_old)[None, :]
+        tl.store(s_p, S)
+        tl.store(o_ptr + (b * H + h) * DV + j, tl.sum(S * q[:, None], axis=0))
+
+    @triton.jit
+    def _mix_out_kernel(y_ptr, conv_ptr, o_ptr, nw_ptr, out_ptr, y_sb, conv_sb, conv_sc, conv_sj, out_sb, eps,
+                        H: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                        CONV_K: tl.constexpr):
+        b, h = tl.program_id(0), tl.program_id(1)
+        REP: tl.constexpr = H // HK
+        C: tl.constexpr = 2 * HK * DK + H * DV
+        yb, cb = y_ptr + b * y_sb, conv_ptr + b * conv_sb
+        jv = tl.arange(0, DV)
         nw = tl.load(nw_ptr + jv)
-        for r in tl.static_range(REP):
-            h = kh * REP + r
-            v = _conv_silu(yb, cb, cw_ptr, 2 * HK * DK + h * DV + jv, conv_sc, conv_sj, CONV_K)
-            a = tl.load(yb + C + H * DV + h).to(tl.float32) + tl.load(dtb_ptr + h)
-            softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
-            decay = tl.exp(-tl.exp(tl.load(alog_ptr + h)) * softplus)
-            beta = tl.sigmoid(tl.load(yb + C + H * DV + H + h).to(tl.float32))
-            s_p = S_ptr + b * S_sb + (h * DK + i[:, None]) * DV + jv[None, :]
-            S = tl.load(s_p) * decay                                       # [DK, DV] fp32
-            v_old = tl.sum(S * k[:, None], axis=0)
-            S = S + (beta * k)[:, None] * (v - v_old)[None, :]
-            tl.store(s_p, S)
-            o = tl.sum(S * q[:, None], axis=0).to(nw.dtype).to(tl.float32)            # [DV]
-            o = (o * (1.0 / tl.sqrt(tl.sum(o * o, 0) / DV + eps))).to(nw.dtype)
-            o = (o.to(tl.float32) * nw.to(tl.float32)).to(nw.dtype).to(tl.float32)
-            z = tl.load(yb + C + h * DV + jv).to(tl.float32)
-            gate = (z * tl.sigmoid(z)).to(nw.dtype).to(tl.float32)
-            tl.store(out_ptr + b * out_sb + h * DV + jv, (o * gate).to(out_ptr.dtype.element_ty))
+        o = tl.load(o_ptr + (b * H + h) * DV + jv).to(nw.dtype).to(tl.float32)
+        o = (o * (1.0 / tl.sqrt(tl.sum(o * o, 0) / DV + eps))).to(nw.dtype)
+        o = (o.to(tl.float32) * nw.to(tl.float32)).to(nw.dtype).to(tl.float32)
+        z = tl.load(yb + C + h * DV + jv).to(tl.float32)
+        gate = (z * tl.sigmoid(z)).to(nw.dtype).to(tl.float32)
+        tl.store(out_ptr + b * out_sb + h * DV + jv, (o * gate).to(out_ptr.dtype.element_ty))
+        # the window shift, now that every program of the recurrence has read it: v channels of this
+        # head; q and k channels of its key head by the key head's first value head
+        _shift_window(yb, cb, 2 * HK * DK + h * DV + jv, conv_sc, conv_sj, CONV_K)
+        if h % REP == 0:
+            i = tl.arange(0, DK)
+            kh = h // REP
+            _shift_window(yb, cb, kh * DK + i, conv_sc, conv_sj, CONV_K)
+            _shift_window(yb, cb, HK * DK + kh * DK + i, conv_sc, conv_sj, CONV_K)
 
 
-def deltanet_mix(mixer, y: torch.Tensor, S: torch.Tensor, conv: torch.Tensor) -> torch.Tensor:
+def deltanet_mix(mixer, y: torch.Tensor, S: torch.Tensor, conv: torch.Tensor, tile: int = 32) -> torch.Tensor:
     """A DeltaNet layer's decode step between its projections: y = x @ w_in [B, C + dv + 2 H] ->
     [B, H * dv] (the output projection's input); S [B, H, dk, dv] fp32 and conv [B, C, K-1] in place.
-    One Triton kernel where it runs (`FUSED_MIX`, CUDA; CPU under the interpreter), else
+    Two Triton kernels where they run (`FUSED_MIX`, CUDA; CPU under the interpreter), else
     `mixer.mix_reference` (torch ops)."""
     s = mixer.s
     B = y.shape[0]
     H, HK, D = s.dn_v_heads, s.dn_k_heads, s.dn_head_dim
+    tile = min(tile, D)
     usable = (FUSED_MIX and _triton_ok(y) and D & (D - 1) == 0 and H % HK == 0 and s.dn_conv >= 2
-              and y.stride(1) == 1 and S.is_contiguous() and S.dtype == torch.float32
-              and conv.stride(2) == 1 and S.shape == (B, H, D, D))
+              and D % tile == 0 and y.stride(1) == 1 and S.dtype == torch.float32
+              and S.shape == (B, H, D, D) and S[0].is_contiguous())
     if not usable:
         return mixer.mix_reference(y, S, conv)
+    o = torch.empty((B, H, D), dtype=torch.float32, device=y.device)
     out = torch.empty((B, H * D), dtype=y.dtype, device=y.device)
-    _deltanet_mix_kernel[(B, HK)](y, conv, mixer.conv_w, S, mixer.A_log, mixer.dt_bias, mixer.o_norm.weight, out,
-                                  y.stride(0), conv.stride(0), conv.stride(1), conv.stride(2), S.stride(0),
-                                  out.stride(0), mixer.o_norm.eps, D ** -0.5, H=H, HK=HK, DK=D, DV=D,
-                                  CONV_K=s.dn_conv, num_warps=8)
+    _mix_recur_kernel[(B, H, D // tile)](y, conv, mixer.conv_w, S, mixer.A_log, mixer.dt_bias, o,
+                                         y.stride(0), conv.stride(0), conv.stride(1), conv.stride(2), S.stride(0),
+                                         D ** -0.5, H=H, HK=HK, DK=D, DV=D, TILE=tile, CONV_K=s.dn_conv,
+                                         num_warps=4)
+    _mix_out_kernel[(B, H)](y, conv, o, mixer.o_norm.weight, out, y.stride(0), conv.stride(0), conv.stride(1),
+                            conv.stride(2), out.stride(0), mixer.o_norm.eps, H=H, HK=HK, DK=D, DV=D,
+                            CONV_K=s.dn_conv, num_warps=4)
     return out

@@ -140,42 +140,19 @@ def _triton_ok(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
 
 
-_SMS: dict = {}
-
-
-def _sm_count(dev: torch.device) -> int:
-    if dev.type != "cuda":
-        return 132                       # the interpreter: an H200's count, so it takes the GPU's blocks
-    i = dev.index if dev.index is not None else torch.cuda.current_device()
-    if i not in _SMS:
-        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return _SMS[i]
-
-
-def auto_block(B: int, L: int, sms: int = 132) -> int:
-    """Keys per program: about four programs per SM over the whole batch, 2048 to 16384 keys. The
-    histogram passes end in 256 atomic adds per program onto the row's 256 bins; at batch 16 x 1M with
-    2048-key blocks that was 8,192 programs contending for 16 x 256 addresses, and the select ran
-    slower than torch.topk. Larger blocks at large B x L keep the atomics few and the SMs full; at
-    batch 1 the 2048-key blocks stay (enough programs for the GPU)."""
-    want = -(-B * L // (4 * sms))
-    block = 1 << max(want - 1, 1).bit_length()
-    return max(2048, min(16384, block))
-
-
-def select_topk_triton(scores: torch.Tensor, k: int, block: int | None = None, out=None, pages=None):
+def select_topk_triton(scores: torch.Tensor, k: int, block: int = 2048, out=None, pages=None):
     B, L = scores.shape
     if not 0 < k <= L:
         raise ValueError(f"select k={k} of {L} scores")
     s = scores.contiguous()
     dev = s.device
-    if block is None:
-        block = auto_block(B, L, _sm_count(dev))
     block = min(block, triton.next_power_of_2(L))
     nblk = triton.cdiv(L, block)
     hist = torch.zeros((N_PASSES, B, RADIX), dtype=torch.int32, device=dev)
     prefix = torch.zeros(B, dtype=torch.int64, device=dev)
     need = torch.full((B,), k, dtype=torch.int64, device=dev)
+    # 2048 keys a program: measured on an H200 (scripts/select_bench.py), larger blocks were slower at
+    # every batch and context, also at batch 16 x 1M where 8,192 programs share the 16 x 256 bins
     warps = 16 if block >= 16384 else (8 if block >= 4096 else 4)
     for p in range(N_PASSES):
         shift = 32 - DIGIT_BITS * (p + 1)
