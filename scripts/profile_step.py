@@ -122,7 +122,8 @@ def main():
                                                                 if k.startswith("LABKIT_")},
            "weight_bytes": model.step_weight_bytes(), "points": []}
     from labkit.engine.model import forward
-    mixes = {"fused": [True], "unfused": [False], "both": [True, False]}[a.mix]
+    # both: A B B A, so that neither variant is always the one measured first or second in the process
+    mixes = {"fused": [True], "unfused": [False], "both": [True, False, False, True]}[a.mix]
     for conc, fused in [(c, f) for c in concs for f in mixes]:
         forward.FUSED_MIX = fused
         cache = OffloadCache.allocate(model, strat.medium, conc, a.ctx + 256)

