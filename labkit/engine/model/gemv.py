@@ -54,8 +54,9 @@ MAX_M = 16                      # rows the kernel takes; above it cuBLAS's tiled
 _DTYPES = (torch.bfloat16, torch.float16)
 _INTERPRET = interpret_mode()
 _ENABLED = os.environ.get("LABKIT_GEMV", "0") == "1"
-# programmatic dependent launch for the default configs where the GPU has it (LABKIT_GEMV_PDL=0: off)
-_PDL = os.environ.get("LABKIT_GEMV_PDL", "1") == "1"
+# programmatic dependent launch for the default configs (LABKIT_GEMV_PDL=1; sm90+). Off: measured on an
+# H200, a decode step's 193 products took 7.27 ms with it against 2.59 ms for cuBLAS
+_PDL = os.environ.get("LABKIT_GEMV_PDL", "0") == "1"
 COUNTER_SLOTS = 8192            # column tiles a split product may have (split is used only for few tiles)
 
 
