@@ -52,7 +52,8 @@ def main():
                  else "repeats: --processes must be >= 1")
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    log = []
+    log_path = out / "repeats.json"          # one log per folder: a later call adds its sets to it
+    log = json.loads(log_path.read_text()) if log_path.exists() else []
     for name in names:
         exp, given = SETS[name]
         for i in range(1, a.processes + 1):
@@ -67,7 +68,7 @@ def main():
             log.append({"name": name, "experiment": exp, "process": i, "folder": folder.name, "rc": rc,
                         "wall_s": round(time.time() - t, 1), "tail": tail if rc != 0 else ""})
             print(f"{name} p{i}: rc={rc} in {log[-1]['wall_s']} s", flush=True)
-            (out / "repeats.json").write_text(json.dumps(log, indent=1))
+            log_path.write_text(json.dumps(log, indent=1))
 
 
 if __name__ == "__main__":
