@@ -37,6 +37,8 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path):
         _plan({**base, "trace": missing})
     neg = _trace(tmp_path / "n.jsonl", [{**GOOD[0], "timestamp": -5}])
     with pytest.raises(BadInput, match="negative time"):
+        _plan({**base, "trace": neg, "window_size": 1})
+    with pytest.raises(BadInput, match="but the trace holds 1"):              # a window longer than the trace
         _plan({**base, "trace": neg})
     good = _trace(tmp_path / "g.jsonl", GOOD)
     with pytest.raises(BadInput, match="rate must be > 0"):
@@ -51,7 +53,8 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path):
     assert all(len(s.prompt) + s.output_len <= 100 for s in specs)
     assert [s.arrival_s for s in specs] == [0.0, 0.05, 0.12, 0.16]
     r = subprocess.run([sys.executable, "-m", "labkit", "run", "pulse", "-p", f"trace={neg}", "-p", "device=cpu",
-                        "--out", str(tmp_path / "never")], capture_output=True, text=True)
+                        "-p", "windows=1", "-p", "window_size=1", "-p", "calibration_windows=0", "--out", str(tmp_path / "never")],
+                       capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "negative time" in r.stderr
     assert not (tmp_path / "never").exists()
 

@@ -268,11 +268,29 @@ def _summary(policy: str, p: dict, out: dict) -> dict:
            "gpu_stall_share_sampled": stall / span if span else None,
            "h2d_bytes_total": sum(r["h2d_bytes"] for r in rounds),
            "graphs": st.get("graphs"), "graph_error": st.get("graph_error"),
+           "first_round_s": rounds[0]["time"] if rounds else None,
            "rate": p["rate"], "length_scale": p["length_scale"], "n_requests": len(recs), "transport": p["transport"],
            **s}
     if out["costs"] is not None:
         row.update({f"cost_{k}": v for k, v in out["costs"].__dict__.items()})
     return row
+
+
+def _warm_up(p: dict, model, policies: list[str]) -> float:
+    """Untimed replays before the measured ones: the first replay of a process pays for kernel compiles
+    and first allocations (2-7 s more before the first round in the one-window runs on the H200, every
+    time on the reference, which ran first). The first requests of window 0, all at once, a few tokens
+    each, under the reference and one policy of each other kind (switching, adaptive). Returns seconds."""
+    t = time.monotonic()
+    kinds = {}
+    for pol in policies:
+        kinds.setdefault(pol.split(":")[0], pol)
+    specs = requests(p, 0)[:min(4, p["window_size"])]
+    for s in specs:
+        s.output_len, s.arrival_s = min(s.output_len, 4), 0.0
+    for pol in kinds.values():
+        replay_policy(pol, {**p, "timeline_every": 0}, specs, model)
+    return time.monotonic() - t
 
 
 def _earlier(path: str) -> dict:
@@ -282,8 +300,10 @@ def _earlier(path: str) -> dict:
     from ..results import load_run
     lr = load_run(path)
     out = {n: lr.table(n) for n in ("metrics", "requests", "rounds", "timeline", "loads")}
-    out["run_id"] = lr.manifest.get("run_id")
-    out["resumed_from"] = lr.manifest.get("resumed_from") or []
+    mf = lr.manifest
+    # a device plan names its folder the same in every call: the session and the time tell the calls apart
+    out["me"] = {k: mf.get(k) for k in ("run_id", "session", "created", "git_sha")}
+    out["resumed_from"] = mf.get("resumed_from") or []
     return out
 
 
@@ -307,7 +327,7 @@ def run(p: dict, progress_bar: bool = False):
     run = Run.create(p["out_dir"] or None, EXPERIMENT, {**p, "policies": ",".join(p["policies"])})
     run.update_manifest(windows=bounds, calibration=[w for w, r in roles.items() if r == "calibration"],
                         test=[w for w, r in roles.items() if r == "test"], selection_rule=W.RULE, sampled_window=sampled,
-                        resumed_from=[before["run_id"], *before["resumed_from"]] if before else [])
+                        resumed_from=[before["me"], *before["resumed_from"]] if before else [])
     dev = torch.device(p["device"])
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"],
             "measured_in": run.run_id, "session": os.environ.get("LABKIT_SESSION", ""), "git_sha": run.manifest["git_sha"]}
@@ -343,6 +363,8 @@ def run(p: dict, progress_bar: bool = False):
     def record(row: dict) -> None:
         run.add({k: v for k, v in row.items() if k != "run_id"})
 
+    if p["warmup"]:
+        run.update_manifest(warmup_s=round(_warm_up(p, model, [p["reference"], *W.planned(p, "calibration", {})]), 2))
     earlier = before.get("metrics") if before else None
     out = W.replay_windows(p, bounds, replay, record, earlier=earlier, t0=t0)
     for w in out["kept"]:             # what the earlier run measured on the windows kept from it

@@ -205,7 +205,9 @@ def replay_windows(p: dict, bounds: list[dict], replay: Callable[[int, str], dic
     a metrics row (status, output_throughput, tpot_ms_p99, ...); every row goes to `record` as it comes.
     `earlier`: rows of a run cut short with the same parameters; its complete windows are kept, not replayed.
     `p["deadline_s"]` > 0: a window is started only when, by the replays so far, it ends by then (the first
-    window of a call always starts). Returns {chosen, selection, complete (windows with every planned policy ok),
+    window of a call always starts). A window's policies run one after the other, their order turned by
+    the window's index, so that what the first replay of a process pays (it was the reference every time
+    in the one-window runs) does not fall on one policy. Returns {chosen, selection, complete (windows with every planned policy ok),
     stopped (why windows were left, or None), order (the (window, policy) replays of this call), kept, rows}."""
     t0 = clock() if t0 is None else t0
     earlier = earlier if earlier is not None and len(earlier) else pd.DataFrame(columns=["window", "policy", "status"])
@@ -231,7 +233,8 @@ def replay_windows(p: dict, bounds: list[dict], replay: Callable[[int, str], dic
             stopped = f"deadline_s {p['deadline_s']:g} reached before window {b['window']}"
             return False
         started = True
-        for pol in pols:
+        k = b["window"] % len(pols)          # the order turns with the window: no policy is always first
+        for pol in pols[k:] + pols[:k]:
             t = clock()
             row = {**replay(b["window"], pol), "window": b["window"], "window_role": b["role"], "policy": pol}
             last[pol] = clock() - t

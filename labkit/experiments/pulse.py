@@ -42,6 +42,8 @@ SPEC = [
           "windows is at most this times the reference's"),
     Param("policies", "list[str]", [], "more policies replayed as given on every window (not fitted): "
           "threshold:N, noswitch:N, adaptive, adaptive:MIN:HIDE, resident, offload"),
+    Param("warmup", "bool", True, "untimed short replays first (the first replay of a process pays for kernel "
+          "compiles: the reference always did in the one-window runs)"),
     Param("deadline_s", "float", 0.0, "start no window that would end past this many seconds (0: none); "
           "the run is then partial and resume continues it"),
     Param("resume", "str", "", "continue a partial run of the same parameters: its folder, or auto (the "

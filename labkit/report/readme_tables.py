@@ -394,8 +394,9 @@ def pulse_trace_table() -> str:
     lead = (f"Run `{mf['run_id']}` ({mf.get('gpu_name') or 'CPU'}): {prm['windows']} disjoint windows of {prm['window_size']} "
             f"trace requests (inputs × {float(prm['length_scale']):g}, ≤ {prm['max_output']} output tokens); windows "
             f"{span(mf['calibration'])} calibrate (chosen there: {chosen}), windows {span(mf['test'])} are test windows. "
-            f"Ratios to `{ref}` on the same window; median, min and max over the test windows (`labkit.stats.spread`), "
-            f"95% bootstrap interval of the median over windows.")
+            f"Ratios to `{ref}` on the same window (its policies in an order turned per window, after untimed warm-up "
+            f"replays); median, min and max over the test windows (`labkit.stats.spread`), 95% bootstrap interval of "
+            f"the median over windows.")
     return (lead + "\n\n" + _md(pd.DataFrame(rows)) + "\n\nEvery one-window replay (thresholds read off the window "
             "they are reported on):\n\n" + single)
 
