@@ -262,3 +262,21 @@ def test_device_plan_replays_the_committed_graphs_on_serving():
         assert raw[k] == prm[k], k
     assert W.is_first_window_of(prm, {**prm, **raw})
     assert raw["deadline_s"] > 0 and raw["resume"] == "auto" and e.timeout_s > raw["deadline_s"]
+
+
+def test_ratio_figure_one_point_per_window_and_policy_calibration_drawn_open(small_run):
+    from labkit.report.window_figures import ratio_figure, window_table
+    r = pd.read_parquet(small_run / "window_ratios.parquet")
+    single = W.single_window(pd.read_parquet(small_run / "metrics.parquet").query("window == 0")
+                             .query("policy in ['noswitch:40', 'threshold:40']"))
+    fig = ratio_figure(r, "noswitch:40", system="CPU", single=single, single_label="one-window run")
+    left = [t for t in fig.data if t.xaxis == "x"]
+    points = {(t.name, int(x)) for t in left for x in t.x}
+    fitted = r[r["arm"] != W.REFERENCE]
+    assert len(points) == len(fitted) + 1 == sum(len(t.x) for t in left)      # the one-window run: one cross
+    for t in left:
+        sym = t.marker.symbol
+        assert sym == ("circle-open" if "calibration" in t.name else "x" if t.name == "one-window run" else "circle"), t.name
+    assert not [t for t in fig.data if W.REFERENCE in (t.name or "")] and "CPU" in fig.layout.title.text
+    tab = window_table(r)
+    assert list(tab.index) == ["0 (calibration)", "1 (test)", "2 (test)"] and W.REFERENCE not in tab.columns

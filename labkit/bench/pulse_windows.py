@@ -207,8 +207,9 @@ def replay_windows(p: dict, bounds: list[dict], replay: Callable[[int, str], dic
     `p["deadline_s"]` > 0: a window is started only when, by the replays so far, it ends by then (the first
     window of a call always starts). A window's policies run one after the other, their order turned by
     the window's index, so that what the first replay of a process pays (it was the reference every time
-    in the one-window runs) does not fall on one policy. Returns {chosen, selection, complete (windows with every planned policy ok),
-    stopped (why windows were left, or None), order (the (window, policy) replays of this call), kept, rows}."""
+    in the one-window runs) does not fall on one policy. Returns {chosen, selection, complete (windows with
+    every planned policy ok), stopped (why windows were left, or None), order (this call's (window, policy)
+    replays), kept, rows}."""
     t0 = clock() if t0 is None else t0
     earlier = earlier if earlier is not None and len(earlier) else pd.DataFrame(columns=["window", "policy", "status"])
     kept, _ = complete_windows(earlier, p, bounds)
