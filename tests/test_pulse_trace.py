@@ -27,13 +27,18 @@ GOOD = [{"timestamp": 0, "input_length": 6000, "output_length": 20, "hash_ids": 
         {"timestamp": 160, "input_length": 20000, "output_length": 5, "hash_ids": [5]}]
 
 
+ONE = dict(windows=1, calibration_windows=0)         # one window, the policies as given: no fitting
+
+
 def test_bad_input_is_one_line_before_anything_runs(tmp_path):
-    base = dict(device="cpu", n_requests=4)
+    base = dict(device="cpu", window_size=4, **ONE)
     missing = _trace(tmp_path / "m.jsonl", [{"timestamp": 0, "output_length": 3}])
     with pytest.raises(BadInput, match="not a trace record"):
         _plan({**base, "trace": missing})
     neg = _trace(tmp_path / "n.jsonl", [{**GOOD[0], "timestamp": -5}])
     with pytest.raises(BadInput, match="negative time"):
+        _plan({**base, "trace": neg, "window_size": 1})
+    with pytest.raises(BadInput, match="but the trace holds 1"):              # a window longer than the trace
         _plan({**base, "trace": neg})
     good = _trace(tmp_path / "g.jsonl", GOOD)
     with pytest.raises(BadInput, match="rate must be > 0"):
@@ -42,13 +47,14 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path):
         _plan({**base, "trace": good, "dma_units_per_call": 4})
     with pytest.raises(BadInput, match="policy"):
         _plan({**base, "trace": good, "policies": "fastest"})
-    specs = P.requests(dict(_plan({**base, "trace": good, "length_scale": 0.01, "capacity": 100, "max_output": 8}).params))
+    specs = P.requests(dict(_plan({**base, "trace": good, "length_scale": 0.01, "capacity": 100, "max_output": 8}).params), 0)
     assert [len(s.prompt) for s in specs] == [60, 92, 30, 95]                # scaled, then capped to the slot
     assert [s.output_len for s in specs] == [8, 8, 8, 5]
     assert all(len(s.prompt) + s.output_len <= 100 for s in specs)
     assert [s.arrival_s for s in specs] == [0.0, 0.05, 0.12, 0.16]
     r = subprocess.run([sys.executable, "-m", "labkit", "run", "pulse", "-p", f"trace={neg}", "-p", "device=cpu",
-                        "--out", str(tmp_path / "never")], capture_output=True, text=True)
+                        "-p", "windows=1", "-p", "window_size=1", "-p", "calibration_windows=0", "--out", str(tmp_path / "never")],
+                       capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "negative time" in r.stderr
     assert not (tmp_path / "never").exists()
 
@@ -56,8 +62,9 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path):
 def test_labkit_run_pulse_notebook(tmp_path):
     from labkit.execute import run_experiment
     good = _trace(tmp_path / "g.jsonl", GOOD)
-    out, err = run_experiment("pulse", {"device": "cpu", "trace": good, "n_requests": "4", "rate": "10",
-                                      "policies": "threshold:60,noswitch:60", "resident_slots": "2",
+    out, err = run_experiment("pulse", {"device": "cpu", "trace": good, "window_size": "4", "windows": "1",
+                                      "calibration_windows": "0", "rate": "10",
+                                      "reference": "noswitch:60", "policies": "threshold:60", "resident_slots": "2",
                                       "offload_slots": "2", "timeline_every": "1", "strategy": "block_dma",
                                       "select_block": "16", "dma_units_per_call": "3"},
                             out_dir=tmp_path / "run", log_output=False, timeout=300)
@@ -66,10 +73,10 @@ def test_labkit_run_pulse_notebook(tmp_path):
     prm = json.loads((out / "manifest.json").read_text())["parameters"]
     assert (prm["strategy"], prm["select_block"], prm["dma_units_per_call"]) == ("block_dma", 16, 3)
     m = pd.read_parquet(out / "metrics.parquet")
-    assert list(m["policy"]) == ["threshold:60", "noswitch:60"] and set(m["status"]) == {"ok"}
+    assert list(m["policy"]) == ["noswitch:60", "threshold:60"] and set(m["status"]) == {"ok"}
     assert (m["completed"] == 4).all() and (m["output_throughput"] > 0).all() and m["tpot_ms_p99"].notna().all()
-    assert list(m["switching"]) == [True, False]
-    sw, ns = m.iloc[0], m.iloc[1]
+    assert list(m["switching"]) == [False, True]
+    sw, ns = m.iloc[1], m.iloc[0]
     assert sw["switched_rounds"] > 0 and ns["switched_rounds"] == 0
     assert 0 < sw["share_offloaded"] < 1
     tl = pd.read_parquet(out / "timeline.parquet")
@@ -83,6 +90,7 @@ def test_default_trace_travels_with_the_package_and_pool_check(tmp_path):
     a resident pool smaller than one request slot is one line before anything is allocated, from the
     plain-Python entry point too (no papermill on the GPU host)."""
     p = _plan({"device": "cpu"})
+    assert (p["windows"], p["window_size"], p["calibration_windows"]) == (8, 4, 2)
     assert p["trace"].endswith("labkit/data/mooncake-conversation-first1000.jsonl")
     from labkit.serving.workload import load_trace
     rows = load_trace(p["trace"])
@@ -99,14 +107,15 @@ def test_inprocess_transport_same_tables(tmp_path):
     """`transport=inprocess` (a GPU host without the ASGI stack): the same scheduler on its own clock,
     the same run-folder tables and metrics, switching still on for `threshold:N`."""
     good = _trace(tmp_path / "g.jsonl", GOOD)
-    run = experiments.measure("pulse", {"device": "cpu", "trace": good, "n_requests": "4", "rate": "10",
-                                        "transport": "inprocess", "policies": "threshold:60,noswitch:60",
+    run = experiments.measure("pulse", {"device": "cpu", "trace": good, "window_size": "4", "windows": "1",
+                                        "calibration_windows": "0", "rate": "10", "reference": "noswitch:60",
+                                        "transport": "inprocess", "policies": "threshold:60",
                                         "resident_slots": "2", "offload_slots": "2", "timeline_every": "1",
                                         "out_dir": str(tmp_path / "run")})
     m = pd.read_parquet(run.path / "metrics.parquet")
-    assert list(m["policy"]) == ["threshold:60", "noswitch:60"] and set(m["status"]) == {"ok"}
+    assert list(m["policy"]) == ["noswitch:60", "threshold:60"] and set(m["status"]) == {"ok"}
     assert (m["completed"] == 4).all() and set(m["transport"]) == {"inprocess"}
-    assert m.iloc[0]["switched_rounds"] > 0 and m.iloc[1]["switched_rounds"] == 0
+    assert m.iloc[1]["switched_rounds"] > 0 and m.iloc[0]["switched_rounds"] == 0
     assert (m["tpot_ms_p99"] > 0).all() and (m["output_throughput"] > 0).all()
     r = pd.read_parquet(run.path / "requests.parquet")
     assert set(r["lane"]) == {"resident", "offload"} and len(r) == 8

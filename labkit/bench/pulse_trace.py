@@ -1,19 +1,28 @@
 """`labkit run pulse`: the Mooncake conversation trace replayed against `labkit serve`, one placement
-policy at a time (PulseInfer).
+policy at a time (PulseInfer), over disjoint windows of the trace.
 
-For each policy a fresh engine server (the same seeded model, empty pools) is started on 127.0.0.1 and
-the load generator that drives vLLM (`labkit.serving.loadgen.run_load`, open loop at the trace's arrival
-times divided by `rate`) sends the requests. Trace lengths are multiplied by `length_scale` and capped
-to what a slot holds (`capacity`); the scaling used is recorded in the manifest and every row.
+The trace's first `windows x window_size` requests are cut into disjoint windows (`pulse_windows`); the
+first `calibration_windows` choose the static threshold and fit the adaptive policy's constants, the rest
+(test windows) report them against the reference policy of the same window. For each replay a fresh engine
+server (the same seeded model, empty pools) is started on 127.0.0.1 and the load generator that drives
+vLLM (`labkit.serving.loadgen.run_load`, open loop at the trace's arrival times divided by `rate`) sends
+the window's requests (`transport=inprocess`: the scheduler on its own clock, no server). Trace lengths
+are multiplied by `length_scale` and capped to what a slot holds (`capacity`); the scaling used is
+recorded in the manifest and every row. One window, no calibration (`windows=1 calibration_windows=0`)
+is the replay of the trace's first `window_size` requests under the policies given.
 
-Policies: `adaptive` (measured costs, `scheduler.calibrate`), `threshold:N` (offload prompt + output
-> N tokens, switching on), `noswitch:N` (the same placement, batches run one after the other: "offload
-every long request, no switching"), `resident`, `offload`.
+Policies (`pulse_policy`): `adaptive` (measured costs, `scheduler.calibrate`), `adaptive:MIN:HIDE` (its
+constants given), `threshold:N` (offload prompt + output > N tokens, switching on), `noswitch:N` (the same
+placement, batches run one after the other: "offload every long request, no switching"), `resident`,
+`offload`.
 
-Run folder: `metrics.parquet` (one row per policy: vLLM's TTFT/TPOT/ITL/E2EL statistics, throughput,
-goodput at `tpot_slo_ms`, share of requests offloaded, switches, stalls, GPU stall share of the sampled
-rounds, link bytes), `requests.parquet` (the load generator's records + lane), `rounds.parquet` (per
-decode iteration), `timeline.parquet` (sampled rounds' spans), `loads.parquet` (bytes per load).
+Run folder: `metrics.parquet` (one row per window and policy: vLLM's TTFT/TPOT/ITL/E2EL statistics,
+throughput, goodput at `tpot_slo_ms`, share of requests offloaded, switches, stalls, GPU stall share of
+the sampled rounds, link bytes; `window`, `window_role`), `window_ratios.parquet` (per window and arm: the
+ratios to the reference), `window_summary.parquet` (per arm over the test windows: median, min, max and
+a bootstrap interval), `selection.parquet` (every candidate's calibration figures, the chosen ones),
+`requests.parquet` (the load generator's records + lane, every window); `rounds`, `timeline` and `loads`
+of the first test window only (results/ stays small).
 """
 from __future__ import annotations
 
@@ -27,15 +36,20 @@ from ..params import BadInput, one_line, resolve_device
 
 EXPERIMENT = "pulse"
 # The first 1,000 requests (330 s of arrivals) of the Mooncake FAST'25 conversation trace (Apache-2.0,
-# kvcache-ai/Mooncake, where the whole hour is), committed in
-# the package: a GPU host gets only the repository tree, and the default replay uses the first 64.
+# kvcache-ai/Mooncake, where the whole hour is), committed in the package: a GPU host gets only the
+# repository tree.
 TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake-conversation-first1000.jsonl"
 
-
-DEFAULTS = {"cuda": dict(shape="qwen3.8-flash-next", n_requests=64, length_scale=1.0, max_output=128, capacity=131072,
-                         budget=REFERENCE_BUDGET, tpot_slo_ms=50.0, page_size=256, prefill_chunk=8192),
-            "cpu": dict(shape="tiny", n_requests=8, length_scale=1 / 200, max_output=6, capacity=512, budget=16,
-                        tpot_slo_ms=2000.0, page_size=16, prefill_chunk=64)}
+# Thresholds are in the scaled lengths: on CPU inputs are x1/200, so 40 there stands where ~4096 stands
+# at x0.5 on the GPU (a trace request of ~8K tokens).
+DEFAULTS = {"cuda": dict(shape="qwen3.8-flash-next", window_size=32, length_scale=1.0, max_output=128, capacity=131072,
+                         budget=REFERENCE_BUDGET, tpot_slo_ms=50.0, page_size=256, prefill_chunk=8192,
+                         reference="noswitch:4096", thresholds=[4096, 8192], adaptive_min_tokens=[REFERENCE_BUDGET, 8192]),
+            "cpu": dict(shape="tiny", window_size=4, length_scale=1 / 200, max_output=6, capacity=512, budget=16,
+                        tpot_slo_ms=2000.0, page_size=16, prefill_chunk=64,
+                        reference="noswitch:40", thresholds=[40, 80], adaptive_min_tokens=[16, 64])}
+# parameters that may differ between a run cut short and the run that resumes it
+RESUME_FREE = {"out_dir", "resume", "deadline_s", "trace"}
 
 
 def _params(given: dict) -> dict:
@@ -50,9 +64,15 @@ def _params(given: dict) -> dict:
         raise BadInput(f"rate must be > 0, got {p['rate']}")
     if p["length_scale"] <= 0:
         raise BadInput(f"length_scale must be > 0, got {p['length_scale']}")
-    for k in ("n_requests", "max_output", "capacity", "budget", "page_size", "prefill_chunk"):
+    for k in ("window_size", "max_output", "capacity", "budget", "page_size", "prefill_chunk"):
         if p[k] <= 0:
             raise BadInput(f"{k} must be > 0, got {p[k]}")
+    if p["deadline_s"] < 0:
+        raise BadInput(f"deadline_s must be >= 0 (0: none), got {p['deadline_s']}")
+    if not p["p99_limit"] > 0:
+        raise BadInput(f"p99_limit must be > 0, got {p['p99_limit']}")
+    if p["calibration_windows"] > 0 and not (p["thresholds"] or p["adaptive_min_tokens"] and p["adaptive_hide"]):
+        raise BadInput("calibration windows need candidates: thresholds, or adaptive_min_tokens with adaptive_hide")
     if p["select_block"] < 1 or p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
         raise BadInput(f"select_block must be >= 1 and divide budget ({p['budget']}) and page_size "
                        f"({p['page_size']}), got {p['select_block']}")
@@ -78,9 +98,10 @@ def _params(given: dict) -> dict:
         raise BadInput(f"transport must be http, inprocess or auto, got {p['transport']!r}")
     if p["resident_slots"] < 0 or p["offload_slots"] < 0 or p["resident_slots"] + p["offload_slots"] == 0:
         raise BadInput("resident_slots and offload_slots must be >= 0, not both 0")
-    from ..engine.drive.scheduler import Costs, parse_policy
-    for pol in p["policies"]:
-        parse_policy(pol.replace("noswitch:", "threshold:"), Costs(0, 0, 0))
+    from .pulse_policy import check_policy
+    from .pulse_windows import candidates
+    for pol in [p["reference"], *p["policies"], *(c for cs in candidates(p).values() for c in cs)]:
+        check_policy(pol)
     if p["resident_slots"] and p["resident_pool_tokens"] and p["resident_pool_tokens"] < p["capacity"]:
         # a request of `capacity` tokens placed resident could never get its pages: say so now, not
         # as a failed policy row after the pools are allocated
@@ -91,28 +112,75 @@ def _params(given: dict) -> dict:
 
 
 def check(given: dict) -> dict:
-    """Validate resolved parameters, trace included, and decide the "auto" ones before anything is
-    allocated (one line on bad input)."""
+    """Validate resolved parameters, the trace and its windows included, find the run to resume, and decide
+    the "auto" ones, before anything is allocated (one line on bad input)."""
+    import hashlib
+
+    from ..serving.workload import load_trace
+    from .pulse_windows import window_bounds
     p = _params(given)
-    requests(p)
+    rows = load_trace(p["trace"])
+    window_bounds(len(rows), p["windows"], p["window_size"], p["calibration_windows"])
+    for i, r in enumerate(rows[:p["windows"] * p["window_size"]]):
+        if r["timestamp"] < 0 or r["input_length"] < 1 or r["output_length"] < 1:
+            raise BadInput(f"trace {p['trace']}: request {i} has a negative time or a length < 1")
+    p["trace_sha"] = hashlib.sha256(Path(p["trace"]).read_bytes()).hexdigest()[:16]
+    p["resume"] = _resume(p)
     return p
 
 
-def requests(p: dict) -> list:
-    """The trace's first `n_requests`, arrivals / rate, inputs x length_scale, capped to a slot."""
-    from ..serving.workload import load_trace, trace_replay
+def _signature(params: dict) -> dict:
+    """The parameters a resumed run must share with the run it continues, as the manifest stores them."""
+    import json
+    norm = lambda v: ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else v   # noqa: E731
+    return {k: json.dumps(norm(v), default=str) for k, v in params.items() if k not in RESUME_FREE}
+
+
+def _resume(p: dict) -> str:
+    """`resume`: "" (a fresh run), a run folder, or "auto": the newest pulse run under results/ that did
+    not finish ok and has these parameters. A folder given that is no such run is one line."""
+    import json
+
+    from ..results import REPO, effective_status, run_manifests
+    want = p["resume"].strip()
+    if not want:
+        return ""
+    sig = _signature(p)
+    if want != "auto":
+        mf = Path(want) / "manifest.json"
+        if not mf.is_file():
+            raise BadInput(f"resume={want}: not a run folder (no manifest.json)")
+        m = json.loads(mf.read_text())
+        diff = sorted(k for k in set(sig) | set(_signature(m.get("parameters", {})))
+                      if sig.get(k) != _signature(m.get("parameters", {})).get(k))
+        if m.get("experiment") != EXPERIMENT or diff:
+            raise BadInput(f"resume={want}: not a pulse run of these parameters (differs in {', '.join(diff) or 'experiment'})")
+        return str(Path(want))
+    found = []
+    for mf in run_manifests(REPO / "results"):
+        try:
+            m = json.loads(mf.read_text())
+        except ValueError:
+            continue
+        if (m.get("experiment") == EXPERIMENT and effective_status(m) != "ok"
+                and _signature(m.get("parameters", {})) == sig):
+            found.append((m.get("created") or "", str(mf.parent)))
+    return max(found)[1] if found else ""
+
+
+def requests(p: dict, window: int = 0) -> list:
+    """Window `window`'s requests (trace requests window x window_size on), arrivals from the window's first
+    request / rate, inputs x length_scale, capped to a slot; each request's id is its index in the trace."""
+    from ..serving.workload import trace_replay
     from ..shapes import ModelShape
-    rows = load_trace(p["trace"])[:p["n_requests"]]
-    for i, r in enumerate(rows):
-        if r["timestamp"] < 0 or r["input_length"] < 1 or r["output_length"] < 1:
-            raise BadInput(f"trace {p['trace']}: request {i} has a negative time or a length < 1")
-    cap, scale = p["capacity"], p["length_scale"]
+    cap, scale, n = p["capacity"], p["length_scale"], p["window_size"]
     vocab = ModelShape.from_name(p["shape"]).vocab
-    specs = trace_replay(p["trace"], p["n_requests"], p["rate"], max(2, int(cap / scale)), vocab,
-                         max_output=min(p["max_output"], cap - 1), seed=p["seed"])
+    specs = trace_replay(p["trace"], n, p["rate"], max(2, int(cap / scale)), vocab,
+                         max_output=min(p["max_output"], cap - 1), start=window * n, seed=p["seed"])
     for s in specs:
-        n = max(1, min(int(len(s.prompt) * scale), cap - s.output_len))
-        s.prompt = [t % vocab for t in s.prompt[:n]]
+        m = max(1, min(int(len(s.prompt) * scale), cap - s.output_len))
+        s.prompt = [t % vocab for t in s.prompt[:m]]
+        s.index += window * n
         s.meta["length_scale"] = scale
     return specs
 
@@ -125,18 +193,18 @@ def _free_port() -> int:
 
 def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     """One policy: a server on a free port, the load generator against it; returns records and stats."""
-    from ..engine.drive.scheduler import Scheduler, calibrate, make_lanes, parse_policy
+    from ..engine.drive.scheduler import Request, Scheduler, calibrate, make_lanes
     from ..engine.transfer import setting_names, settings_of
     lanes = make_lanes(model.shape, model.device, p["resident_slots"], p["offload_slots"], capacity=p["capacity"],
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
                        resident_pool_tokens=p["resident_pool_tokens"] or None, select_block=p["select_block"],
                        settings={k: p[k] for k in setting_names() if k in {s.param for s in settings_of(p["strategy"])}})
-    costs = calibrate(lanes, graphs=p["graphs"]) if policy == "adaptive" else None
+    from .pulse_policy import make_policy, needs_costs
+    costs = calibrate(lanes, graphs=p["graphs"]) if needs_costs(policy) else None
     switching = not policy.startswith("noswitch:")
-    sched = Scheduler(lanes, parse_policy(policy.replace("noswitch:", "threshold:"), costs), switching=switching,
+    sched = Scheduler(lanes, make_policy(policy, costs), switching=switching,
                       timeline_every=p["timeline_every"], graphs=p["graphs"])
-    from ..engine.drive.scheduler import Request
     for s in specs:      # every request must fit where the policy may put it: one line before anything runs
         sched.validate(Request(s.prompt, s.output_len, id=str(s.index)))
     if p["transport"] == "inprocess":
@@ -200,6 +268,7 @@ def _summary(policy: str, p: dict, out: dict) -> dict:
            "gpu_stall_share_sampled": stall / span if span else None,
            "h2d_bytes_total": sum(r["h2d_bytes"] for r in rounds),
            "graphs": st.get("graphs"), "graph_error": st.get("graph_error"),
+           "first_round_s": rounds[0]["time"] if rounds else None,
            "rate": p["rate"], "length_scale": p["length_scale"], "n_requests": len(recs), "transport": p["transport"],
            **s}
     if out["costs"] is not None:
@@ -207,42 +276,115 @@ def _summary(policy: str, p: dict, out: dict) -> dict:
     return row
 
 
+def _warm_up(p: dict, model, policies: list[str]) -> float:
+    """Untimed replays before the measured ones: the first replay of a process pays for kernel compiles
+    and first allocations (2-7 s more before the first round in the one-window runs on the H200, every
+    time on the reference, which ran first). The first requests of window 0, all at once, a few tokens
+    each, under the reference and one policy of each other kind (switching, adaptive). Returns seconds."""
+    t = time.monotonic()
+    kinds = {}
+    for pol in policies:
+        kinds.setdefault(pol.split(":")[0], pol)
+    specs = requests(p, 0)[:min(4, p["window_size"])]
+    for s in specs:
+        s.output_len, s.arrival_s = min(s.output_len, 4), 0.0
+    for pol in kinds.values():
+        replay_policy(pol, {**p, "timeline_every": 0}, specs, model)
+    return time.monotonic() - t
+
+
+def _earlier(path: str) -> dict:
+    """A run cut short that this one continues: its metrics and per-window tables ({} for a fresh run)."""
+    if not path:
+        return {}
+    from ..results import load_run
+    lr = load_run(path)
+    out = {n: lr.table(n) for n in ("metrics", "requests", "rounds", "timeline", "loads")}
+    mf = lr.manifest
+    # a device plan names its folder the same in every call: the session and the time tell the calls apart
+    out["me"] = {k: mf.get(k) for k in ("run_id", "session", "created", "git_sha")}
+    out["resumed_from"] = mf.get("resumed_from") or []
+    return out
+
+
 def run(p: dict, progress_bar: bool = False):
-    """`labkit run pulse`: every policy over the same trace slice into one run folder."""
+    """`labkit run pulse`: the calibration windows, the choice, then the test windows, into one run folder."""
+    import os
+
     import pandas as pd
     import torch
 
     from ..engine.model.hybrid import HybridModel
     from ..results import Run
+    from ..serving.workload import load_trace
     from ..shapes import ModelShape
-    specs = requests(p)
+    from . import pulse_windows as W
+    t0 = time.monotonic()
+    bounds = W.window_bounds(len(load_trace(p["trace"])), p["windows"], p["window_size"], p["calibration_windows"])
+    roles = {b["window"]: b["role"] for b in bounds}
+    sampled = next(b["window"] for b in bounds if b["role"] == "test")     # the window whose rounds are kept
+    before = _earlier(p["resume"])
     run = Run.create(p["out_dir"] or None, EXPERIMENT, {**p, "policies": ",".join(p["policies"])})
+    run.update_manifest(windows=bounds, calibration=[w for w, r in roles.items() if r == "calibration"],
+                        test=[w for w, r in roles.items() if r == "test"], selection_rule=W.RULE, sampled_window=sampled,
+                        resumed_from=[before["me"], *before["resumed_from"]] if before else [])
     dev = torch.device(p["device"])
-    base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"]}
+    base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"],
+            "measured_in": run.run_id, "session": os.environ.get("LABKIT_SESSION", ""), "git_sha": run.manifest["git_sha"]}
     model = HybridModel(ModelShape.from_name(p["shape"]), dev, seed=p["seed"])
-    reqs, rounds, spans, loads = [], [], [], []
-    for pol in p["policies"]:
+    tables = {n: [] for n in ("requests", "rounds", "timeline", "loads")}
+
+    def write_tables():
+        for name, rows in tables.items():
+            run.write_table(name, pd.DataFrame(rows))
+
+    def replay(w: int, pol: str) -> dict:
+        where = {"window": w, "window_role": roles[w]}
         try:
-            out = replay_policy(pol, p, specs, model)
+            out = replay_policy(pol, {**p, "timeline_every": p["timeline_every"] if w == sampled else 0},
+                                requests(p, w), model)
         except Exception as ex:   # noqa: BLE001 - recorded, the next policy runs
-            run.add({**base, "experiment": EXPERIMENT, "policy": pol, "status": "failed", "error": one_line(ex)})
-            continue
-        run.add({**base, **_summary(pol, p, out)})
+            return {**base, "experiment": EXPERIMENT, "policy": pol, "status": "failed", "error": one_line(ex)}
         lane = {r["request_id"]: r.get("lane") for r in out["stats"]["records"]}
         for r in out["records"]:
-            reqs.append({"policy": pol, **{k: v for k, v in r.items() if k not in ("text", "token_times")},
-                         "lane": lane.get(r.get("request_id")), "n_token_times": len(r.get("token_times") or [])})
-        for r in out["stats"]["rounds"]:
-            rounds.append({"policy": pol, **{k: v for k, v in r.items() if k not in ("batch", "load_bytes")},
-                           **{f"batch_{k}": v for k, v in r["batch"].items()}})
-            loads += [{"policy": pol, "iteration": r["iteration"], "bytes": b} for b in r.get("load_bytes", [])]
-        for t in out["timelines"]:
-            spans += [{"policy": pol, "iteration": t["iteration"], "mode": t["mode"], **s} for s in t["spans"]]
-        # after every policy: a run cut short (a device session's time limit) keeps what it measured
-        for name, rows in (("requests", reqs), ("rounds", rounds), ("timeline", spans), ("loads", loads)):
-            run.write_table(name, pd.DataFrame(rows))
-    for name, rows in (("requests", reqs), ("rounds", rounds), ("timeline", spans), ("loads", loads)):
-        run.write_table(name, pd.DataFrame(rows))
-    run.finish()
-    return run
+            tables["requests"].append({"policy": pol, **where, **{k: v for k, v in r.items() if k not in ("text", "token_times")},
+                                       "lane": lane.get(r.get("request_id")), "n_token_times": len(r.get("token_times") or [])})
+        if w == sampled:
+            for r in out["stats"]["rounds"]:
+                tables["rounds"].append({"policy": pol, **{k: v for k, v in r.items() if k not in ("batch", "load_bytes")},
+                                         **{f"batch_{k}": v for k, v in r["batch"].items()}})
+                tables["loads"] += [{"policy": pol, "iteration": r["iteration"], "bytes": b} for b in r.get("load_bytes", [])]
+            for t in out["timelines"]:
+                tables["timeline"] += [{"policy": pol, "iteration": t["iteration"], "mode": t["mode"], **s} for s in t["spans"]]
+        # after every replay: a run cut short (a device session's time limit) keeps what it measured
+        write_tables()
+        return {**base, **_summary(pol, p, out), **where}
 
+    def record(row: dict) -> None:
+        run.add({k: v for k, v in row.items() if k != "run_id"})
+
+    if p["warmup"]:
+        run.update_manifest(warmup_s=round(_warm_up(p, model, [p["reference"], *W.planned(p, "calibration", {})]), 2))
+    earlier = before.get("metrics") if before else None
+    out = W.replay_windows(p, bounds, replay, record, earlier=earlier, t0=t0)
+    for w in out["kept"]:             # what the earlier run measured on the windows kept from it
+        for name in tables:
+            t = before.get(name, pd.DataFrame())
+            if name == "requests" and len(t):
+                tables[name] = t[t["window"] == w].to_dict("records") + tables[name]
+            elif w == sampled and len(t):
+                tables[name] = t.to_dict("records") + tables[name]
+    write_tables()
+    m = run.metrics()
+    ratios = W.window_ratios(m, p, out["chosen"], roles)
+    run.write_table("window_ratios", ratios)
+    run.write_table("window_summary", W.summarize(ratios))
+    run.write_table("selection", out["selection"])
+    run.update_manifest(chosen=out["chosen"], complete_windows=out["complete"], kept_windows=out["kept"],
+                        measured_windows=sorted({w for w, _ in out["order"]}))
+    if out["stopped"]:
+        left = [w for w in roles if w not in out["complete"]]
+        run.finish(error=f"{out['stopped']}: windows {', '.join(map(str, left))} not replayed (resume=auto continues)")
+    else:
+        run.finish()
+    return run

@@ -1,6 +1,8 @@
 """`labkit run pulse`: PulseInfer's scheduling on a real request trace (Mooncake conversations): labkit's
-engine serves the trace with a resident and an offload lane, with and without switching batches at layer
-boundaries, once per placement policy. Code: `labkit.bench.pulse_trace`."""
+engine serves disjoint windows of the trace with a resident and an offload lane, with and without switching
+batches at layer boundaries, once per placement policy; the static threshold and the adaptive policy's
+constants are chosen on calibration windows and reported on the others. Code: `labkit.bench.pulse_trace`,
+`labkit.bench.pulse_windows`."""
 from __future__ import annotations
 
 from ..engine.transfer import strategy_params
@@ -13,7 +15,10 @@ SPEC = [
     Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
     Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
     Param("trace", "str", "", "Mooncake-format trace (empty: the trace's first 1,000 requests, labkit/data)"),
-    Param("n_requests", "int", "auto", "first N requests of the trace (auto: 64 on CUDA, 8 on CPU)"),
+    Param("windows", "int", 8, "disjoint windows of window_size consecutive trace requests, from the first"),
+    Param("window_size", "int", "auto", "requests per window (auto: 32 on CUDA, 4 on CPU)"),
+    Param("calibration_windows", "int", 2, "the first N windows choose the threshold and fit the adaptive "
+          "constants; the others are test windows (0: no fitting, the policies as given)"),
     Param("rate", "float", 1.0, "arrival-rate multiplier (2: twice as fast as the trace)"),
     Param("length_scale", "float", "auto", "multiply input lengths (auto: 1.0 on CUDA, 1/200 on CPU)"),
     Param("max_output", "int", "auto", "cap output lengths (auto: 128 on CUDA, 6 on CPU)"),
@@ -25,8 +30,24 @@ SPEC = [
     Param("strategy", "str", "zero_copy", "the offload lane's strategy (block_dma: one batched DMA a layer)"),
     Param("select_block", "int", 1, "decode selects whole aligned blocks of N positions (16: PulseInfer's)"),
     *strategy_params(),        # the offload lane's strategy settings, declared beside each strategy
-    Param("policies", "list[str]", ["adaptive", "threshold:4096", "threshold:16384", "noswitch:4096"],
-          "placement policies to compare"),
+    Param("reference", "str", "auto", "the policy every ratio is to, within a window (auto: noswitch:4096 on "
+          "CUDA, noswitch:40 on CPU)"),
+    Param("thresholds", "list[int]", "auto", "static threshold candidates, chosen on the calibration windows "
+          "(auto: 4096,8192 on CUDA, 40,80 on CPU)"),
+    Param("adaptive_min_tokens", "list[int]", "auto", "adaptive grid: prompt length from which a request is "
+          "offloaded when its transfer hides (the engine's rule: the budget; auto: 2048,8192 on CUDA, 16,64 on CPU)"),
+    Param("adaptive_hide", "list[float]", [1.0], "adaptive grid: a transfer hides when transfer <= HIDE x the "
+          "normal batch's compute (the engine's rule: 1)"),
+    Param("p99_limit", "float", 1.0, "a candidate is acceptable when its median p99 TPOT over the calibration "
+          "windows is at most this times the reference's"),
+    Param("policies", "list[str]", [], "more policies replayed as given on every window (not fitted): "
+          "threshold:N, noswitch:N, adaptive, adaptive:MIN:HIDE, resident, offload"),
+    Param("warmup", "bool", True, "untimed short replays first (the first replay of a process pays for kernel "
+          "compiles: the reference always did in the one-window runs)"),
+    Param("deadline_s", "float", 0.0, "start no window that would end past this many seconds (0: none); "
+          "the run is then partial and resume continues it"),
+    Param("resume", "str", "", "continue a partial run of the same parameters: its folder, or auto (the "
+          "newest such run under results/); its complete windows are kept, not replayed"),
     Param("tpot_slo_ms", "float", "auto", "goodput's TPOT limit (auto: 50 on CUDA, 2000 on CPU)"),
     Param("timeline_every", "int", 10, "record the switching timeline every N decode rounds"),
     Param("page_size", "int", "auto", "KV page (auto: 256 on CUDA, 16 on CPU)"),

@@ -335,7 +335,11 @@ def pulse_selection_table(requests: int = 4, budgets=(256, 2048)) -> str:
 
 
 def pulse_trace_table() -> str:
-    """Per policy, throughput as a ratio to "noswitch" of the same run (same requests, same strategy)."""
+    """The trace replayed over disjoint windows (`RUNS["pulse_trace_windows"]`, when one is committed): per
+    policy, median, min and max over the test windows of its throughput and p99 TPOT as ratios to the
+    reference on the same window, thresholds chosen on the calibration windows; the one-window replays of
+    window 0 of the same serving as a row each. Then every one-window replay, per policy, throughput as a
+    ratio to "noswitch" of the same run (same requests, same strategy)."""
     cols = {"policy": "policy", "completed": "requests done", "output_throughput": "output tok/s",
             "ttft_ms_p99": "p99 TTFT ms", "tpot_ms_p50": "p50 TPOT ms", "tpot_ms_p90": "p90 TPOT ms",
             "tpot_ms_p99": "p99 TPOT ms", "share_offloaded": "share offloaded", "switched_rounds": "switched rounds",
@@ -358,7 +362,43 @@ def pulse_trace_table() -> str:
     t = pd.concat(parts, ignore_index=True)
     for c in ("output tok/s", "p99 TTFT ms", "p50 TPOT ms", "p90 TPOT ms", "p99 TPOT ms", "share offloaded"):
         t[c] = t[c].map(lambda v: f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}")
-    return _md(t)
+    single = _md(t)
+    win = RUNS.get("pulse_trace_windows")
+    if not win:
+        return single
+    from ..bench.pulse_windows import REFERENCE, first_window_runs, single_window
+    lr = load_run(REPO / win)
+    mf, prm = lr.manifest, lr.manifest["parameters"]
+    s, ref = lr.table("window_summary"), prm["reference"]
+    f2 = lambda v: "-" if pd.isna(v) else f"{v:.2f}"            # noqa: E731
+    span = lambda ws: f"{min(ws)}–{max(ws)}" if len(ws) > 1 else str(ws[0]) if ws else "none"   # noqa: E731
+    rows = []
+    for _, r in s[s["arm"] != REFERENCE].iterrows():
+        rows.append({"policy": r["arm"], "setting": r["policy"], "windows": f"test {span(mf['test'])} ({int(r['throughput_ratio_n'])})",
+                     "tok/s ratio median": f2(r["throughput_ratio"]), "min": f2(r["throughput_ratio_min"]),
+                     "max": f2(r["throughput_ratio_max"]),
+                     "95% interval of the median": f"[{f2(r['throughput_ratio_lo'])}, {f2(r['throughput_ratio_hi'])}]",
+                     "p99 TPOT ratio median": f2(r["tpot_p99_ratio"]), "p99 min": f2(r["tpot_p99_ratio_min"]),
+                     "p99 max": f2(r["tpot_p99_ratio_max"]),
+                     "p99 95% interval": f"[{f2(r['tpot_p99_ratio_lo'])}, {f2(r['tpot_p99_ratio_hi'])}]"})
+    for d in first_window_runs([REPO / x for x in PULSE_TRACE_RUNS], prm, ignore=("dma_units_per_call",)):
+        one = load_run(d)
+        per = one.manifest["parameters"].get("dma_units_per_call", 0)
+        for _, r in single_window(one.metrics).query("arm != @REFERENCE").iterrows():
+            v, q = f2(r["throughput_ratio"]), f2(r["tpot_p99_ratio"])
+            rows.append({"policy": f"{r['policy']} (run {d.name.split('-')[1]}, DMA {f'in calls of {per}' if per else 'in one call'})",
+                         "setting": "read off its window", "windows": "0 alone (1)", "tok/s ratio median": v, "min": v,
+                         "max": v, "95% interval of the median": "-", "p99 TPOT ratio median": q, "p99 min": q,
+                         "p99 max": q, "p99 95% interval": "-"})
+    chosen = ", ".join(c for c in (mf.get("chosen") or {}).values() if c) or "none"
+    lead = (f"Run `{mf['run_id']}` ({mf.get('gpu_name') or 'CPU'}): {prm['windows']} disjoint windows of {prm['window_size']} "
+            f"trace requests (inputs × {float(prm['length_scale']):g}, ≤ {prm['max_output']} output tokens); windows "
+            f"{span(mf['calibration'])} calibrate (chosen there: {chosen}), windows {span(mf['test'])} are test windows. "
+            f"Ratios to `{ref}` on the same window (its policies in an order turned per window, after untimed warm-up "
+            f"replays); median, min and max over the test windows (`labkit.stats.spread`), 95% bootstrap interval of "
+            f"the median over windows.")
+    return (lead + "\n\n" + _md(pd.DataFrame(rows)) + "\n\nEvery one-window replay (thresholds read off the window "
+            "they are reported on):\n\n" + single)
 
 
 def quality_blocks_table(budgets=(256, 2048)) -> str:

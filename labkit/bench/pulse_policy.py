@@ -1,0 +1,63 @@
+"""The placement policies a trace replay names, built for one scheduler: the engine's (`threshold:N`,
+`adaptive`, `resident`, `offload`), `noswitch:N` (threshold placement, batches in turn) and
+`adaptive:MIN:HIDE` (`FittedAdaptive`: the engine's adaptive rule with its two constants as values, so that
+a window replay can fit them on calibration windows instead of taking the ones written into the rule)."""
+from __future__ import annotations
+
+from ..engine.drive.scheduler import Adaptive, Costs, Request, parse_policy
+from .pulse_windows import parse_fitted
+
+
+class FittedAdaptive(Adaptive):
+    """`scheduler.Adaptive` with its constants given:
+
+    - `min_tokens`: a request within its share of the device pool is offloaded (when its transfer hides)
+      from this prompt length on; the engine's rule uses the indexer budget;
+    - `hide`: a transfer counts as hidden when transfer(B_o + 1) <= hide x compute(B_n); the engine's rule
+      uses 1.
+
+    With (budget, 1) it places exactly as the engine's rule (a test holds the two together)."""
+
+    def __init__(self, costs: Costs, min_tokens: int, hide: float):
+        super().__init__(costs)
+        self.min_tokens, self.hide = int(min_tokens), float(hide)
+
+    def place(self, req: Request, sched) -> str:
+        res, off = sched.lanes.get("resident"), sched.lanes.get("offload")
+        if res is None or off is None:
+            return next(iter(sched.lanes))
+        need = len(req.prompt) + req.max_tokens
+        if need > res.cache.capacity:
+            return "offload"
+        if need > off.cache.capacity:
+            return "resident"
+        busy_r, busy_o = sched.lane_load(res), sched.lane_load(off)
+        share = res.cache.pages.n_free / max(1, res.cache.n_slots - busy_r)
+        if res.pages_for(req) > share:
+            return "offload" if off.fits(req) or not res.fits(req) else "resident"
+        hidden = self.costs.transfer(busy_o + 1) <= self.hide * self.costs.compute(busy_r)
+        if len(req.prompt) >= self.min_tokens and hidden and off.fits(req):
+            return "offload"
+        return "offload" if not res.fits(req) and off.fits(req) and hidden else "resident"
+
+
+def needs_costs(policy: str) -> bool:
+    """The adaptive policies place by measured costs (`scheduler.calibrate` before the replay)."""
+    return policy == "adaptive" or policy.startswith("adaptive:")
+
+
+def make_policy(policy: str, costs: Costs | None):
+    """The placement object for a policy name; `noswitch:N` places as `threshold:N` (the scheduler is told
+    not to switch)."""
+    fitted = parse_fitted(policy)
+    if fitted is not None:
+        if costs is None:
+            raise ValueError(f"{policy} needs measured costs (scheduler.calibrate)")
+        return FittedAdaptive(costs, *fitted)
+    return parse_policy(policy.replace("noswitch:", "threshold:"), costs)
+
+
+def check_policy(policy: str) -> None:
+    """One BadInput line for a policy name no replay can build (nothing is measured or allocated)."""
+    if parse_fitted(policy) is None:
+        parse_policy(policy.replace("noswitch:", "threshold:"), Costs(0, 0, 0))
