@@ -7,8 +7,8 @@ sits between kernels. The anatomy says which phase is slow; this says which kern
 Per concurrency: the step's median over 50 graph replays (CUDA events), the runner's anatomy, and a
 torch.profiler (CUPTI) trace of 10 replays -> per kernel name: launches per step, µs per step; the sum
 of kernel time per step against the step (the rest is the GPU between kernels: launch latency and
-ramp/tail of small grids). Kernels are grouped by what they do, from their names (cuBLAS/CUTLASS GEMMs,
-the lab's GEMV, the DeltaNet recurrence, inductor's fused kernels, the lab's gather/selection kernels).
+ramp/tail of small grids). Kernels are grouped by what they do, from their names
+(`labkit.report.kernels`: the lab's kernels, cuBLAS, inductor's fused kernels, copies).
 Writes OUT_DIR/profile_<tag>.json and .md. Needs a CUDA GPU.
 """
 import argparse
@@ -24,25 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit.engine import DecodeRunner, Engine, HybridModel, OffloadCache, get_strategy  # noqa: E402
+from labkit.report.kernels import group_of  # noqa: E402
 from labkit.shapes import PRESETS  # noqa: E402
-
-GROUPS = (("gemm (cuBLAS/CUTLASS)", ("gemm", "cutlass", "sm90", "nvjet", "cublas", "splitk", "gemv2", "gemvx")),
-          ("gemv (lab kernel)", ("_gemv_kernel",)),
-          ("deltanet recurrence", ("delta",)),
-          ("selection / index", ("select", "topk", "hist", "index", "radix", "sort")),
-          ("attention", ("attn", "flash", "sdpa", "attention")),
-          ("gather / copy", ("gather", "copy", "memcpy", "memset")),
-          ("inductor fused", ("triton_",)),
-          ("other", ("",)))
-
-
-def group_of(name: str) -> str:
-    low = name.lower()
-    for g, keys in GROUPS:
-        if any(k in low for k in keys):
-            return g
-    return "other"
-
 
 def step_ms(runner, n: int = 50) -> list[float]:
     ts = []

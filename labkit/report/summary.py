@@ -278,3 +278,11 @@ def scroll_table(df: pd.DataFrame, digits: int = 3) -> str:
     sty = df.style.hide(axis="index").format("{:,." + str(digits) + "f}", subset=floats, na_rep="—").format(
         na_rep="—", subset=[c for c in df.columns if c not in floats])
     return f'<div class="lk-scroll" style="overflow-x:auto;max-width:100%">{sty.to_html()}</div>'
+
+
+def md_table(df: pd.DataFrame) -> str:
+    """A frame as a markdown table (no tabulate needed): every generated docs table is drawn by this."""
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(str(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(x).replace("|", "\\|") for x in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)

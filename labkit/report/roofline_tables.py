@@ -1,0 +1,173 @@
+"""Generated blocks of docs/roofline.md and docs/spreads.md: the resident step against the weight-streaming
+roofline, the step's kernels, selection against torch.topk, and the headline ratios across processes. Every
+figure from committed run folders named in docs/runs.toml (`[runs]`), as the other generated tables."""
+from __future__ import annotations
+
+import json
+import statistics
+
+import pandas as pd
+
+from ..results import REPO, load_run
+from ..stats import across_runs
+from .kernels import grouped
+from .summary import md_table
+
+
+_md = md_table
+
+
+def hbm_read_gbps(m: pd.DataFrame) -> float:
+    p = m[(m["experiment"] == "probe") & (m["strategy"] == "hbm_read") & (m["status"] == "ok")]
+    return float(p["gbps"].median())
+
+
+def roofline_block(run: str) -> str:
+    """Resident and zero_copy at 64K against weight bytes / HBM read bandwidth, both measured in the run."""
+    m = load_run(REPO / run).metrics
+    bw = hbm_read_gbps(m)
+    d = m[(m["experiment"] == "decode") & (m["status"] == "ok")].sort_values(["strategy", "concurrency"])
+    wb = float(d["step_weight_bytes"].iloc[0])
+    bound = wb / bw / 1e6
+    rows = []
+    for _, r in d.iterrows():
+        rows.append({"strategy": r.strategy, "c": int(r.concurrency),
+                     "step ms (min–max)": f"{r.step_ms_median:.2f} ({r.step_ms_min:.2f}–{r.step_ms_max:.2f})",
+                     "tok/s": f"{r.tok_s:.0f}", "step / bound": f"{r.step_ms_median / bound:.2f}",
+                     "weights ms": f"{r.anat_weights_ms:.2f}", "DeltaNet ms": f"{r.anat_deltanet_ms:.2f}",
+                     "selection ms": f"{r.anat_selection_ms:.2f}", "transfer ms": f"{r.anat_transfer_ms:.2f}"})
+    res = d[d["strategy"] == "resident"].set_index("concurrency")["step_ms_median"]
+    c4 = f"; resident c = 4 / c = 1: **{res.loc[4] / res.loc[1]:.2f}×** (goal ≤ 1.25×)" if {1, 4} <= set(res.index) else ""
+    lead = (f"Weights read per step {wb / 1e9:.2f} GB; contiguous HBM read {bw:.0f} GB/s measured in the same run; "
+            f"bound {bound:.2f} ms. Resident at c = 1: **{res.loc[1] / bound:.2f}×** the bound (goal ≤ 1.6×){c4}.")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
+def _points(path) -> list[dict]:
+    return json.loads(path.read_text())["points"]
+
+
+def kernels_block(run: str, weight_bw_run: str) -> str:
+    """The step at 64K, c = 1, kernel groups: the mixer fused vs not (one process, A B B A), and the GEMV with
+    programmatic dependent launch vs cuBLAS (two processes, each point the first timed in its process)."""
+    folder = REPO / run
+    bw = hbm_read_gbps(load_run(REPO / weight_bw_run).metrics)
+    ab = [p for p in _points(folder / "profile_mix_ab.json") if p["conc"] == 1]
+    pdl = next(p for p in _points(folder / "profile_gemv_pdl.json") if p["conc"] == 1)
+    off = next(p for p in _points(folder / "profile_gemv_off.json") if p["conc"] == 1)
+    wb = json.loads((folder / "profile_mix_ab.json").read_text())["weight_bytes"]
+    variants = [("mixer fused (today)", [p for p in ab if p["deltanet_mix"] == "fused"]),
+                ("mixer unfused", [p for p in ab if p["deltanet_mix"] == "unfused"]),
+                ("GEMV + PDL, mixer unfused (other process)", [pdl]),
+                ("cuBLAS, mixer unfused (other process)", [off])]
+    groups = sorted({g for _, ps in variants for p in ps for g in grouped(p["kernels"])})
+    rows = []
+    for label, ps in variants:
+        g = [grouped(p["kernels"]) for p in ps]
+        row = {"variant": label, "step ms": " / ".join(f"{p['step_ms_median']:.2f}" for p in ps),
+               "kernels": f"{statistics.median(p['kernels_per_step'] for p in ps):.0f}",
+               "kernel time ms": f"{statistics.median(p['kernel_us_per_step'] for p in ps) / 1e3:.2f}",
+               "DeltaNet phase ms": f"{statistics.median(p['anatomy_ms']['deltanet'] for p in ps):.2f}"
+               if all("anatomy_ms" in p for p in ps) else "–"}
+        for name in groups:
+            row[name] = f"{statistics.median(x.get(name, {}).get('ms', 0.0) for x in g):.3f}"
+        rows.append(row)
+    fused = grouped(ab[0]["kernels"])
+    gemm = sum(v["ms"] for k, v in fused.items() if k.startswith("weight"))
+    lead = (f"Every weight product of the step (GEMM kernels, cuBLAS) takes {gemm:.2f} ms for {wb / 1e9:.2f} GB: "
+            f"{wb / gemm / 1e6:.0f} GB/s, **{wb / gemm / 1e6 / bw:.0%}** of the {bw:.0f} GB/s read bandwidth (goal ≥ 85%; "
+            f"the bandwidth measured in `{weight_bw_run.split('/')[-1]}`, the same device session).")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
+def select_block(run: str) -> str:
+    r = json.loads((REPO / run / "select_bench.json").read_text())
+    blocks = sorted(int(k.split("_")[1]) for k in r["rows"][0] if k.startswith("select_") and k[7].isdigit())
+    rows = []
+    for x in r["rows"]:
+        best = min(blocks, key=lambda b: x[f"select_{b}_ms"])
+        rows.append({"batch": x["B"], "context": f"{x['L'] >> 10}K" if x["L"] < 1 << 20 else f"{x['L'] >> 20}M",
+                     "torch.topk + sort µs": f"{x['topk_sort_ms'] * 1e3:.0f}",
+                     "radix select µs (2048 keys a program)": f"{x['select_auto_ms'] * 1e3:.0f}",
+                     "best block": f"{best} ({x[f'select_{best}_ms'] * 1e3:.0f} µs)",
+                     "select / topk": f"{x['select_auto_ms'] / x['topk_sort_ms']:.2f}",
+                     "same values as topk": "yes" if x["same_values_as_topk"] else "NO"})
+    return f"Top-{r['k']} of one QSA layer, graph-replayed, {r['device']}.\n\n" + _md(pd.DataFrame(rows))
+
+
+# ------------------------------------------------------------------ across processes
+def decode_ratio_rows(runs: list[str]) -> pd.DataFrame:
+    out = []
+    for i, run in enumerate(runs, 1):
+        m = load_run(REPO / run).metrics
+        d = m[(m["experiment"] == "decode") & (m["status"] == "ok")].set_index("strategy")
+        ctx = int(d["context_len"].max())
+        for s in ("zero_copy", "hot_cache"):
+            if s in d.index:
+                out.append({"figure": f"{s} / resident tok/s, {ctx >> 20}M, c = 1, indexer selections",
+                            "process": i, "value": d.loc[s, "tok_s"] / d.loc["resident", "tok_s"]})
+        out.append({"figure": f"resident step ms, {ctx >> 20}M, c = 1", "process": i, "value": d.loc["resident", "step_ms_median"]})
+    return pd.DataFrame(out)
+
+
+def capacity_rows(runs: list[str]) -> pd.DataFrame:
+    out = []
+    for i, run in enumerate(runs, 1):
+        g = load_run(REPO / run).table("goodput").set_index("config")
+        out.append({"figure": "goodput, offload in both stages / none (24 GiB cap, 32K)", "process": i,
+                    "value": g.loc["both", "goodput_vs_none"]})
+        out.append({"figure": "requests held, offload in both stages / none", "process": i,
+                    "value": g.loc["both", "requests"] / g.loc["none", "requests"]})
+    return pd.DataFrame(out)
+
+
+def crossover(m: pd.DataFrame) -> float:
+    """Fewest requests from which two switched batches beat one offloaded batch at every larger count (nan: never)."""
+    piv = m[m["status"] == "ok"].pivot_table(index="concurrency", columns="mode", values="tok_s")
+    r = (piv["switched"] / piv["no_switch"]).dropna()
+    wins = r > 1.0
+    for n in r.index:
+        if wins.loc[n:].all():
+            return float(n)
+    return float("nan")
+
+
+def pulse_rows(runs: list[str]) -> pd.DataFrame:
+    out = []
+    for i, run in enumerate(runs, 1):
+        m = load_run(REPO / run).metrics
+        piv = m[m["status"] == "ok"].pivot_table(index="concurrency", columns="mode", values="tok_s")
+        top = int(piv.index.max())
+        out.append({"figure": f"PulseInfer: two switched / one offloaded batch, {top} requests at 1M", "process": i,
+                    "value": piv.loc[top, "switched"] / piv.loc[top, "no_switch"]})
+        out.append({"figure": "PulseInfer: crossover (fewest requests from which switching wins)", "process": i,
+                    "value": crossover(m)})
+    return pd.DataFrame(out)
+
+
+def spreads_block(hot: list[str], capacity: list[str], pulse: list[str]) -> str:
+    """Each headline figure per process, then median, min, max over the processes (`labkit.stats.across_runs`)."""
+    f = pd.concat([decode_ratio_rows(hot), capacity_rows(capacity), pulse_rows(pulse)], ignore_index=True)
+    t = across_runs(f, ["figure"], "value")
+    per = f.pivot_table(index="figure", columns="process", values="value", sort=False)
+    rows = []
+    for _, r in t.iterrows():
+        vals = per.loc[r["figure"]].dropna()
+        rows.append({"figure": r["figure"], "per process": ", ".join(f"{v:.3g}" for v in vals),
+                     "median": f"{r['median']:.3g}", "min–max": f"{r['min']:.3g}–{r['max']:.3g}",
+                     "spread (max/min − 1)": f"{r['max'] / r['min'] - 1:.1%}" if r["min"] > 0 else "–",
+                     "scope": r["scope"]})
+    return _md(pd.DataFrame(rows))
+
+
+def blocks(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[str, str]:
+    """The blocks of docs/roofline.md and docs/spreads.md; the decode table functions are readme_tables'."""
+    now = load_run(REPO / runs["decode_now"]).metrics
+    return {"roofline-h200": roofline_block(runs["roofline"]),
+            "kernels-h200": kernels_block(runs["roofline_kernels"], runs["roofline"]),
+            "select-h200": select_block(runs["roofline_kernels"]),
+            "decode-now-h200": decode_tables(now), "anatomy-now-h200": anatomy_table(now),
+            "predict-now-rtx3090": prediction_table(now),
+            "spreads-h200": spreads_block(runs["repeats_hot1m"], runs["repeats_capacity"], runs["repeats_pulse_scaling"])}
+
+
