@@ -25,7 +25,8 @@ def main(argv: list[str]) -> int:
             continue
         exp = json.loads(mf.read_text()).get("experiment", "")
         if exp not in EXPERIMENTS or not (run / "metrics.parquet").is_file():
-            print(f"skip  {run.name}: {exp or 'no experiment'} has no notebook to draw it" if exp not in EXPERIMENTS
+            print(f"skip  {run.name}: " + (f"no notebook draws a {exp} run" if exp else "its manifest names no experiment")
+                  if exp not in EXPERIMENTS
                   else f"skip  {run.name}: no metrics table")
             continue
         dst = scratch / run.name
