@@ -96,6 +96,8 @@ def run_quality(given: dict, run=None, log=print):
     try:
         if dev.type == "cpu":
             torch.set_num_threads(max(torch.get_num_threads(), 1))
+            # OMP_NUM_THREADS=1 is faster on cores other processes share (threads stall at each barrier)
+            run.update_manifest(torch_threads=torch.get_num_threads())
         model, tok = load_model(p["model"], dtype=getattr(torch, p["dtype"]), device=p["device"])
         cfg = model.config
         run.update_manifest(model_info={"layers": cfg.num_hidden_layers, "q_heads": cfg.num_attention_heads,
