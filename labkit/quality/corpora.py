@@ -25,8 +25,8 @@ lab's evaluation) draws with a recorded seed: documents in a seeded order, the f
 each. Both fall back to windows when a split has fewer than `n` documents of `seq_len` tokens (`yaml`
 always, at 2K-8K tokens): every such document is cut into non-overlapping `seq_len`-token windows at
 multiples of `seq_len`, and the windows are taken in order (`sequences`) or drawn by the seed
-(`draw_sequences`); each unit records its document and start token. Windows of one document are
-contiguous text of one file, so they are less independent than separate documents.
+(`draw_sequences`); each unit records its document and start token. Intervals over windows of one
+document describe the spread across that file's windows, not across files.
 """
 
 from __future__ import annotations

@@ -373,15 +373,18 @@ def _quality_lead(run: str, mf: dict) -> str:
     p = mf["parameters"]
     ctx = p["seq_len"] - p["eval_tokens"]
     return (f"SmolLM2-135M on CPU, run `{run.split('/')[-1]}`: per corpus n = {p['n_sequences']} sequences of "
-            f"{p['seq_len']:,} tokens drawn with seed {p['seed']} from the eval split (yaml: non-overlapping windows of "
-            f"its one eval document), the last {p['eval_tokens']} decoded sparsely after a {ctx:,}-token dense "
+            f"{p['seq_len']:,} tokens drawn with seed {p['seed']} from the eval split"
+            + (" (yaml: non-overlapping windows of its one eval document)" if "yaml" in p["corpora"] else "")
+            + f", the last {p['eval_tokens']} decoded sparsely after a {ctx:,}-token dense "
             f"prefill; value [95% bootstrap interval over sequences], perplexity pooled over a corpus's sequences; "
-            f"wall {mf['wall_s'] / 60:.0f} min on {mf.get('cpu_count')} CPU cores.")
+            f"wall {mf['wall_s'] / 60:.0f} min on {mf.get('cpu_count')} shared CPU cores"
+            + (f", {mf['torch_threads']} torch thread" + ("s" if mf["torch_threads"] > 1 else "") if "torch_threads" in mf else "")
+            + ".")
 
 
-def quality_table(budgets=(64, 256, 2048)) -> str:
-    """Perplexity ratio to dense per corpus and policy (single-token selection) at three budgets, and attention-mass
-    recall at 256, each with its 95% bootstrap interval over the evaluation sequences and n."""
+def quality_table() -> str:
+    """Perplexity ratio to dense per corpus and policy (single-token selection) at every budget of the run, and
+    attention-mass recall at 256, each with its 95% bootstrap interval over the evaluation sequences and n."""
     run = load_run(REPO / QUALITY_RUN)
     q = run.table("quality_summary")
     q = q[(q.policy != "dense") & (q.selection == "token")]
@@ -389,7 +392,7 @@ def quality_table(budgets=(64, 256, 2048)) -> str:
     for (corpus, pol), g in q.groupby(["corpus", "policy"], sort=True):
         g = g.set_index("budget")
         row = {"corpus": corpus, "policy": pol}
-        for b in budgets:
+        for b in sorted(q.budget.unique()):
             row[f"ppl ratio @{b}"] = _quality_interval(g.loc[[b]], "ppl_ratio")
         row["mass recall @256"] = _quality_interval(g.loc[[256]], "mass_recall")
         row["n"] = int(g["ppl_ratio_n"].min())
@@ -397,20 +400,21 @@ def quality_table(budgets=(64, 256, 2048)) -> str:
     return _quality_lead(QUALITY_RUN, run.manifest) + "\n\n" + _md(pd.DataFrame(rows))
 
 
-def quality_blocks_table(budgets=(256, 2048)) -> str:
+def quality_blocks_table() -> str:
     """Perplexity ratio to dense (pooled over a corpus's sequences) and attention-mass recall per policy,
-    selected per token or in whole blocks of 16, at budgets 256 and 2048 of 4K tokens, each with its 95%
+    selected per token or in whole blocks of 16, at the budgets the run measured blocks at, each with its 95%
     bootstrap interval over the evaluation sequences and n."""
     run = load_run(REPO / QUALITY_RUN)
     q = run.table("quality_summary")
+    budgets = sorted(q[q.block > 1].budget.unique())
     q = q[q.budget.isin(budgets) & ~q.policy.isin(["dense", "oracle_shared"])]
     rows = []
     for (pol, corpus, block), g in q.groupby(["policy", "corpus", "block"], sort=True):
         g = g.set_index("budget")
         row = {"policy": pol, "selection": g["selection"].iloc[0], "corpus": corpus}
         for b in budgets:
-            row[f"ppl ratio @{b}"] = _quality_interval(g.loc[[b]], "ppl_ratio") if b in g.index else "–"
-            row[f"mass recall @{b}"] = _quality_interval(g.loc[[b]], "mass_recall") if b in g.index else "–"
+            row[f"ppl ratio @{b}"] = _quality_interval(g.loc[[b]], "ppl_ratio")
+            row[f"mass recall @{b}"] = _quality_interval(g.loc[[b]], "mass_recall")
         row["n"] = int(g["ppl_ratio_n"].min())
         rows.append(row)
     return _quality_lead(QUALITY_RUN, run.manifest) + "\n\n" + _md(pd.DataFrame(rows))
