@@ -49,7 +49,8 @@ def test_notebook_runs_tiny_and_writes_run_folder(tmp_path):
 
     from labkit.execute import run_experiment
     out, err = run_experiment("quality", dict(corpora="prose", budgets="32", policies="oracle,indexer", seq_len=256,
-                                              n_sequences=1, eval_tokens=64, calib_sequences=1, trace_policies="indexer",
+                                              n_sequences=2, eval_tokens=64, calib_sequences=1, block_variants="16",
+                                              block_budgets="32", trace_policies="indexer",
                                               trace_budgets="32", trace_steps=2, trace_prompt_len=200, device="cpu"),
                               out_dir=tmp_path / "run", log_output=False, timeout=300)
     assert err is None, err
@@ -58,12 +59,18 @@ def test_notebook_runs_tiny_and_writes_run_folder(tmp_path):
                 "pcie_width", "labkit", "parameters"):
         assert key in man, key
     m = pd.read_parquet(out / "metrics.parquet")
-    assert len(m) == 3 and (m["status"] == "ok").all() and set(m["policy"]) == {"dense", "oracle", "indexer"}
-    for col in ("run_id", "experiment", "status", "error", "device", "gpu_name", "corpus", "policy", "budget",
-                "seq_len", "ppl", "ppl_ratio", "mass_recall", "indexer_recall"):
+    assert len(m) == 2 * 5 and (m["status"] == "ok").all() and set(m["policy"]) == {"dense", "oracle", "indexer"}
+    assert set(m["selection"]) == {"dense", "token", "block 16"}
+    for col in ("run_id", "experiment", "status", "error", "device", "gpu_name", "corpus", "document", "start",
+                "policy", "budget", "block", "seq_len", "nll_sum", "nll_dense", "n_tokens", "ppl", "ppl_ratio",
+                "mass_recall", "indexer_recall"):
         assert col in m.columns, col
-    for t in ("telemetry", "quality_summary", "head_share", "locality", "reuse_distance"):
+    for t in ("telemetry", "quality_summary", "head_share", "locality", "reuse_distance", "sequences"):
         assert (out / f"{t}.parquet").is_file(), t
+    s = pd.read_parquet(out / "quality_summary.parquet")
+    assert {"ppl_ratio_lo", "ppl_ratio_hi", "ppl_ratio_n", "mass_recall_lo", "mass_recall_hi"} <= set(s.columns)
+    assert (s["ppl_ratio_n"] == 2).all()
+    assert man["parameters"]["seed"] == 0 and man["sequence_draw"]["seed"] == 0 and "prose" in man["splits"]
     assert (out / "traces" / "prose-indexer-32.npz").is_file()
     html = json.dumps(json.loads((out / "quality.ipynb").read_text()))
     assert "plotly" in html and "Traceback" not in html

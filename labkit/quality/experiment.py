@@ -4,16 +4,20 @@ Parameters (same names in `notebooks/quality.ipynb`'s `parameters` cell and `lab
 see `SPEC`. Steps, each writing into the run folder as it goes:
 
 1. validate everything (one line on bad input, nothing loaded yet), load the model;
-2. calibrate what the policies need on the *calibration* split: the indexer projections and the
-   retrieval heads (mid-context attention share per head) -> `head_share.parquet` (split column),
-   `retrieval_heads.parquet`;
-3. the table: for each corpus, `n_sequences` eval sequences of `seq_len` tokens, dense prefill +
-   sparse decode of the last `eval_tokens` tokens per (policy, budget) -> one `metrics.parquet` row
-   each (DESIGN columns + corpus, document, policy, budget, seq_len, ppl, ppl_dense, ppl_ratio,
-   mass_recall, oracle_overlap, indexer_recall); `quality_summary.parquet` token-weighted per
-   (corpus, policy, budget);
-4. the eval-split head map -> `head_share.parquet` (split=eval);
-5. selection traces from greedy decoding after a `trace_prompt_len`-token prose and code prompt
+2. draw `n_sequences` evaluation sequences per corpus from its *eval* split with `seed`
+   (`corpora.draw_sequences`) -> `sequences.parquet` (corpus, document, start token, unit); the split
+   rule and document counts -> the manifest's `splits`;
+3. calibrate what the policies need on the *calibration* split: the indexer projections (one fit over
+   the calibration text of every corpus of the run) and the retrieval heads (mid-context attention
+   share per head) -> `head_share.parquet` (split column), `retrieval_heads.parquet`;
+4. the table: per evaluation sequence, dense prefill + sparse decode of the last `eval_tokens` tokens per
+   (policy, budget) at granularity `block`, and per (policy, block_budget) at each of `block_variants`
+   -> one `metrics.parquet` row each (DESIGN columns + corpus, document, start, policy, budget, block,
+   selection, nll_sum, nll_dense, n_tokens, ppl, ppl_dense, ppl_ratio, mass_recall, oracle_overlap,
+   indexer_recall); `quality_summary.parquet` per (corpus, policy, block, budget): pooled perplexity
+   ratio and recalls with 95% bootstrap intervals over sequences (`x`, `x_lo`, `x_hi`, `x_n`);
+5. the eval-split head map -> `head_share.parquet` (split=eval);
+6. selection traces from greedy decoding after a `trace_prompt_len`-token prompt of each corpus
    per (trace policy, trace budget) -> `traces/<corpus>-<policy>-<budget>.npz`,
    `locality.parquet` (per step and layer), `locality_summary.parquet`, `reuse_distance.parquet`.
 """
@@ -46,7 +50,8 @@ def check(given: dict) -> dict:
     if p["dtype"] not in ("float32", "bfloat16", "float16"):
         raise BadInput(f"dtype must be auto, float32, bfloat16 or float16, got {p['dtype']!r}")
     try:
-        validate(p["corpora"], p["budgets"], p["policies"], p["seq_len"], p["n_sequences"], p["eval_tokens"])
+        validate(p["corpora"], p["budgets"], p["policies"], p["seq_len"], p["n_sequences"], p["eval_tokens"],
+                 p["seed"], p["block_variants"], p["block_budgets"])
         resolve_model(p["model"])
     except (ValueError, ModelNotFound) as ex:
         raise BadInput(str(ex)) from None
@@ -60,6 +65,8 @@ def check(given: dict) -> dict:
                        f"got {p['trace_prompt_len']}")
     if p["block"] < 1 or any(b % p["block"] for b in p["budgets"]):
         raise BadInput(f"block must be >= 1 and divide every budget, got block {p['block']}")
+    if p["block_variants"] and not p["block_budgets"]:
+        raise BadInput("block_variants need block_budgets to measure them at")
     if p["sink_window"] < 0 or p["recent_window"] < 1:
         raise BadInput("sink_window must be >= 0 and recent_window >= 1")
     return p
@@ -70,7 +77,8 @@ def run_quality(given: dict, run=None, log=print):
     import torch
 
     from labkit.models import load_model
-    from labkit.quality.corpora import sequences
+    from labkit import stats
+    from labkit.quality.corpora import SPLIT_RULE, documents, draw_sequences, sequences
     from labkit.quality.measure import head_share_map, prepare_policies, quality_sweep, summarize
     from labkit.quality.traces import locality, locality_summary, record_traces, reuse_distance, save_trace
     from labkit.results import Run
@@ -88,12 +96,28 @@ def run_quality(given: dict, run=None, log=print):
     try:
         if dev.type == "cpu":
             torch.set_num_threads(max(torch.get_num_threads(), 1))
+            # OMP_NUM_THREADS=1 is faster on cores other processes share (threads stall at each barrier)
+            run.update_manifest(torch_threads=torch.get_num_threads())
         model, tok = load_model(p["model"], dtype=getattr(torch, p["dtype"]), device=p["device"])
         cfg = model.config
         run.update_manifest(model_info={"layers": cfg.num_hidden_layers, "q_heads": cfg.num_attention_heads,
                                         "kv_heads": cfg.num_key_value_heads,
                                         "head_dim": getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads),
                                         "dtype": p["dtype"]})
+        # the evaluation sequences first: a corpus that cannot give n_sequences fails before any compute
+        units = {c: draw_sequences(tok, c, p["seq_len"], p["n_sequences"], p["seed"]) for c in p["corpora"]}
+        run.write_table("sequences", pd.DataFrame([dict(u.record(), seed=p["seed"]) for c in p["corpora"]
+                                                   for u in units[c]]))
+        run.update_manifest(
+            splits={c: {"rule": SPLIT_RULE[c], "calibration_documents": len(documents(c, "calibration")),
+                        "eval_documents": len(documents(c, "eval")),
+                        "eval_units": sorted({u.unit for u in units[c]})} for c in p["corpora"]},
+            sequence_draw={"seed": p["seed"], "per_corpus": p["n_sequences"], "table": "sequences.parquet",
+                           "rule": "first seq_len tokens of eval documents in a seeded order; non-overlapping "
+                                   "seq_len windows of the long eval documents, drawn by the seed, where a "
+                                   "corpus has fewer such documents than n_sequences"},
+            intervals={"method": "percentile bootstrap over sequences (labkit.stats)", "level": stats.LEVEL,
+                       "n_boot": stats.N_BOOT, "seed": stats.BOOT_SEED})
         ctl, calib_share = prepare_policies(model, tok, p["policies"], p["corpora"], p["seq_len"], p["calib_sequences"],
                                             p["eval_tokens"], p["sink_window"], p["recent_window"], log=log)
         ctl.block = p["block"]  # calibration ran dense; the sweep and the traces select in blocks
@@ -104,7 +128,8 @@ def run_quality(given: dict, run=None, log=print):
             run.write_table("retrieval_heads", pd.DataFrame(
                 [{"layer": k, "head": v} for k, v in sorted(ctl.retrieval_heads.items())]))
         run.update_manifest(indexer={"bytes_per_token": ctl.indexer.bytes_per_token, "rank": ctl.indexer.rank,
-                                     "fit": "closed-form rank-64 from query/key second moments on the calibration split"}
+                                     "fit": "closed-form rank-64 from query/key second moments on the calibration split",
+                                     "calibration_corpora": list(p["corpora"]), "calib_sequences": p["calib_sequences"]}
                             if ctl.indexer is not None else None)
 
         def on_record(row):
@@ -113,7 +138,9 @@ def run_quality(given: dict, run=None, log=print):
             run.add(rec)
 
         df = quality_sweep(model, tok, p["corpora"], p["budgets"], p["policies"], p["seq_len"], p["n_sequences"],
-                           p["eval_tokens"], controller=ctl, on_record=on_record, log=log)
+                           p["eval_tokens"], controller=ctl, on_record=on_record, log=log, seed=p["seed"],
+                           block=p["block"], block_variants=p["block_variants"], block_budgets=p["block_budgets"],
+                           units=units, progress_bar=log is not None)
         run.write_table("quality_summary", summarize(df))
         eval_share = head_share_map(model, tok, p["corpora"], p["seq_len"], 1, p["eval_tokens"], "eval",
                                     p["sink_window"], p["recent_window"])
@@ -148,7 +175,19 @@ def run_quality(given: dict, run=None, log=print):
 
 
 def headline(summary: pd.DataFrame, budgets=(256, 2048)) -> pd.DataFrame:
-    """ppl_ratio per (corpus, policy) at the given budgets (the issue's closing-note table)."""
-    s = summary[summary["budget"].isin(budgets) & (summary["policy"] != "dense")]
-    return s.pivot_table(index=["corpus", "policy"], columns="budget", values="ppl_ratio").round(4)
+    """ppl_ratio per (corpus, policy, selection) at the given budgets as `value [lo, hi]` text (n sequences in
+    its own column)."""
+    from labkit.stats import Interval
 
+    s = summary[summary["budget"].isin(budgets) & (summary["policy"] != "dense")].copy()
+    if "selection" not in s.columns:
+        s["selection"] = "token"
+    if "ppl_ratio_lo" not in s.columns:          # runs from before intervals: the point only
+        s["ppl_ratio_lo"] = s["ppl_ratio_hi"] = float("nan")
+        s["ppl_ratio_n"] = s["n_sequences"]
+    s["text"] = [Interval(v, lo, hi, int(n)).text() for v, lo, hi, n in
+                 s[["ppl_ratio", "ppl_ratio_lo", "ppl_ratio_hi", "ppl_ratio_n"]].itertuples(index=False)]
+    t = s.pivot_table(index=["corpus", "policy", "selection"], columns="budget", values="text", aggfunc="first")
+    t.columns = [f"ppl ratio @{b}" for b in t.columns]
+    n = s.groupby(["corpus", "policy", "selection"])["ppl_ratio_n"].min().rename("n")
+    return t.join(n).fillna("–")

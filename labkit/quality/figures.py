@@ -11,29 +11,54 @@ POLICY_ORDER = ["oracle_qhead", "oracle", "oracle_shared", "indexer", "retrieval
 
 def _sparse(summary: pd.DataFrame) -> pd.DataFrame:
     s = summary[summary["policy"] != "dense"].copy()
-    return s.sort_values(["corpus", "policy", "budget"])
+    if "selection" not in s.columns:     # runs from before block variants: one granularity
+        s["selection"] = "token"
+    return s.sort_values(["corpus", "policy", "selection", "budget"])
+
+
+def _error_bars(s: pd.DataFrame, col: str) -> dict:
+    """px keyword arguments for asymmetric error bars from `col_lo` / `col_hi` (none when the run has none)."""
+    if f"{col}_lo" not in s.columns:
+        return {}
+    s[f"{col}_plus"] = (s[f"{col}_hi"] - s[col]).clip(lower=0)
+    s[f"{col}_minus"] = (s[col] - s[f"{col}_lo"]).clip(lower=0)
+    return {"error_y": f"{col}_plus", "error_y_minus": f"{col}_minus"}
+
+
+def _n_text(s: pd.DataFrame) -> str:
+    n = s["ppl_ratio_n"] if "ppl_ratio_n" in s.columns else s["n_sequences"]
+    return f"n = {int(n.min())}" if n.min() == n.max() else f"n = {int(n.min())}-{int(n.max())}"
 
 
 def ppl_vs_budget(summary: pd.DataFrame) -> go.Figure:
-    """Perplexity ratio to dense against budget, one line per policy, one panel per corpus."""
+    """Perplexity ratio to dense against budget, one line per policy (dashed: blocks of 16), one panel per
+    corpus; error bars: 95% bootstrap intervals over sequences."""
     s = _sparse(summary)
-    fig = px.line(s, x="budget", y="ppl_ratio", color="policy", facet_col="corpus", markers=True, log_x=True,
-                  category_orders={"policy": POLICY_ORDER}, hover_data=["ppl", "n_tokens", "n_sequences"],
-                  title="Perplexity / dense perplexity vs top-k budget (dense prefill, sparse decode)")
+    fig = px.line(s, x="budget", y="ppl_ratio", color="policy", line_dash="selection", facet_col="corpus",
+                  markers=True, log_x=True, category_orders={"policy": POLICY_ORDER},
+                  hover_data=["ppl", "n_tokens", "n_sequences"], **_error_bars(s, "ppl_ratio"),
+                  title="Perplexity / dense perplexity vs top-k budget (dense prefill, sparse decode; "
+                        f"95% bootstrap intervals over sequences, {_n_text(s)} per corpus)")
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="dense (full)")
     fig.update_yaxes(type="log", title="ppl ratio")
     return fig
 
 
 def recall_vs_budget(summary: pd.DataFrame) -> go.Figure:
-    """Attention-mass recall (solid) and recall@budget against oracle_shared (dashed)."""
+    """Attention-mass recall (solid) and recall@budget against oracle_shared (dashed), single-token
+    selection; error bars: 95% bootstrap intervals over sequences."""
     s = _sparse(summary)
-    long = pd.concat([s.assign(metric="mass recall", value=s["mass_recall"]),
-                      s[s["policy"].isin(["indexer", "retrieval_head"])].assign(
-                          metric="recall@budget vs oracle_shared", value=lambda d: d["oracle_overlap"])])
+    s = s[s["selection"] == "token"]
+    mass = s.assign(metric="mass recall", value=s["mass_recall"])
+    over = s[s["policy"].isin(["indexer", "retrieval_head"])].assign(metric="recall@budget vs oracle_shared",
+                                                                      value=lambda d: d["oracle_overlap"])
+    for d, col in ((mass, "mass_recall"), (over, "oracle_overlap")):
+        if f"{col}_lo" in d.columns:
+            d["value_lo"], d["value_hi"] = d[f"{col}_lo"], d[f"{col}_hi"]
+    long = pd.concat([mass, over], ignore_index=True)
     fig = px.line(long, x="budget", y="value", color="policy", line_dash="metric", facet_col="corpus", markers=True,
-                  log_x=True, category_orders={"policy": POLICY_ORDER},
-                  title="Attention-mass recall and selection recall vs budget")
+                  log_x=True, category_orders={"policy": POLICY_ORDER}, **_error_bars(long, "value"),
+                  title="Attention-mass recall and selection recall vs budget (95% bootstrap intervals over sequences)")
     fig.update_yaxes(range=[0, 1.02], title="recall")
     return fig
 

@@ -9,6 +9,11 @@ perplexity is over the `eval_tokens - 1` next-token predictions inside the decod
 reference is the same block decoded with full attention, so `ppl_ratio = ppl / ppl_dense` isolates
 what selection costs. A budget >= the context is exactly dense (a test checks it).
 
+Uncertainty: every row keeps its sequence's summed NLL under the policy and under dense, so `summarize`
+pools them per (corpus, policy, block, budget) into a perplexity ratio with a 95% bootstrap interval over
+sequences (`labkit.stats.perplexity_ratio`: sequences, not tokens, are the independent units), and
+recalls with `labkit.stats.bootstrap` over sequences.
+
 Each function returns tidy pandas rows (one per sequence x policy x budget) or a DataFrame; the
 notebook and `labkit run quality` put them into a run folder.
 """
@@ -29,25 +34,33 @@ DEFAULT_BUDGETS = (64, 128, 256, 512, 1024, 2048)
 DEFAULT_POLICIES = ("oracle", "oracle_shared", "indexer", "retrieval_head")
 
 
-def validate(corpora, budgets, policies, seq_len: int, n_sequences: int, eval_tokens: int) -> None:
+def validate(corpora, budgets, policies, seq_len: int, n_sequences: int, eval_tokens: int, seed: int = 0,
+             block_variants=(), block_budgets=()) -> None:
     """Raise ValueError (one line) on bad parameters, before anything is loaded."""
     from labkit.quality.corpora import CORPORA
 
+    if not corpora:
+        raise ValueError(f"corpora is empty: choose from {', '.join(CORPORA)}")
     bad = [c for c in corpora if c not in CORPORA]
     if bad:
         raise ValueError(f"unknown corpus {bad[0]!r}: choose from {', '.join(CORPORA)}")
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         raise ValueError(f"unknown policy {bad[0]!r}: choose from {', '.join(POLICIES)}")
-    for b in budgets:
+    for b in list(budgets) + list(block_budgets):
         if not (isinstance(b, int) and b >= 1) and b != "full":
             raise ValueError(f"budgets must be positive integers or 'full', got {b!r}")
     if not 2 <= eval_tokens <= seq_len:
         raise ValueError(f"eval_tokens must be in [2, seq_len={seq_len}], got {eval_tokens}")
-    if n_sequences < 1:
-        raise ValueError(f"n_sequences must be >= 1, got {n_sequences}")
+    if n_sequences < 2:  # an interval over sequences needs two of them
+        raise ValueError(f"n_sequences must be >= 2 (intervals are over sequences), got {n_sequences}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
     if seq_len > 8192:
         raise ValueError(f"seq_len {seq_len} exceeds SmolLM2's 8192-token context")
+    for v in block_variants:
+        if v < 2 or any(b % v for b in block_budgets):
+            raise ValueError(f"block_variants must be >= 2 and divide every block budget, got {v}")
 
 
 def _device(model) -> torch.device:
@@ -110,58 +123,119 @@ def measure_point(model, ctl: SparseController, cache, block, policy: str | None
     return rec
 
 
-def quality_sweep(model, tokenizer, corpora=("code", "prose"), budgets=DEFAULT_BUDGETS, policies=DEFAULT_POLICIES,
-                  seq_len: int = 4096, n_sequences: int = 2, eval_tokens: int = 512, controller=None,
-                  on_record=None, log=print) -> pd.DataFrame:
-    """Rows per (corpus, sequence, policy, budget), plus one `dense` row per sequence.
+def selection_label(block: int) -> str:
+    return "token" if block == 1 else f"block {block}"
 
-    `controller` must carry the indexer / retrieval heads the policies need (see `prepare_policies`).
+
+def sweep_points(policies, budgets, block: int = 1, block_variants=(), block_budgets=()) -> list[tuple]:
+    """(policy, budget, block) measured on every sequence: dense first, then every policy at every budget
+    with `block`, then every policy at `block_budgets` with each other granularity of `block_variants`."""
+    pts = [("dense", None, 1)] + [(p, b, block) for p in policies for b in budgets if b != "full"]
+    pts += [(p, b, v) for v in block_variants if v != block for p in policies for b in block_budgets]
+    return pts
+
+
+def quality_sweep(model, tokenizer, corpora=("code", "prose"), budgets=DEFAULT_BUDGETS, policies=DEFAULT_POLICIES,
+                  seq_len: int = 4096, n_sequences: int = 16, eval_tokens: int = 512, controller=None,
+                  on_record=None, log=print, seed: int = 0, block: int | None = None, block_variants=(),
+                  block_budgets=(), units: dict | None = None, progress_bar: bool = False) -> pd.DataFrame:
+    """Rows per (corpus, sequence, policy, budget, block), plus one `dense` row per sequence.
+
+    Sequences: `units[corpus]` (lists of `corpora.Unit`) when given, else `n_sequences` per corpus drawn with
+    `seed` from the eval split (`corpora.draw_sequences`). Every row carries the sequence's summed NLL
+    (`nll_sum`) and its dense one (`nll_dense`), so intervals can be taken over sequences (`summarize`).
+    `controller` must carry the indexer / retrieval heads the policies need (see `prepare_policies`);
+    `block` (default: the controller's) is the granularity of the main sweep.
     `on_record(row)` is called after every point (e.g. `run.add`), so a crash loses nothing measured.
     A point that raises becomes a row with status='failed' and its error; the sweep goes on.
     """
-    from labkit.quality.corpora import sequences
+    from labkit.bench.progress import progress
+    from labkit.quality.corpora import draw_sequences
 
     budgets = [b for b in budgets if b != "full"]
-    validate(corpora, budgets, policies, seq_len, n_sequences, eval_tokens)
+    validate(corpora, budgets, policies, seq_len, n_sequences, eval_tokens, seed, block_variants, block_budgets)
     ctl = instrument(model, controller)
+    block = ctl.block if block is None else block
+    if units is None:
+        units = {c: draw_sequences(tokenizer, c, seq_len, n_sequences, seed) for c in corpora}
+    pts = sweep_points(policies, budgets, block, block_variants, block_budgets)
+    bar = progress(sum(len(units[c]) for c in corpora) * len(pts), "quality points", disable=not progress_bar)
     rows = []
-    for corpus in corpora:
-        for name, ids in sequences(tokenizer, corpus, seq_len, n_sequences, split="eval"):
-            cache, block = prefill(model, ids, eval_tokens)
-            dense = measure_point(model, ctl, cache, block, None, None)
-            base = {"experiment": "quality", "corpus": corpus, "document": name, "seq_len": seq_len,
-                    "eval_tokens": eval_tokens, "context_len": seq_len}
-            pts = [("dense", None)] + [(p, b) for p in policies for b in budgets]
-            for policy, budget in pts:
-                row = dict(base, policy=policy, budget=budget if budget is not None else seq_len,
-                           budget_label="full" if budget is None else str(budget))
-                try:
-                    r = dense if policy == "dense" else measure_point(model, ctl, cache, block, policy, budget)
-                    row.update(r, status="ok", error=None, ppl_dense=dense["ppl"],
-                               ppl_ratio=r["ppl"] / dense["ppl"])
-                except Exception as e:  # a failed point is recorded, the sweep goes on
-                    row.update(status="failed", error=f"{type(e).__name__}: {e}")
-                rows.append(row)
-                if on_record:
-                    on_record(row)
+    try:
+        for corpus in corpora:
+            for i, u in enumerate(units[corpus]):
+                t0 = time.perf_counter()
+                cache, blk = prefill(model, u.ids, eval_tokens)
+                ctl.block = 1
+                dense = measure_point(model, ctl, cache, blk, None, None)
+                base = {"experiment": "quality", "corpus": corpus, "document": u.document, "start": u.start,
+                        "unit": u.unit, "seq_len": seq_len, "eval_tokens": eval_tokens, "context_len": seq_len}
+                for policy, budget, gran in pts:
+                    row = dict(base, policy=policy, budget=budget if budget is not None else seq_len,
+                               budget_label="full" if budget is None else str(budget), block=gran,
+                               selection="dense" if policy == "dense" else selection_label(gran))
+                    try:
+                        ctl.block = gran
+                        r = dense if policy == "dense" else measure_point(model, ctl, cache, blk, policy, budget)
+                        row.update(r, status="ok", error=None, ppl_dense=dense["ppl"], nll_dense=dense["nll_sum"],
+                                   ppl_ratio=r["ppl"] / dense["ppl"])
+                    except Exception as e:  # a failed point is recorded, the sweep goes on
+                        row.update(status="failed", error=f"{type(e).__name__}: {e}")
+                    finally:
+                        ctl.block = block
+                    rows.append(row)
+                    if on_record:
+                        on_record(row)
+                    bar.update(1)
+                    bar.set_postfix_str(f"{corpus} {i + 1}/{len(units[corpus])} {policy}@{row['budget_label']}"
+                                        f"/{row['selection']}", refresh=False)
+                del cache
                 if log:
-                    log(f"{corpus}/{name} {policy}@{row['budget_label']}: ppl {row.get('ppl', float('nan')):.3f} "
-                        f"ratio {row.get('ppl_ratio', float('nan')):.4f} recall {row.get('mass_recall', float('nan')):.3f} "
-                        f"({row.get('seconds', 0):.1f}s)")
-            del cache
+                    mine = [r for r in rows[-len(pts):] if r["status"] == "ok" and r["policy"] != "dense"]
+                    worst = max(mine, key=lambda r: r["ppl_ratio"], default=None)
+                    log(f"{corpus} {i + 1}/{len(units[corpus])} {u.label}: dense ppl {dense['ppl']:.3f}, "
+                        f"{len(pts)} points in {time.perf_counter() - t0:.0f}s"
+                        + (f", highest ratio {worst['ppl_ratio']:.3f} ({worst['policy']}@{worst['budget_label']}, "
+                           f"{worst['selection']})" if worst else "")
+                        + f", {sum(r['status'] != 'ok' for r in rows[-len(pts):])} failed")
+    finally:
+        bar.close()
     return pd.DataFrame(rows)
 
 
+SUMMARY_KEYS = ["corpus", "policy", "block", "selection", "budget", "budget_label"]
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (corpus, policy, budget): token-weighted perplexity, its ratio to dense, mean recalls."""
-    ok = df[df["status"] == "ok"]
-    g = ok.groupby(["corpus", "policy", "budget", "budget_label"], as_index=False).agg(
-        nll_sum=("nll_sum", "sum"), n_tokens=("n_tokens", "sum"), mass_recall=("mass_recall", "mean"),
-        oracle_overlap=("oracle_overlap", "mean"), n_sequences=("document", "nunique"))
-    g["ppl"] = (g["nll_sum"] / g["n_tokens"]).map(math.exp)
-    dense = g[g["policy"] == "dense"].set_index("corpus")["ppl"]
-    g["ppl_ratio"] = g["ppl"] / g["corpus"].map(dense)
-    return g.sort_values(["corpus", "policy", "budget"]).reset_index(drop=True)
+    """Per (corpus, policy, block, budget): the pooled perplexity and its ratio to dense with a 95% bootstrap
+    interval over sequences (`stats.perplexity_ratio`, sequences paired with their own dense decode), mean
+    attention-mass recall and recall@budget against `oracle_shared` with bootstrap intervals over sequences
+    (`stats.bootstrap`). Interval columns: `x`, `x_lo`, `x_hi`, `x_n` (`Interval.as_dict`)."""
+    from labkit.stats import bootstrap, perplexity_ratio
+
+    ok = df[df["status"] == "ok"].copy()
+    for col, default in (("block", 1), ("start", 0)):   # frames from before block variants / windows
+        if col not in ok.columns:
+            ok[col] = default
+    if "selection" not in ok.columns:
+        ok["selection"] = ["dense" if p == "dense" else selection_label(b) for p, b in zip(ok["policy"], ok["block"])]
+    unit = ["corpus", "document", "start"]
+    dense = ok[ok["policy"] == "dense"].drop_duplicates(unit).set_index(unit)["nll_sum"].rename("nll_base")
+    rows = []
+    for key, g in ok.groupby(SUMMARY_KEYS, sort=True, dropna=False):
+        g = g.join(dense, on=unit).dropna(subset=["nll_base"])
+        if g.empty:
+            continue
+        r = dict(zip(SUMMARY_KEYS, key))
+        r.update(nll_sum=float(g["nll_sum"].sum()), n_tokens=int(g["n_tokens"].sum()), n_sequences=len(g))
+        r["ppl"] = math.exp(r["nll_sum"] / r["n_tokens"])
+        r.update(perplexity_ratio(g["nll_sum"], g["nll_base"], g["n_tokens"]).as_dict("ppl_ratio"))
+        for m in ("mass_recall", "oracle_overlap"):
+            v = g[m].dropna()
+            r.update(bootstrap(v).as_dict(m) if len(v) else {m: math.nan, f"{m}_lo": math.nan,
+                                                               f"{m}_hi": math.nan, f"{m}_n": 0})
+        rows.append(r)
+    return pd.DataFrame(rows).sort_values(["corpus", "policy", "block", "budget"]).reset_index(drop=True)
 
 
 @torch.no_grad()
@@ -177,8 +251,9 @@ def head_share_map(model, tokenizer, corpora=("code", "prose"), seq_len: int = 4
     ctl = instrument(model)
     rows = []
     for corpus in corpora:
-        acc = None
+        acc, seen = None, 0
         for name, ids in sequences(tokenizer, corpus, seq_len, n_sequences, split=split):
+            seen += 1
             cache, block = prefill(model, ids, eval_tokens)
             ctl.layers, ctl.collect_head_share = {}, True
             ctl.sink_window, ctl.recent_window = sink_window, recent_window
@@ -189,7 +264,7 @@ def head_share_map(model, tokenizer, corpora=("code", "prose"), seq_len: int = 4
                 ctl.collect_head_share = False
             m = ctl.head_share()
             acc = m if acc is None else acc + m
-        acc = acc / n_sequences
+        acc = acc / seen
         for layer in range(acc.shape[0]):
             for head in range(acc.shape[1]):
                 rows.append({"corpus": corpus, "split": split, "layer": layer, "head": head,

@@ -34,6 +34,7 @@ PULSE_SWITCH_RUNS = [tuple(x) for x in RUNS["pulse_switch"]]
 PULSE_SELECTION_BLOCKS_RUN = RUNS["pulse_selection_blocks"]
 PULSE_SCALING_COMPILED_RUNS = [tuple(x) for x in RUNS["pulse_scaling_compiled"]]
 QUALITY_BLOCK_RUNS = [tuple(x) for x in RUNS["quality_blocks"]]
+QUALITY_RUN = RUNS["quality"]
 DECODE_TRACE_RUNS = [tuple(x) for x in RUNS["decode_trace"]]
 CROSSCHECK_RUN, CAPACITY_RUN, HOT_DENSITY_RUN = RUNS["serve_crosscheck"], RUNS["capacity"], RUNS["hot_density"]
 HOT_DECODE_RUNS = [tuple(x) for x in RUNS["hot_decode"]]
@@ -398,25 +399,62 @@ def pulse_trace_table() -> str:
             "they are reported on):\n\n" + single)
 
 
-def quality_blocks_table(budgets=(256, 2048)) -> str:
-    """Perplexity ratio to dense (pooled over a corpus's sequences) and attention-mass recall per policy,
-    selected per token or in whole blocks of 16, at budgets 256 and 2048 of 4K tokens."""
+def _quality_interval(g: pd.DataFrame, col: str, digits: int = 3) -> str:
+    """One summary row's `value [lo, hi]` (labkit.stats.Interval.text)."""
+    from ..stats import Interval
+    r = g.iloc[0]
+    return Interval(r[col], r[f"{col}_lo"], r[f"{col}_hi"], int(r[f"{col}_n"])).text(digits)
+
+
+def _quality_lead(run: str, mf: dict) -> str:
+    p = mf["parameters"]
+    ctx = p["seq_len"] - p["eval_tokens"]
+    return (f"SmolLM2-135M on CPU, run `{run.split('/')[-1]}`: per corpus n = {p['n_sequences']} sequences of "
+            f"{p['seq_len']:,} tokens drawn with seed {p['seed']} from the eval split"
+            + (" (yaml: non-overlapping windows of its one eval document)" if "yaml" in p["corpora"] else "")
+            + f", the last {p['eval_tokens']} decoded sparsely after a {ctx:,}-token dense "
+            f"prefill; value [95% bootstrap interval over sequences], perplexity pooled over a corpus's sequences; "
+            f"wall {mf['wall_s'] / 60:.0f} min on {mf.get('cpu_count')} shared CPU cores"
+            + (f", {mf['torch_threads']} torch thread" + ("s" if mf["torch_threads"] > 1 else "") if "torch_threads" in mf else "")
+            + ".")
+
+
+def quality_table() -> str:
+    """Perplexity ratio to dense per corpus and policy (single-token selection) at every budget of the run, and
+    attention-mass recall at 256, each with its 95% bootstrap interval over the evaluation sequences and n."""
+    run = load_run(REPO / QUALITY_RUN)
+    q = run.table("quality_summary")
+    q = q[(q.policy != "dense") & (q.selection == "token")]
     rows = []
-    for run, gran in QUALITY_BLOCK_RUNS:
-        q = load_run(REPO / run).table("quality_summary")
-        q = q[q.budget.isin(budgets) & (q.policy != "dense")]
-        for (pol, corpus), g in q.groupby(["policy", "corpus"], sort=True):
-            if pol == "oracle_shared":
-                continue
-            g = g.set_index("budget")
-            row = {"policy": pol, "selection": gran, "corpus": corpus}
-            for b in budgets:
-                row[f"ppl ratio @{b}"] = f"{g.loc[b, 'ppl_ratio']:.3f}"
-                row[f"mass recall @{b}"] = f"{g.loc[b, 'mass_recall']:.3f}"
-            rows.append(row)
-    t = pd.DataFrame(rows)
-    t = t.assign(_o=t.selection != "token").sort_values(["policy", "corpus", "_o"], kind="stable").drop(columns="_o")
-    return _md(t)
+    for (corpus, pol), g in q.groupby(["corpus", "policy"], sort=True):
+        g = g.set_index("budget")
+        row = {"corpus": corpus, "policy": pol}
+        for b in sorted(q.budget.unique()):
+            row[f"ppl ratio @{b}"] = _quality_interval(g.loc[[b]], "ppl_ratio")
+        row["mass recall @256"] = _quality_interval(g.loc[[256]], "mass_recall")
+        row["n"] = int(g["ppl_ratio_n"].min())
+        rows.append(row)
+    return _quality_lead(QUALITY_RUN, run.manifest) + "\n\n" + _md(pd.DataFrame(rows))
+
+
+def quality_blocks_table() -> str:
+    """Perplexity ratio to dense (pooled over a corpus's sequences) and attention-mass recall per policy,
+    selected per token or in whole blocks of 16, at the budgets the run measured blocks at, each with its 95%
+    bootstrap interval over the evaluation sequences and n."""
+    run = load_run(REPO / QUALITY_RUN)
+    q = run.table("quality_summary")
+    budgets = sorted(q[q.block > 1].budget.unique())
+    q = q[q.budget.isin(budgets) & ~q.policy.isin(["dense", "oracle_shared"])]
+    rows = []
+    for (pol, corpus, block), g in q.groupby(["policy", "corpus", "block"], sort=True):
+        g = g.set_index("budget")
+        row = {"policy": pol, "selection": g["selection"].iloc[0], "corpus": corpus}
+        for b in budgets:
+            row[f"ppl ratio @{b}"] = _quality_interval(g.loc[[b]], "ppl_ratio")
+            row[f"mass recall @{b}"] = _quality_interval(g.loc[[b]], "mass_recall")
+        row["n"] = int(g["ppl_ratio_n"].min())
+        rows.append(row)
+    return _quality_lead(QUALITY_RUN, run.manifest) + "\n\n" + _md(pd.DataFrame(rows))
 
 
 def hot_density_table(context_len: int = 1 << 20) -> str:
@@ -726,7 +764,7 @@ def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
     return {"headlines": headlines(), "serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
             "pulse-scaling-compiled-h200": pulse_scaling_compiled_table(), "pulse-selection-h200": pulse_selection_table(),
-            "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
+            "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(), "decode-trace-h200": decode_trace_table(),
             **xfer_blocks(),
