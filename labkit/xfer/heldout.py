@@ -20,6 +20,7 @@ in every play. So here:
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 from dataclasses import dataclass
@@ -41,6 +42,11 @@ class Seq:
     ids: object          # LongTensor [seq_len]
 
 
+def as_seq(s) -> Seq:
+    """A `Seq`, or a plain (corpus, document, ids) triple (a sequence with no recorded offset) as one."""
+    return s if isinstance(s, Seq) else Seq(s[0], s[1], -1, s[2])
+
+
 def family(corpus: str, name: str) -> str:
     """The unit a split must not cut: a play without its part number (`henry_vi_part_3_gut.txt` ->
     `henry_vi`), a stdlib module's top-level package (`email/mime/audio.py` -> `email`; a top-level module
@@ -52,10 +58,12 @@ def family(corpus: str, name: str) -> str:
     return parts[0] if len(parts) > 1 else re.sub(r"\.py$", "", parts[0])
 
 
-def calibration_families(corpus: str) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def calibration_families(corpus: str) -> frozenset[str]:
+    """Families with a document in the corpus' calibration split (listing the stdlib is slow: once per process)."""
     from labkit.quality.corpora import documents
 
-    return {family(corpus, n) for n, _ in documents(corpus, "calibration")}
+    return frozenset(family(corpus, n) for n, _ in documents(corpus, "calibration"))
 
 
 def eval_documents(corpus: str):
@@ -140,6 +148,18 @@ def overlap(calib, seqs, k: int = OVERLAP_K) -> list[float]:
         cal = grams.get(s.corpus, set())
         out.append(sum(x in cal for x in g) / len(g) if g else 0.0)
     return out
+
+
+def calib_sha(calib) -> dict:
+    """The calibration text's identity as `transfer.fit_mapper` records it in a mapper file (16 hex digits of
+    sha256 over chunk names and token ids, per split): a loaded mapper's own says whether it was fitted on
+    this calibration text."""
+    import hashlib
+
+    h = {"fit": hashlib.sha256(), "val": hashlib.sha256()}
+    for split, name, ids in calib:
+        h[split].update(name.encode() + ids.numpy().tobytes())
+    return {"fit_sha256": h["fit"].hexdigest()[:16], "val_sha256": h["val"].hexdigest()[:16]}
 
 
 def split_record(calib, seqs, seed: int, overlaps=None) -> dict:

@@ -66,6 +66,20 @@ def interval(row, prefix: str) -> Interval:
 def text(row, prefix: str, digits: int = 3) -> str:
     """`value [lo, hi]` (`Interval.text`), or the bare value where the row has no interval columns."""
     get = row.get if hasattr(row, "get") else (lambda k, d=None: getattr(row, k, d))
-    if get(f"{prefix}_lo") is None:
+    n = get(f"{prefix}_n")
+    if get(f"{prefix}_lo") is None or n is None or pd.isna(n):   # no interval measured (the reference itself)
         return f"{float(get(prefix)):.{digits}f}"
     return interval(row, prefix).text(digits)
+
+
+def display_frame(df: pd.DataFrame, keep, prefixes, digits: int = 3) -> pd.DataFrame:
+    """A frame for reading: the `keep` columns as they are, each prefix present as one `value [lo, hi]`
+    column (`{prefix}_n` beside the first ratio, as `n`)."""
+    out = df[[c for c in keep if c in df]].copy()
+    for p in prefixes:
+        if p in df:
+            out[f"{p} [95%]"] = [text(r, p, digits) for _, r in df.iterrows()]
+    n = next((f"{p}_n" for p in prefixes if f"{p}_n" in df), None)
+    if n:
+        out["n sequences"] = df[n].astype("Int64")
+    return out
