@@ -112,6 +112,14 @@ def test_calibration_and_evaluation_text_are_disjoint():
     for s in seqs:
         assert f"{s.corpus}/{s.document}" not in cal_docs
         assert heldout.family(s.corpus, s.document) not in heldout.calibration_families(s.corpus)
+    # a play's other parts are not evaluation text when one part is calibration text (the corpora's own split
+    # puts Henry VI part 3 in calibration and parts 1 and 2 in eval)
+    from labkit.quality.corpora import documents
+    split_eval = {n for n, _ in documents("prose", "eval")}
+    kept = {n for n, _ in heldout.eval_documents("prose")}
+    cut = split_eval - kept
+    assert cut and all(heldout.family("prose", n) in heldout.calibration_families("prose") for n in cut)
+    assert {"henry_vi_part_1_gut.txt", "henry_vi_part_2_gut.txt"} <= cut
     # lambda is chosen on whole documents that are not fitted on
     fit = {n.rsplit("#", 1)[0] for sp, n, _ in calib if sp == "fit"}
     val = {n.rsplit("#", 1)[0] for sp, n, _ in calib if sp == "val"}

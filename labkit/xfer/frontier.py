@@ -143,7 +143,8 @@ def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
         mf = json.loads((run_dir / "manifest.json").read_text())
         mf["quality"] = {k: meta.get(k) for k in ("corpora", "n_sequences", "prompt_len", "cont_len", "agree_tokens",
                                                   "calib_tiers_tokens_per_corpus", "calib_seq_len", "eval_seed", "val_by",
-                                                  "exact_prefix", "ns", "ranks")}
+                                                  "exact_prefix", "ns", "ranks", "lambda_grid", "torch_threads",
+                                                  "calibration_seconds", "wall_seconds")}
         mf["quality"]["intervals"] = "95% percentile bootstrap over sequences (labkit.stats.perplexity_ratio)"
         mf["split"] = meta["split"]
         (run_dir / "manifest.json").write_text(json.dumps(mf, indent=1, default=str))
