@@ -10,6 +10,7 @@ sits in exactly one file.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
@@ -41,6 +42,7 @@ HOT_DECODE_RUNS = [tuple(x) for x in RUNS["hot_decode"]]
 XFER_FRONTIER_RUN, XFER_RANK_RUN, XFER_FULL_RUN = RUNS["xfer_frontier"], RUNS["xfer_rank"], RUNS["xfer_full"]
 XFER_TTFT_RUN, XFER_VLLM_RANK_RUN = RUNS["xfer_ttft"], RUNS["xfer_vllm_rank"]
 XFER_ABLATION_RUN, XFER_VLLM_TTFT_RUN = RUNS["xfer_ablation"], RUNS["xfer_vllm_ttft"]
+XFER_N10_RUN = RUNS["xfer_n10"]
 PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
 
 
@@ -534,23 +536,52 @@ def decode_trace_table() -> str:
 # ---- cross-model KV transfer (labkit.xfer) ---------------------------------------------------------------
 
 
-def _ratio3(r) -> str:
-    return f"{r.ppl_ratio_code:.3f} / {r.ppl_ratio_prose:.3f} / **{r.ppl_ratio:.3f}**"
+def _xfer_quality_cells(r, corpora=("code", "prose")) -> dict:
+    """Ratio cells with their 95% intervals over sequences and n: one cell per corpus, the pooled one, the
+    per-sequence spread (`labkit.xfer.intervals` columns)."""
+    from ..xfer.intervals import text
+
+    n = " + ".join(str(int(getattr(r, f"ppl_ratio_{c}_n"))) for c in corpora)
+    return {**{f"ppl ratio {c} [95%]": text(r, f"ppl_ratio_{c}") for c in corpora},
+            "ppl ratio **pooled** [95%]": f"**{text(r, 'ppl_ratio')}**", "n": n,
+            "per-sequence min–max": f"{r.ppl_ratio_seq_min:.2f}–{r.ppl_ratio_seq_max:.2f}"}
+
+
+def _xfer_split_line(run) -> str:
+    """What the quality of a run folder was measured on, from its manifest."""
+    mf = run.manifest
+    q, sp = mf.get("quality", {}), mf.get("split", {})
+    ev = sp.get("evaluation", {})
+    cal = sp.get("calibration", {})
+    per = ", ".join(f"{c} {v['n']}" for c, v in ev.items())
+    fit = ", ".join(f"{c} {len(v['fit_documents'])} + {len(v['lambda_documents'])}" for c, v in cal.items())
+    return (f"Held-out windows per corpus: {per} (seed {sp.get('eval_seed')}, one window of {q.get('prompt_len')} + "
+            f"{q.get('cont_len')} tokens per eval document at a seeded offset, no document or family shared with "
+            f"the calibration text; calibration documents fitted on + held out for λ: {fit}); intervals: 95% "
+            f"bootstrap over sequences.")
 
 
 def xfer_frontier_table() -> str:
-    """Quality (fitted mappers, held-out eval text) beside the TTFT speedup (shape-only mappers, 2K) per N."""
+    """Quality (fitted mappers, held-out windows, 95% intervals over sequences) beside the TTFT speedup
+    (shape-only mappers, 2K) per N."""
     run = load_run(REPO / XFER_FRONTIER_RUN)
     f = run.table("frontier")
     f = f[f["stage"] == "frontier"].sort_values("small_layers")
-    rows = [{"N": int(r.small_layers), "d": f"{int(r.feature_dim):,}", "mapping MACs / token": f"{r.mapper_macs_per_token / 1e6:.1f} M",
-             "ppl ratio code / prose / **pooled**": _ratio3(r), "top-1": f"{r.top1_agree:.3f}",
+    rows = [{"N": int(r.small_layers), "mapping MACs / token": f"{r.mapper_macs_per_token / 1e6:.1f} M",
+             **_xfer_quality_cells(r), "top-1 [95%]": text_iv(r, "top1_agree"),
              "R² held-out K / V": f"{r.r2_val_k_mean:.3f} / {r.r2_val_v_mean:.3f}",
              f"TTFT speedup at {int(r.context_len) // 1024}K": f"**{r.speedup:.2f}×**",
              "small prefill ms": f"{r.small_prefill_ms:,.0f}", "mapping ms": f"{r.mapping_ms:,.0f}"} for r in f.itertuples()]
     lead = (f"Large model's own prefill + first token at {int(f.context_len.iloc[0]):,} tokens: "
-            f"{f.large_ttft_ms.median():,.0f} ms (median of {int(run.metrics.repeats.max())} after a warm-up).")
+            f"{f.large_ttft_ms.median():,.0f} ms (median of {int(run.metrics.repeats.max())} after a warm-up); "
+            f"features d = {int(f.feature_dim.iloc[0]):,}. " + _xfer_split_line(run))
     return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
+def text_iv(r, prefix: str) -> str:
+    from ..xfer.intervals import text
+
+    return text(r, prefix)
 
 
 # the run folder's probe names as the docs name them (the first frontier was measured without the exact prefix)
@@ -560,7 +591,7 @@ PROBE_LABELS = {"round 2 frontier (committed)": "frontier without exact prefix"}
 def xfer_n10_table() -> str:
     """The N = 10 anomaly: pooled held-out ppl ratio at N = 8 / 10 / 12 per probe, and the costliest layer of the
     N = 10 mapper from the frontier without exact prefix (attribution: that layer alone mapped, and every layer but it)."""
-    run = load_run(REPO / XFER_FRONTIER_RUN)
+    run = load_run(REPO / XFER_N10_RUN)
     pr = run.table("n10_probe")
     rows = []
     for (probe, feats), g in pr.groupby(["probe", "features"], sort=False):
@@ -573,17 +604,20 @@ def xfer_n10_table() -> str:
     worst = only.iloc[0]
     but = a[a["variant"] == f"but:{int(worst.layer)}"].iloc[0]
     allm = a[a["variant"] == "all"].iloc[0]
-    lead = (f"The N = 10 mapper of the frontier without exact prefix, one layer at a time (the rest true; 12 held-out sequences): layer {int(worst.layer)} "
+    lead = (f"Pooled ratios over 12 held-out sequences (6 per corpus, the openings of eval documents; no per-sequence "
+            f"rows were kept, so no intervals). The N = 10 mapper of the frontier without exact prefix, one layer at a time (the rest true): layer {int(worst.layer)} "
             f"alone costs {worst.ppl_ratio:.3f} (next: " + ", ".join(f"{int(r.layer)}: {r.ppl_ratio:.3f}" for r in only.iloc[1:4].itertuples())
             + f"); every layer mapped but {int(worst.layer)}: {but.ppl_ratio:.3f} (all mapped: {allm.ppl_ratio:.3f}).")
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
 def xfer_rank_table() -> str:
-    """Reduced-rank mappers at N = 8: quality and the mapping's cost beside the full ridge mapper."""
-    f = load_run(REPO / XFER_RANK_RUN).table("frontier").sort_values("mapper_macs_per_token", ascending=False)
+    """Reduced-rank mappers at N = 8: quality (95% intervals over sequences) and the mapping's cost beside the
+    full ridge mapper."""
+    f = load_run(REPO / XFER_RANK_RUN).table("frontier")
+    f = f[f["small_layers"] == 8].sort_values("mapper_macs_per_token", ascending=False)
     rows = [{"rank": "full" if not r.rank else int(r.rank), "mapping MACs / token": f"{r.mapper_macs_per_token / 1e6:.2f} M",
-             "ppl ratio code / prose / **pooled**": _ratio3(r), "top-1": f"{r.top1_agree:.3f}",
+             **_xfer_quality_cells(r), "top-1 [95%]": text_iv(r, "top1_agree"),
              "calibration R² gap K / V": "–" if not r.rank else f"{r.rank_gap_k_mean:.4f} / {r.rank_gap_v_mean:.4f}",
              "mapping ms": f"{r.mapping_ms:,.0f}", f"TTFT speedup at {int(r.context_len) // 1024}K": f"**{r.speedup:.2f}×**"}
             for r in f.itertuples()]
@@ -611,15 +645,17 @@ def xfer_run_table() -> str:
                      f"{mp.small_prefill_ms:,.0f} / {mp.mapping_ms:,.0f} / {mp.prefix_ms:,.0f}"})
     h = headline(m, q)
     h = h[h["backend"] == "vllm"]
+    from ..xfer.intervals import paired, pooled
+
+    seqs = m[(m["kind"] == "quality") & (m["status"] == "ok")]
     qrows = []
     for b, g in q[q["mode"].isin(["true", "mapped"])].groupby("backend", sort=False):
         tr, mp = g[g["mode"] == "true"], g[g["mode"] == "mapped"]
         ppl = lambda x: math.exp(x["nll_sum"].sum() / x["n_tokens"].sum())  # noqa: E731
-        by = {c: ppl(mp[mp["corpus"] == c]) / ppl(tr[tr["corpus"] == c]) for c in ("code", "prose")}
-        qrows.append({"backend": b, "sequences": int(mp["n_sequences"].sum()), "true-cache ppl": f"{ppl(tr):.6f}",
-                      "mapped-cache ppl": f"{ppl(mp):.6f}",
-                      "ppl ratio code / prose / **pooled**": f"{by['code']:.3f} / {by['prose']:.3f} / **{ppl(mp) / ppl(tr):.3f}**",
-                      "top-1": f"{mp.top1_agree.mean():.3f}"})
+        pr = paired(seqs[seqs["backend"] == b])
+        iv = pd.Series(pooled(pr[pr["mode"] == "mapped"]))
+        qrows.append({"backend": b, "true-cache ppl": f"{ppl(tr):.6f}", "mapped-cache ppl": f"{ppl(mp):.6f}",
+                      **_xfer_quality_cells(iv), "top-1 [95%]": text_iv(iv, "top1_agree")})
     head = "; ".join(f"{r.backend}: **{r.speedup:.2f}×** at {int(r.prompt_tokens):,} tokens (c = 1), ppl ratio "
                      f"{r.ppl_ratio:.3f}, top-1 {r.top1_agree:.3f}" for r in h.itertuples())
     return "Headline — " + head + ".\n\n" + _md(pd.DataFrame(qrows)) + "\n\n" + _md(pd.DataFrame(rows))
@@ -647,12 +683,23 @@ def xfer_ttft_table() -> str:
 
 def xfer_ablation_table() -> str:
     """The mapper ablation at N = 8: features, lambda granularity and calibration size against quality."""
+    from ..xfer.intervals import pooled
+
     a = pd.read_parquet(REPO / XFER_ABLATION_RUN / "ablation.parquet")
     a = a[a["stage"] != "frontier"]
-    rows = [{"stage": r.stage, "config": r.config, "features": f"`{r.features}`", "λ per": r.lambda_per,
-             "calib tokens / corpus": f"{int(r.calib_tokens_per_corpus):,}", "d": f"{int(r.feature_dim):,}",
-             "ppl ratio code / prose / **pooled**": _ratio3(r), "top-1 (pooled)": f"{r.top1_agree:.3f}"}
-            for r in a.itertuples()]
+    seqs = pd.read_parquet(REPO / XFER_ABLATION_RUN / "ablation_rows.parquet")
+    per_corpus = json.loads((REPO / XFER_ABLATION_RUN / "ablation.json").read_text())["n_sequences"]
+    rows = []
+    for r in a.itertuples():
+        g = seqs[(seqs["stage"] == r.stage) & (seqs["config"] == r.config)]
+        if g.empty:   # this run kept per-sequence rows for its frontier only: the pooled figures, no interval
+            cells = {"ppl ratio code / prose / **pooled**": f"{r.ppl_ratio_code:.3f} / {r.ppl_ratio_prose:.3f} / "
+                     f"**{r.ppl_ratio:.3f}**", "n": f"{per_corpus} + {per_corpus}", "top-1 (pooled)": f"{r.top1_agree:.3f}"}
+        else:
+            iv = pd.Series(pooled(g))
+            cells = {**_xfer_quality_cells(iv), "top-1 (pooled)": text_iv(iv, "top1_agree")}
+        rows.append({"stage": r.stage, "config": r.config, "features": f"`{r.features}`", "λ per": r.lambda_per,
+                     "calib tokens / corpus": f"{int(r.calib_tokens_per_corpus):,}", "d": f"{int(r.feature_dim):,}", **cells})
     return _md(pd.DataFrame(rows))
 
 
@@ -673,7 +720,7 @@ def xfer_vllm_ttft_table() -> str:
 def xfer_blocks() -> dict[str, str]:
     out = {}
     for name, fn, run in (("xfer-frontier-cpu", xfer_frontier_table, XFER_FRONTIER_RUN),
-                          ("xfer-n10-cpu", xfer_n10_table, XFER_FRONTIER_RUN),
+                          ("xfer-n10-cpu", xfer_n10_table, XFER_N10_RUN),
                           ("xfer-rank-cpu", xfer_rank_table, XFER_RANK_RUN), ("xfer-run-cpu", xfer_run_table, XFER_FULL_RUN),
                           ("xfer-ttft-cpu", xfer_ttft_table, XFER_TTFT_RUN),
                           ("xfer-ablation-cpu", xfer_ablation_table, XFER_ABLATION_RUN),

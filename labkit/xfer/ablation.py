@@ -28,6 +28,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from labkit.xfer.heldout import EVAL_SEED
+from labkit.xfer.intervals import text as iv_text
 from labkit.xfer.features import FeatureSpec, SmallPass, cache_kv, pre_rope_kv, rope_cos_sin, rotate, run_with_hidden
 from labkit.xfer.mapper import Fitter, restrict
 from labkit.xfer.pair import plan_pair
@@ -89,12 +91,13 @@ def layer_macs_per_token(pair) -> int:
 
 
 def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, corpora=("code", "prose"),
-        calib_tiers=(8192, 32768), calib_seq_len=512, n_sequences=6, prompt_len=1025, cont_len=128,
+        calib_tiers=(8192, 32768), calib_seq_len=512, n_sequences=16, prompt_len=1025, cont_len=128,
         agree_tokens=32, out: Path | None = None, mapper_dir: Path | None = None, log=print,
         superset_ablation=SUPERSET_ABLATION, superset_frontier=SUPERSET_FRONTIER, sums_cache: Path | None = None,
-        frontier_only: str = "", ranks=(), grid=GRID, exact_prefix: int = 1):
-    from labkit.quality.corpora import sequences
-    from labkit.xfer.transfer import calibration_chunks, load_models
+        frontier_only: str = "", ranks=(), grid=GRID, exact_prefix: int = 1, eval_seed: int = EVAL_SEED,
+        val_by: str = "document"):
+    from labkit.xfer import heldout
+    from labkit.xfer.transfer import calibration_chunks
 
     t_start = time.perf_counter()
     pairs = {n: plan_pair(large_name, f"first:{n}", derive=False) for n in ns}
@@ -111,7 +114,14 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
     kv_need = set(range(min(ns) - 1, L))
 
     # calibration: chunks of the largest tier; a chunk's tier is where it falls in its corpus' order
-    calib = calibration_chunks(tok, list(corpora), calib_seq_len, calib_tiers[-1])
+    calib = calibration_chunks(tok, list(corpora), calib_seq_len, calib_tiers[-1], val_by=val_by)
+    # evaluation windows: drawn by the seed from documents (and families) the calibration never read
+    seqs = heldout.draw(tok, corpora, prompt_len + cont_len, n_sequences, seed=eval_seed)
+    heldout.check_disjoint(calib, seqs)
+    overlaps = heldout.overlap(calib, seqs)
+    split_rec = heldout.split_record(calib, seqs, eval_seed, overlaps)
+    log(f"split: {len(calib)} calibration chunks (lambda held out by {val_by}); {len(seqs)} evaluation windows, seed "
+        f"{eval_seed}, calibration 8-gram overlap max {max(overlaps):.3f}")
     seen: dict[str, int] = {}
     t0 = time.perf_counter()
     if sums_cache and sums_cache.is_file():  # the passes of an earlier run with the same arguments
@@ -142,10 +152,9 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
         return restrict(f, FeatureSpec.parse(features))
 
     # evaluation sequences: one true pass each (hidden states for every N's features, true cache, reference)
-    seqs = [(c, name, ids) for c in corpora for name, ids in sequences(tok, c, prompt_len + cont_len, n_sequences, split="eval")]
     ev = []
-    for corpus, name, ids in seqs:
-        ids = ids.view(1, -1)
+    for s_, ov in zip(seqs, overlaps):
+        corpus, name, ids = s_.corpus, s_.document, s_.ids.view(1, -1)
         ctx, block = ids[:, : prompt_len - 1], ids[:, prompt_len - 1: prompt_len + cont_len]
         hidden, kv, cache, cos, sin = large_pass(large, ctx, hid_need, kv_need)
         true_kv = [cache_kv(cache, i) for i in range(L)]
@@ -153,7 +162,7 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
         nll_true = float(F.cross_entropy(lg[:-1], block[0, 1:], reduction="sum"))
         ref = greedy(large, block[:, :1], true_kv, agree_tokens)
         forced = torch.cat([block[:, :1], ref[:-1].view(1, -1)], dim=1)
-        ev.append(dict(corpus=corpus, document=name, hidden=hidden, kv=kv, true_kv=true_kv, cos=cos, sin=sin,
+        ev.append(dict(corpus=corpus, document=name, offset=s_.offset, overlap=ov, hidden=hidden, kv=kv, true_kv=true_kv, cos=cos, sin=sin,
                        block=block, nll_true=nll_true, ref=ref, forced=forced))
     H, D = pair0.large.kv_heads, pair0.large.head_dim
 
@@ -178,7 +187,8 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
             lg = logits_with_kv(large, e["block"], kvs)
             nll = float(F.cross_entropy(lg[:-1], e["block"][0, 1:], reduction="sum"))
             agree = float((logits_with_kv(large, e["forced"], kvs).argmax(-1) == e["ref"]).float().mean())
-            rows.append(dict(tag, corpus=e["corpus"], document=e["document"], n_tokens=cont_len, nll_sum=nll,
+            rows.append(dict(tag, corpus=e["corpus"], document=e["document"], offset=e["offset"],
+                             calib_overlap_8gram=e["overlap"], n_tokens=cont_len, nll_sum=nll,
                              nll_true=e["nll_true"], top1_agree=agree))
         return rows
 
@@ -210,8 +220,9 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
         mappers[(name, n)] = mp
         if log:
             log(f"N={n} {stage}/{name} [{features}; lambda per {lambda_per}; {calib_tiers[tiers - 1]} tok/corpus]: "
-                f"ppl ratio {s['ppl_ratio']:.3f} (code {s['ppl_ratio_code']:.3f}, prose {s['ppl_ratio_prose']:.3f}), "
-                f"top1 {s['top1_agree']:.3f} ({time.perf_counter() - t:.0f}s)")
+                f"ppl ratio {iv_text(s, 'ppl_ratio')} ("
+                + ", ".join(f"{c} {iv_text(s, f'ppl_ratio_{c}')}" for c in sorted({e['corpus'] for e in ev}))
+                + f"), top1 {s['top1_agree']:.3f} ({time.perf_counter() - t:.0f}s)")
         return s["ppl_ratio"]
 
     # 1. features at the ablation's N
@@ -227,7 +238,7 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
             "calib_tiers_tokens_per_corpus": list(calib_tiers), "calib_seq_len": calib_seq_len,
             "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
             "frontier_recipe": {"features": frontier_only, "lambda_per": "layer", "tiers": full}, "ranks": list(ranks),
-            "exact_prefix": exact_prefix,
+            "exact_prefix": exact_prefix, "eval_seed": eval_seed, "val_by": val_by, "split": split_rec,
             "lambda_grid": list(grid), "calibration_seconds": round(fit_s, 1),
             "wall_seconds": round(time.perf_counter() - t_start, 1), "layer_macs_per_token": layer_macs_per_token(pair0),
             "torch_threads": torch.get_num_threads()})
@@ -258,6 +269,7 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
             "calib_tiers_tokens_per_corpus": list(calib_tiers), "calib_seq_len": calib_seq_len,
             "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
             "superset_ablation": superset_ablation, "superset_frontier": superset_frontier,
+            "eval_seed": eval_seed, "val_by": val_by, "split": split_rec,
             "best": dict(best, config=best_name, ppl_ratio=best_val), "frontier_recipe": frontier,
             "lambda_grid": list(grid), "calibration_seconds": round(fit_s, 1), "wall_seconds": round(time.perf_counter() - t_start, 1),
             "layer_macs_per_token": layer_macs_per_token(pair0), "torch_threads": torch.get_num_threads()}
@@ -281,13 +293,11 @@ def _write(results, mappers, out, mapper_dir, ablation_n, meta):
 
 
 def pooled(df: pd.DataFrame) -> dict:
-    """Token-pooled perplexity ratio overall and per corpus, mean top-1 agreement."""
-    out = {"ppl_ratio": math.exp((df["nll_sum"].sum() - df["nll_true"].sum()) / df["n_tokens"].sum()),
-           "top1_agree": float(df["top1_agree"].mean())}
-    for c, g in df.groupby("corpus"):
-        out[f"ppl_ratio_{c}"] = math.exp((g["nll_sum"].sum() - g["nll_true"].sum()) / g["n_tokens"].sum())
-        out[f"top1_agree_{c}"] = float(g["top1_agree"].mean())
-    return out
+    """Pooled perplexity ratio overall and per corpus with 95% intervals over sequences and the per-sequence
+    min / max, mean top-1 agreement with its interval (`labkit.xfer.intervals`)."""
+    from labkit.xfer.intervals import pooled as pooled_columns
+
+    return pooled_columns(df)
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
@@ -297,7 +307,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     keys = [k for k in keys if k in df]
     rows = []
     for k, g in df.groupby(keys, sort=False, dropna=False):
-        rows.append(dict(zip(keys, k), **pooled(g), n_sequences=len(g)))
+        rows.append(dict(zip(keys, k), **pooled(g), n_sequences=len(g),
+                         calib_overlap_8gram_max=float(g["calib_overlap_8gram"].max()) if "calib_overlap_8gram" in g else None))
     return pd.DataFrame(rows)
 
 
@@ -306,9 +317,13 @@ DEFAULTS = {
     'ns': "8,10,12,16,20,24",
     'ablation_n': 8,
     'calib_tiers': "8192,32768",
-    'n_sequences': 6,
+    'n_sequences': 16,
+    'eval_seed': EVAL_SEED,
+    'val_by': "document",
     'prompt_len': 1025,
     'cont_len': 128,
+    'agree_tokens': 32,
+    'calib_seq_len': 512,
     'threads': 1,
     'superset_ablation': SUPERSET_ABLATION,
     'superset_frontier': SUPERSET_FRONTIER,
@@ -330,13 +345,15 @@ def study(**given) -> int:
     torch.set_num_threads(a.threads)
     _, summary, meta = run(a.large, tuple(int(x) for x in a.ns.split(",")), a.ablation_n,
                            calib_tiers=tuple(int(x) for x in a.calib_tiers.split(",")), n_sequences=a.n_sequences,
-                           prompt_len=a.prompt_len, cont_len=a.cont_len, out=Path(a.out),
+                           prompt_len=a.prompt_len, cont_len=a.cont_len, agree_tokens=a.agree_tokens,
+                           calib_seq_len=a.calib_seq_len, out=Path(a.out),
                            mapper_dir=Path(a.mapper_dir) if a.mapper_dir else None,
                            log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True),
                            superset_ablation=a.superset_ablation, superset_frontier=a.superset_frontier,
                            sums_cache=Path(a.sums_cache) if a.sums_cache else None, frontier_only=a.frontier_only,
                            ranks=tuple(int(x) for x in a.ranks.split(",") if x),
-                           grid=tuple(float(x) for x in a.lambda_grid.split(",")), exact_prefix=a.exact_prefix)
+                           grid=tuple(float(x) for x in a.lambda_grid.split(",")), exact_prefix=a.exact_prefix,
+                           eval_seed=a.eval_seed, val_by=a.val_by)
     print(summary.to_string())
     print(json.dumps(meta.get("best") or meta.get("frontier_recipe")))
     return 0

@@ -7,9 +7,12 @@ Steps, each writing into the run folder as it goes:
 2. the mapper: load `mapper` (a path) or the cached fit for these parameters
    (`$LABKIT_CACHE/xfer/<key>.safetensors`), else fit on the corpora's calibration split and cache it
    (mapper files are large: never in a run folder); held-out calibration R² and λ -> `mapper_fit.parquet`;
-3. quality in plain transformers on the *eval* split: per (corpus, sequence, mode) perplexity of the
-   real continuation, ratio to the true cache, top-1 agreement -> `metrics.parquet` rows
-   (kind=quality), `quality_summary.parquet`, per-layer R² on eval text -> `r2.parquet`;
+3. quality in plain transformers on `n_sequences` evaluation windows per corpus drawn by `eval_seed` from
+   documents whose family the calibration never read (`labkit.xfer.heldout`; the split goes into the
+   manifest): per (corpus, sequence, mode) summed NLL of the real continuation, ratio to the true cache,
+   top-1 agreement -> `metrics.parquet` rows (kind=quality); per (corpus, mode) and pooled ratios with 95%
+   intervals over sequences -> `quality_summary.parquet`, `quality_pooled.parquet`; per-layer R² on
+   eval text -> `r2.parquet`;
 4. TTFT, transformers backend: the large model's own prefill + first token against the producer path
    (small prefill + mapping + /dev/shm write + read into a cache + the large model's last-token
    forward), per prompt length, warm-up then `repeats` -> rows kind=ttft with the stage breakdown;
@@ -83,6 +86,19 @@ def check(given: dict) -> dict:
         raise BadInput("concurrency, repeats and n_sequences must be >= 1")
     if p["calib_seq_len"] < 16 or p["calib_tokens"] < p["calib_seq_len"]:
         raise BadInput("calib_seq_len must be >= 16 and calib_tokens >= calib_seq_len")
+    if p["calib_val"] not in ("document", "chunk"):
+        raise BadInput(f"calib_val must be document or chunk, got {p['calib_val']!r}")
+    if p["eval_seed"] < 0:
+        raise BadInput(f"eval_seed must be >= 0, got {p['eval_seed']}")
+    from labkit.xfer.heldout import eval_documents
+    for c in p["corpora"]:
+        try:
+            have = len(eval_documents(c))
+        except ValueError as ex:   # an unknown corpus, or its texts not installed
+            raise BadInput(one_line(ex)) from None
+        if have < p["n_sequences"]:
+            raise BadInput(f"n_sequences={p['n_sequences']}: corpus {c!r} has {have} evaluation documents outside "
+                           f"the calibration's families")
     if p["ttft_lens"]:
         root = shm.default_root()
         need = shm.expected_bytes(pair.large.layers, max(p["ttft_lens"]), pair.large.kv_heads, pair.large.head_dim)
@@ -100,12 +116,14 @@ def mapper_cache_path(p: dict, pair) -> Path:
 
     key = json.dumps({k: p[k] for k in ("features", "rope", "calib_tokens", "calib_seq_len", "corpora", "layer_table")}
                      | {"large": pair.large.fingerprint, "small": pair.small.fingerprint}
-                     | ({"rank": p["rank"]} if p.get("rank") else {}), sort_keys=True)  # full-rank keys as before
+                     | ({"rank": p["rank"]} if p.get("rank") else {})   # full-rank keys as before
+                     | ({"calib_val": p["calib_val"]} if p.get("calib_val", "chunk") != "chunk" else {}),  # chunk: as before
+                     sort_keys=True)
     return cache_dir().parent / "xfer" / f"{pair.large.name.replace('/', '_')}-{p['small'].replace(':', '')}-" \
         f"{hashlib.sha256(key.encode()).hexdigest()[:12]}.safetensors"
 
 
-def get_mapper(p: dict, models, log=print):
+def get_mapper(p: dict, models, log=print, calib=None):
     from labkit.xfer.features import FeatureSpec
     from labkit.xfer.mapper import Mapper
     from labkit.xfer.transfer import calibration_chunks, fit_mapper
@@ -115,7 +133,8 @@ def get_mapper(p: dict, models, log=print):
     if path.is_file():
         log(f"mapper: {path}")
         return Mapper.load(path, expect=pair), path, False
-    calib = calibration_chunks(models.tokenizer, p["corpora"], p["calib_seq_len"], p["calib_tokens"])
+    calib = calib or calibration_chunks(models.tokenizer, p["corpora"], p["calib_seq_len"], p["calib_tokens"],
+                                        val_by=p.get("calib_val", "document"))
     log(f"fitting the mapper on {len(calib)} calibration chunks of {p['calib_seq_len']} tokens")
     mp = fit_mapper(models, FeatureSpec.parse(p["features"]), calib, rope=p["rope"], log=log, rank=p.get("rank", 0))
     mp.save(path)
@@ -229,7 +248,18 @@ def run_xfer(given: dict, run=None, log=print):
             f"small model = the large model's first {pair.shared_layers} layers + final norm + head (no training); "
             f"layers 0..{pair.shared_layers - 1} are copied exactly, {pair.shared_layers}..{pair.large.layers - 1} mapped")
             if pair.shared_layers else "")
-        mp, mpath, fitted = get_mapper(p, models, log=log)
+        from labkit.xfer import heldout
+        from labkit.xfer.transfer import calibration_chunks
+        calib = calibration_chunks(models.tokenizer, p["corpora"], p["calib_seq_len"], p["calib_tokens"],
+                                   val_by=p["calib_val"])
+        seqs = q.eval_sequences(models.tokenizer, p["corpora"], p["prompt_len"] + p["cont_len"], p["n_sequences"],
+                                seed=p["eval_seed"])
+        heldout.check_disjoint(calib, seqs)   # no evaluation window from a calibration document or family
+        run.update_manifest(split=heldout.split_record(calib, seqs, p["eval_seed"], heldout.overlap(calib, seqs)))
+        mp, mpath, fitted = get_mapper(p, models, log=log, calib=calib)
+        sha = heldout.calib_sha(calib)
+        run.update_manifest(split=dict(run.manifest["split"], mapper_fitted_on_this_calibration=all(
+            (mp.corpus or {}).get(k) == v for k, v in sha.items())))
         run.update_manifest(mapper={"path": str(mpath), "bytes": mpath.stat().st_size, "fitted_in_this_run": fitted,
                                     "features": str(mp.features), "rope": mp.rope, "rank": mp.rank,
                                     "macs_per_token": mp.macs_per_token(), "corpus": mp.corpus})
@@ -241,10 +271,10 @@ def run_xfer(given: dict, run=None, log=print):
             run.add(dict(base, kind="quality", backend="transformers", strategy=row["mode"], status="ok", error=None,
                          context_len=row["prompt_len"], concurrency=1, repeats=1, **row))
 
-        seqs = q.eval_sequences(models.tokenizer, p["corpora"], p["prompt_len"] + p["cont_len"], p["n_sequences"])
         df, r2 = q.evaluate(models, mp, seqs, p["prompt_len"], p["cont_len"], p["agree_tokens"], p["modes"],
                             on_row=on_row, log=log, exact_prefix=p["exact_prefix"])
         run.write_table("quality_summary", q.summarize(df).assign(backend="transformers"))
+        run.write_table("quality_pooled", q.pooled(df).assign(backend="transformers"))
         run.write_table("r2", r2)
         if p["ttft_lens"] and p["backend"] in ("transformers", "both"):
             for row in ttft_transformers(models, mp, models.tokenizer, p["ttft_lens"], p["repeats"],

@@ -138,6 +138,16 @@ def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
     if (ablation_dir / "ablation_rows.csv").is_file():
         pd.read_csv(ablation_dir / "ablation_rows.csv").to_parquet(run_dir / "ablation_rows.parquet", index=False)
     shutil.copy(ablation_dir / "ablation.json", run_dir / "ablation.json")
+    meta = json.loads((ablation_dir / "ablation.json").read_text())
+    if "split" in meta:   # the manifest states which text fitted the mappers and which scored them
+        mf = json.loads((run_dir / "manifest.json").read_text())
+        mf["quality"] = {k: meta.get(k) for k in ("corpora", "n_sequences", "prompt_len", "cont_len", "agree_tokens",
+                                                  "calib_tiers_tokens_per_corpus", "calib_seq_len", "eval_seed", "val_by",
+                                                  "exact_prefix", "ns", "ranks", "lambda_grid", "torch_threads",
+                                                  "calibration_seconds", "wall_seconds")}
+        mf["quality"]["intervals"] = "95% percentile bootstrap over sequences (labkit.stats.perplexity_ratio)"
+        mf["split"] = meta["split"]
+        (run_dir / "manifest.json").write_text(json.dumps(mf, indent=1, default=str))
     fr = join(summary, run.metrics)
     fr.to_parquet(run_dir / "frontier.parquet", index=False)
     return fr

@@ -1,7 +1,7 @@
 """Quality of a mapped cache against the large model's own, in plain transformers (the reference).
 
-Protocol per held-out sequence (corpora's *eval* split; the mapper never saw it) of `prompt_len +
-cont_len` tokens, as a KV connector runs it: the cache covers the first `prompt_len - 1` tokens (an
+Protocol per held-out sequence of `prompt_len + cont_len` tokens (`labkit.xfer.heldout`: a window at a
+seeded offset in an eval document whose family the calibration never read), as a KV connector runs it: the cache covers the first `prompt_len - 1` tokens (an
 engine recomputes the prompt's last token itself), then the large model processes the last prompt token
 and the continuation:
 
@@ -13,7 +13,9 @@ and the continuation:
 - **R² per layer** of the mapper's K (before RoPE) and V on the prompt tokens:
   1 − Σ(y − ŷ)² / Σ(y − ȳ)², pooled over the eval sequences of a corpus.
 
-Rows are tidy dicts; `summarize` pools perplexities token-weighted per (corpus, mode).
+Rows are tidy dicts, one per (sequence, mode), with the summed NLL; `summarize` pools perplexities
+token-weighted per (corpus, mode) and `pooled` over the corpora per mode, both with 95% intervals over
+sequences (`labkit.xfer.intervals`).
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ import torch
 import torch.nn.functional as F
 
 from labkit.xfer.features import build_cache, cache_kv, call
+from labkit.xfer.heldout import as_seq
 from labkit.xfer.transfer import EXACT_PREFIX, MODES, Models, large_targets, mapped_kv, true_cache
 
 
-def eval_sequences(tokenizer, corpora, total_len: int, n: int):
-    from labkit.quality.corpora import sequences
+def eval_sequences(tokenizer, corpora, total_len: int, n: int, seed: int | None = None):
+    """`n` evaluation windows per corpus (`heldout.Seq`), drawn by `seed` (`heldout.EVAL_SEED` if None)."""
+    from labkit.xfer.heldout import EVAL_SEED, draw
 
-    return [(c, name, ids) for c in corpora for name, ids in sequences(tokenizer, c, total_len, n, split="eval")]
+    return draw(tokenizer, corpora, total_len, n, seed=EVAL_SEED if seed is None else seed)
 
 
 @torch.no_grad()
@@ -64,8 +68,8 @@ def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree
     large, pair = models.large, models.pair
     L = pair.large.layers
     rows, r2acc = [], {}
-    for corpus, name, ids in seqs:
-        ids = ids.view(1, -1)
+    for s in map(as_seq, seqs):
+        corpus, name, ids = s.corpus, s.document, s.ids.view(1, -1)
         ctx = ids[:, : prompt_len - 1]
         block = ids[:, prompt_len - 1: prompt_len + cont_len]
         t0 = time.perf_counter()
@@ -76,7 +80,7 @@ def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree
         nll_true = float(F.cross_entropy(logits[:-1], block[0, 1:], reduction="sum"))
         ref = greedy(large, block[:, :1], true_kv, agree_tokens)
         forced = torch.cat([block[:, :1], ref[:-1].view(1, -1)], dim=1)
-        base = {"corpus": corpus, "document": name, "prompt_len": prompt_len, "cont_len": cont_len,
+        base = {"corpus": corpus, "document": name, "offset": s.offset, "prompt_len": prompt_len, "cont_len": cont_len,
                 "n_tokens": cont_len, "agree_tokens": agree_tokens}
 
         def score(kv):
@@ -135,11 +139,29 @@ def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (corpus, mode): token-weighted ppl, its ratio to the true cache, mean top-1 agreement."""
+    """Per (corpus, mode): token-weighted ppl, its ratio to the true cache with a 95% interval over sequences
+    (`ppl_ratio_lo/_hi/_n`) and the per-sequence min / max, mean top-1 agreement with its interval."""
+    from labkit.xfer.intervals import agree_columns, paired, ratio_columns
+
     g = df.groupby(["corpus", "mode"], as_index=False).agg(nll_sum=("nll_sum", "sum"), n_tokens=("n_tokens", "sum"),
                                                            top1_agree=("top1_agree", "mean"),
                                                            n_sequences=("document", "nunique"))
     g["ppl"] = (g["nll_sum"] / g["n_tokens"]).map(math.exp)
     true = g[g["mode"] == "true"].set_index("corpus")["ppl"]
     g["ppl_ratio"] = g["ppl"] / g["corpus"].map(true)
+    pr = paired(df)
+    extra = {(c, m): {**ratio_columns(x), **agree_columns(x)} for (c, m), x in pr.groupby(["corpus", "mode"])}
+    cols = sorted({k for v in extra.values() for k in v} - {"ppl_ratio", "top1_agree"})
+    for k in cols:
+        g[k] = [extra.get((c, m), {}).get(k, math.nan) for c, m in zip(g["corpus"], g["mode"])]   # true: no interval
     return g
+
+
+def pooled(df: pd.DataFrame) -> pd.DataFrame:
+    """Per mode, over every corpus: the pooled ratio with its interval over sequences, per-sequence min / max,
+    top-1 agreement with its interval."""
+    from labkit.xfer.intervals import agree_columns, paired, ratio_columns
+
+    pr = paired(df)
+    return pd.DataFrame([{"mode": m, "n_sequences": len(x), "corpora": ",".join(sorted(x["corpus"].unique())),
+                          **ratio_columns(x), **agree_columns(x)} for m, x in pr.groupby("mode", sort=False)])

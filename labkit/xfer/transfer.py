@@ -103,30 +103,50 @@ def fit_mapper(models: Models, features, calib: list[tuple[str, str, torch.Tenso
     return fitter.mapper(grid or LAMBDA_GRID, corpus=corpus, log=log, rank=rank)
 
 
-def calibration_chunks(tokenizer, corpora, seq_len: int, tokens_per_corpus: int, val_every: int = 5):
+def calibration_chunks(tokenizer, corpora, seq_len: int, tokens_per_corpus: int, val_every: int = 5,
+                       val_by: str = "document"):
     """Chunks of `seq_len` tokens from the corpora's *calibration* split (never the eval split).
 
     Documents in hash order, consecutive chunks of each (at most 8 per document so that one long play
-    does not make up a corpus), until `tokens_per_corpus`; every `val_every`-th chunk (by a hash of its
-    name) is held out for choosing λ.
+    does not make up a corpus), until `tokens_per_corpus`. Held out for choosing λ (split 'val'):
+    `val_by="document"` every `val_every`-th document of a corpus, all its chunks (the held-out R² is then
+    on text of other documents, not on the next scene of a play fitted on); `"chunk"` every chunk whose
+    name hashes to 0 mod `val_every` (how mappers were fitted before; kept to reproduce them). A corpus
+    left without a held-out chunk holds out its last document (its last chunk if it has one document); with
+    `"chunk"`, as before, the last chunk overall if none is held out.
     """
     from labkit.quality.corpora import read_document, documents
 
+    if val_by not in ("document", "chunk"):
+        raise ValueError(f"val_by must be 'document' or 'chunk', got {val_by!r}")
     out = []
     for corpus in corpora:
-        n = 0
+        n, start, used = 0, len(out), 0
         for name, path in documents(corpus, "calibration"):
             ids = tokenizer(read_document(path, corpus), add_special_tokens=False)["input_ids"]
+            if len(ids) < seq_len:
+                continue
+            doc_val = val_by == "document" and used % val_every == val_every - 1
+            used += 1
             for j in range(min(len(ids) // seq_len, 8)):
                 cname = f"{corpus}/{name}#{j}"
-                split = "val" if int(hashlib.sha1(cname.encode()).hexdigest()[:8], 16) % val_every == 0 else "fit"
+                if val_by == "chunk":
+                    split = "val" if int(hashlib.sha1(cname.encode()).hexdigest()[:8], 16) % val_every == 0 else "fit"
+                else:
+                    split = "val" if doc_val else "fit"
                 out.append((split, cname, torch.tensor(ids[j * seq_len:(j + 1) * seq_len], dtype=torch.long)))
                 n += seq_len
                 if n >= tokens_per_corpus:
                     break
             if n >= tokens_per_corpus:
                 break
-    if not any(s == "val" for s, _, _ in out):   # tiny budgets: hold out the last chunk
+        mine = out[start:]
+        if val_by == "document" and mine and not any(s == "val" for s, _, _ in mine):
+            last = mine[-1][1].rsplit("#", 1)[0]
+            whole = all(c.rsplit("#", 1)[0] == last for _, c, _ in mine)   # one document: hold out its last chunk
+            out[start:] = [("val" if (c == mine[-1][1] if whole else c.rsplit("#", 1)[0] == last) else s, c, t)
+                           for s, c, t in mine]
+    if val_by == "chunk" and out and not any(s == "val" for s, _, _ in out):   # tiny budgets: hold out the last chunk
         s, n_, ids = out[-1]
         out[-1] = ("val", n_, ids)
     return out

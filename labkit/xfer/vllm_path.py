@@ -100,9 +100,11 @@ def _prompt_nll(resp: dict, ids, first: int) -> tuple[float, list[int]]:
 def quality_vllm(server: Server, prod, seqs, prompt_len: int, cont_len: int, agree_tokens: int, log=print) -> list[dict]:
     rows = []
     cover = prompt_len - 1
-    for corpus, name, ids in seqs:
-        ids = [int(x) for x in ids[: prompt_len + cont_len]]
-        base = {"corpus": corpus, "document": name, "prompt_len": prompt_len, "cont_len": cont_len,
+    from labkit.xfer.heldout import as_seq
+
+    for s in map(as_seq, seqs):
+        corpus, name, ids = s.corpus, s.document, [int(x) for x in s.ids[: prompt_len + cont_len]]
+        base = {"corpus": corpus, "document": name, "offset": s.offset, "prompt_len": prompt_len, "cont_len": cont_len,
                 "n_tokens": cont_len, "agree_tokens": agree_tokens}
         true = server.complete(ids, prompt_logprobs=1)
         nll_true, _ = _prompt_nll(true, ids, prompt_len)
@@ -248,6 +250,10 @@ def run_vllm(p: dict, models, mapper, mapper_path, seqs, run, base: dict, log=pr
             prev = run.path / "quality_summary.parquet"
             old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
             run.write_table("quality_summary", pd.concat([old, summarize(qv).assign(backend="vllm")], ignore_index=True))
+            from labkit.xfer.quality import pooled
+            prev = run.path / "quality_pooled.parquet"
+            old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
+            run.write_table("quality_pooled", pd.concat([old, pooled(qv).assign(backend="vllm")], ignore_index=True))
         if p["ttft_lens"]:
             for row in ttft_vllm(server, prod, models.tokenizer, p["ttft_lens"], p["concurrency"], p["repeats"], log=log):
                 run.add(dict(base, status="ok", error=None, **row))
