@@ -732,11 +732,7 @@ def xfer_blocks() -> dict[str, str]:
 
 def headlines() -> str:
     """The README's one line per system, every figure computed here from the same committed runs as the docs'
-    tables (ratios within one run)."""
-    import math
-
-    from ..xfer.experiment import headline
-
+    tables: ratios within one run, and where a figure was repeated, its range across processes."""
     from .roofline_tables import capacity_rows, decode_ratio_rows, pulse_rows
     from ..stats import across_runs
 
@@ -767,10 +763,10 @@ def headlines() -> str:
     tt = load_run(REPO / XFER_TTFT_RUN).metrics
     tt = tt[(tt["kind"] == "ttft") & (tt["strategy"] == "mapped") & (tt["backend"] == "transformers")
             & (tt["rank"].fillna(0) == 0)]
-    q = load_run(REPO / XFER_FULL_RUN).table("quality_summary")
-    q = q[q["backend"] == "transformers"]
-    ppl = lambda x: math.exp(x["nll_sum"].sum() / x["n_tokens"].sum())  # noqa: E731
-    prose = ppl(q[(q["mode"] == "mapped") & (q["corpus"] == "prose")]) / ppl(q[(q["mode"] == "true") & (q["corpus"] == "prose")])
+    fr = load_run(REPO / XFER_FRONTIER_RUN).table("frontier")
+    fr = fr[fr["stage"] == "frontier"].set_index("small_layers")
+    n8, n20 = fr.loc[8], fr.loc[int(fr.index.max())]
+    iv = lambda r, c: f"{r[c]:.2f} [{r[c + '_lo']:.2f}, {r[c + '_hi']:.2f}]"  # noqa: E731
     first, rerun = (load_run(REPO / r).metrics for r in MULTIGPU_RUNS)
     gth = rerun[(rerun.experiment == "gather") & (rerun.status == "ok")]
     links = gth[gth["mode"] == "together"].gbps_aggregate.iloc[0] / gth[gth["mode"] == "alone"].gbps.max()
@@ -800,7 +796,9 @@ def headlines() -> str:
         f"- **Cross-model KV transfer** (CPU, SmolLM2-135M and its first 8 layers) cuts TTFT "
         f"{tt[tt.context_len >= 2048].speedup.min():.1f}–{tt[tt.context_len >= 2048].speedup.max():.1f}× at "
         f"{int(tt[tt.context_len >= 2048].context_len.min()):,}–{int(tt.context_len.max()):,} tokens on the "
-        f"transformers path; quality holds on prose (ppl ratio {prose:.3f}) but not on code ([cross-model](docs/cross-model.md)).",
+        f"transformers path; on held-out text its perplexity ratio at N = 8 is {iv(n8, 'ppl_ratio_prose')} on prose and "
+        f"{iv(n8, 'ppl_ratio_code')} on code (95% intervals over {int(n8['ppl_ratio_prose_n'])} sequences each), "
+        f"{iv(n20, 'ppl_ratio')} pooled at N = {int(fr.index.max())} ([cross-model](docs/cross-model.md)).",
         f"- **Two GPUs**: the links add up ({links:.2f}×), and pipelined micro-batches reach {pipe:.2f}× one GPU at "
         f"{_ctx(int(dec.context_len.max()))} × {n} requests with `zero_copy` ([multi-GPU](docs/multi-gpu.md)).",
     ]
