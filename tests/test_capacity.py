@@ -1,4 +1,4 @@
-"""Capacity under a device-memory cap and the prefill bench (issue 10, items 5-6) on CPU: the capacity
+"""Capacity under a device-memory cap and the prefill bench on CPU: the capacity
 arithmetic equals what the engine really allocates; bad input is one line and exit 2 before any run
 folder exists; both benches write run folders with manifest.json."""
 import json

@@ -159,7 +159,7 @@ def block_bars(m: pd.DataFrame) -> go.Figure:
 
 # the quality lab's policy for each transfer selection: per-KV-head selection is its per-head oracle
 QUALITY_POLICY = {"per_head": "oracle", "retrieval_head": "retrieval_head"}
-# the transfer variants a selection table shows when the block run measured them (batched DMA: round 3 on)
+# the transfer variants a selection table shows when the block run measured them (batched DMA only in the runs that had it)
 SELECTION_VARIANTS = ("per_unit_copy", "coalesced", "coalesced_pipelined", "batched_dma", "batched_dma_per512", "zero_copy")
 
 
