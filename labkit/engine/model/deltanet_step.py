@@ -1,4 +1,4 @@
-"""One decode step of the gated delta rule as one kernel per layer.
+"""One decode step of the gated delta rule on the GPU: the recurrence alone, or the whole mixer.
 
     o = delta_step(S, q, k, v, log_a, beta)       # S [B, H, dk, dv] fp32, updated in place
 
@@ -8,6 +8,9 @@ Written op by op this is a decay, two batched matrix-vector products, an outer p
 third product over a 2 MiB fp32 state per request and layer: six kernels and the state read four
 times. The Triton kernel reads each [dk, DV] tile of the state once, writes it once, and returns o.
 `delta_step_reference` is the same function in torch (the CPU path and the kernel's reference).
+
+    g = deltanet_mix(mixer, y, S, conv)           # the decode step's default: everything between the
+                                                  # layer's two projections in two kernels (below)
 """
 from __future__ import annotations
 

@@ -241,7 +241,7 @@ class _DecodeIO:
 
     def deltanet(self, blk, ki, x):
         c, sp, f = self.e.cache, self.st.span, self.fns
-        if FUSED_MIX:   # between the projections one kernel on CUDA (deltanet_step.deltanet_mix)
+        if FUSED_MIX:   # between the projections two kernels on CUDA (deltanet_step.deltanet_mix)
             g = deltanet_mix(blk.mixer, f.dn_project(blk, x), c.dn_state[ki, sp], c.dn_conv[ki, sp])
             return f.dn_out(blk, x, g)
         q, k, v, log_a, beta, z = f.dn_pre(blk, x, c.dn_conv[ki, sp])
