@@ -154,7 +154,7 @@ def test_report_pieces_find_the_session_and_join_quality(tmp_path, monkeypatch):
     fig = F.scaling(m)
     assert len(fig.data) == 4 and len(fig.layout.shapes) == 2
 
-    qdir, qsum = F.latest_quality_summary(REPO / "results")
+    qdir, qsum = F.latest_quality_summary(REPO / "results", budget=2048)
     assert qdir is not None
     bl = pd.read_parquet(tmp_path / "b" / "metrics.parquet")
     t = F.selection_table(bl, qsum, 5.0, TINY.attn_layers)

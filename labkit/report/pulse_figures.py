@@ -218,10 +218,11 @@ def selection_figure(t: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def latest_quality_summary(root, block: int | None = None) -> tuple:
+def latest_quality_summary(root, block: int | None = None, budget: int | None = None) -> tuple:
     """(path, quality_summary) of the newest quality run under `root` that measured both the per-KV-head
-    oracle and the retrieval head, selecting in blocks of `block` tokens when such a run exists (runs
-    from before the `block` parameter selected single tokens); (None, None) if there is none."""
+    oracle and the retrieval head (at `budget` rows, when given: a run on shorter sequences has no such
+    budget), selecting in blocks of `block` tokens when such a run exists (runs from before the `block`
+    parameter selected single tokens); (None, None) if there is none."""
     import json
     from pathlib import Path
     found = []
@@ -233,7 +234,8 @@ def latest_quality_summary(root, block: int | None = None) -> tuple:
         if mf.get("experiment") != "quality":
             continue
         s = pd.read_parquet(q)
-        if {"oracle", "retrieval_head"} <= set(s["policy"]):
+        at = s if budget is None else s[s["budget"] == budget]
+        if {"oracle", "retrieval_head"} <= set(at["policy"]):
             found.append((int(mf.get("parameters", {}).get("block") or 1), d, s))
     for b, d, s in found:
         if block is None or b == block:
