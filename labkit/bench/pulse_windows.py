@@ -270,11 +270,12 @@ SAME_SERVING = ("shape", "length_scale", "max_output", "capacity", "budget", "st
 
 
 def is_first_window_of(params: dict, p: dict, ignore: tuple = ()) -> bool:
-    """Whether a run's `params` replayed this replay's window 0 (the trace's first `window_size` requests,
-    as one window) served as `p` serves (but for the settings in `ignore`): a one-window figure to set
-    beside the windows."""
+    """Whether a run's `params` replayed the trace's first requests as one window covering this replay's
+    first windows whole (window 0 alone, or windows 0..n-1 as one when its window held n times as many
+    requests), served as `p` serves (but for the settings in `ignore`): a one-window figure to set beside
+    the windows."""
     one = params.get("n_requests", params.get("window_size") if int(params.get("windows", 1)) == 1 else None)
-    if one is None or int(one) != int(p["window_size"]):
+    if one is None or int(one) < 1 or int(one) % int(p["window_size"]):
         return False
     dflt = {"select_block": 1, "dma_units_per_call": 0, "graphs": False, "rate": 1.0}
 
@@ -287,7 +288,7 @@ def is_first_window_of(params: dict, p: dict, ignore: tuple = ()) -> bool:
 
 
 def first_window_runs(paths, p: dict, ignore: tuple = ()) -> list:
-    """The run folders among `paths` that replayed this replay's window 0 alone (`is_first_window_of`)."""
+    """The run folders among `paths` that replayed this replay's first windows as one (`is_first_window_of`)."""
     import json
     from pathlib import Path
     out = []
