@@ -216,7 +216,7 @@ def test_sweep_on_the_default_cuda_device(tmp_path):
     assert (m["status"] == "ok").all(), m["error"].dropna().tolist()
 
 
-@pytest.mark.parametrize("B,L,k", [(1, 1 << 20, 2048), (4, 65536 + 77, 2048), (16, 8192, 2048), (2, 3000, 3000)])
+@pytest.mark.parametrize("B,L,k", [(1, 1 << 20, 2048), (16, 1 << 20, 2048), (4, 65536 + 77, 2048), (16, 8192, 2048), (2, 3000, 3000)])
 def test_radix_select_matches_reference_on_cuda(B, L, k):
     from labkit.engine.model.select import select_topk_reference, select_topk_triton
     g = torch.Generator(device="cuda").manual_seed(B)
