@@ -78,6 +78,19 @@ class ModelShape:
         ffn = 3 * h * self.ffn_intermediate
         return (self.attn_layers * qsa + self.deltanet_layers * dn + self.layers * ffn + 2 * self.vocab * h)
 
+    def weight_matrices(self) -> dict[str, tuple[int, int, int]]:
+        """Each distinct weight a decode step multiplies by: name -> (K, N, how many a step reads), [K, N]
+        as the layers hold them (gate and up one matrix; the embedding is a lookup, not a product)."""
+        h = self.hidden
+        dk, dv = self.dn_k_heads * self.dn_head_dim, self.dn_v_heads * self.dn_head_dim
+        qsa_in = 2 * self.n_heads * self.head_dim + 2 * self.n_kv_heads * self.head_dim \
+            + self.index_heads * self.index_dim + self.index_heads + self.index_dim
+        return {"qsa.w_in": (h, qsa_in, self.attn_layers), "qsa.w_o": (self.n_heads * self.head_dim, h, self.attn_layers),
+                "dn.w_in": (h, 2 * dk + 2 * dv + 2 * self.dn_v_heads, self.deltanet_layers),
+                "dn.w_o": (dv, h, self.deltanet_layers),
+                "ffn.w_gu": (h, 2 * self.ffn_intermediate, self.layers), "ffn.w_d": (self.ffn_intermediate, h, self.layers),
+                "lm_head": (h, self.vocab, 1)}
+
     def weight_bytes(self) -> int:
         return self.weight_params() * BF16_BYTES
 

@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from labkit.engine import HybridModel  # noqa: E402
 from labkit.engine.model import gemv as G  # noqa: E402
 from labkit.shapes import PRESETS  # noqa: E402
 
@@ -49,19 +48,8 @@ PDL = not DRY and torch.cuda.is_available() and torch.cuda.get_device_capability
 
 def weight_shapes(s) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
     """[K, N] of each distinct weight a decode step multiplies by, and how many of each a step reads."""
-    m = HybridModel(dataclasses.replace(s, layers=s.attn_every, vocab=8), DEV)     # one block of each kind
-    qsa = next(b for b in m.blocks if b.kind == "qsa")
-    dn = next(b for b in m.blocks if b.kind == "dn")
-    n_attn = len(s.attn_layer_ids)
-    n_dn = s.layers - n_attn
-    shapes = {"qsa.w_in": tuple(qsa.mixer.w_in.shape), "qsa.w_o": tuple(qsa.mixer.w_o.shape),
-              "dn.w_in": tuple(dn.mixer.w_in.shape), "dn.w_o": tuple(dn.mixer.w_o.shape),
-              "ffn.w_gu": tuple(dn.ffn.w_gu.shape), "ffn.w_d": tuple(dn.ffn.w_d.shape),
-              "lm_head": (s.hidden, s.vocab)}
-    counts = {"qsa.w_in": n_attn, "qsa.w_o": n_attn, "dn.w_in": n_dn, "dn.w_o": n_dn,
-              "ffn.w_gu": s.layers, "ffn.w_d": s.layers, "lm_head": 1}
-    del m
-    return shapes, counts
+    wm = s.weight_matrices()
+    return {n: (K, N) for n, (K, N, _) in wm.items()}, {n: cnt for n, (_, _, cnt) in wm.items()}
 
 
 def graph_ms(fn, replays: int = 15) -> float:

@@ -108,3 +108,29 @@ def test_busy_points_are_flagged():
     t = table_view(m)
     assert (t["busy"] == "busy").sum() == 1 and str(t["context_len"].dtype) == "Int64"
     assert busy_note(_metrics(5.0), {}) == ""
+
+
+def test_weight_product_bars_one_group_per_path_and_rows_under_the_read_bound():
+    """Real probe rows, measured on this CPU through the Triton interpreter (the GEMV's GPU path cannot run
+    here; its speed is meaningless, its rows and the figure drawn from them are what is checked)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import json, torch; from labkit.bench.probe import probe_weights, hbm_read_gbps; "
+            "rows = probe_weights(torch.device('cpu'), 1, 'tiny', ms=(1, 4)) + [hbm_read_gbps(torch.device('cpu'), 0.01, 2)]; "
+            "print(json.dumps(rows))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+
+    from labkit.report.figures import weight_product_bars
+    m = pd.DataFrame(json.loads(p.stdout.strip().splitlines()[-1]))
+    fig = weight_product_bars(m)
+    assert sorted(t.name for t in fig.data) == ["cublas, M = 1", "cublas, M = 4", "gemv, M = 1", "gemv, M = 4"]
+    for t in fig.data:
+        assert list(t.x) == ["qsa.w_in", "qsa.w_o", "dn.w_in", "dn.w_o", "ffn.w_gu", "ffn.w_d", "lm_head"]
+        assert all(v > 0 for v in t.y)
+    read = float(m.loc[m.strategy == "hbm_read", "gbps"].iloc[0])
+    assert [s.y0 for s in fig.layout.shapes] == [read] and "HBM read" in fig.layout.annotations[0].text
+    assert "no weight products" in weight_product_bars(m[m.strategy != "weight_product"]).layout.annotations[0].text

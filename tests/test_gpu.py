@@ -264,3 +264,19 @@ def test_delta_step_kernel_matches_reference_on_cuda(B):
     S2 = S.clone()
     o, o2 = delta_step(S, q, k, v, la, beta), delta_step_reference(S2, q, k, v, la, beta)
     assert torch.allclose(o, o2, atol=1e-4, rtol=1e-3) and torch.allclose(S, S2, atol=1e-5, rtol=1e-4)
+
+
+def test_probe_weight_products_cover_every_matrix_and_path():
+    """The probe's `weight_product` rows: each matrix of the shape at M = 1, 4, 16 through cuBLAS and the
+    lab's GEMV, bytes the matrix's, a positive bandwidth; the GEMV switch is left as it was."""
+    from labkit.bench.probe import probe_weights
+    from labkit.engine.model import gemv as G
+    before = G.enabled()
+    rows = probe_weights(torch.device("cuda"), repeats=4, shape="tiny")
+    wm = PRESETS["tiny"].weight_matrices()
+    assert {(r["matrix"], r["M"], r["path"]) for r in rows} == {(n, M, p) for n in wm for M in (1, 4, 16)
+                                                               for p in ("cublas", "gemv")}
+    for r in rows:
+        K, N, count = wm[r["matrix"]]
+        assert r["bytes"] == K * N * 2 and r["gbps"] > 0 and r["matrices_per_step"] == count and r["copies"] >= 1
+    assert G.enabled() == before

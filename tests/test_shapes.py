@@ -43,3 +43,29 @@ def test_cli_shapes_json():
     for r in rows.values():
         assert {"name", "layers", "attn_layers", "row_bytes", "index_key_bytes"} <= set(r)
     assert rows["qwen3.8-flash-next"]["row_bytes"] == 2048
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_weight_matrices_are_the_layers_own(name):
+    """The matrices the probe and the GEMV bench stream are the ones the engine's layers hold ([K, N]),
+    and with the embedding (a lookup) they are every weight the shape counts."""
+    import dataclasses
+
+    import torch
+
+    from labkit.engine import HybridModel
+    s = PRESETS[name]
+    wm = s.weight_matrices()
+    small = dataclasses.replace(s, layers=s.attn_every, vocab=8, ffn_intermediate=min(s.ffn_intermediate, 64))
+    m = HybridModel(small, torch.device("cpu"))
+    qsa = next(b for b in m.blocks if b.kind == "qsa")
+    dn = next(b for b in m.blocks if b.kind == "dn")
+    held = {"qsa.w_in": qsa.mixer.w_in, "qsa.w_o": qsa.mixer.w_o, "dn.w_in": dn.mixer.w_in, "dn.w_o": dn.mixer.w_o}
+    for k, w in held.items():
+        assert tuple(w.shape) == wm[k][:2], k
+    sm = small.weight_matrices()
+    assert tuple(dn.ffn.w_gu.shape) == sm["ffn.w_gu"][:2] and tuple(dn.ffn.w_d.shape) == sm["ffn.w_d"][:2]
+    assert wm["lm_head"][:2] == (s.hidden, s.vocab)
+    counts = {k: c for k, (_, _, c) in wm.items()}
+    assert counts["qsa.w_in"] == s.attn_layers and counts["dn.w_o"] == s.deltanet_layers and counts["ffn.w_d"] == s.layers
+    assert sum(K * N * c for K, N, c in wm.values()) + s.vocab * s.hidden == s.weight_params()

@@ -9,6 +9,10 @@ Rows (`experiment=probe`, with `gbps` where bytes move):
   12 layers x 2048 rows x 2048 B = 48 MiB, loaded layer by layer with `strategy.load` from random rows
   of a `pool_gib` pool (large, so rows are spread as in a 1M-token cache; per_row: one layer);
 - `hbm_read`: a contiguous read of device memory (the weights' roofline);
+- `weight_product`: each distinct weight matrix of the reference shape times M = 1, 4, 16 activation rows,
+  through the engine's `gemv.matmul` with the lab's GEMV off (`path=cublas`) and on (`path=gemv`), L2
+  flushed before each product, graph-replayed; `gbps` = the matrix's bytes over the time (the share of
+  `hbm_read` a step's weights phase can reach, matrix by matrix);
 - `index_score`, `select`, `topk_sort`, `score_select`: one QSA layer's selection at 8K..1M context and
   batch 1..16: the fused score kernel, our radix select, torch.topk + sort (the previous path), and
   score + select together, each replayed from a CUDA graph as in a decode step.
@@ -184,6 +188,34 @@ def hbm_read_gbps(dev: torch.device, gib: float = 2.0, repeats: int = 20) -> dic
     return _row("hbm_read", n, ts["read"])
 
 
+def probe_weights(dev: torch.device, repeats: int, shape: str = "qwen3.8-flash-next", ms=(1, 4, 16)) -> list[dict]:
+    """`weight_product` rows: a matrix, M and path (cuBLAS, or the lab's GEMV where it applies). Each timed
+    call is a graph of up to 8 products over distinct copies of the matrix back to back, as a step streams
+    its weights (one product alone would time the graph's launch; the same copy twice, L2), per product."""
+    from ..engine.model import gemv as G
+    from ..shapes import ModelShape
+    out, was = [], G.enabled()
+    g = torch.Generator(device=dev).manual_seed(0)
+    try:
+        for name, (K, N, count) in ModelShape.from_name(shape).weight_matrices().items():
+            nbytes = K * N * 2
+            copies = max(1, min(8, (1 << 30) // nbytes))
+            ws = [(torch.randn(K, N, generator=g, device=dev) / K ** 0.5).to(torch.bfloat16) for _ in range(copies)]
+            for M in ms:
+                x = torch.randn(M, K, generator=g, device=dev).to(torch.bfloat16)
+                for path in ("cublas", "gemv"):
+                    G.set_enabled(path == "gemv")
+                    if path == "gemv" and not G.kernel_applies(x, ws[0]):
+                        continue
+                    ts = bench({path: lambda x=x: [G.matmul(x, w) for w in ws]}, dev, repeats, flush=True, graph=True)
+                    out.append(_row("weight_product", nbytes, [t / copies for t in ts[path]], path=path, matrix=name,
+                                    M=M, concurrency=M, matrices_per_step=count, copies=copies))
+            del ws
+    finally:
+        G.set_enabled(was)
+    return out
+
+
 def probe_selection(dev, repeats, contexts=(8 << 10, 64 << 10, 256 << 10, 1 << 20), batches=(1, 4, 16),
                     budget=BUDGET, index_dim=64, index_heads=4) -> list[dict]:
     """One QSA layer's selection: score (66 B/token fp8 keys), our select, torch.topk + sort, both."""
@@ -222,6 +254,7 @@ def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, ga
     rows += probe_gathers(dev, pool_gib, repeats, **({} if gathers is None else {"which": gathers}))
     if dev.type == "cuda":
         rows.append(hbm_read_gbps(dev))
+        rows += probe_weights(dev, repeats)
     if selection:
         rows += probe_selection(dev, repeats, **({} if dev.type == "cuda" else
                                                  {"contexts": (4096,), "batches": (1,), "budget": 64}))

@@ -313,6 +313,26 @@ def probe_bars(m: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def weight_product_bars(m: pd.DataFrame) -> go.Figure:
+    """The probe's `weight_product` rows: GB/s per weight matrix at each activation-row count, cuBLAS
+    beside the lab's GEMV, under the contiguous HBM read (the bound a step's weights phase cannot beat)."""
+    p = ok_rows(m[(m["experiment"] == "probe") & (m["strategy"] == "weight_product")]) if "strategy" in m else m.iloc[0:0]
+    if p.empty or "matrix" not in p:
+        return _empty("Weight products", "no weight products in this run (a CPU run, or a probe before they were timed)")
+    fig = go.Figure()
+    for (path, M), g in p.groupby(["path", "M"], sort=True):
+        fig.add_bar(x=g["matrix"], y=g["gbps"], name=f"{path}, M = {int(M)}",
+                    text=[f"{v:.0f}" for v in g["gbps"]], textposition="outside")
+    read = m[(m["experiment"] == "probe") & (m["strategy"] == "hbm_read")]["gbps"].dropna()
+    if len(read):
+        fig.add_hline(y=float(read.median()), line_dash="dash",
+                      annotation_text=f"contiguous HBM read {float(read.median()):.0f} GB/s")
+    fig.update_yaxes(title="GB/s (weight bytes / product time)", rangemode="tozero")
+    fig.update_layout(title="Weight products at decode batch sizes, each matrix streamed once", barmode="group",
+                      template=TEMPLATE, height=430)
+    return fig
+
+
 def telemetry_timeline(t: pd.DataFrame, m: pd.DataFrame | None = None, max_points: int = 3000) -> go.Figure:
     if t is None or t.empty or "pcie_rx_gbps" not in t:
         return _empty("Telemetry", "no NVML telemetry in this run (NVML missing or CPU run)")
