@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from labkit.engine.model.select import hist_tiles, order_keys, select_topk, select_topk_reference
+from labkit.engine.model.select import order_keys, select_topk, select_topk_reference
 
 NEG = float("-inf")
 
@@ -99,46 +99,3 @@ def test_radix_select_kernels_match_reference_under_interpreter():
                        env={**os.environ, "TRITON_INTERPRET": "1"})
     assert p.returncode == 0 and "select ok" in p.stdout, p.stderr[-3000:]
 
-
-
-def test_hist_tiles_bounds_the_histogram_grid():
-    assert hist_tiles(1, 32) == 1 and hist_tiles(4, 512) == 1 and hist_tiles(16, 128) == 1   # grids kept
-    assert hist_tiles(16, 512) == 4                                      # batch 16 x 1M: 2,048 programs
-    for B, nblk, target in [(16, 512, 1024), (3, 8, 4), (3, 8, 1), (1, 7, 2), (5, 1, 1)]:
-        t = hist_tiles(B, nblk, target)
-        assert t & (t - 1) == 0 and (t == 1 or t < 2 * nblk)
-        assert -(-nblk // t) * B <= target or t >= nblk                  # within target, or one program a row
-        assert t == 1 or -(-nblk // (t // 2)) * B > target               # the least such power of two
-
-
-TILES_SCRIPT = textwrap.dedent('''
-    import torch
-    from labkit.engine.model import select
-    g = torch.Generator().manual_seed(1)
-    B, L, k, page = 3, 1100, 200, 16                 # block 128: 9 blocks a row
-    s = torch.randint(0, 6, (B, L), generator=g).float() + torch.randn(B, L, generator=g) * (torch.rand(B, L, generator=g) < 0.3)
-    s[0, 150:] = float("-inf")                       # fewer valid than k
-    s[1, ::3] = float("-inf")
-    table = torch.randperm(B * 80, generator=g).view(B, 80)[:, :-(-L // page)].contiguous()
-    table = torch.cat([table, torch.full((1, table.shape[1]), -1)])    # a slot past the batch
-    rpos, rvalid = select.select_topk_reference(s, k)
-    rrows = torch.gather(table[:B], 1, rpos // page) * page + rpos % page
-    for tiles in (2, 3, 4, 16):                      # 3: a partial last group; 16: one program a row
-        rows = torch.empty(B, k, dtype=torch.int64)
-        pos, valid = select.select_topk_triton(s, k, block=128, tiles=tiles, pages=(rows, table, page))
-        assert torch.equal(pos, rpos) and torch.equal(valid, rvalid), (tiles, "positions")
-        assert torch.equal(rows, rrows), (tiles, "rows")
-    ties = torch.full((2, 1000), 0.5); ties[1, 500:] = float("-inf")   # the threshold's equals across tiles
-    for k in (1, 700):
-        pos, valid = select.select_topk_triton(ties, k, block=128, tiles=4)
-        rpos, rvalid = select.select_topk_reference(ties, k)
-        assert torch.equal(pos, rpos) and torch.equal(valid, rvalid), ("ties", k)
-    print("tiles ok")
-''')
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-def test_radix_select_tile_loop_matches_reference_under_interpreter():
-    p = subprocess.run([sys.executable, "-c", TILES_SCRIPT], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert p.returncode == 0 and "tiles ok" in p.stdout, p.stderr[-3000:]

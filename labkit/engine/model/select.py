@@ -13,10 +13,9 @@ How (CUDA, Triton; `select_topk_reference` is the same function in torch ops and
 1. each fp32 score becomes an order-preserving 32-bit key (flip the sign bit of non-negative floats,
    all bits of negative ones);
 2. four passes over the keys, 8 bits each from the top: a histogram of the next digit among keys
-   whose higher digits equal the prefix found so far (a program sums `tl.histogram` over `tiles`
-   consecutive blocks of keys in registers, then flushes with one set of at most 256 atomic adds),
-   and a one-program pass that picks the digit holding the k-th largest and how many of the
-   threshold's equals are still needed;
+   whose higher digits equal the prefix found so far (block-local `tl.histogram`, then 256 atomic
+   adds per block), and a one-program pass that picks the digit holding the k-th largest and how
+   many of the threshold's equals are still needed;
 3. a count pass (per block: keys above the threshold, keys equal to it) and a write pass that places
    each taken position at its rank, found from the counts of the blocks before it and a block-local
    prefix sum. No sort of k elements, no full sort of L: 10 small kernels, each reading L keys once
@@ -68,30 +67,21 @@ if HAVE_TRITON:
 
     @triton.jit
     def _hist_kernel(s_ptr, prefix_ptr, hist_ptr, L, SHIFT: tl.constexpr, FIRST: tl.constexpr,
-                     BLOCK: tl.constexpr, RADIX: tl.constexpr, TILES: tl.constexpr):
-        # One program: TILES consecutive blocks of BLOCK keys, their histograms summed in registers and
-        # flushed once (TILES times fewer atomic adds onto the row's RADIX bins than a program a block).
+                     BLOCK: tl.constexpr, RADIX: tl.constexpr):
         b = tl.program_id(1)
-        base = tl.program_id(0) * (TILES * BLOCK)
-        if not FIRST:
-            prefix = tl.load(prefix_ptr + b)
-        h = tl.zeros((RADIX,), dtype=tl.int32)
-        miss = 0
-        for t in range(TILES):
-            offs = base + t * BLOCK + tl.arange(0, BLOCK)
-            m = offs < L
-            key = _keys(s_ptr + b * L, offs, m)
-            if FIRST:
-                match = m
-            else:
-                match = m & ((key >> (SHIFT + 8)) == prefix)
-            # Non-matching keys (and those past L) go to bin 0 and are taken out of it again: a
-            # RADIX-bin histogram, not 2*RADIX (tl.histogram's cost grows with the bins).
-            digit = tl.where(match, (key >> SHIFT) & (RADIX - 1), 0)
-            h += tl.histogram(digit.to(tl.int32), RADIX)
-            miss += BLOCK - tl.sum(match.to(tl.int32), 0)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < L
+        key = _keys(s_ptr + b * L, offs, m)
+        if FIRST:
+            match = m
+        else:
+            match = m & ((key >> (SHIFT + 8)) == tl.load(prefix_ptr + b))
+        # Non-matching keys go to bin 0 and are taken out of it again: a RADIX-bin histogram, not
+        # 2*RADIX (tl.histogram's cost grows with the bins).
+        digit = tl.where(match, (key >> SHIFT) & (RADIX - 1), 0)
+        h = tl.histogram(digit.to(tl.int32), RADIX)
         bins = tl.arange(0, RADIX)
-        h = h - tl.where(bins == 0, miss, 0)
+        h = h - tl.where(bins == 0, BLOCK - tl.sum(match.to(tl.int32), 0), 0)
         tl.atomic_add(hist_ptr + b * RADIX + bins, h, mask=h > 0)
 
     @triton.jit
@@ -150,23 +140,7 @@ def _triton_ok(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
 
 
-def hist_tiles(B: int, nblk: int, target: int = 2048) -> int:
-    """Blocks a histogram program would sum to bring the grid, cdiv(nblk, tiles) * B programs, to `target`
-    or fewer: the least power of two (1 where it already is; at most nblk). Not the default: measured on
-    an H200 (results/20261201-231600-select-tiles-h200), every tiles > 1 was slower at every batch and
-    context, also at batch 16 x 1M (0.383 ms at 1, 0.401 at 4), so the atomics on the shared bins are not
-    what costs there; kept for `scripts/select_bench.py`, which sweeps it."""
-    t = 1
-    while t < nblk and -(-nblk // t) * B > target:
-        t *= 2
-    return t
-
-
-def select_topk_triton(scores: torch.Tensor, k: int, block: int = 2048, out=None, pages=None,
-                       tiles: int = 1):
-    """`select_topk` on the Triton kernels. `block`: keys a block (count and write passes: one program a
-    block); `tiles`: blocks a histogram program sums before its atomic flush (1: one block a program,
-    measured fastest everywhere; see `hist_tiles`)."""
+def select_topk_triton(scores: torch.Tensor, k: int, block: int = 2048, out=None, pages=None):
     B, L = scores.shape
     if not 0 < k <= L:
         raise ValueError(f"select k={k} of {L} scores")
@@ -174,21 +148,16 @@ def select_topk_triton(scores: torch.Tensor, k: int, block: int = 2048, out=None
     dev = s.device
     block = min(block, triton.next_power_of_2(L))
     nblk = triton.cdiv(L, block)
-    if tiles < 1:
-        raise ValueError(f"select tiles={tiles}")
     hist = torch.zeros((N_PASSES, B, RADIX), dtype=torch.int32, device=dev)
     prefix = torch.zeros(B, dtype=torch.int64, device=dev)
     need = torch.full((B,), k, dtype=torch.int64, device=dev)
-    # 2048 keys a block and one block a histogram program: measured on an H200 (scripts/select_bench.py),
-    # larger blocks and programs looping over several blocks were slower at every batch and context. At
-    # batch 16 x 1M the select stays slower than torch.topk (0.38 vs 0.30 ms): its cost grows with the keys
-    # read by the four histogram passes, not with the programs sharing the bins.
+    # 2048 keys a program: measured on an H200 (scripts/select_bench.py), larger blocks were slower at
+    # every batch and context, also at batch 16 x 1M where 8,192 programs share the 16 x 256 bins
     warps = 16 if block >= 16384 else (8 if block >= 4096 else 4)
-    hgrid = (triton.cdiv(nblk, tiles), B)
     for p in range(N_PASSES):
         shift = 32 - DIGIT_BITS * (p + 1)
-        _hist_kernel[hgrid](s, prefix, hist[p], L, SHIFT=shift, FIRST=p == 0, BLOCK=block, RADIX=RADIX,
-                            TILES=tiles, num_warps=warps)
+        _hist_kernel[(nblk, B)](s, prefix, hist[p], L, SHIFT=shift, FIRST=p == 0, BLOCK=block, RADIX=RADIX,
+                                num_warps=warps)
         _find_kernel[(B,)](hist[p], prefix, need, RADIX=RADIX, num_warps=4)
     gt = torch.empty((B, nblk), dtype=torch.int32, device=dev)
     eq = torch.empty((B, nblk), dtype=torch.int32, device=dev)
