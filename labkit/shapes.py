@@ -69,14 +69,8 @@ class ModelShape:
         return sum(min(budget, c) for c in context_lens) * self.row_bytes * self.attn_layers
 
     def weight_params(self) -> int:
-        """Parameters the engine instantiates (embedding and head counted once each)."""
-        h = self.hidden
-        qsa = h * (2 * self.n_heads * self.head_dim) + 2 * h * self.n_kv_heads * self.head_dim \
-            + self.n_heads * self.head_dim * h + h * (self.index_heads * self.index_dim + self.index_heads + self.index_dim)
-        dk, dv = self.dn_k_heads * self.dn_head_dim, self.dn_v_heads * self.dn_head_dim
-        dn = h * (2 * dk + 2 * dv + 2 * self.dn_v_heads) + dv * h
-        ffn = 3 * h * self.ffn_intermediate
-        return (self.attn_layers * qsa + self.deltanet_layers * dn + self.layers * ffn + 2 * self.vocab * h)
+        """Parameters the engine instantiates: the weight matrices a step multiplies by, and the embedding."""
+        return sum(K * N * c for K, N, c in self.weight_matrices().values()) + self.vocab * self.hidden
 
     def weight_matrices(self) -> dict[str, tuple[int, int, int]]:
         """Each distinct weight a decode step multiplies by: name -> (K, N, how many a step reads), [K, N]

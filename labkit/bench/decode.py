@@ -443,7 +443,9 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
         if p["probe"]:
             bar.set_postfix_str("link probe")
             try:
-                for r in run_probe(str(dev), pool_gib=8.0 if pl.cuda else 0.05, repeats=10):
+                # the link only: the weight products are `labkit run probe`'s (they would add their GEMV
+                # compiles to every sweep)
+                for r in run_probe(str(dev), pool_gib=8.0 if pl.cuda else 0.05, repeats=10, weights=False):
                     run.add({**base, **r})
             except Exception as ex:
                 run.add({**base, "experiment": "probe", "status": "failed", "error": one_line(ex)})

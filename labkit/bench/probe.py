@@ -244,7 +244,7 @@ def probe_selection(dev, repeats, contexts=(8 << 10, 64 << 10, 256 << 10, 1 << 2
 
 
 def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, gathers=None,
-              selection: bool = True) -> list[dict]:
+              selection: bool = True, weights: bool = True) -> list[dict]:
     dev = resolve_device(device)
     check_positive("repeats", [repeats])
     if pool_gib < 0:
@@ -254,7 +254,8 @@ def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, ga
     rows += probe_gathers(dev, pool_gib, repeats, **({} if gathers is None else {"which": gathers}))
     if dev.type == "cuda":
         rows.append(hbm_read_gbps(dev))
-        rows += probe_weights(dev, repeats)
+        if weights:
+            rows += probe_weights(dev, repeats)
     if selection:
         rows += probe_selection(dev, repeats, **({} if dev.type == "cuda" else
                                                  {"contexts": (4096,), "batches": (1,), "budget": 64}))

@@ -338,8 +338,9 @@ def pulse_trace_table() -> str:
     """The trace replayed over disjoint windows (`RUNS["pulse_trace_windows"]`, when one is committed): per
     policy, median, min and max over the test windows of its throughput and p99 TPOT as ratios to the
     reference on the same window, thresholds chosen on the calibration windows; the one-window replays of
-    first requests of the same serving (window 0, or the first windows as one) as a row each. Then every one-window replay, per policy, throughput as a
-    ratio to "noswitch" of the same run (same requests, same strategy)."""
+    the trace's first requests with the same serving (window 0, or the first windows as one) as a row
+    each. Then every one-window replay, per policy, throughput as a ratio to "noswitch" of the same run
+    (same requests, same strategy)."""
     cols = {"policy": "policy", "completed": "requests done", "output_throughput": "output tok/s",
             "ttft_ms_p99": "p99 TTFT ms", "tpot_ms_p50": "p50 TPOT ms", "tpot_ms_p90": "p90 TPOT ms",
             "tpot_ms_p99": "p99 TPOT ms", "share_offloaded": "share offloaded", "switched_rounds": "switched rounds",
