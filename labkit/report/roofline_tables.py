@@ -145,9 +145,21 @@ def pulse_rows(runs: list[str]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def spreads_block(hot: list[str], capacity: list[str], pulse: list[str]) -> str:
+def prefill_rows(runs: list[str]) -> pd.DataFrame:
+    out = []
+    for i, run in enumerate(runs, 1):
+        m = load_run(REPO / run).metrics
+        d = m[(m["experiment"] == "prefill") & (m["status"] == "ok")].set_index("mode")
+        ctx = int(d["context_len"].max())
+        out.append({"figure": f"prefill tok/s, rotating buffers (KV to host RAM) / resident, {ctx >> 10}K prompt",
+                    "process": i, "value": d.loc["rotating", "tok_s"] / d.loc["resident", "tok_s"]})
+    return pd.DataFrame(out)
+
+
+def spreads_block(hot: list[str], capacity: list[str], pulse: list[str], prefill: list[str]) -> str:
     """Each headline figure per process, then median, min, max over the processes (`labkit.stats.across_runs`)."""
-    f = pd.concat([decode_ratio_rows(hot), capacity_rows(capacity), pulse_rows(pulse)], ignore_index=True)
+    f = pd.concat([decode_ratio_rows(hot), capacity_rows(capacity), pulse_rows(pulse), prefill_rows(prefill)],
+                  ignore_index=True)
     t = across_runs(f, ["figure"], "value")
     per = f.pivot_table(index="figure", columns="process", values="value", sort=False)
     rows = []
@@ -168,6 +180,7 @@ def blocks(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[s
             "select-h200": select_block(runs["roofline_kernels"]),
             "decode-now-h200": decode_tables(now), "anatomy-now-h200": anatomy_table(now),
             "predict-now-rtx3090": prediction_table(now),
-            "spreads-h200": spreads_block(runs["repeats_hot1m"], runs["repeats_capacity"], runs["repeats_pulse_scaling"])}
+            "spreads-h200": spreads_block(runs["repeats_hot1m"], runs["repeats_capacity"], runs["repeats_pulse_scaling"],
+                                          runs["repeats_prefill"])}
 
 
