@@ -24,7 +24,6 @@ from .deltanet_step import FUSED_MIX, delta_step, deltanet_mix
 from .gemv import matmul
 from .cache import OffloadCache
 from .indexer import index_scores
-from .l2_prefetch import Prefetcher
 from .hybrid import block_fns
 from .select import select_blocks, select_topk
 
@@ -71,7 +70,6 @@ class Engine:
         self.model, self.cache, self.strategy, self.budget = model, cache, strategy, budget
         self.prefill_chunk = prefill_chunk
         self.fns = block_fns(model.device.type == "cuda" if compile is None else compile)
-        self.l2 = Prefetcher(model.device)      # decode: next weights into L2 beside small kernels (off by default)
         self._eager_fns = block_fns(False)      # prefill: every chunk a new shape, nothing to reuse
 
     # ------------------------------------------------------------------ the block
@@ -88,14 +86,11 @@ class Engine:
             mark("weights", new_block=True)
             q, gate, kv_row, k8, sc, iq, iw = f.qsa_pre(blk, x, pos)
             io.write(ki, kv_row, k8, sc)
-            io.prefetch([blk.mixer.w_o, blk.ffn.w_gu])     # read during the index score and the selection
             att = yield from io.attend(ki, q, iq, iw, pos)
             mark("weights")
             x = f.qsa_out(blk, x, att, gate)
             mark("ffn")
-        x = f.ffn_residual(blk, x)
-        self.l2.join()                  # no side branch outlives its block (nor a captured graph)
-        return x
+        return f.ffn_residual(blk, x)
 
     # ------------------------------------------------------------------ prefill
     @torch.inference_mode()
@@ -212,9 +207,6 @@ class _PrefillIO:
     def finish(self) -> None:
         pass
 
-    def prefetch(self, tensors) -> None:
-        pass            # prefill is compute-bound: its weight products are not where L2 helps
-
     def begin_chunk(self, start: int, end: int) -> None:
         self.end = end
         slots = torch.full((end - start,), self.slot, dtype=torch.int64, device=self.prefix.device)
@@ -247,18 +239,12 @@ class _DecodeIO:
     def write(self, ki, kv_rows, keys, scales) -> None:
         self.e.cache.write(ki, self.where, kv_rows, keys, scales, self.e.strategy)
 
-    def prefetch(self, tensors) -> None:
-        self.e.l2.fork(tensors)
-
     def deltanet(self, blk, ki, x):
         c, sp, f = self.e.cache, self.st.span, self.fns
         if FUSED_MIX:   # between the projections two kernels on CUDA (deltanet_step.deltanet_mix)
-            y = f.dn_project(blk, x)
-            self.prefetch([blk.mixer.w_o])          # w_o read into L2 while the mixer runs
-            g = deltanet_mix(blk.mixer, y, c.dn_state[ki, sp], c.dn_conv[ki, sp])
+            g = deltanet_mix(blk.mixer, f.dn_project(blk, x), c.dn_state[ki, sp], c.dn_conv[ki, sp])
             return f.dn_out(blk, x, g)
         q, k, v, log_a, beta, z = f.dn_pre(blk, x, c.dn_conv[ki, sp])
-        self.prefetch([blk.mixer.w_o])
         o = delta_step(c.dn_state[ki, sp], q, k, v, log_a, beta)      # the recurrence alone as one kernel
         return f.dn_post(blk, x, o, z)
 
@@ -284,7 +270,6 @@ class _DecodeIO:
             valid.fill_(True)
             rows.copy_(c.pages.rows(st.slots, sel))
         mark("transfer")
-        e.l2.join()                     # a piecewise graph may end at the load request
         yield LoadRequest(ki, st.rows_buf[ki], st.staging)
         mark("attention")
         if e.strategy.attends:      # the strategy's kernel reads the rows as it attends (hot_cache, fused)

@@ -131,9 +131,6 @@ class RotatingPrefillIO:
         self.held[b] = (layer, start)
 
     # ---------------------------------------------------------------- what Engine.block calls
-    def prefetch(self, tensors) -> None:
-        pass            # prefill is compute-bound: no weights read into L2 ahead
-
     def deltanet(self, blk, ki, x):
         c = self.e.cache
         return x + blk.mixer.forward_seq(blk.norm1(x), c.dn_state[ki, self.slot], c.dn_conv[ki, self.slot])
