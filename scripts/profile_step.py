@@ -91,9 +91,6 @@ def main():
     ap.add_argument("--mix", default="fused", choices=("fused", "unfused", "both"),
                     help="the DeltaNet mixer as one kernel, as torch.compile's kernels, or both in this process "
                          "(an A/B within one process)")
-    ap.add_argument("--select", default="auto", choices=("auto", "multi", "both"),
-                    help="top-k as the default picks it (one program a row for short rows), always the multi-kernel "
-                         "radix select, or both in this process, A B B A")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("profile_step: needs a CUDA GPU")
@@ -109,18 +106,11 @@ def main():
            "weight_bytes": model.step_weight_bytes(), "points": []}
     from labkit.engine.model import forward
     # both: A B B A, so that neither variant is always the one measured first or second in the process
-    from labkit.engine.model import select
-    abba = {"on": [True], "off": [False], "both": [True, False, False, True]}
-    mixes = abba[{"fused": "on", "unfused": "off"}.get(a.mix, a.mix)]
-    sels = abba[{"auto": "on", "multi": "off"}.get(a.select, a.select)]
-    if len(mixes) > 1 and len(sels) > 1:
-        sys.exit("profile_step: one A/B at a time (--mix both or --select both)")
-    points = [(c, f, sl) for c in concs for f in mixes for sl in sels]
-    row_max = select.ONE_PROGRAM_MAX_L
+    mixes = {"fused": [True], "unfused": [False], "both": [True, False, False, True]}[a.mix]
+    points = [(c, f) for c in concs for f in mixes]
 
-    def runner_for(conc, fused, auto_select):
+    def runner_for(conc, fused):
         forward.FUSED_MIX = fused
-        select.ONE_PROGRAM_MAX_L = row_max if auto_select else 0
         cache = OffloadCache.allocate(model, strat.medium, conc, a.ctx + 256)
         cache.fill_random_([a.ctx] * conc, seed=0)
         cache.lens[:conc] = a.ctx
@@ -130,19 +120,18 @@ def main():
 
     # every point's step timed before any profiling: once CUPTI has traced, graph replays in the same
     # process run slower (measured: +0.5 ms on a 4.3 ms step), so profiles come second
-    for conc, fused, sl in points:
-        runner, cache = runner_for(conc, fused, sl)
+    for conc, fused in points:
+        runner, cache = runner_for(conc, fused)
         ts = step_ms(runner)
         res["points"].append({"conc": conc, "deltanet_mix": "fused" if fused else "unfused",
-                              "select": "auto" if sl else "multi",
                               "step_ms_median": statistics.median(ts), "step_ms_min": min(ts), "step_ms_max": max(ts),
                               "graph_mode": runner.graph_mode, "anatomy_ms": runner.anatomy()})
         del runner, cache
         torch.cuda.empty_cache()
-    for pt, (conc, fused, sl) in zip(res["points"], points):
-        runner, cache = runner_for(conc, fused, sl)
+    for pt, (conc, fused) in zip(res["points"], points):
+        runner, cache = runner_for(conc, fused)
         pt.update(profile(runner))
-        print(f"c={conc} {pt['deltanet_mix']}, select {pt['select']}: step {pt['step_ms_median']:.3f} ms, {pt['kernels_per_step']:.0f} kernels, "
+        print(f"c={conc} {pt['deltanet_mix']}: step {pt['step_ms_median']:.3f} ms, {pt['kernels_per_step']:.0f} kernels, "
               f"kernel time {pt['kernel_us_per_step'] / 1e3:.3f} ms, busy {pt['busy_us_per_step'] / 1e3:.3f} ms",
               flush=True)
         for g, v in sorted(pt["groups"].items(), key=lambda kv: -kv[1]["us_per_step"]):
@@ -154,7 +143,7 @@ def main():
     lines = [f"# Kernels of one decode step ({res['device']}, {a.shape}, {a.strategy}, {a.ctx} context, "
              f"budget {a.budget}, {a.tag})", ""]
     for pt in res["points"]:
-        lines += [f"## c = {pt['conc']}, DeltaNet mixer {pt['deltanet_mix']}, select {pt['select']}: step {pt['step_ms_median']:.3f} ms (min {pt['step_ms_min']:.3f}, max "
+        lines += [f"## c = {pt['conc']}, DeltaNet mixer {pt['deltanet_mix']}: step {pt['step_ms_median']:.3f} ms (min {pt['step_ms_min']:.3f}, max "
                   f"{pt['step_ms_max']:.3f}), {pt['kernels_per_step']:.0f} kernels, kernel time "
                   f"{pt['kernel_us_per_step'] / 1e3:.3f} ms, GPU busy {pt['busy_us_per_step'] / 1e3:.3f} ms", "",
                   "anatomy (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in pt["anatomy_ms"].items()), "",

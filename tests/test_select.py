@@ -84,19 +84,11 @@ SCRIPT = textwrap.dedent('''
     cases = [(torch.randn(3, 1000, generator=g), 100), (torch.full((2, 600), 0.25), 64), (many, 250),
              (tail, 128), (torch.randn(1, 513, generator=g), 513), (torch.randn(2, 300, generator=g) - 5, 7)]
     for scores, k in cases:
-        rpos, rvalid = select.select_topk_reference(scores, k)
-        # the multi-kernel path at two block sizes, the one-program-a-row path at two iteration sizes
-        for how in (dict(block=128, one_program=False), dict(block=1024, one_program=False),
-                    dict(one_program=True, row_block=128), dict(one_program=True, row_block=1024)):
-            pos, valid = select.select_topk_triton(scores, k, **how)
-            assert torch.equal(pos, rpos), (scores.shape, k, how, "positions")
-            assert torch.equal(valid, rvalid), (scores.shape, k, how, "valid")
-        # with the page-table lookup fused into the write
-        table = torch.randperm(64, generator=g)[None].expand(scores.shape[0], 64).contiguous()
-        for one in (False, True):
-            rows = torch.empty(scores.shape[0], k, dtype=torch.int64)
-            pos, _ = select.select_topk_triton(scores, k, one_program=one, pages=(rows, table, 16))
-            assert torch.equal(rows, torch.gather(table, 1, pos // 16) * 16 + pos % 16), (k, one, "rows")
+        for block in (128, 1024):
+            pos, valid = select.select_topk_triton(scores, k, block=block)
+            rpos, rvalid = select.select_topk_reference(scores, k)
+            assert torch.equal(pos, rpos), (scores.shape, k, block, "positions")
+            assert torch.equal(valid, rvalid), (scores.shape, k, block, "valid")
     print("select ok")
 ''')
 

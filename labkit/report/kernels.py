@@ -7,7 +7,7 @@ GROUPS = (("DeltaNet mixer (lab kernels)", ("_mix_recur", "_mix_out", "_delta_st
           ("weight GEMV (lab kernel)", ("_gemv_kernel",)),
           ("weight GEMM (cuBLAS)", ("gemm", "cutlass", "nvjet", "cublas", "splitk", "gemvx")),
           ("selection and index score", ("_hist_kernel", "_find_kernel", "_count_kernel", "_write_kernel",
-                                         "_select_row_kernel", "_index_score", "topk", "radix", "sort")),
+                                         "_index_score", "topk", "radix", "sort")),
           ("attention", ("attn", "flash", "sdpa", "attention", "softmax")),
           ("KV rows (gather, write)", ("_gather_rows", "_scatter_rows", "index_copy", "index_elementwise")),
           ("inductor fused (norms, RoPE, gates)", ("triton_",)),

@@ -20,11 +20,6 @@ How (CUDA, Triton; `select_topk_reference` is the same function in torch ops and
    each taken position at its rank, found from the counts of the blocks before it and a block-local
    prefix sum. No sort of k elements, no full sort of L: 10 small kernels, each reading L keys once
    at most, so the cost is bandwidth plus launch latency (inside a CUDA graph, a few µs each).
-
-Short rows (L <= `ONE_PROGRAM_MAX_L`) take all of that as one program a row instead (`_select_row_kernel`):
-the four histogram passes, the digit picks and the position-order write in one loop nest over the
-row, counters in registers, no atomics, no zeroed buffers and one launch. It reads the row five times
-from L2 with one SM, so it wins where the ten launches and three fills cost more than the reads.
 """
 from __future__ import annotations
 
@@ -139,83 +134,18 @@ if HAVE_TRITON:
             tl.store(rows_ptr + b * K + rank, page * PAGE + pos % PAGE, mask=take)
 
 
-if HAVE_TRITON:
-    @triton.jit
-    def _select_row_kernel(s_ptr, pos_ptr, valid_ptr, rows_ptr, table_ptr, table_stride, L, K,
-                    PAGE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, RADIX: tl.constexpr):
-        b = tl.program_id(0)
-        row = s_ptr + b * L
-        bins = tl.arange(0, RADIX)
-        prefix = tl.zeros((), dtype=tl.int64)
-        need = tl.zeros((), dtype=tl.int64) + K
-        for p in tl.static_range(4):                       # 8 bits a pass from the top
-            h = tl.zeros((RADIX,), dtype=tl.int32)
-            for start in range(0, L, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                m = offs < L
-                key = _keys(row, offs, m)
-                if p == 0:
-                    match = m
-                else:
-                    match = m & ((key >> (32 - 8 * p)) == prefix)
-                digit = tl.where(match, (key >> (24 - 8 * p)) & (RADIX - 1), 0)
-                h += tl.histogram(digit.to(tl.int32), RADIX)
-                h -= tl.where(bins == 0, BLOCK - tl.sum(match.to(tl.int32), 0), 0)
-            ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h          # as _find_kernel: keys with digit >= d
-            d = tl.sum((ge >= need).to(tl.int32), 0) - 1
-            need -= tl.sum(tl.where(bins > d, h, 0), 0).to(tl.int64)
-            prefix = (prefix << 8) | d.to(tl.int64)
-        thr = prefix
-        taken = tl.zeros((), dtype=tl.int32)
-        eq_seen = tl.zeros((), dtype=tl.int32)
-        for start in range(0, L, BLOCK):                   # positions ascending: ranks are running counts
-            offs = start + tl.arange(0, BLOCK)
-            m = offs < L
-            key = _keys(row, offs, m)
-            eq = (m & (key == thr)).to(tl.int32)
-            take = (m & (key > thr)) | ((eq == 1) & (eq_seen + tl.cumsum(eq, 0) <= need))
-            t32 = take.to(tl.int32)
-            rank = taken + tl.cumsum(t32, 0) - 1
-            sc = tl.load(row + offs, mask=m, other=float("-inf"))
-            ok = sc > float("-inf")
-            pos = tl.where(ok, offs, 0).to(tl.int64)
-            tl.store(pos_ptr + b * K + rank, pos, mask=take)
-            tl.store(valid_ptr + b * K + rank, ok.to(tl.int8), mask=take)
-            if ROWS:
-                page = tl.load(table_ptr + b * table_stride + pos // PAGE, mask=take, other=0)
-                tl.store(rows_ptr + b * K + rank, page * PAGE + pos % PAGE, mask=take)
-            taken += tl.sum(t32, 0)
-            eq_seen += tl.sum(eq, 0)
-
-
-ONE_PROGRAM_MAX_L = 1 << 17     # placeholder until measured: rows up to this length take _select_row_kernel
-ROW_BLOCK = 4096
-
-
 def _triton_ok(t: torch.Tensor) -> bool:
     if not HAVE_TRITON:
         return False
     return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
 
 
-def select_topk_triton(scores: torch.Tensor, k: int, block: int = 2048, out=None, pages=None,
-                       one_program: bool | None = None, row_block: int = ROW_BLOCK):
-    """block: keys a program of the multi-kernel path; one_program: one program a row instead
-    (`_select_row_kernel`, row_block keys an iteration); None: where L <= ONE_PROGRAM_MAX_L."""
+def select_topk_triton(scores: torch.Tensor, k: int, block: int = 2048, out=None, pages=None):
     B, L = scores.shape
     if not 0 < k <= L:
         raise ValueError(f"select k={k} of {L} scores")
     s = scores.contiguous()
     dev = s.device
-    rows, table, page = (None, None, 1) if pages is None else pages
-    if one_program or (one_program is None and L <= ONE_PROGRAM_MAX_L):
-        pos, valid = out if out is not None else (torch.empty((B, k), dtype=torch.int64, device=dev),
-                                                  torch.empty((B, k), dtype=torch.bool, device=dev))
-        _select_row_kernel[(B,)](s, pos, valid.view(torch.int8), rows if rows is not None else pos,
-                          table if table is not None else pos, table.stride(0) if table is not None else 0, L, k,
-                          PAGE=page, ROWS=rows is not None, BLOCK=min(row_block, triton.next_power_of_2(L)),
-                          RADIX=RADIX, num_warps=8)
-        return pos, valid
     block = min(block, triton.next_power_of_2(L))
     nblk = triton.cdiv(L, block)
     hist = torch.zeros((N_PASSES, B, RADIX), dtype=torch.int32, device=dev)
@@ -234,6 +164,7 @@ def select_topk_triton(scores: torch.Tensor, k: int, block: int = 2048, out=None
     _count_kernel[(nblk, B)](s, prefix, gt, eq, L, nblk, BLOCK=block, num_warps=warps)
     pos, valid = out if out is not None else (torch.empty((B, k), dtype=torch.int64, device=dev),
                                               torch.empty((B, k), dtype=torch.bool, device=dev))
+    rows, table, page = (None, None, 1) if pages is None else pages
     _write_kernel[(nblk, B)](s, prefix, need, gt, eq, pos, valid.view(torch.int8), rows if rows is not None else pos,
                              table if table is not None else pos, table.stride(0) if table is not None else 0,
                              L, nblk, k, PAGE=page, ROWS=rows is not None, BLOCK=block,
