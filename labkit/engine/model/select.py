@@ -14,12 +14,16 @@ How (CUDA, Triton; `select_topk_reference` is the same function in torch ops and
    all bits of negative ones);
 2. four passes over the keys, 8 bits each from the top: a histogram of the next digit among keys
    whose higher digits equal the prefix found so far (block-local `tl.histogram`, then 256 atomic
-   adds per block), and a one-program pass that picks the digit holding the k-th largest and how
-   many of the threshold's equals are still needed;
-3. a count pass (per block: keys above the threshold, keys equal to it) and a write pass that places
-   each taken position at its rank, found from the counts of the blocks before it and a block-local
-   prefix sum. No sort of k elements, no full sort of L: 10 small kernels, each reading L keys once
-   at most, so the cost is bandwidth plus launch latency (inside a CUDA graph, a few µs each).
+   adds per block). Each program finds that prefix itself from the histograms of the passes before
+   (`_walk`: per pass the digit holding the k-th largest and how many of the threshold's equals are
+   still needed; at most three 256-bin loads from L2), so no kernel runs between the passes;
+3. a count pass (per block: keys above the threshold, keys equal to it; the row's threshold and
+   equals still needed stored once) and a write pass that places each taken position at its rank,
+   found from the counts of the blocks before it and a block-local prefix sum. No sort of k elements,
+   no full sort of L: one fill and 6 small kernels, each reading L keys once at most. At batch 1 the
+   cost is launch latency (inside a CUDA graph, a few µs each): measured on an H200 the same 31 µs
+   from 8K to 256K with a digit-pick kernel after each pass (13 kernels and fills), which is why the
+   picks are folded into the kernels that need them.
 """
 from __future__ import annotations
 
@@ -66,44 +70,50 @@ if HAVE_TRITON:
         return tl.where((u >> 31) == 1, (~u) & 0xFFFFFFFF, u | 0x80000000)
 
     @triton.jit
-    def _hist_kernel(s_ptr, prefix_ptr, hist_ptr, L, SHIFT: tl.constexpr, FIRST: tl.constexpr,
-                     BLOCK: tl.constexpr, RADIX: tl.constexpr):
+    def _walk(hist_ptr, b, B, K, PASSES: tl.constexpr, RADIX: tl.constexpr):
+        """(prefix, need) after PASSES passes of row b: per pass the digit d holding the need-th
+        largest (the largest d with count(digit >= d) >= need), and the equals still needed."""
+        bins = tl.arange(0, RADIX)
+        prefix = tl.zeros((), dtype=tl.int64)
+        need = tl.zeros((), dtype=tl.int64) + K
+        for p in tl.static_range(PASSES):
+            h = tl.load(hist_ptr + (p * B + b) * RADIX + bins)
+            ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h                        # count of digits >= d
+            d = tl.sum((ge >= need).to(tl.int32), 0) - 1
+            need -= tl.sum(tl.where(bins > d, h, 0), 0).to(tl.int64)
+            prefix = (prefix << 8) | d.to(tl.int64)
+        return prefix, need
+
+    @triton.jit
+    def _hist_kernel(s_ptr, hist_ptr, L, B, K, PASS: tl.constexpr, BLOCK: tl.constexpr, RADIX: tl.constexpr):
         b = tl.program_id(1)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < L
         key = _keys(s_ptr + b * L, offs, m)
-        if FIRST:
+        if PASS == 0:
             match = m
         else:
-            match = m & ((key >> (SHIFT + 8)) == tl.load(prefix_ptr + b))
+            prefix, _ = _walk(hist_ptr, b, B, K, PASS, RADIX)
+            match = m & ((key >> (32 - 8 * PASS)) == prefix)
         # Non-matching keys go to bin 0 and are taken out of it again: a RADIX-bin histogram, not
         # 2*RADIX (tl.histogram's cost grows with the bins).
-        digit = tl.where(match, (key >> SHIFT) & (RADIX - 1), 0)
+        digit = tl.where(match, (key >> (24 - 8 * PASS)) & (RADIX - 1), 0)
         h = tl.histogram(digit.to(tl.int32), RADIX)
         bins = tl.arange(0, RADIX)
         h = h - tl.where(bins == 0, BLOCK - tl.sum(match.to(tl.int32), 0), 0)
-        tl.atomic_add(hist_ptr + b * RADIX + bins, h, mask=h > 0)
+        tl.atomic_add(hist_ptr + (PASS * B + b) * RADIX + bins, h, mask=h > 0)
 
     @triton.jit
-    def _find_kernel(hist_ptr, prefix_ptr, need_ptr, RADIX: tl.constexpr):
-        # The digit d holding the need-th largest: the largest d with count(digit >= d) >= need.
-        b = tl.program_id(0)
-        bins = tl.arange(0, RADIX)
-        h = tl.load(hist_ptr + b * RADIX + bins)
-        ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h                            # count of digits >= d
-        need = tl.load(need_ptr + b)
-        d = tl.sum((ge >= need).to(tl.int32), 0) - 1
-        above = tl.sum(tl.where(bins > d, h, 0), 0)
-        tl.store(prefix_ptr + b, (tl.load(prefix_ptr + b) << 8) | d.to(tl.int64))
-        tl.store(need_ptr + b, need - above)
-
-    @triton.jit
-    def _count_kernel(s_ptr, thr_ptr, gt_ptr, eq_ptr, L, NBLK, BLOCK: tl.constexpr):
+    def _count_kernel(s_ptr, hist_ptr, thr_ptr, need_ptr, gt_ptr, eq_ptr, L, B, K, NBLK, PASSES: tl.constexpr,
+                      BLOCK: tl.constexpr, RADIX: tl.constexpr):
         b, j = tl.program_id(1), tl.program_id(0)
         offs = j * BLOCK + tl.arange(0, BLOCK)
         m = offs < L
         key = _keys(s_ptr + b * L, offs, m)
-        thr = tl.load(thr_ptr + b)
+        thr, need = _walk(hist_ptr, b, B, K, PASSES, RADIX)
+        if j == 0:                                   # the write pass reads them, once a row
+            tl.store(thr_ptr + b, thr)
+            tl.store(need_ptr + b, need)
         tl.store(gt_ptr + b * NBLK + j, tl.sum((m & (key > thr)).to(tl.int32), 0))
         tl.store(eq_ptr + b * NBLK + j, tl.sum((m & (key == thr)).to(tl.int32), 0))
 
@@ -148,24 +158,21 @@ def select_topk_triton(scores: torch.Tensor, k: int, block: int = 2048, out=None
     dev = s.device
     block = min(block, triton.next_power_of_2(L))
     nblk = triton.cdiv(L, block)
-    hist = torch.zeros((N_PASSES, B, RADIX), dtype=torch.int32, device=dev)
-    prefix = torch.zeros(B, dtype=torch.int64, device=dev)
-    need = torch.full((B,), k, dtype=torch.int64, device=dev)
+    hist = torch.zeros((N_PASSES, B, RADIX), dtype=torch.int32, device=dev)      # the one fill
+    thr, need = torch.empty(B, dtype=torch.int64, device=dev), torch.empty(B, dtype=torch.int64, device=dev)
     # 2048 keys a program: measured on an H200 (scripts/select_bench.py), larger blocks were slower at
     # every batch and context, also at batch 16 x 1M where 8,192 programs share the 16 x 256 bins
     warps = 16 if block >= 16384 else (8 if block >= 4096 else 4)
     for p in range(N_PASSES):
-        shift = 32 - DIGIT_BITS * (p + 1)
-        _hist_kernel[(nblk, B)](s, prefix, hist[p], L, SHIFT=shift, FIRST=p == 0, BLOCK=block, RADIX=RADIX,
-                                num_warps=warps)
-        _find_kernel[(B,)](hist[p], prefix, need, RADIX=RADIX, num_warps=4)
+        _hist_kernel[(nblk, B)](s, hist, L, B, k, PASS=p, BLOCK=block, RADIX=RADIX, num_warps=warps)
     gt = torch.empty((B, nblk), dtype=torch.int32, device=dev)
     eq = torch.empty((B, nblk), dtype=torch.int32, device=dev)
-    _count_kernel[(nblk, B)](s, prefix, gt, eq, L, nblk, BLOCK=block, num_warps=warps)
+    _count_kernel[(nblk, B)](s, hist, thr, need, gt, eq, L, B, k, nblk, PASSES=N_PASSES, BLOCK=block, RADIX=RADIX,
+                             num_warps=warps)
     pos, valid = out if out is not None else (torch.empty((B, k), dtype=torch.int64, device=dev),
                                               torch.empty((B, k), dtype=torch.bool, device=dev))
     rows, table, page = (None, None, 1) if pages is None else pages
-    _write_kernel[(nblk, B)](s, prefix, need, gt, eq, pos, valid.view(torch.int8), rows if rows is not None else pos,
+    _write_kernel[(nblk, B)](s, thr, need, gt, eq, pos, valid.view(torch.int8), rows if rows is not None else pos,
                              table if table is not None else pos, table.stride(0) if table is not None else 0,
                              L, nblk, k, PAGE=page, ROWS=rows is not None, BLOCK=block,
                              NBLK_P2=triton.next_power_of_2(nblk), num_warps=warps)
