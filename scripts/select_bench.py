@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit.engine.model.select import select_topk_torch, select_topk_triton  # noqa: E402
 
-BLOCKS = (2048, 4096, 8192, 16384, 32768)
+BLOCKS = (512, 1024, 2048, 4096, 8192)
 K = 2048
 
 

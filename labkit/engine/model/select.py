@@ -27,6 +27,8 @@ How (CUDA, Triton; `select_topk_reference` is the same function in torch ops and
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .gather import HAVE_TRITON, interpret_mode
@@ -150,18 +152,34 @@ def _triton_ok(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
 
 
-def select_topk_triton(scores: torch.Tensor, k: int, block: int = 2048, out=None, pages=None):
+def default_block(B: int, L: int, sms: int = 132) -> int:
+    """Keys a program: enough programs a pass to cover the SMs twice, 512 to 2048 keys each.
+    `LABKIT_SELECT_BLOCK` fixes it (an A/B against the heuristic)."""
+    if FIXED_BLOCK:
+        return FIXED_BLOCK
+    want = -(-B * L // (2 * sms))
+    return max(512, min(2048, 1 << max(0, want - 1).bit_length()))
+
+
+FIXED_BLOCK = int(os.environ.get("LABKIT_SELECT_BLOCK", "0"))
+
+
+def select_topk_triton(scores: torch.Tensor, k: int, block: int | None = None, out=None, pages=None):
     B, L = scores.shape
     if not 0 < k <= L:
         raise ValueError(f"select k={k} of {L} scores")
     s = scores.contiguous()
     dev = s.device
+    if block is None:
+        block = default_block(B, L, torch.cuda.get_device_properties(dev).multi_processor_count
+                              if dev.type == "cuda" else 132)
     block = min(block, triton.next_power_of_2(L))
     nblk = triton.cdiv(L, block)
     hist = torch.zeros((N_PASSES, B, RADIX), dtype=torch.int32, device=dev)      # the one fill
     thr, need = torch.empty(B, dtype=torch.int64, device=dev), torch.empty(B, dtype=torch.int64, device=dev)
-    # 2048 keys a program: measured on an H200 (scripts/select_bench.py), larger blocks were slower at
-    # every batch and context, also at batch 16 x 1M where 8,192 programs share the 16 x 256 bins
+    # at most 2048 keys a program: measured on an H200 (scripts/select_bench.py), larger blocks were slower
+    # at every batch and context, also at batch 16 x 1M where 8,192 programs share the 16 x 256 bins; at
+    # batch 1 a pass of 2048-key programs is 32 programs at 64K, too few for 132 SMs
     warps = 16 if block >= 16384 else (8 if block >= 4096 else 4)
     for p in range(N_PASSES):
         _hist_kernel[(nblk, B)](s, hist, L, B, k, PASS=p, BLOCK=block, RADIX=RADIX, num_warps=warps)
