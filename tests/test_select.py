@@ -99,3 +99,16 @@ def test_radix_select_kernels_match_reference_under_interpreter():
                        env={**os.environ, "TRITON_INTERPRET": "1"})
     assert p.returncode == 0 and "select ok" in p.stdout, p.stderr[-3000:]
 
+
+
+def test_default_block_covers_the_sms_twice_within_its_bounds():
+    from labkit.engine.model.select import default_block
+    for B in (1, 2, 4, 16):
+        for L in (300, 8192, 65536, 1 << 18, 1 << 20):
+            b = default_block(B, L, sms=132)
+            assert b in (512, 1024, 2048), (B, L, b)
+            programs = B * -(-L // b)
+            # between one and two programs an SM, unless a bound holds it: a wave at least, and half
+            # the block would be more than two programs an SM
+            assert programs >= 132 or b == 512, (B, L, b)
+            assert b == 512 or B * -(-L // (b // 2)) > 2 * 132, (B, L, b)
