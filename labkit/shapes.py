@@ -18,6 +18,14 @@ BF16_BYTES = 2
 REFERENCE_BUDGET = 2048
 
 
+ROW_ALIGN = 64      # elements: a padded projection's width is a multiple of it (128-byte rows in bf16)
+
+
+def aligned_width(n: int) -> int:
+    """The width a split projection is held at: n rounded up to `ROW_ALIGN` (layers.py says why)."""
+    return -(-n // ROW_ALIGN) * ROW_ALIGN
+
+
 @dataclass(frozen=True)
 class ModelShape:
     name: str
@@ -74,12 +82,13 @@ class ModelShape:
 
     def weight_matrices(self) -> dict[str, tuple[int, int, int]]:
         """Each distinct weight a decode step multiplies by: name -> (K, N, how many a step reads), [K, N]
-        as the layers hold them (gate and up one matrix; the embedding is a lookup, not a product)."""
+        as the layers hold them (gate and up one matrix; the QSA input projection padded with zero
+        columns to `aligned_width`; the embedding is a lookup, not a product)."""
         h = self.hidden
         dk, dv = self.dn_k_heads * self.dn_head_dim, self.dn_v_heads * self.dn_head_dim
         qsa_in = 2 * self.n_heads * self.head_dim + 2 * self.n_kv_heads * self.head_dim \
             + self.index_heads * self.index_dim + self.index_heads + self.index_dim
-        return {"qsa.w_in": (h, qsa_in, self.attn_layers), "qsa.w_o": (self.n_heads * self.head_dim, h, self.attn_layers),
+        return {"qsa.w_in": (h, aligned_width(qsa_in), self.attn_layers), "qsa.w_o": (self.n_heads * self.head_dim, h, self.attn_layers),
                 "dn.w_in": (h, 2 * dk + 2 * dv + 2 * self.dn_v_heads, self.deltanet_layers),
                 "dn.w_o": (dv, h, self.deltanet_layers),
                 "ffn.w_gu": (h, 2 * self.ffn_intermediate, self.layers), "ffn.w_d": (self.ffn_intermediate, h, self.layers),

@@ -95,25 +95,20 @@ def read_bandwidth() -> dict:
 
 
 def sweep_configs(M: int):
-    """GEMV configs tried per shape: column tile, K block, warps, programs per SM (the K split); 4 stages.
-    36 configs (42 at M = 1), 12 kernels to compile per path and column alignment."""
+    """GEMV configs tried per shape: column tile, K rows a load, warps, software-pipeline stages, programs
+    per SM (the K split). Tiles of 16-64 KB of weight, loaded whole into registers (stages 1) or through
+    a two-stage shared-memory pipeline; 36 configs, 18 kernels to compile per path and column alignment."""
     use_dot = M > 1
-    bks = (64, 128) if use_dot else (32, 64)
-    for bn in (128, 256, 64):             # the likeliest first: a sweep cut short by the budget keeps them
-        for bk in bks:
-            for warps in (4, 8):
-                for per_sm in (1, 2, 4):
-                    yield bn, bk, use_dot, warps, 4, per_sm
-    if M == 1:      # one row through the tensor-core path too (its kernels are the ones M = 4, 16 compile)
-        for bn in (128, 256):
-            for per_sm in (1, 2, 4):
-                yield bn, 64, True, 4, 4, per_sm
+    for bn, bk, warps in ((128, 128, 4), (128, 256, 8), (256, 128, 8), (64, 256, 4), (128, 64, 4), (256, 64, 4)):
+        for stages in (1, 2):
+            for per_sm in (4, 2, 8):        # the likeliest first: a sweep cut short by the budget keeps it
+                yield bn, bk, use_dot, warps, stages, per_sm
 
 
 def make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms, pdl=False) -> G.Config:
     tiles = -(-N // bn)
     kblocks = -(-K // bk)
-    split = max(1, min(-(-per_sm * sms // tiles), kblocks // 2))
+    split = max(1, min(-(-per_sm * sms // tiles), kblocks))
     split = -(-kblocks // -(-kblocks // split))
     return G.Config(bn, bk, split, use_dot, warps, stages, pdl)
 

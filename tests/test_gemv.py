@@ -192,13 +192,14 @@ def test_every_weight_product_of_a_decode_block_takes_the_kernel():
         (H, dk, dv), (C, kw) = dn_state_shapes(s)
         def run():
             conv = torch.zeros(3, C, kw).bfloat16()
-            q, k, v, la, beta, z = Hy.dn_pre(dn, x, conv)
+            zero = torch.zeros_like(x)
+            h0, q, k, v, la, beta, z = Hy.dn_pre(dn, x, zero, conv)
             o = torch.randn(3, H, dv, generator=torch.Generator().manual_seed(1))
-            y1 = Hy.dn_post(dn, x, o, z)
-            y2 = Hy.ffn_residual(dn, y1)
-            qq, gate, kv_row, k8, sc, iq, iw = Hy.qsa_pre(qsa, y2, pos)
-            y3 = Hy.qsa_out(qsa, y2, qq.flatten(1), gate)
-            return [t.float() for t in (q, k, v, z, y1, y2, kv_row, y3)]
+            y1 = Hy.dn_post(dn, o, z)
+            h1, y2 = Hy.ffn_residual(dn, h0, y1)
+            h2, qq, gate, kv_row, k8, sc, iq, iw = Hy.qsa_pre(qsa, h1, y2, pos)
+            y3 = Hy.qsa_out(qsa, qq.flatten(1), gate)
+            return [t.float() for t in (q, k, v, z, y1, h1 + y2, kv_row, h2 + y3)]
         on = run()
         want = [(tuple(dn.mixer.w_in.shape), False), (tuple(dn.mixer.w_o.shape), False),
                 (tuple(dn.ffn.w_gu.shape), True), (tuple(dn.ffn.w_d.shape), False),
@@ -218,6 +219,53 @@ def test_every_weight_product_of_a_decode_block_takes_the_kernel():
         print("blocks ok")
     ''')
     assert "blocks ok" in out
+
+@needs_triton
+def test_padded_weight_rows_take_the_kernel_and_match():
+    """A weight held as the [K, N] view of a [K, ld] buffer (rows padded to an aligned length, as the
+    layers hold the QSA input projection) goes through the kernel with its row stride, plain and
+    gate/up fused, and K split: the padding columns (filled with NaN here) never reach an output."""
+    out = _interpret('''
+        from labkit.engine.model import gemv as G
+        g = torch.Generator().manual_seed(5)
+        for M, K, N, ld in ((1, 100, 70, 128), (4, 257, 70, 96), (16, 64, 130, 192)):
+            buf = torch.full((K, ld), float("nan")).bfloat16()
+            buf[:, :N] = (torch.randn(K, N, generator=g) / K ** 0.5).bfloat16()
+            w = buf[:, :N]
+            x = torch.randn(M, K, generator=g).bfloat16()
+            assert G.kernel_applies(x, w)
+            for c in (None, G.Config(32, 16, 3, M > 1, 4, 2)):
+                check(G.gemv(x, w, config=c), x, w, f"padded M={M} K={K} N={N} ld={ld} {c}")
+            if N % 2 == 0:
+                gate, up = (x.float() @ w.float()).chunk(2, dim=-1)
+                ref = torch.nn.functional.silu(gate) * up
+                o = G.gemv(x, w, glu=True, config=G.Config(32, 16, 3, M > 1, 4, 2)).float()
+                assert bool(((o - ref).abs() <= 2 * bf16_ulp(ref) + 2.0 ** -16 * ref.abs().max()).all())
+        print("padded ok")
+    ''')
+    assert "padded ok" in out
+
+
+def test_qsa_projection_is_padded_to_an_aligned_width_with_the_same_values():
+    """The QSA input projection of the reference shape (9,540 columns) is held 9,600 wide: its first
+    9,540 columns are the unpadded draw's values, the rest zeros, and `project` gives what the
+    unpadded weight gives, bit for bit (the zero columns are cut off the product before the split)."""
+    import dataclasses
+    from labkit.engine.model import layers as Ly
+    from labkit.shapes import PRESETS
+    s = dataclasses.replace(PRESETS["qwen3.8-flash-next"], hidden=64)
+    qsa = Ly.QSALayer(s, torch.Generator().manual_seed(7), torch.bfloat16, "cpu")
+    N = qsa.in_cols
+    assert N % 8 != 0 and qsa.w_in.shape == (64, -(-N // 64) * 64) and qsa.w_in.is_contiguous()
+    plain = (torch.randn(64, N, generator=torch.Generator().manual_seed(7)) / 8).bfloat16()
+    assert torch.equal(qsa.w_in[:, :N], plain) and not qsa.w_in[:, N:].any()
+    x, pos = torch.randn(3, 64).bfloat16(), torch.tensor([0, 5, 9])
+    got = qsa.project(x, pos)
+    with torch.no_grad():
+        qsa.w_in = torch.nn.Parameter(plain, requires_grad=False)
+    for a, b in zip(got, qsa.project(x, pos)):
+        assert torch.equal(a, b)
+
 
 def test_cpu_matmul_is_plain_matmul_eager_and_compiled():
     """Without the interpreter a CPU tensor never meets the kernel: bit-equal to `x @ w` for any rows,

@@ -24,7 +24,7 @@ from .deltanet_step import FUSED_MIX, delta_step, deltanet_mix
 from .gemv import matmul
 from .cache import OffloadCache
 from .indexer import index_scores
-from .hybrid import block_fns
+from .hybrid import block_fns, dn_prefill
 from .select import select_blocks, select_topk
 
 if TYPE_CHECKING:      # the model does not depend on the transfer mechanisms, only on their interface
@@ -73,24 +73,25 @@ class Engine:
         self._eager_fns = block_fns(False)      # prefill: every chunk a new shape, nothing to reuse
 
     # ------------------------------------------------------------------ the block
-    def block(self, blk, ki: int, x: torch.Tensor, pos: torch.Tensor, io):
-        """x [N, hidden] at positions pos [N] -> x after the block. `io` says how attention and the
+    def block(self, blk, ki: int, x: tuple[torch.Tensor, torch.Tensor], pos: torch.Tensor, io):
+        """The residual pair x = (h, d) [N, hidden] each, hidden state h + d, at positions pos [N] ->
+        the pair after the block (`hybrid.py` says why a pair). `io` says how attention and the
         DeltaNet state are reached (prefill: one request's chunk; decode: a batch, one token each)
         and where the anatomy's phase lines fall."""
         f, mark = io.fns, io.mark
         if blk.kind == "dn":
             mark("deltanet", new_block=True)
-            x = io.deltanet(blk, ki, x)
+            x = io.deltanet(blk, ki, *x)
             mark("dn_ffn")
         else:
             mark("weights", new_block=True)
-            q, gate, kv_row, k8, sc, iq, iw = f.qsa_pre(blk, x, pos)
+            h, q, gate, kv_row, k8, sc, iq, iw = f.qsa_pre(blk, *x, pos)
             io.write(ki, kv_row, k8, sc)
             att = yield from io.attend(ki, q, iq, iw, pos)
             mark("weights")
-            x = f.qsa_out(blk, x, att, gate)
+            x = (h, f.qsa_out(blk, att, gate))
             mark("ffn")
-        return f.ffn_residual(blk, x)
+        return f.ffn_residual(blk, *x)
 
     # ------------------------------------------------------------------ prefill
     @torch.inference_mode()
@@ -133,9 +134,10 @@ class Engine:
             e = min(T, a + self.prefill_chunk)
             pos = torch.arange(a, e, device=m.device)
             io.begin_chunk(a, e)
-            x = m.embed[tokens[a:e]] if m.embed is not None else hidden[a:e]
+            x = _stream(m.embed[tokens[a:e]] if m.embed is not None else hidden[a:e])
             for blk, ki in zip(m.blocks, m.kind_index):
                 x = _run(self.block(blk, ki, x, pos, io))
+            x = x[0] + x[1]
             if m.lm_head is None:
                 outs.append(x)
             if e < T:
@@ -152,13 +154,14 @@ class Engine:
         m, c = self.model, self.cache
         pos = c.lens[st.span].clone()
         io = _DecodeIO(self, st, pos)
-        x = m.embed[st.tokens] if m.embed is not None else st.x_in
+        x = _stream(m.embed[st.tokens] if m.embed is not None else st.x_in)
         for i, (blk, ki) in enumerate(zip(m.blocks, m.kind_index)):
             x = yield from self.block(blk, ki, x, pos, io)
             if boundaries:
                 yield BlockDone(i)
         self.strategy.end_step()
         st.mark("head")
+        x = x[0] + x[1]
         if m.lm_head is None:          # a pipeline stage: hand the activations to the next one
             st.x_out.copy_(x)
         else:
@@ -180,6 +183,11 @@ def check_prefill_mode(mode: str, medium: str) -> None:
         raise ValueError(f"unknown prefill_mode {mode!r}: choose from {', '.join(PREFILL_MODES)}")
     if mode == "rotating" and medium != "host":
         raise ValueError("prefill_mode=rotating offloads the prompt's KV: it needs a host pool (not the resident strategy)")
+
+
+def _stream(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual pair that starts a forward: the embeddings and nothing added yet."""
+    return x, torch.zeros_like(x)
 
 
 def _run(gen):
@@ -212,9 +220,9 @@ class _PrefillIO:
         slots = torch.full((end - start,), self.slot, dtype=torch.int64, device=self.prefix.device)
         self.where = self.e.cache.locate(slots, torch.arange(start, end, device=slots.device))
 
-    def deltanet(self, blk, ki, x):
+    def deltanet(self, blk, ki, x, d):
         c = self.e.cache
-        return x + blk.mixer.forward_seq(blk.norm1(x), c.dn_state[ki, self.slot], c.dn_conv[ki, self.slot])
+        return dn_prefill(blk, x, d, c.dn_state[ki, self.slot], c.dn_conv[ki, self.slot])
 
     def attend(self, ki, q, iq, iw, pos):
         s = self.e.model.shape
@@ -239,14 +247,15 @@ class _DecodeIO:
     def write(self, ki, kv_rows, keys, scales) -> None:
         self.e.cache.write(ki, self.where, kv_rows, keys, scales, self.e.strategy)
 
-    def deltanet(self, blk, ki, x):
+    def deltanet(self, blk, ki, x, d):
         c, sp, f = self.e.cache, self.st.span, self.fns
         if FUSED_MIX:   # between the projections two kernels on CUDA (deltanet_step.deltanet_mix)
-            g = deltanet_mix(blk.mixer, f.dn_project(blk, x), c.dn_state[ki, sp], c.dn_conv[ki, sp])
-            return f.dn_out(blk, x, g)
-        q, k, v, log_a, beta, z = f.dn_pre(blk, x, c.dn_conv[ki, sp])
+            h, y = f.dn_project(blk, x, d)
+            g = deltanet_mix(blk.mixer, y, c.dn_state[ki, sp], c.dn_conv[ki, sp])
+            return h, f.dn_out(blk, g)
+        h, q, k, v, log_a, beta, z = f.dn_pre(blk, x, d, c.dn_conv[ki, sp])
         o = delta_step(c.dn_state[ki, sp], q, k, v, log_a, beta)      # the recurrence alone as one kernel
-        return f.dn_post(blk, x, o, z)
+        return h, f.dn_post(blk, o, z)
 
     def attend(self, ki, q, iq, iw, pos):
         e, st, c, mark = self.e, self.st, self.e.cache, self.mark

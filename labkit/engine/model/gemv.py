@@ -35,7 +35,11 @@ turns the kernel on; `set_enabled` switches it in a running process.
 Off by default: measured on an H200 (results/20261201-072000-gpu-tests-gemv-bench-h200), correct but slower
 than cuBLAS: a decode step's 193 weight matrices streamed in 5.21 ms at M = 1 with the default
 configuration (2.85 ms with the best per-shape configuration) against cuBLAS's 2.38 ms (67% of the 4.39 TB/s
-read bandwidth); the resident step at 64K went from 4.58 to 7.01 ms with it on.
+read bandwidth); the resident step at 64K went from 4.58 to 7.01 ms with it on. Whole [128, 128] tiles
+a load with the one row's products summed per tile (results/20261202-033500-gemv-tiles-h200): 3.89 ms for
+the 193 matrices at M = 1 (3.34 ms with the best configuration per shape) against cuBLAS's 2.39 ms. At 17
+to 50 MB a matrix, a product is a few µs of streaming beside the ramp and tail of its own grid, and
+cuBLAS's kernels lose less of it there; only the 622 MB head reaches ~88% either way.
 """
 from __future__ import annotations
 
@@ -84,19 +88,13 @@ if HAVE_TRITON:
                 acc = tl.dot(xt.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
             else:
                 acc = tl.dot(xt, w, acc)
-        else:   # one row, xt [BLOCK_K, 1]: FMAs into [BLOCK_K, BLOCK_N], the K reduction once after the loop
-            acc += xt.to(tl.float32) * w.to(tl.float32)
-        return acc
-
-    @triton.jit
-    def _rows(acc, USE_DOT: tl.constexpr, BLOCK_N: tl.constexpr):
-        if not USE_DOT:
-            acc = tl.reshape(tl.sum(acc, axis=0), (1, BLOCK_N))
+        else:   # one row, xt [BLOCK_K, 1]: the tile's products summed over its K rows into acc [1, BLOCK_N]
+            acc += tl.sum(xt.to(tl.float32) * w.to(tl.float32), axis=0)[None, :]
         return acc
 
     @triton.jit(do_not_specialize=["M"])     # M = 4 and M = 16 share one compiled kernel
     def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, stride_xm, stride_xk, stride_om,
-                     K_PER_SPLIT, SPLIT, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                     LDW, K_PER_SPLIT, SPLIT, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, GLU: tl.constexpr,
                      PEEL: tl.constexpr, USE_GDC: tl.constexpr):
         """out = x @ w, or with GLU (w = [gate | up], 2N columns) out = silu(x @ gate) * (x @ up).
@@ -106,7 +104,6 @@ if HAVE_TRITON:
         grid dependency control: there PEEL runs alone, which is how its tests cover the peeled path.)"""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
-        LDW = 2 * N if GLU else N                                          # w's row length
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         nm = n < N
         m = tl.arange(0, M_PAD)
@@ -119,10 +116,7 @@ if HAVE_TRITON:
             x_p = x_ptr + m[:, None] * stride_xm + (k0 + kk)[None, :] * stride_xk
         else:
             x_p = x_ptr + (k0 + kk)[:, None] * stride_xk + m[None, :] * stride_xm
-        if USE_DOT:
-            acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)         # M_PAD is 1 on the FMA path
         acc_u = tl.zeros_like(acc)
         if PEEL:
             # the first tile streams while the kernel before finishes; then wait for x, and let the
@@ -159,9 +153,6 @@ if HAVE_TRITON:
                 acc_u = _accumulate(acc_u, xt, tl.load(w_p + N, mask=wm, other=0.0), USE_DOT, DOT_F32, BLOCK_K)
             w_p += BLOCK_K * LDW
             x_p += BLOCK_K * stride_xk
-        acc = _rows(acc, USE_DOT, BLOCK_N)
-        if GLU:
-            acc_u = _rows(acc_u, USE_DOT, BLOCK_N)
         omask = mm[:, None] & nm[None, :]
         o_p = out_ptr + m[:, None] * stride_om + n[None, :]
         if SPLIT == 1:
@@ -169,8 +160,9 @@ if HAVE_TRITON:
                 acc = acc * tl.sigmoid(acc) * acc_u
             tl.store(o_p, acc.to(out_ptr.dtype.element_ty), mask=omask)
         else:
-            # partial [SPLIT, M, LDW] fp32; the arrival counter orders it before the last program's reads
-            p_p = part_ptr + (pid_k * M + m[:, None]) * LDW + n[None, :]
+            # partial [SPLIT, M, PW] fp32; the arrival counter orders it before the last program's reads
+            PW = 2 * N if GLU else N                 # a partial row: the gate and up sums side by side
+            p_p = part_ptr + (pid_k * M + m[:, None]) * PW + n[None, :]
             tl.store(p_p, acc, mask=omask)
             if GLU:
                 tl.store(p_p + N, acc_u, mask=omask)
@@ -180,7 +172,7 @@ if HAVE_TRITON:
                 tot = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
                 tot_u = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
                 for s in range(SPLIT):               # split order, whoever arrived last: deterministic
-                    q_p = part_ptr + (s * M + m[:, None]) * LDW + n[None, :]
+                    q_p = part_ptr + (s * M + m[:, None]) * PW + n[None, :]
                     tot += tl.load(q_p, mask=omask, other=0.0, cache_modifier=".cg")
                     if GLU:
                         tot_u += tl.load(q_p + N, mask=omask, other=0.0, cache_modifier=".cg")
@@ -230,15 +222,20 @@ def _counters(device: torch.device) -> torch.Tensor:
 
 
 def default_config(M: int, N: int, K: int, sms: int = 132) -> Config:
-    """Tiles of 128 columns; K split until the product's programs cover the SMs twice (each program
-    keeps at least two K blocks, so the stream is not all prologue)."""
-    use_dot = M > 1
-    bn, bk = 128, (64 if use_dot else 32)
-    tiles = triton.cdiv(N, bn) if HAVE_TRITON else -(-N // bn)
+    """One row: tiles of [128, 128] (32 KB of weight in one load, summed into a [128] accumulator), K
+    split until the programs cover the SMs four times. More rows: the tensor-core path on [64, 128]
+    tiles through a four-stage pipeline, K split until the programs cover the SMs twice (each program
+    keeps two K blocks at least). The best of each sweep on an H200 (scripts/gemv_bench.py; neither is
+    faster than cuBLAS there, see the module's docstring)."""
+    if M == 1:
+        bn, bk, per_sm, min_blocks, warps, stages = 128, 128, 4, 1, 4, 1
+    else:
+        bn, bk, per_sm, min_blocks, warps, stages = 128, 64, 2, 2, 4, 4
+    tiles = -(-N // bn)
     kblocks = -(-K // bk)
-    split = max(1, min(-(-2 * sms // tiles), kblocks // 2))
+    split = max(1, min(-(-per_sm * sms // tiles), kblocks // min_blocks))
     split = -(-kblocks // -(-kblocks // split))       # no empty split
-    return Config(bn, bk, split, use_dot, num_warps=4, num_stages=4, pdl=_PDL)
+    return Config(bn, bk, split, M > 1, num_warps=warps, num_stages=stages, pdl=_PDL)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: Config | None = None,
@@ -255,8 +252,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
         raise ValueError(f"gemv: {M} rows, the kernel takes 1 to {MAX_M}")
     if x.dtype != w.dtype or x.dtype not in _DTYPES:
         raise ValueError(f"gemv: dtypes {x.dtype} and {w.dtype}, the kernel takes bf16 or fp16 for both")
-    if not w.is_contiguous():
-        raise ValueError("gemv: w must be row-major contiguous [K, N]")
+    if w.stride(1) != 1 or w.stride(0) < w.shape[1]:
+        raise ValueError("gemv: w must be row-major [K, N] (unit column stride; rows may be padded)")
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     elif out.shape != (M, N) or out.dtype != x.dtype or out.stride(1) != 1:
@@ -273,7 +270,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
     gdc = c.pdl and pdl_supported(x.device)
     part = torch.empty((split, M, w.shape[1]), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = _counters(x.device) if split > 1 else out
-    _gemv_kernel[(tiles, split)](x, w, out, part, cnt, M, N, K, x.stride(0), x.stride(1), out.stride(0), k_per,
+    _gemv_kernel[(tiles, split)](x, w, out, part, cnt, M, N, K, x.stride(0), x.stride(1), out.stride(0), w.stride(0), k_per,
                                  split, M_PAD=m_pad, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_DOT=c.use_dot,
                                  DOT_F32=_INTERPRET, GLU=glu, PEEL=c.pdl, USE_GDC=gdc,
                                  num_warps=c.num_warps, num_stages=c.num_stages, **({"launch_pdl": True} if gdc else {}))
@@ -309,13 +306,13 @@ def _(x, w_gu):
 
 def kernel_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `matmul` takes the kernel: on, Triton where it runs (CUDA; CPU only under the
-    interpreter), 1 <= M <= 16, bf16/fp16 on both sides, w row-major."""
+    interpreter), 1 <= M <= 16, bf16/fp16 on both sides, w row-major (rows may be padded)."""
     if not (_ENABLED and HAVE_TRITON):
         return False
     if x.device.type != ("cpu" if _INTERPRET else "cuda"):
         return False
     return (x.dim() == 2 and w.dim() == 2 and 1 <= x.shape[0] <= MAX_M and x.dtype == w.dtype
-            and x.dtype in _DTYPES and w.is_contiguous())
+            and x.dtype in _DTYPES and w.stride(1) == 1 and w.stride(0) >= w.shape[1])
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -78,44 +78,66 @@ def kind_index(blocks) -> list[int]:
 # fuses each piece's elementwise chains into a few Triton kernels; written as functions of the block
 # (not methods), one compiled graph serves every layer of a kind (parameters are lifted as inputs).
 # The pieces end where the step anatomy draws its phase lines (weights | DeltaNet | attention).
-def dn_pre(blk, x, conv):
-    """Decode, a DeltaNet block up to its recurrence (projection, conv window, gates); conv in place."""
-    return blk.mixer.step_inputs(blk.norm1(x), conv)
+#
+# The residual stream travels as a pair (x, d) whose sum is the hidden state: a piece adds the pair
+# where its norm reads it (inductor fuses the add into the norm's kernel, which writes the sum too) and
+# returns its own last product unadded. Written `x + x @ w` at a piece's end, inductor makes the add an
+# addmm whose output must first be a copy of x: a device copy of 1-2 µs before each of the 96 residual
+# products of a step (measured on an H200 at 64K: 99 copies, 0.10 ms of kernels; the profile in
+# results/20261202-033500-gemv-tiles-h200). Sums are the same bf16 adds either way.
+def dn_pre(blk, x, d, conv):
+    """Decode, a DeltaNet block up to its recurrence (projection, conv window, gates); conv in place.
+    Returns the residual h = x + d, then the recurrence's inputs."""
+    h = x + d
+    return (h, *blk.mixer.step_inputs(blk.norm1(h), conv))
 
 
-def dn_post(blk, x, o, z):
-    """The recurrence's output o [B, H, dv] through the gated norm and output projection, plus x."""
-    return x + blk.mixer.output(o, z)
+def dn_post(blk, o, z):
+    """The recurrence's output o [B, H, dv] through the gated norm and output projection (unadded)."""
+    return blk.mixer.output(o, z)
 
 
-def dn_project(blk, x):
-    """Decode, a DeltaNet block's input projection of norm1(x): what `deltanet_step.deltanet_mix` takes."""
-    return matmul(blk.norm1(x), blk.mixer.w_in)
+def dn_project(blk, x, d):
+    """Decode, a DeltaNet block's input projection of norm1(x + d): the residual h = x + d and what
+    `deltanet_step.deltanet_mix` takes."""
+    h = x + d
+    return h, matmul(blk.norm1(h), blk.mixer.w_in)
 
 
-def dn_out(blk, x, g):
-    """The mixer's gated, normed output g [B, H * dv] through the output projection, plus x."""
-    return x + matmul(g, blk.mixer.w_o)
+def dn_out(blk, g):
+    """The mixer's gated, normed output g [B, H * dv] through the output projection (unadded)."""
+    return matmul(g, blk.mixer.w_o)
 
 
-def ffn_residual(blk, x):
-    return x + blk.ffn(blk.norm2(x))
+def ffn_residual(blk, x, d):
+    """The FFN of h = x + d: returns (h, ffn(norm2(h))), the pair the next block adds."""
+    h = x + d
+    return h, blk.ffn(blk.norm2(h))
 
 
-def qsa_pre(blk, x, pos):
-    """Projections of a QSA block: q [N, Hq, D], gate, the K/V row to store, its fp8 index key + scale,
-    and the indexer's query and head weights."""
-    q, gate, kv_row, iq, iw, ik = blk.mixer.project(blk.norm1(x), pos)
+def qsa_pre(blk, x, d, pos):
+    """Projections of a QSA block of h = x + d: h, then q [N, Hq, D], gate, the K/V row to store, its
+    fp8 index key + scale, and the indexer's query and head weights."""
+    h = x + d
+    q, gate, kv_row, iq, iw, ik = blk.mixer.project(blk.norm1(h), pos)
     k8, sc = quantize_index_keys(ik)
-    return q, gate, kv_row.contiguous(), k8, sc, iq, iw
+    return h, q, gate, kv_row.contiguous(), k8, sc, iq, iw
+
+
+def dn_prefill(blk, x, d, S, conv):
+    """Prefill, a DeltaNet block's mixer over a chunk of h = x + d (chunked recurrence; S and conv in
+    place): (h, its output, unadded). Eager: every chunk is a new shape."""
+    h = x + d
+    return h, blk.mixer.forward_seq(blk.norm1(h), S, conv)
 
 
 def sparse_attention(q, rows, valid, n_kv: int):
     return sparse_decode_attention(q, rows, valid, n_kv)
 
 
-def qsa_out(blk, x, att, gate):
-    return x + blk.mixer.output(att, gate)
+def qsa_out(blk, att, gate):
+    """Attention's output through the sigmoid gate and the output projection (unadded)."""
+    return blk.mixer.output(att, gate)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ from contextlib import nullcontext
 
 import torch
 
+from .hybrid import dn_prefill
+
 N_BUFFERS = 4
 
 
@@ -131,9 +133,9 @@ class RotatingPrefillIO:
         self.held[b] = (layer, start)
 
     # ---------------------------------------------------------------- what Engine.block calls
-    def deltanet(self, blk, ki, x):
+    def deltanet(self, blk, ki, x, d):
         c = self.e.cache
-        return x + blk.mixer.forward_seq(blk.norm1(x), c.dn_state[ki, self.slot], c.dn_conv[ki, self.slot])
+        return dn_prefill(blk, x, d, c.dn_state[ki, self.slot], c.dn_conv[ki, self.slot])
 
     def write(self, ki: int, kv_rows: torch.Tensor, keys: torch.Tensor, scales: torch.Tensor) -> None:
         c, a, e = self.e.cache, self.start, self.end
