@@ -61,7 +61,10 @@ def test_logits_with_fused_mixer_equal_unfused_over_64_steps(monkeypatch):
         logits[fused] = torch.stack(steps)
     a, b = logits[False], logits[True]
     rel = ((a - b).norm(dim=-1) / a.norm(dim=-1))           # per step and request
-    assert float(rel.max()) < 3e-2, float(rel.max())
+    # bf16 noise between two rounding orders of the mixer, carried through 8 layers: measured on an H200
+    # 0.017-0.022 a step, at most 0.033 since the residual adds round like eager (results/20261202-040000-
+    # resident-pair-h200); a wrong mixer is off by O(1)
+    assert float(rel.max()) < 4e-2, float(rel.max())
     assert float(rel[-8:].mean()) < 3e-2                     # no drift: the last steps as close as the first
     agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
     assert agree > 0.9, agree

@@ -80,6 +80,48 @@ def kernels_block(run: str, weight_bw_run: str) -> str:
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
+def _profile(path) -> dict:
+    """A profile_step JSON, gzipped or not (large profiles are committed as .json.gz)."""
+    import gzip
+    gz = path.with_name(path.name + ".gz")
+    return json.loads(gzip.decompress(gz.read_bytes()) if gz.exists() and not path.exists() else path.read_text())
+
+
+def kernels_now_block(variants: list, weight_bw_run: str) -> str:
+    """Today's step kernel by kernel at 64K, c = 1 and 4, one row per change in the order made:
+    variants = [[folder, profile file, label], ...] (profile_step JSONs, each its own process)."""
+    bw = hbm_read_gbps(load_run(REPO / weight_bw_run).metrics)
+    profs = [(label, _profile(REPO / folder / name)) for folder, name, label in variants]
+    pts = [(label, p) for label, d in profs for p in d["points"]]
+    groups = sorted({g for _, p in pts for g in grouped(p["kernels"])})
+    rows = []
+    for label, p in sorted(pts, key=lambda lp: lp[1]["conc"]):       # stable: the variants' order within a c
+        g = grouped(p["kernels"])
+        row = {"c": p["conc"], "variant": label,
+               "step ms (min–max)": f"{p['step_ms_median']:.2f} ({p['step_ms_min']:.2f}–{p['step_ms_max']:.2f})",
+               "kernels": f"{p['kernels_per_step']:.0f}", "kernel time ms": f"{p['kernel_us_per_step'] / 1e3:.2f}",
+               "between kernels ms": f"{p['step_ms_median'] - p['kernel_us_per_step'] / 1e3:.2f}"}
+        for name in groups:
+            row[name] = f"{g.get(name, {}).get('ms', 0.0):.3f}"
+        rows.append(row)
+    wb, gemm, share = weights_share(variants, weight_bw_run)
+    lead = (f"Last variant at c = 1 ({variants[-1][2]}): the weight products' kernels take {gemm:.2f} ms for "
+            f"{wb / 1e9:.2f} GB, {wb / gemm / 1e6:.0f} GB/s, **{share:.0%}** of the {bw:.0f} GB/s read bandwidth "
+            f"measured in `{weight_bw_run.split('/')[-1]}` (goal ≥ 85%).")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
+def weights_share(variants: list, weight_bw_run: str) -> tuple[float, float, float]:
+    """The last profiled variant at c = 1: (weight bytes, ms of weight-product kernels, share of the read
+    bandwidth those kernels reach)."""
+    folder, name, _ = variants[-1]
+    d = _profile(REPO / folder / name)
+    last = next(p for p in d["points"] if p["conc"] == 1)
+    gemm = sum(v["ms"] for k, v in grouped(last["kernels"]).items() if k.startswith("weight"))
+    bw = hbm_read_gbps(load_run(REPO / weight_bw_run).metrics)
+    return d["weight_bytes"], gemm, d["weight_bytes"] / gemm / 1e6 / bw
+
+
 def select_block(run: str) -> str:
     r = json.loads((REPO / run / "select_bench.json").read_text())
     blocks = sorted(int(k.split("_")[1]) for k in r["rows"][0] if k.startswith("select_") and k[7].isdigit())
@@ -93,6 +135,30 @@ def select_block(run: str) -> str:
                      "select / topk": f"{x['select_auto_ms'] / x['topk_sort_ms']:.2f}",
                      "same values as topk": "yes" if x["same_values_as_topk"] else "NO"})
     return f"Top-{r['k']} of one QSA layer, graph-replayed, {r['device']}.\n\n" + _md(pd.DataFrame(rows))
+
+
+def ratio_change_block(before: str, now: str) -> str:
+    """Each offload strategy / resident tok/s at 64K and 1M, c = 1 and 4: the decode table measured with
+    the slower resident step (before) and re-measured (now), two runs of the same parameters."""
+    def ratios(run):
+        m = load_run(REPO / run).metrics
+        d = m[(m["experiment"] == "decode") & (m["status"] == "ok")]
+        piv = d.pivot_table(index=["concurrency", "context_len"], columns="strategy", values="tok_s")
+        return piv.div(piv["resident"], axis=0), piv["resident"]
+    (rb, resb), (rn, resn) = ratios(before), ratios(now)
+    rows = []
+    for (c, ctx) in rn.index:
+        c, ctx = int(c), int(ctx)
+        if ctx not in (65536, 1 << 20) or (c, ctx) not in rb.index:
+            continue
+        row = {"c": c, "context": "1M" if ctx == 1 << 20 else f"{ctx >> 10}K",
+               "resident tok/s, before → now": f"{resb.loc[(c, ctx)]:.0f} → {resn.loc[(c, ctx)]:.0f}"}
+        for s in ("zero_copy", "host_gather", "hot_cache"):
+            if s in rn.columns and s in rb.columns:
+                row[f"{s} / resident"] = f"{rb.loc[(c, ctx), s]:.3f} → {rn.loc[(c, ctx), s]:.3f}"
+        rows.append(row)
+    return (f"Before: `{before.split('/')[-1]}`; now: `{now.split('/')[-1]}` (same parameters, one process each).\n\n"
+            + _md(pd.DataFrame(rows)))
 
 
 # ------------------------------------------------------------------ across processes
@@ -177,8 +243,10 @@ def blocks(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[s
     now = load_run(REPO / runs["decode_now"]).metrics
     return {"roofline-h200": roofline_block(runs["roofline"]),
             "kernels-h200": kernels_block(runs["roofline_kernels"], runs["roofline"]),
+            "kernels-now-h200": kernels_now_block(runs["kernels_now"], runs["roofline"]),
             "select-h200": select_block(runs["select_bench"]),
             "decode-now-h200": decode_tables(now), "anatomy-now-h200": anatomy_table(now),
+            "decode-change-h200": ratio_change_block(runs["decode_before"], runs["decode_now"]),
             "predict-now-rtx3090": prediction_table(now),
             "spreads-h200": spreads_block(runs["repeats_hot1m"], runs["repeats_capacity"], runs["repeats_pulse_scaling"],
                                           runs["repeats_prefill"])}
