@@ -92,9 +92,12 @@ def _higher(r) -> bool:
     return next(t.higher_is_better for t in TARGETS.values() if t.what == r["target"])
 
 
-def anatomy_table(m: pd.DataFrame) -> str:
+def anatomy_table(m: pd.DataFrame, contexts: tuple | None = (65536, 1 << 20)) -> str:
+    """The step anatomy per strategy, concurrency and context (`contexts`; None: every context of the run)."""
     d = m[(m["experiment"] == "decode") & (m["status"] == "ok") & (m["axis"] == "context")]
-    d = d[d["context_len"].isin([65536, 1 << 20])].sort_values(["concurrency", "strategy", "context_len"])
+    if contexts is not None:
+        d = d[d["context_len"].isin(list(contexts))]
+    d = d.sort_values(["concurrency", "strategy", "context_len"])
     rows = []
     for _, r in d.iterrows():
         row = {"strategy": r["strategy"], "c": int(r["concurrency"]), "context": _ctx(r["context_len"])}

@@ -246,6 +246,7 @@ def blocks(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[s
             "kernels-now-h200": kernels_now_block(runs["kernels_now"], runs["roofline"]),
             "select-h200": select_block(runs["select_bench"]),
             "decode-now-h200": decode_tables(now), "anatomy-now-h200": anatomy_table(now),
+            "anatomy-all-now-h200": anatomy_table(now, contexts=None),
             "decode-change-h200": ratio_change_block(runs["decode_before"], runs["decode_now"]),
             "predict-now-rtx3090": prediction_table(now),
             "spreads-h200": spreads_block(runs["repeats_hot1m"], runs["repeats_capacity"], runs["repeats_pulse_scaling"],

@@ -3,7 +3,8 @@
     model = HybridModel(shape, device, seed)     # random seeded weights, bf16
     fns   = block_fns(compiled=True)             # the block pieces, fused by torch.compile on CUDA
 
-A block is `x + mixer(norm1(x))`, then `x + ffn(norm2(x))`. The mixer is a gated DeltaNet layer (fixed
+A block is `x + mixer(norm1(x))`, then `x + ffn(norm2(x))` (each add deferred into the next piece's norm:
+the residual stream travels as a pair, see below). The mixer is a gated DeltaNet layer (fixed
 state) or a QSA layer, whose attention sits between its projections (`qsa_pre`) and its output
 (`qsa_out`): that is where the engine reads KV, so the pieces are separate functions here and the one
 composition of a block lives in `engine.Engine.block` (prefill and decode both run it).
