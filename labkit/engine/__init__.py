@@ -2,7 +2,9 @@
 
 - `model/`: what a model is — `hybrid.py` (weights, block pieces), `layers.py`, `kv.py` (where bytes live:
   KV pool, page table, index keys), `cache.py` (OffloadCache, its one write path), `indexer.py` (scores),
-  `select.py` (top-k), `attention.py`, `deltanet_step.py`, `gather.py` (row kernels), `forward.py`
+  `select.py` (top-k), `attention.py`, `deltanet_step.py` (the DeltaNet mixer's kernels), `qsa_step.py`
+  (a QSA layer's head norms and RoPE in one kernel), `gemv.py` (small-batch products), `gather.py` (row
+  kernels), `forward.py`
   (`Engine`: the one block forward shared by prefill and decode, a generator yielding `LoadRequest`s),
   `prefill_buffers.py` (rotating layer buffers), `trace_replay.py` (recorded selections).
 - `transfer/`: how selected rows reach the attention — `base.py` (the interface, declared capabilities

@@ -22,6 +22,7 @@ import torch
 from .attention import dense_prefill_attention, fast_sdpa, split_rows
 from .deltanet_step import FUSED_MIX, delta_step, deltanet_mix
 from .gemv import matmul
+from . import qsa_step
 from .cache import OffloadCache
 from .indexer import index_scores
 from .hybrid import block_fns, dn_prefill
@@ -85,7 +86,11 @@ class Engine:
             mark("dn_ffn")
         else:
             mark("weights", new_block=True)
-            h, q, gate, kv_row, k8, sc, iq, iw = f.qsa_pre(blk, *x, pos)
+            if qsa_step.FUSED_QSA and f.compiled:       # the decode step: q/k norms, RoPE, the row in one kernel
+                h, y, k8, sc, iq, iw = f.qsa_project(blk, *x)
+                q, gate, kv_row = qsa_step.qsa_heads(blk.mixer, y, pos)
+            else:
+                h, q, gate, kv_row, k8, sc, iq, iw = f.qsa_pre(blk, *x, pos)
             io.write(ki, kv_row, k8, sc)
             att = yield from io.attend(ki, q, iq, iw, pos)
             mark("weights")

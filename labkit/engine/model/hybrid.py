@@ -132,6 +132,16 @@ def dn_prefill(blk, x, d, S, conv):
     return h, blk.mixer.forward_seq(blk.norm1(h), S, conv)
 
 
+def qsa_project(blk, x, d):
+    """Decode with the fused QSA heads (`qsa_step.qsa_heads` takes y next): h = x + d, y = norm1(h) @ w_in,
+    the index key quantised, the indexer's query and head weights."""
+    h = x + d
+    y = matmul(blk.norm1(h), blk.mixer.w_in)
+    iq, iw, ik = blk.mixer.index_parts(y)
+    k8, sc = quantize_index_keys(ik)
+    return h, y, k8, sc, iq, iw
+
+
 def sparse_attention(q, rows, valid, n_kv: int):
     return sparse_decode_attention(q, rows, valid, n_kv)
 
@@ -149,6 +159,7 @@ class BlockFns:
     dn_out: object
     ffn_residual: object
     qsa_pre: object
+    qsa_project: object
     sparse_attention: object
     qsa_out: object
     compiled: bool
@@ -160,7 +171,7 @@ _FNS: dict[bool, BlockFns] = {}
 def block_fns(compiled: bool) -> BlockFns:
     compiled = compiled and os.environ.get("LABKIT_COMPILE", "1") != "0"
     if compiled not in _FNS:
-        pieces = (dn_pre, dn_post, dn_project, dn_out, ffn_residual, qsa_pre, sparse_attention, qsa_out)
+        pieces = (dn_pre, dn_post, dn_project, dn_out, ffn_residual, qsa_pre, qsa_project, sparse_attention, qsa_out)
         if compiled:
             import torch._dynamo
             torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)

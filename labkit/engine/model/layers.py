@@ -49,10 +49,16 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
+def rope_inv_freq(half: int, theta: float, device) -> torch.Tensor:
+    """RoPE's inverse frequencies [half] fp32 (the one formula: a kernel that takes them gets the same
+    angles bit for bit, which matters at long context where an ulp of the angle is ~0.06 rad at 1M)."""
+    return 1.0 / theta ** (torch.arange(half, device=device, dtype=torch.float32) / half)
+
+
 def apply_rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float = 1e7) -> torch.Tensor:
     """Rotate the first `rotary_dim` dims of x [N, H, D] at positions pos [N] (neox half-split)."""
     half = rotary_dim // 2
-    inv = 1.0 / theta ** (torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    inv = rope_inv_freq(half, theta, x.device)
     ang = pos.to(torch.float32)[:, None] * inv[None, :]                 # [N, half]
     cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
     x1, x2, rest = x[..., :half].float(), x[..., half:rotary_dim].float(), x[..., rotary_dim:]
@@ -74,19 +80,31 @@ class QSALayer(nn.Module):
         self.k_norm = RMSNorm(s.head_dim, dtype, device)
 
     def project(self, x: torch.Tensor, pos: torch.Tensor):
-        """x [N, hidden], pos [N] -> q [N, Hq, D], gate [N, Hq*D], kv_row [N, 2*Hkv*D] (K roped),
+        """x [N, hidden], pos [N] -> q [N, Hq, D], gate [N, Hq, D], kv_row [N, 2*Hkv*D] (K roped),
         index query [N, Hi, Di], index head weights [N, Hi], index key [N, Di]."""
+        return self.heads_reference(matmul(x, self.w_in), pos)
+
+    def heads_reference(self, y: torch.Tensor, pos: torch.Tensor, theta: float = 1e7):
+        """`project` after its product y = x @ w_in: the definition `qsa_step.qsa_heads` is checked
+        against (and the path wherever its kernel does not run)."""
         s = self.s
-        qg, k, v, iq, iw, ik = torch.split(matmul(x, self.w_in)[:, :self.in_cols], self.splits, dim=-1)
+        qg, k, v = torch.split(y[:, :self.q_out + 2 * self.kv_out], self.splits[:3], dim=-1)
         q, gate = qg.view(-1, s.n_heads, 2 * s.head_dim).chunk(2, dim=-1)
-        q = apply_rope(self.q_norm(q), pos, s.rotary_dim)
-        k = apply_rope(self.k_norm(k.view(-1, s.n_kv_heads, s.head_dim)), pos, s.rotary_dim)
+        q = apply_rope(self.q_norm(q), pos, s.rotary_dim, theta)
+        k = apply_rope(self.k_norm(k.view(-1, s.n_kv_heads, s.head_dim)), pos, s.rotary_dim, theta)
         kv_row = torch.cat([k.flatten(1), v], dim=-1)
-        return (q, gate.reshape(-1, s.n_heads * s.head_dim), kv_row,
-                iq.view(-1, s.index_heads, s.index_dim), iw * (s.index_heads ** -0.5), ik)
+        return (q, gate, kv_row, *self.index_parts(y))
+
+    def index_parts(self, y: torch.Tensor):
+        """The indexer's part of y: query [N, Hi, Di] and key [N, Di] (views), head weights [N, Hi] scaled."""
+        s = self.s
+        a = self.q_out + 2 * self.kv_out
+        iq, iw, ik = torch.split(y[:, a:self.in_cols], self.splits[3:], dim=-1)
+        return iq.view(-1, s.index_heads, s.index_dim), iw * (s.index_heads ** -0.5), ik
 
     def output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return matmul(attn.flatten(1) * torch.sigmoid(gate), self.w_o)
+        """attn [N, Hq, D] (or flat) through the sigmoid of gate [N, Hq, D] and the output projection."""
+        return matmul(attn.flatten(1) * torch.sigmoid(gate.reshape(gate.shape[0], -1)), self.w_o)
 
 
 class FFN(nn.Module):
