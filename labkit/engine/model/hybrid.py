@@ -85,7 +85,8 @@ def kind_index(blocks) -> list[int]:
 # returns its own last product unadded. Written `x + x @ w` at a piece's end, inductor makes the add an
 # addmm whose output must first be a copy of x: a device copy of 1-2 µs before each of the 96 residual
 # products of a step (measured on an H200 at 64K: 99 copies, 0.10 ms of kernels; the profile in
-# results/20261202-033500-gemv-tiles-h200). Sums are the same bf16 adds either way.
+# results/20261202-033500-gemv-tiles-h200). The sums are eager's: the product rounded to bf16, then the
+# add rounded (the addmm had rounded product and add once), as on CPU.
 def dn_pre(blk, x, d, conv):
     """Decode, a DeltaNet block up to its recurrence (projection, conv window, gates); conv in place.
     Returns the residual h = x + d, then the recurrence's inputs."""
