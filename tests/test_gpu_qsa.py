@@ -6,11 +6,12 @@ import dataclasses
 import pytest
 import torch
 
-from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
-from labkit.engine.drive.runner import DecodeRunner
+from labkit.engine import HybridModel
 from labkit.engine.model import qsa_step as Q
 from labkit.engine.model.layers import QSALayer
 from labkit.shapes import PRESETS
+
+from decode_util import teacher_forced_logits
 
 pytestmark = pytest.mark.gpu
 REF = PRESETS["qwen3.8-flash-next"]
@@ -44,18 +45,7 @@ def test_logits_with_fused_heads_equal_torch_path_over_64_steps(monkeypatch):
     logits = {}
     for fused in (False, True):
         monkeypatch.setattr(Q, "FUSED_QSA", fused)
-        cache = OffloadCache.allocate(model, "device", 4, 4096)
-        cache.fill_random_([3000, 1000, 2500, 700], seed=2)
-        r = DecodeRunner(Engine(model, cache, get_strategy("resident"), 512), 4)
-        r.prepare(warmup=1)
-        assert r.graph_mode == "full"
-        steps = []
-        for i in range(64):
-            r.state.tokens.copy_((torch.tensor([11, 222, 3333, 44], device="cuda") + 7 * i) % MID.vocab)
-            r.step()
-            steps.append(r.state.logits.float().clone())
-        torch.cuda.synchronize()
-        logits[fused] = torch.stack(steps)
+        logits[fused] = teacher_forced_logits(model)
     a, b = logits[False], logits[True]
     rel = (a - b).norm(dim=-1) / a.norm(dim=-1)
     assert float(rel.max()) < 4e-2, float(rel.max())
