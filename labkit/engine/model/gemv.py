@@ -225,8 +225,9 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> Config:
     """One row: tiles of [128, 128] (32 KB of weight in one load, summed into a [128] accumulator), K
     split until the programs cover the SMs four times. More rows: the tensor-core path on [64, 128]
     tiles through a four-stage pipeline, K split until the programs cover the SMs twice (each program
-    keeps two K blocks at least). The best of each sweep on an H200 (scripts/gemv_bench.py; neither is
-    faster than cuBLAS there, see the module's docstring)."""
+    keeps two K blocks at least). Neither is faster than cuBLAS on an H200, nor is the best configuration
+    per shape (scripts/gemv_bench.py, most often [64, 256] tiles in two stages; see the module's
+    docstring): these are simple defaults for a kernel that is off, not tuned ones."""
     if M == 1:
         bn, bk, per_sm, min_blocks, warps, stages = 128, 128, 4, 1, 4, 1
     else:
