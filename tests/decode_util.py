@@ -1,10 +1,16 @@
 """A model's logits over graph-replayed decode steps with teacher-forced tokens: the comparison the GPU
 tests of a fused path against its torch path share (a near-tie flipping an argmax cannot send the two runs
 down different paths, and whatever state or KV a step writes is what the later steps read)."""
+import dataclasses
+
 import torch
 
 from labkit.engine import Engine, OffloadCache, get_strategy
 from labkit.engine.drive.runner import DecodeRunner
+from labkit.shapes import PRESETS
+
+REF = PRESETS["qwen3.8-flash-next"]
+MID = dataclasses.replace(REF, name="mid", layers=8, vocab=4096)     # the reference's layers, 8 of them
 
 
 def teacher_forced_logits(model, steps: int = 64) -> torch.Tensor:

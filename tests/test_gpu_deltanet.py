@@ -1,7 +1,6 @@
 """The fused DeltaNet mixer on the GPU (marked `gpu`): the one kernel against its torch definition on
 the reference shape in bf16, and a whole model's logits over 64 graph-replayed decode steps with the
 kernel against the step with the unfused path (torch.compile's kernels around the recurrence)."""
-import dataclasses
 
 import pytest
 import torch
@@ -10,13 +9,10 @@ from labkit.engine import HybridModel
 from labkit.engine.model import deltanet_step as D
 from labkit.engine.model import forward
 from labkit.engine.model.layers import DeltaNetLayer
-from labkit.shapes import PRESETS
 
-from decode_util import teacher_forced_logits
+from decode_util import MID, REF, teacher_forced_logits
 
 pytestmark = pytest.mark.gpu
-REF = PRESETS["qwen3.8-flash-next"]
-MID = dataclasses.replace(REF, name="mid", layers=8, vocab=4096)
 
 
 @pytest.mark.parametrize("B", [1, 4, 16])

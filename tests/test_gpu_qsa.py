@@ -1,7 +1,6 @@
 """The fused QSA heads on the GPU (marked `gpu`): the kernel against `QSALayer.heads_reference` on the
 reference shape in bf16 (round to nearest on the GPU, so within one ulp and almost all bit-equal), and a
 model's logits over 64 graph-replayed decode steps with the fused heads against the torch path."""
-import dataclasses
 
 import pytest
 import torch
@@ -9,13 +8,10 @@ import torch
 from labkit.engine import HybridModel
 from labkit.engine.model import qsa_step as Q
 from labkit.engine.model.layers import QSALayer
-from labkit.shapes import PRESETS
 
-from decode_util import teacher_forced_logits
+from decode_util import MID, REF, teacher_forced_logits
 
 pytestmark = pytest.mark.gpu
-REF = PRESETS["qwen3.8-flash-next"]
-MID = dataclasses.replace(REF, name="mid", layers=8, vocab=4096)
 
 
 @pytest.mark.parametrize("B", [1, 4, 16])
