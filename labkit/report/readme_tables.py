@@ -46,6 +46,15 @@ XFER_N10_RUN = RUNS["xfer_n10"]
 PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
 
 
+def _span(lo: float, hi: float) -> str:
+    """A min-max range at two decimals, three where two would print the same number twice."""
+    for d in (2, 3):
+        a, b = f"{lo:.{d}f}", f"{hi:.{d}f}"
+        if a != b:
+            return f"{a}–{b}"
+    return a
+
+
 def _ctx(v) -> str:
     v = int(v)
     return f"{v // (1 << 20)}M" if v >= 1 << 20 else f"{v // 1024}K"
@@ -787,7 +796,7 @@ def headlines() -> str:
     n = int(dec.concurrency.max())
     lines = [
         f"- **Sparse offload** decodes at {_ctx(top)} tokens at {zc['tok_s']:.1f} tok/s with `zero_copy` against "
-        f"{res['tok_s']:.1f} fully resident ({zc['tok_s'] / res['tok_s']:.2f}×; {zc_rep['min']:.2f}–{zc_rep['max']:.2f}× "
+        f"{res['tok_s']:.1f} fully resident ({zc['tok_s'] / res['tok_s']:.2f}×; {_span(zc_rep['min'], zc_rep['max'])}× "
         f"across {int(zc_rep['n'])} processes), and its step grows only {grow:.0%} from 64K to {_ctx(top)}: the transfer "
         f"per step is fixed ([results](docs/roofline.md), [spreads](docs/spreads.md)).",
         f"- **The baseline**: `resident` steps at {r64.step_ms_median:.2f} ms at 64K ({r64.tok_s:.0f} tok/s), "
@@ -795,9 +804,9 @@ def headlines() -> str:
         f"cuBLAS's {wshare:.0%} of the read bandwidth ([roofline](docs/roofline.md)).",
         f"- **FlashOffloading's hot cache** reaches {min(hot):.3f}–{max(hot):.3f}× resident speed at {_ctx(top)} on recorded "
         f"selections (one process each); its rotating prefill buffers cost nothing against resident prefill "
-        f"({pre['median']:.2f}×, {pre['min']:.2f}–{pre['max']:.2f}× across {int(pre['n'])} processes, a 248K prompt with "
+        f"({pre['median']:.2f}×, {_span(pre['min'], pre['max'])}× across {int(pre['n'])} processes, a 248K prompt with "
         f"the KV going to host RAM) and run a whole 1M-token prompt under a 24 GiB cap, and offload in both "
-        f"stages gives {cap['median']:.2f}× the goodput of none ({cap['min']:.2f}–{cap['max']:.2f}× across {int(cap['n'])} "
+        f"stages gives {cap['median']:.2f}× the goodput of none ({_span(cap['min'], cap['max'])}× across {int(cap['n'])} "
         f"processes) ([hot cache](docs/hot-cache.md), "
         f"[prefill](docs/prefill-capacity.md)).",
         f"- **PulseInfer's switching** with a static length threshold ({ws['policy'].split(':')[1]}, chosen on "
@@ -807,7 +816,7 @@ def headlines() -> str:
         f"median (min–max) over {int(ws['throughput_ratio_n'])} held-out windows of {win.manifest['parameters']['window_size']} "
         f"Mooncake requests; the {thr.min():.2f}–{thr.max():.2f}× of one {int(t.n_requests.iloc[0])}-request window "
         f"with thresholds read off it does not hold; at 1M two switched "
-        f"batches gave {sw['min']:.2f}–{sw['max']:.2f}× one offloaded batch across {int(sw['n'])} processes "
+        f"batches gave {_span(sw['min'], sw['max'])}× one offloaded batch across {int(sw['n'])} processes "
         f"([PulseInfer](docs/pulseinfer.md)).",
         f"- **Cross-model KV transfer** (CPU, SmolLM2-135M and its first 8 layers) cuts TTFT "
         f"{tt[tt.context_len >= 2048].speedup.min():.1f}–{tt[tt.context_len >= 2048].speedup.max():.1f}× at "
