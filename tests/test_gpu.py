@@ -218,15 +218,43 @@ def test_sweep_on_the_default_cuda_device(tmp_path):
 
 @pytest.mark.parametrize("B,L,k", [(1, 1 << 20, 2048), (16, 1 << 20, 2048), (4, 65536 + 77, 2048), (16, 8192, 2048), (2, 3000, 3000)])
 def test_radix_select_matches_reference_on_cuda(B, L, k):
-    from labkit.engine.model.select import select_topk_reference, select_topk_triton
+    from labkit.engine.model.select import bound_run, select_topk_reference, select_topk_triton
     g = torch.Generator(device="cuda").manual_seed(B)
     s = torch.randn(B, L, generator=g, device="cuda")
     s[0, L // 2:] = float("-inf")                                   # a request with fewer tokens written
     if B > 1:
         s[1] = torch.randint(0, 3, (L,), generator=g, device="cuda").float()   # massive ties
+    rpos, rvalid = select_topk_reference(s, k)
+    for bound in (None, False, True):          # the default; the plain passes; the run-maxima bound forced
+        if bound and not bound_run(B, L, k, force=True):
+            continue
+        pos, valid = select_topk_triton(s, k, bound=bound)
+        assert torch.equal(pos, rpos) and torch.equal(valid, rvalid), bound
+
+
+def test_bounded_select_on_rising_and_ascending_scores_on_cuda():
+    """Batch 16 x 1M, where the bound is on by default: scores rising with position (the best at the end,
+    so the bound is looser) and strictly ascending ones (its candidates overflow: the rows are read whole)."""
+    from labkit.engine.model.select import bound_run, select_topk_reference, select_topk_triton
+    B, L, k = 16, 1 << 20, 2048
+    assert bound_run(B, L, k) == 256
+    g = torch.Generator(device="cuda").manual_seed(3)
+    s = torch.randn(B, L, generator=g, device="cuda") + torch.linspace(0, 6, L, device="cuda")
+    s[B // 2:] = torch.arange(L, device="cuda", dtype=torch.float32)
     pos, valid = select_topk_triton(s, k)
     rpos, rvalid = select_topk_reference(s, k)
     assert torch.equal(pos, rpos) and torch.equal(valid, rvalid)
+    # the candidate count per row against its definition (a count off would only cost time, not change
+    # the selection: a row over its cap is read whole): rising rows fit, ascending ones overflow
+    from labkit.engine.model import select
+    cap, sub = L // 4, 256
+    cnt = torch.zeros(B, dtype=torch.int32, device="cuda")
+    select._bounded_candidates(s, k, 2048, L // 2048, sub, cap,
+                               torch.zeros(4 * B * 256, dtype=torch.int32, device="cuda"), cnt, 4)
+    key = select.order_keys(s)
+    lb = torch.topk(key.view(B, -1, sub).amax(-1), k, dim=-1).values[:, -1:]
+    assert torch.equal(cnt.long(), (key >= lb).sum(-1))
+    assert bool((cnt[:B // 2] <= cap).all()) and bool((cnt[B // 2:] > cap).all())
 
 
 def test_anatomy_phases_add_up_to_the_graph_step():

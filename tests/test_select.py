@@ -101,6 +101,64 @@ def test_radix_select_kernels_match_reference_under_interpreter():
 
 
 
+BOUND_SCRIPT = textwrap.dedent('''
+    import torch
+    from labkit.engine.model import select
+    g = torch.Generator().manual_seed(1)
+    L, k = 8192, 16
+    tail = torch.randn(2, L, generator=g); tail[0, 100:] = float("-inf"); tail[1, :] = float("-inf")
+    cases = {"random": torch.randn(3, L, generator=g),
+             "rising": torch.randn(2, L, generator=g) + torch.linspace(0, 6, L),     # the best at the end
+             "ascending": torch.arange(L, dtype=torch.float32).repeat(2, 1),          # candidates overflow
+             "-inf tails": tail, "negative": -torch.rand(2, L, generator=g) - 1,
+             "ties": torch.randint(0, 3, (2, L), generator=g).float(), "ragged": torch.randn(2, L - 77, generator=g)}
+    fits = {}
+    for name, scores in cases.items():
+        B, n = scores.shape
+        sub = select.bound_run(B, n, k, force=True)
+        assert sub in (128, 256) and select.bound_run(B, n, k) == 0, sub   # small batches take the plain passes
+        block, nblk, cap = 1024, -(-n // 1024), -(-n // 4)
+        hist_m = torch.zeros(4 * B * 256, dtype=torch.int32); cnt = torch.zeros(B, dtype=torch.int32)
+        cand = select._bounded_candidates(scores, k, block, nblk, sub, cap, hist_m, cnt, 4)
+        key = select.order_keys(scores)
+        kth = torch.topk(key, k, dim=-1).values[:, -1]
+        runs = torch.nn.functional.pad(key, (0, -n % sub)).view(B, -1, sub).amax(-1)
+        lb = torch.topk(runs, k, dim=-1).values[:, -1]                  # the bound, from its definition
+        assert bool((lb <= kth).all()), name
+        for b in range(B):
+            want = key[b][key[b] >= lb[b]]
+            assert int(cnt[b]) == want.numel(), (name, b, int(cnt[b]), want.numel())
+            if want.numel() <= cap:                                      # every candidate, in some order
+                got = cand[b, :want.numel()].to(torch.int64) & 0xFFFFFFFF
+                assert torch.equal(got.sort().values, want.sort().values), (name, b)
+        fits[name] = bool((cnt <= cap).all())
+        for bound in (True, False):
+            pos, valid = select.select_topk_triton(scores, k, block=block, bound=bound)
+            rpos, rvalid = select.select_topk_reference(scores, k)
+            assert torch.equal(pos, rpos) and torch.equal(valid, rvalid), (name, bound)
+    assert fits["random"] and fits["rising"] and not fits["ascending"], fits
+    print("bound ok")
+''')
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_bounded_select_matches_reference_under_interpreter():
+    """The large-batch path: the k-th largest run maximum bounds the k-th largest score from below (checked
+    against its definition), the compacted candidates are exactly the keys at or above it, a row whose
+    candidates overflow is read whole, and the selection equals the definition either way."""
+    p = subprocess.run([sys.executable, "-c", BOUND_SCRIPT], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0 and "bound ok" in p.stdout, p.stderr[-3000:]
+
+
+def test_bound_runs_only_where_they_can_pay():
+    from labkit.engine.model.select import BOUND_MIN_KEYS, bound_run
+    assert bound_run(16, 1 << 20, 2048) == 256                         # 4,096 runs a row
+    assert bound_run(16, 1 << 18, 2048) == 64                          # 4,096 runs of 64
+    assert bound_run(1, 1 << 16, 2048) == 0 and bound_run(64, 1 << 16, 2048) == 0   # runs would be < 32
+    assert bound_run(1, 1 << 20, 2048) == (256 if (1 << 20) >= BOUND_MIN_KEYS else 0)
+    assert bound_run(1, 1 << 20, 2048, force=True) == 256
+
 def test_default_block_covers_the_sms_twice_within_its_bounds():
     from labkit.engine.model.select import default_block
     for B in (1, 2, 4, 16):

@@ -87,23 +87,70 @@ if HAVE_TRITON:
         return prefix, need
 
     @triton.jit
-    def _hist_kernel(s_ptr, hist_ptr, L, B, K, PASS: tl.constexpr, BLOCK: tl.constexpr, RADIX: tl.constexpr):
-        b = tl.program_id(1)
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    def _hist_kernel(s_ptr, hist_ptr, cand_ptr, cnt_ptr, L, B, K, CAP, PASS: tl.constexpr, CAND: tl.constexpr,
+                     BLOCK: tl.constexpr, RADIX: tl.constexpr):
+        b, j = tl.program_id(1), tl.program_id(0)
+        offs = j * BLOCK + tl.arange(0, BLOCK)
+        # CAND: the row's candidates (`_compact_kernel`) when they fitted, else all its scores; a program
+        # past the row's candidates does nothing (the grid is sized for the scores: a graph's grid is fixed)
+        if CAND:
+            n = tl.load(cnt_ptr + b)
+        else:
+            n = L
+        over = n > CAP
+        lim = tl.where(over, L, n)
+        if j * BLOCK < lim:
+            if over:
+                m = offs < L
+                key = _keys(s_ptr + b * L, offs, m)
+            else:
+                m = offs < n
+                key = tl.load(cand_ptr + b * CAP + offs, mask=m, other=0).to(tl.int64) & 0xFFFFFFFF
+            if PASS == 0:
+                match = m
+            else:
+                prefix, _ = _walk(hist_ptr, b, B, K, PASS, RADIX)
+                match = m & ((key >> (32 - 8 * PASS)) == prefix)
+            # Non-matching keys go to bin 0 and are taken out of it again: a RADIX-bin histogram, not
+            # 2*RADIX (tl.histogram's cost grows with the bins).
+            digit = tl.where(match, (key >> (24 - 8 * PASS)) & (RADIX - 1), 0)
+            h = tl.histogram(digit.to(tl.int32), RADIX)
+            bins = tl.arange(0, RADIX)
+            h = h - tl.where(bins == 0, BLOCK - tl.sum(match.to(tl.int32), 0), 0)
+            tl.atomic_add(hist_ptr + (PASS * B + b) * RADIX + bins, h, mask=h > 0)
+
+    @triton.jit
+    def _submax_kernel(s_ptr, max_ptr, L, MS, BLOCK: tl.constexpr, SUB: tl.constexpr):
+        """The largest score of each run of SUB positions, as a score (the key's inverse transform)."""
+        b, j = tl.program_id(1), tl.program_id(0)
+        offs = j * BLOCK + tl.arange(0, BLOCK)
+        key = tl.where(offs < L, _keys(s_ptr + b * L, offs, offs < L), 0)   # past L: key 0, below every score's
+        mx = tl.max(tl.reshape(key, (BLOCK // SUB, SUB)), 1)
+        u = tl.where((mx >> 31) == 1, mx ^ 0x80000000, (~mx) & 0xFFFFFFFF)
+        out = j * (BLOCK // SUB) + tl.arange(0, BLOCK // SUB)
+        tl.store(max_ptr + b * MS + out, u.to(tl.uint32).to(tl.float32, bitcast=True))
+
+    @triton.jit
+    def _bound_kernel(hist_ptr, lb_ptr, B, K, RADIX: tl.constexpr):
+        """The k-th largest run maximum of row b (four passes over the maxima): a lower bound on the
+        row's k-th largest score, as a key."""
+        b = tl.program_id(0)
+        lb, _ = _walk(hist_ptr, b, B, K, 4, RADIX)
+        tl.store(lb_ptr + b, lb)
+
+    @triton.jit
+    def _compact_kernel(s_ptr, lb_ptr, cnt_ptr, cand_ptr, L, CAP, BLOCK: tl.constexpr):
+        """The keys at or above the row's bound, appended to its candidates (in no order: histograms
+        do not need one); past CAP only counted, which sends the row's passes back to its scores."""
+        b, j = tl.program_id(1), tl.program_id(0)
+        offs = j * BLOCK + tl.arange(0, BLOCK)
         m = offs < L
         key = _keys(s_ptr + b * L, offs, m)
-        if PASS == 0:
-            match = m
-        else:
-            prefix, _ = _walk(hist_ptr, b, B, K, PASS, RADIX)
-            match = m & ((key >> (32 - 8 * PASS)) == prefix)
-        # Non-matching keys go to bin 0 and are taken out of it again: a RADIX-bin histogram, not
-        # 2*RADIX (tl.histogram's cost grows with the bins).
-        digit = tl.where(match, (key >> (24 - 8 * PASS)) & (RADIX - 1), 0)
-        h = tl.histogram(digit.to(tl.int32), RADIX)
-        bins = tl.arange(0, RADIX)
-        h = h - tl.where(bins == 0, BLOCK - tl.sum(match.to(tl.int32), 0), 0)
-        tl.atomic_add(hist_ptr + (PASS * B + b) * RADIX + bins, h, mask=h > 0)
+        c = m & (key >= tl.load(lb_ptr + b))
+        n = tl.sum(c.to(tl.int32), 0)
+        if n > 0:
+            at = tl.atomic_add(cnt_ptr + b, n) + tl.cumsum(c.to(tl.int32), 0) - 1
+            tl.store(cand_ptr + b * CAP + at, key.to(tl.int32), mask=c & (at < CAP))
 
     @triton.jit
     def _count_kernel(s_ptr, hist_ptr, thr_ptr, need_ptr, gt_ptr, eq_ptr, L, B, K, NBLK, PASSES: tl.constexpr,
@@ -165,7 +212,45 @@ def default_block(B: int, L: int, sms: int = 132) -> int:
     return max(512, min(2048, 1 << max(0, want - 1).bit_length()))
 
 
-def select_topk_triton(scores: torch.Tensor, k: int, block: int | None = None, out=None, pages=None):
+BOUND_MIN_KEYS = 1 << 22
+
+
+def bound_run(B: int, L: int, k: int, force: bool = False) -> int:
+    """Positions a run whose maxima bound the k-th largest score from below, or 0 where the bound is not
+    worth its kernels: at least 2k runs a row (else the bound is loose), runs of 32 to 256 positions, and
+    `BOUND_MIN_KEYS` keys in the batch at least unless forced (below it the passes are short anyway)."""
+    sub = 256
+    while sub > 32 and L // sub < 2 * k:
+        sub //= 2
+    if L // sub < 2 * k or (B * L < BOUND_MIN_KEYS and not force):
+        return 0
+    return sub
+
+
+def _bounded_candidates(s, k, block, nblk, sub, cap, hist_m, cnt, warps):
+    """The keys of each row at or above a lower bound on its k-th largest score, compacted (`cand`
+    [B, cap] int32, `cnt` [B] how many; a row over cap keeps its count and is read whole later).
+    The bound: the k-th largest of the row's run maxima (runs of `sub` positions). k runs have their
+    maximum at or above it, k distinct scores, so the k-th largest score is too; every selected key is a
+    candidate, and the digits the passes find over candidates are the digits over the row."""
+    B, L = s.shape
+    ms = nblk * (block // sub)
+    maxima = torch.empty((B, ms), dtype=torch.float32, device=s.device)
+    _submax_kernel[(nblk, B)](s, maxima, L, ms, BLOCK=block, SUB=sub, num_warps=warps)
+    mblock = min(default_block(B, ms), triton.next_power_of_2(ms))
+    hist_m = hist_m.view(N_PASSES, B, RADIX)
+    for p in range(N_PASSES):
+        _hist_kernel[(triton.cdiv(ms, mblock), B)](maxima, hist_m, maxima, cnt, ms, B, k, 0, PASS=p, CAND=False,
+                                                    BLOCK=mblock, RADIX=RADIX, num_warps=4)
+    lb = torch.empty(B, dtype=torch.int64, device=s.device)
+    _bound_kernel[(B,)](hist_m, lb, B, k, RADIX=RADIX)
+    cand = torch.empty((B, cap), dtype=torch.int32, device=s.device)
+    _compact_kernel[(nblk, B)](s, lb, cnt, cand, L, cap, BLOCK=block, num_warps=warps)
+    return cand
+
+
+def select_topk_triton(scores: torch.Tensor, k: int, block: int | None = None, out=None, pages=None,
+                       bound: bool | None = None):
     B, L = scores.shape
     if not 0 < k <= L:
         raise ValueError(f"select k={k} of {L} scores")
@@ -176,14 +261,26 @@ def select_topk_triton(scores: torch.Tensor, k: int, block: int | None = None, o
                               if dev.type == "cuda" else 132)
     block = min(block, triton.next_power_of_2(L))
     nblk = triton.cdiv(L, block)
-    hist = torch.zeros((N_PASSES, B, RADIX), dtype=torch.int32, device=dev)      # the one fill
+    sub = bound_run(B, L, k) if bound is None else (bound_run(B, L, k, force=True) if bound else 0)
+    if sub and block < sub:
+        sub = 0
+    cap = -(-L // 4) if sub else 0
+    # the one fill: the histograms of the passes, of the run maxima's passes, the candidate counts
+    zero = torch.zeros(2 * N_PASSES * B * RADIX + B, dtype=torch.int32, device=dev)
+    hist = zero[:N_PASSES * B * RADIX].view(N_PASSES, B, RADIX)
     thr, need = torch.empty(B, dtype=torch.int64, device=dev), torch.empty(B, dtype=torch.int64, device=dev)
     # at most 2048 keys a program: measured on an H200 (scripts/select_bench.py), larger blocks were slower
     # at every batch and context, also at batch 16 x 1M where 8,192 programs share the 16 x 256 bins; at
     # batch 1 a pass of 2048-key programs is 32 programs at 64K, too few for 132 SMs
     warps = 16 if block >= 16384 else (8 if block >= 4096 else 4)
+    cnt = zero[2 * N_PASSES * B * RADIX:]
+    cand = s                                   # unread unless the candidates are
+    if sub:
+        cand = _bounded_candidates(s, k, block, nblk, sub, cap, zero[N_PASSES * B * RADIX:2 * N_PASSES * B * RADIX],
+                                   cnt, warps)
     for p in range(N_PASSES):
-        _hist_kernel[(nblk, B)](s, hist, L, B, k, PASS=p, BLOCK=block, RADIX=RADIX, num_warps=warps)
+        _hist_kernel[(nblk, B)](s, hist, cand, cnt, L, B, k, cap, PASS=p, CAND=bool(sub), BLOCK=block, RADIX=RADIX,
+                                num_warps=warps)
     gt = torch.empty((B, nblk), dtype=torch.int32, device=dev)
     eq = torch.empty((B, nblk), dtype=torch.int32, device=dev)
     _count_kernel[(nblk, B)](s, hist, thr, need, gt, eq, L, B, k, nblk, PASSES=N_PASSES, BLOCK=block, RADIX=RADIX,
