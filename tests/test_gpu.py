@@ -247,7 +247,7 @@ def test_bounded_select_on_rising_and_ascending_scores_on_cuda():
     # the candidate count per row against its definition (a count off would only cost time, not change
     # the selection: a row over its cap is read whole): rising rows fit, ascending ones overflow
     from labkit.engine.model import select
-    cap, sub = L // 4, 256
+    cap, sub = select.candidate_cap(L), 256
     cnt = torch.zeros(B, dtype=torch.int32, device="cuda")
     select._bounded_candidates(s, k, 2048, L // 2048, sub, cap,
                                torch.zeros(4 * B * 256, dtype=torch.int32, device="cuda"), cnt, 4)

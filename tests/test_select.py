@@ -117,7 +117,7 @@ BOUND_SCRIPT = textwrap.dedent('''
         B, n = scores.shape
         sub = select.bound_run(B, n, k, force=True)
         assert sub in (128, 256) and select.bound_run(B, n, k) == 0, sub   # small batches take the plain passes
-        block, nblk, cap = 1024, -(-n // 1024), -(-n // 4)
+        block, nblk, cap = 1024, -(-n // 1024), select.candidate_cap(n)
         hist_m = torch.zeros(4 * B * 256, dtype=torch.int32); cnt = torch.zeros(B, dtype=torch.int32)
         cand = select._bounded_candidates(scores, k, block, nblk, sub, cap, hist_m, cnt, 4)
         key = select.order_keys(scores)

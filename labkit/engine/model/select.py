@@ -227,6 +227,11 @@ def bound_run(B: int, L: int, k: int, force: bool = False) -> int:
     return sub
 
 
+def candidate_cap(L: int) -> int:
+    """Candidates kept a row: a quarter of it (a row with more is read whole)."""
+    return -(-L // 4)
+
+
 def _bounded_candidates(s, k, block, nblk, sub, cap, hist_m, cnt, warps):
     """The keys of each row at or above a lower bound on its k-th largest score, compacted (`cand`
     [B, cap] int32, `cnt` [B] how many; a row over cap keeps its count and is read whole later).
@@ -261,10 +266,10 @@ def select_topk_triton(scores: torch.Tensor, k: int, block: int | None = None, o
                               if dev.type == "cuda" else 132)
     block = min(block, triton.next_power_of_2(L))
     nblk = triton.cdiv(L, block)
-    sub = bound_run(B, L, k) if bound is None else (bound_run(B, L, k, force=True) if bound else 0)
+    sub = 0 if bound is False else bound_run(B, L, k, force=bool(bound))       # None: where it pays
     if sub and block < sub:
         sub = 0
-    cap = -(-L // 4) if sub else 0
+    cap = candidate_cap(L) if sub else 0
     # the one fill: the histograms of the passes, of the run maxima's passes, the candidate counts
     zero = torch.zeros(2 * N_PASSES * B * RADIX + B, dtype=torch.int32, device=dev)
     hist = zero[:N_PASSES * B * RADIX].view(N_PASSES, B, RADIX)
