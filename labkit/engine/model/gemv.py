@@ -82,26 +82,33 @@ def gemv_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 if HAVE_TRITON:
     @triton.jit
-    def _accumulate(acc, xt, w, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _accumulate(acc, xt, w, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, ACC2D: tl.constexpr):
         if USE_DOT:
             if DOT_F32:   # the interpreter's dot gets bf16 wrong; exact fp32 operands, same products
                 acc = tl.dot(xt.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
             else:
                 acc = tl.dot(xt, w, acc)
+        elif ACC2D:   # one row, xt [BLOCK_K, 1]: products kept per K row, summed once after the loop
+            acc += xt.to(tl.float32) * w.to(tl.float32)
         else:   # one row, xt [BLOCK_K, 1]: the tile's products summed over its K rows into acc [1, BLOCK_N]
             acc += tl.sum(xt.to(tl.float32) * w.to(tl.float32), axis=0)[None, :]
         return acc
 
     @triton.jit(do_not_specialize=["M"])     # M = 4 and M = 16 share one compiled kernel
     def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, stride_xm, stride_xk, stride_om,
-                     LDW, K_PER_SPLIT, SPLIT, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                     stride_wk, stride_wn, K_PER_SPLIT, SPLIT, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, GLU: tl.constexpr,
-                     PEEL: tl.constexpr, USE_GDC: tl.constexpr):
+                     PEEL: tl.constexpr, USE_GDC: tl.constexpr, ACC2D: tl.constexpr):
         """out = x @ w, or with GLU (w = [gate | up], 2N columns) out = silu(x @ gate) * (x @ up).
         PEEL: the first K block is taken out of the loop so that its weight tile can be loaded before x;
         with USE_GDC (launched with programmatic dependent launch) the wait on the kernel before, whose
         output x is, goes between the two: the weights never depend on it. (The interpreter has no
-        grid dependency control: there PEEL runs alone, which is how its tests cover the peeled path.)"""
+        grid dependency control: there PEEL runs alone, which is how its tests cover the peeled path.)
+        w is [K, N] with strides (stride_wk, stride_wn): row-major (stride_wn 1, the layers' layout) or
+        K-major (stride_wk 1: a [N, K] weight seen transposed, each output column's weights contiguous);
+        Triton specializes a stride of 1, so either way the tile's loads are contiguous along its unit
+        stride. ACC2D (the one-row path): the products accumulate in a [BLOCK_K, BLOCK_N] tile and are
+        summed over K once at the end, not per tile (a K-major tile's K runs across threads)."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -111,12 +118,16 @@ if HAVE_TRITON:
         kk = tl.arange(0, BLOCK_K)
         k0 = pid_k * K_PER_SPLIT
         k_end = tl.minimum(k0 + K_PER_SPLIT, K)
-        w_p = w_ptr + k0.to(tl.int64) * LDW + kk[:, None] * LDW + n[None, :]   # the tile's row segments
+        w_p = w_ptr + (k0 + kk)[:, None].to(tl.int64) * stride_wk + n[None, :].to(tl.int64) * stride_wn
+        UP = N * stride_wn                       # the up half of [gate | up], N columns on
         if USE_DOT:   # x tile [M_PAD, BLOCK_K]; for one row [BLOCK_K, 1], already along W's rows
             x_p = x_ptr + m[:, None] * stride_xm + (k0 + kk)[None, :] * stride_xk
         else:
             x_p = x_ptr + (k0 + kk)[:, None] * stride_xk + m[None, :] * stride_xm
-        acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)         # M_PAD is 1 on the FMA path
+        if ACC2D:
+            acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+        else:
+            acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)     # M_PAD is 1 on the FMA path
         acc_u = tl.zeros_like(acc)
         if PEEL:
             # the first tile streams while the kernel before finishes; then wait for x, and let the
@@ -125,7 +136,7 @@ if HAVE_TRITON:
             wm = km[:, None] & nm[None, :]
             w0 = tl.load(w_p, mask=wm, other=0.0)
             if GLU:
-                w0u = tl.load(w_p + N, mask=wm, other=0.0)
+                w0u = tl.load(w_p + UP, mask=wm, other=0.0)
             if USE_GDC:
                 tl.extra.cuda.gdc_wait()
                 tl.extra.cuda.gdc_launch_dependents()
@@ -133,10 +144,10 @@ if HAVE_TRITON:
                 xt = tl.load(x_p, mask=mm[:, None] & km[None, :], other=0.0)
             else:
                 xt = tl.load(x_p, mask=km[:, None] & mm[None, :], other=0.0)
-            acc = _accumulate(acc, xt, w0, USE_DOT, DOT_F32, BLOCK_K)
+            acc = _accumulate(acc, xt, w0, USE_DOT, DOT_F32, ACC2D)
             if GLU:
-                acc_u = _accumulate(acc_u, xt, w0u, USE_DOT, DOT_F32, BLOCK_K)
-            w_p += BLOCK_K * LDW
+                acc_u = _accumulate(acc_u, xt, w0u, USE_DOT, DOT_F32, ACC2D)
+            w_p += BLOCK_K * stride_wk
             x_p += BLOCK_K * stride_xk
             k_first = k0 + BLOCK_K
         else:
@@ -148,11 +159,14 @@ if HAVE_TRITON:
                 xt = tl.load(x_p, mask=mm[:, None] & km[None, :], other=0.0)     # from L2: x is small
             else:
                 xt = tl.load(x_p, mask=km[:, None] & mm[None, :], other=0.0)
-            acc = _accumulate(acc, xt, tl.load(w_p, mask=wm, other=0.0), USE_DOT, DOT_F32, BLOCK_K)
+            acc = _accumulate(acc, xt, tl.load(w_p, mask=wm, other=0.0), USE_DOT, DOT_F32, ACC2D)
             if GLU:
-                acc_u = _accumulate(acc_u, xt, tl.load(w_p + N, mask=wm, other=0.0), USE_DOT, DOT_F32, BLOCK_K)
-            w_p += BLOCK_K * LDW
+                acc_u = _accumulate(acc_u, xt, tl.load(w_p + UP, mask=wm, other=0.0), USE_DOT, DOT_F32, ACC2D)
+            w_p += BLOCK_K * stride_wk
             x_p += BLOCK_K * stride_xk
+        if ACC2D:                                # the one sum over K
+            acc = tl.sum(acc, axis=0)[None, :]
+            acc_u = tl.sum(acc_u, axis=0)[None, :]
         omask = mm[:, None] & nm[None, :]
         o_p = out_ptr + m[:, None] * stride_om + n[None, :]
         if SPLIT == 1:
@@ -191,6 +205,7 @@ class Config:
     num_warps: int
     num_stages: int
     pdl: bool = False        # programmatic dependent launch (sm90+): weights prefetched before the wait
+    acc2d: bool = False      # one row: sum the products over K once after the loop, not per tile
 
 
 _SMS: dict = {}
@@ -221,22 +236,33 @@ def _counters(device: torch.device) -> torch.Tensor:
     return _COUNTERS[key]
 
 
-def default_config(M: int, N: int, K: int, sms: int = 132) -> Config:
+def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False) -> Config:
     """One row: tiles of [128, 128] (32 KB of weight in one load, summed into a [128] accumulator), K
     split until the programs cover the SMs four times. More rows: the tensor-core path on [64, 128]
     tiles through a four-stage pipeline, K split until the programs cover the SMs twice (each program
     keeps two K blocks at least). Neither is faster than cuBLAS on an H200, nor is the best configuration
     per shape (scripts/gemv_bench.py, most often [64, 256] tiles in two stages; see the module's
     docstring): these are simple defaults for a kernel that is off, not tuned ones."""
-    if M == 1:
+    if k_major:    # K-major weights: [BLOCK_K, BLOCK_N] tiles of BLOCK_N contiguous 512-byte columns
+        if M == 1:
+            bn, bk, per_sm, min_blocks, warps, stages = 32, 256, 4, 1, 4, 2
+        else:
+            bn, bk, per_sm, min_blocks, warps, stages = 64, 128, 2, 2, 4, 3
+    elif M == 1:
         bn, bk, per_sm, min_blocks, warps, stages = 128, 128, 4, 1, 4, 1
     else:
         bn, bk, per_sm, min_blocks, warps, stages = 128, 64, 2, 2, 4, 4
-    tiles = -(-N // bn)
-    kblocks = -(-K // bk)
-    split = max(1, min(-(-per_sm * sms // tiles), kblocks // min_blocks))
-    split = -(-kblocks // -(-kblocks // split))       # no empty split
-    return Config(bn, bk, split, M > 1, num_warps=warps, num_stages=stages, pdl=_PDL)
+    return Config(bn, bk, split_for(N, K, bn, bk, per_sm, sms, min_blocks), M > 1, num_warps=warps,
+                  num_stages=stages, pdl=_PDL, acc2d=k_major and M == 1)
+
+
+def split_for(N: int, K: int, block_n: int, block_k: int, per_sm: int, sms: int, min_blocks: int = 1) -> int:
+    """K split so that the programs cover the SMs per_sm times (each split keeping min_blocks K blocks),
+    rounded so that no split is empty."""
+    tiles = -(-N // block_n)
+    kblocks = -(-K // block_k)
+    split = max(1, min(-(-per_sm * sms // tiles), max(1, kblocks // min_blocks)))
+    return -(-kblocks // -(-kblocks // split))
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: Config | None = None,
@@ -253,13 +279,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
         raise ValueError(f"gemv: {M} rows, the kernel takes 1 to {MAX_M}")
     if x.dtype != w.dtype or x.dtype not in _DTYPES:
         raise ValueError(f"gemv: dtypes {x.dtype} and {w.dtype}, the kernel takes bf16 or fp16 for both")
-    if w.stride(1) != 1 or w.stride(0) < w.shape[1]:
-        raise ValueError("gemv: w must be row-major [K, N] (unit column stride; rows may be padded)")
+    if not layout_ok(w):
+        raise ValueError("gemv: w must be [K, N] row-major or K-major (a [N, K] weight transposed; rows may be padded)")
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     elif out.shape != (M, N) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"gemv: out must be [{M}, {N}] {x.dtype} with unit column stride")
-    c = config or default_config(M, w.shape[1] if glu else N, K, _sm_count(x.device))
+    c = config or default_config(M, w.shape[1] if glu else N, K, _sm_count(x.device), k_major=w.stride(0) == 1)
     tiles = triton.cdiv(N, c.block_n)
     k_per = triton.cdiv(triton.cdiv(K, c.block_k), c.split) * c.block_k
     split = triton.cdiv(K, k_per)                      # the splits that hold any K
@@ -271,9 +297,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
     gdc = c.pdl and pdl_supported(x.device)
     part = torch.empty((split, M, w.shape[1]), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = _counters(x.device) if split > 1 else out
-    _gemv_kernel[(tiles, split)](x, w, out, part, cnt, M, N, K, x.stride(0), x.stride(1), out.stride(0), w.stride(0), k_per,
+    _gemv_kernel[(tiles, split)](x, w, out, part, cnt, M, N, K, x.stride(0), x.stride(1), out.stride(0),
+                                 w.stride(0), w.stride(1), k_per,
                                  split, M_PAD=m_pad, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_DOT=c.use_dot,
-                                 DOT_F32=_INTERPRET, GLU=glu, PEEL=c.pdl, USE_GDC=gdc,
+                                 DOT_F32=_INTERPRET, GLU=glu, PEEL=c.pdl, USE_GDC=gdc, ACC2D=c.acc2d and not c.use_dot,
                                  num_warps=c.num_warps, num_stages=c.num_stages, **({"launch_pdl": True} if gdc else {}))
     return out
 
@@ -313,7 +340,14 @@ def kernel_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     if x.device.type != ("cpu" if _INTERPRET else "cuda"):
         return False
     return (x.dim() == 2 and w.dim() == 2 and 1 <= x.shape[0] <= MAX_M and x.dtype == w.dtype
-            and x.dtype in _DTYPES and w.stride(1) == 1 and w.stride(0) >= w.shape[1])
+            and x.dtype in _DTYPES and layout_ok(w))
+
+
+def layout_ok(w: torch.Tensor) -> bool:
+    """w [K, N] row-major (unit column stride, rows may be padded) or K-major (unit row stride: a [N, K]
+    weight seen as its transpose, the layout of a checkpoint's nn.Linear)."""
+    K, N = w.shape
+    return (w.stride(1) == 1 and w.stride(0) >= N) or (w.stride(0) == 1 and w.stride(1) >= K and K > 1)
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
