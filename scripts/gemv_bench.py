@@ -2,6 +2,7 @@
 reference model, beside the contiguous HBM read bandwidth measured in the same process.
 
     python3 scripts/gemv_bench.py OUT_DIR [--shape qwen3.8-flash-next] [--budget-s 120]
+    python3 scripts/gemv_bench.py OUT_DIR --layout nk       # the GEMV on K-major weights ([N, K] transposed)
     TRITON_INTERPRET=1 python3 scripts/gemv_bench.py OUT_DIR --dry-run --shape tiny     # the script on CPU
 
 Per distinct weight shape [K, N] and M in 1, 4, 16: `x @ w` (cuBLAS on the layers' [K, N] layout), the
@@ -44,6 +45,7 @@ DEV = "cpu" if DRY else "cuda"
 # the config sweep launches with programmatic dependent launch where the GPU has it (sm90+): the
 # weights of the next product stream while the one before finishes
 PDL = not DRY and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+KM = False          # --layout nk: the GEMV reads K-major weights
 
 
 def weight_shapes(s) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
@@ -94,23 +96,31 @@ def read_bandwidth() -> dict:
     return out
 
 
-def sweep_configs(M: int):
+def sweep_configs(M: int, k_major: bool = False):
     """GEMV configs tried per shape: column tile, K rows a load, warps, software-pipeline stages, programs
-    per SM (the K split). Tiles of 16-64 KB of weight, loaded whole into registers (stages 1) or through
-    a two-stage shared-memory pipeline; 36 configs, 18 kernels to compile per path and column alignment."""
-    use_dot = M > 1
-    for bn, bk, warps in ((128, 128, 4), (128, 256, 8), (256, 128, 8), (64, 256, 4), (128, 64, 4), (256, 64, 4)):
-        for stages in (1, 2):
-            for per_sm in (4, 2, 8):        # the likeliest first: a sweep cut short by the budget keeps it
-                yield bn, bk, use_dot, warps, stages, per_sm
+    per SM (the K split). Row-major: tiles of 16-64 KB of weight, loaded whole into registers (stages 1) or
+    through a two-stage shared-memory pipeline; 36 configs, 18 kernels to compile per path and column
+    alignment. K-major: 8-32 KB tiles of 16-128 columns of 256-1024 contiguous bytes, one to three stages;
+    one row through the FMA path (products summed once after the loop) or the tensor-core dot."""
+    if not k_major:
+        for bn, bk, warps in ((128, 128, 4), (128, 256, 8), (256, 128, 8), (64, 256, 4), (128, 64, 4), (256, 64, 4)):
+            for stages in (1, 2):
+                for per_sm in (4, 2, 8):        # the likeliest first: a sweep cut short by the budget keeps it
+                    yield bn, bk, M > 1, warps, stages, per_sm
+        return
+    tiles = ((16, 512, 4), (32, 256, 4), (64, 128, 4), (32, 512, 8), (64, 256, 8), (128, 128, 8))
+    for use_dot in ((False, True) if M == 1 else (True,)):
+        for bn, bk, warps in tiles:
+            if use_dot and bn < 16:
+                continue
+            for stages in (2, 1, 3):
+                for per_sm in (2, 4, 1):
+                    yield bn, bk, use_dot, warps, stages, per_sm
 
 
-def make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms, pdl=False) -> G.Config:
-    tiles = -(-N // bn)
-    kblocks = -(-K // bk)
-    split = max(1, min(-(-per_sm * sms // tiles), kblocks))
-    split = -(-kblocks // -(-kblocks // split))
-    return G.Config(bn, bk, split, use_dot, warps, stages, pdl)
+def make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms, pdl=False, k_major=False) -> G.Config:
+    return G.Config(bn, bk, G.split_for(N, K, bn, bk, per_sm, sms), use_dot, warps, stages, pdl,
+                    acc2d=k_major and not use_dot)
 
 
 def main():
@@ -120,6 +130,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=120.0,
                     help="wall-clock budget (s) for the bench; the config sweep gets 70%% of it")
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, a tiny shape: checks the script")
+    ap.add_argument("--layout", choices=("kn", "nk"), default="kn",
+                    help="the GEMV's weights: kn row-major [K, N] (the layers' layout), nk K-major ([N, K] transposed)")
     a = ap.parse_args()
     if a.shape not in PRESETS:
         sys.exit(f"gemv_bench: unknown shape {a.shape!r} (known: {', '.join(PRESETS)})")
@@ -127,6 +139,8 @@ def main():
         sys.exit("gemv_bench: --dry-run runs under TRITON_INTERPRET=1")
     if not DRY and not torch.cuda.is_available():
         sys.exit("gemv_bench: needs a CUDA GPU (or --dry-run under TRITON_INTERPRET=1)")
+    global KM
+    KM = a.layout == "nk"
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -146,6 +160,7 @@ def main():
         copies = max(1, -(-L2_SAFE_BYTES // nbytes)) if not DRY else 2
         ws = [(torch.randn(K, N, generator=g, device=DEV) / K ** 0.5).bfloat16() for _ in range(copies)]
         wts = [w.t().contiguous() for w in ws]
+        gws = [w.t() for w in wts] if KM else ws              # the weights the GEMV reads
         for M in MS:
             xs = torch.randn(M, K, generator=g, device=DEV).bfloat16()
             outs = [torch.empty(M, N, device=DEV, dtype=torch.bfloat16) for _ in ws]
@@ -160,12 +175,12 @@ def main():
 
             def run_gemv(cfg):
                 def f():
-                    for w, o in zip(ws, outs):
+                    for w, o in zip(gws, outs):
                         G.gemv(xs, w, out=o, config=cfg)
                 return f
 
             res = {"matrix": name, "K": K, "N": N, "M": M, "bytes": nbytes, "copies": copies}
-            dcfg = G.default_config(M, N, K, sms)
+            dcfg = G.default_config(M, N, K, sms, k_major=KM)
             for key, fn in (("cublas", run_cublas), ("cublas_nk", run_cublas_nk), ("gemv", run_gemv(dataclasses.replace(dcfg, pdl=False))),
                             ("gemv_pdl", run_gemv(dataclasses.replace(dcfg, pdl=True)))):
                 try:
@@ -179,20 +194,20 @@ def main():
                 glu_outs = [torch.empty(M, N // 2, device=DEV, dtype=torch.bfloat16) for _ in ws]
 
                 def run_glu():
-                    for w, o in zip(ws, glu_outs):
+                    for w, o in zip(gws, glu_outs):
                         G.gemv(xs, w, out=o, glu=True)
                 ms = graph_ms(run_glu) / copies
                 res["gemv_glu"] = {"ms": ms, "GBps": nbytes / ms / 1e6, "of_read_bw": nbytes / ms / 1e6 / read}
             ref = xs.float() @ ws[0].float()
-            res["gemv_max_abs_err"] = (G.gemv(xs, ws[0]).float() - ref).abs().max().item()
+            res["gemv_max_abs_err"] = (G.gemv(xs, gws[0]).float() - ref).abs().max().item()
             res["cublas_max_abs_err"] = ((xs @ ws[0]).float() - ref).abs().max().item()
-            res["gemv_config"] = dataclasses.asdict(G.default_config(M, N, K, sms))
+            res["gemv_config"] = dataclasses.asdict(dcfg)
             best = None
-            for bn, bk, use_dot, warps, stages, per_sm in list(sweep_configs(M))[:: 12 if DRY else 1]:
+            for bn, bk, use_dot, warps, stages, per_sm in list(sweep_configs(M, KM))[:: 12 if DRY else 1]:
                 if time.time() - t_sweep > sweep_budget * (len(rows) + 1) / n_rows:
                     sweep_cut = True
                     break
-                cfg = make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms, pdl=PDL)
+                cfg = make_config(M, N, K, bn, bk, use_dot, warps, stages, per_sm, sms, pdl=PDL, k_major=KM)
                 try:
                     ms = graph_ms(run_gemv(cfg), replays=7) / copies
                 except Exception as e:   # a config the GPU cannot hold (shared memory): skip it, say which
@@ -222,6 +237,7 @@ def main():
     mats = {n: [(torch.randn(*shapes[n], generator=g, device=DEV) / shapes[n][0] ** 0.5).bfloat16()
                 for _ in range(counts[n])] for n in shapes}
     mats_nk = {n: [w.t().contiguous() for w in ws] for n, ws in mats.items()}
+    mats_gemv = {n: [w.t() for w in ws] for n, ws in mats_nk.items()} if KM else mats
     whole = []
     for M in MS:
         xs = {n: torch.randn(M, shapes[n][0], generator=g, device=DEV).bfloat16() for n in shapes}
@@ -230,7 +246,7 @@ def main():
 
         def chain(kind):
             def f():
-                for n, ws in (mats_nk if kind == "cublas_nk" else mats).items():
+                for n, ws in {"cublas": mats, "cublas_nk": mats_nk}.get(kind, mats_gemv).items():
                     for w in ws:
                         if kind == "cublas":
                             torch.matmul(xs[n], w, out=outs[n])
@@ -241,9 +257,9 @@ def main():
                         else:
                             cfg = best_cfg.get((n, M)) if kind.startswith("gemv_best") else None
                             if kind == "gemv":
-                                cfg = dataclasses.replace(G.default_config(xs[n].shape[0], w.shape[1], w.shape[0], sms), pdl=False)
+                                cfg = dataclasses.replace(G.default_config(xs[n].shape[0], w.shape[1], w.shape[0], sms, k_major=KM), pdl=False)
                             elif kind == "gemv_pdl":
-                                cfg = dataclasses.replace(G.default_config(xs[n].shape[0], w.shape[1], w.shape[0], sms), pdl=True)
+                                cfg = dataclasses.replace(G.default_config(xs[n].shape[0], w.shape[1], w.shape[0], sms, k_major=KM), pdl=True)
                             elif kind == "gemv_best_nopdl" and cfg is not None:
                                 cfg = dataclasses.replace(cfg, pdl=False)
                             G.gemv(xs[n], w, out=outs[n], config=cfg)
@@ -263,7 +279,7 @@ def main():
 
     result = {"device": "cpu (dry run)" if DRY else torch.cuda.get_device_name(dev), "dry_run": DRY, "sms": sms,
               "torch": torch.__version__,
-              "triton": __import__("triton").__version__, "shape": a.shape, "read_bandwidth": bw,
+              "triton": __import__("triton").__version__, "shape": a.shape, "gemv_layout": a.layout, "read_bandwidth": bw,
               "per_matrix": rows, "whole_step": whole, "sweep_cut_short": sweep_cut,
               "wall_s": time.time() - t0,
               "method": "CUDA graphs of products over distinct weight copies (>= 256 MB, past L2), median of "
@@ -275,7 +291,9 @@ def main():
 
 def markdown(r) -> str:
     read = r["read_bandwidth"]["read_GBps"]
+    lay = {"kn": "row-major [K, N]", "nk": "K-major ([N, K] seen transposed)"}[r.get("gemv_layout", "kn")]
     lines = [f"# Weight streaming at decode batch sizes ({r['device']}, {r['shape']})", "",
+             f"The GEMV reads the weights {lay}.", "",
              f"Contiguous HBM read (a sum over 8 GiB): **{read:.0f} GB/s**; a 4 GiB device copy "
              f"{r['read_bandwidth']['copy_GBps_read_plus_write']:.0f} GB/s (read + write).", "",
              "GB/s per product and its share of the read bandwidth; `pdl`: launched with programmatic dependent "

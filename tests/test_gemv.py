@@ -118,9 +118,31 @@ def test_k_major_weights_match_fp32_reference_under_interpreter():
                         assert bool(((o.float() - ref).abs() <= tol).all()), f"K-major glu M={M} {c}"
                         n += 1
         assert int(G._counters(torch.device("cpu")).abs().sum()) == 0
+        # the default mode takes the kernel for one row against K-major weights only
+        G.set_mode("auto")
+        wk, wr = w, w.contiguous()
+        x1, x4 = torch.randn(1, K).bfloat16(), torch.randn(4, K).bfloat16()
+        assert G.kernel_applies(x1, wk) and not G.kernel_applies(x1, wr) and not G.kernel_applies(x4, wk)
+        G.set_mode("0")
+        assert not G.kernel_applies(x1, wk)
+        G.set_mode("1")
+        assert G.kernel_applies(x4, wk) and G.kernel_applies(x4, wr)
         print("k-major checked", n)
     ''')
     assert "k-major checked 42" in out, out
+
+
+def test_weights_hold_the_same_values_in_either_layout():
+    """make_weight: K-major (stored [N, K], held as its transpose, unit row stride) and row-major hold the
+    same seeded matrix, padded columns zero in both; the model's default is K-major."""
+    from labkit.engine.model.layers import K_MAJOR, make_weight
+    for pad in (False, True):
+        a = make_weight(torch.Generator().manual_seed(2), 48, 37, torch.bfloat16, "cpu", pad=pad, k_major=True)
+        b = make_weight(torch.Generator().manual_seed(2), 48, 37, torch.bfloat16, "cpu", pad=pad, k_major=False)
+        assert a.shape == b.shape == (48, 64 if pad else 37) and torch.equal(a, b)
+        assert a.stride(0) == 1 and b.stride(1) == 1
+        assert not a[:, 37:].any()
+    assert K_MAJOR == (os.environ.get("LABKIT_WEIGHTS", "nk") == "nk")
 
 
 @needs_triton
@@ -296,13 +318,15 @@ def test_qsa_projection_is_padded_to_an_aligned_width_with_the_same_values():
     s = dataclasses.replace(PRESETS["qwen3.8-flash-next"], hidden=64)
     qsa = Ly.QSALayer(s, torch.Generator().manual_seed(7), torch.bfloat16, "cpu")
     N = qsa.in_cols
-    assert N % 8 != 0 and qsa.w_in.shape == (64, -(-N // 64) * 64) and qsa.w_in.is_contiguous()
+    assert N % 8 != 0 and qsa.w_in.shape == (64, -(-N // 64) * 64)
+    assert qsa.w_in.stride() == ((1, 64) if Ly.K_MAJOR else (qsa.w_in.shape[1], 1))
     plain = (torch.randn(64, N, generator=torch.Generator().manual_seed(7)) / 8).bfloat16()
     assert torch.equal(qsa.w_in[:, :N], plain) and not qsa.w_in[:, N:].any()
     x, pos = torch.randn(3, 64).bfloat16(), torch.tensor([0, 5, 9])
     got = qsa.project(x, pos)
     with torch.no_grad():
-        qsa.w_in = torch.nn.Parameter(plain, requires_grad=False)
+        # the same layout as the layers' (a product's bits depend on it on CPU)
+        qsa.w_in = torch.nn.Parameter(plain.t().contiguous().t() if Ly.K_MAJOR else plain, requires_grad=False)
     for a, b in zip(got, qsa.project(x, pos)):
         assert torch.equal(a, b)
 

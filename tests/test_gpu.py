@@ -299,7 +299,7 @@ def test_probe_weight_products_cover_every_matrix_and_path():
     lab's GEMV, bytes the matrix's, a positive bandwidth; the GEMV switch is left as it was."""
     from labkit.bench.probe import probe_weights
     from labkit.engine.model import gemv as G
-    before = G.enabled()
+    before = G.mode()
     rows = probe_weights(torch.device("cuda"), repeats=4, shape="tiny")
     wm = PRESETS["tiny"].weight_matrices()
     assert {(r["matrix"], r["M"], r["path"]) for r in rows} == {(n, M, p) for n in wm for M in (1, 4, 16)
@@ -307,4 +307,4 @@ def test_probe_weight_products_cover_every_matrix_and_path():
     for r in rows:
         K, N, count = wm[r["matrix"]]
         assert r["bytes"] == K * N * 2 and r["gbps"] > 0 and r["matrices_per_step"] == count and r["copies"] >= 1
-    assert G.enabled() == before
+    assert G.mode() == before

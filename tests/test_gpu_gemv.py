@@ -1,8 +1,9 @@
 """The small-batch GEMV on the GPU (marked `gpu`): every weight shape of the reference model at M = 1, 4,
 16 against the fp32 reference (the tolerance of test_gemv.py: 2 bf16 ulps of each output, plus 2^-16 of
 the largest for outputs near zero), bit-identical repeats and CUDA-graph replays (the split products'
-arrival counters reset themselves), and a captured decode step with the kernel equal to the step with
-cuBLAS within bf16 rounding."""
+arrival counters reset themselves), each on row-major and K-major weights, and a captured decode step with
+the kernel equal to the step with cuBLAS within bf16 rounding (batch 4 with the kernel forced on; batch 1
+with the engine's default, the kernel on the layers' K-major weights)."""
 import dataclasses
 
 import pytest
@@ -20,10 +21,17 @@ MID = dataclasses.replace(REF, name="mid", layers=8, vocab=4096)
 
 @pytest.fixture(autouse=True)
 def kernel_on():
-    """The kernel is off by default (slower than cuBLAS on the H200); these tests check it where it runs."""
-    G.set_enabled(True)
+    """The kernel for every layout and 1-16 rows (by default the engine takes it at one row on K-major
+    weights only); the mode before is restored."""
+    was = G.mode()
+    G.set_mode("1")
     yield
-    G.set_enabled(False)
+    G.set_mode(was)
+
+
+def laid_out(w: torch.Tensor, layout: str) -> torch.Tensor:
+    """w [K, N] row-major, or the same values K-major (stored [N, K], seen transposed)."""
+    return w if layout == "kn" else w.t().contiguous().t()
 
 
 def reference_weight_shapes(s=REF) -> dict[str, tuple[int, int]]:
@@ -45,11 +53,12 @@ def _check(out, x, w, what):
     assert bool((err <= tol).all()), f"{what}: max err {err.max().item()}"
 
 
+@pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("M", [1, 4, 16])
-def test_gemv_matches_reference_on_every_weight_shape(M):
+def test_gemv_matches_reference_on_every_weight_shape(M, layout):
     g = torch.Generator(device="cuda").manual_seed(M)
     for name, (K, N) in reference_weight_shapes().items():
-        w = (torch.randn(K, N, generator=g, device="cuda") / K ** 0.5).bfloat16()
+        w = laid_out((torch.randn(K, N, generator=g, device="cuda") / K ** 0.5).bfloat16(), layout)
         x = torch.randn(M, K, generator=g, device="cuda").bfloat16()
         y = G.gemv(x, w)
         _check(y, x, w, f"{name} M={M}")
@@ -67,14 +76,16 @@ def test_gemv_matches_reference_on_every_weight_shape(M):
     assert int(G._counters(torch.device("cuda")).abs().sum()) == 0
 
 
-def test_split_products_repeat_bit_identically():
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_split_products_repeat_bit_identically(layout):
     """The K-split products hand their partials over through arrival counters: 300 back-to-back products
     (several programs racing to be last in each tile) give the same bits every time."""
     g = torch.Generator(device="cuda").manual_seed(3)
     for K, N, M in [(4096, 2048, 1), (5632, 2048, 16), (2048, 11264, 4)]:
-        w = (torch.randn(K, N, generator=g, device="cuda") / K ** 0.5).bfloat16()
+        w = laid_out((torch.randn(K, N, generator=g, device="cuda") / K ** 0.5).bfloat16(), layout)
         x = torch.randn(M, K, generator=g, device="cuda").bfloat16()
-        assert G.default_config(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count).split > 1
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert G.default_config(M, N, K, sms, k_major=layout == "nk").split > 1
         first = G.gemv(x, w)
         outs = torch.empty(300, M, N, device="cuda", dtype=torch.bfloat16)
         for i in range(300):
@@ -110,32 +121,45 @@ def test_gemv_chain_replays_from_a_cuda_graph():
             assert torch.equal(o, G.gemv(x, w)), f"replay {rep} product {i}: differs from eager"
 
 
+@pytest.mark.parametrize("batch,mode", [(4, "1"), (1, "auto")])
 @pytest.mark.parametrize("compile", [False, True])
-def test_captured_decode_step_with_gemv_equals_cublas_step(compile):
-    """The whole decode step captured in one graph, the kernel on and off: logits equal within bf16
-    (the products round differently, so not bit-equal). Each step's input tokens are set, not taken
+def test_captured_decode_step_with_gemv_equals_cublas_step(compile, batch, mode):
+    """The whole decode step captured in one graph, the kernel on (`mode`) and off: logits equal within
+    bf16 (the products round differently, so not bit-equal). Each step's input tokens are set, not taken
     from the previous argmax, so a near-tie flipping cannot send the two runs down different paths."""
+    from labkit.engine.model.layers import K_MAJOR
     model = HybridModel(MID, "cuda", seed=11)
-    logits = {}
+    assert model.blocks[0].ffn.w_gu.stride(0) == (1 if K_MAJOR else model.blocks[0].ffn.w_gu.shape[1])
+    logits, calls = {}, {}
+    real = G.gemv
+
+    def counting(*a, **k):
+        calls[m] = calls.get(m, 0) + 1
+        return real(*a, **k)
     try:
-        for on in (False, True):
-            G.set_enabled(on)
-            cache = OffloadCache.allocate(model, "device", 4, 4096)
-            cache.fill_random_([3000, 1000, 2500, 700], seed=2)
-            r = DecodeRunner(Engine(model, cache, get_strategy("resident"), 512, compile=compile), 4)
+        G.gemv = counting
+        for m in ("0", mode):
+            G.set_mode(m)
+            cache = OffloadCache.allocate(model, "device", batch, 4096)
+            cache.fill_random_([3000, 1000, 2500, 700][:batch], seed=2)
+            r = DecodeRunner(Engine(model, cache, get_strategy("resident"), 512, compile=compile), batch)
             r.prepare(warmup=1)
             assert r.graph_mode == "full"
             steps = []
             for i in range(3):
-                r.state.tokens.copy_(torch.tensor([11, 222, 3333, 44], device="cuda") + i)
+                r.state.tokens.copy_(torch.tensor([11, 222, 3333, 44][:batch], device="cuda") + i)
                 r.step()
                 steps.append(r.state.logits.float().clone())
             torch.cuda.synchronize()
-            logits[on] = torch.stack(steps)
+            logits[m] = torch.stack(steps)
     finally:
-        G.set_enabled(True)
-    a, b = logits[False], logits[True]
+        G.gemv = real
+        G.set_mode("1")
+    a, b = logits["0"], logits[mode]
     rel = ((a - b).norm() / a.norm()).item()
     assert rel < 3e-2, rel
-    assert not torch.equal(a, b) or not G.kernel_applies(torch.zeros(4, 8, device="cuda", dtype=torch.bfloat16),
-                                                         torch.zeros(8, 8, device="cuda", dtype=torch.bfloat16))
+    assert "0" not in calls, "the kernel ran with the mode off"
+    # the kernel ran while the step was built (eager warm-up or the compiled graph's trace); under the
+    # default mode only where the weights are K-major
+    assert calls.get(mode, 0) > 0 or (mode == "auto" and not K_MAJOR), calls
+    assert not torch.equal(a, b)

@@ -193,18 +193,19 @@ def probe_weights(dev: torch.device, repeats: int, shape: str = "qwen3.8-flash-n
     call is a graph of up to 8 products over distinct copies of the matrix back to back, as a step streams
     its weights (one product alone would time the graph's launch; the same copy twice, L2), per product."""
     from ..engine.model import gemv as G
+    from ..engine.model.layers import make_weight
     from ..shapes import ModelShape
-    out, was = [], G.enabled()
+    out, was = [], G.mode()
     g = torch.Generator(device=dev).manual_seed(0)
     try:
         for name, (K, N, count) in ModelShape.from_name(shape).weight_matrices().items():
             nbytes = K * N * 2
             copies = max(1, min(8, (1 << 30) // nbytes))
-            ws = [(torch.randn(K, N, generator=g, device=dev) / K ** 0.5).to(torch.bfloat16) for _ in range(copies)]
+            ws = [make_weight(g, K, N, torch.bfloat16, dev) for _ in range(copies)]   # the layers' layout
             for M in ms:
                 x = torch.randn(M, K, generator=g, device=dev).to(torch.bfloat16)
                 for path in ("cublas", "gemv"):
-                    G.set_enabled(path == "gemv")
+                    G.set_mode("1" if path == "gemv" else "0")     # the kernel at every M, the engine takes it at M = 1
                     if path == "gemv" and not G.kernel_applies(x, ws[0]):
                         continue
                     ts = bench({path: lambda x=x: [G.matmul(x, w) for w in ws]}, dev, repeats, flush=True, graph=True)
@@ -212,7 +213,7 @@ def probe_weights(dev: torch.device, repeats: int, shape: str = "qwen3.8-flash-n
                                     M=M, concurrency=M, matrices_per_step=count, copies=copies))
             del ws
     finally:
-        G.set_enabled(was)
+        G.set_mode(was)
     return out
 
 

@@ -57,22 +57,43 @@ if HAVE_TRITON:
 MAX_M = 16                      # rows the kernel takes; above it cuBLAS's tiled GEMMs win
 _DTYPES = (torch.bfloat16, torch.float16)
 _INTERPRET = interpret_mode()
-_ENABLED = os.environ.get("LABKIT_GEMV", "0") == "1"
-# programmatic dependent launch for the default configs (LABKIT_GEMV_PDL=1; sm90+). Off: measured on an
-# H200, a decode step's 193 products took 7.27 ms with it against 2.59 ms for cuBLAS
-_PDL = os.environ.get("LABKIT_GEMV_PDL", "0") == "1"
+# LABKIT_GEMV: "auto" (default) the kernel for one row against K-major weights, the case where it beats
+# cuBLAS on an H200; "1" every layout and 1-16 rows; "0" never (read at import; `set_mode` in a process)
+_MODE = os.environ.get("LABKIT_GEMV", "auto")
+if _MODE not in ("auto", "0", "1"):
+    raise ValueError(f"LABKIT_GEMV={_MODE!r}: auto, 1 or 0")
+# programmatic dependent launch (sm90+): the row-major defaults without it (LABKIT_GEMV_PDL=1 adds it; with
+# it a step's 193 products took 7.27 ms against 2.59 for cuBLAS), the K-major one-row defaults with it
+# (LABKIT_GEMV_PDL=0 takes it off; with it 2.07 ms against 2.31 without, the best configurations)
+_PDL_ENV = os.environ.get("LABKIT_GEMV_PDL", "")
+_PDL = _PDL_ENV == "1"
+_PDL_KM = _PDL_ENV != "0"
+# the fused gate/up (silu(x @ gate) * (x @ up) in one kernel); LABKIT_GEMV_GLU=0 runs the plain product
+# and the torch ops after it, for an A/B
+_GLU = os.environ.get("LABKIT_GEMV_GLU", "1") == "1"
 COUNTER_SLOTS = 8192            # column tiles a split product may have (split is used only for few tiles)
 
 
+def set_mode(mode: str) -> None:
+    """"auto", "1" or "0" for `matmul` (the env `LABKIT_GEMV` sets it at import). torch.compile guards
+    on it: a compiled function recompiles when it changes."""
+    global _MODE
+    if mode not in ("auto", "0", "1"):
+        raise ValueError(f"gemv mode {mode!r}: auto, 1 or 0")
+    _MODE = mode
+
+
 def set_enabled(on: bool) -> None:
-    """Turn the kernel on or off for `matmul` (the env `LABKIT_GEMV` sets the default at import).
-    torch.compile guards on this flag: a compiled function recompiles when it changes."""
-    global _ENABLED
-    _ENABLED = bool(on)
+    """The kernel for every layout and 1-16 rows (mode "1"), or never (mode "0")."""
+    set_mode("1" if on else "0")
+
+
+def mode() -> str:
+    return _MODE
 
 
 def enabled() -> bool:
-    return _ENABLED
+    return _MODE != "0"
 
 
 def gemv_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -243,17 +264,22 @@ def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False
     keeps two K blocks at least). Neither is faster than cuBLAS on an H200, nor is the best configuration
     per shape (scripts/gemv_bench.py, most often [64, 256] tiles in two stages; see the module's
     docstring): these are simple defaults for a kernel that is off, not tuned ones."""
-    if k_major:    # K-major weights: [BLOCK_K, BLOCK_N] tiles of BLOCK_N contiguous 512-byte columns
-        if M == 1:
-            bn, bk, per_sm, min_blocks, warps, stages = 32, 256, 4, 1, 4, 2
-        else:
-            bn, bk, per_sm, min_blocks, warps, stages = 64, 128, 2, 2, 4, 3
+    if k_major and M == 1:
+        # K-major, one row: the sweep's best on an H200 (scripts/gemv_bench.py --layout nk): [256, 32]
+        # tiles (32 columns of 512 contiguous bytes) where the columns alone give two programs an SM,
+        # else [512, 16] with K split for two programs an SM; products summed once after the loop; PDL
+        bn = 32 if -(-N // 32) >= 2 * sms else 16
+        bk = 256 if bn == 32 else 512
+        return Config(bn, bk, split_for(N, K, bn, bk, 2, sms), False, num_warps=4, num_stages=2,
+                      pdl=_PDL_KM, acc2d=True)
+    if k_major:
+        bn, bk, per_sm, min_blocks, warps, stages = 64, 128, 2, 2, 4, 3
     elif M == 1:
         bn, bk, per_sm, min_blocks, warps, stages = 128, 128, 4, 1, 4, 1
     else:
         bn, bk, per_sm, min_blocks, warps, stages = 128, 64, 2, 2, 4, 4
     return Config(bn, bk, split_for(N, K, bn, bk, per_sm, sms, min_blocks), M > 1, num_warps=warps,
-                  num_stages=stages, pdl=_PDL, acc2d=k_major and M == 1)
+                  num_stages=stages, pdl=_PDL)
 
 
 def split_for(N: int, K: int, block_n: int, block_k: int, per_sm: int, sms: int, min_blocks: int = 1) -> int:
@@ -285,7 +311,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     elif out.shape != (M, N) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"gemv: out must be [{M}, {N}] {x.dtype} with unit column stride")
-    c = config or default_config(M, w.shape[1] if glu else N, K, _sm_count(x.device), k_major=w.stride(0) == 1)
+    k_major = w.stride(0) == 1 and w.shape[1] > 1
+    # the columns a program's tiles cover: row-major [gate | up] counts both halves, K-major the outputs
+    c = config or default_config(M, w.shape[1] if glu and not k_major else N, K, _sm_count(x.device), k_major=k_major)
     tiles = triton.cdiv(N, c.block_n)
     k_per = triton.cdiv(triton.cdiv(K, c.block_k), c.split) * c.block_k
     split = triton.cdiv(K, k_per)                      # the splits that hold any K
@@ -333,14 +361,18 @@ def _(x, w_gu):
 
 
 def kernel_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether `matmul` takes the kernel: on, Triton where it runs (CUDA; CPU only under the
-    interpreter), 1 <= M <= 16, bf16/fp16 on both sides, w row-major (rows may be padded)."""
-    if not (_ENABLED and HAVE_TRITON):
+    """Whether `matmul` takes the kernel: Triton where it runs (CUDA; CPU only under the interpreter),
+    bf16/fp16 on both sides, and by the mode: "1" 1 <= M <= 16 and either layout of w; "auto" one row
+    against K-major weights (where it is faster than cuBLAS; at M = 4 and 16 cuBLAS ties or wins)."""
+    if _MODE == "0" or not HAVE_TRITON:
         return False
     if x.device.type != ("cpu" if _INTERPRET else "cuda"):
         return False
-    return (x.dim() == 2 and w.dim() == 2 and 1 <= x.shape[0] <= MAX_M and x.dtype == w.dtype
-            and x.dtype in _DTYPES and layout_ok(w))
+    if not (x.dim() == 2 and w.dim() == 2 and x.dtype == w.dtype and x.dtype in _DTYPES and layout_ok(w)):
+        return False
+    if _MODE == "auto":
+        return x.shape[0] == 1 and w.stride(0) == 1 and w.shape[1] > 1
+    return 1 <= x.shape[0] <= MAX_M
 
 
 def layout_ok(w: torch.Tensor) -> bool:
@@ -361,7 +393,7 @@ def silu_glu(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
     """The SwiGLU's first half, `silu(g) * u` for `g, u = (x @ w_gu).chunk(2)`: one kernel reading w_gu
     once (gate and up tiles side by side, the product never written) where the kernel applies, else
     exactly those torch ops."""
-    if kernel_applies(x, w_gu) and w_gu.shape[1] % 2 == 0:
+    if _GLU and kernel_applies(x, w_gu) and w_gu.shape[1] % 2 == 0:
         return torch.ops.labkit.gemv_silu_glu(x, w_gu)
     g, u = (x @ w_gu).chunk(2, dim=-1)
     return torch.nn.functional.silu(g) * u

@@ -21,7 +21,7 @@ from ...shapes import ModelShape
 from .attention import sparse_decode_attention
 from .kv import quantize_index_keys
 from .gemv import matmul
-from .layers import FFN, DeltaNetLayer, QSALayer, RMSNorm
+from .layers import FFN, DeltaNetLayer, QSALayer, RMSNorm, make_weight
 
 
 class Block(nn.Module):
@@ -46,8 +46,7 @@ class HybridModel(nn.Module):
         self.blocks = nn.ModuleList(Block("qsa" if i in attn else "dn", shape, gen, dtype, device)
                                     for i in range(shape.layers))
         self.norm = RMSNorm(shape.hidden, dtype, device)
-        self.lm_head = nn.Parameter((torch.randn(shape.hidden, shape.vocab, generator=gen, device=device)
-                                     / shape.hidden ** 0.5).to(dtype), requires_grad=False)
+        self.lm_head = make_weight(gen, shape.hidden, shape.vocab, dtype, device)
         self.kind_index = kind_index(self.blocks)
 
     def weight_bytes(self) -> int:

@@ -13,6 +13,7 @@ Weights are random and seeded, scaled 1/sqrt(fan_in) so activations stay O(1) th
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -22,15 +23,30 @@ from ...shapes import ModelShape, aligned_width
 from .gemv import matmul, silu_glu
 
 
-def _w(gen: torch.Generator, fan_in: int, fan_out: int, dtype, device, pad: bool = False) -> nn.Parameter:
-    """A [fan_in, fan_out] weight, seeded; with `pad`, zero columns after it up to a multiple of
-    `shapes.ROW_ALIGN` (same values in the first fan_out columns), and the caller takes the product's first
-    fan_out columns. Why: at a width that is not a multiple of 8 (the QSA input projection's 9,540
+# The layers' weight layout (LABKIT_WEIGHTS, read at import): "nk" (default) each weight stored [N, K] and
+# held as its [K, N] transpose (the layout of a checkpoint's nn.Linear), which the lab's one-row GEMV
+# streams at 78% of the read bandwidth against cuBLAS's 69% (a step's 193 matrices on an H200,
+# scripts/gemv_bench.py --layout nk); "kn" stored row-major [K, N] as before (cuBLAS 2% faster on it).
+K_MAJOR = os.environ.get("LABKIT_WEIGHTS", "nk") == "nk"
+if os.environ.get("LABKIT_WEIGHTS", "nk") not in ("nk", "kn"):
+    raise ValueError(f"LABKIT_WEIGHTS={os.environ['LABKIT_WEIGHTS']!r}: nk or kn")
+
+
+def make_weight(gen: torch.Generator, fan_in: int, fan_out: int, dtype, device, pad: bool = False,
+                k_major: bool | None = None) -> nn.Parameter:
+    """A [fan_in, fan_out] weight, seeded (the same values in either layout); with `pad`, zero columns after
+    it up to a multiple of `shapes.ROW_ALIGN`, and the caller takes the product's first fan_out columns.
+    Why the pad: row-major at a width that is not a multiple of 8 (the QSA input projection's 9,540
     columns) the product's rows are off 16-byte alignment and cuBLAS falls back to a plain GEMV kernel:
     17.5 µs for its 39 MB at M = 1 and 41 µs at M = 4, against ~13 µs for the aligned projections of
-    that size (measured on an H200: results/20261202-033500-gemv-tiles-h200)."""
+    that size (measured on an H200: results/20261202-033500-gemv-tiles-h200); K-major keeps the same
+    width so that both layouts hold the same matrices. `k_major`: the layout (default `K_MAJOR`)."""
     t = torch.randn(fan_in, fan_out, generator=gen, device=device, dtype=torch.float32) / math.sqrt(fan_in)
     ld = aligned_width(fan_out) if pad else fan_out
+    if K_MAJOR if k_major is None else k_major:
+        buf = torch.zeros(ld, fan_in, dtype=dtype, device=device)      # stored [N, K]
+        buf[:fan_out] = t.t()
+        return nn.Parameter(buf.t(), requires_grad=False)              # held as [K, N], unit row stride
     if ld == fan_out:
         return nn.Parameter(t.to(dtype), requires_grad=False)
     buf = torch.zeros(fan_in, ld, dtype=dtype, device=device)
@@ -74,8 +90,8 @@ class QSALayer(nn.Module):
         self.kv_out = s.n_kv_heads * s.head_dim
         self.splits = [self.q_out, self.kv_out, self.kv_out, s.index_heads * s.index_dim, s.index_heads, s.index_dim]
         self.in_cols = sum(self.splits)          # w_in's columns past these are zero padding
-        self.w_in = _w(gen, s.hidden, self.in_cols, dtype, device, pad=True)
-        self.w_o = _w(gen, s.n_heads * s.head_dim, s.hidden, dtype, device)
+        self.w_in = make_weight(gen, s.hidden, self.in_cols, dtype, device, pad=True)
+        self.w_o = make_weight(gen, s.n_heads * s.head_dim, s.hidden, dtype, device)
         self.q_norm = RMSNorm(s.head_dim, dtype, device)
         self.k_norm = RMSNorm(s.head_dim, dtype, device)
 
@@ -110,8 +126,8 @@ class QSALayer(nn.Module):
 class FFN(nn.Module):
     def __init__(self, s: ModelShape, gen, dtype, device):
         super().__init__()
-        self.w_gu = _w(gen, s.hidden, 2 * s.ffn_intermediate, dtype, device)
-        self.w_d = _w(gen, s.ffn_intermediate, s.hidden, dtype, device)
+        self.w_gu = make_weight(gen, s.hidden, 2 * s.ffn_intermediate, dtype, device)
+        self.w_d = make_weight(gen, s.ffn_intermediate, s.hidden, dtype, device)
 
     def forward(self, x):
         return matmul(silu_glu(x, self.w_gu), self.w_d)
@@ -185,13 +201,13 @@ class DeltaNetLayer(nn.Module):
         dk, dv, nv = s.dn_k_heads * s.dn_head_dim, s.dn_v_heads * s.dn_head_dim, s.dn_v_heads
         self.splits = [dk, dk, dv, dv, nv, nv]                              # q, k, v, z (out gate), a, b
         self.conv_ch = 2 * dk + dv
-        self.w_in = _w(gen, s.hidden, sum(self.splits), dtype, device)
+        self.w_in = make_weight(gen, s.hidden, sum(self.splits), dtype, device)
         self.conv_w = nn.Parameter((torch.randn(self.conv_ch, s.dn_conv, generator=gen, device=device) /
                                     math.sqrt(s.dn_conv)).to(dtype), requires_grad=False)
         self.A_log = nn.Parameter(torch.empty(nv, device=device).uniform_(0, math.log(16), generator=gen), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.randn(nv, generator=gen, device=device) * 0.5, requires_grad=False)
         self.o_norm = RMSNorm(s.dn_head_dim, dtype, device)
-        self.w_o = _w(gen, dv, s.hidden, dtype, device)
+        self.w_o = make_weight(gen, dv, s.hidden, dtype, device)
 
     def state_shapes(self):
         return dn_state_shapes(self.s)
