@@ -1,6 +1,7 @@
 """"Measure now" on a GPU: the explorer's button, pressed, over the committed H200 runs. The point it
 measures (zero_copy, 64K context, budget 2048, concurrency 1, reference shape) is one the committed sweep
-measured, so the live value is checked against it. Set LABKIT_LIVE_OUT=DIR to keep the live run folder
+measured with today's engine (the resident step's speed moves every zero_copy figure, so the stored run
+must be one of the same engine), so the live value is checked against it. Set LABKIT_LIVE_OUT=DIR to keep the live run folder
 (the lead commits it under results/)."""
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from browser_util import REPO
 
-RUN = "20261129-101629-decode-h200"
+RUN = "20261202-171653-decode-64k-h200"
 
 
 @pytest.mark.gpu

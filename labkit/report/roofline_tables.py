@@ -241,6 +241,38 @@ def spreads_block(hot: list[str], capacity: list[str], pulse: list[str], prefill
     return _md(pd.DataFrame(rows))
 
 
+def gemv_chain(run: str) -> dict:
+    """The weight-streaming bench (scripts/gemv_bench.py): its JSON, with the one-row chain's shares."""
+    r = json.loads((REPO / run / "gemv_bench.json").read_text())
+    one = next(w for w in r["whole_step"] if w["M"] == 1)
+    r["share_m1"] = {k: one[k]["of_read_bw"] for k in ("cublas", "cublas_nk", "gemv", "gemv_best", "gemv_best_nopdl")}
+    return r
+
+
+def gemv_block(run: str) -> str:
+    """A step's weight matrices streamed back to back from one graph, per M: cuBLAS on both layouts against
+    the lab's GEMV on the layout the bench gave it; then one row per matrix at M = 1."""
+    r = gemv_chain(run)
+    lay = {"kn": "row-major", "nk": "K-major"}[r.get("gemv_layout", "kn")]
+    cell = lambda d: f"{d['ms']:.3f} ({d['of_read_bw']:.0%})" if "ms" in d and d["ms"] == d["ms"] else "failed"  # noqa: E731
+    rows = [{"M": w["M"], "matrices": w["matrices"], "GB": f"{w['bytes'] / 1e9:.2f}",
+             "cuBLAS, row-major": cell(w["cublas"]), "cuBLAS, K-major": cell(w["cublas_nk"]),
+             f"GEMV ({lay}), the sweep's best per matrix": cell(w["gemv_best"]),
+             "the same without PDL": cell(w["gemv_best_nopdl"])} for w in r["whole_step"]]
+    per = [{"matrix": x["matrix"], "K": x["K"], "N": x["N"], "MB": f"{x['bytes'] / 1e6:.1f}",
+            "cuBLAS, row-major GB/s": f"{x['cublas']['GBps']:.0f} ({x['cublas']['of_read_bw']:.0%})",
+            "GEMV best GB/s": f"{x['gemv_best']['GBps']:.0f} ({x['gemv_best']['of_read_bw']:.0%})" if "gemv_best" in x else "–",
+            "its tile (N × K rows), split, stages": (f"{x['gemv_best']['config']['block_n']} × {x['gemv_best']['config']['block_k']}, "
+                                                    f"{x['gemv_best']['config']['split']}, {x['gemv_best']['config']['num_stages']}")
+                                                   if "gemv_best" in x else "–"}
+           for x in r["per_matrix"] if x["M"] == 1]
+    cut = " The sweep stopped early on some shapes (its time budget): 'best' is over the configurations tried." \
+        if r.get("sweep_cut_short") else ""
+    return (f"A step's weight matrices from one CUDA graph, ms (share of the {r['read_bandwidth']['read_GBps']:.0f} GB/s "
+            f"contiguous read measured in the same process), {r['device']}.{cut}\n\n" + _md(pd.DataFrame(rows)) +
+            "\n\nOne row (M = 1), per matrix:\n\n" + _md(pd.DataFrame(per)))
+
+
 def blocks(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[str, str]:
     """The blocks of docs/roofline.md and docs/spreads.md; the decode table functions are readme_tables'."""
     now = load_run(REPO / runs["decode_now"]).metrics
@@ -248,6 +280,7 @@ def blocks(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[s
             "kernels-h200": kernels_block(runs["roofline_kernels"], runs["roofline"]),
             "kernels-now-h200": kernels_now_block(runs["kernels_now"], runs["roofline"]),
             "select-h200": select_block(runs["select_bench"]),
+            "gemv-kmajor-h200": gemv_block(runs["gemv_kmajor"]),
             "decode-now-h200": decode_tables(now), "anatomy-now-h200": anatomy_table(now),
             "anatomy-all-now-h200": anatomy_table(now, contexts=None),
             "decode-change-h200": ratio_change_block(runs["decode_before"], runs["decode_now"]),

@@ -28,18 +28,17 @@ torch.compile: `matmul` and `silu_glu` call the kernel through the custom ops `l
 engine's `block_fns` on CUDA) keeps them inside its graph as extern kernels, without a graph break, and
 inductor still fuses the elementwise work around them; the step's CUDA graph then captures them like
 any other kernel (the first call compiles the Triton kernel, which the runner's warm-up does before
-capture). On CPU `matmul` is `x @ w`, so CPU results are unchanged; under
-`TRITON_INTERPRET=1` the kernel runs on CPU tensors (its tests). `LABKIT_GEMV=1` (read at import)
-turns the kernel on; `set_enabled` switches it in a running process.
+capture). On CPU `matmul` is `x @ w`, so CPU results are unchanged; under `TRITON_INTERPRET=1` the
+kernel runs on CPU tensors (its tests). `LABKIT_GEMV` (read at import; `set_mode` in a process) picks
+where it runs: "auto" (default), "1", "0".
 
-Off by default: measured on an H200 (results/20261201-072000-gpu-tests-gemv-bench-h200), correct but slower
-than cuBLAS: a decode step's 193 weight matrices streamed in 5.21 ms at M = 1 with the default
-configuration (2.85 ms with the best per-shape configuration) against cuBLAS's 2.38 ms (67% of the 4.39 TB/s
-read bandwidth); the resident step at 64K went from 4.58 to 7.01 ms with it on. Whole [128, 128] tiles
-a load with the one row's products summed per tile (results/20261202-033500-gemv-tiles-h200): 3.89 ms for
-the 193 matrices at M = 1 (3.34 ms with the best configuration per shape) against cuBLAS's 2.39 ms. At 17
-to 50 MB a matrix, a product is a few µs of streaming beside the ramp and tail of its own grid, and
-cuBLAS's kernels lose less of it there; only the 622 MB head reaches ~88% either way.
+Layouts: w [K, N] row-major, or K-major (a [N, K] weight seen transposed: each output column's weights
+contiguous), the layers' default (`layers.K_MAJOR`). Measured on an H200, a step's 193 weight matrices
+from one CUDA graph at M = 1 (results/20261202-171000-gemv-kmajor-h200): cuBLAS 2.34 ms (69% of the read
+bandwidth); this kernel on row-major weights 3.34 ms at its best configuration per shape
+(results/20261202-033500-gemv-tiles-h200), on K-major weights 2.07 ms (78%) with PDL. At M = 4 and 16 it
+ties or loses to cuBLAS on either layout, so "auto" takes it for one row against K-major weights only:
+the resident step at 64K, c = 1, went 3.85 -> 3.69 ms.
 """
 from __future__ import annotations
 
@@ -261,9 +260,9 @@ def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False
     """One row: tiles of [128, 128] (32 KB of weight in one load, summed into a [128] accumulator), K
     split until the programs cover the SMs four times. More rows: the tensor-core path on [64, 128]
     tiles through a four-stage pipeline, K split until the programs cover the SMs twice (each program
-    keeps two K blocks at least). Neither is faster than cuBLAS on an H200, nor is the best configuration
-    per shape (scripts/gemv_bench.py, most often [64, 256] tiles in two stages; see the module's
-    docstring): these are simple defaults for a kernel that is off, not tuned ones."""
+    keeps two K blocks at least). On row-major weights neither is faster than cuBLAS on an H200, nor is
+    the best configuration per shape (scripts/gemv_bench.py, most often [64, 256] tiles in two stages):
+    simple defaults, not tuned ones. K-major, one row: the tuned default below (the one the engine runs)."""
     if k_major and M == 1:
         # K-major, one row: the sweep's best on an H200 (scripts/gemv_bench.py --layout nk): [256, 32]
         # tiles (32 columns of 512 contiguous bytes) where the columns alone give two programs an SM,
