@@ -772,7 +772,7 @@ def headlines() -> str:
     hot = []
     for run, how in HOT_DECODE_RUNS:
         m = load_run(REPO / run).metrics.set_index("strategy")
-        if how == "deferred" and m.loc["hot_cache", "selection"].startswith("trace:"):
+        if how == HOT_DECODE_RUNS[-1][1] and m.loc["hot_cache", "selection"].startswith("trace:"):   # the latest
             hot.append(m.loc["resident", "step_ms_median"] / m.loc["hot_cache", "step_ms_median"])
     trace = next(r for r in PULSE_TRACE_RUNS if "151530" in r)
     t = load_run(REPO / trace).metrics
