@@ -748,13 +748,12 @@ def xfer_blocks() -> dict[str, str]:
 def headlines() -> str:
     """The README's one line per system, every figure computed here from the same committed runs as the docs'
     tables: ratios within one run, and where a figure was repeated, its range across processes."""
-    from . import roofline_tables as R
-    from .roofline_tables import capacity_rows, decode_ratio_rows, prefill_rows, pulse_rows
+    from .roofline_tables import capacity_rows, decode_ratio_rows, gemv_chain, prefill_rows, pulse_rows
     from ..stats import across_runs
 
     d = S.decode_table(load_run(REPO / RUNS["decode_now"]).metrics)
     d1 = d[d["concurrency"] == 1].set_index(["strategy", "context_len"])
-    gshare = R.gemv_chain(RUNS["gemv_kmajor"])["share_m1"]
+    gshare = gemv_chain(RUNS["gemv_kmajor"])["share_m1"]
     rep = across_runs(decode_ratio_rows(RUNS["repeats_hot1m"]), ["figure"], "value").set_index("figure")
     zc_rep = rep.loc[[f for f in rep.index if f.startswith("zero_copy")][0]]
     caps = across_runs(capacity_rows(RUNS["repeats_capacity"]), ["figure"], "value").set_index("figure")

@@ -310,7 +310,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     elif out.shape != (M, N) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"gemv: out must be [{M}, {N}] {x.dtype} with unit column stride")
-    k_major = w.stride(0) == 1 and w.shape[1] > 1
+    k_major = is_k_major(w)
     # the columns a program's tiles cover: row-major [gate | up] counts both halves, K-major the outputs
     c = config or default_config(M, w.shape[1] if glu and not k_major else N, K, _sm_count(x.device), k_major=k_major)
     tiles = triton.cdiv(N, c.block_n)
@@ -370,7 +370,7 @@ def kernel_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     if not (x.dim() == 2 and w.dim() == 2 and x.dtype == w.dtype and x.dtype in _DTYPES and layout_ok(w)):
         return False
     if _MODE == "auto":
-        return x.shape[0] == 1 and w.stride(0) == 1 and w.shape[1] > 1
+        return x.shape[0] == 1 and is_k_major(w)
     return 1 <= x.shape[0] <= MAX_M
 
 
@@ -378,7 +378,13 @@ def layout_ok(w: torch.Tensor) -> bool:
     """w [K, N] row-major (unit column stride, rows may be padded) or K-major (unit row stride: a [N, K]
     weight seen as its transpose, the layout of a checkpoint's nn.Linear)."""
     K, N = w.shape
-    return (w.stride(1) == 1 and w.stride(0) >= N) or (w.stride(0) == 1 and w.stride(1) >= K and K > 1)
+    return (w.stride(1) == 1 and w.stride(0) >= N) or (is_k_major(w) and w.stride(1) >= K)
+
+
+def is_k_major(w: torch.Tensor) -> bool:
+    """Unit row stride across more than one column: a [N, K] weight seen as its [K, N] transpose (a
+    single column is row-major too, and read as that)."""
+    return w.stride(0) == 1 and w.shape[1] > 1 and w.shape[0] > 1
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
