@@ -132,6 +132,87 @@ def test_k_major_weights_match_fp32_reference_under_interpreter():
     assert "k-major checked 42" in out, out
 
 
+@needs_triton
+def test_norm_fused_product_matches_its_definition_under_interpreter():
+    """The residual add and RMSNorm inside the kernel (`gemv(norm=...)`, the engine's `norm_matmul` and
+    `norm_silu_glu`): h = x + d comes back exactly, and the product is within the plain product's
+    tolerance of the fp32 product of the normed input, for every path (one row with the products summed
+    once or per tile, the tensor-core path, K split, the first block peeled, gate/up fused), K-major and
+    row-major, a norm weight that is not ones. The interpreter rounds fp32 -> bf16 toward zero (checked
+    here): the reference rounds h, h * r and the weight's product the same way, so only the fp32 sums'
+    order separates them."""
+    out = _interpret('''
+        from labkit.engine.model import gemv as G
+        import triton, triton.language as tl
+        @triton.jit
+        def cast(x_ptr, o_ptr):
+            tl.store(o_ptr, tl.load(x_ptr).to(tl.bfloat16))
+        one = torch.empty(1, dtype=torch.bfloat16)
+        cast[(1,)](torch.tensor([1.0 + 3 * 2.0 ** -9]), one)          # 1.0 if it truncates, else 1 + 2^-7
+        truncates = float(one) == 1.0
+        def bf16(t):                              # the cast the kernel's roundings do where it runs
+            if truncates:
+                return (t.float().view(torch.int32) & -65536).view(torch.float32).bfloat16()
+            return t.bfloat16()
+        def normed(x, d, nw, eps):
+            h = bf16(x.float() + d.float())
+            hf = h.float()
+            xn = bf16(hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps))
+            return h, bf16(xn.float() * nw.float())
+        g = torch.Generator().manual_seed(11)
+        n = 0
+        for M in (1, 3, 16):
+            for K, N in ((100, 70), (257, 300)):
+                x, d = torch.randn(M, K, generator=g).bfloat16(), torch.randn(M, K, generator=g).bfloat16()
+                nw = (1 + 0.25 * torch.randn(K, generator=g)).bfloat16()
+                store = (torch.randn(N, K, generator=g) / K ** 0.5).bfloat16()
+                h_ref, xn = normed(x, d, nw, 1e-6)
+                for w in (store.t(), store.t().contiguous()):            # K-major, row-major
+                    configs = [None, G.Config(32, 16, 3, M > 1, 4, 2), G.Config(64, 32, 5, M > 1, 4, 2, pdl=True)]
+                    if M == 1:
+                        configs += [G.Config(16, 64, 1, False, 4, 2, acc2d=True),
+                                    G.Config(32, 16, 2, False, 4, 2, pdl=True, acc2d=True)]
+                    for c in configs:
+                        h, o = G.gemv(x, w, norm=(d, nw, 1e-6), config=c)
+                        assert torch.equal(h, h_ref), f"h M={M} K={K} {c}"
+                        check(o, xn, w, f"normed M={M} K={K} N={N} {c}")
+                        n += 1
+                    if N % 2 == 0:
+                        gate, up = (xn.float() @ w.float()).chunk(2, dim=-1)
+                        ref = torch.nn.functional.silu(gate) * up
+                        for c in (None, G.Config(32, 16, 3, M > 1, 4, 2, acc2d=M == 1)):
+                            h, o = G.gemv(x, w, glu=True, norm=(d, nw, 1e-6), config=c)
+                            tol = 2 * bf16_ulp(ref) + 2.0 ** -16 * ref.abs().max()
+                            assert torch.equal(h, h_ref) and bool(((o.float() - ref).abs() <= tol).all()), f"glu M={M} {c}"
+                            n += 1
+        assert int(G._counters(torch.device("cpu")).abs().sum()) == 0
+        # the engine's entries: "auto" fuses the norm for 1-16 rows against K-major weights and one row
+        # only against row-major (where the GEMV takes one row only), else the torch ops exactly
+        class Norm:
+            def __init__(self, weight, eps):
+                self.weight, self.eps = weight, eps
+            def __call__(self, h):
+                return G.norm_reference(h, torch.zeros_like(h), self.weight, self.eps)[1]
+        G.set_mode("auto")
+        norm = Norm(nw, 1e-6)
+        wk, wr = store.t(), store.t().contiguous()
+        for M, w, fused in ((1, wk, True), (16, wk, True), (3, wr, False)):
+            xm, dm = x[:M].contiguous(), d[:M].contiguous()
+            assert G.norm_applies(xm, dm, norm, w) == fused
+            h, o = G.norm_matmul(xm, dm, norm, w)
+            if fused:
+                assert torch.equal((h, o)[1], G.gemv(xm, w, norm=(dm, nw, 1e-6))[1])
+            else:
+                assert torch.equal(h, xm + dm) and torch.equal(o, norm(xm + dm) @ w)
+        G._NORM = False
+        assert not G.norm_applies(x[:1], d[:1], norm, wk)
+        h, o = G.norm_matmul(x[:1], d[:1], norm, wk)
+        assert torch.equal(o, G.matmul(norm(x[:1] + d[:1]), wk))
+        print("truncates", truncates, "norm checked", n)
+    ''')
+    assert "norm checked 68" in out, out
+
+
 def test_weights_hold_the_same_values_in_either_layout():
     """make_weight: K-major (stored [N, K], held as its transpose, unit row stride) and row-major hold the
     same seeded matrix, padded columns zero in both; the model's default is K-major."""
@@ -239,9 +320,9 @@ def test_every_weight_product_of_a_decode_block_takes_the_kernel():
         from labkit.shapes import PRESETS
         calls = []
         real = G.gemv
-        def counting(x, w, out=None, config=None, glu=False):
-            calls.append((tuple(w.shape), glu))
-            return real(x, w, out=out, config=config, glu=glu)
+        def counting(x, w, out=None, config=None, glu=False, norm=None):
+            calls.append((tuple(w.shape), glu, norm is not None))
+            return real(x, w, out=out, config=config, glu=glu, norm=norm)
         G.gemv = counting
         s = PRESETS["tiny"]
         model = HybridModel(s, "cpu", seed=0)
@@ -263,9 +344,11 @@ def test_every_weight_product_of_a_decode_block_takes_the_kernel():
             y3 = Hy.qsa_out(qsa, qq.flatten(1), gate)
             return [t.float() for t in (q, k, v, z, y1, h1 + y2, kv_row, h2 + y3)]
         on = run()
-        want = [(tuple(dn.mixer.w_in.shape), False), (tuple(dn.mixer.w_o.shape), False),
-                (tuple(dn.ffn.w_gu.shape), True), (tuple(dn.ffn.w_d.shape), False),
-                (tuple(qsa.mixer.w_in.shape), False), (tuple(qsa.mixer.w_o.shape), False)]
+        # the FFN's gate/up with its norm and the residual add inside (the unfused mixers' pieces here
+        # take the norm as torch ops; the fused ones' `dn_project` and `qsa_project` as the FFN does)
+        want = [(tuple(dn.mixer.w_in.shape), False, False), (tuple(dn.mixer.w_o.shape), False, False),
+                (tuple(dn.ffn.w_gu.shape), True, True), (tuple(dn.ffn.w_d.shape), False, False),
+                (tuple(qsa.mixer.w_in.shape), False, False), (tuple(qsa.mixer.w_o.shape), False, False)]
         assert calls == want, calls
         G.set_enabled(False)
         off = run()

@@ -94,13 +94,15 @@ def test_decode_block_with_fused_heads_equals_the_torch_path_under_interpreter()
         h0, q0, gate0, kv0, k80, sc0, iq0, iw0 = Hy.qsa_pre(blk, x, d, pos)
         h1, y, k81, sc1, iq1, iw1 = Hy.qsa_project(blk, x, d)
         q1, gate1, kv1 = Q.qsa_heads(blk.mixer, y, pos)
-        assert torch.equal(h0, h1) and torch.equal(k80.view(torch.uint8), k81.view(torch.uint8))
-        assert torch.equal(sc0, sc1) and torch.equal(iq0, iq1) and torch.equal(iw0, iw1) and torch.equal(gate0, gate1)
-        for a, b in ((q0, q1), (kv0, kv1)):
-            assert ((a.float() - b.float()).norm() / a.float().norm()).item() < 1e-2
+        # the residual add and the norm run inside the projection's kernel (`gemv.norm_matmul`), which
+        # rounds like the torch ops; the interpreter's casts truncate, so within bf16, not bit-equal
+        assert bool(((h0.float() - h1.float()).abs() <= 2.0 ** -7 * h0.float().abs()).all())
+        for a, b in ((q0, q1), (kv0, kv1), (k80.float(), k81.float()), (sc0, sc1), (iq0, iq1), (iw0, iw1),
+                     (gate0, gate1)):
+            assert ((a.float() - b.float()).norm() / a.float().norm()).item() < 2e-2
         att = torch.randn(q0.shape, generator=g).bfloat16()
         o0, o1 = Hy.qsa_out(blk, att, gate0), Hy.qsa_out(blk, att, gate1)
-        assert torch.equal(o0, o1)
+        assert ((o0.float() - o1.float()).norm() / o0.float().norm()).item() < 2e-2
         print("block ok")
     ''')
     assert "block ok" in out, out

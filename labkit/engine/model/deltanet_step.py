@@ -19,6 +19,7 @@ import os
 import torch
 
 from .gather import HAVE_TRITON, interpret_mode
+from .gemv import pdl_supported
 
 if HAVE_TRITON:
     import triton
@@ -90,6 +91,10 @@ def delta_step(S, q, k, v, log_a, beta, tile: int = 32):
 # (`DeltaNetLayer.mix_reference`): the conv output, the recurrence output, the norm and the gate are
 # rounded to the activation dtype where the torch ops round them.
 FUSED_MIX = os.environ.get("LABKIT_DN_FUSED", "1") == "1"
+# programmatic dependent launch (sm90+) for both: each launches while the kernel before it ends, reads what
+# does not depend on it (the state tile, the norm weight) and then waits; and lets the next kernel (the
+# output projection's GEMV, which prefetches its weights) do the same. LABKIT_DN_PDL=0 for an A/B.
+MIX_PDL = os.environ.get("LABKIT_DN_PDL", "1") == "1"
 
 if HAVE_TRITON:
     @triton.jit
@@ -112,24 +117,31 @@ if HAVE_TRITON:
     def _mix_recur_kernel(y_ptr, conv_ptr, cw_ptr, S_ptr, alog_ptr, dtb_ptr, o_ptr,
                           y_sb, conv_sb, conv_sc, conv_sj, S_sb, q_scale,
                           H: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                          TILE: tl.constexpr, CONV_K: tl.constexpr):
+                          TILE: tl.constexpr, CONV_K: tl.constexpr, USE_GDC: tl.constexpr):
         b, h, t = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         kh = h // (H // HK)
         C: tl.constexpr = 2 * HK * DK + H * DV                  # conv channels: q, k, v
         yb, cb = y_ptr + b * y_sb, conv_ptr + b * conv_sb
         i = tl.arange(0, DK)
         j = t * TILE + tl.arange(0, TILE)
+        # the state tile and the layer's gate parameters depend on nothing of this step: loaded first, so
+        # that launched early (PDL, during the input projection) they arrive while the projection ends
+        s_p = S_ptr + b * S_sb + (h * DK + i[:, None]) * DV + j[None, :]
+        S = tl.load(s_p)                                                   # [DK, TILE] fp32
+        alog, dtb = tl.load(alog_ptr + h), tl.load(dtb_ptr + h)
+        if USE_GDC:
+            tl.extra.cuda.gdc_wait()                 # the projection y is written
+            tl.extra.cuda.gdc_launch_dependents()
         q = _conv_silu(yb, cb, cw_ptr, kh * DK + i, conv_sc, conv_sj, CONV_K)
         k = _conv_silu(yb, cb, cw_ptr, HK * DK + kh * DK + i, conv_sc, conv_sj, CONV_K)
         q = q / tl.maximum(tl.sqrt(tl.sum(q * q, 0)), 1e-12) * q_scale
         k = k / tl.maximum(tl.sqrt(tl.sum(k * k, 0)), 1e-12)
         v = _conv_silu(yb, cb, cw_ptr, 2 * HK * DK + h * DV + j, conv_sc, conv_sj, CONV_K)
-        a = tl.load(yb + C + H * DV + h).to(tl.float32) + tl.load(dtb_ptr + h)
+        a = tl.load(yb + C + H * DV + h).to(tl.float32) + dtb
         softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
-        decay = tl.exp(-tl.exp(tl.load(alog_ptr + h)) * softplus)
+        decay = tl.exp(-tl.exp(alog) * softplus)
         beta = tl.sigmoid(tl.load(yb + C + H * DV + H + h).to(tl.float32))
-        s_p = S_ptr + b * S_sb + (h * DK + i[:, None]) * DV + j[None, :]
-        S = tl.load(s_p) * decay                                           # [DK, TILE] fp32
+        S = S * decay
         v_old = tl.sum(S * k[:, None], axis=0)
         S = S + (beta * k)[:, None] * (v - v_old)[None, :]
         tl.store(s_p, S)
@@ -138,13 +150,16 @@ if HAVE_TRITON:
     @triton.jit
     def _mix_out_kernel(y_ptr, conv_ptr, o_ptr, nw_ptr, out_ptr, y_sb, conv_sb, conv_sc, conv_sj, out_sb, eps,
                         H: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                        CONV_K: tl.constexpr):
+                        CONV_K: tl.constexpr, USE_GDC: tl.constexpr):
         b, h = tl.program_id(0), tl.program_id(1)
         REP: tl.constexpr = H // HK
         C: tl.constexpr = 2 * HK * DK + H * DV
         yb, cb = y_ptr + b * y_sb, conv_ptr + b * conv_sb
         jv = tl.arange(0, DV)
         nw = tl.load(nw_ptr + jv)
+        if USE_GDC:
+            tl.extra.cuda.gdc_wait()                 # the recurrence's o is written, its window reads done
+            tl.extra.cuda.gdc_launch_dependents()
         o = tl.load(o_ptr + (b * H + h) * DV + jv).to(nw.dtype).to(tl.float32)
         o = (o * (1.0 / tl.sqrt(tl.sum(o * o, 0) / DV + eps))).to(nw.dtype)
         o = (o.to(tl.float32) * nw.to(tl.float32)).to(nw.dtype).to(tl.float32)
@@ -177,11 +192,13 @@ def deltanet_mix(mixer, y: torch.Tensor, S: torch.Tensor, conv: torch.Tensor, ti
         return mixer.mix_reference(y, S, conv)
     o = torch.empty((B, H, D), dtype=torch.float32, device=y.device)
     out = torch.empty((B, H * D), dtype=y.dtype, device=y.device)
+    gdc = MIX_PDL and pdl_supported(y.device)
+    pdl = {"launch_pdl": True} if gdc else {}
     _mix_recur_kernel[(B, H, D // tile)](y, conv, mixer.conv_w, S, mixer.A_log, mixer.dt_bias, o,
                                          y.stride(0), conv.stride(0), conv.stride(1), conv.stride(2), S.stride(0),
                                          D ** -0.5, H=H, HK=HK, DK=D, DV=D, TILE=tile, CONV_K=s.dn_conv,
-                                         num_warps=4)
+                                         USE_GDC=gdc, num_warps=4, **pdl)
     _mix_out_kernel[(B, H)](y, conv, o, mixer.o_norm.weight, out, y.stride(0), conv.stride(0), conv.stride(1),
                             conv.stride(2), out.stride(0), mixer.o_norm.eps, H=H, HK=HK, DK=D, DV=D,
-                            CONV_K=s.dn_conv, num_warps=4)
+                            CONV_K=s.dn_conv, USE_GDC=gdc, num_warps=4, **pdl)
     return out

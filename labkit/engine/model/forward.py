@@ -21,7 +21,7 @@ import torch
 
 from .attention import dense_prefill_attention, fast_sdpa, split_rows
 from .deltanet_step import FUSED_MIX, delta_step, deltanet_mix
-from .gemv import matmul
+from .gemv import norm_matmul
 from . import qsa_step
 from .cache import OffloadCache
 from .indexer import index_scores
@@ -166,11 +166,11 @@ class Engine:
                 yield BlockDone(i)
         self.strategy.end_step()
         st.mark("head")
-        x = x[0] + x[1]
         if m.lm_head is None:          # a pipeline stage: hand the activations to the next one
-            st.x_out.copy_(x)
+            st.x_out.copy_(x[0] + x[1])
         else:
-            logits = matmul(m.norm(x), m.lm_head)     # the GEMV at decode batch sizes on the GPU
+            # the last add, the norm and the head: one GEMV at decode batch sizes on the GPU
+            _, logits = norm_matmul(x[0], x[1], m.norm, m.lm_head)
             st.logits.copy_(logits)
             st.tokens.copy_(logits.argmax(-1))
         c.lens[st.span] += 1

@@ -70,6 +70,11 @@ _PDL_KM = _PDL_ENV != "0"
 # the fused gate/up (silu(x @ gate) * (x @ up) in one kernel); LABKIT_GEMV_GLU=0 runs the plain product
 # and the torch ops after it, for an A/B
 _GLU = os.environ.get("LABKIT_GEMV_GLU", "1") == "1"
+# the residual add and RMSNorm before a product inside the kernel (`norm_matmul`); LABKIT_GEMV_NORM=0 runs
+# them as torch ops before it, for an A/B. LABKIT_GEMV_NORM_ROWS: in mode "auto" the norm-fused products
+# take the kernel up to this many rows (K-major weights), the plain ones at one row only
+_NORM = os.environ.get("LABKIT_GEMV_NORM", "1") == "1"
+_NORM_ROWS = int(os.environ.get("LABKIT_GEMV_NORM_ROWS", "16"))
 COUNTER_SLOTS = 8192            # column tiles a split product may have (split is used only for few tiles)
 
 
@@ -114,11 +119,55 @@ if HAVE_TRITON:
             acc += tl.sum(xt.to(tl.float32) * w.to(tl.float32), axis=0)[None, :]
         return acc
 
+    @triton.jit
+    def _row_rms(x_ptr, d_ptr, h_ptr, eps, M, K, stride_xm, stride_xk, stride_dm, stride_dk, H_ROWS,
+                 M_PAD: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr, NORM_K: tl.constexpr,
+                 NORM_BLOCK: tl.constexpr):
+        """With NORM, 1 / rms of each row of h = x + d (h rounded as the add rounds, squares summed in
+        fp32, mean over K, as `layers.RMSNorm`), shaped to broadcast over an activation tile ([M_PAD, 1]
+        for the dot path's [M_PAD, BLOCK_K] tiles, [1, M_PAD] for the FMA path's [BLOCK_K, M_PAD]); the
+        first H_ROWS rows of h are stored ([M, K] contiguous: M rows by one program, none by the rest).
+        Without NORM, 1.0 (unused)."""
+        if NORM:
+            m = tl.arange(0, M_PAD)
+            mm = m < M
+            ss = tl.zeros((M_PAD,), dtype=tl.float32)
+            for c in tl.static_range(0, NORM_K, NORM_BLOCK):   # unrolled: every chunk's loads in flight
+                k = c + tl.arange(0, NORM_BLOCK)
+                mask = mm[:, None] & (k < K)[None, :]
+                xt = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :] * stride_xk, mask=mask, other=0.0)
+                dt = tl.load(d_ptr + m[:, None] * stride_dm + k[None, :] * stride_dk, mask=mask, other=0.0)
+                h = (xt.to(tl.float32) + dt.to(tl.float32)).to(xt.dtype)
+                tl.store(h_ptr + m[:, None] * K + k[None, :], h, mask=(m < H_ROWS)[:, None] & (k < K)[None, :])
+                hf = h.to(tl.float32)
+                ss += tl.sum(hf * hf, axis=1)
+            r = 1.0 / tl.sqrt(ss / K + eps)
+            if USE_DOT:
+                r = r[:, None]
+            else:
+                r = r[None, :]
+        else:
+            r = 1.0
+        return r                  # one return: the compiler checks every return's type alike
+
+    @triton.jit
+    def _normed(x_p, d_p, nw_p, r, mask, NORM: tl.constexpr):
+        """An activation tile: x as it is, or with NORM the RMSNorm of h = x + d at its rows' 1/rms r,
+        rounded where `layers.RMSNorm` rounds (h, then h * r, then the weight's product)."""
+        xt = tl.load(x_p, mask=mask, other=0.0)
+        if NORM:
+            h = (xt.to(tl.float32) + tl.load(d_p, mask=mask, other=0.0).to(tl.float32)).to(xt.dtype)
+            xn = (h.to(tl.float32) * r).to(xt.dtype)
+            xt = (xn.to(tl.float32) * tl.load(nw_p, mask=mask, other=0.0).to(tl.float32)).to(xt.dtype)
+        return xt
+
     @triton.jit(do_not_specialize=["M"])     # M = 4 and M = 16 share one compiled kernel
-    def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, stride_xm, stride_xk, stride_om,
+    def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, d_ptr, nw_ptr, h_ptr, eps, M, N, K,
+                     stride_xm, stride_xk, stride_dm, stride_dk, stride_om,
                      stride_wk, stride_wn, K_PER_SPLIT, SPLIT, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, GLU: tl.constexpr,
-                     PEEL: tl.constexpr, USE_GDC: tl.constexpr, ACC2D: tl.constexpr):
+                     PEEL: tl.constexpr, USE_GDC: tl.constexpr, ACC2D: tl.constexpr, NORM: tl.constexpr,
+                     NORM_K: tl.constexpr, NORM_BLOCK: tl.constexpr):
         """out = x @ w, or with GLU (w = [gate | up], 2N columns) out = silu(x @ gate) * (x @ up).
         PEEL: the first K block is taken out of the loop so that its weight tile can be loaded before x;
         with USE_GDC (launched with programmatic dependent launch) the wait on the kernel before, whose
@@ -128,7 +177,11 @@ if HAVE_TRITON:
         K-major (stride_wk 1: a [N, K] weight seen transposed, each output column's weights contiguous);
         Triton specializes a stride of 1, so either way the tile's loads are contiguous along its unit
         stride. ACC2D (the one-row path): the products accumulate in a [BLOCK_K, BLOCK_N] tile and are
-        summed over K once at the end, not per tile (a K-major tile's K runs across threads)."""
+        summed over K once at the end, not per tile (a K-major tile's K runs across threads).
+        NORM: x is the residual pair (x, d) and the product's input is RMSNorm(h = x + d) with weight nw:
+        every program sums h^2 over the whole row (NORM_K, K rounded up to a power of two, in unrolled
+        chunks of NORM_BLOCK: the loads all in flight at once, from L2), program (0, 0) writes h (the
+        residual the next block adds to), and each tile is normed as it is loaded (`_normed`)."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -142,8 +195,12 @@ if HAVE_TRITON:
         UP = N * stride_wn                       # the up half of [gate | up], N columns on
         if USE_DOT:   # x tile [M_PAD, BLOCK_K]; for one row [BLOCK_K, 1], already along W's rows
             x_p = x_ptr + m[:, None] * stride_xm + (k0 + kk)[None, :] * stride_xk
+            d_p = d_ptr + m[:, None] * stride_dm + (k0 + kk)[None, :] * stride_dk
+            nw_p = nw_ptr + (k0 + kk)[None, :]
         else:
             x_p = x_ptr + (k0 + kk)[:, None] * stride_xk + m[None, :] * stride_xm
+            d_p = d_ptr + (k0 + kk)[:, None] * stride_dk + m[None, :] * stride_dm
+            nw_p = nw_ptr + (k0 + kk)[:, None]
         if ACC2D:
             acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
         else:
@@ -160,30 +217,37 @@ if HAVE_TRITON:
             if USE_GDC:
                 tl.extra.cuda.gdc_wait()
                 tl.extra.cuda.gdc_launch_dependents()
+        r = _row_rms(x_ptr, d_ptr, h_ptr, eps, M, K, stride_xm, stride_xk, stride_dm, stride_dk,
+                     tl.where((pid_n == 0) & (pid_k == 0), M, 0), M_PAD, USE_DOT, NORM, NORM_K, NORM_BLOCK)
+        if PEEL:
             if USE_DOT:
-                xt = tl.load(x_p, mask=mm[:, None] & km[None, :], other=0.0)
+                xt = _normed(x_p, d_p, nw_p, r, mm[:, None] & km[None, :], NORM)
             else:
-                xt = tl.load(x_p, mask=km[:, None] & mm[None, :], other=0.0)
+                xt = _normed(x_p, d_p, nw_p, r, km[:, None] & mm[None, :], NORM)
             acc = _accumulate(acc, xt, w0, USE_DOT, DOT_F32, ACC2D)
             if GLU:
                 acc_u = _accumulate(acc_u, xt, w0u, USE_DOT, DOT_F32, ACC2D)
             w_p += BLOCK_K * stride_wk
             x_p += BLOCK_K * stride_xk
+            d_p += BLOCK_K * stride_dk
+            nw_p += BLOCK_K
             k_first = k0 + BLOCK_K
         else:
             k_first = k0
         for kb in range(k_first, k_end, BLOCK_K):
             km = (kb + kk) < k_end
             wm = km[:, None] & nm[None, :]
-            if USE_DOT:
-                xt = tl.load(x_p, mask=mm[:, None] & km[None, :], other=0.0)     # from L2: x is small
+            if USE_DOT:                                              # from L2: x is small
+                xt = _normed(x_p, d_p, nw_p, r, mm[:, None] & km[None, :], NORM)
             else:
-                xt = tl.load(x_p, mask=km[:, None] & mm[None, :], other=0.0)
+                xt = _normed(x_p, d_p, nw_p, r, km[:, None] & mm[None, :], NORM)
             acc = _accumulate(acc, xt, tl.load(w_p, mask=wm, other=0.0), USE_DOT, DOT_F32, ACC2D)
             if GLU:
                 acc_u = _accumulate(acc_u, xt, tl.load(w_p + UP, mask=wm, other=0.0), USE_DOT, DOT_F32, ACC2D)
             w_p += BLOCK_K * stride_wk
             x_p += BLOCK_K * stride_xk
+            d_p += BLOCK_K * stride_dk
+            nw_p += BLOCK_K
         if ACC2D:                                # the one sum over K
             acc = tl.sum(acc, axis=0)[None, :]
             acc_u = tl.sum(acc_u, axis=0)[None, :]
@@ -256,7 +320,7 @@ def _counters(device: torch.device) -> torch.Tensor:
     return _COUNTERS[key]
 
 
-def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False) -> Config:
+def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False, normed: bool = False) -> Config:
     """One row: tiles of [128, 128] (32 KB of weight in one load, summed into a [128] accumulator), K
     split until the programs cover the SMs four times. More rows: the tensor-core path on [64, 128]
     tiles through a four-stage pipeline, K split until the programs cover the SMs twice (each program
@@ -271,6 +335,12 @@ def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False
         bk = 256 if bn == 32 else 512
         return Config(bn, bk, split_for(N, K, bn, bk, 2, sms), False, num_warps=4, num_stages=2,
                       pdl=_PDL_KM, acc2d=True)
+    if k_major and normed:
+        # a norm-fused product (the input projections, the FFN's gate/up, the head; N >= 5,632) at 2-16
+        # rows: the sweep's best for these matrices at M = 4 on an H200, [128, 64] tiles through the
+        # tensor cores in three stages, no split (no partials to sum), PDL; [128, 32] where 64 columns
+        # would leave SMs idle (the fused gate/up: 88 tiles of its 5,632 outputs)
+        return Config(64 if -(-N // 64) >= sms else 32, 128, 1, True, num_warps=4, num_stages=3, pdl=_PDL_KM)
     if k_major:
         bn, bk, per_sm, min_blocks, warps, stages = 64, 128, 2, 2, 4, 3
     elif M == 1:
@@ -291,12 +361,19 @@ def split_for(N: int, K: int, block_n: int, block_k: int, per_sm: int, sms: int,
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: Config | None = None,
-         glu: bool = False) -> torch.Tensor:
+         glu: bool = False, norm: tuple | None = None):
     """x [M, K] (1 <= M <= 16), w [K, N] row-major, same dtype (bf16 or fp16) -> out [M, N] of x's dtype.
-    glu: w is [gate | up] ([K, 2F]) and out [M, F] = silu(x @ gate) * (x @ up), rounded once."""
+    glu: w is [gate | up] ([K, 2F]) and out [M, F] = silu(x @ gate) * (x @ up), rounded once.
+    norm = (d, nw, eps): the product's input is RMSNorm(h = x + d) with weight nw [K] (the residual pair
+    of `hybrid.py`, normed inside the kernel: no norm kernel before it); returns (h, out)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[0]:
         raise ValueError(f"gemv: x {tuple(x.shape)} and w {tuple(w.shape)} are not [M, K] and [K, N]")
     M, K = x.shape
+    if norm is not None:
+        d, nw, eps = norm
+        if d.shape != x.shape or d.dtype != x.dtype or nw.shape != (K,) or nw.dtype != x.dtype or not nw.is_contiguous():
+            raise ValueError(f"gemv: the norm takes d like x {tuple(x.shape)} and a contiguous weight [{K}], "
+                             f"got d {tuple(d.shape)} {d.dtype} and weight {tuple(nw.shape)} {nw.dtype}")
     if glu and w.shape[1] % 2:
         raise ValueError(f"gemv: a gate|up weight has an even number of columns, got {w.shape[1]}")
     N = w.shape[1] // 2 if glu else w.shape[1]
@@ -312,7 +389,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
         raise ValueError(f"gemv: out must be [{M}, {N}] {x.dtype} with unit column stride")
     k_major = is_k_major(w)
     # the columns a program's tiles cover: row-major [gate | up] counts both halves, K-major the outputs
-    c = config or default_config(M, w.shape[1] if glu and not k_major else N, K, _sm_count(x.device), k_major=k_major)
+    c = config or default_config(M, w.shape[1] if glu and not k_major else N, K, _sm_count(x.device), k_major=k_major,
+                                 normed=norm is not None)
     tiles = triton.cdiv(N, c.block_n)
     k_per = triton.cdiv(triton.cdiv(K, c.block_k), c.split) * c.block_k
     split = triton.cdiv(K, k_per)                      # the splits that hold any K
@@ -324,12 +402,28 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
     gdc = c.pdl and pdl_supported(x.device)
     part = torch.empty((split, M, w.shape[1]), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = _counters(x.device) if split > 1 else out
-    _gemv_kernel[(tiles, split)](x, w, out, part, cnt, M, N, K, x.stride(0), x.stride(1), out.stride(0),
-                                 w.stride(0), w.stride(1), k_per,
+    if norm is not None:
+        h = torch.empty((M, K), dtype=x.dtype, device=x.device)
+        norm_k = triton.next_power_of_2(K)
+        # the row's sum of squares in unrolled chunks of at most 4,096 values a program (one chunk for one row)
+        norm_args = (d, nw, h, float(eps), d.stride(0), d.stride(1), norm_k, min(norm_k, 4096 // m_pad))
+    else:
+        norm_args = (x, x, out, 0.0, x.stride(0), x.stride(1), 1, 1)
+    d_, nw_, h_, eps_, sdm, sdk, norm_k, norm_block = norm_args
+    _gemv_kernel[(tiles, split)](x, w, out, part, cnt, d_, nw_, h_, eps_, M, N, K, x.stride(0), x.stride(1),
+                                 sdm, sdk, out.stride(0), w.stride(0), w.stride(1), k_per,
                                  split, M_PAD=m_pad, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_DOT=c.use_dot,
                                  DOT_F32=_INTERPRET, GLU=glu, PEEL=c.pdl, USE_GDC=gdc, ACC2D=c.acc2d and not c.use_dot,
+                                 NORM=norm is not None, NORM_K=norm_k, NORM_BLOCK=norm_block,
                                  num_warps=c.num_warps, num_stages=c.num_stages, **({"launch_pdl": True} if gdc else {}))
-    return out
+    return out if norm is None else (h, out)
+
+
+def norm_reference(x: torch.Tensor, d: torch.Tensor, nw: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a norm-fused product takes: h = x + d and `layers.RMSNorm`'s output for h (the same ops)."""
+    h = x + d
+    hf = h.float()
+    return h, (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * nw
 
 
 def silu_glu_reference(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
@@ -357,6 +451,28 @@ def _gemv_glu_op(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
 @_gemv_glu_op.register_fake
 def _(x, w_gu):
     return x.new_empty((x.shape[0], w_gu.shape[1] // 2))
+
+
+@torch.library.custom_op("labkit::gemv_norm", mutates_args=())
+def _gemv_norm_op(x: torch.Tensor, d: torch.Tensor, nw: torch.Tensor, w: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return gemv(x, w, norm=(d, nw, eps))
+
+
+@_gemv_norm_op.register_fake
+def _(x, d, nw, w, eps):
+    return x.new_empty(x.shape), x.new_empty((x.shape[0], w.shape[1]))
+
+
+@torch.library.custom_op("labkit::gemv_norm_silu_glu", mutates_args=())
+def _gemv_norm_glu_op(x: torch.Tensor, d: torch.Tensor, nw: torch.Tensor, w_gu: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return gemv(x, w_gu, glu=True, norm=(d, nw, eps))
+
+
+@_gemv_norm_glu_op.register_fake
+def _(x, d, nw, w_gu, eps):
+    return x.new_empty(x.shape), x.new_empty((x.shape[0], w_gu.shape[1] // 2))
 
 
 def kernel_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -392,6 +508,38 @@ def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if kernel_applies(x, w):
         return torch.ops.labkit.gemv(x, w)
     return x @ w
+
+
+def norm_applies(x: torch.Tensor, d: torch.Tensor, norm, w: torch.Tensor) -> bool:
+    """Whether `norm_matmul` / `norm_silu_glu` fuse the residual add and the norm into the kernel: the
+    kernel applies to the product as `matmul` would take it, or, in mode "auto", K-major weights and
+    up to `_NORM_ROWS` rows (the norm kernel saved pays for the GEMV where cuBLAS would tie it); the
+    norm's weight has x's dtype and length; `LABKIT_GEMV_NORM=0` turns the fusion off."""
+    if not _NORM or not (d.shape == x.shape and d.dtype == x.dtype and norm.weight.dtype == x.dtype
+                         and norm.weight.shape == (x.shape[-1],) and norm.weight.is_contiguous()):
+        return False
+    if kernel_applies(x, w):
+        return True
+    return (_MODE == "auto" and x.dim() == 2 and 1 <= x.shape[0] <= _NORM_ROWS
+            and kernel_applies(x[:1], w))
+
+
+def norm_matmul(x: torch.Tensor, d: torch.Tensor, norm, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual pair (x, d) into a normed product: (h, norm(h) @ w) for h = x + d, `norm` an RMSNorm
+    (its `weight` and `eps`). One kernel where `norm_applies` (the add, the norm and the product; no
+    norm kernel before the product), else exactly those torch ops."""
+    if norm_applies(x, d, norm, w):
+        return torch.ops.labkit.gemv_norm(x, d, norm.weight, w, norm.eps)
+    h = x + d
+    return h, matmul(norm(h), w)
+
+
+def norm_silu_glu(x: torch.Tensor, d: torch.Tensor, norm, w_gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`norm_matmul` for the SwiGLU's first half: (h, silu_glu(norm(h), w_gu)), one kernel where it applies."""
+    if _GLU and w_gu.shape[-1] % 2 == 0 and norm_applies(x, d, norm, w_gu):
+        return torch.ops.labkit.gemv_norm_silu_glu(x, d, norm.weight, w_gu, norm.eps)
+    h = x + d
+    return h, silu_glu(norm(h), w_gu)
 
 
 def silu_glu(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from torch import nn
 from ...shapes import ModelShape
 from .attention import sparse_decode_attention
 from .kv import quantize_index_keys
-from .gemv import matmul
+from .gemv import matmul, norm_matmul, norm_silu_glu
 from .layers import FFN, DeltaNetLayer, QSALayer, RMSNorm, make_weight
 
 
@@ -100,9 +100,8 @@ def dn_post(blk, o, z):
 
 def dn_project(blk, x, d):
     """Decode, a DeltaNet block's input projection of norm1(x + d): the residual h = x + d and what
-    `deltanet_step.deltanet_mix` takes."""
-    h = x + d
-    return h, matmul(blk.norm1(h), blk.mixer.w_in)
+    `deltanet_step.deltanet_mix` takes (add, norm and product one kernel where the GEMV runs)."""
+    return norm_matmul(x, d, blk.norm1, blk.mixer.w_in)
 
 
 def dn_out(blk, g):
@@ -111,9 +110,10 @@ def dn_out(blk, g):
 
 
 def ffn_residual(blk, x, d):
-    """The FFN of h = x + d: returns (h, ffn(norm2(h))), the pair the next block adds."""
-    h = x + d
-    return h, blk.ffn(blk.norm2(h))
+    """The FFN of h = x + d: returns (h, ffn(norm2(h))), the pair the next block adds (the add, the norm
+    and the fused gate/up one kernel where the GEMV runs)."""
+    h, g = norm_silu_glu(x, d, blk.norm2, blk.ffn.w_gu)
+    return h, matmul(g, blk.ffn.w_d)
 
 
 def qsa_pre(blk, x, d, pos):
@@ -135,8 +135,7 @@ def dn_prefill(blk, x, d, S, conv):
 def qsa_project(blk, x, d):
     """Decode with the fused QSA heads (`qsa_step.qsa_heads` takes y next): h = x + d, y = norm1(h) @ w_in,
     the index key quantised, the indexer's query and head weights."""
-    h = x + d
-    y = matmul(blk.norm1(h), blk.mixer.w_in)
+    h, y = norm_matmul(x, d, blk.norm1, blk.mixer.w_in)
     iq, iw, ik = blk.mixer.index_parts(y)
     k8, sc = quantize_index_keys(ik)
     return h, y, k8, sc, iq, iw
