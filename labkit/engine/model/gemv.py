@@ -3,6 +3,8 @@
     y = matmul(x, w)            # the engine's entry: the GEMV below where it applies, else `x @ w`
     y = gemv(x, w, out=None)    # the Triton kernel itself (bf16/fp16, w row-major [K, N] as the layers hold it)
     h = silu_glu(x, w_gu)       # the SwiGLU's silu(x @ gate) * (x @ up) from one pass over w_gu = [gate | up]
+    h, y = norm_matmul(x, d, norm, w)     # the residual pair (x, d) summed and RMS-normed inside the kernel:
+    h, g = norm_silu_glu(x, d, norm, w_gu)  # (x + d, norm(x + d) @ w), no norm kernel before the product
 
 Why: at decode the activations have one row per request (M = 1..16) and every weight is read once per
 step, so a step's weights phase is a pure stream of HBM. cuBLAS runs these shapes at ~60% of the
@@ -22,6 +24,12 @@ would share them, so products run on one stream per device (as the engine's step
 `silu_glu` is the same kernel with the gate and up tiles of one column range side by side (two
 accumulators, the activation applied to the fp32 sums before the one rounding): the FFN's [M, 2F]
 product is never written or read back.
+The products after an RMSNorm (both input projections, the FFN's gate/up, the head) take the residual
+pair instead of the normed activation: every program sums the row's squares (the whole row, 4 KB of
+hidden state from L2, all its loads in flight at once), norms each tile of x as it loads it, and one
+program writes h = x + d for the next block. That takes the norm's own kernel, ~1.7 µs and a launch gap
+each, out of a step 97 times, and lets one GEMV follow another under PDL (a plain kernel between them
+waited for the first to end and made the second wait for it).
 
 torch.compile: `matmul` and `silu_glu` call the kernel through the custom ops `labkit::gemv` and
 `labkit::gemv_silu_glu` (each with a fake implementation for tracing), so a compiled block (the
