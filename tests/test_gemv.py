@@ -186,13 +186,17 @@ def test_norm_fused_product_matches_its_definition_under_interpreter():
                             assert torch.equal(h, h_ref) and bool(((o.float() - ref).abs() <= tol).all()), f"glu M={M} {c}"
                             n += 1
         assert int(G._counters(torch.device("cpu")).abs().sum()) == 0
-        # the engine's entries: "auto" fuses the norm for 1-16 rows against K-major weights and one row
-        # only against row-major (where the GEMV takes one row only), else the torch ops exactly
         class Norm:
             def __init__(self, weight, eps):
                 self.weight, self.eps = weight, eps
             def __call__(self, h):
                 return G.norm_reference(h, torch.zeros_like(h), self.weight, self.eps)[1]
+        # the engine's entries: "auto" fuses the norm at one row against K-major weights (at more rows
+        # only as far as LABKIT_GEMV_NORM_ROWS asks, here 16), else the torch ops exactly
+        assert G._NORM_ROWS == 1
+        G.set_mode("auto")
+        assert not G.norm_applies(x[:16].contiguous(), d[:16].contiguous(), Norm(nw, 1e-6), store.t())
+        G._NORM_ROWS = 16
         G.set_mode("auto")
         norm = Norm(nw, 1e-6)
         wk, wr = store.t(), store.t().contiguous()

@@ -3,9 +3,8 @@
 the largest for outputs near zero), bit-identical repeats and CUDA-graph replays (the split products'
 arrival counters reset themselves), each on row-major and K-major weights, and a captured decode step with
 the kernel equal to the step with cuBLAS within bf16 rounding (batch 4 with the kernel forced on; batch 1
-with the engine's default, the kernel on the layers' K-major weights; batch 4 with the default, where
-only the products with a norm before them take it, the norm inside), and the residual add and RMSNorm
-inside the kernel against torch's on the products that take them."""
+with the engine's default, the kernel on the layers' K-major weights, the norms inside the products that
+follow them), and the residual add and RMSNorm inside the kernel against torch's on those products."""
 import dataclasses
 
 import pytest
@@ -159,7 +158,7 @@ def test_gemv_chain_replays_from_a_cuda_graph():
             assert torch.equal(o, G.gemv(x, w)), f"replay {rep} product {i}: differs from eager"
 
 
-@pytest.mark.parametrize("batch,mode", [(4, "1"), (1, "auto"), (4, "auto")])
+@pytest.mark.parametrize("batch,mode", [(4, "1"), (1, "auto")])
 @pytest.mark.parametrize("compile", [False, True])
 def test_captured_decode_step_with_gemv_equals_cublas_step(compile, batch, mode):
     """The whole decode step captured in one graph, the kernel on (`mode`) and off: logits equal within

@@ -279,6 +279,7 @@ def blocks(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[s
     return {"roofline-h200": roofline_block(runs["roofline"]),
             "kernels-h200": kernels_block(runs["roofline_kernels"], runs["roofline"]),
             "kernels-now-h200": kernels_now_block(runs["kernels_now"], runs["roofline"]),
+            "kernels-norm-h200": kernels_now_block(runs["kernels_norm"], runs["roofline"]),
             "select-h200": select_block(runs["select_bench"]),
             "gemv-kmajor-h200": gemv_block(runs["gemv_kmajor"]),
             "decode-now-h200": decode_tables(now), "anatomy-now-h200": anatomy_table(now),

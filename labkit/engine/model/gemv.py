@@ -79,10 +79,13 @@ _PDL_KM = _PDL_ENV != "0"
 # and the torch ops after it, for an A/B
 _GLU = os.environ.get("LABKIT_GEMV_GLU", "1") == "1"
 # the residual add and RMSNorm before a product inside the kernel (`norm_matmul`); LABKIT_GEMV_NORM=0 runs
-# them as torch ops before it, for an A/B. LABKIT_GEMV_NORM_ROWS: in mode "auto" the norm-fused products
-# take the kernel up to this many rows (K-major weights), the plain ones at one row only
+# them as torch ops before it, for an A/B. Measured on an H200 at 64K (results/20261203-060400-norm-gemv-h200,
+# each variant its own process): the resident step at c = 1 3.687 -> 3.244 ms (615 -> 510 kernels). At
+# c = 4 the fused products through the GEMV's tensor-core path instead of cuBLAS + the norm kernel made the
+# step slower, 4.507 -> 4.897 ms, so LABKIT_GEMV_NORM_ROWS (the rows up to which "auto" fuses, K-major
+# weights) is 1 by default: at 2-16 rows the norm stays a torch op before cuBLAS, as before
 _NORM = os.environ.get("LABKIT_GEMV_NORM", "1") == "1"
-_NORM_ROWS = int(os.environ.get("LABKIT_GEMV_NORM_ROWS", "16"))
+_NORM_ROWS = int(os.environ.get("LABKIT_GEMV_NORM_ROWS", "1"))
 COUNTER_SLOTS = 8192            # column tiles a split product may have (split is used only for few tiles)
 
 
@@ -347,7 +350,8 @@ def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False
         # a norm-fused product (the input projections, the FFN's gate/up, the head; N >= 5,632) at 2-16
         # rows: the sweep's best for these matrices at M = 4 on an H200, [128, 64] tiles through the
         # tensor cores in three stages, no split (no partials to sum), PDL; [128, 32] where 64 columns
-        # would leave SMs idle (the fused gate/up: 88 tiles of its 5,632 outputs)
+        # would leave SMs idle (the fused gate/up: 88 tiles of its 5,632 outputs). In the step at c = 4
+        # slower than cuBLAS and the norm kernel (see _NORM_ROWS): taken only where asked for
         return Config(64 if -(-N // 64) >= sms else 32, 128, 1, True, num_warps=4, num_stages=3, pdl=_PDL_KM)
     if k_major:
         bn, bk, per_sm, min_blocks, warps, stages = 64, 128, 2, 2, 4, 3
@@ -521,7 +525,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def norm_applies(x: torch.Tensor, d: torch.Tensor, norm, w: torch.Tensor) -> bool:
     """Whether `norm_matmul` / `norm_silu_glu` fuse the residual add and the norm into the kernel: the
     kernel applies to the product as `matmul` would take it, or, in mode "auto", K-major weights and
-    up to `_NORM_ROWS` rows (the norm kernel saved pays for the GEMV where cuBLAS would tie it); the
+    up to `_NORM_ROWS` rows (LABKIT_GEMV_NORM_ROWS; 1 by default, which adds nothing to `matmul`'s rule); the
     norm's weight has x's dtype and length; `LABKIT_GEMV_NORM=0` turns the fusion off."""
     if not _NORM or not (d.shape == x.shape and d.dtype == x.dtype and norm.weight.dtype == x.dtype
                          and norm.weight.shape == (x.shape[-1],) and norm.weight.is_contiguous()):
