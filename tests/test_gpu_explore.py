@@ -14,7 +14,7 @@ import pytest
 
 from browser_util import REPO
 
-RUN = "20261202-171653-decode-64k-h200"
+RUN = "20261203-060711-decode-64k-h200"
 
 
 @pytest.mark.gpu
