@@ -804,7 +804,7 @@ def headlines() -> str:
         f"a step's weight matrices at {gshare['gemv_best']:.0%} of the read bandwidth, cuBLAS at {gshare['cublas']:.0%} "
         f"([roofline](docs/roofline.md)).",
         f"- **FlashOffloading's hot cache** reaches {min(hot):.3f}–{max(hot):.3f}× resident speed at {_ctx(top)} on recorded "
-        f"selections (one process each); its rotating prefill buffers cost nothing against resident prefill "
+        f"selections (one process each, with the step of its runs: {HOT_DECODE_RUNS[-1][1].split(', ')[-1]}); its rotating prefill buffers cost nothing against resident prefill "
         f"({pre['median']:.2f}×, {_span(pre['min'], pre['max'])}× across {int(pre['n'])} processes, a 248K prompt with "
         f"the KV going to host RAM) and run a whole 1M-token prompt under a 24 GiB cap, and offload in both "
         f"stages gives {cap['median']:.2f}× the goodput of none ({_span(cap['min'], cap['max'])}× across {int(cap['n'])} "
