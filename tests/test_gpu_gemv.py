@@ -13,6 +13,7 @@ import torch
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
 from labkit.engine.drive.runner import DecodeRunner
 from labkit.engine.model import gemv as G
+from labkit.engine.model.layers import RMSNorm
 from labkit.shapes import PRESETS
 
 pytestmark = pytest.mark.gpu
@@ -92,7 +93,10 @@ def test_norm_fused_product_matches_on_every_normed_shape(M, layout):
         w = laid_out((torch.randn(K, N, generator=g, device="cuda") / K ** 0.5).bfloat16(), layout)
         x, d = (torch.randn(M, K, generator=g, device="cuda").bfloat16() for _ in range(2))
         nw = (1 + 0.25 * torch.randn(K, generator=g, device="cuda")).bfloat16()
-        h_ref, xn = G.norm_reference(x, d, nw, 1e-6)
+        norm = RMSNorm(K, torch.bfloat16, "cuda", eps=1e-6)      # the layers' own norm, with this weight
+        norm.weight.data.copy_(nw)
+        h_ref = x + d
+        xn = norm(h_ref)
         glu = name == "ffn.w_gu"
         h, y = G.gemv(x, w, glu=glu, norm=(d, nw, 1e-6))
         assert torch.equal(h, h_ref), f"{name} M={M}: h"
