@@ -58,7 +58,9 @@ def test_kernel_matches_fp32_reference_under_interpreter():
                 configs = [None, G.Config(32, 16, 1, M > 1, 4, 2), G.Config(32, 16, 3, M > 1, 4, 2),
                            G.Config(64, 32, 5, M > 1, 4, 2),
                            # the first K block peeled (the PDL path's order: its weights before x)
-                           G.Config(32, 16, 1, M > 1, 4, 2, pdl=True), G.Config(32, 16, 3, M > 1, 4, 2, pdl=True)]
+                           G.Config(32, 16, 1, M > 1, 4, 2, pdl=True), G.Config(32, 16, 3, M > 1, 4, 2, pdl=True),
+                           # the tensor-core path swapped (out^T = w^T @ x^T), K split, peeled
+                           G.Config(32, 16, 3, True, 4, 2, pdl=True, swap=True)]
                 if M == 1:
                     configs.append(G.Config(32, 16, 3, True, 4, 2))    # one row through the dot path
                 for c in configs:
@@ -80,7 +82,7 @@ def test_kernel_matches_fp32_reference_under_interpreter():
         check(G.gemv(x, w), x, w, "default config, split")
         print("checked", n_checked + 2)
     ''')
-    assert "checked 59" in out, out
+    assert "checked 68" in out, out
 
 
 @needs_triton
@@ -100,7 +102,7 @@ def test_k_major_weights_match_fp32_reference_under_interpreter():
                 w = store[:, :K].t()                                      # [K, N], stride (1, K + 24)
                 assert w.stride() == (1, K + 24) and G.layout_ok(w)
                 configs = [None, G.Config(32, 16, 1, M > 1, 4, 2), G.Config(32, 16, 3, M > 1, 4, 2),
-                           G.Config(64, 32, 5, M > 1, 4, 2, pdl=True)]
+                           G.Config(64, 32, 5, M > 1, 4, 2, pdl=True), G.Config(32, 16, 1, True, 4, 2, swap=True)]
                 if M == 1:
                     configs += [G.Config(32, 16, 3, False, 4, 2, acc2d=True), G.Config(16, 64, 1, False, 4, 2, acc2d=True),
                                 G.Config(32, 16, 2, False, 4, 2, pdl=True, acc2d=True)]
@@ -129,7 +131,7 @@ def test_k_major_weights_match_fp32_reference_under_interpreter():
         assert G.kernel_applies(x4, wk) and G.kernel_applies(x4, wr)
         print("k-major checked", n)
     ''')
-    assert "k-major checked 42" in out, out
+    assert "k-major checked 48" in out, out
 
 
 @needs_triton
@@ -168,7 +170,8 @@ def test_norm_fused_product_matches_its_definition_under_interpreter():
                 store = (torch.randn(N, K, generator=g) / K ** 0.5).bfloat16()
                 h_ref, xn = normed(x, d, nw, 1e-6)
                 for w in (store.t(), store.t().contiguous()):            # K-major, row-major
-                    configs = [None, G.Config(32, 16, 3, M > 1, 4, 2), G.Config(64, 32, 5, M > 1, 4, 2, pdl=True)]
+                    configs = [None, G.Config(32, 16, 3, M > 1, 4, 2), G.Config(64, 32, 5, M > 1, 4, 2, pdl=True),
+                               G.Config(32, 16, 3, True, 4, 2, pdl=True, swap=True)]
                     if M == 1:
                         configs += [G.Config(16, 64, 1, False, 4, 2, acc2d=True),
                                     G.Config(32, 16, 2, False, 4, 2, pdl=True, acc2d=True)]
@@ -213,7 +216,7 @@ def test_norm_fused_product_matches_its_definition_under_interpreter():
         assert torch.equal(o, G.matmul(norm(x[:1] + d[:1]), wk))
         print("truncates", truncates, "norm checked", n)
     ''')
-    assert "norm checked 68" in out, out
+    assert "norm checked 80" in out, out
 
 
 def test_weights_hold_the_same_values_in_either_layout():
@@ -483,3 +486,29 @@ def test_bench_script_runs_end_to_end_on_cpu(tmp_path, layout):
     assert "gemv_glu" in next(x for x in r["per_matrix"] if x["matrix"] == "ffn.w_gu")
     md = (tmp_path / "gemv_bench.md").read_text()
     assert md.count("\n| ") >= 21 + 3 + 2
+
+
+@needs_triton
+def test_rows_bench_script_runs_end_to_end_on_cpu(tmp_path):
+    """scripts/gemv_rows_bench.py's dry run: every path of the GPU measurement (cuBLAS, the kernel as x @ w and
+    swapped, a tile sweep at M = 4, the whole-step chains, the JSON) on CPU under the interpreter with the tiny
+    shape; its timings mean nothing, but the swapped product is checked against the fp32 product."""
+    import json
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "gemv_rows_bench.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, script, str(tmp_path), "--dry-run", "--shape", "tiny"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((tmp_path / "bench_swap.json").read_text())
+    assert r["dry_run"] and r["shape"] == "tiny"
+    matrices = ("qsa.w_in", "qsa.w_o", "dn.w_in", "dn.w_o", "ffn.w_gu", "ffn.w_d")      # the head left out
+    assert sorted((x["matrix"], x["M"]) for x in r["rows"]) == sorted((n, m) for n in matrices for m in (4, 16))
+    for x in r["rows"]:
+        assert all(x[k] > 0 for k in ("cublas_nk", "dot", "swap")), x
+        assert x["swap_err"] <= 0.07, x                 # 2 bf16 ulps of outputs below 8 (N(0, 1) here)
+        assert ("best_cfg" in x) == (x["M"] == 4) and (x["M"] != 4 or x["best_cfg"]["swap"])
+    assert sorted(r["chain"]) == sorted(f"{k}_M{m}" for k in ("cublas_nk", "dot", "swap", "swap_best") for m in (4, 16))
+    bad = subprocess.run([sys.executable, script, str(tmp_path / "x"), "--dry-run", "--rows", "1,4"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0 and "--rows" in bad.stderr
+    assert not (tmp_path / "x").exists()

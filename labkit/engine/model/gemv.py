@@ -14,13 +14,16 @@ the accumulator in registers reaches most of it.
 How: each program owns BLOCK_N columns and a range of K, reads [BLOCK_K, BLOCK_N] tiles of W (rows of W
 are contiguous along N, so each tile is BLOCK_K coalesced row segments) and accumulates fp32 for all M
 rows (a tensor-core `tl.dot` with the rows padded to 16, or for M = 1 plain FMAs into a [BLOCK_K,
-BLOCK_N] accumulator reduced once at the end). When N alone gives too few programs to fill the GPU (N =
-2048: 16 tiles for 132 SMs), K is split over SPLIT programs per tile: each writes its fp32 partial, bumps
-the tile's arrival counter, and the last to arrive sums the partials in split order (deterministic: the
-same bits whichever program came last), writes the output and resets the counter to zero. One kernel per
-product, no memset and no host sync: fixed shapes, capturable in a CUDA graph. The counters are one
-int32 per column tile and device, zero between calls; concurrent products on two streams of one device
-would share them, so products run on one stream per device (as the engine's step does).
+BLOCK_N] accumulator reduced once at the end). On K-major weights the tensor-core path runs swapped,
+out^T = w^T @ x^T (`Config.swap`): the weight tile is the MMA's wide side and the 16 padded rows its narrow
+one (for sm90, Triton 3.9 compiles it to a warpgroup MMA and x @ w to the per-warp MMA).
+When N alone gives too few programs to fill the GPU (N = 2048: 16 tiles for 132 SMs), K is split over
+SPLIT programs per tile: each writes its fp32 partial, bumps the tile's arrival counter, and the last to
+arrive sums the partials in split order (deterministic: the same bits whichever program came last), writes
+the output and resets the counter to zero. One kernel per product, no memset and no host sync: fixed
+shapes, capturable in a CUDA graph. The counters are one int32 per column tile and device, zero between
+calls; concurrent products on two streams of one device would share them, so products run on one stream
+per device (as the engine's step does).
 `silu_glu` is the same kernel with the gate and up tiles of one column range side by side (two
 accumulators, the activation applied to the fp32 sums before the one rounding): the FFN's [M, 2F]
 product is never written or read back.
@@ -46,7 +49,10 @@ from one CUDA graph at M = 1 (results/20261202-171000-gemv-kmajor-h200): cuBLAS 
 bandwidth); this kernel on row-major weights 3.34 ms at its best configuration per shape
 (results/20261202-033500-gemv-tiles-h200), on K-major weights 2.07 ms (78%) with PDL. At M = 4 and 16 it
 ties or loses to cuBLAS on either layout, so "auto" takes it for one row against K-major weights only:
-the resident step at 64K, c = 1, went 3.85 -> 3.69 ms.
+the resident step at 64K, c = 1, went 3.85 -> 3.69 ms. Swapped, with the sweep's best tiles per matrix, it
+ties cuBLAS at M = 4 back to back (2.23 ms, results/20261203-085200-gemv-swap-h200) and still makes the
+step at c = 4 slower (4.46 -> 4.88 ms at the default tiles, 4.51 -> 5.63 at the best ones;
+results/20261203-090500-gemv-rows-tiles-h200): `LABKIT_GEMV_ROWS` (default 1) widens "auto" for an A/B.
 """
 from __future__ import annotations
 
@@ -86,6 +92,10 @@ _GLU = os.environ.get("LABKIT_GEMV_GLU", "1") == "1"
 # weights) is 1 by default: at 2-16 rows the norm stays a torch op before cuBLAS, as before
 _NORM = os.environ.get("LABKIT_GEMV_NORM", "1") == "1"
 _NORM_ROWS = int(os.environ.get("LABKIT_GEMV_NORM_ROWS", "1"))
+# LABKIT_GEMV_ROWS: the rows up to which "auto" takes the kernel against K-major weights (1: one row only)
+_ROWS = int(os.environ.get("LABKIT_GEMV_ROWS", "1"))
+# LABKIT_GEMV_SWAP: the tensor-core path (2-16 rows, K-major) as out^T = w^T @ x^T ("1", default) or x @ w
+_SWAP = os.environ.get("LABKIT_GEMV_SWAP", "1") == "1"
 COUNTER_SLOTS = 8192            # column tiles a split product may have (split is used only for few tiles)
 
 
@@ -118,8 +128,14 @@ def gemv_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 if HAVE_TRITON:
     @triton.jit
-    def _accumulate(acc, xt, w, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, ACC2D: tl.constexpr):
-        if USE_DOT:
+    def _accumulate(acc, xt, w, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, ACC2D: tl.constexpr,
+                    SWAP: tl.constexpr):
+        if USE_DOT and SWAP:   # out^T [BLOCK_N, M_PAD] += w^T @ x^T: the weight tile is the MMA's wide side
+            if DOT_F32:
+                acc = tl.dot(tl.trans(w).to(tl.float32), tl.trans(xt).to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(tl.trans(w), tl.trans(xt), acc)
+        elif USE_DOT:
             if DOT_F32:   # the interpreter's dot gets bf16 wrong; exact fp32 operands, same products
                 acc = tl.dot(xt.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
             else:
@@ -178,7 +194,7 @@ if HAVE_TRITON:
                      stride_wk, stride_wn, K_PER_SPLIT, SPLIT, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, GLU: tl.constexpr,
                      PEEL: tl.constexpr, USE_GDC: tl.constexpr, ACC2D: tl.constexpr, NORM: tl.constexpr,
-                     NORM_K: tl.constexpr, NORM_BLOCK: tl.constexpr):
+                     NORM_K: tl.constexpr, NORM_BLOCK: tl.constexpr, SWAP: tl.constexpr):
         """out = x @ w, or with GLU (w = [gate | up], 2N columns) out = silu(x @ gate) * (x @ up).
         PEEL: the first K block is taken out of the loop so that its weight tile can be loaded before x;
         with USE_GDC (launched with programmatic dependent launch) the wait on the kernel before, whose
@@ -214,6 +230,8 @@ if HAVE_TRITON:
             nw_p = nw_ptr + (k0 + kk)[:, None]
         if ACC2D:
             acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+        elif SWAP:
+            acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
         else:
             acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)     # M_PAD is 1 on the FMA path
         acc_u = tl.zeros_like(acc)
@@ -235,9 +253,9 @@ if HAVE_TRITON:
                 xt = _normed(x_p, d_p, nw_p, r, mm[:, None] & km[None, :], NORM)
             else:
                 xt = _normed(x_p, d_p, nw_p, r, km[:, None] & mm[None, :], NORM)
-            acc = _accumulate(acc, xt, w0, USE_DOT, DOT_F32, ACC2D)
+            acc = _accumulate(acc, xt, w0, USE_DOT, DOT_F32, ACC2D, SWAP)
             if GLU:
-                acc_u = _accumulate(acc_u, xt, w0u, USE_DOT, DOT_F32, ACC2D)
+                acc_u = _accumulate(acc_u, xt, w0u, USE_DOT, DOT_F32, ACC2D, SWAP)
             w_p += BLOCK_K * stride_wk
             x_p += BLOCK_K * stride_xk
             d_p += BLOCK_K * stride_dk
@@ -252,9 +270,9 @@ if HAVE_TRITON:
                 xt = _normed(x_p, d_p, nw_p, r, mm[:, None] & km[None, :], NORM)
             else:
                 xt = _normed(x_p, d_p, nw_p, r, km[:, None] & mm[None, :], NORM)
-            acc = _accumulate(acc, xt, tl.load(w_p, mask=wm, other=0.0), USE_DOT, DOT_F32, ACC2D)
+            acc = _accumulate(acc, xt, tl.load(w_p, mask=wm, other=0.0), USE_DOT, DOT_F32, ACC2D, SWAP)
             if GLU:
-                acc_u = _accumulate(acc_u, xt, tl.load(w_p + UP, mask=wm, other=0.0), USE_DOT, DOT_F32, ACC2D)
+                acc_u = _accumulate(acc_u, xt, tl.load(w_p + UP, mask=wm, other=0.0), USE_DOT, DOT_F32, ACC2D, SWAP)
             w_p += BLOCK_K * stride_wk
             x_p += BLOCK_K * stride_xk
             d_p += BLOCK_K * stride_dk
@@ -262,6 +280,9 @@ if HAVE_TRITON:
         if ACC2D:                                # the one sum over K
             acc = tl.sum(acc, axis=0)[None, :]
             acc_u = tl.sum(acc_u, axis=0)[None, :]
+        if SWAP:                                 # back to [M_PAD, BLOCK_N]
+            acc = tl.trans(acc)
+            acc_u = tl.trans(acc_u)
         omask = mm[:, None] & nm[None, :]
         o_p = out_ptr + m[:, None] * stride_om + n[None, :]
         if SPLIT == 1:
@@ -301,6 +322,7 @@ class Config:
     num_stages: int
     pdl: bool = False        # programmatic dependent launch (sm90+): weights prefetched before the wait
     acc2d: bool = False      # one row: sum the products over K once after the loop, not per tile
+    swap: bool = False       # the tensor-core path as out^T = w^T @ x^T (the weight tile the MMA's M side)
 
 
 _SMS: dict = {}
@@ -350,12 +372,19 @@ def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False
         # a norm-fused product (the input projections, the FFN's gate/up, the head; N >= 5,632) at 2-16
         # rows: the sweep's best for these matrices at M = 4 on an H200, [128, 64] tiles through the
         # tensor cores in three stages, no split (no partials to sum), PDL; [128, 32] where 64 columns
-        # would leave SMs idle (the fused gate/up: 88 tiles of its 5,632 outputs). In the step at c = 4
-        # slower than cuBLAS and the norm kernel (see _NORM_ROWS): taken only where asked for
-        return Config(64 if -(-N // 64) >= sms else 32, 128, 1, True, num_warps=4, num_stages=3, pdl=_PDL_KM)
+        # would leave SMs idle (the fused gate/up: 88 tiles of its 5,632 outputs)
+        return Config(64 if -(-N // 64) >= sms else 32, 128, 1, True, num_warps=4, num_stages=3, pdl=_PDL_KM,
+                      swap=_SWAP)
     if k_major:
-        bn, bk, per_sm, min_blocks, warps, stages = 64, 128, 2, 2, 4, 3
-    elif M == 1:
+        # 2-16 rows: [64, 128] tiles, K split for two programs an SM. Swapped (LABKIT_GEMV_SWAP, default on)
+        # a step's matrices back to back at M = 4 took 2.63 ms against 2.97 unswapped and cuBLAS's 2.22; the
+        # sweep's best tiles per matrix ([32, 256] unsplit for the wide ones) tied cuBLAS there (2.23 ms) but
+        # made the step at c = 4 slower than these (5.63 against 4.88 ms; cuBLAS 4.46-4.51;
+        # results/20261203-085200-gemv-swap-h200, results/20261203-090500-gemv-rows-tiles-h200): the step
+        # is the figure, so these stay, and "auto" keeps cuBLAS at 2-16 rows
+        return Config(64, 128, split_for(N, K, 64, 128, 2, sms, 2), True, num_warps=4, num_stages=3, pdl=_PDL_KM,
+                      swap=_SWAP)
+    if M == 1:
         bn, bk, per_sm, min_blocks, warps, stages = 128, 128, 4, 1, 4, 1
     else:
         bn, bk, per_sm, min_blocks, warps, stages = 128, 64, 2, 2, 4, 4
@@ -427,6 +456,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
                                  split, M_PAD=m_pad, BLOCK_N=c.block_n, BLOCK_K=c.block_k, USE_DOT=c.use_dot,
                                  DOT_F32=_INTERPRET, GLU=glu, PEEL=c.pdl, USE_GDC=gdc, ACC2D=c.acc2d and not c.use_dot,
                                  NORM=norm is not None, NORM_K=norm_k, NORM_BLOCK=norm_block,
+                                 SWAP=c.swap and c.use_dot,
                                  num_warps=c.num_warps, num_stages=c.num_stages, **({"launch_pdl": True} if gdc else {}))
     return out if norm is None else (h, out)
 
@@ -482,8 +512,9 @@ def _(x, d, nw, w_gu, eps):
 
 def kernel_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `matmul` takes the kernel: Triton where it runs (CUDA; CPU only under the interpreter),
-    bf16/fp16 on both sides, and by the mode: "1" 1 <= M <= 16 and either layout of w; "auto" one row
-    against K-major weights (where it is faster than cuBLAS; at M = 4 and 16 cuBLAS ties or wins)."""
+    bf16/fp16 on both sides, and by the mode: "1" 1 <= M <= 16 and either layout of w; "auto" K-major
+    weights and up to `LABKIT_GEMV_ROWS` rows, one by default (where it is faster than cuBLAS in the step;
+    at M = 4 and 16 cuBLAS ties or wins)."""
     if _MODE == "0" or not HAVE_TRITON:
         return False
     if x.device.type != ("cpu" if _INTERPRET else "cuda"):
@@ -491,7 +522,7 @@ def kernel_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     if not (x.dim() == 2 and w.dim() == 2 and x.dtype == w.dtype and x.dtype in _DTYPES and layout_ok(w)):
         return False
     if _MODE == "auto":
-        return x.shape[0] == 1 and is_k_major(w)
+        return 1 <= x.shape[0] <= min(_ROWS, MAX_M) and is_k_major(w)
     return 1 <= x.shape[0] <= MAX_M
 
 
