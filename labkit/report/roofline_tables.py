@@ -87,11 +87,12 @@ def _profile(path) -> dict:
     return json.loads(gzip.decompress(gz.read_bytes()) if gz.exists() and not path.exists() else path.read_text())
 
 
-def kernels_now_block(variants: list, weight_bw_run: str, overlapped: bool = False) -> str:
+def kernels_now_block(variants: list, weight_bw_run: str, overlapped: bool = False, bw_call: str = "the same device call") -> str:
     """Today's step kernel by kernel at 64K, c = 1 and 4, one row per change in the order made:
     variants = [[folder, profile file, label], ...] (profile_step JSONs, each its own process).
     overlapped: the products run under programmatic dependent launch, so their kernels overlap and a
-    kernel's time includes its programs' wait for the kernel before: no weights share from kernel sums."""
+    kernel's time includes its programs' wait for the kernel before: no weights share from kernel sums.
+    bw_call: where the read bandwidth was measured relative to the profiles."""
     bw = hbm_read_gbps(load_run(REPO / weight_bw_run).metrics)
     profs = [(label, _profile(REPO / folder / name)) for folder, name, label in variants]
     pts = [(label, p) for label, d in profs for p in d["points"]]
@@ -110,7 +111,7 @@ def kernels_now_block(variants: list, weight_bw_run: str, overlapped: bool = Fal
         lead = ("The lab's GEMV runs under programmatic dependent launch: each product's programs start while the "
                 "kernel before runs and wait for it, so kernels overlap ('between kernels' below zero) and a "
                 "product's kernel time counts that wait. The step, not a sum of kernels, is the figure here; the "
-                f"read bandwidth is {bw:.0f} GB/s (`{weight_bw_run.split('/')[-1]}`, the same device call).")
+                f"read bandwidth is {bw:.0f} GB/s (`{weight_bw_run.split('/')[-1]}`, {bw_call}).")
         return lead + "\n\n" + _md(pd.DataFrame(rows))
     wb, gemm, share = weights_share(variants, weight_bw_run)
     lead = (f"Last variant at c = 1 ({variants[-1][2]}): the weight products' kernels take {gemm:.2f} ms for "
@@ -281,6 +282,26 @@ def gemv_block(run: str) -> str:
             "\n\nOne row (M = 1), per matrix:\n\n" + _md(pd.DataFrame(per)))
 
 
+def gemv_rows_block(run: str) -> str:
+    """The GEMV's tensor-core path at 2-16 rows on K-major weights (scripts/gemv_rows_bench.py): per matrix
+    GB/s for cuBLAS, the kernel as x @ w, swapped, and swapped at the sweep's best tiles; then a step's
+    matrices back to back, per M and way."""
+    r = json.loads((REPO / run / "bench_swap.json").read_text())
+    read = r["read"]["read_GBps"]
+    ways = {"cublas_nk": "cuBLAS", "dot": "GEMV, x @ w", "swap": "GEMV swapped", "swap_best": "GEMV swapped, best tiles"}
+    gbs = lambda x, k: f"{x['K'] * x['N'] * 2 / x[k] / 1e6:.0f}" if x.get(k) else "–"  # noqa: E731
+    per = [{"matrix": x["matrix"], "K": x["K"], "N": x["N"], "M": x["M"], **{f"{v} GB/s": gbs(x, k) for k, v in ways.items()},
+            "best tile (N × K rows), split": (f"{x['best_cfg']['block_n']} × {x['best_cfg']['block_k']}, {x['best_cfg']['split']}"
+                                               if x.get("best_cfg") else "–")} for x in r["rows"]]
+    ms = sorted({int(k.rsplit("_M", 1)[1]) for k in r["chain"]})
+    chain = [{"M": m, **{v: (f"{r['chain'][f'{k}_M{m}']:.3f} ({r['chain_bytes'] / r['chain'][f'{k}_M{m}'] / 1e6 / read:.0%})"
+                             if f"{k}_M{m}" in r["chain"] else "–") for k, v in ways.items()}} for m in ms]
+    return (f"Per matrix (K-major weights; the sweep ran at M = 4 only), GB/s of weight read; contiguous read {read:.0f} GB/s "
+            f"in the same process (`{run.rsplit('/', 1)[-1]}`):\n\n" + _md(pd.DataFrame(per)) +
+            f"\n\nA step's matrices back to back (the head left out, {r['chain_bytes'] / 1e9:.2f} GB), one CUDA graph each, "
+            "ms (share of the read bandwidth):\n\n" + _md(pd.DataFrame(chain)))
+
+
 def blocks(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[str, str]:
     """The blocks of docs/roofline.md and docs/spreads.md; the decode table functions are readme_tables'."""
     now = load_run(REPO / runs["decode_now"]).metrics
@@ -290,6 +311,9 @@ def blocks(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[s
             "kernels-norm-h200": kernels_now_block(runs["kernels_norm"], runs["roofline"], overlapped=True),
             "select-h200": select_block(runs["select_bench"]),
             "gemv-kmajor-h200": gemv_block(runs["gemv_kmajor"]),
+            "gemv-rows-h200": gemv_rows_block(runs["gemv_rows"]),
+            "kernels-rows-h200": kernels_now_block(runs["kernels_rows"], runs["roofline"], overlapped=True,
+                                                   bw_call="an earlier device call of the same day"),
             "decode-now-h200": decode_tables(now), "anatomy-now-h200": anatomy_table(now),
             "anatomy-all-now-h200": anatomy_table(now, contexts=None),
             "decode-change-h200": ratio_change_block(runs["decode_before"], runs["decode_now"]),
