@@ -16,7 +16,8 @@ are contiguous along N, so each tile is BLOCK_K coalesced row segments) and accu
 rows (a tensor-core `tl.dot` with the rows padded to 16, or for M = 1 plain FMAs into a [BLOCK_K,
 BLOCK_N] accumulator reduced once at the end). On K-major weights the tensor-core path runs swapped,
 out^T = w^T @ x^T (`Config.swap`): the weight tile is the MMA's wide side and the 16 padded rows its narrow
-one (for sm90, Triton 3.9 compiles it to a warpgroup MMA and x @ w to the per-warp MMA).
+one (why: Hopper's warpgroup MMA wants an M side of 64, which a weight tile has and 16 padded rows do not;
+which MMA Triton 3.6 picked on the H200 was not inspected, only the time, in the tables of docs/roofline.md).
 When N alone gives too few programs to fill the GPU (N = 2048: 16 tiles for 132 SMs), K is split over
 SPLIT programs per tile: each writes its fp32 partial, bumps the tile's arrival counter, and the last to
 arrive sums the partials in split order (deterministic: the same bits whichever program came last), writes
