@@ -294,8 +294,10 @@ def gemv_rows_block(run: str) -> str:
             "best tile (N × K rows), split": (f"{x['best_cfg']['block_n']} × {x['best_cfg']['block_k']}, {x['best_cfg']['split']}"
                                                if x.get("best_cfg") else "–")} for x in r["rows"]]
     ms = sorted({int(k.rsplit("_M", 1)[1]) for k in r["chain"]})
+    swept = {x["M"] for x in r["rows"] if x.get("best_cfg")}      # at other M "best tiles" fell back to the defaults
+    shown = lambda k, m: f"{k}_M{m}" in r["chain"] and (k != "swap_best" or m in swept)  # noqa: E731
     chain = [{"M": m, **{v: (f"{r['chain'][f'{k}_M{m}']:.3f} ({r['chain_bytes'] / r['chain'][f'{k}_M{m}'] / 1e6 / read:.0%})"
-                             if f"{k}_M{m}" in r["chain"] else "–") for k, v in ways.items()}} for m in ms]
+                             if shown(k, m) else "–") for k, v in ways.items()}} for m in ms]
     return (f"Per matrix (K-major weights; the sweep ran at M = 4 only), GB/s of weight read; contiguous read {read:.0f} GB/s "
             f"in the same process (`{run.rsplit('/', 1)[-1]}`):\n\n" + _md(pd.DataFrame(per)) +
             f"\n\nA step's matrices back to back (the head left out, {r['chain_bytes'] / 1e9:.2f} GB), one CUDA graph each, "
