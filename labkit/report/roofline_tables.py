@@ -298,7 +298,7 @@ def gemv_rows_block(run: str) -> str:
     shown = lambda k, m: f"{k}_M{m}" in r["chain"] and (k != "swap_best" or m in swept)  # noqa: E731
     chain = [{"M": m, **{v: (f"{r['chain'][f'{k}_M{m}']:.3f} ({r['chain_bytes'] / r['chain'][f'{k}_M{m}'] / 1e6 / read:.0%})"
                              if shown(k, m) else "–") for k, v in ways.items()}} for m in ms]
-    return (f"Per matrix (K-major weights; the sweep ran at M = 4 only), GB/s of weight read; contiguous read {read:.0f} GB/s "
+    return (f"Per matrix (K-major weights; the sweep ran at M = {', '.join(map(str, sorted(swept)))} only), GB/s of weight read; contiguous read {read:.0f} GB/s "
             f"in the same process (`{run.rsplit('/', 1)[-1]}`):\n\n" + _md(pd.DataFrame(per)) +
             f"\n\nA step's matrices back to back (the head left out, {r['chain_bytes'] / 1e9:.2f} GB), one CUDA graph each, "
             "ms (share of the read bandwidth):\n\n" + _md(pd.DataFrame(chain)))
