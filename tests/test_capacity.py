@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from labkit.bench.capacity import fit, request_bytes
+from labkit.experiments.capacity.measure import fit, request_bytes
 from labkit.engine import HybridModel, OffloadCache, get_strategy
 from labkit.engine.model.layers import dn_state_shapes
 from labkit.shapes import PRESETS
@@ -18,9 +18,9 @@ from labkit.shapes import PRESETS
 REF, TINY = PRESETS["qwen3.8-flash-next"], PRESETS["tiny"]
 
 
-def _cli(module, *args, cwd=None):
-    """`labkit run NAME` for the experiment module `labkit.bench.NAME` (bad input stops before papermill)."""
-    return subprocess.run([sys.executable, "-m", "labkit", "run", module.rsplit(".", 1)[1], *args], capture_output=True,
+def _cli(name, *args, cwd=None):
+    """`labkit run NAME` (bad input stops before papermill)."""
+    return subprocess.run([sys.executable, "-m", "labkit", "run", name, *args], capture_output=True,
                           text=True, cwd=cwd, timeout=120)
 
 
@@ -61,20 +61,20 @@ def test_offloading_both_stages_holds_more_requests_at_24_gib():
     assert none.requests == (cap - REF.weight_bytes() - 2 * 2**30 - (64 << 10) * REF.row_bytes) // none.per_request_bytes
 
 
-@pytest.mark.parametrize("module,args,msg", [
-    ("labkit.bench.capacity", ["-p", "mem_cap_gib=0.0001"], "weights"),
-    ("labkit.bench.capacity", ["-p", "configs=none,gpu"], "unknown config gpu"),
-    ("labkit.bench.capacity", ["-p", "hot_policy=mru"], "unknown policy"),
-    ("labkit.bench.capacity", ["-p", "hot_capacity=0"], "capacity"),
-    ("labkit.bench.capacity", ["-p", "mem_cap_gib=0.002", "-p", "context_len=1M", "-p", "workspace_gib=0"], "no request"),
-    ("labkit.bench.capacity", ["-p", "mem_cap_gib=-1"], "mem_cap_gib"),
-    ("labkit.bench.prefill", ["-p", "modes=resident,async"], "unknown prefill mode async"),
-    ("labkit.bench.prefill", ["-p", "mem_cap_gib=0.0001"], "weights"),
-    ("labkit.bench.prefill", ["-p", "context_lens=256", "-p", "tail_tokens=256"], "tail_tokens"),
+@pytest.mark.parametrize("name,args,msg", [
+    ("capacity", ["-p", "mem_cap_gib=0.0001"], "weights"),
+    ("capacity", ["-p", "configs=none,gpu"], "unknown config gpu"),
+    ("capacity", ["-p", "hot_policy=mru"], "unknown policy"),
+    ("capacity", ["-p", "hot_capacity=0"], "capacity"),
+    ("capacity", ["-p", "mem_cap_gib=0.002", "-p", "context_len=1M", "-p", "workspace_gib=0"], "no request"),
+    ("capacity", ["-p", "mem_cap_gib=-1"], "mem_cap_gib"),
+    ("prefill", ["-p", "modes=resident,async"], "unknown prefill mode async"),
+    ("prefill", ["-p", "mem_cap_gib=0.0001"], "weights"),
+    ("prefill", ["-p", "context_lens=256", "-p", "tail_tokens=256"], "tail_tokens"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, module, args, msg):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, name, args, msg):
     out = tmp_path / "run"
-    p = _cli(module, "--out", str(out), "-p", "device=cpu", *args)
+    p = _cli(name, "--out", str(out), "-p", "device=cpu", *args)
     assert p.returncode == 2, p.stderr[-2000:]
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and msg in lines[0], p.stderr
@@ -133,7 +133,7 @@ def test_capacity_defaults_are_sized_to_this_machine(tmp_path):
     """With its defaults on a CPU, the cap is a share of the RAM available (never 24 GiB on a machine that
     has less) and the timed batch small enough to step: every row measured, none failed."""
     import psutil
-    from labkit.bench.capacity import CPU_MAX_BATCH
+    from labkit.experiments.capacity.measure import CPU_MAX_BATCH
     from labkit.experiments import plan
     p = plan("capacity", {"device": "cpu"}).params
     assert 0 < p["mem_cap_gib"] * 2**30 <= psutil.virtual_memory().total / 4 + 2**30
@@ -150,7 +150,7 @@ def test_a_timed_batch_larger_than_the_ram_is_refused_before_allocating(tmp_path
     import psutil
     cap = psutil.virtual_memory().total / 2**30
     out = tmp_path / "run"
-    r = _cli("labkit.bench.capacity", "--out", str(out), "-p", "device=cpu", "-p", f"mem_cap_gib={cap:.1f}",
+    r = _cli("capacity", "--out", str(out), "-p", "device=cpu", "-p", f"mem_cap_gib={cap:.1f}",
              "-p", "max_batch=1000000000")
     assert r.returncode == 2, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()

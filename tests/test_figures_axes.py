@@ -116,7 +116,7 @@ def test_weight_product_bars_one_group_per_path_and_rows_under_the_read_bound():
     import os
     import subprocess
     import sys
-    code = ("import json, torch; from labkit.bench.probe import probe_weights, hbm_read_gbps; "
+    code = ("import json, torch; from labkit.experiments.probe.measure import probe_weights, hbm_read_gbps; "
             "rows = probe_weights(torch.device('cpu'), 1, 'tiny', ms=(1, 4)) + [hbm_read_gbps(torch.device('cpu'), 0.01, 2)]; "
             "print(json.dumps(rows))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,

@@ -297,7 +297,7 @@ def test_delta_step_kernel_matches_reference_on_cuda(B):
 def test_probe_weight_products_cover_every_matrix_and_path():
     """The probe's `weight_product` rows: each matrix of the shape at M = 1, 4, 16 through cuBLAS and the
     lab's GEMV, bytes the matrix's, a positive bandwidth; the GEMV switch is left as it was."""
-    from labkit.bench.probe import probe_weights
+    from labkit.experiments.probe.measure import probe_weights
     from labkit.engine.model import gemv as G
     before = G.mode()
     rows = probe_weights(torch.device("cuda"), repeats=4, shape="tiny")

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labkit.bench.hot_replay import overlap_prev, replay_sweep
+from labkit.experiments.hot_replay.measure import overlap_prev, replay_sweep
 from labkit.engine.model.trace_replay import load_selection_trace
 from labkit.quality.traces import Trace, save_trace
 
@@ -69,7 +69,7 @@ def test_overlap_prev_counts_shared_positions():
 
 
 def test_trace_share_counts_what_the_fill_adds(tmp_path):
-    from labkit.bench.hot_replay import trace_share
+    from labkit.experiments.hot_replay.measure import trace_share
     mid = save_trace(growing_trace(budget=8, middle_only=True), tmp_path / "mid.npz")
     assert trace_share(mid, 2, 1 << 20, 32) == pytest.approx(1.0)     # 8 middle positions x runs of 4
     tr = growing_trace(budget=8, middle_only=True)

@@ -9,7 +9,7 @@ import papermill as pm
 import pytest
 
 from labkit import experiments
-from labkit.bench import multigpu as G
+from labkit.experiments.multigpu import measure as G
 from labkit.params import BadInput
 
 

@@ -1,4 +1,4 @@
-"""The trace replay over disjoint windows (`labkit.bench.pulse_windows`): windows that are disjoint and cover
+"""The trace replay over disjoint windows (`labkit.stats.windows`): windows that are disjoint and cover
 what they say, thresholds and adaptive constants chosen on calibration windows only, ratios within a window
 (the reference's is 1), bad input as one line before anything is allocated, a run cut at its deadline
 continued by whole windows, the fitted adaptive rule equal to the engine's at the engine's constants, the
@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from labkit import experiments
-from labkit.bench import pulse_trace as P
-from labkit.bench import pulse_windows as W
+from labkit.experiments.pulse import replay_measure as P
+from labkit.stats import windows as W
 from labkit.params import BadInput
 from labkit.results import REPO
 
@@ -199,7 +199,7 @@ def test_deadline_then_resume_by_whole_windows(tmp_path, monkeypatch):
 def test_fitted_adaptive_is_the_engines_rule_at_its_constants():
     import random
 
-    from labkit.bench.pulse_policy import FittedAdaptive
+    from labkit.engine.drive.policies import FittedAdaptive
     from labkit.engine.drive.scheduler import Adaptive, Costs, Request, Scheduler, make_lanes
     lanes = make_lanes("tiny", "cpu", resident_slots=3, offload_slots=3, capacity=256, budget=16, page_size=16,
                        prefill_chunk=64)

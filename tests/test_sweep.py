@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from labkit import experiments
-from labkit.bench import decode
+from labkit.experiments.decode import measure as decode
 from labkit.params import BadInput
 from labkit.results import METRIC_COLUMNS, load_run
 from labkit.shapes import PRESETS

@@ -9,7 +9,8 @@ Each experiment is one module here with
 
 These modules import only the light `params` layer at import time (torch, papermill and plotly are imported
 when a plan is checked against the machine or a run starts), so `labkit run --help` and bad input answer
-at once. The measuring code lives with what it measures (`bench/`, `quality/`, `xfer/`, `serving/`).
+at once. An engine experiment is a package here: its `__init__` the light SPEC, `measure.py` the measuring code
+(PulseInfer's four experiments share `pulse/`); the real-model ones measure in `quality/`, `xfer/`, `serving/`.
 """
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ class Experiment:
     needs: str              # what it needs to run: "CPU", "CUDA GPU", "2+ CUDA GPUs", "vLLM" ...
     notebook: str           # notebooks/<file>: measures with a plan, renders a run folder with run_dir
     system: str = ""        # the published system it measures, if one
+    where: str = ""         # its module under labkit.experiments when not its name (PulseInfer's: pulse.NAME)
 
     @property
     def module(self):
-        return importlib.import_module(f"{__name__}.{self.name}")
+        return importlib.import_module(f"{__name__}.{self.where or self.name}")
 
     @property
     def spec(self) -> list[Param]:
@@ -52,13 +54,13 @@ _ALL = [
     Experiment("multigpu", "the layer split over several GPUs vs one, pipelined micro-batches, gather scaling",
                "2+ CUDA GPUs (CPU: a check of the split)", "multigpu.ipynb"),
     Experiment("pulse", "a real request trace served with and without batch switching, per placement policy",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.replay"),
     Experiment("pulse_switch", "one switched round of two batches at layer boundaries vs the two in turn",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.switch"),
     Experiment("pulse_scaling", "every request offloaded at long context: one batch vs two switched, 1-16 requests",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.scaling"),
     Experiment("pulse_blocks", "block transfers: per-unit copies, coalesced, batched DMA, zero-copy vs contiguous",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.blocks"),
     Experiment("quality", "what top-k selection costs a real model: perplexity and recall per policy and budget",
                "CPU (SmolLM2-135M ships with the lab)", "quality.ipynb"),
     Experiment("xfer", "a small model's KV mapped into a large one: quality, agreement and time to first token",
@@ -69,12 +71,12 @@ _ALL = [
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
 
 
-def checked(name: str, spec: list[Param], given: dict, module: str, **check_options) -> Plan:
+def checked(name: str, spec: list[Param], given: dict, check, **check_options) -> Plan:
     """Resolve `given` against `spec` (names and types: nothing heavy imported yet), then the measuring module's
     own `check(params)` (the machine, files, servers); keys it marks private (`_pair`) are not recorded."""
     from ..params import resolve
     p = resolve(spec, given, name)
-    p = importlib.import_module(module).check(p, **check_options)
+    p = check(p, **check_options)
     return Plan(name, {k: v for k, v in p.items() if not k.startswith("_")})
 
 

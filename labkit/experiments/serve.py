@@ -44,7 +44,8 @@ SPEC = [
 
 def plan(given: dict, check_args: bool = True) -> Plan:
     """`check_args`: also run vLLM's own argument parser on the server command (a few seconds in .venv-vllm)."""
-    return checked(NAME, SPEC, given, "labkit.serving.experiment", check_args=check_args)
+    from ..serving.experiment import check
+    return checked(NAME, SPEC, given, check, check_args=check_args)
 
 
 def run(plan: Plan, progress_bar: bool = True):

@@ -149,7 +149,7 @@ def quality_sweep(model, tokenizer, corpora=("code", "prose"), budgets=DEFAULT_B
     `on_record(row)` is called after every point (e.g. `run.add`), so a crash loses nothing measured.
     A point that raises becomes a row with status='failed' and its error; the sweep goes on.
     """
-    from labkit.bench.progress import progress
+    from labkit.progress import progress
     from labkit.quality.corpora import draw_sequences
 
     budgets = [b for b in budgets if b != "full"]

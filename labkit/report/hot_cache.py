@@ -1,5 +1,5 @@
 """Figures of the hot cache (FlashOffloading): hit rate and link bytes per step against capacity, policy and the
-traces' recording density, from `labkit.bench.hot_replay` tables; hit rate, misses and step anatomy
+traces' recording density, from `labkit.experiments.hot_replay.measure` tables; hit rate, misses and step anatomy
 per strategy from decode-sweep metrics (rows with `hot_*` columns).
 
     replay_report(df).write("hot_replay/report.html")

@@ -379,7 +379,7 @@ def pulse_trace_table() -> str:
     win = RUNS.get("pulse_trace_windows")
     if not win:
         return single
-    from ..bench.pulse_windows import REFERENCE, first_window_runs, single_window
+    from ..stats.windows import REFERENCE, first_window_runs, single_window
     lr = load_run(REPO / win)
     mf, prm = lr.manifest, lr.manifest["parameters"]
     s, ref = lr.table("window_summary"), prm["reference"]

@@ -31,14 +31,14 @@ import threading
 import time
 from pathlib import Path
 
-from ..shapes import REFERENCE_BUDGET
-from ..params import BadInput, one_line, resolve_device
+from ...shapes import REFERENCE_BUDGET
+from ...params import BadInput, one_line, resolve_device
 
 EXPERIMENT = "pulse"
 # The first 1,000 requests (330 s of arrivals) of the Mooncake FAST'25 conversation trace (Apache-2.0,
 # kvcache-ai/Mooncake, where the whole hour is), committed in the package: a GPU host gets only the
 # repository tree.
-TRACE = Path(__file__).resolve().parents[1] / "data" / "mooncake-conversation-first1000.jsonl"
+TRACE = Path(__file__).resolve().parents[2] / "data" / "mooncake-conversation-first1000.jsonl"
 
 # Thresholds are in the scaled lengths: on CPU inputs are x1/200, so 40 there stands where ~4096 stands
 # at x0.5 on the GPU (a trace request of ~8K tokens).
@@ -76,7 +76,7 @@ def _params(given: dict) -> dict:
     if p["select_block"] < 1 or p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
         raise BadInput(f"select_block must be >= 1 and divide budget ({p['budget']}) and page_size "
                        f"({p['page_size']}), got {p['select_block']}")
-    from ..engine.transfer import STRATEGIES, get_strategy, setting_names, settings_of
+    from ...engine.transfer import STRATEGIES, get_strategy, setting_names, settings_of
     if p["strategy"] not in STRATEGIES:
         raise BadInput(f"unknown strategy {p['strategy']!r}: choose from {', '.join(STRATEGIES)}")
     try:                                  # its settings' values, as the strategy itself checks them
@@ -84,7 +84,7 @@ def _params(given: dict) -> dict:
     except ValueError as ex:
         raise BadInput(str(ex)) from None
     # a setting given away from its default must be one the offload strategy has
-    from ..engine.transfer import strategy_params
+    from ...engine.transfer import strategy_params
     mine = {s.param for s in settings_of(p["strategy"])}
     for sp in strategy_params():
         if p[sp.name] != sp.default and sp.name not in mine:
@@ -98,8 +98,8 @@ def _params(given: dict) -> dict:
         raise BadInput(f"transport must be http, inprocess or auto, got {p['transport']!r}")
     if p["resident_slots"] < 0 or p["offload_slots"] < 0 or p["resident_slots"] + p["offload_slots"] == 0:
         raise BadInput("resident_slots and offload_slots must be >= 0, not both 0")
-    from .pulse_policy import check_policy
-    from .pulse_windows import candidates
+    from ...engine.drive.policies import check_policy
+    from ...stats.windows import candidates
     for pol in [p["reference"], *p["policies"], *(c for cs in candidates(p).values() for c in cs)]:
         check_policy(pol)
     if p["resident_slots"] and p["resident_pool_tokens"] and p["resident_pool_tokens"] < p["capacity"]:
@@ -116,8 +116,8 @@ def check(given: dict) -> dict:
     the "auto" ones, before anything is allocated (one line on bad input)."""
     import hashlib
 
-    from ..serving.workload import load_trace
-    from .pulse_windows import window_bounds
+    from ...serving.workload import load_trace
+    from ...stats.windows import window_bounds
     p = _params(given)
     rows = load_trace(p["trace"])
     window_bounds(len(rows), p["windows"], p["window_size"], p["calibration_windows"])
@@ -141,7 +141,7 @@ def _resume(p: dict) -> str:
     not finish ok and has these parameters. A folder given that is no such run is one line."""
     import json
 
-    from ..results import REPO, effective_status, run_manifests
+    from ...results import REPO, effective_status, run_manifests
     want = p["resume"].strip()
     if not want:
         return ""
@@ -171,8 +171,8 @@ def _resume(p: dict) -> str:
 def requests(p: dict, window: int = 0) -> list:
     """Window `window`'s requests (trace requests window x window_size on), arrivals from the window's first
     request / rate, inputs x length_scale, capped to a slot; each request's id is its index in the trace."""
-    from ..serving.workload import trace_replay
-    from ..shapes import ModelShape
+    from ...serving.workload import trace_replay
+    from ...shapes import ModelShape
     cap, scale, n = p["capacity"], p["length_scale"], p["window_size"]
     vocab = ModelShape.from_name(p["shape"]).vocab
     specs = trace_replay(p["trace"], n, p["rate"], max(2, int(cap / scale)), vocab,
@@ -193,14 +193,14 @@ def _free_port() -> int:
 
 def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     """One policy: a server on a free port, the load generator against it; returns records and stats."""
-    from ..engine.drive.scheduler import Request, Scheduler, calibrate, make_lanes
-    from ..engine.transfer import setting_names, settings_of
+    from ...engine.drive.scheduler import Request, Scheduler, calibrate, make_lanes
+    from ...engine.transfer import setting_names, settings_of
     lanes = make_lanes(model.shape, model.device, p["resident_slots"], p["offload_slots"], capacity=p["capacity"],
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
                        resident_pool_tokens=p["resident_pool_tokens"] or None, select_block=p["select_block"],
                        settings={k: p[k] for k in setting_names() if k in {s.param for s in settings_of(p["strategy"])}})
-    from .pulse_policy import make_policy, needs_costs
+    from ...engine.drive.policies import make_policy, needs_costs
     costs = calibrate(lanes, graphs=p["graphs"]) if needs_costs(policy) else None
     switching = not policy.startswith("noswitch:")
     sched = Scheduler(lanes, make_policy(policy, costs), switching=switching,
@@ -217,8 +217,8 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     import httpx
     import uvicorn
 
-    from ..serving.engine_server import EngineLoop, create_app
-    from ..serving.loadgen import run_load
+    from ...serving.engine_server import EngineLoop, create_app
+    from ...serving.loadgen import run_load
     loop = EngineLoop(sched).start()
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(loop, "labkit"), host="127.0.0.1", port=port, log_level="warning"))
@@ -247,7 +247,7 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
 
 
 def _summary(policy: str, p: dict, out: dict) -> dict:
-    from ..serving.latency import summarize
+    from ...serving.latency import summarize
     recs, st = out["records"], out["stats"]
     s = summarize(recs, slo_tpot_ms=p["tpot_slo_ms"])
     lanes = [r.get("lane") for r in st["records"]]
@@ -297,7 +297,7 @@ def _earlier(path: str) -> dict:
     """A run cut short that this one continues: its metrics and per-window tables ({} for a fresh run)."""
     if not path:
         return {}
-    from ..results import load_run
+    from ...results import load_run
     lr = load_run(path)
     out = {n: lr.table(n) for n in ("metrics", "requests", "rounds", "timeline", "loads")}
     mf = lr.manifest
@@ -314,11 +314,11 @@ def run(p: dict, progress_bar: bool = False):
     import pandas as pd
     import torch
 
-    from ..engine.model.hybrid import HybridModel
-    from ..results import Run
-    from ..serving.workload import load_trace
-    from ..shapes import ModelShape
-    from . import pulse_windows as W
+    from ...engine.model.hybrid import HybridModel
+    from ...results import Run
+    from ...serving.workload import load_trace
+    from ...shapes import ModelShape
+    from ...stats import windows as W
     t0 = time.monotonic()
     bounds = W.window_bounds(len(load_trace(p["trace"])), p["windows"], p["window_size"], p["calibration_windows"])
     roles = {b["window"]: b["role"] for b in bounds}

@@ -1,13 +1,13 @@
 """`labkit run pulse_blocks`: how block-granular selections cross the link — one copy per unit, a CPU gather
 into staging then one copy, the gather pipelined with chunked copies (PulseInfer's coalesced transfers),
 batched DMA (`cuMemcpyBatchAsync`), the zero-copy kernel — against one contiguous copy of the same bytes,
-every result checked against the rows it should hold. Code: `labkit.bench.pulse_blocks`.
+every result checked against the rows it should hold. Code: `labkit.experiments.pulse.blocks_measure`.
 """
 from __future__ import annotations
 
-from ..shapes import REFERENCE_BUDGET
-from ..params import BadInput, Param, Plan
-from . import for_this_machine
+from ...shapes import REFERENCE_BUDGET
+from ...params import BadInput, Param, Plan
+from .. import for_this_machine
 
 NAME = "pulse_blocks"
 
@@ -43,10 +43,10 @@ def plan(given: dict) -> Plan:
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..bench.pulse_blocks import block_probe
-    from ..params import one_line
-    from ..results import Run
-    from ..shapes import ModelShape
+    from .blocks_measure import block_probe
+    from ...params import one_line
+    from ...results import Run
+    from ...shapes import ModelShape
     p = dict(plan.params)
     run = Run.create(p["out_dir"] or None, NAME, p)
     gpu = run.manifest.get("gpu_name") or "cpu"

@@ -24,17 +24,17 @@ import time
 import pandas as pd
 import torch
 
-from ..engine.model.cache import build_on_devices
-from ..engine.drive.pipeline import device_guard
-from ..engine.transfer import ZeroCopy
-from ..results import Run
-from ..stats import spread
-from ..telemetry import Sampler
-from . import decode
-from ..shapes import REFERENCE_BUDGET
-from ..params import BadInput, check_positive, one_line, resolve_device
-from .probe import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
-from .progress import progress
+from ...engine.model.cache import build_on_devices
+from ...engine.drive.pipeline import device_guard
+from ...engine.transfer import ZeroCopy
+from ...results import Run
+from ...stats import spread
+from ...telemetry import Sampler
+from ..decode import measure as decode
+from ...shapes import REFERENCE_BUDGET
+from ...params import BadInput, check_positive, one_line, resolve_device
+from ..probe.measure import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
+from ...progress import progress
 
 EXPERIMENT = "multigpu"
 AUTO_CONTEXT = {"cuda": [64 << 10, 1 << 20], "cpu": [256, 1024]}
@@ -72,7 +72,7 @@ def check(p: dict) -> dict:
     if len(devs) > 1:
         p["layouts"]["split"] = {**common, "device": ",".join(map(str, devs)), "micro_batches": mbs}
     p["device_list"] = [str(d) for d in devs]
-    from ..experiments import decode as decode_experiment
+    from ...experiments import decode as decode_experiment
     p["layouts"] = {name: dict(decode_experiment.plan(lay).params) for name, lay in p["layouts"].items()}
     p["shape"] = p["layouts"]["1gpu"]["shape"]          # "auto" as the layouts decided it
     return p

@@ -30,10 +30,10 @@ import time
 
 import torch
 
-from ..engine.model.kv import KVPool
-from ..engine.transfer import HostGather, PerRow, Resident, ZeroCopy
-from ..stats import spread
-from ..params import BadInput, check_positive, resolve_device
+from ...engine.model.kv import KVPool
+from ...engine.transfer import HostGather, PerRow, Resident, ZeroCopy
+from ...stats import spread
+from ...params import BadInput, check_positive, resolve_device
 
 EXPERIMENT = "probe"
 ROW_BYTES, LAYERS, BUDGET = 2048, 12, 2048
@@ -192,9 +192,9 @@ def probe_weights(dev: torch.device, repeats: int, shape: str = "qwen3.8-flash-n
     """`weight_product` rows: a matrix, M and path (cuBLAS, or the lab's GEMV where it applies). Each timed
     call is a graph of up to 8 products over distinct copies of the matrix back to back, as a step streams
     its weights (one product alone would time the graph's launch; the same copy twice, L2), per product."""
-    from ..engine.model import gemv as G
-    from ..engine.model.layers import make_weight
-    from ..shapes import ModelShape
+    from ...engine.model import gemv as G
+    from ...engine.model.layers import make_weight
+    from ...shapes import ModelShape
     out, was = [], G.mode()
     g = torch.Generator(device=dev).manual_seed(0)
     try:
@@ -220,9 +220,9 @@ def probe_weights(dev: torch.device, repeats: int, shape: str = "qwen3.8-flash-n
 def probe_selection(dev, repeats, contexts=(8 << 10, 64 << 10, 256 << 10, 1 << 20), batches=(1, 4, 16),
                     budget=BUDGET, index_dim=64, index_heads=4) -> list[dict]:
     """One QSA layer's selection: score (66 B/token fp8 keys), our select, torch.topk + sort, both."""
-    from ..engine.model.indexer import index_scores
-    from ..engine.model.kv import quantize_index_keys
-    from ..engine.model.select import select_topk, select_topk_torch
+    from ...engine.model.indexer import index_scores
+    from ...engine.model.kv import quantize_index_keys
+    from ...engine.model.select import select_topk, select_topk_torch
     out = []
     g = torch.Generator(device=dev).manual_seed(0)
     for B in batches:
@@ -275,8 +275,8 @@ def check(p: dict) -> dict:
 
 def run(p: dict, progress_bar: bool = True):
     """A run folder with the probe rows and telemetry (checked parameters: `experiments.probe`)."""
-    from ..results import Run
-    from ..telemetry import Sampler
+    from ...results import Run
+    from ...telemetry import Sampler
     dev = resolve_device(p["device"])
     run = Run.create(p["out_dir"] or None, EXPERIMENT, p)
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": "qwen3.8-flash-next"}
@@ -284,7 +284,7 @@ def run(p: dict, progress_bar: bool = True):
         for r in run_probe(p["device"], p["pool_gib"], p["repeats"]):
             run.add({**base, **r})
     except Exception as ex:
-        from ..params import one_line
+        from ...params import one_line
         run.add({**base, "experiment": EXPERIMENT, "status": "failed", "error": one_line(ex)})
     # The NVML sampler runs after the timed probes, not beside them (its thread competes with the
     # host-side gathers): a short contiguous copy under it records the link generation under load.

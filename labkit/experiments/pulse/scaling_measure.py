@@ -1,6 +1,6 @@
 """Concurrency scaling with every request offloaded: one batch vs two batches switched (PulseInfer).
 
-    python -m labkit.bench.pulse_scaling --context 1048576 --requests 1,2,4,8,12,16 --out DIR
+    python -m labkit.experiments.pulse.scaling_measure --context 1048576 --requests 1,2,4,8,12,16 --out DIR
 
 For N requests at `context` tokens, all with their KV in pinned host RAM (`strategy`, default zero_copy):
 - `no_switch`: one batch of N; at every QSA layer the batch's selected rows cross the link while the GPU
@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from ..params import BadInput
+from ...params import BadInput
 
 
 # ------------------------------------------------------------------------------------------ the bound
@@ -66,7 +66,7 @@ def crossover_requests(weight_bytes: float, hbm_gbps: float, row_bytes_per_reque
 def aliased_cache(model, pool, n_slots: int, context: int, capacity: int, page_size: int, seed: int):
     """An `OffloadCache` of `n_slots` requests at `context` tokens whose page tables all map to the pages
     of `pool` (one request's worth): distinct index keys and states per slot, shared K/V rows."""
-    from ..engine.model.cache import OffloadCache
+    from ...engine.model.cache import OffloadCache
     c = OffloadCache.allocate(model, pool.medium, n_slots, capacity, page_size=page_size, pool_tokens=page_size)
     per_slot = -(-capacity // page_size)
     if pool.n_pages < per_slot:
@@ -118,11 +118,11 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
             compile: bool = False, page_size: int = 256, seed: int = 0, log=print, select_block: int = 1,
             settings: dict | None = None):
     """Rows (one per N and mode) and one switched round's timeline per N; see the module doc."""
-    from ..engine import Engine, HybridModel, get_strategy
-    from ..engine.model.kv import KVPool
-    from ..engine.drive.dispatch import warm_up
-    from ..engine.drive.runner import DecodeState
-    from ..engine.drive.switching import Loader, Timeline, capture_pieces, pingpong_round, replay, replay_inline, sequential_round
+    from ...engine import Engine, HybridModel, get_strategy
+    from ...engine.model.kv import KVPool
+    from ...engine.drive.dispatch import warm_up
+    from ...engine.drive.runner import DecodeState
+    from ...engine.drive.switching import Loader, Timeline, capture_pieces, pingpong_round, replay, replay_inline, sequential_round
     requests = sorted(set(int(n) for n in requests))
     if not requests or requests[0] < 1:
         raise BadInput(f"requests must be >= 1, got {requests}")
@@ -232,7 +232,7 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
                 rows[-2]["h2d_bytes_per_step_counted"] = sum(int(r.h2d_bytes) for r in stats.loads_offloaded)
                 spans += [{"concurrency": n, **s} for s in tl.spans()]
         except Exception as ex:      # noqa: BLE001 - a failed point is a row, the sweep goes on
-            from ..params import one_line
+            from ...params import one_line
             rows.append({**base, "mode": "failed", "concurrency": n, "status": "failed", "error": one_line(ex)})
             log(f"N={n}: failed: {one_line(ex)}")
         finally:

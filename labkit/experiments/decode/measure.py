@@ -23,18 +23,18 @@ from pathlib import Path
 import psutil
 import torch
 
-from ..engine import Engine, HybridModel, OffloadCache, get_strategy
-from ..engine.model.cache import PAGE_SIZE, build_on_devices
-from ..engine.drive.pipeline import PipelineRunner, bubbles, device_guard, micro_batch_ranges, model_block_costs, place_layers, split_model, staged_prefill
-from ..engine.transfer import STRATEGIES, setting_names
-from ..results import Run
-from ..shapes import REFERENCE_BUDGET, ModelShape
-from ..stats import spread
-from ..telemetry import Sampler
-from ..params import BadInput, check_positive, gib, one_line, resolve_device
-from .probe import hbm_read_gbps, run_probe
-from .progress import progress
-from ..engine.drive.runner import DecodeRunner
+from ...engine import Engine, HybridModel, OffloadCache, get_strategy
+from ...engine.model.cache import PAGE_SIZE, build_on_devices
+from ...engine.drive.pipeline import PipelineRunner, bubbles, device_guard, micro_batch_ranges, model_block_costs, place_layers, split_model, staged_prefill
+from ...engine.transfer import STRATEGIES, setting_names
+from ...results import Run
+from ...shapes import REFERENCE_BUDGET, ModelShape
+from ...stats import spread
+from ...telemetry import Sampler
+from ...params import BadInput, check_positive, gib, one_line, resolve_device
+from ..probe.measure import hbm_read_gbps, run_probe
+from ...progress import progress
+from ...engine.drive.runner import DecodeRunner
 
 EXPERIMENT = "decode"
 
@@ -272,7 +272,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     p, shape, dev = pl.params, pl.shape, stages[0].device
     trace = None
     if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
-        from ..engine.model.trace_replay import load_selection_trace
+        from ...engine.model.trace_replay import load_selection_trace
         trace = load_selection_trace(p["selection"][6:], shape.attn_layers, pt.context_len, pt.budget,
                                      steps=pl.margin, stable=True)   # keeps the trace's reuse (hot_cache)
     conc, ctx = pt.concurrency, pt.context_len

@@ -1,13 +1,13 @@
 """`labkit run pulse`: PulseInfer's scheduling on a real request trace (Mooncake conversations): labkit's
 engine serves disjoint windows of the trace with a resident and an offload lane, with and without switching
 batches at layer boundaries, once per placement policy; the static threshold and the adaptive policy's
-constants are chosen on calibration windows and reported on the others. Code: `labkit.bench.pulse_trace`,
-`labkit.bench.pulse_windows`."""
+constants are chosen on calibration windows and reported on the others. Code: `labkit.experiments.pulse.replay_measure`,
+`labkit.stats.windows`."""
 from __future__ import annotations
 
-from ..engine.transfer import strategy_params
-from ..params import Param, Plan
-from . import checked
+from ...engine.transfer import strategy_params
+from ...params import Param, Plan
+from .. import checked
 
 NAME = "pulse"
 
@@ -62,9 +62,10 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    return checked(NAME, SPEC, given, "labkit.bench.pulse_trace")
+    from .replay_measure import check
+    return checked(NAME, SPEC, given, check)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..bench import pulse_trace
+    from . import replay_measure as pulse_trace
     return pulse_trace.run(dict(plan.params), progress_bar=progress_bar)

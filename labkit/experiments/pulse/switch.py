@@ -1,14 +1,14 @@
 """`labkit run pulse_switch`: PulseInfer's switched round — a normal batch (KV resident) and an offloaded batch
 (KV in host RAM) interleaved at layer boundaries, each offloaded load on a side stream while the normal
 batch computes — against the two steps in turn, with the bound the measured parts allow and one round's
-timeline. Code: `labkit.bench.pulse.switching_point`.
+timeline. Code: `labkit.experiments.pulse.switch_measure.switching_point`.
 """
 from __future__ import annotations
 
-from ..engine.transfer import strategy_params
-from ..shapes import REFERENCE_BUDGET
-from ..params import BadInput, Param, Plan, check_positive
-from . import for_this_machine
+from ...engine.transfer import strategy_params
+from ...shapes import REFERENCE_BUDGET
+from ...params import BadInput, Param, Plan, check_positive
+from .. import for_this_machine
 
 NAME = "pulse_switch"
 
@@ -35,7 +35,7 @@ AUTO = {"cuda": dict(shape="qwen3.8-flash-next", contexts=[64 << 10], normal_con
 
 
 def plan(given: dict) -> Plan:
-    from ..engine.transfer import STRATEGIES
+    from ...engine.transfer import STRATEGIES
     p = for_this_machine(SPEC, given, NAME, AUTO)
     if p["strategy"] not in STRATEGIES or STRATEGIES[p["strategy"]].medium != "host":
         raise BadInput(f"strategy {p['strategy']!r}: the offloaded batch needs a host strategy "
@@ -53,11 +53,11 @@ def plan(given: dict) -> Plan:
 def run(plan: Plan, progress_bar: bool = True):
     import pandas as pd
 
-    from ..bench.pulse import switching_point
-    from ..params import one_line
-    from ..results import Run
-    from ..shapes import ModelShape
-    from ..engine.transfer import setting_names
+    from .switch_measure import switching_point
+    from ...params import one_line
+    from ...results import Run
+    from ...shapes import ModelShape
+    from ...engine.transfer import setting_names
     p = dict(plan.params)
     run = Run.create(p["out_dir"] or None, NAME, p)
     settings = {k: p[k] for k in setting_names()}

@@ -1,15 +1,15 @@
 """`labkit run decode`: decode speed, link bytes and where the step's time goes, against context length,
 budget and concurrency, per transfer strategy (sparse offload of Qwen3.8-Flash-Next at up to 1M tokens),
-plus prefill speed. The measuring code is `labkit.bench.decode`.
+plus prefill speed. The measuring code is `labkit.experiments.decode.measure`.
 
     plan = experiments.plan("decode", {"context_lens": "8K,1M", "concurrency": "1,4"})
     run = experiments.run(plan)
 """
 from __future__ import annotations
 
-from ..engine.transfer import strategy_params
-from ..params import Param, Plan
-from . import checked
+from ...engine.transfer import strategy_params
+from ...params import Param, Plan
+from .. import checked
 
 NAME = "decode"
 
@@ -38,9 +38,10 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    return checked(NAME, SPEC, given, "labkit.bench.decode")
+    from .measure import check
+    return checked(NAME, SPEC, given, check)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..bench import decode
+    from . import measure as decode
     return decode.run_sweep(decode.derive(plan.params), progress_bar=progress_bar)

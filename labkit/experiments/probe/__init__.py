@@ -1,10 +1,10 @@
 """`labkit run probe`: the host link's limits for sparse KV gathers — contiguous pinned and pageable copies,
 one copy per row, a CPU gather + one DMA, the zero-copy gather kernel, the same rows from device memory — and
-the selection kernels' speed. Every speed plot of the lab draws its bound from these. Code: `labkit.bench.probe`."""
+the selection kernels' speed. Every speed plot of the lab draws its bound from these. Code: `labkit.experiments.probe.measure`."""
 from __future__ import annotations
 
-from ..params import Param, Plan
-from . import checked
+from ...params import Param, Plan
+from .. import checked
 
 NAME = "probe"
 
@@ -17,9 +17,10 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    return checked(NAME, SPEC, given, "labkit.bench.probe")
+    from .measure import check
+    return checked(NAME, SPEC, given, check)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..bench import probe
+    from . import measure as probe
     return probe.run(dict(plan.params), progress_bar=progress_bar)

@@ -1,10 +1,10 @@
 """`labkit run prefill`: prompt tokens per second with the KV kept resident, written back to host RAM as it is
 made (`sync`), or through four rotating layer-sized device buffers (`rotating`, FlashOffloading's prefill);
-a device-memory cap shows what fits. Code: `labkit.bench.prefill`."""
+a device-memory cap shows what fits. Code: `labkit.experiments.prefill.measure`."""
 from __future__ import annotations
 
-from ..params import Param, Plan
-from . import checked
+from ...params import Param, Plan
+from .. import checked
 
 NAME = "prefill"
 
@@ -23,9 +23,10 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    return checked(NAME, SPEC, given, "labkit.bench.prefill")
+    from .measure import check
+    return checked(NAME, SPEC, given, check)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..bench import prefill
+    from . import measure as prefill
     return prefill.run(dict(plan.params), progress=print if progress_bar else (lambda *a: None))

@@ -15,7 +15,7 @@ per request: its KV (not in `both`), its index keys, its DeltaNet state, the dec
 is also bounded by host RAM (`host_cap_gib` of pinned KV). In a colocated engine, decode holds every
 request's KV, so prefill-only offload changes only the prefill working set (four layer buffers
 against sync's one, so it may hold one request *fewer*); its gain in the seed is prefill throughput
-(`bench/prefill.py`), not decode capacity. Offload in both stages is what multiplies the batch.
+(`experiments/prefill/measure.py`), not decode capacity. Offload in both stages is what multiplies the batch.
 
 Goodput: decode tok/s of the requests whose TPOT stays under `tpot_ms`. For a configuration, the
 decode step is timed (the decode sweep's `measure_decode`, CUDA graphs, under the cap) at its full
@@ -23,7 +23,7 @@ capacity; a step over the limit means those requests are not good, so the batch 
 admit instead is timed too (capacity x limit / step, once more if still over). goodput = batch /
 step for the largest timed batch under the limit, 0 when none is.
 
-    python -m labkit.bench.capacity --out DIR -p context_len=32K -p mem_cap_gib=24 -p tpot_ms=30
+    python -m labkit.experiments.capacity.measure --out DIR -p context_len=32K -p mem_cap_gib=24 -p tpot_ms=30
 
 The defaults are sized to the machine: the cap is 24 GiB or the GPU's memory if smaller (on a CPU, where
 the "device" is host RAM, a quarter of the RAM available); a CPU times at most `CPU_MAX_BATCH` requests.
@@ -40,13 +40,13 @@ from pathlib import Path
 import psutil
 import torch
 
-from ..engine.transfer.hot_cache import HotCache, check_settings
-from ..engine.model.layers import dn_state_shapes
-from ..engine.model.prefill_buffers import rotating_buffer_bytes
-from ..results import Run
-from ..shapes import ModelShape
-from ..params import BadInput, check_positive, gib, one_line, resolve_device
-from .prefill import apply_cap, check_cap
+from ...engine.transfer.hot_cache import HotCache, check_settings
+from ...engine.model.layers import dn_state_shapes
+from ...engine.model.prefill_buffers import rotating_buffer_bytes
+from ...results import Run
+from ...shapes import ModelShape
+from ...params import BadInput, check_positive, gib, one_line, resolve_device
+from ..prefill.measure import apply_cap, check_cap
 
 EXPERIMENT = "capacity"
 REFERENCE_CAP_GIB = 24.0     # the reference box's per-card memory (3x RTX 3090)
@@ -193,7 +193,7 @@ def _batches_to_try(n: int, max_batch: int) -> int:
 def _reusing_caches(stages, dp):
     """The decode sweep's `Caches`, except that a cache of more slots serves a smaller batch (a runner
     uses slots [0, batch)): a TPOT-bound retry does not allocate, pin and fill the host pool again."""
-    from .decode import Caches
+    from ..decode.measure import Caches
 
     class Reuse(Caches):
         def get(self, medium, conc, ctx):
@@ -207,15 +207,15 @@ def _reusing_caches(stages, dp):
 
 def decode_plan(given: dict):
     """The decode sweep's plan of one point (checked as `labkit run decode` checks it)."""
-    from ..experiments import decode as decode_experiment
-    from .decode import derive
+    from ...experiments import decode as decode_experiment
+    from ..decode.measure import derive
     return derive(decode_experiment.plan(given).params)
 
 
 def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
     """One decode point (the decode sweep's measure_decode) for `f.config` at `batch` requests."""
-    from ..engine.transfer import settings_of
-    from .decode import Point, measure_decode
+    from ...engine.transfer import settings_of
+    from ..decode.measure import Point, measure_decode
     strat = CONFIGS[f.config]
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": strat,
                       "context_lens": str(p["context_len"]), "budgets": str(p["budget"]), "concurrency": str(batch),
@@ -246,7 +246,7 @@ def run(p: dict, progress=print) -> Run:
             r.add({**base, "experiment": EXPERIMENT, "status": "ok", "error": None, **f.row()})
         r.finish()
         return r
-    from .decode import DecodeSession
+    from ..decode.measure import DecodeSession
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": "resident", "context_lens": str(p["context_len"]),
                       "budgets": str(p["budget"]), "concurrency": "1", "prefill_lens": "", "probe": "false", "seed": str(p["seed"])})
     done: dict[tuple[str, int], dict] = {}     # none and prefill decode alike: time a batch once

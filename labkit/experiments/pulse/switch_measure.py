@@ -1,6 +1,6 @@
 """Two-batch switching against running the batches one after the other (PulseInfer).
 
-    python -m labkit.bench.pulse --shape qwen3.8-flash-next --context 65536 --offload-batch 4 \
+    python -m labkit.experiments.pulse.switch_measure --shape qwen3.8-flash-next --context 65536 --offload-batch 4 \
         --normal-batch 4 --normal-context 8192 --steps 20 --out results/pulse-switch.json
 
 One point: a normal batch (KV resident on the device) and an offloaded batch (KV in pinned host RAM,
@@ -25,11 +25,11 @@ import time
 
 import torch
 
-from ..engine import Engine, HybridModel, OffloadCache, get_strategy
-from ..engine.drive.dispatch import warm_up
-from ..engine.drive.runner import DecodeState
-from ..engine.drive.switching import Loader, Timeline, capture_pieces, replay, replay_inline, sequential_round, switched_round
-from ..shapes import ModelShape
+from ...engine import Engine, HybridModel, OffloadCache, get_strategy
+from ...engine.drive.dispatch import warm_up
+from ...engine.drive.runner import DecodeState
+from ...engine.drive.switching import Loader, Timeline, capture_pieces, replay, replay_inline, sequential_round, switched_round
+from ...shapes import ModelShape
 
 
 def _sync(dev):
@@ -152,8 +152,8 @@ def overlap_ms(spans: list[dict]) -> float:
 def strategy_settings(pairs: list[str]) -> dict:
     """`--set KEY=VALUE` pairs as strategy settings, each parsed by the decode sweep's declared type
     (the benches and the sweep take the same names); an unknown key is refused in one line."""
-    from ..engine.transfer import strategy_params
-    from ..params import BadInput, kv_pairs, parse_value
+    from ...engine.transfer import strategy_params
+    from ...params import BadInput, kv_pairs, parse_value
     spec = {p.name: p for p in strategy_params()}
     out = {}
     for k, v in kv_pairs(pairs).items():

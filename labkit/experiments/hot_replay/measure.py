@@ -12,7 +12,7 @@ One row per (trace, context, capacity, policy): the trace's recording density (`
 whose cache starts cold), those bytes against `zero_copy`'s (every selected row, every step), and the
 step-to-step overlap of the replayed selections next to the trace's own (the stable mapping keeps it).
 
-    python -m labkit.bench.hot_replay OUT_DIR TRACE.npz ... [--contexts 128K,1M] [--budget 2048]
+    python -m labkit.experiments.hot_replay.measure OUT_DIR TRACE.npz ... [--contexts 128K,1M] [--budget 2048]
 writes OUT_DIR/hot_replay.parquet, summary.md, manifest.json and report.html (`labkit.report.hot_cache`;
 `--no-report` skips it).
 """
@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..engine.transfer.hot_cache import COUNTERS, POLICIES, HotIndex
-from ..engine.model.trace_replay import read_trace, load_selection_trace, scale_row
-from ..quality.traces import load_trace, locality
-from ..shapes import PRESETS
+from ...engine.transfer.hot_cache import COUNTERS, POLICIES, HotIndex
+from ...engine.model.trace_replay import read_trace, load_selection_trace, scale_row
+from ...quality.traces import load_trace, locality
+from ...shapes import PRESETS
 
 
 def replay(sel: torch.Tensor, capacity: int, policy: str, row_bytes: int, n_rows: int) -> pd.DataFrame:
@@ -106,8 +106,8 @@ def replay_sweep(traces, context_lens, budget: int = 2048, capacity_x=(0.5, 1.0,
 
 def summary_markdown(df: pd.DataFrame, args: dict) -> str:
     """Hit rate and bytes against zero_copy per (trace density, context, capacity, policy), as text."""
-    from .. import __version__
-    from ..results import git_sha
+    from ... import __version__
+    from ...results import git_sha
     lines = [f"# hot_cache replay of recorded selections (CPU, `HotIndex`)", "",
              f"labkit {__version__}, git {git_sha()}, args: `{args}`", "",
              "Steady state (steps after the first). bytes/zc: link bytes per step against zero_copy's. trace share: "

@@ -7,7 +7,7 @@ the thresholds had been read off the window they were reported on. Here:
 - the trace's first `windows x window_size` requests are cut into `windows` disjoint windows of consecutive
   requests (window w holds requests w*size .. (w+1)*size - 1; its arrivals count from its own first request);
 - the first `calibration_windows` windows calibrate: on each, the reference policy, every static threshold
-  candidate (`threshold:N`) and every point of the adaptive grid (`adaptive:MIN:HIDE`, see `parse_fitted`);
+  candidate (`threshold:N`) and every point of the adaptive grid (`adaptive:MIN:HIDE`, see `engine.drive.policies.parse_fitted`);
 - `choose` picks, from the calibration windows' rows alone, the candidate with the best median throughput
   ratio to the reference among those whose median p99 TPOT ratio is at most `p99_limit` (none acceptable:
   the lowest median p99 ratio), once among the thresholds and once over the adaptive grid;
@@ -47,29 +47,9 @@ def window_bounds(n_trace: int, windows: int, size: int, calibration: int) -> li
              "role": "calibration" if w < calibration else "test"} for w in range(windows)]
 
 
-def parse_fitted(policy: str) -> tuple[int, float] | None:
-    """`adaptive:MIN:HIDE` -> (MIN, HIDE): the adaptive placement with its two constants given (the engine's
-    `adaptive` uses the indexer budget and 1); anything else -> None. A malformed one is one BadInput line."""
-    if not policy.startswith("adaptive:"):
-        return None
-    parts = policy.split(":")
-    try:
-        if len(parts) != 3:
-            raise ValueError
-        m, h = int(parts[1]), float(parts[2])
-    except ValueError:
-        raise BadInput(f"policy {policy!r}: adaptive with constants is adaptive:MIN_TOKENS:HIDE, e.g. adaptive:8192:1") from None
-    if m < 0 or not h > 0 or math.isinf(h):
-        raise BadInput(f"policy {policy!r}: MIN_TOKENS must be >= 0 and HIDE a number > 0")
-    return m, h
-
-
-def fitted_name(min_tokens: int, hide: float) -> str:
-    return f"adaptive:{int(min_tokens)}:{float(hide):g}"
-
-
 def candidates(p: dict) -> dict[str, list[str]]:
     """The policies each fitted arm chooses among (on the calibration windows)."""
+    from ..engine.drive.policies import fitted_name     # the engine names the policies (torch stays unimported here)
     return {STATIC: [f"threshold:{int(t)}" for t in p["thresholds"]],
             ADAPTIVE: [fitted_name(m, h) for m in p["adaptive_min_tokens"] for h in p["adaptive_hide"]]}
 

@@ -1,12 +1,12 @@
 """`labkit run capacity`: how many requests a device-memory cap holds with no offload, offloaded prefill, and
 offloaded prefill + a device hot cache (FlashOffloading), and the goodput of each under a TPOT limit.
-Code: `labkit.bench.capacity`."""
+Code: `labkit.experiments.capacity.measure`."""
 from __future__ import annotations
 
-from ..shapes import REFERENCE_BUDGET
-from ..engine.transfer import strategy_params
-from ..params import Param, Plan
-from . import checked
+from ...shapes import REFERENCE_BUDGET
+from ...engine.transfer import strategy_params
+from ...params import Param, Plan
+from .. import checked
 
 NAME = "capacity"
 
@@ -36,9 +36,10 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    return checked(NAME, SPEC, given, "labkit.bench.capacity")
+    from .measure import check
+    return checked(NAME, SPEC, given, check)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..bench import capacity
+    from . import measure as capacity
     return capacity.run(dict(plan.params), progress=print if progress_bar else (lambda *a: None))

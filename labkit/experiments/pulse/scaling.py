@@ -1,13 +1,13 @@
 """`labkit run pulse_scaling`: every request's KV in host RAM at long context; one batch of N requests against
 two batches switched at layer boundaries (PulseInfer), with the resident compute of each, the measured link,
-the bound they allow and where switching can start to pay. Code: `labkit.bench.pulse_scaling`.
+the bound they allow and where switching can start to pay. Code: `labkit.experiments.pulse.scaling_measure`.
 """
 from __future__ import annotations
 
-from ..engine.transfer import strategy_params
-from ..shapes import REFERENCE_BUDGET
-from ..params import BadInput, Param, Plan, check_positive
-from . import for_this_machine
+from ...engine.transfer import strategy_params
+from ...shapes import REFERENCE_BUDGET
+from ...params import BadInput, Param, Plan, check_positive
+from .. import for_this_machine
 
 NAME = "pulse_scaling"
 
@@ -33,7 +33,7 @@ AUTO = {"cuda": dict(shape="qwen3.8-flash-next", context=1 << 20, requests=[1, 2
 
 
 def plan(given: dict) -> Plan:
-    from ..engine.transfer import STRATEGIES
+    from ...engine.transfer import STRATEGIES
     p = for_this_machine(SPEC, given, NAME, AUTO)
     if p["strategy"] not in STRATEGIES or STRATEGIES[p["strategy"]].medium != "host":
         raise BadInput(f"strategy {p['strategy']!r}: every request is offloaded, choose a host strategy "
@@ -51,11 +51,11 @@ def plan(given: dict) -> Plan:
 def run(plan: Plan, progress_bar: bool = True):
     import pandas as pd
 
-    from ..bench.pulse_scaling import scaling
-    from ..engine.transfer import setting_names
-    from ..params import one_line
-    from ..results import Run
-    from ..shapes import ModelShape
+    from .scaling_measure import scaling
+    from ...engine.transfer import setting_names
+    from ...params import one_line
+    from ...results import Run
+    from ...shapes import ModelShape
     p = dict(plan.params)
     run = Run.create(p["out_dir"] or None, NAME, p)
     try:

@@ -1,17 +1,17 @@
 """`labkit run hot_replay`: FlashOffloading's hot cache on selections a real model made (traces recorded by the
 quality lab, shipped in labkit/data), scaled to the engine's context and budget and run through the cache's
 own bookkeeping on the CPU: hit rate and link bytes against zero_copy's, per capacity and eviction policy.
-No GPU needed: what comes out is what a GPU run counts. Code: `labkit.bench.hot_replay`.
+No GPU needed: what comes out is what a GPU run counts. Code: `labkit.experiments.hot_replay.measure`.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..shapes import REFERENCE_BUDGET
-from ..params import BadInput, Param, Plan, resolve
+from ...shapes import REFERENCE_BUDGET
+from ...params import BadInput, Param, Plan, resolve
 
 NAME = "hot_replay"
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 SPEC = [
     Param("traces", "list[str]", "auto", "selection traces (.npz; auto: every trace shipped in labkit/data)"),
@@ -25,8 +25,8 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    from ..engine.transfer.hot_cache import POLICIES
-    from ..shapes import PRESETS
+    from ...engine.transfer.hot_cache import POLICIES
+    from ...shapes import PRESETS
     p = resolve(SPEC, given, NAME)
     if p["traces"] == "auto":
         p["traces"] = sorted(str(t.relative_to(DATA.parent.parent)) for t in DATA.glob("*.npz"))
@@ -46,8 +46,8 @@ def plan(given: dict) -> Plan:
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..bench.hot_replay import replay_sweep, summary_markdown
-    from ..results import Run
+    from .measure import replay_sweep, summary_markdown
+    from ...results import Run
     p = dict(plan.params)
     run = Run.create(p["out_dir"] or None, NAME, p)
     df = replay_sweep(p["traces"], p["context_lens"], p["budget"], p["capacity_x"], p["policies"], p["shape"],

@@ -1,10 +1,10 @@
 """`labkit run multigpu`: the model's layers split over several GPUs (pipeline stages) against one GPU, with
 pipelined micro-batches, the zero-copy gather's scaling when every GPU pulls over its own link, and the
-activation hand-off between stages. Code: `labkit.bench.multigpu`."""
+activation hand-off between stages. Code: `labkit.experiments.multigpu.measure`."""
 from __future__ import annotations
 
-from ..params import Param, Plan
-from . import checked
+from ...params import Param, Plan
+from .. import checked
 
 NAME = "multigpu"
 
@@ -27,9 +27,10 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    return checked(NAME, SPEC, given, "labkit.bench.multigpu")
+    from .measure import check
+    return checked(NAME, SPEC, given, check)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..bench import multigpu
+    from . import measure as multigpu
     return multigpu.run(dict(plan.params), progress_bar=progress_bar)

@@ -4,8 +4,31 @@
 a window replay can fit them on calibration windows instead of taking the ones written into the rule)."""
 from __future__ import annotations
 
-from ..engine.drive.scheduler import Adaptive, Costs, Request, parse_policy
-from .pulse_windows import parse_fitted
+import math
+
+from ...params import BadInput
+from .scheduler import Adaptive, Costs, Request, parse_policy
+
+
+def parse_fitted(policy: str) -> tuple[int, float] | None:
+    """`adaptive:MIN:HIDE` -> (MIN, HIDE): the adaptive placement with its two constants given (the engine's
+    `adaptive` uses the indexer budget and 1); anything else -> None. A malformed one is one BadInput line."""
+    if not policy.startswith("adaptive:"):
+        return None
+    parts = policy.split(":")
+    try:
+        if len(parts) != 3:
+            raise ValueError
+        m, h = int(parts[1]), float(parts[2])
+    except ValueError:
+        raise BadInput(f"policy {policy!r}: adaptive with constants is adaptive:MIN_TOKENS:HIDE, e.g. adaptive:8192:1") from None
+    if m < 0 or not h > 0 or math.isinf(h):
+        raise BadInput(f"policy {policy!r}: MIN_TOKENS must be >= 0 and HIDE a number > 0")
+    return m, h
+
+
+def fitted_name(min_tokens: int, hide: float) -> str:
+    return f"adaptive:{int(min_tokens)}:{float(hide):g}"
 
 
 class FittedAdaptive(Adaptive):

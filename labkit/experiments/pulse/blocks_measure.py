@@ -1,6 +1,6 @@
 """Block-granular transfers of one QSA layer's selection (PulseInfer).
 
-    python -m labkit.bench.pulse_blocks --context 65536 --budget 2048 --block 16 --requests 1 4 12 --out blocks.json
+    python -m labkit.experiments.pulse.blocks_measure --context 65536 --budget 2048 --block 16 --requests 1 4 12 --out blocks.json
 
 `--requests R`: the units of R requests' selections in one transfer (what an offloaded batch of R moves
 per layer: R x 4 MiB at the reference point).
@@ -43,9 +43,9 @@ import time
 
 import torch
 
-from ..engine.transfer.coalesced import CoalescedLoader
-from ..engine.model.gather import gather_rows
-from ..shapes import ModelShape
+from ...engine.transfer.coalesced import CoalescedLoader
+from ...engine.model.gather import gather_rows
+from ...shapes import ModelShape
 
 WORD = 8
 
@@ -108,7 +108,7 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
     loaders = {b: CoalescedLoader(threads, chunk_bytes, backend=b) for b in ("threads", "torch")}
     dma = dma_default = None
     if dev.type == "cuda":
-        from ..engine.transfer.batched_dma import BatchedDMA
+        from ...engine.transfer.batched_dma import BatchedDMA
         try:
             dma, dma_default = BatchedDMA(), BatchedDMA(prefer_overlap=False)
             dma_split = {n: BatchedDMA(units_per_call=n) for n in dma_split_units}
