@@ -331,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
+        from . import envs
+        envs.check_environment()       # a mistyped or malformed LABKIT_* is one line, not a silent default
         return a.fn(a)
     except (BadInput, FileNotFoundError, FileExistsError) as ex:
         print(f"labkit: {ex}", file=sys.stderr)

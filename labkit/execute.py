@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+from . import envs
 from .params import BadInput, Plan
 from .results import REPO, new_run_id
 
@@ -44,7 +45,7 @@ def rerender_notebook(exp, run_dir: str | Path) -> Path:
         old = nbformat.read(target, as_version=4).metadata
         measured = old.get("labkit", {}).get("measured_by") or old.get("papermill")
     where = os.path.relpath(run_dir, REPO) if run_dir.is_relative_to(REPO) else str(run_dir)
-    os.environ["LABKIT_PLAIN_PROGRESS"] = "1"
+    envs.set_env("LABKIT_PLAIN_PROGRESS", "1")
     pm.execute_notebook(str(NOTEBOOKS / exp.notebook), str(target), parameters={"run_dir": where}, progress_bar=False,
                         cwd=str(REPO), kernel_name="python3", **KERNEL_ARGS)
     if measured:
@@ -176,8 +177,8 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
         raise BadInput(f"{out} already holds a run; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     plan = plan.replace(out_dir=str(out.resolve()))
-    os.environ["LABKIT_PLAIN_PROGRESS"] = "1"
-    os.environ["LABKIT_RUN_DRIVER"] = str(os.getpid())      # the manifest names us beside the kernel (stale check)
+    envs.set_env("LABKIT_PLAIN_PROGRESS", "1")
+    envs.set_env("LABKIT_RUN_DRIVER", os.getpid())      # the manifest names us beside the kernel (stale check)
     error, seen = None, []
     try:
         with _signals_to_kernels(seen):

@@ -13,7 +13,6 @@ is in the record) and can be opened with `labkit report`.
 """
 from __future__ import annotations
 
-import os
 import tempfile
 import threading
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import envs
 from .index import machine_label
 from .report.figures import COLORS
 from .results import REPO, load_run, run_manifests
@@ -39,7 +39,7 @@ def ctx_label(v: int) -> str:
 
 
 def results_root(given: str | Path = "") -> Path:
-    return Path(given or os.environ.get("LABKIT_RESULTS") or REPO / "results")
+    return Path(given or envs.get("LABKIT_RESULTS") or REPO / "results")
 
 
 def decode_runs(root: str | Path) -> dict[str, tuple[dict, pd.DataFrame]]:

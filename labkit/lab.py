@@ -21,6 +21,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from . import envs
 from .results import REPO
 
 
@@ -153,7 +154,7 @@ def cmd_lab(a) -> int:
         from .params import BadInput
         raise BadInput(f"{root} is not a folder of notebooks")
     port = a.port if a.port_exact else pick_port(a.port)
-    token = a.token or os.environ.get("LABKIT_LAB_TOKEN") or secrets.token_hex(24)
+    token = a.token or envs.get("LABKIT_LAB_TOKEN") or secrets.token_hex(24)
     trust_shipped_notebooks(root)
     print(banner(port, token, root_dir=root), flush=True)
     cmd = lab_command(port, token, root, extra=[x for x in a.jupyter_args if x != "--"], settings_dir=app_settings_dir())

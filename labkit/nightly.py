@@ -49,6 +49,7 @@ try:
 except ModuleNotFoundError:     # Python 3.10
     import tomli as tomllib
 
+from . import envs
 from .params import BadInput
 from .results import REPO
 
@@ -308,7 +309,7 @@ def _run_plain_notebook(entry: Entry, out: Path, log) -> Exception | None:
     params = dict(entry.parameters)
     if "out_dir" in notebook_parameters(entry.notebook):
         params["out_dir"] = str(out.resolve())
-    os.environ["LABKIT_PLAIN_PROGRESS"] = "1"     # text progress, not widgets (a report's widgets need a CDN)
+    envs.set_env("LABKIT_PLAIN_PROGRESS", "1")     # text progress, not widgets (a report's widgets need a CDN)
     err = None
     try:
         pm.execute_notebook(str(entry.notebook), str(out / entry.notebook.name), parameters=params, progress_bar=False,

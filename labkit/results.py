@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import envs
 from . import __version__
 from .telemetry import machine_load
 
@@ -34,8 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def git_sha() -> str:
-    if os.environ.get("LABKIT_GIT_SHA"):      # a copy of the tree without .git (e.g. a GPU host session)
-        return os.environ["LABKIT_GIT_SHA"]
+    if envs.get("LABKIT_GIT_SHA"):      # a copy of the tree without .git (e.g. a GPU host session)
+        return envs.get("LABKIT_GIT_SHA")
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
         sha = out.stdout.strip() or "unknown"
@@ -168,9 +169,10 @@ class Run:
         manifest = {"run_id": path.name, "experiment": experiment,
                     "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "git_sha": git_sha(), "labkit": __version__, **machine_info(), "parameters": params,
+                    "engine": envs.in_force(), "environment": envs.plumbing_in_force(),
                     "status": "running", "writers": _writers(), "machine_load_before": machine_load()}
-        if os.environ.get("LABKIT_SESSION"):     # runs made by one device session (their reports meet)
-            manifest["session"] = os.environ["LABKIT_SESSION"]
+        if envs.get("LABKIT_SESSION"):     # runs made by one device session (their reports meet)
+            manifest["session"] = envs.get("LABKIT_SESSION")
         run = cls(path, manifest)
         run._write_manifest()
         return run
@@ -265,7 +267,7 @@ class LoadedRun:
 def _writers() -> list[dict]:
     """This process, and the driver that started it (`labkit run` sets LABKIT_RUN_DRIVER for its kernel)."""
     out = [writer_entry()]
-    drv = os.environ.get("LABKIT_RUN_DRIVER", "")
+    drv = envs.get("LABKIT_RUN_DRIVER")
     if drv.isdigit() and int(drv) != os.getpid():
         out.append(writer_entry(int(drv)))
     return out

@@ -16,6 +16,7 @@ that the user can fix (package missing, path missing, not a checkpoint) raises `
 
 from __future__ import annotations
 
+from .. import envs
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ PRESETS: dict[str, GgufPreset] = {
 
 def cache_dir() -> Path:
     """Where converted checkpoints live: `$LABKIT_CACHE/models` or `~/.cache/labkit/models`."""
-    root = os.environ.get("LABKIT_CACHE")
+    root = envs.get("LABKIT_CACHE")
     return (Path(root).expanduser() if root else Path.home() / ".cache" / "labkit") / "models"
 
 

@@ -12,6 +12,7 @@ their main module) see it too.
 """
 from __future__ import annotations
 
+from .. import envs
 import importlib.metadata as _md
 import os
 import sys
@@ -145,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"labkit: vllm serve arguments rejected: {msg}", file=sys.stderr)
             return 2
         return 0
-    if os.environ.get("LABKIT_WATCH_PARENT"):
-        _watch_parent(int(os.environ["LABKIT_WATCH_PARENT"]))
+    if envs.get("LABKIT_WATCH_PARENT"):
+        _watch_parent(envs.get("LABKIT_WATCH_PARENT"))
     from vllm.entrypoints.cli.main import main as vllm_main
     sys.argv = ["vllm", *argv]
     return vllm_main() or 0

@@ -11,6 +11,7 @@ torch and transformers, so it lives in a venv of its own (see the Makefile).
 """
 from __future__ import annotations
 
+from .. import envs
 import atexit
 import os
 import signal
@@ -34,7 +35,7 @@ class ServerFailed(RuntimeError):
 
 def vllm_python() -> Path:
     """The interpreter that has vLLM: $LABKIT_VLLM_PYTHON, else .venv-vllm in the repo, else this one."""
-    env = os.environ.get("LABKIT_VLLM_PYTHON")
+    env = envs.get("LABKIT_VLLM_PYTHON")
     if env:
         if not Path(env).is_file():
             raise BadInput(f"LABKIT_VLLM_PYTHON={env} does not exist")

@@ -50,6 +50,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import envs
+
 MAGIC = b"LKXFERKV"
 VERSION = 2
 HEADER_BYTES = 4096
@@ -67,7 +69,7 @@ class ShmError(ValueError):
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("LABKIT_XFER_SHM", "/dev/shm/labkit-xfer"))
+    return Path(envs.get("LABKIT_XFER_SHM") or "/dev/shm/labkit-xfer")
 
 
 def token_bytes(ids) -> bytes:

@@ -19,9 +19,9 @@ The server's lifecycle is the serving experiment's (`labkit.serving.lifecycle`);
 
 from __future__ import annotations
 
+from .. import envs
 import json
 import math
-import os
 import threading
 import time
 import urllib.request
@@ -42,7 +42,7 @@ class Server:
                  dtype: str = "float32", kv_space_gib: int = 2, startup_timeout_s: float = 900):
         from labkit.serving.lifecycle import VllmServer
 
-        cache = Path(os.environ.get("LABKIT_CACHE", Path.home() / ".cache" / "labkit")) / "vllm"
+        cache = Path(envs.get("LABKIT_CACHE") or Path.home() / ".cache" / "labkit") / "vllm"
         (cache / "tmp").mkdir(parents=True, exist_ok=True)
         env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
                "VLLM_CACHE_ROOT": str(cache), "TMPDIR": str(cache / "tmp"), "HF_HUB_OFFLINE": "1",

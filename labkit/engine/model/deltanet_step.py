@@ -14,9 +14,10 @@ times. The Triton kernel reads each [dk, DV] tile of the state once, writes it o
 """
 from __future__ import annotations
 
-import os
 
 import torch
+
+from ... import envs
 
 from .gather import HAVE_TRITON, interpret_mode
 from .gemv import pdl_supported
@@ -90,14 +91,14 @@ def delta_step(S, q, k, v, log_a, beta, tile: int = 32):
 # a layer, no faster than the kernels it replaced. Roundings follow the torch definition
 # (`DeltaNetLayer.mix_reference`): the conv output, the recurrence output, the norm and the gate are
 # rounded to the activation dtype where the torch ops round them.
-FUSED_MIX = os.environ.get("LABKIT_DN_FUSED", "1") == "1"
+FUSED_MIX = envs.owner_value("LABKIT_DN_FUSED")
 # programmatic dependent launch (sm90+) for both, off by default (LABKIT_DN_PDL=1 turns it on): each
 # launches while the kernel before it ends, reads what does not depend on it (the state tile, the norm
 # weight) and then waits, and lets the next kernel (the output projection's GEMV, which prefetches its
 # weights) do the same. Predicted -0.05 ms a step; measured on an H200 at 64K slower: 3.244 -> 3.319 ms at
 # c = 1, 4.897 -> 5.037 at c = 4 (results/20261203-060400-norm-gemv-h200; the mixer's programs, launched
 # early, sit on SM slots the input projection's GEMV would use, and its kernel time rose 0.25 -> 0.95 ms).
-MIX_PDL = os.environ.get("LABKIT_DN_PDL", "0") == "1"
+MIX_PDL = envs.owner_value("LABKIT_DN_PDL")
 
 if HAVE_TRITON:
     @triton.jit

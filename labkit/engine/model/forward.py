@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .attention import dense_prefill_attention, fast_sdpa, split_rows
-from .deltanet_step import FUSED_MIX, delta_step, deltanet_mix
+from . import deltanet_step
+from .deltanet_step import delta_step, deltanet_mix
 from .gemv import norm_matmul
 from . import qsa_step
 from .cache import OffloadCache
@@ -254,7 +255,7 @@ class _DecodeIO:
 
     def deltanet(self, blk, ki, x, d):
         c, sp, f = self.e.cache, self.st.span, self.fns
-        if FUSED_MIX:   # between the projections two kernels on CUDA (deltanet_step.deltanet_mix)
+        if deltanet_step.FUSED_MIX:   # between the projections two kernels on CUDA (deltanet_step.deltanet_mix)
             h, y = f.dn_project(blk, x, d)
             g = deltanet_mix(blk.mixer, y, c.dn_state[ki, sp], c.dn_conv[ki, sp])
             return h, f.dn_out(blk, g)

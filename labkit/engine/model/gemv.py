@@ -57,11 +57,11 @@ results/20261203-090500-gemv-rows-tiles-h200): `LABKIT_GEMV_ROWS` (default 1) wi
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from ... import envs
 from .gather import HAVE_TRITON, interpret_mode
 
 if HAVE_TRITON:
@@ -73,30 +73,32 @@ _DTYPES = (torch.bfloat16, torch.float16)
 _INTERPRET = interpret_mode()
 # LABKIT_GEMV: "auto" (default) the kernel for one row against K-major weights, the case where it beats
 # cuBLAS on an H200; "1" every layout and 1-16 rows; "0" never (read at import; `set_mode` in a process)
-_MODE = os.environ.get("LABKIT_GEMV", "auto")
-if _MODE not in ("auto", "0", "1"):
-    raise ValueError(f"LABKIT_GEMV={_MODE!r}: auto, 1 or 0")
+_MODE = envs.owner_value("LABKIT_GEMV")
 # programmatic dependent launch (sm90+): the row-major defaults without it (LABKIT_GEMV_PDL=1 adds it; with
 # it a step's 193 products took 7.27 ms against 2.59 for cuBLAS), the K-major one-row defaults with it
 # (LABKIT_GEMV_PDL=0 takes it off; with it 2.07 ms against 2.31 without, the best configurations)
-_PDL_ENV = os.environ.get("LABKIT_GEMV_PDL", "")
-_PDL = _PDL_ENV == "1"
-_PDL_KM = _PDL_ENV != "0"
+_PDL_MODE = envs.owner_value("LABKIT_GEMV_PDL")     # auto, on, off
+
+
+def _pdl(k_major: bool) -> bool:
+    return _PDL_MODE == "on" or (_PDL_MODE == "auto" and k_major)
+
+
 # the fused gate/up (silu(x @ gate) * (x @ up) in one kernel); LABKIT_GEMV_GLU=0 runs the plain product
 # and the torch ops after it, for an A/B
-_GLU = os.environ.get("LABKIT_GEMV_GLU", "1") == "1"
+_GLU = envs.owner_value("LABKIT_GEMV_GLU")
 # the residual add and RMSNorm before a product inside the kernel (`norm_matmul`); LABKIT_GEMV_NORM=0 runs
 # them as torch ops before it, for an A/B. Measured on an H200 at 64K (results/20261203-060400-norm-gemv-h200,
 # each variant its own process): the resident step at c = 1 3.687 -> 3.244 ms (615 -> 510 kernels). At
 # c = 4 the fused products through the GEMV's tensor-core path instead of cuBLAS + the norm kernel made the
 # step slower, 4.507 -> 4.897 ms, so LABKIT_GEMV_NORM_ROWS (the rows up to which "auto" fuses, K-major
 # weights) is 1 by default: at 2-16 rows the norm stays a torch op before cuBLAS, as before
-_NORM = os.environ.get("LABKIT_GEMV_NORM", "1") == "1"
-_NORM_ROWS = int(os.environ.get("LABKIT_GEMV_NORM_ROWS", "1"))
+_NORM = envs.owner_value("LABKIT_GEMV_NORM")
+_NORM_ROWS = envs.owner_value("LABKIT_GEMV_NORM_ROWS")
 # LABKIT_GEMV_ROWS: the rows up to which "auto" takes the kernel against K-major weights (1: one row only)
-_ROWS = int(os.environ.get("LABKIT_GEMV_ROWS", "1"))
+_ROWS = envs.owner_value("LABKIT_GEMV_ROWS")
 # LABKIT_GEMV_SWAP: the tensor-core path (2-16 rows, K-major) as out^T = w^T @ x^T ("1", default) or x @ w
-_SWAP = os.environ.get("LABKIT_GEMV_SWAP", "1") == "1"
+_SWAP = envs.owner_value("LABKIT_GEMV_SWAP")
 COUNTER_SLOTS = 8192            # column tiles a split product may have (split is used only for few tiles)
 
 
@@ -368,13 +370,13 @@ def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False
         bn = 32 if -(-N // 32) >= 2 * sms else 16
         bk = 256 if bn == 32 else 512
         return Config(bn, bk, split_for(N, K, bn, bk, 2, sms), False, num_warps=4, num_stages=2,
-                      pdl=_PDL_KM, acc2d=True)
+                      pdl=_pdl(True), acc2d=True)
     if k_major and normed:
         # a norm-fused product (the input projections, the FFN's gate/up, the head; N >= 5,632) at 2-16
         # rows: the sweep's best for these matrices at M = 4 on an H200, [128, 64] tiles through the
         # tensor cores in three stages, no split (no partials to sum), PDL; [128, 32] where 64 columns
         # would leave SMs idle (the fused gate/up: 88 tiles of its 5,632 outputs)
-        return Config(64 if -(-N // 64) >= sms else 32, 128, 1, True, num_warps=4, num_stages=3, pdl=_PDL_KM,
+        return Config(64 if -(-N // 64) >= sms else 32, 128, 1, True, num_warps=4, num_stages=3, pdl=_pdl(True),
                       swap=_SWAP)
     if k_major:
         # 2-16 rows: [64, 128] tiles, K split for two programs an SM. Swapped (LABKIT_GEMV_SWAP, default on)
@@ -383,14 +385,14 @@ def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False
         # made the step at c = 4 slower than these (5.63 against 4.88 ms; cuBLAS 4.46-4.51;
         # results/20261203-085200-gemv-swap-h200, results/20261203-090500-gemv-rows-tiles-h200): the step
         # is the figure, so these stay, and "auto" keeps cuBLAS at 2-16 rows
-        return Config(64, 128, split_for(N, K, 64, 128, 2, sms, 2), True, num_warps=4, num_stages=3, pdl=_PDL_KM,
+        return Config(64, 128, split_for(N, K, 64, 128, 2, sms, 2), True, num_warps=4, num_stages=3, pdl=_pdl(True),
                       swap=_SWAP)
     if M == 1:
         bn, bk, per_sm, min_blocks, warps, stages = 128, 128, 4, 1, 4, 1
     else:
         bn, bk, per_sm, min_blocks, warps, stages = 128, 64, 2, 2, 4, 4
     return Config(bn, bk, split_for(N, K, bn, bk, per_sm, sms, min_blocks), M > 1, num_warps=warps,
-                  num_stages=stages, pdl=_PDL)
+                  num_stages=stages, pdl=_pdl(False))
 
 
 def split_for(N: int, K: int, block_n: int, block_k: int, per_sm: int, sms: int, min_blocks: int = 1) -> int:

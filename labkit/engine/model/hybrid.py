@@ -11,10 +11,11 @@ composition of a block lives in `engine.Engine.block` (prefill and decode both r
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
+
+from ... import envs
 from torch import nn
 
 from ...shapes import ModelShape
@@ -164,11 +165,13 @@ class BlockFns:
     compiled: bool
 
 
+# LABKIT_COMPILE / the decode parameter compile_blocks: torch.compile the block pieces (off: eager)
+COMPILE = envs.owner_value("LABKIT_COMPILE")
 _FNS: dict[bool, BlockFns] = {}
 
 
 def block_fns(compiled: bool) -> BlockFns:
-    compiled = compiled and os.environ.get("LABKIT_COMPILE", "1") != "0"
+    compiled = compiled and COMPILE
     if compiled not in _FNS:
         pieces = (dn_pre, dn_post, dn_project, dn_out, ffn_residual, qsa_pre, qsa_project, sparse_attention, qsa_out)
         if compiled:

@@ -13,9 +13,10 @@ Weights are random and seeded, scaled 1/sqrt(fan_in) so activations stay O(1) th
 from __future__ import annotations
 
 import math
-import os
 
 import torch
+
+from ... import envs
 import torch.nn.functional as F
 from torch import nn
 
@@ -27,10 +28,7 @@ from .gemv import matmul, silu_glu
 # held as its [K, N] transpose (the layout of a checkpoint's nn.Linear), which the lab's one-row GEMV
 # streams at 78% of the read bandwidth against cuBLAS's 69% (a step's 193 matrices on an H200,
 # scripts/gemv_bench.py --layout nk); "kn" stored row-major [K, N] as before (cuBLAS 2% faster on it).
-_LAYOUT = os.environ.get("LABKIT_WEIGHTS", "nk")
-if _LAYOUT not in ("nk", "kn"):
-    raise ValueError(f"LABKIT_WEIGHTS={_LAYOUT!r}: nk or kn")
-K_MAJOR = _LAYOUT == "nk"
+K_MAJOR = envs.owner_value("LABKIT_WEIGHTS")       # True: "nk"
 
 
 def make_weight(gen: torch.Generator, fan_in: int, fan_out: int, dtype, device, pad: bool = False,

@@ -22,9 +22,10 @@ interpreter and on the GPU (tests/test_gpu_qsa.py).
 """
 from __future__ import annotations
 
-import os
 
 import torch
+
+from ... import envs
 
 from .gather import HAVE_TRITON, interpret_mode
 from .layers import rope_inv_freq
@@ -33,7 +34,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-FUSED_QSA = os.environ.get("LABKIT_QSA_FUSED", "1") == "1"
+FUSED_QSA = envs.owner_value("LABKIT_QSA_FUSED")
 
 if HAVE_TRITON:
     @triton.jit

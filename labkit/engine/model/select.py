@@ -27,9 +27,10 @@ How (CUDA, Triton; `select_topk_reference` is the same function in torch ops and
 """
 from __future__ import annotations
 
-import os
 
 import torch
+
+from ... import envs
 
 from .gather import HAVE_TRITON, interpret_mode
 
@@ -199,7 +200,7 @@ def _triton_ok(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
 
 
-FIXED_BLOCK = int(os.environ.get("LABKIT_SELECT_BLOCK", "0"))
+FIXED_BLOCK = envs.owner_value("LABKIT_SELECT_BLOCK")
 
 
 def default_block(B: int, L: int, sms: int = 132) -> int:

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 # registration order is the order users see them in (the glossary's): the baseline first
+from ... import envs
 from . import resident, per_row, host_gather, zero_copy, hot_cache, coalesced, block_dma  # noqa: F401,I001
 from .base import STRATEGIES, LoadResult, Setting, TransferStrategy, get_strategy, register, settings_of
 from .block_dma import BlockDMA
@@ -57,7 +58,7 @@ def strategy_params(of=None) -> list:
 
 def load_plugins(paths: str | None = None) -> list[str]:
     """Import the strategy files named in `LABKIT_STRATEGIES` (once each); returns their paths."""
-    raw = os.environ.get("LABKIT_STRATEGIES", "") if paths is None else paths
+    raw = envs.get("LABKIT_STRATEGIES") if paths is None else paths
     done = []
     for p in filter(None, raw.split(os.pathsep)):
         path = Path(p).resolve()

@@ -70,9 +70,8 @@ cached copy of a row that is in a slot (so a cached row can never be stale).
 """
 from __future__ import annotations
 
-import os
 
-from ... import lazy
+from ... import envs, lazy
 from .base import LoadResult, Setting, TransferStrategy, register
 
 POLICIES = ("lru", "lfu", "lrfu")
@@ -93,6 +92,9 @@ def check_settings(capacity, policy) -> None:
     if policy not in POLICIES:
         raise ValueError(f"hot_cache: unknown policy {policy!r}: choose from {', '.join(POLICIES)}")
 
+
+# LABKIT_HOT_PLAN / the decode parameter hot_plan: "kernel" (one Triton kernel on CUDA) or "torch" (its reference)
+PLAN = envs.owner_value("LABKIT_HOT_PLAN")
 
 class HotIndex:
     """Where rows are in the slots, and which slot a new row takes: the bookkeeping of a hot cache,
@@ -119,7 +121,7 @@ class HotIndex:
         self._list = torch.zeros(S + 1, dtype=torch.int64, device=dev)
         self._cnt_b = torch.zeros((batch, len(COUNTERS)), dtype=torch.int64, device=dev)
         # one Triton kernel on CUDA (hot_plan.py), these torch ops elsewhere (and as its reference)
-        self.kernel = dev.type == "cuda" and gather.HAVE_TRITON and os.environ.get("LABKIT_HOT_PLAN", "kernel") == "kernel"
+        self.kernel = dev.type == "cuda" and gather.HAVE_TRITON and PLAN == "kernel"
 
     @property
     def slots(self) -> int:

@@ -7,6 +7,7 @@ plus prefill speed. The measuring code is `labkit.experiments.decode.measure`.
 """
 from __future__ import annotations
 
+from ... import envs
 from ...engine.transfer import strategy_params
 from ...params import Param, Plan
 from .. import checked
@@ -32,6 +33,7 @@ SPEC = [
     *strategy_params(),        # each strategy's own settings, declared beside it
     Param("select_block", "int", 1, "select whole aligned blocks of N positions (16: PulseInfer's; block_dma's units)"),
     Param("probe", "bool", True, "measure the link limits first (contiguous, host_gather, zero_copy): the plots' bounds"),
+    *envs.switch_params(),     # the engine's A/B switches: -p gemv=auto,off measures both in this run
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
 ]

@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from ... import envs
 from ...engine import Engine, HybridModel, OffloadCache, get_strategy
 from ...engine.model.cache import PAGE_SIZE, build_on_devices
 from ...engine.drive.pipeline import PipelineRunner, bubbles, device_guard, micro_batch_ranges, model_block_costs, place_layers, split_model, staged_prefill
@@ -132,6 +133,7 @@ def check(p: dict) -> dict:
         p["budget_context"] = max(p["context_lens"])
     if len(devs) > shape.layers:
         raise BadInput(f"{len(devs)} devices for a shape of {shape.layers} layers")
+    envs.check_switch_params(p)
     pl = derive(p)
     # Host RAM: the biggest concurrency group's pool must fit in this machine's RAM at all.
     total = psutil.virtual_memory().total
@@ -422,6 +424,27 @@ def measure_prefill(stages: list, n_tokens: int, strategy: str, pl: DecodePlan) 
             "device_index_bytes": n_tokens * stages[0].shape.index_key_bytes * stages[0].shape.attn_layers}
 
 
+def _sweep_once(pl: DecodePlan, run: Run, base: dict, prefill: list, tel: Sampler, bar) -> None:
+    """The grid's points and the prefill lengths, with the engine as it is now configured."""
+    with DecodeSession(pl, tel) as session:
+        if session.stage_layers:
+            run.update_manifest(stage_layers=[list(r) for r in session.stage_layers])
+        for pt in pl.points:
+            bar.set_postfix_str(f"{pt.strategy} ctx={pt.context_len} c={pt.concurrency} b={pt.budget}")
+            run.add({**base, **session.measure(pt)})
+            bar.update()
+        session.caches.release()
+        for n, s in prefill:
+            bar.set_postfix_str(f"prefill {s} {n}")
+            try:
+                rec = measure_prefill(session.stages, n, s, pl)
+            except Exception as ex:
+                rec = {"experiment": "prefill", "status": "failed", "error": one_line(ex), "strategy": s, "context_len": n}
+            run.add({**base, **rec})
+            gc.collect()
+            bar.update()
+
+
 def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True) -> Run:
     """Measure every point of a checked plan into a run folder; a failing point becomes a failed row."""
     p, shape, dev = pl.params, pl.shape, pl.devices[0]
@@ -434,7 +457,9 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
     host = sorted((s for s in p["strategies"] if STRATEGIES[s].medium == "host" and not STRATEGIES[s].mirrors),
                   key=lambda s: not STRATEGIES[s].graphable)
     prefill = [(n, (host or p["strategies"])[0]) for n in (p["prefill_lens"] or [])]
-    bar = progress(total=len(pl.points) + len(prefill), desc=f"{EXPERIMENT} {shape.name}", disable=not progress_bar)
+    variants = envs.variants(p)
+    bar = progress(total=(len(pl.points) + len(prefill)) * len(variants), desc=f"{EXPERIMENT} {shape.name}",
+                   disable=not progress_bar)
     tel = Sampler(gpus=[d.index or 0 for d in pl.devices] if pl.cuda else [])
     run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary())
     try:
@@ -453,23 +478,15 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
         if pl.cuda:   # the roofline's denominator, measured in this run whether or not the probe ran
             run.add({**base, **hbm_read_gbps(dev)})
         tel.start()
-        with DecodeSession(pl, tel) as session:
-            if session.stage_layers:
-                run.update_manifest(stage_layers=[list(r) for r in session.stage_layers])
-            for pt in pl.points:
-                bar.set_postfix_str(f"{pt.strategy} ctx={pt.context_len} c={pt.concurrency} b={pt.budget}")
-                run.add({**base, **session.measure(pt)})
-                bar.update()
-            session.caches.release()
-            for n, s in prefill:
-                bar.set_postfix_str(f"prefill {s} {n}")
-                try:
-                    rec = measure_prefill(session.stages, n, s, pl)
-                except Exception as ex:
-                    rec = {"experiment": "prefill", "status": "failed", "error": one_line(ex), "strategy": s, "context_len": n}
-                run.add({**base, **rec})
-                gc.collect()
-                bar.update()
+        # Engine switches given as parameters: the whole grid once per combination, the model rebuilt under
+        # each (its kernels and layout are chosen when it is built), rows tagged with the combination.
+        for variant in variants:
+            before = envs.apply(variant)
+            tag = {"engine_variant": envs.variant_name(variant), **variant} if variant else {}
+            try:
+                _sweep_once(pl, run, {**base, **tag}, prefill, tel, bar)
+            finally:
+                envs.apply(before)
     finally:
         bar.close()
         tel.stop()

@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from ... import envs
 from ...shapes import REFERENCE_BUDGET
 from ...params import BadInput, one_line, resolve_device
 
@@ -330,7 +331,7 @@ def run(p: dict, progress_bar: bool = False):
                         resumed_from=[before["me"], *before["resumed_from"]] if before else [])
     dev = torch.device(p["device"])
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"],
-            "measured_in": run.run_id, "session": os.environ.get("LABKIT_SESSION", ""), "git_sha": run.manifest["git_sha"]}
+            "measured_in": run.run_id, "session": envs.get("LABKIT_SESSION"), "git_sha": run.manifest["git_sha"]}
     model = HybridModel(ModelShape.from_name(p["shape"]), dev, seed=p["seed"])
     tables = {n: [] for n in ("requests", "rounds", "timeline", "loads")}
 
