@@ -161,7 +161,9 @@ class CostModel:
 
     @classmethod
     def fit(cls, metrics: pd.DataFrame, shape: ModelShape, strategy: str, context_len: int, concurrency: int,
-            source: GPU) -> "CostModel":
+            source: GPU, link_gbps: float | None = None) -> "CostModel":
+        """`link_gbps`: the host link's achieved gather rate, where the run measured it at this point's own
+        load (else the run's zero-copy probe row)."""
         d = metrics[(metrics["experiment"] == "decode") & (metrics["status"] == "ok")]
         if "axis" in d:
             d = d[d["axis"] == "context"]
@@ -170,7 +172,7 @@ class CostModel:
             raise ValueError(f"no measured anatomy for {strategy} at context {context_len}, concurrency {concurrency}")
         r = row.iloc[0]
         hbm = _probe_gbps(metrics, "hbm_read") or 0.6 * source.hbm_gbps
-        link = _probe_gbps(metrics, "zero_copy") or 0.8 * source.link_gbps
+        link = link_gbps or _probe_gbps(metrics, "zero_copy") or 0.8 * source.link_gbps
         by = phase_bytes(shape, strategy, context_len, concurrency, int(r["budget"]))
         # The selection kernels' own throughput, where the run's probe timed them at its largest size:
         # their passes and atomics stream far below a plain read.
@@ -193,12 +195,18 @@ class CostModel:
                    {"context_len": context_len, "concurrency": concurrency, "budget": int(r["budget"]),
                     "step_ms": float(r["step_ms_median"])})
 
-    def predict(self, target: GPU, context_len: int, concurrency: int, budget: int, n_gpus: int = 1) -> Prediction:
+    def predict(self, target: GPU, context_len: int, concurrency: int, budget: int, n_gpus: int = 1,
+                link_scale: float | None = None) -> Prediction:
+        """`link_scale`: the host link's rate as a multiple of the source's measured one (an emulated or
+        measured link), in place of the spec ratio of the two GPUs' links."""
         by = phase_bytes(self.shape, self.strategy, context_len, concurrency, budget)
         phases, why = {}, []
         for ph in PHASES:
             link = _medium(ph, self.strategy) == "link"
-            scale = (target.link_gbps / self.source.link_gbps) if link else (target.hbm_gbps / self.source.hbm_gbps)
+            if link and link_scale:
+                scale = link_scale
+            else:
+                scale = (target.link_gbps / self.source.link_gbps) if link else (target.hbm_gbps / self.source.hbm_gbps)
             bw = self.bw_gbps[ph] * scale
             t = self.fixed_ms[ph] + (by[ph] / (bw * 1e6) if by[ph] else 0.0)
             phases[ph] = t

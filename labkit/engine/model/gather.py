@@ -41,6 +41,19 @@ if HAVE_TRITON:
             tl.store(dst_ptr + j.to(tl.int64)[:, None] * W + col[None, :], v, mask=m)
 
     @triton.jit
+    def _gather_rows_paced_kernel(src_ptr, rows_ptr, dst_ptr, n_rows, n_progs, W: tl.constexpr, BLOCK: tl.constexpr):
+        # `n_progs` programs, each one row at a time (grid-stride): a read over the host link is
+        # latency-bound, so the rate follows the programs (about 1 GB/s each for 2 KiB rows on PCIe 5.0)
+        pid = tl.program_id(0)
+        for j in range(pid, n_rows, n_progs):
+            r = tl.load(rows_ptr + j).to(tl.int64)
+            for c in tl.static_range(0, W, BLOCK):
+                col = c + tl.arange(0, BLOCK)
+                m = col < W
+                v = tl.load(src_ptr + r * W + col, mask=m)
+                tl.store(dst_ptr + j * W + col, v, mask=m)      # j * W < 2**31: a load is at most ~1M words
+
+    @triton.jit
     def _scatter_rows_kernel(src_ptr, rows_ptr, dst_ptr, n_rows, W: tl.constexpr, ROWS: tl.constexpr,
                              BLOCK: tl.constexpr):
         pid = tl.program_id(0)
@@ -76,6 +89,18 @@ def gather_rows(src: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, rows_p
     M, W = out.shape
     grid = (triton.cdiv(M, rows_per_prog),)
     _gather_rows_kernel[grid](src, rows, out, M, W=W, ROWS=rows_per_prog, BLOCK=col_block(W), num_warps=num_warps)
+    return out
+
+
+def gather_rows_paced(src: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, programs: int) -> torch.Tensor:
+    """`gather_rows` by exactly `programs` programs, one row at a time each: a slower host link, emulated
+    (the rows' arrival rate follows the programs reading them)."""
+    assert src.dim() == 2 and out.dim() == 2 and src.shape[1] == out.shape[1] and rows.numel() == out.shape[0]
+    if not launch_ok(src, rows, out):
+        return gather_rows(src, rows, out)
+    M, W = out.shape
+    _gather_rows_paced_kernel[(max(1, min(programs, M)),)](src, rows, out, M, max(1, min(programs, M)), W=W,
+                                                          BLOCK=col_block(W), num_warps=4)
     return out
 
 

@@ -153,16 +153,24 @@ class KernelGather(TransferStrategy):
     """The Triton gather kernel; its launch configuration is this strategy's setting."""
     graphable = True
     SETTINGS = (Setting("gather_rows_per_prog", "int", 4, "gather kernel: rows per program", "rows_per_prog"),
-                Setting("gather_num_warps", "int", 4, "gather kernel: warps per program", "num_warps"))
+                Setting("gather_num_warps", "int", 4, "gather kernel: warps per program", "num_warps"),
+                Setting("gather_programs", "int", 0, "gather kernel over the host link: programs per load (0: "
+                        "rows / rows_per_prog); fewer programs read the link slower (decode's link_gbps)", "programs"))
 
-    def __init__(self, rows_per_prog: int = 4, num_warps: int = 4):
-        if rows_per_prog <= 0 or num_warps <= 0 or num_warps & (num_warps - 1):
-            raise ValueError(f"{self.name}: rows_per_prog must be > 0 and num_warps a power of two, "
-                             f"got {rows_per_prog}, {num_warps}")
-        self.rows_per_prog, self.num_warps = rows_per_prog, num_warps
+    def __init__(self, rows_per_prog: int = 4, num_warps: int = 4, programs: int = 0):
+        if rows_per_prog <= 0 or num_warps <= 0 or num_warps & (num_warps - 1) or programs < 0:
+            raise ValueError(f"{self.name}: rows_per_prog must be > 0, num_warps a power of two and programs >= 0, "
+                             f"got {rows_per_prog}, {num_warps}, {programs}")
+        self.rows_per_prog, self.num_warps, self.programs = rows_per_prog, num_warps, programs
 
     def load(self, pool, layer, rows, out):
-        gather.gather_rows(pool.data[layer], rows, out, rows_per_prog=self.rows_per_prog, num_warps=self.num_warps)
+        if self.programs and self.medium == "host":
+            # A slower link, emulated: a zero-copy gather's rate follows the programs that read (each one row
+            # at a time, latency-bound), so a fixed number of programs caps the load's GB/s. The device's
+            # own gathers (`resident`) are never slowed.
+            gather.gather_rows_paced(pool.data[layer], rows, out, self.programs)
+        else:
+            gather.gather_rows(pool.data[layer], rows, out, rows_per_prog=self.rows_per_prog, num_warps=self.num_warps)
         return self._moved(pool, rows)
 
 

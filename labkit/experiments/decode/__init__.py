@@ -33,6 +33,9 @@ SPEC = [
     *strategy_params(),        # each strategy's own settings, declared beside it
     Param("select_block", "int", 1, "select whole aligned blocks of N positions (16: PulseInfer's; block_dma's units)"),
     Param("probe", "bool", True, "measure the link limits first (contiguous, host_gather, zero_copy): the plots' bounds"),
+    Param("link_gbps", "list[float]", [], "emulate slower host links: the zero-copy gather's reading programs cut "
+          "until it moves a step's rows at this rate (GB/s, calibrated by a probe in this run; e.g. 25 for the "
+          "3090 box's PCIe 4.0); the grid once per rate after the native link, rows with predicted_step_ms"),
     *envs.switch_params(),     # the engine's A/B switches: -p gemv=auto,off measures both in this run
     Param("seed", "int", 0, "weights and cache contents"),
     Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),

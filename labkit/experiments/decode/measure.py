@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -134,6 +134,9 @@ def check(p: dict) -> dict:
     if len(devs) > shape.layers:
         raise BadInput(f"{len(devs)} devices for a shape of {shape.layers} layers")
     envs.check_switch_params(p)
+    check_positive("link_gbps", p.get("link_gbps") or [1])
+    if p.get("link_gbps") and "zero_copy" not in p["strategies"]:
+        raise BadInput("link_gbps emulates the link under zero_copy's gather: add zero_copy to strategies")
     pl = derive(p)
     # Host RAM: the biggest concurrency group's pool must fit in this machine's RAM at all.
     total = psutil.virtual_memory().total
@@ -424,6 +427,63 @@ def measure_prefill(stages: list, n_tokens: int, strategy: str, pl: DecodePlan) 
             "device_index_bytes": n_tokens * stages[0].shape.index_key_bytes * stages[0].shape.attn_layers}
 
 
+def _link_variants(pl: DecodePlan, run: Run, base: dict) -> list[tuple[dict, dict]]:
+    """The native link, then one emulated link per `link_gbps`: (strategy settings, row tags). The zero-copy
+    gather's rate per program count is measured here, for a step's loads at each concurrency of the grid,
+    and each target is met by the program count nearest it; the probe rows are kept (experiment=link_probe).
+    What it emulates: the rate at which selected rows arrive. What it does not: a slower link's latency per
+    transaction, and the SMs a full-rate gather would occupy (fewer programs leave more free)."""
+    from ..probe.measure import emulated_link, link_rates
+    dev, budget = pl.devices[0], pl.params["budgets"][0]
+    rates = {c: link_rates(dev, budget * c, repeats=10, pool_gib=2.0 if pl.cuda else 0.02) for c in pl.params["concurrency"]}
+    for c, r in rates.items():
+        for q, g in r.items():
+            run.add({**base, "experiment": "link_probe", "status": "ok", "strategy": "zero_copy", "concurrency": c,
+                     "budget": budget, "gather_programs": q, "gbps": g})
+    c0 = pl.params["concurrency"][0]
+    out = [({}, {"link_gbps": 0.0, "link_gbps_measured": rates[c0][0], "link": "native"})]
+    for target in pl.params["link_gbps"]:
+        q, got = emulated_link(rates[c0], target)
+        out.append(({"gather_programs": q}, {"link_gbps": float(target), "link_gbps_measured": got, "link": "emulated"}))
+    run.update_manifest(link_emulation={"programs_gbps": {str(c): {str(q): round(g, 3) for q, g in r.items()}
+                                                          for c, r in rates.items()},
+                                        "targets": {str(t): q for (s_, _), t in zip(out[1:], pl.params["link_gbps"])
+                                                    for q in [s_["gather_programs"]]}})
+    return out
+
+
+def _predict_link_rows(run: Run, pl: DecodePlan) -> None:
+    """`predicted_step_ms` for each emulated-link zero_copy row: the cost model fitted on the native row of the
+    same point, its transfer term scaled by the emulated link's measured rate over the native one (at the row's
+    concurrency). The check of the model's transfer term at other link rates, point by point."""
+    import pandas as pd
+
+    from ...costmodel import GPU, CostModel, gpu_for_name
+    m = pd.DataFrame(run.records)
+    rates = {(int(r.concurrency), int(r.gather_programs)): float(r.gbps)
+             for r in m[m["experiment"] == "link_probe"].itertuples()}
+    fit_rows = m[~((m["experiment"] == "decode") & (m["link"] == "emulated"))]     # the native grid + the probes
+    source = gpu_for_name(run.manifest.get("gpu_name")) or GPU("this", "cpu", 1.0, 5, 16, 1, 1e9)
+    for rec in run.records:
+        if rec.get("experiment") != "decode" or rec.get("link") != "emulated" or rec.get("strategy") != "zero_copy" \
+                or rec.get("status") != "ok":
+            continue
+        c, ctx = int(rec["concurrency"]), int(rec["context_len"])
+        q = int(rec.get("gather_programs") or 0)
+        try:
+            model = CostModel.fit(fit_rows, pl.shape, "zero_copy", ctx, c, source, link_gbps=rates[(c, 0)])
+            scale = rates[(c, q)] / rates[(c, 0)]
+            pred = model.predict(source, ctx, c, int(rec["budget"]), link_scale=scale)
+        except (ValueError, KeyError) as ex:
+            rec["predict_error"] = one_line(ex)
+            continue
+        rec["predicted_step_ms"] = pred.step_ms
+        rec["predicted_transfer_ms"] = pred.phases_ms["transfer"]
+        rec["link_gbps_at_batch"] = rates[(c, q)]
+        rec["predicted_error"] = rec["step_ms_median"] / pred.step_ms - 1
+    run.write_table("metrics", run.metrics())
+
+
 def _sweep_once(pl: DecodePlan, run: Run, base: dict, prefill: list, tel: Sampler, bar) -> None:
     """The grid's points and the prefill lengths, with the engine as it is now configured."""
     with DecodeSession(pl, tel) as session:
@@ -458,7 +518,8 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
                   key=lambda s: not STRATEGIES[s].graphable)
     prefill = [(n, (host or p["strategies"])[0]) for n in (p["prefill_lens"] or [])]
     variants = envs.variants(p)
-    bar = progress(total=(len(pl.points) + len(prefill)) * len(variants), desc=f"{EXPERIMENT} {shape.name}",
+    n_zc = sum(q.strategy == "zero_copy" for q in pl.points) * len(p.get("link_gbps") or [])
+    bar = progress(total=(len(pl.points) + n_zc + len(prefill)) * len(variants), desc=f"{EXPERIMENT} {shape.name}",
                    disable=not progress_bar)
     tel = Sampler(gpus=[d.index or 0 for d in pl.devices] if pl.cuda else [])
     run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary())
@@ -480,13 +541,20 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
         tel.start()
         # Engine switches given as parameters: the whole grid once per combination, the model rebuilt under
         # each (its kernels and layout are chosen when it is built), rows tagged with the combination.
+        links = _link_variants(pl, run, base) if p.get("link_gbps") else [({}, {})]
         for variant in variants:
             before = envs.apply(variant)
             tag = {"engine_variant": envs.variant_name(variant), **variant} if variant else {}
             try:
-                _sweep_once(pl, run, {**base, **tag}, prefill, tel, bar)
+                for settings, link_tag in links:
+                    # an emulated link changes zero_copy's gather alone: the other strategies ran on the native pass
+                    lpl = replace(pl, settings={**pl.settings, **settings},
+                                  points=tuple(q for q in pl.points if q.strategy == "zero_copy")) if settings else pl
+                    _sweep_once(lpl, run, {**base, **tag, **link_tag}, prefill if not settings else [], tel, bar)
             finally:
                 envs.apply(before)
+        if p.get("link_gbps"):
+            _predict_link_rows(run, pl)
     finally:
         bar.close()
         tel.stop()

@@ -25,6 +25,7 @@ drift (clocks, a neighbour on the host) falls on all of them alike.
 from __future__ import annotations
 
 import math
+import statistics
 import os
 import time
 
@@ -130,6 +131,33 @@ def gather_workload(dev, pool_gib: float, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     idx = torch.stack([torch.randperm(R, generator=g)[:BUDGET].sort().values for _ in range(LAYERS)])
     return pool, idx, torch.empty((LAYERS, BUDGET, ROW_BYTES // 8), dtype=torch.int64, device=dev)
+
+
+LINK_PROGRAMS = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 36, 40, 48, 56, 64)
+
+
+def link_rates(dev, rows_per_load: int, repeats: int = 10, pool_gib: float = 2.0, seed: int = 1) -> dict[int, float]:
+    """The zero-copy gather's GB/s over one decode step's loads (LAYERS loads of `rows_per_load` random 2 KiB
+    rows from a pinned host pool) at each program count of LINK_PROGRAMS, plus 0 for the default launch
+    (rows / 4 programs): the calibration behind decode's `link_gbps`."""
+    rows_per_layer = max(rows_per_load, int(pool_gib * 2**30) // (LAYERS * ROW_BYTES)) // 256 * 256 + 256
+    pool = KVPool("host", LAYERS, rows_per_layer // 256, 256, ROW_BYTES, dev)
+    pool.fill_random_(0)
+    R = pool.data.shape[1]
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randperm(R, generator=g)[:rows_per_load].sort().values for _ in range(LAYERS)]).to(dev)
+    dst = torch.empty((LAYERS, rows_per_load, ROW_BYTES // 8), dtype=torch.int64, device=dev)
+    nbytes = LAYERS * rows_per_load * ROW_BYTES
+    progs = [0] + [q for q in LINK_PROGRAMS if q <= rows_per_load]
+    ts = bench({q: gather_step(ZeroCopy(programs=q), pool, idx, dst) for q in progs}, dev, repeats)
+    del pool
+    return {q: nbytes / (statistics.median(t) * 1e6) for q, t in ts.items()}
+
+
+def emulated_link(rates: dict[int, float], target_gbps: float) -> tuple[int, float]:
+    """(programs, GB/s measured with them) whose rate is nearest `target_gbps` (by ratio)."""
+    q = min((q for q in rates if q), key=lambda q: abs(math.log(rates[q] / target_gbps)))
+    return q, rates[q]
 
 
 def probe_gathers(dev, pool_gib: float, repeats: int,
