@@ -81,6 +81,7 @@ ABS = C.Published(100, "100 tok/s", "constructed", "absolute", unit="tok/s")
     (C.Published(0.24, "0.24×", "c"), _fig(0.5, 0.4, 0.6), C.PART),  # "lower is better" ratios: direction below 1
     (C.Published(0.24, "0.24×", "c"), _fig(1.2, 1.1, 1.3), C.FAILS),
     (C.Published(2.6, "up to 2.6×", "c", up_to=True), _fig(1.2, 0.88, 1.2), C.PART),   # up to: the best case decides
+    (C.Published(2.6, "up to 2.6×", "c", up_to=True), _fig(0.95, 0.7, 0.95), C.FAILS),  # even the best case loses
     (ABS, _fig(85), C.PART),                                        # absolute: within PART_FACTOR
     (ABS, _fig(100 / C.PART_FACTOR - 1), C.FAILS),                  # beyond it
     (C.Published(100, "~100", "c", "absolute", approx=True), _fig(85), C.HOLDS),   # "~x": the wider tolerance
@@ -127,6 +128,11 @@ def test_a_ladder_run_named_in_runs_toml_decides_pulseinfers_rows(tmp_path, monk
     assert t.verdict.verdict == C.HOLDS
     assert by["pulse-tpot"].terms.value == pytest.approx(1 / 3)      # 50 / (50 / 3)
     assert by["pulse-vs-no-offload"].terms.value == pytest.approx(260 * 1.07 / 50)
+    # a ladder without the no-offload arm: that row keeps its stand-in, the others still read the ladder
+    monkeypatch.setitem(C.RUNS, "pulse_ladder", _run_folder(tmp_path / "ladder2", [r for r in rows if r["rung"] != C.NO_OFFLOAD_ARM]))
+    by = {c.key: c for c in C.pulse_claims()}
+    assert by["pulse-vs-no-offload"].terms is None and by["pulse-vs-no-offload"].verdict.basis == "stand-in"
+    assert by["pulse-throughput"].terms is not None
     # numbered rungs read in their numeric order
     num = pd.DataFrame(rows).replace({r: i + 1 for i, r in enumerate(C.LADDER)})
     assert C.ladder_ratios(num, "output_throughput").max() == pytest.approx(2.6 * 1.07)

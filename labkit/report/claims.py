@@ -220,12 +220,14 @@ def _best_of(values: pd.Series, side: int) -> float:
     return float(values.max() if side > 0 else values.min())
 
 
-def _window_figure(ratios: pd.Series, what: str, runs, up_to: bool, side: int, differs: str = "") -> Figure:
+def _window_figure(ratios: pd.Series, what: str, runs, up_to: bool, side: int, differs: str = "") -> Figure | None:
     """Per-window ratios -> our figure: for an "up to" claim the best window with the min–max over windows;
-    otherwise the median with its 95% bootstrap interval over windows."""
+    otherwise the median with its 95% bootstrap interval over windows. None when no window has both arms."""
     from ..stats import bootstrap
     import numpy as np
     r = ratios.dropna().astype(float)
+    if r.empty:
+        return None
     iv = bootstrap(r, np.median)
     if up_to:
         return Figure(_best_of(r, side), float(r.min()), float(r.max()),
@@ -240,7 +242,12 @@ def link_check() -> dict | None:
     if not run:
         return None
     d = _metrics(run)
-    d = d[d["link_gbps"].notna() & d["predicted_step_ms"].notna() & d["step_ms_median"].notna()]
+    need = ["link_gbps", "predicted_step_ms", "step_ms_median"]
+    if not set(need) <= set(d.columns):
+        return None
+    d = d.dropna(subset=need)
+    if d.empty:
+        return None
     err = (d["predicted_step_ms"] / d["step_ms_median"] - 1).abs()
     rates = sorted(float(x) for x in d["link_gbps"].unique())
     return {"run": run, "rates": rates, "worst": float(err.max()),
@@ -346,8 +353,8 @@ def flash_claims() -> list[Claim]:
     terms = None
     run = _run("prefill_throughput")
     if run:
-        g = _metrics(run).set_index("config")
-        num, den = g.loc["prefill"], g.loc["none"]
+        g = _metrics(run).groupby("config").median(numeric_only=True)
+        num, den = g.loc["prefill" if "prefill" in g.index else "both"], g.loc["none"]
         lo = num.get("prompts_per_s_min", num["prompts_per_s"]) / den.get("prompts_per_s_max", den["prompts_per_s"])
         hi = num.get("prompts_per_s_max", num["prompts_per_s"]) / den.get("prompts_per_s_min", den["prompts_per_s"])
         both = f"; both stages {g.loc['both', 'prompts_per_s'] / den['prompts_per_s']:.2f}×" if "both" in g.index else ""
@@ -528,13 +535,16 @@ def _ttft_speedup(run: str, concurrency: int | None = None, near: int = 32768, b
         return None
     ctx = min(m["context_len"].unique(), key=lambda x: abs(int(x) - near))
     g = m[m["context_len"] == ctx].set_index("strategy")
+    if not {"large_prefill", "mapped"} <= set(g.index):
+        return None
     base, mp = g.loc["large_prefill"], g.loc["mapped"]
     v = float(base["ttft_ms_median"] / mp["ttft_ms_median"])
     if c > 1:     # requests queue behind each other: their slowest and fastest are not a spread of the ratio
         lo = hi = v
         how = f"medians over {int(mp.get('requests', c) or c)} concurrent requests, one process"
     else:
-        lo, hi = float(base["ttft_ms_min"] / mp["ttft_ms_max"]), float(base["ttft_ms_max"] / mp["ttft_ms_min"])
+        lo = float(base.get("ttft_ms_min", base["ttft_ms_median"]) / mp.get("ttft_ms_max", mp["ttft_ms_median"]))
+        hi = float(base.get("ttft_ms_max", base["ttft_ms_median"]) / mp.get("ttft_ms_min", mp["ttft_ms_median"]))
         how = "one measurement" if lo == hi else "slowest–fastest repeat"
     what = (f"TTFT, the large model's own prefill / small prefill + mapping, {int(ctx):,} tokens, concurrency {c}"
             + (f", {g['backend'].iloc[0]}" if "backend" in g else "")
@@ -619,7 +629,9 @@ def table(claims: list[Claim], prefix: str = "../") -> pd.DataFrame:
                      "ours in the published terms": (c.terms.text() + f"; {c.terms.what}"
                                                      + (f" (differs: {c.terms.differs})" if c.terms.differs else ""))
                      if c.terms else "not measured yet",
-                     "ours against our strongest baseline": f"{c.strongest.text()}; {c.strongest.what}" if c.strongest else "–",
+                     "ours against our strongest baseline": (f"{c.strongest.text()}; {c.strongest.what}"
+                                                             + (f" (differs: {c.strongest.differs})" if c.strongest.differs else ""))
+                     if c.strongest else "–",
                      "cost model, published hardware": f"{c.model.text()}" if c.model else "–",
                      "verdict": f"**{c.verdict.label()}**",
                      "why": c.verdict.reason + _basis(c)
