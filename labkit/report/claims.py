@@ -667,8 +667,11 @@ def claims_block(claims: list[Claim]) -> str:
 def summary_block(claims: list[Claim]) -> str:
     lines = []
     for c in claims:
-        f = c.terms or c.model or c.stand_in
-        ours = f"ours {f.text()}" if f else c.verdict.reason
+        b = c.verdict.basis
+        ours = (f"ours {c.terms.text()}" if b == "published terms" else
+                f"the cost model's {c.model.text()}" if b.startswith("cost model") else
+                f"a stand-in until the run that settles it: {c.stand_in.what}, {c.stand_in.text()}" if b == "stand-in" else
+                c.verdict.reason)
         lines.append(f"- {c.system}: {c.published.text} — **{c.verdict.label()}**; {ours}.")
     return ("Each published headline tested in its own terms from committed runs, the verdict by a declared rule "
             "([the claims card](docs/claims.md), [notebook](notebooks/claims.ipynb)).\n\n" + "\n".join(lines))
