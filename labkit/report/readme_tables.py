@@ -840,7 +840,12 @@ def blocks() -> dict[str, str]:
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(), "decode-trace-h200": decode_trace_table(),
             **xfer_blocks(),
             "predict-rtx3090": prediction_table(m), "costmodel-h200": validation_summary(m),
-            **roofline_blocks(RUNS, decode_tables, anatomy_table, prediction_table)}
+            **roofline_blocks(RUNS, decode_tables, anatomy_table, prediction_table), **_claims_blocks()}
+
+
+def _claims_blocks() -> dict[str, str]:
+    from .claims import blocks as claims_blocks      # imported here: claims.py reads this module's RUNS
+    return claims_blocks()
 
 
 MARKER = re.compile(r"<!-- BEGIN generated:([\w.-]+) -->")

@@ -1,0 +1,719 @@
+"""Do the published figures hold? One row per published headline of the four systems, each tested from
+committed runs and given a verdict by a declared rule.
+
+    labkit docs --write     # writes docs/claims.md (block `claims`) and the README's block `claims-summary`
+    card()                  # the rows, as `Claim` objects (the notebook notebooks/claims.ipynb draws them)
+
+Each row holds the published figure and its setup and up to three of ours:
+
+- **in the published terms**: the same quantity with the same baseline and the same ratio definition, as close
+  to the published setup as one H200 allows (what still differs is said);
+- **against our strongest baseline**: what the lab measures today against the best it has (e.g. PulseInfer's
+  switching against our own offload lane, which already coalesces its transfers);
+- **the cost model's figure for the published hardware** (`labkit predict RUN --gpu rtx3090 --gpus 3`) where
+  the published figure is an absolute one on hardware we do not have.
+
+The verdict (`judge`) uses the first of these that exists: the published-terms figure, then the cost model's,
+then a stand-in (a figure of ours in other terms, named in the row); a verdict from the last two is marked
+provisional, and the row names the run that would settle it. Rows with none of the three cannot be tested here.
+
+Runs that settle rows are picked up from `docs/runs.toml` (`[runs]`) by name, with no code change:
+
+- `pulse_ladder`: PulseInfer's ladder on the trace windows; metrics rows with `rung`, `window`,
+  `output_throughput` and `tpot_ms_p99` (`status == "ok"`). Rungs in order: `per_head` (per-head 8 KiB units, one
+  copy each, no switching: the published baseline), `coalesced`, `retrieval_head`, `switching`, `adaptive` (full
+  PulseInfer), and the arm `no_offload` (resident only, under the same device-memory cap). Integer rungs are read
+  in their numeric order (lowest = baseline, highest = full).
+- `link_rate`: decode at several host-link rates; rows with `link_gbps`, `predicted_step_ms` and
+  `step_ms_median`. When every point is within `LINK_CHECK_TOLERANCE` at >= `LINK_CHECK_RATES` rates, the cost
+  model's transfer term counts as checked and its worst error there is the spread of the 3x RTX 3090 rows.
+- `prefill_throughput`: FlashOffloading's prefill throughput; rows with `config` in none / prefill / both and
+  `prompts_per_s` (optional `prompts_per_s_min` / `_max`).
+- `xfer_ttft_32k`: cross-model TTFT at 32K; rows as `labkit run xfer` writes them (`kind == "ttft"`, `strategy`
+  large_prefill / mapped, `context_len`, `concurrency`, `ttft_ms_median/min/max`, `speedup`); rows at concurrency
+  8 settle the concurrency row too.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from ..results import REPO, load_run
+from . import summary as S
+from .readme_tables import RUNS, _ctx
+
+# ---- the verdict rule: every threshold in one place ----------------------------------------------------------
+TOLERANCE = 0.10          # ours within ±10% of the published figure: holds
+APPROX_TOLERANCE = 0.20   # the same for a figure published as "~x" (the publication rounds it)
+PART_FACTOR = 2.0         # an absolute figure (tok/s, GB/s) within this factor either way: holds in part
+NO_EFFECT = 1.0           # a ratio against a baseline: 1 means no effect
+LINK_CHECK_TOLERANCE = 0.10   # predicted vs measured step time at every link rate, for the model to count as checked
+LINK_CHECK_RATES = 3
+
+HOLDS, PART, FAILS, UNTESTABLE = "holds", "holds in part", "does not hold", "cannot be tested here"
+VERDICTS = (HOLDS, PART, FAILS, UNTESTABLE)
+COLOURS = {HOLDS: "#2ca02c", PART: "#ff9f1c", FAILS: "#d62728", UNTESTABLE: "#8c8c8c"}
+SYSTEMS = {"sparse": "Sparse offload of Qwen3.8-Flash-Next", "flash": "FlashOffloading", "pulse": "PulseInfer",
+           "xfer": "Cross-model KV transfer"}
+
+
+@dataclass(frozen=True)
+class Published:
+    value: float
+    text: str                 # the figure as published ("1.38× prefill throughput")
+    setup: str
+    kind: str = "ratio"       # "ratio": an effect against a baseline (NO_EFFECT = none); "absolute": a quantity
+    approx: bool = False      # published as "~x"
+    up_to: bool = False       # published as "up to x": a best case, compared with our best case
+    unit: str = "×"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of ours: a value, the spread behind it (`lo`–`hi`, `how`), what was measured, the runs."""
+    value: float
+    lo: float
+    hi: float
+    how: str                  # "min–max across 3 processes", "95% interval over 16 sequences", "one measurement"
+    what: str                 # the measurement in words
+    runs: tuple[str, ...] = ()
+    differs: str = ""         # what differs from the published setup
+    unit: str = "×"
+
+    def text(self) -> str:
+        v = _num(self.value, self.unit)
+        if self.lo == self.hi == self.value or math.isnan(self.lo):
+            return f"{v} ({self.how})"
+        return f"{v} ({_range(self.lo, self.hi)}, {self.how})"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    reason: str
+    basis: str                # which figure decided: "published terms", "cost model (checked)", "stand-in", ...
+    provisional: bool
+
+    def label(self) -> str:
+        return self.verdict + (" (provisional)" if self.provisional else "")
+
+
+@dataclass
+class Claim:
+    key: str
+    system: str
+    published: Published
+    terms: Figure | None = None       # ours in the published terms
+    strongest: Figure | None = None   # ours against our strongest baseline
+    model: Figure | None = None       # the cost model's figure for the published hardware
+    stand_in: Figure | None = None    # what decides while the published-terms run is missing
+    model_checked: bool = False
+    settle: str = ""                  # the run that would settle the row
+    untestable: str = ""              # why no figure of ours can test it here
+    verdict: Verdict = field(init=False)
+
+    def __post_init__(self):
+        self.verdict = decide(self)
+
+    def ratio(self) -> Figure | None:
+        """The deciding figure over the published one (our / published), for the card's plot."""
+        f = self.terms or self.model or self.stand_in
+        if f is None:
+            return None
+        p = self.published.value
+        return Figure(f.value / p, f.lo / p, f.hi / p, f.how, f.what, f.runs, f.differs)
+
+    def runs(self) -> list[str]:
+        out: list[str] = []
+        for f in (self.terms, self.strongest, self.model, self.stand_in):
+            for r in (f.runs if f else ()):
+                if r not in out:
+                    out.append(r)
+        return out
+
+
+def _num(v: float, unit: str, with_unit: bool = True) -> str:
+    if math.isnan(v):
+        return "–"
+    a = abs(v)
+    s = f"{v:,.0f}" if a >= 100 or (a >= 10 and float(v).is_integer()) else f"{v:.1f}" if a >= 10 else f"{v:.2f}"
+    if not with_unit:
+        return s
+    return f"{s}×" if unit == "×" else f"{s} {unit}" if unit else s
+
+
+def _range(lo: float, hi: float) -> str:
+    """lo–hi with the digits of `_num`, one or two more where those would print the same number twice."""
+    a, b = _num(lo, "", False), _num(hi, "", False)
+    if a == b and lo != hi:
+        a, b = f"{lo:.3f}", f"{hi:.3f}"
+    return f"{a}–{b}"
+
+
+# ---- the rule -----------------------------------------------------------------------------------------------
+def judge(pub: Published, ours: Figure) -> tuple[str, str]:
+    """The verdict of one figure of ours against the published one, and its one-line reason.
+
+    holds: the published figure lies inside our spread, or within the declared tolerance of our value;
+    holds in part: not that, but the direction holds (a ratio: our whole spread, or for an "up to" figure our
+    best case, is on the published side of no effect; an absolute figure: within PART_FACTOR);
+    does not hold: otherwise."""
+    p, v = pub.value, ours.value
+    tol = APPROX_TOLERANCE if pub.approx else TOLERANCE
+    off = v / p - 1
+    if ours.lo == ours.hi == p:
+        return HOLDS, f"ours equals the published {_num(p, pub.unit)}"
+    if ours.lo <= p <= ours.hi:
+        return HOLDS, f"the published {_num(p, pub.unit)} lies inside ours ({_range(ours.lo, ours.hi)})"
+    if abs(off) <= tol:
+        return HOLDS, f"ours is within {tol:.0%} of the published {_num(p, pub.unit)} ({off:+.0%})"
+    if pub.kind == "ratio":
+        side = 1 if p > NO_EFFECT else -1
+        shown = side * (v - NO_EFFECT) > 0 if pub.up_to else \
+            side * (ours.lo - NO_EFFECT) > 0 and side * (ours.hi - NO_EFFECT) > 0
+        if shown:
+            return PART, (f"the direction holds, the size does not: ours {_num(v, pub.unit)} "
+                          f"({'larger' if side * (v - p) > 0 else 'smaller'}) against the published {_num(p, pub.unit)}")
+        return FAILS, (f"ours {_num(v, pub.unit)} shows no effect in the published direction "
+                       f"(spread {_range(ours.lo, ours.hi)} against no effect at {NO_EFFECT:g}×)")
+    if 1 / PART_FACTOR <= v / p <= PART_FACTOR:
+        return PART, f"ours is {off:+.0%} from the published {_num(p, pub.unit)}: same order, outside {tol:.0%}"
+    return FAILS, f"ours is {v / p:.2g}× the published {_num(p, pub.unit)}: beyond a factor of {PART_FACTOR:g}"
+
+
+def decide(c: Claim) -> Verdict:
+    for fig, basis, provisional in ((c.terms, "published terms", False),
+                                    (c.model, "cost model" + (" (checked)" if c.model_checked else " (transfer term unchecked)"),
+                                     not c.model_checked),
+                                    (c.stand_in, "stand-in", True)):
+        if fig is not None:
+            v, why = judge(c.published, fig)
+            return Verdict(v, why, basis, provisional)
+    return Verdict(UNTESTABLE, c.untestable or "no figure of ours measures it", "none", False)
+
+
+# ---- figures from committed runs ----------------------------------------------------------------------------
+def _run(key: str) -> str:
+    """The run docs/runs.toml names under `key` ("" when none is committed yet)."""
+    v = RUNS.get(key, "")
+    return v if isinstance(v, str) and v and (REPO / v / "manifest.json").is_file() else ""
+
+
+def _metrics(run: str) -> pd.DataFrame:
+    m = load_run(REPO / run).metrics
+    return m[m["status"] == "ok"] if "status" in m else m
+
+
+def _across(values: list[float], runs: list[str], what: str, unit: str = "×", differs: str = "") -> Figure:
+    s = pd.Series(values, dtype=float)
+    how = f"min–max across {len(s)} processes" if len(s) > 1 else "one process"
+    return Figure(float(s.median()), float(s.min()), float(s.max()), how, what, tuple(runs), differs, unit)
+
+
+def _one(v: float, what: str, runs, unit: str = "×", differs: str = "", how: str = "one measurement") -> Figure:
+    return Figure(float(v), float(v), float(v), how, what, tuple(runs), differs, unit)
+
+
+def _best_of(values: pd.Series, side: int) -> float:
+    return float(values.max() if side > 0 else values.min())
+
+
+def _window_figure(ratios: pd.Series, what: str, runs, up_to: bool, side: int, differs: str = "") -> Figure | None:
+    """Per-window ratios -> our figure: for an "up to" claim the best window with the min–max over windows;
+    otherwise the median with its 95% bootstrap interval over windows. None when no window has both arms."""
+    from ..stats import bootstrap
+    import numpy as np
+    r = ratios.dropna().astype(float)
+    if r.empty:
+        return None
+    iv = bootstrap(r, np.median)
+    if up_to:
+        return Figure(_best_of(r, side), float(r.min()), float(r.max()),
+                      f"best of {len(r)} windows; median {iv.text(2)}", what, tuple(runs), differs)
+    return Figure(iv.value, iv.lo, iv.hi, f"median, 95% interval over {len(r)} windows", what, tuple(runs), differs)
+
+
+# -- the cost model for the published box ---------------------------------------------------------------------
+def link_check() -> dict | None:
+    """The link-rate run's predicted vs measured step times: rates, worst error, whether the model is checked."""
+    run = _run("link_rate")
+    if not run:
+        return None
+    d = _metrics(run)
+    need = ["link_gbps", "predicted_step_ms", "step_ms_median"]
+    if not set(need) <= set(d.columns):
+        return None
+    d = d.dropna(subset=need)
+    if d.empty:
+        return None
+    err = (d["predicted_step_ms"] / d["step_ms_median"] - 1).abs()
+    rates = sorted(float(x) for x in d["link_gbps"].unique())
+    return {"run": run, "rates": rates, "worst": float(err.max()),
+            "checked": len(rates) >= LINK_CHECK_RATES and bool((err <= LINK_CHECK_TOLERANCE).all())}
+
+
+def box_prediction(concurrency: int, context_len: int = 1 << 20, strategy: str = "zero_copy") -> tuple[Figure, bool]:
+    """The cost model's tok/s on 3x RTX 3090 (fitted on today's decode run), with its error band: the worst
+    error at the link-rate run's points when one is committed, else the worst on the H200's own points."""
+    from ..costmodel import gpu, gpu_for_name, predict_table
+    from ..shapes import ModelShape
+    run = RUNS["decode_now"]
+    m = load_run(REPO / run).metrics
+    tab = predict_table(m, ModelShape.from_name(str(m["shape"].dropna().iloc[0])),
+                        gpu_for_name(str(m["gpu_name"].dropna().iloc[0])), gpu("rtx3090"), 3,
+                        contexts=[context_len], concurrency=[concurrency])
+    p = float(tab.set_index("strategy").loc[strategy, "predicted_tok_s"])
+    chk = link_check()
+    if chk:
+        e, how, runs = chk["worst"], (f"± the model's worst error at {len(chk['rates'])} link rates "
+                                      f"({', '.join(f'{r:g}' for r in chk['rates'])} GB/s)"), (run, chk["run"])
+    else:
+        err = S.cost_model_errors(m)
+        e = float(err[err["strategy"] == strategy]["error"].abs().max())
+        how, runs = f"± the model's worst {strategy} error on the H200's own points ({e:.0%})", (run,)
+    fig = Figure(p, p / (1 + e), p / max(1 - e, 1e-9), how,
+                 f"cost model: {strategy}, {_ctx(context_len)}, c = {concurrency}, layers split over 3× RTX 3090 "
+                 f"(PCIe 4.0 x16), fitted on one H200", runs, "", "tok/s")
+    return fig, bool(chk and chk["checked"])
+
+
+LINK_SETTLE = ("a link-rate decode run (`link_gbps` at ≥ 3 rates including PCIe 4.0 x16's, `predicted_step_ms` beside "
+               "`step_ms_median`, zero_copy at 1M, c = 1 and 4), named `link_rate` in docs/runs.toml")
+
+
+def _decode_now() -> pd.DataFrame:
+    d = S.decode_table(load_run(REPO / RUNS["decode_now"]).metrics)
+    return d.set_index(["strategy", "concurrency", "context_len"])
+
+
+# -- sparse offload of Qwen3.8-Flash-Next ---------------------------------------------------------------------
+def sparse_claims() -> list[Claim]:
+    from .roofline_tables import decode_ratio_rows, prefill_rows
+    sys = SYSTEMS["sparse"]
+    d, top = _decode_now(), 1 << 20
+    out = []
+    rep = decode_ratio_rows(RUNS["repeats_hot1m"])
+    zc = rep[rep["figure"].str.startswith("zero_copy")]
+    for c, pub in ((1, Published(60, "~80 → ~60 tok/s at 1M", "decode, c = 1, budget 2048, 3× RTX 3090 (PCIe 4.0 x16), "
+                                 "vLLM; ~80 tok/s below the 2048-token budget, then flat", "absolute", approx=True, unit="tok/s")),
+                   (4, Published(150, "~150 tok/s aggregate at 4 requests", "decode, 4 concurrent requests (context not "
+                                 "stated; taken as 1M), 3× RTX 3090", "absolute", approx=True, unit="tok/s"))):
+        z, r = d.loc[("zero_copy", c, top)], d.loc[("resident", c, top)]
+        if c == 1:
+            strongest = _across(list(zc["value"]), RUNS["repeats_hot1m"],
+                                f"zero_copy / resident tok/s at 1M, c = 1, one H200, the indexer's selections (on the "
+                                f"decode table's recorded trace: {z['tok_s']:.0f} vs {r['tok_s']:.0f} tok/s, "
+                                f"{z['tok_s'] / r['tok_s']:.2f}×)")
+        else:
+            strongest = _one(z["tok_s"] / r["tok_s"], f"zero_copy / resident aggregate tok/s at 1M, c = 4, one H200 "
+                             f"({z['tok_s']:.0f} vs {r['tok_s']:.0f} tok/s)", [RUNS["decode_now"]], how="one process")
+        model, checked = box_prediction(c)
+        if c == 1:   # the published "~80 below the budget" beside it
+            short, _ = box_prediction(c, context_len=2048)
+            model = Figure(**{**model.__dict__, "what": model.what + f"; {short.value:.1f} tok/s at 2K"})
+        out.append(Claim(f"sparse-decode-c{c}", sys, pub, strongest=strongest, model=model, model_checked=checked,
+                         settle=LINK_SETTLE))
+    pre = prefill_rows(RUNS["repeats_prefill"])
+    toks = [float(_metrics(r).set_index("mode").loc["rotating", "tok_s"]) for r in RUNS["repeats_prefill"]]
+    ctx = int(_metrics(RUNS["repeats_prefill"][0])["context_len"].max())
+    out.append(Claim("sparse-prefill-248k", sys,
+                     Published(3701, "3,701 tok/s prefill at 248K", "one 248K-token prompt, 3× RTX 3090", "absolute",
+                               unit="tok/s"),
+                     strongest=_across(toks, RUNS["repeats_prefill"],
+                                       f"prefill tok/s of a {_ctx(ctx)} prompt on one H200, KV to host RAM through rotating "
+                                       f"buffers ({pre['value'].median():.2f}× resident prefill)", unit="tok/s"),
+                     untestable="prefill is compute-bound, and an RTX 3090's compute is not here; the cost model "
+                                "predicts decode steps only",
+                     settle="a prefill run on RTX 3090s (or a prefill term in the cost model)"))
+    rows = d.xs(("zero_copy", 1), level=("strategy", "concurrency"))
+    mib = rows["h2d_bytes_per_step"] / 2**20
+    hot = d.loc[("hot_cache", 1, top)]
+    out.append(Claim("sparse-bytes-step", sys,
+                     Published(48, "48 MiB per step", "12 layers × 2048 rows × 2048 B, c = 1", "absolute", unit="MiB"),
+                     terms=Figure(float(mib.median()), float(mib.min()), float(mib.max()),
+                                  f"min–max over {len(mib)} contexts ({_ctx(rows.index.min())}–{_ctx(rows.index.max())})",
+                                  "host-to-device bytes per decode step counted by the engine, zero_copy, c = 1, budget 2048",
+                                  (RUNS["decode_now"],), "the same layout and budget; one H200", "MiB"),
+                     strongest=_one(hot["h2d_bytes_per_step"] / 2**20, "the hot cache's bytes per step at 1M, c = 1 "
+                                    "(only misses cross)", [RUNS["decode_now"]], "MiB", how="one process")))
+    return out
+
+
+# -- FlashOffloading ------------------------------------------------------------------------------------------
+def flash_claims() -> list[Claim]:
+    from .readme_tables import HOT_DECODE_RUNS
+    from .roofline_tables import capacity_rows, prefill_rows
+    sys = SYSTEMS["flash"]
+    out = []
+    pre = prefill_rows(RUNS["repeats_prefill"])
+    one_prompt = _across(list(pre["value"]), RUNS["repeats_prefill"],
+                         "one 248K prompt's prefill speed, rotating buffers (KV to host RAM) / resident, one H200")
+    terms = None
+    run = _run("prefill_throughput")
+    if run:
+        g = _metrics(run).groupby("config").median(numeric_only=True)
+        num, den = g.loc["prefill" if "prefill" in g.index else "both"], g.loc["none"]
+        lo = num.get("prompts_per_s_min", num["prompts_per_s"]) / den.get("prompts_per_s_max", den["prompts_per_s"])
+        hi = num.get("prompts_per_s_max", num["prompts_per_s"]) / den.get("prompts_per_s_min", den["prompts_per_s"])
+        both = f"; both stages {g.loc['both', 'prompts_per_s'] / den['prompts_per_s']:.2f}×" if "both" in g.index else ""
+        terms = Figure(float(num["prompts_per_s"] / den["prompts_per_s"]), float(lo), float(hi),
+                       "slowest–fastest repeat" if "prompts_per_s_min" in g else "one measurement",
+                       f"prompts prefilled per second, prefill-only offload / none, under a device cap{both}", (run,),
+                       "Qwen3.8-Flash-Next's shape on one H200, not GLM-5.2 on Ascend 910C")
+    out.append(Claim("flash-prefill-throughput", sys,
+                     Published(1.38, "1.38× prefill throughput", "prefill-only offload vs no offload, GLM-5.2 (MTP3), "
+                               "Ascend 910C, prefill/decode disaggregated, up to 1M tokens"),
+                     terms=terms, strongest=one_prompt, stand_in=one_prompt,
+                     settle="a FlashOffloading prefill-throughput run (e.g. 8 × 128K prompts under a device cap that "
+                            "cannot hold them all resident; prompts per second for none / prefill / both), named "
+                            "`prefill_throughput` in docs/runs.toml"))
+    cap = capacity_rows(RUNS["repeats_capacity"])
+    good = cap[cap["figure"].str.startswith("goodput")]
+    prm = load_run(REPO / RUNS["repeats_capacity"][0]).manifest["parameters"]
+    limit = float(prm.get("tpot_ms", float("nan")))
+    hot = []
+    for r, how in HOT_DECODE_RUNS:
+        if how == HOT_DECODE_RUNS[-1][1]:
+            m = _metrics(r).set_index("strategy")
+            hot.append((r, m.loc["resident", "step_ms_median"] / m.loc["hot_cache", "step_ms_median"]))
+    out.append(Claim("flash-decode-goodput", sys,
+                     Published(1.91, "1.91× decode throughput at a 30 ms TPOT limit", "offload in both stages vs none, "
+                               "same accelerator memory, GLM-5.2 (MTP3), Ascend 910C"),
+                     terms=_across(list(good["value"]), RUNS["repeats_capacity"],
+                                   f"decode goodput (tok/s of the largest batch within a {limit:g} ms TPOT limit), offload "
+                                   f"in both stages / none, requests of {_ctx(prm['context_len'])} tokens",
+                                   differs=f"Qwen3.8-Flash-Next's shape under a {prm['mem_cap_gib']:g} GiB device cap on one "
+                                           f"H200; no speculative decoding" + ("" if limit == 30 else f"; TPOT limit {limit:g} ms")),
+                     strongest=_across([v for _, v in hot], [r for r, _ in hot],
+                                       "the hot cache's decode speed / resident at 1M, c = 1, recorded selections (one "
+                                       "process per selection trace)")))
+    return out
+
+
+# -- PulseInfer -----------------------------------------------------------------------------------------------
+def _ladder() -> tuple[str, pd.DataFrame] | None:
+    run = _run("pulse_ladder")
+    if not run:
+        return None
+    return run, _metrics(run)
+
+
+LADDER = ("per_head", "coalesced", "retrieval_head", "switching", "adaptive")
+NO_OFFLOAD_ARM = "no_offload"
+
+
+def ladder_ratios(m: pd.DataFrame, column: str, against: str = "first") -> pd.Series:
+    """Per window: the full rung's `column` over the first rung's (or over the no-offload arm's)."""
+    rungs = m["rung"]
+    numeric = pd.to_numeric(rungs, errors="coerce")
+    on = m[rungs.astype(str) != NO_OFFLOAD_ARM]
+    if numeric[on.index].notna().all():
+        order = sorted(numeric[on.index].unique())
+        first, full = m[numeric == order[0]], m[numeric == order[-1]]
+    else:
+        present = [r for r in LADDER if r in set(on["rung"])]
+        first, full = m[m["rung"] == present[0]], m[m["rung"] == present[-1]]
+    base = m[m["rung"].astype(str) == NO_OFFLOAD_ARM] if against == NO_OFFLOAD_ARM else first
+    a = full.groupby("window")[column].median()
+    b = base.groupby("window")[column].median()
+    return (a / b).dropna()
+
+
+def pulse_claims() -> list[Claim]:
+    from .roofline_tables import capacity_rows
+    sys = SYSTEMS["pulse"]
+    win = load_run(REPO / RUNS["pulse_trace_windows"])
+    ws = win.table("window_summary").set_index("arm")
+    arms = ws[ws.index != "reference"]
+    best_arm = arms["throughput_ratio"].idxmax()
+    a = arms.loc[best_arm]
+    ref = win.manifest["parameters"]["reference"]
+    n = int(a["throughput_ratio_n"])
+    ours_lane = (f"PulseInfer ({best_arm}: `{a['policy']}`) / our offload lane without switching (`{ref}`, "
+                 f"{win.manifest['parameters']['strategy']}, which already moves retrieval-head blocks in batched calls)")
+    windows = f"{n} held-out windows of {win.manifest['parameters']['window_size']} Mooncake requests"
+
+    def trace_fig(col: str, side: int, what: str) -> Figure:
+        best = a[f"{col}_max"] if side > 0 else a[f"{col}_min"]
+        return Figure(float(best), float(a[f"{col}_min"]), float(a[f"{col}_max"]),
+                      f"best of {n} windows; median {a[col]:.2f} [{a[f'{col}_lo']:.2f}, {a[f'{col}_hi']:.2f}]",
+                      f"{what}, {ours_lane}, {windows}", (RUNS["pulse_trace_windows"],))
+
+    lad = _ladder()
+    ladder_settle = ("PulseInfer's ladder on ≥ 8 trace windows (per-head 8 KiB units without switching → + coalesced → "
+                     "+ retrieval-head blocks → + batch switching → + adaptive admission, and no offload under the same "
+                     "cap), named `pulse_ladder` in docs/runs.toml")
+    differs = "one H200 and Qwen3.8-Flash-Next's shape; 14B–230B models and the ServeGen trace not replayed"
+    out = []
+    for key, col, pub, side in (
+            ("pulse-throughput", "output_throughput",
+             Published(2.6, "up to 2.6× throughput vs the best offload system", "PulseInfer vs ArkVale / InfiniGen / "
+                       "PQCache (per-head ~8 KB transfers), SGLang, ServeGen and Mooncake traces, 14B–230B models",
+                       up_to=True), 1),
+            ("pulse-tpot", "tpot_ms_p99",
+             Published(0.24, "up to 76% lower TPOT vs the best offload system (0.24×)", "the same comparison; the TPOT "
+                       "statistic is not stated (ours: p99)", up_to=True), -1)):
+        col_w = "throughput_ratio" if col == "output_throughput" else "tpot_p99_ratio"
+        what = "output tok/s" if side > 0 else "p99 TPOT"
+        strongest = trace_fig(col_w, side, what)
+        terms = None
+        if lad:
+            run, m = lad
+            terms = _window_figure(ladder_ratios(m, col), f"{what}, full PulseInfer / the per-head 8 KiB baseline rung "
+                                   "(no switching), per window", (run,), True, side, differs)
+        out.append(Claim(key, sys, pub, terms=terms, strongest=strongest, stand_in=strongest, settle=ladder_settle))
+    # vs no offload
+    cap = capacity_rows(RUNS["repeats_capacity"])
+    good = cap[cap["figure"].str.startswith("goodput")]
+    stand = Figure(float(good["value"].max()), float(good["value"].min()), float(good["value"].max()),
+                   f"best of {len(good)} processes", "offload (hot cache, no switching) / no offload under the same 24 GiB "
+                   "device cap, decode goodput at 32K", tuple(RUNS["repeats_capacity"]))
+    sc = []
+    for r in RUNS["repeats_pulse_scaling"]:
+        piv = _metrics(r).pivot_table(index="concurrency", columns="mode", values="tok_s")
+        top = piv.index.max()
+        sc.append(piv.loc[top, "switched"] / piv.loc[top, "resident"])
+    strongest = _across(sc, RUNS["repeats_pulse_scaling"], f"two switched batches, every request offloaded / resident "
+                        f"(no cap), {int(top)} requests at 1M")
+    terms = None
+    if lad:
+        run, m = lad
+        terms = _window_figure(ladder_ratios(m, "output_throughput", NO_OFFLOAD_ARM), "output tok/s, full PulseInfer / "
+                               "no offload under the same device-memory cap, per window", (run,), True, 1, differs)
+    out.append(Claim("pulse-vs-no-offload", sys,
+                     Published(4.7, "up to 4.7× vs SGLang without offload", "decode, SGLang keeping all KV on the GPU "
+                               "(fewer requests fit)", up_to=True),
+                     terms=terms, strongest=strongest, stand_in=stand, settle=ladder_settle))
+    # small transfers
+    dma = ("per_unit_copy", "batched_dma", "batched_dma_default")
+    rows = []
+    for r in [RUNS["pulse_blocks"], *RUNS["pulse_coalesced"]]:
+        m = _metrics(r)
+        m = m[(m["unit_bytes"] == 8192) & (m["selection"] == "per_head")]
+        for x in m.itertuples():
+            if x.strategy in dma or x.strategy.startswith("batched_dma_per") or x.strategy in ("coalesced_copy", "contiguous"):
+                rows.append({"run": r, "strategy": x.strategy, "gbps": x.gbps})
+    t = pd.DataFrame(rows)
+    per_unit = t[~t["strategy"].isin(["coalesced_copy", "contiguous"])]
+    best = per_unit.groupby("strategy")["gbps"].median().idxmax()
+    b = per_unit[per_unit["strategy"] == best]
+    cc = t[t["strategy"] == "coalesced_copy"]["gbps"]
+    ct = t[t["strategy"] == "contiguous"]["gbps"]
+    worst = per_unit.groupby("strategy")["gbps"].median()
+    out.append(Claim("pulse-small-transfers", sys,
+                     Published(6, "~8 KB transfers at ~6 GB/s on PCIe 5.0 x16", "per-head block selections moved as "
+                               "~8 KB units against a 64 GB/s limit", "absolute", approx=True, unit="GB/s"),
+                     terms=Figure(float(b["gbps"].median()), float(b["gbps"].min()), float(b["gbps"].max()),
+                                  f"min–max over {len(b)} measurements" + (f" in {b['run'].nunique()} runs" if b['run'].nunique() > 1 else ""),
+                                  f"8 KiB per-head units, one DMA copy each, issued the fastest way we have (`{best}`); "
+                                  f"one copy call per unit: {worst.min():.2f} GB/s",
+                                  tuple(sorted(set(b["run"]))), f"one H200's PCIe Gen5 x16 link; a contiguous copy "
+                                  f"reaches {ct.min():.0f}–{ct.max():.0f} GB/s here", "GB/s"),
+                     strongest=Figure(float(cc.median()), float(cc.min()), float(cc.max()),
+                                      f"min–max over {len(cc)} measurements", "the same 8 KiB units gathered on the CPU and "
+                                      "moved in one copy (coalesced)", tuple(sorted(set(t["run"]))), "", "GB/s")))
+    return out
+
+
+# -- cross-model KV transfer ----------------------------------------------------------------------------------
+def _ttft_speedup(run: str, concurrency: int | None = None, near: int = 32768, backend: str | None = None) -> Figure | None:
+    """The mapped path's TTFT speedup at the prompt length nearest `near` (lowest concurrency unless given), with the
+    range its repeats allow (own prefill's slowest / mapped's fastest and back)."""
+    m = _metrics(run)
+    m = m[m["kind"] == "ttft"] if "kind" in m else m
+    if backend and "backend" in m:
+        m = m[m["backend"] == backend]
+    if "rank" in m:
+        m = m[m["rank"].fillna(0) == 0]
+    if m.empty:
+        return None
+    c = concurrency or int(m["concurrency"].min())
+    m = m[m["concurrency"] == c]
+    if m.empty:
+        return None
+    ctx = min(m["context_len"].unique(), key=lambda x: abs(int(x) - near))
+    g = m[m["context_len"] == ctx].set_index("strategy")
+    if not {"large_prefill", "mapped"} <= set(g.index):
+        return None
+    base, mp = g.loc["large_prefill"], g.loc["mapped"]
+    v = float(base["ttft_ms_median"] / mp["ttft_ms_median"])
+    if c > 1:     # requests queue behind each other: their slowest and fastest are not a spread of the ratio
+        lo = hi = v
+        how = f"medians over {int(mp.get('requests', c) or c)} concurrent requests, one process"
+    else:
+        lo = float(base.get("ttft_ms_min", base["ttft_ms_median"]) / mp.get("ttft_ms_max", mp["ttft_ms_median"]))
+        hi = float(base.get("ttft_ms_max", base["ttft_ms_median"]) / mp.get("ttft_ms_min", mp["ttft_ms_median"]))
+        how = "one measurement" if lo == hi else "slowest–fastest repeat"
+    what = (f"TTFT, the large model's own prefill / small prefill + mapping, {int(ctx):,} tokens, concurrency {c}"
+            + (f", {g['backend'].iloc[0]}" if "backend" in g else "")
+            + f" ({base['ttft_ms_median']:,.0f} vs {mp['ttft_ms_median']:,.0f} ms)")
+    return Figure(v, min(lo, v), max(hi, v), how, what, (run,))
+
+
+def xfer_claims() -> list[Claim]:
+    sys = SYSTEMS["xfer"]
+    pair = "SmolLM2-135M and its first 8 layers on a CPU, not Qwen3-0.6B → 1.7B on two RTX 3090s"
+    out = []
+    run32 = _run("xfer_ttft_32k")
+    terms = _ttft_speedup(run32) if run32 else None
+    if terms is not None:
+        terms = Figure(**{**terms.__dict__, "differs": "the published pair's shapes with seeded weights on one H200"})
+    vllm = _ttft_speedup(RUNS["xfer_vllm_rank"], backend="vllm")
+    vllm = Figure(**{**vllm.__dict__, "differs": pair})
+    out.append(Claim("xfer-ttft-32k", sys,
+                     Published(2.22, "TTFT 3,657 → 1,645 ms (2.22×) at 32K", "Qwen3-0.6B prefills, Qwen3-1.7B decodes, "
+                               "two RTX 3090, vLLM KV connector over /dev/shm"),
+                     terms=terms, strongest=vllm, stand_in=vllm,
+                     settle="cross-model TTFT at 32K for the Qwen3-0.6B / 1.7B shapes (seeded weights, on the GPU), "
+                            "named `xfer_ttft_32k` in docs/runs.toml"))
+    fr = load_run(REPO / RUNS["xfer_frontier"]).table("frontier")
+    fr = fr[fr["stage"] == "frontier"].set_index("small_layers")
+    n8, deep = fr.loc[8], fr.loc[int(fr.index.max())]
+    iv = lambda r, c: (float(r[c]), float(r[f"{c}_lo"]), float(r[f"{c}_hi"]))  # noqa: E731
+    out.append(Claim("xfer-perplexity", sys,
+                     Published(1.10, "perplexity ~10% worse (1.10×)", "the large model decoding from mapped KV vs from its "
+                               "own, ridge mapper fitted for 15 minutes on FineWeb", approx=True),
+                     terms=Figure(*iv(n8, "ppl_ratio_prose"), f"95% interval over {int(n8['ppl_ratio_prose_n'])} sequences",
+                                  "perplexity from the mapped cache / from the true cache, held-out prose, small model = "
+                                  "first 8 of 30 layers", (RUNS["xfer_frontier"],), pair + "; Shakespeare, not web text"),
+                     strongest=Figure(*iv(deep, "ppl_ratio"), f"95% interval over {int(deep['ppl_ratio_n'])} sequences",
+                                      f"the same, our deepest small model (first {int(fr.index.max())} layers), code and "
+                                      "prose pooled", (RUNS["xfer_frontier"],))))
+    c8 = _ttft_speedup(run32, concurrency=8) if run32 else None
+    full = _ttft_speedup(RUNS["xfer_full"], concurrency=4, near=8192, backend="vllm")
+    full = Figure(**{**full.__dict__, "differs": pair + "; concurrency 4, not 8"})
+    out.append(Claim("xfer-concurrency-8", sys,
+                     Published(3928 / 2393, "concurrency 8: 2,393 vs 3,928 ms per request (warm path)",
+                               "per-request latency at concurrency 8, mapped path vs the large model's own prefill "
+                               "(prompt length not stated)"),
+                     terms=c8, strongest=full, stand_in=full,
+                     settle="the 32K cross-model run with a concurrency-8 point (`xfer_ttft_32k`)"))
+    out.append(Claim("xfer-hellaswag", sys,
+                     Published(0.94, "HellaSwag at 94% of the large model's score", "the mapped path against the large "
+                               "model alone"),
+                     strongest=Figure(*iv(n8, "top1_agree_prose"), f"95% interval over {int(n8['top1_agree_prose_n'])} "
+                                      "sequences", "next-token top-1 agreement with the true cache (a different measure, "
+                                      "not used for the verdict)", (RUNS["xfer_frontier"],)),
+                     untestable="the lab has no HellaSwag data offline; top-1 agreement is shown instead and is not the "
+                                "same measure",
+                     settle="a HellaSwag evaluation of the mapped path where the data set can be installed"))
+    return out
+
+
+BUILDERS = {"sparse": sparse_claims, "flash": flash_claims, "pulse": pulse_claims, "xfer": xfer_claims}
+
+
+def card(systems=None) -> list[Claim]:
+    """Every row of the card (or those of the named systems: keys of SYSTEMS), in the order of SEEDS.md."""
+    names = list(BUILDERS) if not systems else [s for s in BUILDERS if s in set(systems)]
+    unknown = set(systems or ()) - set(BUILDERS)
+    if unknown:
+        raise ValueError(f"unknown system(s) {', '.join(sorted(unknown))}: choose from {', '.join(BUILDERS)}")
+    return [c for s in names for c in BUILDERS[s]()]
+
+
+# ---- the generated blocks -----------------------------------------------------------------------------------
+def _link(run: str, prefix: str) -> str:
+    name = run.split("/")[-1]
+    target = f"{prefix}{run}/report.html" if (REPO / run / "report.html").is_file() else f"{prefix}{run}"
+    return f"[`{name}`]({target})"
+
+
+def table(claims: list[Claim], prefix: str = "../") -> pd.DataFrame:
+    rows = []
+    for c in claims:
+        pub = c.published
+        rows.append({"system": c.system, "published": f"**{pub.text}** — {pub.setup}",
+                     "ours in the published terms": (c.terms.text() + f"; {c.terms.what}"
+                                                     + (f" (differs: {c.terms.differs})" if c.terms.differs else ""))
+                     if c.terms else "not measured yet",
+                     "ours against our strongest baseline": (f"{c.strongest.text()}; {c.strongest.what}"
+                                                             + (f" (differs: {c.strongest.differs})" if c.strongest.differs else ""))
+                     if c.strongest else "–",
+                     "cost model, published hardware": f"{c.model.text()}" if c.model else "–",
+                     "verdict": f"**{c.verdict.label()}**",
+                     "why": c.verdict.reason + _basis(c)
+                            + (f". Settled by: {c.settle}" if c.verdict.provisional or c.verdict.verdict == UNTESTABLE else ""),
+                     "runs": ", ".join(_link(r, prefix) for r in c.runs()) or "–"})
+    return pd.DataFrame(rows)
+
+
+def _basis(c: Claim) -> str:
+    b = c.verdict.basis
+    if b == "none":
+        return ""
+    if b != "stand-in":
+        return f" (from: {b})"
+    if c.stand_in is c.strongest:
+        return " (from: the stand-in in the column of our strongest baseline)"
+    return f" (from: a stand-in, {c.stand_in.text()}; {c.stand_in.what})"
+
+
+def claims_block(claims: list[Claim]) -> str:
+    counts = pd.Series([c.verdict.verdict for c in claims]).value_counts()
+    lead = (f"{len(claims)} published headlines; " + ", ".join(f"{int(counts.get(v, 0))} {v}" for v in VERDICTS)
+            + f" ({sum(c.verdict.provisional for c in claims)} of them provisional: decided by a stand-in or an "
+            "unchecked cost model until the run named in the row is committed). Rule (`labkit.report.claims.judge`): "
+            f"holds when the published figure lies inside our spread or within ±{TOLERANCE:.0%} of ours "
+            f"(±{APPROX_TOLERANCE:.0%} for a figure published as \"~x\"); holds in part when the direction holds but the "
+            f"size does not (a ratio: our spread, or for \"up to\" our best case, on the published side of no effect; "
+            f"an absolute figure within {PART_FACTOR:g}×); otherwise does not hold; no figure of ours: cannot be tested "
+            "here.")
+    return lead + "\n\n" + S.md_table(table(claims))
+
+
+def summary_block(claims: list[Claim]) -> str:
+    lines = []
+    for c in claims:
+        b = c.verdict.basis
+        ours = (f"ours {c.terms.text()}" if b == "published terms" else
+                f"the cost model's {c.model.text()}" if b.startswith("cost model") else
+                f"a stand-in until the run that settles it: {c.stand_in.what}, {c.stand_in.text()}" if b == "stand-in" else
+                c.verdict.reason)
+        lines.append(f"- {c.system}: {c.published.text} — **{c.verdict.label()}**; {ours}.")
+    return ("Each published headline tested in its own terms from committed runs, the verdict by a declared rule "
+            "([the claims card](docs/claims.md), [notebook](notebooks/claims.ipynb)).\n\n" + "\n".join(lines))
+
+
+def blocks() -> dict[str, str]:
+    claims = card()
+    return {"claims": claims_block(claims), "claims-summary": summary_block(claims)}
+
+
+# ---- the card, drawn ----------------------------------------------------------------------------------------
+def figure(claims: list[Claim]):
+    """Each row's deciding figure over the published one (1 = the published figure), with its spread as error
+    bars and the verdict's colour; rows with no figure of ours sit at 1 as open grey markers. Log scale: 0.5× and
+    2× are the same distance from the published figure."""
+    import plotly.graph_objects as go
+    fig = go.Figure()
+    labels = [f"{c.system}: {c.published.text}" for c in claims]
+    for v in VERDICTS:
+        idx = [i for i, c in enumerate(claims) if c.verdict.verdict == v]
+        if not idx:
+            continue
+        xs, lo, hi, hover, symbols = [], [], [], [], []
+        for i in idx:
+            c, r = claims[i], claims[i].ratio()
+            if r is None:
+                xs.append(1.0), lo.append(0.0), hi.append(0.0), symbols.append("circle-open")
+                hover.append(f"{c.verdict.label()}: {c.verdict.reason}")
+                continue
+            xs.append(r.value), lo.append(max(r.value - r.lo, 0.0)), hi.append(max(r.hi - r.value, 0.0))
+            symbols.append("diamond" if c.verdict.provisional else "circle")
+            hover.append(f"{c.verdict.label()} ({c.verdict.basis}): {c.verdict.reason}")
+        fig.add_trace(go.Scatter(
+            x=xs, y=[labels[i] for i in idx], mode="markers", name=v,
+            marker=dict(color=COLOURS[v], size=12, symbol=symbols, line=dict(width=2, color=COLOURS[v])),
+            error_x=dict(type="data", symmetric=False, array=hi, arrayminus=lo, color=COLOURS[v], thickness=2),
+            hovertext=hover, hoverinfo="text+x"))
+    fig.add_vline(x=1.0, line_dash="dash", line_color="#444")
+    fig.add_vrect(x0=1 - TOLERANCE, x1=1 + TOLERANCE, fillcolor="#2ca02c", opacity=0.08, line_width=0)
+    fig.update_xaxes(type="log", title="ours / published (1 = the published figure; shaded: ±"
+                                       f"{TOLERANCE:.0%}; diamonds: provisional)")
+    fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=labels)
+    fig.update_layout(title="Do the published figures hold?", height=120 + 38 * len(claims), legend_title="verdict",
+                      margin=dict(l=20, r=20, t=60, b=60))
+    return fig
