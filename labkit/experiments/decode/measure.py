@@ -429,58 +429,61 @@ def measure_prefill(stages: list, n_tokens: int, strategy: str, pl: DecodePlan) 
 
 def _link_variants(pl: DecodePlan, run: Run, base: dict) -> list[tuple[dict, dict]]:
     """The native link, then one emulated link per `link_gbps`: (strategy settings, row tags). The zero-copy
-    gather's rate per program count is measured here, for a step's loads at each concurrency of the grid,
-    and each target is met by the program count nearest it; the probe rows are kept (experiment=link_probe).
+    gather's rate per program count is measured here for every load size of the grid (budget x concurrency
+    rows a layer: a program that reads more rows per load reads them faster), the probe rows kept
+    (experiment=link_probe); each target is met by the program count nearest it at the first point's load.
     What it emulates: the rate at which selected rows arrive. What it does not: a slower link's latency per
     transaction, and the SMs a full-rate gather would occupy (fewer programs leave more free)."""
     from ..probe.measure import emulated_link, link_rates
-    dev, budget = pl.devices[0], pl.params["budgets"][0]
-    rates = {c: link_rates(dev, budget * c, repeats=10, pool_gib=2.0 if pl.cuda else 0.02) for c in pl.params["concurrency"]}
-    for c, r in rates.items():
+    dev = pl.devices[0]
+    loads = sorted({q.budget * q.concurrency for q in pl.points if q.strategy == "zero_copy"})
+    rates = {n: link_rates(dev, n, repeats=10, pool_gib=2.0 if pl.cuda else 0.02) for n in loads}
+    for n, r in rates.items():
         for q, g in r.items():
-            run.add({**base, "experiment": "link_probe", "status": "ok", "strategy": "zero_copy", "concurrency": c,
-                     "budget": budget, "gather_programs": q, "gbps": g})
-    c0 = pl.params["concurrency"][0]
-    out = [({}, {"link_gbps": 0.0, "link_gbps_measured": rates[c0][0], "link": "native"})]
+            run.add({**base, "experiment": "link_probe", "status": "ok", "strategy": "zero_copy", "rows_per_load": n,
+                     "gather_programs": q, "gbps": g})
+    first = pl.params["budgets"][0] * pl.params["concurrency"][0]
+    out = [({}, {"link_gbps": 0.0, "link_gbps_measured": rates[first][0], "link": "native"})]
     for target in pl.params["link_gbps"]:
-        q, got = emulated_link(rates[c0], target)
+        q, got = emulated_link(rates[first], target)
         out.append(({"gather_programs": q}, {"link_gbps": float(target), "link_gbps_measured": got, "link": "emulated"}))
-    run.update_manifest(link_emulation={"programs_gbps": {str(c): {str(q): round(g, 3) for q, g in r.items()}
-                                                          for c, r in rates.items()},
-                                        "targets": {str(t): q for (s_, _), t in zip(out[1:], pl.params["link_gbps"])
-                                                    for q in [s_["gather_programs"]]}})
+    run.update_manifest(link_emulation={
+        "programs_gbps": {str(n): {str(q): round(g, 3) for q, g in r.items()} for n, r in rates.items()},
+        "targets": {str(t): s_["gather_programs"] for (s_, _), t in zip(out[1:], pl.params["link_gbps"])}})
     return out
 
 
 def _predict_link_rows(run: Run, pl: DecodePlan) -> None:
-    """`predicted_step_ms` for each emulated-link zero_copy row: the cost model fitted on the native row of the
-    same point, its transfer term scaled by the emulated link's measured rate over the native one (at the row's
-    concurrency). The check of the model's transfer term at other link rates, point by point."""
+    """`predicted_step_ms` for each emulated-link zero_copy row: the cost model fitted on the native grid's row
+    of the same context and concurrency (its link rate measured at that row's load), its transfer term scaled by
+    the emulated over the native rate at the predicted row's own load. The check of the model's transfer term at
+    other link rates, point by point."""
     import pandas as pd
 
     from ...costmodel import GPU, CostModel, gpu_for_name
     m = pd.DataFrame(run.records)
-    rates = {(int(r.concurrency), int(r.gather_programs)): float(r.gbps)
+    rates = {(int(r.rows_per_load), int(r.gather_programs)): float(r.gbps)
              for r in m[m["experiment"] == "link_probe"].itertuples()}
     fit_rows = m[~((m["experiment"] == "decode") & (m["link"] == "emulated"))]     # the native grid + the probes
     source = gpu_for_name(run.manifest.get("gpu_name")) or GPU("this", "cpu", 1.0, 5, 16, 1, 1e9)
+    b0 = pl.params["budgets"][0]
     for rec in run.records:
         if rec.get("experiment") != "decode" or rec.get("link") != "emulated" or rec.get("strategy") != "zero_copy" \
                 or rec.get("status") != "ok":
             continue
-        c, ctx = int(rec["concurrency"]), int(rec["context_len"])
+        c, ctx, n = int(rec["concurrency"]), int(rec["context_len"]), int(rec["budget"]) * int(rec["concurrency"])
         q = int(rec.get("gather_programs") or 0)
         try:
-            model = CostModel.fit(fit_rows, pl.shape, "zero_copy", ctx, c, source, link_gbps=rates[(c, 0)])
-            scale = rates[(c, q)] / rates[(c, 0)]
+            model = CostModel.fit(fit_rows, pl.shape, "zero_copy", ctx, c, source, link_gbps=rates[(b0 * c, 0)])
+            scale = rates[(n, q)] / rates[(n, 0)]
             pred = model.predict(source, ctx, c, int(rec["budget"]), link_scale=scale)
         except (ValueError, KeyError) as ex:
             rec["predict_error"] = one_line(ex)
             continue
         rec["predicted_step_ms"] = pred.step_ms
         rec["predicted_transfer_ms"] = pred.phases_ms["transfer"]
-        rec["link_gbps_at_batch"] = rates[(c, q)]
-        rec["predicted_error"] = rec["step_ms_median"] / pred.step_ms - 1
+        rec["link_gbps_at_load"] = rates[(n, q)]
+        rec["predicted_error"] = pred.step_ms / rec["step_ms_median"] - 1     # relative to the measured step
     run.write_table("metrics", run.metrics())
 
 
