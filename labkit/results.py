@@ -277,10 +277,13 @@ def load_run(path: str | Path) -> LoadedRun:
     return LoadedRun(path)
 
 
+# The results folder's one folder that is not a run: the assets its reports share (plotly.js, `report.assets`)
+ASSETS = "_assets"
+
+
 def run_manifests(root: str | Path) -> list[Path]:
     """Every run folder's manifest.json under root, sorted; the shared assets' manifest
     (`_assets/manifest.json`: what the reports link, not a run) is not one."""
-    from .report.assets import ASSETS
     return sorted(mf for mf in Path(root).glob("**/manifest.json") if mf.parent.name != ASSETS)
 
 

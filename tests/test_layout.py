@@ -95,6 +95,20 @@ def test_no_import_cycle_inside_labkit():
     assert _cycles(_graph()) == []
 
 
+def _part(m: str) -> str:
+    """The part of labkit a module belongs to: a subpackage (labkit.engine, labkit.report...) or a top-level module."""
+    return ".".join(m.split(".")[:2])
+
+
+def test_no_import_cycle_between_parts_of_labkit():
+    """Data flows one way between the parts (shape -> engine -> experiment -> results -> report), at any import
+    depth: a package that imports another never gets imported back by it, through any chain of modules."""
+    g: dict[str, set[str]] = {_part(m): set() for m in MODULES}
+    for m, targets in _graph().items():
+        g[_part(m)] |= {_part(t) for t in targets if _part(t) != _part(m)}
+    assert _cycles(g) == []
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ASSETS = "_assets"
+from ..results import ASSETS      # the results folder's layout names it
 PLOTLY_JS = "plotly.min.js"
 # A page's plotly.js <script> larger than this is an embedded bundle (figure data never comes close
 # inside a <script> without a src).

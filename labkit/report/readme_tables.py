@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import tomllib
 from pathlib import Path
 
 import pandas as pd
@@ -22,10 +21,8 @@ from ..results import REPO, load_run
 from . import summary as S
 from .roofline_tables import blocks as roofline_blocks
 
-# the runs behind each table and the file each table sits in: one place, docs/runs.toml
-RUNS_FILE = REPO / "docs" / "runs.toml"
-_TOML = tomllib.loads(RUNS_FILE.read_text())
-RUNS = _TOML["runs"]
+from .runs import RUNS, RUNS_FILE, TOML as _TOML, ctx_label as _ctx    # noqa: F401  (RUNS_FILE: the tests')
+
 BLOCK_FILES: dict[str, str] = {b: f for f, names in _TOML["files"].items() for b in names}
 
 DECODE_RUN, PROBE_RUN, MULTIGPU_RUNS, PREFILL_RUNS = RUNS["decode"], RUNS["probe"], RUNS["multigpu"], RUNS["prefill"]
@@ -53,11 +50,6 @@ def _span(lo: float, hi: float) -> str:
         if a != b:
             return f"{a}–{b}"
     return a
-
-
-def _ctx(v) -> str:
-    v = int(v)
-    return f"{v // (1 << 20)}M" if v >= 1 << 20 else f"{v // 1024}K"
 
 
 _md = S.md_table
@@ -844,7 +836,7 @@ def blocks() -> dict[str, str]:
 
 
 def _claims_blocks() -> dict[str, str]:
-    from .claims import blocks as claims_blocks      # imported here: claims.py reads this module's RUNS
+    from .claims import blocks as claims_blocks
     return claims_blocks()
 
 
