@@ -313,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeline-every", type=int, default=0, help="record the switching timeline every N rounds")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--model-name", default="labkit")
+    s.add_argument("--tokenizer", default="auto",
+                   help="smollm2-135m | none | auto (SmolLM2's where installed): how string prompts become tokens")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--log-level", default="warning")
