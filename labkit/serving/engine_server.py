@@ -56,9 +56,10 @@ class EngineLoop:
         self._stop.set()
         self.thread.join(timeout=10)
 
-    def submit(self, req) -> None:
+    def submit(self, req, arrival: float | None = None) -> None:
+        """`arrival`: when the request reached the server (scheduler clock), default now."""
         self.sched.validate(req)            # raises BadInput in the caller: one line, HTTP 400
-        req.arrival = self.sched.now()
+        req.arrival = self.sched.now() if arrival is None else arrival
         self.inbox.put(req)
 
     def abort(self, req) -> None:
@@ -282,8 +283,8 @@ class Generation:
         self.aio.call_soon_threadsafe(self.events.put_nowait, None)
 
     # -- the event loop
-    def start(self) -> None:
-        self.engine.submit(self.req)                # BadInput: one line, HTTP 400
+    def start(self, arrival: float) -> None:
+        self.engine.submit(self.req, arrival)       # BadInput: one line, HTTP 400
 
     def abort(self) -> None:
         if not self.ended:
@@ -380,6 +381,8 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
         return {"timelines": list(sched.timelines)}
 
     async def serve(http: HTTPRequest, chat: bool):
+        # the request's clock starts before its body is read and tokenized: a client's TTFT includes both
+        arrival = sched.now()
         body, why = await _json_body(http)
         if why:
             return error(400, why)
@@ -392,7 +395,7 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
             ids = text.chat(_messages(body)) if chat else _prompt_ids(body.get("prompt"), text)
             sp = Sampling(body, chat, max(1, capacity - len(ids)) if chat else 16)
             gen = Generation(loop, ids, sp, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}", metrics)
-            gen.start()
+            gen.start(arrival)
         except BadInput as ex:
             return error(400, str(ex))
         rid, created = gen.req.id, int(time.time())
