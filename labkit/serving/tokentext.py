@@ -33,7 +33,7 @@ def piece(token: int) -> str:
     return " " + WORDS[token % len(WORDS)]
 
 
-def _tokenizer_dir(name: str) -> Path:
+def tokenizer_dir(name: str) -> Path:
     """A folder with SmolLM2's `tokenizer.json` and chat template: the quality lab's converted checkpoint
     when it exists, else the tokenizer alone, read from the packaged GGUF once (slow: transformers parses
     the whole file) and saved beside it."""
@@ -77,7 +77,7 @@ class TokenText:
             import tokenizers
         except ImportError as ex:
             raise BadInput("--tokenizer needs the tokenizers package: pip install -e '.[quality]'") from ex
-        folder = _tokenizer_dir(tokenizer)
+        folder = tokenizer_dir(tokenizer)
         self.tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
         src = _chat_template(folder)
         if src:
