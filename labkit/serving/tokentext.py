@@ -68,7 +68,7 @@ class TokenText:
 
     def __init__(self, tokenizer: str | None, vocab: int):
         self.name, self.vocab = tokenizer, vocab
-        self.tok = self.template = None
+        self.tok = self.template = self.folder = None
         if tokenizer is None:
             return
         if tokenizer not in TOKENIZERS:
@@ -77,7 +77,7 @@ class TokenText:
             import tokenizers
         except ImportError as ex:
             raise BadInput("--tokenizer needs the tokenizers package: pip install -e '.[quality]'") from ex
-        folder = tokenizer_dir(tokenizer)
+        self.folder = folder = tokenizer_dir(tokenizer)
         self.tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
         src = _chat_template(folder)
         if src:
@@ -87,7 +87,8 @@ class TokenText:
     def describe(self) -> str:
         if self.tok is None:
             return "no tokenizer: string prompts count as UTF-8 bytes (use the usage block for prompt tokens)"
-        return f"{self.name}'s tokenizer for prompts; one SmolLM2 word-token per generated token"
+        return (f"{self.name}'s tokenizer for prompts (a client's --tokenizer: {self.folder}); "
+                f"one SmolLM2 word-token per generated token")
 
     def _fold(self, ids: list[int]) -> list[int]:
         return [i % self.vocab for i in ids]
