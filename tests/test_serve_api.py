@@ -6,6 +6,8 @@ import importlib.util
 import json
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -237,3 +239,9 @@ def test_non_streamed_request_aborted_when_client_leaves_while_tokens_flow(serve
     assert recs, "the request was not aborted"
     assert recs[-1]["status"] == "failed" and recs[-1]["output_len"] < 400, recs[-1]
     assert _post(url, "/v1/completions", {"prompt": [5, 6], "max_tokens": 2}).json()["usage"]["completion_tokens"] == 2
+
+
+def test_unknown_tokenizer_is_one_line_before_anything_starts():
+    r = subprocess.run([sys.executable, "-m", "labkit", "serve", "--device", "cpu", "--tokenizer", "gpt2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown tokenizer 'gpt2'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
