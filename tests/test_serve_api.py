@@ -101,7 +101,9 @@ def test_chat_completion_has_vllms_fields(server):
     assert len(toks) == 5 and [t["choices"][0]["finish_reason"] for t in toks] == [None] * 4 + ["length"]
     assert "".join(t["choices"][0]["delta"]["content"] for t in toks) == ch["message"]["content"]
     assert ev[-2]["choices"] == [] and ev[-2]["usage"] == b["usage"]
-    assert _post(url, "/v1/chat/completions", {"messages": msgs}).json()["usage"]["completion_tokens"] > 16   # default: what fits
+    # no max_tokens on chat: what is left of the slot (512 tokens) after the prompt
+    u = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": " the" * (470 if HAS_TOKENIZER else 110)}]}).json()["usage"]
+    assert u["completion_tokens"] == 512 - u["prompt_tokens"] > 0
 
 
 def test_completions_max_tokens_unknown_model_and_defaults(server):
