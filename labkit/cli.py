@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="passed on to jupyter lab after `--`, e.g. -- --LabApp.expose_app_in_browser=True")
     lab.set_defaults(fn=cmd_lab)
 
-    s = sub.add_parser("serve", help="serve labkit's engine on an OpenAI-compatible /v1/completions (127.0.0.1); "
+    s = sub.add_parser("serve", help="serve labkit's engine behind vLLM's OpenAI API: completions, chat, /metrics (127.0.0.1); "
                                      "not the vLLM sweep, which is `labkit run serve`")
     s.add_argument("--shape", default="tiny")
     s.add_argument("--device", default="auto")
@@ -313,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeline-every", type=int, default=0, help="record the switching timeline every N rounds")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--model-name", default="labkit")
+    s.add_argument("--tokenizer", default="auto",
+                   help="smollm2-135m | none | auto (SmolLM2's where installed): how string prompts become tokens")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--log-level", default="warning")
