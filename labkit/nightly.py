@@ -212,9 +212,8 @@ class _Tee:
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(path)
+    from .atomic import write_text_or_in_place
+    write_text_or_in_place(path, json.dumps(obj, indent=1, default=str))     # whole; in place on a full disk
 
 
 def _entry_status(folder: Path) -> str | None:
