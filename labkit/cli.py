@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab = sub.add_parser("lab", help="JupyterLab on notebooks/ (127.0.0.1, token; prints the URL and the SSH tunnel)")
     lab.add_argument("--port", type=int, default=8888, help="port to bind on 127.0.0.1 (next free one if taken)")
     lab.add_argument("--port-exact", action="store_true", help="fail rather than move to another port")
-    lab.add_argument("--token", help="access token (default: $LABKIT_LAB_TOKEN or a random one)")
+    lab.add_argument("--token", help="access token (visible to other local users in this command's argv: prefer "
+                                          "$LABKIT_LAB_TOKEN; default: that, else a random one)")
     lab.add_argument("--dir", default="", help="folder to serve (default the repository's notebooks/)")
     lab.add_argument("jupyter_args", nargs="*", metavar="-- JUPYTER_OPTION",
                      help="passed on to jupyter lab after `--`, e.g. -- --LabApp.expose_app_in_browser=True")
