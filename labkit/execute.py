@@ -177,9 +177,11 @@ def drop_broken_notebook(path: Path) -> bool:
 
 
 def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path = "results",
-                 log_output: bool = True, timeout: int | None = None) -> tuple[Path, Exception | None]:
+                 log_output: bool = True, timeout: int | None = None,
+                 signals: list | None = None) -> tuple[Path, Exception | None]:
     """Execute the plan's notebook into a run folder; returns (folder, error or None). The report is rendered
-    even when the notebook failed part-way (what was measured is kept)."""
+    even when the notebook failed part-way (what was measured is kept). `signals`: a list that receives the
+    signals that interrupted the run (a caller that loops over runs stops on them)."""
     import papermill as pm
 
     from .experiments import get
@@ -194,7 +196,7 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     plan = plan.replace(out_dir=str(out.resolve()))
     envs.set_env("LABKIT_PLAIN_PROGRESS", "1")
     envs.set_env("LABKIT_RUN_DRIVER", os.getpid())      # the manifest names us beside the kernel (stale check)
-    error, seen = None, []
+    error, seen = None, (signals if signals is not None else [])
     try:
         with _signals_to_kernels(seen):
             pm.execute_notebook(str(nb), str(out / exp.notebook), parameters={"plan": plan.to_json()},
