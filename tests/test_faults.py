@@ -79,10 +79,14 @@ def test_hot_replay_interrupted_mid_sweep_keeps_the_rows_measured(tmp_path):
     out = tmp_path / "run"
     ctxs = ",".join(str(4096 * (i + 1)) for i in range(40))        # 40 sets of ~0.3 s: far longer than needed
 
+    measuring = threading.Event()
+    measuring.set()
+
     def interrupt_after_first_rows():
         for _ in range(600):
             if (out / "metrics.parquet").is_file():
-                os.kill(os.getpid(), signal.SIGINT)
+                if measuring.is_set():         # never a stray Ctrl-C to pytest once the sweep has returned
+                    os.kill(os.getpid(), signal.SIGINT)
                 return
             time.sleep(0.05)
 
@@ -91,6 +95,7 @@ def test_hot_replay_interrupted_mid_sweep_keeps_the_rows_measured(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         measure("hot_replay", {"traces": TRACE, "context_lens": ctxs, "budget": "64", "capacity_x": "1.5",
                                "policies": "lru", "out_dir": str(out)}, progress_bar=False)
+    measuring.clear()
     t.join()
     m = pd.read_parquet(out / "metrics.parquet")
     h = pd.read_parquet(out / "hot_replay.parquet")
