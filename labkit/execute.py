@@ -192,7 +192,8 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     out = Path(out_dir or plan.params.get("out_dir") or Path(root) / new_run_id(plan.experiment))
     if (out / "metrics.parquet").exists():
         raise BadInput(f"{out} already holds a run; choose another --out")
-    check_writable(out, "--out")      # a read-only or foreign folder: one line before anything runs
+    # a read-only or foreign folder: one line before anything runs
+    check_writable(out, "--out" if out_dir or plan.params.get("out_dir") else "run folder")
     plan = plan.replace(out_dir=str(out.resolve()))
     envs.set_env("LABKIT_PLAIN_PROGRESS", "1")
     envs.set_env("LABKIT_RUN_DRIVER", os.getpid())      # the manifest names us beside the kernel (stale check)
