@@ -183,8 +183,8 @@ def _open_kv(path: Path) -> tuple[int, os.stat_result]:
 
 
 def key_path() -> Path:
-    if os.environ.get("LABKIT_XFER_KEY"):
-        return Path(os.environ["LABKIT_XFER_KEY"])
+    if envs.get("LABKIT_XFER_KEY"):
+        return Path(envs.get("LABKIT_XFER_KEY"))
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "labkit" / "xfer.key"
 
