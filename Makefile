@@ -103,7 +103,8 @@ test-main: $(STAMP)
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q tests/test_vllm*.py $(PYTEST_ARGS)
 
-# root is fine (containers): labkit lab passes --allow-root; it binds 127.0.0.1 with a token
+# root is fine (containers): labkit lab passes --allow-root; it binds 127.0.0.1 with a token, which reaches
+# JupyterLab in a 0600 file, never in argv (docs/security.md); set LABKIT_LAB_TOKEN rather than ARGS="--token ..."
 lab: $(STAMP)
 	$(BIN)/labkit lab $(ARGS)
 

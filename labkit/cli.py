@@ -19,6 +19,7 @@ allocated or written; parsing a command line imports neither torch nor papermill
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -204,10 +205,13 @@ def cmd_runs(a) -> int:
     for r in df.to_dict("records"):
         where = Path(r["path"])
         machine = text(r.get("gpu_name")) or "CPU " + text(r.get("host"))
-        rows.append([text(r["run_id"]) or where.name, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
+        machine = machine.strip()[:24]
+        if text(r.get("status")) == "unreadable":      # say why instead of a machine nobody could read
+            machine = text(r.get("error"))[:40]
+        rows.append([text(r["run_id"]) or where.name, text(r["experiment"]), text(r["status"]), machine,
                      _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
                      "" if where.name == text(r["run_id"]) else os.path.relpath(where, root)])   # only when not the id
-    widths = [min(max(len(row[i]) for row in rows), cap) for i, cap in enumerate((44, 13, 11, 24, 7, 12))]
+    widths = [min(max(len(row[i]) for row in rows), cap) for i, cap in enumerate((44, 13, 11, 40, 7, 12))]
     for row in rows:
         cells = [c[:w].ljust(w) for c, w in zip(row[:6], widths)]
         print((" ".join(cells) + ("  " + row[6] if row[6] else "")).rstrip())
@@ -288,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab = sub.add_parser("lab", help="JupyterLab on notebooks/ (127.0.0.1, token; prints the URL and the SSH tunnel)")
     lab.add_argument("--port", type=int, default=8888, help="port to bind on 127.0.0.1 (next free one if taken)")
     lab.add_argument("--port-exact", action="store_true", help="fail rather than move to another port")
-    lab.add_argument("--token", help="access token (default: $LABKIT_LAB_TOKEN or a random one)")
+    lab.add_argument("--token", help="access token (visible to other local users in this command's argv: prefer "
+                                          "$LABKIT_LAB_TOKEN; default: that, else a random one)")
     lab.add_argument("--dir", default="", help="folder to serve (default the repository's notebooks/)")
     lab.add_argument("jupyter_args", nargs="*", metavar="-- JUPYTER_OPTION",
                      help="passed on to jupyter lab after `--`, e.g. -- --LabApp.expose_app_in_browser=True")
@@ -339,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     except (BadInput, FileNotFoundError, FileExistsError) as ex:
         print(f"labkit: {ex}", file=sys.stderr)
         return 2
+    except OSError as ex:        # a read-only or full file system, a folder we may not write: one line
+        from .atomic import describe_os_error
+        print(f"labkit: {describe_os_error(ex)}", file=sys.stderr)
+        return 2 if ex.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else 1
 
 
 if __name__ == "__main__":

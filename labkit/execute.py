@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 from . import envs
+from .atomic import check_writable, describe_os_error
 from .params import BadInput, Plan
 from .results import REPO, new_run_id
 
@@ -155,16 +156,32 @@ def settle_status(out: Path, experiment: str, params: dict, error: BaseException
             mf["wall_s"] = round((dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(mf["created"])).total_seconds(), 1)
         except ValueError:
             pass
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(mf, indent=1, default=str))
-    tmp.replace(mf_path)
+    from .atomic import write_text_or_in_place
+    write_text_or_in_place(mf_path, json.dumps(mf, indent=1, default=str))   # whole; in place on a full disk
     return status
 
 
+def drop_broken_notebook(path: Path) -> bool:
+    """Remove an executed notebook that is not whole JSON (papermill's last write was cut off, e.g. by a
+    full disk): a file is whole or absent, and removing it frees the space the status needs. True if removed."""
+    import json
+    if not path.is_file():
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            json.load(f)
+        return False
+    except (ValueError, UnicodeDecodeError):
+        path.unlink()
+        return True
+
+
 def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path = "results",
-                 log_output: bool = True, timeout: int | None = None) -> tuple[Path, Exception | None]:
+                 log_output: bool = True, timeout: int | None = None,
+                 signals: list | None = None) -> tuple[Path, Exception | None]:
     """Execute the plan's notebook into a run folder; returns (folder, error or None). The report is rendered
-    even when the notebook failed part-way (what was measured is kept)."""
+    even when the notebook failed part-way (what was measured is kept). `signals`: a list that receives the
+    signals that interrupted the run (a caller that loops over runs stops on them)."""
     import papermill as pm
 
     from .experiments import get
@@ -175,11 +192,12 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     out = Path(out_dir or plan.params.get("out_dir") or Path(root) / new_run_id(plan.experiment))
     if (out / "metrics.parquet").exists():
         raise BadInput(f"{out} already holds a run; choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    # a read-only or foreign folder: one line before anything runs
+    check_writable(out, "--out" if out_dir or plan.params.get("out_dir") else "run folder")
     plan = plan.replace(out_dir=str(out.resolve()))
     envs.set_env("LABKIT_PLAIN_PROGRESS", "1")
     envs.set_env("LABKIT_RUN_DRIVER", os.getpid())      # the manifest names us beside the kernel (stale check)
-    error, seen = None, []
+    error, seen = None, (signals if signals is not None else [])
     try:
         with _signals_to_kernels(seen):
             pm.execute_notebook(str(nb), str(out / exp.notebook), parameters={"plan": plan.to_json()},
@@ -188,7 +206,13 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
                                 stderr_file=sys.stderr if log_output else None, **KERNEL_ARGS)
     except (Exception, KeyboardInterrupt) as ex:     # PapermillExecutionError, dead kernel: keep what was measured
         error = ex
-    settle_status(out, plan.experiment, dict(plan.params), error, bool(seen))
+    if drop_broken_notebook(out / exp.notebook) and error is None:
+        error = OSError("the executed notebook was cut off while being written (is the disk full?)")
+    try:
+        settle_status(out, plan.experiment, dict(plan.params), error, bool(seen))
+    except OSError as ex:         # not even the status could be written (a full disk): say so, do not trace back
+        error = error or ex
+        print(f"labkit: the run's status could not be written: {describe_os_error(ex)}", file=sys.stderr)
     try:
         from .report.notebook import render_report
         render_report(out)

@@ -30,6 +30,10 @@ What it guarantees:
 - **Resumable.** Running the same plan again for the same date skips entries already done (ok or
   partial); a failed entry is retried after its folder is moved aside to `<name>.attempt-N` (nothing
   is overwritten).
+- **Stoppable.** SIGINT (Ctrl-C) or SIGTERM stops the whole night, not just the entry running: that
+  entry's kernel gets the signal and its folder is settled `interrupted`, no later entry starts,
+  `nightly.json` says `stopped` (which signal, during which entry, what is not done) and `nightly.log`
+  says so; the command exits 128 + the signal's number, and the same command resumes the night.
 - The run index (`results/index.html`) is rebuilt after every entry.
 """
 from __future__ import annotations
@@ -39,7 +43,9 @@ import hashlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,9 +218,8 @@ class _Tee:
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(path)
+    from .atomic import write_text_or_in_place
+    write_text_or_in_place(path, json.dumps(obj, indent=1, default=str))     # whole; in place on a full disk
 
 
 def _entry_status(folder: Path) -> str | None:
@@ -281,7 +286,8 @@ class _Lock:
     def __enter__(self):
         import psutil
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            # 0644: anyone may see who holds the night (no secret in it), only we write it; not executable
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except FileExistsError:
             info = self._read()
             alive, why = self._holder_alive(info)
@@ -302,19 +308,22 @@ class _Lock:
         self.path.unlink(missing_ok=True)
 
 
-def _run_plain_notebook(entry: Entry, out: Path, log) -> Exception | None:
-    """A notebook that is not a registered experiment: papermill into `out`, then the report."""
+def _run_plain_notebook(entry: Entry, out: Path, log, seen: list) -> Exception | None:
+    """A notebook that is not a registered experiment: papermill into `out`, then the report. A signal is
+    passed on to its kernel (as for experiments) and recorded in `seen`."""
     import papermill as pm
-    from .execute import KERNEL_ARGS, notebook_parameters
+    from .execute import KERNEL_ARGS, _signals_to_kernels, notebook_parameters
     params = dict(entry.parameters)
     if "out_dir" in notebook_parameters(entry.notebook):
         params["out_dir"] = str(out.resolve())
     envs.set_env("LABKIT_PLAIN_PROGRESS", "1")     # text progress, not widgets (a report's widgets need a CDN)
     err = None
     try:
-        pm.execute_notebook(str(entry.notebook), str(out / entry.notebook.name), parameters=params, progress_bar=False,
-                            cwd=str(REPO), kernel_name="python3", execution_timeout=entry.timeout_s,
-                            log_output=False, stdout_file=log, stderr_file=log, **KERNEL_ARGS)
+        with _signals_to_kernels(seen):
+            pm.execute_notebook(str(entry.notebook), str(out / entry.notebook.name), parameters=params,
+                                progress_bar=False, cwd=str(REPO), kernel_name="python3",
+                                execution_timeout=entry.timeout_s, log_output=False, stdout_file=log, stderr_file=log,
+                                **KERNEL_ARGS)
     except Exception as ex:
         err = ex
     try:
@@ -342,12 +351,55 @@ def _run_tests(entry: Entry, out: Path, logf) -> Exception | None:
     return None if p.returncode == 0 else RuntimeError(f"pytest {entry.tests}: {last}")
 
 
-def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None]:
-    """Run one entry into `out` (its own kernel). Returns (status, wall seconds, error)."""
-    from .execute import run_notebook
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the nightly runner: the whole night stops (not just the entry)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class _StopOnSignals:
+    """While a nightly runs, SIGINT and SIGTERM raise `Stopped` in the runner (an entry's kernel gets the
+    signal passed on by `labkit.execute`, which records it). After the first one, further signals are only
+    noted, so the record of the stop is written whole."""
+
+    def __init__(self):
+        self.first: int | None = None
+
+    def _handler(self, signum, frame):
+        if self.first is None:
+            self.first = signum
+            raise Stopped(signum)
+
+    def __enter__(self):
+        self.old = {}
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def quiet(self) -> None:
+        """From now on every signal is only noted (the record is being written)."""
+        if self.first is None:
+            self.first = 0
+
+    def __exit__(self, *a):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
+def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None, int | None]:
+    """Run one entry into `out` (its own kernel). Returns (status, wall seconds, error, the signal that
+    stopped it or None)."""
+    from .execute import Terminated, run_notebook
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     err: Exception | None = None
+    seen: list = []          # signals passed on to the entry's kernel
     with open(out / "log.txt", "a", encoding="utf-8") as logf:
         logf.write(f"== {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} entry {entry.name}: "
                    f"{('pytest ' + entry.tests) if entry.tests else entry.notebook.name} parameters "
@@ -360,14 +412,25 @@ def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None]:
             if entry.tests:
                 err = _run_tests(entry, out, logf)
             elif entry.experiment is not None:
-                _, err = run_notebook(entry.plan, out, timeout=entry.timeout_s)
+                _, err = run_notebook(entry.plan, out, timeout=entry.timeout_s, signals=seen)
             else:
-                err = _run_plain_notebook(entry, out, tee)
+                err = _run_plain_notebook(entry, out, tee, seen)
+        except Terminated as ex:             # SIGTERM during an experiment: its folder is settled
+            seen.append(signal.SIGTERM)
+            err = ex
+        except Stopped as ex:                # a signal outside a kernel (pytest entries, between steps)
+            seen.append(ex.signum)
+            err = ex
+        except KeyboardInterrupt as ex:
+            seen.append(signal.SIGINT)
+            err = ex
         except Exception as ex:              # anything at all: recorded, the night goes on
             err = ex
         finally:
             sys.stdout, sys.stderr = saved
     wall = time.time() - t0
+    if seen:
+        return "interrupted", wall, err, int(seen[0])
     status = "failed" if err is not None else "ok"
     mf = out / "manifest.json"
     if err is None and mf.is_file():
@@ -376,7 +439,7 @@ def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None]:
             status = status if status in DONE else "failed"
         except Exception:
             pass
-    return status, wall, err
+    return status, wall, err, None
 
 
 def _error_text(err: Exception) -> str:
@@ -419,11 +482,12 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
         raise BadInput(f"--date {date!r}: expected YYYY-MM-DD")
     root = Path(root)
     night = root / f"nightly-{date}"
-    night.mkdir(parents=True, exist_ok=True)
+    from .atomic import check_writable
+    check_writable(night, "--root")       # a read-only or foreign results folder: one line, nothing run
     rec_path = night / "nightly.json"
     echo = _logged(echo, night / LOG_NAME)
     lock = _Lock(night / ".lock")
-    with lock:
+    with lock, _StopOnSignals() as stop:
         echo(f"nightly {date}: plan {plan}, pid {os.getpid()}, host {os.uname().nodename}")
         try:
             record = json.loads(rec_path.read_text()) if rec_path.is_file() else {}
@@ -433,55 +497,84 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
             echo(f"nightly {date}: {note}")
             record.setdefault("notes", []).append(f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} {note}")
         plan_text = Path(plan).read_text()
+        if record.get("stopped"):            # resumed after a stop: keep its word in the history
+            record.setdefault("earlier_stops", []).append(record.pop("stopped"))
         record.update({"date": date, "plan": str(Path(plan)), "plan_sha256": hashlib.sha256(plan_text.encode()).hexdigest()[:16],
                        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "finished": None,
                        "cuda": _has_cuda()})
         by_name = {e["name"]: e for e in record.get("entries", [])}
         order = [e.name for e in entries] + [n for n in by_name if n not in {e.name for e in entries}]
-        for i, entry in enumerate(entries, start=1):
-            out = night / entry.name
-            prev = by_name.get(entry.name, {})
-            if out.exists() and _entry_status(out) in DONE:
-                echo(f"[{i}/{len(entries)}] {entry.name}: already done ({_entry_status(out)}), skipped")
-                done = json.loads((out / "nightly-entry.json").read_text())
-                by_name[entry.name] = {**prev, **done, "skipped_on_resume": True}
-                continue
-            attempts = list(prev.get("earlier_attempts", []))
-            if out.exists():
-                attempts.append(str(_set_aside(out).name))
-            echo(f"[{i}/{len(entries)}] {entry.name}: running {entry.notebook.name} {entry.parameters or '(defaults)'}")
-            started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-            status, wall, err = run_entry(entry, out)
-            info = {"name": entry.name, "experiment": entry.experiment, "notebook": str(entry.notebook.relative_to(REPO))
-                    if entry.notebook.is_relative_to(REPO) else str(entry.notebook),
-                    "parameters": entry.parameters, "timeout_s": entry.timeout_s, "status": status, "started": started,
-                    "wall_s": round(wall, 1), "error": _one_line(err) if err else None, "folder": entry.name,
-                    "earlier_attempts": attempts}
-            if err is not None:
-                (out / "error.txt").write_text(f"entry {entry.name} failed after {wall:.1f} s\n{_error_text(err)}\n"
-                                               f"kernel output: log.txt; executed notebook (failing cell marked): "
-                                               f"{out / entry.notebook.name}\n")
-            _write_json(out / "nightly-entry.json", info)
-            by_name[entry.name] = info
-            record["entries"] = [by_name[n] for n in order if n in by_name]
-            _write_json(rec_path, record)
-            echo(f"[{i}/{len(entries)}] {entry.name}: {status} in {wall:.1f} s" + (f" — {info['error']}" if err else ""))
-            try:
-                from .index import rebuild_index
-                rebuild_index(root)
-            except Exception as ex:
-                echo(f"labkit: run index not rebuilt: {ex}")
+        try:
+            stopped = _run_entries(entries, night, root, record, by_name, order, rec_path, echo)
+        except Stopped as ex:                # between entries (skipping, setting aside, the index)
+            stopped = (ex.signum, None)
+        stop.quiet()
         record["entries"] = [by_name[n] for n in order if n in by_name]
-        record["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        _write_json(rec_path, record)
-        done = sum(e.get("status") in DONE for e in record["entries"])
-        echo(f"nightly {date}: finished, {done} of {len(record['entries'])} entries done")
+        if stopped:
+            signum, during = stopped
+            left = [e.name for e in entries if by_name.get(e.name, {}).get("status") not in DONE]
+            record["stopped"] = {"signal": _signal_name(signum), "entry": during,
+                                 "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                                 "not_done": left}
+            _write_json(rec_path, record)
+            echo(f"nightly {date}: stopped by {_signal_name(signum)}" + (f" during {during}" if during else "")
+                 + f"; {len(left)} entr{'y' if len(left) == 1 else 'ies'} not done ({', '.join(left) or 'none'}); "
+                 f"the same command resumes it")
+        else:
+            record["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            _write_json(rec_path, record)
+            done = sum(e.get("status") in DONE for e in record["entries"])
+            echo(f"nightly {date}: finished, {done} of {len(record['entries'])} entries done")
     try:
         from .index import rebuild_index
         rebuild_index(root)
     except Exception as ex:
         echo(f"labkit: run index not rebuilt: {ex}")
     return record
+
+
+def _run_entries(entries, night: Path, root: Path, record: dict, by_name: dict, order: list, rec_path: Path,
+                 echo) -> tuple[int, str] | None:
+    """The night's entries in order, `record` rewritten after each; (signal, entry) when a signal stopped it."""
+    for i, entry in enumerate(entries, start=1):
+        out = night / entry.name
+        prev = by_name.get(entry.name, {})
+        if out.exists() and _entry_status(out) in DONE:
+            echo(f"[{i}/{len(entries)}] {entry.name}: already done ({_entry_status(out)}), skipped")
+            done = json.loads((out / "nightly-entry.json").read_text())
+            by_name[entry.name] = {**prev, **done, "skipped_on_resume": True}
+            continue
+        attempts = list(prev.get("earlier_attempts", []))
+        if out.exists():
+            attempts.append(str(_set_aside(out).name))
+        echo(f"[{i}/{len(entries)}] {entry.name}: running {entry.notebook.name} {entry.parameters or '(defaults)'}")
+        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        status, wall, err, signum = run_entry(entry, out)
+        if signum is not None:
+            err = Stopped(signum)             # the entry's word: stopped, not failed
+        info = {"name": entry.name, "experiment": entry.experiment, "notebook": str(entry.notebook.relative_to(REPO))
+                if entry.notebook.is_relative_to(REPO) else str(entry.notebook),
+                "parameters": entry.parameters, "timeout_s": entry.timeout_s, "status": status, "started": started,
+                "wall_s": round(wall, 1), "error": _one_line(err) if err else None, "folder": entry.name,
+                "earlier_attempts": attempts}
+        if err is not None:
+            (out / "error.txt").write_text(f"entry {entry.name} {'stopped' if signum else 'failed'} after {wall:.1f} s\n"
+                                           f"{_error_text(err)}\n"
+                                           f"kernel output: log.txt; executed notebook (failing cell marked): "
+                                           f"{out / entry.notebook.name}\n")
+        _write_json(out / "nightly-entry.json", info)
+        by_name[entry.name] = info
+        record["entries"] = [by_name[n] for n in order if n in by_name]
+        _write_json(rec_path, record)
+        echo(f"[{i}/{len(entries)}] {entry.name}: {status} in {wall:.1f} s" + (f" — {info['error']}" if err else ""))
+        if signum is not None:
+            return signum, entry.name
+        try:
+            from .index import rebuild_index
+            rebuild_index(root)
+        except Exception as ex:
+            echo(f"labkit: run index not rebuilt: {ex}")
+    return None
 
 
 def cmd_nightly(a) -> int:
@@ -492,8 +585,13 @@ def cmd_nightly(a) -> int:
                   + (f" timeout {e.timeout_s} s" if e.timeout_s else ""))
         return 0
     rec = run_plan(a.plan, a.date, a.root, only=a.only.split(",") if a.only else None)
-    bad = [e for e in rec["entries"] if e.get("status") not in DONE]
+    bad = [e for e in rec.get("entries", []) if e.get("status") not in DONE]
     night = Path(a.root) / f"nightly-{rec['date']}"
+    if rec.get("stopped"):
+        st = rec["stopped"]
+        print(f"labkit: nightly {rec['date']} stopped by {st['signal']}; not done: {', '.join(st['not_done']) or 'none'}; "
+              f"record {night / 'nightly.json'}; run the same command again to resume", file=sys.stderr)
+        return 128 + int(signal.Signals[st["signal"]])
     print(f"nightly {rec['date']}: {len(rec['entries']) - len(bad)} of {len(rec['entries'])} entries done; "
           f"record {night / 'nightly.json'}; index {Path(a.root) / 'index.html'}")
     for e in bad:

@@ -118,12 +118,12 @@ def explorer(out: Path, results: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix="labkit-shots-"))
     shutil.copytree(REPO / "notebooks", tmp / "notebooks")
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "LABKIT_RESULTS": str(results), "JUPYTER_RUNTIME_DIR": str(tmp / "rt"),
+    env = {**os.environ, "LABKIT_LAB_TOKEN": token, "LABKIT_RESULTS": str(results), "JUPYTER_RUNTIME_DIR": str(tmp / "rt"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "ws"),
            "JUPYTER_DATA_DIR": str(tmp / "data"),
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     log = open(tmp / "lab.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "labkit", "lab", "--port", str(port), "--port-exact", "--token", token,
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "lab", "--port", str(port), "--port-exact",
                              "--dir", str(tmp / "notebooks"), "--", "--LabApp.expose_app_in_browser=True"],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

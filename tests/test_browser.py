@@ -109,12 +109,12 @@ def lab_server(tmp_path: Path, results: Path):
     lab_root.mkdir()
     shutil.copy(EXPLORE, lab_root / EXPLORE.name)
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "LABKIT_RESULTS": str(results), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+    env = {**os.environ, "LABKIT_LAB_TOKEN": token, "LABKIT_RESULTS": str(results), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws"),
            "JUPYTER_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
     log_path = tmp_path / "lab.log"
     log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "labkit", "lab", "--port", str(port), "--port-exact", "--token", token,
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "lab", "--port", str(port), "--port-exact",
                              "--dir", str(lab_root), "--", "--LabApp.expose_app_in_browser=True"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -250,8 +250,8 @@ def test_make_lab_runs_labkit_lab_as_any_user():
     out = subprocess.run(["make", "-n", "lab"], cwd=REPO, capture_output=True, text=True).stdout
     assert "labkit lab" in out and "jupyter lab" not in out, out
     from labkit.lab import lab_command
-    cmd = lab_command(8888, "t", REPO / "notebooks")
-    assert "--ServerApp.ip=127.0.0.1" in cmd and "--IdentityProvider.token=t" in cmd
+    cmd = lab_command(8888, REPO / "notebooks")
+    assert "--ServerApp.ip=127.0.0.1" in cmd and not any("token" in c.lower() for c in cmd)
     assert ("--allow-root" in cmd) == (os.geteuid() == 0)
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import nbformat
 
+from ..atomic import write_text
+
 
 def _exporter():
     from nbconvert import HTMLExporter
@@ -82,7 +84,7 @@ def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bo
     for path in nbs:
         one = nbformat.read(path, as_version=4)
         if shrink_notebook(one) and shrink:   # the run folder keeps the notebook without the 4.8 MB bundle
-            nbformat.write(one, path)
+            write_text(path, nbformat.writes(one))     # whole or unchanged (a full disk must not cut it)
         parts.append(one)
     nb = parts[0]
     for more in parts[1:]:   # several notebooks (e.g. probe + sweep): one page
@@ -93,5 +95,5 @@ def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bo
     # plotly.js exactly once, from the installed package, before any figure: readable offline
     out = Path(out) if out else run_dir / "report.html"
     html = strip_cdn_scripts(html).replace("<head>", "<head>\n" + _plotlyjs_script(out, standalone), 1)
-    out.write_text(html, encoding="utf-8")
+    write_text(out, html)            # whole or absent
     return out
