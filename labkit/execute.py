@@ -57,7 +57,7 @@ def rerender_notebook(exp, run_dir: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def _signals_to_kernels(seen: list):
+def signals_to_kernels(seen: list):
     """Ctrl-C (or SIGTERM, e.g. from `timeout`) reaches only this process (a Jupyter kernel runs in a session
     of its own): pass it on to our kernels as SIGINT, so the experiment's own clean-up runs there (servers
     stopped, tables written) and the cell fails with KeyboardInterrupt; `seen` records the signal so the run
@@ -199,7 +199,7 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     envs.set_env("LABKIT_RUN_DRIVER", os.getpid())      # the manifest names us beside the kernel (stale check)
     error, seen = None, (signals if signals is not None else [])
     try:
-        with _signals_to_kernels(seen):
+        with signals_to_kernels(seen):
             pm.execute_notebook(str(nb), str(out / exp.notebook), parameters={"plan": plan.to_json()},
                                 log_output=False, progress_bar=False, cwd=str(REPO), kernel_name="python3",
                                 execution_timeout=timeout, stdout_file=sys.stdout if log_output else None,

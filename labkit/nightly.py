@@ -312,14 +312,14 @@ def _run_plain_notebook(entry: Entry, out: Path, log, seen: list) -> Exception |
     """A notebook that is not a registered experiment: papermill into `out`, then the report. A signal is
     passed on to its kernel (as for experiments) and recorded in `seen`."""
     import papermill as pm
-    from .execute import KERNEL_ARGS, _signals_to_kernels, notebook_parameters
+    from .execute import KERNEL_ARGS, signals_to_kernels, notebook_parameters
     params = dict(entry.parameters)
     if "out_dir" in notebook_parameters(entry.notebook):
         params["out_dir"] = str(out.resolve())
     envs.set_env("LABKIT_PLAIN_PROGRESS", "1")     # text progress, not widgets (a report's widgets need a CDN)
     err = None
     try:
-        with _signals_to_kernels(seen):
+        with signals_to_kernels(seen):
             pm.execute_notebook(str(entry.notebook), str(out / entry.notebook.name), parameters=params,
                                 progress_bar=False, cwd=str(REPO), kernel_name="python3",
                                 execution_timeout=entry.timeout_s, log_output=False, stdout_file=log, stderr_file=log,
