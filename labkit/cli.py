@@ -101,6 +101,14 @@ def _after_run(path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the rest
+def cmd_study(a) -> int:
+    from . import studies
+    if a.help or not a.study:
+        print(studies.help_text(a.study))
+        return 0
+    return studies.run(a.study, kv_pairs(a.p))
+
+
 def cmd_shapes(a) -> int:
     from .shapes import PRESETS
     rows = [s.summary() for s in PRESETS.values()]
@@ -254,6 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="run folder (default results/<run-id>)")
     r.add_argument("-h", "--help", action="store_true")
     r.set_defaults(fn=cmd_run)
+
+    st = sub.add_parser("study", add_help=False, help="a cross-model study (labkit study --help lists them)",
+                        usage="labkit study [NAME] [-p KEY=VALUE ...] [--help]")
+    st.add_argument("study", nargs="?")
+    st.add_argument("-p", action="append", metavar="KEY=VALUE", help="keyword of the study")
+    st.add_argument("-h", "--help", action="store_true")
+    st.set_defaults(fn=cmd_study)
 
     rp = sub.add_parser("report", help="write DIR/report.html (plotly.js linked from results/_assets)")
     rp.add_argument("run_dir")

@@ -12,9 +12,8 @@ One row per (trace, context, capacity, policy): the trace's recording density (`
 whose cache starts cold), those bytes against `zero_copy`'s (every selected row, every step), and the
 step-to-step overlap of the replayed selections next to the trace's own (the stable mapping keeps it).
 
-    python -m labkit.experiments.hot_replay.measure OUT_DIR TRACE.npz ... [--contexts 128K,1M] [--budget 2048]
-writes OUT_DIR/hot_replay.parquet, summary.md, manifest.json and report.html (`labkit.report.hot_cache`;
-`--no-report` skips it).
+    labkit run hot_replay --out DIR [-p traces=TRACE.npz,...] [-p context_lens=128K,1M] [-p budget=2048]
+writes DIR/hot_replay.parquet, summary.md, manifest.json and report.html (`labkit.report.hot_cache`).
 """
 from __future__ import annotations
 
