@@ -115,7 +115,7 @@ def cmd_shapes(a) -> int:
 def cmd_report(a) -> int:
     from .report.notebook import executed_notebooks, render_report
     from .results import load_run
-    run_dir = Path(a.run_dir)
+    run_dir = run_folder(a.run_dir)
     run = load_run(run_dir)   # one line if it is not a run folder
     out = Path(a.out) if a.out else (run_dir / "report-standalone.html" if a.standalone else None)
     if a.rerun or not executed_notebooks(run_dir):
@@ -187,8 +187,9 @@ def _link(gen, width) -> str:
 
 
 def cmd_runs(a) -> int:
-    """One short line per run: id, experiment, status (stale when its process died), machine, link, sha;
-    the folder only when it is not `<root>/<run id>`."""
+    """A header, then one line per run: the run (its folder under the root: what `labkit report` takes),
+    experiment, status (stale when its process died), machine, link, sha, and the manifest's own name where
+    it differs from the folder's (several runs may share a name; their folders never do)."""
     from .results import list_runs
     root = Path(a.root)
     if not root.is_dir():
@@ -204,14 +205,29 @@ def cmd_runs(a) -> int:
     for r in df.to_dict("records"):
         where = Path(r["path"])
         machine = text(r.get("gpu_name")) or "CPU " + text(r.get("host"))
-        rows.append([text(r["run_id"]) or where.name, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
+        rel = os.path.relpath(where, root)
+        run = rel if _is_default_root(root) else str(where)       # as `labkit report` takes it from here
+        rows.append([run, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
                      _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
-                     "" if where.name == text(r["run_id"]) else os.path.relpath(where, root)])   # only when not the id
-    widths = [min(max(len(row[i]) for row in rows), cap) for i, cap in enumerate((44, 13, 11, 24, 7, 12))]
+                     "" if where.name == text(r["run_id"]) else text(r["run_id"])])
+    rows.insert(0, ["RUN", "EXPERIMENT", "STATUS", "MACHINE", "LINK", "SHA", "NAME"])
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]      # ids are never cut
     for row in rows:
-        cells = [c[:w].ljust(w) for c, w in zip(row[:6], widths)]
+        cells = [c.ljust(w) for c, w in zip(row[:6], widths)]
         print((" ".join(cells) + ("  " + row[6] if row[6] else "")).rstrip())
     return 0
+
+
+def _is_default_root(root: Path) -> bool:
+    return root.resolve() == Path("results").resolve()
+
+
+def run_folder(arg: str) -> Path:
+    """A run named as `labkit runs` lists it: a folder, or a folder under results/ (`labkit runs`' RUN)."""
+    p = Path(arg)
+    if not p.is_dir() and not p.is_absolute() and (Path("results") / p).is_dir():
+        return Path("results") / p
+    return p
 
 
 def cmd_docs(a) -> int:
@@ -252,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_run)
 
     rp = sub.add_parser("report", help="write DIR/report.html (plotly.js linked from results/_assets)")
-    rp.add_argument("run_dir")
+    rp.add_argument("run_dir", help="a run folder, or a run as `labkit runs` lists it")
     rp.add_argument("--standalone", action="store_true",
                     help="embed plotly.js: one self-contained file to send (default DIR/report-standalone.html)")
     rp.add_argument("--out", help="HTML file to write instead of DIR/report.html")
@@ -331,10 +347,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
-        return a.fn(a)
+        rc = a.fn(a)
+        sys.stdout.flush()          # inside the try: a closed pipe is caught below, not at exit
+        return rc
     except (BadInput, FileNotFoundError, FileExistsError) as ex:
         print(f"labkit: {ex}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`labkit runs | head`): what it read is what it wanted. Point stdout at
+        # /dev/null so the interpreter's final flush does not fail again on the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
