@@ -61,9 +61,20 @@ def cmd_run(a) -> int:
         print(params_help(a.experiment) if a.experiment else experiments_help())
         return 0
     given = kv_pairs(a.p)
+    made = None
     if a.out:
         given["out_dir"] = a.out
-    plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
+        from .outdir import prepare_out_dir
+        out = Path(a.out)
+        made = next((p for p in [*reversed(out.absolute().parents), out.absolute()] if not p.exists()), None)
+        prepare_out_dir(out)            # one line now (not after the plan's checks) if it cannot be the run's
+    try:
+        plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
+    except BaseException:
+        if made is not None:            # bad input writes nothing: the folders just made go again
+            import shutil
+            shutil.rmtree(made, ignore_errors=True)
+        raise
     from .execute import Terminated, error_line, run_notebook
     from .results import effective_status, load_run, status_reason
     try:

@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+from .outdir import prepare_out_dir
 from .params import BadInput, Plan
 from .results import REPO, new_run_id
 
@@ -171,10 +172,8 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     nb = NOTEBOOKS / exp.notebook
     if not nb.is_file():
         raise BadInput(f"notebook {nb} is missing")
-    out = Path(out_dir or plan.params.get("out_dir") or Path(root) / new_run_id(plan.experiment))
-    if (out / "metrics.parquet").exists():
-        raise BadInput(f"{out} already holds a run; choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(Path(out_dir or plan.params.get("out_dir") or Path(root) / new_run_id(plan.experiment)),
+                          others_ok=out_dir is not None)     # a caller's own folder (the nightly's, with its log)
     plan = plan.replace(out_dir=str(out.resolve()))
     os.environ["LABKIT_PLAIN_PROGRESS"] = "1"
     os.environ["LABKIT_RUN_DRIVER"] = str(os.getpid())      # the manifest names us beside the kernel (stale check)
