@@ -70,13 +70,13 @@ def cmd_run(a) -> int:
         prepare_out_dir(out)            # one line now (not after the plan's checks) if it cannot be the run's
     try:
         plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
-    except BaseException:
-        if made is not None:            # bad input writes nothing: the folders just made go again
+        from .execute import Terminated, error_line, run_notebook
+        from .results import effective_status, load_run, status_reason
+    except BaseException:               # bad input, or Ctrl-C before the run began
+        if made is not None:            # nothing written: the folders just made go again
             import shutil
             shutil.rmtree(made, ignore_errors=True)
         raise
-    from .execute import Terminated, error_line, run_notebook
-    from .results import effective_status, load_run, status_reason
     try:
         path, err = run_notebook(plan)
     except Terminated as t:                 # settled and rendered; say so and stop
@@ -93,6 +93,13 @@ def cmd_run(a) -> int:
             why = f"report not written: {error_line(err)}"
         elif err is not None and error_line(err) not in why and status != "interrupted":
             why += f" ({error_line(err)})"
+        try:
+            n_ok = int((run.metrics["status"] == "ok").sum())
+        except Exception:
+            n_ok = 0
+        from .report.notebook import ran_to_the_end
+        if n_ok and not ran_to_the_end(path):      # stopped at the measuring cell: its figures not drawn
+            why += f"; `labkit report {path} --rerun` draws the {n_ok} point{'s' if n_ok != 1 else ''} measured"
         print(f"labkit: {a.experiment} run {why}", file=sys.stderr)
         if report.exists():
             print(report.resolve())
@@ -364,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     except (BadInput, FileNotFoundError, FileExistsError) as ex:
         print(f"labkit: {ex}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:           # Ctrl-C before a run started (while planning): nothing was written
+        print("labkit: interrupted before anything ran", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # the reader went away (`labkit runs | head`): what it read is what it wanted. Point stdout at
         # /dev/null so the interpreter's final flush does not fail again on the closed pipe.
