@@ -180,8 +180,11 @@ def cmd_predict(a) -> int:
         return 0
     print(f"PREDICTED (not measured) on {a.gpus} x {target.name} (PCIe gen{target.pcie_gen} x{target.pcie_width}, "
           f"{target.hbm_gbps} GB/s memory), from the anatomy of {mf['run_id']} on {source.name}:")
-    cols = ["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "fits", "memory_gib_per_gpu"]
-    print(tab[cols].round(2).to_string(index=False))
+    cols = ["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "memory_gib_per_gpu"]
+    show = tab[cols].round(2).astype(object)
+    for c in ("predicted_step_ms", "predicted_tok_s"):      # a point whose memory exceeds the GPU: said, not NaN
+        show[c] = [f"{v:.2f}" if fits else "does not fit" for v, fits in zip(tab[c], tab["fits"])]
+    print(show.to_string(index=False))
     print("\nwhy (largest context, concurrency 1):")
     for strategy, g in tab.groupby("strategy"):
         r = g[g["concurrency"] == g["concurrency"].min()].sort_values("context_len").iloc[-1]
