@@ -59,6 +59,10 @@ def decode_runs(root: str | Path) -> dict[str, tuple[dict, pd.DataFrame]]:
             d["axis"] = "context"
         for c in ("context_len", "budget", "concurrency"):
             d[c] = d[c].astype(int)
+        # a multi-GPU run's rows name no shape (the manifest does): a missing one would be a value no
+        # dropdown holds (NaN), so it is the run's shape
+        run_shape = (r.manifest.get("shape_info") or {}).get("name") or (r.manifest.get("parameters") or {}).get("shape")
+        d["shape"] = d["shape"].astype(object).where(d["shape"].notna(), run_shape if isinstance(run_shape, str) else "?")
         d["shape"] = d["shape"].astype(str)
         label = f"{mf.parent.relative_to(root)} · {machine_label(r.manifest)} · {r.manifest.get('created', '')[:16]}"
         out.append((r.manifest.get("created", ""), label, r.manifest, d))
