@@ -62,11 +62,22 @@ def cmd_run(a) -> int:
         print(params_help(a.experiment) if a.experiment else experiments_help())
         return 0
     given = kv_pairs(a.p)
+    made = None
     if a.out:
         given["out_dir"] = a.out
-    plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
-    from .execute import Terminated, error_line, run_notebook
-    from .results import effective_status, load_run, status_reason
+        from .outdir import prepare_out_dir
+        out = Path(a.out)
+        made = next((p for p in [*reversed(out.absolute().parents), out.absolute()] if not p.exists()), None)
+        prepare_out_dir(out)            # one line now (not after the plan's checks) if it cannot be the run's
+    try:
+        plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
+        from .execute import Terminated, error_line, run_notebook
+        from .results import effective_status, load_run, status_reason
+    except BaseException:               # bad input, or Ctrl-C before the run began
+        if made is not None:            # nothing written: the folders just made go again
+            import shutil
+            shutil.rmtree(made, ignore_errors=True)
+        raise
     try:
         path, err = run_notebook(plan)
     except Terminated as t:                 # settled and rendered; say so and stop
@@ -83,6 +94,13 @@ def cmd_run(a) -> int:
             why = f"report not written: {error_line(err)}"
         elif err is not None and error_line(err) not in why and status != "interrupted":
             why += f" ({error_line(err)})"
+        try:
+            n_ok = int((run.metrics["status"] == "ok").sum())
+        except Exception:
+            n_ok = 0
+        from .report.notebook import ran_to_the_end
+        if n_ok and not ran_to_the_end(path):      # stopped at the measuring cell: its figures not drawn
+            why += f"; `labkit report {path} --rerun` draws the {n_ok} point{'s' if n_ok != 1 else ''} measured"
         print(f"labkit: {a.experiment} run {why}", file=sys.stderr)
         if report.exists():
             print(report.resolve())
@@ -124,7 +142,7 @@ def cmd_shapes(a) -> int:
 def cmd_report(a) -> int:
     from .report.notebook import executed_notebooks, render_report
     from .results import load_run
-    run_dir = Path(a.run_dir)
+    run_dir = run_folder(a.run_dir)
     run = load_run(run_dir)   # one line if it is not a run folder
     out = Path(a.out) if a.out else (run_dir / "report-standalone.html" if a.standalone else None)
     if a.rerun or not executed_notebooks(run_dir):
@@ -171,8 +189,11 @@ def cmd_predict(a) -> int:
         return 0
     print(f"PREDICTED (not measured) on {a.gpus} x {target.name} (PCIe gen{target.pcie_gen} x{target.pcie_width}, "
           f"{target.hbm_gbps} GB/s memory), from the anatomy of {mf['run_id']} on {source.name}:")
-    cols = ["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "fits", "memory_gib_per_gpu"]
-    print(tab[cols].round(2).to_string(index=False))
+    cols = ["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "memory_gib_per_gpu"]
+    show = tab[cols].round(2).astype(object)
+    for c in ("predicted_step_ms", "predicted_tok_s"):      # a point whose memory exceeds the GPU: said, not NaN
+        show[c] = [f"{v:.2f}" if fits else "does not fit" for v, fits in zip(tab[c], tab["fits"])]
+    print(show.to_string(index=False))
     print("\nwhy (largest context, concurrency 1):")
     for strategy, g in tab.groupby("strategy"):
         r = g[g["concurrency"] == g["concurrency"].min()].sort_values("context_len").iloc[-1]
@@ -196,8 +217,9 @@ def _link(gen, width) -> str:
 
 
 def cmd_runs(a) -> int:
-    """One short line per run: id, experiment, status (stale when its process died), machine, link, sha;
-    the folder only when it is not `<root>/<run id>`."""
+    """A header, then one line per run: the run (its folder under the root: what `labkit report` takes),
+    experiment, status (stale when its process died), machine, link, sha, and the manifest's own name where
+    it differs from the folder's (several runs may share a name; their folders never do)."""
     from .results import list_runs
     root = Path(a.root)
     if not root.is_dir():
@@ -213,17 +235,31 @@ def cmd_runs(a) -> int:
     for r in df.to_dict("records"):
         where = Path(r["path"])
         machine = text(r.get("gpu_name")) or "CPU " + text(r.get("host"))
-        machine = machine.strip()[:24]
         if text(r.get("status")) == "unreadable":      # say why instead of a machine nobody could read
             machine = text(r.get("error"))[:40]
-        rows.append([text(r["run_id"]) or where.name, text(r["experiment"]), text(r["status"]), machine,
+        rel = os.path.relpath(where, root)
+        run = rel if _is_default_root(root) else str(where)       # as `labkit report` takes it from here
+        rows.append([run, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
                      _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
-                     "" if where.name == text(r["run_id"]) else os.path.relpath(where, root)])   # only when not the id
-    widths = [min(max(len(row[i]) for row in rows), cap) for i, cap in enumerate((44, 13, 11, 40, 7, 12))]
+                     "" if where.name == text(r["run_id"]) else text(r["run_id"])])
+    rows.insert(0, ["RUN", "EXPERIMENT", "STATUS", "MACHINE", "LINK", "SHA", "NAME"])
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]      # ids are never cut
     for row in rows:
-        cells = [c[:w].ljust(w) for c, w in zip(row[:6], widths)]
+        cells = [c.ljust(w) for c, w in zip(row[:6], widths)]
         print((" ".join(cells) + ("  " + row[6] if row[6] else "")).rstrip())
     return 0
+
+
+def _is_default_root(root: Path) -> bool:
+    return root.resolve() == Path("results").resolve()
+
+
+def run_folder(arg: str) -> Path:
+    """A run named as `labkit runs` lists it: a folder, or a folder under results/ (`labkit runs`' RUN)."""
+    p = Path(arg)
+    if not p.is_dir() and not p.is_absolute() and (Path("results") / p).is_dir():
+        return Path("results") / p
+    return p
 
 
 def cmd_docs(a) -> int:
@@ -271,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=cmd_study)
 
     rp = sub.add_parser("report", help="write DIR/report.html (plotly.js linked from results/_assets)")
-    rp.add_argument("run_dir")
+    rp.add_argument("run_dir", help="a run folder, or a run as `labkit runs` lists it")
     rp.add_argument("--standalone", action="store_true",
                     help="embed plotly.js: one self-contained file to send (default DIR/report-standalone.html)")
     rp.add_argument("--out", help="HTML file to write instead of DIR/report.html")
@@ -355,10 +391,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from . import envs
         envs.check_environment()       # a mistyped or malformed LABKIT_* is one line, not a silent default
-        return a.fn(a)
+        rc = a.fn(a)
+        sys.stdout.flush()          # inside the try: a closed pipe is caught below, not at exit
+        return rc
     except (BadInput, FileNotFoundError, FileExistsError) as ex:
         print(f"labkit: {ex}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:           # Ctrl-C before a run started (while planning): nothing was written
+        print("labkit: interrupted before anything ran", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away (`labkit runs | head`): what it read is what it wanted. Point stdout at
+        # /dev/null so the interpreter's final flush does not fail again on the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except OSError as ex:        # a read-only or full file system, a folder we may not write: one line
         from .atomic import describe_os_error
         print(f"labkit: {describe_os_error(ex)}", file=sys.stderr)

@@ -15,9 +15,12 @@ by what it measures):
     context_lens = "256,1024"
 
 What it guarantees:
-- **Checked first.** Every experiment entry is planned (`experiments.plan`: names, types and values checked
-  against this machine) before anything runs or is written, and runs that plan as it is; a plain notebook's
-  names are checked against its `parameters` cell (papermill itself only warns). Bad input is one line.
+- **Checked first.** Every entry's keys and parameter names are checked, and every entry that will run
+  (all, or those `--only` names) is planned (`experiments.plan`: types and values checked against this
+  machine) before anything runs or is written, and runs that plan as it is; a plain notebook's names are
+  checked against its `parameters` cell (papermill itself only warns). Bad input is one line.
+- **Skips what this machine lacks.** An entry whose needs are missing here (vLLM not installed: a
+  `params.Missing`) is skipped with that reason in `nightly.json` and `nightly.log`; the rest run.
 - **Isolated.** Each entry runs in its own kernel via `labkit.execute.run_notebook` into
   `results/nightly-<date>/<name>/`; a failure (exception, timeout, dead kernel) is recorded and the
   next entry runs.
@@ -77,6 +80,7 @@ class Entry:
     timeout_s: int | None = None
     description: str = ""
     raw: dict = field(default_factory=dict)
+    skip: str = ""                 # why it cannot run on this machine (a missing need), else empty
 
 
 def _has_cuda() -> bool:
@@ -95,11 +99,14 @@ def _resolve_notebook(nb: str, plan_dir: Path) -> Path:
     return p
 
 
-def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
-    """Parse and check a plan; raises BadInput (one line) on the first problem. Nothing runs or is written."""
+def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None = None) -> list[Entry]:
+    """Parse and check a plan; raises BadInput (one line) on the first problem. Nothing runs or is written.
+    With `only`, just those entries are returned and planned (the others' keys and names are still checked);
+    an entry whose needs this machine lacks comes back with `skip` saying why instead of refusing the plan."""
     from .execute import NOTEBOOKS, notebook_parameters
     from .experiments import EXPERIMENTS
     from .experiments import plan as plan_experiment
+    from .params import Missing
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"plan {path} does not exist")
@@ -113,6 +120,11 @@ def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
     unknown_top = sorted(set(plan) - {"entry", "description"})
     if unknown_top:
         raise BadInput(f"plan {path}: unknown top-level key(s) {', '.join(unknown_top)}")
+    if only:
+        names = {e.get("name") for e in raw_entries if isinstance(e, dict)}
+        missing = sorted(set(only) - names)
+        if missing:
+            raise BadInput(f"--only: no entry named {', '.join(missing)} in {path}")
     cuda = _has_cuda() if cuda is None else cuda
     entries, seen = [], set()
     # a notebook that belongs to one experiment only is that experiment (shared ones need `experiment`)
@@ -181,17 +193,19 @@ def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
             if unknown:
                 raise BadInput(f"{where}: {nb.name} has no parameter(s) {', '.join(unknown)}; it has {', '.join(sorted(known))}")
         params = {k: (",".join(map(str, v)) if isinstance(v, list) else v) for k, v in params.items()}
-        planned = None
-        if exp is not None:
+        planned, skip = None, ""
+        if exp is not None and (not only or name in only):
             try:
                 planned = plan_experiment(exp, params)
+            except Missing as ex:          # this machine lacks what it needs: skipped, the rest still run
+                skip = str(ex)
             except BadInput as ex:
                 raise BadInput(f"{where}: {ex}") from None
         timeout = e.get("timeout_s")
         if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
             raise BadInput(f"{where}: timeout_s must be a positive whole number of seconds")
-        entries.append(Entry(name, nb, params, exp, planned, "", timeout, str(e.get("description", "")), e))
-    return entries
+        entries.append(Entry(name, nb, params, exp, planned, "", timeout, str(e.get("description", "")), e, skip))
+    return [e for e in entries if not only or e.name in only]
 
 
 class _Tee:
@@ -471,12 +485,7 @@ def _logged(echo, path: Path):
 def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "results", only: list[str] | None = None,
              echo=print) -> dict:
     """Run (or resume) a plan into `<root>/nightly-<date>/`; returns the nightly record."""
-    entries = load_plan(plan)
-    if only:
-        missing = sorted(set(only) - {e.name for e in entries})
-        if missing:
-            raise BadInput(f"--only: no entry named {', '.join(missing)} in {plan}")
-        entries = [e for e in entries if e.name in only]
+    entries = load_plan(plan, only=only)
     date = date or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     if not re.match(r"^\d{4}-\d{2}-\d{2}$", date):
         raise BadInput(f"--date {date!r}: expected YYYY-MM-DD")
@@ -524,7 +533,9 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
             record["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             _write_json(rec_path, record)
             done = sum(e.get("status") in DONE for e in record["entries"])
-            echo(f"nightly {date}: finished, {done} of {len(record['entries'])} entries done")
+            skipped = sum(e.get("status") == "skipped" for e in record["entries"])
+            echo(f"nightly {date}: finished, {done} of {len(record['entries'])} entries done"
+                 + (f", {skipped} skipped (needs missing on this machine)" if skipped else ""))
     try:
         from .index import rebuild_index
         rebuild_index(root)
@@ -543,6 +554,14 @@ def _run_entries(entries, night: Path, root: Path, record: dict, by_name: dict, 
             echo(f"[{i}/{len(entries)}] {entry.name}: already done ({_entry_status(out)}), skipped")
             done = json.loads((out / "nightly-entry.json").read_text())
             by_name[entry.name] = {**prev, **done, "skipped_on_resume": True}
+            continue
+        if entry.skip:                  # a need missing on this machine: say so, run the rest
+            echo(f"[{i}/{len(entries)}] {entry.name}: skipped — {entry.skip}")
+            by_name[entry.name] = {"name": entry.name, "experiment": entry.experiment, "status": "skipped",
+                                   "error": entry.skip, "wall_s": 0.0, "folder": None,
+                                   "earlier_attempts": list(prev.get("earlier_attempts", []))}
+            record["entries"] = [by_name[n] for n in order if n in by_name]
+            _write_json(rec_path, record)
             continue
         attempts = list(prev.get("earlier_attempts", []))
         if out.exists():
@@ -578,21 +597,26 @@ def _run_entries(entries, night: Path, root: Path, record: dict, by_name: dict, 
 
 
 def cmd_nightly(a) -> int:
+    only = [n.strip() for n in a.only.split(",") if n.strip()] if a.only else None
     if a.dry_run:
-        for e in load_plan(a.plan):
+        for e in load_plan(a.plan, only=only):
             what = f"pytest {e.tests}" if e.tests else f"{e.experiment or '-'} {e.notebook.name} {e.parameters or '(defaults)'}"
-            print(f"{e.name}: {what}"
-                  + (f" timeout {e.timeout_s} s" if e.timeout_s else ""))
+            print(f"{e.name}: " + (f"skipped here — {e.skip}" if e.skip else what
+                                   + (f" timeout {e.timeout_s} s" if e.timeout_s else "")))
         return 0
-    rec = run_plan(a.plan, a.date, a.root, only=a.only.split(",") if a.only else None)
-    bad = [e for e in rec.get("entries", []) if e.get("status") not in DONE]
+    rec = run_plan(a.plan, a.date, a.root, only=only)
+    for e in rec.get("entries", []):
+        if e.get("status") == "skipped":
+            print(f"  skipped {e['name']}: {e.get('error')}")
+    bad = [e for e in rec.get("entries", []) if e.get("status") not in DONE + ("skipped",)]
     night = Path(a.root) / f"nightly-{rec['date']}"
     if rec.get("stopped"):
         st = rec["stopped"]
         print(f"labkit: nightly {rec['date']} stopped by {st['signal']}; not done: {', '.join(st['not_done']) or 'none'}; "
               f"record {night / 'nightly.json'}; run the same command again to resume", file=sys.stderr)
         return 128 + int(signal.Signals[st["signal"]])
-    print(f"nightly {rec['date']}: {len(rec['entries']) - len(bad)} of {len(rec['entries'])} entries done; "
+    done = sum(e.get("status") in DONE for e in rec.get("entries", []))
+    print(f"nightly {rec['date']}: {done} of {len(rec['entries'])} entries done; "
           f"record {night / 'nightly.json'}; index {Path(a.root) / 'index.html'}")
     for e in bad:
         print(f"  FAILED {e['name']}: {e.get('error')} (see {night / e['name'] / 'error.txt'})")

@@ -35,14 +35,16 @@ METRIC_COLUMNS = ["run_id", "experiment", "status", "error", "device", "gpu_name
 REPO = Path(__file__).resolve().parent.parent
 
 
-def git_sha() -> str:
+def git_sha(repo: Path = REPO) -> str:
+    """The commit's short sha, `-dirty` when tracked code differs from it. Changes under results/ do not
+    count: runs write there (a run folder, a report redrawn), and "dirty" must mean the code changed."""
     if envs.get("LABKIT_GIT_SHA"):      # a copy of the tree without .git (e.g. a GPU host session)
         return envs.get("LABKIT_GIT_SHA")
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=5)
         sha = out.stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
+                               cwd=repo, capture_output=True, text=True, timeout=5).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except Exception:
         return "unknown"
