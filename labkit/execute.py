@@ -259,6 +259,7 @@ def _draw_what_was_measured(exp, out: Path) -> None:
     except (Exception, KeyboardInterrupt) as ex:       # the stopped notebook stays; the report says --rerun
         if keep.is_file():
             keep.replace(nb)
+        drop_broken_notebook(nb)        # a copy or redraw cut off (a full disk): whole or absent
         print(f"labkit: figures not drawn ({error_line(ex)})", file=sys.stderr, flush=True)
 
 

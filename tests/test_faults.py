@@ -244,5 +244,5 @@ def test_a_truncated_manifest_is_listed_as_unreadable(tmp_path, capsys):
     st = dict(zip(df["run_id"], df["status"]))
     assert st == {"good": "ok", "cut": "unreadable"}
     assert main(["runs", "--root", str(tmp_path)]) == 0
-    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("cut"))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.split() and Path(ln.split()[0]).name == "cut")
     assert "unreadable" in line and "manifest.json unreadable" in line

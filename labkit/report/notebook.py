@@ -88,8 +88,11 @@ def _where(cell) -> str:
 def ran_to_the_end(run_dir: str | Path) -> bool:
     """Did the folder's executed notebook(s) run every cell (no error output): are its figures drawn?"""
     nbs = executed_notebooks(run_dir)
-    return bool(nbs) and not any(o.get("output_type") == "error" for p in nbs
-                                 for c in nbformat.read(p, as_version=4).cells for o in c.get("outputs", []))
+    try:
+        return bool(nbs) and not any(o.get("output_type") == "error" for p in nbs
+                                     for c in nbformat.read(p, as_version=4).cells for o in c.get("outputs", []))
+    except (OSError, nbformat.reader.NotJSONError, ValueError):     # cut off (a full disk): not drawn
+        return False
 
 
 def mark_stopped(nb, run_dir: Path) -> bool:
