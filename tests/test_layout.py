@@ -142,3 +142,12 @@ def test_the_model_does_not_import_the_drivers():
             assert not any(t.startswith(("labkit.engine.drive", "labkit.experiments", "labkit.bench")) for t in targets), m
         if m.startswith("labkit.engine.transfer"):
             assert not any(t.startswith(("labkit.engine.drive", "labkit.experiments")) for t in targets), m
+
+
+def test_the_readme_code_map_names_every_folder_and_top_level_module():
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("## Code map"):text.index("## What a run folder holds")]
+    missing = [f.name for f in PKG.glob("*.py") if f.stem not in ("__init__", "__main__") and f.name not in block]
+    missing += [f"{d.relative_to(REPO)}/" for d in [*PKG.iterdir(), *(PKG / "engine").iterdir()]
+                if d.is_dir() and d.name not in ("__pycache__", "engine") and f"{d.name}/" not in block]
+    assert not missing, missing
