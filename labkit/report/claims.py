@@ -36,6 +36,7 @@ Runs that settle rows are picked up from `docs/runs.toml` (`[runs]`) by name, wi
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -677,9 +678,32 @@ def summary_block(claims: list[Claim]) -> str:
             "([the claims card](docs/claims.md), [notebook](notebooks/claims.ipynb)).\n\n" + "\n".join(lines))
 
 
+def link_rate_block() -> str:
+    """The cost model's transfer term at emulated link rates: predicted against measured zero_copy steps, per
+    rate (worst and median error over the points), and the 1M points at the PCIe 4.0 rate when committed."""
+    lines = ["| run | link (target → measured) | points | measured step (ms) | predicted / measured: median | worst | within 10% |",
+             "|---|---|---|---|---|---|---|"]
+    for key in ("link_rate", "link_1m"):
+        run = _run(key)
+        if not run:
+            continue
+        d = _metrics(run)
+        if "predicted_step_ms" not in d:
+            continue
+        d = d.dropna(subset=["predicted_step_ms"])
+        for rate, g in d.groupby("link_gbps"):
+            err = g["predicted_step_ms"] / g["step_ms_median"] - 1
+            meas = g["link_gbps_at_load"] if "link_gbps_at_load" in g else g["link_gbps_measured"]
+            pts = ", ".join(f"{int(c)}×{_ctx(x)}/b{int(b)}" for c, x, b in zip(g["concurrency"], g["context_len"], g["budget"]))
+            lines.append(f"| [`{Path(run).name}`](../{run}) | {rate:g} → {meas.min():.1f}–{meas.max():.1f} GB/s | "
+                         f"{len(g)} ({pts}) | {g['step_ms_median'].min():.2f}–{g['step_ms_median'].max():.2f} | "
+                         f"{err.median():+.1%} | {err.loc[err.abs().idxmax()]:+.1%} | {int((err.abs() <= LINK_CHECK_TOLERANCE).sum())} of {len(g)} |")
+    return "\n".join(lines) if len(lines) > 2 else "(no link-rate run committed: `link_rate` in docs/runs.toml)"
+
+
 def blocks() -> dict[str, str]:
     claims = card()
-    return {"claims": claims_block(claims), "claims-summary": summary_block(claims)}
+    return {"claims": claims_block(claims), "claims-summary": summary_block(claims), "link-rate": link_rate_block()}
 
 
 # ---- the card, drawn ----------------------------------------------------------------------------------------
