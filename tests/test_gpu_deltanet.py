@@ -7,7 +7,7 @@ import torch
 
 from labkit.engine import HybridModel
 from labkit.engine.model import deltanet_step as D
-from labkit.engine.model import forward
+from labkit import envs
 from labkit.engine.model.layers import DeltaNetLayer
 
 from decode_util import MID, REF, teacher_forced_logits
@@ -37,14 +37,17 @@ def test_mix_kernel_matches_torch_definition_on_reference_shape(B):
         assert torch.equal(conv, conv2)
 
 
-def test_logits_with_fused_mixer_equal_unfused_over_64_steps(monkeypatch):
+def test_logits_with_fused_mixer_equal_unfused_over_64_steps():
     """Each step's input tokens are set (teacher forcing), so a near-tie flipping an argmax cannot send
     the two runs down different paths; the state accumulates over the 64 steps in both."""
     model = HybridModel(MID, "cuda", seed=5)
     logits = {}
     for fused in (False, True):
-        monkeypatch.setattr(forward, "FUSED_MIX", fused)
-        logits[fused] = teacher_forced_logits(model)
+        before = envs.apply({"dn_fused": fused})      # the engine switch, as a decode parameter sets it
+        try:
+            logits[fused] = teacher_forced_logits(model)
+        finally:
+            envs.apply(before)
     a, b = logits[False], logits[True]
     rel = ((a - b).norm(dim=-1) / a.norm(dim=-1))           # per step and request
     # bf16 noise between two rounding orders of the mixer, carried through 8 layers: measured on an H200
