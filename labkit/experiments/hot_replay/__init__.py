@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...shapes import REFERENCE_BUDGET
-from ...params import BadInput, Param, Plan, resolve
+from ...params import OUT_DIR, BadInput, Param, Plan, resolve
 
 NAME = "hot_replay"
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -20,7 +20,7 @@ SPEC = [
     Param("capacity_x", "list[float]", [0.5, 1.0, 1.5, 2.0, 3.0], "hot-cache capacities, in budgets"),
     Param("policies", "list[str]", ["lru", "lfu", "lrfu"], "eviction policies"),
     Param("shape", "str", "qwen3.8-flash-next", "model shape whose layers the traces are spread over"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    OUT_DIR,
 ]
 
 

@@ -6,14 +6,14 @@ every result checked against the rows it should hold. Code: `labkit.experiments.
 from __future__ import annotations
 
 from ...shapes import REFERENCE_BUDGET
-from ...params import BadInput, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan
 from .. import for_this_machine
 
 NAME = "pulse_blocks"
 
 SPEC = [
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    SHAPE,
+    DEVICE,
     Param("context", "int", "auto", "tokens a request's selection is drawn from (auto: 64K on CUDA, 4K on CPU)"),
     Param("budget", "int", "auto", "rows selected per request and QSA layer (auto: 2048 on CUDA, 256 on CPU)"),
     Param("blocks", "list[int]", [16], "positions per selected block (1: per token)"),
@@ -22,8 +22,8 @@ SPEC = [
     Param("threads", "int", 0, "CPU gather threads (0: all cores)"),
     Param("chunk_bytes", "int", 8 << 20, "coalesced pipeline: bytes gathered per copy"),
     Param("dma_split", "list[int]", [128, 512], "batched DMA split into calls of N units (one variant each)"),
-    Param("seed", "int", 0, "selections"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    SEED.but(help="selections"),
+    OUT_DIR,
 ]
 AUTO = {"cuda": dict(shape="qwen3.8-flash-next", context=64 << 10, budget=REFERENCE_BUDGET, repeats=20),
         "cpu": dict(shape="tiny", context=4096, budget=256, repeats=3)}

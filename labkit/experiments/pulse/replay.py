@@ -6,14 +6,14 @@ constants are chosen on calibration windows and reported on the others. Code: `l
 from __future__ import annotations
 
 from ...engine.transfer import strategy_params
-from ...params import Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from .. import checked
 
 NAME = "pulse"
 
 SPEC = [
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
+    DEVICE,
+    SHAPE,
     Param("trace", "str", "", "Mooncake-format trace (empty: the trace's first 1,000 requests, labkit/data)"),
     Param("windows", "int", 8, "disjoint windows of window_size consecutive trace requests, from the first"),
     Param("window_size", "int", "auto", "requests per window (auto: 32 on CUDA, 4 on CPU)"),
@@ -56,8 +56,8 @@ SPEC = [
     Param("compile", "bool", False, "torch.compile the block pieces (CUDA; one compile per batch size seen)"),
     Param("transport", "str", "http", "http: labkit serve + the load generator; inprocess: the scheduler's own "
           "clock, no server (a GPU host without fastapi/uvicorn/httpx); auto: http when importable"),
-    Param("seed", "int", 0, "model weights"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    SEED.but(help="model weights"),
+    OUT_DIR,
 ]
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
-from ...params import BadInput, Param, Plan, check_positive
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan, check_positive
 from .. import for_this_machine
 
 NAME = "pulse_scaling"
 
 SPEC = [
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    SHAPE,
+    DEVICE,
     Param("context", "int", "auto", "tokens per request (auto: 1M on CUDA, 1K on CPU)"),
     Param("requests", "list[int]", "auto", "request counts (auto: 1,2,4,6,8,12,16 on CUDA, 1,2,4 on CPU)"),
     Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 64 on CPU)"),
@@ -24,8 +24,8 @@ SPEC = [
     Param("compile", "bool", False, "torch.compile the block pieces (one compile per batch size)"),
     Param("select_block", "int", 1, "select whole aligned blocks of N positions"),
     *strategy_params(),
-    Param("seed", "int", 0, "weights and cache contents"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    SEED,
+    OUT_DIR,
 ]
 AUTO = {"cuda": dict(shape="qwen3.8-flash-next", context=1 << 20, requests=[1, 2, 4, 6, 8, 12, 16], budget=REFERENCE_BUDGET,
                      page_size=256),

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
-from ...params import BadInput, Param, Plan, check_positive
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan, check_positive
 from .. import for_this_machine
 
 NAME = "pulse_switch"
 
 SPEC = [
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    SHAPE,
+    DEVICE,
     Param("contexts", "list[int]", "auto", "offloaded batch's context (auto: 64K on CUDA, 1K on CPU)"),
     Param("offload_batches", "list[int]", [4], "requests in the offloaded batch"),
     Param("normal_batch", "int", 4, "requests in the resident batch"),
@@ -27,8 +27,8 @@ SPEC = [
     Param("select_block", "int", 1, "the offloaded batch selects whole aligned blocks of N positions"),
     Param("compute_ref", "bool", True, "also time the offloaded batch with its rows on the device (the bound)"),
     *strategy_params(),
-    Param("seed", "int", 0, "weights and cache contents"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    SEED,
+    OUT_DIR,
 ]
 AUTO = {"cuda": dict(shape="qwen3.8-flash-next", contexts=[64 << 10], normal_context=8 << 10, budget=REFERENCE_BUDGET),
         "cpu": dict(shape="tiny", contexts=[1024], normal_context=256, budget=64)}
