@@ -559,8 +559,8 @@ def headline(m, p: dict) -> list[str]:
         conc = int(at["concurrency"].max())
         at = at[at["concurrency"] == conc]
         per = at.groupby("strategy", sort=False)["tok_s"].max()
-        lines.append(f"decode at {ctx} tokens, {conc} request(s): "
-                     + ", ".join(f"{s} {v:,.0f} tok/s" for s, v in per.items()))
+        lines.append(f"at {ctx} tokens x {conc} request(s): " + ", ".join(f"{s} {v:,.0f}" for s, v in per.items())
+                     + " tok/s")
     pre = m[(m["experiment"] == "prefill") & (m["status"] == "ok")]
     if len(pre):
         r = pre.loc[pre["context_len"].idxmax()]
