@@ -31,4 +31,4 @@ def plan(given: dict) -> Plan:
 
 def run(plan: Plan, progress_bar: bool = True):
     from . import measure as prefill
-    return prefill.run(dict(plan.params), progress=print if progress_bar else (lambda *a: None))
+    return prefill.run(dict(plan.params), progress_bar=progress_bar)
