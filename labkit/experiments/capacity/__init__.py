@@ -44,4 +44,4 @@ def plan(given: dict) -> Plan:
 
 def run(plan: Plan, progress_bar: bool = True):
     from . import measure as capacity
-    return capacity.run(dict(plan.params), progress=print if progress_bar else (lambda *a: None))
+    return capacity.run(dict(plan.params), progress_bar=progress_bar)
