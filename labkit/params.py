@@ -67,8 +67,9 @@ class Param:
 
 
 def _is_auto(value: Any) -> bool:
-    return isinstance(value, str) and value == "auto" or (not isinstance(value, bool) and value == 0
-                                                          and isinstance(value, (int, float)))
+    """"auto", "" or a number 0: what a parameter with declared `auto` values leaves to the machine."""
+    return isinstance(value, str) and value in ("auto", "") or (not isinstance(value, bool) and value == 0
+                                                               and isinstance(value, (int, float)))
 
 
 def check_declared(spec: list[Param], values: Mapping[str, Any]) -> None:
