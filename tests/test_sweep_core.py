@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from labkit.experiments import sweep
+from labkit import sweep
 from labkit.params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, check_declared, fill_auto, resolve
 from labkit.results import load_run
 

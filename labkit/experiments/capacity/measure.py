@@ -46,7 +46,7 @@ from ...engine.model.prefill_buffers import rotating_buffer_bytes
 from ...results import Run
 from ...shapes import ModelShape
 from ...params import BadInput, check_positive, gib, resolve_device
-from .. import sweep
+from ... import sweep
 from ..prefill.measure import apply_cap, check_cap
 
 EXPERIMENT = "capacity"

@@ -34,7 +34,7 @@ from ...stats import spread
 from ...telemetry import Sampler
 from ...params import BadInput, check_positive, gib, one_line, resolve_device
 from ..probe.measure import hbm_read_gbps, run_probe
-from .. import sweep
+from ... import sweep
 from ...engine.drive.runner import DecodeRunner
 
 EXPERIMENT = "decode"

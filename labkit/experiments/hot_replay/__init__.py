@@ -55,7 +55,7 @@ def plan(given: dict) -> Plan:
 
 def run(plan: Plan, progress_bar: bool = True):
     from .measure import headline, replay_sweep, summary_markdown
-    from .. import sweep
+    from ... import sweep
     p = dict(plan.params)
     run = sweep.open_run(p, NAME)
 

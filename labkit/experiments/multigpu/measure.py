@@ -34,7 +34,7 @@ from ..decode import measure as decode
 from ...shapes import REFERENCE_BUDGET
 from ...params import BadInput, check_positive, resolve_device
 from ..probe.measure import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
-from .. import sweep
+from ... import sweep
 
 EXPERIMENT = "multigpu"
 AUTO_CONTEXT = {"cuda": [64 << 10, 1 << 20], "cpu": [256, 1024]}

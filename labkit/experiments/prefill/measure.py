@@ -32,8 +32,8 @@ from ...engine.model.prefill_buffers import rotating_buffer_bytes
 from ...results import Run
 from ...shapes import ModelShape
 from ...params import BadInput, check_positive, gib, resolve_device
-from .. import sweep
-from ..sweep import sync
+from ... import sweep
+from ...sweep import sync
 
 EXPERIMENT = "prefill"
 MODES = {"resident": ("resident", "sync"), "sync": ("zero_copy", "sync"), "rotating": ("zero_copy", "rotating")}

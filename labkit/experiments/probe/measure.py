@@ -34,7 +34,7 @@ from ...engine.model.kv import KVPool
 from ...engine.transfer import HostGather, PerRow, Resident, ZeroCopy
 from ...stats import spread
 from ...params import BadInput, check_positive, resolve_device
-from ..sweep import event_ms
+from ...sweep import event_ms
 
 EXPERIMENT = "probe"
 ROW_BYTES, LAYERS, BUDGET = 2048, 12, 2048
@@ -322,7 +322,7 @@ def headline(m) -> list[str]:
 def run(p: dict, progress_bar: bool = True):
     """A run folder with the probe rows and telemetry (checked parameters: `experiments.probe`)."""
     from ...telemetry import Sampler
-    from .. import sweep
+    from ... import sweep
     dev = resolve_device(p["device"])
     run = sweep.open_run(p, EXPERIMENT)
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": "qwen3.8-flash-next"}

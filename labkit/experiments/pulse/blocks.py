@@ -43,7 +43,7 @@ def plan(given: dict) -> Plan:
 
 def run(plan: Plan, progress_bar: bool = True):
     from .blocks_measure import block_probe, headline
-    from .. import sweep
+    from ... import sweep
     from ...shapes import ModelShape
     p = dict(plan.params)
     run = sweep.open_run(p, NAME)

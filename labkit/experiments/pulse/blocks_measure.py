@@ -45,7 +45,7 @@ import torch
 from ...engine.transfer.coalesced import CoalescedLoader
 from ...engine.model.gather import gather_rows
 from ...shapes import ModelShape
-from ..sweep import event_ms
+from ...sweep import event_ms
 
 WORD = 8
 

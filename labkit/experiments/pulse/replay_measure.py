@@ -293,7 +293,7 @@ def run(p: dict, progress_bar: bool = False):
 
     from ...engine.model.hybrid import HybridModel
     from ...serving.workload import load_trace
-    from .. import sweep
+    from ... import sweep
     from ...shapes import ModelShape
     from ...stats import windows as W
     t0 = time.monotonic()

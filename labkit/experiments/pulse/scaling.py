@@ -51,7 +51,7 @@ def run(plan: Plan, progress_bar: bool = True):
     import pandas as pd
 
     from .scaling_measure import headline, scaling
-    from .. import sweep
+    from ... import sweep
     from ...engine.transfer import setting_names
     from ...shapes import ModelShape
     p = dict(plan.params)

@@ -28,7 +28,7 @@ import sys
 import torch
 
 from ...params import BadInput
-from ..sweep import failed_row, wall_ms
+from ...sweep import failed_row, wall_ms
 
 
 # ------------------------------------------------------------------------------------------ the bound

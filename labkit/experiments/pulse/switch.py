@@ -53,7 +53,7 @@ def run(plan: Plan, progress_bar: bool = True):
     import pandas as pd
 
     from .switch_measure import headline, switching_point
-    from .. import sweep
+    from ... import sweep
     from ...shapes import ModelShape
     from ...engine.transfer import setting_names
     p = dict(plan.params)

@@ -29,7 +29,7 @@ from ...engine.drive.dispatch import warm_up
 from ...engine.drive.runner import DecodeState
 from ...engine.drive.switching import Loader, Timeline, capture_pieces, replay, replay_inline, sequential_round, switched_round
 from ...shapes import ModelShape
-from ..sweep import wall_ms
+from ...sweep import wall_ms
 
 
 def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False, select_block=1, settings=None):

@@ -1,5 +1,6 @@
-"""The sweep core every experiment measures through: the grid of points, the run folder, the failed-row rule,
-the progress bar, the two timers and the closing summary lines.
+"""The sweep core every experiment measures through: the grid of points, the run folder, the failed-row
+rule, the progress bar, the two timers and the closing summary lines. It sits below the experiments (it
+imports params, results, progress and stats only), so quality, cross-model and serving use it too.
 
 - `grid(**axes)`: every combination of the axes as dicts, the last axis varying fastest (nested loops'
   order, so the rows come out as the hand-written loops made them).
@@ -19,7 +20,7 @@ import itertools
 import time
 from typing import Any, Callable, Iterator
 
-from ..params import one_line
+from .params import one_line
 
 
 # ---------------------------------------------------------------------------------------------- points
@@ -33,7 +34,7 @@ def grid(**axes) -> list[dict]:
 def open_run(p: dict, experiment: str, params: dict | None = None):
     """The run folder of checked parameters `p`: `p["out_dir"]`, or `results/<run id>` when it is empty;
     `params`: what the manifest records, when not `p` itself."""
-    from ..results import Run
+    from .results import Run
     return Run.create(p.get("out_dir") or None, experiment, dict(p if params is None else params))
 
 
@@ -93,7 +94,7 @@ def bar(total: int, desc: str, enabled: bool = True):
     `set_postfix_str()` for the point being measured). `enabled=False`: nothing is printed."""
     if not enabled:
         return _Silent()
-    from ..progress import progress
+    from .progress import progress
     return progress(total=total, desc=desc)
 
 
@@ -194,7 +195,7 @@ def event_ms(fn: Callable[[], Any], n: int, dev, warmup: int = 0, mode: str = "i
 def timed(fn: Callable[[], Any], n: int, dev, warmup: int = 1, timer: str = "event", **options):
     """`n` timed calls after `warmup` as a `labkit.stats.Spread` (median, min, max, n) in ms; `timer`:
     "event" (`event_ms`) or "wall" (`wall_ms`)."""
-    from ..stats import spread
+    from .stats import spread
     if timer == "wall":
         return spread(wall_ms(fn, n, dev, warmup))
     return spread(event_ms(fn, n, dev, warmup, **options))
