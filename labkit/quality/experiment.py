@@ -28,7 +28,7 @@ import time
 
 from labkit import lazy
 
-from labkit.params import BadInput, one_line, resolve_device
+from labkit.params import BadInput, resolve_device
 
 pd = lazy.module("pandas")
 
