@@ -33,6 +33,7 @@ class Param:
     (or 0) takes per device type ({"cuda": ..., "cpu": ...}), decided when the plan is made."""
     name: str
     kind: str                      # "str", "int", "float", "bool", "list[str]", "list[int]", "list[float]"
+                                   # ("table": a file's sub-table, `check_table` only)
     default: Any
     help: str
     choices: "tuple | Callable[[], Any]" = ()
@@ -89,6 +90,34 @@ def fill_auto(spec: list[Param], values: dict, device_type: str) -> dict:
             values[p.name] = p.auto[device_type]
     check_declared(spec, values)
     return values
+
+
+_TOML_TYPES = {"str": (str, "a string"), "int": (int, "a whole number"), "float": ((int, float), "a number"),
+               "bool": (bool, "true or false"), "table": (dict, "a table of name = value")}
+
+
+def check_table(spec: list[Param], table: Mapping[str, Any], where: str) -> dict:
+    """A table read from a file (TOML, JSON) against `spec`: unknown keys refused, each value of its declared
+    type as the file gives it (no parsing of strings: `timeout_s = "10"` is refused), then the declared checks.
+    Returns the table with defaults for what it leaves out; every problem is one BadInput line after `where`."""
+    names = {p.name: p for p in spec}
+    extra = sorted(set(table) - set(names))
+    if extra:
+        raise BadInput(f"{where}: unknown key(s) {', '.join(extra)}; it takes {', '.join(sorted(names))}")
+    out = {}
+    for p in spec:
+        if p.name not in table:
+            out[p.name] = p.default
+            continue
+        v = table[p.name]
+        types, what = _TOML_TYPES[p.kind]
+        if not isinstance(v, types) or (isinstance(v, bool) and p.kind != "bool"):
+            raise BadInput(f"{where}: `{p.name}` must be {what}, got {v!r}")
+        why = p.problem(v)
+        if why:
+            raise BadInput(f"{where}: {why}")
+        out[p.name] = v
+    return out
 
 
 # The parameters most experiments take, declared once (`.but(help=...)` where one means something more).

@@ -78,3 +78,17 @@ def test_declared_checks_are_one_line():
     with pytest.raises(BadInput):
         check_declared(spec, {"mode": "z"})
     assert SEED.but(help="selections").help == "selections" and SEED.help == "weights and cache contents"
+
+
+def test_a_files_table_is_checked_against_its_spec():
+    from labkit.params import check_table
+    spec = [Param("name", "str", None, ""), Param("timeout_s", "int", None, "", gt=0), Param("cpu", "table", {}, "")]
+    assert check_table(spec, {"name": "a"}, "entry") == {"name": "a", "timeout_s": None, "cpu": {}}
+    for table, message in [({"retries": 3}, "entry: unknown key(s) retries; it takes cpu, name, timeout_s"),
+                           ({"timeout_s": "10"}, "entry: `timeout_s` must be a whole number, got '10'"),
+                           ({"timeout_s": True}, "entry: `timeout_s` must be a whole number, got True"),
+                           ({"timeout_s": 0}, "entry: timeout_s must be > 0, got 0"),
+                           ({"cpu": 4}, "entry: `cpu` must be a table of name = value, got 4")]:
+        with pytest.raises(BadInput) as ex:
+            check_table(spec, table, "entry")
+        assert str(ex.value) == message
