@@ -10,8 +10,8 @@ NAME = "probe"
 
 SPEC = [
     DEVICE,
-    Param("pool_gib", "float", 0.0, "host pool to gather from (0: 24 GiB on CUDA, 0.25 on CPU)"),
-    Param("repeats", "int", 20, "timed calls per measurement (interleaved rounds)"),
+    Param("pool_gib", "float", 0.0, "host pool to gather from (0: 24 GiB on CUDA, 0.25 on CPU)", ge=0),
+    Param("repeats", "int", 20, "timed calls per measurement (interleaved rounds)", gt=0),
     OUT_DIR,
 ]
 
