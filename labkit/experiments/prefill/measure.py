@@ -31,39 +31,29 @@ from ...engine import Engine, HybridModel, OffloadCache, get_strategy
 from ...engine.model.prefill_buffers import rotating_buffer_bytes
 from ...results import Run
 from ...shapes import ModelShape
-from ...params import BadInput, check_positive, gib, resolve_device
+from ...params import BadInput, check_positive, fill_auto, gib, resolve_device
 from ... import sweep
 from ...sweep import sync
 
 EXPERIMENT = "prefill"
 MODES = {"resident": ("resident", "sync"), "sync": ("zero_copy", "sync"), "rotating": ("zero_copy", "rotating")}
 
-AUTO = {"cuda": {"shape": "qwen3.8-flash-next", "context_lens": [248 << 10]},
-        "cpu": {"shape": "tiny", "context_lens": [512]}}
-
-
 def check(p: dict) -> dict:
     """Validate resolved parameters and decide the "auto" ones; BadInput (one line) before anything is
     allocated. Returns the parameters a plan records."""
+    from . import SPEC
     p = dict(p)
     dev = resolve_device(p["device"])
-    auto = AUTO[dev.type]
-    for k in ("shape", "context_lens"):
-        if p[k] == "auto":
-            p[k] = auto[k]
+    fill_auto(SPEC, p, dev.type)          # "auto" per device, then the declared bounds and choices
     p["device"] = str(dev)
     try:
         shape = ModelShape.from_name(p["shape"])
     except ValueError as ex:
         raise BadInput(str(ex)) from None
-    bad = [m for m in p["modes"] if m not in MODES]
-    if bad or not p["modes"]:
-        raise BadInput(f"unknown prefill mode {bad[0] if bad else '(none)'}: choose from {', '.join(MODES)}")
-    check_positive("context_lens", p["context_lens"] or [0])
-    if p["chunk"] == 0:
-        p["chunk"] = 8192 if dev.type == "cuda" else 64
-    check_positive("chunk", [p["chunk"]])
-    if p["tail_tokens"] < 0 or any(p["tail_tokens"] >= n for n in p["context_lens"]):
+    if not p["modes"]:
+        raise BadInput(f"modes: none given; choose from {', '.join(MODES)}")
+    check_positive("context_lens", p["context_lens"] or [0])     # none given
+    if any(p["tail_tokens"] >= n for n in p["context_lens"]):
         raise BadInput(f"tail_tokens={p['tail_tokens']} must be >= 0 and below every context length")
     check_cap(p["mem_cap_gib"], shape, dev)
     return p
