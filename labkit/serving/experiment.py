@@ -471,7 +471,7 @@ def closing_lines(m: pd.DataFrame) -> list[str]:
     for strategy, g in ok.groupby("strategy", sort=False):
         key = [c for c in ("context_len", "concurrency") if c in g and g[c].notna().any()]
         top = g.sort_values(key).iloc[-1] if key else g.iloc[-1]
-        where = ", ".join(f"{c} {int(top[c])}" for c in key)
+        where = ", ".join(f"{int(top[c])} {'prompt tokens' if c == 'context_len' else 'in flight'}" for c in key)
         lines.append(f"{strategy} at {where}: TTFT {top['ttft_ms_median']:.0f} ms, TPOT {top['tpot_ms_median']:.1f} ms, "
                      f"{top['output_throughput']:.1f} tok/s out")
     failed = int((m["status"] == "failed").sum())
