@@ -77,7 +77,7 @@ def plan(given: dict) -> Plan:
     def check():          # the measuring module, imported once the parameters resolved
         from .replay_measure import check
         return check
-    return checked(NAME, SPEC, given, check)
+    return checked(NAME, SPEC, given, check, declared=SPEC)      # its "auto" values are decided there
 
 
 def run(plan: Plan, progress_bar: bool = True):

@@ -44,11 +44,10 @@ TRACE = Path(__file__).resolve().parents[2] / "data" / "mooncake-conversation-fi
 RESUME_FREE = {"out_dir", "resume", "deadline_s", "trace"}
 
 
-def _params(given: dict) -> dict:
-    from .replay import SPEC
+def _params(given: dict, spec: list) -> dict:
     p = dict(given)
     dev = resolve_device(p["device"])
-    fill_auto(SPEC, p, dev.type)        # each "auto" for this device, then the declared bounds and choices
+    fill_auto(spec, p, dev.type)        # each "auto" for this device, then the declared bounds and choices
     p["trace"] = p["trace"] or str(TRACE)
     if p["calibration_windows"] > 0 and not (p["thresholds"] or p["adaptive_min_tokens"] and p["adaptive_hide"]):
         raise BadInput("calibration windows need candidates: thresholds, or adaptive_min_tokens with adaptive_hide")
@@ -88,14 +87,15 @@ def _params(given: dict) -> dict:
     return p
 
 
-def check(given: dict) -> dict:
+def check(given: dict, declared: list) -> dict:
     """Validate resolved parameters, the trace and its windows included, find the run to resume, and decide
-    the "auto" ones, before anything is allocated (one line on bad input)."""
+    the "auto" ones, before anything is allocated (one line on bad input). `declared`: the experiment's SPEC (its
+    declared per-device values and bounds), handed over by `plan` so this module need not import it."""
     import hashlib
 
     from ...serving.workload import load_trace
     from ...stats.windows import window_bounds
-    p = _params(given)
+    p = _params(given, declared)
     rows = load_trace(p["trace"])
     window_bounds(len(rows), p["windows"], p["window_size"], p["calibration_windows"])
     for i, r in enumerate(rows[:p["windows"] * p["window_size"]]):
