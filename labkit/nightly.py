@@ -59,11 +59,24 @@ except ModuleNotFoundError:     # Python 3.10
     import tomli as tomllib
 
 from . import envs
-from .params import BadInput
+from .params import BadInput, Param, check_table
 from .results import REPO
 
 DEFAULT_PLAN = REPO / "nightly" / "plan.toml"
-ENTRY_KEYS = {"name", "experiment", "notebook", "tests", "parameters", "cpu", "cuda", "timeout_s", "description"}
+# A plan entry's keys, declared as an experiment's parameters are (types as TOML gives them, bounds checked
+# by `params.check_table`); what the entry runs is then checked by that experiment's own SPEC.
+ENTRY_SPEC = [
+    Param("name", "str", None, "the entry's folder under the night's folder (letters, digits, _ . -)"),
+    Param("experiment", "str", None, "an experiment of `labkit run --help`"),
+    Param("notebook", "str", None, "a plain notebook with a `parameters` cell"),
+    Param("tests", "str", None, "pytest arguments"),
+    Param("parameters", "table", {}, "parameters on every machine"),
+    Param("cpu", "table", {}, "parameters on a machine without CUDA"),
+    Param("cuda", "table", {}, "parameters on a CUDA machine"),
+    Param("timeout_s", "int", None, "seconds before the entry is stopped", gt=0),
+    Param("description", "str", "", "what the entry is for"),
+]
+ENTRY_KEYS = {p.name for p in ENTRY_SPEC}
 RESERVED = {"out_dir", "run_dir"}       # set by the runner
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DONE = ("ok", "partial")
@@ -104,7 +117,7 @@ def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None
     With `only`, just those entries are returned and planned (the others' keys and names are still checked);
     an entry whose needs this machine lacks comes back with `skip` saying why instead of refusing the plan."""
     from .execute import NOTEBOOKS, notebook_parameters
-    from .experiments import EXPERIMENTS
+    from .experiments import EXPERIMENTS, get
     from .experiments import plan as plan_experiment
     from .params import Missing
     path = Path(path)
@@ -134,6 +147,8 @@ def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None
     by_notebook = {nb: names[0] for nb, names in users.items() if len(names) == 1}
     for i, e in enumerate(raw_entries, start=1):
         where = f"plan {path.name} entry {i}"
+        if not isinstance(e, dict):
+            raise BadInput(f"{where}: not a table")
         name = e.get("name")
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise BadInput(f"{where}: `name` must be a folder-safe word (letters, digits, _ . -), got {name!r}")
@@ -141,24 +156,20 @@ def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None
         if name in seen:
             raise BadInput(f"{where}: name used twice")
         seen.add(name)
-        extra = sorted(set(e) - ENTRY_KEYS)
-        if extra:
-            raise BadInput(f"{where}: unknown key(s) {', '.join(extra)}; an entry has {', '.join(sorted(ENTRY_KEYS))}")
+        check_table(ENTRY_SPEC, e, where)        # keys, their types, timeout_s > 0
         if sum(k in e for k in ("experiment", "notebook", "tests")) != 1:
             raise BadInput(f"{where}: give exactly one of `experiment`, `notebook` or `tests`")
         if "tests" in e:
-            if not isinstance(e["tests"], str) or not e["tests"].strip() or set(e) & {"parameters", "cpu", "cuda"}:
+            if not e["tests"].strip() or set(e) & {"parameters", "cpu", "cuda"}:
                 raise BadInput(f"{where}: `tests` is a string of pytest arguments, and takes no parameters")
-            timeout = e.get("timeout_s")
-            if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
-                raise BadInput(f"{where}: timeout_s must be a positive whole number of seconds")
-            entries.append(Entry(name, Path(str(REPO / "tests")), {}, None, None, e["tests"], timeout,
+            entries.append(Entry(name, Path(str(REPO / "tests")), {}, None, None, e["tests"], e.get("timeout_s"),
                                  str(e.get("description", "")), e))
             continue
         if "experiment" in e:
-            exp = e["experiment"]
-            if exp not in EXPERIMENTS:
-                raise BadInput(f"{where}: unknown experiment {exp!r}: choose from {', '.join(EXPERIMENTS)}")
+            try:
+                exp = get(e["experiment"]).name           # the registry's own line for an unknown name
+            except BadInput as ex:
+                raise BadInput(f"{where}: {ex}") from None
             nb = (NOTEBOOKS / EXPERIMENTS[exp].notebook)
         else:
             nb = _resolve_notebook(str(e["notebook"]), path.parent)
@@ -167,10 +178,7 @@ def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None
             raise BadInput(f"{where}: notebook {nb} is missing")
         params = {}
         for key in ("parameters", "cuda" if cuda else "cpu"):
-            t = e.get(key, {})
-            if not isinstance(t, dict):
-                raise BadInput(f"{where}: `{key}` must be a table of parameter = value")
-            params.update(t)
+            params.update(e.get(key, {}))
         for key in ("parameters", "cpu", "cuda"):     # names in every table are checked, used or not
             names = set(e.get(key, {}) or {})
             reserved = sorted(names & RESERVED)
@@ -201,10 +209,8 @@ def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None
                 skip = str(ex)
             except BadInput as ex:
                 raise BadInput(f"{where}: {ex}") from None
-        timeout = e.get("timeout_s")
-        if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
-            raise BadInput(f"{where}: timeout_s must be a positive whole number of seconds")
-        entries.append(Entry(name, nb, params, exp, planned, "", timeout, str(e.get("description", "")), e, skip))
+        entries.append(Entry(name, nb, params, exp, planned, "", e.get("timeout_s"), str(e.get("description", "")),
+                             e, skip))
     return [e for e in entries if not only or e.name in only]
 
 

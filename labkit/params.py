@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:
     import torch
@@ -27,10 +27,105 @@ class Missing(BadInput):
 
 @dataclass(frozen=True)
 class Param:
+    """One parameter: its name, type, default and help, and the checks it declares (each item of a list is
+    checked): `choices` (names, or a function giving them, called only when a value is checked: the engine's
+    strategies are known after it is imported), `gt` / `ge` / `le` bounds, and `auto`: the value an "auto"
+    (or 0) takes per device type ({"cuda": ..., "cpu": ...}), decided when the plan is made."""
     name: str
     kind: str                      # "str", "int", "float", "bool", "list[str]", "list[int]", "list[float]"
+                                   # ("table": a file's sub-table, `check_table` only)
     default: Any
     help: str
+    choices: "tuple | Callable[[], Any]" = ()
+    gt: float | None = None
+    ge: float | None = None
+    le: float | None = None
+    auto: Mapping[str, Any] | None = None
+
+    def but(self, **changes) -> "Param":
+        """This parameter with some fields changed (another help text, default or bound)."""
+        from dataclasses import replace
+        return replace(self, **changes)
+
+    def problem(self, value: Any) -> str | None:
+        """The one line saying why `value` breaks this parameter's declared checks, or None. "auto" (and the
+        0 that means auto) of a parameter with `auto` defaults are not checked: they are decided later."""
+        if self.auto is not None and _is_auto(value):
+            return None
+        items = value if isinstance(value, list) else [value]
+        names = self.choices() if callable(self.choices) else self.choices
+        for v in items:
+            if names and v not in names:
+                return f"{self.name} must be one of {', '.join(map(str, names))}; got {v!r}"
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                if self.gt is not None and not v > self.gt:
+                    return f"{self.name} must be > {self.gt:g}, got {v}"
+                if self.ge is not None and not v >= self.ge:
+                    return f"{self.name} must be >= {self.ge:g}, got {v}"
+                if self.le is not None and not v <= self.le:
+                    return f"{self.name} must be <= {self.le:g}, got {v}"
+        return None
+
+
+def _is_auto(value: Any) -> bool:
+    """"auto", "" or a number 0: what a parameter with declared `auto` values leaves to the machine."""
+    return isinstance(value, str) and value in ("auto", "") or (not isinstance(value, bool) and value == 0
+                                                               and isinstance(value, (int, float)))
+
+
+def check_declared(spec: list[Param], values: Mapping[str, Any]) -> None:
+    """Every declared check of `spec` over `values`; the first broken one is a BadInput line."""
+    for p in spec:
+        if p.name in values:
+            why = p.problem(values[p.name])
+            if why:
+                raise BadInput(why)
+
+
+def fill_auto(spec: list[Param], values: dict, device_type: str) -> dict:
+    """`values` with every "auto" (or 0) of a parameter that declares `auto` replaced by its value for
+    `device_type` ("cuda" or "cpu"), then every declared check run on the result."""
+    for p in spec:
+        if p.auto is not None and p.name in values and _is_auto(values[p.name]) and device_type in p.auto:
+            values[p.name] = p.auto[device_type]
+    check_declared(spec, values)
+    return values
+
+
+_TOML_TYPES = {"str": (str, "a string"), "int": (int, "a whole number"), "float": ((int, float), "a number"),
+               "bool": (bool, "true or false"), "table": (dict, "a table of name = value")}
+
+
+def check_table(spec: list[Param], table: Mapping[str, Any], where: str) -> dict:
+    """A table read from a file (TOML, JSON) against `spec`: unknown keys refused, each value of its declared
+    type as the file gives it (no parsing of strings: `timeout_s = "10"` is refused), then the declared checks.
+    Returns the table with defaults for what it leaves out; every problem is one BadInput line after `where`."""
+    names = {p.name: p for p in spec}
+    extra = sorted(set(table) - set(names))
+    if extra:
+        raise BadInput(f"{where}: unknown key(s) {', '.join(extra)}; it takes {', '.join(sorted(names))}")
+    out = {}
+    for p in spec:
+        if p.name not in table:
+            out[p.name] = p.default
+            continue
+        v = table[p.name]
+        types, what = _TOML_TYPES[p.kind]
+        if not isinstance(v, types) or (isinstance(v, bool) and p.kind != "bool"):
+            raise BadInput(f"{where}: `{p.name}` must be {what}, got {v!r}")
+        why = p.problem(v)
+        if why:
+            raise BadInput(f"{where}: {why}")
+        out[p.name] = v
+    return out
+
+
+# The parameters most experiments take, declared once (`.but(help=...)` where one means something more).
+OUT_DIR = Param("out_dir", "str", "", "run folder (empty: results/<run-id>)")
+DEVICE = Param("device", "str", "auto", "auto, cpu, cuda, cuda:N")
+SEED = Param("seed", "int", 0, "weights and cache contents")
+SHAPE = Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)",
+              auto={"cuda": "qwen3.8-flash-next", "cpu": "tiny"})
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
@@ -126,7 +221,8 @@ def parse_size(x: Any) -> int:
 
 
 def resolve(spec: list[Param], given: dict, experiment: str) -> dict:
-    """Defaults + given values, unknown names rejected."""
+    """Defaults + given values, unknown names rejected, each value's declared checks run ("auto" ones are
+    checked when `fill_auto` decides them)."""
     names = {p.name: p for p in spec}
     unknown = sorted(set(given) - set(names))
     if unknown:
@@ -135,7 +231,9 @@ def resolve(spec: list[Param], given: dict, experiment: str) -> dict:
         hints = [f"{u} (did you mean {c[0]}?)" if c else u for u, c in close.items()]
         raise BadInput(f"{experiment}: unknown parameter(s) {', '.join(hints)}; `labkit run {experiment} --help` "
                        f"lists its {len(names)}")
-    return {p.name: parse_value(p, given[p.name]) if p.name in given else p.default for p in spec}
+    values = {p.name: parse_value(p, given[p.name]) if p.name in given else p.default for p in spec}
+    check_declared(spec, values)
+    return values
 
 
 def resolve_device(device: str) -> "torch.device":

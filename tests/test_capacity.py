@@ -68,7 +68,7 @@ def test_offloading_both_stages_holds_more_requests_at_24_gib():
     ("capacity", ["-p", "hot_capacity=0"], "capacity"),
     ("capacity", ["-p", "mem_cap_gib=0.002", "-p", "context_len=1M", "-p", "workspace_gib=0"], "no request"),
     ("capacity", ["-p", "mem_cap_gib=-1"], "mem_cap_gib"),
-    ("prefill", ["-p", "modes=resident,async"], "unknown prefill mode async"),
+    ("prefill", ["-p", "modes=resident,async"], "modes must be one of resident, sync, rotating; got 'async'"),
     ("prefill", ["-p", "mem_cap_gib=0.0001"], "weights"),
     ("prefill", ["-p", "context_lens=256", "-p", "tail_tokens=256"], "tail_tokens"),
 ])

@@ -54,7 +54,12 @@ def test_labkit_run_on_cpu(name, tmp_path):
     r = subprocess.run([sys.executable, "-m", "labkit", "run", name, *args, "--out", str(out)], cwd=REPO,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1].endswith("report.html")
+    lines = r.stdout.strip().splitlines()
+    assert lines[-1].endswith("report.html")
+    # what it measured, a few lines, reaches the terminal before the report's path; a bar ran over its points
+    summary = [line for line in lines[:-1] if line.startswith(f"{name}: ")]
+    assert 1 <= len(summary) <= 4 and "no summary" not in summary[0], r.stdout[-2000:]
+    assert re.search(rf"{name}[^\n]*100%\|", r.stderr), r.stderr[-2000:]
     mf = json.loads((out / "manifest.json").read_text())
     assert mf["experiment"] in (name, "xfer") and mf["status"] == "ok", mf.get("status")
     m = pd.read_parquet(out / "metrics.parquet")

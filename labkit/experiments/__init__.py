@@ -81,17 +81,16 @@ def checked(name: str, spec: list[Param], given: dict, load_check, **check_optio
     return Plan(name, {k: v for k, v in p.items() if not k.startswith("_")})
 
 
-def for_this_machine(spec: list[Param], given: dict, name: str, auto: dict[str, dict]) -> dict:
-    """Resolve `given` against `spec`, pick the device, fill every "auto" (or 0) parameter from `auto[device
-    type]` and check the shape exists: the common first half of an engine experiment's `plan`."""
-    from ..params import resolve, resolve_device
+def for_this_machine(spec: list[Param], given: dict, name: str) -> dict:
+    """Resolve `given` against `spec`, pick the device, decide every "auto" (or 0) parameter from its declared
+    per-device value (`Param.auto`), run the declared checks and check the shape exists: the common first half
+    of an engine experiment's `plan`."""
+    from ..params import fill_auto, resolve, resolve_device
     from ..shapes import ModelShape
     p = resolve(spec, given, name)
     dev = resolve_device(p["device"])
     p["device"] = str(dev)
-    for k, v in auto[dev.type].items():
-        if p[k] in ("auto", 0):
-            p[k] = v
+    fill_auto(spec, p, dev.type)
     try:
         ModelShape.from_name(p["shape"])
     except ValueError as ex:

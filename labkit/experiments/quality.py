@@ -5,7 +5,7 @@ intervals over the evaluation sequences, plus the selection traces the engine an
 Code: `labkit.quality.experiment`."""
 from __future__ import annotations
 
-from ..params import Param, Plan
+from ..params import DEVICE, OUT_DIR, SEED, Param, Plan
 from . import checked
 
 NAME = "quality"
@@ -18,7 +18,7 @@ SPEC = [
     Param("policies", "list[str]", ["oracle", "oracle_shared", "indexer", "retrieval_head"], "selection policies"),
     Param("seq_len", "int", 2048, "tokens per evaluation sequence (2K-8K; 2K keeps 48 sequences near 40 min of 2 CPU cores)"),
     Param("n_sequences", "int", 16, "evaluation sequences per corpus, drawn from the eval split (>= 2: intervals are over sequences)"),
-    Param("seed", "int", 0, "seed of the evaluation-sequence draw (recorded; one seed, one set of sequences)"),
+    SEED.but(help="seed of the evaluation-sequence draw (recorded; one seed, one set of sequences)"),
     Param("eval_tokens", "int", 128, "tokens at the end of each sequence decoded sparsely (the rest is dense prefill)"),
     Param("calib_sequences", "int", 2, "calibration sequences per corpus (indexer fit, retrieval heads)"),
     Param("sink_window", "int", 16, "positions at the start kept by retrieval_head and excluded from mid share"),
@@ -30,9 +30,9 @@ SPEC = [
     Param("trace_budgets", "list[int]", [256, 2048], "budgets traced"),
     Param("trace_steps", "int", 32, "greedy decode steps per trace"),
     Param("trace_prompt_len", "int", 8000, "prompt tokens before the traced decode steps"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    DEVICE,
     Param("dtype", "str", "auto", "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    OUT_DIR,
 ]
 
 

@@ -3,7 +3,7 @@ machines): TTFT, TPOT, ITL and E2EL against input length, concurrency and arriva
 host KV tier, on synthetic prompts, repeated prompts or a real trace. Code: `labkit.serving.experiment`."""
 from __future__ import annotations
 
-from ..params import Param, Plan
+from ..params import OUT_DIR, SEED, Param, Plan
 from . import checked
 
 NAME = "serve"
@@ -37,8 +37,8 @@ SPEC = [
     Param("scrape_hz", "float", 2.0, "/metrics scrapes per second (1-2)"),
     Param("port", "int", 0, "server port on 127.0.0.1 (0: a free one)"),
     Param("startup_timeout_s", "float", 0.0, "wait for /health (0: the profile's)"),
-    Param("seed", "int", 0, "prompt and arrival seed"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    SEED.but(help="prompt and arrival seed"),
+    OUT_DIR,
 ]
 
 

@@ -3,7 +3,7 @@ the large model's K/V, the large model decodes: quality against its own prefill,
 first token through transformers or vLLM with labkit's KV connector. Code: `labkit.xfer.experiment`."""
 from __future__ import annotations
 
-from ..params import Param, Plan
+from ..params import OUT_DIR, Param, Plan
 from . import checked
 
 NAME = "xfer"
@@ -32,7 +32,7 @@ SPEC = [
     Param("concurrency", "list[int]", [1, 4], "concurrent requests for the vLLM TTFT"),
     Param("repeats", "int", 3, "timed repeats per point after one warm-up"),
     Param("dtype", "str", "float32", "float32 or bfloat16 for the transformers models"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    OUT_DIR,
 ]
 
 

@@ -28,7 +28,7 @@ import time
 
 from labkit import lazy
 
-from labkit.params import BadInput, one_line, resolve_device
+from labkit.params import BadInput, resolve_device
 
 pd = lazy.module("pandas")
 
@@ -81,12 +81,12 @@ def run_quality(given: dict, run=None, log=print):
     from labkit.quality.corpora import SPLIT_RULE, documents, draw_sequences, sequences
     from labkit.quality.measure import head_share_map, prepare_policies, quality_sweep, summarize
     from labkit.quality.traces import locality, locality_summary, record_traces, reuse_distance, save_trace
-    from labkit.results import Run
+    from labkit import sweep
     from labkit.telemetry import Sampler
 
     p = dict(given)          # checked by `experiments.quality.plan`
     if run is None:
-        run = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
+        run = sweep.open_run(p, EXPERIMENT)
     dev = torch.device(p["device"])
     tel = Sampler(gpus=[dev.index or 0] if dev.type == "cuda" else []).start()
     run.update_manifest(telemetry=tel.reason or "nvml")
@@ -141,7 +141,8 @@ def run_quality(given: dict, run=None, log=print):
                            p["eval_tokens"], controller=ctl, on_record=on_record, log=log, seed=p["seed"],
                            block=p["block"], block_variants=p["block_variants"], block_budgets=p["block_budgets"],
                            units=units, progress_bar=log is not None)
-        run.write_table("quality_summary", summarize(df))
+        qs = summarize(df)
+        run.write_table("quality_summary", qs)
         eval_share = head_share_map(model, tok, p["corpora"], p["seq_len"], 1, p["eval_tokens"], "eval",
                                     p["sink_window"], p["recent_window"])
         run.write_table("head_share", pd.concat([calib_share, eval_share], ignore_index=True))
@@ -164,14 +165,29 @@ def run_quality(given: dict, run=None, log=print):
     except BadInput:
         raise
     except Exception as ex:
-        run.add(dict(base, status="failed", error=one_line(ex)))
+        run.add(sweep.failed_row(ex, base))
         run.finish(error=ex)
         raise
     finally:
         tel.stop()
         run.write_table("telemetry", tel.frame())
     run.finish(wall_compute_s=round(time.perf_counter() - t_start, 1))
+    sweep.headline(sweep.summary_lines(lambda: closing_lines(qs)), log is not None, EXPERIMENT)
     return run
+
+
+def closing_lines(summary: pd.DataFrame) -> list[str]:
+    """Perplexity against dense per policy at the smallest and largest token-granular budget, the mean over
+    the corpora (the report gives each corpus with its interval)."""
+    s = summary[summary["policy"] != "dense"]
+    if "selection" in s:
+        s = s[s["selection"].fillna("token") == "token"] if (s["selection"].fillna("token") == "token").any() else s
+    lines = []
+    for b in sorted({int(s["budget"].min()), int(s["budget"].max())}):
+        per = s[s["budget"] == b].groupby("policy", sort=False)["ppl_ratio"].mean()
+        lines.append(f"perplexity / dense at budget {b} (mean over corpora): "
+                     + ", ".join(f"{pol} {v:.3f}" for pol, v in per.items()))
+    return lines
 
 
 def headline(summary: pd.DataFrame, budgets=(256, 2048)) -> pd.DataFrame:

@@ -149,7 +149,7 @@ def quality_sweep(model, tokenizer, corpora=("code", "prose"), budgets=DEFAULT_B
     `on_record(row)` is called after every point (e.g. `run.add`), so a crash loses nothing measured.
     A point that raises becomes a row with status='failed' and its error; the sweep goes on.
     """
-    from labkit.progress import progress
+    from labkit import sweep
     from labkit.quality.corpora import draw_sequences
 
     budgets = [b for b in budgets if b != "full"]
@@ -159,7 +159,7 @@ def quality_sweep(model, tokenizer, corpora=("code", "prose"), budgets=DEFAULT_B
     if units is None:
         units = {c: draw_sequences(tokenizer, c, seq_len, n_sequences, seed) for c in corpora}
     pts = sweep_points(policies, budgets, block, block_variants, block_budgets)
-    bar = progress(sum(len(units[c]) for c in corpora) * len(pts), "quality points", disable=not progress_bar)
+    bar = sweep.bar(sum(len(units[c]) for c in corpora) * len(pts), "quality points", progress_bar)
     rows = []
     try:
         for corpus in corpora:
@@ -180,7 +180,7 @@ def quality_sweep(model, tokenizer, corpora=("code", "prose"), budgets=DEFAULT_B
                         row.update(r, status="ok", error=None, ppl_dense=dense["ppl"], nll_dense=dense["nll_sum"],
                                    ppl_ratio=r["ppl"] / dense["ppl"])
                     except Exception as e:  # a failed point is recorded, the sweep goes on
-                        row.update(status="failed", error=f"{type(e).__name__}: {e}")
+                        row.update(sweep.failed_row(e))
                     finally:
                         ctl.block = block
                     rows.append(row)

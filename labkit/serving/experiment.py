@@ -295,7 +295,7 @@ def _bench_row(res: dict) -> dict:
 
 def run_serve(given: dict, run=None, log=print):
     """Measure every point into a run folder (labkit.results.Run); returns the Run."""
-    from labkit.results import Run
+    from labkit import sweep
     from labkit.serving import latency, loadgen
     from labkit.serving.benchclient import run_bench
     from labkit.serving.lifecycle import ServerFailed, log_tail
@@ -303,11 +303,12 @@ def run_serve(given: dict, run=None, log=print):
     from labkit.serving.servermetrics import MetricsScraper
     from labkit.telemetry import Sampler
 
+    shown = log is not None
     log = log or (lambda *a, **k: None)
     p = dict(given)           # checked by `experiments.serve.plan`
     prof = load_profile(p["profile"])
     if run is None:
-        run = Run.create(p["out_dir"] or None, EXPERIMENT, {k: v for k, v in p.items() if k != "extra_args_list"})
+        run = sweep.open_run(p, EXPERIMENT, {k: v for k, v in p.items() if k != "extra_args_list"})
     model = prof.model_path(p["model"])
     try:
         vocab = _vocab(model)
@@ -329,6 +330,8 @@ def run_serve(given: dict, run=None, log=print):
     requests: list[dict] = []
     scrapes: list[pd.DataFrame] = []
     restore = _interrupt_on_signals()
+    n_clients = 2 if p["bench_client"] and p["workload"] == "synthetic" else 1
+    bar = sweep.bar(len(p["offload"]) * p["repeats"] * len(_points(p)) * n_clients, EXPERIMENT, shown)
 
     def save_tables(scraper=None):
         if requests:
@@ -348,14 +351,16 @@ def run_serve(given: dict, run=None, log=print):
             server = _Server(run, p, prof, model, off, log)
             scraper = None
             pts = _points(p)
+            bar.set_postfix_str(f"{strategy}: starting the server")
             try:
                 srv = server.start()
             except ServerFailed as ex:
                 for rnd in range(p["repeats"]):
                     for pt in pts:
-                        run.add({**base, **pt, "status": "failed", "error": one_line(ex), "strategy": strategy,
-                                 "offload_gib": off, "offload_backend": backend, "client": "labkit", "round": rnd,
-                                 "server_log_tail": log_tail(server.srv.log_path, 10) if server.srv else ""})
+                        run.add(sweep.failed_row(ex, {**base, **pt}, strategy=strategy, offload_gib=off,
+                                                 offload_backend=backend, client="labkit", round=rnd,
+                                                 server_log_tail=log_tail(server.srv.log_path, 10) if server.srv else ""))
+                bar.update(p["repeats"] * len(pts) * n_clients)
                 continue
             scraper = MetricsScraper(srv.base_url, 1.0 / p["scrape_hz"],
                                      extra=lambda d=server.stats_dir: connector_counters(d),
@@ -369,6 +374,7 @@ def run_serve(given: dict, run=None, log=print):
                             clients.reverse()      # interleave: neither client always runs first
                         for client in clients:
                             point_id = f"{server.tag}-r{rnd}-{'-'.join(f'{k}{v:g}' for k, v in pt.items())}-{client}"
+                            bar.set_postfix_str(point_id)
                             row = {**base, **pt, "strategy": strategy, "offload_gib": off, "offload_backend": backend,
                                    "client": client, "round": rnd, "point_id": point_id,
                                    "context_len": pt.get("input_len", p["context_len"])}
@@ -379,8 +385,8 @@ def run_serve(given: dict, run=None, log=print):
                                 try:
                                     srv = server.start()
                                 except ServerFailed as ex:
-                                    run.add({**row, "status": "failed", "error": one_line(ex),
-                                             "server_log_tail": log_tail(server.srv.log_path, 10)})
+                                    run.add(sweep.failed_row(ex, row, server_log_tail=log_tail(server.srv.log_path, 10)))
+                                    bar.update()
                                     continue
                                 scraper = MetricsScraper(srv.base_url, 1.0 / p["scrape_hz"],
                                                          extra=lambda d=server.stats_dir: connector_counters(d),
@@ -422,15 +428,18 @@ def run_serve(given: dict, run=None, log=print):
                                     run.add({**row, **s, "status": "ok" if not failed else "failed",
                                              "error": (err or "") + (" (server died)" if dead else "") or None,
                                              "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
-                                log(f"{point_id}: {'ok' if s is None or not s.get('failed') else 'FAILED'}")
+                                if s is not None and s.get("failed"):
+                                    log(f"{point_id}: FAILED")
                             except KeyboardInterrupt:
                                 raise
                             except Exception as ex:
                                 dead = srv.died()
-                                run.add({**row, "status": "failed", "error": one_line(ex) + (" (server died)" if dead else ""),
-                                         "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
-                                log(f"{point_id}: FAILED {one_line(ex)}")
+                                rec = sweep.failed_row(ex, row, server_log_tail=log_tail(srv.log_path, 10) if dead else None)
+                                rec["error"] += " (server died)" if dead else ""
+                                run.add(rec)
+                                log(f"{point_id}: FAILED {rec['error']}")
                             save_tables(scraper)
+                            bar.update()
             finally:
                 if scraper is not None:
                     scraper.stop()
@@ -443,13 +452,32 @@ def run_serve(given: dict, run=None, log=print):
                     old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
                     run.write_table("connector_requests", pd.concat([old, cr.assign(offload_gib=off)], ignore_index=True))
     finally:
+        bar.close()
         restore()
         tel.stop()
         save_tables()
         if p["workload"] == "repeat" and requests:
             run.update_manifest(outputs=outputs_check(pd.DataFrame(requests)))
         run.finish()        # the shared rule over the rows; an exception in flight (Ctrl-C included) decides too
+    sweep.headline(sweep.summary_lines(lambda: closing_lines(run.metrics())), shown, EXPERIMENT)
     return run
+
+
+def closing_lines(m: pd.DataFrame) -> list[str]:
+    """Per server configuration (host KV tier or none), labkit's client at the largest point: median TTFT and
+    TPOT and the output throughput."""
+    ok = m[(m["status"] == "ok") & (m["client"] == "labkit")]
+    lines = []
+    for strategy, g in ok.groupby("strategy", sort=False):
+        key = [c for c in ("context_len", "concurrency") if c in g and g[c].notna().any()]
+        top = g.sort_values(key).iloc[-1] if key else g.iloc[-1]
+        where = ", ".join(f"{int(top[c])} {'prompt tokens' if c == 'context_len' else 'in flight'}" for c in key)
+        lines.append(f"{strategy} at {where}: TTFT {top['ttft_ms_median']:.0f} ms, TPOT {top['tpot_ms_median']:.1f} ms, "
+                     f"{top['output_throughput']:.1f} tok/s out")
+    failed = int((m["status"] == "failed").sum())
+    if failed:
+        lines.append(f"{failed} point(s) failed (their errors are in the report)")
+    return lines[:4]
 
 
 def _interrupt_on_signals():

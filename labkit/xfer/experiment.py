@@ -227,7 +227,7 @@ def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path,
 
 def run_xfer(given: dict, run=None, log=print):
     """Measure everything into a run folder (labkit.results.Run); returns the Run."""
-    from labkit.results import Run
+    from labkit import sweep
     from labkit.xfer import quality as q
     from labkit.xfer import shm
     from labkit.xfer.pair import plan_pair
@@ -236,12 +236,22 @@ def run_xfer(given: dict, run=None, log=print):
     from labkit.xfer.pair import plan_pair
     p = dict(given)           # checked by `experiments.xfer.plan`
     pair = p.pop("_pair", None) or plan_pair(p["large"], p["small"], p["layer_table"] or None)
+    shown = log is not None
     log = log or (lambda *a, **k: None)
     if run is None:
-        run = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
+        run = sweep.open_run(p, EXPERIMENT)
+    stages = ["models", "mapper", "quality"] + (["ttft"] if p["ttft_lens"] and p["backend"] in ("transformers", "both")
+                                                else []) + (["vllm"] if p["backend"] in ("vllm", "both") else [])
+    bar = sweep.bar(len(stages), EXPERIMENT, shown)
+
+    def stage(name: str) -> None:       # the bar says which part of the run is under way
+        if bar.n < len(stages) and name != "models":
+            bar.update()
+        bar.set_postfix_str(name)
     base = {"experiment": EXPERIMENT, "device": "cpu", "gpu_name": "cpu", "shape": p["large"]}
     t_start = time.perf_counter()
     try:
+        stage("models")
         pair = plan_pair(p["large"], p["small"], p["layer_table"] or None, derive=True)
         models = load_models(pair, dtype=getattr(torch, p["dtype"]))
         run.update_manifest(pair=pair.to_dict(), small_note=(
@@ -256,6 +266,7 @@ def run_xfer(given: dict, run=None, log=print):
                                 seed=p["eval_seed"])
         heldout.check_disjoint(calib, seqs)   # no evaluation window from a calibration document or family
         run.update_manifest(split=heldout.split_record(calib, seqs, p["eval_seed"], heldout.overlap(calib, seqs)))
+        stage("mapper")
         mp, mpath, fitted = get_mapper(p, models, log=log, calib=calib)
         sha = heldout.calib_sha(calib)
         run.update_manifest(split=dict(run.manifest["split"], mapper_fitted_on_this_calibration=all(
@@ -271,26 +282,50 @@ def run_xfer(given: dict, run=None, log=print):
             run.add(dict(base, kind="quality", backend="transformers", strategy=row["mode"], status="ok", error=None,
                          context_len=row["prompt_len"], concurrency=1, repeats=1, **row))
 
+        stage("quality")
         df, r2 = q.evaluate(models, mp, seqs, p["prompt_len"], p["cont_len"], p["agree_tokens"], p["modes"],
                             on_row=on_row, log=log, exact_prefix=p["exact_prefix"])
         run.write_table("quality_summary", q.summarize(df).assign(backend="transformers"))
         run.write_table("quality_pooled", q.pooled(df).assign(backend="transformers"))
         run.write_table("r2", r2)
         if p["ttft_lens"] and p["backend"] in ("transformers", "both"):
+            stage("ttft")
             for row in ttft_transformers(models, mp, models.tokenizer, p["ttft_lens"], p["repeats"],
                                          shm.default_root(), log=log, exact_prefix=p["exact_prefix"]):
                 run.add(dict(base, status="ok", error=None, **row))
         if p["backend"] in ("vllm", "both"):
             from labkit.xfer.vllm_path import run_vllm
+            stage("vllm")
             run_vllm(p, models, mp, mpath, seqs, run, base, log=log)
     except BadInput:
         raise
     except Exception as ex:
-        run.add(dict(base, status="failed", error=one_line(ex)))
+        run.add(sweep.failed_row(ex, base))
         run.finish(error=ex)
         raise
+    finally:
+        bar.update(len(stages) - bar.n)
+        bar.close()
     run.finish(wall_compute_s=round(time.perf_counter() - t_start, 1))
+    sweep.headline(sweep.summary_lines(lambda: closing_lines(run)), shown, EXPERIMENT)
     return run
+
+
+def closing_lines(run) -> list[str]:
+    """Per backend: quality against the large model's own prefill and TTFT against it at the longest prompt."""
+    from labkit.results import load_run
+    lr = load_run(run.path)
+    lines = []
+    for r in headline(lr.metrics, lr.table("quality_summary")).to_dict("records"):
+        lines.append(f"{r['backend']}: mapped KV perplexity {r['ppl_ratio']:.3f}x the true cache's, top-1 agreement "
+                     f"{r['top1_agree']:.2f}; TTFT at {r['prompt_tokens']} tokens {r['ttft_mapped_ms']:.0f} ms "
+                     f"({r['speedup']:.2f}x faster than the large model prefilling the prompt itself)")
+    if not lines:        # no TTFT measured: the quality alone
+        s = lr.table("quality_summary")
+        s = s[s["mode"] != "true"] if "mode" in s else s
+        lines.append("perplexity vs the true cache: " + ", ".join(
+            f"{m}: top-1 agreement {g['top1_agree'].mean():.2f}" for m, g in s.groupby("mode", sort=False)))
+    return lines
 
 
 def headline(metrics: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:

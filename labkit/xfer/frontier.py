@@ -211,7 +211,7 @@ def study(**given) -> int:
     """TTFT of mapped prefill against the large model's own, per small-model depth N, into an xfer run folder. Keywords: DEFAULTS' names (REQUIRED ones must be given); one BadInput line on an unknown or missing one."""
     from labkit.params import keywords
     a = keywords(given, DEFAULTS, REQUIRED, __name__)
-    from labkit.results import Run
+    from labkit import sweep
     from labkit.xfer import shm
     from labkit.xfer.pair import plan_pair
 
@@ -243,7 +243,7 @@ def study(**given) -> int:
     params = {"large": a.large, "small": f"first:{ns[0]}", "frontier_ns": ns, "features": a.features, "ranks": a.ranks,
               "ttft_lens": lens, "repeats": a.repeats, "exact_prefix": a.exact_prefix, "backend": a.backend, "torch_threads": a.threads,
               "mapper_weights": "shape-only" if a.shape_only else "fitted", "out_dir": a.out}
-    run = Run.create(a.out or None, "xfer", params)
+    run = sweep.open_run({"out_dir": a.out}, "xfer", params)
     log = lambda m: print(time.strftime("%H:%M:%S"), m, flush=True)  # noqa: E731
     t0 = time.perf_counter()
     base = {"experiment": "xfer", "device": "cpu", "gpu_name": "cpu", "shape": a.large, "status": "ok", "error": None,

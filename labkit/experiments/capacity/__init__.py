@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from ...shapes import REFERENCE_BUDGET
 from ...engine.transfer import strategy_params
-from ...params import Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from .. import checked
 
 NAME = "capacity"
 
 SPEC = [
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
+    SHAPE,
+    DEVICE,
     Param("context_len", "int", 0, "tokens per request (0: 32K on CUDA, 256 on CPU)"),
     Param("mem_cap_gib", "float", 0.0, "device memory cap (GiB; 0: 24 or the GPU's memory if less; on CPU a "
                                         "quarter of the RAM available)"),
@@ -27,8 +27,8 @@ SPEC = [
     Param("steps", "int", 10, "decode steps per repeat"),
     Param("repeats", "int", 2, "timed repeats"),
     Param("measure", "bool", True, "time the decode step (false: capacities only)"),
-    Param("seed", "int", 0, "weights and cache contents"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    SEED,
+    OUT_DIR,
     # the report's companions (nothing is measured from them): the hot cache's other figures in one report
     Param("replay_run", "str", "", "report: a hot_replay run folder (hit rate and bytes vs capacity per policy)"),
     Param("decode_run", "str", "", "report: a decode run with hot_cache rows (step anatomy per strategy)"),
@@ -44,4 +44,4 @@ def plan(given: dict) -> Plan:
 
 def run(plan: Plan, progress_bar: bool = True):
     from . import measure as capacity
-    return capacity.run(dict(plan.params), progress=print if progress_bar else (lambda *a: None))
+    return capacity.run(dict(plan.params), progress_bar=progress_bar)

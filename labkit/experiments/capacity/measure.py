@@ -45,7 +45,8 @@ from ...engine.model.layers import dn_state_shapes
 from ...engine.model.prefill_buffers import rotating_buffer_bytes
 from ...results import Run
 from ...shapes import ModelShape
-from ...params import BadInput, check_positive, gib, one_line, resolve_device
+from ...params import BadInput, check_positive, gib, resolve_device
+from ... import sweep
 from ..prefill.measure import apply_cap, check_cap
 
 EXPERIMENT = "capacity"
@@ -228,31 +229,30 @@ def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
                           dp, session.tel)
 
 
-def run(p: dict, progress=print) -> Run:
+def run(p: dict, progress_bar: bool = True) -> Run:
     """Capacities, then the decode step of each config's batches, into a run folder (checked parameters)."""
     shape, dev = ModelShape.from_name(p["shape"]), torch.device(p["device"])
     fits = fits_of(p, shape)
     apply_cap(p["mem_cap_gib"], dev)
-    r = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
+    r = sweep.open_run(p, EXPERIMENT)
     base = {"device": p["device"], "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name,
             "context_len": p["context_len"], "budget": p["budget"], "mem_cap_bytes": int(p["mem_cap_gib"] * 2**30),
             "tpot_ms_limit": p["tpot_ms"], "selection": p["selection"]}
     r.update_manifest(weight_bytes=shape.weight_bytes(), fits=[f.row() for f in fits])
-    for f in fits:
-        progress(f"capacity {f.config}: {f.requests} requests (device {f.n_device}, host {f.n_host}) "
-                 f"at {p['context_len']} tokens under {p['mem_cap_gib']:g} GiB")
     if not p["measure"]:
         for f in fits:
             r.add({**base, "experiment": EXPERIMENT, "status": "ok", "error": None, **f.row()})
         r.finish()
+        sweep.headline(sweep.summary_lines(lambda: headline(fits, None, p)), progress_bar, EXPERIMENT)
         return r
     from ..decode.measure import DecodeSession
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": "resident", "context_lens": str(p["context_len"]),
                       "budgets": str(p["budget"]), "concurrency": "1", "prefill_lens": "", "probe": "false", "seed": str(p["seed"])})
     done: dict[tuple[str, int], dict] = {}     # none and prefill decode alike: time a batch once
-    with DecodeSession(dp) as session:
+    with DecodeSession(dp) as session, sweep.bar(len(fits), f"{EXPERIMENT} {shape.name}", progress_bar) as bar:
         caches = {}
         for f in fits:
+            bar.set_postfix_str(f"{f.config}: {f.requests} requests")
             batch = _batches_to_try(f.requests, p["max_batch"])
             strat = CONFIGS[f.config]
             for other in [k for k in caches if k != strat]:      # one medium's pool in memory at a time
@@ -262,17 +262,14 @@ def run(p: dict, progress=print) -> Run:
             tried = []
             for _ in range(3):      # capacity, then what a TPOT-bound scheduler would admit (twice at most)
                 key = (CONFIGS[f.config], batch)
-                if key not in done:
-                    try:
-                        done[key] = measure_config(session, f, p, batch, caches[strat])
-                    except Exception as ex:      # a batch that does not fit after all is a row, not the end
-                        done[key] = {"status": "failed", "error": one_line(ex), "strategy": strat}
-                        caches[strat].release()
+                if key not in done:      # a batch that does not fit after all is a row, not the end
+                    done[key] = sweep.attempt(lambda: measure_config(session, f, p, batch, caches[strat]),
+                                              on_fail=lambda ex: caches[strat].release(), strategy=strat)
                 rec = done[key]
                 tpot = rec.get("step_ms_median") if rec.get("status") == "ok" else None
                 good = tpot is not None and tpot <= p["tpot_ms"]
                 tried.append((batch, tpot, good, rec))
-                progress(f"  {f.config} batch {batch}: " + (f"TPOT {tpot:.2f} ms" if tpot else rec.get("error", "failed")))
+                bar.set_postfix_str(f"{f.config} batch {batch}: " + (f"TPOT {tpot:.2f} ms" if tpot else "failed"))
                 if good or batch == 1:
                     break
                 if tpot is None:         # out of memory after all (workspaces the arithmetic misses): 10% fewer
@@ -286,6 +283,7 @@ def run(p: dict, progress=print) -> Run:
                 rec = {**rec, **base, **f.row(), "experiment": EXPERIMENT, "batch": b, "tpot_ms": tpot, "good": good,
                        "goodput_tok_s": b / (tpot / 1e3) if good else 0.0}
                 r.add(rec)
+            bar.update()
     df = r.metrics()
     ok = df[df["status"] == "ok"]
     summary = []
@@ -306,5 +304,23 @@ def run(p: dict, progress=print) -> Run:
     sdf.to_csv(r.path / "goodput.csv", index=False)
     df.drop(columns=[c for c in df.columns if c.startswith("anat_")]).to_csv(r.path / "metrics.csv", index=False)
     r.finish()
-    progress(sdf.to_string(index=False))
+    sweep.headline(sweep.summary_lines(lambda: headline(fits, summary, p)), progress_bar, EXPERIMENT)
     return r
+
+
+def headline(fits, summary: list[dict] | None, p: dict) -> list[str]:
+    """Per config: the requests the cap holds, and (when timed) the goodput under the TPOT limit."""
+    by = {s["config"]: s for s in summary or []}
+    lines = [f"{p['context_len']} tokens a request under {p['mem_cap_gib']:g} GiB, TPOT <= {p['tpot_ms']:g} ms:"]
+    for f in fits:
+        s = by.get(f.config)
+        if s is None:
+            good = ""
+        elif not s["good_batch"]:
+            good = "; no timed batch within the TPOT limit"
+        else:
+            good = (f"; goodput {s['goodput_tok_s']:,.0f} tok/s at batch {s['good_batch']}"
+                    + (f" ({s['goodput_vs_none']:.2f}x none)" if s.get("goodput_vs_none") else ""))
+        where = f"device {f.n_device}" + (f", host {f.n_host}" if f.n_host else "")
+        lines.append(f"  {f.config}: {f.requests} requests held ({where}){good}")
+    return lines

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from ... import envs
 from ...engine.transfer import strategy_params
-from ...params import Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from .. import checked
 
 NAME = "decode"
 
 SPEC = [
-    Param("shape", "str", "auto", "model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N; several (cuda:0,cuda:1) split the layers over them"),
+    SHAPE.but(help="model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
+    DEVICE.but(help="auto, cpu, cuda, cuda:N; several (cuda:0,cuda:1) split the layers over them"),
     Param("strategies", "list[str]", ["resident", "per_row", "host_gather", "zero_copy"], "transfer strategies"),
     Param("context_lens", "list[int]", "auto", "context lengths (tokens; 8K, 1M accepted)"),
     Param("budgets", "list[int]", "auto", "indexer budgets; the first is the main table's"),
@@ -37,8 +37,8 @@ SPEC = [
           "until it moves a step's rows at this rate (GB/s, calibrated by a probe in this run; e.g. 25 for the "
           "3090 box's PCIe 4.0); the grid once per rate after the native link, rows with predicted_step_ms"),
     *envs.switch_params(),     # the engine's A/B switches: -p gemv=auto,off measures both in this run
-    Param("seed", "int", 0, "weights and cache contents"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    SEED,
+    OUT_DIR,
 ]
 
 

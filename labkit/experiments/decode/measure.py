@@ -34,7 +34,7 @@ from ...stats import spread
 from ...telemetry import Sampler
 from ...params import BadInput, check_positive, gib, one_line, resolve_device
 from ..probe.measure import hbm_read_gbps, run_probe
-from ...progress import progress
+from ... import sweep
 from ...engine.drive.runner import DecodeRunner
 
 EXPERIMENT = "decode"
@@ -222,23 +222,6 @@ class Caches:
             torch.cuda.empty_cache()
 
 
-def _time_steps(runner, steps: int, cuda: bool) -> list[float]:
-    if cuda:
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        ev[0].record()
-        for i in range(steps):
-            runner.step()
-            ev[i + 1].record()
-        torch.cuda.synchronize()
-        return [ev[i].elapsed_time(ev[i + 1]) for i in range(steps)]
-    ts = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        runner.step()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return ts
-
-
 class DecodeSession:
     """What the points of one plan share: the model (or its stages), the caches, the telemetry sampler.
     `measure(point)` gives one record; `run_sweep` and the explorer both measure through it."""
@@ -264,12 +247,11 @@ class DecodeSession:
     def measure(self, pt: Point, timeline: list | None = None) -> dict:
         """One decode point as a record; a failure becomes a failed record (the caller goes on).
         `timeline`: a list that receives the spans of a split point's sampled steps."""
-        try:
-            return measure_decode(self.stages, self.caches, pt, self.pl, self.tel, timeline)
-        except Exception as ex:  # one failed point is a row, the sweep goes on
+        def free(ex):
             if isinstance(ex, (torch.cuda.OutOfMemoryError, MemoryError)):
                 self.caches.release()
-            return {"experiment": EXPERIMENT, "status": "failed", "error": one_line(ex), **asdict(pt)}
+        return sweep.attempt(lambda: measure_decode(self.stages, self.caches, pt, self.pl, self.tel, timeline),
+                             {"experiment": EXPERIMENT}, on_fail=free, **asdict(pt))
 
 
 def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel: Sampler,
@@ -312,7 +294,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     for _ in range(repeats):
         a = tel.mark()
         with device_guard(dev):       # the timing events on the first stage's device, where a step starts and ends
-            times += _time_steps(runner, steps, cuda)
+            times += sweep.event_ms(runner.step, steps, dev, mode="chained")   # consecutive steps, no gap
         b = tel.mark()
         rs = [tel.rx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
         ts = [tel.tx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
@@ -408,8 +390,7 @@ def measure_prefill(stages: list, n_tokens: int, strategy: str, pl: DecodePlan) 
 
     def sync():
         for st in stages:
-            if st.device.type == "cuda":
-                torch.cuda.synchronize(st.device)
+            sweep.sync(st.device)
 
     staged_prefill(engines, 0, tokens[: min(n_tokens, 2 * chunk)])     # warm-up: kernels, workspaces
     sync()
@@ -499,10 +480,8 @@ def _sweep_once(pl: DecodePlan, run: Run, base: dict, prefill: list, tel: Sample
         session.caches.release()
         for n, s in prefill:
             bar.set_postfix_str(f"prefill {s} {n}")
-            try:
-                rec = measure_prefill(session.stages, n, s, pl)
-            except Exception as ex:
-                rec = {"experiment": "prefill", "status": "failed", "error": one_line(ex), "strategy": s, "context_len": n}
+            rec = sweep.attempt(lambda: measure_prefill(session.stages, n, s, pl), {"experiment": "prefill"},
+                                strategy=s, context_len=n)
             run.add({**base, **rec})
             gc.collect()
             bar.update()
@@ -512,7 +491,7 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
     """Measure every point of a checked plan into a run folder; a failing point becomes a failed row."""
     p, shape, dev = pl.params, pl.shape, pl.devices[0]
     if run is None:
-        run = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
+        run = sweep.open_run(p, EXPERIMENT)
     base = {"device": p["device"], "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": shape.name}
     # Prefill is measured once per length, with the KV pool where the offloaded strategies keep it.
     # (plain rows, no mirror of them to keep up to date; a graphable one first: the prefill path the sweep's
@@ -522,8 +501,7 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
     prefill = [(n, (host or p["strategies"])[0]) for n in (p["prefill_lens"] or [])]
     variants = envs.variants(p)
     n_zc = sum(q.strategy == "zero_copy" for q in pl.points) * len(p.get("link_gbps") or [])
-    bar = progress(total=(len(pl.points) + n_zc + len(prefill)) * len(variants), desc=f"{EXPERIMENT} {shape.name}",
-                   disable=not progress_bar)
+    bar = sweep.bar((len(pl.points) + n_zc + len(prefill)) * len(variants), f"{EXPERIMENT} {shape.name}", progress_bar)
     tel = Sampler(gpus=[d.index or 0 for d in pl.devices] if pl.cuda else [])
     run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary())
     try:
@@ -531,13 +509,11 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
         # takes) slowed the host-side gathers of an in-sweep probe by up to 3x.
         if p["probe"]:
             bar.set_postfix_str("link probe")
-            try:
+            with sweep.point(run, {**base, "experiment": "probe"}):
                 # the link only: the weight products are `labkit run probe`'s (they would add their GEMV
                 # compiles to every sweep)
                 for r in run_probe(str(dev), pool_gib=8.0 if pl.cuda else 0.05, repeats=10, weights=False):
                     run.add({**base, **r})
-            except Exception as ex:
-                run.add({**base, "experiment": "probe", "status": "failed", "error": one_line(ex)})
             gc.collect()
         if pl.cuda:   # the roofline's denominator, measured in this run whether or not the probe ran
             run.add({**base, **hbm_read_gbps(dev)})
@@ -568,4 +544,28 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
             run.update_manifest(pcie_gen=int(tf["pcie_gen"].max()), pcie_width=int(tf["pcie_width"].max()),
                                 nvml_max_counter_gap_s=round(tel.max_gap_s, 4))
         run.finish()        # the shared rule; an exception in flight (Ctrl-C included) decides too
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), p)), progress_bar, EXPERIMENT)
     return run
+
+
+def headline(m, p: dict) -> list[str]:
+    """tok/s per strategy at the largest context of the main table (its largest concurrency, first budget),
+    and the prefill's tok/s at its longest prompt."""
+    d = m[(m["experiment"] == EXPERIMENT) & (m["status"] == "ok") & (m["axis"] == "context")]
+    lines = []
+    if len(d):
+        ctx = int(d["context_len"].max())
+        at = d[d["context_len"] == ctx]
+        conc = int(at["concurrency"].max())
+        at = at[at["concurrency"] == conc]
+        per = at.groupby("strategy", sort=False)["tok_s"].max()
+        lines.append(f"at {ctx} tokens x {conc} request(s): " + ", ".join(f"{s} {v:,.0f}" for s, v in per.items())
+                     + " tok/s")
+    pre = m[(m["experiment"] == "prefill") & (m["status"] == "ok")]
+    if len(pre):
+        r = pre.loc[pre["context_len"].idxmax()]
+        lines.append(f"prefill of {int(r['context_len'])} tokens ({r['strategy']}): {r['tok_s']:,.0f} tok/s")
+    failed = int((m["status"] == "failed").sum())
+    if failed:
+        lines.append(f"{failed} point(s) failed (their errors are in the report)")
+    return lines

@@ -69,9 +69,11 @@ def ratio_label(budget: int, context: int) -> str:
 
 
 def replay_sweep(traces, context_lens, budget: int = 2048, capacity_x=(0.5, 1.0, 1.5, 2.0, 3.0),
-                 policies=POLICIES, shape: str = "qwen3.8-flash-next", log=print, on_rows=None) -> pd.DataFrame:
-    """`on_rows(df)`: called with every row so far after each (trace, context) set, so a caller can keep
-    them on disk as they come (an interrupted sweep keeps what it measured)."""
+                 policies=POLICIES, shape: str = "qwen3.8-flash-next", log=print, on_rows=None,
+                 bar=None) -> pd.DataFrame:
+    """One row per (trace, context, capacity, policy). `on_rows(df)`: called with every row so far after each
+    (trace, context) set, so a caller can keep them on disk as they come (an interrupted sweep keeps what it
+    measured); `bar` (a `sweep.bar`) advances per trace and context."""
     s = PRESETS[shape]
     rows = []
     for path in traces:
@@ -81,6 +83,8 @@ def replay_sweep(traces, context_lens, budget: int = 2048, capacity_x=(0.5, 1.0,
         src_overlap = float(locality(tr)["overlap_prev"].mean())
         for ctx in context_lens:
             t0 = time.perf_counter()
+            if bar is not None:
+                bar.set_postfix_str(f"{Path(path).name} @ {ctx}")
             sel = load_selection_trace(path, s.attn_layers, ctx, budget, tr.steps, stable=True)
             ov = overlap_prev(sel.numpy())
             share = trace_share(path, s.attn_layers, ctx, budget)
@@ -105,7 +109,21 @@ def replay_sweep(traces, context_lens, budget: int = 2048, capacity_x=(0.5, 1.0,
                 on_rows(pd.DataFrame(rows))
             if log:
                 log(f"{Path(path).name} @ {ctx}: {len(capacity_x) * len(policies)} replays in {time.perf_counter() - t0:.1f}s")
+            if bar is not None:
+                bar.update()
     return pd.DataFrame(rows)
+
+
+def headline(df: pd.DataFrame) -> list[str]:
+    """At the largest context: the best policy's hit rate and link bytes against zero_copy per capacity."""
+    ctx = int(df["context_len"].max())
+    at = df[df["context_len"] == ctx].groupby(["capacity_x", "policy"], as_index=False)[
+        ["hit_rate", "bytes_vs_zero_copy"]].mean()        # over the traces
+    best = at.loc[at.groupby("capacity_x")["hit_rate"].idxmax()]
+    return [f"at {ctx:,} tokens, mean over {df['trace'].nunique()} trace(s), best policy per hot-cache capacity:",
+            "  " + ", ".join(f"{r.capacity_x:g}x budget: {r.policy} hit {r.hit_rate:.2f}, bytes {r.bytes_vs_zero_copy:.2f}x zero_copy"
+                             for r in best.itertuples())]
+
 
 def summary_markdown(df: pd.DataFrame, args: dict) -> str:
     """Hit rate and bytes against zero_copy per (trace density, context, capacity, policy), as text."""

@@ -3,14 +3,14 @@ pipelined micro-batches, the zero-copy gather's scaling when every GPU pulls ove
 activation hand-off between stages. Code: `labkit.experiments.multigpu.measure`."""
 from __future__ import annotations
 
-from ...params import Param, Plan
+from ...params import OUT_DIR, SEED, SHAPE, Param, Plan
 from .. import checked
 
 NAME = "multigpu"
 
 SPEC = [
     Param("devices", "str", "auto", "devices to split over (auto: every GPU; cpu,cpu on a CPU)"),
-    Param("shape", "str", "auto", "model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
+    SHAPE.but(help="model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
     Param("strategies", "list[str]", ["resident", "zero_copy"], "transfer strategies"),
     Param("context_lens", "list[int]", "auto", "context lengths (tokens; 64K, 1M accepted)"),
     Param("concurrency", "list[int]", [1, 4, 8], "concurrent requests per decode step"),
@@ -21,8 +21,8 @@ SPEC = [
     Param("gather_pool_gib", "float", 0.0, "per-GPU pinned pool of the gather rows (0: 8 GiB on CUDA, 0.05 on CPU)"),
     Param("gather_repeats", "int", 20, "timed gather steps per GPU and mode"),
     Param("anatomy", "bool", False, "the step anatomy of 1gpu and split points (costs ~8 steps a point)"),
-    Param("seed", "int", 0, "weights and cache contents"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    SEED,
+    OUT_DIR,
 ]
 
 

@@ -32,9 +32,9 @@ from ...stats import spread
 from ...telemetry import Sampler
 from ..decode import measure as decode
 from ...shapes import REFERENCE_BUDGET
-from ...params import BadInput, check_positive, one_line, resolve_device
+from ...params import BadInput, check_positive, resolve_device
 from ..probe.measure import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
-from ...progress import progress
+from ... import sweep
 
 EXPERIMENT = "multigpu"
 AUTO_CONTEXT = {"cuda": [64 << 10, 1 << 20], "cpu": [256, 1024]}
@@ -178,22 +178,8 @@ def handoff_latency(devices: list[torch.device], hidden: int, batches: list[int]
         for b in batches:
             src = torch.randn((b, hidden), device=src_d).to(torch.bfloat16)
             dst = torch.empty((b, hidden), dtype=torch.bfloat16, device=dst_d)
-            ts = []
-            for i in range(repeats + 3):
-                with device_guard(dst_d):
-                    if cuda:
-                        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        a.record()
-                        dst.copy_(src, non_blocking=True)
-                        e.record()
-                        e.synchronize()
-                        t = a.elapsed_time(e)
-                    else:
-                        s = time.perf_counter()
-                        dst.copy_(src)
-                        t = (time.perf_counter() - s) * 1e3
-                if i >= 3:
-                    ts.append(t)
+            with device_guard(dst_d):
+                ts = sweep.event_ms(lambda: dst.copy_(src, non_blocking=cuda), repeats, dst_d, warmup=3)
             assert torch.equal(dst.cpu(), src.cpu())
             t = spread(ts)
             out.append(dict(experiment="handoff", status="ok", src=str(src_d), dst=str(dst_d), concurrency=b,
@@ -212,10 +198,10 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     """Gather scaling, hand-off latency and every layout's decode points (checked parameters)."""
     devs = [torch.device(d) for d in p["device_list"]]
     cuda = devs[0].type == "cuda"
-    run = Run.create(p["out_dir"] or None, EXPERIMENT, {k: v for k, v in p.items() if k != "layouts"})
+    run = sweep.open_run(p, EXPERIMENT, {k: v for k, v in p.items() if k != "layouts"})
     plans = {name: decode.derive(lay) for name, lay in p["layouts"].items()}
     n_points = sum(len(pl.points) for pl in plans.values())
-    bar = progress(total=n_points + 2, desc=f"{EXPERIMENT} {len(devs)} devices", disable=not progress_bar)
+    bar = sweep.bar(n_points + 2, f"{EXPERIMENT} {len(devs)} devices", progress_bar)
     tel = Sampler(gpus=[d.index or 0 for d in devs] if cuda else [])
     shape = plans["1gpu"].shape
     run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary(),
@@ -223,18 +209,15 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     spans: list[dict] = []
     try:
         bar.set_postfix_str("gather scaling")
-        try:
+        with sweep.point(run, {"experiment": "gather"}):
             for r in gather_scaling(devs, p["gather_pool_gib"], p["gather_repeats"]):
                 run.add(r)
-        except Exception as ex:
-            run.add({"experiment": "gather", "status": "failed", "error": one_line(ex)})
         gc.collect()
         bar.update()
-        try:
+        bar.set_postfix_str("activation hand-off")
+        with sweep.point(run, {"experiment": "handoff"}):
             for r in handoff_latency(devs, shape.hidden, sorted(set(p["concurrency"]))):
                 run.add(r)
-        except Exception as ex:
-            run.add({"experiment": "handoff", "status": "failed", "error": one_line(ex)})
         bar.update()
         tel.start()
         # Concurrency groups outermost, layouts inside: a run cut short loses the largest group, not a
@@ -262,7 +245,26 @@ def run(p: dict, progress_bar: bool = True) -> Run:
         run.write_table("telemetry", tel.frame())
         run.write_table("timeline", pd.DataFrame(spans))
         run.finish()        # the shared rule; an exception in flight (Ctrl-C included) decides too
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, EXPERIMENT)
     return run
+
+
+def headline(m: pd.DataFrame) -> list[str]:
+    """The gather's scaling over the GPUs, and split / pipelined against one GPU at the largest point."""
+    s, lines = summary(m), []
+    if "gather_scaling" in s:
+        lines.append(f"zero-copy gather: {s['gather_alone_gbps']:.1f} GB/s on one device alone, "
+                     f"{s['gather_together_gbps']:.1f} GB/s all together ({s['gather_scaling']:.2f}x)")
+    t = s.get("table")
+    if t is not None and len(t):
+        big = t[(t["context_len"] == t["context_len"].max())]
+        big = big[big["concurrency"] == big["concurrency"].max()]
+        for r in big.to_dict("records"):
+            ratios = [f"{lay} {r[f'{lay}_over_1gpu']:.2f}x" for lay in ("split", "pipelined")
+                      if f"{lay}_over_1gpu" in r and r[f"{lay}_over_1gpu"] == r[f"{lay}_over_1gpu"]]
+            lines.append(f"{r['strategy']} at {int(r['context_len'])} tokens x {int(r['concurrency'])}: 1gpu "
+                         f"{r['1gpu']:,.0f} tok/s" + (", " + ", ".join(ratios) if ratios else ""))
+    return lines[:4]
 
 
 def summary(m: pd.DataFrame) -> dict:

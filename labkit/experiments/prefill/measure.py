@@ -31,37 +31,29 @@ from ...engine import Engine, HybridModel, OffloadCache, get_strategy
 from ...engine.model.prefill_buffers import rotating_buffer_bytes
 from ...results import Run
 from ...shapes import ModelShape
-from ...params import BadInput, check_positive, gib, one_line, resolve_device
+from ...params import BadInput, check_positive, fill_auto, gib, resolve_device
+from ... import sweep
+from ...sweep import sync
 
 EXPERIMENT = "prefill"
 MODES = {"resident": ("resident", "sync"), "sync": ("zero_copy", "sync"), "rotating": ("zero_copy", "rotating")}
 
-AUTO = {"cuda": {"shape": "qwen3.8-flash-next", "context_lens": [248 << 10]},
-        "cpu": {"shape": "tiny", "context_lens": [512]}}
-
-
 def check(p: dict) -> dict:
     """Validate resolved parameters and decide the "auto" ones; BadInput (one line) before anything is
     allocated. Returns the parameters a plan records."""
+    from . import SPEC
     p = dict(p)
     dev = resolve_device(p["device"])
-    auto = AUTO[dev.type]
-    for k in ("shape", "context_lens"):
-        if p[k] == "auto":
-            p[k] = auto[k]
+    fill_auto(SPEC, p, dev.type)          # "auto" per device, then the declared bounds and choices
     p["device"] = str(dev)
     try:
         shape = ModelShape.from_name(p["shape"])
     except ValueError as ex:
         raise BadInput(str(ex)) from None
-    bad = [m for m in p["modes"] if m not in MODES]
-    if bad or not p["modes"]:
-        raise BadInput(f"unknown prefill mode {bad[0] if bad else '(none)'}: choose from {', '.join(MODES)}")
-    check_positive("context_lens", p["context_lens"] or [0])
-    if p["chunk"] == 0:
-        p["chunk"] = 8192 if dev.type == "cuda" else 64
-    check_positive("chunk", [p["chunk"]])
-    if p["tail_tokens"] < 0 or any(p["tail_tokens"] >= n for n in p["context_lens"]):
+    if not p["modes"]:
+        raise BadInput(f"modes: none given; choose from {', '.join(MODES)}")
+    check_positive("context_lens", p["context_lens"] or [0])     # none given
+    if any(p["tail_tokens"] >= n for n in p["context_lens"]):
         raise BadInput(f"tail_tokens={p['tail_tokens']} must be >= 0 and below every context length")
     check_cap(p["mem_cap_gib"], shape, dev)
     return p
@@ -91,11 +83,6 @@ def apply_cap(cap_gib: float, dev: torch.device) -> None:
         torch.cuda.set_per_process_memory_fraction(float(min(1.0, cap_gib * 2**30 / total)), index)
 
 
-def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def measure(model, mode: str, T: int, p: dict, chunk_log=None) -> dict:
     """One prefill of T tokens (or its last `tail_tokens`) in `mode`; a record."""
     dev, shape = model.device, model.shape
@@ -115,7 +102,7 @@ def measure(model, mode: str, T: int, p: dict, chunk_log=None) -> dict:
     warm = p["warmup_tokens"] or 2 * p["chunk"]
     with torch.inference_mode():   # warm-up: kernels, workspaces (a slot of its own would need a second pool)
         e.prefill(0, tokens[:min(warm, T)])
-        _sync(dev)
+        sync(dev)
         cache.pages.release(0)
         if start:
             cache.pages.reserve(0, T)
@@ -129,7 +116,7 @@ def measure(model, mode: str, T: int, p: dict, chunk_log=None) -> dict:
                 break
             if chunk_log is not None:      # host time at the chunk's enqueue (the GPU runs behind by <= a chunk)
                 chunk_log(mode, T, b, time.perf_counter() - t0)
-        _sync(dev)
+        sync(dev)
         dt = time.perf_counter() - t0
     n = T - start
     on_dev = st.medium == "device"
@@ -149,11 +136,11 @@ def measure(model, mode: str, T: int, p: dict, chunk_log=None) -> dict:
     return rec
 
 
-def run(p: dict, progress=print) -> Run:
+def run(p: dict, progress_bar: bool = True) -> Run:
     """Every (length, mode) of checked parameters into a run folder."""
     shape, dev = ModelShape.from_name(p["shape"]), torch.device(p["device"])
     apply_cap(p["mem_cap_gib"], dev)
-    r = Run.create(p["out_dir"] or None, EXPERIMENT, dict(p))
+    r = sweep.open_run(p, EXPERIMENT)
     base = {"device": p["device"], "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name}
     model = HybridModel(shape, dev, seed=p["seed"])
     r.update_manifest(weight_bytes=model.weight_bytes(), shape_info=shape.summary())
@@ -164,18 +151,22 @@ def run(p: dict, progress=print) -> Run:
         with chunks_csv.open("a") as fh:
             fh.write(f"{mode},{T},{end},{t:.3f}\n")
 
-    for T in p["context_lens"]:
-        for mode in p["modes"]:
-            try:
-                rec = measure(model, mode, T, p, chunk_log)
-            except Exception as ex:      # a mode that does not fit the cap is a row, the run goes on
-                rec = {"experiment": EXPERIMENT, "status": "failed", "error": one_line(ex), "mode": mode,
-                       "strategy": MODES[mode][0], "prefill_mode": MODES[mode][1], "context_len": T,
-                       "tail_tokens": p["tail_tokens"], "mem_cap_bytes": int(p["mem_cap_gib"] * 2**30) or None}
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
+    def free(ex):
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    points = sweep.grid(T=p["context_lens"], mode=p["modes"])
+    with sweep.bar(len(points), f"{EXPERIMENT} {shape.name}", progress_bar) as bar:
+        for pt in points:
+            T, mode = pt["T"], pt["mode"]
+            bar.set_postfix_str(f"{mode} T={T}")
+            # a mode that does not fit the cap is a row, the run goes on
+            rec = sweep.attempt(lambda: measure(model, mode, T, p, chunk_log), {"experiment": EXPERIMENT},
+                                on_fail=free, mode=mode, strategy=MODES[mode][0], prefill_mode=MODES[mode][1],
+                                context_len=T, tail_tokens=p["tail_tokens"],
+                                mem_cap_bytes=int(p["mem_cap_gib"] * 2**30) or None)
             r.add({**base, **rec})
-            progress(f"prefill {mode} T={T}: {rec['status']} " + (f"{rec['tok_s']:.0f} tok/s" if rec["status"] == "ok" else rec["error"]))
+            bar.update()
     df = r.metrics()
     ok = df[df["status"] == "ok"]
     for T in p["context_lens"]:
@@ -187,4 +178,22 @@ def run(p: dict, progress=print) -> Run:
     r.write_table("metrics", df)
     df.to_csv(r.path / "metrics.csv", index=False)
     r.finish()
+    sweep.headline(sweep.summary_lines(lambda: headline(df)), progress_bar, EXPERIMENT)
     return r
+
+
+def headline(df) -> list[str]:
+    """tok/s per mode at the longest prompt, and each against resident."""
+    ok = df[df["status"] == "ok"]
+    T = int(ok["context_len"].max())
+    at = ok[ok["context_len"] == T]
+    def vs(r) -> str:
+        v = r.get("vs_resident")
+        return "" if r["mode"] == "resident" or v is None or v != v else f" ({v:.2f}x resident)"
+    parts = [f"{r['mode']} {r['tok_s']:,.0f}{vs(r)}" for r in at.to_dict("records")]
+    lines = [f"prompt of {T} tokens: " + ", ".join(parts) + " tok/s"]
+    failed = df[df["status"] == "failed"]
+    if len(failed):
+        lines.append(f"{len(failed)} point(s) failed: " + ", ".join(f"{r['mode']} at {int(r['context_len'])}"
+                                                              for r in failed.to_dict("records")))
+    return lines

@@ -3,16 +3,16 @@ one copy per row, a CPU gather + one DMA, the zero-copy gather kernel, the same 
 the selection kernels' speed. Every speed plot of the lab draws its bound from these. Code: `labkit.experiments.probe.measure`."""
 from __future__ import annotations
 
-from ...params import Param, Plan
+from ...params import DEVICE, OUT_DIR, Param, Plan
 from .. import checked
 
 NAME = "probe"
 
 SPEC = [
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("pool_gib", "float", 0.0, "host pool to gather from (0: 24 GiB on CUDA, 0.25 on CPU)"),
-    Param("repeats", "int", 20, "timed calls per measurement (interleaved rounds)"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    DEVICE,
+    Param("pool_gib", "float", 0.0, "host pool to gather from (0: 24 GiB on CUDA, 0.25 on CPU)", ge=0),
+    Param("repeats", "int", 20, "timed calls per measurement (interleaved rounds)", gt=0),
+    OUT_DIR,
 ]
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 import statistics
 import os
-import time
 
 import torch
 
@@ -35,6 +34,7 @@ from ...engine.model.kv import KVPool
 from ...engine.transfer import HostGather, PerRow, Resident, ZeroCopy
 from ...stats import spread
 from ...params import BadInput, check_positive, resolve_device
+from ...sweep import event_ms
 
 EXPERIMENT = "probe"
 ROW_BYTES, LAYERS, BUDGET = 2048, 12, 2048
@@ -66,21 +66,8 @@ def bench(fns: dict, dev: torch.device, repeats: int, rounds: int = 4, flush: bo
         torch.cuda.synchronize(dev)
     for _ in range(rounds):
         for name, fn in fns.items():
-            if cuda:
-                ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(per_round)]
-                for s, e in ev:
-                    if scratch is not None:
-                        scratch.zero_()
-                    s.record()
-                    fn()
-                    e.record()
-                torch.cuda.synchronize(dev)
-                out[name] += [s.elapsed_time(e) for s, e in ev]
-            else:
-                for _ in range(per_round):
-                    t0 = time.perf_counter()
-                    fn()
-                    out[name].append((time.perf_counter() - t0) * 1e3)
+            out[name] += event_ms(fn, per_round, dev, mode="queued",
+                                  before=scratch.zero_ if scratch is not None else None)
     return out
 
 
@@ -272,32 +259,36 @@ def probe_selection(dev, repeats, contexts=(8 << 10, 64 << 10, 256 << 10, 1 << 2
     return out
 
 
-def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, gathers=None,
-              selection: bool = True, weights: bool = True) -> list[dict]:
+def probe_stages(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, gathers=None,
+                 selection: bool = True, weights: bool = True) -> list[tuple[str, "callable"]]:
+    """The probe's measurements in order, each a (name, function -> rows) pair: what a progress bar counts."""
     dev = resolve_device(device)
     check_positive("repeats", [repeats])
     if pool_gib < 0:
         raise BadInput(f"pool_gib must be >= 0, got {pool_gib}")
     pool_gib = pool_gib or (24.0 if dev.type == "cuda" else 0.25)
-    rows = probe_contiguous(dev, repeats) + probe_pageable(dev, repeats)
-    rows += probe_gathers(dev, pool_gib, repeats, **({} if gathers is None else {"which": gathers}))
+    stages = [("contiguous", lambda: probe_contiguous(dev, repeats)), ("pageable", lambda: probe_pageable(dev, repeats)),
+              ("gathers", lambda: probe_gathers(dev, pool_gib, repeats, **({} if gathers is None else {"which": gathers})))]
     if dev.type == "cuda":
-        rows.append(hbm_read_gbps(dev))
+        stages.append(("hbm_read", lambda: [hbm_read_gbps(dev)]))
         if weights:
-            rows += probe_weights(dev, repeats)
+            stages.append(("weights", lambda: probe_weights(dev, repeats)))
     if selection:
-        rows += probe_selection(dev, repeats, **({} if dev.type == "cuda" else
-                                                 {"contexts": (4096,), "batches": (1,), "budget": 64}))
-    return rows
+        stages.append(("selection", lambda: probe_selection(dev, repeats, **({} if dev.type == "cuda" else
+                                                            {"contexts": (4096,), "batches": (1,), "budget": 64}))))
+    return stages
+
+
+def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, gathers=None,
+              selection: bool = True, weights: bool = True) -> list[dict]:
+    """Every probe row, stage after stage (the first failure raises)."""
+    return [r for _, stage in probe_stages(device, pool_gib, repeats, gathers, selection, weights) for r in stage()]
 
 
 def check(p: dict) -> dict:
     """Validate resolved parameters against this machine (one line on bad input); returns them."""
     p = dict(p)
-    p["device"] = str(resolve_device(p["device"]))
-    check_positive("repeats", [p["repeats"]])
-    if p["pool_gib"] < 0:
-        raise BadInput(f"pool_gib must be >= 0, got {p['pool_gib']}")
+    p["device"] = str(resolve_device(p["device"]))       # repeats and pool_gib: bounds declared on the SPEC
     import psutil                 # the pinned pool must fit this machine's RAM at all (as decode checks)
     total = psutil.virtual_memory().total
     if p["pool_gib"] * 2**30 > total:
@@ -306,19 +297,40 @@ def check(p: dict) -> dict:
     return p
 
 
+def headline(m) -> list[str]:
+    """The link's GB/s per path, best configuration of each: the figures every speed plot's bound comes from."""
+    ok = m[(m["experiment"] == EXPERIMENT) & (m["status"] == "ok")]
+
+    def best(strategy: str, **where) -> str:
+        r = ok[ok["strategy"] == strategy]
+        for k, v in where.items():
+            r = r[r[k] == v] if k in r else r.iloc[0:0]
+        return "-" if r.empty or r["gbps"].isna().all() else f"{r['gbps'].max():.1f}"
+
+    lines = [f"contiguous H2D {best('contiguous', direction='h2d')} GB/s, D2H {best('contiguous', direction='d2h')}, "
+             f"pageable {best('pageable')}",
+             f"sparse gather of a step: zero_copy {best('zero_copy')} GB/s, host_gather {best('host_gather')}, "
+             f"per_row {best('per_row')}" + (f", from device memory {best('hbm_gather')}" if "hbm_gather" in set(ok["strategy"]) else "")]
+    if "hbm_read" in set(ok["strategy"]):
+        lines.append(f"device memory read {best('hbm_read')} GB/s")
+    return lines
+
+
 def run(p: dict, progress_bar: bool = True):
     """A run folder with the probe rows and telemetry (checked parameters: `experiments.probe`)."""
-    from ...results import Run
     from ...telemetry import Sampler
+    from ... import sweep
     dev = resolve_device(p["device"])
-    run = Run.create(p["out_dir"] or None, EXPERIMENT, p)
+    run = sweep.open_run(p, EXPERIMENT)
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": "qwen3.8-flash-next"}
-    try:
-        for r in run_probe(p["device"], p["pool_gib"], p["repeats"]):
-            run.add({**base, **r})
-    except Exception as ex:
-        from ...params import one_line
-        run.add({**base, "experiment": EXPERIMENT, "status": "failed", "error": one_line(ex)})
+    stages = probe_stages(p["device"], p["pool_gib"], p["repeats"])
+    with sweep.bar(len(stages), EXPERIMENT, progress_bar) as bar:
+        for name, stage in stages:
+            bar.set_postfix_str(name)
+            with sweep.point(run, {**base, "experiment": EXPERIMENT}):
+                for r in stage():
+                    run.add({**base, **r})
+            bar.update()
     # The NVML sampler runs after the timed probes, not beside them (its thread competes with the
     # host-side gathers): a short contiguous copy under it records the link generation under load.
     tel = Sampler(gpus=[dev.index or 0] if dev.type == "cuda" else []).start()
@@ -329,4 +341,5 @@ def run(p: dict, progress_bar: bool = True):
         tel.stop()
         run.write_table("telemetry", tel.frame())
         run.finish()        # the shared rule; an exception in flight (Ctrl-C included) decides too
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, EXPERIMENT)
     return run

@@ -6,58 +6,59 @@ every result checked against the rows it should hold. Code: `labkit.experiments.
 from __future__ import annotations
 
 from ...shapes import REFERENCE_BUDGET
-from ...params import BadInput, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan
 from .. import for_this_machine
 
 NAME = "pulse_blocks"
 
 SPEC = [
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("context", "int", "auto", "tokens a request's selection is drawn from (auto: 64K on CUDA, 4K on CPU)"),
-    Param("budget", "int", "auto", "rows selected per request and QSA layer (auto: 2048 on CUDA, 256 on CPU)"),
-    Param("blocks", "list[int]", [16], "positions per selected block (1: per token)"),
-    Param("requests", "list[int]", [1], "requests' selections moved per transfer"),
-    Param("repeats", "int", "auto", "timed calls per variant (auto: 20 on CUDA, 3 on CPU)"),
-    Param("threads", "int", 0, "CPU gather threads (0: all cores)"),
-    Param("chunk_bytes", "int", 8 << 20, "coalesced pipeline: bytes gathered per copy"),
-    Param("dma_split", "list[int]", [128, 512], "batched DMA split into calls of N units (one variant each)"),
-    Param("seed", "int", 0, "selections"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    SHAPE,
+    DEVICE,
+    Param("context", "int", "auto", "tokens a request's selection is drawn from (auto: 64K on CUDA, 4K on CPU)",
+          auto={"cuda": 64 << 10, "cpu": 4096}),
+    Param("budget", "int", "auto", "rows selected per request and QSA layer (auto: 2048 on CUDA, 256 on CPU)",
+          auto={"cuda": REFERENCE_BUDGET, "cpu": 256}),
+    Param("blocks", "list[int]", [16], "positions per selected block (1: per token)", ge=1),
+    Param("requests", "list[int]", [1], "requests' selections moved per transfer", ge=1),
+    Param("repeats", "int", "auto", "timed calls per variant (auto: 20 on CUDA, 3 on CPU)", ge=1,
+          auto={"cuda": 20, "cpu": 3}),
+    Param("threads", "int", 0, "CPU gather threads (0: all cores)", ge=0),
+    Param("chunk_bytes", "int", 8 << 20, "coalesced pipeline: bytes gathered per copy", gt=0),
+    Param("dma_split", "list[int]", [128, 512], "batched DMA split into calls of N units (one variant each)", ge=1),
+    SEED.but(help="selections"),
+    OUT_DIR,
 ]
-AUTO = {"cuda": dict(shape="qwen3.8-flash-next", context=64 << 10, budget=REFERENCE_BUDGET, repeats=20),
-        "cpu": dict(shape="tiny", context=4096, budget=256, repeats=3)}
 
 
 def plan(given: dict) -> Plan:
-    p = for_this_machine(SPEC, given, NAME, AUTO)
+    p = for_this_machine(SPEC, given, NAME)       # the declared bounds checked there
     for b in p["blocks"]:
-        if b < 1 or p["budget"] % b or p["context"] % b or not 0 < p["budget"] <= p["context"]:
+        if p["budget"] % b or p["context"] % b or not 0 < p["budget"] <= p["context"]:
             raise BadInput(f"budget {p['budget']} and context {p['context']} must be multiples of block {b}, "
                            "0 < budget <= context")
-    if not p["requests"] or min(p["requests"]) < 1 or p["chunk_bytes"] <= 0 or p["threads"] < 0 or p["repeats"] < 1:
-        raise BadInput("requests and repeats must be >= 1, chunk_bytes > 0, threads >= 0")
-    if any(n < 1 for n in p["dma_split"]):
-        raise BadInput(f"dma_split: units per call must be >= 1, got {p['dma_split']}")
+    if not p["requests"]:
+        raise BadInput("requests: none given")
     return Plan(NAME, p)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from .blocks_measure import block_probe
-    from ...params import one_line
-    from ...results import Run
+    from .blocks_measure import block_probe, headline
+    from ... import sweep
     from ...shapes import ModelShape
     p = dict(plan.params)
-    run = Run.create(p["out_dir"] or None, NAME, p)
+    run = sweep.open_run(p, NAME)
     gpu = run.manifest.get("gpu_name") or "cpu"
-    for req in p["requests"]:
-        for b in p["blocks"]:
-            try:
+    points = sweep.grid(req=p["requests"], b=p["blocks"])
+    with sweep.bar(len(points), NAME, progress_bar) as bar:
+        for pt in points:
+            req, b = pt["req"], pt["b"]
+            bar.set_postfix_str(f"block {b}, {req} request(s)")
+            with sweep.point(run, {"experiment": NAME}, block=b, requests=req):
                 for r in block_probe(ModelShape.from_name(p["shape"]), p["device"], p["context"], p["budget"], b,
                                      p["repeats"], p["threads"], seed=p["seed"], requests=req,
                                      chunk_bytes=p["chunk_bytes"], dma_split_units=tuple(p["dma_split"])):
                     run.add({**r, "gpu_name": gpu})
-            except Exception as ex:
-                run.add({"experiment": NAME, "status": "failed", "error": one_line(ex), "block": b, "requests": req})
+            bar.update()
     run.finish()                 # the shared rule over the rows
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, NAME)
     return run

@@ -39,34 +39,15 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 
 import torch
 
 from ...engine.transfer.coalesced import CoalescedLoader
 from ...engine.model.gather import gather_rows
 from ...shapes import ModelShape
+from ...sweep import event_ms
 
 WORD = 8
-
-
-def _timer(dev, fn, repeats: int) -> list[float]:
-    fn()                                    # warm (Triton JIT, staging buffers)
-    out = []
-    for _ in range(repeats):
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t) * 1e3)
-    return out
 
 
 def _host(shape, dev) -> torch.Tensor:
@@ -170,7 +151,7 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
                                                    lambda: dst[perm])
         for name, (fn, result) in variants.items():
             dst.zero_()
-            ms = _timer(dev, fn, repeats)
+            ms = event_ms(fn, repeats, dev, warmup=1)      # warm: Triton JIT, staging buffers
             correct = None
             if result is not None:
                 correct = bool(torch.equal(result().cpu(), ref))
@@ -188,3 +169,17 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
     for r in rows:
         r["ratio_to_contiguous"] = r["gbps"] / contiguous_gbps[r["selection"]]
     return rows
+
+
+def headline(m) -> list[str]:
+    """Per selection granularity at the largest block and request count: GB/s of each transfer against one
+    contiguous copy of the same bytes."""
+    ok = m[(m["experiment"] == "pulse_blocks") & (m["status"] == "ok")]
+    ok = ok[(ok["block"] == ok["block"].max()) & (ok["requests"] == ok["requests"].max())]
+    lines = []
+    for sel, d in ok.groupby("selection", sort=False):
+        best = d.sort_values("gbps", ascending=False)
+        lines.append(f"{sel}, blocks of {int(d['block'].iloc[0])}: " + ", ".join(
+            f"{r.strategy} {r.gbps:.1f}" for r in best.head(4).itertuples()) + " GB/s"
+            + f" (contiguous {float(d.loc[d['strategy'] == 'contiguous', 'gbps'].max()):.1f})")
+    return lines[:4]

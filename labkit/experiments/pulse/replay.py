@@ -6,58 +6,70 @@ constants are chosen on calibration windows and reported on the others. Code: `l
 from __future__ import annotations
 
 from ...engine.transfer import strategy_params
-from ...params import Param, Plan
+from ...shapes import REFERENCE_BUDGET
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from .. import checked
 
 NAME = "pulse"
 
 SPEC = [
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
+    DEVICE,
+    SHAPE,
     Param("trace", "str", "", "Mooncake-format trace (empty: the trace's first 1,000 requests, labkit/data)"),
     Param("windows", "int", 8, "disjoint windows of window_size consecutive trace requests, from the first"),
-    Param("window_size", "int", "auto", "requests per window (auto: 32 on CUDA, 4 on CPU)"),
+    Param("window_size", "int", "auto", "requests per window (auto: 32 on CUDA, 4 on CPU)", gt=0,
+          auto={"cuda": 32, "cpu": 4}),
     Param("calibration_windows", "int", 2, "the first N windows choose the threshold and fit the adaptive "
           "constants; the others are test windows (0: no fitting, the policies as given)"),
-    Param("rate", "float", 1.0, "arrival-rate multiplier (2: twice as fast as the trace)"),
-    Param("length_scale", "float", "auto", "multiply input lengths (auto: 1.0 on CUDA, 1/200 on CPU)"),
-    Param("max_output", "int", "auto", "cap output lengths (auto: 128 on CUDA, 6 on CPU)"),
+    Param("rate", "float", 1.0, "arrival-rate multiplier (2: twice as fast as the trace)", gt=0),
+    Param("length_scale", "float", "auto", "multiply input lengths (auto: 1.0 on CUDA, 1/200 on CPU)", gt=0,
+          auto={"cuda": 1.0, "cpu": 1 / 200}),
+    Param("max_output", "int", "auto", "cap output lengths (auto: 128 on CUDA, 6 on CPU)", gt=0,
+          auto={"cuda": 128, "cpu": 6}),
     Param("resident_slots", "int", 8, "requests with KV on the device"),
     Param("offload_slots", "int", 8, "requests with KV in host RAM"),
-    Param("capacity", "int", "auto", "tokens per request slot (auto: 131072 on CUDA, 512 on CPU)"),
+    Param("capacity", "int", "auto", "tokens per request slot (auto: 131072 on CUDA, 512 on CPU)", gt=0,
+          auto={"cuda": 131072, "cpu": 512}),
     Param("resident_pool_tokens", "int", 0, "device KV pool in tokens (0: slots x capacity)"),
-    Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 16 on CPU)"),
+    Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 16 on CPU)", gt=0,
+          auto={"cuda": REFERENCE_BUDGET, "cpu": 16}),
     Param("strategy", "str", "zero_copy", "the offload lane's strategy (block_dma: one batched DMA a layer)"),
     Param("select_block", "int", 1, "decode selects whole aligned blocks of N positions (16: PulseInfer's)"),
     *strategy_params(),        # the offload lane's strategy settings, declared beside each strategy
+    # thresholds are in the scaled lengths: on CPU inputs are x1/200, so 40 there stands where ~4096 stands
+    # at x0.5 on the GPU (a trace request of ~8K tokens)
     Param("reference", "str", "auto", "the policy every ratio is to, within a window (auto: noswitch:4096 on "
-          "CUDA, noswitch:40 on CPU)"),
+          "CUDA, noswitch:40 on CPU)", auto={"cuda": "noswitch:4096", "cpu": "noswitch:40"}),
     Param("thresholds", "list[int]", "auto", "static threshold candidates, chosen on the calibration windows "
-          "(auto: 4096,8192 on CUDA, 40,80 on CPU)"),
+          "(auto: 4096,8192 on CUDA, 40,80 on CPU)", auto={"cuda": [4096, 8192], "cpu": [40, 80]}),
     Param("adaptive_min_tokens", "list[int]", "auto", "adaptive grid: prompt length from which a request is "
-          "offloaded when its transfer hides (the engine's rule: the budget; auto: 2048,8192 on CUDA, 16,64 on CPU)"),
+          "offloaded when its transfer hides (the engine's rule: the budget; auto: 2048,8192 on CUDA, 16,64 on CPU)",
+          auto={"cuda": [REFERENCE_BUDGET, 8192], "cpu": [16, 64]}),
     Param("adaptive_hide", "list[float]", [1.0], "adaptive grid: a transfer hides when transfer <= HIDE x the "
           "normal batch's compute (the engine's rule: 1)"),
     Param("p99_limit", "float", 1.0, "a candidate is acceptable when its median p99 TPOT over the calibration "
-          "windows is at most this times the reference's"),
+          "windows is at most this times the reference's", gt=0),
     Param("policies", "list[str]", [], "more policies replayed as given on every window (not fitted): "
           "threshold:N, noswitch:N, adaptive, adaptive:MIN:HIDE, resident, offload"),
     Param("warmup", "bool", True, "untimed short replays first (the first replay of a process pays for kernel "
           "compiles: the reference always did in the one-window runs)"),
     Param("deadline_s", "float", 0.0, "start no window that would end past this many seconds (0: none); "
-          "the run is then partial and resume continues it"),
+          "the run is then partial and resume continues it", ge=0),
     Param("resume", "str", "", "continue a partial run of the same parameters: its folder, or auto (the "
           "newest such run under results/); its complete windows are kept, not replayed"),
-    Param("tpot_slo_ms", "float", "auto", "goodput's TPOT limit (auto: 50 on CUDA, 2000 on CPU)"),
+    Param("tpot_slo_ms", "float", "auto", "goodput's TPOT limit (auto: 50 on CUDA, 2000 on CPU)",
+          auto={"cuda": 50.0, "cpu": 2000.0}),
     Param("timeline_every", "int", 10, "record the switching timeline every N decode rounds"),
-    Param("page_size", "int", "auto", "KV page (auto: 256 on CUDA, 16 on CPU)"),
-    Param("prefill_chunk", "int", "auto", "prefill chunk (auto: 8192 on CUDA, 64 on CPU)"),
+    Param("page_size", "int", "auto", "KV page (auto: 256 on CUDA, 16 on CPU)", gt=0, auto={"cuda": 256, "cpu": 16}),
+    Param("prefill_chunk", "int", "auto", "prefill chunk (auto: 8192 on CUDA, 64 on CPU)", gt=0,
+          auto={"cuda": 8192, "cpu": 64}),
     Param("graphs", "bool", False, "CUDA graphs per batch composition (CUDA only)"),
     Param("compile", "bool", False, "torch.compile the block pieces (CUDA; one compile per batch size seen)"),
     Param("transport", "str", "http", "http: labkit serve + the load generator; inprocess: the scheduler's own "
-          "clock, no server (a GPU host without fastapi/uvicorn/httpx); auto: http when importable"),
-    Param("seed", "int", 0, "model weights"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+          "clock, no server (a GPU host without fastapi/uvicorn/httpx); auto: http when importable",
+          choices=("http", "inprocess", "auto")),
+    SEED.but(help="model weights"),
+    OUT_DIR,
 ]
 
 
@@ -65,7 +77,7 @@ def plan(given: dict) -> Plan:
     def check():          # the measuring module, imported once the parameters resolved
         from .replay_measure import check
         return check
-    return checked(NAME, SPEC, given, check)
+    return checked(NAME, SPEC, given, check, declared=SPEC)      # its "auto" values are decided there
 
 
 def run(plan: Plan, progress_bar: bool = True):

@@ -32,8 +32,7 @@ import time
 from pathlib import Path
 
 from ... import envs
-from ...shapes import REFERENCE_BUDGET
-from ...params import BadInput, one_line, resolve_device
+from ...params import BadInput, fill_auto, resolve_device
 
 EXPERIMENT = "pulse"
 # The first 1,000 requests (330 s of arrivals) of the Mooncake FAST'25 conversation trace (Apache-2.0,
@@ -41,37 +40,15 @@ EXPERIMENT = "pulse"
 # repository tree.
 TRACE = Path(__file__).resolve().parents[2] / "data" / "mooncake-conversation-first1000.jsonl"
 
-# Thresholds are in the scaled lengths: on CPU inputs are x1/200, so 40 there stands where ~4096 stands
-# at x0.5 on the GPU (a trace request of ~8K tokens).
-DEFAULTS = {"cuda": dict(shape="qwen3.8-flash-next", window_size=32, length_scale=1.0, max_output=128, capacity=131072,
-                         budget=REFERENCE_BUDGET, tpot_slo_ms=50.0, page_size=256, prefill_chunk=8192,
-                         reference="noswitch:4096", thresholds=[4096, 8192], adaptive_min_tokens=[REFERENCE_BUDGET, 8192]),
-            "cpu": dict(shape="tiny", window_size=4, length_scale=1 / 200, max_output=6, capacity=512, budget=16,
-                        tpot_slo_ms=2000.0, page_size=16, prefill_chunk=64,
-                        reference="noswitch:40", thresholds=[40, 80], adaptive_min_tokens=[16, 64])}
 # parameters that may differ between a run cut short and the run that resumes it
 RESUME_FREE = {"out_dir", "resume", "deadline_s", "trace"}
 
 
-def _params(given: dict) -> dict:
+def _params(given: dict, spec: list) -> dict:
     p = dict(given)
     dev = resolve_device(p["device"])
-    d = DEFAULTS["cuda" if dev.type == "cuda" else "cpu"]
-    for k, v in d.items():
-        if p[k] in (0, 0.0, "auto", ""):
-            p[k] = v
+    fill_auto(spec, p, dev.type)        # each "auto" for this device, then the declared bounds and choices
     p["trace"] = p["trace"] or str(TRACE)
-    if p["rate"] <= 0:
-        raise BadInput(f"rate must be > 0, got {p['rate']}")
-    if p["length_scale"] <= 0:
-        raise BadInput(f"length_scale must be > 0, got {p['length_scale']}")
-    for k in ("window_size", "max_output", "capacity", "budget", "page_size", "prefill_chunk"):
-        if p[k] <= 0:
-            raise BadInput(f"{k} must be > 0, got {p[k]}")
-    if p["deadline_s"] < 0:
-        raise BadInput(f"deadline_s must be >= 0 (0: none), got {p['deadline_s']}")
-    if not p["p99_limit"] > 0:
-        raise BadInput(f"p99_limit must be > 0, got {p['p99_limit']}")
     if p["calibration_windows"] > 0 and not (p["thresholds"] or p["adaptive_min_tokens"] and p["adaptive_hide"]):
         raise BadInput("calibration windows need candidates: thresholds, or adaptive_min_tokens with adaptive_hide")
     if p["select_block"] < 1 or p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
@@ -95,8 +72,6 @@ def _params(given: dict) -> dict:
         import importlib.util
         have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
         p["transport"] = "http" if have else "inprocess"
-    if p["transport"] not in ("http", "inprocess"):
-        raise BadInput(f"transport must be http, inprocess or auto, got {p['transport']!r}")
     if p["resident_slots"] < 0 or p["offload_slots"] < 0 or p["resident_slots"] + p["offload_slots"] == 0:
         raise BadInput("resident_slots and offload_slots must be >= 0, not both 0")
     from ...engine.drive.policies import check_policy
@@ -112,14 +87,15 @@ def _params(given: dict) -> dict:
     return p
 
 
-def check(given: dict) -> dict:
+def check(given: dict, declared: list) -> dict:
     """Validate resolved parameters, the trace and its windows included, find the run to resume, and decide
-    the "auto" ones, before anything is allocated (one line on bad input)."""
+    the "auto" ones, before anything is allocated (one line on bad input). `declared`: the experiment's SPEC (its
+    declared per-device values and bounds), handed over by `plan` so this module need not import it."""
     import hashlib
 
     from ...serving.workload import load_trace
     from ...stats.windows import window_bounds
-    p = _params(given)
+    p = _params(given, declared)
     rows = load_trace(p["trace"])
     window_bounds(len(rows), p["windows"], p["window_size"], p["calibration_windows"])
     for i, r in enumerate(rows[:p["windows"] * p["window_size"]]):
@@ -316,8 +292,8 @@ def run(p: dict, progress_bar: bool = False):
     import torch
 
     from ...engine.model.hybrid import HybridModel
-    from ...results import Run
     from ...serving.workload import load_trace
+    from ... import sweep
     from ...shapes import ModelShape
     from ...stats import windows as W
     t0 = time.monotonic()
@@ -325,7 +301,7 @@ def run(p: dict, progress_bar: bool = False):
     roles = {b["window"]: b["role"] for b in bounds}
     sampled = next(b["window"] for b in bounds if b["role"] == "test")     # the window whose rounds are kept
     before = _earlier(p["resume"])
-    run = Run.create(p["out_dir"] or None, EXPERIMENT, {**p, "policies": ",".join(p["policies"])})
+    run = sweep.open_run(p, EXPERIMENT, {**p, "policies": ",".join(p["policies"])})
     run.update_manifest(windows=bounds, calibration=[w for w, r in roles.items() if r == "calibration"],
                         test=[w for w, r in roles.items() if r == "test"], selection_rule=W.RULE, sampled_window=sampled,
                         resumed_from=[before["me"], *before["resumed_from"]] if before else [])
@@ -341,11 +317,14 @@ def run(p: dict, progress_bar: bool = False):
 
     def replay(w: int, pol: str) -> dict:
         where = {"window": w, "window_role": roles[w]}
+        bar.set_postfix_str(f"window {w} ({roles[w]}) {pol}")
         try:
             out = replay_policy(pol, {**p, "timeline_every": p["timeline_every"] if w == sampled else 0},
                                 requests(p, w), model)
         except Exception as ex:   # noqa: BLE001 - recorded, the next policy runs
-            return {**base, "experiment": EXPERIMENT, "policy": pol, "status": "failed", "error": one_line(ex)}
+            return sweep.failed_row(ex, {**base, "experiment": EXPERIMENT, "policy": pol})
+        finally:
+            bar.update()
         lane = {r["request_id"]: r.get("lane") for r in out["stats"]["records"]}
         for r in out["records"]:
             tables["requests"].append({"policy": pol, **where, **{k: v for k, v in r.items() if k not in ("text", "token_times")},
@@ -367,7 +346,11 @@ def run(p: dict, progress_bar: bool = False):
     if p["warmup"]:
         run.update_manifest(warmup_s=round(_warm_up(p, model, [p["reference"], *W.planned(p, "calibration", {})]), 2))
     earlier = before.get("metrics") if before else None
-    out = W.replay_windows(p, bounds, replay, record, earlier=earlier, t0=t0)
+    # the replays planned (a test window runs the reference, each fitted arm's choice and the extra policies)
+    fitted = {arm: arm for arm, c in W.candidates(p).items() if c}
+    total = sum(len(W.planned(p, b["role"], fitted)) for b in bounds)
+    with sweep.bar(total, EXPERIMENT, progress_bar) as bar:
+        out = W.replay_windows(p, bounds, replay, record, earlier=earlier, t0=t0)
     for w in out["kept"]:             # what the earlier run measured on the windows kept from it
         for name in tables:
             t = before.get(name, pd.DataFrame())
@@ -388,4 +371,21 @@ def run(p: dict, progress_bar: bool = False):
         run.finish(error=f"{out['stopped']}: windows {', '.join(map(str, left))} not replayed (resume=auto continues)")
     else:
         run.finish()
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), run.path, p)), progress_bar, EXPERIMENT)
     return run
+
+
+def headline(m, path, p: dict) -> list[str]:
+    """Per policy arm over the test windows: throughput and p99 TPOT against the reference (median of the
+    windows); with no test window, each policy's throughput and p99 TPOT."""
+    import pandas as pd
+    s = pd.read_parquet(path / "window_summary.parquet") if (path / "window_summary.parquet").is_file() else pd.DataFrame()
+    if len(s) and "throughput_ratio" in s:
+        return [f"test windows, against {p['reference']}: " + ", ".join(
+            f"{r['arm']} ({r['policy']}) throughput {r['throughput_ratio']:.2f}x"
+            + (f", p99 TPOT {r['tpot_p99_ratio']:.2f}x" if r.get("tpot_p99_ratio") == r.get("tpot_p99_ratio") else "")
+            for r in s.to_dict("records") if r["arm"] != "reference")]
+    ok = m[(m["experiment"] == EXPERIMENT) & (m["status"] == "ok")]
+    per = ok.groupby("policy", sort=False)[["output_throughput", "tpot_ms_p99"]].median()
+    return ["per policy: " + ", ".join(f"{pol} {r.output_throughput:,.1f} tok/s (p99 TPOT {r.tpot_ms_p99:.1f} ms)"
+                                       for pol, r in per.iterrows())]

@@ -6,41 +6,40 @@ from __future__ import annotations
 
 from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
-from ...params import BadInput, Param, Plan, check_positive
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan, check_positive
 from .. import for_this_machine
 
 NAME = "pulse_scaling"
 
 SPEC = [
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("context", "int", "auto", "tokens per request (auto: 1M on CUDA, 1K on CPU)"),
-    Param("requests", "list[int]", "auto", "request counts (auto: 1,2,4,6,8,12,16 on CUDA, 1,2,4 on CPU)"),
-    Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 64 on CPU)"),
+    SHAPE,
+    DEVICE,
+    Param("context", "int", "auto", "tokens per request (auto: 1M on CUDA, 1K on CPU)", gt=0,
+          auto={"cuda": 1 << 20, "cpu": 1024}),
+    Param("requests", "list[int]", "auto", "request counts (auto: 1,2,4,6,8,12,16 on CUDA, 1,2,4 on CPU)", gt=0,
+          auto={"cuda": [1, 2, 4, 6, 8, 12, 16], "cpu": [1, 2, 4]}),
+    Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 64 on CPU)",
+          auto={"cuda": REFERENCE_BUDGET, "cpu": 64}),
     Param("strategy", "str", "zero_copy", "the offloaded requests' transfer strategy"),
-    Param("steps", "int", 10, "timed steps per mode"),
-    Param("page_size", "int", "auto", "KV page size in tokens (auto: 256 on CUDA, 16 on CPU)"),
+    Param("steps", "int", 10, "timed steps per mode", gt=0),
+    Param("page_size", "int", "auto", "KV page size in tokens (auto: 256 on CUDA, 16 on CPU)", gt=0,
+          auto={"cuda": 256, "cpu": 16}),
     Param("graphs", "bool", True, "replay CUDA graphs (CUDA only)"),
     Param("compile", "bool", False, "torch.compile the block pieces (one compile per batch size)"),
-    Param("select_block", "int", 1, "select whole aligned blocks of N positions"),
+    Param("select_block", "int", 1, "select whole aligned blocks of N positions", gt=0),
     *strategy_params(),
-    Param("seed", "int", 0, "weights and cache contents"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    SEED,
+    OUT_DIR,
 ]
-AUTO = {"cuda": dict(shape="qwen3.8-flash-next", context=1 << 20, requests=[1, 2, 4, 6, 8, 12, 16], budget=REFERENCE_BUDGET,
-                     page_size=256),
-        "cpu": dict(shape="tiny", context=1024, requests=[1, 2, 4], budget=64, page_size=16)}
 
 
 def plan(given: dict) -> Plan:
     from ...engine.transfer import STRATEGIES
-    p = for_this_machine(SPEC, given, NAME, AUTO)
+    p = for_this_machine(SPEC, given, NAME)       # the declared bounds checked there
     if p["strategy"] not in STRATEGIES or STRATEGIES[p["strategy"]].medium != "host":
         raise BadInput(f"strategy {p['strategy']!r}: every request is offloaded, choose a host strategy "
                        f"({', '.join(n for n, c in STRATEGIES.items() if c.medium == 'host')})")
-    check_positive("requests", p["requests"] or [0])
-    for k in ("context", "steps", "page_size", "select_block"):
-        check_positive(k, [p[k]])
+    check_positive("requests", p["requests"] or [0])      # none given
     if not 1 <= p["budget"] <= p["context"]:
         raise BadInput(f"budget {p['budget']} must be in [1, context {p['context']}]")
     if p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
@@ -51,24 +50,25 @@ def plan(given: dict) -> Plan:
 def run(plan: Plan, progress_bar: bool = True):
     import pandas as pd
 
-    from .scaling_measure import scaling
+    from .scaling_measure import headline, scaling
+    from ... import sweep
     from ...engine.transfer import setting_names
-    from ...params import one_line
-    from ...results import Run
     from ...shapes import ModelShape
     p = dict(plan.params)
-    run = Run.create(p["out_dir"] or None, NAME, p)
+    run = sweep.open_run(p, NAME)
     try:
-        rows, spans = scaling(ModelShape.from_name(p["shape"]), p["device"], p["context"], p["requests"], p["budget"],
-                              p["strategy"], p["steps"], graphs=p["graphs"], compile=p["compile"],
-                              page_size=p["page_size"], seed=p["seed"], select_block=p["select_block"],
-                              settings={k: p[k] for k in setting_names()}, log=print if progress_bar else (lambda *a: None))
-    except Exception as ex:
-        run.add({"experiment": NAME, "status": "failed", "error": one_line(ex)})
+        with sweep.bar(len(p["requests"]), NAME, progress_bar) as bar:
+            rows, spans = scaling(ModelShape.from_name(p["shape"]), p["device"], p["context"], p["requests"],
+                                  p["budget"], p["strategy"], p["steps"], graphs=p["graphs"], compile=p["compile"],
+                                  page_size=p["page_size"], seed=p["seed"], select_block=p["select_block"],
+                                  settings={k: p[k] for k in setting_names()}, log=lambda *a: None, bar=bar)
+    except Exception as ex:      # before any point (the model, the pools): the run's one failed row
+        run.add(sweep.failed_row(ex, {"experiment": NAME}))
         run.finish(error=ex)
         return run
     for r in rows:
         run.add(r)
     run.write_table("timeline", pd.DataFrame(spans))
     run.finish()                 # the shared rule over the rows
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, NAME)
     return run

@@ -24,11 +24,11 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
-import time
 
 import torch
 
 from ...params import BadInput
+from ...sweep import failed_row, wall_ms
 
 
 # ------------------------------------------------------------------------------------------ the bound
@@ -84,22 +84,6 @@ def aliased_cache(model, pool, n_slots: int, context: int, capacity: int, page_s
     return c
 
 
-def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _time(fn, n: int, dev) -> list[float]:
-    out = []
-    for _ in range(n):
-        _sync(dev)
-        t = time.perf_counter()
-        fn()
-        _sync(dev)
-        out.append((time.perf_counter() - t) * 1e3)
-    return out
-
-
 def _link_probe(pool, nbytes: int, dev, repeats: int = 10) -> dict:
     """Contiguous pinned H2D of `nbytes` from the pool (the link's reference) and a device-to-device
     copy of the same size (HBM: read + write counted)."""
@@ -107,8 +91,8 @@ def _link_probe(pool, nbytes: int, dev, repeats: int = 10) -> dict:
     src = pool.data.view(-1)[:words]
     dst = torch.empty(words, dtype=torch.int64, device=dev)
     d2 = torch.empty_like(dst)
-    h2d = _time(lambda: dst.copy_(src, non_blocking=True), repeats, dev)
-    d2d = _time(lambda: d2.copy_(dst), repeats, dev)
+    h2d = wall_ms(lambda: dst.copy_(src, non_blocking=True), repeats, dev)
+    d2d = wall_ms(lambda: d2.copy_(dst), repeats, dev)
     return {"link_gbps": nbytes / statistics.median(h2d) / 1e6, "hbm_gbps": 2 * nbytes / statistics.median(d2d) / 1e6}
 
 
@@ -116,8 +100,9 @@ def _link_probe(pool, nbytes: int, dev, repeats: int = 10) -> dict:
 def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2, 4, 8, 16), budget: int = 2048,
             strategy: str = "zero_copy", steps: int = 10, warmup: int = 2, graphs: bool = True,
             compile: bool = False, page_size: int = 256, seed: int = 0, log=print, select_block: int = 1,
-            settings: dict | None = None):
-    """Rows (one per N and mode) and one switched round's timeline per N; see the module doc."""
+            settings: dict | None = None, bar=None):
+    """Rows (one per N and mode) and one switched round's timeline per N; see the module doc. `bar` (a
+    `sweep.bar`) advances per request count."""
     from ...engine import Engine, HybridModel, get_strategy
     from ...engine.model.kv import KVPool
     from ...engine.drive.dispatch import warm_up
@@ -161,6 +146,8 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
     rows, spans = [], []
     for n in requests:
         na, nb = -(-n // 2), n // 2
+        if bar is not None:
+            bar.set_postfix_str(f"{n} request(s)")
         try:
             kw = dict(compile=compile, select_block=select_block)
             lanes = {"no_switch": (Engine(model, full, st_off, budget, **kw), n),
@@ -205,8 +192,7 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
                 timed["switched"] = sw
             ms = {}
             for k, fn in timed.items():
-                _time(fn, warmup, dev)
-                t = _time(fn, steps, dev)
+                t = wall_ms(fn, steps, dev, warmup=warmup)
                 ms[k] = (statistics.median(t), min(t), max(t))
             link = probe["link_gbps"]
             t_req = req_bytes / link / 1e6 if link else None
@@ -232,10 +218,27 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
                 rows[-2]["h2d_bytes_per_step_counted"] = sum(int(r.h2d_bytes) for r in stats.loads_offloaded)
                 spans += [{"concurrency": n, **s} for s in tl.spans()]
         except Exception as ex:      # noqa: BLE001 - a failed point is a row, the sweep goes on
-            from ...params import one_line
-            rows.append({**base, "mode": "failed", "concurrency": n, "status": "failed", "error": one_line(ex)})
-            log(f"N={n}: failed: {one_line(ex)}")
+            rows.append(failed_row(ex, {**base, "mode": "failed", "concurrency": n}))
+            log(f"N={n}: {rows[-1]['error']}")
         finally:
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
+            if bar is not None:
+                bar.update()
     return rows, spans
+
+
+def headline(m) -> list[str]:
+    """tok/s of one batch against two switched, per request count, and where switching starts to pay."""
+    ok = m[(m["experiment"] == "pulse_scaling") & (m["status"] == "ok")]
+    t = ok.pivot_table(index="concurrency", columns="mode", values="tok_s", aggfunc="max")
+    def vs(r) -> str:
+        v = r.get("switched")
+        return "" if v is None or v != v else f" vs {v:,.0f}"
+    parts = [f"{n}: {r['no_switch']:,.0f}{vs(r)}" for n, r in t.to_dict("index").items()]
+    lines = [f"tok/s one batch vs two switched, by requests ({ok['strategy'].iloc[0]}, {int(ok['context_len'].iloc[0])} "
+             "tokens each): " + "; ".join(parts)]
+    if "switched" in t:
+        wins = t.index[t["switched"] > t["no_switch"]]
+        lines.append(f"switching pays from {int(wins.min())} requests" if len(wins) else "switching did not pay at any count")
+    return lines

@@ -7,43 +7,42 @@ from __future__ import annotations
 
 from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
-from ...params import BadInput, Param, Plan, check_positive
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan, check_positive
 from .. import for_this_machine
 
 NAME = "pulse_switch"
 
 SPEC = [
-    Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("device", "str", "auto", "auto, cpu, cuda, cuda:N"),
-    Param("contexts", "list[int]", "auto", "offloaded batch's context (auto: 64K on CUDA, 1K on CPU)"),
-    Param("offload_batches", "list[int]", [4], "requests in the offloaded batch"),
-    Param("normal_batch", "int", 4, "requests in the resident batch"),
-    Param("normal_context", "int", "auto", "resident batch's context (auto: 8K on CUDA, 256 on CPU)"),
-    Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 64 on CPU)"),
+    SHAPE,
+    DEVICE,
+    Param("contexts", "list[int]", "auto", "offloaded batch's context (auto: 64K on CUDA, 1K on CPU)", gt=0,
+          auto={"cuda": [64 << 10], "cpu": [1024]}),
+    Param("offload_batches", "list[int]", [4], "requests in the offloaded batch", gt=0),
+    Param("normal_batch", "int", 4, "requests in the resident batch", gt=0),
+    Param("normal_context", "int", "auto", "resident batch's context (auto: 8K on CUDA, 256 on CPU)", gt=0,
+          auto={"cuda": 8 << 10, "cpu": 256}),
+    Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 64 on CPU)", gt=0,
+          auto={"cuda": REFERENCE_BUDGET, "cpu": 64}),
     Param("strategy", "str", "zero_copy", "the offloaded batch's transfer strategy"),
-    Param("steps", "int", 10, "timed rounds per mode"),
+    Param("steps", "int", 10, "timed rounds per mode", gt=0),
     Param("graphs", "bool", True, "replay CUDA graphs (CUDA only)"),
-    Param("lookahead", "int", 2, "blocks the normal batch runs ahead between checks of a transfer"),
-    Param("select_block", "int", 1, "the offloaded batch selects whole aligned blocks of N positions"),
+    Param("lookahead", "int", 2, "blocks the normal batch runs ahead between checks of a transfer", gt=0),
+    Param("select_block", "int", 1, "the offloaded batch selects whole aligned blocks of N positions", gt=0),
     Param("compute_ref", "bool", True, "also time the offloaded batch with its rows on the device (the bound)"),
     *strategy_params(),
-    Param("seed", "int", 0, "weights and cache contents"),
-    Param("out_dir", "str", "", "run folder (empty: results/<run-id>)"),
+    SEED,
+    OUT_DIR,
 ]
-AUTO = {"cuda": dict(shape="qwen3.8-flash-next", contexts=[64 << 10], normal_context=8 << 10, budget=REFERENCE_BUDGET),
-        "cpu": dict(shape="tiny", contexts=[1024], normal_context=256, budget=64)}
 
 
 def plan(given: dict) -> Plan:
     from ...engine.transfer import STRATEGIES
-    p = for_this_machine(SPEC, given, NAME, AUTO)
+    p = for_this_machine(SPEC, given, NAME)       # the declared bounds checked there
     if p["strategy"] not in STRATEGIES or STRATEGIES[p["strategy"]].medium != "host":
         raise BadInput(f"strategy {p['strategy']!r}: the offloaded batch needs a host strategy "
                        f"({', '.join(n for n, c in STRATEGIES.items() if c.medium == 'host')})")
     for k in ("contexts", "offload_batches"):
-        check_positive(k, p[k] or [0])
-    for k in ("normal_batch", "normal_context", "budget", "steps", "lookahead", "select_block"):
-        check_positive(k, [p[k]])
+        check_positive(k, p[k] or [0])            # none given
     if p["budget"] % p["select_block"] or any(c < p["budget"] for c in p["contexts"]):
         raise BadInput(f"budget {p['budget']} must be a multiple of select_block {p['select_block']} and "
                        f"no larger than every context")
@@ -53,18 +52,20 @@ def plan(given: dict) -> Plan:
 def run(plan: Plan, progress_bar: bool = True):
     import pandas as pd
 
-    from .switch_measure import switching_point
-    from ...params import one_line
-    from ...results import Run
+    from .switch_measure import headline, switching_point
+    from ... import sweep
     from ...shapes import ModelShape
     from ...engine.transfer import setting_names
     p = dict(plan.params)
-    run = Run.create(p["out_dir"] or None, NAME, p)
+    run = sweep.open_run(p, NAME)
     settings = {k: p[k] for k in setting_names()}
     spans = []
-    for ctx in p["contexts"]:
-        for ob in p["offload_batches"]:
-            try:
+    points = sweep.grid(ctx=p["contexts"], ob=p["offload_batches"])
+    with sweep.bar(len(points), NAME, progress_bar) as bar:
+        for pt in points:
+            ctx, ob = pt["ctx"], pt["ob"]
+            bar.set_postfix_str(f"{ob} offloaded at {ctx}")
+            with sweep.point(run, {"experiment": NAME}, context_len=ctx, offload_batch=ob, strategy=p["strategy"]):
                 r = switching_point(ModelShape.from_name(p["shape"]), p["device"], ctx, ob, p["normal_batch"],
                                     p["normal_context"], p["budget"], p["strategy"], p["steps"], seed=p["seed"],
                                     graphs=p["graphs"], lookahead=p["lookahead"], compute_ref=p["compute_ref"],
@@ -74,9 +75,8 @@ def run(plan: Plan, progress_bar: bool = True):
                          "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"],
                          "strategy": p["strategy"], "context_len": ctx, "budget": p["budget"],
                          "concurrency": ob + p["normal_batch"], "offload_batch": ob, **r})
-            except Exception as ex:           # one failed point is a row; the sweep goes on
-                run.add({"experiment": NAME, "status": "failed", "error": one_line(ex), "context_len": ctx,
-                         "offload_batch": ob, "strategy": p["strategy"]})
+            bar.update()
     run.write_table("timeline", pd.DataFrame(spans))
     run.finish()                 # the shared rule over the rows
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, NAME)
     return run

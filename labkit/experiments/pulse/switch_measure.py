@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 
 import torch
 
@@ -30,11 +29,7 @@ from ...engine.drive.dispatch import warm_up
 from ...engine.drive.runner import DecodeState
 from ...engine.drive.switching import Loader, Timeline, capture_pieces, replay, replay_inline, sequential_round, switched_round
 from ...shapes import ModelShape
-
-
-def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+from ...sweep import wall_ms
 
 
 def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False, select_block=1, settings=None):
@@ -45,17 +40,6 @@ def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False, selec
     s = DecodeState(e, batch, None, steps + 8)
     st.bind(cache, batch, s.k)
     return e, s
-
-
-def _time(fn, steps, dev) -> list[float]:
-    out = []
-    for _ in range(steps):
-        _sync(dev)
-        t = time.perf_counter()
-        fn()
-        _sync(dev)
-        out.append((time.perf_counter() - t) * 1e3)
-    return out
 
 
 @torch.inference_mode()
@@ -120,8 +104,7 @@ def switching_point(shape: ModelShape, device: str = "cuda", context: int = 6553
            "graphs": graphs, "compile": compile,
            "lookahead": lookahead if graphs else 0}
     for name, fn in modes.items():
-        _time(fn, warmup, dev)
-        ms = _time(fn, steps, dev)
+        ms = wall_ms(fn, steps, dev, warmup=warmup)
         out[f"{name}_ms"] = statistics.median(ms)
         out[f"{name}_ms_min"] = min(ms)
         if name == "switched":
@@ -161,3 +144,15 @@ def strategy_settings(pairs: list[str]) -> dict:
             raise BadInput(f"--set {k}: not a strategy setting (choose from {', '.join(spec)})")
         out[k] = parse_value(spec[k], v)
     return out
+
+
+def headline(m) -> list[str]:
+    """Per point: the two batches switched against run in turn, and the bound of perfect overlap."""
+    ok = m[(m["experiment"] == "pulse_switch") & (m["status"] == "ok")]
+    lines = []
+    for r in ok.to_dict("records")[:3]:
+        bound = r.get("bound_speedup")
+        lines.append(f"{int(r['offload_batch'])} offloaded at {int(r['context_len'])} + {int(r['normal_batch'])} resident: "
+                     f"switched {r['switched_ms']:.2f} ms vs in turn {r['sequential_ms']:.2f} ms "
+                     f"({r['speedup_vs_sequential']:.2f}x" + (f", bound {bound:.2f}x)" if bound == bound and bound is not None else ")"))
+    return lines

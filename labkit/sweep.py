@@ -1,0 +1,201 @@
+"""The sweep core every experiment measures through: the grid of points, the run folder, the failed-row
+rule, the progress bar, the two timers and the closing summary lines. It sits below the experiments (it
+imports params, results, progress and stats only), so quality, cross-model and serving use it too.
+
+- `grid(**axes)`: every combination of the axes as dicts, the last axis varying fastest (nested loops'
+  order, so the rows come out as the hand-written loops made them).
+- `open_run(p, experiment)`: the run folder (`p["out_dir"]`, or `results/<run id>` when empty).
+- `failed_row(ex, head, **tail)` / `attempt(fn, head, **tail)` / `with point(run, head, **tail)`: an exception
+  at one point becomes a `status=failed` row with the error in one line, and the sweep goes on.
+- `bar(total, desc, enabled)`: the progress bar (plain text to stderr under `labkit run`, streamed to the CLI).
+- `event_ms(fn, n, dev)`: GPU time per call from CUDA events (wall time on a CPU); `wall_ms(fn, n, dev)`: host
+  wall time per call between two synchronizes; `sync(dev)`; `timed(...)`: a timer's samples as a `Spread`.
+- `headline(lines, enabled)`: the few lines of what a run measured, printed before the CLI prints the
+  report's path.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from typing import Any, Callable, Iterator
+
+from .params import one_line
+
+
+# ---------------------------------------------------------------------------------------------- points
+def grid(**axes) -> list[dict]:
+    """The product of the axes (name -> values), in nested-loop order: `grid(a=[1, 2], b="xy")` ->
+    a=1 b=x, a=1 b=y, a=2 b=x, a=2 b=y."""
+    names = list(axes)
+    return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def open_run(p: dict, experiment: str, params: dict | None = None):
+    """The run folder of checked parameters `p`: `p["out_dir"]`, or `results/<run id>` when it is empty;
+    `params`: what the manifest records, when not `p` itself."""
+    from .results import Run
+    return Run.create(p.get("out_dir") or None, experiment, dict(p if params is None else params))
+
+
+def failed_row(ex: BaseException, head: dict | None = None, **tail) -> dict:
+    """The row of a point that raised `ex`: `head`, then status=failed and the error in one line, then `tail`
+    (the point's coordinates), in that order (the columns of a table follow its rows' key order)."""
+    return {**(head or {}), "status": "failed", "error": one_line(ex), **tail}
+
+
+def attempt(fn: Callable[[], dict], head: dict | None = None, *, on_fail: Callable[[BaseException], Any] | None = None,
+            **tail) -> dict:
+    """`fn()`'s row, or the failed row of the exception it raised (`on_fail(ex)` first: free memory, say).
+    Only `Exception`: Ctrl-C still ends the sweep."""
+    try:
+        return fn()
+    except Exception as ex:  # one failed point is a row; the sweep goes on
+        if on_fail is not None:
+            on_fail(ex)
+        return failed_row(ex, head, **tail)
+
+
+@contextlib.contextmanager
+def point(run, head: dict | None = None, **tail) -> Iterator[None]:
+    """`with point(run, head, **coords): ...measure and run.add...`: an exception inside adds the point's
+    failed row to `run` and the sweep goes on."""
+    try:
+        yield
+    except Exception as ex:  # one failed point is a row; the sweep goes on
+        run.add(failed_row(ex, head, **tail))
+
+
+class _Silent:
+    """A bar that shows nothing (progress off): the same methods."""
+    n = 0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        pass
+
+    def set_description(self, desc: str = "", refresh: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def bar(total: int, desc: str, enabled: bool = True):
+    """The sweep's progress bar over `total` points (a context manager; `update()` per point,
+    `set_postfix_str()` for the point being measured). `enabled=False`: nothing is printed."""
+    if not enabled:
+        return _Silent()
+    from .progress import progress
+    return progress(total=total, desc=desc)
+
+
+def headline(lines: list[str], enabled: bool = True, name: str = "") -> None:
+    """Print what a run measured, a few lines (`name: ...`), after its points and before the CLI names the
+    report. A summary that cannot be drawn (every point failed) says so instead of raising."""
+    if not enabled:
+        return
+    import sys
+    sys.stderr.flush()          # the bar's last line first
+    for line in lines or ["nothing measured"]:
+        print(f"{name}: {line}" if name else line, flush=True)
+
+
+def summary_lines(fn: Callable[[], list[str]]) -> list[str]:
+    """`fn()`'s lines; a summary that raises (a column missing because every point failed) is one line."""
+    try:
+        return list(fn())
+    except Exception as ex:
+        return [f"no summary ({one_line(ex)})"]
+
+
+# ---------------------------------------------------------------------------------------------- timers
+def sync(dev) -> None:
+    """Wait for the device's queued work (nothing on a CPU)."""
+    if getattr(dev, "type", str(dev).split(":")[0]) == "cuda":
+        import torch
+        torch.cuda.synchronize(dev)
+
+
+def wall_ms(fn: Callable[[], Any], n: int, dev, warmup: int = 0) -> list[float]:
+    """Host wall time of each of `n` calls, in ms, between a synchronize before and after the call (what a
+    host-driven step costs, launches and waits included). `warmup` untimed calls first, timed the same way."""
+    for _ in range(warmup):
+        sync(dev)
+        fn()
+        sync(dev)
+    out = []
+    for _ in range(n):
+        sync(dev)
+        t = time.perf_counter()
+        fn()
+        sync(dev)
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def event_ms(fn: Callable[[], Any], n: int, dev, warmup: int = 0, mode: str = "isolated",
+             before: Callable[[], Any] | None = None) -> list[float]:
+    """GPU time of each of `n` calls, in ms, from CUDA events (on a CPU: wall time of each call).
+
+    `mode`: "isolated" (a synchronize before each call, its end awaited: one call alone on the device),
+    "queued" (event pairs around calls issued back to back, one synchronize at the end; `before()` runs
+    ahead of each call outside its events, e.g. an L2 flush) or "chained" (one event between consecutive
+    calls: the steps of a decode loop, no gap left out). `warmup` untimed calls first."""
+    import torch
+    if mode not in ("isolated", "queued", "chained"):
+        raise ValueError(f"event_ms mode {mode!r}: isolated, queued or chained")
+    for _ in range(warmup):
+        fn()
+    if getattr(dev, "type", None) != "cuda":
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+        return out
+    if mode == "isolated":
+        out = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        return out
+    if mode == "queued":
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for s, e in ev:
+            if before is not None:
+                before()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize(dev)
+        return [s.elapsed_time(e) for s, e in ev]
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]      # chained
+    ev[0].record()
+    for i in range(n):
+        fn()
+        ev[i + 1].record()
+    torch.cuda.synchronize()
+    return [ev[i].elapsed_time(ev[i + 1]) for i in range(n)]
+
+
+def timed(fn: Callable[[], Any], n: int, dev, warmup: int = 1, timer: str = "event", **options):
+    """`n` timed calls after `warmup` as a `labkit.stats.Spread` (median, min, max, n) in ms; `timer`:
+    "event" (`event_ms`) or "wall" (`wall_ms`)."""
+    from .stats import spread
+    if timer == "wall":
+        return spread(wall_ms(fn, n, dev, warmup))
+    return spread(event_ms(fn, n, dev, warmup, **options))
