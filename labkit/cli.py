@@ -12,6 +12,8 @@
     labkit serve                               labkit's engine behind an OpenAI-compatible endpoint
     labkit shapes [--json]
     labkit docs [--write]                      the measured tables in README.md and docs/ from committed runs
+    labkit node --head --ip ADDR | --address HEAD:PORT --ip ADDR     a box joins the lab's Ray cluster
+    labkit nightly --plan P --cluster HEAD:PORT, labkit run X ... --cluster HEAD:PORT [--on KIND]
 
 Every argument parser of labkit lives here. Bad input prints one line and exits 2 before anything is
 allocated or written; parsing a command line imports neither torch nor papermill nor plotly.
@@ -63,6 +65,11 @@ def cmd_run(a) -> int:
     given = kv_pairs(a.p)
     if a.out:
         given["out_dir"] = a.out
+    if a.cluster:                # on a node of the cluster; the folder comes back here (labkit/cluster)
+        from .cluster.executor import run_on_cluster
+        return run_on_cluster(a, given)
+    if a.on:
+        raise BadInput("--on picks a machine kind of a cluster: give --cluster ADDRESS too")
     plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
     from .execute import Terminated, error_line, run_notebook
     from .results import effective_status, load_run, status_reason
@@ -248,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("experiment", nargs="?")
     r.add_argument("-p", action="append", metavar="NAME=VALUE", help="parameter (lists comma-separated)")
     r.add_argument("--out", help="run folder (default results/<run-id>)")
+    r.add_argument("--cluster", metavar="ADDRESS", help="run on a node of the Ray cluster at HEAD_IP:PORT (docs/cluster.md)")
+    r.add_argument("--on", metavar="KIND", help="with --cluster: the machine kind to run on (h200, rtx3090, cpu)")
     r.add_argument("-h", "--help", action="store_true")
     r.set_defaults(fn=cmd_run)
 
@@ -283,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--root", default="results", help="results folder (default results)")
     n.add_argument("--only", help="comma-separated entry names to run")
     n.add_argument("--dry-run", action="store_true", help="check the plan and print it; run nothing")
+    n.add_argument("--cluster", metavar="ADDRESS", help="fan the entries out over the Ray cluster at HEAD_IP:PORT")
+    n.add_argument("--on", metavar="KIND", help="with --cluster: the kind for entries whose plan names none")
     n.set_defaults(fn=cmd_nightly)
 
     lab = sub.add_parser("lab", help="JupyterLab on notebooks/ (127.0.0.1, token; prints the URL and the SSH tunnel)")
@@ -325,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("docs", help="the measured tables of README.md and docs/, generated from committed runs")
     d.add_argument("--write", action="store_true", help="rewrite the generated blocks in place")
     d.set_defaults(fn=cmd_docs)
+
+    from .cluster.node import add_parser as add_node_parser      # light: Ray is imported only when it runs
+    add_node_parser(sub)
     return ap
 
 

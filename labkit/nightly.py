@@ -54,7 +54,8 @@ from .params import BadInput
 from .results import REPO
 
 DEFAULT_PLAN = REPO / "nightly" / "plan.toml"
-ENTRY_KEYS = {"name", "experiment", "notebook", "tests", "parameters", "cpu", "cuda", "timeout_s", "description"}
+ENTRY_KEYS = {"name", "experiment", "notebook", "tests", "parameters", "cpu", "cuda", "timeout_s", "description",
+              "on"}             # on: the machine kind on a cluster (labkit/cluster); a local run ignores it
 RESERVED = {"out_dir", "run_dir"}       # set by the runner
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DONE = ("ok", "partial")
@@ -126,6 +127,9 @@ def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
         extra = sorted(set(e) - ENTRY_KEYS)
         if extra:
             raise BadInput(f"{where}: unknown key(s) {', '.join(extra)}; an entry has {', '.join(sorted(ENTRY_KEYS))}")
+        if "on" in e:
+            from .cluster import check_on
+            check_on(e["on"], where)
         if sum(k in e for k in ("experiment", "notebook", "tests")) != 1:
             raise BadInput(f"{where}: give exactly one of `experiment`, `notebook` or `tests`")
         if "tests" in e:
@@ -491,7 +495,16 @@ def cmd_nightly(a) -> int:
             print(f"{e.name}: {what}"
                   + (f" timeout {e.timeout_s} s" if e.timeout_s else ""))
         return 0
-    rec = run_plan(a.plan, a.date, a.root, only=a.only.split(",") if a.only else None)
+    if getattr(a, "cluster", None):     # each entry a job on the Ray cluster (labkit/cluster)
+        from .cluster.executor import run_plan_on_cluster
+        try:
+            rec = run_plan_on_cluster(a.plan, a.date, a.root, a.only.split(",") if a.only else None, a.cluster, a.on)
+        except KeyboardInterrupt:
+            return 130
+    elif getattr(a, "on", None):
+        raise BadInput("--on picks a machine kind of a cluster: give --cluster ADDRESS too")
+    else:
+        rec = run_plan(a.plan, a.date, a.root, only=a.only.split(",") if a.only else None)
     bad = [e for e in rec["entries"] if e.get("status") not in DONE]
     night = Path(a.root) / f"nightly-{rec['date']}"
     print(f"nightly {rec['date']}: {len(rec['entries']) - len(bad)} of {len(rec['entries'])} entries done; "
