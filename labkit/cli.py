@@ -207,17 +207,24 @@ def cmd_runs(a) -> int:
     def text(v) -> str:
         return v if isinstance(v, str) else ""          # None / NaN from the table: empty
 
+    from .cluster import machine_kind
     rows = []
     for r in df.to_dict("records"):
         where = Path(r["path"])
         machine = text(r.get("gpu_name")) or "CPU " + text(r.get("host"))
-        rows.append([text(r["run_id"]) or where.name, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
+        rows.append([machine_kind(r),
+                     text(r["run_id"]) or where.name, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
                      _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
                      "" if where.name == text(r["run_id"]) else os.path.relpath(where, root)])   # only when not the id
-    widths = [min(max(len(row[i]) for row in rows), cap) for i, cap in enumerate((44, 13, 11, 24, 7, 12))]
-    for row in rows:
-        cells = [c[:w].ljust(w) for c, w in zip(row[:6], widths)]
-        print((" ".join(cells) + ("  " + row[6] if row[6] else "")).rstrip())
+    # grouped by machine kind (a cluster's boxes side by side); a header per kind when there is more than one
+    rows.sort(key=lambda row: row[0])        # stable: newest first within a kind
+    kinds = {row[0] for row in rows}
+    widths = [min(max(len(row[i + 1]) for row in rows), cap) for i, cap in enumerate((44, 13, 11, 24, 7, 12))]
+    for i, row in enumerate(rows):
+        if len(kinds) > 1 and (i == 0 or rows[i - 1][0] != row[0]):
+            print(f"{'' if i == 0 else chr(10)}machine kind {row[0]}:")
+        cells = [c[:w].ljust(w) for c, w in zip(row[1:7], widths)]
+        print((" ".join(cells) + ("  " + row[7] if row[7] else "")).rstrip())
     return 0
 
 

@@ -53,6 +53,24 @@ def checkout_commit() -> str:
     return git_sha().removesuffix("-dirty")
 
 
+def kind_for_gpu_name(name: str) -> str:
+    """`NVIDIA GeForce RTX 3090` -> rtx3090 (its key in labkit/data/gpus.toml), else the name as one word."""
+    from ..costmodel import gpu_for_name
+    g = gpu_for_name(name)
+    if g is not None:
+        return g.key
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w not in ("nvidia", "geforce", "tesla")]
+    return "".join(words)[:32] or "gpu"
+
+
+def machine_kind(mf: dict) -> str:
+    """The kind a run's machine is grouped under: the cluster kind it ran on, else its GPU's kind, else cpu."""
+    c, gpu = mf.get("cluster"), mf.get("gpu_name")       # a table's row holds NaN where a manifest had nothing
+    if isinstance(c, dict) and c.get("kind"):
+        return str(c["kind"])
+    return kind_for_gpu_name(gpu) if isinstance(gpu, str) and gpu.strip() else "cpu"
+
+
 def gpus_needed(needs: str) -> int:
     """GPUs one run of an experiment takes, from its `needs` line ("2+ CUDA GPUs ..." -> 2; else 1)."""
     m = re.match(r"\s*(\d+)\+?\s*CUDA GPUs", needs or "")

@@ -237,7 +237,7 @@ class Outcome:
 
 
 class Dispatcher:
-    def __init__(self, commit: str, echo=print, retries: int = 2, snapshot_s: float = 10.0):
+    def __init__(self, commit: str, echo=print, retries: int = 2, snapshot_s: float = 5.0):
         self.commit, self.echo, self.retries, self.snapshot_s = commit, echo, retries, snapshot_s
         here = ray.get_runtime_context().get_node_id()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -452,6 +452,7 @@ def run_on_cluster(a, given: dict) -> int:
     try:
         (o,) = d.run([job], lambda o: None)
     except KeyboardInterrupt:
+        print(f"labkit: interrupted; {dest if dest.is_dir() else 'no folder came back'}", file=sys.stderr)
         return 130
     wall = time.time() - t0
     if o.status in ("refused", "not started") or not dest.is_dir():
@@ -473,7 +474,7 @@ def run_on_cluster(a, given: dict) -> int:
 
 
 def run_plan_on_cluster(plan, date: str | None, root, only: list[str] | None, address: str, on: str | None = None,
-                        echo=print, retries: int = 2, snapshot_s: float = 10.0) -> dict:
+                        echo=print, retries: int = 2, snapshot_s: float = 5.0) -> dict:
     """`labkit nightly --plan P --cluster ADDRESS`: the local nightly's folder, record, lock and resume, with each
     entry (x each kind, for `on = "every kind"`) a job on the cluster, run side by side."""
     import hashlib

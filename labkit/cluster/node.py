@@ -22,20 +22,9 @@ import sys
 from pathlib import Path
 
 from ..params import BadInput
-from . import KIND_RE, checkout_commit, commit_resource, kind_resource
+from . import KIND_RE, checkout_commit, kind_for_gpu_name, commit_resource, kind_resource
 
 DEFAULT_TOKEN = Path.home() / ".ray" / "auth_token"
-
-
-def kind_for_gpu_name(name: str) -> str:
-    """`NVIDIA GeForce RTX 3090` -> rtx3090 (the key in labkit/data/gpus.toml), else the name as a word."""
-    import re
-    from ..costmodel import gpu_for_name
-    g = gpu_for_name(name)
-    if g is not None:
-        return g.key
-    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w not in ("nvidia", "geforce", "tesla")]
-    return "".join(words)[:32] or "gpu"
 
 
 def detect_gpus() -> tuple[str, int, str]:
@@ -109,7 +98,8 @@ def node_command(a) -> tuple[list[str], dict, dict]:
         raise BadInput("this checkout's commit is unknown (no git, no LABKIT_GIT_SHA): the head could not match it")
     resources = {kind_resource(kind): (1 if kind == "cpu" else count), commit_resource(commit): 1000}
     argv = [ray_binary(), "start", "--block", "--node-ip-address", ip, "--resources", json.dumps(resources),
-            "--num-gpus", str(count if real else 0), "--disable-usage-stats"]
+            "--num-gpus", str(count if real else 0), "--disable-usage-stats",
+            "--include-log-monitor=false"]      # entries' output goes to their folders, not to the head's terminal
     if a.head:
         argv += ["--head", "--port", str(a.port)]
         argv += (["--include-dashboard=true", "--dashboard-host", ip] if a.dashboard else ["--include-dashboard=false"])
