@@ -374,7 +374,7 @@ class Dispatcher:
             kept = self._keep_attempt(job, why)
             job.earlier.append(kept)
             if job.attempt <= self.retries and self._feasible(job):
-                self.echo(f"{job.key}: attempt {job.attempt} lost ({why[:120]}); partial folder kept as {kept}; "
+                self.echo(f"{job.dest.name}: attempt {job.attempt} lost ({why[:120]}); partial folder kept as {kept}; "
                           f"retrying on another {job.kind} node")
                 job.attempt += 1
                 self.submit(job)
