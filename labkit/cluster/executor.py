@@ -153,6 +153,9 @@ def run_job(job: dict, tracker) -> dict:
     started = time.time()
     ray.get(tracker.started.remote(job["key"], job["attempt"], info))
     env = {**os.environ, "LABKIT_PLAIN_PROGRESS": "1"}
+    if "LABKIT_NODE_OMP_NUM_THREADS" in env:     # as the box runs it by hand, not Ray's one thread per worker
+        omp = env.pop("LABKIT_NODE_OMP_NUM_THREADS")
+        env.pop("OMP_NUM_THREADS", None) if not omp else env.update(OMP_NUM_THREADS=omp)
     with open(work / "node-output.txt", "w") as out:
         proc = subprocess.Popen(argv, cwd=repo, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=_die_with_parent)

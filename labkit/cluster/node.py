@@ -111,7 +111,9 @@ def node_command(a) -> tuple[list[str], dict, dict]:
         argv += ["--temp-dir", str(Path(a.temp_dir).resolve())]
     from ..results import REPO
     env = {**token_env(a.token_file, create=bool(a.head)), "LABKIT_NODE_KIND": kind, "LABKIT_NODE_REPO": str(REPO),
-           "LABKIT_NODE_COMMIT": commit}
+           "LABKIT_NODE_COMMIT": commit,
+           # Ray gives its workers OMP_NUM_THREADS=1; an entry's `labkit` gets the box's own setting back
+           "LABKIT_NODE_OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
     if a.scratch:
         env["LABKIT_NODE_SCRATCH"] = str(Path(a.scratch).resolve())
     return argv, env, {"kind": kind, "gpus": count, "commit": commit, "resources": resources}
