@@ -30,7 +30,9 @@ import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
+# the cluster tests share one cluster (startup ~25-35 s) and take ~2.5-3 minutes together on 2 cores
+slow = pytest.mark.slow
 
 ray_missing = shutil.which("ray", path=str(Path(sys.executable).parent)) is None
 PROBE = {"repeats": 2, "pool_gib": 0.02}
@@ -184,6 +186,32 @@ def test_plan_entry_on_is_checked(tmp_path):
     assert load_plan(plan)[0].raw["on"] == "every kind"      # a local nightly runs it once, here
 
 
+def test_runs_and_index_group_by_machine_kind(tmp_path, capsys):
+    """The kind a run is grouped under: its cluster kind, else its GPU's, else cpu; `labkit runs` and the
+    index's runs table carry it (no cluster needed: manifests as a cluster run and local runs write them)."""
+    from labkit.cli import main
+    from labkit.cluster import machine_kind
+    from labkit.index import collect
+    assert machine_kind({"cluster": {"kind": "h200"}, "gpu_name": "NVIDIA H200"}) == "h200"
+    assert machine_kind({"gpu_name": "NVIDIA GeForce RTX 3090"}) == "rtx3090"
+    assert machine_kind({"gpu_name": float("nan"), "cluster": float("nan")}) == "cpu"    # a table's empty cells
+    runs = {"r-h200": {"gpu_name": "NVIDIA H200", "pcie_gen": 5, "pcie_width": 16, "cluster": {"kind": "h200"}},
+            "r-3090": {"gpu_name": "NVIDIA GeForce RTX 3090", "pcie_gen": 4, "pcie_width": 16},
+            "r-cpu": {"host": "lab-ws"}}
+    for i, (rid, extra) in enumerate(runs.items()):
+        (tmp_path / rid).mkdir()
+        (tmp_path / rid / "manifest.json").write_text(json.dumps(
+            {"run_id": rid, "experiment": "probe", "status": "ok", "created": f"2026-01-0{i + 1}T00:00:00+00:00",
+             "git_sha": "abc", **extra}))
+    assert main(["runs", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    heads = [ln for ln in out if ln.startswith("machine kind ")]
+    assert heads == ["machine kind cpu:", "machine kind h200:", "machine kind rtx3090:"], out
+    assert out[out.index("machine kind h200:") + 1].startswith("r-h200")
+    table, _, _ = collect(tmp_path)
+    assert dict(zip(table["run_id"], table["kind"])) == {"r-h200": "h200", "r-3090": "rtx3090", "r-cpu": "cpu"}
+
+
 def _kill_mid_entry(c: Cluster, hold_s: float = 12.0, timeout: float = 300) -> tuple[str, int]:
     """Wait for an `a` node to run the probe entry, let it write for a while, SIGKILL that node's raylet."""
     end = time.time() + timeout
@@ -198,6 +226,7 @@ def _kill_mid_entry(c: Cluster, hold_s: float = 12.0, timeout: float = 300) -> t
     raise AssertionError("no a node started the entry")
 
 
+@slow
 def test_plan_fans_out_survives_a_killed_node_and_resumes(cluster):
     c = cluster
     root = c.root / "results"
@@ -269,6 +298,7 @@ def test_plan_fans_out_survives_a_killed_node_and_resumes(cluster):
     c.killed = killed
 
 
+@slow
 def test_head_at_another_commit_is_refused(cluster):
     out = cluster.root / "refused"
     p = _labkit("run", "probe", "--cluster", cluster.address, "--on", "a", "--out", str(out),
@@ -280,6 +310,7 @@ def test_head_at_another_commit_is_refused(cluster):
     assert not out.exists()
 
 
+@slow
 def test_ctrl_c_on_the_head_leaves_an_interrupted_folder_and_no_process(cluster):
     c = cluster
     node = "a2" if getattr(c, "killed", "a1") == "a1" else "a1"
