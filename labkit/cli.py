@@ -207,7 +207,7 @@ def cmd_runs(a) -> int:
     def text(v) -> str:
         return v if isinstance(v, str) else ""          # None / NaN from the table: empty
 
-    from .cluster import machine_kind
+    from .index import machine_kind
     rows = []
     for r in df.to_dict("records"):
         where = Path(r["path"])
@@ -239,7 +239,17 @@ def cmd_compare(a) -> int:
 
 
 def cmd_nightly(a) -> int:
+    if a.cluster and not a.dry_run:      # each entry a job on the Ray cluster (labkit/cluster)
+        from .cluster.executor import cmd_nightly_cluster
+        return cmd_nightly_cluster(a)
+    if a.on:
+        raise BadInput("--on picks a machine kind of a cluster: give --cluster ADDRESS too")
     from .nightly import cmd_nightly as run
+    return run(a)
+
+
+def cmd_node(a) -> int:
+    from .cluster.node import cmd_node as run
     return run(a)
 
 
@@ -344,8 +354,22 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--write", action="store_true", help="rewrite the generated blocks in place")
     d.set_defaults(fn=cmd_docs)
 
-    from .cluster.node import add_parser as add_node_parser      # light: Ray is imported only when it runs
-    add_node_parser(sub)
+    nd = sub.add_parser("node", help="join this box to the lab's Ray cluster (or start it with --head), advertising "
+                                     "its GPU kind and labkit commit (docs/cluster.md)")
+    nd.add_argument("--head", action="store_true", help="start the cluster on this box")
+    nd.add_argument("--address", help="HEAD_IP:PORT of the cluster to join")
+    nd.add_argument("--ip", help="this box's address on the lab's private network (required; never 0.0.0.0)")
+    nd.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
+    nd.add_argument("--kind", help="declare the machine kind instead of detecting it (h200, rtx3090, cpu)")
+    nd.add_argument("--gpus", type=int, help="with --kind: how many entries of that kind the box runs at once")
+    nd.add_argument("--token-file", help="Ray's cluster token (default $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; "
+                                         "the head creates it)")
+    nd.add_argument("--num-cpus", type=int, help="CPUs Ray may schedule on this box (default: all)")
+    nd.add_argument("--temp-dir", help="Ray's session folder (default /tmp/ray)")
+    nd.add_argument("--scratch", help="where entries run before their folders go to the head (default: a temp folder)")
+    nd.add_argument("--dashboard", action="store_true", help="start Ray's dashboard on the head, bound to --ip")
+    nd.add_argument("--dry-run", action="store_true", help="print the ray start command; start nothing")
+    nd.set_defaults(fn=cmd_node)
     return ap
 
 

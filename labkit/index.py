@@ -6,7 +6,7 @@ self-contained page:
   machine (GPU, PCIe link; a CPU by its model, cores and RAM), git sha, wall time, what the folder holds,
   a link to the run's report or the command that draws one;
 - the nightly folders and each entry's status;
-- per machine kind (the cluster kind a run ran on, else its GPU's kind, else cpu: `cluster.machine_kind`) and
+- per machine kind (the cluster kind a run ran on, else its GPU's kind, else cpu: `machine_kind`) and
   within it per machine (same GPU and link; CPU runs by CPU model, cores and RAM, never mixed with GPU runs), trend
   charts of the headline figures (`headlines`): decode tok/s at the largest context per strategy, the
   zero-copy gather GB/s, the contiguous pinned link GB/s, prefill tok/s;
@@ -26,7 +26,6 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from .cluster import machine_kind
 from .report.summary import ok_rows, link_gbps
 from .results import effective_status, run_manifests
 
@@ -120,6 +119,15 @@ def machine_label(mf: dict) -> str:
     if _meaningful_host(mf.get("host")):
         parts.append(f"host {mf['host']}")
     return " · ".join(parts)
+
+
+def machine_kind(mf: dict) -> str:
+    """The kind a run's machine is grouped under: the cluster kind it ran on, else its GPU's kind, else cpu."""
+    from .costmodel import gpu_kind
+    c, gpu = mf.get("cluster"), mf.get("gpu_name")       # a table's row holds NaN where a manifest had nothing
+    if isinstance(c, dict) and c.get("kind"):
+        return str(c["kind"])
+    return gpu_kind(gpu) if isinstance(gpu, str) and gpu.strip() else "cpu"
 
 
 def _short(text: str, n: int = 110) -> str:

@@ -59,6 +59,8 @@ ENTRY_KEYS = {"name", "experiment", "notebook", "tests", "parameters", "cpu", "c
 RESERVED = {"out_dir", "run_dir"}       # set by the runner
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DONE = ("ok", "partial")
+EVERY_KIND = "every kind"       # an entry's `on` on a cluster: the same entry on each machine kind present
+KIND_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,31}$")      # a machine kind: h200, rtx3090, cpu
 
 
 @dataclass
@@ -127,9 +129,9 @@ def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
         extra = sorted(set(e) - ENTRY_KEYS)
         if extra:
             raise BadInput(f"{where}: unknown key(s) {', '.join(extra)}; an entry has {', '.join(sorted(ENTRY_KEYS))}")
-        if "on" in e:
-            from .cluster import check_on
-            check_on(e["on"], where)
+        if "on" in e and not (isinstance(e["on"], str) and (e["on"] == EVERY_KIND or KIND_RE.match(e["on"]))):
+            raise BadInput(f"{where}: `on` is a machine kind (h200, rtx3090, cpu, ...) or \"{EVERY_KIND}\", "
+                           f"got {e['on']!r}")
         if sum(k in e for k in ("experiment", "notebook", "tests")) != 1:
             raise BadInput(f"{where}: give exactly one of `experiment`, `notebook` or `tests`")
         if "tests" in e:
@@ -495,16 +497,7 @@ def cmd_nightly(a) -> int:
             print(f"{e.name}: {what}"
                   + (f" timeout {e.timeout_s} s" if e.timeout_s else ""))
         return 0
-    if getattr(a, "cluster", None):     # each entry a job on the Ray cluster (labkit/cluster)
-        from .cluster.executor import run_plan_on_cluster
-        try:
-            rec = run_plan_on_cluster(a.plan, a.date, a.root, a.only.split(",") if a.only else None, a.cluster, a.on)
-        except KeyboardInterrupt:
-            return 130
-    elif getattr(a, "on", None):
-        raise BadInput("--on picks a machine kind of a cluster: give --cluster ADDRESS too")
-    else:
-        rec = run_plan(a.plan, a.date, a.root, only=a.only.split(",") if a.only else None)
+    rec = run_plan(a.plan, a.date, a.root, only=a.only.split(",") if a.only else None)
     bad = [e for e in rec["entries"] if e.get("status") not in DONE]
     night = Path(a.root) / f"nightly-{rec['date']}"
     print(f"nightly {rec['date']}: {len(rec['entries']) - len(bad)} of {len(rec['entries'])} entries done; "

@@ -22,8 +22,6 @@ import re
 GPU_PREFIX = "gpu:"             # gpu:<kind>: the box's GPUs of that kind
 CPU_ONLY = "cpu_only"           # a box without a GPU: kind `cpu`, one entry at a time
 COMMIT_PREFIX = "labkit@"       # labkit@<sha>: the commit of the box's labkit checkout
-EVERY_KIND = "every kind"       # a plan entry's `on`: the same entry on each kind present
-KIND_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,31}$")
 
 
 def token_auth_env() -> None:
@@ -53,34 +51,7 @@ def checkout_commit() -> str:
     return git_sha().removesuffix("-dirty")
 
 
-def kind_for_gpu_name(name: str) -> str:
-    """`NVIDIA GeForce RTX 3090` -> rtx3090 (its key in labkit/data/gpus.toml), else the name as one word."""
-    from ..costmodel import gpu_for_name
-    g = gpu_for_name(name)
-    if g is not None:
-        return g.key
-    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w not in ("nvidia", "geforce", "tesla")]
-    return "".join(words)[:32] or "gpu"
-
-
-def machine_kind(mf: dict) -> str:
-    """The kind a run's machine is grouped under: the cluster kind it ran on, else its GPU's kind, else cpu."""
-    c, gpu = mf.get("cluster"), mf.get("gpu_name")       # a table's row holds NaN where a manifest had nothing
-    if isinstance(c, dict) and c.get("kind"):
-        return str(c["kind"])
-    return kind_for_gpu_name(gpu) if isinstance(gpu, str) and gpu.strip() else "cpu"
-
-
 def gpus_needed(needs: str) -> int:
     """GPUs one run of an experiment takes, from its `needs` line ("2+ CUDA GPUs ..." -> 2; else 1)."""
     m = re.match(r"\s*(\d+)\+?\s*CUDA GPUs", needs or "")
     return int(m.group(1)) if m else 1
-
-
-def check_on(value, where: str) -> None:
-    """A plan entry's `on`: a kind name or "every kind" (one line otherwise)."""
-    from ..params import BadInput
-    if value is None:
-        return
-    if not isinstance(value, str) or not (value == EVERY_KIND or KIND_RE.match(value)):
-        raise BadInput(f"{where}: `on` is a machine kind (h200, rtx3090, cpu, ...) or \"{EVERY_KIND}\", got {value!r}")

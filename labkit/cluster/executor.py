@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import envs
 from ..params import BadInput
 from . import COMMIT_PREFIX, CPU_ONLY, GPU_PREFIX, checkout_commit, commit_resource, kind_resource, token_auth_env
 
@@ -121,7 +122,7 @@ def _untar(data: bytes, dest: Path) -> None:
 
 
 def _node_info() -> dict:
-    kind = os.environ.get("LABKIT_NODE_KIND", "")
+    kind = envs.get("LABKIT_NODE_KIND")
     info = {"host": socket.gethostname(), "ip": ray.util.get_node_ip_address(), "kind": kind,
             "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
@@ -131,7 +132,7 @@ def _node_info() -> dict:
 def run_job(job: dict, tracker) -> dict:
     """Runs on a node: the job's `labkit` command in this node's checkout; returns its folder as tar bytes.
     A node whose commit is not the head's refuses (one line)."""
-    mine = os.environ.get("LABKIT_NODE_COMMIT") or checkout_commit()
+    mine = envs.get("LABKIT_NODE_COMMIT") or checkout_commit()
     now = checkout_commit()
     info = _node_info()
     if mine != job["commit"] or now != job["commit"]:
@@ -140,8 +141,8 @@ def run_job(job: dict, tracker) -> dict:
                            f"the head at {job['commit']}: it refuses work", "node": info}
     if ray.get(tracker.stopping.remote()):
         return {"not_started": "the head stopped before this job started", "node": info}
-    repo = Path(os.environ.get("LABKIT_NODE_REPO") or Path(__file__).resolve().parents[2])
-    scratch = Path(os.environ.get("LABKIT_NODE_SCRATCH") or tempfile.gettempdir()) / "labkit-cluster"
+    repo = Path(envs.get("LABKIT_NODE_REPO") or Path(__file__).resolve().parents[2])
+    scratch = Path(envs.get("LABKIT_NODE_SCRATCH") or tempfile.gettempdir()) / "labkit-cluster"
     scratch.mkdir(parents=True, exist_ok=True)
     work = scratch / f"{job['key']}.{job['attempt']}.{uuid.uuid4().hex[:8]}"
     work.mkdir()
@@ -153,8 +154,8 @@ def run_job(job: dict, tracker) -> dict:
     started = time.time()
     ray.get(tracker.started.remote(job["key"], job["attempt"], info))
     env = {**os.environ, "LABKIT_PLAIN_PROGRESS": "1"}
-    if "LABKIT_NODE_OMP_NUM_THREADS" in env:     # as the box runs it by hand, not Ray's one thread per worker
-        omp = env.pop("LABKIT_NODE_OMP_NUM_THREADS")
+    if envs.get("LABKIT_NODE_KIND"):      # a labkit node: the box's own thread count, not Ray's one per worker
+        omp = envs.get("LABKIT_NODE_OMP_NUM_THREADS")
         env.pop("OMP_NUM_THREADS", None) if not omp else env.update(OMP_NUM_THREADS=omp)
     with open(work / "node-output.txt", "w") as out:
         proc = subprocess.Popen(argv, cwd=repo, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -433,7 +434,6 @@ def run_on_cluster(a, given: dict) -> int:
     """`labkit run X ... --cluster ADDRESS [--on KIND]`: one job; the folder lands as a local run's would."""
     from ..experiments import EXPERIMENTS, get
     from ..params import resolve
-    from ..results import REPO
     from . import gpus_needed
     exp = get(a.experiment)
     resolve(exp.spec, {k: v for k, v in given.items() if k != "out_dir"}, exp.name)    # names and types, here
@@ -461,8 +461,11 @@ def run_on_cluster(a, given: dict) -> int:
     if o.status in ("refused", "not started") or not dest.is_dir():
         print(f"labkit: {exp.name} on {kind}: {o.status}: {o.error}", file=sys.stderr)
         return 1
-    from ..cli import _after_run
-    _after_run(dest)
+    from ..index import rebuild_index
+    try:
+        rebuild_index(dest.parent)
+    except Exception as ex:     # the run landed; say why the index did not update
+        print(f"labkit: run index not rebuilt: {ex}", file=sys.stderr)
     node = o.node or {}
     print(f"labkit: ran on {node.get('host')} ({node.get('ip')}, {kind}) in {wall:.1f} s on the head's clock; "
           f"folder {len(o.result['tar']) / 1e6:.2f} MB sent back", file=sys.stderr)
@@ -483,7 +486,8 @@ def run_plan_on_cluster(plan, date: str | None, root, only: list[str] | None, ad
     import hashlib
     import re
     from .. import nightly as N
-    from . import EVERY_KIND, gpus_needed
+    from ..nightly import EVERY_KIND
+    from . import gpus_needed
     from ..experiments import EXPERIMENTS
     entries = N.load_plan(plan)
     if only:
@@ -607,3 +611,19 @@ def run_plan_on_cluster(plan, date: str | None, root, only: list[str] | None, ad
     if interrupted:
         raise KeyboardInterrupt
     return record
+
+
+def cmd_nightly_cluster(a) -> int:
+    """`labkit nightly --cluster`: the plan on the cluster, then the local nightly's summary lines."""
+    from ..nightly import DONE
+    try:
+        rec = run_plan_on_cluster(a.plan, a.date, a.root, a.only.split(",") if a.only else None, a.cluster, a.on)
+    except KeyboardInterrupt:
+        return 130
+    bad = [e for e in rec["entries"] if e.get("status") not in DONE]
+    night = Path(a.root) / f"nightly-{rec['date']}"
+    print(f"nightly {rec['date']}: {len(rec['entries']) - len(bad)} of {len(rec['entries'])} entries done; "
+          f"record {night / 'nightly.json'}; index {Path(a.root) / 'index.html'}")
+    for e in bad:
+        print(f"  FAILED {e['name']}: {e.get('error')} (see {night / e['name'] / 'error.txt'})")
+    return 1 if bad else 0

@@ -22,24 +22,24 @@ import sys
 from pathlib import Path
 
 from ..params import BadInput
-from . import KIND_RE, checkout_commit, kind_for_gpu_name, commit_resource, kind_resource
+from ..costmodel import gpu_kind
+from ..nightly import KIND_RE
+from . import checkout_commit, commit_resource, kind_resource
 
 DEFAULT_TOKEN = Path.home() / ".ray" / "auth_token"
 
 
 def detect_gpus() -> tuple[str, int, str]:
     """(kind, count, name) of this box's GPUs via NVML; ("cpu", 0, "") without one. Mixed GPUs: the first's kind."""
-    from ..telemetry import _nvml
-    nv, _ = _nvml()
-    if nv is None:
-        return "cpu", 0, ""
     try:
+        import pynvml as nv
+        nv.nvmlInit()
         n = nv.nvmlDeviceGetCount()
         if n == 0:
             return "cpu", 0, ""
         name = nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(0))
         name = name.decode() if isinstance(name, bytes) else name
-        return kind_for_gpu_name(name), n, name
+        return gpu_kind(name), n, name
     except Exception:
         return "cpu", 0, ""
 
@@ -130,22 +130,3 @@ def cmd_node(a) -> int:
     # exec: this process becomes `ray start --block`; its PID is the node's (signals stop the node)
     os.execve(argv[0], argv, {**os.environ, **env})
     return 0    # not reached
-
-
-def add_parser(sub) -> None:
-    nd = sub.add_parser("node", help="join this box to the lab's Ray cluster (or start it with --head), advertising "
-                                     "its GPU kind and labkit commit (docs/cluster.md)")
-    nd.add_argument("--head", action="store_true", help="start the cluster on this box")
-    nd.add_argument("--address", help="HEAD_IP:PORT of the cluster to join")
-    nd.add_argument("--ip", help="this box's address on the lab's private network (required; never 0.0.0.0)")
-    nd.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
-    nd.add_argument("--kind", help="declare the machine kind instead of detecting it (h200, rtx3090, cpu)")
-    nd.add_argument("--gpus", type=int, help="with --kind: how many entries of that kind the box runs at once")
-    nd.add_argument("--token-file", help="Ray's cluster token (default $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; "
-                                         "the head creates it)")
-    nd.add_argument("--num-cpus", type=int, help="CPUs Ray may schedule on this box (default: all)")
-    nd.add_argument("--temp-dir", help="Ray's session folder (default /tmp/ray)")
-    nd.add_argument("--scratch", help="where entries run before their folders are sent to the head (default: a temp folder)")
-    nd.add_argument("--dashboard", action="store_true", help="start Ray's dashboard on the head, bound to --ip")
-    nd.add_argument("--dry-run", action="store_true", help="print the ray start command; start nothing")
-    nd.set_defaults(fn=cmd_node)
