@@ -59,8 +59,10 @@ class Cluster:
         self.env.pop("RAY_AUTH_MODE", None)
         self.nodes: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
+        self.args: dict[str, tuple] = {}
 
     def start(self, name: str, *args) -> None:
+        self.args[name] = args
         log = self.root / f"{name}.log"
         self.logs[name] = log
         self.nodes[name] = subprocess.Popen(
@@ -75,6 +77,27 @@ class Cluster:
                 assert self.nodes[n].poll() is None, f"node {n} exited: {self.logs[n].read_text()[-2000:]}"
                 assert time.time() < end, f"node {n} not up in {timeout} s: {self.logs[n].read_text()[-2000:]}"
                 time.sleep(0.5)
+
+    def wait_up_retrying(self, *names) -> None:
+        """Ray gives a node 30 s to register with the head: a machine busy enough can miss that. Such a node is
+        started again (at most twice), its leftovers (found by the scratch folder in their environment) stopped."""
+        for n in names:
+            for attempt in (1, 2, 3):
+                try:
+                    self.wait_up(n)
+                    break
+                except AssertionError:
+                    text = self.logs[n].read_text()
+                    if attempt == 3 or not ("timed out during startup" in text or "registration" in text):
+                        raise
+                    mark = str(self.root / f"scratch-{n}")
+                    for p in psutil.process_iter():
+                        try:
+                            if p.environ().get("LABKIT_NODE_SCRATCH") == mark:
+                                p.kill()
+                        except psutil.Error:
+                            pass
+                    self.start(n, *self.args[n])
 
     def tree(self, name: str) -> list[psutil.Process]:
         try:
@@ -116,19 +139,11 @@ def cluster(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("cluster"))
     t0 = time.time()
     try:
-        for attempt in (1, 2):     # Ray gives a node 30 s to register: a machine busy enough can miss that once
-            c.start("head", "--head", "--port", str(c.port), "--kind", "b", "--gpus", "1")
-            try:
-                c.wait_up("head")
-                break
-            except AssertionError:
-                if attempt == 2 or "timed out during startup" not in c.logs["head"].read_text():
-                    raise
-                for p in c.ray_processes():
-                    p.kill()
+        c.start("head", "--head", "--port", str(c.port), "--kind", "b", "--gpus", "1")
+        c.wait_up_retrying("head")
         c.start("a1", "--address", c.address, "--kind", "a", "--gpus", "1")
         c.start("a2", "--address", c.address, "--kind", "a", "--gpus", "1")
-        c.wait_up("a1", "a2")
+        c.wait_up_retrying("a1", "a2")
         c.startup_s = time.time() - t0
         yield c
     finally:
@@ -173,6 +188,18 @@ def test_bad_cluster_input_is_one_line(args, message):
     p = _labkit(*args, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     err = p.stderr.strip()
     assert p.returncode == 2 and err.startswith("labkit: ") and len(err.splitlines()) == 1 and message in err, p.stderr
+
+
+@pytest.mark.skipif(ray_missing, reason="Ray is not installed (make test installs it)")
+def test_node_dry_run_says_what_the_box_advertises_and_writes_nothing(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_TOKEN_PATH": str(tmp_path / "token")}
+    p = _labkit("node", "--head", "--ip", "10.0.0.5", "--kind", "h200", "--gpus", "1", "--dry-run", env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    cmd = p.stdout.strip().splitlines()[-1]
+    from labkit.cluster import checkout_commit
+    assert "--node-ip-address 10.0.0.5" in cmd and '"gpu:h200": 1' in cmd and f"labkit@{checkout_commit()}" in cmd
+    assert "--include-dashboard=false" in cmd and "0.0.0.0" not in cmd
+    assert not (tmp_path / "token").exists(), "a dry run wrote the token"
 
 
 def test_plan_entry_on_is_checked(tmp_path):

@@ -64,10 +64,10 @@ def _check_ip(ip: str | None) -> str:
     return ip
 
 
-def token_env(token_file: str | None, create: bool) -> dict:
+def token_env(token_file: str | None, create: bool, dry_run: bool = False) -> dict:
     """Ray's token authentication for this process and its children: RAY_AUTH_MODE=token and the token file."""
     path = Path(token_file).expanduser() if token_file else Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or DEFAULT_TOKEN)
-    if not path.is_file():
+    if not path.is_file() and not (create and dry_run):      # a dry run writes nothing
         if not create:
             raise BadInput(f"no cluster token at {path}: copy the head's token file here (or give --token-file)")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +110,7 @@ def node_command(a) -> tuple[list[str], dict, dict]:
     if a.temp_dir:
         argv += ["--temp-dir", str(Path(a.temp_dir).resolve())]
     from ..results import REPO
-    env = {**token_env(a.token_file, create=bool(a.head)), "LABKIT_NODE_KIND": kind, "LABKIT_NODE_REPO": str(REPO),
+    env = {**token_env(a.token_file, create=bool(a.head), dry_run=a.dry_run), "LABKIT_NODE_KIND": kind, "LABKIT_NODE_REPO": str(REPO),
            "LABKIT_NODE_COMMIT": commit,
            # Ray gives its workers OMP_NUM_THREADS=1; an entry's `labkit` gets the box's own setting back
            "LABKIT_NODE_OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
@@ -125,7 +125,8 @@ def cmd_node(a) -> int:
     print(f"labkit node: {role} as {a.ip}, kind {what['kind']} ({what['gpus']} GPU(s)), commit {what['commit']}, "
           f"token {env['RAY_AUTH_TOKEN_PATH']}", flush=True)
     if a.dry_run:
-        print(" ".join(argv))
+        import shlex
+        print(shlex.join(argv))
         return 0
     # exec: this process becomes `ray start --block`; its PID is the node's (signals stop the node)
     os.execve(argv[0], argv, {**os.environ, **env})
