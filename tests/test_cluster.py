@@ -339,17 +339,20 @@ def test_head_at_another_commit_is_refused(cluster):
 @slow
 def test_ctrl_c_on_the_head_leaves_an_interrupted_folder_and_no_process(cluster):
     c = cluster
-    node = "a2" if getattr(c, "killed", "a1") == "a1" else "a1"
+    alive = [n for n in ("a1", "a2") if n != getattr(c, "killed", None)]
     out = c.root / "interrupted-run"
     head = subprocess.Popen([sys.executable, "-m", "labkit", "run", "probe", *[x for k, v in PROBE.items()
                              for x in ("-p", f"{k}={v}")], "-p", "repeats=50", "--cluster", c.address, "--on", "a",
                              "--out", str(out)], cwd=REPO, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     end = time.time() + 240
-    while not c.labkit_children(node, "run"):
-        assert time.time() < end and head.poll() is None, "the run did not start on the node"
+    node = None
+    while node is None:                  # wait until the run is measuring on a node (its manifest is written)
+        assert time.time() < end and head.poll() is None, "the run did not start on a node"
+        node = next((n for n in alive if list((c.root / f"scratch-{n}").glob(f"**/{out.name}/manifest.json"))), None)
         time.sleep(0.3)
-    time.sleep(6)
+    assert c.labkit_children(node, "run")
+    time.sleep(3)
     head.send_signal(signal.SIGINT)
     text, _ = head.communicate(timeout=180)
     assert head.returncode == 130, text[-3000:]

@@ -312,6 +312,13 @@ class Dispatcher:
                              "cuda_visible_devices": node.get("cuda_visible_devices"),
                              "transfer_bytes": len(res["tar"]), "pack_s": res.get("pack_s"),
                              "landed_s": round(time.time() - t0, 3), "node_wall_s": res.get("wall_s")}
+            if mf.get("status", "running") == "running":
+                # its process ended without settling the folder (a signal before its handlers were in place,
+                # or killed): say so here, or the head would show it running forever (its writer is elsewhere)
+                mf["status"] = "interrupted" if res.get("stopped") else "failed"
+                mf["error"] = mf.get("error") or (f"stopped by the head before the run settled its folder (exit "
+                                                  f"{res['rc']})" if res.get("stopped") else
+                                                  f"the run's process exited {res['rc']} without settling its folder")
             mf_path.write_text(json.dumps(mf, indent=1, default=str))
             status = mf.get("status", status)
         if res.get("stopped") and status not in ("ok", "partial"):
