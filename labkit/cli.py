@@ -21,6 +21,7 @@ allocated or written; parsing a command line imports neither torch nor papermill
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -63,16 +64,27 @@ def cmd_run(a) -> int:
         print(params_help(a.experiment) if a.experiment else experiments_help())
         return 0
     given = kv_pairs(a.p)
-    if a.out:
-        given["out_dir"] = a.out
     if a.cluster:                # on a node of the cluster; the folder comes back here (labkit/cluster)
         from .cluster.executor import run_on_cluster
         return run_on_cluster(a, given)
     if a.on:
         raise BadInput("--on picks a machine kind of a cluster: give --cluster ADDRESS too")
-    plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
-    from .execute import Terminated, error_line, run_notebook
-    from .results import effective_status, load_run, status_reason
+    made = None
+    if a.out:
+        given["out_dir"] = a.out
+        from .outdir import prepare_out_dir
+        out = Path(a.out)
+        made = next((p for p in [*reversed(out.absolute().parents), out.absolute()] if not p.exists()), None)
+        prepare_out_dir(out)            # one line now (not after the plan's checks) if it cannot be the run's
+    try:
+        plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
+        from .execute import Terminated, error_line, run_notebook
+        from .results import effective_status, load_run, status_reason
+    except BaseException:               # bad input, or Ctrl-C before the run began
+        if made is not None:            # nothing written: the folders just made go again
+            import shutil
+            shutil.rmtree(made, ignore_errors=True)
+        raise
     try:
         path, err = run_notebook(plan)
     except Terminated as t:                 # settled and rendered; say so and stop
@@ -89,6 +101,13 @@ def cmd_run(a) -> int:
             why = f"report not written: {error_line(err)}"
         elif err is not None and error_line(err) not in why and status != "interrupted":
             why += f" ({error_line(err)})"
+        try:
+            n_ok = int((run.metrics["status"] == "ok").sum())
+        except Exception:
+            n_ok = 0
+        from .report.notebook import ran_to_the_end
+        if n_ok and not ran_to_the_end(path):      # stopped at the measuring cell: its figures not drawn
+            why += f"; `labkit report {path} --rerun` draws the {n_ok} point{'s' if n_ok != 1 else ''} measured"
         print(f"labkit: {a.experiment} run {why}", file=sys.stderr)
         if report.exists():
             print(report.resolve())
@@ -107,6 +126,14 @@ def _after_run(path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the rest
+def cmd_study(a) -> int:
+    from . import studies
+    if a.help or not a.study:
+        print(studies.help_text(a.study))
+        return 0
+    return studies.run(a.study, kv_pairs(a.p))
+
+
 def cmd_shapes(a) -> int:
     from .shapes import PRESETS
     rows = [s.summary() for s in PRESETS.values()]
@@ -122,7 +149,7 @@ def cmd_shapes(a) -> int:
 def cmd_report(a) -> int:
     from .report.notebook import executed_notebooks, render_report
     from .results import load_run
-    run_dir = Path(a.run_dir)
+    run_dir = run_folder(a.run_dir)
     run = load_run(run_dir)   # one line if it is not a run folder
     out = Path(a.out) if a.out else (run_dir / "report-standalone.html" if a.standalone else None)
     if a.rerun or not executed_notebooks(run_dir):
@@ -169,8 +196,11 @@ def cmd_predict(a) -> int:
         return 0
     print(f"PREDICTED (not measured) on {a.gpus} x {target.name} (PCIe gen{target.pcie_gen} x{target.pcie_width}, "
           f"{target.hbm_gbps} GB/s memory), from the anatomy of {mf['run_id']} on {source.name}:")
-    cols = ["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "fits", "memory_gib_per_gpu"]
-    print(tab[cols].round(2).to_string(index=False))
+    cols = ["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "memory_gib_per_gpu"]
+    show = tab[cols].round(2).astype(object)
+    for c in ("predicted_step_ms", "predicted_tok_s"):      # a point whose memory exceeds the GPU: said, not NaN
+        show[c] = [f"{v:.2f}" if fits else "does not fit" for v, fits in zip(tab[c], tab["fits"])]
+    print(show.to_string(index=False))
     print("\nwhy (largest context, concurrency 1):")
     for strategy, g in tab.groupby("strategy"):
         r = g[g["concurrency"] == g["concurrency"].min()].sort_values("context_len").iloc[-1]
@@ -194,8 +224,9 @@ def _link(gen, width) -> str:
 
 
 def cmd_runs(a) -> int:
-    """One short line per run: id, experiment, status (stale when its process died), machine, link, sha;
-    the folder only when it is not `<root>/<run id>`."""
+    """A header, then one line per run: the run (its folder under the root: what `labkit report` takes),
+    experiment, status (stale when its process died), machine, link, sha, and the manifest's own name where
+    it differs from the folder's (several runs may share a name; their folders never do)."""
     from .results import list_runs
     root = Path(a.root)
     if not root.is_dir():
@@ -212,20 +243,36 @@ def cmd_runs(a) -> int:
     for r in df.to_dict("records"):
         where = Path(r["path"])
         machine = text(r.get("gpu_name")) or "CPU " + text(r.get("host"))
-        rows.append([machine_kind(r),
-                     text(r["run_id"]) or where.name, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
+        if text(r.get("status")) == "unreadable":      # say why instead of a machine nobody could read
+            machine = text(r.get("error"))[:40]
+        rel = os.path.relpath(where, root)
+        run = rel if _is_default_root(root) else str(where)       # as `labkit report` takes it from here
+        rows.append([run, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
                      _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
-                     "" if where.name == text(r["run_id"]) else os.path.relpath(where, root)])   # only when not the id
-    # grouped by machine kind (a cluster's boxes side by side); a header per kind when there is more than one
-    rows.sort(key=lambda row: row[0])        # stable: newest first within a kind
-    kinds = {row[0] for row in rows}
-    widths = [min(max(len(row[i + 1]) for row in rows), cap) for i, cap in enumerate((44, 13, 11, 24, 7, 12))]
+                     "" if where.name == text(r["run_id"]) else text(r["run_id"]), machine_kind(r)])
+    # grouped by machine kind (a cluster's boxes side by side), a line naming each when there is more than one
+    rows.sort(key=lambda row: row[7])        # stable: newest first within a kind
+    several = len({row[7] for row in rows}) > 1
+    rows.insert(0, ["RUN", "EXPERIMENT", "STATUS", "MACHINE", "LINK", "SHA", "NAME", ""])
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]      # ids are never cut
     for i, row in enumerate(rows):
-        if len(kinds) > 1 and (i == 0 or rows[i - 1][0] != row[0]):
-            print(f"{'' if i == 0 else chr(10)}machine kind {row[0]}:")
-        cells = [c[:w].ljust(w) for c, w in zip(row[1:7], widths)]
-        print((" ".join(cells) + ("  " + row[7] if row[7] else "")).rstrip())
+        if several and i and row[7] != rows[i - 1][7]:
+            print(f"machine kind {row[7]}:")
+        cells = [c.ljust(w) for c, w in zip(row[:6], widths)]
+        print((" ".join(cells) + ("  " + row[6] if row[6] else "")).rstrip())
     return 0
+
+
+def _is_default_root(root: Path) -> bool:
+    return root.resolve() == Path("results").resolve()
+
+
+def run_folder(arg: str) -> Path:
+    """A run named as `labkit runs` lists it: a folder, or a folder under results/ (`labkit runs`' RUN)."""
+    p = Path(arg)
+    if not p.is_dir() and not p.is_absolute() and (Path("results") / p).is_dir():
+        return Path("results") / p
+    return p
 
 
 def cmd_docs(a) -> int:
@@ -277,8 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-h", "--help", action="store_true")
     r.set_defaults(fn=cmd_run)
 
+    st = sub.add_parser("study", add_help=False, help="a cross-model study (labkit study --help lists them)",
+                        usage="labkit study [NAME] [-p KEY=VALUE ...] [--help]")
+    st.add_argument("study", nargs="?")
+    st.add_argument("-p", action="append", metavar="KEY=VALUE", help="keyword of the study")
+    st.add_argument("-h", "--help", action="store_true")
+    st.set_defaults(fn=cmd_study)
+
     rp = sub.add_parser("report", help="write DIR/report.html (plotly.js linked from results/_assets)")
-    rp.add_argument("run_dir")
+    rp.add_argument("run_dir", help="a run folder, or a run as `labkit runs` lists it")
     rp.add_argument("--standalone", action="store_true",
                     help="embed plotly.js: one self-contained file to send (default DIR/report-standalone.html)")
     rp.add_argument("--out", help="HTML file to write instead of DIR/report.html")
@@ -316,13 +370,14 @@ def build_parser() -> argparse.ArgumentParser:
     lab = sub.add_parser("lab", help="JupyterLab on notebooks/ (127.0.0.1, token; prints the URL and the SSH tunnel)")
     lab.add_argument("--port", type=int, default=8888, help="port to bind on 127.0.0.1 (next free one if taken)")
     lab.add_argument("--port-exact", action="store_true", help="fail rather than move to another port")
-    lab.add_argument("--token", help="access token (default: $LABKIT_LAB_TOKEN or a random one)")
+    lab.add_argument("--token", help="access token (visible to other local users in this command's argv: prefer "
+                                          "$LABKIT_LAB_TOKEN; default: that, else a random one)")
     lab.add_argument("--dir", default="", help="folder to serve (default the repository's notebooks/)")
     lab.add_argument("jupyter_args", nargs="*", metavar="-- JUPYTER_OPTION",
                      help="passed on to jupyter lab after `--`, e.g. -- --LabApp.expose_app_in_browser=True")
     lab.set_defaults(fn=cmd_lab)
 
-    s = sub.add_parser("serve", help="serve labkit's engine on an OpenAI-compatible /v1/completions (127.0.0.1); "
+    s = sub.add_parser("serve", help="serve labkit's engine behind vLLM's OpenAI API: completions, chat, /metrics (127.0.0.1); "
                                      "not the vLLM sweep, which is `labkit run serve`")
     s.add_argument("--shape", default="tiny")
     s.add_argument("--device", default="auto")
@@ -341,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeline-every", type=int, default=0, help="record the switching timeline every N rounds")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--model-name", default="labkit")
+    s.add_argument("--tokenizer", default="auto",
+                   help="smollm2-135m | none | auto (SmolLM2's where installed): how string prompts become tokens")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--log-level", default="warning")
@@ -378,10 +435,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from . import envs
         envs.check_environment()       # a mistyped or malformed LABKIT_* is one line, not a silent default
-        return a.fn(a)
+        rc = a.fn(a)
+        sys.stdout.flush()          # inside the try: a closed pipe is caught below, not at exit
+        return rc
     except (BadInput, FileNotFoundError, FileExistsError) as ex:
         print(f"labkit: {ex}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:           # Ctrl-C before a run started (while planning): nothing was written
+        print("labkit: interrupted before anything ran", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away (`labkit runs | head`): what it read is what it wanted. Point stdout at
+        # /dev/null so the interpreter's final flush does not fail again on the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except OSError as ex:        # a read-only or full file system, a folder we may not write: one line
+        from .atomic import describe_os_error
+        print(f"labkit: {describe_os_error(ex)}", file=sys.stderr)
+        return 2 if ex.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else 1
 
 
 if __name__ == "__main__":

@@ -11,9 +11,12 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 from . import envs
+from .atomic import check_writable, describe_os_error
+from .outdir import prepare_out_dir
 from .params import BadInput, Plan
 from .results import REPO, new_run_id
 
@@ -29,7 +32,7 @@ def notebook_parameters(path: Path) -> set[str]:
 # kernel's 127.0.0.1 sockets that a user of `make sweep` cannot act on. The kernel's own log is kept to
 # errors; everything the notebook prints still comes through. (IPC sockets would avoid the warning, but
 # nbclient then no longer enforces cell timeouts, which the nightly runner relies on.)
-KERNEL_ARGS = {"extra_arguments": ["--IPKernelApp.log_level=ERROR"]}
+KERNEL_ARGS = {"extra_arguments": ["--IPKernelApp.log_level=CRITICAL"]}
 
 
 def rerender_notebook(exp, run_dir: str | Path) -> Path:
@@ -56,7 +59,7 @@ def rerender_notebook(exp, run_dir: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def _signals_to_kernels(seen: list):
+def signals_to_kernels(seen: list):
     """Ctrl-C (or SIGTERM, e.g. from `timeout`) reaches only this process (a Jupyter kernel runs in a session
     of its own): pass it on to our kernels as SIGINT, so the experiment's own clean-up runs there (servers
     stopped, tables written) and the cell fails with KeyboardInterrupt; `seen` records the signal so the run
@@ -117,11 +120,13 @@ def _was_interrupt(err: BaseException | None) -> bool:
     return isinstance(err, KeyboardInterrupt) or getattr(err, "ename", None) == "KeyboardInterrupt"
 
 
-def settle_status(out: Path, experiment: str, params: dict, error: BaseException | None, interrupted: bool) -> str:
+def settle_status(out: Path, experiment: str, params: dict, error: BaseException | None, interrupted: bool,
+                  started: float | None = None) -> str:
     """After the notebook: make the manifest's status the shared rule's verdict. The notebook's own finish
     path writes it when it ran to the end; a signal, a dead kernel or an exception outside that path leaves
     `running` (or an `ok` over the rows measured so far), so the status is derived here from the rows and
-    how the kernel ended. A folder the notebook never got to make a manifest in gets a minimal one."""
+    how the kernel ended. A folder the notebook never got to make a manifest in (stopped while the kernel
+    was starting) gets one with the machine it ran on and the wall time since `started` (the driver's start)."""
     import datetime as dt
     import json
 
@@ -132,8 +137,10 @@ def settle_status(out: Path, experiment: str, params: dict, error: BaseException
     try:
         mf = json.loads(mf_path.read_text())
     except (OSError, ValueError):
-        mf = {"run_id": out.name, "experiment": experiment, "parameters": params,
-              "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "status": "running"}
+        from .results import git_sha, machine_info
+        t0 = dt.datetime.fromtimestamp(started, dt.timezone.utc) if started else dt.datetime.now(dt.timezone.utc)
+        mf = {"run_id": out.name, "experiment": experiment, "created": t0.isoformat(timespec="seconds"),
+              "git_sha": git_sha(), **machine_info(), "parameters": params, "status": "running"}
     interrupted = interrupted or _was_interrupt(error)
     if error is None and not interrupted and mf.get("status") not in (None, "running"):
         return mf["status"]              # the notebook finished and wrote its verdict
@@ -150,21 +157,39 @@ def settle_status(out: Path, experiment: str, params: dict, error: BaseException
         mf["error"] = error_line(error)
     elif interrupted:
         mf["error"] = "interrupted by a signal"
-    if "wall_s" not in mf and mf.get("created"):
+    if started:                          # from the driver's start: the kernel's start-up counts too
+        mf["wall_s"] = round(time.time() - started, 1)
+    elif "wall_s" not in mf and mf.get("created"):
         try:
             mf["wall_s"] = round((dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(mf["created"])).total_seconds(), 1)
         except ValueError:
             pass
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(mf, indent=1, default=str))
-    tmp.replace(mf_path)
+    from .atomic import write_text_or_in_place
+    write_text_or_in_place(mf_path, json.dumps(mf, indent=1, default=str))   # whole; in place on a full disk
     return status
 
 
+def drop_broken_notebook(path: Path) -> bool:
+    """Remove an executed notebook that is not whole JSON (papermill's last write was cut off, e.g. by a
+    full disk): a file is whole or absent, and removing it frees the space the status needs. True if removed."""
+    import json
+    if not path.is_file():
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            json.load(f)
+        return False
+    except (ValueError, UnicodeDecodeError):
+        path.unlink()
+        return True
+
+
 def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path = "results",
-                 log_output: bool = True, timeout: int | None = None) -> tuple[Path, Exception | None]:
+                 log_output: bool = True, timeout: int | None = None,
+                 signals: list | None = None) -> tuple[Path, Exception | None]:
     """Execute the plan's notebook into a run folder; returns (folder, error or None). The report is rendered
-    even when the notebook failed part-way (what was measured is kept)."""
+    even when the notebook failed part-way (what was measured is kept). `signals`: a list that receives the
+    signals that interrupted the run (a caller that loops over runs stops on them)."""
     import papermill as pm
 
     from .experiments import get
@@ -172,32 +197,69 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     nb = NOTEBOOKS / exp.notebook
     if not nb.is_file():
         raise BadInput(f"notebook {nb} is missing")
-    out = Path(out_dir or plan.params.get("out_dir") or Path(root) / new_run_id(plan.experiment))
-    if (out / "metrics.parquet").exists():
-        raise BadInput(f"{out} already holds a run; choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(Path(out_dir or plan.params.get("out_dir") or Path(root) / new_run_id(plan.experiment)),
+                          others_ok=out_dir is not None)     # a caller's own folder (the nightly's, with its log)
+    # a read-only or foreign folder: one line before anything runs
+    check_writable(out, "--out" if out_dir or plan.params.get("out_dir") else "run folder")
     plan = plan.replace(out_dir=str(out.resolve()))
     envs.set_env("LABKIT_PLAIN_PROGRESS", "1")
     envs.set_env("LABKIT_RUN_DRIVER", os.getpid())      # the manifest names us beside the kernel (stale check)
-    error, seen = None, []
+    error, seen, started = None, (signals if signals is not None else []), time.time()
     try:
-        with _signals_to_kernels(seen):
+        with signals_to_kernels(seen):
             pm.execute_notebook(str(nb), str(out / exp.notebook), parameters={"plan": plan.to_json()},
                                 log_output=False, progress_bar=False, cwd=str(REPO), kernel_name="python3",
                                 execution_timeout=timeout, stdout_file=sys.stdout if log_output else None,
                                 stderr_file=sys.stderr if log_output else None, **KERNEL_ARGS)
     except (Exception, KeyboardInterrupt) as ex:     # PapermillExecutionError, dead kernel: keep what was measured
         error = ex
-    settle_status(out, plan.experiment, dict(plan.params), error, bool(seen))
+    if drop_broken_notebook(out / exp.notebook) and error is None:
+        error = OSError("the executed notebook was cut off while being written (is the disk full?)")
+    try:
+        settle_status(out, plan.experiment, dict(plan.params), error, bool(seen), started)
+    except OSError as ex:         # not even the status could be written (a full disk): say so, do not trace back
+        error = error or ex
+        print(f"labkit: the run's status could not be written: {describe_os_error(ex)}", file=sys.stderr)
+    import signal
+    if error is not None and signal.SIGTERM not in seen:
+        _draw_what_was_measured(exp, out)
     try:
         from .report.notebook import render_report
         render_report(out)
     except Exception as ex:
         error = error or ex
-    import signal
     if signal.SIGTERM in seen:
         raise Terminated(out)
     return out, error
+
+
+def _draw_what_was_measured(exp, out: Path) -> None:
+    """A run stopped part-way (Ctrl-C, an error) with points measured: its notebook stopped at the measuring
+    cell, so its figures were never drawn. Draw them from the folder's tables (`labkit report DIR --rerun`,
+    nothing measured again); a second Ctrl-C skips this and keeps the notebook as it stopped."""
+    import shutil
+
+    import pandas as pd
+    try:
+        m = pd.read_parquet(out / "metrics.parquet")
+        n_ok = int((m["status"] == "ok").sum()) if "status" in m else 0
+    except Exception:
+        return
+    if not n_ok:
+        return
+    print(f"labkit: drawing the {n_ok} point{'s' if n_ok != 1 else ''} measured before it stopped "
+          f"(Ctrl-C skips this)", file=sys.stderr, flush=True)
+    nb = out / exp.notebook
+    keep = out / f".{exp.notebook}.as-stopped"
+    if nb.is_file():
+        shutil.copy2(nb, keep)
+    try:
+        rerender_notebook(exp, out)
+        keep.unlink(missing_ok=True)
+    except (Exception, KeyboardInterrupt) as ex:       # the stopped notebook stays; the report says --rerun
+        if keep.is_file():
+            keep.replace(nb)
+        print(f"labkit: figures not drawn ({error_line(ex)})", file=sys.stderr, flush=True)
 
 
 def run_experiment(name: str, given: dict, out_dir: str | Path | None = None, **kw) -> tuple[Path, Exception | None]:

@@ -85,9 +85,25 @@ def headlines(m: pd.DataFrame, shape: str | None = None) -> list[Headline]:
         out.append(Headline("link GB/s", "contiguous pinned H2D", float(link), *_gbps_spread(r)))
     pf = ok_rows(m[m["experiment"] == "prefill"]).dropna(subset=["tok_s"])
     for _, r in pf.iterrows():
-        out.append(Headline("prefill tok/s", f"{r['strategy']} @ {_ctx(r['context_len'])}{_shape(r, shape)}",
-                            float(r["tok_s"]), float(r["tok_s"]), float(r["tok_s"])))
+        out.append(Headline("prefill tok/s", f"{r['strategy']}{_prefill_mode(r)} @ {_ctx(r['context_len'])}{_cap(r)}"
+                            f"{_shape(r, shape)}", float(r["tok_s"]), float(r["tok_s"]), float(r["tok_s"])))
     return out
+
+
+def _prefill_mode(r) -> str:
+    """' sync' / ' rotating': one prefill run measures a strategy in several modes, each its own figure
+    (comparing a run's rotating mode against its own sync mode would flag a false regression)."""
+    for col in ("mode", "prefill_mode"):
+        v = r.get(col)
+        if isinstance(v, str) and v.strip() and v != r.get("strategy"):
+            return f" {v}"
+    return ""
+
+
+def _cap(r) -> str:
+    """' cap 24 GiB' where the run measured under a device-memory cap (another figure than uncapped)."""
+    v = r.get("mem_cap_bytes")
+    return f" cap {v / 2**30:g} GiB" if isinstance(v, (int, float)) and v == v and v > 0 else ""
 
 
 def _gbps_spread(r) -> tuple[float, float]:

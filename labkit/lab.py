@@ -1,7 +1,9 @@
 """`labkit lab` (what `make lab` runs): JupyterLab on `notebooks/`, opened on the explorer.
 
 It binds 127.0.0.1 only, with a random token, so nothing on the network can reach it; from a laptop the
-way in is an SSH tunnel, and the command prints both the URL and the tunnel line. It starts whoever runs
+way in is an SSH tunnel, and the command prints both the URL and the tunnel line. The token never appears
+on a command line (another local user could read it from /proc/PID/cmdline and run code as this user): it
+reaches JupyterLab in a 0600 file (see `token_env`). It starts whoever runs
 it: root is the usual user in containers, and Jupyter refuses root unless told `--allow-root` (a refusal
 that protects nothing here, since the server is reachable only from this machine).
 
@@ -112,10 +114,12 @@ def trust_shipped_notebooks(root: Path) -> list[str]:
     return signed
 
 
-def lab_command(port: int, token: str, root_dir: Path, open_notebook: str = "explore.ipynb",
+def lab_command(port: int, root_dir: Path, open_notebook: str = "explore.ipynb",
                 extra: list[str] | None = None, settings_dir: Path | None = None) -> list[str]:
+    """The JupyterLab command line. The token is not on it (any local user can read a process's argv in
+    /proc/PID/cmdline): `token_env` hands it over through a 0600 file named in the environment."""
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}",
+           "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root_dir}",
            f"--LabApp.default_url=/lab/tree/{open_notebook}", "--LabApp.news_url=None",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     if settings_dir is not None:
@@ -123,6 +127,55 @@ def lab_command(port: int, token: str, root_dir: Path, open_notebook: str = "exp
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     return cmd + list(extra or [])
+
+
+TOKEN_GLOB = "labkit-lab-*.token"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def token_file(token: str, runtime_dir: Path | None = None) -> Path:
+    """Write the token to a new 0600 file in Jupyter's runtime folder (made 0700; it already holds the
+    kernels' connection secrets), named after this process, which becomes the server. Files left by
+    servers that are gone are removed first."""
+    from jupyter_core.paths import jupyter_runtime_dir
+    folder = Path(runtime_dir or jupyter_runtime_dir())
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = folder.stat()
+    if st.st_uid != os.geteuid():
+        from .params import BadInput
+        raise BadInput(f"Jupyter's runtime folder {folder} belongs to another user; set JUPYTER_RUNTIME_DIR")
+    if st.st_mode & 0o077:
+        os.chmod(folder, 0o700)
+    for old in folder.glob(TOKEN_GLOB):
+        pid = old.stem.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            old.unlink(missing_ok=True)
+    path = folder / f"labkit-lab-{os.getpid()}.token"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return path
+
+
+def token_env(token: str, env: dict | None = None, runtime_dir: Path | None = None) -> dict:
+    """The server's environment: the token in a 0600 file named by JUPYTER_TOKEN_FILE (jupyter_server reads
+    it once at start). JUPYTER_TOKEN (which would win over the file) and LABKIT_LAB_TOKEN are removed, so
+    neither the server nor its kernels carry the token in their environment."""
+    env = dict(os.environ if env is None else env)
+    for name in ("JUPYTER_TOKEN", "LABKIT_LAB_TOKEN"):
+        env.pop(name, None)
+    env["JUPYTER_TOKEN_FILE"] = str(token_file(token, runtime_dir))
+    return env
 
 
 def notebook_title(path: Path) -> str:
@@ -154,8 +207,9 @@ def cmd_lab(a) -> int:
         from .params import BadInput
         raise BadInput(f"{root} is not a folder of notebooks")
     port = a.port if a.port_exact else pick_port(a.port)
-    token = a.token or envs.get("LABKIT_LAB_TOKEN") or secrets.token_hex(24)
+    token = a.token or envs.get("LABKIT_LAB_TOKEN") or os.environ.get("JUPYTER_TOKEN") or secrets.token_hex(24)
     trust_shipped_notebooks(root)
+    env = token_env(token)
     print(banner(port, token, root_dir=root), flush=True)
-    cmd = lab_command(port, token, root, extra=[x for x in a.jupyter_args if x != "--"], settings_dir=app_settings_dir())
-    os.execv(cmd[0], cmd)     # JupyterLab in this process: Ctrl-C and the exit status are its own
+    cmd = lab_command(port, root, extra=[x for x in a.jupyter_args if x != "--"], settings_dir=app_settings_dir())
+    os.execve(cmd[0], cmd, env)     # JupyterLab in this process: Ctrl-C and the exit status are its own

@@ -15,9 +15,12 @@ by what it measures):
     context_lens = "256,1024"
 
 What it guarantees:
-- **Checked first.** Every experiment entry is planned (`experiments.plan`: names, types and values checked
-  against this machine) before anything runs or is written, and runs that plan as it is; a plain notebook's
-  names are checked against its `parameters` cell (papermill itself only warns). Bad input is one line.
+- **Checked first.** Every entry's keys and parameter names are checked, and every entry that will run
+  (all, or those `--only` names) is planned (`experiments.plan`: types and values checked against this
+  machine) before anything runs or is written, and runs that plan as it is; a plain notebook's names are
+  checked against its `parameters` cell (papermill itself only warns). Bad input is one line.
+- **Skips what this machine lacks.** An entry whose needs are missing here (vLLM not installed: a
+  `params.Missing`) is skipped with that reason in `nightly.json` and `nightly.log`; the rest run.
 - **Isolated.** Each entry runs in its own kernel via `labkit.execute.run_notebook` into
   `results/nightly-<date>/<name>/`; a failure (exception, timeout, dead kernel) is recorded and the
   next entry runs.
@@ -30,6 +33,10 @@ What it guarantees:
 - **Resumable.** Running the same plan again for the same date skips entries already done (ok or
   partial); a failed entry is retried after its folder is moved aside to `<name>.attempt-N` (nothing
   is overwritten).
+- **Stoppable.** SIGINT (Ctrl-C) or SIGTERM stops the whole night, not just the entry running: that
+  entry's kernel gets the signal and its folder is settled `interrupted`, no later entry starts,
+  `nightly.json` says `stopped` (which signal, during which entry, what is not done) and `nightly.log`
+  says so; the command exits 128 + the signal's number, and the same command resumes the night.
 - The run index (`results/index.html`) is rebuilt after every entry.
 """
 from __future__ import annotations
@@ -39,7 +46,9 @@ import hashlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +83,7 @@ class Entry:
     timeout_s: int | None = None
     description: str = ""
     raw: dict = field(default_factory=dict)
+    skip: str = ""                 # why it cannot run on this machine (a missing need), else empty
 
 
 def _has_cuda() -> bool:
@@ -92,11 +102,14 @@ def _resolve_notebook(nb: str, plan_dir: Path) -> Path:
     return p
 
 
-def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
-    """Parse and check a plan; raises BadInput (one line) on the first problem. Nothing runs or is written."""
+def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None = None) -> list[Entry]:
+    """Parse and check a plan; raises BadInput (one line) on the first problem. Nothing runs or is written.
+    With `only`, just those entries are returned and planned (the others' keys and names are still checked);
+    an entry whose needs this machine lacks comes back with `skip` saying why instead of refusing the plan."""
     from .execute import NOTEBOOKS, notebook_parameters
     from .experiments import EXPERIMENTS
     from .experiments import plan as plan_experiment
+    from .params import Missing
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"plan {path} does not exist")
@@ -110,6 +123,11 @@ def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
     unknown_top = sorted(set(plan) - {"entry", "description"})
     if unknown_top:
         raise BadInput(f"plan {path}: unknown top-level key(s) {', '.join(unknown_top)}")
+    if only:
+        names = {e.get("name") for e in raw_entries if isinstance(e, dict)}
+        missing = sorted(set(only) - names)
+        if missing:
+            raise BadInput(f"--only: no entry named {', '.join(missing)} in {path}")
     cuda = _has_cuda() if cuda is None else cuda
     entries, seen = [], set()
     # a notebook that belongs to one experiment only is that experiment (shared ones need `experiment`)
@@ -181,17 +199,19 @@ def load_plan(path: str | Path, cuda: bool | None = None) -> list[Entry]:
             if unknown:
                 raise BadInput(f"{where}: {nb.name} has no parameter(s) {', '.join(unknown)}; it has {', '.join(sorted(known))}")
         params = {k: (",".join(map(str, v)) if isinstance(v, list) else v) for k, v in params.items()}
-        planned = None
-        if exp is not None:
+        planned, skip = None, ""
+        if exp is not None and (not only or name in only):
             try:
                 planned = plan_experiment(exp, params)
+            except Missing as ex:          # this machine lacks what it needs: skipped, the rest still run
+                skip = str(ex)
             except BadInput as ex:
                 raise BadInput(f"{where}: {ex}") from None
         timeout = e.get("timeout_s")
         if timeout is not None and (not isinstance(timeout, int) or timeout <= 0):
             raise BadInput(f"{where}: timeout_s must be a positive whole number of seconds")
-        entries.append(Entry(name, nb, params, exp, planned, "", timeout, str(e.get("description", "")), e))
-    return entries
+        entries.append(Entry(name, nb, params, exp, planned, "", timeout, str(e.get("description", "")), e, skip))
+    return [e for e in entries if not only or e.name in only]
 
 
 class _Tee:
@@ -218,9 +238,8 @@ class _Tee:
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(path)
+    from .atomic import write_text_or_in_place
+    write_text_or_in_place(path, json.dumps(obj, indent=1, default=str))     # whole; in place on a full disk
 
 
 def _entry_status(folder: Path) -> str | None:
@@ -287,7 +306,8 @@ class _Lock:
     def __enter__(self):
         import psutil
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            # 0644: anyone may see who holds the night (no secret in it), only we write it; not executable
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except FileExistsError:
             info = self._read()
             alive, why = self._holder_alive(info)
@@ -308,19 +328,22 @@ class _Lock:
         self.path.unlink(missing_ok=True)
 
 
-def _run_plain_notebook(entry: Entry, out: Path, log) -> Exception | None:
-    """A notebook that is not a registered experiment: papermill into `out`, then the report."""
+def _run_plain_notebook(entry: Entry, out: Path, log, seen: list) -> Exception | None:
+    """A notebook that is not a registered experiment: papermill into `out`, then the report. A signal is
+    passed on to its kernel (as for experiments) and recorded in `seen`."""
     import papermill as pm
-    from .execute import KERNEL_ARGS, notebook_parameters
+    from .execute import KERNEL_ARGS, signals_to_kernels, notebook_parameters
     params = dict(entry.parameters)
     if "out_dir" in notebook_parameters(entry.notebook):
         params["out_dir"] = str(out.resolve())
     envs.set_env("LABKIT_PLAIN_PROGRESS", "1")     # text progress, not widgets (a report's widgets need a CDN)
     err = None
     try:
-        pm.execute_notebook(str(entry.notebook), str(out / entry.notebook.name), parameters=params, progress_bar=False,
-                            cwd=str(REPO), kernel_name="python3", execution_timeout=entry.timeout_s,
-                            log_output=False, stdout_file=log, stderr_file=log, **KERNEL_ARGS)
+        with signals_to_kernels(seen):
+            pm.execute_notebook(str(entry.notebook), str(out / entry.notebook.name), parameters=params,
+                                progress_bar=False, cwd=str(REPO), kernel_name="python3",
+                                execution_timeout=entry.timeout_s, log_output=False, stdout_file=log, stderr_file=log,
+                                **KERNEL_ARGS)
     except Exception as ex:
         err = ex
     try:
@@ -348,12 +371,55 @@ def _run_tests(entry: Entry, out: Path, logf) -> Exception | None:
     return None if p.returncode == 0 else RuntimeError(f"pytest {entry.tests}: {last}")
 
 
-def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None]:
-    """Run one entry into `out` (its own kernel). Returns (status, wall seconds, error)."""
-    from .execute import run_notebook
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the nightly runner: the whole night stops (not just the entry)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class _StopOnSignals:
+    """While a nightly runs, SIGINT and SIGTERM raise `Stopped` in the runner (an entry's kernel gets the
+    signal passed on by `labkit.execute`, which records it). After the first one, further signals are only
+    noted, so the record of the stop is written whole."""
+
+    def __init__(self):
+        self.first: int | None = None
+
+    def _handler(self, signum, frame):
+        if self.first is None:
+            self.first = signum
+            raise Stopped(signum)
+
+    def __enter__(self):
+        self.old = {}
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def quiet(self) -> None:
+        """From now on every signal is only noted (the record is being written)."""
+        if self.first is None:
+            self.first = 0
+
+    def __exit__(self, *a):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
+def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None, int | None]:
+    """Run one entry into `out` (its own kernel). Returns (status, wall seconds, error, the signal that
+    stopped it or None)."""
+    from .execute import Terminated, run_notebook
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     err: Exception | None = None
+    seen: list = []          # signals passed on to the entry's kernel
     with open(out / "log.txt", "a", encoding="utf-8") as logf:
         logf.write(f"== {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} entry {entry.name}: "
                    f"{('pytest ' + entry.tests) if entry.tests else entry.notebook.name} parameters "
@@ -366,14 +432,25 @@ def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None]:
             if entry.tests:
                 err = _run_tests(entry, out, logf)
             elif entry.experiment is not None:
-                _, err = run_notebook(entry.plan, out, timeout=entry.timeout_s)
+                _, err = run_notebook(entry.plan, out, timeout=entry.timeout_s, signals=seen)
             else:
-                err = _run_plain_notebook(entry, out, tee)
+                err = _run_plain_notebook(entry, out, tee, seen)
+        except Terminated as ex:             # SIGTERM during an experiment: its folder is settled
+            seen.append(signal.SIGTERM)
+            err = ex
+        except Stopped as ex:                # a signal outside a kernel (pytest entries, between steps)
+            seen.append(ex.signum)
+            err = ex
+        except KeyboardInterrupt as ex:
+            seen.append(signal.SIGINT)
+            err = ex
         except Exception as ex:              # anything at all: recorded, the night goes on
             err = ex
         finally:
             sys.stdout, sys.stderr = saved
     wall = time.time() - t0
+    if seen:
+        return "interrupted", wall, err, int(seen[0])
     status = "failed" if err is not None else "ok"
     mf = out / "manifest.json"
     if err is None and mf.is_file():
@@ -382,7 +459,7 @@ def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None]:
             status = status if status in DONE else "failed"
         except Exception:
             pass
-    return status, wall, err
+    return status, wall, err, None
 
 
 def _error_text(err: Exception) -> str:
@@ -414,22 +491,18 @@ def _logged(echo, path: Path):
 def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "results", only: list[str] | None = None,
              echo=print) -> dict:
     """Run (or resume) a plan into `<root>/nightly-<date>/`; returns the nightly record."""
-    entries = load_plan(plan)
-    if only:
-        missing = sorted(set(only) - {e.name for e in entries})
-        if missing:
-            raise BadInput(f"--only: no entry named {', '.join(missing)} in {plan}")
-        entries = [e for e in entries if e.name in only]
+    entries = load_plan(plan, only=only)
     date = date or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     if not re.match(r"^\d{4}-\d{2}-\d{2}$", date):
         raise BadInput(f"--date {date!r}: expected YYYY-MM-DD")
     root = Path(root)
     night = root / f"nightly-{date}"
-    night.mkdir(parents=True, exist_ok=True)
+    from .atomic import check_writable
+    check_writable(night, "--root")       # a read-only or foreign results folder: one line, nothing run
     rec_path = night / "nightly.json"
     echo = _logged(echo, night / LOG_NAME)
     lock = _Lock(night / ".lock")
-    with lock:
+    with lock, _StopOnSignals() as stop:
         echo(f"nightly {date}: plan {plan}, pid {os.getpid()}, host {os.uname().nodename}")
         try:
             record = json.loads(rec_path.read_text()) if rec_path.is_file() else {}
@@ -439,49 +512,36 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
             echo(f"nightly {date}: {note}")
             record.setdefault("notes", []).append(f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} {note}")
         plan_text = Path(plan).read_text()
+        if record.get("stopped"):            # resumed after a stop: keep its word in the history
+            record.setdefault("earlier_stops", []).append(record.pop("stopped"))
         record.update({"date": date, "plan": str(Path(plan)), "plan_sha256": hashlib.sha256(plan_text.encode()).hexdigest()[:16],
                        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "finished": None,
                        "cuda": _has_cuda()})
         by_name = {e["name"]: e for e in record.get("entries", [])}
         order = [e.name for e in entries] + [n for n in by_name if n not in {e.name for e in entries}]
-        for i, entry in enumerate(entries, start=1):
-            out = night / entry.name
-            prev = by_name.get(entry.name, {})
-            if out.exists() and _entry_status(out) in DONE:
-                echo(f"[{i}/{len(entries)}] {entry.name}: already done ({_entry_status(out)}), skipped")
-                done = json.loads((out / "nightly-entry.json").read_text())
-                by_name[entry.name] = {**prev, **done, "skipped_on_resume": True}
-                continue
-            attempts = list(prev.get("earlier_attempts", []))
-            if out.exists():
-                attempts.append(str(_set_aside(out).name))
-            echo(f"[{i}/{len(entries)}] {entry.name}: running {entry.notebook.name} {entry.parameters or '(defaults)'}")
-            started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-            status, wall, err = run_entry(entry, out)
-            info = {"name": entry.name, "experiment": entry.experiment, "notebook": str(entry.notebook.relative_to(REPO))
-                    if entry.notebook.is_relative_to(REPO) else str(entry.notebook),
-                    "parameters": entry.parameters, "timeout_s": entry.timeout_s, "status": status, "started": started,
-                    "wall_s": round(wall, 1), "error": _one_line(err) if err else None, "folder": entry.name,
-                    "earlier_attempts": attempts}
-            if err is not None:
-                (out / "error.txt").write_text(f"entry {entry.name} failed after {wall:.1f} s\n{_error_text(err)}\n"
-                                               f"kernel output: log.txt; executed notebook (failing cell marked): "
-                                               f"{out / entry.notebook.name}\n")
-            _write_json(out / "nightly-entry.json", info)
-            by_name[entry.name] = info
-            record["entries"] = [by_name[n] for n in order if n in by_name]
-            _write_json(rec_path, record)
-            echo(f"[{i}/{len(entries)}] {entry.name}: {status} in {wall:.1f} s" + (f" — {info['error']}" if err else ""))
-            try:
-                from .index import rebuild_index
-                rebuild_index(root)
-            except Exception as ex:
-                echo(f"labkit: run index not rebuilt: {ex}")
+        try:
+            stopped = _run_entries(entries, night, root, record, by_name, order, rec_path, echo)
+        except Stopped as ex:                # between entries (skipping, setting aside, the index)
+            stopped = (ex.signum, None)
+        stop.quiet()
         record["entries"] = [by_name[n] for n in order if n in by_name]
-        record["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        _write_json(rec_path, record)
-        done = sum(e.get("status") in DONE for e in record["entries"])
-        echo(f"nightly {date}: finished, {done} of {len(record['entries'])} entries done")
+        if stopped:
+            signum, during = stopped
+            left = [e.name for e in entries if by_name.get(e.name, {}).get("status") not in DONE]
+            record["stopped"] = {"signal": _signal_name(signum), "entry": during,
+                                 "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                                 "not_done": left}
+            _write_json(rec_path, record)
+            echo(f"nightly {date}: stopped by {_signal_name(signum)}" + (f" during {during}" if during else "")
+                 + f"; {len(left)} entr{'y' if len(left) == 1 else 'ies'} not done ({', '.join(left) or 'none'}); "
+                 f"the same command resumes it")
+        else:
+            record["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            _write_json(rec_path, record)
+            done = sum(e.get("status") in DONE for e in record["entries"])
+            skipped = sum(e.get("status") == "skipped" for e in record["entries"])
+            echo(f"nightly {date}: finished, {done} of {len(record['entries'])} entries done"
+                 + (f", {skipped} skipped (needs missing on this machine)" if skipped else ""))
     try:
         from .index import rebuild_index
         rebuild_index(root)
@@ -490,17 +550,79 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
     return record
 
 
+def _run_entries(entries, night: Path, root: Path, record: dict, by_name: dict, order: list, rec_path: Path,
+                 echo) -> tuple[int, str] | None:
+    """The night's entries in order, `record` rewritten after each; (signal, entry) when a signal stopped it."""
+    for i, entry in enumerate(entries, start=1):
+        out = night / entry.name
+        prev = by_name.get(entry.name, {})
+        if out.exists() and _entry_status(out) in DONE:
+            echo(f"[{i}/{len(entries)}] {entry.name}: already done ({_entry_status(out)}), skipped")
+            done = json.loads((out / "nightly-entry.json").read_text())
+            by_name[entry.name] = {**prev, **done, "skipped_on_resume": True}
+            continue
+        if entry.skip:                  # a need missing on this machine: say so, run the rest
+            echo(f"[{i}/{len(entries)}] {entry.name}: skipped — {entry.skip}")
+            by_name[entry.name] = {"name": entry.name, "experiment": entry.experiment, "status": "skipped",
+                                   "error": entry.skip, "wall_s": 0.0, "folder": None,
+                                   "earlier_attempts": list(prev.get("earlier_attempts", []))}
+            record["entries"] = [by_name[n] for n in order if n in by_name]
+            _write_json(rec_path, record)
+            continue
+        attempts = list(prev.get("earlier_attempts", []))
+        if out.exists():
+            attempts.append(str(_set_aside(out).name))
+        echo(f"[{i}/{len(entries)}] {entry.name}: running {entry.notebook.name} {entry.parameters or '(defaults)'}")
+        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        status, wall, err, signum = run_entry(entry, out)
+        if signum is not None:
+            err = Stopped(signum)             # the entry's word: stopped, not failed
+        info = {"name": entry.name, "experiment": entry.experiment, "notebook": str(entry.notebook.relative_to(REPO))
+                if entry.notebook.is_relative_to(REPO) else str(entry.notebook),
+                "parameters": entry.parameters, "timeout_s": entry.timeout_s, "status": status, "started": started,
+                "wall_s": round(wall, 1), "error": _one_line(err) if err else None, "folder": entry.name,
+                "earlier_attempts": attempts}
+        if err is not None:
+            (out / "error.txt").write_text(f"entry {entry.name} {'stopped' if signum else 'failed'} after {wall:.1f} s\n"
+                                           f"{_error_text(err)}\n"
+                                           f"kernel output: log.txt; executed notebook (failing cell marked): "
+                                           f"{out / entry.notebook.name}\n")
+        _write_json(out / "nightly-entry.json", info)
+        by_name[entry.name] = info
+        record["entries"] = [by_name[n] for n in order if n in by_name]
+        _write_json(rec_path, record)
+        echo(f"[{i}/{len(entries)}] {entry.name}: {status} in {wall:.1f} s" + (f" — {info['error']}" if err else ""))
+        if signum is not None:
+            return signum, entry.name
+        try:
+            from .index import rebuild_index
+            rebuild_index(root)
+        except Exception as ex:
+            echo(f"labkit: run index not rebuilt: {ex}")
+    return None
+
+
 def cmd_nightly(a) -> int:
+    only = [n.strip() for n in a.only.split(",") if n.strip()] if a.only else None
     if a.dry_run:
-        for e in load_plan(a.plan):
+        for e in load_plan(a.plan, only=only):
             what = f"pytest {e.tests}" if e.tests else f"{e.experiment or '-'} {e.notebook.name} {e.parameters or '(defaults)'}"
-            print(f"{e.name}: {what}"
-                  + (f" timeout {e.timeout_s} s" if e.timeout_s else ""))
+            print(f"{e.name}: " + (f"skipped here — {e.skip}" if e.skip else what
+                                   + (f" timeout {e.timeout_s} s" if e.timeout_s else "")))
         return 0
-    rec = run_plan(a.plan, a.date, a.root, only=a.only.split(",") if a.only else None)
-    bad = [e for e in rec["entries"] if e.get("status") not in DONE]
+    rec = run_plan(a.plan, a.date, a.root, only=only)
+    for e in rec.get("entries", []):
+        if e.get("status") == "skipped":
+            print(f"  skipped {e['name']}: {e.get('error')}")
+    bad = [e for e in rec.get("entries", []) if e.get("status") not in DONE + ("skipped",)]
     night = Path(a.root) / f"nightly-{rec['date']}"
-    print(f"nightly {rec['date']}: {len(rec['entries']) - len(bad)} of {len(rec['entries'])} entries done; "
+    if rec.get("stopped"):
+        st = rec["stopped"]
+        print(f"labkit: nightly {rec['date']} stopped by {st['signal']}; not done: {', '.join(st['not_done']) or 'none'}; "
+              f"record {night / 'nightly.json'}; run the same command again to resume", file=sys.stderr)
+        return 128 + int(signal.Signals[st["signal"]])
+    done = sum(e.get("status") in DONE for e in rec.get("entries", []))
+    print(f"nightly {rec['date']}: {done} of {len(rec['entries'])} entries done; "
           f"record {night / 'nightly.json'}; index {Path(a.root) / 'index.html'}")
     for e in bad:
         print(f"  FAILED {e['name']}: {e.get('error')} (see {night / e['name'] / 'error.txt'})")

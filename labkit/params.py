@@ -20,6 +20,11 @@ class BadInput(ValueError):
     """A parameter error worth one line to the user (no traceback)."""
 
 
+class Missing(BadInput):
+    """What an experiment needs is not on this machine (vLLM not installed, ...): still one line for
+    `labkit run`, but a nightly plan skips the entry with this reason and runs the rest."""
+
+
 @dataclass(frozen=True)
 class Param:
     name: str

@@ -24,6 +24,7 @@ import pandas as pd
 
 from . import envs
 from . import __version__
+from .atomic import replacing, write_text_or_in_place
 from .telemetry import machine_load
 
 METRIC_COLUMNS = ["run_id", "experiment", "status", "error", "device", "gpu_name", "shape", "strategy",
@@ -34,14 +35,16 @@ METRIC_COLUMNS = ["run_id", "experiment", "status", "error", "device", "gpu_name
 REPO = Path(__file__).resolve().parent.parent
 
 
-def git_sha() -> str:
+def git_sha(repo: Path = REPO) -> str:
+    """The commit's short sha, `-dirty` when tracked code differs from it. Changes under results/ do not
+    count: runs write there (a run folder, a report redrawn), and "dirty" must mean the code changed."""
     if envs.get("LABKIT_GIT_SHA"):      # a copy of the tree without .git (e.g. a GPU host session)
         return envs.get("LABKIT_GIT_SHA")
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=5)
         sha = out.stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
+                               cwd=repo, capture_output=True, text=True, timeout=5).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except Exception:
         return "unknown"
@@ -178,9 +181,9 @@ class Run:
         return run
 
     def _write_manifest(self) -> None:
-        tmp = self.path / "manifest.json.tmp"
-        tmp.write_text(json.dumps(self.manifest, indent=1, default=str))
-        tmp.replace(self.path / "manifest.json")
+        # whole or absent (fsync + rename); on a full disk the existing manifest is rewritten in its own
+        # blocks, so the final status can still say what happened
+        write_text_or_in_place(self.path / "manifest.json", json.dumps(self.manifest, indent=1, default=str))
 
     def update_manifest(self, **fields) -> None:
         self.manifest.update(fields)
@@ -202,14 +205,13 @@ class Run:
 
     def write_table(self, name: str, df: pd.DataFrame) -> Path:
         path = self.path / f"{name}.parquet"
-        tmp = self.path / f".{name}.parquet.tmp"
         df = df.copy()
         for c in df.columns:   # mixed None/str/number object columns: store as text, keep numbers numeric
             if df[c].dtype == object:
                 num = pd.to_numeric(df[c], errors="coerce")
                 df[c] = num if num.notna().sum() == df[c].notna().sum() else df[c].astype("string")
-        df.to_parquet(tmp, index=False)
-        tmp.replace(path)
+        with replacing(path) as tmp:     # whole or absent, no stray temporary file (e.g. on a full disk)
+            df.to_parquet(tmp, index=False)
         return path
 
     add_table = write_table
@@ -287,13 +289,30 @@ def run_manifests(root: str | Path) -> list[Path]:
     return sorted(mf for mf in Path(root).glob("**/manifest.json") if mf.parent.name != ASSETS)
 
 
+UNREADABLE = "unreadable"      # `list_runs`' word for a run folder whose manifest.json cannot be parsed
+
+
+def _mtime_iso(path: Path) -> str | None:
+    try:
+        return dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds")
+    except OSError:
+        return None
+
+
 def list_runs(root: str | Path = "results") -> pd.DataFrame:
-    """One row per run folder under root (newest first)."""
+    """One row per run folder under root (newest first); a folder whose manifest cannot be read is listed
+    with status `unreadable` and an `error` saying why."""
     rows = []
     for mf in run_manifests(root):
         try:
             m = json.loads(mf.read_text())
-        except Exception:
+            if not isinstance(m, dict):
+                raise ValueError("not a JSON object")
+        except Exception as ex:         # listed, not dropped: a truncated manifest is a run someone must look at
+            rows.append({"path": str(mf.parent), "run_id": mf.parent.name, "experiment": None,
+                         "created": _mtime_iso(mf), "status": UNREADABLE, "gpu_name": None, "pcie_gen": None,
+                         "pcie_width": None, "git_sha": None, "host": None,
+                         "error": f"manifest.json unreadable ({type(ex).__name__})"})
             continue
         rows.append({"path": str(mf.parent), "run_id": m.get("run_id"), "experiment": m.get("experiment"),
                      "created": m.get("created"), "status": effective_status(m), "gpu_name": m.get("gpu_name"),

@@ -18,9 +18,11 @@ done
 [[ "$AT" =~ ^([01][0-9]|2[0-3]):[0-5][0-9]$ ]] || { echo "--at $AT: expected HH:MM" >&2; exit 2; }
 HOUR=$((10#${AT%:*})); MIN=$((10#${AT#*:}))
 fill() { sed -e "s|@REPO@|$REPO|g" -e "s|@USER@|$(id -un)|g" -e "s|@AT@|$AT|g" -e "s|@HOUR@|$HOUR|g" -e "s|@MIN@|$MIN|g" "$1"; }
+deps() { echo "installing what the nightly plan needs: make venv vllm-venv"; make -C "$REPO" venv vllm-venv; }
 if [ "$MODE" = cron ]; then
   line=$(fill "$REPO/nightly/crontab" | grep -v '^#')
   if [ -n "$PRINT" ]; then echo "$line"; exit 0; fi
+  deps
   ( crontab -l 2>/dev/null | grep -v 'make nightly' || true; echo "$line" ) | crontab -
   echo "installed for $(id -un): $line"
   exit 0
@@ -30,6 +32,9 @@ if [ -n "$PRINT" ]; then
   exit 0
 fi
 [ "$(id -u)" = 0 ] || { echo "systemd system units need root (or use --cron)" >&2; exit 1; }
+# what the plan needs, before the first night: the lab's .venv and vLLM's .venv-vllm (the serve and xfer
+# entries; a night without it skips them with the reason in nightly.log)
+deps
 for u in service timer; do fill "$REPO/nightly/systemd/labkit-nightly.$u" > "/etc/systemd/system/labkit-nightly.$u"; done
 systemctl daemon-reload
 systemctl enable --now labkit-nightly.timer

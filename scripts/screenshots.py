@@ -2,8 +2,9 @@
 
 What a new user sees on a fresh clone after `make sweep` (a CPU decode sweep here) and `make lab`:
 
-- docs/img/explorer.png: `labkit lab` (make lab's command) on a copy of notebooks/, explore.ipynb after
-  Run All over the repository's runs plus the fresh sweep: its first view, figures filled;
+- docs/img/explorer.png: `labkit lab` (make lab's command) on a copy of notebooks/, explore.ipynb as it
+  opens, before any cell runs: its saved first view of a committed run (`labkit.explore.save_first_view`),
+  the run's id stored in the PNG (a `labkit-run` text chunk) so a test can check it is committed;
 - docs/img/report-cpu.png: the CPU sweep's report, its header and first figures;
 - docs/img/run-index.png: the run index (`results/index.html`) over the same runs;
 - docs/img/report-decode-speed.png, docs/img/report-step-time.png: the first two figures of the committed
@@ -112,18 +113,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def png_with_text(path: Path, key: str, value: str) -> None:
+    """Add a tEXt chunk `key`=`value` to a PNG (before IEND), as the PNG format defines it."""
+    import struct
+    import zlib
+    data = path.read_bytes()
+    body = key.encode("latin-1") + b"\0" + value.encode("latin-1")
+    chunk = struct.pack(">I", len(body)) + b"tEXt" + body + struct.pack(">I", zlib.crc32(b"tEXt" + body) & 0xFFFFFFFF)
+    end = data.rindex(b"IEND") - 4
+    path.write_bytes(data[:end] + chunk + data[end:])
+
+
 def explorer(out: Path, results: Path) -> Path:
     """`labkit lab` on a scratch copy of the notebooks, with fresh Jupyter settings and data folders as a
-    new user has them, explore.ipynb run top to bottom, its first view captured (controls and figures)."""
+    new user has them, explore.ipynb as it opens (no cell run): its saved first view of a committed run."""
     tmp = Path(tempfile.mkdtemp(prefix="labkit-shots-"))
     shutil.copytree(REPO / "notebooks", tmp / "notebooks")
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "LABKIT_RESULTS": str(results), "JUPYTER_RUNTIME_DIR": str(tmp / "rt"),
+    env = {**os.environ, "LABKIT_LAB_TOKEN": token, "LABKIT_RESULTS": str(results), "JUPYTER_RUNTIME_DIR": str(tmp / "rt"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "ws"),
            "JUPYTER_DATA_DIR": str(tmp / "data"),
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     log = open(tmp / "lab.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "labkit", "lab", "--port", str(port), "--port-exact", "--token", token,
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "lab", "--port", str(port), "--port-exact",
                              "--dir", str(tmp / "notebooks"), "--", "--LabApp.expose_app_in_browser=True"],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -141,36 +153,24 @@ def explorer(out: Path, results: Path) -> Path:
             errors = []
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.goto(f"{base}/lab/tree/explore.ipynb?token={token}")
-            run_all_and_wait(page)
+            page.wait_for_function(FILLED, timeout=120000)      # the saved first view, drawn on opening
+            page.wait_for_timeout(2000)
             page.evaluate("() => window.jupyterapp.shell.collapseLeft()")      # the notebook, full width
             page.wait_for_timeout(1500)
             if errors:
                 print("browser console errors:", *errors[:5], sep="\n  ", file=sys.stderr)
             page.screenshot(path=str(out / "explorer.png"))
+            import json
+            nb = json.loads((tmp / "notebooks" / "explore.ipynb").read_text())
+            shown = next(o["data"]["text/plain"] for c in nb["cells"] for o in c.get("outputs", [])
+                         if "saved first view" in "".join(o.get("data", {}).get("text/plain", "")))
+            png_with_text(out / "explorer.png", "labkit-run", "".join(shown).split("of the run ")[1].rstrip(". \n"))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return out / "explorer.png"
-
-
-def run_all_and_wait(page, timeout_ms: int = 400000) -> None:
-    """Run every cell of the open notebook and wait until the explorer's three figures hold data."""
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60000)
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
-                           timeout=60000)
-    try:      # a fresh settings folder may ask which kernel to start: take the notebook's own
-        page.wait_for_selector(".jp-Dialog .jp-mod-accept", timeout=8000)
-        page.click(".jp-Dialog .jp-mod-accept")
-    except Exception:
-        pass
-    page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget; const k = w && w.sessionContext "
-                           "&& w.sessionContext.session && w.sessionContext.session.kernel; return k && k.status === 'idle'; }",
-                           timeout=180000)     # run-all before the kernel is up is lost on a loaded machine
-    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-    page.wait_for_function(FILLED, timeout=timeout_ms)
-    page.wait_for_timeout(2000)
 
 
 def main(argv=None) -> int:
@@ -188,6 +188,9 @@ def main(argv=None) -> int:
         for p in report_figures(out):
             print(p)
     if a.only == "report":
+        return 0
+    if a.only == "explorer":          # the saved first view of committed runs: no sweep needed
+        print(explorer(out, REPO / "results"))
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="labkit-shots-results-"))
     try:

@@ -4,6 +4,7 @@ part, memory limits are checked, and bad input is one line. The metrics frame is
 own byte formulas (a real sweep on this CPU has no GPU spec to scale from): it tests the algebra, the
 H200 run tests the physics (README, `labkit predict`)."""
 import dataclasses
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -74,3 +75,13 @@ def test_gpu_for_name_never_matches_an_empty_or_vendor_only_name(name, key):
     """A CPU run has no GPU name: nothing may match it (an empty string is part of every name)."""
     g = C.gpu_for_name(name)
     assert (g.key if g else None) == key
+
+
+def test_predict_says_does_not_fit_instead_of_nan(capsys):
+    """The docs' tables say "does not fit" where a point's memory exceeds the GPU: the command says so too."""
+    run = Path(__file__).resolve().parent.parent / "results" / "20261129-153810-decode-h200"
+    if not run.is_dir():
+        pytest.skip("the H200 run folder is not in this checkout")
+    assert main(["predict", str(run), "--gpu", "rtx3090", "--gpus", "1"]) == 0
+    table = capsys.readouterr().out.split("why (largest context")[0]
+    assert "does not fit" in table and "nan" not in table.lower()

@@ -15,6 +15,7 @@ from labkit.engine.drive.scheduler import Request, Scheduler, Threshold, make_la
 from labkit.serving.engine_server import EngineLoop, create_app
 from labkit.serving.latency import summarize
 from labkit.serving.loadgen import run_load
+from labkit.serving.tokentext import piece
 from labkit.serving.workload import RequestSpec
 from labkit.shapes import PRESETS
 
@@ -75,7 +76,7 @@ def test_loadgen_streams_from_labkit_server(server):
     for rec, spec in zip(recs, specs):
         assert rec["output_len"] == spec.output_len == len(rec["token_times"])
         alone = Scheduler(make_lanes(TINY, "cpu", 2, 2, **CFG), Threshold(80)).run([Request(spec.prompt, spec.output_len)])[0]
-        assert [int(t) for t in rec["text"].split()] == alone.tokens
+        assert rec["text"] == "".join(piece(t) for t in alone.tokens)
     st = httpx.get(url + "/stats").json()
     assert len(st["records"]) >= len(specs) and {r["lane"] for r in st["records"]} == {"resident", "offload"}
     assert httpx.get(url + "/timeline").json()["timelines"]

@@ -134,3 +134,16 @@ def test_weight_product_bars_one_group_per_path_and_rows_under_the_read_bound():
     read = float(m.loc[m.strategy == "hbm_read", "gbps"].iloc[0])
     assert [s.y0 for s in fig.layout.shapes] == [read] and "HBM read" in fig.layout.annotations[0].text
     assert "no weight products" in weight_product_bars(m[m.strategy != "weight_product"]).layout.annotations[0].text
+
+
+def test_a_cpu_run_draws_no_link_bound_and_judges_no_target():
+    """A CPU has no host link: its probe's "contiguous" copy is a memcpy within RAM, so no bound is drawn or
+    named from it, and the GPU thresholds are not judged against a CPU's ratios."""
+    from labkit.report.summary import link_gbps, targets_view
+    m = _metrics(3.9).assign(device="cpu")
+    assert link_gbps(m) is None and link_gbps(_metrics(3.9).assign(device="cuda:0")) == 3.9
+    fig = tok_s_vs_context(m)
+    assert not [t for t in fig.data if "link bound" in (t.name or "")]
+    assert not [a for a in fig.layout.annotations if "link bound" in a.text]
+    t, _ = targets_view(m, {"gpu_name": None})
+    assert len(t) and set(t["result"]) == {"not judged (CPU run)"}

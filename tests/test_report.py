@@ -45,7 +45,8 @@ def test_report_is_self_contained_with_all_figures(cli_run):
     assert "H2D bytes per step: engine vs NVML: NVML PCIe counters not available" in html
     assert "Telemetry: no NVML telemetry in this run" in html
     assert "def " not in html.split("<body", 1)[1][:200000] or "run_sweep(" not in html   # code cells hidden
-    assert "Decode speed vs context length" in html and "link bound" in html
+    assert "Decode speed vs context length" in html          # a CPU has no host link: no bound drawn or named
+    assert not re.search(r"link bound \(|(\u25b2|\\u25b2) link bound", html)
 
 
 def test_report_command_rerenders(cli_run, tmp_path):
@@ -93,7 +94,8 @@ def test_cpu_report_says_what_it_is_and_shows_no_gpu_rows(cli_run):
     # targets: verdicts in words, no rows for points a CPU run never measures, no GPU figures as comparisons
     targets = text.split("Targets (ratios within this run)", 1)[1].split("Decode speed vs context", 1)[0]
     assert "True" not in targets and "False" not in targets and " — " not in targets
-    assert "met" in targets and "Not measured in this run" in targets and "at 64K" not in targets.split("Not measured")[0]
+    assert "not judged (CPU run)" in targets and " met " not in targets.replace("met / not met", "")
+    assert "Not measured in this run" in targets and "at 64K" not in targets.split("Not measured")[0]
     for gpu_figure in ("3,701", "RTX 3090", "~60 / ~80", "published by"):
         assert gpu_figure not in text, gpu_figure
     for tracker in ("seed 000", "foundation issue", "roofline issue", "issue 10"):

@@ -123,8 +123,10 @@ def test_runs_lines_short_and_bad_root(tmp_path):
     out = _cli("runs", "--root", str(tmp_path))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 1 and len(lines[0]) <= 120, lines
-    assert "5 x16" in lines[0] and "5.0" not in lines[0] and lines[0].count("20260101-000000-probe") == 1
+    assert lines[0].split() == ["RUN", "EXPERIMENT", "STATUS", "MACHINE", "LINK", "SHA", "NAME"]
+    run, rest = lines[1].split(" ", 1)
+    assert len(lines) == 2 and len(rest.strip()) <= 80 and run == str(tmp_path / "20260101-000000-probe"), lines
+    assert "5 x16" in lines[1] and "5.0" not in lines[1] and lines[1].count("20260101-000000-probe") == 1
     bad = _cli("runs", "--root", str(tmp_path / "nonexistent"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "nonexistent" in bad.stderr
 

@@ -10,6 +10,12 @@ import torch
 from labkit.xfer import shm
 
 
+@pytest.fixture(autouse=True)
+def _own_key(tmp_path, monkeypatch):
+    """A KV key of this test's own (the user's real one, ~/.config/labkit/xfer.key, is left alone)."""
+    monkeypatch.setenv("LABKIT_XFER_KEY", str(tmp_path / "keys" / "xfer.key"))
+
+
 def _kv(L=3, H=2, T=10, D=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(1, H, T, D, generator=g), torch.randn(1, H, T, D, generator=g)) for _ in range(L)]
@@ -174,6 +180,7 @@ def test_corrupt_payload_under_a_valid_header_refused_by_checksum(tmp_path, valu
 @pytest.mark.parametrize("field,offset,value,msg", [
     ("complete", 12, 7, "complete flag 7"),
     ("pid", 36, 0, "empty field"),
+    ("pid", 36, 0xFFFFFFFF, "above this system's pid_max"),
     ("layers", 24, 0, "empty field"),
     ("padding", 300, 1, "padding"),
 ])

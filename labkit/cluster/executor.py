@@ -3,7 +3,7 @@
 One job = one run (`labkit run X --cluster`) or one plan entry on one machine kind (`labkit nightly
 --cluster`). Each job is a Ray task asking for `gpu:<kind>` (or `cpu_only`) times the GPUs its experiment
 needs, the head's commit (`labkit@<sha>`) and, on boxes whose GPUs Ray sees, as many of Ray's GPUs (so Ray
-sets CUDA_VISIBLE_DEVICES). On the node the task runs `python -m labkit ...` in the node's checkout as a
+sets CUDA_VISIBLE_DEVICES). On the node the task runs the `labkit` command (`labkit run ...`, `labkit nightly --only ...`) in the node's checkout as a
 subprocess (dying with its parent), sends a tar snapshot of the folder to the head every few seconds while
 it runs, and returns the finished folder as a tar archive; the head unpacks it where a local run would
 have written it and adds a `cluster` section to its manifest (node, kind, GPU, link, attempt, transfer).

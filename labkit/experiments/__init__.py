@@ -71,12 +71,13 @@ _ALL = [
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
 
 
-def checked(name: str, spec: list[Param], given: dict, check, **check_options) -> Plan:
+def checked(name: str, spec: list[Param], given: dict, load_check, **check_options) -> Plan:
     """Resolve `given` against `spec` (names and types: nothing heavy imported yet), then the measuring module's
-    own `check(params)` (the machine, files, servers); keys it marks private (`_pair`) are not recorded."""
+    own `check(params)` (the machine, files, servers), which `load_check()` imports only then; keys it marks
+    private (`_pair`) are not recorded."""
     from ..params import resolve
     p = resolve(spec, given, name)
-    p = check(p, **check_options)
+    p = load_check()(p, **check_options)
     return Plan(name, {k: v for k, v in p.items() if not k.startswith("_")})
 
 

@@ -44,7 +44,9 @@ SPEC = [
 
 def plan(given: dict, check_args: bool = True) -> Plan:
     """`check_args`: also run vLLM's own argument parser on the server command (a few seconds in .venv-vllm)."""
-    from ..serving.experiment import check
+    def check():          # the measuring module, imported once the parameters resolved
+        from ..serving.experiment import check
+        return check
     return checked(NAME, SPEC, given, check, check_args=check_args)
 
 

@@ -48,10 +48,9 @@ def ensure_shared(root: str | Path) -> Path:
 
 
 def _write(path: Path, text: str) -> None:
+    from ..atomic import write_text
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, text)            # whole or absent, no stray temporary file on a full disk
 
 
 def _write_manifest(path: Path, js: str) -> None:

@@ -99,7 +99,6 @@ class Page:
         """Write atomically (a reader never sees half a page)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(self.render(path, standalone), encoding="utf-8")
-        tmp.replace(path)
+        from ..atomic import write_text
+        write_text(path, self.render(path, standalone))    # no stray temporary file if the disk is full
         return path

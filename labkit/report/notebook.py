@@ -15,6 +15,8 @@ from pathlib import Path
 
 import nbformat
 
+from ..atomic import write_text
+
 
 def _exporter():
     from nbconvert import HTMLExporter
@@ -70,6 +72,75 @@ def executed_notebooks(run_dir: str | Path) -> list[Path]:
     return sorted(p for p in Path(run_dir).glob("*.ipynb") if not p.name.startswith("."))
 
 
+PAPERMILL_ERROR_TAG = "papermill-error-cell-tag"
+STOPPED_EARLY = ("interrupted", "failed", "partial", "stale")
+
+
+def _where(cell) -> str:
+    """A failing cell in words: its number and what it does (its first line of code that is not a comment)."""
+    lines = [ln.strip() for ln in "".join(cell.get("source", "")).splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    tags = cell.get("metadata", {}).get("tags", [])
+    what = "starting the kernel (importing the lab)" if "setup" in tags else "measuring" if "remove_output" in tags \
+        else f"`{lines[0][:80]}`" if lines else "a cell"
+    return f"cell [{cell.get('execution_count') or '?'}], {what}"
+
+
+def ran_to_the_end(run_dir: str | Path) -> bool:
+    """Did the folder's executed notebook(s) run every cell (no error output): are its figures drawn?"""
+    nbs = executed_notebooks(run_dir)
+    return bool(nbs) and not any(o.get("output_type") == "error" for p in nbs
+                                 for c in nbformat.read(p, as_version=4).cells for o in c.get("outputs", []))
+
+
+def mark_stopped(nb, run_dir: Path) -> bool:
+    """A run that stopped early (Ctrl-C, a signal, an error) says so at the top, in words: its status, where it
+    stopped, how long it ran, what was measured and whether the figures below draw it. Papermill's red
+    "An Exception was encountered" cell goes, and an interrupt's traceback becomes one line: a Ctrl-C that
+    lands while a module is importing chains whatever that import was trying (jsonschema's optional
+    `rfc3987`, say), which reads as a missing dependency when it is not one. Returns whether it marked."""
+    import json
+    try:
+        mf = json.loads((run_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        mf = {}
+    status = mf.get("status")
+    errors_left = any(o.get("output_type") == "error" for c in nb.cells for o in c.get("outputs", []))
+    had_papermill_cell = any(PAPERMILL_ERROR_TAG in c.get("metadata", {}).get("tags", []) for c in nb.cells)
+    if status not in STOPPED_EARLY and not had_papermill_cell:
+        return False
+    nb.cells = [c for c in nb.cells if PAPERMILL_ERROR_TAG not in c.get("metadata", {}).get("tags", [])]
+    where = ""
+    for c in nb.cells:
+        for i, o in enumerate(c.get("outputs", [])):
+            if o.get("output_type") != "error":
+                continue
+            where = where or _where(c)
+            if o.get("ename") == "KeyboardInterrupt":
+                c["outputs"][i] = nbformat.v4.new_output("stream", name="stderr",
+                                                         text="stopped here: interrupted by a signal (Ctrl-C)\n")
+    try:
+        import pandas as pd
+        m = pd.read_parquet(run_dir / "metrics.parquet")
+        n_ok = int((m["status"] == "ok").sum()) if "status" in m else len(m)
+    except Exception:
+        n_ok = 0
+    rel = run_dir.as_posix()
+    how = f" after {mf['wall_s']:,.0f} s" if isinstance(mf.get("wall_s"), (int, float)) else ""
+    measured = ("nothing was measured" if n_ok == 0 else
+                f"{n_ok} point{'s' if n_ok != 1 else ''} measured, " +
+                ("drawn below" if not errors_left else f"kept in metrics.parquet: `labkit report {rel} --rerun` draws them"))
+    why = str(mf.get("error") or "").strip().splitlines()[:1]
+    if status == "interrupted":
+        why = ["by Ctrl-C or a signal"]
+    text = (f"**This run stopped early: {status or 'not finished'}**" + (f" ({why[0]})" if why else "") +
+            (f". It stopped in {where}," if where else ".") + f"{how}; {measured}.")
+    banner = nbformat.v4.new_markdown_cell(text)
+    banner.metadata["tags"] = ["labkit-stopped"]
+    first_md = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), -1)
+    nb.cells.insert(first_md + 1, banner)
+    return True
+
+
 def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bool = True, standalone: bool = False) -> Path:
     """Write `run_dir/report.html` (or `out`) from the executed notebook(s) in the folder (one page,
     sections in order); `standalone` embeds plotly.js instead of linking the results folder's copy."""
@@ -82,16 +153,17 @@ def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bo
     for path in nbs:
         one = nbformat.read(path, as_version=4)
         if shrink_notebook(one) and shrink:   # the run folder keeps the notebook without the 4.8 MB bundle
-            nbformat.write(one, path)
+            write_text(path, nbformat.writes(one))     # whole or unchanged (a full disk must not cut it)
         parts.append(one)
     nb = parts[0]
     for more in parts[1:]:   # several notebooks (e.g. probe + sweep): one page
         nb.cells.extend(more.cells)
+    mark_stopped(nb, run_dir)
     nb.metadata.pop("widgets", None)   # widget state would pull the widget manager from a CDN; reports are widget-free
     nb.metadata.setdefault("title", f"labkit report {run_dir.name}")
     html, _ = ex.from_notebook_node(nb, resources={"metadata": {"name": f"labkit {run_dir.name}"}})
     # plotly.js exactly once, from the installed package, before any figure: readable offline
     out = Path(out) if out else run_dir / "report.html"
     html = strip_cdn_scripts(html).replace("<head>", "<head>\n" + _plotlyjs_script(out, standalone), 1)
-    out.write_text(html, encoding="utf-8")
+    write_text(out, html)            # whole or absent
     return out

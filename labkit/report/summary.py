@@ -23,10 +23,13 @@ def decode_table(m: pd.DataFrame) -> pd.DataFrame:
 
 
 def link_gbps(m: pd.DataFrame) -> float | None:
-    """Contiguous pinned H2D bandwidth measured in this run (largest copy)."""
+    """Contiguous pinned H2D bandwidth measured in this run (largest copy); None on a CPU, which has no host
+    link (its "copy" is a memcpy within RAM, and a bound drawn from it would be no link's)."""
     p = ok_rows(m[(m["experiment"] == "probe") & (m["strategy"] == "contiguous")])
     if "direction" in p:
         p = p[p["direction"] == "h2d"]
+    if "device" in p:
+        p = p[~p["device"].astype(str).str.startswith("cpu")]
     if p.empty:
         return None
     return float(p.sort_values("bytes")["gbps"].iloc[-1])
@@ -153,6 +156,16 @@ def _load_line(mf: dict) -> str:
             + f" · busiest other processes: {top or 'none above 1% of a core'}")
 
 
+def link_text(mf: dict) -> str:
+    """The run's host link in words: `PCIe gen 5 x16`, or why there is none to name (never `gen None xNone`)."""
+    if is_cpu_run(mf):
+        return "no PCIe link"
+    if mf.get("pcie_gen") and mf.get("pcie_width"):
+        return f"PCIe gen {mf['pcie_gen']:g} x{mf['pcie_width']:g}" if isinstance(mf["pcie_gen"], (int, float)) \
+            else f"PCIe gen {mf['pcie_gen']} x{mf['pcie_width']}"
+    return "PCIe link not read (no NVML)"
+
+
 def run_header(mf: dict) -> str:
     """The report's header (markdown): the run, the machine as it was (a CPU run says it has no GPU and no
     PCIe link instead of printing None), the sweep, the machine's load."""
@@ -235,6 +248,8 @@ def targets_view(m: pd.DataFrame, mf: dict) -> tuple[pd.DataFrame, str]:
     t["goal"] = [("" if thr is None or thr != thr else f"{'≥' if higher.get(w, True) else '≤'}\u00a0{thr:g}")
                  for w, thr in zip(t["target"], t["threshold"])]
     t["result"] = t["met"].map(lambda v: "met" if v is True else "not met" if v is False else "not judged")
+    if is_cpu_run(mf):         # the thresholds are GPU figures: a CPU's ratio is shown, never judged against them
+        t["result"] = "not judged (CPU run)"
     cols = ["target", "value", "goal", "result", "detail"] + ([] if is_cpu_run(mf) else ["source"])
     t = t[cols].rename(columns={"detail": "how"}).reset_index(drop=True)
     note = ""

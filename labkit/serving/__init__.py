@@ -1,4 +1,4 @@
-"""Request-level serving: vLLM as a second backend, measured like labkit's own engine.
+"""Request-level serving: vLLM as a second backend, measured like labkit's own engine, and labkit's engine as a server.
 
 Modules (each does one thing):
 - `profiles`       launch profiles (`profiles/*.toml`): model, `vllm serve` arguments with placeholders, env;
@@ -11,6 +11,9 @@ Modules (each does one thing):
 - `servermetrics`  `/metrics` scraper (prometheus_client's parser) at 1-2 Hz;
 - `benchclient`    `vllm bench serve` against the same server, for a cross-check;
 - `vllm_connector` `LabkitHostConnector`: labkit's host-RAM KV tier as a vLLM KV connector;
+- `engine_server`  `labkit serve`: labkit's engine behind vLLM's OpenAI API (completions, chat, /metrics);
+- `tokentext`      its text in and out: SmolLM2's tokenizer for prompts, one countable word per token (`wordlist`);
+- `promserve`      its Prometheus `/metrics` under vLLM's metric names;
 - `experiment`     the `serve` experiment (`labkit run serve`, `notebooks/serve_sweep.ipynb`);
 - `figures`        its plotly figures.
 """

@@ -1,19 +1,26 @@
-"""`labkit serve`: labkit's own engine behind an OpenAI-compatible streaming `/v1/completions`.
+"""`labkit serve`: labkit's own engine behind vLLM's OpenAI-compatible API, for the clients people already use.
 
     labkit serve --shape tiny --resident-slots 4 --offload-slots 4 --policy threshold:2048 --port 8000
 
-The same load generator that drives vLLM (`labkit.serving.loadgen`) drives this server. The engine has
-random seeded weights and no tokenizer: a prompt is a list of token ids (what the load generator sends)
-or a string, read as its UTF-8 bytes (ids 0-255); each generated token is streamed as the text
-`" <id>"`. Decoding is greedy whatever `temperature` says; there is no EOS (`ignore_eos` is implied).
+`POST /v1/completions` and `/v1/chat/completions` (streamed or not) answer with vLLM's fields: an unknown
+`model` gets 404; `max_tokens` (chat: `max_completion_tokens` first) is honoured, default 16 for
+completions and what fits the request's cache slot for chat; stop conditions are vLLM's (`Sampling`);
+`usage` includes `prompt_tokens_details.cached_tokens` (0: there is no prefix cache). `GET /metrics`
+is Prometheus text under vLLM's metric names (`labkit.serving.promserve`). The same load generator that
+drives vLLM (`labkit.serving.loadgen`) drives this server.
+
+The engine's weights are random and seeded; decoding is greedy whatever `temperature` says and there is
+no EOS. How text becomes tokens and tokens text (SmolLM2's tokenizer for prompts, one countable word per
+generated token): `labkit.serving.tokentext`. A prompt may also be a list of token ids.
 
 One thread runs the scheduler (`labkit.engine.drive.scheduler.Scheduler`): requests reach it through a queue,
 tokens come back through the event loop (`call_soon_threadsafe`). A request the engine cannot take
-(prompt + max_tokens longer than the cache, ids outside the vocabulary) gets HTTP 400 with one line; a
+(prompt + max_tokens longer than the cache, ids outside the vocabulary), a body that is not JSON or is
+nested too deeply for the parser, or a field of the wrong type gets HTTP 400 with one line; a
 request that fails mid-run ends its stream with an `error` event and the server goes on.
-A client that disconnects (mid-stream, or while a non-streamed answer is being generated) aborts its
-request: it leaves the queue, or a running one stops after its next token and frees its slot; its record
-says `aborted`. A body cut off mid-upload is dropped without a traceback.
+A client that disconnects (mid-stream, or while a non-streamed answer is being generated, whether tokens
+are arriving or not) aborts its request: it leaves the queue, or a running one stops after its next token
+and frees its slot; its record says `aborted`. A body cut off mid-upload is dropped without a traceback.
 `GET /stats` returns the scheduler's per-request records and per-iteration rounds (lane sizes,
 switches, stalls, bytes), `GET /timeline` the sampled switching timelines.
 """
@@ -26,6 +33,8 @@ import time
 import uuid
 
 from ..params import BadInput
+from .promserve import CONTENT_TYPE, ServeMetrics
+from .tokentext import TokenText, piece
 
 
 class EngineLoop:
@@ -47,9 +56,10 @@ class EngineLoop:
         self._stop.set()
         self.thread.join(timeout=10)
 
-    def submit(self, req) -> None:
+    def submit(self, req, arrival: float | None = None) -> None:
+        """`arrival`: when the request reached the server (scheduler clock), default now."""
         self.sched.validate(req)            # raises BadInput in the caller: one line, HTTP 400
-        req.arrival = self.sched.now()
+        req.arrival = self.sched.now() if arrival is None else arrival
         self.inbox.put(req)
 
     def abort(self, req) -> None:
@@ -121,29 +131,231 @@ class EngineLoop:
                 self._take(block=True)
 
 
-def _prompt_ids(prompt) -> list[int]:
-    if isinstance(prompt, str):
-        return list(prompt.encode("utf-8"))
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+def _int(body: dict, key: str, default):
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise BadInput(f"{key} must be an integer")
+    return v
+
+
+def _bool(body: dict, key: str, default: bool = False) -> bool:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadInput(f"{key} must be true or false")
+    return v
+
+
+def _prompt_ids(prompt, text: TokenText) -> list[int]:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
         if len(prompt) != 1:
             raise BadInput("one prompt per request")
         prompt = prompt[0]
+    if isinstance(prompt, str):
+        return text.encode(prompt)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return prompt
     raise BadInput("prompt must be a string or a list of token ids")
 
 
-def create_app(loop: EngineLoop, model_name: str = "labkit"):
-    from fastapi import FastAPI, Request as HTTPRequest
+def _messages(body: dict) -> list[dict]:
+    """Chat messages as role + text content (content parts of type text are joined, as vLLM does)."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise BadInput("messages must be a non-empty list")
+    out = []
+    for m in msgs:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadInput("each message must be an object with a role")
+        c = m.get("content")
+        if c is None:
+            c = ""
+        if isinstance(c, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in c):
+                raise BadInput("message content parts must be of type text (this server takes text only)")
+            c = "\n".join(p["text"] for p in c)
+        if not isinstance(c, str):
+            raise BadInput("message content must be a string or a list of text parts")
+        out.append({"role": m["role"], "content": c})
+    return out
+
+
+def _stops(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise BadInput("stop must be a string or a list of strings")
+    return [s for s in stop if s]
+
+
+class Sampling:
+    """What a request asks of generation, parsed and checked (BadInput: one line, HTTP 400).
+
+    Greedy decoding whatever `temperature` / `top_p` say (the weights are random: sampling measures
+    nothing more). Stop conditions as vLLM's: `max_tokens` (chat: `max_completion_tokens` first), `stop`
+    strings (the text ends before the stop string unless `include_stop_str_in_output`), `stop_token_ids`
+    (the engine's ids; the token counts, its text is dropped), none of them before `min_tokens`. There is
+    no EOS token (`ignore_eos` is accepted and changes nothing)."""
+
+    def __init__(self, body: dict, chat: bool, default_max: int):
+        if chat:
+            mt = _int(body, "max_completion_tokens", None)
+            mt = _int(body, "max_tokens", default_max) if mt is None else mt
+        else:
+            mt = _int(body, "max_tokens", default_max)
+        self.max_tokens = mt
+        self.min_tokens = _int(body, "min_tokens", 0)
+        if self.min_tokens < 0 or self.min_tokens > mt:
+            raise BadInput(f"min_tokens must be in [0, max_tokens = {mt}], got {self.min_tokens}")
+        if _int(body, "n", 1) != 1:
+            raise BadInput("n must be 1 (one choice per request)")
+        if _bool(body, "echo"):
+            raise BadInput("echo is not supported")
+        self.stop = _stops(body)
+        ids = body.get("stop_token_ids") or []
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise BadInput("stop_token_ids must be a list of integers")
+        self.stop_ids = set(ids)
+        self.include_stop = _bool(body, "include_stop_str_in_output")
+        _bool(body, "ignore_eos")
+        self.stream = _bool(body, "stream")
+        opts = body.get("stream_options")
+        if opts is not None and not isinstance(opts, dict):
+            raise BadInput("stream_options must be an object")
+        self.usage_on = _bool(opts or {}, "include_usage")
+        self.continuous_usage = _bool(opts or {}, "continuous_usage_stats")
+        # vLLM holds back as many characters as a stop string could still be completed by
+        self.holdback = max((len(s) for s in self.stop), default=1) - 1
+
+
+class Generation:
+    """One request from submission to its end: the stop conditions are checked on the scheduler's thread
+    right after each token (so a stopped request frees its slot at once); every token goes to the event
+    loop as (text delta, finish reason or None)."""
+
+    def __init__(self, loop: "EngineLoop", ids: list[int], sp: Sampling, rid: str, metrics: ServeMetrics):
+        from ..engine.drive.scheduler import Request
+        self.sp, self.metrics, self.engine = sp, metrics, loop
+        self.aio = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.text, self.sent = "", 0
+        self.finish_reason: str | None = None
+        self.stop_reason = None
+        self.ended = False
+        self.req = Request(ids, sp.max_tokens, id=rid, on_token=self._on_token, on_done=self._on_done)
+
+    # -- the scheduler's thread
+    def _on_token(self, req, tok: int, t: float) -> None:
+        self.metrics.token(req, t)
+        if self.finish_reason is not None:          # a token after the request stopped (not expected): not shown
+            return
+        n, sp = len(req.tokens), self.sp
+        before = len(self.text)
+        self.text += piece(tok)
+        if n >= sp.min_tokens:
+            if tok in sp.stop_ids:
+                self.text = self.text[:before]
+                self.finish_reason, self.stop_reason = "stop", tok
+            else:
+                for s in sp.stop:
+                    i = self.text.find(s, max(0, before - len(s) + 1))
+                    if i >= 0:
+                        self.text = self.text[:i + len(s) if sp.include_stop else i]
+                        self.finish_reason, self.stop_reason = "stop", s
+                        break
+        if self.finish_reason is not None:
+            req.max_tokens = n                      # ends now, through the scheduler's own finish path
+        elif req.remaining == 0:
+            self.finish_reason = "length"
+        upto = len(self.text) if self.finish_reason else max(self.sent, len(self.text) - sp.holdback)
+        delta, self.sent = self.text[self.sent:upto], upto
+        self.aio.call_soon_threadsafe(self.events.put_nowait, (delta, self.finish_reason))
+
+    def _on_done(self, req) -> None:
+        reason = "abort" if req.status in ("failed", "aborted") else (self.finish_reason or "length")
+        self.metrics.finished(req, reason, self.sp.max_tokens)
+        self.aio.call_soon_threadsafe(self.events.put_nowait, None)
+
+    # -- the event loop
+    def start(self, arrival: float) -> None:
+        self.engine.submit(self.req, arrival)       # BadInput: one line, HTTP 400
+
+    def abort(self) -> None:
+        if not self.ended:
+            self.engine.abort(self.req)
+
+    async def deltas(self):
+        """(text, finish reason) per token; ends when the request has ended."""
+        while True:
+            ev = await self.events.get()
+            if ev is None:
+                self.ended = True
+                return
+            yield ev
+
+    async def wait(self, http) -> bool:
+        """Until the request ends; False (and the request aborted) if the client went away first. The
+        disconnect is watched by its own task, so it is seen while tokens arrive as well as between them."""
+        async def gone():
+            while True:
+                msg = await http.receive()
+                if msg["type"] == "http.disconnect":
+                    return
+        watch = asyncio.ensure_future(gone())
+        try:
+            while True:
+                get = asyncio.ensure_future(self.events.get())
+                done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+                if get not in done:
+                    get.cancel()
+                    self.abort()
+                    return False
+                if get.result() is None:
+                    self.ended = True
+                    return True
+        finally:
+            watch.cancel()
+
+    def usage(self) -> dict:
+        n, p = len(self.req.tokens), len(self.req.prompt)
+        return {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n,
+                "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+async def _json_body(http):
+    """The body as JSON, or an error line: cut off, not JSON, or nested too deep for the parser."""
     from starlette.requests import ClientDisconnect
-    from ..engine.drive.scheduler import Request
-    from fastapi.responses import JSONResponse, StreamingResponse
+    try:
+        raw = await http.body()
+    except ClientDisconnect:                # the body was cut off: nobody is listening for an answer
+        return None, "the client disconnected before sending the whole body"
+    try:
+        return json.loads(raw), None
+    except RecursionError:
+        return None, "body is nested too deeply"
+    except ValueError as ex:
+        return None, f"body is not JSON: {ex}"
+
+
+def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | None = None):
+    from fastapi import FastAPI, Request as HTTPRequest
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     app = FastAPI(title="labkit engine")
     sched = loop.sched
+    capacity = min(l.cache.capacity for l in sched.lanes.values())
+    text = text or TokenText(None, next(iter(sched.lanes.values())).engine.model.shape.vocab)
+    metrics = ServeMetrics(sched, model_name, capacity)
+    started = int(time.time())
 
-    def error(status: int, msg: str):
-        return JSONResponse({"error": {"message": msg, "type": "BadRequestError", "code": status}}, status_code=status)
+    def error(status: int, msg: str, kind: str = "BadRequestError", param=None):
+        return JSONResponse({"error": {"message": msg, "type": kind, "param": param, "code": status}}, status_code=status)
 
     @app.get("/health")
     async def health():
@@ -151,7 +363,13 @@ def create_app(loop: EngineLoop, model_name: str = "labkit"):
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "labkit"}]}
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": started,
+                                            "owned_by": "labkit", "root": model_name, "parent": None,
+                                            "max_model_len": capacity}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.page(), media_type=CONTENT_TYPE)
 
     @app.get("/stats")
     async def stats():
@@ -162,95 +380,81 @@ def create_app(loop: EngineLoop, model_name: str = "labkit"):
     async def timeline():
         return {"timelines": list(sched.timelines)}
 
+    async def serve(http: HTTPRequest, chat: bool):
+        # the request's clock starts before its body is read and tokenized: a client's TTFT includes both
+        arrival = sched.now()
+        body, why = await _json_body(http)
+        if why:
+            return error(400, why)
+        if not isinstance(body, dict):
+            return error(400, "body must be a JSON object")
+        asked = body.get("model")
+        if asked is not None and asked != model_name:       # vLLM: 404 for a model it does not serve
+            return error(404, f"The model `{asked}` does not exist.", "NotFoundError", "model")
+        try:
+            ids = text.chat(_messages(body)) if chat else _prompt_ids(body.get("prompt"), text)
+            sp = Sampling(body, chat, max(1, capacity - len(ids)) if chat else 16)
+            gen = Generation(loop, ids, sp, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}", metrics)
+            gen.start(arrival)
+        except BadInput as ex:
+            return error(400, str(ex))
+        rid, created = gen.req.id, int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+
+        def head(obj: str) -> dict:
+            return {"id": rid, "object": obj, "created": created, "model": model_name}
+
+        def choice(delta: str, finish, stream: bool) -> dict:
+            c = {"index": 0}
+            if chat:
+                c["delta" if stream else "message"] = {"content": delta} if stream else \
+                    {"role": "assistant", "content": delta, "tool_calls": [], "reasoning_content": None}
+            else:
+                c["text"] = delta
+            c.update(logprobs=None, finish_reason=finish, stop_reason=gen.stop_reason if finish else None)
+            return c
+
+        if sp.stream:
+            obj = "chat.completion.chunk" if chat else "text_completion"
+
+            def sse(msg: dict) -> str:
+                return f"data: {json.dumps(msg)}\n\n"
+
+            async def events():
+                try:
+                    if chat:        # vLLM's first chat chunk: the role, no content yet
+                        yield sse({**head(obj), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                             "logprobs": None, "finish_reason": None}]})
+                    async for delta, finish in gen.deltas():
+                        msg = {**head(obj), "choices": [choice(delta, finish, True)]}
+                        if sp.usage_on and sp.continuous_usage:
+                            msg["usage"] = gen.usage()
+                        yield sse(msg)
+                    if gen.req.status == "failed":
+                        yield sse({"error": {"message": gen.req.error, "type": "InternalServerError", "code": 500}})
+                    elif sp.usage_on:
+                        yield sse({**head(obj), "choices": [], "usage": gen.usage()})
+                    yield "data: [DONE]\n\n"
+                finally:
+                    gen.abort()     # a no-op once ended; otherwise the client went away mid-stream
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        if not await gen.wait(http):
+            return error(499, "client disconnected")
+        if gen.req.status == "failed":
+            return error(500, gen.req.error or "failed", "InternalServerError")
+        return JSONResponse({**head(kind), "choices": [choice(gen.text, gen.finish_reason or "length", False)],
+                             "usage": gen.usage(), "prompt_logprobs": None, "kv_transfer_params": None})
+
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
-        try:
-            body = await http.json()
-        except ClientDisconnect:            # the body was cut off: nobody is listening for an answer
-            return error(400, "the client disconnected before sending the whole body")
-        except ValueError as ex:
-            return error(400, f"body is not JSON: {ex}")
-        try:
-            if not isinstance(body, dict):
-                raise BadInput("body must be a JSON object")
-            ids = _prompt_ids(body.get("prompt"))
-            max_tokens = body.get("max_tokens", 16)
-            if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-                raise BadInput("max_tokens must be an integer")
-            stream = body.get("stream", False)
-            if not isinstance(stream, bool):
-                raise BadInput("stream must be true or false")
-            opts = body.get("stream_options")
-            if opts is not None and not isinstance(opts, dict):
-                raise BadInput("stream_options must be an object")
-            usage_on = (opts or {}).get("include_usage", False)
-            if not isinstance(usage_on, bool):
-                raise BadInput("stream_options.include_usage must be true or false")
-        except BadInput as ex:
-            return error(400, str(ex))
-        aio = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        rid = f"cmpl-{uuid.uuid4().hex[:16]}"
-        req = Request(ids, max_tokens, id=rid,
-                      on_token=lambda r, tok, t: aio.call_soon_threadsafe(events.put_nowait, ("tok", tok, r.remaining == 0)),
-                      on_done=lambda r: aio.call_soon_threadsafe(events.put_nowait, ("done", None, False)))
-        try:
-            loop.submit(req)
-        except BadInput as ex:
-            return error(400, str(ex))
-        created = int(time.time())
+        return await serve(http, chat=False)
 
-        def chunk(choices, usage=None) -> str:
-            msg = {"id": rid, "object": "text_completion", "created": created, "model": model_name, "choices": choices}
-            if usage is not None:
-                msg["usage"] = usage
-            return f"data: {json.dumps(msg)}\n\n"
-
-        def usage():
-            n = len(req.tokens)
-            return {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
-
-        if stream:
-            async def gen():
-                finished = False
-                try:
-                    while True:
-                        kind, tok, last = await events.get()
-                        if kind == "tok":
-                            yield chunk([{"index": 0, "text": f" {tok}", "logprobs": None,
-                                          "finish_reason": "length" if last else None}])
-                            continue
-                        finished = True
-                        if req.status == "failed":
-                            yield f"data: {json.dumps({'error': {'message': req.error, 'type': 'InternalServerError', 'code': 500}})}\n\n"
-                        elif usage_on:
-                            yield chunk([], usage())
-                        yield "data: [DONE]\n\n"
-                        return
-                finally:
-                    if not finished:        # the client went away (the generator was closed or cancelled)
-                        loop.abort(req)
-            return StreamingResponse(gen(), media_type="text/event-stream")
-
-        while True:
-            try:
-                kind, _, _ = await asyncio.wait_for(events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if await http.is_disconnected():
-                    loop.abort(req)
-                    return error(499, "client disconnected")
-                continue
-            if kind == "done":
-                break
-        if req.status == "failed":
-            return error(500, req.error or "failed")
-        text = "".join(f" {t}" for t in req.tokens)
-        return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
-                             "usage": usage()})
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HTTPRequest):
+        return await serve(http, chat=True)
 
     return app
-
 
 def build(args) -> EngineLoop:
     from ..engine.drive.scheduler import Scheduler, calibrate, make_lanes, parse_policy
@@ -274,11 +478,28 @@ def cmd_serve(args) -> int:
     if args.switching not in ("on", "off"):
         raise BadInput("--switching must be on or off")
     from ..engine.drive.scheduler import Costs, parse_policy
+    from ..shapes import ModelShape
     parse_policy(args.policy, Costs(0, 0, 0))
+    tokenizer = getattr(args, "tokenizer", "auto")
+    try:
+        vocab = ModelShape.from_name(args.shape).vocab
+    except ValueError as ex:
+        raise BadInput(str(ex)) from ex
+    if tokenizer == "auto":             # SmolLM2's where the lab's model package is installed, else none
+        try:
+            text = TokenText("smollm2-135m", vocab)
+        except ValueError:
+            text = TokenText(None, vocab)
+    else:
+        try:
+            text = TokenText(None if tokenizer == "none" else tokenizer, vocab)
+        except ValueError as ex:        # the tokenizer's package missing: one line
+            raise BadInput(str(ex)) from ex
     loop = build(args).start()
-    app = create_app(loop, args.model_name)
+    app = create_app(loop, args.model_name, text)
     print(f"labkit serve: lanes {', '.join(f'{n}={l.cache.n_slots} slots' for n, l in loop.sched.lanes.items())}, "
-          f"policy {args.policy}, switching {args.switching}, http://{args.host}:{args.port}/v1/completions", flush=True)
+          f"policy {args.policy}, switching {args.switching}, {text.describe()}, "
+          f"http://{args.host}:{args.port}/v1/completions and /v1/chat/completions, /metrics", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:

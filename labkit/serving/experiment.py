@@ -475,9 +475,10 @@ def write_requests(path: Path, requests: list[dict]) -> Path:
         if c != "token_times" and df[c].dtype == object:
             num = pd.to_numeric(df[c], errors="coerce")
             df[c] = num if num.notna().sum() == df[c].notna().sum() else df[c].astype("string")
-    out, tmp = path / "requests.parquet", path / ".requests.parquet.tmp"
-    df.to_parquet(tmp, index=False)
-    tmp.replace(out)
+    from labkit.atomic import replacing
+    out = path / "requests.parquet"
+    with replacing(out) as tmp:          # whole or absent, no stray temporary file on a full disk
+        df.to_parquet(tmp, index=False)
     return out
 
 

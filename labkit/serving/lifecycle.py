@@ -22,7 +22,7 @@ import time
 import weakref
 from pathlib import Path
 
-from labkit.params import BadInput
+from labkit.params import BadInput, Missing
 from labkit.results import REPO
 
 LAUNCHER = "labkit.serving.launcher"
@@ -38,7 +38,7 @@ def vllm_python() -> Path:
     env = envs.get("LABKIT_VLLM_PYTHON")
     if env:
         if not Path(env).is_file():
-            raise BadInput(f"LABKIT_VLLM_PYTHON={env} does not exist")
+            raise Missing(f"LABKIT_VLLM_PYTHON={env} does not exist")
         return Path(env)
     venv = REPO / ".venv-vllm" / "bin" / "python"
     if venv.is_file():
@@ -46,7 +46,7 @@ def vllm_python() -> Path:
     import importlib.util
     if importlib.util.find_spec("vllm") is not None:
         return Path(sys.executable)
-    raise BadInput("no vLLM found: run `make vllm-venv` (creates .venv-vllm) or set LABKIT_VLLM_PYTHON")
+    raise Missing("no vLLM found: run `make vllm-venv` (creates .venv-vllm) or set LABKIT_VLLM_PYTHON")
 
 
 def launcher_cmd(*args: str) -> list[str]:

@@ -14,7 +14,7 @@ the cache covers `prompt_len - 1` tokens, the continuation's perplexity is teach
 agreement is against the true cache's greedy decode. Rows also carry the mapper's cost (feature width,
 mapped columns, multiply-adds per prompt token) — what the TTFT side of the frontier pays for it.
 
-    python -m labkit.xfer.ablation --out results/<run>   (see --help)
+    labkit study xfer-ablation -p out=results/<run> (labkit study xfer-ablation --help lists the keywords)
 """
 
 from __future__ import annotations

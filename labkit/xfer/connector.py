@@ -8,11 +8,13 @@ Configured as
 Scheduler side: `get_num_new_matched_tokens` looks for `shm.path_for(prompt)`, validates its header
 (`shm.validate`: every header field against the file and the engine, and the payload's CRC-32 against the
 producer's, once per file version); a file that fails is refused with one warning line and vLLM prefills
-normally. The worker checks the CRC-32 again over the very bytes it maps before copying any of them into
-the cache (the file may have changed since): a mismatch reports the blocks as load errors, recomputed.
+normally. The worker reads the file into private memory and checks the CRC-32 and the user's MAC again over
+exactly those bytes before copying any of them into the cache (the file may have changed since; later
+changes cannot reach the snapshot): a mismatch reports the blocks as load errors, recomputed. Files are
+opened through a root that must be this user's (0700) with O_NOFOLLOW and must be this user's 0600 files.
 An accepted file reports its tokens (rounded down to whole blocks, at most prompt - 1: vLLM computes the
 last prompt token itself) as matched; `update_state_after_alloc` and `build_connector_meta` hand the
-request's block ids to the worker. Worker side: `start_load_kv` maps the file and copies each layer's
+request's block ids to the worker. Worker side: `start_load_kv` snapshots the file and copies each layer's
 K and V rows into the paged cache slots of those blocks before the forward runs (synchronous:
 `wait_for_layer_load` has nothing to wait for). Nothing is saved (`save_kv_layer` is a no-op): this is
 a consumer. A file that fails validation at load time reports its blocks through
@@ -25,6 +27,7 @@ into a hybrid model's attention layers.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,14 +121,14 @@ class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
         if len(ids) < 2:
             return 0, False
         path = shm.path_for(ids, self.root)
-        if not path.exists():
+        if not os.path.lexists(path):
             return 0, False
-        try:
-            st = path.stat()
-            version = (st.st_ino, st.st_size, st.st_mtime_ns)
-            hdr = shm.validate(path, ids, self.fingerprint, self.num_layers, self.kv_heads, self.head_dim,
-                               verify_payload=self._verified.get(str(path)) != version)
-            self._verified[str(path)] = version
+        try:   # opened through the checked root, O_NOFOLLOW, ours and 0600 (see labkit.xfer.shm)
+            hdr = shm.validate(path, ids, self.fingerprint, self.num_layers, self.kv_heads, self.head_dim)
+            if self._verified.get(str(path)) != hdr.file_version:
+                hdr = shm.validate(path, ids, self.fingerprint, self.num_layers, self.kv_heads, self.head_dim,
+                                   verify_payload=True)
+            self._verified[str(path)] = hdr.file_version
         except (shm.ShmError, OSError) as ex:
             self._verified.pop(str(path), None)
             self.stats["refused"] += 1
@@ -180,10 +183,11 @@ class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
             try:
                 hdr = shm.validate(ld.path, ld.prompt, self.fingerprint, self.num_layers, self.kv_heads,
                                    self.head_dim)
-                f = shm.KVFile(Path(ld.path), hdr)
-                if not f.payload_ok():
+                f = shm.KVFile(Path(ld.path), hdr)      # a private snapshot: later writes cannot reach it
+                why = f.problem()                      # CRC-32 and MAC over the very bytes copied below
+                if why:
                     f.close()
-                    raise shm.ShmError(f"{Path(ld.path).name}: payload CRC-32 differs from the producer's")
+                    raise shm.ShmError(why)
             except (shm.ShmError, OSError) as ex:
                 logger.warning("labkit xfer: KV file for %s failed at load time: %s; vLLM recomputes", ld.req_id, ex)
                 self._load_errors |= set(ld.block_ids[ld.start // bs: (ld.end + bs - 1) // bs])

@@ -7,8 +7,8 @@ forward) against the large model's own prefill + first token (`experiment.large_
 repeat the large prefill is timed once and then every (N, mapper) in turn, so slow drifts of a shared
 CPU hit all of them alike; medians over `repeats` after one warm-up.
 
-    python -m labkit.xfer.frontier --out results/<run> [--ablation DIR] [--lens 2048,4096] [--repeats 2] [--shape-only]
-    python -m labkit.xfer.frontier --attach results/<run> --ablation DIR      (join quality in afterwards)
+    labkit study xfer-frontier -p out=results/<run> [-p ablation=DIR] [-p lens=2048,4096] [-p repeats=2] [-p shape_only=true]
+    labkit study xfer-frontier -p attach=results/<run> -p ablation=DIR      (join quality in afterwards)
 
 writes a run folder (experiment xfer, rendered by notebooks/xfer.ipynb): `metrics.parquet` (TTFT rows
 with `small_layers` and `mapper`), `ablation.parquet` (the ablation's summary), `frontier.parquet`

@@ -8,6 +8,7 @@ Before anything is computed it checks that /dev/shm can hold the file (one line 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -44,7 +45,7 @@ class Producer:
         cover = len(ids) - 1 if cover is None else int(cover)
         if not 1 <= cover < len(ids):
             raise shm.ShmError(f"cover must be in [1, {len(ids) - 1}] for a {len(ids)}-token prompt, got {cover}")
-        self.root.mkdir(parents=True, exist_ok=True)
+        os.close(shm.open_root(self.root, create=True))    # ours, 0700: one line before any compute if not
         shm.check_space(self.root, self.bytes_for(cover))
         t0 = time.perf_counter()
         tm: dict = {}

@@ -23,7 +23,7 @@ capacity; a step over the limit means those requests are not good, so the batch 
 admit instead is timed too (capacity x limit / step, once more if still over). goodput = batch /
 step for the largest timed batch under the limit, 0 when none is.
 
-    python -m labkit.experiments.capacity.measure --out DIR -p context_len=32K -p mem_cap_gib=24 -p tpot_ms=30
+    labkit run capacity --out DIR -p context_len=32K -p mem_cap_gib=24 -p tpot_ms=30
 
 The defaults are sized to the machine: the cap is 24 GiB or the GPU's memory if smaller (on a CPU, where
 the "device" is host RAM, a quarter of the RAM available); a CPU times at most `CPU_MAX_BATCH` requests.

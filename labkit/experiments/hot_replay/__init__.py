@@ -50,13 +50,18 @@ def run(plan: Plan, progress_bar: bool = True):
     from ...results import Run
     p = dict(plan.params)
     run = Run.create(p["out_dir"] or None, NAME, p)
-    df = replay_sweep(p["traces"], p["context_lens"], p["budget"], p["capacity_x"], p["policies"], p["shape"],
-                      log=print if progress_bar else None)
-    run.write_table("hot_replay", df)        # the table the capacity report draws from a replay run
-    (run.path / "summary.md").write_text(summary_markdown(df, p))
-    for r in df.to_dict("records"):
-        run.records.append({"run_id": run.run_id, "experiment": NAME, "status": "ok", "error": None,
-                            "shape": p["shape"], **r})
-    run.write_table("metrics", run.metrics())
-    run.finish()
+
+    def keep(df):        # after every replay set: the rows so far on disk (an interrupt keeps them)
+        run.write_table("hot_replay", df)        # the table the capacity report draws from a replay run
+        run.records = [{"run_id": run.run_id, "experiment": NAME, "status": "ok", "error": None,
+                        "shape": p["shape"], **r} for r in df.to_dict("records")]
+        run.write_table("metrics", run.metrics())
+
+    try:
+        df = replay_sweep(p["traces"], p["context_lens"], p["budget"], p["capacity_x"], p["policies"], p["shape"],
+                          log=print if progress_bar else None, on_rows=keep)
+        keep(df)
+        (run.path / "summary.md").write_text(summary_markdown(df, p))
+    finally:
+        run.finish()          # interrupted / partial / ok from the rows kept (the one rule)
     return run

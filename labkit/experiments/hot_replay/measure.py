@@ -12,9 +12,8 @@ One row per (trace, context, capacity, policy): the trace's recording density (`
 whose cache starts cold), those bytes against `zero_copy`'s (every selected row, every step), and the
 step-to-step overlap of the replayed selections next to the trace's own (the stable mapping keeps it).
 
-    python -m labkit.experiments.hot_replay.measure OUT_DIR TRACE.npz ... [--contexts 128K,1M] [--budget 2048]
-writes OUT_DIR/hot_replay.parquet, summary.md, manifest.json and report.html (`labkit.report.hot_cache`;
-`--no-report` skips it).
+    labkit run hot_replay --out DIR [-p traces=TRACE.npz,...] [-p context_lens=128K,1M] [-p budget=2048]
+writes DIR/hot_replay.parquet, summary.md, manifest.json and report.html (`labkit.report.hot_cache`).
 """
 from __future__ import annotations
 
@@ -70,7 +69,9 @@ def ratio_label(budget: int, context: int) -> str:
 
 
 def replay_sweep(traces, context_lens, budget: int = 2048, capacity_x=(0.5, 1.0, 1.5, 2.0, 3.0),
-                 policies=POLICIES, shape: str = "qwen3.8-flash-next", log=print) -> pd.DataFrame:
+                 policies=POLICIES, shape: str = "qwen3.8-flash-next", log=print, on_rows=None) -> pd.DataFrame:
+    """`on_rows(df)`: called with every row so far after each (trace, context) set, so a caller can keep
+    them on disk as they come (an interrupted sweep keeps what it measured)."""
     s = PRESETS[shape]
     rows = []
     for path in traces:
@@ -100,6 +101,8 @@ def replay_sweep(traces, context_lens, budget: int = 2048, capacity_x=(0.5, 1.0,
                         "first_step_hit_rate": df.loc[0, "hits"] / (budget * s.attn_layers),
                         "overlap_replayed": ov, "overlap_trace": src_overlap, "trace_share": share,
                         "selected_of_trace": int(valid.size)})
+            if on_rows:
+                on_rows(pd.DataFrame(rows))
             if log:
                 log(f"{Path(path).name} @ {ctx}: {len(capacity_x) * len(policies)} replays in {time.perf_counter() - t0:.1f}s")
     return pd.DataFrame(rows)

@@ -3,8 +3,8 @@ memory: the baseline the lab did not measure before), `sync` (pool in pinned hos
 prefix read back on the compute stream: the engine's default) and `rotating` (four layer-sized device
 buffers, loads and write-backs on their own streams: `engine/prefill_buffers.py`).
 
-    python -m labkit.experiments.prefill.measure --out DIR -p context_lens=248K -p modes=resident,sync,rotating
-    python -m labkit.experiments.prefill.measure --out DIR -p context_lens=1M -p modes=rotating,resident \
+    labkit run prefill --out DIR -p context_lens=248K -p modes=resident,sync,rotating
+    labkit run prefill --out DIR -p context_lens=1M -p modes=rotating,resident \
         -p mem_cap_gib=24 -p tail_tokens=16K
 
 `mem_cap_gib` caps the device memory this process may allocate (`torch.cuda.set_per_process_memory_fraction`:

@@ -298,6 +298,11 @@ def check(p: dict) -> dict:
     check_positive("repeats", [p["repeats"]])
     if p["pool_gib"] < 0:
         raise BadInput(f"pool_gib must be >= 0, got {p['pool_gib']}")
+    import psutil                 # the pinned pool must fit this machine's RAM at all (as decode checks)
+    total = psutil.virtual_memory().total
+    if p["pool_gib"] * 2**30 > total:
+        raise BadInput(f"pool_gib={p['pool_gib']:g}: a {p['pool_gib']:g} GiB pinned host pool does not fit this "
+                       f"machine's {total / 2**30:.0f} GiB of RAM")
     return p
 
 

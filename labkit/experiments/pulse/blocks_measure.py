@@ -1,8 +1,8 @@
 """Block-granular transfers of one QSA layer's selection (PulseInfer).
 
-    python -m labkit.experiments.pulse.blocks_measure --context 65536 --budget 2048 --block 16 --requests 1 4 12 --out blocks.json
+    labkit run pulse_blocks -p context=64K -p budget=2048 -p blocks=16 -p requests=1,4,12
 
-`--requests R`: the units of R requests' selections in one transfer (what an offloaded batch of R moves
+`requests=R`: the units of R requests' selections in one transfer (what an offloaded batch of R moves
 per layer: R x 4 MiB at the reference point).
 
 The selection is made in blocks of `block` tokens (`budget / block` blocks per layer), either

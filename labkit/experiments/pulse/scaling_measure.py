@@ -1,6 +1,6 @@
 """Concurrency scaling with every request offloaded: one batch vs two batches switched (PulseInfer).
 
-    python -m labkit.experiments.pulse.scaling_measure --context 1048576 --requests 1,2,4,8,12,16 --out DIR
+    labkit run pulse_scaling --out DIR -p context=1M -p requests=1,2,4,8,12,16
 
 For N requests at `context` tokens, all with their KV in pinned host RAM (`strategy`, default zero_copy):
 - `no_switch`: one batch of N; at every QSA layer the batch's selected rows cross the link while the GPU

@@ -1,7 +1,7 @@
 """Two-batch switching against running the batches one after the other (PulseInfer).
 
-    python -m labkit.experiments.pulse.switch_measure --shape qwen3.8-flash-next --context 65536 --offload-batch 4 \
-        --normal-batch 4 --normal-context 8192 --steps 20 --out results/pulse-switch.json
+    labkit run pulse_switch -p shape=qwen3.8-flash-next -p contexts=64K -p offload_batches=4 \
+        -p normal_batch=4 -p normal_context=8K -p steps=20
 
 One point: a normal batch (KV resident on the device) and an offloaded batch (KV in pinned host RAM,
 `strategy`), both at random seeded contents (`OffloadCache.fill_random_`: decode time does not depend

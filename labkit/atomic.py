@@ -1,0 +1,127 @@
+"""Whole-or-absent file writes: a reader (or a crash, or a full disk) never leaves half a file behind.
+
+`replacing(path)` hands out a private temporary name in the same folder (created exclusively, never a
+symlink someone planted), and on success flushes it to disk and renames it over `path` in one step; on
+any failure the temporary file is removed, so neither a truncated file nor a stray `.tmp` stays. The
+folder is synced after the rename so the new name survives a power cut too.
+
+When the disk is full even a small file cannot be created. `rewrite_in_place` is the last resort for a
+file that already exists (the run manifest, whose final status must say what happened): it rewrites it
+inside the blocks it already holds, which needs no new space while the new text is no longer than the
+space the file occupies.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+from pathlib import Path
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:        # some file systems cannot sync a folder; the rename itself is still atomic
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def replacing(path: str | Path):
+    """`with replacing(p) as tmp: write tmp` -> `p` is the whole new file, or unchanged if anything failed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC, 0o666)
+    os.close(fd)
+    try:
+        yield tmp
+        _fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    with replacing(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+    return Path(path)
+
+
+def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+    return write_bytes(path, text.encode(encoding))
+
+
+def rewrite_in_place(path: str | Path, data: bytes) -> None:
+    """Overwrite an existing file's content without creating a new one (see the module note): used only
+    when `write_bytes` failed for lack of space. Raises OSError when even that cannot be done."""
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC)
+    try:
+        held = os.fstat(fd).st_blocks * 512
+        if len(data) > held:         # it would need new blocks: refuse rather than leave half a file
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        n = os.write(fd, data)
+        if n != len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def no_space(ex: BaseException) -> bool:
+    return isinstance(ex, OSError) and ex.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def write_text_or_in_place(path: str | Path, text: str) -> str:
+    """`write_text`, falling back to `rewrite_in_place` on a full disk for a file that exists. Returns
+    how it was written ("replaced" or "in place")."""
+    data = text.encode("utf-8")
+    try:
+        write_bytes(path, data)
+        return "replaced"
+    except OSError as ex:
+        if not (no_space(ex) and Path(path).is_file()):
+            raise
+        rewrite_in_place(path, data)
+        return "in place"
+
+
+def describe_os_error(ex: OSError) -> str:
+    """One line for a file-system error: what, where ("No space left on device: results/x/metrics.parquet")."""
+    what = ex.strerror or str(ex) or type(ex).__name__
+    where = ex.filename if ex.filename is not None else ""
+    return f"{what}: {where}" if where else what
+
+
+def check_writable(folder: str | Path, what: str) -> Path:
+    """Make `folder` (and its parents) and prove a file can be created in it, before anything is measured;
+    a read-only file system or a folder we may not write is one line (BadInput)."""
+    from .params import BadInput
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".labkit-write-check.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        os.close(fd)
+        probe.unlink()
+    except OSError as ex:
+        raise BadInput(f"{what} {folder}: cannot write there ({ex.strerror or type(ex).__name__})") from None
+    return folder

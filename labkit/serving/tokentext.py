@@ -1,0 +1,107 @@
+"""Text in and out of `labkit serve`: how a prompt becomes token ids and a generated token becomes text.
+
+The engine's weights are random, so its token ids mean nothing; what matters to a benchmark client is that
+it counts the same tokens the server does. Two sides:
+
+- **Out** (every mode): generated token `t` streams as `" " + WORDS[t % 1024]` (`labkit.serving.wordlist`),
+  one chunk per token. Every word is a single token of SmolLM2's tokenizer and a run of them re-tokenizes
+  to one token per word, so a client that counts output tokens with SmolLM2's tokenizer (AIPerf
+  `--tokenizer`, vLLM's `bench serve`) gets exactly `usage.completion_tokens`. Decoding the engine's own
+  ids with a real tokenizer would not: random ids decode to fragments that re-tokenize to other counts.
+- **In**: `TokenText("smollm2-135m")` encodes string prompts with SmolLM2's tokenizer and renders chat
+  messages with its chat template (as vLLM serving SmolLM2 does), so `usage.prompt_tokens` is what a
+  client with that tokenizer counts (plus the template's tokens for chat, as with vLLM). Ids are folded
+  into the shape's vocabulary (`id % vocab`) where it is smaller than the tokenizer's 49,152.
+  `TokenText(None)` has no tokenizer: a string prompt is its UTF-8 bytes (ids 0-255), which no client's
+  tokenizer counts the same; read the prompt count from the usage block (AIPerf: `--use-server-token-count`).
+
+Prompts given as token-id lists are taken as they are in both modes.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..params import BadInput
+from .wordlist import WORDS
+
+TOKENIZERS = ("smollm2-135m",)
+
+
+def piece(token: int) -> str:
+    """The text a generated token streams as."""
+    return " " + WORDS[token % len(WORDS)]
+
+
+def tokenizer_dir(name: str) -> Path:
+    """A folder with SmolLM2's `tokenizer.json` and chat template: the quality lab's converted checkpoint
+    when it exists, else the tokenizer alone, read from the packaged GGUF once (slow: transformers parses
+    the whole file) and saved beside it."""
+    from ..models.loader import cache_dir, locate_gguf
+    for d in (cache_dir() / name, cache_dir() / f"{name}-tokenizer"):
+        if (d / "tokenizer.json").is_file():
+            return d
+    gguf = locate_gguf(name)          # one line (ModelNotFound) when the package is missing
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as ex:
+        raise BadInput(f"reading {name}'s tokenizer the first time needs transformers: pip install -e '.[quality]'") from ex
+    out = cache_dir() / f"{name}-tokenizer"
+    tmp = out.with_name(out.name + ".tmp")
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+def _chat_template(folder: Path) -> str | None:
+    f = folder / "chat_template.jinja"
+    if f.is_file():
+        return f.read_text()
+    cfg = folder / "tokenizer_config.json"
+    if cfg.is_file():
+        return json.loads(cfg.read_text()).get("chat_template")
+    return None
+
+
+class TokenText:
+    """Prompt text -> engine ids for a shape with `vocab` ids; `tokenizer` None or one of TOKENIZERS."""
+
+    def __init__(self, tokenizer: str | None, vocab: int):
+        self.name, self.vocab = tokenizer, vocab
+        self.tok = self.template = self.folder = None
+        if tokenizer is None:
+            return
+        if tokenizer not in TOKENIZERS:
+            raise BadInput(f"unknown tokenizer {tokenizer!r}: choose one of {', '.join(TOKENIZERS)} or none")
+        try:
+            import tokenizers
+        except ImportError as ex:
+            raise BadInput("--tokenizer needs the tokenizers package: pip install -e '.[quality]'") from ex
+        self.folder = folder = tokenizer_dir(tokenizer)
+        self.tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        src = _chat_template(folder)
+        if src:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment   # what transformers renders templates with
+            self.template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(src)
+
+    def describe(self) -> str:
+        if self.tok is None:
+            return "no tokenizer: string prompts count as UTF-8 bytes (use the usage block for prompt tokens)"
+        return (f"{self.name}'s tokenizer for prompts (a client's --tokenizer: {self.folder}); "
+                f"one SmolLM2 word-token per generated token")
+
+    def _fold(self, ids: list[int]) -> list[int]:
+        return [i % self.vocab for i in ids]
+
+    def encode(self, text: str) -> list[int]:
+        if self.tok is None:
+            return list(text.encode("utf-8"))
+        return self._fold(self.tok.encode(text, add_special_tokens=False).ids)
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        """The prompt of a chat request: the tokenizer's chat template with the assistant turn opened."""
+        if self.template is None:        # no template: one line per message, as plain text
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+            return self.encode(text)
+        text = self.template.render(messages=messages, add_generation_prompt=True)
+        return self._fold(self.tok.encode(text, add_special_tokens=False).ids)

