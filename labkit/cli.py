@@ -224,8 +224,8 @@ def _link(gen, width) -> str:
 
 
 def cmd_runs(a) -> int:
-    """A header, then one line per run: the run (its folder under the root: what `labkit report` takes),
-    experiment, status (stale when its process died), machine, link, sha, and the manifest's own name where
+    """A header, then one line per run, grouped by machine kind: the run (its folder under the root: what
+    `labkit report` takes), experiment, status (stale when its process died), kind, machine, link, sha, and the manifest's own name where
     it differs from the folder's (several runs may share a name; their folders never do)."""
     from .results import list_runs
     root = Path(a.root)
@@ -247,19 +247,15 @@ def cmd_runs(a) -> int:
             machine = text(r.get("error"))[:40]
         rel = os.path.relpath(where, root)
         run = rel if _is_default_root(root) else str(where)       # as `labkit report` takes it from here
-        rows.append([run, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
+        rows.append([run, text(r["experiment"]), text(r["status"]), machine_kind(r), machine.strip()[:24],
                      _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
-                     "" if where.name == text(r["run_id"]) else text(r["run_id"]), machine_kind(r)])
-    # grouped by machine kind (a cluster's boxes side by side), a line naming each when there is more than one
-    rows.sort(key=lambda row: row[7])        # stable: newest first within a kind
-    several = len({row[7] for row in rows}) > 1
-    rows.insert(0, ["RUN", "EXPERIMENT", "STATUS", "MACHINE", "LINK", "SHA", "NAME", ""])
-    widths = [max(len(row[i]) for row in rows) for i in range(6)]      # ids are never cut
-    for i, row in enumerate(rows):
-        if several and i and row[7] != rows[i - 1][7]:
-            print(f"machine kind {row[7]}:")
-        cells = [c.ljust(w) for c, w in zip(row[:6], widths)]
-        print((" ".join(cells) + ("  " + row[6] if row[6] else "")).rstrip())
+                     "" if where.name == text(r["run_id"]) else text(r["run_id"])])
+    rows.sort(key=lambda row: row[3])        # grouped by machine kind (stable: newest first within a kind)
+    rows.insert(0, ["RUN", "EXPERIMENT", "STATUS", "KIND", "MACHINE", "LINK", "SHA", "NAME"])
+    widths = [max(len(row[i]) for row in rows) for i in range(7)]      # ids are never cut
+    for row in rows:
+        cells = [c.ljust(w) for c, w in zip(row[:7], widths)]
+        print((" ".join(cells) + ("  " + row[7] if row[7] else "")).rstrip())
     return 0
 
 

@@ -231,9 +231,9 @@ def test_runs_and_index_group_by_machine_kind(tmp_path, capsys):
              "git_sha": "abc", **extra}))
     assert main(["runs", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
-    heads = [ln for ln in out if ln.startswith("machine kind ")]
-    assert heads == ["machine kind cpu:", "machine kind h200:", "machine kind rtx3090:"], out
-    assert "r-h200" in out[out.index("machine kind h200:") + 1]
+    assert out[0].split()[:4] == ["RUN", "EXPERIMENT", "STATUS", "KIND"]
+    assert [(Path(ln.split()[0]).name, ln.split()[3]) for ln in out[1:]] == [
+        ("r-cpu", "cpu"), ("r-h200", "h200"), ("r-3090", "rtx3090")], out
     table, _, _ = collect(tmp_path)
     assert dict(zip(table["run_id"], table["kind"])) == {"r-h200": "h200", "r-3090": "rtx3090", "r-cpu": "cpu"}
 
@@ -308,7 +308,8 @@ def test_plan_fans_out_survives_a_killed_node_and_resumes(cluster):
     idx = (root / "index.html").read_text()
     assert "Trends — a:" in idx or "probe@a" in idx
     runs = _labkit("runs", "--root", str(root), env=c.env, timeout=120).stdout
-    assert "machine kind a:" in runs and "machine kind b:" in runs
+    kinds = [ln.split()[3] for ln in runs.splitlines()[1:]]
+    assert kinds == sorted(kinds) and {"a", "b"} <= set(kinds), runs
 
     # the head restarted with the same date: nothing runs again
     before = {n: (night / n / "report.html").stat().st_mtime_ns for n in st}
