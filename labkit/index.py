@@ -6,7 +6,8 @@ self-contained page:
   machine (GPU, PCIe link; a CPU by its model, cores and RAM), git sha, wall time, what the folder holds,
   a link to the run's report or the command that draws one;
 - the nightly folders and each entry's status;
-- per machine (same GPU and link; CPU runs by CPU model, cores and RAM, never mixed with GPU runs), trend
+- per machine kind (the cluster kind a run ran on, else its GPU's kind, else cpu: `machine_kind`) and
+  within it per machine (same GPU and link; CPU runs by CPU model, cores and RAM, never mixed with GPU runs), trend
   charts of the headline figures (`headlines`): decode tok/s at the largest context per strategy, the
   zero-copy gather GB/s, the contiguous pinned link GB/s, prefill tok/s;
 - regressions: a figure whose value falls below the spread (min..max over the previous runs' points,
@@ -136,6 +137,15 @@ def machine_label(mf: dict) -> str:
     return " · ".join(parts)
 
 
+def machine_kind(mf: dict) -> str:
+    """The kind a run's machine is grouped under: the cluster kind it ran on, else its GPU's kind, else cpu."""
+    from .costmodel import gpu_kind
+    c, gpu = mf.get("cluster"), mf.get("gpu_name")       # a table's row holds NaN where a manifest had nothing
+    if isinstance(c, dict) and c.get("kind"):
+        return str(c["kind"])
+    return gpu_kind(gpu) if isinstance(gpu, str) and gpu.strip() else "cpu"
+
+
 def _short(text: str, n: int = 110) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= n else text[: n - 1].rstrip() + "…"
@@ -175,7 +185,7 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
         report = run_dir / "report.html"
         runs.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
                      "experiment": mf.get("experiment", ""), "status": effective_status(mf),
-                     "machine": machine_label(mf), "git_sha": mf.get("git_sha", ""), "wall_s": mf.get("wall_s"),
+                     "kind": machine_kind(mf), "machine": machine_label(mf), "git_sha": mf.get("git_sha", ""), "wall_s": mf.get("wall_s"),
                      "points_ok": int((st == "ok").sum()), "points_failed": int((st != "ok").sum()) if len(st) else 0,
                      "holds": contents(run_dir, st), "note": _short(mf.get("note") or mf.get("command") or ""),
                      "folder": os.path.relpath(run_dir, root),
@@ -183,7 +193,7 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
         shape = (mf.get("parameters") or {}).get("shape")
         for h in headlines(m, shape if isinstance(shape, str) and shape != "auto" else None):
             heads.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
-                          "machine": machine_label(mf), "family": h.family, "key": h.key, "value": h.value,
+                          "kind": machine_kind(mf), "machine": machine_label(mf), "family": h.family, "key": h.key, "value": h.value,
                           "lo": h.lo, "hi": h.hi})
     runs_df = pd.DataFrame(runs)
     if not runs_df.empty:
@@ -270,7 +280,8 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
     from .report.html import Page, esc
     runs, heads, problems = collect(root)
     page = Page(f"labkit runs — {root.resolve().name}")
-    page.text(f"{len(runs)} run(s) under {root}. Figures are compared only between runs on the same machine "
+    page.text(f"{len(runs)} run(s) under {root}, trends grouped by machine kind. Figures are compared only between "
+              "runs on the same machine; side by side, kinds are across machines, never a speedup "
               "(same GPU and PCIe link; CPU runs by CPU model, cores and RAM). A figure below the spread (min..max) of the earlier runs "
               "is a regression, above it an improvement, inside it noise.")
     latest = heads.sort_values("created").groupby(["machine", "family", "key"]).tail(1) if not heads.empty else heads
@@ -303,7 +314,7 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
         t["wall_s"] = t["wall_s"].map(lambda w: f"{w:,.0f}" if isinstance(w, (int, float)) and w == w else "not recorded")
         # the manifest's note says what a folder without a metrics table is
         t["holds"] = [h + (f" — {n}" if n and "no metrics table" in h else "") for h, n in zip(t["holds"], t["note"])]
-        page.table(t[["created", "run_id", "experiment", "status", "machine", "git_sha", "wall_s", "holds",
+        page.table(t[["created", "run_id", "experiment", "status", "kind", "machine", "git_sha", "wall_s", "holds",
                       "report", "report_link", "folder_link"]], wrap=("holds", "machine"),
                    classes={i: "failed" for i, s in enumerate(t["status"]) if s not in ("ok",)},
                    links={"report": "report_link", "run_id": "folder_link"})
@@ -315,8 +326,9 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
         page.table(nights, classes={i: "failed" for i, s in enumerate(nights["status"]) if s not in ("ok", "skipped")},
                    links={"report": "report_link"})
     if not heads.empty:
-        for machine, hm in heads.groupby("machine", sort=True):
-            page.heading(f"Trends — {machine}")
+        # grouped by machine kind (the boxes of a cluster side by side), then by machine within a kind
+        for (kind, machine), hm in heads.groupby(["kind", "machine"], sort=True):
+            page.heading(f"Trends — {kind}: {machine}")
             for family in ["decode tok/s", "gather GB/s", "link GB/s", "prefill tok/s"]:
                 hf = hm[hm["family"] == family]
                 if not hf.empty:

@@ -75,11 +75,14 @@ ENTRY_SPEC = [
     Param("cuda", "table", {}, "parameters on a CUDA machine"),
     Param("timeout_s", "int", None, "seconds before the entry is stopped", gt=0),
     Param("description", "str", "", "what the entry is for"),
+    Param("on", "str", None, "the machine kind on a cluster (labkit/cluster); a local run ignores it"),
 ]
 ENTRY_KEYS = {p.name for p in ENTRY_SPEC}
 RESERVED = {"out_dir", "run_dir"}       # set by the runner
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DONE = ("ok", "partial")
+EVERY_KIND = "every kind"       # an entry's `on` on a cluster: the same entry on each machine kind present
+KIND_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,31}$")      # a machine kind: h200, rtx3090, cpu
 
 
 @dataclass
@@ -157,6 +160,9 @@ def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None
             raise BadInput(f"{where}: name used twice")
         seen.add(name)
         check_table(ENTRY_SPEC, e, where)        # keys, their types, timeout_s > 0
+        if "on" in e and not (isinstance(e["on"], str) and (e["on"] == EVERY_KIND or KIND_RE.match(e["on"]))):
+            raise BadInput(f"{where}: `on` is a machine kind (h200, rtx3090, cpu, ...) or \"{EVERY_KIND}\", "
+                           f"got {e['on']!r}")
         if sum(k in e for k in ("experiment", "notebook", "tests")) != 1:
             raise BadInput(f"{where}: give exactly one of `experiment`, `notebook` or `tests`")
         if "tests" in e:

@@ -123,7 +123,8 @@ def test_runs_lines_short_and_bad_root(tmp_path):
     out = _cli("runs", "--root", str(tmp_path))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    assert lines[0].split() == ["RUN", "EXPERIMENT", "STATUS", "MACHINE", "LINK", "SHA", "NAME"]
+    assert lines[0].split() == ["RUN", "EXPERIMENT", "STATUS", "KIND", "MACHINE", "LINK", "SHA", "NAME"]
+    assert lines[1].split()[3] == "h200"          # grouped by machine kind: the GPU's kind on a local run
     run, rest = lines[1].split(" ", 1)
     assert len(lines) == 2 and len(rest.strip()) <= 80 and run == str(tmp_path / "20260101-000000-probe"), lines
     assert "5 x16" in lines[1] and "5.0" not in lines[1] and lines[1].count("20260101-000000-probe") == 1
