@@ -10,8 +10,11 @@ the two workers for two boxes of another GPU kind (`a`, 1 slot each): the GPU ki
 - a head at another commit than the nodes: refused with one line, nothing written;
 - Ctrl-C on the head: the running job stops, its folder lands `interrupted`, no process left on the node;
 - after the cluster is stopped, no Ray process of it is left.
-Ray listens on every interface whatever address a node names (docs/cluster.md); the token keeps
-unauthenticated clients out.
+Ray listens on every interface whatever address a node names, and swaps a loopback address for the host's
+(docs/cluster.md); the token keeps unauthenticated clients out. So that a test's cluster talks over loopback
+alone, the cluster tests run in a network namespace of their own, whose one interface is `lo`:
+`test_the_cluster_tests_in_a_network_of_their_own` starts this file's cluster tests there (root and `unshare`
+needed; skipped with the reason otherwise), and they skip when collected outside it.
 """
 from __future__ import annotations
 
@@ -132,10 +135,38 @@ class Cluster:
         return [p for p in {p.pid: p for p in procs}.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+INSIDE = os.environ.get("CLUSTER_TEST_NETNS") == "1"      # set by the namespace wrapper below
+
+
+def _netns_reason() -> str | None:
+    if ray_missing:
+        return "Ray is not installed (pip install -e '.[cluster]'; make test installs it)"
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
+        return "a network namespace of its own needs root, unshare and ip (Ray would otherwise use the host's address)"
+    return None
+
+
+@slow
+def test_the_cluster_tests_in_a_network_of_their_own():
+    """This file's cluster tests, run by pytest inside a new network namespace with only loopback up: Ray finds no
+    address but 127.0.0.1, so every byte between head and nodes stays on loopback."""
+    if INSIDE:
+        pytest.skip("already inside the namespace")
+    why = _netns_reason()
+    if why:
+        pytest.skip(why)
+    inner = (f"ip link set lo up && exec {sys.executable} -m pytest -q -p no:cacheprovider "
+             f"{Path(__file__).relative_to(REPO)} -k 'fans_out or another_commit or ctrl_c_on_the_head'")
+    r = subprocess.run(["unshare", "--net", "sh", "-c", inner], cwd=REPO, capture_output=True, text=True,
+                       env={**os.environ, "CLUSTER_TEST_NETNS": "1"}, timeout=880)
+    tail = (r.stdout + r.stderr)[-4000:]
+    assert r.returncode == 0 and "3 passed" in r.stdout, tail
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    if ray_missing:
-        pytest.skip("Ray is not installed (pip install -e '.[cluster]'; make test installs it)")
+    if not INSIDE:
+        pytest.skip("runs inside its own network namespace (test_the_cluster_tests_in_a_network_of_their_own)")
     c = Cluster(tmp_path_factory.mktemp("cluster"))
     t0 = time.time()
     try:
@@ -363,3 +394,8 @@ def test_ctrl_c_on_the_head_leaves_an_interrupted_folder_and_no_process(cluster)
     while c.labkit_children(node, "run") and time.time() < end:
         time.sleep(0.5)
     assert not c.labkit_children(node, "run"), "the node's labkit run outlived Ctrl-C on the head"
+
+
+if not INSIDE:      # collected only inside the namespace, where the wrapper above runs them
+    del test_plan_fans_out_survives_a_killed_node_and_resumes, test_head_at_another_commit_is_refused
+    del test_ctrl_c_on_the_head_leaves_an_interrupted_folder_and_no_process
