@@ -89,7 +89,7 @@ def targets_table(m: pd.DataFrame) -> str:
 
 
 def _higher(r) -> bool:
-    from ..targets import TARGETS
+    from .targets import TARGETS
     return next(t.higher_is_better for t in TARGETS.values() if t.what == r["target"])
 
 
@@ -540,13 +540,13 @@ def decode_trace_table() -> str:
     return _md(pd.DataFrame(rows))
 
 
-# ---- cross-model KV transfer (labkit.xfer) ---------------------------------------------------------------
+# ---- cross-model KV transfer (labkit.crossmodel) ---------------------------------------------------------------
 
 
 def _xfer_quality_cells(r, corpora=("code", "prose")) -> dict:
     """Ratio cells with their 95% intervals over sequences and n: one cell per corpus, the pooled one, the
-    per-sequence spread (`labkit.xfer.intervals` columns)."""
-    from ..xfer.intervals import text
+    per-sequence spread (`labkit.crossmodel.intervals` columns)."""
+    from ..crossmodel.intervals import text
 
     n = " + ".join(str(int(getattr(r, f"ppl_ratio_{c}_n"))) for c in corpora)
     return {**{f"ppl ratio {c} [95%]": text(r, f"ppl_ratio_{c}") for c in corpora},
@@ -586,7 +586,7 @@ def xfer_frontier_table() -> str:
 
 
 def text_iv(r, prefix: str) -> str:
-    from ..xfer.intervals import text
+    from ..crossmodel.intervals import text
 
     return text(r, prefix)
 
@@ -637,7 +637,7 @@ def xfer_run_table() -> str:
     `xfer_ttft_table`)."""
     import math
 
-    from ..xfer.experiment import headline
+    from ..crossmodel.experiment import headline
 
     run = load_run(REPO / XFER_FULL_RUN)
     m, q = run.metrics, run.table("quality_summary")
@@ -652,7 +652,7 @@ def xfer_run_table() -> str:
                      f"{mp.small_prefill_ms:,.0f} / {mp.mapping_ms:,.0f} / {mp.prefix_ms:,.0f}"})
     h = headline(m, q)
     h = h[h["backend"] == "vllm"]
-    from ..xfer.intervals import paired, pooled
+    from ..crossmodel.intervals import paired, pooled
 
     seqs = m[(m["kind"] == "quality") & (m["status"] == "ok")]
     qrows = []
@@ -690,7 +690,7 @@ def xfer_ttft_table() -> str:
 
 def xfer_ablation_table() -> str:
     """The mapper ablation at N = 8: features, lambda granularity and calibration size against quality."""
-    from ..xfer.intervals import pooled
+    from ..crossmodel.intervals import pooled
 
     a = pd.read_parquet(REPO / XFER_ABLATION_RUN / "ablation.parquet")
     a = a[a["stage"] != "frontier"]
