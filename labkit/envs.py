@@ -109,6 +109,13 @@ VARS: list[Var] = [
             "labkit.engine.model.hybrid:COMPILE"),
     _switch("LABKIT_HOT_PLAN", "choice", "kernel", "the hot cache's plan: one Triton kernel, or the torch ops "
             "(its reference)", "hot_plan", "labkit.engine.transfer.hot_cache:PLAN", choices=("kernel", "torch")),
+    _switch("LABKIT_PREFILL_ATTN", "choice", "auto", "prefill's dense attention: split (cuDNN over the prefix with "
+            "the GQA group folded into the queries, plus the chunk's causal square, merged by log-sum-exp), sdpa "
+            "(SDPA per KV head under a lower-right causal mask), auto (split where cuDNN attention runs)",
+            "prefill_attn", "labkit.engine.model.attention:PREFILL_KERNEL", choices=("auto", "split", "sdpa")),
+    _switch("LABKIT_DN_PREFILL", "choice", "auto", "prefill's chunked delta rule: fla (flash-linear-attention's "
+            "Triton kernel), torch (fp32 products, a Python loop over 64-token chunks), auto (fla where installed, "
+            "on CUDA)", "dn_prefill", "labkit.engine.model.layers:DN_PREFILL", choices=("auto", "fla", "torch")),
     # --- plumbing: where things are and how a process was started (no figure changes) ---
     Var("LABKIT_CACHE", "str", "", "models' and vLLM's cache root (default ~/.cache/labkit)"),
     Var("LABKIT_RESULTS", "str", "", "the results folder the explorer browses (default results/)"),

@@ -3,6 +3,7 @@ made (`sync`), or through four rotating layer-sized device buffers (`rotating`, 
 a device-memory cap shows what fits. Code: `labkit.experiments.prefill.measure`."""
 from __future__ import annotations
 
+from ... import envs
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from .. import checked
 
@@ -21,6 +22,9 @@ SPEC = [
           ge=0),
     Param("mem_cap_gib", "float", 0.0, "device memory cap in GiB (0: none)"),
     Param("warmup_tokens", "int", 0, "warm-up prompt per mode (0: two chunks)"),
+    Param("anatomy", "bool", True, "time each chunk's phases against their bounds (a GEMM peak and read-bandwidth "
+          "probe first, on CUDA)"),
+    *envs.switch_params(),     # the engine's switches: -p prefill_attn=split,sdpa measures both in this run
     SEED.but(help="weights and prompt"),
     OUT_DIR,
 ]

@@ -1,0 +1,55 @@
+"""Prefill's dense attention in two pieces (the prefix with the GQA group folded into the queries, the chunk's
+causal square, merged by log-sum-exp) against SDPA under a lower-right causal mask. On CPU the cuDNN call is
+replaced by its definition in torch ops (`attention_with_lse`): what is tested here is the fold, the split and
+the merge; the cuDNN kernel itself is compared on the GPU (`gpu` tests below)."""
+import pytest
+import torch
+
+from labkit.engine.model import attention as A
+
+
+def _inputs(T, S, Hq, n_kv, D, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(T, Hq, D, generator=g).to(device, dtype)
+    rows = torch.randn(S, 2 * n_kv * D, generator=g).to(device, dtype)     # the pool's row layout, strided K/V
+    k, v = A.split_rows(rows, n_kv, D)
+    return q, k, v
+
+
+@pytest.mark.parametrize("T,S,Hq,n_kv,D", [(8, 8, 4, 2, 16), (8, 40, 4, 2, 16), (16, 100, 8, 1, 8),
+                                           (5, 37, 6, 3, 4), (1, 9, 2, 2, 4)])
+def test_split_prefill_attention_equals_the_lower_right_causal_definition(T, S, Hq, n_kv, D):
+    q, k, v = _inputs(T, S, Hq, n_kv, D)
+    want = A.grouped_sdpa_attention(q, k, v)
+    got = A.split_prefill_attention(q, k, v, attend=A.attention_with_lse)
+    assert got.shape == want.shape and got.dtype == q.dtype
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_merge_is_not_an_average_of_the_two_pieces():
+    """The log-sum-exp weights matter: a prefix that dominates the softmax must dominate the output."""
+    T, S, Hq, n_kv, D = 4, 12, 2, 1, 4
+    q, k, v = _inputs(T, S, Hq, n_kv, D, seed=3)
+    k = k.clone()
+    k[: S - T] = q[0, 0] * 20          # every query scores the prefix far above its own chunk
+    want = A.grouped_sdpa_attention(q, k, v)
+    got = A.split_prefill_attention(q, k, v, attend=A.attention_with_lse)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_cpu_takes_sdpa_and_the_switch_is_recorded():
+    from labkit import envs
+    assert A.prefill_kernel(torch.device("cpu")) == "sdpa"
+    assert envs.in_force()["prefill_attn"] in ("auto", "split", "sdpa")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,S", [(256, 256), (256, 1280), (1024, 8192)])
+def test_split_prefill_attention_on_cudnn_matches_sdpa_at_the_reference_heads(T, S):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    q, k, v = _inputs(T, S, 16, 2, 256, dtype=torch.bfloat16, device="cuda")
+    want = A.grouped_sdpa_attention(q, k, v).float()
+    got = A.split_prefill_attention(q, k, v).float()
+    err = (got - want).abs().max().item()
+    assert err < 2e-2, err
