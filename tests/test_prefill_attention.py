@@ -53,3 +53,27 @@ def test_split_prefill_attention_on_cudnn_matches_sdpa_at_the_reference_heads(T,
     got = A.split_prefill_attention(q, k, v).float()
     err = (got - want).abs().max().item()
     assert err < 2e-2, err
+
+
+@pytest.mark.gpu
+def test_the_delta_rule_on_flash_linear_attention_matches_the_torch_form():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    pytest.importorskip("fla.ops.gated_delta_rule")
+    from labkit.engine.model import layers as L
+    g = torch.Generator(device="cuda").manual_seed(2)
+    T, H, dk, dv = 300, 4, 64, 32                      # not a multiple of the 64-token chunk
+    q = torch.nn.functional.normalize(torch.randn(T, H, dk, generator=g, device="cuda"), dim=-1) * dk ** -0.5
+    k = torch.nn.functional.normalize(torch.randn(T, H, dk, generator=g, device="cuda"), dim=-1)
+    v = torch.randn(T, H, dv, generator=g, device="cuda")
+    log_a = -torch.rand(T, H, generator=g, device="cuda") * 0.2
+    beta = torch.rand(T, H, generator=g, device="cuda")
+    S0 = torch.randn(H, dk, dv, generator=g, device="cuda") * 0.1
+    o_t, S_t = L.delta_rule_chunked(q, k, v, log_a, beta, S0)
+    before, L.DN_PREFILL = L.DN_PREFILL, "fla"
+    try:
+        o_f, S_f = L.delta_rule_prefill(q, k, v, log_a, beta, S0)
+    finally:
+        L.DN_PREFILL = before
+    assert ((o_f - o_t).norm() / o_t.norm()).item() < 2e-2      # bf16 inputs against fp32
+    assert ((S_f - S_t).norm() / S_t.norm()).item() < 2e-2

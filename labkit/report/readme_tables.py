@@ -195,6 +195,36 @@ def prefill_table() -> str:
     return _md(pd.DataFrame(rows))
 
 
+def prefill_anatomy_table() -> str:
+    """The whole prompt per engine variant: tok/s against the first variant, the bound, attention's rate, and
+    seconds per phase (summed over chunks)."""
+    run = load_run(REPO / RUNS["prefill_anatomy"])
+    m = run.metrics
+    m = m[(m["experiment"] == "prefill") & (m["status"] == "ok")]
+    first = m[m["mode"] == "resident"]["tok_s"].iloc[0]
+    rows = []
+    for r in m.to_dict("records"):
+        rows.append({"prompt": _ctx(r["context_len"]), "mode": r["mode"], "engine variant": r.get("engine_variant") or "–",
+                     "tok/s": f"{r['tok_s']:,.0f}", "vs the first resident": f"{r['tok_s'] / first:.2f}x",
+                     "bound tok/s": f"{r['bound_tok_s']:,.0f}",
+                     "attention TFLOPS (of GEMM peak)": f"{r['attention_tflops']:.0f} ({r['attention_of_gemm_peak']:.0%})",
+                     **{f"{ph} s": f"{r[f'anatomy_{ph}_ms'] / 1e3:.1f}" for ph in ("weights", "deltanet", "attention")},
+                     "kv s": f"{(r['anatomy_kv_write_ms'] + r['anatomy_kv_load_ms']) / 1e3:.2f}",
+                     "closure": f"{r['anatomy_closure']:.2f}"})
+    return _md(pd.DataFrame(rows))
+
+
+def prefill_kernels_table() -> str:
+    """scripts/prefill_kernels_bench.py's JSON: attention per prefix and the delta rule, against the GEMM peak."""
+    r = json.loads((REPO / RUNS["prefill_kernels"] / "prefill_kernels.json").read_text())
+    peak = r["gemm"]["tflops"]
+    rows = [{"kernel": a["kernel"], "keys": _ctx(a["S"]), "ms (min–max)": f"{a['ms_median']:.2f} ({a['ms_min']:.2f}–{a['ms_max']:.2f})",
+             "TFLOPS": f"{a['tflops']:.0f}", "of GEMM peak": f"{a['of_gemm_peak']:.0%}"} for a in r["attention"]]
+    rows += [{"kernel": d["kernel"], "keys": f"{_ctx(d['T'])} tokens", "ms (min–max)": f"{d['ms_median']:.2f} ({d['ms_min']:.2f}–{d['ms_max']:.2f})",
+              "TFLOPS": "–", "of GEMM peak": "–"} for d in r["deltanet"] if "ms_median" in d]
+    return f"GEMM peak {peak:.0f} TFLOPS (8192³ bf16, same process)\n\n" + _md(pd.DataFrame(rows))
+
+
 def capacity_table() -> str:
     g = load_run(REPO / CAPACITY_RUN).table("goodput")
     rows = [{"configuration": r.config, "requests held": int(r.requests), "batch under TPOT limit": int(r.good_batch),
@@ -835,7 +865,7 @@ def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
     return {"headlines": headlines(), "serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
             "pulse-scaling-compiled-h200": pulse_scaling_compiled_table(), "pulse-selection-h200": pulse_selection_table(),
-            "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
+            "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "prefill-anatomy-h200": prefill_anatomy_table(), "prefill-kernels-h200": prefill_kernels_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(), "decode-trace-h200": decode_trace_table(),
             **xfer_blocks(),

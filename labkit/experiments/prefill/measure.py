@@ -192,7 +192,8 @@ def anatomy_totals(rows: list[dict], wall_ms: float, tokens: int) -> dict:
     return {**{f"anatomy_{k}": v for k, v in tot.items()}, "anatomy_chunk_ms": chunk_ms,
             "anatomy_closure": chunk_ms / wall_ms if wall_ms else float("nan"),
             "bound_ms": bound_ms, "bound_tok_s": tokens / bound_ms * 1e3 if bound_ms == bound_ms and bound_ms else None,
-            "attention_tflops": float(df["attention_flops"].sum()) / att / 1e9 if att else None}
+            "attention_tflops": float(df["attention_flops"].sum()) / att / 1e9 if att else None,
+            "prefill_flops": float(df[["weights_flops", "attention_flops", "deltanet_flops"]].sum().sum())}
 
 
 def probe_rates(dev: torch.device, repeats: int = 10) -> tuple[dict, list[dict]]:
