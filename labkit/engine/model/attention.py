@@ -122,6 +122,28 @@ def split_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a
     o = (o1.float() * w1[..., None] + o2.float() * w2[..., None]) / (w1 + w2)[..., None]
     return o[0].transpose(0, 1).to(q.dtype).contiguous()
 
+PREFILL_ATTENTION = ("dense", "sparse")
+
+
+def prefill_attend(engine, ki: int, slot: int, q, k, v, iq, iw, pos, mark) -> torch.Tensor:
+    """A prefill chunk's attention over its prefix k, v [end, n_kv, D] as the engine's `prefill_attention` says:
+    `dense` (every query over its whole causal prefix) or `sparse` (QSA's own rule: the indexer scores the
+    prefix for each query and it attends to its top `budget` rows; `sparse_prefill.py`). While the prefix is no
+    longer than the budget every query keeps all it sees, so sparse is dense there and takes the dense path."""
+    end = k.shape[0]
+    if engine.prefill_attention == "sparse" and end > engine.budget:
+        from .sparse_prefill import prefill_select, sparse_prefill_attention
+        c = engine.cache
+        mark("index_score")            # the indexer's scores and the top-k, fused: no T x S matrix in HBM
+        idx, valid = prefill_select(iq, iw, c.index.keys[ki, slot, :end], c.index.scales[ki, slot, :end], pos,
+                                    engine.budget)
+        mark("attention")
+        return sparse_prefill_attention(q, k, v, idx, valid)
+    mark("attention")
+    with fast_sdpa(q.device):
+        return dense_prefill_attention(q, k, v)
+
+
 def fast_sdpa(device: torch.device):
     """On CUDA forbid SDPA's math fallback: at 248K tokens it would materialise a T x S score matrix."""
     if device.type != "cuda":

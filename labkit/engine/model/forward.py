@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .attention import dense_prefill_attention, fast_sdpa, split_rows
+from .attention import PREFILL_ATTENTION, prefill_attend, split_rows
 from . import deltanet_step
 from .deltanet_step import delta_step, deltanet_mix
 from .gemv import norm_matmul
@@ -57,7 +57,7 @@ NO_MARKS = _NoMarks()
 class Engine:
     def __init__(self, model, cache: OffloadCache, strategy: TransferStrategy, budget: int,
                  prefill_chunk: int = 8192, compile: bool | None = None, prefill_mode: str = "sync",
-                 select_block: int = 1):
+                 select_block: int = 1, prefill_attention: str = "dense"):
         if budget <= 0:
             raise ValueError(f"budget must be > 0, got {budget}")
         # select_block > 1: decode keeps whole aligned blocks of positions (select.select_blocks); a block
@@ -67,7 +67,9 @@ class Engine:
                              f"({cache.pages.page_size}), got {select_block}")
         self.select_block = select_block
         check_prefill_mode(prefill_mode, cache.pool.medium)
-        self.prefill_mode = prefill_mode
+        if prefill_attention not in PREFILL_ATTENTION:
+            raise ValueError(f"unknown prefill_attention {prefill_attention!r}: choose from {', '.join(PREFILL_ATTENTION)}")
+        self.prefill_mode, self.prefill_attention = prefill_mode, prefill_attention
         if (cache.pool.medium == "device") != (strategy.medium == "device"):
             raise ValueError(f"strategy {strategy.name} needs a {strategy.medium} pool, cache has {cache.pool.medium}")
         self.model, self.cache, self.strategy, self.budget = model, cache, strategy, budget
@@ -243,10 +245,7 @@ class _PrefillIO:
         self.mark("kv_load")
         prefix = self.e.cache.read_prefix(ki, self.slot, self.end, self.prefix)
         k, v = split_rows(prefix.view(torch.bfloat16), s.n_kv_heads, s.head_dim)
-        self.mark("attention")
-        with fast_sdpa(q.device):
-            att = dense_prefill_attention(q, k, v)
-        return att
+        return prefill_attend(self.e, ki, self.slot, q, k, v, iq, iw, pos, self.mark)
         yield  # a generator that yields nothing: prefill moves no rows on request
 
 

@@ -170,13 +170,11 @@ class RotatingPrefillIO:
             st.store(c.pool, ki, self.where[0], buf[self.start:self.end])
 
     def attend(self, ki, q, iq, iw, pos):
-        from .attention import dense_prefill_attention, fast_sdpa, split_rows
+        from .attention import prefill_attend, split_rows
         s = self.e.model.shape
         b = buffer_of(ki, self.n)
-        self.mark("attention")
         k, v = split_rows(self.bufs[b][:self.end].view(torch.bfloat16), s.n_kv_heads, s.head_dim)
-        with fast_sdpa(q.device):
-            att = dense_prefill_attention(q, k, v)
+        att = prefill_attend(self.e, ki, self.slot, q, k, v, iq, iw, pos, self.mark)
         self.load.record(self.used[b], self.compute)
         self.active = -1
         if self.deferred is not None:

@@ -96,8 +96,8 @@ def apply_cap(cap_gib: float, dev: torch.device) -> None:
         torch.cuda.set_per_process_memory_fraction(float(min(1.0, cap_gib * 2**30 / total)), index)
 
 
-def measure(model, mode: str, T: int, p: dict, chunk_log=None) -> dict:
-    """One prefill of T tokens (or its last `tail_tokens`) in `mode`; a record."""
+def measure(model, mode: str, T: int, p: dict, chunk_log=None, attention: str = "dense") -> dict:
+    """One prefill of T tokens (or its last `tail_tokens`) in `mode` with `attention` dense or sparse; a record."""
     dev, shape = model.device, model.shape
     strategy, pmode = MODES[mode]
     st = get_strategy(strategy)
@@ -111,7 +111,7 @@ def measure(model, mode: str, T: int, p: dict, chunk_log=None) -> dict:
     cache = OffloadCache.allocate(model, st.medium, 1, T)
     if start:
         cache.fill_random_([start], seed=p["seed"])
-    e = Engine(model, cache, st, 2048, prefill_chunk=p["chunk"], prefill_mode=pmode)
+    e = Engine(model, cache, st, p["budget"], prefill_chunk=p["chunk"], prefill_mode=pmode, prefill_attention=attention)
     marks = PrefillMarks(dev) if p["anatomy"] else None
     warm = p["warmup_tokens"] or 2 * p["chunk"]
     with torch.inference_mode():   # warm-up: kernels, workspaces (a slot of its own would need a second pool)
@@ -137,7 +137,7 @@ def measure(model, mode: str, T: int, p: dict, chunk_log=None) -> dict:
     kv = T * shape.kv_bytes_per_token()
     rec = {"experiment": EXPERIMENT, "status": "ok", "error": None, "strategy": strategy, "prefill_mode": pmode,
            "mode": mode, "context_len": T, "tail_tokens": tail, "computed_tokens": n, "prefill_chunk": p["chunk"],
-           "budget": 0, "concurrency": 1, "repeats": 1, "steps": 1,
+           "prefill_attention": attention, "budget": p["budget"] if attention == "sparse" else 0, "concurrency": 1, "repeats": 1, "steps": 1,
            "step_ms_median": dt * 1e3, "step_ms_min": dt * 1e3, "step_ms_max": dt * 1e3, "tok_s": n / dt,
            "device_kv_bytes": kv if on_dev else 0, "host_kv_bytes": 0 if on_dev else kv,
            "prefill_buffer_bytes": rotating_buffer_bytes(T, shape.row_bytes, shape.attn_layers) if pmode == "rotating"
@@ -148,7 +148,7 @@ def measure(model, mode: str, T: int, p: dict, chunk_log=None) -> dict:
            "logits_finite": bool(torch.isfinite(logits.float()).all())}
     anatomy = []
     if marks is not None:
-        anatomy = anatomy_rows(marks.chunks(), shape, mode, T, p.get("_rates", {}))
+        anatomy = anatomy_rows(marks.chunks(), shape, mode, T, p.get("_rates", {}), attention, p["budget"])
         rec.update(anatomy_totals(anatomy, dt * 1e3, n))
     del e, cache
     return rec, anatomy
@@ -158,17 +158,18 @@ def _position(end: int, T: int) -> str:
     return "early" if end <= T / 3 else ("last" if end > 2 * T / 3 else "middle")
 
 
-def anatomy_rows(chunks: list[dict], shape: ModelShape, mode: str, T: int, rates: dict) -> list[dict]:
+def anatomy_rows(chunks: list[dict], shape: ModelShape, mode: str, T: int, rates: dict, attention: str = "dense",
+                 budget: int = 0) -> list[dict]:
     """Per chunk: the phases' ms and each phase's bound in ms (FLOPs at the GEMM peak, bytes at the measured
     read bandwidth or link rate; a phase without a rate gets no bound)."""
     peak, hbm, h2d, d2h = (rates.get(k) for k in ("gemm_tflops", "hbm_gbps", "h2d_gbps", "d2h_gbps"))
     on_host = MODES[mode][0] != "resident"
     out = []
     for c in chunks:
-        w = shape.prefill_chunk_work(c["start"], c["end"])
+        w = shape.prefill_chunk_work(c["start"], c["end"], budget=budget if attention == "sparse" else 0)
         b = {}
         if peak:
-            for ph in ("weights", "attention", "deltanet"):
+            for ph in ("weights", "attention", "deltanet", "index_score"):
                 b[f"{ph}_bound_ms"] = w[f"{ph}_flops"] / (peak * 1e9)
         write_rate = d2h if on_host and mode == "sync" else hbm     # rotating: into a device buffer, DMA overlapped
         if write_rate:
@@ -176,7 +177,7 @@ def anatomy_rows(chunks: list[dict], shape: ModelShape, mode: str, T: int, rates
         read_rate = h2d if on_host else hbm
         if read_rate:                                               # rotating: the loads overlap, no bound on this line
             b["kv_load_bound_ms"] = 0.0 if mode == "rotating" else w["kv_read_bytes"] / (read_rate * 1e6)
-        out.append({"mode": mode, "context_len": T, "position": _position(c["end"], T), **c,
+        out.append({"mode": mode, "prefill_attention": attention, "context_len": T, "position": _position(c["end"], T), **c,
                     "tokens": c["end"] - c["start"], **b, **{k: v for k, v in w.items()}})
     return out
 
@@ -193,7 +194,7 @@ def anatomy_totals(rows: list[dict], wall_ms: float, tokens: int) -> dict:
             "anatomy_closure": chunk_ms / wall_ms if wall_ms else float("nan"),
             "bound_ms": bound_ms, "bound_tok_s": tokens / bound_ms * 1e3 if bound_ms == bound_ms and bound_ms else None,
             "attention_tflops": float(df["attention_flops"].sum()) / att / 1e9 if att else None,
-            "prefill_flops": float(df[["weights_flops", "attention_flops", "deltanet_flops"]].sum().sum())}
+            "prefill_flops": float(df[["weights_flops", "attention_flops", "deltanet_flops", "index_score_flops"]].sum().sum())}
 
 
 def probe_rates(dev: torch.device, repeats: int = 10) -> tuple[dict, list[dict]]:
@@ -229,7 +230,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
             torch.cuda.empty_cache()
 
     variants = envs.variants(p)
-    points = sweep.grid(T=p["context_lens"], mode=p["modes"])
+    points = sweep.grid(T=p["context_lens"], attention=p["prefill_attention"], mode=p["modes"])
     with sweep.bar(len(points) * len(variants), f"{EXPERIMENT} {shape.name}", progress_bar) as bar:
         for variant in variants:
             before = envs.apply(variant)
@@ -240,11 +241,12 @@ def run(p: dict, progress_bar: bool = True) -> Run:
                     fh.write(f"{name},{mode},{T},{end},{t:.3f}\n")
 
             for pt in points:
-                T, mode = pt["T"], pt["mode"]
-                bar.set_postfix_str(f"{mode} T={T}" + (f" {tag['engine_variant']}" if tag else ""))
+                T, mode, att = pt["T"], pt["mode"], pt["attention"]
+                bar.set_postfix_str(f"{mode} {att} T={T}" + (f" {tag['engine_variant']}" if tag else ""))
                 # a mode that does not fit the cap is a row, the run goes on
-                got = sweep.attempt(lambda: _record(model, mode, T, p, chunk_log, anatomy, tag),
+                got = sweep.attempt(lambda: _record(model, mode, T, p, chunk_log, anatomy, tag, att),
                                     {"experiment": EXPERIMENT}, on_fail=free, mode=mode, strategy=MODES[mode][0],
+                                    prefill_attention=att,
                                     prefill_mode=MODES[mode][1], context_len=T, tail_tokens=p["tail_tokens"],
                                     mem_cap_bytes=int(p["mem_cap_gib"] * 2**30) or None, **tag)
                 r.add({**base, **tag, **envs.in_force(), **got})
@@ -252,7 +254,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
             envs.apply(before)
     df = r.metrics()
     ok = df[(df["status"] == "ok") & (df["experiment"] == EXPERIMENT)]
-    keys = ["context_len"] + (["engine_variant"] if "engine_variant" in df else [])
+    keys = ["context_len", "prefill_attention"] + (["engine_variant"] if "engine_variant" in df else [])
     for _, g in ok.groupby(keys, dropna=False):
         res = g[g["mode"] == "resident"]
         if len(res):
@@ -269,8 +271,8 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     return r
 
 
-def _record(model, mode, T, p, chunk_log, anatomy: list, tag: dict) -> dict:
-    rec, rows = measure(model, mode, T, p, chunk_log)
+def _record(model, mode, T, p, chunk_log, anatomy: list, tag: dict, attention: str) -> dict:
+    rec, rows = measure(model, mode, T, p, chunk_log, attention)
     anatomy += [{**tag, **row} for row in rows]
     return rec
 
@@ -285,7 +287,8 @@ def headline(df) -> list[str]:
         return "" if r["mode"] == "resident" or v is None or v != v else f" ({v:.2f}x resident)"
     def name(r) -> str:
         ev = r.get("engine_variant")
-        return r["mode"] + (f" [{ev}]" if isinstance(ev, str) and ev else "")
+        att = r.get("prefill_attention")
+        return r["mode"] + (" sparse" if att == "sparse" else "") + (f" [{ev}]" if isinstance(ev, str) and ev else "")
     parts = [f"{name(r)} {r['tok_s']:,.0f}{vs(r)}" for r in at.to_dict("records")]
     lines = [f"prompt of {T} tokens: " + ", ".join(parts) + " tok/s"]
     if "attention_tflops" in at and at["attention_tflops"].notna().any():
