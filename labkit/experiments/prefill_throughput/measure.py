@@ -54,6 +54,7 @@ before anything is allocated.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import statistics
@@ -68,7 +69,7 @@ from ...results import Run
 from ...shapes import ModelShape
 from ... import sweep
 from ..prefill.measure import apply_cap, check_cap
-from .fit import CONFIGS, KV_ON_DEVICE, Fit, cap_holding, chunk_step, fit, padded, size
+from .fit import CONFIGS, KV_ON_DEVICE, Fit, cap_holding, chunk_step, fit, padded, size, slot_bytes
 
 EXPERIMENT = "prefill_throughput"
 HOW = {"none": ("resident", "sync"), "prefill": ("zero_copy", "rotating"), "both": ("zero_copy", "rotating")}
@@ -97,7 +98,7 @@ def check(p: dict) -> dict:
         T = max(p["context_lens"])
         held = math.ceil(p["prompts"] / 2)
         cap = cap_holding(shape, T, p["prompts"], held, p["chunk"], p["reserve_gib"] * 2**30)
-        cap += fit(shape, T, p["prompts"], cap, "none", p["chunk"]).slot_bytes // 2   # never one slot short
+        cap += slot_bytes(shape, T, True) // 2           # half a slot over: never one short by rounding
         p["mem_cap_gib"] = cap / 2**30
     try:
         check_cap(p["mem_cap_gib"], shape, dev)
@@ -137,15 +138,14 @@ class _Lane:
     """The hand-off's side stream (CUDA), or on a CPU the caller's own order."""
 
     def __init__(self, dev: torch.device):
-        self.cuda = dev.type == "cuda"
+        self.dev, self.cuda = dev, dev.type == "cuda"
         self.stream = torch.cuda.Stream(dev) if self.cuda else None
 
     def after_compute(self):
         """Enter the side stream once the compute stream's work so far is done."""
         if not self.cuda:
-            import contextlib
             return contextlib.nullcontext()
-        self.stream.wait_stream(torch.cuda.current_stream())
+        self.stream.wait_stream(torch.cuda.current_stream(self.dev))
         return torch.cuda.stream(self.stream)
 
     def mark(self):
@@ -157,7 +157,7 @@ class _Lane:
 
     def compute_waits(self, ev) -> None:
         if ev is not None:
-            torch.cuda.current_stream().wait_event(ev)
+            torch.cuda.current_stream(self.dev).wait_event(ev)
 
 
 class Batch:
