@@ -11,13 +11,14 @@ Device bytes at the peak of a prefill, term by term (each one the size of a tens
   `prefill`/`both` the four rotating layer buffers (`rotating_buffer_bytes`);
 - `activations`: a chunk of `c` tokens, `c x activation_bytes_per_token + activation_fixed_bytes`: the live set at
   the peak, which is inside a DeltaNet layer's chunked recurrence (`layers.delta_rule_chunked`; a QSA layer's live
-  set is a fifth of it, and on CUDA its attention holds no score matrix);
+  set is a fraction of it, and on CUDA its attention holds no score matrix);
 - `prompts`: the N prompts' token ids and the logits kept per prompt;
 - `reserve`: what the formulas do not count (cuBLAS workspace, the allocator's rounding and fragmentation).
 
 Checked two ways: against the live tensors of a CPU prefill (`tests/test_prefill_throughput.py`, the per-token
 slope within a few percent) and against the allocator's peaks of the committed H200 prefill runs at 248K and 1M
-(within 1%: the activations of an 8K chunk are 2.61 GB there).
+(within 0.3%; the activations of an 8K chunk are 2.61 GB there). On CUDA every run records the prediction next
+to `torch.cuda.max_memory_allocated`.
 """
 from __future__ import annotations
 
@@ -144,7 +145,8 @@ def fit(s: ModelShape, T: int, prompts: int, cap: float, config: str, chunk_max:
     if chunk <= 0:
         return Fit(chunk=0, in_flight=0, activation_bytes=min(step, T) * per_tok + activation_fixed_bytes(s), **base)
     act = chunk * per_tok + activation_fixed_bytes(s)
-    in_flight = min(prompts, int((cap - fixed - chunk * per_tok) // slot))
+    held = (cap - fixed - chunk * per_tok) // slot
+    in_flight = prompts if held >= prompts else int(held)
     return Fit(chunk=chunk, in_flight=in_flight, activation_bytes=act, **base)
 
 
