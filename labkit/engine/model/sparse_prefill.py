@@ -1,0 +1,312 @@
+"""Sparse prefill for QSA layers: each query of a chunk keeps its top-`k` keys by index score and attends
+to those rows only, without a T x S score matrix anywhere.
+
+`prefill_select(iq [T, Hi, Di], iw [T, Hi], keys [S, Di] fp8, scales [S] fp16, q_pos [T], k)
+    -> (idx [T, k] int64 ascending, valid [T, k] bool)`
+`sparse_prefill_attention(q [T, Hq, D], k, v [S, n_kv, D], idx, valid) -> [T, Hq, D]`
+
+Which keys: those of `select.py` per query, over the positions it may see (0..q_pos[t]). The score is the
+indexer's (`indexer.py`): score[t, s] = scales[s] * sum_h iw[t, h] * relu(iq[t, h] . keys[s]), here in
+fp32 throughout (fp8 and bf16 inputs, fp32 products and sums). The k largest win; among scores equal to
+the k-th largest the lowest positions. A query that sees fewer than k keys takes them all; the rest of
+its slots are `valid=False` and point at position 0 (a real row: a masked softmax weight never meets a
+NaN from memory that was never written).
+
+How (CUDA, Triton; the `_reference` functions are the same definitions in torch ops, the CPU path and the
+tests' ground truth). Scores cost Hi x Di = 256 MACs a pair, on tensor cores (`tl.dot`, bf16 in, fp32
+out): recomputing them is cheaper than storing T x S of them. One program owns `BT` queries and streams
+the keys they can see in tiles of `BS`, in position order:
+1. four histogram passes, 8 bits of the order-preserving key each (`select.order_keys`), from the top:
+   pass p counts, per query, the next digit of the keys whose higher digits equal the prefix found by
+   passes 0..p-1 (the prefix is re-derived at the start of each pass from their histograms: `_walk`).
+   Each program owns its queries' histograms over the whole key range, so it stores them once, without
+   atomics: the only memory besides inputs and outputs is hist [4, T, 256] int32;
+2. a write pass: the threshold key and the equals still needed are the walk's result after four passes;
+   keys above it, and the first `need` equal to it, are written at their rank, which is a running count
+   per query plus a prefix sum within the tile (the stream is in position order, so no sort, no count pass).
+A query that sees n < k keys asks the walk for n: the threshold is then its smallest key and all are taken.
+
+Attention: one program per (query, KV head). The selected rows are read once for all the query heads of
+that KV head (GQA), in blocks of `BK`, with an online softmax; fp32 accumulation.
+"""
+from __future__ import annotations
+
+import torch
+
+from .gather import HAVE_TRITON, interpret_mode
+from .select import NEG_INF, select_topk_reference
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+RADIX, N_PASSES = 256, 4
+
+
+# ------------------------------------------------------------------ the definitions (torch ops)
+
+def prefill_scores_reference(iq, iw, keys, scales, q_pos) -> torch.Tensor:
+    """scores [T, S] fp32, -inf at positions a query may not see (s > q_pos[t])."""
+    kf = keys.to(torch.float32)                                                   # [S, Di]
+    dots = torch.einsum("thd,sd->tsh", iq.to(torch.float32), kf)                  # [T, S, Hi]
+    s = (torch.relu(dots) * iw.to(torch.float32)[:, None, :]).sum(-1) * scales.to(torch.float32)[None, :]
+    pos = torch.arange(keys.shape[0], device=keys.device)
+    return s.masked_fill(pos[None, :] > q_pos[:, None], NEG_INF)
+
+
+def prefill_select_reference(iq, iw, keys, scales, q_pos, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition: `select_topk_reference` over each query's causal scores (k may exceed S: the
+    slots past the visible keys come back invalid)."""
+    _check_select(iq, iw, keys, scales, q_pos, k)
+    s = prefill_scores_reference(iq, iw, keys, scales, q_pos)
+    if k > s.shape[1]:
+        s = torch.nn.functional.pad(s, (0, k - s.shape[1]), value=NEG_INF)
+    return select_topk_reference(s, k)
+
+
+def sparse_prefill_attention_reference(q, k, v, idx, valid) -> torch.Tensor:
+    """Each query t attends to rows idx[t][valid[t]] of its KV head; fp32 math, output in q's dtype."""
+    T, Hq, D = q.shape
+    n_kv = k.shape[1]
+    kk = k[idx].to(torch.float32)                                                 # [T, k, n_kv, D]
+    vv = v[idx].to(torch.float32)
+    qg = q.view(T, n_kv, Hq // n_kv, D).to(torch.float32)
+    s = torch.einsum("tgqd,tngd->tgqn", qg, kk) * (D ** -0.5)
+    s = s.masked_fill(~valid[:, None, None, :], NEG_INF)
+    o = torch.einsum("tgqn,tngd->tgqd", torch.softmax(s, dim=-1), vv)
+    return o.reshape(T, Hq, D).to(q.dtype)
+
+
+def _check_select(iq, iw, keys, scales, q_pos, k):
+    if iq.dim() != 3 or iw.shape != iq.shape[:2] or keys.dim() != 2 or keys.shape[1] != iq.shape[2]:
+        raise ValueError(f"prefill_select: iq {tuple(iq.shape)}, iw {tuple(iw.shape)}, keys {tuple(keys.shape)} "
+                         "do not fit [T, Hi, Di], [T, Hi], [S, Di]")
+    if scales.shape != keys.shape[:1] or q_pos.shape != iq.shape[:1]:
+        raise ValueError(f"prefill_select: scales {tuple(scales.shape)} / q_pos {tuple(q_pos.shape)} do not fit "
+                         f"S={keys.shape[0]}, T={iq.shape[0]}")
+    if k < 1:
+        raise ValueError(f"prefill_select: k={k} must be at least 1")
+
+
+def _check_attention(q, k, v, idx, valid):
+    if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or k.shape[2] != q.shape[2] or q.shape[1] % k.shape[1]:
+        raise ValueError(f"sparse_prefill_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+                         "do not fit [T, Hq, D], [S, n_kv, D] with n_kv dividing Hq")
+    if idx.shape != valid.shape or idx.dim() != 2 or idx.shape[0] != q.shape[0]:
+        raise ValueError(f"sparse_prefill_attention: idx {tuple(idx.shape)} / valid {tuple(valid.shape)} "
+                         f"do not fit [T={q.shape[0]}, k]")
+
+
+# ------------------------------------------------------------------ the kernels
+
+if HAVE_TRITON:
+    @triton.jit
+    def _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+                    BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr, DOT_F32: tl.constexpr):
+        """Order-preserving uint32 keys [BT, BS] of queries t at positions s0.., and which are visible."""
+        s = s0 + tl.arange(0, BS)
+        sm = s < S
+        di = tl.arange(0, DI)
+        kt = tl.load(k_ptr + s[None, :].to(tl.int64) * k_ss + di[:, None], mask=sm[None, :], other=0.0)  # [DI, BS]
+        if DOT_F32:   # the interpreter: exact fp32 operands (fp8 and bf16 values are), the same products
+            kt = kt.to(tl.float32)
+        else:
+            kt = kt.to(tl.bfloat16)
+        acc = tl.zeros([t.shape[0], BS], dtype=tl.float32)
+        for h in tl.static_range(HI):
+            qh = tl.load(iq_ptr + t[:, None].to(tl.int64) * iq_st + h * iq_sh + di[None, :], mask=tm[:, None], other=0.0)
+            if DOT_F32:
+                d = tl.dot(qh.to(tl.float32), kt, input_precision="ieee")
+            else:
+                d = tl.dot(qh.to(tl.bfloat16), kt)
+            wh = tl.load(iw_ptr + t.to(tl.int64) * iw_st + h, mask=tm, other=0.0).to(tl.float32)
+            acc += wh[:, None] * tl.maximum(d, 0.0)
+        acc = acc * tl.load(sc_ptr + s, mask=sm, other=0.0).to(tl.float32)[None, :]
+        u = acc.to(tl.uint32, bitcast=True)
+        key = tl.where((u >> 31) == 1, ~u, u | 0x80000000)
+        ok = tm[:, None] & sm[None, :] & (s[None, :] <= qp[:, None])
+        return key, ok
+
+    @triton.jit
+    def _walk(hist_ptr, t, tm, T, need, PASSES: tl.constexpr, RADIX: tl.constexpr):
+        """(prefix, need) of queries t after PASSES passes: per pass the digit holding the need-th largest
+        key (the largest d with count(digit >= d) >= need) and the equals of the prefix still needed."""
+        bins = tl.arange(0, RADIX)
+        prefix = tl.zeros_like(t).to(tl.uint32)
+        for p in tl.static_range(PASSES):
+            h = tl.load(hist_ptr + ((p * T + t[:, None]).to(tl.int64) * RADIX + bins[None, :]), mask=tm[:, None],
+                        other=0)
+            ge = tl.sum(h, 1)[:, None] - tl.cumsum(h, 1) + h
+            d = tl.sum((ge >= need[:, None]).to(tl.int32), 1) - 1
+            need -= tl.sum(tl.where(bins[None, :] > d[:, None], h, 0), 1)
+            prefix = (prefix << 8) | d.to(tl.uint32)
+        return prefix, need
+
+    @triton.jit
+    def _visible(qp_ptr, t, tm, S, K):
+        qp = tl.load(qp_ptr + t, mask=tm, other=-1)
+        n = tl.minimum(qp + 1, S)                               # keys the query sees
+        return qp, tl.minimum(n, K).to(tl.int32)                # and how many it takes
+
+    @triton.jit
+    def _select_hist_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, hist_ptr, T, S, K, iq_st, iq_sh, iw_st, k_ss,
+                            PASS: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
+                            DI: tl.constexpr, RADIX: tl.constexpr, DOT_F32: tl.constexpr):
+        t = tl.program_id(0) * BT + tl.arange(0, BT)
+        tm = t < T
+        qp, want = _visible(qp_ptr, t, tm, S, K)
+        if PASS > 0:
+            prefix, _ = _walk(hist_ptr, t, tm, T, want, PASS, RADIX)
+        rows = tl.arange(0, BT)
+        bins = tl.arange(0, RADIX)
+        hist = tl.zeros([BT, RADIX], dtype=tl.int32)
+        end = tl.minimum(tl.max(qp, 0) + 1, S)                  # the tile's last visible key + 1
+        for s0 in range(0, end, BS):
+            key, ok = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+                                  BS, HI, DI, DOT_F32)
+            if PASS == 0:
+                match = ok
+            else:
+                match = ok & ((key >> (32 - 8 * PASS)) == prefix[:, None])
+            # non-matching keys go to bin 0 and are taken out again: RADIX bins, not RADIX + 1
+            digit = tl.where(match, (key >> (24 - 8 * PASS)) & (RADIX - 1), 0).to(tl.int32)
+            n_match = tl.sum(match.to(tl.int32), 1)
+            # tl.histogram is 1-D: one query's row at a time (its cost grows with the bins, so BT rows as
+            # BT * RADIX bins would cost BT times more than this)
+            for r in tl.static_range(BT):
+                dr = tl.sum(tl.where(rows[:, None] == r, digit, 0), 0)
+                nr = tl.sum(tl.where(rows == r, n_match, 0), 0)
+                hr = tl.histogram(dr, RADIX) - tl.where(bins == 0, BS - nr, 0)
+                hist += tl.where(rows[:, None] == r, hr[None, :], 0)
+        tl.store(hist_ptr + ((PASS * T + t[:, None]).to(tl.int64) * RADIX + bins[None, :]), hist, mask=tm[:, None])
+
+    @triton.jit
+    def _select_write_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, hist_ptr, idx_ptr, valid_ptr, T, S, K,
+                             iq_st, iq_sh, iw_st, k_ss, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
+                             DI: tl.constexpr, RADIX: tl.constexpr, DOT_F32: tl.constexpr):
+        t = tl.program_id(0) * BT + tl.arange(0, BT)
+        tm = t < T
+        qp, want = _visible(qp_ptr, t, tm, S, K)
+        thr, need = _walk(hist_ptr, t, tm, T, want, 4, RADIX)
+        taken = tl.zeros([BT], dtype=tl.int32)                  # written so far, per query
+        eq_seen = tl.zeros([BT], dtype=tl.int32)                # equals of the threshold met so far
+        end = tl.minimum(tl.max(qp, 0) + 1, S)
+        for s0 in range(0, end, BS):
+            key, ok = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+                                  BS, HI, DI, DOT_F32)
+            eq = (ok & (key == thr[:, None])).to(tl.int32)
+            take = (ok & (key > thr[:, None])) | ((eq == 1) & (eq_seen[:, None] + tl.cumsum(eq, 1) <= need[:, None]))
+            ti = take.to(tl.int32)
+            rank = taken[:, None] + tl.cumsum(ti, 1) - 1
+            s = s0 + tl.arange(0, BS)
+            at = t[:, None].to(tl.int64) * K + rank
+            tl.store(idx_ptr + at, tl.zeros_like(rank).to(tl.int64) + s[None, :], mask=take)
+            tl.store(valid_ptr + at, ti.to(tl.int8), mask=take)
+            taken += tl.sum(ti, 1)
+            eq_seen += tl.sum(eq, 1)
+
+    @triton.jit
+    def _sparse_attn_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, valid_ptr, o_ptr, K, qk_scale, q_st, q_sh, k_ss, k_sh,
+                            v_ss, v_sh, o_st, o_sh, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                            DP: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr):
+        t, g = tl.program_id(0), tl.program_id(1)
+        hr = tl.arange(0, GP)
+        hm = hr < G
+        hq = g * G + hr
+        d = tl.arange(0, DP)
+        dm = d < D
+        q = tl.load(q_ptr + t.to(tl.int64) * q_st + hq[:, None] * q_sh + d[None, :], mask=hm[:, None] & dm[None, :],
+                    other=0.0)
+        m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([GP], dtype=tl.float32)
+        acc = tl.zeros([GP, DP], dtype=tl.float32)
+        for j0 in range(0, K, BK):
+            j = j0 + tl.arange(0, BK)
+            jm = j < K
+            r = tl.load(idx_ptr + t.to(tl.int64) * K + j, mask=jm, other=0)
+            ok = jm & (tl.load(valid_ptr + t.to(tl.int64) * K + j, mask=jm, other=0) != 0)
+            lm = ok[:, None] & dm[None, :]
+            kk = tl.load(k_ptr + r[:, None] * k_ss + g * k_sh + d[None, :], mask=lm, other=0.0)     # [BK, DP]
+            vv = tl.load(v_ptr + r[:, None] * v_ss + g * v_sh + d[None, :], mask=lm, other=0.0)
+            if DOT_F32:
+                s = tl.dot(q.to(tl.float32), tl.trans(kk.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(kk))
+            s = tl.where(ok[None, :], s * qk_scale, float("-inf"))                               # log2 units
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)    # a block with nothing valid yet: no NaN
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if DOT_F32:
+                acc = acc * alpha[:, None] + tl.dot(p, vv.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
+            m_i = m_new
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptr + t.to(tl.int64) * o_st + hq[:, None] * o_sh + d[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=hm[:, None] & dm[None, :])
+
+
+def _triton_ok(t: torch.Tensor) -> bool:
+    if not HAVE_TRITON:
+        return False
+    return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
+
+
+def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs: int = 128):
+    _check_select(iq, iw, keys, scales, q_pos, k)
+    T, Hi, Di = iq.shape
+    S = keys.shape[0]
+    if iq.stride(2) != 1 or iw.stride(1) != 1 or keys.stride(1) != 1 or Di & (Di - 1) or Di < 16:
+        raise ValueError(f"prefill_select: the kernel wants unit-stride rows and a power-of-two Di >= 16 (Di={Di})")
+    dev = iq.device
+    scales, q_pos = scales.contiguous(), q_pos.contiguous()
+    hist = torch.empty((N_PASSES, T, RADIX), dtype=torch.int32, device=dev)     # every row written by its pass
+    idx = torch.zeros((T, k), dtype=torch.int64, device=dev)                      # untaken slots: position 0,
+    valid = torch.zeros((T, k), dtype=torch.bool, device=dev)                     # invalid
+    grid = (triton.cdiv(T, bt),)
+    f32 = interpret_mode()
+    args = (iq, iw, keys, scales, q_pos, hist)
+    strides = (iq.stride(0), iq.stride(1), iw.stride(0), keys.stride(0))
+    for p in range(N_PASSES):
+        _select_hist_kernel[grid](*args, T, S, k, *strides, PASS=p, BT=bt, BS=bs, HI=Hi, DI=Di, RADIX=RADIX,
+                                  DOT_F32=f32, num_warps=4)
+    _select_write_kernel[grid](*args, idx, valid.view(torch.int8), T, S, k, *strides, BT=bt, BS=bs, HI=Hi, DI=Di,
+                               RADIX=RADIX, DOT_F32=f32, num_warps=4)
+    return idx, valid
+
+
+def prefill_select(iq, iw, keys, scales, q_pos, k: int):
+    """Top-k keys per query of a prefill chunk, causal, in position order (see the module docstring)."""
+    if _triton_ok(keys):
+        return prefill_select_triton(iq, iw, keys, scales, q_pos, k)
+    return prefill_select_reference(iq, iw, keys, scales, q_pos, k)
+
+
+def sparse_prefill_attention_triton(q, k, v, idx, valid, bk: int = 64):
+    _check_attention(q, k, v, idx, valid)
+    T, Hq, D = q.shape
+    n_kv = k.shape[1]
+    G = Hq // n_kv
+    if q.stride(2) != 1 or k.stride(2) != 1 or v.stride(2) != 1:
+        raise ValueError("sparse_prefill_attention: the kernel wants unit-stride head dims")
+    out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+    kk = idx.shape[1]
+    idx, valid = idx.contiguous(), valid.contiguous()
+    qk_scale = (D ** -0.5) * 1.4426950408889634                                   # exp2 in the kernel
+    _sparse_attn_kernel[(T, n_kv)](q, k, v, idx, valid.view(torch.int8), out, kk, qk_scale, q.stride(0), q.stride(1),
+                                   k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+                                   G=G, GP=max(16, triton.next_power_of_2(G)), D=D,
+                                   DP=max(16, triton.next_power_of_2(D)), BK=bk, DOT_F32=interpret_mode(),
+                                   num_warps=4 if D <= 128 else 8)
+    return out
+
+
+def sparse_prefill_attention(q, k, v, idx, valid):
+    """Each query of a chunk attends to its selected rows only: q [T, Hq, D], k, v [S, n_kv, D] (strided views
+    of the pool's rows are fine), idx/valid [T, k] from `prefill_select`. Returns [T, Hq, D]."""
+    if _triton_ok(q):
+        return sparse_prefill_attention_triton(q, k, v, idx, valid)
+    _check_attention(q, k, v, idx, valid)
+    return sparse_prefill_attention_reference(q, k, v, idx, valid)
