@@ -254,7 +254,7 @@ def _triton_ok(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
 
 
-def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs: int = 128):
+def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs: int = 128, warps: int = 4):
     _check_select(iq, iw, keys, scales, q_pos, k)
     T, Hi, Di = iq.shape
     S = keys.shape[0]
@@ -271,9 +271,9 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs:
     strides = (iq.stride(0), iq.stride(1), iw.stride(0), keys.stride(0))
     for p in range(N_PASSES):
         _select_hist_kernel[grid](*args, T, S, k, *strides, PASS=p, BT=bt, BS=bs, HI=Hi, DI=Di, RADIX=RADIX,
-                                  DOT_F32=f32, num_warps=4)
+                                  DOT_F32=f32, num_warps=warps)
     _select_write_kernel[grid](*args, idx, valid.view(torch.int8), T, S, k, *strides, BT=bt, BS=bs, HI=Hi, DI=Di,
-                               RADIX=RADIX, DOT_F32=f32, num_warps=4)
+                               RADIX=RADIX, DOT_F32=f32, num_warps=warps)
     return idx, valid
 
 
@@ -284,7 +284,7 @@ def prefill_select(iq, iw, keys, scales, q_pos, k: int):
     return prefill_select_reference(iq, iw, keys, scales, q_pos, k)
 
 
-def sparse_prefill_attention_triton(q, k, v, idx, valid, bk: int = 64):
+def sparse_prefill_attention_triton(q, k, v, idx, valid, bk: int = 64, warps: int | None = None):
     _check_attention(q, k, v, idx, valid)
     T, Hq, D = q.shape
     n_kv = k.shape[1]
@@ -299,7 +299,7 @@ def sparse_prefill_attention_triton(q, k, v, idx, valid, bk: int = 64):
                                    k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
                                    G=G, GP=max(16, triton.next_power_of_2(G)), D=D,
                                    DP=max(16, triton.next_power_of_2(D)), BK=bk, DOT_F32=interpret_mode(),
-                                   num_warps=4 if D <= 128 else 8)
+                                   num_warps=warps or (4 if D <= 128 else 8))
     return out
 
 
