@@ -41,6 +41,7 @@ if HAVE_TRITON:
     import triton.language as tl
 
 RADIX, N_PASSES = 256, 4
+SAMPLE_STRIDE = 8          # the bounded path's sample: every 8th key
 
 
 # ------------------------------------------------------------------ the definitions (torch ops)
@@ -102,9 +103,11 @@ def _check_attention(q, k, v, idx, valid):
 if HAVE_TRITON:
     @triton.jit
     def _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
-                    BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr, DOT_F32: tl.constexpr):
-        """Order-preserving uint32 keys [BT, BS] of queries t at positions s0.., and which are visible."""
-        s = s0 + tl.arange(0, BS)
+                    BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr, DOT_F32: tl.constexpr,
+                    STRIDE: tl.constexpr):
+        """Order-preserving uint32 keys [BT, BS] of queries t at positions (s0 + j) * STRIDE, which of them
+        the queries see, and the positions."""
+        s = (s0 + tl.arange(0, BS)) * STRIDE
         sm = s < S
         di = tl.arange(0, DI)
         kt = tl.load(k_ptr + s[None, :].to(tl.int64) * k_ss + di[:, None], mask=sm[None, :], other=0.0)  # [DI, BS]
@@ -125,7 +128,7 @@ if HAVE_TRITON:
         u = acc.to(tl.uint32, bitcast=True)
         key = tl.where((u >> 31) == 1, ~u, u | 0x80000000)
         ok = tm[:, None] & sm[None, :] & (s[None, :] <= qp[:, None])
-        return key, ok
+        return key, ok, s
 
     @triton.jit
     def _walk(hist_ptr, t, tm, T, need, PASSES: tl.constexpr, RADIX: tl.constexpr):
@@ -143,27 +146,42 @@ if HAVE_TRITON:
         return prefix, need
 
     @triton.jit
-    def _visible(qp_ptr, t, tm, S, K):
-        qp = tl.load(qp_ptr + t, mask=tm, other=-1)
-        n = tl.minimum(qp + 1, S)                               # keys the query sees
-        return qp, tl.minimum(n, K).to(tl.int32)                # and how many it takes
-
-    @triton.jit
-    def _select_hist_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, hist_ptr, T, S, K, iq_st, iq_sh, iw_st, k_ss,
-                            PASS: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
-                            DI: tl.constexpr, RADIX: tl.constexpr, DOT_F32: tl.constexpr):
+    def _rows(qp_ptr, flag_ptr, T, BT: tl.constexpr, USE_FLAG: tl.constexpr):
+        """This program's queries, which take part, their positions (-1: none, so they see no key)."""
         t = tl.program_id(0) * BT + tl.arange(0, BT)
         tm = t < T
-        qp, want = _visible(qp_ptr, t, tm, S, K)
+        if USE_FLAG:   # the exact passes run for the queries whose bound failed only
+            tm = tm & (tl.load(flag_ptr + t, mask=tm, other=0) != 0)
+        return t, tm, tl.load(qp_ptr + t, mask=tm, other=-1)
+
+    @triton.jit
+    def _want(qp, S, K, STRIDE: tl.constexpr):
+        """The rank the walk looks for: min(k, visible keys); over the sample (STRIDE > 1), the rank whose
+        key bounds the k-th largest from below with a margin: about 1.3 k / STRIDE + 4 sampled keys are at or
+        above it, so about 1.3 k + 4 STRIDE keys in all (a sample of every STRIDE-th key, ~sqrt(rank) noise)."""
+        n = tl.minimum(qp + 1, S)
+        k_eff = tl.minimum(n, K)
+        if STRIDE == 1:
+            return k_eff.to(tl.int32)
+        n_s = (n + STRIDE - 1) // STRIDE
+        return tl.minimum((13 * k_eff + 10 * STRIDE - 1) // (10 * STRIDE) + 4, n_s).to(tl.int32)
+
+    @triton.jit
+    def _select_hist_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, hist_ptr, flag_ptr, T, S, K, iq_st, iq_sh, iw_st,
+                            k_ss, PASS: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
+                            DI: tl.constexpr, RADIX: tl.constexpr, DOT_F32: tl.constexpr, STRIDE: tl.constexpr,
+                            USE_FLAG: tl.constexpr):
+        t, tm, qp = _rows(qp_ptr, flag_ptr, T, BT, USE_FLAG)
+        want = _want(qp, S, K, STRIDE)
         if PASS > 0:
             prefix, _ = _walk(hist_ptr, t, tm, T, want, PASS, RADIX)
         rows = tl.arange(0, BT)
         bins = tl.arange(0, RADIX)
         hist = tl.zeros([BT, RADIX], dtype=tl.int32)
-        end = tl.minimum(tl.max(qp, 0) + 1, S)                  # the tile's last visible key + 1
+        end = (tl.minimum(tl.max(qp, 0) + 1, S) + STRIDE - 1) // STRIDE     # past the tile's last visible key
         for s0 in range(0, end, BS):
-            key, ok = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
-                                  BS, HI, DI, DOT_F32)
+            key, ok, _ = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+                                     BS, HI, DI, DOT_F32, STRIDE)
             if PASS == 0:
                 match = ok
             else:
@@ -181,29 +199,88 @@ if HAVE_TRITON:
         tl.store(hist_ptr + ((PASS * T + t[:, None]).to(tl.int64) * RADIX + bins[None, :]), hist, mask=tm[:, None])
 
     @triton.jit
-    def _select_write_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, hist_ptr, idx_ptr, valid_ptr, T, S, K,
+    def _select_write_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, hist_ptr, flag_ptr, idx_ptr, valid_ptr, T, S, K,
                              iq_st, iq_sh, iw_st, k_ss, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
-                             DI: tl.constexpr, RADIX: tl.constexpr, DOT_F32: tl.constexpr):
-        t = tl.program_id(0) * BT + tl.arange(0, BT)
-        tm = t < T
-        qp, want = _visible(qp_ptr, t, tm, S, K)
-        thr, need = _walk(hist_ptr, t, tm, T, want, 4, RADIX)
+                             DI: tl.constexpr, RADIX: tl.constexpr, DOT_F32: tl.constexpr, USE_FLAG: tl.constexpr):
+        t, tm, qp = _rows(qp_ptr, flag_ptr, T, BT, USE_FLAG)
+        thr, need = _walk(hist_ptr, t, tm, T, _want(qp, S, K, 1), 4, RADIX)
         taken = tl.zeros([BT], dtype=tl.int32)                  # written so far, per query
         eq_seen = tl.zeros([BT], dtype=tl.int32)                # equals of the threshold met so far
         end = tl.minimum(tl.max(qp, 0) + 1, S)
         for s0 in range(0, end, BS):
-            key, ok = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
-                                  BS, HI, DI, DOT_F32)
+            key, ok, s = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+                                     BS, HI, DI, DOT_F32, 1)
             eq = (ok & (key == thr[:, None])).to(tl.int32)
             take = (ok & (key > thr[:, None])) | ((eq == 1) & (eq_seen[:, None] + tl.cumsum(eq, 1) <= need[:, None]))
             ti = take.to(tl.int32)
             rank = taken[:, None] + tl.cumsum(ti, 1) - 1
-            s = s0 + tl.arange(0, BS)
             at = t[:, None].to(tl.int64) * K + rank
             tl.store(idx_ptr + at, tl.zeros_like(rank).to(tl.int64) + s[None, :], mask=take)
             tl.store(valid_ptr + at, ti.to(tl.int8), mask=take)
             taken += tl.sum(ti, 1)
             eq_seen += tl.sum(eq, 1)
+
+    @triton.jit
+    def _collect_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, shist_ptr, ckey_ptr, cpos_ptr, cnt_ptr, T, S, K, CAP,
+                        iq_st, iq_sh, iw_st, k_ss, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
+                        DI: tl.constexpr, RADIX: tl.constexpr, DOT_F32: tl.constexpr, SUB: tl.constexpr):
+        """Every visible key at or above the query's bound, (key, position) in position order, the first CAP
+        kept; how many there were. The bound: the sample walk's 16-bit prefix (its lowest key); 0 for a query
+        that sees at most CAP keys (all of them are candidates)."""
+        t, tm, qp = _rows(qp_ptr, qp_ptr, T, BT, False)
+        pre, _ = _walk(shist_ptr, t, tm, T, _want(qp, S, K, SUB), 2, RADIX)
+        lo = tl.where(tl.minimum(qp + 1, S) <= CAP, 0, pre << 16)
+        cnt = tl.zeros([BT], dtype=tl.int32)
+        end = tl.minimum(tl.max(qp, 0) + 1, S)
+        for s0 in range(0, end, BS):
+            key, ok, s = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+                                     BS, HI, DI, DOT_F32, 1)
+            c = ok & (key >= lo[:, None])
+            ci = c.to(tl.int32)
+            at = cnt[:, None] + tl.cumsum(ci, 1) - 1
+            w = c & (at < CAP)
+            off = t[:, None].to(tl.int64) * CAP + at
+            tl.store(ckey_ptr + off, key.to(tl.int32, bitcast=True), mask=w)
+            tl.store(cpos_ptr + off, tl.zeros_like(at) + s[None, :], mask=w)
+            cnt += tl.sum(ci, 1)
+        tl.store(cnt_ptr + t, cnt, mask=tm)
+
+    @triton.jit
+    def _cand_select_kernel(qp_ptr, ckey_ptr, cpos_ptr, cnt_ptr, flag_ptr, idx_ptr, valid_ptr, S, K,
+                            CAP: tl.constexpr, RADIX: tl.constexpr):
+        """One query: the k largest of its candidates (four radix passes in registers, ties to the lowest
+        position), written in position order. A query whose candidates are fewer than it takes (the bound
+        was above its k-th largest) or overflowed CAP is flagged for the exact passes instead."""
+        t = tl.program_id(0)
+        qp = tl.load(qp_ptr + t)
+        k_eff = tl.minimum(tl.minimum(qp + 1, S), K).to(tl.int32)
+        c = tl.load(cnt_ptr + t)
+        if (c < k_eff) | (c > CAP):
+            tl.store(flag_ptr + t, 1)
+        else:
+            j = tl.arange(0, CAP)
+            m = j < c
+            key = tl.load(ckey_ptr + t.to(tl.int64) * CAP + j, mask=m, other=0).to(tl.uint32, bitcast=True)
+            bins = tl.arange(0, RADIX)
+            need = k_eff
+            thr = tl.zeros((), dtype=tl.uint32)
+            for p in tl.static_range(4):
+                if p == 0:
+                    match = m
+                else:
+                    match = m & ((key >> (32 - 8 * p)) == thr)
+                digit = tl.where(match, (key >> (24 - 8 * p)) & (RADIX - 1), 0).to(tl.int32)
+                h = tl.histogram(digit, RADIX) - tl.where(bins == 0, CAP - tl.sum(match.to(tl.int32), 0), 0)
+                ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h
+                d = tl.sum((ge >= need).to(tl.int32), 0) - 1
+                need -= tl.sum(tl.where(bins > d, h, 0), 0)
+                thr = (thr << 8) | d.to(tl.uint32)
+            eq = (m & (key == thr)).to(tl.int32)
+            take = (m & (key > thr)) | ((eq == 1) & (tl.cumsum(eq, 0) <= need))
+            rank = tl.cumsum(take.to(tl.int32), 0) - 1
+            pos = tl.load(cpos_ptr + t.to(tl.int64) * CAP + j, mask=take, other=0)
+            tl.store(idx_ptr + t.to(tl.int64) * K + rank, pos.to(tl.int64), mask=take)
+            tl.store(valid_ptr + t.to(tl.int64) * K + rank, take.to(tl.int8), mask=take)
 
     @triton.jit
     def _sparse_attn_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, valid_ptr, o_ptr, K, qk_scale, q_st, q_sh, k_ss, k_sh,
@@ -254,26 +331,56 @@ def _triton_ok(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
 
 
-def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs: int = 128, warps: int = 4):
+def default_cap(k: int) -> int:
+    """Candidates kept a query on the bounded path: twice k (the bound aims at ~1.3 k), at least 256."""
+    return max(256, triton.next_power_of_2(2 * k))
+
+
+def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs: int = 128, warps: int = 4,
+                          method: str = "bounded", cap: int | None = None, sub: int = SAMPLE_STRIDE,
+                          stats: dict | None = None):
+    """`method="exact"`: the four histogram passes and the write pass over every key of every query.
+    `"bounded"` (default): two histogram passes over every `sub`-th key give each query a lower bound on its
+    k-th largest score; one pass over all keys collects the keys at or above it (at most `cap` a query) and a
+    per-query kernel selects among them; queries whose bound failed (too few or too many candidates) take the
+    exact passes, launched always (a program with none of them reads nothing: no host sync).
+    `stats`, if given, receives `fallback` [T] int32: 1 where a query took the exact passes."""
     _check_select(iq, iw, keys, scales, q_pos, k)
+    if method not in ("bounded", "exact"):
+        raise ValueError(f"prefill_select: unknown method {method!r} (bounded, exact)")
     T, Hi, Di = iq.shape
     S = keys.shape[0]
     if iq.stride(2) != 1 or iw.stride(1) != 1 or keys.stride(1) != 1 or Di & (Di - 1) or Di < 16:
         raise ValueError(f"prefill_select: the kernel wants unit-stride rows and a power-of-two Di >= 16 (Di={Di})")
     dev = iq.device
     scales, q_pos = scales.contiguous(), q_pos.contiguous()
-    hist = torch.empty((N_PASSES, T, RADIX), dtype=torch.int32, device=dev)     # every row written by its pass
     idx = torch.zeros((T, k), dtype=torch.int64, device=dev)                      # untaken slots: position 0,
     valid = torch.zeros((T, k), dtype=torch.bool, device=dev)                     # invalid
     grid = (triton.cdiv(T, bt),)
     f32 = interpret_mode()
-    args = (iq, iw, keys, scales, q_pos, hist)
+    head = (iq, iw, keys, scales, q_pos)
     strides = (iq.stride(0), iq.stride(1), iw.stride(0), keys.stride(0))
+    tiles = dict(BT=bt, BS=bs, HI=Hi, DI=Di, RADIX=RADIX, DOT_F32=f32, num_warps=warps)
+    flag = torch.zeros(T, dtype=torch.int32, device=dev) if method == "bounded" else q_pos
+    if method == "bounded":
+        cap = cap or default_cap(k)
+        shist = torch.empty((2, T, RADIX), dtype=torch.int32, device=dev)
+        for p in range(2):
+            _select_hist_kernel[grid](*head, shist, flag, T, S, k, *strides, PASS=p, STRIDE=sub, USE_FLAG=False, **tiles)
+        ckey = torch.empty((T, cap), dtype=torch.int32, device=dev)
+        cpos = torch.empty((T, cap), dtype=torch.int32, device=dev)
+        cnt = torch.empty(T, dtype=torch.int32, device=dev)
+        _collect_kernel[grid](*head, shist, ckey, cpos, cnt, T, S, k, cap, *strides, SUB=sub, **tiles)
+        _cand_select_kernel[(T,)](q_pos, ckey, cpos, cnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap,
+                                  RADIX=RADIX, num_warps=4 if cap <= 4096 else 8)
+        if stats is not None:
+            stats["fallback"] = flag
+    hist = torch.empty((N_PASSES, T, RADIX), dtype=torch.int32, device=dev)     # rows written by their pass
+    use_flag = method == "bounded"
     for p in range(N_PASSES):
-        _select_hist_kernel[grid](*args, T, S, k, *strides, PASS=p, BT=bt, BS=bs, HI=Hi, DI=Di, RADIX=RADIX,
-                                  DOT_F32=f32, num_warps=warps)
-    _select_write_kernel[grid](*args, idx, valid.view(torch.int8), T, S, k, *strides, BT=bt, BS=bs, HI=Hi, DI=Di,
-                               RADIX=RADIX, DOT_F32=f32, num_warps=warps)
+        _select_hist_kernel[grid](*head, hist, flag, T, S, k, *strides, PASS=p, STRIDE=1, USE_FLAG=use_flag, **tiles)
+    _select_write_kernel[grid](*head, hist, flag, idx, valid.view(torch.int8), T, S, k, *strides, USE_FLAG=use_flag,
+                               **tiles)
     return idx, valid
 
 
