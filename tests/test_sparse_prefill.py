@@ -143,21 +143,41 @@ SCRIPT = HELPERS + textwrap.dedent('''
     from labkit.engine.model import sparse_prefill as P
     from labkit.engine.model.attention import dense_prefill_attention, split_rows
     assert P._triton_ok(torch.zeros(1))
-    # selection: exact inputs, bit for bit against the definition (k = 1, 16, 64, > S; the chunk at an offset,
-    # the first chunk, forced ties, a tile of queries cut by T)
-    cases = [(exact_inputs(48, 200, seed=1), k, "offset") for k in (1, 16, 64, 230)]
-    cases += [(exact_inputs(37, 37, seed=2), 16, "first chunk"),
-              (exact_inputs(40, 300, seed=3, ties=True), 64, "ties"),
+    # selection: exact inputs, bit for bit against the definition. The exact passes for every query (k = 1,
+    # 64, > S; the chunk at an offset, the first chunk, forced ties, k = S, a tile of queries cut by T) ...
+    cases = [(exact_inputs(48, 200, seed=1), k, "offset") for k in (1, 64, 230)]
+    cases += [(exact_inputs(37, 37, seed=2), 16, "first chunk"), (exact_inputs(40, 300, seed=3, ties=True), 64, "ties"),
               (exact_inputs(20, 300, seed=4, ties=True), 300, "ties, k = S")]
     for (iq, iw, keys, scales, q_pos), k, what in cases:
-        got = P.prefill_select(iq, iw, keys, scales, q_pos, k)
+        got = P.prefill_select(iq, iw, keys, scales, q_pos, k) if what == "first chunk" else \
+            P.prefill_select_triton(iq, iw, keys, scales, q_pos, k, method="exact")
         want = P.prefill_select_reference(iq, iw, keys, scales, q_pos, k)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (what, k)
+    # ... and the bounded path (small caps so that most queries see more keys than the cap): queries bounded,
+    # queries sent to the exact passes (ties overflow the cap; a sample holding the best keys puts the bound
+    # above the k-th largest), both in one call
+    adv = list(exact_inputs(32, 600, seed=7))
+    adv[3] = torch.where(torch.arange(600) % 8 == 0, 4.0, 0.25).half()   # every sampled key scaled up 16x
+    cases = [(exact_inputs(32, 600, seed=5), 16, 128, "bounded"), (exact_inputs(32, 600, seed=6), 64, 256, "bounded"),
+             (exact_inputs(32, 600, seed=8), 1, 64, "bounded"), (tuple(adv), 64, 256, "bound too high"),
+             (exact_inputs(24, 600, seed=9, ties=True), 16, 128, "ties over the cap")]
+    for (iq, iw, keys, scales, q_pos), k, cap, what in cases:
+        stats = {}
+        got = P.prefill_select_triton(iq, iw, keys, scales, q_pos, k, cap=cap, stats=stats)
+        want = P.prefill_select_reference(iq, iw, keys, scales, q_pos, k)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (what, k)
+        fell = int(stats["fallback"].sum())
+        if what == "bounded":
+            assert fell <= 8, (what, k, fell)                          # the bound holds for most queries
+        else:
+            assert fell >= 8, (what, k, fell)                          # the exact passes did the work
     # real-valued, strided iq / iw as the projection gives them: a top-k within fp32 rounding
     iq, iw, keys, scales, q_pos = real_inputs(64, 300, seed=5)
     assert not iq.is_contiguous() and not iw.is_contiguous()
-    idx, valid = P.prefill_select(iq, iw, keys, scales, q_pos, 64)
-    check_is_topk(idx, valid, P.prefill_scores_reference(iq, iw, keys, scales, q_pos), 64, "real")
+    stats = {}
+    idx, valid = P.prefill_select_triton(iq, iw, keys, scales, q_pos, 16, cap=128, stats=stats)
+    check_is_topk(idx, valid, P.prefill_scores_reference(iq, iw, keys, scales, q_pos), 16, "real")
+    assert int(stats["fallback"].sum()) <= 4
     # attention: strided K/V views of pool rows, GQA groups of 2 and 8, invalid slots, k not a block multiple
     for T, S, Hq, n_kv, D, k in ((24, 90, 4, 2, 32, 20), (16, 120, 16, 2, 64, 70)):
         g = torch.Generator().manual_seed(T)

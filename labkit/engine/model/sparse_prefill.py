@@ -15,15 +15,25 @@ NaN from memory that was never written).
 How (CUDA, Triton; the `_reference` functions are the same definitions in torch ops, the CPU path and the
 tests' ground truth). Scores cost Hi x Di = 256 MACs a pair, on tensor cores (`tl.dot`, bf16 in, fp32
 out): recomputing them is cheaper than storing T x S of them. One program owns `BT` queries and streams
-the keys they can see in tiles of `BS`, in position order:
-1. four histogram passes, 8 bits of the order-preserving key each (`select.order_keys`), from the top:
-   pass p counts, per query, the next digit of the keys whose higher digits equal the prefix found by
-   passes 0..p-1 (the prefix is re-derived at the start of each pass from their histograms: `_walk`).
-   Each program owns its queries' histograms over the whole key range, so it stores them once, without
-   atomics: the only memory besides inputs and outputs is hist [4, T, 256] int32;
-2. a write pass: the threshold key and the equals still needed are the walk's result after four passes;
-   keys above it, and the first `need` equal to it, are written at their rank, which is a running count
-   per query plus a prefix sum within the tile (the stream is in position order, so no sort, no count pass).
+the keys they can see in tiles of `BS`, in position order. A pass that scores and compares is cheap; one
+that also histograms is several times dearer (`tl.histogram` is 1-D, so one query's row at a time, and a
+256-bin histogram costs ~80 thread instructions a key), so the default path histograms a sample only:
+1. bound: two histogram passes (top 16 bits of the order-preserving key, `select.order_keys`) over every
+   8th key; each query's walk (`_walk`, as `select.py`'s) finds the 16-bit prefix of the sampled key of rank
+   ~1.3 k / 8 + 4. Its lowest key is a lower bound on the query's k-th largest score, with ~1.3 k + 32
+   keys expected at or above it (0 for a query that sees at most `cap` keys);
+2. collect: one pass over all keys writes each query's keys at or above its bound, (key, position), in
+   position order (a running count plus a prefix sum in the tile), at most `cap` = 2k of them;
+3. select: one program a query runs four radix passes over its candidates in registers and writes the
+   taken positions at their rank. Since every key at or above the k-th largest is a candidate, this is the
+   exact selection, ties included;
+4. a query with fewer candidates than it takes (the sample put the bound too high) or more than `cap`
+   (ties, or a sample that missed) is flagged, and the exact passes run for the flagged queries only:
+   four histogram passes over all their keys (pass p counts the next 8 bits of the keys whose higher bits
+   equal the prefix found so far; each program owns its queries' histograms, stored once without atomics)
+   and a write pass. They are launched always; a program with no flagged query reads nothing (no sync).
+Memory besides inputs and outputs: histograms [6, T, 256] int32 and candidates [T, 2k] x 8 B (268 MB at
+T = 8192, k = 2048: the size of the output). `method="exact"` runs the exact passes for every query.
 A query that sees n < k keys asks the walk for n: the threshold is then its smallest key and all are taken.
 
 Attention: one program per (query, KV head). The selected rows are read once for all the query heads of
