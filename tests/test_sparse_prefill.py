@@ -229,10 +229,14 @@ def _query_slice(T):
 def test_gpu_selection_at_reference_shape(offset):
     S = GPU_S if offset else GPU_T
     iq, iw, keys, scales, q_pos = real_inputs(GPU_T, S, device="cuda")
-    idx, valid = P.prefill_select(iq, iw, keys, scales, q_pos, GPU_K)
     sl = _query_slice(GPU_T).cuda()
     scores = P.prefill_scores_reference(iq[sl], iw[sl], keys, scales, q_pos[sl])
-    check_is_topk(idx[sl], valid[sl], scores, GPU_K, "gpu real")
+    stats = {}
+    idx, valid = P.prefill_select_triton(iq, iw, keys, scales, q_pos, GPU_K, stats=stats)
+    check_is_topk(idx[sl], valid[sl], scores, GPU_K, "gpu real, bounded")
+    assert int(stats["fallback"].sum()) <= GPU_T // 100                 # the sample's bound holds almost always
+    idx2, valid2 = P.prefill_select_triton(iq, iw, keys, scales, q_pos, GPU_K, method="exact")
+    check_is_topk(idx2[sl], valid2[sl], scores, GPU_K, "gpu real, exact")
     # exact inputs: bit for bit, ties included
     iq, iw, keys, scales, q_pos = exact_inputs(GPU_T, S, ties=not offset, device="cuda")
     idx, valid = P.prefill_select(iq, iw, keys, scales, q_pos, GPU_K)
