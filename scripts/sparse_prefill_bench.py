@@ -5,7 +5,8 @@ k = 2,048) and prefix S = 64K, 248K, 1M (the chunk is the prefix's last T positi
 
     PYTHONPATH=$PWD python3 scripts/sparse_prefill_bench.py [OUT_DIR]
 
-Each figure: CUDA events, 1 warm-up then the median of 3 calls (the exact select: 1 call) (a call at 1M is tens of ms: enough to time).
+Each figure: CUDA events, 1 warm-up then the median of 3 calls (the exact select: 1 call; a call at 1M
+is tens of ms: enough to time).
 Rates: index scoring as 2 x Hi x Di FLOP per visible (query, key) pair, counted once (the passes recompute
 them: the default bounded select scores every key twice and every 8th key twice more, the exact select five
 times), and the selected rows' bytes (K and V, each row read once per query for
@@ -59,26 +60,28 @@ def main():
     S = PREFIXES[0]
     sel_in = inputs(S, g)
     best, sweep = None, []
-    for bt, bs, warps in ((16, 128, 4), (16, 256, 4), (16, 256, 8), (32, 128, 4), (32, 128, 8)):
+    # (each tile compiles its kernels once: a few seconds each on a fresh cache)
+    for tile in (dict(bt=16, bt_collect=32, bs=128, warps=4), dict(bt=16, bt_collect=32, bs=128, warps=8),
+                 dict(bt=16, bt_collect=64, bs=128, warps=8)):
         try:
-            t = ms(lambda: P.prefill_select_triton(*sel_in, K, bt=bt, bs=bs, warps=warps))
+            t = ms(lambda: P.prefill_select_triton(*sel_in, K, **tile))
         except Exception as e:                                  # a tile that does not compile: say so, go on
-            print(f"  select tile bt={bt} bs={bs} warps={warps}: failed: {str(e).splitlines()[0][:200]}", flush=True)
+            print(f"  select tile {tile}: failed: {str(e).splitlines()[0][:200]}", flush=True)
             continue
-        sweep.append({"bt": bt, "bs": bs, "warps": warps, "select_ms": t})
-        print(f"  select tile bt={bt} bs={bs} warps={warps}: {t:.2f} ms", flush=True)
+        sweep.append({**tile, "select_ms": t})
+        print(f"  select tile {tile}: {t:.2f} ms", flush=True)
         if best is None or t < best[0]:
-            best = (t, bt, bs, warps)
-    _, bt, bs, warps = best
+            best = (t, tile)
+    tile = best[1]
     del sel_in
     for S in PREFIXES:
         iq, iw, keys, scales, q_pos = inputs(S, g)
         kv = torch.randn(S, 2 * NKV * D, generator=g, device="cuda").bfloat16()
         k, v = split_rows(kv, NKV, D)
         q = torch.randn(T, HQ, D, generator=g, device="cuda").bfloat16()
-        tile = dict(bt=bt, bs=bs, warps=warps)
         sel_ms = ms(lambda: P.prefill_select_triton(iq, iw, keys, scales, q_pos, K, **tile))
-        exact_ms = ms(lambda: P.prefill_select_triton(iq, iw, keys, scales, q_pos, K, method="exact", **tile), reps=1)
+        exact_ms = ms(lambda: P.prefill_select_triton(iq, iw, keys, scales, q_pos, K, method="exact", **tile),
+                      reps=1)
         stats = {}
         idx, valid = P.prefill_select_triton(iq, iw, keys, scales, q_pos, K, stats=stats, **tile)
         fallback = int(stats["fallback"].sum())
@@ -93,7 +96,7 @@ def main():
         r = {"S": S, "select_ms": sel_ms, "select_exact_ms": exact_ms, "fallback_queries": fallback,
              "attention_ms": att_ms, "sparse_ms": sel_ms + att_ms, "dense_ms": dense_ms,
              "score_tflops_once": score_flop / sel_ms / 1e9, "exact_score_tflops_once": score_flop / exact_ms / 1e9,
-             "rows_gbps": row_bytes / att_ms / 1e6, "tile": {"bt": bt, "bs": bs, "warps": warps}}
+             "rows_gbps": row_bytes / att_ms / 1e6, "tile": tile}
         rows_out.append(r)
         dense = "-" if dense_ms is None else f"{dense_ms:.1f}"
         print(f"S={S:8d}: select {sel_ms:.2f} ms ({r['score_tflops_once']:.0f} TFLOP/s of scoring counted once; "

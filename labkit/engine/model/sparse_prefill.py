@@ -127,7 +127,8 @@ if HAVE_TRITON:
             kt = kt.to(tl.bfloat16)
         acc = tl.zeros([t.shape[0], BS], dtype=tl.float32)
         for h in tl.static_range(HI):
-            qh = tl.load(iq_ptr + t[:, None].to(tl.int64) * iq_st + h * iq_sh + di[None, :], mask=tm[:, None], other=0.0)
+            qh = tl.load(iq_ptr + t[:, None].to(tl.int64) * iq_st + h * iq_sh + di[None, :], mask=tm[:, None],
+                         other=0.0)
             if DOT_F32:
                 d = tl.dot(qh.to(tl.float32), kt, input_precision="ieee")
             else:
@@ -170,11 +171,10 @@ if HAVE_TRITON:
         key bounds the k-th largest from below with a margin: about 1.3 k / STRIDE + 4 sampled keys are at or
         above it, so about 1.3 k + 4 STRIDE keys in all (a sample of every STRIDE-th key, ~sqrt(rank) noise)."""
         n = tl.minimum(qp + 1, S)
-        k_eff = tl.minimum(n, K)
-        if STRIDE == 1:
-            return k_eff.to(tl.int32)
-        n_s = (n + STRIDE - 1) // STRIDE
-        return tl.minimum((13 * k_eff + 10 * STRIDE - 1) // (10 * STRIDE) + 4, n_s).to(tl.int32)
+        want = tl.minimum(n, K)
+        if STRIDE > 1:    # one return: a return inside a constexpr branch is not for every Triton
+            want = tl.minimum((13 * want + 10 * STRIDE - 1) // (10 * STRIDE) + 4, (n + STRIDE - 1) // STRIDE)
+        return want.to(tl.int32)
 
     @triton.jit
     def _select_hist_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, hist_ptr, flag_ptr, T, S, K, iq_st, iq_sh, iw_st,
@@ -348,13 +348,15 @@ def default_cap(k: int) -> int:
 
 def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs: int = 128, warps: int = 4,
                           method: str = "bounded", cap: int | None = None, sub: int = SAMPLE_STRIDE,
-                          stats: dict | None = None):
+                          bt_collect: int = 32, stats: dict | None = None):
     """`method="exact"`: the four histogram passes and the write pass over every key of every query.
     `"bounded"` (default): two histogram passes over every `sub`-th key give each query a lower bound on its
     k-th largest score; one pass over all keys collects the keys at or above it (at most `cap` a query) and a
     per-query kernel selects among them; queries whose bound failed (too few or too many candidates) take the
     exact passes, launched always (a program with none of them reads nothing: no host sync).
-    `stats`, if given, receives `fallback` [T] int32: 1 where a query took the exact passes."""
+    Tiles: `bt` queries a program in the histogram passes (each histograms its queries one row at a time, so
+    small), `bt_collect` in the collect pass (no histogram: more queries share each key tile's load), `bs`
+    keys a tile. `stats`, if given, receives `fallback` [T] int32: 1 where a query took the exact passes."""
     _check_select(iq, iw, keys, scales, q_pos, k)
     if method not in ("bounded", "exact"):
         raise ValueError(f"prefill_select: unknown method {method!r} (bounded, exact)")
@@ -376,11 +378,13 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs:
         cap = cap or default_cap(k)
         shist = torch.empty((2, T, RADIX), dtype=torch.int32, device=dev)
         for p in range(2):
-            _select_hist_kernel[grid](*head, shist, flag, T, S, k, *strides, PASS=p, STRIDE=sub, USE_FLAG=False, **tiles)
+            _select_hist_kernel[grid](*head, shist, flag, T, S, k, *strides, PASS=p, STRIDE=sub, USE_FLAG=False,
+                                      **tiles)
         ckey = torch.empty((T, cap), dtype=torch.int32, device=dev)
         cpos = torch.empty((T, cap), dtype=torch.int32, device=dev)
         cnt = torch.empty(T, dtype=torch.int32, device=dev)
-        _collect_kernel[grid](*head, shist, ckey, cpos, cnt, T, S, k, cap, *strides, SUB=sub, **tiles)
+        _collect_kernel[(triton.cdiv(T, bt_collect),)](*head, shist, ckey, cpos, cnt, T, S, k, cap, *strides, SUB=sub,
+                                                       **{**tiles, "BT": bt_collect})
         _cand_select_kernel[(T,)](q_pos, ckey, cpos, cnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap,
                                   RADIX=RADIX, num_warps=4 if cap <= 4096 else 8)
         if stats is not None:
