@@ -184,13 +184,13 @@ if HAVE_TRITON:
         t, tm, qp = _rows(qp_ptr, flag_ptr, T, BT, USE_FLAG)
         want = _want(qp, S, K, STRIDE)
         if PASS > 0:
-            prefix, _ = _walk(hist_ptr, t, tm, T, want, PASS, RADIX)
+            prefix, _left = _walk(hist_ptr, t, tm, T, want, PASS, RADIX)
         rows = tl.arange(0, BT)
         bins = tl.arange(0, RADIX)
         hist = tl.zeros([BT, RADIX], dtype=tl.int32)
         end = (tl.minimum(tl.max(qp, 0) + 1, S) + STRIDE - 1) // STRIDE     # past the tile's last visible key
         for s0 in range(0, end, BS):
-            key, ok, _ = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+            key, ok, _pos = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
                                      BS, HI, DI, DOT_F32, STRIDE)
             if PASS == 0:
                 match = ok
@@ -238,7 +238,7 @@ if HAVE_TRITON:
         kept; how many there were. The bound: the sample walk's 16-bit prefix (its lowest key); 0 for a query
         that sees at most CAP keys (all of them are candidates)."""
         t, tm, qp = _rows(qp_ptr, qp_ptr, T, BT, False)
-        pre, _ = _walk(shist_ptr, t, tm, T, _want(qp, S, K, SUB), 2, RADIX)
+        pre, _left = _walk(shist_ptr, t, tm, T, _want(qp, S, K, SUB), 2, RADIX)
         lo = tl.where(tl.minimum(qp + 1, S) <= CAP, 0, pre << 16)
         cnt = tl.zeros([BT], dtype=tl.int32)
         end = tl.minimum(tl.max(qp, 0) + 1, S)
