@@ -1,6 +1,7 @@
 """Sparse prefill (`sparse_prefill.py`): the torch definitions against torch.topk / dense attention on CPU,
 the Triton kernels against the definitions under TRITON_INTERPRET=1 (in a subprocess: the variable must be
-set before triton is imported), and both at the reference shape on a GPU (marked `gpu`).
+set before triton is imported), compiled for sm_90 ahead of time (what the interpreter lets pass), and both
+at the reference shape on a GPU (marked `gpu`).
 
 Exactness: the selection kernel sums fp32 products in another order than the torch definition, so equal
 sets can only be asked where every score is exact in fp32 whatever the order: integer-valued queries and
@@ -265,3 +266,54 @@ def test_gpu_attention_at_reference_shape():
     out = P.sparse_prefill_attention(q[:Ts], k[:Ss], v[:Ss], idx, valid)
     err = float((out.float() - dense_prefill_attention(q[:Ts], k[:Ss], v[:Ss]).float()).abs().max())
     assert err <= 1e-2, err
+
+
+# ------------------------------------------------------------------ compiled for the GPU, without one
+
+AOT_SCRIPT = textwrap.dedent('''
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from labkit.engine.model import sparse_prefill as P
+    C = "constexpr"
+    head = {"iq_ptr": "*bf16", "iw_ptr": "*bf16", "k_ptr": "*fp8e4nv", "sc_ptr": "*fp16", "qp_ptr": "*i64"}
+    ints = {n: "i32" for n in ("T", "S", "K", "iq_st", "iq_sh", "iw_st", "k_ss")}
+    tile = {"BT": 16, "BS": 128, "HI": 4, "DI": 64, "RADIX": 256, "DOT_F32": False}
+    jobs = []
+    for PASS, STRIDE, USE_FLAG in ((1, 8, False), (3, 1, True)):
+        sig = {**head, "hist_ptr": "*i32", "flag_ptr": "*i32", **ints, **{n: C for n in tile},
+               "PASS": C, "STRIDE": C, "USE_FLAG": C}
+        jobs.append((P._select_hist_kernel, sig, {**tile, "PASS": PASS, "STRIDE": STRIDE, "USE_FLAG": USE_FLAG}, 8))
+    sig = {**head, "hist_ptr": "*i32", "flag_ptr": "*i32", "idx_ptr": "*i64", "valid_ptr": "*i8", **ints,
+           **{n: C for n in tile}, "USE_FLAG": C}
+    jobs.append((P._select_write_kernel, sig, {**tile, "USE_FLAG": True}, 8))
+    sig = {**head, "shist_ptr": "*i32", "ckey_ptr": "*i32", "cpos_ptr": "*i32", "cnt_ptr": "*i32", "T": "i32",
+           "S": "i32", "K": "i32", "CAP": "i32", "iq_st": "i32", "iq_sh": "i32", "iw_st": "i32", "k_ss": "i32",
+           **{n: C for n in tile}, "SUB": C}
+    jobs.append((P._collect_kernel, sig, {**tile, "SUB": 8}, 8))
+    sig = {"qp_ptr": "*i64", "ckey_ptr": "*i32", "cpos_ptr": "*i32", "cnt_ptr": "*i32", "flag_ptr": "*i32",
+           "idx_ptr": "*i64", "valid_ptr": "*i8", "S": "i32", "K": "i32", "CAP": C, "RADIX": C}
+    jobs.append((P._cand_select_kernel, sig, {"CAP": 4096, "RADIX": 256}, 4))
+    sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "idx_ptr": "*i64", "valid_ptr": "*i8", "o_ptr": "*bf16",
+           "K": "i32", "qk_scale": "fp32", **{n: "i32" for n in ("q_st", "q_sh", "k_ss", "k_sh", "v_ss", "v_sh", "o_st",
+                                                                "o_sh")},
+           "G": C, "GP": C, "D": C, "DP": C, "BK": C, "DOT_F32": C}
+    jobs.append((P._sparse_attn_kernel, sig, {"G": 8, "GP": 16, "D": 256, "DP": 256, "BK": 32, "DOT_F32": False}, 8))
+    for fn, sig, consts, warps in jobs:
+        triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps})
+    print("compiled", len(jobs))
+''')
+
+
+@needs_triton
+@pytest.mark.slow
+def test_kernels_compile_for_sm90_without_a_gpu(tmp_path):
+    """The interpreter runs what the compiler may refuse (a loop-carried value that changes type, a layout it
+    cannot lower): compile every kernel for an H200 (sm_90) at the reference shape's tiles, no GPU needed."""
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path)}
+    env.pop("TRITON_INTERPRET", None)
+    p = subprocess.run([sys.executable, "-c", AOT_SCRIPT], capture_output=True, text=True, timeout=900, env=env)
+    if p.returncode and "ptxas" in p.stderr and "not found" in p.stderr:
+        pytest.skip("this Triton install has no ptxas")
+    assert p.returncode == 0 and "compiled 6" in p.stdout, p.stderr[-3000:]
