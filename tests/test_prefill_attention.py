@@ -77,3 +77,38 @@ def test_the_delta_rule_on_flash_linear_attention_matches_the_torch_form():
         L.DN_PREFILL = before
     assert ((o_f - o_t).norm() / o_t.norm()).item() < 2e-2      # bf16 inputs against fp32
     assert ((S_f - S_t).norm() / S_t.norm()).item() < 2e-2
+
+
+def _prefill(attention: str, budget: int, strategy: str = "resident", mode: str = "sync", T: int = 200):
+    from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
+    from labkit.shapes import ModelShape
+    shape = ModelShape.from_name("tiny")
+    model = HybridModel(shape, torch.device("cpu"), seed=0)
+    st = get_strategy(strategy)
+    cache = OffloadCache.allocate(model, st.medium, 1, 256)
+    e = Engine(model, cache, st, budget, prefill_chunk=64, prefill_mode=mode, prefill_attention=attention)
+    tokens = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        return e.prefill(0, tokens).float(), cache
+
+
+def test_sparse_prefill_with_a_budget_over_the_prompt_is_dense_prefill():
+    dense, _ = _prefill("dense", 16)
+    sparse, _ = _prefill("sparse", 4096)
+    assert torch.equal(dense, sparse)
+
+
+def test_sparse_prefill_attends_to_fewer_rows_and_every_io_path_agrees():
+    """A budget below the prefix changes the logits (the selection is applied), and the sync read-back, the
+    host pool and the rotating buffers hand the same prefix and index keys to it (same logits)."""
+    dense, _ = _prefill("dense", 16)
+    base, _ = _prefill("sparse", 16)
+    assert not torch.allclose(dense, base, atol=1e-3)
+    for strategy, mode in (("zero_copy", "sync"), ("zero_copy", "rotating")):
+        got, _ = _prefill("sparse", 16, strategy, mode)
+        torch.testing.assert_close(got, base, atol=1e-5, rtol=1e-5)
+
+
+def test_an_unknown_prefill_attention_is_one_line():
+    with pytest.raises(ValueError, match="prefill_attention"):
+        _prefill("sparsest", 16)
