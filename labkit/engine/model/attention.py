@@ -56,8 +56,9 @@ def prefill_kernel(device: torch.device) -> str:
 
 
 def _cudnn_attention_ok(device: torch.device) -> bool:
-    return (torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cudnn.is_available()
-            and torch.cuda.get_device_capability(device) >= (9, 0))
+    """cuDNN's fused attention is called directly (not through SDPA, whose cuDNN backend torch 2.11 leaves off
+    by default), so it needs cuDNN and a Hopper-class GPU, where it was measured (head_dim 256)."""
+    return torch.backends.cudnn.is_available() and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def grouped_sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

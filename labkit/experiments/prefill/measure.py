@@ -40,6 +40,8 @@ import torch
 from ... import envs
 from ...engine import Engine, HybridModel, OffloadCache, get_strategy
 from ...engine.model.prefill_buffers import rotating_buffer_bytes
+from ...engine.model.attention import prefill_kernel
+from ...engine.model.layers import dn_prefill_kernel
 from ...engine.model.prefill_marks import PHASES, PrefillMarks
 from ...results import Run
 from ...shapes import ModelShape
@@ -137,7 +139,8 @@ def measure(model, mode: str, T: int, p: dict, chunk_log=None, attention: str = 
     kv = T * shape.kv_bytes_per_token()
     rec = {"experiment": EXPERIMENT, "status": "ok", "error": None, "strategy": strategy, "prefill_mode": pmode,
            "mode": mode, "context_len": T, "tail_tokens": tail, "computed_tokens": n, "prefill_chunk": p["chunk"],
-           "prefill_attention": attention, "budget": p["budget"] if attention == "sparse" else 0, "concurrency": 1, "repeats": 1, "steps": 1,
+           "prefill_attention": attention, "budget": p["budget"] if attention == "sparse" else 0,
+           "attention_kernel": prefill_kernel(dev), "dn_kernel": dn_prefill_kernel(dev),   # what "auto" resolved to "concurrency": 1, "repeats": 1, "steps": 1,
            "step_ms_median": dt * 1e3, "step_ms_min": dt * 1e3, "step_ms_max": dt * 1e3, "tok_s": n / dt,
            "device_kv_bytes": kv if on_dev else 0, "host_kv_bytes": 0 if on_dev else kv,
            "prefill_buffer_bytes": rotating_buffer_bytes(T, shape.row_bytes, shape.attn_layers) if pmode == "rotating"
