@@ -31,6 +31,7 @@ always fits once the lanes drain, since a request that can never fit is rejected
 from __future__ import annotations
 
 import collections
+import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -80,7 +81,9 @@ class Request:
                 "output_len_requested": self.max_tokens, "send_time": self.arrival, "end_time": end,
                 "first_token_time": self.token_times[0] if self.token_times else None,
                 "ttft_s": tt[0] if tt else None, "e2el_s": end - self.arrival, "token_times": tt,
-                "lane": self.lane, "start_iter": self.start_iter, "end_iter": self.end_iter}
+                "lane": self.lane, "start_iter": self.start_iter, "end_iter": self.end_iter,
+                # the output tokens' digest: replays of one request under other placements compare by it
+                "output_sha": hashlib.sha1(",".join(map(str, self.tokens)).encode()).hexdigest()[:16]}
 
 
 class Lane:
@@ -474,6 +477,7 @@ class Scheduler:
         tl = Timeline(cuda) if sample else None
         norm = [l for l in busy if not l.offloaded]
         off = [l for l in busy if l.offloaded]
+        copies = sum(l.engine.strategy.copies for l in off)
         try:
             states = [(l.engine, l.decode_state()) for l in busy]
             graphs = self.graphs and all(l.warm for l in busy) and self._capture(busy, norm, off)
@@ -515,6 +519,9 @@ class Scheduler:
         rec = {"iteration": self.iteration, "mode": mode, "switches": stats.switches, "stalls": stats.stalls,
                "checks": stats.checks, "batch": {l.name: len(l.running) for l in busy},
                "h2d_bytes": sum(int(r.h2d_bytes) for r in stats.loads_offloaded), "time": t,
+               # host-issued copies of the offloaded loads (a background thread's are all issued once
+               # the round's loads are joined, which the token read above waits for)
+               "copies": sum(l.engine.strategy.copies for l in off) - copies,
                "load_bytes": [int(r.h2d_bytes) for r in stats.loads_offloaded]}
         self.rounds.append(rec)
         if tl is not None:
