@@ -225,7 +225,9 @@ def run(p: dict, progress_bar: bool = False):
         bar.set_postfix_str(f"window {w} ({roles[w]}) {rung}")
         head = {**base, "experiment": EXPERIMENT, "policy": pol, **where}
         try:
-            specs = specs_of.setdefault(w, R.requests(p, w))
+            if w not in specs_of:
+                specs_of[w] = R.requests(p, w)
+            specs = specs_of[w]
             out = R.replay_policy(placement, {**q, "timeline_every": p["timeline_every"]}, specs, model)
         except Exception as ex:   # noqa: BLE001 - recorded, the next rung runs
             return sweep.failed_row(ex, head)
@@ -247,9 +249,11 @@ def run(p: dict, progress_bar: bool = False):
     def record(row: dict) -> None:
         run.add({k: v for k, v in row.items() if k != "run_id"})
 
-    planned = list(dict.fromkeys(W.planned(wp, "calibration", {}) + W.planned(wp, "test", {})))
-    if p["warmup"]:
-        run.update_manifest(warmup_s=round(_warm_up(p, model, planned), 2))
+    if p["warmup"]:                   # one policy of each rung (the candidates of a rung share its configuration)
+        one = {}
+        for pol in W.planned(wp, "calibration", {}) + W.planned(wp, "test", {}):
+            one.setdefault(rung_of(pol), pol)
+        run.update_manifest(warmup_s=round(_warm_up(p, model, list(one.values())), 2))
     earlier = before.get("metrics") if before else None
     fitted = {arm: arm for arm, c in W.candidates(wp).items() if c}
     total = sum(len(W.planned(wp, b["role"], fitted)) for b in bounds)
