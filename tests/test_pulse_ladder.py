@@ -103,6 +103,8 @@ def test_bad_input_is_one_line_before_anything_is_allocated():
         experiments.plan("pulse_ladder", {**SMALL, "thresholds": "40,80"})
     with pytest.raises(BadInput, match="2 x n_kv_heads"):
         experiments.plan("pulse_ladder", {**SMALL, "select_block": "2", "budget": "32"})
+    with pytest.raises(BadInput, match="host_kv_tokens"):
+        experiments.plan("pulse_ladder", {**SMALL, "host_kv_tokens": "64"})
     with pytest.raises(BadInput, match="block_strategy"):
         experiments.plan("pulse_ladder", {**SMALL, "block_strategy": "per_row"})
 

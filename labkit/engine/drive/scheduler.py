@@ -592,11 +592,12 @@ def make_lanes(shape, device="cpu", resident_slots: int = 4, offload_slots: int 
                budget: int = 2048, strategy: str = "zero_copy", seed: int = 0, page_size: int = 256,
                prefill_chunk: int = 8192, compile: bool = False, model: HybridModel | None = None,
                resident_pool_tokens: int | None = None, select_block: int = 1,
-               settings: dict | None = None) -> dict[str, Engine]:
+               settings: dict | None = None, offload_pool_tokens: int | None = None) -> dict[str, Engine]:
     """Engines over one model: `resident` (device pool) and/or `offload` (host pool, `strategy` with its
     `settings`, the sweep's names, e.g. dma_units_per_call).
     `resident_pool_tokens` caps the device pool below slots x capacity (device memory is what the
-    placement policies share out). `select_block` applies to both lanes, so a request's tokens do not
+    placement policies share out); `offload_pool_tokens` the host pool (each replay registers its host pool
+    with the driver, seconds per tens of GiB: a pool sized to the requests, not to slots x capacity). `select_block` applies to both lanes, so a request's tokens do not
     depend on where it is placed."""
     from ...shapes import ModelShape
     if isinstance(shape, str):
@@ -607,7 +608,7 @@ def make_lanes(shape, device="cpu", resident_slots: int = 4, offload_slots: int 
         if slots <= 0:
             continue
         st = get_strategy(strat, **((settings or {}) if name == "offload" else {}))      # resident takes none
-        pool = resident_pool_tokens if name == "resident" else None
+        pool = resident_pool_tokens if name == "resident" else offload_pool_tokens
         cache = OffloadCache.allocate(model, st.medium, slots, capacity, page_size=page_size, pool_tokens=pool)
         lanes[name] = Engine(model, cache, st, budget, prefill_chunk=prefill_chunk, compile=compile,
                              select_block=select_block)

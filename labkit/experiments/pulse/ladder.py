@@ -49,6 +49,9 @@ SPEC = [
     Param("device_kv_tokens", "int", "auto", "the device-memory cap, in KV tokens: the switching rungs' "
           "resident pool and no_offload's whole pool (auto: 131072 on CUDA, 256 on CPU)", gt=0,
           auto={"cuda": 131072, "cpu": 256}),
+    Param("host_kv_tokens", "int", "auto", "the offload lane's host pool, in KV tokens: every window's requests "
+          "fit it together, so host RAM makes none wait (auto: 262144 on CUDA, 1024 on CPU)", gt=0,
+          auto={"cuda": 262144, "cpu": 1024}),
     Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 32 on CPU)", gt=0,
           auto={"cuda": REFERENCE_BUDGET, "cpu": 32}),
     Param("select_block", "int", 16, "positions per selected block, every rung (PulseInfer's 16)", gt=0),

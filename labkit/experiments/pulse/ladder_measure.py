@@ -36,7 +36,10 @@ do; this difference favours the later rungs and is named in every headline. The 
 choice by mid-context attention share, and what it costs in quality) is measured by `labkit run quality`.
 
 The device-memory cap (`device_kv_tokens`, tokens of KV in device memory) is the switching rungs' resident
-pool and no_offload's whole pool; the all-offloaded rungs keep no KV on the device. It is recorded in the
+pool and no_offload's whole pool; the all-offloaded rungs keep no KV on the device (every rung keeps the
+index keys there, 66 B a token and layer against 2 KiB of KV). The offload lane's host pool
+(`host_kv_tokens`) holds every window's requests together (checked before anything runs), so host RAM never
+makes a request wait; it is sized to the requests because each replay registers its pool with the driver. It is recorded in the
 manifest and every row (`device_kv_cap_tokens`, its bytes `device_kv_cap_bytes`), with each rung's own
 device pool (`device_kv_tokens`).
 
@@ -82,7 +85,7 @@ def rung_params(policy: str, p: dict) -> tuple[dict, str]:
     """(the replay's parameters, its placement policy) for one rung's policy name."""
     rung = rung_of(policy)
     both = p["resident_slots"] + p["offload_slots"]
-    q = {**p, "dma_unit_rows": 0}
+    q = {**p, "dma_unit_rows": 0, "offload_pool_tokens": p["host_kv_tokens"]}
     if rung in ("per_head", "coalesced", "retrieval_head"):
         strategy = {"per_head": "block_dma", "coalesced": "coalesced"}.get(rung, p["block_strategy"])
         q.update(strategy=strategy, resident_slots=0, offload_slots=both, resident_pool_tokens=0)
@@ -161,11 +164,17 @@ def check(given: dict, declared: list) -> dict:
         if r["timestamp"] < 0 or r["input_length"] < 1 or r["output_length"] < 1:
             raise BadInput(f"trace {p['trace']}: request {i} has a negative time or a length < 1")
     # every request of every window must fit the cap alone, or no_offload (and a resident placement) waits forever
-    longest = max(len(s.prompt) + s.output_len for w_ in range(p["windows"]) for s in R.requests(p, w_))
     pages = lambda n: -(-n // p["page_size"])          # noqa: E731
+    need = [[len(s.prompt) + s.output_len for s in R.requests(p, w_)] for w_ in range(p["windows"])]
+    longest = max(max(n) for n in need)
     if pages(longest) > p["device_kv_tokens"] // p["page_size"]:
         raise BadInput(f"device_kv_tokens {p['device_kv_tokens']} holds no request of {longest} tokens (the longest "
                        "of these windows): raise the cap or lower capacity / length_scale")
+    # the offloaded rungs hold a whole window at once: host RAM must never be what makes a request wait
+    most = max(sum(pages(x) for x in n) * p["page_size"] for n in need)
+    if most > p["host_kv_tokens"]:
+        raise BadInput(f"host_kv_tokens {p['host_kv_tokens']} is below the {most} tokens of the largest window's "
+                       "requests together: raise it (host RAM must not make an offloaded request wait)")
     p["device"] = str(dev)
     p["trace_sha"] = hashlib.sha256(Path(p["trace"]).read_bytes()).hexdigest()[:16]
     p["resume"] = R.find_resume(p, EXPERIMENT)

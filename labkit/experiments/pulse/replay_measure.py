@@ -176,6 +176,7 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
                        resident_pool_tokens=p["resident_pool_tokens"] or None, select_block=p["select_block"],
+                       offload_pool_tokens=p.get("offload_pool_tokens") or None,
                        settings={k: p[k] for k in setting_names() if k in {s.param for s in settings_of(p["strategy"])}})
     from ...engine.drive.policies import make_policy, needs_costs
     costs = calibrate(lanes, graphs=p["graphs"]) if needs_costs(policy) else None
