@@ -110,9 +110,11 @@ def test_bad_input_is_one_line_before_anything_is_allocated():
 
 
 def test_a_run_cut_at_its_deadline_is_continued_by_whole_windows(tmp_path, monkeypatch):
-    """The pieces of a GPU run: a call that stops at deadline_s leaves a partial run; resume=auto finds it and
-    replays only the windows it did not complete, every rung of them."""
-    tiny = {**SMALL, "window_size": "1", "max_output": "2", "device_kv_tokens": "256"}
+    """The pieces of a GPU run: a call that stops at deadline_s leaves a partial run (here after the calibration
+    window); resume=auto finds it, keeps that window and its choice, and replays the test window, every rung.
+    The candidates replayed on the calibration window are no rung (`candidate_for`): per window, the rungs are
+    the chosen ones on test windows only."""
+    tiny = {**SMALL, "window_size": "1", "max_output": "2", "device_kv_tokens": "256", "calibration_windows": "1"}
     a = experiments.measure("pulse_ladder", {**tiny, "deadline_s": "0.001", "out_dir": str(tmp_path / "results" / "a")},
                             progress_bar=False).path
     ma = json.loads((a / "manifest.json").read_text())
@@ -123,9 +125,14 @@ def test_a_run_cut_at_its_deadline_is_continued_by_whole_windows(tmp_path, monke
     b = experiments.run(plan, progress_bar=False).path
     mb = json.loads((b / "manifest.json").read_text())
     assert mb["status"] == "ok" and mb["kept_windows"] == [0] and mb["measured_windows"] == [1]
+    assert mb["chosen"] == {"threshold (fitted)": "threshold:40", "adaptive (fitted)": "adaptive:16:1"}
     m = pd.read_parquet(b / "metrics.parquet")
-    assert len(m) == 2 * len(ALL) and not m.duplicated(["window", "rung"]).any()
-    assert set(m[m.window == 0].measured_in) == {"a"} and set(m[m.window == 1].measured_in) == {"b"}
+    assert not m.duplicated(["window", "policy"]).any()
+    cal, test = m[m.window == 0], m[m.window == 1]
+    assert sorted(cal["rung"].dropna()) == sorted(L.FIXED) and sorted(cal["candidate_for"].dropna()) == ["adaptive", "switching"]
+    assert sorted(test["rung"]) == sorted(ALL) and test["candidate_for"].isna().all()
+    assert set(cal.measured_in) == {"a"} and set(test.measured_in) == {"b"}
+    assert list(pd.read_parquet(b / "window_summary.parquet")["test_windows"].unique()) == ["1"]
     assert sorted(pd.read_parquet(b / "requests.parquet")["window"].unique()) == [0, 1]
     with pytest.raises(BadInput, match="not a pulse_ladder run of these parameters"):
         experiments.plan("pulse_ladder", {**tiny, "max_output": "3", "resume": str(a)})

@@ -43,6 +43,9 @@ makes a request wait; it is sized to the requests because each replay registers 
 manifest and every row (`device_kv_cap_tokens`, its bytes `device_kv_cap_bytes`), with each rung's own
 device pool (`device_kv_tokens`).
 
+On calibration windows the threshold and adaptive candidates are replayed beside the fixed rungs; their rows
+have no `rung` (`candidate_for` names it), so the rungs per window are the chosen ones on test windows only.
+
 Run folder: metrics.parquet (one row per window and rung: `rung`, `window`, `output_throughput`,
 `tpot_ms_p99`, TTFT/TPOT/ITL/E2EL statistics, goodput, link bytes, `bytes_per_copy`, `copies_per_step`,
 `share_offloaded`, `max_running` (requests running at once, at most), `gpu_stall_share_sampled`),
@@ -229,7 +232,11 @@ def run(p: dict, progress_bar: bool = False):
     def replay(w: int, pol: str) -> dict:
         rung = rung_of(pol)
         q, placement = rung_params(pol, p)
-        where = {"window": w, "window_role": roles[w], "rung": rung, "position": position.get(w, 0)}
+        # a candidate replayed on a calibration window is no rung yet (the choice comes after): its rows name
+        # the rung it is a candidate for, so whoever reads rungs per window reads only what was chosen
+        candidate = roles[w] == "calibration" and rung in ("switching", "adaptive")
+        where = {"window": w, "window_role": roles[w], "rung": None if candidate else rung,
+                 "candidate_for": rung if candidate else None, "position": position.get(w, 0)}
         position[w] = position.get(w, 0) + 1
         bar.set_postfix_str(f"window {w} ({roles[w]}) {rung}")
         head = {**base, "experiment": EXPERIMENT, "policy": pol, **where}
