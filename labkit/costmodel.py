@@ -67,6 +67,7 @@ class GPU:
     pcie_width: int
     sms: int
     memory_gib: float
+    bf16_tflops: float = 0.0      # datasheet dense bf16, FP32 accumulate (the prefill prediction's scale)
 
     @property
     def link_gbps(self) -> float:
@@ -312,3 +313,27 @@ def predict_table(m: pd.DataFrame, shape: ModelShape, source: GPU, target: GPU, 
                              "fits": p.fits, "memory_gib_per_gpu": p.memory_gib_per_gpu,
                              **{f"{k}_ms": v for k, v in p.phases_ms.items()}, "reasoning": "; ".join(p.reasoning)})
     return pd.DataFrame(rows)
+
+
+# ---- prefill: the anatomy scaled phase by phase ---------------------------------------------------------------
+COMPUTE_PHASES = ("weights", "deltanet", "attention", "index_score", "selection")
+
+
+def predict_prefill(row: dict, source: GPU, target: GPU, n_gpus: int = 1) -> dict:
+    """A measured prefill (a `labkit run prefill` metrics row with its anatomy sums) on `target` x `n_gpus`.
+
+    Each compute phase's time scales by the datasheets' dense bf16 rates (source / target: the kernels keep the
+    efficiency they had here, which a GeForce card's attention kernels may not), the other phases by the memory
+    bandwidths. Several GPUs split the layers; a prompt's chunks pipeline through the stages, so a chunk's time
+    divides by `n_gpus` (stages taken as balanced, the hand-off of a chunk's activations, 32 MB at 8K tokens,
+    left out). Also the target's dense bound: the prompt's FLOPs at n_gpus x the datasheet rate, which no
+    dense prefill can beat."""
+    if not (source.bf16_tflops and target.bf16_tflops):
+        raise ValueError(f"{source.key} or {target.key} has no bf16_tflops in labkit/data/gpus.toml")
+    compute = sum(row.get(f"anatomy_{ph}_ms", 0.0) or 0.0 for ph in COMPUTE_PHASES)
+    rest = float(row["anatomy_chunk_ms"]) - compute
+    ms = (compute * source.bf16_tflops / target.bf16_tflops + rest * source.hbm_gbps / target.hbm_gbps) / n_gpus
+    tokens = float(row["computed_tokens"])
+    flops = float(row.get("prefill_flops") or 0.0)
+    bound = tokens / (flops / (n_gpus * target.bf16_tflops * 1e12)) if flops else float("nan")
+    return {"tok_s": tokens / ms * 1e3, "ms": ms, "dense_bound_tok_s": bound, "n_gpus": n_gpus, "gpu": target.key}

@@ -109,6 +109,13 @@ VARS: list[Var] = [
             "labkit.engine.model.hybrid:COMPILE"),
     _switch("LABKIT_HOT_PLAN", "choice", "kernel", "the hot cache's plan: one Triton kernel, or the torch ops "
             "(its reference)", "hot_plan", "labkit.engine.transfer.hot_cache:PLAN", choices=("kernel", "torch")),
+    _switch("LABKIT_PREFILL_ATTN", "choice", "auto", "prefill's dense attention: split (cuDNN over the prefix with "
+            "the GQA group folded into the queries, plus the chunk's causal square, merged by log-sum-exp), sdpa "
+            "(SDPA per KV head under a lower-right causal mask), auto (split where cuDNN attention runs)",
+            "prefill_attn", "labkit.engine.model.attention:PREFILL_KERNEL", choices=("auto", "split", "sdpa")),
+    _switch("LABKIT_DN_PREFILL", "choice", "auto", "prefill's chunked delta rule: fla (flash-linear-attention's "
+            "Triton kernel), torch (fp32 products, a Python loop over 64-token chunks), auto (fla where installed, "
+            "on CUDA)", "dn_prefill", "labkit.engine.model.layers:DN_PREFILL", choices=("auto", "fla", "torch")),
     # --- plumbing: where things are and how a process was started (no figure changes) ---
     Var("LABKIT_CACHE", "str", "", "models' and vLLM's cache root (default ~/.cache/labkit)"),
     Var("LABKIT_RESULTS", "str", "", "the results folder the explorer browses (default results/)"),
@@ -121,7 +128,7 @@ VARS: list[Var] = [
     Var("LABKIT_WATCH_PARENT", "int", 0, "a launcher exits when this pid is gone"),
     Var("LABKIT_XFER_SHM", "str", "", "the cross-model KV files' root (default /dev/shm/labkit-xfer)"),
     Var("LABKIT_XFER_KEY", "str", "", "the per-user secret that authenticates KV files (default "
-        "~/.config/labkit/xfer.key, made 0600 on first use)"),
+        "~/.config/labkit/crossmodel.key, made 0600 on first use)"),
     Var("LABKIT_LAB_TOKEN", "str", "", "the lab's token (default: a fresh one)"),
     # set by `labkit node` for the Ray processes of a cluster node (labkit/cluster)
     Var("LABKIT_NODE_KIND", "str", "", "the machine kind a cluster node advertises (h200, rtx3090, cpu)"),

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from . import envs
-from .index import machine_label
+from .report.index import machine_label
 from .report.figures import COLORS
 from .results import REPO, load_run, run_manifests
 

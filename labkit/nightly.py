@@ -549,7 +549,7 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
             echo(f"nightly {date}: finished, {done} of {len(record['entries'])} entries done"
                  + (f", {skipped} skipped (needs missing on this machine)" if skipped else ""))
     try:
-        from .index import rebuild_index
+        from .report.index import rebuild_index
         rebuild_index(root)
     except Exception as ex:
         echo(f"labkit: run index not rebuilt: {ex}")
@@ -601,7 +601,7 @@ def _run_entries(entries, night: Path, root: Path, record: dict, by_name: dict, 
         if signum is not None:
             return signum, entry.name
         try:
-            from .index import rebuild_index
+            from .report.index import rebuild_index
             rebuild_index(root)
         except Exception as ex:
             echo(f"labkit: run index not rebuilt: {ex}")

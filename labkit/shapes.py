@@ -76,6 +76,34 @@ class ModelShape:
         """Bytes the selected rows of one decode step weigh, summed over requests and QSA layers."""
         return sum(min(budget, c) for c in context_lens) * self.row_bytes * self.attn_layers
 
+    def prefill_chunk_work(self, start: int, end: int, dn_chunk: int = 64, budget: int = 0) -> dict[str, float]:
+        """The work of prefilling positions [start, end) of one prompt: FLOPs per phase and bytes moved, the
+        numerators of a prefill anatomy's bounds (`labkit.engine.model.prefill_marks` names the phases).
+
+        - `weights_flops`: 2 x tokens x every weight product's K x N (the head's product is the last token's);
+        - `attention_flops`: dense causal attention, per QSA layer 4 x Hq x D x (query i sees its position + 1
+          keys): tokens x start + tokens (tokens + 1) / 2 pairs;
+        - `deltanet_flops`: the chunked delta rule's products per value head and token, counted from its
+          WY form (`layers.delta_rule_chunked`): 2 x (3 dk dv + C (3 dk + 2 dv)) with C = `dn_chunk`;
+        - `kv_write_bytes`: the chunk's K/V rows and index keys written; `kv_read_bytes`: the prefix [0, end)
+          read back per QSA layer (the sync path's read; rotating buffers read [held, start) instead);
+        - with `budget` > 0 (sparse prefill): a query attends to min(its keys, budget) rows, and
+          `index_score_flops` counts the indexer's scores over every key it sees (2 x index_heads x index_dim a
+          pair), the fused score-and-select's products."""
+        n = end - start
+        per_token = sum(2 * K * N * c for name, (K, N, c) in self.weight_matrices().items() if name != "lm_head")
+        K, N, _ = self.weight_matrices()["lm_head"]
+        pairs = n * start + n * (n + 1) / 2
+        attended = pairs if not budget else sum(min(p + 1, budget) for p in range(start, end))
+        dk = dv = self.dn_head_dim
+        dn = 2 * (3 * dk * dv + dn_chunk * (3 * dk + 2 * dv)) * self.dn_v_heads
+        return {"weights_flops": float(n * per_token + 2 * K * N),
+                "attention_flops": float(4 * self.n_heads * self.head_dim * attended * self.attn_layers),
+                "index_score_flops": float(2 * self.index_heads * self.index_dim * pairs * self.attn_layers) if budget else 0.0,
+                "deltanet_flops": float(n * dn * self.deltanet_layers),
+                "kv_write_bytes": float(n * (self.row_bytes + self.index_key_bytes) * self.attn_layers),
+                "kv_read_bytes": float(end * self.row_bytes * self.attn_layers)}
+
     def weight_params(self) -> int:
         """Parameters the engine instantiates: the weight matrices a step multiplies by, and the embedding."""
         return sum(K * N * c for K, N, c in self.weight_matrices().values()) + self.vocab * self.hidden

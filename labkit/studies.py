@@ -11,9 +11,9 @@ import importlib
 from .params import BadInput
 
 STUDIES = {
-    "xfer-ablation": ("labkit.xfer.ablation", "which mapper and which small-model depth N: features, lambda, calibration"),
-    "xfer-frontier": ("labkit.xfer.frontier", "TTFT of mapped prefill against the large model's own, per N and length"),
-    "xfer-attribution": ("labkit.xfer.attribution", "where a fitted mapper loses its perplexity: per layer and length"),
+    "xfer-ablation": ("labkit.crossmodel.ablation", "which mapper and which small-model depth N: features, lambda, calibration"),
+    "xfer-frontier": ("labkit.crossmodel.frontier", "TTFT of mapped prefill against the large model's own, per N and length"),
+    "xfer-attribution": ("labkit.crossmodel.attribution", "where a fitted mapper loses its perplexity: per layer and length"),
 }
 
 

@@ -104,13 +104,14 @@ def main():
            "strategy": a.strategy, "budget": a.budget, "env": {k: v for k, v in os.environ.items()
                                                                 if k.startswith("LABKIT_")},
            "weight_bytes": model.step_weight_bytes(), "points": []}
-    from labkit.engine.model import forward
+    from labkit import envs
+    res["switches"] = envs.in_force()
     # both: A B B A, so that neither variant is always the one measured first or second in the process
     mixes = {"fused": [True], "unfused": [False], "both": [True, False, False, True]}[a.mix]
     points = [(c, f) for c in concs for f in mixes]
 
     def runner_for(conc, fused):
-        forward.FUSED_MIX = fused
+        envs.apply({"dn_fused": fused})           # the DeltaNet mixer's switch (recorded below with the rest)
         cache = OffloadCache.allocate(model, strat.medium, conc, a.ctx + 256)
         cache.fill_random_([a.ctx] * conc, seed=0)
         cache.lens[:conc] = a.ctx

@@ -197,7 +197,7 @@ def main(argv=None) -> int:
         root, sweep = scratch_results(tmp, a.repeats, Path(a.sweep) if a.sweep else None)
         if a.only is None:
             print(page_top(out, sweep / "report.html", "report-cpu.png", 1400, figures=2))
-            from labkit.index import rebuild_index
+            from labkit.report.index import rebuild_index
             with contextlib.chdir(root.parent):      # the page names its root as given: "results", as in a clone
                 index = root.parent / rebuild_index(Path(root.name))
             print(page_top(out, index, "run-index.png", 1100))

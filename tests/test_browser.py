@@ -72,8 +72,8 @@ def test_committed_reports_render_all_figures_offline(report):
 @pytest.mark.browser
 @needs_chromium
 def test_index_and_comparison_render_offline(tmp_path):
-    from labkit.compare import compare
-    from labkit.index import rebuild_index
+    from labkit.report.compare import compare
+    from labkit.report.index import rebuild_index
     root = nightly_root()
     a = derived_run(root / "cmp-a", "2026-01-03T00:00:00+00:00", spread=0.05)
     b = derived_run(root / "cmp-b", "2026-01-04T00:00:00+00:00", spread=0.05, scale={"zero_copy": 2.0})

@@ -248,7 +248,7 @@ def test_runs_and_index_group_by_machine_kind(tmp_path, capsys):
     """The kind a run is grouped under: its cluster kind, else its GPU's, else cpu; `labkit runs` and the
     index's runs table carry it (no cluster needed: manifests as a cluster run and local runs write them)."""
     from labkit.cli import main
-    from labkit.index import collect, machine_kind
+    from labkit.report.index import collect, machine_kind
     assert machine_kind({"cluster": {"kind": "h200"}, "gpu_name": "NVIDIA H200"}) == "h200"
     assert machine_kind({"gpu_name": "NVIDIA GeForce RTX 3090"}) == "rtx3090"
     assert machine_kind({"gpu_name": float("nan"), "cluster": float("nan")}) == "cpu"    # a table's empty cells

@@ -24,6 +24,7 @@ ELSEWHERE = {"decode": "test_report.py", "capacity": "test_capacity.py", "multig
 HERE = {
     "probe": {"device": "cpu", "repeats": "2", "pool_gib": "0.02"},
     "prefill": {"device": "cpu", "context_lens": "256", "chunk": "64"},
+    "prefill_throughput": {"device": "cpu", "context_lens": "128", "prompts": "2", "repeats": "1"},
     "hot_replay": {"traces": TRACE, "context_lens": "8K", "budget": "256", "capacity_x": "1,2", "policies": "lru,lfu"},
     "pulse_switch": {"device": "cpu", "contexts": "256", "offload_batches": "2", "normal_batch": "2",
                      "normal_context": "128", "budget": "32", "steps": "2"},

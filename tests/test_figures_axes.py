@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from labkit.index import trend_figure
+from labkit.report.index import trend_figure
 from labkit.report.figures import tok_s_vs_context
 
 

@@ -11,8 +11,8 @@ import pytest
 from browser_util import REPO, cpu_run, derived_run, figures_in_page
 from labkit.params import BadInput
 from labkit.cli import main
-from labkit.compare import compare, match
-from labkit.index import collect, flag, headlines, rebuild_index
+from labkit.report.compare import compare, match
+from labkit.report.index import collect, flag, headlines, rebuild_index
 from labkit.results import load_run
 
 
@@ -206,7 +206,7 @@ def test_headline_keys_take_the_runs_shape_never_nan(results):
 
 
 def test_cpu_machines_are_told_apart_by_cpu_not_by_a_generic_host_name():
-    from labkit.index import machine_label
+    from labkit.report.index import machine_label
     a = {"host": "vm", "cpu_model": "AMD EPYC 7B13", "cpu_count": 2, "host_mem_total_bytes": 24 * 2**30}
     b = {**a, "cpu_model": "Intel Xeon Platinum 8480+", "cpu_count": 16}
     assert machine_label(a) != machine_label(b)

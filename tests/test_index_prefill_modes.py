@@ -7,7 +7,7 @@ import shutil
 import pandas as pd
 
 from browser_util import REPO
-from labkit.index import collect, headlines
+from labkit.report.index import collect, headlines
 
 FULL = REPO / "results" / "20261130-121336-prefill-248k-full-h200"      # resident, zero_copy sync + rotating
 CAPPED = REPO / "results" / "20261130-121920-prefill-1m-full-cap24-h200"

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit.xfer import shm
+from labkit.crossmodel import shm
 
 REPO = Path(__file__).resolve().parent.parent
 

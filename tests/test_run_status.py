@@ -106,7 +106,7 @@ def test_runs_and_index_show_stale(tmp_path):
     assert r.manifest["writers"][0]["pid"] == os.getpid()
     r.update_manifest(writers=[{"pid": 999_999_999, "started": 1.0}])    # a process that is gone
     assert list(list_runs(tmp_path)["status"]) == ["stale"]
-    from labkit.index import collect
+    from labkit.report.index import collect
     runs, _, _ = collect(tmp_path)
     assert list(runs["status"]) == ["stale"]
 

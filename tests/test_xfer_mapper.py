@@ -1,4 +1,4 @@
-"""labkit.xfer: the ridge mapper, the derived small model, RoPE handling, the mapped cache, bad input.
+"""labkit.crossmodel: the ridge mapper, the derived small model, RoPE handling, the mapped cache, bad input.
 
 Real transformers code paths on tiny random-weight Llama checkpoints written to tmp (seconds on 2
 cores); the SmolLM2 runs are in test_xfer_real.py. A random checkpoint is not a test double for the
@@ -12,9 +12,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from labkit.xfer.features import FeatureSpec, rope_cos_sin, rotate, unrotate  # noqa: E402
-from labkit.xfer.mapper import Mapper, MapperMismatch, Sums, column_sse, solve  # noqa: E402
-from labkit.xfer.pair import PairError, layer_table, plan_pair  # noqa: E402
+from labkit.crossmodel.features import FeatureSpec, rope_cos_sin, rotate, unrotate  # noqa: E402
+from labkit.crossmodel.mapper import Mapper, MapperMismatch, Sums, column_sse, solve  # noqa: E402
+from labkit.crossmodel.pair import PairError, layer_table, plan_pair  # noqa: E402
 
 
 def _tiny_checkpoint(path, layers=3, vocab=64, seed=0, words=None):
@@ -66,7 +66,7 @@ def test_rope_inverse_is_exact(tiny):
 
 
 def _fit_tiny(pair, features, rope="pre", n_seq=24, T=48):
-    from labkit.xfer.transfer import fit_mapper, load_models
+    from labkit.crossmodel.mapped_cache import fit_mapper, load_models
 
     models = load_models(pair)
     g = torch.Generator().manual_seed(1)
@@ -77,9 +77,9 @@ def _fit_tiny(pair, features, rope="pre", n_seq=24, T=48):
 def test_first_n_pair_copies_exactly_and_maps_a_linear_layer_exactly(tiny, tmp_path):
     """Large layer N reads norm(h_N) linearly: pre-RoPE keys and values are recovered with R² = 1, the
     mapped cache equals the true one and the perplexity ratio is 1; rotated keys (rope='post') are not."""
-    from labkit.xfer.quality import evaluate, summarize
-    from labkit.xfer.transfer import mapped_kv, true_cache
-    from labkit.xfer.features import cache_kv
+    from labkit.crossmodel.quality import evaluate, summarize
+    from labkit.crossmodel.mapped_cache import mapped_kv, true_cache
+    from labkit.crossmodel.features import cache_kv
 
     pair = plan_pair(str(tiny), "first:2")
     assert pair.table.copy_layers == [0, 1] and pair.table.mapped_layers == [2]
@@ -142,15 +142,15 @@ def test_causal_mean_feature_and_per_head_lambda(tiny, tmp_path):
     """`@avg` is the causal mean over positions 0..t; λ chosen per KV head still recovers a linearly
     readable layer exactly (one λ per head of K and of V in the file), and the layer's K/V is the same
     whichever λ granularity chose it."""
-    from labkit.xfer.ablation import merged
-    from labkit.xfer.features import SmallPass
-    from labkit.xfer.mapper import Fitter, restrict
+    from labkit.crossmodel.ablation import merged
+    from labkit.crossmodel.features import SmallPass
+    from labkit.crossmodel.mapper import Fitter, restrict
 
     x = torch.arange(12, dtype=torch.float32).view(4, 3)
     sp = SmallPass({0: x}, None, None, None, None, {})
     keys = FeatureSpec.parse("h:0@avg").keys(0, layer_table(3, 1, 0), 1)
     got = sp.features(keys)[:, :3]
-    from labkit.xfer.features import rms_normalize
+    from labkit.crossmodel.features import rms_normalize
     want = rms_normalize(x).cumsum(0) / torch.arange(1, 5).view(4, 1)
     assert torch.allclose(got, want)
     with pytest.raises(PairError, match="@avg"):
@@ -160,8 +160,8 @@ def test_causal_mean_feature_and_per_head_lambda(tiny, tmp_path):
     models, mp = _fit_tiny(pair, "h:-1,h:-1@avg")
     assert mp.r2_val[2][0] > 0.999 and mp.r2_val[2][1] > 0.999
     # per-head λ from the same sums: 2 KV heads -> 4 λs per layer, the exact layer still exact
-    from labkit.xfer.transfer import large_targets, true_cache
-    from labkit.xfer.features import small_pass
+    from labkit.crossmodel.mapped_cache import large_targets, true_cache
+    from labkit.crossmodel.features import small_pass
     f = Fitter(pair, FeatureSpec.parse("h:-1,h:-1@avg"))
     g = torch.Generator().manual_seed(1)
     for i in range(12):
@@ -179,8 +179,8 @@ def test_causal_mean_feature_and_per_head_lambda(tiny, tmp_path):
 
 def _low_rank_fitter(pair, r0, seed=0, n_seq=10, T=64):
     """A Fitter whose targets are exactly rank r0 in the features: Y_l = X P C_l for every mapped layer."""
-    from labkit.xfer.features import SmallPass, rms_normalize
-    from labkit.xfer.mapper import Fitter
+    from labkit.crossmodel.features import SmallPass, rms_normalize
+    from labkit.crossmodel.mapper import Fitter
 
     g = torch.Generator().manual_seed(seed)
     f = Fitter(pair, FeatureSpec.parse("h:-1"))
@@ -198,7 +198,7 @@ def _low_rank_fitter(pair, r0, seed=0, n_seq=10, T=64):
 
 def _gap(f, mp, W_r):
     """Σ_blocks ‖X (W_b − W_r,b)‖² / SST_b from the fitter's sums (the objective `reduced` claims to minimize)."""
-    from labkit.xfer.mapper import column_sst
+    from labkit.crossmodel.mapper import column_sst
 
     both = f.sums["fit"].merged(f.sums["val"])
     (keys, layers), = f.groups.items()
@@ -216,7 +216,7 @@ def test_reduced_rank_mapper_is_exact_at_full_rank_and_optimal_below(tiny):
     are exactly rank r0 in the features are recovered at r0 and not at r0 - 1; below that it beats the
     naive truncated SVD of W (which ignores XᵀX and the per-block scales) and a perturbed subspace, and
     its objective equals Eckart–Young's sum of the discarded squared singular values."""
-    from labkit.xfer.mapper import column_sse
+    from labkit.crossmodel.mapper import column_sse
 
     pair = plan_pair(str(tiny), "first:1")
     assert pair.table.mapped_layers == [1, 2]
@@ -236,7 +236,7 @@ def test_reduced_rank_mapper_is_exact_at_full_rank_and_optimal_below(tiny):
     def r2(m, l_):
         W = (m.proj[m.groups[l_]] @ m.weights[l_]).double() if m.rank else m.weights[l_].double()
         sse = column_sse(W, both.xtx[keys], both.xty[l_], both.yy[l_])
-        from labkit.xfer.mapper import column_sst
+        from labkit.crossmodel.mapper import column_sst
         return float(1 - sse.sum() / column_sst(both.yy[l_], both.ys[l_], both.n[keys]).sum())
 
     r3, r2_ = f.reduced(mp, 3), f.reduced(mp, 2)
@@ -264,7 +264,7 @@ def test_reduced_rank_mapper_is_exact_at_full_rank_and_optimal_below(tiny):
     assert j_ours < _gap(f, mp, W_naive) and j_ours < _gap(f, mp, W_pert)
     assert abs(j_ours - sum(sum(x) for x in ours.rank_gap.values())) < 1e-6 * max(1.0, j_ours)
     # Eckart–Young: the optimum is the sum of the discarded squared singular values of Z = Lᵀ W Γ
-    from labkit.xfer.mapper import column_sst
+    from labkit.crossmodel.mapper import column_sst
     Lc = torch.linalg.cholesky(both.xtx[keys])
     w = f.kv_width
     scale = torch.cat([torch.cat([column_sst(both.yy[l_], both.ys[l_], both.n[keys])[:w].sum().repeat(w),
@@ -277,9 +277,9 @@ def test_reduced_rank_mapper_is_exact_at_full_rank_and_optimal_below(tiny):
 def test_reduced_rank_mapper_roundtrip_and_pipeline(tiny, tmp_path):
     """Rank, projections, groups and gaps survive save/load; the mapped cache of a full-rank factorization
     equals the ridge mapper's, and a rank-r file runs through the same pipeline."""
-    from labkit.xfer.mapper import Fitter, read_metadata
-    from labkit.xfer.transfer import large_targets, mapped_kv, true_cache
-    from labkit.xfer.features import small_pass
+    from labkit.crossmodel.mapper import Fitter, read_metadata
+    from labkit.crossmodel.mapped_cache import large_targets, mapped_kv, true_cache
+    from labkit.crossmodel.features import small_pass
 
     pair = plan_pair(str(tiny), "first:1")
     models, _ = _fit_tiny(pair, "h:-1,h:0", n_seq=4)
@@ -312,8 +312,8 @@ def test_reduced_rank_mapper_roundtrip_and_pipeline(tiny, tmp_path):
 def test_exact_prefix_holds_the_large_models_own_first_positions(tiny):
     """`exact_prefix=k`: the first k positions of every mapped layer are the large model's own K/V (its
     k-token forward equals its full prefill there: attention is causal); later positions are the mapper's."""
-    from labkit.xfer.features import cache_kv
-    from labkit.xfer.transfer import mapped_kv, true_cache
+    from labkit.crossmodel.features import cache_kv
+    from labkit.crossmodel.mapped_cache import mapped_kv, true_cache
 
     pair = plan_pair(str(tiny), "first:1")
     models, mp = _fit_tiny(pair, "h:-1", n_seq=6)

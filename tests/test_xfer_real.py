@@ -12,8 +12,8 @@ pytestmark = pytest.mark.skipif(not HAS, reason="real-model tests need llm-smoll
 
 @pytest.fixture(scope="module")
 def models():
-    from labkit.xfer.pair import plan_pair
-    from labkit.xfer.transfer import load_models
+    from labkit.crossmodel.pair import plan_pair
+    from labkit.crossmodel.mapped_cache import load_models
 
     pair = plan_pair("smollm2-135m", "first:6")
     return load_models(pair)
@@ -24,8 +24,8 @@ def test_derived_small_model_is_real_and_its_layers_are_exact(models):
     function of its features (R² ~ 1), deeper layers are predicted, not copied. (As a language model of
     its own the truncated model is poor — its head reads an early layer — only its features are used.)"""
     from labkit.quality.corpora import sequences
-    from labkit.xfer.features import FeatureSpec, cache_kv
-    from labkit.xfer.transfer import calibration_chunks, fit_mapper, mapped_kv, true_cache
+    from labkit.crossmodel.features import FeatureSpec, cache_kv
+    from labkit.crossmodel.mapped_cache import calibration_chunks, fit_mapper, mapped_kv, true_cache
 
     assert models.pair.small.layers == 6 and models.pair.table.copy_layers == list(range(6))
     (_, ids), = sequences(models.tokenizer, "code", 96, 1)
@@ -52,15 +52,15 @@ def test_bad_pair_input_is_one_line():
 
 
 def test_attribution_rows_and_their_bounds(models, tmp_path):
-    """`labkit.xfer.attribution` on a real first:6 mapper: one row per variant (all, only:l and but:l for
+    """`labkit.crossmodel.attribution` on a real first:6 mapper: one row per variant (all, only:l and but:l for
     each of the 24 mapped layers, l's K and V apart for --split, the exact-prefix variant), and where a
     variant gives the large model its own K/V everywhere (a prefix covering the whole prompt) its NLL is
     the true cache's to the bit; `summarize` pools tokens, not documents."""
     import math
 
-    from labkit.xfer import attribution as A
-    from labkit.xfer.features import FeatureSpec
-    from labkit.xfer.transfer import calibration_chunks, fit_mapper
+    from labkit.crossmodel import attribution as A
+    from labkit.crossmodel.features import FeatureSpec
+    from labkit.crossmodel.mapped_cache import calibration_chunks, fit_mapper
 
     calib = calibration_chunks(models.tokenizer, ["code", "prose"], 64, 768)
     path = tmp_path / "first6.safetensors"

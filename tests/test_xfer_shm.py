@@ -1,4 +1,4 @@
-"""labkit.xfer.shm and the producer: the /dev/shm layout, and every way a file must be refused.
+"""labkit.crossmodel.shm and the producer: the /dev/shm layout, and every way a file must be refused.
 
 Files go to a tmp folder (the layout is the same on /dev/shm; `LABKIT_XFER_SHM` moves the root)."""
 
@@ -7,12 +7,12 @@ import struct
 import pytest
 import torch
 
-from labkit.xfer import shm
+from labkit.crossmodel import shm
 
 
 @pytest.fixture(autouse=True)
 def _own_key(tmp_path, monkeypatch):
-    """A KV key of this test's own (the user's real one, ~/.config/labkit/xfer.key, is left alone)."""
+    """A KV key of this test's own (the user's real one, ~/.config/labkit/crossmodel.key, is left alone)."""
     monkeypatch.setenv("LABKIT_XFER_KEY", str(tmp_path / "keys" / "xfer.key"))
 
 
@@ -81,9 +81,9 @@ def test_too_small_shm_is_refused_before_writing(tmp_path):
 def test_producer_writes_what_the_mapped_cache_holds(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from test_xfer_mapper import _fit_tiny, _tiny_checkpoint
-    from labkit.xfer.pair import plan_pair
-    from labkit.xfer.producer import Producer
-    from labkit.xfer.transfer import mapped_kv
+    from labkit.crossmodel.pair import plan_pair
+    from labkit.crossmodel.producer import Producer
+    from labkit.crossmodel.mapped_cache import mapped_kv
 
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
     pair = plan_pair(str(_tiny_checkpoint(tmp_path / "large")), "first:2")
@@ -106,7 +106,7 @@ def test_producer_writes_what_the_mapped_cache_holds(tmp_path, monkeypatch):
 def test_scatter_into_paged_cache_lands_in_the_request_blocks(tmp_path, layout):
     """What the connector does in vLLM's worker: file rows -> (block, offset) slots of the request's
     blocks, nothing else touched; read back through the same layout."""
-    from labkit.xfer.paged import gather, scatter, split_kv
+    from labkit.crossmodel.paged import gather, scatter, split_kv
 
     L, H, T, D, BS, NB = 3, 2, 20, 4, 8, 6
     ids = list(range(T + 1))

@@ -468,7 +468,7 @@ def run_on_cluster(a, given: dict) -> int:
     if o.status in ("refused", "not started") or not dest.is_dir():
         print(f"labkit: {exp.name} on {kind}: {o.status}: {o.error}", file=sys.stderr)
         return 1
-    from ..index import rebuild_index
+    from ..report.index import rebuild_index
     try:
         rebuild_index(dest.parent)
     except Exception as ex:     # the run landed; say why the index did not update
@@ -591,7 +591,7 @@ def run_plan_on_cluster(plan, date: str | None, root, only: list[str] | None, ad
             echo(f"{name}: {status}{where} [{o.job.kind}, attempt {o.job.attempt}]"
                  + (f" — {info['error']}" if info.get("error") and status not in N.DONE else ""))
             try:
-                from ..index import rebuild_index
+                from ..report.index import rebuild_index
                 rebuild_index(root)
             except Exception as ex:
                 echo(f"labkit: run index not rebuilt: {ex}")
@@ -611,7 +611,7 @@ def run_plan_on_cluster(plan, date: str | None, root, only: list[str] | None, ad
         echo(f"nightly {date}: {'interrupted' if interrupted else 'finished'}, {ok} of {len(record['entries'])} "
              f"entries done")
     try:
-        from ..index import rebuild_index
+        from ..report.index import rebuild_index
         rebuild_index(root)
     except Exception as ex:
         echo(f"labkit: run index not rebuilt: {ex}")

@@ -47,6 +47,8 @@ _ALL = [
                "CPU; CUDA GPU for the link", "probe.ipynb"),
     Experiment("prefill", "prefill tok/s with KV kept resident, written back, or through rotating layer buffers",
                "CPU; CUDA GPU for timings", "capacity.ipynb", "FlashOffloading"),
+    Experiment("prefill_throughput", "prefill throughput (prompts per second) under a device-memory cap: no "
+               "offload, prefill-only, both stages", "CPU; CUDA GPU for timings", "capacity.ipynb", "FlashOffloading"),
     Experiment("capacity", "requests held and goodput under a device-memory cap, with and without offload",
                "CPU; CUDA GPU for timings", "capacity.ipynb", "FlashOffloading"),
     Experiment("hot_replay", "hot-cache hit rate and link bytes on recorded selections, per capacity and policy",

@@ -1,6 +1,6 @@
 """`labkit run xfer`: cross-model KV transfer — a small model prefills, a learned mapper turns its states into
 the large model's K/V, the large model decodes: quality against its own prefill, token agreement, and time to
-first token through transformers or vLLM with labkit's KV connector. Code: `labkit.xfer.experiment`."""
+first token through transformers or vLLM with labkit's KV connector. Code: `labkit.crossmodel.experiment`."""
 from __future__ import annotations
 
 from ..params import OUT_DIR, Param, Plan
@@ -21,7 +21,7 @@ SPEC = [
     Param("calib_val", "str", "document", "what lambda is chosen on: document (whole held-out calibration documents) or chunk (1 in 5 chunks, as mappers were fitted before)"),
     Param("calib_seq_len", "int", 512, "tokens per calibration chunk"),
     Param("corpora", "list[str]", ["code", "prose"], "code (CPython stdlib), prose (Shakespeare)"),
-    Param("n_sequences", "int", 16, "evaluation sequences per corpus: windows of eval documents outside the calibration's families (labkit.xfer.heldout)"),
+    Param("n_sequences", "int", 16, "evaluation sequences per corpus: windows of eval documents outside the calibration's families (labkit.crossmodel.heldout)"),
     Param("eval_seed", "int", 20261201, "seed of the evaluation draw (documents and offsets); recorded in the manifest"),
     Param("prompt_len", "int", 1025, "prompt tokens of a quality sequence (the cache covers prompt_len - 1)"),
     Param("cont_len", "int", 128, "continuation tokens scored for perplexity"),
@@ -38,11 +38,11 @@ SPEC = [
 
 def plan(given: dict) -> Plan:
     def check():          # the measuring module, imported once the parameters resolved
-        from ..xfer.experiment import check
+        from ..crossmodel.experiment import check
         return check
     return checked(NAME, SPEC, given, check)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..xfer import experiment
+    from ..crossmodel import experiment
     return experiment.run_xfer(dict(plan.params), log=print if progress_bar else None)

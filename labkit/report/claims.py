@@ -111,6 +111,7 @@ class Claim:
     model: Figure | None = None       # the cost model's figure for the published hardware
     stand_in: Figure | None = None    # what decides while the published-terms run is missing
     model_checked: bool = False
+    model_basis: str = ""             # what the cost model's figure rests on, when not the decode transfer term
     settle: str = ""                  # the run that would settle the row
     untestable: str = ""              # why no figure of ours can test it here
     verdict: Verdict = field(init=False)
@@ -186,7 +187,8 @@ def judge(pub: Published, ours: Figure) -> tuple[str, str]:
 
 def decide(c: Claim) -> Verdict:
     for fig, basis, provisional in ((c.terms, "published terms", False),
-                                    (c.model, "cost model" + (" (checked)" if c.model_checked else " (transfer term unchecked)"),
+                                    (c.model, "cost model" + (f" ({c.model_basis})" if c.model_basis else
+                                                              " (checked)" if c.model_checked else " (transfer term unchecked)"),
                                      not c.model_checked),
                                     (c.stand_in, "stand-in", True)):
         if fig is not None:
@@ -280,6 +282,32 @@ def box_prediction(concurrency: int, context_len: int = 1 << 20, strategy: str =
     return fig, bool(chk and chk["checked"])
 
 
+def prefill_prediction(run: str | None = None) -> Figure:
+    """The cost model's 248K prefill on 3x RTX 3090 from the fastest variant of the committed prefill anatomy run
+    (`costmodel.predict_prefill`: compute phases by the datasheets' dense bf16 rates), with the dense bound."""
+    from ..costmodel import gpu, gpu_for_name, predict_prefill
+    run = run or RUNS["prefill_anatomy"]
+    lr = load_run(REPO / run)
+    m, a = lr.metrics, lr.table("anatomy")
+    m = m[(m["experiment"] == "prefill") & (m["status"] == "ok")]
+    best = m.loc[m["tok_s"].idxmax()].to_dict()
+    keys = [k for k in ("engine_variant", "mode", "prefill_attention") if k in a and isinstance(best.get(k), str)]
+    sel = a[(a[keys] == pd.Series({k: best[k] for k in keys})).all(axis=1)] if keys else a
+    work = [c for c in ("weights_flops", "attention_flops", "deltanet_flops", "index_score_flops") if c in sel]
+    best["prefill_flops"] = float(sel[work].sum().sum())
+    p = predict_prefill(best, gpu_for_name(str(best["gpu_name"])), gpu("rtx3090"), 3)
+    sparse = best.get("prefill_attention") == "sparse"
+    how = f"sparse attention (top {int(best['budget']):,} rows a query)" if sparse else "dense attention"
+    what = (f"cost model: {_ctx(int(best['context_len']))} prompt, {how}, layers split over 3× RTX 3090 with the "
+            f"chunks pipelined, from the H200's anatomy at {best['tok_s']:,.0f} tok/s ({best.get('engine_variant') or best['mode']}); "
+            f"the bound there (the prompt's FLOPs at 3 × 35.6 TFLOPS, bf16 with FP32 accumulation) is "
+            f"{p['dense_bound_tok_s']:,.0f} tok/s"
+            + ("" if sparse or p["dense_bound_tok_s"] >= 3701 else ", below the published figure: it implies sparse "
+               "prefill or FP16 accumulation"))
+    return Figure(p["tok_s"], p["tok_s"], p["tok_s"], f"one anatomy scaled by datasheet rates; the {'sparse' if sparse else 'dense'} "
+                  f"bound on 3× RTX 3090 {p['dense_bound_tok_s']:,.0f} tok/s", what, (run,), "", "tok/s")
+
+
 LINK_SETTLE = ("a link-rate decode run (`link_gbps` at ≥ 3 rates including PCIe 4.0 x16's, `predicted_step_ms` beside "
                "`step_ms_median`, zero_copy at 1M, c = 1 and 4), named `link_rate` in docs/runs.toml")
 
@@ -325,9 +353,9 @@ def sparse_claims() -> list[Claim]:
                      strongest=_across(toks, RUNS["repeats_prefill"],
                                        f"prefill tok/s of a {_ctx(ctx)} prompt on one H200, KV to host RAM through rotating "
                                        f"buffers ({pre['value'].median():.2f}× resident prefill)", unit="tok/s"),
-                     untestable="prefill is compute-bound, and an RTX 3090's compute is not here; the cost model "
-                                "predicts decode steps only",
-                     settle="a prefill run on RTX 3090s (or a prefill term in the cost model)"))
+                     model=prefill_prediction(), model_basis="prefill phases scaled by datasheet bf16 rates, unchecked "
+                     "on another GPU",
+                     settle="a prefill run on RTX 3090s, or the sparse prefill's anatomy scaled the same way"))
     rows = d.xs(("zero_copy", 1), level=("strategy", "concurrency"))
     mib = rows["h2d_bytes_per_step"] / 2**20
     hot = d.loc[("hot_cache", 1, top)]

@@ -89,7 +89,7 @@ def targets_table(m: pd.DataFrame) -> str:
 
 
 def _higher(r) -> bool:
-    from ..targets import TARGETS
+    from .targets import TARGETS
     return next(t.higher_is_better for t in TARGETS.values() if t.what == r["target"])
 
 
@@ -193,6 +193,36 @@ def prefill_table() -> str:
                          "time s": f"{r.step_ms_median / 1e3:.1f}" if pd.notna(r.step_ms_median) else "–",
                          "device peak": f"{r.device_mem_peak_bytes / 2**30:.1f} GiB" if pd.notna(r.get("device_mem_peak_bytes")) else "–"})
     return _md(pd.DataFrame(rows))
+
+
+def prefill_anatomy_table() -> str:
+    """The whole prompt per engine variant: tok/s against the first variant, the bound, attention's rate, and
+    seconds per phase (summed over chunks)."""
+    run = load_run(REPO / RUNS["prefill_anatomy"])
+    m = run.metrics
+    m = m[(m["experiment"] == "prefill") & (m["status"] == "ok")]
+    first = m[m["mode"] == "resident"]["tok_s"].iloc[0]
+    rows = []
+    for r in m.to_dict("records"):
+        rows.append({"prompt": _ctx(r["context_len"]), "mode": r["mode"], "engine variant": r.get("engine_variant") or "–",
+                     "tok/s": f"{r['tok_s']:,.0f}", "vs the first resident": f"{r['tok_s'] / first:.2f}x",
+                     "bound tok/s": f"{r['bound_tok_s']:,.0f}",
+                     "attention TFLOPS (of GEMM peak)": f"{r['attention_tflops']:.0f} ({r['attention_of_gemm_peak']:.0%})",
+                     **{f"{ph} s": f"{r[f'anatomy_{ph}_ms'] / 1e3:.1f}" for ph in ("weights", "deltanet", "attention")},
+                     "kv s": f"{(r['anatomy_kv_write_ms'] + r['anatomy_kv_load_ms']) / 1e3:.2f}",
+                     "closure": f"{r['anatomy_closure']:.2f}"})
+    return _md(pd.DataFrame(rows))
+
+
+def prefill_kernels_table() -> str:
+    """scripts/prefill_kernels_bench.py's JSON: attention per prefix and the delta rule, against the GEMM peak."""
+    r = json.loads((REPO / RUNS["prefill_kernels"] / "prefill_kernels.json").read_text())
+    peak = r["gemm"]["tflops"]
+    rows = [{"kernel": a["kernel"], "keys": _ctx(a["S"]), "ms (min–max)": f"{a['ms_median']:.2f} ({a['ms_min']:.2f}–{a['ms_max']:.2f})",
+             "TFLOPS": f"{a['tflops']:.0f}", "of GEMM peak": f"{a['of_gemm_peak']:.0%}"} for a in r["attention"]]
+    rows += [{"kernel": d["kernel"], "keys": f"{_ctx(d['T'])} tokens", "ms (min–max)": f"{d['ms_median']:.2f} ({d['ms_min']:.2f}–{d['ms_max']:.2f})",
+              "TFLOPS": "–", "of GEMM peak": "–"} for d in r["deltanet"] if "ms_median" in d]
+    return f"GEMM peak {peak:.0f} TFLOPS (8192³ bf16, same process)\n\n" + _md(pd.DataFrame(rows))
 
 
 def capacity_table() -> str:
@@ -540,13 +570,13 @@ def decode_trace_table() -> str:
     return _md(pd.DataFrame(rows))
 
 
-# ---- cross-model KV transfer (labkit.xfer) ---------------------------------------------------------------
+# ---- cross-model KV transfer (labkit.crossmodel) ---------------------------------------------------------------
 
 
 def _xfer_quality_cells(r, corpora=("code", "prose")) -> dict:
     """Ratio cells with their 95% intervals over sequences and n: one cell per corpus, the pooled one, the
-    per-sequence spread (`labkit.xfer.intervals` columns)."""
-    from ..xfer.intervals import text
+    per-sequence spread (`labkit.crossmodel.intervals` columns)."""
+    from ..crossmodel.intervals import text
 
     n = " + ".join(str(int(getattr(r, f"ppl_ratio_{c}_n"))) for c in corpora)
     return {**{f"ppl ratio {c} [95%]": text(r, f"ppl_ratio_{c}") for c in corpora},
@@ -586,7 +616,7 @@ def xfer_frontier_table() -> str:
 
 
 def text_iv(r, prefix: str) -> str:
-    from ..xfer.intervals import text
+    from ..crossmodel.intervals import text
 
     return text(r, prefix)
 
@@ -637,7 +667,7 @@ def xfer_run_table() -> str:
     `xfer_ttft_table`)."""
     import math
 
-    from ..xfer.experiment import headline
+    from ..crossmodel.experiment import headline
 
     run = load_run(REPO / XFER_FULL_RUN)
     m, q = run.metrics, run.table("quality_summary")
@@ -652,7 +682,7 @@ def xfer_run_table() -> str:
                      f"{mp.small_prefill_ms:,.0f} / {mp.mapping_ms:,.0f} / {mp.prefix_ms:,.0f}"})
     h = headline(m, q)
     h = h[h["backend"] == "vllm"]
-    from ..xfer.intervals import paired, pooled
+    from ..crossmodel.intervals import paired, pooled
 
     seqs = m[(m["kind"] == "quality") & (m["status"] == "ok")]
     qrows = []
@@ -690,7 +720,7 @@ def xfer_ttft_table() -> str:
 
 def xfer_ablation_table() -> str:
     """The mapper ablation at N = 8: features, lambda granularity and calibration size against quality."""
-    from ..xfer.intervals import pooled
+    from ..crossmodel.intervals import pooled
 
     a = pd.read_parquet(REPO / XFER_ABLATION_RUN / "ablation.parquet")
     a = a[a["stage"] != "frontier"]
@@ -835,7 +865,7 @@ def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
     return {"headlines": headlines(), "serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
             "pulse-scaling-compiled-h200": pulse_scaling_compiled_table(), "pulse-selection-h200": pulse_selection_table(),
-            "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "capacity-h200": capacity_table(),
+            "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "prefill-anatomy-h200": prefill_anatomy_table(), "prefill-kernels-h200": prefill_kernels_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(), "decode-trace-h200": decode_trace_table(),
             **xfer_blocks(),

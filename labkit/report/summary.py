@@ -1,10 +1,10 @@
-"""Headline figures and the targets (labkit.targets), computed as ratios within one run; what a run is
+"""Headline figures and the targets (labkit.report.targets), computed as ratios within one run; what a run is
 (its header, and on a CPU what it can and cannot say); the run's table as a reader wants it."""
 from __future__ import annotations
 
 import pandas as pd
 
-from ..targets import PUBLISHED, SPARSE_OFFLOAD, TARGETS
+from .targets import PUBLISHED, SPARSE_OFFLOAD, TARGETS
 
 
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -60,7 +60,7 @@ def probe_ms(m: pd.DataFrame, strategy: str, **where) -> float | None:
 
 
 def targets(m: pd.DataFrame) -> pd.DataFrame:
-    """Every target of `labkit.targets.TARGETS` this run can answer: value, threshold, met (None: not
+    """Every target of `labkit.report.targets.TARGETS` this run can answer: value, threshold, met (None: not
     measured here), and how the value was formed."""
     d = decode_table(m)
     rows = []

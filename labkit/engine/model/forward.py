@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .attention import dense_prefill_attention, fast_sdpa, split_rows
+from .attention import PREFILL_ATTENTION, prefill_attend, split_rows
 from . import deltanet_step
 from .deltanet_step import delta_step, deltanet_mix
 from .gemv import norm_matmul
@@ -27,6 +27,7 @@ from . import qsa_step
 from .cache import OffloadCache
 from .indexer import index_scores
 from .hybrid import block_fns, dn_prefill
+from .prefill_marks import NoMarks
 from .select import select_blocks, select_topk
 
 if TYPE_CHECKING:      # the model does not depend on the transfer mechanisms, only on their interface
@@ -56,7 +57,7 @@ NO_MARKS = _NoMarks()
 class Engine:
     def __init__(self, model, cache: OffloadCache, strategy: TransferStrategy, budget: int,
                  prefill_chunk: int = 8192, compile: bool | None = None, prefill_mode: str = "sync",
-                 select_block: int = 1):
+                 select_block: int = 1, prefill_attention: str = "dense"):
         if budget <= 0:
             raise ValueError(f"budget must be > 0, got {budget}")
         # select_block > 1: decode keeps whole aligned blocks of positions (select.select_blocks); a block
@@ -66,7 +67,9 @@ class Engine:
                              f"({cache.pages.page_size}), got {select_block}")
         self.select_block = select_block
         check_prefill_mode(prefill_mode, cache.pool.medium)
-        self.prefill_mode = prefill_mode
+        if prefill_attention not in PREFILL_ATTENTION:
+            raise ValueError(f"unknown prefill_attention {prefill_attention!r}: choose from {', '.join(PREFILL_ATTENTION)}")
+        self.prefill_mode, self.prefill_attention = prefill_mode, prefill_attention
         if (cache.pool.medium == "device") != (strategy.medium == "device"):
             raise ValueError(f"strategy {strategy.name} needs a {strategy.medium} pool, cache has {cache.pool.medium}")
         self.model, self.cache, self.strategy, self.budget = model, cache, strategy, budget
@@ -102,11 +105,11 @@ class Engine:
     # ------------------------------------------------------------------ prefill
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: torch.Tensor | None, hidden: torch.Tensor | None = None,
-                start: int = 0) -> torch.Tensor:
+                start: int = 0, marks=None) -> torch.Tensor:
         """Run a prompt through the model in chunks; K/V rows go to the pool, index keys to the device.
         Returns the last token's logits; a pipeline stage without the head returns the hidden states
         of all tokens instead, and one without the embedding takes them as `hidden` [T, hidden]."""
-        chunks = self.prefill_chunks(slot, tokens, hidden, start)
+        chunks = self.prefill_chunks(slot, tokens, hidden, start, marks)
         while True:
             try:
                 next(chunks)
@@ -114,7 +117,7 @@ class Engine:
                 return done.value
 
     def prefill_chunks(self, slot: int, tokens: torch.Tensor | None, hidden: torch.Tensor | None = None,
-                       start: int = 0):
+                       start: int = 0, marks=None):
         """`prefill` one chunk at a time: a generator that yields `(start, end)` after each chunk and
         returns what `prefill` returns, so a scheduler can run decode steps between a prompt's chunks.
         The slot's length is set when the last chunk is done. Drive it under `torch.inference_mode()`
@@ -122,7 +125,8 @@ class Engine:
         `start`: positions [0, start) are already in the cache (a cached prefix, or a bench that
         measures the last chunks of a long prompt); only [start, T) is computed.
         `self.prefill_mode` says how a chunk reaches its prefix: `sync` (read back from the pool on
-        the compute stream) or `rotating` (four layer-sized buffers, `prefill_buffers.py`)."""
+        the compute stream) or `rotating` (four layer-sized buffers, `prefill_buffers.py`).
+        `marks`: a `prefill_marks.PrefillMarks` that times each chunk's phases (the prefill anatomy)."""
         m, c = self.model, self.cache
         T = tokens.numel() if hidden is None else hidden.shape[0]
         if T > c.capacity:
@@ -135,17 +139,22 @@ class Engine:
             io = RotatingPrefillIO(self, slot, T)
         else:
             io = _PrefillIO(self, slot, T)
+        marks = marks or NoMarks()
+        io.mark = marks.mark
         outs, x = [], None
         for a in range(start, T, self.prefill_chunk):
             e = min(T, a + self.prefill_chunk)
+            marks.begin_chunk(a, e)
             pos = torch.arange(a, e, device=m.device)
             io.begin_chunk(a, e)
             x = _stream(m.embed[tokens[a:e]] if m.embed is not None else hidden[a:e])
             for blk, ki in zip(m.blocks, m.kind_index):
                 x = _run(self.block(blk, ki, x, pos, io))
+            marks.mark("other")
             x = x[0] + x[1]
             if m.lm_head is None:
                 outs.append(x)
+            marks.end_chunk()
             if e < T:
                 yield a, e
         io.finish()
@@ -216,6 +225,7 @@ class _PrefillIO:
         self.end, self.where = 0, None
 
     def write(self, ki, kv_rows, keys, scales) -> None:
+        self.mark("kv_write")
         self.e.cache.write(ki, self.where, kv_rows, keys, scales, self.e.strategy)
 
     def finish(self) -> None:
@@ -228,15 +238,14 @@ class _PrefillIO:
 
     def deltanet(self, blk, ki, x, d):
         c = self.e.cache
-        return dn_prefill(blk, x, d, c.dn_state[ki, self.slot], c.dn_conv[ki, self.slot])
+        return dn_prefill(blk, x, d, c.dn_state[ki, self.slot], c.dn_conv[ki, self.slot], self.mark)
 
     def attend(self, ki, q, iq, iw, pos):
         s = self.e.model.shape
+        self.mark("kv_load")
         prefix = self.e.cache.read_prefix(ki, self.slot, self.end, self.prefix)
         k, v = split_rows(prefix.view(torch.bfloat16), s.n_kv_heads, s.head_dim)
-        with fast_sdpa(q.device):
-            att = dense_prefill_attention(q, k, v)
-        return att
+        return prefill_attend(self.e, ki, self.slot, q, k, v, iq, iw, pos, self.mark)
         yield  # a generator that yields nothing: prefill moves no rows on request
 
 

@@ -126,11 +126,11 @@ def qsa_pre(blk, x, d, pos):
     return h, q, gate, kv_row.contiguous(), k8, sc, iq, iw
 
 
-def dn_prefill(blk, x, d, S, conv):
+def dn_prefill(blk, x, d, S, conv, mark=None):
     """Prefill, a DeltaNet block's mixer over a chunk of h = x + d (chunked recurrence; S and conv in
-    place): (h, its output, unadded). Eager: every chunk is a new shape."""
+    place): (h, its output, unadded). Eager: every chunk is a new shape. `mark`: the anatomy's phase lines."""
     h = x + d
-    return h, blk.mixer.forward_seq(blk.norm1(h), S, conv)
+    return h, blk.mixer.forward_seq(blk.norm1(h), S, conv, mark=mark)
 
 
 def qsa_project(blk, x, d):

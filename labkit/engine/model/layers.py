@@ -15,11 +15,10 @@ from __future__ import annotations
 import math
 
 import torch
-
-from ... import envs
 import torch.nn.functional as F
 from torch import nn
 
+from ... import envs
 from ...shapes import ModelShape, aligned_width
 from .gemv import matmul, silu_glu
 
@@ -187,6 +186,37 @@ def delta_rule_chunked(q, k, v, log_a, beta, S0, chunk: int = 64):
     return out, S
 
 
+# Which kernel runs prefill's chunked delta rule (the engine switch LABKIT_DN_PREFILL, `labkit/envs.py`): "fla"
+# (flash-linear-attention's Triton `chunk_gated_delta_rule`, bf16 inputs, fp32 state), "torch" (this file's
+# `delta_rule_chunked`: fp32 products in a Python loop of T/64 steps), "auto" (fla where it imports, on CUDA).
+DN_PREFILL = envs.owner_value("LABKIT_DN_PREFILL")
+
+
+def dn_prefill_kernel(device: torch.device) -> str:
+    if DN_PREFILL == "torch" or device.type != "cuda":
+        return "torch"
+    try:
+        import fla.ops.gated_delta_rule  # noqa: F401
+    except ImportError:
+        if DN_PREFILL == "fla":
+            raise RuntimeError("LABKIT_DN_PREFILL=fla but flash-linear-attention is not installed "
+                               "(pip install fla-core)") from None
+        return "torch"
+    return "fla"
+
+
+def delta_rule_prefill(q, k, v, log_a, beta, S0, chunk: int = 64):
+    """`delta_rule_chunked`'s function on the kernel `dn_prefill_kernel` picks; the same arguments and returns."""
+    if dn_prefill_kernel(q.device) == "torch":
+        return delta_rule_chunked(q, k, v, log_a, beta, S0, chunk=chunk)
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    bf = torch.bfloat16
+    o, S = chunk_gated_delta_rule(q[None].to(bf), k[None].to(bf), v[None].to(bf), log_a[None].float(),
+                                  beta[None].to(bf), scale=1.0, initial_state=S0[None].float(),
+                                  output_final_state=True)          # q arrives scaled and normalised
+    return o[0].float(), S[0]
+
+
 def dn_state_shapes(s: ModelShape) -> tuple[tuple[int, int, int], tuple[int, int]]:
     """Per request and DeltaNet layer: the recurrent state [v_heads, dk, dv] and the conv window [channels, K-1]."""
     conv_ch = 2 * s.dn_k_heads * s.dn_head_dim + s.dn_v_heads * s.dn_head_dim
@@ -267,16 +297,21 @@ class DeltaNetLayer(nn.Module):
         q, k, v, log_a, beta, z = self.step_inputs(x, conv)
         return self._out(delta_step_reference(S, q, k, v, log_a, beta), z)
 
-    def forward_seq(self, x: torch.Tensor, S: torch.Tensor, conv: torch.Tensor, chunk: int = 64) -> torch.Tensor:
-        """A prompt chunk of one request: x [T, hidden]; S [H, dk, dv], conv [C, K-1] updated in place."""
+    def forward_seq(self, x: torch.Tensor, S: torch.Tensor, conv: torch.Tensor, chunk: int = 64,
+                    mark=None) -> torch.Tensor:
+        """A prompt chunk of one request: x [T, hidden]; S [H, dk, dv], conv [C, K-1] updated in place.
+        `mark(phase)`: where the projections end and the scan starts, and back (a prefill anatomy's lines)."""
         T = x.shape[0]
+        mark = mark or (lambda phase: None)
         qkv, z, a, b = torch.split(matmul(x, self.w_in), [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
+        mark("dn_scan")
         seq = torch.cat([conv.to(qkv.dtype), qkv.t()], dim=-1)               # [C, K-1+T]
         conv.copy_(seq[:, -(self.s.dn_conv - 1):])
         conv_out = F.silu(F.conv1d(seq.unsqueeze(0).float(), self.conv_w.float().unsqueeze(1),
                                    groups=self.conv_ch)[0].t()).to(x.dtype)  # [T, C]
         q, k, v = self._qkv(conv_out, T)
         log_a, beta = self._gates(a, b)
-        o, S_new = delta_rule_chunked(q, k, v, log_a, beta, S, chunk=chunk)
+        o, S_new = delta_rule_prefill(q, k, v, log_a, beta, S, chunk=chunk)
         S.copy_(S_new)
+        mark("dn_weights")
         return self._out(o, z)

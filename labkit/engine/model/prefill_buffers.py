@@ -135,10 +135,11 @@ class RotatingPrefillIO:
     # ---------------------------------------------------------------- what Engine.block calls
     def deltanet(self, blk, ki, x, d):
         c = self.e.cache
-        return dn_prefill(blk, x, d, c.dn_state[ki, self.slot], c.dn_conv[ki, self.slot])
+        return dn_prefill(blk, x, d, c.dn_state[ki, self.slot], c.dn_conv[ki, self.slot], self.mark)
 
     def write(self, ki: int, kv_rows: torch.Tensor, keys: torch.Tensor, scales: torch.Tensor) -> None:
         c, a, e = self.e.cache, self.start, self.end
+        self.mark("kv_load")                 # the wait for this layer's prefix (its time: the stall)
         self._prefetch(a, ki)                # normally enqueued one layer earlier
         b = buffer_of(ki, self.n)
         nxt = self._next(a, ki)
@@ -146,6 +147,7 @@ class RotatingPrefillIO:
         if nxt is not None:                  # the next layer's prefix travels while this one computes
             self._prefetch(*nxt)
         self.load.wait(self.loaded[b], self.compute)
+        self.mark("kv_write")
         prev = self.user[b]
         if prev not in (-1, ki):             # no load came in between (chunk 0): the previous layer's
             self.wb.wait(self.written[prev], self.compute)     # write-back may still read [a, e)
@@ -168,12 +170,11 @@ class RotatingPrefillIO:
             st.store(c.pool, ki, self.where[0], buf[self.start:self.end])
 
     def attend(self, ki, q, iq, iw, pos):
-        from .attention import dense_prefill_attention, fast_sdpa, split_rows
+        from .attention import prefill_attend, split_rows
         s = self.e.model.shape
         b = buffer_of(ki, self.n)
         k, v = split_rows(self.bufs[b][:self.end].view(torch.bfloat16), s.n_kv_heads, s.head_dim)
-        with fast_sdpa(q.device):
-            att = dense_prefill_attention(q, k, v)
+        att = prefill_attend(self.e, ki, self.slot, q, k, v, iq, iw, pos, self.mark)
         self.load.record(self.used[b], self.compute)
         self.active = -1
         if self.deferred is not None:

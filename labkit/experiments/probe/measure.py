@@ -203,6 +203,18 @@ def hbm_read_gbps(dev: torch.device, gib: float = 2.0, repeats: int = 20) -> dic
     return _row("hbm_read", n, ts["read"])
 
 
+def gemm_peak(dev: torch.device, repeats: int = 20, n: int = 8192) -> dict:
+    """The dense bf16 peak as a product reaches it: an n^3 GEMM on random data (the compute bound of a
+    prefill anatomy's weights and attention phases)."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+    ts = bench({"gemm": lambda: a @ b}, dev, repeats)
+    row = _row("gemm_bf16", None, ts["gemm"], size=n)
+    row["tflops"] = 2 * n ** 3 / row["step_ms_median"] / 1e9
+    del a, b
+    return row
+
+
 def probe_weights(dev: torch.device, repeats: int, shape: str = "qwen3.8-flash-next", ms=(1, 4, 16)) -> list[dict]:
     """`weight_product` rows: a matrix, M and path (cuBLAS, or the lab's GEMV where it applies). Each timed
     call is a graph of up to 8 products over distinct copies of the matrix back to back, as a step streams

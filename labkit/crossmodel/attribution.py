@@ -1,6 +1,6 @@
 """Where a fitted `first:N` mapper loses its perplexity: per mapped layer, and per prompt length.
 
-For each mapper file and prompt length, on the corpora's eval split (as `labkit.xfer.ablation` scores):
+For each mapper file and prompt length, on the corpora's eval split (as `labkit.crossmodel.ablation` scores):
 
 - `all`: every mapped layer predicted (the ablation's number);
 - `only:l`: layer l predicted, every other layer's K/V true — what l's error costs on its own;
@@ -29,10 +29,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from labkit.xfer.ablation import large_pass, small_view
-from labkit.xfer.features import cache_kv, rotate
-from labkit.xfer.mapper import Mapper
-from labkit.xfer.quality import logits_with_kv
+from labkit.crossmodel.ablation import large_pass, small_view
+from labkit.crossmodel.features import cache_kv, rotate
+from labkit.crossmodel.mapper import Mapper
+from labkit.crossmodel.quality import logits_with_kv
 
 
 @torch.no_grad()
@@ -40,7 +40,7 @@ def run(mapper_paths, large_name="smollm2-135m", corpora=("code", "prose"), n_se
         cont_len=128, per_layer=True, split=(), prefixes=(), log=print) -> pd.DataFrame:
     from labkit.models import load_model
     from labkit.quality.corpora import sequences
-    from labkit.xfer.pair import plan_pair
+    from labkit.crossmodel.pair import plan_pair
 
     mappers = {}
     for path in mapper_paths:

@@ -13,7 +13,7 @@ small-model prefill (`mapped_kv`), with the ablations that show what the mapper 
 model's own K/V, from a k-token forward of the large model (k/T of its prefill). Position 0 is the
 attention sink most deep-layer heads put their mass on; it is one row in 512 of the calibration text and
 the linear map predicts it badly; that one position carried 43% (first:8: 1.67 -> 1.34) and 60% (first:10:
-1.91 -> 1.30) of the log perplexity ratio at k = 1 (`labkit.xfer.attribution --prefix`).
+1.91 -> 1.30) of the log perplexity ratio at k = 1 (`labkit.crossmodel.attribution --prefix`).
 
 The same function feeds the pure-transformers quality reference and the /dev/shm producer.
 """
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from labkit.xfer.features import (SmallPass, cache_kv, pre_rope_kv, rope_cos_sin, rotate, run_with_hidden,
+from labkit.crossmodel.features import (SmallPass, cache_kv, pre_rope_kv, rope_cos_sin, rotate, run_with_hidden,
                                   small_pass)
-from labkit.xfer.mapper import Fitter, Mapper
-from labkit.xfer.pair import PairSpec
+from labkit.crossmodel.mapper import Fitter, Mapper
+from labkit.crossmodel.pair import PairSpec
 
 MODES = ("mapped", "zeros", "copy_last")
 EXACT_PREFIX = 1   # positions whose K/V the large model computes itself (the attention sink)
@@ -83,7 +83,7 @@ def fit_mapper(models: Models, features, calib: list[tuple[str, str, torch.Tenso
                log=print, rank: int = 0) -> Mapper:
     """Fit on calibration chunks [(split 'fit'|'val', name, ids[T])]; λ chosen on the 'val' chunks; `rank` > 0
     factorizes the ridge solution (`Fitter.reduced`)."""
-    from labkit.xfer.mapper import LAMBDA_GRID
+    from labkit.crossmodel.mapper import LAMBDA_GRID
 
     fitter = Fitter(models.pair, features, rope)
     mapped = models.pair.table.mapped_layers

@@ -28,12 +28,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from labkit.xfer.heldout import EVAL_SEED
-from labkit.xfer.intervals import text as iv_text
-from labkit.xfer.features import FeatureSpec, SmallPass, cache_kv, pre_rope_kv, rope_cos_sin, rotate, run_with_hidden
-from labkit.xfer.mapper import Fitter, restrict
-from labkit.xfer.pair import plan_pair
-from labkit.xfer.quality import logits_with_kv, greedy
+from labkit.crossmodel.heldout import EVAL_SEED
+from labkit.crossmodel.intervals import text as iv_text
+from labkit.crossmodel.features import FeatureSpec, SmallPass, cache_kv, pre_rope_kv, rope_cos_sin, rotate, run_with_hidden
+from labkit.crossmodel.mapper import Fitter, restrict
+from labkit.crossmodel.pair import plan_pair
+from labkit.crossmodel.quality import logits_with_kv, greedy
 
 # N=8: the feature ablation; every other N: the frontier (a smaller superset keeps the passes cheap)
 SUPERSET_ABLATION = "h:-1,h:0,h:-1@-1,h:-2,h:-1@-2,kv:-1,h:-1@avg"
@@ -96,8 +96,8 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
         superset_ablation=SUPERSET_ABLATION, superset_frontier=SUPERSET_FRONTIER, sums_cache: Path | None = None,
         frontier_only: str = "", ranks=(), grid=GRID, exact_prefix: int = 1, eval_seed: int = EVAL_SEED,
         val_by: str = "document"):
-    from labkit.xfer import heldout
-    from labkit.xfer.transfer import calibration_chunks
+    from labkit.crossmodel import heldout
+    from labkit.crossmodel.mapped_cache import calibration_chunks
 
     t_start = time.perf_counter()
     pairs = {n: plan_pair(large_name, f"first:{n}", derive=False) for n in ns}
@@ -294,8 +294,8 @@ def _write(results, mappers, out, mapper_dir, ablation_n, meta):
 
 def pooled(df: pd.DataFrame) -> dict:
     """Pooled perplexity ratio overall and per corpus with 95% intervals over sequences and the per-sequence
-    min / max, mean top-1 agreement with its interval (`labkit.xfer.intervals`)."""
-    from labkit.xfer.intervals import pooled as pooled_columns
+    min / max, mean top-1 agreement with its interval (`labkit.crossmodel.intervals`)."""
+    from labkit.crossmodel.intervals import pooled as pooled_columns
 
     return pooled_columns(df)
 

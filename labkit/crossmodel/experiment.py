@@ -8,7 +8,7 @@ Steps, each writing into the run folder as it goes:
    (`$LABKIT_CACHE/xfer/<key>.safetensors`), else fit on the corpora's calibration split and cache it
    (mapper files are large: never in a run folder); held-out calibration R² and λ -> `mapper_fit.parquet`;
 3. quality in plain transformers on `n_sequences` evaluation windows per corpus drawn by `eval_seed` from
-   documents whose family the calibration never read (`labkit.xfer.heldout`; the split goes into the
+   documents whose family the calibration never read (`labkit.crossmodel.heldout`; the split goes into the
    manifest): per (corpus, sequence, mode) summed NLL of the real continuation, ratio to the true cache,
    top-1 agreement -> `metrics.parquet` rows (kind=quality); per (corpus, mode) and pooled ratios with 95%
    intervals over sequences -> `quality_summary.parquet`, `quality_pooled.parquet`; per-layer R² on
@@ -17,7 +17,7 @@ Steps, each writing into the run folder as it goes:
    (small prefill + mapping + /dev/shm write + read into a cache + the large model's last-token
    forward), per prompt length, warm-up then `repeats` -> rows kind=ttft with the stage breakdown;
 5. with `backend` including vllm: the same comparison through a vLLM server with the labkit connector
-   (`labkit.xfer.vllm_path`), at each concurrency, and the vLLM path's perplexity.
+   (`labkit.crossmodel.vllm_path`), at each concurrency, and the vLLM path's perplexity.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from labkit.params import BadInput, one_line
-from labkit.xfer.transfer import EXACT_PREFIX
+from labkit.crossmodel.mapped_cache import EXACT_PREFIX
 
 EXPERIMENT = "xfer"
 
@@ -41,11 +41,11 @@ EXPERIMENT = "xfer"
 def check(given: dict) -> dict:
     """Validate resolved parameters (`experiments.xfer`); raises BadInput (one line) before anything is loaded
     or written. Returns them with `_pair` (the model pair, not recorded)."""
-    from labkit.xfer import shm
-    from labkit.xfer.features import FeatureSpec
-    from labkit.xfer.mapper import check_compatible, read_metadata
-    from labkit.xfer.pair import PairError, plan_pair
-    from labkit.xfer.transfer import MODES
+    from labkit.crossmodel import shm
+    from labkit.crossmodel.features import FeatureSpec
+    from labkit.crossmodel.mapper import check_compatible, read_metadata
+    from labkit.crossmodel.pair import PairError, plan_pair
+    from labkit.crossmodel.mapped_cache import MODES
 
     p = dict(given)
     try:
@@ -90,7 +90,7 @@ def check(given: dict) -> dict:
         raise BadInput(f"calib_val must be document or chunk, got {p['calib_val']!r}")
     if p["eval_seed"] < 0:
         raise BadInput(f"eval_seed must be >= 0, got {p['eval_seed']}")
-    from labkit.xfer.heldout import eval_documents
+    from labkit.crossmodel.heldout import eval_documents
     for c in p["corpora"]:
         try:
             have = len(eval_documents(c))
@@ -124,9 +124,9 @@ def mapper_cache_path(p: dict, pair) -> Path:
 
 
 def get_mapper(p: dict, models, log=print, calib=None):
-    from labkit.xfer.features import FeatureSpec
-    from labkit.xfer.mapper import Mapper
-    from labkit.xfer.transfer import calibration_chunks, fit_mapper
+    from labkit.crossmodel.features import FeatureSpec
+    from labkit.crossmodel.mapper import Mapper
+    from labkit.crossmodel.mapped_cache import calibration_chunks, fit_mapper
 
     pair = models.pair
     path = Path(p["mapper"]) if p["mapper"] else mapper_cache_path(p, pair)
@@ -151,7 +151,7 @@ def _stats(xs) -> dict:
 @torch.no_grad()
 def large_ttft_once(large, ids: torch.Tensor) -> tuple[float, int]:
     """Seconds of the large model's own prefill + first token over ids [1, T], and that token."""
-    from labkit.xfer.features import call
+    from labkit.crossmodel.features import call
 
     t0 = time.perf_counter()
     logits = call(large, ids, logits_to_keep=1)[0].logits[0, -1]
@@ -162,8 +162,8 @@ def large_ttft_once(large, ids: torch.Tensor) -> tuple[float, int]:
 def mapped_ttft_once(prod, models, ids: torch.Tensor) -> tuple[float, dict, int]:
     """Seconds of the producer path (small prefill + mapping + /dev/shm write + read into a cache + the
     large model's last-token forward) over ids [1, T], its stage breakdown, and its first token."""
-    from labkit.xfer import shm
-    from labkit.xfer.features import build_cache, call
+    from labkit.crossmodel import shm
+    from labkit.crossmodel.features import build_cache, call
 
     large = models.large
     t1 = time.perf_counter()
@@ -201,7 +201,7 @@ def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path,
                       exact_prefix: int = EXACT_PREFIX) -> list[dict]:
     """Per prompt length: the large model's prefill + first token vs the producer path, in-process."""
     from labkit.quality.corpora import sequences
-    from labkit.xfer.producer import Producer
+    from labkit.crossmodel.producer import Producer
 
     prod = Producer(models, mapper, root, dtype=next(models.large.parameters()).dtype, exact_prefix=exact_prefix)
     rows = []
@@ -228,12 +228,12 @@ def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path,
 def run_xfer(given: dict, run=None, log=print):
     """Measure everything into a run folder (labkit.results.Run); returns the Run."""
     from labkit import sweep
-    from labkit.xfer import quality as q
-    from labkit.xfer import shm
-    from labkit.xfer.pair import plan_pair
-    from labkit.xfer.transfer import load_models
+    from labkit.crossmodel import quality as q
+    from labkit.crossmodel import shm
+    from labkit.crossmodel.pair import plan_pair
+    from labkit.crossmodel.mapped_cache import load_models
 
-    from labkit.xfer.pair import plan_pair
+    from labkit.crossmodel.pair import plan_pair
     p = dict(given)           # checked by `experiments.xfer.plan`
     pair = p.pop("_pair", None) or plan_pair(p["large"], p["small"], p["layer_table"] or None)
     shown = log is not None
@@ -258,8 +258,8 @@ def run_xfer(given: dict, run=None, log=print):
             f"small model = the large model's first {pair.shared_layers} layers + final norm + head (no training); "
             f"layers 0..{pair.shared_layers - 1} are copied exactly, {pair.shared_layers}..{pair.large.layers - 1} mapped")
             if pair.shared_layers else "")
-        from labkit.xfer import heldout
-        from labkit.xfer.transfer import calibration_chunks
+        from labkit.crossmodel import heldout
+        from labkit.crossmodel.mapped_cache import calibration_chunks
         calib = calibration_chunks(models.tokenizer, p["corpora"], p["calib_seq_len"], p["calib_tokens"],
                                    val_by=p["calib_val"])
         seqs = q.eval_sequences(models.tokenizer, p["corpora"], p["prompt_len"] + p["cont_len"], p["n_sequences"],
@@ -294,7 +294,7 @@ def run_xfer(given: dict, run=None, log=print):
                                          shm.default_root(), log=log, exact_prefix=p["exact_prefix"]):
                 run.add(dict(base, status="ok", error=None, **row))
         if p["backend"] in ("vllm", "both"):
-            from labkit.xfer.vllm_path import run_vllm
+            from labkit.crossmodel.vllm_path import run_vllm
             stage("vllm")
             run_vllm(p, models, mp, mpath, seqs, run, base, log=log)
     except BadInput:

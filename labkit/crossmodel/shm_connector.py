@@ -2,7 +2,7 @@
 
 Configured as
     --kv-transfer-config '{"kv_connector": "LabkitXferConnector", "kv_connector_module_path":
-        "labkit.xfer.connector", "kv_role": "kv_consumer", "kv_connector_extra_config":
+        "labkit.crossmodel.shm_connector", "kv_role": "kv_consumer", "kv_connector_extra_config":
         {"shm_root": "/dev/shm/labkit-xfer", "fingerprint": "<large model fingerprint>"}}'
 
 Scheduler side: `get_num_new_matched_tokens` looks for `shm.path_for(prompt)`, validates its header
@@ -38,8 +38,8 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                 KVConnectorRole, SupportsHMA)
 
-from labkit.xfer import shm
-from labkit.xfer.paged import layer_index, scatter, slot_mapping, split_kv
+from labkit.crossmodel import shm
+from labkit.crossmodel.paged import layer_index, scatter, slot_mapping, split_kv
 
 try:  # under vLLM's logger so its handlers print our lines beside its own
     from vllm.logger import init_logger
@@ -123,7 +123,7 @@ class LabkitXferConnector(KVConnectorBase_V1, SupportsHMA):
         path = shm.path_for(ids, self.root)
         if not os.path.lexists(path):
             return 0, False
-        try:   # opened through the checked root, O_NOFOLLOW, ours and 0600 (see labkit.xfer.shm)
+        try:   # opened through the checked root, O_NOFOLLOW, ours and 0600 (see labkit.crossmodel.shm)
             hdr = shm.validate(path, ids, self.fingerprint, self.num_layers, self.kv_heads, self.head_dim)
             if self._verified.get(str(path)) != hdr.file_version:
                 hdr = shm.validate(path, ids, self.fingerprint, self.num_layers, self.kv_heads, self.head_dim,

@@ -26,8 +26,8 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from .report.summary import ok_rows, link_gbps
-from .results import effective_status, run_manifests
+from .summary import ok_rows, link_gbps
+from ..results import effective_status, run_manifests
 
 INDEX_NAME = "index.html"
 
@@ -139,7 +139,7 @@ def machine_label(mf: dict) -> str:
 
 def machine_kind(mf: dict) -> str:
     """The kind a run's machine is grouped under: the cluster kind it ran on, else its GPU's kind, else cpu."""
-    from .costmodel import gpu_kind
+    from ..costmodel import gpu_kind
     c, gpu = mf.get("cluster"), mf.get("gpu_name")       # a table's row holds NaN where a manifest had nothing
     if isinstance(c, dict) and c.get("kind"):
         return str(c["kind"])
@@ -275,9 +275,9 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
     if root.name.startswith("nightly-") and (root.parent / root.name).is_dir():
         root = root.parent
     if not root.is_dir():
-        from .params import BadInput
+        from ..params import BadInput
         raise BadInput(f"{root} is not a folder of runs")
-    from .report.html import Page, esc
+    from .html import Page, esc
     runs, heads, problems = collect(root)
     page = Page(f"labkit runs — {root.resolve().name}")
     page.text(f"{len(runs)} run(s) under {root}, trends grouped by machine kind. Figures are compared only between "

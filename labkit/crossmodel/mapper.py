@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from labkit.xfer.features import FeatureSpec, feature_dim
-from labkit.xfer.pair import LayerTable, PairError, PairSpec
+from labkit.crossmodel.features import FeatureSpec, feature_dim
+from labkit.crossmodel.pair import LayerTable, PairError, PairSpec
 
 LAMBDA_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)  # 3 and 10 were never chosen (first:8 fits)
 FORMAT = "labkit-xfer-mapper/1"

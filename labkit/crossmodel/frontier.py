@@ -1,4 +1,4 @@
-"""The N frontier of a `first:N` pair: perplexity ratio (from `labkit.xfer.ablation`) against measured TTFT
+"""The N frontier of a `first:N` pair: perplexity ratio (from `labkit.crossmodel.ablation`) against measured TTFT
 speedup, per N and prompt length — the figure a user picks N from.
 
 TTFT is measured end to end in one process on the transformers backend (`experiment.mapped_ttft_once`:
@@ -49,11 +49,11 @@ def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=
     """mappers: {(N, name): path}. Yields rows kind=ttft, one (large_prefill, mapped) pair per (N, name,
     length), each length's as soon as it is measured."""
     from labkit.quality.corpora import sequences
-    from labkit.xfer.experiment import large_ttft_once, mapped_ttft_once, ttft_rows
-    from labkit.xfer.mapper import Mapper
-    from labkit.xfer.pair import plan_pair
-    from labkit.xfer.producer import Producer
-    from labkit.xfer.transfer import load_models
+    from labkit.crossmodel.experiment import large_ttft_once, mapped_ttft_once, ttft_rows
+    from labkit.crossmodel.mapper import Mapper
+    from labkit.crossmodel.pair import plan_pair
+    from labkit.crossmodel.producer import Producer
+    from labkit.crossmodel.mapped_cache import load_models
 
     first = None
     prods = {}
@@ -100,8 +100,8 @@ def shape_mapper(pair, features: str, rank: int = 0):
     group and [r, out] per layer) and zero weights: the mapping's cost is its matrix shapes, not its values,
     so it times the path exactly; its first tokens are not the real mapper's (rows say
     `mapper_weights=shape-only`)."""
-    from labkit.xfer.features import FeatureSpec
-    from labkit.xfer.mapper import Mapper, feature_width
+    from labkit.crossmodel.features import FeatureSpec
+    from labkit.crossmodel.mapper import Mapper, feature_width
 
     fs = FeatureSpec.parse(features)
     w = pair.large.kv_heads * pair.large.head_dim
@@ -122,7 +122,7 @@ def shape_mapper(pair, features: str, rank: int = 0):
 def shape_path(mapper_dir: Path, n: int, features: str, rank: int = 0) -> Path:
     """Where the shape-only mapper of (N, features) is cached: the features are in the name (a file named by
     N alone was reused for other features of the same width, whose feature construction costs differ)."""
-    from labkit.xfer.features import FeatureSpec
+    from labkit.crossmodel.features import FeatureSpec
 
     tag = hashlib.sha256(str(FeatureSpec.parse(features)).encode()).hexdigest()[:8]
     return mapper_dir / "shape-only" / f"first{n}-{tag}{f'-rank{rank}' if rank else ''}.safetensors"
@@ -156,12 +156,12 @@ def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
 def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency, run, log=print, exact_prefix: int = 1):
     """TTFT through a vLLM server with the labkit connector (`vllm_path.ttft_vllm`), per mapper: one
     server for the large model, the producer switched per N. Yields rows kind=ttft backend=vllm."""
-    from labkit.xfer import shm
-    from labkit.xfer.mapper import Mapper
-    from labkit.xfer.pair import plan_pair
-    from labkit.xfer.producer import Producer
-    from labkit.xfer.transfer import load_models
-    from labkit.xfer.vllm_path import Server, ttft_vllm
+    from labkit.crossmodel import shm
+    from labkit.crossmodel.mapper import Mapper
+    from labkit.crossmodel.pair import plan_pair
+    from labkit.crossmodel.producer import Producer
+    from labkit.crossmodel.mapped_cache import load_models
+    from labkit.crossmodel.vllm_path import Server, ttft_vllm
 
     root = shm.default_root()
     first, server = None, None
@@ -212,8 +212,8 @@ def study(**given) -> int:
     from labkit.params import keywords
     a = keywords(given, DEFAULTS, REQUIRED, __name__)
     from labkit import sweep
-    from labkit.xfer import shm
-    from labkit.xfer.pair import plan_pair
+    from labkit.crossmodel import shm
+    from labkit.crossmodel.pair import plan_pair
 
     if a.attach:
         print(attach(Path(a.attach), Path(a.ablation)).round(3).to_string())

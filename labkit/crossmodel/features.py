@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from labkit.xfer.pair import LayerTable, PairError
+from labkit.crossmodel.pair import LayerTable, PairError
 
 FeatureKey = tuple[str, int, int | str]  # ("h", hidden index, shift) | ("kv", layer, shift); shift "avg": causal mean
 

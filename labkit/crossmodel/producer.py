@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from labkit.xfer import shm
-from labkit.xfer.mapper import Mapper
-from labkit.xfer.pair import plan_pair
-from labkit.xfer.transfer import EXACT_PREFIX, Models, load_models, mapped_kv
+from labkit.crossmodel import shm
+from labkit.crossmodel.mapper import Mapper
+from labkit.crossmodel.pair import plan_pair
+from labkit.crossmodel.mapped_cache import EXACT_PREFIX, Models, load_models, mapped_kv
 
 
 class Producer:

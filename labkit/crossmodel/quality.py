@@ -1,6 +1,6 @@
 """Quality of a mapped cache against the large model's own, in plain transformers (the reference).
 
-Protocol per held-out sequence of `prompt_len + cont_len` tokens (`labkit.xfer.heldout`: a window at a
+Protocol per held-out sequence of `prompt_len + cont_len` tokens (`labkit.crossmodel.heldout`: a window at a
 seeded offset in an eval document whose family the calibration never read), as a KV connector runs it: the cache covers the first `prompt_len - 1` tokens (an
 engine recomputes the prompt's last token itself), then the large model processes the last prompt token
 and the continuation:
@@ -15,7 +15,7 @@ and the continuation:
 
 Rows are tidy dicts, one per (sequence, mode), with the summed NLL; `summarize` pools perplexities
 token-weighted per (corpus, mode) and `pooled` over the corpora per mode, both with 95% intervals over
-sequences (`labkit.xfer.intervals`).
+sequences (`labkit.crossmodel.intervals`).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from labkit.xfer.features import build_cache, cache_kv, call
-from labkit.xfer.heldout import as_seq
-from labkit.xfer.transfer import EXACT_PREFIX, MODES, Models, large_targets, mapped_kv, true_cache
+from labkit.crossmodel.features import build_cache, cache_kv, call
+from labkit.crossmodel.heldout import as_seq
+from labkit.crossmodel.mapped_cache import EXACT_PREFIX, MODES, Models, large_targets, mapped_kv, true_cache
 
 
 def eval_sequences(tokenizer, corpora, total_len: int, n: int, seed: int | None = None):
     """`n` evaluation windows per corpus (`heldout.Seq`), drawn by `seed` (`heldout.EVAL_SEED` if None)."""
-    from labkit.xfer.heldout import EVAL_SEED, draw
+    from labkit.crossmodel.heldout import EVAL_SEED, draw
 
     return draw(tokenizer, corpora, total_len, n, seed=EVAL_SEED if seed is None else seed)
 
@@ -119,7 +119,7 @@ def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree
                 for l_ in pair.table.mapped_layers:
                     k, v = kv[l_]
                     if mapper.rope == "pre":
-                        from labkit.xfer.features import rope_cos_sin, unrotate
+                        from labkit.crossmodel.features import rope_cos_sin, unrotate
                         cos, sin = rope_cos_sin(large, T)
                         k = unrotate(k.float(), cos, sin)
                     pk = k[0].float().transpose(0, 1).reshape(T, w)
@@ -141,7 +141,7 @@ def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Per (corpus, mode): token-weighted ppl, its ratio to the true cache with a 95% interval over sequences
     (`ppl_ratio_lo/_hi/_n`) and the per-sequence min / max, mean top-1 agreement with its interval."""
-    from labkit.xfer.intervals import agree_columns, paired, ratio_columns
+    from labkit.crossmodel.intervals import agree_columns, paired, ratio_columns
 
     g = df.groupby(["corpus", "mode"], as_index=False).agg(nll_sum=("nll_sum", "sum"), n_tokens=("n_tokens", "sum"),
                                                            top1_agree=("top1_agree", "mean"),
@@ -160,7 +160,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 def pooled(df: pd.DataFrame) -> pd.DataFrame:
     """Per mode, over every corpus: the pooled ratio with its interval over sequences, per-sequence min / max,
     top-1 agreement with its interval."""
-    from labkit.xfer.intervals import agree_columns, paired, ratio_columns
+    from labkit.crossmodel.intervals import agree_columns, paired, ratio_columns
 
     pr = paired(df)
     return pd.DataFrame([{"mode": m, "n_sequences": len(x), "corpora": ",".join(sorted(x["corpus"].unique())),

@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from labkit.results import REPO
-from labkit.xfer.transfer import EXACT_PREFIX
+from labkit.crossmodel.mapped_cache import EXACT_PREFIX
 
 
 class Server:
@@ -47,7 +47,7 @@ class Server:
         env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
                "VLLM_CACHE_ROOT": str(cache), "TMPDIR": str(cache / "tmp"), "HF_HUB_OFFLINE": "1",
                "LABKIT_XFER_SHM": str(shm_root)}
-        ktc = {"kv_connector": "LabkitXferConnector", "kv_connector_module_path": "labkit.xfer.connector",
+        ktc = {"kv_connector": "LabkitXferConnector", "kv_connector_module_path": "labkit.crossmodel.shm_connector",
                "kv_role": "kv_consumer", "kv_connector_extra_config": {"shm_root": str(shm_root), "fingerprint": fingerprint,
                                                                        "zero_fill_prompt_logprobs": True}}
         args = [ckpt, "--served-model-name", "large", "--max-model-len", str(max_model_len), "--enforce-eager",
@@ -100,7 +100,7 @@ def _prompt_nll(resp: dict, ids, first: int) -> tuple[float, list[int]]:
 def quality_vllm(server: Server, prod, seqs, prompt_len: int, cont_len: int, agree_tokens: int, log=print) -> list[dict]:
     rows = []
     cover = prompt_len - 1
-    from labkit.xfer.heldout import as_seq
+    from labkit.crossmodel.heldout import as_seq
 
     for s in map(as_seq, seqs):
         corpus, name, ids = s.corpus, s.document, [int(x) for x in s.ids[: prompt_len + cont_len]]
@@ -132,7 +132,7 @@ def quality_vllm(server: Server, prod, seqs, prompt_len: int, cont_len: int, agr
 
 
 def _path(prod, ids):
-    from labkit.xfer import shm
+    from labkit.crossmodel import shm
 
     return shm.path_for(ids, prod.root)
 
@@ -229,8 +229,8 @@ def ttft_vllm(server: Server, prod, tokenizer, lens, concurrency, repeats: int, 
 def run_vllm(p: dict, models, mapper, mapper_path, seqs, run, base: dict, log=print) -> None:
     import torch
 
-    from labkit.xfer import shm
-    from labkit.xfer.producer import Producer
+    from labkit.crossmodel import shm
+    from labkit.crossmodel.producer import Producer
 
     root = shm.default_root()
     prod = Producer(models, mapper, root, dtype=torch.float32, exact_prefix=p.get("exact_prefix", EXACT_PREFIX))
@@ -246,11 +246,11 @@ def run_vllm(p: dict, models, mapper, mapper_path, seqs, run, base: dict, log=pr
         m = run.metrics()
         qv = m[(m.get("kind") == "quality") & (m["backend"] == "vllm")]
         if not qv.empty:
-            from labkit.xfer.quality import summarize
+            from labkit.crossmodel.quality import summarize
             prev = run.path / "quality_summary.parquet"
             old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
             run.write_table("quality_summary", pd.concat([old, summarize(qv).assign(backend="vllm")], ignore_index=True))
-            from labkit.xfer.quality import pooled
+            from labkit.crossmodel.quality import pooled
             prev = run.path / "quality_pooled.parquet"
             old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
             run.write_table("quality_pooled", pd.concat([old, pooled(qv).assign(backend="vllm")], ignore_index=True))

@@ -1,0 +1,436 @@
+"""Sparse prefill for QSA layers: each query of a chunk keeps its top-`k` keys by index score and attends
+to those rows only, without a T x S score matrix anywhere.
+
+`prefill_select(iq [T, Hi, Di], iw [T, Hi], keys [S, Di] fp8, scales [S] fp16, q_pos [T], k)
+    -> (idx [T, k] int64 ascending, valid [T, k] bool)`
+`sparse_prefill_attention(q [T, Hq, D], k, v [S, n_kv, D], idx, valid) -> [T, Hq, D]`
+
+Which keys: those of `select.py` per query, over the positions it may see (0..q_pos[t]). The score is the
+indexer's (`indexer.py`): score[t, s] = scales[s] * sum_h iw[t, h] * relu(iq[t, h] . keys[s]), here in
+fp32 throughout (fp8 and bf16 inputs, fp32 products and sums). The k largest win; among scores equal to
+the k-th largest the lowest positions. A query that sees fewer than k keys takes them all; the rest of
+its slots are `valid=False` and point at position 0 (a real row: a masked softmax weight never meets a
+NaN from memory that was never written).
+
+How (CUDA, Triton; the `_reference` functions are the same definitions in torch ops, the CPU path and the
+tests' ground truth). Scores cost Hi x Di = 256 MACs a pair, on tensor cores (`tl.dot`, bf16 in, fp32
+out): recomputing them is cheaper than storing T x S of them. One program owns `BT` queries and streams
+the keys they can see in tiles of `BS`, in position order. A pass that scores and compares is cheap; one
+that also histograms is several times dearer (`tl.histogram` is 1-D, so one query's row at a time, and a
+256-bin histogram costs ~80 thread instructions a key), so the default path histograms a sample only:
+1. bound: two histogram passes (top 16 bits of the order-preserving key, `select.order_keys`) over every
+   8th key; each query's walk (`_walk`, as `select.py`'s) finds the 16-bit prefix of the sampled key of rank
+   ~1.3 k / 8 + 4. Its lowest key is a lower bound on the query's k-th largest score, with ~1.3 k + 32
+   keys expected at or above it (0 for a query that sees at most `cap` keys);
+2. collect: one pass over all keys writes each query's keys at or above its bound, (key, position), in
+   position order (a running count plus a prefix sum in the tile), at most `cap` = 2k of them;
+3. select: one program a query runs four radix passes over its candidates in registers and writes the
+   taken positions at their rank. Since every key at or above the k-th largest is a candidate, this is the
+   exact selection, ties included;
+4. a query with fewer candidates than it takes (the sample put the bound too high) or more than `cap`
+   (ties, or a sample that missed) is flagged, and the exact passes run for the flagged queries only:
+   four histogram passes over all their keys (pass p counts the next 8 bits of the keys whose higher bits
+   equal the prefix found so far; each program owns its queries' histograms, stored once without atomics)
+   and a write pass. They are launched always; a program with no flagged query reads nothing (no sync).
+Memory besides inputs and outputs: histograms [6, T, 256] int32 and candidates [T, 2k] x 8 B (268 MB at
+T = 8192, k = 2048: the size of the output). `method="exact"` runs the exact passes for every query.
+A query that sees n < k keys asks the walk for n: the threshold is then its smallest key and all are taken.
+
+Attention: one program per (query, KV head). The selected rows are read once for all the query heads of
+that KV head (GQA), in blocks of `BK`, with an online softmax; fp32 accumulation.
+"""
+from __future__ import annotations
+
+import torch
+
+from .gather import HAVE_TRITON, interpret_mode
+from .select import NEG_INF, select_topk_reference
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+RADIX, N_PASSES = 256, 4
+SAMPLE_STRIDE = 8          # the bounded path's sample: every 8th key
+
+
+# ------------------------------------------------------------------ the definitions (torch ops)
+
+def prefill_scores_reference(iq, iw, keys, scales, q_pos) -> torch.Tensor:
+    """scores [T, S] fp32, -inf at positions a query may not see (s > q_pos[t])."""
+    kf = keys.to(torch.float32)                                                   # [S, Di]
+    dots = torch.einsum("thd,sd->tsh", iq.to(torch.float32), kf)                  # [T, S, Hi]
+    s = (torch.relu(dots) * iw.to(torch.float32)[:, None, :]).sum(-1) * scales.to(torch.float32)[None, :]
+    pos = torch.arange(keys.shape[0], device=keys.device)
+    return s.masked_fill(pos[None, :] > q_pos[:, None], NEG_INF)
+
+
+def prefill_select_reference(iq, iw, keys, scales, q_pos, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition: `select_topk_reference` over each query's causal scores (k may exceed S: the
+    slots past the visible keys come back invalid)."""
+    _check_select(iq, iw, keys, scales, q_pos, k)
+    s = prefill_scores_reference(iq, iw, keys, scales, q_pos)
+    if k > s.shape[1]:
+        s = torch.nn.functional.pad(s, (0, k - s.shape[1]), value=NEG_INF)
+    return select_topk_reference(s, k)
+
+
+def sparse_prefill_attention_reference(q, k, v, idx, valid) -> torch.Tensor:
+    """Each query t attends to rows idx[t][valid[t]] of its KV head; fp32 math, output in q's dtype."""
+    T, Hq, D = q.shape
+    n_kv = k.shape[1]
+    kk = k[idx].to(torch.float32)                                                 # [T, k, n_kv, D]
+    vv = v[idx].to(torch.float32)
+    qg = q.view(T, n_kv, Hq // n_kv, D).to(torch.float32)
+    s = torch.einsum("tgqd,tngd->tgqn", qg, kk) * (D ** -0.5)
+    s = s.masked_fill(~valid[:, None, None, :], NEG_INF)
+    o = torch.einsum("tgqn,tngd->tgqd", torch.softmax(s, dim=-1), vv)
+    return o.reshape(T, Hq, D).to(q.dtype)
+
+
+def _check_select(iq, iw, keys, scales, q_pos, k):
+    if iq.dim() != 3 or iw.shape != iq.shape[:2] or keys.dim() != 2 or keys.shape[1] != iq.shape[2]:
+        raise ValueError(f"prefill_select: iq {tuple(iq.shape)}, iw {tuple(iw.shape)}, keys {tuple(keys.shape)} "
+                         "do not fit [T, Hi, Di], [T, Hi], [S, Di]")
+    if scales.shape != keys.shape[:1] or q_pos.shape != iq.shape[:1]:
+        raise ValueError(f"prefill_select: scales {tuple(scales.shape)} / q_pos {tuple(q_pos.shape)} do not fit "
+                         f"S={keys.shape[0]}, T={iq.shape[0]}")
+    if k < 1:
+        raise ValueError(f"prefill_select: k={k} must be at least 1")
+
+
+def _check_attention(q, k, v, idx, valid):
+    if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or k.shape[2] != q.shape[2] or q.shape[1] % k.shape[1]:
+        raise ValueError(f"sparse_prefill_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+                         "do not fit [T, Hq, D], [S, n_kv, D] with n_kv dividing Hq")
+    if idx.shape != valid.shape or idx.dim() != 2 or idx.shape[0] != q.shape[0]:
+        raise ValueError(f"sparse_prefill_attention: idx {tuple(idx.shape)} / valid {tuple(valid.shape)} "
+                         f"do not fit [T={q.shape[0]}, k]")
+
+
+# ------------------------------------------------------------------ the kernels
+
+if HAVE_TRITON:
+    @triton.jit
+    def _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+                    BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr, DOT_F32: tl.constexpr,
+                    STRIDE: tl.constexpr):
+        """Order-preserving uint32 keys [BT, BS] of queries t at positions (s0 + j) * STRIDE, which of them
+        the queries see, and the positions."""
+        s = (s0 + tl.arange(0, BS)) * STRIDE
+        sm = s < S
+        di = tl.arange(0, DI)
+        kt = tl.load(k_ptr + s[None, :].to(tl.int64) * k_ss + di[:, None], mask=sm[None, :], other=0.0)  # [DI, BS]
+        if DOT_F32:   # the interpreter: exact fp32 operands (fp8 and bf16 values are), the same products
+            kt = kt.to(tl.float32)
+        else:
+            kt = kt.to(tl.bfloat16)
+        acc = tl.zeros([t.shape[0], BS], dtype=tl.float32)
+        for h in tl.static_range(HI):
+            qh = tl.load(iq_ptr + t[:, None].to(tl.int64) * iq_st + h * iq_sh + di[None, :], mask=tm[:, None],
+                         other=0.0)
+            if DOT_F32:
+                d = tl.dot(qh.to(tl.float32), kt, input_precision="ieee")
+            else:
+                d = tl.dot(qh.to(tl.bfloat16), kt)
+            wh = tl.load(iw_ptr + t.to(tl.int64) * iw_st + h, mask=tm, other=0.0).to(tl.float32)
+            acc += wh[:, None] * tl.maximum(d, 0.0)
+        acc = acc * tl.load(sc_ptr + s, mask=sm, other=0.0).to(tl.float32)[None, :]
+        u = acc.to(tl.uint32, bitcast=True)
+        key = tl.where((u >> 31) == 1, ~u, u | 0x80000000)
+        ok = tm[:, None] & sm[None, :] & (s[None, :] <= qp[:, None])
+        return key, ok, s
+
+    @triton.jit
+    def _walk(hist_ptr, t, tm, T, need, PASSES: tl.constexpr, RADIX: tl.constexpr):
+        """(prefix, need) of queries t after PASSES passes: per pass the digit holding the need-th largest
+        key (the largest d with count(digit >= d) >= need) and the equals of the prefix still needed."""
+        bins = tl.arange(0, RADIX)
+        prefix = tl.zeros_like(t).to(tl.uint32)
+        for p in tl.static_range(PASSES):
+            h = tl.load(hist_ptr + ((p * T + t[:, None]).to(tl.int64) * RADIX + bins[None, :]), mask=tm[:, None],
+                        other=0)
+            ge = tl.sum(h, 1)[:, None] - tl.cumsum(h, 1) + h
+            d = tl.sum((ge >= need[:, None]).to(tl.int32), 1) - 1
+            need -= tl.sum(tl.where(bins[None, :] > d[:, None], h, 0), 1)
+            prefix = (prefix << 8) | d.to(tl.uint32)
+        return prefix, need
+
+    @triton.jit
+    def _rows(qp_ptr, flag_ptr, T, BT: tl.constexpr, USE_FLAG: tl.constexpr):
+        """This program's queries, which take part, their positions (-1: none, so they see no key)."""
+        t = tl.program_id(0) * BT + tl.arange(0, BT)
+        tm = t < T
+        if USE_FLAG:   # the exact passes run for the queries whose bound failed only
+            tm = tm & (tl.load(flag_ptr + t, mask=tm, other=0) != 0)
+        return t, tm, tl.load(qp_ptr + t, mask=tm, other=-1)
+
+    @triton.jit
+    def _want(qp, S, K, STRIDE: tl.constexpr):
+        """The rank the walk looks for: min(k, visible keys); over the sample (STRIDE > 1), the rank whose
+        key bounds the k-th largest from below with a margin: about 1.3 k / STRIDE + 4 sampled keys are at or
+        above it, so about 1.3 k + 4 STRIDE keys in all (a sample of every STRIDE-th key, ~sqrt(rank) noise)."""
+        n = tl.minimum(qp + 1, S)
+        want = tl.minimum(n, K)
+        if STRIDE > 1:    # one return: a return inside a constexpr branch is not for every Triton
+            want = tl.minimum((13 * want + 10 * STRIDE - 1) // (10 * STRIDE) + 4, (n + STRIDE - 1) // STRIDE)
+        return want.to(tl.int32)
+
+    @triton.jit
+    def _select_hist_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, hist_ptr, flag_ptr, T, S, K, iq_st, iq_sh, iw_st,
+                            k_ss, PASS: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
+                            DI: tl.constexpr, RADIX: tl.constexpr, DOT_F32: tl.constexpr, STRIDE: tl.constexpr,
+                            USE_FLAG: tl.constexpr):
+        t, tm, qp = _rows(qp_ptr, flag_ptr, T, BT, USE_FLAG)
+        want = _want(qp, S, K, STRIDE)
+        if PASS > 0:
+            prefix, _left = _walk(hist_ptr, t, tm, T, want, PASS, RADIX)
+        rows = tl.arange(0, BT)
+        bins = tl.arange(0, RADIX)
+        hist = tl.zeros([BT, RADIX], dtype=tl.int32)
+        end = (tl.minimum(tl.max(qp, 0) + 1, S) + STRIDE - 1) // STRIDE     # past the tile's last visible key
+        for s0 in range(0, end, BS):
+            key, ok, _pos = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+                                     BS, HI, DI, DOT_F32, STRIDE)
+            if PASS == 0:
+                match = ok
+            else:
+                match = ok & ((key >> (32 - 8 * PASS)) == prefix[:, None])
+            # non-matching keys go to bin 0 and are taken out again: RADIX bins, not RADIX + 1
+            digit = tl.where(match, (key >> (24 - 8 * PASS)) & (RADIX - 1), 0).to(tl.int32)
+            n_match = tl.sum(match.to(tl.int32), 1)
+            # tl.histogram is 1-D: one query's row at a time (its cost grows with the bins, so BT rows as
+            # BT * RADIX bins would cost BT times more than this)
+            for r in tl.static_range(BT):
+                dr = tl.sum(tl.where(rows[:, None] == r, digit, 0), 0)
+                nr = tl.sum(tl.where(rows == r, n_match, 0), 0)
+                hr = tl.histogram(dr, RADIX) - tl.where(bins == 0, BS - nr, 0)
+                hist += tl.where(rows[:, None] == r, hr[None, :], 0)
+        tl.store(hist_ptr + ((PASS * T + t[:, None]).to(tl.int64) * RADIX + bins[None, :]), hist, mask=tm[:, None])
+
+    @triton.jit
+    def _select_write_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, hist_ptr, flag_ptr, idx_ptr, valid_ptr, T, S, K,
+                             iq_st, iq_sh, iw_st, k_ss, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
+                             DI: tl.constexpr, RADIX: tl.constexpr, DOT_F32: tl.constexpr, USE_FLAG: tl.constexpr):
+        t, tm, qp = _rows(qp_ptr, flag_ptr, T, BT, USE_FLAG)
+        thr, need = _walk(hist_ptr, t, tm, T, _want(qp, S, K, 1), 4, RADIX)
+        taken = tl.zeros([BT], dtype=tl.int32)                  # written so far, per query
+        eq_seen = tl.zeros([BT], dtype=tl.int32)                # equals of the threshold met so far
+        end = tl.minimum(tl.max(qp, 0) + 1, S)
+        for s0 in range(0, end, BS):
+            key, ok, s = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+                                     BS, HI, DI, DOT_F32, 1)
+            eq = (ok & (key == thr[:, None])).to(tl.int32)
+            take = (ok & (key > thr[:, None])) | ((eq == 1) & (eq_seen[:, None] + tl.cumsum(eq, 1) <= need[:, None]))
+            ti = take.to(tl.int32)
+            rank = taken[:, None] + tl.cumsum(ti, 1) - 1
+            at = t[:, None].to(tl.int64) * K + rank
+            tl.store(idx_ptr + at, tl.zeros_like(rank).to(tl.int64) + s[None, :], mask=take)
+            tl.store(valid_ptr + at, ti.to(tl.int8), mask=take)
+            taken += tl.sum(ti, 1)
+            eq_seen += tl.sum(eq, 1)
+
+    @triton.jit
+    def _collect_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, shist_ptr, ckey_ptr, cpos_ptr, cnt_ptr, T, S, K, CAP,
+                        iq_st, iq_sh, iw_st, k_ss, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
+                        DI: tl.constexpr, RADIX: tl.constexpr, DOT_F32: tl.constexpr, SUB: tl.constexpr):
+        """Every visible key at or above the query's bound, (key, position) in position order, the first CAP
+        kept; how many there were. The bound: the sample walk's 16-bit prefix (its lowest key); 0 for a query
+        that sees at most CAP keys (all of them are candidates)."""
+        t, tm, qp = _rows(qp_ptr, qp_ptr, T, BT, False)
+        pre, _left = _walk(shist_ptr, t, tm, T, _want(qp, S, K, SUB), 2, RADIX)
+        lo = tl.where(tl.minimum(qp + 1, S) <= CAP, 0, pre << 16)
+        cnt = tl.zeros([BT], dtype=tl.int32)
+        end = tl.minimum(tl.max(qp, 0) + 1, S)
+        for s0 in range(0, end, BS):
+            key, ok, s = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+                                     BS, HI, DI, DOT_F32, 1)
+            c = ok & (key >= lo[:, None])
+            ci = c.to(tl.int32)
+            at = cnt[:, None] + tl.cumsum(ci, 1) - 1
+            w = c & (at < CAP)
+            off = t[:, None].to(tl.int64) * CAP + at
+            tl.store(ckey_ptr + off, key.to(tl.int32, bitcast=True), mask=w)
+            tl.store(cpos_ptr + off, tl.zeros_like(at) + s[None, :], mask=w)
+            cnt += tl.sum(ci, 1)
+        tl.store(cnt_ptr + t, cnt, mask=tm)
+
+    @triton.jit
+    def _cand_select_kernel(qp_ptr, ckey_ptr, cpos_ptr, cnt_ptr, flag_ptr, idx_ptr, valid_ptr, S, K,
+                            CAP: tl.constexpr, RADIX: tl.constexpr):
+        """One query: the k largest of its candidates (four radix passes in registers, ties to the lowest
+        position), written in position order. A query whose candidates are fewer than it takes (the bound
+        was above its k-th largest) or overflowed CAP is flagged for the exact passes instead."""
+        t = tl.program_id(0)
+        qp = tl.load(qp_ptr + t)
+        k_eff = tl.minimum(tl.minimum(qp + 1, S), K).to(tl.int32)
+        c = tl.load(cnt_ptr + t)
+        if (c < k_eff) | (c > CAP):
+            tl.store(flag_ptr + t, 1)
+        else:
+            j = tl.arange(0, CAP)
+            m = j < c
+            key = tl.load(ckey_ptr + t.to(tl.int64) * CAP + j, mask=m, other=0).to(tl.uint32, bitcast=True)
+            bins = tl.arange(0, RADIX)
+            need = k_eff
+            thr = tl.zeros((), dtype=tl.uint32)
+            for p in tl.static_range(4):
+                if p == 0:
+                    match = m
+                else:
+                    match = m & ((key >> (32 - 8 * p)) == thr)
+                digit = tl.where(match, (key >> (24 - 8 * p)) & (RADIX - 1), 0).to(tl.int32)
+                h = tl.histogram(digit, RADIX) - tl.where(bins == 0, CAP - tl.sum(match.to(tl.int32), 0), 0)
+                ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h
+                d = tl.sum((ge >= need).to(tl.int32), 0) - 1
+                need -= tl.sum(tl.where(bins > d, h, 0), 0)
+                thr = (thr << 8) | d.to(tl.uint32)
+            eq = (m & (key == thr)).to(tl.int32)
+            take = (m & (key > thr)) | ((eq == 1) & (tl.cumsum(eq, 0) <= need))
+            rank = tl.cumsum(take.to(tl.int32), 0) - 1
+            pos = tl.load(cpos_ptr + t.to(tl.int64) * CAP + j, mask=take, other=0)
+            tl.store(idx_ptr + t.to(tl.int64) * K + rank, pos.to(tl.int64), mask=take)
+            tl.store(valid_ptr + t.to(tl.int64) * K + rank, take.to(tl.int8), mask=take)
+
+    @triton.jit
+    def _sparse_attn_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, valid_ptr, o_ptr, K, qk_scale, q_st, q_sh, k_ss, k_sh,
+                            v_ss, v_sh, o_st, o_sh, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                            DP: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr):
+        t, g = tl.program_id(0), tl.program_id(1)
+        hr = tl.arange(0, GP)
+        hm = hr < G
+        hq = g * G + hr
+        d = tl.arange(0, DP)
+        dm = d < D
+        q = tl.load(q_ptr + t.to(tl.int64) * q_st + hq[:, None] * q_sh + d[None, :], mask=hm[:, None] & dm[None, :],
+                    other=0.0)
+        m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([GP], dtype=tl.float32)
+        acc = tl.zeros([GP, DP], dtype=tl.float32)
+        for j0 in range(0, K, BK):
+            j = j0 + tl.arange(0, BK)
+            jm = j < K
+            r = tl.load(idx_ptr + t.to(tl.int64) * K + j, mask=jm, other=0)
+            ok = jm & (tl.load(valid_ptr + t.to(tl.int64) * K + j, mask=jm, other=0) != 0)
+            lm = ok[:, None] & dm[None, :]
+            kk = tl.load(k_ptr + r[:, None] * k_ss + g * k_sh + d[None, :], mask=lm, other=0.0)     # [BK, DP]
+            vv = tl.load(v_ptr + r[:, None] * v_ss + g * v_sh + d[None, :], mask=lm, other=0.0)
+            if DOT_F32:
+                s = tl.dot(q.to(tl.float32), tl.trans(kk.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(kk))
+            s = tl.where(ok[None, :], s * qk_scale, float("-inf"))                               # log2 units
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)    # a block with nothing valid yet: no NaN
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if DOT_F32:
+                acc = acc * alpha[:, None] + tl.dot(p, vv.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
+            m_i = m_new
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptr + t.to(tl.int64) * o_st + hq[:, None] * o_sh + d[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=hm[:, None] & dm[None, :])
+
+
+def _triton_ok(t: torch.Tensor) -> bool:
+    if not HAVE_TRITON:
+        return False
+    return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
+
+
+def default_cap(k: int) -> int:
+    """Candidates kept a query on the bounded path: twice k (the bound aims at ~1.3 k), at least 256."""
+    return max(256, triton.next_power_of_2(2 * k))
+
+
+def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs: int = 128, warps: int = 8,
+                          method: str = "bounded", cap: int | None = None, sub: int = SAMPLE_STRIDE,
+                          bt_collect: int = 16, stats: dict | None = None):
+    """`method="exact"`: the four histogram passes and the write pass over every key of every query.
+    `"bounded"` (default): two histogram passes over every `sub`-th key give each query a lower bound on its
+    k-th largest score; one pass over all keys collects the keys at or above it (at most `cap` a query) and a
+    per-query kernel selects among them; queries whose bound failed (too few or too many candidates) take the
+    exact passes, launched always (a program with none of them reads nothing: no host sync).
+    Tiles: `bt` queries a program in the histogram passes (each histograms its queries one row at a time, so
+    small), `bt_collect` in the collect pass (no histogram: more queries share each key tile's load), `bs`
+    keys a tile. The defaults fit sm_90's registers (compiled ahead: at 4 warps the passes need all 255 a
+    thread; at 8 warps the histogram passes 150-190, the collect pass ~240 and no spill; 32 queries a
+    collect program spill). `stats`, if given, receives `fallback` [T] int32: 1 where a query took the exact passes."""
+    _check_select(iq, iw, keys, scales, q_pos, k)
+    if method not in ("bounded", "exact"):
+        raise ValueError(f"prefill_select: unknown method {method!r} (bounded, exact)")
+    T, Hi, Di = iq.shape
+    S = keys.shape[0]
+    if iq.stride(2) != 1 or iw.stride(1) != 1 or keys.stride(1) != 1 or Di & (Di - 1) or Di < 16:
+        raise ValueError(f"prefill_select: the kernel wants unit-stride rows and a power-of-two Di >= 16 (Di={Di})")
+    dev = iq.device
+    scales, q_pos = scales.contiguous(), q_pos.contiguous()
+    idx = torch.zeros((T, k), dtype=torch.int64, device=dev)                      # untaken slots: position 0,
+    valid = torch.zeros((T, k), dtype=torch.bool, device=dev)                     # invalid
+    grid = (triton.cdiv(T, bt),)
+    f32 = interpret_mode()
+    head = (iq, iw, keys, scales, q_pos)
+    strides = (iq.stride(0), iq.stride(1), iw.stride(0), keys.stride(0))
+    tiles = dict(BT=bt, BS=bs, HI=Hi, DI=Di, RADIX=RADIX, DOT_F32=f32, num_warps=warps)
+    flag = torch.zeros(T, dtype=torch.int32, device=dev) if method == "bounded" else q_pos
+    if method == "bounded":
+        cap = cap or default_cap(k)
+        shist = torch.empty((2, T, RADIX), dtype=torch.int32, device=dev)
+        for p in range(2):
+            _select_hist_kernel[grid](*head, shist, flag, T, S, k, *strides, PASS=p, STRIDE=sub, USE_FLAG=False,
+                                      **tiles)
+        ckey = torch.empty((T, cap), dtype=torch.int32, device=dev)
+        cpos = torch.empty((T, cap), dtype=torch.int32, device=dev)
+        cnt = torch.empty(T, dtype=torch.int32, device=dev)
+        _collect_kernel[(triton.cdiv(T, bt_collect),)](*head, shist, ckey, cpos, cnt, T, S, k, cap, *strides, SUB=sub,
+                                                       **{**tiles, "BT": bt_collect})
+        _cand_select_kernel[(T,)](q_pos, ckey, cpos, cnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap,
+                                  RADIX=RADIX, num_warps=4 if cap <= 4096 else 8)
+        if stats is not None:
+            stats["fallback"] = flag
+    hist = torch.empty((N_PASSES, T, RADIX), dtype=torch.int32, device=dev)     # rows written by their pass
+    use_flag = method == "bounded"
+    for p in range(N_PASSES):
+        _select_hist_kernel[grid](*head, hist, flag, T, S, k, *strides, PASS=p, STRIDE=1, USE_FLAG=use_flag, **tiles)
+    _select_write_kernel[grid](*head, hist, flag, idx, valid.view(torch.int8), T, S, k, *strides, USE_FLAG=use_flag,
+                               **tiles)
+    return idx, valid
+
+
+def prefill_select(iq, iw, keys, scales, q_pos, k: int):
+    """Top-k keys per query of a prefill chunk, causal, in position order (see the module docstring)."""
+    if _triton_ok(keys):
+        return prefill_select_triton(iq, iw, keys, scales, q_pos, k)
+    return prefill_select_reference(iq, iw, keys, scales, q_pos, k)
+
+
+def sparse_prefill_attention_triton(q, k, v, idx, valid, bk: int = 32, warps: int | None = None):
+    _check_attention(q, k, v, idx, valid)
+    T, Hq, D = q.shape
+    n_kv = k.shape[1]
+    G = Hq // n_kv
+    if q.stride(2) != 1 or k.stride(2) != 1 or v.stride(2) != 1:
+        raise ValueError("sparse_prefill_attention: the kernel wants unit-stride head dims")
+    out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+    kk = idx.shape[1]
+    idx, valid = idx.contiguous(), valid.contiguous()
+    qk_scale = (D ** -0.5) * 1.4426950408889634                                   # exp2 in the kernel
+    # 32 rows a block, 8 warps at D = 256: 178 registers a thread, no spill on sm_90 (64 rows: 255 and a spill)
+    _sparse_attn_kernel[(T, n_kv)](q, k, v, idx, valid.view(torch.int8), out, kk, qk_scale, q.stride(0), q.stride(1),
+                                   k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+                                   G=G, GP=max(16, triton.next_power_of_2(G)), D=D,
+                                   DP=max(16, triton.next_power_of_2(D)), BK=bk, DOT_F32=interpret_mode(),
+                                   num_warps=warps or (4 if D <= 128 else 8))
+    return out
+
+
+def sparse_prefill_attention(q, k, v, idx, valid):
+    """Each query of a chunk attends to its selected rows only: q [T, Hq, D], k, v [S, n_kv, D] (strided views
+    of the pool's rows are fine), idx/valid [T, k] from `prefill_select`. Returns [T, Hq, D]."""
+    if _triton_ok(q):
+        return sparse_prefill_attention_triton(q, k, v, idx, valid)
+    _check_attention(q, k, v, idx, valid)
+    return sparse_prefill_attention_reference(q, k, v, idx, valid)

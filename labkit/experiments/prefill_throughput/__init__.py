@@ -1,0 +1,43 @@
+"""`labkit run prefill_throughput`: prompts prefilled per second for a batch of long prompts under a device-memory
+cap that cannot hold them all resident, with no offload (`none`), prefill-only offload (`prefill`) and offload in
+both stages (`both`): FlashOffloading's prefill-throughput comparison. Each configuration takes the largest
+chunk and in-flight count the cap allows (byte formulas: `fit.py`). Code: `labkit.experiments.prefill_throughput.measure`."""
+from __future__ import annotations
+
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from .. import checked
+
+NAME = "prefill_throughput"
+
+SPEC = [
+    SHAPE,
+    DEVICE,
+    Param("context_lens", "list[int]", "auto", "prompt lengths, each a batch of `prompts` prompts", gt=0,
+          auto={"cuda": [64 << 10], "cpu": [512]}),
+    Param("prompts", "int", 0, "prompts in a batch, N (0: 4)", gt=0, auto={"cuda": 4, "cpu": 4}),
+    Param("configs", "list[str]", ["none", "prefill", "both"], "none, prefill, both",
+          choices=("none", "prefill", "both")),
+    Param("mem_cap_gib", "float", 0.0, "device memory cap in GiB (0: the cap at which none holds half the prompts "
+                                       "of the longest length, rounded up, at the largest chunk)", ge=0),
+    Param("chunk", "int", 0, "largest prefill chunk in tokens a config may take (0: 8192 on CUDA, 64 on CPU)", gt=0,
+          auto={"cuda": 8192, "cpu": 64}),
+    Param("reserve_gib", "float", 0.0, "device memory left for what the byte formulas do not count: cuBLAS, the "
+                                       "allocator's rounding (0: 1 on CUDA, none on CPU)", ge=0,
+          auto={"cuda": 1.0, "cpu": 0.0}),
+    Param("repeats", "int", 2, "timed batches per config (median, min, max)", gt=0),
+    Param("warmup_tokens", "int", 0, "warm-up prompt per config (0: two chunks)", ge=0),
+    SEED.but(help="weights and prompts"),
+    OUT_DIR,
+]
+
+
+def plan(given: dict) -> Plan:
+    def check():          # the measuring module, imported once the parameters resolved
+        from .measure import check
+        return check
+    return checked(NAME, SPEC, given, check)
+
+
+def run(plan: Plan, progress_bar: bool = True):
+    from . import measure
+    return measure.run(dict(plan.params), progress_bar=progress_bar)

@@ -1,0 +1,156 @@
+"""What a device-memory cap holds while prompts prefill: the byte formulas of every allocation the engine makes,
+and per configuration the largest chunk and in-flight count that fit (pure arithmetic on the shape).
+
+Device bytes at the peak of a prefill, term by term (each one the size of a tensor the engine allocates):
+
+- `weights`: the model (`ModelShape.weight_bytes`);
+- `slot` per prompt in flight (`OffloadCache.allocate` with one slot per prompt held): the index keys and their
+  scales (`attn_layers x T x index_key_bytes`), the DeltaNet state and conv window, the page-table row; with the KV
+  on the device (`none`) also its pool rows, `attn_layers x T x row_bytes`;
+- `prefix`: the prompt's prefix buffers: `none` the one layer-sized prefix a chunk reads back (`T x row_bytes`),
+  `prefill`/`both` the four rotating layer buffers (`rotating_buffer_bytes`);
+- `activations`: a chunk of `c` tokens, `c x activation_bytes_per_token + activation_fixed_bytes`: the live set at
+  the peak, which is inside a DeltaNet layer's chunked recurrence (`layers.delta_rule_chunked`; a QSA layer's live
+  set is a fraction of it, and on CUDA its attention holds no score matrix);
+- `prompts`: the N prompts' token ids and the logits kept per prompt;
+- `reserve`: what the formulas do not count (cuBLAS workspace, the allocator's rounding and fragmentation).
+
+Checked two ways: against the live tensors of a CPU prefill (`tests/test_prefill_throughput.py`, the per-token
+slope within a few percent) and against the allocator's peaks of the committed H200 prefill runs at 248K and 1M
+(within 0.3%; the activations of an 8K chunk are 2.61 GB there). On CUDA every run records the prediction next
+to `torch.cuda.max_memory_allocated`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from ...engine.model.cache import PAGE_SIZE
+from ...engine.model.layers import dn_state_shapes
+from ...engine.model.prefill_buffers import rotating_buffer_bytes
+from ...shapes import BF16_BYTES, ModelShape
+
+FP32 = 4
+DN_CHUNK = 64          # `DeltaNetLayer.forward_seq`'s recurrence chunk: a prefill chunk is a multiple of it
+CONFIGS = ("none", "prefill", "both")
+KV_ON_DEVICE = {"none": True, "prefill": False, "both": False}
+
+
+def activation_bytes_per_token(s: ModelShape) -> int:
+    """Bytes per chunk token live at the peak of a prefill forward (inside a DeltaNet layer's recurrence):
+    the residual pair, its sum and norm (4 x hidden, bf16); the input projection (bf16); the conv's input and
+    output (2 x conv channels, bf16); twelve fp32 tensors of value width (q and k repeated to the value heads,
+    v, their padded copies, k*beta, u, w, the decayed k and q, the output); six fp32 [C x C] blocks per
+    recurrence chunk and head (decay, its masks, A, (I+A)^-1, q.k); five fp32 gates per head."""
+    dk, dv, hv = s.dn_k_heads * s.dn_head_dim, s.dn_v_heads * s.dn_head_dim, s.dn_v_heads
+    conv_ch = 2 * dk + dv
+    in_proj = 2 * dk + 2 * dv + 2 * hv
+    return (4 * s.hidden * BF16_BYTES + in_proj * BF16_BYTES + 2 * conv_ch * BF16_BYTES + 12 * dv * FP32
+            + 6 * hv * DN_CHUNK * FP32 + 5 * hv * FP32)
+
+
+def activation_fixed_bytes(s: ModelShape) -> int:
+    """Per forward, whatever the chunk: the recurrent state's working copies (four of [H, dk, dv] fp32) and
+    one chunk's new values (u - w S)."""
+    return 4 * s.dn_v_heads * s.dn_head_dim ** 2 * FP32 + s.dn_v_heads * DN_CHUNK * s.dn_head_dim * FP32
+
+
+def padded(T: int) -> int:
+    """The cache holds whole pages: a slot of T tokens takes T rounded up to the page size."""
+    return -(-T // PAGE_SIZE) * PAGE_SIZE
+
+
+def slot_bytes(s: ModelShape, T: int, kv_on_device: bool) -> int:
+    """Device bytes of one prompt held (its slot of the cache)."""
+    st, cv = dn_state_shapes(s)
+    Tp = padded(T)
+    dn = s.deltanet_layers * (math.prod(st) * FP32 + math.prod(cv) * BF16_BYTES)
+    table = (Tp // PAGE_SIZE) * 8 + 8                     # page-table row, int64 length
+    kv = s.attn_layers * Tp * s.row_bytes if kv_on_device else 0
+    return s.attn_layers * Tp * s.index_key_bytes + dn + table + kv
+
+
+def prefix_bytes(s: ModelShape, T: int, kv_on_device: bool) -> int:
+    """The prefix buffers of the prompt being prefilled: sync's one layer, or the four rotating buffers."""
+    return T * s.row_bytes if kv_on_device else rotating_buffer_bytes(T, s.row_bytes, s.attn_layers)
+
+
+def prompt_bytes(s: ModelShape, T: int, n: int) -> int:
+    """The N prompts' token ids (int64) and one row of logits kept per prompt (bf16)."""
+    return n * (T * 8 + s.vocab * BF16_BYTES)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One configuration under a cap: the chunk and in-flight count chosen and the bytes that chose them."""
+    config: str
+    chunk: int                   # tokens per forward (0: nothing fits)
+    in_flight: int               # prompts held at once (0: nothing fits)
+    weight_bytes: int
+    slot_bytes: int              # per prompt held
+    prefix_bytes: int
+    activation_bytes: int        # at `chunk`
+    prompt_bytes: int
+    reserve_bytes: int
+    cap_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.chunk > 0 and self.in_flight > 0
+
+    @property
+    def predicted_bytes(self) -> int:
+        """The device peak the formulas predict at the chosen chunk and in-flight count (reserve included);
+        when nothing fits, what one prompt at the smallest chunk would need."""
+        return (self.weight_bytes + max(1, self.in_flight) * self.slot_bytes + self.prefix_bytes
+                + self.activation_bytes + self.prompt_bytes + self.reserve_bytes)
+
+    def row(self) -> dict:
+        return {**asdict(self), "predicted_bytes": self.predicted_bytes}
+
+    def why_not(self, T: int) -> str:
+        """Why nothing fits, one line."""
+        return (f"config {self.config}: one prompt of {T} tokens at the smallest chunk needs {size(self.predicted_bytes)} "
+                f"of device memory (weights {size(self.weight_bytes)}, its slot {size(self.slot_bytes)}, prefix buffers "
+                f"{size(self.prefix_bytes)}, reserve {size(self.reserve_bytes)}); the cap is {size(self.cap_bytes)}")
+
+
+def size(n: float) -> str:
+    """Bytes for a reader: GiB down to 1 GiB, then MiB, then KiB (toy shapes on a CPU)."""
+    for unit, b in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= b:
+            return f"{n / b:.2f} {unit}"
+    return f"{n / 2**10:.1f} KiB"
+
+
+def chunk_step(chunk_max: int) -> int:
+    """Chunks are multiples of the recurrence chunk (a shorter tail is padded to it), or of a smaller maximum."""
+    return min(DN_CHUNK, chunk_max)
+
+
+def fit(s: ModelShape, T: int, prompts: int, cap: float, config: str, chunk_max: int, reserve: float = 0.0) -> Fit:
+    """The largest chunk (a multiple of `chunk_step`, at most `chunk_max` and the prompt) that fits `cap` with one
+    prompt held, then the most prompts held (at most `prompts`) that fit beside that chunk. The chunk goes
+    first: it is paid on every forward, while a second slot only lets a finished prompt's hand-off overlap the
+    next prompt (module docstring of `measure`). Nothing fits: chunk and in_flight 0, the smallest chunk's bytes."""
+    on_dev = KV_ON_DEVICE[config]
+    slot, prefix = slot_bytes(s, T, on_dev), prefix_bytes(s, T, on_dev)
+    fixed = s.weight_bytes() + prefix + prompt_bytes(s, T, prompts) + int(reserve) + activation_fixed_bytes(s)
+    per_tok, step = activation_bytes_per_token(s), chunk_step(chunk_max)
+    base = dict(config=config, weight_bytes=s.weight_bytes(), slot_bytes=slot, prefix_bytes=prefix,
+                prompt_bytes=prompt_bytes(s, T, prompts), reserve_bytes=int(reserve), cap_bytes=int(cap))
+    room = cap - fixed - slot
+    top = min(chunk_max, T)
+    chunk = top if room >= top * per_tok else (int(room // per_tok) // step) * step
+    if chunk <= 0:
+        return Fit(chunk=0, in_flight=0, activation_bytes=min(step, T) * per_tok + activation_fixed_bytes(s), **base)
+    act = chunk * per_tok + activation_fixed_bytes(s)
+    held = (cap - fixed - chunk * per_tok) // slot
+    in_flight = prompts if held >= prompts else int(held)
+    return Fit(chunk=chunk, in_flight=in_flight, activation_bytes=act, **base)
+
+
+def cap_holding(s: ModelShape, T: int, prompts: int, held: int, chunk_max: int, reserve: float = 0.0) -> int:
+    """The smallest cap at which `none` (KV on the device) holds `held` prompts at the largest chunk."""
+    return (s.weight_bytes() + held * slot_bytes(s, T, True) + prefix_bytes(s, T, True) + prompt_bytes(s, T, prompts)
+            + int(reserve) + min(chunk_max, T) * activation_bytes_per_token(s) + activation_fixed_bytes(s))

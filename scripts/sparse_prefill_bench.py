@@ -1,0 +1,115 @@
+"""One QSA layer's sparse prefill of a chunk on the GPU: the fused score + select (`prefill_select`) and the
+sparse attention over the selected rows (`sparse_prefill_attention`), against dense causal attention over the
+whole prefix, at the reference shape (T = 8,192 queries, 16 query / 2 KV heads of 256, index 4 heads x 64,
+k = 2,048) and prefix S = 64K, 248K, 1M (the chunk is the prefix's last T positions).
+
+    PYTHONPATH=$PWD python3 scripts/sparse_prefill_bench.py [OUT_DIR]
+
+Each figure: CUDA events, 1 warm-up then the median of 3 calls (the exact select: 1 call; a call at 1M
+is tens of ms: enough to time).
+Rates: index scoring as 2 x Hi x Di FLOP per visible (query, key) pair, counted once (the passes recompute
+them: the default bounded select scores every key twice and every 8th key twice more, the exact select five
+times), and the selected rows' bytes (K and V, each row read once per query for
+all heads of its KV head) per second of attention. A small tile sweep at 64K first; the best tile is used
+for the larger prefixes. Writes OUT_DIR/sparse_prefill_bench.json when given. Under 2 minutes on an H200.
+"""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from labkit.engine.model import sparse_prefill as P  # noqa: E402
+from labkit.engine.model.attention import dense_prefill_attention, fast_sdpa, split_rows  # noqa: E402
+from labkit.engine.model.kv import quantize_index_keys  # noqa: E402
+
+T, K, HQ, NKV, D, HI, DI = 8192, 2048, 16, 2, 256, 4, 64
+PREFIXES = (1 << 16, 248 * 1024, 1 << 20)
+DENSE_UP_TO = 248 * 1024          # dense attention at 1M is ~0.4 s a call: left out to keep the run short
+
+
+def ms(fn, reps=3):
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def inputs(S, g):
+    y = torch.randn(T, HI * DI + HI, generator=g, device="cuda").bfloat16()          # strided, as projected
+    iq, iw = y[:, :HI * DI].view(T, HI, DI), y[:, HI * DI:]
+    keys, scales = quantize_index_keys(torch.randn(S, DI, generator=g, device="cuda"))
+    return iq, iw, keys, scales, torch.arange(S - T, S, device="cuda")
+
+
+def main():
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else None
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows_out = []
+    print(f"{torch.cuda.get_device_name()}: T={T} k={K} Hq={HQ} n_kv={NKV} D={D} Hi={HI} Di={DI}", flush=True)
+    # tile sweep of the select at 64K (queries a program x keys a tile x warps)
+    S = PREFIXES[0]
+    sel_in = inputs(S, g)
+    best, sweep = None, []
+    # (the first tile compiles the kernels: a few seconds each on a fresh Triton cache)
+    for tile in (dict(bt=16, bt_collect=16, bs=128, warps=8), dict(bt=16, bt_collect=32, bs=128, warps=8)):
+        try:
+            t = ms(lambda: P.prefill_select_triton(*sel_in, K, **tile))
+        except Exception as e:                                  # a tile that does not compile: say so, go on
+            print(f"  select tile {tile}: failed: {str(e).splitlines()[0][:200]}", flush=True)
+            continue
+        sweep.append({**tile, "select_ms": t})
+        print(f"  select tile {tile}: {t:.2f} ms", flush=True)
+        if best is None or t < best[0]:
+            best = (t, tile)
+    tile = best[1]
+    del sel_in
+    for S in PREFIXES:
+        iq, iw, keys, scales, q_pos = inputs(S, g)
+        kv = torch.randn(S, 2 * NKV * D, generator=g, device="cuda").bfloat16()
+        k, v = split_rows(kv, NKV, D)
+        q = torch.randn(T, HQ, D, generator=g, device="cuda").bfloat16()
+        sel_ms = ms(lambda: P.prefill_select_triton(iq, iw, keys, scales, q_pos, K, **tile))
+        exact_ms = ms(lambda: P.prefill_select_triton(iq, iw, keys, scales, q_pos, K, method="exact", **tile),
+                      reps=1)
+        stats = {}
+        idx, valid = P.prefill_select_triton(iq, iw, keys, scales, q_pos, K, stats=stats, **tile)
+        fallback = int(stats["fallback"].sum())
+        att_ms = ms(lambda: P.sparse_prefill_attention(q, k, v, idx, valid))
+        dense_ms = None
+        if S <= DENSE_UP_TO:
+            with fast_sdpa(q.device):
+                dense_ms = ms(lambda: dense_prefill_attention(q, k, v))
+        pairs = T * (S - T) + T * (T + 1) // 2                       # visible (query, key) pairs
+        score_flop = 2 * HI * DI * pairs
+        row_bytes = T * K * NKV * 2 * D * 2                          # K and V of each selected row, per KV head
+        r = {"S": S, "select_ms": sel_ms, "select_exact_ms": exact_ms, "fallback_queries": fallback,
+             "attention_ms": att_ms, "sparse_ms": sel_ms + att_ms, "dense_ms": dense_ms,
+             "score_tflops_once": score_flop / sel_ms / 1e9, "exact_score_tflops_once": score_flop / exact_ms / 1e9,
+             "rows_gbps": row_bytes / att_ms / 1e6, "tile": tile}
+        rows_out.append(r)
+        dense = "-" if dense_ms is None else f"{dense_ms:.1f}"
+        print(f"S={S:8d}: select {sel_ms:.2f} ms ({r['score_tflops_once']:.0f} TFLOP/s of scoring counted once; "
+              f"{fallback} of {T} queries took the exact passes), exact select {exact_ms:.2f} ms "
+              f"({r['exact_score_tflops_once']:.0f} TFLOP/s once, 5 passes), attention {att_ms:.2f} ms "
+              f"({r['rows_gbps']:.0f} GB/s of selected rows), "
+              f"sparse {sel_ms + att_ms:.2f} ms vs dense {dense} ms", flush=True)
+        del iq, iw, keys, scales, kv, k, v, q, idx, valid
+        torch.cuda.empty_cache()
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sparse_prefill_bench.json").write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(), "T": T, "k": K, "sweep_64k": sweep, "rows": rows_out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""FlashOffloading's prefill throughput at toy size on a CPU: the offloaded prefill leaves the same KV and logits as
+no offload, a slot reused for the next prompt starts clean, the chunk and prompts held are the largest the byte
+formulas allow under the cap, the formulas match the live tensors of a CPU prefill and the allocator's peaks of the
+committed H200 runs, a config that cannot fit is a failed row while the sweep goes on, and bad input is one line."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import weakref
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from labkit import experiments
+from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
+from labkit.experiments.prefill_throughput import measure as M
+from labkit.experiments.prefill_throughput.fit import (activation_bytes_per_token, activation_fixed_bytes,
+                                                       cap_holding, chunk_step, fit, padded, slot_bytes)
+from labkit.params import BadInput
+from labkit.shapes import ModelShape
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ModelShape.from_name("tiny")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Toy tensors: a second thread is pure overhead, and on busy shared cores OpenMP's waiting makes it 10x."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return HybridModel(TINY, CPU, seed=0)
+
+
+def _batch(model, config, T, in_flight, chunk=64):
+    f = dataclasses.replace(fit(TINY, T, 3, 1 << 40, config, chunk), in_flight=in_flight)
+    return M.Batch(model, config, T, f)
+
+
+def test_offloaded_prefill_leaves_the_kv_and_logits_of_no_offload(model):
+    """Three prompts of 320 tokens (two pages, five chunks) through each config: the same KV rows per prompt, the
+    same index keys, the same logits; the KV went to host RAM only where it should."""
+    T = 320
+    prompts = M.make_prompts(TINY, T, 3, seed=1, dev=CPU)
+    none, pre = _batch(model, "none", T, 3), _batch(model, "prefill", T, 3)
+    assert none.cache.pool.medium == "device" and pre.cache.pool.medium == "host"
+    a, b = none.prefill_all(prompts), pre.prefill_all(prompts)
+    for i in range(3):
+        assert torch.equal(a[i], b[i]), i
+        assert torch.equal(none.kv_rows(i), pre.kv_rows(i)), i
+        assert torch.equal(none.cache.index.keys[:, i, :T].view(torch.uint8), pre.cache.index.keys[:, i, :T].view(torch.uint8))
+    assert not torch.equal(a[0], a[1])            # different prompts, different logits: the check can fail
+    # the hand-off moved the last prompt's device bytes: the KV itself only with no offload
+    assert torch.equal(none.recv_kv, none.kv_rows(2)) and pre.recv_kv is None
+    assert none.handoff_bytes - pre.handoff_bytes == TINY.attn_layers * T * TINY.row_bytes
+
+
+def test_a_reused_slot_starts_clean(model):
+    """One slot for three prompts (each waits for the last one's hand-off): the logits of three slots, so the
+    DeltaNet state and pages of a reused slot carry nothing over; a warm-up's short prompt in slot 0 neither."""
+    T = 192
+    prompts = M.make_prompts(TINY, T, 3, seed=2, dev=CPU)
+    three = _batch(model, "prefill", T, 3)
+    wide = three.prefill_all(prompts)
+    for config in ("none", "prefill"):
+        one = _batch(model, config, T, 1)
+        one.warm_up(prompts[2][:100])
+        got = one.prefill_all(prompts)
+        assert all(torch.equal(x, y) for x, y in zip(got, wide)), config
+        assert torch.equal(one.kv_rows(0), three.kv_rows(2)), config
+
+
+def test_chunk_and_prompts_held_are_the_largest_the_cap_allows():
+    """For caps from nothing-fits to everything-fits: the choice fits under the cap, and one more chunk step (or,
+    at the chunk chosen, one more prompt held) would not; the auto cap lets none hold half the prompts."""
+    T, N, chunk = 512, 4, 64
+    step = chunk_step(chunk)
+    for config in ("none", "prefill"):
+        lo = fit(TINY, T, N, 0, config, chunk).predicted_bytes
+        for cap in [lo - 1, lo, lo + 5_000, lo + 50_000, lo + 400_000, lo + 4_000_000]:
+            f = fit(TINY, T, N, cap, config, chunk)
+            if not f.fits:
+                assert cap < lo and "the cap is" in f.why_not(T)
+                continue
+            assert f.predicted_bytes <= cap and 1 <= f.in_flight <= N and 0 < f.chunk <= chunk
+            if f.chunk < chunk:   # a step more of chunk would not fit even with one prompt held
+                assert dataclasses.replace(f, chunk=f.chunk + step, in_flight=1, activation_bytes=f.activation_bytes
+                                           + step * activation_bytes_per_token(TINY)).predicted_bytes > cap
+            if f.in_flight < N:
+                assert dataclasses.replace(f, in_flight=f.in_flight + 1).predicted_bytes > cap
+    p = experiments.plan("prefill_throughput", {"device": "cpu", "context_lens": "512", "prompts": "4"}).params
+    fits = M.fits_of(p, TINY, 512)
+    assert fits["none"].in_flight == 2 and fits["none"].chunk == 64
+    assert fits["prefill"].in_flight == 4 and fits["prefill"].chunk == 64
+    assert p["mem_cap_gib"] * 2**30 >= cap_holding(TINY, 512, 4, 2, 64)
+
+
+class _LiveBytes(TorchDispatchMode):
+    """The bytes of every tensor storage alive, after each op, and their peak (a CPU stand-in for the
+    allocator's peak): a storage counts from the op that returned it until it is freed."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.now, self.peak = {}, 0, 0
+
+    def _gone(self, key):
+        self.now -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.live:
+                s = t.untyped_storage()
+                self.live[s.data_ptr()] = s.nbytes()
+                self.now += s.nbytes()
+                weakref.finalize(s, self._gone, s.data_ptr())
+        self.peak = max(self.peak, self.now)
+        return out
+
+
+def test_activation_formula_matches_the_live_tensors_of_a_cpu_prefill():
+    """A DeltaNet-only variant of `tiny` (where the peak sits) prefills one chunk of 128 and of 384 tokens: the
+    live bytes per extra token are the formula's activations plus the prompt's prefix row and token id."""
+    s = dataclasses.replace(TINY, name="tiny-dn", layers=3)
+    m = HybridModel(s, CPU, seed=0)
+    peaks = {}
+    for c in (128, 384):
+        cache = OffloadCache.allocate(m, "host", 1, c)
+        e = Engine(m, cache, get_strategy("zero_copy"), 64, prefill_chunk=c)
+        tokens = torch.randint(0, s.vocab, (c,))
+        with torch.inference_mode(), _LiveBytes() as live:
+            e.prefill(0, tokens)
+        peaks[c] = live.peak
+    slope = (peaks[384] - peaks[128]) / 256
+    want = activation_bytes_per_token(s) + s.row_bytes + 8
+    assert slope == pytest.approx(want, rel=0.03), (slope, want)
+
+
+@pytest.mark.parametrize("run, config", [("20261130-121336-prefill-248k-full-h200", "resident"),
+                                         ("20261130-121336-prefill-248k-full-h200", "rotating"),
+                                         ("20261130-121920-prefill-1m-full-cap24-h200", "rotating")])
+def test_byte_formulas_match_the_allocator_peaks_of_the_h200_runs(run, config):
+    """The committed H200 prefill runs (one prompt, 8K chunks; 248K resident and rotating, 1M rotating under a
+    24 GiB cap): the formulas' peak within 1% of `torch.cuda.max_memory_allocated`."""
+    m = pd.read_parquet(REPO / "results" / run / "metrics.parquet").set_index("mode")
+    ref = ModelShape.from_name("qwen3.8-flash-next")
+    r = m.loc[config]
+    T, chunk = int(r["context_len"]), int(r["prefill_chunk"])
+    f = fit(ref, T, 1, 1 << 50, "none" if config == "resident" else "prefill", chunk)
+    assert f.chunk == chunk and f.in_flight == 1
+    assert f.predicted_bytes == pytest.approx(float(r["device_mem_peak_bytes"]), rel=0.01)
+    assert f.activation_bytes == chunk * activation_bytes_per_token(ref) + activation_fixed_bytes(ref)
+    assert slot_bytes(ref, T, False) + ref.attn_layers * padded(T) * ref.row_bytes == slot_bytes(ref, T, True)
+
+
+def test_a_config_that_cannot_fit_is_a_failed_row_and_the_sweep_goes_on(tmp_path):
+    """A cap that holds one offloaded prompt of 256 tokens but not one with its KV on the device: none is a
+    failed row that says why, prefill is measured (one prompt held), each row within the cap by the formulas."""
+    T, N = 256, 2
+    need = fit(TINY, T, N, 0, "prefill", 64).predicted_bytes
+    assert fit(TINY, T, N, need + 2_000, "none", 64).fits is False
+    run = experiments.measure("prefill_throughput", {"device": "cpu", "context_lens": str(T), "prompts": str(N),
+                                                     "configs": "none,prefill", "repeats": "1",
+                                                     "mem_cap_gib": str((need + 2_000) / 2**30),
+                                                     "out_dir": str(tmp_path / "run")}, progress_bar=False)
+    m = pd.read_parquet(run.path / "metrics.parquet").set_index("config")
+    assert m.loc["none", "status"] == "failed" and "config none: one prompt of 256 tokens" in m.loc["none", "error"]
+    ok = m.loc["prefill"]
+    assert ok["status"] == "ok" and ok["in_flight"] == 1 and ok["chunk"] == 64 and ok["prompts_per_s"] > 0
+    assert ok["prompts_per_s_min"] <= ok["prompts_per_s"] <= ok["prompts_per_s_max"]
+    assert ok["predicted_bytes"] <= ok["mem_cap_bytes"] and ok["logits_finite"]
+    assert ok["tok_s"] == pytest.approx(ok["prompts_per_s"] * T)
+    assert run.manifest["status"] == "partial"
+
+
+@pytest.mark.parametrize("given, says", [
+    ({"configs": "none,bogus"}, "configs must be one of none, prefill, both"),
+    ({"mem_cap_gib": "0.0001"}, "below the"),
+    ({"prompts": "-2"}, "prompts must be > 0"),
+    ({"context_lens": "64M", "prompts": "64"}, "of host RAM"),
+])
+def test_bad_input_is_one_line_before_anything_is_allocated(given, says, tmp_path):
+    out = tmp_path / "never"
+    with pytest.raises(BadInput) as ex:
+        experiments.plan("prefill_throughput", {"device": "cpu", "out_dir": str(out), **given})
+    assert says in str(ex.value) and len(str(ex.value).splitlines()) == 1, str(ex.value)
+    assert not out.exists()
