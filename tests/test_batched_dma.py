@@ -80,3 +80,33 @@ def test_call_slices_cover_the_units_once():
     for n, k in ((7, 3), (512, 512), (513, 512)):
         got = [i for a, b in call_slices(n, k) for i in range(a, b)]
         assert got == list(range(n)) and all(b - a <= k for a, b in call_slices(n, k))
+
+
+def test_runs_cut_into_units_as_per_head_selections_move_a_block():
+    """max_rows cuts every run from its start: a 16-row block in 4-row units is 4 copies (per-head units of the
+    reference shape: one KV head's K or V of a block, 8 KiB), a run of two adjacent blocks 8, a short run one;
+    the units still cover the rows in order, and block_dma's CPU path delivers the same rows, counting a copy
+    per unit."""
+    from labkit.engine.transfer import get_strategy
+    from labkit.engine.transfer.batched_dma import runs
+    rows = torch.cat([torch.arange(32, 48), torch.arange(96, 128), torch.arange(200, 202), torch.tensor([5, 5])])
+    j, first, n = runs(rows, 4)
+    assert n.tolist() == [4] * 4 + [4] * 8 + [2, 1, 1]
+    rebuilt = torch.cat([torch.arange(f, f + m) for f, m in zip(first.tolist(), n.tolist())])
+    assert torch.equal(rebuilt, rows) and torch.equal(j, torch.cumsum(n, 0) - n)
+    assert [t.tolist() for t in runs(rows, 0)] == [t.tolist() for t in runs(rows)]      # 0: whole runs
+    assert runs(rows, 64)[2].tolist() == runs(rows)[2].tolist()
+    with pytest.raises(ValueError, match="max_rows"):
+        runs(rows, -1)
+
+    class Pool:                                          # the two fields a load reads
+        medium, row_bytes = "host", 6 * 8
+        data = [torch.randint(-2**40, 2**40, (256, 6), generator=torch.Generator().manual_seed(3))]
+    per_head, whole = get_strategy("block_dma", dma_unit_rows=4), get_strategy("block_dma")
+    for s, copies in ((per_head, 15), (whole, 5)):
+        out = torch.zeros(rows.numel(), 6, dtype=torch.int64)
+        res = s.load(Pool, 0, rows, out)
+        assert torch.equal(out, Pool.data[0][rows]) and s.copies == copies
+        assert res.h2d_bytes == rows.numel() * Pool.row_bytes      # the same bytes, in more copies
+    with pytest.raises(ValueError, match="dma_unit_rows"):
+        get_strategy("block_dma", dma_unit_rows=-1)

@@ -238,3 +238,22 @@ def test_calibrate_times_the_steps_the_scheduler_runs(model, strategy, select_bl
     sched = Scheduler(lanes, Threshold(150), graphs=True)
     done = sched.run(_requests(SPEC[:3]))
     assert all(r.status == "done" for r in done), [r.error for r in done]
+
+
+def test_per_head_units_by_dma_change_no_token_and_count_their_copies_on_gpu(model):
+    """block_dma with per-head units (dma_unit_rows=4 of a 16-row block: pulse_ladder's per_head rung), every
+    request offloaded, gives the tokens of whole-block DMA and of resident KV; its rounds count 4x the copies
+    of whole blocks (a partly filled last block moves row by row in both) for the same bytes."""
+    cfg = dict(CFG, select_block=16)
+    out, copies, moved = {}, {}, {}
+    for name, lanes in (("units", dict(offload_slots=4, strategy="block_dma", settings={"dma_unit_rows": 4})),
+                        ("blocks", dict(offload_slots=4, strategy="block_dma")),
+                        ("resident", dict(offload_slots=0))):
+        res = 0 if name != "resident" else 4
+        sched = Scheduler(make_lanes(TINY, "cuda", res, model=model, **lanes, **cfg),
+                          Threshold(0 if name != "resident" else 10**9), switching=False)
+        out[name] = [r.tokens for r in sched.run(_requests(SPEC[:4]))]
+        copies[name] = sum(r["copies"] for r in sched.rounds)
+        moved[name] = sum(r["h2d_bytes"] for r in sched.rounds)
+    assert out["units"] == out["blocks"] == out["resident"]
+    assert moved["units"] == moved["blocks"] > 0 and copies["units"] > 2 * copies["blocks"] > 0

@@ -61,6 +61,9 @@ _ALL = [
                "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.switch"),
     Experiment("pulse_scaling", "every request offloaded at long context: one batch vs two switched, 1-16 requests",
                "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.scaling"),
+    Experiment("pulse_ladder", "the published comparison as a ladder on trace windows: per-head units -> coalesced "
+               "-> retrieval head -> switching -> adaptive, and no offload under the same cap",
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.ladder"),
     Experiment("pulse_blocks", "block transfers: per-unit copies, coalesced, batched DMA, zero-copy vs contiguous",
                "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.blocks"),
     Experiment("quality", "what top-k selection costs a real model: perplexity and recall per policy and budget",

@@ -31,6 +31,7 @@ always fits once the lanes drain, since a request that can never fit is rejected
 from __future__ import annotations
 
 import collections
+import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -80,7 +81,9 @@ class Request:
                 "output_len_requested": self.max_tokens, "send_time": self.arrival, "end_time": end,
                 "first_token_time": self.token_times[0] if self.token_times else None,
                 "ttft_s": tt[0] if tt else None, "e2el_s": end - self.arrival, "token_times": tt,
-                "lane": self.lane, "start_iter": self.start_iter, "end_iter": self.end_iter}
+                "lane": self.lane, "start_iter": self.start_iter, "end_iter": self.end_iter,
+                # the output tokens' digest: replays of one request under other placements compare by it
+                "output_sha": hashlib.sha1(",".join(map(str, self.tokens)).encode()).hexdigest()[:16]}
 
 
 class Lane:
@@ -474,6 +477,7 @@ class Scheduler:
         tl = Timeline(cuda) if sample else None
         norm = [l for l in busy if not l.offloaded]
         off = [l for l in busy if l.offloaded]
+        copies = sum(l.engine.strategy.copies for l in off)
         try:
             states = [(l.engine, l.decode_state()) for l in busy]
             graphs = self.graphs and all(l.warm for l in busy) and self._capture(busy, norm, off)
@@ -515,6 +519,9 @@ class Scheduler:
         rec = {"iteration": self.iteration, "mode": mode, "switches": stats.switches, "stalls": stats.stalls,
                "checks": stats.checks, "batch": {l.name: len(l.running) for l in busy},
                "h2d_bytes": sum(int(r.h2d_bytes) for r in stats.loads_offloaded), "time": t,
+               # host-issued copies of the offloaded loads (a background thread's are all issued once
+               # the round's loads are joined, which the token read above waits for)
+               "copies": sum(l.engine.strategy.copies for l in off) - copies,
                "load_bytes": [int(r.h2d_bytes) for r in stats.loads_offloaded]}
         self.rounds.append(rec)
         if tl is not None:
@@ -585,11 +592,12 @@ def make_lanes(shape, device="cpu", resident_slots: int = 4, offload_slots: int 
                budget: int = 2048, strategy: str = "zero_copy", seed: int = 0, page_size: int = 256,
                prefill_chunk: int = 8192, compile: bool = False, model: HybridModel | None = None,
                resident_pool_tokens: int | None = None, select_block: int = 1,
-               settings: dict | None = None) -> dict[str, Engine]:
+               settings: dict | None = None, offload_pool_tokens: int | None = None) -> dict[str, Engine]:
     """Engines over one model: `resident` (device pool) and/or `offload` (host pool, `strategy` with its
     `settings`, the sweep's names, e.g. dma_units_per_call).
     `resident_pool_tokens` caps the device pool below slots x capacity (device memory is what the
-    placement policies share out). `select_block` applies to both lanes, so a request's tokens do not
+    placement policies share out); `offload_pool_tokens` the host pool (each replay registers its host pool
+    with the driver, seconds per tens of GiB: a pool sized to the requests, not to slots x capacity). `select_block` applies to both lanes, so a request's tokens do not
     depend on where it is placed."""
     from ...shapes import ModelShape
     if isinstance(shape, str):
@@ -600,7 +608,7 @@ def make_lanes(shape, device="cpu", resident_slots: int = 4, offload_slots: int 
         if slots <= 0:
             continue
         st = get_strategy(strat, **((settings or {}) if name == "offload" else {}))      # resident takes none
-        pool = resident_pool_tokens if name == "resident" else None
+        pool = resident_pool_tokens if name == "resident" else offload_pool_tokens
         cache = OffloadCache.allocate(model, st.medium, slots, capacity, page_size=page_size, pool_tokens=pool)
         lanes[name] = Engine(model, cache, st, budget, prefill_chunk=prefill_chunk, compile=compile,
                              select_block=select_block)

@@ -25,6 +25,10 @@ What a strategy can do is declared, never guessed from its name or its methods:
 - `moved_by`: who moves the selected rows — "gpu" (a kernel's threads), "cpu" (host threads or one host-issued
   copy per row: time grows with the rows, no fixed part), "dma" (copy engines, queued in batches).
 
+`copies`: the host-to-device copies a strategy has issued so far (one per row, per unit, per staging
+chunk); a kernel reading host memory issues none. Bytes per copy is what per-transfer costs scale with
+(PulseInfer's ~8 KiB per-head units against its coalesced copies), so it is counted where copies are made.
+
 A strategy's own settings are `Setting`s declared on its class (`SETTINGS`): the sweep parameter's name,
 type, default and help, and the constructor argument it feeds. Every experiment that takes strategies
 pulls these in (`transfer.strategy_params()`), so a setting is written once, here beside its strategy.
@@ -85,6 +89,7 @@ class TransferStrategy(ABC):
     SETTINGS: tuple[Setting, ...] = ()
     # what it stands for, one line (the glossary, `labkit run decode --help`)
     summary: str = ""
+    copies: int = 0              # host-issued H2D copies so far (an instance's count; see the module docstring)
 
     def bind(self, cache, batch: int, k: int) -> None:
         """Per decode batch, before the first load (device state is allocated here)."""

@@ -65,9 +65,13 @@ def unit_pointers(src: torch.Tensor, ids: torch.Tensor, dst: torch.Tensor, order
     return dst.data_ptr() + j * row, src.data_ptr() + ids * row, torch.full_like(j, row)
 
 
-def runs(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def runs(rows: torch.Tensor, max_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Maximal runs of consecutive values in `rows` (1-D, kept in its order): (index j of each run's
-    first element, its first row, its length), int64 CPU tensors."""
+    first element, its first row, its length), int64 CPU tensors. `max_rows` > 0 cuts every run into
+    pieces of at most that many rows from its start (a unit per piece: how per-head selections move a
+    block, one 8 KiB copy per head's K or V, where the whole block is one 32 KiB run)."""
+    if max_rows < 0:
+        raise ValueError(f"batched_dma: max_rows must be >= 0 (0: whole runs), got {max_rows}")
     rows = rows.to("cpu", torch.int64).flatten()
     n = rows.numel()
     if n == 0:
@@ -76,18 +80,24 @@ def runs(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     start = torch.ones(n, dtype=torch.bool)
     start[1:] = rows[1:] != rows[:-1] + 1
     j = start.nonzero().flatten()
-    return j, rows[j], torch.diff(j, append=torch.tensor([n]))
+    first, length = rows[j], torch.diff(j, append=torch.tensor([n]))
+    if not max_rows or int(length.max()) <= max_rows:
+        return j, first, length
+    k = (length + max_rows - 1) // max_rows                     # pieces per run
+    run = torch.repeat_interleave(torch.arange(len(k)), k)
+    off = (torch.arange(int(k.sum())) - torch.repeat_interleave(torch.cumsum(k, 0) - k, k)) * max_rows
+    return j[run] + off, first[run] + off, torch.minimum(length[run] - off, torch.tensor(max_rows))
 
 
-def run_pointers(src: torch.Tensor, rows: torch.Tensor, dst: torch.Tensor
+def run_pointers(src: torch.Tensor, rows: torch.Tensor, dst: torch.Tensor, max_rows: int = 0
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dst pointers, src pointers, sizes) for dst[j] = src[rows[j]], one unit per run of consecutive
-    rows (`runs`)."""
+    rows (`runs`, cut at `max_rows`)."""
     if src.dim() != 2 or dst.dim() != 2 or src.shape[1] != dst.shape[1] or rows.numel() != dst.shape[0]:
         raise ValueError(f"batched_dma: src {tuple(src.shape)}, rows {rows.numel()}, dst {tuple(dst.shape)} do not agree")
     if not (src.is_contiguous() and dst.is_contiguous()):
         raise ValueError("batched_dma: src and dst must be contiguous")
-    j, first, n = runs(rows)
+    j, first, n = runs(rows, max_rows)
     if first.numel() and (int(first.min()) < 0 or int((first + n).max()) > src.shape[0]):
         raise IndexError(f"batched_dma: rows outside [0, {src.shape[0]})")
     row = src.shape[1] * src.element_size()
@@ -134,6 +144,7 @@ class BatchedDMA:
         self.driver_version = version.value
         self._keep: list = []            # the pointer arrays of calls whose copies may still be queued
         self._side: dict = {}            # device index -> private stream (for callers on the legacy stream)
+        self.copies = 0                  # units queued so far (one copy each)
 
     def copy(self, src: torch.Tensor, ids: torch.Tensor, dst: torch.Tensor, order: torch.Tensor | None = None,
              stream: torch.cuda.Stream | None = None) -> int:
@@ -144,10 +155,11 @@ class BatchedDMA:
         return self._submit(*unit_pointers(src, ids, dst, order), dst.device, stream)
 
     def copy_runs(self, src: torch.Tensor, rows: torch.Tensor, dst: torch.Tensor,
-                  stream: torch.cuda.Stream | None = None) -> int:
-        """Queue dst[j] = src[rows[j]] with one unit per run of consecutive rows. Returns the bytes queued."""
+                  stream: torch.cuda.Stream | None = None, max_rows: int = 0) -> int:
+        """Queue dst[j] = src[rows[j]] with one unit per run of consecutive rows (runs cut into units of at
+        most `max_rows` rows, 0: whole). Returns the bytes queued."""
         self._check_places(src, dst)
-        return self._submit(*run_pointers(src, rows, dst), dst.device, stream)
+        return self._submit(*run_pointers(src, rows, dst, max_rows), dst.device, stream)
 
     @staticmethod
     def _check_places(src, dst):
@@ -157,6 +169,7 @@ class BatchedDMA:
     def _submit(self, d, s, z, dev: torch.device, stream: torch.cuda.Stream | None) -> int:
         if not len(d):
             return 0
+        self.copies += len(d)
         stream = stream or torch.cuda.current_stream(dev)
         with torch.cuda.device(dev), torch.cuda.stream(stream):
             if torch.cuda.is_current_stream_capturing():

@@ -61,6 +61,7 @@ class CoalescedLoader:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="labkit-gather") if backend == "threads" else None
         self._stage: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._done: torch.cuda.Event | None = None
+        self.copies = 0                 # staging chunks copied so far (one H2D copy each)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -110,6 +111,7 @@ class CoalescedLoader:
                     if self._errors:
                         raise self._errors[0]
                 target[a:b].copy_(host[a:b], non_blocking=cuda)
+            self.copies += len(spans)
             if order is not None:
                 dst.index_copy_(0, order, target.view(dst.shape))
             if cuda:
@@ -178,4 +180,6 @@ class Coalesced(HostDMA):
         return self.loader.threads
 
     def _load_ids(self, src, ids, out, stream):
+        before = self.loader.copies
         self.loader.load(src, ids, out, stream=stream)
+        self.copies += self.loader.copies - before

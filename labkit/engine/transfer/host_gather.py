@@ -43,6 +43,7 @@ class HostGather(TransferStrategy):
                 ev.synchronize()        # the previous DMA from this buffer has finished
         torch.index_select(pool.data[layer], 0, idx, out=stage)
         out.copy_(stage, non_blocking=True)
+        self.copies += 1
         if out.device.type == "cuda":
             ev = torch.cuda.Event()
             ev.record()

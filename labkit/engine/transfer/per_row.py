@@ -16,4 +16,5 @@ class PerRow(TransferStrategy):
         src = pool.data[layer]
         for j, r in enumerate(rows.tolist()):
             out[j].copy_(src[r], non_blocking=True)
+        self.copies += rows.numel()
         return self._moved(pool, rows)

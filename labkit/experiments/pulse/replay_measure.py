@@ -102,7 +102,7 @@ def check(given: dict, declared: list) -> dict:
         if r["timestamp"] < 0 or r["input_length"] < 1 or r["output_length"] < 1:
             raise BadInput(f"trace {p['trace']}: request {i} has a negative time or a length < 1")
     p["trace_sha"] = hashlib.sha256(Path(p["trace"]).read_bytes()).hexdigest()[:16]
-    p["resume"] = _resume(p)
+    p["resume"] = find_resume(p)
     return p
 
 
@@ -113,9 +113,9 @@ def _signature(params: dict) -> dict:
     return {k: json.dumps(norm(v), default=str) for k, v in params.items() if k not in RESUME_FREE}
 
 
-def _resume(p: dict) -> str:
-    """`resume`: "" (a fresh run), a run folder, or "auto": the newest pulse run under results/ that did
-    not finish ok and has these parameters. A folder given that is no such run is one line."""
+def find_resume(p: dict, experiment: str = EXPERIMENT) -> str:
+    """`resume`: "" (a fresh run), a run folder, or "auto": the newest `experiment` run under results/ that
+    did not finish ok and has these parameters. A folder given that is no such run is one line."""
     import json
 
     from ...results import REPO, effective_status, run_manifests
@@ -130,8 +130,8 @@ def _resume(p: dict) -> str:
         m = json.loads(mf.read_text())
         diff = sorted(k for k in set(sig) | set(_signature(m.get("parameters", {})))
                       if sig.get(k) != _signature(m.get("parameters", {})).get(k))
-        if m.get("experiment") != EXPERIMENT or diff:
-            raise BadInput(f"resume={want}: not a pulse run of these parameters (differs in {', '.join(diff) or 'experiment'})")
+        if m.get("experiment") != experiment or diff:
+            raise BadInput(f"resume={want}: not a {experiment} run of these parameters (differs in {', '.join(diff) or 'experiment'})")
         return str(Path(want))
     found = []
     for mf in run_manifests(REPO / "results"):
@@ -139,7 +139,7 @@ def _resume(p: dict) -> str:
             m = json.loads(mf.read_text())
         except ValueError:
             continue
-        if (m.get("experiment") == EXPERIMENT and effective_status(m) != "ok"
+        if (m.get("experiment") == experiment and effective_status(m) != "ok"
                 and _signature(m.get("parameters", {})) == sig):
             found.append((m.get("created") or "", str(mf.parent)))
     return max(found)[1] if found else ""
@@ -176,6 +176,7 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
                        resident_pool_tokens=p["resident_pool_tokens"] or None, select_block=p["select_block"],
+                       offload_pool_tokens=p.get("offload_pool_tokens") or None,
                        settings={k: p[k] for k in setting_names() if k in {s.param for s in settings_of(p["strategy"])}})
     from ...engine.drive.policies import make_policy, needs_costs
     costs = calibrate(lanes, graphs=p["graphs"]) if needs_costs(policy) else None
@@ -223,12 +224,16 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     return {"records": recs, "stats": stats, "timelines": tls, "costs": costs}
 
 
-def _summary(policy: str, p: dict, out: dict) -> dict:
+def summary_row(policy: str, p: dict, out: dict) -> dict:
+    """One metrics row of a replay: latency statistics (`serving.latency.summarize`), lanes, switches, stalls,
+    the GPU stall share of the sampled rounds, link bytes and copies, the most requests running at once."""
     from ...serving.latency import summarize
     recs, st = out["records"], out["stats"]
     s = summarize(recs, slo_tpot_ms=p["tpot_slo_ms"])
     lanes = [r.get("lane") for r in st["records"]]
     rounds = st["rounds"]
+    copies = sum(r.get("copies", 0) for r in rounds)
+    moved = [r for r in rounds if r["h2d_bytes"]]         # the decode steps that crossed the link
     stall = span = 0.0
     for t in out["timelines"]:
         sp = t["spans"]
@@ -244,6 +249,10 @@ def _summary(policy: str, p: dict, out: dict) -> dict:
            "switches": sum(r["switches"] for r in rounds), "stalls": sum(r["stalls"] for r in rounds),
            "gpu_stall_share_sampled": stall / span if span else None,
            "h2d_bytes_total": sum(r["h2d_bytes"] for r in rounds),
+           # transfer sizes: what per-copy costs scale with (copies counted by the strategies)
+           "copies_total": copies, "bytes_per_copy": sum(r["h2d_bytes"] for r in rounds) / copies if copies else None,
+           "copies_per_step": copies / len(moved) if moved else None,
+           "max_running": max((sum(r["batch"].values()) for r in rounds), default=0),
            "graphs": st.get("graphs"), "graph_error": st.get("graph_error"),
            "first_round_s": rounds[0]["time"] if rounds else None,
            "rate": p["rate"], "length_scale": p["length_scale"], "n_requests": len(recs), "transport": p["transport"],
@@ -270,7 +279,7 @@ def _warm_up(p: dict, model, policies: list[str]) -> float:
     return time.monotonic() - t
 
 
-def _earlier(path: str) -> dict:
+def earlier_run(path: str) -> dict:
     """A run cut short that this one continues: its metrics and per-window tables ({} for a fresh run)."""
     if not path:
         return {}
@@ -300,7 +309,7 @@ def run(p: dict, progress_bar: bool = False):
     bounds = W.window_bounds(len(load_trace(p["trace"])), p["windows"], p["window_size"], p["calibration_windows"])
     roles = {b["window"]: b["role"] for b in bounds}
     sampled = next(b["window"] for b in bounds if b["role"] == "test")     # the window whose rounds are kept
-    before = _earlier(p["resume"])
+    before = earlier_run(p["resume"])
     run = sweep.open_run(p, EXPERIMENT, {**p, "policies": ",".join(p["policies"])})
     run.update_manifest(windows=bounds, calibration=[w for w, r in roles.items() if r == "calibration"],
                         test=[w for w, r in roles.items() if r == "test"], selection_rule=W.RULE, sampled_window=sampled,
@@ -338,7 +347,7 @@ def run(p: dict, progress_bar: bool = False):
                 tables["timeline"] += [{"policy": pol, "iteration": t["iteration"], "mode": t["mode"], **s} for s in t["spans"]]
         # after every replay: a run cut short (a device session's time limit) keeps what it measured
         write_tables()
-        return {**base, **_summary(pol, p, out), **where}
+        return {**base, **summary_row(pol, p, out), **where}
 
     def record(row: dict) -> None:
         run.add({k: v for k, v in row.items() if k != "run_id"})

@@ -1,0 +1,101 @@
+"""`labkit run pulse_ladder`: PulseInfer's published comparison rebuilt as a ladder on the Mooncake trace
+windows. The same server (labkit's engine, the same seeded model) replays each window once per rung, every
+rung adding one of PulseInfer's pieces to the one before:
+
+1. `per_head`: the published baseline (ArkVale / InfiniGen / PQCache as PulseInfer describes them): every
+   request's KV in host RAM, the selected blocks moved as per-head units, one copy per unit (~8 KiB for the
+   reference shape), no batch switching;
+2. `coalesced`: + coalesced transfers (a CPU gather into pinned staging, large copies);
+3. `retrieval_head`: + one retrieval head's blocks serving every head of the layer (whole blocks, one unit
+   each: `block_strategy`);
+4. `switching`: + a resident and an offloaded batch switched at layer boundaries (a static threshold,
+   chosen on the calibration windows);
+5. `adaptive`: + adaptive admission (the fitted adaptive policy) = full PulseInfer;
+
+and the arm `no_offload`: resident only, under the same device-memory cap (`device_kv_tokens`), so it
+holds fewer requests at once and the rest wait. What each rung is, and what still differs from the
+published setup, is in `labkit.experiments.pulse.ladder_measure` and docs/pulseinfer.md. Code:
+`labkit.experiments.pulse.ladder_measure`, `labkit.stats.windows`.
+"""
+from __future__ import annotations
+
+from ...engine.transfer import strategy_params
+from ...shapes import REFERENCE_BUDGET
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from .. import checked
+
+NAME = "pulse_ladder"
+
+SPEC = [
+    DEVICE,
+    SHAPE,
+    Param("trace", "str", "", "Mooncake-format trace (empty: the trace's first 1,000 requests, labkit/data)"),
+    Param("windows", "int", "auto", "disjoint windows of window_size consecutive trace requests, from the first "
+          "(auto: 10 on CUDA, 3 on CPU)", auto={"cuda": 10, "cpu": 3}),
+    Param("window_size", "int", "auto", "requests per window (auto: 16 on CUDA, 3 on CPU)", gt=0,
+          auto={"cuda": 16, "cpu": 3}),
+    Param("calibration_windows", "int", 2, "the first N windows choose the switching rung's threshold and fit "
+          "the adaptive constants (0: thresholds and the adaptive grid hold one value each, used as given)"),
+    Param("rate", "float", 1.0, "arrival-rate multiplier (2: twice as fast as the trace)", gt=0),
+    Param("length_scale", "float", "auto", "multiply input lengths (auto: 0.5 on CUDA, 1/200 on CPU)", gt=0,
+          auto={"cuda": 0.5, "cpu": 1 / 200}),
+    Param("max_output", "int", "auto", "cap output lengths (auto: 256 on CUDA, 6 on CPU)", gt=0,
+          auto={"cuda": 256, "cpu": 6}),
+    Param("resident_slots", "int", 8, "switching rungs: requests with KV on the device", gt=0),
+    Param("offload_slots", "int", 8, "switching rungs: requests with KV in host RAM (the all-offloaded rungs and "
+          "no_offload hold resident_slots + offload_slots requests)", gt=0),
+    Param("capacity", "int", "auto", "tokens per request slot (auto: 65536 on CUDA, 512 on CPU)", gt=0,
+          auto={"cuda": 65536, "cpu": 512}),
+    Param("device_kv_tokens", "int", "auto", "the device-memory cap, in KV tokens: the switching rungs' "
+          "resident pool and no_offload's whole pool (auto: 131072 on CUDA, 256 on CPU)", gt=0,
+          auto={"cuda": 131072, "cpu": 256}),
+    Param("host_kv_tokens", "int", "auto", "the offload lane's host pool, in KV tokens: every window's requests "
+          "fit it together, so host RAM makes none wait (auto: 262144 on CUDA, 1024 on CPU)", gt=0,
+          auto={"cuda": 262144, "cpu": 1024}),
+    Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 32 on CPU)", gt=0,
+          auto={"cuda": REFERENCE_BUDGET, "cpu": 32}),
+    Param("select_block", "int", 16, "positions per selected block, every rung (PulseInfer's 16)", gt=0),
+    Param("block_strategy", "str", "block_dma", "how the retrieval_head, switching and adaptive rungs move whole "
+          "blocks (block_dma: one DMA per block; coalesced: gathered as the coalesced rung)",
+          choices=("block_dma", "coalesced")),
+    *strategy_params(),        # the transfers' settings (host_threads, dma_units_per_call, ...), beside each strategy
+    Param("thresholds", "list[int]", "auto", "switching rung: static threshold candidates, chosen on the "
+          "calibration windows (auto: 4096,8192 on CUDA, 40,80 on CPU)", auto={"cuda": [4096, 8192], "cpu": [40, 80]}),
+    Param("adaptive_min_tokens", "list[int]", "auto", "adaptive rung's grid: prompt length from which a request is "
+          "offloaded when its transfer hides (auto: 2048,8192 on CUDA, 16,64 on CPU)",
+          auto={"cuda": [REFERENCE_BUDGET, 8192], "cpu": [16, 64]}),
+    Param("adaptive_hide", "list[float]", [1.0], "adaptive rung's grid: a transfer hides when transfer <= HIDE x "
+          "the normal batch's compute"),
+    Param("p99_limit", "float", 1.0, "a candidate is acceptable when its median p99 TPOT over the calibration "
+          "windows is at most this times the per_head rung's", gt=0),
+    Param("warmup", "bool", True, "untimed short replays of every rung first (kernel compiles, first allocations)"),
+    Param("deadline_s", "float", 0.0, "start no window that would end past this many seconds (0: none); "
+          "the run is then partial and resume continues it", ge=0),
+    Param("resume", "str", "", "continue a partial run of the same parameters: its folder, or auto (the "
+          "newest such run under results/); its complete windows are kept, not replayed"),
+    Param("tpot_slo_ms", "float", "auto", "goodput's TPOT limit (auto: 50 on CUDA, 2000 on CPU)",
+          auto={"cuda": 50.0, "cpu": 2000.0}),
+    Param("timeline_every", "int", 10, "record the switching timeline every N decode rounds (GPU idle: the "
+          "stall share of those rounds)"),
+    Param("page_size", "int", "auto", "KV page (auto: 256 on CUDA, 16 on CPU)", gt=0, auto={"cuda": 256, "cpu": 16}),
+    Param("prefill_chunk", "int", "auto", "prefill chunk (auto: 8192 on CUDA, 64 on CPU)", gt=0,
+          auto={"cuda": 8192, "cpu": 64}),
+    Param("graphs", "bool", False, "CUDA graphs per batch composition (CUDA only)"),
+    Param("compile", "bool", False, "torch.compile the block pieces (CUDA; one compile per batch size seen)"),
+    Param("transport", "str", "inprocess", "inprocess: the scheduler's own clock, no server; http: labkit serve "
+          "+ the load generator; auto: http when importable", choices=("http", "inprocess", "auto")),
+    SEED.but(help="model weights"),
+    OUT_DIR,
+]
+
+
+def plan(given: dict) -> Plan:
+    def check():          # the measuring module, imported once the parameters resolved
+        from .ladder_measure import check
+        return check
+    return checked(NAME, SPEC, given, check, declared=SPEC)
+
+
+def run(plan: Plan, progress_bar: bool = True):
+    from . import ladder_measure
+    return ladder_measure.run(dict(plan.params), progress_bar=progress_bar)

@@ -1,0 +1,339 @@
+"""PulseInfer's ladder on the Mooncake trace windows: each window replayed once per rung by the same server
+(the same seeded model, fresh pools per replay), so every rung's throughput and p99 TPOT is a ratio to the
+published baseline's on the same requests, in the same process.
+
+The rungs, as configurations of `replay_measure.replay_policy` (every rung selects 16-position blocks, so a
+request's tokens are the same under every rung: `output_sha` in requests.parquet):
+
+| rung | lanes | offload transfer | placement |
+|---|---|---|---|
+| `per_head` | offload only, R + O slots | `block_dma` cut into per-head units (`dma_unit_rows`) | every request offloaded |
+| `coalesced` | offload only, R + O slots | `coalesced` (gather into staging, chunked copies) | every request offloaded |
+| `retrieval_head` | offload only, R + O slots | `block_strategy` over whole blocks | every request offloaded |
+| `switching` | R resident (pool = cap) + O offload | `block_strategy` | `threshold:N`, switched at layer boundaries |
+| `adaptive` | the same | `block_strategy` | `adaptive:MIN:HIDE`, switched |
+| `no_offload` | R + O resident slots, pool = cap | none | every request resident; those that do not fit wait |
+
+Why the first three rungs offload every request and do not switch: the compared systems (ArkVale, InfiniGen,
+PQCache) keep every request's KV in host RAM and select from it; they have no resident/offload split, so
+there is no second batch to switch to (a `noswitch:N` policy would keep short requests on the device, which
+those systems do not).
+
+Per-head units: labkit's indexer scores positions, so one selection serves the whole layer (what PulseInfer's
+retrieval head gives); the per-head rungs move that selection as per-head selections move theirs: each
+16-position block in 2 x n_kv_heads copies of select_block / (2 n_kv_heads) rows (the reference shape: 4
+copies of 8 KiB per 32 KiB block, as one KV head's K or V of a block is 16 x 256 x 2 B = 8 KiB). The count and
+size of the copies are the published baselines'; the positions are the same for every head (theirs differ per
+head: the same bytes, a different quality), and the selection is computed once, not once per head (theirs
+costs more: this baseline is, if anything, faster than the published ones). Their copies are one DMA each
+(`cuMemcpyBatchAsync` queues one copy per unit: 17.4 GB/s at 8 KiB on the H200 host, above the ~6 GB/s the
+publication reports for such transfers, again the stronger baseline).
+
+Not built: the baselines' prefetch of the next layer's rows (InfiniGen speculates the next layer's selection
+from this layer's input). A QSA layer's selection needs that layer's query, and labkit's engine has no
+speculative selection, so the per_head rung's loads sit on the critical path as every non-switching rung's
+do; this difference favours the later rungs and is named in every headline. The retrieval head itself (its
+choice by mid-context attention share, and what it costs in quality) is measured by `labkit run quality`.
+
+The device-memory cap (`device_kv_tokens`, tokens of KV in device memory) is the switching rungs' resident
+pool and no_offload's whole pool; the all-offloaded rungs keep no KV on the device (every rung keeps the
+index keys there, 66 B a token and layer against 2 KiB of KV). The offload lane's host pool
+(`host_kv_tokens`) holds every window's requests together (checked before anything runs), so host RAM never
+makes a request wait; it is sized to the requests because each replay registers its pool with the driver. It is recorded in the
+manifest and every row (`device_kv_cap_tokens`, its bytes `device_kv_cap_bytes`), with each rung's own
+device pool (`device_kv_tokens`).
+
+On calibration windows the threshold and adaptive candidates are replayed beside the fixed rungs; their rows
+have no `rung` (`candidate_for` names it), so the rungs per window are the chosen ones on test windows only.
+
+Run folder: metrics.parquet (one row per window and rung: `rung`, `window`, `output_throughput`,
+`tpot_ms_p99`, TTFT/TPOT/ITL/E2EL statistics, goodput, link bytes, `bytes_per_copy`, `copies_per_step`,
+`share_offloaded`, `max_running` (requests running at once, at most), `gpu_stall_share_sampled`),
+window_ratios.parquet (per window and rung: ratios to per_head; `throughput_vs_no_offload`),
+window_summary.parquet (per rung over the test windows: median, min, max, bootstrap interval),
+selection.parquet (the calibration choice), requests.parquet (every request of every replay).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ... import envs
+from ...params import BadInput, fill_auto, resolve_device
+from . import replay_measure as R
+
+EXPERIMENT = "pulse_ladder"
+RUNGS = ("per_head", "coalesced", "retrieval_head", "switching", "adaptive")
+NO_OFFLOAD = "no_offload"
+FIXED = ("per_head", "coalesced", "retrieval_head", NO_OFFLOAD)      # rungs whose policy name is the rung's
+
+
+def rung_of(policy: str) -> str:
+    """The rung a replayed policy stands for: `threshold:N` the switching rung, `adaptive:MIN:HIDE` the adaptive
+    rung, the fixed rungs by their names."""
+    if policy.startswith("threshold:"):
+        return "switching"
+    if policy.startswith("adaptive"):
+        return "adaptive"
+    return policy
+
+
+def unit_rows(p: dict) -> int:
+    """Rows per per-head unit: one KV head's K or V of a block is 1 / (2 n_kv_heads) of the block's rows."""
+    from ...shapes import ModelShape
+    return p["select_block"] // (2 * ModelShape.from_name(p["shape"]).n_kv_heads)
+
+
+def rung_params(policy: str, p: dict) -> tuple[dict, str]:
+    """(the replay's parameters, its placement policy) for one rung's policy name."""
+    rung = rung_of(policy)
+    both = p["resident_slots"] + p["offload_slots"]
+    q = {**p, "dma_unit_rows": 0, "offload_pool_tokens": p["host_kv_tokens"]}
+    if rung in ("per_head", "coalesced", "retrieval_head"):
+        strategy = {"per_head": "block_dma", "coalesced": "coalesced"}.get(rung, p["block_strategy"])
+        q.update(strategy=strategy, resident_slots=0, offload_slots=both, resident_pool_tokens=0)
+        if rung == "per_head":
+            q["dma_unit_rows"] = unit_rows(p)
+        return q, "offload"
+    if rung == NO_OFFLOAD:
+        q.update(strategy="resident", resident_slots=both, offload_slots=0, resident_pool_tokens=p["device_kv_tokens"])
+        return q, "resident"
+    q.update(strategy=p["block_strategy"], resident_pool_tokens=p["device_kv_tokens"])
+    return q, policy
+
+
+def windows_params(p: dict) -> dict:
+    """The parameters `labkit.stats.windows` plans with: per_head the reference of every ratio, the other fixed
+    rungs replayed on every window, the threshold and adaptive candidates fitted on the calibration windows
+    (or, with none, the one value of each given replayed as fixed policies)."""
+    from ...engine.drive.policies import fitted_name
+    fixed = [r for r in FIXED if r != "per_head"]
+    w = {**p, "reference": "per_head", "policies": fixed}
+    if p["calibration_windows"] == 0:
+        w["policies"] = [*fixed[:2], f"threshold:{int(p['thresholds'][0])}",
+                         fitted_name(p["adaptive_min_tokens"][0], p["adaptive_hide"][0]), NO_OFFLOAD]
+        w.update(thresholds=[], adaptive_min_tokens=[], adaptive_hide=[])
+    return w
+
+
+def check(given: dict, declared: list) -> dict:
+    """Validate resolved parameters, the trace, its windows and the cap before anything is allocated (one line
+    on bad input), and find the run to resume."""
+    import hashlib
+
+    from ...engine.transfer import STRATEGIES, get_strategy, setting_names
+    from ...serving.workload import load_trace
+    from ...shapes import ModelShape
+    from ...stats.windows import window_bounds
+    p = dict(given)
+    dev = resolve_device(p["device"])
+    fill_auto(declared, p, dev.type)
+    p["trace"] = p["trace"] or str(R.TRACE)
+    try:
+        shape = ModelShape.from_name(p["shape"])
+    except ValueError as ex:
+        raise BadInput(str(ex)) from None
+    sb, heads = p["select_block"], 2 * shape.n_kv_heads
+    if p["budget"] % sb or p["page_size"] % sb or sb % heads:
+        raise BadInput(f"select_block {sb} must divide budget ({p['budget']}) and page_size ({p['page_size']}), and "
+                       f"2 x n_kv_heads ({heads}) must divide it (the per-head units of a block)")
+    if p["dma_unit_rows"]:
+        raise BadInput("dma_unit_rows is set by the rungs (per_head: select_block / (2 x n_kv_heads)), not given")
+    if p["calibration_windows"] == 0 and (len(p["thresholds"]) != 1 or len(p["adaptive_min_tokens"]) != 1
+                                          or len(p["adaptive_hide"]) != 1):
+        raise BadInput("with calibration_windows=0 thresholds, adaptive_min_tokens and adaptive_hide hold one value "
+                       "each (the switching and adaptive rungs, used as given)")
+    if p["calibration_windows"] > 0 and not (p["thresholds"] and p["adaptive_min_tokens"] and p["adaptive_hide"]):
+        raise BadInput("calibration windows need candidates: thresholds, adaptive_min_tokens and adaptive_hide")
+    for name in ("block_dma", "coalesced"):
+        if name not in STRATEGIES:
+            raise BadInput(f"strategy {name} is not registered")
+        try:                                  # the settings' values, as the strategies check them
+            get_strategy(name, **{k: p[k] for k in setting_names()})
+        except ValueError as ex:
+            raise BadInput(str(ex)) from None
+    from ...engine.drive.policies import check_policy
+    from ...stats.windows import candidates
+    w = windows_params(p)
+    for pol in [*(x for x in w["policies"] if x not in FIXED), *(c for cs in candidates(w).values() for c in cs)]:
+        check_policy(pol)
+    if p["transport"] == "auto":
+        import importlib.util
+        have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
+        p["transport"] = "http" if have else "inprocess"
+    rows = load_trace(p["trace"])
+    window_bounds(len(rows), p["windows"], p["window_size"], p["calibration_windows"])
+    for i, r in enumerate(rows[:p["windows"] * p["window_size"]]):
+        if r["timestamp"] < 0 or r["input_length"] < 1 or r["output_length"] < 1:
+            raise BadInput(f"trace {p['trace']}: request {i} has a negative time or a length < 1")
+    # every request of every window must fit the cap alone, or no_offload (and a resident placement) waits forever
+    pages = lambda n: -(-n // p["page_size"])          # noqa: E731
+    need = [[len(s.prompt) + s.output_len for s in R.requests(p, w_)] for w_ in range(p["windows"])]
+    longest = max(max(n) for n in need)
+    if pages(longest) > p["device_kv_tokens"] // p["page_size"]:
+        raise BadInput(f"device_kv_tokens {p['device_kv_tokens']} holds no request of {longest} tokens (the longest "
+                       "of these windows): raise the cap or lower capacity / length_scale")
+    # the offloaded rungs hold a whole window at once: host RAM must never be what makes a request wait
+    most = max(sum(pages(x) for x in n) * p["page_size"] for n in need)
+    if most > p["host_kv_tokens"]:
+        raise BadInput(f"host_kv_tokens {p['host_kv_tokens']} is below the {most} tokens of the largest window's "
+                       "requests together: raise it (host RAM must not make an offloaded request wait)")
+    p["device"] = str(dev)
+    p["trace_sha"] = hashlib.sha256(Path(p["trace"]).read_bytes()).hexdigest()[:16]
+    p["resume"] = R.find_resume(p, EXPERIMENT)
+    return p
+
+
+def _warm_up(p: dict, model, policies: list[str]) -> float:
+    """Untimed replays before the measured ones (kernel compiles, first allocations, graphs per batch size):
+    window 0's first requests, all at once, a few tokens each, under every rung's configuration."""
+    t = time.monotonic()
+    specs = R.requests(p, 0)[:min(4, p["window_size"])]
+    for s in specs:
+        s.output_len, s.arrival_s = min(s.output_len, 4), 0.0
+    for pol in policies:
+        q, placement = rung_params(pol, p)
+        R.replay_policy(placement, {**q, "timeline_every": 0}, specs, model)
+    return time.monotonic() - t
+
+
+def run(p: dict, progress_bar: bool = False):
+    """`labkit run pulse_ladder`: calibration windows, the choice, the test windows, every rung on each."""
+    import pandas as pd
+    import torch
+
+    from ... import sweep
+    from ...engine.model.hybrid import HybridModel
+    from ...serving.workload import load_trace
+    from ...shapes import ModelShape
+    from ...stats import windows as W
+    t0 = time.monotonic()
+    wp = windows_params(p)
+    bounds = W.window_bounds(len(load_trace(p["trace"])), p["windows"], p["window_size"], p["calibration_windows"])
+    roles = {b["window"]: b["role"] for b in bounds}
+    shape = ModelShape.from_name(p["shape"])
+    cap_bytes = p["device_kv_tokens"] * shape.kv_bytes_per_token()
+    before = R.earlier_run(p["resume"])
+    run = sweep.open_run(p, EXPERIMENT, {**p})
+    run.update_manifest(windows=bounds, calibration=[w for w, r in roles.items() if r == "calibration"],
+                        test=[w for w, r in roles.items() if r == "test"], selection_rule=W.RULE,
+                        rungs=[*RUNGS, NO_OFFLOAD], device_kv_cap_tokens=p["device_kv_tokens"],
+                        device_kv_cap_bytes=cap_bytes, per_head_unit_bytes=unit_rows(p) * shape.row_bytes,
+                        resumed_from=[before["me"], *before["resumed_from"]] if before else [])
+    dev = torch.device(p["device"])
+    base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"],
+            "measured_in": run.run_id, "session": envs.get("LABKIT_SESSION"), "git_sha": run.manifest["git_sha"],
+            "device_kv_cap_tokens": p["device_kv_tokens"], "device_kv_cap_bytes": cap_bytes}
+    model = HybridModel(shape, dev, seed=p["seed"])
+    reqs: list[dict] = []
+    position: dict[int, int] = {}            # replays so far per window (this call): the rung order turned
+    specs_of: dict[int, list] = {}
+
+    def replay(w: int, pol: str) -> dict:
+        rung = rung_of(pol)
+        q, placement = rung_params(pol, p)
+        # a candidate replayed on a calibration window is no rung yet (the choice comes after): its rows name
+        # the rung it is a candidate for, so whoever reads rungs per window reads only what was chosen
+        candidate = roles[w] == "calibration" and rung in ("switching", "adaptive")
+        where = {"window": w, "window_role": roles[w], "rung": None if candidate else rung,
+                 "candidate_for": rung if candidate else None, "position": position.get(w, 0)}
+        position[w] = position.get(w, 0) + 1
+        bar.set_postfix_str(f"window {w} ({roles[w]}) {rung}")
+        head = {**base, "experiment": EXPERIMENT, "policy": pol, **where}
+        try:
+            if w not in specs_of:
+                specs_of[w] = R.requests(p, w)
+            specs = specs_of[w]
+            out = R.replay_policy(placement, {**q, "timeline_every": p["timeline_every"]}, specs, model)
+        except Exception as ex:   # noqa: BLE001 - recorded, the next rung runs
+            return sweep.failed_row(ex, head)
+        finally:
+            bar.update()
+        by_id = {r["request_id"]: r for r in out["stats"]["records"]}
+        for r in out["records"]:
+            mine = by_id.get(r.get("request_id"), {})
+            reqs.append({"policy": pol, **where, **{k: v for k, v in r.items() if k not in ("text", "token_times")},
+                         "lane": mine.get("lane"), "output_sha": mine.get("output_sha"),
+                         "n_token_times": len(r.get("token_times") or [])})
+        run.write_table("requests", pd.DataFrame(reqs))      # a run cut short keeps what it measured
+        row = {**base, **R.summary_row(placement, q, out), **head}
+        row.update(switching=rung in ("switching", "adaptive"), placement=placement,
+                   device_kv_tokens=0 if placement == "offload" else p["device_kv_tokens"],
+                   dma_unit_rows=q["dma_unit_rows"])
+        return row
+
+    def record(row: dict) -> None:
+        run.add({k: v for k, v in row.items() if k != "run_id"})
+
+    if p["warmup"]:                   # one policy of each rung (the candidates of a rung share its configuration)
+        one = {}
+        for pol in W.planned(wp, "calibration", {}) + W.planned(wp, "test", {}):
+            one.setdefault(rung_of(pol), pol)
+        run.update_manifest(warmup_s=round(_warm_up(p, model, list(one.values())), 2))
+    earlier = before.get("metrics") if before else None
+    fitted = {arm: arm for arm, c in W.candidates(wp).items() if c}
+    total = sum(len(W.planned(wp, b["role"], fitted)) for b in bounds)
+    with sweep.bar(total, EXPERIMENT, progress_bar) as bar:
+        out = W.replay_windows(wp, bounds, replay, record, earlier=earlier, t0=t0)
+    if out["kept"] and before and len(before.get("requests", [])):
+        old = before["requests"]
+        reqs[:0] = old[old["window"].isin(out["kept"])].to_dict("records")
+    run.write_table("requests", pd.DataFrame(reqs))
+    ratios = ladder_ratios(run.metrics(), wp, out["chosen"], roles)
+    run.write_table("window_ratios", ratios)
+    run.write_table("window_summary", W.summarize(ratios))
+    run.write_table("selection", out["selection"])
+    run.update_manifest(chosen=out["chosen"], complete_windows=out["complete"], kept_windows=out["kept"],
+                        measured_windows=sorted({w for w, _ in out["order"]}))
+    if out["stopped"]:
+        left = [w for w in roles if w not in out["complete"]]
+        run.finish(error=f"{out['stopped']}: windows {', '.join(map(str, left))} not replayed (resume=auto continues)")
+    else:
+        run.finish()
+    sweep.headline(sweep.summary_lines(lambda: headline(run.path)), progress_bar, EXPERIMENT)
+    return run
+
+
+def ladder_ratios(m, wp: dict, chosen: dict, roles: dict):
+    """Per (window, rung): throughput and p99 TPOT over per_head's on the same window (`windows.window_ratios`,
+    arms named by rung), and throughput over no_offload's (`throughput_vs_no_offload`)."""
+    from ...stats import windows as W
+    m = m[m["experiment"] == EXPERIMENT]
+    t = W.window_ratios(m, wp, chosen, roles)
+    t["arm"] = t["policy"].map(rung_of)
+    ok = m[(m["status"] == "ok") & (m["rung"] == NO_OFFLOAD)].drop_duplicates("window", keep="last")
+    t["throughput_vs_no_offload"] = t["output_throughput"] / t["window"].map(ok.set_index("window")["output_throughput"])
+    order = {r: i for i, r in enumerate([*RUNGS, NO_OFFLOAD])}
+    return t.sort_values(["window", "arm"], key=lambda c: c.map(order) if c.name == "arm" else c,
+                         kind="stable").reset_index(drop=True)
+
+
+def headline(path) -> list[str]:
+    """Per rung over the test windows: throughput and p99 TPOT against per_head (median [95% interval]), the full
+    rung against no_offload, and the transfer sizes; with no test window complete, what was measured."""
+    import numpy as np
+    import pandas as pd
+
+    from ...stats import bootstrap
+    path = Path(path)
+    s = pd.read_parquet(path / "window_summary.parquet") if (path / "window_summary.parquet").is_file() else pd.DataFrame()
+    lines = []
+    if len(s) and "throughput_ratio" in s:
+        lines.append(f"test windows {s['test_windows'].iloc[0]}, against per_head (no prefetch of the next layer): " + ", ".join(
+            f"{r['arm']} throughput {r['throughput_ratio']:.2f}x [{r['throughput_ratio_lo']:.2f}, {r['throughput_ratio_hi']:.2f}]"
+            + (f", p99 TPOT {r['tpot_p99_ratio']:.2f}x" if r.get("tpot_p99_ratio") == r.get("tpot_p99_ratio") else "")
+            for r in s.to_dict("records") if r["arm"] != "per_head"))
+        t = pd.read_parquet(path / "window_ratios.parquet")
+        full = t[(t["role"] == "test") & (t["arm"] == "adaptive")]["throughput_vs_no_offload"].dropna()
+        if len(full):
+            ci = bootstrap(full, np.median)
+            lines.append(f"adaptive (full PulseInfer) / no_offload under the same cap: throughput {full.median():.2f}x "
+                         f"[{ci.lo:.2f}, {ci.hi:.2f}] over {len(full)} windows")
+    m = pd.read_parquet(path / "metrics.parquet")
+    ok = m[m["status"] == "ok"]
+    if len(ok):
+        per = ok.groupby("rung", sort=False)[["bytes_per_copy", "copies_per_step", "max_running"]].median()
+        lines.append("bytes per copy / copies per step / most running: " + ", ".join(
+            f"{r} {x.bytes_per_copy / 1024:.1f} KiB / {x.copies_per_step:.0f} / {x.max_running:.0f}"
+            if x.bytes_per_copy == x.bytes_per_copy else f"{r} - / - / {x.max_running:.0f}" for r, x in per.iterrows()))
+    return lines
