@@ -41,9 +41,6 @@ EXPERIMENT = "xfer"
 def check(given: dict) -> dict:
     """Validate resolved parameters (`experiments.xfer`); raises BadInput (one line) before anything is loaded
     or written. Returns them with `_pair` (the model pair, not recorded)."""
-    if given.get("weights", "checkpoint") != "checkpoint":
-        from labkit.crossmodel.seeded import check as check_seeded
-        return check_seeded(given)
     from labkit.crossmodel import shm
     from labkit.crossmodel.features import FeatureSpec
     from labkit.crossmodel.mapper import check_compatible, read_metadata
@@ -238,9 +235,6 @@ def run_xfer(given: dict, run=None, log=print):
 
     from labkit.crossmodel.pair import plan_pair
     p = dict(given)           # checked by `experiments.xfer.plan`
-    if p.get("weights", "checkpoint") == "seeded":
-        from labkit.crossmodel.seeded import run_seeded
-        return run_seeded(p, run, log)
     pair = p.pop("_pair", None) or plan_pair(p["large"], p["small"], p["layer_table"] or None)
     shown = log is not None
     log = log or (lambda *a, **k: None)

@@ -187,7 +187,7 @@ def single_ttft(models, mapper, T: int, repeats: int, seed: int, exact_prefix: i
 def concurrent_ttft(models, mapper, T: int, c: int, repeats: int, seed: int, exact_prefix: int) -> list[dict]:
     """The two rows at concurrency `c`: per-request latency of c requests arriving together, served in order
     (module docstring); a warm-up round, then `repeats` rounds; the rows hold the last round's c requests."""
-    from labkit.crossmodel.experiment import _stats
+    import statistics
 
     dev = next(models.large.parameters()).device
     prompts = _prompts(c, T, models.pair.large.vocab, seed, dev)
@@ -206,10 +206,10 @@ def concurrent_ttft(models, mapper, T: int, c: int, repeats: int, seed: int, exa
                 done.append(time.perf_counter() - t0)
         lat[strategy] = done            # the last round
     for strategy in ("large_prefill", "mapped"):
-        s = _stats(lat[strategy])
+        x = lat[strategy]
         rows.append({"kind": "ttft", "backend": "transformers", "context_len": T, "concurrency": c, "requests": c,
-                     "repeats": repeats, "strategy": strategy, "ttft_ms_median": s["median"] * 1e3,
-                     "ttft_ms_min": s["min"] * 1e3, "ttft_ms_max": s["max"] * 1e3,
+                     "repeats": repeats, "strategy": strategy, "ttft_ms_median": statistics.median(x) * 1e3,
+                     "ttft_ms_min": min(x) * 1e3, "ttft_ms_max": max(x) * 1e3,
                      "round_ms": max(lat[strategy]) * 1e3, "cache_tokens": T - 1})
     rows[1]["speedup"] = rows[0]["ttft_ms_median"] / rows[1]["ttft_ms_median"]
     return rows

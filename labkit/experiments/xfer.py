@@ -47,11 +47,15 @@ SPEC = [
 
 def plan(given: dict) -> Plan:
     def check():          # the measuring module, imported once the parameters resolved
-        from ..crossmodel.experiment import check
-        return check
+        from ..crossmodel import experiment, seeded
+        return lambda p: (experiment.check if p["weights"] == "checkpoint" else seeded.check)(p)
     return checked(NAME, SPEC, given, check)
 
 
 def run(plan: Plan, progress_bar: bool = True):
+    log = print if progress_bar else None
+    if plan.params["weights"] == "seeded":
+        from ..crossmodel.seeded import run_seeded
+        return run_seeded(dict(plan.params), log=log)
     from ..crossmodel import experiment
-    return experiment.run_xfer(dict(plan.params), log=print if progress_bar else None)
+    return experiment.run_xfer(dict(plan.params), log=log)
