@@ -4,6 +4,7 @@ picked up with no code change; docs/claims.md and the README block say what `lab
 notebook draws the card under papermill."""
 import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -160,6 +161,19 @@ def test_link_rate_prefill_and_32k_runs_are_picked_up(tmp_path, monkeypatch):
     assert by["xfer-ttft-32k"].terms.value == pytest.approx(2.25) and by["xfer-ttft-32k"].verdict.verdict == C.HOLDS
     assert by["xfer-concurrency-8"].terms.value == pytest.approx(4000 / 2400)
 
+
+
+def test_a_modern_prose_run_shows_beside_shakespeare(tmp_path, monkeypatch):
+    before = {c.key: c for c in C.xfer_claims()}["xfer-perplexity"]
+    run = _run_folder(tmp_path / "prose", [{"kind": "quality"}], parameters={"small": "first:9", "calib_tokens": 8192})
+    pd.DataFrame([{"corpus": c, "mode": m, "ppl_ratio": r, "ppl_ratio_lo": r - 0.02, "ppl_ratio_hi": r + 0.03,
+                   "ppl_ratio_n": 8} for c, r in (("prose", 1.2), ("pydoc", 1.31)) for m in ("mapped",)]
+                 ).to_parquet(Path(run) / "quality_summary.parquet")
+    monkeypatch.setitem(C.RUNS, "xfer_modern_prose", run)
+    row = {c.key: c for c in C.xfer_claims()}["xfer-perplexity"]
+    assert "Python's documentation topics): 1.310 [1.290, 1.340] over 8 sequences" in row.terms.what
+    assert "first 9 of 30 layers" in row.terms.what and "Shakespeare in the same run 1.200" in row.terms.what
+    assert run in row.runs() and row.terms.value == before.terms.value      # the verdict's figure is unchanged
 
 # ---- the generated text and the notebook ------------------------------------------------------------------------
 def test_generated_blocks_match_what_labkit_docs_write_writes(rows):

@@ -231,14 +231,14 @@ class SmallPass:
             else:
                 p = list(self.kv(i))
             if shift == "avg":
-                pos = torch.arange(1, p[0].shape[0] + 1, dtype=p[0].dtype).unsqueeze(1)
+                pos = torch.arange(1, p[0].shape[0] + 1, dtype=p[0].dtype, device=p[0].device).unsqueeze(1)
                 p = [x.cumsum(0) / pos for x in p]
             elif shift:
-                p = [torch.cat([torch.zeros(shift, x.shape[1]), x[:-shift]]) if shift < x.shape[0]
+                p = [torch.cat([x.new_zeros(shift, x.shape[1]), x[:-shift]]) if shift < x.shape[0]
                      else torch.zeros_like(x) for x in p]
             parts += p
         T = parts[0].shape[0]
-        parts.append(torch.ones(T, 1))
+        parts.append(parts[0].new_ones(T, 1))
         return torch.cat(parts, dim=1)
 
 
@@ -246,5 +246,5 @@ def small_pass(small, ids: torch.Tensor, hidden_needed) -> SmallPass:
     """Prefill the small model over ids [1, T] capturing the hidden states the features need."""
     hid, cache = run_with_hidden(small, ids, hidden_needed, use_cache=True)
     T = ids.shape[1]
-    cos, sin = rope_cos_sin(small, T)
+    cos, sin = rope_cos_sin(small, T, device=ids.device)
     return SmallPass({i: h for i, h in hid.items()}, cache, cos, sin, small)

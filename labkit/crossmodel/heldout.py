@@ -8,7 +8,7 @@ in every play. So here:
 - **calibration** (mapper fitting): `transfer.calibration_chunks` on the calibration split; λ is chosen on
   held-out calibration *documents* (`val_by="document"`), not on other chunks of the documents fitted on;
 - **evaluation**: eval-split documents whose *family* (`family`: a play without its part number; a
-  stdlib module's top-level package) has no document in the calibration split; `n` of them per corpus in
+  stdlib module's top-level package; a documentation topic's stem) has no document in the calibration split; `n` of them per corpus in
   an order drawn from `seed`, one window of `seq_len` tokens each at an offset drawn from the same seed
   (anywhere in the document, so not always the opening);
 - `check_disjoint` refuses a draw that shares a document or a family with the calibration chunks, and
@@ -50,7 +50,10 @@ def as_seq(s) -> Seq:
 def family(corpus: str, name: str) -> str:
     """The unit a split must not cut: a play without its part number (`henry_vi_part_3_gut.txt` ->
     `henry_vi`), a stdlib module's top-level package (`email/mime/audio.py` -> `email`; a top-level module
-    is its own family)."""
+    is its own family), a documentation topic's stem before the first hyphen (`typesseq-mutable` ->
+    `typesseq`, `bltin-code-objects` -> `bltin`: the pages of one reference section)."""
+    if corpus == "pydoc":
+        return name.split("-", 1)[0]
     if corpus == "prose":
         stem = re.sub(r"_gut(_f)?\.txt$", "", name)
         return re.sub(r"_part_\d+$", "", stem)

@@ -67,8 +67,9 @@ def true_cache(large, ids: torch.Tensor):
 @torch.no_grad()
 def large_targets(large, cache, layers, rope: str = "pre") -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """(K, V) [T, kv_width] per layer from a cache: keys unrotated for rope='pre', as stored for 'post'."""
-    T = cache_kv(cache, 0)[0].shape[-2]
-    cos, sin = rope_cos_sin(large, T)
+    k0 = cache_kv(cache, 0)[0]
+    T = k0.shape[-2]
+    cos, sin = rope_cos_sin(large, T, device=k0.device)
     out = {}
     for l_ in layers:
         if rope == "pre":
@@ -168,21 +169,24 @@ def mapped_kv(models: Models, mapper: Mapper | None, ids: torch.Tensor, mode: st
             for l_ in pair.table.mapped_layers:
                 need |= {i for k, i, _ in mapper.keys(l_) if k == "h"}
         sp = small_pass(models.small, ids, need)
+    sync = torch.cuda.synchronize if timings is not None and ids.is_cuda else (lambda: None)
+    sync()   # on a GPU the stage times below are the device's, not the launches'
     t1 = time.perf_counter()
     T = ids.shape[1]
     H, D = pair.large.kv_heads, pair.large.head_dim
     dtype = cache_kv(sp.cache, 0)[0].dtype
-    cos, sin = rope_cos_sin(large, T)
+    zeros = lambda: torch.zeros(1, H, T, D, dtype=dtype, device=ids.device)  # noqa: E731
+    cos, sin = rope_cos_sin(large, T, device=ids.device)
     out = []
     feats: dict = {}
     for l_, (kind, s) in enumerate(pair.table.entries):
         if kind == "copy" or mode == "copy_last":
             k, v = cache_kv(sp.cache, s)
             if k.shape[1] != H or k.shape[-1] != D:
-                k, v = torch.zeros(1, H, T, D, dtype=dtype), torch.zeros(1, H, T, D, dtype=dtype)
+                k, v = zeros(), zeros()
             out.append((k, v))
         elif mode == "zeros":
-            out.append((torch.zeros(1, H, T, D, dtype=dtype), torch.zeros(1, H, T, D, dtype=dtype)))
+            out.append((zeros(), zeros()))
         else:
             keys = mapper.keys(l_)
             if keys not in feats:  # features (and a reduced-rank mapper's projection) once per feature group
@@ -192,6 +196,7 @@ def mapped_kv(models: Models, mapper: Mapper | None, ids: torch.Tensor, mode: st
             v = v.view(T, H, D).transpose(0, 1).unsqueeze(0)
             k = rotate(kp, cos, sin) if mapper.rope == "pre" else kp
             out.append((k.to(dtype), v.to(dtype)))
+    sync()
     t2 = time.perf_counter()
     k = min(int(exact_prefix), T) if mode == "mapped" else 0
     if k:   # a k-token forward of the large model: its own K/V at the first k positions (the sink)
@@ -200,6 +205,7 @@ def mapped_kv(models: Models, mapper: Mapper | None, ids: torch.Tensor, mode: st
             tk, tv = cache_kv(tc, l_)
             mk, mv = out[l_]
             out[l_] = (torch.cat([tk.to(mk.dtype), mk[:, :, k:]], dim=2), torch.cat([tv.to(mv.dtype), mv[:, :, k:]], dim=2))
+    sync()
     if timings is not None:
         timings["small_prefill_s"] = t1 - t0
         timings["mapping_s"] = t2 - t1

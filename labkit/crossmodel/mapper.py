@@ -84,7 +84,7 @@ def factor(xtx: torch.Tensor, lam_rel: float):
     unpenalized. Factored once, applied to any right-hand sides (λ choice and refits reuse it)."""
     d = xtx.shape[0]
     scale = float(torch.diagonal(xtx)[:-1].mean()) if d > 1 else 1.0
-    pen = torch.full((d,), lam_rel * scale, dtype=xtx.dtype)
+    pen = torch.full((d,), lam_rel * scale, dtype=xtx.dtype, device=xtx.device)
     pen[-1] = 0.0
     A = xtx + torch.diag(pen)
     try:

@@ -13,7 +13,8 @@ NAME = "quality"
 SPEC = [
     Param("model", "str", "smollm2-135m", "preset name or local HF checkpoint folder / .gguf file"),
     Param("corpora", "list[str]", ["code", "prose", "yaml"],
-          "code (CPython stdlib), prose (Shakespeare), yaml (PyTorch's ATen operator registry, shipped in the torch wheel)"),
+          "code (CPython stdlib), prose (Shakespeare), yaml (PyTorch's ATen operator registry, shipped in the torch wheel), "
+          "pydoc (Python's documentation topics, shipped with the interpreter: modern English prose)"),
     Param("budgets", "list[int]", [64, 256, 1024], "top-k budgets (the dense 'full' reference is always measured)"),
     Param("policies", "list[str]", ["oracle", "oracle_shared", "indexer", "retrieval_head"], "selection policies"),
     Param("seq_len", "int", 2048, "tokens per evaluation sequence (2K-8K; 2K keeps 48 sequences near 40 min of 2 CPU cores)"),

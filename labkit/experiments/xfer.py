@@ -1,16 +1,24 @@
 """`labkit run xfer`: cross-model KV transfer — a small model prefills, a learned mapper turns its states into
 the large model's K/V, the large model decodes: quality against its own prefill, token agreement, and time to
-first token through transformers or vLLM with labkit's KV connector. Code: `labkit.crossmodel.experiment`."""
+first token through transformers or vLLM with labkit's KV connector. With `weights=seeded`: time to first token
+only, at the published pair's shapes (Qwen3-0.6B prefills, Qwen3-1.7B decodes) with seeded random weights, on a
+GPU (`labkit.crossmodel.seeded`). Code: `labkit.crossmodel.experiment`."""
 from __future__ import annotations
 
-from ..params import OUT_DIR, Param, Plan
+from ..params import DEVICE, OUT_DIR, SEED, Param, Plan
 from . import checked
 
 NAME = "xfer"
 
 SPEC = [
-    Param("large", "str", "smollm2-135m", "the model that decodes: preset or local HF checkpoint"),
-    Param("small", "str", "first:8", "the model that prefills: first:N (the large model's first N layers) or a checkpoint"),
+    Param("large", "str", "smollm2-135m", "the model that decodes: preset or local HF checkpoint (weights=seeded: a "
+          "published shape, qwen3-1.7b)"),
+    Param("small", "str", "first:8", "the model that prefills: first:N (the large model's first N layers) or a checkpoint "
+          "(weights=seeded: a published shape, qwen3-0.6b)"),
+    Param("weights", "str", "checkpoint", "checkpoint: real weights, every stage; seeded: the shapes of "
+          "labkit.crossmodel.seeded.SHAPES with seeded random weights, TTFT only (ttft_lens x concurrency, dtype, device)"),
+    SEED.but(help="seed of the seeded weights, mapper fit and prompts (weights=seeded)"),
+    DEVICE.but(default="cpu", help="cpu, cuda, cuda:N: where weights=seeded runs (real checkpoints run on the CPU)"),
     Param("layer_table", "str", "", "large:small,... alignment entries (empty: proportional / deepest layer for first:N)"),
     Param("features", "str", "h:-1,h:0,h:-1@-1,h:-2", "small-model features: h:i, kv:i, h:aligned, kv:aligned, suffix @-k or @avg (default: the ablation's best at its cost)"),
     Param("rank", "int", 0, "reduced-rank mapper: one projection of the features to `rank` dimensions shared by the mapped layers, then per-layer maps (0: full ridge)"),
@@ -20,7 +28,7 @@ SPEC = [
     Param("calib_tokens", "int", 32768, "calibration tokens per corpus (calibration split; 1 in 5 documents held out for lambda)"),
     Param("calib_val", "str", "document", "what lambda is chosen on: document (whole held-out calibration documents) or chunk (1 in 5 chunks, as mappers were fitted before)"),
     Param("calib_seq_len", "int", 512, "tokens per calibration chunk"),
-    Param("corpora", "list[str]", ["code", "prose"], "code (CPython stdlib), prose (Shakespeare)"),
+    Param("corpora", "list[str]", ["code", "prose"], "code (CPython stdlib), prose (Shakespeare), pydoc (Python's documentation topics: modern English prose), as in the quality lab"),
     Param("n_sequences", "int", 16, "evaluation sequences per corpus: windows of eval documents outside the calibration's families (labkit.crossmodel.heldout)"),
     Param("eval_seed", "int", 20261201, "seed of the evaluation draw (documents and offsets); recorded in the manifest"),
     Param("prompt_len", "int", 1025, "prompt tokens of a quality sequence (the cache covers prompt_len - 1)"),
@@ -29,7 +37,8 @@ SPEC = [
     Param("modes", "list[str]", ["mapped", "zeros", "copy_last"], "mapped, and the ablations zeros, copy_last"),
     Param("backend", "str", "transformers", "transformers, vllm, or both"),
     Param("ttft_lens", "list[int]", [1024, 2048, 4096, 8064], "prompt lengths for TTFT (up to the model's context)"),
-    Param("concurrency", "list[int]", [1, 4], "concurrent requests for the vLLM TTFT"),
+    Param("concurrency", "list[int]", [1, 4], "concurrent requests for the vLLM TTFT (weights=seeded: requests arriving "
+          "together, served in order on one GPU)"),
     Param("repeats", "int", 3, "timed repeats per point after one warm-up"),
     Param("dtype", "str", "float32", "float32 or bfloat16 for the transformers models"),
     OUT_DIR,
@@ -38,11 +47,15 @@ SPEC = [
 
 def plan(given: dict) -> Plan:
     def check():          # the measuring module, imported once the parameters resolved
-        from ..crossmodel.experiment import check
-        return check
+        from ..crossmodel import experiment, seeded
+        return lambda p: (experiment.check if p["weights"] == "checkpoint" else seeded.check)(p)
     return checked(NAME, SPEC, given, check)
 
 
 def run(plan: Plan, progress_bar: bool = True):
+    log = print if progress_bar else None
+    if plan.params["weights"] == "seeded":
+        from ..crossmodel.seeded import run_seeded
+        return run_seeded(dict(plan.params), log=log)
     from ..crossmodel import experiment
-    return experiment.run_xfer(dict(plan.params), log=print if progress_bar else None)
+    return experiment.run_xfer(dict(plan.params), log=log)

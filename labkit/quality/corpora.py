@@ -13,8 +13,13 @@
   `autograd/derivatives.yaml` (about 190 KB: each operator's backward formulas). Long, real, machine-read
   structured text, unlike the other two; its text changes with the torch version (recorded in every
   manifest).
+- `pydoc`: modern English technical prose: the topic texts of Python's language reference and library
+  documentation that `help()` shows, shipped with every interpreter (`pydoc_data/topics.py`, the
+  dictionary `topics`; 79 topics, about 113K SmolLM2 tokens in Python 3.11). One topic is one document,
+  named by its key (`assert`, `specialnames`, `typesseq-mutable`); its text changes with the Python version
+  (recorded in every manifest). The `code` corpus leaves this file out, so no text is in both.
 
-Splits. `code` and `prose`: every document goes to exactly one split by a hash of `corpus/name`:
+Splits. `code`, `prose` and `pydoc`: every document goes to exactly one split by a hash of `corpus/name`:
 `calibration` when sha1 % 8 == 0 (about 1 in 8; used to fit the indexer and pick retrieval heads),
 `eval` otherwise. `yaml` has two documents, so the split is fixed by name: `derivatives.yaml` is
 calibration, `native_functions.yaml` is eval (the indexer and retrieval heads never see the eval file).
@@ -37,7 +42,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-CORPORA = ("code", "prose", "yaml")
+CORPORA = ("code", "prose", "yaml", "pydoc")   # appended only: a corpus' index seeds its draw
 SPLITS = ("eval", "calibration")
 CALIB_EVERY = 8
 _TEST_PARTS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
@@ -50,7 +55,9 @@ SPLIT_RULE = {
     "code": f"sha1('code/<path>') % {CALIB_EVERY} == 0 -> calibration, else eval",
     "prose": f"sha1('prose/<file>') % {CALIB_EVERY} == 0 -> calibration, else eval",
     "yaml": "autograd/derivatives.yaml -> calibration, ATen/native/native_functions.yaml -> eval",
+    "pydoc": f"sha1('pydoc/<topic>') % {CALIB_EVERY} == 0 -> calibration, else eval",
 }
+PYDOC_SEP = "#"     # a pydoc document's path: <pydoc_data/topics.py>#<topic> (one file holds every topic)
 
 
 def _split_of(name: str, calib_every: int = CALIB_EVERY) -> str:
@@ -107,6 +114,22 @@ def yaml_files() -> list[tuple[str, Path]]:
     return out
 
 
+def pydoc_files() -> list[tuple[str, Path]]:
+    """(topic, `<topics.py>#<topic>`) of the running interpreter's documentation topics."""
+    spec = importlib.util.find_spec("pydoc_data.topics")
+    if spec is None or not spec.origin:
+        raise ValueError("corpus 'pydoc' needs pydoc_data.topics, which ships with CPython: this interpreter has none")
+    out = [(k, Path(spec.origin + PYDOC_SEP + k)) for k in sorted(_pydoc_topics())]
+    if not out:
+        raise ValueError(f"{spec.origin} holds no documentation topics")
+    return out
+
+
+def _pydoc_topics() -> dict[str, str]:
+    from pydoc_data.topics import topics
+    return topics
+
+
 def split_of(corpus: str, name: str) -> str:
     """The split one document of a corpus belongs to."""
     return _YAML_SPLIT[name] if corpus == "yaml" else _split_of(f"{corpus}/{name}")
@@ -122,12 +145,14 @@ def _check(corpus: str, split: str) -> None:
 def documents(corpus: str, split: str = "eval") -> list[tuple[str, Path]]:
     """(name, path) of a corpus split in deterministic hash order."""
     _check(corpus, split)
-    files = {"code": code_files, "prose": prose_files, "yaml": yaml_files}[corpus]()
+    files = {"code": code_files, "prose": prose_files, "yaml": yaml_files, "pydoc": pydoc_files}[corpus]()
     docs = [(n, p) for n, p in files if split_of(corpus, n) == split]
     return sorted(docs, key=lambda np_: _hash_order(np_[0]))
 
 
 def read_document(path: Path, corpus: str) -> str:
+    if corpus == "pydoc":   # a topic inside one module's dictionary, not a file of its own
+        return _pydoc_topics()[str(path).rsplit(PYDOC_SEP, 1)[1]]
     text = path.read_text(encoding="utf-8", errors="replace")
     if corpus == "prose":  # skip the Gutenberg header so sequences start in the play
         for marker in ("*** START", "*END*THE SMALL PRINT"):

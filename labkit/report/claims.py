@@ -32,6 +32,8 @@ Runs that settle rows are picked up from `docs/runs.toml` (`[runs]`) by name, wi
 - `xfer_ttft_32k`: cross-model TTFT at 32K; rows as `labkit run xfer` writes them (`kind == "ttft"`, `strategy`
   large_prefill / mapped, `context_len`, `concurrency`, `ttft_ms_median/min/max`, `speedup`); rows at concurrency
   8 settle the concurrency row too.
+- `xfer_modern_prose`: cross-model quality on modern English prose (`labkit run xfer` with `pydoc` among its
+  corpora; its `quality_summary` table); the perplexity row shows it beside Shakespeare's.
 """
 from __future__ import annotations
 
@@ -581,6 +583,30 @@ def _ttft_speedup(run: str, concurrency: int | None = None, near: int = 32768, b
     return Figure(v, min(lo, v), max(hi, v), how, what, (run,))
 
 
+def _modern_prose() -> tuple[str, tuple[str, ...]]:
+    """The perplexity ratio on modern English prose (Python's documentation topics) beside Shakespeare's of the
+    same run, as words for the perplexity row, and that run; nothing while `xfer_modern_prose` names no run."""
+    from ..crossmodel.intervals import text
+
+    run = _run("xfer_modern_prose")
+    if not run:
+        return "", ()
+    lr = load_run(REPO / run)
+    s = lr.table("quality_summary")
+    s = s[s["mode"] == "mapped"].set_index("corpus")
+    if "pydoc" not in s.index:
+        return "", ()
+    p = lr.manifest.get("parameters", {})
+    small = str(p.get("small", ""))
+    depth = f"first {small.split(':', 1)[1]} of 30 layers" if small.startswith("first:") else small
+    d, n = s.loc["pydoc"], int(s.loc["pydoc", "ppl_ratio_n"])
+    words = (f"; modern English prose (Python's documentation topics): {text(d, 'ppl_ratio')} over {n} sequences, "
+             f"small model = {depth} (the published pair's compute ratio)")
+    if "prose" in s.index:
+        words += f", Shakespeare in the same run {text(s.loc['prose'], 'ppl_ratio')}"
+    return words + f" (mapper on {int(p.get('calib_tokens', 0)):,} calibration tokens per corpus)", (run,)
+
+
 def xfer_claims() -> list[Claim]:
     sys = SYSTEMS["xfer"]
     pair = "SmolLM2-135M and its first 8 layers on a CPU, not Qwen3-0.6B → 1.7B on two RTX 3090s"
@@ -588,7 +614,8 @@ def xfer_claims() -> list[Claim]:
     run32 = _run("xfer_ttft_32k")
     terms = _ttft_speedup(run32) if run32 else None
     if terms is not None:
-        terms = Figure(**{**terms.__dict__, "differs": "the published pair's shapes with seeded weights on one H200"})
+        terms = Figure(**{**terms.__dict__, "differs": "the published pair's shapes with seeded weights on one H200 "
+                          "(both models on one GPU: no cache transfer)"})
     vllm = _ttft_speedup(RUNS["xfer_vllm_rank"], backend="vllm")
     vllm = Figure(**{**vllm.__dict__, "differs": pair})
     out.append(Claim("xfer-ttft-32k", sys,
@@ -601,16 +628,21 @@ def xfer_claims() -> list[Claim]:
     fr = fr[fr["stage"] == "frontier"].set_index("small_layers")
     n8, deep = fr.loc[8], fr.loc[int(fr.index.max())]
     iv = lambda r, c: (float(r[c]), float(r[f"{c}_lo"]), float(r[f"{c}_hi"]))  # noqa: E731
+    modern, modern_runs = _modern_prose()
     out.append(Claim("xfer-perplexity", sys,
                      Published(1.10, "perplexity ~10% worse (1.10×)", "the large model decoding from mapped KV vs from its "
                                "own, ridge mapper fitted for 15 minutes on FineWeb", approx=True),
                      terms=Figure(*iv(n8, "ppl_ratio_prose"), f"95% interval over {int(n8['ppl_ratio_prose_n'])} sequences",
                                   "perplexity from the mapped cache / from the true cache, held-out prose, small model = "
-                                  "first 8 of 30 layers", (RUNS["xfer_frontier"],), pair + "; Shakespeare, not web text"),
+                                  "first 8 of 30 layers" + modern, (RUNS["xfer_frontier"], *modern_runs),
+                                  pair + "; Shakespeare, not web text"),
                      strongest=Figure(*iv(deep, "ppl_ratio"), f"95% interval over {int(deep['ppl_ratio_n'])} sequences",
                                       f"the same, our deepest small model (first {int(fr.index.max())} layers), code and "
                                       "prose pooled", (RUNS["xfer_frontier"],))))
     c8 = _ttft_speedup(run32, concurrency=8) if run32 else None
+    if c8 is not None:
+        c8 = Figure(**{**c8.__dict__, "differs": "the published pair's shapes with seeded weights on one H200; 8 "
+                       "requests of 32K arriving together, served in order"})
     full = _ttft_speedup(RUNS["xfer_full"], concurrency=4, near=8192, backend="vllm")
     full = Figure(**{**full.__dict__, "differs": pair + "; concurrency 4, not 8"})
     out.append(Claim("xfer-concurrency-8", sys,

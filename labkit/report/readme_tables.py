@@ -40,6 +40,7 @@ XFER_FRONTIER_RUN, XFER_RANK_RUN, XFER_FULL_RUN = RUNS["xfer_frontier"], RUNS["x
 XFER_TTFT_RUN, XFER_VLLM_RANK_RUN = RUNS["xfer_ttft"], RUNS["xfer_vllm_rank"]
 XFER_ABLATION_RUN, XFER_VLLM_TTFT_RUN = RUNS["xfer_ablation"], RUNS["xfer_vllm_ttft"]
 XFER_N10_RUN = RUNS["xfer_n10"]
+XFER_PROSE_RUN = RUNS.get("xfer_modern_prose", "")
 PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
 
 
@@ -754,6 +755,25 @@ def xfer_vllm_ttft_table() -> str:
     return _md(pd.DataFrame(rows))
 
 
+def xfer_prose_table() -> str:
+    """Quality per corpus of one run: modern English prose (Python's documentation topics) beside Shakespeare,
+    the same mapper and protocol, 95% intervals over sequences."""
+    from ..crossmodel.intervals import text
+
+    run = load_run(REPO / XFER_PROSE_RUN)
+    s = run.table("quality_summary")
+    p = run.manifest.get("parameters", {})
+    names = {"prose": "Shakespeare (prose)", "pydoc": "Python's documentation topics (pydoc)", "code": "CPython stdlib (code)"}
+    rows = []
+    for r in s[s["mode"] == "mapped"].itertuples():
+        tr = s[(s["corpus"] == r.corpus) & (s["mode"] == "true")].iloc[0]
+        rows.append({"corpus": names.get(r.corpus, r.corpus), "small model": p.get("small", ""),
+                     "true-cache ppl": f"{tr.ppl:.2f}", "mapped-cache ppl": f"{r.ppl:.2f}",
+                     "ppl ratio [95%]": f"**{text(r, 'ppl_ratio')}**", "top-1 [95%]": text(r, "top1_agree"),
+                     "n": int(r.n_sequences)})
+    return _md(pd.DataFrame(rows))
+
+
 def xfer_blocks() -> dict[str, str]:
     out = {}
     for name, fn, run in (("xfer-frontier-cpu", xfer_frontier_table, XFER_FRONTIER_RUN),
@@ -761,8 +781,9 @@ def xfer_blocks() -> dict[str, str]:
                           ("xfer-rank-cpu", xfer_rank_table, XFER_RANK_RUN), ("xfer-run-cpu", xfer_run_table, XFER_FULL_RUN),
                           ("xfer-ttft-cpu", xfer_ttft_table, XFER_TTFT_RUN),
                           ("xfer-ablation-cpu", xfer_ablation_table, XFER_ABLATION_RUN),
-                          ("xfer-vllm-ttft-cpu", xfer_vllm_ttft_table, XFER_VLLM_TTFT_RUN)):
-        if (REPO / run).is_dir():
+                          ("xfer-vllm-ttft-cpu", xfer_vllm_ttft_table, XFER_VLLM_TTFT_RUN),
+                          ("xfer-prose-cpu", xfer_prose_table, XFER_PROSE_RUN)):
+        if run and (REPO / run).is_dir():
             out[name] = fn()
     return out
 
