@@ -52,6 +52,7 @@ TOLERANCE = 0.10          # ours within ±10% of the published figure: holds
 APPROX_TOLERANCE = 0.20   # the same for a figure published as "~x" (the publication rounds it)
 PART_FACTOR = 2.0         # an absolute figure (tok/s, GB/s) within this factor either way: holds in part
 NO_EFFECT = 1.0           # a ratio against a baseline: 1 means no effect
+MIN_EFFECT = 0.02         # ... and within ±2% of it is no effect either (below what two repeats can tell apart)
 LINK_CHECK_TOLERANCE = 0.10   # predicted vs measured step time at every link rate, for the model to count as checked
 LINK_CHECK_RATES = 3
 
@@ -162,7 +163,8 @@ def judge(pub: Published, ours: Figure) -> tuple[str, str]:
 
     holds: the published figure lies inside our spread, or within the declared tolerance of our value;
     holds in part: not that, but the direction holds (a ratio: our whole spread, or for an "up to" figure our
-    best case, is on the published side of no effect; an absolute figure: within PART_FACTOR);
+    best case, is on the published side of no effect, beyond its ±MIN_EFFECT band; an absolute figure: within
+    PART_FACTOR);
     does not hold: otherwise."""
     p, v = pub.value, ours.value
     tol = APPROX_TOLERANCE if pub.approx else TOLERANCE
@@ -175,13 +177,14 @@ def judge(pub: Published, ours: Figure) -> tuple[str, str]:
         return HOLDS, f"ours is within {tol:.0%} of the published {_num(p, pub.unit)} ({off:+.0%})"
     if pub.kind == "ratio":
         side = 1 if p > NO_EFFECT else -1
-        shown = side * (v - NO_EFFECT) > 0 if pub.up_to else \
-            side * (ours.lo - NO_EFFECT) > 0 and side * (ours.hi - NO_EFFECT) > 0
+        edge = NO_EFFECT * (1 + MIN_EFFECT) ** side          # the published side of the no-effect band
+        shown = side * (v - edge) > 0 if pub.up_to else \
+            side * (ours.lo - edge) > 0 and side * (ours.hi - edge) > 0
         if shown:
             return PART, (f"the direction holds, the size does not: ours {_num(v, pub.unit)} "
                           f"({'larger' if side * (v - p) > 0 else 'smaller'}) against the published {_num(p, pub.unit)}")
         return FAILS, (f"ours {_num(v, pub.unit)} shows no effect in the published direction "
-                       f"(spread {_range(ours.lo, ours.hi)} against no effect at {NO_EFFECT:g}×)")
+                       f"(spread {_range(ours.lo, ours.hi)} against no effect at {NO_EFFECT:g}× ± {MIN_EFFECT:.0%})")
     if 1 / PART_FACTOR <= v / p <= PART_FACTOR:
         return PART, f"ours is {off:+.0%} from the published {_num(p, pub.unit)}: same order, outside {tol:.0%}"
     return FAILS, f"ours is {v / p:.2g}× the published {_num(p, pub.unit)}: beyond a factor of {PART_FACTOR:g}"
@@ -719,8 +722,8 @@ def claims_block(claims: list[Claim]) -> str:
             "unchecked cost model until the run named in the row is committed). Rule (`labkit.report.claims.judge`): "
             f"holds when the published figure lies inside our spread or within ±{TOLERANCE:.0%} of ours "
             f"(±{APPROX_TOLERANCE:.0%} for a figure published as \"~x\"); holds in part when the direction holds but the "
-            f"size does not (a ratio: our spread, or for \"up to\" our best case, on the published side of no effect; "
-            f"an absolute figure within {PART_FACTOR:g}×); otherwise does not hold; no figure of ours: cannot be tested "
+            f"size does not (a ratio: our spread, or for \"up to\" our best case, on the published side of no effect "
+            f"by more than {MIN_EFFECT:.0%}; an absolute figure within {PART_FACTOR:g}×); otherwise does not hold; no figure of ours: cannot be tested "
             "here.")
     return lead + "\n\n" + S.md_table(table(claims))
 
