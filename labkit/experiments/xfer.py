@@ -1,10 +1,12 @@
 """`labkit run xfer`: cross-model KV transfer — a small model prefills, a learned mapper turns its states into
 the large model's K/V, the large model decodes: quality against its own prefill, token agreement, and time to
-first token through transformers or vLLM with labkit's KV connector. Code: `labkit.crossmodel.experiment`."""
+first token through transformers or vLLM with labkit's KV connector. Code: `labkit.crossmodel.experiment` (its
+`check`: what crosses parameters, the model pair, the corpora and /dev/shm)."""
 from __future__ import annotations
 
 from ..params import OUT_DIR, Param, Plan
-from . import checked
+from .. import lazy
+from . import planner
 
 NAME = "xfer"
 
@@ -13,36 +15,44 @@ SPEC = [
     Param("small", "str", "first:8", "the model that prefills: first:N (the large model's first N layers) or a checkpoint"),
     Param("layer_table", "str", "", "large:small,... alignment entries (empty: proportional / deepest layer for first:N)"),
     Param("features", "str", "h:-1,h:0,h:-1@-1,h:-2", "small-model features: h:i, kv:i, h:aligned, kv:aligned, suffix @-k or @avg (default: the ablation's best at its cost)"),
-    Param("rank", "int", 0, "reduced-rank mapper: one projection of the features to `rank` dimensions shared by the mapped layers, then per-layer maps (0: full ridge)"),
-    Param("exact_prefix", "int", 1, "first tokens whose K/V the large model computes itself (a k-token forward): position 0 is the attention sink the mapper predicts worst"),
-    Param("rope", "str", "pre", "pre: map keys before RoPE and rotate at the target positions; post: map rotated keys"),
+    Param("rank", "int", 0, "reduced-rank mapper: one projection of the features to `rank` dimensions shared by the mapped layers, then per-layer maps (0: full ridge)",
+          ge=0),
+    Param("exact_prefix", "int", 1, "first tokens whose K/V the large model computes itself (a k-token forward): position 0 is the attention sink the mapper predicts worst",
+          ge=0),
+    Param("rope", "str", "pre", "pre: map keys before RoPE and rotate at the target positions; post: map rotated keys",
+          choices=("pre", "post")),
     Param("mapper", "str", "", "mapper .safetensors to use (empty: cached fit for these parameters, fitted if missing)"),
     Param("calib_tokens", "int", 32768, "calibration tokens per corpus (calibration split; 1 in 5 documents held out for lambda)"),
-    Param("calib_val", "str", "document", "what lambda is chosen on: document (whole held-out calibration documents) or chunk (1 in 5 chunks, as mappers were fitted before)"),
-    Param("calib_seq_len", "int", 512, "tokens per calibration chunk"),
+    Param("calib_val", "str", "document", "what lambda is chosen on: document (whole held-out calibration documents) or chunk (1 in 5 chunks, as mappers were fitted before)",
+          choices=("document", "chunk")),
+    Param("calib_seq_len", "int", 512, "tokens per calibration chunk",
+          ge=16),
     Param("corpora", "list[str]", ["code", "prose"], "code (CPython stdlib), prose (Shakespeare)"),
-    Param("n_sequences", "int", 16, "evaluation sequences per corpus: windows of eval documents outside the calibration's families (labkit.crossmodel.heldout)"),
-    Param("eval_seed", "int", 20261201, "seed of the evaluation draw (documents and offsets); recorded in the manifest"),
+    Param("n_sequences", "int", 16, "evaluation sequences per corpus: windows of eval documents outside the calibration's families (labkit.crossmodel.heldout)",
+          ge=1),
+    Param("eval_seed", "int", 20261201, "seed of the evaluation draw (documents and offsets); recorded in the manifest",
+          ge=0),
     Param("prompt_len", "int", 1025, "prompt tokens of a quality sequence (the cache covers prompt_len - 1)"),
     Param("cont_len", "int", 128, "continuation tokens scored for perplexity"),
-    Param("agree_tokens", "int", 32, "greedy tokens of the true cache for top-1 agreement"),
+    Param("agree_tokens", "int", 32, "greedy tokens of the true cache for top-1 agreement",
+          ge=1),
     Param("modes", "list[str]", ["mapped", "zeros", "copy_last"], "mapped, and the ablations zeros, copy_last"),
-    Param("backend", "str", "transformers", "transformers, vllm, or both"),
+    Param("backend", "str", "transformers", "transformers, vllm, or both",
+          choices=("transformers", "vllm", "both")),
     Param("ttft_lens", "list[int]", [1024, 2048, 4096, 8064], "prompt lengths for TTFT (up to the model's context)"),
-    Param("concurrency", "list[int]", [1, 4], "concurrent requests for the vLLM TTFT"),
-    Param("repeats", "int", 3, "timed repeats per point after one warm-up"),
-    Param("dtype", "str", "float32", "float32 or bfloat16 for the transformers models"),
+    Param("concurrency", "list[int]", [1, 4], "concurrent requests for the vLLM TTFT",
+          ge=1),
+    Param("repeats", "int", 3, "timed repeats per point after one warm-up",
+          ge=1),
+    Param("dtype", "str", "float32", "float32 or bfloat16 for the transformers models",
+          choices=("float32", "bfloat16")),
     OUT_DIR,
 ]
 
 
-def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from ..crossmodel.experiment import check
-        return check
-    return checked(NAME, SPEC, given, check)
+measuring = lazy.module("..crossmodel.experiment", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..crossmodel import experiment
-    return experiment.run_xfer(dict(plan.params), log=print if progress_bar else None)
+    return measuring.run_xfer(dict(plan.params), log=print if progress_bar else None)
