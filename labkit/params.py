@@ -57,7 +57,8 @@ class Param:
         names = self.choices() if callable(self.choices) else self.choices
         for v in items:
             if names and v not in names:
-                return f"{self.name} must be one of {', '.join(map(str, names))}; got {v!r}"
+                shown = ", ".join(str(n) if n != "" else "(empty)" for n in names)
+                return f"{self.name} must be one of {shown}; got {v!r}"
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 if self.gt is not None and not v > self.gt:
                     return f"{self.name} must be > {self.gt:g}, got {v}"

@@ -307,11 +307,7 @@ def run_serve(given: dict, run=None, log=print):
             try:
                 srv = server.start()
             except ServerFailed as ex:
-                for rnd in range(p["repeats"]):
-                    for pt in pts:
-                        run.add(sweep.failed_row(ex, {**base, **pt}, strategy=strategy, offload_gib=off,
-                                                 offload_backend=backend, client="labkit", round=rnd,
-                                                 server_log_tail=log_tail(server.srv.log_path, 10) if server.srv else ""))
+                _fail_unstarted(run, ex, p, pts, base, strategy, off, backend, server)
                 bar.update(p["repeats"] * len(pts) * n_clients)
                 continue
             scraper = _scraper(srv, p, server, off, strategy)
@@ -358,6 +354,18 @@ def run_serve(given: dict, run=None, log=print):
         run.finish()        # the shared rule over the rows; an exception in flight (Ctrl-C included) decides too
     sweep.headline(sweep.summary_lines(lambda: closing_lines(run.metrics())), shown, EXPERIMENT)
     return run
+
+
+def _fail_unstarted(run, ex: Exception, p: dict, pts: list, base: dict, strategy: str, off: float, backend: str,
+                    server: "_Server") -> None:
+    """A server that did not start: every point of every round it was to serve is a failed row."""
+    from labkit import sweep
+    from labkit.serving.lifecycle import log_tail
+    for rnd in range(p["repeats"]):
+        for pt in pts:
+            run.add(sweep.failed_row(ex, {**base, **pt}, strategy=strategy, offload_gib=off,
+                                     offload_backend=backend, client="labkit", round=rnd,
+                                     server_log_tail=log_tail(server.srv.log_path, 10) if server.srv else ""))
 
 
 def _opened(p: dict, run):
