@@ -306,10 +306,8 @@ def cmd_serve(a) -> int:
     return run(a)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="labkit", description="KV-cache offload lab: `labkit run --help` lists the experiments")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-
+def _add_run_and_study(sub) -> None:
+    """`run`: an experiment into a run folder; `study`: a cross-model study."""
     r = sub.add_parser("run", add_help=False, help="run an experiment into a run folder (labkit run --help lists them)",
                        usage="labkit run [EXPERIMENT] [-p NAME=VALUE ...] [--out DIR] [--help]")
     r.add_argument("experiment", nargs="?")
@@ -327,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("-h", "--help", action="store_true")
     st.set_defaults(fn=cmd_study)
 
+
+def _add_reading(sub) -> None:
+    """Read run folders: `report`, `runs`, `predict`, `compare`."""
     rp = sub.add_parser("report", help="write DIR/report.html (plotly.js linked from results/_assets)")
     rp.add_argument("run_dir", help="a run folder, or a run as `labkit runs` lists it")
     rp.add_argument("--standalone", action="store_true",
@@ -353,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="HTML file to write (default: next to RUN_B, compare-A-vs-B.html)")
     c.set_defaults(fn=cmd_compare)
 
+
+def _add_nightly(sub) -> None:
+    """`nightly`: a plan of experiments, resumable."""
     n = sub.add_parser("nightly", help="run a plan of experiments (one papermill kernel each), resumable")
     n.add_argument("--plan", default="nightly/plan.toml", help="TOML plan (default nightly/plan.toml; plans/ holds others)")
     n.add_argument("--date", help="nightly folder date YYYY-MM-DD (default today, UTC); same date resumes")
@@ -363,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--on", metavar="KIND", help="with --cluster: the kind for entries whose plan names none")
     n.set_defaults(fn=cmd_nightly)
 
+
+def _add_lab(sub) -> None:
+    """`lab`: JupyterLab on the notebooks."""
     lab = sub.add_parser("lab", help="JupyterLab on notebooks/ (127.0.0.1, token; prints the URL and the SSH tunnel)")
     lab.add_argument("--port", type=int, default=8888, help="port to bind on 127.0.0.1 (next free one if taken)")
     lab.add_argument("--port-exact", action="store_true", help="fail rather than move to another port")
@@ -373,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="passed on to jupyter lab after `--`, e.g. -- --LabApp.expose_app_in_browser=True")
     lab.set_defaults(fn=cmd_lab)
 
+
+def _add_serve(sub) -> None:
+    """`serve`: labkit's engine behind vLLM's OpenAI API."""
     s = sub.add_parser("serve", help="serve labkit's engine behind vLLM's OpenAI API: completions, chat, /metrics (127.0.0.1); "
                                      "not the vLLM sweep, which is `labkit run serve`")
     s.add_argument("--shape", default="tiny")
@@ -399,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="warning")
     s.set_defaults(fn=cmd_serve)
 
+
+def _add_shapes_and_docs(sub) -> None:
+    """`shapes` and `docs`."""
     sh = sub.add_parser("shapes", help="list model shape presets")
     sh.add_argument("--json", action="store_true")
     sh.set_defaults(fn=cmd_shapes)
@@ -407,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--write", action="store_true", help="rewrite the generated blocks in place")
     d.set_defaults(fn=cmd_docs)
 
+
+def _add_node(sub) -> None:
+    """`node`: this box into the lab's Ray cluster."""
     nd = sub.add_parser("node", help="join this box to the lab's Ray cluster (or start it with --head), advertising "
                                      "its GPU kind and labkit commit (docs/cluster.md)")
     nd.add_argument("--head", action="store_true", help="start the cluster on this box")
@@ -423,6 +439,18 @@ def build_parser() -> argparse.ArgumentParser:
     nd.add_argument("--dashboard", action="store_true", help="start Ray's dashboard on the head, bound to --ip")
     nd.add_argument("--dry-run", action="store_true", help="print the ray start command; start nothing")
     nd.set_defaults(fn=cmd_node)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="labkit", description="KV-cache offload lab: `labkit run --help` lists the experiments")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    _add_run_and_study(sub)
+    _add_reading(sub)
+    _add_nightly(sub)
+    _add_lab(sub)
+    _add_serve(sub)
+    _add_shapes_and_docs(sub)
+    _add_node(sub)
     return ap
 
 

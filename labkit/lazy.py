@@ -1,4 +1,5 @@
-"""`module(name)`: a stand-in that imports `name` on first attribute access.
+"""`module(name, package)`: a stand-in that imports `name` (relative to `package` when it starts with a dot)
+on first attribute access.
 
 The command line lists experiments and parses their parameters (strategy settings included) without
 importing torch, Triton or plotly, so bad input fails in a second; the modules that declare those
@@ -7,6 +8,7 @@ parameters use heavy packages only inside the functions that measure.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 
@@ -20,5 +22,7 @@ class _Lazy(ModuleType):
         return getattr(mod, attr)
 
 
-def module(name: str) -> ModuleType:
-    return _Lazy(name)
+def module(name: str, package: str | None = None) -> ModuleType:
+    """`package` resolves a relative `name` (".measure" from an experiment's `__package__`); nothing is imported
+    here. tests/test_layout.py counts a labkit module named this way as an import of it."""
+    return _Lazy(importlib.util.resolve_name(name, package) if name.startswith(".") else name)

@@ -115,15 +115,8 @@ def _resolve_notebook(nb: str, plan_dir: Path) -> Path:
     return p
 
 
-def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None = None) -> list[Entry]:
-    """Parse and check a plan; raises BadInput (one line) on the first problem. Nothing runs or is written.
-    With `only`, just those entries are returned and planned (the others' keys and names are still checked);
-    an entry whose needs this machine lacks comes back with `skip` saying why instead of refusing the plan."""
-    from .execute import NOTEBOOKS, notebook_parameters
-    from .experiments import EXPERIMENTS, get
-    from .experiments import plan as plan_experiment
-    from .params import Missing
-    path = Path(path)
+def _read_plan(path: Path, only: list[str] | None) -> list:
+    """The plan file's `[[entry]]` tables, the file, its TOML, its top-level keys and `only` checked."""
     if not path.is_file():
         raise BadInput(f"plan {path} does not exist")
     try:
@@ -141,71 +134,110 @@ def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None
         missing = sorted(set(only) - names)
         if missing:
             raise BadInput(f"--only: no entry named {', '.join(missing)} in {path}")
-    cuda = _has_cuda() if cuda is None else cuda
-    entries, seen = [], set()
-    # a notebook that belongs to one experiment only is that experiment (shared ones need `experiment`)
+    return raw_entries
+
+
+def _notebook_owners() -> dict:
+    """A notebook that belongs to one experiment only is that experiment (shared ones need `experiment`)."""
+    from .execute import NOTEBOOKS
+    from .experiments import EXPERIMENTS
     users: dict = {}
     for name, ex in EXPERIMENTS.items():
         users.setdefault((NOTEBOOKS / ex.notebook).resolve(), []).append(name)
-    by_notebook = {nb: names[0] for nb, names in users.items() if len(names) == 1}
+    return {nb: names[0] for nb, names in users.items() if len(names) == 1}
+
+
+def _check_entry(e, i: int, path: Path, seen: set) -> tuple[str, str]:
+    """An entry's name (folder-safe, used once), keys, `on` and its one kind: (name, where its lines say)."""
+    where = f"plan {path.name} entry {i}"
+    if not isinstance(e, dict):
+        raise BadInput(f"{where}: not a table")
+    name = e.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise BadInput(f"{where}: `name` must be a folder-safe word (letters, digits, _ . -), got {name!r}")
+    where = f"plan {path.name} entry {name!r}"
+    if name in seen:
+        raise BadInput(f"{where}: name used twice")
+    seen.add(name)
+    check_table(ENTRY_SPEC, e, where)        # keys, their types, timeout_s > 0
+    if "on" in e and not (isinstance(e["on"], str) and (e["on"] == EVERY_KIND or KIND_RE.match(e["on"]))):
+        raise BadInput(f"{where}: `on` is a machine kind (h200, rtx3090, cpu, ...) or \"{EVERY_KIND}\", "
+                       f"got {e['on']!r}")
+    if sum(k in e for k in ("experiment", "notebook", "tests")) != 1:
+        raise BadInput(f"{where}: give exactly one of `experiment`, `notebook` or `tests`")
+    if "tests" in e and (not e["tests"].strip() or set(e) & {"parameters", "cpu", "cuda"}):
+        raise BadInput(f"{where}: `tests` is a string of pytest arguments, and takes no parameters")
+    return name, where
+
+
+def _entry_notebook(e: dict, where: str, path: Path, by_notebook: dict) -> tuple[Path, str | None]:
+    """The notebook an entry runs and the experiment it is (None: a plain notebook)."""
+    from .execute import NOTEBOOKS
+    from .experiments import EXPERIMENTS, get
+    if "experiment" in e:
+        try:
+            exp = get(e["experiment"]).name           # the registry's own line for an unknown name
+        except BadInput as ex:
+            raise BadInput(f"{where}: {ex}") from None
+        nb = (NOTEBOOKS / EXPERIMENTS[exp].notebook)
+    else:
+        nb = _resolve_notebook(str(e["notebook"]), path.parent)
+        exp = by_notebook.get(nb.resolve()) if nb.is_file() else None
+    if not nb.is_file():
+        raise BadInput(f"{where}: notebook {nb} is missing")
+    return nb, exp
+
+
+def _check_parameter_names(e: dict, where: str, nb: Path, exp: str | None) -> None:
+    """The names in every parameter table, used on this machine or not: none the runner sets, each one the
+    experiment's SPEC (or the plain notebook's `parameters` cell) has."""
+    from .execute import notebook_parameters
+    from .experiments import EXPERIMENTS
+    for key in ("parameters", "cpu", "cuda"):
+        names = set(e.get(key, {}) or {})
+        reserved = sorted(names & RESERVED)
+        if reserved:
+            raise BadInput(f"{where}: {', '.join(reserved)} is set by the nightly runner, not the plan")
+        if exp is not None:
+            spec = {p.name for p in EXPERIMENTS[exp].spec}
+            unknown = sorted(names - spec)
+            if unknown:
+                raise BadInput(f"{where}: {exp} has no parameter(s) {', '.join(unknown)} "
+                               f"(`labkit run {exp} --help` lists them)")
+            continue
+        try:
+            known = notebook_parameters(nb)
+        except Exception as ex:
+            raise BadInput(f"{where}: cannot read {nb.name}'s parameters ({type(ex).__name__}: {ex})") from None
+        if not known:
+            raise BadInput(f"{where}: {nb.name} has no cell tagged `parameters`")
+        unknown = sorted(names - known)
+        if unknown:
+            raise BadInput(f"{where}: {nb.name} has no parameter(s) {', '.join(unknown)}; it has {', '.join(sorted(known))}")
+
+
+def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None = None) -> list[Entry]:
+    """Parse and check a plan; raises BadInput (one line) on the first problem. Nothing runs or is written.
+    With `only`, just those entries are returned and planned (the others' keys and names are still checked);
+    an entry whose needs this machine lacks comes back with `skip` saying why instead of refusing the plan."""
+    from .experiments import plan as plan_experiment
+    from .params import Missing
+    path = Path(path)
+    raw_entries = _read_plan(path, only)
+    cuda = _has_cuda() if cuda is None else cuda
+    entries, seen = [], set()
+    by_notebook = _notebook_owners()
     for i, e in enumerate(raw_entries, start=1):
-        where = f"plan {path.name} entry {i}"
-        if not isinstance(e, dict):
-            raise BadInput(f"{where}: not a table")
-        name = e.get("name")
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            raise BadInput(f"{where}: `name` must be a folder-safe word (letters, digits, _ . -), got {name!r}")
-        where = f"plan {path.name} entry {name!r}"
-        if name in seen:
-            raise BadInput(f"{where}: name used twice")
-        seen.add(name)
-        check_table(ENTRY_SPEC, e, where)        # keys, their types, timeout_s > 0
-        if "on" in e and not (isinstance(e["on"], str) and (e["on"] == EVERY_KIND or KIND_RE.match(e["on"]))):
-            raise BadInput(f"{where}: `on` is a machine kind (h200, rtx3090, cpu, ...) or \"{EVERY_KIND}\", "
-                           f"got {e['on']!r}")
-        if sum(k in e for k in ("experiment", "notebook", "tests")) != 1:
-            raise BadInput(f"{where}: give exactly one of `experiment`, `notebook` or `tests`")
+        name, where = _check_entry(e, i, path, seen)
         if "tests" in e:
-            if not e["tests"].strip() or set(e) & {"parameters", "cpu", "cuda"}:
-                raise BadInput(f"{where}: `tests` is a string of pytest arguments, and takes no parameters")
             entries.append(Entry(name, Path(str(REPO / "tests")), {}, None, None, e["tests"], e.get("timeout_s"),
                                  str(e.get("description", "")), e))
             continue
-        if "experiment" in e:
-            try:
-                exp = get(e["experiment"]).name           # the registry's own line for an unknown name
-            except BadInput as ex:
-                raise BadInput(f"{where}: {ex}") from None
-            nb = (NOTEBOOKS / EXPERIMENTS[exp].notebook)
-        else:
-            nb = _resolve_notebook(str(e["notebook"]), path.parent)
-            exp = by_notebook.get(nb.resolve()) if nb.is_file() else None
-        if not nb.is_file():
-            raise BadInput(f"{where}: notebook {nb} is missing")
+        nb, exp = _entry_notebook(e, where, path, by_notebook)
         params = {}
         for key in ("parameters", "cuda" if cuda else "cpu"):
             params.update(e.get(key, {}))
-        for key in ("parameters", "cpu", "cuda"):     # names in every table are checked, used or not
-            names = set(e.get(key, {}) or {})
-            reserved = sorted(names & RESERVED)
-            if reserved:
-                raise BadInput(f"{where}: {', '.join(reserved)} is set by the nightly runner, not the plan")
-            if exp is not None:
-                spec = {p.name for p in EXPERIMENTS[exp].spec}
-                unknown = sorted(names - spec)
-                if unknown:
-                    raise BadInput(f"{where}: {exp} has no parameter(s) {', '.join(unknown)} "
-                                   f"(`labkit run {exp} --help` lists them)")
-                continue
-            try:
-                known = notebook_parameters(nb)
-            except Exception as ex:
-                raise BadInput(f"{where}: cannot read {nb.name}'s parameters ({type(ex).__name__}: {ex})") from None
-            if not known:
-                raise BadInput(f"{where}: {nb.name} has no cell tagged `parameters`")
-            unknown = sorted(names - known)
-            if unknown:
-                raise BadInput(f"{where}: {nb.name} has no parameter(s) {', '.join(unknown)}; it has {', '.join(sorted(known))}")
+        _check_parameter_names(e, where, nb, exp)
         params = {k: (",".join(map(str, v)) if isinstance(v, list) else v) for k, v in params.items()}
         planned, skip = None, ""
         if exp is not None and (not only or name in only):
@@ -494,6 +526,19 @@ def _logged(echo, path: Path):
     return out
 
 
+def night_record(rec_path: Path, lock: "_Lock", echo, date: str) -> dict:
+    """The night's record so far (a fresh one where there is none or it cannot be read), with what taking the
+    lock noticed echoed and kept in its notes."""
+    try:
+        record = json.loads(rec_path.read_text()) if rec_path.is_file() else {}
+    except Exception:
+        record = {}
+    for note in lock.notes:
+        echo(f"nightly {date}: {note}")
+        record.setdefault("notes", []).append(f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} {note}")
+    return record
+
+
 def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "results", only: list[str] | None = None,
              echo=print) -> dict:
     """Run (or resume) a plan into `<root>/nightly-<date>/`; returns the nightly record."""
@@ -510,13 +555,7 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
     lock = _Lock(night / ".lock")
     with lock, _StopOnSignals() as stop:
         echo(f"nightly {date}: plan {plan}, pid {os.getpid()}, host {os.uname().nodename}")
-        try:
-            record = json.loads(rec_path.read_text()) if rec_path.is_file() else {}
-        except Exception:
-            record = {}
-        for note in lock.notes:
-            echo(f"nightly {date}: {note}")
-            record.setdefault("notes", []).append(f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} {note}")
+        record = night_record(rec_path, lock, echo, date)
         plan_text = Path(plan).read_text()
         if record.get("stopped"):            # resumed after a stop: keep its word in the history
             record.setdefault("earlier_stops", []).append(record.pop("stopped"))

@@ -29,7 +29,7 @@ class Missing(BadInput):
 class Param:
     """One parameter: its name, type, default and help, and the checks it declares (each item of a list is
     checked): `choices` (names, or a function giving them, called only when a value is checked: the engine's
-    strategies are known after it is imported), `gt` / `ge` / `le` bounds, and `auto`: the value an "auto"
+    strategies are known after it is imported), `gt` / `ge` / `lt` / `le` bounds, and `auto`: the value an "auto"
     (or 0) takes per device type ({"cuda": ..., "cpu": ...}), decided when the plan is made."""
     name: str
     kind: str                      # "str", "int", "float", "bool", "list[str]", "list[int]", "list[float]"
@@ -41,6 +41,7 @@ class Param:
     ge: float | None = None
     le: float | None = None
     auto: Mapping[str, Any] | None = None
+    lt: float | None = None
 
     def but(self, **changes) -> "Param":
         """This parameter with some fields changed (another help text, default or bound)."""
@@ -56,12 +57,15 @@ class Param:
         names = self.choices() if callable(self.choices) else self.choices
         for v in items:
             if names and v not in names:
-                return f"{self.name} must be one of {', '.join(map(str, names))}; got {v!r}"
+                shown = ", ".join(str(n) if n != "" else "(empty)" for n in names)
+                return f"{self.name} must be one of {shown}; got {v!r}"
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 if self.gt is not None and not v > self.gt:
                     return f"{self.name} must be > {self.gt:g}, got {v}"
                 if self.ge is not None and not v >= self.ge:
                     return f"{self.name} must be >= {self.ge:g}, got {v}"
+                if self.lt is not None and not v < self.lt:
+                    return f"{self.name} must be < {self.lt:g}, got {v}"
                 if self.le is not None and not v <= self.le:
                     return f"{self.name} must be <= {self.le:g}, got {v}"
         return None

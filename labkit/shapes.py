@@ -164,3 +164,12 @@ PRESETS: dict[str, ModelShape] = {
         rotary_dim=8, index_dim=16, index_heads=2, dn_k_heads=2, dn_v_heads=4, dn_head_dim=16,
         dn_conv=4, ffn_intermediate=128, vocab=512, note="test shape with the reference layer pattern"),
 }
+
+
+def planned_shape(name: str) -> ModelShape:
+    """The shape a plan names (a preset or a .json file), or one BadInput line saying which exist."""
+    from .params import BadInput
+    try:
+        return ModelShape.from_name(name)
+    except ValueError as ex:
+        raise BadInput(str(ex)) from None

@@ -63,7 +63,7 @@ def test_offloading_both_stages_holds_more_requests_at_24_gib():
 
 @pytest.mark.parametrize("name,args,msg", [
     ("capacity", ["-p", "mem_cap_gib=0.0001"], "weights"),
-    ("capacity", ["-p", "configs=none,gpu"], "unknown config gpu"),
+    ("capacity", ["-p", "configs=none,gpu"], "configs must be one of none, prefill, both; got 'gpu'"),
     ("capacity", ["-p", "hot_policy=mru"], "unknown policy"),
     ("capacity", ["-p", "hot_capacity=0"], "capacity"),
     ("capacity", ["-p", "mem_cap_gib=0.002", "-p", "context_len=1M", "-p", "workspace_gib=0"], "no request"),
@@ -133,7 +133,7 @@ def test_capacity_defaults_are_sized_to_this_machine(tmp_path):
     """With its defaults on a CPU, the cap is a share of the RAM available (never 24 GiB on a machine that
     has less) and the timed batch small enough to step: every row measured, none failed."""
     import psutil
-    from labkit.experiments.capacity.measure import CPU_MAX_BATCH
+    from labkit.experiments.capacity import CPU_MAX_BATCH
     from labkit.experiments import plan
     p = plan("capacity", {"device": "cpu"}).params
     assert 0 < p["mem_cap_gib"] * 2**30 <= psutil.virtual_memory().total / 4 + 2**30

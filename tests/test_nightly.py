@@ -34,7 +34,7 @@ GOOD = '[[entry]]\nname = "p"\nexperiment = "probe"\n[entry.parameters]\nrepeats
     ('[[entry]]\nname = "q"\nexperiment = "decode"\n[entry.parameters]\nout_dir = "/tmp/x"\n', "set by the nightly runner"),
     ('[[entry]]\nname = "q"\nexperiment = "decode"\n[entry.cpu]\nbudgetz = 4\n', "has no parameter(s) budgetz"),
     ('[[entry]]\nname = "q"\nexperiment = "decode"\n[entry.parameters]\nbudgets = "0"\n', "budgets must be > 0"),
-    ('[[entry]]\nname = "q"\nexperiment = "decode"\n[entry.parameters]\nstrategies = "teleport"\n', "unknown strategy teleport"),
+    ('[[entry]]\nname = "q"\nexperiment = "decode"\n[entry.parameters]\nstrategies = "teleport"\n', "strategies must be one of resident"),
     (GOOD + GOOD, "name used twice"),
     ('[[entry]]\nname = "../up"\nexperiment = "probe"\n', "folder-safe"),
     ('[[entry]]\nname = "q"\nexperiment = "probe"\nnotebook = "notebooks/probe.ipynb"\n', "exactly one of"),

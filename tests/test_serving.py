@@ -203,10 +203,10 @@ def test_loadgen_records_errors_and_goes_on():
 
 # -------------------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("given,msg", [
-    ({"backend": "sglang"}, "unknown backend"),
+    ({"backend": "sglang"}, "backend must be one of vllm; got 'sglang'"),
     ({"profile": "nope"}, "unknown profile"),
     ({"model": "/no/such/checkpoint"}, "does not exist"),
-    ({"workload": "chat"}, "unknown workload"),
+    ({"workload": "chat"}, "workload must be one of synthetic, repeat, trace"),
     ({"concurrency": "0"}, "concurrency must be > 0"),
     ({"offload": "-1"}, "offload must be >= 0"),
     ({"workload": "trace", "trace": "/no/trace.jsonl"}, "does not exist"),

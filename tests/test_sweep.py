@@ -77,12 +77,12 @@ def test_failed_point_is_recorded_and_sweep_continues(tmp_path, monkeypatch):
     ("budgets=0", "budgets must be > 0"),
     ("budgets=-5", "budgets must be > 0"),
     ("shape=nope", "unknown shape"),
-    ("strategies=resident,warp", "unknown strategy warp"),
+    ("strategies=resident,warp", "strategies must be one of resident, per_row"),
     ("device=cuda", "no CUDA GPU"),
     ("context_lens=64M", "of host KV"),
     ("bogus=1", "unknown parameter"),
     ("concurrency=two", "parameter concurrency: 'two' is not a whole number"),
-    ("select_block=3", "select_block must be"),
+    ("select_block=3", "select_block must divide every budget"),
 ])
 def test_bad_input_one_line_nothing_written(tmp_path, arg, msg):
     out = tmp_path / "run"

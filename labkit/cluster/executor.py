@@ -491,30 +491,14 @@ def run_plan_on_cluster(plan, date: str | None, root, only: list[str] | None, ad
     """`labkit nightly --plan P --cluster ADDRESS`: the local nightly's folder, record, lock and resume, with each
     entry (x each kind, for `on = "every kind"`) a job on the cluster, run side by side."""
     import hashlib
-    import re
     from .. import nightly as N
-    from ..nightly import EVERY_KIND
-    from . import gpus_needed
-    from ..experiments import EXPERIMENTS
-    entries = N.load_plan(plan)
-    if only:
-        missing = sorted(set(only) - {e.name for e in entries})
-        if missing:
-            raise BadInput(f"--only: no entry named {', '.join(missing)} in {plan}")
-        entries = [e for e in entries if e.name in only]
-    date = date or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
-    if not re.match(r"^\d{4}-\d{2}-\d{2}$", date):
-        raise BadInput(f"--date {date!r}: expected YYYY-MM-DD")
+    entries, date = _planned_entries(plan, date, only)
     commit = checkout_commit()
     connect(address)
     ns = nodes()
     present = kinds_present(ns, commit)
     default = _pick_kind(on, present, ns, commit)
-    for e in entries:
-        k = e.raw.get("on")
-        if k not in (None, EVERY_KIND) and k not in present:
-            raise BadInput(f"plan entry {e.name!r}: on = {k!r}, but no node of kind {k} at commit {commit} is in the "
-                           f"cluster (kinds there: {', '.join(present)})")
+    _check_kinds(entries, present, commit)
     root = Path(root)
     night = root / f"nightly-{date}"
     night.mkdir(parents=True, exist_ok=True)
@@ -527,74 +511,26 @@ def run_plan_on_cluster(plan, date: str | None, root, only: list[str] | None, ad
              f"pid {os.getpid()}, host {os.uname().nodename}")
         for line in refusals(ns, commit):
             echo(f"nightly {date}: {line}")
-        try:
-            record = json.loads(rec_path.read_text()) if rec_path.is_file() else {}
-        except Exception:
-            record = {}
-        for note in lock.notes:
-            echo(f"nightly {date}: {note}")
-            record.setdefault("notes", []).append(f"{_now()} {note}")
+        record = N.night_record(rec_path, lock, echo, date)
         record.update({"date": date, "plan": str(Path(plan)), "plan_sha256": hashlib.sha256(plan_text.encode()).hexdigest()[:16],
                        "started": _now(), "finished": None, "cluster": {"address": address, "commit": commit,
                                                                         "kinds": present}})
         by_name = {e["name"]: e for e in record.get("entries", [])}
-        jobs, order, entry_of = [], [], {}
-        for e in entries:
-            on_k = e.raw.get("on")
-            kinds = present if on_k == EVERY_KIND else [on_k or default]
-            for kind in kinds:
-                name = f"{e.name}@{kind}" if on_k == EVERY_KIND else e.name
-                order.append(name)
-                out = night / name
-                if out.exists() and N._entry_status(out) in N.DONE:
-                    echo(f"{name}: already done ({N._entry_status(out)}), skipped")
-                    by_name[name] = {**by_name.get(name, {}), **json.loads((out / "nightly-entry.json").read_text()),
-                                     "skipped_on_resume": True}
-                    continue
-                earlier = list(by_name.get(name, {}).get("earlier_attempts", []))
-                if out.exists():
-                    earlier.append(N._set_aside(out).name)
-                gpus = gpus_needed(EXPERIMENTS[e.experiment].needs) if e.experiment else 1
-                argv = ["nightly", "--plan", "{work}/plan.toml", "--only", e.name, "--date", date, "--root", "{work}"]
-                job = Job(name.replace("@", "."), kind, gpus, argv, f"nightly-{date}/{e.name}", out, plan_text,
-                          earlier=earlier)
-                entry_of[job.key] = (e, name, _now())
-                jobs.append(job)
+        jobs, order, entry_of = _jobs(entries, present, default, night, date, plan_text, by_name, echo)
         order += [n for n in by_name if n not in order]
         echo(f"nightly {date}: {len(jobs)} job(s) to run, {len(order) - len(jobs)} already done")
 
         def done(o: Outcome) -> None:
             e, name, started = entry_of[o.job.key]
-            out = night / name
-            info = {}
-            if (out / "nightly-entry.json").is_file():
-                info = json.loads((out / "nightly-entry.json").read_text())
-            status = info.get("status") if info.get("status") and o.status not in ("interrupted",) else o.status
-            if status in ("refused", "not started"):
-                status = "failed" if status == "refused" else "interrupted"
-            node = o.node or {}
-            info.update({"name": name, "entry": e.name, "experiment": e.experiment, "parameters": e.parameters,
-                         "timeout_s": e.timeout_s, "status": status, "started": info.get("started", started),
-                         "wall_s": info.get("wall_s", (o.result or {}).get("wall_s", 0.0)),
-                         "error": info.get("error") or (o.error if status not in N.DONE else None),
-                         "folder": name, "earlier_attempts": o.job.earlier, "kind": o.job.kind,
-                         "node": node.get("host"), "node_ip": node.get("ip"), "attempt": o.job.attempt})
-            if out.is_dir():
-                if status not in N.DONE and not (out / "error.txt").exists():
-                    (out / "error.txt").write_text(f"entry {name} {status} on the cluster\n{info['error']}\n"
-                                                   f"last output on the node:\n{(o.result or {}).get('output_tail', '')}\n")
-                N._write_json(out / "nightly-entry.json", info)
+            info = _entry_outcome(o, e, name, started, night / name)
+            status, node = info["status"], o.node or {}
             by_name[name] = info
             record["entries"] = [by_name[n] for n in order if n in by_name]
             N._write_json(rec_path, record)
             where = f" on {node.get('host')} ({node.get('ip')})" if node else ""
             echo(f"{name}: {status}{where} [{o.job.kind}, attempt {o.job.attempt}]"
                  + (f" — {info['error']}" if info.get("error") and status not in N.DONE else ""))
-            try:
-                from ..report.index import rebuild_index
-                rebuild_index(root)
-            except Exception as ex:
-                echo(f"labkit: run index not rebuilt: {ex}")
+            _rebuild_index(root, echo)
 
         d = Dispatcher(commit, echo, retries=retries, snapshot_s=snapshot_s)
         interrupted = False
@@ -610,14 +546,103 @@ def run_plan_on_cluster(plan, date: str | None, root, only: list[str] | None, ad
         ok = sum(e.get("status") in N.DONE for e in record["entries"])
         echo(f"nightly {date}: {'interrupted' if interrupted else 'finished'}, {ok} of {len(record['entries'])} "
              f"entries done")
+    _rebuild_index(root, echo)
+    if interrupted:
+        raise KeyboardInterrupt
+    return record
+
+
+def _planned_entries(plan, date: str | None, only: list[str] | None) -> tuple[list, str]:
+    """The plan's entries (those named by `only`) and the night's date, checked."""
+    import re
+    from .. import nightly as N
+    entries = N.load_plan(plan)
+    if only:
+        missing = sorted(set(only) - {e.name for e in entries})
+        if missing:
+            raise BadInput(f"--only: no entry named {', '.join(missing)} in {plan}")
+        entries = [e for e in entries if e.name in only]
+    date = date or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    if not re.match(r"^\d{4}-\d{2}-\d{2}$", date):
+        raise BadInput(f"--date {date!r}: expected YYYY-MM-DD")
+    return entries, date
+
+
+def _check_kinds(entries: list, present: list[str], commit: str) -> None:
+    """Every kind an entry names has a node at this commit in the cluster (one line if not)."""
+    from ..nightly import EVERY_KIND
+    for e in entries:
+        k = e.raw.get("on")
+        if k not in (None, EVERY_KIND) and k not in present:
+            raise BadInput(f"plan entry {e.name!r}: on = {k!r}, but no node of kind {k} at commit {commit} is in the "
+                           f"cluster (kinds there: {', '.join(present)})")
+
+
+def _jobs(entries: list, present: list[str], default: str, night: Path, date: str, plan_text: str, by_name: dict,
+          echo) -> tuple[list, list, dict]:
+    """A job per entry and kind not done yet (an entry done on an earlier try is kept in `by_name` as it was; a
+    folder left by an unfinished one is set aside): (jobs, the entries' names in order, job key -> (entry,
+    name, queued at))."""
+    from .. import nightly as N
+    from ..nightly import EVERY_KIND
+    from . import gpus_needed
+    from ..experiments import EXPERIMENTS
+    jobs, order, entry_of = [], [], {}
+    for e in entries:
+        on_k = e.raw.get("on")
+        kinds = present if on_k == EVERY_KIND else [on_k or default]
+        for kind in kinds:
+            name = f"{e.name}@{kind}" if on_k == EVERY_KIND else e.name
+            order.append(name)
+            out = night / name
+            if out.exists() and N._entry_status(out) in N.DONE:
+                echo(f"{name}: already done ({N._entry_status(out)}), skipped")
+                by_name[name] = {**by_name.get(name, {}), **json.loads((out / "nightly-entry.json").read_text()),
+                                 "skipped_on_resume": True}
+                continue
+            earlier = list(by_name.get(name, {}).get("earlier_attempts", []))
+            if out.exists():
+                earlier.append(N._set_aside(out).name)
+            gpus = gpus_needed(EXPERIMENTS[e.experiment].needs) if e.experiment else 1
+            argv = ["nightly", "--plan", "{work}/plan.toml", "--only", e.name, "--date", date, "--root", "{work}"]
+            job = Job(name.replace("@", "."), kind, gpus, argv, f"nightly-{date}/{e.name}", out, plan_text,
+                      earlier=earlier)
+            entry_of[job.key] = (e, name, _now())
+            jobs.append(job)
+    return jobs, order, entry_of
+
+
+def _entry_outcome(o: "Outcome", e, name: str, started: str, out: Path) -> dict:
+    """An ended job's entry record (what the node's nightly wrote, completed with where and how it ran), kept in
+    its folder with an error.txt when it did not succeed."""
+    from .. import nightly as N
+    info = {}
+    if (out / "nightly-entry.json").is_file():
+        info = json.loads((out / "nightly-entry.json").read_text())
+    status = info.get("status") if info.get("status") and o.status not in ("interrupted",) else o.status
+    if status in ("refused", "not started"):
+        status = "failed" if status == "refused" else "interrupted"
+    node = o.node or {}
+    info.update({"name": name, "entry": e.name, "experiment": e.experiment, "parameters": e.parameters,
+                 "timeout_s": e.timeout_s, "status": status, "started": info.get("started", started),
+                 "wall_s": info.get("wall_s", (o.result or {}).get("wall_s", 0.0)),
+                 "error": info.get("error") or (o.error if status not in N.DONE else None),
+                 "folder": name, "earlier_attempts": o.job.earlier, "kind": o.job.kind,
+                 "node": node.get("host"), "node_ip": node.get("ip"), "attempt": o.job.attempt})
+    if out.is_dir():
+        if status not in N.DONE and not (out / "error.txt").exists():
+            (out / "error.txt").write_text(f"entry {name} {status} on the cluster\n{info['error']}\n"
+                                           f"last output on the node:\n{(o.result or {}).get('output_tail', '')}\n")
+        N._write_json(out / "nightly-entry.json", info)
+    return info
+
+
+def _rebuild_index(root: Path, echo) -> None:
     try:
         from ..report.index import rebuild_index
         rebuild_index(root)
     except Exception as ex:
         echo(f"labkit: run index not rebuilt: {ex}")
-    if interrupted:
-        raise KeyboardInterrupt
-    return record
 
 
 def cmd_nightly_cluster(a) -> int:

@@ -122,111 +122,13 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
     split_rec = heldout.split_record(calib, seqs, eval_seed, overlaps)
     log(f"split: {len(calib)} calibration chunks (lambda held out by {val_by}); {len(seqs)} evaluation windows, seed "
         f"{eval_seed}, calibration 8-gram overlap max {max(overlaps):.3f}")
-    seen: dict[str, int] = {}
     t0 = time.perf_counter()
-    if sums_cache and sums_cache.is_file():  # the passes of an earlier run with the same arguments
-        saved = torch.load(sums_cache, weights_only=False)
-        for k, f in fitters.items():
-            f.sums, f.tokens = saved[k]
-        log(f"calibration sums loaded from {sums_cache}")
-    else:
-        for i, (split, name, ids) in enumerate(calib):
-            corpus = name.split("/")[0]
-            tier = next(t for t, lim in enumerate(calib_tiers) if seen.get(corpus, 0) < lim)
-            seen[corpus] = seen.get(corpus, 0) + ids.numel()
-            hidden, kv, _, cos, sin = large_pass(large, ids.view(1, -1), hid_need, kv_need)
-            for n in ns:
-                sp = small_view(hidden, kv, n, cos, sin)
-                fitters[(n, tier)].add(split, sp, {l_: kv[l_] for l_ in pairs[n].table.mapped_layers})
-            if log and (i + 1) % 16 == 0:
-                log(f"calibration {i + 1}/{len(calib)} chunks ({time.perf_counter() - t0:.0f}s)")
-        if sums_cache:
-            sums_cache.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({k: (f.sums, f.tokens) for k, f in fitters.items()}, sums_cache)
+    _calibrate(fitters, large, calib, calib_tiers, ns, pairs, hid_need, kv_need, sums_cache, log)
     fit_s = time.perf_counter() - t0
 
-    def fitter_for(n, features, tiers):
-        f = fitters[(n, 0)]
-        for t in range(1, tiers):
-            f = merged(f, fitters[(n, t)])
-        return restrict(f, FeatureSpec.parse(features))
-
-    # evaluation sequences: one true pass each (hidden states for every N's features, true cache, reference)
-    ev = []
-    for s_, ov in zip(seqs, overlaps):
-        corpus, name, ids = s_.corpus, s_.document, s_.ids.view(1, -1)
-        ctx, block = ids[:, : prompt_len - 1], ids[:, prompt_len - 1: prompt_len + cont_len]
-        hidden, kv, cache, cos, sin = large_pass(large, ctx, hid_need, kv_need)
-        true_kv = [cache_kv(cache, i) for i in range(L)]
-        lg = logits_with_kv(large, block, true_kv)
-        nll_true = float(F.cross_entropy(lg[:-1], block[0, 1:], reduction="sum"))
-        ref = greedy(large, block[:, :1], true_kv, agree_tokens)
-        forced = torch.cat([block[:, :1], ref[:-1].view(1, -1)], dim=1)
-        ev.append(dict(corpus=corpus, document=name, offset=s_.offset, overlap=ov, hidden=hidden, kv=kv, true_kv=true_kv, cos=cos, sin=sin,
-                       block=block, nll_true=nll_true, ref=ref, forced=forced))
-    H, D = pair0.large.kv_heads, pair0.large.head_dim
-
-    def evaluate(mp, n, tag: dict) -> list[dict]:
-        rows = []
-        for e in ev:
-            sp = small_view(e["hidden"], e["kv"], n, e["cos"], e["sin"])
-            kvs = list(e["true_kv"][:n])
-            T = e["cos"].shape[2]
-            feats = {}
-            for l_ in range(n, L):
-                keys = mp.keys(l_)
-                if keys not in feats:
-                    feats[keys] = mp.project(sp.features(keys), l_)
-                kp, v = mp.predict(feats[keys], l_)
-                kp = kp.view(T, H, D).transpose(0, 1).unsqueeze(0)
-                kvs.append((rotate(kp, e["cos"], e["sin"]), v.view(T, H, D).transpose(0, 1).unsqueeze(0)))
-            if exact_prefix:   # the first k positions the large model's own (transfer.mapped_kv's exact_prefix)
-                k = exact_prefix
-                kvs[n:] = [tuple(torch.cat([t[:, :, :k], x[:, :, k:]], dim=2) for t, x in zip(e["true_kv"][l_], kv_))
-                           for l_, kv_ in zip(range(n, L), kvs[n:])]
-            lg = logits_with_kv(large, e["block"], kvs)
-            nll = float(F.cross_entropy(lg[:-1], e["block"][0, 1:], reduction="sum"))
-            agree = float((logits_with_kv(large, e["forced"], kvs).argmax(-1) == e["ref"]).float().mean())
-            rows.append(dict(tag, corpus=e["corpus"], document=e["document"], offset=e["offset"],
-                             calib_overlap_8gram=e["overlap"], n_tokens=cont_len, nll_sum=nll,
-                             nll_true=e["nll_true"], top1_agree=agree))
-        return rows
-
-    results, mappers = [], {}
-
-    full = len(calib_tiers)
-
-    fitted: dict = {}   # (n, features, λ per, tiers) -> (Fitter, full mapper): rank variants reuse both
-
-    def score(name, n, features, lambda_per="layer", tiers=full, stage="features", rank=0):
-        t = time.perf_counter()
-        key = (n, features, lambda_per, tiers)
-        if key not in fitted:
-            f = fitter_for(n, features, tiers)
-            fitted[key] = f, f.mapper(grid=grid, sweep_dtype=torch.float32, lambda_per=lambda_per,
-                                      corpus={"ablation": name, "calib_tokens_per_corpus": calib_tiers[tiers - 1]})
-        f, mp = fitted[key]
-        if rank:
-            mp = f.reduced(mp, rank)
-        gap = {"rank_gap_k_mean": sum(g[0] for g in mp.rank_gap.values()) / len(mp.rank_gap),
-               "rank_gap_v_mean": sum(g[1] for g in mp.rank_gap.values()) / len(mp.rank_gap)} if rank else {}
-        tag = dict(stage=stage, config=name, small_layers=n, features=features, lambda_per=lambda_per, exact_prefix=exact_prefix,
-                   calib_tokens_per_corpus=calib_tiers[tiers - 1], fit_tokens=f.tokens["fit"], val_tokens=f.tokens["val"],
-                   **mapper_cost(mp), r2_val_k_mean=sum(r[0] for r in mp.r2_val.values()) / len(mp.r2_val),
-                   r2_val_v_mean=sum(r[1] for r in mp.r2_val.values()) / len(mp.r2_val), **gap)
-        rows = evaluate(mp, n, tag)
-        results.extend(rows)
-        s = pooled(pd.DataFrame(rows))
-        mappers[(name, n)] = mp
-        if log:
-            log(f"N={n} {stage}/{name} [{features}; lambda per {lambda_per}; {calib_tiers[tiers - 1]} tok/corpus]: "
-                f"ppl ratio {iv_text(s, 'ppl_ratio')} ("
-                + ", ".join(f"{c} {iv_text(s, f'ppl_ratio_{c}')}" for c in sorted({e['corpus'] for e in ev}))
-                + f"), top1 {s['top1_agree']:.3f} ({time.perf_counter() - t:.0f}s)")
-        return s["ppl_ratio"]
-
-    # 1. features at the ablation's N
-    best_name, best_feat, best_val = None, None, math.inf
+    ev = _true_passes(large, seqs, overlaps, prompt_len, cont_len, agree_tokens, hid_need, kv_need, L)
+    score = _Scorer(large, fitters, ev, pair0, calib_tiers, grid, exact_prefix, cont_len, log)
+    results, mappers, full = score.results, score.mappers, len(calib_tiers)
     if frontier_only:
         for n in ns:
             score("frontier", n, frontier_only, "layer", full, stage="frontier")
@@ -242,6 +144,149 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
             "lambda_grid": list(grid), "calibration_seconds": round(fit_s, 1),
             "wall_seconds": round(time.perf_counter() - t_start, 1), "layer_macs_per_token": layer_macs_per_token(pair0),
             "torch_threads": torch.get_num_threads()})
+    best, best_val, frontier = _ablate(score, results, ns, ablation_n, calib_tiers, superset_ablation, superset_frontier)
+    meta = {"large": large_name, "ns": list(ns), "ablation_n": ablation_n, "corpora": list(corpora),
+            "calib_tiers_tokens_per_corpus": list(calib_tiers), "calib_seq_len": calib_seq_len,
+            "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
+            "superset_ablation": superset_ablation, "superset_frontier": superset_frontier,
+            "eval_seed": eval_seed, "val_by": val_by, "split": split_rec,
+            "best": dict(best, ppl_ratio=best_val), "frontier_recipe": frontier,
+            "lambda_grid": list(grid), "calibration_seconds": round(fit_s, 1), "wall_seconds": round(time.perf_counter() - t_start, 1),
+            "layer_macs_per_token": layer_macs_per_token(pair0), "torch_threads": torch.get_num_threads()}
+    return _write(results, mappers, out, mapper_dir, ablation_n, meta)
+
+
+class _Scorer:
+    """`score(name, n, features, lambda_per, tiers, stage, rank)`: a mapper fitted for the recipe (once; rank
+    variants reuse it), its rows over the evaluation sequences kept in `results` and the mapper in `mappers`;
+    returns the pooled ppl ratio."""
+
+    def __init__(self, large, fitters: dict, ev: list, pair0, calib_tiers, grid, exact_prefix: int, cont_len: int, log):
+        self.large, self.fitters, self.ev, self.calib_tiers, self.grid = large, fitters, ev, calib_tiers, grid
+        self.exact_prefix, self.cont_len, self.log = exact_prefix, cont_len, log
+        self.L, self.H, self.D = pair0.large.layers, pair0.large.kv_heads, pair0.large.head_dim
+        self.results, self.mappers = [], {}
+        self.fitted: dict = {}   # (n, features, λ per, tiers) -> (Fitter, full mapper): rank variants reuse both
+
+    def fitter_for(self, n, features, tiers):
+        f = self.fitters[(n, 0)]
+        for t in range(1, tiers):
+            f = merged(f, self.fitters[(n, t)])
+        return restrict(f, FeatureSpec.parse(features))
+
+    def evaluate(self, mp, n, tag: dict) -> list[dict]:
+        return [_scored(self.large, e, mp, n, tag, self.L, self.H, self.D, self.exact_prefix, self.cont_len)
+                for e in self.ev]
+
+    def __call__(self, name, n, features, lambda_per="layer", tiers=None, stage="features", rank=0):
+        calib_tiers, log = self.calib_tiers, self.log
+        tiers = len(calib_tiers) if tiers is None else tiers
+        t = time.perf_counter()
+        key = (n, features, lambda_per, tiers)
+        if key not in self.fitted:
+            f = self.fitter_for(n, features, tiers)
+            self.fitted[key] = f, f.mapper(grid=self.grid, sweep_dtype=torch.float32, lambda_per=lambda_per,
+                                           corpus={"ablation": name, "calib_tokens_per_corpus": calib_tiers[tiers - 1]})
+        f, mp = self.fitted[key]
+        if rank:
+            mp = f.reduced(mp, rank)
+        gap = {"rank_gap_k_mean": sum(g[0] for g in mp.rank_gap.values()) / len(mp.rank_gap),
+               "rank_gap_v_mean": sum(g[1] for g in mp.rank_gap.values()) / len(mp.rank_gap)} if rank else {}
+        tag = dict(stage=stage, config=name, small_layers=n, features=features, lambda_per=lambda_per,
+                   exact_prefix=self.exact_prefix, calib_tokens_per_corpus=calib_tiers[tiers - 1],
+                   fit_tokens=f.tokens["fit"], val_tokens=f.tokens["val"],
+                   **mapper_cost(mp), r2_val_k_mean=sum(r[0] for r in mp.r2_val.values()) / len(mp.r2_val),
+                   r2_val_v_mean=sum(r[1] for r in mp.r2_val.values()) / len(mp.r2_val), **gap)
+        rows = self.evaluate(mp, n, tag)
+        self.results.extend(rows)
+        s = pooled(pd.DataFrame(rows))
+        self.mappers[(name, n)] = mp
+        if log:
+            log(f"N={n} {stage}/{name} [{features}; lambda per {lambda_per}; {calib_tiers[tiers - 1]} tok/corpus]: "
+                f"ppl ratio {iv_text(s, 'ppl_ratio')} ("
+                + ", ".join(f"{c} {iv_text(s, f'ppl_ratio_{c}')}" for c in sorted({e['corpus'] for e in self.ev}))
+                + f"), top1 {s['top1_agree']:.3f} ({time.perf_counter() - t:.0f}s)")
+        return s["ppl_ratio"]
+
+
+def _calibrate(fitters: dict, large, calib: list, calib_tiers, ns, pairs: dict, hid_need, kv_need,
+               sums_cache: Path | None, log) -> None:
+    """One large-model pass per calibration chunk into every N's fitter of the chunk's tier (a chunk's tier is
+    where it falls in its corpus' order), or the sums an earlier run with the same arguments cached."""
+    if sums_cache and sums_cache.is_file():  # the passes of an earlier run with the same arguments
+        saved = torch.load(sums_cache, weights_only=False)
+        for k, f in fitters.items():
+            f.sums, f.tokens = saved[k]
+        log(f"calibration sums loaded from {sums_cache}")
+        return
+    seen: dict[str, int] = {}
+    t0 = time.perf_counter()
+    for i, (split, name, ids) in enumerate(calib):
+        corpus = name.split("/")[0]
+        tier = next(t for t, lim in enumerate(calib_tiers) if seen.get(corpus, 0) < lim)
+        seen[corpus] = seen.get(corpus, 0) + ids.numel()
+        hidden, kv, _, cos, sin = large_pass(large, ids.view(1, -1), hid_need, kv_need)
+        for n in ns:
+            sp = small_view(hidden, kv, n, cos, sin)
+            fitters[(n, tier)].add(split, sp, {l_: kv[l_] for l_ in pairs[n].table.mapped_layers})
+        if log and (i + 1) % 16 == 0:
+            log(f"calibration {i + 1}/{len(calib)} chunks ({time.perf_counter() - t0:.0f}s)")
+    if sums_cache:
+        sums_cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({k: (f.sums, f.tokens) for k, f in fitters.items()}, sums_cache)
+
+
+def _true_passes(large, seqs, overlaps, prompt_len: int, cont_len: int, agree_tokens: int, hid_need, kv_need,
+                 L: int) -> list[dict]:
+    """One true pass per evaluation sequence: hidden states for every N's features, the true cache, the
+    reference continuation's NLL and greedy tokens."""
+    ev = []
+    for s_, ov in zip(seqs, overlaps):
+        corpus, name, ids = s_.corpus, s_.document, s_.ids.view(1, -1)
+        ctx, block = ids[:, : prompt_len - 1], ids[:, prompt_len - 1: prompt_len + cont_len]
+        hidden, kv, cache, cos, sin = large_pass(large, ctx, hid_need, kv_need)
+        true_kv = [cache_kv(cache, i) for i in range(L)]
+        lg = logits_with_kv(large, block, true_kv)
+        nll_true = float(F.cross_entropy(lg[:-1], block[0, 1:], reduction="sum"))
+        ref = greedy(large, block[:, :1], true_kv, agree_tokens)
+        forced = torch.cat([block[:, :1], ref[:-1].view(1, -1)], dim=1)
+        ev.append(dict(corpus=corpus, document=name, offset=s_.offset, overlap=ov, hidden=hidden, kv=kv, true_kv=true_kv, cos=cos, sin=sin,
+                       block=block, nll_true=nll_true, ref=ref, forced=forced))
+    return ev
+
+
+def _scored(large, e: dict, mp, n: int, tag: dict, L: int, H: int, D: int, exact_prefix: int, cont_len: int) -> dict:
+    """One evaluation sequence with layers n.. mapped by `mp`: its NLL beside the true cache's, top-1 agreement."""
+    sp = small_view(e["hidden"], e["kv"], n, e["cos"], e["sin"])
+    kvs = list(e["true_kv"][:n])
+    T = e["cos"].shape[2]
+    feats = {}
+    for l_ in range(n, L):
+        keys = mp.keys(l_)
+        if keys not in feats:
+            feats[keys] = mp.project(sp.features(keys), l_)
+        kp, v = mp.predict(feats[keys], l_)
+        kp = kp.view(T, H, D).transpose(0, 1).unsqueeze(0)
+        kvs.append((rotate(kp, e["cos"], e["sin"]), v.view(T, H, D).transpose(0, 1).unsqueeze(0)))
+    if exact_prefix:   # the first k positions the large model's own (transfer.mapped_kv's exact_prefix)
+        k = exact_prefix
+        kvs[n:] = [tuple(torch.cat([t[:, :, :k], x[:, :, k:]], dim=2) for t, x in zip(e["true_kv"][l_], kv_))
+                   for l_, kv_ in zip(range(n, L), kvs[n:])]
+    lg = logits_with_kv(large, e["block"], kvs)
+    nll = float(F.cross_entropy(lg[:-1], e["block"][0, 1:], reduction="sum"))
+    agree = float((logits_with_kv(large, e["forced"], kvs).argmax(-1) == e["ref"]).float().mean())
+    return dict(tag, corpus=e["corpus"], document=e["document"], offset=e["offset"],
+                calib_overlap_8gram=e["overlap"], n_tokens=cont_len, nll_sum=nll,
+                nll_true=e["nll_true"], top1_agree=agree)
+
+
+def _ablate(score, results: list, ns, ablation_n: int, calib_tiers, superset_ablation: str,
+            superset_frontier: str) -> tuple[dict, float, dict]:
+    """1. feature sets at the ablation's N; 2. λ per KV head and less calibration text on the best; 3. the
+    frontier: the best recipe whose features the frontier superset holds, at every N. Returns the best recipe
+    (with its config name), its ppl ratio and the frontier's recipe."""
+    full = len(calib_tiers)
+    best_name, best_feat, best_val = None, None, math.inf
     sup_ab = set(FeatureSpec.parse(superset_ablation).items)
     for name, feats in FEATURE_CONFIGS:
         if not set(FeatureSpec.parse(feats).items) <= sup_ab:
@@ -265,15 +310,7 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
     frontier = {"features": front_feat, "lambda_per": best["lambda_per"], "tiers": full}
     for n in ns:
         score("frontier", n, front_feat, best["lambda_per"], full, stage="frontier")
-    meta = {"large": large_name, "ns": list(ns), "ablation_n": ablation_n, "corpora": list(corpora),
-            "calib_tiers_tokens_per_corpus": list(calib_tiers), "calib_seq_len": calib_seq_len,
-            "n_sequences": n_sequences, "prompt_len": prompt_len, "cont_len": cont_len, "agree_tokens": agree_tokens,
-            "superset_ablation": superset_ablation, "superset_frontier": superset_frontier,
-            "eval_seed": eval_seed, "val_by": val_by, "split": split_rec,
-            "best": dict(best, config=best_name, ppl_ratio=best_val), "frontier_recipe": frontier,
-            "lambda_grid": list(grid), "calibration_seconds": round(fit_s, 1), "wall_seconds": round(time.perf_counter() - t_start, 1),
-            "layer_macs_per_token": layer_macs_per_token(pair0), "torch_threads": torch.get_num_threads()}
-    return _write(results, mappers, out, mapper_dir, ablation_n, meta)
+    return dict(best, config=best_name), best_val, frontier
 
 
 def _write(results, mappers, out, mapper_dir, ablation_n, meta):

@@ -4,7 +4,9 @@ Each experiment is one module here with
 - `SPEC`: its parameters (`labkit.params.Param`: name, type, default, help), strategy settings pulled in
   from the strategies themselves (`engine.transfer.strategy_params`);
 - `plan(given) -> Plan`: parse and validate `given` (strings from a command line, or values) once, in the
-  process the user started, before anything is allocated or written; bad input is one `BadInput` line;
+  process the user started, before anything is allocated or written; bad input is one `BadInput` line.
+  Most are `planner(NAME, SPEC, measuring)`: the declared checks, then the measuring module's `check` for
+  what crosses parameters or asks the machine;
 - `run(plan) -> Run`: measure into a run folder (`labkit.results.Run`).
 
 These modules import only the light `params` layer at import time (torch, papermill and plotly are imported
@@ -86,21 +88,37 @@ def checked(name: str, spec: list[Param], given: dict, load_check, **check_optio
     return Plan(name, {k: v for k, v in p.items() if not k.startswith("_")})
 
 
+def planner(name: str, spec: list[Param], code, **options):
+    """The `plan(given, **more) -> Plan` of an experiment that states only its name, SPEC and measuring module
+    `code` (a `lazy.module`, so the SPEC module stays light): `given` resolved against `spec`, then `code.check`
+    (imported only then) with `options` and `more` (e.g. serve's `check_args=False`)."""
+    def plan(given: dict, **more) -> Plan:
+        return checked(name, spec, given, lambda: code.check, **options, **more)
+    plan.__doc__ = f"Parse and check the parameters of `labkit run {name}` (one BadInput line on bad input)."
+    return plan
+
+
 def for_this_machine(spec: list[Param], given: dict, name: str) -> dict:
     """Resolve `given` against `spec`, pick the device, decide every "auto" (or 0) parameter from its declared
     per-device value (`Param.auto`), run the declared checks and check the shape exists: the common first half
     of an engine experiment's `plan`."""
     from ..params import fill_auto, resolve, resolve_device
-    from ..shapes import ModelShape
+    from ..shapes import planned_shape
     p = resolve(spec, given, name)
     dev = resolve_device(p["device"])
     p["device"] = str(dev)
     fill_auto(spec, p, dev.type)
-    try:
-        ModelShape.from_name(p["shape"])
-    except ValueError as ex:
-        raise BadInput(str(ex)) from None
+    planned_shape(p["shape"])
     return p
+
+
+def check_selection(selection: str) -> None:
+    """`selection`: the indexer's own, or `trace:PATH`, a recorded trace that must exist (one BadInput line)."""
+    from pathlib import Path
+    if selection != "indexer" and not selection.startswith("trace:"):
+        raise BadInput(f"selection must be 'indexer' or 'trace:PATH', got {selection!r}")
+    if selection.startswith("trace:") and not Path(selection[6:]).is_file():
+        raise BadInput(f"selection trace {selection[6:]} does not exist")
 
 
 def get(name: str) -> Experiment:

@@ -6,7 +6,8 @@ Code: `labkit.quality.experiment`."""
 from __future__ import annotations
 
 from ..params import DEVICE, OUT_DIR, SEED, Param, Plan
-from . import checked
+from .. import lazy
+from . import planner
 
 NAME = "quality"
 
@@ -21,29 +22,27 @@ SPEC = [
     Param("n_sequences", "int", 16, "evaluation sequences per corpus, drawn from the eval split (>= 2: intervals are over sequences)"),
     SEED.but(help="seed of the evaluation-sequence draw (recorded; one seed, one set of sequences)"),
     Param("eval_tokens", "int", 128, "tokens at the end of each sequence decoded sparsely (the rest is dense prefill)"),
-    Param("calib_sequences", "int", 2, "calibration sequences per corpus (indexer fit, retrieval heads)"),
-    Param("sink_window", "int", 16, "positions at the start kept by retrieval_head and excluded from mid share"),
-    Param("recent_window", "int", 64, "last positions kept by retrieval_head and excluded from mid share"),
-    Param("block", "int", 1, "select whole blocks of this many tokens (PulseInfer: 16); 1: single tokens"),
+    Param("calib_sequences", "int", 2, "calibration sequences per corpus (indexer fit, retrieval heads)", ge=1),
+    Param("sink_window", "int", 16, "positions at the start kept by retrieval_head and excluded from mid share",
+          ge=0),
+    Param("recent_window", "int", 64, "last positions kept by retrieval_head and excluded from mid share", ge=1),
+    Param("block", "int", 1, "select whole blocks of this many tokens (PulseInfer: 16); 1: single tokens", ge=1),
     Param("block_variants", "list[int]", [16], "also select in blocks of these sizes (every policy, at block_budgets); empty: none"),
     Param("block_budgets", "list[int]", [256], "budgets at which the block_variants are measured"),
     Param("trace_policies", "list[str]", ["indexer", "retrieval_head", "oracle_shared"], "layer-shared policies traced"),
     Param("trace_budgets", "list[int]", [256, 2048], "budgets traced"),
-    Param("trace_steps", "int", 32, "greedy decode steps per trace"),
+    Param("trace_steps", "int", 32, "greedy decode steps per trace", ge=0),
     Param("trace_prompt_len", "int", 8000, "prompt tokens before the traced decode steps"),
     DEVICE,
-    Param("dtype", "str", "auto", "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16"),
+    Param("dtype", "str", "auto", "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16",
+          choices=("float32", "bfloat16", "float16"), auto={"cuda": "bfloat16", "cpu": "float32"}),
     OUT_DIR,
 ]
 
 
-def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from ..quality.experiment import check
-        return check
-    return checked(NAME, SPEC, given, check)
+measuring = lazy.module("..quality.experiment", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring, declared=SPEC)    # its per-device dtype decided there
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..quality import experiment
-    return experiment.run_quality(dict(plan.params), log=print if progress_bar else None)
+    return measuring.run_quality(dict(plan.params), log=print if progress_bar else None)

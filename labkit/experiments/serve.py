@@ -4,52 +4,53 @@ host KV tier, on synthetic prompts, repeated prompts or a real trace. Code: `lab
 from __future__ import annotations
 
 from ..params import OUT_DIR, SEED, Param, Plan
-from . import checked
+from .. import lazy
+from . import planner
 
 NAME = "serve"
 
 SPEC = [
-    Param("backend", "str", "vllm", "serving backend: vllm (labkit's own engine server: later)"),
+    Param("backend", "str", "vllm", "serving backend: vllm (labkit's own engine server: later)", choices=("vllm",)),
     Param("profile", "str", "smollm2-cpu", "launch profile: profiles/<name>.toml or a path"),
     Param("model", "str", "", "override the profile's model (checkpoint folder)"),
-    Param("workload", "str", "synthetic", "synthetic, repeat (host-hit experiment) or trace"),
-    Param("input_lens", "list[int]", [256, 1024, 2048], "prompt tokens per request"),
-    Param("input_range", "float", 0.0, "ranged inputs: uniform in input_len*(1 +- r) (vLLM's --random-range-ratio)"),
-    Param("output_len", "int", 32, "output tokens per request (ignore_eos)"),
-    Param("output_range", "float", 0.0, "ranged outputs: uniform in output_len*(1 +- r)"),
+    Param("workload", "str", "synthetic", "synthetic, repeat (host-hit experiment) or trace",
+          choices=("synthetic", "repeat", "trace")),
+    Param("input_lens", "list[int]", [256, 1024, 2048], "prompt tokens per request", gt=0),
+    Param("input_range", "float", 0.0, "ranged inputs: uniform in input_len*(1 +- r) (vLLM's --random-range-ratio)",
+          ge=0, lt=1),
+    Param("output_len", "int", 32, "output tokens per request (ignore_eos)", gt=0),
+    Param("output_range", "float", 0.0, "ranged outputs: uniform in output_len*(1 +- r)", ge=0, lt=1),
     Param("concurrency", "list[int]", [1, 2, 4], "requests in flight (closed loop); with request_rate: the cap"),
-    Param("request_rate", "float", float("inf"), "Poisson arrivals per second (inf: closed loop at concurrency)"),
-    Param("num_prompts", "int", 8, "requests per point (repeat: distinct prompts, each sent twice)"),
+    Param("request_rate", "float", float("inf"), "Poisson arrivals per second (inf: closed loop at concurrency)",
+          gt=0),
+    Param("num_prompts", "int", 8, "requests per point (repeat: distinct prompts, each sent twice)", gt=0),
     Param("offload", "list[str]", ["0"], "host KV tier sizes in GiB (0: none); one server per value"),
-    Param("offload_backend", "str", "", "labkit (labkit's connector) or native (vLLM OffloadingConnector); empty: the profile's"),
+    Param("offload_backend", "str", "", "labkit (labkit's connector) or native (vLLM OffloadingConnector); empty: the profile's",
+          choices=("", "labkit", "native")),
     Param("device_blocks", "int", 0, "> 0: --num-gpu-blocks-override (device KV blocks made scarce on purpose)"),
     Param("prefix_caching", "bool", True, "vLLM's device prefix cache"),
     Param("context_len", "int", 0, "--max-model-len (0: largest input + output, rounded up to 256)"),
     Param("extra_args", "str", "", "more `vllm serve` arguments (checked by vLLM's parser)"),
     Param("bench_client", "bool", False, "also drive `vllm bench serve` at each point, interleaved with labkit's client"),
-    Param("repeats", "int", 1, "rounds over all points (interleaved: round r runs every point once)"),
+    Param("repeats", "int", 1, "rounds over all points (interleaved: round r runs every point once)", gt=0),
     Param("trace", "str", "", "trace file (Mooncake JSONL: timestamp ms, input_length, output_length, hash_ids; empty: the conversation trace shipped in labkit/data)"),
-    Param("trace_requests", "int", 40, "first N requests of the trace"),
+    Param("trace_requests", "int", 40, "first N requests of the trace", gt=0),
     Param("trace_rates", "list[str]", ["1"], "arrival-rate multipliers (2 = twice as fast as recorded)"),
     Param("trace_max_output", "int", 64, "cap on a trace request's output tokens (0: as recorded)"),
     Param("slo_ttft_ms", "float", 0.0, "goodput SLO on TTFT (0: none)"),
     Param("slo_tpot_ms", "float", 0.0, "goodput SLO on TPOT (0: none)"),
-    Param("scrape_hz", "float", 2.0, "/metrics scrapes per second (1-2)"),
-    Param("port", "int", 0, "server port on 127.0.0.1 (0: a free one)"),
+    Param("scrape_hz", "float", 2.0, "/metrics scrapes per second (1-2)", ge=0.1, le=10),
+    Param("port", "int", 0, "server port on 127.0.0.1 (0: a free one)", ge=0, lt=65536),
     Param("startup_timeout_s", "float", 0.0, "wait for /health (0: the profile's)"),
     SEED.but(help="prompt and arrival seed"),
     OUT_DIR,
 ]
 
 
-def plan(given: dict, check_args: bool = True) -> Plan:
-    """`check_args`: also run vLLM's own argument parser on the server command (a few seconds in .venv-vllm)."""
-    def check():          # the measuring module, imported once the parameters resolved
-        from ..serving.experiment import check
-        return check
-    return checked(NAME, SPEC, given, check, check_args=check_args)
+measuring = lazy.module("..serving.experiment", __package__)     # imported once the parameters resolved
+# plan(given, check_args=False) skips vLLM's own parser on the server command (a few seconds in .venv-vllm)
+plan = planner(NAME, SPEC, measuring)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from ..serving import experiment
-    return experiment.run_serve(dict(plan.params), log=print if progress_bar else None)
+    return measuring.run_serve(dict(plan.params), log=print if progress_bar else None)

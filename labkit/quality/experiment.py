@@ -28,7 +28,7 @@ import time
 
 from labkit import lazy
 
-from labkit.params import BadInput, resolve_device
+from labkit.params import BadInput, fill_auto, resolve_device
 
 pd = lazy.module("pandas")
 
@@ -36,8 +36,9 @@ EXPERIMENT = "quality"
 
 
 
-def check(given: dict) -> dict:
-    """Validate resolved parameters (`experiments.quality`); raises BadInput (one line) before anything is loaded."""
+def check(given: dict, declared: list) -> dict:
+    """Decide the "auto" ones for this device (`declared`: the experiment's SPEC, handed over by its plan) and
+    check what the SPEC cannot declare; raises BadInput (one line) before anything is loaded."""
     from labkit.models import ModelNotFound, resolve as resolve_model
     from labkit.quality.measure import validate
     from labkit.quality.sparse import SHARED_POLICIES
@@ -45,10 +46,7 @@ def check(given: dict) -> dict:
     p = dict(given)
     dev = resolve_device(p["device"])
     p["device"] = str(dev)
-    if p["dtype"] == "auto":
-        p["dtype"] = "bfloat16" if dev.type == "cuda" else "float32"
-    if p["dtype"] not in ("float32", "bfloat16", "float16"):
-        raise BadInput(f"dtype must be auto, float32, bfloat16 or float16, got {p['dtype']!r}")
+    fill_auto(declared, p, dev.type)      # dtype for this device; then the declared bounds and choices
     try:
         validate(p["corpora"], p["budgets"], p["policies"], p["seq_len"], p["n_sequences"], p["eval_tokens"],
                  p["seed"], p["block_variants"], p["block_budgets"])
@@ -58,17 +56,13 @@ def check(given: dict) -> dict:
     bad = [x for x in p["trace_policies"] if x not in SHARED_POLICIES]
     if bad:
         raise BadInput(f"trace_policies must be layer-shared ({', '.join(SHARED_POLICIES)}), got {bad[0]!r}")
-    if p["trace_steps"] < 0 or p["calib_sequences"] < 1:
-        raise BadInput("trace_steps must be >= 0 and calib_sequences >= 1")
     if p["trace_steps"] and not (max(p["trace_budgets"] or [1]) < p["trace_prompt_len"] <= 8192 - p["trace_steps"]):
         raise BadInput(f"trace_prompt_len must exceed the trace budgets and leave room for trace_steps in 8192, "
                        f"got {p['trace_prompt_len']}")
-    if p["block"] < 1 or any(b % p["block"] for b in p["budgets"]):
-        raise BadInput(f"block must be >= 1 and divide every budget, got block {p['block']}")
+    if any(b % p["block"] for b in p["budgets"]):
+        raise BadInput(f"block must divide every budget, got block {p['block']}")
     if p["block_variants"] and not p["block_budgets"]:
         raise BadInput("block_variants need block_budgets to measure them at")
-    if p["sink_window"] < 0 or p["recent_window"] < 1:
-        raise BadInput("sink_window must be >= 0 and recent_window >= 1")
     return p
 
 
@@ -77,10 +71,7 @@ def run_quality(given: dict, run=None, log=print):
     import torch
 
     from labkit.models import load_model
-    from labkit import stats
-    from labkit.quality.corpora import SPLIT_RULE, documents, draw_sequences, sequences
-    from labkit.quality.measure import head_share_map, prepare_policies, quality_sweep, summarize
-    from labkit.quality.traces import locality, locality_summary, record_traces, reuse_distance, save_trace
+    from labkit.quality.measure import head_share_map, quality_sweep, summarize
     from labkit import sweep
     from labkit.telemetry import Sampler
 
@@ -105,32 +96,8 @@ def run_quality(given: dict, run=None, log=print):
                                         "head_dim": getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads),
                                         "dtype": p["dtype"]})
         # the evaluation sequences first: a corpus that cannot give n_sequences fails before any compute
-        units = {c: draw_sequences(tok, c, p["seq_len"], p["n_sequences"], p["seed"]) for c in p["corpora"]}
-        run.write_table("sequences", pd.DataFrame([dict(u.record(), seed=p["seed"]) for c in p["corpora"]
-                                                   for u in units[c]]))
-        run.update_manifest(
-            splits={c: {"rule": SPLIT_RULE[c], "calibration_documents": len(documents(c, "calibration")),
-                        "eval_documents": len(documents(c, "eval")),
-                        "eval_units": sorted({u.unit for u in units[c]})} for c in p["corpora"]},
-            sequence_draw={"seed": p["seed"], "per_corpus": p["n_sequences"], "table": "sequences.parquet",
-                           "rule": "first seq_len tokens of eval documents in a seeded order; non-overlapping "
-                                   "seq_len windows of the long eval documents, drawn by the seed, where a "
-                                   "corpus has fewer such documents than n_sequences"},
-            intervals={"method": "percentile bootstrap over sequences (labkit.stats)", "level": stats.LEVEL,
-                       "n_boot": stats.N_BOOT, "seed": stats.BOOT_SEED})
-        ctl, calib_share = prepare_policies(model, tok, p["policies"], p["corpora"], p["seq_len"], p["calib_sequences"],
-                                            p["eval_tokens"], p["sink_window"], p["recent_window"], log=log)
-        ctl.block = p["block"]  # calibration ran dense; the sweep and the traces select in blocks
-        if calib_share is None:  # retrieval heads still worth reporting
-            calib_share = head_share_map(model, tok, p["corpora"], p["seq_len"], p["calib_sequences"], p["eval_tokens"],
-                                         "calibration", p["sink_window"], p["recent_window"])
-        if ctl.retrieval_heads:
-            run.write_table("retrieval_heads", pd.DataFrame(
-                [{"layer": k, "head": v} for k, v in sorted(ctl.retrieval_heads.items())]))
-        run.update_manifest(indexer={"bytes_per_token": ctl.indexer.bytes_per_token, "rank": ctl.indexer.rank,
-                                     "fit": "closed-form rank-64 from query/key second moments on the calibration split",
-                                     "calibration_corpora": list(p["corpora"]), "calib_sequences": p["calib_sequences"]}
-                            if ctl.indexer is not None else None)
+        units = _draw_sequences(run, tok, p)
+        ctl, calib_share = _prepare_policies(run, model, tok, p, log)
 
         def on_record(row):
             rec = dict(base, **row)
@@ -148,20 +115,7 @@ def run_quality(given: dict, run=None, log=print):
         run.write_table("head_share", pd.concat([calib_share, eval_share], ignore_index=True))
 
         if p["trace_steps"]:
-            locs, sums, rds = [], [], []
-            for corpus in p["corpora"]:
-                (name, ids), = sequences(tok, corpus, p["trace_prompt_len"], 1, split="eval")
-                traces = record_traces(model, ids, p["trace_policies"], p["trace_budgets"], p["trace_steps"],
-                                       controller=ctl, meta={"model": p["model"], "corpus": corpus, "document": name},
-                                       log=log)
-                for (pol, b), tr in traces.items():
-                    save_trace(tr, run.path / "traces" / f"{corpus}-{pol}-{b}.npz")
-                    locs.append(locality(tr).assign(corpus=corpus, policy=pol, budget=b))
-                    rds.append(reuse_distance(tr).assign(corpus=corpus, policy=pol, budget=b))
-                sums.append(locality_summary(traces).assign(corpus=corpus))
-            run.write_table("locality", pd.concat(locs, ignore_index=True))
-            run.write_table("locality_summary", pd.concat(sums, ignore_index=True))
-            run.write_table("reuse_distance", pd.concat(rds, ignore_index=True))
+            _record_traces(run, model, tok, ctl, p, log)
     except BadInput:
         raise
     except Exception as ex:
@@ -174,6 +128,68 @@ def run_quality(given: dict, run=None, log=print):
     run.finish(wall_compute_s=round(time.perf_counter() - t_start, 1))
     sweep.headline(sweep.summary_lines(lambda: closing_lines(qs)), log is not None, EXPERIMENT)
     return run
+
+
+def _draw_sequences(run, tok, p: dict) -> dict:
+    """The evaluation sequences of every corpus, drawn by the seed, into `sequences.parquet` and the manifest
+    (the split rule, the draw, the intervals' method)."""
+    from labkit import stats
+    from labkit.quality.corpora import SPLIT_RULE, documents, draw_sequences
+    units = {c: draw_sequences(tok, c, p["seq_len"], p["n_sequences"], p["seed"]) for c in p["corpora"]}
+    run.write_table("sequences", pd.DataFrame([dict(u.record(), seed=p["seed"]) for c in p["corpora"]
+                                               for u in units[c]]))
+    run.update_manifest(
+        splits={c: {"rule": SPLIT_RULE[c], "calibration_documents": len(documents(c, "calibration")),
+                    "eval_documents": len(documents(c, "eval")),
+                    "eval_units": sorted({u.unit for u in units[c]})} for c in p["corpora"]},
+        sequence_draw={"seed": p["seed"], "per_corpus": p["n_sequences"], "table": "sequences.parquet",
+                       "rule": "first seq_len tokens of eval documents in a seeded order; non-overlapping "
+                               "seq_len windows of the long eval documents, drawn by the seed, where a "
+                               "corpus has fewer such documents than n_sequences"},
+        intervals={"method": "percentile bootstrap over sequences (labkit.stats)", "level": stats.LEVEL,
+                   "n_boot": stats.N_BOOT, "seed": stats.BOOT_SEED})
+    return units
+
+
+def _prepare_policies(run, model, tok, p: dict, log):
+    """The selection controller calibrated on the calibration split (indexer fit, retrieval heads), recorded
+    in the run; returns it with the calibration split's head-share map."""
+    from labkit.quality.measure import head_share_map, prepare_policies
+    ctl, calib_share = prepare_policies(model, tok, p["policies"], p["corpora"], p["seq_len"], p["calib_sequences"],
+                                        p["eval_tokens"], p["sink_window"], p["recent_window"], log=log)
+    ctl.block = p["block"]  # calibration ran dense; the sweep and the traces select in blocks
+    if calib_share is None:  # retrieval heads still worth reporting
+        calib_share = head_share_map(model, tok, p["corpora"], p["seq_len"], p["calib_sequences"], p["eval_tokens"],
+                                     "calibration", p["sink_window"], p["recent_window"])
+    if ctl.retrieval_heads:
+        run.write_table("retrieval_heads", pd.DataFrame(
+            [{"layer": k, "head": v} for k, v in sorted(ctl.retrieval_heads.items())]))
+    run.update_manifest(indexer={"bytes_per_token": ctl.indexer.bytes_per_token, "rank": ctl.indexer.rank,
+                                 "fit": "closed-form rank-64 from query/key second moments on the calibration split",
+                                 "calibration_corpora": list(p["corpora"]), "calib_sequences": p["calib_sequences"]}
+                        if ctl.indexer is not None else None)
+    return ctl, calib_share
+
+
+def _record_traces(run, model, tok, ctl, p: dict, log) -> None:
+    """Greedy decode steps over one eval document per corpus, their selections saved as traces (what the
+    engine and the hot cache replay) with their locality and reuse distances."""
+    from labkit.quality.corpora import sequences
+    from labkit.quality.traces import locality, locality_summary, record_traces, reuse_distance, save_trace
+    locs, sums, rds = [], [], []
+    for corpus in p["corpora"]:
+        (name, ids), = sequences(tok, corpus, p["trace_prompt_len"], 1, split="eval")
+        traces = record_traces(model, ids, p["trace_policies"], p["trace_budgets"], p["trace_steps"],
+                               controller=ctl, meta={"model": p["model"], "corpus": corpus, "document": name},
+                               log=log)
+        for (pol, b), tr in traces.items():
+            save_trace(tr, run.path / "traces" / f"{corpus}-{pol}-{b}.npz")
+            locs.append(locality(tr).assign(corpus=corpus, policy=pol, budget=b))
+            rds.append(reuse_distance(tr).assign(corpus=corpus, policy=pol, budget=b))
+        sums.append(locality_summary(traces).assign(corpus=corpus))
+    run.write_table("locality", pd.concat(locs, ignore_index=True))
+    run.write_table("locality_summary", pd.concat(sums, ignore_index=True))
+    run.write_table("reuse_distance", pd.concat(rds, ignore_index=True))
 
 
 def closing_lines(summary: pd.DataFrame) -> list[str]:

@@ -455,9 +455,20 @@ def ladder_ratios(m: pd.DataFrame, column: str, against: str = "first") -> pd.Se
     return (a / b).dropna()
 
 
+_PULSE_LADDER_SETTLE = ("PulseInfer's ladder on ≥ 8 trace windows (per-head 8 KiB units without switching → + coalesced → "
+                        "+ retrieval-head blocks → + batch switching → + adaptive admission, and no offload under the same "
+                        "cap), named `pulse_ladder` in docs/runs.toml")
+_PULSE_DIFFERS = "one H200 and Qwen3.8-Flash-Next's shape; 14B–230B models and the ServeGen trace not replayed"
+
+
 def pulse_claims() -> list[Claim]:
-    from .roofline_tables import capacity_rows
     sys = SYSTEMS["pulse"]
+    lad = _ladder()
+    return [*_pulse_trace_claims(sys, lad), _pulse_vs_no_offload_claim(sys, lad), _pulse_small_transfers_claim(sys)]
+
+
+def _pulse_trace_claims(sys, lad) -> list[Claim]:
+    """Throughput and p99 TPOT on held-out trace windows, switching against our offload lane without it."""
     win = load_run(REPO / RUNS["pulse_trace_windows"])
     ws = win.table("window_summary").set_index("arm")
     arms = ws[ws.index != "reference"]
@@ -475,11 +486,6 @@ def pulse_claims() -> list[Claim]:
                       f"best of {n} windows; median {a[col]:.2f} [{a[f'{col}_lo']:.2f}, {a[f'{col}_hi']:.2f}]",
                       f"{what}, {ours_lane}, {windows}", (RUNS["pulse_trace_windows"],))
 
-    lad = _ladder()
-    ladder_settle = ("PulseInfer's ladder on ≥ 8 trace windows (per-head 8 KiB units without switching → + coalesced → "
-                     "+ retrieval-head blocks → + batch switching → + adaptive admission, and no offload under the same "
-                     "cap), named `pulse_ladder` in docs/runs.toml")
-    differs = "one H200 and Qwen3.8-Flash-Next's shape; 14B–230B models and the ServeGen trace not replayed"
     out = []
     for key, col, pub, side in (
             ("pulse-throughput", "output_throughput",
@@ -496,9 +502,14 @@ def pulse_claims() -> list[Claim]:
         if lad:
             run, m = lad
             terms = _window_figure(ladder_ratios(m, col), f"{what}, full PulseInfer / the per-head 8 KiB baseline rung "
-                                   "(no switching), per window", (run,), True, side, differs)
-        out.append(Claim(key, sys, pub, terms=terms, strongest=strongest, stand_in=strongest, settle=ladder_settle))
-    # vs no offload
+                                   "(no switching), per window", (run,), True, side, _PULSE_DIFFERS)
+        out.append(Claim(key, sys, pub, terms=terms, strongest=strongest, stand_in=strongest, settle=_PULSE_LADDER_SETTLE))
+    return out
+
+
+def _pulse_vs_no_offload_claim(sys, lad) -> Claim:
+    """Offload with switching against no offload under the same device-memory cap."""
+    from .roofline_tables import capacity_rows
     cap = capacity_rows(RUNS["repeats_capacity"])
     good = cap[cap["figure"].str.startswith("goodput")]
     stand = Figure(float(good["value"].max()), float(good["value"].min()), float(good["value"].max()),
@@ -515,12 +526,15 @@ def pulse_claims() -> list[Claim]:
     if lad:
         run, m = lad
         terms = _window_figure(ladder_ratios(m, "output_throughput", NO_OFFLOAD_ARM), "output tok/s, full PulseInfer / "
-                               "no offload under the same device-memory cap, per window", (run,), True, 1, differs)
-    out.append(Claim("pulse-vs-no-offload", sys,
+                               "no offload under the same device-memory cap, per window", (run,), True, 1, _PULSE_DIFFERS)
+    return Claim("pulse-vs-no-offload", sys,
                      Published(4.7, "up to 4.7× vs SGLang without offload", "decode, SGLang keeping all KV on the GPU "
                                "(fewer requests fit)", up_to=True),
-                     terms=terms, strongest=strongest, stand_in=stand, settle=ladder_settle))
-    # small transfers
+                 terms=terms, strongest=strongest, stand_in=stand, settle=_PULSE_LADDER_SETTLE)
+
+
+def _pulse_small_transfers_claim(sys) -> Claim:
+    """8 KiB per-head units moved one copy each (the published ~6 GB/s), and gathered into one copy."""
     dma = ("per_unit_copy", "batched_dma", "batched_dma_default")
     rows = []
     for r in [RUNS["pulse_blocks"], *RUNS["pulse_coalesced"]]:
@@ -536,7 +550,7 @@ def pulse_claims() -> list[Claim]:
     cc = t[t["strategy"] == "coalesced_copy"]["gbps"]
     ct = t[t["strategy"] == "contiguous"]["gbps"]
     worst = per_unit.groupby("strategy")["gbps"].median()
-    out.append(Claim("pulse-small-transfers", sys,
+    return Claim("pulse-small-transfers", sys,
                      Published(6, "~8 KB transfers at ~6 GB/s on PCIe 5.0 x16", "per-head block selections moved as "
                                "~8 KB units against a 64 GB/s limit", "absolute", approx=True, unit="GB/s"),
                      terms=Figure(float(b["gbps"].median()), float(b["gbps"].min()), float(b["gbps"].max()),
@@ -547,8 +561,7 @@ def pulse_claims() -> list[Claim]:
                                   f"reaches {ct.min():.0f}–{ct.max():.0f} GB/s here", "GB/s"),
                      strongest=Figure(float(cc.median()), float(cc.min()), float(cc.max()),
                                       f"min–max over {len(cc)} measurements", "the same 8 KiB units gathered on the CPU and "
-                                      "moved in one copy (coalesced)", tuple(sorted(set(t["run"]))), "", "GB/s")))
-    return out
+                                      "moved in one copy (coalesced)", tuple(sorted(set(t["run"]))), "", "GB/s"))
 
 
 # -- cross-model KV transfer ----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,6 +147,18 @@ def machine_kind(mf: dict) -> str:
     return gpu_kind(gpu) if isinstance(gpu, str) and gpu.strip() else "cpu"
 
 
+# A few committed runs' notes name the work round they came from ("Round 3 frontier", "round 2's mapper"): the
+# tracker's word, not the product's; the index shows the notes without it (the committed data stays as it is).
+_ROUND = re.compile(r"\b[Rr]ound \d+(?:'s)? ")
+
+
+def _note(text: str) -> str:
+    text = str(text)
+    opens = _ROUND.match(text) is not None
+    text = _ROUND.sub("", text)
+    return text[:1].upper() + text[1:] if opens else text
+
+
 def _short(text: str, n: int = 110) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= n else text[: n - 1].rstrip() + "…"
@@ -187,7 +200,7 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
                      "experiment": mf.get("experiment", ""), "status": effective_status(mf),
                      "kind": machine_kind(mf), "machine": machine_label(mf), "git_sha": mf.get("git_sha", ""), "wall_s": mf.get("wall_s"),
                      "points_ok": int((st == "ok").sum()), "points_failed": int((st != "ok").sum()) if len(st) else 0,
-                     "holds": contents(run_dir, st), "note": _short(mf.get("note") or mf.get("command") or ""),
+                     "holds": contents(run_dir, st), "note": _short(_note(mf.get("note") or mf.get("command") or "")),
                      "folder": os.path.relpath(run_dir, root),
                      "report": os.path.relpath(report, root) if report.is_file() else ""})
         shape = (mf.get("parameters") or {}).get("shape")

@@ -622,8 +622,13 @@ def text_iv(r, prefix: str) -> str:
     return text(r, prefix)
 
 
-# the run folder's probe names as the docs name them (the first frontier was measured without the exact prefix)
-PROBE_LABELS = {"round 2 frontier (committed)": "frontier without exact prefix"}
+# Probes the N = 10 run took over from an earlier committed run, by the table they came from (`source`): their
+# names in that data are of the day; the docs name them by what they are.
+TAKEN_OVER_PROBES = {"results/20261130-xfer-frontier-smollm2-cpu/ablation.parquet": "frontier without exact prefix"}
+
+
+def probe_label(probe: str, source: str) -> str:
+    return TAKEN_OVER_PROBES.get(source, probe)
 
 
 def xfer_n10_table() -> str:
@@ -634,7 +639,7 @@ def xfer_n10_table() -> str:
     rows = []
     for (probe, feats), g in pr.groupby(["probe", "features"], sort=False):
         v = g.set_index("small_layers")
-        rows.append({"probe": PROBE_LABELS.get(probe, probe), "features": f"`{feats}`", "λ grid": g["lambda_grid"].iloc[0],
+        rows.append({"probe": probe_label(probe, g["source"].iloc[0]), "features": f"`{feats}`", "λ grid": g["lambda_grid"].iloc[0],
                      **{f"N = {n}": (f"**{v.loc[n, 'ppl_ratio']:.3f}**" if n == 10 else f"{v.loc[n, 'ppl_ratio']:.3f}")
                         if n in v.index else "–" for n in (8, 10, 12)}})
     a = run.table("attribution")
@@ -798,37 +803,84 @@ def _selection_words(run: str) -> str:
 def headlines() -> str:
     """The README's one line per system, every figure computed here from the same committed runs as the docs'
     tables: ratios within one run, and where a figure was repeated, its range across processes."""
-    from .roofline_tables import capacity_rows, decode_ratio_rows, gemv_chain, prefill_rows, pulse_rows
-    from ..stats import across_runs
-
     d = S.decode_table(load_run(REPO / RUNS["decode_now"]).metrics)
     d1 = d[d["concurrency"] == 1].set_index(["strategy", "context_len"])
-    gshare = gemv_chain(RUNS["gemv_kmajor"])["share_m1"]
+    top = int(d1.index.get_level_values(1).max())
+    lines = [_sparse_offload_line(d1, top), _baseline_line(), _hot_cache_line(top), _pulse_line(), _xfer_line(),
+             _two_gpus_line()]
+    return "\n".join(lines)
+
+
+def _sparse_offload_line(d1: pd.DataFrame, top: int) -> str:
+    from .roofline_tables import decode_ratio_rows
+    from ..stats import across_runs
     rep = across_runs(decode_ratio_rows(RUNS["repeats_hot1m"]), ["figure"], "value").set_index("figure")
     zc_rep = rep.loc[[f for f in rep.index if f.startswith("zero_copy")][0]]
-    caps = across_runs(capacity_rows(RUNS["repeats_capacity"]), ["figure"], "value").set_index("figure")
-    cap = caps.loc[[f for f in caps.index if f.startswith("goodput")][0]]
-    pul = across_runs(pulse_rows(RUNS["repeats_pulse_scaling"]), ["figure"], "value").set_index("figure")
-    pre = across_runs(prefill_rows(RUNS["repeats_prefill"]), ["figure"], "value").iloc[0]
-    sw = pul.loc[[f for f in pul.index if "switched / one" in f][0]]
+    zc, res = d1.loc[("zero_copy", top)], d1.loc[("resident", top)]
+    grow = zc["step_ms_median"] / d1.loc[("zero_copy", 64 << 10), "step_ms_median"] - 1
+    return (f"- **Sparse offload** decodes at {_ctx(top)} tokens at {zc['tok_s']:.1f} tok/s with `zero_copy` against "
+            f"{res['tok_s']:.1f} fully resident ({zc['tok_s'] / res['tok_s']:.2f}× {_selection_words(RUNS['decode_now'])}; "
+            f"{_span(zc_rep['min'], zc_rep['max'])}× across {int(zc_rep['n'])} processes "
+            f"{_selection_words(RUNS['repeats_hot1m'][0])}), and its step grows only {grow:.0%} from 64K to {_ctx(top)}: the transfer "
+            f"per step is fixed ([results](docs/roofline.md), [spreads](docs/spreads.md)).")
+
+
+def _baseline_line() -> str:
+    from .roofline_tables import gemv_chain
+    gshare = gemv_chain(RUNS["gemv_kmajor"])["share_m1"]
     roof = load_run(REPO / RUNS["roofline"]).metrics
     r64 = roof[(roof.experiment == "decode") & (roof.status == "ok") & (roof.strategy == "resident") & (roof.concurrency == 1)].iloc[0]
     bw = float(roof[(roof.experiment == "probe") & (roof.strategy == "hbm_read")]["gbps"].median())
     bound = float(r64.step_weight_bytes) / bw / 1e6
-    top = int(d1.index.get_level_values(1).max())
-    zc, res = d1.loc[("zero_copy", top)], d1.loc[("resident", top)]
-    grow = zc["step_ms_median"] / d1.loc[("zero_copy", 64 << 10), "step_ms_median"] - 1
+    return (f"- **The baseline**: `resident` steps at {r64.step_ms_median:.2f} ms at 64K ({r64.tok_s:.0f} tok/s), "
+            f"{r64.step_ms_median / bound:.1f}× the time to read its weights once from HBM; the lab's one-row GEMV streams "
+            f"a step's weight matrices at {gshare['gemv_best']:.0%} of the read bandwidth, cuBLAS at {gshare['cublas']:.0%} "
+            f"([roofline](docs/roofline.md)).")
+
+
+def _hot_cache_line(top: int) -> str:
+    from .roofline_tables import capacity_rows, prefill_rows
+    from ..stats import across_runs
+    caps = across_runs(capacity_rows(RUNS["repeats_capacity"]), ["figure"], "value").set_index("figure")
+    cap = caps.loc[[f for f in caps.index if f.startswith("goodput")][0]]
+    pre = across_runs(prefill_rows(RUNS["repeats_prefill"]), ["figure"], "value").iloc[0]
     hot = []
     for run, how in HOT_DECODE_RUNS:
         m = load_run(REPO / run).metrics.set_index("strategy")
         if how == HOT_DECODE_RUNS[-1][1] and m.loc["hot_cache", "selection"].startswith("trace:"):   # the latest
             hot.append(m.loc["resident", "step_ms_median"] / m.loc["hot_cache", "step_ms_median"])
+    return (f"- **FlashOffloading's hot cache** reaches {min(hot):.3f}–{max(hot):.3f}× resident speed at {_ctx(top)} on recorded "
+            f"selections (one process each, with the step of its runs: {HOT_DECODE_RUNS[-1][1].split(', ')[-1]}); its rotating prefill buffers cost nothing against resident prefill "
+            f"({pre['median']:.2f}×, {_span(pre['min'], pre['max'])}× across {int(pre['n'])} processes, a 248K prompt with "
+            f"the KV going to host RAM) and run a whole 1M-token prompt under a 24 GiB cap, and offload in both "
+            f"stages gives {cap['median']:.2f}× the goodput of none ({_span(cap['min'], cap['max'])}× across {int(cap['n'])} "
+            f"processes) ([hot cache](docs/hot-cache.md), "
+            f"[prefill](docs/prefill-capacity.md)).")
+
+
+def _pulse_line() -> str:
+    from .roofline_tables import pulse_rows
+    from ..stats import across_runs
+    pul = across_runs(pulse_rows(RUNS["repeats_pulse_scaling"]), ["figure"], "value").set_index("figure")
+    sw = pul.loc[[f for f in pul.index if "switched / one" in f][0]]
     trace = next(r for r in PULSE_TRACE_RUNS if "151530" in r)
     t = load_run(REPO / trace).metrics
     base = float(t.loc[t.policy.str.startswith("noswitch"), "output_throughput"].iloc[0])
     thr = t[t.policy.str.startswith("threshold")]["output_throughput"] / base
     win = load_run(REPO / RUNS["pulse_trace_windows"])
     ws = win.table("window_summary").set_index("arm").loc["threshold (fitted)"]
+    return (f"- **PulseInfer's switching** with a static length threshold ({ws['policy'].split(':')[1]}, chosen on "
+            f"{len(win.manifest['calibration'])} calibration windows) gives {ws['throughput_ratio']:.2f}× "
+            f"({ws['throughput_ratio_min']:.2f}–{ws['throughput_ratio_max']:.2f}) the throughput of offloading without switching "
+            f"and {ws['tpot_p99_ratio']:.2f}× ({ws['tpot_p99_ratio_min']:.2f}–{ws['tpot_p99_ratio_max']:.2f}) its p99 TPOT, "
+            f"median (min–max) over {int(ws['throughput_ratio_n'])} held-out windows of {win.manifest['parameters']['window_size']} "
+            f"Mooncake requests; the {thr.min():.2f}–{thr.max():.2f}× of one {int(t.n_requests.iloc[0])}-request window "
+            f"with thresholds read off it does not hold; at 1M two switched "
+            f"batches gave {_span(sw['min'], sw['max'])}× one offloaded batch across {int(sw['n'])} processes "
+            f"([PulseInfer](docs/pulseinfer.md)).")
+
+
+def _xfer_line() -> str:
     tt = load_run(REPO / XFER_TTFT_RUN).metrics
     tt = tt[(tt["kind"] == "ttft") & (tt["strategy"] == "mapped") & (tt["backend"] == "transformers")
             & (tt["rank"].fillna(0) == 0)]
@@ -836,6 +888,15 @@ def headlines() -> str:
     fr = fr[fr["stage"] == "frontier"].set_index("small_layers")
     n8, n20 = fr.loc[8], fr.loc[int(fr.index.max())]
     iv = lambda r, c: f"{r[c]:.2f} [{r[c + '_lo']:.2f}, {r[c + '_hi']:.2f}]"  # noqa: E731
+    return (f"- **Cross-model KV transfer** (CPU, SmolLM2-135M and its first 8 layers) cuts TTFT "
+            f"{tt[tt.context_len >= 2048].speedup.min():.1f}–{tt[tt.context_len >= 2048].speedup.max():.1f}× at "
+            f"{int(tt[tt.context_len >= 2048].context_len.min()):,}–{int(tt.context_len.max()):,} tokens on the "
+            f"transformers path; on held-out text its perplexity ratio at N = 8 is {iv(n8, 'ppl_ratio_prose')} on prose and "
+            f"{iv(n8, 'ppl_ratio_code')} on code (95% intervals over {int(n8['ppl_ratio_prose_n'])} sequences each), "
+            f"{iv(n20, 'ppl_ratio')} pooled at N = {int(fr.index.max())} ([cross-model](docs/cross-model.md)).")
+
+
+def _two_gpus_line() -> str:
     first, rerun = (load_run(REPO / r).metrics for r in MULTIGPU_RUNS)
     gth = rerun[(rerun.experiment == "gather") & (rerun.status == "ok")]
     links = gth[gth["mode"] == "together"].gbps_aggregate.iloc[0] / gth[gth["mode"] == "alone"].gbps.max()
@@ -844,43 +905,8 @@ def headlines() -> str:
     best = at.sort_values("tok_s").groupby("layout").last()          # the multi-GPU table's choice per layout
     pipe = best.loc["pipelined", "tok_s"] / best.loc["1gpu", "tok_s"]
     n = int(dec.concurrency.max())
-    lines = [
-        f"- **Sparse offload** decodes at {_ctx(top)} tokens at {zc['tok_s']:.1f} tok/s with `zero_copy` against "
-        f"{res['tok_s']:.1f} fully resident ({zc['tok_s'] / res['tok_s']:.2f}× {_selection_words(RUNS['decode_now'])}; "
-        f"{_span(zc_rep['min'], zc_rep['max'])}× across {int(zc_rep['n'])} processes "
-        f"{_selection_words(RUNS['repeats_hot1m'][0])}), and its step grows only {grow:.0%} from 64K to {_ctx(top)}: the transfer "
-        f"per step is fixed ([results](docs/roofline.md), [spreads](docs/spreads.md)).",
-        f"- **The baseline**: `resident` steps at {r64.step_ms_median:.2f} ms at 64K ({r64.tok_s:.0f} tok/s), "
-        f"{r64.step_ms_median / bound:.1f}× the time to read its weights once from HBM; the lab's one-row GEMV streams "
-        f"a step's weight matrices at {gshare['gemv_best']:.0%} of the read bandwidth, cuBLAS at {gshare['cublas']:.0%} "
-        f"([roofline](docs/roofline.md)).",
-        f"- **FlashOffloading's hot cache** reaches {min(hot):.3f}–{max(hot):.3f}× resident speed at {_ctx(top)} on recorded "
-        f"selections (one process each, with the step of its runs: {HOT_DECODE_RUNS[-1][1].split(', ')[-1]}); its rotating prefill buffers cost nothing against resident prefill "
-        f"({pre['median']:.2f}×, {_span(pre['min'], pre['max'])}× across {int(pre['n'])} processes, a 248K prompt with "
-        f"the KV going to host RAM) and run a whole 1M-token prompt under a 24 GiB cap, and offload in both "
-        f"stages gives {cap['median']:.2f}× the goodput of none ({_span(cap['min'], cap['max'])}× across {int(cap['n'])} "
-        f"processes) ([hot cache](docs/hot-cache.md), "
-        f"[prefill](docs/prefill-capacity.md)).",
-        f"- **PulseInfer's switching** with a static length threshold ({ws['policy'].split(':')[1]}, chosen on "
-        f"{len(win.manifest['calibration'])} calibration windows) gives {ws['throughput_ratio']:.2f}× "
-        f"({ws['throughput_ratio_min']:.2f}–{ws['throughput_ratio_max']:.2f}) the throughput of offloading without switching "
-        f"and {ws['tpot_p99_ratio']:.2f}× ({ws['tpot_p99_ratio_min']:.2f}–{ws['tpot_p99_ratio_max']:.2f}) its p99 TPOT, "
-        f"median (min–max) over {int(ws['throughput_ratio_n'])} held-out windows of {win.manifest['parameters']['window_size']} "
-        f"Mooncake requests; the {thr.min():.2f}–{thr.max():.2f}× of one {int(t.n_requests.iloc[0])}-request window "
-        f"with thresholds read off it does not hold; at 1M two switched "
-        f"batches gave {_span(sw['min'], sw['max'])}× one offloaded batch across {int(sw['n'])} processes "
-        f"([PulseInfer](docs/pulseinfer.md)).",
-        f"- **Cross-model KV transfer** (CPU, SmolLM2-135M and its first 8 layers) cuts TTFT "
-        f"{tt[tt.context_len >= 2048].speedup.min():.1f}–{tt[tt.context_len >= 2048].speedup.max():.1f}× at "
-        f"{int(tt[tt.context_len >= 2048].context_len.min()):,}–{int(tt.context_len.max()):,} tokens on the "
-        f"transformers path; on held-out text its perplexity ratio at N = 8 is {iv(n8, 'ppl_ratio_prose')} on prose and "
-        f"{iv(n8, 'ppl_ratio_code')} on code (95% intervals over {int(n8['ppl_ratio_prose_n'])} sequences each), "
-        f"{iv(n20, 'ppl_ratio')} pooled at N = {int(fr.index.max())} ([cross-model](docs/cross-model.md)).",
-        f"- **Two GPUs**: the links add up ({links:.2f}×), and pipelined micro-batches reach {pipe:.2f}× one GPU at "
-        f"{_ctx(int(dec.context_len.max()))} × {n} requests with `zero_copy` ([multi-GPU](docs/multi-gpu.md)).",
-    ]
-    return "\n".join(lines)
-
+    return (f"- **Two GPUs**: the links add up ({links:.2f}×), and pipelined micro-batches reach {pipe:.2f}× one GPU at "
+            f"{_ctx(int(dec.context_len.max()))} × {n} requests with `zero_copy` ([multi-GPU](docs/multi-gpu.md)).")
 
 def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics

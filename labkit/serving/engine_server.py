@@ -354,9 +354,6 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
     metrics = ServeMetrics(sched, model_name, capacity)
     started = int(time.time())
 
-    def error(status: int, msg: str, kind: str = "BadRequestError", param=None):
-        return JSONResponse({"error": {"message": msg, "type": kind, "param": param, "code": status}}, status_code=status)
-
     @app.get("/health")
     async def health():
         return {"status": "ok"}
@@ -385,66 +382,27 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
         arrival = sched.now()
         body, why = await _json_body(http)
         if why:
-            return error(400, why)
+            return _error(400, why)
         if not isinstance(body, dict):
-            return error(400, "body must be a JSON object")
+            return _error(400, "body must be a JSON object")
         asked = body.get("model")
         if asked is not None and asked != model_name:       # vLLM: 404 for a model it does not serve
-            return error(404, f"The model `{asked}` does not exist.", "NotFoundError", "model")
+            return _error(404, f"The model `{asked}` does not exist.", "NotFoundError", "model")
         try:
             ids = text.chat(_messages(body)) if chat else _prompt_ids(body.get("prompt"), text)
             sp = Sampling(body, chat, max(1, capacity - len(ids)) if chat else 16)
             gen = Generation(loop, ids, sp, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}", metrics)
             gen.start(arrival)
         except BadInput as ex:
-            return error(400, str(ex))
-        rid, created = gen.req.id, int(time.time())
-        kind = "chat.completion" if chat else "text_completion"
-
-        def head(obj: str) -> dict:
-            return {"id": rid, "object": obj, "created": created, "model": model_name}
-
-        def choice(delta: str, finish, stream: bool) -> dict:
-            c = {"index": 0}
-            if chat:
-                c["delta" if stream else "message"] = {"content": delta} if stream else \
-                    {"role": "assistant", "content": delta, "tool_calls": [], "reasoning_content": None}
-            else:
-                c["text"] = delta
-            c.update(logprobs=None, finish_reason=finish, stop_reason=gen.stop_reason if finish else None)
-            return c
-
+            return _error(400, str(ex))
+        reply = _Reply(gen, sp, chat, model_name)
         if sp.stream:
-            obj = "chat.completion.chunk" if chat else "text_completion"
-
-            def sse(msg: dict) -> str:
-                return f"data: {json.dumps(msg)}\n\n"
-
-            async def events():
-                try:
-                    if chat:        # vLLM's first chat chunk: the role, no content yet
-                        yield sse({**head(obj), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                             "logprobs": None, "finish_reason": None}]})
-                    async for delta, finish in gen.deltas():
-                        msg = {**head(obj), "choices": [choice(delta, finish, True)]}
-                        if sp.usage_on and sp.continuous_usage:
-                            msg["usage"] = gen.usage()
-                        yield sse(msg)
-                    if gen.req.status == "failed":
-                        yield sse({"error": {"message": gen.req.error, "type": "InternalServerError", "code": 500}})
-                    elif sp.usage_on:
-                        yield sse({**head(obj), "choices": [], "usage": gen.usage()})
-                    yield "data: [DONE]\n\n"
-                finally:
-                    gen.abort()     # a no-op once ended; otherwise the client went away mid-stream
-            return StreamingResponse(events(), media_type="text/event-stream")
-
+            return StreamingResponse(reply.events(), media_type="text/event-stream")
         if not await gen.wait(http):
-            return error(499, "client disconnected")
+            return _error(499, "client disconnected")
         if gen.req.status == "failed":
-            return error(500, gen.req.error or "failed", "InternalServerError")
-        return JSONResponse({**head(kind), "choices": [choice(gen.text, gen.finish_reason or "length", False)],
-                             "usage": gen.usage(), "prompt_logprobs": None, "kv_transfer_params": None})
+            return _error(500, gen.req.error or "failed", "InternalServerError")
+        return JSONResponse(reply.whole())
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
@@ -455,6 +413,64 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
         return await serve(http, chat=True)
 
     return app
+
+
+def _error(status: int, msg: str, kind: str = "BadRequestError", param=None):
+    """An error as vLLM's OpenAI server words it."""
+    from fastapi.responses import JSONResponse
+    return JSONResponse({"error": {"message": msg, "type": kind, "param": param, "code": status}}, status_code=status)
+
+
+class _Reply:
+    """A started generation's answer in vLLM's OpenAI shapes: server-sent chunks, or one whole response."""
+
+    def __init__(self, gen: "Generation", sp: "Sampling", chat: bool, model_name: str):
+        self.gen, self.sp, self.chat, self.model_name = gen, sp, chat, model_name
+        self.rid, self.created = gen.req.id, int(time.time())
+
+    def head(self, obj: str) -> dict:
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model_name}
+
+    def choice(self, delta: str, finish, stream: bool) -> dict:
+        c = {"index": 0}
+        if self.chat:
+            c["delta" if stream else "message"] = {"content": delta} if stream else \
+                {"role": "assistant", "content": delta, "tool_calls": [], "reasoning_content": None}
+        else:
+            c["text"] = delta
+        c.update(logprobs=None, finish_reason=finish, stop_reason=self.gen.stop_reason if finish else None)
+        return c
+
+    async def events(self):
+        gen, sp = self.gen, self.sp
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+
+        def sse(msg: dict) -> str:
+            return f"data: {json.dumps(msg)}\n\n"
+
+        try:
+            if self.chat:        # vLLM's first chat chunk: the role, no content yet
+                yield sse({**self.head(obj), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                          "logprobs": None, "finish_reason": None}]})
+            async for delta, finish in gen.deltas():
+                msg = {**self.head(obj), "choices": [self.choice(delta, finish, True)]}
+                if sp.usage_on and sp.continuous_usage:
+                    msg["usage"] = gen.usage()
+                yield sse(msg)
+            if gen.req.status == "failed":
+                yield sse({"error": {"message": gen.req.error, "type": "InternalServerError", "code": 500}})
+            elif sp.usage_on:
+                yield sse({**self.head(obj), "choices": [], "usage": gen.usage()})
+            yield "data: [DONE]\n\n"
+        finally:
+            gen.abort()     # a no-op once ended; otherwise the client went away mid-stream
+
+    def whole(self) -> dict:
+        gen = self.gen
+        return {**self.head("chat.completion" if self.chat else "text_completion"),
+                "choices": [self.choice(gen.text, gen.finish_reason or "length", False)],
+                "usage": gen.usage(), "prompt_logprobs": None, "kv_transfer_params": None}
+
 
 def build(args) -> EngineLoop:
     from ..engine.drive.scheduler import Scheduler, calibrate, make_lanes, parse_policy

@@ -36,8 +36,6 @@ from labkit.results import REPO
 pd = lazy.module("pandas")
 
 EXPERIMENT = "serve"
-BACKENDS = ("vllm",)
-WORKLOADS = ("synthetic", "repeat", "trace")
 DEFAULT_TRACE = str(REPO / "labkit" / "data" / "mooncake-conversation-first1000.jsonl")
 
 
@@ -71,11 +69,6 @@ def check(given: dict, check_args: bool = True) -> dict:
     from labkit.serving.profiles import load_profile
     p = dict(given)
     p["trace"] = p["trace"] or DEFAULT_TRACE
-    if p["backend"] not in BACKENDS:
-        raise BadInput(f"unknown backend {p['backend']!r}: choose from {', '.join(BACKENDS)} "
-                       "(labkit's own engine server is not served over HTTP yet)")
-    if p["workload"] not in WORKLOADS:
-        raise BadInput(f"unknown workload {p['workload']!r}: choose from {', '.join(WORKLOADS)}")
     prof = load_profile(p["profile"])
     prof.check_model(p["model"])
     local = Path(p["model"] or prof.model).expanduser()
@@ -85,30 +78,18 @@ def check(given: dict, check_args: bool = True) -> dict:
         import torch
         if not torch.cuda.is_available():
             raise BadInput(f"profile {prof.name} is for CUDA GPUs but this machine has none; use profile=smollm2-cpu")
-    check_positive("input_lens", p["input_lens"])
-    check_positive("concurrency", p["concurrency"]) if p["workload"] != "trace" else None
-    check_positive("output_len", [p["output_len"]])
-    check_positive("num_prompts", [p["num_prompts"]])
-    check_positive("repeats", [p["repeats"]])
-    if not (0 <= p["input_range"] < 1 and 0 <= p["output_range"] < 1):
-        raise BadInput("input_range and output_range must be in [0, 1)")
-    if p["request_rate"] <= 0:
-        raise BadInput(f"request_rate must be > 0 (inf: closed loop), got {p['request_rate']}")
-    if not 0.1 <= p["scrape_hz"] <= 10:
-        raise BadInput(f"scrape_hz must be within 0.1-10, got {p['scrape_hz']}")
+    if p["workload"] != "trace":      # a trace brings its arrivals: concurrency is only a cap there (0: none)
+        check_positive("concurrency", p["concurrency"])
     p["offload"] = _offloads(p["offload"])
     p["trace_rates"] = _rates(p["trace_rates"])
-    if p["offload_backend"] and p["offload_backend"] not in ("labkit", "native"):
-        raise BadInput(f"offload_backend must be labkit or native, got {p['offload_backend']!r}")
     if p["workload"] == "trace":
         from labkit.serving.workload import load_trace
-        check_positive("trace_requests", [p["trace_requests"]])
         if not Path(p["trace"]).is_file():
             raise BadInput(f"trace {p['trace']} does not exist")
         load_trace(p["trace"])      # every line a trace record, or one line saying which is not
     if p["port"]:
         from labkit.serving.lifecycle import port_in_use
-        if not 0 < p["port"] < 65536 or port_in_use(p["port"]):
+        if port_in_use(p["port"]):
             raise BadInput(f"port {p['port']} on 127.0.0.1 is in use or invalid: choose another (port=0 picks a free one)")
     ctx = p["context_len"] or _auto_context(p)
     need = max(p["input_lens"]) + 1 if p["workload"] != "trace" else 2
@@ -296,37 +277,16 @@ def _bench_row(res: dict) -> dict:
 def run_serve(given: dict, run=None, log=print):
     """Measure every point into a run folder (labkit.results.Run); returns the Run."""
     from labkit import sweep
-    from labkit.serving import latency, loadgen
-    from labkit.serving.benchclient import run_bench
     from labkit.serving.lifecycle import ServerFailed, log_tail
-    from labkit.serving.profiles import load_profile
-    from labkit.serving.servermetrics import MetricsScraper
     from labkit.telemetry import Sampler
 
     shown = log is not None
     log = log or (lambda *a, **k: None)
     p = dict(given)           # checked by `experiments.serve.plan`
-    prof = load_profile(p["profile"])
-    if run is None:
-        run = sweep.open_run(p, EXPERIMENT, {k: v for k, v in p.items() if k != "extra_args_list"})
-    model = prof.model_path(p["model"])
-    try:
-        vocab = _vocab(model)
-    except BaseException as ex:        # an unreadable config: the run is failed, not left running
-        run.finish(error=BadInput(f"{model}/config.json: {one_line(ex)}") if not isinstance(ex, KeyboardInterrupt) else None,
-                   interrupted=isinstance(ex, KeyboardInterrupt))
-        raise
-    run.update_manifest(**vllm_info(), profile={"name": prof.name, "path": str(prof.path.relative_to(REPO))
-                        if prof.path.is_relative_to(REPO) else str(prof.path), "platform": prof.platform,
-                        "description": prof.description}, model_path=str(model), timings_label=prof.platform.upper(),
-                        metric_definitions="vLLM bench serve: TTFT, TPOT=(E2EL-TTFT)/(out-1), ITL per chunk gap, E2EL")
+    prof, run, model, vocab = _opened(p, run)
     tel = Sampler().start()
     run.update_manifest(telemetry=tel.reason or "nvml")
-    label = "cpu" if prof.platform == "cpu" else (run.manifest.get("gpu_name") or "cuda")
-    base = {"experiment": EXPERIMENT, "device": prof.platform, "gpu_name": run.manifest.get("gpu_name") or "cpu",
-            "shape": Path(str(model)).name, "budget": None, "repeats": p["repeats"], "backend": p["backend"],
-            "profile": prof.name, "workload": p["workload"], "output_len": p["output_len"], "num_prompts": p["num_prompts"],
-            "request_rate": p["request_rate"], "timings": label}
+    base = _base_row(run, p, prof, model)
     requests: list[dict] = []
     scrapes: list[pd.DataFrame] = []
     restore = _interrupt_on_signals()
@@ -334,15 +294,7 @@ def run_serve(given: dict, run=None, log=print):
     bar = sweep.bar(len(p["offload"]) * p["repeats"] * len(_points(p)) * n_clients, EXPERIMENT, shown)
 
     def save_tables(scraper=None):
-        if requests:
-            write_requests(run.path, requests)
-        frames = scrapes + ([scraper.frame()] if scraper is not None else [])
-        nv = tel.frame()
-        if not nv.empty:
-            nv = nv.assign(source="nvml")
-        frames = [f for f in frames + [nv] if not f.empty]
-        if frames:
-            run.write_table("telemetry", pd.concat(frames, ignore_index=True))
+        _save_tables(run, requests, scrapes + ([scraper.frame()] if scraper is not None else []), tel)
 
     try:
         for off in p["offload"]:
@@ -355,24 +307,15 @@ def run_serve(given: dict, run=None, log=print):
             try:
                 srv = server.start()
             except ServerFailed as ex:
-                for rnd in range(p["repeats"]):
-                    for pt in pts:
-                        run.add(sweep.failed_row(ex, {**base, **pt}, strategy=strategy, offload_gib=off,
-                                                 offload_backend=backend, client="labkit", round=rnd,
-                                                 server_log_tail=log_tail(server.srv.log_path, 10) if server.srv else ""))
+                _fail_unstarted(run, ex, p, pts, base, strategy, off, backend, server)
                 bar.update(p["repeats"] * len(pts) * n_clients)
                 continue
-            scraper = MetricsScraper(srv.base_url, 1.0 / p["scrape_hz"],
-                                     extra=lambda d=server.stats_dir: connector_counters(d),
-                                     tags={"offload_gib": off, "strategy": strategy}).start()
+            scraper = _scraper(srv, p, server, off, strategy)
             try:
                 _warmup(srv.base_url, str(model), prof.warmup_requests, vocab)
                 for rnd in range(p["repeats"]):
                     for i, pt in enumerate(pts):
-                        clients = ["labkit", "vllm"] if p["bench_client"] and p["workload"] == "synthetic" else ["labkit"]
-                        if (rnd + i) % 2:
-                            clients.reverse()      # interleave: neither client always runs first
-                        for client in clients:
+                        for client in _clients(p, rnd + i):
                             point_id = f"{server.tag}-r{rnd}-{'-'.join(f'{k}{v:g}' for k, v in pt.items())}-{client}"
                             bar.set_postfix_str(point_id)
                             row = {**base, **pt, "strategy": strategy, "offload_gib": off, "offload_backend": backend,
@@ -388,56 +331,10 @@ def run_serve(given: dict, run=None, log=print):
                                     run.add(sweep.failed_row(ex, row, server_log_tail=log_tail(server.srv.log_path, 10)))
                                     bar.update()
                                     continue
-                                scraper = MetricsScraper(srv.base_url, 1.0 / p["scrape_hz"],
-                                                         extra=lambda d=server.stats_dir: connector_counters(d),
-                                                         tags={"offload_gib": off, "strategy": strategy}).start()
+                                scraper = _scraper(srv, p, server, off, strategy)
                             scraper.set_tags(point_id=point_id, client=client)
                             seed = p["seed"] * 100000 + rnd * 1000 + i     # new prompts every round: no prefix-cache hits across rounds
-                            try:
-                                if client == "vllm":
-                                    res = run_bench(srv.base_url, str(model), pt["input_len"], p["output_len"],
-                                                    p["num_prompts"], pt["concurrency"], run.path / "bench",
-                                                    f"{point_id}.json", {**server.env, **_env_with_repo(),
-                                                                         "LABKIT_WATCH_PARENT": str(__import__('os').getpid())},
-                                                    run.path / "bench" / "bench.log", request_rate=p["request_rate"], seed=seed)
-                                    s = _bench_row(res)
-                                    s["bench_result"] = str(Path(s["bench_result"]).relative_to(run.path))
-                                else:
-                                    specs = _requests_for(p, pt, vocab, seed)
-                                    if p["workload"] != "trace":
-                                        _warmup(srv.base_url, str(model), 1, vocab, pt.get("input_len", 16), p["output_len"])
-                                    recs = loadgen.run_load(srv.base_url, str(model), specs, pt["concurrency"])
-                                    s = _summaries(p, recs)
-                                    _attach_connector(recs, server.stats_dir)
-                                    for r in recs:
-                                        requests.append({**{k: row[k] for k in ("point_id", "strategy", "offload_gib", "client",
-                                                                                 "round", "concurrency")},
-                                                         "input_len_point": pt.get("input_len"), "trace_rate": pt.get("trace_rate"), **r})
-                                    if p["workload"] == "repeat":
-                                        for send in ("first", "repeat"):
-                                            sub = [r for r in recs if r.get("send") == send]
-                                            run.add({**row, **_row_stats(p, sub), "send": send, **_bytes(sub),
-                                                     "status": "ok" if all(r["status"] == "ok" for r in sub) else "failed",
-                                                     "error": next((r["error"] for r in sub if r["error"]), None)})
-                                        s = None
-                                if s is not None:
-                                    failed = s.get("failed") or 0
-                                    err = next((r["error"] for r in requests[-len(specs):] if r.get("error")), None) \
-                                        if client == "labkit" and failed else None
-                                    dead = bool(failed) and srv.died()
-                                    run.add({**row, **s, "status": "ok" if not failed else "failed",
-                                             "error": (err or "") + (" (server died)" if dead else "") or None,
-                                             "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
-                                if s is not None and s.get("failed"):
-                                    log(f"{point_id}: FAILED")
-                            except KeyboardInterrupt:
-                                raise
-                            except Exception as ex:
-                                dead = srv.died()
-                                rec = sweep.failed_row(ex, row, server_log_tail=log_tail(srv.log_path, 10) if dead else None)
-                                rec["error"] += " (server died)" if dead else ""
-                                run.add(rec)
-                                log(f"{point_id}: FAILED {rec['error']}")
+                            _measure_point(run, p, pt, row, client, srv, server, model, vocab, seed, requests, log)
                             save_tables(scraper)
                             bar.update()
             finally:
@@ -446,11 +343,7 @@ def run_serve(given: dict, run=None, log=print):
                     scrapes.append(scraper.frame())
                 server.stop()
                 save_tables()
-                cr = connector_requests(server.stats_dir)
-                if not cr.empty:
-                    prev = run.path / "connector_requests.parquet"
-                    old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
-                    run.write_table("connector_requests", pd.concat([old, cr.assign(offload_gib=off)], ignore_index=True))
+                _keep_connector_requests(run, server, off)
     finally:
         bar.close()
         restore()
@@ -461,6 +354,147 @@ def run_serve(given: dict, run=None, log=print):
         run.finish()        # the shared rule over the rows; an exception in flight (Ctrl-C included) decides too
     sweep.headline(sweep.summary_lines(lambda: closing_lines(run.metrics())), shown, EXPERIMENT)
     return run
+
+
+def _fail_unstarted(run, ex: Exception, p: dict, pts: list, base: dict, strategy: str, off: float, backend: str,
+                    server: "_Server") -> None:
+    """A server that did not start: every point of every round it was to serve is a failed row."""
+    from labkit import sweep
+    from labkit.serving.lifecycle import log_tail
+    for rnd in range(p["repeats"]):
+        for pt in pts:
+            run.add(sweep.failed_row(ex, {**base, **pt}, strategy=strategy, offload_gib=off,
+                                     offload_backend=backend, client="labkit", round=rnd,
+                                     server_log_tail=log_tail(server.srv.log_path, 10) if server.srv else ""))
+
+
+def _opened(p: dict, run):
+    """(the launch profile, the run folder, the model's path, its vocabulary size); a config that cannot be read
+    fails the run, not leaves it running."""
+    from labkit import sweep
+    from labkit.serving.profiles import load_profile
+    prof = load_profile(p["profile"])
+    if run is None:
+        run = sweep.open_run(p, EXPERIMENT, {k: v for k, v in p.items() if k != "extra_args_list"})
+    model = prof.model_path(p["model"])
+    try:
+        vocab = _vocab(model)
+    except BaseException as ex:        # an unreadable config: the run is failed, not left running
+        run.finish(error=BadInput(f"{model}/config.json: {one_line(ex)}") if not isinstance(ex, KeyboardInterrupt) else None,
+                   interrupted=isinstance(ex, KeyboardInterrupt))
+        raise
+    _describe(run, prof, model)
+    return prof, run, model, vocab
+
+
+def _base_row(run, p: dict, prof, model) -> dict:
+    """What every row of the run shares."""
+    label = "cpu" if prof.platform == "cpu" else (run.manifest.get("gpu_name") or "cuda")
+    return {"experiment": EXPERIMENT, "device": prof.platform, "gpu_name": run.manifest.get("gpu_name") or "cpu",
+            "shape": Path(str(model)).name, "budget": None, "repeats": p["repeats"], "backend": p["backend"],
+            "profile": prof.name, "workload": p["workload"], "output_len": p["output_len"], "num_prompts": p["num_prompts"],
+            "request_rate": p["request_rate"], "timings": label}
+
+
+def _clients(p: dict, turn: int) -> list[str]:
+    """The clients that drive a point, in turn: interleaved, neither always runs first."""
+    clients = ["labkit", "vllm"] if p["bench_client"] and p["workload"] == "synthetic" else ["labkit"]
+    if turn % 2:
+        clients.reverse()
+    return clients
+
+
+def _save_tables(run, requests: list, scrapes: list, tel) -> None:
+    """The per-request records and the telemetry (the servers' /metrics series and NVML's) so far, on disk."""
+    if requests:
+        write_requests(run.path, requests)
+    nv = tel.frame()
+    if not nv.empty:
+        nv = nv.assign(source="nvml")
+    frames = [f for f in scrapes + [nv] if not f.empty]
+    if frames:
+        run.write_table("telemetry", pd.concat(frames, ignore_index=True))
+
+
+def _describe(run, prof, model) -> None:
+    """The server side of the manifest: vLLM's version, the launch profile, the model, what the metrics mean."""
+    run.update_manifest(**vllm_info(), profile={"name": prof.name, "path": str(prof.path.relative_to(REPO))
+                        if prof.path.is_relative_to(REPO) else str(prof.path), "platform": prof.platform,
+                        "description": prof.description}, model_path=str(model), timings_label=prof.platform.upper(),
+                        metric_definitions="vLLM bench serve: TTFT, TPOT=(E2EL-TTFT)/(out-1), ITL per chunk gap, E2EL")
+
+
+def _scraper(srv, p: dict, server: "_Server", off: float, strategy: str):
+    """The server's /metrics (and the connector's counters) scraped from now on, tagged with its settings."""
+    from labkit.serving.servermetrics import MetricsScraper
+    return MetricsScraper(srv.base_url, 1.0 / p["scrape_hz"], extra=lambda d=server.stats_dir: connector_counters(d),
+                          tags={"offload_gib": off, "strategy": strategy}).start()
+
+
+def _measure_point(run, p: dict, pt: dict, row: dict, client: str, srv, server: "_Server", model, vocab: int,
+                   seed: int, requests: list, log) -> None:
+    """One point with one client (labkit's load generator, or `vllm bench serve`): its row(s) into the run and
+    labkit's per-request records into `requests`; a failure is a failed row (the sweep goes on), with the
+    server's log tail when the server died."""
+    from labkit import sweep
+    from labkit.serving import loadgen
+    from labkit.serving.benchclient import run_bench
+    from labkit.serving.lifecycle import log_tail
+    point_id = row["point_id"]
+    try:
+        if client == "vllm":
+            res = run_bench(srv.base_url, str(model), pt["input_len"], p["output_len"],
+                            p["num_prompts"], pt["concurrency"], run.path / "bench",
+                            f"{point_id}.json", {**server.env, **_env_with_repo(),
+                                                 "LABKIT_WATCH_PARENT": str(__import__('os').getpid())},
+                            run.path / "bench" / "bench.log", request_rate=p["request_rate"], seed=seed)
+            s = _bench_row(res)
+            s["bench_result"] = str(Path(s["bench_result"]).relative_to(run.path))
+        else:
+            specs = _requests_for(p, pt, vocab, seed)
+            if p["workload"] != "trace":
+                _warmup(srv.base_url, str(model), 1, vocab, pt.get("input_len", 16), p["output_len"])
+            recs = loadgen.run_load(srv.base_url, str(model), specs, pt["concurrency"])
+            s = _summaries(p, recs)
+            _attach_connector(recs, server.stats_dir)
+            for r in recs:
+                requests.append({**{k: row[k] for k in ("point_id", "strategy", "offload_gib", "client",
+                                                         "round", "concurrency")},
+                                 "input_len_point": pt.get("input_len"), "trace_rate": pt.get("trace_rate"), **r})
+            if p["workload"] == "repeat":
+                for send in ("first", "repeat"):
+                    sub = [r for r in recs if r.get("send") == send]
+                    run.add({**row, **_row_stats(p, sub), "send": send, **_bytes(sub),
+                             "status": "ok" if all(r["status"] == "ok" for r in sub) else "failed",
+                             "error": next((r["error"] for r in sub if r["error"]), None)})
+                s = None
+        if s is not None:
+            failed = s.get("failed") or 0
+            err = next((r["error"] for r in requests[-len(specs):] if r.get("error")), None) \
+                if client == "labkit" and failed else None
+            dead = bool(failed) and srv.died()
+            run.add({**row, **s, "status": "ok" if not failed else "failed",
+                     "error": (err or "") + (" (server died)" if dead else "") or None,
+                     "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
+        if s is not None and s.get("failed"):
+            log(f"{point_id}: FAILED")
+    except KeyboardInterrupt:
+        raise
+    except Exception as ex:
+        dead = srv.died()
+        rec = sweep.failed_row(ex, row, server_log_tail=log_tail(srv.log_path, 10) if dead else None)
+        rec["error"] += " (server died)" if dead else ""
+        run.add(rec)
+        log(f"{point_id}: FAILED {rec['error']}")
+
+
+def _keep_connector_requests(run, server: "_Server", off: float) -> None:
+    """labkit's connector's per-request records of this server, appended to the run's table."""
+    cr = connector_requests(server.stats_dir)
+    if not cr.empty:
+        prev = run.path / "connector_requests.parquet"
+        old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
+        run.write_table("connector_requests", pd.concat([old, cr.assign(offload_gib=off)], ignore_index=True))
 
 
 def closing_lines(m: pd.DataFrame) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ...params import BadInput
-from .scheduler import Adaptive, Costs, Request, parse_policy
+from .scheduler import Adaptive, Costs, parse_policy
 
 
 def parse_fitted(policy: str) -> tuple[int, float] | None:
@@ -45,23 +45,8 @@ class FittedAdaptive(Adaptive):
         super().__init__(costs)
         self.min_tokens, self.hide = int(min_tokens), float(hide)
 
-    def place(self, req: Request, sched) -> str:
-        res, off = sched.lanes.get("resident"), sched.lanes.get("offload")
-        if res is None or off is None:
-            return next(iter(sched.lanes))
-        need = len(req.prompt) + req.max_tokens
-        if need > res.cache.capacity:
-            return "offload"
-        if need > off.cache.capacity:
-            return "resident"
-        busy_r, busy_o = sched.lane_load(res), sched.lane_load(off)
-        share = res.cache.pages.n_free / max(1, res.cache.n_slots - busy_r)
-        if res.pages_for(req) > share:
-            return "offload" if off.fits(req) or not res.fits(req) else "resident"
-        hidden = self.costs.transfer(busy_o + 1) <= self.hide * self.costs.compute(busy_r)
-        if len(req.prompt) >= self.min_tokens and hidden and off.fits(req):
-            return "offload"
-        return "offload" if not res.fits(req) and off.fits(req) and hidden else "resident"
+    def offload_from(self, res) -> int:
+        return self.min_tokens
 
 
 def needs_costs(policy: str) -> bool:

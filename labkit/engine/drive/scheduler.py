@@ -220,8 +220,14 @@ class Adaptive:
       transfer cannot hide slows every round it is in: measured on the H200, overflowing regardless
       put half the trace's requests, short ones too, on the offload lane)."""
 
+    hide = 1.0         # a transfer counts as hidden when transfer(B_o + 1) <= hide x compute(B_n)
+
     def __init__(self, costs: Costs):
         self.costs = costs
+
+    def offload_from(self, res: Lane) -> int:
+        """The prompt length from which a request within its share is offloaded when that is free."""
+        return res.engine.budget
 
     def place(self, req: Request, sched: "Scheduler") -> str:
         res, off = sched.lanes.get("resident"), sched.lanes.get("offload")
@@ -236,8 +242,8 @@ class Adaptive:
         share = res.cache.pages.n_free / max(1, res.cache.n_slots - busy_r)
         if res.pages_for(req) > share:
             return "offload" if off.fits(req) or not res.fits(req) else "resident"
-        hidden = self.costs.transfer(busy_o + 1) <= self.costs.compute(busy_r)
-        if len(req.prompt) >= res.engine.budget and hidden and off.fits(req):
+        hidden = self.costs.transfer(busy_o + 1) <= self.hide * self.costs.compute(busy_r)
+        if len(req.prompt) >= self.offload_from(res) and hidden and off.fits(req):
             return "offload"
         return "offload" if not res.fits(req) and off.fits(req) and hidden else "resident"
 

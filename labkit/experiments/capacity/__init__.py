@@ -6,26 +6,31 @@ from __future__ import annotations
 from ...shapes import REFERENCE_BUDGET
 from ...engine.transfer import strategy_params
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
-from .. import checked
+from ... import lazy
+from .. import planner
 
 NAME = "capacity"
+CPU_MAX_BATCH = 16           # a CPU steps a batch of thousands of tiny requests far too slowly to time
 
 SPEC = [
     SHAPE,
     DEVICE,
-    Param("context_len", "int", 0, "tokens per request (0: 32K on CUDA, 256 on CPU)"),
+    Param("context_len", "int", 0, "tokens per request (0: 32K on CUDA, 256 on CPU)", gt=0,
+          auto={"cuda": 32 << 10, "cpu": 256}),
     Param("mem_cap_gib", "float", 0.0, "device memory cap (GiB; 0: 24 or the GPU's memory if less; on CPU a "
-                                        "quarter of the RAM available)"),
+                                        "quarter of the RAM available)", ge=0),
     Param("host_cap_gib", "float", 0.0, "pinned host KV allowed (GiB; 0: half the RAM)"),
-    Param("workspace_gib", "float", 2.0, "device reserve for activations, graphs, cuBLAS (GiB)"),
-    Param("configs", "list[str]", ["none", "prefill", "both"], "none, prefill, both"),
-    Param("budget", "int", REFERENCE_BUDGET, "indexer budget (rows per request and QSA layer)"),
+    Param("workspace_gib", "float", 2.0, "device reserve for activations, graphs, cuBLAS (GiB)", ge=0),
+    Param("configs", "list[str]", ["none", "prefill", "both"], "none, prefill, both",
+          choices=("none", "prefill", "both")),
+    Param("budget", "int", REFERENCE_BUDGET, "indexer budget (rows per request and QSA layer)", gt=0),
     *strategy_params(["hot_cache"]),     # the hot cache of config `both`, its settings declared beside it
     Param("selection", "str", "indexer", "indexer, or trace:PATH (recorded selections)"),
-    Param("tpot_ms", "float", 30.0, "TPOT limit of a good request (ms)"),
-    Param("max_batch", "int", 0, "largest batch timed (0: the capacity on CUDA, 16 on CPU)"),
-    Param("steps", "int", 10, "decode steps per repeat"),
-    Param("repeats", "int", 2, "timed repeats"),
+    Param("tpot_ms", "float", 30.0, "TPOT limit of a good request (ms)", gt=0),
+    Param("max_batch", "int", 0, f"largest batch timed (0: the capacity on CUDA, {CPU_MAX_BATCH} on CPU)", ge=0,
+          auto={"cpu": CPU_MAX_BATCH}),
+    Param("steps", "int", 10, "decode steps per repeat", gt=0),
+    Param("repeats", "int", 2, "timed repeats", gt=0),
     Param("measure", "bool", True, "time the decode step (false: capacities only)"),
     SEED,
     OUT_DIR,
@@ -35,13 +40,9 @@ SPEC = [
 ]
 
 
-def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from .measure import check
-        return check
-    return checked(NAME, SPEC, given, check)
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from . import measure as capacity
-    return capacity.run(dict(plan.params), progress_bar=progress_bar)
+    return measuring.run(dict(plan.params), progress_bar=progress_bar)

@@ -33,7 +33,6 @@ whose caches would not fit the RAM available now): one line, exit 2, before anyt
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,14 +43,15 @@ from ...engine.transfer.hot_cache import HotCache, check_settings
 from ...engine.model.layers import dn_state_shapes
 from ...engine.model.prefill_buffers import rotating_buffer_bytes
 from ...results import Run
-from ...shapes import ModelShape
-from ...params import BadInput, check_positive, gib, resolve_device
+from ...shapes import ModelShape, planned_shape
+from ...params import BadInput, fill_auto, gib, resolve_device
 from ... import sweep
+from .. import check_selection
+from . import SPEC
 from ..prefill.measure import apply_cap, check_cap
 
 EXPERIMENT = "capacity"
 REFERENCE_CAP_GIB = 24.0     # the reference box's per-card memory (3x RTX 3090)
-CPU_MAX_BATCH = 16           # a CPU steps a batch of thousands of tiny requests far too slowly to time
 RAM_SHARE = 0.9              # of the RAM available now, the most a timed batch may take (as the decode sweep)
 CONFIGS = {"none": "resident", "prefill": "resident", "both": "hot_cache"}
 
@@ -103,43 +103,26 @@ def fit(shape: ModelShape, ctx: int, cap: float, config: str, budget: int = 2048
 
 
 def check(p: dict) -> dict:
-    """Validate resolved parameters and decide the "auto" ones (one line before anything is allocated);
-    returns the parameters a plan records."""
+    """Decide the "auto" ones for this device and check what the SPEC cannot declare: the machine's memory,
+    what crosses parameters, the files named (one line before anything is allocated); returns the parameters
+    a plan records."""
     p = dict(p)
     dev = resolve_device(p["device"])
     p["device"] = str(dev)
-    if p["shape"] == "auto":
-        p["shape"] = "qwen3.8-flash-next" if dev.type == "cuda" else "tiny"
-    if p["context_len"] == 0:
-        p["context_len"] = 32 << 10 if dev.type == "cuda" else 256
+    fill_auto(SPEC, p, dev.type)      # shape, context_len, max_batch; then the declared bounds and choices
     if p["mem_cap_gib"] == 0:      # sized to the machine: never a cap the device does not have
         have = (torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda"
                 else psutil.virtual_memory().available / 4)
         p["mem_cap_gib"] = round(min(REFERENCE_CAP_GIB, have / 2**30), 2)
-    if p["max_batch"] == 0 and dev.type != "cuda":
-        p["max_batch"] = CPU_MAX_BATCH
-    try:
-        shape = ModelShape.from_name(p["shape"])
-    except ValueError as ex:
-        raise BadInput(str(ex)) from None
-    bad = [c for c in p["configs"] if c not in CONFIGS]
-    if bad or not p["configs"]:
-        raise BadInput(f"unknown config {bad[0] if bad else '(none)'}: choose from {', '.join(CONFIGS)}")
-    check_positive("context_len", [p["context_len"]])
-    check_positive("budget", [p["budget"]])
-    for k in ("steps", "repeats"):
-        check_positive(k, [p[k]])
-    if p["tpot_ms"] <= 0:
-        raise BadInput(f"tpot_ms must be > 0, got {p['tpot_ms']}")
-    if p["mem_cap_gib"] <= 0:
-        raise BadInput(f"mem_cap_gib must be > 0, got {p['mem_cap_gib']}")
+    shape = planned_shape(p["shape"])
+    if not p["configs"]:
+        raise BadInput(f"configs: none given; choose from {', '.join(CONFIGS)}")
     check_cap(p["mem_cap_gib"], shape, dev)
     try:
         check_settings(p["hot_capacity"], p["hot_policy"])
     except ValueError as ex:
         raise BadInput(str(ex)) from None
-    if p["selection"] != "indexer" and not p["selection"].startswith("trace:"):
-        raise BadInput(f"selection must be 'indexer' or 'trace:PATH', got {p['selection']!r}")
+    check_selection(p["selection"])
     for key, table in (("replay_run", "hot_replay.parquet"), ("decode_run", "metrics.parquet")):
         if p[key] and not (Path(p[key]) / table).is_file():
             raise BadInput(f"{key}={p[key]}: not a run folder with {table}")

@@ -8,47 +8,51 @@ plus prefill speed. The measuring code is `labkit.experiments.decode.measure`.
 from __future__ import annotations
 
 from ... import envs
-from ...engine.transfer import strategy_params
+from ...engine.transfer import STRATEGIES, strategy_params
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
-from .. import checked
+from ...shapes import REFERENCE_BUDGET
+from ... import lazy
+from .. import planner
 
 NAME = "decode"
 
 SPEC = [
     SHAPE.but(help="model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
     DEVICE.but(help="auto, cpu, cuda, cuda:N; several (cuda:0,cuda:1) split the layers over them"),
-    Param("strategies", "list[str]", ["resident", "per_row", "host_gather", "zero_copy"], "transfer strategies"),
-    Param("context_lens", "list[int]", "auto", "context lengths (tokens; 8K, 1M accepted)"),
-    Param("budgets", "list[int]", "auto", "indexer budgets; the first is the main table's"),
-    Param("concurrency", "list[int]", [1, 4], "concurrent requests per decode step"),
+    Param("strategies", "list[str]", ["resident", "per_row", "host_gather", "zero_copy"], "transfer strategies",
+          choices=lambda: tuple(STRATEGIES)),     # plugins register theirs on import
+    Param("context_lens", "list[int]", "auto", "context lengths (tokens; 8K, 1M accepted)", gt=0,
+          auto={"cuda": [8 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20],
+                "cpu": [256, 1024, 4096]}),
+    Param("budgets", "list[int]", "auto", "indexer budgets; the first is the main table's", gt=0,
+          auto={"cuda": [REFERENCE_BUDGET, 256, 512, 1024, 4096, 8192], "cpu": [64, 16, 256]}),
+    Param("concurrency", "list[int]", [1, 4], "concurrent requests per decode step", gt=0),
     Param("micro_batches", "list[int]", [1], "split each batch into this many micro-batches, pipelined over "
-          "the devices of a layer split (1: the stages take turns); main table only"),
-    Param("repeats", "int", 5, "timed repeats of `steps` steps"),
-    Param("steps", "int", 20, "decode steps per repeat"),
-    Param("prefill_lens", "list[int]", "auto", "prompt lengths for the prefill measurement (empty: none)"),
+          "the devices of a layer split (1: the stages take turns); main table only", gt=0),
+    Param("repeats", "int", 5, "timed repeats of `steps` steps", gt=0),
+    Param("steps", "int", 20, "decode steps per repeat", gt=0),
+    Param("prefill_lens", "list[int]", "auto", "prompt lengths for the prefill measurement (empty: none)", gt=0,
+          auto={"cuda": [248 << 10], "cpu": [2048]}),
     Param("budget_context", "int", 0, "context of the budget axis (0: the largest context)"),
     Param("selection", "str", "indexer", "indexer, or trace:PATH to replay recorded selections"),
     Param("per_row_steps", "int", 3, "steps (1 repeat) for slow strategies (per_row: ~0.4 s a step per request)"),
     Param("anatomy", "bool", True, "per point, where the step's time goes (phases marked inside one extra graph)"),
     *strategy_params(),        # each strategy's own settings, declared beside it
-    Param("select_block", "int", 1, "select whole aligned blocks of N positions (16: PulseInfer's; block_dma's units)"),
+    Param("select_block", "int", 1, "select whole aligned blocks of N positions (16: PulseInfer's; block_dma's units)",
+          ge=1),
     Param("probe", "bool", True, "measure the link limits first (contiguous, host_gather, zero_copy): the plots' bounds"),
     Param("link_gbps", "list[float]", [], "emulate slower host links: the zero-copy gather's reading programs cut "
           "until it moves a step's rows at this rate (GB/s, calibrated by a probe in this run; e.g. 25 for the "
-          "3090 box's PCIe 4.0); the grid once per rate after the native link, rows with predicted_step_ms"),
+          "3090 box's PCIe 4.0); the grid once per rate after the native link, rows with predicted_step_ms", gt=0),
     *envs.switch_params(),     # the engine's A/B switches: -p gemv=auto,off measures both in this run
     SEED,
     OUT_DIR,
 ]
 
 
-def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from .measure import check
-        return check
-    return checked(NAME, SPEC, given, check)
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from . import measure as decode
-    return decode.run_sweep(decode.derive(plan.params), progress_bar=progress_bar)
+    return measuring.run_sweep(measuring.derive(plan.params), progress_bar=progress_bar)

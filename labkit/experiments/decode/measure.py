@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 import psutil
 import torch
@@ -29,22 +28,19 @@ from ...engine.model.cache import PAGE_SIZE, build_on_devices
 from ...engine.drive.pipeline import PipelineRunner, bubbles, device_guard, micro_batch_ranges, model_block_costs, place_layers, split_model, staged_prefill
 from ...engine.transfer import STRATEGIES, setting_names
 from ...results import Run
-from ...shapes import REFERENCE_BUDGET, ModelShape
+from ...shapes import ModelShape, planned_shape
 from ...stats import spread
 from ...telemetry import Sampler
-from ...params import BadInput, check_positive, gib, one_line, resolve_device
+from ...params import BadInput, check_positive, fill_auto, gib, one_line, resolve_device
 from ..probe.measure import hbm_read_gbps, run_probe
 from ... import sweep
+from .. import check_selection
+from . import SPEC
 from ...engine.drive.runner import DecodeRunner
 
 EXPERIMENT = "decode"
 
 
-AUTO = {
-    "cuda": {"shape": "qwen3.8-flash-next", "context_lens": [8 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20],
-             "budgets": [REFERENCE_BUDGET, 256, 512, 1024, 4096, 8192], "prefill_lens": [248 << 10]},
-    "cpu": {"shape": "tiny", "context_lens": [256, 1024, 4096], "budgets": [64, 16, 256], "prefill_lens": [2048]},
-}
 MARGIN = 64          # tokens of cache beyond a point's context and its warm-up + timed steps (see margin)
 ANATOMY_STEPS = 3    # marked steps per point (the anatomy is their per-phase median)
 
@@ -93,27 +89,17 @@ def check(p: dict) -> dict:
         raise BadInput(f"device={p['device']}: mix of device types; use cuda:N,... or cpu,...")
     if len(devs) > 1 and devs[0].type == "cuda" and len(set(devs)) < len(devs):
         raise BadInput(f"device={p['device']}: a GPU is listed twice")
-    auto = AUTO["cuda" if devs[0].type == "cuda" else "cpu"]
-    for k in ("shape", "context_lens", "budgets", "prefill_lens"):
-        if p[k] == "auto":
-            p[k] = auto[k]
     p["device"] = ",".join(str(d) for d in devs)
-    try:
-        shape = ModelShape.from_name(p["shape"])
-    except ValueError as ex:
-        raise BadInput(str(ex)) from None
-    unknown = [s for s in p["strategies"] if s not in STRATEGIES]
-    if unknown or not p["strategies"]:
-        raise BadInput(f"unknown strategy {unknown[0] if unknown else '(none)'}: choose from {', '.join(STRATEGIES)}")
+    fill_auto(SPEC, p, devs[0].type)     # shape, contexts, budgets, prompts; then the declared bounds and choices
+    shape = planned_shape(p["shape"])
+    if not p["strategies"]:
+        raise BadInput(f"strategies: none given; choose from {', '.join(STRATEGIES)}")
     if not p["context_lens"] or not p["budgets"] or not p["concurrency"]:
         raise BadInput("context_lens, budgets and concurrency need at least one value each")
-    for name in ("budgets", "context_lens", "concurrency", "micro_batches"):
-        check_positive(name, p[name])
     if not p["micro_batches"]:
         p["micro_batches"] = [1]
-    for name in ("repeats", "steps", "gather_rows_per_prog", "gather_num_warps"):
+    for name in ("gather_rows_per_prog", "gather_num_warps"):       # zero_copy's settings, declared beside it
         check_positive(name, [p[name]])
-    check_positive("prefill_lens", p["prefill_lens"] or [1])
     settings = {k: p[k] for k in setting_names()}
     for s in p["strategies"]:
         try:
@@ -123,18 +109,14 @@ def check(p: dict) -> dict:
     if "hot_cache" in p["strategies"]:
         _check_hot_capacity(p, shape, devs[0])
     sb = p["select_block"]
-    if sb < 1 or any(b % sb for b in p["budgets"]) or PAGE_SIZE % sb:
-        raise BadInput(f"select_block must be >= 1 and divide every budget and the page size {PAGE_SIZE}, got {sb}")
-    if p["selection"] != "indexer" and not p["selection"].startswith("trace:"):
-        raise BadInput(f"selection must be 'indexer' or 'trace:PATH', got {p['selection']!r}")
-    if p["selection"].startswith("trace:") and not Path(p["selection"][6:]).is_file():
-        raise BadInput(f"selection trace {p['selection'][6:]} does not exist")
+    if any(b % sb for b in p["budgets"]) or PAGE_SIZE % sb:
+        raise BadInput(f"select_block must divide every budget and the page size {PAGE_SIZE}, got {sb}")
+    check_selection(p["selection"])
     if p["budget_context"] == 0:
         p["budget_context"] = max(p["context_lens"])
     if len(devs) > shape.layers:
         raise BadInput(f"{len(devs)} devices for a shape of {shape.layers} layers")
     envs.check_switch_params(p)
-    check_positive("link_gbps", p.get("link_gbps") or [1])
     if p.get("link_gbps") and "zero_copy" not in p["strategies"]:
         raise BadInput("link_gbps emulates the link under zero_copy's gather: add zero_copy to strategies")
     pl = derive(p)
@@ -267,43 +249,15 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     stage_caches = caches.get(strat.medium, conc, ctx)
     for cache in stage_caches:
         cache.lens[:conc] = ctx
-    grid = []
-    for first, size in micro_batch_ranges(conc, pt.micro_batches):
-        row, first_attn = [], 0
-        for stage, cache in zip(stages, stage_caches):
-            engine = Engine(stage, cache, get_strategy(pt.strategy, **pl.settings), pt.budget,
-                            select_block=pl.params["select_block"])
-            tr = None if trace is None else trace[:, first_attn:first_attn + stage.n_attn]
-            first_attn += stage.n_attn
-            with device_guard(stage.device):
-                row.append(DecodeRunner(engine, size, trace=tr, max_steps=pl.margin, first=first))
-        grid.append(row)
-    runners = [r for row in grid for r in row]
-    runner = runners[0] if len(runners) == 1 else PipelineRunner(grid)
+    runner, runners = _runners(stages, stage_caches, pt, pl, trace)
     slow = strat.slow             # ~0.4 s a step per request (per_row): fewer steps, one repeat, no anatomy
     steps, repeats = (p["per_row_steps"], 1) if slow else (p["steps"], p["repeats"])
     with device_guard(dev):
         runner.prepare(warmup=1 if slow else 2)
     cuda = dev.type == "cuda"
     counted = [r.engine.strategy.counters() for r in runners]    # hot_cache: device counts before the timed steps
-    times, rx, tx = [], 0.0, 0.0
-    rx_ok = True
     t_start = time.time()
-    n_gpu = len(tel.handles) if tel.enabled else 0
-    per_gpu = [[0.0, 0.0] for _ in range(n_gpu if n_gpu > 1 else 0)]
-    for _ in range(repeats):
-        a = tel.mark()
-        with device_guard(dev):       # the timing events on the first stage's device, where a step starts and ends
-            times += sweep.event_ms(runner.step, steps, dev, mode="chained")   # consecutive steps, no gap
-        b = tel.mark()
-        rs = [tel.rx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
-        ts = [tel.tx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
-        rx_ok = rx_ok and all(r is not None for r in rs)
-        rx += sum(r or 0.0 for r in rs)
-        tx += sum(t or 0.0 for t in ts)
-        for g, acc in enumerate(per_gpu):
-            acc[0] += rs[g] or 0.0
-            acc[1] += ts[g] or 0.0
+    times, rx, tx, rx_ok, per_gpu = _timed_steps(runner, dev, tel, steps, repeats)
     n = len(times)
     t = spread(times)
     used_kv = conc * ctx * shape.kv_bytes_per_token()
@@ -343,23 +297,75 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
         rec[f"nvml_rx_bytes_per_step_gpu{i}"] = a_rx / n
         rec[f"nvml_tx_bytes_per_step_gpu{i}"] = a_tx / n
     if isinstance(runner, PipelineRunner):
-        # each stage's engine-counted link bytes (beside its GPU's NVML RX), and the overlap of a step
-        for i, b in enumerate(runner.stage_h2d_bytes_per_step()):
-            rec[f"h2d_bytes_per_step_stage{i}"] = b
-        spans = runner.timeline(steps=4)
-        rec.update(bubbles(spans))
-        if timeline is not None:
-            timeline += [{**asdict(pt), **s} for s in spans]
+        rec.update(_pipeline_fields(runner, pt, timeline))
     if p["anatomy"] and not slow and pt.micro_batches == 1:   # phases of overlapped micro-batches do not add up
-        with device_guard(dev):
-            anat = runner.anatomy(repeats=ANATOMY_STEPS)
-        phases = {k: v for k, v in anat.items() if k not in ("marked_step_ms", "mark_us", "n_marks")}
-        rec.update({f"anat_{k}_ms": v for k, v in phases.items()})
-        rec.update(anat_marked_step_ms=anat["marked_step_ms"], anat_mark_us=anat["mark_us"], anat_marks=anat["n_marks"])
-        # The corrected phases against the unmarked step (1.0: they account for it exactly); the
-        # anatomy is trusted where this stays within 5% (targets.py).
-        rec["anat_closure"] = sum(phases.values()) / t.median
+        rec.update(_anatomy_fields(runner, dev, t.median))
     del runner, runners
+    return rec
+
+
+def _runners(stages: list, stage_caches: list, pt: Point, pl: DecodePlan, trace) -> tuple:
+    """(the runner a point times, every DecodeRunner under it): one per micro-batch and stage, a PipelineRunner
+    over them when there are several; each stage replays its layers' share of a selection trace."""
+    grid = []
+    for first, size in micro_batch_ranges(pt.concurrency, pt.micro_batches):
+        row, first_attn = [], 0
+        for stage, cache in zip(stages, stage_caches):
+            engine = Engine(stage, cache, get_strategy(pt.strategy, **pl.settings), pt.budget,
+                            select_block=pl.params["select_block"])
+            tr = None if trace is None else trace[:, first_attn:first_attn + stage.n_attn]
+            first_attn += stage.n_attn
+            with device_guard(stage.device):
+                row.append(DecodeRunner(engine, size, trace=tr, max_steps=pl.margin, first=first))
+        grid.append(row)
+    runners = [r for row in grid for r in row]
+    return (runners[0] if len(runners) == 1 else PipelineRunner(grid)), runners
+
+
+def _timed_steps(runner, dev: torch.device, tel: Sampler, steps: int, repeats: int) -> tuple:
+    """`repeats` runs of `steps` consecutive steps: (step times in ms, NVML RX and TX bytes over them summed over
+    the sampled GPUs, whether every window could be read, each GPU's [rx, tx] when several are sampled)."""
+    times, rx, tx = [], 0.0, 0.0
+    rx_ok = True
+    n_gpu = len(tel.handles) if tel.enabled else 0
+    per_gpu = [[0.0, 0.0] for _ in range(n_gpu if n_gpu > 1 else 0)]
+    for _ in range(repeats):
+        a = tel.mark()
+        with device_guard(dev):       # the timing events on the first stage's device, where a step starts and ends
+            times += sweep.event_ms(runner.step, steps, dev, mode="chained")   # consecutive steps, no gap
+        b = tel.mark()
+        rs = [tel.rx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
+        ts = [tel.tx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
+        rx_ok = rx_ok and all(r is not None for r in rs)
+        rx += sum(r or 0.0 for r in rs)
+        tx += sum(t or 0.0 for t in ts)
+        for g, acc in enumerate(per_gpu):
+            acc[0] += rs[g] or 0.0
+            acc[1] += ts[g] or 0.0
+    return times, rx, tx, rx_ok, per_gpu
+
+
+def _pipeline_fields(runner: PipelineRunner, pt: Point, timeline: list | None) -> dict:
+    """Each stage's engine-counted link bytes (beside its GPU's NVML RX) and the overlap of a step; the step's
+    spans go to `timeline`."""
+    rec = {f"h2d_bytes_per_step_stage{i}": b for i, b in enumerate(runner.stage_h2d_bytes_per_step())}
+    spans = runner.timeline(steps=4)
+    rec.update(bubbles(spans))
+    if timeline is not None:
+        timeline += [{**asdict(pt), **s} for s in spans]
+    return rec
+
+
+def _anatomy_fields(runner, dev: torch.device, step_ms: float) -> dict:
+    """Where the step's time goes: its phases, marked inside extra steps."""
+    with device_guard(dev):
+        anat = runner.anatomy(repeats=ANATOMY_STEPS)
+    phases = {k: v for k, v in anat.items() if k not in ("marked_step_ms", "mark_us", "n_marks")}
+    rec = {f"anat_{k}_ms": v for k, v in phases.items()}
+    rec.update(anat_marked_step_ms=anat["marked_step_ms"], anat_mark_us=anat["mark_us"], anat_marks=anat["n_marks"])
+    # The corrected phases against the unmarked step (1.0: they account for it exactly); the
+    # anatomy is trusted where this stays within 5% (targets.py).
+    rec["anat_closure"] = sum(phases.values()) / step_ms
     return rec
 
 

@@ -3,36 +3,39 @@ pipelined micro-batches, the zero-copy gather's scaling when every GPU pulls ove
 activation hand-off between stages. Code: `labkit.experiments.multigpu.measure`."""
 from __future__ import annotations
 
+from ...engine.transfer import STRATEGIES
 from ...params import OUT_DIR, SEED, SHAPE, Param, Plan
-from .. import checked
+from ...shapes import REFERENCE_BUDGET
+from ... import lazy
+from .. import planner
 
 NAME = "multigpu"
 
 SPEC = [
     Param("devices", "str", "auto", "devices to split over (auto: every GPU; cpu,cpu on a CPU)"),
     SHAPE.but(help="model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
-    Param("strategies", "list[str]", ["resident", "zero_copy"], "transfer strategies"),
-    Param("context_lens", "list[int]", "auto", "context lengths (tokens; 64K, 1M accepted)"),
-    Param("concurrency", "list[int]", [1, 4, 8], "concurrent requests per decode step"),
-    Param("micro_batches", "list[int]", [2], "the pipelined layouts: micro-batches in flight (0: none)"),
-    Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 64 on CPU)"),
-    Param("repeats", "int", 3, "timed repeats of `steps` steps"),
-    Param("steps", "int", 10, "decode steps per repeat"),
-    Param("gather_pool_gib", "float", 0.0, "per-GPU pinned pool of the gather rows (0: 8 GiB on CUDA, 0.05 on CPU)"),
-    Param("gather_repeats", "int", 20, "timed gather steps per GPU and mode"),
+    Param("strategies", "list[str]", ["resident", "zero_copy"], "transfer strategies",
+          choices=lambda: tuple(STRATEGIES)),
+    Param("context_lens", "list[int]", "auto", "context lengths (tokens; 64K, 1M accepted)", gt=0,
+          auto={"cuda": [64 << 10, 1 << 20], "cpu": [256, 1024]}),
+    Param("concurrency", "list[int]", [1, 4, 8], "concurrent requests per decode step", gt=0),
+    Param("micro_batches", "list[int]", [2], "the pipelined layouts: micro-batches in flight (0: none)", ge=0),
+    Param("budget", "int", "auto", f"indexer budget (auto: {REFERENCE_BUDGET} on CUDA, 64 on CPU)", gt=0,
+          auto={"cuda": REFERENCE_BUDGET, "cpu": 64}),
+    Param("repeats", "int", 3, "timed repeats of `steps` steps", gt=0),
+    Param("steps", "int", 10, "decode steps per repeat", gt=0),
+    Param("gather_pool_gib", "float", 0.0, "per-GPU pinned pool of the gather rows (0: 8 GiB on CUDA, 0.05 on CPU)",
+          gt=0, auto={"cuda": 8.0, "cpu": 0.05}),
+    Param("gather_repeats", "int", 20, "timed gather steps per GPU and mode", gt=0),
     Param("anatomy", "bool", False, "the step anatomy of 1gpu and split points (costs ~8 steps a point)"),
     SEED,
     OUT_DIR,
 ]
 
 
-def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from .measure import check
-        return check
-    return checked(NAME, SPEC, given, check)
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from . import measure as multigpu
-    return multigpu.run(dict(plan.params), progress_bar=progress_bar)
+    return measuring.run(dict(plan.params), progress_bar=progress_bar)

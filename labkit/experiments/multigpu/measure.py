@@ -31,13 +31,12 @@ from ...results import Run
 from ...stats import spread
 from ...telemetry import Sampler
 from ..decode import measure as decode
-from ...shapes import REFERENCE_BUDGET
-from ...params import BadInput, check_positive, resolve_device
+from ...params import BadInput, fill_auto, resolve_device
 from ..probe.measure import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
 from ... import sweep
+from . import SPEC
 
 EXPERIMENT = "multigpu"
-AUTO_CONTEXT = {"cuda": [64 << 10, 1 << 20], "cpu": [256, 1024]}
 
 
 def check(p: dict) -> dict:
@@ -53,17 +52,7 @@ def check(p: dict) -> dict:
     # plan), it is a run of the 1gpu layout and the link alone: nothing to split, nothing failed.
     if len(devs) < 2 and not auto:
         raise BadInput(f"devices={p['devices']}: a split needs at least two devices")
-    cuda = devs[0].type == "cuda"
-    check_positive("concurrency", p["concurrency"])
-    for k in ("repeats", "steps", "gather_repeats"):
-        check_positive(k, [p[k]])
-    if any(m < 0 for m in p["micro_batches"]):
-        raise BadInput(f"micro_batches must be >= 0, got {p['micro_batches']}")
-    if p["context_lens"] == "auto":
-        p["context_lens"] = AUTO_CONTEXT["cuda" if cuda else "cpu"]
-    if p["budget"] in ("auto", 0):
-        p["budget"] = REFERENCE_BUDGET if cuda else 64
-    p["gather_pool_gib"] = p["gather_pool_gib"] or (8.0 if cuda else 0.05)
+    fill_auto(SPEC, p, devs[0].type)     # contexts, budget, gather pool; then the declared bounds and choices
     common = dict(shape=p["shape"], strategies=p["strategies"], context_lens=p["context_lens"], budgets=[p["budget"]],
                   concurrency=p["concurrency"], repeats=p["repeats"], steps=p["steps"], prefill_lens=[], probe=False,
                   anatomy=p["anatomy"], seed=p["seed"])
@@ -90,74 +79,19 @@ def gather_scaling(devices: list[torch.device], pool_gib: float, repeats: int) -
     zc = ZeroCopy()
     step_bytes = LAYERS * BUDGET * ROW_BYTES
     launch = [gather_step(zc, pool, idx, dst) for pool, idx, dst, _ in built]     # one decode step's gathers per GPU
-
-    cuda = devices[0].type == "cuda"
-
-    def sync():
-        for d in devices:
-            if cuda:
-                torch.cuda.synchronize(d)
-
-    # Each GPU's step as one CUDA graph, as a decode step runs it: replays cost the issuing thread
-    # ~10 us, so issuing to both GPUs from one thread keeps both busy (12 launches from Python per step
-    # and GPU would not: the first measurement here was host-bound at 1.56x).
-    for i, d in enumerate(devices):   # eager once first: kernels compiled outside any capture
-        with device_guard(d):
-            launch[i]()
-    sync()
-    graphs = []
-    for i, d in enumerate(devices):
-        if not cuda:
-            graphs.append(launch[i])
-            continue
-        with device_guard(d):
-            g, side = torch.cuda.CUDAGraph(), torch.cuda.Stream(device=d)
-            with torch.cuda.graph(g, stream=side):
-                launch[i]()
-            graphs.append(g.replay)
-    sync()
-
-    def timed(which: list[int]) -> tuple[dict[int, list[float]], float]:
-        """ms per step on each GPU in `which` (its own events), issued round-robin; and the wall time."""
-        ev = {i: [] for i in which}
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            for i in which:
-                with device_guard(devices[i]):
-                    if cuda:
-                        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        a.record()
-                        graphs[i]()
-                        b.record()
-                        ev[i].append((a, b))
-                    else:
-                        s = time.perf_counter()
-                        graphs[i]()
-                        ev[i].append(time.perf_counter() - s)
-        sync()
-        wall = time.perf_counter() - t0
-        ms = {i: [a.elapsed_time(b) for a, b in e] if cuda else [x * 1e3 for x in e] for i, e in ev.items()}
-        return ms, wall
-
+    graphs = _step_graphs(devices, launch)
     for i in range(len(devices)):     # warm-up: pages touched, clocks up
         with device_guard(devices[i]):
             graphs[i]()
-    sync()
+    _sync(devices)
     out = []
     for i, d in enumerate(devices):
-        ms, _ = timed([i])
-        t = spread(ms[i])
-        out.append(dict(experiment="gather", status="ok", mode="alone", device=str(d), gpu=i, step_bytes=step_bytes,
-                        ms_median=t.median, ms_min=t.min, ms_max=t.max, gbps=step_bytes / (t.median / 1e3) / 1e9,
-                        pool_bytes=built[i][0].nbytes))
-    ms, wall = timed(list(range(len(devices))))
+        ms, _ = _timed_round_robin(devices, graphs, [i], repeats)
+        out.append(_gather_row("alone", d, i, step_bytes, ms[i], built[i][0].nbytes))
+    ms, wall = _timed_round_robin(devices, graphs, list(range(len(devices))), repeats)
     agg = len(devices) * repeats * step_bytes / wall / 1e9
     for i, d in enumerate(devices):
-        t = spread(ms[i])
-        out.append(dict(experiment="gather", status="ok", mode="together", device=str(d), gpu=i, step_bytes=step_bytes,
-                        ms_median=t.median, ms_min=t.min, ms_max=t.max, gbps=step_bytes / (t.median / 1e3) / 1e9,
-                        gbps_aggregate=agg, pool_bytes=built[i][0].nbytes))
+        out.append(_gather_row("together", d, i, step_bytes, ms[i], built[i][0].nbytes, gbps_aggregate=agg))
     ok = all(torch.equal(dst.cpu(), torch.stack([pool.data[l][ix[l]] for l in range(LAYERS)]))
              for pool, _, dst, ix in built)
     for r in out:
@@ -165,6 +99,68 @@ def gather_scaling(devices: list[torch.device], pool_gib: float, repeats: int) -
     built.clear()          # the pinned pools go with this frame
     gc.collect()
     return out
+
+
+def _sync(devices: list[torch.device]) -> None:
+    for d in devices:
+        if devices[0].type == "cuda":
+            torch.cuda.synchronize(d)
+
+
+def _step_graphs(devices: list[torch.device], launch: list) -> list:
+    """Each GPU's step as one CUDA graph, as a decode step runs it: replays cost the issuing thread ~10 us, so
+    issuing to both GPUs from one thread keeps both busy (12 launches from Python per step and GPU would not:
+    the first measurement here was host-bound at 1.56x). On a CPU, the eager calls."""
+    for i, d in enumerate(devices):   # eager once first: kernels compiled outside any capture
+        with device_guard(d):
+            launch[i]()
+    _sync(devices)
+    graphs = []
+    for i, d in enumerate(devices):
+        if devices[0].type != "cuda":
+            graphs.append(launch[i])
+            continue
+        with device_guard(d):
+            g, side = torch.cuda.CUDAGraph(), torch.cuda.Stream(device=d)
+            with torch.cuda.graph(g, stream=side):
+                launch[i]()
+            graphs.append(g.replay)
+    _sync(devices)
+    return graphs
+
+
+def _timed_round_robin(devices: list[torch.device], graphs: list, which: list[int],
+                       repeats: int) -> tuple[dict[int, list[float]], float]:
+    """ms per step on each GPU in `which` (its own events), issued round-robin; and the wall time."""
+    cuda = devices[0].type == "cuda"
+    ev = {i: [] for i in which}
+    _sync(devices)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        for i in which:
+            with device_guard(devices[i]):
+                if cuda:
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    graphs[i]()
+                    b.record()
+                    ev[i].append((a, b))
+                else:
+                    s = time.perf_counter()
+                    graphs[i]()
+                    ev[i].append(time.perf_counter() - s)
+    _sync(devices)
+    wall = time.perf_counter() - t0
+    ms = {i: [a.elapsed_time(b) for a, b in e] if cuda else [x * 1e3 for x in e] for i, e in ev.items()}
+    return ms, wall
+
+
+def _gather_row(mode: str, d: torch.device, i: int, step_bytes: int, ms: list[float], pool_bytes: int,
+                **extra) -> dict:
+    t = spread(ms)
+    return dict(experiment="gather", status="ok", mode=mode, device=str(d), gpu=i, step_bytes=step_bytes,
+                ms_median=t.median, ms_min=t.min, ms_max=t.max, gbps=step_bytes / (t.median / 1e3) / 1e9,
+                **extra, pool_bytes=pool_bytes)
 
 
 # ---------------------------------------------------------------------------------------------- hand-off

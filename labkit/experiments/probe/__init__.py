@@ -4,7 +4,8 @@ the selection kernels' speed. Every speed plot of the lab draws its bound from t
 from __future__ import annotations
 
 from ...params import DEVICE, OUT_DIR, Param, Plan
-from .. import checked
+from ... import lazy
+from .. import planner
 
 NAME = "probe"
 
@@ -16,13 +17,9 @@ SPEC = [
 ]
 
 
-def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from .measure import check
-        return check
-    return checked(NAME, SPEC, given, check)
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from . import measure as probe
-    return probe.run(dict(plan.params), progress_bar=progress_bar)
+    return measuring.run(dict(plan.params), progress_bar=progress_bar)
