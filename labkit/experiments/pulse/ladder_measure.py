@@ -265,16 +265,33 @@ def run(p: dict, progress_bar: bool = False):
     def record(row: dict) -> None:
         run.add({k: v for k, v in row.items() if k != "run_id"})
 
-    if p["warmup"]:                   # one policy of each rung (the candidates of a rung share its configuration)
-        one = {}
-        for pol in W.planned(wp, "calibration", {}) + W.planned(wp, "test", {}):
-            one.setdefault(rung_of(pol), pol)
-        run.update_manifest(warmup_s=round(_warm_up(p, model, list(one.values())), 2))
+    if p["warmup"]:
+        run.update_manifest(warmup_s=_warm_rungs(p, wp, model))
     earlier = before.get("metrics") if before else None
     fitted = {arm: arm for arm, c in W.candidates(wp).items() if c}
     total = sum(len(W.planned(wp, b["role"], fitted)) for b in bounds)
     with sweep.bar(total, EXPERIMENT, progress_bar) as bar:
         out = W.replay_windows(wp, bounds, replay, record, earlier=earlier, t0=t0)
+    _close(run, out, before, reqs, wp, roles)
+    sweep.headline(sweep.summary_lines(lambda: headline(run.path)), progress_bar, EXPERIMENT)
+    return run
+
+
+def _warm_rungs(p: dict, wp: dict, model) -> float:
+    """Untimed replays of one policy of each rung (the candidates of a rung share its configuration); seconds."""
+    from ...stats import windows as W
+    one: dict[str, str] = {}
+    for pol in W.planned(wp, "calibration", {}) + W.planned(wp, "test", {}):
+        one.setdefault(rung_of(pol), pol)
+    return round(_warm_up(p, model, list(one.values())), 2)
+
+
+def _close(run, out: dict, before: dict | None, reqs: list, wp: dict, roles: dict) -> None:
+    """The run's tables once the windows are replayed (the kept windows' requests first), and its status: a run
+    stopped at its deadline says which windows a resume still has to replay."""
+    import pandas as pd
+
+    from ...stats import windows as W
     if out["kept"] and before and len(before.get("requests", [])):
         old = before["requests"]
         reqs[:0] = old[old["window"].isin(out["kept"])].to_dict("records")
@@ -290,8 +307,6 @@ def run(p: dict, progress_bar: bool = False):
         run.finish(error=f"{out['stopped']}: windows {', '.join(map(str, left))} not replayed (resume=auto continues)")
     else:
         run.finish()
-    sweep.headline(sweep.summary_lines(lambda: headline(run.path)), progress_bar, EXPERIMENT)
-    return run
 
 
 def ladder_ratios(m, wp: dict, chosen: dict, roles: dict):
