@@ -188,7 +188,6 @@ LONG_FUNCTIONS = {
     "labkit/experiments/pulse/scaling_measure.py:scaling": "PulseInfer's scaling measurement, being reworked there",
     "labkit/experiments/pulse/blocks_measure.py:block_probe": "PulseInfer's block probe, being reworked there",
     "labkit/experiments/pulse/replay_measure.py:run": "PulseInfer's trace replay, being reworked there",
-    "labkit/crossmodel/experiment.py:run_xfer": "the cross-model run, being reworked there",
 }
 
 

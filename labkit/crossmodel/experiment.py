@@ -230,12 +230,9 @@ def run_xfer(given: dict, run=None, log=print):
     from labkit import sweep
     from labkit.crossmodel import quality as q
     from labkit.crossmodel import shm
-    from labkit.crossmodel.pair import plan_pair
-    from labkit.crossmodel.mapped_cache import load_models
 
-    from labkit.crossmodel.pair import plan_pair
     p = dict(given)           # checked by `experiments.xfer.plan`
-    pair = p.pop("_pair", None) or plan_pair(p["large"], p["small"], p["layer_table"] or None)
+    p.pop("_pair", None)      # the plan's resolved pair; the models stage derives the small model from it again
     shown = log is not None
     log = log or (lambda *a, **k: None)
     if run is None:
@@ -252,31 +249,10 @@ def run_xfer(given: dict, run=None, log=print):
     t_start = time.perf_counter()
     try:
         stage("models")
-        pair = plan_pair(p["large"], p["small"], p["layer_table"] or None, derive=True)
-        models = load_models(pair, dtype=getattr(torch, p["dtype"]))
-        run.update_manifest(pair=pair.to_dict(), small_note=(
-            f"small model = the large model's first {pair.shared_layers} layers + final norm + head (no training); "
-            f"layers 0..{pair.shared_layers - 1} are copied exactly, {pair.shared_layers}..{pair.large.layers - 1} mapped")
-            if pair.shared_layers else "")
-        from labkit.crossmodel import heldout
-        from labkit.crossmodel.mapped_cache import calibration_chunks
-        calib = calibration_chunks(models.tokenizer, p["corpora"], p["calib_seq_len"], p["calib_tokens"],
-                                   val_by=p["calib_val"])
-        seqs = q.eval_sequences(models.tokenizer, p["corpora"], p["prompt_len"] + p["cont_len"], p["n_sequences"],
-                                seed=p["eval_seed"])
-        heldout.check_disjoint(calib, seqs)   # no evaluation window from a calibration document or family
-        run.update_manifest(split=heldout.split_record(calib, seqs, p["eval_seed"], heldout.overlap(calib, seqs)))
+        models, calib, seqs = _models_and_texts(p, run)
         stage("mapper")
         mp, mpath, fitted = get_mapper(p, models, log=log, calib=calib)
-        sha = heldout.calib_sha(calib)
-        run.update_manifest(split=dict(run.manifest["split"], mapper_fitted_on_this_calibration=all(
-            (mp.corpus or {}).get(k) == v for k, v in sha.items())))
-        run.update_manifest(mapper={"path": str(mpath), "bytes": mpath.stat().st_size, "fitted_in_this_run": fitted,
-                                    "features": str(mp.features), "rope": mp.rope, "rank": mp.rank,
-                                    "macs_per_token": mp.macs_per_token(), "corpus": mp.corpus})
-        run.write_table("mapper_fit", pd.DataFrame(
-            [{"layer": l_, "lambda_k": mp.lambda_kv(l_)[0], "lambda_v": mp.lambda_kv(l_)[1], "r2_val_k": mp.r2_val[l_][0],
-              "r2_val_v": mp.r2_val[l_][1]} for l_ in sorted(mp.weights)]))
+        _record_mapper(run, mp, mpath, fitted, calib)
 
         def on_row(row):
             run.add(dict(base, kind="quality", backend="transformers", strategy=row["mode"], status="ok", error=None,
@@ -309,6 +285,42 @@ def run_xfer(given: dict, run=None, log=print):
     run.finish(wall_compute_s=round(time.perf_counter() - t_start, 1))
     sweep.headline(sweep.summary_lines(lambda: closing_lines(run)), shown, EXPERIMENT)
     return run
+
+
+def _models_and_texts(p: dict, run):
+    """The pair's models, the calibration chunks and the held-out evaluation sequences (disjoint by document and
+    family), recorded in the manifest."""
+    from labkit.crossmodel import heldout
+    from labkit.crossmodel import quality as q
+    from labkit.crossmodel.mapped_cache import calibration_chunks, load_models
+    from labkit.crossmodel.pair import plan_pair
+    pair = plan_pair(p["large"], p["small"], p["layer_table"] or None, derive=True)
+    models = load_models(pair, dtype=getattr(torch, p["dtype"]))
+    run.update_manifest(pair=pair.to_dict(), small_note=(
+        f"small model = the large model's first {pair.shared_layers} layers + final norm + head (no training); "
+        f"layers 0..{pair.shared_layers - 1} are copied exactly, {pair.shared_layers}..{pair.large.layers - 1} mapped")
+        if pair.shared_layers else "")
+    calib = calibration_chunks(models.tokenizer, p["corpora"], p["calib_seq_len"], p["calib_tokens"],
+                               val_by=p["calib_val"])
+    seqs = q.eval_sequences(models.tokenizer, p["corpora"], p["prompt_len"] + p["cont_len"], p["n_sequences"],
+                            seed=p["eval_seed"])
+    heldout.check_disjoint(calib, seqs)   # no evaluation window from a calibration document or family
+    run.update_manifest(split=heldout.split_record(calib, seqs, p["eval_seed"], heldout.overlap(calib, seqs)))
+    return models, calib, seqs
+
+
+def _record_mapper(run, mp, mpath, fitted: bool, calib) -> None:
+    """What the mapper is and how it was fitted, into the manifest and the `mapper_fit` table."""
+    from labkit.crossmodel import heldout
+    sha = heldout.calib_sha(calib)
+    run.update_manifest(split=dict(run.manifest["split"], mapper_fitted_on_this_calibration=all(
+        (mp.corpus or {}).get(k) == v for k, v in sha.items())))
+    run.update_manifest(mapper={"path": str(mpath), "bytes": mpath.stat().st_size, "fitted_in_this_run": fitted,
+                                "features": str(mp.features), "rope": mp.rope, "rank": mp.rank,
+                                "macs_per_token": mp.macs_per_token(), "corpus": mp.corpus})
+    run.write_table("mapper_fit", pd.DataFrame(
+        [{"layer": l_, "lambda_k": mp.lambda_kv(l_)[0], "lambda_v": mp.lambda_kv(l_)[1], "r2_val_k": mp.r2_val[l_][0],
+          "r2_val_v": mp.r2_val[l_][1]} for l_ in sorted(mp.weights)]))
 
 
 def closing_lines(run) -> list[str]:
