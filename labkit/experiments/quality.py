@@ -1,7 +1,7 @@
 """`labkit run quality`: what top-k selection costs a real model (SmolLM2-135M ships with the lab): perplexity
 and recall against dense attention per selection policy (oracle, shared oracle, a trained indexer, retrieval
 heads), budget and granularity (tokens, blocks of 16), on code, prose and structured YAML, with 95% bootstrap
-intervals over the evaluation sequences, plus the selection traces the engine and the hot cache replay.
+intervals over the evaluation sequences, with the prefix prefilled densely or under the same selection, plus the selection traces the engine and the hot cache replay.
 Code: `labkit.quality.experiment`."""
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ SPEC = [
           "pydoc (Python's documentation topics, shipped with the interpreter: modern English prose)"),
     Param("budgets", "list[int]", [64, 256, 1024], "top-k budgets (the dense 'full' reference is always measured)"),
     Param("policies", "list[str]", ["oracle", "oracle_shared", "indexer", "retrieval_head"], "selection policies"),
+    Param("protocol", "list[str]", ["dense_prefill"],
+          "dense_prefill: the prefix prefilled densely, the last eval_tokens decoded with the policy; sparse_prefill: "
+          "the prefix prefilled with the same policy and budget too (each row attends to its top-budget past)"),
     Param("seq_len", "int", 2048, "tokens per evaluation sequence (2K-8K; 2K keeps 48 sequences near 40 min of 2 CPU cores)"),
     Param("n_sequences", "int", 16, "evaluation sequences per corpus, drawn from the eval split (>= 2: intervals are over sequences)"),
     SEED.but(help="seed of the evaluation-sequence draw (recorded; one seed, one set of sequences)"),

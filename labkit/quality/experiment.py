@@ -10,12 +10,15 @@ see `SPEC`. Steps, each writing into the run folder as it goes:
 3. calibrate what the policies need on the *calibration* split: the indexer projections (one fit over
    the calibration text of every corpus of the run) and the retrieval heads (mid-context attention
    share per head) -> `head_share.parquet` (split column), `retrieval_heads.parquet`;
-4. the table: per evaluation sequence, dense prefill + sparse decode of the last `eval_tokens` tokens per
-   (policy, budget) at granularity `block`, and per (policy, block_budget) at each of `block_variants`
-   -> one `metrics.parquet` row each (DESIGN columns + corpus, document, start, policy, budget, block,
-   selection, nll_sum, nll_dense, n_tokens, ppl, ppl_dense, ppl_ratio, mass_recall, oracle_overlap,
-   indexer_recall); `quality_summary.parquet` per (corpus, policy, block, budget): pooled perplexity
-   ratio and recalls with 95% bootstrap intervals over sequences (`x`, `x_lo`, `x_hi`, `x_n`);
+4. the table: per evaluation sequence and `protocol`, dense prefill (`dense_prefill`) or sparse prefill under
+   the same selection (`sparse_prefill`) + sparse decode of the last `eval_tokens` tokens per (policy, budget)
+   at granularity `block`, and per (policy, block_budget) at each of `block_variants`, against one dense
+   reference per sequence -> one `metrics.parquet` row each (DESIGN columns + corpus, document, start,
+   protocol, policy, budget, block, selection, nll_sum, nll_dense, n_tokens, ppl, ppl_dense, ppl_ratio,
+   mass_recall, oracle_overlap, indexer_recall; sparse prefill adds prefill_mass_recall,
+   prefill_oracle_overlap, prefill_seconds); `quality_summary.parquet` per (corpus, protocol, policy, block,
+   budget): pooled perplexity ratio and recalls with 95% bootstrap intervals over sequences (`x`, `x_lo`,
+   `x_hi`, `x_n`);
 5. the eval-split head map -> `head_share.parquet` (split=eval);
 6. selection traces from greedy decoding after a `trace_prompt_len`-token prompt of each corpus
    per (trace policy, trace budget) -> `traces/<corpus>-<policy>-<budget>.npz`,
@@ -49,7 +52,7 @@ def check(given: dict, declared: list) -> dict:
     fill_auto(declared, p, dev.type)      # dtype for this device; then the declared bounds and choices
     try:
         validate(p["corpora"], p["budgets"], p["policies"], p["seq_len"], p["n_sequences"], p["eval_tokens"],
-                 p["seed"], p["block_variants"], p["block_budgets"])
+                 p["seed"], p["block_variants"], p["block_budgets"], p["protocol"])
         resolve_model(p["model"])
     except (ValueError, ModelNotFound) as ex:
         raise BadInput(str(ex)) from None
@@ -107,7 +110,7 @@ def run_quality(given: dict, run=None, log=print):
         df = quality_sweep(model, tok, p["corpora"], p["budgets"], p["policies"], p["seq_len"], p["n_sequences"],
                            p["eval_tokens"], controller=ctl, on_record=on_record, log=log, seed=p["seed"],
                            block=p["block"], block_variants=p["block_variants"], block_budgets=p["block_budgets"],
-                           units=units, progress_bar=log is not None)
+                           units=units, progress_bar=log is not None, protocols=p["protocol"])
         qs = summarize(df)
         run.write_table("quality_summary", qs)
         eval_share = head_share_map(model, tok, p["corpora"], p["seq_len"], 1, p["eval_tokens"], "eval",
@@ -192,26 +195,34 @@ def _record_traces(run, model, tok, ctl, p: dict, log) -> None:
     run.write_table("reuse_distance", pd.concat(rds, ignore_index=True))
 
 
+def _with_protocol(summary: pd.DataFrame) -> pd.DataFrame:
+    """Summaries from before the sparse-prefill protocol are dense prefill."""
+    s = summary.copy()
+    s["protocol"] = s["protocol"].fillna("dense_prefill") if "protocol" in s.columns else "dense_prefill"
+    return s
+
+
 def closing_lines(summary: pd.DataFrame) -> list[str]:
-    """Perplexity against dense per policy at the smallest and largest token-granular budget, the mean over
-    the corpora (the report gives each corpus with its interval)."""
-    s = summary[summary["policy"] != "dense"]
+    """Perplexity against dense per policy (and protocol, where the run has both) at the smallest and largest
+    token-granular budget, the mean over the corpora (the report gives each corpus with its interval)."""
+    s = _with_protocol(summary[summary["policy"] != "dense"])
     if "selection" in s:
         s = s[s["selection"].fillna("token") == "token"] if (s["selection"].fillna("token") == "token").any() else s
+    both = s["protocol"].nunique() > 1
     lines = []
     for b in sorted({int(s["budget"].min()), int(s["budget"].max())}):
-        per = s[s["budget"] == b].groupby("policy", sort=False)["ppl_ratio"].mean()
+        per = s[s["budget"] == b].groupby(["protocol", "policy"], sort=False)["ppl_ratio"].mean()
         lines.append(f"perplexity / dense at budget {b} (mean over corpora): "
-                     + ", ".join(f"{pol} {v:.3f}" for pol, v in per.items()))
+                     + ", ".join(f"{pol}{f' ({pr})' if both else ''} {v:.3f}" for (pr, pol), v in per.items()))
     return lines
 
 
 def headline(summary: pd.DataFrame, budgets=(256, 2048)) -> pd.DataFrame:
-    """ppl_ratio per (corpus, policy, selection) at the given budgets as `value [lo, hi]` text (n sequences in
-    its own column)."""
+    """ppl_ratio per (corpus, policy, selection, protocol) at the given budgets as `value [lo, hi]` text (n
+    sequences in its own column)."""
     from labkit.stats import Interval
 
-    s = summary[summary["budget"].isin(budgets) & (summary["policy"] != "dense")].copy()
+    s = _with_protocol(summary[summary["budget"].isin(budgets) & (summary["policy"] != "dense")])
     if "selection" not in s.columns:
         s["selection"] = "token"
     if "ppl_ratio_lo" not in s.columns:          # runs from before intervals: the point only
@@ -219,7 +230,8 @@ def headline(summary: pd.DataFrame, budgets=(256, 2048)) -> pd.DataFrame:
         s["ppl_ratio_n"] = s["n_sequences"]
     s["text"] = [Interval(v, lo, hi, int(n)).text() for v, lo, hi, n in
                  s[["ppl_ratio", "ppl_ratio_lo", "ppl_ratio_hi", "ppl_ratio_n"]].itertuples(index=False)]
-    t = s.pivot_table(index=["corpus", "policy", "selection"], columns="budget", values="text", aggfunc="first")
+    keys = ["corpus", "policy", "selection", "protocol"]
+    t = s.pivot_table(index=keys, columns="budget", values="text", aggfunc="first")
     t.columns = [f"ppl ratio @{b}" for b in t.columns]
-    n = s.groupby(["corpus", "policy", "selection"])["ppl_ratio_n"].min().rename("n")
+    n = s.groupby(keys)["ppl_ratio_n"].min().rename("n")
     return t.join(n).fillna("–")

@@ -9,11 +9,23 @@ import plotly.graph_objects as go
 POLICY_ORDER = ["oracle_qhead", "oracle", "oracle_shared", "indexer", "retrieval_head"]
 
 
+PROTOCOL_TEXT = {"dense_prefill": "dense prefill", "sparse_prefill": "sparse prefill"}
+
+
 def _sparse(summary: pd.DataFrame) -> pd.DataFrame:
     s = summary[summary["policy"] != "dense"].copy()
     if "selection" not in s.columns:     # runs from before block variants: one granularity
         s["selection"] = "token"
-    return s.sort_values(["corpus", "policy", "selection", "budget"])
+    if "protocol" not in s.columns:      # runs from before sparse prefill: dense prefill only
+        s["protocol"] = "dense_prefill"
+    s["protocol"] = s["protocol"].fillna("dense_prefill")
+    # one line style per granularity and prefill protocol (the protocol named only where the run has two)
+    s["variant"] = s["selection"] + (", " + s["protocol"].map(PROTOCOL_TEXT) if s["protocol"].nunique() > 1 else "")
+    return s.sort_values(["corpus", "policy", "protocol", "selection", "budget"])
+
+
+def _protocol_text(s: pd.DataFrame) -> str:
+    return " or ".join(PROTOCOL_TEXT[p] for p in sorted(s["protocol"].unique())) + ", sparse decode"
 
 
 def _error_bars(s: pd.DataFrame, col: str) -> dict:
@@ -31,13 +43,13 @@ def _n_text(s: pd.DataFrame) -> str:
 
 
 def ppl_vs_budget(summary: pd.DataFrame) -> go.Figure:
-    """Perplexity ratio to dense against budget, one line per policy (dashed: blocks of 16), one panel per
-    corpus; error bars: 95% bootstrap intervals over sequences."""
+    """Perplexity ratio to dense against budget, one line per policy (dashed: blocks of 16, or sparse prefill
+    where the run has both protocols), one panel per corpus; error bars: 95% bootstrap intervals over sequences."""
     s = _sparse(summary)
-    fig = px.line(s, x="budget", y="ppl_ratio", color="policy", line_dash="selection", facet_col="corpus",
+    fig = px.line(s, x="budget", y="ppl_ratio", color="policy", line_dash="variant", facet_col="corpus",
                   markers=True, log_x=True, category_orders={"policy": POLICY_ORDER},
                   hover_data=["ppl", "n_tokens", "n_sequences"], **_error_bars(s, "ppl_ratio"),
-                  title="Perplexity / dense perplexity vs top-k budget (dense prefill, sparse decode; "
+                  title=f"Perplexity / dense perplexity vs top-k budget ({_protocol_text(s)}; "
                         f"95% bootstrap intervals over sequences, {_n_text(s)} per corpus)")
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="dense (full)")
     fig.update_yaxes(type="log", title="ppl ratio")
@@ -46,9 +58,12 @@ def ppl_vs_budget(summary: pd.DataFrame) -> go.Figure:
 
 def recall_vs_budget(summary: pd.DataFrame) -> go.Figure:
     """Attention-mass recall (solid) and recall@budget against oracle_shared (dashed), single-token
-    selection; error bars: 95% bootstrap intervals over sequences."""
+    selection, over the decoded block of the dense-prefill protocol where the run has it; error bars: 95%
+    bootstrap intervals over sequences."""
     s = _sparse(summary)
     s = s[s["selection"] == "token"]
+    if (s["protocol"] == "dense_prefill").any():
+        s = s[s["protocol"] == "dense_prefill"]
     mass = s.assign(metric="mass recall", value=s["mass_recall"])
     over = s[s["policy"].isin(["indexer", "retrieval_head"])].assign(metric="recall@budget vs oracle_shared",
                                                                       value=lambda d: d["oracle_overlap"])

@@ -9,6 +9,14 @@ perplexity is over the `eval_tokens - 1` next-token predictions inside the decod
 reference is the same block decoded with full attention, so `ppl_ratio = ppl / ppl_dense` isolates
 what selection costs. A budget >= the context is exactly dense (a test checks it).
 
+Second protocol ("sparse prefill, sparse decode", `protocol=sparse_prefill`), what an engine that also
+prefills sparsely computes: the prefix is prefilled with the same policy, budget and granularity active
+(every prefix query row attends to at most `budget` positions of its causal past, chosen by the policy,
+e.g. the indexer), then the decode block is decoded as above on top of that cache. Its dense reference is
+the same dense-prefill, dense-decode block, so its `ppl_ratio` against `dense_prefill`'s at the same budget
+shows what sparse prefill adds on top of sparse decode. The reference row is tagged `dense_prefill` (that is
+what it is); a budget >= the context makes sparse prefill exactly dense prefill (a test checks it).
+
 Uncertainty: every row keeps its sequence's summed NLL under the policy and under dense, so `summarize`
 pools them per (corpus, policy, block, budget) into a perplexity ratio with a 95% bootstrap interval over
 sequences (`labkit.stats.perplexity_ratio`: sequences, not tokens, are the independent units), and
@@ -32,12 +40,19 @@ from labkit.quality.sparse import POLICIES, SparseController, instrument, n_laye
 
 DEFAULT_BUDGETS = (64, 128, 256, 512, 1024, 2048)
 DEFAULT_POLICIES = ("oracle", "oracle_shared", "indexer", "retrieval_head")
+PROTOCOLS = ("dense_prefill", "sparse_prefill")
 
 
 def validate(corpora, budgets, policies, seq_len: int, n_sequences: int, eval_tokens: int, seed: int = 0,
-             block_variants=(), block_budgets=()) -> None:
+             block_variants=(), block_budgets=(), protocols=("dense_prefill",)) -> None:
     """Raise ValueError (one line) on bad parameters, before anything is loaded."""
     from labkit.quality.corpora import CORPORA
+
+    if not protocols:
+        raise ValueError(f"protocol is empty: choose from {', '.join(PROTOCOLS)}")
+    bad = [p for p in protocols if p not in PROTOCOLS]
+    if bad:
+        raise ValueError(f"unknown protocol {bad[0]!r}: choose from {', '.join(PROTOCOLS)}")
 
     if not corpora:
         raise ValueError(f"corpora is empty: choose from {', '.join(CORPORA)}")
@@ -80,8 +95,13 @@ def forward(model, ids: torch.Tensor, cache=None, use_cache: bool = True):
 
 
 @torch.no_grad()
-def prefill(model, ids: torch.Tensor, eval_tokens: int):
-    """Dense KV cache of the prefix of `ids` (1-D) and the decode block's ids [1, eval_tokens]."""
+def prefill(model, ids: torch.Tensor, eval_tokens: int, policy: str | None = None, budget: int | None = None):
+    """KV cache of the prefix of `ids` (1-D) and the decode block's ids [1, eval_tokens].
+
+    Without a policy the prefix is prefilled densely (the controller's layers switched off for the pass).
+    With one (`sparse_prefill`), every prefix row attends to at most `budget` positions of its causal past,
+    chosen by `policy` at the controller's granularity; the prefix rows' statistics are then the controller's
+    (`prefill_stats`) until the next `reset_stats`. The controller is dense again afterwards either way."""
     ctl = instrument(model)
     saved = ctl.layers
     ctl.layers = {}
@@ -89,11 +109,20 @@ def prefill(model, ids: torch.Tensor, eval_tokens: int):
         ids = ids.view(1, -1).to(_device(model))
         n_pre = ids.shape[1] - eval_tokens
         cache = None
+        if policy is not None and policy != "dense":
+            ctl.set_all(policy, budget, n_layers(model))
+            ctl.reset_stats()
         if n_pre > 0:
             cache = forward(model, ids[:, :n_pre])[1]
     finally:
         ctl.layers = saved
     return cache, ids[:, n_pre:]
+
+
+def prefill_stats(ctl: SparseController) -> dict:
+    """Mass recall and recall@budget against oracle_shared over the sparsified prefix rows of the last
+    sparse prefill (NaN where no prefix row had more past than the budget)."""
+    return {"prefill_mass_recall": ctl.mass_recall(), "prefill_oracle_overlap": ctl.oracle_overlap()}
 
 
 @torch.no_grad()
@@ -127,23 +156,29 @@ def selection_label(block: int) -> str:
     return "token" if block == 1 else f"block {block}"
 
 
-def sweep_points(policies, budgets, block: int = 1, block_variants=(), block_budgets=()) -> list[tuple]:
-    """(policy, budget, block) measured on every sequence: dense first, then every policy at every budget
-    with `block`, then every policy at `block_budgets` with each other granularity of `block_variants`."""
-    pts = [("dense", None, 1)] + [(p, b, block) for p in policies for b in budgets if b != "full"]
+def sweep_points(policies, budgets, block: int = 1, block_variants=(), block_budgets=(),
+                 protocols=("dense_prefill",)) -> list[tuple]:
+    """(protocol, policy, budget, block) measured on every sequence: the dense reference first (dense prefill,
+    dense decode), then per protocol every policy at every budget with `block`, then every policy at
+    `block_budgets` with each other granularity of `block_variants`."""
+    pts = [(p, b, block) for p in policies for b in budgets if b != "full"]
     pts += [(p, b, v) for v in block_variants if v != block for p in policies for b in block_budgets]
-    return pts
+    return [("dense_prefill", "dense", None, 1)] + [(pr, *pt) for pr in protocols for pt in pts]
 
 
 def quality_sweep(model, tokenizer, corpora=("code", "prose"), budgets=DEFAULT_BUDGETS, policies=DEFAULT_POLICIES,
                   seq_len: int = 4096, n_sequences: int = 16, eval_tokens: int = 512, controller=None,
                   on_record=None, log=print, seed: int = 0, block: int | None = None, block_variants=(),
-                  block_budgets=(), units: dict | None = None, progress_bar: bool = False) -> pd.DataFrame:
-    """Rows per (corpus, sequence, policy, budget, block), plus one `dense` row per sequence.
+                  block_budgets=(), units: dict | None = None, progress_bar: bool = False,
+                  protocols=("dense_prefill",)) -> pd.DataFrame:
+    """Rows per (corpus, sequence, protocol, policy, budget, block), plus one `dense` row per sequence.
 
     Sequences: `units[corpus]` (lists of `corpora.Unit`) when given, else `n_sequences` per corpus drawn with
     `seed` from the eval split (`corpora.draw_sequences`). Every row carries the sequence's summed NLL
     (`nll_sum`) and its dense one (`nll_dense`), so intervals can be taken over sequences (`summarize`).
+    `protocols`: `dense_prefill` decodes every point on the sequence's one dense prefix cache;
+    `sparse_prefill` prefills the prefix again per point with its policy, budget and granularity active
+    (rows add `prefill_mass_recall`, `prefill_oracle_overlap`, `prefill_seconds`).
     `controller` must carry the indexer / retrieval heads the policies need (see `prepare_policies`);
     `block` (default: the controller's) is the granularity of the main sweep.
     `on_record(row)` is called after every point (e.g. `run.add`), so a crash loses nothing measured.
@@ -153,12 +188,13 @@ def quality_sweep(model, tokenizer, corpora=("code", "prose"), budgets=DEFAULT_B
     from labkit.quality.corpora import draw_sequences
 
     budgets = [b for b in budgets if b != "full"]
-    validate(corpora, budgets, policies, seq_len, n_sequences, eval_tokens, seed, block_variants, block_budgets)
+    validate(corpora, budgets, policies, seq_len, n_sequences, eval_tokens, seed, block_variants, block_budgets,
+             protocols)
     ctl = instrument(model, controller)
     block = ctl.block if block is None else block
     if units is None:
         units = {c: draw_sequences(tokenizer, c, seq_len, n_sequences, seed) for c in corpora}
-    pts = sweep_points(policies, budgets, block, block_variants, block_budgets)
+    pts = sweep_points(policies, budgets, block, block_variants, block_budgets, protocols)
     bar = sweep.bar(sum(len(units[c]) for c in corpora) * len(pts), "quality points", progress_bar)
     rows = []
     try:
@@ -170,25 +206,28 @@ def quality_sweep(model, tokenizer, corpora=("code", "prose"), budgets=DEFAULT_B
                 dense = measure_point(model, ctl, cache, blk, None, None)
                 base = {"experiment": "quality", "corpus": corpus, "document": u.document, "start": u.start,
                         "unit": u.unit, "seq_len": seq_len, "eval_tokens": eval_tokens, "context_len": seq_len}
-                for policy, budget, gran in pts:
-                    row = dict(base, policy=policy, budget=budget if budget is not None else seq_len,
+                for protocol, policy, budget, gran in pts:
+                    row = dict(base, protocol=protocol, policy=policy,
+                               budget=budget if budget is not None else seq_len,
                                budget_label="full" if budget is None else str(budget), block=gran,
                                selection="dense" if policy == "dense" else selection_label(gran))
                     try:
                         ctl.block = gran
-                        r = dense if policy == "dense" else measure_point(model, ctl, cache, blk, policy, budget)
+                        r = dense if policy == "dense" else \
+                            _point(model, ctl, u, cache, blk, eval_tokens, protocol, policy, budget)
                         row.update(r, status="ok", error=None, ppl_dense=dense["ppl"], nll_dense=dense["nll_sum"],
                                    ppl_ratio=r["ppl"] / dense["ppl"])
                     except Exception as e:  # a failed point is recorded, the sweep goes on
                         row.update(sweep.failed_row(e))
                     finally:
                         ctl.block = block
+                        ctl.set_all(None, None, n_layers(model))
                     rows.append(row)
                     if on_record:
                         on_record(row)
                     bar.update(1)
                     bar.set_postfix_str(f"{corpus} {i + 1}/{len(units[corpus])} {policy}@{row['budget_label']}"
-                                        f"/{row['selection']}", refresh=False)
+                                        f"/{row['selection']}/{protocol}", refresh=False)
                 del cache
                 if log:
                     mine = [r for r in rows[-len(pts):] if r["status"] == "ok" and r["policy"] != "dense"]
@@ -196,27 +235,44 @@ def quality_sweep(model, tokenizer, corpora=("code", "prose"), budgets=DEFAULT_B
                     log(f"{corpus} {i + 1}/{len(units[corpus])} {u.label}: dense ppl {dense['ppl']:.3f}, "
                         f"{len(pts)} points in {time.perf_counter() - t0:.0f}s"
                         + (f", highest ratio {worst['ppl_ratio']:.3f} ({worst['policy']}@{worst['budget_label']}, "
-                           f"{worst['selection']})" if worst else "")
+                           f"{worst['selection']}, {worst['protocol']})" if worst else "")
                         + f", {sum(r['status'] != 'ok' for r in rows[-len(pts):])} failed")
     finally:
         bar.close()
     return pd.DataFrame(rows)
 
 
-SUMMARY_KEYS = ["corpus", "policy", "block", "selection", "budget", "budget_label"]
+def _point(model, ctl, u, cache, blk, eval_tokens: int, protocol: str, policy: str, budget: int) -> dict:
+    """One (protocol, policy, budget) on one sequence: on the shared dense prefix cache, or on this point's own
+    prefix cache prefilled under its selection (`sparse_prefill`, with what that prefill kept)."""
+    if protocol == "dense_prefill":
+        return measure_point(model, ctl, cache, blk, policy, budget)
+    tp = time.perf_counter()
+    sparse_cache, _ = prefill(model, u.ids, eval_tokens, policy, budget)
+    pre = dict(prefill_stats(ctl), prefill_seconds=time.perf_counter() - tp)
+    r = dict(measure_point(model, ctl, sparse_cache, blk, policy, budget), **pre)
+    del sparse_cache
+    return r
+
+
+PREFILL_STATS = ("prefill_mass_recall", "prefill_oracle_overlap")
+SUMMARY_KEYS = ["corpus", "protocol", "policy", "block", "selection", "budget", "budget_label"]
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (corpus, policy, block, budget): the pooled perplexity and its ratio to dense with a 95% bootstrap
-    interval over sequences (`stats.perplexity_ratio`, sequences paired with their own dense decode), mean
-    attention-mass recall and recall@budget against `oracle_shared` with bootstrap intervals over sequences
-    (`stats.bootstrap`). Interval columns: `x`, `x_lo`, `x_hi`, `x_n` (`Interval.as_dict`)."""
+    """Per (corpus, protocol, policy, block, budget): the pooled perplexity and its ratio to dense with a 95%
+    bootstrap interval over sequences (`stats.perplexity_ratio`, sequences paired with their own dense decode),
+    mean attention-mass recall and recall@budget against `oracle_shared` with bootstrap intervals over sequences
+    (`stats.bootstrap`), and the same two over the prefix rows where sparse prefill ran (`prefill_*`). Interval
+    columns: `x`, `x_lo`, `x_hi`, `x_n` (`Interval.as_dict`). Frames without `protocol` are `dense_prefill`."""
     from labkit.stats import bootstrap, perplexity_ratio
 
     ok = df[df["status"] == "ok"].copy()
-    for col, default in (("block", 1), ("start", 0)):   # frames from before block variants / windows
+    # frames from before block variants / windows / the sparse-prefill protocol
+    for col, default in (("block", 1), ("start", 0), ("protocol", "dense_prefill")):
         if col not in ok.columns:
             ok[col] = default
+    ok["protocol"] = ok["protocol"].fillna("dense_prefill")
     if "selection" not in ok.columns:
         ok["selection"] = ["dense" if p == "dense" else selection_label(b) for p, b in zip(ok["policy"], ok["block"])]
     unit = ["corpus", "document", "start"]
@@ -230,12 +286,12 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         r.update(nll_sum=float(g["nll_sum"].sum()), n_tokens=int(g["n_tokens"].sum()), n_sequences=len(g))
         r["ppl"] = math.exp(r["nll_sum"] / r["n_tokens"])
         r.update(perplexity_ratio(g["nll_sum"], g["nll_base"], g["n_tokens"]).as_dict("ppl_ratio"))
-        for m in ("mass_recall", "oracle_overlap"):
+        for m in ("mass_recall", "oracle_overlap") + tuple(m for m in PREFILL_STATS if m in g.columns):
             v = g[m].dropna()
             r.update(bootstrap(v).as_dict(m) if len(v) else {m: math.nan, f"{m}_lo": math.nan,
                                                                f"{m}_hi": math.nan, f"{m}_n": 0})
         rows.append(r)
-    return pd.DataFrame(rows).sort_values(["corpus", "policy", "block", "budget"]).reset_index(drop=True)
+    return pd.DataFrame(rows).sort_values(["corpus", "protocol", "policy", "block", "budget"]).reset_index(drop=True)
 
 
 @torch.no_grad()

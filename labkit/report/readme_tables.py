@@ -33,6 +33,7 @@ PULSE_SELECTION_BLOCKS_RUN = RUNS["pulse_selection_blocks"]
 PULSE_SCALING_COMPILED_RUNS = [tuple(x) for x in RUNS["pulse_scaling_compiled"]]
 QUALITY_BLOCK_RUNS = [tuple(x) for x in RUNS["quality_blocks"]]
 QUALITY_RUN = RUNS["quality"]
+QUALITY_SPARSE_PREFILL_RUN = RUNS["quality_sparse_prefill"]
 DECODE_TRACE_RUNS = [tuple(x) for x in RUNS["decode_trace"]]
 CROSSCHECK_RUN, CAPACITY_RUN, HOT_DENSITY_RUN = RUNS["serve_crosscheck"], RUNS["capacity"], RUNS["hot_density"]
 HOT_DECODE_RUNS = [tuple(x) for x in RUNS["hot_decode"]]
@@ -497,6 +498,43 @@ def quality_blocks_table() -> str:
     return _quality_lead(QUALITY_RUN, run.manifest) + "\n\n" + _md(pd.DataFrame(rows))
 
 
+def quality_sparse_prefill_table() -> str:
+    """Per corpus, policy and budget: the perplexity ratio to dense with the prefix prefilled densely and with it
+    prefilled under the same selection, what sparse prefill adds (the sparse-prefill perplexity over the
+    dense-prefill one, paired per sequence), and the prefix rows' attention-mass recall and recall@budget against
+    the shared oracle; each with its 95% bootstrap interval over the evaluation sequences and n."""
+    from ..stats import perplexity_ratio
+
+    run = load_run(REPO / QUALITY_SPARSE_PREFILL_RUN)
+    mf, q, m = run.manifest, run.table("quality_summary"), run.metrics
+    p = mf["parameters"]
+    q = q[(q.policy != "dense") & (q.selection == "token")].set_index(["corpus", "policy", "budget", "protocol"])
+    m = m[(m.status == "ok") & (m.policy != "dense")]
+    rows = []
+    for (corpus, pol, b), g in m.groupby(["corpus", "policy", "budget"], sort=True):
+        pair = g.pivot_table(index=["document", "start"], columns="protocol", values=["nll_sum", "n_tokens"])
+        added = perplexity_ratio(pair["nll_sum"]["sparse_prefill"], pair["nll_sum"]["dense_prefill"],
+                                 pair["n_tokens"]["sparse_prefill"])
+        sp = q.loc[[(corpus, pol, b, "sparse_prefill")]]
+        rows.append({"corpus": corpus, "policy": pol, "budget": int(b),
+                     "ppl ratio, dense prefill": _quality_interval(q.loc[[(corpus, pol, b, "dense_prefill")]], "ppl_ratio"),
+                     "ppl ratio, sparse prefill": _quality_interval(sp, "ppl_ratio"),
+                     "sparse / dense prefill": added.text(3),
+                     "prefill mass recall": _quality_interval(sp, "prefill_mass_recall"),
+                     "prefill recall@budget": _quality_interval(sp, "prefill_oracle_overlap"),
+                     "n": int(sp["ppl_ratio_n"].min())})
+    ctx = p["seq_len"] - p["eval_tokens"]
+    lead = (f"SmolLM2-135M on CPU, run `{QUALITY_SPARSE_PREFILL_RUN.split('/')[-1]}`: per corpus n = "
+            f"{p['n_sequences']} sequences of {p['seq_len']:,} tokens drawn with seed {p['seed']} from the eval split; "
+            f"the {ctx:,}-token prefix prefilled densely (dense prefill) or with every row attending to its top-budget "
+            f"causal past chosen by the policy (sparse prefill), then the last {p['eval_tokens']} decoded sparsely; "
+            f"both against the same dense prefill + dense decode. Prefill recalls are over the prefix rows with more "
+            f"past than the budget (recall@budget: the selection's overlap with the shared oracle's). Value [95% "
+            f"bootstrap interval over sequences]; wall {mf['wall_s'] / 60:.0f} min on {mf.get('cpu_count')} shared "
+            f"CPU cores, {mf.get('torch_threads', 1)} torch thread.")
+    return lead + "\n\n" + _md(pd.DataFrame(rows))
+
+
 def hot_density_table(context_len: int = 1 << 20) -> str:
     """Hot-cache replay of recorded SmolLM2 selections per recording density x corpus x policy at one context:
     hit rate and link bytes against zero_copy's at capacity 1x and 2x budget, the smallest capacity of the
@@ -927,7 +965,7 @@ def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
     return {"headlines": headlines(), "serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
             "pulse-scaling-compiled-h200": pulse_scaling_compiled_table(), "pulse-selection-h200": pulse_selection_table(),
-            "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "prefill-anatomy-h200": prefill_anatomy_table(), "prefill-kernels-h200": prefill_kernels_table(), "capacity-h200": capacity_table(),
+            "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "quality-sparse-prefill-cpu": quality_sparse_prefill_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "prefill-anatomy-h200": prefill_anatomy_table(), "prefill-kernels-h200": prefill_kernels_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(), "decode-trace-h200": decode_trace_table(),
             **xfer_blocks(),
