@@ -13,7 +13,6 @@ nothing. Requests in one decode batch may have different lengths.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 

@@ -31,7 +31,6 @@ exit 2, before anything is allocated.
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import pandas as pd

@@ -36,7 +36,6 @@ Each row: bytes counted from the units moved, ms, GB/s and the ratio to `contigu
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 
@@ -87,14 +86,7 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
     rows = []
     contiguous_gbps = {}
     loaders = {b: CoalescedLoader(threads, chunk_bytes, backend=b) for b in ("threads", "torch")}
-    dma = dma_default = None
-    if dev.type == "cuda":
-        from ...engine.transfer.batched_dma import BatchedDMA
-        try:
-            dma, dma_default = BatchedDMA(), BatchedDMA(prefer_overlap=False)
-            dma_split = {n: BatchedDMA(units_per_call=n) for n in dma_split_units}
-        except RuntimeError as ex:      # an older driver: the other variants still run
-            print(f"pulse_blocks: batched_dma skipped: {ex}", file=sys.stderr)
+    dma, dma_default, dma_split = _dma_copiers(dev, dma_split_units)
     for selection in ("per_head", "retrieval_head"):
         # R requests' selections: R x budget of R x context (units of distinct requests never coincide)
         pool, ids = _units(selection, shape, context * requests, budget * requests, block, g)
@@ -149,25 +141,45 @@ def block_probe(shape: ModelShape, device: str = "cuda", context: int = 65536, b
             for n, d in dma_split.items():
                 variants[f"batched_dma_per{n}"] = (lambda d=d: d.copy(pool, ids_cpu, dst, order=perm_cpu),
                                                    lambda: dst[perm])
-        for name, (fn, result) in variants.items():
-            dst.zero_()
-            ms = event_ms(fn, repeats, dev, warmup=1)      # warm: Triton JIT, staging buffers
-            correct = None
-            if result is not None:
-                correct = bool(torch.equal(result().cpu(), ref))
-            med = statistics.median(ms)
-            rows.append({"experiment": "pulse_blocks", "device": str(dev), "shape": shape.name,
-                         "selection": selection, "strategy": name, "block": block, "budget": budget,
-                         "context_len": context, "requests": requests, "chunk_bytes": chunk_bytes,
-                         "threads": loaders["threads"].threads, "unit_bytes": W * WORD, "units": M, "bytes": nbytes,
-                         "ms_median": med, "ms_min": min(ms), "gbps": nbytes / med / 1e6, "correct": correct,
-                         "status": "ok" if correct in (None, True) else "failed"})
-            if name == "contiguous":
-                contiguous_gbps[selection] = rows[-1]["gbps"]
+        head = {"experiment": "pulse_blocks", "device": str(dev), "shape": shape.name, "selection": selection,
+                "block": block, "budget": budget, "context_len": context, "requests": requests,
+                "chunk_bytes": chunk_bytes, "threads": loaders["threads"].threads, "unit_bytes": W * WORD, "units": M,
+                "bytes": nbytes}
+        rows += _time_variants(variants, dst, ref, repeats, dev, head)
+        contiguous_gbps[selection] = next(r["gbps"] for r in rows[::-1] if r["strategy"] == "contiguous")
     for loader in loaders.values():
         loader.close()
     for r in rows:
         r["ratio_to_contiguous"] = r["gbps"] / contiguous_gbps[r["selection"]]
+    return rows
+
+
+def _dma_copiers(dev, split_units) -> tuple:
+    """The batched DMA copiers (default, without overlap preference, and one per units-per-call), or Nones where
+    there is no CUDA or the driver is too old (the other variants still run)."""
+    if dev.type != "cuda":
+        return None, None, {}
+    from ...engine.transfer.batched_dma import BatchedDMA
+    try:
+        return BatchedDMA(), BatchedDMA(prefer_overlap=False), {n: BatchedDMA(units_per_call=n) for n in split_units}
+    except RuntimeError as ex:
+        print(f"pulse_blocks: batched_dma skipped: {ex}", file=sys.stderr)
+        return None, None, {}
+
+
+def _time_variants(variants: dict, dst, ref, repeats: int, dev, head: dict) -> list[dict]:
+    """Each variant timed (after one warm call: Triton JIT, staging buffers) and its result checked against the
+    reference rows where it leaves them somewhere; a wrong result is a failed row."""
+    rows = []
+    for name, (fn, result) in variants.items():
+        dst.zero_()
+        ms = event_ms(fn, repeats, dev, warmup=1)
+        correct = None
+        if result is not None:
+            correct = bool(torch.equal(result().cpu(), ref))
+        med = statistics.median(ms)
+        rows.append({**head, "strategy": name, "ms_median": med, "ms_min": min(ms), "gbps": head["bytes"] / med / 1e6,
+                     "correct": correct, "status": "ok" if correct in (None, True) else "failed"})
     return rows
 
 

@@ -295,7 +295,6 @@ def earlier_run(path: str) -> dict:
 
 def run(p: dict, progress_bar: bool = False):
     """`labkit run pulse`: the calibration windows, the choice, then the test windows, into one run folder."""
-    import os
 
     import pandas as pd
     import torch
@@ -360,16 +359,30 @@ def run(p: dict, progress_bar: bool = False):
     total = sum(len(W.planned(p, b["role"], fitted)) for b in bounds)
     with sweep.bar(total, EXPERIMENT, progress_bar) as bar:
         out = W.replay_windows(p, bounds, replay, record, earlier=earlier, t0=t0)
-    for w in out["kept"]:             # what the earlier run measured on the windows kept from it
+    _keep_earlier(tables, before, out["kept"], sampled)
+    write_tables()
+    _close(run, p, out, roles)
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), run.path, p)), progress_bar, EXPERIMENT)
+    return run
+
+
+def _keep_earlier(tables: dict, before: dict | None, kept: list, sampled: int) -> None:
+    """Put in front of this run's tables what the earlier run measured on the windows kept from it."""
+    import pandas as pd
+    for w in kept:
         for name in tables:
             t = before.get(name, pd.DataFrame())
             if name == "requests" and len(t):
                 tables[name] = t[t["window"] == w].to_dict("records") + tables[name]
             elif w == sampled and len(t):
                 tables[name] = t.to_dict("records") + tables[name]
-    write_tables()
-    m = run.metrics()
-    ratios = W.window_ratios(m, p, out["chosen"], roles)
+
+
+def _close(run, p: dict, out: dict, roles: dict) -> None:
+    """The per-window ratios, their summary and the choice; the run's status (a stopped run names the windows a
+    resume still has to replay)."""
+    from ...stats import windows as W
+    ratios = W.window_ratios(run.metrics(), p, out["chosen"], roles)
     run.write_table("window_ratios", ratios)
     run.write_table("window_summary", W.summarize(ratios))
     run.write_table("selection", out["selection"])
@@ -380,8 +393,6 @@ def run(p: dict, progress_bar: bool = False):
         run.finish(error=f"{out['stopped']}: windows {', '.join(map(str, left))} not replayed (resume=auto continues)")
     else:
         run.finish()
-    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), run.path, p)), progress_bar, EXPERIMENT)
-    return run
 
 
 def headline(m, path, p: dict) -> list[str]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import sys
 
 import torch
 
@@ -104,10 +103,8 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
     """Rows (one per N and mode) and one switched round's timeline per N; see the module doc. `bar` (a
     `sweep.bar`) advances per request count."""
     from ...engine import Engine, HybridModel, get_strategy
-    from ...engine.model.kv import KVPool
-    from ...engine.drive.dispatch import warm_up
     from ...engine.drive.runner import DecodeState
-    from ...engine.drive.switching import Loader, Timeline, capture_pieces, pingpong_round, replay, replay_inline, sequential_round
+    from ...engine.drive.switching import Timeline
     requests = sorted(set(int(n) for n in requests))
     if not requests or requests[0] < 1:
         raise BadInput(f"requests must be >= 1, got {requests}")
@@ -124,15 +121,7 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
     rounds = len(requests) * 8 * (steps + warmup + 2) + 16        # every mode advances the lengths
     capacity = context + rounds
     model = HybridModel(shape, dev, seed=seed)
-    n_pages = -(-capacity // page_size)
-    host = KVPool("host", model.n_attn, n_pages, page_size, shape.row_bytes, dev)
-    host.fill_random_(seed)
-    devpool = KVPool("device", model.n_attn, n_pages, page_size, shape.row_bytes, dev)
-    devpool.fill_random_(seed)
-    full = aliased_cache(model, host, n_max, context, capacity, page_size, seed)
-    ca = aliased_cache(model, host, half, context, capacity, page_size, seed + 10)
-    cb = aliased_cache(model, host, half, context, capacity, page_size, seed + 20)
-    res_full = dataclasses.replace(full, pool=devpool)      # same slots, rows in HBM: compute without the link
+    host, full, ca, cb, res_full = _caches(model, shape, dev, n_max, half, context, capacity, page_size, seed)
     req_bytes = budget * shape.row_bytes * model.n_attn
     probe = _link_probe(host, req_bytes, dev) if dev.type == "cuda" else {"link_gbps": None, "hbm_gbps": None}
     weight_bytes = model.step_weight_bytes()
@@ -162,56 +151,12 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
                 s = DecodeState(e, b, None, rounds)
                 e.strategy.bind(e.cache, b, s.k)
                 states[k] = (e, s)
-            timed = {}
-            if graphs:
-                warm_up(lambda: sequential_round(list(states.values())), model.device)
-                pool = torch.cuda.graph_pool_handle()
-                whole = {k: capture_pieces(e, s, "none" if e.strategy.graphable else "loads", pool)
-                         for k, (e, s) in states.items() if k not in ("a", "b")}
-                if nb:
-                    pa = capture_pieces(*states["a"], "loads", torch.cuda.graph_pool_handle())
-                    pb = capture_pieces(*states["b"], "loads", torch.cuda.graph_pool_handle())
-                torch.cuda.synchronize()
-                for k, pieces in whole.items():
-                    timed[k] = (lambda p=pieces, e=states[k][0]: replay_inline(p, e))
-                if nb:
-                    la, lb = Loader(states["a"][0]), Loader(states["b"][0])
-
-                    def sw(tl=None):
-                        return pingpong_round(*states["a"], *states["b"], (la, lb), tl, replay(pa), replay(pb))
-            else:
-                for k, es in states.items():
-                    if k not in ("a", "b"):
-                        timed[k] = (lambda es=es: sequential_round([es]))
-                if nb:
-                    la, lb = Loader(states["a"][0]), Loader(states["b"][0])
-
-                    def sw(tl=None):
-                        return pingpong_round(*states["a"], *states["b"], (la, lb), tl)
-            if nb:
-                timed["switched"] = sw
+            timed, sw = _timed_rounds(states, graphs, nb, model.device)
             ms = {}
             for k, fn in timed.items():
                 t = wall_ms(fn, steps, dev, warmup=warmup)
                 ms[k] = (statistics.median(t), min(t), max(t))
-            link = probe["link_gbps"]
-            t_req = req_bytes / link / 1e6 if link else None
-            c_full = ms["resident"][0]
-            c_a = ms["resident_a"][0]
-            c_b = ms["resident_b"][0] if nb else 0.0
-            bound = two_batch_bound(c_full, c_a, c_b, na * t_req, nb * t_req) if t_req else {}
-            for mode in ("no_switch", "switched", "resident"):
-                if mode not in ms:
-                    continue
-                med, lo, hi = ms[mode]
-                rows.append({**base, "mode": mode, "concurrency": n, "batch_a": na if mode == "switched" else n,
-                             "batch_b": nb if mode == "switched" else 0, "step_ms_median": med, "step_ms_min": lo,
-                             "step_ms_max": hi, "tok_s": n / med * 1e3, "compute_full_ms": c_full,
-                             "compute_a_ms": c_a, "compute_b_ms": c_b,
-                             "h2d_bytes_per_step": 0 if mode == "resident" else n * req_bytes, **bound})
-                log(f"N={n:2d} {mode:9s} {med:8.2f} ms  {n / med * 1e3:8.1f} tok/s"
-                    + (f"  (bound: no-switch {bound['no_switch_model_ms']:.2f}, switched >= {bound['switched_floor_ms']:.2f})"
-                       if bound and mode != "resident" else ""))
+            rows += _point_rows(base, ms, n, na, nb, req_bytes, probe["link_gbps"], log)
             if nb:
                 tl = Timeline(dev.type == "cuda")
                 stats = sw(tl)
@@ -226,6 +171,82 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
             if bar is not None:
                 bar.update()
     return rows, spans
+
+
+def _caches(model, shape, dev, n_max: int, half: int, context: int, capacity: int, page_size: int, seed: int):
+    """One host pool behind three caches (all n_max requests; the halves a and b) and the full cache's slots on a
+    device pool (rows in HBM: the same compute without the link). Returns (host, full, a, b, resident_full)."""
+    from ...engine.model.kv import KVPool
+    n_pages = -(-capacity // page_size)
+    host = KVPool("host", model.n_attn, n_pages, page_size, shape.row_bytes, dev)
+    host.fill_random_(seed)
+    devpool = KVPool("device", model.n_attn, n_pages, page_size, shape.row_bytes, dev)
+    devpool.fill_random_(seed)
+    full = aliased_cache(model, host, n_max, context, capacity, page_size, seed)
+    ca = aliased_cache(model, host, half, context, capacity, page_size, seed + 10)
+    cb = aliased_cache(model, host, half, context, capacity, page_size, seed + 20)
+    return host, full, ca, cb, dataclasses.replace(full, pool=devpool)
+
+
+def _timed_rounds(states: dict, graphs: bool, nb: int, device):
+    """Per lane but a and b, one decode round as a callable (graph pieces replayed inline, or the eager round);
+    with two batches (nb > 0) also the switched round of lanes a and b, `sw(timeline=None)`, as `timed["switched"]`.
+    Returns (timed, sw); sw is None with one batch."""
+    from ...engine.drive.dispatch import warm_up
+    from ...engine.drive.switching import Loader, capture_pieces, pingpong_round, replay, replay_inline, sequential_round
+    timed, sw = {}, None
+    if graphs:
+        warm_up(lambda: sequential_round(list(states.values())), device)
+        pool = torch.cuda.graph_pool_handle()
+        whole = {k: capture_pieces(e, s, "none" if e.strategy.graphable else "loads", pool)
+                 for k, (e, s) in states.items() if k not in ("a", "b")}
+        if nb:
+            pa = capture_pieces(*states["a"], "loads", torch.cuda.graph_pool_handle())
+            pb = capture_pieces(*states["b"], "loads", torch.cuda.graph_pool_handle())
+        torch.cuda.synchronize()
+        for k, pieces in whole.items():
+            timed[k] = (lambda p=pieces, e=states[k][0]: replay_inline(p, e))
+        if nb:
+            la, lb = Loader(states["a"][0]), Loader(states["b"][0])
+
+            def sw(tl=None):
+                return pingpong_round(*states["a"], *states["b"], (la, lb), tl, replay(pa), replay(pb))
+    else:
+        for k, es in states.items():
+            if k not in ("a", "b"):
+                timed[k] = (lambda es=es: sequential_round([es]))
+        if nb:
+            la, lb = Loader(states["a"][0]), Loader(states["b"][0])
+
+            def sw(tl=None):
+                return pingpong_round(*states["a"], *states["b"], (la, lb), tl)
+    if nb:
+        timed["switched"] = sw
+    return timed, sw
+
+
+def _point_rows(base: dict, ms: dict, n: int, na: int, nb: int, req_bytes: int, link, log) -> list[dict]:
+    """One row per mode measured at n requests (no_switch, switched, resident, in that order), each with the
+    two-batch bound from the compute times and the link's rate."""
+    rows = []
+    t_req = req_bytes / link / 1e6 if link else None
+    c_full = ms["resident"][0]
+    c_a = ms["resident_a"][0]
+    c_b = ms["resident_b"][0] if nb else 0.0
+    bound = two_batch_bound(c_full, c_a, c_b, na * t_req, nb * t_req) if t_req else {}
+    for mode in ("no_switch", "switched", "resident"):
+        if mode not in ms:
+            continue
+        med, lo, hi = ms[mode]
+        rows.append({**base, "mode": mode, "concurrency": n, "batch_a": na if mode == "switched" else n,
+                     "batch_b": nb if mode == "switched" else 0, "step_ms_median": med, "step_ms_min": lo,
+                     "step_ms_max": hi, "tok_s": n / med * 1e3, "compute_full_ms": c_full,
+                     "compute_a_ms": c_a, "compute_b_ms": c_b,
+                     "h2d_bytes_per_step": 0 if mode == "resident" else n * req_bytes, **bound})
+        log(f"N={n:2d} {mode:9s} {med:8.2f} ms  {n / med * 1e3:8.1f} tok/s"
+            + (f"  (bound: no-switch {bound['no_switch_model_ms']:.2f}, switched >= {bound['switched_floor_ms']:.2f})"
+               if bound and mode != "resident" else ""))
+    return rows
 
 
 def headline(m) -> list[str]:

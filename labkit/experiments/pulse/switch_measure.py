@@ -19,7 +19,6 @@ where one merged batch would read them once. One round's timeline is kept.
 """
 from __future__ import annotations
 
-import json
 import statistics
 
 import torch
