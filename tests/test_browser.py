@@ -263,11 +263,16 @@ def test_make_lab_runs_labkit_lab_as_any_user():
     assert ("--allow-root" in cmd) == (os.geteuid() == 0)
 
 
+# the first three figures each hold a trace with points
+FIRST_VIEW_FILLED = """() => { const p = [...document.querySelectorAll('.js-plotly-plot')].slice(0, 3);
+                               return p.length === 3 && p.every(e => (e.data || []).some(t => t.y && t.y.length > 0)); }"""
+
+
 @pytest.fixture(scope="module")
 def lab_explorer(launched, tmp_path_factory):
     """`make lab`'s command over the nightly runs, its printed URL opened and explore.ipynb run once (Run All),
-    shared by the two tests below: what the first screen shows is recorded here, before anything is touched;
-    the slider test then moves a control on the same page."""
+    shared by the three tests below: what the notebook shows before any cell runs and the first screen after
+    Run All are recorded here, before anything is touched; the slider test then moves a control on the page."""
     from types import SimpleNamespace
     tmp = tmp_path_factory.mktemp("lab")
     with lab_server(tmp, nightly_root()) as (base, token, url, printed, _), offline_context(launched) as ctx:
@@ -282,6 +287,15 @@ def lab_explorer(launched, tmp_path_factory):
                 page.click(".jp-Dialog .jp-mod-accept")
             except Exception:
                 pass
+            # before any cell runs: the saved first view draws its figures (no Run All yet)
+            try:
+                page.wait_for_function(FIRST_VIEW_FILLED, timeout=120000)
+                first_view = True
+            except Exception:
+                first_view = False
+            executed_before = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets"
+                                            ".filter(c => c.model.type === 'code' && c.model.executionCount).length")
+            errors_before = [e for e in page.errors if "pageerror" in e]
             # hidden code: no code editor is shown in any code cell
             shown_editors = page.evaluate("() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-editor')]"
                                           ".filter(e => e.offsetParent !== null).length")
@@ -302,8 +316,19 @@ def lab_explorer(launched, tmp_path_factory):
             raise AssertionError(f"JupyterLab check failed; screenshot {tmp / 'lab.png'}, browser errors "
                                  f"{page.errors[:5]}, blocked {ctx.blocked[:5]}") from None
         yield SimpleNamespace(base=base, token=token, url=url, printed=printed, page=page, ctx=ctx, tmp=tmp,
+                              first_view=first_view, executed_before=executed_before, errors_before=errors_before,
                               shown_editors=shown_editors, vh=vh, boxes=boxes, scrolled=scrolled)
         page.close()
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_explore_opens_with_figures_before_any_cell_runs(lab_explorer):
+    """explore.ipynb draws its saved first view (a committed run) the moment it opens, before any cell runs."""
+    lab = lab_explorer
+    assert lab.first_view, f"no first view before Run All; screenshot of the page later: {lab.tmp / 'lab.png'}"
+    assert lab.executed_before == 0, "a cell ran: the first view must not need one"
+    assert not lab.errors_before, lab.errors_before
 
 
 @pytest.mark.browser
