@@ -56,11 +56,11 @@ def weight_shapes(s) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
 
 def graph_ms(fn, replays: int = 15) -> float:
     """Median ms of one replay of a graph that runs fn() once (fn warmed up outside the capture)."""
-    fn()
-    if DRY:
+    if DRY:     # one call, no warm-up: the interpreter compiles nothing, and a dry run's time means nothing
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e3
+    fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):

@@ -153,27 +153,42 @@ def _allowed(url: str) -> bool:
 
 
 @contextmanager
-def browser():
-    """A Playwright browser context on Debian's Chromium; every request not to a file or 127.0.0.1 is
-    aborted and remembered in `ctx.blocked`."""
+def chromium():
+    """Debian's Chromium, launched headless through Playwright (one per `with`: a launch costs seconds)."""
     from playwright.sync_api import sync_playwright
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
-        ctx = b.new_context(viewport={"width": 1400, "height": 1000})
-        ctx.blocked = []
-
-        def route(r):
-            if _allowed(r.request.url):
-                r.continue_()
-            else:
-                ctx.blocked.append(r.request.url)
-                r.abort()
-        ctx.route("**/*", route)
         try:
-            yield ctx
+            yield b
         finally:
-            ctx.close()
             b.close()
+
+
+@contextmanager
+def offline_context(b):
+    """A fresh browser context (no cookies, no storage) of a launched Chromium; every request not to a file
+    or 127.0.0.1 is aborted and remembered in `ctx.blocked`."""
+    ctx = b.new_context(viewport={"width": 1400, "height": 1000})
+    ctx.blocked = []
+
+    def route(r):
+        if _allowed(r.request.url):
+            r.continue_()
+        else:
+            ctx.blocked.append(r.request.url)
+            r.abort()
+    ctx.route("**/*", route)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+@contextmanager
+def browser():
+    """A Playwright browser context on Debian's Chromium with the network blocked (`offline_context`)."""
+    with chromium() as b, offline_context(b) as ctx:
+        yield ctx
 
 
 def open_page(ctx, url: str):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from browser_util import (REPO, assert_plotly_renders, browser, derived_run, figures_in_notebook_report,
-                          figures_in_page, needs_chromium, nightly_root, open_page)
+from browser_util import (REPO, assert_plotly_renders, chromium, derived_run, figures_in_notebook_report,
+                          figures_in_page, needs_chromium, nightly_root, offline_context, open_page)
 
 EXPLORE = REPO / "notebooks" / "explore.ipynb"
 
@@ -30,31 +30,44 @@ EXPLORE = REPO / "notebooks" / "explore.ipynb"
 
 # ---------------------------------------------------------------- pages in a real browser
 
-def _check_reports(reports: list[Path]) -> int:
+@pytest.fixture(scope="module")
+def launched():
+    """One Chromium for every browser test of this module (a launch per test costs seconds on 2 cores); each
+    test opens its pages in a context of its own."""
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def ctx(launched):
+    with offline_context(launched) as c:
+        yield c
+
+
+def _check_reports(ctx, reports: list[Path]) -> int:
     checked = 0
-    with browser() as ctx:
-        for rep in reports:
-            n = figures_in_notebook_report(rep.parent)
-            if n == 0:       # a run whose notebook failed before any figure (the deliberately failing entry)
-                page = open_page(ctx, rep.resolve().as_uri())
-                page.wait_for_load_state("load")
-                page.wait_for_timeout(300)
-                assert page.locator(".js-plotly-plot").count() == 0
-                assert not page.errors and not ctx.blocked, f"{rep}: {page.errors[:3]} {ctx.blocked[:3]}"
-                page.close()
-                continue
-            assert_plotly_renders(ctx, rep, n)
-            checked += 1
+    for rep in reports:
+        n = figures_in_notebook_report(rep.parent)
+        if n == 0:       # a run whose notebook failed before any figure (the deliberately failing entry)
+            page = open_page(ctx, rep.resolve().as_uri())
+            page.wait_for_load_state("load")
+            page.wait_for_timeout(300)
+            assert page.locator(".js-plotly-plot").count() == 0
+            assert not page.errors and not ctx.blocked, f"{rep}: {page.errors[:3]} {ctx.blocked[:3]}"
+            page.close()
+            continue
+        assert_plotly_renders(ctx, rep, n)
+        checked += 1
     return checked
 
 
 @pytest.mark.browser
 @needs_chromium
-def test_generated_reports_render_all_figures_offline():
+def test_generated_reports_render_all_figures_offline(ctx):
     """The reports the nightly test plan just wrote (probe, decode, and the failed entry's partial one)."""
     reports = sorted(nightly_root().glob("**/report.html"))
     assert len(reports) >= 3
-    assert _check_reports(reports) >= 2
+    assert _check_reports(ctx, reports) >= 2
 
 
 COMMITTED = sorted((REPO / "results").glob("**/report.html"))
@@ -63,15 +76,15 @@ COMMITTED = sorted((REPO / "results").glob("**/report.html"))
 @pytest.mark.browser
 @needs_chromium
 @pytest.mark.parametrize("report", COMMITTED, ids=[str(p.parent.relative_to(REPO / "results")) for p in COMMITTED])
-def test_committed_reports_render_all_figures_offline(report):
+def test_committed_reports_render_all_figures_offline(ctx, report):
     """Every report in the project's measured record opens offline with all its figures (a nightly entry
     that failed before its first figure opens without errors and with none)."""
-    assert _check_reports([report]) == (1 if figures_in_notebook_report(report.parent) else 0)
+    assert _check_reports(ctx, [report]) == (1 if figures_in_notebook_report(report.parent) else 0)
 
 
 @pytest.mark.browser
 @needs_chromium
-def test_index_and_comparison_render_offline(tmp_path):
+def test_index_and_comparison_render_offline(ctx, tmp_path):
     from labkit.report.compare import compare
     from labkit.report.index import rebuild_index
     root = nightly_root()
@@ -80,13 +93,12 @@ def test_index_and_comparison_render_offline(tmp_path):
     index = rebuild_index(root)
     cmp = compare(a, b, tmp_path / "cmp.html")
     assert figures_in_page(index) >= 2 and figures_in_page(cmp) == 1
-    with browser() as ctx:
-        assert_plotly_renders(ctx, index, figures_in_page(index))
-        assert_plotly_renders(ctx, cmp, figures_in_page(cmp))
-        # the index's report links resolve to files
-        page = open_page(ctx, index.resolve().as_uri())
-        hrefs = page.eval_on_selector_all("a[href$='report.html']", "els => els.map(e => e.getAttribute('href'))")
-        page.close()
+    assert_plotly_renders(ctx, index, figures_in_page(index))
+    assert_plotly_renders(ctx, cmp, figures_in_page(cmp))
+    # the index's report links resolve to files
+    page = open_page(ctx, index.resolve().as_uri())
+    hrefs = page.eval_on_selector_all("a[href$='report.html']", "els => els.map(e => e.getAttribute('href'))")
+    page.close()
     assert hrefs and all((root / h).is_file() for h in hrefs)
 
 
@@ -140,10 +152,6 @@ def lab_server(tmp_path: Path, results: Path):
         log.close()
 
 
-@pytest.fixture
-def jupyterlab(tmp_path):
-    with lab_server(tmp_path, nightly_root()) as (base, token, url, printed, _):
-        yield base, token, url, printed
 
 
 def run_all_cells(page) -> None:
@@ -178,7 +186,7 @@ SHAPES = "() => [...document.querySelectorAll('.widget-dropdown')].filter(d => d
 
 @pytest.mark.browser
 @needs_chromium
-def test_explorer_first_view_is_filled_and_a_run_change_keeps_the_shapes(tmp_path):
+def test_explorer_first_view_is_filled_and_a_run_change_keeps_the_shapes(launched, tmp_path):
     """What a new user gets from `make lab` on a fresh clone: no news prompt, no "not trusted" notebook;
     after Run All on a fresh CPU sweep every explorer figure holds data, and so it does after switching
     to the committed H200 run, whose shape the shape dropdown then offers (no widget state errors)."""
@@ -187,7 +195,7 @@ def test_explorer_first_view_is_filled_and_a_run_change_keeps_the_shapes(tmp_pat
     with lab_server(tmp_path, root) as (base, token, url, printed, log_path):
         with urllib.request.urlopen(f"{base}/lab/api/settings/@jupyterlab/apputils-extension:notification?token={token}") as r:
             notif = json.loads(r.read())
-        with browser() as ctx:
+        with offline_context(launched) as ctx:
             page = open_page(ctx, url)
             try:
                 run_all_cells(page)
@@ -255,59 +263,19 @@ def test_make_lab_runs_labkit_lab_as_any_user():
     assert ("--allow-root" in cmd) == (os.geteuid() == 0)
 
 
-@pytest.mark.browser
-@needs_chromium
-def test_lab_opens_on_the_explorer_controls_not_code(jupyterlab, tmp_path):
-    """The URL `make lab` prints opens explore.ipynb; after Run All the controls are visible in the first
-    screen, above every line of code (the code cells are hidden)."""
-    base, token, url, printed = jupyterlab
-    assert url == f"{base}/lab/tree/explore.ipynb?token={token}"
-    assert f"ssh -N -L {base.rsplit(':', 1)[1]}:127.0.0.1:" in printed          # how to reach it from a laptop
-    assert "Running as root is not recommended" not in printed
-    with browser() as ctx:
-        page = open_page(ctx, url)
-        try:
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60000)
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
-                                   timeout=30000)
-            try:
-                page.wait_for_selector(".jp-Dialog .jp-mod-accept", timeout=8000)
-                page.click(".jp-Dialog .jp-mod-accept")
-            except Exception:
-                pass
-            # hidden code: no code editor is shown in any code cell
-            shown_editors = page.evaluate("() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-editor')]"
-                                          ".filter(e => e.offsetParent !== null).length")
-            page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget; const k = w && w.sessionContext "
-                                   "&& w.sessionContext.session && w.sessionContext.session.kernel; return k && k.status === 'idle'; }",
-                                   timeout=180000)     # run-all before the kernel is up is lost on a loaded machine
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            page.wait_for_selector(".widget-dropdown", timeout=300000)
-            page.wait_for_selector(".widget-slider", timeout=60000)
-            page.wait_for_timeout(500)
-            vh = page.viewport_size["height"]
-            boxes = page.evaluate("""() => [...document.querySelectorAll('.widget-dropdown, .widget-slider')].map(e => {
-                                        const r = e.getBoundingClientRect(); return [r.top, r.bottom, r.height]; })""")
-            scrolled = page.evaluate("() => document.querySelector('.jp-WindowedPanel-outer, .jp-Notebook').scrollTop")
-        except Exception:
-            page.screenshot(path=str(tmp_path / "lab.png"))
-            raise AssertionError(f"JupyterLab check failed; screenshot {tmp_path / 'lab.png'}, browser errors "
-                                 f"{page.errors[:5]}, blocked {ctx.blocked[:5]}") from None
-        page.close()
-    assert shown_editors == 0, f"{shown_editors} code cells show their code"
-    assert len(boxes) >= 5 and all(h > 0 for _, _, h in boxes)
-    assert scrolled == 0
-    first_screen = [b for b in boxes if b[1] <= vh]
-    assert len(first_screen) >= 5, f"controls below the first screen ({vh} px): {boxes}"
+# the first three figures each hold a trace with points
+FIRST_VIEW_FILLED = """() => { const p = [...document.querySelectorAll('.js-plotly-plot')].slice(0, 3);
+                               return p.length === 3 && p.every(e => (e.data || []).some(t => t.y && t.y.length > 0)); }"""
 
 
-@pytest.mark.browser
-@needs_chromium
-def test_jupyterlab_runs_explorer_and_slider_changes_figure(jupyterlab, tmp_path):
-    base, token, url, _ = jupyterlab
-    point = ("() => { const p = document.querySelectorAll('.js-plotly-plot')[1]; "
-             "return p && p.data && p.data[0] ? Array.from(p.data[0].y).map(Number) : null; }")
-    with browser() as ctx:
+@pytest.fixture(scope="module")
+def lab_explorer(launched, tmp_path_factory):
+    """`make lab`'s command over the nightly runs, its printed URL opened and explore.ipynb run once (Run All),
+    shared by the three tests below: what the notebook shows before any cell runs and the first screen after
+    Run All are recorded here, before anything is touched; the slider test then moves a control on the page."""
+    from types import SimpleNamespace
+    tmp = tmp_path_factory.mktemp("lab")
+    with lab_server(tmp, nightly_root()) as (base, token, url, printed, _), offline_context(launched) as ctx:
         page = open_page(ctx, url)
         try:
             page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60000)
@@ -319,33 +287,94 @@ def test_jupyterlab_runs_explorer_and_slider_changes_figure(jupyterlab, tmp_path
                 page.click(".jp-Dialog .jp-mod-accept")
             except Exception:
                 pass
-            # fire and forget: the command's promise settles only when every cell has run
+            # before any cell runs: the saved first view draws its figures (no Run All yet)
+            try:
+                page.wait_for_function(FIRST_VIEW_FILLED, timeout=120000)
+                first_view = True
+            except Exception:
+                first_view = False
+            executed_before = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets"
+                                            ".filter(c => c.model.type === 'code' && c.model.executionCount).length")
+            errors_before = [e for e in page.errors if "pageerror" in e]
+            # hidden code: no code editor is shown in any code cell
+            shown_editors = page.evaluate("() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-editor')]"
+                                          ".filter(e => e.offsetParent !== null).length")
             page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget; const k = w && w.sessionContext "
                                    "&& w.sessionContext.session && w.sessionContext.session.kernel; return k && k.status === 'idle'; }",
                                    timeout=180000)     # run-all before the kernel is up is lost on a loaded machine
+            # fire and forget: the command's promise settles only when every cell has run
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            page.wait_for_selector(".widget-slider", timeout=300000)
-            # FigureWidgets: vs context, the selected point, vs budget (and live PCIe, on a GPU only)
-            page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 3 && "
-                                   "[...document.querySelectorAll('.js-plotly-plot')].every(e => e.querySelector('.main-svg'))",
-                                   timeout=60000)
-            page.wait_for_function(f"() => ({point})() !== null", timeout=30000)
-            before = page.evaluate(point)
-            slider = page.locator(".widget-slider").filter(has_text="context").first
-            assert "1K" in slider.inner_text()
-            slider.locator(".noUi-handle").first.focus()
-            page.keyboard.press("ArrowLeft")
-            page.wait_for_function(f"b => JSON.stringify(({point})()) !== JSON.stringify(b)", arg=before, timeout=30000)
-            after = page.evaluate(point)
-            assert "256" in slider.inner_text()
-            disabled_note = page.locator("text=measure now is disabled").count()
-            n_plots = page.locator(".js-plotly-plot").count()
+            page.wait_for_selector(".widget-dropdown", timeout=300000)
+            page.wait_for_selector(".widget-slider", timeout=60000)
+            page.wait_for_timeout(500)
+            vh = page.viewport_size["height"]
+            boxes = page.evaluate("""() => [...document.querySelectorAll('.widget-dropdown, .widget-slider')].map(e => {
+                                        const r = e.getBoundingClientRect(); return [r.top, r.bottom, r.height]; })""")
+            scrolled = page.evaluate("() => document.querySelector('.jp-WindowedPanel-outer, .jp-Notebook').scrollTop")
         except Exception:
-            page.screenshot(path=str(tmp_path / "lab.png"), full_page=True)
-            raise AssertionError(f"JupyterLab check failed; screenshot {tmp_path / 'lab.png'}, browser errors "
+            page.screenshot(path=str(tmp / "lab.png"))
+            raise AssertionError(f"JupyterLab check failed; screenshot {tmp / 'lab.png'}, browser errors "
                                  f"{page.errors[:5]}, blocked {ctx.blocked[:5]}") from None
-        errors = [e for e in page.errors if "pageerror" in e]
+        yield SimpleNamespace(base=base, token=token, url=url, printed=printed, page=page, ctx=ctx, tmp=tmp,
+                              first_view=first_view, executed_before=executed_before, errors_before=errors_before,
+                              shown_editors=shown_editors, vh=vh, boxes=boxes, scrolled=scrolled)
         page.close()
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_explore_opens_with_figures_before_any_cell_runs(lab_explorer):
+    """explore.ipynb draws its saved first view (a committed run) the moment it opens, before any cell runs."""
+    lab = lab_explorer
+    assert lab.first_view, f"no first view before Run All; screenshot of the page later: {lab.tmp / 'lab.png'}"
+    assert lab.executed_before == 0, "a cell ran: the first view must not need one"
+    assert not lab.errors_before, lab.errors_before
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_lab_opens_on_the_explorer_controls_not_code(lab_explorer):
+    """The URL `make lab` prints opens explore.ipynb; after Run All the controls are visible in the first
+    screen, above every line of code (the code cells are hidden)."""
+    lab = lab_explorer
+    assert lab.url == f"{lab.base}/lab/tree/explore.ipynb?token={lab.token}"
+    assert f"ssh -N -L {lab.base.rsplit(':', 1)[1]}:127.0.0.1:" in lab.printed      # how to reach it from a laptop
+    assert "Running as root is not recommended" not in lab.printed
+    assert lab.shown_editors == 0, f"{lab.shown_editors} code cells show their code"
+    assert len(lab.boxes) >= 5 and all(h > 0 for _, _, h in lab.boxes)
+    assert lab.scrolled == 0
+    first_screen = [b for b in lab.boxes if b[1] <= lab.vh]
+    assert len(first_screen) >= 5, f"controls below the first screen ({lab.vh} px): {lab.boxes}"
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_jupyterlab_runs_explorer_and_slider_changes_figure(lab_explorer):
+    page, ctx = lab_explorer.page, lab_explorer.ctx
+    point = ("() => { const p = document.querySelectorAll('.js-plotly-plot')[1]; "
+             "return p && p.data && p.data[0] ? Array.from(p.data[0].y).map(Number) : null; }")
+    try:
+        # FigureWidgets: vs context, the selected point, vs budget (and live PCIe, on a GPU only)
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 3 && "
+                               "[...document.querySelectorAll('.js-plotly-plot')].every(e => e.querySelector('.main-svg'))",
+                               timeout=60000)
+        page.wait_for_function(f"() => ({point})() !== null", timeout=120000)   # a loaded 2-core machine draws late
+        before = page.evaluate(point)
+        slider = page.locator(".widget-slider").filter(has_text="context").first
+        assert "1K" in slider.inner_text()
+        slider.locator(".noUi-handle").first.focus()
+        page.keyboard.press("ArrowLeft")
+        page.wait_for_function(f"b => JSON.stringify(({point})()) !== JSON.stringify(b)", arg=before, timeout=30000)
+        after = page.evaluate(point)
+        assert "256" in slider.inner_text()
+        disabled_note = page.locator("text=measure now is disabled").count()
+        n_plots = page.locator(".js-plotly-plot").count()
+    except Exception:
+        shot = lab_explorer.tmp / "lab-slider.png"
+        page.screenshot(path=str(shot), full_page=True)
+        raise AssertionError(f"JupyterLab check failed; screenshot {shot}, browser errors "
+                             f"{page.errors[:5]}, blocked {ctx.blocked[:5]}") from None
+    errors = [e for e in page.errors if "pageerror" in e]
     assert after != before and len(after) == len(before) == 3
     import torch
     if not torch.cuda.is_available():

