@@ -73,7 +73,7 @@ def test_every_experiment_finishes_through_the_rule():
     (the shared rule derives it from the rows and the exception in flight)."""
     files = [*sorted((REPO / "labkit" / "experiments").rglob("*.py")),
              REPO / "labkit" / "quality" / "experiment.py",
-             REPO / "labkit" / "xfer" / "experiment.py", REPO / "labkit" / "xfer" / "frontier.py",
+             REPO / "labkit" / "crossmodel" / "experiment.py", REPO / "labkit" / "crossmodel" / "frontier.py",
              REPO / "labkit" / "serving" / "experiment.py"]
     calls = 0
     for f in files:
