@@ -21,20 +21,12 @@ from labkit.engine.model import attention as A  # noqa: E402
 from labkit.engine.model import layers as L  # noqa: E402
 from labkit.params import parse_size  # noqa: E402
 from labkit.shapes import ModelShape  # noqa: E402
+from labkit.sweep import event_ms  # noqa: E402
 
 
 def timed(fn, repeats: int, warmup: int = 2) -> dict:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
+    """GPU time of each call alone (CUDA events, a synchronize before each: the sweep core's isolated timer)."""
+    ts = event_ms(fn, repeats, torch.device("cuda"), warmup=warmup, mode="isolated")
     return {"ms_median": statistics.median(ts), "ms_min": min(ts), "ms_max": max(ts), "repeats": repeats}
 
 

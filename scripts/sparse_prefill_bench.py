@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit.engine.model import sparse_prefill as P  # noqa: E402
 from labkit.engine.model.attention import dense_prefill_attention, fast_sdpa, split_rows  # noqa: E402
 from labkit.engine.model.kv import quantize_index_keys  # noqa: E402
+from labkit.sweep import event_ms  # noqa: E402
 
 T, K, HQ, NKV, D, HI, DI = 8192, 2048, 16, 2, 256, 4, 64
 PREFIXES = (1 << 16, 248 * 1024, 1 << 20)
@@ -31,17 +32,8 @@ DENSE_UP_TO = 248 * 1024          # dense attention at 1M is ~0.4 s a call: left
 
 
 def ms(fn, reps=3):
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    """Median GPU ms of `reps` calls after one warm call (the sweep core's isolated event timer)."""
+    return statistics.median(event_ms(fn, reps, torch.device("cuda"), warmup=1, mode="isolated"))
 
 
 def inputs(S, g):
