@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from .html import Page
 
-HEADLINE_RATIO = 1 / 32     # the issue: claims on traces recorded at budget/context <= 1/32
+HEADLINE_RATIO = 1 / 32     # the hot cache's headline holds for traces recorded at budget/context <= 1/32
 
 
 def hit_rate_vs_capacity(df: pd.DataFrame) -> go.Figure:
