@@ -43,7 +43,7 @@ from ...engine.model.attention import prefill_kernel
 from ...engine.model.layers import dn_prefill_kernel
 from ...engine.model.prefill_marks import PHASES, PrefillMarks
 from ...results import Run
-from ...shapes import ModelShape
+from ...shapes import ModelShape, planned_shape
 from ...params import BadInput, check_positive, fill_auto, gib, resolve_device
 from ... import sweep
 from ...sweep import sync
@@ -59,10 +59,7 @@ def check(p: dict) -> dict:
     dev = resolve_device(p["device"])
     fill_auto(SPEC, p, dev.type)          # "auto" per device, then the declared bounds and choices
     p["device"] = str(dev)
-    try:
-        shape = ModelShape.from_name(p["shape"])
-    except ValueError as ex:
-        raise BadInput(str(ex)) from None
+    shape = planned_shape(p["shape"])
     if not p["modes"]:
         raise BadInput(f"modes: none given; choose from {', '.join(MODES)}")
     check_positive("context_lens", p["context_lens"] or [0])     # none given

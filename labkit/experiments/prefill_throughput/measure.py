@@ -66,7 +66,7 @@ import torch
 from ...engine import Engine, HybridModel, OffloadCache, get_strategy
 from ...params import BadInput, fill_auto, resolve_device
 from ...results import Run
-from ...shapes import ModelShape
+from ...shapes import ModelShape, planned_shape
 from ... import sweep
 from ..prefill.measure import apply_cap, check_cap
 from .fit import CONFIGS, KV_ON_DEVICE, Fit, cap_holding, chunk_step, fit, padded, size, slot_bytes
@@ -85,10 +85,7 @@ def check(p: dict) -> dict:
     dev = resolve_device(p["device"])
     fill_auto(SPEC, p, dev.type)
     p["device"] = str(dev)
-    try:
-        shape = ModelShape.from_name(p["shape"])
-    except ValueError as ex:
-        raise BadInput(str(ex)) from None
+    shape = planned_shape(p["shape"])
     if not p["configs"]:
         raise BadInput(f"configs: none given; choose from {', '.join(CONFIGS)}")
     p["configs"] = list(dict.fromkeys(p["configs"]))

@@ -291,22 +291,11 @@ def _close(run, out: dict, before: dict | None, reqs: list, wp: dict, roles: dic
     stopped at its deadline says which windows a resume still has to replay."""
     import pandas as pd
 
-    from ...stats import windows as W
     if out["kept"] and before and len(before.get("requests", [])):
         old = before["requests"]
         reqs[:0] = old[old["window"].isin(out["kept"])].to_dict("records")
     run.write_table("requests", pd.DataFrame(reqs))
-    ratios = ladder_ratios(run.metrics(), wp, out["chosen"], roles)
-    run.write_table("window_ratios", ratios)
-    run.write_table("window_summary", W.summarize(ratios))
-    run.write_table("selection", out["selection"])
-    run.update_manifest(chosen=out["chosen"], complete_windows=out["complete"], kept_windows=out["kept"],
-                        measured_windows=sorted({w for w, _ in out["order"]}))
-    if out["stopped"]:
-        left = [w for w in roles if w not in out["complete"]]
-        run.finish(error=f"{out['stopped']}: windows {', '.join(map(str, left))} not replayed (resume=auto continues)")
-    else:
-        run.finish()
+    R.close_windows(run, wp, out, roles, ratios=ladder_ratios(run.metrics(), wp, out["chosen"], roles))
 
 
 def ladder_ratios(m, wp: dict, chosen: dict, roles: dict):

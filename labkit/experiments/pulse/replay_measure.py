@@ -361,7 +361,7 @@ def run(p: dict, progress_bar: bool = False):
         out = W.replay_windows(p, bounds, replay, record, earlier=earlier, t0=t0)
     _keep_earlier(tables, before, out["kept"], sampled)
     write_tables()
-    _close(run, p, out, roles)
+    close_windows(run, p, out, roles)
     sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), run.path, p)), progress_bar, EXPERIMENT)
     return run
 
@@ -378,11 +378,11 @@ def _keep_earlier(tables: dict, before: dict | None, kept: list, sampled: int) -
                 tables[name] = t.to_dict("records") + tables[name]
 
 
-def _close(run, p: dict, out: dict, roles: dict) -> None:
-    """The per-window ratios, their summary and the choice; the run's status (a stopped run names the windows a
-    resume still has to replay)."""
+def close_windows(run, p: dict, out: dict, roles: dict, ratios=None) -> None:
+    """The per-window ratios (`ratios`, or the arms' to the reference), their summary and the choice; the run's
+    status (a stopped run names the windows a resume still has to replay). The ladder closes through it too."""
     from ...stats import windows as W
-    ratios = W.window_ratios(run.metrics(), p, out["chosen"], roles)
+    ratios = W.window_ratios(run.metrics(), p, out["chosen"], roles) if ratios is None else ratios
     run.write_table("window_ratios", ratios)
     run.write_table("window_summary", W.summarize(ratios))
     run.write_table("selection", out["selection"])
