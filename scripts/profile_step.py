@@ -88,6 +88,8 @@ def main():
     ap.add_argument("--strategy", default="resident")
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--tag", default="step")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a strategy setting by its sweep name (e.g. hot_defer=false); repeatable, recorded")
     ap.add_argument("--mix", default="fused", choices=("fused", "unfused", "both"),
                     help="the DeltaNet mixer as one kernel, as torch.compile's kernels, or both in this process "
                          "(an A/B within one process)")
@@ -99,9 +101,19 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     model = HybridModel(PRESETS[a.shape], "cuda")
-    strat = get_strategy(a.strategy)
+    from labkit.engine.transfer.base import STRATEGIES
+    from labkit.params import Param, parse_value
+    declared = {st.param: st for cls in STRATEGIES.values() for st in cls.SETTINGS}
+    settings = {}
+    for kv in a.set:
+        name, _, value = kv.partition("=")
+        if name not in declared:
+            sys.exit(f"profile_step: --set {kv}: unknown strategy setting (choose from {', '.join(sorted(declared))})")
+        st = declared[name]
+        settings[name] = parse_value(Param(name, st.kind, st.default, st.help), value)
+    strat = get_strategy(a.strategy, **settings)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": a.shape, "ctx": a.ctx,
-           "strategy": a.strategy, "budget": a.budget, "env": {k: v for k, v in os.environ.items()
+           "strategy": a.strategy, "settings": settings, "budget": a.budget, "env": {k: v for k, v in os.environ.items()
                                                                 if k.startswith("LABKIT_")},
            "weight_bytes": model.step_weight_bytes(), "points": []}
     from labkit import envs
@@ -115,7 +127,7 @@ def main():
         cache = OffloadCache.allocate(model, strat.medium, conc, a.ctx + 256)
         cache.fill_random_([a.ctx] * conc, seed=0)
         cache.lens[:conc] = a.ctx
-        r = DecodeRunner(Engine(model, cache, get_strategy(a.strategy), a.budget), conc, max_steps=256)
+        r = DecodeRunner(Engine(model, cache, get_strategy(a.strategy, **settings), a.budget), conc, max_steps=256)
         r.prepare()
         return r, cache
 
