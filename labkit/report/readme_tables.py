@@ -370,6 +370,44 @@ def pulse_selection_table(requests: int = 4, budgets=(256, 2048)) -> str:
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
+def pulse_ladder_table() -> str:
+    """PulseInfer's ladder (`RUNS["pulse_ladder"]`): per rung, throughput and p99 TPOT as ratios to the first rung
+    on the same test window (median, min, max, 95% bootstrap interval over the windows), and what each rung moved
+    (bytes per copy, copies per step, the most requests running at once: medians over the test windows)."""
+    run = RUNS.get("pulse_ladder")
+    if not run:
+        return "No ladder run is named in docs/runs.toml yet."
+    lr = load_run(REPO / run)
+    mf, prm, m = lr.manifest, lr.manifest["parameters"], lr.metrics
+    s = lr.table("window_summary").set_index("arm")
+    test = m[(m["window_role"] == "test") & m["rung"].notna()]
+    f2 = lambda v: "-" if pd.isna(v) else f"{v:.2f}"            # noqa: E731
+    rows = []
+    for arm, r in s.iterrows():
+        mine = test[test["rung"] == arm]
+        kib = mine["bytes_per_copy"].median() / 1024
+        rows.append({"rung": f"`{arm}`", "setting": r["policy"], "windows": int(r["throughput_ratio_n"]),
+                     "tok/s ratio median": f2(r["throughput_ratio"]),
+                     "min–max": f"{f2(r['throughput_ratio_min'])}–{f2(r['throughput_ratio_max'])}",
+                     "95% interval": f"[{f2(r['throughput_ratio_lo'])}, {f2(r['throughput_ratio_hi'])}]",
+                     "p99 TPOT ratio median": f2(r["tpot_p99_ratio"]),
+                     "p99 95% interval": f"[{f2(r['tpot_p99_ratio_lo'])}, {f2(r['tpot_p99_ratio_hi'])}]",
+                     "KiB per copy": "-" if pd.isna(kib) else f"{kib:.1f}",
+                     "copies per step": "-" if pd.isna(mine["copies_per_step"].median()) else f"{mine['copies_per_step'].median():,.0f}",
+                     "most running": f"{mine['max_running'].median():.0f}"})
+    ratios = lr.table("window_ratios")
+    vs = ratios[(ratios["role"] == "test") & (ratios["arm"] == "adaptive")]["throughput_vs_no_offload"]
+    span = lambda ws: f"{min(ws)}–{max(ws)}"                   # noqa: E731
+    lead = (f"Run `{mf['run_id']}` ({mf.get('gpu_name') or 'CPU'}; {len(mf.get('resumed_from') or [])} earlier pieces "
+            f"resumed): {prm['windows']} windows of {prm['window_size']} Mooncake requests (inputs × "
+            f"{float(prm['length_scale']):g}, ≤ {prm['max_output']} output tokens), windows {span(mf['calibration'])} "
+            f"calibrate, {span(mf['test'])} test; device KV cap {prm['device_kv_tokens']:,} tokens. Ratios to "
+            f"`per_head` on the same window, rungs in an order turned per window.")
+    tail = (f"Full PulseInfer (`adaptive`) / `no_offload` under the same cap, per test window: median "
+            f"{vs.median():.2f}×, {vs.min():.2f}–{vs.max():.2f}.")
+    return lead + "\n\n" + _md(pd.DataFrame(rows)) + "\n\n" + tail
+
+
 def pulse_trace_table() -> str:
     """The trace replayed over disjoint windows (`RUNS["pulse_trace_windows"]`, when one is committed): per
     policy, median, min and max over the test windows of its throughput and p99 TPOT as ratios to the
@@ -965,7 +1003,7 @@ def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
     return {"headlines": headlines(), "serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
             "pulse-scaling-compiled-h200": pulse_scaling_compiled_table(), "pulse-selection-h200": pulse_selection_table(),
-            "pulse-trace-h200": pulse_trace_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "quality-sparse-prefill-cpu": quality_sparse_prefill_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "prefill-anatomy-h200": prefill_anatomy_table(), "prefill-kernels-h200": prefill_kernels_table(), "capacity-h200": capacity_table(),
+            "pulse-trace-h200": pulse_trace_table(), "pulse-ladder-h200": pulse_ladder_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "quality-sparse-prefill-cpu": quality_sparse_prefill_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "prefill-anatomy-h200": prefill_anatomy_table(), "prefill-kernels-h200": prefill_kernels_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(), "decode-trace-h200": decode_trace_table(),
             **xfer_blocks(),
