@@ -23,17 +23,24 @@ that also histograms is several times dearer (`tl.histogram` is 1-D, so one quer
    ~1.3 k / 8 + 4. Its lowest key is a lower bound on the query's k-th largest score, with ~1.3 k + 32
    keys expected at or above it (0 for a query that sees at most `cap` keys);
 2. collect: one pass over all keys writes each query's keys at or above its bound, (key, position), in
-   position order (a running count plus a prefix sum in the tile), at most `cap` = 2k of them;
-3. select: one program a query runs four radix passes over its candidates in registers and writes the
-   taken positions at their rank. Since every key at or above the k-th largest is a candidate, this is the
-   exact selection, ties included;
-4. a query with fewer candidates than it takes (the sample put the bound too high) or more than `cap`
-   (ties, or a sample that missed) is flagged, and the exact passes run for the flagged queries only:
-   four histogram passes over all their keys (pass p counts the next 8 bits of the keys whose higher bits
-   equal the prefix found so far; each program owns its queries' histograms, stored once without atomics)
-   and a write pass. They are launched always; a program with no flagged query reads nothing (no sync).
-Memory besides inputs and outputs: histograms [6, T, 256] int32 and candidates [T, 2k] x 8 B (268 MB at
-T = 8192, k = 2048: the size of the output). `method="exact"` runs the exact passes for every query.
+   position order (a running count plus a prefix sum in the tile), in two lists: those above the bound's
+   16-bit bucket (at most `cap` = 2k) and those inside it (at most `bcap` = k), with the bucket's count and
+   its smallest and largest key. Ties gather in the bucket: a query whose head weights are all negative
+   scores every key with no positive dot exactly 0, and its k-th largest is one of thousands of equal keys
+   (with random weights one query in 16; with a single list of 2k, 510 of 8,192 queries at 248K took the
+   exact passes on the H200, about that share, and the exact passes then ran in nearly every program);
+3. select: one program a query runs four radix passes over both lists in registers, then sorts the taken
+   positions. Since every key at or above the k-th largest is a candidate, or the bucket's list stopped early
+   on a bucket of one repeated key (whose first keys are its lowest positions), this is the exact selection,
+   ties included;
+4. a query with fewer candidates than it takes (the sample put the bound too high), more than `cap` above
+   the bucket, or a bucket of distinct keys over `bcap` that it needs, is flagged, and the exact passes run
+   for the flagged queries only: four histogram passes over all their keys (pass p counts the next 8 bits of
+   the keys whose higher bits equal the prefix found so far; each program owns its queries' histograms, stored
+   once without atomics) and a write pass. They are launched always; a program with no flagged query reads
+   nothing (no sync).
+Memory besides inputs and outputs: histograms [6, T, 256] int32 and candidates [T, 3k] x 8 B (403 MB at
+T = 8192, k = 2048). `method="exact"` runs the exact passes for every query.
 A query that sees n < k keys asks the walk for n: the threshold is then its smallest key and all are taken.
 
 Attention: one program per (query, KV head). The selected rows are read once for all the query heads of
@@ -231,21 +238,31 @@ if HAVE_TRITON:
             eq_seen += tl.sum(eq, 1)
 
     @triton.jit
-    def _collect_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, shist_ptr, ckey_ptr, cpos_ptr, cnt_ptr, T, S, K, CAP,
-                        iq_st, iq_sh, iw_st, k_ss, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
-                        DI: tl.constexpr, RADIX: tl.constexpr, DOT_F32: tl.constexpr, SUB: tl.constexpr):
-        """Every visible key at or above the query's bound, (key, position) in position order, the first CAP
-        kept; how many there were. The bound: the sample walk's 16-bit prefix (its lowest key); 0 for a query
-        that sees at most CAP keys (all of them are candidates)."""
+    def _collect_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, shist_ptr, ckey_ptr, cpos_ptr, cnt_ptr, bkey_ptr,
+                        bpos_ptr, bcnt_ptr, brange_ptr, T, S, K, CAP, BCAP, iq_st, iq_sh, iw_st, k_ss, BT: tl.constexpr,
+                        BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr, RADIX: tl.constexpr,
+                        DOT_F32: tl.constexpr, SUB: tl.constexpr):
+        """The keys at or above the query's bound, in position order, in two lists: those above the bound's
+        16-bit bucket (the first CAP kept) and those inside it (the first BCAP kept), with how many there were and
+        the bucket's smallest and largest key. The bound: the sample walk's 16-bit prefix; none (every key above)
+        for a query that sees at most CAP keys. The bucket has its own list because ties gather there: a query
+        whose head weights are all negative scores most keys exactly 0, and its k-th largest is one of thousands
+        of equal keys, which only their positions order."""
         t, tm, qp = _rows(qp_ptr, qp_ptr, T, BT, False)
         pre, _left = _walk(shist_ptr, t, tm, T, _want(qp, S, K, SUB), 2, RADIX)
-        lo = tl.where(tl.minimum(qp + 1, S) <= CAP, 0, pre << 16)
+        whole = tl.minimum(qp + 1, S) <= CAP
+        lo = tl.where(whole, 0, pre.to(tl.int64) << 16)
+        hi = tl.where(whole, 0, (pre.to(tl.int64) + 1) << 16)          # int64: the top bucket's end is 2^32
         cnt = tl.zeros([BT], dtype=tl.int32)
+        bcnt = tl.zeros([BT], dtype=tl.int32)
+        bmin = tl.full([BT], 1 << 32, dtype=tl.int64)
+        bmax = tl.full([BT], -1, dtype=tl.int64)
         end = tl.minimum(tl.max(qp, 0) + 1, S)
         for s0 in range(0, end, BS):
             key, ok, s = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
                                      BS, HI, DI, DOT_F32, 1)
-            c = ok & (key >= lo[:, None])
+            k64 = key.to(tl.int64)
+            c = ok & (k64 >= hi[:, None])
             ci = c.to(tl.int32)
             at = cnt[:, None] + tl.cumsum(ci, 1) - 1
             w = c & (at < CAP)
@@ -253,24 +270,53 @@ if HAVE_TRITON:
             tl.store(ckey_ptr + off, key.to(tl.int32, bitcast=True), mask=w)
             tl.store(cpos_ptr + off, tl.zeros_like(at) + s[None, :], mask=w)
             cnt += tl.sum(ci, 1)
+            b = ok & (k64 >= lo[:, None]) & (k64 < hi[:, None])
+            bi = b.to(tl.int32)
+            at = bcnt[:, None] + tl.cumsum(bi, 1) - 1
+            w = b & (at < BCAP)
+            off = t[:, None].to(tl.int64) * BCAP + at
+            tl.store(bkey_ptr + off, key.to(tl.int32, bitcast=True), mask=w)
+            tl.store(bpos_ptr + off, tl.zeros_like(at) + s[None, :], mask=w)
+            bcnt += tl.sum(bi, 1)
+            bmin = tl.minimum(bmin, tl.min(tl.where(b, k64, 1 << 32), 1))
+            bmax = tl.maximum(bmax, tl.max(tl.where(b, k64, -1), 1))
         tl.store(cnt_ptr + t, cnt, mask=tm)
+        tl.store(bcnt_ptr + t, bcnt, mask=tm)
+        tl.store(brange_ptr + 2 * t, bmin, mask=tm)
+        tl.store(brange_ptr + 2 * t + 1, bmax, mask=tm)
 
     @triton.jit
-    def _cand_select_kernel(qp_ptr, ckey_ptr, cpos_ptr, cnt_ptr, flag_ptr, idx_ptr, valid_ptr, S, K,
-                            CAP: tl.constexpr, RADIX: tl.constexpr):
-        """One query: the k largest of its candidates (four radix passes in registers, ties to the lowest
-        position), written in position order. A query whose candidates are fewer than it takes (the bound
-        was above its k-th largest) or overflowed CAP is flagged for the exact passes instead."""
+    def _cand_select_kernel(qp_ptr, ckey_ptr, cpos_ptr, cnt_ptr, bkey_ptr, bpos_ptr, bcnt_ptr, brange_ptr, flag_ptr,
+                            idx_ptr, valid_ptr, S, K, CAP: tl.constexpr, BCAP: tl.constexpr, N: tl.constexpr,
+                            RADIX: tl.constexpr):
+        """One query: the k largest of its candidates (four radix passes in registers over both lists, ties to
+        the lowest position), written in position order. Exact when every key at or above the k-th largest is
+        in a list: the bucket's list may stop early only when the bucket is one repeated key (then its first
+        keys are its lowest positions) or when the keys above it are k already. Otherwise (the bound was above
+        the k-th largest, or a list overflowed with distinct keys) the query is flagged for the exact passes."""
         t = tl.program_id(0)
         qp = tl.load(qp_ptr + t)
         k_eff = tl.minimum(tl.minimum(qp + 1, S), K).to(tl.int32)
-        c = tl.load(cnt_ptr + t)
-        if (c < k_eff) | (c > CAP):
+        ca = tl.load(cnt_ptr + t)
+        cb = tl.load(bcnt_ptr + t)
+        pure = tl.load(brange_ptr + 2 * t) == tl.load(brange_ptr + 2 * t + 1)
+        short = (ca + cb < k_eff) | (ca > CAP)
+        cut = (cb > BCAP) & (ca < k_eff) & (~pure)
+        if short | cut:
             tl.store(flag_ptr + t, 1)
         else:
-            j = tl.arange(0, CAP)
-            m = j < c
-            key = tl.load(ckey_ptr + t.to(tl.int64) * CAP + j, mask=m, other=0).to(tl.uint32, bitcast=True)
+            # one vector of N (a power of two >= CAP + BCAP): the first list in [0, CAP), the bucket's in
+            # [CAP, CAP + BCAP); a key's ties all sit in one list (the lists hold disjoint key ranges), each in
+            # position order, so a running count of equal keys ranks ties by position
+            j = tl.arange(0, N)
+            ina = j < CAP
+            jb = tl.where(ina, 0, j - CAP)
+            m = tl.where(ina, j < ca, (jb < tl.minimum(cb, BCAP)) & (j < CAP + BCAP))
+            row_a, row_b = t.to(tl.int64) * CAP, t.to(tl.int64) * BCAP
+            key = tl.where(ina, tl.load(ckey_ptr + row_a + j, mask=m & ina, other=0),
+                           tl.load(bkey_ptr + row_b + jb, mask=m & (~ina), other=0)).to(tl.uint32, bitcast=True)
+            pos = tl.where(ina, tl.load(cpos_ptr + row_a + j, mask=m & ina, other=0),
+                           tl.load(bpos_ptr + row_b + jb, mask=m & (~ina), other=0))
             bins = tl.arange(0, RADIX)
             need = k_eff
             thr = tl.zeros((), dtype=tl.uint32)
@@ -280,17 +326,18 @@ if HAVE_TRITON:
                 else:
                     match = m & ((key >> (32 - 8 * p)) == thr)
                 digit = tl.where(match, (key >> (24 - 8 * p)) & (RADIX - 1), 0).to(tl.int32)
-                h = tl.histogram(digit, RADIX) - tl.where(bins == 0, CAP - tl.sum(match.to(tl.int32), 0), 0)
+                h = tl.histogram(digit, RADIX) - tl.where(bins == 0, N - tl.sum(match.to(tl.int32), 0), 0)
                 ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h
                 d = tl.sum((ge >= need).to(tl.int32), 0) - 1
                 need -= tl.sum(tl.where(bins > d, h, 0), 0)
                 thr = (thr << 8) | d.to(tl.uint32)
             eq = (m & (key == thr)).to(tl.int32)
             take = (m & (key > thr)) | ((eq == 1) & (tl.cumsum(eq, 0) <= need))
-            rank = tl.cumsum(take.to(tl.int32), 0) - 1
-            pos = tl.load(cpos_ptr + t.to(tl.int64) * CAP + j, mask=take, other=0)
-            tl.store(idx_ptr + t.to(tl.int64) * K + rank, pos.to(tl.int64), mask=take)
-            tl.store(valid_ptr + t.to(tl.int64) * K + rank, take.to(tl.int8), mask=take)
+            # the two lists interleave in position: sort the taken positions (the rest past every position)
+            order = tl.sort(tl.where(take, pos, 0x7FFFFFFF))
+            w = j < k_eff
+            tl.store(idx_ptr + t.to(tl.int64) * K + j, order.to(tl.int64), mask=w)
+            tl.store(valid_ptr + t.to(tl.int64) * K + j, w.to(tl.int8), mask=w)
 
     @triton.jit
     def _sparse_attn_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, valid_ptr, o_ptr, K, qk_scale, q_st, q_sh, k_ss, k_sh,
@@ -342,13 +389,19 @@ def _triton_ok(t: torch.Tensor) -> bool:
 
 
 def default_cap(k: int) -> int:
-    """Candidates kept a query on the bounded path: twice k (the bound aims at ~1.3 k), at least 256."""
+    """Candidates above the bound's bucket kept a query on the bounded path: twice k (the bound aims at ~1.3 k),
+    at least 256."""
     return max(256, triton.next_power_of_2(2 * k))
+
+
+def default_bucket_cap(k: int) -> int:
+    """Keys inside the bound's bucket kept a query: k (a bucket of ties gives at most k of them), at least 256."""
+    return max(256, triton.next_power_of_2(k))
 
 
 def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs: int = 128, warps: int = 8,
                           method: str = "bounded", cap: int | None = None, sub: int = SAMPLE_STRIDE,
-                          bt_collect: int = 16, stats: dict | None = None):
+                          bt_collect: int = 16, stats: dict | None = None, bcap: int | None = None):
     """`method="exact"`: the four histogram passes and the write pass over every key of every query.
     `"bounded"` (default): two histogram passes over every `sub`-th key give each query a lower bound on its
     k-th largest score; one pass over all keys collects the keys at or above it (at most `cap` a query) and a
@@ -358,7 +411,8 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs:
     small), `bt_collect` in the collect pass (no histogram: more queries share each key tile's load), `bs`
     keys a tile. The defaults fit sm_90's registers (compiled ahead: at 4 warps the passes need all 255 a
     thread; at 8 warps the histogram passes 150-190, the collect pass ~240 and no spill; 32 queries a
-    collect program spill). `stats`, if given, receives `fallback` [T] int32: 1 where a query took the exact passes."""
+    collect program spill). `cap` and `bcap` (at least k): the two lists' lengths (`default_cap`,
+    `default_bucket_cap`). `stats`, if given, receives `fallback` [T] int32: 1 where a query took the exact passes."""
     _check_select(iq, iw, keys, scales, q_pos, k)
     if method not in ("bounded", "exact"):
         raise ValueError(f"prefill_select: unknown method {method!r} (bounded, exact)")
@@ -382,13 +436,21 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs:
         for p in range(2):
             _select_hist_kernel[grid](*head, shist, flag, T, S, k, *strides, PASS=p, STRIDE=sub, USE_FLAG=False,
                                       **tiles)
+        bcap = bcap or default_bucket_cap(k)
+        if bcap < k:
+            raise ValueError(f"prefill_select: bcap={bcap} must be at least k={k} (a bucket of ties gives up to k)")
         ckey = torch.empty((T, cap), dtype=torch.int32, device=dev)
         cpos = torch.empty((T, cap), dtype=torch.int32, device=dev)
+        bkey = torch.empty((T, bcap), dtype=torch.int32, device=dev)
+        bpos = torch.empty((T, bcap), dtype=torch.int32, device=dev)
         cnt = torch.empty(T, dtype=torch.int32, device=dev)
-        _collect_kernel[(triton.cdiv(T, bt_collect),)](*head, shist, ckey, cpos, cnt, T, S, k, cap, *strides, SUB=sub,
-                                                       **{**tiles, "BT": bt_collect})
-        _cand_select_kernel[(T,)](q_pos, ckey, cpos, cnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap,
-                                  RADIX=RADIX, num_warps=4 if cap <= 4096 else 8)
+        bcnt = torch.empty(T, dtype=torch.int32, device=dev)
+        brange = torch.empty((T, 2), dtype=torch.int64, device=dev)
+        _collect_kernel[(triton.cdiv(T, bt_collect),)](*head, shist, ckey, cpos, cnt, bkey, bpos, bcnt, brange, T, S, k,
+                                                       cap, bcap, *strides, SUB=sub, **{**tiles, "BT": bt_collect})
+        _cand_select_kernel[(T,)](q_pos, ckey, cpos, cnt, bkey, bpos, bcnt, brange, flag, idx, valid.view(torch.int8),
+                                  S, k, CAP=cap, BCAP=bcap, N=triton.next_power_of_2(cap + bcap), RADIX=RADIX,
+                                  num_warps=4 if cap + bcap <= 4096 else 8)
         if stats is not None:
             stats["fallback"] = flag
     hist = torch.empty((N_PASSES, T, RADIX), dtype=torch.int32, device=dev)     # rows written by their pass
