@@ -288,6 +288,15 @@ SCRIPT = textwrap.dedent('''
         assert torch.equal(st1[miss], src[rows[miss]]) and (st1[~miss] == -1).all(), "fused(rev=): staged misses"
         assert torch.equal(s1, slots0), "fused(rev=): slots untouched"
         assert (a.float() - b.float()).abs().max().item() <= 0.02 * b.float().abs().max().item() + 1e-2
+        wr = torch.randperm(R, generator=g)[:6]                   # a step's new rows: half of them cached
+        rv = torch.full((R + 1,), -1, dtype=torch.int32)
+        rv[wr[:3]] = torch.randperm(S, generator=g)[:3].to(torch.int32)
+        new = torch.randn(6, 4 * W, generator=g).to(torch.bfloat16).view(torch.int64)
+        p1, p2, s1, s2 = src.clone(), src.clone(), slots0.clone(), slots0.clone()
+        gather.scatter_rows(new, wr, p1, rev=rv, slots=s1)        # written, and their cached copies refreshed
+        p2[wr] = new
+        s2[rv[wr[:3]].long()] = new[:3]
+        assert torch.equal(p1, p2) and torch.equal(s1[:S], s2[:S]), "scatter_rows(rev=): pool and cached copies"
         s1, s2 = slots0.clone(), slots0.clone()                  # the deferred inserts: kept rows only
         hot_gather.insert_rows(o1, victim, s1, rows_per_prog=4)
         s2.index_copy_(0, torch.where(victim >= 0, victim, S), o1)

@@ -54,17 +54,22 @@ if HAVE_TRITON:
                 tl.store(dst_ptr + j * W + col, v, mask=m)      # j * W < 2**31: a load is at most ~1M words
 
     @triton.jit
-    def _scatter_rows_kernel(src_ptr, rows_ptr, dst_ptr, n_rows, W: tl.constexpr, ROWS: tl.constexpr,
-                             BLOCK: tl.constexpr):
+    def _scatter_rows_kernel(src_ptr, rows_ptr, dst_ptr, rev_ptr, slots_ptr, n_rows, W: tl.constexpr,
+                             ROWS: tl.constexpr, BLOCK: tl.constexpr, REFRESH: tl.constexpr):
         pid = tl.program_id(0)
         j = pid * ROWS + tl.arange(0, ROWS)
         jm = j < n_rows
         r = tl.load(rows_ptr + j, mask=jm, other=0).to(tl.int64)
+        if REFRESH:   # the row's cached copy, where it has one (rev >= 0), gets the same bytes
+            s = tl.load(rev_ptr + r, mask=jm, other=-1).to(tl.int64)
+            sm = jm & (s >= 0)
         for c in tl.static_range(0, W, BLOCK):
             col = c + tl.arange(0, BLOCK)
             m = jm[:, None] & (col[None, :] < W)
             v = tl.load(src_ptr + j.to(tl.int64)[:, None] * W + col[None, :], mask=m)
             tl.store(dst_ptr + r[:, None] * W + col[None, :], v, mask=m)
+            if REFRESH:
+                tl.store(slots_ptr + s[:, None] * W + col[None, :], v, mask=sm[:, None] & (col[None, :] < W))
 
 
 def launch_ok(*tensors: torch.Tensor) -> bool:
@@ -104,13 +109,23 @@ def gather_rows_paced(src: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, 
     return out
 
 
-def scatter_rows(values: torch.Tensor, rows: torch.Tensor, dst: torch.Tensor, rows_per_prog: int = 1) -> torch.Tensor:
-    """dst[rows[j]] = values[j] — writes a decode step's new rows into the pool (host or device)."""
+def scatter_rows(values: torch.Tensor, rows: torch.Tensor, dst: torch.Tensor, rows_per_prog: int = 1,
+                 rev: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
+    """dst[rows[j]] = values[j] — writes a decode step's new rows into the pool (host or device). With `rev`
+    (a row's slot, -1 when it has none) and `slots` (whose last row is a trash row), also slots[rev[rows[j]]] =
+    values[j] where a row has a slot, in the same kernel: the hot cache's refresh of a cached copy (in torch ops
+    five small kernels a layer)."""
     assert values.dim() == 2 and dst.dim() == 2 and values.shape[1] == dst.shape[1]
+    assert (rev is None) == (slots is None) and (slots is None or slots.shape[1] == dst.shape[1])
     if not launch_ok(values, rows, dst):
         dst.index_copy_(0, rows.to(dst.device), values.to(dst.device))
+        if rev is not None:   # no host sync (graphs): rows without a slot write slots' last row, a trash row
+            s = rev.index_select(0, rows.to(rev.device)).to(torch.int64)
+            slots.index_copy_(0, torch.where(s >= 0, s, slots.shape[0] - 1).to(slots.device), values.to(slots.device))
         return dst
     M, W = values.shape
-    _scatter_rows_kernel[(triton.cdiv(M, rows_per_prog),)](values, rows, dst, M, W=W, ROWS=rows_per_prog,
-                                                           BLOCK=col_block(W), num_warps=4)
+    refresh = rev is not None
+    _scatter_rows_kernel[(triton.cdiv(M, rows_per_prog),)](values, rows, dst, rev if refresh else rows,
+                                                           slots if refresh else dst, M, W=W, ROWS=rows_per_prog,
+                                                           BLOCK=col_block(W), REFRESH=refresh, num_warps=4)
     return dst

@@ -314,11 +314,10 @@ class HotCache(TransferStrategy):
         self._join()
 
     def store(self, pool, layer, rows, values):
-        gather.scatter_rows(values, rows, pool.data[layer])
-        if self.index is not None:       # refresh a cached copy (the trash slot takes the others)
-            s = self.index.rev[layer].index_select(0, rows).to(torch.int64)
-            t = torch.where(s >= 0, s, self.index.slots)
-            self.data[layer].index_copy_(0, t, values.to(self.data.device))
+        if self.index is None:
+            gather.scatter_rows(values, rows, pool.data[layer])
+        else:                            # and refresh a cached copy, in the same kernel
+            gather.scatter_rows(values, rows, pool.data[layer], rev=self.index.rev[layer], slots=self.data[layer])
 
     def counters(self) -> dict[str, int]:
         return self.index.counters() if self.index is not None else {}
