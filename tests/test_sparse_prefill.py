@@ -163,10 +163,19 @@ SCRIPT = HELPERS + textwrap.dedent('''
     adv[3] = torch.where(torch.arange(600) % 8 == 0, 4.0, 0.25).half()   # every sampled key scaled up 16x
     neg = list(exact_inputs(24, 2000, seed=10))
     neg[1] = -neg[1].abs() - 0.5                                         # every head weight negative
+    # five keys score above 0 and every other exactly 0: the top k takes the five and the lowest-placed zeros,
+    # from both lists at once (interleaved in position)
+    S_m, T_m = 600, 16
+    few = torch.zeros(S_m, 64)
+    few[torch.tensor([3, 170, 333, 480, 599]), 0] = 2.0
+    iq_m = torch.zeros(T_m, 4, 64)
+    iq_m[:, 0, 0] = 1.0
+    mixed = (iq_m.bfloat16(), torch.tensor([[0.5, -1.0, -1.0, -1.0]] * T_m).bfloat16(), few.to(torch.float8_e4m3fn),
+             torch.ones(S_m).half(), torch.arange(S_m - T_m, S_m))
     cases = [(exact_inputs(32, 600, seed=5), 16, 128, "bounded"), (exact_inputs(32, 600, seed=6), 64, 256, "bounded"),
              (exact_inputs(32, 600, seed=8), 1, 64, "bounded"), (tuple(adv), 64, 256, "bound too high"),
              (exact_inputs(24, 600, seed=9, ties=True), 16, 128, "ties over the cap"),
-             (tuple(neg), 16, 32, "all weights negative")]
+             (tuple(neg), 16, 32, "all weights negative"), (mixed, 16, 32, "ties and five above")]
     for (iq, iw, keys, scales, q_pos), k, cap, what in cases:
         stats = {}
         got = P.prefill_select_triton(iq, iw, keys, scales, q_pos, k, cap=cap, stats=stats, bcap=max(k, 32))

@@ -29,8 +29,8 @@ that also histograms is several times dearer (`tl.histogram` is 1-D, so one quer
    scores every key with no positive dot exactly 0, and its k-th largest is one of thousands of equal keys
    (with random weights one query in 16; with a single list of 2k, 510 of 8,192 queries at 248K took the
    exact passes on the H200, about that share, and the exact passes then ran in nearly every program);
-3. select: one program a query runs four radix passes over both lists in registers, then sorts the taken
-   positions. Since every key at or above the k-th largest is a candidate, or the bucket's list stopped early
+3. select: one program a query runs four radix passes over both lists in registers; where both lists give
+   keys it sorts the taken positions. Since every key at or above the k-th largest is a candidate, or the bucket's list stopped early
    on a bucket of one repeated key (whose first keys are its lowest positions), this is the exact selection,
    ties included;
 4. a query with fewer candidates than it takes (the sample put the bound too high), more than `cap` above
@@ -333,11 +333,17 @@ if HAVE_TRITON:
                 thr = (thr << 8) | d.to(tl.uint32)
             eq = (m & (key == thr)).to(tl.int32)
             take = (m & (key > thr)) | ((eq == 1) & (tl.cumsum(eq, 0) <= need))
-            # the two lists interleave in position: sort the taken positions (the rest past every position)
-            order = tl.sort(tl.where(take, pos, 0x7FFFFFFF))
-            w = j < k_eff
-            tl.store(idx_ptr + t.to(tl.int64) * K + j, order.to(tl.int64), mask=w)
-            tl.store(valid_ptr + t.to(tl.int64) * K + j, w.to(tl.int8), mask=w)
+            if (ca > 0) & (ca < k_eff):
+                # both lists give keys (all of the first, some of the bucket's), interleaved in position: sort
+                # the taken positions (the rest past every position)
+                order = tl.sort(tl.where(take, pos, 0x7FFFFFFF))
+                w = j < k_eff
+                tl.store(idx_ptr + t.to(tl.int64) * K + j, order.to(tl.int64), mask=w)
+                tl.store(valid_ptr + t.to(tl.int64) * K + j, w.to(tl.int8), mask=w)
+            else:   # one list gives them all (the usual case), already in position order
+                rank = tl.cumsum(take.to(tl.int32), 0) - 1
+                tl.store(idx_ptr + t.to(tl.int64) * K + rank, pos.to(tl.int64), mask=take)
+                tl.store(valid_ptr + t.to(tl.int64) * K + rank, take.to(tl.int8), mask=take)
 
     @triton.jit
     def _sparse_attn_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, valid_ptr, o_ptr, K, qk_scale, q_st, q_sh, k_ss, k_sh,
