@@ -238,6 +238,18 @@ if HAVE_TRITON:
             eq_seen += tl.sum(eq, 1)
 
     @triton.jit
+    def _append(key, s, take, cnt, key_ptr, pos_ptr, t, CAP):
+        """A tile's taken (key, position) pairs appended to each query's list in position order (a running count
+        plus a prefix sum in the tile), the first CAP kept; the new counts."""
+        ti = take.to(tl.int32)
+        at = cnt[:, None] + tl.cumsum(ti, 1) - 1
+        w = take & (at < CAP)
+        off = t[:, None].to(tl.int64) * CAP + at
+        tl.store(key_ptr + off, key.to(tl.int32, bitcast=True), mask=w)
+        tl.store(pos_ptr + off, tl.zeros_like(at) + s[None, :], mask=w)
+        return cnt + tl.sum(ti, 1)
+
+    @triton.jit
     def _collect_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, shist_ptr, ckey_ptr, cpos_ptr, cnt_ptr, bkey_ptr,
                         bpos_ptr, bcnt_ptr, brange_ptr, T, S, K, CAP, BCAP, iq_st, iq_sh, iw_st, k_ss, BT: tl.constexpr,
                         BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr, RADIX: tl.constexpr,
@@ -262,22 +274,9 @@ if HAVE_TRITON:
             key, ok, s = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
                                      BS, HI, DI, DOT_F32, 1)
             k64 = key.to(tl.int64)
-            c = ok & (k64 >= hi[:, None])
-            ci = c.to(tl.int32)
-            at = cnt[:, None] + tl.cumsum(ci, 1) - 1
-            w = c & (at < CAP)
-            off = t[:, None].to(tl.int64) * CAP + at
-            tl.store(ckey_ptr + off, key.to(tl.int32, bitcast=True), mask=w)
-            tl.store(cpos_ptr + off, tl.zeros_like(at) + s[None, :], mask=w)
-            cnt += tl.sum(ci, 1)
+            cnt = _append(key, s, ok & (k64 >= hi[:, None]), cnt, ckey_ptr, cpos_ptr, t, CAP)
             b = ok & (k64 >= lo[:, None]) & (k64 < hi[:, None])
-            bi = b.to(tl.int32)
-            at = bcnt[:, None] + tl.cumsum(bi, 1) - 1
-            w = b & (at < BCAP)
-            off = t[:, None].to(tl.int64) * BCAP + at
-            tl.store(bkey_ptr + off, key.to(tl.int32, bitcast=True), mask=w)
-            tl.store(bpos_ptr + off, tl.zeros_like(at) + s[None, :], mask=w)
-            bcnt += tl.sum(bi, 1)
+            bcnt = _append(key, s, b, bcnt, bkey_ptr, bpos_ptr, t, BCAP)
             bmin = tl.minimum(bmin, tl.min(tl.where(b, k64, 1 << 32), 1))
             bmax = tl.maximum(bmax, tl.max(tl.where(b, k64, -1), 1))
         tl.store(cnt_ptr + t, cnt, mask=tm)
