@@ -30,9 +30,9 @@ that also histograms is several times dearer (`tl.histogram` is 1-D, so one quer
    (with random weights one query in 16; with a single list of 2k, 510 of 8,192 queries at 248K took the
    exact passes on the H200, about that share, and the exact passes then ran in nearly every program);
 3. select: one program a query runs four radix passes over both lists in registers; where both lists give
-   keys it sorts the taken positions. Since every key at or above the k-th largest is a candidate, or the bucket's list stopped early
-   on a bucket of one repeated key (whose first keys are its lowest positions), this is the exact selection,
-   ties included;
+   keys it sorts the taken positions. Since every key at or above the k-th largest is a candidate, or the
+   bucket's list stopped early on a bucket of one repeated key (whose first keys are its lowest positions),
+   this is the exact selection, ties included;
 4. a query with fewer candidates than it takes (the sample put the bound too high), more than `cap` above
    the bucket, or a bucket of distinct keys over `bcap` that it needs, is flagged, and the exact passes run
    for the flagged queries only: four histogram passes over all their keys (pass p counts the next 8 bits of
