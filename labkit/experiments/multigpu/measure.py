@@ -264,7 +264,7 @@ def headline(m: pd.DataFrame) -> list[str]:
 
 
 def summary(m: pd.DataFrame) -> dict:
-    """The issue's figures from a run's metrics: gather scaling, and per (strategy, context,
+    """The headline figures from a run's metrics: gather scaling, and per (strategy, context,
     concurrency) the split/pipelined aggregate tok/s over one GPU's."""
     out = {}
     g = m[(m.experiment == "gather") & (m.status == "ok")]
