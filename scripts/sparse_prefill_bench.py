@@ -43,17 +43,13 @@ def inputs(S, g):
     return iq, iw, keys, scales, torch.arange(S - T, S, device="cuda")
 
 
-def main():
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else None
-    g = torch.Generator(device="cuda").manual_seed(0)
-    rows_out = []
-    print(f"{torch.cuda.get_device_name()}: T={T} k={K} Hq={HQ} n_kv={NKV} D={D} Hi={HI} Di={DI}", flush=True)
-    # tile sweep of the select at 64K (queries a program x keys a tile x warps)
-    S = PREFIXES[0]
-    sel_in = inputs(S, g)
+def sweep_tiles(sel_in):
+    """The sampled select's tiles at 64K (queries a program x keys a tile x warps); the best is used after."""
     best, sweep = None, []
     # (the first tile compiles the kernels: a few seconds each on a fresh Triton cache)
-    for tile in (dict(bt=16, bt_collect=16, bs=128, warps=8), dict(bt=16, bt_collect=32, bs=128, warps=8)):
+    for tile in (dict(bt_sampled=32, bs=64, warps=8), dict(bt_sampled=16, bs=128, warps=8),
+                 dict(bt_sampled=32, bs=128, warps=8), dict(bt_sampled=16, bs=64, warps=4),
+                 dict(bt_sampled=64, bs=64, warps=8)):
         try:
             t = ms(lambda: P.prefill_select_triton(*sel_in, K, **tile))
         except Exception as e:                                  # a tile that does not compile: say so, go on
@@ -63,19 +59,45 @@ def main():
         print(f"  select tile {tile}: {t:.2f} ms", flush=True)
         if best is None or t < best[0]:
             best = (t, tile)
-    tile = best[1]
+    return best[1], sweep
+
+
+def select_figures(sel_in, S, tile):
+    """The sampled select (default), its bound alone, the bounded select of histogram passes, the exact one."""
+    T_ = sel_in[0].shape[0]
+    st = P.sample_stride(S)
+    cap = P.sampled_cap(K, st)
+    strides = (sel_in[0].stride(0), sel_in[0].stride(1), sel_in[1].stride(0), sel_in[2].stride(0))
+    tiles = dict(BS=tile["bs"], HI=HI, DI=DI, DOT_F32=False, num_warps=tile["warps"])
+    r = {"S": S, "tile": tile, "stride": st, "cap": cap,
+         "select_ms": ms(lambda: P.prefill_select_triton(*sel_in, K, **tile)),
+         "bound_ms": ms(lambda: P.sampled_bound(sel_in, strides, T_, S, K, st, cap, tiles, tile["bt_sampled"])),
+         "select_bounded_ms": ms(lambda: P.prefill_select_triton(*sel_in, K, method="bounded")),
+         "select_exact_ms": ms(lambda: P.prefill_select_triton(*sel_in, K, method="exact"), reps=1)}
+    stats, stats_b = {}, {}
+    P.prefill_select_triton(*sel_in, K, stats=stats, **tile)
+    P.prefill_select_triton(*sel_in, K, method="bounded", stats=stats_b)
+    above = stats["above"].float()
+    r.update(fallback_queries=int(stats["fallback"].sum()), fallback_queries_bounded=int(stats_b["fallback"].sum()),
+             above_mean=float(above.mean()), above_max=float(above.max()))
+    return r
+
+
+def main():
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else None
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows_out = []
+    print(f"{torch.cuda.get_device_name()}: T={T} k={K} Hq={HQ} n_kv={NKV} D={D} Hi={HI} Di={DI}", flush=True)
+    sel_in = inputs(PREFIXES[0], g)
+    tile, sweep = sweep_tiles(sel_in)
     del sel_in
     for S in PREFIXES:
-        iq, iw, keys, scales, q_pos = inputs(S, g)
+        sel_in = inputs(S, g)
         kv = torch.randn(S, 2 * NKV * D, generator=g, device="cuda").bfloat16()
         k, v = split_rows(kv, NKV, D)
         q = torch.randn(T, HQ, D, generator=g, device="cuda").bfloat16()
-        sel_ms = ms(lambda: P.prefill_select_triton(iq, iw, keys, scales, q_pos, K, **tile))
-        exact_ms = ms(lambda: P.prefill_select_triton(iq, iw, keys, scales, q_pos, K, method="exact", **tile),
-                      reps=1)
-        stats = {}
-        idx, valid = P.prefill_select_triton(iq, iw, keys, scales, q_pos, K, stats=stats, **tile)
-        fallback = int(stats["fallback"].sum())
+        r = select_figures(sel_in, S, tile)
+        idx, valid = P.prefill_select_triton(*sel_in, K, **tile)
         att_ms = ms(lambda: P.sparse_prefill_attention(q, k, v, idx, valid))
         dense_ms = None
         if S <= DENSE_UP_TO:
@@ -84,18 +106,18 @@ def main():
         pairs = T * (S - T) + T * (T + 1) // 2                       # visible (query, key) pairs
         score_flop = 2 * HI * DI * pairs
         row_bytes = T * K * NKV * 2 * D * 2                          # K and V of each selected row, per KV head
-        r = {"S": S, "select_ms": sel_ms, "select_exact_ms": exact_ms, "fallback_queries": fallback,
-             "attention_ms": att_ms, "sparse_ms": sel_ms + att_ms, "dense_ms": dense_ms,
-             "score_tflops_once": score_flop / sel_ms / 1e9, "exact_score_tflops_once": score_flop / exact_ms / 1e9,
-             "rows_gbps": row_bytes / att_ms / 1e6, "tile": tile}
+        sel_ms = r["select_ms"]
+        r.update(attention_ms=att_ms, sparse_ms=sel_ms + att_ms, dense_ms=dense_ms,
+                 score_tflops_once=score_flop / sel_ms / 1e9, rows_gbps=row_bytes / att_ms / 1e6)
         rows_out.append(r)
         dense = "-" if dense_ms is None else f"{dense_ms:.1f}"
         print(f"S={S:8d}: select {sel_ms:.2f} ms ({r['score_tflops_once']:.0f} TFLOP/s of scoring counted once; "
-              f"{fallback} of {T} queries took the exact passes), exact select {exact_ms:.2f} ms "
-              f"({r['exact_score_tflops_once']:.0f} TFLOP/s once, 5 passes), attention {att_ms:.2f} ms "
-              f"({r['rows_gbps']:.0f} GB/s of selected rows), "
-              f"sparse {sel_ms + att_ms:.2f} ms vs dense {dense} ms", flush=True)
-        del iq, iw, keys, scales, kv, k, v, q, idx, valid
+              f"bound {r['bound_ms']:.2f} ms, stride {r['stride']}, above the bound {r['above_mean']:.0f} mean "
+              f"{r['above_max']:.0f} max of cap {r['cap']}; {r['fallback_queries']} of {T} queries took the exact "
+              f"passes), bounded select {r['select_bounded_ms']:.2f} ms ({r['fallback_queries_bounded']} fell back), "
+              f"exact select {r['select_exact_ms']:.2f} ms, attention {att_ms:.2f} ms ({r['rows_gbps']:.0f} GB/s of "
+              f"selected rows), sparse {sel_ms + att_ms:.2f} ms vs dense {dense} ms", flush=True)
+        del sel_in, kv, k, v, q, idx, valid
         torch.cuda.empty_cache()
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

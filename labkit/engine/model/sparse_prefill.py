@@ -58,7 +58,8 @@ if HAVE_TRITON:
     import triton.language as tl
 
 RADIX, N_PASSES = 256, 4
-SAMPLE_STRIDE = 8          # the bounded path's sample: every 8th key
+SAMPLE_STRIDE = 8          # the sample: every 8th key at least
+SAMPLE_KEYS = 16384        # the sampled path: about this many sampled keys a query
 
 
 # ------------------------------------------------------------------ the definitions (torch ops)
@@ -316,20 +317,7 @@ if HAVE_TRITON:
                            tl.load(bkey_ptr + row_b + jb, mask=m & (~ina), other=0)).to(tl.uint32, bitcast=True)
             pos = tl.where(ina, tl.load(cpos_ptr + row_a + j, mask=m & ina, other=0),
                            tl.load(bpos_ptr + row_b + jb, mask=m & (~ina), other=0))
-            bins = tl.arange(0, RADIX)
-            need = k_eff
-            thr = tl.zeros((), dtype=tl.uint32)
-            for p in tl.static_range(4):
-                if p == 0:
-                    match = m
-                else:
-                    match = m & ((key >> (32 - 8 * p)) == thr)
-                digit = tl.where(match, (key >> (24 - 8 * p)) & (RADIX - 1), 0).to(tl.int32)
-                h = tl.histogram(digit, RADIX) - tl.where(bins == 0, N - tl.sum(match.to(tl.int32), 0), 0)
-                ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h
-                d = tl.sum((ge >= need).to(tl.int32), 0) - 1
-                need -= tl.sum(tl.where(bins > d, h, 0), 0)
-                thr = (thr << 8) | d.to(tl.uint32)
+            thr, need = _radix_threshold(key, m, k_eff, N, RADIX)
             eq = (m & (key == thr)).to(tl.int32)
             take = (m & (key > thr)) | ((eq == 1) & (tl.cumsum(eq, 0) <= need))
             if (ca > 0) & (ca < k_eff):
@@ -343,6 +331,151 @@ if HAVE_TRITON:
                 rank = tl.cumsum(take.to(tl.int32), 0) - 1
                 tl.store(idx_ptr + t.to(tl.int64) * K + rank, pos.to(tl.int64), mask=take)
                 tl.store(valid_ptr + t.to(tl.int64) * K + rank, take.to(tl.int8), mask=take)
+
+    # ---- the sampled path: the bound from a sample's scores kept in HBM, one collect pass on wide tiles
+
+    @triton.jit
+    def _q_rows(iq_ptr, iw_ptr, t0, T, iq_st, iq_sh, iw_st, BT: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr,
+                DOT_F32: tl.constexpr):
+        """The index queries of BT queries as one [BT * HI, DI] operand (row t * HI + h) and the head weights
+        [BT * HI]: the HI heads become one product of BT * HI rows (128 at BT = 32: a full tensor-core tile),
+        loaded once per program."""
+        r = tl.arange(0, BT * HI)
+        t = t0 + r // HI
+        h = r % HI
+        m = t < T
+        di = tl.arange(0, DI)
+        q = tl.load(iq_ptr + t[:, None].to(tl.int64) * iq_st + h[:, None] * iq_sh + di[None, :], mask=m[:, None],
+                    other=0.0)
+        w = tl.load(iw_ptr + t.to(tl.int64) * iw_st + h, mask=m, other=0.0).to(tl.float32)
+        if DOT_F32:
+            q = q.to(tl.float32)
+        else:
+            q = q.to(tl.bfloat16)
+        return q, w
+
+    @triton.jit
+    def _tile_keys(q, w, k_ptr, sc_ptr, s0, S, k_ss, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
+                   DI: tl.constexpr, DOT_F32: tl.constexpr, STRIDE: tl.constexpr):
+        """Order-preserving uint32 keys [BT, BS] of the queries in `q` at positions (s0 + j) * STRIDE, and the
+        positions: one product [BT * HI, DI] x [DI, BS], the heads' relu-weighted sum, the key's scale. `+ 0.0`:
+        a sum of -0.0 (every weight negative, every dot <= 0) is +0.0, as torch's sum gives it."""
+        s = (s0 + tl.arange(0, BS)) * STRIDE
+        sm = s < S
+        di = tl.arange(0, DI)
+        kt = tl.load(k_ptr + s[None, :].to(tl.int64) * k_ss + di[:, None], mask=sm[None, :], other=0.0)  # [DI, BS]
+        if DOT_F32:
+            d = tl.dot(q, kt.to(tl.float32), input_precision="ieee")
+        else:
+            d = tl.dot(q, kt.to(tl.bfloat16))
+        d = tl.maximum(d, 0.0) * w[:, None]
+        sc = tl.sum(tl.reshape(d, (BT, HI, BS)), 1) + 0.0
+        sc = sc * tl.load(sc_ptr + s, mask=sm, other=0.0).to(tl.float32)[None, :]
+        u = sc.to(tl.uint32, bitcast=True)
+        return tl.where((u >> 31) == 1, ~u, u | 0x80000000), s
+
+    @triton.jit
+    def _sample_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, out_ptr, T, S, NS, iq_st, iq_sh, iw_st, k_ss,
+                       BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr, DOT_F32: tl.constexpr,
+                       STRIDE: tl.constexpr):
+        """Keys of every STRIDE-th position for BT queries x BS sampled positions, as int32 (key - 2^31: the same
+        order for torch.topk), the smallest int32 where the query does not see the key."""
+        t0, j0 = tl.program_id(0) * BT, tl.program_id(1) * BS
+        q, w = _q_rows(iq_ptr, iw_ptr, t0, T, iq_st, iq_sh, iw_st, BT, HI, DI, DOT_F32)
+        t = t0 + tl.arange(0, BT)
+        tm = t < T
+        qp = tl.load(qp_ptr + t, mask=tm, other=-1)
+        key, s = _tile_keys(q, w, k_ptr, sc_ptr, j0, S, k_ss, BT, BS, HI, DI, DOT_F32, STRIDE)
+        ok = tm[:, None] & (s < S)[None, :] & (s[None, :] <= qp[:, None])
+        v = (tl.where(ok, key, 0) ^ 0x80000000).to(tl.int32, bitcast=True)
+        j = j0 + tl.arange(0, BS)
+        tl.store(out_ptr + t[:, None].to(tl.int64) * NS + j[None, :], v, mask=tm[:, None] & (j < NS)[None, :])
+
+    @triton.jit
+    def _collect_sampled_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, bound_ptr, gkey_ptr, gpos_ptr, gcnt_ptr,
+                                ekey_ptr, epos_ptr, ecnt_ptr, T, S, CAP, ECAP, iq_st, iq_sh, iw_st, k_ss,
+                                BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr,
+                                DOT_F32: tl.constexpr):
+        """Each query's keys above its bound (the first CAP kept) and equal to it (the first ECAP), in position
+        order, and how many there were. Equal keys only the position orders, and at most k of them are wanted,
+        so keeping the first is exact however many ties there are."""
+        t0 = tl.program_id(0) * BT
+        q, w = _q_rows(iq_ptr, iw_ptr, t0, T, iq_st, iq_sh, iw_st, BT, HI, DI, DOT_F32)
+        t = t0 + tl.arange(0, BT)
+        tm = t < T
+        qp = tl.load(qp_ptr + t, mask=tm, other=-1)
+        b = tl.load(bound_ptr + t, mask=tm, other=0).to(tl.uint32, bitcast=True) ^ 0x80000000
+        cnt = tl.zeros([BT], dtype=tl.int32)
+        ecnt = tl.zeros([BT], dtype=tl.int32)
+        end = tl.minimum(tl.max(qp, 0) + 1, S)
+        for s0 in range(0, end, BS):
+            key, s = _tile_keys(q, w, k_ptr, sc_ptr, s0, S, k_ss, BT, BS, HI, DI, DOT_F32, 1)
+            ok = tm[:, None] & (s < S)[None, :] & (s[None, :] <= qp[:, None])
+            cnt = _append(key, s, ok & (key > b[:, None]), cnt, gkey_ptr, gpos_ptr, t, CAP)
+            ecnt = _append(key, s, ok & (key == b[:, None]), ecnt, ekey_ptr, epos_ptr, t, ECAP)
+        tl.store(gcnt_ptr + t, cnt, mask=tm)
+        tl.store(ecnt_ptr + t, ecnt, mask=tm)
+
+    @triton.jit
+    def _radix_threshold(key, m, need, N: tl.constexpr, RADIX: tl.constexpr):
+        """The need-th largest of key[m] (four 8-bit passes over a vector in registers) and how many keys equal
+        to it are still needed after every key above it."""
+        bins = tl.arange(0, RADIX)
+        thr = tl.zeros((), dtype=tl.uint32)
+        for p in tl.static_range(4):
+            if p == 0:
+                match = m
+            else:
+                match = m & ((key >> (32 - 8 * p)) == thr)
+            digit = tl.where(match, (key >> (24 - 8 * p)) & (RADIX - 1), 0).to(tl.int32)
+            h = tl.histogram(digit, RADIX) - tl.where(bins == 0, N - tl.sum(match.to(tl.int32), 0), 0)
+            ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h
+            d = tl.sum((ge >= need).to(tl.int32), 0) - 1
+            need -= tl.sum(tl.where(bins > d, h, 0), 0)
+            thr = (thr << 8) | d.to(tl.uint32)
+        return thr, need
+
+    @triton.jit
+    def _pick_kernel(qp_ptr, gkey_ptr, gpos_ptr, gcnt_ptr, epos_ptr, ecnt_ptr, flag_ptr, idx_ptr, valid_ptr, S, K,
+                     CAP: tl.constexpr, ECAP: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr,
+                     RADIX: tl.constexpr):
+        """One query: its k largest from the two lists, written in position order. At least k above the bound:
+        the k largest of those (ties by a running count: the list is in position order). Fewer: all of them and
+        the first equal ones, the two interleaved in position, so sorted. Too few in both (the sample put the
+        bound above the k-th largest) or too many above it: flagged for the exact passes."""
+        t = tl.program_id(0)
+        qp = tl.load(qp_ptr + t)
+        k_eff = tl.minimum(tl.minimum(qp + 1, S), K).to(tl.int32)
+        ca = tl.load(gcnt_ptr + t)
+        ce = tl.load(ecnt_ptr + t)
+        row = t.to(tl.int64) * K
+        if (ca + ce < k_eff) | (ca > CAP):
+            tl.store(flag_ptr + t, 1)
+        elif ca >= k_eff:
+            j = tl.arange(0, NA)
+            m = j < ca
+            key = tl.load(gkey_ptr + t.to(tl.int64) * CAP + j, mask=m, other=0).to(tl.uint32, bitcast=True)
+            pos = tl.load(gpos_ptr + t.to(tl.int64) * CAP + j, mask=m, other=0)
+            thr, need = _radix_threshold(key, m, k_eff, NA, RADIX)
+            eq = (m & (key == thr)).to(tl.int32)
+            take = (m & (key > thr)) | ((eq == 1) & (tl.cumsum(eq, 0) <= need))
+            rank = tl.cumsum(take.to(tl.int32), 0) - 1
+            tl.store(idx_ptr + row + rank, pos.to(tl.int64), mask=take)
+            tl.store(valid_ptr + row + rank, take.to(tl.int8), mask=take)
+        else:
+            # [0, NB/2): the list above the bound (all taken); [NB/2, NB): the first k_eff - ca equal keys
+            jj = tl.arange(0, NB)
+            half = NB // 2
+            ina = jj < half
+            je = tl.where(ina, 0, jj - half)
+            ta = ina & (jj < ca)
+            te = (~ina) & (je < k_eff - ca)
+            both = tl.where(ina, tl.load(gpos_ptr + t.to(tl.int64) * CAP + jj, mask=ta, other=0),
+                            tl.load(epos_ptr + t.to(tl.int64) * ECAP + je, mask=te, other=0))
+            order = tl.sort(tl.where(ta | te, both, 0x7FFFFFFF))
+            first = jj < k_eff
+            tl.store(idx_ptr + row + jj, order.to(tl.int64), mask=first)
+            tl.store(valid_ptr + row + jj, first.to(tl.int8), mask=first)
 
     @triton.jit
     def _sparse_attn_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, valid_ptr, o_ptr, K, qk_scale, q_st, q_sh, k_ss, k_sh,
@@ -404,23 +537,43 @@ def default_bucket_cap(k: int) -> int:
     return max(256, triton.next_power_of_2(k))
 
 
-def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs: int = 128, warps: int = 8,
-                          method: str = "bounded", cap: int | None = None, sub: int = SAMPLE_STRIDE,
-                          bt_collect: int = 16, stats: dict | None = None, bcap: int | None = None):
-    """`method="exact"`: the four histogram passes and the write pass over every key of every query.
-    `"bounded"` (default): two histogram passes over every `sub`-th key give each query a lower bound on its
-    k-th largest score; one pass over all keys collects the keys at or above it (at most `cap` a query) and a
-    per-query kernel selects among them; queries whose bound failed (too few or too many candidates) take the
-    exact passes, launched always (a program with none of them reads nothing: no host sync).
-    Tiles: `bt` queries a program in the histogram passes (each histograms its queries one row at a time, so
-    small), `bt_collect` in the collect pass (no histogram: more queries share each key tile's load), `bs`
-    keys a tile. The defaults fit sm_90's registers (compiled ahead: at 4 warps the passes need all 255 a
-    thread; at 8 warps the histogram passes 150-190, the collect pass ~240 and no spill; 32 queries a
-    collect program spill). `cap` and `bcap` (at least k): the two lists' lengths (`default_cap`,
-    `default_bucket_cap`). `stats`, if given, receives `fallback` [T] int32: 1 where a query took the exact passes."""
+def sample_stride(S: int) -> int:
+    """The sampled path's stride: every 8th key, wider past 128K keys so that a query's sample stays ~16K keys
+    (at 1M: every 64th)."""
+    return max(SAMPLE_STRIDE, triton.next_power_of_2(-(-S // SAMPLE_KEYS)))
+
+
+def sample_rank(want, st: int):
+    """The rank in the sample whose key bounds the want-th largest from below: 1.6 want / st + 8. The sample's
+    count above the k-th largest is binomial (mean k / st, ~sqrt of it spread): at 1M (st = 64) 32 +- 5.6
+    against a rank of 59, so the bound fails about once in a million queries."""
+    return (16 * want + 10 * st - 1) // (10 * st) + 8
+
+
+def sampled_cap(k: int, st: int) -> int:
+    """Keys above the sampled bound kept a query: the expected count (rank x stride) plus six spreads, rounded up
+    to a power of two (8,192 at k = 2,048 from 64K to 1M keys)."""
+    rank = sample_rank(k, st)
+    return max(256, triton.next_power_of_2(int(rank * st + 6 * rank ** 0.5 * st)))
+
+
+def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sampled", bt: int = 16,
+                          bs: int = 128, warps: int = 8, cap: int | None = None, stats: dict | None = None,
+                          bt_sampled: int = 32, stride: int | None = None, sub: int = SAMPLE_STRIDE,
+                          bt_collect: int = 16, bcap: int | None = None):
+    """`method="sampled"` (default): every `stride`-th key's score for every query kept in HBM ([T, S / stride]
+    int32, ~16K columns), torch.topk of it gives each query a lower bound on its k-th largest score; one pass
+    over all keys on wide tensor-core tiles (`bt_sampled` queries x `bs` keys, the Hi heads as one product of
+    `bt_sampled` x Hi rows) collects the keys above the bound (at most `cap`) and those equal to it (the first
+    k); a per-query kernel takes the k largest. `"bounded"`: the bound from two histogram passes over every
+    `sub`-th key in registers, then a collect pass on narrow tiles (`bt_collect`, `bcap`: see `_collect_kernel`).
+    `"exact"`: four histogram passes and a write pass over every key of every query (`bt` queries a program).
+    On the first two, queries whose bound failed take the exact passes, launched always (a program with none of
+    them reads nothing: no host sync). `stats`, if given, receives `fallback` [T] int32 (1: took the exact
+    passes) and, on the sampled path, `above` [T] int32 (keys above the bound)."""
     _check_select(iq, iw, keys, scales, q_pos, k)
-    if method not in ("bounded", "exact"):
-        raise ValueError(f"prefill_select: unknown method {method!r} (bounded, exact)")
+    if method not in ("sampled", "bounded", "exact"):
+        raise ValueError(f"prefill_select: unknown method {method!r} (sampled, bounded, exact)")
     T, Hi, Di = iq.shape
     S = keys.shape[0]
     if iq.stride(2) != 1 or iw.stride(1) != 1 or keys.stride(1) != 1 or Di & (Di - 1) or Di < 16:
@@ -429,42 +582,86 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, bt: int = 16, bs:
     scales, q_pos = scales.contiguous(), q_pos.contiguous()
     idx = torch.zeros((T, k), dtype=torch.int64, device=dev)                      # untaken slots: position 0,
     valid = torch.zeros((T, k), dtype=torch.bool, device=dev)                     # invalid
-    grid = (triton.cdiv(T, bt),)
-    f32 = interpret_mode()
     head = (iq, iw, keys, scales, q_pos)
     strides = (iq.stride(0), iq.stride(1), iw.stride(0), keys.stride(0))
-    tiles = dict(BT=bt, BS=bs, HI=Hi, DI=Di, RADIX=RADIX, DOT_F32=f32, num_warps=warps)
-    flag = torch.zeros(T, dtype=torch.int32, device=dev) if method == "bounded" else q_pos
-    if method == "bounded":
-        cap = cap or default_cap(k)
-        shist = torch.empty((2, T, RADIX), dtype=torch.int32, device=dev)
-        for p in range(2):
-            _select_hist_kernel[grid](*head, shist, flag, T, S, k, *strides, PASS=p, STRIDE=sub, USE_FLAG=False,
-                                      **tiles)
-        bcap = bcap or default_bucket_cap(k)
-        if bcap < k:
-            raise ValueError(f"prefill_select: bcap={bcap} must be at least k={k} (a bucket of ties gives up to k)")
-        ckey = torch.empty((T, cap), dtype=torch.int32, device=dev)
-        cpos = torch.empty((T, cap), dtype=torch.int32, device=dev)
-        bkey = torch.empty((T, bcap), dtype=torch.int32, device=dev)
-        bpos = torch.empty((T, bcap), dtype=torch.int32, device=dev)
-        cnt = torch.empty(T, dtype=torch.int32, device=dev)
-        bcnt = torch.empty(T, dtype=torch.int32, device=dev)
-        brange = torch.empty((T, 2), dtype=torch.int64, device=dev)
-        _collect_kernel[(triton.cdiv(T, bt_collect),)](*head, shist, ckey, cpos, cnt, bkey, bpos, bcnt, brange, T, S, k,
-                                                       cap, bcap, *strides, SUB=sub, **{**tiles, "BT": bt_collect})
-        _cand_select_kernel[(T,)](q_pos, ckey, cpos, cnt, bkey, bpos, bcnt, brange, flag, idx, valid.view(torch.int8),
-                                  S, k, CAP=cap, BCAP=bcap, N=triton.next_power_of_2(cap + bcap), RADIX=RADIX,
-                                  num_warps=4 if cap + bcap <= 4096 else 8)
-        if stats is not None:
-            stats["fallback"] = flag
+    tiles = dict(BS=bs, HI=Hi, DI=Di, DOT_F32=interpret_mode(), num_warps=warps)
+    flag = torch.zeros(T, dtype=torch.int32, device=dev) if method != "exact" else q_pos
+    if method == "sampled":
+        _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt_sampled, stride, cap, stats)
+    elif method == "bounded":
+        _select_bounded(head, strides, T, S, k, flag, idx, valid, {**tiles, "BT": bt, "RADIX": RADIX}, sub, cap,
+                        bcap, bt_collect)
+    if stats is not None and method != "exact":
+        stats["fallback"] = flag
+    tiles = {**tiles, "BT": bt, "RADIX": RADIX}
+    grid = (triton.cdiv(T, bt),)
     hist = torch.empty((N_PASSES, T, RADIX), dtype=torch.int32, device=dev)     # rows written by their pass
-    use_flag = method == "bounded"
+    use_flag = method != "exact"
     for p in range(N_PASSES):
         _select_hist_kernel[grid](*head, hist, flag, T, S, k, *strides, PASS=p, STRIDE=1, USE_FLAG=use_flag, **tiles)
     _select_write_kernel[grid](*head, hist, flag, idx, valid.view(torch.int8), T, S, k, *strides, USE_FLAG=use_flag,
                                **tiles)
     return idx, valid
+
+
+def _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt, stride, cap, stats):
+    q_pos, dev = head[4], head[0].device
+    st = stride or sample_stride(S)
+    cap = cap or sampled_cap(k, st)
+    bound = sampled_bound(head, strides, T, S, k, st, cap, tiles, bt)
+    gkey = torch.empty((T, cap), dtype=torch.int32, device=dev)
+    gpos = torch.empty((T, cap), dtype=torch.int32, device=dev)
+    ekey = torch.empty((T, k), dtype=torch.int32, device=dev)
+    epos = torch.empty((T, k), dtype=torch.int32, device=dev)
+    gcnt = torch.empty(T, dtype=torch.int32, device=dev)
+    ecnt = torch.empty(T, dtype=torch.int32, device=dev)
+    _collect_sampled_kernel[(triton.cdiv(T, bt),)](*head, bound, gkey, gpos, gcnt, ekey, epos, ecnt, T, S, cap, k,
+                                                   *strides, BT=bt, **tiles)
+    na = triton.next_power_of_2(cap)
+    _pick_kernel[(T,)](q_pos, gkey, gpos, gcnt, epos, ecnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap, ECAP=k,
+                       NA=na, NB=triton.next_power_of_2(2 * k), RADIX=RADIX, num_warps=4 if na <= 4096 else 8)
+    if stats is not None:
+        stats["above"] = gcnt
+
+
+def sampled_bound(head, strides, T, S, k, st, cap, tiles, bt):
+    """[T] int32 (key - 2^31): each query's lower bound on its k-th largest key, from every st-th key's score
+    (the smallest int32, so every key, for a query that sees at most `cap`)."""
+    q_pos = head[4]
+    n_s = -(-S // st)
+    sample = torch.empty((T, n_s), dtype=torch.int32, device=q_pos.device)
+    _sample_kernel[(triton.cdiv(T, bt), triton.cdiv(n_s, tiles["BS"]))](*head, sample, T, S, n_s, *strides, BT=bt,
+                                                                        STRIDE=st, **tiles)
+    seen = torch.clamp(q_pos + 1, max=S)                                          # keys a query sees
+    seen_s = torch.div(torch.clamp(q_pos, max=S - 1), st, rounding_mode="floor") + 1   # sampled ones
+    rank = torch.minimum(sample_rank(torch.clamp(seen, max=k), st), seen_s)
+    top = torch.topk(sample, min(n_s, sample_rank(k, st)), dim=1).values
+    bound = top.gather(1, (rank - 1)[:, None])[:, 0]
+    return torch.where(seen <= cap, torch.iinfo(torch.int32).min, bound).to(torch.int32).contiguous()
+
+
+def _select_bounded(head, strides, T, S, k, flag, idx, valid, tiles, sub, cap, bcap, bt_collect):
+    dev = head[0].device
+    cap = cap or default_cap(k)
+    shist = torch.empty((2, T, RADIX), dtype=torch.int32, device=dev)
+    grid = (triton.cdiv(T, tiles["BT"]),)
+    for p in range(2):
+        _select_hist_kernel[grid](*head, shist, flag, T, S, k, *strides, PASS=p, STRIDE=sub, USE_FLAG=False, **tiles)
+    bcap = bcap or default_bucket_cap(k)
+    if bcap < k:
+        raise ValueError(f"prefill_select: bcap={bcap} must be at least k={k} (a bucket of ties gives up to k)")
+    ckey = torch.empty((T, cap), dtype=torch.int32, device=dev)
+    cpos = torch.empty((T, cap), dtype=torch.int32, device=dev)
+    bkey = torch.empty((T, bcap), dtype=torch.int32, device=dev)
+    bpos = torch.empty((T, bcap), dtype=torch.int32, device=dev)
+    cnt = torch.empty(T, dtype=torch.int32, device=dev)
+    bcnt = torch.empty(T, dtype=torch.int32, device=dev)
+    brange = torch.empty((T, 2), dtype=torch.int64, device=dev)
+    _collect_kernel[(triton.cdiv(T, bt_collect),)](*head, shist, ckey, cpos, cnt, bkey, bpos, bcnt, brange, T, S, k,
+                                                   cap, bcap, *strides, SUB=sub, **{**tiles, "BT": bt_collect})
+    _cand_select_kernel[(T,)](head[4], ckey, cpos, cnt, bkey, bpos, bcnt, brange, flag, idx, valid.view(torch.int8),
+                              S, k, CAP=cap, BCAP=bcap, N=triton.next_power_of_2(cap + bcap), RADIX=RADIX,
+                              num_warps=4 if cap + bcap <= 4096 else 8)
 
 
 def prefill_select(iq, iw, keys, scales, q_pos, k: int):
