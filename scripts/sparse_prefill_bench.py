@@ -47,9 +47,8 @@ def sweep_tiles(sel_in):
     """The sampled select's tiles at 64K (queries a program x keys a tile x warps); the best is used after."""
     best, sweep = None, []
     # (the first tile compiles the kernels: a few seconds each on a fresh Triton cache)
-    for tile in (dict(bt_sampled=32, bs=64, warps=8), dict(bt_sampled=16, bs=128, warps=8),
-                 dict(bt_sampled=32, bs=128, warps=8), dict(bt_sampled=16, bs=64, warps=4),
-                 dict(bt_sampled=64, bs=64, warps=8)):
+    for tile in (dict(bt_sampled=16, bs_sampled=64, warps=8), dict(bt_sampled=16, bs_sampled=128, warps=8),
+                 dict(bt_sampled=32, bs_sampled=64, warps=8), dict(bt_sampled=16, bs_sampled=32, warps=4)):
         try:
             t = ms(lambda: P.prefill_select_triton(*sel_in, K, **tile))
         except Exception as e:                                  # a tile that does not compile: say so, go on
@@ -68,7 +67,7 @@ def select_figures(sel_in, S, tile):
     st = P.sample_stride(S)
     cap = P.sampled_cap(K, st)
     strides = (sel_in[0].stride(0), sel_in[0].stride(1), sel_in[1].stride(0), sel_in[2].stride(0))
-    tiles = dict(BS=tile["bs"], HI=HI, DI=DI, DOT_F32=False, num_warps=tile["warps"])
+    tiles = dict(BS=tile["bs_sampled"], HI=HI, DI=DI, DOT_F32=False, num_warps=tile["warps"])
     r = {"S": S, "tile": tile, "stride": st, "cap": cap,
          "select_ms": ms(lambda: P.prefill_select_triton(*sel_in, K, **tile)),
          "bound_ms": ms(lambda: P.sampled_bound(sel_in, strides, T_, S, K, st, cap, tiles, tile["bt_sampled"])),

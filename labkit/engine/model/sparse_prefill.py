@@ -335,58 +335,17 @@ if HAVE_TRITON:
     # ---- the sampled path: the bound from a sample's scores kept in HBM, one collect pass on wide tiles
 
     @triton.jit
-    def _q_rows(iq_ptr, iw_ptr, t0, T, iq_st, iq_sh, iw_st, BT: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr,
-                DOT_F32: tl.constexpr):
-        """The index queries of BT queries as one [BT * HI, DI] operand (row t * HI + h) and the head weights
-        [BT * HI]: the HI heads become one product of BT * HI rows (128 at BT = 32: a full tensor-core tile),
-        loaded once per program."""
-        r = tl.arange(0, BT * HI)
-        t = t0 + r // HI
-        h = r % HI
-        m = t < T
-        di = tl.arange(0, DI)
-        q = tl.load(iq_ptr + t[:, None].to(tl.int64) * iq_st + h[:, None] * iq_sh + di[None, :], mask=m[:, None],
-                    other=0.0)
-        w = tl.load(iw_ptr + t.to(tl.int64) * iw_st + h, mask=m, other=0.0).to(tl.float32)
-        if DOT_F32:
-            q = q.to(tl.float32)
-        else:
-            q = q.to(tl.bfloat16)
-        return q, w
-
-    @triton.jit
-    def _tile_keys(q, w, k_ptr, sc_ptr, s0, S, k_ss, BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr,
-                   DI: tl.constexpr, DOT_F32: tl.constexpr, STRIDE: tl.constexpr):
-        """Order-preserving uint32 keys [BT, BS] of the queries in `q` at positions (s0 + j) * STRIDE, and the
-        positions: one product [BT * HI, DI] x [DI, BS], the heads' relu-weighted sum, the key's scale. `+ 0.0`:
-        a sum of -0.0 (every weight negative, every dot <= 0) is +0.0, as torch's sum gives it."""
-        s = (s0 + tl.arange(0, BS)) * STRIDE
-        sm = s < S
-        di = tl.arange(0, DI)
-        kt = tl.load(k_ptr + s[None, :].to(tl.int64) * k_ss + di[:, None], mask=sm[None, :], other=0.0)  # [DI, BS]
-        if DOT_F32:
-            d = tl.dot(q, kt.to(tl.float32), input_precision="ieee")
-        else:
-            d = tl.dot(q, kt.to(tl.bfloat16))
-        d = tl.maximum(d, 0.0) * w[:, None]
-        sc = tl.sum(tl.reshape(d, (BT, HI, BS)), 1) + 0.0
-        sc = sc * tl.load(sc_ptr + s, mask=sm, other=0.0).to(tl.float32)[None, :]
-        u = sc.to(tl.uint32, bitcast=True)
-        return tl.where((u >> 31) == 1, ~u, u | 0x80000000), s
-
-    @triton.jit
     def _sample_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, out_ptr, T, S, NS, iq_st, iq_sh, iw_st, k_ss,
                        BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr, DOT_F32: tl.constexpr,
                        STRIDE: tl.constexpr):
         """Keys of every STRIDE-th position for BT queries x BS sampled positions, as int32 (key - 2^31: the same
         order for torch.topk), the smallest int32 where the query does not see the key."""
-        t0, j0 = tl.program_id(0) * BT, tl.program_id(1) * BS
-        q, w = _q_rows(iq_ptr, iw_ptr, t0, T, iq_st, iq_sh, iw_st, BT, HI, DI, DOT_F32)
-        t = t0 + tl.arange(0, BT)
+        t = tl.program_id(0) * BT + tl.arange(0, BT)
         tm = t < T
         qp = tl.load(qp_ptr + t, mask=tm, other=-1)
-        key, s = _tile_keys(q, w, k_ptr, sc_ptr, j0, S, k_ss, BT, BS, HI, DI, DOT_F32, STRIDE)
-        ok = tm[:, None] & (s < S)[None, :] & (s[None, :] <= qp[:, None])
+        j0 = tl.program_id(1) * BS
+        key, ok, _s = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, j0, S, iq_st, iq_sh, iw_st, k_ss, BS, HI, DI,
+                                  DOT_F32, STRIDE)
         v = (tl.where(ok, key, 0) ^ 0x80000000).to(tl.int32, bitcast=True)
         j = j0 + tl.arange(0, BS)
         tl.store(out_ptr + t[:, None].to(tl.int64) * NS + j[None, :], v, mask=tm[:, None] & (j < NS)[None, :])
@@ -399,9 +358,7 @@ if HAVE_TRITON:
         """Each query's keys above its bound (the first CAP kept) and equal to it (the first ECAP), in position
         order, and how many there were. Equal keys only the position orders, and at most k of them are wanted,
         so keeping the first is exact however many ties there are."""
-        t0 = tl.program_id(0) * BT
-        q, w = _q_rows(iq_ptr, iw_ptr, t0, T, iq_st, iq_sh, iw_st, BT, HI, DI, DOT_F32)
-        t = t0 + tl.arange(0, BT)
+        t = tl.program_id(0) * BT + tl.arange(0, BT)
         tm = t < T
         qp = tl.load(qp_ptr + t, mask=tm, other=-1)
         b = tl.load(bound_ptr + t, mask=tm, other=0).to(tl.uint32, bitcast=True) ^ 0x80000000
@@ -409,8 +366,8 @@ if HAVE_TRITON:
         ecnt = tl.zeros([BT], dtype=tl.int32)
         end = tl.minimum(tl.max(qp, 0) + 1, S)
         for s0 in range(0, end, BS):
-            key, s = _tile_keys(q, w, k_ptr, sc_ptr, s0, S, k_ss, BT, BS, HI, DI, DOT_F32, 1)
-            ok = tm[:, None] & (s < S)[None, :] & (s[None, :] <= qp[:, None])
+            key, ok, s = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss, BS, HI,
+                                     DI, DOT_F32, 1)
             cnt = _append(key, s, ok & (key > b[:, None]), cnt, gkey_ptr, gpos_ptr, t, CAP)
             ecnt = _append(key, s, ok & (key == b[:, None]), ecnt, ekey_ptr, epos_ptr, t, ECAP)
         tl.store(gcnt_ptr + t, cnt, mask=tm)
@@ -437,11 +394,11 @@ if HAVE_TRITON:
 
     @triton.jit
     def _pick_kernel(qp_ptr, gkey_ptr, gpos_ptr, gcnt_ptr, epos_ptr, ecnt_ptr, flag_ptr, idx_ptr, valid_ptr, S, K,
-                     CAP: tl.constexpr, ECAP: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr,
-                     RADIX: tl.constexpr):
+                     CAP: tl.constexpr, ECAP: tl.constexpr, NA: tl.constexpr, NH: tl.constexpr,
+                     LOG: tl.constexpr, RADIX: tl.constexpr):
         """One query: its k largest from the two lists, written in position order. At least k above the bound:
         the k largest of those (ties by a running count: the list is in position order). Fewer: all of them and
-        the first equal ones, the two interleaved in position, so sorted. Too few in both (the sample put the
+        the first equal ones, the two lists merged by position. Too few in both (the sample put the
         bound above the k-th largest) or too many above it: flagged for the exact passes."""
         t = tl.program_id(0)
         qp = tl.load(qp_ptr + t)
@@ -463,19 +420,30 @@ if HAVE_TRITON:
             tl.store(idx_ptr + row + rank, pos.to(tl.int64), mask=take)
             tl.store(valid_ptr + row + rank, take.to(tl.int8), mask=take)
         else:
-            # [0, NB/2): the list above the bound (all taken); [NB/2, NB): the first k_eff - ca equal keys
-            jj = tl.arange(0, NB)
-            half = NB // 2
-            ina = jj < half
-            je = tl.where(ina, 0, jj - half)
-            ta = ina & (jj < ca)
-            te = (~ina) & (je < k_eff - ca)
-            both = tl.where(ina, tl.load(gpos_ptr + t.to(tl.int64) * CAP + jj, mask=ta, other=0),
-                            tl.load(epos_ptr + t.to(tl.int64) * ECAP + je, mask=te, other=0))
-            order = tl.sort(tl.where(ta | te, both, 0x7FFFFFFF))
-            first = jj < k_eff
-            tl.store(idx_ptr + row + jj, order.to(tl.int64), mask=first)
-            tl.store(valid_ptr + row + jj, first.to(tl.int8), mask=first)
+            # every key above the bound and the first k_eff - ca equal to it: two lists each in position order,
+            # merged by rank (a key's index in its list plus how many of the other list's positions are lower)
+            jm = tl.arange(0, NH)
+            ne = k_eff - ca
+            ga = tl.load(gpos_ptr + t.to(tl.int64) * CAP + jm, mask=jm < ca, other=0)
+            ge = tl.load(epos_ptr + t.to(tl.int64) * ECAP + jm, mask=jm < ne, other=0)
+            ra = jm + _lower_bound(epos_ptr + t.to(tl.int64) * ECAP, ne, ga, LOG)
+            re = jm + _lower_bound(gpos_ptr + t.to(tl.int64) * CAP, ca, ge, LOG)
+            tl.store(idx_ptr + row + ra, ga.to(tl.int64), mask=jm < ca)
+            tl.store(idx_ptr + row + re, ge.to(tl.int64), mask=jm < ne)
+            tl.store(valid_ptr + row + jm, (jm < k_eff).to(tl.int8), mask=jm < k_eff)
+
+    @triton.jit
+    def _lower_bound(ptr, n, x, LOG: tl.constexpr):
+        """For each x, how many of the ascending ptr[0:n] are below it (a binary search of LOG steps, 2^LOG > n)."""
+        lo = tl.zeros_like(x)
+        hi = tl.zeros_like(x) + n
+        for _ in tl.static_range(LOG):
+            mid = (lo + hi) // 2
+            live = lo < hi
+            below = live & (tl.load(ptr + mid, mask=live, other=0) < x)
+            lo = tl.where(below, mid + 1, lo)
+            hi = tl.where(live & (~below), mid, hi)
+        return lo
 
     @triton.jit
     def _sparse_attn_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, valid_ptr, o_ptr, K, qk_scale, q_st, q_sh, k_ss, k_sh,
@@ -559,12 +527,11 @@ def sampled_cap(k: int, st: int) -> int:
 
 def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sampled", bt: int = 16,
                           bs: int = 128, warps: int = 8, cap: int | None = None, stats: dict | None = None,
-                          bt_sampled: int = 32, stride: int | None = None, sub: int = SAMPLE_STRIDE,
+                          bt_sampled: int = 16, bs_sampled: int = 64, stride: int | None = None, sub: int = SAMPLE_STRIDE,
                           bt_collect: int = 16, bcap: int | None = None):
     """`method="sampled"` (default): every `stride`-th key's score for every query kept in HBM ([T, S / stride]
     int32, ~16K columns), torch.topk of it gives each query a lower bound on its k-th largest score; one pass
-    over all keys on wide tensor-core tiles (`bt_sampled` queries x `bs` keys, the Hi heads as one product of
-    `bt_sampled` x Hi rows) collects the keys above the bound (at most `cap`) and those equal to it (the first
+    over all keys (`bt_sampled` queries x `bs_sampled` keys a tile) collects the keys above the bound (at most `cap`) and those equal to it (the first
     k); a per-query kernel takes the k largest. `"bounded"`: the bound from two histogram passes over every
     `sub`-th key in registers, then a collect pass on narrow tiles (`bt_collect`, `bcap`: see `_collect_kernel`).
     `"exact"`: four histogram passes and a write pass over every key of every query (`bt` queries a program).
@@ -587,7 +554,8 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
     tiles = dict(BS=bs, HI=Hi, DI=Di, DOT_F32=interpret_mode(), num_warps=warps)
     flag = torch.zeros(T, dtype=torch.int32, device=dev) if method != "exact" else q_pos
     if method == "sampled":
-        _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt_sampled, stride, cap, stats)
+        _select_sampled(head, strides, T, S, k, flag, idx, valid, {**tiles, "BS": bs_sampled}, bt_sampled, stride, cap,
+                        stats)
     elif method == "bounded":
         _select_bounded(head, strides, T, S, k, flag, idx, valid, {**tiles, "BT": bt, "RADIX": RADIX}, sub, cap,
                         bcap, bt_collect)
@@ -619,7 +587,7 @@ def _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt, stride,
                                                    *strides, BT=bt, **tiles)
     na = triton.next_power_of_2(cap)
     _pick_kernel[(T,)](q_pos, gkey, gpos, gcnt, epos, ecnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap, ECAP=k,
-                       NA=na, NB=triton.next_power_of_2(2 * k), RADIX=RADIX, num_warps=4 if na <= 4096 else 8)
+                       NA=na, NH=triton.next_power_of_2(k), LOG=k.bit_length() + 1, RADIX=RADIX, num_warps=4 if na <= 4096 else 8)
     if stats is not None:
         stats["above"] = gcnt
 
