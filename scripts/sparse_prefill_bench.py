@@ -1,4 +1,4 @@
-"""One QSA layer's sparse prefill of a chunk on the GPU: the fused score + select (`prefill_select`) and the
+"""One QSA layer's sparse prefill of a chunk on the GPU: the score + select (`prefill_select`) and the
 sparse attention over the selected rows (`sparse_prefill_attention`), against dense causal attention over the
 whole prefix, at the reference shape (T = 8,192 queries, 16 query / 2 KV heads of 256, index 4 heads x 64,
 k = 2,048) and prefix S = 64K, 248K, 1M (the chunk is the prefix's last T positions).
@@ -6,12 +6,14 @@ k = 2,048) and prefix S = 64K, 248K, 1M (the chunk is the prefix's last T positi
     PYTHONPATH=$PWD python3 scripts/sparse_prefill_bench.py [OUT_DIR]
 
 Each figure: CUDA events, 1 warm-up then the median of 3 calls (the exact select: 1 call; a call at 1M
-is tens of ms: enough to time).
-Rates: index scoring as 2 x Hi x Di FLOP per visible (query, key) pair, counted once (the passes recompute
-them: the default bounded select scores every key twice and every 8th key twice more, the exact select five
-times), and the selected rows' bytes (K and V, each row read once per query for
-all heads of its KV head) per second of attention. A small tile sweep at 64K first; the best tile is used
-for the larger prefixes. Writes OUT_DIR/sparse_prefill_bench.json when given. Under 2 minutes on an H200.
+is tens of ms: enough to time). Per prefix: the sampled select (the default), its bound alone (the sample's
+scores and torch.topk), how many keys sat above the bound (mean, max, against the list's cap) and how many
+queries took the exact passes, the exact select, the attention, dense attention up to 248K.
+Rates: index scoring as 2 x Hi x Di FLOP per visible (query, key) pair, counted once (the sampled select
+scores its sample of every st-th key twice, the exact select every key five times), and the selected rows' bytes
+(K and V, each row read once per query for all heads of its KV head) per second of attention. A small tile
+sweep at 64K first; the best tile is used for the larger prefixes. Writes OUT_DIR/sparse_prefill_bench.json
+when given. About 3 minutes on an H200.
 """
 import json
 import statistics
@@ -62,7 +64,7 @@ def sweep_tiles(sel_in):
 
 
 def select_figures(sel_in, S, tile):
-    """The sampled select (default), its bound alone, the bounded select of histogram passes, the exact one."""
+    """The sampled select (default), its bound alone, and the exact select."""
     T_ = sel_in[0].shape[0]
     st = P.sample_stride(S)
     cap = P.sampled_cap(K, st)
@@ -71,14 +73,11 @@ def select_figures(sel_in, S, tile):
     r = {"S": S, "tile": tile, "stride": st, "cap": cap,
          "select_ms": ms(lambda: P.prefill_select_triton(*sel_in, K, **tile)),
          "bound_ms": ms(lambda: P.sampled_bound(sel_in, strides, T_, S, K, st, cap, tiles, tile["bt_sampled"])),
-         "select_bounded_ms": ms(lambda: P.prefill_select_triton(*sel_in, K, method="bounded")),
          "select_exact_ms": ms(lambda: P.prefill_select_triton(*sel_in, K, method="exact"), reps=1)}
-    stats, stats_b = {}, {}
+    stats = {}
     P.prefill_select_triton(*sel_in, K, stats=stats, **tile)
-    P.prefill_select_triton(*sel_in, K, method="bounded", stats=stats_b)
     above = stats["above"].float()
-    r.update(fallback_queries=int(stats["fallback"].sum()), fallback_queries_bounded=int(stats_b["fallback"].sum()),
-             above_mean=float(above.mean()), above_max=float(above.max()))
+    r.update(fallback_queries=int(stats["fallback"].sum()), above_mean=float(above.mean()), above_max=float(above.max()))
     return r
 
 
@@ -113,8 +112,7 @@ def main():
         print(f"S={S:8d}: select {sel_ms:.2f} ms ({r['score_tflops_once']:.0f} TFLOP/s of scoring counted once; "
               f"bound {r['bound_ms']:.2f} ms, stride {r['stride']}, above the bound {r['above_mean']:.0f} mean "
               f"{r['above_max']:.0f} max of cap {r['cap']}; {r['fallback_queries']} of {T} queries took the exact "
-              f"passes), bounded select {r['select_bounded_ms']:.2f} ms ({r['fallback_queries_bounded']} fell back), "
-              f"exact select {r['select_exact_ms']:.2f} ms, attention {att_ms:.2f} ms ({r['rows_gbps']:.0f} GB/s of "
+              f"passes), exact select {r['select_exact_ms']:.2f} ms, attention {att_ms:.2f} ms ({r['rows_gbps']:.0f} GB/s of "
               f"selected rows), sparse {sel_ms + att_ms:.2f} ms vs dense {dense} ms", flush=True)
         del sel_in, kv, k, v, q, idx, valid
         torch.cuda.empty_cache()

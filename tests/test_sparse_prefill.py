@@ -154,17 +154,17 @@ SCRIPT = HELPERS + textwrap.dedent('''
             P.prefill_select_triton(iq, iw, keys, scales, q_pos, k, method="exact")
         want = P.prefill_select_reference(iq, iw, keys, scales, q_pos, k)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (what, k)
-    # ... and the bounded path (small caps so that most queries see more keys than the cap): queries bounded;
-    # ties far over both lists resolved in the collect pass (the bucket is one repeated key: its first keys are
-    # its lowest positions), also a query whose head weights are all negative (its top k: keys scoring exactly 0,
-    # ~1 in 16); queries sent to the exact passes (a sample holding the best keys puts the bound above the k-th
-    # largest), both kinds in one call
+    # ... and the sampled path: queries bounded by the sample (S = 600 > the cap, so no query takes all its keys);
+    # ties far over the list of equal keys (its first k are the lowest positions), also a query whose head weights
+    # are all negative (its top k: keys scoring exactly 0, ~1 in 16); queries sent to the exact passes (a sample
+    # holding the best keys puts the bound above the k-th largest; a cap below the keys above the bound), both
+    # kinds beside bounded queries in one call
     adv = list(exact_inputs(32, 600, seed=7))
     adv[3] = torch.where(torch.arange(600) % 8 == 0, 4.0, 0.25).half()   # every sampled key scaled up 16x
     neg = list(exact_inputs(24, 2000, seed=10))
     neg[1] = -neg[1].abs() - 0.5                                         # every head weight negative
     # five keys score above 0 and every other exactly 0: the top k takes the five and the lowest-placed zeros,
-    # from both lists at once (interleaved in position)
+    # from both lists at once (merged by position)
     S_m, T_m = 600, 16
     few = torch.zeros(S_m, 64)
     few[torch.tensor([3, 170, 333, 480, 599]), 0] = 2.0
@@ -172,27 +172,30 @@ SCRIPT = HELPERS + textwrap.dedent('''
     iq_m[:, 0, 0] = 1.0
     mixed = (iq_m.bfloat16(), torch.tensor([[0.5, -1.0, -1.0, -1.0]] * T_m).bfloat16(), few.to(torch.float8_e4m3fn),
              torch.ones(S_m).half(), torch.arange(S_m - T_m, S_m))
-    cases = [(exact_inputs(32, 600, seed=5), 16, 128, "bounded"), (exact_inputs(32, 600, seed=6), 64, 256, "bounded"),
-             (exact_inputs(32, 600, seed=8), 1, 64, "bounded"), (tuple(adv), 64, 256, "bound too high"),
-             (exact_inputs(24, 600, seed=9, ties=True), 16, 128, "ties over the cap"),
-             (tuple(neg), 16, 32, "all weights negative"), (mixed, 16, 32, "ties and five above")]
+    cases = [(exact_inputs(32, 600, seed=5), 16, None, "sampled"), (exact_inputs(32, 600, seed=6), 64, 256, "sampled"),
+             (exact_inputs(32, 600, seed=8), 1, None, "sampled"), (tuple(adv), 64, None, "bound too high"),
+             (exact_inputs(32, 600, seed=5), 16, 64, "cap below the keys above"),
+             (exact_inputs(24, 600, seed=9, ties=True), 16, None, "ties over the list"),
+             (tuple(neg), 16, None, "all weights negative"), (mixed, 16, None, "ties and five above")]
     for (iq, iw, keys, scales, q_pos), k, cap, what in cases:
         stats = {}
-        got = P.prefill_select_triton(iq, iw, keys, scales, q_pos, k, cap=cap, stats=stats, bcap=max(k, 32))
+        got = P.prefill_select_triton(iq, iw, keys, scales, q_pos, k, cap=cap, stats=stats, bs_sampled=64)
         want = P.prefill_select_reference(iq, iw, keys, scales, q_pos, k)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (what, k)
         fell = int(stats["fallback"].sum())
-        if what == "bound too high":
+        if what in ("bound too high", "cap below the keys above"):
             assert fell >= 8, (what, k, fell)                          # the exact passes did the work
         else:
             assert fell <= 2, (what, k, fell)                          # the bound and the two lists held
+        if what == "sampled":                                          # bounded: not every key a candidate
+            assert int(stats["above"].max()) < 600 - 32, (what, k)
     zeros = (P.prefill_scores_reference(*neg) == 0).sum(1)
-    assert int(zeros.min()) > 32 + 32, int(zeros.min())               # the ties overflowed both lists
+    assert int(zeros.min()) > 2 * 16, int(zeros.min())                # the ties overflowed the list of equals
     # real-valued, strided iq / iw as the projection gives them: a top-k within fp32 rounding
     iq, iw, keys, scales, q_pos = real_inputs(64, 300, seed=5)
     assert not iq.is_contiguous() and not iw.is_contiguous()
     stats = {}
-    idx, valid = P.prefill_select_triton(iq, iw, keys, scales, q_pos, 16, cap=128, stats=stats)
+    idx, valid = P.prefill_select_triton(iq, iw, keys, scales, q_pos, 16, stats=stats)
     check_is_topk(idx, valid, P.prefill_scores_reference(iq, iw, keys, scales, q_pos), 16, "real")
     assert int(stats["fallback"].sum()) <= 4
     # attention: strided K/V views of pool rows, GQA groups of 2 and 8, invalid slots, k not a block multiple
@@ -296,21 +299,26 @@ AOT_SCRIPT = textwrap.dedent('''
     ints = {n: "i32" for n in ("T", "S", "K", "iq_st", "iq_sh", "iw_st", "k_ss")}
     tile = {"BT": 16, "BS": 128, "HI": 4, "DI": 64, "RADIX": 256, "DOT_F32": False}
     jobs = []
-    for PASS, STRIDE, USE_FLAG in ((1, 8, False), (3, 1, True)):
-        sig = {**head, "hist_ptr": "*i32", "flag_ptr": "*i32", **ints, **{n: C for n in tile},
-               "PASS": C, "STRIDE": C, "USE_FLAG": C}
-        jobs.append((P._select_hist_kernel, sig, {**tile, "PASS": PASS, "STRIDE": STRIDE, "USE_FLAG": USE_FLAG}, 8))
+    for PASS in (1, 3):
+        sig = {**head, "hist_ptr": "*i32", "flag_ptr": "*i32", **ints, **{n: C for n in tile}, "PASS": C,
+               "USE_FLAG": C}
+        jobs.append((P._select_hist_kernel, sig, {**tile, "PASS": PASS, "USE_FLAG": True}, 8))
     sig = {**head, "hist_ptr": "*i32", "flag_ptr": "*i32", "idx_ptr": "*i64", "valid_ptr": "*i8", **ints,
            **{n: C for n in tile}, "USE_FLAG": C}
     jobs.append((P._select_write_kernel, sig, {**tile, "USE_FLAG": True}, 8))
-    lists = {"ckey_ptr": "*i32", "cpos_ptr": "*i32", "cnt_ptr": "*i32", "bkey_ptr": "*i32", "bpos_ptr": "*i32",
-             "bcnt_ptr": "*i32", "brange_ptr": "*i64"}
-    sig = {**head, "shist_ptr": "*i32", **lists, "T": "i32", "S": "i32", "K": "i32", "CAP": "i32", "BCAP": "i32",
-           "iq_st": "i32", "iq_sh": "i32", "iw_st": "i32", "k_ss": "i32", **{n: C for n in tile}, "SUB": C}
-    jobs.append((P._collect_kernel, sig, {**tile, "SUB": 8}, 8))
-    sig = {"qp_ptr": "*i64", **lists, "flag_ptr": "*i32", "idx_ptr": "*i64", "valid_ptr": "*i8", "S": "i32",
-           "K": "i32", "CAP": C, "BCAP": C, "N": C, "RADIX": C}
-    jobs.append((P._cand_select_kernel, sig, {"CAP": 4096, "BCAP": 2048, "N": 8192, "RADIX": 256}, 8))
+    sampled = {"BT": 16, "BS": 128, "HI": 4, "DI": 64, "DOT_F32": False}
+    strides = {n: "i32" for n in ("iq_st", "iq_sh", "iw_st", "k_ss")}
+    sig = {**head, "out_ptr": "*i32", "T": "i32", "S": "i32", "NS": "i32", **strides, **{n: C for n in sampled},
+           "STRIDE": C}
+    jobs.append((P._sample_kernel, sig, {**sampled, "STRIDE": 64}, 8))
+    lists = {n: "*i32" for n in ("bound_ptr", "gkey_ptr", "gpos_ptr", "gcnt_ptr", "ekey_ptr", "epos_ptr", "ecnt_ptr")}
+    sig = {**head, **lists, "T": "i32", "S": "i32", "CAP": "i32", "ECAP": "i32", **strides, **{n: C for n in sampled}}
+    jobs.append((P._collect_sampled_kernel, sig, sampled, 8))
+    sig = {"qp_ptr": "*i64", **{n: "*i32" for n in ("gkey_ptr", "gpos_ptr", "gcnt_ptr", "epos_ptr", "ecnt_ptr",
+                                                    "flag_ptr")},
+           "idx_ptr": "*i64", "valid_ptr": "*i8", "S": "i32", "K": "i32", "CAP": C, "ECAP": C, "NA": C, "NH": C,
+           "LOG": C, "RADIX": C}
+    jobs.append((P._pick_kernel, sig, {"CAP": 8192, "ECAP": 2048, "NA": 8192, "NH": 2048, "LOG": 12, "RADIX": 256}, 8))
     sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "idx_ptr": "*i64", "valid_ptr": "*i8", "o_ptr": "*bf16",
            "K": "i32", "qk_scale": "fp32", **{n: "i32" for n in ("q_st", "q_sh", "k_ss", "k_sh", "v_ss", "v_sh", "o_st",
                                                                 "o_sh")},
@@ -333,4 +341,4 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path):
     p = subprocess.run([sys.executable, "-c", AOT_SCRIPT], capture_output=True, text=True, timeout=900, env=env)
     if p.returncode and "ptxas" in p.stderr and "not found" in p.stderr:
         pytest.skip("this Triton install has no ptxas")
-    assert p.returncode == 0 and "compiled 6" in p.stdout, p.stderr[-3000:]
+    assert p.returncode == 0 and "compiled 7" in p.stdout, p.stderr[-3000:]
