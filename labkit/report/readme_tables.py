@@ -227,6 +227,50 @@ def prefill_kernels_table() -> str:
     return f"GEMM peak {peak:.0f} TFLOPS (8192³ bf16, same process)\n\n" + _md(pd.DataFrame(rows))
 
 
+def hot_conc_table() -> str:
+    """hot_cache against resident per concurrency on one point: tok/s, the ratio, the weights phase's excess."""
+    m = load_run(REPO / RUNS["hot_conc"]).metrics
+    m = m[(m["experiment"] == "decode") & (m["status"] == "ok") & m["concurrency"].notna()]
+    by = m.set_index(["concurrency", "strategy"])
+    rows = []
+    for c in sorted(m["concurrency"].unique()):
+        r, h = by.loc[(c, "resident")], by.loc[(c, "hot_cache")]
+        rows.append({"context": _ctx(r["context_len"]), "requests": int(c), "resident tok/s": f"{r['tok_s']:,.1f}",
+                     "hot_cache tok/s": f"{h['tok_s']:,.1f}", "hot_cache / resident": f"**{h['tok_s'] / r['tok_s']:.3f}**",
+                     "weights phase above resident's": f"{h['anat_weights_ms'] - r['anat_weights_ms']:.2f} ms",
+                     "hit rate": f"{h['hot_hit_rate']:.3f}"})
+    return _md(pd.DataFrame(rows))
+
+
+def sparse_prefill_table() -> str:
+    """QSA's sparse prefill: the select and the attention per layer-chunk by prefix (the kernels bench), then
+    whole prompts through it beside the dense prompt of the anatomy run, seconds per phase."""
+    b = json.loads((REPO / RUNS["sparse_prefill_kernels"] / "sparse_prefill_bench.json").read_text())
+    ms = lambda v: f"{v:,.1f}" if v is not None else "–"
+    rows = [{"prefix": _ctx(r["S"]), "select ms": ms(r["select_ms"]), "of it the bound ms": ms(r["bound_ms"]),
+             "keys above the bound, mean / max (cap)": f"{r['above_mean']:,.0f} / {r['above_max']:,.0f} ({r['cap']:,})",
+             "exact passes taken": f"{r['fallback_queries']} of {b['T']:,}", "replaced select ms": ms(r.get("select_bounded_ms")),
+             "exact select ms": ms(r["select_exact_ms"]), "attention ms": ms(r["attention_ms"]),
+             "sparse ms": ms(r["sparse_ms"]), "dense ms": ms(r["dense_ms"])} for r in b["rows"]]
+    dense = load_run(REPO / RUNS["prefill_anatomy"]).metrics
+    dense = dense[(dense["experiment"] == "prefill") & (dense["status"] == "ok") & (dense["mode"] == "resident")]
+    whole = [dense[dense["engine_variant"] == "prefill_attn=split,dn_prefill=fla"]]
+    whole += [load_run(REPO / run).metrics for run in RUNS["prefill_sparse"]]
+    prompts = []
+    for m in whole:
+        for r in m[(m["experiment"] == "prefill") & (m["status"] == "ok")].to_dict("records"):
+            cap = r.get("mem_cap_bytes")
+            cap = cap / 2**30 if cap is not None and pd.notna(cap) else 0
+            prompts.append({"prompt": _ctx(r["context_len"]), "attention": r.get("prefill_attention") or "dense",
+                            "mode": r["mode"], "cap": f"{cap:.0f} GiB" if cap else "none", "tok/s": f"{r['tok_s']:,.0f}",
+                            "time s": f"{r['step_ms_median'] / 1e3:.1f}",
+                            "index + select s": f"{(r['anatomy_index_score_ms'] + r['anatomy_selection_ms']) / 1e3:.1f}",
+                            **{f"{ph} s": f"{r[f'anatomy_{ph}_ms'] / 1e3:.1f}" for ph in ("weights", "deltanet", "attention")},
+                            "device peak": f"{r['device_mem_peak_bytes'] / 2**30:.1f} GiB"})
+    return (f"One layer and 8K-token chunk ({b['device']}, k = {b['k']:,}):\n\n" + _md(pd.DataFrame(rows))
+            + "\n\nWhole prompts:\n\n" + _md(pd.DataFrame(prompts)))
+
+
 def capacity_table() -> str:
     g = load_run(REPO / CAPACITY_RUN).table("goodput")
     rows = [{"configuration": r.config, "requests held": int(r.requests), "batch under TPOT limit": int(r.good_batch),
@@ -1009,7 +1053,7 @@ def blocks() -> dict[str, str]:
     m = load_run(REPO / DECODE_RUN).metrics
     return {"headlines": headlines(), "serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
             "pulse-scaling-compiled-h200": pulse_scaling_compiled_table(), "pulse-selection-h200": pulse_selection_table(),
-            "pulse-trace-h200": pulse_trace_table(), "pulse-ladder-h200": pulse_ladder_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "quality-sparse-prefill-cpu": quality_sparse_prefill_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "prefill-anatomy-h200": prefill_anatomy_table(), "prefill-kernels-h200": prefill_kernels_table(), "capacity-h200": capacity_table(),
+            "pulse-trace-h200": pulse_trace_table(), "pulse-ladder-h200": pulse_ladder_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "quality-sparse-prefill-cpu": quality_sparse_prefill_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "prefill-anatomy-h200": prefill_anatomy_table(), "prefill-kernels-h200": prefill_kernels_table(), "sparse-prefill-h200": sparse_prefill_table(), "hot-conc-h200": hot_conc_table(), "capacity-h200": capacity_table(),
             "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(), "decode-trace-h200": decode_trace_table(),
             **xfer_blocks(),
