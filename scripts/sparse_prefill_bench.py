@@ -50,7 +50,9 @@ def sweep_tiles(sel_in):
     best, sweep = None, []
     # (the first tile compiles the kernels: a few seconds each on a fresh Triton cache)
     for tile in (dict(bt_sampled=16, bs_sampled=64, warps=8), dict(bt_sampled=16, bs_sampled=128, warps=8),
-                 dict(bt_sampled=32, bs_sampled=64, warps=8), dict(bt_sampled=16, bs_sampled=32, warps=4)):
+                 dict(bt_sampled=32, bs_sampled=64, warps=8), dict(bt_sampled=16, bs_sampled=32, warps=4),
+                 dict(bt_sampled=16, bs_sampled=64, warps=8, prefetch=True),
+                 dict(bt_sampled=16, bs_sampled=128, warps=8, prefetch=True)):
         try:
             t = ms(lambda: P.prefill_select_triton(*sel_in, K, **tile))
         except Exception as e:                                  # a tile that does not compile: say so, go on

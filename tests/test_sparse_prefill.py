@@ -179,7 +179,8 @@ SCRIPT = HELPERS + textwrap.dedent('''
              (tuple(neg), 16, None, "all weights negative"), (mixed, 16, None, "ties and five above")]
     for (iq, iw, keys, scales, q_pos), k, cap, what in cases:
         stats = {}
-        got = P.prefill_select_triton(iq, iw, keys, scales, q_pos, k, cap=cap, stats=stats, bs_sampled=64)
+        got = P.prefill_select_triton(iq, iw, keys, scales, q_pos, k, cap=cap, stats=stats, bs_sampled=64,
+                                      prefetch=what == "ties over the list")    # the collect's two loops, both checked
         want = P.prefill_select_reference(iq, iw, keys, scales, q_pos, k)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (what, k)
         fell = int(stats["fallback"].sum())
@@ -313,7 +314,8 @@ AOT_SCRIPT = textwrap.dedent('''
     jobs.append((P._sample_kernel, sig, {**sampled, "STRIDE": 64}, 8))
     lists = {n: "*i32" for n in ("bound_ptr", "gkey_ptr", "gpos_ptr", "gcnt_ptr", "ekey_ptr", "epos_ptr", "ecnt_ptr")}
     sig = {**head, **lists, "T": "i32", "S": "i32", "CAP": "i32", "ECAP": "i32", **strides, **{n: C for n in sampled}}
-    jobs.append((P._collect_sampled_kernel, sig, sampled, 8))
+    for prefetch in (False, True):
+        jobs.append((P._collect_sampled_kernel, {**sig, "PREFETCH": C}, {**sampled, "PREFETCH": prefetch}, 8))
     sig = {"qp_ptr": "*i64", **{n: "*i32" for n in ("gkey_ptr", "gpos_ptr", "gcnt_ptr", "epos_ptr", "ecnt_ptr",
                                                     "flag_ptr")},
            "idx_ptr": "*i64", "valid_ptr": "*i8", "S": "i32", "K": "i32", "CAP": C, "ECAP": C, "NA": C, "NH": C,
@@ -341,4 +343,4 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path):
     p = subprocess.run([sys.executable, "-c", AOT_SCRIPT], capture_output=True, text=True, timeout=900, env=env)
     if p.returncode and "ptxas" in p.stderr and "not found" in p.stderr:
         pytest.skip("this Triton install has no ptxas")
-    assert p.returncode == 0 and "compiled 7" in p.stdout, p.stderr[-3000:]
+    assert p.returncode == 0 and "compiled 8" in p.stdout, p.stderr[-3000:]

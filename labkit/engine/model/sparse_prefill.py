@@ -116,20 +116,27 @@ def _check_attention(q, k, v, idx, valid):
 
 if HAVE_TRITON:
     @triton.jit
-    def _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
-                    BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr, DOT_F32: tl.constexpr,
-                    STRIDE: tl.constexpr):
-        """Order-preserving uint32 keys [BT, BS] of queries t at positions (s0 + j) * STRIDE, which of them
-        the queries see, and the positions."""
-        s = (s0 + tl.arange(0, BS)) * STRIDE
+    def _key_tile(k_ptr, sc_ptr, s0, S, k_ss, BS: tl.constexpr, DI: tl.constexpr, STRIDE: tl.constexpr):
+        """The index keys [DI, BS] (fp8, as stored) and scales [BS] at positions (s0 + j) * STRIDE, the positions
+        and which of them exist. Loaded on their own so that a loop can ask for the next tile before it scores
+        this one."""
+        s = (s0 + tl.arange(0, BS)).to(tl.int32) * STRIDE        # int32 whatever s0 is (a loop's may be int64)
         sm = s < S
         di = tl.arange(0, DI)
-        kt = tl.load(k_ptr + s[None, :].to(tl.int64) * k_ss + di[:, None], mask=sm[None, :], other=0.0)  # [DI, BS]
+        kt = tl.load(k_ptr + s[None, :].to(tl.int64) * k_ss + di[:, None], mask=sm[None, :], other=0.0)
+        return kt, tl.load(sc_ptr + s, mask=sm, other=0.0), s, sm
+
+    @triton.jit
+    def _score_keys(iq_ptr, iw_ptr, kt, sc, s, sm, t, tm, qp, iq_st, iq_sh, iw_st, HI: tl.constexpr,
+                    DI: tl.constexpr, DOT_F32: tl.constexpr):
+        """Order-preserving uint32 keys [BT, BS] of queries t against a key tile, and which of them the queries
+        see."""
         if DOT_F32:   # the interpreter: exact fp32 operands (fp8 and bf16 values are), the same products
             kt = kt.to(tl.float32)
         else:
             kt = kt.to(tl.bfloat16)
-        acc = tl.zeros([t.shape[0], BS], dtype=tl.float32)
+        di = tl.arange(0, DI)
+        acc = tl.zeros([t.shape[0], kt.shape[1]], dtype=tl.float32)
         for h in tl.static_range(HI):
             qh = tl.load(iq_ptr + t[:, None].to(tl.int64) * iq_st + h * iq_sh + di[None, :], mask=tm[:, None],
                          other=0.0)
@@ -139,10 +146,19 @@ if HAVE_TRITON:
                 d = tl.dot(qh.to(tl.bfloat16), kt)
             wh = tl.load(iw_ptr + t.to(tl.int64) * iw_st + h, mask=tm, other=0.0).to(tl.float32)
             acc += wh[:, None] * tl.maximum(d, 0.0)
-        acc = acc * tl.load(sc_ptr + s, mask=sm, other=0.0).to(tl.float32)[None, :]
+        acc = acc * sc.to(tl.float32)[None, :]
         u = acc.to(tl.uint32, bitcast=True)
         key = tl.where((u >> 31) == 1, ~u, u | 0x80000000)
-        ok = tm[:, None] & sm[None, :] & (s[None, :] <= qp[:, None])
+        return key, tm[:, None] & sm[None, :] & (s[None, :] <= qp[:, None])
+
+    @triton.jit
+    def _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss,
+                    BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr, DOT_F32: tl.constexpr,
+                    STRIDE: tl.constexpr):
+        """Order-preserving uint32 keys [BT, BS] of queries t at positions (s0 + j) * STRIDE, which of them
+        the queries see, and the positions."""
+        kt, sc, s, sm = _key_tile(k_ptr, sc_ptr, s0, S, k_ss, BS, DI, STRIDE)
+        key, ok = _score_keys(iq_ptr, iw_ptr, kt, sc, s, sm, t, tm, qp, iq_st, iq_sh, iw_st, HI, DI, DOT_F32)
         return key, ok, s
 
     @triton.jit
@@ -261,7 +277,7 @@ if HAVE_TRITON:
     def _collect_sampled_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, bound_ptr, gkey_ptr, gpos_ptr, gcnt_ptr,
                                 ekey_ptr, epos_ptr, ecnt_ptr, T, S, CAP, ECAP, iq_st, iq_sh, iw_st, k_ss,
                                 BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr,
-                                DOT_F32: tl.constexpr):
+                                DOT_F32: tl.constexpr, PREFETCH: tl.constexpr):
         """Each query's keys above its bound (the first CAP kept) and equal to it (the first ECAP), in position
         order, and how many there were. Equal keys only the position orders, and at most k of them are wanted,
         so keeping the first is exact however many ties there are."""
@@ -272,9 +288,15 @@ if HAVE_TRITON:
         cnt = tl.zeros([BT], dtype=tl.int32)
         ecnt = tl.zeros([BT], dtype=tl.int32)
         end = tl.minimum(tl.max(qp, 0) + 1, S)
+        if PREFETCH:   # the next key tile's loads issued before this one is scored: their latency hidden
+            nk, nsc, ns, nsm = _key_tile(k_ptr, sc_ptr, 0, S, k_ss, BS, DI, 1)
         for s0 in range(0, end, BS):
-            key, ok, s = _score_tile(iq_ptr, iw_ptr, k_ptr, sc_ptr, t, tm, qp, s0, S, iq_st, iq_sh, iw_st, k_ss, BS, HI,
-                                     DI, DOT_F32, 1)
+            if PREFETCH:
+                kt, sc, s, sm = nk, nsc, ns, nsm
+                nk, nsc, ns, nsm = _key_tile(k_ptr, sc_ptr, s0 + BS, S, k_ss, BS, DI, 1)
+            else:
+                kt, sc, s, sm = _key_tile(k_ptr, sc_ptr, s0, S, k_ss, BS, DI, 1)
+            key, ok = _score_keys(iq_ptr, iw_ptr, kt, sc, s, sm, t, tm, qp, iq_st, iq_sh, iw_st, HI, DI, DOT_F32)
             cnt = _append(key, s, ok & (key > b[:, None]), cnt, gkey_ptr, gpos_ptr, t, CAP)
             ecnt = _append(key, s, ok & (key == b[:, None]), ecnt, ekey_ptr, epos_ptr, t, ECAP)
         tl.store(gcnt_ptr + t, cnt, mask=tm)
@@ -423,7 +445,8 @@ def sampled_cap(k: int, st: int) -> int:
 
 def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sampled", bt: int = 16,
                           bs: int = 128, warps: int = 8, cap: int | None = None, stats: dict | None = None,
-                          bt_sampled: int = 16, bs_sampled: int = 128, stride: int | None = None):
+                          bt_sampled: int = 16, bs_sampled: int = 128, stride: int | None = None,
+                          prefetch: bool = False):
     """`method="sampled"` (default): every `stride`-th key's score for every query kept in HBM ([T, S / stride]
     int32, ~16K columns; `sample_stride`), torch.topk of it gives each query a lower bound on its k-th largest
     score; one pass over all keys (`bt_sampled` queries x `bs_sampled` keys a tile) collects the keys above the
@@ -432,6 +455,7 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
     reads nothing: no host sync). `"exact"`: the exact passes for every query, four histogram passes and a
     write pass over every key (`bt` queries x `bs` keys a tile). `stats`, if given, receives `fallback` [T]
     int32 (1: took the exact passes) and, on the sampled path, `above` [T] int32 (keys above the bound).
+    `prefetch`: the collect pass loads the next key tile before it scores this one (not yet timed on a GPU).
     The default tiles are the fastest of four measured on an H200 at 64K (16 x 128 keys, 8 warps: 11.8 ms against
     12.6-14.3; compiled ahead, 255 registers a thread and no spill; 32 queries x 128 keys spill)."""
     _check_select(iq, iw, keys, scales, q_pos, k)
@@ -451,7 +475,7 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
     flag = torch.zeros(T, dtype=torch.int32, device=dev) if method == "sampled" else q_pos
     if method == "sampled":
         _select_sampled(head, strides, T, S, k, flag, idx, valid, {**tiles, "BS": bs_sampled}, bt_sampled, stride,
-                        cap, stats)
+                        cap, stats, prefetch)
         if stats is not None:
             stats["fallback"] = flag
     tiles = {**tiles, "BT": bt, "BS": bs, "RADIX": RADIX}
@@ -465,7 +489,7 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
     return idx, valid
 
 
-def _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt, stride, cap, stats):
+def _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt, stride, cap, stats, prefetch=False):
     q_pos, dev = head[4], head[0].device
     st = stride or sample_stride(S)
     cap = cap or sampled_cap(k, st)
@@ -477,7 +501,7 @@ def _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt, stride,
     gcnt = torch.empty(T, dtype=torch.int32, device=dev)
     ecnt = torch.empty(T, dtype=torch.int32, device=dev)
     _collect_sampled_kernel[(triton.cdiv(T, bt),)](*head, bound, gkey, gpos, gcnt, ekey, epos, ecnt, T, S, cap, k,
-                                                   *strides, BT=bt, **tiles)
+                                                   *strides, BT=bt, PREFETCH=prefetch, **tiles)
     na = triton.next_power_of_2(cap)
     _pick_kernel[(T,)](q_pos, gkey, gpos, gcnt, epos, ecnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap, ECAP=k,
                        NA=na, NH=triton.next_power_of_2(k), LOG=k.bit_length() + 1, RADIX=RADIX, num_warps=4 if na <= 4096 else 8)
