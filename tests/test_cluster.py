@@ -146,6 +146,13 @@ def _netns_reason() -> str | None:
     return None
 
 
+def _sigint_as_at_a_terminal():
+    """In the child before exec: SIGINT unblocked and default, as a shell gives it, whatever the test process
+    inherited or an earlier test left (the Ctrl-C test inside must be able to interrupt its head)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @slow
 def test_the_cluster_tests_in_a_network_of_their_own():
     """This file's cluster tests, run by pytest inside a new network namespace with only loopback up: Ray finds no
@@ -158,7 +165,7 @@ def test_the_cluster_tests_in_a_network_of_their_own():
     inner = (f"ip link set lo up && exec {sys.executable} -m pytest -q -p no:cacheprovider "
              f"{Path(__file__).relative_to(REPO)} -k 'fans_out or another_commit or ctrl_c_on_the_head'")
     r = subprocess.run(["unshare", "--net", "sh", "-c", inner], cwd=REPO, capture_output=True, text=True,
-                       env={**os.environ, "CLUSTER_TEST_NETNS": "1"}, timeout=880)
+                       env={**os.environ, "CLUSTER_TEST_NETNS": "1"}, timeout=880, preexec_fn=_sigint_as_at_a_terminal)
     tail = (r.stdout + r.stderr)[-4000:]
     assert r.returncode == 0 and "3 passed" in r.stdout, tail
 

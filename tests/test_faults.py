@@ -91,12 +91,18 @@ def test_hot_replay_interrupted_mid_sweep_keeps_the_rows_measured(tmp_path):
                 return
             time.sleep(0.05)
 
+    # SIGINT as a terminal's Ctrl-C finds it, whatever an earlier test in this process left
+    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     t = threading.Thread(target=interrupt_after_first_rows, daemon=True)
     t.start()
-    with pytest.raises(KeyboardInterrupt):
-        measure("hot_replay", {"traces": TRACE, "context_lens": ctxs, "budget": "64", "capacity_x": "1.5",
-                               "policies": "lru", "out_dir": str(out)}, progress_bar=False)
-    measuring.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            measure("hot_replay", {"traces": TRACE, "context_lens": ctxs, "budget": "64", "capacity_x": "1.5",
+                                   "policies": "lru", "out_dir": str(out)}, progress_bar=False)
+    finally:
+        measuring.clear()
+        signal.signal(signal.SIGINT, sigint)
     t.join()
     m = pd.read_parquet(out / "metrics.parquet")
     h = pd.read_parquet(out / "hot_replay.parquet")
