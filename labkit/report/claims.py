@@ -693,7 +693,7 @@ BUILDERS = {"sparse": sparse_claims, "flash": flash_claims, "pulse": pulse_claim
 
 
 def card(systems=None) -> list[Claim]:
-    """Every row of the card (or those of the named systems: keys of SYSTEMS), in the order of SEEDS.md."""
+    """Every row of the card (or those of the named systems: keys of SYSTEMS), in the order of BUILDERS: sparse offload, FlashOffloading, PulseInfer, cross-model transfer."""
     names = list(BUILDERS) if not systems else [s for s in BUILDERS if s in set(systems)]
     unknown = set(systems or ()) - set(BUILDERS)
     if unknown:
