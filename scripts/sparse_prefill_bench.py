@@ -30,6 +30,7 @@ from labkit.sweep import event_ms  # noqa: E402
 
 T, K, HQ, NKV, D, HI, DI = 8192, 2048, 16, 2, 256, 4, 64
 PREFIXES = (1 << 16, 248 * 1024, 1 << 20)
+SWEEP_AT = 248 * 1024            # the tile sweep's prefix: long enough that the collect pass dominates
 DENSE_UP_TO = 248 * 1024          # dense attention at 1M is ~0.4 s a call: left out to keep the run short
 
 
@@ -45,36 +46,56 @@ def inputs(S, g):
     return iq, iw, keys, scales, torch.arange(S - T, S, device="cuda")
 
 
-def sweep_tiles(sel_in):
-    """The sampled select's tiles at 64K (queries a program x keys a tile x warps); the best is used after."""
+TILES = (   # the collect pass: queries a program x keys a tile x warps (x pipeline stages), and its switches
+    dict(bt_sampled=64, bs_sampled=32, warps_sampled=4, stages_sampled=1),
+    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, stages_sampled=1),
+    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, stages_sampled=3),
+    dict(bt_sampled=64, bs_sampled=32, warps_sampled=4, stages_sampled=1, prefetch=True),
+    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, stages_sampled=1, prefetch=True),
+    dict(bt_sampled=64, bs_sampled=128, warps_sampled=4, stages_sampled=1),
+    dict(bt_sampled=128, bs_sampled=64, warps_sampled=8, stages_sampled=1),
+    dict(bt_sampled=32, bs_sampled=32, warps_sampled=2, stages_sampled=1),
+    dict(bt_sampled=16, bs_sampled=64, warps_sampled=1, stages_sampled=1),
+    dict(bt_sampled=16, bs_sampled=128, warps_sampled=8, hoist=False),
+)
+
+
+def phases(sel_in, tile, reps=3):
+    """Median ms of the sampled select's phases (bound, collect, pick) over `reps` calls after a warm one."""
+    got = []
+    for _ in range(reps + 1):
+        stats = {"events": []}
+        P.prefill_select_triton(*sel_in, K, stats=stats, **tile)
+        torch.cuda.synchronize()
+        ev = stats["events"]
+        got.append([ev[i].elapsed_time(ev[i + 1]) for i in range(len(ev) - 1)])
+    return {name: statistics.median(g[i] for g in got[1:]) for i, name in enumerate(("bound_ms", "collect_ms",
+                                                                                      "pick_ms"))}
+
+
+def sweep_tiles(sel_in, prefix):
+    """The sampled select's collect tiles at one prefix; the best is used after."""
     best, sweep = None, []
-    # (the first tile compiles the kernels: a few seconds each on a fresh Triton cache)
-    for tile in (dict(bt_sampled=16, bs_sampled=64, warps=8), dict(bt_sampled=16, bs_sampled=128, warps=8),
-                 dict(bt_sampled=32, bs_sampled=64, warps=8), dict(bt_sampled=16, bs_sampled=32, warps=4),
-                 dict(bt_sampled=16, bs_sampled=64, warps=8, prefetch=True),
-                 dict(bt_sampled=16, bs_sampled=128, warps=8, prefetch=True)):
+    # (each tile compiles the collect kernel: a few seconds on a fresh Triton cache)
+    for tile in TILES:
         try:
             t = ms(lambda: P.prefill_select_triton(*sel_in, K, **tile))
+            ph = phases(sel_in, tile)
         except Exception as e:                                  # a tile that does not compile: say so, go on
             print(f"  select tile {tile}: failed: {str(e).splitlines()[0][:200]}", flush=True)
             continue
-        sweep.append({**tile, "select_ms": t})
-        print(f"  select tile {tile}: {t:.2f} ms", flush=True)
+        sweep.append({**tile, "prefix": prefix, "select_ms": t, **ph})
+        print(f"  select tile {tile} at {prefix}: {t:.2f} ms (bound {ph['bound_ms']:.2f}, collect "
+              f"{ph['collect_ms']:.2f}, pick {ph['pick_ms']:.2f})", flush=True)
         if best is None or t < best[0]:
             best = (t, tile)
     return best[1], sweep
 
 
 def select_figures(sel_in, S, tile):
-    """The sampled select (default), its bound alone, and the exact select."""
-    T_ = sel_in[0].shape[0]
-    st = P.sample_stride(S)
-    cap = P.sampled_cap(K, st)
-    strides = (sel_in[0].stride(0), sel_in[0].stride(1), sel_in[1].stride(0), sel_in[2].stride(0))
-    tiles = dict(BS=tile["bs_sampled"], HI=HI, DI=DI, DOT_F32=False, num_warps=tile["warps"])
-    r = {"S": S, "tile": tile, "stride": st, "cap": cap,
-         "select_ms": ms(lambda: P.prefill_select_triton(*sel_in, K, **tile)),
-         "bound_ms": ms(lambda: P.sampled_bound(sel_in, strides, T_, S, K, st, cap, tiles, tile["bt_sampled"])),
+    """The sampled select (default) with its phases, and the exact select."""
+    r = {"S": S, "tile": tile, "stride": P.sample_stride(S), "cap": P.sampled_cap(K, P.sample_stride(S)),
+         "select_ms": ms(lambda: P.prefill_select_triton(*sel_in, K, **tile)), **phases(sel_in, tile),
          "select_exact_ms": ms(lambda: P.prefill_select_triton(*sel_in, K, method="exact"), reps=1)}
     stats = {}
     P.prefill_select_triton(*sel_in, K, stats=stats, **tile)
@@ -88,8 +109,8 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(0)
     rows_out = []
     print(f"{torch.cuda.get_device_name()}: T={T} k={K} Hq={HQ} n_kv={NKV} D={D} Hi={HI} Di={DI}", flush=True)
-    sel_in = inputs(PREFIXES[0], g)
-    tile, sweep = sweep_tiles(sel_in)
+    sel_in = inputs(SWEEP_AT, g)
+    tile, sweep = sweep_tiles(sel_in, SWEEP_AT)
     del sel_in
     for S in PREFIXES:
         sel_in = inputs(S, g)
@@ -112,7 +133,7 @@ def main():
         rows_out.append(r)
         dense = "-" if dense_ms is None else f"{dense_ms:.1f}"
         print(f"S={S:8d}: select {sel_ms:.2f} ms ({r['score_tflops_once']:.0f} TFLOP/s of scoring counted once; "
-              f"bound {r['bound_ms']:.2f} ms, stride {r['stride']}, above the bound {r['above_mean']:.0f} mean "
+              f"bound {r['bound_ms']:.2f} ms, collect {r['collect_ms']:.2f}, pick {r['pick_ms']:.2f}, stride {r['stride']}, above the bound {r['above_mean']:.0f} mean "
               f"{r['above_max']:.0f} max of cap {r['cap']}; {r['fallback_queries']} of {T} queries took the exact "
               f"passes), exact select {r['select_exact_ms']:.2f} ms, attention {att_ms:.2f} ms ({r['rows_gbps']:.0f} GB/s of "
               f"selected rows), sparse {sel_ms + att_ms:.2f} ms vs dense {dense} ms", flush=True)
@@ -121,7 +142,7 @@ def main():
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "sparse_prefill_bench.json").write_text(json.dumps(
-            {"device": torch.cuda.get_device_name(), "T": T, "k": K, "sweep_64k": sweep, "rows": rows_out}, indent=1))
+            {"device": torch.cuda.get_device_name(), "T": T, "k": K, "sweep": sweep, "rows": rows_out}, indent=1))
 
 
 if __name__ == "__main__":

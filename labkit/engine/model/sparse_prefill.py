@@ -243,18 +243,6 @@ if HAVE_TRITON:
             taken += tl.sum(ti, 1)
             eq_seen += tl.sum(eq, 1)
 
-    @triton.jit
-    def _append(key, s, take, cnt, key_ptr, pos_ptr, t, CAP):
-        """A tile's taken (key, position) pairs appended to each query's list in position order (a running count
-        plus a prefix sum in the tile), the first CAP kept; the new counts."""
-        ti = take.to(tl.int32)
-        at = cnt[:, None] + tl.cumsum(ti, 1) - 1
-        w = take & (at < CAP)
-        off = t[:, None].to(tl.int64) * CAP + at
-        tl.store(key_ptr + off, key.to(tl.int32, bitcast=True), mask=w)
-        tl.store(pos_ptr + off, tl.zeros_like(at) + s[None, :], mask=w)
-        return cnt + tl.sum(ti, 1)
-
     # ---- the sampled path: the bound from a sample's scores kept in HBM, one collect pass on wide tiles
 
     @triton.jit
@@ -274,13 +262,79 @@ if HAVE_TRITON:
         tl.store(out_ptr + t[:, None].to(tl.int64) * NS + j[None, :], v, mask=tm[:, None] & (j < NS)[None, :])
 
     @triton.jit
-    def _collect_sampled_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, bound_ptr, gkey_ptr, gpos_ptr, gcnt_ptr,
-                                ekey_ptr, epos_ptr, ecnt_ptr, T, S, CAP, ECAP, iq_st, iq_sh, iw_st, k_ss,
+    def _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, h: tl.constexpr, DI: tl.constexpr,
+                    DOT_F32: tl.constexpr):
+        """Index head h of queries t: the query rows as the product wants them and the head weights."""
+        di = tl.arange(0, DI)
+        q = tl.load(iq_ptr + t[:, None].to(tl.int64) * iq_st + h * iq_sh + di[None, :], mask=tm[:, None], other=0.0)
+        w = tl.load(iw_ptr + t.to(tl.int64) * iw_st + h, mask=tm, other=0.0).to(tl.float32)
+        if DOT_F32:
+            return q.to(tl.float32), w
+        return q.to(tl.bfloat16), w
+
+    @triton.jit
+    def _add_head(acc, q, w, kt, DOT_F32: tl.constexpr):
+        if DOT_F32:
+            d = tl.dot(q, kt, input_precision="ieee")
+        else:
+            d = tl.dot(q, kt)
+        return acc + w[:, None] * tl.maximum(d, 0.0)
+
+    @triton.jit
+    def _order_key(acc):
+        """uint32 keys in the order of the fp32 scores (negative: all bits flipped; else the sign bit set)."""
+        u = acc.to(tl.int32, bitcast=True)
+        return (u ^ ((u >> 31) | (-2147483647 - 1))).to(tl.uint32, bitcast=True)
+
+    @triton.jit
+    def _store_at(row, at, key, s, PAIR: tl.constexpr, ASM: tl.constexpr):
+        """Entry `at` of each query's list at `row` (where at >= 0): the pair (key, position s), or the position
+        alone. On the GPU a store in the registers' own layout with its address made in the store: a tl.store
+        would first move the tile, its pointers and its mask through shared memory into a layout made for
+        coalescing, which the scattered stores of a few keys a tile cannot use. The interpreter runs tl.store."""
+        if ASM:
+            if PAIR:
+                tl.inline_asm_elementwise(
+                    "{ .reg .pred p; .reg .b64 a; setp.ge.s32 p, $2, 0; mad.wide.s32 a, $2, 8, $1; "
+                    "@p st.global.v2.b32 [a], {$3, $4}; mov.b32 $0, 0; }",
+                    "=r,l,r,r,r", [row[:, None], at, key.to(tl.int32, bitcast=True), s[None, :]], dtype=tl.int32,
+                    is_pure=False, pack=1)
+            else:
+                tl.inline_asm_elementwise(
+                    "{ .reg .pred p; .reg .b64 a; setp.ge.s32 p, $2, 0; mad.wide.s32 a, $2, 4, $1; "
+                    "@p st.global.b32 [a], $3; mov.b32 $0, 0; }",
+                    "=r,l,r,r", [row[:, None], at, s[None, :]], dtype=tl.int32, is_pure=False, pack=1)
+        elif PAIR:
+            tl.store(row[:, None] + 2 * at, key.to(tl.int32, bitcast=True), mask=at >= 0)
+            tl.store(row[:, None] + 2 * at + 1, tl.zeros_like(at) + s[None, :], mask=at >= 0)
+        else:
+            tl.store(row[:, None] + at, tl.zeros_like(at) + s[None, :], mask=at >= 0)
+
+    @triton.jit
+    def _append(key, s, take, cnt, row, CAP, upper, PAIR: tl.constexpr, DOT_F32: tl.constexpr, ASM: tl.constexpr):
+        """A tile's taken keys appended to each query's list at `row` ((key, position) pairs or positions), in
+        position order, the first CAP kept; the new counts. The running ranks come from a product with an
+        upper-triangular matrix of ones on the tensor cores (0/1 in bf16, counts of at most BS summed in fp32:
+        exact), not a scan."""
+        if DOT_F32:
+            inc = tl.dot(take.to(tl.float32), upper, input_precision="ieee").to(tl.int32)
+        else:
+            inc = tl.dot(take.to(tl.bfloat16), upper).to(tl.int32)
+        at = cnt[:, None] + inc - 1
+        _store_at(row, tl.where(take & (at < CAP), at, -1), key, s, PAIR, ASM)
+        return cnt + tl.sum(take.to(tl.int32), 1)
+
+    @triton.jit
+    def _collect_sampled_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, bound_ptr, glist_ptr, gcnt_ptr,
+                                epos_ptr, ecnt_ptr, T, S, CAP, ECAP, iq_st, iq_sh, iw_st, k_ss,
                                 BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr,
-                                DOT_F32: tl.constexpr, PREFETCH: tl.constexpr):
-        """Each query's keys above its bound (the first CAP kept) and equal to it (the first ECAP), in position
-        order, and how many there were. Equal keys only the position orders, and at most k of them are wanted,
-        so keeping the first is exact however many ties there are."""
+                                DOT_F32: tl.constexpr, PREFETCH: tl.constexpr, HOIST: tl.constexpr,
+                                ASM: tl.constexpr):
+        """Each query's keys above its bound, (key, position) pairs (the first CAP kept), and the positions of the
+        keys equal to it (the first ECAP), in position order, and how many there were. Equal keys only the position
+        orders, and at most k of them are wanted, so keeping the first is exact however many ties there are; they
+        are rare (a tile holds a query's bound about once a pass), so a tile without one skips that list.
+        HOIST (HI <= 4): the query heads and weights loaded once, not once a key tile."""
         t = tl.program_id(0) * BT + tl.arange(0, BT)
         tm = t < T
         qp = tl.load(qp_ptr + t, mask=tm, other=-1)
@@ -288,6 +342,21 @@ if HAVE_TRITON:
         cnt = tl.zeros([BT], dtype=tl.int32)
         ecnt = tl.zeros([BT], dtype=tl.int32)
         end = tl.minimum(tl.max(qp, 0) + 1, S)
+        g_row = glist_ptr + t.to(tl.int64) * (2 * CAP)
+        e_row = epos_ptr + t.to(tl.int64) * ECAP
+        j = tl.arange(0, BS)
+        if DOT_F32:
+            upper = (j[:, None] <= j[None, :]).to(tl.float32)
+        else:
+            upper = (j[:, None] <= j[None, :]).to(tl.bfloat16)
+        if HOIST:
+            q0, w0 = _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, 0, DI, DOT_F32)
+            if HI > 1:
+                q1, w1 = _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, 1, DI, DOT_F32)
+            if HI > 2:
+                q2, w2 = _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, 2, DI, DOT_F32)
+            if HI > 3:
+                q3, w3 = _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, 3, DI, DOT_F32)
         if PREFETCH:   # the next key tile's loads issued before this one is scored: their latency hidden
             nk, nsc, ns, nsm = _key_tile(k_ptr, sc_ptr, 0, S, k_ss, BS, DI, 1)
         for s0 in range(0, end, BS):
@@ -296,9 +365,26 @@ if HAVE_TRITON:
                 nk, nsc, ns, nsm = _key_tile(k_ptr, sc_ptr, s0 + BS, S, k_ss, BS, DI, 1)
             else:
                 kt, sc, s, sm = _key_tile(k_ptr, sc_ptr, s0, S, k_ss, BS, DI, 1)
-            key, ok = _score_keys(iq_ptr, iw_ptr, kt, sc, s, sm, t, tm, qp, iq_st, iq_sh, iw_st, HI, DI, DOT_F32)
-            cnt = _append(key, s, ok & (key > b[:, None]), cnt, gkey_ptr, gpos_ptr, t, CAP)
-            ecnt = _append(key, s, ok & (key == b[:, None]), ecnt, ekey_ptr, epos_ptr, t, ECAP)
+            if HOIST:
+                if DOT_F32:
+                    kt = kt.to(tl.float32)
+                else:
+                    kt = kt.to(tl.bfloat16)
+                acc = _add_head(tl.zeros([BT, BS], dtype=tl.float32), q0, w0, kt, DOT_F32)
+                if HI > 1:
+                    acc = _add_head(acc, q1, w1, kt, DOT_F32)
+                if HI > 2:
+                    acc = _add_head(acc, q2, w2, kt, DOT_F32)
+                if HI > 3:
+                    acc = _add_head(acc, q3, w3, kt, DOT_F32)
+                key = _order_key(acc * sc.to(tl.float32)[None, :])
+                ok = tm[:, None] & sm[None, :] & (s[None, :] <= qp[:, None])
+            else:
+                key, ok = _score_keys(iq_ptr, iw_ptr, kt, sc, s, sm, t, tm, qp, iq_st, iq_sh, iw_st, HI, DI, DOT_F32)
+            cnt = _append(key, s, ok & (key > b[:, None]), cnt, g_row, CAP, upper, True, DOT_F32, ASM)
+            eq = ok & (key == b[:, None])
+            if tl.max(tl.max(eq.to(tl.int32), 1), 0) > 0:
+                ecnt = _append(key, s, eq, ecnt, e_row, ECAP, upper, False, DOT_F32, ASM)
         tl.store(gcnt_ptr + t, cnt, mask=tm)
         tl.store(ecnt_ptr + t, ecnt, mask=tm)
 
@@ -322,7 +408,7 @@ if HAVE_TRITON:
         return thr, need
 
     @triton.jit
-    def _pick_kernel(qp_ptr, gkey_ptr, gpos_ptr, gcnt_ptr, epos_ptr, ecnt_ptr, flag_ptr, idx_ptr, valid_ptr, S, K,
+    def _pick_kernel(qp_ptr, glist_ptr, gcnt_ptr, epos_ptr, ecnt_ptr, flag_ptr, idx_ptr, valid_ptr, S, K,
                      CAP: tl.constexpr, ECAP: tl.constexpr, NA: tl.constexpr, NH: tl.constexpr,
                      LOG: tl.constexpr, RADIX: tl.constexpr):
         """One query: its k largest from the two lists, written in position order. At least k above the bound:
@@ -335,13 +421,15 @@ if HAVE_TRITON:
         ca = tl.load(gcnt_ptr + t)
         ce = tl.load(ecnt_ptr + t)
         row = t.to(tl.int64) * K
+        g_row = glist_ptr + t.to(tl.int64) * (2 * CAP)          # (key, position) pairs
+        e_row = epos_ptr + t.to(tl.int64) * ECAP
         if (ca + ce < k_eff) | (ca > CAP):
             tl.store(flag_ptr + t, 1)
         elif ca >= k_eff:
             j = tl.arange(0, NA)
             m = j < ca
-            key = tl.load(gkey_ptr + t.to(tl.int64) * CAP + j, mask=m, other=0).to(tl.uint32, bitcast=True)
-            pos = tl.load(gpos_ptr + t.to(tl.int64) * CAP + j, mask=m, other=0)
+            key = tl.load(g_row + 2 * j, mask=m, other=0).to(tl.uint32, bitcast=True)
+            pos = tl.load(g_row + 2 * j + 1, mask=m, other=0)
             thr, need = _radix_threshold(key, m, k_eff, NA, RADIX)
             eq = (m & (key == thr)).to(tl.int32)
             take = (m & (key > thr)) | ((eq == 1) & (tl.cumsum(eq, 0) <= need))
@@ -353,23 +441,24 @@ if HAVE_TRITON:
             # merged by rank (a key's index in its list plus how many of the other list's positions are lower)
             jm = tl.arange(0, NH)
             ne = k_eff - ca
-            ga = tl.load(gpos_ptr + t.to(tl.int64) * CAP + jm, mask=jm < ca, other=0)
-            ge = tl.load(epos_ptr + t.to(tl.int64) * ECAP + jm, mask=jm < ne, other=0)
-            ra = jm + _lower_bound(epos_ptr + t.to(tl.int64) * ECAP, ne, ga, LOG)
-            re = jm + _lower_bound(gpos_ptr + t.to(tl.int64) * CAP, ca, ge, LOG)
+            ga = tl.load(g_row + 2 * jm + 1, mask=jm < ca, other=0)
+            ge = tl.load(e_row + jm, mask=jm < ne, other=0)
+            ra = jm + _lower_bound(e_row, 1, ne, ga, LOG)
+            re = jm + _lower_bound(g_row + 1, 2, ca, ge, LOG)
             tl.store(idx_ptr + row + ra, ga.to(tl.int64), mask=jm < ca)
             tl.store(idx_ptr + row + re, ge.to(tl.int64), mask=jm < ne)
             tl.store(valid_ptr + row + jm, (jm < k_eff).to(tl.int8), mask=jm < k_eff)
 
     @triton.jit
-    def _lower_bound(ptr, n, x, LOG: tl.constexpr):
-        """For each x, how many of the ascending ptr[0:n] are below it (a binary search of LOG steps, 2^LOG > n)."""
+    def _lower_bound(ptr, step, n, x, LOG: tl.constexpr):
+        """For each x, how many of the ascending ptr[0:n*step:step] are below it (a binary search of LOG steps,
+        2^LOG > n)."""
         lo = tl.zeros_like(x)
         hi = tl.zeros_like(x) + n
         for _ in tl.static_range(LOG):
             mid = (lo + hi) // 2
             live = lo < hi
-            below = live & (tl.load(ptr + mid, mask=live, other=0) < x)
+            below = live & (tl.load(ptr + mid * step, mask=live, other=0) < x)
             lo = tl.where(below, mid + 1, lo)
             hi = tl.where(live & (~below), mid, hi)
         return lo
@@ -445,8 +534,9 @@ def sampled_cap(k: int, st: int) -> int:
 
 def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sampled", bt: int = 16,
                           bs: int = 128, warps: int = 8, cap: int | None = None, stats: dict | None = None,
-                          bt_sampled: int = 16, bs_sampled: int = 128, stride: int | None = None,
-                          prefetch: bool = False):
+                          bt_sampled: int = 64, bs_sampled: int = 64, warps_sampled: int = 4,
+                          stages_sampled: int | None = None, stride: int | None = None, prefetch: bool = False,
+                          hoist: bool = True):
     """`method="sampled"` (default): every `stride`-th key's score for every query kept in HBM ([T, S / stride]
     int32, ~16K columns; `sample_stride`), torch.topk of it gives each query a lower bound on its k-th largest
     score; one pass over all keys (`bt_sampled` queries x `bs_sampled` keys a tile) collects the keys above the
@@ -466,7 +556,9 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
     if iq.stride(2) != 1 or iw.stride(1) != 1 or keys.stride(1) != 1 or Di & (Di - 1) or Di < 16:
         raise ValueError(f"prefill_select: the kernel wants unit-stride rows and a power-of-two Di >= 16 (Di={Di})")
     dev = iq.device
-    scales, q_pos = scales.contiguous(), q_pos.contiguous()
+    # the projection's strided rows (Hi x Di + Hi apart) copied whole: rows 16-element aligned let the kernels
+    # load them in vectors (T x Hi x Di x 2 bytes, 4 MB at T = 8,192: microseconds)
+    iq, iw, scales, q_pos = iq.contiguous(), iw.contiguous(), scales.contiguous(), q_pos.contiguous()
     idx = torch.zeros((T, k), dtype=torch.int64, device=dev)                      # untaken slots: position 0,
     valid = torch.zeros((T, k), dtype=torch.bool, device=dev)                     # invalid
     head = (iq, iw, keys, scales, q_pos)
@@ -474,8 +566,12 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
     tiles = dict(HI=Hi, DI=Di, DOT_F32=interpret_mode(), num_warps=warps)
     flag = torch.zeros(T, dtype=torch.int32, device=dev) if method == "sampled" else q_pos
     if method == "sampled":
-        _select_sampled(head, strides, T, S, k, flag, idx, valid, {**tiles, "BS": bs_sampled}, bt_sampled, stride,
-                        cap, stats, prefetch)
+        collect = dict(BT=bt_sampled, BS=bs_sampled, PREFETCH=prefetch, HOIST=hoist and Hi <= 4, HI=Hi, DI=Di,
+                       DOT_F32=interpret_mode(), ASM=not interpret_mode(), num_warps=warps_sampled)
+        if stages_sampled is not None:
+            collect["num_stages"] = stages_sampled
+        _select_sampled(head, strides, T, S, k, flag, idx, valid, {**tiles, "BS": 128, "num_warps": 8}, 16, stride,
+                        cap, stats, collect)
         if stats is not None:
             stats["fallback"] = flag
     tiles = {**tiles, "BT": bt, "BS": bs, "RADIX": RADIX}
@@ -489,24 +585,37 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
     return idx, valid
 
 
-def _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt, stride, cap, stats, prefetch=False):
+def _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt, stride, cap, stats, collect):
+    """The sampled path: the bound (`tiles`, `bt`: the sample kernel's), the collect pass (`collect`: its tile and
+    switches), the pick. `stats["events"]`, a list if given, receives a CUDA event before and after each."""
     q_pos, dev = head[4], head[0].device
+    events = None if stats is None else stats.get("events")
+    _mark(events)
     st = stride or sample_stride(S)
     cap = cap or sampled_cap(k, st)
     bound = sampled_bound(head, strides, T, S, k, st, cap, tiles, bt)
-    gkey = torch.empty((T, cap), dtype=torch.int32, device=dev)
-    gpos = torch.empty((T, cap), dtype=torch.int32, device=dev)
-    ekey = torch.empty((T, k), dtype=torch.int32, device=dev)
-    epos = torch.empty((T, k), dtype=torch.int32, device=dev)
+    glist = torch.empty((T, cap, 2), dtype=torch.int32, device=dev)           # (key, position) above the bound
+    epos = torch.empty((T, k), dtype=torch.int32, device=dev)                 # positions equal to it
     gcnt = torch.empty(T, dtype=torch.int32, device=dev)
     ecnt = torch.empty(T, dtype=torch.int32, device=dev)
-    _collect_sampled_kernel[(triton.cdiv(T, bt),)](*head, bound, gkey, gpos, gcnt, ekey, epos, ecnt, T, S, cap, k,
-                                                   *strides, BT=bt, PREFETCH=prefetch, **tiles)
+    _mark(events)
+    _collect_sampled_kernel[(triton.cdiv(T, collect["BT"]),)](*head, bound, glist, gcnt, epos, ecnt, T, S, cap, k,
+                                                              *strides, **collect)
+    _mark(events)
     na = triton.next_power_of_2(cap)
-    _pick_kernel[(T,)](q_pos, gkey, gpos, gcnt, epos, ecnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap, ECAP=k,
-                       NA=na, NH=triton.next_power_of_2(k), LOG=k.bit_length() + 1, RADIX=RADIX, num_warps=4 if na <= 4096 else 8)
+    _pick_kernel[(T,)](q_pos, glist, gcnt, epos, ecnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap, ECAP=k,
+                       NA=na, NH=triton.next_power_of_2(k), LOG=k.bit_length() + 1, RADIX=RADIX,
+                       num_warps=4 if na <= 4096 else 8)
+    _mark(events)
     if stats is not None:
         stats["above"] = gcnt
+
+
+def _mark(events):
+    if events is not None:
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        events.append(e)
 
 
 def sampled_bound(head, strides, T, S, k, st, cap, tiles, bt):
