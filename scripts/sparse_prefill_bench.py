@@ -46,17 +46,15 @@ def inputs(S, g):
     return iq, iw, keys, scales, torch.arange(S - T, S, device="cuda")
 
 
-TILES = (   # the collect pass: queries a program x keys a tile x warps (x pipeline stages), and its switches
-    dict(bt_sampled=64, bs_sampled=32, warps_sampled=4, stages_sampled=1),
-    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, stages_sampled=1),
-    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, stages_sampled=3),
-    dict(bt_sampled=64, bs_sampled=32, warps_sampled=4, stages_sampled=1, prefetch=True),
-    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, stages_sampled=1, prefetch=True),
-    dict(bt_sampled=64, bs_sampled=128, warps_sampled=4, stages_sampled=1),
-    dict(bt_sampled=128, bs_sampled=64, warps_sampled=8, stages_sampled=1),
-    dict(bt_sampled=32, bs_sampled=32, warps_sampled=2, stages_sampled=1),
-    dict(bt_sampled=16, bs_sampled=64, warps_sampled=1, stages_sampled=1),
-    dict(bt_sampled=16, bs_sampled=128, warps_sampled=8, hoist=False),
+TILES = (   # the collect pass: queries a program x keys a tile x warps, key ranges a query block, its switches
+    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, splits=1),
+    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, splits=2),
+    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, splits=4),
+    dict(bt_sampled=64, bs_sampled=32, warps_sampled=4, splits=2),
+    dict(bt_sampled=64, bs_sampled=32, warps_sampled=4, splits=4),
+    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, splits=2, prefetch=True),
+    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, splits=2, stages_sampled=3),
+    dict(bt_sampled=128, bs_sampled=64, warps_sampled=8, splits=2),
 )
 
 

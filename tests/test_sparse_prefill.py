@@ -177,10 +177,11 @@ SCRIPT = HELPERS + textwrap.dedent('''
              (exact_inputs(32, 600, seed=5), 16, 64, "cap below the keys above"),
              (exact_inputs(24, 600, seed=9, ties=True), 16, None, "ties over the list"),
              (tuple(neg), 16, None, "all weights negative"), (mixed, 16, None, "ties and five above")]
-    for (iq, iw, keys, scales, q_pos), k, cap, what in cases:
+    for i, ((iq, iw, keys, scales, q_pos), k, cap, what) in enumerate(cases):
         stats = {}
+        # the collect's two loops (prefetch or not) and its key ranges in 1, 2 or 4 segments, each checked
         got = P.prefill_select_triton(iq, iw, keys, scales, q_pos, k, cap=cap, stats=stats, bs_sampled=64,
-                                      prefetch=what == "ties over the list")    # the collect's two loops, both checked
+                                      prefetch=what == "ties over the list", splits=(1, 2, 4)[i % 3])
         want = P.prefill_select_reference(iq, iw, keys, scales, q_pos, k)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (what, k)
         fell = int(stats["fallback"].sum())

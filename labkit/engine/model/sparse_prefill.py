@@ -311,18 +311,39 @@ if HAVE_TRITON:
             tl.store(row[:, None] + at, tl.zeros_like(at) + s[None, :], mask=at >= 0)
 
     @triton.jit
-    def _append(key, s, take, cnt, row, CAP, upper, PAIR: tl.constexpr, DOT_F32: tl.constexpr, ASM: tl.constexpr):
-        """A tile's taken keys appended to each query's list at `row` ((key, position) pairs or positions), in
-        position order, the first CAP kept; the new counts. The running ranks come from a product with an
-        upper-triangular matrix of ones on the tensor cores (0/1 in bf16, counts of at most BS summed in fp32:
-        exact), not a scan."""
+    def _append_both(key, s, gt, eq, cnt, ecnt, g_row, e_row, CAP, ECAP, upper, DOT_F32: tl.constexpr,
+                     ASM: tl.constexpr):
+        """A tile's keys above the bound appended to each query's (key, position) list at `g_row` and those equal to
+        it to its position list at `e_row`, in position order, the first CAP / ECAP kept; the new counts. Both
+        running ranks come from one product with an upper-triangular matrix of ones on the tensor cores, not a scan:
+        gt + 256 eq (0, 1 or 256: exact in bf16; sums below 2^24: exact in fp32) gives the count of keys above in
+        its low 8 bits (at most BS < 256) and the count of equal ones above them."""
+        both = gt.to(tl.int32) + 256 * eq.to(tl.int32)
         if DOT_F32:
-            inc = tl.dot(take.to(tl.float32), upper, input_precision="ieee").to(tl.int32)
+            inc = tl.dot(both.to(tl.float32), upper, input_precision="ieee").to(tl.int32)
         else:
-            inc = tl.dot(take.to(tl.bfloat16), upper).to(tl.int32)
-        at = cnt[:, None] + inc - 1
-        _store_at(row, tl.where(take & (at < CAP), at, -1), key, s, PAIR, ASM)
-        return cnt + tl.sum(take.to(tl.int32), 1)
+            inc = tl.dot(both.to(tl.bfloat16), upper).to(tl.int32)
+        at = cnt[:, None] + (inc & 255) - 1
+        _store_at(g_row, tl.where(gt & (at < CAP), at, -1), key, s, True, ASM)
+        at = ecnt[:, None] + (inc >> 8) - 1
+        _store_at(e_row, tl.where(eq & (at < ECAP), at, -1), key, s, False, ASM)
+        return cnt + tl.sum(gt.to(tl.int32), 1), ecnt + tl.sum(eq.to(tl.int32), 1)
+
+    @triton.jit
+    def _score_hoisted(kt, sc, q0, w0, q1, w1, q2, w2, q3, w3, HI: tl.constexpr, DOT_F32: tl.constexpr):
+        """Order keys of a key tile against query heads held since the program began (at most four)."""
+        if DOT_F32:
+            kt = kt.to(tl.float32)
+        else:
+            kt = kt.to(tl.bfloat16)
+        acc = _add_head(tl.zeros([q0.shape[0], kt.shape[1]], dtype=tl.float32), q0, w0, kt, DOT_F32)
+        if HI > 1:
+            acc = _add_head(acc, q1, w1, kt, DOT_F32)
+        if HI > 2:
+            acc = _add_head(acc, q2, w2, kt, DOT_F32)
+        if HI > 3:
+            acc = _add_head(acc, q3, w3, kt, DOT_F32)
+        return _order_key(acc * sc.to(tl.float32)[None, :])
 
     @triton.jit
     def _collect_sampled_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, bound_ptr, glist_ptr, gcnt_ptr,
@@ -332,23 +353,30 @@ if HAVE_TRITON:
                                 ASM: tl.constexpr):
         """Each query's keys above its bound, (key, position) pairs (the first CAP kept), and the positions of the
         keys equal to it (the first ECAP), in position order, and how many there were. Equal keys only the position
-        orders, and at most k of them are wanted, so keeping the first is exact however many ties there are; they
-        are rare (a tile holds a query's bound about once a pass), so a tile without one skips that list.
-        HOIST (HI <= 4): the query heads and weights loaded once, not once a key tile."""
+        orders, and at most k of them are wanted, so keeping the first is exact however many ties there are.
+        Program (i, j) takes the j-th of the grid's SPLITS ranges of key tiles for BT queries, into its own segment
+        of each list ([T, SPLITS, CAP] entries, counts [T, SPLITS]): more programs than one per query block keep
+        a multiprocessor busy while another waits. HOIST (HI <= 4): the query heads loaded once, not once a tile."""
         t = tl.program_id(0) * BT + tl.arange(0, BT)
+        sp, n_sp = tl.program_id(1), tl.num_programs(1)
         tm = t < T
         qp = tl.load(qp_ptr + t, mask=tm, other=-1)
         b = tl.load(bound_ptr + t, mask=tm, other=0).to(tl.uint32, bitcast=True) ^ 0x80000000
         cnt = tl.zeros([BT], dtype=tl.int32)
         ecnt = tl.zeros([BT], dtype=tl.int32)
         end = tl.minimum(tl.max(qp, 0) + 1, S)
-        g_row = glist_ptr + t.to(tl.int64) * (2 * CAP)
-        e_row = epos_ptr + t.to(tl.int64) * ECAP
+        per = tl.cdiv(tl.cdiv(end, BS), n_sp) * BS                   # keys a split, whole tiles
+        lo = sp * per
+        hi = tl.minimum(lo + per, end)
+        seg = t.to(tl.int64) * n_sp + sp
+        g_row = glist_ptr + seg * (2 * CAP)
+        e_row = epos_ptr + seg * ECAP
         j = tl.arange(0, BS)
         if DOT_F32:
             upper = (j[:, None] <= j[None, :]).to(tl.float32)
         else:
             upper = (j[:, None] <= j[None, :]).to(tl.bfloat16)
+        q0, w0, q1, w1, q2, w2, q3, w3 = 0, 0, 0, 0, 0, 0, 0, 0
         if HOIST:
             q0, w0 = _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, 0, DI, DOT_F32)
             if HI > 1:
@@ -358,35 +386,34 @@ if HAVE_TRITON:
             if HI > 3:
                 q3, w3 = _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, 3, DI, DOT_F32)
         if PREFETCH:   # the next key tile's loads issued before this one is scored: their latency hidden
-            nk, nsc, ns, nsm = _key_tile(k_ptr, sc_ptr, 0, S, k_ss, BS, DI, 1)
-        for s0 in range(0, end, BS):
+            nk, nsc, ns, nsm = _key_tile(k_ptr, sc_ptr, lo, S, k_ss, BS, DI, 1)
+        for s0 in range(lo, hi, BS):
             if PREFETCH:
                 kt, sc, s, sm = nk, nsc, ns, nsm
                 nk, nsc, ns, nsm = _key_tile(k_ptr, sc_ptr, s0 + BS, S, k_ss, BS, DI, 1)
             else:
                 kt, sc, s, sm = _key_tile(k_ptr, sc_ptr, s0, S, k_ss, BS, DI, 1)
             if HOIST:
-                if DOT_F32:
-                    kt = kt.to(tl.float32)
-                else:
-                    kt = kt.to(tl.bfloat16)
-                acc = _add_head(tl.zeros([BT, BS], dtype=tl.float32), q0, w0, kt, DOT_F32)
-                if HI > 1:
-                    acc = _add_head(acc, q1, w1, kt, DOT_F32)
-                if HI > 2:
-                    acc = _add_head(acc, q2, w2, kt, DOT_F32)
-                if HI > 3:
-                    acc = _add_head(acc, q3, w3, kt, DOT_F32)
-                key = _order_key(acc * sc.to(tl.float32)[None, :])
+                key = _score_hoisted(kt, sc, q0, w0, q1, w1, q2, w2, q3, w3, HI, DOT_F32)
                 ok = tm[:, None] & sm[None, :] & (s[None, :] <= qp[:, None])
             else:
                 key, ok = _score_keys(iq_ptr, iw_ptr, kt, sc, s, sm, t, tm, qp, iq_st, iq_sh, iw_st, HI, DI, DOT_F32)
-            cnt = _append(key, s, ok & (key > b[:, None]), cnt, g_row, CAP, upper, True, DOT_F32, ASM)
-            eq = ok & (key == b[:, None])
-            if tl.max(tl.max(eq.to(tl.int32), 1), 0) > 0:
-                ecnt = _append(key, s, eq, ecnt, e_row, ECAP, upper, False, DOT_F32, ASM)
-        tl.store(gcnt_ptr + t, cnt, mask=tm)
-        tl.store(ecnt_ptr + t, ecnt, mask=tm)
+            cnt, ecnt = _append_both(key, s, ok & (key > b[:, None]), ok & (key == b[:, None]), cnt, ecnt, g_row,
+                                     e_row, CAP, ECAP, upper, DOT_F32, ASM)
+        tl.store(gcnt_ptr + seg, cnt, mask=tm)
+        tl.store(ecnt_ptr + seg, ecnt, mask=tm)
+
+    @triton.jit
+    def _segments(j, cnt_ptr, CAP, SPLITS: tl.constexpr):
+        """Entry j of a query's segments read as one list in position order (segment i: its first min(count, CAP)
+        entries): its slot, -1 past the end; and how many entries there are."""
+        slot = tl.zeros_like(j) - 1
+        start = 0
+        for i in tl.static_range(SPLITS):
+            c = tl.minimum(tl.load(cnt_ptr + i), CAP)
+            slot = tl.where((j >= start) & (j < start + c), i * CAP + j - start, slot)
+            start += c
+        return slot, start
 
     @triton.jit
     def _radix_threshold(key, m, need, N: tl.constexpr, RADIX: tl.constexpr):
@@ -409,27 +436,31 @@ if HAVE_TRITON:
 
     @triton.jit
     def _pick_kernel(qp_ptr, glist_ptr, gcnt_ptr, epos_ptr, ecnt_ptr, flag_ptr, idx_ptr, valid_ptr, S, K,
-                     CAP: tl.constexpr, ECAP: tl.constexpr, NA: tl.constexpr, NH: tl.constexpr,
-                     LOG: tl.constexpr, RADIX: tl.constexpr):
-        """One query: its k largest from the two lists, written in position order. At least k above the bound:
-        the k largest of those (ties by a running count: the list is in position order). Fewer: all of them and
-        the first equal ones, the two lists merged by position. Too few in both (the sample put the
-        bound above the k-th largest) or too many above it: flagged for the exact passes."""
+                     CAP: tl.constexpr, SCAP: tl.constexpr, ECAP: tl.constexpr, NA: tl.constexpr, NH: tl.constexpr,
+                     LOG: tl.constexpr, RADIX: tl.constexpr, SPLITS: tl.constexpr):
+        """One query: its k largest from the two lists (each in SPLITS segments of SCAP / ECAP entries, read as
+        one), written in position order. At least k above the bound: the k largest of those (ties by a running
+        count: the list is in position order). Fewer: all of them and the first equal ones, the two lists merged by
+        position. Too few in both (the sample put the bound above the k-th largest), more than CAP above it, or a
+        segment over its SCAP: flagged for the exact passes."""
         t = tl.program_id(0)
         qp = tl.load(qp_ptr + t)
         k_eff = tl.minimum(tl.minimum(qp + 1, S), K).to(tl.int32)
-        ca = tl.load(gcnt_ptr + t)
-        ce = tl.load(ecnt_ptr + t)
+        g_cnt, e_cnt = gcnt_ptr + t * SPLITS, ecnt_ptr + t * SPLITS
+        g_each = tl.load(g_cnt + tl.arange(0, SPLITS))
+        ca = tl.sum(g_each, 0)
+        ce = tl.sum(tl.load(e_cnt + tl.arange(0, SPLITS)), 0)
         row = t.to(tl.int64) * K
-        g_row = glist_ptr + t.to(tl.int64) * (2 * CAP)          # (key, position) pairs
-        e_row = epos_ptr + t.to(tl.int64) * ECAP
-        if (ca + ce < k_eff) | (ca > CAP):
+        g_row = glist_ptr + t.to(tl.int64) * (SPLITS * 2 * SCAP)     # (key, position) pairs
+        e_row = epos_ptr + t.to(tl.int64) * (SPLITS * ECAP)
+        if (ca + ce < k_eff) | (ca > CAP) | (tl.max(g_each, 0) > SCAP):
             tl.store(flag_ptr + t, 1)
         elif ca >= k_eff:
             j = tl.arange(0, NA)
-            m = j < ca
-            key = tl.load(g_row + 2 * j, mask=m, other=0).to(tl.uint32, bitcast=True)
-            pos = tl.load(g_row + 2 * j + 1, mask=m, other=0)
+            slot, _n = _segments(j, g_cnt, SCAP, SPLITS)
+            m = slot >= 0
+            key = tl.load(g_row + 2 * slot, mask=m, other=0).to(tl.uint32, bitcast=True)
+            pos = tl.load(g_row + 2 * slot + 1, mask=m, other=0)
             thr, need = _radix_threshold(key, m, k_eff, NA, RADIX)
             eq = (m & (key == thr)).to(tl.int32)
             take = (m & (key > thr)) | ((eq == 1) & (tl.cumsum(eq, 0) <= need))
@@ -441,24 +472,25 @@ if HAVE_TRITON:
             # merged by rank (a key's index in its list plus how many of the other list's positions are lower)
             jm = tl.arange(0, NH)
             ne = k_eff - ca
-            ga = tl.load(g_row + 2 * jm + 1, mask=jm < ca, other=0)
-            ge = tl.load(e_row + jm, mask=jm < ne, other=0)
-            ra = jm + _lower_bound(e_row, 1, ne, ga, LOG)
-            re = jm + _lower_bound(g_row + 1, 2, ca, ge, LOG)
+            ga = tl.load(g_row + 2 * _segments(jm, g_cnt, SCAP, SPLITS)[0] + 1, mask=jm < ca, other=0)
+            ge = tl.load(e_row + _segments(jm, e_cnt, ECAP, SPLITS)[0], mask=jm < ne, other=0)
+            ra = jm + _lower_bound(e_row, 1, e_cnt, ECAP, ne, ga, LOG, SPLITS)
+            re = jm + _lower_bound(g_row + 1, 2, g_cnt, SCAP, ca, ge, LOG, SPLITS)
             tl.store(idx_ptr + row + ra, ga.to(tl.int64), mask=jm < ca)
             tl.store(idx_ptr + row + re, ge.to(tl.int64), mask=jm < ne)
             tl.store(valid_ptr + row + jm, (jm < k_eff).to(tl.int8), mask=jm < k_eff)
 
     @triton.jit
-    def _lower_bound(ptr, step, n, x, LOG: tl.constexpr):
-        """For each x, how many of the ascending ptr[0:n*step:step] are below it (a binary search of LOG steps,
-        2^LOG > n)."""
+    def _lower_bound(ptr, step, cnt_ptr, CAP, n, x, LOG: tl.constexpr, SPLITS: tl.constexpr):
+        """For each x, how many of the first n entries of an ascending list are below it (a binary search of LOG
+        steps, 2^LOG > n); the list is SPLITS segments of `step`-spaced entries at ptr (`_segments`)."""
         lo = tl.zeros_like(x)
         hi = tl.zeros_like(x) + n
         for _ in tl.static_range(LOG):
             mid = (lo + hi) // 2
             live = lo < hi
-            below = live & (tl.load(ptr + mid * step, mask=live, other=0) < x)
+            slot, _n = _segments(mid, cnt_ptr, CAP, SPLITS)
+            below = live & (tl.load(ptr + slot * step, mask=live, other=0) < x)
             lo = tl.where(below, mid + 1, lo)
             hi = tl.where(live & (~below), mid, hi)
         return lo
@@ -532,11 +564,26 @@ def sampled_cap(k: int, st: int) -> int:
     return max(256, triton.next_power_of_2(int(rank * st + 6 * rank ** 0.5 * st)))
 
 
+def collect_splits(T, S, bt, bs, dev) -> int:
+    """Key ranges a query block's collect pass is cut into: about two programs a multiprocessor (a program of 64
+    queries holds 4 warps; alone on one, it waits on every tile's loads and products; two fit its registers), a
+    power of two up to 4, none shorter than 16 tiles."""
+    if dev.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    want = max(1, 2 * sms // triton.cdiv(T, bt))
+    tiles = triton.cdiv(S, bs)
+    n = 1
+    while 2 * n <= min(want, 4) and tiles // (2 * n) >= 16:
+        n *= 2
+    return n
+
+
 def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sampled", bt: int = 16,
                           bs: int = 128, warps: int = 8, cap: int | None = None, stats: dict | None = None,
                           bt_sampled: int = 64, bs_sampled: int = 64, warps_sampled: int = 4,
-                          stages_sampled: int | None = None, stride: int | None = None, prefetch: bool = False,
-                          hoist: bool = True):
+                          stages_sampled: int | None = None, splits: int | None = None, stride: int | None = None,
+                          prefetch: bool = False, hoist: bool = True):
     """`method="sampled"` (default): every `stride`-th key's score for every query kept in HBM ([T, S / stride]
     int32, ~16K columns; `sample_stride`), torch.topk of it gives each query a lower bound on its k-th largest
     score; one pass over all keys (`bt_sampled` queries x `bs_sampled` keys a tile) collects the keys above the
@@ -571,7 +618,7 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
         if stages_sampled is not None:
             collect["num_stages"] = stages_sampled
         _select_sampled(head, strides, T, S, k, flag, idx, valid, {**tiles, "BS": 128, "num_warps": 8}, 16, stride,
-                        cap, stats, collect)
+                        cap, stats, collect, splits or collect_splits(T, S, bt_sampled, bs_sampled, dev))
         if stats is not None:
             stats["fallback"] = flag
     tiles = {**tiles, "BT": bt, "BS": bs, "RADIX": RADIX}
@@ -585,30 +632,35 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
     return idx, valid
 
 
-def _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt, stride, cap, stats, collect):
+def _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt, stride, cap, stats, collect, splits):
     """The sampled path: the bound (`tiles`, `bt`: the sample kernel's), the collect pass (`collect`: its tile and
-    switches), the pick. `stats["events"]`, a list if given, receives a CUDA event before and after each."""
+    switches; `splits` ranges of keys a query block, each into its own segments of the lists), the pick.
+    `stats["events"]`, a list if given, receives a CUDA event before and after each."""
     q_pos, dev = head[4], head[0].device
     events = None if stats is None else stats.get("events")
     _mark(events)
     st = stride or sample_stride(S)
     cap = cap or sampled_cap(k, st)
+    # every segment holds the whole cap: keys above a bound crowd where attention looks (the recent context), so a
+    # smaller share would send queries to the exact passes; the lists take splits x T x cap x 8 bytes (512 MB a
+    # split at T = 8,192, k = 2,048), written only where a key is kept
+    scap = cap
     bound = sampled_bound(head, strides, T, S, k, st, cap, tiles, bt)
-    glist = torch.empty((T, cap, 2), dtype=torch.int32, device=dev)           # (key, position) above the bound
-    epos = torch.empty((T, k), dtype=torch.int32, device=dev)                 # positions equal to it
-    gcnt = torch.empty(T, dtype=torch.int32, device=dev)
-    ecnt = torch.empty(T, dtype=torch.int32, device=dev)
+    glist = torch.empty((T, splits, scap, 2), dtype=torch.int32, device=dev)  # (key, position) above the bound
+    epos = torch.empty((T, splits, k), dtype=torch.int32, device=dev)         # positions equal to it
+    gcnt = torch.empty((T, splits), dtype=torch.int32, device=dev)
+    ecnt = torch.empty((T, splits), dtype=torch.int32, device=dev)
     _mark(events)
-    _collect_sampled_kernel[(triton.cdiv(T, collect["BT"]),)](*head, bound, glist, gcnt, epos, ecnt, T, S, cap, k,
-                                                              *strides, **collect)
+    _collect_sampled_kernel[(triton.cdiv(T, collect["BT"]), splits)](*head, bound, glist, gcnt, epos, ecnt, T, S,
+                                                                     scap, k, *strides, **collect)
     _mark(events)
     na = triton.next_power_of_2(cap)
-    _pick_kernel[(T,)](q_pos, glist, gcnt, epos, ecnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap, ECAP=k,
-                       NA=na, NH=triton.next_power_of_2(k), LOG=k.bit_length() + 1, RADIX=RADIX,
-                       num_warps=4 if na <= 4096 else 8)
+    _pick_kernel[(T,)](q_pos, glist, gcnt, epos, ecnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap, SCAP=scap,
+                       ECAP=k, NA=na, NH=triton.next_power_of_2(k), LOG=k.bit_length() + 1, RADIX=RADIX,
+                       SPLITS=splits, num_warps=4 if na <= 4096 else 8)
     _mark(events)
     if stats is not None:
-        stats["above"] = gcnt
+        stats["above"] = gcnt.sum(1)
 
 
 def _mark(events):
