@@ -22,21 +22,26 @@ the keys they can see in tiles of `BS`, in position order. The default (`method=
    in a million queries (the sample's count above the k-th largest is binomial, mean k / st). A query that sees
    at most `cap` keys takes them all;
 2. collect: one pass over all keys writes each query's keys above its bound, (key, position), in position
-   order (a running count plus a prefix sum in the tile), the first `cap` kept (`sampled_cap`: the expected
-   count plus six spreads, 8,192 at k = 2,048), and the positions of the keys equal to it, the first k kept.
-   Ties need the second list: a query whose head weights are all negative scores every key with no positive
-   dot exactly 0, its k-th largest is one of thousands of equal keys, and only positions order those, so the
-   first k of them are exactly the ones a top-k takes;
-3. pick: one program a query. With k or more keys above the bound, four radix passes over that list in
-   registers find the k-th largest and a running count ranks its ties by position; with fewer, all of them and
-   the first equal ones, the two lists merged by position (a binary search of each in the other);
+   order, the first `cap` kept (`sampled_cap`: the expected count plus six spreads, 8,192 at k = 2,048), and the
+   positions of the keys equal to it, the first k kept. Ties need the second list: a query whose head weights
+   are all negative scores every key with no positive dot exactly 0, its k-th largest is one of thousands of
+   equal keys, and only positions order those, so the first k of them are exactly the ones a top-k takes.
+   A program holds 64 queries' index heads for the whole pass and scores each key tile with wgmma; the ranks
+   in the tile of both lists come from one more product (with a triangular matrix of ones), and the few kept
+   keys are stored from the registers as they lie. A query block's keys are cut into ranges (`collect_splits`),
+   each its own program writing its own segment of the lists: four programs a multiprocessor instead of one;
+3. pick: one program a query, reading the segments as one list. With k or more keys above the bound, four
+   radix passes over that list in registers find the k-th largest and a running count ranks its ties by
+   position; with fewer, all of them and the first equal ones, the two lists merged by position (a binary
+   search of each in the other);
 4. a query with too few in both lists (the sample put the bound above the k-th largest) or more than `cap`
    above it is flagged, and the exact passes run for the flagged queries only: four histogram passes over all
    their keys (pass p counts the next 8 bits of the keys whose higher bits equal the prefix found so far; each
    program owns its queries' histograms, stored once without atomics) and a write pass. They are launched
    always; a program with no flagged query reads nothing (no sync).
-Memory besides inputs and outputs at T = 8,192, k = 2,048: the sample (<= 512 MB), the lists [T, cap + k] x
-8 B (671 MB), histograms [4, T, 256] int32. `method="exact"` runs the exact passes for every query.
+Memory besides inputs and outputs at T = 8,192, k = 2,048: the sample (<= 512 MB), the lists [T, ranges,
+cap] x 8 B and [T, ranges, k] x 4 B (2.4 GB at four ranges, written only where a key is kept), histograms
+[4, T, 256] int32. `method="exact"` runs the exact passes for every query.
 A query that sees n < k keys asks for n: all are taken.
 
 Attention: one program per (query, KV head). The selected rows are read once for all the query heads of
@@ -565,13 +570,13 @@ def sampled_cap(k: int, st: int) -> int:
 
 
 def collect_splits(T, S, bt, bs, dev) -> int:
-    """Key ranges a query block's collect pass is cut into: about two programs a multiprocessor (a program of 64
-    queries holds 4 warps; alone on one, it waits on every tile's loads and products; two fit its registers), a
-    power of two up to 4, none shorter than 16 tiles."""
+    """Key ranges a query block's collect pass is cut into: about four programs a multiprocessor (a program of 64
+    queries holds 4 warps; alone on one, it waits on every tile's loads and products), a power of two up to 4,
+    none shorter than 16 tiles. On an H200 at 248K, 1 / 2 / 4 ranges: 14.3 / 9.9 / 9.6 ms of collect (64 x 64)."""
     if dev.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    want = max(1, 2 * sms // triton.cdiv(T, bt))
+    want = max(1, 4 * sms // triton.cdiv(T, bt))
     tiles = triton.cdiv(S, bs)
     n = 1
     while 2 * n <= min(want, 4) and tiles // (2 * n) >= 16:
@@ -581,23 +586,27 @@ def collect_splits(T, S, bt, bs, dev) -> int:
 
 def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sampled", bt: int = 16,
                           bs: int = 128, warps: int = 8, cap: int | None = None, stats: dict | None = None,
-                          bt_sampled: int = 64, bs_sampled: int = 64, warps_sampled: int = 4,
+                          bt_sampled: int = 64, bs_sampled: int = 32, warps_sampled: int = 4,
                           stages_sampled: int | None = None, splits: int | None = None, stride: int | None = None,
                           prefetch: bool = False, hoist: bool = True):
     """`method="sampled"` (default): every `stride`-th key's score for every query kept in HBM ([T, S / stride]
     int32, ~16K columns; `sample_stride`), torch.topk of it gives each query a lower bound on its k-th largest
-    score; one pass over all keys (`bt_sampled` queries x `bs_sampled` keys a tile) collects the keys above the
-    bound (at most `cap`, `sampled_cap`) and those equal to it (the first k); a per-query kernel takes the k
-    largest. Queries whose bound failed take the exact passes, launched always (a program with none of them
-    reads nothing: no host sync). `"exact"`: the exact passes for every query, four histogram passes and a
-    write pass over every key (`bt` queries x `bs` keys a tile). `stats`, if given, receives `fallback` [T]
-    int32 (1: took the exact passes) and, on the sampled path, `above` [T] int32 (keys above the bound).
-    `prefetch`: the collect pass loads the next key tile before it scores this one (not yet timed on a GPU).
-    The default tiles are the fastest of four measured on an H200 at 64K (16 x 128 keys, 8 warps: 11.8 ms against
-    12.6-14.3; compiled ahead, 255 registers a thread and no spill; 32 queries x 128 keys spill)."""
+    score; one pass over all keys (`bt_sampled` queries x `bs_sampled` keys a tile, `warps_sampled` warps, the keys
+    of a query block cut into `splits` ranges: `collect_splits`) collects the keys above the bound (at most `cap`,
+    `sampled_cap`) and those equal to it (the first k); a per-query kernel takes the k largest. Queries whose
+    bound failed take the exact passes, launched always (a program with none of them reads nothing: no host
+    sync). `"exact"`: the exact passes for every query, four histogram passes and a write pass over every key
+    (`bt` queries x `bs` keys a tile). `stats`, if given, receives `fallback` [T] int32 (1: took the exact passes)
+    and, on the sampled path, `above` [T] (keys above the bound) and, if it holds a list under "events", CUDA
+    events around the bound, the collect and the pick. `prefetch` (the collect loads the next key tile before it
+    scores this one), `stages_sampled` (Triton's software pipelining) and `hoist=False` (query heads reloaded
+    each tile) are the bench's alternatives. The defaults are the fastest of eight measured on an H200 at 248K
+    (64 queries x 32 keys, 4 warps, 4 ranges: 14.1 ms against 14.7-19.7; 142 registers a thread, no spill)."""
     _check_select(iq, iw, keys, scales, q_pos, k)
     if method not in ("sampled", "exact"):
         raise ValueError(f"prefill_select: unknown method {method!r} (sampled, exact)")
+    if splits is not None and (splits < 1 or splits & (splits - 1)):
+        raise ValueError(f"prefill_select: splits={splits} must be a power of two (1, 2, 4, ...)")
     T, Hi, Di = iq.shape
     S = keys.shape[0]
     if iq.stride(2) != 1 or iw.stride(1) != 1 or keys.stride(1) != 1 or Di & (Di - 1) or Di < 16:
