@@ -243,15 +243,23 @@ def hot_conc_table() -> str:
 
 
 def sparse_prefill_table() -> str:
-    """QSA's sparse prefill: the select and the attention per layer-chunk by prefix (the kernels bench), then
-    whole prompts through it beside the dense prompt of the anatomy run, seconds per phase."""
+    """QSA's sparse prefill: the select (beside the same bench before the collect pass moved to wgmma and key
+    ranges) and the attention per layer-chunk by prefix, the collect pass's tiles swept at one prefix, then whole
+    prompts through it beside the dense prompt of the anatomy run, seconds per phase."""
     b = json.loads((REPO / RUNS["sparse_prefill_kernels"] / "sparse_prefill_bench.json").read_text())
+    before = json.loads((REPO / RUNS["sparse_prefill_kernels_before"] / "sparse_prefill_bench.json").read_text())
+    before = {r["S"]: r["select_ms"] for r in before["rows"]}
     ms = lambda v: f"{v:,.1f}" if v is not None else "–"
-    rows = [{"prefix": _ctx(r["S"]), "select ms": ms(r["select_ms"]), "of it the bound ms": ms(r["bound_ms"]),
+    rows = [{"prefix": _ctx(r["S"]), "select ms": ms(r["select_ms"]), "before ms": ms(before.get(r["S"])),
+             "bound / collect / pick ms": f"{r['bound_ms']:.1f} / {r['collect_ms']:.1f} / {r['pick_ms']:.1f}",
              "keys above the bound, mean / max (cap)": f"{r['above_mean']:,.0f} / {r['above_max']:,.0f} ({r['cap']:,})",
-             "exact passes taken": f"{r['fallback_queries']} of {b['T']:,}", "replaced select ms": ms(r.get("select_bounded_ms")),
+             "exact passes taken": f"{r['fallback_queries']} of {b['T']:,}",
              "exact select ms": ms(r["select_exact_ms"]), "attention ms": ms(r["attention_ms"]),
              "sparse ms": ms(r["sparse_ms"]), "dense ms": ms(r["dense_ms"])} for r in b["rows"]]
+    switch = lambda t: ", ".join(f"{k}={v}" for k, v in t.items() if k in ("prefetch", "stages_sampled", "hoist")) or "–"
+    tiles = [{"queries x keys a tile": f"{t['bt_sampled']} x {t['bs_sampled']}", "warps": t["warps_sampled"],
+              "key ranges": t["splits"], "switches": switch(t), "select ms": f"{t['select_ms']:.1f}",
+              "collect ms": f"{t['collect_ms']:.1f}"} for t in b["sweep"]]
     dense = load_run(REPO / RUNS["prefill_anatomy"]).metrics
     dense = dense[(dense["experiment"] == "prefill") & (dense["status"] == "ok") & (dense["mode"] == "resident")]
     whole = [dense[dense["engine_variant"] == "prefill_attn=split,dn_prefill=fla"]]
@@ -268,6 +276,7 @@ def sparse_prefill_table() -> str:
                             **{f"{ph} s": f"{r[f'anatomy_{ph}_ms'] / 1e3:.1f}" for ph in ("weights", "deltanet", "attention")},
                             "device peak": f"{r['device_mem_peak_bytes'] / 2**30:.1f} GiB"})
     return (f"One layer and 8K-token chunk ({b['device']}, k = {b['k']:,}):\n\n" + _md(pd.DataFrame(rows))
+            + f"\n\nThe collect pass's tiles at {_ctx(b['sweep'][0]['prefix'])}:\n\n" + _md(pd.DataFrame(tiles))
             + "\n\nWhole prompts:\n\n" + _md(pd.DataFrame(prompts)))
 
 
