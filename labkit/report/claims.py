@@ -287,11 +287,11 @@ def box_prediction(concurrency: int, context_len: int = 1 << 20, strategy: str =
     return fig, bool(chk and chk["checked"])
 
 
-def prefill_prediction(run: str | None = None) -> Figure:
-    """The cost model's 248K prefill on 3x RTX 3090 from the fastest variant of the committed prefill anatomy run
-    (`costmodel.predict_prefill`: compute phases by the datasheets' dense bf16 rates), with the dense bound."""
+def _prefill_predicted(run: str) -> tuple[dict, dict]:
+    """The fastest prefill row of a committed run with its FLOPs from the anatomy, and the cost model's prediction
+    from it for 3x RTX 3090 (`costmodel.predict_prefill`: compute phases by the datasheets' dense bf16 rates;
+    `dense_bound_tok_s`: the prompt's FLOPs at their rate, whatever attention the run used)."""
     from ..costmodel import gpu, gpu_for_name, predict_prefill
-    run = run or RUNS["prefill_anatomy"]
     lr = load_run(REPO / run)
     m, a = lr.metrics, lr.table("anatomy")
     m = m[(m["experiment"] == "prefill") & (m["status"] == "ok")]
@@ -300,7 +300,14 @@ def prefill_prediction(run: str | None = None) -> Figure:
     sel = a[(a[keys] == pd.Series({k: best[k] for k in keys})).all(axis=1)] if keys else a
     work = [c for c in ("weights_flops", "attention_flops", "deltanet_flops", "index_score_flops") if c in sel]
     best["prefill_flops"] = float(sel[work].sum().sum())
-    p = predict_prefill(best, gpu_for_name(str(best["gpu_name"])), gpu("rtx3090"), 3)
+    return best, predict_prefill(best, gpu_for_name(str(best["gpu_name"])), gpu("rtx3090"), 3)
+
+
+def prefill_prediction(run: str | None = None) -> Figure:
+    """The cost model's 248K prefill on 3x RTX 3090 from the fastest variant of the committed prefill anatomy run,
+    with the bound."""
+    run = run or RUNS["prefill_anatomy"]
+    best, p = _prefill_predicted(run)
     sparse = best.get("prefill_attention") == "sparse"
     how = f"sparse attention (top {int(best['budget']):,} rows a query)" if sparse else "dense attention"
     what = (f"cost model: {_ctx(int(best['context_len']))} prompt, {how}, layers split over 3× RTX 3090 with the "
@@ -313,13 +320,13 @@ def prefill_prediction(run: str | None = None) -> Figure:
                   f"bound on 3× RTX 3090 {p['dense_bound_tok_s']:,.0f} tok/s", what, (run,), "", "tok/s")
 
 
-def _with_sparse(dense: Figure, sparse: Figure) -> Figure:
-    """The dense prediction with QSA's sparse prefill scaled the same way beside it: the sparse bound, unlike the
-    dense one, leaves room for the published figure, while the sparse prediction trails (its select runs far below
-    the tensor cores' rate here)."""
-    bound = sparse.how.split("sparse bound on 3× RTX 3090 ")[-1]
+def _with_sparse(dense: Figure, run: str) -> Figure:
+    """The dense prediction with QSA's sparse prefill (the committed run `run`) scaled the same way beside it: the
+    sparse bound, unlike the dense one, leaves room for the published figure."""
+    sparse = prefill_prediction(run)
+    bound = _prefill_predicted(run)[1]["dense_bound_tok_s"]
     return Figure(**{**dense.__dict__, "how": f"{dense.how}; sparse prefill scaled the same way {sparse.value:,.0f} "
-                     f"tok/s, its bound {bound}", "what": f"{dense.what}; {sparse.what}",
+                     f"tok/s, its bound {bound:,.0f} tok/s", "what": f"{dense.what}; {sparse.what}",
                      "runs": tuple(dense.runs) + tuple(sparse.runs)})
 
 
@@ -368,7 +375,7 @@ def sparse_claims() -> list[Claim]:
                      strongest=_across(toks, RUNS["repeats_prefill"],
                                        f"prefill tok/s of a {_ctx(ctx)} prompt on one H200, KV to host RAM through rotating "
                                        f"buffers ({pre['value'].median():.2f}× resident prefill)", unit="tok/s"),
-                     model=_with_sparse(prefill_prediction(), prefill_prediction(RUNS["prefill_sparse"][0])),
+                     model=_with_sparse(prefill_prediction(), RUNS["prefill_sparse"][0]),
                      model_basis="prefill phases scaled by datasheet bf16 rates, unchecked on another GPU",
                      settle="a prefill run on RTX 3090s"))
     rows = d.xs(("zero_copy", 1), level=("strategy", "concurrency"))
