@@ -20,6 +20,7 @@ from torch import nn
 
 from ... import envs
 from ...shapes import ModelShape, aligned_width
+from .deltanet_prefill import causal_conv_silu_reference, scan_fla
 from .gemv import matmul, silu_glu
 
 
@@ -305,13 +306,13 @@ class DeltaNetLayer(nn.Module):
         mark = mark or (lambda phase: None)
         qkv, z, a, b = torch.split(matmul(x, self.w_in), [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
         mark("dn_scan")
-        seq = torch.cat([conv.to(qkv.dtype), qkv.t()], dim=-1)               # [C, K-1+T]
-        conv.copy_(seq[:, -(self.s.dn_conv - 1):])
-        conv_out = F.silu(F.conv1d(seq.unsqueeze(0).float(), self.conv_w.float().unsqueeze(1),
-                                   groups=self.conv_ch)[0].t()).to(x.dtype)  # [T, C]
-        q, k, v = self._qkv(conv_out, T)
-        log_a, beta = self._gates(a, b)
-        o, S_new = delta_rule_prefill(q, k, v, log_a, beta, S, chunk=chunk)
-        S.copy_(S_new)
+        if dn_prefill_kernel(x.device) == "fla":     # the conv in one kernel, q/k per key head: deltanet_prefill
+            o = scan_fla(self, qkv, a, b, S, conv)
+        else:
+            conv_out = causal_conv_silu_reference(qkv, conv, self.conv_w)  # [T, C]
+            q, k, v = self._qkv(conv_out, T)
+            log_a, beta = self._gates(a, b)
+            o, S_new = delta_rule_chunked(q, k, v, log_a, beta, S, chunk=chunk)
+            S.copy_(S_new)
         mark("dn_weights")
         return self._out(o, z)
