@@ -150,9 +150,10 @@ def _num(v: float, unit: str, with_unit: bool = True) -> str:
 
 
 def _range(lo: float, hi: float) -> str:
-    """lo–hi with the digits of `_num`, one or two more where those would print the same number twice."""
+    """lo–hi with the digits of `_num`, one or two more where those would print the same small number twice (a
+    count of hundreds or more equal to its last digit is shown as it is)."""
     a, b = _num(lo, "", False), _num(hi, "", False)
-    if a == b and lo != hi:
+    if a == b and lo != hi and max(abs(lo), abs(hi)) < 100:
         a, b = f"{lo:.3f}", f"{hi:.3f}"
     return f"{a}–{b}"
 
@@ -304,9 +305,9 @@ def _prefill_predicted(run: str) -> tuple[dict, dict]:
 
 
 def prefill_prediction(run: str | None = None) -> Figure:
-    """The cost model's 248K prefill on 3x RTX 3090 from the fastest variant of the committed prefill anatomy run,
-    with the bound."""
-    run = run or RUNS["prefill_anatomy"]
+    """The cost model's 248K prefill on 3x RTX 3090 from the fastest variant of a committed prefill run with its
+    anatomy (default: the dense prompt with today's kernels), with the bound."""
+    run = run or RUNS["prefill_now"]
     best, p = _prefill_predicted(run)
     sparse = best.get("prefill_attention") == "sparse"
     how = f"sparse attention (top {int(best['budget']):,} rows a query)" if sparse else "dense attention"

@@ -263,7 +263,7 @@ def sparse_prefill_table() -> str:
     dense = load_run(REPO / RUNS["prefill_anatomy"]).metrics
     dense = dense[(dense["experiment"] == "prefill") & (dense["status"] == "ok") & (dense["mode"] == "resident")]
     whole = [dense[dense["engine_variant"] == "prefill_attn=split,dn_prefill=fla"]]
-    whole += [load_run(REPO / run).metrics for run in RUNS["prefill_sparse"]]
+    whole += [load_run(REPO / run).metrics for run in [RUNS["prefill_now"], *RUNS["prefill_sparse"]]]
     prompts = []
     for m in whole:
         for r in m[(m["experiment"] == "prefill") & (m["status"] == "ok")].to_dict("records"):
