@@ -6,14 +6,14 @@ k = 2,048) and prefix S = 64K, 248K, 1M (the chunk is the prefix's last T positi
     PYTHONPATH=$PWD python3 scripts/sparse_prefill_bench.py [OUT_DIR]
 
 Each figure: CUDA events, 1 warm-up then the median of 3 calls (the exact select: 1 call; a call at 1M
-is tens of ms: enough to time). Per prefix: the sampled select (the default), its bound alone (the sample's
-scores and torch.topk), how many keys sat above the bound (mean, max, against the list's cap) and how many
-queries took the exact passes, the exact select, the attention, dense attention up to 248K.
+is tens of ms: enough to time). First the collect pass's tiles and key ranges swept at 248K (the select, and its
+bound, collect and pick timed apart by CUDA events around each); the fastest is used after. Per prefix: the
+sampled select (the default) and its phases, how many keys sat above the bound (mean, max, against the list's cap)
+and how many queries took the exact passes, the exact select, the attention, dense attention up to 248K.
 Rates: index scoring as 2 x Hi x Di FLOP per visible (query, key) pair, counted once (the sampled select
 scores its sample of every st-th key twice, the exact select every key five times), and the selected rows' bytes
-(K and V, each row read once per query for all heads of its KV head) per second of attention. A small tile
-sweep at 64K first; the best tile is used for the larger prefixes. Writes OUT_DIR/sparse_prefill_bench.json
-when given. About 3 minutes on an H200.
+(K and V, each row read once per query for all heads of its KV head) per second of attention. Writes
+OUT_DIR/sparse_prefill_bench.json when given. About 2 minutes on an H200.
 """
 import json
 import statistics
@@ -52,8 +52,6 @@ TILES = (   # the collect pass: queries a program x keys a tile x warps, key ran
     dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, splits=4),
     dict(bt_sampled=64, bs_sampled=32, warps_sampled=4, splits=2),
     dict(bt_sampled=64, bs_sampled=32, warps_sampled=4, splits=4),
-    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, splits=2, prefetch=True),
-    dict(bt_sampled=64, bs_sampled=64, warps_sampled=4, splits=2, stages_sampled=3),
     dict(bt_sampled=128, bs_sampled=64, warps_sampled=8, splits=2),
 )
 

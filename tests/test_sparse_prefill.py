@@ -179,9 +179,9 @@ SCRIPT = HELPERS + textwrap.dedent('''
              (tuple(neg), 16, None, "all weights negative"), (mixed, 16, None, "ties and five above")]
     for i, ((iq, iw, keys, scales, q_pos), k, cap, what) in enumerate(cases):
         stats = {}
-        # the collect's two loops (prefetch or not) and its key ranges in 1, 2 or 4 segments, each checked
+        # the collect's query heads held or reloaded each tile, and its key ranges in 1, 2 or 4 segments, each checked
         got = P.prefill_select_triton(iq, iw, keys, scales, q_pos, k, cap=cap, stats=stats, bs_sampled=64,
-                                      prefetch=what == "ties over the list", splits=(1, 2, 4)[i % 3])
+                                      hoist=what != "ties over the list", splits=(1, 2, 4)[i % 3])
         want = P.prefill_select_reference(iq, iw, keys, scales, q_pos, k)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (what, k)
         fell = int(stats["fallback"].sum())
@@ -315,10 +315,10 @@ AOT_SCRIPT = textwrap.dedent('''
     jobs.append((P._sample_kernel, sig, {**sampled, "STRIDE": 64}, 8))
     lists = {n: "*i32" for n in ("bound_ptr", "glist_ptr", "gcnt_ptr", "epos_ptr", "ecnt_ptr")}
     sig = {**head, **lists, "T": "i32", "S": "i32", "CAP": "i32", "ECAP": "i32", **strides, **{n: C for n in sampled},
-           "PREFETCH": C, "HOIST": C, "ASM": C}
+           "HOIST": C, "ASM": C}
     # the collect pass's default tile and the switches the bench sweeps
-    for bt, bs, warps, prefetch, hoist in ((64, 32, 4, False, True), (64, 64, 4, True, True), (16, 64, 8, False, False)):
-        tile = {**sampled, "BT": bt, "BS": bs, "PREFETCH": prefetch, "HOIST": hoist, "ASM": True}
+    for bt, bs, warps, hoist in ((64, 32, 4, True), (64, 64, 4, True), (16, 64, 8, False)):
+        tile = {**sampled, "BT": bt, "BS": bs, "HOIST": hoist, "ASM": True}
         jobs.append((P._collect_sampled_kernel, sig, tile, warps))
     sig = {"qp_ptr": "*i64", **{n: "*i32" for n in ("glist_ptr", "gcnt_ptr", "epos_ptr", "ecnt_ptr", "flag_ptr")},
            "idx_ptr": "*i64", "valid_ptr": "*i8", "S": "i32", "K": "i32", "CAP": C, "SCAP": C, "ECAP": C, "NA": C,

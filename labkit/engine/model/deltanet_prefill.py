@@ -49,7 +49,8 @@ def causal_conv_silu_reference(qkv: torch.Tensor, conv: torch.Tensor, w: torch.T
     return F.silu(F.conv1d(seq.unsqueeze(0).float(), w.float().unsqueeze(1), groups=w.shape[0])[0].t()).to(qkv.dtype)
 
 
-def causal_conv_silu(qkv: torch.Tensor, conv: torch.Tensor, w: torch.Tensor, bt: int = 32, bc: int = 128) -> torch.Tensor:
+def causal_conv_silu(qkv: torch.Tensor, conv: torch.Tensor, w: torch.Tensor, bt: int = 32,
+                     bc: int = 128) -> torch.Tensor:
     """`causal_conv_silu_reference` in one kernel where Triton runs (CUDA, or its interpreter on CPU tensors)."""
     T, C = qkv.shape
     K = w.shape[1]

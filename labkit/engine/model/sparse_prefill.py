@@ -354,7 +354,7 @@ if HAVE_TRITON:
     def _collect_sampled_kernel(iq_ptr, iw_ptr, k_ptr, sc_ptr, qp_ptr, bound_ptr, glist_ptr, gcnt_ptr,
                                 epos_ptr, ecnt_ptr, T, S, CAP, ECAP, iq_st, iq_sh, iw_st, k_ss,
                                 BT: tl.constexpr, BS: tl.constexpr, HI: tl.constexpr, DI: tl.constexpr,
-                                DOT_F32: tl.constexpr, PREFETCH: tl.constexpr, HOIST: tl.constexpr,
+                                DOT_F32: tl.constexpr, HOIST: tl.constexpr,
                                 ASM: tl.constexpr):
         """Each query's keys above its bound, (key, position) pairs (the first CAP kept), and the positions of the
         keys equal to it (the first ECAP), in position order, and how many there were. Equal keys only the position
@@ -390,14 +390,8 @@ if HAVE_TRITON:
                 q2, w2 = _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, 2, DI, DOT_F32)
             if HI > 3:
                 q3, w3 = _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, 3, DI, DOT_F32)
-        if PREFETCH:   # the next key tile's loads issued before this one is scored: their latency hidden
-            nk, nsc, ns, nsm = _key_tile(k_ptr, sc_ptr, lo, S, k_ss, BS, DI, 1)
         for s0 in range(lo, hi, BS):
-            if PREFETCH:
-                kt, sc, s, sm = nk, nsc, ns, nsm
-                nk, nsc, ns, nsm = _key_tile(k_ptr, sc_ptr, s0 + BS, S, k_ss, BS, DI, 1)
-            else:
-                kt, sc, s, sm = _key_tile(k_ptr, sc_ptr, s0, S, k_ss, BS, DI, 1)
+            kt, sc, s, sm = _key_tile(k_ptr, sc_ptr, s0, S, k_ss, BS, DI, 1)
             if HOIST:
                 key = _score_hoisted(kt, sc, q0, w0, q1, w1, q2, w2, q3, w3, HI, DOT_F32)
                 ok = tm[:, None] & sm[None, :] & (s[None, :] <= qp[:, None])
@@ -587,8 +581,7 @@ def collect_splits(T, S, bt, bs, dev) -> int:
 def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sampled", bt: int = 16,
                           bs: int = 128, warps: int = 8, cap: int | None = None, stats: dict | None = None,
                           bt_sampled: int = 64, bs_sampled: int = 32, warps_sampled: int = 4,
-                          stages_sampled: int | None = None, splits: int | None = None, stride: int | None = None,
-                          prefetch: bool = False, hoist: bool = True):
+                          splits: int | None = None, stride: int | None = None, hoist: bool = True):
     """`method="sampled"` (default): every `stride`-th key's score for every query kept in HBM ([T, S / stride]
     int32, ~16K columns; `sample_stride`), torch.topk of it gives each query a lower bound on its k-th largest
     score; one pass over all keys (`bt_sampled` queries x `bs_sampled` keys a tile, `warps_sampled` warps, the keys
@@ -598,10 +591,11 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
     sync). `"exact"`: the exact passes for every query, four histogram passes and a write pass over every key
     (`bt` queries x `bs` keys a tile). `stats`, if given, receives `fallback` [T] int32 (1: took the exact passes)
     and, on the sampled path, `above` [T] (keys above the bound) and, if it holds a list under "events", CUDA
-    events around the bound, the collect and the pick. `prefetch` (the collect loads the next key tile before it
-    scores this one), `stages_sampled` (Triton's software pipelining) and `hoist=False` (query heads reloaded
-    each tile) are the bench's alternatives. The defaults are the fastest of eight measured on an H200 at 248K
-    (64 queries x 32 keys, 4 warps, 4 ranges: 14.1 ms against 14.7-19.7; 142 registers a thread, no spill)."""
+    events around the bound, the collect and the pick. `hoist=False` reloads the query heads every tile (the
+    path for more than four index heads). Loading the next key tile ahead and Triton's software pipelining were
+    measured too and moved nothing (at 248K, 9.6-9.8 against 9.9 ms of collect); they are not kept. The defaults
+    are the fastest of eight measured on an H200 at 248K (64 queries x 32 keys, 4 warps, 4 ranges: 14.1 ms against
+    14.7-19.7; 142 registers a thread, no spill)."""
     _check_select(iq, iw, keys, scales, q_pos, k)
     if method not in ("sampled", "exact"):
         raise ValueError(f"prefill_select: unknown method {method!r} (sampled, exact)")
@@ -622,10 +616,8 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
     tiles = dict(HI=Hi, DI=Di, DOT_F32=interpret_mode(), num_warps=warps)
     flag = torch.zeros(T, dtype=torch.int32, device=dev) if method == "sampled" else q_pos
     if method == "sampled":
-        collect = dict(BT=bt_sampled, BS=bs_sampled, PREFETCH=prefetch, HOIST=hoist and Hi <= 4, HI=Hi, DI=Di,
+        collect = dict(BT=bt_sampled, BS=bs_sampled, HOIST=hoist and Hi <= 4, HI=Hi, DI=Di,
                        DOT_F32=interpret_mode(), ASM=not interpret_mode(), num_warps=warps_sampled)
-        if stages_sampled is not None:
-            collect["num_stages"] = stages_sampled
         _select_sampled(head, strides, T, S, k, flag, idx, valid, {**tiles, "BS": 128, "num_warps": 8}, 16, stride,
                         cap, stats, collect, splits or collect_splits(T, S, bt_sampled, bs_sampled, dev))
         if stats is not None:
