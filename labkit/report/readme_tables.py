@@ -972,7 +972,20 @@ def _prefill_line() -> str:
             f"{best['attention_of_gemm_peak']:.0%} of the GEMM peak measured beside it (two cuDNN calls merged by "
             f"log-sum-exp) and DeltaNet's scan on flash-linear-attention's kernel; the rotating buffers keep "
             f"{float(rot['tok_s'].iloc[0]) / best['tok_s']:.2f}× of it with the KV going to host RAM, and every prefill run "
-            f"times its chunks by phase against their bounds ([prefill](docs/prefill-capacity.md)).")
+            f"times its chunks by phase against their bounds. {_prefill_now_words()} ([prefill](docs/prefill-capacity.md)).")
+
+
+def _prefill_now_words() -> str:
+    """Today's dense prompt and QSA's sparse prefill (the short prompt and the longest), from their runs."""
+    ok = lambda run: (lambda m: m[(m["experiment"] == "prefill") & (m["status"] == "ok")].iloc[0])(load_run(REPO / run).metrics)
+    now = ok(RUNS["prefill_now"])
+    sparse = sorted((ok(run) for run in RUNS["prefill_sparse"]), key=lambda r: r["context_len"])
+    short, long_ = sparse[0], sparse[-1]
+    cap = long_.get("mem_cap_bytes")
+    under = f" under a {cap / 2**30:.0f} GiB cap" if cap is not None and pd.notna(cap) else ""
+    return (f"With DeltaNet's conv on a kernel of the lab's own the same prompt runs at {now['tok_s']:,.0f} tok/s; QSA's "
+            f"sparse prefill (each query's top {int(short['budget']):,} rows) at {short['tok_s']:,.0f} tok/s, and a whole "
+            f"{_ctx(int(long_['context_len']))}-token prompt{under} in {long_['step_ms_median'] / 1e3:.0f} s")
 
 
 def _baseline_line() -> str:
