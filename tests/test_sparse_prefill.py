@@ -132,6 +132,11 @@ def test_bad_input_fails_with_one_line_before_work():
         P.prefill_select(iq, iw, keys, scales, q_pos, 0)
     with pytest.raises(ValueError, match="do not fit"):
         P.prefill_select(iq, iw[:, :2], keys, scales, q_pos, 4)
+    if importlib.util.find_spec("triton") is not None:     # the kernel path's own checks
+        with pytest.raises(ValueError, match="power of two"):
+            P.prefill_select_triton(iq, iw, keys, scales, q_pos, 4, splits=3)
+        with pytest.raises(ValueError, match="bs_sampled=256"):
+            P.prefill_select_triton(iq, iw, keys, scales, q_pos, 4, bs_sampled=256)
     q = torch.zeros(4, 6, 32, dtype=torch.bfloat16)
     kv = torch.zeros(10, 4, 32, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="n_kv dividing Hq"):

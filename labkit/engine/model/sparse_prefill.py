@@ -132,6 +132,12 @@ if HAVE_TRITON:
         return kt, tl.load(sc_ptr + s, mask=sm, other=0.0), s, sm
 
     @triton.jit
+    def _order_key(acc):
+        """uint32 keys in the order of the fp32 scores (negative: all bits flipped; else the sign bit set)."""
+        u = acc.to(tl.int32, bitcast=True)
+        return (u ^ ((u >> 31) | (-2147483647 - 1))).to(tl.uint32, bitcast=True)
+
+    @triton.jit
     def _score_keys(iq_ptr, iw_ptr, kt, sc, s, sm, t, tm, qp, iq_st, iq_sh, iw_st, HI: tl.constexpr,
                     DI: tl.constexpr, DOT_F32: tl.constexpr):
         """Order-preserving uint32 keys [BT, BS] of queries t against a key tile, and which of them the queries
@@ -151,9 +157,7 @@ if HAVE_TRITON:
                 d = tl.dot(qh.to(tl.bfloat16), kt)
             wh = tl.load(iw_ptr + t.to(tl.int64) * iw_st + h, mask=tm, other=0.0).to(tl.float32)
             acc += wh[:, None] * tl.maximum(d, 0.0)
-        acc = acc * sc.to(tl.float32)[None, :]
-        u = acc.to(tl.uint32, bitcast=True)
-        key = tl.where((u >> 31) == 1, ~u, u | 0x80000000)
+        key = _order_key(acc * sc.to(tl.float32)[None, :])
         return key, tm[:, None] & sm[None, :] & (s[None, :] <= qp[:, None])
 
     @triton.jit
@@ -284,12 +288,6 @@ if HAVE_TRITON:
         else:
             d = tl.dot(q, kt)
         return acc + w[:, None] * tl.maximum(d, 0.0)
-
-    @triton.jit
-    def _order_key(acc):
-        """uint32 keys in the order of the fp32 scores (negative: all bits flipped; else the sign bit set)."""
-        u = acc.to(tl.int32, bitcast=True)
-        return (u ^ ((u >> 31) | (-2147483647 - 1))).to(tl.uint32, bitcast=True)
 
     @triton.jit
     def _store_at(row, at, key, s, PAIR: tl.constexpr, ASM: tl.constexpr):
@@ -601,6 +599,8 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
         raise ValueError(f"prefill_select: unknown method {method!r} (sampled, exact)")
     if splits is not None and (splits < 1 or splits & (splits - 1)):
         raise ValueError(f"prefill_select: splits={splits} must be a power of two (1, 2, 4, ...)")
+    if bs_sampled not in (16, 32, 64, 128):    # the collect's ranks keep a tile's count in 8 bits
+        raise ValueError(f"prefill_select: bs_sampled={bs_sampled} must be 16, 32, 64 or 128")
     T, Hi, Di = iq.shape
     S = keys.shape[0]
     if iq.stride(2) != 1 or iw.stride(1) != 1 or keys.stride(1) != 1 or Di & (Di - 1) or Di < 16:
