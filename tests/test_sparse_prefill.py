@@ -326,10 +326,10 @@ AOT_SCRIPT = textwrap.dedent('''
         tile = {**sampled, "BT": bt, "BS": bs, "HOIST": hoist, "ASM": True}
         jobs.append((P._collect_sampled_kernel, sig, tile, warps))
     sig = {"qp_ptr": "*i64", **{n: "*i32" for n in ("glist_ptr", "gcnt_ptr", "epos_ptr", "ecnt_ptr", "flag_ptr")},
-           "idx_ptr": "*i64", "valid_ptr": "*i8", "S": "i32", "K": "i32", "CAP": C, "SCAP": C, "ECAP": C, "NA": C,
-           "NH": C, "LOG": C, "RADIX": C, "SPLITS": C}
-    jobs.append((P._pick_kernel, sig, {"CAP": 8192, "SCAP": 8192, "ECAP": 2048, "NA": 8192, "NH": 2048, "LOG": 12,
-                                       "RADIX": 256, "SPLITS": 4}, 8))
+           "idx_ptr": "*i64", "valid_ptr": "*i8", "S": "i32", "K": "i32", "CAP": C, "ECAP": C, "NA": C, "NH": C,
+           "LOG": C, "RADIX": C, "SPLITS": C}
+    jobs.append((P._pick_kernel, sig, {"CAP": 8192, "ECAP": 2048, "NA": 8192, "NH": 2048, "LOG": 12, "RADIX": 256,
+                                       "SPLITS": 4}, 8))
     sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "idx_ptr": "*i64", "valid_ptr": "*i8", "o_ptr": "*bf16",
            "K": "i32", "qk_scale": "fp32", **{n: "i32" for n in ("q_st", "q_sh", "k_ss", "k_sh", "v_ss", "v_sh", "o_st",
                                                                 "o_sh")},

@@ -308,7 +308,10 @@ def prefill_prediction(run: str | None = None) -> Figure:
     """The cost model's 248K prefill on 3x RTX 3090 from the fastest variant of a committed prefill run with its
     anatomy (default: the dense prompt with today's kernels), with the bound."""
     run = run or RUNS["prefill_now"]
-    best, p = _prefill_predicted(run)
+    return _prediction_figure(run, *_prefill_predicted(run))
+
+
+def _prediction_figure(run: str, best: dict, p: dict) -> Figure:
     sparse = best.get("prefill_attention") == "sparse"
     how = f"sparse attention (top {int(best['budget']):,} rows a query)" if sparse else "dense attention"
     what = (f"cost model: {_ctx(int(best['context_len']))} prompt, {how}, layers split over 3× RTX 3090 with the "
@@ -324,8 +327,8 @@ def prefill_prediction(run: str | None = None) -> Figure:
 def _with_sparse(dense: Figure, run: str) -> Figure:
     """The dense prediction with QSA's sparse prefill (the committed run `run`) scaled the same way beside it: the
     sparse bound, unlike the dense one, leaves room for the published figure."""
-    sparse = prefill_prediction(run)
-    bound = _prefill_predicted(run)[1]["dense_bound_tok_s"]
+    best, p = _prefill_predicted(run)
+    sparse, bound = _prediction_figure(run, best, p), p["dense_bound_tok_s"]
     return Figure(**{**dense.__dict__, "how": f"{dense.how}; sparse prefill scaled the same way {sparse.value:,.0f} "
                      f"tok/s, its bound {bound:,.0f} tok/s", "what": f"{dense.what}; {sparse.what}",
                      "runs": tuple(dense.runs) + tuple(sparse.runs)})

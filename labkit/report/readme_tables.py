@@ -977,7 +977,9 @@ def _prefill_line() -> str:
 
 def _prefill_now_words() -> str:
     """Today's dense prompt and QSA's sparse prefill (the short prompt and the longest), from their runs."""
-    ok = lambda run: (lambda m: m[(m["experiment"] == "prefill") & (m["status"] == "ok")].iloc[0])(load_run(REPO / run).metrics)
+    def ok(run):
+        m = load_run(REPO / run).metrics
+        return m[(m["experiment"] == "prefill") & (m["status"] == "ok")].iloc[0]
     now = ok(RUNS["prefill_now"])
     sparse = sorted((ok(run) for run in RUNS["prefill_sparse"]), key=lambda r: r["context_len"])
     short, long_ = sparse[0], sparse[-1]

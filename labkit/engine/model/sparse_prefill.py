@@ -49,6 +49,8 @@ that KV head (GQA), in blocks of `BK`, with an online softmax; fp32 accumulation
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .gather import HAVE_TRITON, interpret_mode
@@ -138,6 +140,25 @@ if HAVE_TRITON:
         return (u ^ ((u >> 31) | (-2147483647 - 1))).to(tl.uint32, bitcast=True)
 
     @triton.jit
+    def _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, h: tl.constexpr, DI: tl.constexpr,
+                    DOT_F32: tl.constexpr):
+        """Index head h of queries t: the query rows as the product wants them and the head weights."""
+        di = tl.arange(0, DI)
+        q = tl.load(iq_ptr + t[:, None].to(tl.int64) * iq_st + h * iq_sh + di[None, :], mask=tm[:, None], other=0.0)
+        w = tl.load(iw_ptr + t.to(tl.int64) * iw_st + h, mask=tm, other=0.0).to(tl.float32)
+        if DOT_F32:
+            return q.to(tl.float32), w
+        return q.to(tl.bfloat16), w
+
+    @triton.jit
+    def _add_head(acc, q, w, kt, DOT_F32: tl.constexpr):
+        if DOT_F32:
+            d = tl.dot(q, kt, input_precision="ieee")
+        else:
+            d = tl.dot(q, kt)
+        return acc + w[:, None] * tl.maximum(d, 0.0)
+
+    @triton.jit
     def _score_keys(iq_ptr, iw_ptr, kt, sc, s, sm, t, tm, qp, iq_st, iq_sh, iw_st, HI: tl.constexpr,
                     DI: tl.constexpr, DOT_F32: tl.constexpr):
         """Order-preserving uint32 keys [BT, BS] of queries t against a key tile, and which of them the queries
@@ -146,17 +167,10 @@ if HAVE_TRITON:
             kt = kt.to(tl.float32)
         else:
             kt = kt.to(tl.bfloat16)
-        di = tl.arange(0, DI)
         acc = tl.zeros([t.shape[0], kt.shape[1]], dtype=tl.float32)
         for h in tl.static_range(HI):
-            qh = tl.load(iq_ptr + t[:, None].to(tl.int64) * iq_st + h * iq_sh + di[None, :], mask=tm[:, None],
-                         other=0.0)
-            if DOT_F32:
-                d = tl.dot(qh.to(tl.float32), kt, input_precision="ieee")
-            else:
-                d = tl.dot(qh.to(tl.bfloat16), kt)
-            wh = tl.load(iw_ptr + t.to(tl.int64) * iw_st + h, mask=tm, other=0.0).to(tl.float32)
-            acc += wh[:, None] * tl.maximum(d, 0.0)
+            qh, wh = _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, h, DI, DOT_F32)
+            acc = _add_head(acc, qh, wh, kt, DOT_F32)
         key = _order_key(acc * sc.to(tl.float32)[None, :])
         return key, tm[:, None] & sm[None, :] & (s[None, :] <= qp[:, None])
 
@@ -271,25 +285,6 @@ if HAVE_TRITON:
         tl.store(out_ptr + t[:, None].to(tl.int64) * NS + j[None, :], v, mask=tm[:, None] & (j < NS)[None, :])
 
     @triton.jit
-    def _query_head(iq_ptr, iw_ptr, t, tm, iq_st, iq_sh, iw_st, h: tl.constexpr, DI: tl.constexpr,
-                    DOT_F32: tl.constexpr):
-        """Index head h of queries t: the query rows as the product wants them and the head weights."""
-        di = tl.arange(0, DI)
-        q = tl.load(iq_ptr + t[:, None].to(tl.int64) * iq_st + h * iq_sh + di[None, :], mask=tm[:, None], other=0.0)
-        w = tl.load(iw_ptr + t.to(tl.int64) * iw_st + h, mask=tm, other=0.0).to(tl.float32)
-        if DOT_F32:
-            return q.to(tl.float32), w
-        return q.to(tl.bfloat16), w
-
-    @triton.jit
-    def _add_head(acc, q, w, kt, DOT_F32: tl.constexpr):
-        if DOT_F32:
-            d = tl.dot(q, kt, input_precision="ieee")
-        else:
-            d = tl.dot(q, kt)
-        return acc + w[:, None] * tl.maximum(d, 0.0)
-
-    @triton.jit
     def _store_at(row, at, key, s, PAIR: tl.constexpr, ASM: tl.constexpr):
         """Entry `at` of each query's list at `row` (where at >= 0): the pair (key, position s), or the position
         alone. On the GPU a store in the registers' own layout with its address made in the store: a tl.store
@@ -402,15 +397,15 @@ if HAVE_TRITON:
 
     @triton.jit
     def _segments(j, cnt_ptr, CAP, SPLITS: tl.constexpr):
-        """Entry j of a query's segments read as one list in position order (segment i: its first min(count, CAP)
-        entries): its slot, -1 past the end; and how many entries there are."""
+        """The slot of entry j of a query's segments read as one list in position order (segment i: its first
+        min(count, CAP) entries), -1 past the end."""
         slot = tl.zeros_like(j) - 1
         start = 0
         for i in tl.static_range(SPLITS):
             c = tl.minimum(tl.load(cnt_ptr + i), CAP)
             slot = tl.where((j >= start) & (j < start + c), i * CAP + j - start, slot)
             start += c
-        return slot, start
+        return slot
 
     @triton.jit
     def _radix_threshold(key, m, need, N: tl.constexpr, RADIX: tl.constexpr):
@@ -433,28 +428,27 @@ if HAVE_TRITON:
 
     @triton.jit
     def _pick_kernel(qp_ptr, glist_ptr, gcnt_ptr, epos_ptr, ecnt_ptr, flag_ptr, idx_ptr, valid_ptr, S, K,
-                     CAP: tl.constexpr, SCAP: tl.constexpr, ECAP: tl.constexpr, NA: tl.constexpr, NH: tl.constexpr,
+                     CAP: tl.constexpr, ECAP: tl.constexpr, NA: tl.constexpr, NH: tl.constexpr,
                      LOG: tl.constexpr, RADIX: tl.constexpr, SPLITS: tl.constexpr):
-        """One query: its k largest from the two lists (each in SPLITS segments of SCAP / ECAP entries, read as
+        """One query: its k largest from the two lists (each in SPLITS segments of CAP / ECAP entries, read as
         one), written in position order. At least k above the bound: the k largest of those (ties by a running
         count: the list is in position order). Fewer: all of them and the first equal ones, the two lists merged by
-        position. Too few in both (the sample put the bound above the k-th largest), more than CAP above it, or a
-        segment over its SCAP: flagged for the exact passes."""
+        position. Too few in both (the sample put the bound above the k-th largest) or more than CAP above it
+        (no segment can be over its CAP then): flagged for the exact passes."""
         t = tl.program_id(0)
         qp = tl.load(qp_ptr + t)
         k_eff = tl.minimum(tl.minimum(qp + 1, S), K).to(tl.int32)
         g_cnt, e_cnt = gcnt_ptr + t * SPLITS, ecnt_ptr + t * SPLITS
-        g_each = tl.load(g_cnt + tl.arange(0, SPLITS))
-        ca = tl.sum(g_each, 0)
+        ca = tl.sum(tl.load(g_cnt + tl.arange(0, SPLITS)), 0)
         ce = tl.sum(tl.load(e_cnt + tl.arange(0, SPLITS)), 0)
         row = t.to(tl.int64) * K
-        g_row = glist_ptr + t.to(tl.int64) * (SPLITS * 2 * SCAP)     # (key, position) pairs
+        g_row = glist_ptr + t.to(tl.int64) * (SPLITS * 2 * CAP)      # (key, position) pairs
         e_row = epos_ptr + t.to(tl.int64) * (SPLITS * ECAP)
-        if (ca + ce < k_eff) | (ca > CAP) | (tl.max(g_each, 0) > SCAP):
+        if (ca + ce < k_eff) | (ca > CAP):
             tl.store(flag_ptr + t, 1)
         elif ca >= k_eff:
             j = tl.arange(0, NA)
-            slot, _n = _segments(j, g_cnt, SCAP, SPLITS)
+            slot = _segments(j, g_cnt, CAP, SPLITS)
             m = slot >= 0
             key = tl.load(g_row + 2 * slot, mask=m, other=0).to(tl.uint32, bitcast=True)
             pos = tl.load(g_row + 2 * slot + 1, mask=m, other=0)
@@ -469,10 +463,10 @@ if HAVE_TRITON:
             # merged by rank (a key's index in its list plus how many of the other list's positions are lower)
             jm = tl.arange(0, NH)
             ne = k_eff - ca
-            ga = tl.load(g_row + 2 * _segments(jm, g_cnt, SCAP, SPLITS)[0] + 1, mask=jm < ca, other=0)
-            ge = tl.load(e_row + _segments(jm, e_cnt, ECAP, SPLITS)[0], mask=jm < ne, other=0)
+            ga = tl.load(g_row + 2 * _segments(jm, g_cnt, CAP, SPLITS) + 1, mask=jm < ca, other=0)
+            ge = tl.load(e_row + _segments(jm, e_cnt, ECAP, SPLITS), mask=jm < ne, other=0)
             ra = jm + _lower_bound(e_row, 1, e_cnt, ECAP, ne, ga, LOG, SPLITS)
-            re = jm + _lower_bound(g_row + 1, 2, g_cnt, SCAP, ca, ge, LOG, SPLITS)
+            re = jm + _lower_bound(g_row + 1, 2, g_cnt, CAP, ca, ge, LOG, SPLITS)
             tl.store(idx_ptr + row + ra, ga.to(tl.int64), mask=jm < ca)
             tl.store(idx_ptr + row + re, ge.to(tl.int64), mask=jm < ne)
             tl.store(valid_ptr + row + jm, (jm < k_eff).to(tl.int8), mask=jm < k_eff)
@@ -486,8 +480,7 @@ if HAVE_TRITON:
         for _ in tl.static_range(LOG):
             mid = (lo + hi) // 2
             live = lo < hi
-            slot, _n = _segments(mid, cnt_ptr, CAP, SPLITS)
-            below = live & (tl.load(ptr + slot * step, mask=live, other=0) < x)
+            below = live & (tl.load(ptr + _segments(mid, cnt_ptr, CAP, SPLITS) * step, mask=live, other=0) < x)
             lo = tl.where(below, mid + 1, lo)
             hi = tl.where(live & (~below), mid, hi)
         return lo
@@ -561,14 +554,18 @@ def sampled_cap(k: int, st: int) -> int:
     return max(256, triton.next_power_of_2(int(rank * st + 6 * rank ** 0.5 * st)))
 
 
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def collect_splits(T, S, bt, bs, dev) -> int:
     """Key ranges a query block's collect pass is cut into: about four programs a multiprocessor (a program of 64
     queries holds 4 warps; alone on one, it waits on every tile's loads and products), a power of two up to 4,
     none shorter than 16 tiles. On an H200 at 248K, 1 / 2 / 4 ranges: 14.3 / 9.9 / 9.6 ms of collect (64 x 64)."""
     if dev.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    want = max(1, 4 * sms // triton.cdiv(T, bt))
+    want = max(1, 4 * _multiprocessors(dev.index or 0) // triton.cdiv(T, bt))
     tiles = triton.cdiv(S, bs)
     n = 1
     while 2 * n <= min(want, 4) and tiles // (2 * n) >= 16:
@@ -645,19 +642,17 @@ def _select_sampled(head, strides, T, S, k, flag, idx, valid, tiles, bt, stride,
     # every segment holds the whole cap: keys above a bound crowd where attention looks (the recent context), so a
     # smaller share would send queries to the exact passes; the lists take splits x T x cap x 8 bytes (512 MB a
     # split at T = 8,192, k = 2,048), written only where a key is kept
-    scap = cap
     bound = sampled_bound(head, strides, T, S, k, st, cap, tiles, bt)
-    glist = torch.empty((T, splits, scap, 2), dtype=torch.int32, device=dev)  # (key, position) above the bound
+    glist = torch.empty((T, splits, cap, 2), dtype=torch.int32, device=dev)  # (key, position) above the bound
     epos = torch.empty((T, splits, k), dtype=torch.int32, device=dev)         # positions equal to it
     gcnt = torch.empty((T, splits), dtype=torch.int32, device=dev)
     ecnt = torch.empty((T, splits), dtype=torch.int32, device=dev)
     _mark(events)
     _collect_sampled_kernel[(triton.cdiv(T, collect["BT"]), splits)](*head, bound, glist, gcnt, epos, ecnt, T, S,
-                                                                     scap, k, *strides, **collect)
+                                                                     cap, k, *strides, **collect)
     _mark(events)
     na = triton.next_power_of_2(cap)
-    _pick_kernel[(T,)](q_pos, glist, gcnt, epos, ecnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap, SCAP=scap,
-                       ECAP=k, NA=na, NH=triton.next_power_of_2(k), LOG=k.bit_length() + 1, RADIX=RADIX,
+    _pick_kernel[(T,)](q_pos, glist, gcnt, epos, ecnt, flag, idx, valid.view(torch.int8), S, k, CAP=cap, ECAP=k, NA=na, NH=triton.next_power_of_2(k), LOG=k.bit_length() + 1, RADIX=RADIX,
                        SPLITS=splits, num_warps=4 if na <= 4096 else 8)
     _mark(events)
     if stats is not None:
