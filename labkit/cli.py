@@ -170,7 +170,7 @@ def cmd_predict(a) -> int:
     """Predicted step time and tok/s of a measured decode run on another GPU (a prediction, labelled)."""
     from . import costmodel as C
     from .results import load_run
-    from .shapes import ModelShape
+    from .shapes import shape_for_run
     if a.gpus < 1:
         raise BadInput(f"--gpus must be >= 1, got {a.gpus}")
     try:
@@ -187,7 +187,7 @@ def cmd_predict(a) -> int:
                        f"list; the model needs the source GPU's specs")
     if "anat_weights_ms" not in m:
         raise BadInput(f"{a.run_dir}: no step anatomy in this run (measured before anatomies existed, or anatomy=false)")
-    shape = ModelShape.from_name(mf["parameters"]["shape"])
+    shape = shape_for_run(mf["parameters"]["shape"], mf.get("run_id"))
     tab = C.predict_table(m, shape, source, target, a.gpus)
     err = C.validate(m, shape, source)
     if a.json:

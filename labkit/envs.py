@@ -116,6 +116,10 @@ VARS: list[Var] = [
     _switch("LABKIT_DN_PREFILL", "choice", "auto", "prefill's chunked delta rule: fla (flash-linear-attention's "
             "Triton kernel), torch (fp32 products, a Python loop over 64-token chunks), auto (fla where installed, "
             "on CUDA)", "dn_prefill", "labkit.engine.model.layers:DN_PREFILL", choices=("auto", "fla", "torch")),
+    _switch("LABKIT_ARCH", "choice", "auto", "the GPU features the kernels use: auto (each where the GPU has it), "
+            "portable (the Ampere path on any GPU: fp8 keys decoded in the kernel, no PDL, no inline PTX, SDPA "
+            "prefill), native (every native feature; refused on a GPU without one)", "arch",
+            "labkit.engine.model.arch:MODE", choices=("auto", "native", "portable")),
     # --- plumbing: where things are and how a process was started (no figure changes) ---
     Var("LABKIT_CACHE", "str", "", "models' and vLLM's cache root (default ~/.cache/labkit)"),
     Var("LABKIT_RESULTS", "str", "", "the results folder the explorer browses (default results/)"),

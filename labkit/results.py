@@ -27,6 +27,10 @@ from . import __version__
 from .atomic import replacing, write_text_or_in_place
 from .telemetry import machine_load
 
+# rows and manifests written since the reference shape followed the public config carry shape_rev 2; a run
+# without it that names "qwen3.8-flash-next" was made with the stand-in (`shapes.shape_for_run`)
+SHAPE_REV = 2
+
 METRIC_COLUMNS = ["run_id", "experiment", "status", "error", "device", "gpu_name", "shape", "strategy",
                   "context_len", "budget", "concurrency", "repeats", "step_ms_median", "step_ms_min",
                   "step_ms_max", "tok_s", "h2d_bytes_per_step", "nvml_rx_bytes_per_step", "device_kv_bytes",
@@ -173,7 +177,8 @@ class Run:
                     "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "git_sha": git_sha(), "labkit": __version__, **machine_info(), "parameters": params,
                     "engine": envs.in_force(), "environment": envs.plumbing_in_force(),
-                    "status": "running", "writers": _writers(), "machine_load_before": machine_load()}
+                    "status": "running", "writers": _writers(), "machine_load_before": machine_load(),
+                    "shape_rev": SHAPE_REV}
         if envs.get("LABKIT_SESSION"):     # runs made by one device session (their reports meet)
             manifest["session"] = envs.get("LABKIT_SESSION")
         run = cls(path, manifest)
@@ -191,7 +196,7 @@ class Run:
 
     def add(self, record: dict) -> None:
         """Append one metrics row and rewrite metrics.parquet (atomic), so nothing measured is lost."""
-        row = {"run_id": self.run_id, **record}
+        row = {"run_id": self.run_id, "shape_rev": SHAPE_REV, **record}
         self.records.append(row)
         self.write_table("metrics", self.metrics())
 

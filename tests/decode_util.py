@@ -9,7 +9,7 @@ from labkit.engine import Engine, OffloadCache, get_strategy
 from labkit.engine.drive.runner import DecodeRunner
 from labkit.shapes import PRESETS
 
-REF = PRESETS["qwen3.8-flash-next"]
+REF = PRESETS["qwen3.8-flash-next-standin"]
 MID = dataclasses.replace(REF, name="mid", layers=8, vocab=4096)     # the reference's layers, 8 of them
 
 

@@ -15,7 +15,7 @@ from labkit.engine import HybridModel, OffloadCache, get_strategy
 from labkit.engine.model.layers import dn_state_shapes
 from labkit.shapes import PRESETS
 
-REF, TINY = PRESETS["qwen3.8-flash-next"], PRESETS["tiny"]
+REF, TINY = PRESETS["qwen3.8-flash-next-standin"], PRESETS["tiny"]
 
 
 def _cli(name, *args, cwd=None):

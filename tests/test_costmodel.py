@@ -13,7 +13,7 @@ from labkit import costmodel as C
 from labkit.cli import main
 from labkit.shapes import PRESETS
 
-SHAPE = PRESETS["qwen3.8-flash-next"]
+SHAPE = PRESETS["qwen3.8-flash-next-standin"]
 H200 = C.gpu("h200")
 FIXED = {"weights": 0.3, "deltanet": 1.0, "index_score": 0.05, "selection": 0.2, "transfer": 0.02,
          "attention": 0.1, "head": 0.01, "other": 0.4}

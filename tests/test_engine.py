@@ -32,13 +32,17 @@ def _tokens(n, vocab, seed):
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("shape", [TINY, ODD], ids=lambda s: s.name)
+MOE = PRESETS["tiny-moe"]
+
+
+@pytest.mark.parametrize("shape,weights", [(TINY, "bf16"), (ODD, "bf16"), (MOE, "bf16"), (MOE, "w4a16")],
+                         ids=lambda v: getattr(v, "name", v))
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_every_strategy_matches_resident(shape, seed):
+def test_every_strategy_matches_resident(shape, weights, seed):
     g = torch.Generator().manual_seed(seed)
     lens = [int(x) for x in torch.randint(20, 300, (3,), generator=g)]
     budget = int(torch.randint(8, 64, (1,), generator=g))
-    model = HybridModel(shape, "cpu", seed=seed)
+    model = HybridModel(shape, "cpu", seed=seed, weights_dtype=weights, expert_banks=3 if shape.moe else None)
     out = {}
     for name in STRATEGIES:
         e = _engine(model, name, 3, 400, budget)

@@ -404,7 +404,7 @@ def test_qsa_projection_is_padded_to_an_aligned_width_with_the_same_values():
     import dataclasses
     from labkit.engine.model import layers as Ly
     from labkit.shapes import PRESETS
-    s = dataclasses.replace(PRESETS["qwen3.8-flash-next"], hidden=64)
+    s = dataclasses.replace(PRESETS["qwen3.8-flash-next-standin"], hidden=64)
     qsa = Ly.QSALayer(s, torch.Generator().manual_seed(7), torch.bfloat16, "cpu")
     N = qsa.in_cols
     assert N % 8 != 0 and qsa.w_in.shape == (64, -(-N // 64) * 64)

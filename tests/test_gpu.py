@@ -16,7 +16,7 @@ from labkit.shapes import PRESETS
 from labkit.engine.drive.runner import DecodeRunner
 
 pytestmark = pytest.mark.gpu
-REF = PRESETS["qwen3.8-flash-next"]
+REF = PRESETS["qwen3.8-flash-next-standin"]
 # The reference layout with fewer layers and a smaller vocabulary: same head dims, row and key bytes.
 MID = dataclasses.replace(REF, name="mid", layers=8, vocab=4096)
 

@@ -17,7 +17,7 @@ from labkit.engine.model.layers import RMSNorm
 from labkit.shapes import PRESETS
 
 pytestmark = pytest.mark.gpu
-REF = PRESETS["qwen3.8-flash-next"]
+REF = PRESETS["qwen3.8-flash-next-standin"]
 MID = dataclasses.replace(REF, name="mid", layers=8, vocab=4096)
 
 

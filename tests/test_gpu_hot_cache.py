@@ -17,7 +17,7 @@ from labkit.shapes import PRESETS
 from labkit.engine.drive.runner import DecodeRunner
 
 pytestmark = pytest.mark.gpu
-REF = PRESETS["qwen3.8-flash-next"]
+REF = PRESETS["qwen3.8-flash-next-standin"]
 MID = dataclasses.replace(REF, name="mid", layers=8, vocab=4096)
 LENS = [3000, 5000]
 BUDGET = 512

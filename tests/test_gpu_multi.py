@@ -11,7 +11,7 @@ from labkit.shapes import PRESETS
 from labkit.engine.drive.runner import DecodeRunner
 
 pytestmark = pytest.mark.gpu
-MID = dataclasses.replace(PRESETS["qwen3.8-flash-next"], name="mid", layers=8, vocab=4096)
+MID = dataclasses.replace(PRESETS["qwen3.8-flash-next-standin"], name="mid", layers=8, vocab=4096)
 N_GPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
 need_two = pytest.mark.skipif(N_GPU < 2, reason=f"needs 2 GPUs, this host has {N_GPU}")
 

@@ -11,7 +11,7 @@ from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
 from labkit.shapes import PRESETS
 
 pytestmark = pytest.mark.gpu
-REF = PRESETS["qwen3.8-flash-next"]
+REF = PRESETS["qwen3.8-flash-next-standin"]
 # 6 QSA layers: 1 resident + 5 rotating through 3 buffers, so prefixes are loaded back each chunk
 SIX = dataclasses.replace(REF, name="six", layers=24, vocab=4096)
 

@@ -12,7 +12,7 @@ from labkit.experiments.prefill_throughput.fit import fit
 from labkit.shapes import PRESETS
 
 pytestmark = pytest.mark.gpu
-REF = PRESETS["qwen3.8-flash-next"]
+REF = PRESETS["qwen3.8-flash-next-standin"]
 # 6 QSA layers (rotating buffers load prefixes back) and a small vocabulary: seconds, not minutes
 SIX = dataclasses.replace(REF, name="six", layers=24, vocab=4096)
 CUDA = torch.device("cuda")

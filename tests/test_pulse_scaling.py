@@ -9,7 +9,7 @@ from labkit.experiments.pulse.scaling_measure import crossover_requests, two_bat
 from labkit.shapes import PRESETS
 
 TINY = PRESETS["tiny"]
-REF = PRESETS["qwen3.8-flash-next"]
+REF = PRESETS["qwen3.8-flash-next-standin"]
 
 
 @pytest.fixture(autouse=True)

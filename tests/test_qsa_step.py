@@ -39,7 +39,7 @@ def test_fused_heads_match_the_torch_definition_under_interpreter():
         def ulp(v):
             return torch.exp2(torch.floor(torch.log2(v.abs().clamp_min(2.0 ** -126))) - 7)
         n = 0
-        for s in (PRESETS["tiny"], dataclasses.replace(PRESETS["qwen3.8-flash-next"], hidden=64)):
+        for s in (PRESETS["tiny"], dataclasses.replace(PRESETS["qwen3.8-flash-next-standin"], hidden=64)):
             layer = QSALayer(s, torch.Generator().manual_seed(1), torch.bfloat16, "cpu")
             with torch.no_grad():     # norms that are not all ones, so their weights are applied
                 layer.q_norm.weight.copy_(1 + 0.1 * torch.randn(s.head_dim, generator=torch.Generator().manual_seed(2)))

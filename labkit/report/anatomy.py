@@ -127,14 +127,14 @@ def prediction_text(m: pd.DataFrame) -> str:
 def reference_box_prediction(m: pd.DataFrame, gpu_key: str = "rtx3090", n_gpus: int = 3) -> pd.DataFrame | None:
     """PREDICTED tok/s on the reference box, from this run's anatomies (None when the run cannot say)."""
     from ..costmodel import gpu, gpu_for_name, predict_table
-    from ..shapes import ModelShape
+    from ..shapes import metrics_shape
     d = decode_table(m)
     if d.empty or "anat_weights_ms" not in m or not m["gpu_name"].notna().any():
         return None
     src = gpu_for_name(str(m["gpu_name"].dropna().iloc[0]))
     if src is None:
         return None
-    tab = predict_table(m, ModelShape.from_name(str(m["shape"].dropna().iloc[0])), src, gpu(gpu_key), n_gpus)
+    tab = predict_table(m, metrics_shape(m), src, gpu(gpu_key), n_gpus)
     tab = tab[["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "fits",
                "memory_gib_per_gpu"]].copy()
     tab["fits"] = tab["fits"].map({True: "fits", False: "does not fit"})     # words, not a raw bool

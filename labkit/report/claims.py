@@ -267,10 +267,10 @@ def box_prediction(concurrency: int, context_len: int = 1 << 20, strategy: str =
     """The cost model's tok/s on 3x RTX 3090 (fitted on today's decode run), with its error band: the worst
     error at the link-rate run's points when one is committed, else the worst on the H200's own points."""
     from ..costmodel import gpu, gpu_for_name, predict_table
-    from ..shapes import ModelShape
+    from ..shapes import metrics_shape
     run = RUNS["decode_now"]
     m = load_run(REPO / run).metrics
-    tab = predict_table(m, ModelShape.from_name(str(m["shape"].dropna().iloc[0])),
+    tab = predict_table(m, metrics_shape(m),
                         gpu_for_name(str(m["gpu_name"].dropna().iloc[0])), gpu("rtx3090"), 3,
                         contexts=[context_len], concurrency=[concurrency])
     p = float(tab.set_index("strategy").loc[strategy, "predicted_tok_s"])

@@ -131,8 +131,8 @@ def agreement_table() -> str:
 
 def prediction_table(m: pd.DataFrame) -> str:
     from ..costmodel import gpu, gpu_for_name, predict_table
-    from ..shapes import ModelShape
-    tab = predict_table(m, ModelShape.from_name(str(m["shape"].dropna().iloc[0])),
+    from ..shapes import metrics_shape
+    tab = predict_table(m, metrics_shape(m),
                         gpu_for_name(str(m["gpu_name"].dropna().iloc[0])), gpu("rtx3090"), 3,
                         contexts=[8192, 65536, 1 << 20], concurrency=[1, 4])
     tab = tab[tab["strategy"].isin(["resident", "zero_copy"])]
@@ -394,13 +394,13 @@ def pulse_selection_table(requests: int = 4, budgets=(256, 2048)) -> str:
     step time per mechanism (per layer measured x QSA layers; step = the measured resident step of the
     same batch + the transfer), quality from the quality lab at blocks of 16 (per-KV-head oracle vs the
     layer's retrieval head, mean over corpora)."""
-    from ..shapes import ModelShape
+    from ..shapes import metrics_shape
     from .pulse_figures import QUALITY_POLICY, selection_table
     bl = load_run(REPO / PULSE_SELECTION_BLOCKS_RUN).metrics
     sc = load_run(REPO / PULSE_SCALING_COMPILED_RUNS[-1][0]).metrics
     comp = float(sc[(sc["mode"] == "resident") & (sc["concurrency"] == requests)]["step_ms_median"].iloc[0])
     variants = ("coalesced_pipelined", "batched_dma", "batched_dma_per512", "zero_copy")
-    t = selection_table(bl, None, comp, ModelShape.from_name(bl["shape"].iloc[0]).attn_layers, block=16,
+    t = selection_table(bl, None, comp, metrics_shape(bl).attn_layers, block=16,
                         variants=variants, requests=requests)
     q = load_run(REPO / QUALITY_BLOCK_RUNS[1][0]).table("quality_summary")
     rows = []

@@ -120,14 +120,14 @@ def targets(m: pd.DataFrame) -> pd.DataFrame:
 def cost_model_errors(m: pd.DataFrame) -> pd.DataFrame | None:
     """The cost model's error on this run's own points, when the run has anatomies and a known GPU."""
     from ..costmodel import gpu_for_name, validate
-    from ..shapes import ModelShape
+    from ..shapes import metrics_shape
     d = decode_table(m)
     if d.empty or "anat_weights_ms" not in m or "gpu_name" not in m or "shape" not in m:
         return None
     src = gpu_for_name(str(m["gpu_name"].dropna().iloc[0]) if m["gpu_name"].notna().any() else "")
     if src is None:
         return None
-    return validate(m, ModelShape.from_name(str(m["shape"].dropna().iloc[0])), src)
+    return validate(m, metrics_shape(m), src)
 
 
 # --- what a run is, said in its report -------------------------------------------------------------------

@@ -44,7 +44,12 @@ class StageModel(nn.Module):
         super().__init__()
         move = (lambda m: copy.deepcopy(m).to(device)) if copy_weights else (lambda m: m.to(device))
         self.shape, self.dtype, self.device = model.shape, model.dtype, torch.device(device)
+        self.weights_dtype, self.expert_banks, self.routing = model.weights_dtype, model.expert_banks, model.routing
         self.range = (start, end)
+        # the n-gram table stays in host RAM; the stage holding its layer reads it onto its own device
+        self.ngram = copy.copy(model.ngram) if model.ngram is not None else None
+        if self.ngram is not None:
+            self.ngram.device = self.device
         self.blocks = nn.ModuleList(move(b) for b in model.blocks[start:end])
         self.embed = nn.Parameter(model.embed.detach().to(device), requires_grad=False) if first else None
         self.norm = move(model.norm) if last else None
@@ -53,6 +58,7 @@ class StageModel(nn.Module):
 
     weight_bytes = HybridModel.weight_bytes
     step_weight_bytes = HybridModel.step_weight_bytes
+    holding = HybridModel.holding
     n_attn = HybridModel.n_attn
     n_dn = HybridModel.n_dn
 

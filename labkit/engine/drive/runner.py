@@ -29,7 +29,8 @@ from ..model.forward import Engine, LoadRequest
 from ..transfer import LoadResult
 from .dispatch import capture, load, run_eager, warm_up
 
-PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attention", "head", "other")
+PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attention", "experts", "hc", "ngram",
+          "head", "other")
 
 
 class DecodeState:
@@ -58,8 +59,11 @@ class DecodeState:
         # this step's selection per QSA layer, written in place by the selection kernel
         self.last_sel = torch.zeros((n_attn, batch, self.k), dtype=torch.int64, device=dev)
         self.last_valid = torch.zeros((n_attn, batch, self.k), dtype=torch.bool, device=dev)
-        self.x_in = torch.zeros((batch, s.hidden), dtype=engine.model.dtype, device=dev)
-        self.x_out = torch.zeros((batch, s.hidden), dtype=engine.model.dtype, device=dev)
+        # a pipeline stage's hand-off: the residual stream (hc_count copies of the hidden state)
+        self.x_in = torch.zeros((batch, s.hidden * s.hc_count), dtype=engine.model.dtype, device=dev)
+        self.x_out = torch.zeros((batch, s.hidden * s.hc_count), dtype=engine.model.dtype, device=dev)
+        # distinct routed experts read, summed over the steps' MoE layers (the runner zeroes and reads it)
+        self.experts_read = torch.zeros(1, dtype=torch.int64, device=dev)
         self.logits = torch.empty((batch, s.vocab), dtype=engine.model.dtype, device=dev)
         self.trace = None if trace is None else trace[..., :self.k].to(dev)
         self.trace_step = torch.zeros((), dtype=torch.int64, device=dev)

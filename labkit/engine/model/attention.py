@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from ... import envs
+from . import arch
 
 
 def split_rows(rows: torch.Tensor, n_kv: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +59,7 @@ def prefill_kernel(device: torch.device) -> str:
 def _cudnn_attention_ok(device: torch.device) -> bool:
     """cuDNN's fused attention is called directly (not through SDPA, whose cuDNN backend torch 2.11 leaves off
     by default), so it needs cuDNN and a Hopper-class GPU, where it was measured (head_dim 256)."""
-    return torch.backends.cudnn.is_available() and torch.cuda.get_device_capability(device) >= (9, 0)
+    return torch.backends.cudnn.is_available() and arch.native("cudnn_split", device)
 
 
 def grouped_sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

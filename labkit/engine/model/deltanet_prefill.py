@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .gather import HAVE_TRITON, interpret_mode
+from .arch import HAVE_TRITON, kernels_run
 
 if HAVE_TRITON:
     import triton
@@ -57,8 +57,7 @@ def causal_conv_silu(qkv: torch.Tensor, conv: torch.Tensor, w: torch.Tensor, bt:
     if conv.shape != (C, K - 1) or w.shape[0] != C:
         raise ValueError(f"causal_conv_silu: qkv {tuple(qkv.shape)}, conv {tuple(conv.shape)}, w {tuple(w.shape)} do "
                          "not fit [T, C], [C, K-1], [C, K]")
-    runs = HAVE_TRITON and qkv.device.type == ("cpu" if interpret_mode() else "cuda")
-    if not runs or qkv.stride(1) != 1:
+    if not kernels_run(qkv) or qkv.stride(1) != 1:
         return causal_conv_silu_reference(qkv, conv, w)
     # the window's rows, then the chunk's ([K-1+T, C]: one copy of the chunk, so every tap reads one tensor)
     x = torch.cat([conv.t().to(qkv.dtype), qkv], dim=0)

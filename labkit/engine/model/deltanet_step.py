@@ -19,7 +19,7 @@ import torch
 
 from ... import envs
 
-from .gather import HAVE_TRITON, interpret_mode
+from .arch import HAVE_TRITON, kernels_run
 from .gemv import pdl_supported
 
 if HAVE_TRITON:
@@ -57,15 +57,9 @@ def delta_step_reference(S, q, k, v, log_a, beta):
     return torch.einsum("bhkv,bhk->bhv", S, q)
 
 
-def _triton_ok(t: torch.Tensor) -> bool:
-    if not HAVE_TRITON:
-        return False
-    return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
-
-
 def delta_step(S, q, k, v, log_a, beta, tile: int = 32):
     B, H, DK, DV = S.shape
-    if not _triton_ok(S) or DV % tile or DK & (DK - 1) or tile & (tile - 1):
+    if not kernels_run(S) or DV % tile or DK & (DK - 1) or tile & (tile - 1):
         return delta_step_reference(S, q, k, v, log_a, beta)
     assert S.is_contiguous() and S.dtype == torch.float32
     o = torch.empty((B, H, DV), dtype=torch.float32, device=S.device)
@@ -189,7 +183,7 @@ def deltanet_mix(mixer, y: torch.Tensor, S: torch.Tensor, conv: torch.Tensor, ti
     B = y.shape[0]
     H, HK, D = s.dn_v_heads, s.dn_k_heads, s.dn_head_dim
     tile = min(tile, D)
-    usable = (FUSED_MIX and _triton_ok(y) and D & (D - 1) == 0 and H % HK == 0 and s.dn_conv >= 2
+    usable = (FUSED_MIX and kernels_run(y) and D & (D - 1) == 0 and H % HK == 0 and s.dn_conv >= 2
               and D % tile == 0 and y.stride(1) == 1 and S.dtype == torch.float32
               and S.shape == (B, H, D, D) and S[0].is_contiguous())
     if not usable:

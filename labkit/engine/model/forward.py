@@ -25,7 +25,7 @@ from .gemv import norm_matmul
 from . import qsa_step
 from .cache import OffloadCache
 from .indexer import index_scores
-from .hybrid import block_fns, dn_prefill
+from .hybrid import block_fns, dn_prefill, hc_head
 from .prefill_marks import NoMarks
 from .select import select_blocks, select_topk
 
@@ -81,14 +81,24 @@ class Engine:
         """The residual pair x = (h, d) [N, hidden] each, hidden state h + d, at positions pos [N] ->
         the pair after the block (`hybrid.py` says why a pair). `io` says how attention and the
         DeltaNet state are reached (prefill: one request's chunk; decode: a batch, one token each)
-        and where the anatomy's phase lines fall."""
+        and where the anatomy's phase lines fall. With hyper-connections the pair is the stream of
+        `hc_count` copies [N, hc * hidden]: each sub-block takes its mix as a pair of its own and the stream
+        gets its output back injected (`hybrid.hc_in`, `hc_out`)."""
         f, mark = io.fns, io.mark
+        if blk.ngram:                      # the n-gram embedding joins the stream (every copy)
+            mark("ngram", new_block=True)
+            e = io.ngram_rows(pos)
+            x = (x[0], x[1] + (e.repeat(1, x[1].shape[1] // e.shape[1]) if blk.hc1 is not None else e))
+        if blk.hc1 is not None:
+            mark("hc", new_block=not blk.ngram)
+            stream, *x, inj = f.hc_in(blk.hc1, *x)
         if blk.kind == "dn":
-            mark("deltanet", new_block=True)
+            mark("deltanet", new_block=blk.hc1 is None and not blk.ngram)
             x = io.deltanet(blk, ki, *x)
-            mark("dn_ffn")
+            if not blk.moe and blk.hc1 is None:
+                mark("dn_ffn")
         else:
-            mark("weights", new_block=True)
+            mark("weights", new_block=blk.hc1 is None and not blk.ngram)
             if qsa_step.FUSED_QSA and f.compiled:       # the decode step: q/k norms, RoPE, the row in one kernel
                 h, y, k8, sc, iq, iw = f.qsa_project(blk, *x)
                 q, gate, kv_row = qsa_step.qsa_heads(blk.mixer, y, pos)
@@ -98,8 +108,25 @@ class Engine:
             att = yield from io.attend(ki, q, iq, iw, pos)
             mark("weights")
             x = (h, f.qsa_out(blk, att, gate))
-            mark("ffn")
-        return f.ffn_residual(blk, *x)
+            if not blk.moe and blk.hc1 is None:
+                mark("ffn")
+        if blk.hc1 is not None:
+            mark("hc")
+            x = f.hc_out(stream, inj, x[1])
+            stream, *x, inj = f.hc_in(blk.hc2, *x)
+        if blk.moe:
+            mark("experts")
+            h, out, n = f.moe_residual(blk, *x)
+            io.experts_read(n)
+            x = (h, out)
+        else:
+            if blk.hc1 is not None:
+                mark("dn_ffn" if blk.kind == "dn" else "ffn")
+            x = f.ffn_residual(blk, *x)
+        if blk.hc1 is not None:
+            mark("hc")
+            x = f.hc_out(stream, inj, x[1])
+        return x
 
     # ------------------------------------------------------------------ prefill
     @torch.inference_mode()
@@ -146,10 +173,13 @@ class Engine:
             marks.begin_chunk(a, e)
             pos = torch.arange(a, e, device=m.device)
             io.begin_chunk(a, e)
-            x = _stream(m.embed[tokens[a:e]] if m.embed is not None else hidden[a:e])
+            io.tokens = tokens[a:e] if tokens is not None else None
+            x = _stream(m.embed[tokens[a:e]] if m.embed is not None else hidden[a:e], m.shape)
             for blk, ki in zip(m.blocks, m.kind_index):
                 x = _run(self.block(blk, ki, x, pos, io))
             marks.mark("other")
+            if m.lm_head is not None:
+                x = _unstream(x, m.shape)
             x = x[0] + x[1]
             if m.lm_head is None:
                 outs.append(x)
@@ -168,16 +198,17 @@ class Engine:
         m, c = self.model, self.cache
         pos = c.lens[st.span].clone()
         io = _DecodeIO(self, st, pos)
-        x = _stream(m.embed[st.tokens] if m.embed is not None else st.x_in)
+        x = _stream(m.embed[st.tokens] if m.embed is not None else st.x_in, m.shape)
         for i, (blk, ki) in enumerate(zip(m.blocks, m.kind_index)):
             x = yield from self.block(blk, ki, x, pos, io)
             if boundaries:
                 yield BlockDone(i)
         self.strategy.end_step()
         st.mark("head")
-        if m.lm_head is None:          # a pipeline stage: hand the activations to the next one
+        if m.lm_head is None:          # a pipeline stage: hand the activations (the stream) to the next one
             st.x_out.copy_(x[0] + x[1])
         else:
+            x = _unstream(x, m.shape)
             # the last add, the norm and the head: one GEMV at decode batch sizes on the GPU
             _, logits = norm_matmul(x[0], x[1], m.norm, m.lm_head)
             st.logits.copy_(logits)
@@ -199,9 +230,17 @@ def check_prefill_mode(mode: str, medium: str) -> None:
         raise ValueError("prefill_mode=rotating offloads the prompt's KV: it needs a host pool (not the resident strategy)")
 
 
-def _stream(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The residual pair that starts a forward: the embeddings and nothing added yet."""
+def _stream(x: torch.Tensor, s=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual pair that starts a forward: the embeddings (in every copy of the stream where the model has
+    hyper-connections; a pipeline stage's input is the stream already) and nothing added yet."""
+    if s is not None and s.hc_count > 1 and x.shape[-1] == s.hidden:
+        x = x.repeat(1, s.hc_count)
     return x, torch.zeros_like(x)
+
+
+def _unstream(x, s):
+    """The pair as one hidden state's pair for the head: the copies' mean where there are several."""
+    return hc_head(*x, s.hc_count) if s.hc_count > 1 else x
 
 
 def _run(gen):
@@ -229,6 +268,12 @@ class _PrefillIO:
 
     def finish(self) -> None:
         pass
+
+    def experts_read(self, n) -> None:
+        pass
+
+    def ngram_rows(self, pos):
+        return self.e.model.ngram.lookup(self.tokens, pos)
 
     def begin_chunk(self, start: int, end: int) -> None:
         self.end = end
@@ -260,6 +305,13 @@ class _DecodeIO:
 
     def write(self, ki, kv_rows, keys, scales) -> None:
         self.e.cache.write(ki, self.where, kv_rows, keys, scales, self.e.strategy)
+
+    def experts_read(self, n) -> None:
+        """The distinct experts a layer read this step, summed over the step's layers (device, no sync)."""
+        self.st.experts_read.add_(n)
+
+    def ngram_rows(self, pos):
+        return self.e.model.ngram.lookup(self.st.tokens, pos)
 
     def deltanet(self, blk, ki, x, d):
         c, sp, f = self.e.cache, self.st.span, self.fns

@@ -10,20 +10,13 @@ flight: PCIe reads have ~1 µs latency and the link only fills when many request
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:  # Triton is optional: CPU-only installs without it fall back to the reference.
+from .arch import HAVE_TRITON, interpret_mode, kernels_run  # noqa: F401 (interpret_mode: the tests ask it here)
+
+if HAVE_TRITON:
     import triton
     import triton.language as tl
-    HAVE_TRITON = True
-except Exception:  # pragma: no cover - depends on the install
-    HAVE_TRITON = False
-
-
-def interpret_mode() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 if HAVE_TRITON:
@@ -72,14 +65,6 @@ if HAVE_TRITON:
                 tl.store(slots_ptr + s[:, None] * W + col[None, :], v, mask=sm[:, None] & (col[None, :] < W))
 
 
-def launch_ok(*tensors: torch.Tensor) -> bool:
-    if not HAVE_TRITON:
-        return False
-    if interpret_mode():
-        return all(t.device.type == "cpu" for t in tensors)
-    return any(t.device.type == "cuda" for t in tensors)
-
-
 def col_block(W: int) -> int:
     return min(256, triton.next_power_of_2(W))
 
@@ -88,7 +73,7 @@ def gather_rows(src: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, rows_p
                 num_warps: int = 4) -> torch.Tensor:
     """out[j] = src[rows[j]] for 2-D int64 `src [R, W]`, `rows [M]` int64, `out [M, W]`."""
     assert src.dim() == 2 and out.dim() == 2 and src.shape[1] == out.shape[1] and rows.numel() == out.shape[0]
-    if not launch_ok(src, rows, out):
+    if not kernels_run(src, rows, out):
         return torch.index_select(src, 0, rows.to(src.device), out=out) if out.device == src.device \
             else out.copy_(src[rows.to(src.device)])
     M, W = out.shape
@@ -101,7 +86,7 @@ def gather_rows_paced(src: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, 
     """`gather_rows` by exactly `programs` programs, one row at a time each: a slower host link, emulated
     (the rows' arrival rate follows the programs reading them)."""
     assert src.dim() == 2 and out.dim() == 2 and src.shape[1] == out.shape[1] and rows.numel() == out.shape[0]
-    if not launch_ok(src, rows, out):
+    if not kernels_run(src, rows, out):
         return gather_rows(src, rows, out)
     M, W = out.shape
     _gather_rows_paced_kernel[(max(1, min(programs, M)),)](src, rows, out, M, max(1, min(programs, M)), W=W,
@@ -117,7 +102,7 @@ def scatter_rows(values: torch.Tensor, rows: torch.Tensor, dst: torch.Tensor, ro
     five small kernels a layer)."""
     assert values.dim() == 2 and dst.dim() == 2 and values.shape[1] == dst.shape[1]
     assert (rev is None) == (slots is None) and (slots is None or slots.shape[1] == dst.shape[1])
-    if not launch_ok(values, rows, dst):
+    if not kernels_run(values, rows, dst):
         dst.index_copy_(0, rows.to(dst.device), values.to(dst.device))
         if rev is not None:   # no host sync (graphs): rows without a slot write slots' last row, a trash row
             s = rev.index_select(0, rows.to(rev.device)).to(torch.int64)

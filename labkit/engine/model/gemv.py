@@ -62,7 +62,10 @@ from dataclasses import dataclass
 import torch
 
 from ... import envs
-from .gather import HAVE_TRITON, interpret_mode
+from . import arch
+from .arch import HAVE_TRITON, interpret_mode
+from .grouped_gemv import qmatmul
+from .quant import QuantWeight
 
 if HAVE_TRITON:
     import triton
@@ -342,10 +345,9 @@ def _sm_count(device: torch.device) -> int:
 
 
 def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: CUDA, compute capability 9 or above; never under the interpreter."""
-    if _INTERPRET or device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    """Programmatic dependent launch: CUDA, compute capability 9 or above, not under `arch=portable`; never under
+    the interpreter."""
+    return not _INTERPRET and arch.native("pdl", device)
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -356,7 +358,8 @@ def _counters(device: torch.device) -> torch.Tensor:
     return _COUNTERS[key]
 
 
-def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False, normed: bool = False) -> Config:
+def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False, normed: bool = False,
+                   smem: int = 227 * 1024) -> Config:
     """One row: tiles of [128, 128] (32 KB of weight in one load, summed into a [128] accumulator), K
     split until the programs cover the SMs four times. More rows: the tensor-core path on [64, 128]
     tiles through a four-stage pipeline, K split until the programs cover the SMs twice (each program
@@ -390,7 +393,9 @@ def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False
     if M == 1:
         bn, bk, per_sm, min_blocks, warps, stages = 128, 128, 4, 1, 4, 1
     else:
-        bn, bk, per_sm, min_blocks, warps, stages = 128, 64, 2, 2, 4, 4
+        # four stages of [128, 64] gate and up tiles take 104 KB of shared memory; a block gets 99 KB on
+        # sm_86 and sm_89 (`smem`): three there
+        bn, bk, per_sm, min_blocks, warps, stages = 128, 64, 2, 2, 4, 4 if smem >= 128 * 1024 else 3
     return Config(bn, bk, split_for(N, K, bn, bk, per_sm, sms, min_blocks), M > 1, num_warps=warps,
                   num_stages=stages, pdl=_pdl(False))
 
@@ -434,7 +439,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
     k_major = is_k_major(w)
     # the columns a program's tiles cover: row-major [gate | up] counts both halves, K-major the outputs
     c = config or default_config(M, w.shape[1] if glu and not k_major else N, K, _sm_count(x.device), k_major=k_major,
-                                 normed=norm is not None)
+                                 normed=norm is not None, smem=arch.smem_per_block(x.device))
     tiles = triton.cdiv(N, c.block_n)
     k_per = triton.cdiv(triton.cdiv(K, c.block_k), c.split) * c.block_k
     split = triton.cdiv(K, k_per)                      # the splits that hold any K
@@ -543,7 +548,10 @@ def is_k_major(w: torch.Tensor) -> bool:
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """`x @ w`, through the GEMV kernel where it applies (see `kernel_applies`)."""
+    """`x @ w`, through the GEMV kernel where it applies (see `kernel_applies`); a W4A16 weight through the
+    grouped kernel (`grouped_gemv.qmatmul`)."""
+    if isinstance(w, QuantWeight):
+        return qmatmul(x, w)
     if kernel_applies(x, w):
         return torch.ops.labkit.gemv(x, w)
     return x @ w
@@ -567,7 +575,7 @@ def norm_matmul(x: torch.Tensor, d: torch.Tensor, norm, w: torch.Tensor) -> tupl
     """The residual pair (x, d) into a normed product: (h, norm(h) @ w) for h = x + d, `norm` an RMSNorm
     (its `weight` and `eps`). One kernel where `norm_applies` (the add, the norm and the product; no
     norm kernel before the product), else exactly those torch ops."""
-    if norm_applies(x, d, norm, w):
+    if not isinstance(w, QuantWeight) and norm_applies(x, d, norm, w):
         return torch.ops.labkit.gemv_norm(x, d, norm.weight, w, norm.eps)
     h = x + d
     return h, matmul(norm(h), w)
@@ -575,7 +583,7 @@ def norm_matmul(x: torch.Tensor, d: torch.Tensor, norm, w: torch.Tensor) -> tupl
 
 def norm_silu_glu(x: torch.Tensor, d: torch.Tensor, norm, w_gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`norm_matmul` for the SwiGLU's first half: (h, silu_glu(norm(h), w_gu)), one kernel where it applies."""
-    if _GLU and w_gu.shape[-1] % 2 == 0 and norm_applies(x, d, norm, w_gu):
+    if not isinstance(w_gu, QuantWeight) and _GLU and w_gu.shape[-1] % 2 == 0 and norm_applies(x, d, norm, w_gu):
         return torch.ops.labkit.gemv_norm_silu_glu(x, d, norm.weight, w_gu, norm.eps)
     h = x + d
     return h, silu_glu(norm(h), w_gu)
@@ -584,7 +592,9 @@ def norm_silu_glu(x: torch.Tensor, d: torch.Tensor, norm, w_gu: torch.Tensor) ->
 def silu_glu(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
     """The SwiGLU's first half, `silu(g) * u` for `g, u = (x @ w_gu).chunk(2)`: one kernel reading w_gu
     once (gate and up tiles side by side, the product never written) where the kernel applies, else
-    exactly those torch ops."""
+    exactly those torch ops; a W4A16 weight through the grouped kernel, gate and up side by side too."""
+    if isinstance(w_gu, QuantWeight):
+        return qmatmul(x, w_gu, glu=True)
     if _GLU and kernel_applies(x, w_gu) and w_gu.shape[1] % 2 == 0:
         return torch.ops.labkit.gemv_silu_glu(x, w_gu)
     g, u = (x @ w_gu).chunk(2, dim=-1)

@@ -22,42 +22,89 @@ from ...shapes import ModelShape
 from .attention import sparse_decode_attention
 from .kv import quantize_index_keys
 from .gemv import matmul, norm_matmul, norm_silu_glu
-from .layers import FFN, DeltaNetLayer, QSALayer, RMSNorm, make_weight
+from .experts import MoE
+from .layers import FFN, DeltaNetLayer, HyperConnection, QSALayer, RMSNorm, inject, make_weight
+from .ngram import NgramTable
+from .quant import QuantWeight
 
 
 class Block(nn.Module):
-    def __init__(self, kind: str, s: ModelShape, gen, dtype, device):
+    def __init__(self, kind: str, s: ModelShape, gen, dtype, device, weights_dtype: str = "bf16", bank=None,
+                 index: int = 0):
         super().__init__()
-        self.kind = kind
+        self.kind, self.index = kind, index
         self.norm1, self.norm2 = RMSNorm(s.hidden, dtype, device), RMSNorm(s.hidden, dtype, device)
-        self.mixer = QSALayer(s, gen, dtype, device) if kind == "qsa" else DeltaNetLayer(s, gen, dtype, device)
-        self.ffn = FFN(s, gen, dtype, device)
+        self.mixer = (QSALayer if kind == "qsa" else DeltaNetLayer)(s, gen, dtype, device, weights_dtype)
+        self.ffn = (MoE(s, gen, dtype, device, weights_dtype, bank=bank) if s.moe
+                    else FFN(s, gen, dtype, device, weights_dtype))
+        self.moe = s.moe
+        # hyper-connections before the mixer and before the FFN (None: a plain residual stream)
+        self.hc1 = HyperConnection(s, gen, dtype, device) if s.hc_count > 1 else None
+        self.hc2 = HyperConnection(s, gen, dtype, device) if s.hc_count > 1 else None
+        self.ngram = index in s.ple_layers and s.ngram_heads > 0     # the n-gram embedding joins here
 
 
 class HybridModel(nn.Module):
+    """`weights_dtype`: "bf16" or "w4a16" (`quant.py`). `expert_banks`: how many layers' routed experts are
+    held; layer i takes bank i mod expert_banks (default: every layer its own). Where every layer's experts do
+    not fit the device (the reference shape's 512 experts are 241 GB in bf16), fewer banks keep each step's
+    bytes (a layer still reads its distinct experts from HBM; two layers sharing a bank are 12 or more layers
+    apart, far beyond what the L2 cache holds) and hold less; runs record the banks. `ngram_table_bytes`: the
+    n-gram embedding's table in host RAM (default the shape's)."""
+
     def __init__(self, shape: ModelShape, device: torch.device | str = "cpu", seed: int = 0,
-                 dtype: torch.dtype = torch.bfloat16):
+                 dtype: torch.dtype = torch.bfloat16, weights_dtype: str = "auto", expert_banks: int | None = None,
+                 ngram_table_bytes: int | None = None, routing: str = "router"):
         super().__init__()
         device = torch.device(device)
-        self.shape, self.device, self.dtype = shape, device, dtype
+        weights_dtype, banks = resolve_holding(shape, device, weights_dtype, expert_banks)
+        self.shape, self.device, self.dtype, self.weights_dtype = shape, device, dtype, weights_dtype
+        self.expert_banks, self.routing = banks, routing
         gen = torch.Generator(device=device).manual_seed(seed)
         attn = set(shape.attn_layer_ids)
         self.embed = nn.Parameter((torch.randn(shape.vocab, shape.hidden, generator=gen, device=device)).to(dtype),
                                   requires_grad=False)
-        self.blocks = nn.ModuleList(Block("qsa" if i in attn else "dn", shape, gen, dtype, device)
-                                    for i in range(shape.layers))
+        blocks = []
+        for i in range(shape.layers):
+            bank = blocks[i % self.expert_banks].ffn.bank() if shape.moe and i >= self.expert_banks else None
+            blocks.append(Block("qsa" if i in attn else "dn", shape, gen, dtype, device, weights_dtype, bank, i))
+        self.blocks = nn.ModuleList(blocks)
         self.norm = RMSNorm(shape.hidden, dtype, device)
         self.lm_head = make_weight(gen, shape.hidden, shape.vocab, dtype, device)
         self.kind_index = kind_index(self.blocks)
+        self.ngram = NgramTable(shape, device, ngram_table_bytes, seed) if shape.ngram_heads else None
+        if shape.moe and routing != "router":
+            biases = routing_biases(shape, routing, seed)
+            for b in self.blocks:
+                b.ffn.route_bias.copy_(biases[b.index])
+
+    def holding(self) -> dict:
+        """How the weights are held, for a run's rows and manifest."""
+        return {"weights_dtype": self.weights_dtype, "expert_banks": self.expert_banks or None,
+                "routing": self.routing if self.shape.moe else None,
+                "ngram_table_bytes": self.ngram.nbytes if self.ngram is not None else None}
 
     def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.parameters())
+        """Bytes the weights hold on the device (parameters and W4A16 buffers, shared banks once)."""
+        seen, n = set(), 0
+        for t in list(self.parameters()) + [b for m in self.modules() if isinstance(m, QuantWeight)
+                                             for b in m.buffers()]:
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                n += t.numel() * t.element_size()
+        return n
 
-    def step_weight_bytes(self) -> int:
-        """Weight bytes one decode step reads: all but the embedding table, of which it reads one row
-        per request (the roofline's numerator)."""
-        emb = self.embed.numel() * self.embed.element_size() if self.embed is not None else 0
-        return self.weight_bytes() - emb
+    def step_weight_bytes(self, concurrency: int = 1, experts_read: float | None = None) -> int:
+        """Weight bytes one decode step reads (the roofline's numerator): every dense weight, the distinct
+        routed experts (`experts_read` a layer, else the uniform-routing expectation at `concurrency`), one
+        embedding row a request. A pipeline stage counts its own layers."""
+        if not self.shape.moe and self.shape.hc_count == 1:
+            emb = self.embed.numel() * self.embed.element_size() if self.embed is not None else 0
+            return self.weight_bytes() - emb
+        parts = self.shape.step_weight_bytes(concurrency, self.weights_dtype, experts_read)
+        share = len(self.blocks) / self.shape.layers
+        return int((parts["dense"] + parts["experts"] + parts["hc"]) * share
+                   + (parts["head"] if self.lm_head is not None else 0))
 
     @property
     def n_attn(self) -> int:
@@ -66,6 +113,55 @@ class HybridModel(nn.Module):
     @property
     def n_dn(self) -> int:
         return sum(1 for b in self.blocks if b.kind == "dn")
+
+
+# device memory the holding rule leaves for the KV's device side, the index keys, staging and workspaces
+HOLDING_RESERVE = 12 << 30
+
+
+def resolve_holding(s: ModelShape, device: torch.device, weights_dtype: str, banks: int | None) -> tuple[str, int]:
+    """(weights_dtype, expert banks) for `auto` and 0: bf16 where the whole model fits the device less
+    `HOLDING_RESERVE`, else W4A16 where it fits, else bf16 with as many banks as fit; explicit values kept
+    (banks at most the layers). Off CUDA every shape is held whole."""
+    if weights_dtype not in ("auto", "bf16", "w4a16"):
+        raise ValueError(f"unknown weights_dtype {weights_dtype!r}: choose from auto, bf16, w4a16")
+    if not s.moe:
+        return ("bf16" if weights_dtype == "auto" else weights_dtype), 0
+    room = torch.cuda.mem_get_info(device)[0] - HOLDING_RESERVE if device.type == "cuda" else float("inf")
+    if weights_dtype == "auto":
+        weights_dtype = "bf16" if s.weight_bytes("bf16") <= room else ("w4a16" if s.weight_bytes("w4a16") <= room
+                                                                       else "bf16")
+    if banks:
+        return weights_dtype, min(banks, s.layers)
+    bank = s.step_weight_bytes(1, weights_dtype, experts_read=s.experts)["experts"] / s.layers
+    rest = s.weight_bytes(weights_dtype) - bank * s.layers
+    fit = int((room - rest) // bank) if room != float("inf") else s.layers
+    return weights_dtype, max(1, min(s.layers, fit))
+
+
+def routing_biases(s: ModelShape, routing: str, seed: int) -> torch.Tensor:
+    """[layers, experts] fp32 added to the router's logits when it chooses (not to the weights it gives): log of
+    an expert popularity, so the choice follows it. `zipf:S`: popularity 1 / rank^S over a seeded permutation per
+    layer; `file:PATH`: a JSON object {"experts": [...]} of frequencies for every layer, or {"layers": [[...],
+    ...]} one list a layer (a recorded routing's counts)."""
+    import json
+    import math
+    from pathlib import Path
+    if routing.startswith("zipf:"):
+        a = float(routing[5:])
+        g = torch.Generator().manual_seed(seed + 7)
+        rank = torch.arange(1, s.experts + 1, dtype=torch.float32)
+        pop = rank ** -a
+        return torch.stack([pop[torch.randperm(s.experts, generator=g)] for _ in range(s.layers)]).log()
+    if routing.startswith("file:"):
+        d = json.loads(Path(routing[5:]).read_text())
+        rows = d["layers"] if "layers" in d else [d["experts"]] * s.layers
+        t = torch.tensor(rows, dtype=torch.float32)
+        if t.shape != (s.layers, s.experts):
+            raise ValueError(f"routing file {routing[5:]}: {tuple(t.shape)} frequencies, the shape has "
+                             f"{s.layers} layers of {s.experts} experts")
+        return (t.clamp_min(0) + 1e-6).log() - math.log(float(t.sum(1).mean()) + 1e-6)
+    raise ValueError(f"unknown routing {routing!r}: router, zipf:S or file:PATH")
 
 
 def kind_index(blocks) -> list[int]:
@@ -117,6 +213,32 @@ def ffn_residual(blk, x, d):
     return h, matmul(g, blk.ffn.w_d)
 
 
+def moe_residual(blk, x, d):
+    """The routed experts of h = x + d: (h, moe(norm2(h)), the distinct experts read [1])."""
+    h = x + d
+    out, n = blk.ffn(blk.norm2(h))
+    return h, out, n
+
+
+def hc_in(hc, x, d):
+    """Hyper-connections before a sub-block: the stream h = x + d [N, hc * H], the sub-block's input as a pair
+    (its mix, nothing added), the injection logits."""
+    h = x + d
+    y, inj = hc.mix(h)
+    return h, y, torch.zeros_like(y), inj
+
+
+def hc_out(h, inj, o):
+    """After a sub-block: the stream and the output injected into each copy (the pair the next piece adds)."""
+    return h, inject(inj, o)
+
+
+def hc_head(x, d, hc: int):
+    """The streams [N, hc * H] as one hidden state for the final norm and head: their mean, as a pair."""
+    h = (x + d).view(x.shape[0], hc, -1).float().mean(1).to(x.dtype)
+    return h, torch.zeros_like(h)
+
+
 def qsa_pre(blk, x, d, pos):
     """Projections of a QSA block of h = x + d: h, then q [N, Hq, D], gate, the K/V row to store, its
     fp8 index key + scale, and the indexer's query and head weights."""
@@ -162,6 +284,9 @@ class BlockFns:
     qsa_project: object
     sparse_attention: object
     qsa_out: object
+    moe_residual: object
+    hc_in: object
+    hc_out: object
     compiled: bool
 
 
@@ -173,7 +298,8 @@ _FNS: dict[bool, BlockFns] = {}
 def block_fns(compiled: bool) -> BlockFns:
     compiled = compiled and COMPILE
     if compiled not in _FNS:
-        pieces = (dn_pre, dn_post, dn_project, dn_out, ffn_residual, qsa_pre, qsa_project, sparse_attention, qsa_out)
+        pieces = (dn_pre, dn_post, dn_project, dn_out, ffn_residual, qsa_pre, qsa_project, sparse_attention, qsa_out,
+                  moe_residual, hc_in, hc_out)
         if compiled:
             import torch._dynamo
             torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .gather import HAVE_TRITON
+from . import fp8
+from .arch import HAVE_TRITON
 
 if HAVE_TRITON:
     import triton
@@ -20,13 +21,14 @@ if HAVE_TRITON:
     @triton.jit
     def _index_score_kernel(q_ptr, w_ptr, k_ptr, s_ptr, len_ptr, out_ptr, L, k_sb, k_st, s_sb, HI: tl.constexpr,
                             D: tl.constexpr, BLOCK_T: tl.constexpr):
-        # One program scores BLOCK_T positions of one request: fp8 keys -> fp32, HI dot products,
+        # One program scores BLOCK_T positions of one request: fp8 keys -> fp32 (natively, or their bytes
+        # decoded where the GPU has no e4m3 load: `fp8.operand`), HI dot products,
         # relu, head-weighted sum, times the per-token scale; -inf past the request's length.
         b = tl.program_id(1)
         t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         tm = t < L
         d = tl.arange(0, D)
-        k = tl.load(k_ptr + b * k_sb + t[:, None] * k_st + d[None, :], mask=tm[:, None], other=0.0).to(tl.float32)
+        k = fp8.load_fp8(k_ptr, b * k_sb + t[:, None] * k_st + d[None, :], tm[:, None])
         acc = tl.zeros([BLOCK_T], dtype=tl.float32)
         for h in tl.static_range(HI):
             qh = tl.load(q_ptr + (b * HI + h) * D + d).to(tl.float32)
@@ -43,7 +45,7 @@ def index_scores_triton(q, w, keys, scales, lens, block_t: int = 256):
     assert keys.stride(2) == 1 and scales.stride(1) == 1
     out = torch.empty((B, L), dtype=torch.float32, device=keys.device)
     grid = (triton.cdiv(L, block_t), B)
-    _index_score_kernel[grid](q.contiguous(), w.contiguous(), keys, scales, lens, out, L, keys.stride(0),
+    _index_score_kernel[grid](q.contiguous(), w.contiguous(), fp8.operand(keys), scales, lens, out, L, keys.stride(0),
                               keys.stride(1), scales.stride(0), HI=Hi, D=D, BLOCK_T=block_t, num_warps=4)
     return out
 

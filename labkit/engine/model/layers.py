@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import envs
-from ...shapes import ModelShape, aligned_width
+from ...shapes import W4_GROUP, ModelShape, aligned_width
 from .deltanet_prefill import causal_conv_silu_reference, scan_fla
 from .gemv import matmul, silu_glu
+from .quant import QuantWeight
 
 
 # The layers' weight layout (LABKIT_WEIGHTS, read at import): "nk" (default) each weight stored [N, K] and
@@ -32,14 +33,19 @@ K_MAJOR = envs.owner_value("LABKIT_WEIGHTS")       # True: "nk"
 
 
 def make_weight(gen: torch.Generator, fan_in: int, fan_out: int, dtype, device, pad: bool = False,
-                k_major: bool | None = None) -> nn.Parameter:
+                k_major: bool | None = None, weights_dtype: str = "bf16"):
     """A [fan_in, fan_out] weight, seeded (the same values in either layout); with `pad`, zero columns after
     it up to a multiple of `shapes.ROW_ALIGN`, and the caller takes the product's first fan_out columns.
     Why the pad: row-major at a width that is not a multiple of 8 (the QSA input projection's 9,540
     columns) the product's rows are off 16-byte alignment and cuBLAS falls back to a plain GEMV kernel:
     17.5 µs for its 39 MB at M = 1 and 41 µs at M = 4, against ~13 µs for the aligned projections of
     that size (measured on an H200: results/20261202-033500-gemv-tiles-h200); K-major keeps the same
-    width so that both layouts hold the same matrices. `k_major`: the layout (default `K_MAJOR`)."""
+    width so that both layouts hold the same matrices. `k_major`: the layout (default `K_MAJOR`).
+    `weights_dtype="w4a16"`: a `quant.QuantWeight` of the same shape (K-major, packed), where fan_in is a multiple
+    of its group (else bf16: tiny shapes only)."""
+    if weights_dtype == "w4a16" and fan_in % W4_GROUP == 0:
+        n = aligned_width(fan_out) if pad else fan_out
+        return QuantWeight.random(gen, fan_in, n, device=device)
     t = torch.randn(fan_in, fan_out, generator=gen, device=device, dtype=torch.float32) / math.sqrt(fan_in)
     ld = aligned_width(fan_out) if pad else fan_out
     if K_MAJOR if k_major is None else k_major:
@@ -82,15 +88,15 @@ def apply_rope(x: torch.Tensor, pos: torch.Tensor, rotary_dim: int, theta: float
 
 
 class QSALayer(nn.Module):
-    def __init__(self, s: ModelShape, gen, dtype, device):
+    def __init__(self, s: ModelShape, gen, dtype, device, weights_dtype: str = "bf16"):
         super().__init__()
         self.s = s
         self.q_out = 2 * s.n_heads * s.head_dim                 # query and sigmoid output gate
         self.kv_out = s.n_kv_heads * s.head_dim
         self.splits = [self.q_out, self.kv_out, self.kv_out, s.index_heads * s.index_dim, s.index_heads, s.index_dim]
         self.in_cols = sum(self.splits)          # w_in's columns past these are zero padding
-        self.w_in = make_weight(gen, s.hidden, self.in_cols, dtype, device, pad=True)
-        self.w_o = make_weight(gen, s.n_heads * s.head_dim, s.hidden, dtype, device)
+        self.w_in = make_weight(gen, s.hidden, self.in_cols, dtype, device, pad=True, weights_dtype=weights_dtype)
+        self.w_o = make_weight(gen, s.n_heads * s.head_dim, s.hidden, dtype, device, weights_dtype=weights_dtype)
         self.q_norm = RMSNorm(s.head_dim, dtype, device)
         self.k_norm = RMSNorm(s.head_dim, dtype, device)
 
@@ -123,13 +129,46 @@ class QSALayer(nn.Module):
 
 
 class FFN(nn.Module):
-    def __init__(self, s: ModelShape, gen, dtype, device):
+    def __init__(self, s: ModelShape, gen, dtype, device, weights_dtype: str = "bf16"):
         super().__init__()
-        self.w_gu = make_weight(gen, s.hidden, 2 * s.ffn_intermediate, dtype, device)
-        self.w_d = make_weight(gen, s.ffn_intermediate, s.hidden, dtype, device)
+        self.w_gu = make_weight(gen, s.hidden, 2 * s.ffn_intermediate, dtype, device, weights_dtype=weights_dtype)
+        self.w_d = make_weight(gen, s.ffn_intermediate, s.hidden, dtype, device, weights_dtype=weights_dtype)
 
     def forward(self, x):
         return matmul(silu_glu(x, self.w_gu), self.w_d)
+
+
+class HyperConnection(nn.Module):
+    """The residual stream as `hc_count` copies of the hidden state [N, hc * H] (Hyper-Connections, as the
+    reference model's public config has them): before a sub-block, each copy RMS-normed, a low-rank product of
+    all of them (`w_down`, rank `hc_lowrank`, plus `hc_count` injection logits), silu, a product back up
+    (`w_up`), and the sub-block's input is the sigmoid-gated mean of the normed copies; after it, its output is
+    added to each copy scaled by that copy's injection logit (`inject`). Weights bf16, as the public W4A16
+    checkpoint keeps them."""
+
+    def __init__(self, s: ModelShape, gen, dtype, device, eps: float = 1e-6):
+        super().__init__()
+        self.hc, self.rank, self.eps = s.hc_count, s.hc_lowrank, eps
+        hh = s.hc_count * s.hidden
+        self.norm_w = nn.Parameter(torch.ones(hh, dtype=dtype, device=device), requires_grad=False)
+        self.w_down = make_weight(gen, hh, s.hc_lowrank + s.hc_count, dtype, device, pad=True)
+        self.w_up = make_weight(gen, s.hc_lowrank, hh, dtype, device)
+
+    def mix(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [N, hc * H] -> the sub-block's input [N, H] and the injection logits [N, hc]."""
+        N = h.shape[0]
+        hf = h.float().view(N, self.hc, -1)
+        xn = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + self.eps)).to(h.dtype).view(N, -1) * self.norm_w
+        lr = matmul(xn, self.w_down)
+        lora, inj = lr[:, :self.rank], lr[:, self.rank:self.rank + self.hc]
+        gate = matmul(F.silu(lora), self.w_up)
+        y = (torch.sigmoid(gate.float()) * xn.float()).view(N, self.hc, -1).mean(1)
+        return y.to(h.dtype), inj
+
+
+def inject(inj: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """A sub-block's output o [N, H] added to each copy of the stream, scaled by its logit: [N, hc * H]."""
+    return (inj.float()[:, :, None] * o.float()[:, None, :]).to(o.dtype).flatten(1)
 
 
 # ----------------------------------------------------------------------------- gated DeltaNet
@@ -225,19 +264,19 @@ def dn_state_shapes(s: ModelShape) -> tuple[tuple[int, int, int], tuple[int, int
 
 
 class DeltaNetLayer(nn.Module):
-    def __init__(self, s: ModelShape, gen, dtype, device):
+    def __init__(self, s: ModelShape, gen, dtype, device, weights_dtype: str = "bf16"):
         super().__init__()
         self.s = s
         dk, dv, nv = s.dn_k_heads * s.dn_head_dim, s.dn_v_heads * s.dn_head_dim, s.dn_v_heads
         self.splits = [dk, dk, dv, dv, nv, nv]                              # q, k, v, z (out gate), a, b
         self.conv_ch = 2 * dk + dv
-        self.w_in = make_weight(gen, s.hidden, sum(self.splits), dtype, device)
+        self.w_in = make_weight(gen, s.hidden, sum(self.splits), dtype, device, weights_dtype=weights_dtype)
         self.conv_w = nn.Parameter((torch.randn(self.conv_ch, s.dn_conv, generator=gen, device=device) /
                                     math.sqrt(s.dn_conv)).to(dtype), requires_grad=False)
         self.A_log = nn.Parameter(torch.empty(nv, device=device).uniform_(0, math.log(16), generator=gen), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.randn(nv, generator=gen, device=device) * 0.5, requires_grad=False)
         self.o_norm = RMSNorm(s.dn_head_dim, dtype, device)
-        self.w_o = make_weight(gen, dv, s.hidden, dtype, device)
+        self.w_o = make_weight(gen, dv, s.hidden, dtype, device, weights_dtype=weights_dtype)
 
     def state_shapes(self):
         return dn_state_shapes(self.s)

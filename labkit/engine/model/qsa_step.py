@@ -27,7 +27,7 @@ import torch
 
 from ... import envs
 
-from .gather import HAVE_TRITON, interpret_mode
+from .arch import HAVE_TRITON, kernels_run
 from .layers import rope_inv_freq
 
 if HAVE_TRITON:
@@ -89,18 +89,12 @@ def _inv_freq(half: int, theta: float, device) -> torch.Tensor:
     return _INV[key]
 
 
-def _triton_ok(t: torch.Tensor) -> bool:
-    if not HAVE_TRITON:
-        return False
-    return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
-
-
 def usable(mixer, y: torch.Tensor) -> bool:
     """Whether the kernel takes this layer and input: Triton where it runs, head_dim a power of two,
     an even rotary_dim within it, y row-major [B, >= the splits' sum], bf16/fp16."""
     s = mixer.s
     D = s.head_dim
-    return (_triton_ok(y) and D & (D - 1) == 0 and s.rotary_dim % 2 == 0 and 0 < s.rotary_dim <= D
+    return (kernels_run(y) and D & (D - 1) == 0 and s.rotary_dim % 2 == 0 and 0 < s.rotary_dim <= D
             and y.dim() == 2 and y.stride(1) == 1 and y.shape[1] >= sum(mixer.splits)
             and y.dtype in (torch.bfloat16, torch.float16) and mixer.q_norm.weight.dtype == y.dtype)
 

@@ -32,7 +32,7 @@ import torch
 
 from ... import envs
 
-from .gather import HAVE_TRITON, interpret_mode
+from .arch import HAVE_TRITON, kernels_run
 
 if HAVE_TRITON:
     import triton
@@ -194,12 +194,6 @@ if HAVE_TRITON:
             tl.store(rows_ptr + b * K + rank, page * PAGE + pos % PAGE, mask=take)
 
 
-def _triton_ok(t: torch.Tensor) -> bool:
-    if not HAVE_TRITON:
-        return False
-    return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
-
-
 FIXED_BLOCK = envs.owner_value("LABKIT_SELECT_BLOCK")
 
 
@@ -308,7 +302,7 @@ def select_topk(scores: torch.Tensor, k: int, out: tuple[torch.Tensor, torch.Ten
     `pages=(rows [B, k] int64, table [B, pages] int64, page_size)`: also write each selected position's
     pool row (`table[b, pos // page_size] * page_size + pos % page_size`, row b of the batch is request
     slot b), fused into the write pass on CUDA."""
-    if _triton_ok(scores):
+    if kernels_run(scores):
         return select_topk_triton(scores, k, out=out, pages=pages)
     pos, valid = select_topk_reference(scores, k)
     if out is not None:

@@ -53,7 +53,8 @@ import functools
 
 import torch
 
-from .gather import HAVE_TRITON, interpret_mode
+from . import arch, fp8
+from .arch import HAVE_TRITON, interpret_mode, kernels_run
 from .select import NEG_INF, select_topk_reference
 
 if HAVE_TRITON:
@@ -130,7 +131,11 @@ if HAVE_TRITON:
         s = (s0 + tl.arange(0, BS)).to(tl.int32) * STRIDE        # int32 whatever s0 is (a loop's may be int64)
         sm = s < S
         di = tl.arange(0, DI)
-        kt = tl.load(k_ptr + s[None, :].to(tl.int64) * k_ss + di[:, None], mask=sm[None, :], other=0.0)
+        offs = s[None, :].to(tl.int64) * k_ss + di[:, None]
+        if k_ptr.dtype.element_ty == tl.uint8:      # the portable operand: bytes decoded (`fp8.operand`)
+            kt = fp8.e4m3_to_f32(tl.load(k_ptr + offs, mask=sm[None, :], other=0))
+        else:
+            kt = tl.load(k_ptr + offs, mask=sm[None, :], other=0.0)
         return kt, tl.load(sc_ptr + s, mask=sm, other=0.0), s, sm
 
     @triton.jit
@@ -528,12 +533,6 @@ if HAVE_TRITON:
                  mask=hm[:, None] & dm[None, :])
 
 
-def _triton_ok(t: torch.Tensor) -> bool:
-    if not HAVE_TRITON:
-        return False
-    return t.device.type == "cpu" if interpret_mode() else t.device.type == "cuda"
-
-
 def sample_stride(S: int) -> int:
     """The sampled path's stride: every 8th key, wider past 128K keys so that a query's sample stays ~16K keys
     (at 1M: every 64th)."""
@@ -608,13 +607,13 @@ def prefill_select_triton(iq, iw, keys, scales, q_pos, k: int, method: str = "sa
     iq, iw, scales, q_pos = iq.contiguous(), iw.contiguous(), scales.contiguous(), q_pos.contiguous()
     idx = torch.zeros((T, k), dtype=torch.int64, device=dev)                      # untaken slots: position 0,
     valid = torch.zeros((T, k), dtype=torch.bool, device=dev)                     # invalid
-    head = (iq, iw, keys, scales, q_pos)
+    head = (iq, iw, fp8.operand(keys), scales, q_pos)
     strides = (iq.stride(0), iq.stride(1), iw.stride(0), keys.stride(0))
     tiles = dict(HI=Hi, DI=Di, DOT_F32=interpret_mode(), num_warps=warps)
     flag = torch.zeros(T, dtype=torch.int32, device=dev) if method == "sampled" else q_pos
     if method == "sampled":
         collect = dict(BT=bt_sampled, BS=bs_sampled, HOIST=hoist and Hi <= 4, HI=Hi, DI=Di,
-                       DOT_F32=interpret_mode(), ASM=not interpret_mode(), num_warps=warps_sampled)
+                       DOT_F32=interpret_mode(), ASM=arch.native("ptx_store", dev), num_warps=warps_sampled)
         _select_sampled(head, strides, T, S, k, flag, idx, valid, {**tiles, "BS": 128, "num_warps": 8}, 16, stride,
                         cap, stats, collect, splits or collect_splits(T, S, bt_sampled, bs_sampled, dev))
         if stats is not None:
@@ -684,7 +683,7 @@ def sampled_bound(head, strides, T, S, k, st, cap, tiles, bt):
 
 def prefill_select(iq, iw, keys, scales, q_pos, k: int):
     """Top-k keys per query of a prefill chunk, causal, in position order (see the module docstring)."""
-    if _triton_ok(keys):
+    if kernels_run(keys):
         return prefill_select_triton(iq, iw, keys, scales, q_pos, k)
     return prefill_select_reference(iq, iw, keys, scales, q_pos, k)
 
@@ -712,7 +711,7 @@ def sparse_prefill_attention_triton(q, k, v, idx, valid, bk: int = 32, warps: in
 def sparse_prefill_attention(q, k, v, idx, valid):
     """Each query of a chunk attends to its selected rows only: q [T, Hq, D], k, v [S, n_kv, D] (strided views
     of the pool's rows are fine), idx/valid [T, k] from `prefill_select`. Returns [T, Hq, D]."""
-    if _triton_ok(q):
+    if kernels_run(q):
         return sparse_prefill_attention_triton(q, k, v, idx, valid)
     _check_attention(q, k, v, idx, valid)
     return sparse_prefill_attention_reference(q, k, v, idx, valid)

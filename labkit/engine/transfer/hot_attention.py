@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..model.attention import sparse_decode_attention
-from ..model.gather import HAVE_TRITON, launch_ok
+from ..model.arch import HAVE_TRITON, kernels_run
 from .hot_gather import gather_hot_rows_reference
 
 if HAVE_TRITON:
@@ -107,7 +107,7 @@ def hot_sparse_attention(q, src, slots, rows, slot, victim, valid, n_kv: int, sp
     defer = rev is not None
     if defer:
         assert stage is not None and stage.shape == (rows.numel(), src.shape[1])
-    if not launch_ok(q, src, slots, rows):
+    if not kernels_run(q, src, slots, rows):
         if defer:
             slot = rev.index_select(0, rows).to(torch.int64)
             victim = torch.full_like(slot, -1)

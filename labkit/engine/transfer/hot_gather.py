@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ..model.gather import HAVE_TRITON, col_block, launch_ok
+from ..model.arch import HAVE_TRITON, kernels_run
+from ..model.gather import col_block
 
 if HAVE_TRITON:
     import triton
@@ -69,7 +70,7 @@ def insert_rows(staged: torch.Tensor, victim: torch.Tensor, slots: torch.Tensor,
     """The deferred inserts: `slots[victim[j]] = staged[j]` where `victim[j] >= 0`. Only the kept
     rows are read and written (an `index_copy_` of every row into a trash slot would move the whole
     selection, 4 MiB a layer at the reference point, for the few dozen rows a step keeps)."""
-    if not launch_ok(staged, victim, slots):
+    if not kernels_run(staged, victim, slots):
         slots.index_copy_(0, torch.where(victim >= 0, victim, slots.shape[0] - 1), staged)
         return
     M, W = staged.shape
@@ -95,7 +96,7 @@ def gather_hot_rows(src: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, 
     assert src.shape[1] == slots.shape[1] == out.shape[1] and rows.numel() == out.shape[0]
     if rev is None:
         assert rows.numel() == slot.numel() == victim.numel()
-    if not launch_ok(src, rows, slots, out):
+    if not kernels_run(src, rows, slots, out):
         if rev is not None:
             slot = rev.index_select(0, rows).to(torch.int64)
             victim = torch.full_like(slot, -1)

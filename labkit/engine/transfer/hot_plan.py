@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..model.gather import HAVE_TRITON
+from ..model.arch import HAVE_TRITON
 
 if HAVE_TRITON:
     import triton

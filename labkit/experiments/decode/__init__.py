@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ... import envs
 from ...engine.transfer import STRATEGIES, strategy_params
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, MODEL_PARAMS, OUT_DIR, SEED, SHAPE, Param, Plan
 from ...shapes import REFERENCE_BUDGET
 from ... import lazy
 from .. import planner
@@ -19,6 +19,7 @@ NAME = "decode"
 SPEC = [
     SHAPE.but(help="model shape preset or .json file (auto: qwen3.8-flash-next on CUDA, tiny on CPU)"),
     DEVICE.but(help="auto, cpu, cuda, cuda:N; several (cuda:0,cuda:1) split the layers over them"),
+    *MODEL_PARAMS,
     Param("strategies", "list[str]", ["resident", "per_row", "host_gather", "zero_copy"], "transfer strategies",
           choices=lambda: tuple(STRATEGIES)),     # plugins register theirs on import
     Param("context_lens", "list[int]", "auto", "context lengths (tokens; 8K, 1M accepted)", gt=0,

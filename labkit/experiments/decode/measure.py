@@ -31,7 +31,7 @@ from ...results import Run
 from ...shapes import ModelShape, planned_shape
 from ...stats import spread
 from ...telemetry import Sampler
-from ...params import BadInput, check_positive, fill_auto, gib, one_line, resolve_device
+from ...params import BadInput, check_positive, fill_auto, gib, model_kwargs, one_line, resolve_device
 from ..probe.measure import hbm_read_gbps, run_probe
 from ... import sweep
 from .. import check_selection
@@ -212,10 +212,11 @@ class DecodeSession:
         self.pl, self.tel = pl, tel or Sampler(gpus=[])
         self.stage_layers = None
         torch.manual_seed(pl.params["seed"])
+        held = model_kwargs(pl.params)
         if len(pl.devices) == 1:
-            self.stages = [HybridModel(pl.shape, pl.devices[0], seed=pl.params["seed"])]
+            self.stages = [HybridModel(pl.shape, pl.devices[0], seed=pl.params["seed"], **held)]
         else:   # built on the CPU and moved stage by stage: the same weights whatever the split
-            model = HybridModel(pl.shape, "cpu", seed=pl.params["seed"])
+            model = HybridModel(pl.shape, "cpu", seed=pl.params["seed"], **held)
             self.stage_layers = place_layers(model_block_costs(model, pl.params["budgets"][0]), len(pl.devices))
             self.stages = split_model(model, self.stage_layers, list(pl.devices))
         self.caches = Caches(self.stages, pl)
@@ -256,14 +257,20 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
         runner.prepare(warmup=1 if slow else 2)
     cuda = dev.type == "cuda"
     counted = [r.engine.strategy.counters() for r in runners]    # hot_cache: device counts before the timed steps
+    for r in runners:
+        r.state.experts_read.zero_()
     t_start = time.time()
     times, rx, tx, rx_ok, per_gpu = _timed_steps(runner, dev, tel, steps, repeats)
     n = len(times)
+    experts_read = sum(int(r.state.experts_read.item()) for r in runners)
     t = spread(times)
     used_kv = conc * ctx * shape.kv_bytes_per_token()
     on_dev = strat.medium == "device"
     pool_bytes = sum(c.pool.nbytes for c in stage_caches)
-    step_weights = sum(st.step_weight_bytes() for st in stages)
+    moe_layers = sum(len(st.blocks) for st in stages) if shape.moe else 0
+    per_layer = experts_read / (n * moe_layers) if moe_layers and n else None      # distinct experts a layer
+    step_weights = sum(st.step_weight_bytes(conc, per_layer) for st in stages)
+    ngram_bytes = shape.ngram_fetch_bytes * conc if shape.ngram_heads else 0
     first = runners[0]
     rec = {
         "experiment": EXPERIMENT, "status": "ok", "error": None, **asdict(pt),
@@ -286,6 +293,10 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
         "weight_bytes": sum(st.weight_bytes() for st in stages),
         "step_weight_bytes": step_weights,
         "weight_gbps": step_weights / (t.median / 1e3) / 1e9,
+        "experts_read_per_step": per_layer * moe_layers if per_layer is not None else None,
+        "experts_read_per_layer": per_layer,
+        "ngram_bytes_per_step": ngram_bytes or None,
+        **stages[0].holding(),
         "selection": p["selection"], "t_start": t_start, "t_end": time.time(),
         "device_mem_peak_bytes": sum(torch.cuda.max_memory_allocated(st.device) for st in stages) if cuda else None,
         **strat.settings(),

@@ -1,0 +1,123 @@
+"""Mixture of experts as the reference model routes it: a router scores `experts` per token, the top
+`experts_per_tok` are kept with their softmax weights renormalised over them, each token's output is their
+weighted sum plus a shared expert gated by a sigmoid.
+
+    moe = MoE(shape, gen, dtype, device, weights_dtype="w4a16")
+    out, groups = moe(y)        # y [T, hidden] normed input -> [T, hidden]; groups: distinct experts read (device)
+
+Where the bytes go: a decode step of c requests reads each distinct expert its tokens chose once (`plan`:
+the (token, expert) pairs sorted by expert, one group an expert; `grouped_gemv` streams a group's weight once
+for all its rows), so the bytes grow with the distinct experts, up to `experts_per_tok` x c of them, not with
+c x `experts_per_tok`. The plan is built from device ops only (no host sync): a CUDA graph replays it.
+
+Routing is the router's (random seeded weights: close to uniform over experts) or, with `route="recorded"`,
+drawn from a recorded expert-frequency distribution (`Routing`), a parameter of the decode experiment.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...shapes import W4_GROUP, ModelShape
+from .gemv import matmul, silu_glu
+from .grouped_gemv import Groups, grouped_gemv
+from .quant import QuantWeight
+
+
+def plan(experts: torch.Tensor) -> tuple[Groups, torch.Tensor]:
+    """The (token, expert) pairs of `experts` [T, k] grouped by expert: (Groups over the T*k pairs in expert
+    order, with `tok` the token of each; the permutation that puts the pairs back in token order)."""
+    T, k = experts.shape
+    flat = experts.reshape(-1)
+    sorted_e, order = torch.sort(flat, stable=True)
+    R = flat.shape[0]
+    new = torch.ones(R, dtype=torch.bool, device=flat.device)
+    new[1:] = sorted_e[1:] != sorted_e[:-1]
+    gid = torch.cumsum(new.to(torch.int32), 0) - 1                                  # group of each pair
+    seg = torch.full((R + 1,), R, dtype=torch.int32, device=flat.device)
+    seg.scatter_reduce_(0, gid.to(torch.int64), torch.arange(R, dtype=torch.int32, device=flat.device), "amin")
+    wid = torch.zeros(R, dtype=torch.int64, device=flat.device)
+    wid.scatter_(0, gid.to(torch.int64), sorted_e)
+    n_groups = gid[-1:].to(torch.int32) + 1
+    return Groups(order // k, wid, seg, n_groups), torch.argsort(order)
+
+
+def route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k experts of each token and their weights (softmax over the k, fp32): ([T, k] int64, [T, k])."""
+    top, idx = torch.topk(logits.float(), k, dim=-1)
+    return idx, torch.softmax(top, dim=-1)
+
+
+def make_experts(gen, n: int, K: int, N: int, dtype, device, weights_dtype: str):
+    """`n` experts' K-major weights [n, N, K]: bf16 (seeded, N(0, 1/K)) or W4A16 (where K is a multiple of its
+    group)."""
+    if weights_dtype == "w4a16" and K % W4_GROUP == 0:
+        return QuantWeight.random(gen, K, N, experts=n, device=device)
+    w = torch.empty((n, N, K), dtype=dtype, device=device)
+    for i in range(n):      # one expert at a time: the fp32 draw of all of them would be twice their size
+        w[i] = (torch.randn((N, K), generator=gen, device=device) / K ** 0.5).to(dtype)
+    return nn.Parameter(w, requires_grad=False)
+
+
+class MoE(nn.Module):
+    """A layer's routed experts, its shared expert and the router. `bank`: the layer's routed experts may be
+    another layer's (`HybridModel`'s `expert_banks`: where every layer's experts do not fit the device, layers
+    share banks; a step reads the same bytes, the device holds fewer)."""
+
+    def __init__(self, s: ModelShape, gen, dtype, device, weights_dtype: str = "bf16", bank=None):
+        super().__init__()
+        from .layers import make_weight            # layers builds MoE: imported here, not at the top
+        self.s, self.k = s, s.experts_per_tok
+        self.router = make_weight(gen, s.hidden, s.experts, dtype, device)
+        if bank is None:
+            bank = (make_experts(gen, s.experts, s.hidden, 2 * s.expert_intermediate, dtype, device, weights_dtype),
+                    make_experts(gen, s.experts, s.expert_intermediate, s.hidden, dtype, device, weights_dtype))
+        self.w_gu, self.w_d = bank
+        self.shared_gu = make_weight(gen, s.hidden, 2 * s.shared_intermediate, dtype, device,
+                                     weights_dtype=weights_dtype)
+        self.shared_d = make_weight(gen, s.shared_intermediate, s.hidden, dtype, device, weights_dtype=weights_dtype)
+        self.shared_gate = make_weight(gen, s.hidden, 1, dtype, device)
+        # added to the router's logits where it chooses (a recorded or skewed routing: `hybrid.routing_biases`)
+        self.register_buffer("route_bias", torch.zeros(s.experts, device=device), persistent=False)
+
+    def bank(self):
+        return self.w_gu, self.w_d
+
+    def forward(self, y: torch.Tensor, experts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """y [T, hidden] -> (out [T, hidden], the distinct experts read [1] int32). `experts` [T, k]: a routing
+        to use instead of the router's (a recorded one), its weights still the router's softmax over them."""
+        T = y.shape[0]
+        logits = matmul(y, self.router)
+        if experts is None:
+            experts, _ = route(logits.float() + self.route_bias, self.k)
+        p = torch.softmax(torch.gather(logits.float(), 1, experts), dim=-1)
+        groups, back = plan(experts)
+        act = grouped_gemv(y, self.w_gu, groups, glu=True)                             # [T*k, I], expert order
+        down = grouped_gemv(act, self.w_d, groups, gather=False)                       # [T*k, hidden]
+        routed = (down[back].view(T, self.k, -1).float() * p[..., None]).sum(1)
+        shared = matmul(silu_glu(y, self.shared_gu), self.shared_d)
+        gate = torch.sigmoid(matmul(y, self.shared_gate).float())
+        return (routed + gate * shared.float()).to(y.dtype), groups.n_groups
+
+    def reference(self, y: torch.Tensor) -> torch.Tensor:
+        """Token by token, expert by expert, dense weights (the definition `forward` is checked against)."""
+        def dense(w):
+            return w.dequantize() if isinstance(w, QuantWeight) else w.transpose(1, 2)
+        wgu, wd = dense(self.w_gu), dense(self.w_d)
+        sgu = self.shared_gu.dequantize()[0] if isinstance(self.shared_gu, QuantWeight) else self.shared_gu
+        sd = self.shared_d.dequantize()[0] if isinstance(self.shared_d, QuantWeight) else self.shared_d
+        logits = (y @ self.router)
+        experts, p = route(logits, self.k)
+        out = []
+        for t in range(y.shape[0]):
+            acc = torch.zeros(y.shape[1], dtype=torch.float32, device=y.device)
+            for j in range(self.k):
+                e = int(experts[t, j])
+                g, u = (y[t].float() @ wgu[e].float()).chunk(2)
+                a = (torch.nn.functional.silu(g) * u).to(y.dtype)
+                acc += p[t, j] * (a.float() @ wd[e].float()).to(y.dtype).float()
+            g, u = (y[t].float() @ sgu.float()).chunk(2)
+            sh = ((torch.nn.functional.silu(g) * u).to(y.dtype).float() @ sd.float()).to(y.dtype)
+            gate = torch.sigmoid((y[t] @ self.shared_gate).float())
+            out.append((acc + gate * sh.float()).to(y.dtype))
+        return torch.stack(out)

@@ -1,0 +1,204 @@
+"""One kernel for the products whose weight a batch reads once however many of its tokens need it: the routed
+experts (each distinct expert a step's tokens chose, its weight streamed once for all of them) and the W4A16
+dense products (one group: every token, one weight).
+
+    plan = Groups(...)                                   # which weight each group of rows takes (`experts.plan`)
+    out  = grouped_gemv(x, w, plan, glu=True)            # [rows, N]: row r of the plan's order through its weight
+
+`w` is a stack of K-major weights, bf16 `[E, N', K]` or W4A16 (`quant.QuantWeight`: packed `[E, N', K/2]`,
+scales and zeros `[E, N', K/128]`); N' = 2N for a SwiGLU's gate and up (`glu`: gate rows first; the output is
+silu(x @ gate) * (x @ up), fp32 products, one rounding). The plan lists the groups: group g takes weight
+`wid[g]` for rows `[seg[g], seg[g+1])` of the plan's order, whose inputs are `x[tok[r]]` (`gather=True`) or
+`x[r]`; `n_groups` (a device scalar) says how many groups there are, so the launch is the same at every step
+(a CUDA graph) and programs past the count read nothing.
+
+A program owns one group and `BN` outputs: it streams the weight's [BN, K] rows once in [BN, BK] tiles
+(dequantised in registers for W4A16: one scale and zero a row and 128 values), and applies each tile to all
+of the group's rows, `M_PAD` at a time: a broadcast sum where a group has one row (decode at one request),
+tensor-core products for more. The bytes a step reads are the distinct weights, the formula
+`ModelShape.step_weight_bytes` counts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...shapes import W4_GROUP
+from .arch import HAVE_TRITON, interpret_mode, kernels_run
+from .quant import QuantWeight, dequantize
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _weight_tile(w_ptr, s_ptr, z_ptr, e, n, nm, k0, K, w_se, w_sn, s_se, s_sn, BN: tl.constexpr,
+                     BK: tl.constexpr, QUANT: tl.constexpr):
+        """Rows n of weight e, K values [k0, k0 + BK), as bf16 [BN, BK]; W4A16 dequantised (BK = 128: one
+        group)."""
+        if QUANT:
+            kk = k0 // 2 + tl.arange(0, BK // 2)
+            b = tl.load(w_ptr + e * w_se + n[:, None].to(tl.int64) * w_sn + kk[None, :], mask=nm[:, None], other=0)
+            lo = (b & 0xF).to(tl.float32)
+            hi = (b >> 4).to(tl.float32)
+            v = tl.reshape(tl.join(lo, hi), [BN, BK])            # k = 2i (low nibble), 2i + 1 (high)
+            g = k0 // BK
+            sc = tl.load(s_ptr + e * s_se + n.to(tl.int64) * s_sn + g, mask=nm, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + e * s_se + n.to(tl.int64) * s_sn + g, mask=nm, other=0).to(tl.float32)
+            return ((v - z[:, None]) * sc[:, None]).to(tl.bfloat16)
+        else:
+            k = k0 + tl.arange(0, BK)
+            return tl.load(w_ptr + e * w_se + n[:, None].to(tl.int64) * w_sn + k[None, :],
+                           mask=nm[:, None] & (k < K)[None, :], other=0.0)
+
+    @triton.jit
+    def _apply(acc, x, w, M_PAD: tl.constexpr, DOT_F32: tl.constexpr):
+        """acc [M_PAD, BN] += x [M_PAD, BK] . w [BN, BK]^T."""
+        if M_PAD == 1:
+            return acc + tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=1)[None, :]
+        elif DOT_F32:
+            return acc + tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            return acc + tl.dot(x, tl.trans(w))
+
+    @triton.jit
+    def _grouped_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr, N, K,
+                             x_st, out_st, w_se, w_sn, s_se, s_sn, M_PAD: tl.constexpr, BN: tl.constexpr,
+                             BK: tl.constexpr, QUANT: tl.constexpr, GLU: tl.constexpr, GATHER: tl.constexpr,
+                             DOT_F32: tl.constexpr):
+        g = tl.program_id(0)
+        if g < tl.load(ngrp_ptr):
+            e = tl.load(wid_ptr + g).to(tl.int64)
+            s0 = tl.load(seg_ptr + g)
+            s1 = tl.load(seg_ptr + g + 1)
+            n = tl.program_id(1) * BN + tl.arange(0, BN)
+            nm = n < N
+            for m0 in range(s0, s1, M_PAD):
+                m = m0 + tl.arange(0, M_PAD)
+                mm = m < s1
+                if GATHER:
+                    rows = tl.load(tok_ptr + m, mask=mm, other=0).to(tl.int64)
+                else:
+                    rows = m.to(tl.int64)
+                acc = tl.zeros([M_PAD, BN], dtype=tl.float32)
+                acc_u = tl.zeros([M_PAD, BN], dtype=tl.float32)
+                for k0 in range(0, K, BK):
+                    k = k0 + tl.arange(0, BK)
+                    x = tl.load(x_ptr + rows[:, None] * x_st + k[None, :], mask=mm[:, None] & (k < K)[None, :],
+                                other=0.0)
+                    w = _weight_tile(w_ptr, s_ptr, z_ptr, e, n, nm, k0, K, w_se, w_sn, s_se, s_sn, BN, BK, QUANT)
+                    acc = _apply(acc, x, w, M_PAD, DOT_F32)
+                    if GLU:
+                        wu = _weight_tile(w_ptr, s_ptr, z_ptr, e, n + N, nm, k0, K, w_se, w_sn, s_se, s_sn, BN, BK,
+                                          QUANT)
+                        acc_u = _apply(acc_u, x, wu, M_PAD, DOT_F32)
+                if GLU:
+                    acc = acc / (1.0 + tl.exp(-acc)) * acc_u
+                tl.store(out_ptr + m[:, None].to(tl.int64) * out_st + n[None, :], acc.to(out_ptr.dtype.element_ty),
+                         mask=mm[:, None] & nm[None, :])
+
+
+@dataclass
+class Groups:
+    """Rows grouped by the weight they take (see the module docstring). All on the device, fixed shapes."""
+    tok: torch.Tensor          # [R] int64: the input row of each of the plan's rows
+    wid: torch.Tensor          # [G_max] int64: weight of group g (valid for g < n_groups)
+    seg: torch.Tensor          # [G_max + 1] int32: group g's rows are [seg[g], seg[g+1])
+    n_groups: torch.Tensor     # [1] int32
+
+    @classmethod
+    def one(cls, rows: int, device) -> "Groups":
+        """Every row through weight 0 (a dense product)."""
+        return cls(torch.arange(rows, device=device), torch.zeros(1, dtype=torch.int64, device=device),
+                   torch.tensor([0, rows], dtype=torch.int32, device=device),
+                   torch.ones(1, dtype=torch.int32, device=device))
+
+
+def _operands(w):
+    """(tensor, scales, zeros, quant) of a bf16 stack [E, N', K] or a QuantWeight."""
+    if isinstance(w, QuantWeight):
+        return w.q, w.scales, w.zeros, True
+    return w, w, w, False
+
+
+def weight_k(w) -> int:
+    return w.K if isinstance(w, QuantWeight) else w.shape[2]
+
+
+def weight_n(w) -> int:
+    return w.N if isinstance(w, QuantWeight) else w.shape[1]
+
+
+def grouped_gemv_reference(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bool = True) -> torch.Tensor:
+    """The definition, group by group in torch ops (fp32 products, one rounding to x's dtype)."""
+    dense = w.dequantize() if isinstance(w, QuantWeight) else w.transpose(1, 2)        # [E, K, N']
+    R = plan.tok.shape[0]
+    N = weight_n(w) // 2 if glu else weight_n(w)
+    out = torch.zeros((R, N), dtype=x.dtype, device=x.device)
+    seg, wid = plan.seg.tolist(), plan.wid.tolist()
+    for g in range(int(plan.n_groups.item())):
+        rows = torch.arange(seg[g], seg[g + 1], device=x.device)
+        xin = x[plan.tok[rows]] if gather else x[rows]
+        y = xin.float() @ dense[wid[g]].float()
+        if glu:
+            gate, up = y.chunk(2, dim=-1)
+            y = torch.nn.functional.silu(gate) * up
+        out[rows] = y.to(x.dtype)
+    return out
+
+
+def grouped_gemv(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bool = True,
+                 m_pad: int | None = None, block_n: int | None = None) -> torch.Tensor:
+    """[R, N] (module docstring); the Triton kernel where kernels run, else the reference."""
+    K = weight_k(w)
+    if x.dim() != 2 or x.shape[1] != K:
+        raise ValueError(f"grouped_gemv: x {tuple(x.shape)} does not take a weight of K = {K}")
+    if glu and weight_n(w) % 2:
+        raise ValueError(f"grouped_gemv: a gate|up weight has an even number of rows, got {weight_n(w)}")
+    if not kernels_run(x):
+        return grouped_gemv_reference(x, w, plan, glu, gather)
+    N = weight_n(w) // 2 if glu else weight_n(w)
+    R = plan.tok.shape[0]
+    t, s, z, quant = _operands(w)
+    if quant and K % W4_GROUP:
+        raise ValueError(f"grouped_gemv: W4A16 needs K to be a multiple of {W4_GROUP}, got {K}")
+    # rows a group takes at a time: a dense product's M rows (1, 16 or 64); a decode step's plan has a group
+    # slot for each row (most groups hold one row: one at a time), a prefill chunk's many rows a group
+    if m_pad:
+        M = m_pad
+    elif plan.wid.shape[0] == 1:
+        M = 1 if R == 1 else 16 if R <= 16 else 64
+    else:
+        M = 1 if R <= plan.wid.shape[0] else 64
+    BN = block_n or (32 if M == 1 else 64)
+    BK = W4_GROUP if quant else 128
+    x = x.contiguous()
+    out = torch.empty((R, N), dtype=x.dtype, device=x.device)
+    grid = (plan.wid.shape[0], triton.cdiv(N, BN))
+    _grouped_gemv_kernel[grid](x, t, s, z, out, plan.wid, plan.tok, plan.seg, plan.n_groups, N, K,
+                               x.stride(0), out.stride(0), t.stride(0), t.stride(1), s.stride(0), s.stride(1),
+                               M_PAD=M, BN=BN, BK=BK, QUANT=quant, GLU=glu, GATHER=gather,
+                               DOT_F32=interpret_mode(), num_warps=4)
+    return out
+
+
+# ------------------------------------------------------------------ the engine's entry: W4A16 dense products
+@torch.library.custom_op("labkit::qgemv", mutates_args=())
+def _qgemv_op(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, glu: bool) -> torch.Tensor:
+    return grouped_gemv(x, QuantWeight(q, scales, zeros), Groups.one(x.shape[0], x.device), glu=glu)
+
+
+@_qgemv_op.register_fake
+def _(x, q, scales, zeros, glu):
+    return x.new_empty((x.shape[0], q.shape[1] // 2 if glu else q.shape[1]))
+
+
+def qmatmul(x: torch.Tensor, w: QuantWeight, glu: bool = False) -> torch.Tensor:
+    """x [M, K] @ a W4A16 weight (silu(gate) * up with `glu`), M rows in one group."""
+    return torch.ops.labkit.qgemv(x, w.q, w.scales, w.zeros, glu)
+
+
+def dense_reference(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    """x @ the dequantised weight, fp32 products rounded once: what `qmatmul` computes."""
+    return (x.float() @ dequantize(w.q, w.scales, w.zeros)[0].float()).to(x.dtype)

@@ -1,0 +1,128 @@
+"""Routed experts and W4A16 weights (`experts.py`, `grouped_gemv.py`, `quant.py`): the grouped kernel against
+its definition under TRITON_INTERPRET=1 (a subprocess: the variable must be set before triton is imported),
+the MoE layer against a token-by-token reference, the routing plan's groups and bytes against the formula."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from labkit.engine.model.experts import MoE, plan, route
+from labkit.engine.model.quant import QuantWeight, dequantize, unpack
+from labkit.shapes import ModelShape, WEIGHT_BYTES
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+
+
+def test_w4a16_packs_two_values_a_byte_and_dequantises_exactly():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(2, 256, 24, generator=gen)                          # [E, K, N]
+    qw = QuantWeight.quantize(w)
+    assert qw.q.shape == (2, 24, 128) and qw.scales.shape == (2, 24, 2)
+    codes = unpack(qw.q)
+    assert codes.min() >= 0 and codes.max() <= 15
+    # the packing round-trips: low nibble first
+    again = unpack((codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8))
+    assert torch.equal(again, codes)
+    back = qw.dequantize().float()
+    step = qw.scales.float().transpose(1, 2).repeat_interleave(128, 1)   # [E, K, N] the group's scale
+    assert ((back - w).abs() <= 0.5 * step + 1e-2 * w.abs()).all()      # round to nearest (bf16 rounding on top)
+    # bytes: 4 bits a value + a bf16 scale and a 4-bit zero per 128
+    assert qw.nbytes == 2 * 24 * (128 + 2 * 2 + 2)
+    assert WEIGHT_BYTES["w4a16"] == pytest.approx(0.5 + 2.5 / 128)
+
+
+def test_the_plan_groups_pairs_by_expert_and_counts_distinct_experts():
+    experts = torch.tensor([[3, 7, 1], [7, 2, 3], [9, 3, 0]])
+    g, back = plan(experts)
+    n = int(g.n_groups)
+    assert n == len(set(experts.flatten().tolist())) == 6
+    seg, wid = g.seg.tolist(), g.wid.tolist()
+    assert wid[:n] == sorted(set(experts.flatten().tolist()))
+    for i in range(n):
+        toks = g.tok[seg[i]:seg[i + 1]].tolist()
+        assert all(wid[i] in experts[t].tolist() for t in toks)
+        assert len(toks) == sum(wid[i] in row for row in experts.tolist())
+    assert seg[n] == experts.numel()
+    # back undoes the order: pair j of token t is at back[t*k + j]
+    flat_sorted = torch.tensor(wid[:n]).repeat_interleave(torch.diff(torch.tensor(seg[:n + 1])))
+    assert torch.equal(flat_sorted[back].view(3, 3), experts)
+
+
+def test_distinct_experts_follow_the_formula_under_uniform_routing():
+    s = ModelShape.from_name("qwen3.8-flash-next")
+    gen = torch.Generator().manual_seed(1)
+    for c in (1, 4, 16):
+        counts = []
+        for _ in range(400):
+            logits = torch.randn(c, s.experts, generator=gen)
+            idx, p = route(logits, s.experts_per_tok)
+            assert torch.allclose(p.sum(-1), torch.ones(c))
+            counts.append(int(plan(idx)[0].n_groups))
+        mean = sum(counts) / len(counts)
+        assert mean == pytest.approx(s.expected_experts(c), rel=0.02), (c, mean)
+    # the bytes a step reads grow with the distinct experts, not with c x k
+    b1 = s.step_weight_bytes(1)["experts"]
+    b4 = s.step_weight_bytes(4)["experts"]
+    assert b4 / b1 == pytest.approx(s.expected_experts(4) / 10) and b4 / b1 < 4
+
+
+def test_moe_on_cpu_equals_the_token_by_token_reference():
+    s = ModelShape.from_name("tiny-moe")
+    for wd in ("bf16", "w4a16"):
+        moe = MoE(s, torch.Generator().manual_seed(0), torch.bfloat16, "cpu", weights_dtype=wd)
+        y = torch.randn(5, s.hidden, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+        out, n = moe(y)
+        want = moe.reference(y)
+        assert torch.allclose(out.float(), want.float(), rtol=2e-2, atol=2e-2), (wd, (out - want).abs().max())
+        assert 1 <= int(n) <= 5 * s.experts_per_tok
+
+
+KERNEL = textwrap.dedent('''
+    import torch
+    from labkit.engine.model.experts import MoE, plan
+    from labkit.engine.model.grouped_gemv import Groups, grouped_gemv, grouped_gemv_reference
+    from labkit.engine.model.quant import QuantWeight
+    from labkit.shapes import ModelShape
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for quant in (False, True):
+        for glu in (False, True):
+            E, K, N = 6, 256, 48
+            w = (torch.randn(E, K, 2 * N if glu else N, generator=g) / 16)
+            w = QuantWeight.quantize(w) if quant else w.transpose(1, 2).contiguous().to(torch.bfloat16)
+            for T, k in ((1, 3), (4, 3), (40, 2)):        # decode one request, four, a prefill chunk
+                x = torch.randn(T, K, generator=g).to(torch.bfloat16)
+                idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+                groups, _ = plan(idx)
+                for m_pad in (None, 16):
+                    got = grouped_gemv(x, w, groups, glu=glu, m_pad=m_pad)
+                    want = grouped_gemv_reference(x, w, groups, glu=glu)
+                    err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+                    worst = max(worst, err)
+                    assert err < 1e-2, (quant, glu, T, m_pad, err)
+            # a dense product: one group of every row
+            x = torch.randn(3, K, generator=g).to(torch.bfloat16)
+            got = grouped_gemv(x, w, Groups.one(3, "cpu"), glu=glu)
+            want = grouped_gemv_reference(x, w, Groups.one(3, "cpu"), glu=glu)
+            assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+    s = ModelShape.from_name("tiny-moe")
+    moe = MoE(s, torch.Generator().manual_seed(0), torch.bfloat16, "cpu", weights_dtype="w4a16")
+    y = torch.randn(3, s.hidden, generator=g).to(torch.bfloat16)
+    out, n = moe(y)
+    ref = moe.reference(y)
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2
+    print("ok", worst)
+''')
+
+
+@needs_triton
+def test_grouped_kernel_matches_its_definition_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", KERNEL], capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]
