@@ -63,9 +63,13 @@ def drive_decode_indexer():
 def drive_gemv():
     from labkit.engine.model import gemv
     for name, (K, N, _) in REF.weight_matrices().items():
+        if name in ("moe.w_gu", "moe.w_d"):          # the routed experts: the grouped kernel's (drive_experts)
+            continue
         for M in (1, 4, 16):
             for k_major in (True, False):
                 w = _e(N, K).t() if k_major else _e(K, N)
+                if not gemv.layout_ok(w) or N == 1:        # a one-column product is torch's (matmul's rule)
+                    continue
                 x = _e(M, K)
                 glu = name.endswith("w_gu")
                 gemv.gemv(x, w, glu=glu)
@@ -136,7 +140,34 @@ def drive_sparse_prefill():
     P.sparse_prefill_attention(q, kv, kv, torch.zeros(T, 2048, dtype=torch.int64), torch.ones(T, 2048, dtype=torch.bool))
 
 
-DRIVERS = [drive_decode_indexer, drive_gemv, drive_deltanet, drive_qsa_step, drive_transfers, drive_sparse_prefill]
+def drive_experts():
+    """The routed experts at decode (one request, four) and in a prefill chunk, bf16 and W4A16, and the W4A16
+    dense products (one group)."""
+    from labkit.engine.model.experts import plan
+    from labkit.engine.model.grouped_gemv import Groups, grouped_gemv
+    from labkit.engine.model.quant import QuantWeight
+    H, I, E, k = REF.hidden, REF.expert_intermediate, 16, REF.experts_per_tok
+    for quant in (False, True):
+        if quant:
+            gu = QuantWeight(_e(E, 2 * I, H // 2, dtype=torch.uint8), _e(E, 2 * I, H // 128), _e(E, 2 * I, H // 128,
+                                                                                                  dtype=torch.uint8))
+            d = QuantWeight(_e(E, H, I // 2, dtype=torch.uint8), _e(E, H, I // 128), _e(E, H, I // 128, dtype=torch.uint8))
+        else:
+            gu, d = _e(E, 2 * I, H), _e(E, H, I)
+        for T in (1, 4, 8192):
+            groups, _ = plan(torch.stack([torch.randperm(E)[:k] for _ in range(T)]))
+            act = grouped_gemv(_e(T, H), gu, groups, glu=True)
+            grouped_gemv(act, d, groups, gather=False)
+        for M in (1, 4):
+            for K, N, glu in ((H, 2 * I, True), (H, 13824, False), (6144, H, False)):
+                w = QuantWeight(_e(1, N, K // 2, dtype=torch.uint8), _e(1, N, K // 128), _e(1, N, K // 128,
+                                                                                            dtype=torch.uint8))
+                if quant:
+                    grouped_gemv(_e(M, K), w, Groups.one(M, "cpu"), glu=glu)
+
+
+DRIVERS = [drive_decode_indexer, drive_gemv, drive_deltanet, drive_qsa_step, drive_transfers, drive_sparse_prefill,
+           drive_experts]
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,7 +20,7 @@ from torch import nn
 
 from ...shapes import W4_GROUP, ModelShape
 from .gemv import matmul, silu_glu
-from .grouped_gemv import Groups, grouped_gemv
+from .grouped_gemv import Groups, grouped
 from .quant import QuantWeight
 
 
@@ -92,8 +92,8 @@ class MoE(nn.Module):
             experts, _ = route(logits.float() + self.route_bias, self.k)
         p = torch.softmax(torch.gather(logits.float(), 1, experts), dim=-1)
         groups, back = plan(experts)
-        act = grouped_gemv(y, self.w_gu, groups, glu=True)                             # [T*k, I], expert order
-        down = grouped_gemv(act, self.w_d, groups, gather=False)                       # [T*k, hidden]
+        act = grouped(y, self.w_gu, groups, glu=True)                                  # [T*k, I], expert order
+        down = grouped(act, self.w_d, groups, gather=False)                            # [T*k, hidden]
         routed = (down[back].view(T, self.k, -1).float() * p[..., None]).sum(1)
         shared = matmul(silu_glu(y, self.shared_gu), self.shared_d)
         gate = torch.sigmoid(matmul(y, self.shared_gate).float())

@@ -183,7 +183,28 @@ def grouped_gemv(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bo
     return out
 
 
-# ------------------------------------------------------------------ the engine's entry: W4A16 dense products
+# ------------------------------------------------------------------ the engine's entries (opaque to torch.compile)
+@torch.library.custom_op("labkit::grouped_gemv", mutates_args=())
+def _grouped_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, tok: torch.Tensor,
+                wid: torch.Tensor, seg: torch.Tensor, n_groups: torch.Tensor, glu: bool, gather: bool,
+                quant: bool) -> torch.Tensor:
+    weight = QuantWeight(w, scales, zeros) if quant else w
+    return grouped_gemv(x, weight, Groups(tok, wid, seg, n_groups), glu=glu, gather=gather)
+
+
+@_grouped_op.register_fake
+def _(x, w, scales, zeros, tok, wid, seg, n_groups, glu, gather, quant):
+    n = w.shape[1] // 2 if glu else w.shape[1]
+    return x.new_empty((tok.shape[0], n))
+
+
+def grouped(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bool = True) -> torch.Tensor:
+    """`grouped_gemv` as the engine calls it (one custom op: a compiled block piece does not trace into it)."""
+    t, s, z, quant = _operands(w)
+    return torch.ops.labkit.grouped_gemv(x, t, s, z, plan.tok, plan.wid, plan.seg, plan.n_groups, glu, gather, quant)
+
+
+# ------------------------------------------------------------------ W4A16 dense products
 @torch.library.custom_op("labkit::qgemv", mutates_args=())
 def _qgemv_op(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, glu: bool) -> torch.Tensor:
     return grouped_gemv(x, QuantWeight(q, scales, zeros), Groups.one(x.shape[0], x.device), glu=glu)

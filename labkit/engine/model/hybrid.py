@@ -54,25 +54,31 @@ class HybridModel(nn.Module):
 
     def __init__(self, shape: ModelShape, device: torch.device | str = "cpu", seed: int = 0,
                  dtype: torch.dtype = torch.bfloat16, weights_dtype: str = "auto", expert_banks: int | None = None,
-                 ngram_table_bytes: int | None = None, routing: str = "router"):
+                 ngram_table_bytes: int | None = None, routing: str = "router", stage: tuple[int, int] | None = None):
         super().__init__()
         device = torch.device(device)
-        weights_dtype, banks = resolve_holding(shape, device, weights_dtype, expert_banks)
+        # `stage` (first, end): only blocks [first, end) are built, the embedding with block 0 and the head with
+        # the last (a card of a layer split, as `memory_plan` plans it: built alone, nothing of the others held)
+        first, end = stage or (0, shape.layers)
+        self.range = (first, end)
+        weights_dtype, banks = resolve_holding(shape, device, weights_dtype, expert_banks, end - first)
         self.shape, self.device, self.dtype, self.weights_dtype = shape, device, dtype, weights_dtype
         self.expert_banks, self.routing = banks, routing
         gen = torch.Generator(device=device).manual_seed(seed)
         attn = set(shape.attn_layer_ids)
         self.embed = nn.Parameter((torch.randn(shape.vocab, shape.hidden, generator=gen, device=device)).to(dtype),
-                                  requires_grad=False)
+                                  requires_grad=False) if first == 0 else None
         blocks = []
-        for i in range(shape.layers):
-            bank = blocks[i % self.expert_banks].ffn.bank() if shape.moe and i >= self.expert_banks else None
+        for j, i in enumerate(range(first, end)):
+            bank = blocks[j % self.expert_banks].ffn.bank() if shape.moe and j >= self.expert_banks else None
             blocks.append(Block("qsa" if i in attn else "dn", shape, gen, dtype, device, weights_dtype, bank, i))
         self.blocks = nn.ModuleList(blocks)
-        self.norm = RMSNorm(shape.hidden, dtype, device)
-        self.lm_head = make_weight(gen, shape.hidden, shape.vocab, dtype, device)
+        last = end == shape.layers
+        self.norm = RMSNorm(shape.hidden, dtype, device) if last else None
+        self.lm_head = make_weight(gen, shape.hidden, shape.vocab, dtype, device) if last else None
         self.kind_index = kind_index(self.blocks)
-        self.ngram = NgramTable(shape, device, ngram_table_bytes, seed) if shape.ngram_heads else None
+        self.ngram = (NgramTable(shape, device, ngram_table_bytes, seed)
+                      if shape.ngram_heads and any(b.ngram for b in blocks) else None)
         if shape.moe and routing != "router":
             biases = routing_biases(shape, routing, seed)
             for b in self.blocks:
@@ -119,24 +125,28 @@ class HybridModel(nn.Module):
 HOLDING_RESERVE = 12 << 30
 
 
-def resolve_holding(s: ModelShape, device: torch.device, weights_dtype: str, banks: int | None) -> tuple[str, int]:
-    """(weights_dtype, expert banks) for `auto` and 0: bf16 where the whole model fits the device less
-    `HOLDING_RESERVE`, else W4A16 where it fits, else bf16 with as many banks as fit; explicit values kept
-    (banks at most the layers). Off CUDA every shape is held whole."""
+def resolve_holding(s: ModelShape, device: torch.device, weights_dtype: str, banks: int | None,
+                    layers: int | None = None) -> tuple[str, int]:
+    """(weights_dtype, expert banks) for `auto` and 0: bf16 where the whole model (or its `layers` of a stage)
+    fits the device less `HOLDING_RESERVE`, else W4A16 where it fits, else bf16 with as many banks as fit;
+    explicit values kept (banks at most the layers). Off CUDA every shape is held whole."""
     if weights_dtype not in ("auto", "bf16", "w4a16"):
         raise ValueError(f"unknown weights_dtype {weights_dtype!r}: choose from auto, bf16, w4a16")
     if not s.moe:
         return ("bf16" if weights_dtype == "auto" else weights_dtype), 0
+    layers = layers or s.layers
     room = torch.cuda.mem_get_info(device)[0] - HOLDING_RESERVE if device.type == "cuda" else float("inf")
+
+    def held(dtype):
+        return s.weight_bytes(dtype) * layers / s.layers
     if weights_dtype == "auto":
-        weights_dtype = "bf16" if s.weight_bytes("bf16") <= room else ("w4a16" if s.weight_bytes("w4a16") <= room
-                                                                       else "bf16")
+        weights_dtype = "bf16" if held("bf16") <= room else ("w4a16" if held("w4a16") <= room else "bf16")
     if banks:
-        return weights_dtype, min(banks, s.layers)
+        return weights_dtype, min(banks, layers)
     bank = s.step_weight_bytes(1, weights_dtype, experts_read=s.experts)["experts"] / s.layers
-    rest = s.weight_bytes(weights_dtype) - bank * s.layers
-    fit = int((room - rest) // bank) if room != float("inf") else s.layers
-    return weights_dtype, max(1, min(s.layers, fit))
+    rest = held(weights_dtype) - bank * layers
+    fit = int((room - rest) // bank) if room != float("inf") else layers
+    return weights_dtype, max(1, min(layers, fit))
 
 
 def routing_biases(s: ModelShape, routing: str, seed: int) -> torch.Tensor:

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The published model's device sitting, in steps (each under its own time limit, so one that fails or runs
+# long leaves the others): GPU tests of the portable path and the MoE parts, the weight-stream bench, the
+# split's memory check, and entries of plans/reference-model.toml (run folders packed into $OUT).
+#   scripts/device_reference.sh tests bench decode-w4a16      # any of: tests bench split ENTRY...
+set -u
+OUT=${OUT:-/tmp/labkit-out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD} LABKIT_SESSION=${LABKIT_SESSION:-$(date -u +%Y%m%d-%H%M%S)}
+nvidia-smi --query-gpu=name,driver_version,power.limit,power.default_limit,clocks.max.sm,pcie.link.gen.max,memory.total --format=csv | tee -a "$OUT/machine.txt"
+for step in "$@"; do
+  t0=$(date +%s)
+  case $step in
+    tests) timeout 300 python3 -m pytest -q -x -m gpu tests/test_gpu_portable.py 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;
+    bench) timeout 240 python3 scripts/weights_bench.py "$OUT" 2>&1 | tail -12 ;;
+    split) timeout 300 python3 scripts/split_memory_check.py "$OUT" 2>&1 | tail -12 ;;
+    *) before=$(ls -d results/*/ 2>/dev/null | sort)
+       timeout 580 python3 - "$step" <<'PY' 2>&1 | grep -v "^\s*$" | tail -15
+import sys
+from labkit.experiments import measure
+from labkit.nightly import load_plan
+entry = next((e for e in load_plan("plans/reference-model.toml") if e.name == sys.argv[1]), None)
+if entry is None:
+    sys.exit(f"device_reference: no entry {sys.argv[1]!r}")
+measure(entry.experiment, dict(entry.parameters), progress_bar=False)
+PY
+       for d in $(comm -13 <(echo "$before") <(ls -d results/*/ | sort)); do
+         tar czf "$OUT/$(basename "$d").tgz" -C results "$(basename "$d")"
+       done ;;
+  esac
+  echo "== $step: $(( $(date +%s) - t0 )) s"
+done
+ls -la "$OUT"

@@ -1,0 +1,173 @@
+"""The weight stream of one decode step of the reference shape, in bf16 and W4A16, against the HBM read rate
+measured in the same process.
+
+    python3 scripts/weights_bench.py OUT_DIR [--shape qwen3.8-flash-next]
+    TRITON_INTERPRET=1 python3 scripts/weights_bench.py OUT_DIR --shape tiny-moe --dry-run     # on CPU
+
+What a step reads at one request (`ModelShape.step_weight_bytes`): every dense product once (the QSA and
+DeltaNet projections, the shared experts, the router, the head, the hyper-connections) and 10 routed experts a
+layer. Timed here as CUDA graphs of those products back to back, M = 1 (and the routed experts at c = 4: the
+distinct experts four tokens chose), each weight a distinct copy (nothing stays in L2 between reads), median
+over replays; GB/s = bytes read / time:
+- `dense`: the quantised dense products (every product but the router, gates, hyper-connections and head)
+  through the lab's bf16 GEMV (bf16) or the grouped kernel's one-group form (W4A16);
+- `experts`: 48 layers of routed experts, 10 distinct a layer at c = 1 (as many as routing gives at c = 4),
+  through the grouped kernel;
+- `hbm_read`: a sum over 8 GiB (bytes read / time).
+The goal for W4A16: the stream at >= 75% of the measured read rate for one request.
+
+Writes OUT_DIR/weights_bench.json.
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from labkit.engine.model.experts import plan, route  # noqa: E402
+from labkit.engine.model.gemv import matmul  # noqa: E402
+from labkit.engine.model.grouped_gemv import grouped_gemv  # noqa: E402
+from labkit.engine.model.layers import make_weight  # noqa: E402
+from labkit.engine.model.quant import QuantWeight  # noqa: E402
+from labkit.shapes import PRESETS  # noqa: E402
+
+DENSE = ("qsa.w_in", "qsa.w_o", "dn.w_in", "dn.w_o", "moe.shared_gu", "moe.shared_d")
+
+
+def timed_graph(fn, dev, replays: int = 20) -> list[float]:
+    """ms of each replay of fn captured as one CUDA graph (eager on CPU)."""
+    if dev.type != "cuda":
+        import time
+        out = []
+        for _ in range(2):
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+        return out
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return out
+
+
+def hbm_read_gbps(dev) -> float:
+    if dev.type != "cuda":
+        return float("nan")
+    x = torch.empty(8 << 30, dtype=torch.uint8, device=dev).view(torch.float32)
+    x.fill_(1.0)
+    ts = timed_graph(lambda: x.sum(), dev)
+    del x
+    return (8 << 30) / (statistics.median(ts) / 1e3) / 1e9
+
+
+def nbytes(w) -> int:
+    return w.nbytes if isinstance(w, QuantWeight) else w.numel() * w.element_size()
+
+
+def dense_products(s, weights: str, dev):
+    """Every dense product a step makes, each its own weight copy: (the graph's function, bytes it reads)."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    mats = s.weight_matrices(routed="per_token")
+    todo = []
+    for name in DENSE:
+        if name not in mats:
+            continue
+        K, N, count = mats[name]
+        for _ in range(count):
+            todo.append((make_weight(gen, K, N, torch.bfloat16, dev, weights_dtype=weights), name.endswith("_gu")))
+    xs = {K: torch.randn(1, K, device=dev).bfloat16() for K in {mats[n][0] for n in DENSE if n in mats}}
+
+    def run():
+        for w, glu in todo:
+            K = w.K if isinstance(w, QuantWeight) else w.shape[0]
+            if glu and isinstance(w, QuantWeight):
+                from labkit.engine.model.grouped_gemv import qmatmul
+                qmatmul(xs[K], w, glu=True)
+            else:
+                matmul(xs[K], w)
+    return run, sum(nbytes(w) for w, _ in todo)
+
+
+def expert_layers(s, weights: str, dev, concurrency: int, experts: int):
+    """`s.layers` layers of `experts` routed experts each; a step's routing drawn once (as the router gives)."""
+    gen = torch.Generator(device=dev).manual_seed(1)
+    layers = []
+    for _ in range(s.layers):
+        if weights == "w4a16":
+            gu = QuantWeight.random(gen, s.hidden, 2 * s.expert_intermediate, experts=experts, device=dev)
+            d = QuantWeight.random(gen, s.expert_intermediate, s.hidden, experts=experts, device=dev)
+        else:
+            gu = torch.randn(experts, 2 * s.expert_intermediate, s.hidden, generator=gen, device=dev).bfloat16()
+            d = torch.randn(experts, s.hidden, s.expert_intermediate, generator=gen, device=dev).bfloat16()
+        idx, _ = route(torch.randn(concurrency, experts, generator=gen, device=dev), s.experts_per_tok)
+        groups, _ = plan(idx)
+        layers.append((gu, d, groups))
+    x = torch.randn(concurrency, s.hidden, device=dev).bfloat16()
+    distinct = sum(int(g.n_groups) for _, _, g in layers) / len(layers)
+    per_expert = (nbytes(layers[0][0]) + nbytes(layers[0][1])) / experts
+
+    def run():
+        for gu, d, groups in layers:
+            a = grouped_gemv(x, gu, groups, glu=True)
+            grouped_gemv(a, d, groups, gather=False)
+    return run, distinct * per_expert * len(layers), distinct
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--shape", default="qwen3.8-flash-next")
+    ap.add_argument("--experts", type=int, default=64, help="experts held a layer (the bytes a step reads are the "
+                    "distinct ones routed to: 64 hold as many as 512 would at c <= 4)")
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    dev = torch.device("cpu" if a.dry_run else "cuda")
+    s = PRESETS[a.shape]
+    out = {"shape": s.name, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+           "hbm_read_gbps": hbm_read_gbps(dev), "rows": []}
+    for weights in ("bf16", "w4a16"):
+        run, b = dense_products(s, weights, dev)
+        ts = timed_graph(run, dev)
+        out["rows"].append({"part": "dense", "weights": weights, "concurrency": 1, "bytes": b,
+                            "ms_median": statistics.median(ts), "ms_min": min(ts), "ms_max": max(ts)})
+        del run
+        for c in (1, 4):
+            run, b, distinct = expert_layers(s, weights, dev, c, min(a.experts, s.experts))
+            ts = timed_graph(run, dev)
+            out["rows"].append({"part": "experts", "weights": weights, "concurrency": c, "bytes": b,
+                                "distinct_per_layer": distinct, "ms_median": statistics.median(ts),
+                                "ms_min": min(ts), "ms_max": max(ts)})
+            del run
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    for r in out["rows"]:
+        r["gbps"] = r["bytes"] / (r["ms_median"] / 1e3) / 1e9
+        r["of_hbm_read"] = r["gbps"] / out["hbm_read_gbps"]
+        print(f"{r['part']:8s} {r['weights']:6s} c={r['concurrency']} {r['bytes'] / 1e9:7.3f} GB "
+              f"{r['ms_median']:7.3f} ms  {r['gbps']:7.0f} GB/s  {r['of_hbm_read']:.0%} of read")
+    print(f"hbm read {out['hbm_read_gbps']:.0f} GB/s")
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "weights_bench.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
