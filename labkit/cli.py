@@ -187,7 +187,7 @@ def cmd_predict(a) -> int:
                        f"list; the model needs the source GPU's specs")
     if "anat_weights_ms" not in m:
         raise BadInput(f"{a.run_dir}: no step anatomy in this run (measured before anatomies existed, or anatomy=false)")
-    shape = shape_for_run(mf["parameters"]["shape"], mf.get("run_id"))
+    shape = shape_for_run(mf["parameters"]["shape"], mf.get("shape_rev"))
     tab = C.predict_table(m, shape, source, target, a.gpus)
     err = C.validate(m, shape, source)
     if a.json:

@@ -39,7 +39,8 @@ import pandas as pd
 
 from .shapes import ModelShape
 
-PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attention", "head", "other")
+PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attention", "experts", "hc", "ngram", "head",
+          "other")
 LINK_GBPS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}       # x16 payload rate per PCIe generation
 SELECT_PASSES = 7            # reads of the fp32 scores by the radix select (4 histograms, count, write) + the write of them
 HANDOFF_MS = 0.02            # one activation hand-off between stages (a few KiB, latency-bound)
@@ -111,32 +112,48 @@ def gpu_kind(name: str) -> str:
     return "".join(words)[:32] or "gpu"
 
 
-def phase_bytes(shape: ModelShape, strategy: str, context_len: int, concurrency: int, budget: int) -> dict[str, float]:
-    """Bytes each phase must move for one decode step at this point (see the module docstring)."""
+def phase_bytes(shape: ModelShape, strategy: str, context_len: int, concurrency: int, budget: int,
+                weights_dtype: str = "bf16", experts_read: float | None = None) -> dict[str, float]:
+    """Bytes each phase must move for one decode step at this point (see the module docstring). A model with
+    routed experts: `experts` is the distinct routed experts (`experts_read` a layer, else the uniform-routing
+    expectation at this concurrency), the shared experts and the router; `hc` the hyper-connections' mixing;
+    `ngram` the n-gram embedding's rows over the host link; `weights` the QSA projections (and a dense FFN)."""
     s, B, L_a, L_d = shape, concurrency, shape.attn_layers, shape.deltanet_layers
-    h, bf = s.hidden, 2
     k = min(budget, context_len)
-    qsa_in = h * (2 * s.n_heads * s.head_dim + 2 * s.n_kv_heads * s.head_dim + s.index_heads * s.index_dim
-                  + s.index_heads + s.index_dim)
-    qsa_out = s.n_heads * s.head_dim * h
-    ffn = 3 * h * s.ffn_intermediate
-    dk, dv = s.dn_k_heads * s.dn_head_dim, s.dn_v_heads * s.dn_head_dim
-    dn_w = h * (2 * dk + 2 * dv + 2 * s.dn_v_heads) + dv * h
+    mats = s.weight_matrices(routed="per_token")
+
+    def wb(name):
+        K, N, c = mats[name]
+        return K * N * c * s._bytes_per_weight(name, weights_dtype, K)
     dn_state = s.dn_v_heads * s.dn_head_dim * s.dn_head_dim * 4
     rows = B * L_a * k * s.row_bytes
+    dense_ffn = sum(wb(n) for n in ("ffn.w_gu", "ffn.w_d") if n in mats)
+    parts = s.step_weight_bytes(B, weights_dtype, experts_read) if s.moe or s.hc_count > 1 else {}
+    experts = 0.0
+    if s.moe:
+        experts = parts["experts"] + sum(wb(n) for n in ("moe.router", "moe.shared_gu", "moe.shared_d",
+                                                         "moe.shared_gate") if n in mats)
+    # the QSA input projection as the products need it (its zero padding is not counted: the model's own bytes)
+    qsa_in = s.hidden * (2 * s.n_heads * s.head_dim + 2 * s.n_kv_heads * s.head_dim + s.index_heads * s.index_dim
+                         + s.index_heads + s.index_dim) * L_a * s._bytes_per_weight("qsa.w_in", weights_dtype, s.hidden)
     return {
-        "weights": (L_a * (qsa_in + qsa_out) + s.layers * ffn) * bf,
-        "deltanet": L_d * (dn_w * bf + 2 * B * dn_state),
+        "weights": qsa_in + wb("qsa.w_o") + dense_ffn,
+        "deltanet": wb("dn.w_in") + wb("dn.w_o") + L_d * 2 * B * dn_state,
         "index_score": B * L_a * context_len * s.index_key_bytes,
         "selection": B * L_a * context_len * 4 * SELECT_PASSES,
         "transfer": rows * (2 if _on_device(strategy) else 1),        # on the device: read + write in HBM
         "attention": rows,
-        "head": s.vocab * h * bf,
+        "experts": experts,
+        "hc": parts.get("hc", 0.0),
+        "ngram": float(B * s.ngram_fetch_bytes),
+        "head": s.vocab * s.hidden * 2,
         "other": 0.0,
     }
 
 
 def _medium(phase: str, strategy: str) -> str:
+    if phase == "ngram":                       # the n-gram table lives in host RAM whatever the KV strategy
+        return "link"
     return "link" if phase == "transfer" and not _on_device(strategy) else "hbm"
 
 
@@ -169,6 +186,7 @@ class CostModel:
     fixed_ms: dict[str, float]
     bw_gbps: dict[str, float]           # per phase, on the source GPU
     fit_point: dict
+    weights_dtype: str = "bf16"
 
     @classmethod
     def fit(cls, metrics: pd.DataFrame, shape: ModelShape, strategy: str, context_len: int, concurrency: int,
@@ -184,14 +202,16 @@ class CostModel:
         r = row.iloc[0]
         hbm = _probe_gbps(metrics, "hbm_read") or 0.6 * source.hbm_gbps
         link = link_gbps or _probe_gbps(metrics, "zero_copy") or 0.8 * source.link_gbps
-        by = phase_bytes(shape, strategy, context_len, concurrency, int(r["budget"]))
+        wd = _str(r.get("weights_dtype")) or "bf16"
+        by = phase_bytes(shape, strategy, context_len, concurrency, int(r["budget"]), wd,
+                         _num(r.get("experts_read_per_layer")))
         # The selection kernels' own throughput, where the run's probe timed them at its largest size:
         # their passes and atomics stream far below a plain read.
         kernel_rate = {ph: _kernel_gbps(metrics, name, shape, ph) for ph, name in
                        (("index_score", "index_score"), ("selection", "select"))}
         fixed, bw = {}, {}
         for ph in PHASES:
-            t = float(r[f"anat_{ph}_ms"])
+            t = _num(r.get(f"anat_{ph}_ms")) or 0.0            # a run from before a phase was marked: none of it
             if ph == "transfer" and _host_moved(strategy):
                 # Moved by host threads or one copy per row: time goes with the rows, nothing is fixed.
                 fixed[ph], bw[ph] = 0.0, (by[ph] / (t * 1e6) if t > 0 else link)
@@ -204,13 +224,13 @@ class CostModel:
                 fixed[ph], bw[ph] = 0.0, by[ph] / (t * 1e6)
         return cls(shape, strategy, source, hbm, link, fixed, bw,
                    {"context_len": context_len, "concurrency": concurrency, "budget": int(r["budget"]),
-                    "step_ms": float(r["step_ms_median"])})
+                    "step_ms": float(r["step_ms_median"])}, wd)
 
     def predict(self, target: GPU, context_len: int, concurrency: int, budget: int, n_gpus: int = 1,
                 link_scale: float | None = None) -> Prediction:
         """`link_scale`: the host link's rate as a multiple of the source's measured one (an emulated or
         measured link), in place of the spec ratio of the two GPUs' links."""
-        by = phase_bytes(self.shape, self.strategy, context_len, concurrency, budget)
+        by = phase_bytes(self.shape, self.strategy, context_len, concurrency, budget, self.weights_dtype)
         phases, why = {}, []
         for ph in PHASES:
             link = _medium(ph, self.strategy) == "link"
@@ -239,6 +259,18 @@ class CostModel:
         if _on_device(self.strategy):
             dev += concurrency * context_len * s.kv_bytes_per_token()
         return dev / 2**30
+
+
+def _num(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else f
+
+
+def _str(v) -> str | None:
+    return v if isinstance(v, str) and v else None
 
 
 def _kernel_gbps(m: pd.DataFrame, name: str, shape: ModelShape, phase: str) -> float | None:

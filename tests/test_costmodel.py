@@ -16,28 +16,39 @@ from labkit.shapes import PRESETS
 SHAPE = PRESETS["qwen3.8-flash-next-standin"]
 H200 = C.gpu("h200")
 FIXED = {"weights": 0.3, "deltanet": 1.0, "index_score": 0.05, "selection": 0.2, "transfer": 0.02,
-         "attention": 0.1, "head": 0.01, "other": 0.4}
+         "attention": 0.1, "experts": 0.5, "hc": 0.2, "ngram": 0.01, "head": 0.01, "other": 0.4}
+REF = PRESETS["qwen3.8-flash-next"]
 HBM, LINK = 3000.0, 50.0
 
 
-def _run():
+def _run(shape=SHAPE, weights="bf16"):
     rows = [{"experiment": "probe", "status": "ok", "strategy": "hbm_read", "gbps": HBM},
             {"experiment": "probe", "status": "ok", "strategy": "zero_copy", "gbps": LINK}]
     for strategy in ("resident", "zero_copy"):
         for c in (1, 4):
             for ctx in (8192, 65536, 1 << 20):
-                by = C.phase_bytes(SHAPE, strategy, ctx, c, 2048)
-                an = {ph: FIXED[ph] + by[ph] / ((LINK if ph == "transfer" and strategy != "resident" else HBM) * 1e6)
-                      for ph in C.PHASES}
+                by = C.phase_bytes(shape, strategy, ctx, c, 2048, weights)
+                link = {"ngram"} | ({"transfer"} if strategy != "resident" else set())
+                an = {ph: FIXED[ph] + by[ph] / ((LINK if ph in link else HBM) * 1e6) for ph in C.PHASES}
                 rows.append({"experiment": "decode", "status": "ok", "axis": "context", "strategy": strategy,
                              "context_len": ctx, "concurrency": c, "budget": 2048, "step_ms_median": sum(an.values()),
+                             "weights_dtype": weights,
                              **{f"anat_{k}_ms": v for k, v in an.items()}})
     return pd.DataFrame(rows)
 
 
-def test_validation_is_exact_when_the_run_follows_the_model():
-    err = C.validate(_run(), SHAPE, H200)
+@pytest.mark.parametrize("shape,weights", [(SHAPE, "bf16"), (REF, "bf16"), (REF, "w4a16")])
+def test_validation_is_exact_when_the_run_follows_the_model(shape, weights):
+    err = C.validate(_run(shape, weights), shape, H200)
     assert len(err) == 12 and err["error"].abs().max() < 1e-9
+
+
+def test_routed_expert_bytes_grow_with_the_distinct_experts():
+    one, four = (C.phase_bytes(REF, "zero_copy", 1 << 20, c, 2048, "w4a16") for c in (1, 4))
+    routed = REF.step_weight_bytes(1, "w4a16")["experts"]
+    assert four["experts"] - one["experts"] == pytest.approx(routed * (REF.expected_experts(4) / 10 - 1))
+    assert four["ngram"] == 4 * one["ngram"] == 4 * 8 * 320 * 2
+    assert one["hc"] == REF.step_weight_bytes(1)["hc"]
 
 
 def test_half_bandwidth_doubles_only_the_memory_bound_part():
