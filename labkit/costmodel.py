@@ -44,6 +44,11 @@ PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attent
 LINK_GBPS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}       # x16 payload rate per PCIe generation
 SELECT_PASSES = 7            # reads of the fp32 scores by the radix select (4 histograms, count, write) + the write of them
 HANDOFF_MS = 0.02            # one activation hand-off between stages (a few KiB, latency-bound)
+# An all-reduce of a few KiB among cards on PCIe without NVLink is latency-bound: NCCL's ring over PCIe (through
+# host memory where peer-to-peer is off, as on GeForce cards) takes tens of microseconds. Not measured here (the
+# lab's GPUs are one per machine): an assumption, given with the predictions that use it, which a box's owner
+# replaces with their own measurement (`--allreduce-us`, e.g. from nccl-tests' all_reduce_perf at 16 KB).
+ALLREDUCE_US = 30.0
 MEMORY_RESERVE_GIB = 1.5     # CUDA context, workspaces, graphs
 
 
@@ -227,38 +232,108 @@ class CostModel:
                     "step_ms": float(r["step_ms_median"])}, wd)
 
     def predict(self, target: GPU, context_len: int, concurrency: int, budget: int, n_gpus: int = 1,
-                link_scale: float | None = None) -> Prediction:
+                link_scale: float | None = None, split: str = "layers", calibration: "Calibration | None" = None,
+                source_calibration: "Calibration | None" = None, allreduce_us: float = ALLREDUCE_US,
+                weights_dtype: str | None = None) -> Prediction:
         """`link_scale`: the host link's rate as a multiple of the source's measured one (an emulated or
-        measured link), in place of the spec ratio of the two GPUs' links."""
-        by = phase_bytes(self.shape, self.strategy, context_len, concurrency, budget, self.weights_dtype)
+        measured link), in place of the spec ratio of the two GPUs' links. `calibration` /
+        `source_calibration`: rates measured on the target and source cards (`Calibration`): their ratios in
+        place of the datasheets'. `split` over `n_gpus`: "layers" (stages one after another at a step, a
+        hand-off between them) or "tensor" (every layer's weights 1/n on each card, which read them at once;
+        the KV rows of a card's KV heads; two all-reduces of the block's output a layer over the cards' links,
+        `allreduce_us` each plus the ring's bytes). `weights_dtype`: predict the model held otherwise."""
+        if split not in ("layers", "tensor"):
+            raise ValueError(f"unknown split {split!r}: layers or tensor")
+        wd = weights_dtype or self.weights_dtype
+        by = phase_bytes(self.shape, self.strategy, context_len, concurrency, budget, wd)
+        tp = n_gpus if split == "tensor" else 1
+        shards = {ph: tp for ph in ("weights", "deltanet", "experts", "hc", "head")}
+        # the KV heads split over the cards (a card with more cards than KV heads reads a replicated head's rows)
+        kv_split = min(tp, self.shape.n_kv_heads)
+        shards.update(transfer=kv_split, attention=kv_split)
         phases, why = {}, []
         for ph in PHASES:
             link = _medium(ph, self.strategy) == "link"
             if link and link_scale:
                 scale = link_scale
+            elif calibration is not None and source_calibration is not None:
+                scale = calibration.ratio(source_calibration, "link" if link else "hbm")
             else:
                 scale = (target.link_gbps / self.source.link_gbps) if link else (target.hbm_gbps / self.source.hbm_gbps)
             bw = self.bw_gbps[ph] * scale
-            t = self.fixed_ms[ph] + (by[ph] / (bw * 1e6) if by[ph] else 0.0)
+            b = by[ph] / shards.get(ph, 1)
+            t = self.fixed_ms[ph] + (b / (bw * 1e6) if b else 0.0)
             phases[ph] = t
-            if by[ph]:
-                why.append(f"{ph}: {self.fixed_ms[ph]:.3f} ms fixed + {by[ph] / 1e6:.1f} MB at {bw:.0f} GB/s "
+            if b:
+                why.append(f"{ph}: {self.fixed_ms[ph]:.3f} ms fixed + {b / 1e6:.1f} MB at {bw:.0f} GB/s "
                            f"({'host link' if link else 'memory'}, x{scale:.2f} of {self.source.key})")
-        step = sum(phases.values()) + HANDOFF_MS * (n_gpus - 1)
-        if n_gpus > 1:
-            why.append(f"{n_gpus} stages in sequence: + {n_gpus - 1} hand-offs of {HANDOFF_MS} ms")
-        mem = self._memory_gib(context_len, concurrency) / n_gpus
+        step = sum(phases.values())
+        if split == "layers":
+            step += HANDOFF_MS * (n_gpus - 1)
+            if n_gpus > 1:
+                why.append(f"{n_gpus} stages in sequence: + {n_gpus - 1} hand-offs of {HANDOFF_MS} ms")
+        elif n_gpus > 1:
+            ar = allreduce_ms(n_gpus, concurrency * self.shape.hidden * 2, target.link_gbps, allreduce_us)
+            phases["allreduce"] = 2 * self.shape.layers * ar
+            step += phases["allreduce"]
+            why.append(f"tensor parallel over {n_gpus}: 2 all-reduces a layer x {self.shape.layers} layers of "
+                       f"{ar * 1e3:.1f} us ({allreduce_us:g} us each + the ring's bytes over the link)")
+        mem = self._memory_gib(context_len, concurrency, wd) / n_gpus
         fits = mem <= target.memory_gib - MEMORY_RESERVE_GIB
         if not fits:
             why.append(f"does not fit: {mem:.1f} GiB per GPU > {target.memory_gib - MEMORY_RESERVE_GIB:.1f} GiB usable")
         return Prediction(target.key, n_gpus, self.strategy, context_len, concurrency, budget, step, phases, fits, mem, why)
 
-    def _memory_gib(self, context_len: int, concurrency: int) -> float:
+    def _memory_gib(self, context_len: int, concurrency: int, weights_dtype: str = "bf16") -> float:
         s = self.shape
-        dev = s.weight_bytes() + concurrency * context_len * s.index_key_bytes * s.attn_layers
+        dev = s.weight_bytes(weights_dtype) + concurrency * context_len * s.index_key_bytes * s.attn_layers
         if _on_device(self.strategy):
             dev += concurrency * context_len * s.kv_bytes_per_token()
         return dev / 2**30
+
+
+
+def allreduce_ms(n: int, nbytes: float, link_gbps: float, latency_us: float = ALLREDUCE_US) -> float:
+    """One ring all-reduce of `nbytes` over `n` cards: the latency plus 2 (n - 1) / n of the bytes over a link."""
+    return (latency_us + 2 * (n - 1) / n * nbytes / (link_gbps * 1e3)) / 1e3
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Rates measured on one card by a short calibration (`labkit calibrate`, or a decode run's probe rows):
+    its HBM read, its host link's zero-copy gather, optionally its dense bf16 GEMM. A prediction between two
+    calibrated cards scales each phase by these ratios rather than the datasheets'."""
+    gpu_name: str
+    hbm_read_gbps: float
+    link_gbps: float
+    bf16_tflops: float | None = None
+    source: str = ""
+
+    def ratio(self, other: "Calibration", what: str) -> float:
+        if what == "hbm":
+            return self.hbm_read_gbps / other.hbm_read_gbps
+        if what == "link":
+            return self.link_gbps / other.link_gbps
+        if what == "compute" and self.bf16_tflops and other.bf16_tflops:
+            return self.bf16_tflops / other.bf16_tflops
+        raise ValueError(f"no {what} rate in both calibrations")
+
+    @classmethod
+    def from_metrics(cls, m: pd.DataFrame, gpu_name: str, source: str = "") -> "Calibration":
+        hbm, link = _probe_gbps(m, "hbm_read"), _probe_gbps(m, "zero_copy")
+        if not hbm or not link:
+            raise ValueError(f"{source or 'this run'}: no hbm_read and zero_copy probe rows to calibrate from")
+        return cls(gpu_name, hbm, link, _probe_gbps(m, "gemm_bf16"), source)
+
+    @classmethod
+    def load(cls, path) -> "Calibration":
+        import json
+        from pathlib import Path
+        d = json.loads(Path(path).read_text())
+        missing = {"gpu_name", "hbm_read_gbps", "link_gbps"} - set(d)
+        if missing:
+            raise ValueError(f"calibration {path}: missing {', '.join(sorted(missing))}")
+        return cls(**{k: d[k] for k in ("gpu_name", "hbm_read_gbps", "link_gbps", "bf16_tflops", "source") if k in d})
 
 
 def _num(v) -> float | None:

@@ -96,3 +96,37 @@ def test_predict_says_does_not_fit_instead_of_nan(capsys):
     assert main(["predict", str(run), "--gpu", "rtx3090", "--gpus", "1"]) == 0
     table = capsys.readouterr().out.split("why (largest context")[0]
     assert "does not fit" in table and "nan" not in table.lower()
+
+
+def test_tensor_parallel_shards_the_weights_and_adds_two_all_reduces_a_layer():
+    m = _run(REF, "w4a16")
+    cm = C.CostModel.fit(m, REF, "zero_copy", 65536, 1, H200)
+    one = cm.predict(C.gpu("rtx3090"), 1 << 20, 1, 2048)
+    four = cm.predict(C.gpu("rtx3090"), 1 << 20, 1, 2048, n_gpus=4, split="tensor", allreduce_us=20.0)
+    by = C.phase_bytes(REF, "zero_copy", 1 << 20, 1, 2048, "w4a16")
+    scale = C.gpu("rtx3090").hbm_gbps / H200.hbm_gbps
+    for ph in ("weights", "experts", "deltanet", "hc"):
+        saved = one.phases_ms[ph] - four.phases_ms[ph]
+        assert saved == pytest.approx(by[ph] * 3 / 4 / (HBM * scale * 1e6), rel=1e-9)
+    # two KV heads: four cards read half the rows each, the index scores are every card's
+    assert four.phases_ms["index_score"] == pytest.approx(one.phases_ms["index_score"])
+    ar = C.allreduce_ms(4, 2560 * 2, C.gpu("rtx3090").link_gbps, 20.0)
+    assert four.phases_ms["allreduce"] == pytest.approx(2 * 48 * ar) and ar > 0.02
+    # the layers split: the same sum plus hand-offs
+    three = cm.predict(C.gpu("rtx3090"), 1 << 20, 1, 2048, n_gpus=3)
+    assert three.step_ms == pytest.approx(one.step_ms + 2 * C.HANDOFF_MS)
+
+
+def test_calibrations_replace_the_datasheet_ratios(tmp_path):
+    cm = C.CostModel.fit(_run(), SHAPE, "zero_copy", 65536, 1, H200)
+    src = C.Calibration("NVIDIA H200", 4000.0, 50.0)
+    path = tmp_path / "cal.json"
+    path.write_text('{"gpu_name": "NVIDIA H100", "hbm_read_gbps": 2000.0, "link_gbps": 25.0}')
+    tgt = C.Calibration.load(path)
+    p = cm.predict(C.gpu("h100"), 1 << 20, 1, 2048, calibration=tgt, source_calibration=src)
+    by = C.phase_bytes(SHAPE, "zero_copy", 1 << 20, 1, 2048)
+    assert p.phases_ms["weights"] == pytest.approx(FIXED["weights"] + by["weights"] / (HBM / 2 * 1e6))
+    assert p.phases_ms["transfer"] == pytest.approx(FIXED["transfer"] + by["transfer"] / (LINK / 2 * 1e6))
+    with pytest.raises(ValueError, match="missing"):
+        path.write_text('{"gpu_name": "x"}')
+        C.Calibration.load(path)
