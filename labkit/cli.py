@@ -188,7 +188,18 @@ def cmd_predict(a) -> int:
     if "anat_weights_ms" not in m:
         raise BadInput(f"{a.run_dir}: no step anatomy in this run (measured before anatomies existed, or anatomy=false)")
     shape = shape_for_run(mf["parameters"]["shape"], mf.get("shape_rev"))
-    tab = C.predict_table(m, shape, source, target, a.gpus)
+    how = {"split": a.split, "weights_dtype": a.weights_dtype}
+    if a.allreduce_us is not None:
+        how["allreduce_us"] = a.allreduce_us
+    if a.calibration:
+        try:
+            cal = Path(a.calibration)
+            how["calibration"] = (C.Calibration.from_metrics(load_run(cal).metrics, "target", str(cal))
+                                  if cal.is_dir() else C.Calibration.load(cal))
+            how["source_calibration"] = C.Calibration.from_metrics(m, mf.get("gpu_name") or "", str(a.run_dir))
+        except (ValueError, OSError) as ex:
+            raise BadInput(f"--calibration: {ex}") from None
+    tab = C.predict_table(m, shape, source, target, a.gpus, **how)
     err = C.validate(m, shape, source)
     if a.json:
         print(json.dumps({"prediction": tab.to_dict("records"), "validation_on_source": err.to_dict("records")}, indent=1,
@@ -344,7 +355,17 @@ def _add_reading(sub) -> None:
     pr = sub.add_parser("predict", help="predict a decode run's table on another GPU from its step anatomy")
     pr.add_argument("run_dir")
     pr.add_argument("--gpu", default="rtx3090", help="target GPU key in labkit/data/gpus.toml")
-    pr.add_argument("--gpus", type=int, default=1, help="GPUs the layers are split over (the reference box: 3)")
+    pr.add_argument("--gpus", type=int, default=1, help="GPUs the model is split over (the reference box: 3)")
+    pr.add_argument("--split", choices=("layers", "tensor"), default="layers",
+                    help="how the GPUs share the model: layers (stages in turn) or tensor (every layer sharded, "
+                         "two all-reduces a layer)")
+    pr.add_argument("--allreduce-us", type=float, default=None,
+                    help="one all-reduce's latency between your cards in µs (tensor split; default: the model's "
+                         "assumption, 30)")
+    pr.add_argument("--calibration", help="rates measured on the target card: a calibration JSON (gpu_name, "
+                    "hbm_read_gbps, link_gbps) or a decode run folder made there (its probe rows); the run's own "
+                    "probe calibrates the source")
+    pr.add_argument("--weights-dtype", choices=("bf16", "w4a16"), help="predict the model held in these weights")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(fn=cmd_predict)
 

@@ -400,8 +400,9 @@ def validate(m: pd.DataFrame, shape: ModelShape, source: GPU) -> pd.DataFrame:
 
 
 def predict_table(m: pd.DataFrame, shape: ModelShape, source: GPU, target: GPU, n_gpus: int = 1,
-                  contexts=None, concurrency=None) -> pd.DataFrame:
-    """Predicted tok/s on `target` for each strategy of the run at its measured contexts and concurrencies."""
+                  contexts=None, concurrency=None, **how) -> pd.DataFrame:
+    """Predicted tok/s on `target` for each strategy of the run at its measured contexts and concurrencies.
+    `how`: `CostModel.predict`'s split, calibrations, all-reduce latency and weights dtype."""
     d = _decode_points(m)
     contexts = contexts or sorted(int(x) for x in d["context_len"].unique())
     concurrency = concurrency or sorted(int(x) for x in d["concurrency"].unique())
@@ -414,8 +415,9 @@ def predict_table(m: pd.DataFrame, shape: ModelShape, source: GPU, target: GPU, 
             continue
         for c in concurrency:
             for ctx in contexts:
-                p = cm.predict(target, ctx, c, budget, n_gpus)
-                rows.append({"gpu": target.key, "gpus": n_gpus, "strategy": strategy, "context_len": ctx, "concurrency": c,
+                p = cm.predict(target, ctx, c, budget, n_gpus, **how)
+                rows.append({"gpu": target.key, "gpus": n_gpus, "split": how.get("split", "layers"),
+                             "strategy": strategy, "context_len": ctx, "concurrency": c,
                              "predicted_step_ms": p.step_ms, "predicted_tok_s": p.tok_s if p.fits else None,
                              "fits": p.fits, "memory_gib_per_gpu": p.memory_gib_per_gpu,
                              **{f"{k}_ms": v for k, v in p.phases_ms.items()}, "reasoning": "; ".join(p.reasoning)})
