@@ -446,3 +446,51 @@ def predict_prefill(row: dict, source: GPU, target: GPU, n_gpus: int = 1) -> dic
     flops = float(row.get("prefill_flops") or 0.0)
     bound = tokens / (flops / (n_gpus * target.bf16_tflops * 1e12)) if flops else float("nan")
     return {"tok_s": tokens / ms * 1e3, "ms": ms, "dense_bound_tok_s": bound, "n_gpus": n_gpus, "gpu": target.key}
+
+
+# ---- the model checked across two real GPUs ------------------------------------------------------------------
+def cross_check(src: pd.DataFrame, tgt: pd.DataFrame, shape: ModelShape, src_gpu: GPU, tgt_gpu: GPU) -> pd.DataFrame:
+    """Every decode point measured on both GPUs, predicted on the target from the source's anatomy at that
+    same point (its phases scaled by the two runs' own calibrations: the probe's HBM read and zero-copy link),
+    and every prefill length by `predict_prefill` with the same calibrations: predicted against measured."""
+    cal_s = Calibration.from_metrics(src, src_gpu.name, "source")
+    cal_t = Calibration.from_metrics(tgt, tgt_gpu.name, "target")
+    rows = []
+    ds, dt = _decode_points(src), _decode_points(tgt)
+    for _, r in ds.iterrows():
+        m = dt[(dt.strategy == r.strategy) & (dt.context_len == r.context_len) & (dt.concurrency == r.concurrency)]
+        if m.empty or _num(r.get("anat_weights_ms")) is None:
+            continue
+        cm = CostModel.fit(src, shape, r.strategy, int(r.context_len), int(r.concurrency), src_gpu)
+        p = cm.predict(tgt_gpu, int(r.context_len), int(r.concurrency), int(r.budget),
+                       calibration=cal_t, source_calibration=cal_s)
+        meas = float(m.iloc[0].step_ms_median)
+        rows.append({"kind": "decode", "strategy": r.strategy, "context_len": int(r.context_len),
+                     "concurrency": int(r.concurrency), "source_ms": float(r.step_ms_median), "predicted_ms": p.step_ms,
+                     "measured_ms": meas, "error": p.step_ms / meas - 1})
+    ps = src[(src.experiment == "prefill") & (src.status == "ok")]
+    pt = tgt[(tgt.experiment == "prefill") & (tgt.status == "ok")]
+    for _, r in ps.iterrows():
+        m = pt[pt.context_len == r.context_len]
+        if m.empty:
+            continue
+        ratio = cal_t.ratio(cal_s, "hbm")
+        # prefill's compute phases scale by the GEMM rate where both runs measured it, else the datasheets'
+        comp = (cal_t.bf16_tflops / cal_s.bf16_tflops) if cal_t.bf16_tflops and cal_s.bf16_tflops else \
+            (tgt_gpu.bf16_tflops / src_gpu.bf16_tflops)
+        ms = float(r.step_ms_median) * _prefill_share(r, comp, ratio)
+        meas = float(m.iloc[0].step_ms_median)
+        rows.append({"kind": "prefill", "strategy": r.strategy, "context_len": int(r.context_len), "concurrency": 1,
+                     "source_ms": float(r.step_ms_median), "predicted_ms": ms, "measured_ms": meas,
+                     "error": ms / meas - 1})
+    return pd.DataFrame(rows)
+
+
+def _prefill_share(r, compute_ratio: float, hbm_ratio: float) -> float:
+    """A prefill's time on the target over the source: its compute share by the compute ratio, the rest by the
+    memory ratio (a decode run's prefill rows carry no anatomy: taken as compute-bound, the prompt's products)."""
+    tot = _num(r.get("anatomy_chunk_ms"))
+    if not tot:
+        return 1 / compute_ratio
+    comp = sum(_num(r.get(f"anatomy_{ph}_ms")) or 0.0 for ph in COMPUTE_PHASES)
+    return (comp / compute_ratio + (tot - comp) / hbm_ratio) / tot

@@ -130,3 +130,22 @@ def test_calibrations_replace_the_datasheet_ratios(tmp_path):
     with pytest.raises(ValueError, match="missing"):
         path.write_text('{"gpu_name": "x"}')
         C.Calibration.load(path)
+
+
+def test_cross_check_is_exact_between_runs_that_follow_the_model():
+    """Two synthetic runs of one model on GPUs whose probes read 3000 and 1500 GB/s and 50 and 25 GB/s of link:
+    each point predicted from the other run's same point, with the runs' own probes, errs by nothing."""
+    global HBM, LINK
+    a = _run(REF, "w4a16")
+    saved = HBM, LINK
+    HBM, LINK = 1500.0, 25.0
+    try:
+        b = _run(REF, "w4a16")
+    finally:
+        HBM, LINK = saved
+    for src, tgt in ((a, b), (b, a)):
+        t = C.cross_check(src, tgt, REF, C.gpu("h200"), C.gpu("h100"))
+        assert len(t) == 12 and t["error"].abs().max() < 1e-9
+    slow = b.copy()
+    slow.loc[slow.experiment == "decode", "step_ms_median"] *= 1.1
+    assert C.cross_check(a, slow, REF, C.gpu("h200"), C.gpu("h100"))["error"].max() < -0.08
