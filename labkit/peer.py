@@ -103,19 +103,31 @@ def decode_window(batch: dict) -> list[float] | None:
     return window or None
 
 
+RAW_FOLDERS = ("b3-concur", "b4-prefill", "b5-decode", "b6-bf16", "b6-fp8")
 BATCH_FIELDS = ("nonce", "prompt_tokens", "completion_tokens", "ttft_s", "e2e_s")
 _FILE = re.compile(r"(?P<kind>full|ttft|concur)-(?P<ctx>\d+)(?:-c(?P<c>\d+))?\.jsonl$")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as ex:
+        raise BadInput(f"{path}: not JSON lines ({ex})") from None
 
 
 def derive(raw_dir: str | Path, kv_dtype: str = "fp8_e4m3") -> dict:
     """Per-request records, batches and points from the peer's `benchmarks/<date>/raw` folder."""
     raw = Path(raw_dir)
-    if not (raw / "b5-decode").is_dir():
-        raise BadInput(f"{raw}: not the peer's raw folder (no b5-decode/ in it; give benchmarks/<date>/raw)")
+    absent = [d for d in RAW_FOLDERS if not (raw / d).is_dir()]
+    if absent:
+        raise BadInput(f"{raw}: not the peer's raw folder (no {', '.join(absent)} in it; give benchmarks/<date>/raw)")
+    try:
+        return _derive(raw, kv_dtype)
+    except KeyError as ex:
+        raise BadInput(f"{raw}: a record lacks the field {ex}") from None
+
+
+def _derive(raw: Path, kv_dtype: str) -> dict:
     requests, batches, points = {}, {}, []
 
     def single(rel: str, run: str, ctx: int, kv: str, metrics: dict[str, bool]) -> None:
@@ -233,14 +245,18 @@ def compare(predicted: pd.DataFrame, peer: pd.DataFrame, tolerance: float = TOLE
         raise BadInput(f"unknown metric(s) {', '.join(map(str, unknown))}: the peer has {', '.join(METRICS)}")
     keys = KEY + [k for k in ("run", "kv_dtype") if k in predicted.columns]
     rows = peer if "run" in predicted.columns or "primary" not in peer.columns else peer[peer["primary"]]
-    dup = rows[rows.duplicated(keys, keep=False)]
+    try:
+        pred = predicted.astype({"context_len": "int64", "concurrency": "int64"})
+    except (TypeError, ValueError):
+        raise BadInput("predicted context_len and concurrency must be whole numbers (no blanks)") from None
+    wanted = rows.merge(pred[keys].drop_duplicates(), on=keys)       # only the points asked for
+    dup = wanted[wanted.duplicated(keys, keep=False)]
     if not dup.empty:
         first = dup.iloc[0]
-        raise BadInput(f"the peer has {len(dup)} points for the same {', '.join(keys)} (e.g. {first['metric']} at "
-                       f"{first['context_len']} c={first['concurrency']}): name a run column in the predicted frame")
-    pred = predicted.astype({"context_len": "int64", "concurrency": "int64"})
+        raise BadInput(f"the peer has {len(dup)} points for {first['metric']} at {first['context_len']} "
+                       f"c={first['concurrency']}: give the predicted frame a run column (or keep the peer's primary)")
     cols = keys + [c for c in ("run", "kv_dtype", "prompt_tokens") if c not in keys] + ["median", "min", "max", "n"]
-    out = pred.merge(rows[cols], on=keys, how="left", validate="many_to_one")
+    out = pred.merge(wanted[cols], on=keys, how="left", validate="many_to_one")
     out["error"] = out["predicted"] / out["median"] - 1
     matched = out["median"].notna()
     out["within"] = pd.array([bool(abs(e) <= tolerance + _ULP_SLACK) if m else pd.NA
@@ -276,10 +292,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with pd.option_context("display.width", 160, "display.max_rows", 200):
                 print(headline().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+            sys.stdout.flush()      # inside the try: a closed pipe is caught below
         return 0
     except (BadInput, FileNotFoundError) as ex:
         print(f"labkit.peer: {ex}", file=sys.stderr)
         return 2
+    except BrokenPipeError:         # `show | head`: the reader took what it wanted
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
