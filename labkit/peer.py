@@ -8,7 +8,7 @@ max, n, primary. `compare(predicted, peer)` matches predicted rows to those poin
 Metrics (docs/peer-data.md gives the derivation in full):
 - decode_tok_s: one request's (completion_tokens - 1) / (e2e_s - ttft_s), the peer's own `decode_tok_s`;
 - tpot_ms: at c = 1 the peer's `tpot_ms` (mean gap between streamed chunks after the first); at c > 1 the
-  mean gap of the last-admitted request while all c requests were decoding (the decode step at batch c);
+  same mean for the last-admitted request while all c requests were decoding (the decode step at batch c);
 - decode_aggregate_tok_s: c x 1000 / that step time (tokens per second while all c decode together);
 - aggregate_tok_s: a batch's generated tokens / its wall time (prefill of every request included);
 - prefill_tok_s: prompt_tokens / ttft_s of a single request;
@@ -170,8 +170,10 @@ def _derive(raw: Path, kv_dtype: str) -> dict:
                          "last_admitted": last, **({"last_admitted_itl_ms": reqs[last]["itl_ms_all"]} if window else {})})
             agg.append(sum(r["completion_tokens"] for r in reqs) / b["wall_s"])
             ttft += [r["ttft_s"] * 1e3 for r in reqs]
-            if window:
-                step.append(sum(window) / len(window))
+            if window and len(window) > 1:
+                # without the first gap, as the peer's tpot_ms: after a long prefill the first tokens reach the
+                # client bunched (gaps of a fraction of a step)
+                step.append(sum(window[1:]) / len(window[1:]))
         batches[rel] = kept
         prompt = int(statistics.median(t for b in kept for t in b["prompt_tokens"]))
         points.append(_point("b3-concur", "aggregate_tok_s", ctx, c, kv_dtype, True, rel, agg, prompt))

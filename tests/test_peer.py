@@ -70,7 +70,7 @@ def _recompute(doc: dict, p: dict) -> list[float]:
         return [sum(b["completion_tokens"]) / b["wall_s"] for b in bs]
     if p["metric"] == "ttft_ms":
         return [1e3 * t for b in bs for t in b["ttft_s"]]
-    steps = [float(np.mean(_window(b))) for b in bs if "last_admitted_itl_ms" in b]
+    steps = [float(np.mean(_window(b)[1:])) for b in bs if "last_admitted_itl_ms" in b]    # first gap left out
     return steps if p["metric"] == "tpot_ms" else [c * 1e3 / s for s in steps]
 
 
