@@ -2,7 +2,7 @@
 # The published model's device sitting, in steps (each under its own time limit, so one that fails or runs
 # long leaves the others): GPU tests of the portable path and the MoE parts, the weight-stream bench, the
 # split's memory check, and entries of plans/reference-model.toml (run folders packed into $OUT).
-#   scripts/device_reference.sh tests bench decode-w4a16      # any of: tests bench split ENTRY...
+#   scripts/device_reference.sh tests bench decode-w4a16:330   # any of: tests bench split ENTRY, each STEP:SECONDS
 set -u
 OUT=${OUT:-/tmp/labkit-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -11,14 +11,15 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD} LABKIT_SESSION=${LABKIT_SESSION:-$(date -u +%Y%m%d-%H%M%S)}
 nvidia-smi --query-gpu=name,driver_version,power.limit,power.default_limit,clocks.max.sm,pcie.link.gen.max,memory.total --format=csv | tee -a "$OUT/machine.txt"
-for step in "$@"; do
+for arg in "$@"; do
+  step=${arg%%:*}; limit=${arg#*:}; [ "$limit" = "$arg" ] && limit=300
   t0=$(date +%s)
   case $step in
-    tests) timeout 300 python3 -m pytest -q -x -m gpu tests/test_gpu_portable.py 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;
-    bench) timeout 240 python3 scripts/weights_bench.py "$OUT" 2>&1 | tail -12 ;;
-    split) timeout 300 python3 scripts/split_memory_check.py "$OUT" 2>&1 | tail -12 ;;
+    tests) timeout "$limit" python3 -m pytest -q -m gpu tests/test_gpu_portable.py 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;
+    bench) timeout "$limit" python3 scripts/weights_bench.py "$OUT" 2>&1 | tail -12 ;;
+    split) timeout "$limit" python3 scripts/split_memory_check.py "$OUT" 2>&1 | tail -12 ;;
     *) before=$(ls -d results/*/ 2>/dev/null | sort)
-       timeout 580 python3 - "$step" <<'PY' 2>&1 | grep -v "^\s*$" | tail -15
+       timeout "$limit" python3 - "$step" <<'PY' 2>&1 | grep -v "^\s*$" | tail -15
 import sys
 from labkit.experiments import measure
 from labkit.nightly import load_plan
