@@ -377,6 +377,6 @@ def list_runs(root: str | Path = "results") -> pd.DataFrame:
         rows.append({"path": str(mf.parent), "run_id": m.get("run_id"), "experiment": m.get("experiment"),
                      "created": m.get("created"), "status": effective_status(m), "gpu_name": m.get("gpu_name"),
                      "pcie_gen": m.get("pcie_gen"), "pcie_width": m.get("pcie_width"), "git_sha": m.get("git_sha"),
-                     "host": m.get("host"), "cluster": m.get("cluster")})
+                     "host": m.get("host"), "cluster": m.get("cluster"), "gpus": m.get("gpus")})
     df = pd.DataFrame(rows)
     return df.sort_values("created", ascending=False) if not df.empty else df
