@@ -135,3 +135,22 @@ def test_every_pair_of_gpus_says_whether_it_copies_peer_to_peer():
     for p in g["peer"]:
         assert p["cuda_peer"] == torch.cuda.can_device_access_peer(p["a"], p["b"])
         assert p["nvml_read"] is not None and p["path"] is not None
+
+
+@pytest.mark.gpu
+def test_a_decode_sweep_takes_its_gpu_story_from_its_own_telemetry(tmp_path):
+    """A real (tiny) decode sweep: its telemetry carries the clock-event mask, and the manifest's observed
+    clocks come from that measured window; the report's line is drawn from it."""
+    from labkit import experiments
+    from labkit.report.gpus import gpu_line
+    r = experiments.measure("decode", dict(device="cuda:0", shape="tiny", context_lens="300", budgets="64",
+                                           concurrency="1", repeats=1, steps=2, prefill_lens="", probe=False,
+                                           per_row_steps=1, out_dir=str(tmp_path / "r")), progress_bar=False)
+    mf = json.loads((r.path / "manifest.json").read_text())
+    o = mf["gpus"]["devices"][0]["observed"]
+    assert o["source"].startswith("telemetry.parquet") and o["samples"] >= 1
+    tel = pd.read_parquet(r.path / "telemetry.parquet")
+    assert o["samples"] == int((tel["gpu"] == 0).sum()) and tel["throttle_reasons"].notna().all()
+    line = gpu_line(mf)
+    assert line.startswith(mf["gpus"]["devices"][0]["name"].replace("NVIDIA ", "")) and " W of " in line and "SM " in line
+    print(line)
