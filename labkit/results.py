@@ -73,7 +73,7 @@ def run_gpus(params: dict) -> list[int]:
         d = str(d)
         if d in ("auto", "cuda"):
             out.append(0)
-        elif d.startswith("cuda:") and d[5:].isdigit():
+        elif d.startswith("cuda:") and d[5:].isdigit() and int(d[5:]) < torch.cuda.device_count():
             out.append(int(d[5:]))
     return list(dict.fromkeys(out))          # a device named twice is one GPU
 
@@ -212,7 +212,10 @@ class Run:
         if gpus:
             # clocks and clock events over the whole run, for the experiments that sample no telemetry of
             # their own (prefill, capacity, ...); 2 Hz of a few NVML reads, no PCIe counters
-            run.gpu_watch = Sampler(gpus=gpus, counters=False, slow_period=0.5).start()
+            try:
+                run.gpu_watch = Sampler(gpus=gpus, counters=False, slow_period=0.5).start()
+            except Exception:  # NVML without a handle for a card: the run goes on, its section says not sampled
+                run.gpu_watch = None
         return run
 
     def _write_manifest(self) -> None:

@@ -292,7 +292,11 @@ def _one_gpu(nv, cuda_index: int) -> dict:
     d: dict = {"index": cuda_index, "name": torch.cuda.get_device_name(cuda_index)}
     if nv is None:
         return d
-    h = nvml_handle(nv, cuda_index)
+    try:
+        h = nvml_handle(nv, cuda_index)
+    except Exception as ex:  # NVML does not know the card (a driver/library mismatch): say so, read nothing
+        d["nvml"] = f"NVML has no handle for it: {type(ex).__name__}: {ex}"
+        return d
     d.update({"nvml_index": _read(nv.nvmlDeviceGetIndex, h), "uuid": _read(lambda: _text(nv.nvmlDeviceGetUUID(h))),
               "pci_bus_id": _read(lambda: _text(nv.nvmlDeviceGetPciInfo(h).busId)),
               # the limit the driver enforces now (nvidia-smi -pl, or the board's own) against the card's default
@@ -323,8 +327,11 @@ def _pair(nv, a: int, b: int) -> dict:
     """Whether copies between two GPUs go peer to peer: CUDA's answer each way, and NVML's reasons."""
     import torch
     p = {"a": a, "b": b, "cuda_peer": bool(torch.cuda.can_device_access_peer(a, b) and torch.cuda.can_device_access_peer(b, a))}
-    if nv is not None:
-        ha, hb = nvml_handle(nv, a), nvml_handle(nv, b)
+    try:
+        ha, hb = (nvml_handle(nv, a), nvml_handle(nv, b)) if nv is not None else (None, None)
+    except Exception:  # no NVML handle: CUDA's answer alone
+        ha = hb = None
+    if ha is not None:
         for key, idx in (("nvml_read", "NVML_P2P_CAPS_INDEX_READ"), ("nvml_write", "NVML_P2P_CAPS_INDEX_WRITE"),
                          ("nvml_nvlink", "NVML_P2P_CAPS_INDEX_NVLINK")):
             st = _read(nv.nvmlDeviceGetP2PStatus, ha, hb, _first(getattr(nv, idx)))
