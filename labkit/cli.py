@@ -249,11 +249,13 @@ def cmd_runs(a) -> int:
     def text(v) -> str:
         return v if isinstance(v, str) else ""          # None / NaN from the table: empty
 
+    from .report.gpus import short_machine
     from .report.index import machine_kind
     rows = []
     for r in df.to_dict("records"):
         where = Path(r["path"])
-        machine = text(r.get("gpu_name")) or "CPU " + text(r.get("host"))
+        # the GPUs the run used (count, a power cap) where the manifest recorded them, else its GPU's name
+        machine = short_machine(r) or text(r.get("gpu_name")) or "CPU " + text(r.get("host"))
         if text(r.get("status")) == "unreadable":      # say why instead of a machine nobody could read
             machine = text(r.get("error"))[:40]
         rel = os.path.relpath(where, root)

@@ -74,6 +74,10 @@ class GPU:
     sms: int
     memory_gib: float
     bf16_tflops: float = 0.0      # datasheet dense bf16, FP32 accumulate (the prefill prediction's scale)
+    boost_mhz: float = 0.0        # the boost clock the tensor rate is computed at (0: the document gives none)
+    tdp_w: float = 0.0            # the default power limit; a run's manifest records the one in force
+    arch: str = ""                # ampere / ada / hopper
+    note: str = ""
 
     @property
     def link_gbps(self) -> float:

@@ -3,7 +3,10 @@
 A run folder `results/<run-id>/` holds (the contract reports, tests and the index rely on):
 - `manifest.json`: run_id, created, git_sha, host, gpu_name, driver, cuda, torch, pcie_gen, pcie_width,
   labkit version, the experiment and its parameters, the writing processes (`writers`: pid and start time on
-  `host`), and (when finished) status and wall time;
+  `host`), and (when finished) status and wall time; `gpus`: each GPU the run used as it was set (power limit
+  enforced and default, maximum clocks, link, peer access between each pair) and, when finished, what it did
+  (`observed`: clocks, power, temperature and clock-event reasons over the run's NVML samples), or `none`
+  saying why there is no GPU;
 - `metrics.parquet`: one tidy row per measured point (`METRIC_COLUMNS` at least), rewritten after every
   point so a crash loses nothing already measured;
 - `telemetry.parquet`: the NVML/host time series;
@@ -25,7 +28,7 @@ import pandas as pd
 from . import envs
 from . import __version__
 from .atomic import replacing, write_text_or_in_place
-from .telemetry import machine_load
+from .telemetry import Sampler, describe_gpus, machine_load, observed
 
 # rows and manifests written since the reference shape followed the public config carry shape_rev 2; a run
 # without it that names "qwen3.8-flash-next" was made with the stand-in (`shapes.shape_for_run`)
@@ -52,6 +55,31 @@ def git_sha(repo: Path = REPO) -> str:
         return sha + ("-dirty" if dirty else "")
     except Exception:
         return "unknown"
+
+
+def run_gpus(params: dict) -> list[int]:
+    """The CUDA indices of the GPUs a run's parameters name: `device_list`, else every `cuda[:N]` in `device`
+    or `devices` (comma-separated; `auto`/`cuda` is GPU 0, `auto` for `devices` every GPU), else GPU 0 where
+    there is one. Empty on a machine without CUDA or for a CPU run."""
+    import torch
+    if not torch.cuda.is_available():
+        return []
+    names = params.get("device_list")
+    if not isinstance(names, list):
+        given = next((params[k] for k in ("device", "devices") if isinstance(params.get(k), str)), None)
+        if given is None:
+            return [0]
+        if given.strip() == "auto" and "devices" in params and "device" not in params:
+            return list(range(torch.cuda.device_count()))
+        names = [d.strip() for d in given.split(",") if d.strip()]
+    out = []
+    for d in names:
+        d = str(d)
+        if d in ("auto", "cuda"):
+            out.append(0)
+        elif d.startswith("cuda:") and d[5:].isdigit() and int(d[5:]) < torch.cuda.device_count():
+            out.append(int(d[5:]))
+    return list(dict.fromkeys(out))          # a device named twice is one GPU
 
 
 def machine_info() -> dict:
@@ -161,6 +189,7 @@ class Run:
     def __init__(self, path: Path, manifest: dict):
         self.path, self.manifest = path, manifest
         self.records: list[dict] = []
+        self.gpu_watch = None         # a light NVML sampler over the run's GPUs (clocks, power, clock events)
 
     @property
     def run_id(self) -> str:
@@ -181,8 +210,17 @@ class Run:
                     "shape_rev": SHAPE_REV}
         if envs.get("LABKIT_SESSION"):     # runs made by one device session (their reports meet)
             manifest["session"] = envs.get("LABKIT_SESSION")
+        gpus = run_gpus(params)
+        manifest["gpus"] = describe_gpus(gpus)
         run = cls(path, manifest)
         run._write_manifest()
+        if gpus:
+            # clocks and clock events over the whole run, for the experiments that sample no telemetry of
+            # their own (prefill, capacity, ...); 2 Hz of a few NVML reads, no PCIe counters
+            try:
+                run.gpu_watch = Sampler(gpus=gpus, counters=False, slow_period=0.5).start()
+            except Exception:  # NVML without a handle for a card: the run goes on, its section says not sampled
+                run.gpu_watch = None
         return run
 
     def _write_manifest(self) -> None:
@@ -245,8 +283,33 @@ class Run:
                 fields["error"] = error
         created = dt.datetime.fromisoformat(self.manifest["created"])
         wall = (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
+        self._observe_gpus()
         self.update_manifest(status=status, wall_s=round(wall, 1), machine_load_after=machine_load(), **fields)
         return status
+
+    def _observe_gpus(self) -> None:
+        """Each GPU's `observed` entry: from the run's own telemetry where its experiment sampled the GPU (its
+        measured window), else from the run's watch (the whole run)."""
+        watch, self.gpu_watch = self.gpu_watch, None
+        if watch is not None:
+            watch.stop()
+        devices = (self.manifest.get("gpus") or {}).get("devices") or []
+        if not devices:
+            return
+        try:
+            tel = pd.read_parquet(self.path / "telemetry.parquet") if (self.path / "telemetry.parquet").is_file() else None
+        except Exception:  # a table cut short: the watch still says what the GPUs did
+            tel = None
+        own = watch.frame() if watch is not None else None
+        for d in devices:
+            seen = observed(tel, d["index"]) if tel is not None else {"samples": 0}
+            if seen["samples"]:
+                seen["source"] = "telemetry.parquet (the measured window)"
+            else:
+                seen = observed(own, d["index"]) if own is not None else {"samples": 0}
+                seen["source"] = "the run's NVML watch, every 0.5 s" if seen["samples"] else \
+                    (watch.reason if watch is not None and watch.reason else "not sampled")
+            d["observed"] = seen
 
 
 class LoadedRun:
@@ -322,6 +385,6 @@ def list_runs(root: str | Path = "results") -> pd.DataFrame:
         rows.append({"path": str(mf.parent), "run_id": m.get("run_id"), "experiment": m.get("experiment"),
                      "created": m.get("created"), "status": effective_status(m), "gpu_name": m.get("gpu_name"),
                      "pcie_gen": m.get("pcie_gen"), "pcie_width": m.get("pcie_width"), "git_sha": m.get("git_sha"),
-                     "host": m.get("host"), "cluster": m.get("cluster")})
+                     "host": m.get("host"), "cluster": m.get("cluster"), "gpus": m.get("gpus")})
     df = pd.DataFrame(rows)
     return df.sort_values("created", ascending=False) if not df.empty else df

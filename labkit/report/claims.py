@@ -316,12 +316,18 @@ def _prediction_figure(run: str, best: dict, p: dict) -> Figure:
     how = f"sparse attention (top {int(best['budget']):,} rows a query)" if sparse else "dense attention"
     what = (f"cost model: {_ctx(int(best['context_len']))} prompt, {how}, layers split over 3× RTX 3090 with the "
             f"chunks pipelined, from the H200's anatomy at {best['tok_s']:,.0f} tok/s ({best.get('engine_variant') or best['mode']}); "
-            f"the bound there (the prompt's FLOPs at 3 × 35.6 TFLOPS, bf16 with FP32 accumulation) is "
+            f"the bound there (the prompt's FLOPs at 3 × {_rate('rtx3090'):g} TFLOPS, bf16 with FP32 accumulation) is "
             f"{p['dense_bound_tok_s']:,.0f} tok/s"
             + ("" if sparse or p["dense_bound_tok_s"] >= 3701 else ", below the published figure: it implies sparse "
                "prefill or FP16 accumulation"))
     return Figure(p["tok_s"], p["tok_s"], p["tok_s"], f"one anatomy scaled by datasheet rates; the {'sparse' if sparse else 'dense'} "
                   f"bound on 3× RTX 3090 {p['dense_bound_tok_s']:,.0f} tok/s", what, (run,), "", "tok/s")
+
+
+def _rate(key: str) -> float:
+    """A GPU's dense bf16 tensor rate (FP32 accumulation), TFLOPS, as `data/gpus.toml` gives it with its source."""
+    from ..costmodel import gpu
+    return gpu(key).bf16_tflops
 
 
 def _with_sparse(dense: Figure, run: str) -> Figure:

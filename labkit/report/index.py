@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from .gpus import capped, machine_cell, power_text
 from .summary import ok_rows, link_gbps
 from ..results import effective_status, run_manifests
 
@@ -129,7 +130,11 @@ def machine_label(mf: dict) -> str:
     (model, cores, RAM; the host name too where it names a machine rather than every VM)."""
     if mf.get("gpu_name"):
         link = f"PCIe gen{mf['pcie_gen']} x{mf['pcie_width']}" if mf.get("pcie_gen") else "link unknown"
-        return f"{mf['gpu_name']} · {link}"
+        # several GPUs, or a card held below its default power limit, is another machine (older runs: neither)
+        devs = (mf.get("gpus") or {}).get("devices") or [] if isinstance(mf.get("gpus"), dict) else []
+        many = f" x{len(devs)}" if len(devs) > 1 else ""
+        cap = f" · {power_text(devs)}" if capped(mf) else ""
+        return f"{mf['gpu_name']}{many}{cap} · {link}"
     parts = ["CPU", mf.get("cpu_model") or "model not recorded", f"{mf.get('cpu_count', '?')} cores"]
     if mf.get("host_mem_total_bytes"):
         parts.append(f"{mf['host_mem_total_bytes'] / 2**30:.0f} GiB")
@@ -198,7 +203,8 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
         report = run_dir / "report.html"
         runs.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
                      "experiment": mf.get("experiment", ""), "status": effective_status(mf),
-                     "kind": machine_kind(mf), "machine": machine_label(mf), "git_sha": mf.get("git_sha", ""), "wall_s": mf.get("wall_s"),
+                     "kind": machine_kind(mf), "machine": " · ".join(x for x in (machine_label(mf), machine_cell(mf)) if x),
+                     "git_sha": mf.get("git_sha", ""), "wall_s": mf.get("wall_s"),
                      "points_ok": int((st == "ok").sum()), "points_failed": int((st != "ok").sum()) if len(st) else 0,
                      "holds": contents(run_dir, st), "note": _short(_note(mf.get("note") or mf.get("command") or "")),
                      "folder": os.path.relpath(run_dir, root),

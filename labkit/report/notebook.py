@@ -144,6 +144,41 @@ def mark_stopped(nb, run_dir: Path) -> bool:
     return True
 
 
+def _header_cell(nb) -> int:
+    """Where a report names its run: the first cell whose output begins `**Run**` (every notebook's header),
+    else the banner that says the run stopped, else the title (the first markdown cell), else the top."""
+    for i, c in enumerate(nb.cells):
+        outputs = c.get("outputs", []) if c.get("cell_type") == "code" else []
+        if any("".join(o.get("data", {}).get("text/markdown", "")).lstrip().startswith("**Run**") for o in outputs):
+            return i
+    return next((i for i, c in enumerate(nb.cells) if "labkit-stopped" in c.get("metadata", {}).get("tags", [])),
+                next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), -1))
+
+
+def add_gpu_cells(nb, run_dir: Path) -> bool:
+    """The run's GPUs as the manifest recorded them: one line under the report's header, beside the figures
+    (power limit of default, clocks, what held them down, peer access), and the machine section with the detail
+    at the end. A manifest from before runs recorded its GPUs adds nothing. Returns whether it added."""
+    import json
+    from .gpus import SECTION_TITLE, gpu_line, gpu_section
+    try:
+        mf = json.loads((run_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    line = gpu_line(mf)
+    if not line:
+        return False
+    section = gpu_section(mf)
+    cell = nbformat.v4.new_markdown_cell(f"**GPUs** {line}" + (f" (detail: *{SECTION_TITLE}*, at the end)" if section else ""))
+    cell.metadata["tags"] = ["labkit-gpus"]
+    nb.cells.insert(_header_cell(nb) + 1, cell)
+    if section:
+        end = nbformat.v4.new_markdown_cell(section)
+        end.metadata["tags"] = ["labkit-gpus"]
+        nb.cells.append(end)
+    return True
+
+
 def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bool = True, standalone: bool = False) -> Path:
     """Write `run_dir/report.html` (or `out`) from the executed notebook(s) in the folder (one page,
     sections in order); `standalone` embeds plotly.js instead of linking the results folder's copy."""
@@ -162,6 +197,7 @@ def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bo
     for more in parts[1:]:   # several notebooks (e.g. probe + sweep): one page
         nb.cells.extend(more.cells)
     mark_stopped(nb, run_dir)
+    add_gpu_cells(nb, run_dir)
     nb.metadata.pop("widgets", None)   # widget state would pull the widget manager from a CDN; reports are widget-free
     nb.metadata.setdefault("title", f"labkit report {run_dir.name}")
     html, _ = ex.from_notebook_node(nb, resources={"metadata": {"name": f"labkit {run_dir.name}"}})
