@@ -11,6 +11,7 @@ import math
 import subprocess
 from pathlib import Path
 
+from labkit.atomic import open_append, write_text
 from labkit.serving.lifecycle import launcher_cmd
 
 KEYS = ("median_ttft_ms", "mean_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "mean_tpot_ms", "p99_tpot_ms",
@@ -41,7 +42,7 @@ def run_bench(base_url: str, model: str, input_len: int, output_len: int, num_pr
     result_dir.mkdir(parents=True, exist_ok=True)
     cmd = bench_command(base_url, model, input_len, output_len, num_prompts, concurrency, result_dir, result_name,
                         request_rate, seed)
-    with open(log_path, "ab") as log:
+    with open_append(log_path, "ab") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -53,5 +54,5 @@ def run_bench(base_url: str, model: str, input_len: int, output_len: int, num_pr
     data = json.loads(path.read_text())
     # the per-request arrays make the file large; the summary is what the report needs
     slim = {k: v for k, v in data.items() if not isinstance(v, list)}
-    path.write_text(json.dumps(slim, indent=1))
+    write_text(path, json.dumps(slim, indent=1))
     return {**{k: data.get(k) for k in KEYS}, "result_path": str(path)}
