@@ -414,6 +414,10 @@ def _add_serve(sub) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--log-level", default="warning")
+    s.add_argument("--max-body-mib", type=float, default=16,
+                   help="largest request body taken, in MiB (larger: HTTP 413, before it is parsed)")
+    s.add_argument("--keep-records", type=int, default=1000,
+                   help="finished requests and decode rounds GET /stats keeps (the newest; totals cover all)")
     s.set_defaults(fn=cmd_serve)
 
 

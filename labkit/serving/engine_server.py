@@ -26,6 +26,7 @@ switches, stalls, bytes), `GET /timeline` the sampled switching timelines.
 """
 
 import asyncio
+import collections
 import json
 import queue
 import threading
@@ -34,19 +35,55 @@ import uuid
 
 from ..params import BadInput
 from .promserve import CONTENT_TYPE, ServeMetrics
-from .tokentext import TokenText, piece
+from .tokentext import TokenText, piece, utf8_len
+
+
+KEEP_RECORDS = 1000                   # finished requests (and decode rounds) /stats keeps, newest last
+KEEP_TIMELINES = 64
+MAX_BODY_MIB = 16                     # a request body above this is refused (HTTP 413) before it is parsed
+
+
+class RecordLog:
+    """The newest `keep` records of one kind (a ring), numbered from 1 in the order they came, and totals over
+    every record ever added: a server that runs for days answers /stats with the same few hundred KB."""
+
+    def __init__(self, keep: int, totals: dict):
+        self.keep, self.totals, self.seen = keep, totals, 0
+        self.ring: collections.deque = collections.deque(maxlen=keep)
+        self.lock = threading.Lock()
+
+    def add(self, rec: dict, counts: dict) -> None:
+        with self.lock:
+            self.seen += 1
+            self.ring.append({"seq": self.seen, **rec})
+            for k, v in counts.items():
+                self.totals[k] = self.totals.get(k, 0) + v
+
+    def view(self, since: int = 0) -> dict:
+        with self.lock:
+            return {"records": [r for r in self.ring if r["seq"] > since], "seen": self.seen,
+                    "dropped": self.seen - len(self.ring), "totals": dict(self.totals)}
 
 
 class EngineLoop:
-    """The scheduler on its own thread; `submit` from any thread."""
+    """The scheduler on its own thread; `submit` from any thread. Between steps it moves the scheduler's
+    finished requests and decode rounds into bounded logs (`RecordLog`), so memory stays flat however long
+    the server runs."""
 
-    def __init__(self, sched, idle_wait_s: float = 0.02):
+    def __init__(self, sched, idle_wait_s: float = 0.02, keep: int | None = KEEP_RECORDS):
+        """`keep`: requests and rounds kept for /stats (and KEEP_TIMELINES timelines); None keeps every one
+        (a measurement that reads all of a bounded replay)."""
+        if keep is not None and keep < 1:
+            raise BadInput(f"keep must be >= 1 (records kept), got {keep}")
         self.sched, self.idle_wait_s = sched, idle_wait_s
         self.inbox: queue.Queue = queue.Queue()
         self.aborts: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="labkit-engine", daemon=True)
-        self.errors: list[str] = []
+        self.errors: collections.deque = collections.deque(maxlen=100)
+        self.requests = RecordLog(keep, {"ok": 0, "failed": 0, "aborted": 0, "prompt_tokens": 0,
+                                         "output_tokens": 0})
+        self.rounds = RecordLog(keep, {"rounds": 0, "switches": 0, "stalls": 0, "h2d_bytes": 0, "copies": 0})
 
     def start(self) -> "EngineLoop":
         self.thread.start()
@@ -118,6 +155,38 @@ class EngineLoop:
             except queue.Empty:
                 return
 
+    def _collect(self) -> None:
+        """The scheduler's finished requests and rounds into the logs (this thread owns the scheduler)."""
+        s = self.sched
+        if s.finished:
+            done, s.finished[:] = list(s.finished), []
+            for r in done:
+                kind = "ok" if r.status == "done" else ("aborted" if r.status == "aborted" else "failed")
+                self.requests.add(r.record(), {kind: 1, "prompt_tokens": len(r.prompt), "output_tokens": len(r.tokens)})
+        n = len(s.rounds)
+        n -= n % s.timeline_every if s.timeline_every > 0 else 0     # keeps the timeline's sampling phase
+        if n:
+            gone, s.rounds[:n] = s.rounds[:n], []
+            for rec in gone:
+                self.rounds.add(rec, {"rounds": 1, "switches": rec["switches"], "stalls": rec["stalls"],
+                                      "h2d_bytes": rec["h2d_bytes"], "copies": rec["copies"]})
+        if self.requests.keep is not None and len(s.timelines) > KEEP_TIMELINES:
+            s.timelines[:len(s.timelines) - KEEP_TIMELINES] = []
+
+    def round_view(self) -> dict:
+        """The newest rounds: those moved into the log, then the few the scheduler still holds (fewer than
+        its timeline's sampling period; a list copy from another thread is one step for the interpreter)."""
+        held = list(self.sched.rounds)
+        v = self.rounds.view()
+        tot = dict(v["totals"])
+        for rec in held:
+            for k in ("switches", "stalls", "h2d_bytes", "copies"):
+                tot[k] += rec[k]
+        tot["rounds"] += len(held)
+        keep = self.rounds.keep or tot["rounds"]
+        recent = [{k: r[k] for k in r if k != "seq"} for r in v["records"]] + held
+        return {"rounds": recent[-keep:] if keep else [], "totals": tot, "dropped": max(0, tot["rounds"] - keep)}
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._take(block=False)
@@ -127,6 +196,7 @@ class EngineLoop:
             except Exception as ex:         # noqa: BLE001 - the scheduler records request failures itself
                 self.errors.append(f"{type(ex).__name__}: {ex}")
                 did = False
+            self._collect()
             if not did:
                 self._take(block=True)
 
@@ -191,6 +261,8 @@ def _stops(body: dict) -> list[str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise BadInput("stop must be a string or a list of strings")
+    for s in stop:
+        utf8_len(s, "a stop string")
     return [s for s in stop if s]
 
 
@@ -328,22 +400,49 @@ class Generation:
                 "prompt_tokens_details": {"cached_tokens": 0}}
 
 
-async def _json_body(http):
-    """The body as JSON, or an error line: cut off, not JSON, or nested too deep for the parser."""
+class BodyTooLarge(Exception):
+    pass
+
+
+async def _json_body(http, limit: int):
+    """The body as JSON, or an error line: larger than `limit` bytes (BodyTooLarge, known from its
+    Content-Length before anything is read, or as soon as that many bytes arrived), cut off, not JSON, or
+    nested too deep for the parser."""
     from starlette.requests import ClientDisconnect
+    too_big = f"the request body is larger than this server's limit of {limit:,} bytes (labkit serve --max-body-mib)"
+    length = http.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise BodyTooLarge(too_big)
+    chunks, got = [], 0
     try:
-        raw = await http.body()
+        async for chunk in http.stream():
+            got += len(chunk)
+            if got > limit:
+                raise BodyTooLarge(too_big)
+            chunks.append(chunk)
     except ClientDisconnect:                # the body was cut off: nobody is listening for an answer
         return None, "the client disconnected before sending the whole body"
     try:
-        return json.loads(raw), None
+        return json.loads(b"".join(chunks)), None
     except RecursionError:
         return None, "body is nested too deeply"
     except ValueError as ex:
         return None, f"body is not JSON: {ex}"
 
 
-def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | None = None):
+def _prompt_bound(body: dict, chat: bool, text: TokenText) -> int:
+    """The fewest tokens the request's prompt can become, from its length alone (before any tokenizing or
+    template rendering); BadInput for text that is not valid Unicode."""
+    if chat:
+        return sum(text.at_least(m["content"], "message content") for m in _messages(body))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
+        prompt = prompt[0]
+    return text.at_least(prompt) if isinstance(prompt, str) else len(prompt) if isinstance(prompt, list) else 0
+
+
+def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | None = None,
+               max_body_bytes: int = MAX_BODY_MIB << 20):
     from fastapi import FastAPI, Request as HTTPRequest
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -369,9 +468,14 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
         return Response(metrics.page(), media_type=CONTENT_TYPE)
 
     @app.get("/stats")
-    async def stats():
-        return {"records": [r.record() for r in list(sched.finished)], "rounds": list(sched.rounds),
-                "errors": list(loop.errors), "graphs": sched.graphs, "graph_error": sched.graph_error}
+    async def stats(since: int = 0):
+        """The newest finished requests (those numbered above `since`), the newest decode rounds, and totals
+        over everything the server has done (`records_seen`, `records_dropped`: beyond the ring)."""
+        req, rounds = loop.requests.view(since), loop.round_view()
+        return {"records": req["records"], "records_seen": req["seen"], "records_dropped": req["dropped"],
+                "totals": req["totals"], "rounds": rounds["rounds"], "round_totals": rounds["totals"],
+                "rounds_dropped": rounds["dropped"], "errors": list(loop.errors), "graphs": sched.graphs,
+                "graph_error": sched.graph_error}
 
     @app.get("/timeline")
     async def timeline():
@@ -380,7 +484,10 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
     async def serve(http: HTTPRequest, chat: bool):
         # the request's clock starts before its body is read and tokenized: a client's TTFT includes both
         arrival = sched.now()
-        body, why = await _json_body(http)
+        try:
+            body, why = await _json_body(http, max_body_bytes)
+        except BodyTooLarge as ex:
+            return _error(413, str(ex), "RequestEntityTooLarge")
         if why:
             return _error(400, why)
         if not isinstance(body, dict):
@@ -389,7 +496,14 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
         if asked is not None and asked != model_name:       # vLLM: 404 for a model it does not serve
             return _error(404, f"The model `{asked}` does not exist.", "NotFoundError", "model")
         try:
-            ids = text.chat(_messages(body)) if chat else _prompt_ids(body.get("prompt"), text)
+            at_least = _prompt_bound(body, chat, text)          # no tokenizing for a prompt that cannot fit
+            asked = 0 if chat else max(0, _int(body, "max_tokens", 16))
+            if at_least + asked > capacity:
+                raise BadInput(f"This model's maximum context length is {capacity:,} tokens: the prompt (at least "
+                               f"{at_least:,} tokens)" + (f" and max_tokens {asked} exceed it" if asked else " exceeds it"))
+            # tokenizing (and a chat template) off the event loop: /health and the streams go on meanwhile
+            ids = await asyncio.to_thread(text.chat, _messages(body)) if chat else \
+                await asyncio.to_thread(_prompt_ids, body.get("prompt"), text)
             sp = Sampling(body, chat, max(1, capacity - len(ids)) if chat else 16)
             gen = Generation(loop, ids, sp, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}", metrics)
             gen.start(arrival)
@@ -484,7 +598,7 @@ def build(args) -> EngineLoop:
     costs = calibrate(lanes, graphs=args.graphs) if args.policy == "adaptive" else None
     sched = Scheduler(lanes, parse_policy(args.policy, costs), switching=args.switching == "on",
                       timeline_every=args.timeline_every, graphs=args.graphs)
-    return EngineLoop(sched)
+    return EngineLoop(sched, keep=getattr(args, "keep_records", KEEP_RECORDS))
 
 
 def cmd_serve(args) -> int:
@@ -493,6 +607,11 @@ def cmd_serve(args) -> int:
         raise BadInput(f"labkit serve binds to the loopback interface only, not {args.host}")
     if args.switching not in ("on", "off"):
         raise BadInput("--switching must be on or off")
+    max_body = getattr(args, "max_body_mib", MAX_BODY_MIB)
+    if not max_body > 0:
+        raise BadInput(f"--max-body-mib must be > 0, got {max_body}")
+    if getattr(args, "keep_records", KEEP_RECORDS) < 1:
+        raise BadInput(f"--keep-records must be >= 1, got {args.keep_records}")
     from ..engine.drive.scheduler import Costs, parse_policy
     from ..shapes import ModelShape
     parse_policy(args.policy, Costs(0, 0, 0))
@@ -512,7 +631,7 @@ def cmd_serve(args) -> int:
         except ValueError as ex:        # the tokenizer's package missing: one line
             raise BadInput(str(ex)) from ex
     loop = build(args).start()
-    app = create_app(loop, args.model_name, text)
+    app = create_app(loop, args.model_name, text, max_body_bytes=int(max_body * 2**20))
     print(f"labkit serve: lanes {', '.join(f'{n}={l.cache.n_slots} slots' for n, l in loop.sched.lanes.items())}, "
           f"policy {args.policy}, switching {args.switching}, {text.describe()}, "
           f"http://{args.host}:{args.port}/v1/completions and /v1/chat/completions, /metrics", flush=True)
