@@ -416,6 +416,8 @@ def _add_serve(sub) -> None:
     s.add_argument("--log-level", default="warning")
     s.add_argument("--max-body-mib", type=float, default=16,
                    help="largest request body taken, in MiB (larger: HTTP 413, before it is parsed)")
+    s.add_argument("--overflow", default="on",
+                   help="on | off: with threshold:N, a request whose lane is full takes a free slot of the other")
     s.add_argument("--keep-records", type=int, default=1000,
                    help="finished requests and decode rounds GET /stats keeps (the newest; totals cover all)")
     s.set_defaults(fn=cmd_serve)

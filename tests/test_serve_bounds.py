@@ -33,13 +33,9 @@ class WatchedText(TokenText):
 
     threads: list = []
 
-    def encode(self, text):
+    def encode(self, text):            # chat messages are encoded through it too, once rendered
         self.threads.append(threading.current_thread())
         return super().encode(text)
-
-    def chat(self, messages):
-        self.threads.append(threading.current_thread())
-        return super().chat(messages)
 
 
 def _free_port():

@@ -34,8 +34,10 @@ import time
 import uuid
 
 from ..params import BadInput
+from .generation import Generation, Sampling, bool_field, int_field, messages, prompt_ids
 from .promserve import CONTENT_TYPE, ServeMetrics
-from .tokentext import TokenText, piece, utf8_len
+from .replies import Reply
+from .tokentext import TokenText, piece
 
 
 KEEP_RECORDS = 1000                   # finished requests (and decode rounds) /stats keeps, newest last
@@ -201,205 +203,6 @@ class EngineLoop:
                 self._take(block=True)
 
 
-def _int(body: dict, key: str, default):
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise BadInput(f"{key} must be an integer")
-    return v
-
-
-def _bool(body: dict, key: str, default: bool = False) -> bool:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise BadInput(f"{key} must be true or false")
-    return v
-
-
-def _prompt_ids(prompt, text: TokenText) -> list[int]:
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
-        if len(prompt) != 1:
-            raise BadInput("one prompt per request")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return text.encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    raise BadInput("prompt must be a string or a list of token ids")
-
-
-def _messages(body: dict) -> list[dict]:
-    """Chat messages as role + text content (content parts of type text are joined, as vLLM does)."""
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise BadInput("messages must be a non-empty list")
-    out = []
-    for m in msgs:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BadInput("each message must be an object with a role")
-        c = m.get("content")
-        if c is None:
-            c = ""
-        if isinstance(c, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in c):
-                raise BadInput("message content parts must be of type text (this server takes text only)")
-            c = "\n".join(p["text"] for p in c)
-        if not isinstance(c, str):
-            raise BadInput("message content must be a string or a list of text parts")
-        out.append({"role": m["role"], "content": c})
-    return out
-
-
-def _stops(body: dict) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise BadInput("stop must be a string or a list of strings")
-    for s in stop:
-        utf8_len(s, "a stop string")
-    return [s for s in stop if s]
-
-
-class Sampling:
-    """What a request asks of generation, parsed and checked (BadInput: one line, HTTP 400).
-
-    Greedy decoding whatever `temperature` / `top_p` say (the weights are random: sampling measures
-    nothing more). Stop conditions as vLLM's: `max_tokens` (chat: `max_completion_tokens` first), `stop`
-    strings (the text ends before the stop string unless `include_stop_str_in_output`), `stop_token_ids`
-    (the engine's ids; the token counts, its text is dropped), none of them before `min_tokens`. There is
-    no EOS token (`ignore_eos` is accepted and changes nothing)."""
-
-    def __init__(self, body: dict, chat: bool, default_max: int):
-        if chat:
-            mt = _int(body, "max_completion_tokens", None)
-            mt = _int(body, "max_tokens", default_max) if mt is None else mt
-        else:
-            mt = _int(body, "max_tokens", default_max)
-        self.max_tokens = mt
-        self.min_tokens = _int(body, "min_tokens", 0)
-        if self.min_tokens < 0 or self.min_tokens > mt:
-            raise BadInput(f"min_tokens must be in [0, max_tokens = {mt}], got {self.min_tokens}")
-        if _int(body, "n", 1) != 1:
-            raise BadInput("n must be 1 (one choice per request)")
-        if _bool(body, "echo"):
-            raise BadInput("echo is not supported")
-        self.stop = _stops(body)
-        ids = body.get("stop_token_ids") or []
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise BadInput("stop_token_ids must be a list of integers")
-        self.stop_ids = set(ids)
-        self.include_stop = _bool(body, "include_stop_str_in_output")
-        _bool(body, "ignore_eos")
-        self.stream = _bool(body, "stream")
-        opts = body.get("stream_options")
-        if opts is not None and not isinstance(opts, dict):
-            raise BadInput("stream_options must be an object")
-        self.usage_on = _bool(opts or {}, "include_usage")
-        self.continuous_usage = _bool(opts or {}, "continuous_usage_stats")
-        # vLLM holds back as many characters as a stop string could still be completed by
-        self.holdback = max((len(s) for s in self.stop), default=1) - 1
-
-
-class Generation:
-    """One request from submission to its end: the stop conditions are checked on the scheduler's thread
-    right after each token (so a stopped request frees its slot at once); every token goes to the event
-    loop as (text delta, finish reason or None)."""
-
-    def __init__(self, loop: "EngineLoop", ids: list[int], sp: Sampling, rid: str, metrics: ServeMetrics):
-        from ..engine.drive.scheduler import Request
-        self.sp, self.metrics, self.engine = sp, metrics, loop
-        self.aio = asyncio.get_running_loop()
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.text, self.sent = "", 0
-        self.finish_reason: str | None = None
-        self.stop_reason = None
-        self.ended = False
-        self.req = Request(ids, sp.max_tokens, id=rid, on_token=self._on_token, on_done=self._on_done)
-
-    # -- the scheduler's thread
-    def _on_token(self, req, tok: int, t: float) -> None:
-        self.metrics.token(req, t)
-        if self.finish_reason is not None:          # a token after the request stopped (not expected): not shown
-            return
-        n, sp = len(req.tokens), self.sp
-        before = len(self.text)
-        self.text += piece(tok)
-        if n >= sp.min_tokens:
-            if tok in sp.stop_ids:
-                self.text = self.text[:before]
-                self.finish_reason, self.stop_reason = "stop", tok
-            else:
-                for s in sp.stop:
-                    i = self.text.find(s, max(0, before - len(s) + 1))
-                    if i >= 0:
-                        self.text = self.text[:i + len(s) if sp.include_stop else i]
-                        self.finish_reason, self.stop_reason = "stop", s
-                        break
-        if self.finish_reason is not None:
-            req.max_tokens = n                      # ends now, through the scheduler's own finish path
-        elif req.remaining == 0:
-            self.finish_reason = "length"
-        upto = len(self.text) if self.finish_reason else max(self.sent, len(self.text) - sp.holdback)
-        delta, self.sent = self.text[self.sent:upto], upto
-        self.aio.call_soon_threadsafe(self.events.put_nowait, (delta, self.finish_reason))
-
-    def _on_done(self, req) -> None:
-        reason = "abort" if req.status in ("failed", "aborted") else (self.finish_reason or "length")
-        self.metrics.finished(req, reason, self.sp.max_tokens)
-        self.aio.call_soon_threadsafe(self.events.put_nowait, None)
-
-    # -- the event loop
-    def start(self, arrival: float) -> None:
-        self.engine.submit(self.req, arrival)       # BadInput: one line, HTTP 400
-
-    def abort(self) -> None:
-        if not self.ended:
-            self.engine.abort(self.req)
-
-    async def deltas(self):
-        """(text, finish reason) per token; ends when the request has ended."""
-        while True:
-            ev = await self.events.get()
-            if ev is None:
-                self.ended = True
-                return
-            yield ev
-
-    async def wait(self, http) -> bool:
-        """Until the request ends; False (and the request aborted) if the client went away first. The
-        disconnect is watched by its own task, so it is seen while tokens arrive as well as between them."""
-        async def gone():
-            while True:
-                msg = await http.receive()
-                if msg["type"] == "http.disconnect":
-                    return
-        watch = asyncio.ensure_future(gone())
-        try:
-            while True:
-                get = asyncio.ensure_future(self.events.get())
-                done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
-                if get not in done:
-                    get.cancel()
-                    self.abort()
-                    return False
-                if get.result() is None:
-                    self.ended = True
-                    return True
-        finally:
-            watch.cancel()
-
-    def usage(self) -> dict:
-        n, p = len(self.req.tokens), len(self.req.prompt)
-        return {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n,
-                "prompt_tokens_details": {"cached_tokens": 0}}
-
-
 class BodyTooLarge(Exception):
     pass
 
@@ -434,7 +237,7 @@ def _prompt_bound(body: dict, chat: bool, text: TokenText) -> int:
     """The fewest tokens the request's prompt can become, from its length alone (before any tokenizing or
     template rendering); BadInput for text that is not valid Unicode."""
     if chat:
-        return sum(text.at_least(m["content"], "message content") for m in _messages(body))
+        return sum(text.at_least(m["content"], "message content") for m in messages(body))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
         prompt = prompt[0]
@@ -449,13 +252,68 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
     app = FastAPI(title="labkit engine")
     sched = loop.sched
     capacity = min(l.cache.capacity for l in sched.lanes.values())
-    text = text or TokenText(None, next(iter(sched.lanes.values())).engine.model.shape.vocab)
+    vocab = next(iter(sched.lanes.values())).engine.model.shape.vocab
+    text = text or TokenText(None, vocab)
     metrics = ServeMetrics(sched, model_name, capacity)
     started = int(time.time())
 
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    @app.get("/version")
+    async def version():
+        from .. import __version__
+        return {"version": __version__}
+
+    async def _body(http):
+        try:
+            body, why = await _json_body(http, max_body_bytes)
+        except BodyTooLarge as ex:
+            return None, _error(413, str(ex), "RequestEntityTooLarge")
+        if why or not isinstance(body, dict):
+            return None, _error(400, why or "body must be a JSON object")
+        asked = body.get("model")
+        if asked is not None and asked != model_name:       # vLLM: 404 for a model it does not serve
+            return None, _error(404, f"The model `{asked}` does not exist. Valid aliases: {model_name}", "NotFoundError", "model")
+        return body, None
+
+    @app.post("/tokenize")
+    async def tokenize(http: HTTPRequest):
+        """vLLM's /tokenize: the ids this server counts for a prompt or chat messages (the template applied),
+        `count` (what `usage.prompt_tokens` will say) and `max_model_len`; `return_token_strs` adds the
+        tokenizer's strings."""
+        body, err = await _body(http)
+        if err:
+            return err
+        chat = "messages" in body
+        try:
+            if _prompt_bound(body, chat, text) > capacity:
+                raise BadInput(f"This model's maximum context length is {capacity:,} tokens: the prompt exceeds it")
+            ids = await asyncio.to_thread(text.chat, messages(body)) if chat else \
+                await asyncio.to_thread(prompt_ids, body.get("prompt"), text)
+            strs = None
+            if bool_field(body, "return_token_strs"):
+                shown = text.render(messages(body)) if chat else body.get("prompt")
+                strs = await asyncio.to_thread(text.token_strs, shown) if isinstance(shown, str) else None
+        except BadInput as ex:
+            return _error(400, str(ex))
+        return {"count": len(ids), "max_model_len": capacity, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(http: HTTPRequest):
+        """vLLM's /detokenize for this server's generated tokens: the text each id streams as, joined (so the
+        ids of an answer, `return_token_ids`, give back its text)."""
+        body, err = await _body(http)
+        if err:
+            return err
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            return _error(400, "tokens must be a list of integers")
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            return _error(400, f"token id {bad} is outside the vocabulary [0, {vocab})")
+        return {"prompt": "".join(piece(i) for i in ids)}
 
     @app.get("/v1/models")
     async def models():
@@ -484,32 +342,24 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
     async def serve(http: HTTPRequest, chat: bool):
         # the request's clock starts before its body is read and tokenized: a client's TTFT includes both
         arrival = sched.now()
-        try:
-            body, why = await _json_body(http, max_body_bytes)
-        except BodyTooLarge as ex:
-            return _error(413, str(ex), "RequestEntityTooLarge")
-        if why:
-            return _error(400, why)
-        if not isinstance(body, dict):
-            return _error(400, "body must be a JSON object")
-        asked = body.get("model")
-        if asked is not None and asked != model_name:       # vLLM: 404 for a model it does not serve
-            return _error(404, f"The model `{asked}` does not exist.", "NotFoundError", "model")
+        body, err = await _body(http)
+        if err:
+            return err
         try:
             at_least = _prompt_bound(body, chat, text)          # no tokenizing for a prompt that cannot fit
-            asked = 0 if chat else max(0, _int(body, "max_tokens", 16))
+            asked = 0 if chat else max(0, int_field(body, "max_tokens", 16))
             if at_least + asked > capacity:
                 raise BadInput(f"This model's maximum context length is {capacity:,} tokens: the prompt (at least "
                                f"{at_least:,} tokens)" + (f" and max_tokens {asked} exceed it" if asked else " exceeds it"))
             # tokenizing (and a chat template) off the event loop: /health and the streams go on meanwhile
-            ids = await asyncio.to_thread(text.chat, _messages(body)) if chat else \
-                await asyncio.to_thread(_prompt_ids, body.get("prompt"), text)
-            sp = Sampling(body, chat, max(1, capacity - len(ids)) if chat else 16)
+            ids = await asyncio.to_thread(text.chat, messages(body)) if chat else \
+                await asyncio.to_thread(prompt_ids, body.get("prompt"), text)
+            sp = Sampling(body, chat, max(1, capacity - len(ids)) if chat else 16, vocab)
             gen = Generation(loop, ids, sp, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}", metrics)
             gen.start(arrival)
         except BadInput as ex:
-            return _error(400, str(ex))
-        reply = _Reply(gen, sp, chat, model_name)
+            return _error(400, str(ex), param=getattr(ex, "param", None))
+        reply = Reply(gen, sp, chat, model_name)
         if sp.stream:
             return StreamingResponse(reply.events(), media_type="text/event-stream")
         if not await gen.wait(http):
@@ -535,59 +385,26 @@ def _error(status: int, msg: str, kind: str = "BadRequestError", param=None):
     return JSONResponse({"error": {"message": msg, "type": kind, "param": param, "code": status}}, status_code=status)
 
 
-class _Reply:
-    """A started generation's answer in vLLM's OpenAI shapes: server-sent chunks, or one whole response."""
+class Overflow:
+    """A placement as `labkit serve` uses it: where the policy says, but a request whose lane has no free
+    slot (or pages) takes one of the other lane, so every slot serves, as all of vLLM's `--max-num-seqs` do.
+    With the lanes full it waits for the lane its policy named (first come, first served)."""
 
-    def __init__(self, gen: "Generation", sp: "Sampling", chat: bool, model_name: str):
-        self.gen, self.sp, self.chat, self.model_name = gen, sp, chat, model_name
-        self.rid, self.created = gen.req.id, int(time.time())
+    def __init__(self, inner):
+        self.inner = inner
 
-    def head(self, obj: str) -> dict:
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model_name}
-
-    def choice(self, delta: str, finish, stream: bool) -> dict:
-        c = {"index": 0}
-        if self.chat:
-            c["delta" if stream else "message"] = {"content": delta} if stream else \
-                {"role": "assistant", "content": delta, "tool_calls": [], "reasoning_content": None}
-        else:
-            c["text"] = delta
-        c.update(logprobs=None, finish_reason=finish, stop_reason=self.gen.stop_reason if finish else None)
-        return c
-
-    async def events(self):
-        gen, sp = self.gen, self.sp
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-
-        def sse(msg: dict) -> str:
-            return f"data: {json.dumps(msg)}\n\n"
-
-        try:
-            if self.chat:        # vLLM's first chat chunk: the role, no content yet
-                yield sse({**self.head(obj), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                          "logprobs": None, "finish_reason": None}]})
-            async for delta, finish in gen.deltas():
-                msg = {**self.head(obj), "choices": [self.choice(delta, finish, True)]}
-                if sp.usage_on and sp.continuous_usage:
-                    msg["usage"] = gen.usage()
-                yield sse(msg)
-            if gen.req.status == "failed":
-                yield sse({"error": {"message": gen.req.error, "type": "InternalServerError", "code": 500}})
-            elif sp.usage_on:
-                yield sse({**self.head(obj), "choices": [], "usage": gen.usage()})
-            yield "data: [DONE]\n\n"
-        finally:
-            gen.abort()     # a no-op once ended; otherwise the client went away mid-stream
-
-    def whole(self) -> dict:
-        gen = self.gen
-        return {**self.head("chat.completion" if self.chat else "text_completion"),
-                "choices": [self.choice(gen.text, gen.finish_reason or "length", False)],
-                "usage": gen.usage(), "prompt_logprobs": None, "kv_transfer_params": None}
+    def place(self, req, sched) -> str:
+        name = self.inner.place(req, sched)
+        if sched.lanes[name].fits(req):
+            return name
+        need = len(req.prompt) + req.max_tokens
+        other = next((n for n, l in sched.lanes.items() if n != name and need <= l.cache.capacity and l.fits(req)),
+                     None)
+        return other or name
 
 
 def build(args) -> EngineLoop:
-    from ..engine.drive.scheduler import Scheduler, calibrate, make_lanes, parse_policy
+    from ..engine.drive.scheduler import Scheduler, Threshold, calibrate, make_lanes, parse_policy
     device = args.device
     if device == "auto":
         import torch
@@ -596,7 +413,10 @@ def build(args) -> EngineLoop:
                        budget=args.budget, strategy=args.strategy, seed=args.seed, page_size=args.page_size,
                        prefill_chunk=args.prefill_chunk, compile=args.compile)
     costs = calibrate(lanes, graphs=args.graphs) if args.policy == "adaptive" else None
-    sched = Scheduler(lanes, parse_policy(args.policy, costs), switching=args.switching == "on",
+    policy = parse_policy(args.policy, costs)
+    if isinstance(policy, Threshold) and getattr(args, "overflow", "on") == "on":
+        policy = Overflow(policy)
+    sched = Scheduler(lanes, policy, switching=args.switching == "on",
                       timeline_every=args.timeline_every, graphs=args.graphs)
     return EngineLoop(sched, keep=getattr(args, "keep_records", KEEP_RECORDS))
 
@@ -607,6 +427,8 @@ def cmd_serve(args) -> int:
         raise BadInput(f"labkit serve binds to the loopback interface only, not {args.host}")
     if args.switching not in ("on", "off"):
         raise BadInput("--switching must be on or off")
+    if getattr(args, "overflow", "on") not in ("on", "off"):
+        raise BadInput("--overflow must be on or off")
     max_body = getattr(args, "max_body_mib", MAX_BODY_MIB)
     if not max_body > 0:
         raise BadInput(f"--max-body-mib must be > 0, got {max_body}")

@@ -122,10 +122,19 @@ class TokenText:
         # encode_batch releases the interpreter lock while it works (encode holds it)
         return self._fold(self.tok.encode_batch([text], add_special_tokens=False)[0].ids)
 
+    def render(self, messages: list[dict]) -> str:
+        """A chat request's prompt text: the tokenizer's chat template with the assistant turn opened (no
+        template: one line per message)."""
+        if self.template is None:
+            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        return self.template.render(messages=messages, add_generation_prompt=True)
+
     def chat(self, messages: list[dict]) -> list[int]:
-        """The prompt of a chat request: the tokenizer's chat template with the assistant turn opened."""
-        if self.template is None:        # no template: one line per message, as plain text
-            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-            return self.encode(text)
-        text = self.template.render(messages=messages, add_generation_prompt=True)
-        return self._fold(self.tok.encode_batch([text], add_special_tokens=False)[0].ids)
+        """The prompt of a chat request, as ids."""
+        return self.encode(self.render(messages))
+
+    def token_strs(self, text: str) -> list[str]:
+        """The tokenizer's own strings for `text`'s tokens (no tokenizer: one character per byte)."""
+        if self.tok is None:
+            return [chr(b) for b in text.encode("utf-8")]
+        return self.tok.encode_batch([text], add_special_tokens=False)[0].tokens
