@@ -2,27 +2,28 @@
 
     labkit serve --shape tiny --resident-slots 4 --offload-slots 4 --policy threshold:2048 --port 8000
 
-`POST /v1/completions` and `/v1/chat/completions` (streamed or not) answer with vLLM's fields: an unknown
-`model` gets 404; `max_tokens` (chat: `max_completion_tokens` first) is honoured, default 16 for
-completions and what fits the request's cache slot for chat; stop conditions are vLLM's (`Sampling`);
-`usage` includes `prompt_tokens_details.cached_tokens` (0: there is no prefix cache). `GET /metrics`
-is Prometheus text under vLLM's metric names (`labkit.serving.promserve`). The same load generator that
-drives vLLM (`labkit.serving.loadgen`) drives this server.
+`POST /v1/completions` and `/v1/chat/completions` (streamed or not) answer as vLLM 0.32's server does: what a
+request asks and how it ends, logprobs included, in `labkit.serving.generation`; the fields of every answer
+and chunk in `labkit.serving.replies`. An unknown `model` gets 404. `POST /tokenize`, `/detokenize` and `GET
+/version` are vLLM's; `GET /metrics` is Prometheus text under vLLM's metric names (`labkit.serving.promserve`).
+The same load generator that drives vLLM (`labkit.serving.loadgen`) drives this server.
 
 The engine's weights are random and seeded; decoding is greedy whatever `temperature` says and there is
 no EOS. How text becomes tokens and tokens text (SmolLM2's tokenizer for prompts, one countable word per
 generated token): `labkit.serving.tokentext`. A prompt may also be a list of token ids.
 
 One thread runs the scheduler (`labkit.engine.drive.scheduler.Scheduler`): requests reach it through a queue,
-tokens come back through the event loop (`call_soon_threadsafe`). A request the engine cannot take
-(prompt + max_tokens longer than the cache, ids outside the vocabulary), a body that is not JSON or is
-nested too deeply for the parser, or a field of the wrong type gets HTTP 400 with one line; a
-request that fails mid-run ends its stream with an `error` event and the server goes on.
-A client that disconnects (mid-stream, or while a non-streamed answer is being generated, whether tokens
-are arriving or not) aborts its request: it leaves the queue, or a running one stops after its next token
-and frees its slot; its record says `aborted`. A body cut off mid-upload is dropped without a traceback.
-`GET /stats` returns the scheduler's per-request records and per-iteration rounds (lane sizes,
-switches, stalls, bytes), `GET /timeline` the sampled switching timelines.
+tokens come back through the event loop (`call_soon_threadsafe`). Bounded whoever sends: a body over
+`--max-body-mib` is a 413 before it is parsed; a prompt that cannot fit is refused before it is tokenized;
+tokenizing runs on a worker thread. A request the engine cannot take (prompt + max_tokens longer than the
+cache, ids outside the vocabulary), a body that is not JSON or is nested too deeply for the parser, text that
+is not valid Unicode, or a field of the wrong type gets HTTP 400 with one line; a request that fails mid-run
+ends its stream with an `error` event and the server goes on. A client that disconnects (mid-stream, or
+while a non-streamed answer is being generated, whether tokens are arriving or not) aborts its request: it
+leaves the queue, or a running one stops after its next token and frees its slot; its record says
+`aborted`. A body cut off mid-upload is dropped without a traceback. `GET /stats` returns the newest
+per-request records and per-iteration rounds (lane sizes, switches, stalls, bytes) with totals over all
+(`RecordLog`), `GET /timeline` the newest sampled switching timelines.
 """
 
 import asyncio
