@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -109,18 +110,16 @@ def rerender_notebook(exp, run_dir: str | Path) -> Path:
 
 @contextlib.contextmanager
 def signals_to_kernels(seen: list):
-    """Ctrl-C (or SIGTERM, e.g. from `timeout`) reaches only this process (a Jupyter kernel runs in a session
-    of its own): pass it on to our kernels as SIGINT, so the experiment's own clean-up runs there (servers
+    """Ctrl-C (or SIGTERM, e.g. from `timeout`, or SIGHUP, a closed SSH session or terminal) reaches only this
+    process (a Jupyter kernel runs in a session of its own): pass it on to our kernels as SIGINT, so the experiment's own clean-up runs there (servers
     stopped, tables written) and the cell fails with KeyboardInterrupt; `seen` records the signal so the run
     ends `interrupted`. A second signal interrupts this process as usual."""
-    import signal
-
     import psutil
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     me = psutil.Process()
-    sigs = (signal.SIGINT, signal.SIGTERM)
+    sigs = (signal.SIGINT, *ENDING)
 
     def forward(signum, frame):
         seen.append(signum)
@@ -141,12 +140,17 @@ def signals_to_kernels(seen: list):
             signal.signal(s, h)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM reached the driver during a run: raised by `run_notebook` after the run folder was settled
-    (`interrupted`) and its report rendered, so a driver that loops over runs stops as SIGTERM asks."""
+# Signals that end the driver itself, not just the run (SIGTERM: asked to stop; SIGHUP: its terminal is gone)
+ENDING = (signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self, path: Path):
-        super().__init__(f"terminated (SIGTERM) during the run in {path}")
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the driver during a run: raised by `run_notebook` after the run folder was
+    settled (`interrupted`) and its report rendered, so a driver that loops over runs stops as the signal asks."""
+
+    def __init__(self, path: Path, signum: int | None = None):
+        self.signum = signum if signum is not None else signal.SIGTERM
+        super().__init__(f"terminated ({signal.Signals(self.signum).name}) during the run in {path}")
         self.path = path
 
 
@@ -270,16 +274,16 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     except OSError as ex:         # not even the status could be written (a full disk): say so, do not trace back
         error = error or ex
         print(f"labkit: the run's status could not be written: {describe_os_error(ex)}", file=sys.stderr)
-    import signal
-    if error is not None and signal.SIGTERM not in seen:
+    ending = next((s for s in seen if s in ENDING), None)
+    if error is not None and ending is None:
         _draw_what_was_measured(exp, out)
     try:
         from .report.notebook import render_report
         render_report(out)
     except Exception as ex:
         error = error or ex
-    if signal.SIGTERM in seen:
-        raise Terminated(out)
+    if ending is not None:
+        raise Terminated(out, ending)
     return out, error
 
 

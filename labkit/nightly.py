@@ -33,7 +33,8 @@ What it guarantees:
 - **Resumable.** Running the same plan again for the same date skips entries already done (ok or
   partial); a failed entry is retried after its folder is moved aside to `<name>.attempt-N` (nothing
   is overwritten).
-- **Stoppable.** SIGINT (Ctrl-C) or SIGTERM stops the whole night, not just the entry running: that
+- **Stoppable.** SIGINT (Ctrl-C), SIGTERM or SIGHUP (the SSH session or terminal that started it closed)
+  stops the whole night, not just the entry running: that
   entry's kernel gets the signal and its folder is settled `interrupted`, no later entry starts,
   `nightly.json` says `stopped` (which signal, during which entry, what is not done) and `nightly.log`
   says so; the command exits 128 + the signal's number, and the same command resumes the night.
@@ -413,7 +414,7 @@ def _run_tests(entry: Entry, out: Path, logf) -> Exception | None:
 
 
 class Stopped(KeyboardInterrupt):
-    """SIGINT or SIGTERM reached the nightly runner: the whole night stops (not just the entry)."""
+    """SIGINT, SIGTERM or SIGHUP reached the nightly runner: the whole night stops (not just the entry)."""
 
     def __init__(self, signum: int):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
@@ -425,7 +426,7 @@ def _signal_name(signum: int) -> str:
 
 
 class _StopOnSignals:
-    """While a nightly runs, SIGINT and SIGTERM raise `Stopped` in the runner (an entry's kernel gets the
+    """While a nightly runs, SIGINT, SIGTERM and SIGHUP raise `Stopped` in the runner (an entry's kernel gets the
     signal passed on by `labkit.execute`, which records it). After the first one, further signals are only
     noted, so the record of the stop is written whole."""
 
@@ -440,7 +441,7 @@ class _StopOnSignals:
     def __enter__(self):
         self.old = {}
         if threading.current_thread() is threading.main_thread():
-            self.old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+            self.old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         return self
 
     def quiet(self) -> None:
@@ -477,8 +478,8 @@ def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None, in
                 _, err = run_notebook(entry.plan, out, timeout=entry.timeout_s, signals=seen)
             else:
                 err = _run_plain_notebook(entry, out, tee, seen)
-        except Terminated as ex:             # SIGTERM during an experiment: its folder is settled
-            seen.append(signal.SIGTERM)
+        except Terminated as ex:             # SIGTERM or SIGHUP during an experiment: its folder is settled
+            seen.append(ex.signum)
             err = ex
         except Stopped as ex:                # a signal outside a kernel (pytest entries, between steps)
             seen.append(ex.signum)

@@ -475,3 +475,25 @@ def test_no_plain_write_is_left_in_the_library():
             if PLAIN_WRITE.search(code) and not code.lstrip().startswith(('"', "'", "-", "`")):
                 found.append(f"{rel}:{i}: {line.strip()}")
     assert not found, "plain writes (use labkit.atomic):\n" + "\n".join(found)
+
+
+def test_the_security_page_names_the_real_key_path_and_tests(monkeypatch, tmp_path):
+    """docs/security.md names the KV key where the code keeps it, and every test it cites for a defence
+    exists (a renamed test cannot leave the page pointing at nothing)."""
+    import ast
+    page = (REPO / "docs" / "security.md").read_text()
+    monkeypatch.delenv("LABKIT_XFER_KEY")
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    where = "~/" + shm.key_path().relative_to(tmp_path).as_posix()        # the default, as the page writes it
+    assert where == "~/.config/labkit/xfer.key" and f"`{where}`" in page and "crossmodel.key" not in page
+    cited = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`|`::(\w+)`", page)
+    last, checked = None, 0
+    for path, name, more in cited:
+        last = path or last
+        name = name or more
+        tree = ast.parse((REPO / last).read_text())
+        if name:
+            assert name in {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}, f"{last}::{name}"
+            checked += 1
+    assert checked >= 12
