@@ -307,3 +307,17 @@ def test_the_role_chunk_comes_with_the_first_token(server):
     rec = httpx.get(url + "/stats", params={"since": before}).json()["records"][0]
     assert role_t >= 0.9 * rec["ttft_s"], (role_t, rec["ttft_s"])       # not before the first token
     assert arrivals[1][0] - role_t < 0.05                                # the first token right behind it
+
+
+def test_a_clients_request_id_names_the_request(server):
+    """`X-Request-Id` (AIPerf sends one) or the body's `request_id` becomes the request's id, as in vLLM: in
+    the answer and in the server's record, so a client's timing pairs with the server's request by request."""
+    url, _, _ = server
+    before = httpx.get(url + "/stats").json()["records_seen"]
+    a = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2},
+                   headers={"X-Request-Id": "client-7f3a"}).json()
+    b = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                            "request_id": "body-9"}).json()
+    assert a["id"] == "cmpl-client-7f3a" and b["id"] == "chatcmpl-body-9"
+    ids = [r["request_id"] for r in httpx.get(url + "/stats", params={"since": before}).json()["records"]]
+    assert ids == ["cmpl-client-7f3a", "chatcmpl-body-9"]

@@ -234,6 +234,15 @@ async def _json_body(http, limit: int):
         return None, f"body is not JSON: {ex}"
 
 
+def _request_id(http, body: dict) -> str:
+    """As vLLM names a request: the client's `X-Request-Id` header, else the body's `request_id`, else a fresh
+    one (a client that sends its own id finds its request under it in /stats)."""
+    rid = http.headers.get("x-request-id") or body.get("request_id")
+    if isinstance(rid, str) and 0 < len(rid) <= 128 and rid.isprintable():
+        return rid
+    return uuid.uuid4().hex[:16]
+
+
 def _prompt_bound(body: dict, chat: bool, text: TokenText) -> int:
     """The fewest tokens the request's prompt can become, from its length alone (before any tokenizing or
     template rendering); BadInput for text that is not valid Unicode."""
@@ -356,7 +365,7 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
             ids = await asyncio.to_thread(text.chat, messages(body)) if chat else \
                 await asyncio.to_thread(prompt_ids, body.get("prompt"), text)
             sp = Sampling(body, chat, max(1, capacity - len(ids)) if chat else 16, vocab)
-            gen = Generation(loop, ids, sp, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}", metrics)
+            gen = Generation(loop, ids, sp, f"{'chatcmpl' if chat else 'cmpl'}-{_request_id(http, body)}", metrics)
             gen.start(arrival)
         except BadInput as ex:
             return _error(400, str(ex), param=getattr(ex, "param", None))
