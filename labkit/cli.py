@@ -157,10 +157,16 @@ def cmd_report(a) -> int:
         # shows today's figures of the measured data; nothing is measured again.
         from .execute import rerender_notebook
         from .experiments import EXPERIMENTS
-        exp = EXPERIMENTS.get(run.manifest.get("experiment", ""))
+        exp = EXPERIMENTS.get(run.manifest.get("experiment") or "")
         if exp is None:
             raise BadInput(f"{run_dir}: no executed notebook and no known experiment to render it with")
-        rerender_notebook(exp, run_dir)
+        run.metrics                # a table that is not one: one line now, not the notebook's traceback
+        try:
+            rerender_notebook(exp, run_dir)
+        except Exception as ex:    # the notebook failed on this folder's data: one line, the folder as it was
+            from .execute import error_line
+            print(f"labkit: {run_dir}: figures not drawn ({error_line(ex)})", file=sys.stderr)
+            return 1
     print(render_report(run_dir, out, standalone=a.standalone).resolve())
     _after_run(run_dir)       # the index links the new report (or tells how to draw one)
     return 0
@@ -256,13 +262,14 @@ def cmd_runs(a) -> int:
         where = Path(r["path"])
         # the GPUs the run used (count, a power cap) where the manifest recorded them, else its GPU's name
         machine = short_machine(r) or text(r.get("gpu_name")) or "CPU " + text(r.get("host"))
-        if text(r.get("status")) == "unreadable":      # say why instead of a machine nobody could read
-            machine = text(r.get("error"))[:40]
+        last = "" if where.name == text(r["run_id"]) else text(r["run_id"])
+        if text(r.get("status")) == "unreadable":      # say why, whole, where a name would go
+            machine, last = "", text(r.get("error"))
         rel = os.path.relpath(where, root)
         run = rel if _is_default_root(root) else str(where)       # as `labkit report` takes it from here
-        rows.append([run, text(r["experiment"]), text(r["status"]), machine_kind(r), machine.strip()[:24],
-                     _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
-                     "" if where.name == text(r["run_id"]) else text(r["run_id"])])
+        rows.append([run, text(r["experiment"]), text(r["status"]), machine_kind(r) if machine else "",
+                     machine.strip()[:24], _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
+                     last])
     rows.sort(key=lambda row: row[3])        # grouped by machine kind (stable: newest first within a kind)
     rows.insert(0, ["RUN", "EXPERIMENT", "STATUS", "KIND", "MACHINE", "LINK", "SHA", "NAME"])
     widths = [max(len(row[i]) for row in rows) for i in range(7)]      # ids are never cut
@@ -430,6 +437,12 @@ def _add_serve(sub) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--log-level", default="warning")
+    s.add_argument("--max-body-mib", type=float, default=16,
+                   help="largest request body taken, in MiB (larger: HTTP 413, before it is parsed)")
+    s.add_argument("--overflow", default="on",
+                   help="on | off: with threshold:N, a request whose lane is full takes a free slot of the other")
+    s.add_argument("--keep-records", type=int, default=1000,
+                   help="finished requests and decode rounds GET /stats keeps (the newest; totals cover all)")
     s.set_defaults(fn=cmd_serve)
 
 

@@ -132,7 +132,7 @@ VARS: list[Var] = [
     Var("LABKIT_WATCH_PARENT", "int", 0, "a launcher exits when this pid is gone"),
     Var("LABKIT_XFER_SHM", "str", "", "the cross-model KV files' root (default /dev/shm/labkit-xfer)"),
     Var("LABKIT_XFER_KEY", "str", "", "the per-user secret that authenticates KV files (default "
-        "~/.config/labkit/crossmodel.key, made 0600 on first use)"),
+        "~/.config/labkit/xfer.key, made 0600 on first use)"),
     Var("LABKIT_LAB_TOKEN", "str", "", "the lab's token (default: a fresh one)"),
     # set by `labkit node` for the Ray processes of a cluster node (labkit/cluster)
     Var("LABKIT_NODE_KIND", "str", "", "the machine kind a cluster node advertises (h200, rtx3090, cpu)"),

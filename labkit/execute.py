@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -35,43 +36,90 @@ def notebook_parameters(path: Path) -> set[str]:
 KERNEL_ARGS = {"extra_arguments": ["--IPKernelApp.log_level=CRITICAL"]}
 
 
+class _WholeNotebookWrites:
+    """papermill's I/O for absolute local paths, except that each save of the executed notebook (papermill
+    saves after every cell) replaces it whole through `atomic.write_text`: never written through a link
+    planted at its name, never left half-written by a full disk or a kill. Reads are papermill's own."""
+
+    def __init__(self):
+        from papermill.iorw import LocalHandler
+        self._local = LocalHandler()
+
+    def read(self, path):
+        return self._local.read(path)
+
+    def listdir(self, path):
+        return self._local.listdir(path)
+
+    def write(self, buf, path):
+        from .atomic import write_text
+        write_text(path, buf)
+
+    def pretty_path(self, path):
+        return path
+
+
+_whole_writes_on = False
+
+
+def notebook_writes_whole() -> None:
+    """Route papermill's writes to absolute paths through `_WholeNotebookWrites` (once per process); callers
+    pass absolute output paths."""
+    global _whole_writes_on
+    if not _whole_writes_on:
+        from papermill.iorw import papermill_io
+        papermill_io.register("/", _WholeNotebookWrites())     # checked before papermill's own "local"
+        _whole_writes_on = True
+
+
 def rerender_notebook(exp, run_dir: str | Path) -> Path:
     """Execute the experiment's notebook against an existing run folder (`run_dir=`): today's figures of the
     tables the run wrote, nothing measured again. The executed notebook replaces the folder's; the first
-    execution's papermill record (parameters, times) is kept under `metadata.labkit.measured_by`."""
+    execution's papermill record (parameters, times) is kept under `metadata.labkit.measured_by`. When the
+    execution fails, the folder's notebook is the one it had before (or none), not the failed one."""
     import nbformat
     import papermill as pm
+
+    from .atomic import write_bytes, write_text
     run_dir = Path(run_dir).resolve()
     target = run_dir / exp.notebook
-    measured = None
+    measured, before = None, None
     if target.is_file():
-        old = nbformat.read(target, as_version=4).metadata
+        before = target.read_bytes()
+        old = nbformat.reads(before.decode("utf-8"), as_version=4).metadata
         measured = old.get("labkit", {}).get("measured_by") or old.get("papermill")
     where = os.path.relpath(run_dir, REPO) if run_dir.is_relative_to(REPO) else str(run_dir)
     envs.set_env("LABKIT_PLAIN_PROGRESS", "1")
-    pm.execute_notebook(str(NOTEBOOKS / exp.notebook), str(target), parameters={"run_dir": where}, progress_bar=False,
-                        cwd=str(REPO), kernel_name="python3", **KERNEL_ARGS)
+    notebook_writes_whole()
+    try:
+        pm.execute_notebook(str(NOTEBOOKS / exp.notebook), str(target), parameters={"run_dir": where},
+                            progress_bar=False, cwd=str(REPO), kernel_name="python3", **KERNEL_ARGS)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            if before is not None:
+                write_bytes(target, before)
+            else:
+                target.unlink(missing_ok=True)
+        raise
     if measured:
         nb = nbformat.read(target, as_version=4)
         nb.metadata.setdefault("labkit", {})["measured_by"] = measured
-        nbformat.write(nb, target)
+        write_text(target, nbformat.writes(nb))
     return target
 
 
 @contextlib.contextmanager
 def signals_to_kernels(seen: list):
-    """Ctrl-C (or SIGTERM, e.g. from `timeout`) reaches only this process (a Jupyter kernel runs in a session
-    of its own): pass it on to our kernels as SIGINT, so the experiment's own clean-up runs there (servers
+    """Ctrl-C (or SIGTERM, e.g. from `timeout`, or SIGHUP, a closed SSH session or terminal) reaches only this
+    process (a Jupyter kernel runs in a session of its own): pass it on to our kernels as SIGINT, so the experiment's own clean-up runs there (servers
     stopped, tables written) and the cell fails with KeyboardInterrupt; `seen` records the signal so the run
     ends `interrupted`. A second signal interrupts this process as usual."""
-    import signal
-
     import psutil
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     me = psutil.Process()
-    sigs = (signal.SIGINT, signal.SIGTERM)
+    sigs = (signal.SIGINT, *ENDING)
 
     def forward(signum, frame):
         seen.append(signum)
@@ -92,12 +140,17 @@ def signals_to_kernels(seen: list):
             signal.signal(s, h)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM reached the driver during a run: raised by `run_notebook` after the run folder was settled
-    (`interrupted`) and its report rendered, so a driver that loops over runs stops as SIGTERM asks."""
+# Signals that end the driver itself, not just the run (SIGTERM: asked to stop; SIGHUP: its terminal is gone)
+ENDING = (signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self, path: Path):
-        super().__init__(f"terminated (SIGTERM) during the run in {path}")
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the driver during a run: raised by `run_notebook` after the run folder was
+    settled (`interrupted`) and its report rendered, so a driver that loops over runs stops as the signal asks."""
+
+    def __init__(self, path: Path, signum: int | None = None):
+        self.signum = signum if signum is not None else signal.SIGTERM
+        super().__init__(f"terminated ({signal.Signals(self.signum).name}) during the run in {path}")
         self.path = path
 
 
@@ -205,9 +258,10 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     envs.set_env("LABKIT_PLAIN_PROGRESS", "1")
     envs.set_env("LABKIT_RUN_DRIVER", os.getpid())      # the manifest names us beside the kernel (stale check)
     error, seen, started = None, (signals if signals is not None else []), time.time()
+    notebook_writes_whole()
     try:
         with signals_to_kernels(seen):
-            pm.execute_notebook(str(nb), str(out / exp.notebook), parameters={"plan": plan.to_json()},
+            pm.execute_notebook(str(nb), str((out / exp.notebook).absolute()), parameters={"plan": plan.to_json()},
                                 log_output=False, progress_bar=False, cwd=str(REPO), kernel_name="python3",
                                 execution_timeout=timeout, stdout_file=sys.stdout if log_output else None,
                                 stderr_file=sys.stderr if log_output else None, **KERNEL_ARGS)
@@ -220,16 +274,16 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     except OSError as ex:         # not even the status could be written (a full disk): say so, do not trace back
         error = error or ex
         print(f"labkit: the run's status could not be written: {describe_os_error(ex)}", file=sys.stderr)
-    import signal
-    if error is not None and signal.SIGTERM not in seen:
+    ending = next((s for s in seen if s in ENDING), None)
+    if error is not None and ending is None:
         _draw_what_was_measured(exp, out)
     try:
         from .report.notebook import render_report
         render_report(out)
     except Exception as ex:
         error = error or ex
-    if signal.SIGTERM in seen:
-        raise Terminated(out)
+    if ending is not None:
+        raise Terminated(out, ending)
     return out, error
 
 
@@ -252,7 +306,8 @@ def _draw_what_was_measured(exp, out: Path) -> None:
     nb = out / exp.notebook
     keep = out / f".{exp.notebook}.as-stopped"
     if nb.is_file():
-        shutil.copy2(nb, keep)
+        from .atomic import write_bytes
+        write_bytes(keep, nb.read_bytes())
     try:
         rerender_notebook(exp, out)
         keep.unlink(missing_ok=True)

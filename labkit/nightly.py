@@ -33,7 +33,8 @@ What it guarantees:
 - **Resumable.** Running the same plan again for the same date skips entries already done (ok or
   partial); a failed entry is retried after its folder is moved aside to `<name>.attempt-N` (nothing
   is overwritten).
-- **Stoppable.** SIGINT (Ctrl-C) or SIGTERM stops the whole night, not just the entry running: that
+- **Stoppable.** SIGINT (Ctrl-C), SIGTERM or SIGHUP (the SSH session or terminal that started it closed)
+  stops the whole night, not just the entry running: that
   entry's kernel gets the signal and its folder is settled `interrupted`, no later entry starts,
   `nightly.json` says `stopped` (which signal, during which entry, what is not done) and `nightly.log`
   says so; the command exits 128 + the signal's number, and the same command resumes the night.
@@ -59,6 +60,7 @@ except ModuleNotFoundError:     # Python 3.10
     import tomli as tomllib
 
 from . import envs
+from .atomic import open_append, write_text
 from .params import BadInput, Param, check_table
 from .results import REPO
 
@@ -370,15 +372,16 @@ def _run_plain_notebook(entry: Entry, out: Path, log, seen: list) -> Exception |
     """A notebook that is not a registered experiment: papermill into `out`, then the report. A signal is
     passed on to its kernel (as for experiments) and recorded in `seen`."""
     import papermill as pm
-    from .execute import KERNEL_ARGS, signals_to_kernels, notebook_parameters
+    from .execute import KERNEL_ARGS, notebook_parameters, notebook_writes_whole, signals_to_kernels
     params = dict(entry.parameters)
     if "out_dir" in notebook_parameters(entry.notebook):
         params["out_dir"] = str(out.resolve())
     envs.set_env("LABKIT_PLAIN_PROGRESS", "1")     # text progress, not widgets (a report's widgets need a CDN)
     err = None
+    notebook_writes_whole()
     try:
         with signals_to_kernels(seen):
-            pm.execute_notebook(str(entry.notebook), str(out / entry.notebook.name), parameters=params,
+            pm.execute_notebook(str(entry.notebook), str((out / entry.notebook.name).absolute()), parameters=params,
                                 progress_bar=False, cwd=str(REPO), kernel_name="python3",
                                 execution_timeout=entry.timeout_s, log_output=False, stdout_file=log, stderr_file=log,
                                 **KERNEL_ARGS)
@@ -401,16 +404,17 @@ def _run_tests(entry: Entry, out: Path, logf) -> Exception | None:
         p = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=entry.timeout_s)
     except subprocess.TimeoutExpired as ex:
-        (out / "tests.txt").write_text((ex.stdout or b"").decode(errors="replace") if isinstance(ex.stdout, bytes) else (ex.stdout or ""))
+        write_text(out / "tests.txt", (ex.stdout or b"").decode(errors="replace") if isinstance(ex.stdout, bytes)
+                   else (ex.stdout or ""))
         return RuntimeError(f"pytest {entry.tests}: timed out after {entry.timeout_s} s")
-    (out / "tests.txt").write_text(p.stdout)
+    write_text(out / "tests.txt", p.stdout)
     logf.write(p.stdout)
     last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
     return None if p.returncode == 0 else RuntimeError(f"pytest {entry.tests}: {last}")
 
 
 class Stopped(KeyboardInterrupt):
-    """SIGINT or SIGTERM reached the nightly runner: the whole night stops (not just the entry)."""
+    """SIGINT, SIGTERM or SIGHUP reached the nightly runner: the whole night stops (not just the entry)."""
 
     def __init__(self, signum: int):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
@@ -422,7 +426,7 @@ def _signal_name(signum: int) -> str:
 
 
 class _StopOnSignals:
-    """While a nightly runs, SIGINT and SIGTERM raise `Stopped` in the runner (an entry's kernel gets the
+    """While a nightly runs, SIGINT, SIGTERM and SIGHUP raise `Stopped` in the runner (an entry's kernel gets the
     signal passed on by `labkit.execute`, which records it). After the first one, further signals are only
     noted, so the record of the stop is written whole."""
 
@@ -437,7 +441,7 @@ class _StopOnSignals:
     def __enter__(self):
         self.old = {}
         if threading.current_thread() is threading.main_thread():
-            self.old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+            self.old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         return self
 
     def quiet(self) -> None:
@@ -454,11 +458,12 @@ def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None, in
     """Run one entry into `out` (its own kernel). Returns (status, wall seconds, error, the signal that
     stopped it or None)."""
     from .execute import Terminated, run_notebook
-    out.mkdir(parents=True, exist_ok=True)
+    from .outdir import make_own_folder
+    make_own_folder(out, "entry folder")
     t0 = time.time()
     err: Exception | None = None
     seen: list = []          # signals passed on to the entry's kernel
-    with open(out / "log.txt", "a", encoding="utf-8") as logf:
+    with open_append(out / "log.txt") as logf:
         logf.write(f"== {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} entry {entry.name}: "
                    f"{('pytest ' + entry.tests) if entry.tests else entry.notebook.name} parameters "
                    f"{json.dumps(entry.parameters)} timeout {entry.timeout_s}\n")
@@ -473,8 +478,8 @@ def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None, in
                 _, err = run_notebook(entry.plan, out, timeout=entry.timeout_s, signals=seen)
             else:
                 err = _run_plain_notebook(entry, out, tee, seen)
-        except Terminated as ex:             # SIGTERM during an experiment: its folder is settled
-            seen.append(signal.SIGTERM)
+        except Terminated as ex:             # SIGTERM or SIGHUP during an experiment: its folder is settled
+            seen.append(ex.signum)
             err = ex
         except Stopped as ex:                # a signal outside a kernel (pytest entries, between steps)
             seen.append(ex.signum)
@@ -521,7 +526,7 @@ def _logged(echo, path: Path):
     no terminal; each entry's kernel output is in `<entry>/log.txt`)."""
     def out(msg: str) -> None:
         echo(msg)
-        with open(path, "a", encoding="utf-8") as f:
+        with open_append(path) as f:
             f.write(f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} {msg}\n")
     return out
 
@@ -542,14 +547,21 @@ def night_record(rec_path: Path, lock: "_Lock", echo, date: str) -> dict:
 def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "results", only: list[str] | None = None,
              echo=print) -> dict:
     """Run (or resume) a plan into `<root>/nightly-<date>/`; returns the nightly record."""
-    entries = load_plan(plan, only=only)
     date = date or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     if not re.match(r"^\d{4}-\d{2}-\d{2}$", date):
         raise BadInput(f"--date {date!r}: expected YYYY-MM-DD")
     root = Path(root)
     night = root / f"nightly-{date}"
     from .atomic import check_writable
-    check_writable(night, "--root")       # a read-only or foreign results folder: one line, nothing run
+    from .outdir import foreign_folder_problem, make_own_folder
+    # the night's folder must be ours alone, and the root must not let another user replace it (the root may
+    # be shared with the sticky bit, as /tmp is): one line, before the plan is even read
+    why = foreign_folder_problem(night)
+    if why:
+        raise BadInput(f"--root {night} {why}")
+    entries = load_plan(plan, only=only)
+    make_own_folder(night, "--root")
+    check_writable(night, "--root")       # a read-only results folder: one line, nothing run
     rec_path = night / "nightly.json"
     echo = _logged(echo, night / LOG_NAME)
     lock = _Lock(night / ".lock")
@@ -628,10 +640,10 @@ def _run_entries(entries, night: Path, root: Path, record: dict, by_name: dict, 
                 "wall_s": round(wall, 1), "error": _one_line(err) if err else None, "folder": entry.name,
                 "earlier_attempts": attempts}
         if err is not None:
-            (out / "error.txt").write_text(f"entry {entry.name} {'stopped' if signum else 'failed'} after {wall:.1f} s\n"
-                                           f"{_error_text(err)}\n"
-                                           f"kernel output: log.txt; executed notebook (failing cell marked): "
-                                           f"{out / entry.notebook.name}\n")
+            write_text(out / "error.txt", f"entry {entry.name} {'stopped' if signum else 'failed'} after {wall:.1f} s\n"
+                                          f"{_error_text(err)}\n"
+                                          f"kernel output: log.txt; executed notebook (failing cell marked): "
+                                          f"{out / entry.notebook.name}\n")
         _write_json(out / "nightly-entry.json", info)
         by_name[entry.name] = info
         record["entries"] = [by_name[n] for n in order if n in by_name]

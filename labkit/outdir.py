@@ -1,27 +1,100 @@
-"""A run's folder (`--out`), checked before anything runs. Imports nothing heavy: `labkit run` calls it
-while it is still parsing its command line."""
+"""A run's folder (`--out`, `--root`), checked before anything runs. Imports nothing heavy: `labkit run` calls
+it while it is still parsing its command line.
+
+A run folder must be this user's alone: another local user who can write into it (or who owns it, and so can
+make it writable) could plant a symlink where the run writes its files, or swap the folder for another. So a
+folder is refused, in one line, when it belongs to someone else or when group or others may write it; and
+when a folder above it lets another user rename or replace entries (it is theirs, not root's or yours, or
+group/other-writable without the sticky bit that `/tmp` has). Folders labkit makes itself are made 0755 (less under the umask), never wider.
+"""
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from .params import BadInput
 
+FOLDER_MODE = 0o755
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def foreign_folder_problem(folder: Path) -> str:
+    """Why `folder` (existing or not) is not safe to write a run into, or "" when it is."""
+    given = Path(folder)
+    me = os.geteuid()
+    try:
+        lst = os.lstat(given)
+        if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (me, 0):
+            return f"is a symlink made by {_owner(lst.st_uid)}"
+    except OSError:
+        pass
+    real = Path(os.path.realpath(given))
+    for p in [real, *real.parents]:
+        try:
+            st = os.stat(p)
+        except (FileNotFoundError, NotADirectoryError):      # not there yet: made below, or cannot be
+            continue
+        except OSError as ex:
+            return f"cannot be checked ({ex.strerror or type(ex).__name__}: {p})"
+        if not stat.S_ISDIR(st.st_mode):      # a file where a folder should be: mkdir says so
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        if p == real:
+            if st.st_uid != me:
+                return f"belongs to {_owner(st.st_uid)}, not to you: another user could change what a run writes there"
+            if mode & 0o022:
+                return (f"has mode {mode:04o}: other users may write into it and plant links where a run writes; "
+                        f"`chmod go-w` it or choose another folder")
+        elif st.st_uid not in (me, 0):
+            return (f"is inside {p}, which belongs to {_owner(st.st_uid)}: they may rename or replace folders "
+                    f"in it; choose a folder under one of yours")
+        elif mode & 0o022 and not mode & stat.S_ISVTX:
+            return (f"is inside {p} (mode {mode:04o}), where other users may rename or replace folders; "
+                    f"choose a folder under one only you can write")
+    return ""
+
+
+def make_own_folder(folder: Path, what: str) -> Path:
+    """Make `folder` and its missing parents (0755 under the umask) and prove it is this user's alone (see the
+    module note); BadInput in one line otherwise. Returns `folder`."""
+    folder = Path(folder)
+    why = foreign_folder_problem(folder)            # before making anything in a place that is not safe
+    if why:
+        raise BadInput(f"{what} {folder} {why}")
+    missing = [p for p in [*reversed(folder.absolute().parents), folder.absolute()] if not p.exists()]
+    for p in missing:
+        try:
+            p.mkdir(mode=FOLDER_MODE)
+        except FileExistsError:                     # someone made it meanwhile: the check below decides
+            pass
+        except OSError as ex:
+            raise BadInput(f"{what} {folder}: cannot write there ({ex.strerror or type(ex).__name__})") from None
+    why = foreign_folder_problem(folder)            # made by us, or by someone else between the two checks
+    if why:
+        raise BadInput(f"{what} {folder} {why}")
+    return folder
+
 
 def prepare_out_dir(out: Path, others_ok: bool = False) -> Path:
-    """Make the run folder, or say in one line why it cannot be one, before anything runs: a folder that
-    already holds a run, or holds other files (a run would be mixed into them; `others_ok` for a caller that
-    put them there, as the nightly runner puts its log), or cannot be written."""
+    """Make the run folder, or say in one line why it cannot be one, before anything runs: a folder another
+    user owns or may write, a folder that already holds a run, or holds other files (a run would be mixed
+    into them; `others_ok` for a caller that put them there, as the nightly runner puts its log), or cannot
+    be written."""
+    from .atomic import check_writable
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out}: a file, not a folder")
+    make_own_folder(out, "--out")
     if (out / "metrics.parquet").exists():
         raise BadInput(f"--out {out} already holds a run; choose another --out")
-    if not others_ok and out.is_dir() and not (out / "manifest.json").exists() and any(out.iterdir()):
+    if not others_ok and not (out / "manifest.json").exists() and any(out.iterdir()):
         raise BadInput(f"--out {out} holds other files and is not a run folder; choose a new or empty folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".labkit-write-check"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as ex:
-        raise BadInput(f"--out {out}: cannot write there ({ex.strerror or type(ex).__name__})") from None
+    check_writable(out, "--out")         # a fresh random name, created exclusively: never a planted link
     return out

@@ -27,7 +27,8 @@ import pandas as pd
 
 from . import envs
 from . import __version__
-from .atomic import replacing, write_text_or_in_place
+from .atomic import open_replacing, replacing, write_text, write_text_or_in_place
+from .params import BadInput
 from .telemetry import Sampler, describe_gpus, machine_load, observed
 
 # rows and manifests written since the reference shape followed the public config carry shape_rev 2; a run
@@ -198,8 +199,9 @@ class Run:
     @classmethod
     def create(cls, out_dir: str | Path | None, experiment: str, params: dict, root: str | Path = "results") -> "Run":
         """Make the folder and write manifest.json. `out_dir` empty/None -> `<root>/<new run id>`."""
+        from .outdir import make_own_folder
         path = Path(out_dir) if out_dir else Path(root) / new_run_id(experiment)
-        path.mkdir(parents=True, exist_ok=True)
+        make_own_folder(path, "run folder")     # this user's alone (no other user can plant links in it)
         if (path / "metrics.parquet").exists():
             raise FileExistsError(f"{path} already holds a run (metrics.parquet); choose another --out")
         manifest = {"run_id": path.name, "experiment": experiment,
@@ -259,6 +261,17 @@ class Run:
 
     add_table = write_table
 
+    def write_csv(self, name: str, df: pd.DataFrame) -> Path:
+        """`<name>.csv` beside the tables (a copy for spreadsheets), whole or absent, never through a link."""
+        path = self.path / f"{name}.csv"
+        with open_replacing(path) as f:
+            df.to_csv(f, index=False)
+        return path
+
+    def write_file(self, name: str, text: str) -> Path:
+        """Any other text file of the run (a summary), whole or absent, never through a link."""
+        return write_text(self.path / name, text)
+
     def finish(self, status: str | None = None, *, interrupted: bool | None = None,
                error: BaseException | str | None = None, **fields) -> str:
         """Write the final status, derived from the points by `derive_status` (the one rule), and the wall
@@ -312,17 +325,94 @@ class Run:
             d["observed"] = seen
 
 
+# ------------------------------------------------------------------------------------ reading manifests
+# Every reader of run folders (`labkit runs`, the run index, `labkit report`, compare) reads a manifest through
+# `read_manifest`: parsed, then checked against the declared schema, so one folder with a malformed manifest
+# (a number where a time belongs, a list instead of an object) is one line about that folder, never a
+# traceback that hides the others.
+MANIFEST_SCHEMA = Path(__file__).resolve().parent / "data" / "run-manifest.schema.json"
+
+
+class BadManifest(BadInput):
+    """A run folder's manifest.json that cannot be read, is not JSON or does not match the schema."""
+
+
+_validator = None
+
+
+def _short(v, n: int = 60) -> str:
+    text = json.dumps(v, default=str)
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+_JSON_TYPES = {dict: "an object", list: "a list", str: "a string", bool: "true/false", int: "a number",
+               float: "a number", type(None): "null"}
+
+
+def manifest_problem(m) -> str:
+    """Why a parsed manifest does not match `MANIFEST_SCHEMA`, in one line ("" when it does)."""
+    global _validator
+    import fastjsonschema
+    if _validator is None:
+        _validator = fastjsonschema.compile(json.loads(MANIFEST_SCHEMA.read_text()))
+    try:
+        _validator(m)
+        return ""
+    except fastjsonschema.JsonSchemaValueException as err:
+        where = ".".join(str(p) for p in err.path[1:]) or "the manifest"
+        if err.rule == "type":
+            want = err.rule_definition if isinstance(err.rule_definition, list) else [err.rule_definition]
+            return (f"{where} is {_JSON_TYPES.get(type(err.value), type(err.value).__name__)} ({_short(err.value)}), "
+                    f"expected {' or '.join(want)}")
+        if err.rule == "enum":
+            return f"{where} is {_short(err.value)}, expected one of {', '.join(map(str, err.rule_definition))}"
+        if err.rule == "pattern" and where == "created":
+            return f"created is {_short(err.value)}, expected an ISO 8601 time"
+        if err.rule == "required":
+            return f"{where} lacks {', '.join(k for k in err.rule_definition if not isinstance(err.value, dict) or k not in err.value)}"
+        return f"{where} is {_short(err.value)}, which the manifest's schema refuses ({err.rule})"
+
+
+def read_manifest(path: str | Path) -> dict:
+    """A run folder's manifest (`path`: the folder or its manifest.json), checked against the schema;
+    BadManifest (one line: the file and why) otherwise."""
+    path = Path(path)
+    mf = path if path.name == "manifest.json" else path / "manifest.json"
+    try:
+        m = json.loads(mf.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except OSError as ex:
+        raise BadManifest(f"{mf}: cannot be read ({ex.strerror or type(ex).__name__})") from None
+    except UnicodeDecodeError:
+        raise BadManifest(f"{mf}: not UTF-8 text") from None
+    except ValueError as ex:
+        raise BadManifest(f"{mf}: not valid JSON ({str(ex).splitlines()[0]})") from None
+    why = manifest_problem(m)
+    if why:
+        raise BadManifest(f"{mf}: {why}")
+    return m
+
+
 class LoadedRun:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         mf = self.path / "manifest.json"
         if not mf.is_file():
             raise FileNotFoundError(f"{self.path} is not a run folder: no manifest.json")
-        self.manifest = json.loads(mf.read_text())
+        self.manifest = read_manifest(mf)
 
     def table(self, name: str) -> pd.DataFrame:
+        """`<name>.parquet` ("" table when absent); BadInput in one line when the file is not a table."""
         p = self.path / f"{name}.parquet"
-        return pd.read_parquet(p) if p.is_file() else pd.DataFrame()
+        if not p.is_file():
+            return pd.DataFrame()
+        try:
+            return pd.read_parquet(p)
+        except Exception as ex:        # a truncated or foreign file: say which, not pyarrow's traceback
+            why = (str(ex).strip().splitlines() or ["no message"])[0]
+            raise BadInput(f"{p}: not a readable table ({type(ex).__name__}: "
+                           f"{why if len(why) <= 160 else why[:159] + '…'})") from None
 
     @property
     def metrics(self) -> pd.DataFrame:
@@ -360,7 +450,7 @@ def run_manifests(root: str | Path) -> list[Path]:
 UNREADABLE = "unreadable"      # `list_runs`' word for a run folder whose manifest.json cannot be parsed
 
 
-def _mtime_iso(path: Path) -> str | None:
+def mtime_iso(path: Path) -> str | None:
     try:
         return dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds")
     except OSError:
@@ -368,19 +458,18 @@ def _mtime_iso(path: Path) -> str | None:
 
 
 def list_runs(root: str | Path = "results") -> pd.DataFrame:
-    """One row per run folder under root (newest first); a folder whose manifest cannot be read is listed
-    with status `unreadable` and an `error` saying why."""
+    """One row per run folder under root (newest first); a folder whose manifest cannot be read or does not
+    match the schema is listed with status `unreadable` and an `error` saying why (one line)."""
     rows = []
     for mf in run_manifests(root):
         try:
-            m = json.loads(mf.read_text())
-            if not isinstance(m, dict):
-                raise ValueError("not a JSON object")
-        except Exception as ex:         # listed, not dropped: a truncated manifest is a run someone must look at
+            m = read_manifest(mf)
+        except (BadManifest, OSError) as ex:  # listed, not dropped: a broken manifest is a run someone must look at
+            why = str(ex).removeprefix(f"{mf}: ") if isinstance(ex, BadManifest) else type(ex).__name__
             rows.append({"path": str(mf.parent), "run_id": mf.parent.name, "experiment": None,
-                         "created": _mtime_iso(mf), "status": UNREADABLE, "gpu_name": None, "pcie_gen": None,
+                         "created": mtime_iso(mf), "status": UNREADABLE, "gpu_name": None, "pcie_gen": None,
                          "pcie_width": None, "git_sha": None, "host": None,
-                         "error": f"manifest.json unreadable ({type(ex).__name__})"})
+                         "error": f"manifest.json unreadable: {why}"})
             continue
         rows.append({"path": str(mf.parent), "run_id": m.get("run_id"), "experiment": m.get("experiment"),
                      "created": m.get("created"), "status": effective_status(m), "gpu_name": m.get("gpu_name"),

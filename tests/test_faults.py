@@ -123,11 +123,12 @@ def _notebook(path: Path, code: str) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_stops_the_whole_nightly_records_why_and_resumes(tmp_path, sig):
-    """SIGINT / SIGTERM while the first entry runs: the night stops (the second entry never starts), the
-    first is `interrupted`, nightly.json and nightly.log say which signal stopped it and what is not done,
-    the lock is gone, exit 128 + signal; the same command then resumes it (SIGTERM case)."""
+    """SIGINT / SIGTERM / SIGHUP (the SSH session that started it closed) while the first entry runs: the
+    night stops (the second entry never starts), the first is `interrupted`, nightly.json and nightly.log say
+    which signal stopped it and what is not done, the lock is gone, exit 128 + signal; the same command then
+    resumes it (SIGTERM and SIGHUP cases)."""
     marker = tmp_path / "hold"
     marker.touch()
     _notebook(tmp_path / "sleepy.ipynb", f"import os, time\nprint('started', flush=True)\n"
@@ -165,7 +166,7 @@ def test_a_signal_stops_the_whole_nightly_records_why_and_resumes(tmp_path, sig)
     assert not (night / "after").exists(), "the entry after the signal must not run"
     assert f"stopped by {name} during sleepy" in (night / "nightly.log").read_text()
     assert not (night / ".lock").exists() and not stray_tmp(night)
-    if sig != signal.SIGTERM:
+    if sig == signal.SIGINT:
         return
     from labkit.nightly import run_plan
     marker.unlink()
@@ -173,7 +174,7 @@ def test_a_signal_stops_the_whole_nightly_records_why_and_resumes(tmp_path, sig)
     st = {e["name"]: e for e in rec["entries"]}
     assert st["sleepy"]["status"] == "ok" and st["after"]["status"] == "ok"
     assert st["sleepy"]["earlier_attempts"] == ["sleepy.attempt-1"] and rec["finished"] and "stopped" not in rec
-    assert rec["earlier_stops"][0]["signal"] == "SIGTERM"
+    assert rec["earlier_stops"][0]["signal"] == name
 
 
 def test_the_nightly_lock_is_not_executable(tmp_path):

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -278,3 +280,220 @@ def test_lab_token_is_not_in_argv_nor_readable_by_another_user(tmp_path, request
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+# ------------------------------------------------------------------------------ run folders, two users
+# Every file `labkit run hot_replay --out DIR` writes into its folder, and the write-check probe's old name.
+RUN_FILES = ["manifest.json", "hot_replay.parquet", "summary.md", "capacity.ipynb", "report.html",
+             ".labkit-write-check"]
+ONE_TRACE = ["-p", "traces=labkit/data/smollm2-135m-prose-indexer-b64.npz", "-p", "context_lens=131072", "-p", "capacity_x=1.0",
+             "-p", "policies=lru"]
+
+
+def _victims(where: Path, names) -> dict[str, Path]:
+    """One file of ours per name, with content that must survive (what a planted link points at)."""
+    out = {}
+    for n in names:
+        v = where / f"victim-{n.strip('.')}"
+        v.write_text(f"precious {n}\n")
+        v.chmod(0o644)
+        out[n] = v
+    return out
+
+
+def _untouched(victims: dict[str, Path]) -> None:
+    for n, v in victims.items():
+        assert v.read_text() == f"precious {n}\n" and v.stat().st_uid == 0, f"{n}: written through the link"
+
+
+def _plant(user, folder: Path, victims: dict[str, Path], mode: str = "0777") -> None:
+    links = " && ".join(f"ln -s {v} {folder}/{n}" for n, v in victims.items())
+    r = as_user(user, f"mkdir -m {mode} {folder} && chmod {mode} {folder} && {links}")
+    assert r.returncode == 0, r.stderr
+
+
+def _labkit(*args, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+
+
+@pytest.mark.parametrize("mode", ["0777", "0755"])
+def test_a_run_folder_another_user_owns_is_refused_before_anything(other_user, shared, mode):
+    """Another user's folder (world-writable, or merely theirs) holding a manifest and links named like every
+    file a run writes, passed as --out: one line naming the owner, exit 2, nothing written, no link followed."""
+    victims = _victims(shared, RUN_FILES)
+    out = shared / f"theirs-{mode}"
+    _plant(other_user, out, victims, mode)
+    r = _labkit("run", "hot_replay", *ONE_TRACE, "--out", str(out))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and f"belongs to uid {other_user[0]}" in r.stderr, r.stderr
+    _untouched(victims)
+    assert sorted(p.name for p in out.iterdir()) == sorted(RUN_FILES)          # nothing of ours added
+
+
+def test_a_folder_others_may_write_or_replace_is_refused(other_user, shared, tmp_path):
+    """Our own folder made world-writable; a folder of ours inside one everyone may write (no sticky bit) or
+    inside one of the other user's (either could rename ours away and put theirs in its place); the other
+    user's folder as the nightly's root: each refused in one line, before the plan is read, nothing made."""
+    ours = tmp_path / "open"
+    ours.mkdir()
+    ours.chmod(0o777)
+    r = _labkit("run", "hot_replay", *ONE_TRACE, "--out", str(ours))
+    assert r.returncode == 2 and "mode 0777" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    (shared / "open-parent").mkdir()
+    (shared / "open-parent").chmod(0o777)
+    assert as_user(other_user, f"mkdir -m 0755 {shared}/their-parent").returncode == 0
+    os.chmod(shared / "their-parent", 0o755)
+    for parent, says in (("open-parent", "(mode 0777), where other users may rename"),
+                         ("their-parent", f"which belongs to uid {other_user[0]}")):
+        inside = shared / parent / "mine"
+        inside.mkdir()
+        for args in (["run", "hot_replay", *ONE_TRACE, "--out", str(inside)], ["nightly", "--root", str(inside)]):
+            r = _labkit(*args)
+            assert r.returncode == 2 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
+        assert list(inside.iterdir()) == []
+        r = _labkit("run", "hot_replay", *ONE_TRACE, "--out", str(inside / "new"))     # not made either
+        assert r.returncode == 2 and says in r.stderr and not (inside / "new").exists(), r.stderr
+    theirs = shared / "night"
+    assert as_user(other_user, f"mkdir -m 0755 {theirs}").returncode == 0
+    r = _labkit("nightly", "--root", str(theirs))
+    assert r.returncode == 2 and f"belongs to uid {other_user[0]}" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_links_planted_in_a_run_folder_are_replaced_never_followed(other_user, shared):
+    """The other user planted a link at every name a run writes while the folder was open to them; it is ours
+    and closed now (0755). A whole run into it: ok, every victim keeps its bytes, every name is now a regular
+    file of ours (each file was written to a fresh name and renamed over the link)."""
+    victims = _victims(shared, RUN_FILES)
+    out = shared / "reopened"
+    _plant(other_user, out, victims)
+    os.chown(out, 0, 0)
+    out.chmod(0o755)
+    r = _labkit("run", "hot_replay", *ONE_TRACE, "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    _untouched(victims)
+    for n in RUN_FILES[:-1]:
+        st = os.lstat(out / n)
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and st.st_nlink == 1, n
+    assert (out / ".labkit-write-check").is_symlink()         # the probe uses a fresh name, never this one
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def _vllm_python_or_skip() -> Path:
+    from labkit.params import Missing
+    from labkit.serving.lifecycle import vllm_python
+    try:
+        return vllm_python()
+    except Missing as ex:
+        pytest.skip(f"vLLM's connector writes inside vLLM's process: {ex}")
+
+
+def test_every_run_folder_writer_replaces_a_planted_link(other_user, shared):
+    """Each writer of run-folder files, one by one, at a name where the other user planted a link to a file of
+    ours (the folder open to them, then closed): the CSV copies (metrics.csv, goodput.csv), a summary, a table,
+    the nightly's tests.txt / error.txt, papermill's notebook saves, the counters of vLLM's connector. The link
+    is replaced, the victim keeps its bytes. Streams appended during a run (the nightly's log.txt, the
+    connector's requests.jsonl, a server log) refuse a link, a FIFO and a second name for someone's file."""
+    import pandas as pd
+
+    from labkit import atomic
+    from labkit.execute import _WholeNotebookWrites
+    from labkit.results import Run
+
+    names = ["metrics.csv", "goodput.csv", "summary.md", "extra.parquet", "tests.txt", "error.txt", "nb.ipynb",
+             "scheduler.json", "log.txt", "requests.jsonl", "server.log"]
+    victims = _victims(shared, names)
+    out = shared / "run"
+    _plant(other_user, out, victims)
+    os.chown(out, 0, 0)
+    out.chmod(0o755)
+    run = Run(out, {"run_id": "x"})
+    df = pd.DataFrame({"a": [1, 2]})
+    run.write_csv("metrics", df)
+    run.write_csv("goodput", df)
+    run.write_file("summary.md", "# summary\n")
+    run.write_table("extra", df)
+    atomic.write_text(out / "tests.txt", "1 passed\n")
+    atomic.write_text(out / "error.txt", "failed\n")
+    _WholeNotebookWrites().write('{"cells": []}', str(out / "nb.ipynb"))
+    vllm_py = _vllm_python_or_skip()           # the connector runs inside vLLM's process
+    r = subprocess.run([str(vllm_py), "-c", "import sys; from pathlib import Path; from labkit.serving.vllm_connector "
+                        "import _write_json; _write_json(Path(sys.argv[1]), {'queries': 1})", str(out / "scheduler.json")],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for n in names[:8]:
+        assert not (out / n).is_symlink() and (out / n).stat().st_uid == 0, n
+    assert pd.read_csv(out / "metrics.csv")["a"].tolist() == [1, 2]
+    for n, mode in (("log.txt", "a"), ("requests.jsonl", "a"), ("server.log", "ab")):
+        with pytest.raises(OSError):
+            atomic.open_append(out / n, mode)
+        assert (out / n).is_symlink()
+    os.mkfifo(out / "fifo.log")
+    t0 = time.time()
+    with pytest.raises(OSError):                 # not a wait for a reader that never comes
+        atomic.open_append(out / "fifo.log")
+    assert time.time() - t0 < 2
+    os.link(victims["log.txt"], out / "second-name.log")
+    with pytest.raises(OSError, match="2 names"):
+        atomic.open_append(out / "second-name.log")
+    _untouched(victims)
+    with atomic.open_append(out / "fresh.log") as f:            # a fresh stream of ours: appended as usual
+        f.write("one\n")
+    with atomic.open_append(out / "fresh.log") as f:
+        f.write("two\n")
+    assert (out / "fresh.log").read_text() == "one\ntwo\n"
+
+
+# Files labkit writes outside run folders, each with where it goes; every other write in labkit/ goes
+# through labkit/atomic.py (a fresh exclusive name and a rename, or an append that refuses links).
+NOT_RUN_FOLDERS = {
+    "labkit/report/readme_tables.py": "README.md and docs/ (the repository's own files)",
+    "labkit/lab.py": "JupyterLab's settings folder of this lab",
+    "labkit/explore.py": "the explorer notebook under notebooks/",
+    "labkit/cluster/executor.py": "a node's work folder: fresh, in a scratch folder checked to be this user's alone",
+    "labkit/crossmodel/pair.py": "a model folder being converted in a fresh temporary folder",
+    "labkit/models/loader.py": "a model folder being converted in a fresh temporary folder",
+    "labkit/crossmodel/ablation.py": "the mapper-fitting cache under .cache/",
+    "labkit/quality/traces.py": "selection traces written by the trace tools, not by a run",
+    "labkit/serving/experiment.py": "the vLLM argument-check cache under .cache/",
+}
+PLAIN_WRITE = re.compile(r"(?<!atomic)\.write_(text|bytes)\(|\.to_csv\((?!f\b)|\.to_parquet\((?!tmp\b)|"
+                         r"\bopen\([^)]*['\"][wax]b?['\"]|shutil\.copy|nbformat\.write\(|np\.savez|torch\.save\(")
+
+
+def test_no_plain_write_is_left_in_the_library():
+    """A guard for the run-folder rule: a new `Path.write_text`, `to_csv(path)`, `open(path, "w")` or copy in
+    labkit/ fails here unless the file is one of the few that never write into a run folder (named above)."""
+    found = []
+    for f in sorted((REPO / "labkit").rglob("*.py")):
+        rel = f.relative_to(REPO).as_posix()
+        if rel == "labkit/atomic.py" or rel in NOT_RUN_FOLDERS:
+            continue
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if PLAIN_WRITE.search(code) and not code.lstrip().startswith(('"', "'", "-", "`")):
+                found.append(f"{rel}:{i}: {line.strip()}")
+    assert not found, "plain writes (use labkit.atomic):\n" + "\n".join(found)
+
+
+def test_the_security_page_names_the_real_key_path_and_tests(monkeypatch, tmp_path):
+    """docs/security.md names the KV key where the code keeps it, and every test it cites for a defence
+    exists (a renamed test cannot leave the page pointing at nothing)."""
+    import ast
+    page = (REPO / "docs" / "security.md").read_text()
+    monkeypatch.delenv("LABKIT_XFER_KEY")
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    where = "~/" + shm.key_path().relative_to(tmp_path).as_posix()        # the default, as the page writes it
+    assert where == "~/.config/labkit/xfer.key" and f"`{where}`" in page and "crossmodel.key" not in page
+    cited = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`|`::(\w+)`", page)
+    last, checked = None, 0
+    for path, name, more in cited:
+        last = path or last
+        name = name or more
+        tree = ast.parse((REPO / last).read_text())
+        if name:
+            assert name in {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}, f"{last}::{name}"
+            checked += 1
+    assert checked >= 12

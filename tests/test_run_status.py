@@ -169,6 +169,7 @@ def _wait_measuring(proc, out: Path, timeout=120):
 
 @pytest.mark.parametrize("experiment,params,sig", [("capacity", CAPACITY_LONG, signal.SIGINT),
                                                    ("capacity", CAPACITY_LONG, signal.SIGTERM),
+                                                   ("capacity", CAPACITY_LONG, signal.SIGHUP),     # terminal closed
                                                    ("multigpu", MULTIGPU_LONG, signal.SIGINT)])
 def test_signal_during_labkit_run_leaves_interrupted(tmp_path, experiment, params, sig):
     """`timeout -s INT 90 labkit run capacity ...`: the manifest ends interrupted (capacity left it running,

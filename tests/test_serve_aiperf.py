@@ -1,13 +1,24 @@
 """NVIDIA's AIPerf (its own venv, .venv-aiperf, installed by `make test`) against a real `labkit serve`: an
 independent client's view of the protocol and of the timing. AIPerf's default endpoint (streamed chat), SmolLM2's
 tokenizer on the client side with the chat template applied when counting the prompt: every request ok, no
-token-count discrepancy (AIPerf's counts equal the usage block, prompt and completion), and AIPerf's TTFT,
-inter-token latency and output throughput within 10% of the server's own records (`/stats`). One AIPerf run
-(about a minute here, most of it AIPerf starting its services). Marked `slow`."""
+token-count discrepancy (AIPerf's counts equal the usage block, prompt and completion), and AIPerf's timing
+against the server's own records (`/stats`) of the same requests, paired by the `X-Request-ID` AIPerf sends
+(the server names a request after it, as vLLM does). One AIPerf run (about a minute here, most of it AIPerf
+starting its services). Marked `slow`.
+
+Why TTFT is compared request by request, with an allowance for a fixed offset: the server's clock starts when
+its handler runs, AIPerf's when it starts sending; between them are the client's connection and send and the
+server's event loop getting to the handler, a few ms each that do not grow with the TTFT (1-15 ms a request
+on an idle 2-core machine, more beside another test worker). At one or four requests at once the TTFT is 30-60
+ms, so a plain 10% on the means failed or passed with the machine's load. What must hold whatever the load:
+no request's first token is seen by the client before the server made it, the client's TTFT follows the
+server's from request to request (they differ by up to 8x between queued and unqueued requests), and the
+mean is the server's plus at most 10% and that fixed offset."""
 import importlib.util
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -62,7 +73,8 @@ def server():
 
 
 def _aiperf(url, out: Path, endpoint: str, n: int, conc: int, osl: int, *extra, warmup: int = 2) -> tuple[str, dict, list[dict]]:
-    """One AIPerf run: its console, its summary, its per-request records."""
+    """One AIPerf run: its console, its summary, its per-request records (metrics, with the request's
+    `x_request_id` added)."""
     from labkit.serving.tokentext import tokenizer_dir
     # AIPerf reads a local tokenizer folder only when not told to stay offline (it then looks in the hub cache)
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
@@ -78,29 +90,41 @@ def _aiperf(url, out: Path, endpoint: str, n: int, conc: int, osl: int, *extra, 
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     summary = json.loads((out / "profile_export_aiperf.json").read_text())
     rows = [json.loads(ln) for ln in (out / "profile_export.jsonl").read_text().splitlines() if ln.strip()]
-    per = [r["metrics"] for r in rows if r["metadata"].get("benchmark_phase") == "profiling"]
+    per = [{**r["metrics"], "x_request_id": r["metadata"].get("x_request_id")} for r in rows
+           if r["metadata"].get("benchmark_phase") == "profiling"]
     assert summary["completed_request_count"]["avg"] == n and summary["request_error_rate"]["avg"] == 0
     return run.stdout, summary, per
 
 
+# what the server cannot see of a request's TTFT: the client's connection and send, the event loop reaching
+# the handler (see the module note); a fixed allowance, not a share of the TTFT
+FIXED_MS = 20.0
+
+
 def test_aiperf_completions_counts_and_timing_agree(server, tmp_path):
-    """Streamed completions (as the serve sweep's client): no discrepancy, and the timing within 10%."""
-    before = len(httpx.get(server + "/stats", timeout=30).json()["records"])
-    console, ai, _ = _aiperf(server, tmp_path / "aiperf", "completions", N, CONC, OSL)
+    """Streamed completions (as the serve sweep's client): no discrepancy; every request's TTFT as AIPerf saw
+    it against the server's record of the same request; inter-token latency and throughput within 10%."""
+    before = httpx.get(server + "/stats", timeout=30).json()["records_seen"]
+    console, ai, per = _aiperf(server, tmp_path / "aiperf", "completions", N, CONC, OSL)
     assert "Token Count Discrepancy" not in console, console[-3000:]
     assert ai["usage_discrepancy_count"]["avg"] == 0 and ai["osl_mismatch_count"]["avg"] == 0
     assert ai["usage_completion_tokens_diff_pct"]["avg"] == 0 and ai["usage_prompt_tokens_diff_pct"]["avg"] == 0
     assert ai["output_sequence_length"]["avg"] == OSL and ai["input_sequence_length"]["avg"] == ISL
-    # the server's records of the profiled requests (AIPerf's two warm-up requests come first)
-    recs = httpx.get(server + "/stats", timeout=30).json()["records"][before:]
-    assert len(recs) == N + 2 and all(r["status"] == "ok" for r in recs)
-    mine = recs[2:]
-    ttft = _mean([r["ttft_s"] for r in mine]) * 1e3
+    # the server's records of the same requests: AIPerf's X-Request-ID is the server's request id
+    recs = httpx.get(server + "/stats", params={"since": before}, timeout=30).json()["records"]
+    assert len(recs) == N + 2 and all(r["status"] == "ok" for r in recs)        # two warm-up requests too
+    by_id = {r["request_id"].removeprefix("cmpl-"): r for r in recs}
+    mine = [by_id[p["x_request_id"]] for p in per]
+    client = [p["time_to_first_token"]["value"] for p in per]
+    srv = [r["ttft_s"] * 1e3 for r in mine]
+    assert all(c >= s - 1.0 for c, s in zip(client, srv)), list(zip(client, srv))    # never before the server
+    if max(srv) > 1.5 * min(srv):                    # the client follows the server from request to request
+        assert statistics.correlation(client, srv) > 0.9, list(zip(client, srv))
+    assert _mean(client) <= 1.10 * _mean(srv) + FIXED_MS, (_mean(client), _mean(srv), list(zip(client, srv)))
     itl = _mean([(r["token_times"][-1] - r["token_times"][0]) / (len(r["token_times"]) - 1) for r in mine]) * 1e3
     span = max(r["send_time"] + r["token_times"][-1] for r in mine) - min(r["send_time"] for r in mine)
-    want = {"ttft": ttft, "itl": itl, "tput": sum(r["output_len"] for r in mine) / span}
-    got = {"ttft": ai["time_to_first_token"]["avg"], "itl": ai["inter_token_latency"]["avg"],
-           "tput": ai["output_token_throughput"]["avg"]}
+    want = {"itl": itl, "tput": sum(r["output_len"] for r in mine) / span}
+    got = {"itl": ai["inter_token_latency"]["avg"], "tput": ai["output_token_throughput"]["avg"]}
     for k in want:
         assert got[k] == pytest.approx(want[k], rel=0.10), (k, got, want)
 

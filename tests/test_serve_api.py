@@ -4,6 +4,7 @@ tokenizer counts as the server does, Prometheus /metrics under vLLM's names, and
 100,000 deep; a non-streamed request whose client hangs up while its tokens are being produced)."""
 import importlib.util
 import json
+import math
 import random
 import socket
 import subprocess
@@ -89,7 +90,7 @@ def test_chat_completion_has_vllms_fields(server):
     ch = b["choices"][0]
     assert ch["message"]["role"] == "assistant" and ch["finish_reason"] == "length" and ch["stop_reason"] is None
     assert b["usage"]["completion_tokens"] == 5 == len(ch["message"]["content"].split())      # max_completion_tokens first
-    assert b["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert b["usage"]["prompt_tokens_details"] is None          # as vLLM's default (no prompt-token details)
     assert b["usage"]["total_tokens"] == b["usage"]["prompt_tokens"] + 5
     # the same request streamed: the role first, then one chunk per token, the finish reason on the last,
     # the usage chunk, [DONE]; the text is the non-streamed one (greedy)
@@ -100,7 +101,8 @@ def test_chat_completion_has_vllms_fields(server):
     toks = ev[1:-2]
     assert len(toks) == 5 and [t["choices"][0]["finish_reason"] for t in toks] == [None] * 4 + ["length"]
     assert "".join(t["choices"][0]["delta"]["content"] for t in toks) == ch["message"]["content"]
-    assert ev[-2]["choices"] == [] and ev[-2]["usage"] == b["usage"]
+    counts = {k: b["usage"][k] for k in ("prompt_tokens", "total_tokens", "completion_tokens")}
+    assert ev[-2]["choices"] == [] and ev[-2]["usage"] == counts       # vLLM's usage chunk: the counts alone
     # no max_tokens on chat: what is left of the slot (512 tokens) after the prompt
     u = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": " the" * (470 if HAS_TOKENIZER else 110)}]}).json()["usage"]
     assert u["completion_tokens"] == 512 - u["prompt_tokens"] > 0
@@ -247,3 +249,75 @@ def test_unknown_tokenizer_is_one_line_before_anything_starts():
     r = subprocess.run([sys.executable, "-m", "labkit", "serve", "--device", "cpu", "--tokenizer", "gpt2"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown tokenizer 'gpt2'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_logprobs_are_the_engines(server):
+    """Completions' `logprobs` N and chat's `top_logprobs` N: per token the chosen token's log-probability (the
+    greedy pick, so the best of the alternatives), N alternatives best first, all <= 0 with probabilities
+    summing to at most 1, texts that are the answer's tokens; offsets into the text."""
+    url, _, _ = server
+    b = _post(url, "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 6, "logprobs": 3}).json()
+    ch = b["choices"][0]
+    lp = ch["logprobs"]
+    assert "".join(lp["tokens"]) == ch["text"] and len(lp["tokens"]) == 6
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(6)]
+    for tok, p, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert p <= 0 and top[tok] == p == max(top.values()) and len(top) <= 3
+        assert sum(math.exp(v) for v in top.values()) <= 1 + 1e-6
+    c = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                                            "logprobs": True, "top_logprobs": 5}).json()["choices"][0]
+    content = c["logprobs"]["content"]
+    assert "".join(t["token"] for t in content) == c["message"]["content"]
+    for t in content:
+        alts = [a["logprob"] for a in t["top_logprobs"]]
+        assert len(alts) == 5 and alts == sorted(alts, reverse=True) and t["logprob"] == alts[0]
+        assert bytes(t["bytes"]).decode() == t["token"]
+    assert _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                               "prompt_logprobs": 1}).status_code == 400
+
+
+def test_min_tokens_bans_stop_tokens_until_then(server):
+    """A stop token the engine would pick at token k, with min_tokens = k: banned there (another token comes,
+    as vLLM's logits processor does), so the request does not stop at k; with min_tokens = k - 1 it does."""
+    url, _, _ = server
+    base = {"prompt": list(range(10, 50)), "max_tokens": 12, "return_token_ids": True}
+    ids = _post(url, "/v1/completions", base).json()["choices"][0]["token_ids"]
+    k = next(i for i in range(3, 12) if ids[i - 1] not in ids[:i - 1])
+    stopped = _post(url, "/v1/completions", {**base, "stop_token_ids": [ids[k - 1]], "min_tokens": k - 1}).json()
+    assert stopped["usage"]["completion_tokens"] == k and stopped["choices"][0]["stop_reason"] == ids[k - 1]
+    banned = _post(url, "/v1/completions", {**base, "stop_token_ids": [ids[k - 1]], "min_tokens": k}).json()
+    got = banned["choices"][0]["token_ids"]
+    assert got[:k - 1] == ids[:k - 1] and got[k - 1] != ids[k - 1] and ids[k - 1] not in got[:k]
+
+
+def test_the_role_chunk_comes_with_the_first_token(server):
+    """Streamed chat: the role chunk arrives when the first token is ready (with it, as vLLM sends it), not
+    when the request is accepted: a client timing its first chunk measures the server's TTFT."""
+    url, _, _ = server
+    before = httpx.get(url + "/stats").json()["records_seen"]
+    body = {"messages": [{"role": "user", "content": "a long question " * 60}], "max_tokens": 3, "stream": True}
+    t0 = time.perf_counter()
+    arrivals = []
+    with httpx.Client(timeout=60) as c, c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        for ln in r.iter_lines():
+            if ln.startswith("data: ") and ln[6:] != "[DONE]":
+                arrivals.append((time.perf_counter() - t0, json.loads(ln[6:])))
+    role_t, role = arrivals[0]
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    rec = httpx.get(url + "/stats", params={"since": before}).json()["records"][0]
+    assert role_t >= 0.9 * rec["ttft_s"], (role_t, rec["ttft_s"])       # not before the first token
+    assert arrivals[1][0] - role_t < 0.05                                # the first token right behind it
+
+
+def test_a_clients_request_id_names_the_request(server):
+    """`X-Request-Id` (AIPerf sends one) or the body's `request_id` becomes the request's id, as in vLLM: in
+    the answer and in the server's record, so a client's timing pairs with the server's request by request."""
+    url, _, _ = server
+    before = httpx.get(url + "/stats").json()["records_seen"]
+    a = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2},
+                   headers={"X-Request-Id": "client-7f3a"}).json()
+    b = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                            "request_id": "body-9"}).json()
+    assert a["id"] == "cmpl-client-7f3a" and b["id"] == "chatcmpl-body-9"
+    ids = [r["request_id"] for r in httpx.get(url + "/stats", params={"since": before}).json()["records"]]
+    assert ids == ["cmpl-client-7f3a", "chatcmpl-body-9"]

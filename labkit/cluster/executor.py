@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import envs
+from ..atomic import write_text
 from ..params import BadInput
 from . import COMMIT_PREFIX, CPU_ONLY, GPU_PREFIX, checkout_commit, commit_resource, kind_resource, token_auth_env
 
@@ -143,7 +144,8 @@ def run_job(job: dict, tracker) -> dict:
         return {"not_started": "the head stopped before this job started", "node": info}
     repo = Path(envs.get("LABKIT_NODE_REPO") or Path(__file__).resolve().parents[2])
     scratch = Path(envs.get("LABKIT_NODE_SCRATCH") or tempfile.gettempdir()) / "labkit-cluster"
-    scratch.mkdir(parents=True, exist_ok=True)
+    from ..outdir import make_own_folder
+    make_own_folder(scratch, "node scratch folder")     # in /tmp: refused if another user made it first
     work = scratch / f"{job['key']}.{job['attempt']}.{uuid.uuid4().hex[:8]}"
     work.mkdir()
     if job.get("plan_text"):
@@ -275,7 +277,7 @@ class Dispatcher:
             _untar(snap[0], keep)
         else:
             keep.mkdir()
-        (keep / "attempt.json").write_text(json.dumps(
+        write_text(keep / "attempt.json", json.dumps(
             {"attempt": job.attempt, "node": where, "error": why, "lost": _now(),
              "snapshot_taken": dt.datetime.fromtimestamp(snap[1], dt.timezone.utc).isoformat(timespec="seconds")
              if snap else None,
@@ -319,7 +321,7 @@ class Dispatcher:
                 mf["error"] = mf.get("error") or (f"stopped by the head before the run settled its folder (exit "
                                                   f"{res['rc']})" if res.get("stopped") else
                                                   f"the run's process exited {res['rc']} without settling its folder")
-            mf_path.write_text(json.dumps(mf, indent=1, default=str))
+            write_text(mf_path, json.dumps(mf, indent=1, default=str))
             status = mf.get("status", status)
         if res.get("stopped") and status not in ("ok", "partial"):
             status = "interrupted"
@@ -631,8 +633,8 @@ def _entry_outcome(o: "Outcome", e, name: str, started: str, out: Path) -> dict:
                  "node": node.get("host"), "node_ip": node.get("ip"), "attempt": o.job.attempt})
     if out.is_dir():
         if status not in N.DONE and not (out / "error.txt").exists():
-            (out / "error.txt").write_text(f"entry {name} {status} on the cluster\n{info['error']}\n"
-                                           f"last output on the node:\n{(o.result or {}).get('output_tail', '')}\n")
+            write_text(out / "error.txt", f"entry {name} {status} on the cluster\n{info['error']}\n"
+                                          f"last output on the node:\n{(o.result or {}).get('output_tail', '')}\n")
         N._write_json(out / "nightly-entry.json", info)
     return info
 

@@ -323,9 +323,11 @@ def _write(results, mappers, out, mapper_dir, ablation_n, meta):
     summary = summarize(df)
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        df.to_csv(out / "ablation_rows.csv", index=False)
-        summary.to_csv(out / "ablation.csv", index=False)
-        (out / "ablation.json").write_text(json.dumps(meta, indent=1))
+        from labkit.atomic import open_replacing, write_text
+        for name, table in (("ablation_rows.csv", df), ("ablation.csv", summary)):
+            with open_replacing(out / name) as f:          # whole, never through a planted link
+                table.to_csv(f, index=False)
+        write_text(out / "ablation.json", json.dumps(meta, indent=1))
     return df, summary, meta
 
 

@@ -142,9 +142,11 @@ def study(**given) -> int:
              prefixes=tuple(int(x) for x in a.prefix.split(",") if x), log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / "attribution_rows.csv", index=False)
+    from labkit.atomic import open_replacing, write_text
     s = summarize(df)
-    s.to_csv(out / "attribution.csv", index=False)
-    (out / "attribution.json").write_text(json.dumps(vars(a), indent=1))
+    for name, table in (("attribution_rows.csv", df), ("attribution.csv", s)):
+        with open_replacing(out / name) as f:              # whole, never through a planted link
+            table.to_csv(f, index=False)
+    write_text(out / "attribution.json", json.dumps(vars(a), indent=1))
     print(s[s["variant"] == "all"].round(3).to_string())
     return 0

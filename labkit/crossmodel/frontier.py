@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -132,12 +131,14 @@ def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
     """Copy the ablation's tables into a frontier run folder and write `frontier.parquet` (the join)."""
     from labkit.results import load_run
 
+    from labkit.atomic import write_bytes, write_text
+
     run = load_run(run_dir)
     summary = pd.read_csv(ablation_dir / "ablation.csv")
-    summary.to_parquet(run_dir / "ablation.parquet", index=False)
+    run_table(run_dir, "ablation", summary)
     if (ablation_dir / "ablation_rows.csv").is_file():
-        pd.read_csv(ablation_dir / "ablation_rows.csv").to_parquet(run_dir / "ablation_rows.parquet", index=False)
-    shutil.copy(ablation_dir / "ablation.json", run_dir / "ablation.json")
+        run_table(run_dir, "ablation_rows", pd.read_csv(ablation_dir / "ablation_rows.csv"))
+    write_bytes(run_dir / "ablation.json", (ablation_dir / "ablation.json").read_bytes())
     meta = json.loads((ablation_dir / "ablation.json").read_text())
     if "split" in meta:   # the manifest states which text fitted the mappers and which scored them
         mf = json.loads((run_dir / "manifest.json").read_text())
@@ -147,10 +148,17 @@ def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
                                                   "calibration_seconds", "wall_seconds")}
         mf["quality"]["intervals"] = "95% percentile bootstrap over sequences (labkit.stats.perplexity_ratio)"
         mf["split"] = meta["split"]
-        (run_dir / "manifest.json").write_text(json.dumps(mf, indent=1, default=str))
+        write_text(run_dir / "manifest.json", json.dumps(mf, indent=1, default=str))
     fr = join(summary, run.metrics)
-    fr.to_parquet(run_dir / "frontier.parquet", index=False)
+    run_table(run_dir, "frontier", fr)
     return fr
+
+
+def run_table(run_dir: Path, name: str, df: pd.DataFrame) -> None:
+    """`<name>.parquet` in the run folder, whole, never through a planted link."""
+    from labkit.atomic import replacing
+    with replacing(run_dir / f"{name}.parquet") as tmp:
+        df.to_parquet(tmp, index=False)
 
 
 def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency, run, log=print, exact_prefix: int = 1):

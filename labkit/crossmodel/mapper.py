@@ -177,9 +177,9 @@ class Mapper:
         path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {f"layer.{k}.W": v.contiguous().float() for k, v in self.weights.items()}
         tensors.update({f"proj.{g}.A": a.contiguous().float() for g, a in self.proj.items()})
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(tmp), metadata={"labkit_xfer": json.dumps(self.metadata())})
-        tmp.replace(path)
+        from labkit.atomic import replacing
+        with replacing(path) as tmp:          # a fresh temporary name: never through a planted link
+            save_file(tensors, str(tmp), metadata={"labkit_xfer": json.dumps(self.metadata())})
         return path
 
     @classmethod

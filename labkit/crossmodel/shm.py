@@ -45,7 +45,7 @@ a sha256 of a model's config and weight file names and sizes):
   user with no group or other permission bits (0600); the producer creates its temporary file with
   O_CREAT|O_EXCL|O_NOFOLLOW (it never follows, nor reuses, a name someone planted) and renames it in place;
 - every file carries an HMAC-SHA256 keyed by a per-user secret (`$LABKIT_XFER_KEY`, default
-  `~/.config/labkit/crossmodel.key`, 32 random bytes, 0600, made on first use), so a file written by anyone
+  `~/.config/labkit/xfer.key`, 32 random bytes, 0600, made on first use), so a file written by anyone
   without that key is refused even in a folder the reader was pointed at;
 - the reader snapshots the file: `KVFile` reads its bytes into private memory and checks the CRC-32 and MAC
   over exactly those bytes, which are the bytes `layer` hands out, so a byte changed in the file after the

@@ -32,6 +32,8 @@ def _load(path: str | Path):
         return LoadedRun(p)
     except FileNotFoundError as ex:
         raise BadInput(str(ex)) from None
+    except BadInput:                   # a manifest not matching the schema: its own line says why
+        raise
     except ValueError as ex:
         raise BadInput(f"{p}/manifest.json is not valid JSON ({ex})") from None
 

@@ -29,7 +29,7 @@ import plotly.graph_objects as go
 
 from .gpus import capped, machine_cell, power_text
 from .summary import ok_rows, link_gbps
-from ..results import effective_status, run_manifests
+from ..results import UNREADABLE, BadManifest, mtime_iso, effective_status, read_manifest, run_manifests
 
 INDEX_NAME = "index.html"
 
@@ -189,9 +189,13 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     for mf_path in run_manifests(root):
         run_dir = mf_path.parent
         try:
-            mf = json.loads(mf_path.read_text())
-        except Exception as ex:
-            problems.append(f"{run_dir}: manifest.json unreadable ({type(ex).__name__})")
+            mf = read_manifest(mf_path)
+        except (BadManifest, OSError) as ex:     # listed as unreadable, with why; the other runs go on
+            why = str(ex).removeprefix(f"{mf_path}: ") if isinstance(ex, BadManifest) else type(ex).__name__
+            runs.append({"created": mtime_iso(mf_path) or "", "run_id": run_dir.name, "experiment": "",
+                         "status": UNREADABLE, "kind": "", "machine": "", "git_sha": "", "wall_s": None,
+                         "points_ok": 0, "points_failed": 0, "holds": f"manifest.json unreadable: {why}", "note": "",
+                         "folder": os.path.relpath(run_dir, root), "report": ""})
             continue
         mp = run_dir / "metrics.parquet"
         try:
@@ -210,7 +214,12 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
                      "folder": os.path.relpath(run_dir, root),
                      "report": os.path.relpath(report, root) if report.is_file() else ""})
         shape = (mf.get("parameters") or {}).get("shape")
-        for h in headlines(m, shape if isinstance(shape, str) and shape != "auto" else None):
+        try:
+            found = headlines(m, shape if isinstance(shape, str) and shape != "auto" else None)
+        except Exception as ex:        # a table of unexpected columns or types: the run is listed, not charted
+            problems.append(f"{run_dir}: metrics.parquet has no readable headline figures ({type(ex).__name__})")
+            found = []
+        for h in found:
             heads.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
                           "kind": machine_kind(mf), "machine": machine_label(mf), "family": h.family, "key": h.key, "value": h.value,
                           "lo": h.lo, "hi": h.hi})
@@ -278,13 +287,15 @@ def _nightlies(root: Path) -> pd.DataFrame:
     for nj in sorted(root.glob("nightly-*/nightly.json"), reverse=True):
         try:
             n = json.loads(nj.read_text())
-        except Exception:
+            entries = [e for e in n.get("entries", []) if isinstance(e, dict)]
+        except Exception:            # not JSON, or not the record's shape: that night is not listed
             continue
-        for e in n.get("entries", []):
+        for e in entries:
             rows.append({"nightly": nj.parent.name, "entry": e.get("name"), "status": e.get("status"),
                          "wall_s": e.get("wall_s"), "error": e.get("error") or "",
                          "report": os.path.relpath(nj.parent / e["name"] / "report.html", root)
-                         if e.get("name") and (nj.parent / e["name"] / "report.html").is_file() else ""})
+                         if isinstance(e.get("name"), str) and (nj.parent / e["name"] / "report.html").is_file()
+                         else ""})
     return pd.DataFrame(rows)
 
 

@@ -2,30 +2,32 @@
 
     labkit serve --shape tiny --resident-slots 4 --offload-slots 4 --policy threshold:2048 --port 8000
 
-`POST /v1/completions` and `/v1/chat/completions` (streamed or not) answer with vLLM's fields: an unknown
-`model` gets 404; `max_tokens` (chat: `max_completion_tokens` first) is honoured, default 16 for
-completions and what fits the request's cache slot for chat; stop conditions are vLLM's (`Sampling`);
-`usage` includes `prompt_tokens_details.cached_tokens` (0: there is no prefix cache). `GET /metrics`
-is Prometheus text under vLLM's metric names (`labkit.serving.promserve`). The same load generator that
-drives vLLM (`labkit.serving.loadgen`) drives this server.
+`POST /v1/completions` and `/v1/chat/completions` (streamed or not) answer as vLLM 0.32's server does: what a
+request asks and how it ends, logprobs included, in `labkit.serving.generation`; the fields of every answer
+and chunk in `labkit.serving.replies`. An unknown `model` gets 404. `POST /tokenize`, `/detokenize` and `GET
+/version` are vLLM's; `GET /metrics` is Prometheus text under vLLM's metric names (`labkit.serving.promserve`).
+The same load generator that drives vLLM (`labkit.serving.loadgen`) drives this server.
 
 The engine's weights are random and seeded; decoding is greedy whatever `temperature` says and there is
 no EOS. How text becomes tokens and tokens text (SmolLM2's tokenizer for prompts, one countable word per
 generated token): `labkit.serving.tokentext`. A prompt may also be a list of token ids.
 
 One thread runs the scheduler (`labkit.engine.drive.scheduler.Scheduler`): requests reach it through a queue,
-tokens come back through the event loop (`call_soon_threadsafe`). A request the engine cannot take
-(prompt + max_tokens longer than the cache, ids outside the vocabulary), a body that is not JSON or is
-nested too deeply for the parser, or a field of the wrong type gets HTTP 400 with one line; a
-request that fails mid-run ends its stream with an `error` event and the server goes on.
-A client that disconnects (mid-stream, or while a non-streamed answer is being generated, whether tokens
-are arriving or not) aborts its request: it leaves the queue, or a running one stops after its next token
-and frees its slot; its record says `aborted`. A body cut off mid-upload is dropped without a traceback.
-`GET /stats` returns the scheduler's per-request records and per-iteration rounds (lane sizes,
-switches, stalls, bytes), `GET /timeline` the sampled switching timelines.
+tokens come back through the event loop (`call_soon_threadsafe`). Bounded whoever sends: a body over
+`--max-body-mib` is a 413 before it is parsed; a prompt that cannot fit is refused before it is tokenized;
+tokenizing runs on a worker thread. A request the engine cannot take (prompt + max_tokens longer than the
+cache, ids outside the vocabulary), a body that is not JSON or is nested too deeply for the parser, text that
+is not valid Unicode, or a field of the wrong type gets HTTP 400 with one line; a request that fails mid-run
+ends its stream with an `error` event and the server goes on. A client that disconnects (mid-stream, or
+while a non-streamed answer is being generated, whether tokens are arriving or not) aborts its request: it
+leaves the queue, or a running one stops after its next token and frees its slot; its record says
+`aborted`. A body cut off mid-upload is dropped without a traceback. `GET /stats` returns the newest
+per-request records and per-iteration rounds (lane sizes, switches, stalls, bytes) with totals over all
+(`RecordLog`), `GET /timeline` the newest sampled switching timelines.
 """
 
 import asyncio
+import collections
 import json
 import queue
 import threading
@@ -33,20 +35,58 @@ import time
 import uuid
 
 from ..params import BadInput
+from .generation import Generation, Sampling, bool_field, int_field, messages, prompt_ids
 from .promserve import CONTENT_TYPE, ServeMetrics
+from .replies import Reply
 from .tokentext import TokenText, piece
 
 
-class EngineLoop:
-    """The scheduler on its own thread; `submit` from any thread."""
+KEEP_RECORDS = 1000                   # finished requests (and decode rounds) /stats keeps, newest last
+KEEP_TIMELINES = 64
+MAX_BODY_MIB = 16                     # a request body above this is refused (HTTP 413) before it is parsed
 
-    def __init__(self, sched, idle_wait_s: float = 0.02):
+
+class RecordLog:
+    """The newest `keep` records of one kind (a ring), numbered from 1 in the order they came, and totals over
+    every record ever added: a server that runs for days answers /stats with the same few hundred KB."""
+
+    def __init__(self, keep: int, totals: dict):
+        self.keep, self.totals, self.seen = keep, totals, 0
+        self.ring: collections.deque = collections.deque(maxlen=keep)
+        self.lock = threading.Lock()
+
+    def add(self, rec: dict, counts: dict) -> None:
+        with self.lock:
+            self.seen += 1
+            self.ring.append({"seq": self.seen, **rec})
+            for k, v in counts.items():
+                self.totals[k] = self.totals.get(k, 0) + v
+
+    def view(self, since: int = 0) -> dict:
+        with self.lock:
+            return {"records": [r for r in self.ring if r["seq"] > since], "seen": self.seen,
+                    "dropped": self.seen - len(self.ring), "totals": dict(self.totals)}
+
+
+class EngineLoop:
+    """The scheduler on its own thread; `submit` from any thread. Between steps it moves the scheduler's
+    finished requests and decode rounds into bounded logs (`RecordLog`), so memory stays flat however long
+    the server runs."""
+
+    def __init__(self, sched, idle_wait_s: float = 0.02, keep: int | None = KEEP_RECORDS):
+        """`keep`: requests and rounds kept for /stats (and KEEP_TIMELINES timelines); None keeps every one
+        (a measurement that reads all of a bounded replay)."""
+        if keep is not None and keep < 1:
+            raise BadInput(f"keep must be >= 1 (records kept), got {keep}")
         self.sched, self.idle_wait_s = sched, idle_wait_s
         self.inbox: queue.Queue = queue.Queue()
         self.aborts: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="labkit-engine", daemon=True)
-        self.errors: list[str] = []
+        self.errors: collections.deque = collections.deque(maxlen=100)
+        self.requests = RecordLog(keep, {"ok": 0, "failed": 0, "aborted": 0, "prompt_tokens": 0,
+                                         "output_tokens": 0})
+        self.rounds = RecordLog(keep, {"rounds": 0, "switches": 0, "stalls": 0, "h2d_bytes": 0, "copies": 0})
 
     def start(self) -> "EngineLoop":
         self.thread.start()
@@ -118,6 +158,38 @@ class EngineLoop:
             except queue.Empty:
                 return
 
+    def _collect(self) -> None:
+        """The scheduler's finished requests and rounds into the logs (this thread owns the scheduler)."""
+        s = self.sched
+        if s.finished:
+            done, s.finished[:] = list(s.finished), []
+            for r in done:
+                kind = "ok" if r.status == "done" else ("aborted" if r.status == "aborted" else "failed")
+                self.requests.add(r.record(), {kind: 1, "prompt_tokens": len(r.prompt), "output_tokens": len(r.tokens)})
+        n = len(s.rounds)
+        n -= n % s.timeline_every if s.timeline_every > 0 else 0     # keeps the timeline's sampling phase
+        if n:
+            gone, s.rounds[:n] = s.rounds[:n], []
+            for rec in gone:
+                self.rounds.add(rec, {"rounds": 1, "switches": rec["switches"], "stalls": rec["stalls"],
+                                      "h2d_bytes": rec["h2d_bytes"], "copies": rec["copies"]})
+        if self.requests.keep is not None and len(s.timelines) > KEEP_TIMELINES:
+            s.timelines[:len(s.timelines) - KEEP_TIMELINES] = []
+
+    def round_view(self) -> dict:
+        """The newest rounds: those moved into the log, then the few the scheduler still holds (fewer than
+        its timeline's sampling period; a list copy from another thread is one step for the interpreter)."""
+        held = list(self.sched.rounds)
+        v = self.rounds.view()
+        tot = dict(v["totals"])
+        for rec in held:
+            for k in ("switches", "stalls", "h2d_bytes", "copies"):
+                tot[k] += rec[k]
+        tot["rounds"] += len(held)
+        keep = self.rounds.keep or tot["rounds"]
+        recent = [{k: r[k] for k in r if k != "seq"} for r in v["records"]] + held
+        return {"rounds": recent[-keep:] if keep else [], "totals": tot, "dropped": max(0, tot["rounds"] - keep)}
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._take(block=False)
@@ -127,236 +199,131 @@ class EngineLoop:
             except Exception as ex:         # noqa: BLE001 - the scheduler records request failures itself
                 self.errors.append(f"{type(ex).__name__}: {ex}")
                 did = False
+            self._collect()
             if not did:
                 self._take(block=True)
 
 
-def _int(body: dict, key: str, default):
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise BadInput(f"{key} must be an integer")
-    return v
+class BodyTooLarge(Exception):
+    pass
 
 
-def _bool(body: dict, key: str, default: bool = False) -> bool:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise BadInput(f"{key} must be true or false")
-    return v
-
-
-def _prompt_ids(prompt, text: TokenText) -> list[int]:
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
-        if len(prompt) != 1:
-            raise BadInput("one prompt per request")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return text.encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    raise BadInput("prompt must be a string or a list of token ids")
-
-
-def _messages(body: dict) -> list[dict]:
-    """Chat messages as role + text content (content parts of type text are joined, as vLLM does)."""
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise BadInput("messages must be a non-empty list")
-    out = []
-    for m in msgs:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BadInput("each message must be an object with a role")
-        c = m.get("content")
-        if c is None:
-            c = ""
-        if isinstance(c, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in c):
-                raise BadInput("message content parts must be of type text (this server takes text only)")
-            c = "\n".join(p["text"] for p in c)
-        if not isinstance(c, str):
-            raise BadInput("message content must be a string or a list of text parts")
-        out.append({"role": m["role"], "content": c})
-    return out
-
-
-def _stops(body: dict) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise BadInput("stop must be a string or a list of strings")
-    return [s for s in stop if s]
-
-
-class Sampling:
-    """What a request asks of generation, parsed and checked (BadInput: one line, HTTP 400).
-
-    Greedy decoding whatever `temperature` / `top_p` say (the weights are random: sampling measures
-    nothing more). Stop conditions as vLLM's: `max_tokens` (chat: `max_completion_tokens` first), `stop`
-    strings (the text ends before the stop string unless `include_stop_str_in_output`), `stop_token_ids`
-    (the engine's ids; the token counts, its text is dropped), none of them before `min_tokens`. There is
-    no EOS token (`ignore_eos` is accepted and changes nothing)."""
-
-    def __init__(self, body: dict, chat: bool, default_max: int):
-        if chat:
-            mt = _int(body, "max_completion_tokens", None)
-            mt = _int(body, "max_tokens", default_max) if mt is None else mt
-        else:
-            mt = _int(body, "max_tokens", default_max)
-        self.max_tokens = mt
-        self.min_tokens = _int(body, "min_tokens", 0)
-        if self.min_tokens < 0 or self.min_tokens > mt:
-            raise BadInput(f"min_tokens must be in [0, max_tokens = {mt}], got {self.min_tokens}")
-        if _int(body, "n", 1) != 1:
-            raise BadInput("n must be 1 (one choice per request)")
-        if _bool(body, "echo"):
-            raise BadInput("echo is not supported")
-        self.stop = _stops(body)
-        ids = body.get("stop_token_ids") or []
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise BadInput("stop_token_ids must be a list of integers")
-        self.stop_ids = set(ids)
-        self.include_stop = _bool(body, "include_stop_str_in_output")
-        _bool(body, "ignore_eos")
-        self.stream = _bool(body, "stream")
-        opts = body.get("stream_options")
-        if opts is not None and not isinstance(opts, dict):
-            raise BadInput("stream_options must be an object")
-        self.usage_on = _bool(opts or {}, "include_usage")
-        self.continuous_usage = _bool(opts or {}, "continuous_usage_stats")
-        # vLLM holds back as many characters as a stop string could still be completed by
-        self.holdback = max((len(s) for s in self.stop), default=1) - 1
-
-
-class Generation:
-    """One request from submission to its end: the stop conditions are checked on the scheduler's thread
-    right after each token (so a stopped request frees its slot at once); every token goes to the event
-    loop as (text delta, finish reason or None)."""
-
-    def __init__(self, loop: "EngineLoop", ids: list[int], sp: Sampling, rid: str, metrics: ServeMetrics):
-        from ..engine.drive.scheduler import Request
-        self.sp, self.metrics, self.engine = sp, metrics, loop
-        self.aio = asyncio.get_running_loop()
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.text, self.sent = "", 0
-        self.finish_reason: str | None = None
-        self.stop_reason = None
-        self.ended = False
-        self.req = Request(ids, sp.max_tokens, id=rid, on_token=self._on_token, on_done=self._on_done)
-
-    # -- the scheduler's thread
-    def _on_token(self, req, tok: int, t: float) -> None:
-        self.metrics.token(req, t)
-        if self.finish_reason is not None:          # a token after the request stopped (not expected): not shown
-            return
-        n, sp = len(req.tokens), self.sp
-        before = len(self.text)
-        self.text += piece(tok)
-        if n >= sp.min_tokens:
-            if tok in sp.stop_ids:
-                self.text = self.text[:before]
-                self.finish_reason, self.stop_reason = "stop", tok
-            else:
-                for s in sp.stop:
-                    i = self.text.find(s, max(0, before - len(s) + 1))
-                    if i >= 0:
-                        self.text = self.text[:i + len(s) if sp.include_stop else i]
-                        self.finish_reason, self.stop_reason = "stop", s
-                        break
-        if self.finish_reason is not None:
-            req.max_tokens = n                      # ends now, through the scheduler's own finish path
-        elif req.remaining == 0:
-            self.finish_reason = "length"
-        upto = len(self.text) if self.finish_reason else max(self.sent, len(self.text) - sp.holdback)
-        delta, self.sent = self.text[self.sent:upto], upto
-        self.aio.call_soon_threadsafe(self.events.put_nowait, (delta, self.finish_reason))
-
-    def _on_done(self, req) -> None:
-        reason = "abort" if req.status in ("failed", "aborted") else (self.finish_reason or "length")
-        self.metrics.finished(req, reason, self.sp.max_tokens)
-        self.aio.call_soon_threadsafe(self.events.put_nowait, None)
-
-    # -- the event loop
-    def start(self, arrival: float) -> None:
-        self.engine.submit(self.req, arrival)       # BadInput: one line, HTTP 400
-
-    def abort(self) -> None:
-        if not self.ended:
-            self.engine.abort(self.req)
-
-    async def deltas(self):
-        """(text, finish reason) per token; ends when the request has ended."""
-        while True:
-            ev = await self.events.get()
-            if ev is None:
-                self.ended = True
-                return
-            yield ev
-
-    async def wait(self, http) -> bool:
-        """Until the request ends; False (and the request aborted) if the client went away first. The
-        disconnect is watched by its own task, so it is seen while tokens arrive as well as between them."""
-        async def gone():
-            while True:
-                msg = await http.receive()
-                if msg["type"] == "http.disconnect":
-                    return
-        watch = asyncio.ensure_future(gone())
-        try:
-            while True:
-                get = asyncio.ensure_future(self.events.get())
-                done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
-                if get not in done:
-                    get.cancel()
-                    self.abort()
-                    return False
-                if get.result() is None:
-                    self.ended = True
-                    return True
-        finally:
-            watch.cancel()
-
-    def usage(self) -> dict:
-        n, p = len(self.req.tokens), len(self.req.prompt)
-        return {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n,
-                "prompt_tokens_details": {"cached_tokens": 0}}
-
-
-async def _json_body(http):
-    """The body as JSON, or an error line: cut off, not JSON, or nested too deep for the parser."""
+async def _json_body(http, limit: int):
+    """The body as JSON, or an error line: larger than `limit` bytes (BodyTooLarge, known from its
+    Content-Length before anything is read, or as soon as that many bytes arrived), cut off, not JSON, or
+    nested too deep for the parser."""
     from starlette.requests import ClientDisconnect
+    too_big = f"the request body is larger than this server's limit of {limit:,} bytes (labkit serve --max-body-mib)"
+    length = http.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise BodyTooLarge(too_big)
+    chunks, got = [], 0
     try:
-        raw = await http.body()
+        async for chunk in http.stream():
+            got += len(chunk)
+            if got > limit:
+                raise BodyTooLarge(too_big)
+            chunks.append(chunk)
     except ClientDisconnect:                # the body was cut off: nobody is listening for an answer
         return None, "the client disconnected before sending the whole body"
     try:
-        return json.loads(raw), None
+        return json.loads(b"".join(chunks)), None
     except RecursionError:
         return None, "body is nested too deeply"
     except ValueError as ex:
         return None, f"body is not JSON: {ex}"
 
 
-def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | None = None):
+def _request_id(http, body: dict) -> str:
+    """As vLLM names a request: the client's `X-Request-Id` header, else the body's `request_id`, else a fresh
+    one (a client that sends its own id finds its request under it in /stats)."""
+    rid = http.headers.get("x-request-id") or body.get("request_id")
+    if isinstance(rid, str) and 0 < len(rid) <= 128 and rid.isprintable():
+        return rid
+    return uuid.uuid4().hex[:16]
+
+
+def _prompt_bound(body: dict, chat: bool, text: TokenText) -> int:
+    """The fewest tokens the request's prompt can become, from its length alone (before any tokenizing or
+    template rendering); BadInput for text that is not valid Unicode."""
+    if chat:
+        return sum(text.at_least(m["content"], "message content") for m in messages(body))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
+        prompt = prompt[0]
+    return text.at_least(prompt) if isinstance(prompt, str) else len(prompt) if isinstance(prompt, list) else 0
+
+
+def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | None = None,
+               max_body_bytes: int = MAX_BODY_MIB << 20):
     from fastapi import FastAPI, Request as HTTPRequest
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     app = FastAPI(title="labkit engine")
     sched = loop.sched
     capacity = min(l.cache.capacity for l in sched.lanes.values())
-    text = text or TokenText(None, next(iter(sched.lanes.values())).engine.model.shape.vocab)
+    vocab = next(iter(sched.lanes.values())).engine.model.shape.vocab
+    text = text or TokenText(None, vocab)
     metrics = ServeMetrics(sched, model_name, capacity)
     started = int(time.time())
 
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    @app.get("/version")
+    async def version():
+        from .. import __version__
+        return {"version": __version__}
+
+    async def _body(http):
+        try:
+            body, why = await _json_body(http, max_body_bytes)
+        except BodyTooLarge as ex:
+            return None, _error(413, str(ex), "RequestEntityTooLarge")
+        if why or not isinstance(body, dict):
+            return None, _error(400, why or "body must be a JSON object")
+        asked = body.get("model")
+        if asked is not None and asked != model_name:       # vLLM: 404 for a model it does not serve
+            return None, _error(404, f"The model `{asked}` does not exist. Valid aliases: {model_name}", "NotFoundError", "model")
+        return body, None
+
+    @app.post("/tokenize")
+    async def tokenize(http: HTTPRequest):
+        """vLLM's /tokenize: the ids this server counts for a prompt or chat messages (the template applied),
+        `count` (what `usage.prompt_tokens` will say) and `max_model_len`; `return_token_strs` adds the
+        tokenizer's strings."""
+        body, err = await _body(http)
+        if err:
+            return err
+        chat = "messages" in body
+        try:
+            if _prompt_bound(body, chat, text) > capacity:
+                raise BadInput(f"This model's maximum context length is {capacity:,} tokens: the prompt exceeds it")
+            ids = await asyncio.to_thread(text.chat, messages(body)) if chat else \
+                await asyncio.to_thread(prompt_ids, body.get("prompt"), text)
+            strs = None
+            if bool_field(body, "return_token_strs"):
+                shown = text.render(messages(body)) if chat else body.get("prompt")
+                strs = await asyncio.to_thread(text.token_strs, shown) if isinstance(shown, str) else None
+        except BadInput as ex:
+            return _error(400, str(ex))
+        return {"count": len(ids), "max_model_len": capacity, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(http: HTTPRequest):
+        """vLLM's /detokenize for this server's generated tokens: the text each id streams as, joined (so the
+        ids of an answer, `return_token_ids`, give back its text)."""
+        body, err = await _body(http)
+        if err:
+            return err
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            return _error(400, "tokens must be a list of integers")
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            return _error(400, f"token id {bad} is outside the vocabulary [0, {vocab})")
+        return {"prompt": "".join(piece(i) for i in ids)}
 
     @app.get("/v1/models")
     async def models():
@@ -369,9 +336,14 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
         return Response(metrics.page(), media_type=CONTENT_TYPE)
 
     @app.get("/stats")
-    async def stats():
-        return {"records": [r.record() for r in list(sched.finished)], "rounds": list(sched.rounds),
-                "errors": list(loop.errors), "graphs": sched.graphs, "graph_error": sched.graph_error}
+    async def stats(since: int = 0):
+        """The newest finished requests (those numbered above `since`), the newest decode rounds, and totals
+        over everything the server has done (`records_seen`, `records_dropped`: beyond the ring)."""
+        req, rounds = loop.requests.view(since), loop.round_view()
+        return {"records": req["records"], "records_seen": req["seen"], "records_dropped": req["dropped"],
+                "totals": req["totals"], "rounds": rounds["rounds"], "round_totals": rounds["totals"],
+                "rounds_dropped": rounds["dropped"], "errors": list(loop.errors), "graphs": sched.graphs,
+                "graph_error": sched.graph_error}
 
     @app.get("/timeline")
     async def timeline():
@@ -380,22 +352,24 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
     async def serve(http: HTTPRequest, chat: bool):
         # the request's clock starts before its body is read and tokenized: a client's TTFT includes both
         arrival = sched.now()
-        body, why = await _json_body(http)
-        if why:
-            return _error(400, why)
-        if not isinstance(body, dict):
-            return _error(400, "body must be a JSON object")
-        asked = body.get("model")
-        if asked is not None and asked != model_name:       # vLLM: 404 for a model it does not serve
-            return _error(404, f"The model `{asked}` does not exist.", "NotFoundError", "model")
+        body, err = await _body(http)
+        if err:
+            return err
         try:
-            ids = text.chat(_messages(body)) if chat else _prompt_ids(body.get("prompt"), text)
-            sp = Sampling(body, chat, max(1, capacity - len(ids)) if chat else 16)
-            gen = Generation(loop, ids, sp, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}", metrics)
+            at_least = _prompt_bound(body, chat, text)          # no tokenizing for a prompt that cannot fit
+            asked = 0 if chat else max(0, int_field(body, "max_tokens", 16))
+            if at_least + asked > capacity:
+                raise BadInput(f"This model's maximum context length is {capacity:,} tokens: the prompt (at least "
+                               f"{at_least:,} tokens)" + (f" and max_tokens {asked} exceed it" if asked else " exceeds it"))
+            # tokenizing (and a chat template) off the event loop: /health and the streams go on meanwhile
+            ids = await asyncio.to_thread(text.chat, messages(body)) if chat else \
+                await asyncio.to_thread(prompt_ids, body.get("prompt"), text)
+            sp = Sampling(body, chat, max(1, capacity - len(ids)) if chat else 16, vocab)
+            gen = Generation(loop, ids, sp, f"{'chatcmpl' if chat else 'cmpl'}-{_request_id(http, body)}", metrics)
             gen.start(arrival)
         except BadInput as ex:
-            return _error(400, str(ex))
-        reply = _Reply(gen, sp, chat, model_name)
+            return _error(400, str(ex), param=getattr(ex, "param", None))
+        reply = Reply(gen, sp, chat, model_name)
         if sp.stream:
             return StreamingResponse(reply.events(), media_type="text/event-stream")
         if not await gen.wait(http):
@@ -421,59 +395,26 @@ def _error(status: int, msg: str, kind: str = "BadRequestError", param=None):
     return JSONResponse({"error": {"message": msg, "type": kind, "param": param, "code": status}}, status_code=status)
 
 
-class _Reply:
-    """A started generation's answer in vLLM's OpenAI shapes: server-sent chunks, or one whole response."""
+class Overflow:
+    """A placement as `labkit serve` uses it: where the policy says, but a request whose lane has no free
+    slot (or pages) takes one of the other lane, so every slot serves, as all of vLLM's `--max-num-seqs` do.
+    With the lanes full it waits for the lane its policy named (first come, first served)."""
 
-    def __init__(self, gen: "Generation", sp: "Sampling", chat: bool, model_name: str):
-        self.gen, self.sp, self.chat, self.model_name = gen, sp, chat, model_name
-        self.rid, self.created = gen.req.id, int(time.time())
+    def __init__(self, inner):
+        self.inner = inner
 
-    def head(self, obj: str) -> dict:
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model_name}
-
-    def choice(self, delta: str, finish, stream: bool) -> dict:
-        c = {"index": 0}
-        if self.chat:
-            c["delta" if stream else "message"] = {"content": delta} if stream else \
-                {"role": "assistant", "content": delta, "tool_calls": [], "reasoning_content": None}
-        else:
-            c["text"] = delta
-        c.update(logprobs=None, finish_reason=finish, stop_reason=self.gen.stop_reason if finish else None)
-        return c
-
-    async def events(self):
-        gen, sp = self.gen, self.sp
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-
-        def sse(msg: dict) -> str:
-            return f"data: {json.dumps(msg)}\n\n"
-
-        try:
-            if self.chat:        # vLLM's first chat chunk: the role, no content yet
-                yield sse({**self.head(obj), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                          "logprobs": None, "finish_reason": None}]})
-            async for delta, finish in gen.deltas():
-                msg = {**self.head(obj), "choices": [self.choice(delta, finish, True)]}
-                if sp.usage_on and sp.continuous_usage:
-                    msg["usage"] = gen.usage()
-                yield sse(msg)
-            if gen.req.status == "failed":
-                yield sse({"error": {"message": gen.req.error, "type": "InternalServerError", "code": 500}})
-            elif sp.usage_on:
-                yield sse({**self.head(obj), "choices": [], "usage": gen.usage()})
-            yield "data: [DONE]\n\n"
-        finally:
-            gen.abort()     # a no-op once ended; otherwise the client went away mid-stream
-
-    def whole(self) -> dict:
-        gen = self.gen
-        return {**self.head("chat.completion" if self.chat else "text_completion"),
-                "choices": [self.choice(gen.text, gen.finish_reason or "length", False)],
-                "usage": gen.usage(), "prompt_logprobs": None, "kv_transfer_params": None}
+    def place(self, req, sched) -> str:
+        name = self.inner.place(req, sched)
+        if sched.lanes[name].fits(req):
+            return name
+        need = len(req.prompt) + req.max_tokens
+        other = next((n for n, l in sched.lanes.items() if n != name and need <= l.cache.capacity and l.fits(req)),
+                     None)
+        return other or name
 
 
 def build(args) -> EngineLoop:
-    from ..engine.drive.scheduler import Scheduler, calibrate, make_lanes, parse_policy
+    from ..engine.drive.scheduler import Scheduler, Threshold, calibrate, make_lanes, parse_policy
     device = args.device
     if device == "auto":
         import torch
@@ -482,9 +423,12 @@ def build(args) -> EngineLoop:
                        budget=args.budget, strategy=args.strategy, seed=args.seed, page_size=args.page_size,
                        prefill_chunk=args.prefill_chunk, compile=args.compile)
     costs = calibrate(lanes, graphs=args.graphs) if args.policy == "adaptive" else None
-    sched = Scheduler(lanes, parse_policy(args.policy, costs), switching=args.switching == "on",
+    policy = parse_policy(args.policy, costs)
+    if isinstance(policy, Threshold) and getattr(args, "overflow", "on") == "on":
+        policy = Overflow(policy)
+    sched = Scheduler(lanes, policy, switching=args.switching == "on",
                       timeline_every=args.timeline_every, graphs=args.graphs)
-    return EngineLoop(sched)
+    return EngineLoop(sched, keep=getattr(args, "keep_records", KEEP_RECORDS))
 
 
 def cmd_serve(args) -> int:
@@ -493,6 +437,13 @@ def cmd_serve(args) -> int:
         raise BadInput(f"labkit serve binds to the loopback interface only, not {args.host}")
     if args.switching not in ("on", "off"):
         raise BadInput("--switching must be on or off")
+    if getattr(args, "overflow", "on") not in ("on", "off"):
+        raise BadInput("--overflow must be on or off")
+    max_body = getattr(args, "max_body_mib", MAX_BODY_MIB)
+    if not max_body > 0:
+        raise BadInput(f"--max-body-mib must be > 0, got {max_body}")
+    if getattr(args, "keep_records", KEEP_RECORDS) < 1:
+        raise BadInput(f"--keep-records must be >= 1, got {args.keep_records}")
     from ..engine.drive.scheduler import Costs, parse_policy
     from ..shapes import ModelShape
     parse_policy(args.policy, Costs(0, 0, 0))
@@ -512,7 +463,7 @@ def cmd_serve(args) -> int:
         except ValueError as ex:        # the tokenizer's package missing: one line
             raise BadInput(str(ex)) from ex
     loop = build(args).start()
-    app = create_app(loop, args.model_name, text)
+    app = create_app(loop, args.model_name, text, max_body_bytes=int(max_body * 2**20))
     print(f"labkit serve: lanes {', '.join(f'{n}={l.cache.n_slots} slots' for n, l in loop.sched.lanes.items())}, "
           f"policy {args.policy}, switching {args.switching}, {text.describe()}, "
           f"http://{args.host}:{args.port}/v1/completions and /v1/chat/completions, /metrics", flush=True)

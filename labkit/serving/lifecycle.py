@@ -22,6 +22,7 @@ import time
 import weakref
 from pathlib import Path
 
+from labkit.atomic import open_append
 from labkit.params import BadInput, Missing
 from labkit.results import REPO
 
@@ -122,7 +123,7 @@ class VllmServer:
         # the server must import labkit (the launcher, the KV connector) from this tree
         env["LABKIT_WATCH_PARENT"] = str(os.getpid())     # the launcher stops the group if we die
         env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        with open(self.log_path, "ab") as log:
+        with open_append(self.log_path, "ab") as log:
             log.write(("$ " + " ".join(self.command) + "\n").encode())
             log.flush()
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

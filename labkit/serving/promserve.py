@@ -7,11 +7,19 @@ counters, finished requests by reason, and the per-request histograms (TTFT, int
 E2E, queue / prefill / decode / inference time, prompt and generation lengths, max_tokens). All times are
 on the scheduler's clock, from the moment a request was queued, as in `/stats`. What vLLM has no name for
 carries a `labkit:` prefix: requests running in the offload lane, finished requests per lane.
-There is no prefix cache, so no prefix-cache counters (and `cached_tokens` is 0).
+
+The families vLLM 0.32 has that say what this engine does not have are there with their true values, so a
+dashboard made for vLLM finds every panel: no prefix cache (`vllm:prefix_cache_queries` counts the prompt
+tokens, every hit counter stays 0, every prompt token's source is `local_compute`), no multi-modal cache,
+no queue limit (`vllm:admission_rejections` 0), never asleep, never preempted, n always 1. The process's own
+families (`process_*`, `python_*`: memory, CPU time, open files, garbage collection) are prometheus_client's
+collectors, as vLLM's server exports them. Not exported: the per-step token histogram, the FLOP and byte
+estimates and `vllm:cache_config_info` (vLLM's cache settings, most of which have no meaning here).
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter,
+                               Histogram, generate_latest)
 from prometheus_client.core import GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -58,6 +66,21 @@ class _Gauges:
         g = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels=names)
         g.add_metric(self.labels, (total - sum(p.n_free for p in pages)) / total if total else 0.0)
         yield g
+        g = GaugeMetricFamily("vllm:num_requests_waiting_by_reason",
+                              "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+                              "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
+                              "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+                              labels=names + ["reason"])
+        g.add_metric(self.labels + ["capacity"], len(s.waiting) + len(s.future))
+        g.add_metric(self.labels + ["deferred"], 0)
+        yield g
+        g = GaugeMetricFamily("vllm:engine_sleep_state",
+                              "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
+                              "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+                              labels=names + ["sleep_state"])
+        for state, v in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
+            g.add_metric(self.labels + [state], v)
+        yield g
         g = GaugeMetricFamily("labkit:num_requests_running_by_lane",
                               "Requests running (or being prefilled) per lane: resident (device KV) or offload (host KV).",
                               labels=names + ["lane"])
@@ -72,6 +95,8 @@ class ServeMetrics:
         labels = ["model_name", "engine"]
         self.values = [model_name, "0"]
         reg.register(_Gauges(sched, self.values))
+        for c in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):     # process_*, python_* (as vLLM's)
+            reg.register(c)
 
         def counter(name, doc, extra=()):
             return Counter(name, doc, labels + list(extra), registry=reg)
@@ -86,6 +111,32 @@ class ServeMetrics:
         for reason in ("stop", "length", "abort"):      # present from the start, as vLLM's are
             self.success.labels(*self.values, reason)
         self.by_lane = counter("labkit:request_finished_by_lane", "Finished requests per lane.", ["lane"])
+        # what this engine has none of, at its true value (see the module note)
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
+                                      "Prefix cache queries, in terms of number of queried tokens.").labels(*self.values)
+        for name, doc in (("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+                          ("vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector "
+                           "cross-instance cache sharing, in terms of number of queried tokens."),
+                          ("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector "
+                           "cross-instance cache sharing, in terms of number of cached tokens."),
+                          ("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."),
+                          ("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."),
+                          ("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")):
+            counter(name, doc).labels(*self.values)
+        self.by_source = counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", ["source"])
+        for src in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+            self.by_source.labels(*self.values, src)
+        cached = counter("vllm:prompt_tokens_cached_by_source",
+                         "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host "
+                         "(offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+                         "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+                         "vllm:external_prefix_cache_hits.", ["source"])
+        for src in ("device", "host", "p2p", "disk", "external_unspecified"):
+            cached.labels(*self.values, src)
+        rejected = Counter("vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by "
+                           "reason.", ["model_name", "reason"], registry=reg)
+        for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            rejected.labels(model_name, reason)
         tokens = _1_2_5(max_model_len)
         self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
         self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TPOT_BUCKETS)
@@ -101,12 +152,21 @@ class ServeMetrics:
         self.n_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
         self.n_gen = hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
         self.max_tokens = hist("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens)
+        self.max_gen = hist("vllm:request_max_num_generation_tokens",
+                            "Histogram of maximum number of requested generation tokens.", tokens)
+        self.n_param = hist("vllm:request_params_n", "Histogram of the n request parameter.", [1, 2, 5, 10, 20])
+        self.preempted = hist("vllm:request_num_preemptions", "Histogram of the number of times a request was "
+                              "preempted.", [1, 2, 3, 4, 5, 10, 20])
+        self.prefill_kv = hist("vllm:request_prefill_kv_computed_tokens", "Histogram of new KV tokens computed "
+                               "during prefill (excluding cached tokens).", tokens)
 
     def token(self, req, t: float) -> None:
         """One generated token (the scheduler's thread); the first one ends the prompt's prefill."""
         n = len(req.tokens)
         if n == 1:
             self.prompt_tokens.inc(len(req.prompt))
+            self.prefix_queries.inc(len(req.prompt))
+            self.by_source.labels(*self.values, "local_compute").inc(len(req.prompt))
             self.ttft.observe(t - req.arrival)
         else:
             gap = t - req.token_times[-2]
@@ -134,6 +194,10 @@ class ServeMetrics:
         self.n_prompt.observe(len(req.prompt))
         self.n_gen.observe(len(tt))
         self.max_tokens.observe(max_tokens)
+        self.max_gen.observe(len(tt))
+        self.n_param.observe(1)
+        self.preempted.observe(0)
+        self.prefill_kv.observe(len(req.prompt))
 
     def page(self) -> bytes:
         return generate_latest(self.registry)

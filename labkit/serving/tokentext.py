@@ -16,6 +16,13 @@ it counts the same tokens the server does. Two sides:
   tokenizer counts the same; read the prompt count from the usage block (AIPerf: `--use-server-token-count`).
 
 Prompts given as token-id lists are taken as they are in both modes.
+
+**Bounded.** No token covers more than `max_token_bytes` bytes of UTF-8 (the tokenizer's longest vocabulary
+entry; 1 without a tokenizer), so `at_least(text)` — the text's UTF-8 length over that — is a lower bound on
+its token count, known before tokenizing: a prompt that cannot fit the cache is refused without the work.
+Text that is not valid Unicode (a lone surrogate such as `"\\ud800"`, which JSON can carry) is refused
+(BadInput) rather than handed to the tokenizer. Encoding goes through the tokenizer's batch call, which
+releases the interpreter lock, so a server thread tokenizing a long prompt does not stall the event loop.
 """
 from __future__ import annotations
 
@@ -63,12 +70,22 @@ def _chat_template(folder: Path) -> str | None:
     return None
 
 
+def utf8_len(text: str, what: str = "prompt") -> int:
+    """`text`'s UTF-8 length; BadInput (one line) where it holds a lone surrogate, which no encoder takes."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as ex:
+        raise BadInput(f"{what} is not valid Unicode text: a lone surrogate "
+                       f"{text[ex.start]!r} at character {ex.start}") from None
+
+
 class TokenText:
     """Prompt text -> engine ids for a shape with `vocab` ids; `tokenizer` None or one of TOKENIZERS."""
 
     def __init__(self, tokenizer: str | None, vocab: int):
         self.name, self.vocab = tokenizer, vocab
         self.tok = self.template = self.folder = None
+        self.max_token_bytes = 1          # no tokenizer: one token per byte
         if tokenizer is None:
             return
         if tokenizer not in TOKENIZERS:
@@ -79,6 +96,8 @@ class TokenText:
             raise BadInput("--tokenizer needs the tokenizers package: pip install -e '.[quality]'") from ex
         self.folder = folder = tokenizer_dir(tokenizer)
         self.tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        # byte-level entries spell one byte per character; their UTF-8 length can only overstate that
+        self.max_token_bytes = max(len(k.encode("utf-8")) for k in self.tok.get_vocab(with_added_tokens=True))
         src = _chat_template(folder)
         if src:
             from jinja2.sandbox import ImmutableSandboxedEnvironment   # what transformers renders templates with
@@ -93,15 +112,29 @@ class TokenText:
     def _fold(self, ids: list[int]) -> list[int]:
         return [i % self.vocab for i in ids]
 
+    def at_least(self, text: str, what: str = "prompt") -> int:
+        """The fewest tokens `text` can encode to (see the module note); BadInput if it is not valid Unicode."""
+        return -(-utf8_len(text, what) // self.max_token_bytes)
+
     def encode(self, text: str) -> list[int]:
         if self.tok is None:
             return list(text.encode("utf-8"))
-        return self._fold(self.tok.encode(text, add_special_tokens=False).ids)
+        # encode_batch releases the interpreter lock while it works (encode holds it)
+        return self._fold(self.tok.encode_batch([text], add_special_tokens=False)[0].ids)
+
+    def render(self, messages: list[dict]) -> str:
+        """A chat request's prompt text: the tokenizer's chat template with the assistant turn opened (no
+        template: one line per message)."""
+        if self.template is None:
+            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        return self.template.render(messages=messages, add_generation_prompt=True)
 
     def chat(self, messages: list[dict]) -> list[int]:
-        """The prompt of a chat request: the tokenizer's chat template with the assistant turn opened."""
-        if self.template is None:        # no template: one line per message, as plain text
-            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-            return self.encode(text)
-        text = self.template.render(messages=messages, add_generation_prompt=True)
-        return self._fold(self.tok.encode(text, add_special_tokens=False).ids)
+        """The prompt of a chat request, as ids."""
+        return self.encode(self.render(messages))
+
+    def token_strs(self, text: str) -> list[str]:
+        """The tokenizer's own strings for `text`'s tokens (no tokenizer: one character per byte)."""
+        if self.tok is None:
+            return [chr(b) for b in text.encode("utf-8")]
+        return self.tok.encode_batch([text], add_special_tokens=False)[0].tokens

@@ -102,9 +102,9 @@ def _groups(kv_cache_config) -> tuple[list[int], bool, dict[int, int], dict[str,
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj))
-    tmp.replace(path)
+    from labkit.atomic import write_text
+    # whole, never through a link planted at the name; rewritten several times a second, so not synced
+    write_text(path, json.dumps(obj), sync=False)
 
 
 # ------------------------------------------------------------------------------------ scheduler side
@@ -273,7 +273,8 @@ class _Scheduler:
                    "host_hit_tokens": st.hit_tokens, "loaded_blocks": st.loaded_blocks, "saved_blocks": st.saved_blocks,
                    "bytes_loaded": st.loaded_blocks * self.bytes_per_block,
                    "bytes_saved": st.saved_blocks * self.bytes_per_block, "time": time.time()}
-            with open(self.stats_dir / "requests.jsonl", "a") as f:
+            from labkit.atomic import open_append
+            with open_append(self.stats_dir / "requests.jsonl") as f:
                 f.write(json.dumps(rec) + "\n")
         self._write(force=True)
 

@@ -66,6 +66,10 @@ class Request:
     end_time: float | None = None
     on_token: object = None          # callable(req, token, t) from the scheduler's thread (streaming)
     on_done: object = None           # callable(req)
+    # callable(req, logits) -> token, from the scheduler's thread: picks this request's next token from its
+    # logits row (vocab,) instead of the engine's argmax (a server's banned tokens, its logprobs); the token
+    # picked is the one fed to the next step. None: the engine's argmax, nothing read back.
+    pick: object = None
 
     @property
     def remaining(self) -> int:
@@ -463,7 +467,7 @@ class Scheduler:
             self._fail(req, ex)
             return
         self.prefilling = None
-        tok = int(logits.argmax(-1)[0])
+        tok = int(logits.argmax(-1)[0]) if req.pick is None else int(req.pick(req, logits[0]))
         self._emit(req, tok, self.now())
         if req.remaining == 0:
             clear_slot(lane.cache, slot)
@@ -511,6 +515,13 @@ class Scheduler:
             for l in busy:
                 l.warm = True
             toks = {l.name: l.state.tokens.tolist() for l in busy}     # the one sync of the iteration
+            for l in busy:
+                for slot, r in enumerate(l.running):
+                    if r.pick is not None:         # the request picks its own token; the next step embeds it
+                        tok = int(r.pick(r, l.state.logits[slot]))
+                        if tok != toks[l.name][slot]:
+                            toks[l.name][slot] = tok
+                            l.state.tokens[slot] = tok
         except Exception as ex:                      # noqa: BLE001 - the batch fails, the scheduler goes on
             for l in busy:
                 for r in l.running:

@@ -284,8 +284,8 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     import pandas as pd
     sdf = pd.DataFrame(summary)
     r.write_table("goodput", sdf)
-    sdf.to_csv(r.path / "goodput.csv", index=False)
-    df.drop(columns=[c for c in df.columns if c.startswith("anat_")]).to_csv(r.path / "metrics.csv", index=False)
+    r.write_csv("goodput", sdf)
+    r.write_csv("metrics", df.drop(columns=[c for c in df.columns if c.startswith("anat_")]))
     r.finish()
     sweep.headline(sweep.summary_lines(lambda: headline(fits, summary, p)), progress_bar, EXPERIMENT)
     return r

