@@ -10,6 +10,8 @@
     labkit nightly [--plan nightly/plan.toml] [--date YYYY-MM-DD]
     labkit lab                                 JupyterLab on notebooks/
     labkit serve                               labkit's engine behind an OpenAI-compatible endpoint
+    labkit export RUN [RUN ...] --format jsonl|sqlite|markdown [--out FILE]     a run's points as archive rows
+    labkit import FILE.jsonl [--source NAME] [--hardware TEXT]                 archive rows into the index (external)
     labkit shapes [--json]
     labkit docs [--write]                      the measured tables in README.md and docs/ from committed runs
     labkit node --head --ip ADDR | --address HEAD:PORT --ip ADDR     a box joins the lab's Ray cluster
@@ -306,6 +308,33 @@ def cmd_serve(a) -> int:
     return run(a)
 
 
+def cmd_export(a) -> int:
+    from .exchange.export import cmd_export as run
+    a.runs = [str(run_folder(r)) for r in a.runs]
+    return run(a)
+
+
+def cmd_import(a) -> int:
+    from .exchange.importer import cmd_import as run
+    return run(a)
+
+
+def _add_exchange(sub) -> None:
+    """`export` and `import`: a run's points as the rows benchmark archives share, and such rows in."""
+    ex = sub.add_parser("export", help="a run's measured points as benchmark-archive rows (docs/share-rows.md)")
+    ex.add_argument("runs", nargs="+", metavar="RUN", help="run folders, or runs as `labkit runs` lists them")
+    ex.add_argument("--format", default="jsonl", help="jsonl (default), sqlite (a runs table) or markdown (to paste)")
+    ex.add_argument("--out", help="file to write (default: stdout; sqlite needs one, and adds to an existing one)")
+    ex.set_defaults(fn=cmd_export)
+
+    im = sub.add_parser("import", help="benchmark-archive rows (JSONL) into the results as an external run")
+    im.add_argument("file", help="a JSONL file: one archive row per line")
+    im.add_argument("--source", help="what the figures call these rows (default: the file's name), e.g. owner/repo@commit")
+    im.add_argument("--hardware", help="the machine the rows were measured on, as their source states it")
+    im.add_argument("--root", default="results", help="results folder (default results)")
+    im.set_defaults(fn=cmd_import)
+
+
 def _add_run_and_study(sub) -> None:
     """`run`: an experiment into a run folder; `study`: a cross-model study."""
     r = sub.add_parser("run", add_help=False, help="run an experiment into a run folder (labkit run --help lists them)",
@@ -451,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_shapes_and_docs(sub)
     _add_node(sub)
+    _add_exchange(sub)
     return ap
 
 
