@@ -190,8 +190,13 @@ def cmd_predict(a) -> int:
     if "anat_weights_ms" not in m:
         raise BadInput(f"{a.run_dir}: no step anatomy in this run (measured before anatomies existed, or anatomy=false)")
     shape = ModelShape.from_name(mf["parameters"]["shape"])
-    tab = C.predict_table(m, shape, source, target, a.gpus)
-    err = C.validate(m, shape, source)
+    host = (mf.get("host_memory_bandwidth") or {}).get("copy_all_gbps")      # CPU-staged gathers' bound (labkit.hostmem)
+    if a.host_gbps is not None and (a.host_gbps <= 0 or not host):
+        raise BadInput(f"--host-gbps must be > 0 and the run must record its host's RAM bandwidth "
+                       f"({'it does not' if not host else f'got {a.host_gbps}'})")
+    tab = C.predict_table(m, shape, source, target, a.gpus, host_gbps=host,
+                          host_scale=a.host_gbps / host if a.host_gbps else None)
+    err = C.validate(m, shape, source, host_gbps=host)
     if a.json:
         print(json.dumps({"prediction": tab.to_dict("records"), "validation_on_source": err.to_dict("records")}, indent=1,
                          default=str))
@@ -374,6 +379,8 @@ def _add_reading(sub) -> None:
     pr.add_argument("run_dir")
     pr.add_argument("--gpu", default="rtx3090", help="target GPU key in labkit/data/gpus.toml")
     pr.add_argument("--gpus", type=int, default=1, help="GPUs the layers are split over (the reference box: 3)")
+    pr.add_argument("--host-gbps", type=float, help="the target box's host RAM copy bandwidth (GB/s, all cores, as "
+                    "`labkit run probe` measures it there): scales CPU-staged gathers (default: this run's host)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(fn=cmd_predict)
 
