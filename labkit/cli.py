@@ -10,6 +10,8 @@
     labkit nightly [--plan nightly/plan.toml] [--date YYYY-MM-DD]
     labkit lab                                 JupyterLab on notebooks/
     labkit serve                               labkit's engine behind an OpenAI-compatible endpoint
+    labkit export RUN [RUN ...] --format jsonl|sqlite|markdown [--out FILE]     a run's points as archive rows
+    labkit import FILE.jsonl [--source NAME] [--hardware TEXT]                 archive rows into the index (external)
     labkit shapes [--json]
     labkit docs [--write]                      the measured tables in README.md and docs/ from committed runs
     labkit node --head --ip ADDR | --address HEAD:PORT --ip ADDR     a box joins the lab's Ray cluster
@@ -194,7 +196,12 @@ def cmd_predict(a) -> int:
     if "anat_weights_ms" not in m:
         raise BadInput(f"{a.run_dir}: no step anatomy in this run (measured before anatomies existed, or anatomy=false)")
     shape = shape_for_run(mf["parameters"]["shape"], mf.get("shape_rev"))
-    how = {"split": a.split, "weights_dtype": a.weights_dtype}
+    host = (mf.get("host_memory_bandwidth") or {}).get("copy_all_gbps")      # CPU-staged gathers' bound (labkit.hostmem)
+    if a.host_gbps is not None and (a.host_gbps <= 0 or not host):
+        raise BadInput(f"--host-gbps must be > 0 and the run must record its host's RAM bandwidth "
+                       f"({'it does not' if not host else f'got {a.host_gbps}'})")
+    how = {"split": a.split, "weights_dtype": a.weights_dtype,
+           "host_scale": a.host_gbps / host if a.host_gbps else None}
     if a.allreduce_us is not None:
         how["allreduce_us"] = a.allreduce_us
     if a.calibration:
@@ -205,8 +212,8 @@ def cmd_predict(a) -> int:
             how["source_calibration"] = C.Calibration.from_metrics(m, mf.get("gpu_name") or "", str(a.run_dir))
         except (ValueError, OSError) as ex:
             raise BadInput(f"--calibration: {ex}") from None
-    tab = C.predict_table(m, shape, source, target, a.gpus, **how)
-    err = C.validate(m, shape, source)
+    tab = C.predict_table(m, shape, source, target, a.gpus, host_gbps=host, **how)
+    err = C.validate(m, shape, source, host_gbps=host)
     if a.json:
         print(json.dumps({"prediction": tab.to_dict("records"), "validation_on_source": err.to_dict("records")}, indent=1,
                          default=str))
@@ -326,6 +333,33 @@ def cmd_serve(a) -> int:
     return run(a)
 
 
+def cmd_export(a) -> int:
+    from .exchange.export import cmd_export as run
+    a.runs = [str(run_folder(r)) for r in a.runs]
+    return run(a)
+
+
+def cmd_import(a) -> int:
+    from .exchange.importer import cmd_import as run
+    return run(a)
+
+
+def _add_exchange(sub) -> None:
+    """`export` and `import`: a run's points as the rows benchmark archives share, and such rows in."""
+    ex = sub.add_parser("export", help="a run's measured points as benchmark-archive rows (docs/share-rows.md)")
+    ex.add_argument("runs", nargs="+", metavar="RUN", help="run folders, or runs as `labkit runs` lists them")
+    ex.add_argument("--format", default="jsonl", help="jsonl (default), sqlite (a runs table) or markdown (to paste)")
+    ex.add_argument("--out", help="file to write (default: stdout; sqlite needs one, and adds to an existing one)")
+    ex.set_defaults(fn=cmd_export)
+
+    im = sub.add_parser("import", help="benchmark-archive rows (JSONL) into the results as an external run")
+    im.add_argument("file", help="a JSONL file: one archive row per line")
+    im.add_argument("--source", help="what the figures call these rows (default: the file's name), e.g. owner/repo@commit")
+    im.add_argument("--hardware", help="the machine the rows were measured on, as their source states it")
+    im.add_argument("--root", default="results", help="results folder (default results)")
+    im.set_defaults(fn=cmd_import)
+
+
 def _add_run_and_study(sub) -> None:
     """`run`: an experiment into a run folder; `study`: a cross-model study."""
     r = sub.add_parser("run", add_help=False, help="run an experiment into a run folder (labkit run --help lists them)",
@@ -375,6 +409,8 @@ def _add_reading(sub) -> None:
                     "hbm_read_gbps, link_gbps) or a decode run folder made there (its probe rows); the run's own "
                     "probe calibrates the source")
     pr.add_argument("--weights-dtype", choices=("bf16", "w4a16"), help="predict the model held in these weights")
+    pr.add_argument("--host-gbps", type=float, help="the target box's host RAM copy bandwidth (GB/s, all cores, as "
+                    "`labkit run probe` measures it there): scales CPU-staged gathers (default: this run's host)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(fn=cmd_predict)
 
@@ -487,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_shapes_and_docs(sub)
     _add_node(sub)
+    _add_exchange(sub)
     return ap
 
 

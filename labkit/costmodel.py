@@ -17,7 +17,10 @@ attention, head, other) is read as `t = fixed + bytes / bandwidth`:
   on every GPU (an assumption: launch latency is roughly constant across recent NVIDIA GPUs).
 - the score and selection kernels stream at their own rate, timed by the run's probe at its largest
   batch x context; rows moved by host threads (strategies with `moved_by = "cpu"`) take time in proportion to
-  the rows, with no fixed part.
+  the rows, with no fixed part. Where the host's RAM bandwidth was measured (`labkit.hostmem`: the manifest's
+  `host_memory_bandwidth`, or the run's `host_copy` probe rows), such a CPU-staged transfer is two parts
+  (`Staged`): the host threads' gather, a share of that bandwidth, and the one staged copy over the link; on
+  another box the gather scales with its host's measured bandwidth (`host_scale`), the copy with its link.
 On another GPU the bandwidths scale by the spec ratios (`data/gpus.toml`: memory GB/s, PCIe link),
 efficiency assumed equal. Several GPUs (`gpus=3`, the reference box) split the layers into stages run
 one after another at a step (no pipelining): the step is the same sum plus one activation hand-off
@@ -62,6 +65,28 @@ def _host_moved(strategy: str) -> bool:
     """Rows moved by host threads (or one host-issued copy each): time in proportion to the rows."""
     from .engine.transfer import STRATEGIES
     return strategy in STRATEGIES and STRATEGIES[strategy].moved_by == "cpu"
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A CPU-staged transfer (host threads gather the selected rows into pinned staging, one copy crosses the link),
+    split in its two parts at the rates this run achieved: the gather, bound by host RAM, and the copy, by the link."""
+    gather_gbps: float          # selected rows' bytes per second the host threads gathered
+    dma_gbps: float             # the staged copy's rate (the probe's contiguous pinned H2D, else the spec link)
+    host_gbps: float            # the host's measured RAM copy bandwidth: the gather's bound
+
+    @classmethod
+    def split(cls, nbytes: float, t_ms: float, host_gbps: float, dma_gbps: float) -> "Staged":
+        dma_ms = nbytes / (dma_gbps * 1e6)
+        return cls(nbytes / (max(t_ms - dma_ms, 1e-6) * 1e6), dma_gbps, host_gbps)
+
+    def ms(self, nbytes: float, host_scale: float = 1.0, link_scale: float = 1.0) -> float:
+        return nbytes / (self.gather_gbps * host_scale * 1e6) + nbytes / (self.dma_gbps * link_scale * 1e6)
+
+    def reason(self, nbytes: float, host_scale: float, link_scale: float) -> str:
+        return (f"transfer (CPU-staged): gather {nbytes / 1e6:.1f} MB at {self.gather_gbps * host_scale:.1f} GB/s "
+                f"(x{host_scale:.2f} of this host's; {self.gather_gbps / self.host_gbps:.0%} of its measured RAM copy "
+                f"{self.host_gbps:.1f} GB/s) + one copy at {self.dma_gbps * link_scale:.0f} GB/s (host link, x{link_scale:.2f})")
 
 
 @dataclass(frozen=True)
@@ -196,12 +221,14 @@ class CostModel:
     bw_gbps: dict[str, float]           # per phase, on the source GPU
     fit_point: dict
     weights_dtype: str = "bf16"
+    staged: Staged | None = None        # a CPU-staged transfer's two parts, where the host's RAM was measured
 
     @classmethod
     def fit(cls, metrics: pd.DataFrame, shape: ModelShape, strategy: str, context_len: int, concurrency: int,
-            source: GPU, link_gbps: float | None = None) -> "CostModel":
+            source: GPU, link_gbps: float | None = None, host_gbps: float | None = None) -> "CostModel":
         """`link_gbps`: the host link's achieved gather rate, where the run measured it at this point's own
-        load (else the run's zero-copy probe row)."""
+        load (else the run's zero-copy probe row). `host_gbps`: the host's measured RAM copy bandwidth (else the
+        run's `host_copy` probe rows), which splits a CPU-staged transfer into its gather and its copy."""
         d = metrics[(metrics["experiment"] == "decode") & (metrics["status"] == "ok")]
         if "axis" in d:
             d = d[d["axis"] == "context"]
@@ -218,12 +245,15 @@ class CostModel:
         # their passes and atomics stream far below a plain read.
         kernel_rate = {ph: _kernel_gbps(metrics, name, shape, ph) for ph, name in
                        (("index_score", "index_score"), ("selection", "select"))}
-        fixed, bw = {}, {}
+        fixed, bw, staged = {}, {}, None
         for ph in PHASES:
             t = _num(r.get(f"anat_{ph}_ms")) or 0.0            # a run from before a phase was marked: none of it
             if ph == "transfer" and _host_moved(strategy):
                 # Moved by host threads or one copy per row: time goes with the rows, nothing is fixed.
                 fixed[ph], bw[ph] = 0.0, (by[ph] / (t * 1e6) if t > 0 else link)
+                host = host_gbps or _probe_gbps(metrics, "host_copy")
+                if host and t > 0 and by[ph]:
+                    staged = Staged.split(by[ph], t, host, _probe_gbps(metrics, "contiguous") or source.link_gbps)
                 continue
             base = kernel_rate.get(ph) or (link if _medium(ph, strategy) == "link" else hbm)
             need = by[ph] / (base * 1e6) if by[ph] else 0.0          # ms at the achieved bandwidth
@@ -233,19 +263,20 @@ class CostModel:
                 fixed[ph], bw[ph] = 0.0, by[ph] / (t * 1e6)
         return cls(shape, strategy, source, hbm, link, fixed, bw,
                    {"context_len": context_len, "concurrency": concurrency, "budget": int(r["budget"]),
-                    "step_ms": float(r["step_ms_median"])}, wd)
+                    "step_ms": float(r["step_ms_median"])}, wd, staged)
 
     def predict(self, target: GPU, context_len: int, concurrency: int, budget: int, n_gpus: int = 1,
                 link_scale: float | None = None, split: str = "layers", calibration: "Calibration | None" = None,
                 source_calibration: "Calibration | None" = None, allreduce_us: float = ALLREDUCE_US,
-                weights_dtype: str | None = None) -> Prediction:
+                weights_dtype: str | None = None, host_scale: float | None = None) -> Prediction:
         """`link_scale`: the host link's rate as a multiple of the source's measured one (an emulated or
         measured link), in place of the spec ratio of the two GPUs' links. `calibration` /
         `source_calibration`: rates measured on the target and source cards (`Calibration`): their ratios in
         place of the datasheets'. `split` over `n_gpus`: "layers" (stages one after another at a step, a
         hand-off between them) or "tensor" (every layer's weights 1/n on each card, which read them at once;
         the KV rows of a card's KV heads; two all-reduces of the block's output a layer over the cards' links,
-        `allreduce_us` each plus the ring's bytes). `weights_dtype`: predict the model held otherwise."""
+        `allreduce_us` each plus the ring's bytes). `weights_dtype`: predict the model held otherwise. `host_scale`:
+        the target host's measured RAM bandwidth over this one's (a CPU-staged gather's scale; 1: the same host)."""
         if split not in ("layers", "tensor"):
             raise ValueError(f"unknown split {split!r}: layers or tensor")
         wd = weights_dtype or self.weights_dtype
@@ -257,6 +288,11 @@ class CostModel:
         shards.update(transfer=kv_split, attention=kv_split)
         phases, why = {}, []
         for ph in PHASES:
+            if ph == "transfer" and self.staged is not None:
+                ls, hs = link_scale or target.link_gbps / self.source.link_gbps, host_scale or 1.0
+                phases[ph] = self.staged.ms(by[ph] / shards["transfer"], hs, ls)
+                why.append(self.staged.reason(by[ph] / shards["transfer"], hs, ls))
+                continue
             link = _medium(ph, self.strategy) == "link"
             if link and link_scale:
                 scale = link_scale
@@ -385,7 +421,7 @@ def fit_point(m: pd.DataFrame, strategy: str) -> tuple[int, int]:
     return int(ctx), c
 
 
-def validate(m: pd.DataFrame, shape: ModelShape, source: GPU) -> pd.DataFrame:
+def validate(m: pd.DataFrame, shape: ModelShape, source: GPU, host_gbps: float | None = None) -> pd.DataFrame:
     """Fit on one point per strategy, predict every measured point of that strategy: the error table."""
     rows = []
     d = _decode_points(m)
@@ -394,7 +430,7 @@ def validate(m: pd.DataFrame, shape: ModelShape, source: GPU) -> pd.DataFrame:
             ctx0, c0 = fit_point(m, strategy)
         except ValueError:
             continue
-        cm = CostModel.fit(m, shape, strategy, ctx0, c0, source)
+        cm = CostModel.fit(m, shape, strategy, ctx0, c0, source, host_gbps=host_gbps)
         for _, r in d[d["strategy"] == strategy].iterrows():
             p = cm.predict(source, int(r["context_len"]), int(r["concurrency"]), int(r["budget"]))
             rows.append({"strategy": strategy, "context_len": int(r["context_len"]), "concurrency": int(r["concurrency"]),
@@ -404,9 +440,10 @@ def validate(m: pd.DataFrame, shape: ModelShape, source: GPU) -> pd.DataFrame:
 
 
 def predict_table(m: pd.DataFrame, shape: ModelShape, source: GPU, target: GPU, n_gpus: int = 1,
-                  contexts=None, concurrency=None, **how) -> pd.DataFrame:
+                  contexts=None, concurrency=None, host_gbps: float | None = None, **how) -> pd.DataFrame:
     """Predicted tok/s on `target` for each strategy of the run at its measured contexts and concurrencies.
-    `how`: `CostModel.predict`'s split, calibrations, all-reduce latency and weights dtype."""
+    `how`: `CostModel.predict`'s split, calibrations, all-reduce latency, weights dtype and the target host's
+    `host_scale`; `host_gbps`: this host's RAM bandwidth (`CostModel.fit`)."""
     d = _decode_points(m)
     contexts = contexts or sorted(int(x) for x in d["context_len"].unique())
     concurrency = concurrency or sorted(int(x) for x in d["concurrency"].unique())
@@ -414,7 +451,7 @@ def predict_table(m: pd.DataFrame, shape: ModelShape, source: GPU, target: GPU, 
     rows = []
     for strategy in sorted(d["strategy"].unique()):
         try:
-            cm = CostModel.fit(m, shape, strategy, *fit_point(m, strategy), source)
+            cm = CostModel.fit(m, shape, strategy, *fit_point(m, strategy), source, host_gbps=host_gbps)
         except ValueError:
             continue
         for c in concurrency:

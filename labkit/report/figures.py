@@ -351,3 +351,29 @@ def telemetry_timeline(t: pd.DataFrame, m: pd.DataFrame | None = None, max_point
         fig.add_trace(go.Scattergl(x=x, y=(t["mem_used_bytes"] / 2**30).astype("float32"), name="GPU memory GiB", mode="lines"), 3, 1)
     fig.update_layout(title="Telemetry over the run (NVML, unwrapped PCIe byte counters)", template=TEMPLATE, height=620)
     return fig
+
+
+def host_memory_bars(m: pd.DataFrame) -> go.Figure:
+    """Host RAM bandwidth (STREAM's kernels, one core and all) and, on a GPU host, the link idle and under a
+    host-memory load: what bounds the CPU-staged strategies, and what the link keeps when the host is busy."""
+    p = ok_rows(m[m["experiment"] == "probe"]) if "experiment" in m else m.iloc[0:0]
+    host = p[p["strategy"].isin(["host_read", "host_write", "host_copy", "host_triad"])] if not p.empty else p
+    if host.empty:
+        return _empty("Host memory", "no host-memory rows in this run (`labkit run probe` measures them)")
+    fig = go.Figure()
+    for th, g in host.groupby("threads"):
+        fig.add_trace(go.Bar(x=g["strategy"].str.replace("host_", "", regex=False), y=g["gbps"],
+                             name=f"{int(th)} core{'s' if th != 1 else ''}", text=[f"{v:.1f}" for v in g["gbps"]],
+                             textposition="outside"))
+    loaded = p[p["strategy"].isin(["contiguous_under_host_load", "zero_copy_under_host_load"])]
+    if not loaded.empty:
+        idle = p[((p["strategy"] == "contiguous") & (p.get("direction") == "h2d") & (p.get("size_mib") == 256))
+                 | ((p["strategy"] == "zero_copy") & (p.get("rows_per_prog") == 4) & (p.get("num_warps") == 4))]
+        fig.add_trace(go.Bar(x=["link H2D 256 MiB", "link zero_copy step"], name="link idle",
+                             y=[idle.loc[idle["strategy"] == s, "gbps"].max() for s in ("contiguous", "zero_copy")]))
+        fig.add_trace(go.Bar(x=["link H2D 256 MiB", "link zero_copy step"], name="link, host RAM busy",
+                             y=[loaded.loc[loaded["strategy"] == s, "gbps"].max()
+                                for s in ("contiguous_under_host_load", "zero_copy_under_host_load")]))
+    fig.update_layout(barmode="group", title="Host memory (STREAM kernels) and the link under a host-memory load",
+                      yaxis_title="GB/s", template=TEMPLATE, height=400)
+    return fig

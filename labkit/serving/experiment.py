@@ -65,10 +65,13 @@ def _rates(raw: list[str]) -> list[float]:
 
 def check(given: dict, check_args: bool = True) -> dict:
     """Validate resolved parameters (`experiments.serve`), vLLM's own parser included; BadInput (one line)
-    before anything starts."""
-    from labkit.serving.profiles import load_profile
+    before anything starts. With a target, the server is asked what it serves instead (nothing is launched)."""
     p = dict(given)
     p["trace"] = p["trace"] or DEFAULT_TRACE
+    p["prompt_salt"] = p["prompt_salt"] or fresh_salt()
+    if p["target"]:
+        return _check_target(p)
+    from labkit.serving.profiles import load_profile
     prof = load_profile(p["profile"])
     prof.check_model(p["model"])
     local = Path(p["model"] or prof.model).expanduser()
@@ -78,23 +81,14 @@ def check(given: dict, check_args: bool = True) -> dict:
         import torch
         if not torch.cuda.is_available():
             raise BadInput(f"profile {prof.name} is for CUDA GPUs but this machine has none; use profile=smollm2-cpu")
-    if p["workload"] != "trace":      # a trace brings its arrivals: concurrency is only a cap there (0: none)
-        check_positive("concurrency", p["concurrency"])
+    _check_load(p)
     p["offload"] = _offloads(p["offload"])
-    p["trace_rates"] = _rates(p["trace_rates"])
-    if p["workload"] == "trace":
-        from labkit.serving.workload import load_trace
-        if not Path(p["trace"]).is_file():
-            raise BadInput(f"trace {p['trace']} does not exist")
-        load_trace(p["trace"])      # every line a trace record, or one line saying which is not
     if p["port"]:
         from labkit.serving.lifecycle import port_in_use
         if port_in_use(p["port"]):
             raise BadInput(f"port {p['port']} on 127.0.0.1 is in use or invalid: choose another (port=0 picks a free one)")
     ctx = p["context_len"] or _auto_context(p)
-    need = max(p["input_lens"]) + 1 if p["workload"] != "trace" else 2
-    if ctx < need:
-        raise BadInput(f"context_len {ctx} is shorter than the longest input + 1 ({need})")
+    _check_fits(p, ctx)
     p["context_len"] = ctx
     try:
         p["extra_args_list"] = shlex.split(p["extra_args"])
@@ -103,6 +97,59 @@ def check(given: dict, check_args: bool = True) -> dict:
     if check_args:
         for off in p["offload"]:
             check_serve_args(serve_args(p, prof, "MODEL", off, stats_dir=None))
+    return p
+
+
+def fresh_salt() -> int:
+    """A new prompt salt (`workload.salted`): each run's prompts unlike any earlier run's."""
+    import secrets
+    return secrets.randbelow(2**31 - 2) + 1
+
+
+def _check_load(p: dict) -> None:
+    """What the load asks, whoever serves it: concurrency, arrival rates, the trace."""
+    if p["workload"] != "trace":      # a trace brings its arrivals: concurrency is only a cap there (0: none)
+        check_positive("concurrency", p["concurrency"])
+    p["trace_rates"] = _rates(p["trace_rates"])
+    if p["workload"] == "trace":
+        from labkit.serving.workload import load_trace
+        if not Path(p["trace"]).is_file():
+            raise BadInput(f"trace {p['trace']} does not exist")
+        load_trace(p["trace"])      # every line a trace record, or one line saying which is not
+
+
+def _check_fits(p: dict, ctx: int) -> None:
+    need = max(p["input_lens"]) + 1 if p["workload"] != "trace" else 2
+    if ctx < need:
+        raise BadInput(f"context_len {ctx} is shorter than the longest input + 1 ({need})")
+
+
+# What only a launch can set: with a target they must stay as declared (the server runs as its owner started it).
+LAUNCH_ONLY = {"profile": "smollm2-cpu", "offload": ["0"], "offload_backend": "", "device_blocks": 0,
+               "prefix_caching": True, "extra_args": "", "port": 0, "startup_timeout_s": 0.0, "bench_client": False}
+
+
+def _check_target(p: dict) -> dict:
+    """A running server as the target: its address, the model it serves, the ids its vocabulary takes, and
+    whether the longest request fits its context; one line for each that does not hold."""
+    from labkit.serving import target as T
+    set_ = [k for k, v in LAUNCH_ONLY.items() if p[k] != v]
+    if set_:
+        raise BadInput(f"target={p['target']} measures a running server as it is: {', '.join(set_)} "
+                       f"{'is a launch setting' if len(set_) == 1 else 'are launch settings'} (set them where you start it)")
+    _check_load(p)
+    url = T.check_url(p["target"])
+    ident = T.identify(url)
+    model = T.served_model(ident, p["model"])
+    limit = T.max_model_len(ident, model)
+    if p["context_len"] and limit and p["context_len"] > limit:
+        raise BadInput(f"context_len {p['context_len']} exceeds what {url} holds per request ({limit})")
+    ctx = p["context_len"] or limit or _auto_context(p)
+    if p["workload"] != "trace" and limit and max(p["input_lens"]) + p["output_len"] > limit:
+        raise BadInput(f"{url} holds {limit} tokens per request: the longest input ({max(p['input_lens'])}) + "
+                       f"output ({p['output_len']}) does not fit")
+    vocab = T.prompt_vocab(ident, model, p["vocab"])
+    p.update(target=url, model=model, context_len=ctx, vocab=vocab.size, vocab_from=vocab.found, offload=[0.0])
     return p
 
 
@@ -277,7 +324,7 @@ def _bench_row(res: dict) -> dict:
 def run_serve(given: dict, run=None, log=print):
     """Measure every point into a run folder (labkit.results.Run); returns the Run."""
     from labkit import sweep
-    from labkit.serving.lifecycle import ServerFailed, log_tail
+    from labkit.serving.lifecycle import ServerFailed
     from labkit.telemetry import Sampler
 
     shown = log is not None
@@ -298,12 +345,11 @@ def run_serve(given: dict, run=None, log=print):
 
     try:
         for off in p["offload"]:
-            backend = (p["offload_backend"] or prof.offload_backend) if off > 0 else "none"
-            strategy = f"{p['backend']}" if off == 0 else f"{p['backend']}+{backend}:{off:g}GiB"
-            server = _Server(run, p, prof, model, off, log)
+            strategy, backend = _strategy(run, p, prof, off)
+            server = _Attached(run, p["target"], log) if p["target"] else _Server(run, p, prof, model, off, log)
             scraper = None
             pts = _points(p)
-            bar.set_postfix_str(f"{strategy}: starting the server")
+            bar.set_postfix_str(f"{strategy}: {'asking the target' if p['target'] else 'starting the server'}")
             try:
                 srv = server.start()
             except ServerFailed as ex:
@@ -312,7 +358,7 @@ def run_serve(given: dict, run=None, log=print):
                 continue
             scraper = _scraper(srv, p, server, off, strategy)
             try:
-                _warmup(srv.base_url, str(model), prof.warmup_requests, vocab)
+                _warmup(srv.base_url, str(model), prof.warmup_requests if prof else 1, vocab, salt=p["prompt_salt"])
                 for rnd in range(p["repeats"]):
                     for i, pt in enumerate(pts):
                         for client in _clients(p, rnd + i):
@@ -328,7 +374,7 @@ def run_serve(given: dict, run=None, log=print):
                                 try:
                                     srv = server.start()
                                 except ServerFailed as ex:
-                                    run.add(sweep.failed_row(ex, row, server_log_tail=log_tail(server.srv.log_path, 10)))
+                                    run.add(sweep.failed_row(ex, row, server_log_tail=_tail(server.srv)))
                                     bar.update()
                                     continue
                                 scraper = _scraper(srv, p, server, off, strategy)
@@ -356,16 +402,52 @@ def run_serve(given: dict, run=None, log=print):
     return run
 
 
+def _tail(srv, lines: int = 10) -> str:
+    """The last lines of a launched server's log (a target's log is its owner's: none here)."""
+    from labkit.serving.lifecycle import log_tail
+    return log_tail(srv.log_path, lines) if srv is not None and srv.log_path else ""
+
+
+def _strategy(run, p: dict, prof, off: float) -> tuple[str, str]:
+    """(what the rows call the server configuration, the host KV tier's backend): vLLM and its tier when
+    launched; the engine the target said it is."""
+    if p["target"]:
+        return run.manifest["target"]["engine"], "unknown"
+    backend = (p["offload_backend"] or prof.offload_backend) if off > 0 else "none"
+    return (f"{p['backend']}" if off == 0 else f"{p['backend']}+{backend}:{off:g}GiB"), backend
+
+
+class _Attached:
+    """The target as the sweep's server: each start checks that it answers; nothing is launched or stopped."""
+
+    def __init__(self, run, url: str, log):
+        self.url, self.log, self.srv = url, log, None
+        self.tag, self.n_starts, self.env = "target", 0, {}
+        self.stats_dir = run.path / "connector-target"       # never written: labkit's connector is not in it
+
+    def start(self):
+        from labkit.serving.lifecycle import ServerFailed
+        from labkit.serving.target import Target
+        self.n_starts += 1
+        self.srv = Target(self.url)
+        if not self.srv.alive():
+            raise ServerFailed(f"target {self.url} does not answer GET /v1/models")
+        self.log(f"target {self.url} answers; measuring it as it runs")
+        return self.srv
+
+    def stop(self) -> None:
+        return None
+
+
 def _fail_unstarted(run, ex: Exception, p: dict, pts: list, base: dict, strategy: str, off: float, backend: str,
                     server: "_Server") -> None:
     """A server that did not start: every point of every round it was to serve is a failed row."""
     from labkit import sweep
-    from labkit.serving.lifecycle import log_tail
     for rnd in range(p["repeats"]):
         for pt in pts:
             run.add(sweep.failed_row(ex, {**base, **pt}, strategy=strategy, offload_gib=off,
                                      offload_backend=backend, client="labkit", round=rnd,
-                                     server_log_tail=log_tail(server.srv.log_path, 10) if server.srv else ""))
+                                     server_log_tail=_tail(server.srv)))
 
 
 def _opened(p: dict, run):
@@ -373,22 +455,40 @@ def _opened(p: dict, run):
     fails the run, not leaves it running."""
     from labkit import sweep
     from labkit.serving.profiles import load_profile
-    prof = load_profile(p["profile"])
     if run is None:
         run = sweep.open_run(p, EXPERIMENT, {k: v for k, v in p.items() if k != "extra_args_list"})
+    if p["target"]:
+        try:
+            _describe_target(run, p)
+        except BaseException as ex:       # the server went away since the plan was checked
+            run.finish(error=ex if not isinstance(ex, KeyboardInterrupt) else None,
+                       interrupted=isinstance(ex, KeyboardInterrupt))
+            raise
+        return None, run, p["model"], p["vocab"]
+    prof = load_profile(p["profile"])
     model = prof.model_path(p["model"])
     try:
-        vocab = _vocab(model)
+        vocab = p["vocab"] or _vocab(model)
     except BaseException as ex:        # an unreadable config: the run is failed, not left running
         run.finish(error=BadInput(f"{model}/config.json: {one_line(ex)}") if not isinstance(ex, KeyboardInterrupt) else None,
                    interrupted=isinstance(ex, KeyboardInterrupt))
         raise
     _describe(run, prof, model)
+    run.update_manifest(prompts=_prompts_note(p, vocab, p.get("vocab_from") or ("given (vocab parameter)" if p["vocab"]
+                                               else "the checkpoint's config.json")))
     return prof, run, model, vocab
 
 
 def _base_row(run, p: dict, prof, model) -> dict:
     """What every row of the run shares."""
+    if prof is None:                    # a target: the engine it said it is, on this machine or another
+        t, mf = run.manifest["target"], run.manifest
+        device = ("cuda" if mf.get("gpu_name") else "cpu") if t["local"] else "remote"
+        return {"experiment": EXPERIMENT, "device": device, "gpu_name": (mf.get("gpu_name") if t["local"] else None) or device,
+                "shape": str(model), "budget": None, "repeats": p["repeats"], "backend": "target", "profile": None,
+                "engine": t["engine"], "engine_version": t["engine_version"], "workload": p["workload"],
+                "output_len": p["output_len"], "num_prompts": p["num_prompts"], "request_rate": p["request_rate"],
+                "timings": mf["timings_label"]}
     label = "cpu" if prof.platform == "cpu" else (run.manifest.get("gpu_name") or "cuda")
     return {"experiment": EXPERIMENT, "device": prof.platform, "gpu_name": run.manifest.get("gpu_name") or "cpu",
             "shape": Path(str(model)).name, "budget": None, "repeats": p["repeats"], "backend": p["backend"],
@@ -424,6 +524,24 @@ def _describe(run, prof, model) -> None:
                         metric_definitions="vLLM bench serve: TTFT, TPOT=(E2EL-TTFT)/(out-1), ITL per chunk gap, E2EL")
 
 
+def _describe_target(run, p: dict) -> None:
+    """The target side of the manifest: what the server says it is (`target.identify`), where its timings come
+    from, what the metrics mean and how the prompts were drawn."""
+    from labkit.serving.target import identify
+    ident = identify(p["target"])
+    label = ("CUDA" if run.manifest.get("gpu_name") else "CPU") if ident["local"] else "remote"
+    run.update_manifest(target=ident, served_model=p["model"], timings_label=label,
+                        metric_definitions="vLLM bench serve: TTFT, TPOT=(E2EL-TTFT)/(out-1), ITL per chunk gap, E2EL",
+                        prompts=_prompts_note(p, p["vocab"], p.get("vocab_from") or "given (vocab parameter)"))
+
+
+def _prompts_note(p: dict, vocab: int, found: str) -> dict:
+    from labkit.serving.workload import FIRST_ID
+    return {"salt": p["prompt_salt"], "ids": f"[{FIRST_ID}, {vocab})", "vocab_from": found,
+            "how": "random token ids drawn from the seed, every position shifted by the run's salt: no prompt "
+                   "begins like one of an earlier run, so no prefix cache serves it"}
+
+
 def _scraper(srv, p: dict, server: "_Server", off: float, strategy: str):
     """The server's /metrics (and the connector's counters) scraped from now on, tagged with its settings."""
     from labkit.serving.servermetrics import MetricsScraper
@@ -439,7 +557,7 @@ def _measure_point(run, p: dict, pt: dict, row: dict, client: str, srv, server: 
     from labkit import sweep
     from labkit.serving import loadgen
     from labkit.serving.benchclient import run_bench
-    from labkit.serving.lifecycle import log_tail
+    from labkit.serving.workload import salted
     point_id = row["point_id"]
     try:
         if client == "vllm":
@@ -451,11 +569,12 @@ def _measure_point(run, p: dict, pt: dict, row: dict, client: str, srv, server: 
             s = _bench_row(res)
             s["bench_result"] = str(Path(s["bench_result"]).relative_to(run.path))
         else:
-            specs = _requests_for(p, pt, vocab, seed)
+            specs = salted(_requests_for(p, pt, vocab, seed), p["prompt_salt"], vocab)
             if p["workload"] != "trace":
-                _warmup(srv.base_url, str(model), 1, vocab, pt.get("input_len", 16), p["output_len"])
+                _warmup(srv.base_url, str(model), 1, vocab, pt.get("input_len", 16), p["output_len"], p["prompt_salt"])
+            before = prefix_counters(srv.base_url)
             recs = loadgen.run_load(srv.base_url, str(model), specs, pt["concurrency"])
-            s = _summaries(p, recs)
+            s = {**_summaries(p, recs), **prefix_delta(before, srv.base_url)}
             _attach_connector(recs, server.stats_dir)
             for r in recs:
                 requests.append({**{k: row[k] for k in ("point_id", "strategy", "offload_gib", "client",
@@ -475,14 +594,14 @@ def _measure_point(run, p: dict, pt: dict, row: dict, client: str, srv, server: 
             dead = bool(failed) and srv.died()
             run.add({**row, **s, "status": "ok" if not failed else "failed",
                      "error": (err or "") + (" (server died)" if dead else "") or None,
-                     "server_log_tail": log_tail(srv.log_path, 10) if dead else None})
+                     "server_log_tail": _tail(srv) if dead else None})
         if s is not None and s.get("failed"):
             log(f"{point_id}: FAILED")
     except KeyboardInterrupt:
         raise
     except Exception as ex:
         dead = srv.died()
-        rec = sweep.failed_row(ex, row, server_log_tail=log_tail(srv.log_path, 10) if dead else None)
+        rec = sweep.failed_row(ex, row, server_log_tail=_tail(srv) if dead else None)
         rec["error"] += " (server died)" if dead else ""
         run.add(rec)
         log(f"{point_id}: FAILED {rec['error']}")
@@ -512,6 +631,25 @@ def closing_lines(m: pd.DataFrame) -> list[str]:
     if failed:
         lines.append(f"{failed} point(s) failed (their errors are in the report)")
     return lines[:4]
+
+
+def server_line(mf: dict) -> str:
+    """The report's line on what was measured: the target as it said it is, or the vLLM the run launched."""
+    t = mf.get("target")
+    if t:
+        fams = len(t.get("metric_families") or [])
+        return (f"**Target** {t['url']} · {t['engine']} {t.get('engine_version') or '(no version given)'} · model "
+                f"`{mf.get('served_model')}` · measured as it ran, nothing launched · /metrics: "
+                f"{f'{fams} families' if fams else 'none'} · on {'this machine' if t.get('local') else 'another machine'}")
+    return (f"**vLLM** {mf.get('vllm_distribution')} {mf.get('vllm_version')} ({mf.get('vllm_note')}) · profile "
+            f"`{(mf.get('profile') or {}).get('name')}` · model `{mf.get('model_path')}`")
+
+
+def prompts_line(mf: dict) -> str:
+    pr = mf.get("prompts")
+    if not pr:
+        return "random token ids (no salt recorded)"
+    return f"token ids in {pr['ids']} ({pr['vocab_from']}), salt {pr['salt']}: no prompt begins like one of an earlier run"
 
 
 def _interrupt_on_signals():
@@ -544,12 +682,36 @@ def write_requests(path: Path, requests: list[dict]) -> Path:
     return out
 
 
-def _warmup(base_url: str, model: str, n: int, vocab: int, input_len: int = 16, output_len: int = 4) -> None:
+def _warmup(base_url: str, model: str, n: int, vocab: int, input_len: int = 16, output_len: int = 4,
+            salt: int = 0) -> None:
     """Requests sent and discarded (first-request costs: allocation, kernel selection, caches)."""
     from labkit.serving import loadgen
-    from labkit.serving.workload import synthetic
+    from labkit.serving.workload import salted, synthetic
     if n > 0:
-        loadgen.run_load(base_url, model, synthetic(n, input_len, min(output_len, 8), vocab, seed=99), 1)
+        loadgen.run_load(base_url, model, salted(synthetic(n, input_len, min(output_len, 8), vocab, seed=99), salt, vocab), 1)
+
+
+def prefix_counters(base_url: str) -> dict | None:
+    """The server's prefix-cache counters now (vLLM's names: queried and hit prompt tokens), or None where its
+    /metrics has none (llama.cpp, a server without a metrics page)."""
+    import httpx
+    from labkit.serving.servermetrics import parse_metrics
+    try:
+        m = parse_metrics(httpx.get(base_url.rstrip("/") + "/metrics", timeout=5.0).text)
+    except Exception:
+        return None
+    return {k: m[k] for k in ("prefix_cache_queries", "prefix_cache_hits")} if "prefix_cache_queries" in m else None
+
+
+def prefix_delta(before: dict | None, base_url: str) -> dict:
+    """Prompt tokens the server looked up in its prefix cache during a point, and found: the check that no
+    prefix cache flattered it (the columns stay empty where the server does not count them)."""
+    if before is None:
+        return {}
+    time.sleep(0.3)                    # the counters of the point's last step are published after its tokens
+    after = prefix_counters(base_url) or before
+    return {"prefix_cache_queried_tokens": after["prefix_cache_queries"] - before["prefix_cache_queries"],
+            "prefix_cache_hit_tokens": after["prefix_cache_hits"] - before["prefix_cache_hits"]}
 
 
 def _summaries(p: dict, recs: list[dict]) -> dict:

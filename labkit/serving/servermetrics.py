@@ -30,6 +30,12 @@ KEEP = {
     "vllm:num_preemptions_total": "num_preemptions",
     "vllm:external_prefix_cache_queries_total": "external_prefix_cache_queries",
     "vllm:external_prefix_cache_hits_total": "external_prefix_cache_hits",
+    # llama.cpp's server (`--metrics`), under the same names where they mean the same
+    "llamacpp:kv_cache_usage_ratio": "kv_cache_usage_perc",
+    "llamacpp:requests_processing": "num_requests_running",
+    "llamacpp:requests_deferred": "num_requests_waiting",
+    "llamacpp:prompt_tokens_total": "prompt_tokens",
+    "llamacpp:tokens_predicted_total": "generation_tokens",
 }
 BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
 

@@ -84,6 +84,22 @@ def repeated(n_prompts: int, input_len: int, output_len: int, vocab_size: int, s
     return out
 
 
+def salted(specs: list[RequestSpec], salt: int, vocab_size: int) -> list[RequestSpec]:
+    """The same requests with every prompt position shifted by a per-run offset (`salt` seeds one offset per
+    position, modulo the ids' range): prompts that were equal stay equal and prompts that shared a prefix still
+    share it, within the run, while no prompt starts like any of an earlier run with another salt. A server
+    that outlives the run (its prefix cache too) then serves every measured prompt cold."""
+    if not salt or not specs:
+        return specs
+    span = vocab_size - FIRST_ID
+    longest = max(len(s.prompt) for s in specs)
+    shift = np.random.default_rng([int(salt), 1 << 33]).integers(1, span, size=longest)
+    for s in specs:
+        ids = np.asarray(s.prompt, dtype=np.int64)
+        s.prompt = (FIRST_ID + (ids - FIRST_ID + shift[:len(ids)]) % span).tolist()
+    return specs
+
+
 def load_trace(path: str | Path) -> list[dict]:
     p = Path(path)
     if not p.is_file():

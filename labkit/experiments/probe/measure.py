@@ -9,6 +9,12 @@ Rows (`experiment=probe`, with `gbps` where bytes move):
   12 layers x 2048 rows x 2048 B = 48 MiB, loaded layer by layer with `strategy.load` from random rows
   of a `pool_gib` pool (large, so rows are spread as in a 1M-token cache; per_row: one layer);
 - `hbm_read`: a contiguous read of device memory (the weights' roofline);
+- `host_read`, `host_write`, `host_copy`, `host_triad` (`threads` 1 and every core): host RAM bandwidth, STREAM's
+  kernels and counting (`labkit.hostmem`), the bound of every CPU-staged offload; kept as this host's
+  measurement, which every later run's manifest records (`host_memory_bandwidth`);
+- `contiguous_under_host_load`, `zero_copy_under_host_load` (CUDA only): the pinned 256 MiB copy and the zero-copy
+  gather of a step while every core but one streams host memory (`host_load_gbps`: what that load moved), to
+  set beside the same rows idle: offload shares host RAM with everything else the host does;
 - `weight_product`: each distinct weight matrix of the reference shape times M = 1, 4, 16 activation rows,
   through the engine's `gemv.matmul` with the lab's GEMV off (`path=cublas`) and on (`path=gemv`), L2
   flushed before each product, graph-replayed; `gbps` = the matrix's bytes over the time (the share of
@@ -27,6 +33,7 @@ from __future__ import annotations
 import math
 import statistics
 import os
+import time
 
 import torch
 
@@ -271,9 +278,75 @@ def probe_selection(dev, repeats, contexts=(8 << 10, 64 << 10, 256 << 10, 1 << 2
     return out
 
 
+def probe_host_memory(repeats: int, array_mib: int) -> list[dict]:
+    """STREAM's four kernels on host RAM at 1 thread and every core (`labkit.hostmem`), one row each; the
+    measurement becomes this host's kept one."""
+    from ...hostmem import keep, measure
+    rec = measure(array_mib, max(3, min(repeats, 10)))
+    rows = [_row(f"host_{name.split('_')[0]}", moved, [t * 1e3 for t in ts], threads=th, array_mib=rec["array_mib"])
+            for name, (th, moved, ts) in rec.pop("_times").items()]
+    keep(rec, "labkit run probe")
+    return rows
+
+
+class HostLoad:
+    """Every core but one streaming host memory (numpy copies on threads: numpy lets go of the GIL while it
+    copies), as a context: `gbps` afterwards is what the load moved, counted as STREAM counts a copy."""
+
+    def __init__(self, threads: int | None = None, mib: int = 128):
+        self.threads = threads or max(1, (os.cpu_count() or 2) - 1)
+        self.mib, self.moved, self.gbps = mib, [0] * self.threads, 0.0
+
+    def _copy(self, i: int) -> None:
+        import numpy as np
+        src = np.ones((self.mib << 20) // 8)
+        dst = np.empty_like(src)
+        while not self._stop.is_set():
+            np.copyto(dst, src)
+            self.moved[i] += 2 * src.nbytes
+
+    def __enter__(self) -> "HostLoad":
+        import threading
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._copy, args=(i,), daemon=True) for i in range(self.threads)]
+        self._t0 = time.perf_counter()
+        for t in self._threads:
+            t.start()
+        time.sleep(0.2)                      # the arrays allocated and the copies running before anything is timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+        self.gbps = sum(self.moved) / (time.perf_counter() - self._t0) / 1e9
+
+
+def probe_link_under_host_load(dev, pool_gib: float, repeats: int) -> list[dict]:
+    """The pinned 256 MiB host->device copy and one decode step's zero-copy gather, timed while `HostLoad` runs."""
+    n = 256 << 20
+    h = torch.empty(n, dtype=torch.uint8, pin_memory=True).random_(0, 255)
+    d = torch.empty(n, dtype=torch.uint8, device=dev)
+    pool, idx, dst = gather_workload(dev, min(pool_gib, 8.0))
+    idx_d = idx.to(dev)
+    step = LAYERS * BUDGET * ROW_BYTES
+    with HostLoad() as load:
+        ts = bench({"h2d": lambda: d.copy_(h, non_blocking=True),
+                    "zero_copy": gather_step(ZeroCopy(4, 4), pool, idx_d, dst)}, dev, repeats)
+    extra = {"host_load_threads": load.threads, "host_load_gbps": load.gbps}
+    del h, d, pool
+    return [_row("contiguous_under_host_load", n, ts["h2d"], size_mib=256, direction="h2d", **extra),
+            _row("zero_copy_under_host_load", step, ts["zero_copy"], rows_per_prog=4, num_warps=4, **extra)]
+
+
+LINK_UNDER_LOAD_SKIPPED = "skipped: no CUDA GPU here (host and \"device\" are one memory, there is no link to load)"
+
+
 def probe_stages(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, gathers=None,
-                 selection: bool = True, weights: bool = True) -> list[tuple[str, "callable"]]:
-    """The probe's measurements in order, each a (name, function -> rows) pair: what a progress bar counts."""
+                 selection: bool = True, weights: bool = True, host: bool = False) -> list[tuple[str, "callable"]]:
+    """The probe's measurements in order, each a (name, function -> rows) pair: what a progress bar counts. `host`:
+    host RAM and the link under a host-memory load too (`labkit run probe`; a decode run's own probe leaves them to
+    the manifest's kept measurement)."""
     dev = resolve_device(device)
     check_positive("repeats", [repeats])
     if pool_gib < 0:
@@ -281,6 +354,12 @@ def probe_stages(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20,
     pool_gib = pool_gib or (24.0 if dev.type == "cuda" else 0.25)
     stages = [("contiguous", lambda: probe_contiguous(dev, repeats)), ("pageable", lambda: probe_pageable(dev, repeats)),
               ("gathers", lambda: probe_gathers(dev, pool_gib, repeats, **({} if gathers is None else {"which": gathers})))]
+    if host:
+        from ...hostmem import FULL_MIB, QUICK_MIB        # a CPU machine's arrays smaller: its probe is a check
+        mib = FULL_MIB if dev.type == "cuda" else QUICK_MIB
+        stages.append(("host_memory", lambda: probe_host_memory(repeats, mib)))
+        if dev.type == "cuda":
+            stages.append(("link_under_host_load", lambda: probe_link_under_host_load(dev, pool_gib, repeats)))
     if dev.type == "cuda":
         stages.append(("hbm_read", lambda: [hbm_read_gbps(dev)]))
         if weights:
@@ -292,9 +371,9 @@ def probe_stages(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20,
 
 
 def run_probe(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, gathers=None,
-              selection: bool = True, weights: bool = True) -> list[dict]:
+              selection: bool = True, weights: bool = True, host: bool = False) -> list[dict]:
     """Every probe row, stage after stage (the first failure raises)."""
-    return [r for _, stage in probe_stages(device, pool_gib, repeats, gathers, selection, weights) for r in stage()]
+    return [r for _, stage in probe_stages(device, pool_gib, repeats, gathers, selection, weights, host) for r in stage()]
 
 
 def check(p: dict) -> dict:
@@ -325,6 +404,14 @@ def headline(m) -> list[str]:
              f"per_row {best('per_row')}" + (f", from device memory {best('hbm_gather')}" if "hbm_gather" in set(ok["strategy"]) else "")]
     if "hbm_read" in set(ok["strategy"]):
         lines.append(f"device memory read {best('hbm_read')} GB/s")
+    if "host_copy" in set(ok["strategy"]):
+        n = int(ok.loc[ok["strategy"] == "host_copy", "threads"].max())
+        loaded = (f"H2D {best('contiguous_under_host_load')} GB/s (idle {best('contiguous', direction='h2d')}), "
+                  f"zero_copy {best('zero_copy_under_host_load')}" if "contiguous_under_host_load" in set(ok["strategy"])
+                  else LINK_UNDER_LOAD_SKIPPED)
+        lines.append(f"host RAM copy {best('host_copy', threads=1)} GB/s on 1 core, {best('host_copy', threads=n)} on {n} "
+                     f"(triad {best('host_triad', threads=1)} / {best('host_triad', threads=n)}); link under a "
+                     f"host-memory load: {loaded}")
     return lines
 
 
@@ -335,13 +422,18 @@ def run(p: dict, progress_bar: bool = True):
     dev = resolve_device(p["device"])
     run = sweep.open_run(p, EXPERIMENT)
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": "qwen3.8-flash-next"}
-    stages = probe_stages(p["device"], p["pool_gib"], p["repeats"])
+    if dev.type != "cuda":
+        run.update_manifest(link_under_host_load=LINK_UNDER_LOAD_SKIPPED)
+    stages = probe_stages(p["device"], p["pool_gib"], p["repeats"], host=True)
     with sweep.bar(len(stages), EXPERIMENT, progress_bar) as bar:
         for name, stage in stages:
             bar.set_postfix_str(name)
             with sweep.point(run, {**base, "experiment": EXPERIMENT}):
                 for r in stage():
                     run.add({**base, **r})
+            if name == "host_memory":          # this run measured the host in full: its manifest says so
+                from ...hostmem import cached
+                run.update_manifest(host_memory_bandwidth=cached() or run.manifest.get("host_memory_bandwidth"))
             bar.update()
     # The NVML sampler runs after the timed probes, not beside them (its thread competes with the
     # host-side gathers): a short contiguous copy under it records the link generation under load.
