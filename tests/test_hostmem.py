@@ -16,7 +16,7 @@ import torch
 
 from labkit import costmodel as C
 from labkit import hostmem
-from labkit.shapes import ModelShape
+from labkit.shapes import shape_for_run
 
 REPO = Path(__file__).resolve().parents[1]
 STAGED_RUN = REPO / "results" / "20261129-153810-decode-h200"        # host_gather with its step anatomy
@@ -75,7 +75,7 @@ def test_probe_on_cpu_measures_the_host_and_says_the_link_part_is_skipped(tmp_pa
 def _fit(host_gbps=None):
     m = pd.read_parquet(STAGED_RUN / "metrics.parquet")
     mf = json.loads((STAGED_RUN / "manifest.json").read_text())
-    shape, src = ModelShape.from_name(mf["parameters"]["shape"]), C.gpu_for_name(mf["gpu_name"])
+    shape, src = shape_for_run(mf["parameters"]["shape"], mf.get("shape_rev")), C.gpu_for_name(mf["gpu_name"])
     ctx, c = C.fit_point(m, "host_gather")
     return m, shape, src, ctx, c, C.CostModel.fit(m, shape, "host_gather", ctx, c, src, host_gbps=host_gbps)
 
