@@ -19,6 +19,7 @@ import pandas as pd
 
 from ..results import REPO, load_run
 from . import summary as S
+from .reference_tables import blocks as reference_blocks
 from .roofline_tables import blocks as roofline_blocks
 
 from .runs import RUNS, RUNS_FILE, TOML as _TOML, ctx_label as _ctx    # noqa: F401  (RUNS_FILE: the tests')
@@ -1082,7 +1083,8 @@ def blocks() -> dict[str, str]:
             "selection-h200": selection_table(m), "agreement-h200": agreement_table(), "decode-trace-h200": decode_trace_table(),
             **xfer_blocks(),
             "predict-rtx3090": prediction_table(m), "costmodel-h200": validation_summary(m),
-            **roofline_blocks(RUNS, decode_tables, anatomy_table, prediction_table), **_claims_blocks()}
+            **roofline_blocks(RUNS, decode_tables, anatomy_table, prediction_table), **reference_blocks(RUNS),
+            **_claims_blocks()}
 
 
 def _claims_blocks() -> dict[str, str]:
