@@ -109,7 +109,8 @@ def test_decide_takes_the_published_terms_first_and_marks_stand_ins_provisional(
 # ---- runs named later in docs/runs.toml are picked up -----------------------------------------------------------
 def _run_folder(path, rows, **manifest):
     path.mkdir(parents=True)
-    (path / "manifest.json").write_text(json.dumps({"run_id": path.name, "status": "ok", "parameters": {}, **manifest}))
+    (path / "manifest.json").write_text(json.dumps({"run_id": path.name, "created": "2026-12-01T00:00:00+00:00", "status": "ok",
+                                                       "parameters": {}, **manifest}))
     pd.DataFrame(rows).assign(status="ok").to_parquet(path / "metrics.parquet")
     return str(path)
 
