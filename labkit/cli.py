@@ -3,9 +3,9 @@
     labkit run --help                          the experiments, what each answers and needs
     labkit run decode --help                   its parameters: type, default, help
     labkit run decode -p context_lens=8K,1M -p concurrency=1,4 [--out DIR]
-    labkit report DIR [--standalone] [--rerun]
+    labkit report RUN [--standalone] [--rerun]     RUN: as `labkit runs` lists it, or a run folder
     labkit runs [--root results]
-    labkit predict DIR --gpu rtx3090 --gpus 3
+    labkit predict RUN --gpu rtx3090 --gpus 3
     labkit compare RUN_A RUN_B
     labkit nightly [--plan nightly/plan.toml] [--date YYYY-MM-DD]
     labkit lab                                 JupyterLab on notebooks/
@@ -150,7 +150,7 @@ def cmd_report(a) -> int:
     from .report.notebook import executed_notebooks, render_report
     from .results import load_run
     run_dir = run_folder(a.run_dir)
-    run = load_run(run_dir)   # one line if it is not a run folder
+    run = load_run(run_dir)
     out = Path(a.out) if a.out else (run_dir / "report-standalone.html" if a.standalone else None)
     if a.rerun or not executed_notebooks(run_dir):
         # Re-execute the experiment's notebook against the folder's tables (run_dir=...), so the report
@@ -177,7 +177,7 @@ def cmd_predict(a) -> int:
         target = C.gpu(a.gpu)
     except ValueError as ex:
         raise BadInput(str(ex)) from None
-    run = load_run(Path(a.run_dir))
+    run = load_run(run_folder(a.run_dir))
     m, mf = run.metrics, run.manifest
     source = C.gpu_for_name(mf.get("gpu_name") or "")
     if not mf.get("gpu_name"):
@@ -264,11 +264,19 @@ def _is_default_root(root: Path) -> bool:
 
 
 def run_folder(arg: str) -> Path:
-    """A run named as `labkit runs` lists it: a folder, or a folder under results/ (`labkit runs`' RUN)."""
+    """A run as `labkit runs` lists it (its folder under results/), or a run folder given by its path; the same for
+    every command that takes a run. One line when it is neither."""
     p = Path(arg)
-    if not p.is_dir() and not p.is_absolute() and (Path("results") / p).is_dir():
-        return Path("results") / p
-    return p
+    if (p / "manifest.json").is_file():
+        return p
+    if not p.is_absolute():
+        from .results import REPO
+        for root in (Path("results"), REPO / "results"):      # here, or the repository's (run from another folder)
+            if (root / p / "manifest.json").is_file():
+                return root / p
+    if p.is_dir():
+        raise BadInput(f"{arg} is not a run folder: no manifest.json")
+    raise BadInput(f"{arg} is not a run: no folder {arg}, nor results/{arg} (`labkit runs` lists the runs)")
 
 
 def cmd_docs(a) -> int:
@@ -278,6 +286,7 @@ def cmd_docs(a) -> int:
 
 def cmd_compare(a) -> int:
     from .report.compare import cmd_compare as run
+    a.run_a, a.run_b = str(run_folder(a.run_a)), str(run_folder(a.run_b))
     return run(a)
 
 
