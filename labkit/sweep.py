@@ -12,6 +12,9 @@ imports params, results, progress and stats only), so quality, cross-model and s
   wall time per call between two synchronizes; `sync(dev)`; `timed(...)`: a timer's samples as a `Spread`.
 - `headline(lines, enabled)`: the few lines of what a run measured, printed before the CLI prints the
   report's path.
+- `machine_busy(manifest, spreads)`: why a run's timings say more about the machine's other work than about what
+  it measured (empty when nothing says so): the one rule behind the report's `busy` marks, the closing lines'
+  caveat and the run index's regression check.
 """
 from __future__ import annotations
 
@@ -107,6 +110,32 @@ def headline(lines: list[str], enabled: bool = True, name: str = "") -> None:
     sys.stderr.flush()          # the bar's last line first
     for line in lines or ["nothing measured"]:
         print(f"{name}: {line}" if name else line, flush=True)
+
+
+BUSY_SPREAD = 3.0     # a point whose slowest step took more than this times its fastest measured other work
+BUSY_SHARE = 0.5      # other processes using at least this share of the cores when a run started or ended
+
+
+def machine_busy(manifest: dict, spreads=()) -> str:
+    """Why a run's machine was busy, in words, or "" when nothing says so. `spreads`: each measured point's slowest
+    over fastest step. A run is busy when a point's spread exceeds BUSY_SPREAD, when other processes used at least
+    BUSY_SHARE of the cores as it started or ended, or when the 1-minute load average at its start reached the core
+    count (its own start-up counts for less than one core)."""
+    why = []
+    spreads = [float(s) for s in spreads if s == s]
+    wide = [s for s in spreads if s > BUSY_SPREAD]
+    if wide:
+        why.append(f"{len(wide)} of {len(spreads)} points' slowest step took more than {BUSY_SPREAD:g}x their fastest")
+    cores = manifest.get("cpu_count") or 0
+    for when in ("before", "after"):
+        load = manifest.get(f"machine_load_{when}") or {}
+        used = sum(float(p.get("cpu_percent") or 0) for p in load.get("busy_processes") or []) / 100
+        if cores and used >= BUSY_SHARE * cores:
+            why.append(f"other processes used {used:.1f} of {cores} cores at the {'start' if when == 'before' else 'end'}")
+        la = load.get("load_avg")
+        if when == "before" and cores and la and la[0] >= cores:
+            why.append(f"the 1-min load average was {la[0]:.1f} on {cores} cores at the start")
+    return "; ".join(why)
 
 
 def summary_lines(fn: Callable[[], list[str]]) -> list[str]:
