@@ -550,27 +550,49 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
             run.update_manifest(pcie_gen=int(tf["pcie_gen"].max()), pcie_width=int(tf["pcie_width"].max()),
                                 nvml_max_counter_gap_s=round(tel.max_gap_s, 4))
         run.finish()        # the shared rule; an exception in flight (Ctrl-C included) decides too
-    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), p)), progress_bar, EXPERIMENT)
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), p, run.manifest)), progress_bar, EXPERIMENT)
     return run
 
 
-def headline(m, p: dict) -> list[str]:
-    """tok/s per strategy at the largest context of the main table (its largest concurrency, first budget),
-    and the prefill's tok/s at its longest prompt."""
+def headline(m, p: dict, mf: dict | None = None) -> list[str]:
+    """What `make sweep` closes with: where it ran (a CPU's timings are that CPU's, never a GPU's), tok/s per
+    strategy at the largest context of the main table (its largest concurrency, first budget) with each one's
+    slowest..fastest repeat, whether those ranges overlap (then the order among them is noise), the prefill's tok/s
+    at its longest prompt, and the busy machine's caveat (`sweep.machine_busy`), as the report says them."""
+    mf = mf or {}
     d = m[(m["experiment"] == EXPERIMENT) & (m["status"] == "ok") & (m["axis"] == "context")]
-    lines = []
+    gpu = mf.get("gpu_name")
+    if gpu:
+        link = f"PCIe gen {mf['pcie_gen']:g} x{mf['pcie_width']:g}" if isinstance(mf.get("pcie_gen"), (int, float)) \
+            and isinstance(mf.get("pcie_width"), (int, float)) else "PCIe link not read"
+        lines = [f"on {gpu} ({link}), shape {p['shape']}"]
+    else:
+        lines = [f"on a CPU ({mf.get('cpu_count') or '?'} cores, no GPU: \"host\" and \"device\" are both RAM), shape "
+                 f"{p['shape']}: a check that the pipeline runs; these timings are this CPU's, never a GPU's"]
     if len(d):
         ctx = int(d["context_len"].max())
         at = d[d["context_len"] == ctx]
         conc = int(at["concurrency"].max())
-        at = at[at["concurrency"] == conc]
-        per = at.groupby("strategy", sort=False)["tok_s"].max()
-        lines.append(f"at {ctx} tokens x {conc} request(s): " + ", ".join(f"{s} {v:,.0f}" for s, v in per.items())
-                     + " tok/s")
+        at = at[at["concurrency"] == conc].sort_values("tok_s").groupby("strategy", sort=False).tail(1)
+        at = at.set_index("strategy").loc[[s for s in dict.fromkeys(d["strategy"]) if s in set(at["strategy"])]]
+        slow = conc / (at["step_ms_max"] / 1e3)
+        fast = conc / (at["step_ms_min"] / 1e3)
+        lines.append(f"at {ctx} tokens x {conc} request(s), tok/s (slowest..fastest repeat): " + ", ".join(
+            f"{s} {v:,.0f} ({lo:,.0f}..{hi:,.0f})" for s, v, lo, hi in zip(at.index, at["tok_s"], slow, fast)))
+        order = list(at["tok_s"].sort_values(ascending=False).index)
+        overlap = [(a, b) for a, b in zip(order, order[1:]) if slow[a] <= fast[b]]
+        if overlap:
+            lines.append("their ranges overlap (" + ", ".join(f"{a} and {b}" for a, b in overlap) + "): the order "
+                         "between those is noise, not a finding")
     pre = m[(m["experiment"] == "prefill") & (m["status"] == "ok")]
     if len(pre):
         r = pre.loc[pre["context_len"].idxmax()]
         lines.append(f"prefill of {int(r['context_len'])} tokens ({r['strategy']}): {r['tok_s']:,.0f} tok/s")
+    if len(d):
+        busy = sweep.machine_busy(mf, d["step_ms_max"] / d["step_ms_min"])
+        if busy:
+            lines.append(f"busy machine ({busy}): these timings measured other work too; run again on a quiet "
+                         "machine before reading anything into them")
     failed = int((m["status"] == "failed").sum())
     if failed:
         lines.append(f"{failed} point(s) failed (their errors are in the report)")
