@@ -58,7 +58,8 @@ def params_help(name: str) -> str:
 
 
 def cmd_run(a) -> int:
-    """Exit 0 only when the run's status is `ok`; otherwise one line saying what it is and why, exit 1."""
+    """Exit 0 only when the run's status is `ok`; a run a signal stopped: the one stop message, exit 128 + the
+    signal (130 for Ctrl-C); otherwise one line saying what it is and why, exit 1."""
     from . import experiments
     if a.help or not a.experiment:
         print(params_help(a.experiment) if a.experiment else experiments_help())
@@ -85,8 +86,10 @@ def cmd_run(a) -> int:
             import shutil
             shutil.rmtree(made, ignore_errors=True)
         raise
+    seen: list = []                         # the signals that stopped the run, as the driver received them
+    a.began = True                          # from here a second Ctrl-C leaves a folder (said by `main`)
     try:
-        path, err = run_notebook(plan)
+        path, err = run_notebook(plan, signals=seen)
     except Terminated as t:                 # settled and rendered; say so and stop
         path, err = t.path, None
     report = path / "report.html"
@@ -94,18 +97,20 @@ def cmd_run(a) -> int:
         run = load_run(path)
         status, why = effective_status(run.manifest), status_reason(run.manifest, run.metrics)
     except (OSError, ValueError) as ex:
-        status, why = "failed", f"failed: no readable manifest ({type(ex).__name__})"
+        run, status, why = None, "failed", f"failed: no readable manifest ({type(ex).__name__})"
     _after_run(path)
+    from .report.notebook import ran_to_the_end
+    if status == "interrupted" or seen:
+        return _stopped(a.experiment, path, run, seen, ran_to_the_end(path))
     if status != "ok" or err is not None:
         if status == "ok":       # measured fine, then something after (e.g. the report) failed
             why = f"report not written: {error_line(err)}"
-        elif err is not None and error_line(err) not in why and status != "interrupted":
+        elif err is not None and error_line(err) not in why:
             why += f" ({error_line(err)})"
         try:
             n_ok = int((run.metrics["status"] == "ok").sum())
         except Exception:
             n_ok = 0
-        from .report.notebook import ran_to_the_end
         if n_ok and not ran_to_the_end(path):      # stopped at the measuring cell: its figures not drawn
             why += f"; `labkit report {path} --rerun` draws the {n_ok} point{'s' if n_ok != 1 else ''} measured"
         print(f"labkit: {a.experiment} run {why}", file=sys.stderr)
@@ -114,6 +119,24 @@ def cmd_run(a) -> int:
         return 1
     print(report.resolve())
     return 0
+
+
+def _stopped(experiment: str, path: Path, run, seen: list, drawn: bool) -> int:
+    """A run a signal stopped: the one stop message (where it stopped, what it kept), the report's path, and the
+    shell's exit status for that signal (130 for Ctrl-C)."""
+    from .stops import exit_code, measured_points, measured_words, stop_line, where_stopped
+    mf = run.manifest if run is not None else {}
+    n = measured_points(run.metrics) if run is not None else 0
+    kept = measured_words(n, mf) + f", kept in {path}"
+    if n and not drawn:
+        kept += f"; `labkit report {path} --rerun` draws them"
+    elif n:
+        kept += " and drawn in its report"
+    signum = seen[0] if seen else None
+    print(stop_line(f"{experiment} run", signum, where_stopped(mf), kept), file=sys.stderr)
+    if (path / "report.html").exists():
+        print((path / "report.html").resolve())
+    return exit_code(signum)
 
 
 def _after_run(path: Path) -> None:
@@ -474,9 +497,19 @@ def main(argv: list[str] | None = None) -> int:
     except (BadInput, FileNotFoundError, FileExistsError) as ex:
         print(f"labkit: {ex}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:           # Ctrl-C before a run started (while planning): nothing was written
-        print("labkit: interrupted before anything ran", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:     # Ctrl-C outside a run's kernel (planning, reading, drawing): files are whole or absent
+        import signal
+
+        from .stops import exit_code, stop_line
+        if a.cmd == "run" and getattr(a, "began", False):      # a second Ctrl-C, while the stopped run was drawn
+            line = stop_line(f"{a.experiment} run", signal.SIGINT, "twice", "what it measured is kept in its folder "
+                             "(`labkit runs` lists it; `labkit report RUN --rerun` draws it)")
+        elif a.cmd == "run" and a.experiment:
+            line = stop_line(f"{a.experiment} run", signal.SIGINT, "before it began", "nothing was written")
+        else:
+            line = stop_line(a.cmd, signal.SIGINT, "", "no file is left half-written")
+        print(line, file=sys.stderr)
+        return exit_code(signal.SIGINT)
     except BrokenPipeError:
         # the reader went away (`labkit runs | head`): what it read is what it wanted. Point stdout at
         # /dev/null so the interpreter's final flush does not fail again on the closed pipe.

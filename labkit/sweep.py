@@ -34,11 +34,16 @@ def grid(**axes) -> list[dict]:
     return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
 
 
+_OPENED: list = []     # the run this process opened last: its bar writes where the sweep is into its manifest
+
+
 def open_run(p: dict, experiment: str, params: dict | None = None):
     """The run folder of checked parameters `p`: `p["out_dir"]`, or `results/<run id>` when it is empty;
     `params`: what the manifest records, when not `p` itself."""
     from .results import Run
-    return Run.create(p.get("out_dir") or None, experiment, dict(p if params is None else params))
+    run = Run.create(p.get("out_dir") or None, experiment, dict(p if params is None else params))
+    _OPENED[:] = [run]
+    return run
 
 
 def failed_row(ex: BaseException, head: dict | None = None, **tail) -> dict:
@@ -92,13 +97,43 @@ class _Silent:
         pass
 
 
+class _Recorded:
+    """A bar that also writes where the sweep is into its run's manifest (`progress`: points done, of how many,
+    the point being measured) each time a point starts, so a run stopped part-way can say where it stopped."""
+
+    def __init__(self, bar, run, total: int):
+        self.bar, self.run, self.total = bar, run, total
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        self.bar.set_postfix_str(s, refresh)
+        if self.run.manifest.get("status") != "running":      # a run finished earlier in this process: not ours
+            return
+        try:
+            self.run.update_manifest(progress={"done": int(self.bar.n), "total": int(self.total), "at": s})
+        except OSError:        # a full disk: the bar goes on; the manifest's last word stays what it was
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.bar, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+
+
 def bar(total: int, desc: str, enabled: bool = True):
     """The sweep's progress bar over `total` points (a context manager; `update()` per point,
-    `set_postfix_str()` for the point being measured). `enabled=False`: nothing is printed."""
-    if not enabled:
-        return _Silent()
-    from .progress import progress
-    return progress(total=total, desc=desc)
+    `set_postfix_str()` for the point being measured), its clock moving while a point measures; the point being
+    measured is written into the manifest of the run this process opened last. `enabled=False`: nothing is
+    printed."""
+    if enabled:
+        from .progress import progress
+        shown = progress(total=total, desc=desc)
+    else:
+        shown = _Silent()
+    return _Recorded(shown, _OPENED[0], total) if _OPENED else shown
 
 
 def headline(lines: list[str], enabled: bool = True, name: str = "") -> None:

@@ -112,36 +112,48 @@ def mark_stopped(nb, run_dir: Path) -> bool:
     if status not in STOPPED_EARLY and not had_papermill_cell:
         return False
     nb.cells = [c for c in nb.cells if PAPERMILL_ERROR_TAG not in c.get("metadata", {}).get("tags", [])]
-    where = ""
-    for c in nb.cells:
+    where, stop_at = "", None
+    for k, c in enumerate(nb.cells):
         for i, o in enumerate(c.get("outputs", [])):
             if o.get("output_type") != "error":
                 continue
-            where = where or _where(c)
+            if stop_at is None:
+                where, stop_at = _where(c), k
             if o.get("ename") == "KeyboardInterrupt":
                 c["outputs"][i] = nbformat.v4.new_output("stream", name="stderr",
                                                          text="stopped here: interrupted by a signal (Ctrl-C)\n")
+    if stop_at is not None:      # the cells after the stop never ran: their headings would head nothing
+        nb.cells = nb.cells[: stop_at + 1]
+    from ..stops import measured_points, measured_words, signal_words, where_stopped
     try:
         import pandas as pd
-        m = pd.read_parquet(run_dir / "metrics.parquet")
-        n_ok = int((m["status"] == "ok").sum()) if "status" in m else len(m)
+        n_ok = measured_points(pd.read_parquet(run_dir / "metrics.parquet"))
     except Exception:
         n_ok = 0
     rel = run_dir.as_posix()
-    how = f" after {mf['wall_s']:,.0f} s" if isinstance(mf.get("wall_s"), (int, float)) else ""
-    measured = ("nothing was measured" if n_ok == 0 else
-                f"{n_ok} point{'s' if n_ok != 1 else ''} measured, " +
-                ("drawn below" if not errors_left else f"kept in metrics.parquet: `labkit report {rel} --rerun` draws them"))
+    measured = measured_words(n_ok, mf) + ("" if n_ok == 0 else ", drawn below" if not errors_left else
+                                           f", kept in metrics.parquet: `labkit report {rel} --rerun` draws them")
     why = str(mf.get("error") or "").strip().splitlines()[:1]
     if status == "interrupted":
-        why = ["by Ctrl-C or a signal"]
-    text = (f"**This run stopped early: {status or 'not finished'}**" + (f" ({why[0]})" if why else "") +
-            (f". It stopped in {where}," if where else ".") + f"{how}; {measured}.")
+        sig = mf.get("stopped_by")
+        why = [f"by {signal_words(signal_number(sig)) if sig else 'Ctrl-C or a signal'}"]
+    at = where_stopped(mf)
+    place = ", ".join(x for x in (at, f"in {where}" if where else "") if x)
+    text = (f"**This run stopped early: {status or 'not finished'}**" + (f" ({why[0]})" if why else "") + "."
+            + (f" It stopped {place}; {measured}." if place else f" {measured[:1].upper()}{measured[1:]}."))
     banner = nbformat.v4.new_markdown_cell(text)
     banner.metadata["tags"] = ["labkit-stopped"]
     first_md = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), -1)
     nb.cells.insert(first_md + 1, banner)
     return True
+
+
+def signal_number(name: str) -> int | None:
+    import signal
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        return None
 
 
 def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bool = True, standalone: bool = False) -> Path:
