@@ -79,6 +79,7 @@ def cmd_run(a) -> int:
         prepare_out_dir(out)            # one line now (not after the plan's checks) if it cannot be the run's
     try:
         plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
+        _say_if_long(a.experiment, plan)
         from .execute import Terminated, error_line, run_notebook
         from .results import effective_status, load_run, status_reason
     except BaseException:               # bad input, or Ctrl-C before the run began
@@ -121,12 +122,24 @@ def cmd_run(a) -> int:
     return 0
 
 
+def _say_if_long(experiment: str, plan) -> None:
+    """Before a run the lab expects to take longer than ten minutes here: how long, and how to shrink it. An estimate
+    that cannot be made is no reason to stop a run: nothing is said."""
+    from . import experiments, sweep
+    try:
+        est = experiments.estimate(plan)
+    except Exception:
+        return
+    if est is not None and est.seconds > sweep.LONG_RUN_S:
+        print(sweep.estimate_line(experiment, est), file=sys.stderr, flush=True)
+
+
 def _stopped(experiment: str, path: Path, run, seen: list, drawn: bool) -> int:
     """A run a signal stopped: the one stop message (where it stopped, what it kept), the report's path, and the
     shell's exit status for that signal (130 for Ctrl-C)."""
     from .stops import exit_code, measured_points, measured_words, stop_line, where_stopped
     mf = run.manifest if run is not None else {}
-    n = measured_points(run.metrics) if run is not None else 0
+    n = measured_points(run.metrics, experiment) if run is not None else 0
     kept = measured_words(n, mf) + f", kept in {path}"
     if n and not drawn:
         kept += f"; `labkit report {path} --rerun` draws them"
@@ -487,7 +500,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    try:
+        a = build_parser().parse_args(argv)
+    except KeyboardInterrupt:      # before the command was known
+        import signal
+
+        from .stops import exit_code, stop_line
+        print(stop_line("labkit", signal.SIGINT, "before it began"), file=sys.stderr)
+        return exit_code(signal.SIGINT)
     try:
         from . import envs
         envs.check_environment()       # a mistyped or malformed LABKIT_* is one line, not a silent default
@@ -507,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "run" and a.experiment:
             line = stop_line(f"{a.experiment} run", signal.SIGINT, "before it began", "nothing was written")
         else:
-            line = stop_line(a.cmd, signal.SIGINT, "", "no file is left half-written")
+            line = stop_line(a.cmd, signal.SIGINT)
         print(line, file=sys.stderr)
         return exit_code(signal.SIGINT)
     except BrokenPipeError:

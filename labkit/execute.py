@@ -244,9 +244,9 @@ def _draw_what_was_measured(exp, out: Path) -> None:
     import shutil
 
     import pandas as pd
+    from .stops import measured_points
     try:
-        m = pd.read_parquet(out / "metrics.parquet")
-        n_ok = int((m["status"] == "ok").sum()) if "status" in m else 0
+        n_ok = measured_points(pd.read_parquet(out / "metrics.parquet"), exp.name)     # the sweep's points, not probe rows
     except Exception:
         return
     if not n_ok:

@@ -41,12 +41,13 @@ def duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
-def measured_points(metrics) -> int:
-    """The points of the sweep measured (status ok), the rows a probe adds for its bounds not counted."""
+def measured_points(metrics, experiment: str = "") -> int:
+    """The points of the sweep measured (status ok); the rows a probe adds for another experiment's bounds are not
+    its points (a probe run's rows are)."""
     if metrics is None or not len(metrics) or "status" not in metrics:
         return 0
     ok = metrics["status"] == "ok"
-    if "experiment" in metrics:
+    if "experiment" in metrics and experiment not in NOT_POINTS:
         ok &= ~metrics["experiment"].isin(NOT_POINTS)
     return int(ok.sum())
 

@@ -12,6 +12,8 @@ imports params, results, progress and stats only), so quality, cross-model and s
   wall time per call between two synchronizes; `sync(dev)`; `timed(...)`: a timer's samples as a `Spread`.
 - `headline(lines, enabled)`: the few lines of what a run measured, printed before the CLI prints the
   report's path.
+- `Estimate`, `estimate_line(experiment, est)`, `from_history(experiment, params)`: how long a run is expected to
+  take on this machine, said before it starts when that is over LONG_RUN_S, with the ways to shrink it.
 - `machine_busy(manifest, spreads)`: why a run's timings say more about the machine's other work than about what
   it measured (empty when nothing says so): the one rule behind the report's `busy` marks, the closing lines'
   caveat and the run index's regression check.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from .params import one_line
@@ -179,6 +182,59 @@ def summary_lines(fn: Callable[[], list[str]]) -> list[str]:
         return list(fn())
     except Exception as ex:
         return [f"no summary ({one_line(ex)})"]
+
+
+# ---------------------------------------------------------------------------------------------- estimates
+LONG_RUN_S = 600      # a run expected to take longer than this says so before it starts
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """How long a run is expected to take here: `seconds`, `basis` (how that was found, in words: a timing of this
+    machine now, or earlier runs of the same parameters), `heaviest` (which points take most of it), `shrink`
+    (parameters that make it shorter, each with its own estimate)."""
+    seconds: float
+    basis: str
+    heaviest: str = ""
+    shrink: list = field(default_factory=list)      # [(the -p arguments, their seconds)]
+
+
+def estimate_line(experiment: str, est: Estimate) -> str:
+    """The line printed before a long run: how long, on what basis, and the ways to shrink it."""
+    from .stops import duration
+    line = f"labkit: this {experiment} run is expected to take about {duration(est.seconds)} on this machine"
+    line += f" ({est.basis}" + (f"; {est.heaviest}" if est.heaviest else "") + ")."
+    if est.shrink:
+        line += " To shrink it: " + "; or ".join(f"{args} (about {duration(t)})" for args, t in est.shrink) + "."
+    return line + " Ctrl-C stops it and keeps what was measured."
+
+
+def from_history(experiment: str, params: dict, roots=()) -> Estimate | None:
+    """Earlier finished runs of `experiment` with the same parameters on this machine (same GPU, else the same CPU
+    model and cores) under `roots`: their median wall time. None when there are none."""
+    import json
+    import os
+    import statistics
+
+    from .results import machine_info, run_manifests
+    here = machine_info()
+    same = ("gpu_name",) if here.get("gpu_name") else ("gpu_name", "cpu_model", "cpu_count")
+    want = {k: v for k, v in params.items() if k not in ("out_dir",)}
+    walls = []
+    for root in roots:
+        for mf_path in run_manifests(root) if os.path.isdir(root) else []:
+            try:
+                mf = json.loads(mf_path.read_text())
+            except (OSError, ValueError):
+                continue
+            p = {k: v for k, v in (mf.get("parameters") or {}).items() if k not in ("out_dir",)}
+            if mf.get("experiment") == experiment and mf.get("status") == "ok" and p == want \
+                    and isinstance(mf.get("wall_s"), (int, float)) and all(mf.get(k) == here.get(k) for k in same):
+                walls.append(float(mf["wall_s"]))
+    if not walls:
+        return None
+    return Estimate(statistics.median(walls), f"the median of {len(walls)} earlier run{'s' if len(walls) > 1 else ''} "
+                    "of these parameters on this machine")
 
 
 # ---------------------------------------------------------------------------------------------- timers

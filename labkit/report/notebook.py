@@ -127,7 +127,7 @@ def mark_stopped(nb, run_dir: Path) -> bool:
     from ..stops import measured_points, measured_words, signal_words, where_stopped
     try:
         import pandas as pd
-        n_ok = measured_points(pd.read_parquet(run_dir / "metrics.parquet"))
+        n_ok = measured_points(pd.read_parquet(run_dir / "metrics.parquet"), mf.get("experiment", ""))
     except Exception:
         n_ok = 0
     rel = run_dir.as_posix()
