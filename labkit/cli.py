@@ -42,18 +42,59 @@ def experiments_help() -> str:
     return "\n".join(lines)
 
 
+SWITCH_TAIL = "; several values: one sweep each, in this run (empty: as the environment says)"
+
+
+def _here() -> str:
+    """This machine's device type as "auto" resolves it ("cuda" or "cpu")."""
+    from .params import resolve_device
+    try:
+        return resolve_device("auto").type
+    except Exception:           # no torch, a broken driver: the CPU values are what a run would take
+        return "cpu"
+
+
+def _default_text(p, here: str) -> str:
+    """A parameter's default as `--help` shows it; an "auto" (or 0) with per-device values says what it becomes here."""
+    show = lambda v: ",".join(map(str, v)) if isinstance(v, list) else str(v)      # noqa: E731
+    default = show(p.default)
+    if p.auto is not None and (p.default in ("auto", "") or p.default == 0) and here in p.auto:
+        return f"{default}; here: {show(p.auto[here])}"
+    if p.name == "device" and p.default == "auto":
+        return f"auto; here: {here}"
+    return default if default != "" else "(empty)"
+
+
 def params_help(name: str) -> str:
+    """`labkit run NAME --help`: the parameters in three groups (what to measure, the strategies' own settings, the
+    engine's switches), each with its type, its default (an "auto" says what it becomes on this machine) and help."""
+    from .engine.transfer import strategy_params
+    from .envs import in_force as switches_in_force, switch_params
     from .experiments import get
     e = get(name)
+    here = _here()
     lines = [f"labkit run {e.name} [-p NAME=VALUE ...] [--out DIR]", "", e.question, f"needs: {e.needs}",
-             f"notebook: notebooks/{e.notebook} (the same parameters)", "", "parameters (lists comma-separated; "
-             "sizes as 8K, 1M):"]
+             f"notebook: notebooks/{e.notebook} (the same parameters)",
+             f"this machine: {'a CUDA GPU' if here == 'cuda' else 'no CUDA GPU (CPU)'}; an auto below says what it becomes here"]
     spec = [p for p in e.spec if p.name != "out_dir"]
+    settings, switches = {p.name for p in strategy_params()}, {p.name for p in switch_params()}
+    in_force = {k: str(v).lower() if isinstance(v, bool) else v for k, v in switches_in_force().items()}
+    groups = [("parameters (lists comma-separated; sizes as 8K, 1M)", [p for p in spec if p.name not in settings | switches]),
+              ("strategy settings (each applies where its strategies run)", [p for p in spec if p.name in settings]),
+              ("engine switches (empty: as the environment's LABKIT_* says; several values: one sweep each, in this "
+               "run)", [p for p in spec if p.name in switches])]
     w = max(len(p.name) for p in spec)
-    for p in spec:
-        default = ",".join(map(str, p.default)) if isinstance(p.default, list) else p.default
-        lines.append(f"  {p.name:<{w}}  {p.kind:<9}  default {default!s:<14}  {p.help}")
-    lines.append(f"  {'--out DIR':<{w}}  {'':<9}  {'':<22}  run folder (default results/<run-id>)")
+    kw = max(len(p.kind) for p in spec)
+    for title, ps in groups:
+        if not ps:
+            continue
+        lines += ["", title + ":"]
+        for p in ps:
+            text = p.help[: -len(SWITCH_TAIL)] if p.help.endswith(SWITCH_TAIL) else p.help
+            d = f"(empty); here: {in_force[p.name]}" if p.name in switches and p.name in in_force \
+                else _default_text(p, here)
+            lines.append(f"  {p.name:<{w}}  {p.kind:<{kw}}  {text} [default {d}]")
+    lines += ["", f"  {'--out DIR':<{w}}  {'':<{kw}}  run folder [default results/<run-id>]"]
     return "\n".join(lines)
 
 
@@ -355,26 +396,26 @@ def _add_run_and_study(sub) -> None:
     """`run`: an experiment into a run folder; `study`: a cross-model study."""
     r = sub.add_parser("run", add_help=False, help="run an experiment into a run folder (labkit run --help lists them)",
                        usage="labkit run [EXPERIMENT] [-p NAME=VALUE ...] [--out DIR] [--help]")
-    r.add_argument("experiment", nargs="?")
+    r.add_argument("experiment", nargs="?", help="the experiment (labkit run --help lists them)")
     r.add_argument("-p", action="append", metavar="NAME=VALUE", help="parameter (lists comma-separated)")
     r.add_argument("--out", help="run folder (default results/<run-id>)")
     r.add_argument("--cluster", metavar="ADDRESS", help="run on a node of the Ray cluster at HEAD_IP:PORT (docs/cluster.md)")
     r.add_argument("--on", metavar="KIND", help="with --cluster: the machine kind to run on (h200, rtx3090, cpu)")
-    r.add_argument("-h", "--help", action="store_true")
+    r.add_argument("-h", "--help", action="store_true", help="the experiments, or EXPERIMENT's parameters")
     r.set_defaults(fn=cmd_run)
 
     st = sub.add_parser("study", add_help=False, help="a cross-model study (labkit study --help lists them)",
                         usage="labkit study [NAME] [-p KEY=VALUE ...] [--help]")
-    st.add_argument("study", nargs="?")
+    st.add_argument("study", nargs="?", help="the study (labkit study --help lists them)")
     st.add_argument("-p", action="append", metavar="KEY=VALUE", help="keyword of the study")
-    st.add_argument("-h", "--help", action="store_true")
+    st.add_argument("-h", "--help", action="store_true", help="the studies, or NAME's keywords")
     st.set_defaults(fn=cmd_study)
 
 
 def _add_reading(sub) -> None:
     """Read run folders: `report`, `runs`, `predict`, `compare`."""
     rp = sub.add_parser("report", help="write DIR/report.html (plotly.js linked from results/_assets)")
-    rp.add_argument("run_dir", help="a run folder, or a run as `labkit runs` lists it")
+    rp.add_argument("run_dir", metavar="RUN", help="a run as `labkit runs` lists it, or its folder")
     rp.add_argument("--standalone", action="store_true",
                     help="embed plotly.js: one self-contained file to send (default DIR/report-standalone.html)")
     rp.add_argument("--out", help="HTML file to write instead of DIR/report.html")
@@ -382,20 +423,21 @@ def _add_reading(sub) -> None:
                     help="re-execute the experiment's notebook on the folder's tables first (today's figures, no new measurement)")
     rp.set_defaults(fn=cmd_report)
 
-    ls = sub.add_parser("runs", help="list run folders")
-    ls.add_argument("--root", default="results")
+    ls = sub.add_parser("runs", help="list run folders: one a line, its RUN what report, compare and predict take")
+    ls.add_argument("--root", default="results", help="the folder of runs [default results]")
     ls.set_defaults(fn=cmd_runs)
 
     pr = sub.add_parser("predict", help="predict a decode run's table on another GPU from its step anatomy")
-    pr.add_argument("run_dir")
-    pr.add_argument("--gpu", default="rtx3090", help="target GPU key in labkit/data/gpus.toml")
-    pr.add_argument("--gpus", type=int, default=1, help="GPUs the layers are split over (the reference box: 3)")
-    pr.add_argument("--json", action="store_true")
+    pr.add_argument("run_dir", metavar="RUN", help="a GPU decode run with step anatomies, as `labkit runs` lists it, "
+                                                   "or its folder")
+    pr.add_argument("--gpu", default="rtx3090", help="target GPU key in labkit/data/gpus.toml [default rtx3090]")
+    pr.add_argument("--gpus", type=int, default=1, help="GPUs the layers are split over (the reference box: 3) [default 1]")
+    pr.add_argument("--json", action="store_true", help="the prediction and its check on the source run as JSON")
     pr.set_defaults(fn=cmd_predict)
 
     c = sub.add_parser("compare", help="compare two runs point by point (HTML page with ratios)")
-    c.add_argument("run_a")
-    c.add_argument("run_b")
+    c.add_argument("run_a", metavar="RUN_A", help="the baseline run, as `labkit runs` lists it, or its folder")
+    c.add_argument("run_b", metavar="RUN_B", help="the run compared with it (ratios are B / A)")
     c.add_argument("--out", help="HTML file to write (default: next to RUN_B, compare-A-vs-B.html)")
     c.set_defaults(fn=cmd_compare)
 
@@ -429,40 +471,53 @@ def _add_lab(sub) -> None:
 def _add_serve(sub) -> None:
     """`serve`: labkit's engine behind vLLM's OpenAI API."""
     s = sub.add_parser("serve", help="serve labkit's engine behind vLLM's OpenAI API: completions, chat, /metrics (127.0.0.1); "
-                                     "not the vLLM sweep, which is `labkit run serve`")
-    s.add_argument("--shape", default="tiny")
-    s.add_argument("--device", default="auto")
-    s.add_argument("--resident-slots", type=int, default=4)
-    s.add_argument("--offload-slots", type=int, default=4)
-    s.add_argument("--capacity", type=int, default=4096, help="tokens per request slot")
-    s.add_argument("--budget", type=int, default=2048)
-    s.add_argument("--strategy", default="zero_copy", help="the offload lane's strategy")
-    s.add_argument("--policy", default="threshold:2048", help="resident | offload | threshold:N | adaptive")
-    s.add_argument("--switching", default="on", help="on | off")
-    s.add_argument("--page-size", type=int, default=256)
-    s.add_argument("--prefill-chunk", type=int, default=8192)
+                                     "not the vLLM sweep, which is `labkit run serve`",
+                       description="labkit's engine (a model shape with seeded random weights, not a trained model: "
+                                   "its speed and protocol are real, its replies random tokens) behind vLLM's OpenAI "
+                                   "API on 127.0.0.1. Two lanes of request slots, one with its KV resident, one "
+                                   "offloaded to host RAM; a policy places each request; the lanes' batches can be "
+                                   "switched at layer boundaries (PulseInfer).")
+    s.add_argument("--shape", default="tiny", help="model shape preset or .json file (`labkit shapes` lists them); "
+                                                   "weights are random, seeded by --seed [default tiny]")
+    s.add_argument("--device", default="auto", help="auto (cuda where present, else cpu), cpu, cuda, cuda:N [default auto]")
+    s.add_argument("--resident-slots", type=int, default=4, help="requests the resident lane holds at once [default 4]")
+    s.add_argument("--offload-slots", type=int, default=4,
+                   help="requests the offload lane (KV in host RAM) holds at once [default 4]")
+    s.add_argument("--capacity", type=int, default=4096, help="tokens per request slot (prompt + output) [default 4096]")
+    s.add_argument("--budget", type=int, default=2048, help="rows the indexer selects per QSA layer [default 2048]")
+    s.add_argument("--strategy", default="zero_copy", help="the offload lane's transfer strategy [default zero_copy]")
+    s.add_argument("--policy", default="threshold:2048", help="where a request goes: resident | offload | threshold:N "
+                   "(prompts over N tokens offloaded) | adaptive (by calibrated step and transfer costs) "
+                   "[default threshold:2048]")
+    s.add_argument("--switching", default="on", help="on: the two lanes' batches switched at layer boundaries "
+                   "(PulseInfer); off: they take turns [default on]")
+    s.add_argument("--page-size", type=int, default=256, help="tokens per KV page [default 256]")
+    s.add_argument("--prefill-chunk", type=int, default=8192, help="prompt tokens prefilled per chunk [default 8192]")
     s.add_argument("--compile", action="store_true",
                    help="torch.compile the block pieces (CUDA; one compile per batch size seen)")
     s.add_argument("--graphs", action="store_true", help="CUDA graphs per batch composition (CUDA)")
-    s.add_argument("--timeline-every", type=int, default=0, help="record the switching timeline every N rounds")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--model-name", default="labkit")
+    s.add_argument("--timeline-every", type=int, default=0,
+                   help="record the switching timeline every N rounds, served at /metrics (0: never) [default 0]")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random weights [default 0]")
+    s.add_argument("--model-name", default="labkit", help="the model name the API serves and answers to [default labkit]")
     s.add_argument("--tokenizer", default="auto",
                    help="smollm2-135m | none | auto (SmolLM2's where installed): how string prompts become tokens")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--log-level", default="warning")
+    s.add_argument("--host", default="127.0.0.1", help="loopback only: 127.0.0.1, localhost or ::1 [default 127.0.0.1]")
+    s.add_argument("--port", type=int, default=8000, help="TCP port [default 8000]")
+    s.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn's) log level [default warning]")
     s.set_defaults(fn=cmd_serve)
 
 
 def _add_shapes_and_docs(sub) -> None:
     """`shapes` and `docs`."""
     sh = sub.add_parser("shapes", help="list model shape presets")
-    sh.add_argument("--json", action="store_true")
+    sh.add_argument("--json", action="store_true", help="every preset's summary as JSON")
     sh.set_defaults(fn=cmd_shapes)
 
-    d = sub.add_parser("docs", help="the measured tables of README.md and docs/, generated from committed runs")
-    d.add_argument("--write", action="store_true", help="rewrite the generated blocks in place")
+    d = sub.add_parser("docs", help="the measured tables of README.md and docs/, generated from committed runs: "
+                                    "printed (nothing written) unless --write")
+    d.add_argument("--write", action="store_true", help="rewrite the generated blocks in README.md and docs/ in place "
+                                                        "(without it: print every block to stdout, write nothing)")
     d.set_defaults(fn=cmd_docs)
 
 
@@ -496,10 +551,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_shapes_and_docs(sub)
     _add_node(sub)
+    for choice in sub._choices_actions:          # `labkit X --help` opens with what X does, as `labkit --help` lists it
+        parser = sub.choices[choice.dest]
+        if not parser.description:
+            parser.description = choice.help
     return ap
 
 
+def _without_p(argv: list[str]) -> str | None:
+    """The first NAME=VALUE given to `run` or `study` without its `-p` (argparse would call it an unrecognized
+    argument and say no more)."""
+    if not argv or argv[0] not in ("run", "study"):
+        return None
+    takes_value = ("-p", "--out", "--cluster", "--on")
+    for before, tok in zip(argv[1:], argv[2:]):
+        if "=" in tok and not tok.startswith("-") and before not in takes_value:
+            return tok
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    loose = _without_p(argv)
+    if loose:
+        name = next((t for t in argv[1:] if not t.startswith("-") and "=" not in t), "NAME")
+        print(f"labkit: {loose}: a parameter takes -p before it: labkit {argv[0]} {name} -p {loose} "
+              f"(labkit {argv[0]} {name} --help lists them)", file=sys.stderr)
+        return 2
     try:
         a = build_parser().parse_args(argv)
     except KeyboardInterrupt:      # before the command was known
