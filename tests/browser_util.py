@@ -129,7 +129,7 @@ def nightly_record() -> dict:
 
 def figures_in_notebook_report(run_dir: Path) -> int:
     """How many plotly figures the executed notebook(s) of a run folder hold (each `fig.show()` under the
-    "notebook" renderer is one `plotly-graph-div`)."""
+    lab's renderer, `labkit/report/renderer.py`, is one `plotly-graph-div`)."""
     import nbformat
     n = 0
     for nb_path in sorted(run_dir.glob("*.ipynb")):

@@ -1,9 +1,9 @@
 """HTML reports from the executed notebooks in a run folder, readable offline.
 
-The notebooks set `plotly.io.renderers.default = "notebook"` in their first cell, so plotly.js is
-embedded once in that cell's output and every figure after it is a `<div>` plus data. That bundle is
-dropped from the stored notebook and the report gets plotly.js once in its head: a link to the results
-folder's shared copy (`results/_assets/plotly.min.js`, see `assets.py`), or embedded with
+The notebooks use the lab's plotly renderer (`renderer.py`): every figure is plotly's JSON mimetype beside a
+`<div>` plus data, and no plotly.js in the notebook (notebooks run before it embedded the 4.8 MB bundle once in
+their first cell's output: dropped from the stored notebook). The report gets plotly.js once in its head: a link to
+the results folder's shared copy (`results/_assets/plotly.min.js`, see `assets.py`), or embedded with
 `standalone=True` (`labkit report DIR --standalone`: one file to send). Code cells are hidden; cells
 tagged `remove_output` (progress bars) lose their output; widgets are not used in reports (their loader
 would come from a CDN).
@@ -34,9 +34,9 @@ def _exporter():
     return ex
 
 
-# nbconvert's lab template links require.js and MathJax from a CDN, and plotly's notebook renderer adds a
-# MathJax <script src=cdn> to every figure. Reports have no LaTeX and plotly.js is embedded, so these
-# tags only produce failed loads (console errors) offline: drop them.
+# nbconvert's lab template links require.js and MathJax from a CDN, and plotly's notebook renderer (notebooks run
+# before the lab's renderer) added a MathJax <script src=cdn> to every figure. Reports have no LaTeX and get
+# plotly.js in their head, so these tags only produce failed loads (console errors) offline: drop them.
 _CDN_SCRIPT = re.compile(r'<script[^>]*\ssrc="https://cdnjs\.cloudflare\.com/ajax/libs/(?:require\.js|mathjax)/[^"]*"[^>]*>\s*</script>')
 
 
@@ -51,8 +51,9 @@ def _is_plotlyjs_bundle(output) -> bool:
 
 
 def shrink_notebook(nb) -> int:
-    """Drop the plotly.js bundle (~4.8 MB) that the "notebook" renderer embeds in the setup cell's output;
-    `render_report` puts plotly.js into the page itself. Returns the number of outputs dropped."""
+    """Drop the plotly.js bundle (~4.8 MB) that plotly's "notebook" renderer embedded in the setup cell's output of
+    notebooks run before the lab's renderer (`renderer.py`, which embeds none); `render_report` puts plotly.js into
+    the page itself. Returns the number of outputs dropped."""
     n = 0
     for cell in nb.cells:
         if cell.get("cell_type") == "code" and cell.get("outputs"):
