@@ -3,9 +3,9 @@
     labkit run --help                          the experiments, what each answers and needs
     labkit run decode --help                   its parameters: type, default, help
     labkit run decode -p context_lens=8K,1M -p concurrency=1,4 [--out DIR]
-    labkit report DIR [--standalone] [--rerun]
+    labkit report RUN [--standalone] [--rerun]     RUN: as `labkit runs` lists it, or a run folder
     labkit runs [--root results]
-    labkit predict DIR --gpu rtx3090 --gpus 3
+    labkit predict RUN --gpu rtx3090 --gpus 3
     labkit compare RUN_A RUN_B
     labkit nightly [--plan nightly/plan.toml] [--date YYYY-MM-DD]
     labkit lab                                 JupyterLab on notebooks/
@@ -44,23 +44,65 @@ def experiments_help() -> str:
     return "\n".join(lines)
 
 
+SWITCH_TAIL = "; several values: one sweep each, in this run (empty: as the environment says)"
+
+
+def _here() -> str:
+    """This machine's device type as "auto" resolves it ("cuda" or "cpu")."""
+    from .params import resolve_device
+    try:
+        return resolve_device("auto").type
+    except Exception:           # no torch, a broken driver: the CPU values are what a run would take
+        return "cpu"
+
+
+def _default_text(p, here: str) -> str:
+    """A parameter's default as `--help` shows it; an "auto" (or 0) with per-device values says what it becomes here."""
+    show = lambda v: ",".join(map(str, v)) if isinstance(v, list) else str(v)      # noqa: E731
+    default = show(p.default)
+    if p.auto is not None and (p.default in ("auto", "") or p.default == 0) and here in p.auto:
+        return f"{default}; here: {show(p.auto[here])}"
+    if p.name == "device" and p.default == "auto":
+        return f"auto; here: {here}"
+    return default if default != "" else "(empty)"
+
+
 def params_help(name: str) -> str:
+    """`labkit run NAME --help`: the parameters in three groups (what to measure, the strategies' own settings, the
+    engine's switches), each with its type, its default (an "auto" says what it becomes on this machine) and help."""
+    from .engine.transfer import strategy_params
+    from .envs import in_force as switches_in_force, switch_params
     from .experiments import get
     e = get(name)
+    here = _here()
     lines = [f"labkit run {e.name} [-p NAME=VALUE ...] [--out DIR]", "", e.question, f"needs: {e.needs}",
-             f"notebook: notebooks/{e.notebook} (the same parameters)", "", "parameters (lists comma-separated; "
-             "sizes as 8K, 1M):"]
+             f"notebook: notebooks/{e.notebook} (the same parameters)",
+             f"this machine: {'a CUDA GPU' if here == 'cuda' else 'no CUDA GPU (CPU)'}; an auto below says what it becomes here"]
     spec = [p for p in e.spec if p.name != "out_dir"]
+    settings, switches = {p.name for p in strategy_params()}, {p.name for p in switch_params()}
+    in_force = {k: str(v).lower() if isinstance(v, bool) else v for k, v in switches_in_force().items()}
+    groups = [("parameters (lists comma-separated; sizes as 8K, 1M)", [p for p in spec if p.name not in settings | switches]),
+              ("strategy settings (each applies where its strategies run)", [p for p in spec if p.name in settings]),
+              ("engine switches (empty: as the environment's LABKIT_* says; several values: one sweep each, in this "
+               "run)", [p for p in spec if p.name in switches])]
     w = max(len(p.name) for p in spec)
-    for p in spec:
-        default = ",".join(map(str, p.default)) if isinstance(p.default, list) else p.default
-        lines.append(f"  {p.name:<{w}}  {p.kind:<9}  default {default!s:<14}  {p.help}")
-    lines.append(f"  {'--out DIR':<{w}}  {'':<9}  {'':<22}  run folder (default results/<run-id>)")
+    kw = max(len(p.kind) for p in spec)
+    for title, ps in groups:
+        if not ps:
+            continue
+        lines += ["", title + ":"]
+        for p in ps:
+            text = p.help[: -len(SWITCH_TAIL)] if p.help.endswith(SWITCH_TAIL) else p.help
+            d = f"(empty); here: {in_force[p.name]}" if p.name in switches and p.name in in_force \
+                else _default_text(p, here)
+            lines.append(f"  {p.name:<{w}}  {p.kind:<{kw}}  {text} [default {d}]")
+    lines += ["", f"  {'--out DIR':<{w}}  {'':<{kw}}  run folder [default results/<run-id>]"]
     return "\n".join(lines)
 
 
 def cmd_run(a) -> int:
-    """Exit 0 only when the run's status is `ok`; otherwise one line saying what it is and why, exit 1."""
+    """Exit 0 only when the run's status is `ok`; a run a signal stopped: the one stop message, exit 128 + the
+    signal (130 for Ctrl-C); otherwise one line saying what it is and why, exit 1."""
     from . import experiments
     if a.help or not a.experiment:
         print(params_help(a.experiment) if a.experiment else experiments_help())
@@ -80,6 +122,7 @@ def cmd_run(a) -> int:
         prepare_out_dir(out)            # one line now (not after the plan's checks) if it cannot be the run's
     try:
         plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
+        _say_if_long(a.experiment, plan)
         from .execute import Terminated, error_line, run_notebook
         from .results import effective_status, load_run, status_reason
     except BaseException:               # bad input, or Ctrl-C before the run began
@@ -87,8 +130,10 @@ def cmd_run(a) -> int:
             import shutil
             shutil.rmtree(made, ignore_errors=True)
         raise
+    seen: list = []                         # the signals that stopped the run, as the driver received them
+    a.began = True                          # from here a second Ctrl-C leaves a folder (said by `main`)
     try:
-        path, err = run_notebook(plan)
+        path, err = run_notebook(plan, signals=seen)
     except Terminated as t:                 # settled and rendered; say so and stop
         path, err = t.path, None
     report = path / "report.html"
@@ -96,18 +141,20 @@ def cmd_run(a) -> int:
         run = load_run(path)
         status, why = effective_status(run.manifest), status_reason(run.manifest, run.metrics)
     except (OSError, ValueError) as ex:
-        status, why = "failed", f"failed: no readable manifest ({type(ex).__name__})"
+        run, status, why = None, "failed", f"failed: no readable manifest ({type(ex).__name__})"
     _after_run(path)
+    from .report.notebook import ran_to_the_end
+    if status == "interrupted" or seen:
+        return _stopped(a.experiment, path, run, seen, ran_to_the_end(path))
     if status != "ok" or err is not None:
         if status == "ok":       # measured fine, then something after (e.g. the report) failed
             why = f"report not written: {error_line(err)}"
-        elif err is not None and error_line(err) not in why and status != "interrupted":
+        elif err is not None and error_line(err) not in why:
             why += f" ({error_line(err)})"
         try:
             n_ok = int((run.metrics["status"] == "ok").sum())
         except Exception:
             n_ok = 0
-        from .report.notebook import ran_to_the_end
         if n_ok and not ran_to_the_end(path):      # stopped at the measuring cell: its figures not drawn
             why += f"; `labkit report {path} --rerun` draws the {n_ok} point{'s' if n_ok != 1 else ''} measured"
         print(f"labkit: {a.experiment} run {why}", file=sys.stderr)
@@ -116,6 +163,36 @@ def cmd_run(a) -> int:
         return 1
     print(report.resolve())
     return 0
+
+
+def _say_if_long(experiment: str, plan) -> None:
+    """Before a run the lab expects to take longer than ten minutes here: how long, and how to shrink it. An estimate
+    that cannot be made is no reason to stop a run: nothing is said."""
+    from . import experiments, sweep
+    try:
+        est = experiments.estimate(plan)
+    except Exception:
+        return
+    if est is not None and est.seconds > sweep.LONG_RUN_S:
+        print(sweep.estimate_line(experiment, est), file=sys.stderr, flush=True)
+
+
+def _stopped(experiment: str, path: Path, run, seen: list, drawn: bool) -> int:
+    """A run a signal stopped: the one stop message (where it stopped, what it kept), the report's path, and the
+    shell's exit status for that signal (130 for Ctrl-C)."""
+    from .stops import exit_code, measured_points, measured_words, stop_line, where_stopped
+    mf = run.manifest if run is not None else {}
+    n = measured_points(run.metrics, experiment) if run is not None else 0
+    kept = measured_words(n, mf) + f", kept in {path}"
+    if n and not drawn:
+        kept += f"; `labkit report {path} --rerun` draws them"
+    elif n:
+        kept += " and drawn in its report"
+    signum = seen[0] if seen else None
+    print(stop_line(f"{experiment} run", signum, where_stopped(mf), kept), file=sys.stderr)
+    if (path / "report.html").exists():
+        print((path / "report.html").resolve())
+    return exit_code(signum)
 
 
 def _after_run(path: Path) -> None:
@@ -152,7 +229,7 @@ def cmd_report(a) -> int:
     from .report.notebook import executed_notebooks, render_report
     from .results import load_run
     run_dir = run_folder(a.run_dir)
-    run = load_run(run_dir)   # one line if it is not a run folder
+    run = load_run(run_dir)
     out = Path(a.out) if a.out else (run_dir / "report-standalone.html" if a.standalone else None)
     if a.rerun or not executed_notebooks(run_dir):
         # Re-execute the experiment's notebook against the folder's tables (run_dir=...), so the report
@@ -185,7 +262,7 @@ def cmd_predict(a) -> int:
         target = C.gpu(a.gpu)
     except ValueError as ex:
         raise BadInput(str(ex)) from None
-    run = load_run(Path(a.run_dir))
+    run = load_run(run_folder(a.run_dir))
     m, mf = run.metrics, run.manifest
     source = C.gpu_for_name(mf.get("gpu_name") or "")
     if not mf.get("gpu_name"):
@@ -291,11 +368,19 @@ def _is_default_root(root: Path) -> bool:
 
 
 def run_folder(arg: str) -> Path:
-    """A run named as `labkit runs` lists it: a folder, or a folder under results/ (`labkit runs`' RUN)."""
+    """A run as `labkit runs` lists it (its folder under results/), or a run folder given by its path; the same for
+    every command that takes a run. One line when it is neither."""
     p = Path(arg)
-    if not p.is_dir() and not p.is_absolute() and (Path("results") / p).is_dir():
-        return Path("results") / p
-    return p
+    if (p / "manifest.json").is_file():
+        return p
+    if not p.is_absolute():
+        from .results import REPO
+        for root in (Path("results"), REPO / "results"):      # here, or the repository's (run from another folder)
+            if (root / p / "manifest.json").is_file():
+                return root / p
+    if p.is_dir():
+        raise BadInput(f"{arg} is not a run folder: no manifest.json")
+    raise BadInput(f"{arg} is not a run: no folder {arg}, nor results/{arg} (`labkit runs` lists the runs)")
 
 
 def cmd_docs(a) -> int:
@@ -305,6 +390,7 @@ def cmd_docs(a) -> int:
 
 def cmd_compare(a) -> int:
     from .report.compare import cmd_compare as run
+    a.run_a, a.run_b = str(run_folder(a.run_a)), str(run_folder(a.run_b))
     return run(a)
 
 
@@ -364,26 +450,26 @@ def _add_run_and_study(sub) -> None:
     """`run`: an experiment into a run folder; `study`: a cross-model study."""
     r = sub.add_parser("run", add_help=False, help="run an experiment into a run folder (labkit run --help lists them)",
                        usage="labkit run [EXPERIMENT] [-p NAME=VALUE ...] [--out DIR] [--help]")
-    r.add_argument("experiment", nargs="?")
+    r.add_argument("experiment", nargs="?", help="the experiment (labkit run --help lists them)")
     r.add_argument("-p", action="append", metavar="NAME=VALUE", help="parameter (lists comma-separated)")
     r.add_argument("--out", help="run folder (default results/<run-id>)")
     r.add_argument("--cluster", metavar="ADDRESS", help="run on a node of the Ray cluster at HEAD_IP:PORT (docs/cluster.md)")
     r.add_argument("--on", metavar="KIND", help="with --cluster: the machine kind to run on (h200, rtx3090, cpu)")
-    r.add_argument("-h", "--help", action="store_true")
+    r.add_argument("-h", "--help", action="store_true", help="the experiments, or EXPERIMENT's parameters")
     r.set_defaults(fn=cmd_run)
 
     st = sub.add_parser("study", add_help=False, help="a cross-model study (labkit study --help lists them)",
                         usage="labkit study [NAME] [-p KEY=VALUE ...] [--help]")
-    st.add_argument("study", nargs="?")
+    st.add_argument("study", nargs="?", help="the study (labkit study --help lists them)")
     st.add_argument("-p", action="append", metavar="KEY=VALUE", help="keyword of the study")
-    st.add_argument("-h", "--help", action="store_true")
+    st.add_argument("-h", "--help", action="store_true", help="the studies, or NAME's keywords")
     st.set_defaults(fn=cmd_study)
 
 
 def _add_reading(sub) -> None:
     """Read run folders: `report`, `runs`, `predict`, `compare`."""
     rp = sub.add_parser("report", help="write DIR/report.html (plotly.js linked from results/_assets)")
-    rp.add_argument("run_dir", help="a run folder, or a run as `labkit runs` lists it")
+    rp.add_argument("run_dir", metavar="RUN", help="a run as `labkit runs` lists it, or its folder")
     rp.add_argument("--standalone", action="store_true",
                     help="embed plotly.js: one self-contained file to send (default DIR/report-standalone.html)")
     rp.add_argument("--out", help="HTML file to write instead of DIR/report.html")
@@ -391,17 +477,18 @@ def _add_reading(sub) -> None:
                     help="re-execute the experiment's notebook on the folder's tables first (today's figures, no new measurement)")
     rp.set_defaults(fn=cmd_report)
 
-    ls = sub.add_parser("runs", help="list run folders")
-    ls.add_argument("--root", default="results")
+    ls = sub.add_parser("runs", help="list run folders: one a line, its RUN what report, compare and predict take")
+    ls.add_argument("--root", default="results", help="the folder of runs [default results]")
     ls.set_defaults(fn=cmd_runs)
 
     pr = sub.add_parser("predict", help="predict a decode run's table on another GPU from its step anatomy")
-    pr.add_argument("run_dir")
-    pr.add_argument("--gpu", default="rtx3090", help="target GPU key in labkit/data/gpus.toml")
-    pr.add_argument("--gpus", type=int, default=1, help="GPUs the model is split over (the reference box: 3)")
+    pr.add_argument("run_dir", metavar="RUN", help="a GPU decode run with step anatomies, as `labkit runs` lists it, "
+                                                   "or its folder")
+    pr.add_argument("--gpu", default="rtx3090", help="target GPU key in labkit/data/gpus.toml [default rtx3090]")
+    pr.add_argument("--gpus", type=int, default=1, help="GPUs the model is split over (the reference box: 3) [default 1]")
     pr.add_argument("--split", choices=("layers", "tensor"), default="layers",
                     help="how the GPUs share the model: layers (stages in turn) or tensor (every layer sharded, "
-                         "two all-reduces a layer)")
+                         "two all-reduces a layer) [default layers]")
     pr.add_argument("--allreduce-us", type=float, default=None,
                     help="one all-reduce's latency between your cards in µs (tensor split; default: the model's "
                          "assumption, 30)")
@@ -411,12 +498,12 @@ def _add_reading(sub) -> None:
     pr.add_argument("--weights-dtype", choices=("bf16", "w4a16"), help="predict the model held in these weights")
     pr.add_argument("--host-gbps", type=float, help="the target box's host RAM copy bandwidth (GB/s, all cores, as "
                     "`labkit run probe` measures it there): scales CPU-staged gathers (default: this run's host)")
-    pr.add_argument("--json", action="store_true")
+    pr.add_argument("--json", action="store_true", help="the prediction and its check on the source run as JSON")
     pr.set_defaults(fn=cmd_predict)
 
     c = sub.add_parser("compare", help="compare two runs point by point (HTML page with ratios)")
-    c.add_argument("run_a")
-    c.add_argument("run_b")
+    c.add_argument("run_a", metavar="RUN_A", help="the baseline run, as `labkit runs` lists it, or its folder")
+    c.add_argument("run_b", metavar="RUN_B", help="the run compared with it (ratios are B / A)")
     c.add_argument("--out", help="HTML file to write (default: next to RUN_B, compare-A-vs-B.html)")
     c.set_defaults(fn=cmd_compare)
 
@@ -450,46 +537,59 @@ def _add_lab(sub) -> None:
 def _add_serve(sub) -> None:
     """`serve`: labkit's engine behind vLLM's OpenAI API."""
     s = sub.add_parser("serve", help="serve labkit's engine behind vLLM's OpenAI API: completions, chat, /metrics (127.0.0.1); "
-                                     "not the vLLM sweep, which is `labkit run serve`")
-    s.add_argument("--shape", default="tiny")
-    s.add_argument("--device", default="auto")
-    s.add_argument("--resident-slots", type=int, default=4)
-    s.add_argument("--offload-slots", type=int, default=4)
-    s.add_argument("--capacity", type=int, default=4096, help="tokens per request slot")
-    s.add_argument("--budget", type=int, default=2048)
-    s.add_argument("--strategy", default="zero_copy", help="the offload lane's strategy")
-    s.add_argument("--policy", default="threshold:2048", help="resident | offload | threshold:N | adaptive")
-    s.add_argument("--switching", default="on", help="on | off")
-    s.add_argument("--page-size", type=int, default=256)
-    s.add_argument("--prefill-chunk", type=int, default=8192)
+                                     "not the vLLM sweep, which is `labkit run serve`",
+                       description="labkit's engine (a model shape with seeded random weights, not a trained model: "
+                                   "its speed and protocol are real, its replies random tokens) behind vLLM's OpenAI "
+                                   "API on 127.0.0.1. Two lanes of request slots, one with its KV resident, one "
+                                   "offloaded to host RAM; a policy places each request; the lanes' batches can be "
+                                   "switched at layer boundaries (PulseInfer).")
+    s.add_argument("--shape", default="tiny", help="model shape preset or .json file (`labkit shapes` lists them); "
+                                                   "weights are random, seeded by --seed [default tiny]")
+    s.add_argument("--device", default="auto", help="auto (cuda where present, else cpu), cpu, cuda, cuda:N [default auto]")
+    s.add_argument("--resident-slots", type=int, default=4, help="requests the resident lane holds at once [default 4]")
+    s.add_argument("--offload-slots", type=int, default=4,
+                   help="requests the offload lane (KV in host RAM) holds at once [default 4]")
+    s.add_argument("--capacity", type=int, default=4096, help="tokens per request slot (prompt + output) [default 4096]")
+    s.add_argument("--budget", type=int, default=2048, help="rows the indexer selects per QSA layer [default 2048]")
+    s.add_argument("--strategy", default="zero_copy", help="the offload lane's transfer strategy [default zero_copy]")
+    s.add_argument("--policy", default="threshold:2048", help="where a request goes: resident | offload | threshold:N "
+                   "(prompts over N tokens offloaded) | adaptive (by calibrated step and transfer costs) "
+                   "[default threshold:2048]")
+    s.add_argument("--switching", default="on", help="on: the two lanes' batches switched at layer boundaries "
+                   "(PulseInfer); off: they take turns [default on]")
+    s.add_argument("--page-size", type=int, default=256, help="tokens per KV page [default 256]")
+    s.add_argument("--prefill-chunk", type=int, default=8192, help="prompt tokens prefilled per chunk [default 8192]")
     s.add_argument("--compile", action="store_true",
                    help="torch.compile the block pieces (CUDA; one compile per batch size seen)")
     s.add_argument("--graphs", action="store_true", help="CUDA graphs per batch composition (CUDA)")
-    s.add_argument("--timeline-every", type=int, default=0, help="record the switching timeline every N rounds")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--model-name", default="labkit")
+    s.add_argument("--timeline-every", type=int, default=0,
+                   help="record the switching timeline every N rounds, served at /metrics (0: never) [default 0]")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random weights [default 0]")
+    s.add_argument("--model-name", default="labkit", help="the model name the API serves and answers to [default labkit]")
     s.add_argument("--tokenizer", default="auto",
                    help="smollm2-135m | none | auto (SmolLM2's where installed): how string prompts become tokens")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--log-level", default="warning")
+    s.add_argument("--host", default="127.0.0.1", help="loopback only: 127.0.0.1, localhost or ::1 [default 127.0.0.1]")
+    s.add_argument("--port", type=int, default=8000, help="TCP port [default 8000]")
+    s.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn's) log level [default warning]")
     s.add_argument("--max-body-mib", type=float, default=16,
-                   help="largest request body taken, in MiB (larger: HTTP 413, before it is parsed)")
+                   help="largest request body taken, in MiB (larger: HTTP 413, before it is parsed) [default 16]")
     s.add_argument("--overflow", default="on",
-                   help="on | off: with threshold:N, a request whose lane is full takes a free slot of the other")
+                   help="on | off: with threshold:N, a request whose lane is full takes a free slot of the other [default on]")
     s.add_argument("--keep-records", type=int, default=1000,
-                   help="finished requests and decode rounds GET /stats keeps (the newest; totals cover all)")
+                   help="finished requests and decode rounds GET /stats keeps (the newest; totals cover all) [default 1000]")
     s.set_defaults(fn=cmd_serve)
 
 
 def _add_shapes_and_docs(sub) -> None:
     """`shapes` and `docs`."""
     sh = sub.add_parser("shapes", help="list model shape presets")
-    sh.add_argument("--json", action="store_true")
+    sh.add_argument("--json", action="store_true", help="every preset's summary as JSON")
     sh.set_defaults(fn=cmd_shapes)
 
-    d = sub.add_parser("docs", help="the measured tables of README.md and docs/, generated from committed runs")
-    d.add_argument("--write", action="store_true", help="rewrite the generated blocks in place")
+    d = sub.add_parser("docs", help="the measured tables of README.md and docs/, generated from committed runs: "
+                                    "printed (nothing written) unless --write")
+    d.add_argument("--write", action="store_true", help="rewrite the generated blocks in README.md and docs/ in place "
+                                                        "(without it: print every block to stdout, write nothing)")
     d.set_defaults(fn=cmd_docs)
 
 
@@ -524,11 +624,41 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shapes_and_docs(sub)
     _add_node(sub)
     _add_exchange(sub)
+    for choice in sub._choices_actions:          # `labkit X --help` opens with what X does, as `labkit --help` lists it
+        parser = sub.choices[choice.dest]
+        if not parser.description:
+            parser.description = choice.help
     return ap
 
 
+def _without_p(argv: list[str]) -> str | None:
+    """The first NAME=VALUE given to `run` or `study` without its `-p` (argparse would call it an unrecognized
+    argument and say no more)."""
+    if not argv or argv[0] not in ("run", "study"):
+        return None
+    takes_value = ("-p", "--out", "--cluster", "--on")
+    for before, tok in zip(argv[1:], argv[2:]):
+        if "=" in tok and not tok.startswith("-") and before not in takes_value:
+            return tok
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    loose = _without_p(argv)
+    if loose:
+        name = next((t for t in argv[1:] if not t.startswith("-") and "=" not in t), "NAME")
+        print(f"labkit: {loose}: a parameter takes -p before it: labkit {argv[0]} {name} -p {loose} "
+              f"(labkit {argv[0]} {name} --help lists them)", file=sys.stderr)
+        return 2
+    try:
+        a = build_parser().parse_args(argv)
+    except KeyboardInterrupt:      # before the command was known
+        import signal
+
+        from .stops import exit_code, stop_line
+        print(stop_line("labkit", signal.SIGINT, "before it began"), file=sys.stderr)
+        return exit_code(signal.SIGINT)
     try:
         from . import envs
         envs.check_environment()       # a mistyped or malformed LABKIT_* is one line, not a silent default
@@ -538,9 +668,19 @@ def main(argv: list[str] | None = None) -> int:
     except (BadInput, FileNotFoundError, FileExistsError) as ex:
         print(f"labkit: {ex}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:           # Ctrl-C before a run started (while planning): nothing was written
-        print("labkit: interrupted before anything ran", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:     # Ctrl-C outside a run's kernel (planning, reading, drawing): files are whole or absent
+        import signal
+
+        from .stops import exit_code, stop_line
+        if a.cmd == "run" and getattr(a, "began", False):      # a second Ctrl-C, while the stopped run was drawn
+            line = stop_line(f"{a.experiment} run", signal.SIGINT, "twice", "what it measured is kept in its folder "
+                             "(`labkit runs` lists it; `labkit report RUN --rerun` draws it)")
+        elif a.cmd == "run" and a.experiment:
+            line = stop_line(f"{a.experiment} run", signal.SIGINT, "before it began", "nothing was written")
+        else:
+            line = stop_line(a.cmd, signal.SIGINT)
+        print(line, file=sys.stderr)
+        return exit_code(signal.SIGINT)
     except BrokenPipeError:
         # the reader went away (`labkit runs | head`): what it read is what it wanted. Point stdout at
         # /dev/null so the interpreter's final flush does not fail again on the closed pipe.

@@ -174,12 +174,13 @@ def _was_interrupt(err: BaseException | None) -> bool:
 
 
 def settle_status(out: Path, experiment: str, params: dict, error: BaseException | None, interrupted: bool,
-                  started: float | None = None) -> str:
+                  started: float | None = None, stopped_by: int | None = None) -> str:
     """After the notebook: make the manifest's status the shared rule's verdict. The notebook's own finish
     path writes it when it ran to the end; a signal, a dead kernel or an exception outside that path leaves
     `running` (or an `ok` over the rows measured so far), so the status is derived here from the rows and
     how the kernel ended. A folder the notebook never got to make a manifest in (stopped while the kernel
-    was starting) gets one with the machine it ran on and the wall time since `started` (the driver's start)."""
+    was starting) gets one with the machine it ran on and the wall time since `started` (the driver's start).
+    `stopped_by`: the signal the driver received, recorded by name (`stopped_by`) for the stop's words."""
     import datetime as dt
     import json
 
@@ -210,6 +211,9 @@ def settle_status(out: Path, experiment: str, params: dict, error: BaseException
         mf["error"] = error_line(error)
     elif interrupted:
         mf["error"] = "interrupted by a signal"
+    if interrupted and stopped_by is not None:
+        import signal
+        mf["stopped_by"] = signal.Signals(int(stopped_by)).name
     if started:                          # from the driver's start: the kernel's start-up counts too
         mf["wall_s"] = round(time.time() - started, 1)
     elif "wall_s" not in mf and mf.get("created"):
@@ -270,7 +274,7 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     if drop_broken_notebook(out / exp.notebook) and error is None:
         error = OSError("the executed notebook was cut off while being written (is the disk full?)")
     try:
-        settle_status(out, plan.experiment, dict(plan.params), error, bool(seen), started)
+        settle_status(out, plan.experiment, dict(plan.params), error, bool(seen), started, seen[0] if seen else None)
     except OSError as ex:         # not even the status could be written (a full disk): say so, do not trace back
         error = error or ex
         print(f"labkit: the run's status could not be written: {describe_os_error(ex)}", file=sys.stderr)
@@ -294,9 +298,9 @@ def _draw_what_was_measured(exp, out: Path) -> None:
     import shutil
 
     import pandas as pd
+    from .stops import measured_points
     try:
-        m = pd.read_parquet(out / "metrics.parquet")
-        n_ok = int((m["status"] == "ok").sum()) if "status" in m else 0
+        n_ok = measured_points(pd.read_parquet(out / "metrics.parquet"), exp.name)     # the sweep's points, not probe rows
     except Exception:
         return
     if not n_ok:

@@ -1,7 +1,9 @@
 """The JupyterLab explorer (`notebooks/explore.ipynb`): decode runs on disk browsed with widgets, and one
 point measured live. The notebook only calls this module:
 
-    ex = Explorer(results_root, run)     # finds the runs, builds the controls and figures
+    ex = Explorer(results_root, run)     # finds the runs, builds the controls and figures (run headless, as
+                                         # papermill or nbconvert run it: the first view as static figures and no
+                                         # widgets, so the notebook saves no widget state)
     ex.show()                            # controls, then the figures they drive (updated in place)
     ex.show_measure()                    # "measure now": button, progress, live PCIe plot, live table
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -156,10 +159,52 @@ def save_first_view(notebook: str | Path = REPO / "notebooks" / "explore.ipynb",
     return (ex.w_run.value or "").split(" · ")[0]
 
 
-class Explorer:
-    """Widgets and FigureWidgets over the decode runs under `root`; every selection redraws in place."""
+def headless_kernel() -> bool:
+    """Is this a Jupyter kernel that no widget-drawing front end serves (papermill, nbconvert, nbclient)? Jupyter
+    Server gives the kernels it starts (JupyterLab, Notebook 7, Voila, `labkit lab`) JPY_SESSION_NAME; VS Code and
+    Colab are known by their own marks. Outside a kernel (a script, the tests) nothing records widget state: False."""
+    import os
+    import sys
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+    except Exception:
+        return False
+    if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
+        return False
+    live = os.environ.get("JPY_SESSION_NAME") or os.environ.get("VSCODE_PID") or "google.colab" in sys.modules \
+        or "__vsc_ipynb_file__" in shell.user_ns
+    return not live
 
-    def __init__(self, root: str | Path = "", run: str = ""):
+
+@contextmanager
+def no_frontend():
+    """Widgets made inside talk to nobody: their comms are `comm`'s DummyComm, so a headless run's notebook records
+    no widget state (plotly's FigureWidget state carries its whole JavaScript: 39 MB for the explorer)."""
+    import comm
+    made = comm.create_comm
+    comm.create_comm = lambda *a, **kw: comm.DummyComm(*a, **kw)
+    try:
+        yield
+    finally:
+        comm.create_comm = made
+
+
+class Explorer:
+    """Widgets and FigureWidgets over the decode runs under `root`; every selection redraws in place. `widgets`:
+    "auto" (widgets where a live front end draws them, else the first view as static figures), "on", "off"."""
+
+    def __init__(self, root: str | Path = "", run: str = "", widgets: str = "auto"):
+        if widgets not in ("auto", "on", "off"):
+            raise ValueError(f"widgets must be auto, on or off, got {widgets!r}")
+        self.interactive = widgets == "on" or (widgets == "auto" and not headless_kernel())
+        if self.interactive:
+            self._build(root, run)
+        else:
+            with no_frontend():
+                self._build(root, run)
+
+    def _build(self, root: str | Path, run: str) -> None:
         import ipywidgets as W
         import plotly.graph_objects as go
         self.root = results_root(root)
@@ -307,12 +352,36 @@ class Explorer:
     def show(self) -> None:
         import ipywidgets as W
         from IPython.display import display
+        if not self.interactive:        # headless: the controls said in words, the figures as the lab's renderer draws them
+            self._show_static()
+            return
         self._fresh_widgets("fig_ctx", "fig_point", "fig_budget")
         if not self.runs:
             display(W.HTML(f"<b>No decode runs under {self.root}.</b> Make one with <code>make sweep</code>, "
                            "or point <code>results_root</code> (or $LABKIT_RESULTS) at a folder of runs."))
         controls = W.VBox([self.w_run, W.HBox([self.w_shape, self.w_strat]), self.w_ctx, self.w_budget, self.w_conc])
         display(controls, W.HBox([self.fig_ctx, self.fig_point]), self.fig_budget, self.readout)
+
+    def _show_static(self) -> None:
+        """The view a headless run keeps: what the controls would select, in words, then the three figures as the
+        lab's renderer emits them (plotly's JSON for JupyterLab, a div for an HTML page with plotly.js)."""
+        import plotly.graph_objects as go
+        from IPython.display import display
+
+        from .report.renderer import bundle
+        if not self.runs:
+            display({"text/markdown": f"**No decode runs under `{self.root}`.** Make one with `make sweep`, or point "
+                                      "`results_root` (or $LABKIT_RESULTS) at a folder of runs.",
+                     "text/plain": f"No decode runs under {self.root}."}, raw=True)
+            return
+        run = (self.w_run.value or "").split(" · ")[0]
+        display({"text/markdown": f"*The run `{run}` as the explorer opens on it. No front end draws widgets here "
+                                  "(a headless run): the controls appear when the notebook runs in JupyterLab "
+                                  "(`make lab`).*",
+                 "text/plain": f"The run {run}; no widgets in a headless run: open the notebook in JupyterLab (make lab)."},
+                raw=True)
+        for fig in (self.fig_ctx, self.fig_point, self.fig_budget):
+            display(bundle(go.Figure(fig)), raw=True)
 
     def first_view_outputs(self) -> list[dict]:
         """The first view as static notebook outputs: a line naming the run, then the three figures in
@@ -414,6 +483,10 @@ class Explorer:
     def show_measure(self) -> None:
         import ipywidgets as W
         from IPython.display import display
+        if not self.interactive:
+            display({"text/markdown": "*Measure now is a button: it appears when the notebook runs in JupyterLab.*",
+                     "text/plain": "Measure now needs JupyterLab."}, raw=True)
+            return
         self._fresh_widgets("fig_pcie")
         if cuda_note():          # no GPU: no live PCIe plot to draw (it would stay empty axes); the note says why
             display(W.HBox([self.measure, self.w_repeats, self.w_steps]), self.why)

@@ -674,10 +674,13 @@ def cmd_nightly(a) -> int:
     bad = [e for e in rec.get("entries", []) if e.get("status") not in DONE + ("skipped",)]
     night = Path(a.root) / f"nightly-{rec['date']}"
     if rec.get("stopped"):
+        from .stops import exit_code, stop_line
         st = rec["stopped"]
-        print(f"labkit: nightly {rec['date']} stopped by {st['signal']}; not done: {', '.join(st['not_done']) or 'none'}; "
-              f"record {night / 'nightly.json'}; run the same command again to resume", file=sys.stderr)
-        return 128 + int(signal.Signals[st["signal"]])
+        signum = int(signal.Signals[st["signal"]])
+        print(stop_line(f"nightly {rec['date']}", signum, f"during {st['entry']}" if st.get("entry") else "",
+                        f"not done: {', '.join(st['not_done']) or 'none'}; record {night / 'nightly.json'}; run the same "
+                        "command again to resume"), file=sys.stderr)
+        return exit_code(signum)
     done = sum(e.get("status") in DONE for e in rec.get("entries", []))
     print(f"nightly {rec['date']}: {done} of {len(rec['entries'])} entries done; "
           f"record {night / 'nightly.json'}; index {Path(a.root) / 'index.html'}")

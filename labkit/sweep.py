@@ -12,12 +12,18 @@ imports params, results, progress and stats only), so quality, cross-model and s
   wall time per call between two synchronizes; `sync(dev)`; `timed(...)`: a timer's samples as a `Spread`.
 - `headline(lines, enabled)`: the few lines of what a run measured, printed before the CLI prints the
   report's path.
+- `Estimate`, `estimate_line(experiment, est)`, `from_history(experiment, params)`: how long a run is expected to
+  take on this machine, said before it starts when that is over LONG_RUN_S, with the ways to shrink it.
+- `machine_busy(manifest, spreads)`: why a run's timings say more about the machine's other work than about what
+  it measured (empty when nothing says so): the one rule behind the report's `busy` marks, the closing lines'
+  caveat and the run index's regression check.
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from .params import one_line
@@ -31,11 +37,16 @@ def grid(**axes) -> list[dict]:
     return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
 
 
+_OPENED: list = []     # the run this process opened last: its bar writes where the sweep is into its manifest
+
+
 def open_run(p: dict, experiment: str, params: dict | None = None):
     """The run folder of checked parameters `p`: `p["out_dir"]`, or `results/<run id>` when it is empty;
     `params`: what the manifest records, when not `p` itself."""
     from .results import Run
-    return Run.create(p.get("out_dir") or None, experiment, dict(p if params is None else params))
+    run = Run.create(p.get("out_dir") or None, experiment, dict(p if params is None else params))
+    _OPENED[:] = [run]
+    return run
 
 
 def failed_row(ex: BaseException, head: dict | None = None, **tail) -> dict:
@@ -89,13 +100,43 @@ class _Silent:
         pass
 
 
+class _Recorded:
+    """A bar that also writes where the sweep is into its run's manifest (`progress`: points done, of how many,
+    the point being measured) each time a point starts, so a run stopped part-way can say where it stopped."""
+
+    def __init__(self, bar, run, total: int):
+        self.bar, self.run, self.total = bar, run, total
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        self.bar.set_postfix_str(s, refresh)
+        if self.run.manifest.get("status") != "running":      # a run finished earlier in this process: not ours
+            return
+        try:
+            self.run.update_manifest(progress={"done": int(self.bar.n), "total": int(self.total), "at": s})
+        except OSError:        # a full disk: the bar goes on; the manifest's last word stays what it was
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.bar, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+
+
 def bar(total: int, desc: str, enabled: bool = True):
     """The sweep's progress bar over `total` points (a context manager; `update()` per point,
-    `set_postfix_str()` for the point being measured). `enabled=False`: nothing is printed."""
-    if not enabled:
-        return _Silent()
-    from .progress import progress
-    return progress(total=total, desc=desc)
+    `set_postfix_str()` for the point being measured), its clock moving while a point measures; the point being
+    measured is written into the manifest of the run this process opened last. `enabled=False`: nothing is
+    printed."""
+    if enabled:
+        from .progress import progress
+        shown = progress(total=total, desc=desc)
+    else:
+        shown = _Silent()
+    return _Recorded(shown, _OPENED[0], total) if _OPENED else shown
 
 
 def headline(lines: list[str], enabled: bool = True, name: str = "") -> None:
@@ -109,12 +150,91 @@ def headline(lines: list[str], enabled: bool = True, name: str = "") -> None:
         print(f"{name}: {line}" if name else line, flush=True)
 
 
+BUSY_SPREAD = 3.0     # a point whose slowest step took more than this times its fastest measured other work
+BUSY_SHARE = 0.5      # other processes using at least this share of the cores when a run started or ended
+
+
+def machine_busy(manifest: dict, spreads=()) -> str:
+    """Why a run's machine was busy, in words, or "" when nothing says so. `spreads`: each measured point's slowest
+    over fastest step. A run is busy when a point's spread exceeds BUSY_SPREAD, when other processes used at least
+    BUSY_SHARE of the cores as it started or ended, or when the 1-minute load average at its start reached the core
+    count (its own start-up counts for less than one core)."""
+    why = []
+    spreads = [float(s) for s in spreads if s == s]
+    wide = [s for s in spreads if s > BUSY_SPREAD]
+    if wide:
+        why.append(f"{len(wide)} of {len(spreads)} points' slowest step took more than {BUSY_SPREAD:g}x their fastest")
+    cores = manifest.get("cpu_count") or 0
+    for when in ("before", "after"):
+        load = manifest.get(f"machine_load_{when}") or {}
+        used = sum(float(p.get("cpu_percent") or 0) for p in load.get("busy_processes") or []) / 100
+        if cores and used >= BUSY_SHARE * cores:
+            why.append(f"other processes used {used:.1f} of {cores} cores at the {'start' if when == 'before' else 'end'}")
+        la = load.get("load_avg")
+        if when == "before" and cores and la and la[0] >= cores:
+            why.append(f"the 1-min load average was {la[0]:.1f} on {cores} cores at the start")
+    return "; ".join(why)
+
+
 def summary_lines(fn: Callable[[], list[str]]) -> list[str]:
     """`fn()`'s lines; a summary that raises (a column missing because every point failed) is one line."""
     try:
         return list(fn())
     except Exception as ex:
         return [f"no summary ({one_line(ex)})"]
+
+
+# ---------------------------------------------------------------------------------------------- estimates
+LONG_RUN_S = 600      # a run expected to take longer than this says so before it starts
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """How long a run is expected to take here: `seconds`, `basis` (how that was found, in words: a timing of this
+    machine now, or earlier runs of the same parameters), `heaviest` (which points take most of it), `shrink`
+    (parameters that make it shorter, each with its own estimate)."""
+    seconds: float
+    basis: str
+    heaviest: str = ""
+    shrink: list = field(default_factory=list)      # [(the -p arguments, their seconds)]
+
+
+def estimate_line(experiment: str, est: Estimate) -> str:
+    """The line printed before a long run: how long, on what basis, and the ways to shrink it."""
+    from .stops import duration
+    line = f"labkit: this {experiment} run is expected to take about {duration(est.seconds)} on this machine"
+    line += f" ({est.basis}" + (f"; {est.heaviest}" if est.heaviest else "") + ")."
+    if est.shrink:
+        line += " To shrink it: " + "; or ".join(f"{args} (about {duration(t)})" for args, t in est.shrink) + "."
+    return line + " Ctrl-C stops it and keeps what was measured."
+
+
+def from_history(experiment: str, params: dict, roots=()) -> Estimate | None:
+    """Earlier finished runs of `experiment` with the same parameters on this machine (same GPU, else the same CPU
+    model and cores) under `roots`: their median wall time. None when there are none."""
+    import json
+    import os
+    import statistics
+
+    from .results import machine_info, run_manifests
+    here = machine_info()
+    same = ("gpu_name",) if here.get("gpu_name") else ("gpu_name", "cpu_model", "cpu_count")
+    want = {k: v for k, v in params.items() if k not in ("out_dir",)}
+    walls = []
+    for root in roots:
+        for mf_path in run_manifests(root) if os.path.isdir(root) else []:
+            try:
+                mf = json.loads(mf_path.read_text())
+            except (OSError, ValueError):
+                continue
+            p = {k: v for k, v in (mf.get("parameters") or {}).items() if k not in ("out_dir",)}
+            if mf.get("experiment") == experiment and mf.get("status") == "ok" and p == want \
+                    and isinstance(mf.get("wall_s"), (int, float)) and all(mf.get(k) == here.get(k) for k in same):
+                walls.append(float(mf["wall_s"]))
+    if not walls:
+        return None
+    return Estimate(statistics.median(walls), f"the median of {len(walls)} earlier run{'s' if len(walls) > 1 else ''} "
+                    "of these parameters on this machine")
 
 
 # ---------------------------------------------------------------------------------------------- timers

@@ -66,11 +66,15 @@ def cpu_run() -> Path:
 def derived_run(dest: Path, created: str, scale: dict[str, float] | None = None, spread: float | None = None,
                 src: Path | None = None) -> Path:
     """A copy of a run folder with its own id and time; `scale` multiplies each strategy's step times
-    (so tok/s divides), `spread` replaces each point's min..max by median x (1 -/+ spread)."""
+    (so tok/s divides), `spread` replaces each point's min..max by median x (1 -/+ spread) and records a quiet
+    machine (the test decides the spreads, not the load the copied run happened to see)."""
     src = src or cpu_run()
     shutil.copytree(src, dest)
     mf = json.loads((dest / "manifest.json").read_text())
     mf.update(run_id=dest.name, created=created)
+    if spread is not None:       # the spreads are the test's: so is the machine's load (quiet), whatever it was
+        quiet = {"load_avg": [0.1, 0.1, 0.1], "cpu_count": mf.get("cpu_count"), "busy_processes": []}
+        mf.update(machine_load_before=quiet, machine_load_after=quiet)
     (dest / "manifest.json").write_text(json.dumps(mf))
     m = pd.read_parquet(dest / "metrics.parquet")
     m["run_id"] = dest.name
@@ -125,7 +129,7 @@ def nightly_record() -> dict:
 
 def figures_in_notebook_report(run_dir: Path) -> int:
     """How many plotly figures the executed notebook(s) of a run folder hold (each `fig.show()` under the
-    "notebook" renderer is one `plotly-graph-div`)."""
+    lab's renderer, `labkit/report/renderer.py`, is one `plotly-graph-div`)."""
     import nbformat
     n = 0
     for nb_path in sorted(run_dir.glob("*.ipynb")):

@@ -18,21 +18,53 @@ from labkit.results import load_run
 
 # ---------------------------------------------------------------- regression rule
 
-def _h(created, value, lo, hi, machine="m", key="k"):
+def _h(created, value, lo, hi, machine="m", key="k", busy=""):
     return {"created": created, "run_id": created, "machine": machine, "family": "decode tok/s", "key": key,
-            "value": value, "lo": lo, "hi": hi}
+            "value": value, "lo": lo, "hi": hi, "busy": busy}
 
 
 def test_flag_against_spread_of_previous_runs():
-    h = pd.DataFrame([_h("1", 100, 95, 105), _h("2", 103, 99, 104), _h("3", 94.9, 90, 97), _h("4", 106, 100, 108),
-                      _h("5", 80, 79, 82, machine="other")])
+    h = pd.DataFrame([_h("1", 100, 95, 105), _h("2", 103, 99, 104), _h("3", 101, 98, 102), _h("4", 94.9, 90, 97),
+                      _h("5", 106, 100, 108), _h("6", 80, 79, 82, machine="other")])
     f = flag(h).set_index("run_id")
-    assert f.loc["1", "verdict"] == "first" and f.loc["5", "verdict"] == "first"   # other machine: own series
-    assert f.loc["2", "verdict"] == "noise"                  # inside 95..105
-    assert f.loc["3", "verdict"] == "regression"             # below 95 (min of the earlier spreads)
-    assert (f.loc["3", "prev_lo"], f.loc["3", "prev_hi"]) == (95, 105)
-    assert f.loc["4", "verdict"] == "improvement"            # above 105 ... but not above 108 next time
-    assert (f.loc["4", "prev_lo"], f.loc["4", "prev_hi"]) == (90, 105)
+    assert f.loc["1", "verdict"] == "first" and f.loc["6", "verdict"] == "first"   # other machine: own series
+    assert f.loc["2", "verdict"] == f.loc["3", "verdict"] == "baseline"     # fewer than 3 earlier runs: no verdict
+    assert f.loc["4", "verdict"] == "regression"             # below 95 (min of the 3 earlier spreads)
+    assert (f.loc["4", "prev_lo"], f.loc["4", "prev_hi"], f.loc["4", "n_earlier"]) == (95, 105, 3)
+    assert f.loc["5", "verdict"] == "improvement"            # above 105 ... but not above 108 next time
+    assert (f.loc["5", "prev_lo"], f.loc["5", "prev_hi"]) == (90, 105)
+
+
+def test_two_runs_minutes_apart_are_no_regression():
+    """One earlier run gives a spread of zero width (a prefill measured once): any noise leaves it. The
+    index's own example: 702 after 1073..1073 was called a regression."""
+    h = pd.DataFrame([_h("1", 1073.0, 1073.0, 1073.0), _h("2", 702.1, 702.1, 702.1)])
+    assert list(flag(h)["verdict"]) == ["first", "baseline"]
+
+
+def test_busy_runs_are_neither_judged_nor_counted():
+    quiet = [_h(str(i), 100, 98, 102) for i in range(1, 4)]
+    # a busy run far below: not a regression; a busy run far above: not in the spread either
+    h = pd.DataFrame(quiet + [_h("4", 50, 20, 90, busy="3 of 8 points' slowest step took more than 3x their fastest"),
+                              _h("5", 300, 290, 310, busy="other processes used 1.6 of 2 cores at the start"),
+                              _h("6", 97, 96, 98.5)])
+    f = flag(h).set_index("run_id")
+    assert f.loc["4", "verdict"] == f.loc["5", "verdict"] == "busy"
+    assert f.loc["6", "verdict"] == "regression" and f.loc["6", "n_earlier"] == 3      # 97 < 98: the quiet spread
+    assert (f.loc["6", "prev_lo"], f.loc["6", "prev_hi"]) == (98, 102)
+
+
+def test_the_busy_rule_reads_spreads_and_load():
+    from labkit.sweep import machine_busy
+    quiet = {"cpu_count": 2, "machine_load_before": {"load_avg": [0.3, 0.2, 0.1], "busy_processes": []},
+             "machine_load_after": {"load_avg": [1.0, 0.5, 0.2], "busy_processes": [{"name": "x", "cpu_percent": 20.0}]}}
+    assert machine_busy(quiet, [1.1, 2.9]) == ""
+    assert "1 of 2 points" in machine_busy(quiet, [1.1, 3.5])
+    loaded = {**quiet, "machine_load_before": {"load_avg": [2.4, 1.0, 0.5],
+                                               "busy_processes": [{"name": "pip", "cpu_percent": 97.0},
+                                                                                  {"name": "cc1", "cpu_percent": 23.0}]}}
+    why = machine_busy(loaded, [1.1])
+    assert "other processes used 1.2 of 2 cores at the start" in why and "load average was 2.4 on 2 cores" in why
 
 
 def test_headlines_of_a_real_cpu_run():
@@ -55,10 +87,11 @@ def test_headlines_of_the_h200_run_if_committed():
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """Three runs on this CPU (the last one's zero_copy 3x slower, beyond the spread), a fake GPU run,
-    and a folder without a manifest."""
+    """Four runs on this CPU (the last one's zero_copy 3x slower, beyond the spread of the three before), a
+    fake GPU run, and a folder without a manifest."""
     root = tmp_path_factory.mktemp("results")
     # spreads fixed at +-5% of the median: a noisy CPU's real spread must not decide the verdicts
+    derived_run(root / "run-0", "2025-12-31T00:00:00+00:00", spread=0.05)     # three quiet runs before run-c
     derived_run(root / "run-a", "2026-01-01T00:00:00+00:00", spread=0.05)
     derived_run(root / "run-b", "2026-01-02T00:00:00+00:00", spread=0.05)
     derived_run(root / "run-c", "2026-01-03T00:00:00+00:00", spread=0.05, scale={"zero_copy": 3.0})
@@ -73,12 +106,12 @@ def results(tmp_path_factory):
 
 def test_index_lists_runs_and_flags_the_regression(results):
     runs, heads, problems = collect(results)
-    assert sorted(runs["run_id"]) == ["run-a", "run-b", "run-c", "run-gpu"]
+    assert sorted(runs["run_id"]) == ["run-0", "run-a", "run-b", "run-c", "run-gpu"]
     assert set(runs["machine"]) == {"NVIDIA Test · PCIe gen5 x16", next(m for m in runs["machine"] if m.startswith("CPU"))}
     v = heads.set_index(["run_id", "key"])["verdict"]
     assert v[("run-c", "zero_copy @ 1K c=1 (tiny)")] == "regression"
     assert v[("run-c", "resident @ 1K c=1 (tiny)")] == "noise"       # same numbers as before: inside the spread
-    assert v[("run-b", "zero_copy @ 1K c=1 (tiny)")] == "noise"
+    assert v[("run-b", "zero_copy @ 1K c=1 (tiny)")] == "baseline"      # two earlier runs: no verdict yet
     # the GPU run is 100x faster but is not compared with CPU runs
     assert (heads[heads["run_id"] == "run-gpu"]["verdict"] == "first").all()
 
@@ -218,6 +251,7 @@ def test_header_and_trend_agree_on_regressions(tmp_path):
     """A regression followed by a run back inside the spread: the trend marks it (✖), so the header says
     it is not standing and lists it, instead of a bare 'none'."""
     root = tmp_path / "r"
+    derived_run(root / "run-0", "2025-12-31T00:00:00+00:00", spread=0.05)
     derived_run(root / "run-a", "2026-01-01T00:00:00+00:00", spread=0.05)
     derived_run(root / "run-b", "2026-01-02T00:00:00+00:00", spread=0.05)
     derived_run(root / "run-c", "2026-01-03T00:00:00+00:00", spread=0.05, scale={"zero_copy": 3.0})

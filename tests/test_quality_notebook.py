@@ -14,7 +14,7 @@ HAS_MODEL = all(importlib.util.find_spec(m) is not None for m in ("transformers"
 def test_notebook_contract():
     nb = json.loads(NB.read_text())
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    assert 'pio.renderers.default = "notebook"' in "".join(code[0]["source"]), "first code cell must set the renderer"
+    assert "use_lab_renderer()" in "".join(code[0]["source"]), "first code cell must set the renderer"
     params = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(params) == 1
     src = "".join(params[0]["source"])

@@ -136,6 +136,21 @@ def plan(name: str, given: dict | None = None) -> Plan:
     return get(name).module.plan(dict(given or {}))
 
 
+def estimate(plan: Plan):
+    """How long a plan is expected to take on this machine (`labkit.sweep.Estimate`): the experiment's own estimate
+    where it has one (decode times this CPU), else the median of earlier finished runs of the same parameters on
+    this machine under results/; None when neither knows."""
+    from .. import sweep
+    from ..results import REPO
+    own = getattr(get(plan.experiment).module, "estimate", None)
+    est = own(plan) if own else None
+    if est is None:
+        from pathlib import Path
+        roots = {Path("results").resolve(), (REPO / "results").resolve()}
+        est = sweep.from_history(plan.experiment, dict(plan.params), [str(r) for r in roots])
+    return est
+
+
 def run(plan: Plan | str, **options):
     """Measure a plan (a `Plan` or its JSON) into its run folder; returns the `Run`. `options` go to the
     experiment's `run` (progress_bar, log)."""

@@ -10,9 +10,12 @@ self-contained page:
   within it per machine (same GPU and link; CPU runs by CPU model, cores and RAM, never mixed with GPU runs), trend
   charts of the headline figures (`headlines`): decode tok/s at the largest context per strategy, the
   zero-copy gather GB/s, the contiguous pinned link GB/s, prefill tok/s;
-- regressions: a figure whose value falls below the spread (min..max over the previous runs' points,
-  each point's own min..max included) of the earlier runs on that machine is flagged; one above it is
-  an improvement; inside it is noise.
+- regressions: a figure whose value falls below the spread (min..max over the earlier runs' points, each
+  point's own min..max included) of at least MIN_EARLIER earlier runs on that machine is flagged; one above it
+  is an improvement; inside it is noise. A run whose machine was busy (`summary.run_busy`: a point's slowest
+  step over 3x its fastest, other work on the cores) is neither judged nor counted in a spread: its timings
+  measured the neighbours. With fewer earlier quiet runs the figure is a `baseline`, not a verdict: one earlier
+  run gives a spread of zero width, which any noise leaves.
 
 `labkit run`, `labkit report` and `labkit nightly` call it after every run or report.
 """
@@ -28,10 +31,11 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .gpus import capped, machine_cell, power_text
-from .summary import ok_rows, link_gbps
+from .summary import ok_rows, link_gbps, run_busy
 from ..results import UNREADABLE, BadManifest, mtime_iso, effective_status, read_manifest, run_manifests
 
 INDEX_NAME = "index.html"
+MIN_EARLIER = 3        # earlier quiet runs of a figure before a new value is judged against their spread
 
 
 @dataclass(frozen=True)
@@ -205,10 +209,11 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
             m = pd.DataFrame()
         st = m["status"] if "status" in m else pd.Series(dtype=object)
         report = run_dir / "report.html"
+        busy = run_busy(m, mf) if len(m) else ""
         runs.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
                      "experiment": mf.get("experiment", ""), "status": effective_status(mf),
                      "kind": machine_kind(mf), "machine": " · ".join(x for x in (machine_label(mf), machine_cell(mf)) if x),
-                     "git_sha": mf.get("git_sha", ""), "wall_s": mf.get("wall_s"),
+                     "git_sha": mf.get("git_sha", ""), "wall_s": mf.get("wall_s"), "busy": "busy" if busy else "",
                      "points_ok": int((st == "ok").sum()), "points_failed": int((st != "ok").sum()) if len(st) else 0,
                      "holds": contents(run_dir, st), "note": _short(_note(mf.get("note") or mf.get("command") or "")),
                      "folder": os.path.relpath(run_dir, root),
@@ -222,32 +227,38 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
         for h in found:
             heads.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
                           "kind": machine_kind(mf), "machine": machine_label(mf), "family": h.family, "key": h.key, "value": h.value,
-                          "lo": h.lo, "hi": h.hi})
+                          "lo": h.lo, "hi": h.hi, "busy": busy})
     runs_df = pd.DataFrame(runs)
     if not runs_df.empty:
         runs_df = runs_df.sort_values("created", ascending=False).reset_index(drop=True)
     return runs_df, flag(pd.DataFrame(heads)), problems
 
 
-def flag(heads: pd.DataFrame) -> pd.DataFrame:
-    """Add `prev_lo, prev_hi, verdict` to each headline: against the spread of the earlier runs of the
-    same figure on the same machine. All headline figures are higher-is-better."""
+def flag(heads: pd.DataFrame, min_earlier: int = MIN_EARLIER) -> pd.DataFrame:
+    """Add `prev_lo, prev_hi, n_earlier, verdict` to each headline: against the spread of the earlier quiet runs of
+    the same figure on the same machine (all headline figures are higher-is-better). Verdicts: `first`, `baseline`
+    (fewer than `min_earlier` earlier quiet runs: no spread to judge against yet), `busy` (this run's machine was
+    busy: not judged, not counted), `noise`, `regression`, `improvement`. A row's `busy` holds why (empty: quiet)."""
     if heads.empty:
-        return heads.assign(prev_lo=[], prev_hi=[], verdict=[])
+        return heads.assign(prev_lo=[], prev_hi=[], n_earlier=[], verdict=[])
+    if "busy" not in heads:
+        heads = heads.assign(busy="")
     heads = heads.sort_values("created").reset_index(drop=True)
-    prev_lo, prev_hi, verdict = [], [], []
-    seen: dict[tuple, tuple[float, float]] = {}
+    prev_lo, prev_hi, n_earlier, verdict = [], [], [], []
+    seen: dict[tuple, tuple[float, float, int]] = {}
     for _, r in heads.iterrows():
         k = (r["machine"], r["family"], r["key"])
-        if k not in seen:
-            prev_lo.append(None), prev_hi.append(None), verdict.append("first")
-            seen[k] = (min(r["lo"], r["value"]), max(r["hi"], r["value"]))
+        lo, hi, n = seen.get(k, (None, None, 0))
+        prev_lo.append(lo), prev_hi.append(hi), n_earlier.append(n)
+        if isinstance(r["busy"], str) and r["busy"]:
+            verdict.append("busy")
             continue
-        lo, hi = seen[k]
-        prev_lo.append(lo), prev_hi.append(hi)
-        verdict.append("regression" if r["value"] < lo else "improvement" if r["value"] > hi else "noise")
-        seen[k] = (min(lo, r["lo"], r["value"]), max(hi, r["hi"], r["value"]))
-    return heads.assign(prev_lo=prev_lo, prev_hi=prev_hi, verdict=verdict)
+        if n < min_earlier:
+            verdict.append("first" if n == 0 else "baseline")
+        else:
+            verdict.append("regression" if r["value"] < lo else "improvement" if r["value"] > hi else "noise")
+        seen[k] = (min(r["lo"], r["value"], *([lo] if n else [])), max(r["hi"], r["value"], *([hi] if n else [])), n + 1)
+    return heads.assign(prev_lo=prev_lo, prev_hi=prev_hi, n_earlier=n_earlier, verdict=verdict)
 
 
 def _when(created: pd.Series) -> pd.Series:
@@ -268,6 +279,12 @@ def trend_figure(h: pd.DataFrame, machine: str, family: str) -> go.Figure:
                                  error_y={"type": "data", "symmetric": False, "array": (g["hi"] - g["value"]).clip(lower=0),
                                           "arrayminus": (g["value"] - g["lo"]).clip(lower=0), "thickness": 1},
                                  hovertemplate="%{text}<br>%{y:.4g}<extra>" + key + "</extra>"))
+        busy = g[g["verdict"] == "busy"]
+        if not busy.empty:       # measured on a busy machine: shown, hollow, never judged
+            fig.add_trace(go.Scatter(x=_when(busy["created"]) if not single else x[g["verdict"] == "busy"], y=busy["value"],
+                                     mode="markers", name=f"busy machine: {key}",
+                                     marker={"symbol": "circle-open", "size": 14, "color": "grey"}, text=busy["busy"],
+                                     hovertemplate="busy machine, not judged: %{text}<br>%{y:.4g}<extra></extra>"))
         bad = g[g["verdict"] == "regression"]
         if not bad.empty:
             fig.add_trace(go.Scatter(x=_when(bad["created"]), y=bad["value"], mode="markers",
@@ -312,13 +329,15 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
     page = Page(f"labkit runs — {root.resolve().name}")
     page.text(f"{len(runs)} run(s) under {root}, trends grouped by machine kind. Figures are compared only between "
               "runs on the same machine; side by side, kinds are across machines, never a speedup "
-              "(same GPU and PCIe link; CPU runs by CPU model, cores and RAM). A figure below the spread (min..max) of the earlier runs "
-              "is a regression, above it an improvement, inside it noise.")
+              "(same GPU and PCIe link; CPU runs by CPU model, cores and RAM). A figure below the spread (min..max) of "
+              f"at least {MIN_EARLIER} earlier quiet runs is a regression, above it an improvement, inside it noise; with "
+              "fewer it is a baseline. A run whose machine was busy (a point's slowest step over 3x its fastest, or other "
+              "work on the cores as it started or ended) is marked busy and neither judged nor counted.")
     latest = heads.sort_values("created").groupby(["machine", "family", "key"]).tail(1) if not heads.empty else heads
     regress = latest[latest["verdict"] == "regression"] if not latest.empty else latest
     every = heads[heads["verdict"] == "regression"] if not heads.empty else heads
     earlier = every[~every.index.isin(regress.index)] if not every.empty else every
-    cols = ["machine", "run_id", "family", "key", "value", "prev_lo", "prev_hi"]
+    cols = ["machine", "run_id", "family", "key", "value", "prev_lo", "prev_hi", "n_earlier"]
     fmt = {"value": ".4g", "prev_lo": ".4g", "prev_hi": ".4g"}
     page.heading("Regressions (latest run of each figure)")
     if regress.empty:
@@ -344,7 +363,7 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
         t["wall_s"] = t["wall_s"].map(lambda w: f"{w:,.0f}" if isinstance(w, (int, float)) and w == w else "not recorded")
         # the manifest's note says what a folder without a metrics table is
         t["holds"] = [h + (f" — {n}" if n and "no metrics table" in h else "") for h, n in zip(t["holds"], t["note"])]
-        page.table(t[["created", "run_id", "experiment", "status", "kind", "machine", "git_sha", "wall_s", "holds",
+        page.table(t[["created", "run_id", "experiment", "status", "busy", "kind", "machine", "git_sha", "wall_s", "holds",
                       "report", "report_link", "folder_link"]], wrap=("holds", "machine"),
                    classes={i: "failed" for i, s in enumerate(t["status"]) if s not in ("ok",)},
                    links={"report": "report_link", "run_id": "folder_link"})
@@ -365,7 +384,8 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
                     page.figure(trend_figure(hf, machine, family))
         page.heading("Headline figures, every run")
         t = heads.sort_values(["machine", "family", "key", "created"])[
-            ["machine", "created", "run_id", "family", "key", "value", "lo", "hi", "prev_lo", "prev_hi", "verdict"]]
+            ["machine", "created", "run_id", "family", "key", "value", "lo", "hi", "prev_lo", "prev_hi", "n_earlier", "verdict",
+             "busy"]]
         page.table(t.reset_index(drop=True), classes={i: v for i, v in enumerate(t["verdict"]) if v in ("regression", "improvement", "noise")},
                    fmt={c: ".4g" for c in ("value", "lo", "hi", "prev_lo", "prev_hi")})
     if problems:

@@ -1,9 +1,9 @@
 """HTML reports from the executed notebooks in a run folder, readable offline.
 
-The notebooks set `plotly.io.renderers.default = "notebook"` in their first cell, so plotly.js is
-embedded once in that cell's output and every figure after it is a `<div>` plus data. That bundle is
-dropped from the stored notebook and the report gets plotly.js once in its head: a link to the results
-folder's shared copy (`results/_assets/plotly.min.js`, see `assets.py`), or embedded with
+The notebooks use the lab's plotly renderer (`renderer.py`): every figure is plotly's JSON mimetype beside a
+`<div>` plus data, and no plotly.js in the notebook (notebooks run before it embedded the 4.8 MB bundle once in
+their first cell's output: dropped from the stored notebook). The report gets plotly.js once in its head: a link to
+the results folder's shared copy (`results/_assets/plotly.min.js`, see `assets.py`), or embedded with
 `standalone=True` (`labkit report DIR --standalone`: one file to send). Code cells are hidden; cells
 tagged `remove_output` (progress bars) lose their output; widgets are not used in reports (their loader
 would come from a CDN).
@@ -34,9 +34,9 @@ def _exporter():
     return ex
 
 
-# nbconvert's lab template links require.js and MathJax from a CDN, and plotly's notebook renderer adds a
-# MathJax <script src=cdn> to every figure. Reports have no LaTeX and plotly.js is embedded, so these
-# tags only produce failed loads (console errors) offline: drop them.
+# nbconvert's lab template links require.js and MathJax from a CDN, and plotly's notebook renderer (notebooks run
+# before the lab's renderer) added a MathJax <script src=cdn> to every figure. Reports have no LaTeX and get
+# plotly.js in their head, so these tags only produce failed loads (console errors) offline: drop them.
 _CDN_SCRIPT = re.compile(r'<script[^>]*\ssrc="https://cdnjs\.cloudflare\.com/ajax/libs/(?:require\.js|mathjax)/[^"]*"[^>]*>\s*</script>')
 
 
@@ -51,8 +51,9 @@ def _is_plotlyjs_bundle(output) -> bool:
 
 
 def shrink_notebook(nb) -> int:
-    """Drop the plotly.js bundle (~4.8 MB) that the "notebook" renderer embeds in the setup cell's output;
-    `render_report` puts plotly.js into the page itself. Returns the number of outputs dropped."""
+    """Drop the plotly.js bundle (~4.8 MB) that plotly's "notebook" renderer embedded in the setup cell's output of
+    notebooks run before the lab's renderer (`renderer.py`, which embeds none); `render_report` puts plotly.js into
+    the page itself. Returns the number of outputs dropped."""
     n = 0
     for cell in nb.cells:
         if cell.get("cell_type") == "code" and cell.get("outputs"):
@@ -112,31 +113,35 @@ def mark_stopped(nb, run_dir: Path) -> bool:
     if status not in STOPPED_EARLY and not had_papermill_cell:
         return False
     nb.cells = [c for c in nb.cells if PAPERMILL_ERROR_TAG not in c.get("metadata", {}).get("tags", [])]
-    where = ""
-    for c in nb.cells:
+    where, stop_at = "", None
+    for k, c in enumerate(nb.cells):
         for i, o in enumerate(c.get("outputs", [])):
             if o.get("output_type") != "error":
                 continue
-            where = where or _where(c)
+            if stop_at is None:
+                where, stop_at = _where(c), k
             if o.get("ename") == "KeyboardInterrupt":
                 c["outputs"][i] = nbformat.v4.new_output("stream", name="stderr",
                                                          text="stopped here: interrupted by a signal (Ctrl-C)\n")
+    if stop_at is not None:      # the cells after the stop never ran: their headings would head nothing
+        nb.cells = nb.cells[: stop_at + 1]
+    from ..stops import measured_points, measured_words, signal_words, where_stopped
     try:
         import pandas as pd
-        m = pd.read_parquet(run_dir / "metrics.parquet")
-        n_ok = int((m["status"] == "ok").sum()) if "status" in m else len(m)
+        n_ok = measured_points(pd.read_parquet(run_dir / "metrics.parquet"), mf.get("experiment", ""))
     except Exception:
         n_ok = 0
     rel = run_dir.as_posix()
-    how = f" after {mf['wall_s']:,.0f} s" if isinstance(mf.get("wall_s"), (int, float)) else ""
-    measured = ("nothing was measured" if n_ok == 0 else
-                f"{n_ok} point{'s' if n_ok != 1 else ''} measured, " +
-                ("drawn below" if not errors_left else f"kept in metrics.parquet: `labkit report {rel} --rerun` draws them"))
+    measured = measured_words(n_ok, mf) + ("" if n_ok == 0 else ", drawn below" if not errors_left else
+                                           f", kept in metrics.parquet: `labkit report {rel} --rerun` draws them")
     why = str(mf.get("error") or "").strip().splitlines()[:1]
     if status == "interrupted":
-        why = ["by Ctrl-C or a signal"]
-    text = (f"**This run stopped early: {status or 'not finished'}**" + (f" ({why[0]})" if why else "") +
-            (f". It stopped in {where}," if where else ".") + f"{how}; {measured}.")
+        sig = mf.get("stopped_by")
+        why = [f"by {signal_words(signal_number(sig)) if sig else 'Ctrl-C or a signal'}"]
+    at = where_stopped(mf)
+    place = ", ".join(x for x in (at, f"in {where}" if where else "") if x)
+    text = (f"**This run stopped early: {status or 'not finished'}**" + (f" ({why[0]})" if why else "") + "."
+            + (f" It stopped {place}; {measured}." if place else f" {measured[:1].upper()}{measured[1:]}."))
     banner = nbformat.v4.new_markdown_cell(text)
     banner.metadata["tags"] = ["labkit-stopped"]
     first_md = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), -1)
@@ -177,6 +182,12 @@ def add_gpu_cells(nb, run_dir: Path) -> bool:
         end.metadata["tags"] = ["labkit-gpus"]
         nb.cells.append(end)
     return True
+def signal_number(name: str) -> int | None:
+    import signal
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        return None
 
 
 def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bool = True, standalone: bool = False) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..sweep import BUSY_SPREAD, machine_busy     # the one busy rule (slowest / fastest step above BUSY_SPREAD)
 from .targets import PUBLISHED, SPARSE_OFFLOAD, TARGETS
 
 
@@ -132,8 +133,6 @@ def cost_model_errors(m: pd.DataFrame) -> pd.DataFrame | None:
 
 # --- what a run is, said in its report -------------------------------------------------------------------
 
-BUSY_SPREAD = 3.0      # slowest / fastest step of one point above this: the machine was busy, not the strategy
-
 
 def is_cpu_run(mf: dict) -> bool:
     return not mf.get("gpu_name")
@@ -212,6 +211,17 @@ def busy_points(m: pd.DataFrame, spread: float = BUSY_SPREAD) -> pd.DataFrame:
         return d.iloc[0:0]
     r = d["step_ms_max"] / d["step_ms_min"]
     return d.assign(spread=r)[r > spread]
+
+
+def run_busy(m: pd.DataFrame, mf: dict) -> str:
+    """Why this run's machine was busy (the sweep core's rule over its timed points), or "" when nothing says so."""
+    t = ok_rows(m[~m["experiment"].isin(("probe", "link_probe"))]) if "experiment" in m else m.iloc[0:0]
+    if "step_ms_min" in t and "step_ms_max" in t:
+        t = t[(t["step_ms_min"] > 0) & t["step_ms_max"].notna()]
+        spreads = list(t["step_ms_max"] / t["step_ms_min"])
+    else:
+        spreads = []
+    return machine_busy(mf, spreads)
 
 
 def busy_note(m: pd.DataFrame, mf: dict) -> str:

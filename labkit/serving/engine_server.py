@@ -464,7 +464,9 @@ def cmd_serve(args) -> int:
             raise BadInput(str(ex)) from ex
     loop = build(args).start()
     app = create_app(loop, args.model_name, text, max_body_bytes=int(max_body * 2**20))
-    print(f"labkit serve: lanes {', '.join(f'{n}={l.cache.n_slots} slots' for n, l in loop.sched.lanes.items())}, "
+    print(f"labkit serve: shape {args.shape} with seeded random weights (seed {args.seed}), not a trained model: the "
+          "engine's speed and protocol are real, its replies are random tokens; "
+          f"lanes {', '.join(f'{n}={l.cache.n_slots} slots' for n, l in loop.sched.lanes.items())}, "
           f"policy {args.policy}, switching {args.switching}, {text.describe()}, "
           f"http://{args.host}:{args.port}/v1/completions and /v1/chat/completions, /metrics", flush=True)
     try:

@@ -55,5 +55,10 @@ measuring = lazy.module(".measure", __package__)     # imported once the paramet
 plan = planner(NAME, SPEC, measuring)
 
 
+def estimate(plan: Plan):
+    """How long this sweep is expected to take here (`sweep.Estimate`), or None where it is not estimated."""
+    return measuring.estimate(measuring.derive(plan.params))
+
+
 def run(plan: Plan, progress_bar: bool = True):
     return measuring.run_sweep(measuring.derive(plan.params), progress_bar=progress_bar)

@@ -561,27 +561,135 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
             run.update_manifest(pcie_gen=int(tf["pcie_gen"].max()), pcie_width=int(tf["pcie_width"].max()),
                                 nvml_max_counter_gap_s=round(tel.max_gap_s, 4))
         run.finish()        # the shared rule; an exception in flight (Ctrl-C included) decides too
-    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), p)), progress_bar, EXPERIMENT)
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), p, run.manifest)), progress_bar, EXPERIMENT)
     return run
 
 
-def headline(m, p: dict) -> list[str]:
-    """tok/s per strategy at the largest context of the main table (its largest concurrency, first budget),
-    and the prefill's tok/s at its longest prompt."""
+# ---------------------------------------------------------------------------------------------- how long
+CALIBRATE_FROM = 2e8      # token-steps (requests x context x steps, summed) below which no CPU met took ten minutes
+ANATOMY_STEP_COST = 2 * ANATOMY_STEPS + 2     # steps an anatomy adds to a point (runner.anatomy advances this many)
+
+
+def _point_steps(q: Point, p: dict) -> int:
+    """Decode steps a point runs: warm-up, the timed ones, its anatomy (a slow strategy: fewer, none)."""
+    if STRATEGIES[q.strategy].slow:
+        return 1 + p["per_row_steps"]
+    return 2 + p["repeats"] * p["steps"] + (ANATOMY_STEP_COST if p["anatomy"] else 0)
+
+
+def _calibrate(pl: DecodePlan) -> tuple[float, float, float]:
+    """This CPU now, timed on the plan's own shape: (ms a step costs a request, ms per context token a request,
+    ms per cache token filled), from two short points at 2K and 32K tokens."""
+    lens = [2048, 32768]
+    strat = next((s for s in pl.params["strategies"] if not STRATEGIES[s].slow), pl.params["strategies"][0])
+    cal = derive({**pl.params, "context_lens": lens, "concurrency": [1], "strategies": [strat], "repeats": 1,
+                  "steps": 3, "anatomy": False, "probe": False, "prefill_lens": [], "link_gbps": [],
+                  "budgets": pl.params["budgets"][:1]})
+    ms, walls = [], []
+    with DecodeSession(cal) as s:
+        for q in cal.points:
+            t = time.perf_counter()
+            rec = s.measure(q)
+            walls.append((time.perf_counter() - t) * 1e3)
+            if rec.get("status") != "ok":
+                raise RuntimeError(rec.get("error"))
+            ms.append(float(rec["step_ms_median"]))
+    per_token = max(0.0, (ms[1] - ms[0]) / (lens[1] - lens[0]))
+    fixed = max(0.0, ms[0] - per_token * lens[0])
+    fill = max(0.0, walls[0] - (2 + 3) * ms[0]) / (lens[1] + cal.margin)     # the first point built the cache
+    return fixed, per_token, fill
+
+
+def _seconds(pl: DecodePlan, cost: tuple[float, float, float], **change) -> tuple[float, dict]:
+    """Seconds the plan (with `change`d parameters) is expected to take at `cost`, and seconds per context."""
+    p = {**pl.params, **change}
+    if change:
+        pl = derive(p)
+    fixed, per_token, fill = cost
+    by_ctx: dict[int, float] = {}
+    for q in pl.points:
+        t = _point_steps(q, p) * q.concurrency * (fixed + per_token * q.context_len) / 1e3
+        by_ctx[q.context_len] = by_ctx.get(q.context_len, 0.0) + t
+    media = {STRATEGIES[s].medium for s in p["strategies"]}
+    for c in p["concurrency"]:                 # each group's caches, built once per medium at its largest context
+        cap = pl.group_context(c) + pl.margin
+        by_ctx[pl.group_context(c)] = by_ctx.get(pl.group_context(c), 0.0) + len(media) * c * cap * fill / 1e3
+    for n in p["prefill_lens"] or []:          # a prompt of n tokens: about n steps of one request over its prefix
+        by_ctx[n] = by_ctx.get(n, 0.0) + n * (fixed + per_token * n / 2) / 1e3 / 8
+    return sum(by_ctx.values()) + (30.0 if p["probe"] else 0.0) + 20.0, by_ctx      # the probe; kernel and report
+
+
+def estimate(pl: DecodePlan):
+    """How long this sweep is expected to take on this machine (`sweep.Estimate`), timed on the CPU it runs on
+    (about two seconds, only for sweeps big enough to matter); None where the lab does not estimate it (a GPU:
+    its points cost compiles and graph captures a short timing does not see; a shape too big to build twice)."""
+    p = pl.params
+    if pl.cuda or len(pl.devices) > 1 or pl.shape.weight_bytes() > 1 << 30:
+        return None
+    work = sum(q.concurrency * q.context_len * _point_steps(q, p) for q in pl.points)
+    if work < CALIBRATE_FROM:
+        return None
+    cost = _calibrate(pl)
+    total, by_ctx = _seconds(pl, cost)
+    def format_size(v: int) -> str:
+        return f"{v >> 20}M" if v >= 1 << 20 and not v % (1 << 20) else f"{v >> 10}K" if v >= 1024 and not v % 1024 else str(v)
+    top = max(by_ctx, key=by_ctx.get)
+    heaviest = f"the {format_size(top)}-token points take {by_ctx[top] / total:.0%} of it" if len(by_ctx) > 1 else ""
+    shrink = []
+    smaller = [c for c in p["context_lens"] if c != max(p["context_lens"])]
+    if smaller:
+        shrink.append((f"-p context_lens={','.join(format_size(c) for c in smaller)}",
+                       _seconds(pl, cost, context_lens=smaller, budget_context=max(smaller) if p["budget_context"] ==
+                                max(p["context_lens"]) else p["budget_context"])[0]))
+    elif max(p["context_lens"]) >= 16 << 10:        # one context: a quarter of it
+        q = max(p["context_lens"]) // 4
+        shrink.append((f"-p context_lens={format_size(q)}", _seconds(pl, cost, context_lens=[q], budget_context=q)[0]))
+    if p["repeats"] * p["steps"] > 10:
+        shrink.append(("-p repeats=2 -p steps=5", _seconds(pl, cost, repeats=2, steps=5)[0]))
+    if max(p["concurrency"]) > 1:
+        shrink.append(("-p concurrency=1", _seconds(pl, cost, concurrency=[1])[0]))
+    return sweep.Estimate(total, f"{len(pl.points)} points; from a timing of this CPU just now", heaviest, shrink)
+
+
+def headline(m, p: dict, mf: dict | None = None) -> list[str]:
+    """What `make sweep` closes with: where it ran (a CPU's timings are that CPU's, never a GPU's), tok/s per
+    strategy at the largest context of the main table (its largest concurrency, first budget) with each one's
+    slowest..fastest repeat, whether those ranges overlap (then the order among them is noise), the prefill's tok/s
+    at its longest prompt, and the busy machine's caveat (`sweep.machine_busy`), as the report says them."""
+    mf = mf or {}
     d = m[(m["experiment"] == EXPERIMENT) & (m["status"] == "ok") & (m["axis"] == "context")]
-    lines = []
+    gpu = mf.get("gpu_name")
+    if gpu:
+        link = f"PCIe gen {mf['pcie_gen']:g} x{mf['pcie_width']:g}" if isinstance(mf.get("pcie_gen"), (int, float)) \
+            and isinstance(mf.get("pcie_width"), (int, float)) else "PCIe link not read"
+        lines = [f"on {gpu} ({link}), shape {p['shape']}"]
+    else:
+        lines = [f"on a CPU ({mf.get('cpu_count') or '?'} cores, no GPU: \"host\" and \"device\" are both RAM), shape "
+                 f"{p['shape']}: a check that the pipeline runs; these timings are this CPU's, never a GPU's"]
     if len(d):
         ctx = int(d["context_len"].max())
         at = d[d["context_len"] == ctx]
         conc = int(at["concurrency"].max())
-        at = at[at["concurrency"] == conc]
-        per = at.groupby("strategy", sort=False)["tok_s"].max()
-        lines.append(f"at {ctx} tokens x {conc} request(s): " + ", ".join(f"{s} {v:,.0f}" for s, v in per.items())
-                     + " tok/s")
+        at = at[at["concurrency"] == conc].sort_values("tok_s").groupby("strategy", sort=False).tail(1)
+        at = at.set_index("strategy").loc[[s for s in dict.fromkeys(d["strategy"]) if s in set(at["strategy"])]]
+        slow = conc / (at["step_ms_max"] / 1e3)
+        fast = conc / (at["step_ms_min"] / 1e3)
+        lines.append(f"at {ctx} tokens x {conc} request(s), tok/s (slowest..fastest repeat): " + ", ".join(
+            f"{s} {v:,.0f} ({lo:,.0f}..{hi:,.0f})" for s, v, lo, hi in zip(at.index, at["tok_s"], slow, fast)))
+        order = list(at["tok_s"].sort_values(ascending=False).index)
+        overlap = [(a, b) for a, b in zip(order, order[1:]) if slow[a] <= fast[b]]
+        if overlap:
+            lines.append("their ranges overlap (" + ", ".join(f"{a} and {b}" for a, b in overlap) + "): the order "
+                         "between those is noise, not a finding")
     pre = m[(m["experiment"] == "prefill") & (m["status"] == "ok")]
     if len(pre):
         r = pre.loc[pre["context_len"].idxmax()]
         lines.append(f"prefill of {int(r['context_len'])} tokens ({r['strategy']}): {r['tok_s']:,.0f} tok/s")
+    if len(d):
+        busy = sweep.machine_busy(mf, d["step_ms_max"] / d["step_ms_min"])
+        if busy:
+            lines.append(f"busy machine ({busy}): these timings measured other work too; run again on a quiet "
+                         "machine before reading anything into them")
     failed = int((m["status"] == "failed").sum())
     if failed:
         lines.append(f"{failed} point(s) failed (their errors are in the report)")
