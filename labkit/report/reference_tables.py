@@ -15,7 +15,8 @@ import pandas as pd
 from .. import costmodel as C
 from .. import peer as P
 from ..results import REPO, load_run
-from ..shapes import metrics_shape
+from ..engine.memory_plan import GIB, plan_split
+from ..shapes import PRESETS, metrics_shape
 from . import summary as S
 from .runs import ctx_label as _ctx
 
@@ -39,6 +40,44 @@ def _source_gpu(mf: dict) -> C.GPU:
     if g is None:
         raise ValueError(f"{mf.get('run_id')}: its GPU ({mf.get('gpu_name')}) is not in gpus.toml")
     return g
+
+
+# ---- the shape's costs (no run: arithmetic on the public config) ------------------------------------------------
+def step_bytes_table(name: str = "qwen3.8-flash-next", concurrency=(1, 2, 4, 8)) -> str:
+    """Weight bytes one decode step reads, by part, in bf16 and W4A16, as the batch grows (the distinct routed
+    experts a layer reads grow with it), beside the stand-in the lab used before the public config."""
+    s, standin = PRESETS[name], PRESETS[f"{name}-standin"]
+    rows = []
+    for wd in ("bf16", "w4a16"):
+        for c in concurrency:
+            e = s.expected_experts(c)
+            parts = s.step_weight_bytes(c, wd, e)
+            rows.append({"weights": wd, "c": c, "experts read / layer": f"{e:.1f}",
+                         **{f"{k} GB": f"{v / 1e9:.2f}" for k, v in parts.items()},
+                         "step GB": f"{sum(parts.values()) / 1e9:.2f}",
+                         "per request GB": f"{sum(parts.values()) / 1e9 / c:.2f}"})
+    old = sum(standin.step_weight_bytes(1, "bf16").values())
+    return (f"{_md(pd.DataFrame(rows))}\n\nThe stand-in read {old / 1e9:.2f} GB a step in bf16 at any batch (a dense "
+            f"FFN, no routed experts). Held weights: {s.weight_bytes('bf16') / 1e9:.1f} GB in bf16, "
+            f"{s.weight_bytes('w4a16') / 1e9:.1f} GB in W4A16; the n-gram embedding's table "
+            f"({s.ngram_table_bytes / GIB:.0f} GiB) stays in host RAM and sends {s.ngram_fetch_bytes:,} B a token "
+            f"over the host link.")
+
+
+def split_plan_table(name: str = "qwen3.8-flash-next", cards: int = 3, context_len: int = 1 << 20,
+                     cap_gib: float = 24.0) -> str:
+    """The layer split over `cards` cards of `cap_gib` at `context_len`, W4A16, per card and part
+    (`memory_plan.plan_split`), for one and four requests with zero_copy and four with the hot cache."""
+    s = PRESETS[name]
+    rows = []
+    for c, strategy in ((1, "zero_copy"), (4, "zero_copy"), (4, "hot_cache")):
+        for p in plan_split(s, cards, context_len, c, "w4a16", strategy=strategy, max_steps=64):
+            rows.append({"point": f"{strategy} c={c}", "card": p.card, "layers": f"{p.layers[0]}–{p.layers[1] - 1}",
+                         **{k.replace("_", " ") + " GiB": f"{v / GIB:.2f}" for k, v in p.parts.items()},
+                         "card GiB": f"{p.total / GIB:.2f}", "host KV GiB": f"{p.host_kv / GIB:.1f}",
+                         f"fits {cap_gib:g} GiB": "yes" if p.fits(cap_gib) else "no"})
+    return (f"{_ctx(context_len)} context, W4A16 weights, {cards} cards of {cap_gib:g} GiB (less a CUDA context's "
+            f"share, kept off each card):\n\n{_md(pd.DataFrame(rows).fillna('—'))}")
 
 
 # ---- the grid as measured --------------------------------------------------------------------------------------
@@ -222,8 +261,8 @@ def peer_table(path: str, strategy: str = "resident") -> str:
 
 
 def blocks(runs: dict) -> dict[str, str]:
-    """The blocks whose runs `docs/runs.toml` names."""
-    out = {}
+    """The shape's arithmetic, and the blocks whose runs `docs/runs.toml` names."""
+    out = {"reference-step-bytes": step_bytes_table(), "reference-split-plan": split_plan_table()}
     ref = runs.get("reference") or {}
     for gpu, path in ref.items():
         out[f"reference-grid-{gpu}"] = grid_table(path)
