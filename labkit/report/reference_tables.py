@@ -206,6 +206,32 @@ def peer_fit() -> dict:
     return {"fixed_ms": icpt, "per_request_ms": slope, "c1_ms": dict(zip(depth["context_len"], depth["median"]))}
 
 
+def peer_bound_table(name: str = "qwen3.8-flash-next", cards: int = 4) -> str:
+    """The peer's measured step at each of its points beside the bytes each of its cards must read from memory
+    at that point (the public config in W4A16, each card a quarter of every layer, the KV heads' rows split
+    over the cards as far as they go, KV resident as the peer ran it) and the time those bytes take at the RTX
+    3090's memory bandwidth: how far the peer's stack runs from the card's memory bound. No run of the lab's
+    is used: the shape's arithmetic and the datasheet."""
+    s, box = PRESETS[name], C.gpu("rtx3090")
+    pts = P.headline()
+    step = pts[pts["metric"] == "tpot_ms"].set_index(["context_len", "concurrency"])["median"]
+    points = [(ctx, 1) for ctx in PEER_DEPTHS] + [(PEER_DEPTHS[0], c) for c in PEER_CONCURRENCY[1:]]
+    kv_split = min(cards, s.n_kv_heads)
+    split = {"weights": cards, "deltanet": cards, "experts": cards, "hc": cards, "head": cards,
+             "transfer": kv_split, "attention": kv_split}
+    rows = []
+    for ctx, c in points:
+        by = C.phase_bytes(s, "resident", ctx, c, 2048, "w4a16")
+        card = sum(v / split.get(ph, 1) for ph, v in by.items() if ph != "ngram")
+        bound = card / (box.hbm_gbps * 1e6)
+        rows.append({"point": f"{_ctx(ctx)} c={c}", "peer's step ms": f"{step[(ctx, c)]:.2f}",
+                     "read per card GB": f"{card / 1e9:.2f}", f"at {box.hbm_gbps:g} GB/s ms": f"{bound:.2f}",
+                     "bound / step": f"{bound / step[(ctx, c)]:.0%}"})
+    return (f"The peer's decode step (its tpot_ms; c > 1: the step while the whole batch decodes) against the "
+            f"bytes each of its {cards} cards reads a step, timed at the {box.name}'s {box.hbm_gbps:g} GB/s "
+            f"(the n-gram rows cross the host link and are left out):\n\n{_md(pd.DataFrame(rows))}")
+
+
 def peer_table(path: str, strategy: str = "resident") -> str:
     """The box predicted from a committed run's anatomy beside the peer's 2026-08-28 measurements."""
     run, shape = _run(path)
@@ -262,7 +288,8 @@ def peer_table(path: str, strategy: str = "resident") -> str:
 
 def blocks(runs: dict) -> dict[str, str]:
     """The shape's arithmetic, and the blocks whose runs `docs/runs.toml` names."""
-    out = {"reference-step-bytes": step_bytes_table(), "reference-split-plan": split_plan_table()}
+    out = {"reference-step-bytes": step_bytes_table(), "reference-split-plan": split_plan_table(),
+           "peer-bound": peer_bound_table()}
     ref = runs.get("reference") or {}
     for gpu, path in ref.items():
         out[f"reference-grid-{gpu}"] = grid_table(path)
