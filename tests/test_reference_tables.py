@@ -1,0 +1,59 @@
+"""The published model's tables: the box's bound against the peer's step, the peer's own fixed-vs-per-request
+split, and the box predicted at the peer's points (each checked against its definition, not a stored output)."""
+import statistics
+
+import pytest
+
+from labkit import costmodel as C
+from labkit import peer as P
+from labkit.report import reference_tables as R
+from labkit.results import REPO, load_run
+from labkit.shapes import PRESETS, metrics_shape
+
+ANATOMY_RUN = "results/20261203-060711-decode-64k-h200"      # an H200 decode run with step anatomies
+
+
+def test_the_bound_is_each_cards_bytes_at_the_cards_bandwidth():
+    text = R.peer_bound_table()
+    s, box = PRESETS["qwen3.8-flash-next"], C.gpu("rtx3090")
+    by = C.phase_bytes(s, "resident", 4096, 8, 2048, "w4a16")
+    split = {"weights": 4, "deltanet": 4, "experts": 4, "hc": 4, "head": 4, "transfer": 2, "attention": 2}
+    card = sum(v / split.get(ph, 1) for ph, v in by.items() if ph != "ngram")
+    row = next(line for line in text.splitlines() if line.startswith("| 4K c=8 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == f"{card / 1e9:.2f}" and cells[3] == f"{card / (box.hbm_gbps * 1e6):.2f}"
+    peer = P.headline()
+    step = peer[(peer.metric == "tpot_ms") & (peer.context_len == 4096) & (peer.concurrency == 8)]["median"].iloc[0]
+    assert cells[1] == f"{step:.2f}"
+    # more requests read more distinct experts: the bytes per card grow with the batch at 4K
+    reads = [float(line.split("|")[3]) for line in text.splitlines() if line.startswith("| 4K c=")]
+    assert reads == sorted(reads) and reads[-1] > reads[0]
+
+
+def test_the_peers_split_is_a_least_squares_line_through_its_4k_steps():
+    fit = R.peer_fit()
+    pts = P.headline()
+    t = pts[(pts.metric == "tpot_ms") & (pts.context_len == 4096)].sort_values("concurrency")
+    resid = [m - (fit["fixed_ms"] + fit["per_request_ms"] * c) for c, m in zip(t.concurrency, t["median"])]
+    assert abs(sum(resid)) < 1e-9 and len(resid) == 4          # least squares: the residuals sum to zero
+    assert fit["c1_ms"][4096] == pytest.approx(statistics.median(
+        P.load().query("metric == 'tpot_ms' and context_len == 4096 and concurrency == 1 and primary")["median"]))
+
+
+def test_the_box_predicted_at_the_peers_points_in_both_splits():
+    run = load_run(REPO / ANATOMY_RUN)
+    shape, src = metrics_shape(run.metrics), C.gpu_for_name(run.manifest["gpu_name"])
+    pred = R.box_predictions(run.metrics, shape, src)
+    for split, n, _ in R.BOX_SPLITS:
+        p = pred[pred.split == split]
+        assert set(p.gpus) == {n}
+        steps = p[p.metric == "tpot_ms"].set_index(["context_len", "concurrency"])["predicted"]
+        for metric in ("decode_tok_s", "decode_aggregate_tok_s"):
+            for _, r in p[p.metric == metric].iterrows():     # tokens a second = c x 1000 / the same step
+                assert r.predicted == pytest.approx(r.concurrency * 1e3 / steps[(r.context_len, r.concurrency)])
+    tp = pred[(pred.split == "tensor") & (pred.metric == "tpot_ms")].iloc[0]
+    ar = C.allreduce_ms(4, tp.concurrency * shape.hidden * 2, C.gpu("rtx3090").link_gbps, C.ALLREDUCE_US)
+    assert tp["allreduce_ms"] == pytest.approx(2 * shape.layers * ar)
+    # the peer comparison matches every predicted point the peer measured
+    cmp = P.compare(pred[pred.split == "tensor"][["context_len", "concurrency", "metric", "predicted"]], P.load())
+    assert cmp["median"].notna().sum() == 14
