@@ -446,6 +446,25 @@ def _add_exchange(sub) -> None:
     im.set_defaults(fn=cmd_import)
 
 
+def _add_peer(sub) -> None:
+    """`peer`: a peer's measurements of the reference model on 4x RTX 3090 (docs/peer-data.md)."""
+    pe = sub.add_parser("peer", help="a peer's measured decode, prefill and concurrency of the reference model on "
+                                     "4x RTX 3090 (docs/peer-data.md)")
+    pe.add_argument("what", nargs="?", default="show", choices=("show", "rebuild"),
+                    help="show: print the primary points [default]; rebuild: re-derive the shipped file from the "
+                         "peer's raw JSONL folder")
+    pe.add_argument("raw_dir", nargs="?", metavar="RAW_DIR", help="rebuild: the peer's benchmarks/2026-08-28/raw folder")
+    pe.add_argument("--file", help="rebuild: the file to rewrite [default: the shipped one]")
+    pe.set_defaults(fn=cmd_peer)
+
+
+def cmd_peer(a) -> int:
+    from . import peer
+    if a.what == "rebuild" and not a.raw_dir:
+        raise BadInput("labkit peer rebuild needs RAW_DIR: the peer's benchmarks/2026-08-28/raw folder")
+    return peer.cmd(a.what, a.raw_dir, a.file)
+
+
 def _add_run_and_study(sub) -> None:
     """`run`: an experiment into a run folder; `study`: a cross-model study."""
     r = sub.add_parser("run", add_help=False, help="run an experiment into a run folder (labkit run --help lists them)",
@@ -624,6 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shapes_and_docs(sub)
     _add_node(sub)
     _add_exchange(sub)
+    _add_peer(sub)
     for choice in sub._choices_actions:          # `labkit X --help` opens with what X does, as `labkit --help` lists it
         parser = sub.choices[choice.dest]
         if not parser.description:

@@ -130,13 +130,12 @@ def cached() -> dict | None:
 
 def keep(rec: dict, how: str) -> dict:
     """Stamp and keep a measurement as this host's (whole or absent on disk); returns the stamped record."""
-    from .atomic import replacing
+    from .atomic import write_text
     rec = _stamp({k: v for k, v in rec.items() if not k.startswith("_")}, how)
     path = cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with replacing(path) as tmp:
-            Path(tmp).write_text(json.dumps(rec, indent=1))
+        write_text(path, json.dumps(rec, indent=1))
     except OSError:          # a read-only home: the run still records what was measured
         pass
     return rec

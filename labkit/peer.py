@@ -17,12 +17,11 @@ Metrics (docs/peer-data.md gives the derivation in full):
 Several runs measure the same key (decode at 4K c = 1 in the decode and the concurrency runs, the KV A/B at
 128K): `primary` marks the one point per (metric, context_len, concurrency) that a comparison uses by default.
 
-The file is built from the peer's raw JSONL by `derive()` (`python -m labkit.peer rebuild RAW_DIR`); it keeps
+The file is built from the peer's raw JSONL by `derive()` (`labkit peer rebuild RAW_DIR`); it keeps
 the per-request values every point comes from, so each figure can be re-checked without the peer's files.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -276,34 +275,20 @@ def headline(peer: pd.DataFrame | None = None) -> pd.DataFrame:
     return peer[peer["primary"]][cols].sort_values(KEY).reset_index(drop=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labkit.peer",
-                                 description="The peer's 4x RTX 3090 measurements of Qwen3.8-Flash-Next.")
-    sub = ap.add_subparsers(dest="cmd")
-    sub.add_parser("show", help="print the primary points (the default)")
-    rb = sub.add_parser("rebuild", help="re-derive the shipped file from the peer's raw JSONL folder")
-    rb.add_argument("raw_dir", help="the peer's benchmarks/2026-08-28/raw folder")
-    rb.add_argument("--file", default=None, help="the file to rewrite (default: the shipped one)")
-    a = ap.parse_args(argv)
-    try:
-        if a.cmd == "rebuild":
-            target = Path(a.file) if a.file else Path(str(resources.files("labkit").joinpath(PEER_FILE)))
-            if not target.is_file():
-                raise BadInput(f"{target}: no peer file to rebuild (its header is kept, so it must exist)")
-            print(rebuild(a.raw_dir, target))
-        else:
-            with pd.option_context("display.width", 160, "display.max_rows", 200):
-                print(headline().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-            sys.stdout.flush()      # inside the try: a closed pipe is caught below
+def cmd(what: str = "show", raw_dir: str | None = None, file: str | None = None) -> int:
+    """`labkit peer [show]`: the primary points; `labkit peer rebuild RAW_DIR [--file F]`: the shipped file
+    re-derived from the peer's raw folder. BadInput (one line) for a folder or file that is not the peer's."""
+    if what == "rebuild":
+        target = Path(file) if file else Path(str(resources.files("labkit").joinpath(PEER_FILE)))
+        if not target.is_file():
+            raise BadInput(f"{target}: no peer file to rebuild (its header is kept, so it must exist)")
+        print(rebuild(raw_dir, target))
         return 0
-    except (BadInput, FileNotFoundError) as ex:
-        print(f"labkit.peer: {ex}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:         # `show | head`: the reader took what it wanted
+    try:
+        with pd.option_context("display.width", 160, "display.max_rows", 200):
+            print(headline().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        sys.stdout.flush()      # inside the try: a closed pipe is caught below
+    except BrokenPipeError:     # `show | head`: the reader took what it wanted
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return 0

@@ -158,7 +158,7 @@ def test_rebuild_from_the_peer_folder_gives_the_shipped_points(doc, tmp_path):
     raw = _peer_folder(doc, tmp_path)
     copy = tmp_path / "peer.json"
     copy.write_text(FILE.read_text())
-    p = subprocess.run([sys.executable, "-m", "labkit.peer", "rebuild", str(raw), "--file", str(copy)],
+    p = subprocess.run([sys.executable, "-m", "labkit", "peer", "rebuild", str(raw), "--file", str(copy)],
                        capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr
@@ -173,7 +173,7 @@ def test_rebuild_refuses_a_folder_that_is_not_the_peers(tmp_path):
     (tmp_path / "b5-decode").mkdir()
     copy = tmp_path / "peer.json"
     copy.write_text(FILE.read_text())
-    p = subprocess.run([sys.executable, "-m", "labkit.peer", "rebuild", str(tmp_path), "--file", str(copy)],
+    p = subprocess.run([sys.executable, "-m", "labkit", "peer", "rebuild", str(tmp_path), "--file", str(copy)],
                        capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 2
@@ -183,7 +183,7 @@ def test_rebuild_refuses_a_folder_that_is_not_the_peers(tmp_path):
 
 
 def test_show_prints_the_primary_points():
-    p = subprocess.run([sys.executable, "-m", "labkit.peer"], capture_output=True, text=True, timeout=120,
+    p = subprocess.run([sys.executable, "-m", "labkit", "peer"], capture_output=True, text=True, timeout=120,
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()

@@ -111,8 +111,7 @@ def cmd_export(a) -> int:
     if out is None:
         sys.stdout.write(text)
     else:
-        from ..atomic import replacing
-        with replacing(out) as tmp:
-            Path(tmp).write_text(text)
+        from ..atomic import write_text
+        write_text(out, text)
         print(out)
     return 0

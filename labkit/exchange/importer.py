@@ -80,6 +80,7 @@ def lab_frame(rows: list[dict], folder: str, source: str, hardware: str) -> pd.D
 
 def import_file(path: str | Path, root: str | Path = "results", source: str = "", hardware: str = "") -> tuple[Path, int, int, bool]:
     """(the run folder, rows imported, records left out, whether it was there already)."""
+    from ..atomic import write_text
     from ..results import Run
     path, root = Path(path), Path(root)
     rows, skipped = read_rows(path)
@@ -98,7 +99,7 @@ def import_file(path: str | Path, root: str | Path = "results", source: str = ""
                 "status": "ok", "wall_s": 0.0}
     run = Run(folder, manifest)
     run.write_table("metrics", lab_frame(rows, folder.name, source, hw))
-    (folder / "report.html").write_text(_page(manifest, rows))
+    write_text(folder / "report.html", _page(manifest, rows))
     run.update_manifest()         # the manifest last: a folder without one is no run (an import cut short)
     return folder, len(rows), skipped, False
 
