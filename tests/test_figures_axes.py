@@ -169,3 +169,21 @@ def test_speed_caption_says_only_what_the_figure_draws():
     nb = json.loads((REPO / "notebooks" / "decode_sweep.ipynb").read_text())
     fixed = [''.join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
     assert not [t for t in fixed if "dashed" in t.lower()], "a fixed caption describes a line the figure may not draw"
+
+
+def test_anatomy_chart_says_why_a_measured_strategy_has_no_bars():
+    """The committed CPU nightly run measured per_row but has no anatomy for it: the chart and its text say so
+    and why, instead of leaving a reader to wonder where per_row went."""
+    import pytest
+
+    from browser_util import REPO
+    from labkit.report.anatomy import anatomy_bars, anatomy_frame, anatomy_text
+    from labkit.results import load_run
+    path = REPO / "results/nightly-2026-11-29/decode-small"
+    if not path.is_dir():
+        pytest.skip("the committed nightly decode run is not in this checkout")
+    m = load_run(path).metrics
+    assert "per_row" in set(m[m["experiment"] == "decode"]["strategy"]) and "per_row" not in set(anatomy_frame(m)["strategy"])
+    title = anatomy_bars(m).layout.title.text
+    assert "per_row has no anatomy" in title and "one repeat" in title, title
+    assert "`per_row` has no anatomy" in anatomy_text(m)
