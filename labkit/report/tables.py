@@ -36,4 +36,5 @@ def rows_table(df: pd.DataFrame):
     from IPython.display import HTML
     html = readable(df).to_html(index=False, max_rows=pd.get_option("display.max_rows"),
                                 float_format=lambda v: f"{v:.6g}", border=1, classes="dataframe")
-    return HTML(f'<div class="lk-scroll" style="overflow-x:auto;max-width:100%">{html}</div>')
+    from .summary import SCROLL_BOX
+    return HTML(f'<div class="lk-scroll" style="{SCROLL_BOX}">{html}</div>')
