@@ -326,7 +326,8 @@ def _link(gen, width) -> str:
 
 def cmd_runs(a) -> int:
     """A header, then one line per run, grouped by machine kind: the run (its folder under the root: what
-    `labkit report` takes), experiment, status (stale when its process died), kind, machine, link, sha, and the manifest's own name where
+    `labkit report` takes), experiment, status (stale when its process died here; a run committed from another
+    machine whose manifest still says running reads as its points are), kind, machine (whole), link, sha, and the manifest's own name where
     it differs from the folder's (several runs may share a name; their folders never do)."""
     from .results import list_runs
     root = Path(a.root)
@@ -345,18 +346,19 @@ def cmd_runs(a) -> int:
     for r in df.to_dict("records"):
         where = Path(r["path"])
         # the GPUs the run used (count, a power cap) where the manifest recorded them, else its GPU's name
-        machine = short_machine(r) or text(r.get("gpu_name")) or "CPU " + text(r.get("host"))
+        host = text(r.get("host"))
+        machine = short_machine(r) or text(r.get("gpu_name")) or (host if host.upper().startswith("CPU") else f"CPU {host}")
         last = "" if where.name == text(r["run_id"]) else text(r["run_id"])
         if text(r.get("status")) == "unreadable":      # say why, whole, where a name would go
             machine, last = "", text(r.get("error"))
         rel = os.path.relpath(where, root)
         run = rel if _is_default_root(root) else str(where)       # as `labkit report` takes it from here
+        sha = text(r.get("git_sha")).split()
         rows.append([run, text(r["experiment"]), text(r["status"]), machine_kind(r) if machine else "",
-                     machine.strip()[:24], _link(r.get("pcie_gen"), r.get("pcie_width")), text(r.get("git_sha"))[:12],
-                     last])
+                     machine.strip(), _link(r.get("pcie_gen"), r.get("pcie_width")), sha[0][:18] if sha else "", last])
     rows.sort(key=lambda row: row[3])        # grouped by machine kind (stable: newest first within a kind)
     rows.insert(0, ["RUN", "EXPERIMENT", "STATUS", "KIND", "MACHINE", "LINK", "SHA", "NAME"])
-    widths = [max(len(row[i]) for row in rows) for i in range(7)]      # ids are never cut
+    widths = [max(len(row[i]) for row in rows) for i in range(7)]      # ids and machines are never cut
     for row in rows:
         cells = [c.ljust(w) for c, w in zip(row[:7], widths)]
         print((" ".join(cells) + ("  " + row[7] if row[7] else "")).rstrip())

@@ -112,7 +112,8 @@ def machine_info() -> dict:
 #   failed       nothing was measured (no ok point), or the run ended with an error before any point
 #   interrupted  a signal (Ctrl-C, SIGTERM) ended the run
 #   running      a process of the run is still alive
-#   stale        the manifest says running but every process that wrote it is gone (killed, crashed)
+#   stale        the manifest says running but every process that wrote it on this machine is gone (killed,
+#                crashed); one written on another machine that still says running reads as its points do
 STATUSES = ("ok", "partial", "failed", "interrupted", "running", "stale")
 
 
@@ -169,16 +170,64 @@ def _writer_alive(w: dict) -> bool:
     return started is not None and (w.get("started") is None or abs(started - float(w["started"])) < 1.0)
 
 
-def effective_status(manifest: dict) -> str:
-    """The manifest's status, except that a `running` run whose writers (on this host) are all gone is
-    `stale`. A run written on another host cannot be checked here and keeps its word."""
+def machine_id() -> str | None:
+    """This machine, as a run's manifest records it: a digest of /etc/machine-id (host names repeat across
+    machines: every VM of a cloud image may be `vm`); None where there is none."""
+    import hashlib
+    for f in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            raw = Path(f).read_text().strip()
+        except OSError:
+            continue
+        if raw:
+            return hashlib.sha256(raw.encode()).hexdigest()[:16]
+    return None
+
+
+def checkable_here(manifest: dict) -> bool:
+    """Can this machine tell whether the run's processes are alive: was it written here, with its writers
+    recorded? By the manifest's machine id where it has one, else by host name and writers of this boot: a
+    manifest without them (written before they were recorded, or committed from another machine that shares
+    a host name, as every `vm` does) says nothing this machine can check."""
+    if manifest.get("machine_id"):
+        return manifest["machine_id"] == machine_id()
+    writers = manifest.get("writers") or []
+    if manifest.get("host") != socket.gethostname() or not writers:
+        return False
+    # no machine id (written before it was recorded): writers that started before this machine booted were
+    # another machine's processes as likely as this one's, so the host name alone decides nothing
+    return any(w.get("started") is None or float(w["started"]) >= _boot_time() - 1 for w in writers)
+
+
+def _boot_time() -> float:
+    try:
+        import psutil
+        return psutil.boot_time()
+    except Exception:
+        return 0.0
+
+
+def effective_status(manifest: dict, points=None) -> str:
+    """The manifest's status, except for one that still says `running`. Written here, with its writers recorded,
+    it is `stale` when every writer is gone. Written elsewhere (a run committed from another machine) its
+    processes cannot be checked here: with its points' statuses (`points`, metrics.parquet's `status` column)
+    it reads as what those points are (ok, partial, failed by the one rule), without them it keeps its word."""
     st = manifest.get("status") or "running"
     if st != "running":
         return st
-    writers = manifest.get("writers") or []
-    if not writers or manifest.get("host") != socket.gethostname():
-        return "stale" if not writers and manifest.get("host") == socket.gethostname() else st
-    return st if any(_writer_alive(w) for w in writers) else "stale"
+    if checkable_here(manifest):
+        return st if any(_writer_alive(w) for w in manifest.get("writers") or []) else "stale"
+    if points is None:
+        return st
+    return derive_status(list(points))
+
+
+def point_statuses(run_dir: str | Path):
+    """A run folder's points' statuses (metrics.parquet's `status` column); [] when it has none."""
+    try:
+        return list(pd.read_parquet(Path(run_dir) / "metrics.parquet", columns=["status"])["status"])
+    except Exception:
+        return []
 
 
 def new_run_id(experiment: str) -> str:
@@ -210,8 +259,8 @@ class Run:
                     "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "git_sha": git_sha(), "labkit": __version__, **machine_info(), "parameters": params,
                     "engine": envs.in_force(), "environment": envs.plumbing_in_force(),
-                    "status": "running", "writers": _writers(), "machine_load_before": machine_load(),
-                    "shape_rev": SHAPE_REV}
+                    "status": "running", "writers": _writers(), "machine_id": machine_id(),
+                    "machine_load_before": machine_load(), "shape_rev": SHAPE_REV}
         if envs.get("LABKIT_SESSION"):     # runs made by one device session (their reports meet)
             manifest["session"] = envs.get("LABKIT_SESSION")
         gpus = run_gpus(params)
@@ -474,7 +523,9 @@ def list_runs(root: str | Path = "results") -> pd.DataFrame:
                          "error": f"manifest.json unreadable: {why}"})
             continue
         rows.append({"path": str(mf.parent), "run_id": m.get("run_id"), "experiment": m.get("experiment"),
-                     "created": m.get("created"), "status": effective_status(m), "gpu_name": m.get("gpu_name"),
+                     "created": m.get("created"),
+                     "status": effective_status(m, point_statuses(mf.parent) if m.get("status") in (None, "running") else None),
+                     "gpu_name": m.get("gpu_name"),
                      "pcie_gen": m.get("pcie_gen"), "pcie_width": m.get("pcie_width"), "git_sha": m.get("git_sha"),
                      "host": m.get("host"), "cluster": m.get("cluster"), "gpus": m.get("gpus")})
     df = pd.DataFrame(rows)

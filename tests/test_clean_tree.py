@@ -17,6 +17,13 @@ def test_the_run_index_is_not_tracked_and_is_ignored():
     assert _git(REPO, "check-ignore", "results/index.html").strip() == "results/index.html"
 
 
+def test_a_comparison_page_is_ignored():
+    """`labkit compare A B` writes results/compare-A-vs-B.html beside B: a page to read, not a file to commit."""
+    page = "results/compare-20261129-101629-decode-h200-vs-20261129-153810-decode-h200.html"
+    assert _git(REPO, "check-ignore", page).strip() == page
+    assert _git(REPO, "ls-files", "results/compare-*.html").strip() == ""
+
+
 def test_dirty_means_code_changed_not_results(tmp_path, monkeypatch):
     monkeypatch.delenv("LABKIT_GIT_SHA", raising=False)
     repo = tmp_path / "clone"

@@ -150,3 +150,40 @@ def test_a_cpu_run_draws_no_link_bound_and_judges_no_target():
     assert not [a for a in fig.layout.annotations if "link bound" in a.text]
     t, _ = targets_view(m, {"gpu_name": None})
     assert len(t) and set(t["result"]) == {"not judged (CPU run)"}
+
+
+def test_speed_caption_says_only_what_the_figure_draws():
+    """The decode report's words under its speed plot: a dashed link bound only where one is drawn (a CPU run
+    has no host link, so none), and no fixed caption in the notebook that promises one."""
+    import json
+
+    from browser_util import REPO
+    from labkit.report.figures import tok_s_vs_context_caption
+    cpu = _metrics(5.0)
+    cpu = cpu[cpu["experiment"] != "probe"].assign(device="cpu", gpu_name=None)
+    words = tok_s_vs_context_caption(cpu, tok_s_vs_context(cpu))
+    assert "Dashed" not in words and "No link bound: a CPU run has no host link" in words
+    assert "Dashed: the link bound" in tok_s_vs_context_caption(_metrics(5.0), tok_s_vs_context(_metrics(5.0)))
+    far = tok_s_vs_context_caption(_metrics(55.0), tok_s_vs_context(_metrics(55.0)))
+    assert "Dashed" not in far and "not drawn" in far
+    nb = json.loads((REPO / "notebooks" / "decode_sweep.ipynb").read_text())
+    fixed = [''.join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+    assert not [t for t in fixed if "dashed" in t.lower()], "a fixed caption describes a line the figure may not draw"
+
+
+def test_anatomy_chart_says_why_a_measured_strategy_has_no_bars():
+    """The committed CPU nightly run measured per_row but has no anatomy for it: the chart and its text say so
+    and why, instead of leaving a reader to wonder where per_row went."""
+    import pytest
+
+    from browser_util import REPO
+    from labkit.report.anatomy import anatomy_bars, anatomy_frame, anatomy_text
+    from labkit.results import load_run
+    path = REPO / "results/nightly-2026-11-29/decode-small"
+    if not path.is_dir():
+        pytest.skip("the committed nightly decode run is not in this checkout")
+    m = load_run(path).metrics
+    assert "per_row" in set(m[m["experiment"] == "decode"]["strategy"]) and "per_row" not in set(anatomy_frame(m)["strategy"])
+    title = anatomy_bars(m).layout.title.text
+    assert "per_row has no anatomy" in title and "one repeat" in title, title
+    assert "`per_row` has no anatomy" in anatomy_text(m)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from labkit.results import Run, derive_status, effective_status, list_runs, writer_entry
+from labkit.results import Run, derive_status, effective_status, list_runs, machine_id, writer_entry
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -89,7 +89,8 @@ def test_every_experiment_finishes_through_the_rule():
 def test_stale_when_writers_are_gone(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        mf = {"status": "running", "host": socket.gethostname(), "writers": [writer_entry(child.pid)]}
+        mf = {"status": "running", "host": socket.gethostname(), "machine_id": machine_id(),
+              "writers": [writer_entry(child.pid)]}
         assert effective_status(mf) == "running"
     finally:
         child.kill()
@@ -97,7 +98,7 @@ def test_stale_when_writers_are_gone(tmp_path):
     assert effective_status(mf) == "stale"
     # a reused pid is not the writer: same pid, another start time
     assert effective_status({**mf, "writers": [{"pid": os.getpid(), "started": 1.0}]}) == "stale"
-    assert effective_status({**mf, "host": "elsewhere"}) == "running"      # cannot be checked here
+    assert effective_status({**mf, "machine_id": "elsewhere"}) == "running"      # cannot be checked here
     assert effective_status({**mf, "status": "ok"}) == "ok"
 
 
@@ -109,6 +110,26 @@ def test_runs_and_index_show_stale(tmp_path):
     from labkit.report.index import collect
     runs, _, _ = collect(tmp_path)
     assert list(runs["status"]) == ["stale"]
+
+
+def test_a_run_written_elsewhere_reads_as_its_points(tmp_path):
+    """A committed run whose manifest still says running was written on another machine (GPU boxes are all
+    called `vm`): its processes cannot be checked here, so it is not `stale` but what its points are."""
+    r = _run(tmp_path, "20260101-000000-probe")
+    for st in ("ok", "ok"):
+        r.add({"status": st})
+    elsewhere = {k: v for k, v in r.manifest.items() if k != "machine_id"}
+    elsewhere["writers"] = [{"pid": 517, "started": 1.0}]          # a process of another machine, long gone
+    (r.path / "manifest.json").write_text(json.dumps(elsewhere))
+    assert list(list_runs(tmp_path)["status"]) == ["ok"]
+    from labkit.report.index import collect
+    assert list(collect(tmp_path)[0]["status"]) == ["ok"]
+    (r.path / "manifest.json").write_text(json.dumps({**elsewhere, "machine_id": "0123456789abcdef"}))
+    r.add({"status": "failed", "error": "x"})
+    assert list(list_runs(tmp_path)["status"]) == ["partial"]
+    # written here (this machine's id) by a process that is gone: stale, as before
+    (r.path / "manifest.json").write_text(json.dumps({**elsewhere, "machine_id": machine_id()}))
+    assert list(list_runs(tmp_path)["status"]) == ["stale"]
 
 
 def _cli(*args, timeout=120):

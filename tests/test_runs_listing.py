@@ -38,6 +38,17 @@ def test_header_and_first_column_is_a_run_labkit_report_takes():
             os.chdir(old_cwd)
 
 
+def test_committed_runs_read_as_they_are_and_machines_are_whole():
+    out = _sh(f"{sys.executable} -m labkit runs")
+    assert out.returncode == 0, out.stderr
+    lines = {ln.split()[0]: ln for ln in out.stdout.splitlines()[1:]}
+    stale = [run for run, ln in lines.items() if ln.split()[2] == "stale"]
+    assert not stale, f"committed runs listed as stale (their writers ran on another machine): {stale}"
+    cpu = lines.get("20261129-hot-replay-cpu")
+    if cpu is not None:                       # its host is a description, not a name: shown whole, said once
+        assert "CPU (developer machine, 2 cores)" in cpu and "CPU CPU" not in cpu, cpu
+
+
 def test_a_closed_pipe_ends_quietly():
     for cmd in ("runs", "docs"):
         out = _sh(f"{sys.executable} -m labkit {cmd} | head -1")

@@ -31,11 +31,13 @@ def anatomy_text(m: pd.DataFrame) -> str:
     t = anatomy_frame(m)
     if t.empty:
         return "No step anatomy in this run (`anatomy=false`, or per_row only)."
+    missing = without_anatomy(m, code=True)
+    missing = f" {missing}" if missing else ""
     if not is_cpu(m):
         return ("Each decode point's step split into phases (weights/GEMMs, DeltaNet, index score, selection, transfer, "
                 "attention, head, other), timed by events recorded inside one extra CUDA graph of the step; the cost of "
                 "the marks themselves is measured (every mark doubled in a third graph) and taken off. The black tick is "
-                "the measured, unmarked step: bar and tick should meet (within 5%).")
+                "the measured, unmarked step: bar and tick should meet (within 5%)." + missing)
     total = t.groupby(["strategy", "context_len", "concurrency"]).agg(ms=("ms", "sum"), step=("step_ms_median", "first"))
     r = (total["ms"] / total["step"]).replace([float("inf")], float("nan")).dropna()
     spread = f" (here the bars are {r.min():.2g}× to {r.max():.2g}× the tick)" if len(r) else ""
@@ -43,7 +45,34 @@ def anatomy_text(m: pd.DataFrame) -> str:
             "other) is timed by wall-clock marks around eager code on this CPU; there are no CUDA graphs. The marked "
             "steps and the unmarked ones (black tick) are different runs of the step on a shared CPU, so bar and tick "
             f"need not meet{spread}. What holds here: which phases each strategy runs and how they compare within one "
-            "bar. The closure check (bar within 5% of the tick) and the cost model are a GPU run's.")
+            "bar. The closure check (bar within 5% of the tick) and the cost model are a GPU run's." + missing)
+
+
+def without_anatomy(m: pd.DataFrame, code: bool = False) -> str:
+    """The strategies this run measured but drew no anatomy for, and why, in words ("" when none). A slow
+    strategy (per_row: one copy per selected row, ~0.4 s a step per request on the reference shape) is timed over
+    fewer steps and one repeat, without the extra marked runs of the step that an anatomy needs."""
+    d = m[(m["experiment"] == "decode") & (m["status"] == "ok")] if "experiment" in m and "status" in m else m.iloc[0:0]
+    if "axis" in d:
+        d = d[d["axis"] == "context"]
+    t = anatomy_frame(m)
+    if d.empty or t.empty:
+        return ""
+    missing = [s for s in dict.fromkeys(d["strategy"]) if s not in set(t["strategy"])]
+    if not missing:
+        return ""
+    from ..engine.transfer import STRATEGIES
+    name = (lambda s: f"`{s}`") if code else str        # markdown: a strategy as code, so it starts a sentence
+    slow = [name(s) for s in missing if getattr(STRATEGIES.get(s), "slow", False)]
+    other = [name(s) for s in missing if not getattr(STRATEGIES.get(s), "slow", False)]
+    parts = []
+    if slow:
+        parts.append(f"{', '.join(slow)} {'has' if len(slow) == 1 else 'have'} no anatomy: a step that slow (one copy "
+                     "per selected row) is timed over fewer steps and one repeat, without the extra marked runs an anatomy "
+                     "needs; its step time is in the speed plots and the table")
+    if other:
+        parts.append(f"{', '.join(other)} {'was' if len(other) == 1 else 'were'} measured without an anatomy")
+    return "; ".join(parts) + "."
 
 
 def anatomy_frame(m: pd.DataFrame) -> pd.DataFrame:
@@ -88,8 +117,15 @@ def anatomy_bars(m: pd.DataFrame) -> go.Figure:
                                                          "line": {"width": 2}},
                                  name="measured step", legendgroup="step", showlegend=i == 1,
                                  hovertemplate="%{x}<br>measured step %{y:.3f} ms<extra></extra>"), row=i, col=1)
-    fig.update_layout(barmode="stack", template=TEMPLATE, height=380 * len(concs),
-                      title="Step anatomy: where each decode step's time goes (ms)")
+    title = "Step anatomy: where each decode step's time goes (ms)"
+    missing = without_anatomy(m)
+    if missing:          # a strategy the run measured is not among the bars: the chart says why
+        import textwrap
+        lines = textwrap.wrap(missing, 110)
+        title += "".join(f"<br><sup>{ln}</sup>" for ln in lines)
+    extra = 18 * len(textwrap.wrap(missing, 110)) if missing else 0
+    fig.update_layout(barmode="stack", template=TEMPLATE, height=380 * len(concs) + extra,
+                      title=title, margin={"t": 80 + 2 * extra})
     fig.update_yaxes(title="ms per step")
     return fig
 

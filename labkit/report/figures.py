@@ -165,6 +165,25 @@ def tok_s_vs_context(m: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def tok_s_vs_context_caption(m: pd.DataFrame, fig: go.Figure) -> str:
+    """The words under `tok_s_vs_context`, saying only what that figure draws: the dashed link bound where it is
+    drawn, the bound named in each facet where it lies far above the data, and why there is none where the run
+    measured no host link (a CPU has none)."""
+    text = "Aggregate tok/s (error bars: fastest and slowest step)."
+    bound = ("the link bound, tokens/s if only the selected rows' transfer took time at the contiguous pinned H2D "
+             "bandwidth measured in this run")
+    if any("link bound" in (t.name or "") for t in fig.data):
+        return f"{text} Dashed: {bound}."
+    if any("link bound" in (a.text or "") for a in fig.layout.annotations):
+        return f"{text} The boxed note in each facet names {bound}; it lies far above the strategies, so it is not drawn."
+    if empty_reason(fig):
+        return text
+    from .anatomy import is_cpu
+    why = "a CPU run has no host link to bound it" if is_cpu(m) else \
+        "this run measured no contiguous pinned H2D copy (no probe rows) to bound it"
+    return f"{text} No link bound: {why}."
+
+
 def step_ms_vs_context(m: pd.DataFrame) -> go.Figure:
     d = decode_table(m)
     if d.empty:

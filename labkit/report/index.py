@@ -211,7 +211,7 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
         report = run_dir / "report.html"
         busy = run_busy(m, mf) if len(m) else ""
         runs.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
-                     "experiment": mf.get("experiment", ""), "status": effective_status(mf),
+                     "experiment": mf.get("experiment", ""), "status": effective_status(mf, list(st)),
                      "kind": machine_kind(mf), "machine": " · ".join(x for x in (machine_label(mf), machine_cell(mf)) if x),
                      "git_sha": mf.get("git_sha", ""), "wall_s": mf.get("wall_s"), "busy": "busy" if busy else "",
                      "points_ok": int((st == "ok").sum()), "points_failed": int((st != "ok").sum()) if len(st) else 0,

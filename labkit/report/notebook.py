@@ -190,6 +190,31 @@ def signal_number(name: str) -> int | None:
         return None
 
 
+_NIGHT = re.compile(r"^nightly-(\d{4}-\d{2}-\d{2})$")
+
+
+def report_title(run_dir: Path) -> tuple[str, str]:
+    """The report's title, and for a nightly entry a line saying what it is. A nightly entry's folder (and run id)
+    is the plan's entry name (`decode-small`), which alone says neither the experiment nor the night: its title
+    names all three, `labkit nightly 2026-11-29: decode, entry decode-small`. Other runs keep their folder's name
+    (their run id names the experiment), with the experiment added where the name does not hold it."""
+    import json
+    info: dict = {}
+    for name in ("nightly-entry.json", "manifest.json"):      # the entry's record first: it exists for failed entries
+        try:
+            info = {**json.loads((run_dir / name).read_text()), **{k: v for k, v in info.items() if v}}
+        except (OSError, ValueError):
+            pass
+    exp = info.get("experiment") or next((p.stem for p in executed_notebooks(run_dir)), "")
+    night = _NIGHT.match(run_dir.parent.name)
+    if night:
+        date = night.group(1)
+        return (f"labkit nightly {date}: {exp}, entry {run_dir.name}" if exp else f"labkit nightly {date}: entry {run_dir.name}",
+                f"Nightly run of {date}, entry `{run_dir.name}`" + (f" (experiment `{exp}`)" if exp else "") + ".")
+    return (f"labkit report {run_dir.name}" + (f" ({exp})" if exp and exp.replace("_", "-") not in run_dir.name.replace("_", "-")
+                                               else ""), "")
+
+
 def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bool = True, standalone: bool = False) -> Path:
     """Write `run_dir/report.html` (or `out`) from the executed notebook(s) in the folder (one page,
     sections in order); `standalone` embeds plotly.js instead of linking the results folder's copy."""
@@ -210,7 +235,11 @@ def render_report(run_dir: str | Path, out: str | Path | None = None, shrink: bo
     mark_stopped(nb, run_dir)
     add_gpu_cells(nb, run_dir)
     nb.metadata.pop("widgets", None)   # widget state would pull the widget manager from a CDN; reports are widget-free
-    nb.metadata.setdefault("title", f"labkit report {run_dir.name}")
+    title, where = report_title(run_dir)
+    nb.metadata["title"] = title
+    if where:           # a nightly entry: which night, entry and experiment, under the notebook's heading
+        first_md = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), -1)
+        nb.cells.insert(first_md + 1, nbformat.v4.new_markdown_cell(where))
     html, _ = ex.from_notebook_node(nb, resources={"metadata": {"name": f"labkit {run_dir.name}"}})
     # plotly.js exactly once, from the installed package, before any figure: readable offline
     out = Path(out) if out else run_dir / "report.html"

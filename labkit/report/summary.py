@@ -294,15 +294,23 @@ def table_view(m: pd.DataFrame) -> pd.DataFrame:
     return tab.dropna(axis=1, how="all")
 
 
+# A table's box: as wide as the page and at most most of a screen tall, scrolling both ways inside, its header row
+# held at the top. A wide table in a box as tall as itself (the decode table: 16 columns, 1,700 px, 40+ rows) put its
+# sideways scrollbar a screen or more below where a reader meets it, so at 1280 px its last columns read as cut off.
+SCROLL_BOX = "overflow:auto;max-width:100%;max-height:75vh"
+STICKY_HEAD = [{"selector": "thead th", "props": "position:sticky;top:0;z-index:1;background:#fff"}]
+
+
 def scroll_table(df: pd.DataFrame, digits: int = 3) -> str:
-    """A table for a report (HTML): no index, integers as integers, floats to `digits` places, inside a box
-    that scrolls sideways when the table is wider than the page (nothing clipped out of reach)."""
+    """A table for a report (HTML): no index, integers as integers, floats to `digits` places, inside a box that
+    scrolls when the table is wider than the page or taller than most of a screen, its scrollbars and header row
+    in view while the table is (nothing clipped out of reach)."""
     if df.empty:
         return "<p><em>(no rows)</em></p>"
     floats = [c for c in df.columns if pd.api.types.is_float_dtype(df[c])]
     sty = df.style.hide(axis="index").format("{:,." + str(digits) + "f}", subset=floats, na_rep="—").format(
-        na_rep="—", subset=[c for c in df.columns if c not in floats])
-    return f'<div class="lk-scroll" style="overflow-x:auto;max-width:100%">{sty.to_html()}</div>'
+        na_rep="—", subset=[c for c in df.columns if c not in floats]).set_table_styles(STICKY_HEAD)
+    return f'<div class="lk-scroll" style="{SCROLL_BOX}">{sty.to_html()}</div>'
 
 
 def md_table(df: pd.DataFrame) -> str:

@@ -28,3 +28,13 @@ def readable_tables() -> None:
     ip = get_ipython()
     if ip is not None:
         ip.display_formatter.formatters["text/html"].for_type(pd.DataFrame, _html)
+
+
+def rows_table(df: pd.DataFrame):
+    """A table of rows, each a measurement, for `display`: readable as above and without pandas' index (a column
+    of row numbers that says nothing), in a box that scrolls sideways when it is wider than the page."""
+    from IPython.display import HTML
+    html = readable(df).to_html(index=False, max_rows=pd.get_option("display.max_rows"),
+                                float_format=lambda v: f"{v:.6g}", border=1, classes="dataframe")
+    from .summary import SCROLL_BOX
+    return HTML(f'<div class="lk-scroll" style="{SCROLL_BOX}">{html}</div>')

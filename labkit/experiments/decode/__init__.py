@@ -30,7 +30,9 @@ SPEC = [
     Param("concurrency", "list[int]", [1, 4], "concurrent requests per decode step", gt=0),
     Param("micro_batches", "list[int]", [1], "split each batch into this many micro-batches, pipelined over "
           "the devices of a layer split (1: the stages take turns); main table only", gt=0),
-    Param("repeats", "int", 5, "timed repeats of `steps` steps", gt=0),
+    # a CPU's default sized to about 5 min on 2 quiet cores: the lab's estimate (measure.estimate) puts 3 repeats at
+    # 0.67 of 5, which measured 6 min 51 s there; the axes stay those of a GPU sweep (concurrency 1 and 4 included)
+    Param("repeats", "int", "auto", "timed repeats of `steps` steps", gt=0, auto={"cuda": 5, "cpu": 3}),
     Param("steps", "int", 20, "decode steps per repeat", gt=0),
     Param("prefill_lens", "list[int]", "auto", "prompt lengths for the prefill measurement (empty: none)", gt=0,
           auto={"cuda": [248 << 10], "cpu": [2048]}),
