@@ -5,7 +5,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .summary import cost_model_errors, decode_table
+from .summary import cost_model_errors, decode_table, is_cpu
+from .units import tokens_label
 
 PHASE_COLORS = {"weights": "#4c78a8", "deltanet": "#72b7b2", "index_score": "#f58518", "selection": "#e45756",
                 "transfer": "#54a24b", "attention": "#b279a2", "head": "#9d755d", "other": "#bab0ac"}
@@ -13,16 +14,7 @@ TEMPLATE = "plotly_white"
 
 
 def _ctx(v) -> str:
-    from .figures import tokens_label
     return tokens_label(v)
-
-
-def is_cpu(m: pd.DataFrame) -> bool:
-    """No GPU named on any row (the metrics name the device `cpu` there): a CPU run."""
-    if "gpu_name" not in m:
-        return True
-    names = m["gpu_name"].dropna().astype(str).str.strip().str.lower()
-    return names.isin(["", "cpu", "none", "nan"]).all()
 
 
 def anatomy_text(m: pd.DataFrame) -> str:

@@ -493,14 +493,50 @@ ONE_M_BOX = Published(1 << 20, "1M context on 3× RTX 3090 without KV quantizati
 BELOW_BUDGET = (4, 2)     # "below the budget": the cost model read at a quarter and a half of the run's budget
 
 
+def _sparse_shape_claims(sys, shape, budget: int, d, top: int, gpu_name: str) -> list[Claim]:
+    """The sparse-offload figures that follow from the shape (bytes a step, the link at ~80 tok/s, index bytes),
+    each beside what the engine counted."""
+    from ..shapes import PRESETS
+    out = []
+    z1 = d.loc[("zero_copy", 1, top)]
+    step = shape.h2d_bytes_per_step(budget, [budget])
+    arithmetic = (f"{shape.attn_layers} QSA layers × {budget:,} rows × {shape.row_bytes:,} B")
+    rows = d.xs(("zero_copy", 1), level=("strategy", "concurrency"))
+    mib = rows["h2d_bytes_per_step"] / 2**20
+    hot = d.loc[("hot_cache", 1, top)]
+    out.append(Claim("sparse-bytes-step", sys, BYTES_STEP,
+                     construction=_one(step / 2**20, f"the shape's arithmetic, {arithmetic}", [RUNS["decode_now"]],
+                                       "MiB", how="arithmetic"),
+                     terms=Figure(float(mib.median()), float(mib.min()), float(mib.max()),
+                                  f"min–max over {len(mib)} contexts ({_ctx(rows.index.min())}–{_ctx(rows.index.max())})",
+                                  f"host-to-device bytes per decode step counted by the engine, zero_copy, c = 1, budget "
+                                  f"{budget:,}", (RUNS["decode_now"],), f"the same layout and budget; one {gpu_name}", "MiB"),
+                     strongest=_one(hot["h2d_bytes_per_step"] / 2**20, f"the hot cache's bytes per step at {_ctx(top)}, "
+                                    "c = 1 (only misses cross)", [RUNS["decode_now"]], "MiB", how="one process")))
+    rate = DECODE_BELOW.value     # the published ~80 tok/s the ~3.9 GB/s is quoted at
+    out.append(Claim("sparse-link-at-80", sys, LINK_AT_80,
+                     construction=_one(step * rate / 1e9, f"the shape's arithmetic, ({arithmetic}) × {rate:g} steps a "
+                                       "second", [RUNS["decode_now"]], "GB/s", how="arithmetic"),
+                     strongest=_one(z1["h2d_bytes_per_step"] * z1["tok_s"] / 1e9, f"what the link carried at "
+                                    f"{_ctx(top)}, c = 1 on one {gpu_name}: bytes per step × {z1['tok_s']:.0f} tok/s",
+                                    [RUNS["decode_now"]], "GB/s", how="one process")))
+    out.append(Claim("sparse-index-bytes", sys, INDEX_BYTES,
+                     construction=_one(shape.index_key_bytes, f"the shape's arithmetic, {shape.index_dim} fp8 values + an "
+                                       "fp16 scale a token and QSA layer (the public config's indexer, which compresses "
+                                       f"{PRESETS['qwen3.8-flash-next'].index_compress} tokens into one entry, would take "
+                                       "half: the shape's note)",
+                                       [RUNS["decode_now"]], "B", how="arithmetic")))
+    return out
+
+
 def sparse_claims() -> list[Claim]:
     from .roofline_tables import decode_ratio_rows, prefill_rows
     sys = SYSTEMS["sparse"]
-    from ..shapes import ModelShape
+    from ..shapes import metrics_shape
     d, top = _decode_now(), PUBLISHED_CONTEXT
     now = load_run(REPO / RUNS["decode_now"]).metrics
-    # figures that follow from the shape are read off the published model's shape (the preset the run names)
-    shape, budget = ModelShape.from_name(str(now["shape"].dropna().iloc[0])), int(now["budget"].dropna().iloc[0])
+    # figures that follow from the shape are read off the shape the run was made with
+    shape, budget = metrics_shape(now), int(now["budget"].dropna().iloc[0])
     measured = sorted(int(x) for x in d.xs(("zero_copy", 1), level=("strategy", "concurrency")).index)
     published_range = tuple([budget] + [x for x in measured if budget < x <= top])
     out = []
@@ -548,33 +584,7 @@ def sparse_claims() -> list[Claim]:
                      model=_with_sparse(prefill_prediction(), RUNS["prefill_sparse"][0]),
                      model_basis="prefill phases scaled by datasheet bf16 rates, unchecked on another GPU",
                      settle=f"a prefill run on {_box_name()}"))
-    # figures that follow from the shape
-    step = shape.h2d_bytes_per_step(budget, [budget])
-    arithmetic = (f"{shape.attn_layers} QSA layers × {budget:,} rows × {shape.row_bytes:,} B")
-    rows = d.xs(("zero_copy", 1), level=("strategy", "concurrency"))
-    mib = rows["h2d_bytes_per_step"] / 2**20
-    hot = d.loc[("hot_cache", 1, top)]
-    out.append(Claim("sparse-bytes-step", sys, BYTES_STEP,
-                     construction=_one(step / 2**20, f"the shape's arithmetic, {arithmetic}", [RUNS["decode_now"]],
-                                       "MiB", how="arithmetic"),
-                     terms=Figure(float(mib.median()), float(mib.min()), float(mib.max()),
-                                  f"min–max over {len(mib)} contexts ({_ctx(rows.index.min())}–{_ctx(rows.index.max())})",
-                                  f"host-to-device bytes per decode step counted by the engine, zero_copy, c = 1, budget "
-                                  f"{budget:,}", (RUNS["decode_now"],), f"the same layout and budget; one {gpu_name}", "MiB"),
-                     strongest=_one(hot["h2d_bytes_per_step"] / 2**20, f"the hot cache's bytes per step at {_ctx(top)}, "
-                                    "c = 1 (only misses cross)", [RUNS["decode_now"]], "MiB", how="one process")))
-    rate = DECODE_BELOW.value     # the published ~80 tok/s the ~3.9 GB/s is quoted at
-    out.append(Claim("sparse-link-at-80", sys, LINK_AT_80,
-                     construction=_one(step * rate / 1e9, f"the shape's arithmetic, ({arithmetic}) × {rate:g} steps a "
-                                       "second", [RUNS["decode_now"]], "GB/s", how="arithmetic"),
-                     strongest=_one(z1["h2d_bytes_per_step"] * z1["tok_s"] / 1e9, f"what the link carried at "
-                                    f"{_ctx(top)}, c = 1 on one {gpu_name}: bytes per step × {z1['tok_s']:.0f} tok/s",
-                                    [RUNS["decode_now"]], "GB/s", how="one process")))
-    out.append(Claim("sparse-index-bytes", sys, INDEX_BYTES,
-                     construction=_one(shape.index_key_bytes, f"the shape's arithmetic, {shape.index_dim} fp8 values + an "
-                                       "fp16 scale a token and QSA layer (the public config's indexer, which compresses "
-                                       f"{shape.index_compress} tokens into one entry, would take half: the shape's note)",
-                                       [RUNS["decode_now"]], "B", how="arithmetic")))
+    out += _sparse_shape_claims(sys, shape, budget, d, top, gpu_name)
     out.append(Claim("sparse-1m-box", sys, ONE_M_BOX,
                      untestable=f"the lab has no {_box_name()}; its 1M runs are on one {gpu_name}",
                      settle=f"a 1M-token decode on {_box()} with bf16 KV in host RAM (`labkit run decode` there)"))
@@ -963,6 +973,38 @@ def _failures(run: str, backend: str | None = None) -> tuple[int, int, int]:
     return int((m["status"] != "ok").sum()), int(req.sum()), int(m["concurrency"].max())
 
 
+def _xfer_serving_claims(sys, run32, dev32: str, pair: str, vllm) -> list[Claim]:
+    """Cross-model transfer's serving figures: zero failures through the connector, short prompts losing."""
+    out = []
+    failed, requests, conc = _failures(RUNS["xfer_full"], backend="vllm")
+    out.append(Claim("xfer-zero-failures", sys,
+                     Published(0, "zero failures over all runs", "the vLLM KV connector over /dev/shm, up to "
+                               "concurrency 8", "absolute", unit="failures"),
+                     stand_in=_one(failed, f"failed TTFT rows among {requests} requests through our vLLM connector path, "
+                                   f"up to concurrency {conc}", [RUNS["xfer_full"]], "failures", pair, "one run"),
+                     regime=(f"our vLLM connector runs reach concurrency {conc}, not {PUBLISHED_XFER_CONCURRENCY}; the "
+                             f"concurrency-{PUBLISHED_XFER_CONCURRENCY} run is in-process transformers, with no connector "
+                             "to fail") if conc < PUBLISHED_XFER_CONCURRENCY else "",
+                     settle=f"the vLLM connector path at concurrency {PUBLISHED_XFER_CONCURRENCY} over repeated runs, "
+                            "failures counted"))
+    short = None
+    if run32:
+        ctxs = sorted(int(x) for x in _metrics(run32).query("kind == 'ttft'")["context_len"].unique())
+        short = _ttft_speedup(run32, near=ctxs[0])
+        longest = _ttft_speedup(run32, near=ctxs[-1])
+        if short is not None and len(ctxs) > 1:
+            short = Figure(**{**short.__dict__, "differs": f"the published pair's shapes with seeded weights on one {dev32}; "
+                              f"at {_ctx(ctxs[-1])} the same ratio is {longest.value:.2f}×"})
+    out.append(Claim("xfer-short-prompts", sys,
+                     Published(NO_EFFECT, "short prompts lose to the transfer overhead", "the mapped path's TTFT "
+                               "speedup below 1× on a short prompt (it pays off on long context)", "direction", side=-1),
+                     terms=short, strongest=vllm,
+                     caveat=(f"the other half, that it pays off on long context, does not hold here: at "
+                             f"{_ctx(ctxs[-1])} ours is {longest.value:.2f}×") if short is not None and longest.value < NO_EFFECT else "",
+                     settle="the 32K cross-model run with a short prompt (`xfer_ttft_32k`)"))
+    return out
+
+
 def xfer_claims() -> list[Claim]:
     sys = SYSTEMS["xfer"]
     prm = load_run(REPO / RUNS["xfer_frontier"]).manifest.get("parameters", {})
@@ -1018,32 +1060,7 @@ def xfer_claims() -> list[Claim]:
                                "(prompt length not stated)"),
                      terms=c8, strongest=full, stand_in=full,
                      settle="the 32K cross-model run with a concurrency-8 point (`xfer_ttft_32k`)"))
-    failed, requests, conc = _failures(RUNS["xfer_full"], backend="vllm")
-    out.append(Claim("xfer-zero-failures", sys,
-                     Published(0, "zero failures over all runs", "the vLLM KV connector over /dev/shm, up to "
-                               "concurrency 8", "absolute", unit="failures"),
-                     stand_in=_one(failed, f"failed TTFT rows among {requests} requests through our vLLM connector path, "
-                                   f"up to concurrency {conc}", [RUNS["xfer_full"]], "failures", pair, "one run"),
-                     regime=(f"our vLLM connector runs reach concurrency {conc}, not {PUBLISHED_XFER_CONCURRENCY}; the "
-                             f"concurrency-{PUBLISHED_XFER_CONCURRENCY} run is in-process transformers, with no connector "
-                             "to fail") if conc < PUBLISHED_XFER_CONCURRENCY else "",
-                     settle=f"the vLLM connector path at concurrency {PUBLISHED_XFER_CONCURRENCY} over repeated runs, "
-                            "failures counted"))
-    short = None
-    if run32:
-        ctxs = sorted(int(x) for x in _metrics(run32).query("kind == 'ttft'")["context_len"].unique())
-        short = _ttft_speedup(run32, near=ctxs[0])
-        longest = _ttft_speedup(run32, near=ctxs[-1])
-        if short is not None and len(ctxs) > 1:
-            short = Figure(**{**short.__dict__, "differs": f"the published pair's shapes with seeded weights on one {dev32}; "
-                              f"at {_ctx(ctxs[-1])} the same ratio is {longest.value:.2f}×"})
-    out.append(Claim("xfer-short-prompts", sys,
-                     Published(NO_EFFECT, "short prompts lose to the transfer overhead", "the mapped path's TTFT "
-                               "speedup below 1× on a short prompt (it pays off on long context)", "direction", side=-1),
-                     terms=short, strongest=vllm,
-                     caveat=(f"the other half, that it pays off on long context, does not hold here: at "
-                             f"{_ctx(ctxs[-1])} ours is {longest.value:.2f}×") if short is not None and longest.value < NO_EFFECT else "",
-                     settle="the 32K cross-model run with a short prompt (`xfer_ttft_32k`)"))
+    out += _xfer_serving_claims(sys, run32, dev32, pair, vllm)
     out.append(Claim("xfer-hellaswag", sys,
                      Published(0.94, "HellaSwag at 94% of the large model's score", "the mapped path against the large "
                                "model alone"),

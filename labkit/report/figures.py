@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .summary import ok_rows, decode_table, link_gbps
+from .summary import ok_rows, decode_table, is_cpu, link_gbps
 from .units import tokens_label
 
 class _Colors:
@@ -178,7 +178,6 @@ def tok_s_vs_context_caption(m: pd.DataFrame, fig: go.Figure) -> str:
         return f"{text} The boxed note in each facet names {bound}; it lies far above the strategies, so it is not drawn."
     if empty_reason(fig):
         return text
-    from .anatomy import is_cpu
     why = "a CPU run has no host link to bound it" if is_cpu(m) else \
         "this run measured no contiguous pinned H2D copy (no probe rows) to bound it"
     return f"{text} No link bound: {why}."

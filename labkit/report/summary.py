@@ -8,6 +8,14 @@ from ..sweep import BUSY_SPREAD, machine_busy     # the one busy rule (slowest /
 from .targets import PUBLISHED, SPARSE_OFFLOAD, TARGETS
 
 
+def is_cpu(m: pd.DataFrame) -> bool:
+    """No GPU named on any row (the metrics name the device `cpu` there): a CPU run."""
+    if "gpu_name" not in m:
+        return True
+    names = m["gpu_name"].dropna().astype(str).str.strip().str.lower()
+    return names.isin(["", "cpu", "none", "nan"]).all()
+
+
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"] if "status" in df else df
 

@@ -288,66 +288,8 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
             return None, _error(404, f"The model `{asked}` does not exist. Valid aliases: {model_name}", "NotFoundError", "model")
         return body, None
 
-    @app.post("/tokenize")
-    async def tokenize(http: HTTPRequest):
-        """vLLM's /tokenize: the ids this server counts for a prompt or chat messages (the template applied),
-        `count` (what `usage.prompt_tokens` will say) and `max_model_len`; `return_token_strs` adds the
-        tokenizer's strings."""
-        body, err = await _body(http)
-        if err:
-            return err
-        chat = "messages" in body
-        try:
-            if _prompt_bound(body, chat, text) > capacity:
-                raise BadInput(f"This model's maximum context length is {capacity:,} tokens: the prompt exceeds it")
-            ids = await asyncio.to_thread(text.chat, messages(body)) if chat else \
-                await asyncio.to_thread(prompt_ids, body.get("prompt"), text)
-            strs = None
-            if bool_field(body, "return_token_strs"):
-                shown = text.render(messages(body)) if chat else body.get("prompt")
-                strs = await asyncio.to_thread(text.token_strs, shown) if isinstance(shown, str) else None
-        except BadInput as ex:
-            return _error(400, str(ex))
-        return {"count": len(ids), "max_model_len": capacity, "tokens": ids, "token_strs": strs}
-
-    @app.post("/detokenize")
-    async def detokenize(http: HTTPRequest):
-        """vLLM's /detokenize for this server's generated tokens: the text each id streams as, joined (so the
-        ids of an answer, `return_token_ids`, give back its text)."""
-        body, err = await _body(http)
-        if err:
-            return err
-        ids = body.get("tokens")
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            return _error(400, "tokens must be a list of integers")
-        bad = next((i for i in ids if not 0 <= i < vocab), None)
-        if bad is not None:
-            return _error(400, f"token id {bad} is outside the vocabulary [0, {vocab})")
-        return {"prompt": "".join(piece(i) for i in ids)}
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": started,
-                                            "owned_by": "labkit", "root": model_name, "parent": None,
-                                            "max_model_len": capacity}]}
-
-    @app.get("/metrics")
-    async def prometheus():
-        return Response(metrics.page(), media_type=CONTENT_TYPE)
-
-    @app.get("/stats")
-    async def stats(since: int = 0):
-        """The newest finished requests (those numbered above `since`), the newest decode rounds, and totals
-        over everything the server has done (`records_seen`, `records_dropped`: beyond the ring)."""
-        req, rounds = loop.requests.view(since), loop.round_view()
-        return {"records": req["records"], "records_seen": req["seen"], "records_dropped": req["dropped"],
-                "totals": req["totals"], "rounds": rounds["rounds"], "round_totals": rounds["totals"],
-                "rounds_dropped": rounds["dropped"], "errors": list(loop.errors), "graphs": sched.graphs,
-                "graph_error": sched.graph_error}
-
-    @app.get("/timeline")
-    async def timeline():
-        return {"timelines": list(sched.timelines)}
+    _token_routes(app, _body, text, capacity, vocab)
+    _info_routes(app, loop, metrics, model_name, capacity, started)
 
     async def serve(http: HTTPRequest, chat: bool):
         # the request's clock starts before its body is read and tokenized: a client's TTFT includes both
@@ -387,6 +329,79 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
         return await serve(http, chat=True)
 
     return app
+
+
+def _token_routes(app, read_body, text: TokenText, capacity: int, vocab: int) -> None:
+    """vLLM's /tokenize and /detokenize, answered with this server's tokens."""
+    from fastapi import Request as HTTPRequest
+    _body = read_body
+
+    @app.post("/tokenize")
+    async def tokenize(http: HTTPRequest):
+        """vLLM's /tokenize: the ids this server counts for a prompt or chat messages (the template applied),
+        `count` (what `usage.prompt_tokens` will say) and `max_model_len`; `return_token_strs` adds the
+        tokenizer's strings."""
+        body, err = await _body(http)
+        if err:
+            return err
+        chat = "messages" in body
+        try:
+            if _prompt_bound(body, chat, text) > capacity:
+                raise BadInput(f"This model's maximum context length is {capacity:,} tokens: the prompt exceeds it")
+            ids = await asyncio.to_thread(text.chat, messages(body)) if chat else \
+                await asyncio.to_thread(prompt_ids, body.get("prompt"), text)
+            strs = None
+            if bool_field(body, "return_token_strs"):
+                shown = text.render(messages(body)) if chat else body.get("prompt")
+                strs = await asyncio.to_thread(text.token_strs, shown) if isinstance(shown, str) else None
+        except BadInput as ex:
+            return _error(400, str(ex))
+        return {"count": len(ids), "max_model_len": capacity, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(http: HTTPRequest):
+        """vLLM's /detokenize for this server's generated tokens: the text each id streams as, joined (so the
+        ids of an answer, `return_token_ids`, give back its text)."""
+        body, err = await _body(http)
+        if err:
+            return err
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            return _error(400, "tokens must be a list of integers")
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            return _error(400, f"token id {bad} is outside the vocabulary [0, {vocab})")
+        return {"prompt": "".join(piece(i) for i in ids)}
+
+
+def _info_routes(app, loop: EngineLoop, metrics: "ServeMetrics", model_name: str, capacity: int, started: int) -> None:
+    """What the server says about itself: /v1/models, /metrics, /stats, /timeline."""
+    from fastapi.responses import Response
+    sched = loop.sched
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": started,
+                                            "owned_by": "labkit", "root": model_name, "parent": None,
+                                            "max_model_len": capacity}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.page(), media_type=CONTENT_TYPE)
+
+    @app.get("/stats")
+    async def stats(since: int = 0):
+        """The newest finished requests (those numbered above `since`), the newest decode rounds, and totals
+        over everything the server has done (`records_seen`, `records_dropped`: beyond the ring)."""
+        req, rounds = loop.requests.view(since), loop.round_view()
+        return {"records": req["records"], "records_seen": req["seen"], "records_dropped": req["dropped"],
+                "totals": req["totals"], "rounds": rounds["rounds"], "round_totals": rounds["totals"],
+                "rounds_dropped": rounds["dropped"], "errors": list(loop.errors), "graphs": sched.graphs,
+                "graph_error": sched.graph_error}
+
+    @app.get("/timeline")
+    async def timeline():
+        return {"timelines": list(sched.timelines)}
 
 
 def _error(status: int, msg: str, kind: str = "BadRequestError", param=None):
