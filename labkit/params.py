@@ -133,8 +133,8 @@ SHAPE = Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on 
 # How a shape's model is held and routed (`engine.HybridModel`): every experiment that builds one takes them.
 MODEL_PARAMS = [
     Param("weights_dtype", "str", "auto", "weights: bf16, or w4a16 (4-bit, group 128, bf16 activations, as the "
-          "public RTX 3090 checkpoint); auto: bf16 where the whole model fits the device, else w4a16 where it "
-          "fits, else bf16 with fewer expert banks", choices=("auto", "bf16", "w4a16")),
+          "public RTX 3090 checkpoint); auto: bf16 where the whole model fits the device, else w4a16 (with fewer "
+          "expert banks where even that does not fit)", choices=("auto", "bf16", "w4a16")),
     Param("expert_banks", "int", 0, "layers whose routed experts the device holds, the others sharing them (same "
           "bytes a step, less memory); 0: every layer where they fit, else as many as fit", ge=0),
     Param("routing", "str", "router", "expert routing: router (the seeded router, near uniform), zipf:S "

@@ -128,8 +128,9 @@ HOLDING_RESERVE = 12 << 30
 def resolve_holding(s: ModelShape, device: torch.device, weights_dtype: str, banks: int | None,
                     layers: int | None = None) -> tuple[str, int]:
     """(weights_dtype, expert banks) for `auto` and 0: bf16 where the whole model (or its `layers` of a stage)
-    fits the device less `HOLDING_RESERVE`, else W4A16 where it fits, else bf16 with as many banks as fit;
-    explicit values kept (banks at most the layers). Off CUDA every shape is held whole."""
+    fits the device less `HOLDING_RESERVE`, else W4A16 (with as many expert banks as fit where even that does not
+    fit whole: a card of the reference box's size, whose owners run the W4A16 checkpoint); explicit values kept
+    (banks at most the layers). Off CUDA every shape is held whole."""
     if weights_dtype not in ("auto", "bf16", "w4a16"):
         raise ValueError(f"unknown weights_dtype {weights_dtype!r}: choose from auto, bf16, w4a16")
     if not s.moe:
@@ -140,7 +141,7 @@ def resolve_holding(s: ModelShape, device: torch.device, weights_dtype: str, ban
     def held(dtype):
         return s.weight_bytes(dtype) * layers / s.layers
     if weights_dtype == "auto":
-        weights_dtype = "bf16" if held("bf16") <= room else ("w4a16" if held("w4a16") <= room else "bf16")
+        weights_dtype = "bf16" if held("bf16") <= room else "w4a16"
     if banks:
         return weights_dtype, min(banks, layers)
     bank = s.step_weight_bytes(1, weights_dtype, experts_read=s.experts)["experts"] / s.layers
