@@ -27,6 +27,7 @@ import pandas as pd
 from . import envs
 from .report.index import machine_label
 from .report.figures import COLORS
+from .report.units import tokens_label as ctx_label
 from .results import REPO, load_run, run_manifests
 
 # figure widths (px): the first two side by side in a notebook about 1000 px wide; titles wrap to them
@@ -36,9 +37,6 @@ TOK_COLS = ("strategy", "context_len", "budget", "concurrency", "tok_s", "step_m
             "step_ms_max", "h2d_bytes_per_step", "nvml_rx_bytes_per_step")
 
 
-def ctx_label(v: int) -> str:
-    v = int(v)
-    return f"{v >> 20}M" if v >= 1 << 20 and v % (1 << 20) == 0 else f"{v >> 10}K" if v >= 1024 and v % 1024 == 0 else str(v)
 
 
 def results_root(given: str | Path = "") -> Path:

@@ -6,15 +6,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .summary import cost_model_errors, decode_table, is_cpu
-from .units import tokens_label
+from .units import tokens_label as _ctx
 
 PHASE_COLORS = {"weights": "#4c78a8", "deltanet": "#72b7b2", "index_score": "#f58518", "selection": "#e45756",
                 "transfer": "#54a24b", "attention": "#b279a2", "head": "#9d755d", "other": "#bab0ac"}
 TEMPLATE = "plotly_white"
-
-
-def _ctx(v) -> str:
-    return tokens_label(v)
 
 
 def anatomy_text(m: pd.DataFrame) -> str:

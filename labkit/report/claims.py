@@ -45,7 +45,8 @@ import pandas as pd
 
 from ..results import REPO, load_run
 from . import summary as S
-from .runs import RUNS, ctx_label as _ctx
+from .runs import RUNS
+from .units import tokens_label as _ctx
 
 # ---- the verdict rule: every threshold in one place, written before the data ----------------------------------
 TOLERANCE = 0.10          # ours within ±10% of the published figure: holds
@@ -376,8 +377,6 @@ def _box() -> str:
     return f"{_box_name()} (PCIe {g.pcie_gen}.0 x{g.pcie_width})"
 
 
-def _label(ctx: int) -> str:
-    return _ctx(ctx) if ctx >= 1024 else f"{int(ctx)}"
 
 
 def box_prediction(concurrency: int, context_len: int = PUBLISHED_CONTEXT, strategy: str = "zero_copy",
@@ -403,7 +402,7 @@ def box_prediction(concurrency: int, context_len: int = PUBLISHED_CONTEXT, strat
         how, runs = f"± the model's worst {strategy} error on the H200's own points ({e:.0%})", (run,)
     band = lambda p: (p, p / (1 + e), p / max(1 - e, 1e-9))  # noqa: E731
     p = float(tab.loc[int(context_len)])
-    points = tuple((_label(x), *band(float(tab.loc[x]))) for x in sorted(map(int, over)))
+    points = tuple((_ctx(x), *band(float(tab.loc[x]))) for x in sorted(map(int, over)))
     fig = Figure(*band(p), how,
                  f"cost model: {strategy}, c = {concurrency}, layers split over {_box()}, fitted on one "
                  f"{str(m['gpu_name'].dropna().iloc[0]).replace('NVIDIA ', '')}", runs, "", "tok/s", points)

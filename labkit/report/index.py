@@ -32,6 +32,7 @@ import plotly.graph_objects as go
 
 from .gpus import capped, machine_cell, power_text
 from .summary import ok_rows, link_gbps, run_busy
+from .units import tokens_label as _ctx
 from ..results import UNREADABLE, BadManifest, mtime_iso, effective_status, read_manifest, run_manifests
 
 INDEX_NAME = "index.html"
@@ -47,9 +48,6 @@ class Headline:
     hi: float          # ... and fastest
 
 
-def _ctx(v: int) -> str:
-    v = int(v)
-    return f"{v >> 20}M" if v >= 1 << 20 and v % (1 << 20) == 0 else f"{v >> 10}K" if v >= 1024 and v % 1024 == 0 else str(v)
 
 
 def _shape(r, default: str | None) -> str:

@@ -6,12 +6,12 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .units import tokens_label as _ctx
+
 LAYOUT_ORDER = ["1gpu", "split", "pipelined"]
 COLORS = {"1gpu": "#4c78a8", "split": "#bab0ac", "pipelined": "#f58518"}
 
 
-def _ctx(c: int) -> str:
-    return f"{c >> 20}M" if c >= 1 << 20 else f"{c >> 10}K"
 
 
 def _ok(m: pd.DataFrame, experiment: str) -> pd.DataFrame:

@@ -22,7 +22,8 @@ from . import summary as S
 from .reference_tables import blocks as reference_blocks
 from .roofline_tables import blocks as roofline_blocks
 
-from .runs import RUNS, RUNS_FILE, TOML as _TOML, ctx_label as _ctx    # noqa: F401  (RUNS_FILE: the tests')
+from .runs import RUNS, RUNS_FILE, TOML as _TOML    # noqa: F401  (RUNS_FILE: the tests')
+from .units import tokens_label as _ctx
 
 BLOCK_FILES: dict[str, str] = {b: f for f, names in _TOML["files"].items() for b in names}
 

@@ -18,7 +18,7 @@ from ..results import REPO, load_run
 from ..engine.memory_plan import GIB, plan_split
 from ..shapes import PRESETS, metrics_shape
 from . import summary as S
-from .runs import ctx_label as _ctx
+from .units import tokens_label as _ctx
 
 _md = S.md_table
 

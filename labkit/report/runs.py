@@ -11,7 +11,3 @@ TOML = tomllib.loads(RUNS_FILE.read_text())
 RUNS: dict = TOML["runs"]
 
 
-def ctx_label(v) -> str:
-    """A context length as the docs write it: 64K, 1M."""
-    v = int(v)
-    return f"{v // (1 << 20)}M" if v >= 1 << 20 else f"{v // 1024}K"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..sweep import BUSY_SPREAD, machine_busy     # the one busy rule (slowest / fastest step above BUSY_SPREAD)
+from .units import tokens_label as _tok
 from .targets import PUBLISHED, SPARSE_OFFLOAD, TARGETS
 
 
@@ -47,11 +48,6 @@ def link_gbps(m: pd.DataFrame) -> float | None:
 def gather_gbps(m: pd.DataFrame, strategy: str = "zero_copy") -> float | None:
     p = ok_rows(m[(m["experiment"] == "probe") & (m["strategy"] == strategy)])
     return None if p.empty else float(p["gbps"].max())
-
-
-def _tok(v) -> str:
-    from .units import tokens_label
-    return tokens_label(v)
 
 
 def _point(d, strategy, conc, ctx, col="tok_s"):
