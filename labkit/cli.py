@@ -295,8 +295,11 @@ def cmd_predict(a) -> int:
         print(json.dumps({"prediction": tab.to_dict("records"), "validation_on_source": err.to_dict("records")}, indent=1,
                          default=str))
         return 0
+    split = "" if a.gpus == 1 else (", each layer split over them" if a.split == "tensor" else ", layers in stages")
+    held = f", {a.weights_dtype} weights" if a.weights_dtype else ""
     print(f"PREDICTED (not measured) on {a.gpus} x {target.name} (PCIe gen{target.pcie_gen} x{target.pcie_width}, "
-          f"{target.hbm_gbps} GB/s memory), from the anatomy of {mf['run_id']} on {source.name}:")
+          f"{target.hbm_gbps} GB/s memory{split}{held}), shape {shape.name}, from the anatomy of {mf['run_id']} on "
+          f"{source.name}:")
     cols = ["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "memory_gib_per_gpu"]
     show = tab[cols].round(2).astype(object)
     for c in ("predicted_step_ms", "predicted_tok_s"):      # a point whose memory exceeds the GPU: said, not NaN
