@@ -39,6 +39,7 @@ import in `transfer/__init__.py` (or, outside the package, a file named in `LABK
 """
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,21 @@ if TYPE_CHECKING:
 # imported on first use: declaring strategies (names, settings) costs no torch import
 torch = lazy.module("torch")            # noqa: F811
 gather = lazy.module("labkit.engine.model.gather")
+
+
+@contextlib.contextmanager
+def host_threads(n: int):
+    """torch's CPU threads set to `n` for a host-side gather and put back after: the count is process-wide, and
+    left changed it would change how the rest of the process computes (on a CPU run, the model's own products:
+    another strategy's step then differs from resident's in its last bits)."""
+    saved = torch.get_num_threads()
+    if saved != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if saved != n:
+            torch.set_num_threads(saved)
 
 
 @dataclass(frozen=True)

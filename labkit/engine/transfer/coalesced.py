@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ... import lazy
-from .base import HostDMA, Setting, register
+from .base import HostDMA, Setting, host_threads, register
 
 torch = lazy.module("torch")
 
@@ -97,15 +97,14 @@ class CoalescedLoader:
         if cuda and self._done is not None:
             self._done.synchronize()            # the previous call's copies have read the staging
         target = final if order is None else dev  # no permutation: the chunks land in dst itself
-        if self.backend == "torch" and torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
         spans = self.chunks(M, W * dst.element_size())
         ctx = torch.cuda.stream(stream) if (cuda and stream is not None) else contextlib.nullcontext()
         with ctx:
             ready = self._gather_threads(src, ids, host, spans) if self.backend == "threads" else None
             for i, (a, b) in enumerate(spans):
                 if ready is None:
-                    torch.index_select(src, 0, ids[a:b], out=host[a:b])
+                    with host_threads(self.threads):
+                        torch.index_select(src, 0, ids[a:b], out=host[a:b])
                 else:
                     ready[i].wait()
                     if self._errors:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ... import lazy
-from .base import Setting, TransferStrategy, register
+from .base import Setting, TransferStrategy, host_threads, register
 
 torch = lazy.module("torch")
 
@@ -33,15 +33,14 @@ class HostGather(TransferStrategy):
         return bufs[self._turn], self._turn
 
     def load(self, pool, layer, rows, out):
-        if torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
         idx = rows.to("cpu")
         stage, turn = self._staging(tuple(out.shape), out.dtype)
         if out.device.type == "cuda":
             ev = self._events[turn]
             if ev is not None:
                 ev.synchronize()        # the previous DMA from this buffer has finished
-        torch.index_select(pool.data[layer], 0, idx, out=stage)
+        with host_threads(self.threads):
+            torch.index_select(pool.data[layer], 0, idx, out=stage)
         out.copy_(stage, non_blocking=True)
         self.copies += 1
         if out.device.type == "cuda":
