@@ -147,8 +147,15 @@ def cmd_run(a) -> int:
     if status == "interrupted" or seen:
         return _stopped(a.experiment, path, run, seen, ran_to_the_end(path))
     if status != "ok" or err is not None:
-        if status == "ok":       # measured fine, then something after (e.g. the report) failed
-            why = f"report not written: {error_line(err)}"
+        if status == "ok":       # measured fine, then something after (e.g. the report) failed: a folder without
+            # its report is not a whole run, and the manifest says so as the line does
+            why = f"partial: report not written: {error_line(err)}"
+            try:
+                from .atomic import write_text_or_in_place
+                mf = {**run.manifest, "status": "partial", "error": why.removeprefix("partial: ")}
+                write_text_or_in_place(path / "manifest.json", json.dumps(mf, indent=1, default=str))
+            except OSError:
+                pass             # the line below still says it; the index then shows the run as it was
         elif err is not None and error_line(err) not in why:
             why += f" ({error_line(err)})"
         try:

@@ -306,6 +306,6 @@ def test_notebook_draws_the_card_under_papermill(tmp_path):
     html = render_report(tmp_path).read_text()
     assert "Traceback" not in html
     assert html.count('class="plotly-graph-div"') == 1
-    assert "Do the published figures hold?" in html and C.COLOURS[C.UNTESTABLE] in html
+    assert "Do the published figures hold?" in html and C.COLOURS[C.UNTESTED] in html
     assert "HellaSwag" in html and "TTFT 3,657" in html and "3,701" not in html    # only the rows asked for
     assert "results/20261201-xfer-heldout-smollm2-cpu" in html     # each row links its runs

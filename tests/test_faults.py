@@ -220,8 +220,9 @@ def test_disk_full_mid_measurement_keeps_whole_files_and_says_so(tmp_path):
 
 
 @pytest.mark.slow
-def test_disk_full_at_the_notebook_write_is_one_line_and_no_half_file(tmp_path):
-    """`labkit run` on a 1 MiB tmpfs: the measurement fits, the executed notebook (with its figures) does not.
+def test_disk_full_at_the_report_write_is_one_line_and_no_half_file(tmp_path):
+    """`labkit run` on a 1 MiB tmpfs: the measurement and the executed notebook fit, the report (plotly.js
+    embedded, the folder being outside a results folder) does not.
     One line (no traceback); no half-written notebook, no stray temporary file; the status says partial with
     the reason, and `labkit runs` says the same (not ok)."""
     with tmpfs(tmp_path / "full", "size=1m") as full:
