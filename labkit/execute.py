@@ -121,16 +121,30 @@ def signals_to_kernels(seen: list):
     me = psutil.Process()
     sigs = (signal.SIGINT, *ENDING)
 
-    def forward(signum, frame):
-        seen.append(signum)
-        for s, h in old.items():
-            signal.signal(s, h)
+    def interrupt() -> bool:
+        """SIGINT to every kernel of ours; whether there was one."""
+        sent = False
         for ch in me.children(recursive=True):
             try:
                 if any("ipykernel" in a for a in ch.cmdline()):
                     ch.send_signal(signal.SIGINT)
+                    sent = True
             except psutil.Error:
                 pass
+        return sent
+
+    def when_up(deadline: float) -> None:
+        # the signal came while the kernel was still starting: it goes to the kernel as soon as there is one,
+        # or the run would go on to measure everything the user just stopped
+        while time.monotonic() < deadline and not interrupt():
+            time.sleep(0.2)
+
+    def forward(signum, frame):
+        seen.append(signum)
+        for s, h in old.items():
+            signal.signal(s, h)
+        if not interrupt():
+            threading.Thread(target=when_up, args=(time.monotonic() + 120,), daemon=True).start()
 
     old = {s: signal.signal(s, forward) for s in sigs}
     try:
