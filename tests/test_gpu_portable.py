@@ -72,28 +72,32 @@ def test_index_scores_and_prefill_selection_equal_on_both_paths():
     assert torch.equal(idx_n, idx_p) and torch.equal(val_n, val_p)
 
 
-def _decode(model, strategy: str, steps: int = 4):
+def _decode(model, strategy: str, mode: str, steps: int = 4):
+    """Prefill natively (the same bits both times: the same kernels on the same inputs), then decode in `mode`."""
     st = get_strategy(strategy)
     cache = OffloadCache.allocate(model, st.medium, 2, 9000)
     e = Engine(model, cache, st, budget=512, prefill_chunk=2048)
     for s, n in enumerate((5000, 8000)):
         e.prefill(s, torch.randint(0, model.shape.vocab, (n,), generator=torch.Generator().manual_seed(s)).cuda())
-    r = DecodeRunner(e, 2)
-    r.prepare(warmup=0)
     toks, sels = [], []
-    for _ in range(steps):
-        r.step()
-        toks.append(r.state.tokens.clone())
-        sels.append(r.state.last_sel.clone())
+    with portable_mode(mode):
+        r = DecodeRunner(e, 2)
+        r.prepare(warmup=0)
+        for _ in range(steps):
+            r.step()
+            toks.append(r.state.tokens.clone())
+            sels.append(r.state.last_sel.clone())
     torch.cuda.synchronize()
     return torch.stack(toks), torch.stack(sels), r.graph_mode
 
 
 def test_portable_decode_gives_the_native_selections_and_tokens():
+    """From the same cache, the portable step selects the same rows and picks the same tokens. (From a prompt
+    prefilled on each path the caches differ in their last bits, SDPA against the native prefill attention, and
+    a selection can differ at its boundary where two scores tie to within that rounding.)"""
     model = HybridModel(MID, "cuda", seed=0)
-    native = _decode(model, "zero_copy")
-    with portable_mode("portable"):
-        portable = _decode(model, "zero_copy")
+    native = _decode(model, "zero_copy", "auto")
+    portable = _decode(model, "zero_copy", "portable")
     assert native[2] == portable[2] == "full"
     assert torch.equal(native[1], portable[1]), "different selections"
     assert torch.equal(native[0], portable[0]), "different tokens"

@@ -99,7 +99,7 @@ def grid_table(path: str) -> str:
     failed = m[(m["experiment"] == "decode") & (m["status"] != "ok")]
     out = [f"{shape.name}, {run.manifest.get('parameters', {}).get('weights_dtype', 'bf16')} weights, on "
            f"{run.manifest.get('gpu_name')} (`{path}`); tok/s with the step's fastest–slowest repeat.",
-           "", _md(pd.DataFrame(rows))]
+           "", _md(pd.DataFrame(rows).fillna("—"))]
     if not failed.empty:
         out += ["", "Points that did not run: " + "; ".join(
             f"{r['strategy']} {_ctx(r['context_len'])} c={int(r['concurrency'])} ({str(r['error'])[:80]})"
@@ -173,6 +173,18 @@ def split_memory_table(path: str) -> str:
                      "peak / plan": f"{r['peak_over_plan']:.3f}" if r.get("peak_over_plan") else "—",
                      "status": r["status"]})
     return f"Under a {doc['rows'][0]['cap_gib']:g} GiB cap on {doc['device']} (`{path}`):\n\n{_md(pd.DataFrame(rows))}"
+
+
+# ---- the weight stream ---------------------------------------------------------------------------------------
+def weights_bench_table(path: str) -> str:
+    """`scripts/weights_bench.py`'s JSON: one decode step's weight products per part and dtype, against the HBM read
+    bandwidth measured in the same process (the physical bound of a step that only streams weights)."""
+    doc = json.loads((REPO / path).read_text())
+    rows = [{"part": r["part"], "weights": r["weights"], "c": r["concurrency"], "GB read": f"{r['bytes'] / 1e9:.2f}",
+             "ms (min–max)": f"{r['ms_median']:.2f} ({r['ms_min']:.2f}–{r['ms_max']:.2f})",
+             "GB/s": f"{r['gbps']:.0f}", "of HBM read": f"{r['of_hbm_read']:.0%}"} for r in doc["rows"]]
+    return (f"{doc['shape']} on {doc['device']} (`{path}`); HBM read measured in the same process: "
+            f"{doc['hbm_read_gbps']:.0f} GB/s.\n\n{_md(pd.DataFrame(rows))}")
 
 
 # ---- the reference box beside the peer's measurements --------------------------------------------------------
@@ -276,14 +288,24 @@ def peer_table(path: str, strategy: str = "resident") -> str:
            f"{min(pf['c1_ms'].values()):.1f}–{max(pf['c1_ms'].values()):.1f} ms from 1K to 260K tokens. The model's "
            f"4-card step at 4K, c = 1 is {one['step_ms']:.2f} ms ({anatomy} ms) and grows {model_slope:.2f} ms per "
            f"request: what it counts is the bytes each card reads and the all-reduces (an assumed "
-           f"{C.ALLREDUCE_US:g} µs each, unmeasured on PCIe 3090s). The rest of the peer's fixed part, "
-           f"{pf['fixed_ms'] - one['step_ms']:.1f} ms a step whatever the depth or batch, is its serving stack's, "
-           f"not the hardware's: the model has no term for it. The bytes say the same: a 4K step at c = 1 reads "
+           f"{C.ALLREDUCE_US:g} µs each, unmeasured on PCIe 3090s). {_gap_sentence(pf['fixed_ms'] - one['step_ms'])} "
+           f"The bytes say the same: a 4K step at c = 1 reads "
            f"{per_card / 1e9:.2f} GB per card, which in the peer's {pf['c1_ms'][PEER_DEPTHS[0]]:.1f} ms is "
            f"{per_card / pf['c1_ms'][PEER_DEPTHS[0]] / 1e6:.0f} GB/s, {per_card / pf['c1_ms'][PEER_DEPTHS[0]] / 1e6 / box.hbm_gbps:.0%} "
            f"of the card's {box.hbm_gbps:g} GB/s. The last column adds that overhead as one fixed term, fitted on the "
            f"peer's 4K c = 1 point and carried to the others.")
     return "\n\n".join(["; ".join(verdict) + ".", *blocks, why])
+
+
+def _gap_sentence(gap_ms: float) -> str:
+    """What the peer's fixed part minus the model's c = 1 step means, by its sign."""
+    if gap_ms >= 0:
+        return (f"The rest of the peer's fixed part, {gap_ms:.1f} ms a step whatever the depth or batch, is its serving "
+                f"stack's, not the hardware's: the model has no term for it.")
+    return (f"Here the model is the slower one, by {-gap_ms:.1f} ms a step: it scales the phases this GPU measured with "
+            f"labkit's kernels to the 3090's rates, and where those kernels sit far below their bound (the W4A16 "
+            f"products, see the weight-stream bench) the peer's kernels take less than the scaled phases; the fixed "
+            f"term of the last column is then negative.")
 
 
 def blocks(runs: dict) -> dict[str, str]:
@@ -299,6 +321,8 @@ def blocks(runs: dict) -> dict[str, str]:
         out["peer-rtx3090"] = peer_table(ref.get("h200") or next(iter(ref.values())))
     if runs.get("reference_portable"):
         out["portable-h200"] = portable_table(runs["reference_portable"])
+    if runs.get("reference_weights_bench"):
+        out["weights-bench"] = weights_bench_table(runs["reference_weights_bench"])
     if runs.get("reference_split_memory"):
         out["split-memory"] = split_memory_table(runs["reference_split_memory"])
     return out

@@ -111,7 +111,8 @@ class Groups:
     def one(cls, rows: int, device) -> "Groups":
         """Every row through weight 0 (a dense product)."""
         return cls(torch.arange(rows, device=device), torch.zeros(1, dtype=torch.int64, device=device),
-                   torch.tensor([0, rows], dtype=torch.int32, device=device),
+                   # [0, rows] made on the device: a host list would be a copy, which a CUDA graph's capture refuses
+                   torch.arange(2, dtype=torch.int32, device=device) * rows,
                    torch.ones(1, dtype=torch.int32, device=device))
 
 
