@@ -26,6 +26,7 @@ import time
 import torch
 
 from ..model.forward import Engine, LoadRequest
+from ..model.step_state import StepBuffers
 from ..transfer import LoadResult
 from .dispatch import capture, load, run_eager, warm_up
 
@@ -33,8 +34,9 @@ PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attent
           "head", "other")
 
 
-class DecodeState:
-    """Static buffers of one decode batch (fixed addresses so CUDA graphs can replay them)."""
+class DecodeState(StepBuffers):
+    """Static buffers of one decode batch (fixed addresses so CUDA graphs can replay them): the model's
+    `StepBuffers`, and what the runner keeps beside them (the anatomy's marks)."""
 
     def __init__(self, engine: Engine, batch: int, trace: torch.Tensor | None, max_steps: int = 1024,
                  first: int = 0):

@@ -101,6 +101,41 @@ class OffloadCache:
                 "device_state_bytes": self.dn_state.numel() * 4 + self.dn_conv.numel() * self.dn_conv.element_size(),
                 "host_kv_bytes": 0 if on_dev else self.pool.nbytes}
 
+    def set_lengths(self, n: int, slots: slice = slice(None)) -> None:
+        """Place `slots` at `n` tokens of context without writing them: a measurement whose rows were filled at
+        random (`fill_random_`, `aliased`) and whose decode time depends on the length alone."""
+        self.lens[slots] = n
+
+    def free_slot(self, slot: int) -> None:
+        """Make `slot` empty for a new prompt: its pages go back to the pool, its DeltaNet state starts from
+        zero, its length is 0. The caller orders this after whatever still reads the slot."""
+        self.pages.release(slot)
+        self.dn_state[:, slot].zero_()
+        self.dn_conv[:, slot].zero_()
+        self.lens[slot] = 0
+
+    @classmethod
+    def aliased(cls, model, pool: KVPool, n_slots: int, context: int, capacity: int, page_size: int,
+                seed: int) -> "OffloadCache":
+        """`n_slots` requests at `context` tokens whose page tables all map to the pages of `pool` (one
+        request's worth of rows): distinct index keys and DeltaNet states per slot, shared K/V rows. Many
+        requests' decode without many requests' host memory (the concurrency scaling of a switched batch)."""
+        c = cls.allocate(model, pool.medium, n_slots, capacity, page_size=page_size, pool_tokens=page_size)
+        per_slot = -(-capacity // page_size)
+        if pool.n_pages < per_slot:
+            raise ValueError(f"pool of {pool.n_pages} pages < {per_slot} a slot maps")
+        c.pool = pool
+        c.pages.map_all_slots(pool.n_pages, per_slot)
+        c.index.fill_random_(seed + 1)
+        c._random_states(seed)
+        c.set_lengths(context)
+        return c
+
+    def _random_states(self, seed: int) -> None:
+        g = torch.Generator(device=self.dn_state.device).manual_seed(seed + 2)
+        self.dn_state.normal_(0, 0.02, generator=g)
+        self.dn_conv.normal_(0, 1.0, generator=g)
+
     def fill_random_(self, context_lens: list[int], seed: int = 0) -> None:
         """Stand in for a prefill of `context_lens[i]` tokens in slot i: seeded random rows, index keys
         and DeltaNet states (decode time does not depend on the values)."""
@@ -108,9 +143,7 @@ class OffloadCache:
             self.pages.reserve(slot, self.capacity)
         self.pool.fill_random_(seed)
         self.index.fill_random_(seed + 1)
-        g = torch.Generator(device=self.dn_state.device).manual_seed(seed + 2)
-        self.dn_state.normal_(0, 0.02, generator=g)
-        self.dn_conv.normal_(0, 1.0, generator=g)
+        self._random_states(seed)
         self.lens.copy_(torch.tensor(context_lens, dtype=torch.int64))
 
 

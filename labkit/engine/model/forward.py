@@ -28,6 +28,7 @@ from .indexer import index_scores
 from .hybrid import block_fns, dn_prefill, hc_head
 from .prefill_marks import NoMarks
 from .select import select_blocks, select_topk
+from .step_state import StepBuffers
 
 if TYPE_CHECKING:      # the model does not depend on the transfer mechanisms, only on their interface
     from ..transfer.base import TransferStrategy
@@ -191,8 +192,8 @@ class Engine:
         return m.norm(x[-1:]) @ m.lm_head if m.lm_head is not None else torch.cat(outs)
 
     # ------------------------------------------------------------------ decode
-    def decode_segments(self, st, boundaries: bool = False):
-        """One decode step for the slots of a `runner.DecodeState` (`st.span`): yields a LoadRequest at each QSA
+    def decode_segments(self, st: StepBuffers, boundaries: bool = False):
+        """One decode step for the slots of `st` (`st.span`; the runner's `DecodeState` provides them): yields a LoadRequest at each QSA
         layer; with `boundaries`, also a `BlockDone` after each block (where a two-batch scheduler,
         `switching.py`, may hand the GPU to the other batch)."""
         m, c = self.model, self.cache
@@ -297,7 +298,7 @@ class _DecodeIO:
     """Decode of a batch, one token per request: score every written position, keep the top `k`,
     yield the rows to load, attend over them."""
 
-    def __init__(self, engine: Engine, st, pos: torch.Tensor):
+    def __init__(self, engine: Engine, st: StepBuffers, pos: torch.Tensor):
         self.e, self.st, self.fns, self.mark = engine, st, engine.fns, st.mark
         # Layer-independent, so once per step: the new token's pool row and key slot, the lengths.
         self.where = engine.cache.locate(st.slots, pos)

@@ -120,6 +120,14 @@ class PageTable:
         self.table[slot].zero_()
         return n
 
+    def map_all_slots(self, n_pages: int, per_slot: int) -> None:
+        """Every slot maps the same first `per_slot` pages of a pool of `n_pages` (slots aliasing one request's
+        rows); nothing is left to reserve."""
+        self.n_pages, self.free = n_pages, []
+        for s in range(self.table.shape[0]):
+            self.pages[s] = list(range(per_slot))
+        self.table.copy_(torch.arange(per_slot, device=self.table.device).expand(self.table.shape[0], per_slot))
+
     def move(self, src: int, dst: int) -> None:
         """Hand slot `src`'s pages to the empty slot `dst` (the rows stay where they are in the pool)."""
         if self.pages[dst]:

@@ -57,7 +57,13 @@ class QuantWeight(nn.Module):
         if K % W4_GROUP:
             raise ValueError(f"W4A16 needs K to be a multiple of {W4_GROUP}, got {K}")
         dev = torch.device(device)
-        q = torch.randint(0, 256, (experts, N, K // 2), generator=gen, device=dev, dtype=torch.int32).to(torch.uint8)
+        # drawn as int32 a few experts at a time: the whole bank's int32 draw would be 8x the codes' bytes (3.1 GiB
+        # for one layer of 512 experts, over a 24 GiB card's spare room)
+        q = torch.empty((experts, N, K // 2), dtype=torch.uint8, device=dev)
+        step = max(1, (64 << 20) // max(1, N * (K // 2) * 4))
+        for i in range(0, experts, step):
+            n = min(step, experts - i)
+            q[i:i + n] = torch.randint(0, 256, (n, N, K // 2), generator=gen, device=dev, dtype=torch.int32)
         g = K // W4_GROUP
         zeros = torch.randint(7, 9, (experts, N, g), generator=gen, device=dev, dtype=torch.int32).to(torch.uint8)
         # codes spread over 16 levels: a std of ~4.6 levels; the weights' std is 1 / sqrt(K)

@@ -163,7 +163,8 @@ def _points(p: dict) -> list[Point]:
 class Caches:
     """Per concurrency group, one host and one device cache per stage (one stage unless the layers are
     split over several devices), sized to the group's largest context, filled once; points reuse
-    prefixes of them. Each stage's cache is built by a thread bound to its device."""
+    prefixes of them (a device that cannot hold the largest gets one sized to the point, see `_capacity`).
+    Each stage's cache is built by a thread bound to its device."""
 
     def __init__(self, stages: list, pl: DecodePlan):
         self.stages, self.pl = stages, pl
@@ -174,20 +175,14 @@ class Caches:
         if self.group != conc:
             self.release()
             self.group = conc
-        if medium not in self.cache:
-            cap = self.pl.group_context(conc) + self.pl.margin
-            shape = self.stages[0].shape
-            need = conc * cap * shape.kv_bytes_per_token()          # over all stages together
-            if medium == "host" or self.stages[0].device.type == "cpu":
-                avail = psutil.virtual_memory().available
-                if need > 0.9 * avail:
-                    raise MemoryError(f"host KV of {gib(need)} exceeds 90% of the {gib(avail)} RAM available now")
-            else:
-                for st in self.stages:
-                    share = need * st.n_attn // max(1, shape.attn_layers)
-                    free, _ = torch.cuda.mem_get_info(st.device)
-                    if share > free - (2 << 30):
-                        raise MemoryError(f"device KV of {gib(share)} does not fit the {gib(free)} free on {st.device}")
+        have = self.cache.get(medium)
+        if have is None or have[0].capacity < ctx + self.pl.margin:
+            if have is not None:            # a point-sized device cache gives way to a longer point's
+                self.cache.pop(medium)
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            cap = self._capacity(medium, conc, ctx)
 
             def build(stage):
                 c = OffloadCache.allocate(stage, medium, conc, cap)
@@ -196,6 +191,26 @@ class Caches:
 
             self.cache[medium] = build_on_devices(build, self.stages)
         return self.cache[medium]
+
+    def _capacity(self, medium: str, conc: int, ctx: int) -> int:
+        """Tokens per slot: the group's longest context, so its points share one fill; on a device that cannot
+        hold that but holds this point, the point's own (a resident 64K point beside 1M ones still runs).
+        Raises MemoryError in one line when not even the point fits."""
+        shape, margin = self.stages[0].shape, self.pl.margin
+        for cap in (self.pl.group_context(conc) + margin, ctx + margin):
+            need = conc * cap * shape.kv_bytes_per_token()          # over all stages together
+            if medium == "host" or self.stages[0].device.type == "cpu":
+                avail = psutil.virtual_memory().available
+                if need > 0.9 * avail:
+                    raise MemoryError(f"host KV of {gib(need)} exceeds 90% of the {gib(avail)} RAM available now")
+                return cap
+            short = [(st.device, free) for st in self.stages
+                     for free in [torch.cuda.mem_get_info(st.device)[0]]
+                     if need * st.n_attn // max(1, shape.attn_layers) > free - (2 << 30)]
+            if not short:
+                return cap
+        dev, free = short[0]
+        raise MemoryError(f"device KV of {gib(need)} does not fit the {gib(free)} free on {dev}")
 
     def release(self) -> None:
         self.cache.clear()
@@ -249,7 +264,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     strat = get_strategy(pt.strategy, **pl.settings)
     stage_caches = caches.get(strat.medium, conc, ctx)
     for cache in stage_caches:
-        cache.lens[:conc] = ctx
+        cache.set_lengths(ctx, slice(0, conc))
     runner, runners = _runners(stages, stage_caches, pt, pl, trace)
     slow = strat.slow             # ~0.4 s a step per request (per_row): fewer steps, one repeat, no anatomy
     steps, repeats = (p["per_row_steps"], 1) if slow else (p["steps"], p["repeats"])

@@ -193,11 +193,7 @@ class Batch:
         if not self.dirty[slot]:
             return
         self.lane.compute_waits(self.done[slot])
-        c = self.cache
-        c.pages.release(slot)
-        c.dn_state[:, slot].zero_()
-        c.dn_conv[:, slot].zero_()
-        c.lens[slot] = 0
+        self.cache.free_slot(slot)
         self.dirty[slot] = False
 
     def hand_off(self, slot: int, T: int) -> None:

@@ -26,6 +26,7 @@ import statistics
 
 import torch
 
+from ...engine.model.cache import OffloadCache
 from ...params import BadInput
 from ...sweep import failed_row, wall_ms
 
@@ -62,27 +63,6 @@ def crossover_requests(weight_bytes: float, hbm_gbps: float, row_bytes_per_reque
 
 
 # ------------------------------------------------------------------------------------ the measurement
-def aliased_cache(model, pool, n_slots: int, context: int, capacity: int, page_size: int, seed: int):
-    """An `OffloadCache` of `n_slots` requests at `context` tokens whose page tables all map to the pages
-    of `pool` (one request's worth): distinct index keys and states per slot, shared K/V rows."""
-    from ...engine.model.cache import OffloadCache
-    c = OffloadCache.allocate(model, pool.medium, n_slots, capacity, page_size=page_size, pool_tokens=page_size)
-    per_slot = -(-capacity // page_size)
-    if pool.n_pages < per_slot:
-        raise ValueError(f"pool of {pool.n_pages} pages < {per_slot} a slot maps")
-    c.pool = pool
-    c.pages.n_pages, c.pages.free = pool.n_pages, []
-    for s in range(n_slots):
-        c.pages.pages[s] = list(range(per_slot))
-    c.pages.table.copy_(torch.arange(per_slot, device=c.pages.table.device).expand(n_slots, per_slot))
-    c.index.fill_random_(seed + 1)
-    g = torch.Generator(device=c.dn_state.device).manual_seed(seed + 2)
-    c.dn_state.normal_(0, 0.02, generator=g)
-    c.dn_conv.normal_(0, 1.0, generator=g)
-    c.lens.fill_(context)
-    return c
-
-
 def _link_probe(pool, nbytes: int, dev, repeats: int = 10) -> dict:
     """Contiguous pinned H2D of `nbytes` from the pool (the link's reference) and a device-to-device
     copy of the same size (HBM: read + write counted)."""
@@ -182,9 +162,9 @@ def _caches(model, shape, dev, n_max: int, half: int, context: int, capacity: in
     host.fill_random_(seed)
     devpool = KVPool("device", model.n_attn, n_pages, page_size, shape.row_bytes, dev)
     devpool.fill_random_(seed)
-    full = aliased_cache(model, host, n_max, context, capacity, page_size, seed)
-    ca = aliased_cache(model, host, half, context, capacity, page_size, seed + 10)
-    cb = aliased_cache(model, host, half, context, capacity, page_size, seed + 20)
+    full = OffloadCache.aliased(model, host, n_max, context, capacity, page_size, seed)
+    ca = OffloadCache.aliased(model, host, half, context, capacity, page_size, seed + 10)
+    cb = OffloadCache.aliased(model, host, half, context, capacity, page_size, seed + 20)
     return host, full, ca, cb, dataclasses.replace(full, pool=devpool)
 
 
