@@ -117,7 +117,7 @@ probe: $(STAMP)
 # .venv-vllm), so its last line names any group of tests that did not run and why (tests/conftest.py).
 # Chromium for the browser tests where root + apt allow it (never fails). Two pytest-xdist workers by default
 # (whole files per worker, longest first, tests/conftest.py): AIPerf's timing check pairs each request with the
-# server's own record of it and runs alone, so it holds beside the other worker. TEST_WORKERS=0: one process.
+# server's own record of it, so it holds beside the other worker. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP) $(AIPERF_STAMP)
 	@scripts/ensure_chromium.sh

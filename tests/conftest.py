@@ -14,16 +14,14 @@ HAS_CUDA = torch.cuda.is_available()
 # In a pytest-xdist worker (make test runs two), the worker and every process it starts (a `labkit run`, a
 # notebook kernel, a server) compute on their share of the cores: two processes that each spread torch over
 # every core stall at each parallel region's barrier (a real-model test took eight times its serial time).
-# A file that runs alone (ALONE below) has every core again.
 THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        n = (os.cpu_count() or 1) if group_of(item.nodeid) == ALONE else THREADS
-        os.environ["OMP_NUM_THREADS"] = str(n)
-        torch.set_num_threads(n)
+        os.environ["OMP_NUM_THREADS"] = str(THREADS)
+        torch.set_num_threads(THREADS)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in it.keywords and not HAS_CUDA:
             it.add_marker(skip)
     if hasattr(config, "workerinput"):        # a pytest-xdist worker: the longest groups first
-        rank = {g: i for i, g in enumerate(LONGEST_FIRST)} | {ALONE: len(LONGEST_FIRST) + 1}
+        rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda it: rank.get(group_of(it.nodeid), len(LONGEST_FIRST)))    # stable: a file keeps its order
 
 
@@ -41,17 +39,16 @@ def pytest_collection_modifyitems(config, items):
 # one worker, so a module's fixture (a vLLM server, a Ray cluster, a Chromium, a model) is made once, as in a
 # serial run; the files that reuse the run folders tests/browser_util.py makes once per process go to one
 # worker together, so those runs are made once, not once per worker. The longest groups are handed out
-# first and the short files last, so the two workers finish close together. AIPerf's timing check (a client's
-# TTFT within 10% of the server's own) runs last and alone: the other worker idles while it runs, as the
-# check's client and server need (beside another worker's load, AIPerf's TTFT came out 19% above the server's).
-ALONE = "test_serve_aiperf.py"
+# first and the short files last, so the two workers finish close together. Every file runs beside the other
+# worker, AIPerf's timing check included (it pairs each request with the server's own record of it).
 MADE_ONCE = "runs made once per process"
 SHARES_RUNS = {"test_browser.py", "test_explore.py", "test_index_compare.py", "test_nightly.py",
                "test_results_size.py"}
-LONGEST_FIRST = ["test_vllm_serving.py", "test_gemv.py", MADE_ONCE, "test_cluster.py", "test_experiments_cpu.py",
-                 "test_run_status.py", "test_vllm_xfer.py", "test_hot_cache.py", "test_capacity.py",
-                 "test_report.py", "test_quality_notebook.py", "test_sparse_prefill.py", "test_sweep.py",
-                 "test_faults.py"]
+LONGEST_FIRST = ["test_vllm_serving.py", "test_gemv.py", MADE_ONCE, "test_cluster.py", "test_kernels_compile.py",
+                 "test_serve_target.py", "test_experiments_cpu.py", "test_run_status.py", "test_vllm_xfer.py",
+                 "test_hot_cache.py", "test_capacity.py", "test_report.py", "test_quality_notebook.py",
+                 "test_sparse_prefill.py", "test_sweep.py", "test_faults.py", "test_serve_aiperf.py",
+                 "test_stopped_runs.py", "test_quality_sparse_prefill.py"]
 
 
 def group_of(nodeid: str) -> str:
@@ -69,26 +66,6 @@ def pytest_xdist_make_scheduler(config, log):
     class FilesAndSharedRuns(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
-
-        waiting = None          # the worker that asked for ALONE while another still had tests
-
-        def _others_busy(self, node) -> list:
-            return [n for n, work in self.assigned_work.items() if n is not node and self._pending_of(work)]
-
-        def _assign_work_unit(self, node) -> None:
-            if self.workqueue and next(iter(self.workqueue)) == ALONE and self._others_busy(node):
-                for n in self._others_busy(node):       # nothing is left for them: they end after their tests
-                    if not n.shutting_down:
-                        n.shutdown()
-                self.waiting = node
-                return
-            super()._assign_work_unit(node)
-
-        def mark_test_complete(self, node, item_index, duration=0) -> None:
-            super().mark_test_complete(node, item_index, duration)
-            if self.waiting is not None and self.workqueue and not self._others_busy(self.waiting):
-                node, self.waiting = self.waiting, None
-                super()._assign_work_unit(node)
 
     config.option.loadscopereorder = False
     return FilesAndSharedRuns(config, log)

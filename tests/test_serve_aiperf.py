@@ -12,8 +12,9 @@ server's event loop getting to the handler, a few ms each that do not grow with 
 on an idle 2-core machine, more beside another test worker). At one or four requests at once the TTFT is 30-60
 ms, so a plain 10% on the means failed or passed with the machine's load. What must hold whatever the load:
 no request's first token is seen by the client before the server made it, the client's TTFT follows the
-server's from request to request (they differ by up to 8x between queued and unqueued requests), and the
-mean is the server's plus at most 10% and that fixed offset."""
+server's from request to request (they differ by up to 8x between queued and unqueued requests) wherever they
+differ by more than that offset could blur, and the mean is the server's plus at most 10% and that fixed
+offset. So it runs beside another test worker (make test's two)."""
 import importlib.util
 import json
 import os
@@ -118,7 +119,9 @@ def test_aiperf_completions_counts_and_timing_agree(server, tmp_path):
     client = [p["time_to_first_token"]["value"] for p in per]
     srv = [r["ttft_s"] * 1e3 for r in mine]
     assert all(c >= s - 1.0 for c, s in zip(client, srv)), list(zip(client, srv))    # never before the server
-    if max(srv) > 1.5 * min(srv):                    # the client follows the server from request to request
+    # the client follows the server from request to request, where they differ by more than what the server's
+    # clock cannot see could blur (beside another test worker that share alone moves each TTFT by up to ~20 ms)
+    if max(srv) > 1.5 * min(srv) and max(srv) - min(srv) > 5 * FIXED_MS:
         assert statistics.correlation(client, srv) > 0.9, list(zip(client, srv))
     assert _mean(client) <= 1.10 * _mean(srv) + FIXED_MS, (_mean(client), _mean(srv), list(zip(client, srv)))
     itl = _mean([(r["token_times"][-1] - r["token_times"][0]) / (len(r["token_times"]) - 1) for r in mine]) * 1e3
