@@ -396,7 +396,7 @@ def run_folder(arg: str) -> Path:
 
 
 def cmd_docs(a) -> int:
-    from .report import readme_tables
+    from .docs import readme_tables
     return readme_tables.main(write_files=a.write)
 
 

@@ -448,7 +448,7 @@ def test_every_run_folder_writer_replaces_a_planted_link(other_user, shared):
 # Files labkit writes outside run folders, each with where it goes; every other write in labkit/ goes
 # through labkit/atomic.py (a fresh exclusive name and a rename, or an append that refuses links).
 NOT_RUN_FOLDERS = {
-    "labkit/report/readme_tables.py": "README.md and docs/ (the repository's own files)",
+    "labkit/docs/readme_tables.py": "README.md and docs/ (the repository's own files)",
     "labkit/lab.py": "JupyterLab's settings folder of this lab",
     "labkit/explore.py": "the explorer notebook under notebooks/",
     "labkit/cluster/executor.py": "a node's work folder: fresh, in a scratch folder checked to be this user's alone",

@@ -2,7 +2,7 @@
 `labkit docs --write`), and each block sits in the one file the generator names."""
 import pytest
 
-from labkit.report.readme_tables import BLOCK_FILES, RUNS, RUNS_FILE, blocks, by_file, markers, rewrite, write
+from labkit.docs.readme_tables import BLOCK_FILES, RUNS, RUNS_FILE, blocks, by_file, markers, rewrite, write
 from labkit.results import REPO
 
 
@@ -39,7 +39,7 @@ def test_rewrite_replaces_only_between_markers():
 
 
 def test_write_puts_each_block_in_its_own_file_and_refuses_a_missing_one(tmp_path, monkeypatch):
-    import labkit.report.readme_tables as rt
+    import labkit.docs.readme_tables as rt
     (tmp_path / "docs").mkdir()
     a, b = tmp_path / "docs" / "a.md", tmp_path / "docs" / "b.md"
     a.write_text("<!-- BEGIN generated:x -->\n<!-- END generated:x -->\n")
