@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from labkit import experiments
-from labkit.experiments.pulse import replay_measure as P
+from labkit.experiments.pulse import measure as P
 from labkit.stats import windows as W
 from labkit.params import BadInput
 from labkit.results import REPO

@@ -11,8 +11,9 @@ Each experiment is one module here with
 
 These modules import only the light `params` layer at import time (torch, papermill and plotly are imported
 when a plan is checked against the machine or a run starts), so `labkit run --help` and bad input answer
-at once. An engine experiment is a package here: its `__init__` the light SPEC, `measure.py` the measuring code
-(PulseInfer's four experiments share `pulse/`); the real-model ones measure in `quality/`, `xfer/`, `serving/`.
+at once. An engine experiment is a package here named as the experiment: its `__init__` the light SPEC,
+`measure.py` the measuring code (PulseInfer's: `pulse/` the trace replay, `pulse_switch/`, `pulse_scaling/`,
+`pulse_ladder/`, `pulse_blocks/`); the real-model ones measure in `quality/`, `xfer/`, `serving/`.
 """
 from __future__ import annotations
 
@@ -30,11 +31,10 @@ class Experiment:
     needs: str              # what it needs to run: "CPU", "CUDA GPU", "2+ CUDA GPUs", "vLLM" ...
     notebook: str           # notebooks/<file>: measures with a plan, renders a run folder with run_dir
     system: str = ""        # the published system it measures, if one
-    where: str = ""         # its module under labkit.experiments when not its name (PulseInfer's: pulse.NAME)
 
     @property
     def module(self):
-        return importlib.import_module(f"{__name__}.{self.where or self.name}")
+        return importlib.import_module(f"{__name__}.{self.name}")
 
     @property
     def spec(self) -> list[Param]:
@@ -58,16 +58,16 @@ _ALL = [
     Experiment("multigpu", "the layer split over several GPUs vs one, pipelined micro-batches, gather scaling",
                "2+ CUDA GPUs (CPU: a check of the split)", "multigpu.ipynb"),
     Experiment("pulse", "a real request trace served with and without batch switching, per placement policy",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.replay"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
     Experiment("pulse_switch", "one switched round of two batches at layer boundaries vs the two in turn",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.switch"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
     Experiment("pulse_scaling", "every request offloaded at long context: one batch vs two switched, 1-16 requests",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.scaling"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
     Experiment("pulse_ladder", "the published comparison as a ladder on trace windows: per-head units -> coalesced "
                "-> retrieval head -> switching -> adaptive, and no offload under the same cap",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.ladder"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
     Experiment("pulse_blocks", "block transfers: per-unit copies, coalesced, batched DMA, zero-copy vs contiguous",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.blocks"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
     Experiment("quality", "what top-k selection costs a real model: perplexity and recall per policy and budget",
                "CPU (SmolLM2-135M ships with the lab)", "quality.ipynb"),
     Experiment("xfer", "a small model's KV mapped into a large one: quality, agreement and time to first token",

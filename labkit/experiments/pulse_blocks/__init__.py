@@ -1,7 +1,7 @@
 """`labkit run pulse_blocks`: how block-granular selections cross the link — one copy per unit, a CPU gather
 into staging then one copy, the gather pipelined with chunked copies (PulseInfer's coalesced transfers),
 batched DMA (`cuMemcpyBatchAsync`), the zero-copy kernel — against one contiguous copy of the same bytes,
-every result checked against the rows it should hold. Code: `labkit.experiments.pulse.blocks_measure`.
+every result checked against the rows it should hold. Code: `labkit.experiments.pulse_blocks.measure`.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def plan(given: dict) -> Plan:
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from .blocks_measure import block_probe, headline
+    from .measure import block_probe, headline
     from ... import sweep
     from ...shapes import ModelShape
     p = dict(plan.params)

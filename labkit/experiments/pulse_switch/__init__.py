@@ -1,7 +1,7 @@
 """`labkit run pulse_switch`: PulseInfer's switched round — a normal batch (KV resident) and an offloaded batch
 (KV in host RAM) interleaved at layer boundaries, each offloaded load on a side stream while the normal
 batch computes — against the two steps in turn, with the bound the measured parts allow and one round's
-timeline. Code: `labkit.experiments.pulse.switch_measure.switching_point`.
+timeline. Code: `labkit.experiments.pulse_switch.measure.switching_point`.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def plan(given: dict) -> Plan:
 def run(plan: Plan, progress_bar: bool = True):
     import pandas as pd
 
-    from .switch_measure import headline, switching_point
+    from .measure import headline, switching_point
     from ... import sweep
     from ...shapes import ModelShape
     from ...engine.transfer import setting_names

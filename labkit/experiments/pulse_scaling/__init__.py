@@ -1,6 +1,6 @@
 """`labkit run pulse_scaling`: every request's KV in host RAM at long context; one batch of N requests against
 two batches switched at layer boundaries (PulseInfer), with the resident compute of each, the measured link,
-the bound they allow and where switching can start to pay. Code: `labkit.experiments.pulse.scaling_measure`.
+the bound they allow and where switching can start to pay. Code: `labkit.experiments.pulse_scaling.measure`.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def plan(given: dict) -> Plan:
 def run(plan: Plan, progress_bar: bool = True):
     import pandas as pd
 
-    from .scaling_measure import headline, scaling
+    from .measure import headline, scaling
     from ... import sweep
     from ...engine.transfer import setting_names
     from ...shapes import ModelShape

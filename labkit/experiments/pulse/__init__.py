@@ -1,7 +1,7 @@
 """`labkit run pulse`: PulseInfer's scheduling on a real request trace (Mooncake conversations): labkit's
 engine serves disjoint windows of the trace with a resident and an offload lane, with and without switching
 batches at layer boundaries, once per placement policy; the static threshold and the adaptive policy's
-constants are chosen on calibration windows and reported on the others. Code: `labkit.experiments.pulse.replay_measure`,
+constants are chosen on calibration windows and reported on the others. Code: `labkit.experiments.pulse.measure`,
 `labkit.stats.windows`."""
 from __future__ import annotations
 
@@ -75,11 +75,11 @@ SPEC = [
 
 def plan(given: dict) -> Plan:
     def check():          # the measuring module, imported once the parameters resolved
-        from .replay_measure import check
+        from .measure import check
         return check
     return checked(NAME, SPEC, given, check, declared=SPEC)      # its "auto" values are decided there
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from . import replay_measure as pulse_trace
+    from . import measure as pulse_trace
     return pulse_trace.run(dict(plan.params), progress_bar=progress_bar)

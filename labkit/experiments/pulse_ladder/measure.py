@@ -60,7 +60,7 @@ from pathlib import Path
 
 from ... import envs
 from ...params import BadInput, fill_auto, resolve_device
-from . import replay_measure as R
+from ..pulse import measure as R
 
 EXPERIMENT = "pulse_ladder"
 RUNGS = ("per_head", "coalesced", "retrieval_head", "switching", "adaptive")

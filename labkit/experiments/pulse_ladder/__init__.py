@@ -14,8 +14,8 @@ rung adding one of PulseInfer's pieces to the one before:
 
 and the arm `no_offload`: resident only, under the same device-memory cap (`device_kv_tokens`), so it
 holds fewer requests at once and the rest wait. What each rung is, and what still differs from the
-published setup, is in `labkit.experiments.pulse.ladder_measure` and docs/pulseinfer.md. Code:
-`labkit.experiments.pulse.ladder_measure`, `labkit.stats.windows`.
+published setup, is in `labkit.experiments.pulse_ladder.measure` and docs/pulseinfer.md. Code:
+`labkit.experiments.pulse_ladder.measure`, `labkit.stats.windows`.
 """
 from __future__ import annotations
 
@@ -91,11 +91,11 @@ SPEC = [
 
 def plan(given: dict) -> Plan:
     def check():          # the measuring module, imported once the parameters resolved
-        from .ladder_measure import check
+        from .measure import check
         return check
     return checked(NAME, SPEC, given, check, declared=SPEC)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from . import ladder_measure
+    from . import measure as ladder_measure
     return ladder_measure.run(dict(plan.params), progress_bar=progress_bar)
