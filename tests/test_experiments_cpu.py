@@ -19,7 +19,7 @@ TRACE = "labkit/data/smollm2-135m-prose-indexer-b64.npz"
 
 # name -> the test file that runs it through `labkit run` (run_experiment / the CLI) under papermill
 ELSEWHERE = {"decode": "test_report.py", "capacity": "test_capacity.py", "multigpu": "test_multigpu.py",
-             "pulse": "test_pulse_trace.py", "quality": "test_quality_notebook.py", "serve": "test_vllm_serving.py"}
+             "pulse": "test_pulse_trace.py", "quality": "test_quality_notebook.py", "serve_sweep": "test_vllm_serving.py"}
 
 HERE = {
     "probe": {"device": "cpu", "repeats": "2", "pool_gib": "0.02"},

@@ -456,7 +456,7 @@ NOT_RUN_FOLDERS = {
     "labkit/models/loader.py": "a model folder being converted in a fresh temporary folder",
     "labkit/crossmodel/ablation.py": "the mapper-fitting cache under .cache/",
     "labkit/quality/traces.py": "selection traces written by the trace tools, not by a run",
-    "labkit/serving/experiment.py": "the vLLM argument-check cache under .cache/",
+    "labkit/experiments/serve_sweep/measure.py": "the vLLM argument-check cache under .cache/",
 }
 PLAIN_WRITE = re.compile(r"(?<!atomic)\.write_(text|bytes)\(|\.to_csv\((?!f\b)|\.to_parquet\((?!tmp\b)|"
                          r"\bopen\([^)]*['\"][wax]b?['\"]|shutil\.copy|nbformat\.write\(|np\.savez|torch\.save\(")

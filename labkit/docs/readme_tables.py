@@ -25,7 +25,7 @@ from ..report.pulse_figures import QUALITY_POLICY, selection_table as selection_
 from ..report.targets import TARGETS
 from ..report.units import tokens_label as _ctx
 from ..results import REPO, load_run
-from ..serving.figures import crosscheck_table
+from ..experiments.serve_sweep.figures import crosscheck_table
 from ..shapes import metrics_shape
 from ..stats import Interval, across_runs, perplexity_ratio
 from ..stats.windows import REFERENCE, first_window_runs, single_window

