@@ -216,7 +216,7 @@ def _after_run(path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ the rest
 def cmd_study(a) -> int:
-    from . import studies
+    from .experiments import studies
     if a.help or not a.study:
         print(studies.help_text(a.study))
         return 0

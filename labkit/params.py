@@ -155,10 +155,12 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 _WHAT = {"int": "a whole number (sizes like 8K or 1M accepted)", "float": "a number", "bool": "true or false"}
 
 
-# Experiments renamed after runs of them were committed, old name -> today's: the one place an old name lives.
+# Experiments (and studies) renamed after runs of them were committed, old name -> today's: the one place an old
+# name lives.
 # A run folder keeps the name it was written with; reading it (`results.read_manifest`, a run's metrics) gives
 # today's, so every reader sees one name, and `labkit run OLD` runs today's.
-RENAMED_EXPERIMENTS = {"serve": "serve_sweep"}
+RENAMED_EXPERIMENTS = {"serve": "serve_sweep", "xfer": "crossmodel", "xfer-ablation": "crossmodel-ablation",
+                       "xfer-frontier": "crossmodel-frontier", "xfer-attribution": "crossmodel-attribution"}
 
 
 def experiment_name(name):

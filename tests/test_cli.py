@@ -36,12 +36,15 @@ def test_experiment_help_lists_its_parameters(name):
 
 
 @pytest.mark.parametrize("old", sorted(RENAMED_EXPERIMENTS))
-def test_an_old_experiment_name_runs_todays_and_says_so(old):
-    """A renamed experiment keeps its old name on the command line (committed plans and habits), and shows the new."""
+def test_an_old_name_runs_todays_and_says_so(old):
+    """A renamed experiment or study keeps its old name on the command line (committed plans and habits), and
+    shows the new."""
     new = RENAMED_EXPERIMENTS[old]
-    r = labkit("run", old, "--help")
-    assert r.returncode == 0 and r.stdout.startswith(f"labkit run {new} "), r.stdout[:200]
-    assert f"once {old}" in labkit("run", "--help").stdout
+    sub = "run" if new in EXPERIMENTS else "study"
+    r = labkit(sub, old, "--help")
+    assert r.returncode == 0 and r.stdout.startswith(f"labkit {sub} {new} "), r.stdout[:200]
+    if sub == "run":
+        assert f"once {old}" in labkit("run", "--help").stdout
 
 
 def test_unknown_names_get_the_closest_ones(tmp_path):

