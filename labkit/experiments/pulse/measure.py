@@ -26,13 +26,30 @@ of the first test window only (results/ stays small).
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import socket
 import threading
 import time
 from pathlib import Path
 
-from ... import envs
+import pandas as pd
+import torch
+
+from ... import envs, sweep
+from ...engine.drive.policies import check_policy, make_policy, needs_costs
+from ...engine.drive.scheduler import Request, Scheduler, calibrate, make_lanes
+from ...engine.model.hybrid import HybridModel
+from ...engine.transfer import STRATEGIES, get_strategy, setting_names, settings_of, strategy_params
 from ...params import BadInput, fill_auto, resolve_device
+from ... import results
+from ...results import effective_status, load_run, run_manifests
+from ...serving.latency import summarize
+from ...serving.workload import load_trace, trace_replay
+from ...shapes import ModelShape
+from ...stats import windows as W
+from ...stats.windows import candidates, window_bounds
 
 EXPERIMENT = "pulse"
 # The first 1,000 requests (330 s of arrivals) of the Mooncake FAST'25 conversation trace (Apache-2.0,
@@ -54,7 +71,6 @@ def _params(given: dict, spec: list) -> dict:
     if p["select_block"] < 1 or p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
         raise BadInput(f"select_block must be >= 1 and divide budget ({p['budget']}) and page_size "
                        f"({p['page_size']}), got {p['select_block']}")
-    from ...engine.transfer import STRATEGIES, get_strategy, setting_names, settings_of
     if p["strategy"] not in STRATEGIES:
         raise BadInput(f"unknown strategy {p['strategy']!r}: choose from {', '.join(STRATEGIES)}")
     try:                                  # its settings' values, as the strategy itself checks them
@@ -62,20 +78,16 @@ def _params(given: dict, spec: list) -> dict:
     except ValueError as ex:
         raise BadInput(str(ex)) from None
     # a setting given away from its default must be one the offload strategy has
-    from ...engine.transfer import strategy_params
     mine = {s.param for s in settings_of(p["strategy"])}
     for sp in strategy_params():
         if p[sp.name] != sp.default and sp.name not in mine:
             users = [n for n, c in STRATEGIES.items() if any(s.param == sp.name for s in c.SETTINGS)]
             raise BadInput(f"{sp.name} applies to strategy {', '.join(users)}, not {p['strategy']}")
     if p["transport"] == "auto":
-        import importlib.util
         have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
         p["transport"] = "http" if have else "inprocess"
     if p["resident_slots"] < 0 or p["offload_slots"] < 0 or p["resident_slots"] + p["offload_slots"] == 0:
         raise BadInput("resident_slots and offload_slots must be >= 0, not both 0")
-    from ...engine.drive.policies import check_policy
-    from ...stats.windows import candidates
     for pol in [p["reference"], *p["policies"], *(c for cs in candidates(p).values() for c in cs)]:
         check_policy(pol)
     if p["resident_slots"] and p["resident_pool_tokens"] and p["resident_pool_tokens"] < p["capacity"]:
@@ -91,10 +103,7 @@ def check(given: dict, declared: list) -> dict:
     """Validate resolved parameters, the trace and its windows included, find the run to resume, and decide
     the "auto" ones, before anything is allocated (one line on bad input). `declared`: the experiment's SPEC (its
     declared per-device values and bounds), handed over by `plan` so this module need not import it."""
-    import hashlib
 
-    from ...serving.workload import load_trace
-    from ...stats.windows import window_bounds
     p = _params(given, declared)
     rows = load_trace(p["trace"])
     window_bounds(len(rows), p["windows"], p["window_size"], p["calibration_windows"])
@@ -108,7 +117,6 @@ def check(given: dict, declared: list) -> dict:
 
 def _signature(params: dict) -> dict:
     """The parameters a resumed run must share with the run it continues, as the manifest stores them."""
-    import json
     norm = lambda v: ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else v   # noqa: E731
     return {k: json.dumps(norm(v), default=str) for k, v in params.items() if k not in RESUME_FREE}
 
@@ -116,9 +124,7 @@ def _signature(params: dict) -> dict:
 def find_resume(p: dict, experiment: str = EXPERIMENT) -> str:
     """`resume`: "" (a fresh run), a run folder, or "auto": the newest `experiment` run under results/ that
     did not finish ok and has these parameters. A folder given that is no such run is one line."""
-    import json
 
-    from ...results import REPO, effective_status, run_manifests
     want = p["resume"].strip()
     if not want:
         return ""
@@ -134,7 +140,7 @@ def find_resume(p: dict, experiment: str = EXPERIMENT) -> str:
             raise BadInput(f"resume={want}: not a {experiment} run of these parameters (differs in {', '.join(diff) or 'experiment'})")
         return str(Path(want))
     found = []
-    for mf in run_manifests(REPO / "results"):
+    for mf in run_manifests(results.REPO / "results"):     # read at call time: a test points it elsewhere
         try:
             m = json.loads(mf.read_text())
         except ValueError:
@@ -148,8 +154,6 @@ def find_resume(p: dict, experiment: str = EXPERIMENT) -> str:
 def requests(p: dict, window: int = 0) -> list:
     """Window `window`'s requests (trace requests window x window_size on), arrivals from the window's first
     request / rate, inputs x length_scale, capped to a slot; each request's id is its index in the trace."""
-    from ...serving.workload import trace_replay
-    from ...shapes import ModelShape
     cap, scale, n = p["capacity"], p["length_scale"], p["window_size"]
     vocab = ModelShape.from_name(p["shape"]).vocab
     specs = trace_replay(p["trace"], n, p["rate"], max(2, int(cap / scale)), vocab,
@@ -170,15 +174,12 @@ def _free_port() -> int:
 
 def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     """One policy: a server on a free port, the load generator against it; returns records and stats."""
-    from ...engine.drive.scheduler import Request, Scheduler, calibrate, make_lanes
-    from ...engine.transfer import setting_names, settings_of
     lanes = make_lanes(model.shape, model.device, p["resident_slots"], p["offload_slots"], capacity=p["capacity"],
                        budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
                        prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
                        resident_pool_tokens=p["resident_pool_tokens"] or None, select_block=p["select_block"],
                        offload_pool_tokens=p.get("offload_pool_tokens") or None,
                        settings={k: p[k] for k in setting_names() if k in {s.param for s in settings_of(p["strategy"])}})
-    from ...engine.drive.policies import make_policy, needs_costs
     costs = calibrate(lanes, graphs=p["graphs"]) if needs_costs(policy) else None
     switching = not policy.startswith("noswitch:")
     sched = Scheduler(lanes, make_policy(policy, costs), switching=switching,
@@ -192,11 +193,14 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
         recs = [r.record() for r in done]
         stats = {"records": recs, "rounds": list(sched.rounds), "graphs": sched.graphs, "graph_error": sched.graph_error}
         return {"records": recs, "stats": stats, "timelines": list(sched.timelines), "costs": costs}
+    # the http transport's packages (httpx, uvicorn, the server's fastapi): optional, transport=auto runs in-process
+    # without them, so a replay never needs them installed
     import httpx
     import uvicorn
 
     from ...serving.engine_server import EngineLoop, create_app
     from ...serving.loadgen import run_load
+
     loop = EngineLoop(sched, keep=None).start()     # every record and round of the replay: the row sums them
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(loop, "labkit"), host="127.0.0.1", port=port, log_level="warning"))
@@ -227,7 +231,6 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
 def summary_row(policy: str, p: dict, out: dict) -> dict:
     """One metrics row of a replay: latency statistics (`serving.latency.summarize`), lanes, switches, stalls,
     the GPU stall share of the sampled rounds, link bytes and copies, the most requests running at once."""
-    from ...serving.latency import summarize
     recs, st = out["records"], out["stats"]
     s = summarize(recs, slo_tpot_ms=p["tpot_slo_ms"])
     lanes = [r.get("lane") for r in st["records"]]
@@ -283,7 +286,6 @@ def earlier_run(path: str) -> dict:
     """A run cut short that this one continues: its metrics and per-window tables ({} for a fresh run)."""
     if not path:
         return {}
-    from ...results import load_run
     lr = load_run(path)
     out = {n: lr.table(n) for n in ("metrics", "requests", "rounds", "timeline", "loads")}
     mf = lr.manifest
@@ -296,14 +298,7 @@ def earlier_run(path: str) -> dict:
 def run(p: dict, progress_bar: bool = False):
     """`labkit run pulse`: the calibration windows, the choice, then the test windows, into one run folder."""
 
-    import pandas as pd
-    import torch
 
-    from ...engine.model.hybrid import HybridModel
-    from ...serving.workload import load_trace
-    from ... import sweep
-    from ...shapes import ModelShape
-    from ...stats import windows as W
     t0 = time.monotonic()
     bounds = W.window_bounds(len(load_trace(p["trace"])), p["windows"], p["window_size"], p["calibration_windows"])
     roles = {b["window"]: b["role"] for b in bounds}
@@ -368,7 +363,6 @@ def run(p: dict, progress_bar: bool = False):
 
 def _keep_earlier(tables: dict, before: dict | None, kept: list, sampled: int) -> None:
     """Put in front of this run's tables what the earlier run measured on the windows kept from it."""
-    import pandas as pd
     for w in kept:
         for name in tables:
             t = before.get(name, pd.DataFrame())
@@ -381,7 +375,6 @@ def _keep_earlier(tables: dict, before: dict | None, kept: list, sampled: int) -
 def close_windows(run, p: dict, out: dict, roles: dict, ratios=None) -> None:
     """The per-window ratios (`ratios`, or the arms' to the reference), their summary and the choice; the run's
     status (a stopped run names the windows a resume still has to replay). The ladder closes through it too."""
-    from ...stats import windows as W
     ratios = W.window_ratios(run.metrics(), p, out["chosen"], roles) if ratios is None else ratios
     run.write_table("window_ratios", ratios)
     run.write_table("window_summary", W.summarize(ratios))
@@ -398,7 +391,6 @@ def close_windows(run, p: dict, out: dict, roles: dict, ratios=None) -> None:
 def headline(m, path, p: dict) -> list[str]:
     """Per policy arm over the test windows: throughput and p99 TPOT against the reference (median of the
     windows); with no test window, each policy's throughput and p99 TPOT."""
-    import pandas as pd
     s = pd.read_parquet(path / "window_summary.parquet") if (path / "window_summary.parquet").is_file() else pd.DataFrame()
     if len(s) and "throughput_ratio" in s:
         return [f"test windows, against {p['reference']}: " + ", ".join(

@@ -22,7 +22,8 @@ from __future__ import annotations
 from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
-from .. import checked
+from ... import lazy
+from .. import planner
 
 NAME = "pulse_ladder"
 
@@ -89,13 +90,9 @@ SPEC = [
 ]
 
 
-def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from .measure import check
-        return check
-    return checked(NAME, SPEC, given, check, declared=SPEC)
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring, declared=SPEC)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from . import measure as ladder_measure
-    return ladder_measure.run(dict(plan.params), progress_bar=progress_bar)
+    return measuring.run(dict(plan.params), progress_bar=progress_bar)
