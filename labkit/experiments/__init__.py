@@ -15,7 +15,9 @@ when a plan is checked against the machine or a run starts), so `labkit run --he
 at once. Every experiment is a package here named as the experiment: its `__init__` the light SPEC, `measure.py`
 the measuring code, `figures.py` where it draws its own (PulseInfer's: `pulse/` the trace replay, `pulse_switch/`,
 `pulse_scaling/`, `pulse_ladder/`, `pulse_blocks/`). The real-model ones (`quality/`, `crossmodel/`,
-`serve_sweep/`) measure over the libraries `labkit.quality`, `labkit.crossmodel` and `labkit.serving`.
+`serve_sweep/`) measure over the libraries `labkit.quality`, `labkit.crossmodel` and `labkit.serving`. What several
+experiments share is a named module here, not a sibling's measure.py (`trace_replay`: the trace replay of `pulse`
+and `pulse_ladder`).
 """
 from __future__ import annotations
 

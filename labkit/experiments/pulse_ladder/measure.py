@@ -74,7 +74,7 @@ from ...shapes import ModelShape
 from ...stats import bootstrap
 from ...stats import windows as W
 from ...stats.windows import candidates, window_bounds
-from ..pulse import measure as R
+from .. import trace_replay as R
 
 EXPERIMENT = "pulse_ladder"
 RUNGS = ("per_head", "coalesced", "retrieval_head", "switching", "adaptive")
@@ -253,7 +253,7 @@ def run(p: dict, progress_bar: bool = False):
                          "lane": mine.get("lane"), "output_sha": mine.get("output_sha"),
                          "n_token_times": len(r.get("token_times") or [])})
         run.write_table("requests", pd.DataFrame(reqs))      # a run cut short keeps what it measured
-        row = {**base, **R.summary_row(placement, q, out), **head}
+        row = {**base, **R.summary_row(placement, q, out, EXPERIMENT), **head}
         row.update(switching=rung in ("switching", "adaptive"), placement=placement,
                    device_kv_tokens=0 if placement == "offload" else p["device_kv_tokens"],
                    dma_unit_rows=q["dma_unit_rows"])
