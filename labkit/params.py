@@ -155,6 +155,19 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 _WHAT = {"int": "a whole number (sizes like 8K or 1M accepted)", "float": "a number", "bool": "true or false"}
 
 
+# Experiments (and studies) renamed after runs of them were committed, old name -> today's: the one place an old
+# name lives.
+# A run folder keeps the name it was written with; reading it (`results.read_manifest`, a run's metrics) gives
+# today's, so every reader sees one name, and `labkit run OLD` runs today's.
+RENAMED_EXPERIMENTS = {"serve": "serve_sweep", "xfer": "crossmodel", "xfer-ablation": "crossmodel-ablation",
+                       "xfer-frontier": "crossmodel-frontier", "xfer-attribution": "crossmodel-attribution"}
+
+
+def experiment_name(name):
+    """Today's name of an experiment called `name` when a run was written (unchanged when not renamed)."""
+    return RENAMED_EXPERIMENTS.get(name, name)
+
+
 @dataclass(frozen=True)
 class Plan:
     """A validated experiment: its name and every parameter resolved (typed, "auto" decided for the machine

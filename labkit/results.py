@@ -28,7 +28,7 @@ import pandas as pd
 from . import envs
 from . import __version__
 from .atomic import open_replacing, replacing, write_text, write_text_or_in_place
-from .params import BadInput
+from .params import RENAMED_EXPERIMENTS, BadInput, experiment_name
 from .telemetry import Sampler, describe_gpus, machine_load, observed
 
 # rows and manifests written since the reference shape followed the public config carry shape_rev 2; a run
@@ -442,6 +442,8 @@ def read_manifest(path: str | Path) -> dict:
     why = manifest_problem(m)
     if why:
         raise BadManifest(f"{mf}: {why}")
+    if m.get("experiment") in RENAMED_EXPERIMENTS:
+        m["experiment"] = experiment_name(m["experiment"])
     return m
 
 
@@ -468,6 +470,8 @@ class LoadedRun:
     @property
     def metrics(self) -> pd.DataFrame:
         df = self.table("metrics")
+        if "experiment" in df and df["experiment"].isin(list(RENAMED_EXPERIMENTS)).any():
+            df["experiment"] = df["experiment"].replace(RENAMED_EXPERIMENTS)
         return df if not df.empty else pd.DataFrame(columns=METRIC_COLUMNS)
 
     @property

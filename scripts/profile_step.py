@@ -8,7 +8,7 @@ Per concurrency: the step's median over 50 graph replays (CUDA events), the runn
 torch.profiler (CUPTI) trace of 10 replays -> per kernel name: launches per step, µs per step; the sum
 of kernel time per step against the step (the rest is the GPU between kernels: launch latency and
 ramp/tail of small grids). Kernels are grouped by what they do, from their names
-(`labkit.report.kernels`: the lab's kernels, cuBLAS, inductor's fused kernels, copies).
+(`labkit.docs.kernels`: the lab's kernels, cuBLAS, inductor's fused kernels, copies).
 Writes OUT_DIR/profile_<tag>.json and .md. Needs a CUDA GPU.
 """
 import argparse
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit.engine import DecodeRunner, Engine, HybridModel, OffloadCache, get_strategy  # noqa: E402
-from labkit.report.kernels import group_of  # noqa: E402
+from labkit.docs.kernels import group_of  # noqa: E402
 from labkit.shapes import PRESETS  # noqa: E402
 
 def step_ms(runner, n: int = 50) -> list[float]:

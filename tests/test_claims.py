@@ -1,4 +1,4 @@
-"""The claims card (labkit/report/claims.py): every published headline has a row with a verdict from the declared
+"""The claims card (labkit/docs/claims.py): every published headline has a row with a verdict from the declared
 set; the verdict rule gives each of the four outcomes where it should; runs named later in docs/runs.toml are
 picked up with no code change; docs/claims.md and the README block say what `labkit docs --write` writes; the
 notebook draws the card under papermill."""
@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from labkit.report import claims as C
-from labkit.report.readme_tables import BLOCK_FILES, rewrite
+from labkit.docs import claims as C
+from labkit.docs.readme_tables import BLOCK_FILES, rewrite
 from labkit.results import REPO
 
 # Every figure the four publications give: (row key, system key, how the row's published text writes it). Kept here,

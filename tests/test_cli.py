@@ -9,7 +9,7 @@ import time
 import pytest
 
 from labkit.experiments import EXPERIMENTS
-from labkit.params import Plan
+from labkit.params import RENAMED_EXPERIMENTS, Plan
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 
@@ -33,6 +33,18 @@ def test_experiment_help_lists_its_parameters(name):
         if p.name != "out_dir":
             line = next((l for l in r.stdout.splitlines() if l.split()[:1] == [p.name]), None)
             assert line and p.kind in line and p.help[:30] in line, (name, p.name)
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED_EXPERIMENTS))
+def test_an_old_name_runs_todays_and_says_so(old):
+    """A renamed experiment or study keeps its old name on the command line (committed plans and habits), and
+    shows the new."""
+    new = RENAMED_EXPERIMENTS[old]
+    sub = "run" if new in EXPERIMENTS else "study"
+    r = labkit(sub, old, "--help")
+    assert r.returncode == 0 and r.stdout.startswith(f"labkit {sub} {new} "), r.stdout[:200]
+    if sub == "run":
+        assert f"once {old}" in labkit("run", "--help").stdout
 
 
 def test_unknown_names_get_the_closest_ones(tmp_path):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import experiments, studies
+from labkit import experiments
+from labkit.experiments import studies
 from labkit.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,4 +140,4 @@ def test_every_subcommand_answers_help(capsys):
     from labkit.cli import main
     for sub in ("run", "study"):
         assert main([sub, "--help"]) == 0
-    assert "xfer-frontier" in capsys.readouterr().out
+    assert "crossmodel-frontier" in capsys.readouterr().out

@@ -57,7 +57,7 @@ def test_export_rows_carry_the_archive_fields_and_kinds():
     pre = [r for r in rows if r["labkit_experiment"] == "prefill"]
     assert sorted(r["prefill_tok_s"] for r in pre) == pytest.approx(sorted(m[PREFILL]["tok_s"]))
     assert all(r["output_tok_s"] is None and r["gen_tokens"] == 0 for r in pre)
-    srv = [r for r in rows if r["labkit_experiment"] == "serve"]
+    srv = [r for r in rows if r["labkit_experiment"] == "serve_sweep"]
     one = next(r for r in srv if r["concurrency"] == 1)
     src = m[SERVE][m[SERVE]["point_id"] == one["run_id"].rsplit("/", 1)[1]].iloc[0]
     assert one["output_tps_kind"] == "single_stream_wall" and one["output_tok_s"] == pytest.approx(src["output_throughput"])
@@ -101,7 +101,7 @@ def test_sqlite_adds_and_replaces_and_markdown_pastes(tmp_path):
     md = _labkit("export", str(SERVE), "--format", "markdown")
     lines = md.stdout.splitlines()
     assert lines[0].startswith("| model | quant | engine") and lines[1].startswith("|---")
-    assert "```" in lines and any(ln.startswith("labkit run serve") for ln in lines) and "/root/" not in md.stdout
+    assert "```" in lines and any(ln.startswith("labkit run serve_sweep") for ln in lines) and "/root/" not in md.stdout
     bad = _labkit("export", str(SERVE), "--format", "sqlite")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--out" in bad.stderr
 

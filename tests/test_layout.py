@@ -120,12 +120,59 @@ def _part(m: str) -> str:
 
 
 def test_no_import_cycle_between_parts_of_labkit():
-    """Data flows one way between the parts (shape -> engine -> experiment -> results -> report), at any import
+    """Data flows one way between the parts (shape -> engine -> experiment -> results -> report -> docs), at any import
     depth: a package that imports another never gets imported back by it, through any chain of modules."""
+    assert _cycles(_part_graph()) == []
+
+
+# The README's data-flow sentence names parts in words; each word is one part of labkit.
+FLOW_PARTS = {"shape": "labkit.shapes", "engine": "labkit.engine", "experiment": "labkit.experiments",
+              "run folder": "labkit.results", "report": "labkit.report", "docs": "labkit.docs"}
+WRITTEN_INTO = {"run folder"}     # data that the part before it writes (through it), not code that calls back
+# The parts that measure: a run's report renders what they wrote, never imports them.
+MEASURING_PARTS = ("labkit.experiments", "labkit.quality", "labkit.crossmodel", "labkit.serving", "labkit.docs")
+
+
+def _part_graph() -> dict[str, set[str]]:
     g: dict[str, set[str]] = {_part(m): set() for m in MODULES}
     for m, targets in _graph().items():
         g[_part(m)] |= {_part(t) for t in targets if _part(t) != _part(m)}
-    assert _cycles(g) == []
+    return g
+
+
+def _reaches(g: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for t in g[todo.pop()] - seen:
+            seen.add(t)
+            todo.append(t)
+    return seen
+
+
+def _flow_sentence() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    code_map = text[text.index("## Code map"):text.index("## What a run folder holds")]
+    line = " ".join(code_map[code_map.index("Data flows one way:"):].split("(")[0].split())
+    return [w.strip(" .") for w in line.removeprefix("Data flows one way:").split("→")]
+
+
+def test_the_readme_data_flow_holds_edge_by_edge():
+    """Each arrow of the README's "shape → engine → ..." is a real import and never runs back: the later part
+    imports the earlier one (the engine builds a shape, the report reads a run folder), except the arrow into the
+    run folder, which the experiment writes through `results`; the imported part reaches the importer through no
+    chain of imports."""
+    words = _flow_sentence()
+    assert [w for w in words if w not in FLOW_PARTS] == [], "a word of the sentence names no part: add it to FLOW_PARTS"
+    g = _part_graph()
+    for a, b in zip(words, words[1:]):
+        user, used = (FLOW_PARTS[a], FLOW_PARTS[b]) if b in WRITTEN_INTO else (FLOW_PARTS[b], FLOW_PARTS[a])
+        assert used in g[user], f"{a} → {b}: {user} imports nothing of {used}"
+        assert user not in _reaches(g, used), f"{a} → {b} runs back: {used} reaches {user}"
+
+
+def test_the_report_renders_a_run_and_imports_no_measuring_code():
+    g = _part_graph()
+    assert sorted(_reaches(g, "labkit.report") & set(MEASURING_PARTS)) == []
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -137,7 +184,7 @@ def test_a_lazy_module_counts_as_an_import():
     still sees the edge."""
     g = _graph()
     assert "labkit.experiments.capacity.measure" in g["labkit.experiments.capacity"]
-    assert "labkit.quality.experiment" in g["labkit.experiments.quality"]
+    assert "labkit.experiments.quality.measure" in g["labkit.experiments.quality"]
 
 
 def test_no_private_name_imported_across_modules():

@@ -448,7 +448,7 @@ def test_every_run_folder_writer_replaces_a_planted_link(other_user, shared):
 # Files labkit writes outside run folders, each with where it goes; every other write in labkit/ goes
 # through labkit/atomic.py (a fresh exclusive name and a rename, or an append that refuses links).
 NOT_RUN_FOLDERS = {
-    "labkit/report/readme_tables.py": "README.md and docs/ (the repository's own files)",
+    "labkit/docs/readme_tables.py": "README.md and docs/ (the repository's own files)",
     "labkit/lab.py": "JupyterLab's settings folder of this lab",
     "labkit/explore.py": "the explorer notebook under notebooks/",
     "labkit/cluster/executor.py": "a node's work folder: fresh, in a scratch folder checked to be this user's alone",
@@ -456,7 +456,7 @@ NOT_RUN_FOLDERS = {
     "labkit/models/loader.py": "a model folder being converted in a fresh temporary folder",
     "labkit/crossmodel/ablation.py": "the mapper-fitting cache under .cache/",
     "labkit/quality/traces.py": "selection traces written by the trace tools, not by a run",
-    "labkit/serving/experiment.py": "the vLLM argument-check cache under .cache/",
+    "labkit/experiments/serve_sweep/measure.py": "the vLLM argument-check cache under .cache/",
 }
 PLAIN_WRITE = re.compile(r"(?<!atomic)\.write_(text|bytes)\(|\.to_csv\((?!f\b)|\.to_parquet\((?!tmp\b)|"
                          r"\bopen\([^)]*['\"][wax]b?['\"]|shutil\.copy|nbformat\.write\(|np\.savez|torch\.save\(")

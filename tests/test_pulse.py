@@ -274,7 +274,7 @@ def test_bad_requests_are_one_line_and_a_failure_mid_run_is_recorded(lanes_facto
 
 
 def test_switching_bench_point_on_cpu():
-    from labkit.experiments.pulse.switch_measure import overlap_ms, switching_point
+    from labkit.experiments.pulse_switch.measure import overlap_ms, switching_point
     r = switching_point(TINY, "cpu", context=200, offload_batch=2, normal_batch=2, normal_context=100, budget=16,
                         steps=2, warmup=1)
     for k in ("normal_only_ms", "offload_only_ms", "offload_compute_ms", "sequential_ms", "switched_ms", "bound_ms"):
@@ -320,7 +320,7 @@ def test_adaptive_placement_and_calibration(lanes_factory):
 
 
 def test_block_probe_on_cpu():
-    from labkit.experiments.pulse.blocks_measure import block_probe
+    from labkit.experiments.pulse_blocks.measure import block_probe
     rows = block_probe(TINY, "cpu", context=1024, budget=128, block=16, repeats=2, chunk_bytes=4096, threads=3)
     by = {(r["selection"], r["strategy"]): r for r in rows}
     assert len(by) == 16 and all(r["status"] == "ok" for r in rows)

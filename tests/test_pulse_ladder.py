@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from labkit import experiments
-from labkit.experiments.pulse import ladder_measure as L
+from labkit.experiments.pulse_ladder import measure as L
 from labkit.params import BadInput
 
 # 2 windows of 2 requests that arrive together (the trace's first 4), the switching rung's threshold and the

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
-from labkit.experiments.pulse.scaling_measure import crossover_requests, two_batch_bound
+from labkit.experiments.pulse_scaling.measure import crossover_requests, two_batch_bound
 from labkit.shapes import PRESETS
 
 TINY = PRESETS["tiny"]

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from labkit import experiments
-from labkit.experiments.pulse import replay_measure as P
+from labkit.experiments.pulse import measure as P
 from labkit.params import BadInput
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from labkit import experiments
-from labkit.experiments.pulse import replay_measure as P
+from labkit.experiments.pulse import measure as P
 from labkit.stats import windows as W
 from labkit.params import BadInput
 from labkit.results import REPO
@@ -229,7 +229,7 @@ def test_fitted_adaptive_is_the_engines_rule_at_its_constants():
 
 # ---- the docs table per window --------------------------------------------------------------------------
 def test_docs_table_per_window_with_the_one_window_run_as_a_row(small_run, tmp_path, monkeypatch):
-    import labkit.report.readme_tables as R
+    import labkit.docs.readme_tables as R
     one = tmp_path / "20260101-000001-pulse-trace-one-cpu"
     experiments.measure("pulse", {**SMALL, "windows": "1", "calibration_windows": "0", "policies": "threshold:40",
                                   "out_dir": str(one)}, progress_bar=False)

@@ -31,7 +31,7 @@ def test_evaluation_topics_share_no_reference_section_with_calibration():
     assert len(kept) < len(documents("pydoc", "eval"))     # some evaluation topics sit in a calibration section
 
 
-@pytest.mark.parametrize("name", ["quality", "xfer"])
+@pytest.mark.parametrize("name", ["quality", "crossmodel"])
 def test_both_experiments_take_the_corpus_under_one_name(name):
     import importlib
 

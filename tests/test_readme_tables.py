@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.report.readme_tables import BLOCK_FILES, RUNS, RUNS_FILE, blocks, by_file, markers, rewrite, write
+from labkit.docs.readme_tables import BLOCK_FILES, RUNS, RUNS_FILE, blocks, by_file, markers, rewrite, write
 from labkit.results import REPO
 
 
@@ -41,7 +41,7 @@ def test_rewrite_replaces_only_between_markers():
 
 
 def test_write_puts_each_block_in_its_own_file_and_refuses_a_missing_one(tmp_path, monkeypatch):
-    import labkit.report.readme_tables as rt
+    import labkit.docs.readme_tables as rt
     (tmp_path / "docs").mkdir()
     a, b = tmp_path / "docs" / "a.md", tmp_path / "docs" / "b.md"
     a.write_text("<!-- BEGIN generated:x -->\n<!-- END generated:x -->\n")

@@ -6,7 +6,7 @@ import pytest
 
 from labkit import costmodel as C
 from labkit import peer as P
-from labkit.report import reference_tables as R
+from labkit.docs import reference_tables as R
 from labkit.results import REPO, load_run
 from labkit.shapes import PRESETS, metrics_shape
 

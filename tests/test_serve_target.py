@@ -1,4 +1,4 @@
-"""`labkit run serve -p target=URL`: a server the user already runs, measured as it is (nothing launched or
+"""`labkit run serve_sweep -p target=URL`: a server the user already runs, measured as it is (nothing launched or
 stopped), against real servers on 127.0.0.1: `labkit serve` (labkit's engine, always here), the CPU build of
 vLLM from .venv-vllm (the suite's, SmolLM2-135M) and llama.cpp's `llama-server` where one is built
 (`make llama-server`; skipped otherwise, saying so). Also: the prompt salt keeps every prompt cold across runs
@@ -57,7 +57,7 @@ def _plan(given: dict):
 
 
 def _run(given: dict):
-    from labkit.serving.experiment import run_serve
+    from labkit.experiments.serve_sweep.measure import run_serve
     return run_serve(_plan(given), log=None)
 
 

@@ -87,7 +87,7 @@ def test_metrics_scraper_sees_load(server):
 
     import httpx
     from labkit.serving import loadgen, workload
-    from labkit.serving.experiment import connector_counters
+    from labkit.experiments.serve_sweep.measure import connector_counters
     from labkit.serving.servermetrics import MetricsScraper
     n_out = 160                                   # long enough that several scrapes land while both decode
     s = MetricsScraper(server.base_url, extra=lambda: connector_counters(server.stats))
@@ -116,7 +116,7 @@ def test_connector_host_hit_after_device_eviction(server):
     """Three long prompts, then each again: with 12 device blocks the repeats' blocks were evicted, so the hit
     comes from labkit's host pool (real KV tensors copied back into vLLM's paged cache); outputs identical."""
     from labkit.serving import loadgen, workload
-    from labkit.serving.experiment import connector_counters, connector_requests
+    from labkit.experiments.serve_sweep.measure import connector_counters, connector_requests
     before = connector_counters(server.stats)
     specs = workload.repeated(3, PROMPT, 8, vocab_size=49152, seed=21)
     recs = loadgen.run_load(server.base_url, server.model, specs, concurrency=1)
@@ -452,9 +452,9 @@ def test_failed_start_leaves_nothing(tmp_path):
 
 
 def _run_serve(given: dict, **kw):
-    """Plan (as `labkit run serve` does, without vLLM's own argument check) and run in this process."""
+    """Plan (as `labkit run serve_sweep` does, without vLLM's own argument check) and run in this process."""
     from labkit.experiments.serve import plan
-    from labkit.serving.experiment import run_serve
+    from labkit.experiments.serve_sweep.measure import run_serve
     return run_serve(dict(plan(given, check_args=False).params), **{"log": None, **kw})
 
 
@@ -465,7 +465,7 @@ def _labkit(*args, timeout=600):
 
 def test_unknown_flag_rejected_by_vllms_parser(tmp_path):
     out = tmp_path / "run"
-    r = _labkit("run", "serve", "-p", "extra_args=--no-such-flag 3", "--out", str(out))
+    r = _labkit("run", "serve_sweep", "-p", "extra_args=--no-such-flag 3", "--out", str(out))
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and "--no-such-flag" in lines[0] and "Traceback" not in r.stderr
@@ -473,11 +473,11 @@ def test_unknown_flag_rejected_by_vllms_parser(tmp_path):
 
 
 def test_sweep_end_to_end_with_vllm_client_and_notebook(tmp_path):
-    """`labkit run serve` under papermill: the run-folder contract, vLLM's client at the same points, the
+    """`labkit run serve_sweep` under papermill: the run-folder contract, vLLM's client at the same points, the
     notebook rendered from the plan it was handed."""
     from labkit.execute import run_experiment
     from labkit.results import load_run
-    out, err = run_experiment("serve", {"input_lens": "48", "concurrency": "1,2", "num_prompts": 2, "output_len": 4,
+    out, err = run_experiment("serve_sweep", {"input_lens": "48", "concurrency": "1,2", "num_prompts": 2, "output_len": 4,
                                         "bench_client": True}, out_dir=tmp_path / "run", log_output=False, timeout=900)
     assert err is None, err
     lr = load_run(out)
@@ -530,7 +530,7 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
     point; then Ctrl-C the sweep: server stopped, run folder valid, marked interrupted, no process of either
     server left, by process group or by parent."""
     out = tmp_path / "run"
-    code = ("from labkit.experiments.serve import plan\nfrom labkit.serving.experiment import run_serve\n"
+    code = ("from labkit.experiments.serve import plan\nfrom labkit.experiments.serve_sweep.measure import run_serve\n"
             f"run_serve(dict(plan({{'input_lens': '32', 'concurrency': '1', 'num_prompts': 3, 'output_len': 4, "
             f"'repeats': 200, 'out_dir': {str(out)!r}}}, check_args=False).params))\n")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -574,7 +574,7 @@ def test_a_server_that_never_comes_up_fails_the_run(tmp_path):
     """`-p startup_timeout_s=5` (a server that cannot be healthy in time): every point is a failed row, the
     manifest says failed, `labkit run` exits 1 with one line saying so, and no process of the server is left."""
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "labkit", "run", "serve", "-p", "input_lens=16", "-p", "concurrency=1",
+    r = subprocess.run([sys.executable, "-m", "labkit", "run", "serve_sweep", "-p", "input_lens=16", "-p", "concurrency=1",
                         "-p", "num_prompts=1", "-p", "output_len=2", "-p", "startup_timeout_s=5", "--out", str(out)],
                        capture_output=True, text=True, cwd=REPO, timeout=600)
     mf = json.loads((out / "manifest.json").read_text())
@@ -590,7 +590,7 @@ def test_weightless_model_and_port_taken_after_checks_are_not_ok(tmp_path, monke
     A port taken between labkit's checks and the server's start: the run ends failed, not ok."""
     import socket as so
 
-    from labkit.serving import experiment as E
+    from labkit.experiments.serve_sweep import measure as E
     from labkit.serving.profiles import load_profile
     src = load_profile("smollm2-cpu").model_path()
     bare = tmp_path / "bare"

@@ -178,7 +178,7 @@ def test_bad_split_parameters_are_one_line_before_anything_loads():
     for given, msg in [({"n_sequences": "500"}, "evaluation documents outside"), ({"eval_seed": "-1"}, "eval_seed"),
                        ({"calib_val": "sentence"}, "calib_val"), ({"corpora": "poetry"}, "unknown corpus")]:
         with pytest.raises(BadInput, match=msg) as e:
-            plan("xfer", given)
+            plan("crossmodel", given)
         assert "\n" not in str(e.value)
-    p = plan("xfer", {}).params
+    p = plan("crossmodel", {}).params
     assert p["n_sequences"] >= 16 and p["eval_seed"] == heldout.EVAL_SEED and p["calib_val"] == "document"

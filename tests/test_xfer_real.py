@@ -47,7 +47,7 @@ def test_bad_pair_input_is_one_line():
                        ({"features": "h:99"}, "hidden index out of range"), ({"ttft_lens": "9000"}, "context"),
                        ({"mapper": "/nonexistent.safetensors"}, "does not exist")]:
         with pytest.raises(BadInput, match=msg) as e:
-            plan("xfer", given)
+            plan("crossmodel", given)
         assert "\n" not in str(e.value)
 
 

@@ -1,4 +1,4 @@
-"""Cross-model TTFT at the published pair's shapes with seeded weights (`labkit run xfer -p weights=seeded`), at
+"""Cross-model TTFT at the published pair's shapes with seeded weights (`labkit run crossmodel -p weights=seeded`), at
 toy size of the same family on the CPU: the rows the claims card reads, the mapped path's first token from the
 large model's decode over a mapped cache of its own shape, bad input in one line."""
 from __future__ import annotations
@@ -27,10 +27,10 @@ def test_published_shapes_are_the_published_configs():
 
 def test_seeded_run_writes_the_rows_the_card_reads(tmp_path):
     from labkit.experiments import measure
-    from labkit.report.claims import _ttft_speedup
+    from labkit.docs.claims import _ttft_speedup
     from labkit.results import load_run
 
-    run = measure("xfer", dict(TINY, out_dir=str(tmp_path / "run")), progress_bar=False)
+    run = measure("crossmodel", dict(TINY, out_dir=str(tmp_path / "run")), progress_bar=False)
     lr = load_run(run.path)
     m = lr.metrics
     assert (m["status"] == "ok").all() and (m["kind"] == "ttft").all() and (m["weights"] == "seeded").all()
@@ -94,7 +94,7 @@ def test_bad_input_is_one_line(change, words):
     from labkit.experiments import plan
 
     with pytest.raises(BadInput) as ex:
-        plan("xfer", dict(TINY, **change))
+        plan("crossmodel", dict(TINY, **change))
     assert words in str(ex.value) and "\n" not in str(ex.value)
 
 
@@ -103,4 +103,4 @@ def test_cuda_without_a_gpu_is_one_line():
     from labkit.experiments import plan
 
     with pytest.raises(BadInput, match="no CUDA GPU"):
-        plan("xfer", dict(TINY, device="cuda"))
+        plan("crossmodel", dict(TINY, device="cuda"))

@@ -6,6 +6,7 @@ Modules: `pair` (the two checkpoints, `first:N` derived small models, layer alig
 safetensors with metadata), `transfer` (fitting and building a mapped cache), `quality` (the
 pure-transformers reference: perplexity ratio, top-1 agreement, R²), `shm` (the /dev/shm layout),
 `producer` (small prefill + mapping -> /dev/shm), `connector` (the vLLM KV connector that loads it),
-`experiment` (`labkit run xfer`), `seeded` (TTFT at the published Qwen3-0.6B -> 1.7B shapes with seeded
-weights, `-p weights=seeded`).
+`ttft` (time to first token, mapped against the large model's own), `seeded` (TTFT at the published Qwen3-0.6B
+-> 1.7B shapes with seeded weights, `-p weights=seeded`). The experiment that measures with them is
+`labkit.experiments.crossmodel` (`labkit run crossmodel`).
 """

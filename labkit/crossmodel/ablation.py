@@ -6,7 +6,7 @@ residual stream h:0..N and its K/V of layers 0..N-1 are the large model's on the
 ablation reads them from one large-model forward (hooks) instead of running each small model, and a
 `Fitter` per (N, calibration tier) accumulates XᵀX / XᵀY for a *superset* of features; every feature
 subset is cut out of it with `restrict` (no new passes), λ is chosen per layer (or per KV head) on the
-held-out calibration chunks. The official path (`labkit run xfer`, a real small model) reproduces the
+held-out calibration chunks. The official path (`labkit run crossmodel`, a real small model) reproduces the
 default's row — the run folder shows both.
 
 Quality per config on the corpora's eval split (never used for fitting), as `quality.evaluate` does it:
@@ -14,7 +14,7 @@ the cache covers `prompt_len - 1` tokens, the continuation's perplexity is teach
 agreement is against the true cache's greedy decode. Rows also carry the mapper's cost (feature width,
 mapped columns, multiply-adds per prompt token) — what the TTFT side of the frontier pays for it.
 
-    labkit study xfer-ablation -p out=results/<run> (labkit study xfer-ablation --help lists the keywords)
+    labkit study crossmodel-ablation -p out=results/<run> (labkit study crossmodel-ablation --help lists the keywords)
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Prompt lengths shorter than the longest take the *same* continuation with a shor
 over 0..t) is fitted on t < 512 only and extrapolated beyond; comparing prompt lengths 513 and 1025 shows
 whether a mapper's loss comes from there.
 
-    labkit study xfer-attribution -p mappers=A.safetensors,B.safetensors -p out=DIR [-p prompt_lens=513,1025]
+    labkit study crossmodel-attribution -p mappers=A.safetensors,B.safetensors -p out=DIR [-p prompt_lens=513,1025]
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ forward) against the large model's own prefill + first token (`experiment.large_
 repeat the large prefill is timed once and then every (N, mapper) in turn, so slow drifts of a shared
 CPU hit all of them alike; medians over `repeats` after one warm-up.
 
-    labkit study xfer-frontier -p out=results/<run> [-p ablation=DIR] [-p lens=2048,4096] [-p repeats=2] [-p shape_only=true]
-    labkit study xfer-frontier -p attach=results/<run> -p ablation=DIR      (join quality in afterwards)
+    labkit study crossmodel-frontier -p out=results/<run> [-p ablation=DIR] [-p lens=2048,4096] [-p repeats=2] [-p shape_only=true]
+    labkit study crossmodel-frontier -p attach=results/<run> -p ablation=DIR      (join quality in afterwards)
 
-writes a run folder (experiment xfer, rendered by notebooks/xfer.ipynb): `metrics.parquet` (TTFT rows
+writes a run folder (experiment crossmodel, rendered by notebooks/crossmodel.ipynb): `metrics.parquet` (TTFT rows
 with `small_layers` and `mapper`), `ablation.parquet` (the ablation's summary), `frontier.parquet`
 (one row per N, mapper and length: ppl ratio, top-1 agreement, speedup, stage medians).
 """
@@ -48,7 +48,7 @@ def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=
     """mappers: {(N, name): path}. Yields rows kind=ttft, one (large_prefill, mapped) pair per (N, name,
     length), each length's as soon as it is measured."""
     from labkit.quality.corpora import sequences
-    from labkit.crossmodel.experiment import large_ttft_once, mapped_ttft_once, ttft_rows
+    from labkit.crossmodel.ttft import large_ttft_once, mapped_ttft_once, ttft_rows
     from labkit.crossmodel.mapper import Mapper
     from labkit.crossmodel.pair import plan_pair
     from labkit.crossmodel.producer import Producer
@@ -251,10 +251,10 @@ def study(**given) -> int:
     params = {"large": a.large, "small": f"first:{ns[0]}", "frontier_ns": ns, "features": a.features, "ranks": a.ranks,
               "ttft_lens": lens, "repeats": a.repeats, "exact_prefix": a.exact_prefix, "backend": a.backend, "torch_threads": a.threads,
               "mapper_weights": "shape-only" if a.shape_only else "fitted", "out_dir": a.out}
-    run = sweep.open_run({"out_dir": a.out}, "xfer", params)
+    run = sweep.open_run({"out_dir": a.out}, "crossmodel", params)
     log = lambda m: print(time.strftime("%H:%M:%S"), m, flush=True)  # noqa: E731
     t0 = time.perf_counter()
-    base = {"experiment": "xfer", "device": "cpu", "gpu_name": "cpu", "shape": a.large, "status": "ok", "error": None,
+    base = {"experiment": "crossmodel", "device": "cpu", "gpu_name": "cpu", "shape": a.large, "status": "ok", "error": None,
             "mapper_weights": params["mapper_weights"]}
     if a.backend == "vllm":
         rows = measure_vllm(a.large, mappers, lens, a.repeats, [int(c) for c in a.concurrency.split(",")], run, log=log,

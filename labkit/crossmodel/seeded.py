@@ -57,7 +57,7 @@ SHAPES = {
     "qwen3-tiny-large": dict(_QWEN3, num_hidden_layers=3, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=512),
 }
-FEATURES = "h:-1,h:0,h:-1@-1,h:-2"   # the lab's default mapper input (experiments.xfer)
+FEATURES = "h:-1,h:0,h:-1@-1,h:-2"   # the lab's default mapper input (experiments.crossmodel)
 CALIB_TOKENS = 1024                   # one seeded calibration sequence for the ridge fit
 LAMBDA = 0.1                          # relative ridge penalty (mapper.solve); the fit's quality is not the point
 
@@ -171,7 +171,7 @@ def _prompts(n: int, T: int, vocab: int, seed: int, dev) -> list[torch.Tensor]:
 
 def single_ttft(models, mapper, T: int, repeats: int, seed: int, exact_prefix: int) -> list[dict]:
     """The two rows (large_prefill, mapped) at concurrency 1: a warm-up request each, then `repeats`."""
-    from labkit.crossmodel.experiment import ttft_rows
+    from labkit.crossmodel.ttft import ttft_rows
 
     dev = next(models.large.parameters()).device
     t_large, t_map, parts, eq = [], [], [], []
@@ -215,7 +215,7 @@ def concurrent_ttft(models, mapper, T: int, c: int, repeats: int, seed: int, exa
     return rows
 
 
-# ---- `labkit run xfer -p weights=seeded` ---------------------------------------------------------------------
+# ---- `labkit run crossmodel -p weights=seeded` ---------------------------------------------------------------------
 def check(given: dict) -> dict:
     """The parameters of a seeded run, each problem one line (BadInput) before anything is built."""
     from labkit.params import BadInput, resolve_device
@@ -258,14 +258,14 @@ def run_seeded(p: dict, run=None, log=print):
 
     shown = log is not None
     log = log or (lambda *a, **k: None)
-    run = run or sweep.open_run(p, "xfer")
+    run = run or sweep.open_run(p, "crossmodel")
     dev = torch.device(p["device"])
     dtype = getattr(torch, p["dtype"])
     points = [(n, c) for n in p["ttft_lens"] for c in p["concurrency"]]
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    base = {"experiment": "xfer", "device": dev.type, "gpu_name": gpu, "shape": f"{p['small']}->{p['large']}",
+    base = {"experiment": "crossmodel", "device": dev.type, "gpu_name": gpu, "shape": f"{p['small']}->{p['large']}",
             "weights": "seeded", "dtype": p["dtype"]}
-    bar = sweep.bar(2 + len(points), "xfer", shown)
+    bar = sweep.bar(2 + len(points), "crossmodel", shown)
     t_start = time.perf_counter()
     try:
         bar.set_postfix_str("models")
@@ -299,7 +299,7 @@ def run_seeded(p: dict, run=None, log=print):
     finally:
         bar.close()
     run.finish(wall_compute_s=round(time.perf_counter() - t_start, 1))
-    sweep.headline(sweep.summary_lines(lambda: closing_lines(run)), shown, "xfer")
+    sweep.headline(sweep.summary_lines(lambda: closing_lines(run)), shown, "crossmodel")
     return run
 
 

@@ -76,7 +76,7 @@ FIELDS: list[tuple[str, str]] = [
     ("notes", "what a reader must know: random weights, CPU timings, a remote server"),
     ("hardware", "labkit: the machine (GPUs and link, or CPU and cores; a remote target's is unknown)"),
     ("timings", "labkit: CUDA, CPU or remote (CPU timings never compare with GPU rows)"),
-    ("labkit_experiment", "labkit: the experiment (decode, prefill, serve)"),
+    ("labkit_experiment", "labkit: the experiment (decode, prefill, serve_sweep)"),
     ("labkit_strategy", "labkit: the strategy or server configuration"),
 ]
 FIELD_NAMES = [f for f, _ in FIELDS]
@@ -239,9 +239,9 @@ def rows_of_run(path: str | Path) -> tuple[list[dict], int]:
     run = load_run(path)
     mf, m = run.manifest, run.metrics
     exp = mf.get("experiment")
-    makers = {"decode": _decode_rows, "prefill": _prefill_rows, "serve": _serve_rows}
+    makers = {"decode": _decode_rows, "prefill": _prefill_rows, "serve_sweep": _serve_rows}
     if exp not in makers:
-        raise BadInput(f"{path}: a {exp} run; export writes the points of decode, prefill and serve runs "
+        raise BadInput(f"{path}: a {exp} run; export writes the points of decode, prefill and serve_sweep runs "
                        f"(what an engine or server generates)")
     pts = m[m["experiment"] == exp] if "experiment" in m else m
     ok = pts[pts["status"] == "ok"] if "status" in pts else pts
@@ -332,7 +332,7 @@ def _serve_rows(d: pd.DataFrame, mf: dict, tel: pd.DataFrame, windows: dict) -> 
         done = _num(r.get("completed")) or 0
         prompt = _num(r.get("total_input_tokens")) / done if done and _num(r.get("total_input_tokens")) else _num(r.get("input_len"))
         gen = _num(r.get("total_output_tokens")) / done if done and _num(r.get("total_output_tokens")) else _num(r.get("output_len"))
-        out.append({**_common(mf, "serve", str(r.get("point_id") or r.name), c), **ident,
+        out.append({**_common(mf, "serve_sweep", str(r.get("point_id") or r.name), c), **ident,
                     **_power(tel, windows.get(r.name), r),
                     "output_tps_kind": "single_stream_wall" if c == 1 else "aggregate_output",
                     "context_len": _int((mf.get("parameters") or {}).get("context_len")),

@@ -132,7 +132,7 @@ def prefill_figure(m: pd.DataFrame, ext: pd.DataFrame, models) -> go.Figure:
 def serving_figures(m: pd.DataFrame, ext: pd.DataFrame, models, label: str) -> list[go.Figure]:
     """The serving run's latency-vs-input and throughput figures, with the matching external TTFT, TPOT (or ITL
     where a row has no TPOT) and output tok/s of the same kind (wall-clock, first token included)."""
-    from ..serving import figures as F
+    from ..experiments.serve_sweep import figures as F
     d = m[(m["status"] == "ok") & (m["client"] == "labkit")] if "client" in m else m
     lat, thr = F.latency_vs_input(m, label), F.throughput(m, label)
     for c in sorted(int(x) for x in d["concurrency"].dropna().unique()):

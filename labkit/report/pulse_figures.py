@@ -96,7 +96,7 @@ def companions(run_dir) -> dict:
 
 def scaling(m: pd.DataFrame) -> go.Figure:
     """Aggregate tok/s vs requests (all offloaded): one batch vs two switched, measured, against the
-    two-batch bound from the measured compute and link (`experiments.pulse.scaling_measure.two_batch_bound`), the
+    two-batch bound from the measured compute and link (`experiments.pulse_scaling.measure.two_batch_bound`), the
     compute-only (rows in HBM) line, and the crossover where switching starts to pay."""
     ok = m[m["status"] == "ok"].sort_values("concurrency")
     fig = go.Figure()

@@ -14,6 +14,7 @@ Modules (each does one thing):
 - `engine_server`  `labkit serve`: labkit's engine behind vLLM's OpenAI API (completions, chat, /metrics);
 - `tokentext`      its text in and out: SmolLM2's tokenizer for prompts, one countable word per token (`wordlist`);
 - `promserve`      its Prometheus `/metrics` under vLLM's metric names;
-- `experiment`     the `serve` experiment (`labkit run serve`, `notebooks/serve_sweep.ipynb`);
-- `figures`        its plotly figures.
+
+The vLLM sweep that measures through these is an experiment: `labkit.experiments.serve_sweep`
+(`labkit run serve_sweep`, `notebooks/serve_sweep.ipynb`).
 """

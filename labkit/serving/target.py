@@ -1,4 +1,4 @@
-"""A server the user already runs, as the serve experiment's target (`labkit run serve -p target=URL`).
+"""A server the user already runs, as the serve experiment's target (`labkit run serve_sweep -p target=URL`).
 
     url = check_url("http://127.0.0.1:8000")          # BadInput (one line) for what is not a server's address
     ident = identify(url)                              # what the server says it is, as far as it says

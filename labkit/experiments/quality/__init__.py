@@ -2,12 +2,12 @@
 and recall against dense attention per selection policy (oracle, shared oracle, a trained indexer, retrieval
 heads), budget and granularity (tokens, blocks of 16), on code, prose and structured YAML, with 95% bootstrap
 intervals over the evaluation sequences, with the prefix prefilled densely or under the same selection, plus the selection traces the engine and the hot cache replay.
-Code: `labkit.quality.experiment`."""
+Code: `labkit.experiments.quality.measure` (figures: `figures.py`), over the quality lab `labkit.quality`."""
 from __future__ import annotations
 
-from ..params import DEVICE, OUT_DIR, SEED, Param, Plan
-from .. import lazy
-from . import planner
+from ...params import DEVICE, OUT_DIR, SEED, Param, Plan
+from ... import lazy
+from .. import planner
 
 NAME = "quality"
 
@@ -43,7 +43,7 @@ SPEC = [
 ]
 
 
-measuring = lazy.module("..quality.experiment", __package__)     # imported once the parameters resolved
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 plan = planner(NAME, SPEC, measuring, declared=SPEC)    # its per-device dtype decided there
 
 

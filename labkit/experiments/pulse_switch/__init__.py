@@ -1,13 +1,14 @@
 """`labkit run pulse_switch`: PulseInfer's switched round — a normal batch (KV resident) and an offloaded batch
 (KV in host RAM) interleaved at layer boundaries, each offloaded load on a side stream while the normal
 batch computes — against the two steps in turn, with the bound the measured parts allow and one round's
-timeline. Code: `labkit.experiments.pulse.switch_measure.switching_point`.
+timeline. Code: `labkit.experiments.pulse_switch.measure.switching_point`.
 """
 from __future__ import annotations
 
-from ...engine.transfer import strategy_params
+from ...engine.transfer import STRATEGIES, strategy_params
 from ...shapes import REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan, check_positive
+from ... import lazy
 from .. import for_this_machine
 
 NAME = "pulse_switch"
@@ -36,7 +37,6 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    from ...engine.transfer import STRATEGIES
     p = for_this_machine(SPEC, given, NAME)       # the declared bounds checked there
     if p["strategy"] not in STRATEGIES or STRATEGIES[p["strategy"]].medium != "host":
         raise BadInput(f"strategy {p['strategy']!r}: the offloaded batch needs a host strategy "
@@ -49,34 +49,8 @@ def plan(given: dict) -> Plan:
     return Plan(NAME, p)
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    import pandas as pd
+measuring = lazy.module(".measure", __package__)     # imported once a run starts: this module stays light
 
-    from .switch_measure import headline, switching_point
-    from ... import sweep
-    from ...shapes import ModelShape
-    from ...engine.transfer import setting_names
-    p = dict(plan.params)
-    run = sweep.open_run(p, NAME)
-    settings = {k: p[k] for k in setting_names()}
-    spans = []
-    points = sweep.grid(ctx=p["contexts"], ob=p["offload_batches"])
-    with sweep.bar(len(points), NAME, progress_bar) as bar:
-        for pt in points:
-            ctx, ob = pt["ctx"], pt["ob"]
-            bar.set_postfix_str(f"{ob} offloaded at {ctx}")
-            with sweep.point(run, {"experiment": NAME}, context_len=ctx, offload_batch=ob, strategy=p["strategy"]):
-                r = switching_point(ModelShape.from_name(p["shape"]), p["device"], ctx, ob, p["normal_batch"],
-                                    p["normal_context"], p["budget"], p["strategy"], p["steps"], seed=p["seed"],
-                                    graphs=p["graphs"], lookahead=p["lookahead"], compute_ref=p["compute_ref"],
-                                    select_block=p["select_block"], settings=settings)
-                spans += [{**s, "context_len": ctx, "offload_batch": ob} for s in r.pop("timeline")]
-                run.add({"experiment": NAME, "status": "ok", "error": None, "device": p["device"],
-                         "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"],
-                         "strategy": p["strategy"], "context_len": ctx, "budget": p["budget"],
-                         "concurrency": ob + p["normal_batch"], "offload_batch": ob, **r})
-            bar.update()
-    run.write_table("timeline", pd.DataFrame(spans))
-    run.finish()                 # the shared rule over the rows
-    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, NAME)
-    return run
+
+def run(plan: Plan, progress_bar: bool = True):
+    return measuring.run(dict(plan.params), progress_bar=progress_bar)

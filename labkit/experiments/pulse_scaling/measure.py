@@ -24,11 +24,17 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+import pandas as pd
 import torch
 
+from ... import sweep
 from ...engine.model.cache import OffloadCache
+from ...engine.transfer import setting_names
 from ...params import BadInput
+from ...shapes import ModelShape
 from ...sweep import failed_row, wall_ms
+
+EXPERIMENT = "pulse_scaling"
 
 
 # ------------------------------------------------------------------------------------------ the bound
@@ -243,3 +249,24 @@ def headline(m) -> list[str]:
         wins = t.index[t["switched"] > t["no_switch"]]
         lines.append(f"switching pays from {int(wins.min())} requests" if len(wins) else "switching did not pay at any count")
     return lines
+
+
+def run(p: dict, progress_bar: bool = True):
+    """Measure a checked plan's parameters into a run folder; returns the Run."""
+    run = sweep.open_run(p, EXPERIMENT)
+    try:
+        with sweep.bar(len(p["requests"]), EXPERIMENT, progress_bar) as bar:
+            rows, spans = scaling(ModelShape.from_name(p["shape"]), p["device"], p["context"], p["requests"],
+                                  p["budget"], p["strategy"], p["steps"], graphs=p["graphs"], compile=p["compile"],
+                                  page_size=p["page_size"], seed=p["seed"], select_block=p["select_block"],
+                                  settings={k: p[k] for k in setting_names()}, log=lambda *a: None, bar=bar)
+    except Exception as ex:      # before any point (the model, the pools): the run's one failed row
+        run.add(sweep.failed_row(ex, {"experiment": EXPERIMENT}))
+        run.finish(error=ex)
+        return run
+    for r in rows:
+        run.add(r)
+    run.write_table("timeline", pd.DataFrame(spans))
+    run.finish()                 # the shared rule over the rows
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, EXPERIMENT)
+    return run

@@ -1,4 +1,4 @@
-"""The `quality` experiment: one call from the notebook or `labkit run quality` to a run folder.
+"""The measuring code of `labkit run quality` (its SPEC: `labkit.experiments.quality`): one call from the notebook or `labkit run quality` to a run folder.
 
 Parameters (same names in `notebooks/quality.ipynb`'s `parameters` cell and `labkit run quality -p`):
 see `SPEC`. Steps, each writing into the run folder as it goes:
@@ -29,11 +29,18 @@ from __future__ import annotations
 
 import time
 
-from labkit import lazy
+import pandas as pd
+import torch
 
+from labkit import stats, sweep
+from labkit.models import ModelNotFound, load_model, resolve as resolve_model
 from labkit.params import BadInput, fill_auto, resolve_device
-
-pd = lazy.module("pandas")
+from labkit.quality.corpora import SPLIT_RULE, documents, draw_sequences, sequences
+from labkit.quality.measure import head_share_map, prepare_policies, quality_sweep, summarize, validate
+from labkit.quality.sparse import SHARED_POLICIES
+from labkit.quality.traces import locality, locality_summary, record_traces, reuse_distance, save_trace
+from labkit.stats import Interval
+from labkit.telemetry import Sampler
 
 EXPERIMENT = "quality"
 
@@ -42,9 +49,6 @@ EXPERIMENT = "quality"
 def check(given: dict, declared: list) -> dict:
     """Decide the "auto" ones for this device (`declared`: the experiment's SPEC, handed over by its plan) and
     check what the SPEC cannot declare; raises BadInput (one line) before anything is loaded."""
-    from labkit.models import ModelNotFound, resolve as resolve_model
-    from labkit.quality.measure import validate
-    from labkit.quality.sparse import SHARED_POLICIES
 
     p = dict(given)
     dev = resolve_device(p["device"])
@@ -71,12 +75,7 @@ def check(given: dict, declared: list) -> dict:
 
 def run_quality(given: dict, run=None, log=print):
     """Measure everything into a run folder (labkit.results.Run); returns the Run."""
-    import torch
 
-    from labkit.models import load_model
-    from labkit.quality.measure import head_share_map, quality_sweep, summarize
-    from labkit import sweep
-    from labkit.telemetry import Sampler
 
     p = dict(given)          # checked by `experiments.quality.plan`
     if run is None:
@@ -136,8 +135,6 @@ def run_quality(given: dict, run=None, log=print):
 def _draw_sequences(run, tok, p: dict) -> dict:
     """The evaluation sequences of every corpus, drawn by the seed, into `sequences.parquet` and the manifest
     (the split rule, the draw, the intervals' method)."""
-    from labkit import stats
-    from labkit.quality.corpora import SPLIT_RULE, documents, draw_sequences
     units = {c: draw_sequences(tok, c, p["seq_len"], p["n_sequences"], p["seed"]) for c in p["corpora"]}
     run.write_table("sequences", pd.DataFrame([dict(u.record(), seed=p["seed"]) for c in p["corpora"]
                                                for u in units[c]]))
@@ -157,7 +154,6 @@ def _draw_sequences(run, tok, p: dict) -> dict:
 def _prepare_policies(run, model, tok, p: dict, log):
     """The selection controller calibrated on the calibration split (indexer fit, retrieval heads), recorded
     in the run; returns it with the calibration split's head-share map."""
-    from labkit.quality.measure import head_share_map, prepare_policies
     ctl, calib_share = prepare_policies(model, tok, p["policies"], p["corpora"], p["seq_len"], p["calib_sequences"],
                                         p["eval_tokens"], p["sink_window"], p["recent_window"], log=log)
     ctl.block = p["block"]  # calibration ran dense; the sweep and the traces select in blocks
@@ -177,8 +173,6 @@ def _prepare_policies(run, model, tok, p: dict, log):
 def _record_traces(run, model, tok, ctl, p: dict, log) -> None:
     """Greedy decode steps over one eval document per corpus, their selections saved as traces (what the
     engine and the hot cache replay) with their locality and reuse distances."""
-    from labkit.quality.corpora import sequences
-    from labkit.quality.traces import locality, locality_summary, record_traces, reuse_distance, save_trace
     locs, sums, rds = [], [], []
     for corpus in p["corpora"]:
         (name, ids), = sequences(tok, corpus, p["trace_prompt_len"], 1, split="eval")
@@ -220,7 +214,6 @@ def closing_lines(summary: pd.DataFrame) -> list[str]:
 def headline(summary: pd.DataFrame, budgets=(256, 2048)) -> pd.DataFrame:
     """ppl_ratio per (corpus, policy, selection, protocol) at the given budgets as `value [lo, hi]` text (n
     sequences in its own column)."""
-    from labkit.stats import Interval
 
     s = _with_protocol(summary[summary["budget"].isin(budgets) & (summary["policy"] != "dense")])
     if "selection" not in s.columns:

@@ -21,14 +21,20 @@ from __future__ import annotations
 
 import statistics
 
+import pandas as pd
 import torch
 
+from ... import sweep
 from ...engine import Engine, HybridModel, OffloadCache, get_strategy
 from ...engine.drive.dispatch import warm_up
 from ...engine.drive.runner import DecodeState
 from ...engine.drive.switching import Loader, Timeline, capture_pieces, replay, replay_inline, sequential_round, switched_round
+from ...engine.transfer import setting_names, strategy_params
+from ...params import BadInput, kv_pairs, parse_value
 from ...shapes import ModelShape
 from ...sweep import wall_ms
+
+EXPERIMENT = "pulse_switch"
 
 
 def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False, select_block=1, settings=None):
@@ -134,8 +140,6 @@ def overlap_ms(spans: list[dict]) -> float:
 def strategy_settings(pairs: list[str]) -> dict:
     """`--set KEY=VALUE` pairs as strategy settings, each parsed by the decode sweep's declared type
     (the benches and the sweep take the same names); an unknown key is refused in one line."""
-    from ...engine.transfer import strategy_params
-    from ...params import BadInput, kv_pairs, parse_value
     spec = {p.name: p for p in strategy_params()}
     out = {}
     for k, v in kv_pairs(pairs).items():
@@ -155,3 +159,30 @@ def headline(m) -> list[str]:
                      f"switched {r['switched_ms']:.2f} ms vs in turn {r['sequential_ms']:.2f} ms "
                      f"({r['speedup_vs_sequential']:.2f}x" + (f", bound {bound:.2f}x)" if bound == bound and bound is not None else ")"))
     return lines
+
+
+def run(p: dict, progress_bar: bool = True):
+    """Measure a checked plan's parameters into a run folder; returns the Run."""
+    run = sweep.open_run(p, EXPERIMENT)
+    settings = {k: p[k] for k in setting_names()}
+    spans = []
+    points = sweep.grid(ctx=p["contexts"], ob=p["offload_batches"])
+    with sweep.bar(len(points), EXPERIMENT, progress_bar) as bar:
+        for pt in points:
+            ctx, ob = pt["ctx"], pt["ob"]
+            bar.set_postfix_str(f"{ob} offloaded at {ctx}")
+            with sweep.point(run, {"experiment": EXPERIMENT}, context_len=ctx, offload_batch=ob, strategy=p["strategy"]):
+                r = switching_point(ModelShape.from_name(p["shape"]), p["device"], ctx, ob, p["normal_batch"],
+                                    p["normal_context"], p["budget"], p["strategy"], p["steps"], seed=p["seed"],
+                                    graphs=p["graphs"], lookahead=p["lookahead"], compute_ref=p["compute_ref"],
+                                    select_block=p["select_block"], settings=settings)
+                spans += [{**s, "context_len": ctx, "offload_batch": ob} for s in r.pop("timeline")]
+                run.add({"experiment": EXPERIMENT, "status": "ok", "error": None, "device": p["device"],
+                         "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"],
+                         "strategy": p["strategy"], "context_len": ctx, "budget": p["budget"],
+                         "concurrency": ob + p["normal_batch"], "offload_batch": ob, **r})
+            bar.update()
+    run.write_table("timeline", pd.DataFrame(spans))
+    run.finish()                 # the shared rule over the rows
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, EXPERIMENT)
+    return run

@@ -41,10 +41,14 @@ import sys
 
 import torch
 
+from ...engine.transfer.batched_dma import BatchedDMA
 from ...engine.transfer.coalesced import CoalescedLoader
 from ...engine.model.gather import gather_rows
 from ...shapes import ModelShape
+from ... import sweep
 from ...sweep import event_ms
+
+EXPERIMENT = "pulse_blocks"
 
 WORD = 8
 
@@ -159,7 +163,6 @@ def _dma_copiers(dev, split_units) -> tuple:
     there is no CUDA or the driver is too old (the other variants still run)."""
     if dev.type != "cuda":
         return None, None, {}
-    from ...engine.transfer.batched_dma import BatchedDMA
     try:
         return BatchedDMA(), BatchedDMA(prefer_overlap=False), {n: BatchedDMA(units_per_call=n) for n in split_units}
     except RuntimeError as ex:
@@ -195,3 +198,23 @@ def headline(m) -> list[str]:
             f"{r.strategy} {r.gbps:.1f}" for r in best.head(4).itertuples()) + " GB/s"
             + f" (contiguous {float(d.loc[d['strategy'] == 'contiguous', 'gbps'].max()):.1f})")
     return lines[:4]
+
+
+def run(p: dict, progress_bar: bool = True):
+    """Measure a checked plan's parameters into a run folder; returns the Run."""
+    run = sweep.open_run(p, EXPERIMENT)
+    gpu = run.manifest.get("gpu_name") or "cpu"
+    points = sweep.grid(req=p["requests"], b=p["blocks"])
+    with sweep.bar(len(points), EXPERIMENT, progress_bar) as bar:
+        for pt in points:
+            req, b = pt["req"], pt["b"]
+            bar.set_postfix_str(f"block {b}, {req} request(s)")
+            with sweep.point(run, {"experiment": EXPERIMENT}, block=b, requests=req):
+                for r in block_probe(ModelShape.from_name(p["shape"]), p["device"], p["context"], p["budget"], b,
+                                     p["repeats"], p["threads"], seed=p["seed"], requests=req,
+                                     chunk_bytes=p["chunk_bytes"], dma_split_units=tuple(p["dma_split"])):
+                    run.add({**r, "gpu_name": gpu})
+            bar.update()
+    run.finish()                 # the shared rule over the rows
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, EXPERIMENT)
+    return run

@@ -1,12 +1,13 @@
 """`labkit run pulse_scaling`: every request's KV in host RAM at long context; one batch of N requests against
 two batches switched at layer boundaries (PulseInfer), with the resident compute of each, the measured link,
-the bound they allow and where switching can start to pay. Code: `labkit.experiments.pulse.scaling_measure`.
+the bound they allow and where switching can start to pay. Code: `labkit.experiments.pulse_scaling.measure`.
 """
 from __future__ import annotations
 
-from ...engine.transfer import strategy_params
+from ...engine.transfer import STRATEGIES, strategy_params
 from ...shapes import REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan, check_positive
+from ... import lazy
 from .. import for_this_machine
 
 NAME = "pulse_scaling"
@@ -34,7 +35,6 @@ SPEC = [
 
 
 def plan(given: dict) -> Plan:
-    from ...engine.transfer import STRATEGIES
     p = for_this_machine(SPEC, given, NAME)       # the declared bounds checked there
     if p["strategy"] not in STRATEGIES or STRATEGIES[p["strategy"]].medium != "host":
         raise BadInput(f"strategy {p['strategy']!r}: every request is offloaded, choose a host strategy "
@@ -47,28 +47,8 @@ def plan(given: dict) -> Plan:
     return Plan(NAME, p)
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    import pandas as pd
+measuring = lazy.module(".measure", __package__)     # imported once a run starts: this module stays light
 
-    from .scaling_measure import headline, scaling
-    from ... import sweep
-    from ...engine.transfer import setting_names
-    from ...shapes import ModelShape
-    p = dict(plan.params)
-    run = sweep.open_run(p, NAME)
-    try:
-        with sweep.bar(len(p["requests"]), NAME, progress_bar) as bar:
-            rows, spans = scaling(ModelShape.from_name(p["shape"]), p["device"], p["context"], p["requests"],
-                                  p["budget"], p["strategy"], p["steps"], graphs=p["graphs"], compile=p["compile"],
-                                  page_size=p["page_size"], seed=p["seed"], select_block=p["select_block"],
-                                  settings={k: p[k] for k in setting_names()}, log=lambda *a: None, bar=bar)
-    except Exception as ex:      # before any point (the model, the pools): the run's one failed row
-        run.add(sweep.failed_row(ex, {"experiment": NAME}))
-        run.finish(error=ex)
-        return run
-    for r in rows:
-        run.add(r)
-    run.write_table("timeline", pd.DataFrame(spans))
-    run.finish()                 # the shared rule over the rows
-    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, NAME)
-    return run
+
+def run(plan: Plan, progress_bar: bool = True):
+    return measuring.run(dict(plan.params), progress_bar=progress_bar)

@@ -1,26 +1,24 @@
-"""The cross-model studies behind `docs/cross-model.md`'s figures, one command each: `labkit study NAME -p k=v`.
+"""`labkit study NAME -p k=v`: the studies of the registry (`labkit.experiments.STUDIES`), their keywords checked.
 
-A study is longer and more specialised than an experiment (a mapper ablation over feature sets and depths,
-the TTFT frontier, the per-layer attribution) and keeps its own folder of CSVs or an xfer run folder; each is
-the `study(**keywords)` of its module, whose `DEFAULTS` declare its keywords (their types are the defaults'
-types), checked before anything loads: one line names an unknown, missing or malformed one."""
+A study is longer and more specialised than an experiment (the cross-model mapper ablation over feature sets and
+depths, the TTFT frontier, the per-layer attribution: the figures of `docs/cross-model.md`) and keeps its own
+folder of CSVs or a crossmodel run folder; each is the `study(**keywords)` of its module, whose `DEFAULTS` declare
+its keywords (their types are the defaults'), checked before anything loads: one line names an unknown, missing
+or malformed one."""
 from __future__ import annotations
 
 import importlib
 
-from .params import BadInput
-
-STUDIES = {
-    "xfer-ablation": ("labkit.crossmodel.ablation", "which mapper and which small-model depth N: features, lambda, calibration"),
-    "xfer-frontier": ("labkit.crossmodel.frontier", "TTFT of mapped prefill against the large model's own, per N and length"),
-    "xfer-attribution": ("labkit.crossmodel.attribution", "where a fitted mapper loses its perplexity: per layer and length"),
-}
+from ..params import BadInput, experiment_name
+from . import STUDIES
 
 
 def module(name: str):
+    """The module of study `name` (or of its old name, `params.RENAMED_EXPERIMENTS`)."""
+    name = experiment_name(name)
     if name not in STUDIES:
         raise BadInput(f"unknown study {name!r}: {', '.join(STUDIES)}")
-    return importlib.import_module(STUDIES[name][0])
+    return importlib.import_module(STUDIES[name].where)
 
 
 def coerce(name: str, given: dict) -> dict:
@@ -51,9 +49,9 @@ def help_text(name: str | None) -> str:
     if not name:
         w = max(map(len, STUDIES))
         return "\n".join(["labkit study NAME [-p KEY=VALUE ...]   (labkit study NAME --help: its keywords)", ""] +
-                         [f"  {n:<{w}}  {q}" for n, (_, q) in STUDIES.items()])
-    m = module(name)
-    lines = [f"labkit study {name} [-p KEY=VALUE ...]", "", STUDIES[name][1], "",
+                         [f"  {n:<{w}}  {s.question}" for n, s in STUDIES.items()])
+    m, name = module(name), experiment_name(name)
+    lines = [f"labkit study {name} [-p KEY=VALUE ...]", "", STUDIES[name].question, "",
              "keywords (required: " + (", ".join(m.REQUIRED) or "none") + "):"]
     w = max(map(len, m.DEFAULTS))
     lines += [f"  {k:<{w}}  {type(v).__name__:<5}  default {v!r}" for k, v in m.DEFAULTS.items()]

@@ -1,14 +1,15 @@
 """`labkit run pulse`: PulseInfer's scheduling on a real request trace (Mooncake conversations): labkit's
 engine serves disjoint windows of the trace with a resident and an offload lane, with and without switching
 batches at layer boundaries, once per placement policy; the static threshold and the adaptive policy's
-constants are chosen on calibration windows and reported on the others. Code: `labkit.experiments.pulse.replay_measure`,
+constants are chosen on calibration windows and reported on the others. Code: `labkit.experiments.pulse.measure`,
 `labkit.stats.windows`."""
 from __future__ import annotations
 
 from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
-from .. import checked
+from ... import lazy
+from .. import planner
 
 NAME = "pulse"
 
@@ -73,13 +74,9 @@ SPEC = [
 ]
 
 
-def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from .replay_measure import check
-        return check
-    return checked(NAME, SPEC, given, check, declared=SPEC)      # its "auto" values are decided there
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring, declared=SPEC)      # its "auto" values are decided there
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from . import replay_measure as pulse_trace
-    return pulse_trace.run(dict(plan.params), progress_bar=progress_bar)
+    return measuring.run(dict(plan.params), progress_bar=progress_bar)

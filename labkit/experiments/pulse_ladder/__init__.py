@@ -14,15 +14,16 @@ rung adding one of PulseInfer's pieces to the one before:
 
 and the arm `no_offload`: resident only, under the same device-memory cap (`device_kv_tokens`), so it
 holds fewer requests at once and the rest wait. What each rung is, and what still differs from the
-published setup, is in `labkit.experiments.pulse.ladder_measure` and docs/pulseinfer.md. Code:
-`labkit.experiments.pulse.ladder_measure`, `labkit.stats.windows`.
+published setup, is in `labkit.experiments.pulse_ladder.measure` and docs/pulseinfer.md. Code:
+`labkit.experiments.pulse_ladder.measure`, `labkit.stats.windows`.
 """
 from __future__ import annotations
 
 from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
-from .. import checked
+from ... import lazy
+from .. import planner
 
 NAME = "pulse_ladder"
 
@@ -89,13 +90,9 @@ SPEC = [
 ]
 
 
-def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from .ladder_measure import check
-        return check
-    return checked(NAME, SPEC, given, check, declared=SPEC)
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring, declared=SPEC)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from . import ladder_measure
-    return ladder_measure.run(dict(plan.params), progress_bar=progress_bar)
+    return measuring.run(dict(plan.params), progress_bar=progress_bar)

@@ -17,8 +17,8 @@ from .. import peer as P
 from ..results import REPO, load_run
 from ..engine.memory_plan import GIB, plan_split
 from ..shapes import PRESETS, metrics_shape
-from . import summary as S
-from .units import tokens_label as _ctx
+from ..report import summary as S
+from ..report.units import tokens_label as _ctx
 
 _md = S.md_table
 

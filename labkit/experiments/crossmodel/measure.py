@@ -1,4 +1,5 @@
-"""The `xfer` experiment: `labkit run xfer -p ...` and `notebooks/xfer.ipynb` (same parameter names).
+"""The measuring code of `labkit run crossmodel` (once `xfer`; its SPEC: `labkit.experiments.crossmodel`) and
+`notebooks/crossmodel.ipynb` (same parameter names), over the cross-model library `labkit.crossmodel`.
 
 Steps, each writing into the run folder as it goes:
 
@@ -31,21 +32,29 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from labkit import sweep
+from labkit.crossmodel import heldout, shm
+from labkit.crossmodel import quality as q
+from labkit.crossmodel.features import FeatureSpec
+from labkit.crossmodel.heldout import eval_documents
+from labkit.crossmodel.mapped_cache import EXACT_PREFIX, MODES, calibration_chunks, fit_mapper, load_models
+from labkit.crossmodel.mapper import Mapper, check_compatible, read_metadata
+from labkit.crossmodel.pair import PairError, plan_pair
+from labkit.crossmodel.producer import Producer
+from labkit.crossmodel.ttft import large_ttft_once, mapped_ttft_once, ttft_rows
+from labkit.crossmodel.vllm_path import run_vllm
+from labkit.models.loader import cache_dir
 from labkit.params import BadInput, one_line
-from labkit.crossmodel.mapped_cache import EXACT_PREFIX
+from labkit.quality.corpora import sequences
+from labkit.results import load_run
 
-EXPERIMENT = "xfer"
+EXPERIMENT = "crossmodel"
 
 
 
 def check(given: dict) -> dict:
-    """Validate resolved parameters (`experiments.xfer`); raises BadInput (one line) before anything is loaded
+    """Validate resolved parameters (`experiments.crossmodel`); raises BadInput (one line) before anything is loaded
     or written. Returns them with `_pair` (the model pair, not recorded)."""
-    from labkit.crossmodel import shm
-    from labkit.crossmodel.features import FeatureSpec
-    from labkit.crossmodel.mapper import check_compatible, read_metadata
-    from labkit.crossmodel.pair import PairError, plan_pair
-    from labkit.crossmodel.mapped_cache import MODES
 
     p = dict(given)
     try:
@@ -90,7 +99,6 @@ def check(given: dict) -> dict:
         raise BadInput(f"calib_val must be document or chunk, got {p['calib_val']!r}")
     if p["eval_seed"] < 0:
         raise BadInput(f"eval_seed must be >= 0, got {p['eval_seed']}")
-    from labkit.crossmodel.heldout import eval_documents
     for c in p["corpora"]:
         try:
             have = len(eval_documents(c))
@@ -112,7 +120,6 @@ def check(given: dict) -> dict:
 
 
 def mapper_cache_path(p: dict, pair) -> Path:
-    from labkit.models.loader import cache_dir
 
     key = json.dumps({k: p[k] for k in ("features", "rope", "calib_tokens", "calib_seq_len", "corpora", "layer_table")}
                      | {"large": pair.large.fingerprint, "small": pair.small.fingerprint}
@@ -124,9 +131,6 @@ def mapper_cache_path(p: dict, pair) -> Path:
 
 
 def get_mapper(p: dict, models, log=print, calib=None):
-    from labkit.crossmodel.features import FeatureSpec
-    from labkit.crossmodel.mapper import Mapper
-    from labkit.crossmodel.mapped_cache import calibration_chunks, fit_mapper
 
     pair = models.pair
     path = Path(p["mapper"]) if p["mapper"] else mapper_cache_path(p, pair)
@@ -142,66 +146,10 @@ def get_mapper(p: dict, models, log=print, calib=None):
     return mp, path, True
 
 
-def _stats(xs) -> dict:
-    s = sorted(xs)
-    return {"median": s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2,
-            "min": s[0], "max": s[-1]}
-
-
-@torch.no_grad()
-def large_ttft_once(large, ids: torch.Tensor) -> tuple[float, int]:
-    """Seconds of the large model's own prefill + first token over ids [1, T], and that token."""
-    from labkit.crossmodel.features import call
-
-    t0 = time.perf_counter()
-    logits = call(large, ids, logits_to_keep=1)[0].logits[0, -1]
-    return time.perf_counter() - t0, int(logits.argmax())
-
-
-@torch.no_grad()
-def mapped_ttft_once(prod, models, ids: torch.Tensor) -> tuple[float, dict, int]:
-    """Seconds of the producer path (small prefill + mapping + /dev/shm write + read into a cache + the
-    large model's last-token forward) over ids [1, T], its stage breakdown, and its first token."""
-    from labkit.crossmodel import shm
-    from labkit.crossmodel.features import build_cache, call
-
-    large = models.large
-    t1 = time.perf_counter()
-    info = prod.produce(ids[0].tolist())
-    t2 = time.perf_counter()
-    hdr = shm.validate(info["path"], ids[0].tolist(), prod.fingerprint, models.pair.large.layers,
-                       models.pair.large.kv_heads, models.pair.large.head_dim)
-    f = shm.KVFile(info["path"], hdr)
-    kv = [tuple(x.transpose(0, 1).unsqueeze(0).clone() for x in f.layer(i)) for i in range(hdr.num_layers)]
-    f.close()
-    t3 = time.perf_counter()
-    first = int(call(large, ids[:, -1:], build_cache(large, kv))[0].logits[0, -1].argmax())
-    t4 = time.perf_counter()
-    Path(info["path"]).unlink(missing_ok=True)
-    return t4 - t1, {"small_prefill_s": info["small_prefill_s"], "mapping_s": info["mapping_s"],
-                     "prefix_s": info["prefix_s"], "write_s": info["write_s"], "read_s": t3 - t2, "decode_first_s": t4 - t3}, first
-
-
-def ttft_rows(n: int, t_large: list, t_map: list, parts: list, firsts_equal: list, shm_bytes: int, **extra) -> list[dict]:
-    """The two tidy rows (large_prefill, mapped) of one prompt length from repeated timings (seconds)."""
-    a, b = _stats(t_large), _stats(t_map)
-    base = {"kind": "ttft", "backend": "transformers", "context_len": n, "concurrency": 1, "repeats": len(t_large), **extra}
-    br = {k: float(pd.Series([x[k] for x in parts]).median()) * 1e3 for k in
-          ("small_prefill_s", "mapping_s", "prefix_s", "write_s", "read_s", "decode_first_s") if k in parts[0]}
-    return [dict(base, strategy="large_prefill", ttft_ms_median=a["median"] * 1e3, ttft_ms_min=a["min"] * 1e3,
-                 ttft_ms_max=a["max"] * 1e3),
-            dict(base, strategy="mapped", ttft_ms_median=b["median"] * 1e3, ttft_ms_min=b["min"] * 1e3,
-                 ttft_ms_max=b["max"] * 1e3, speedup=a["median"] / b["median"],
-                 first_token_agree=float(sum(firsts_equal) / len(firsts_equal)),
-                 **{k.replace("_s", "_ms"): v for k, v in br.items()}, shm_bytes=shm_bytes)]
-
-
 @torch.no_grad()
 def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path, log=print,
                       exact_prefix: int = EXACT_PREFIX) -> list[dict]:
     """Per prompt length: the large model's prefill + first token vs the producer path, in-process."""
-    from labkit.quality.corpora import sequences
-    from labkit.crossmodel.producer import Producer
 
     prod = Producer(models, mapper, root, dtype=next(models.large.parameters()).dtype, exact_prefix=exact_prefix)
     rows = []
@@ -225,13 +173,10 @@ def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path,
     return rows
 
 
-def run_xfer(given: dict, run=None, log=print):
+def run_crossmodel(given: dict, run=None, log=print):
     """Measure everything into a run folder (labkit.results.Run); returns the Run."""
-    from labkit import sweep
-    from labkit.crossmodel import quality as q
-    from labkit.crossmodel import shm
 
-    p = dict(given)           # checked by `experiments.xfer.plan`
+    p = dict(given)           # checked by `experiments.crossmodel.plan`
     p.pop("_pair", None)      # the plan's resolved pair; the models stage derives the small model from it again
     shown = log is not None
     log = log or (lambda *a, **k: None)
@@ -270,7 +215,6 @@ def run_xfer(given: dict, run=None, log=print):
                                          shm.default_root(), log=log, exact_prefix=p["exact_prefix"]):
                 run.add(dict(base, status="ok", error=None, **row))
         if p["backend"] in ("vllm", "both"):
-            from labkit.crossmodel.vllm_path import run_vllm
             stage("vllm")
             run_vllm(p, models, mp, mpath, seqs, run, base, log=log)
     except BadInput:
@@ -290,10 +234,6 @@ def run_xfer(given: dict, run=None, log=print):
 def _models_and_texts(p: dict, run):
     """The pair's models, the calibration chunks and the held-out evaluation sequences (disjoint by document and
     family), recorded in the manifest."""
-    from labkit.crossmodel import heldout
-    from labkit.crossmodel import quality as q
-    from labkit.crossmodel.mapped_cache import calibration_chunks, load_models
-    from labkit.crossmodel.pair import plan_pair
     pair = plan_pair(p["large"], p["small"], p["layer_table"] or None, derive=True)
     models = load_models(pair, dtype=getattr(torch, p["dtype"]))
     run.update_manifest(pair=pair.to_dict(), small_note=(
@@ -311,7 +251,6 @@ def _models_and_texts(p: dict, run):
 
 def _record_mapper(run, mp, mpath, fitted: bool, calib) -> None:
     """What the mapper is and how it was fitted, into the manifest and the `mapper_fit` table."""
-    from labkit.crossmodel import heldout
     sha = heldout.calib_sha(calib)
     run.update_manifest(split=dict(run.manifest["split"], mapper_fitted_on_this_calibration=all(
         (mp.corpus or {}).get(k) == v for k, v in sha.items())))
@@ -325,7 +264,6 @@ def _record_mapper(run, mp, mpath, fitted: bool, calib) -> None:
 
 def closing_lines(run) -> list[str]:
     """Per backend: quality against the large model's own prefill and TTFT against it at the longest prompt."""
-    from labkit.results import load_run
     lr = load_run(run.path)
     lines = []
     for r in headline(lr.metrics, lr.table("quality_summary")).to_dict("records"):

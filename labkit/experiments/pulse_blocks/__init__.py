@@ -1,12 +1,13 @@
 """`labkit run pulse_blocks`: how block-granular selections cross the link — one copy per unit, a CPU gather
 into staging then one copy, the gather pipelined with chunked copies (PulseInfer's coalesced transfers),
 batched DMA (`cuMemcpyBatchAsync`), the zero-copy kernel — against one contiguous copy of the same bytes,
-every result checked against the rows it should hold. Code: `labkit.experiments.pulse.blocks_measure`.
+every result checked against the rows it should hold. Code: `labkit.experiments.pulse_blocks.measure`.
 """
 from __future__ import annotations
 
 from ...shapes import REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan
+from ... import lazy
 from .. import for_this_machine
 
 NAME = "pulse_blocks"
@@ -41,24 +42,8 @@ def plan(given: dict) -> Plan:
     return Plan(NAME, p)
 
 
+measuring = lazy.module(".measure", __package__)     # imported once a run starts: this module stays light
+
+
 def run(plan: Plan, progress_bar: bool = True):
-    from .blocks_measure import block_probe, headline
-    from ... import sweep
-    from ...shapes import ModelShape
-    p = dict(plan.params)
-    run = sweep.open_run(p, NAME)
-    gpu = run.manifest.get("gpu_name") or "cpu"
-    points = sweep.grid(req=p["requests"], b=p["blocks"])
-    with sweep.bar(len(points), NAME, progress_bar) as bar:
-        for pt in points:
-            req, b = pt["req"], pt["b"]
-            bar.set_postfix_str(f"block {b}, {req} request(s)")
-            with sweep.point(run, {"experiment": NAME}, block=b, requests=req):
-                for r in block_probe(ModelShape.from_name(p["shape"]), p["device"], p["context"], p["budget"], b,
-                                     p["repeats"], p["threads"], seed=p["seed"], requests=req,
-                                     chunk_bytes=p["chunk_bytes"], dma_split_units=tuple(p["dma_split"])):
-                    run.add({**r, "gpu_name": gpu})
-            bar.update()
-    run.finish()                 # the shared rule over the rows
-    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, NAME)
-    return run
+    return measuring.run(dict(plan.params), progress_bar=progress_bar)

@@ -17,13 +17,23 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..costmodel import gpu, gpu_for_name, predict_table
+from ..experiments.crossmodel.measure import headline
+from ..crossmodel.intervals import paired, pooled, text as interval_text
+from ..report import summary as S
+from ..report.pulse_figures import QUALITY_POLICY, selection_table as selection_rows
+from ..report.targets import TARGETS
+from ..report.units import tokens_label as _ctx
 from ..results import REPO, load_run
-from . import summary as S
+from ..experiments.serve_sweep.figures import crosscheck_table
+from ..shapes import metrics_shape
+from ..stats import Interval, across_runs, perplexity_ratio
+from ..stats.windows import REFERENCE, first_window_runs, single_window
+from .claims import blocks as claims_blocks
 from .reference_tables import blocks as reference_blocks
 from .roofline_tables import blocks as roofline_blocks
-
+from .roofline_tables import capacity_rows, decode_ratio_rows, gemv_chain, prefill_rows, pulse_rows
 from .runs import RUNS, RUNS_FILE, TOML as _TOML    # noqa: F401  (RUNS_FILE: the tests')
-from .units import tokens_label as _ctx
 
 BLOCK_FILES: dict[str, str] = {b: f for f, names in _TOML["files"].items() for b in names}
 
@@ -93,7 +103,6 @@ def targets_table(m: pd.DataFrame) -> str:
 
 
 def _higher(r) -> bool:
-    from .targets import TARGETS
     return next(t.higher_is_better for t in TARGETS.values() if t.what == r["target"])
 
 
@@ -132,8 +141,6 @@ def agreement_table() -> str:
 
 
 def prediction_table(m: pd.DataFrame) -> str:
-    from ..costmodel import gpu, gpu_for_name, predict_table
-    from ..shapes import metrics_shape
     tab = predict_table(m, metrics_shape(m),
                         gpu_for_name(str(m["gpu_name"].dropna().iloc[0])), gpu("rtx3090"), 3,
                         contexts=[8192, 65536, 1 << 20], concurrency=[1, 4])
@@ -322,7 +329,6 @@ def pulse_coalesced_table() -> str:
 def pulse_switch_table() -> str:
     """The switched round (4 offloaded requests at 64K beside 4 normal at 8K) per transfer mechanism and
     selection granularity, every measurement of it."""
-    import json
     rows = []
     for run, names in PULSE_SWITCH_RUNS:
         for name in names:
@@ -396,13 +402,11 @@ def pulse_selection_table(requests: int = 4, budgets=(256, 2048)) -> str:
     step time per mechanism (per layer measured x QSA layers; step = the measured resident step of the
     same batch + the transfer), quality from the quality lab at blocks of 16 (per-KV-head oracle vs the
     layer's retrieval head, mean over corpora)."""
-    from ..shapes import metrics_shape
-    from .pulse_figures import QUALITY_POLICY, selection_table
     bl = load_run(REPO / PULSE_SELECTION_BLOCKS_RUN).metrics
     sc = load_run(REPO / PULSE_SCALING_COMPILED_RUNS[-1][0]).metrics
     comp = float(sc[(sc["mode"] == "resident") & (sc["concurrency"] == requests)]["step_ms_median"].iloc[0])
     variants = ("coalesced_pipelined", "batched_dma", "batched_dma_per512", "zero_copy")
-    t = selection_table(bl, None, comp, metrics_shape(bl).attn_layers, block=16,
+    t = selection_rows(bl, None, comp, metrics_shape(bl).attn_layers, block=16,
                         variants=variants, requests=requests)
     q = load_run(REPO / QUALITY_BLOCK_RUNS[1][0]).table("quality_summary")
     rows = []
@@ -504,7 +508,6 @@ def pulse_trace_table() -> str:
     win = RUNS.get("pulse_trace_windows")
     if not win:
         return single
-    from ..stats.windows import REFERENCE, first_window_runs, single_window
     lr = load_run(REPO / win)
     mf, prm = lr.manifest, lr.manifest["parameters"]
     s, ref = lr.table("window_summary"), prm["reference"]
@@ -541,7 +544,6 @@ def pulse_trace_table() -> str:
 
 def _quality_interval(g: pd.DataFrame, col: str, digits: int = 3) -> str:
     """One summary row's `value [lo, hi]` (labkit.stats.Interval.text)."""
-    from ..stats import Interval
     r = g.iloc[0]
     return Interval(r[col], r[f"{col}_lo"], r[f"{col}_hi"], int(r[f"{col}_n"])).text(digits)
 
@@ -602,7 +604,6 @@ def quality_sparse_prefill_table() -> str:
     prefilled under the same selection, what sparse prefill adds (the sparse-prefill perplexity over the
     dense-prefill one, paired per sequence), and the prefix rows' attention-mass recall and recall@budget against
     the shared oracle; each with its 95% bootstrap interval over the evaluation sequences and n."""
-    from ..stats import perplexity_ratio
 
     run = load_run(REPO / QUALITY_SPARSE_PREFILL_RUN)
     mf, q, m = run.manifest, run.table("quality_summary"), run.metrics
@@ -682,7 +683,6 @@ def hot_decode_table() -> str:
 
 def crosscheck_block() -> str:
     """labkit's load generator against `vllm bench serve` on one server and load, interleaved rounds."""
-    from ..serving.figures import crosscheck_table
     t = crosscheck_table(load_run(REPO / CROSSCHECK_RUN).metrics)
     rows = [{"input / conc.": f"{int(r.input_len)} / {int(r.concurrency)}",
              "TTFT labkit / vLLM (ms)": f"{r.ttft_labkit_ms:,.0f} / {r.ttft_vllm_ms:,.0f}", "TTFT ratio": f"{r.ttft_ratio:.2f}",
@@ -714,11 +714,10 @@ def decode_trace_table() -> str:
 def _xfer_quality_cells(r, corpora=("code", "prose")) -> dict:
     """Ratio cells with their 95% intervals over sequences and n: one cell per corpus, the pooled one, the
     per-sequence spread (`labkit.crossmodel.intervals` columns)."""
-    from ..crossmodel.intervals import text
 
     n = " + ".join(str(int(getattr(r, f"ppl_ratio_{c}_n"))) for c in corpora)
-    return {**{f"ppl ratio {c} [95%]": text(r, f"ppl_ratio_{c}") for c in corpora},
-            "ppl ratio **pooled** [95%]": f"**{text(r, 'ppl_ratio')}**", "n": n,
+    return {**{f"ppl ratio {c} [95%]": interval_text(r, f"ppl_ratio_{c}") for c in corpora},
+            "ppl ratio **pooled** [95%]": f"**{interval_text(r, 'ppl_ratio')}**", "n": n,
             "per-sequence min–max": f"{r.ppl_ratio_seq_min:.2f}–{r.ppl_ratio_seq_max:.2f}"}
 
 
@@ -754,9 +753,8 @@ def xfer_frontier_table() -> str:
 
 
 def text_iv(r, prefix: str) -> str:
-    from ..crossmodel.intervals import text
 
-    return text(r, prefix)
+    return interval_text(r, prefix)
 
 
 # Probes the N = 10 run took over from an earlier committed run, by the table they came from (`source`): their
@@ -805,12 +803,10 @@ def xfer_rank_table() -> str:
 
 
 def xfer_run_table() -> str:
-    """The full `labkit run xfer` (default features, backend=both): quality per backend and the vLLM path's TTFT
+    """The full `labkit run crossmodel` (default features, backend=both): quality per backend and the vLLM path's TTFT
     per length and concurrency (its transformers TTFT shared the CPU with other work: the clean one is
     `xfer_ttft_table`)."""
-    import math
 
-    from ..crossmodel.experiment import headline
 
     run = load_run(REPO / XFER_FULL_RUN)
     m, q = run.metrics, run.table("quality_summary")
@@ -825,7 +821,6 @@ def xfer_run_table() -> str:
                      f"{mp.small_prefill_ms:,.0f} / {mp.mapping_ms:,.0f} / {mp.prefix_ms:,.0f}"})
     h = headline(m, q)
     h = h[h["backend"] == "vllm"]
-    from ..crossmodel.intervals import paired, pooled
 
     seqs = m[(m["kind"] == "quality") & (m["status"] == "ok")]
     qrows = []
@@ -863,7 +858,6 @@ def xfer_ttft_table() -> str:
 
 def xfer_ablation_table() -> str:
     """The mapper ablation at N = 8: features, lambda granularity and calibration size against quality."""
-    from ..crossmodel.intervals import pooled
 
     a = pd.read_parquet(REPO / XFER_ABLATION_RUN / "ablation.parquet")
     a = a[a["stage"] != "frontier"]
@@ -900,7 +894,6 @@ def xfer_vllm_ttft_table() -> str:
 def xfer_prose_table() -> str:
     """Quality per corpus of one run: modern English prose (Python's documentation topics) beside Shakespeare,
     the same mapper and protocol, 95% intervals over sequences."""
-    from ..crossmodel.intervals import text
 
     run = load_run(REPO / XFER_PROSE_RUN)
     s = run.table("quality_summary")
@@ -911,7 +904,7 @@ def xfer_prose_table() -> str:
         tr = s[(s["corpus"] == r.corpus) & (s["mode"] == "true")].iloc[0]
         rows.append({"corpus": names.get(r.corpus, r.corpus), "small model": p.get("small", ""),
                      "true-cache ppl": f"{tr.ppl:.2f}", "mapped-cache ppl": f"{r.ppl:.2f}",
-                     "ppl ratio [95%]": f"**{text(r, 'ppl_ratio')}**", "top-1 [95%]": text(r, "top1_agree"),
+                     "ppl ratio [95%]": f"**{interval_text(r, 'ppl_ratio')}**", "top-1 [95%]": interval_text(r, "top1_agree"),
                      "n": int(r.n_sequences)})
     return _md(pd.DataFrame(rows))
 
@@ -949,8 +942,6 @@ def headlines() -> str:
 
 
 def _sparse_offload_line(d1: pd.DataFrame, top: int) -> str:
-    from .roofline_tables import decode_ratio_rows
-    from ..stats import across_runs
     rep = across_runs(decode_ratio_rows(RUNS["repeats_hot1m"]), ["figure"], "value").set_index("figure")
     zc_rep = rep.loc[[f for f in rep.index if f.startswith("zero_copy")][0]]
     zc, res = d1.loc[("zero_copy", top)], d1.loc[("resident", top)]
@@ -993,7 +984,6 @@ def _prefill_now_words() -> str:
 
 
 def _baseline_line() -> str:
-    from .roofline_tables import gemv_chain
     gshare = gemv_chain(RUNS["gemv_kmajor"])["share_m1"]
     roof = load_run(REPO / RUNS["roofline"]).metrics
     r64 = roof[(roof.experiment == "decode") & (roof.status == "ok") & (roof.strategy == "resident") & (roof.concurrency == 1)].iloc[0]
@@ -1006,8 +996,6 @@ def _baseline_line() -> str:
 
 
 def _hot_cache_line(top: int) -> str:
-    from .roofline_tables import capacity_rows, prefill_rows
-    from ..stats import across_runs
     caps = across_runs(capacity_rows(RUNS["repeats_capacity"]), ["figure"], "value").set_index("figure")
     cap = caps.loc[[f for f in caps.index if f.startswith("goodput")][0]]
     pre = across_runs(prefill_rows(RUNS["repeats_prefill"]), ["figure"], "value").iloc[0]
@@ -1026,8 +1014,6 @@ def _hot_cache_line(top: int) -> str:
 
 
 def _pulse_line() -> str:
-    from .roofline_tables import pulse_rows
-    from ..stats import across_runs
     pul = across_runs(pulse_rows(RUNS["repeats_pulse_scaling"]), ["figure"], "value").set_index("figure")
     sw = pul.loc[[f for f in pul.index if "switched / one" in f][0]]
     trace = next(r for r in PULSE_TRACE_RUNS if "151530" in r)
@@ -1089,7 +1075,6 @@ def blocks() -> dict[str, str]:
 
 
 def _claims_blocks() -> dict[str, str]:
-    from .claims import blocks as claims_blocks
     return claims_blocks()
 
 

@@ -1,14 +1,16 @@
-"""`labkit run xfer`: cross-model KV transfer — a small model prefills, a learned mapper turns its states into
+"""`labkit run crossmodel` (once `xfer`, still accepted): cross-model KV transfer — a small model prefills, a learned mapper turns its states into
 the large model's K/V, the large model decodes: quality against its own prefill, token agreement, and time to
 first token through transformers or vLLM with labkit's KV connector. With `weights=seeded`: time to first token
 only, at the published pair's shapes (Qwen3-0.6B prefills, Qwen3-1.7B decodes) with seeded random weights, on a
-GPU (`labkit.crossmodel.seeded`). Code: `labkit.crossmodel.experiment`."""
+GPU (`labkit.crossmodel.seeded`). Code: `measure.py` (figures: `figures.py`), over the cross-model library
+`labkit.crossmodel`."""
 from __future__ import annotations
 
-from ..params import DEVICE, OUT_DIR, SEED, Param, Plan
-from . import checked
+from ...params import DEVICE, OUT_DIR, SEED, Param, Plan
+from ... import lazy
+from .. import checked
 
-NAME = "xfer"
+NAME = "crossmodel"
 
 SPEC = [
     Param("large", "str", "smollm2-135m", "the model that decodes: preset or local HF checkpoint (weights=seeded: a "
@@ -56,17 +58,17 @@ SPEC = [
 ]
 
 
+measuring = lazy.module(".measure", __package__)                 # imported once the parameters resolved
+seeded = lazy.module("...crossmodel.seeded", __package__)      # weights=seeded: the same, at the published shapes
+
+
 def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from ..crossmodel import experiment, seeded
-        return lambda p: (experiment.check if p["weights"] == "checkpoint" else seeded.check)(p)
-    return checked(NAME, SPEC, given, check)
+    return checked(NAME, SPEC, given, lambda: lambda p: (measuring.check if p["weights"] == "checkpoint" else
+                                                          seeded.check)(p))
 
 
 def run(plan: Plan, progress_bar: bool = True):
     log = print if progress_bar else None
     if plan.params["weights"] == "seeded":
-        from ..crossmodel.seeded import run_seeded
-        return run_seeded(dict(plan.params), log=log)
-    from ..crossmodel import experiment
-    return experiment.run_xfer(dict(plan.params), log=log)
+        return seeded.run_seeded(dict(plan.params), log=log)
+    return measuring.run_crossmodel(dict(plan.params), log=log)

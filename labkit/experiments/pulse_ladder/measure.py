@@ -55,12 +55,26 @@ selection.parquet (the calibration choice), requests.parquet (every request of e
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import time
 from pathlib import Path
 
-from ... import envs
+import numpy as np
+import pandas as pd
+import torch
+
+from ... import envs, sweep
+from ...engine.drive.policies import check_policy, fitted_name
+from ...engine.model.hybrid import HybridModel
+from ...engine.transfer import STRATEGIES, get_strategy, setting_names
 from ...params import BadInput, fill_auto, resolve_device
-from . import replay_measure as R
+from ...serving.workload import load_trace
+from ...shapes import ModelShape
+from ...stats import bootstrap
+from ...stats import windows as W
+from ...stats.windows import candidates, window_bounds
+from .. import trace_replay as R
 
 EXPERIMENT = "pulse_ladder"
 RUNGS = ("per_head", "coalesced", "retrieval_head", "switching", "adaptive")
@@ -80,7 +94,6 @@ def rung_of(policy: str) -> str:
 
 def unit_rows(p: dict) -> int:
     """Rows per per-head unit: one KV head's K or V of a block is 1 / (2 n_kv_heads) of the block's rows."""
-    from ...shapes import ModelShape
     return p["select_block"] // (2 * ModelShape.from_name(p["shape"]).n_kv_heads)
 
 
@@ -106,7 +119,6 @@ def windows_params(p: dict) -> dict:
     """The parameters `labkit.stats.windows` plans with: per_head the reference of every ratio, the other fixed
     rungs replayed on every window, the threshold and adaptive candidates fitted on the calibration windows
     (or, with none, the one value of each given replayed as fixed policies)."""
-    from ...engine.drive.policies import fitted_name
     fixed = [r for r in FIXED if r != "per_head"]
     w = {**p, "reference": "per_head", "policies": fixed}
     if p["calibration_windows"] == 0:
@@ -119,12 +131,7 @@ def windows_params(p: dict) -> dict:
 def check(given: dict, declared: list) -> dict:
     """Validate resolved parameters, the trace, its windows and the cap before anything is allocated (one line
     on bad input), and find the run to resume."""
-    import hashlib
 
-    from ...engine.transfer import STRATEGIES, get_strategy, setting_names
-    from ...serving.workload import load_trace
-    from ...shapes import ModelShape
-    from ...stats.windows import window_bounds
     p = dict(given)
     dev = resolve_device(p["device"])
     fill_auto(declared, p, dev.type)
@@ -152,13 +159,10 @@ def check(given: dict, declared: list) -> dict:
             get_strategy(name, **{k: p[k] for k in setting_names()})
         except ValueError as ex:
             raise BadInput(str(ex)) from None
-    from ...engine.drive.policies import check_policy
-    from ...stats.windows import candidates
     w = windows_params(p)
     for pol in [*(x for x in w["policies"] if x not in FIXED), *(c for cs in candidates(w).values() for c in cs)]:
         check_policy(pol)
     if p["transport"] == "auto":
-        import importlib.util
         have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
         p["transport"] = "http" if have else "inprocess"
     rows = load_trace(p["trace"])
@@ -199,14 +203,7 @@ def _warm_up(p: dict, model, policies: list[str]) -> float:
 
 def run(p: dict, progress_bar: bool = False):
     """`labkit run pulse_ladder`: calibration windows, the choice, the test windows, every rung on each."""
-    import pandas as pd
-    import torch
 
-    from ... import sweep
-    from ...engine.model.hybrid import HybridModel
-    from ...serving.workload import load_trace
-    from ...shapes import ModelShape
-    from ...stats import windows as W
     t0 = time.monotonic()
     wp = windows_params(p)
     bounds = W.window_bounds(len(load_trace(p["trace"])), p["windows"], p["window_size"], p["calibration_windows"])
@@ -256,7 +253,7 @@ def run(p: dict, progress_bar: bool = False):
                          "lane": mine.get("lane"), "output_sha": mine.get("output_sha"),
                          "n_token_times": len(r.get("token_times") or [])})
         run.write_table("requests", pd.DataFrame(reqs))      # a run cut short keeps what it measured
-        row = {**base, **R.summary_row(placement, q, out), **head}
+        row = {**base, **R.summary_row(placement, q, out, EXPERIMENT), **head}
         row.update(switching=rung in ("switching", "adaptive"), placement=placement,
                    device_kv_tokens=0 if placement == "offload" else p["device_kv_tokens"],
                    dma_unit_rows=q["dma_unit_rows"])
@@ -279,7 +276,6 @@ def run(p: dict, progress_bar: bool = False):
 
 def _warm_rungs(p: dict, wp: dict, model) -> float:
     """Untimed replays of one policy of each rung (the candidates of a rung share its configuration); seconds."""
-    from ...stats import windows as W
     one: dict[str, str] = {}
     for pol in W.planned(wp, "calibration", {}) + W.planned(wp, "test", {}):
         one.setdefault(rung_of(pol), pol)
@@ -289,7 +285,6 @@ def _warm_rungs(p: dict, wp: dict, model) -> float:
 def _close(run, out: dict, before: dict | None, reqs: list, wp: dict, roles: dict) -> None:
     """The run's tables once the windows are replayed (the kept windows' requests first), and its status: a run
     stopped at its deadline says which windows a resume still has to replay."""
-    import pandas as pd
 
     if out["kept"] and before and len(before.get("requests", [])):
         old = before["requests"]
@@ -301,7 +296,6 @@ def _close(run, out: dict, before: dict | None, reqs: list, wp: dict, roles: dic
 def ladder_ratios(m, wp: dict, chosen: dict, roles: dict):
     """Per (window, rung): throughput and p99 TPOT over per_head's on the same window (`windows.window_ratios`,
     arms named by rung), and throughput over no_offload's (`throughput_vs_no_offload`)."""
-    from ...stats import windows as W
     m = m[m["experiment"] == EXPERIMENT]
     t = W.window_ratios(m, wp, chosen, roles)
     t["arm"] = t["policy"].map(rung_of)
@@ -315,10 +309,7 @@ def ladder_ratios(m, wp: dict, chosen: dict, roles: dict):
 def headline(path) -> list[str]:
     """Per rung over the test windows: throughput and p99 TPOT against per_head (median [95% interval]), the full
     rung against no_offload, and the transfer sizes; with no test window complete, what was measured."""
-    import numpy as np
-    import pandas as pd
 
-    from ...stats import bootstrap
     path = Path(path)
     s = pd.read_parquet(path / "window_summary.parquet") if (path / "window_summary.parquet").is_file() else pd.DataFrame()
     lines = []

@@ -29,24 +29,31 @@ Runs that settle rows are picked up from `docs/runs.toml` (`[runs]`) by name, wi
   model's transfer term counts as checked and its worst error there is the spread of the 3x RTX 3090 rows.
 - `prefill_throughput`: FlashOffloading's prefill throughput; rows with `config` in none / prefill / both and
   `prompts_per_s` (optional `prompts_per_s_min` / `_max`).
-- `xfer_ttft_32k`: cross-model TTFT at 32K; rows as `labkit run xfer` writes them (`kind == "ttft"`, `strategy`
+- `xfer_ttft_32k`: cross-model TTFT at 32K; rows as `labkit run crossmodel` writes them (`kind == "ttft"`, `strategy`
   large_prefill / mapped, `context_len`, `concurrency`, `ttft_ms_median/min/max`, `speedup`); rows at concurrency
   8 settle the concurrency row too.
-- `xfer_modern_prose`: cross-model quality on modern English prose (`labkit run xfer` with `pydoc` among its
+- `xfer_modern_prose`: cross-model quality on modern English prose (`labkit run crossmodel` with `pydoc` among its
   corpora; its `quality_summary` table); the perplexity row shows it beside Shakespeare's.
 """
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
+from ..costmodel import gpu, gpu_for_name, predict_prefill, predict_table
+from ..crossmodel.intervals import text as interval_text
+from ..report import summary as S
+from ..report.units import tokens_label as _ctx
 from ..results import REPO, load_run
-from . import summary as S
+from ..shapes import PRESETS, metrics_shape
+from ..stats import bootstrap
+from .roofline_tables import capacity_rows, decode_ratio_rows, prefill_rows
 from .runs import RUNS
-from .units import tokens_label as _ctx
 
 # ---- the verdict rule: every threshold in one place, written before the data ----------------------------------
 TOLERANCE = 0.10          # ours within ±10% of the published figure: holds
@@ -79,7 +86,7 @@ PUBLISHED_XFER_CONCURRENCY = 8            # ... and per-request latency at concu
 def rule_text() -> str:
     """The verdict rule in words, from the constants above: docs/claims.md renders it (block `claims-rule`)."""
     return (
-        "Every row goes through one function, `labkit.report.claims.decide`, in this order:\n\n"
+        "Every row goes through one function, `labkit.docs.claims.decide`, in this order:\n\n"
         f"1. **{CONSTRUCTION}** — the figure follows from the model's shape (a byte count, a rate implied by two "
         "published figures): the shape's arithmetic is the row's figure. It agrees with the published figure within "
         f"the tolerance below: *{CONSTRUCTION}* (true of any implementation with that shape, so not a finding); "
@@ -334,8 +341,6 @@ def _best_of(values: pd.Series, side: int) -> float:
 def _window_figure(ratios: pd.Series, what: str, runs, up_to: bool, side: int, differs: str = "") -> Figure | None:
     """Per-window ratios -> our figure: for an "up to" claim the best window with the min–max over windows;
     otherwise the median with its 95% bootstrap interval over windows. None when no window has both arms."""
-    from ..stats import bootstrap
-    import numpy as np
     r = ratios.dropna().astype(float)
     if r.empty:
         return None
@@ -366,13 +371,11 @@ def link_check() -> dict | None:
 
 
 def _box_name() -> str:
-    from ..costmodel import gpu
     return f"{BOX_GPUS}× {gpu(BOX_GPU).name.replace('NVIDIA GeForce ', '')}"
 
 
 def _box() -> str:
     """The published box in words, its link from labkit/data/gpus.toml."""
-    from ..costmodel import gpu
     g = gpu(BOX_GPU)
     return f"{_box_name()} (PCIe {g.pcie_gen}.0 x{g.pcie_width})"
 
@@ -384,8 +387,6 @@ def box_prediction(concurrency: int, context_len: int = PUBLISHED_CONTEXT, strat
     """The cost model's tok/s on the published box (fitted on today's decode run), with its error band: the worst
     error at the link-rate run's points when one is committed, else the worst on the H200's own points. `over`:
     contexts to predict at as well; the figure then carries one point each (its value stays `context_len`'s)."""
-    from ..costmodel import gpu, gpu_for_name, predict_table
-    from ..shapes import metrics_shape
     run = RUNS["decode_now"]
     m = load_run(REPO / run).metrics
     contexts = sorted({int(context_len), *map(int, over)})
@@ -413,7 +414,6 @@ def _prefill_predicted(run: str) -> tuple[dict, dict]:
     """The fastest prefill row of a committed run with its FLOPs from the anatomy, and the cost model's prediction
     from it for 3x RTX 3090 (`costmodel.predict_prefill`: compute phases by the datasheets' dense bf16 rates;
     `dense_bound_tok_s`: the prompt's FLOPs at their rate, whatever attention the run used)."""
-    from ..costmodel import gpu, gpu_for_name, predict_prefill
     lr = load_run(REPO / run)
     m, a = lr.metrics, lr.table("anatomy")
     m = m[(m["experiment"] == "prefill") & (m["status"] == "ok")]
@@ -447,7 +447,6 @@ def _prediction_figure(run: str, best: dict, p: dict) -> Figure:
 
 def _rate(key: str) -> float:
     """A GPU's dense bf16 tensor rate (FP32 accumulation), TFLOPS, as `data/gpus.toml` gives it with its source."""
-    from ..costmodel import gpu
     return gpu(key).bf16_tflops
 
 
@@ -495,7 +494,6 @@ BELOW_BUDGET = (4, 2)     # "below the budget": the cost model read at a quarter
 def _sparse_shape_claims(sys, shape, budget: int, d, top: int, gpu_name: str) -> list[Claim]:
     """The sparse-offload figures that follow from the shape (bytes a step, the link at ~80 tok/s, index bytes),
     each beside what the engine counted."""
-    from ..shapes import PRESETS
     out = []
     z1 = d.loc[("zero_copy", 1, top)]
     step = shape.h2d_bytes_per_step(budget, [budget])
@@ -529,9 +527,7 @@ def _sparse_shape_claims(sys, shape, budget: int, d, top: int, gpu_name: str) ->
 
 
 def sparse_claims() -> list[Claim]:
-    from .roofline_tables import decode_ratio_rows, prefill_rows
     sys = SYSTEMS["sparse"]
-    from ..shapes import metrics_shape
     d, top = _decode_now(), PUBLISHED_CONTEXT
     now = load_run(REPO / RUNS["decode_now"]).metrics
     # figures that follow from the shape are read off the shape the run was made with
@@ -640,7 +636,6 @@ def _goodput_regime(runs: list[str], limit: float) -> str:
 
 def flash_claims() -> list[Claim]:
     HOT_DECODE_RUNS = [tuple(x) for x in RUNS["hot_decode"]]
-    from .roofline_tables import capacity_rows, prefill_rows
     sys = SYSTEMS["flash"]
     out = []
     pre = prefill_rows(RUNS["repeats_prefill"])
@@ -802,7 +797,6 @@ def _pulse_trace_claims(sys, lad) -> list[Claim]:
 
 def _pulse_vs_no_offload_claim(sys, lad) -> Claim:
     """Offload with switching against no offload under the same device-memory cap."""
-    from .roofline_tables import capacity_rows
     cap = capacity_rows(RUNS["repeats_capacity"])
     good = cap[cap["figure"].str.startswith("goodput")]
     prm = load_run(REPO / RUNS["repeats_capacity"][0]).manifest["parameters"]
@@ -846,7 +840,6 @@ def _pulse_small_transfers_claim(sys) -> Claim:
     ct = t[t["strategy"] == "contiguous"]["gbps"]
     worst = per_unit.groupby("strategy")["gbps"].median()
     others = worst.drop(best)
-    from ..costmodel import gpu_for_name
     dev = gpu_for_name(str(_metrics(RUNS["pulse_blocks"])["gpu_name"].dropna().iloc[0]))
     link = f"one {dev.name.replace('NVIDIA ', '')}'s PCIe Gen{dev.pcie_gen} x{dev.pcie_width} link" if dev else "our link"
     return Claim("pulse-small-transfers", sys,
@@ -931,7 +924,6 @@ def _ttft_speedup(run: str, concurrency: int | None = None, near: int = 32768, b
 def _modern_prose() -> tuple[str, tuple[str, ...]]:
     """The perplexity ratio on modern English prose (Python's documentation topics) beside Shakespeare's of the
     same run, as words for the perplexity row, and that run; nothing while `xfer_modern_prose` names no run."""
-    from ..crossmodel.intervals import text
 
     run = _run("xfer_modern_prose")
     if not run:
@@ -946,10 +938,10 @@ def _modern_prose() -> tuple[str, tuple[str, ...]]:
     layers = lr.manifest.get("pair", {}).get("large", {}).get("layers")
     depth = (f"first {small.split(':', 1)[1]} of {layers} layers" if small.startswith("first:") and layers else small)
     d, n = s.loc["pydoc"], int(s.loc["pydoc", "ppl_ratio_n"])
-    words = (f"; modern English prose (Python's documentation topics): {text(d, 'ppl_ratio')} over {n} sequences, "
+    words = (f"; modern English prose (Python's documentation topics): {interval_text(d, 'ppl_ratio')} over {n} sequences, "
              f"small model = {depth} (the published pair's compute ratio)")
     if "prose" in s.index:
-        words += f", Shakespeare in the same run {text(s.loc['prose'], 'ppl_ratio')}"
+        words += f", Shakespeare in the same run {interval_text(s.loc['prose'], 'ppl_ratio')}"
     return words + f" (mapper on {int(p.get('calib_tokens', 0)):,} calibration tokens per corpus)", (run,)
 
 
@@ -1136,7 +1128,7 @@ def tallies(claims: list[Claim]) -> str:
 
 
 def claims_block(claims: list[Claim]) -> str:
-    return (tallies(claims) + " The rule: [above](#the-verdict-rule) (`labkit.report.claims.decide`).\n\n"
+    return (tallies(claims) + " The rule: [above](#the-verdict-rule) (`labkit.docs.claims.decide`).\n\n"
             + S.md_table(table(claims)))
 
 
@@ -1189,7 +1181,6 @@ def figure(claims: list[Claim]):
     """Each row's deciding figure over the published one (1 = the published figure), with its spread as error
     bars and the verdict's colour; rows with no figure of ours sit at 1 as open grey markers. Log scale: 0.5× and
     2× are the same distance from the published figure."""
-    import plotly.graph_objects as go
     fig = go.Figure()
     labels = [f"{c.system}: {c.published.text}" for c in claims]
     for v in VERDICTS:
