@@ -1,4 +1,4 @@
-"""The trace replay over disjoint windows (`labkit.stats.windows`): windows that are disjoint and cover
+"""The trace replay over disjoint windows (`labkit.experiments.trace_windows`): windows that are disjoint and cover
 what they say, thresholds and adaptive constants chosen on calibration windows only, ratios within a window
 (the reference's is 1), bad input as one line before anything is allocated, a run cut at its deadline
 continued by whole windows, the fitted adaptive rule equal to the engine's at the engine's constants, the
@@ -13,7 +13,7 @@ import pytest
 
 from labkit import experiments
 from labkit.experiments.pulse import measure as P
-from labkit.stats import windows as W
+from labkit.experiments import trace_windows as W
 from labkit.params import BadInput
 from labkit.results import REPO
 

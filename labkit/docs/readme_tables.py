@@ -28,7 +28,7 @@ from ..results import REPO, load_run
 from ..experiments.serve_sweep.figures import crosscheck_table
 from ..shapes import metrics_shape
 from ..stats import Interval, across_runs, perplexity_ratio
-from ..stats.windows import REFERENCE, first_window_runs, single_window
+from ..experiments.trace_windows import REFERENCE, first_window_runs, single_window
 from .claims import blocks as claims_blocks
 from .reference_tables import blocks as reference_blocks
 from .roofline_tables import blocks as roofline_blocks

@@ -21,7 +21,7 @@ from ..results import effective_status, load_run, run_manifests
 from ..serving.latency import summarize
 from ..serving.workload import trace_replay
 from ..shapes import ModelShape
-from ..stats import windows as W
+from . import trace_windows as W
 
 
 # The first 1,000 requests (330 s of arrivals) of the Mooncake FAST'25 conversation trace (Apache-2.0,

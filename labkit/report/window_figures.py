@@ -1,4 +1,4 @@
-"""PulseInfer's trace replay per window (`labkit.stats.windows`): one point per window and policy,
+"""PulseInfer's trace replay per window (`labkit.experiments.trace_windows`): one point per window and policy,
 calibration windows drawn open (their policies were chosen on them), test windows filled, and a one-window
 replay of the past (thresholds read off its own window) as a cross on its window."""
 from __future__ import annotations

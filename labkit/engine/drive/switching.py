@@ -217,7 +217,7 @@ def pingpong_round(a: Engine, a_state, b: Engine, b_state, loaders: tuple[Loader
     the same; then A resumes after a device-side wait on its load's event, and so on. With two batches
     of equal size the load issued first is the one to resume, so no event query is needed and the host
     never sleeps. What it costs: each batch reads the weights once per step, twice per round where one
-    merged batch reads them once (`experiments.pulse.scaling_measure.two_batch_bound`). `a_gen`/`b_gen`: graph
+    merged batch reads them once (`experiments.pulse_scaling.measure.two_batch_bound`). `a_gen`/`b_gen`: graph
     replays (`replay(capture_pieces(e, s, "loads"))`) in place of the eager steps."""
     st = RoundStats()
     tl = timeline

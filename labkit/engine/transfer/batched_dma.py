@@ -116,7 +116,7 @@ class BatchedDMA:
     def __init__(self, prefer_overlap: bool = True, units_per_call: int = 0):
         """`prefer_overlap`: the CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE hint (the driver keeps the copies
         on the copy engines so they overlap kernels; without it the driver picks the mechanism). Both are
-        measured by `labkit.experiments.pulse.blocks_measure` (`batched_dma`, `batched_dma_default`).
+        measured by `labkit.experiments.pulse_blocks.measure` (`batched_dma`, `batched_dma_default`).
         `units_per_call` (0: all in one): a load split into several calls, so the copies of one call run
         while the driver takes in the next (one call of 1,536 units left ~0.5 us a unit exposed on the H200
         host; the shared probe's back-to-back calls hid it)."""

@@ -2,7 +2,7 @@
 engine serves disjoint windows of the trace with a resident and an offload lane, with and without switching
 batches at layer boundaries, once per placement policy; the static threshold and the adaptive policy's
 constants are chosen on calibration windows and reported on the others. Code: `labkit.experiments.pulse.measure`,
-`labkit.stats.windows`."""
+`labkit.experiments.trace_windows`."""
 from __future__ import annotations
 
 from ...engine.transfer import strategy_params

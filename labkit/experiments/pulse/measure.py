@@ -41,8 +41,8 @@ from ...engine.transfer import STRATEGIES, get_strategy, setting_names, settings
 from ...params import BadInput, fill_auto, resolve_device
 from ...serving.workload import load_trace
 from ...shapes import ModelShape
-from ...stats import windows as W
-from ...stats.windows import candidates, window_bounds
+from .. import trace_windows as W
+from ..trace_windows import candidates, window_bounds
 from ..trace_replay import (TRACE, close_windows, earlier_run, find_resume, keep_earlier, replay_policy, requests,
                             summary_row)
 

@@ -15,7 +15,7 @@ rung adding one of PulseInfer's pieces to the one before:
 and the arm `no_offload`: resident only, under the same device-memory cap (`device_kv_tokens`), so it
 holds fewer requests at once and the rest wait. What each rung is, and what still differs from the
 published setup, is in `labkit.experiments.pulse_ladder.measure` and docs/pulseinfer.md. Code:
-`labkit.experiments.pulse_ladder.measure`, `labkit.stats.windows`.
+`labkit.experiments.pulse_ladder.measure`, `labkit.experiments.trace_windows`.
 """
 from __future__ import annotations
 

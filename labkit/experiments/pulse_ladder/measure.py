@@ -72,8 +72,8 @@ from ...params import BadInput, fill_auto, resolve_device
 from ...serving.workload import load_trace
 from ...shapes import ModelShape
 from ...stats import bootstrap
-from ...stats import windows as W
-from ...stats.windows import candidates, window_bounds
+from .. import trace_windows as W
+from ..trace_windows import candidates, window_bounds
 from .. import trace_replay as R
 
 EXPERIMENT = "pulse_ladder"
@@ -116,7 +116,7 @@ def rung_params(policy: str, p: dict) -> tuple[dict, str]:
 
 
 def windows_params(p: dict) -> dict:
-    """The parameters `labkit.stats.windows` plans with: per_head the reference of every ratio, the other fixed
+    """The parameters `labkit.experiments.trace_windows` plans with: per_head the reference of every ratio, the other fixed
     rungs replayed on every window, the threshold and adaptive candidates fitted on the calibration windows
     (or, with none, the one value of each given replayed as fixed policies)."""
     fixed = [r for r in FIXED if r != "per_head"]

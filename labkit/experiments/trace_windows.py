@@ -1,4 +1,5 @@
-"""PulseInfer's trace replay over disjoint windows of the trace, its thresholds chosen on calibration windows.
+"""PulseInfer's calibration protocol: its trace replay over disjoint windows of the trace, thresholds chosen on
+calibration windows (shared by the `pulse` and `pulse_ladder` experiments and the docs' tables of their runs).
 
 One window of the trace says little about a placement policy: on the first 32 requests switching gave
 1.37-1.56x the throughput of "offload every long request, no switching", on another window far less, and
@@ -20,13 +21,17 @@ interval of the median over windows. Nothing here imports torch: the replay is h
 """
 from __future__ import annotations
 
+import json
 import math
 import time
+from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 
 from ..params import BadInput
+from ..stats import bootstrap, spread
 
 REFERENCE, STATIC, ADAPTIVE = "reference", "threshold (fitted)", "adaptive (fitted)"
 RULE = ("on the calibration windows only: the candidate with the best median throughput ratio to the reference "
@@ -83,7 +88,6 @@ def choose(rows: pd.DataFrame, p: dict, calibration: list[int]) -> tuple[dict[st
     """The chosen threshold and adaptive constants, from the rows of the `calibration` windows only (rows of
     other windows are dropped first, whatever they say), and the table of every candidate's calibration
     figures. A candidate needs an ok row on every calibration window whose reference finished ok."""
-    from ..stats import spread
     cal = rows[rows["window"].isin(calibration)]
     r = _ratios_of(cal, p["reference"])
     usable = sorted(r.loc[(r["policy"] == p["reference"]) & r["throughput_ratio"].notna(), "window"].unique())
@@ -138,9 +142,7 @@ def window_ratios(rows: pd.DataFrame, p: dict, chosen: dict[str, str | None], ro
 def summarize(ratios: pd.DataFrame) -> pd.DataFrame:
     """Per arm over the test windows: median, min, max of each ratio (`stats.spread`) and a 95% bootstrap
     interval of the median over windows (`stats.bootstrap`)."""
-    import numpy as np
 
-    from ..stats import bootstrap, spread
     rows = []
     test = ratios[ratios["role"] == "test"]
     for arm, g in test.groupby("arm", sort=False):
@@ -269,8 +271,6 @@ def is_first_window_of(params: dict, p: dict, ignore: tuple = ()) -> bool:
 
 def first_window_runs(paths, p: dict, ignore: tuple = ()) -> list:
     """The run folders among `paths` that replayed this replay's first windows as one (`is_first_window_of`)."""
-    import json
-    from pathlib import Path
     out = []
     for d in paths:
         mf = Path(d) / "manifest.json"
