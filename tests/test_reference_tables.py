@@ -57,3 +57,19 @@ def test_the_box_predicted_at_the_peers_points_in_both_splits():
     # the peer comparison matches every predicted point the peer measured
     cmp = P.compare(pred[pred.split == "tensor"][["context_len", "concurrency", "metric", "predicted"]], P.load())
     assert cmp["median"].notna().sum() == 14
+
+
+def test_the_anatomy_table_carries_each_points_phases_and_only_the_shapes_phases():
+    path = "results/20261206-042517-reference-w4a16-h100"       # the published shape's W4A16 grid, with anatomies
+    text = R.anatomy_of(path)
+    m = load_run(REPO / path).metrics
+    d = m[(m.experiment == "decode") & (m.status == "ok") & m.anat_closure.notna()]
+    lines = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| c |")]
+    assert len(lines) == len(d)
+    head = [c.strip() for c in text.splitlines()[2].strip("|").split("|")]
+    assert "experts" in head and "hc" in head and "other" not in head      # the MoE shape's phases; none all-zero
+    r = d[(d.strategy == "zero_copy") & (d.context_len == 1 << 20) & (d.concurrency == 4)].iloc[0]
+    row = next(ln for ln in lines if ln.startswith("| 4 | 1M | zero_copy |"))
+    cells = dict(zip(head, [c.strip() for c in row.strip("|").split("|")]))
+    assert cells["experts"] == f"{r.anat_experts_ms:.2f}" and cells["transfer"] == f"{r.anat_transfer_ms:.2f}"
+    assert cells["step ms"] == f"{r.step_ms_median:.2f}" and cells["sum / step"] == f"{r.anat_closure:.3f}"

@@ -111,6 +111,28 @@ def grid_table(path: str) -> str:
     return "\n".join(out)
 
 
+def anatomy_of(path: str) -> str:
+    """Where each decode step's time goes, phase by phase (the runner's anatomy: a graph with an event at every
+    phase boundary), for every point of the run's grid; only the phases this shape has."""
+    run, shape = _run(path)
+    d = run.metrics
+    d = d[(d["experiment"] == "decode") & (d["status"] == "ok") & d["anat_closure"].notna()]
+    if "axis" in d:
+        d = d[d["axis"] == "context"]
+    phases = [c[5:-3] for c in d.columns if c.startswith("anat_") and c.endswith("_ms") and c != "anat_marked_step_ms"
+              and d[c].fillna(0).max() > 0.005]
+    rows = []
+    for _, r in d.sort_values(["concurrency", "context_len", "strategy"]).iterrows():
+        row = {"c": int(r["concurrency"]), "context": _ctx(r["context_len"]), "strategy": r["strategy"]}
+        row.update({ph: f"{r[f'anat_{ph}_ms']:.2f}" for ph in phases})
+        row["sum / step"] = f"{r['anat_closure']:.3f}"
+        row["step ms"] = f"{r['step_ms_median']:.2f}"
+        rows.append(row)
+    return (f"{shape.name}, {run.manifest.get('parameters', {}).get('weights_dtype', 'bf16')} weights, on "
+            f"{run.manifest.get('gpu_name')} (`{path}`); ms per phase of the step, the phases' sum over the unmarked "
+            f"step as the accounting's check:\n\n{_md(pd.DataFrame(rows))}")
+
+
 # ---- the cost model across two GPUs --------------------------------------------------------------------------
 def cross_frame(a_path: str, b_path: str) -> pd.DataFrame:
     """Every point measured in both runs predicted in both directions (`costmodel.cross_check`)."""
@@ -315,6 +337,7 @@ def blocks(runs: dict) -> dict[str, str]:
     ref = runs.get("reference") or {}
     for gpu, path in ref.items():
         out[f"reference-grid-{gpu}"] = grid_table(path)
+        out[f"reference-anatomy-{gpu}"] = anatomy_of(path)
     if {"h100", "h200"} <= set(ref):
         out["costmodel-cross"] = cross_table(ref["h200"], ref["h100"])
     if ref:
