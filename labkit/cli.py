@@ -34,8 +34,9 @@ from pathlib import Path
 from . import atomic, envs, lazy, stops
 from .params import BadInput, kv_pairs, resolve_device
 
-# Each command loads what it uses when it runs: `labkit --help`, `labkit run X --help` and bad input answer in
-# well under a second, importing neither torch nor Triton, papermill, plotly or pandas (tests/test_cli.py).
+# Each command loads what it uses when it runs: `labkit --help` and bad input answer in well under a second,
+# importing neither torch nor Triton, papermill, plotly or pandas (tests/test_cli.py; `labkit run X --help` asks
+# torch only what "auto" becomes here), and no command but a cluster's imports Ray (tests/test_cluster.py).
 costmodel = lazy.module(".costmodel", __package__)
 execute = lazy.module(".execute", __package__)
 experiments = lazy.module(".experiments", __package__)
