@@ -27,6 +27,8 @@ import secrets
 import stat
 from pathlib import Path
 
+from .params import BadInput
+
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -175,7 +177,6 @@ def describe_os_error(ex: OSError) -> str:
 def check_writable(folder: str | Path, what: str) -> Path:
     """Make `folder` (and its parents) and prove a file can be created in it, before anything is measured;
     a read-only file system or a folder we may not write is one line (BadInput)."""
-    from .params import BadInput
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -26,19 +26,46 @@ import argparse
 import errno
 import json
 import os
+import shutil
+import signal
 import sys
 from pathlib import Path
 
-from .params import BadInput, kv_pairs
+from . import atomic, envs, lazy, stops
+from .params import RENAMED_EXPERIMENTS, BadInput, kv_pairs, resolve_device
+
+# Each command loads what it uses when it runs: `labkit --help` and bad input answer in well under a second,
+# importing neither torch nor Triton, papermill, plotly or pandas (tests/test_cli.py; `labkit run X --help` asks
+# torch only what "auto" becomes here), and no command but a cluster's imports Ray (tests/test_cluster.py).
+costmodel = lazy.module(".costmodel", __package__)
+execute = lazy.module(".execute", __package__)
+experiments = lazy.module(".experiments", __package__)
+results = lazy.module(".results", __package__)
+shapes = lazy.module(".shapes", __package__)
+studies = lazy.module(".experiments.studies", __package__)
+sweep = lazy.module(".sweep", __package__)
+transfer = lazy.module(".engine.transfer", __package__)
+outdir = lazy.module(".outdir", __package__)
+peer = lazy.module(".peer", __package__)
+nightly = lazy.module(".nightly", __package__)
+lab = lazy.module(".lab", __package__)
+cluster = lazy.module(".cluster.executor", __package__)
+node = lazy.module(".cluster.node", __package__)
+export = lazy.module(".exchange.export", __package__)
+importer = lazy.module(".exchange.importer", __package__)
+engine_server = lazy.module(".serving.engine_server", __package__)
+report_compare = lazy.module(".report.compare", __package__)
+report_gpus = lazy.module(".report.gpus", __package__)
+report_index = lazy.module(".report.index", __package__)
+report_notebook = lazy.module(".report.notebook", __package__)
+readme_tables = lazy.module(".docs.readme_tables", __package__)
 
 
 # ------------------------------------------------------------------------------------------ run
 def experiments_help() -> str:
-    from .experiments import EXPERIMENTS
-    from .params import RENAMED_EXPERIMENTS
-    w = max(map(len, EXPERIMENTS))
+    w = max(map(len, experiments.EXPERIMENTS))
     lines = ["experiments (labkit run NAME --help lists a NAME's parameters):", ""]
-    for e in EXPERIMENTS.values():
+    for e in experiments.EXPERIMENTS.values():
         once = [old for old, new in RENAMED_EXPERIMENTS.items() if new == e.name]
         lines.append(f"  {e.name:<{w}}  {e.question}")
         lines.append(f"  {'':<{w}}  needs: {e.needs}; notebook: notebooks/{e.notebook}"
@@ -52,7 +79,6 @@ SWITCH_TAIL = "; several values: one sweep each, in this run (empty: as the envi
 
 def _here() -> str:
     """This machine's device type as "auto" resolves it ("cuda" or "cpu")."""
-    from .params import resolve_device
     try:
         return resolve_device("auto").type
     except Exception:           # no torch, a broken driver: the CPU values are what a run would take
@@ -73,17 +99,14 @@ def _default_text(p, here: str) -> str:
 def params_help(name: str) -> str:
     """`labkit run NAME --help`: the parameters in three groups (what to measure, the strategies' own settings, the
     engine's switches), each with its type, its default (an "auto" says what it becomes on this machine) and help."""
-    from .engine.transfer import strategy_params
-    from .envs import in_force as switches_in_force, switch_params
-    from .experiments import get
-    e = get(name)
+    e = experiments.get(name)
     here = _here()
     lines = [f"labkit run {e.name} [-p NAME=VALUE ...] [--out DIR]", "", e.question, f"needs: {e.needs}",
              f"notebook: notebooks/{e.notebook} (the same parameters)",
              f"this machine: {'a CUDA GPU' if here == 'cuda' else 'no CUDA GPU (CPU)'}; an auto below says what it becomes here"]
     spec = [p for p in e.spec if p.name != "out_dir"]
-    settings, switches = {p.name for p in strategy_params()}, {p.name for p in switch_params()}
-    in_force = {k: str(v).lower() if isinstance(v, bool) else v for k, v in switches_in_force().items()}
+    settings, switches = {p.name for p in transfer.strategy_params()}, {p.name for p in envs.switch_params()}
+    in_force = {k: str(v).lower() if isinstance(v, bool) else v for k, v in envs.in_force().items()}
     groups = [("parameters (lists comma-separated; sizes as 8K, 1M)", [p for p in spec if p.name not in settings | switches]),
               ("strategy settings (each applies where its strategies run)", [p for p in spec if p.name in settings]),
               ("engine switches (empty: as the environment's LABKIT_* says; several values: one sweep each, in this "
@@ -106,66 +129,60 @@ def params_help(name: str) -> str:
 def cmd_run(a) -> int:
     """Exit 0 only when the run's status is `ok`; a run a signal stopped: the one stop message, exit 128 + the
     signal (130 for Ctrl-C); otherwise one line saying what it is and why, exit 1."""
-    from . import experiments
     if a.help or not a.experiment:
         print(params_help(a.experiment) if a.experiment else experiments_help())
         return 0
     given = kv_pairs(a.p)
     if a.cluster:                # on a node of the cluster; the folder comes back here (labkit/cluster)
-        from .cluster.executor import run_on_cluster
-        return run_on_cluster(a, given)
+        return cluster.run_on_cluster(a, given)
     if a.on:
         raise BadInput("--on picks a machine kind of a cluster: give --cluster ADDRESS too")
     made = None
     if a.out:
         given["out_dir"] = a.out
-        from .outdir import prepare_out_dir
         out = Path(a.out)
         made = next((p for p in [*reversed(out.absolute().parents), out.absolute()] if not p.exists()), None)
-        prepare_out_dir(out)            # one line now (not after the plan's checks) if it cannot be the run's
+        outdir.prepare_out_dir(out)            # one line now (not after the plan's checks) if it cannot be the run's
     try:
         plan = experiments.plan(a.experiment, given)      # parsed and checked once, here
         _say_if_long(a.experiment, plan)
-        from .execute import Terminated, error_line, run_notebook
-        from .results import effective_status, load_run, status_reason
+        # papermill and pandas load here, inside the try: a Ctrl-C while they load leaves no folder behind
+        execute.run_notebook, results.load_run      # noqa: B018
     except BaseException:               # bad input, or Ctrl-C before the run began
         if made is not None:            # nothing written: the folders just made go again
-            import shutil
             shutil.rmtree(made, ignore_errors=True)
         raise
     seen: list = []                         # the signals that stopped the run, as the driver received them
     a.began = True                          # from here a second Ctrl-C leaves a folder (said by `main`)
     try:
-        path, err = run_notebook(plan, signals=seen)
-    except Terminated as t:                 # settled and rendered; say so and stop
+        path, err = execute.run_notebook(plan, signals=seen)
+    except execute.Terminated as t:                 # settled and rendered; say so and stop
         path, err = t.path, None
     report = path / "report.html"
     try:
-        run = load_run(path)
-        status, why = effective_status(run.manifest), status_reason(run.manifest, run.metrics)
+        run = results.load_run(path)
+        status, why = results.effective_status(run.manifest), results.status_reason(run.manifest, run.metrics)
     except (OSError, ValueError) as ex:
         run, status, why = None, "failed", f"failed: no readable manifest ({type(ex).__name__})"
     _after_run(path)
-    from .report.notebook import ran_to_the_end
     if status == "interrupted" or seen:
-        return _stopped(a.experiment, path, run, seen, ran_to_the_end(path))
+        return _stopped(a.experiment, path, run, seen, report_notebook.ran_to_the_end(path))
     if status != "ok" or err is not None:
         if status == "ok":       # measured fine, then something after (e.g. the report) failed: a folder without
             # its report is not a whole run, and the manifest says so as the line does
-            why = f"partial: report not written: {error_line(err)}"
+            why = f"partial: report not written: {execute.error_line(err)}"
             try:
-                from .atomic import write_text_or_in_place
                 mf = {**run.manifest, "status": "partial", "error": why.removeprefix("partial: ")}
-                write_text_or_in_place(path / "manifest.json", json.dumps(mf, indent=1, default=str))
+                atomic.write_text_or_in_place(path / "manifest.json", json.dumps(mf, indent=1, default=str))
             except OSError:
                 pass             # the line below still says it; the index then shows the run as it was
-        elif err is not None and error_line(err) not in why:
-            why += f" ({error_line(err)})"
+        elif err is not None and execute.error_line(err) not in why:
+            why += f" ({execute.error_line(err)})"
         try:
             n_ok = int((run.metrics["status"] == "ok").sum())
         except Exception:
             n_ok = 0
-        if n_ok and not ran_to_the_end(path):      # stopped at the measuring cell: its figures not drawn
+        if n_ok and not report_notebook.ran_to_the_end(path):      # stopped at the measuring cell: its figures not drawn
             why += f"; `labkit report {path} --rerun` draws the {n_ok} point{'s' if n_ok != 1 else ''} measured"
         print(f"labkit: {a.experiment} run {why}", file=sys.stderr)
         if report.exists():
@@ -178,7 +195,6 @@ def cmd_run(a) -> int:
 def _say_if_long(experiment: str, plan) -> None:
     """Before a run the lab expects to take longer than ten minutes here: how long, and how to shrink it. An estimate
     that cannot be made is no reason to stop a run: nothing is said."""
-    from . import experiments, sweep
     try:
         est = experiments.estimate(plan)
     except Exception:
@@ -190,33 +206,30 @@ def _say_if_long(experiment: str, plan) -> None:
 def _stopped(experiment: str, path: Path, run, seen: list, drawn: bool) -> int:
     """A run a signal stopped: the one stop message (where it stopped, what it kept), the report's path, and the
     shell's exit status for that signal (130 for Ctrl-C)."""
-    from .stops import exit_code, measured_points, measured_words, stop_line, where_stopped
     mf = run.manifest if run is not None else {}
-    n = measured_points(run.metrics, experiment) if run is not None else 0
-    kept = measured_words(n, mf) + f", kept in {path}"
+    n = stops.measured_points(run.metrics, experiment) if run is not None else 0
+    kept = stops.measured_words(n, mf) + f", kept in {path}"
     if n and not drawn:
         kept += f"; `labkit report {path} --rerun` draws them"
     elif n:
         kept += " and drawn in its report"
     signum = seen[0] if seen else None
-    print(stop_line(f"{experiment} run", signum, where_stopped(mf), kept), file=sys.stderr)
+    print(stops.stop_line(f"{experiment} run", signum, stops.where_stopped(mf), kept), file=sys.stderr)
     if (path / "report.html").exists():
         print((path / "report.html").resolve())
-    return exit_code(signum)
+    return stops.exit_code(signum)
 
 
 def _after_run(path: Path) -> None:
     """Rebuild the run index page beside the new run."""
-    from .report.index import rebuild_index
     try:
-        rebuild_index(path.parent)
+        report_index.rebuild_index(path.parent)
     except Exception as ex:  # the run itself succeeded; say why the index did not update
         print(f"labkit: run index not rebuilt: {ex}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------ the rest
 def cmd_study(a) -> int:
-    from .experiments import studies
     if a.help or not a.study:
         print(studies.help_text(a.study))
         return 0
@@ -224,8 +237,7 @@ def cmd_study(a) -> int:
 
 
 def cmd_shapes(a) -> int:
-    from .shapes import PRESETS
-    rows = [s.summary() for s in PRESETS.values()]
+    rows = [s.summary() for s in shapes.PRESETS.values()]
     if a.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -236,45 +248,37 @@ def cmd_shapes(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from .report.notebook import executed_notebooks, render_report
-    from .results import load_run
     run_dir = run_folder(a.run_dir)
-    run = load_run(run_dir)
+    run = results.load_run(run_dir)
     out = Path(a.out) if a.out else (run_dir / "report-standalone.html" if a.standalone else None)
-    if a.rerun or not executed_notebooks(run_dir):
+    if a.rerun or not report_notebook.executed_notebooks(run_dir):
         # Re-execute the experiment's notebook against the folder's tables (run_dir=...), so the report
         # shows today's figures of the measured data; nothing is measured again.
-        from .execute import rerender_notebook
-        from .experiments import EXPERIMENTS
-        exp = EXPERIMENTS.get(run.manifest.get("experiment") or "")
+        exp = experiments.EXPERIMENTS.get(run.manifest.get("experiment") or "")
         if exp is None:
             raise BadInput(f"{run_dir}: no executed notebook and no known experiment to render it with")
         run.metrics                # a table that is not one: one line now, not the notebook's traceback
         try:
-            rerender_notebook(exp, run_dir)
+            execute.rerender_notebook(exp, run_dir)
         except Exception as ex:    # the notebook failed on this folder's data: one line, the folder as it was
-            from .execute import error_line
-            print(f"labkit: {run_dir}: figures not drawn ({error_line(ex)})", file=sys.stderr)
+            print(f"labkit: {run_dir}: figures not drawn ({execute.error_line(ex)})", file=sys.stderr)
             return 1
-    print(render_report(run_dir, out, standalone=a.standalone).resolve())
+    print(report_notebook.render_report(run_dir, out, standalone=a.standalone).resolve())
     _after_run(run_dir)       # the index links the new report (or tells how to draw one)
     return 0
 
 
 def cmd_predict(a) -> int:
     """Predicted step time and tok/s of a measured decode run on another GPU (a prediction, labelled)."""
-    from . import costmodel as C
-    from .results import load_run
-    from .shapes import shape_for_run
     if a.gpus < 1:
         raise BadInput(f"--gpus must be >= 1, got {a.gpus}")
     try:
-        target = C.gpu(a.gpu)
+        target = costmodel.gpu(a.gpu)
     except ValueError as ex:
         raise BadInput(str(ex)) from None
-    run = load_run(run_folder(a.run_dir))
+    run = results.load_run(run_folder(a.run_dir))
     m, mf = run.metrics, run.manifest
-    source = C.gpu_for_name(mf.get("gpu_name") or "")
+    source = costmodel.gpu_for_name(mf.get("gpu_name") or "")
     if not mf.get("gpu_name"):
         raise BadInput(f"{a.run_dir}: a CPU run; labkit predict scales a GPU run's step anatomy by GPU specs")
     if source is None:
@@ -282,7 +286,7 @@ def cmd_predict(a) -> int:
                        f"list; the model needs the source GPU's specs")
     if "anat_weights_ms" not in m:
         raise BadInput(f"{a.run_dir}: no step anatomy in this run (measured before anatomies existed, or anatomy=false)")
-    shape = shape_for_run(mf["parameters"]["shape"], mf.get("shape_rev"))
+    shape = shapes.shape_for_run(mf["parameters"]["shape"], mf.get("shape_rev"))
     host = (mf.get("host_memory_bandwidth") or {}).get("copy_all_gbps")      # CPU-staged gathers' bound (labkit.hostmem)
     if a.host_gbps is not None and (a.host_gbps <= 0 or not host):
         raise BadInput(f"--host-gbps must be > 0 and the run must record its host's RAM bandwidth "
@@ -294,13 +298,13 @@ def cmd_predict(a) -> int:
     if a.calibration:
         try:
             cal = Path(a.calibration)
-            how["calibration"] = (C.Calibration.from_metrics(load_run(cal).metrics, "target", str(cal))
-                                  if cal.is_dir() else C.Calibration.load(cal))
-            how["source_calibration"] = C.Calibration.from_metrics(m, mf.get("gpu_name") or "", str(a.run_dir))
+            how["calibration"] = (costmodel.Calibration.from_metrics(results.load_run(cal).metrics, "target", str(cal))
+                                  if cal.is_dir() else costmodel.Calibration.load(cal))
+            how["source_calibration"] = costmodel.Calibration.from_metrics(m, mf.get("gpu_name") or "", str(a.run_dir))
         except (ValueError, OSError) as ex:
             raise BadInput(f"--calibration: {ex}") from None
-    tab = C.predict_table(m, shape, source, target, a.gpus, host_gbps=host, **how)
-    err = C.validate(m, shape, source, host_gbps=host)
+    tab = costmodel.predict_table(m, shape, source, target, a.gpus, host_gbps=host, **how)
+    err = costmodel.validate(m, shape, source, host_gbps=host)
     if a.json:
         print(json.dumps({"prediction": tab.to_dict("records"), "validation_on_source": err.to_dict("records")}, indent=1,
                          default=str))
@@ -342,32 +346,29 @@ def cmd_runs(a) -> int:
     `labkit report` takes), experiment, status (stale when its process died here; a run committed from another
     machine whose manifest still says running reads as its points are), kind, machine (whole), link, sha, and the manifest's own name where
     it differs from the folder's (several runs may share a name; their folders never do)."""
-    from .results import list_runs
     root = Path(a.root)
     if not root.is_dir():
         raise BadInput(f"--root {a.root} is not a folder")
-    df = list_runs(root)
+    df = results.list_runs(root)
     if df.empty:
         print(f"no runs under {a.root}")
         return 0
     def text(v) -> str:
         return v if isinstance(v, str) else ""          # None / NaN from the table: empty
 
-    from .report.gpus import short_machine
-    from .report.index import machine_kind
     rows = []
     for r in df.to_dict("records"):
         where = Path(r["path"])
         # the GPUs the run used (count, a power cap) where the manifest recorded them, else its GPU's name
         host = text(r.get("host"))
-        machine = short_machine(r) or text(r.get("gpu_name")) or (host if host.upper().startswith("CPU") else f"CPU {host}")
+        machine = report_gpus.short_machine(r) or text(r.get("gpu_name")) or (host if host.upper().startswith("CPU") else f"CPU {host}")
         last = "" if where.name == text(r["run_id"]) else text(r["run_id"])
         if text(r.get("status")) == "unreadable":      # say why, whole, where a name would go
             machine, last = "", text(r.get("error"))
         rel = os.path.relpath(where, root)
         run = rel if _is_default_root(root) else str(where)       # as `labkit report` takes it from here
         sha = text(r.get("git_sha")).split()
-        rows.append([run, text(r["experiment"]), text(r["status"]), machine_kind(r) if machine else "",
+        rows.append([run, text(r["experiment"]), text(r["status"]), report_index.machine_kind(r) if machine else "",
                      machine.strip(), _link(r.get("pcie_gen"), r.get("pcie_width")), sha[0][:18] if sha else "", last])
     rows.sort(key=lambda row: row[3])        # grouped by machine kind (stable: newest first within a kind)
     rows.insert(0, ["RUN", "EXPERIMENT", "STATUS", "KIND", "MACHINE", "LINK", "SHA", "NAME"])
@@ -389,8 +390,7 @@ def run_folder(arg: str) -> Path:
     if (p / "manifest.json").is_file():
         return p
     if not p.is_absolute():
-        from .results import REPO
-        for root in (Path("results"), REPO / "results"):      # here, or the repository's (run from another folder)
+        for root in (Path("results"), results.REPO / "results"):      # here, or the repository's (run from another folder)
             if (root / p / "manifest.json").is_file():
                 return root / p
     if p.is_dir():
@@ -399,50 +399,41 @@ def run_folder(arg: str) -> Path:
 
 
 def cmd_docs(a) -> int:
-    from .docs import readme_tables
     return readme_tables.main(write_files=a.write)
 
 
 def cmd_compare(a) -> int:
-    from .report.compare import cmd_compare as run
     a.run_a, a.run_b = str(run_folder(a.run_a)), str(run_folder(a.run_b))
-    return run(a)
+    return report_compare.cmd_compare(a)
 
 
 def cmd_nightly(a) -> int:
     if a.cluster and not a.dry_run:      # each entry a job on the Ray cluster (labkit/cluster)
-        from .cluster.executor import cmd_nightly_cluster
-        return cmd_nightly_cluster(a)
+        return cluster.cmd_nightly_cluster(a)
     if a.on:
         raise BadInput("--on picks a machine kind of a cluster: give --cluster ADDRESS too")
-    from .nightly import cmd_nightly as run
-    return run(a)
+    return nightly.cmd_nightly(a)
 
 
 def cmd_node(a) -> int:
-    from .cluster.node import cmd_node as run
-    return run(a)
+    return node.cmd_node(a)
 
 
 def cmd_lab(a) -> int:
-    from .lab import cmd_lab as run
-    return run(a)
+    return lab.cmd_lab(a)
 
 
 def cmd_serve(a) -> int:
-    from .serving.engine_server import cmd_serve as run
-    return run(a)
+    return engine_server.cmd_serve(a)
 
 
 def cmd_export(a) -> int:
-    from .exchange.export import cmd_export as run
     a.runs = [str(run_folder(r)) for r in a.runs]
-    return run(a)
+    return export.cmd_export(a)
 
 
 def cmd_import(a) -> int:
-    from .exchange.importer import cmd_import as run
-    return run(a)
+    return importer.cmd_import(a)
 
 
 def _add_exchange(sub) -> None:
@@ -474,7 +465,6 @@ def _add_peer(sub) -> None:
 
 
 def cmd_peer(a) -> int:
-    from . import peer
     if a.what == "rebuild" and not a.raw_dir:
         raise BadInput("labkit peer rebuild needs RAW_DIR: the peer's benchmarks/2026-08-28/raw folder")
     return peer.cmd(a.what, a.raw_dir, a.file)
@@ -689,13 +679,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a = build_parser().parse_args(argv)
     except KeyboardInterrupt:      # before the command was known
-        import signal
-
-        from .stops import exit_code, stop_line
-        print(stop_line("labkit", signal.SIGINT, "before it began"), file=sys.stderr)
-        return exit_code(signal.SIGINT)
+        print(stops.stop_line("labkit", signal.SIGINT, "before it began"), file=sys.stderr)
+        return stops.exit_code(signal.SIGINT)
     try:
-        from . import envs
         envs.check_environment()       # a mistyped or malformed LABKIT_* is one line, not a silent default
         rc = a.fn(a)
         sys.stdout.flush()          # inside the try: a closed pipe is caught below, not at exit
@@ -704,18 +690,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"labkit: {ex}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:     # Ctrl-C outside a run's kernel (planning, reading, drawing): files are whole or absent
-        import signal
-
-        from .stops import exit_code, stop_line
         if a.cmd == "run" and getattr(a, "began", False):      # a second Ctrl-C, while the stopped run was drawn
-            line = stop_line(f"{a.experiment} run", signal.SIGINT, "twice", "what it measured is kept in its folder "
+            line = stops.stop_line(f"{a.experiment} run", signal.SIGINT, "twice", "what it measured is kept in its folder "
                              "(`labkit runs` lists it; `labkit report RUN --rerun` draws it)")
         elif a.cmd == "run" and a.experiment:
-            line = stop_line(f"{a.experiment} run", signal.SIGINT, "before it began", "nothing was written")
+            line = stops.stop_line(f"{a.experiment} run", signal.SIGINT, "before it began", "nothing was written")
         else:
-            line = stop_line(a.cmd, signal.SIGINT)
+            line = stops.stop_line(a.cmd, signal.SIGINT)
         print(line, file=sys.stderr)
-        return exit_code(signal.SIGINT)
+        return stops.exit_code(signal.SIGINT)
     except BrokenPipeError:
         # the reader went away (`labkit runs | head`): what it read is what it wanted. Point stdout at
         # /dev/null so the interpreter's final flush does not fail again on the closed pipe.
@@ -723,8 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except OSError as ex:        # a read-only or full file system, a folder we may not write: one line
-        from .atomic import describe_os_error
-        print(f"labkit: {describe_os_error(ex)}", file=sys.stderr)
+        print(f"labkit: {atomic.describe_os_error(ex)}", file=sys.stderr)
         return 2 if ex.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else 1
 
 

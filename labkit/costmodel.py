@@ -35,11 +35,16 @@ try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
+
+import json
+import re
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 
 import pandas as pd
 
+from .engine.transfer import STRATEGIES
 from .shapes import ModelShape
 
 PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attention", "experts", "hc", "ngram", "head",
@@ -57,13 +62,11 @@ MEMORY_RESERVE_GIB = 1.5     # CUDA context, workspaces, graphs
 
 def _on_device(strategy: str) -> bool:
     """KV in device memory (the baseline's gather reads and writes HBM), by the strategy's declared medium."""
-    from .engine.transfer import STRATEGIES
     return strategy in STRATEGIES and STRATEGIES[strategy].medium == "device"
 
 
 def _host_moved(strategy: str) -> bool:
     """Rows moved by host threads (or one host-issued copy each): time in proportion to the rows."""
-    from .engine.transfer import STRATEGIES
     return strategy in STRATEGIES and STRATEGIES[strategy].moved_by == "cpu"
 
 
@@ -138,7 +141,6 @@ def gpu_for_name(name: str | None) -> GPU | None:
 
 def gpu_kind(name: str) -> str:
     """A GPU's kind as one word: `NVIDIA GeForce RTX 3090` -> rtx3090 (its key here), else its name's words joined."""
-    import re
     g = gpu_for_name(name)
     if g is not None:
         return g.key
@@ -367,8 +369,6 @@ class Calibration:
 
     @classmethod
     def load(cls, path) -> "Calibration":
-        import json
-        from pathlib import Path
         d = json.loads(Path(path).read_text())
         missing = {"gpu_name", "hbm_read_gbps", "link_gbps"} - set(d)
         if missing:

@@ -17,11 +17,14 @@ naming the variable and what it takes (`check_environment`, called by the CLI be
 """
 from __future__ import annotations
 
+import difflib
 import importlib
+import itertools
 import os
+import sys
 from dataclasses import dataclass, field
 
-from .params import BadInput
+from .params import BadInput, Param
 
 _TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 
@@ -175,7 +178,6 @@ def check_environment() -> None:
         if not k.startswith("LABKIT_"):
             continue
         if k not in BY_NAME:
-            import difflib
             close = difflib.get_close_matches(k, BY_NAME, n=1)
             raise BadInput(f"unknown environment variable {k}" + (f"; did you mean {close[0]}?" if close else ""))
         BY_NAME[k].parse(raw)
@@ -189,7 +191,6 @@ def _owner(v: Var):
 def in_force() -> dict:
     """The engine switches as the engine holds them now (canonical values), for manifests and rows. A module
     not imported yet holds what the environment says."""
-    import sys
     out = {}
     for v in SWITCHES:
         mod = v.owner.split(":")[0]
@@ -235,7 +236,6 @@ def plumbing_in_force() -> dict:
 def switch_params() -> list:
     """The engine switches as sweep parameters (decode's `-p gemv=auto,off`): empty takes the value in force
     (the environment's, recorded in the manifest); several values measure each in one run."""
-    from .params import Param
     return [Param(v.param, "list[str]", [], f"engine switch ({v.name}): {v.effect}; several values: one sweep "
                   "each, in this run (empty: as the environment says)") for v in SWITCHES]
 
@@ -250,7 +250,6 @@ def check_switch_params(p: dict) -> dict:
 
 def variants(p: dict) -> list[dict]:
     """The combinations of the switch parameters given in `p` (`[{}]` when none is given)."""
-    import itertools
     given = [(v.param, p[v.param]) for v in SWITCHES if p.get(v.param)]
     return [dict(zip([k for k, _ in given], combo)) for combo in itertools.product(*[vals for _, vals in given])]
 

@@ -8,6 +8,8 @@ the notebook receives that frozen plan as one JSON parameter, `plan`, and runs i
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import json
 import os
 import signal
 import sys
@@ -15,19 +17,26 @@ import threading
 import time
 from pathlib import Path
 
-from . import envs
-from .atomic import check_writable, describe_os_error
+import nbformat
+import pandas as pd
+import papermill as pm
+import psutil
+from papermill.iorw import LocalHandler, papermill_io
+
+from . import envs, experiments
+from .atomic import check_writable, describe_os_error, write_bytes, write_text, write_text_or_in_place
 from .outdir import prepare_out_dir
 from .params import BadInput, Plan
-from .results import REPO, new_run_id
+from .report.notebook import render_report
+from .results import REPO, derive_status, git_sha, machine_info, new_run_id
+from .stops import measured_points
 
 NOTEBOOKS = REPO / "notebooks"
 
 
 def notebook_parameters(path: Path) -> set[str]:
     """The names a notebook's `parameters` cell sets (a plain notebook run by the nightly)."""
-    import papermill
-    return set(papermill.inspect_notebook(str(path)).keys())
+    return set(pm.inspect_notebook(str(path)).keys())
 
 # ipykernel logs "Kernel is running over TCP without encryption ..." at every start: a warning about the
 # kernel's 127.0.0.1 sockets that a user of `make sweep` cannot act on. The kernel's own log is kept to
@@ -42,7 +51,6 @@ class _WholeNotebookWrites:
     planted at its name, never left half-written by a full disk or a kill. Reads are papermill's own."""
 
     def __init__(self):
-        from papermill.iorw import LocalHandler
         self._local = LocalHandler()
 
     def read(self, path):
@@ -52,7 +60,6 @@ class _WholeNotebookWrites:
         return self._local.listdir(path)
 
     def write(self, buf, path):
-        from .atomic import write_text
         write_text(path, buf)
 
     def pretty_path(self, path):
@@ -67,7 +74,6 @@ def notebook_writes_whole() -> None:
     pass absolute output paths."""
     global _whole_writes_on
     if not _whole_writes_on:
-        from papermill.iorw import papermill_io
         papermill_io.register("/", _WholeNotebookWrites())     # checked before papermill's own "local"
         _whole_writes_on = True
 
@@ -77,10 +83,6 @@ def rerender_notebook(exp, run_dir: str | Path) -> Path:
     tables the run wrote, nothing measured again. The executed notebook replaces the folder's; the first
     execution's papermill record (parameters, times) is kept under `metadata.labkit.measured_by`. When the
     execution fails, the folder's notebook is the one it had before (or none), not the failed one."""
-    import nbformat
-    import papermill as pm
-
-    from .atomic import write_bytes, write_text
     run_dir = Path(run_dir).resolve()
     target = run_dir / exp.notebook
     measured, before = None, None
@@ -114,7 +116,6 @@ def signals_to_kernels(seen: list):
     process (a Jupyter kernel runs in a session of its own): pass it on to our kernels as SIGINT, so the experiment's own clean-up runs there (servers
     stopped, tables written) and the cell fails with KeyboardInterrupt; `seen` records the signal so the run
     ends `interrupted`. A second signal interrupts this process as usual."""
-    import psutil
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -195,17 +196,10 @@ def settle_status(out: Path, experiment: str, params: dict, error: BaseException
     how the kernel ended. A folder the notebook never got to make a manifest in (stopped while the kernel
     was starting) gets one with the machine it ran on and the wall time since `started` (the driver's start).
     `stopped_by`: the signal the driver received, recorded by name (`stopped_by`) for the stop's words."""
-    import datetime as dt
-    import json
-
-    import pandas as pd
-
-    from .results import derive_status
     mf_path = out / "manifest.json"
     try:
         mf = json.loads(mf_path.read_text())
     except (OSError, ValueError):
-        from .results import git_sha, machine_info
         t0 = dt.datetime.fromtimestamp(started, dt.timezone.utc) if started else dt.datetime.now(dt.timezone.utc)
         mf = {"run_id": out.name, "experiment": experiment, "created": t0.isoformat(timespec="seconds"),
               "git_sha": git_sha(), **machine_info(), "parameters": params, "status": "running"}
@@ -226,7 +220,6 @@ def settle_status(out: Path, experiment: str, params: dict, error: BaseException
     elif interrupted:
         mf["error"] = "interrupted by a signal"
     if interrupted and stopped_by is not None:
-        import signal
         mf["stopped_by"] = signal.Signals(int(stopped_by)).name
     if started:                          # from the driver's start: the kernel's start-up counts too
         mf["wall_s"] = round(time.time() - started, 1)
@@ -235,7 +228,6 @@ def settle_status(out: Path, experiment: str, params: dict, error: BaseException
             mf["wall_s"] = round((dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(mf["created"])).total_seconds(), 1)
         except ValueError:
             pass
-    from .atomic import write_text_or_in_place
     write_text_or_in_place(mf_path, json.dumps(mf, indent=1, default=str))   # whole; in place on a full disk
     return status
 
@@ -243,7 +235,6 @@ def settle_status(out: Path, experiment: str, params: dict, error: BaseException
 def drop_broken_notebook(path: Path) -> bool:
     """Remove an executed notebook that is not whole JSON (papermill's last write was cut off, e.g. by a
     full disk): a file is whole or absent, and removing it frees the space the status needs. True if removed."""
-    import json
     if not path.is_file():
         return False
     try:
@@ -261,10 +252,7 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     """Execute the plan's notebook into a run folder; returns (folder, error or None). The report is rendered
     even when the notebook failed part-way (what was measured is kept). `signals`: a list that receives the
     signals that interrupted the run (a caller that loops over runs stops on them)."""
-    import papermill as pm
-
-    from .experiments import get
-    exp = get(plan.experiment)
+    exp = experiments.get(plan.experiment)
     nb = NOTEBOOKS / exp.notebook
     if not nb.is_file():
         raise BadInput(f"notebook {nb} is missing")
@@ -296,7 +284,6 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     if error is not None and ending is None:
         _draw_what_was_measured(exp, out)
     try:
-        from .report.notebook import render_report
         render_report(out)
     except Exception as ex:
         error = error or ex
@@ -309,10 +296,6 @@ def _draw_what_was_measured(exp, out: Path) -> None:
     """A run stopped part-way (Ctrl-C, an error) with points measured: its notebook stopped at the measuring
     cell, so its figures were never drawn. Draw them from the folder's tables (`labkit report DIR --rerun`,
     nothing measured again); a second Ctrl-C skips this and keeps the notebook as it stopped."""
-    import shutil
-
-    import pandas as pd
-    from .stops import measured_points
     try:
         n_ok = measured_points(pd.read_parquet(out / "metrics.parquet"), exp.name)     # the sweep's points, not probe rows
     except Exception:
@@ -324,7 +307,6 @@ def _draw_what_was_measured(exp, out: Path) -> None:
     nb = out / exp.notebook
     keep = out / f".{exp.notebook}.as-stopped"
     if nb.is_file():
-        from .atomic import write_bytes
         write_bytes(keep, nb.read_bytes())
     try:
         rerender_notebook(exp, out)
@@ -338,5 +320,4 @@ def _draw_what_was_measured(exp, out: Path) -> None:
 
 def run_experiment(name: str, given: dict, out_dir: str | Path | None = None, **kw) -> tuple[Path, Exception | None]:
     """Plan experiment `name` from `given` (one BadInput line on bad input), then `run_notebook`."""
-    from .experiments import plan
-    return run_notebook(plan(name, given), out_dir, **kw)
+    return run_notebook(experiments.plan(name, given), out_dir, **kw)

@@ -15,20 +15,41 @@ is in the record) and can be opened with `labkit report`.
 """
 from __future__ import annotations
 
+import json
+import os
+import sys
 import tempfile
+import textwrap
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+try:
+    import tomllib
+except ModuleNotFoundError:     # Python 3.10
+    import tomli as tomllib
+
+import comm
+import IPython.display as ipd       # `ipd.display`, looked up when called: a test stands in its own
+import ipywidgets as W
+import nbformat
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
+from IPython import get_ipython
+from nbformat.sign import NotebookNotary
 
-from . import envs
-from .report.index import machine_label
+from . import envs, experiments, lazy
+from .params import BadInput, one_line
 from .report.figures import COLORS
+from .report.index import machine_label
+from .report.renderer import bundle
 from .report.units import tokens_label as ctx_label
 from .results import REPO, load_run, run_manifests
+from .telemetry import Sampler
+
+torch = lazy.module("torch")        # browsing runs on disk needs no torch; measuring a point loads it
 
 # figure widths (px): the first two side by side in a notebook about 1000 px wide; titles wrap to them
 CTX_W, POINT_W, BUDGET_W = 560, 440, 1000
@@ -93,7 +114,6 @@ def default_point(d: pd.DataFrame) -> tuple[int, int, int]:
 def wrap_title(text: str, width: int, note: str = "") -> str:
     """A plot title that fits a figure `width` px wide (plotly clips a long title at the right edge rather
     than wrapping it): broken into lines, with an optional `note` below it in a smaller font."""
-    import textwrap
     out = "<br>".join(textwrap.wrap(text, max(20, (width - 60) // 9)))
     if note:
         small = "<br>".join(textwrap.wrap(note, max(24, (width - 60) // 7)))
@@ -110,7 +130,6 @@ def tok_err(g: pd.DataFrame) -> dict:
 
 def cuda_note() -> str:
     """Empty when a CUDA GPU is here; otherwise why "measure now" is disabled and what to do instead."""
-    import torch
     if torch.cuda.is_available():
         return ""
     return (f"<b>measure now is disabled:</b> this machine has no CUDA GPU (torch {torch.__version__}, "
@@ -123,7 +142,6 @@ def measure_point(shape: str, strategy: str, context_len: int, budget: int, conc
     """One decode point measured by the sweep (the decode sweep on a one-point grid, no probe, no prefill) into a
     scratch run folder. Returns the sweep's metrics row (status `ok` or `failed` with its error) plus
     `run_dir`. Bad parameters raise `BadInput` before anything is allocated, as in a sweep."""
-    from . import experiments
     out = Path(scratch) if scratch else Path(tempfile.mkdtemp(prefix="labkit-live-"))
     run = experiments.measure("decode", dict(shape=shape, device=device, strategies=strategy, context_lens=str(int(context_len)),
                          budgets=str(int(budget)), concurrency=str(int(concurrency)), repeats=int(repeats),
@@ -139,15 +157,9 @@ def save_first_view(notebook: str | Path = REPO / "notebooks" / "explore.ipynb",
     The outputs are figures in plotly's mimetype (drawn by JupyterLab's plotly extension, no kernel needed).
     `run`: the run shown; default the README's decode table (docs/runs.toml's `decode_now`), every context
     and strategy of one committed run."""
-    import nbformat
-    from nbformat.sign import NotebookNotary
     nb = nbformat.read(notebook, as_version=4)
     cell = next(c for c in nb.cells if c.cell_type == "code" and "Explorer(" in c.source)
     if not run:
-        try:
-            import tomllib
-        except ModuleNotFoundError:     # Python 3.10
-            import tomli as tomllib
         run = Path(tomllib.loads((REPO / "docs" / "runs.toml").read_text())["runs"]["decode_now"]).name
     ex = Explorer(root, run)
     cell.outputs = ex.first_view_outputs()
@@ -161,10 +173,7 @@ def headless_kernel() -> bool:
     """Is this a Jupyter kernel that no widget-drawing front end serves (papermill, nbconvert, nbclient)? Jupyter
     Server gives the kernels it starts (JupyterLab, Notebook 7, Voila, `labkit lab`) JPY_SESSION_NAME; VS Code and
     Colab are known by their own marks. Outside a kernel (a script, the tests) nothing records widget state: False."""
-    import os
-    import sys
     try:
-        from IPython import get_ipython
         shell = get_ipython()
     except Exception:
         return False
@@ -179,7 +188,6 @@ def headless_kernel() -> bool:
 def no_frontend():
     """Widgets made inside talk to nobody: their comms are `comm`'s DummyComm, so a headless run's notebook records
     no widget state (plotly's FigureWidget state carries its whole JavaScript: 39 MB for the explorer)."""
-    import comm
     made = comm.create_comm
     comm.create_comm = lambda *a, **kw: comm.DummyComm(*a, **kw)
     try:
@@ -203,8 +211,6 @@ class Explorer:
                 self._build(root, run)
 
     def _build(self, root: str | Path, run: str) -> None:
-        import ipywidgets as W
-        import plotly.graph_objects as go
         self.root = results_root(root)
         self.runs = decode_runs(self.root)
         first = next((k for k in self.runs if k.split(" · ")[0].split("/")[-1] == run), next(iter(self.runs), None))
@@ -343,52 +349,42 @@ class Explorer:
         """Re-create FigureWidgets from their current content just before they are displayed. plotly's
         widget sends trace changes as deltas that only a rendered view applies; a widget filled before its
         first display would show empty axes. Built from a figure, the traces are in its initial state."""
-        import plotly.graph_objects as go
         for n in names:
             setattr(self, n, go.FigureWidget(getattr(self, n)))
 
     def show(self) -> None:
-        import ipywidgets as W
-        from IPython.display import display
         if not self.interactive:        # headless: the controls said in words, the figures as the lab's renderer draws them
             self._show_static()
             return
         self._fresh_widgets("fig_ctx", "fig_point", "fig_budget")
         if not self.runs:
-            display(W.HTML(f"<b>No decode runs under {self.root}.</b> Make one with <code>make sweep</code>, "
+            ipd.display(W.HTML(f"<b>No decode runs under {self.root}.</b> Make one with <code>make sweep</code>, "
                            "or point <code>results_root</code> (or $LABKIT_RESULTS) at a folder of runs."))
         controls = W.VBox([self.w_run, W.HBox([self.w_shape, self.w_strat]), self.w_ctx, self.w_budget, self.w_conc])
-        display(controls, W.HBox([self.fig_ctx, self.fig_point]), self.fig_budget, self.readout)
+        ipd.display(controls, W.HBox([self.fig_ctx, self.fig_point]), self.fig_budget, self.readout)
 
     def _show_static(self) -> None:
         """The view a headless run keeps: what the controls would select, in words, then the three figures as the
         lab's renderer emits them (plotly's JSON for JupyterLab, a div for an HTML page with plotly.js)."""
-        import plotly.graph_objects as go
-        from IPython.display import display
 
-        from .report.renderer import bundle
         if not self.runs:
-            display({"text/markdown": f"**No decode runs under `{self.root}`.** Make one with `make sweep`, or point "
+            ipd.display({"text/markdown": f"**No decode runs under `{self.root}`.** Make one with `make sweep`, or point "
                                       "`results_root` (or $LABKIT_RESULTS) at a folder of runs.",
                      "text/plain": f"No decode runs under {self.root}."}, raw=True)
             return
         run = (self.w_run.value or "").split(" · ")[0]
-        display({"text/markdown": f"*The run `{run}` as the explorer opens on it. No front end draws widgets here "
+        ipd.display({"text/markdown": f"*The run `{run}` as the explorer opens on it. No front end draws widgets here "
                                   "(a headless run): the controls appear when the notebook runs in JupyterLab "
                                   "(`make lab`).*",
                  "text/plain": f"The run {run}; no widgets in a headless run: open the notebook in JupyterLab (make lab)."},
                 raw=True)
         for fig in (self.fig_ctx, self.fig_point, self.fig_budget):
-            display(bundle(go.Figure(fig)), raw=True)
+            ipd.display(bundle(go.Figure(fig)), raw=True)
 
     def first_view_outputs(self) -> list[dict]:
         """The first view as static notebook outputs: a line naming the run, then the three figures in
         plotly's own mimetype, which JupyterLab draws when the notebook opens, before any cell has run
         (`save_first_view` stores them in explore.ipynb; running the cell replaces them with live controls)."""
-        import json
-
-        import nbformat
-        import plotly.graph_objects as go
         run = (self.w_run.value or "").split(" · ")[0]
         out = [nbformat.v4.new_output("display_data", data={
             "text/markdown": f"*A saved first view of the run `{run}`. Run the notebook (Run → Run All Cells) "
@@ -404,8 +400,6 @@ class Explorer:
     # ------------------------------------------------------------------ measure now
 
     def _build_measure(self) -> None:
-        import ipywidgets as W
-        import plotly.graph_objects as go
         note = cuda_note()
         self.device = "cuda"
         self.w_repeats = W.IntSlider(value=5, min=1, max=20, description="repeats")
@@ -424,8 +418,6 @@ class Explorer:
 
     def _watch_pcie(self, stop: threading.Event, t0: float) -> None:
         """Plot the GPU's PCIe receive rate while the point runs (a second NVML sampler; the sweep keeps its own)."""
-        from .telemetry import Sampler
-        import torch
         dev = torch.device(self.device)
         with Sampler(gpus=[dev.index or 0] if dev.type == "cuda" else []) as tel:
             while not stop.wait(0.5):
@@ -440,7 +432,6 @@ class Explorer:
 
     def measure_selected(self, device: str | None = None) -> dict:
         """Measure the selection (first selected strategy) with the sweep; shows it beside the stored bars."""
-        from .params import BadInput
         device = device or self.device
         strat = (list(self.w_strat.value) or ["zero_copy"])[0]
         args = dict(shape=self.w_shape.value or "auto", strategy=strat, context_len=self.w_ctx.value,
@@ -474,20 +465,18 @@ class Explorer:
             self.measure_selected()
         except Exception as ex:      # OOM or anything else: say so, keep the notebook alive
             self.bar.description = "failed"
-            self.status.value = f"<b>measure now failed:</b> {type(ex).__name__}: {ex}"
+            self.status.value = f"<b>measure now failed:</b> {one_line(ex)}"
         finally:
             self.measure.disabled = bool(cuda_note())
 
     def show_measure(self) -> None:
-        import ipywidgets as W
-        from IPython.display import display
         if not self.interactive:
-            display({"text/markdown": "*Measure now is a button: it appears when the notebook runs in JupyterLab.*",
+            ipd.display({"text/markdown": "*Measure now is a button: it appears when the notebook runs in JupyterLab.*",
                      "text/plain": "Measure now needs JupyterLab."}, raw=True)
             return
         self._fresh_widgets("fig_pcie")
         if cuda_note():          # no GPU: no live PCIe plot to draw (it would stay empty axes); the note says why
-            display(W.HBox([self.measure, self.w_repeats, self.w_steps]), self.why)
+            ipd.display(W.HBox([self.measure, self.w_repeats, self.w_steps]), self.why)
             return
-        display(W.HBox([self.measure, self.w_repeats, self.w_steps]), self.why, W.HBox([self.bar, self.status]),
+        ipd.display(W.HBox([self.measure, self.w_repeats, self.w_steps]), self.why, W.HBox([self.bar, self.status]),
                 self.fig_pcie, self.live)

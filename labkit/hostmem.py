@@ -27,7 +27,14 @@ import statistics
 import time
 from pathlib import Path
 
-from . import envs
+import psutil
+
+from . import envs, lazy
+from .atomic import write_text
+from .params import one_line, parse_size
+from .telemetry import cpu_model
+
+torch = lazy.module("torch")        # every run's manifest reads the kept figure; only measuring needs torch
 
 KERNELS = ("read", "write", "copy", "triad")
 WORDS = {"read": 1, "write": 1, "copy": 2, "triad": 3}      # arrays' bytes each kernel moves, as STREAM counts
@@ -42,8 +49,6 @@ def cache_path() -> Path:
 
 def host_key() -> str:
     """What makes two measurements the same machine's: host name, CPU model, cores, RAM."""
-    import psutil
-    from .telemetry import cpu_model
     ident = [socket.gethostname(), cpu_model() or "", os.cpu_count() or 0, psutil.virtual_memory().total]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
@@ -53,8 +58,7 @@ def last_level_cache_bytes() -> int | None:
     best = None
     for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         try:
-            text = f.read_text().strip().upper()
-            n = int(text.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+            n = parse_size(f.read_text())          # "32K", "36608K": binary units, as sizes are given here
         except (OSError, ValueError):
             continue
         best = max(best or 0, n)
@@ -63,14 +67,12 @@ def last_level_cache_bytes() -> int | None:
 
 def array_mib(wanted: int, cap: int | None = None) -> int:
     """`wanted` MiB per array, at least twice the last-level cache (up to `cap`), at most an eighth of the free RAM."""
-    import psutil
     llc = last_level_cache_bytes() or 0
     mib = min(max(wanted, 2 * llc >> 20), cap or 1 << 30)
     return int(max(16, min(mib, psutil.virtual_memory().available // 8 >> 20)))
 
 
 def _kernels(n: int):
-    import torch
     a, b, c = (torch.ones(n, dtype=torch.float32) for _ in range(3))
     return {"read": lambda: a.sum(), "write": lambda: a.fill_(2.0), "copy": lambda: b.copy_(a),
             "triad": lambda: torch.add(b, c, alpha=3.0, out=a)}
@@ -79,7 +81,6 @@ def _kernels(n: int):
 def measure(array_mib_wanted: int = FULL_MIB, repeats: int = FULL_REPEATS, threads: list[int] | None = None,
             cap_mib: int | None = None) -> dict:
     """Best and median GB/s of each kernel at each thread count (1 and all cores by default)."""
-    import torch
     mib = array_mib(array_mib_wanted, cap_mib)
     n = (mib << 20) // 4
     all_cores = os.cpu_count() or 1
@@ -130,7 +131,6 @@ def cached() -> dict | None:
 
 def keep(rec: dict, how: str) -> dict:
     """Stamp and keep a measurement as this host's (whole or absent on disk); returns the stamped record."""
-    from .atomic import write_text
     rec = _stamp({k: v for k, v in rec.items() if not k.startswith("_")}, how)
     path = cache_path()
     try:
@@ -150,7 +150,7 @@ def for_manifest() -> dict:
         return keep(measure(QUICK_MIB, QUICK_REPEATS, cap_mib=QUICK_MIB), "quick: measured at the first run on this host "
                     "(labkit run probe measures it in full)")
     except Exception as ex:           # never a reason for a run not to start
-        return {"how": f"not measured: {type(ex).__name__}: {ex}"}
+        return {"how": f"not measured: {one_line(ex)}"}
 
 
 def line(rec: dict) -> str:

@@ -19,11 +19,18 @@ import json
 import os
 import secrets
 import socket
+import subprocess
 import sys
 import warnings
 from pathlib import Path
 
+import nbformat
+from jupyter_core.paths import jupyter_data_dir, jupyter_runtime_dir
+from jupyterlab.commands import get_app_dir
+from nbformat.sign import NotebookNotary
+
 from . import envs
+from .params import BadInput
 from .results import REPO
 
 
@@ -55,8 +62,6 @@ def app_settings_dir() -> Path:
     """A JupyterLab app-settings folder holding labkit's overrides.json, merged over any overrides.json in
     the installed JupyterLab's own app-settings folder (so a site's own defaults still apply), beside a copy
     of that folder's page_config.json if it has one (JupyterLab reads both from the one folder)."""
-    from jupyter_core.paths import jupyter_data_dir
-    from jupyterlab.commands import get_app_dir
     out = Path(jupyter_data_dir()) / "labkit" / "lab-settings"
     out.mkdir(parents=True, exist_ok=True)
     merged: dict = {}
@@ -79,7 +84,6 @@ def app_settings_dir() -> Path:
 def shipped_notebooks() -> set[str]:
     """The names of the notebooks labkit ships: those git tracks in notebooks/ (a notebook a user added there
     is not one), or every notebook there when this copy of labkit is not a git checkout."""
-    import subprocess
     folder = REPO / "notebooks"
     try:
         out = subprocess.run(["git", "-C", str(REPO), "ls-files", "--", "notebooks/*.ipynb"], capture_output=True,
@@ -93,8 +97,6 @@ def trust_shipped_notebooks(root: Path) -> list[str]:
     """Sign the notebooks under `root` that are labkit's own (in the repository's notebooks/, or a copy of
     one elsewhere), so JupyterLab opens them trusted instead of logging "Notebook … is not trusted" and
     hiding their rich outputs. Other notebooks are left as they are. Returns the names signed."""
-    import nbformat
-    from nbformat.sign import NotebookNotary
     shipped, folder = shipped_notebooks(), REPO / "notebooks"
     ours = root.resolve() == folder.resolve()
     notary, signed = NotebookNotary(), []
@@ -146,12 +148,10 @@ def token_file(token: str, runtime_dir: Path | None = None) -> Path:
     """Write the token to a new 0600 file in Jupyter's runtime folder (made 0700; it already holds the
     kernels' connection secrets), named after this process, which becomes the server. Files left by
     servers that are gone are removed first."""
-    from jupyter_core.paths import jupyter_runtime_dir
     folder = Path(runtime_dir or jupyter_runtime_dir())
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = folder.stat()
     if st.st_uid != os.geteuid():
-        from .params import BadInput
         raise BadInput(f"Jupyter's runtime folder {folder} belongs to another user; set JUPYTER_RUNTIME_DIR")
     if st.st_mode & 0o077:
         os.chmod(folder, 0o700)
@@ -204,7 +204,6 @@ def banner(port: int, token: str, open_notebook: str = "explore.ipynb", root_dir
 def cmd_lab(a) -> int:
     root = Path(a.dir or REPO / "notebooks").resolve()
     if not root.is_dir():
-        from .params import BadInput
         raise BadInput(f"{root} is not a folder of notebooks")
     port = a.port if a.port_exact else pick_port(a.port)
     token = a.token or envs.get("LABKIT_LAB_TOKEN") or os.environ.get("JUPYTER_TOKEN") or secrets.token_hex(24)

@@ -47,7 +47,9 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -59,10 +61,20 @@ try:
 except ModuleNotFoundError:     # Python 3.10
     import tomli as tomllib
 
+import papermill as pm
+import psutil
+
 from . import envs
-from .atomic import open_append, write_text
-from .params import BadInput, Param, check_table
+from .atomic import check_writable, open_append, write_text, write_text_or_in_place
+from .execute import (KERNEL_ARGS, NOTEBOOKS, Terminated, notebook_parameters, notebook_writes_whole, run_notebook,
+                      signals_to_kernels)
+from .experiments import EXPERIMENTS, get, plan as plan_experiment
+from .outdir import foreign_folder_problem, make_own_folder
+from .params import BadInput, Missing, Param, check_table, one_line
+from .report.index import rebuild_index
+from .report.notebook import render_report
 from .results import REPO
+from .stops import exit_code, stop_line
 
 DEFAULT_PLAN = REPO / "nightly" / "plan.toml"
 # A plan entry's keys, declared as an experiment's parameters are (types as TOML gives them, bounds checked
@@ -103,7 +115,7 @@ class Entry:
 
 def _has_cuda() -> bool:
     try:
-        import torch
+        import torch        # loaded only to ask for a GPU; a missing or broken torch reads as none
         return torch.cuda.is_available()
     except Exception:
         return False
@@ -141,8 +153,6 @@ def _read_plan(path: Path, only: list[str] | None) -> list:
 
 def _notebook_owners() -> dict:
     """A notebook that belongs to one experiment only is that experiment (shared ones need `experiment`)."""
-    from .execute import NOTEBOOKS
-    from .experiments import EXPERIMENTS
     users: dict = {}
     for name, ex in EXPERIMENTS.items():
         users.setdefault((NOTEBOOKS / ex.notebook).resolve(), []).append(name)
@@ -174,8 +184,6 @@ def _check_entry(e, i: int, path: Path, seen: set) -> tuple[str, str]:
 
 def _entry_notebook(e: dict, where: str, path: Path, by_notebook: dict) -> tuple[Path, str | None]:
     """The notebook an entry runs and the experiment it is (None: a plain notebook)."""
-    from .execute import NOTEBOOKS
-    from .experiments import EXPERIMENTS, get
     if "experiment" in e:
         try:
             exp = get(e["experiment"]).name           # the registry's own line for an unknown name
@@ -193,8 +201,6 @@ def _entry_notebook(e: dict, where: str, path: Path, by_notebook: dict) -> tuple
 def _check_parameter_names(e: dict, where: str, nb: Path, exp: str | None) -> None:
     """The names in every parameter table, used on this machine or not: none the runner sets, each one the
     experiment's SPEC (or the plain notebook's `parameters` cell) has."""
-    from .execute import notebook_parameters
-    from .experiments import EXPERIMENTS
     for key in ("parameters", "cpu", "cuda"):
         names = set(e.get(key, {}) or {})
         reserved = sorted(names & RESERVED)
@@ -222,8 +228,6 @@ def load_plan(path: str | Path, cuda: bool | None = None, only: list[str] | None
     """Parse and check a plan; raises BadInput (one line) on the first problem. Nothing runs or is written.
     With `only`, just those entries are returned and planned (the others' keys and names are still checked);
     an entry whose needs this machine lacks comes back with `skip` saying why instead of refusing the plan."""
-    from .experiments import plan as plan_experiment
-    from .params import Missing
     path = Path(path)
     raw_entries = _read_plan(path, only)
     cuda = _has_cuda() if cuda is None else cuda
@@ -278,7 +282,6 @@ class _Tee:
 
 
 def _write_json(path: Path, obj) -> None:
-    from .atomic import write_text_or_in_place
     write_text_or_in_place(path, json.dumps(obj, indent=1, default=str))     # whole; in place on a full disk
 
 
@@ -319,7 +322,6 @@ class _Lock:
 
     @staticmethod
     def _holder_alive(info: dict) -> tuple[bool, str]:
-        import psutil
         pid = int(info.get("pid") or 0)
         if pid <= 0:
             return False, "the lock names no process"
@@ -344,7 +346,6 @@ class _Lock:
             return {"pid": int(text)} if text.isdigit() else {}
 
     def __enter__(self):
-        import psutil
         try:
             # 0644: anyone may see who holds the night (no secret in it), only we write it; not executable
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o644)
@@ -371,8 +372,6 @@ class _Lock:
 def _run_plain_notebook(entry: Entry, out: Path, log, seen: list) -> Exception | None:
     """A notebook that is not a registered experiment: papermill into `out`, then the report. A signal is
     passed on to its kernel (as for experiments) and recorded in `seen`."""
-    import papermill as pm
-    from .execute import KERNEL_ARGS, notebook_parameters, notebook_writes_whole, signals_to_kernels
     params = dict(entry.parameters)
     if "out_dir" in notebook_parameters(entry.notebook):
         params["out_dir"] = str(out.resolve())
@@ -388,7 +387,6 @@ def _run_plain_notebook(entry: Entry, out: Path, log, seen: list) -> Exception |
     except Exception as ex:
         err = ex
     try:
-        from .report.notebook import render_report
         render_report(out)
     except Exception as ex:
         err = err or ex
@@ -397,8 +395,6 @@ def _run_plain_notebook(entry: Entry, out: Path, log, seen: list) -> Exception |
 
 def _run_tests(entry: Entry, out: Path, logf) -> Exception | None:
     """pytest with the entry's arguments in its own process; its output is the entry's log and tests.txt."""
-    import shlex
-    import subprocess
     cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *shlex.split(entry.tests)]
     try:
         p = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -457,8 +453,6 @@ class _StopOnSignals:
 def run_entry(entry: Entry, out: Path) -> tuple[str, float, Exception | None, int | None]:
     """Run one entry into `out` (its own kernel). Returns (status, wall seconds, error, the signal that
     stopped it or None)."""
-    from .execute import Terminated, run_notebook
-    from .outdir import make_own_folder
     make_own_folder(out, "entry folder")
     t0 = time.time()
     err: Exception | None = None
@@ -514,8 +508,7 @@ def _one_line(err: Exception) -> str:
     if getattr(err, "ename", None):           # PapermillExecutionError: the notebook's own exception
         evalue = str(getattr(err, "evalue", "")).strip().splitlines()
         return f"{err.ename}: {evalue[0] if evalue else ''} (cell {getattr(err, 'exec_count', '?')})"[:400]
-    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-    return f"{type(err).__name__}: {lines[0].strip() if lines else ''}"[:400]
+    return one_line(err)[:400]
 
 
 LOG_NAME = "nightly.log"
@@ -552,8 +545,6 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
         raise BadInput(f"--date {date!r}: expected YYYY-MM-DD")
     root = Path(root)
     night = root / f"nightly-{date}"
-    from .atomic import check_writable
-    from .outdir import foreign_folder_problem, make_own_folder
     # the night's folder must be ours alone, and the root must not let another user replace it (the root may
     # be shared with the sticky bit, as /tmp is): one line, before the plan is even read
     why = foreign_folder_problem(night)
@@ -600,7 +591,6 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
             echo(f"nightly {date}: finished, {done} of {len(record['entries'])} entries done"
                  + (f", {skipped} skipped (needs missing on this machine)" if skipped else ""))
     try:
-        from .report.index import rebuild_index
         rebuild_index(root)
     except Exception as ex:
         echo(f"labkit: run index not rebuilt: {ex}")
@@ -652,7 +642,6 @@ def _run_entries(entries, night: Path, root: Path, record: dict, by_name: dict, 
         if signum is not None:
             return signum, entry.name
         try:
-            from .report.index import rebuild_index
             rebuild_index(root)
         except Exception as ex:
             echo(f"labkit: run index not rebuilt: {ex}")
@@ -674,7 +663,6 @@ def cmd_nightly(a) -> int:
     bad = [e for e in rec.get("entries", []) if e.get("status") not in DONE + ("skipped",)]
     night = Path(a.root) / f"nightly-{rec['date']}"
     if rec.get("stopped"):
-        from .stops import exit_code, stop_line
         st = rec["stopped"]
         signum = int(signal.Signals[st["signal"]])
         print(stop_line(f"nightly {rec['date']}", signum, f"during {st['entry']}" if st.get("entry") else "",

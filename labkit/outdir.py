@@ -10,9 +10,11 @@ group/other-writable without the sticky bit that `/tmp` has). Folders labkit mak
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 from pathlib import Path
 
+from .atomic import check_writable
 from .params import BadInput
 
 FOLDER_MODE = 0o755
@@ -20,9 +22,8 @@ FOLDER_MODE = 0o755
 
 def _owner(uid: int) -> str:
     try:
-        import pwd
         return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except (KeyError, ImportError):
+    except KeyError:         # a uid with no name here
         return f"uid {uid}"
 
 
@@ -88,7 +89,6 @@ def prepare_out_dir(out: Path, others_ok: bool = False) -> Path:
     user owns or may write, a folder that already holds a run, or holds other files (a run would be mixed
     into them; `others_ok` for a caller that put them there, as the nightly runner puts its log), or cannot
     be written."""
-    from .atomic import check_writable
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out}: a file, not a folder")
     make_own_folder(out, "--out")

@@ -7,9 +7,10 @@ inside `resolve_device`).
 """
 from __future__ import annotations
 
+import difflib
 import json
-from dataclasses import dataclass
-from types import MappingProxyType
+from dataclasses import dataclass, replace
+from types import MappingProxyType, SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ class Param:
 
     def but(self, **changes) -> "Param":
         """This parameter with some fields changed (another help text, default or bound)."""
-        from dataclasses import replace
         return replace(self, **changes)
 
     def problem(self, value: Any) -> str | None:
@@ -262,7 +262,6 @@ def resolve(spec: list[Param], given: dict, experiment: str) -> dict:
     names = {p.name: p for p in spec}
     unknown = sorted(set(given) - set(names))
     if unknown:
-        import difflib
         close = {u: difflib.get_close_matches(u, names, n=1, cutoff=0.6) for u in unknown}
         hints = [f"{u} (did you mean {c[0]}?)" if c else u for u, c in close.items()]
         raise BadInput(f"{experiment}: unknown parameter(s) {', '.join(hints)}; `labkit run {experiment} --help` "
@@ -273,7 +272,7 @@ def resolve(spec: list[Param], given: dict, experiment: str) -> dict:
 
 
 def resolve_device(device: str) -> "torch.device":
-    import torch
+    import torch        # here only: every command line parses through this module, and most never need torch
     if device in ("", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -301,7 +300,10 @@ def check_positive(name: str, values: list[int]) -> None:
 
 
 def one_line(ex: BaseException) -> str:
-    msg = str(ex).strip().splitlines()[0] if str(ex).strip() else ""
+    """An exception as one line, `Type: the first line of its message` (500 characters at most): the one form a
+    failed row, a manifest, a record or a printed line gives an error in (`execute.error_line` reads papermill's
+    errors, which carry the notebook's own exception, into the same form)."""
+    msg = str(ex).strip().splitlines()[0] if str(ex).strip() else "no message"
     return f"{type(ex).__name__}: {msg}"[:500]
 
 
@@ -320,7 +322,6 @@ def kv_pairs(pairs: list[str] | None) -> dict:
 def keywords(given: dict, defaults: dict, required: tuple = (), where: str = ""):
     """A study's keyword arguments against its declared `defaults` (names `required` must be given): the
     values as attributes, or one BadInput line naming what is unknown or missing."""
-    from types import SimpleNamespace
     unknown = sorted(set(given) - set(defaults))
     missing = [k for k in required if given.get(k) in (None, "")]
     if unknown or missing:

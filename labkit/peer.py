@@ -23,6 +23,7 @@ the per-request values every point comes from, so each figure can be re-checked 
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import sys
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .atomic import write_text_or_in_place
 from .params import BadInput
 
 PEER_FILE = "data/peer/qwen38-flash-next-4x3090-2026-08-28.json"
@@ -202,7 +204,6 @@ def _dump(doc: dict) -> str:
 def rebuild(raw_dir: str | Path, path: str | Path) -> Path:
     """Re-derive the points and raw values of the file at `path` from the peer's raw folder; its header
     (source, licence, setup, published figures) is kept as written."""
-    from .atomic import write_text_or_in_place
     path = Path(path)
     doc = json.loads(path.read_text())
     doc.update(derive(raw_dir, kv_dtype=doc["setup"]["kv_dtype"]))
@@ -289,6 +290,5 @@ def cmd(what: str = "show", raw_dir: str | None = None, file: str | None = None)
             print(headline().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         sys.stdout.flush()      # inside the try: a closed pipe is caught below
     except BrokenPipeError:     # `show | head`: the reader took what it wanted
-        import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -44,6 +44,8 @@ class Ticking:
 
 
 def progress(total: int, desc: str, disable: bool = False) -> Ticking:
+    # tqdm (and its notebook front end) loads with the first bar: every experiment's SPEC imports this module
+    # through the sweep, and the command line reads the SPECs
     try:
         from tqdm.auto import tqdm
     except Exception:  # pragma: no cover

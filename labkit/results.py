@@ -15,6 +15,7 @@ A run folder `results/<run-id>/` holds (the contract reports, tests and the inde
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
@@ -23,13 +24,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fastjsonschema
 import pandas as pd
+import psutil
 
-from . import envs
-from . import __version__
+from . import __version__, envs, lazy
 from .atomic import open_replacing, replacing, write_text, write_text_or_in_place
-from .params import RENAMED_EXPERIMENTS, BadInput, experiment_name
-from .telemetry import Sampler, describe_gpus, machine_load, observed
+from .hostmem import for_manifest
+from .outdir import make_own_folder
+from .params import RENAMED_EXPERIMENTS, BadInput, experiment_name, one_line
+from .telemetry import Sampler, cpu_model, describe_gpus, host_memory, link_info, machine_load, observed
+
+torch = lazy.module("torch")        # listing and reading runs (`labkit runs`, the reports) never needs it
 
 # rows and manifests written since the reference shape followed the public config carry shape_rev 2; a run
 # without it that names "qwen3.8-flash-next" was made with the stand-in (`shapes.shape_for_run`)
@@ -62,7 +68,6 @@ def run_gpus(params: dict) -> list[int]:
     """The CUDA indices of the GPUs a run's parameters name: `device_list`, else every `cuda[:N]` in `device`
     or `devices` (comma-separated; `auto`/`cuda` is GPU 0, `auto` for `devices` every GPU), else GPU 0 where
     there is one. Empty on a machine without CUDA or for a CPU run."""
-    import torch
     if not torch.cuda.is_available():
         return []
     names = params.get("device_list")
@@ -85,21 +90,18 @@ def run_gpus(params: dict) -> list[int]:
 
 def machine_info() -> dict:
     """What the machine was: host, CPU, GPU, driver, CUDA, torch, PCIe link (read now)."""
-    import torch
-    from .telemetry import cpu_model, host_memory, link_info
     info = {"host": socket.gethostname(), "platform": platform.platform(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__,
             "cuda": torch.version.cuda if torch.cuda.is_available() else None,
             "gpu_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "driver": None, "pcie_gen": None, "pcie_width": None}
     try:
-        import triton
+        import triton  # a broken or absent Triton is recorded as none, not a failed run
         info["triton"] = triton.__version__
     except Exception:
         info["triton"] = None
     info.update(host_memory())
-    from .hostmem import for_manifest           # this host's RAM bandwidth: kept once per host (labkit.hostmem)
-    info["host_memory_bandwidth"] = for_manifest()
+    info["host_memory_bandwidth"] = for_manifest()      # this host's RAM bandwidth: kept once per host (labkit.hostmem)
     if torch.cuda.is_available():
         info.update({k: v for k, v in link_info(0).items() if k != "gpu_name" or v})
     return info
@@ -153,7 +155,6 @@ def status_reason(manifest: dict, metrics: "pd.DataFrame | None" = None) -> str:
 
 def _proc_start(pid: int) -> float | None:
     try:
-        import psutil
         return round(psutil.Process(pid).create_time(), 2)
     except Exception:
         return None
@@ -173,7 +174,6 @@ def _writer_alive(w: dict) -> bool:
 def machine_id() -> str | None:
     """This machine, as a run's manifest records it: a digest of /etc/machine-id (host names repeat across
     machines: every VM of a cloud image may be `vm`); None where there is none."""
-    import hashlib
     for f in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
         try:
             raw = Path(f).read_text().strip()
@@ -201,7 +201,6 @@ def checkable_here(manifest: dict) -> bool:
 
 def _boot_time() -> float:
     try:
-        import psutil
         return psutil.boot_time()
     except Exception:
         return 0.0
@@ -250,7 +249,6 @@ class Run:
     @classmethod
     def create(cls, out_dir: str | Path | None, experiment: str, params: dict, root: str | Path = "results") -> "Run":
         """Make the folder and write manifest.json. `out_dir` empty/None -> `<root>/<new run id>`."""
-        from .outdir import make_own_folder
         path = Path(out_dir) if out_dir else Path(root) / new_run_id(experiment)
         make_own_folder(path, "run folder")     # this user's alone (no other user can plant links in it)
         if (path / "metrics.parquet").exists():
@@ -342,7 +340,7 @@ class Run:
             status = derive_status([r.get("status") for r in self.records], interrupted=bool(interrupted),
                                    error=error is not None)
             if error is not None and not isinstance(error, str):
-                error = f"{type(error).__name__}: {str(error).strip() or 'no message'}".splitlines()[0]
+                error = one_line(error)
             if error is not None:
                 fields["error"] = error
         created = dt.datetime.fromisoformat(self.manifest["created"])
@@ -403,7 +401,6 @@ _JSON_TYPES = {dict: "an object", list: "a list", str: "a string", bool: "true/f
 def manifest_problem(m) -> str:
     """Why a parsed manifest does not match `MANIFEST_SCHEMA`, in one line ("" when it does)."""
     global _validator
-    import fastjsonschema
     if _validator is None:
         _validator = fastjsonschema.compile(json.loads(MANIFEST_SCHEMA.read_text()))
     try:

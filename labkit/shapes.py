@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .params import BadInput
+
 BF16_BYTES = 2
 W4_GROUP = 128             # W4A16: one scale and one zero per 128 weights along K
 # bytes a weight takes, per storage: W4A16 is 4 bits + (bf16 scale + 4-bit zero) / 128 (AWQ's layout)
@@ -331,7 +333,6 @@ def metrics_shape(m) -> ModelShape:
 
 def planned_shape(name: str) -> ModelShape:
     """The shape a plan names (a preset or a .json file), or one BadInput line saying which exist."""
-    from .params import BadInput
     try:
         return ModelShape.from_name(name)
     except ValueError as ex:

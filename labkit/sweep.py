@@ -1,6 +1,6 @@
 """The sweep core every experiment measures through: the grid of points, the run folder, the failed-row
 rule, the progress bar, the two timers and the closing summary lines. It sits below the experiments (it
-imports params, results, progress and stats only), so quality, cross-model and serving use it too.
+imports params, results, progress, stops and stats only), so quality, cross-model and serving use it too.
 
 - `grid(**axes)`: every combination of the axes as dicts, the last axis varying fastest (nested loops'
   order, so the rows come out as the hand-written loops made them).
@@ -22,11 +22,24 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import os
+import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from . import lazy
 from .params import one_line
+from .progress import progress
+from .stops import duration
+
+# Every experiment's SPEC imports this module to declare its parameters, and the command line reads the SPECs:
+# torch, pandas (results) and numpy (stats) load when a sweep measures, not when a command line is parsed.
+results = lazy.module(".results", __package__)
+stats = lazy.module(".stats", __package__)
+torch = lazy.module("torch")
 
 
 # ---------------------------------------------------------------------------------------------- points
@@ -43,8 +56,7 @@ _OPENED: list = []     # the run this process opened last: its bar writes where 
 def open_run(p: dict, experiment: str, params: dict | None = None):
     """The run folder of checked parameters `p`: `p["out_dir"]`, or `results/<run id>` when it is empty;
     `params`: what the manifest records, when not `p` itself."""
-    from .results import Run
-    run = Run.create(p.get("out_dir") or None, experiment, dict(p if params is None else params))
+    run = results.Run.create(p.get("out_dir") or None, experiment, dict(p if params is None else params))
     _OPENED[:] = [run]
     return run
 
@@ -132,7 +144,6 @@ def bar(total: int, desc: str, enabled: bool = True):
     measured is written into the manifest of the run this process opened last. `enabled=False`: nothing is
     printed."""
     if enabled:
-        from .progress import progress
         shown = progress(total=total, desc=desc)
     else:
         shown = _Silent()
@@ -144,7 +155,6 @@ def headline(lines: list[str], enabled: bool = True, name: str = "") -> None:
     report. A summary that cannot be drawn (every point failed) says so instead of raising."""
     if not enabled:
         return
-    import sys
     sys.stderr.flush()          # the bar's last line first
     for line in lines or ["nothing measured"]:
         print(f"{name}: {line}" if name else line, flush=True)
@@ -201,7 +211,6 @@ class Estimate:
 
 def estimate_line(experiment: str, est: Estimate) -> str:
     """The line printed before a long run: how long, on what basis, and the ways to shrink it."""
-    from .stops import duration
     line = f"labkit: this {experiment} run is expected to take about {duration(est.seconds)} on this machine"
     line += f" ({est.basis}" + (f"; {est.heaviest}" if est.heaviest else "") + ")."
     if est.shrink:
@@ -212,17 +221,12 @@ def estimate_line(experiment: str, est: Estimate) -> str:
 def from_history(experiment: str, params: dict, roots=()) -> Estimate | None:
     """Earlier finished runs of `experiment` with the same parameters on this machine (same GPU, else the same CPU
     model and cores) under `roots`: their median wall time. None when there are none."""
-    import json
-    import os
-    import statistics
-
-    from .results import machine_info, run_manifests
-    here = machine_info()
+    here = results.machine_info()
     same = ("gpu_name",) if here.get("gpu_name") else ("gpu_name", "cpu_model", "cpu_count")
     want = {k: v for k, v in params.items() if k not in ("out_dir",)}
     walls = []
     for root in roots:
-        for mf_path in run_manifests(root) if os.path.isdir(root) else []:
+        for mf_path in results.run_manifests(root) if os.path.isdir(root) else []:
             try:
                 mf = json.loads(mf_path.read_text())
             except (OSError, ValueError):
@@ -241,7 +245,6 @@ def from_history(experiment: str, params: dict, roots=()) -> Estimate | None:
 def sync(dev) -> None:
     """Wait for the device's queued work (nothing on a CPU)."""
     if getattr(dev, "type", str(dev).split(":")[0]) == "cuda":
-        import torch
         torch.cuda.synchronize(dev)
 
 
@@ -270,7 +273,6 @@ def event_ms(fn: Callable[[], Any], n: int, dev, warmup: int = 0, mode: str = "i
     "queued" (event pairs around calls issued back to back, one synchronize at the end; `before()` runs
     ahead of each call outside its events, e.g. an L2 flush) or "chained" (one event between consecutive
     calls: the steps of a decode loop, no gap left out). `warmup` untimed calls first."""
-    import torch
     if mode not in ("isolated", "queued", "chained"):
         raise ValueError(f"event_ms mode {mode!r}: isolated, queued or chained")
     for _ in range(warmup):
@@ -315,7 +317,6 @@ def event_ms(fn: Callable[[], Any], n: int, dev, warmup: int = 0, mode: str = "i
 def timed(fn: Callable[[], Any], n: int, dev, warmup: int = 1, timer: str = "event", **options):
     """`n` timed calls after `warmup` as a `labkit.stats.Spread` (median, min, max, n) in ms; `timer`:
     "event" (`event_ms`) or "wall" (`wall_ms`)."""
-    from .stats import spread
     if timer == "wall":
-        return spread(wall_ms(fn, n, dev, warmup))
-    return spread(event_ms(fn, n, dev, warmup, **options))
+        return stats.spread(wall_ms(fn, n, dev, warmup))
+    return stats.spread(event_ms(fn, n, dev, warmup, **options))

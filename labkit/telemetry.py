@@ -19,23 +19,29 @@ GPUs are named by their CUDA index (what torch calls them) and found in NVML by 
 """
 from __future__ import annotations
 
+import os
+import platform
 import threading
 import time
 from dataclasses import dataclass
 
 import pandas as pd
 import psutil
+import pynvml as nv
 
+from . import lazy
+from .params import one_line
+
+torch = lazy.module("torch")        # results imports this module, and reading runs never needs torch
 WRAP = 1 << 32
 
 
 def _nvml():
     try:
-        import pynvml as nv
         nv.nvmlInit()
         return nv, None
     except Exception as ex:  # library missing, no driver, no GPU
-        return None, f"NVML unavailable: {type(ex).__name__}: {ex}".strip()
+        return None, f"NVML unavailable: {one_line(ex)}"
 
 
 @dataclass
@@ -219,7 +225,6 @@ NOT_A_LIMIT = ("idle",)        # a clock held low because nothing runs: no limit
 def clock_event_bits() -> dict[int, str]:
     """NVML's clock-event bit -> its name here, from pynvml's own constants (the newer `ClocksEventReason`
     spelling where it exists, else the older `ClocksThrottleReason`)."""
-    import pynvml as nv
     out = {}
     for attr, name in CLOCK_EVENT_NAMES.items():
         bit = getattr(nv, f"nvmlClocksEventReason{attr}", None) or getattr(nv, f"nvmlClocksThrottleReason{attr}", None)
@@ -256,7 +261,6 @@ def nvml_handle(nv, cuda_index: int):
     of the machine in PCI order while CUDA counts the visible ones (`CUDA_VISIBLE_DEVICES`) fastest first.
     Falls back to the same index where torch cannot say (no CUDA in this process)."""
     try:
-        import torch
         if torch.cuda.is_available() and cuda_index < torch.cuda.device_count():
             uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
             return nv.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
@@ -288,14 +292,13 @@ def _text(v) -> str:
 
 
 def _one_gpu(nv, cuda_index: int) -> dict:
-    import torch
     d: dict = {"index": cuda_index, "name": torch.cuda.get_device_name(cuda_index)}
     if nv is None:
         return d
     try:
         h = nvml_handle(nv, cuda_index)
     except Exception as ex:  # NVML does not know the card (a driver/library mismatch): say so, read nothing
-        d["nvml"] = f"NVML has no handle for it: {type(ex).__name__}: {ex}"
+        d["nvml"] = f"NVML has no handle for it: {one_line(ex)}"
         return d
     d.update({"nvml_index": _read(nv.nvmlDeviceGetIndex, h), "uuid": _read(lambda: _text(nv.nvmlDeviceGetUUID(h))),
               "pci_bus_id": _read(lambda: _text(nv.nvmlDeviceGetPciInfo(h).busId)),
@@ -325,7 +328,6 @@ def _nvlinks(nv, h) -> int | None:
 
 def _pair(nv, a: int, b: int) -> dict:
     """Whether copies between two GPUs go peer to peer: CUDA's answer each way, and NVML's reasons."""
-    import torch
     p = {"a": a, "b": b, "cuda_peer": bool(torch.cuda.can_device_access_peer(a, b) and torch.cuda.can_device_access_peer(b, a))}
     try:
         ha, hb = (nvml_handle(nv, a), nvml_handle(nv, b)) if nv is not None else (None, None)
@@ -345,7 +347,6 @@ def describe_gpus(cuda_indices: list[int]) -> dict:
     """What the GPUs a run uses are set to, read now: per GPU its power limit (enforced and default, W), the
     clocks it may reach, its link; with several, whether each pair copies peer to peer. Without a GPU, a
     `none` that says why (no numbers); where NVML is missing, the names alone and NVML's reason."""
-    import torch
     if not torch.cuda.is_available():
         return {"count": 0, "none": f"no GPU: torch {torch.__version__} sees no CUDA device on this machine"}
     if not cuda_indices:
@@ -432,7 +433,6 @@ def cpu_model() -> str | None:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
     return platform.processor() or None
 
 
@@ -441,7 +441,6 @@ def machine_load(top: int = 5, interval: float = 0.2) -> dict:
     with, and the `top` other processes by CPU share over `interval` seconds (name, pid, % of one core).
     Recorded at a run's start and end: a point whose slowest step is many times its fastest on a loaded
     machine measured the neighbours, not the strategy."""
-    import os
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:       # not on this platform

@@ -3,7 +3,8 @@ before triton is imported, so in a subprocess) against the fp32 reference, and `
 (kernel for 1..16 rows where Triton runs, `x @ w` otherwise, also inside torch.compile).
 
 Tolerance: the kernel sums exact bf16 products in fp32 (in another order than the reference) and rounds
-once, so each output is within 2 bf16 ulps of the fp32 reference `x.float() @ w.float()` (one for the
+once, so each output is within 2 bf16 ulps of the kernel's reference before its rounding (`gemv.gemv_reference`,
+`gemv.silu_glu_reference` on fp32 copies of the bf16 inputs: exact, so the fp32 sums) (one for the
 rounding, one for a different fp32 sum crossing a rounding boundary), plus 2^-16 of the largest output
 for outputs that cancel to near zero (where an ulp of the output is far below the fp32 sum's error)."""
 import importlib.util
@@ -21,12 +22,16 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 TOLERANCE = textwrap.dedent('''
     import torch
+    from labkit.engine.model.gemv import gemv_reference, silu_glu_reference
+    def unrounded(reference, x, w):
+        """A kernel's reference before its one rounding: on fp32 copies of the bf16 inputs (exact)."""
+        return reference(x.float(), w.float())
     def bf16_ulp(v):
         """Spacing of bf16 numbers at |v| (7 stored mantissa bits)."""
         e = torch.floor(torch.log2(v.abs().clamp_min(2.0 ** -126)))
         return torch.exp2(e - 7)
     def check(out, x, w, what):
-        ref = x.float() @ w.float()
+        ref = unrounded(gemv_reference, x, w)
         tol = 2 * bf16_ulp(ref) + 2.0 ** -16 * ref.abs().max()
         err = (out.float() - ref).abs()
         assert out.dtype == x.dtype and out.shape == ref.shape, what
@@ -112,8 +117,7 @@ def test_k_major_weights_match_fp32_reference_under_interpreter():
                 assert G.default_config(M, N, K, k_major=True).acc2d == (M == 1)
                 assert torch.equal(G.matmul(x, w), G.gemv(x, w))          # the entry takes the kernel
                 if N % 2 == 0:                                            # [gate | up] K-major
-                    gate, up = (x.float() @ w.float()).chunk(2, dim=-1)
-                    ref = torch.nn.functional.silu(gate) * up
+                    ref = unrounded(silu_glu_reference, x, w)
                     for c in (None, G.Config(32, 16, 3, M > 1, 4, 2, acc2d=M == 1)):
                         o = G.gemv(x, w, glu=True, config=c)
                         tol = 2 * bf16_ulp(ref) + 2.0 ** -16 * ref.abs().max()
@@ -181,8 +185,7 @@ def test_norm_fused_product_matches_its_definition_under_interpreter():
                         check(o, xn, w, f"normed M={M} K={K} N={N} {c}")
                         n += 1
                     if N % 2 == 0:
-                        gate, up = (xn.float() @ w.float()).chunk(2, dim=-1)
-                        ref = torch.nn.functional.silu(gate) * up
+                        ref = unrounded(silu_glu_reference, xn, w)
                         for c in (None, G.Config(32, 16, 3, M > 1, 4, 2, acc2d=M == 1)):
                             h, o = G.gemv(x, w, glu=True, norm=(d, nw, 1e-6), config=c)
                             tol = 2 * bf16_ulp(ref) + 2.0 ** -16 * ref.abs().max()
@@ -244,8 +247,7 @@ def test_fused_gate_up_silu_matches_fp32_reference_under_interpreter():
             for K, F in ((100, 35), (257, 150)):
                 x = torch.randn(M, K, generator=g).bfloat16()
                 w = (torch.randn(K, 2 * F, generator=g) / K ** 0.5).bfloat16()
-                gate, up = (x.float() @ w.float()).chunk(2, dim=-1)
-                ref = torch.nn.functional.silu(gate) * up
+                ref = unrounded(silu_glu_reference, x, w)
                 for c in (None, G.Config(32, 16, 1, M > 1, 4, 2), G.Config(32, 16, 3, M > 1, 4, 2),
                           G.Config(32, 16, 3, M > 1, 4, 2, pdl=True)):
                     o = G.gemv(x, w, glu=True, config=c)
@@ -388,8 +390,7 @@ def test_padded_weight_rows_take_the_kernel_and_match():
             for c in (None, G.Config(32, 16, 3, M > 1, 4, 2)):
                 check(G.gemv(x, w, config=c), x, w, f"padded M={M} K={K} N={N} ld={ld} {c}")
             if N % 2 == 0:
-                gate, up = (x.float() @ w.float()).chunk(2, dim=-1)
-                ref = torch.nn.functional.silu(gate) * up
+                ref = unrounded(silu_glu_reference, x, w)
                 o = G.gemv(x, w, glu=True, config=G.Config(32, 16, 3, M > 1, 4, 2)).float()
                 assert bool(((o - ref).abs() <= 2 * bf16_ulp(ref) + 2.0 ** -16 * ref.abs().max()).all())
         print("padded ok")

@@ -1,6 +1,7 @@
 """The code's shape, checked statically from the source: no import cycle between labkit's modules (imports
 inside functions count: a cycle broken only by deferring an import is still a cycle), no argument parser
-outside the command line, no private name imported across modules, the bottom layer imports nothing of labkit."""
+outside the command line, no private name imported across modules, the bottom layer imports nothing of labkit,
+imports at the top of the file (the few left inside functions say why)."""
 import ast
 from pathlib import Path
 
@@ -252,3 +253,42 @@ def test_no_function_over_80_lines_outside_the_allow_list():
     long = _long_functions()
     assert {k: v for k, v in long.items() if k not in LONG_FUNCTIONS} == {}, "split it where it does several things"
     assert sorted(set(LONG_FUNCTIONS) - set(long)) == [], "split since: take it off LONG_FUNCTIONS"
+
+
+# Imports belong at the top of the file, where a reader sees what a module depends on. One inside a function
+# stays where a light module must stay light (the command line parses without torch, Triton, papermill or
+# plotly: tests/test_cli.py), or where a package is optional; `lazy.module` keeps such a dependency in the
+# header instead. The ceiling only comes down; in the parts below each one says why, in a comment on it or above
+# it in its function.
+FUNCTION_LEVEL_IMPORTS_MAX = 447
+EXPLAINED_PARTS = ("labkit/engine/", "labkit/cluster/", "labkit/exchange/", "labkit/models/", "labkit/stats/__init__.py")
+
+
+def _function_level_imports() -> list[tuple[str, int, int]]:
+    """(file, the import's line, its function's first line) for every import inside a function of labkit."""
+    out = []
+    for f in sorted(PKG.rglob("*.py")):
+        rel = str(f.relative_to(REPO))
+
+        def walk(node, fn):
+            for ch in ast.iter_child_nodes(node):
+                inner = fn
+                if fn is None and isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    inner = ch.lineno
+                if fn is not None and isinstance(ch, (ast.Import, ast.ImportFrom)):
+                    out.append((rel, ch.lineno, fn))
+                walk(ch, inner)
+
+        walk(ast.parse(f.read_text()), None)
+    return out
+
+
+def test_imports_are_at_the_top_of_the_file():
+    found = _function_level_imports()
+    assert len(found) <= FUNCTION_LEVEL_IMPORTS_MAX, \
+        f"{len(found)} imports inside functions: move the new ones to the top (lazy.module where it must stay light)"
+    lines = {rel: (REPO / rel).read_text().splitlines() for rel, _, _ in found}
+    explained = lambda rel: rel.startswith(EXPLAINED_PARTS) or rel.count("/") == 1      # noqa: E731
+    silent = [f"{rel}:{line}" for rel, line, start in found if explained(rel)
+              and not any("#" in ln for ln in lines[rel][start - 1:line])]
+    assert silent == [], "say why this import is not at the top of the file (a comment on it or above it)"

@@ -17,7 +17,11 @@ Nothing here is imported without `--cluster` or `labkit node`: a local run never
 """
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
+
+from ..results import git_sha
 
 GPU_PREFIX = "gpu:"             # gpu:<kind>: the box's GPUs of that kind
 CPU_ONLY = "cpu_only"           # a box without a GPU: kind `cpu`, one entry at a time
@@ -28,8 +32,6 @@ def token_auth_env() -> None:
     """Ray's token authentication for this process when a token is here (`RAY_AUTH_TOKEN`, the file
     `RAY_AUTH_TOKEN_PATH`, or ~/.ray/auth_token, where `labkit node --head` writes it). Ray reads the mode
     when it is imported, so this runs first."""
-    import os
-    from pathlib import Path
     if os.environ.get("RAY_AUTH_MODE") is None:
         path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
         if os.environ.get("RAY_AUTH_TOKEN") or path.is_file():
@@ -47,7 +49,6 @@ def commit_resource(sha: str) -> str:
 def checkout_commit() -> str:
     """The commit of this labkit checkout (12 hex digits; `LABKIT_GIT_SHA` names it for a copy without .git).
     A dirty tree is still that commit: the cluster compares commits, the run's manifest records the rest."""
-    from ..results import git_sha
     return git_sha().removesuffix("-dirty")
 
 

@@ -19,10 +19,13 @@ Faults, all decided on the head:
 """
 from __future__ import annotations
 
+import ctypes
 import datetime as dt
+import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -35,13 +38,19 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import envs
+from .. import envs, nightly as N
 from ..atomic import write_text
-from ..params import BadInput
-from . import COMMIT_PREFIX, CPU_ONLY, GPU_PREFIX, checkout_commit, commit_resource, kind_resource, token_auth_env
+from ..experiments import EXPERIMENTS, get
+from ..nightly import DONE, EVERY_KIND
+from ..outdir import make_own_folder
+from ..params import BadInput, resolve
+from ..report.index import rebuild_index
+from . import (COMMIT_PREFIX, CPU_ONLY, GPU_PREFIX, checkout_commit, commit_resource, gpus_needed, kind_resource,
+               token_auth_env)
 
 token_auth_env()        # before Ray is imported: it reads the mode once
 import ray  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 STOP_GRACE_S = 60          # how long a stopped job may take to settle its folder before it is cancelled
 FEASIBLE_EVERY_S = 5       # how often the head checks that a waiting job still has a node to run on
@@ -95,7 +104,6 @@ def _die_with_parent() -> None:
     """In the child: SIGTERM when the Ray worker that started it dies (a node killed or a task cancelled leaves
     no orphan `labkit` process; SIGTERM lets it settle its folder as `interrupted`)."""
     try:
-        import ctypes
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
     except Exception:
         pass
@@ -144,7 +152,6 @@ def run_job(job: dict, tracker) -> dict:
         return {"not_started": "the head stopped before this job started", "node": info}
     repo = Path(envs.get("LABKIT_NODE_REPO") or Path(__file__).resolve().parents[2])
     scratch = Path(envs.get("LABKIT_NODE_SCRATCH") or tempfile.gettempdir()) / "labkit-cluster"
-    from ..outdir import make_own_folder
     make_own_folder(scratch, "node scratch folder")     # in /tmp: refused if another user made it first
     work = scratch / f"{job['key']}.{job['attempt']}.{uuid.uuid4().hex[:8]}"
     work.mkdir()
@@ -246,7 +253,6 @@ class Dispatcher:
     def __init__(self, commit: str, echo=print, retries: int = 2, snapshot_s: float = 5.0):
         self.commit, self.echo, self.retries, self.snapshot_s = commit, echo, retries, snapshot_s
         here = ray.get_runtime_context().get_node_id()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         self.tracker = Tracker.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
         self.task = ray.remote(run_job)
 
@@ -441,9 +447,6 @@ def _pick_kind(on: str | None, present: list[str], ns: list[dict], commit: str) 
 
 def run_on_cluster(a, given: dict) -> int:
     """`labkit run X ... --cluster ADDRESS [--on KIND]`: one job; the folder lands as a local run's would."""
-    from ..experiments import EXPERIMENTS, get
-    from ..params import resolve
-    from . import gpus_needed
     exp = get(a.experiment)
     resolve(exp.spec, {k: v for k, v in given.items() if k != "out_dir"}, exp.name)    # names and types, here
     commit = checkout_commit()
@@ -470,7 +473,6 @@ def run_on_cluster(a, given: dict) -> int:
     if o.status in ("refused", "not started") or not dest.is_dir():
         print(f"labkit: {exp.name} on {kind}: {o.status}: {o.error}", file=sys.stderr)
         return 1
-    from ..report.index import rebuild_index
     try:
         rebuild_index(dest.parent)
     except Exception as ex:     # the run landed; say why the index did not update
@@ -492,8 +494,6 @@ def run_plan_on_cluster(plan, date: str | None, root, only: list[str] | None, ad
                         echo=print, retries: int = 2, snapshot_s: float = 5.0) -> dict:
     """`labkit nightly --plan P --cluster ADDRESS`: the local nightly's folder, record, lock and resume, with each
     entry (x each kind, for `on = "every kind"`) a job on the cluster, run side by side."""
-    import hashlib
-    from .. import nightly as N
     entries, date = _planned_entries(plan, date, only)
     commit = checkout_commit()
     connect(address)
@@ -556,8 +556,6 @@ def run_plan_on_cluster(plan, date: str | None, root, only: list[str] | None, ad
 
 def _planned_entries(plan, date: str | None, only: list[str] | None) -> tuple[list, str]:
     """The plan's entries (those named by `only`) and the night's date, checked."""
-    import re
-    from .. import nightly as N
     entries = N.load_plan(plan)
     if only:
         missing = sorted(set(only) - {e.name for e in entries})
@@ -572,7 +570,6 @@ def _planned_entries(plan, date: str | None, only: list[str] | None) -> tuple[li
 
 def _check_kinds(entries: list, present: list[str], commit: str) -> None:
     """Every kind an entry names has a node at this commit in the cluster (one line if not)."""
-    from ..nightly import EVERY_KIND
     for e in entries:
         k = e.raw.get("on")
         if k not in (None, EVERY_KIND) and k not in present:
@@ -585,10 +582,6 @@ def _jobs(entries: list, present: list[str], default: str, night: Path, date: st
     """A job per entry and kind not done yet (an entry done on an earlier try is kept in `by_name` as it was; a
     folder left by an unfinished one is set aside): (jobs, the entries' names in order, job key -> (entry,
     name, queued at))."""
-    from .. import nightly as N
-    from ..nightly import EVERY_KIND
-    from . import gpus_needed
-    from ..experiments import EXPERIMENTS
     jobs, order, entry_of = [], [], {}
     for e in entries:
         on_k = e.raw.get("on")
@@ -617,7 +610,6 @@ def _jobs(entries: list, present: list[str], default: str, night: Path, date: st
 def _entry_outcome(o: "Outcome", e, name: str, started: str, out: Path) -> dict:
     """An ended job's entry record (what the node's nightly wrote, completed with where and how it ran), kept in
     its folder with an error.txt when it did not succeed."""
-    from .. import nightly as N
     info = {}
     if (out / "nightly-entry.json").is_file():
         info = json.loads((out / "nightly-entry.json").read_text())
@@ -641,7 +633,6 @@ def _entry_outcome(o: "Outcome", e, name: str, started: str, out: Path) -> dict:
 
 def _rebuild_index(root: Path, echo) -> None:
     try:
-        from ..report.index import rebuild_index
         rebuild_index(root)
     except Exception as ex:
         echo(f"labkit: run index not rebuilt: {ex}")
@@ -649,7 +640,6 @@ def _rebuild_index(root: Path, echo) -> None:
 
 def cmd_nightly_cluster(a) -> int:
     """`labkit nightly --cluster`: the plan on the cluster, then the local nightly's summary lines."""
-    from ..nightly import DONE
     try:
         rec = run_plan_on_cluster(a.plan, a.date, a.root, a.only.split(",") if a.only else None, a.cluster, a.on)
     except KeyboardInterrupt:

@@ -17,13 +17,15 @@ import ipaddress
 import json
 import os
 import secrets
+import shlex
 import shutil
 import sys
 from pathlib import Path
 
-from ..params import BadInput
 from ..costmodel import gpu_kind
 from ..nightly import KIND_RE
+from ..params import BadInput
+from ..results import REPO
 from . import checkout_commit, commit_resource, kind_resource
 
 DEFAULT_TOKEN = Path.home() / ".ray" / "auth_token"
@@ -32,7 +34,7 @@ DEFAULT_TOKEN = Path.home() / ".ray" / "auth_token"
 def detect_gpus() -> tuple[str, int, str]:
     """(kind, count, name) of this box's GPUs via NVML; ("cpu", 0, "") without one. Mixed GPUs: the first's kind."""
     try:
-        import pynvml as nv
+        import pynvml as nv         # optional: without it (or without a driver) the box is a CPU box
         nv.nvmlInit()
         n = nv.nvmlDeviceGetCount()
         if n == 0:
@@ -109,7 +111,6 @@ def node_command(a) -> tuple[list[str], dict, dict]:
         argv += ["--num-cpus", str(a.num_cpus)]
     if a.temp_dir:
         argv += ["--temp-dir", str(Path(a.temp_dir).resolve())]
-    from ..results import REPO
     env = {**token_env(a.token_file, create=bool(a.head), dry_run=a.dry_run), "LABKIT_NODE_KIND": kind, "LABKIT_NODE_REPO": str(REPO),
            "LABKIT_NODE_COMMIT": commit,
            # Ray gives its workers OMP_NUM_THREADS=1; an entry's `labkit` gets the box's own setting back
@@ -125,7 +126,6 @@ def cmd_node(a) -> int:
     print(f"labkit node: {role} as {a.ip}, kind {what['kind']} ({what['gpus']} GPU(s)), commit {what['commit']}, "
           f"token {env['RAY_AUTH_TOKEN_PATH']}", flush=True)
     if a.dry_run:
-        import shlex
         print(shlex.join(argv))
         return 0
     # exec: this process becomes `ray start --block`; its PID is the node's (signals stop the node)

@@ -24,12 +24,15 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import urllib.parse
 from pathlib import Path
 
 import pandas as pd
 
+from ..experiments import get
 from ..params import BadInput
-from ..results import REPO
+from ..results import REPO, load_run
+from ..serving.target import is_local
 
 SCHEMA_VERSION = 2
 KINDS = ("single_stream_wall", "single_stream_decode", "aggregate_output")
@@ -146,7 +149,6 @@ def no_local_paths(row: dict) -> list[str]:
 def labkit_command(mf: dict) -> str:
     """`labkit run EXPERIMENT -p name=value ...`: every parameter of the run that differs from its default (the
     same plan again), `out_dir` left out, paths redacted."""
-    from ..experiments import get
     exp = mf.get("experiment")
     try:
         spec = get(exp).spec
@@ -188,10 +190,8 @@ def _text(v) -> str:
 
 def _target_text(url: str) -> str:
     """A target's URL as shared: loopback as is (it says only "this machine"), another host by a name."""
-    from ..serving.target import is_local
     if is_local(url):
         return url
-    import urllib.parse
     u = urllib.parse.urlsplit(url)
     return f"{u.scheme}://${{TARGET_HOST}}" + (f":{u.port}" if u.port else "") + u.path
 
@@ -235,7 +235,6 @@ def _int(v):
 def rows_of_run(path: str | Path) -> tuple[list[dict], int]:
     """(one row per measured point of the run at `path`, the number of failed points left out). A run of an
     experiment whose points are not a served or generated rate (probe, quality...) is one BadInput line."""
-    from ..results import load_run
     run = load_run(path)
     mf, m = run.manifest, run.metrics
     exp = mf.get("experiment")

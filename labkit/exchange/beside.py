@@ -22,6 +22,11 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..report.figures import tok_s_vs_context
+from ..report.summary import decode_table
+from ..results import load_run, run_manifests
+from ..experiments.serve_sweep import figures as F
+from .archive import rows_of_run
 from .importer import EXPERIMENT
 
 CONTEXT_TOLERANCE = 0.10
@@ -35,7 +40,6 @@ def norm(name) -> str:
 
 def external_points(root: str | Path) -> pd.DataFrame:
     """Every imported row under `root` (the run folders of experiment `external`)."""
-    from ..results import load_run, run_manifests
     frames = []
     for mf in run_manifests(root):
         try:
@@ -48,7 +52,6 @@ def external_points(root: str | Path) -> pd.DataFrame:
 
 def lab_models(run_dir: str | Path) -> set[str]:
     """The names a run's model goes by in its exported rows (model and checkpoint)."""
-    from .archive import rows_of_run
     rows, _ = rows_of_run(run_dir)
     return {norm(r.get(k)) for r in rows for k in ("model", "checkpoint_ref") if r.get(k)}
 
@@ -101,8 +104,6 @@ def add_points(fig: go.Figure, pts: pd.DataFrame, y: str, x: str = "context_len"
 def decode_figure(m: pd.DataFrame, ext: pd.DataFrame, models) -> go.Figure:
     """labkit's decode figure (tok/s vs context, a facet per concurrency) with the matching external decode rates:
     one stream's decode tok/s x the concurrency (first token excluded, as the engine's steady steps)."""
-    from ..report.figures import tok_s_vs_context
-    from ..report.summary import decode_table
     fig = tok_s_vs_context(m)
     d = decode_table(m)
     concs = sorted(int(c) for c in d["concurrency"].unique()) if not d.empty else []
@@ -132,7 +133,6 @@ def prefill_figure(m: pd.DataFrame, ext: pd.DataFrame, models) -> go.Figure:
 def serving_figures(m: pd.DataFrame, ext: pd.DataFrame, models, label: str) -> list[go.Figure]:
     """The serving run's latency-vs-input and throughput figures, with the matching external TTFT, TPOT (or ITL
     where a row has no TPOT) and output tok/s of the same kind (wall-clock, first token included)."""
-    from ..experiments.serve_sweep import figures as F
     d = m[(m["status"] == "ok") & (m["client"] == "labkit")] if "client" in m else m
     lat, thr = F.latency_vs_input(m, label), F.throughput(m, label)
     for c in sorted(int(x) for x in d["concurrency"].dropna().unique()):
@@ -162,7 +162,6 @@ def _titled(fig: go.Figure, ext: pd.DataFrame, models) -> go.Figure:
 def matched_table(run_dir: str | Path, ext: pd.DataFrame, models=None) -> pd.DataFrame:
     """The run's exported rows next to every external row of the same model, concurrency and context (within 10%):
     the rate both define the same way side by side, and lab / external."""
-    from .archive import rows_of_run
     rows, _ = rows_of_run(run_dir)
     lab = pd.DataFrame(rows)
     names = models or {norm(r.get(k)) for r in rows for k in ("model", "checkpoint_ref") if r.get(k)}

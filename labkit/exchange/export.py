@@ -13,6 +13,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from ..atomic import write_text
 from ..params import BadInput
 from .archive import FIELD_NAMES, rows_of_run
 
@@ -111,7 +112,6 @@ def cmd_export(a) -> int:
     if out is None:
         sys.stdout.write(text)
     else:
-        from ..atomic import write_text
         write_text(out, text)
         print(out)
     return 0

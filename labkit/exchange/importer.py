@@ -26,7 +26,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..atomic import write_text
 from ..params import BadInput
+from ..report.index import rebuild_index
+from ..results import Run
 
 EXPERIMENT = "external"
 NESTED = ("source_refs", "curve", "samples", "knobs", "launch_argv", "quality")
@@ -80,8 +83,6 @@ def lab_frame(rows: list[dict], folder: str, source: str, hardware: str) -> pd.D
 
 def import_file(path: str | Path, root: str | Path = "results", source: str = "", hardware: str = "") -> tuple[Path, int, int, bool]:
     """(the run folder, rows imported, records left out, whether it was there already)."""
-    from ..atomic import write_text
-    from ..results import Run
     path, root = Path(path), Path(root)
     rows, skipped = read_rows(path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -120,7 +121,6 @@ def _page(mf: dict, rows: list[dict]) -> str:
 
 
 def cmd_import(a) -> int:
-    from ..report.index import rebuild_index
     root = Path(a.root)
     if root.exists() and not root.is_dir():
         raise BadInput(f"--root {root} is not a folder")

@@ -16,11 +16,18 @@ that the user can fix (package missing, path missing, not a checkpoint) raises `
 
 from __future__ import annotations
 
-from .. import envs
 import importlib.util
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from .. import envs, lazy
+
+# Heavy, and transformers optional (the quality extra): both load with the first model, once
+# `_require_transformers` has named what is missing.
+torch = lazy.module("torch")
+transformers = lazy.module("transformers")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -101,28 +108,22 @@ def _require_transformers(gguf: bool) -> None:
 
 def _load_gguf(path: Path, dtype):
     """Dequantized model + tokenizer from a GGUF file (weights as plain tensors, savable)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     kwargs = {}
     try:  # transformers >= 5.2x can keep GGUF blocks packed; we want plain weights to save.
-        from transformers import GgufConfig
-
-        kwargs["quantization_config"] = GgufConfig(dequantize=True)
-    except (ImportError, TypeError):
+        kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
+    except (AttributeError, ImportError, TypeError):
         pass
+    auto_lm = transformers.AutoModelForCausalLM
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, **kwargs)
+        model = auto_lm.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, **kwargs)
     except TypeError:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = auto_lm.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return model.to(dtype), tok
 
 
 def convert_gguf(path: Path, out: Path, dtype=None) -> Path:
     """Dequantize a GGUF once and save it as a safetensors checkpoint folder `out` (atomic rename)."""
-    import torch
-
     dtype = dtype or torch.bfloat16
     model, tok = _load_gguf(path, dtype)
     # save_pretrained refuses a GGUF-loaded model while its quantizer is attached.
@@ -135,8 +136,6 @@ def convert_gguf(path: Path, out: Path, dtype=None) -> Path:
     tok.save_pretrained(tmp)
     (tmp / "SOURCE.txt").write_text(f"converted from {path} ({path.stat().st_size} bytes) to {dtype}\n")
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     tmp.rename(out)
     return out
@@ -161,8 +160,6 @@ def load_model(name_or_path: str | os.PathLike = "smollm2-135m", dtype=None, dev
 
     `dtype` defaults to bfloat16. Use float32 on CPU for speed and tight numerics.
     """
-    import torch
-
     if isinstance(dtype, str):
         dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
                  "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}[dtype]
@@ -172,9 +169,7 @@ def load_model(name_or_path: str | os.PathLike = "smollm2-135m", dtype=None, dev
     kind, _ = resolve(name_or_path)  # fail early, one line
     _require_transformers(gguf=kind != "hf")
     ckpt = checkpoint_path(name_or_path)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype, attn_implementation=attn_implementation)
-    tok = AutoTokenizer.from_pretrained(ckpt)
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype, attn_implementation=attn_implementation)
+    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
     model.to(device).eval()
     return model, tok

@@ -20,6 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import lazy
+
+pd = lazy.module("pandas")      # `across_runs` only, whose caller has a frame; the rest needs numpy alone
+
 BOOT_SEED = 20261201      # recorded: the intervals of a committed run are reproducible
 N_BOOT = 2000
 LEVEL = 0.95
@@ -119,7 +123,6 @@ def perplexity_ratio(nll_policy, nll_base, tokens, n_boot: int = N_BOOT, level: 
 def across_runs(frame, by: list[str], value: str):
     """One figure measured in several processes (rows of `frame`, one per process and group) -> a frame
     per group with `median, min, max, n` and `scope` ('across N processes' or 'one process')."""
-    import pandas as pd
     rows = []
     for key, g in frame.groupby(by, sort=False, dropna=False):
         s = spread(g[value].dropna())

@@ -377,7 +377,7 @@ def bubbles(spans: list[dict]) -> dict:
     step: its whole span) and per stage its busy time in a cycle and the rest, its bubble. The first
     step counts only towards the cycle (nothing before it to overlap). `bubble_share`: the idle share
     of all stages together (two stages taking turns: >= 1/2)."""
-    import pandas as pd
+    import pandas as pd         # for this summary only: the engine itself runs without pandas
     df = pd.DataFrame(spans)
     ends = df.groupby("step").end_ms.max().sort_index().to_numpy()
     cycle = float(statistics.median(ends[1:] - ends[:-1])) if len(ends) > 1 else float(ends[0] - df.start_ms.min())

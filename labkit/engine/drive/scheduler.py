@@ -38,14 +38,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...params import BadInput
+from ...params import BadInput, one_line
+from ...shapes import ModelShape
 from ..model.cache import OffloadCache
 from ..model.forward import Engine
 from ..model.hybrid import HybridModel
+from ..transfer import get_strategy
 from .dispatch import run_eager
 from .runner import DecodeState
-from .switching import Loader, RoundStats, Timeline, capture_pieces, replay, replay_inline, sequential_round, switched_round
-from ..transfer import get_strategy
+from .switching import (Loader, RoundStats, Timeline, capture_pieces, replay, replay_inline, sequential_round,
+                        switched_round)
 
 
 @dataclass(eq=False)
@@ -599,7 +601,7 @@ class Scheduler:
     def _fail(self, req: Request, ex: Exception) -> None:
         req.status, req.end_time = "failed", self.now()
         req.end_iter = self.iteration
-        req.error = f"{type(ex).__name__}: {str(ex).strip().splitlines()[0] if str(ex).strip() else ''}"[:400]
+        req.error = one_line(ex)[:400]
         self.finished.append(req)
         if req.on_done is not None:
             req.on_done(req)
@@ -616,7 +618,6 @@ def make_lanes(shape, device="cpu", resident_slots: int = 4, offload_slots: int 
     placement policies share out); `offload_pool_tokens` the host pool (each replay registers its host pool
     with the driver, seconds per tens of GiB: a pool sized to the requests, not to slots x capacity). `select_block` applies to both lanes, so a request's tokens do not
     depend on where it is placed."""
-    from ...shapes import ModelShape
     if isinstance(shape, str):
         shape = ModelShape.from_name(shape)
     model = model or HybridModel(shape, device, seed=seed)

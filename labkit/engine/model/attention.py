@@ -8,10 +8,12 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from ... import envs
 from . import arch
+from .sparse_prefill import prefill_select, sparse_prefill_attention
 
 
 def split_rows(rows: torch.Tensor, n_kv: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +136,6 @@ def prefill_attend(engine, ki: int, slot: int, q, k, v, iq, iw, pos, mark) -> to
     longer than the budget every query keeps all it sees, so sparse is dense there and takes the dense path."""
     end = k.shape[0]
     if engine.prefill_attention == "sparse" and end > engine.budget:
-        from .sparse_prefill import prefill_select, sparse_prefill_attention
         c = engine.cache
         mark("index_score")            # the indexer's scores and the top-k, fused: no T x S matrix in HBM
         idx, valid = prefill_select(iq, iw, c.index.keys[ki, slot, :end], c.index.scales[ki, slot, :end], pos,
@@ -150,5 +151,4 @@ def fast_sdpa(device: torch.device):
     """On CUDA forbid SDPA's math fallback: at 248K tokens it would materialise a T x S score matrix."""
     if device.type != "cuda":
         return nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])

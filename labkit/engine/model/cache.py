@@ -11,13 +11,13 @@ elsewhere, a hot cache say, sees every write).
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from .kv import WORD, IndexKeyCache, KVPool, PageTable
 from .layers import dn_state_shapes
-
 
 PAGE_SIZE = 256      # KV page (positions) unless a caller picks another
 
@@ -151,8 +151,6 @@ def build_on_devices(fn, items: list, device_of=lambda item: item.device) -> lis
     """`fn(item)` for each item (a pipeline stage, say), each in a thread bound to the item's device
     (`torch.cuda.set_device`), so what it allocates and page-locks is first touched from there and
     its pinned pages sit near that GPU's driver thread. One item: called inline, same binding."""
-    from concurrent.futures import ThreadPoolExecutor
-
     def bound(item):
         d = torch.device(device_of(item))
         if d.type == "cuda" and d.index is not None:   # "cuda" alone: the current one

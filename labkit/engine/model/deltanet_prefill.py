@@ -72,7 +72,7 @@ def scan_fla(layer, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, S: torc
              conv: torch.Tensor) -> torch.Tensor:
     """A DeltaNet layer's chunk from its projection's parts (qkv [T, C], the gate inputs a, b [T, H]) to the
     recurrence's output [T, H, dv] in bf16, on `causal_conv_silu` and flash-linear-attention's kernel."""
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule     # optional (flash-linear-attention): fla path only
     s = layer.s
     T, dh = qkv.shape[0], s.dn_head_dim
     dk = s.dn_k_heads * dh

@@ -21,6 +21,7 @@ from torch import nn
 from ...shapes import W4_GROUP, ModelShape
 from .gemv import matmul, silu_glu
 from .grouped_gemv import Groups, grouped
+from .layers import make_weight
 from .quant import QuantWeight
 
 
@@ -66,7 +67,6 @@ class MoE(nn.Module):
 
     def __init__(self, s: ModelShape, gen, dtype, device, weights_dtype: str = "bf16", bank=None):
         super().__init__()
-        from .layers import make_weight            # layers builds MoE: imported here, not at the top
         self.s, self.k = s, s.experts_per_tok
         self.router = make_weight(gen, s.hidden, s.experts, dtype, device)
         if bank is None:

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import deltanet_step, qsa_step
 from .attention import PREFILL_ATTENTION, prefill_attend, split_rows
-from . import deltanet_step
+from .cache import OffloadCache
 from .deltanet_step import delta_step, deltanet_mix
 from .gemv import norm_matmul
-from . import qsa_step
-from .cache import OffloadCache
-from .indexer import index_scores
 from .hybrid import block_fns, dn_prefill, hc_head
+from .indexer import index_scores
+from .prefill_buffers import RotatingPrefillIO
 from .prefill_marks import NoMarks
 from .select import select_blocks, select_topk
 from .step_state import StepBuffers
@@ -162,7 +162,6 @@ class Engine:
             raise ValueError(f"prefill start {start} outside the prompt [0, {T})")
         c.pages.reserve(slot, T)
         if self.prefill_mode == "rotating":
-            from .prefill_buffers import RotatingPrefillIO
             io = RotatingPrefillIO(self, slot, T)
         else:
             io = _PrefillIO(self, slot, T)

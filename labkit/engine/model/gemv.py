@@ -128,7 +128,8 @@ def enabled() -> bool:
 
 
 def gemv_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The definition the kernel is checked against: fp32 products and sums, one rounding at the end."""
+    """The definition the kernel is checked against: fp32 products and sums, one rounding at the end (the tests
+    measure the kernel's error from it before that rounding: called on fp32 copies of the inputs)."""
     return (x.float() @ w.float()).to(x.dtype)
 
 
@@ -470,7 +471,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
 
 
 def silu_glu_reference(x: torch.Tensor, w_gu: torch.Tensor) -> torch.Tensor:
-    """The fused product's definition: fp32 gate and up, silu(gate) * up, one rounding."""
+    """The fused product's definition: fp32 gate and up, silu(gate) * up, one rounding (checked as `gemv_reference`
+    is)."""
     g, u = (x.float() @ w_gu.float()).chunk(2, dim=-1)
     return (torch.nn.functional.silu(g) * u).to(x.dtype)
 

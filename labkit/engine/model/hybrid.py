@@ -11,18 +11,20 @@ composition of a block lives in `engine.Engine.block` (prefill and decode both r
 """
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-
-from ... import envs
 from torch import nn
 
+from ... import envs
 from ...shapes import ModelShape
 from .attention import sparse_decode_attention
-from .kv import quantize_index_keys
-from .gemv import matmul, norm_matmul, norm_silu_glu
 from .experts import MoE
+from .gemv import matmul, norm_matmul, norm_silu_glu
+from .kv import quantize_index_keys
 from .layers import FFN, DeltaNetLayer, HyperConnection, QSALayer, RMSNorm, inject, make_weight
 from .ngram import NgramTable
 from .quant import QuantWeight
@@ -155,9 +157,6 @@ def routing_biases(s: ModelShape, routing: str, seed: int) -> torch.Tensor:
     an expert popularity, so the choice follows it. `zipf:S`: popularity 1 / rank^S over a seeded permutation per
     layer; `file:PATH`: a JSON object {"experts": [...]} of frequencies for every layer, or {"layers": [[...],
     ...]} one list a layer (a recorded routing's counts)."""
-    import json
-    import math
-    from pathlib import Path
     if routing.startswith("zipf:"):
         a = float(routing[5:])
         g = torch.Generator().manual_seed(seed + 7)
@@ -312,7 +311,7 @@ def block_fns(compiled: bool) -> BlockFns:
         pieces = (dn_pre, dn_post, dn_project, dn_out, ffn_residual, qsa_pre, qsa_project, sparse_attention, qsa_out,
                   moe_residual, hc_in, hc_out)
         if compiled:
-            import torch._dynamo
+            import torch._dynamo        # slow to import: loaded only when blocks are compiled
             torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
             pieces = tuple(torch.compile(fn, dynamic=False) for fn in pieces)
         _FNS[compiled] = BlockFns(*pieces, compiled=compiled)

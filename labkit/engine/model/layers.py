@@ -21,9 +21,9 @@ from torch import nn
 from ... import envs
 from ...shapes import W4_GROUP, ModelShape, aligned_width
 from .deltanet_prefill import causal_conv_silu_reference, scan_fla
+from .deltanet_step import delta_step_reference
 from .gemv import matmul, silu_glu
 from .quant import QuantWeight
-
 
 # The layers' weight layout (LABKIT_WEIGHTS, read at import): "nk" (default) each weight stored [N, K] and
 # held as its [K, N] transpose (the layout of a checkpoint's nn.Linear), which the lab's one-row GEMV
@@ -236,7 +236,7 @@ def dn_prefill_kernel(device: torch.device) -> str:
     if DN_PREFILL == "torch" or device.type != "cuda":
         return "torch"
     try:
-        import fla.ops.gated_delta_rule  # noqa: F401
+        import fla.ops.gated_delta_rule  # noqa: F401  -- optional (flash-linear-attention): asked for where used
     except ImportError:
         if DN_PREFILL == "fla":
             raise RuntimeError("LABKIT_DN_PREFILL=fla but flash-linear-attention is not installed "
@@ -249,7 +249,7 @@ def delta_rule_prefill(q, k, v, log_a, beta, S0, chunk: int = 64):
     """`delta_rule_chunked`'s function on the kernel `dn_prefill_kernel` picks; the same arguments and returns."""
     if dn_prefill_kernel(q.device) == "torch":
         return delta_rule_chunked(q, k, v, log_a, beta, S0, chunk=chunk)
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule     # optional: only where dn_prefill_kernel found it
     bf = torch.bfloat16
     o, S = chunk_gated_delta_rule(q[None].to(bf), k[None].to(bf), v[None].to(bf), log_a[None].float(),
                                   beta[None].to(bf), scale=1.0, initial_state=S0[None].float(),
@@ -307,7 +307,6 @@ class DeltaNetLayer(nn.Module):
         """Decode, from the input projection y [B, C + dv + 2 H] to the output projection's input
         [B, H * dv] (conv window, gates, recurrence, norm, gate) in torch ops; S and conv in place.
         The definition `deltanet_step.deltanet_mix` (one kernel on the GPU) is checked against."""
-        from .deltanet_step import delta_step_reference
         q, k, v, log_a, beta, z = self.inputs_from_projection(y, conv)
         return self.gated_norm(delta_step_reference(S, q, k, v, log_a, beta), z)
 
@@ -333,7 +332,6 @@ class DeltaNetLayer(nn.Module):
     def step(self, x: torch.Tensor, S: torch.Tensor, conv: torch.Tensor) -> torch.Tensor:
         """One token per request: x [B, hidden]; S [B, H, dk, dv] fp32 and conv [B, C, K-1] updated in place.
         The engine runs the same three parts with the recurrence as one kernel (`deltanet_step`)."""
-        from .deltanet_step import delta_step_reference
         q, k, v, log_a, beta, z = self.step_inputs(x, conv)
         return self._out(delta_step_reference(S, q, k, v, log_a, beta), z)
 

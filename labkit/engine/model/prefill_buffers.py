@@ -34,6 +34,7 @@ from contextlib import nullcontext
 
 import torch
 
+from .attention import prefill_attend, split_rows
 from .hybrid import dn_prefill
 
 N_BUFFERS = 4
@@ -170,7 +171,6 @@ class RotatingPrefillIO:
             st.store(c.pool, ki, self.where[0], buf[self.start:self.end])
 
     def attend(self, ki, q, iq, iw, pos):
-        from .attention import prefill_attend, split_rows
         s = self.e.model.shape
         b = buffer_of(ki, self.n)
         k, v = split_rows(self.bufs[b][:self.end].view(torch.bfloat16), s.n_kv_heads, s.head_dim)

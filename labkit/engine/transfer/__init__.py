@@ -20,8 +20,9 @@ import importlib.util
 import os
 from pathlib import Path
 
-# registration order is the order users see them in (the glossary's): the baseline first
 from ... import envs
+from ...params import BadInput, Param
+# registration order is the order users see them in (the glossary's): the baseline first
 from . import resident, per_row, host_gather, zero_copy, hot_cache, coalesced, block_dma  # noqa: F401,I001
 from .base import STRATEGIES, LoadResult, Setting, TransferStrategy, get_strategy, register, settings_of
 from .block_dma import BlockDMA
@@ -48,7 +49,6 @@ def strategy_params(of=None) -> list:
     """The sweep parameters of the registered strategies' settings (`labkit.params.Param`; `of`: only these
     strategies'), help text prefixed with the strategies each applies to: what an experiment that takes
     strategies adds to its SPEC."""
-    from ...params import Param
     by_name: dict[str, tuple[Setting, list[str]]] = {}
     for cls in (STRATEGIES[n] for n in of) if of is not None else STRATEGIES.values():
         for s in cls.SETTINGS:
@@ -67,7 +67,6 @@ def load_plugins(paths: str | None = None) -> list[str]:
             continue
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None or not path.is_file():
-            from ...params import BadInput
             raise BadInput(f"LABKIT_STRATEGIES names {p}, which is not a Python file")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -214,7 +215,6 @@ class HostDMA(TransferStrategy):
         """Queue the load on `stream` from a background thread (CUDA only; `stream` must already be
         ordered after the work that wrote `rows`). Returns (LoadResult, Future of the CUDA event
         recorded on `stream` after the last copy)."""
-        from concurrent.futures import ThreadPoolExecutor
         if self._bg is None:
             self._bg = ThreadPoolExecutor(1, thread_name_prefix=f"labkit-{self.name}")
         dev = out.device

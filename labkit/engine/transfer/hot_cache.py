@@ -132,6 +132,8 @@ class HotIndex:
         Returns (slot [B*k]: the slot to read from, -1 for a miss; victim [B*k]: the slot a missing
         row is written into, -1 when it is not kept). Updates the index, keys and counters."""
         if self.kernel and max(rows.numel() // self.batch, self.capacity) <= MAX_KERNEL_ROWS:
+            # Triton loads with the first planned step: the strategies register without it, and the command
+            # line reads their settings
             from .hot_plan import hot_plan
             return hot_plan(self, layer, rows, row_bytes)
         return self.plan_reference(layer, rows, row_bytes)
@@ -279,7 +281,7 @@ class HotCache(TransferStrategy):
         return LoadResult(rows.numel(), self.index.step[layer, 4])
 
     def attend(self, pool, layer, q, valid, n_kv):
-        from .hot_attention import hot_sparse_attention
+        from .hot_attention import hot_sparse_attention     # Triton, as for `plan`
         if self.defer:
             rows, stage = self._plan.pop(layer)
             self._join()
