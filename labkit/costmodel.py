@@ -45,6 +45,7 @@ from pathlib import Path
 import pandas as pd
 
 from .engine.transfer import STRATEGIES
+from .params import tokens_label
 from .shapes import ModelShape
 
 PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attention", "experts", "hc", "ngram", "head",
@@ -434,7 +435,7 @@ def validate(m: pd.DataFrame, shape: ModelShape, source: GPU, host_gbps: float |
         for _, r in d[d["strategy"] == strategy].iterrows():
             p = cm.predict(source, int(r["context_len"]), int(r["concurrency"]), int(r["budget"]))
             rows.append({"strategy": strategy, "context_len": int(r["context_len"]), "concurrency": int(r["concurrency"]),
-                         "fit_point": f"{ctx0 // 1024}K c={c0}", "measured_ms": float(r["step_ms_median"]),
+                         "fit_point": f"{tokens_label(ctx0)} c={c0}", "measured_ms": float(r["step_ms_median"]),
                          "predicted_ms": p.step_ms, "error": p.step_ms / float(r["step_ms_median"]) - 1})
     return pd.DataFrame(rows)
 

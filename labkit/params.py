@@ -256,6 +256,17 @@ def parse_size(x: Any) -> int:
     return int(v)
 
 
+def tokens_label(v) -> str:
+    """A token count as people write it, the way `parse_size` reads it back: 256, 1K, 4K, 64K, 248K, 1M, 1.5K
+    (never 0K or 4.0K). The one label of sizes in tables, figures and messages."""
+    v = int(v)
+    for unit, n in (("M", 1 << 20), ("K", 1 << 10)):
+        if v >= n:
+            q = v / n
+            return f"{q:.0f}{unit}" if q == int(q) else f"{q:.3g}{unit}"
+    return str(v)
+
+
 def resolve(spec: list[Param], given: dict, experiment: str) -> dict:
     """Defaults + given values, unknown names rejected, each value's declared checks run ("auto" ones are
     checked when `fill_auto` decides them)."""
