@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+import hashlib
+import json
 
 from ..results import ASSETS      # the results folder's layout names it
+from ..atomic import write_text
 PLOTLY_JS = "plotly.min.js"
 # A page's plotly.js <script> larger than this is an embedded bundle (figure data never comes close
 # inside a <script> without a src).
@@ -48,15 +51,11 @@ def ensure_shared(root: str | Path) -> Path:
 
 
 def _write(path: Path, text: str) -> None:
-    from ..atomic import write_text
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, text)            # whole or absent, no stray temporary file on a full disk
 
 
 def _write_manifest(path: Path, js: str) -> None:
-    import hashlib
-    import json
-
     import plotly
     data = js.encode()
     text = json.dumps({"kind": "shared assets", "note": "the one plotly.js every report and the index link by a "
