@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ..params import BadInput
 from .promserve import ServeMetrics
 from .tokentext import TokenText, piece, utf8_len
+from ..engine.drive.scheduler import Request
 
 MAX_LOGPROBS = 20          # vLLM's default --max-logprobs
 
@@ -198,7 +199,6 @@ class Generation:
     loop as an `Event`."""
 
     def __init__(self, loop, ids: list[int], sp: Sampling, rid: str, metrics: ServeMetrics):
-        from ..engine.drive.scheduler import Request
         self.sp, self.metrics, self.engine = sp, metrics, loop
         self.aio = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
