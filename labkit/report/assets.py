@@ -17,7 +17,12 @@ import hashlib
 import json
 
 from ..results import ASSETS      # the results folder's layout names it
+from .. import lazy
 from ..atomic import write_text
+
+# plotly imported only when plotly.js is copied: html.py, and through it the run index, import this module
+plotly = lazy.module("plotly")
+plotly_offline = lazy.module("plotly.offline")
 PLOTLY_JS = "plotly.min.js"
 # A page's plotly.js <script> larger than this is an embedded bundle (figure data never comes close
 # inside a <script> without a src).
@@ -25,8 +30,7 @@ BUNDLE_BYTES = 1_000_000
 
 
 def _plotlyjs() -> str:
-    from plotly.offline import get_plotlyjs
-    return get_plotlyjs()
+    return plotly_offline.get_plotlyjs()
 
 
 def results_root_of(page: str | Path) -> Path | None:
@@ -56,7 +60,6 @@ def _write(path: Path, text: str) -> None:
 
 
 def _write_manifest(path: Path, js: str) -> None:
-    import plotly
     data = js.encode()
     text = json.dumps({"kind": "shared assets", "note": "the one plotly.js every report and the index link by a "
                        "relative path (labkit.report.assets); not a run", "files": {PLOTLY_JS: {
