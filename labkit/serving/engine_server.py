@@ -39,9 +39,11 @@ from .generation import Generation, Sampling, bool_field, int_field, messages, p
 from .promserve import CONTENT_TYPE, ServeMetrics
 from .replies import Reply
 from .tokentext import TokenText, piece
-from .. import __version__
+from .. import __version__, lazy
 from ..engine.drive.scheduler import Scheduler, Threshold, calibrate, make_lanes, parse_policy, Costs
 from ..shapes import ModelShape
+
+torch = lazy.module("torch")     # imported when device=auto is resolved, not when this module loads
 
 
 KEEP_RECORDS = 1000                   # finished requests (and decode rounds) /stats keeps, newest last
@@ -438,7 +440,6 @@ class Overflow:
 def build(args) -> EngineLoop:
     device = args.device
     if device == "auto":
-        import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
     lanes = make_lanes(args.shape, device, args.resident_slots, args.offload_slots, capacity=args.capacity,
                        budget=args.budget, strategy=args.strategy, seed=args.seed, page_size=args.page_size,
