@@ -34,6 +34,12 @@ from labkit.crossmodel.features import FeatureSpec, SmallPass, cache_kv, pre_rop
 from labkit.crossmodel.mapper import Fitter, restrict
 from labkit.crossmodel.pair import plan_pair
 from labkit.crossmodel.quality import logits_with_kv, greedy
+from labkit.atomic import open_replacing, write_text
+from labkit.crossmodel import heldout
+from labkit.crossmodel.intervals import pooled as pooled_columns
+from labkit.crossmodel.mapped_cache import calibration_chunks
+from labkit.models import load_model
+from labkit.params import keywords
 
 # N=8: the feature ablation; every other N: the frontier (a smaller superset keeps the passes cheap)
 SUPERSET_ABLATION = "h:-1,h:0,h:-1@-1,h:-2,h:-1@-2,kv:-1,h:-1@avg"
@@ -96,13 +102,9 @@ def run(large_name="smollm2-135m", ns=(8, 10, 12, 16, 20, 24), ablation_n=8, cor
         superset_ablation=SUPERSET_ABLATION, superset_frontier=SUPERSET_FRONTIER, sums_cache: Path | None = None,
         frontier_only: str = "", ranks=(), grid=GRID, exact_prefix: int = 1, eval_seed: int = EVAL_SEED,
         val_by: str = "document"):
-    from labkit.crossmodel import heldout
-    from labkit.crossmodel.mapped_cache import calibration_chunks
-
     t_start = time.perf_counter()
     pairs = {n: plan_pair(large_name, f"first:{n}", derive=False) for n in ns}
     pair0 = pairs[ns[0]]
-    from labkit.models import load_model
     large, tok = load_model(pair0.large.path, dtype=torch.float32, device="cpu", attn_implementation="sdpa")
     large.eval()
     L = pair0.large.layers
@@ -323,7 +325,6 @@ def _write(results, mappers, out, mapper_dir, ablation_n, meta):
     summary = summarize(df)
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        from labkit.atomic import open_replacing, write_text
         for name, table in (("ablation_rows.csv", df), ("ablation.csv", summary)):
             with open_replacing(out / name) as f:          # whole, never through a planted link
                 table.to_csv(f, index=False)
@@ -334,8 +335,6 @@ def _write(results, mappers, out, mapper_dir, ablation_n, meta):
 def pooled(df: pd.DataFrame) -> dict:
     """Pooled perplexity ratio overall and per corpus with 95% intervals over sequences and the per-sequence
     min / max, mean top-1 agreement with its interval (`labkit.crossmodel.intervals`)."""
-    from labkit.crossmodel.intervals import pooled as pooled_columns
-
     return pooled_columns(df)
 
 
@@ -379,7 +378,6 @@ REQUIRED = ('out',)
 
 def study(**given) -> int:
     """The mapper ablation over feature sets and small-model depths N, into a folder of CSVs (ablation.csv, ablation_rows.csv, ablation.json). Keywords: DEFAULTS' names (REQUIRED ones must be given); one BadInput line on an unknown or missing one."""
-    from labkit.params import keywords
     a = keywords(given, DEFAULTS, REQUIRED, __name__)
     torch.set_num_threads(a.threads)
     _, summary, meta = run(a.large, tuple(int(x) for x in a.ns.split(",")), a.ablation_n,

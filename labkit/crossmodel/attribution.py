@@ -33,15 +33,16 @@ from labkit.crossmodel.ablation import large_pass, small_view
 from labkit.crossmodel.features import cache_kv, rotate
 from labkit.crossmodel.mapper import Mapper
 from labkit.crossmodel.quality import logits_with_kv
+from labkit.atomic import open_replacing, write_text
+from labkit.crossmodel.pair import plan_pair
+from labkit.models import load_model
+from labkit.params import keywords
+from labkit.quality.corpora import sequences
 
 
 @torch.no_grad()
 def run(mapper_paths, large_name="smollm2-135m", corpora=("code", "prose"), n_sequences=6, prompt_lens=(513, 1025),
         cont_len=128, per_layer=True, split=(), prefixes=(), log=print) -> pd.DataFrame:
-    from labkit.models import load_model
-    from labkit.quality.corpora import sequences
-    from labkit.crossmodel.pair import plan_pair
-
     mappers = {}
     for path in mapper_paths:
         meta_n = Mapper.load(path).small["layers"]
@@ -133,7 +134,6 @@ REQUIRED = ('mappers', 'out')
 
 def study(**given) -> int:
     """Per-layer attribution of the mapped KV's quality cost, into a folder of CSVs. Keywords: DEFAULTS' names (REQUIRED ones must be given); one BadInput line on an unknown or missing one."""
-    from labkit.params import keywords
     a = keywords(given, DEFAULTS, REQUIRED, __name__)
     torch.set_num_threads(a.threads)
     df = run([Path(x) for x in a.mappers.split(",")], a.large, n_sequences=a.n_sequences,
@@ -142,7 +142,6 @@ def study(**given) -> int:
              prefixes=tuple(int(x) for x in a.prefix.split(",") if x), log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    from labkit.atomic import open_replacing, write_text
     s = summarize(df)
     for name, table in (("attribution_rows.csv", df), ("attribution.csv", s)):
         with open_replacing(out / name) as f:              # whole, never through a planted link

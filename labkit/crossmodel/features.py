@@ -22,6 +22,7 @@ rotation (`unrotate`), so any model whose attention applies standard RoPE works 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import inspect
 
 import torch
 
@@ -96,6 +97,7 @@ def cache_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def build_cache(model, kv: list[tuple[torch.Tensor, torch.Tensor]]):
     """A DynamicCache holding the given per-layer (K rotated, V), [B, kv_heads, T, head_dim] each."""
+    # transformers is the optional `quality` extra: imported where a Hugging Face model is used
     from transformers import DynamicCache
 
     try:
@@ -114,8 +116,6 @@ def cache_len(cache) -> int:
 def call(model, ids: torch.Tensor, cache=None, use_cache: bool = True, **extra):
     """model(input_ids=ids) passing the cache under the name this transformers uses (`cache` from
     5.2x, `past_key_values` before); returns (output, cache)."""
-    import inspect
-
     kw = {}
     if cache is not None:
         names = inspect.signature(type(model).forward).parameters

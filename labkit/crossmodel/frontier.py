@@ -25,6 +25,20 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from labkit import sweep
+from labkit.atomic import write_bytes, write_text, replacing
+from labkit.crossmodel import shm
+from labkit.crossmodel.features import FeatureSpec
+from labkit.crossmodel.mapped_cache import load_models
+from labkit.crossmodel.mapper import Mapper, feature_width
+from labkit.crossmodel.pair import plan_pair
+from labkit.crossmodel.producer import Producer
+from labkit.crossmodel.ttft import large_ttft_once, mapped_ttft_once, ttft_rows
+from labkit.crossmodel.vllm_path import Server, ttft_vllm
+from labkit.params import keywords
+from labkit.quality.corpora import sequences
+from labkit.results import load_run
+
 
 def join(ablation: pd.DataFrame, ttft: pd.DataFrame) -> pd.DataFrame:
     """One row per (N, quality config, prompt length): quality beside the measured speedup. TTFT rows are
@@ -47,13 +61,6 @@ def join(ablation: pd.DataFrame, ttft: pd.DataFrame) -> pd.DataFrame:
 def measure(large_name: str, mappers: dict, lens, repeats: int, root: Path, log=print, exact_prefix: int = 1):
     """mappers: {(N, name): path}. Yields rows kind=ttft, one (large_prefill, mapped) pair per (N, name,
     length), each length's as soon as it is measured."""
-    from labkit.quality.corpora import sequences
-    from labkit.crossmodel.ttft import large_ttft_once, mapped_ttft_once, ttft_rows
-    from labkit.crossmodel.mapper import Mapper
-    from labkit.crossmodel.pair import plan_pair
-    from labkit.crossmodel.producer import Producer
-    from labkit.crossmodel.mapped_cache import load_models
-
     first = None
     prods = {}
     for (n, name), path in sorted(mappers.items()):
@@ -99,9 +106,6 @@ def shape_mapper(pair, features: str, rank: int = 0):
     group and [r, out] per layer) and zero weights: the mapping's cost is its matrix shapes, not its values,
     so it times the path exactly; its first tokens are not the real mapper's (rows say
     `mapper_weights=shape-only`)."""
-    from labkit.crossmodel.features import FeatureSpec
-    from labkit.crossmodel.mapper import Mapper, feature_width
-
     fs = FeatureSpec.parse(features)
     w = pair.large.kv_heads * pair.large.head_dim
     layers = pair.table.mapped_layers
@@ -121,18 +125,12 @@ def shape_mapper(pair, features: str, rank: int = 0):
 def shape_path(mapper_dir: Path, n: int, features: str, rank: int = 0) -> Path:
     """Where the shape-only mapper of (N, features) is cached: the features are in the name (a file named by
     N alone was reused for other features of the same width, whose feature construction costs differ)."""
-    from labkit.crossmodel.features import FeatureSpec
-
     tag = hashlib.sha256(str(FeatureSpec.parse(features)).encode()).hexdigest()[:8]
     return mapper_dir / "shape-only" / f"first{n}-{tag}{f'-rank{rank}' if rank else ''}.safetensors"
 
 
 def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
     """Copy the ablation's tables into a frontier run folder and write `frontier.parquet` (the join)."""
-    from labkit.results import load_run
-
-    from labkit.atomic import write_bytes, write_text
-
     run = load_run(run_dir)
     summary = pd.read_csv(ablation_dir / "ablation.csv")
     run_table(run_dir, "ablation", summary)
@@ -156,7 +154,6 @@ def attach(run_dir: Path, ablation_dir: Path) -> pd.DataFrame:
 
 def run_table(run_dir: Path, name: str, df: pd.DataFrame) -> None:
     """`<name>.parquet` in the run folder, whole, never through a planted link."""
-    from labkit.atomic import replacing
     with replacing(run_dir / f"{name}.parquet") as tmp:
         df.to_parquet(tmp, index=False)
 
@@ -164,13 +161,6 @@ def run_table(run_dir: Path, name: str, df: pd.DataFrame) -> None:
 def measure_vllm(large_name: str, mappers: dict, lens, repeats: int, concurrency, run, log=print, exact_prefix: int = 1):
     """TTFT through a vLLM server with the labkit connector (`vllm_path.ttft_vllm`), per mapper: one
     server for the large model, the producer switched per N. Yields rows kind=ttft backend=vllm."""
-    from labkit.crossmodel import shm
-    from labkit.crossmodel.mapper import Mapper
-    from labkit.crossmodel.pair import plan_pair
-    from labkit.crossmodel.producer import Producer
-    from labkit.crossmodel.mapped_cache import load_models
-    from labkit.crossmodel.vllm_path import Server, ttft_vllm
-
     root = shm.default_root()
     first, server = None, None
     try:
@@ -217,11 +207,7 @@ REQUIRED = ()
 
 def study(**given) -> int:
     """TTFT of mapped prefill against the large model's own, per small-model depth N, into an xfer run folder. Keywords: DEFAULTS' names (REQUIRED ones must be given); one BadInput line on an unknown or missing one."""
-    from labkit.params import keywords
     a = keywords(given, DEFAULTS, REQUIRED, __name__)
-    from labkit import sweep
-    from labkit.crossmodel import shm
-    from labkit.crossmodel.pair import plan_pair
 
     if a.attach:
         print(attach(Path(a.attach), Path(a.ablation)).round(3).to_string())

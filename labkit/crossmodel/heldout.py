@@ -24,8 +24,12 @@ import functools
 import re
 import zlib
 from dataclasses import dataclass
+import hashlib
 
 import numpy as np
+import torch
+
+from labkit.quality.corpora import documents, read_document
 
 EVAL_SEED = 20261201     # the recorded default; a run's manifest records the seed it drew with
 OVERLAP_K = 8            # n-gram length of `overlap`: long enough that shared 8-grams are shared text
@@ -64,15 +68,11 @@ def family(corpus: str, name: str) -> str:
 @functools.lru_cache(maxsize=None)
 def calibration_families(corpus: str) -> frozenset[str]:
     """Families with a document in the corpus' calibration split (listing the stdlib is slow: once per process)."""
-    from labkit.quality.corpora import documents
-
     return frozenset(family(corpus, n) for n, _ in documents(corpus, "calibration"))
 
 
 def eval_documents(corpus: str):
     """(name, path) of the eval split without the families that have a calibration document, hash order."""
-    from labkit.quality.corpora import documents
-
     banned = calibration_families(corpus)
     return [(n, p) for n, p in documents(corpus, "eval") if family(corpus, n) not in banned]
 
@@ -85,10 +85,6 @@ def _rng(seed: int, corpus: str) -> np.random.Generator:
 def draw(tokenizer, corpora, seq_len: int, n: int, seed: int = EVAL_SEED, min_chars_per_token: float = 2.0) -> list[Seq]:
     """`n` windows of `seq_len` tokens per corpus from distinct evaluation documents, drawn by `seed`.
     Fewer eligible documents than `n` is an error, not a smaller sample."""
-    import torch
-
-    from labkit.quality.corpora import read_document
-
     if seq_len < 2 or n < 1:
         raise ValueError(f"need seq_len >= 2 and n >= 1, got seq_len={seq_len}, n={n}")
     out = []
@@ -157,8 +153,6 @@ def calib_sha(calib) -> dict:
     """The calibration text's identity as `transfer.fit_mapper` records it in a mapper file (16 hex digits of
     sha256 over chunk names and token ids, per split): a loaded mapper's own says whether it was fitted on
     this calibration text."""
-    import hashlib
-
     h = {"fit": hashlib.sha256(), "val": hashlib.sha256()}
     for split, name, ids in calib:
         h[split].update(name.encode() + ids.numpy().tobytes())

@@ -30,6 +30,9 @@ from labkit.crossmodel.features import (SmallPass, cache_kv, pre_rope_kv, rope_c
                                   small_pass)
 from labkit.crossmodel.mapper import Fitter, Mapper
 from labkit.crossmodel.pair import PairSpec
+from labkit.crossmodel.mapper import LAMBDA_GRID
+from labkit.models import load_model
+from labkit.quality.corpora import read_document, documents
 
 MODES = ("mapped", "zeros", "copy_last")
 EXACT_PREFIX = 1   # positions whose K/V the large model computes itself (the attention sink)
@@ -45,9 +48,8 @@ class Models:
 
 def load_models(pair: PairSpec, dtype=torch.float32, device: str = "cpu", large_model=None) -> Models:
     """Load both checkpoints (the small one from its folder; `first:N` shares nothing at run time)."""
+    # transformers is the optional `quality` extra: imported where a Hugging Face model is used
     from transformers import AutoModelForCausalLM
-
-    from labkit.models import load_model
 
     if large_model is None:
         large, tok = load_model(pair.large.path, dtype=dtype, device=device, attn_implementation="sdpa")
@@ -84,8 +86,6 @@ def fit_mapper(models: Models, features, calib: list[tuple[str, str, torch.Tenso
                log=print, rank: int = 0) -> Mapper:
     """Fit on calibration chunks [(split 'fit'|'val', name, ids[T])]; λ chosen on the 'val' chunks; `rank` > 0
     factorizes the ridge solution (`Fitter.reduced`)."""
-    from labkit.crossmodel.mapper import LAMBDA_GRID
-
     fitter = Fitter(models.pair, features, rope)
     mapped = models.pair.table.mapped_layers
     h = {"fit": hashlib.sha256(), "val": hashlib.sha256()}
@@ -116,8 +116,6 @@ def calibration_chunks(tokenizer, corpora, seq_len: int, tokens_per_corpus: int,
     left without a held-out chunk holds out its last document (its last chunk if it has one document); with
     `"chunk"`, as before, the last chunk overall if none is held out.
     """
-    from labkit.quality.corpora import read_document, documents
-
     if val_by not in ("document", "chunk"):
         raise ValueError(f"val_by must be 'document' or 'chunk', got {val_by!r}")
     out = []

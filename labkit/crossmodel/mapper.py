@@ -38,6 +38,7 @@ import torch
 
 from labkit.crossmodel.features import FeatureSpec, feature_dim
 from labkit.crossmodel.pair import LayerTable, PairError, PairSpec
+from labkit.atomic import replacing
 
 LAMBDA_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)  # 3 and 10 were never chosen (first:8 fits)
 FORMAT = "labkit-xfer-mapper/1"
@@ -171,19 +172,20 @@ class Mapper:
                 "rank_gap": {str(k): v for k, v in self.rank_gap.items()}}
 
     def save(self, path: str | Path) -> Path:
+        # safetensors comes with the optional `quality` extra (transformers)
         from safetensors.torch import save_file
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {f"layer.{k}.W": v.contiguous().float() for k, v in self.weights.items()}
         tensors.update({f"proj.{g}.A": a.contiguous().float() for g, a in self.proj.items()})
-        from labkit.atomic import replacing
         with replacing(path) as tmp:          # a fresh temporary name: never through a planted link
             save_file(tensors, str(tmp), metadata={"labkit_xfer": json.dumps(self.metadata())})
         return path
 
     @classmethod
     def load(cls, path: str | Path, expect: PairSpec | None = None, features: str | None = None) -> "Mapper":
+        # safetensors comes with the optional `quality` extra (transformers)
         from safetensors import safe_open
 
         path = Path(path)
@@ -207,6 +209,7 @@ class Mapper:
 
 
 def read_metadata(path: str | Path) -> dict:
+    # safetensors comes with the optional `quality` extra (transformers)
     from safetensors import safe_open
 
     try:

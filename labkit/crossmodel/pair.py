@@ -22,6 +22,12 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+import shutil
+
+import torch
+
+from labkit.models import ModelNotFound, resolve as resolve_model
+from labkit.models.loader import cache_dir, checkpoint_path
 
 
 class PairError(ValueError):
@@ -86,10 +92,8 @@ def tokenizer_fingerprint(path: str | os.PathLike) -> str:
 
 def derive_first_layers(large_ckpt: Path, n: int, out: Path | None = None) -> Path:
     """A checkpoint folder with the large model's first `n` layers, final norm and head (saved once)."""
-    import torch
+    # transformers is the optional `quality` extra: imported where a Hugging Face model is used
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from labkit.models.loader import cache_dir
 
     out = out or cache_dir() / f"{Path(large_ckpt).name}-first{n}"
     if (out / "config.json").is_file():
@@ -118,8 +122,6 @@ def derive_first_layers(large_ckpt: Path, n: int, out: Path | None = None) -> Pa
     AutoTokenizer.from_pretrained(large_ckpt).save_pretrained(tmp)
     (tmp / "SOURCE.txt").write_text(f"first {n} decoder layers + final norm + LM head of {large_ckpt}; no training\n")
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     tmp.rename(out)
     return out
@@ -222,10 +224,6 @@ def plan_pair(large: str, small: str, table: str | None = None, derive: bool = T
     With `derive=False` a `first:N` small model is checked against the large config only (nothing
     written); with True its checkpoint folder is made if missing (reads the large weights once).
     """
-    from labkit.models import ModelNotFound
-    from labkit.models import resolve as resolve_model
-    from labkit.models.loader import cache_dir, checkpoint_path
-
     try:
         kind, _ = resolve_model(large)
         if kind != "hf" and not derive:

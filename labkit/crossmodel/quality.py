@@ -30,12 +30,13 @@ import torch.nn.functional as F
 from labkit.crossmodel.features import build_cache, cache_kv, call
 from labkit.crossmodel.heldout import as_seq
 from labkit.crossmodel.mapped_cache import EXACT_PREFIX, MODES, Models, large_targets, mapped_kv, true_cache
+from labkit.crossmodel.features import rope_cos_sin, unrotate
+from labkit.crossmodel.heldout import EVAL_SEED, draw
+from labkit.crossmodel.intervals import agree_columns, paired, ratio_columns
 
 
 def eval_sequences(tokenizer, corpora, total_len: int, n: int, seed: int | None = None):
     """`n` evaluation windows per corpus (`heldout.Seq`), drawn by `seed` (`heldout.EVAL_SEED` if None)."""
-    from labkit.crossmodel.heldout import EVAL_SEED, draw
-
     return draw(tokenizer, corpora, total_len, n, seed=EVAL_SEED if seed is None else seed)
 
 
@@ -119,7 +120,6 @@ def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree
                 for l_ in pair.table.mapped_layers:
                     k, v = kv[l_]
                     if mapper.rope == "pre":
-                        from labkit.crossmodel.features import rope_cos_sin, unrotate
                         cos, sin = rope_cos_sin(large, T)
                         k = unrotate(k.float(), cos, sin)
                     pk = k[0].float().transpose(0, 1).reshape(T, w)
@@ -141,8 +141,6 @@ def evaluate(models: Models, mapper, seqs, prompt_len: int, cont_len: int, agree
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Per (corpus, mode): token-weighted ppl, its ratio to the true cache with a 95% interval over sequences
     (`ppl_ratio_lo/_hi/_n`) and the per-sequence min / max, mean top-1 agreement with its interval."""
-    from labkit.crossmodel.intervals import agree_columns, paired, ratio_columns
-
     g = df.groupby(["corpus", "mode"], as_index=False).agg(nll_sum=("nll_sum", "sum"), n_tokens=("n_tokens", "sum"),
                                                            top1_agree=("top1_agree", "mean"),
                                                            n_sequences=("document", "nunique"))
@@ -160,8 +158,6 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 def pooled(df: pd.DataFrame) -> pd.DataFrame:
     """Per mode, over every corpus: the pooled ratio with its interval over sequences, per-sequence min / max,
     top-1 agreement with its interval."""
-    from labkit.crossmodel.intervals import agree_columns, paired, ratio_columns
-
     pr = paired(df)
     return pd.DataFrame([{"mode": m, "n_sequences": len(x), "corpora": ",".join(sorted(x["corpus"].unique())),
                           **ratio_columns(x), **agree_columns(x)} for m, x in pr.groupby("mode", sort=False)])

@@ -37,10 +37,18 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import statistics
 
 import torch
 
 from labkit.crossmodel.pair import LayerTable, ModelInfo, PairSpec, layer_table
+from labkit import sweep
+from labkit.crossmodel.features import FeatureSpec, small_pass, call, build_cache
+from labkit.crossmodel.mapped_cache import large_targets, true_cache, mapped_kv, Models
+from labkit.crossmodel.mapper import Fitter, Mapper, solve
+from labkit.crossmodel.ttft import ttft_rows
+from labkit.params import BadInput, resolve_device
+from labkit.results import load_run
 
 # Published configuration values (Hugging Face config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B): both have
 # 28 layers, 16 query and 8 KV heads of 128 and tied embeddings; the 1.7B is twice as wide (hidden 2048,
@@ -68,6 +76,7 @@ def context_of(name: str) -> int:
 
 def build(name: str, seed: int, dtype, device) -> torch.nn.Module:
     """`Qwen3ForCausalLM` of a published shape, weights drawn by its own initialization from `seed`, on `device`."""
+    # transformers is the optional `quality` extra: imported where a Hugging Face model is used
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(**SHAPES[name])
@@ -96,10 +105,6 @@ def pair_spec(large: str, small: str, seed: int) -> PairSpec:
 def fit_mapper(models, seed: int, tokens: int = CALIB_TOKENS, lam: float = LAMBDA):
     """A `Mapper` of the lab's shape from a closed-form ridge fit on one seeded sequence (device float32 sums,
     solved in float64), its weights moved to the models' device and dtype."""
-    from labkit.crossmodel.features import FeatureSpec, small_pass
-    from labkit.crossmodel.mapped_cache import large_targets, true_cache
-    from labkit.crossmodel.mapper import Fitter, Mapper, solve
-
     pair, large, small = models.pair, models.large, models.small
     dev = next(large.parameters()).device
     g = torch.Generator().manual_seed(seed)
@@ -127,8 +132,6 @@ def _sync(dev) -> None:
 @torch.no_grad()
 def large_ttft_once(large, ids: torch.Tensor) -> tuple[float, int]:
     """Seconds of the large model's prefill over ids [1, T] to its first token, and that token."""
-    from labkit.crossmodel.features import call
-
     _sync(ids.device)
     t0 = time.perf_counter()
     tok = int(call(large, ids, logits_to_keep=1)[0].logits[0, -1].argmax())   # int(): waits for the device
@@ -139,9 +142,6 @@ def large_ttft_once(large, ids: torch.Tensor) -> tuple[float, int]:
 def mapped_first(models, mapper, ids: torch.Tensor, exact_prefix: int, timings: dict | None = None):
     """The mapped path over ids [1, T]: (first token, the mapped cache it decoded on, the large model's
     logits of the last prompt token). The cache holds T - 1 positions before the step, T after."""
-    from labkit.crossmodel.features import build_cache, call
-    from labkit.crossmodel.mapped_cache import mapped_kv
-
     tm: dict = {}
     kv = mapped_kv(models, mapper, ids[:, :-1], "mapped", timings=tm, exact_prefix=exact_prefix)
     _sync(ids.device)
@@ -171,8 +171,6 @@ def _prompts(n: int, T: int, vocab: int, seed: int, dev) -> list[torch.Tensor]:
 
 def single_ttft(models, mapper, T: int, repeats: int, seed: int, exact_prefix: int) -> list[dict]:
     """The two rows (large_prefill, mapped) at concurrency 1: a warm-up request each, then `repeats`."""
-    from labkit.crossmodel.ttft import ttft_rows
-
     dev = next(models.large.parameters()).device
     t_large, t_map, parts, eq = [], [], [], []
     for r, ids in enumerate(_prompts(repeats + 1, T, models.pair.large.vocab, seed, dev)):
@@ -187,8 +185,6 @@ def single_ttft(models, mapper, T: int, repeats: int, seed: int, exact_prefix: i
 def concurrent_ttft(models, mapper, T: int, c: int, repeats: int, seed: int, exact_prefix: int) -> list[dict]:
     """The two rows at concurrency `c`: per-request latency of c requests arriving together, served in order
     (module docstring); a warm-up round, then `repeats` rounds; the rows hold the last round's c requests."""
-    import statistics
-
     dev = next(models.large.parameters()).device
     prompts = _prompts(c, T, models.pair.large.vocab, seed, dev)
     rows = []
@@ -218,8 +214,6 @@ def concurrent_ttft(models, mapper, T: int, c: int, repeats: int, seed: int, exa
 # ---- `labkit run crossmodel -p weights=seeded` ---------------------------------------------------------------------
 def check(given: dict) -> dict:
     """The parameters of a seeded run, each problem one line (BadInput) before anything is built."""
-    from labkit.params import BadInput, resolve_device
-
     p = dict(given)
     if p["weights"] != "seeded":
         raise BadInput(f"weights must be checkpoint or seeded, got {p['weights']!r}")
@@ -253,9 +247,6 @@ def check(given: dict) -> dict:
 def run_seeded(p: dict, run=None, log=print):
     """Both models and the mapper once, then per prompt length and concurrency the two TTFT rows -> the run
     folder (kind=ttft, weights=seeded); returns the Run."""
-    from labkit import sweep
-    from labkit.crossmodel.mapped_cache import Models
-
     shown = log is not None
     log = log or (lambda *a, **k: None)
     run = run or sweep.open_run(p, "crossmodel")
@@ -305,8 +296,6 @@ def run_seeded(p: dict, run=None, log=print):
 
 def closing_lines(run) -> list[str]:
     """Per prompt length and concurrency: both medians and the speedup."""
-    from labkit.results import load_run
-
     m = load_run(run.path).metrics
     m = m[(m["status"] == "ok") & (m["kind"] == "ttft")]
     out = []

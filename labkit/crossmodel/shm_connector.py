@@ -60,6 +60,7 @@ def _zero_fill_prompt_logprobs() -> None:
     OverflowError in the API server. Zero-filled buffers make those entries token 0 / logprob 0, which
     the measurement ignores (it reads only computed positions). Enabled by the connector's extra config
     `zero_fill_prompt_logprobs` (the quality measurement), never by default."""
+    # vLLM lives in its own venv, not labkit's: imported only inside its process
     from vllm.v1 import outputs
 
     if getattr(outputs.LogprobsTensors.empty_cpu, "_labkit", False):

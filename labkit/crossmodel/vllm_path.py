@@ -28,9 +28,16 @@ import urllib.request
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from labkit.results import REPO
 from labkit.crossmodel.mapped_cache import EXACT_PREFIX
+from labkit.crossmodel import shm
+from labkit.crossmodel.heldout import as_seq
+from labkit.crossmodel.producer import Producer
+from labkit.crossmodel.quality import summarize, pooled
+from labkit.quality.corpora import sequences
+from labkit.serving.lifecycle import VllmServer
 
 
 class Server:
@@ -40,8 +47,6 @@ class Server:
 
     def __init__(self, ckpt: str, fingerprint: str, shm_root: Path, log_path: Path, max_model_len: int = 8192,
                  dtype: str = "float32", kv_space_gib: int = 2, startup_timeout_s: float = 900):
-        from labkit.serving.lifecycle import VllmServer
-
         cache = Path(envs.get("LABKIT_CACHE") or Path.home() / ".cache" / "labkit") / "vllm"
         (cache / "tmp").mkdir(parents=True, exist_ok=True)
         env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
@@ -100,7 +105,6 @@ def _prompt_nll(resp: dict, ids, first: int) -> tuple[float, list[int]]:
 def quality_vllm(server: Server, prod, seqs, prompt_len: int, cont_len: int, agree_tokens: int, log=print) -> list[dict]:
     rows = []
     cover = prompt_len - 1
-    from labkit.crossmodel.heldout import as_seq
 
     for s in map(as_seq, seqs):
         corpus, name, ids = s.corpus, s.document, [int(x) for x in s.ids[: prompt_len + cont_len]]
@@ -132,8 +136,6 @@ def quality_vllm(server: Server, prod, seqs, prompt_len: int, cont_len: int, agr
 
 
 def _path(prod, ids):
-    from labkit.crossmodel import shm
-
     return shm.path_for(ids, prod.root)
 
 
@@ -151,8 +153,6 @@ def _completion_ids(server: Server, prompt, n: int) -> list[int]:
 
 
 def ttft_vllm(server: Server, prod, tokenizer, lens, concurrency, repeats: int, log=print):
-    from labkit.quality.corpora import sequences
-
     need = max(concurrency) * (repeats + 1) * 2
     pool = {n: [ids[:n].tolist() for _, ids in sequences(tokenizer, "prose", n, min(need, 30), split="eval")]
             for n in lens}
@@ -227,11 +227,6 @@ def ttft_vllm(server: Server, prod, tokenizer, lens, concurrency, repeats: int, 
 
 
 def run_vllm(p: dict, models, mapper, mapper_path, seqs, run, base: dict, log=print) -> None:
-    import torch
-
-    from labkit.crossmodel import shm
-    from labkit.crossmodel.producer import Producer
-
     root = shm.default_root()
     prod = Producer(models, mapper, root, dtype=torch.float32, exact_prefix=p.get("exact_prefix", EXACT_PREFIX))
     server = Server(models.pair.large.path, models.pair.large.fingerprint, root, run.path / "vllm_server.log")
@@ -246,11 +241,9 @@ def run_vllm(p: dict, models, mapper, mapper_path, seqs, run, base: dict, log=pr
         m = run.metrics()
         qv = m[(m.get("kind") == "quality") & (m["backend"] == "vllm")]
         if not qv.empty:
-            from labkit.crossmodel.quality import summarize
             prev = run.path / "quality_summary.parquet"
             old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
             run.write_table("quality_summary", pd.concat([old, summarize(qv).assign(backend="vllm")], ignore_index=True))
-            from labkit.crossmodel.quality import pooled
             prev = run.path / "quality_pooled.parquet"
             old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
             run.write_table("quality_pooled", pd.concat([old, pooled(qv).assign(backend="vllm")], ignore_index=True))

@@ -24,8 +24,15 @@ from __future__ import annotations
 import difflib
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 
-from ..params import BadInput, Param, Plan, experiment_name
+from .. import lazy
+from ..params import BadInput, Param, Plan, experiment_name, fill_auto, resolve, resolve_device
+from ..shapes import planned_shape
+
+# sweep and results import pandas: the registry stays light for --help
+results = lazy.module("..results", __package__)
+sweep = lazy.module("..sweep", __package__)
 
 
 @dataclass(frozen=True)
@@ -107,7 +114,6 @@ def checked(name: str, spec: list[Param], given: dict, load_check, **check_optio
     """Resolve `given` against `spec` (names and types: nothing heavy imported yet), then the measuring module's
     own `check(params)` (the machine, files, servers), which `load_check()` imports only then; keys it marks
     private (`_pair`) are not recorded."""
-    from ..params import resolve
     p = resolve(spec, given, name)
     p = load_check()(p, **check_options)
     return Plan(name, {k: v for k, v in p.items() if not k.startswith("_")})
@@ -127,8 +133,6 @@ def for_this_machine(spec: list[Param], given: dict, name: str) -> dict:
     """Resolve `given` against `spec`, pick the device, decide every "auto" (or 0) parameter from its declared
     per-device value (`Param.auto`), run the declared checks and check the shape exists: the common first half
     of an engine experiment's `plan`."""
-    from ..params import fill_auto, resolve, resolve_device
-    from ..shapes import planned_shape
     p = resolve(spec, given, name)
     dev = resolve_device(p["device"])
     p["device"] = str(dev)
@@ -139,7 +143,6 @@ def for_this_machine(spec: list[Param], given: dict, name: str) -> dict:
 
 def check_selection(selection: str) -> None:
     """`selection`: the indexer's own, or `trace:PATH`, a recorded trace that must exist (one BadInput line)."""
-    from pathlib import Path
     if selection != "indexer" and not selection.startswith("trace:"):
         raise BadInput(f"selection must be 'indexer' or 'trace:PATH', got {selection!r}")
     if selection.startswith("trace:") and not Path(selection[6:]).is_file():
@@ -166,13 +169,10 @@ def estimate(plan: Plan):
     """How long a plan is expected to take on this machine (`labkit.sweep.Estimate`): the experiment's own estimate
     where it has one (decode times this CPU), else the median of earlier finished runs of the same parameters on
     this machine under results/; None when neither knows."""
-    from .. import sweep
-    from ..results import REPO
     own = getattr(get(plan.experiment).module, "estimate", None)
     est = own(plan) if own else None
     if est is None:
-        from pathlib import Path
-        roots = {Path("results").resolve(), (REPO / "results").resolve()}
+        roots = {Path("results").resolve(), (results.REPO / "results").resolve()}
         est = sweep.from_history(plan.experiment, dict(plan.params), [str(r) for r in roots])
     return est
 

@@ -22,6 +22,8 @@ from ..serving.latency import summarize
 from ..serving.workload import trace_replay
 from ..shapes import ModelShape
 from . import trace_windows as W
+from ..serving.engine_server import EngineLoop, create_app
+from ..serving.loadgen import run_load
 
 
 # The first 1,000 requests (330 s of arrivals) of the Mooncake FAST'25 conversation trace (Apache-2.0,
@@ -116,9 +118,6 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     # without them, so a replay never needs them installed
     import httpx
     import uvicorn
-
-    from ..serving.engine_server import EngineLoop, create_app
-    from ..serving.loadgen import run_load
 
     loop = EngineLoop(sched, keep=None).start()     # every record and round of the replay: the row sums them
     port = _free_port()

@@ -32,6 +32,7 @@ import pandas as pd
 
 from ..params import BadInput
 from ..stats import bootstrap, spread
+from ..engine.drive.policies import fitted_name
 
 REFERENCE, STATIC, ADAPTIVE = "reference", "threshold (fitted)", "adaptive (fitted)"
 RULE = ("on the calibration windows only: the candidate with the best median throughput ratio to the reference "
@@ -54,7 +55,6 @@ def window_bounds(n_trace: int, windows: int, size: int, calibration: int) -> li
 
 def candidates(p: dict) -> dict[str, list[str]]:
     """The policies each fitted arm chooses among (on the calibration windows)."""
-    from ..engine.drive.policies import fitted_name     # the engine names the policies (torch stays unimported here)
     return {STATIC: [f"threshold:{int(t)}" for t in p["thresholds"]],
             ADAPTIVE: [fitted_name(m, h) for m in p["adaptive_min_tokens"] for h in p["adaptive_hide"]]}
 

@@ -41,6 +41,7 @@ import importlib.util
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from pydoc_data.topics import topics
 
 CORPORA = ("code", "prose", "yaml", "pydoc")   # appended only: a corpus' index seeds its draw
 SPLITS = ("eval", "calibration")
@@ -126,7 +127,6 @@ def pydoc_files() -> list[tuple[str, Path]]:
 
 
 def _pydoc_topics() -> dict[str, str]:
-    from pydoc_data.topics import topics
     return topics
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.model.kv import dequantize_index_keys, quantize_index_keys
+from labkit.quality.sparse import SparseController, instrument
 
 
 
@@ -118,8 +119,6 @@ def projections_from_moments(cq: torch.Tensor, ck: torch.Tensor, rank: int = 64)
 @torch.no_grad()
 def calibrate(model, sequences: list[torch.Tensor], rank: int = 64, quantize: bool = True) -> Indexer:
     """Fit the indexer on `sequences` (1-D token tensors) with dense attention."""
-    from labkit.quality.sparse import SparseController, instrument
-
     if rank < 1:
         raise ValueError(f"indexer rank must be >= 1, got {rank}")
     col = MomentCollector()

@@ -37,6 +37,10 @@ import pandas as pd
 import torch
 
 from labkit.quality.sparse import POLICIES, SparseController, instrument, n_layers
+from labkit import sweep
+from labkit.quality.corpora import CORPORA, draw_sequences, sequences
+from labkit.quality.indexer import calibrate
+from labkit.stats import bootstrap, perplexity_ratio
 
 DEFAULT_BUDGETS = (64, 128, 256, 512, 1024, 2048)
 DEFAULT_POLICIES = ("oracle", "oracle_shared", "indexer", "retrieval_head")
@@ -46,8 +50,6 @@ PROTOCOLS = ("dense_prefill", "sparse_prefill")
 def validate(corpora, budgets, policies, seq_len: int, n_sequences: int, eval_tokens: int, seed: int = 0,
              block_variants=(), block_budgets=(), protocols=("dense_prefill",)) -> None:
     """Raise ValueError (one line) on bad parameters, before anything is loaded."""
-    from labkit.quality.corpora import CORPORA
-
     if not protocols:
         raise ValueError(f"protocol is empty: choose from {', '.join(PROTOCOLS)}")
     bad = [p for p in protocols if p not in PROTOCOLS]
@@ -184,9 +186,6 @@ def quality_sweep(model, tokenizer, corpora=("code", "prose"), budgets=DEFAULT_B
     `on_record(row)` is called after every point (e.g. `run.add`), so a crash loses nothing measured.
     A point that raises becomes a row with status='failed' and its error; the sweep goes on.
     """
-    from labkit import sweep
-    from labkit.quality.corpora import draw_sequences
-
     budgets = [b for b in budgets if b != "full"]
     validate(corpora, budgets, policies, seq_len, n_sequences, eval_tokens, seed, block_variants, block_budgets,
              protocols)
@@ -265,8 +264,6 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     mean attention-mass recall and recall@budget against `oracle_shared` with bootstrap intervals over sequences
     (`stats.bootstrap`), and the same two over the prefix rows where sparse prefill ran (`prefill_*`). Interval
     columns: `x`, `x_lo`, `x_hi`, `x_n` (`Interval.as_dict`). Frames without `protocol` are `dense_prefill`."""
-    from labkit.stats import bootstrap, perplexity_ratio
-
     ok = df[df["status"] == "ok"].copy()
     # frames from before block variants / windows / the sparse-prefill protocol
     for col, default in (("block", 1), ("start", 0), ("protocol", "dense_prefill")):
@@ -302,8 +299,6 @@ def head_share_map(model, tokenizer, corpora=("code", "prose"), seq_len: int = 4
 
     share = dense attention mass on positions [sink_window, t - recent_window] for query position t.
     """
-    from labkit.quality.corpora import sequences
-
     ctl = instrument(model)
     rows = []
     for corpus in corpora:
@@ -342,9 +337,6 @@ def prepare_policies(model, tokenizer, policies, corpora=("code", "prose"), seq_
 
     Returns (controller, calibration head map DataFrame or None).
     """
-    from labkit.quality.corpora import sequences
-    from labkit.quality.indexer import calibrate
-
     ctl = SparseController(sink_window=sink_window, recent_window=recent_window)
     share = None
     if "indexer" in policies:

@@ -295,6 +295,7 @@ def sparse_attention_forward(module, query, key, value, attention_mask, scaling=
 
 
 def _register() -> None:
+    # transformers is the optional `quality` extra: imported where a Hugging Face model is used
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTN_NAME, sparse_attention_forward)

@@ -1,12 +1,17 @@
 """Where a decode step's time goes (the per-point anatomy) and what the cost model makes of it."""
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .summary import cost_model_errors, decode_table, is_cpu
 from .units import tokens_label as _ctx
+from ..costmodel import gpu, gpu_for_name, predict_table
+from ..engine.transfer import STRATEGIES
+from ..shapes import metrics_shape
 
 PHASE_COLORS = {"weights": "#4c78a8", "deltanet": "#72b7b2", "index_score": "#f58518", "selection": "#e45756",
                 "transfer": "#54a24b", "attention": "#b279a2", "head": "#9d755d", "other": "#bab0ac"}
@@ -49,7 +54,6 @@ def without_anatomy(m: pd.DataFrame, code: bool = False) -> str:
     missing = [s for s in dict.fromkeys(d["strategy"]) if s not in set(t["strategy"])]
     if not missing:
         return ""
-    from ..engine.transfer import STRATEGIES
     name = (lambda s: f"`{s}`") if code else str        # markdown: a strategy as code, so it starts a sentence
     slow = [name(s) for s in missing if getattr(STRATEGIES.get(s), "slow", False)]
     other = [name(s) for s in missing if not getattr(STRATEGIES.get(s), "slow", False)]
@@ -108,7 +112,6 @@ def anatomy_bars(m: pd.DataFrame) -> go.Figure:
     title = "Step anatomy: where each decode step's time goes (ms)"
     missing = without_anatomy(m)
     if missing:          # a strategy the run measured is not among the bars: the chart says why
-        import textwrap
         lines = textwrap.wrap(missing, 110)
         title += "".join(f"<br><sup>{ln}</sup>" for ln in lines)
     extra = 18 * len(textwrap.wrap(missing, 110)) if missing else 0
@@ -150,8 +153,6 @@ def prediction_text(m: pd.DataFrame) -> str:
 
 def reference_box_prediction(m: pd.DataFrame, gpu_key: str = "rtx3090", n_gpus: int = 3) -> pd.DataFrame | None:
     """PREDICTED tok/s on the reference box, from this run's anatomies (None when the run cannot say)."""
-    from ..costmodel import gpu, gpu_for_name, predict_table
-    from ..shapes import metrics_shape
     d = decode_table(m)
     if d.empty or "anat_weights_ms" not in m or not m["gpu_name"].notna().any():
         return None

@@ -13,8 +13,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+import hashlib
+import json
 
 from ..results import ASSETS      # the results folder's layout names it
+from .. import lazy
+from ..atomic import write_text
+
+# plotly imported only when plotly.js is copied: html.py, and through it the run index, import this module
+plotly = lazy.module("plotly")
+plotly_offline = lazy.module("plotly.offline")
 PLOTLY_JS = "plotly.min.js"
 # A page's plotly.js <script> larger than this is an embedded bundle (figure data never comes close
 # inside a <script> without a src).
@@ -22,8 +30,7 @@ BUNDLE_BYTES = 1_000_000
 
 
 def _plotlyjs() -> str:
-    from plotly.offline import get_plotlyjs
-    return get_plotlyjs()
+    return plotly_offline.get_plotlyjs()
 
 
 def results_root_of(page: str | Path) -> Path | None:
@@ -48,16 +55,11 @@ def ensure_shared(root: str | Path) -> Path:
 
 
 def _write(path: Path, text: str) -> None:
-    from ..atomic import write_text
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, text)            # whole or absent, no stray temporary file on a full disk
 
 
 def _write_manifest(path: Path, js: str) -> None:
-    import hashlib
-    import json
-
-    import plotly
     data = js.encode()
     text = json.dumps({"kind": "shared assets", "note": "the one plotly.js every report and the index link by a "
                        "relative path (labkit.report.assets); not a run", "files": {PLOTLY_JS: {

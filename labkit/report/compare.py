@@ -18,13 +18,14 @@ import plotly.graph_objects as go
 from ..params import BadInput
 from .index import machine_label
 from .summary import ok_rows
+from ..results import LoadedRun
+from .html import Page, esc
 
 KEY = ["experiment", "shape", "strategy", "axis", "context_len", "budget", "concurrency", "selection",
        "direction", "bytes", "size_mib", "threads", "rows_per_prog", "num_warps"]
 
 
 def _load(path: str | Path):
-    from ..results import LoadedRun
     p = Path(path)
     if not p.is_dir():
         raise BadInput(f"{p} is not a folder")
@@ -136,7 +137,6 @@ def compare(run_a: str | Path, run_b: str | Path, out: str | Path | None = None)
     if out.resolve().parent in (a.path.resolve(), b.path.resolve()) and out.name == "report.html":
         raise BadInput(f"--out {out} would overwrite a run's report")
 
-    from .html import Page, esc
     page = Page(f"labkit compare: {a.path.name} (A) vs {b.path.name} (B)")
     info = pd.DataFrame([{"": name, "run": r.manifest.get("run_id"), "created": r.manifest.get("created"),
                           "machine": m, "git sha": r.manifest.get("git_sha"), "experiment": r.manifest.get("experiment"),

@@ -10,6 +10,7 @@ from plotly.subplots import make_subplots
 
 from .summary import ok_rows, decode_table, is_cpu, link_gbps
 from .units import tokens_label
+from ..engine.transfer import STRATEGIES
 
 class _Colors:
     """A colour per strategy, by its place in the strategy registry (the baseline first, a newly registered one
@@ -21,7 +22,6 @@ class _Colors:
     def get(self, name, default=None):
         if name in self.PROBE:
             return self.PROBE[name]
-        from ..engine.transfer import STRATEGIES
         names = list(STRATEGIES)
         return self.PALETTE[names.index(name) % len(self.PALETTE)] if name in names else default
 
@@ -92,6 +92,7 @@ def empty_reason(fig: go.Figure | None) -> str | None:
 def show(fig: go.Figure | None) -> None:
     """A report cell's figure: the chart when it has data, else one line of text saying why not (no empty
     axes under a sentence that says there is no data)."""
+    # IPython is there only inside a notebook (the optional `lab` extra)
     from IPython.display import Markdown, display
     if empty_reason(fig) is None:
         fig.show()

@@ -17,6 +17,9 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..atomic import write_text
+from .assets import plotly_script
+
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5rem auto;max-width:1400px;padding:0 1rem;color:#222}
 h1{font-size:1.5rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd}
@@ -86,7 +89,6 @@ class Page:
 
     def render(self, path: str | Path | None = None, standalone: bool = False) -> str:
         """The page as it would be written at `path` (None: standalone, plotly.js embedded)."""
-        from .assets import plotly_script
         script = plotly_script(path, standalone) if path is not None else plotly_script("", standalone=True)
         return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
                 f'<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -99,6 +101,5 @@ class Page:
         """Write atomically (a reader never sees half a page)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        from ..atomic import write_text
         write_text(path, self.render(path, standalone))    # no stray temporary file if the disk is full
         return path

@@ -34,6 +34,9 @@ from .gpus import capped, machine_cell, power_text
 from .summary import ok_rows, link_gbps, run_busy
 from .units import tokens_label as _ctx
 from ..results import UNREADABLE, BadManifest, mtime_iso, effective_status, read_manifest, run_manifests
+from ..costmodel import gpu_kind
+from ..params import BadInput
+from .html import Page, esc
 
 INDEX_NAME = "index.html"
 MIN_EARLIER = 3        # earlier quiet runs of a figure before a new value is judged against their spread
@@ -122,7 +125,6 @@ _GENERIC_HOSTS = {"", "vm", "localhost", "ubuntu", "debian", "runner", "host", "
 
 
 def _meaningful_host(host: str | None) -> bool:
-    import re
     h = (host or "").strip().lower()
     return not (h in _GENERIC_HOSTS or re.fullmatch(r"[0-9a-f]{12}", h))      # a container's id
 
@@ -147,7 +149,6 @@ def machine_label(mf: dict) -> str:
 
 def machine_kind(mf: dict) -> str:
     """The kind a run's machine is grouped under: the cluster kind it ran on, else its GPU's kind, else cpu."""
-    from ..costmodel import gpu_kind
     c, gpu = mf.get("cluster"), mf.get("gpu_name")       # a table's row holds NaN where a manifest had nothing
     if isinstance(c, dict) and c.get("kind"):
         return str(c["kind"])
@@ -320,9 +321,7 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
     if root.name.startswith("nightly-") and (root.parent / root.name).is_dir():
         root = root.parent
     if not root.is_dir():
-        from ..params import BadInput
         raise BadInput(f"{root} is not a folder of runs")
-    from .html import Page, esc
     runs, heads, problems = collect(root)
     page = Page(f"labkit runs — {root.resolve().name}")
     page.text(f"{len(runs)} run(s) under {root}, trends grouped by machine kind. Figures are compared only between "

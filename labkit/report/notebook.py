@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+import json
+import signal
 
 import nbformat
 
 from ..atomic import write_text
+from ..stops import measured_points, measured_words, signal_words, where_stopped
+from .assets import plotly_script
+from .gpus import SECTION_TITLE, gpu_line, gpu_section
 
 
 def _exporter():
+    # nbconvert (and its traitlets) is the optional `lab` extra
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import TagRemovePreprocessor
     from traitlets.config import Config
@@ -64,7 +70,6 @@ def shrink_notebook(nb) -> int:
 
 
 def _plotlyjs_script(out: Path, standalone: bool) -> str:
-    from .assets import plotly_script
     return '<script type="text/javascript">window.PlotlyConfig = {MathJaxConfig: "local"};</script>\n' \
            + plotly_script(out, standalone)
 
@@ -102,7 +107,6 @@ def mark_stopped(nb, run_dir: Path) -> bool:
     "An Exception was encountered" cell goes, and an interrupt's traceback becomes one line: a Ctrl-C that
     lands while a module is importing chains whatever that import was trying (jsonschema's optional
     `rfc3987`, say), which reads as a missing dependency when it is not one. Returns whether it marked."""
-    import json
     try:
         mf = json.loads((run_dir / "manifest.json").read_text())
     except (OSError, ValueError):
@@ -125,7 +129,6 @@ def mark_stopped(nb, run_dir: Path) -> bool:
                                                          text="stopped here: interrupted by a signal (Ctrl-C)\n")
     if stop_at is not None:      # the cells after the stop never ran: their headings would head nothing
         nb.cells = nb.cells[: stop_at + 1]
-    from ..stops import measured_points, measured_words, signal_words, where_stopped
     try:
         import pandas as pd
         n_ok = measured_points(pd.read_parquet(run_dir / "metrics.parquet"), mf.get("experiment", ""))
@@ -164,8 +167,6 @@ def add_gpu_cells(nb, run_dir: Path) -> bool:
     """The run's GPUs as the manifest recorded them: one line under the report's header, beside the figures
     (power limit of default, clocks, what held them down, peer access), and the machine section with the detail
     at the end. A manifest from before runs recorded its GPUs adds nothing. Returns whether it added."""
-    import json
-    from .gpus import SECTION_TITLE, gpu_line, gpu_section
     try:
         mf = json.loads((run_dir / "manifest.json").read_text())
     except (OSError, ValueError):
@@ -183,7 +184,6 @@ def add_gpu_cells(nb, run_dir: Path) -> bool:
         nb.cells.append(end)
     return True
 def signal_number(name: str) -> int | None:
-    import signal
     try:
         return int(signal.Signals[name])
     except KeyError:
@@ -198,7 +198,6 @@ def report_title(run_dir: Path) -> tuple[str, str]:
     is the plan's entry name (`decode-small`), which alone says neither the experiment nor the night: its title
     names all three, `labkit nightly 2026-11-29: decode, entry decode-small`. Other runs keep their folder's name
     (their run id names the experiment), with the experiment added where the name does not hold it."""
-    import json
     info: dict = {}
     for name in ("nightly-entry.json", "manifest.json"):      # the entry's record first: it exists for failed entries
         try:

@@ -1,6 +1,9 @@
 """Figures of `labkit run pulse` (PulseInfer trace replay): one function per figure, data in, plotly out."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -76,8 +79,6 @@ def companions(run_dir) -> dict:
     `scripts/device.sh`), by experiment: {"pulse_scaling": path, "pulse_blocks": path}.
     A manifest's own `companions` ({experiment: folder name beside it}) come first: a replay made in
     another device call than its transfer and scaling runs names them there."""
-    import json
-    from pathlib import Path
     run_dir = Path(run_dir)
     mf = json.loads((run_dir / "manifest.json").read_text())
     mine = mf.get("session")
@@ -223,8 +224,6 @@ def latest_quality_summary(root, block: int | None = None, budget: int | None = 
     oracle and the retrieval head (at `budget` rows, when given: a run on shorter sequences has no such
     budget), selecting in blocks of `block` tokens when such a run exists (runs from before the `block`
     parameter selected single tokens); (None, None) if there is none."""
-    import json
-    from pathlib import Path
     found = []
     for d in sorted(Path(root).iterdir(), reverse=True):
         f, q = d / "manifest.json", d / "quality_summary.parquet"

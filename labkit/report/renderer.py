@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
 NAME = "labkit"
@@ -22,7 +23,6 @@ HEIGHT = 525          # px, plotly's own default for a figure that sets none
 def bundle(fig) -> dict:
     """One figure (a plotly Figure or its dict) as {plotly's JSON mimetype, an HTML div whose script calls the
     page's `Plotly`}: no plotly.js source, no script from a CDN."""
-    import plotly.io as pio
     spec = json.loads(pio.to_json(fig, validate=False, remove_uids=False))
     html = pio.to_html(fig, include_plotlyjs=False, include_mathjax=False, full_html=False,
                        default_width="100%", default_height=HEIGHT, validate=False)
@@ -38,7 +38,6 @@ class LabRenderer(MimetypeRenderer):
 
 def use() -> None:
     """Register the renderer and make it plotly's default in this kernel."""
-    import plotly.io as pio
     if NAME not in pio.renderers:
         pio.renderers[NAME] = LabRenderer()
     pio.renderers.default = NAME

@@ -7,6 +7,8 @@ import pandas as pd
 from ..sweep import BUSY_SPREAD, machine_busy     # the one busy rule (slowest / fastest step above BUSY_SPREAD)
 from .units import tokens_label as _tok
 from .targets import PUBLISHED, SPARSE_OFFLOAD, TARGETS
+from ..costmodel import gpu_for_name, validate
+from ..shapes import metrics_shape
 
 
 def is_cpu(m: pd.DataFrame) -> bool:
@@ -124,8 +126,6 @@ def targets(m: pd.DataFrame) -> pd.DataFrame:
 
 def cost_model_errors(m: pd.DataFrame) -> pd.DataFrame | None:
     """The cost model's error on this run's own points, when the run has anatomies and a known GPU."""
-    from ..costmodel import gpu_for_name, validate
-    from ..shapes import metrics_shape
     d = decode_table(m)
     if d.empty or "anat_weights_ms" not in m or "gpu_name" not in m or "shape" not in m:
         return None

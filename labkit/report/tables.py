@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .summary import SCROLL_BOX
+
 
 def readable(df: pd.DataFrame) -> pd.DataFrame:
     """`df` without its all-empty columns, missing values as blank cells (for display only)."""
@@ -24,6 +26,7 @@ def _html(df: pd.DataFrame) -> str:
 
 def readable_tables() -> None:
     """Register `readable` as the HTML form of every DataFrame this kernel displays."""
+    # IPython is there only inside a notebook (the optional `lab` extra)
     from IPython import get_ipython
     ip = get_ipython()
     if ip is not None:
@@ -33,8 +36,8 @@ def readable_tables() -> None:
 def rows_table(df: pd.DataFrame):
     """A table of rows, each a measurement, for `display`: readable as above and without pandas' index (a column
     of row numbers that says nothing), in a box that scrolls sideways when it is wider than the page."""
+    # IPython is there only inside a notebook (the optional `lab` extra)
     from IPython.display import HTML
     html = readable(df).to_html(index=False, max_rows=pd.get_option("display.max_rows"),
                                 float_format=lambda v: f"{v:.6g}", border=1, classes="dataframe")
-    from .summary import SCROLL_BOX
     return HTML(f'<div class="lk-scroll" style="{SCROLL_BOX}">{html}</div>')

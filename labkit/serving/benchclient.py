@@ -13,6 +13,7 @@ from pathlib import Path
 
 from labkit.atomic import open_append, write_text
 from labkit.serving.lifecycle import launcher_cmd
+from labkit.serving.lifecycle import log_tail
 
 KEYS = ("median_ttft_ms", "mean_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "mean_tpot_ms", "p99_tpot_ms",
         "median_itl_ms", "p99_itl_ms", "median_e2el_ms", "completed", "duration", "request_throughput",
@@ -52,7 +53,6 @@ def run_bench(base_url: str, model: str, input_len: int, output_len: int, num_pr
                               timeout=timeout_s, start_new_session=True)
     path = result_dir / result_name
     if proc.returncode != 0 or not path.is_file():
-        from labkit.serving.lifecycle import log_tail
         raise RuntimeError(f"vllm bench serve exited {proc.returncode}: {log_tail(log_path, 3)}")
     data = json.loads(path.read_text())
     # the per-request arrays make the file large; the summary is what the report needs

@@ -39,6 +39,11 @@ from .generation import Generation, Sampling, bool_field, int_field, messages, p
 from .promserve import CONTENT_TYPE, ServeMetrics
 from .replies import Reply
 from .tokentext import TokenText, piece
+from .. import __version__, lazy
+from ..engine.drive.scheduler import Scheduler, Threshold, calibrate, make_lanes, parse_policy, Costs
+from ..shapes import ModelShape
+
+torch = lazy.module("torch")     # imported when device=auto is resolved, not when this module loads
 
 
 KEEP_RECORDS = 1000                   # finished requests (and decode rounds) /stats keeps, newest last
@@ -212,6 +217,7 @@ async def _json_body(http, limit: int):
     """The body as JSON, or an error line: larger than `limit` bytes (BodyTooLarge, known from its
     Content-Length before anything is read, or as soon as that many bytes arrived), cut off, not JSON, or
     nested too deep for the parser."""
+    # starlette comes with the optional `serve` extra (FastAPI)
     from starlette.requests import ClientDisconnect
     too_big = f"the request body is larger than this server's limit of {limit:,} bytes (labkit serve --max-body-mib)"
     length = http.headers.get("content-length", "")
@@ -256,6 +262,7 @@ def _prompt_bound(body: dict, chat: bool, text: TokenText) -> int:
 
 def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | None = None,
                max_body_bytes: int = MAX_BODY_MIB << 20):
+    # FastAPI is the optional `serve` extra
     from fastapi import FastAPI, Request as HTTPRequest
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -273,7 +280,6 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
 
     @app.get("/version")
     async def version():
-        from .. import __version__
         return {"version": __version__}
 
     async def _body(http):
@@ -333,6 +339,7 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
 
 def _token_routes(app, read_body, text: TokenText, capacity: int, vocab: int) -> None:
     """vLLM's /tokenize and /detokenize, answered with this server's tokens."""
+    # FastAPI is the optional `serve` extra
     from fastapi import Request as HTTPRequest
     _body = read_body
 
@@ -376,6 +383,7 @@ def _token_routes(app, read_body, text: TokenText, capacity: int, vocab: int) ->
 
 def _info_routes(app, loop: EngineLoop, metrics: "ServeMetrics", model_name: str, capacity: int, started: int) -> None:
     """What the server says about itself: /v1/models, /metrics, /stats, /timeline."""
+    # FastAPI is the optional `serve` extra
     from fastapi.responses import Response
     sched = loop.sched
 
@@ -406,6 +414,7 @@ def _info_routes(app, loop: EngineLoop, metrics: "ServeMetrics", model_name: str
 
 def _error(status: int, msg: str, kind: str = "BadRequestError", param=None):
     """An error as vLLM's OpenAI server words it."""
+    # FastAPI is the optional `serve` extra
     from fastapi.responses import JSONResponse
     return JSONResponse({"error": {"message": msg, "type": kind, "param": param, "code": status}}, status_code=status)
 
@@ -429,10 +438,8 @@ class Overflow:
 
 
 def build(args) -> EngineLoop:
-    from ..engine.drive.scheduler import Scheduler, Threshold, calibrate, make_lanes, parse_policy
     device = args.device
     if device == "auto":
-        import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
     lanes = make_lanes(args.shape, device, args.resident_slots, args.offload_slots, capacity=args.capacity,
                        budget=args.budget, strategy=args.strategy, seed=args.seed, page_size=args.page_size,
@@ -447,6 +454,7 @@ def build(args) -> EngineLoop:
 
 
 def cmd_serve(args) -> int:
+    # uvicorn is the optional `serve` extra
     import uvicorn
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         raise BadInput(f"labkit serve binds to the loopback interface only, not {args.host}")
@@ -459,8 +467,6 @@ def cmd_serve(args) -> int:
         raise BadInput(f"--max-body-mib must be > 0, got {max_body}")
     if getattr(args, "keep_records", KEEP_RECORDS) < 1:
         raise BadInput(f"--keep-records must be >= 1, got {args.keep_records}")
-    from ..engine.drive.scheduler import Costs, parse_policy
-    from ..shapes import ModelShape
     parse_policy(args.policy, Costs(0, 0, 0))
     tokenizer = getattr(args, "tokenizer", "auto")
     try:

@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from ..params import BadInput
 from .promserve import ServeMetrics
 from .tokentext import TokenText, piece, utf8_len
+from ..engine.drive.scheduler import Request
+from .. import lazy
+
+torch = lazy.module("torch")     # imported at the first token, not when this module loads
 
 MAX_LOGPROBS = 20          # vLLM's default --max-logprobs
 
@@ -198,7 +202,6 @@ class Generation:
     loop as an `Event`."""
 
     def __init__(self, loop, ids: list[int], sp: Sampling, rid: str, metrics: ServeMetrics):
-        from ..engine.drive.scheduler import Request
         self.sp, self.metrics, self.engine = sp, metrics, loop
         self.aio = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
@@ -217,7 +220,6 @@ class Generation:
     def _pick(self, req, logits) -> int:
         """The request's next token: the argmax, with the stop tokens banned until `min_tokens` are out; its
         logprobs noted from the raw logits when asked for."""
-        import torch
         if self._banned and len(req.tokens) < self.sp.min_tokens:
             masked = logits.clone()
             masked[self._banned] = float("-inf")

@@ -16,6 +16,12 @@ from .. import envs
 import importlib.metadata as _md
 import os
 import sys
+import argparse
+import io
+import signal
+import threading
+import time
+from contextlib import redirect_stderr
 
 # the unpatched lookup, also when this module is re-imported after its shim was installed
 _real_version = getattr(_md.version, "_labkit_real", _md.version)
@@ -77,6 +83,7 @@ def distribution() -> str | None:
 def serve_parser():
     """vLLM's own `vllm serve` parser, built the way its CLI builds it (the serve subcommand's subparser_init),
     so it holds exactly the flags and checks of the installed version."""
+    # vLLM lives in its own venv, not labkit's: imported only inside its process
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     root = FlexibleArgumentParser(prog="vllm")
@@ -87,15 +94,12 @@ def serve_parser():
 
 def check_serve_args(args: list[str]) -> str | None:
     """None if vLLM's parser accepts `vllm serve ARGS`; else its complaint, one line."""
-    import argparse
-    import io
-    from contextlib import redirect_stderr
-
     parser = serve_parser()
     err = io.StringIO()
     try:
         with redirect_stderr(err):
             ns = parser.parse_args(["serve", *args])
+            # vLLM lives in its own venv, not labkit's: imported only inside its process
             from vllm.entrypoints.cli.serve import ServeSubcommand
             ServeSubcommand().validate(ns)
     except SystemExit as ex:
@@ -114,10 +118,6 @@ def check_serve_args(args: list[str]) -> str | None:
 def _watch_parent(parent: int) -> None:
     """Stop this server's whole process group when the process that started it is gone (killed with
     SIGKILL, a dead Jupyter kernel): a server must never outlive its sweep."""
-    import signal
-    import threading
-    import time
-
     def watch():
         while True:
             time.sleep(1.0)
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if envs.get("LABKIT_WATCH_PARENT"):
         _watch_parent(envs.get("LABKIT_WATCH_PARENT"))
+    # vLLM lives in its own venv, not labkit's: imported only inside its process
     from vllm.entrypoints.cli.main import main as vllm_main
     sys.argv = ["vllm", *argv]
     return vllm_main() or 0

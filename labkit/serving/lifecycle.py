@@ -21,6 +21,7 @@ import sys
 import time
 import weakref
 from pathlib import Path
+import importlib.util
 
 from labkit.atomic import open_append
 from labkit.params import BadInput, Missing
@@ -44,7 +45,6 @@ def vllm_python() -> Path:
     venv = REPO / ".venv-vllm" / "bin" / "python"
     if venv.is_file():
         return venv
-    import importlib.util
     if importlib.util.find_spec("vllm") is not None:
         return Path(sys.executable)
     raise Missing("no vLLM found: run `make vllm-venv` (creates .venv-vllm) or set LABKIT_VLLM_PYTHON")
@@ -134,6 +134,7 @@ class VllmServer:
 
     def wait_healthy(self) -> float:
         """Seconds from start to the first 200 on /health; ServerFailed (with the log's tail) otherwise."""
+        # httpx is the optional `serve` extra
         import httpx
         deadline = time.monotonic() + self.startup_timeout_s
         with httpx.Client(timeout=2.0) as client:

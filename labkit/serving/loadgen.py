@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import threading
 
 import httpx
 
@@ -112,7 +113,6 @@ def run_load(base_url: str, model: str, requests: list[RequestSpec], concurrency
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro())
-    import threading
     loop = asyncio.new_event_loop()
     box: dict = {}
 

@@ -20,6 +20,7 @@ except ModuleNotFoundError:      # Python 3.10
 
 from labkit.params import BadInput
 from labkit.results import REPO
+from labkit.models.loader import PRESETS, ModelNotFound, checkpoint_path, resolve
 
 PROFILES = REPO / "profiles"
 KEYS = {"description", "model", "platform", "startup_timeout_s", "warmup_requests", "offload_backend", "args", "env",
@@ -47,7 +48,6 @@ class Profile:
     def model_path(self, override: str = "") -> Path:
         """The checkpoint folder: a local path, or a labkit preset converted once into the cache."""
         name = override or self.model
-        from labkit.models.loader import PRESETS, ModelNotFound, checkpoint_path
         if name.lower() in PRESETS:
             try:
                 return checkpoint_path(name)
@@ -62,7 +62,6 @@ class Profile:
     def check_model(self, override: str = "") -> None:
         """Fail early, without converting anything: does the model resolve?"""
         name = override or self.model
-        from labkit.models.loader import PRESETS, ModelNotFound, resolve
         if name.lower() in PRESETS:
             try:
                 resolve(name)

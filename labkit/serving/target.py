@@ -21,6 +21,7 @@ import json
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+import time
 
 import httpx
 
@@ -70,6 +71,7 @@ def _get(client: httpx.Client, url: str, path: str) -> tuple[int | None, object,
 
 def _families(text: str) -> list[dict]:
     """The /metrics page's families: name and type (the samples change, the families tell what is exposed)."""
+    # prometheus_client is the optional `serve` extra
     from prometheus_client.parser import text_string_to_metric_families
     try:
         fams = list(text_string_to_metric_families(text))
@@ -220,7 +222,6 @@ class Target:
             return False
 
     def died(self, grace_s: float = 3.0) -> bool:
-        import time
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             if self.alive():

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..params import BadInput
 from .wordlist import WORDS
+from ..models.loader import cache_dir, locate_gguf
 
 TOKENIZERS = ("smollm2-135m",)
 
@@ -44,12 +45,12 @@ def tokenizer_dir(name: str) -> Path:
     """A folder with SmolLM2's `tokenizer.json` and chat template: the quality lab's converted checkpoint
     when it exists, else the tokenizer alone, read from the packaged GGUF once (slow: transformers parses
     the whole file) and saved beside it."""
-    from ..models.loader import cache_dir, locate_gguf
     for d in (cache_dir() / name, cache_dir() / f"{name}-tokenizer"):
         if (d / "tokenizer.json").is_file():
             return d
     gguf = locate_gguf(name)          # one line (ModelNotFound) when the package is missing
     try:
+        # transformers is the optional `quality` extra: imported where a Hugging Face model is used
         from transformers import AutoTokenizer
     except ImportError as ex:
         raise BadInput(f"reading {name}'s tokenizer the first time needs transformers: pip install -e '.[quality]'") from ex
@@ -91,6 +92,7 @@ class TokenText:
         if tokenizer not in TOKENIZERS:
             raise BadInput(f"unknown tokenizer {tokenizer!r}: choose one of {', '.join(TOKENIZERS)} or none")
         try:
+            # tokenizers comes with the optional `quality` extra (transformers)
             import tokenizers
         except ImportError as ex:
             raise BadInput("--tokenizer needs the tokenizers package: pip install -e '.[quality]'") from ex
@@ -100,6 +102,7 @@ class TokenText:
         self.max_token_bytes = max(len(k.encode("utf-8")) for k in self.tok.get_vocab(with_added_tokens=True))
         src = _chat_template(folder)
         if src:
+            # jinja2 comes with the optional `quality` extra (transformers' chat templates)
             from jinja2.sandbox import ImmutableSandboxedEnvironment   # what transformers renders templates with
             self.template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(src)
 

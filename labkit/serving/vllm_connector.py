@@ -40,6 +40,8 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, SupportsHMA)
 
+from labkit.atomic import write_text, open_append
+
 try:    # per-source cached-token metrics (vllm:prompt_tokens_cached_by_source_total{source="host"})
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
     _HOST_SOURCE = CacheHitSource.HOST
@@ -84,6 +86,7 @@ def block_hashes(tokens: list[int], block_size: int) -> list[int]:
 
 def _groups(kv_cache_config) -> tuple[list[int], bool, dict[int, int], dict[str, int]]:
     """(attention groups we move, hybrid?, block size per group, layer -> group)."""
+    # vLLM lives in its own venv, not labkit's: imported only inside its process
     from vllm.v1.kv_cache_interface import AttentionSpec
     attn, hybrid, sizes, layers = [], False, {}, {}
     for g, grp in enumerate(kv_cache_config.kv_cache_groups):
@@ -102,7 +105,6 @@ def _groups(kv_cache_config) -> tuple[list[int], bool, dict[int, int], dict[str,
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    from labkit.atomic import write_text
     # whole, never through a link planted at the name; rewritten several times a second, so not synced
     write_text(path, json.dumps(obj), sync=False)
 
@@ -273,7 +275,6 @@ class _Scheduler:
                    "host_hit_tokens": st.hit_tokens, "loaded_blocks": st.loaded_blocks, "saved_blocks": st.saved_blocks,
                    "bytes_loaded": st.loaded_blocks * self.bytes_per_block,
                    "bytes_saved": st.saved_blocks * self.bytes_per_block, "time": time.time()}
-            from labkit.atomic import open_append
             with open_append(self.stats_dir / "requests.jsonl") as f:
                 f.write(json.dumps(rec) + "\n")
         self._write(force=True)

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import psutil
 import torch
+import pandas as pd
 
 from ...engine.transfer.hot_cache import HotCache, check_settings
 from ...engine.model.layers import dn_state_shapes
@@ -49,6 +50,9 @@ from ... import sweep
 from .. import check_selection
 from . import SPEC
 from ..prefill.measure import apply_cap, check_cap
+from ...engine.transfer import settings_of
+from ...experiments import decode as decode_experiment
+from ..decode.measure import Caches, derive, Point, measure_decode, DecodeSession
 
 EXPERIMENT = "capacity"
 REFERENCE_CAP_GIB = 24.0     # the reference box's per-card memory (3x RTX 3090)
@@ -177,8 +181,6 @@ def _batches_to_try(n: int, max_batch: int) -> int:
 def _reusing_caches(stages, dp):
     """The decode sweep's `Caches`, except that a cache of more slots serves a smaller batch (a runner
     uses slots [0, batch)): a TPOT-bound retry does not allocate, pin and fill the host pool again."""
-    from ..decode.measure import Caches
-
     class Reuse(Caches):
         def get(self, medium, conc, ctx):
             have = self.cache.get(medium)
@@ -191,15 +193,11 @@ def _reusing_caches(stages, dp):
 
 def decode_plan(given: dict):
     """The decode sweep's plan of one point (checked as `labkit run decode` checks it)."""
-    from ...experiments import decode as decode_experiment
-    from ..decode.measure import derive
     return derive(decode_experiment.plan(given).params)
 
 
 def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
     """One decode point (the decode sweep's measure_decode) for `f.config` at `batch` requests."""
-    from ...engine.transfer import settings_of
-    from ..decode.measure import Point, measure_decode
     strat = CONFIGS[f.config]
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": strat,
                       "context_lens": str(p["context_len"]), "budgets": str(p["budget"]), "concurrency": str(batch),
@@ -228,7 +226,6 @@ def run(p: dict, progress_bar: bool = True) -> Run:
         r.finish()
         sweep.headline(sweep.summary_lines(lambda: headline(fits, None, p)), progress_bar, EXPERIMENT)
         return r
-    from ..decode.measure import DecodeSession
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": "resident", "context_lens": str(p["context_len"]),
                       "budgets": str(p["budget"]), "concurrency": "1", "prefill_lens": "", "probe": "false", "seed": str(p["seed"])})
     done: dict[tuple[str, int], dict] = {}     # none and prefill decode alike: time a batch once
@@ -281,7 +278,6 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     none = next((s["goodput_tok_s"] for s in summary if s["config"] == "none"), 0.0)
     for s in summary:
         s["goodput_vs_none"] = s["goodput_tok_s"] / none if none else None
-    import pandas as pd
     sdf = pd.DataFrame(summary)
     r.write_table("goodput", sdf)
     r.write_csv("goodput", sdf)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
+import numpy as np
 
 STAGES = [("small_prefill_ms", "small prefill"), ("mapping_ms", "mapping"), ("write_ms", "/dev/shm write"),
           ("read_ms", "/dev/shm read / load"), ("decode_first_ms", "large: last token + first token")]
@@ -147,8 +148,6 @@ def ablation_bars(ab: pd.DataFrame) -> go.Figure:
 def per_sequence(rows: pd.DataFrame, stage: str = "frontier") -> go.Figure:
     """Every evaluation sequence's own ratio per N and corpus (one point each), the spread behind the pooled
     figures and their intervals."""
-    import numpy as np
-
     fig = go.Figure()
     r = rows[rows["stage"] == stage] if "stage" in rows else rows
     if r.empty:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import psutil
 import torch
+import pandas as pd
 
 from ... import envs
 from ...engine import Engine, HybridModel, OffloadCache, get_strategy
@@ -37,6 +38,9 @@ from ... import sweep
 from .. import check_selection
 from . import SPEC
 from ...engine.drive.runner import DecodeRunner
+from ...costmodel import GPU, CostModel, gpu_for_name
+from ...engine.model.trace_replay import load_selection_trace
+from ..probe.measure import emulated_link, link_rates
 
 EXPERIMENT = "decode"
 
@@ -257,7 +261,6 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     p, shape, dev = pl.params, pl.shape, stages[0].device
     trace = None
     if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
-        from ...engine.model.trace_replay import load_selection_trace
         trace = load_selection_trace(p["selection"][6:], shape.attn_layers, pt.context_len, pt.budget,
                                      steps=pl.margin, stable=True)   # keeps the trace's reuse (hot_cache)
     conc, ctx = pt.concurrency, pt.context_len
@@ -447,7 +450,6 @@ def _link_variants(pl: DecodePlan, run: Run, base: dict) -> list[tuple[dict, dic
     (experiment=link_probe); each target is met by the program count nearest it at the first point's load.
     What it emulates: the rate at which selected rows arrive. What it does not: a slower link's latency per
     transaction, and the SMs a full-rate gather would occupy (fewer programs leave more free)."""
-    from ..probe.measure import emulated_link, link_rates
     dev = pl.devices[0]
     loads = sorted({q.budget * q.concurrency for q in pl.points if q.strategy == "zero_copy"})
     rates = {n: link_rates(dev, n, repeats=10, pool_gib=2.0 if pl.cuda else 0.02) for n in loads}
@@ -471,9 +473,6 @@ def _predict_link_rows(run: Run, pl: DecodePlan) -> None:
     of the same context and concurrency (its link rate measured at that row's load), its transfer term scaled by
     the emulated over the native rate at the predicted row's own load. The check of the model's transfer term at
     other link rates, point by point."""
-    import pandas as pd
-
-    from ...costmodel import GPU, CostModel, gpu_for_name
     m = pd.DataFrame(run.records)
     rates = {(int(r.rows_per_load), int(r.gather_programs)): float(r.gbps)
              for r in m[m["experiment"] == "link_probe"].itertuples()}

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...shapes import REFERENCE_BUDGET
+from ... import lazy
+from ...engine.transfer.hot_cache import POLICIES
 from ...params import OUT_DIR, BadInput, Param, Plan, resolve
+from ...shapes import PRESETS, REFERENCE_BUDGET
+
+measuring = lazy.module(".measure", __package__)     # imported once a run starts: this module stays light
+sweep = lazy.module("...sweep", __package__)         # sweep imports pandas
 
 NAME = "hot_replay"
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -16,12 +21,10 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def _policies():
-    from ...engine.transfer.hot_cache import POLICIES
     return POLICIES
 
 
 def _presets():
-    from ...shapes import PRESETS
     return list(PRESETS)
 
 
@@ -54,8 +57,6 @@ def plan(given: dict) -> Plan:
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from .measure import headline, replay_sweep, summary_markdown
-    from ... import sweep
     p = dict(plan.params)
     run = sweep.open_run(p, NAME)
 
@@ -67,11 +68,11 @@ def run(plan: Plan, progress_bar: bool = True):
 
     try:
         with sweep.bar(len(p["traces"]) * len(p["context_lens"]), NAME, progress_bar) as bar:
-            df = replay_sweep(p["traces"], p["context_lens"], p["budget"], p["capacity_x"], p["policies"],
+            df = measuring.replay_sweep(p["traces"], p["context_lens"], p["budget"], p["capacity_x"], p["policies"],
                               p["shape"], log=None, on_rows=keep, bar=bar)
         keep(df)
-        run.write_file("summary.md", summary_markdown(df, p))
+        run.write_file("summary.md", measuring.summary_markdown(df, p))
     finally:
         run.finish()          # interrupted / partial / ok from the rows kept (the one rule)
-    sweep.headline(sweep.summary_lines(lambda: headline(df)), progress_bar, NAME)
+    sweep.headline(sweep.summary_lines(lambda: measuring.headline(df)), progress_bar, NAME)
     return run

@@ -29,6 +29,8 @@ from ...engine.transfer.hot_cache import COUNTERS, POLICIES, HotIndex
 from ...engine.model.trace_replay import read_trace, load_selection_trace, scale_row
 from ...quality.traces import load_trace, locality
 from ...shapes import PRESETS
+from ... import __version__
+from ...results import git_sha
 
 
 def replay(sel: torch.Tensor, capacity: int, policy: str, row_bytes: int, n_rows: int) -> pd.DataFrame:
@@ -127,8 +129,6 @@ def headline(df: pd.DataFrame) -> list[str]:
 
 def summary_markdown(df: pd.DataFrame, args: dict) -> str:
     """Hit rate and bytes against zero_copy per (trace density, context, capacity, policy), as text."""
-    from ... import __version__
-    from ...results import git_sha
     lines = [f"# hot_cache replay of recorded selections (CPU, `HotIndex`)", "",
              f"labkit {__version__}, git {git_sha()}, args: `{args}`", "",
              "Steady state (steps after the first). bytes/zc: link bytes per step against zero_copy's. trace share: "

@@ -35,6 +35,7 @@ from ...params import BadInput, fill_auto, resolve_device
 from ..probe.measure import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
 from ... import sweep
 from . import SPEC
+from ...experiments import decode as decode_experiment
 
 EXPERIMENT = "multigpu"
 
@@ -61,7 +62,6 @@ def check(p: dict) -> dict:
     if len(devs) > 1:
         p["layouts"]["split"] = {**common, "device": ",".join(map(str, devs)), "micro_batches": mbs}
     p["device_list"] = [str(d) for d in devs]
-    from ...experiments import decode as decode_experiment
     p["layouts"] = {name: dict(decode_experiment.plan(lay).params) for name, lay in p["layouts"].items()}
     p["shape"] = p["layouts"]["1gpu"]["shape"]          # "auto" as the layouts decided it
     return p

@@ -3,6 +3,7 @@ made (`sync`), or through four rotating layer-sized device buffers (`rotating`, 
 a device-memory cap shows what fits. Code: `labkit.experiments.prefill.measure`."""
 from __future__ import annotations
 
+from ... import lazy
 from ... import envs
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from .. import checked
@@ -33,14 +34,12 @@ SPEC = [
     OUT_DIR,
 ]
 
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+
 
 def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from .measure import check
-        return check
-    return checked(NAME, SPEC, given, check)
+    return checked(NAME, SPEC, given, lambda: measuring.check)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from . import measure as prefill
-    return prefill.run(dict(plan.params), progress_bar=progress_bar)
+    return measuring.run(dict(plan.params), progress_bar=progress_bar)

@@ -48,6 +48,8 @@ from ...shapes import ModelShape, planned_shape
 from ...params import BadInput, check_positive, fill_auto, gib, resolve_device
 from ... import sweep
 from ...sweep import sync
+from . import SPEC
+from ..probe.measure import gemm_peak, hbm_read_gbps, probe_contiguous
 
 EXPERIMENT = "prefill"
 MODES = {"resident": ("resident", "sync"), "sync": ("zero_copy", "sync"), "rotating": ("zero_copy", "rotating")}
@@ -55,7 +57,6 @@ MODES = {"resident": ("resident", "sync"), "sync": ("zero_copy", "sync"), "rotat
 def check(p: dict) -> dict:
     """Validate resolved parameters and decide the "auto" ones; BadInput (one line) before anything is
     allocated. Returns the parameters a plan records."""
-    from . import SPEC
     p = dict(p)
     dev = resolve_device(p["device"])
     fill_auto(SPEC, p, dev.type)          # "auto" per device, then the declared bounds and choices
@@ -202,7 +203,6 @@ def probe_rates(dev: torch.device, repeats: int = 10) -> tuple[dict, list[dict]]
     read bandwidth and the link's contiguous rates (256 MiB each way). CUDA only; ({}, []) elsewhere."""
     if dev.type != "cuda":
         return {}, []
-    from ..probe.measure import gemm_peak, hbm_read_gbps, probe_contiguous
     rows = [gemm_peak(dev, repeats), hbm_read_gbps(dev, repeats=repeats), *probe_contiguous(dev, repeats, (256,))]
     torch.cuda.empty_cache()          # the probes' buffers (2 GiB for the read) leave nothing held under a cap
     rates = {"gemm_tflops": rows[0]["tflops"], "hbm_gbps": rows[1]["gbps"],

@@ -4,6 +4,7 @@ both stages (`both`): FlashOffloading's prefill-throughput comparison. Each conf
 chunk and in-flight count the cap allows (byte formulas: `fit.py`). Code: `labkit.experiments.prefill_throughput.measure`."""
 from __future__ import annotations
 
+from ... import lazy
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from .. import checked
 
@@ -30,14 +31,12 @@ SPEC = [
     OUT_DIR,
 ]
 
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+
 
 def plan(given: dict) -> Plan:
-    def check():          # the measuring module, imported once the parameters resolved
-        from .measure import check
-        return check
-    return checked(NAME, SPEC, given, check)
+    return checked(NAME, SPEC, given, lambda: measuring.check)
 
 
 def run(plan: Plan, progress_bar: bool = True):
-    from . import measure
-    return measure.run(dict(plan.params), progress_bar=progress_bar)
+    return measuring.run(dict(plan.params), progress_bar=progress_bar)

@@ -70,6 +70,7 @@ from ...shapes import ModelShape, planned_shape
 from ... import sweep
 from ..prefill.measure import apply_cap, check_cap
 from .fit import CONFIGS, KV_ON_DEVICE, Fit, cap_holding, chunk_step, fit, padded, size, slot_bytes
+from . import SPEC
 
 EXPERIMENT = "prefill_throughput"
 HOW = {"none": ("resident", "sync"), "prefill": ("zero_copy", "rotating"), "both": ("zero_copy", "rotating")}
@@ -80,7 +81,6 @@ RAM_SHARE = 0.9              # of the RAM available now, the most the host side 
 def check(p: dict) -> dict:
     """Validate resolved parameters and decide the "auto" ones (the cap among them); BadInput, one line, before
     anything is allocated. Returns the parameters a plan records."""
-    from . import SPEC
     p = dict(p)
     dev = resolve_device(p["device"])
     fill_auto(SPEC, p, dev.type)

@@ -34,14 +34,26 @@ import math
 import statistics
 import os
 import time
+import threading
 
 import torch
+import numpy as np
+import psutil
 
 from ...engine.model.kv import KVPool
 from ...engine.transfer import HostGather, PerRow, Resident, ZeroCopy
 from ...stats import spread
 from ...params import BadInput, check_positive, resolve_device
 from ...sweep import event_ms
+from ... import sweep
+from ...engine.model import gemv as G
+from ...engine.model.indexer import index_scores
+from ...engine.model.kv import quantize_index_keys
+from ...engine.model.layers import make_weight
+from ...engine.model.select import select_topk, select_topk_torch
+from ...hostmem import keep, measure, FULL_MIB, QUICK_MIB, cached
+from ...shapes import ModelShape
+from ...telemetry import Sampler
 
 EXPERIMENT = "probe"
 ROW_BYTES, LAYERS, BUDGET = 2048, 12, 2048
@@ -226,9 +238,6 @@ def probe_weights(dev: torch.device, repeats: int, shape: str = "qwen3.8-flash-n
     """`weight_product` rows: a matrix, M and path (cuBLAS, or the lab's GEMV where it applies). Each timed
     call is a graph of up to 8 products over distinct copies of the matrix back to back, as a step streams
     its weights (one product alone would time the graph's launch; the same copy twice, L2), per product."""
-    from ...engine.model import gemv as G
-    from ...engine.model.layers import make_weight
-    from ...shapes import ModelShape
     out, was = [], G.mode()
     g = torch.Generator(device=dev).manual_seed(0)
     try:
@@ -254,9 +263,6 @@ def probe_weights(dev: torch.device, repeats: int, shape: str = "qwen3.8-flash-n
 def probe_selection(dev, repeats, contexts=(8 << 10, 64 << 10, 256 << 10, 1 << 20), batches=(1, 4, 16),
                     budget=BUDGET, index_dim=64, index_heads=4) -> list[dict]:
     """One QSA layer's selection: score (66 B/token fp8 keys), our select, torch.topk + sort, both."""
-    from ...engine.model.indexer import index_scores
-    from ...engine.model.kv import quantize_index_keys
-    from ...engine.model.select import select_topk, select_topk_torch
     out = []
     g = torch.Generator(device=dev).manual_seed(0)
     for B in batches:
@@ -281,7 +287,6 @@ def probe_selection(dev, repeats, contexts=(8 << 10, 64 << 10, 256 << 10, 1 << 2
 def probe_host_memory(repeats: int, array_mib: int) -> list[dict]:
     """STREAM's four kernels on host RAM at 1 thread and every core (`labkit.hostmem`), one row each; the
     measurement becomes this host's kept one."""
-    from ...hostmem import keep, measure
     rec = measure(array_mib, max(3, min(repeats, 10)))
     rows = [_row(f"host_{name.split('_')[0]}", moved, [t * 1e3 for t in ts], threads=th, array_mib=rec["array_mib"])
             for name, (th, moved, ts) in rec.pop("_times").items()]
@@ -298,7 +303,6 @@ class HostLoad:
         self.mib, self.moved, self.gbps = mib, [0] * self.threads, 0.0
 
     def _copy(self, i: int) -> None:
-        import numpy as np
         src = np.ones((self.mib << 20) // 8)
         dst = np.empty_like(src)
         while not self._stop.is_set():
@@ -306,7 +310,6 @@ class HostLoad:
             self.moved[i] += 2 * src.nbytes
 
     def __enter__(self) -> "HostLoad":
-        import threading
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._copy, args=(i,), daemon=True) for i in range(self.threads)]
         self._t0 = time.perf_counter()
@@ -355,7 +358,6 @@ def probe_stages(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20,
     stages = [("contiguous", lambda: probe_contiguous(dev, repeats)), ("pageable", lambda: probe_pageable(dev, repeats)),
               ("gathers", lambda: probe_gathers(dev, pool_gib, repeats, **({} if gathers is None else {"which": gathers})))]
     if host:
-        from ...hostmem import FULL_MIB, QUICK_MIB        # a CPU machine's arrays smaller: its probe is a check
         mib = FULL_MIB if dev.type == "cuda" else QUICK_MIB
         stages.append(("host_memory", lambda: probe_host_memory(repeats, mib)))
         if dev.type == "cuda":
@@ -380,7 +382,6 @@ def check(p: dict) -> dict:
     """Validate resolved parameters against this machine (one line on bad input); returns them."""
     p = dict(p)
     p["device"] = str(resolve_device(p["device"]))       # repeats and pool_gib: bounds declared on the SPEC
-    import psutil                 # the pinned pool must fit this machine's RAM at all (as decode checks)
     total = psutil.virtual_memory().total
     if p["pool_gib"] * 2**30 > total:
         raise BadInput(f"pool_gib={p['pool_gib']:g}: a {p['pool_gib']:g} GiB pinned host pool does not fit this "
@@ -417,8 +418,6 @@ def headline(m) -> list[str]:
 
 def run(p: dict, progress_bar: bool = True):
     """A run folder with the probe rows and telemetry (checked parameters: `experiments.probe`)."""
-    from ...telemetry import Sampler
-    from ... import sweep
     dev = resolve_device(p["device"])
     run = sweep.open_run(p, EXPERIMENT)
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": "qwen3.8-flash-next"}
@@ -432,7 +431,6 @@ def run(p: dict, progress_bar: bool = True):
                 for r in stage():
                     run.add({**base, **r})
             if name == "host_memory":          # this run measured the host in full: its manifest says so
-                from ...hostmem import cached
                 run.update_manifest(host_memory_bandwidth=cached() or run.manifest.get("host_memory_bandwidth"))
             bar.update()
     # The NVML sampler runs after the timed probes, not beside them (its thread competes with the

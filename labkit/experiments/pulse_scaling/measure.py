@@ -33,6 +33,11 @@ from ...engine.transfer import setting_names
 from ...params import BadInput
 from ...shapes import ModelShape
 from ...sweep import failed_row, wall_ms
+from ...engine import Engine, HybridModel, get_strategy
+from ...engine.drive.dispatch import warm_up
+from ...engine.drive.runner import DecodeState
+from ...engine.drive.switching import Timeline, Loader, capture_pieces, pingpong_round, replay, replay_inline, sequential_round
+from ...engine.model.kv import KVPool
 
 EXPERIMENT = "pulse_scaling"
 
@@ -88,9 +93,6 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
             settings: dict | None = None, bar=None):
     """Rows (one per N and mode) and one switched round's timeline per N; see the module doc. `bar` (a
     `sweep.bar`) advances per request count."""
-    from ...engine import Engine, HybridModel, get_strategy
-    from ...engine.drive.runner import DecodeState
-    from ...engine.drive.switching import Timeline
     requests = sorted(set(int(n) for n in requests))
     if not requests or requests[0] < 1:
         raise BadInput(f"requests must be >= 1, got {requests}")
@@ -162,7 +164,6 @@ def scaling(shape, device: str = "cuda", context: int = 1 << 20, requests=(1, 2,
 def _caches(model, shape, dev, n_max: int, half: int, context: int, capacity: int, page_size: int, seed: int):
     """One host pool behind three caches (all n_max requests; the halves a and b) and the full cache's slots on a
     device pool (rows in HBM: the same compute without the link). Returns (host, full, a, b, resident_full)."""
-    from ...engine.model.kv import KVPool
     n_pages = -(-capacity // page_size)
     host = KVPool("host", model.n_attn, n_pages, page_size, shape.row_bytes, dev)
     host.fill_random_(seed)
@@ -178,8 +179,6 @@ def _timed_rounds(states: dict, graphs: bool, nb: int, device):
     """Per lane but a and b, one decode round as a callable (graph pieces replayed inline, or the eager round);
     with two batches (nb > 0) also the switched round of lanes a and b, `sw(timeline=None)`, as `timed["switched"]`.
     Returns (timed, sw); sw is None with one batch."""
-    from ...engine.drive.dispatch import warm_up
-    from ...engine.drive.switching import Loader, capture_pieces, pingpong_round, replay, replay_inline, sequential_round
     timed, sw = {}, None
     if graphs:
         warm_up(lambda: sequential_round(list(states.values())), device)
