@@ -215,14 +215,14 @@ def test_loadgen_records_errors_and_goes_on():
     ({"input_lens": "4096", "context_len": 1024}, "shorter than the longest input"),
 ])
 def test_bad_input_one_line_before_anything(given, msg):
-    from labkit.experiments.serve import plan
+    from labkit.experiments.serve_sweep import plan
     with pytest.raises(BadInput) as e:
         plan(given, check_args=False)
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
 def test_port_in_use_is_bad_input():
-    from labkit.experiments.serve import plan
+    from labkit.experiments.serve_sweep import plan
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -232,7 +232,7 @@ def test_port_in_use_is_bad_input():
 
 @pytest.mark.parametrize("config", ["{}", '{"vocab_size": null}', "[1, 2]", "not json"])
 def test_config_without_vocab_is_bad_input_before_a_folder(tmp_path, config):
-    from labkit.experiments.serve import plan
+    from labkit.experiments.serve_sweep import plan
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(config)
     with pytest.raises(BadInput, match="config.json") as e:
@@ -241,7 +241,7 @@ def test_config_without_vocab_is_bad_input_before_a_folder(tmp_path, config):
 
 
 def test_trace_workload_reads_the_shipped_trace():
-    from labkit.experiments.serve import plan
+    from labkit.experiments.serve_sweep import plan
     p = plan({"workload": "trace"}, check_args=False)
     trace = Path(p["trace"]).resolve()
     assert trace.is_file() and trace.is_relative_to(REPO / "labkit" / "data"), trace

@@ -453,7 +453,7 @@ def test_failed_start_leaves_nothing(tmp_path):
 
 def _run_serve(given: dict, **kw):
     """Plan (as `labkit run serve_sweep` does, without vLLM's own argument check) and run in this process."""
-    from labkit.experiments.serve import plan
+    from labkit.experiments.serve_sweep import plan
     from labkit.experiments.serve_sweep.measure import run_serve
     return run_serve(dict(plan(given, check_args=False).params), **{"log": None, **kw})
 
@@ -530,7 +530,7 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
     point; then Ctrl-C the sweep: server stopped, run folder valid, marked interrupted, no process of either
     server left, by process group or by parent."""
     out = tmp_path / "run"
-    code = ("from labkit.experiments.serve import plan\nfrom labkit.experiments.serve_sweep.measure import run_serve\n"
+    code = ("from labkit.experiments.serve_sweep import plan\nfrom labkit.experiments.serve_sweep.measure import run_serve\n"
             f"run_serve(dict(plan({{'input_lens': '32', 'concurrency': '1', 'num_prompts': 3, 'output_len': 4, "
             f"'repeats': 200, 'out_dir': {str(out)!r}}}, check_args=False).params))\n")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -607,7 +607,7 @@ def test_weightless_model_and_port_taken_after_checks_are_not_ok(tmp_path, monke
     holder = so.socket()
     from labkit.serving.lifecycle import free_port
     port = free_port()
-    from labkit.experiments.serve import plan
+    from labkit.experiments.serve_sweep import plan
     p = plan({"port": port, "input_lens": "16", "concurrency": "1", "num_prompts": 1, "output_len": 2,
               "out_dir": str(tmp_path / "port-run")}, check_args=False)
     holder.bind(("127.0.0.1", port))                           # someone else takes it after labkit's checks

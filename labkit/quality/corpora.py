@@ -43,6 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from pydoc_data.topics import topics
 
+from .. import lazy
+
+# the corpora's names and splits are read where torch and numpy are not yet wanted (the SPECs' choices)
+np = lazy.module("numpy")
+torch = lazy.module("torch")
+
 CORPORA = ("code", "prose", "yaml", "pydoc")   # appended only: a corpus' index seeds its draw
 SPLITS = ("eval", "calibration")
 CALIB_EVERY = 8
@@ -199,8 +205,6 @@ def _long_documents(tokenizer, corpus: str, split: str, seq_len: int, order, min
 
 
 def _units(tokenizer, corpus, seq_len, n, split, order, pick_windows, min_chars_per_token, exact: bool):
-    import torch
-
     docs = _long_documents(tokenizer, corpus, split, seq_len, order, min_chars_per_token, n)
     if len(docs) >= n:
         return [Unit(corpus, name, 0, torch.tensor(ids[:seq_len], dtype=torch.long), "document")
@@ -237,8 +241,6 @@ def draw_sequences(tokenizer, corpus: str, seq_len: int, n: int, seed: int, spli
     """Exactly `n` units drawn with `seed`: the first `seq_len` tokens of `n` documents in a seeded order,
     or, when the split has fewer than `n` documents of `seq_len` tokens, `n` of their non-overlapping
     windows drawn without replacement. Raises ValueError (one line) when not even the windows suffice."""
-    import numpy as np
-
     _check(corpus, split)
     if seq_len < 2 or n < 1:
         raise ValueError(f"need seq_len >= 2 and n >= 1, got seq_len={seq_len}, n={n}")
