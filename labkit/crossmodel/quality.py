@@ -15,7 +15,7 @@ and the continuation:
 
 Rows are tidy dicts, one per (sequence, mode), with the summed NLL; `summarize` pools perplexities
 token-weighted per (corpus, mode) and `pooled` over the corpora per mode, both with 95% intervals over
-sequences (`labkit.crossmodel.intervals`).
+sequences (`labkit.stats.intervals`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from labkit.crossmodel.heldout import as_seq
 from labkit.crossmodel.mapped_cache import EXACT_PREFIX, MODES, Models, large_targets, mapped_kv, true_cache
 from labkit.crossmodel.features import rope_cos_sin, unrotate
 from labkit.crossmodel.heldout import EVAL_SEED, draw
-from labkit.crossmodel.intervals import agree_columns, paired, ratio_columns
+from labkit.stats.intervals import agree_columns, paired, ratio_columns
 
 
 def eval_sequences(tokenizer, corpora, total_len: int, n: int, seed: int | None = None):

@@ -46,7 +46,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..costmodel import gpu, gpu_for_name, predict_prefill, predict_table
-from ..crossmodel.intervals import text as interval_text
+from ..stats.intervals import text as interval_text
 from ..report import summary as S
 from ..report.units import tokens_label as _ctx
 from ..results import REPO, load_run

@@ -19,7 +19,7 @@ import pandas as pd
 
 from ..costmodel import gpu, gpu_for_name, predict_table
 from ..experiments.crossmodel.measure import headline
-from ..crossmodel.intervals import paired, pooled, text as interval_text
+from ..stats.intervals import paired, pooled, text as interval_text
 from ..report import summary as S
 from ..report.pulse_figures import QUALITY_POLICY, selection_table as selection_rows
 from ..report.targets import TARGETS
@@ -713,7 +713,7 @@ def decode_trace_table() -> str:
 
 def _xfer_quality_cells(r, corpora=("code", "prose")) -> dict:
     """Ratio cells with their 95% intervals over sequences and n: one cell per corpus, the pooled one, the
-    per-sequence spread (`labkit.crossmodel.intervals` columns)."""
+    per-sequence spread (`labkit.stats.intervals` columns)."""
 
     n = " + ".join(str(int(getattr(r, f"ppl_ratio_{c}_n"))) for c in corpora)
     return {**{f"ppl ratio {c} [95%]": interval_text(r, f"ppl_ratio_{c}") for c in corpora},

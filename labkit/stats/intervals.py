@@ -1,6 +1,6 @@
 """Pooled perplexity ratios of mapped against true caches, with their 95% intervals over sequences.
 
-Every quality figure of the xfer lab is a ratio pooled over sequences, exp((Σ NLL_mapped − Σ NLL_true) / Σ
+Every quality figure of the cross-model experiment is a ratio pooled over sequences, exp((Σ NLL_mapped − Σ NLL_true) / Σ
 tokens), with the interval of `labkit.stats.perplexity_ratio` (sequences resampled, not tokens: tokens of
 one sequence are not independent) and the spread of the per-sequence ratios (min, max): one bad sequence
 shows there even where the pooled figure hides it. Top-1 agreement is a mean over sequences with
@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from labkit.stats import Interval, bootstrap, perplexity_ratio
+from . import Interval, bootstrap, perplexity_ratio
 
 
 def ratio_columns(rows: pd.DataFrame, prefix: str = "ppl_ratio", nll: str = "nll_sum", base: str = "nll_true",
