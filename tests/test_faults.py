@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -123,6 +124,16 @@ def _notebook(path: Path, code: str) -> Path:
 
 
 @pytest.mark.slow
+def _driver_tracebacks(err: str) -> list[str]:
+    """The tracebacks in `err` that pass through labkit's code (the driver failing). The kernel shares the driver's
+    stderr, and ipykernel, interrupted while papermill shuts it down, can print its own ZMQ traceback ("Socket
+    operation on non-socket", seen on a loaded machine); that one names no labkit frame and is not the driver's."""
+    blocks = err.split("Traceback (most recent call last):")[1:]
+    frames = [re.findall(r'File "([^"]+)"', b) for b in blocks]
+    return [b for b, fs in zip(blocks, frames)
+            if any("/labkit/" in f and "site-packages" not in f for f in fs) or not fs]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_stops_the_whole_nightly_records_why_and_resumes(tmp_path, sig):
     """SIGINT / SIGTERM / SIGHUP (the SSH session that started it closed) while the first entry runs: the
@@ -158,7 +169,7 @@ def test_a_signal_stops_the_whole_nightly_records_why_and_resumes(tmp_path, sig)
             proc.kill()
     name = signal.Signals(sig).name
     assert proc.returncode == 128 + sig, (out, err)
-    assert "Traceback" not in err and f"stopped by {name}" in err, err
+    assert not _driver_tracebacks(err) and f"stopped by {name}" in err, err
     rec = json.loads((night / "nightly.json").read_text())
     assert rec["stopped"]["signal"] == name and rec["stopped"]["entry"] == "sleepy"
     assert rec["stopped"]["not_done"] == ["sleepy", "after"] and rec["finished"] is None
