@@ -276,12 +276,15 @@ def test_runs_and_index_group_by_machine_kind(tmp_path, capsys):
     assert dict(zip(table["run_id"], table["kind"])) == {"r-h200": "h200", "r-3090": "rtx3090", "r-cpu": "cpu"}
 
 
-def _kill_mid_entry(c: Cluster, hold_s: float = 12.0, timeout: float = 300) -> tuple[str, int]:
-    """Wait for an `a` node to run the probe entry, let it write for a while, SIGKILL that node's raylet."""
+def _kill_mid_entry(c: Cluster, hold_s: float = 8.0, timeout: float = 300) -> tuple[str, int]:
+    """Wait for an `a` node's run of the probe entry to have written its log, let it go on past a snapshot
+    interval (5 s) with room to spare, SIGKILL that node's raylet. Waiting for the log, not for the process to start: on a
+    loaded machine the run's imports alone can take longer than a fixed hold, and then no snapshot had reached
+    the head yet (seen in CI)."""
     end = time.time() + timeout
     while time.time() < end:
         for n in ("a1", "a2"):
-            if c.labkit_children(n, "nightly"):
+            if c.labkit_children(n, "nightly") and list((c.root / f"scratch-{n}").glob("**/log.txt")):
                 time.sleep(hold_s)               # mid-entry: its folder has started, a snapshot reached the head
                 raylet = next(p for p in c.tree(n) if p.name() == "raylet")
                 raylet.kill()
