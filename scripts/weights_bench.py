@@ -14,11 +14,14 @@ over replays; GB/s = bytes read / time:
 - `experts`: 48 layers of routed experts, 10 distinct a layer at c = 1 (as many as routing gives at c = 4),
   through the grouped kernel;
 - `hbm_read`: a sum over 8 GiB (bytes read / time).
+Dense products and experts are timed at one request and four; W4A16 under each of `VARIANTS` (the kernel as the
+engine runs it, the earlier dequantising kernel, other tiles and K splits), every variant over the same weights.
 The goal for W4A16: the stream at >= 75% of the measured read rate for one request.
 
 Writes OUT_DIR/weights_bench.json.
 """
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -29,7 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit.engine.model.experts import plan, route  # noqa: E402
 from labkit.engine.model.gemv import matmul  # noqa: E402
-from labkit.engine.model.grouped_gemv import grouped_gemv  # noqa: E402
+from labkit.engine.model import grouped_gemv as G  # noqa: E402
+from labkit.engine.model.grouped_gemv import grouped_gemv, qmatmul  # noqa: E402
 from labkit.engine.model.layers import make_weight  # noqa: E402
 from labkit.engine.model.quant import QuantWeight  # noqa: E402
 from labkit.shapes import PRESETS  # noqa: E402
@@ -83,8 +87,9 @@ def nbytes(w) -> int:
     return w.nbytes if isinstance(w, QuantWeight) else w.numel() * w.element_size()
 
 
-def dense_products(s, weights: str, dev):
-    """Every dense product a step makes, each its own weight copy: (the graph's function, bytes it reads)."""
+def dense_products(s, weights: str, dev, rows: int = 1):
+    """Every dense product a step makes at `rows` requests, each its own weight copy: (the graph's function,
+    bytes it reads)."""
     gen = torch.Generator(device=dev).manual_seed(0)
     mats = s.weight_matrices(routed="per_token")
     todo = []
@@ -94,13 +99,12 @@ def dense_products(s, weights: str, dev):
         K, N, count = mats[name]
         for _ in range(count):
             todo.append((make_weight(gen, K, N, torch.bfloat16, dev, weights_dtype=weights), name.endswith("_gu")))
-    xs = {K: torch.randn(1, K, device=dev).bfloat16() for K in {mats[n][0] for n in DENSE if n in mats}}
+    xs = {K: torch.randn(rows, K, device=dev).bfloat16() for K in {mats[n][0] for n in DENSE if n in mats}}
 
     def run():
         for w, glu in todo:
             K = w.K if isinstance(w, QuantWeight) else w.shape[0]
             if glu and isinstance(w, QuantWeight):
-                from labkit.engine.model.grouped_gemv import qmatmul
                 qmatmul(xs[K], w, glu=True)
             else:
                 matmul(xs[K], w)
@@ -132,6 +136,33 @@ def expert_layers(s, weights: str, dev, concurrency: int, experts: int):
     return run, distinct * per_expert * len(layers), distinct
 
 
+# The W4A16 kernels' variants, each timed over the same weights: `default` as the engine runs; `dequant` the
+# earlier kernel (each tile dequantised to bf16 in registers, one program an output block, no K split); the rest
+# the row kernel at other tiles and splits.
+VARIANTS = {
+    "default": {},
+    "dequant": {"W4_ROWS_KERNEL": False},
+    "no-split": {"W4_PROGRAMS_PER_SM": 0},
+    "split-8sm": {"W4_PROGRAMS_PER_SM": 8},
+    "bn64-gt1": {"W4_TILES": {1: (64, 1), 4: (64, 1)}},
+    "bn16-gt4": {"W4_TILES": {1: (16, 4), 4: (16, 2)}},
+    "bn32-gt4": {"W4_TILES": {1: (32, 4), 4: (32, 2)}},
+}
+
+
+@contextlib.contextmanager
+def knobs(**values):
+    """The grouped kernel's module settings set for the block (a new graph captures the launches they give)."""
+    saved = {k: getattr(G, k) for k in values}
+    for k, v in values.items():
+        setattr(G, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(G, k, v)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -145,24 +176,24 @@ def main():
     out = {"shape": s.name, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "hbm_read_gbps": hbm_read_gbps(dev), "rows": []}
     for weights in ("bf16", "w4a16"):
-        run, b = dense_products(s, weights, dev)
-        ts = timed_graph(run, dev)
-        out["rows"].append({"part": "dense", "weights": weights, "concurrency": 1, "bytes": b,
-                            "ms_median": statistics.median(ts), "ms_min": min(ts), "ms_max": max(ts)})
-        del run
+        parts = [("dense", 1, *dense_products(s, weights, dev)), ("dense", 4, *dense_products(s, weights, dev, 4))]
         for c in (1, 4):
             run, b, distinct = expert_layers(s, weights, dev, c, min(a.experts, s.experts))
-            ts = timed_graph(run, dev)
-            out["rows"].append({"part": "experts", "weights": weights, "concurrency": c, "bytes": b,
-                                "distinct_per_layer": distinct, "ms_median": statistics.median(ts),
-                                "ms_min": min(ts), "ms_max": max(ts)})
-            del run
+            parts.append(("experts", c, run, b, distinct))
+        for variant in (VARIANTS if weights == "w4a16" else {"default": {}}):
+            with knobs(**VARIANTS.get(variant, {})):
+                for part, c, run, b, *distinct in parts:
+                    ts = timed_graph(run, dev)
+                    out["rows"].append({"part": part, "weights": weights, "concurrency": c, "variant": variant,
+                                        "bytes": b, **({"distinct_per_layer": distinct[0]} if distinct else {}),
+                                        "ms_median": statistics.median(ts), "ms_min": min(ts), "ms_max": max(ts)})
+        del parts
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     for r in out["rows"]:
         r["gbps"] = r["bytes"] / (r["ms_median"] / 1e3) / 1e9
         r["of_hbm_read"] = r["gbps"] / out["hbm_read_gbps"]
-        print(f"{r['part']:8s} {r['weights']:6s} c={r['concurrency']} {r['bytes'] / 1e9:7.3f} GB "
+        print(f"{r['part']:8s} {r['weights']:6s} {r['variant']:12s} c={r['concurrency']} {r['bytes'] / 1e9:7.3f} GB "
               f"{r['ms_median']:7.3f} ms  {r['gbps']:7.0f} GB/s  {r['of_hbm_read']:.0%} of read")
     print(f"hbm read {out['hbm_read_gbps']:.0f} GB/s")
     Path(a.out).mkdir(parents=True, exist_ok=True)

@@ -111,6 +111,16 @@ KERNEL = textwrap.dedent('''
             got = grouped_gemv(x, w, Groups.one(3, "cpu"), glu=glu)
             want = grouped_gemv_reference(x, w, Groups.one(3, "cpu"), glu=glu)
             assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+    # W4A16's row kernel with K cut into splits (a second kernel adds them, silu(gate) * up after the sum) and
+    # at other tiles, one request and four
+    w = QuantWeight.quantize(torch.randn(1, 1024, 80, generator=g) / 16)
+    for R in (1, 4):
+        x = torch.randn(R, 1024, generator=g).to(torch.bfloat16)
+        want = grouped_gemv_reference(x, w, Groups.one(R, "cpu"), glu=True)
+        for split, gt in ((None, None), (3, 1), (1, 4)):
+            got = grouped_gemv(x, w, Groups.one(R, "cpu"), glu=True, split=split, group_tile=gt)
+            err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+            assert err < 1e-2, (R, split, gt, err)
     s = ModelShape.from_name("tiny-moe")
     moe = MoE(s, torch.Generator().manual_seed(0), torch.bfloat16, "cpu", weights_dtype="w4a16")
     y = torch.randn(3, s.hidden, generator=g).to(torch.bfloat16)

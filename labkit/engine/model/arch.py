@@ -102,6 +102,20 @@ def describe(device: torch.device) -> dict:
     return {f: ("native" if native(f, device) else "portable") for f in NATIVE_FROM}
 
 
+_SMS: dict = {}
+
+
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; the H200's 132 elsewhere (the interpreter and the compile
+    check size their launches as the H200's)."""
+    if device.type != "cuda":
+        return 132
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]
+
+
 def interpret_mode() -> bool:
     """Triton's interpreter runs the kernels on CPU tensors (the tests' way of checking them without a GPU)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

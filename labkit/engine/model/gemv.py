@@ -332,17 +332,7 @@ class Config:
     swap: bool = False       # the tensor-core path as out^T = w^T @ x^T (the weight tile the MMA's M side)
 
 
-_SMS: dict = {}
 _COUNTERS: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132                                   # interpreter: the H200's count, for the same shapes
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SMS:
-        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SMS[key]
 
 
 def pdl_supported(device: torch.device) -> bool:
@@ -439,7 +429,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, conf
         raise ValueError(f"gemv: out must be [{M}, {N}] {x.dtype} with unit column stride")
     k_major = is_k_major(w)
     # the columns a program's tiles cover: row-major [gate | up] counts both halves, K-major the outputs
-    c = config or default_config(M, w.shape[1] if glu and not k_major else N, K, _sm_count(x.device), k_major=k_major,
+    c = config or default_config(M, w.shape[1] if glu and not k_major else N, K, arch.multiprocessors(x.device), k_major=k_major,
                                  normed=norm is not None, smem=arch.smem_per_block(x.device))
     tiles = triton.cdiv(N, c.block_n)
     k_per = triton.cdiv(triton.cdiv(K, c.block_k), c.split) * c.block_k

@@ -17,6 +17,12 @@ A program owns one group and `BN` outputs: it streams the weight's [BN, K] rows 
 of the group's rows, `M_PAD` at a time: a broadcast sum where a group has one row (decode at one request),
 tensor-core products for more. The bytes a step reads are the distinct weights, the formula
 `ModelShape.step_weight_bytes` counts.
+
+W4A16 at decode (one row a group, or a dense product of at most four rows) takes its own kernel,
+`_w4_rows_kernel`: the nibbles multiply x as they lie (per row and 128-value group, scale * (sum(nibble * x) -
+zero * sum(x)): no value dequantised, no bf16 round trip) and K is cut into splits until the launch has about
+four programs a multiprocessor (`w4_split`; a 2,560-wide product is 80 output blocks, too few to keep HBM busy),
+their fp32 partial sums added by `_w4_splits_kernel` in split order (the same result at every launch).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ...shapes import W4_GROUP
+from . import arch
 from .arch import HAVE_TRITON, interpret_mode, kernels_run
 from .quant import QuantWeight, dequantize
 
@@ -99,6 +106,96 @@ if HAVE_TRITON:
                          mask=mm[:, None] & nm[None, :])
 
 
+    @triton.jit
+    def _w4_tile(acc, q_ptr, s_ptr, z_ptr, e, n, nm, i, im, gi, gm, xe, xo, sx, w_se, w_sn, s_se, s_sn,
+                 MR: tl.constexpr, BN: tl.constexpr, GT: tl.constexpr):
+        """acc [MR, BN] += x . the rows n of weight e over GT groups of 128 values, without dequantising a value:
+        per row and group, scale * (sum(nibble * x) - zero * sum(x)), the nibbles taken as they lie (the low
+        ones meet x's even positions, the high ones its odd)."""
+        b = tl.load(q_ptr + e * w_se + n[:, None].to(tl.int64) * w_sn + i[None, :], mask=nm[:, None] & im[None, :],
+                    other=0)
+        lo = (b & 0xF).to(tl.float32)
+        hi = (b >> 4).to(tl.float32)
+        p = lo[None, :, :] * xe[:, None, :] + hi[None, :, :] * xo[:, None, :]            # [MR, BN, 64 GT]
+        pg = tl.sum(tl.reshape(p, [MR, BN, GT, 64]), axis=3)                              # [MR, BN, GT]
+        so = e * s_se + n[:, None].to(tl.int64) * s_sn + gi[None, :]
+        sm = nm[:, None] & gm[None, :]
+        sc = tl.load(s_ptr + so, mask=sm, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + so, mask=sm, other=0).to(tl.float32)
+        return acc + tl.sum(sc[None, :, :] * (pg - z[None, :, :] * sx[:, None, :]), axis=2)
+
+    @triton.jit
+    def _w4_rows_kernel(x_ptr, q_ptr, s_ptr, z_ptr, out_ptr, part_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr, N, K,
+                        tiles, x_st, out_st, part_ss, part_sr, w_se, w_sn, s_se, s_sn, MR: tl.constexpr,
+                        BN: tl.constexpr, GT: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr,
+                        GATHER: tl.constexpr):
+        """W4A16 at a few rows a group: program (g, j, sp) takes group g's rows MR at a time, outputs
+        [j BN, (j + 1) BN) and the K tiles [sp tiles, (sp + 1) tiles) of 64 GT bytes a row; PARTIAL: fp32 sums to
+        `part[sp]` (a second kernel adds the splits), else the finished row."""
+        g = tl.program_id(0)
+        if g < tl.load(ngrp_ptr):
+            HB: tl.constexpr = 64 * GT
+            e = tl.load(wid_ptr + g).to(tl.int64)
+            s0 = tl.load(seg_ptr + g)
+            s1 = tl.load(seg_ptr + g + 1)
+            n = tl.program_id(1) * BN + tl.arange(0, BN)
+            nm = n < N
+            sp = tl.program_id(2)
+            for m0 in range(s0, s1, MR):
+                m = m0 + tl.arange(0, MR)
+                mm = m < s1
+                if GATHER:
+                    rows = tl.load(tok_ptr + m, mask=mm, other=0).to(tl.int64)
+                else:
+                    rows = m.to(tl.int64)
+                acc = tl.zeros([MR, BN], dtype=tl.float32)
+                acc_u = tl.zeros([MR, BN], dtype=tl.float32)
+                for t in range(sp * tiles, (sp + 1) * tiles):
+                    i = t * HB + tl.arange(0, HB)                # byte i of a row: values 2i and 2i + 1
+                    im = i < K // 2
+                    xm = mm[:, None] & im[None, :]
+                    xe = tl.load(x_ptr + rows[:, None] * x_st + 2 * i[None, :], mask=xm, other=0.0).to(tl.float32)
+                    xo = tl.load(x_ptr + rows[:, None] * x_st + 2 * i[None, :] + 1, mask=xm, other=0.0).to(tl.float32)
+                    sx = tl.sum(tl.reshape(xe + xo, [MR, GT, 64]), axis=2)                        # [MR, GT]
+                    gi = t * GT + tl.arange(0, GT)
+                    gm = gi < K // 128
+                    acc = _w4_tile(acc, q_ptr, s_ptr, z_ptr, e, n, nm, i, im, gi, gm, xe, xo, sx, w_se, w_sn, s_se,
+                                   s_sn, MR, BN, GT)
+                    if GLU:
+                        acc_u = _w4_tile(acc_u, q_ptr, s_ptr, z_ptr, e, n + N, nm, i, im, gi, gm, xe, xo, sx, w_se,
+                                         w_sn, s_se, s_sn, MR, BN, GT)
+                om = mm[:, None] & nm[None, :]
+                if PARTIAL:
+                    at = part_ptr + sp * part_ss + m[:, None].to(tl.int64) * part_sr + n[None, :]
+                    tl.store(at, acc, mask=om)
+                    if GLU:
+                        tl.store(at + N, acc_u, mask=om)
+                else:
+                    if GLU:
+                        acc = acc / (1.0 + tl.exp(-acc)) * acc_u
+                    tl.store(out_ptr + m[:, None].to(tl.int64) * out_st + n[None, :],
+                             acc.to(out_ptr.dtype.element_ty), mask=om)
+
+    @triton.jit
+    def _w4_splits_kernel(part_ptr, out_ptr, N, splits, part_ss, part_sr, out_st, GLU: tl.constexpr,
+                          BLOCK: tl.constexpr):
+        """out[r] = the sum of row r's split partials (silu(gate) * up with GLU), in split order: the same sum at
+        every launch."""
+        r = tl.program_id(0).to(tl.int64)
+        n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        nm = n < N
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK], dtype=tl.float32)
+        for sp in range(0, splits):
+            at = part_ptr + sp * part_ss + r * part_sr + n
+            acc += tl.load(at, mask=nm, other=0.0)
+            if GLU:
+                acc_u += tl.load(at + N, mask=nm, other=0.0)
+        if GLU:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc_u
+        tl.store(out_ptr + r * out_st + n, acc.to(out_ptr.dtype.element_ty), mask=nm)
+
+
 @dataclass
 class Groups:
     """Rows grouped by the weight they take (see the module docstring). All on the device, fixed shapes."""
@@ -149,9 +246,52 @@ def grouped_gemv_reference(x: torch.Tensor, w, plan: Groups, glu: bool = False, 
     return out
 
 
+# W4A16 at a few rows: the rows a program takes at once (a decode step's one row a group; a dense product's
+# up to four requests), outputs a program, 128-value groups a K tile
+W4_ROWS_MAX = 4
+W4_ROWS_KERNEL = True                      # False: every W4A16 product through the dequantising kernel (the bench's
+                                           # baseline)
+W4_TILES = {1: (32, 2), 4: (32, 1)}        # MR: (BN, GT)
+W4_PROGRAMS_PER_SM = 4                     # K split until the launch has about this many programs a multiprocessor
+
+
+def w4_split(programs: int, k_tiles: int, device: torch.device, split: int | None = None) -> tuple[int, int]:
+    """(splits, tiles a split) for a W4A16 launch of `programs` (group, output block) programs over `k_tiles` K
+    tiles: K cut until about W4_PROGRAMS_PER_SM programs a multiprocessor stream the weight (one program a
+    multiprocessor with a few KiB in flight leaves HBM idle), no split empty."""
+    if split is None:
+        split = -(-W4_PROGRAMS_PER_SM * arch.multiprocessors(device) // max(programs, 1))
+    split = max(1, min(split, k_tiles))
+    tiles = -(-k_tiles // split)
+    return -(-k_tiles // tiles), tiles
+
+
+def _w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, rows: int, block_n, group_tile,
+             split) -> torch.Tensor:
+    R = plan.tok.shape[0]
+    BN, GT = W4_TILES[rows]
+    BN, GT = block_n or BN, group_tile or GT
+    n_blocks = triton.cdiv(N, BN)
+    splits, tiles = w4_split(plan.wid.shape[0] * n_blocks, triton.cdiv(K, W4_GROUP * GT), x.device, split)
+    out = torch.empty((R, N), dtype=x.dtype, device=x.device)
+    part = torch.empty((splits, R, 2 * N if glu else N), dtype=torch.float32, device=x.device) if splits > 1 else out
+    _w4_rows_kernel[(plan.wid.shape[0], n_blocks, splits)](
+        x, t, s, z, out, part, plan.wid, plan.tok, plan.seg, plan.n_groups, N, K, tiles, x.stride(0), out.stride(0),
+        part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0, t.stride(0), t.stride(1),
+        s.stride(0), s.stride(1), MR=rows, BN=BN, GT=GT, PARTIAL=splits > 1, GLU=glu, GATHER=gather, num_warps=4)
+    if splits > 1:
+        block = 256
+        _w4_splits_kernel[(R, triton.cdiv(N, block))](part, out, N, splits, part.stride(0), part.stride(1),
+                                                      out.stride(0), GLU=glu, BLOCK=block, num_warps=4)
+    return out
+
+
 def grouped_gemv(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bool = True,
-                 m_pad: int | None = None, block_n: int | None = None) -> torch.Tensor:
-    """[R, N] (module docstring); the Triton kernel where kernels run, else the reference."""
+                 m_pad: int | None = None, block_n: int | None = None, group_tile: int | None = None,
+                 split: int | None = None) -> torch.Tensor:
+    """[R, N] (module docstring); the Triton kernel where kernels run, else the reference. W4A16 at one row a
+    group (or a dense product of at most W4_ROWS_MAX rows) takes `_w4_rows_kernel`: `block_n`, `group_tile` and
+    `split` override its tiles and K split (the weight-stream bench sweeps them)."""
     K = weight_k(w)
     if x.dim() != 2 or x.shape[1] != K:
         raise ValueError(f"grouped_gemv: x {tuple(x.shape)} does not take a weight of K = {K}")
@@ -172,6 +312,9 @@ def grouped_gemv(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bo
         M = 1 if R == 1 else 16 if R <= 16 else 64
     else:
         M = 1 if R <= plan.wid.shape[0] else 64
+    if quant and W4_ROWS_KERNEL and not m_pad and (M == 1 or (plan.wid.shape[0] == 1 and R <= W4_ROWS_MAX)):
+        return _w4_rows(x.contiguous(), t, s, z, plan, N, K, glu, gather, 1 if M == 1 else W4_ROWS_MAX, block_n,
+                        group_tile, split)
     BN = block_n or (32 if M == 1 else 64)
     BK = W4_GROUP if quant else 128
     x = x.contiguous()
