@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -30,8 +32,8 @@ from ..shapes import metrics_shape
 from ..stats import Interval, across_runs, perplexity_ratio
 from ..experiments.trace_windows import REFERENCE, first_window_runs, single_window
 from .claims import blocks as claims_blocks
-from .reference_tables import blocks as reference_blocks
-from .roofline_tables import blocks as roofline_blocks
+from .reference_tables import producers as reference_producers
+from .roofline_tables import producers as roofline_producers
 from .roofline_tables import capacity_rows, decode_ratio_rows, gemv_chain, prefill_rows, pulse_rows
 from .runs import RUNS, RUNS_FILE, TOML as _TOML    # noqa: F401  (RUNS_FILE: the tests')
 
@@ -909,7 +911,8 @@ def xfer_prose_table() -> str:
     return _md(pd.DataFrame(rows))
 
 
-def xfer_blocks() -> dict[str, str]:
+def xfer_producers() -> dict[str, Callable[[], str]]:
+    """The cross-model blocks whose runs are committed (a run named in docs/runs.toml but not here yet: no block)."""
     out = {}
     for name, fn, run in (("xfer-frontier-cpu", xfer_frontier_table, XFER_FRONTIER_RUN),
                           ("xfer-n10-cpu", xfer_n10_table, XFER_N10_RUN),
@@ -919,7 +922,7 @@ def xfer_blocks() -> dict[str, str]:
                           ("xfer-vllm-ttft-cpu", xfer_vllm_ttft_table, XFER_VLLM_TTFT_RUN),
                           ("xfer-prose-cpu", xfer_prose_table, XFER_PROSE_RUN)):
         if run and (REPO / run).is_dir():
-            out[name] = fn()
+            out[name] = partial(fn)
     return out
 
 
@@ -1061,21 +1064,35 @@ def _two_gpus_line() -> str:
     return (f"- **Two GPUs**: the links add up ({links:.2f}×), and pipelined micro-batches reach {pipe:.2f}× one GPU at "
             f"{_ctx(int(dec.context_len.max()))} × {n} requests with `zero_copy` ([multi-GPU](docs/multi-gpu.md)).")
 
-def blocks() -> dict[str, str]:
+def producers() -> dict[str, Callable[[], str]]:
+    """Every generated block but the claims card's, in the order `labkit docs` prints them: the function that
+    makes it, bound to the runs docs/runs.toml names for it (a `partial`, never a lambda, so that where the
+    function lives is known: tests/test_layout.py checks it sits beside its experiment, or in labkit/docs/ when
+    the block spans several)."""
     m = load_run(REPO / DECODE_RUN).metrics
-    return {"headlines": headlines(), "serve-crosscheck-cpu": crosscheck_block(), "hot-density-cpu": hot_density_table(), "hot-decode-h200": hot_decode_table(), "pulse-blocks-h200": pulse_blocks_table(), "pulse-coalesced-h200": pulse_coalesced_table(), "pulse-switch-h200": pulse_switch_table(), "pulse-scaling-h200": pulse_scaling_table(),
-            "pulse-scaling-compiled-h200": pulse_scaling_compiled_table(), "pulse-selection-h200": pulse_selection_table(),
-            "pulse-trace-h200": pulse_trace_table(), "pulse-ladder-h200": pulse_ladder_table(), "quality-blocks-cpu": quality_blocks_table(), "quality-cpu": quality_table(), "quality-sparse-prefill-cpu": quality_sparse_prefill_table(), "multigpu-h200x2": multigpu_table(), "prefill-h200": prefill_table(), "prefill-anatomy-h200": prefill_anatomy_table(), "prefill-kernels-h200": prefill_kernels_table(), "sparse-prefill-h200": sparse_prefill_table(), "hot-conc-h200": hot_conc_table(), "capacity-h200": capacity_table(),
-            "decode-h200": decode_tables(m), "targets-h200": targets_table(m), "anatomy-h200": anatomy_table(m),
-            "selection-h200": selection_table(m), "agreement-h200": agreement_table(), "decode-trace-h200": decode_trace_table(),
-            **xfer_blocks(),
-            "predict-rtx3090": prediction_table(m), "costmodel-h200": validation_summary(m),
-            **roofline_blocks(RUNS, decode_tables, anatomy_table, prediction_table), **reference_blocks(RUNS),
-            **_claims_blocks()}
+    return {"headlines": partial(headlines), "serve-crosscheck-cpu": partial(crosscheck_block),
+            "hot-density-cpu": partial(hot_density_table), "hot-decode-h200": partial(hot_decode_table),
+            "pulse-blocks-h200": partial(pulse_blocks_table), "pulse-coalesced-h200": partial(pulse_coalesced_table),
+            "pulse-switch-h200": partial(pulse_switch_table), "pulse-scaling-h200": partial(pulse_scaling_table),
+            "pulse-scaling-compiled-h200": partial(pulse_scaling_compiled_table),
+            "pulse-selection-h200": partial(pulse_selection_table), "pulse-trace-h200": partial(pulse_trace_table),
+            "pulse-ladder-h200": partial(pulse_ladder_table), "quality-blocks-cpu": partial(quality_blocks_table),
+            "quality-cpu": partial(quality_table), "quality-sparse-prefill-cpu": partial(quality_sparse_prefill_table),
+            "multigpu-h200x2": partial(multigpu_table), "prefill-h200": partial(prefill_table),
+            "prefill-anatomy-h200": partial(prefill_anatomy_table), "prefill-kernels-h200": partial(prefill_kernels_table),
+            "sparse-prefill-h200": partial(sparse_prefill_table), "hot-conc-h200": partial(hot_conc_table),
+            "capacity-h200": partial(capacity_table),
+            "decode-h200": partial(decode_tables, m), "targets-h200": partial(targets_table, m),
+            "anatomy-h200": partial(anatomy_table, m), "selection-h200": partial(selection_table, m),
+            "agreement-h200": partial(agreement_table), "decode-trace-h200": partial(decode_trace_table),
+            **xfer_producers(),
+            "predict-rtx3090": partial(prediction_table, m), "costmodel-h200": partial(validation_summary, m),
+            **roofline_producers(RUNS, decode_tables, anatomy_table, prediction_table), **reference_producers(RUNS)}
 
 
-def _claims_blocks() -> dict[str, str]:
-    return claims_blocks()
+def blocks() -> dict[str, str]:
+    """Every generated block by name: the tables, then the claims card's blocks (one card makes all of them)."""
+    return {**{name: make() for name, make in producers().items()}, **claims_blocks()}
 
 
 MARKER = re.compile(r"<!-- BEGIN generated:([\w.-]+) -->")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import json
 import statistics
+from functools import partial
+from typing import Callable
 
 import pandas as pd
 
@@ -304,23 +306,22 @@ def gemv_rows_block(run: str) -> str:
             "ms (share of the read bandwidth):\n\n" + _md(pd.DataFrame(chain)))
 
 
-def blocks(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[str, str]:
-    """The blocks of docs/roofline.md and docs/spreads.md; the decode table functions are readme_tables'."""
+def producers(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[str, Callable[[], str]]:
+    """The blocks of docs/roofline.md and docs/spreads.md, each its function bound to its runs; the decode table
+    functions are readme_tables'."""
     now = load_run(REPO / runs["decode_now"]).metrics
-    return {"roofline-h200": roofline_block(runs["roofline"]),
-            "kernels-h200": kernels_block(runs["roofline_kernels"], runs["roofline_before"]),
-            "kernels-now-h200": kernels_now_block(runs["kernels_now"], runs["roofline_before"]),
-            "kernels-norm-h200": kernels_now_block(runs["kernels_norm"], runs["roofline"], overlapped=True),
-            "select-h200": select_block(runs["select_bench"]),
-            "gemv-kmajor-h200": gemv_block(runs["gemv_kmajor"]),
-            "gemv-rows-h200": gemv_rows_block(runs["gemv_rows"]),
-            "kernels-rows-h200": kernels_now_block(runs["kernels_rows"], runs["roofline"], overlapped=True,
-                                                   bw_call="an earlier device call of the same day"),
-            "decode-now-h200": decode_tables(now), "anatomy-now-h200": anatomy_table(now),
-            "anatomy-all-now-h200": anatomy_table(now, contexts=None),
-            "decode-change-h200": ratio_change_block(runs["decode_before"], runs["decode_now"]),
-            "predict-now-rtx3090": prediction_table(now),
-            "spreads-h200": spreads_block(runs["repeats_hot1m"], runs["repeats_capacity"], runs["repeats_pulse_scaling"],
-                                          runs["repeats_prefill"])}
-
-
+    return {"roofline-h200": partial(roofline_block, runs["roofline"]),
+            "kernels-h200": partial(kernels_block, runs["roofline_kernels"], runs["roofline_before"]),
+            "kernels-now-h200": partial(kernels_now_block, runs["kernels_now"], runs["roofline_before"]),
+            "kernels-norm-h200": partial(kernels_now_block, runs["kernels_norm"], runs["roofline"], overlapped=True),
+            "select-h200": partial(select_block, runs["select_bench"]),
+            "gemv-kmajor-h200": partial(gemv_block, runs["gemv_kmajor"]),
+            "gemv-rows-h200": partial(gemv_rows_block, runs["gemv_rows"]),
+            "kernels-rows-h200": partial(kernels_now_block, runs["kernels_rows"], runs["roofline"], overlapped=True,
+                                         bw_call="an earlier device call of the same day"),
+            "decode-now-h200": partial(decode_tables, now), "anatomy-now-h200": partial(anatomy_table, now),
+            "anatomy-all-now-h200": partial(anatomy_table, now, contexts=None),
+            "decode-change-h200": partial(ratio_change_block, runs["decode_before"], runs["decode_now"]),
+            "predict-now-rtx3090": partial(prediction_table, now),
+            "spreads-h200": partial(spreads_block, runs["repeats_hot1m"], runs["repeats_capacity"],
+                                    runs["repeats_pulse_scaling"], runs["repeats_prefill"])}
