@@ -19,14 +19,14 @@ from typing import Callable
 
 import pandas as pd
 
-from ..costmodel import gpu, gpu_for_name, predict_table
 from ..experiments.crossmodel.measure import headline
 from ..stats.intervals import paired, pooled, text as interval_text
 from ..report import summary as S
 from ..report.pulse_figures import QUALITY_POLICY, selection_table as selection_rows
-from ..report.targets import TARGETS
 from ..report.units import tokens_label as _ctx
 from ..results import REPO, load_run
+from ..experiments.decode import tables as decode
+from ..experiments.probe import tables as probe
 from ..experiments.serve_sweep.figures import crosscheck_table
 from ..shapes import metrics_shape
 from ..stats import Interval, across_runs, perplexity_ratio
@@ -34,7 +34,7 @@ from ..experiments.trace_windows import REFERENCE, first_window_runs, single_win
 from .claims import blocks as claims_blocks
 from .reference_tables import producers as reference_producers
 from .roofline_tables import producers as roofline_producers
-from .roofline_tables import capacity_rows, decode_ratio_rows, gemv_chain, prefill_rows, pulse_rows
+from .roofline_tables import capacity_rows, gemv_chain, prefill_rows, pulse_rows
 from .runs import RUNS, RUNS_FILE, TOML as _TOML    # noqa: F401  (RUNS_FILE: the tests')
 
 BLOCK_FILES: dict[str, str] = {b: f for f, names in _TOML["files"].items() for b in names}
@@ -56,7 +56,6 @@ XFER_TTFT_RUN, XFER_VLLM_RANK_RUN = RUNS["xfer_ttft"], RUNS["xfer_vllm_rank"]
 XFER_ABLATION_RUN, XFER_VLLM_TTFT_RUN = RUNS["xfer_ablation"], RUNS["xfer_vllm_ttft"]
 XFER_N10_RUN = RUNS["xfer_n10"]
 XFER_PROSE_RUN = RUNS.get("xfer_modern_prose", "")
-PHASE_ORDER = ["weights", "deltanet", "index_score", "selection", "transfer", "attention", "head"]
 
 
 def _span(lo: float, hi: float) -> str:
@@ -69,96 +68,6 @@ def _span(lo: float, hi: float) -> str:
 
 
 _md = S.md_table
-
-
-def decode_tables(m: pd.DataFrame) -> str:
-    d = S.decode_table(m)
-    out = []
-    for c in sorted(d["concurrency"].unique()):
-        dc = d[d["concurrency"] == c]
-        piv = dc.pivot(index="context_len", columns="strategy", values="tok_s")
-        zc = dc[dc["strategy"] == "zero_copy"].set_index("context_len")
-        rows = []
-        for ctx in piv.index:
-            r = {"context": _ctx(ctx)}
-            r.update({s: f"{piv.loc[ctx, s]:.1f}" for s in piv.columns})
-            if ctx in zc.index:
-                z = zc.loc[ctx]
-                r["zero_copy step ms (min–max)"] = f"{z['step_ms_median']:.2f} ({z['step_ms_min']:.2f}–{z['step_ms_max']:.2f})"
-                if "resident" in piv.columns:
-                    r["zero_copy / resident"] = f"{piv.loc[ctx, 'zero_copy'] / piv.loc[ctx, 'resident']:.2f}"
-            rows.append(r)
-        title = "Concurrency 1 (tok/s)" if c == 1 else f"Concurrency {int(c)} (aggregate tok/s)"
-        out.append(f"{title}\n\n{_md(pd.DataFrame(rows))}")
-    return "\n\n".join(out)
-
-
-def targets_table(m: pd.DataFrame) -> str:
-    t = S.targets(m)
-    t = t[t["threshold"].notna()]
-
-    def fmt(v):
-        return "—" if v is None or v != v else f"{v:.3f}"
-    rows = [{"target": r["target"], "measured": fmt(r["value"]), "goal": f"{'≥' if r['target'] and _higher(r) else '≤'} {r['threshold']:g}",
-             "met": {True: "met", False: "missed", None: "—"}[r["met"]], "how": r["detail"]} for _, r in t.iterrows()]
-    return _md(pd.DataFrame(rows))
-
-
-def _higher(r) -> bool:
-    return next(t.higher_is_better for t in TARGETS.values() if t.what == r["target"])
-
-
-def anatomy_table(m: pd.DataFrame, contexts: tuple | None = (65536, 1 << 20)) -> str:
-    """The step anatomy per strategy, concurrency and context (`contexts`; None: every context of the run)."""
-    d = m[(m["experiment"] == "decode") & (m["status"] == "ok") & (m["axis"] == "context")]
-    if contexts is not None:
-        d = d[d["context_len"].isin(list(contexts))]
-    d = d.sort_values(["concurrency", "strategy", "context_len"])
-    rows = []
-    for _, r in d.iterrows():
-        row = {"strategy": r["strategy"], "c": int(r["concurrency"]), "context": _ctx(r["context_len"])}
-        row.update({ph: f"{r[f'anat_{ph}_ms']:.2f}" for ph in PHASE_ORDER})
-        row["sum / step"] = f"{r['anat_closure']:.3f}"
-        row["step ms"] = f"{r['step_ms_median']:.2f}"
-        rows.append(row)
-    return _md(pd.DataFrame(rows))
-
-
-def selection_table(m: pd.DataFrame) -> str:
-    p = m[(m["experiment"] == "probe") & (m["strategy"].isin(["index_score", "select", "topk_sort", "score_select"]))]
-    rows = []
-    for (b, ctx), g in p.groupby(["concurrency", "context_len"]):
-        ms = g.set_index("strategy")["step_ms_median"] * 1e3
-        rows.append({"batch": int(b), "context": _ctx(ctx), "index score µs": f"{ms['index_score']:.0f}",
-                     "radix select µs": f"{ms['select']:.0f}", "torch.topk + sort µs": f"{ms['topk_sort']:.0f}",
-                     "score + select µs": f"{ms['score_select']:.0f}"})
-    return _md(pd.DataFrame(rows))
-
-
-def agreement_table() -> str:
-    t = pd.read_csv(REPO / PROBE_RUN / "agreement.csv")
-    rows = [{"path": r["path"], "reference probe GB/s": f"{r['shared_gbps']:.1f}", "labkit probe GB/s": f"{r['labkit_gbps']:.1f}",
-             "ratio": f"{r['ratio']:.3f}", "within 5%": "yes" if r["within"] else "no"} for _, r in t.iterrows()]
-    return _md(pd.DataFrame(rows))
-
-
-def prediction_table(m: pd.DataFrame) -> str:
-    tab = predict_table(m, metrics_shape(m),
-                        gpu_for_name(str(m["gpu_name"].dropna().iloc[0])), gpu("rtx3090"), 3,
-                        contexts=[8192, 65536, 1 << 20], concurrency=[1, 4])
-    tab = tab[tab["strategy"].isin(["resident", "zero_copy"])]
-    rows = [{"strategy": r["strategy"], "c": int(r["concurrency"]), "context": _ctx(r["context_len"]),
-             "PREDICTED tok/s": f"{r['predicted_tok_s']:.1f}" if r["fits"] else "does not fit",
-             "GiB per GPU": f"{r['memory_gib_per_gpu']:.1f}"} for _, r in tab.iterrows()]
-    return _md(pd.DataFrame(rows))
-
-
-def validation_summary(m: pd.DataFrame) -> str:
-    err = S.cost_model_errors(m)
-    g = err.groupby("strategy")["error"]
-    rows = [{"strategy": s, "points": len(e), "median abs error": f"{e.abs().median():.1%}", "worst": f"{e.abs().max():.1%}"}
-            for s, e in g]
-    return _md(pd.DataFrame(rows))
 
 
 def multigpu_table() -> str:
@@ -236,21 +145,6 @@ def prefill_kernels_table() -> str:
     rows += [{"kernel": d["kernel"], "keys": f"{_ctx(d['T'])} tokens", "ms (min–max)": f"{d['ms_median']:.2f} ({d['ms_min']:.2f}–{d['ms_max']:.2f})",
               "TFLOPS": "–", "of GEMM peak": "–"} for d in r["deltanet"] if "ms_median" in d]
     return f"GEMM peak {peak:.0f} TFLOPS (8192³ bf16, same process)\n\n" + _md(pd.DataFrame(rows))
-
-
-def hot_conc_table() -> str:
-    """hot_cache against resident per concurrency on one point: tok/s, the ratio, the weights phase's excess."""
-    m = load_run(REPO / RUNS["hot_conc"]).metrics
-    m = m[(m["experiment"] == "decode") & (m["status"] == "ok") & m["concurrency"].notna()]
-    by = m.set_index(["concurrency", "strategy"])
-    rows = []
-    for c in sorted(m["concurrency"].unique()):
-        r, h = by.loc[(c, "resident")], by.loc[(c, "hot_cache")]
-        rows.append({"context": _ctx(r["context_len"]), "requests": int(c), "resident tok/s": f"{r['tok_s']:,.1f}",
-                     "hot_cache tok/s": f"{h['tok_s']:,.1f}", "hot_cache / resident": f"**{h['tok_s'] / r['tok_s']:.3f}**",
-                     "weights phase above resident's": f"{h['anat_weights_ms'] - r['anat_weights_ms']:.2f} ms",
-                     "hit rate": f"{h['hot_hit_rate']:.3f}"})
-    return _md(pd.DataFrame(rows))
 
 
 def sparse_prefill_table() -> str:
@@ -659,30 +553,6 @@ def hot_density_table(context_len: int = 1 << 20) -> str:
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
-def hot_decode_table() -> str:
-    """hot_cache against resident and zero_copy at 1M tokens, concurrency 1, budget 2048, capacity 2x budget,
-    per selection (the indexer's, random for reuse; recorded traces by density and corpus) and bookkeeping
-    order; ratios within each run (the other strategies ran in the same run, beside it)."""
-    rows = []
-    for run, how in HOT_DECODE_RUNS:
-        m = load_run(REPO / run).metrics.set_index("strategy")
-        h = m.loc["hot_cache"]
-        sel = h["selection"]
-        if sel.startswith("trace:"):
-            name = Path(sel[6:]).stem.split("indexer-b")
-            budget = int(name[1])
-            # the density table's nominal label (a power of two: 64 of 8,001 is "1/128")
-            sel = f"{name[0].split('-')[-2]} trace, 1/{2 ** round(math.log2(8001 / budget))} ({budget} of 8,001)"
-        else:
-            sel = "indexer (random)"
-        vs = lambda s: f"{m.loc[s, 'step_ms_median'] / h['step_ms_median']:.3f}" if s in m.index else "–"
-        rows.append({"selection": sel, "bookkeeping": how, "hot_cache tok/s": f"{h['tok_s']:.1f}",
-                     "vs resident": vs("resident"), "vs zero_copy": vs("zero_copy"),
-                     "hit rate": f"{h['hot_hit_rate']:.3f}", "link MB/step": f"{h['h2d_bytes_per_step'] / 1e6:.2f}",
-                     "run": run.split("/")[-1]})
-    return _md(pd.DataFrame(rows))
-
-
 def crosscheck_block() -> str:
     """labkit's load generator against `vllm bench serve` on one server and load, interleaved rounds."""
     t = crosscheck_table(load_run(REPO / CROSSCHECK_RUN).metrics)
@@ -694,20 +564,6 @@ def crosscheck_block() -> str:
     lead = (f"Within 10%: TTFT at {within('ttft_ratio')} of {len(t)} points, TPOT at {within('tpot_ratio')} of {len(t)} "
             f"(medians over rounds of each round's median).")
     return lead + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def decode_trace_table() -> str:
-    """zero_copy's step on the indexer's own (random-weight) selections against a recorded SmolLM2 trace
-    replayed at the engine's context, same shape and points."""
-    rows = []
-    for run, label in DECODE_TRACE_RUNS:
-        m = load_run(REPO / run).metrics
-        z = m[(m.experiment == "decode") & (m.status == "ok") & (m.strategy == "zero_copy")]
-        z = z.set_index(["context_len", "concurrency"])["step_ms_median"]
-        row = {"zero_copy step ms": label}
-        row.update({f"{_ctx(ctx)}, c={c}": f"{z.loc[(ctx, c)]:.2f}" for c in (1, 4) for ctx in (65536, 1 << 20)})
-        rows.append(row)
-    return _md(pd.DataFrame(rows))
 
 
 # ---- cross-model KV transfer (labkit.crossmodel) ---------------------------------------------------------------
@@ -945,7 +801,7 @@ def headlines() -> str:
 
 
 def _sparse_offload_line(d1: pd.DataFrame, top: int) -> str:
-    rep = across_runs(decode_ratio_rows(RUNS["repeats_hot1m"]), ["figure"], "value").set_index("figure")
+    rep = across_runs(decode.decode_ratio_rows(RUNS["repeats_hot1m"]), ["figure"], "value").set_index("figure")
     zc_rep = rep.loc[[f for f in rep.index if f.startswith("zero_copy")][0]]
     zc, res = d1.loc[("zero_copy", top)], d1.loc[("resident", top)]
     grow = zc["step_ms_median"] / d1.loc[("zero_copy", 64 << 10), "step_ms_median"] - 1
@@ -1069,9 +925,8 @@ def producers() -> dict[str, Callable[[], str]]:
     makes it, bound to the runs docs/runs.toml names for it (a `partial`, never a lambda, so that where the
     function lives is known: tests/test_layout.py checks it sits beside its experiment, or in labkit/docs/ when
     the block spans several)."""
-    m = load_run(REPO / DECODE_RUN).metrics
     return {"headlines": partial(headlines), "serve-crosscheck-cpu": partial(crosscheck_block),
-            "hot-density-cpu": partial(hot_density_table), "hot-decode-h200": partial(hot_decode_table),
+            "hot-density-cpu": partial(hot_density_table), "hot-decode-h200": partial(decode.hot_decode_table, HOT_DECODE_RUNS),
             "pulse-blocks-h200": partial(pulse_blocks_table), "pulse-coalesced-h200": partial(pulse_coalesced_table),
             "pulse-switch-h200": partial(pulse_switch_table), "pulse-scaling-h200": partial(pulse_scaling_table),
             "pulse-scaling-compiled-h200": partial(pulse_scaling_compiled_table),
@@ -1080,14 +935,16 @@ def producers() -> dict[str, Callable[[], str]]:
             "quality-cpu": partial(quality_table), "quality-sparse-prefill-cpu": partial(quality_sparse_prefill_table),
             "multigpu-h200x2": partial(multigpu_table), "prefill-h200": partial(prefill_table),
             "prefill-anatomy-h200": partial(prefill_anatomy_table), "prefill-kernels-h200": partial(prefill_kernels_table),
-            "sparse-prefill-h200": partial(sparse_prefill_table), "hot-conc-h200": partial(hot_conc_table),
+            "sparse-prefill-h200": partial(sparse_prefill_table), "hot-conc-h200": partial(decode.hot_conc_table, RUNS["hot_conc"]),
             "capacity-h200": partial(capacity_table),
-            "decode-h200": partial(decode_tables, m), "targets-h200": partial(targets_table, m),
-            "anatomy-h200": partial(anatomy_table, m), "selection-h200": partial(selection_table, m),
-            "agreement-h200": partial(agreement_table), "decode-trace-h200": partial(decode_trace_table),
+            "decode-h200": partial(decode.decode_tables, DECODE_RUN), "targets-h200": partial(decode.targets_table, DECODE_RUN),
+            "anatomy-h200": partial(decode.anatomy_table, DECODE_RUN), "selection-h200": partial(probe.selection_table, DECODE_RUN),
+            "agreement-h200": partial(probe.agreement_table, PROBE_RUN),
+            "decode-trace-h200": partial(decode.decode_trace_table, DECODE_TRACE_RUNS),
             **xfer_producers(),
-            "predict-rtx3090": partial(prediction_table, m), "costmodel-h200": partial(validation_summary, m),
-            **roofline_producers(RUNS, decode_tables, anatomy_table, prediction_table), **reference_producers(RUNS)}
+            "predict-rtx3090": partial(decode.prediction_table, DECODE_RUN),
+            "costmodel-h200": partial(decode.validation_summary, DECODE_RUN),
+            **roofline_producers(RUNS), **reference_producers(RUNS)}
 
 
 def blocks() -> dict[str, str]:

@@ -11,6 +11,7 @@ from typing import Callable
 
 import pandas as pd
 
+from ..experiments.decode import tables as decode
 from ..results import REPO, load_run
 from ..stats import across_runs
 from .kernels import grouped
@@ -151,45 +152,6 @@ def select_block(run: str) -> str:
     return f"Top-{r['k']} of one QSA layer, graph-replayed, {r['device']}.\n\n" + _md(pd.DataFrame(rows))
 
 
-def ratio_change_block(before: str, now: str) -> str:
-    """Each offload strategy / resident tok/s at 64K and 1M, c = 1 and 4: the decode table measured with
-    the slower resident step (before) and re-measured (now), two runs of the same parameters."""
-    def ratios(run):
-        m = load_run(REPO / run).metrics
-        d = m[(m["experiment"] == "decode") & (m["status"] == "ok")]
-        piv = d.pivot_table(index=["concurrency", "context_len"], columns="strategy", values="tok_s")
-        return piv.div(piv["resident"], axis=0), piv["resident"]
-    (rb, resb), (rn, resn) = ratios(before), ratios(now)
-    rows = []
-    for (c, ctx) in rn.index:
-        c, ctx = int(c), int(ctx)
-        if ctx not in (65536, 1 << 20) or (c, ctx) not in rb.index:
-            continue
-        row = {"c": c, "context": "1M" if ctx == 1 << 20 else f"{ctx >> 10}K",
-               "resident tok/s, before → now": f"{resb.loc[(c, ctx)]:.0f} → {resn.loc[(c, ctx)]:.0f}"}
-        for s in ("zero_copy", "host_gather", "hot_cache"):
-            if s in rn.columns and s in rb.columns:
-                row[f"{s} / resident"] = f"{rb.loc[(c, ctx), s]:.3f} → {rn.loc[(c, ctx), s]:.3f}"
-        rows.append(row)
-    return (f"Before: `{before.split('/')[-1]}`; now: `{now.split('/')[-1]}` (same parameters, one process each).\n\n"
-            + _md(pd.DataFrame(rows)))
-
-
-# ------------------------------------------------------------------ across processes
-def decode_ratio_rows(runs: list[str]) -> pd.DataFrame:
-    out = []
-    for i, run in enumerate(runs, 1):
-        m = load_run(REPO / run).metrics
-        d = m[(m["experiment"] == "decode") & (m["status"] == "ok")].set_index("strategy")
-        ctx = int(d["context_len"].max())
-        for s in ("zero_copy", "hot_cache"):
-            if s in d.index:
-                out.append({"figure": f"{s} / resident tok/s, {ctx >> 20}M, c = 1, indexer selections",
-                            "process": i, "value": d.loc[s, "tok_s"] / d.loc["resident", "tok_s"]})
-        out.append({"figure": f"resident step ms, {ctx >> 20}M, c = 1", "process": i, "value": d.loc["resident", "step_ms_median"]})
-    return pd.DataFrame(out)
-
-
 def capacity_rows(runs: list[str]) -> pd.DataFrame:
     out = []
     for i, run in enumerate(runs, 1):
@@ -238,7 +200,7 @@ def prefill_rows(runs: list[str]) -> pd.DataFrame:
 
 def spreads_block(hot: list[str], capacity: list[str], pulse: list[str], prefill: list[str]) -> str:
     """Each headline figure per process, then median, min, max over the processes (`labkit.stats.across_runs`)."""
-    f = pd.concat([decode_ratio_rows(hot), capacity_rows(capacity), pulse_rows(pulse), prefill_rows(prefill)],
+    f = pd.concat([decode.decode_ratio_rows(hot), capacity_rows(capacity), pulse_rows(pulse), prefill_rows(prefill)],
                   ignore_index=True)
     t = across_runs(f, ["figure"], "value")
     per = f.pivot_table(index="figure", columns="process", values="value", sort=False)
@@ -306,10 +268,10 @@ def gemv_rows_block(run: str) -> str:
             "ms (share of the read bandwidth):\n\n" + _md(pd.DataFrame(chain)))
 
 
-def producers(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[str, Callable[[], str]]:
-    """The blocks of docs/roofline.md and docs/spreads.md, each its function bound to its runs; the decode table
-    functions are readme_tables'."""
-    now = load_run(REPO / runs["decode_now"]).metrics
+def producers(runs: dict) -> dict[str, Callable[[], str]]:
+    """The blocks of docs/roofline.md and docs/spreads.md, each its function bound to its runs (today's decode
+    table is the decode experiment's own)."""
+    now = runs["decode_now"]
     return {"roofline-h200": partial(roofline_block, runs["roofline"]),
             "kernels-h200": partial(kernels_block, runs["roofline_kernels"], runs["roofline_before"]),
             "kernels-now-h200": partial(kernels_now_block, runs["kernels_now"], runs["roofline_before"]),
@@ -319,9 +281,9 @@ def producers(runs: dict, decode_tables, anatomy_table, prediction_table) -> dic
             "gemv-rows-h200": partial(gemv_rows_block, runs["gemv_rows"]),
             "kernels-rows-h200": partial(kernels_now_block, runs["kernels_rows"], runs["roofline"], overlapped=True,
                                          bw_call="an earlier device call of the same day"),
-            "decode-now-h200": partial(decode_tables, now), "anatomy-now-h200": partial(anatomy_table, now),
-            "anatomy-all-now-h200": partial(anatomy_table, now, contexts=None),
-            "decode-change-h200": partial(ratio_change_block, runs["decode_before"], runs["decode_now"]),
-            "predict-now-rtx3090": partial(prediction_table, now),
+            "decode-now-h200": partial(decode.decode_tables, now), "anatomy-now-h200": partial(decode.anatomy_table, now),
+            "anatomy-all-now-h200": partial(decode.anatomy_table, now, contexts=None),
+            "decode-change-h200": partial(decode.ratio_change_block, runs["decode_before"], now),
+            "predict-now-rtx3090": partial(decode.prediction_table, now),
             "spreads-h200": partial(spreads_block, runs["repeats_hot1m"], runs["repeats_capacity"],
                                     runs["repeats_pulse_scaling"], runs["repeats_prefill"])}
