@@ -25,7 +25,10 @@ from ..report import summary as S
 from ..report.pulse_figures import QUALITY_POLICY, selection_table as selection_rows
 from ..report.units import tokens_label as _ctx
 from ..results import REPO, load_run
+from ..experiments.capacity import tables as capacity
 from ..experiments.decode import tables as decode
+from ..experiments.multigpu import tables as multigpu
+from ..experiments.prefill import tables as prefill
 from ..experiments.probe import tables as probe
 from ..experiments.serve_sweep.figures import crosscheck_table
 from ..shapes import metrics_shape
@@ -34,7 +37,7 @@ from ..experiments.trace_windows import REFERENCE, first_window_runs, single_win
 from .claims import blocks as claims_blocks
 from .reference_tables import producers as reference_producers
 from .roofline_tables import producers as roofline_producers
-from .roofline_tables import capacity_rows, gemv_chain, prefill_rows, pulse_rows
+from .roofline_tables import gemv_chain, pulse_rows
 from .runs import RUNS, RUNS_FILE, TOML as _TOML    # noqa: F401  (RUNS_FILE: the tests')
 
 BLOCK_FILES: dict[str, str] = {b: f for f, names in _TOML["files"].items() for b in names}
@@ -68,129 +71,6 @@ def _span(lo: float, hi: float) -> str:
 
 
 _md = S.md_table
-
-
-def multigpu_table() -> str:
-    """1 GPU vs the layers split over two (stages taking turns) vs pipelined micro-batches; the rerun's
-    points where it has them, concurrency 1 from the first run; gather scaling and hand-off beside."""
-    first, rerun = (load_run(REPO / r).metrics for r in MULTIGPU_RUNS)
-    dec = lambda m: m[(m.experiment == "decode") & (m.status == "ok")]
-    d = pd.concat([dec(first)[dec(first).concurrency == 1], dec(rerun)])
-    best = d.sort_values("tok_s").groupby(["strategy", "context_len", "concurrency", "layout"]).last().reset_index()
-    rows = []
-    for (s, c, n), g in best.groupby(["strategy", "context_len", "concurrency"]):
-        by = g.set_index("layout")
-        one = by.tok_s.get("1gpu")
-        r = {"strategy": s, "context": _ctx(c), "requests": int(n), "1 GPU tok/s": f"{one:.1f}" if one else "does not fit",
-             "split tok/s (bubble)": f"{by.tok_s['split']:.1f} ({by.bubble_share['split']:.0%})"}
-        if "pipelined" in by.index:
-            pp = by.loc["pipelined"]
-            r["pipelined tok/s (micro-batches, bubble)"] = f"{pp.tok_s:.1f} ({int(pp.micro_batches)}, {pp.bubble_share:.0%})"
-            r["pipelined / 1 GPU"] = f"{pp.tok_s / one:.2f}" if one else "–"
-        else:
-            r["pipelined tok/s (micro-batches, bubble)"] = "–"
-            r["pipelined / 1 GPU"] = "–"
-        r["split / 1 GPU"] = f"{by.tok_s['split'] / one:.2f}" if one else "–"
-        rows.append(r)
-    g = rerun[(rerun.experiment == "gather") & (rerun.status == "ok")]
-    alone = g[g["mode"] == "alone"].gbps.max()
-    agg = g[g["mode"] == "together"].gbps_aggregate.iloc[0]
-    h = first[(first.experiment == "handoff") & (first.status == "ok")]
-    lead = (f"Zero-copy gather of one decode step (48 MiB), each GPU over its own link: one GPU {alone:.1f} GB/s, "
-            f"both at once {agg:.1f} GB/s (**{agg / alone:.2f}x**). Hand-off of one step's activations "
-            f"cuda:0 -> cuda:1 (NVLink): {h.us_median.median():.0f} µs.")
-    return lead + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def prefill_table() -> str:
-    rows = []
-    for run in PREFILL_RUNS:
-        m = load_run(REPO / run).metrics
-        for _, r in m.iterrows():
-            cap = r.get("mem_cap_bytes")
-            rows.append({"prompt": _ctx(r.context_len), "computed (last tokens)": _ctx(r.tail_tokens) if r.get("tail_tokens") else "all",
-                         "mode": r["mode"], "cap": f"{cap / 2**30:.0f} GiB" if pd.notna(cap) else "none",
-                         "status": r.status, "tok/s": f"{r.tok_s:.0f}" if pd.notna(r.tok_s) else "–",
-                         "vs resident": f"{r.vs_resident:.3f}" if pd.notna(r.get("vs_resident")) else "–",
-                         "time s": f"{r.step_ms_median / 1e3:.1f}" if pd.notna(r.step_ms_median) else "–",
-                         "device peak": f"{r.device_mem_peak_bytes / 2**30:.1f} GiB" if pd.notna(r.get("device_mem_peak_bytes")) else "–"})
-    return _md(pd.DataFrame(rows))
-
-
-def prefill_anatomy_table() -> str:
-    """The whole prompt per engine variant: tok/s against the first variant, the bound, attention's rate, and
-    seconds per phase (summed over chunks)."""
-    run = load_run(REPO / RUNS["prefill_anatomy"])
-    m = run.metrics
-    m = m[(m["experiment"] == "prefill") & (m["status"] == "ok")]
-    first = m[m["mode"] == "resident"]["tok_s"].iloc[0]
-    rows = []
-    for r in m.to_dict("records"):
-        rows.append({"prompt": _ctx(r["context_len"]), "mode": r["mode"], "engine variant": r.get("engine_variant") or "–",
-                     "tok/s": f"{r['tok_s']:,.0f}", "vs the first resident": f"{r['tok_s'] / first:.2f}x",
-                     "bound tok/s": f"{r['bound_tok_s']:,.0f}",
-                     "attention TFLOPS (of GEMM peak)": f"{r['attention_tflops']:.0f} ({r['attention_of_gemm_peak']:.0%})",
-                     **{f"{ph} s": f"{r[f'anatomy_{ph}_ms'] / 1e3:.1f}" for ph in ("weights", "deltanet", "attention")},
-                     "kv s": f"{(r['anatomy_kv_write_ms'] + r['anatomy_kv_load_ms']) / 1e3:.2f}",
-                     "closure": f"{r['anatomy_closure']:.2f}"})
-    return _md(pd.DataFrame(rows))
-
-
-def prefill_kernels_table() -> str:
-    """scripts/prefill_kernels_bench.py's JSON: attention per prefix and the delta rule, against the GEMM peak."""
-    r = json.loads((REPO / RUNS["prefill_kernels"] / "prefill_kernels.json").read_text())
-    peak = r["gemm"]["tflops"]
-    rows = [{"kernel": a["kernel"], "keys": _ctx(a["S"]), "ms (min–max)": f"{a['ms_median']:.2f} ({a['ms_min']:.2f}–{a['ms_max']:.2f})",
-             "TFLOPS": f"{a['tflops']:.0f}", "of GEMM peak": f"{a['of_gemm_peak']:.0%}"} for a in r["attention"]]
-    rows += [{"kernel": d["kernel"], "keys": f"{_ctx(d['T'])} tokens", "ms (min–max)": f"{d['ms_median']:.2f} ({d['ms_min']:.2f}–{d['ms_max']:.2f})",
-              "TFLOPS": "–", "of GEMM peak": "–"} for d in r["deltanet"] if "ms_median" in d]
-    return f"GEMM peak {peak:.0f} TFLOPS (8192³ bf16, same process)\n\n" + _md(pd.DataFrame(rows))
-
-
-def sparse_prefill_table() -> str:
-    """QSA's sparse prefill: the select (beside the same bench before the collect pass moved to wgmma and key
-    ranges) and the attention per layer-chunk by prefix, the collect pass's tiles swept at one prefix, then whole
-    prompts through it beside the dense prompt of the anatomy run, seconds per phase."""
-    b = json.loads((REPO / RUNS["sparse_prefill_kernels"] / "sparse_prefill_bench.json").read_text())
-    before = json.loads((REPO / RUNS["sparse_prefill_kernels_before"] / "sparse_prefill_bench.json").read_text())
-    before = {r["S"]: r["select_ms"] for r in before["rows"]}
-    ms = lambda v: f"{v:,.1f}" if v is not None else "–"
-    rows = [{"prefix": _ctx(r["S"]), "select ms": ms(r["select_ms"]), "before ms": ms(before.get(r["S"])),
-             "bound / collect / pick ms": f"{r['bound_ms']:.1f} / {r['collect_ms']:.1f} / {r['pick_ms']:.1f}",
-             "keys above the bound, mean / max (cap)": f"{r['above_mean']:,.0f} / {r['above_max']:,.0f} ({r['cap']:,})",
-             "exact passes taken": f"{r['fallback_queries']} of {b['T']:,}",
-             "exact select ms": ms(r["select_exact_ms"]), "attention ms": ms(r["attention_ms"]),
-             "sparse ms": ms(r["sparse_ms"]), "dense ms": ms(r["dense_ms"])} for r in b["rows"]]
-    switch = lambda t: ", ".join(f"{k}={v}" for k, v in t.items() if k in ("prefetch", "stages_sampled", "hoist")) or "–"
-    tiles = [{"queries x keys a tile": f"{t['bt_sampled']} x {t['bs_sampled']}", "warps": t["warps_sampled"],
-              "key ranges": t["splits"], "switches": switch(t), "select ms": f"{t['select_ms']:.1f}",
-              "collect ms": f"{t['collect_ms']:.1f}"} for t in b["sweep"]]
-    dense = load_run(REPO / RUNS["prefill_anatomy"]).metrics
-    dense = dense[(dense["experiment"] == "prefill") & (dense["status"] == "ok") & (dense["mode"] == "resident")]
-    whole = [dense[dense["engine_variant"] == "prefill_attn=split,dn_prefill=fla"]]
-    whole += [load_run(REPO / run).metrics for run in [RUNS["prefill_now"], *RUNS["prefill_sparse"]]]
-    prompts = []
-    for m in whole:
-        for r in m[(m["experiment"] == "prefill") & (m["status"] == "ok")].to_dict("records"):
-            cap = r.get("mem_cap_bytes")
-            cap = cap / 2**30 if cap is not None and pd.notna(cap) else 0
-            prompts.append({"prompt": _ctx(r["context_len"]), "attention": r.get("prefill_attention") or "dense",
-                            "mode": r["mode"], "cap": f"{cap:.0f} GiB" if cap else "none", "tok/s": f"{r['tok_s']:,.0f}",
-                            "time s": f"{r['step_ms_median'] / 1e3:.1f}",
-                            "index + select s": f"{(r['anatomy_index_score_ms'] + r['anatomy_selection_ms']) / 1e3:.1f}",
-                            **{f"{ph} s": f"{r[f'anatomy_{ph}_ms'] / 1e3:.1f}" for ph in ("weights", "deltanet", "attention")},
-                            "device peak": f"{r['device_mem_peak_bytes'] / 2**30:.1f} GiB"})
-    return (f"One layer and 8K-token chunk ({b['device']}, k = {b['k']:,}):\n\n" + _md(pd.DataFrame(rows))
-            + f"\n\nThe collect pass's tiles at {_ctx(b['sweep'][0]['prefix'])}:\n\n" + _md(pd.DataFrame(tiles))
-            + "\n\nWhole prompts:\n\n" + _md(pd.DataFrame(prompts)))
-
-
-def capacity_table() -> str:
-    g = load_run(REPO / CAPACITY_RUN).table("goodput")
-    rows = [{"configuration": r.config, "requests held": int(r.requests), "batch under TPOT limit": int(r.good_batch),
-             "TPOT ms": f"{r.tpot_ms:.2f}", "goodput tok/s": f"{r.goodput_tok_s:.0f}", "vs none": f"{r.goodput_vs_none:.2f}"}
-            for r in g.itertuples()]
-    return _md(pd.DataFrame(rows))
 
 
 def pulse_blocks_table() -> str:
@@ -855,9 +735,9 @@ def _baseline_line() -> str:
 
 
 def _hot_cache_line(top: int) -> str:
-    caps = across_runs(capacity_rows(RUNS["repeats_capacity"]), ["figure"], "value").set_index("figure")
+    caps = across_runs(capacity.capacity_rows(RUNS["repeats_capacity"]), ["figure"], "value").set_index("figure")
     cap = caps.loc[[f for f in caps.index if f.startswith("goodput")][0]]
-    pre = across_runs(prefill_rows(RUNS["repeats_prefill"]), ["figure"], "value").iloc[0]
+    pre = across_runs(prefill.prefill_rows(RUNS["repeats_prefill"]), ["figure"], "value").iloc[0]
     hot = []
     for run, how in HOT_DECODE_RUNS:
         m = load_run(REPO / run).metrics.set_index("strategy")
@@ -933,10 +813,14 @@ def producers() -> dict[str, Callable[[], str]]:
             "pulse-selection-h200": partial(pulse_selection_table), "pulse-trace-h200": partial(pulse_trace_table),
             "pulse-ladder-h200": partial(pulse_ladder_table), "quality-blocks-cpu": partial(quality_blocks_table),
             "quality-cpu": partial(quality_table), "quality-sparse-prefill-cpu": partial(quality_sparse_prefill_table),
-            "multigpu-h200x2": partial(multigpu_table), "prefill-h200": partial(prefill_table),
-            "prefill-anatomy-h200": partial(prefill_anatomy_table), "prefill-kernels-h200": partial(prefill_kernels_table),
-            "sparse-prefill-h200": partial(sparse_prefill_table), "hot-conc-h200": partial(decode.hot_conc_table, RUNS["hot_conc"]),
-            "capacity-h200": partial(capacity_table),
+            "multigpu-h200x2": partial(multigpu.multigpu_table, *MULTIGPU_RUNS),
+            "prefill-h200": partial(prefill.prefill_table, PREFILL_RUNS),
+            "prefill-anatomy-h200": partial(prefill.prefill_anatomy_table, RUNS["prefill_anatomy"]),
+            "prefill-kernels-h200": partial(prefill.prefill_kernels_table, RUNS["prefill_kernels"]),
+            "sparse-prefill-h200": partial(prefill.sparse_prefill_table, RUNS["sparse_prefill_kernels"],
+                                           RUNS["sparse_prefill_kernels_before"], RUNS["prefill_anatomy"],
+                                           RUNS["prefill_now"], RUNS["prefill_sparse"]), "hot-conc-h200": partial(decode.hot_conc_table, RUNS["hot_conc"]),
+            "capacity-h200": partial(capacity.capacity_table, CAPACITY_RUN),
             "decode-h200": partial(decode.decode_tables, DECODE_RUN), "targets-h200": partial(decode.targets_table, DECODE_RUN),
             "anatomy-h200": partial(decode.anatomy_table, DECODE_RUN), "selection-h200": partial(probe.selection_table, DECODE_RUN),
             "agreement-h200": partial(probe.agreement_table, PROBE_RUN),

@@ -11,7 +11,9 @@ from typing import Callable
 
 import pandas as pd
 
+from ..experiments.capacity.tables import capacity_rows
 from ..experiments.decode import tables as decode
+from ..experiments.prefill.tables import prefill_rows
 from ..results import REPO, load_run
 from ..stats import across_runs
 from .kernels import grouped
@@ -152,17 +154,6 @@ def select_block(run: str) -> str:
     return f"Top-{r['k']} of one QSA layer, graph-replayed, {r['device']}.\n\n" + _md(pd.DataFrame(rows))
 
 
-def capacity_rows(runs: list[str]) -> pd.DataFrame:
-    out = []
-    for i, run in enumerate(runs, 1):
-        g = load_run(REPO / run).table("goodput").set_index("config")
-        out.append({"figure": "goodput, offload in both stages / none (24 GiB cap, 32K)", "process": i,
-                    "value": g.loc["both", "goodput_vs_none"]})
-        out.append({"figure": "requests held, offload in both stages / none", "process": i,
-                    "value": g.loc["both", "requests"] / g.loc["none", "requests"]})
-    return pd.DataFrame(out)
-
-
 def crossover(m: pd.DataFrame) -> float:
     """Fewest requests from which two switched batches beat one offloaded batch at every larger count (nan: never)."""
     piv = m[m["status"] == "ok"].pivot_table(index="concurrency", columns="mode", values="tok_s")
@@ -184,17 +175,6 @@ def pulse_rows(runs: list[str]) -> pd.DataFrame:
                     "value": piv.loc[top, "switched"] / piv.loc[top, "no_switch"]})
         out.append({"figure": "PulseInfer: crossover (fewest requests from which switching wins)", "process": i,
                     "value": crossover(m)})
-    return pd.DataFrame(out)
-
-
-def prefill_rows(runs: list[str]) -> pd.DataFrame:
-    out = []
-    for i, run in enumerate(runs, 1):
-        m = load_run(REPO / run).metrics
-        d = m[(m["experiment"] == "prefill") & (m["status"] == "ok")].set_index("mode")
-        ctx = int(d["context_len"].max())
-        out.append({"figure": f"prefill tok/s, rotating buffers (KV to host RAM) / resident, {ctx >> 10}K prompt",
-                    "process": i, "value": d.loc["rotating", "tok_s"] / d.loc["resident", "tok_s"]})
     return pd.DataFrame(out)
 
 
