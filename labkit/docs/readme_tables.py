@@ -22,22 +22,25 @@ import pandas as pd
 from ..experiments.crossmodel.measure import headline
 from ..stats.intervals import paired, pooled, text as interval_text
 from ..report import summary as S
-from ..report.pulse_figures import QUALITY_POLICY, selection_table as selection_rows
 from ..report.units import tokens_label as _ctx
 from ..results import REPO, load_run
 from ..experiments.capacity import tables as capacity
 from ..experiments.decode import tables as decode
+from ..experiments.hot_replay import tables as hot_replay
 from ..experiments.multigpu import tables as multigpu
 from ..experiments.prefill import tables as prefill
 from ..experiments.probe import tables as probe
+from ..experiments.pulse import tables as pulse
+from ..experiments.pulse_blocks import tables as pulse_blocks
+from ..experiments.pulse_ladder import tables as pulse_ladder
+from ..experiments.pulse_scaling import tables as pulse_scaling
+from ..experiments.pulse_switch import tables as pulse_switch
 from ..experiments.serve_sweep.figures import crosscheck_table
-from ..shapes import metrics_shape
 from ..stats import Interval, across_runs, perplexity_ratio
-from ..experiments.trace_windows import REFERENCE, first_window_runs, single_window
 from .claims import blocks as claims_blocks
 from .reference_tables import producers as reference_producers
 from .roofline_tables import producers as roofline_producers
-from .roofline_tables import gemv_chain, pulse_rows
+from .roofline_tables import gemv_chain
 from .runs import RUNS, RUNS_FILE, TOML as _TOML    # noqa: F401  (RUNS_FILE: the tests')
 
 BLOCK_FILES: dict[str, str] = {b: f for f, names in _TOML["files"].items() for b in names}
@@ -71,251 +74,6 @@ def _span(lo: float, hi: float) -> str:
 
 
 _md = S.md_table
-
-
-def pulse_blocks_table() -> str:
-    m = load_run(REPO / PULSE_RUNS["blocks"]).metrics
-    m = m[m.status == "ok"]
-    rows = [{"selection": r.selection, "block": int(r.block), "unit": f"{int(r.unit_bytes) // 1024} KiB", "units": int(r.units),
-             "variant": r.strategy, "GB/s": f"{r.gbps:.2f}", "vs contiguous": f"{r.ratio_to_contiguous:.3f}"}
-            for r in m.itertuples()]
-    return _md(pd.DataFrame(rows))
-
-
-def pulse_coalesced_table() -> str:
-    """Each variant's GB/s as a ratio to the contiguous copy of the same bytes in the same run, per
-    run, selection, block and number of requests' selections moved at once."""
-    cols = ["coalesced", "coalesced_pipelined", "gather_only", "coalesced_copy", "zero_copy", "batched_dma",
-            "batched_dma_default"]
-    rows = []
-    for run in PULSE_COALESCED_RUNS:
-        m = load_run(REPO / run).metrics
-        m = m[m.status == "ok"]
-        split = sorted({x for x in m.strategy if x.startswith("batched_dma_per")}, key=lambda x: int(x[15:]))
-        for (req, sel, blk), g in m.groupby(["requests", "selection", "block"], sort=True):
-            r = g.set_index("strategy")
-            row = {"run": run.split("-")[1], "requests": int(req), "MiB": f"{r['bytes'].iloc[0] / 2**20:.0f}",
-                   "selection": sel, "block": int(blk), "unit": f"{int(r['unit_bytes'].iloc[0]) // 1024} KiB",
-                   "contiguous GB/s": f"{r.loc['contiguous', 'gbps']:.1f}"}
-            row.update({c: f"{r.loc[c, 'ratio_to_contiguous']:.2f}" if c in r.index else "–" for c in cols + split})
-            rows.append(row)
-    return _md(pd.DataFrame(rows).fillna("–"))
-
-
-def pulse_switch_table() -> str:
-    """The switched round (4 offloaded requests at 64K beside 4 normal at 8K) per transfer mechanism and
-    selection granularity, every measurement of it."""
-    rows = []
-    for run, names in PULSE_SWITCH_RUNS:
-        for name in names:
-            r = json.loads((REPO / run / f"{name}.json").read_text())[0]
-            tr = [x["end_ms"] - x["start_ms"] for x in r["timeline"] if x["kind"] == "transfer"]
-            hint, per = r.get("dma_prefer_overlap"), r.get("dma_units_per_call")
-            rows.append({"run": run.split("-")[1], "offloaded batch's transfer": r["strategy"],
-                         "select block": r.get("select_block", 1),
-                         "DMA hint": "–" if hint is None else ("overlap" if hint else "default"),
-                         "units per DMA call": "–" if per is None else (f"{per}" if per else "all"),
-                         "sequential ms": f"{r['sequential_ms']:.2f}", "switched ms": f"{r['switched_ms']:.2f}",
-                         "switched / sequential": f"{r['switched_ms'] / r['sequential_ms']:.3f}",
-                         "bound ms": f"{r['bound_ms']:.2f}" if "bound_ms" in r else "–",
-                         "offloaded step alone ms": f"{r['offload_only_ms']:.2f}",
-                         "transfer per layer ms (median)": f"{sorted(tr)[len(tr) // 2]:.2f}",
-                         "overlap ms": f"{r['overlap_ms']:.2f}", "switches / stalls": f"{r['switches']} / {r['stalls']}"})
-    return _md(pd.DataFrame(rows))
-
-
-def pulse_scaling_table() -> str:
-    m = load_run(REPO / PULSE_RUNS["scaling"]).metrics
-    m = m[m.status == "ok"]
-    piv = m.pivot_table(index="concurrency", columns="mode", values="tok_s")
-    b = m[m["mode"] == "no_switch"].set_index("concurrency")
-    rows = [{"requests": int(n), "one batch tok/s": f"{piv.loc[n, 'no_switch']:.1f}",
-             "two switched tok/s": f"{piv.loc[n, 'switched']:.1f}" if pd.notna(piv.loc[n].get("switched")) else "–",
-             "resident tok/s": f"{piv.loc[n, 'resident']:.1f}", "bound: one batch ms": f"{b.loc[n, 'no_switch_model_ms']:.2f}",
-             "bound: switched ≥ ms": f"{b.loc[n, 'switched_floor_ms']:.2f}", "transfer ms": f"{b.loc[n, 'transfer_ms']:.2f}",
-             "2nd weight pass ms": f"{b.loc[n, 'extra_weight_ms']:.2f}"} for n in piv.index]
-    first = m.iloc[0]
-    lead = (f"Link {first.link_gbps:.1f} GB/s and HBM {first.hbm_gbps:.0f} GB/s measured in the run; the physics crossover "
-            f"(weights / HBM vs one request's rows / link) is {first.crossover_physics:.1f} requests; steps are CUDA graphs "
-            f"without torch.compile (launch-bound).")
-    return lead + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def pulse_scaling_compiled_table() -> str:
-    """Aggregate tok/s at 1M with every request offloaded, compiled steps: per request count and offload
-    transfer, one batch vs two switched, switched against the best one-batch transfer (zero_copy, the
-    last run) and the bound's two floors (the same for every transfer: they use the contiguous link)."""
-    runs = []
-    for run, label in PULSE_SCALING_COMPILED_RUNS:
-        m = load_run(REPO / run).metrics
-        runs.append((m[m.status == "ok"].pivot_table(index="concurrency", columns="mode", values="tok_s"), m, label))
-    ref_piv, ref, _ = runs[-1]
-    b = ref[ref["mode"] == "no_switch"].set_index("concurrency")
-    rows = []
-    for n in sorted(set().union(*(p.index for p, _, _ in runs))):
-        for p, _, label in runs:
-            if n not in p.index:
-                continue
-            one, two = p.loc[n, "no_switch"], p.loc[n].get("switched")
-            best = ref_piv.loc[n, "no_switch"] if n in ref_piv.index else float("nan")
-            rows.append({"requests": int(n), "offload transfer": label, "one batch tok/s": f"{one:.0f}",
-                         "two switched tok/s": f"{two:.0f}" if pd.notna(two) else "–",
-                         "switched / one batch": f"{two / one:.2f}" if pd.notna(two) else "–",
-                         "switched / zero_copy one batch": f"{two / best:.2f}" if pd.notna(two) and pd.notna(best) else "–",
-                         "resident tok/s": f"{p.loc[n, 'resident']:.0f}",
-                         "bound: one batch ms": f"{b.loc[n, 'no_switch_model_ms']:.2f}" if n in b.index else "–",
-                         "bound: switched ≥ ms": f"{b.loc[n, 'switched_floor_ms']:.2f}" if n in b.index else "–"})
-    first = ref.iloc[0]
-    lead = (f"Link {first.link_gbps:.1f} GB/s and HBM {first.hbm_gbps:.0f} GB/s measured in the zero_copy run; the "
-            f"physics crossover (weights / HBM vs one request's rows / link) is {first.crossover_physics:.1f} requests; "
-            "steps are CUDA graphs of torch.compile'd pieces; block_dma selects blocks of 16, zero_copy single "
-            "positions; the bounds are the zero_copy run's.")
-    return lead + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def pulse_selection_table(requests: int = 4, budgets=(256, 2048)) -> str:
-    """Per-head vs retrieval-head selection side by side: link bytes per step, transfer and
-    step time per mechanism (per layer measured x QSA layers; step = the measured resident step of the
-    same batch + the transfer), quality from the quality lab at blocks of 16 (per-KV-head oracle vs the
-    layer's retrieval head, mean over corpora)."""
-    bl = load_run(REPO / PULSE_SELECTION_BLOCKS_RUN).metrics
-    sc = load_run(REPO / PULSE_SCALING_COMPILED_RUNS[-1][0]).metrics
-    comp = float(sc[(sc["mode"] == "resident") & (sc["concurrency"] == requests)]["step_ms_median"].iloc[0])
-    variants = ("coalesced_pipelined", "batched_dma", "batched_dma_per512", "zero_copy")
-    t = selection_rows(bl, None, comp, metrics_shape(bl).attn_layers, block=16,
-                        variants=variants, requests=requests)
-    q = load_run(REPO / QUALITY_BLOCK_RUNS[1][0]).table("quality_summary")
-    rows = []
-    for r in t.itertuples():
-        row = {"selection": r.selection, "unit": f"{r.unit_bytes // 1024} KiB", "units per layer": r.units_per_layer,
-               "link MiB per step": f"{r.link_bytes_per_step / 2**20:.0f}"}
-        for v in variants:
-            row[f"{v} ms/step"] = f"{getattr(r, f'{v}_ms_per_step'):.2f}"
-        row["step ms (zero_copy)"] = f"{r.step_ms_zero_copy:.2f}"
-        row["step ms (batched_dma_per512)"] = f"{r.step_ms_batched_dma_per512:.2f}"
-        for b in budgets:
-            g = q[(q.policy == QUALITY_POLICY[r.selection]) & (q.budget == b)]
-            row[f"ppl ratio @{b}"] = f"{g.ppl_ratio.mean():.3f}"
-            row[f"mass recall @{b}"] = f"{g.mass_recall.mean():.3f}"
-        rows.append(row)
-    lead = (f"{requests} requests' selections at once (budget {int(bl.budget.iloc[0])} at 64K, blocks of 16), "
-            f"run `{PULSE_SELECTION_BLOCKS_RUN.split('/')[-1]}`; resident step of {requests} requests at 1M "
-            f"{comp:.2f} ms (`{PULSE_SCALING_COMPILED_RUNS[-1][0].split('/')[-1]}`); quality: SmolLM2-135M, 4K-token "
-            f"sequences, `{QUALITY_BLOCK_RUNS[1][0].split('/')[-1]}` (per-head = the per-KV-head oracle).")
-    return lead + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def f2(v) -> str:
-    """A ratio to two decimals, "-" where there is none."""
-    return "-" if pd.isna(v) else f"{v:.2f}"
-
-
-def span(ws) -> str:
-    """Window numbers as a range: "2–9", "3", or "none"."""
-    return f"{min(ws)}–{max(ws)}" if len(ws) > 1 else str(ws[0]) if ws else "none"
-
-
-def pulse_ladder_table() -> str:
-    """PulseInfer's ladder (`RUNS["pulse_ladder"]`): per rung, throughput and p99 TPOT as ratios to the first rung
-    on the same test window (median, min, max, 95% bootstrap interval over the windows), and what each rung moved
-    (bytes per copy, copies per step, the most requests running at once: medians over the test windows)."""
-    run = RUNS.get("pulse_ladder")
-    if not run:
-        return "No ladder run is named in docs/runs.toml yet."
-    lr = load_run(REPO / run)
-    mf, prm, m = lr.manifest, lr.manifest["parameters"], lr.metrics
-    s = lr.table("window_summary").set_index("arm")
-    test = m[(m["window_role"] == "test") & m["rung"].notna()]
-    rows = []
-    for arm, r in s.iterrows():
-        mine = test[test["rung"] == arm]
-        kib = mine["bytes_per_copy"].median() / 1024
-        rows.append({"rung": f"`{arm}`", "setting": r["policy"], "windows": int(r["throughput_ratio_n"]),
-                     "tok/s ratio median": f2(r["throughput_ratio"]),
-                     "min–max": f"{f2(r['throughput_ratio_min'])}–{f2(r['throughput_ratio_max'])}",
-                     "95% interval": f"[{f2(r['throughput_ratio_lo'])}, {f2(r['throughput_ratio_hi'])}]",
-                     "p99 TPOT ratio median": f2(r["tpot_p99_ratio"]),
-                     "p99 95% interval": f"[{f2(r['tpot_p99_ratio_lo'])}, {f2(r['tpot_p99_ratio_hi'])}]",
-                     "KiB per copy": "-" if pd.isna(kib) else f"{kib:.1f}",
-                     "copies per step": "-" if pd.isna(mine["copies_per_step"].median()) else f"{mine['copies_per_step'].median():,.0f}",
-                     "most running": f"{mine['max_running'].median():.0f}"})
-    ratios = lr.table("window_ratios")
-    vs = ratios[(ratios["role"] == "test") & (ratios["arm"] == "adaptive")]["throughput_vs_no_offload"]
-    lead = (f"Run `{mf['run_id']}` ({mf.get('gpu_name') or 'CPU'}; {len(mf.get('resumed_from') or [])} earlier pieces "
-            f"resumed): {prm['windows']} windows of {prm['window_size']} Mooncake requests (inputs × "
-            f"{float(prm['length_scale']):g}, ≤ {prm['max_output']} output tokens), windows {span(mf['calibration'])} "
-            f"calibrate, {span(mf['test'])} test; device KV cap {prm['device_kv_tokens']:,} tokens. Ratios to "
-            f"`per_head` on the same window, rungs in an order turned per window.")
-    tail = (f"Full PulseInfer (`adaptive`) / `no_offload` under the same cap, per test window: median "
-            f"{vs.median():.2f}×, {vs.min():.2f}–{vs.max():.2f}.")
-    return lead + "\n\n" + _md(pd.DataFrame(rows)) + "\n\n" + tail
-
-
-def pulse_trace_table() -> str:
-    """The trace replayed over disjoint windows (`RUNS["pulse_trace_windows"]`, when one is committed): per
-    policy, median, min and max over the test windows of its throughput and p99 TPOT as ratios to the
-    reference on the same window, thresholds chosen on the calibration windows; the one-window replays of
-    the trace's first requests with the same serving (window 0, or the first windows as one) as a row
-    each. Then every one-window replay, per policy, throughput as a ratio to "noswitch" of the same run
-    (same requests, same strategy)."""
-    cols = {"policy": "policy", "completed": "requests done", "output_throughput": "output tok/s",
-            "ttft_ms_p99": "p99 TTFT ms", "tpot_ms_p50": "p50 TPOT ms", "tpot_ms_p90": "p90 TPOT ms",
-            "tpot_ms_p99": "p99 TPOT ms", "share_offloaded": "share offloaded", "switched_rounds": "switched rounds",
-            "stalls": "stalls"}
-    parts = []
-    for run in PULSE_TRACE_RUNS:
-        lr = load_run(REPO / run)
-        m, prm = lr.metrics, lr.manifest["parameters"]
-        t = m[list(cols)].rename(columns=cols)
-        base = float(m.loc[m.policy.str.startswith("noswitch"), "output_throughput"].iloc[0])
-        t.insert(3, "vs noswitch", (m["output_throughput"] / base).map(lambda v: f"{v:.2f}"))
-        sb, per = prm.get("select_block", 1), prm.get("dma_units_per_call", 0)
-        lane = f"{m.strategy.iloc[0]}" + (f", blocks of {sb}" if sb > 1 else "") + (f", calls of {per}" if per else "")
-        t.insert(0, "run", run.split("-")[1])
-        t.insert(1, "offload lane", lane)
-        t.insert(2, "steps", "graphs" if prm.get("graphs") in (True, "true", "True") else "eager")
-        t.insert(3, "requests × inputs / outputs", f"{int(m.n_requests.iloc[0])} × {float(prm.get('length_scale') or 1):g} "
-                 f"/ ≤ {prm.get('max_output')}")
-        parts.append(t)
-    t = pd.concat(parts, ignore_index=True)
-    for c in ("output tok/s", "p99 TTFT ms", "p50 TPOT ms", "p90 TPOT ms", "p99 TPOT ms", "share offloaded"):
-        t[c] = t[c].map(lambda v: f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}")
-    single = _md(t)
-    win = RUNS.get("pulse_trace_windows")
-    if not win:
-        return single
-    lr = load_run(REPO / win)
-    mf, prm = lr.manifest, lr.manifest["parameters"]
-    s, ref = lr.table("window_summary"), prm["reference"]
-    rows = []
-    for _, r in s[s["arm"] != REFERENCE].iterrows():
-        rows.append({"policy": r["arm"], "setting": r["policy"], "windows": f"test {span(mf['test'])} ({int(r['throughput_ratio_n'])})",
-                     "tok/s ratio median": f2(r["throughput_ratio"]), "min": f2(r["throughput_ratio_min"]),
-                     "max": f2(r["throughput_ratio_max"]),
-                     "95% interval of the median": f"[{f2(r['throughput_ratio_lo'])}, {f2(r['throughput_ratio_hi'])}]",
-                     "p99 TPOT ratio median": f2(r["tpot_p99_ratio"]), "p99 min": f2(r["tpot_p99_ratio_min"]),
-                     "p99 max": f2(r["tpot_p99_ratio_max"]),
-                     "p99 95% interval": f"[{f2(r['tpot_p99_ratio_lo'])}, {f2(r['tpot_p99_ratio_hi'])}]"})
-    for d in first_window_runs([REPO / x for x in PULSE_TRACE_RUNS], prm, ignore=("dma_units_per_call",)):
-        one = load_run(d)
-        per = one.manifest["parameters"].get("dma_units_per_call", 0)
-        covers = int(one.metrics["n_requests"].iloc[0]) // int(prm["window_size"])
-        where = "0 alone (1)" if covers == 1 else f"0–{covers - 1} as one (1)"
-        for _, r in single_window(one.metrics).query("arm != @REFERENCE").iterrows():
-            v, q = f2(r["throughput_ratio"]), f2(r["tpot_p99_ratio"])
-            rows.append({"policy": f"{r['policy']} (run {d.name.split('-')[1]}, DMA {f'in calls of {per}' if per else 'in one call'})",
-                         "setting": "read off its window", "windows": where, "tok/s ratio median": v, "min": v,
-                         "max": v, "95% interval of the median": "-", "p99 TPOT ratio median": q, "p99 min": q,
-                         "p99 max": q, "p99 95% interval": "-"})
-    chosen = ", ".join(c for c in (mf.get("chosen") or {}).values() if c) or "none"
-    lead = (f"Run `{mf['run_id']}` ({mf.get('gpu_name') or 'CPU'}): {prm['windows']} disjoint windows of {prm['window_size']} "
-            f"trace requests (inputs × {float(prm['length_scale']):g}, ≤ {prm['max_output']} output tokens); windows "
-            f"{span(mf['calibration'])} calibrate (chosen there: {chosen}), windows {span(mf['test'])} are test windows. "
-            f"Ratios to `{ref}` on the same window (its policies in an order turned per window, after untimed warm-up "
-            f"replays); median, min and max over the test windows (`labkit.stats.spread`), 95% bootstrap interval of "
-            f"the median over windows.")
-    return (lead + "\n\n" + _md(pd.DataFrame(rows)) + "\n\nEvery one-window replay (thresholds read off the window "
-            "they are reported on):\n\n" + single)
 
 
 def _quality_interval(g: pd.DataFrame, col: str, digits: int = 3) -> str:
@@ -408,28 +166,6 @@ def quality_sparse_prefill_table() -> str:
             f"past than the budget (recall@budget: the selection's overlap with the shared oracle's). Value [95% "
             f"bootstrap interval over sequences]; wall {mf['wall_s'] / 60:.0f} min on {mf.get('cpu_count')} shared "
             f"CPU cores, {mf.get('torch_threads', 1)} torch thread.")
-    return lead + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def hot_density_table(context_len: int = 1 << 20) -> str:
-    """Hot-cache replay of recorded SmolLM2 selections per recording density x corpus x policy at one context:
-    hit rate and link bytes against zero_copy's at capacity 1x and 2x budget, the smallest capacity of the
-    run that reaches <= 1/3 of zero_copy's bytes, and the share of replayed rows that are the trace's own."""
-    d = pd.read_parquet(REPO / HOT_DENSITY_RUN / "hot_replay.parquet")
-    d = d[d["context_len"] == context_len]
-    rows = []
-    for (rv, corpus, pol), g in d.groupby(["ratio_value", "corpus", "policy"], sort=True):
-        g = g.set_index("capacity_x").sort_index()
-        ok = g.index[g["bytes_vs_zero_copy"] <= 1 / 3]
-        r0 = g.iloc[0]
-        rows.append({"density": f"{r0['ratio']} ({int(r0['trace_budget'])} of {int(r0['trace_context']):,})",
-                     "corpus": corpus, "policy": pol,
-                     "hit rate 1x": f"{g.loc[1.0, 'hit_rate']:.3f}", "bytes/zc 1x": f"{g.loc[1.0, 'bytes_vs_zero_copy']:.3f}",
-                     "hit rate 2x": f"{g.loc[2.0, 'hit_rate']:.3f}", "bytes/zc 2x": f"{g.loc[2.0, 'bytes_vs_zero_copy']:.3f}",
-                     "≤ 1/3 of zero_copy from": f"{ok.min():g}x" if len(ok) else f"no (≤ {g.index.max():g}x)",
-                     "trace share": f"{r0['trace_share']:.2f}"})
-    lead = (f"Replayed at {_ctx(context_len)} tokens, budget {int(d['budget'].iloc[0])}, 12 QSA layers, one request; "
-            f"capacity in rows per layer as a multiple of the budget.")
     return lead + "\n\n" + _md(pd.DataFrame(rows))
 
 
@@ -753,7 +489,7 @@ def _hot_cache_line(top: int) -> str:
 
 
 def _pulse_line() -> str:
-    pul = across_runs(pulse_rows(RUNS["repeats_pulse_scaling"]), ["figure"], "value").set_index("figure")
+    pul = across_runs(pulse_scaling.pulse_rows(RUNS["repeats_pulse_scaling"]), ["figure"], "value").set_index("figure")
     sw = pul.loc[[f for f in pul.index if "switched / one" in f][0]]
     trace = next(r for r in PULSE_TRACE_RUNS if "151530" in r)
     t = load_run(REPO / trace).metrics
@@ -806,12 +542,16 @@ def producers() -> dict[str, Callable[[], str]]:
     function lives is known: tests/test_layout.py checks it sits beside its experiment, or in labkit/docs/ when
     the block spans several)."""
     return {"headlines": partial(headlines), "serve-crosscheck-cpu": partial(crosscheck_block),
-            "hot-density-cpu": partial(hot_density_table), "hot-decode-h200": partial(decode.hot_decode_table, HOT_DECODE_RUNS),
-            "pulse-blocks-h200": partial(pulse_blocks_table), "pulse-coalesced-h200": partial(pulse_coalesced_table),
-            "pulse-switch-h200": partial(pulse_switch_table), "pulse-scaling-h200": partial(pulse_scaling_table),
-            "pulse-scaling-compiled-h200": partial(pulse_scaling_compiled_table),
-            "pulse-selection-h200": partial(pulse_selection_table), "pulse-trace-h200": partial(pulse_trace_table),
-            "pulse-ladder-h200": partial(pulse_ladder_table), "quality-blocks-cpu": partial(quality_blocks_table),
+            "hot-density-cpu": partial(hot_replay.hot_density_table, HOT_DENSITY_RUN), "hot-decode-h200": partial(decode.hot_decode_table, HOT_DECODE_RUNS),
+            "pulse-blocks-h200": partial(pulse_blocks.pulse_blocks_table, PULSE_RUNS["blocks"]),
+            "pulse-coalesced-h200": partial(pulse_blocks.pulse_coalesced_table, PULSE_COALESCED_RUNS),
+            "pulse-switch-h200": partial(pulse_switch.pulse_switch_table, PULSE_SWITCH_RUNS),
+            "pulse-scaling-h200": partial(pulse_scaling.pulse_scaling_table, PULSE_RUNS["scaling"]),
+            "pulse-scaling-compiled-h200": partial(pulse_scaling.pulse_scaling_compiled_table, PULSE_SCALING_COMPILED_RUNS),
+            "pulse-selection-h200": partial(pulse_blocks.pulse_selection_table, PULSE_SELECTION_BLOCKS_RUN,
+                                            PULSE_SCALING_COMPILED_RUNS[-1][0], QUALITY_BLOCK_RUNS[1][0]),
+            "pulse-trace-h200": partial(pulse.pulse_trace_table, PULSE_TRACE_RUNS, RUNS.get("pulse_trace_windows", "")),
+            "pulse-ladder-h200": partial(pulse_ladder.pulse_ladder_table, RUNS.get("pulse_ladder", "")), "quality-blocks-cpu": partial(quality_blocks_table),
             "quality-cpu": partial(quality_table), "quality-sparse-prefill-cpu": partial(quality_sparse_prefill_table),
             "multigpu-h200x2": partial(multigpu.multigpu_table, *MULTIGPU_RUNS),
             "prefill-h200": partial(prefill.prefill_table, PREFILL_RUNS),

@@ -14,6 +14,7 @@ import pandas as pd
 from ..experiments.capacity.tables import capacity_rows
 from ..experiments.decode import tables as decode
 from ..experiments.prefill.tables import prefill_rows
+from ..experiments.pulse_scaling.tables import pulse_rows
 from ..results import REPO, load_run
 from ..stats import across_runs
 from .kernels import grouped
@@ -152,30 +153,6 @@ def select_block(run: str) -> str:
                      "default / topk": f"{x['select_auto_ms'] / x['topk_sort_ms']:.2f}",
                      "same values as topk": "yes" if x["same_values_as_topk"] else "NO"})
     return f"Top-{r['k']} of one QSA layer, graph-replayed, {r['device']}.\n\n" + _md(pd.DataFrame(rows))
-
-
-def crossover(m: pd.DataFrame) -> float:
-    """Fewest requests from which two switched batches beat one offloaded batch at every larger count (nan: never)."""
-    piv = m[m["status"] == "ok"].pivot_table(index="concurrency", columns="mode", values="tok_s")
-    r = (piv["switched"] / piv["no_switch"]).dropna()
-    wins = r > 1.0
-    for n in r.index:
-        if wins.loc[n:].all():
-            return float(n)
-    return float("nan")
-
-
-def pulse_rows(runs: list[str]) -> pd.DataFrame:
-    out = []
-    for i, run in enumerate(runs, 1):
-        m = load_run(REPO / run).metrics
-        piv = m[m["status"] == "ok"].pivot_table(index="concurrency", columns="mode", values="tok_s")
-        top = int(piv.index.max())
-        out.append({"figure": f"PulseInfer: two switched / one offloaded batch, {top} requests at 1M", "process": i,
-                    "value": piv.loc[top, "switched"] / piv.loc[top, "no_switch"]})
-        out.append({"figure": "PulseInfer: crossover (fewest requests from which switching wins)", "process": i,
-                    "value": crossover(m)})
-    return pd.DataFrame(out)
 
 
 def spreads_block(hot: list[str], capacity: list[str], pulse: list[str], prefill: list[str]) -> str:
