@@ -10,8 +10,6 @@ sits in exactly one file.
 """
 from __future__ import annotations
 
-import json
-import math
 import re
 from functools import partial
 from pathlib import Path
@@ -19,12 +17,11 @@ from typing import Callable
 
 import pandas as pd
 
-from ..experiments.crossmodel.measure import headline
-from ..stats.intervals import paired, pooled, text as interval_text
 from ..report import summary as S
 from ..report.units import tokens_label as _ctx
 from ..results import REPO, load_run
 from ..experiments.capacity import tables as capacity
+from ..experiments.crossmodel import tables as crossmodel
 from ..experiments.decode import tables as decode
 from ..experiments.hot_replay import tables as hot_replay
 from ..experiments.multigpu import tables as multigpu
@@ -35,8 +32,9 @@ from ..experiments.pulse_blocks import tables as pulse_blocks
 from ..experiments.pulse_ladder import tables as pulse_ladder
 from ..experiments.pulse_scaling import tables as pulse_scaling
 from ..experiments.pulse_switch import tables as pulse_switch
-from ..experiments.serve_sweep.figures import crosscheck_table
-from ..stats import Interval, across_runs, perplexity_ratio
+from ..experiments.quality import tables as quality
+from ..experiments.serve_sweep import tables as serve_sweep
+from ..stats import across_runs
 from .claims import blocks as claims_blocks
 from .reference_tables import producers as reference_producers
 from .roofline_tables import producers as roofline_producers
@@ -76,325 +74,24 @@ def _span(lo: float, hi: float) -> str:
 _md = S.md_table
 
 
-def _quality_interval(g: pd.DataFrame, col: str, digits: int = 3) -> str:
-    """One summary row's `value [lo, hi]` (labkit.stats.Interval.text)."""
-    r = g.iloc[0]
-    return Interval(r[col], r[f"{col}_lo"], r[f"{col}_hi"], int(r[f"{col}_n"])).text(digits)
-
-
-def _quality_lead(run: str, mf: dict) -> str:
-    p = mf["parameters"]
-    ctx = p["seq_len"] - p["eval_tokens"]
-    return (f"SmolLM2-135M on CPU, run `{run.split('/')[-1]}`: per corpus n = {p['n_sequences']} sequences of "
-            f"{p['seq_len']:,} tokens drawn with seed {p['seed']} from the eval split"
-            + (" (yaml: non-overlapping windows of its one eval document)" if "yaml" in p["corpora"] else "")
-            + f", the last {p['eval_tokens']} decoded sparsely after a {ctx:,}-token dense "
-            f"prefill; value [95% bootstrap interval over sequences], perplexity pooled over a corpus's sequences; "
-            f"wall {mf['wall_s'] / 60:.0f} min on {mf.get('cpu_count')} shared CPU cores"
-            + (f", {mf['torch_threads']} torch thread" + ("s" if mf["torch_threads"] > 1 else "") if "torch_threads" in mf else "")
-            + ".")
-
-
-def quality_table() -> str:
-    """Perplexity ratio to dense per corpus and policy (single-token selection) at every budget of the run, and
-    attention-mass recall at 256, each with its 95% bootstrap interval over the evaluation sequences and n."""
-    run = load_run(REPO / QUALITY_RUN)
-    q = run.table("quality_summary")
-    q = q[(q.policy != "dense") & (q.selection == "token")]
-    rows = []
-    for (corpus, pol), g in q.groupby(["corpus", "policy"], sort=True):
-        g = g.set_index("budget")
-        row = {"corpus": corpus, "policy": pol}
-        for b in sorted(q.budget.unique()):
-            row[f"ppl ratio @{b}"] = _quality_interval(g.loc[[b]], "ppl_ratio")
-        row["mass recall @256"] = _quality_interval(g.loc[[256]], "mass_recall")
-        row["n"] = int(g["ppl_ratio_n"].min())
-        rows.append(row)
-    return _quality_lead(QUALITY_RUN, run.manifest) + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def quality_blocks_table() -> str:
-    """Perplexity ratio to dense (pooled over a corpus's sequences) and attention-mass recall per policy,
-    selected per token or in whole blocks of 16, at the budgets the run measured blocks at, each with its 95%
-    bootstrap interval over the evaluation sequences and n."""
-    run = load_run(REPO / QUALITY_RUN)
-    q = run.table("quality_summary")
-    budgets = sorted(q[q.block > 1].budget.unique())
-    q = q[q.budget.isin(budgets) & ~q.policy.isin(["dense", "oracle_shared"])]
-    rows = []
-    for (pol, corpus, block), g in q.groupby(["policy", "corpus", "block"], sort=True):
-        g = g.set_index("budget")
-        row = {"policy": pol, "selection": g["selection"].iloc[0], "corpus": corpus}
-        for b in budgets:
-            row[f"ppl ratio @{b}"] = _quality_interval(g.loc[[b]], "ppl_ratio")
-            row[f"mass recall @{b}"] = _quality_interval(g.loc[[b]], "mass_recall")
-        row["n"] = int(g["ppl_ratio_n"].min())
-        rows.append(row)
-    return _quality_lead(QUALITY_RUN, run.manifest) + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def quality_sparse_prefill_table() -> str:
-    """Per corpus, policy and budget: the perplexity ratio to dense with the prefix prefilled densely and with it
-    prefilled under the same selection, what sparse prefill adds (the sparse-prefill perplexity over the
-    dense-prefill one, paired per sequence), and the prefix rows' attention-mass recall and recall@budget against
-    the shared oracle; each with its 95% bootstrap interval over the evaluation sequences and n."""
-
-    run = load_run(REPO / QUALITY_SPARSE_PREFILL_RUN)
-    mf, q, m = run.manifest, run.table("quality_summary"), run.metrics
-    p = mf["parameters"]
-    q = q[(q.policy != "dense") & (q.selection == "token")].set_index(["corpus", "policy", "budget", "protocol"])
-    m = m[(m.status == "ok") & (m.policy != "dense")]
-    rows = []
-    for (corpus, pol, b), g in m.groupby(["corpus", "policy", "budget"], sort=True):
-        pair = g.pivot_table(index=["document", "start"], columns="protocol", values=["nll_sum", "n_tokens"])
-        added = perplexity_ratio(pair["nll_sum"]["sparse_prefill"], pair["nll_sum"]["dense_prefill"],
-                                 pair["n_tokens"]["sparse_prefill"])
-        sp = q.loc[[(corpus, pol, b, "sparse_prefill")]]
-        rows.append({"corpus": corpus, "policy": pol, "budget": int(b),
-                     "ppl ratio, dense prefill": _quality_interval(q.loc[[(corpus, pol, b, "dense_prefill")]], "ppl_ratio"),
-                     "ppl ratio, sparse prefill": _quality_interval(sp, "ppl_ratio"),
-                     "sparse / dense prefill": added.text(3),
-                     "prefill mass recall": _quality_interval(sp, "prefill_mass_recall"),
-                     "prefill recall@budget": _quality_interval(sp, "prefill_oracle_overlap"),
-                     "n": int(sp["ppl_ratio_n"].min())})
-    ctx = p["seq_len"] - p["eval_tokens"]
-    lead = (f"SmolLM2-135M on CPU, run `{QUALITY_SPARSE_PREFILL_RUN.split('/')[-1]}`: per corpus n = "
-            f"{p['n_sequences']} sequences of {p['seq_len']:,} tokens drawn with seed {p['seed']} from the eval split; "
-            f"the {ctx:,}-token prefix prefilled densely (dense prefill) or with every row attending to its top-budget "
-            f"causal past chosen by the policy (sparse prefill), then the last {p['eval_tokens']} decoded sparsely; "
-            f"both against the same dense prefill + dense decode. Prefill recalls are over the prefix rows with more "
-            f"past than the budget (recall@budget: the selection's overlap with the shared oracle's). Value [95% "
-            f"bootstrap interval over sequences]; wall {mf['wall_s'] / 60:.0f} min on {mf.get('cpu_count')} shared "
-            f"CPU cores, {mf.get('torch_threads', 1)} torch thread.")
-    return lead + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def crosscheck_block() -> str:
-    """labkit's load generator against `vllm bench serve` on one server and load, interleaved rounds."""
-    t = crosscheck_table(load_run(REPO / CROSSCHECK_RUN).metrics)
-    rows = [{"input / conc.": f"{int(r.input_len)} / {int(r.concurrency)}",
-             "TTFT labkit / vLLM (ms)": f"{r.ttft_labkit_ms:,.0f} / {r.ttft_vllm_ms:,.0f}", "TTFT ratio": f"{r.ttft_ratio:.2f}",
-             "TPOT labkit / vLLM (ms)": f"{r.tpot_labkit_ms:,.1f} / {r.tpot_vllm_ms:,.1f}", "TPOT ratio": f"{r.tpot_ratio:.2f}",
-             "rounds": int(r.rounds)} for r in t.itertuples()]
-    within = lambda col: int(((t[col] - 1).abs() <= 0.10).sum())
-    lead = (f"Within 10%: TTFT at {within('ttft_ratio')} of {len(t)} points, TPOT at {within('tpot_ratio')} of {len(t)} "
-            f"(medians over rounds of each round's median).")
-    return lead + "\n\n" + _md(pd.DataFrame(rows))
-
-
 # ---- cross-model KV transfer (labkit.crossmodel) ---------------------------------------------------------------
-
-
-def _xfer_quality_cells(r, corpora=("code", "prose")) -> dict:
-    """Ratio cells with their 95% intervals over sequences and n: one cell per corpus, the pooled one, the
-    per-sequence spread (`labkit.stats.intervals` columns)."""
-
-    n = " + ".join(str(int(getattr(r, f"ppl_ratio_{c}_n"))) for c in corpora)
-    return {**{f"ppl ratio {c} [95%]": interval_text(r, f"ppl_ratio_{c}") for c in corpora},
-            "ppl ratio **pooled** [95%]": f"**{interval_text(r, 'ppl_ratio')}**", "n": n,
-            "per-sequence min–max": f"{r.ppl_ratio_seq_min:.2f}–{r.ppl_ratio_seq_max:.2f}"}
-
-
-def _xfer_split_line(run) -> str:
-    """What the quality of a run folder was measured on, from its manifest."""
-    mf = run.manifest
-    q, sp = mf.get("quality", {}), mf.get("split", {})
-    ev = sp.get("evaluation", {})
-    cal = sp.get("calibration", {})
-    per = ", ".join(f"{c} {v['n']}" for c, v in ev.items())
-    fit = ", ".join(f"{c} {len(v['fit_documents'])} + {len(v['lambda_documents'])}" for c, v in cal.items())
-    return (f"Held-out windows per corpus: {per} (seed {sp.get('eval_seed')}, one window of {q.get('prompt_len')} + "
-            f"{q.get('cont_len')} tokens per eval document at a seeded offset, no document or family shared with "
-            f"the calibration text; calibration documents fitted on + held out for λ: {fit}); intervals: 95% "
-            f"bootstrap over sequences.")
-
-
-def xfer_frontier_table() -> str:
-    """Quality (fitted mappers, held-out windows, 95% intervals over sequences) beside the TTFT speedup
-    (shape-only mappers, 2K) per N."""
-    run = load_run(REPO / XFER_FRONTIER_RUN)
-    f = run.table("frontier")
-    f = f[f["stage"] == "frontier"].sort_values("small_layers")
-    rows = [{"N": int(r.small_layers), "mapping MACs / token": f"{r.mapper_macs_per_token / 1e6:.1f} M",
-             **_xfer_quality_cells(r), "top-1 [95%]": text_iv(r, "top1_agree"),
-             "R² held-out K / V": f"{r.r2_val_k_mean:.3f} / {r.r2_val_v_mean:.3f}",
-             f"TTFT speedup at {int(r.context_len) // 1024}K": f"**{r.speedup:.2f}×**",
-             "small prefill ms": f"{r.small_prefill_ms:,.0f}", "mapping ms": f"{r.mapping_ms:,.0f}"} for r in f.itertuples()]
-    lead = (f"Large model's own prefill + first token at {int(f.context_len.iloc[0]):,} tokens: "
-            f"{f.large_ttft_ms.median():,.0f} ms (median of {int(run.metrics.repeats.max())} after a warm-up); "
-            f"features d = {int(f.feature_dim.iloc[0]):,}. " + _xfer_split_line(run))
-    return lead + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def text_iv(r, prefix: str) -> str:
-
-    return interval_text(r, prefix)
-
-
-# Probes the N = 10 run took over from an earlier committed run, by the table they came from (`source`): their
-# names in that data are of the day; the docs name them by what they are.
-TAKEN_OVER_PROBES = {"results/20261130-xfer-frontier-smollm2-cpu/ablation.parquet": "frontier without exact prefix"}
-
-
-def probe_label(probe: str, source: str) -> str:
-    return TAKEN_OVER_PROBES.get(source, probe)
-
-
-def xfer_n10_table() -> str:
-    """The N = 10 anomaly: pooled held-out ppl ratio at N = 8 / 10 / 12 per probe, and the costliest layer of the
-    N = 10 mapper from the frontier without exact prefix (attribution: that layer alone mapped, and every layer but it)."""
-    run = load_run(REPO / XFER_N10_RUN)
-    pr = run.table("n10_probe")
-    rows = []
-    for (probe, feats), g in pr.groupby(["probe", "features"], sort=False):
-        v = g.set_index("small_layers")
-        rows.append({"probe": probe_label(probe, g["source"].iloc[0]), "features": f"`{feats}`", "λ grid": g["lambda_grid"].iloc[0],
-                     **{f"N = {n}": (f"**{v.loc[n, 'ppl_ratio']:.3f}**" if n == 10 else f"{v.loc[n, 'ppl_ratio']:.3f}")
-                        if n in v.index else "–" for n in (8, 10, 12)}})
-    a = run.table("attribution")
-    only = a[a["variant"].str.startswith("only:")].sort_values("ppl_ratio", ascending=False)
-    worst = only.iloc[0]
-    but = a[a["variant"] == f"but:{int(worst.layer)}"].iloc[0]
-    allm = a[a["variant"] == "all"].iloc[0]
-    lead = (f"Pooled ratios over 12 held-out sequences (6 per corpus, the openings of eval documents; no per-sequence "
-            f"rows were kept, so no intervals). The N = 10 mapper of the frontier without exact prefix, one layer at a time (the rest true): layer {int(worst.layer)} "
-            f"alone costs {worst.ppl_ratio:.3f} (next: " + ", ".join(f"{int(r.layer)}: {r.ppl_ratio:.3f}" for r in only.iloc[1:4].itertuples())
-            + f"); every layer mapped but {int(worst.layer)}: {but.ppl_ratio:.3f} (all mapped: {allm.ppl_ratio:.3f}).")
-    return lead + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def xfer_rank_table() -> str:
-    """Reduced-rank mappers at N = 8: quality (95% intervals over sequences) and the mapping's cost beside the
-    full ridge mapper."""
-    f = load_run(REPO / XFER_RANK_RUN).table("frontier")
-    f = f[f["small_layers"] == 8].sort_values("mapper_macs_per_token", ascending=False)
-    rows = [{"rank": "full" if not r.rank else int(r.rank), "mapping MACs / token": f"{r.mapper_macs_per_token / 1e6:.2f} M",
-             **_xfer_quality_cells(r), "top-1 [95%]": text_iv(r, "top1_agree"),
-             "calibration R² gap K / V": "–" if not r.rank else f"{r.rank_gap_k_mean:.4f} / {r.rank_gap_v_mean:.4f}",
-             "mapping ms": f"{r.mapping_ms:,.0f}", f"TTFT speedup at {int(r.context_len) // 1024}K": f"**{r.speedup:.2f}×**"}
-            for r in f.itertuples()]
-    return _md(pd.DataFrame(rows))
-
-
-def xfer_run_table() -> str:
-    """The full `labkit run crossmodel` (default features, backend=both): quality per backend and the vLLM path's TTFT
-    per length and concurrency (its transformers TTFT shared the CPU with other work: the clean one is
-    `xfer_ttft_table`)."""
-
-
-    run = load_run(REPO / XFER_FULL_RUN)
-    m, q = run.metrics, run.table("quality_summary")
-    ok = m[(m["kind"] == "ttft") & (m["status"] == "ok") & (m["backend"] == "vllm")]
-    rows = []
-    for (backend, n, c), g in ok.groupby(["backend", "context_len", "concurrency"]):
-        base, mp = g[g["strategy"] == "large_prefill"].iloc[0], g[g["strategy"] == "mapped"].iloc[0]
-        rows.append({"backend": backend, "prompt tokens": f"{int(n):,}", "concurrency": int(c),
-                     "own prefill ms": f"{base.ttft_ms_median:,.0f}", "mapped path ms": f"{mp.ttft_ms_median:,.0f}",
-                     "speedup": f"**{mp.speedup:.2f}×**",
-                     "small prefill / mapping / exact prefix ms": "–" if pd.isna(mp.get("small_prefill_ms")) else
-                     f"{mp.small_prefill_ms:,.0f} / {mp.mapping_ms:,.0f} / {mp.prefix_ms:,.0f}"})
-    h = headline(m, q)
-    h = h[h["backend"] == "vllm"]
-
-    seqs = m[(m["kind"] == "quality") & (m["status"] == "ok")]
-    qrows = []
-    for b, g in q[q["mode"].isin(["true", "mapped"])].groupby("backend", sort=False):
-        tr, mp = g[g["mode"] == "true"], g[g["mode"] == "mapped"]
-        ppl = lambda x: math.exp(x["nll_sum"].sum() / x["n_tokens"].sum())  # noqa: E731
-        pr = paired(seqs[seqs["backend"] == b])
-        iv = pd.Series(pooled(pr[pr["mode"] == "mapped"]))
-        qrows.append({"backend": b, "true-cache ppl": f"{ppl(tr):.6f}", "mapped-cache ppl": f"{ppl(mp):.6f}",
-                      **_xfer_quality_cells(iv), "top-1 [95%]": text_iv(iv, "top1_agree")})
-    head = "; ".join(f"{r.backend}: **{r.speedup:.2f}×** at {int(r.prompt_tokens):,} tokens (c = 1), ppl ratio "
-                     f"{r.ppl_ratio:.3f}, top-1 {r.top1_agree:.3f}" for r in h.itertuples())
-    return "Headline — " + head + ".\n\n" + _md(pd.DataFrame(qrows)) + "\n\n" + _md(pd.DataFrame(rows))
-
-
-def xfer_ttft_table() -> str:
-    """TTFT per prompt length of the full and the rank-512 mapper (fitted, exact prefix), transformers path and,
-    at 8K, through vLLM."""
-    rows = []
-    for run_dir in (XFER_TTFT_RUN, XFER_VLLM_RANK_RUN):
-        if not (REPO / run_dir).is_dir():
-            continue
-        m = load_run(REPO / run_dir).metrics
-        if "kind" not in m:
-            continue
-        t = m[(m["kind"] == "ttft") & (m["strategy"] == "mapped")].sort_values(["backend", "context_len", "rank"])
-        for r in t.itertuples():
-            rows.append({"backend": r.backend, "prompt tokens": f"{int(r.context_len):,}", "concurrency": int(r.concurrency),
-                         "mapper": "full" if not r.rank else f"rank {int(r.rank)}",
-                         "own prefill ms": f"{r.ttft_ms_median * r.speedup:,.0f}", "mapped path ms": f"{r.ttft_ms_median:,.0f}",
-                         "speedup": f"**{r.speedup:.2f}×**", "small prefill / mapping / exact prefix ms":
-                         f"{r.small_prefill_ms:,.0f} / {r.mapping_ms:,.0f} / {r.prefix_ms:,.0f}"})
-    return _md(pd.DataFrame(rows))
-
-
-def xfer_ablation_table() -> str:
-    """The mapper ablation at N = 8: features, lambda granularity and calibration size against quality."""
-
-    a = pd.read_parquet(REPO / XFER_ABLATION_RUN / "ablation.parquet")
-    a = a[a["stage"] != "frontier"]
-    seqs = pd.read_parquet(REPO / XFER_ABLATION_RUN / "ablation_rows.parquet")
-    per_corpus = json.loads((REPO / XFER_ABLATION_RUN / "ablation.json").read_text())["n_sequences"]
-    rows = []
-    for r in a.itertuples():
-        g = seqs[(seqs["stage"] == r.stage) & (seqs["config"] == r.config)]
-        if g.empty:   # this run kept per-sequence rows for its frontier only: the pooled figures, no interval
-            cells = {"ppl ratio code / prose / **pooled**": f"{r.ppl_ratio_code:.3f} / {r.ppl_ratio_prose:.3f} / "
-                     f"**{r.ppl_ratio:.3f}**", "n": f"{per_corpus} + {per_corpus}", "top-1 (pooled)": f"{r.top1_agree:.3f}"}
-        else:
-            iv = pd.Series(pooled(g))
-            cells = {**_xfer_quality_cells(iv), "top-1 (pooled)": text_iv(iv, "top1_agree")}
-        rows.append({"stage": r.stage, "config": r.config, "features": f"`{r.features}`", "λ per": r.lambda_per,
-                     "calib tokens / corpus": f"{int(r.calib_tokens_per_corpus):,}", "d": f"{int(r.feature_dim):,}", **cells})
-    return _md(pd.DataFrame(rows))
-
-
-def xfer_vllm_ttft_table() -> str:
-    """TTFT through the CPU vLLM server, the large model's own prefill against the mapped path, with its stages."""
-    m = load_run(REPO / XFER_VLLM_TTFT_RUN).metrics
-    m = m[(m["kind"] == "ttft") & (m["status"] == "ok")]
-    rows = []
-    for n, g in m.groupby("context_len"):
-        base, mp = g[g["strategy"] == "large_prefill"].iloc[0], g[g["strategy"] == "mapped"].iloc[0]
-        rows.append({"prompt tokens": f"{int(n):,}", "vLLM's own prefill ms": f"{base.ttft_ms_median:,.0f}",
-                     "mapped path ms": f"{mp.ttft_ms_median:,.0f}", "speedup": f"{mp.speedup:.2f}",
-                     "small prefill": f"{mp.small_prefill_ms:,.0f}", "mapping": f"{mp.mapping_ms:,.0f}",
-                     "/dev/shm write": f"{mp.write_ms:,.0f}", "engine (load + last token)": f"{mp.engine_ms:,.0f}"})
-    return _md(pd.DataFrame(rows))
-
-
-def xfer_prose_table() -> str:
-    """Quality per corpus of one run: modern English prose (Python's documentation topics) beside Shakespeare,
-    the same mapper and protocol, 95% intervals over sequences."""
-
-    run = load_run(REPO / XFER_PROSE_RUN)
-    s = run.table("quality_summary")
-    p = run.manifest.get("parameters", {})
-    names = {"prose": "Shakespeare (prose)", "pydoc": "Python's documentation topics (pydoc)", "code": "CPython stdlib (code)"}
-    rows = []
-    for r in s[s["mode"] == "mapped"].itertuples():
-        tr = s[(s["corpus"] == r.corpus) & (s["mode"] == "true")].iloc[0]
-        rows.append({"corpus": names.get(r.corpus, r.corpus), "small model": p.get("small", ""),
-                     "true-cache ppl": f"{tr.ppl:.2f}", "mapped-cache ppl": f"{r.ppl:.2f}",
-                     "ppl ratio [95%]": f"**{interval_text(r, 'ppl_ratio')}**", "top-1 [95%]": interval_text(r, "top1_agree"),
-                     "n": int(r.n_sequences)})
-    return _md(pd.DataFrame(rows))
 
 
 def xfer_producers() -> dict[str, Callable[[], str]]:
     """The cross-model blocks whose runs are committed (a run named in docs/runs.toml but not here yet: no block)."""
     out = {}
-    for name, fn, run in (("xfer-frontier-cpu", xfer_frontier_table, XFER_FRONTIER_RUN),
-                          ("xfer-n10-cpu", xfer_n10_table, XFER_N10_RUN),
-                          ("xfer-rank-cpu", xfer_rank_table, XFER_RANK_RUN), ("xfer-run-cpu", xfer_run_table, XFER_FULL_RUN),
-                          ("xfer-ttft-cpu", xfer_ttft_table, XFER_TTFT_RUN),
-                          ("xfer-ablation-cpu", xfer_ablation_table, XFER_ABLATION_RUN),
-                          ("xfer-vllm-ttft-cpu", xfer_vllm_ttft_table, XFER_VLLM_TTFT_RUN),
-                          ("xfer-prose-cpu", xfer_prose_table, XFER_PROSE_RUN)):
+    x = crossmodel          # the cross-model experiment's tables
+    for name, fn, run, *more in (("xfer-frontier-cpu", x.xfer_frontier_table, XFER_FRONTIER_RUN),
+                                 ("xfer-n10-cpu", x.xfer_n10_table, XFER_N10_RUN),
+                                 ("xfer-rank-cpu", x.xfer_rank_table, XFER_RANK_RUN),
+                                 ("xfer-run-cpu", x.xfer_run_table, XFER_FULL_RUN),
+                                 # the vLLM rank run's rows join the TTFT table where that run is committed too
+                                 ("xfer-ttft-cpu", x.xfer_ttft_table, XFER_TTFT_RUN, XFER_VLLM_RANK_RUN),
+                                 ("xfer-ablation-cpu", x.xfer_ablation_table, XFER_ABLATION_RUN),
+                                 ("xfer-vllm-ttft-cpu", x.xfer_vllm_ttft_table, XFER_VLLM_TTFT_RUN),
+                                 ("xfer-prose-cpu", x.xfer_prose_table, XFER_PROSE_RUN)):
         if run and (REPO / run).is_dir():
-            out[name] = partial(fn)
+            out[name] = partial(fn, [run, *more]) if more else partial(fn, run)
     return out
 
 
@@ -541,7 +238,7 @@ def producers() -> dict[str, Callable[[], str]]:
     makes it, bound to the runs docs/runs.toml names for it (a `partial`, never a lambda, so that where the
     function lives is known: tests/test_layout.py checks it sits beside its experiment, or in labkit/docs/ when
     the block spans several)."""
-    return {"headlines": partial(headlines), "serve-crosscheck-cpu": partial(crosscheck_block),
+    return {"headlines": partial(headlines), "serve-crosscheck-cpu": partial(serve_sweep.crosscheck_block, CROSSCHECK_RUN),
             "hot-density-cpu": partial(hot_replay.hot_density_table, HOT_DENSITY_RUN), "hot-decode-h200": partial(decode.hot_decode_table, HOT_DECODE_RUNS),
             "pulse-blocks-h200": partial(pulse_blocks.pulse_blocks_table, PULSE_RUNS["blocks"]),
             "pulse-coalesced-h200": partial(pulse_blocks.pulse_coalesced_table, PULSE_COALESCED_RUNS),
@@ -551,8 +248,9 @@ def producers() -> dict[str, Callable[[], str]]:
             "pulse-selection-h200": partial(pulse_blocks.pulse_selection_table, PULSE_SELECTION_BLOCKS_RUN,
                                             PULSE_SCALING_COMPILED_RUNS[-1][0], QUALITY_BLOCK_RUNS[1][0]),
             "pulse-trace-h200": partial(pulse.pulse_trace_table, PULSE_TRACE_RUNS, RUNS.get("pulse_trace_windows", "")),
-            "pulse-ladder-h200": partial(pulse_ladder.pulse_ladder_table, RUNS.get("pulse_ladder", "")), "quality-blocks-cpu": partial(quality_blocks_table),
-            "quality-cpu": partial(quality_table), "quality-sparse-prefill-cpu": partial(quality_sparse_prefill_table),
+            "pulse-ladder-h200": partial(pulse_ladder.pulse_ladder_table, RUNS.get("pulse_ladder", "")), "quality-blocks-cpu": partial(quality.quality_blocks_table, QUALITY_RUN),
+            "quality-cpu": partial(quality.quality_table, QUALITY_RUN),
+            "quality-sparse-prefill-cpu": partial(quality.quality_sparse_prefill_table, QUALITY_SPARSE_PREFILL_RUN),
             "multigpu-h200x2": partial(multigpu.multigpu_table, *MULTIGPU_RUNS),
             "prefill-h200": partial(prefill.prefill_table, PREFILL_RUNS),
             "prefill-anatomy-h200": partial(prefill.prefill_anatomy_table, RUNS["prefill_anatomy"]),
