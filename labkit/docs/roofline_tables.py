@@ -1,6 +1,8 @@
 """Generated blocks of docs/roofline.md and docs/spreads.md: the resident step against the weight-streaming
-roofline, the step's kernels, selection against torch.topk, and the headline ratios across processes. Every
-figure from committed run folders named in docs/runs.toml (`[runs]`), as the other generated tables."""
+roofline (a decode run's steps against its own HBM probe), the step's kernels, selection against torch.topk and
+the GEMV benches (scripts, no experiment), and the headline ratios across processes (each experiment's rows, from
+its tables.py); today's decode tables there are the decode experiment's. Every figure from committed run folders
+named in docs/runs.toml (`[runs]`), as the other generated tables."""
 from __future__ import annotations
 
 import gzip
