@@ -176,6 +176,32 @@ def test_the_report_renders_a_run_and_imports_no_measuring_code():
     assert sorted(_reaches(g, "labkit.report") & set(MEASURING_PARTS)) == []
 
 
+
+# The generated docs blocks (`labkit docs`): an experiment's tables sit beside it, in labkit/experiments/NAME/tables.py;
+# labkit/docs/ makes only the blocks that span experiments (or none): the README's headlines, the roofline's kernels,
+# benches and spreads, the published model's study, the claims card (whose blocks come from claims.blocks, not here).
+DOCS_WIDE_TABLES = {"labkit.docs.headlines", "labkit.docs.roofline_tables", "labkit.docs.reference_tables"}
+
+
+def test_every_docs_table_sits_beside_its_experiment_or_spans_several():
+    """Each generated block's function lives in an experiment's tables.py or is one of docs' cross-experiment
+    modules; labkit/docs/readme_tables.py binds blocks to functions and runs and draws no table itself."""
+    import functools
+    import re
+    from labkit.docs import readme_tables       # the binding is data, read at run time: the registry itself
+
+    made_by = readme_tables.producers()
+    assert len(made_by) > 40, "the registry lost its blocks"
+    assert all(isinstance(f, functools.partial) for f in made_by.values()), "bind with partial: a lambda hides its maker"
+    where = {name: f.func.__module__ for name, f in made_by.items()}
+    misplaced = {name: m for name, m in where.items()
+                 if m not in DOCS_WIDE_TABLES and not re.fullmatch(r"labkit\.experiments\.\w+\.tables", m)}
+    assert misplaced == {}, "an experiment's table goes to labkit/experiments/NAME/tables.py"
+    src = MODULES["labkit.docs.readme_tables"].read_text()
+    assert not any(w in src for w in ("md_table", "load_run", "read_parquet", "pd.")), \
+        "readme_tables only assembles: the table code goes beside its experiment"
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

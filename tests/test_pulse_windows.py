@@ -13,6 +13,7 @@ import pytest
 
 from labkit import experiments
 from labkit.experiments.pulse import measure as P
+from labkit.experiments.pulse.tables import pulse_trace_table
 from labkit.experiments import trace_windows as W
 from labkit.params import BadInput
 from labkit.results import REPO
@@ -228,14 +229,11 @@ def test_fitted_adaptive_is_the_engines_rule_at_its_constants():
 
 
 # ---- the docs table per window --------------------------------------------------------------------------
-def test_docs_table_per_window_with_the_one_window_run_as_a_row(small_run, tmp_path, monkeypatch):
-    import labkit.docs.readme_tables as R
+def test_docs_table_per_window_with_the_one_window_run_as_a_row(small_run, tmp_path):
     one = tmp_path / "20260101-000001-pulse-trace-one-cpu"
     experiments.measure("pulse", {**SMALL, "windows": "1", "calibration_windows": "0", "policies": "threshold:40",
                                   "out_dir": str(one)}, progress_bar=False)
-    monkeypatch.setattr(R, "PULSE_TRACE_RUNS", [str(one)])
-    monkeypatch.setitem(R.RUNS, "pulse_trace_windows", str(small_run))
-    text = R.pulse_trace_table()
+    text = pulse_trace_table([str(one)], str(small_run))
     s = pd.read_parquet(small_run / "window_summary.parquet").set_index("arm")
     assert "windows 0 calibrate" in text and "windows 1–2 are test windows" in text
     line = next(x for x in text.splitlines() if x.startswith(f"| {W.STATIC} |"))
@@ -244,8 +242,7 @@ def test_docs_table_per_window_with_the_one_window_run_as_a_row(small_run, tmp_p
     assert cells[3:6] == [f"{s.loc[W.STATIC, c]:.2f}" for c in ("throughput_ratio", "throughput_ratio_min", "throughput_ratio_max")]
     assert any(x.startswith("| threshold:40 (run 000001") and "0 alone (1)" in x for x in text.splitlines())
     assert "Every one-window replay" in text
-    monkeypatch.setitem(R.RUNS, "pulse_trace_windows", "")
-    assert "test windows" not in R.pulse_trace_table()
+    assert "test windows" not in pulse_trace_table([str(one)], "")
 
 
 def test_device_plan_replays_the_committed_graphs_on_serving():

@@ -1,4 +1,6 @@
 """The documentation's generated part, from committed run folders: the measured tables in README.md and docs/*.md
-(readme_tables.py, with reference_tables.py and roofline_tables.py) and the claims card (claims.py); the runs
-behind them are named once in docs/runs.toml (runs.py). It reads run folders through `labkit.report` and sits
-after it: nothing below imports it."""
+and the claims card (claims.py). Each experiment's tables sit beside it (labkit/experiments/NAME/tables.py);
+readme_tables.py binds every block to the function that makes it and the runs docs/runs.toml names (runs.py), and
+keeps here only the blocks that span experiments (headlines.py; roofline_tables.py: the step's kernels, the benches
+and the spreads across processes; reference_tables.py: the published model's study). It reads run folders through
+`labkit.report` and the experiments' tables and sits after them: nothing below imports it."""

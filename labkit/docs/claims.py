@@ -52,7 +52,9 @@ from ..report.units import tokens_label as _ctx
 from ..results import REPO, load_run
 from ..shapes import PRESETS, metrics_shape
 from ..stats import bootstrap
-from .roofline_tables import capacity_rows, decode_ratio_rows, prefill_rows
+from ..experiments.capacity.tables import capacity_rows
+from ..experiments.decode.tables import decode_ratio_rows
+from ..experiments.prefill.tables import prefill_rows
 from .runs import RUNS
 
 # ---- the verdict rule: every threshold in one place, written before the data ----------------------------------

@@ -3,12 +3,14 @@ checked across two real GPUs, the portable path beside the native one, the layer
 allocator, and the reference box predicted beside a peer's measurements of the same model on RTX 3090s.
 
 Each block is made only where `docs/runs.toml` names its runs (`reference` = {h200 = ..., h100 = ...},
-`reference_portable`, `reference_split_memory`); `readme_tables.blocks` gathers them with the rest.
+`reference_portable`, `reference_split_memory`); `readme_tables.producers` gathers them with the rest.
 """
 from __future__ import annotations
 
 import json
 import statistics
+from functools import partial
+from typing import Callable
 
 import pandas as pd
 
@@ -330,22 +332,22 @@ def _gap_sentence(gap_ms: float) -> str:
             f"term of the last column is then negative.")
 
 
-def blocks(runs: dict) -> dict[str, str]:
-    """The shape's arithmetic, and the blocks whose runs `docs/runs.toml` names."""
-    out = {"reference-step-bytes": step_bytes_table(), "reference-split-plan": split_plan_table(),
-           "peer-bound": peer_bound_table()}
+def producers(runs: dict) -> dict[str, Callable[[], str]]:
+    """The shape's arithmetic, and the blocks whose runs `docs/runs.toml` names, each its function bound to its run."""
+    out = {"reference-step-bytes": partial(step_bytes_table), "reference-split-plan": partial(split_plan_table),
+           "peer-bound": partial(peer_bound_table)}
     ref = runs.get("reference") or {}
     for gpu, path in ref.items():
-        out[f"reference-grid-{gpu}"] = grid_table(path)
-        out[f"reference-anatomy-{gpu}"] = anatomy_of(path)
+        out[f"reference-grid-{gpu}"] = partial(grid_table, path)
+        out[f"reference-anatomy-{gpu}"] = partial(anatomy_of, path)
     if {"h100", "h200"} <= set(ref):
-        out["costmodel-cross"] = cross_table(ref["h200"], ref["h100"])
+        out["costmodel-cross"] = partial(cross_table, ref["h200"], ref["h100"])
     if ref:
-        out["peer-rtx3090"] = peer_table(ref.get("h200") or next(iter(ref.values())))
+        out["peer-rtx3090"] = partial(peer_table, ref.get("h200") or next(iter(ref.values())))
     if runs.get("reference_portable"):
-        out["portable-h200"] = portable_table(runs["reference_portable"])
+        out["portable-h200"] = partial(portable_table, runs["reference_portable"])
     if runs.get("reference_weights_bench"):
-        out["weights-bench"] = weights_bench_table(runs["reference_weights_bench"])
+        out["weights-bench"] = partial(weights_bench_table, runs["reference_weights_bench"])
     if runs.get("reference_split_memory"):
-        out["split-memory"] = split_memory_table(runs["reference_split_memory"])
+        out["split-memory"] = partial(split_memory_table, runs["reference_split_memory"])
     return out

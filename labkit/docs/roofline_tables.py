@@ -1,14 +1,22 @@
 """Generated blocks of docs/roofline.md and docs/spreads.md: the resident step against the weight-streaming
-roofline, the step's kernels, selection against torch.topk, and the headline ratios across processes. Every
-figure from committed run folders named in docs/runs.toml (`[runs]`), as the other generated tables."""
+roofline (a decode run's steps against its own HBM probe), the step's kernels, selection against torch.topk and
+the GEMV benches (scripts, no experiment), and the headline ratios across processes (each experiment's rows, from
+its tables.py); today's decode tables there are the decode experiment's. Every figure from committed run folders
+named in docs/runs.toml (`[runs]`), as the other generated tables."""
 from __future__ import annotations
 
 import gzip
 import json
 import statistics
+from functools import partial
+from typing import Callable
 
 import pandas as pd
 
+from ..experiments.capacity.tables import capacity_rows
+from ..experiments.decode import tables as decode
+from ..experiments.prefill.tables import prefill_rows
+from ..experiments.pulse_scaling.tables import pulse_rows
 from ..results import REPO, load_run
 from ..stats import across_runs
 from .kernels import grouped
@@ -149,94 +157,9 @@ def select_block(run: str) -> str:
     return f"Top-{r['k']} of one QSA layer, graph-replayed, {r['device']}.\n\n" + _md(pd.DataFrame(rows))
 
 
-def ratio_change_block(before: str, now: str) -> str:
-    """Each offload strategy / resident tok/s at 64K and 1M, c = 1 and 4: the decode table measured with
-    the slower resident step (before) and re-measured (now), two runs of the same parameters."""
-    def ratios(run):
-        m = load_run(REPO / run).metrics
-        d = m[(m["experiment"] == "decode") & (m["status"] == "ok")]
-        piv = d.pivot_table(index=["concurrency", "context_len"], columns="strategy", values="tok_s")
-        return piv.div(piv["resident"], axis=0), piv["resident"]
-    (rb, resb), (rn, resn) = ratios(before), ratios(now)
-    rows = []
-    for (c, ctx) in rn.index:
-        c, ctx = int(c), int(ctx)
-        if ctx not in (65536, 1 << 20) or (c, ctx) not in rb.index:
-            continue
-        row = {"c": c, "context": "1M" if ctx == 1 << 20 else f"{ctx >> 10}K",
-               "resident tok/s, before → now": f"{resb.loc[(c, ctx)]:.0f} → {resn.loc[(c, ctx)]:.0f}"}
-        for s in ("zero_copy", "host_gather", "hot_cache"):
-            if s in rn.columns and s in rb.columns:
-                row[f"{s} / resident"] = f"{rb.loc[(c, ctx), s]:.3f} → {rn.loc[(c, ctx), s]:.3f}"
-        rows.append(row)
-    return (f"Before: `{before.split('/')[-1]}`; now: `{now.split('/')[-1]}` (same parameters, one process each).\n\n"
-            + _md(pd.DataFrame(rows)))
-
-
-# ------------------------------------------------------------------ across processes
-def decode_ratio_rows(runs: list[str]) -> pd.DataFrame:
-    out = []
-    for i, run in enumerate(runs, 1):
-        m = load_run(REPO / run).metrics
-        d = m[(m["experiment"] == "decode") & (m["status"] == "ok")].set_index("strategy")
-        ctx = int(d["context_len"].max())
-        for s in ("zero_copy", "hot_cache"):
-            if s in d.index:
-                out.append({"figure": f"{s} / resident tok/s, {ctx >> 20}M, c = 1, indexer selections",
-                            "process": i, "value": d.loc[s, "tok_s"] / d.loc["resident", "tok_s"]})
-        out.append({"figure": f"resident step ms, {ctx >> 20}M, c = 1", "process": i, "value": d.loc["resident", "step_ms_median"]})
-    return pd.DataFrame(out)
-
-
-def capacity_rows(runs: list[str]) -> pd.DataFrame:
-    out = []
-    for i, run in enumerate(runs, 1):
-        g = load_run(REPO / run).table("goodput").set_index("config")
-        out.append({"figure": "goodput, offload in both stages / none (24 GiB cap, 32K)", "process": i,
-                    "value": g.loc["both", "goodput_vs_none"]})
-        out.append({"figure": "requests held, offload in both stages / none", "process": i,
-                    "value": g.loc["both", "requests"] / g.loc["none", "requests"]})
-    return pd.DataFrame(out)
-
-
-def crossover(m: pd.DataFrame) -> float:
-    """Fewest requests from which two switched batches beat one offloaded batch at every larger count (nan: never)."""
-    piv = m[m["status"] == "ok"].pivot_table(index="concurrency", columns="mode", values="tok_s")
-    r = (piv["switched"] / piv["no_switch"]).dropna()
-    wins = r > 1.0
-    for n in r.index:
-        if wins.loc[n:].all():
-            return float(n)
-    return float("nan")
-
-
-def pulse_rows(runs: list[str]) -> pd.DataFrame:
-    out = []
-    for i, run in enumerate(runs, 1):
-        m = load_run(REPO / run).metrics
-        piv = m[m["status"] == "ok"].pivot_table(index="concurrency", columns="mode", values="tok_s")
-        top = int(piv.index.max())
-        out.append({"figure": f"PulseInfer: two switched / one offloaded batch, {top} requests at 1M", "process": i,
-                    "value": piv.loc[top, "switched"] / piv.loc[top, "no_switch"]})
-        out.append({"figure": "PulseInfer: crossover (fewest requests from which switching wins)", "process": i,
-                    "value": crossover(m)})
-    return pd.DataFrame(out)
-
-
-def prefill_rows(runs: list[str]) -> pd.DataFrame:
-    out = []
-    for i, run in enumerate(runs, 1):
-        m = load_run(REPO / run).metrics
-        d = m[(m["experiment"] == "prefill") & (m["status"] == "ok")].set_index("mode")
-        ctx = int(d["context_len"].max())
-        out.append({"figure": f"prefill tok/s, rotating buffers (KV to host RAM) / resident, {ctx >> 10}K prompt",
-                    "process": i, "value": d.loc["rotating", "tok_s"] / d.loc["resident", "tok_s"]})
-    return pd.DataFrame(out)
-
-
 def spreads_block(hot: list[str], capacity: list[str], pulse: list[str], prefill: list[str]) -> str:
     """Each headline figure per process, then median, min, max over the processes (`labkit.stats.across_runs`)."""
-    f = pd.concat([decode_ratio_rows(hot), capacity_rows(capacity), pulse_rows(pulse), prefill_rows(prefill)],
+    f = pd.concat([decode.decode_ratio_rows(hot), capacity_rows(capacity), pulse_rows(pulse), prefill_rows(prefill)],
                   ignore_index=True)
     t = across_runs(f, ["figure"], "value")
     per = f.pivot_table(index="figure", columns="process", values="value", sort=False)
@@ -304,23 +227,22 @@ def gemv_rows_block(run: str) -> str:
             "ms (share of the read bandwidth):\n\n" + _md(pd.DataFrame(chain)))
 
 
-def blocks(runs: dict, decode_tables, anatomy_table, prediction_table) -> dict[str, str]:
-    """The blocks of docs/roofline.md and docs/spreads.md; the decode table functions are readme_tables'."""
-    now = load_run(REPO / runs["decode_now"]).metrics
-    return {"roofline-h200": roofline_block(runs["roofline"]),
-            "kernels-h200": kernels_block(runs["roofline_kernels"], runs["roofline_before"]),
-            "kernels-now-h200": kernels_now_block(runs["kernels_now"], runs["roofline_before"]),
-            "kernels-norm-h200": kernels_now_block(runs["kernels_norm"], runs["roofline"], overlapped=True),
-            "select-h200": select_block(runs["select_bench"]),
-            "gemv-kmajor-h200": gemv_block(runs["gemv_kmajor"]),
-            "gemv-rows-h200": gemv_rows_block(runs["gemv_rows"]),
-            "kernels-rows-h200": kernels_now_block(runs["kernels_rows"], runs["roofline"], overlapped=True,
-                                                   bw_call="an earlier device call of the same day"),
-            "decode-now-h200": decode_tables(now), "anatomy-now-h200": anatomy_table(now),
-            "anatomy-all-now-h200": anatomy_table(now, contexts=None),
-            "decode-change-h200": ratio_change_block(runs["decode_before"], runs["decode_now"]),
-            "predict-now-rtx3090": prediction_table(now),
-            "spreads-h200": spreads_block(runs["repeats_hot1m"], runs["repeats_capacity"], runs["repeats_pulse_scaling"],
-                                          runs["repeats_prefill"])}
-
-
+def producers(runs: dict) -> dict[str, Callable[[], str]]:
+    """The blocks of docs/roofline.md and docs/spreads.md, each its function bound to its runs (today's decode
+    table is the decode experiment's own)."""
+    now = runs["decode_now"]
+    return {"roofline-h200": partial(roofline_block, runs["roofline"]),
+            "kernels-h200": partial(kernels_block, runs["roofline_kernels"], runs["roofline_before"]),
+            "kernels-now-h200": partial(kernels_now_block, runs["kernels_now"], runs["roofline_before"]),
+            "kernels-norm-h200": partial(kernels_now_block, runs["kernels_norm"], runs["roofline"], overlapped=True),
+            "select-h200": partial(select_block, runs["select_bench"]),
+            "gemv-kmajor-h200": partial(gemv_block, runs["gemv_kmajor"]),
+            "gemv-rows-h200": partial(gemv_rows_block, runs["gemv_rows"]),
+            "kernels-rows-h200": partial(kernels_now_block, runs["kernels_rows"], runs["roofline"], overlapped=True,
+                                         bw_call="an earlier device call of the same day"),
+            "decode-now-h200": partial(decode.decode_tables, now), "anatomy-now-h200": partial(decode.anatomy_table, now),
+            "anatomy-all-now-h200": partial(decode.anatomy_table, now, contexts=None),
+            "decode-change-h200": partial(decode.ratio_change_block, runs["decode_before"], now),
+            "predict-now-rtx3090": partial(decode.prediction_table, now),
+            "spreads-h200": partial(spreads_block, runs["repeats_hot1m"], runs["repeats_capacity"],
+                                    runs["repeats_pulse_scaling"], runs["repeats_prefill"])}
