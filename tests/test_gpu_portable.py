@@ -15,7 +15,7 @@ from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
 from labkit.engine.drive.runner import DecodeRunner
 from labkit.engine.model import arch, fp8, indexer
 from labkit.engine.model import sparse_prefill as P
-from labkit.engine.model.experts import plan
+from labkit.engine.model.experts import plan, plan_reference
 from labkit.engine.model.grouped_gemv import Groups, grouped_gemv, grouped_gemv_reference
 from labkit.engine.model.quant import QuantWeight
 from labkit.shapes import PRESETS
@@ -120,9 +120,20 @@ def test_grouped_gemv_matches_its_definition_on_cuda(quant, T, k, E):
         assert err < 1e-2, (glu, err)
     one = Groups.one(T, "cuda")
     x = torch.randn(T, K, generator=g).bfloat16().cuda()
-    got = grouped_gemv(x, w, one, glu=True)
-    assert ((got.float() - grouped_gemv_reference(x, w, one, glu=True).float()).norm() /
-            grouped_gemv_reference(x, w, one, glu=True).float().norm()).item() < 1e-2
+    want = grouped_gemv_reference(x, w, one, glu=True).float()
+    for split in (None, 1, 7):              # W4A16 at few rows: the K split as chosen, none, and an odd one
+        got = grouped_gemv(x, w, one, glu=True, split=split)
+        assert ((got.float() - want).norm() / want.norm()).item() < 1e-2, split
+
+
+@pytest.mark.parametrize("T,k,E", [(1, 10, 512), (4, 10, 512), (6, 10, 8)])
+def test_the_one_launch_plan_equals_torchs_sort_on_cuda(T, k, E):
+    g = torch.Generator().manual_seed(T)
+    idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).cuda()
+    (a, ba), (b, bb) = plan(idx), plan_reference(idx)
+    for f in ("tok", "wid", "seg", "n_groups"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    assert torch.equal(ba, bb)
 
 
 @pytest.mark.parametrize("weights", ["bf16", "w4a16"])

@@ -21,13 +21,62 @@ from torch import nn
 from ...shapes import W4_GROUP, ModelShape
 from .gemv import matmul, silu_glu
 from .grouped_gemv import Groups, grouped
+from .arch import HAVE_TRITON, kernels_run
 from .layers import make_weight
 from .quant import QuantWeight
 
 
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _plan_kernel(e_ptr, tok_ptr, wid_ptr, seg_ptr, ngrp_ptr, back_ptr, R, k, RP: tl.constexpr):
+        """`plan` for one step's few pairs in one program: every quantity a count over all pairs ([RP, RP]
+        comparisons), so no two threads write one place and the result is the stable sort's."""
+        r = tl.arange(0, RP)
+        rm = r < R
+        e = tl.load(e_ptr + r, mask=rm, other=0)
+        ri, rj = r[:, None], r[None, :]
+        same = (e[None, :] == e[:, None]) & rm[None, :]
+        before = ((e[None, :] < e[:, None]) & rm[None, :]) | (same & (rj < ri))
+        rank = tl.sum(before.to(tl.int32), axis=1)                      # pair r's place in expert order
+        first = (tl.sum((same & (rj < ri)).to(tl.int32), axis=1) == 0) & rm    # its expert's first pair
+        gid = tl.sum((first[None, :] & (e[None, :] < e[:, None])).to(tl.int32), axis=1)   # its group
+        tl.store(back_ptr + r, rank.to(tl.int64), mask=rm)
+        # place i of the order holds the pair whose rank is i; group g starts at its first pair's rank
+        at = (rank[None, :] == ri) & rm[None, :]
+        tl.store(tok_ptr + r, tl.sum(tl.where(at, rj // k, 0), axis=1).to(tl.int64), mask=rm)
+        starts = first[None, :] & (gid[None, :] == ri)
+        has = tl.sum(starts.to(tl.int32), axis=1) > 0
+        tl.store(seg_ptr + r, tl.where(has, tl.sum(tl.where(starts, rank[None, :], 0), axis=1), R), mask=r <= R)
+        tl.store(wid_ptr + r, tl.sum(tl.where(starts, e[None, :], 0), axis=1).to(tl.int64), mask=rm)
+        tl.store(ngrp_ptr + r, tl.sum(first.to(tl.int32), axis=0) + r * 0, mask=r == 0)
+
+
+# the pairs one program plans (a decode step's: c requests x 10 experts); more take the torch ops (a prefill chunk)
+PLAN_KERNEL_MAX = 64
+
+
 def plan(experts: torch.Tensor) -> tuple[Groups, torch.Tensor]:
     """The (token, expert) pairs of `experts` [T, k] grouped by expert: (Groups over the T*k pairs in expert
-    order, with `tok` the token of each; the permutation that puts the pairs back in token order)."""
+    order, with `tok` the token of each; the permutation that puts the pairs back in token order). Up to
+    PLAN_KERNEL_MAX pairs in one launch (`_plan_kernel`: a decode step's plan was some twenty small ops a layer),
+    more through torch's sort."""
+    T, k = experts.shape
+    R = T * k
+    if R <= PLAN_KERNEL_MAX and kernels_run(experts):
+        dev = experts.device
+        tok, wid, back = (torch.empty(R, dtype=torch.int64, device=dev) for _ in range(3))
+        seg, n_groups = torch.empty(R + 1, dtype=torch.int32, device=dev), torch.empty(1, dtype=torch.int32, device=dev)
+        _plan_kernel[(1,)](experts.contiguous(), tok, wid, seg, n_groups, back, R, k,
+                           RP=triton.next_power_of_2(R + 1), num_warps=4)
+        return Groups(tok, wid, seg, n_groups), back
+    return plan_reference(experts)
+
+
+def plan_reference(experts: torch.Tensor) -> tuple[Groups, torch.Tensor]:
+    """`plan` in torch ops (device ops only, no host sync: a CUDA graph replays it)."""
     T, k = experts.shape
     flat = experts.reshape(-1)
     sorted_e, order = torch.sort(flat, stable=True)
