@@ -2,6 +2,7 @@
 while it runs, no offload and prefill-only offload leave the same KV and logits (a missing event would show as a
 prompt's rows overwritten before they were taken), and the byte formulas predict the allocator's peak."""
 import dataclasses
+import gc
 
 import pytest
 import torch
@@ -38,13 +39,17 @@ def test_slots_reused_under_a_running_hand_off_keep_every_prompt():
             assert torch.equal(one.recv_kv.cuda(), wide.kv_rows(2))
 
 
+@pytest.mark.parametrize("T", [16 << 10, 32 << 10])
 @pytest.mark.parametrize("config", ["none", "prefill"])
-def test_the_formulas_predict_the_allocator_peak(config):
-    """The reference shape, two prompts of 16K held at once, 8K chunks: predicted within 2% of the peak."""
+def test_the_formulas_predict_the_allocator_peak(config, T):
+    """The reference shape, two prompts of T held at once, 8K chunks: predicted within 2% of the peak. An earlier
+    test's model that only a garbage collection frees (modules hold reference cycles) would be freed inside this
+    test and hide this test's own bytes from the peak (seen: 0.50 GB against 10.6 predicted), so it goes first."""
+    gc.collect()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()          # whatever earlier tests still hold
     model = HybridModel(REF, CUDA, seed=0)
-    T, chunk = 16 << 10, 8192
+    chunk = 8192
     prompts = M.make_prompts(REF, T, 2, seed=4, dev=CUDA)
     f = dataclasses.replace(fit(REF, T, 2, 1 << 50, config, chunk), in_flight=2)
     torch.cuda.reset_peak_memory_stats()
