@@ -67,6 +67,12 @@ def failed_row(ex: BaseException, head: dict | None = None, **tail) -> dict:
     return {**(head or {}), "status": "failed", "error": one_line(ex), **tail}
 
 
+def fail_run(run, ex: BaseException, head: dict | None = None) -> None:
+    """A run that cannot go on: `ex`'s failed row kept beside what was measured, the run closed as failed."""
+    run.add(failed_row(ex, head))
+    run.finish(error=ex)
+
+
 def attempt(fn: Callable[[], dict], head: dict | None = None, *, on_fail: Callable[[BaseException], Any] | None = None,
             **tail) -> dict:
     """`fn()`'s row, or the failed row of the exception it raised (`on_fail(ex)` first: free memory, say).

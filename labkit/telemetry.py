@@ -51,7 +51,29 @@ class Mark:
     tx: list[int]
 
 
-class Sampler:
+class Background:
+    """A sampling thread (`_run`, which stops when `_stop` is set) started by `start` or `with`, joined by
+    `stop`: what the NVML sampler and the server-metrics scraper share."""
+    _thread: threading.Thread | None = None
+
+    def _launch(self, name: str) -> None:
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class Sampler(Background):
     """`gpus`: CUDA indices (None: every GPU NVML sees, by NVML index). `counters=False`: the slow metrics
     alone, no PCIe byte counters or throughput samples (a light watch over clocks and power)."""
 
@@ -159,21 +181,8 @@ class Sampler:
             if self.counters:
                 with self._lock:
                     self._read_counters()
-            self._thread = threading.Thread(target=self._run, name="labkit-nvml", daemon=True)
-            self._thread.start()
+            self._launch("labkit-nvml")
         return self
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
 
     def mark(self) -> Mark:
         """Read the counters now (from the caller's thread) and return the unwrapped totals."""

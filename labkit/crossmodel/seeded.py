@@ -284,8 +284,7 @@ def run_seeded(p: dict, run=None, log=print):
                 f"({rows[1]['speedup']:.2f}x)")
             bar.update()
     except Exception as ex:
-        run.add(sweep.failed_row(ex, base))
-        run.finish(error=ex)
+        sweep.fail_run(run, ex, base)
         raise
     finally:
         bar.close()

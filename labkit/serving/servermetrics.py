@@ -18,6 +18,8 @@ import httpx
 import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..telemetry import Background
+
 KEEP = {
     "vllm:kv_cache_usage_perc": "kv_cache_usage_perc",
     "vllm:gpu_cache_usage_perc": "kv_cache_usage_perc",          # name before vLLM 0.10
@@ -54,7 +56,7 @@ def parse_metrics(text: str) -> dict:
     return out
 
 
-class MetricsScraper:
+class MetricsScraper(Background):
     def __init__(self, base_url: str, period_s: float = 0.5, extra=None, tags: dict | None = None):
         self.url = base_url.rstrip("/") + "/metrics"
         self.period_s, self.extra, self.tags = period_s, extra, dict(tags or {})
@@ -94,21 +96,8 @@ class MetricsScraper:
             self.tags.update(tags)
 
     def start(self) -> "MetricsScraper":
-        self._thread = threading.Thread(target=self._run, name="labkit-metrics", daemon=True)
-        self._thread.start()
+        self._launch("labkit-metrics")
         return self
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
 
     def frame(self) -> pd.DataFrame:
         with self._lock:

@@ -70,6 +70,17 @@ if HAVE_TRITON:
             return acc + tl.dot(x, tl.trans(w))
 
     @triton.jit
+    def _group_rows(tok_ptr, m0, s1, MP: tl.constexpr, GATHER: tl.constexpr):
+        """Plan rows [m0, m0 + MP) of a group ending at s1: (their places, which are the group's, input rows)."""
+        m = m0 + tl.arange(0, MP)
+        mm = m < s1
+        if GATHER:
+            rows = tl.load(tok_ptr + m, mask=mm, other=0).to(tl.int64)
+        else:
+            rows = m.to(tl.int64)
+        return m, mm, rows
+
+    @triton.jit
     def _grouped_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr, N, K,
                              x_st, out_st, w_se, w_sn, s_se, s_sn, M_PAD: tl.constexpr, BN: tl.constexpr,
                              BK: tl.constexpr, QUANT: tl.constexpr, GLU: tl.constexpr, GATHER: tl.constexpr,
@@ -82,12 +93,7 @@ if HAVE_TRITON:
             n = tl.program_id(1) * BN + tl.arange(0, BN)
             nm = n < N
             for m0 in range(s0, s1, M_PAD):
-                m = m0 + tl.arange(0, M_PAD)
-                mm = m < s1
-                if GATHER:
-                    rows = tl.load(tok_ptr + m, mask=mm, other=0).to(tl.int64)
-                else:
-                    rows = m.to(tl.int64)
+                m, mm, rows = _group_rows(tok_ptr, m0, s1, M_PAD, GATHER)
                 acc = tl.zeros([M_PAD, BN], dtype=tl.float32)
                 acc_u = tl.zeros([M_PAD, BN], dtype=tl.float32)
                 for k0 in range(0, K, BK):
@@ -142,12 +148,7 @@ if HAVE_TRITON:
             nm = n < N
             sp = tl.program_id(2)
             for m0 in range(s0, s1, MR):
-                m = m0 + tl.arange(0, MR)
-                mm = m < s1
-                if GATHER:
-                    rows = tl.load(tok_ptr + m, mask=mm, other=0).to(tl.int64)
-                else:
-                    rows = m.to(tl.int64)
+                m, mm, rows = _group_rows(tok_ptr, m0, s1, MR, GATHER)
                 acc = tl.zeros([MR, BN], dtype=tl.float32)
                 acc_u = tl.zeros([MR, BN], dtype=tl.float32)
                 for t in range(sp * tiles, (sp + 1) * tiles):

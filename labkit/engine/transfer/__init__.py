@@ -45,6 +45,13 @@ def setting_names() -> list[str]:
     return out
 
 
+def check_host_strategy(name: str, why: str) -> None:
+    """`name` keeps its rows in host RAM, else one BadInput line: `why` it must, and the strategies that do."""
+    if name not in STRATEGIES or STRATEGIES[name].medium != "host":
+        raise BadInput(f"strategy {name!r}: {why}, choose a host strategy "
+                       f"({', '.join(n for n, c in STRATEGIES.items() if c.medium == 'host')})")
+
+
 def strategy_params(of=None) -> list:
     """The sweep parameters of the registered strategies' settings (`labkit.params.Param`; `of`: only these
     strategies'), help text prefixed with the strategies each applies to: what an experiment that takes

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ... import lazy
 from ... import envs
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
-from .. import checked
+from .. import planner
 
 NAME = "prefill"
 
@@ -37,8 +37,7 @@ SPEC = [
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 
 
-def plan(given: dict) -> Plan:
-    return checked(NAME, SPEC, given, lambda: measuring.check)
+plan = planner(NAME, SPEC, measuring)
 
 
 def run(plan: Plan, progress_bar: bool = True):

@@ -4,7 +4,7 @@ the bound they allow and where switching can start to pay. Code: `labkit.experim
 """
 from __future__ import annotations
 
-from ...engine.transfer import STRATEGIES, strategy_params
+from ...engine.transfer import check_host_strategy, strategy_params
 from ...shapes import REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan, check_positive
 from ... import lazy
@@ -36,9 +36,7 @@ SPEC = [
 
 def plan(given: dict) -> Plan:
     p = for_this_machine(SPEC, given, NAME)       # the declared bounds checked there
-    if p["strategy"] not in STRATEGIES or STRATEGIES[p["strategy"]].medium != "host":
-        raise BadInput(f"strategy {p['strategy']!r}: every request is offloaded, choose a host strategy "
-                       f"({', '.join(n for n, c in STRATEGIES.items() if c.medium == 'host')})")
+    check_host_strategy(p["strategy"], "every request is offloaded")
     check_positive("requests", p["requests"] or [0])      # none given
     if not 1 <= p["budget"] <= p["context"]:
         raise BadInput(f"budget {p['budget']} must be in [1, context {p['context']}]")

@@ -5,7 +5,7 @@ timeline. Code: `labkit.experiments.pulse_switch.measure.switching_point`.
 """
 from __future__ import annotations
 
-from ...engine.transfer import STRATEGIES, strategy_params
+from ...engine.transfer import check_host_strategy, strategy_params
 from ...shapes import REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan, check_positive
 from ... import lazy
@@ -38,9 +38,7 @@ SPEC = [
 
 def plan(given: dict) -> Plan:
     p = for_this_machine(SPEC, given, NAME)       # the declared bounds checked there
-    if p["strategy"] not in STRATEGIES or STRATEGIES[p["strategy"]].medium != "host":
-        raise BadInput(f"strategy {p['strategy']!r}: the offloaded batch needs a host strategy "
-                       f"({', '.join(n for n, c in STRATEGIES.items() if c.medium == 'host')})")
+    check_host_strategy(p["strategy"], "the offloaded batch needs one")
     for k in ("contexts", "offload_batches"):
         check_positive(k, p[k] or [0])            # none given
     if p["budget"] % p["select_block"] or any(c < p["budget"] for c in p["contexts"]):

@@ -121,8 +121,7 @@ def run_quality(given: dict, run=None, log=print):
     except BadInput:
         raise
     except Exception as ex:
-        run.add(sweep.failed_row(ex, base))
-        run.finish(error=ex)
+        sweep.fail_run(run, ex, base)
         raise
     finally:
         tel.stop()
