@@ -119,8 +119,9 @@ def test_weight_product_bars_one_group_per_path_and_rows_under_the_read_bound():
     # one timed call per product, no warm-up (a timing through the interpreter means nothing; 7 calls of 8
     # copies each per matrix, M and path made this the slowest CPU test): every path still runs
     code = ("import functools, json, torch; import labkit.experiments.probe.measure as P; "
-            "P.bench = functools.partial(P.bench, rounds=1, warmup=0); "
-            "rows = P.probe_weights(torch.device('cpu'), 1, 'tiny', ms=(1, 4)) + [P.hbm_read_gbps(torch.device('cpu'), 0.01, 2)]; "
+            "import labkit.experiments.device_rates as R; "
+            "P.bench = R.bench = functools.partial(R.bench, rounds=1, warmup=0); "
+            "rows = P.probe_weights(torch.device('cpu'), 1, 'tiny', ms=(1, 4)) + [R.hbm_read_gbps(torch.device('cpu'), 0.01, 2)]; "
             "print(json.dumps(rows))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "TRITON_INTERPRET": "1"})

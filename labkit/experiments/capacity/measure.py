@@ -49,7 +49,7 @@ from ...params import BadInput, fill_auto, gib, resolve_device
 from ... import sweep
 from .. import check_selection
 from . import SPEC
-from ..prefill.measure import apply_cap, check_cap
+from ..device_cap import apply_cap, check_cap
 from ...engine.transfer import settings_of
 from ...experiments import decode as decode_experiment
 from ..decode.measure import Caches, derive, Point, measure_decode, DecodeSession

@@ -33,14 +33,13 @@ from ...shapes import ModelShape, planned_shape
 from ...stats import spread
 from ...telemetry import Sampler
 from ...params import BadInput, check_positive, fill_auto, gib, model_kwargs, one_line, resolve_device
-from ..probe.measure import hbm_read_gbps, run_probe
+from ..device_rates import emulated_link, hbm_read_gbps, link_rates, run_link_probe
 from ... import sweep
 from .. import check_selection
 from . import SPEC
 from ...engine.drive.runner import DecodeRunner
 from ...costmodel import GPU, CostModel, gpu_for_name
 from ...engine.model.trace_replay import load_selection_trace
-from ..probe.measure import emulated_link, link_rates
 
 EXPERIMENT = "decode"
 
@@ -543,7 +542,7 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
             with sweep.point(run, {**base, "experiment": "probe"}):
                 # the link only: the weight products are `labkit run probe`'s (they would add their GEMV
                 # compiles to every sweep)
-                for r in run_probe(str(dev), pool_gib=8.0 if pl.cuda else 0.05, repeats=10, weights=False):
+                for r in run_link_probe(str(dev), pool_gib=8.0 if pl.cuda else 0.05, repeats=10):
                     run.add({**base, **r})
             gc.collect()
         if pl.cuda:   # the roofline's denominator, measured in this run whether or not the probe ran

@@ -32,7 +32,7 @@ from ...stats import spread
 from ...telemetry import Sampler
 from ..decode import measure as decode
 from ...params import BadInput, fill_auto, resolve_device
-from ..probe.measure import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
+from ..device_rates import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
 from ... import sweep
 from . import SPEC
 from ...experiments import decode as decode_experiment
