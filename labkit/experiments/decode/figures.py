@@ -1,11 +1,12 @@
 """Figures of a decode sweep (`labkit run decode`): tok/s against context, budget and concurrency, step time, bytes
-moved (the engine's count against NVML's), memory held. Every speed plot
+moved (the engine's count against NVML's), memory held, the hot cache's hit rate and anatomy. Every speed plot
 carries its physical bound where one exists: the link bound (bytes per step / the contiguous pinned H2D GB/s
 measured in the same run). The step anatomy and the cost model's reading of it: `anatomy.py` beside this."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -202,3 +203,23 @@ def memory_held(m: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title="GiB held (one request)", **log_axis(held[held > 0]))
     fig.update_layout(title="KV and index-key memory held per request", template=TEMPLATE, height=420)
     return fig
+
+
+def hot_cache_figures(metrics: pd.DataFrame) -> list[go.Figure]:
+    """From a decode sweep with hot_cache rows: hit rate and misses per step per point, and the step
+    anatomy (transfer = lookup + miss loads, attention) per strategy."""
+    m = metrics[(metrics.get("experiment") == "decode") & (metrics.get("status") == "ok")] if "experiment" in metrics else metrics
+    figs = []
+    if "hot_hit_rate" in m:
+        h = m[m["strategy"] == "hot_cache"]
+        if not h.empty:
+            figs.append(px.bar(h, x="context_len", y="hot_hit_rate", color="hot_policy" if "hot_policy" in h else None,
+                               barmode="group", facet_col="concurrency", title="hot_cache hit rate per point"))
+    phases = [c for c in ("anat_weights_ms", "anat_index_score_ms", "anat_selection_ms", "anat_transfer_ms",
+                          "anat_attention_ms", "anat_other_ms") if c in m]
+    if phases:
+        a = m.groupby(["strategy", "context_len"], as_index=False)[phases].median()
+        a = a.melt(id_vars=["strategy", "context_len"], value_vars=phases, var_name="phase", value_name="ms")
+        figs.append(px.bar(a, x="strategy", y="ms", color="phase", facet_col="context_len",
+                           title="step anatomy per strategy (transfer: hot_cache lookup + misses; fused: in attention)"))
+    return figs
