@@ -21,7 +21,7 @@ from ..costmodel import gpu, gpu_for_name, predict_table
 from ..experiments.crossmodel.measure import headline
 from ..stats.intervals import paired, pooled, text as interval_text
 from ..report import summary as S
-from ..report.pulse_figures import QUALITY_POLICY, selection_table as selection_rows
+from ..experiments.pulse_blocks.figures import QUALITY_POLICY, selection_table as selection_rows
 from ..report.targets import TARGETS
 from ..report.units import tokens_label as _ctx
 from ..results import REPO, load_run
