@@ -249,6 +249,12 @@ def test_the_sibling_check_tells_shared_modules_from_experiments():
     assert _sibling_imports(g) == ["labkit.experiments.capacity.measure imports labkit.experiments.decode.measure"]
 
 
+def test_an_experiments_figures_sit_beside_it():
+    """The report keeps what every figure draws with (report/figures.py); an experiment's own figures are
+    labkit/experiments/NAME/figures.py, not a report/NAME_figures.py the report could not import."""
+    assert sorted(f.name for f in (PKG / "report").glob("*figures*.py")) == ["figures.py"]
+
+
 def test_the_readme_code_map_names_every_folder_and_top_level_module():
     text = (REPO / "README.md").read_text()
     block = text[text.index("## Code map"):text.index("## What a run folder holds")]
