@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from labkit.report.index import trend_figure
-from labkit.report.figures import tok_s_vs_context
+from labkit.experiments.decode.figures import tok_s_vs_context
 
 
 def _metrics(link_gbps: float) -> pd.DataFrame:
@@ -57,18 +57,18 @@ def _probe_rows():
 
 
 def test_link_limits_axis_fits_its_bars():
-    from labkit.report.figures import probe_bars
+    from labkit.experiments.probe.figures import probe_bars
     fig = probe_bars(_probe_rows())
     lo, hi = fig.layout.yaxis.range
     assert fig.layout.yaxis.type == "log" and 10 ** hi < 1000 and 10 ** lo <= 0.1     # was autoranged to 1M GB/s
 
 
 def test_token_counts_read_as_people_write_them():
-    from labkit.report.anatomy import _ctx
-    from labkit.report.figures import tok_s_vs_concurrency, tokens_label
+    from labkit.experiments.decode.figures import tok_s_vs_concurrency
+    from labkit.report.units import tokens_label
     assert [tokens_label(v) for v in (256, 256.0, 1024.0, 4096, 65536, 248 << 10, 1 << 20, 1536)] == \
         ["256", "256", "1K", "4K", "64K", "248K", "1M", "1.5K"]
-    assert _ctx(4096.0) == "4K" and _ctx(256.0) == "256"
+    assert tokens_label(4096.0) == "4K" and tokens_label(256.0) == "256"
     m = _metrics(5.0)
     m.loc[m["context_len"] == 8192, "context_len"] = 256
     names = {t.name for t in tok_s_vs_concurrency(m).data}
@@ -76,7 +76,8 @@ def test_token_counts_read_as_people_write_them():
 
 
 def test_log_axes_label_each_tick_once_without_crowding():
-    from labkit.report.figures import log_ticks, step_ms_vs_context
+    from labkit.experiments.decode.figures import step_ms_vs_context
+    from labkit.report.figures import log_ticks
     for lo, hi in ((8, 600), (0.05, 90), (1e-5, 3e-3), (12, 19)):
         t = log_ticks(lo, hi)
         assert 2 <= len(t["tickvals"]) <= 12, (lo, hi, t)
@@ -88,7 +89,8 @@ def test_log_axes_label_each_tick_once_without_crowding():
 def test_empty_figures_become_one_line_of_text():
     """A figure without data is shown as one sentence (`figures.show`), not empty axes under it; the
     rendered report is checked in test_report."""
-    from labkit.report.figures import bytes_engine_vs_nvml, empty_reason, empty_text, telemetry_timeline
+    from labkit.experiments.decode.figures import bytes_engine_vs_nvml
+    from labkit.report.figures import empty_reason, empty_text, telemetry_timeline
     m = _metrics(5.0)                                   # no NVML counts, as on a CPU
     fig = bytes_engine_vs_nvml(m)
     assert empty_reason(fig) and empty_reason(telemetry_timeline(pd.DataFrame(), m))
@@ -119,15 +121,16 @@ def test_weight_product_bars_one_group_per_path_and_rows_under_the_read_bound():
     # one timed call per product, no warm-up (a timing through the interpreter means nothing; 7 calls of 8
     # copies each per matrix, M and path made this the slowest CPU test): every path still runs
     code = ("import functools, json, torch; import labkit.experiments.probe.measure as P; "
-            "P.bench = functools.partial(P.bench, rounds=1, warmup=0); "
-            "rows = P.probe_weights(torch.device('cpu'), 1, 'tiny', ms=(1, 4)) + [P.hbm_read_gbps(torch.device('cpu'), 0.01, 2)]; "
+            "import labkit.experiments.device_rates as R; "
+            "P.bench = R.bench = functools.partial(R.bench, rounds=1, warmup=0); "
+            "rows = P.probe_weights(torch.device('cpu'), 1, 'tiny', ms=(1, 4)) + [R.hbm_read_gbps(torch.device('cpu'), 0.01, 2)]; "
             "print(json.dumps(rows))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "TRITON_INTERPRET": "1"})
     assert p.returncode == 0, p.stderr[-2000:]
     import json
 
-    from labkit.report.figures import weight_product_bars
+    from labkit.experiments.probe.figures import weight_product_bars
     m = pd.DataFrame(json.loads(p.stdout.strip().splitlines()[-1]))
     fig = weight_product_bars(m)
     assert sorted(t.name for t in fig.data) == ["cublas, M = 1", "cublas, M = 4", "gemv, M = 1", "gemv, M = 4"]
@@ -158,7 +161,7 @@ def test_speed_caption_says_only_what_the_figure_draws():
     import json
 
     from browser_util import REPO
-    from labkit.report.figures import tok_s_vs_context_caption
+    from labkit.experiments.decode.figures import tok_s_vs_context_caption
     cpu = _metrics(5.0)
     cpu = cpu[cpu["experiment"] != "probe"].assign(device="cpu", gpu_name=None)
     words = tok_s_vs_context_caption(cpu, tok_s_vs_context(cpu))
@@ -177,7 +180,7 @@ def test_anatomy_chart_says_why_a_measured_strategy_has_no_bars():
     import pytest
 
     from browser_util import REPO
-    from labkit.report.anatomy import anatomy_bars, anatomy_frame, anatomy_text
+    from labkit.experiments.decode.anatomy import anatomy_bars, anatomy_frame, anatomy_text
     from labkit.results import load_run
     path = REPO / "results/nightly-2026-11-29/decode-small"
     if not path.is_dir():

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-from labkit.experiments.decode.measure import derive
+from labkit.experiments.decode_session import derive
 from labkit.experiments import plan as plan_experiment
 
 
@@ -343,7 +343,7 @@ def test_hot_kernels_match_references_under_interpreter():
 def test_decode_point_records_what_the_hot_cache_moved():
     """One decode point through DecodeSession: per-step hits, misses and bytes are the device counters'
     means over the timed steps, and they add up to the selected rows."""
-    from labkit.experiments.decode.measure import DecodeSession
+    from labkit.experiments.decode_session import DecodeSession
     pl = plan({"device": "cpu", "strategies": "hot_cache", "context_lens": "300", "budgets": "32",
                "concurrency": "2", "repeats": "1", "steps": "3", "anatomy": "false", "probe": "false",
                "prefill_lens": "", "hot_capacity": "40", "hot_policy": "lfu"})

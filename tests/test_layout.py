@@ -245,6 +245,42 @@ def test_the_model_does_not_import_the_drivers():
             assert not any(t.startswith(("labkit.engine.drive", "labkit.experiments")) for t in targets), m
 
 
+EXPERIMENT_PACKAGES = {d.name for d in (PKG / "experiments").iterdir() if (d / "__init__.py").is_file()}
+
+
+def _experiment_of(m: str) -> str | None:
+    """The experiment package a module belongs to (labkit.experiments.NAME...), None for any other module."""
+    parts = m.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["labkit", "experiments"] and parts[2] in EXPERIMENT_PACKAGES \
+        else None
+
+
+def _sibling_imports(g: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} imports {t}" for m, targets in g.items() for t in targets
+                  if _experiment_of(m) and _experiment_of(t) and _experiment_of(t) != _experiment_of(m))
+
+
+def test_an_experiment_imports_no_other_experiment():
+    """What several experiments share is a named module at labkit/experiments/*.py (device_rates, decode_session,
+    trace_replay...), never a sibling's measure.py: a module of labkit/experiments/NAME/ imports its own package,
+    the registry and the shared modules, no other experiment's package (the registry's `plan("decode", ...)` names
+    another experiment by name, as a user does)."""
+    assert _sibling_imports(_graph()) == [], "move what they share into a module at labkit/experiments/*.py"
+
+
+def test_the_sibling_check_tells_shared_modules_from_experiments():
+    g = {"labkit.experiments.capacity.measure": {"labkit.experiments.decode.measure", "labkit.experiments.decode_session",
+                                                  "labkit.experiments", "labkit.experiments.capacity"},
+         "labkit.experiments.decode_session": {"labkit.experiments.decode"}}
+    assert _sibling_imports(g) == ["labkit.experiments.capacity.measure imports labkit.experiments.decode.measure"]
+
+
+def test_an_experiments_figures_sit_beside_it():
+    """The report keeps what every figure draws with (report/figures.py); an experiment's own figures are
+    labkit/experiments/NAME/figures.py, not a report/NAME_figures.py the report could not import."""
+    assert sorted(f.name for f in (PKG / "report").glob("*figures*.py")) == ["figures.py"]
+
+
 def test_the_readme_code_map_names_every_folder_and_top_level_module():
     text = (REPO / "README.md").read_text()
     block = text[text.index("## Code map"):text.index("## What a run folder holds")]

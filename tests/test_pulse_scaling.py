@@ -125,7 +125,9 @@ def test_report_pieces_find_the_session_and_join_quality(tmp_path, monkeypatch):
     the scaling figure with its bound and crossover, and the selection table joining block transfers with
     the committed quality run at the same budget."""
     from labkit import experiments
-    from labkit.report import pulse_figures as F
+    from labkit.experiments.pulse import figures as F
+    from labkit.experiments.pulse_blocks import figures as BF
+    from labkit.experiments.pulse_scaling import figures as SF
     from labkit.results import REPO, Run
     monkeypatch.setenv("LABKIT_SESSION", "sess-1")
     experiments.measure("pulse_blocks", {"shape": "tiny", "device": "cpu", "context": "4096", "budget": "2048",
@@ -150,18 +152,18 @@ def test_report_pieces_find_the_session_and_join_quality(tmp_path, monkeypatch):
                 "no_switch_model_ms": ms, "switched_floor_ms": ms * 0.8, "extra_weight_ms": extra,
                 "transfer_ms": xfer, "crossover_physics": 3.4}
     m = pd.DataFrame([row(n, mode, 5 + n, 3.0, 0.9 * n) for n in (2, 4, 8) for mode in ("no_switch", "switched")])
-    assert F.measured_crossover(m) == pytest.approx(2 + 2 * (3 - 1.8) / (3.6 - 1.8))
-    fig = F.scaling(m)
+    assert SF.measured_crossover(m) == pytest.approx(2 + 2 * (3 - 1.8) / (3.6 - 1.8))
+    fig = SF.scaling(m)
     assert len(fig.data) == 4 and len(fig.layout.shapes) == 2
 
-    qdir, qsum = F.latest_quality_summary(REPO / "results", budget=2048)
+    qdir, qsum = BF.latest_quality_summary(REPO / "results", budget=2048)
     assert qdir is not None
     bl = pd.read_parquet(tmp_path / "b" / "metrics.parquet")
-    t = F.selection_table(bl, qsum, 5.0, TINY.attn_layers)
+    t = BF.selection_table(bl, qsum, 5.0, TINY.attn_layers)
     assert list(t["selection"]) == ["per_head", "retrieval_head"]
     assert (t["link_bytes_per_step"] == 2048 * TINY.row_bytes * TINY.attn_layers).all()
     q = qsum[qsum["budget"] == 2048].groupby("policy")["ppl_ratio"].mean()
     assert t.set_index("selection").loc["retrieval_head", "ppl_ratio"] == pytest.approx(q["retrieval_head"])
     assert t.set_index("selection").loc["per_head", "ppl_ratio"] == pytest.approx(q["oracle"])
     assert (t["step_ms_zero_copy"] > 5.0).all()
-    assert len(F.selection_figure(t).data) >= 7
+    assert len(BF.selection_figure(t).data) >= 7

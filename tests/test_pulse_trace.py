@@ -128,7 +128,7 @@ def test_inprocess_transport_same_tables(tmp_path):
 def test_load_size_figure_counts_every_load_once():
     """The transfer-size figure: one bar per (policy, size) whose heights add up to that policy's loads,
     at the sizes in MiB; a handful of numbers whatever the number of loads."""
-    from labkit.report.pulse_figures import load_sizes
+    from labkit.experiments.pulse.figures import load_sizes
     loads = pd.DataFrame({"policy": ["a"] * 5000 + ["b"] * 3,
                           "bytes": [4 << 20] * 3000 + [12 << 20] * 2000 + [8 << 20] * 3})
     fig = load_sizes(loads)

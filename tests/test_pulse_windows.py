@@ -263,7 +263,7 @@ def test_device_plan_replays_the_committed_graphs_on_serving():
 
 
 def test_ratio_figure_one_point_per_window_and_policy_calibration_drawn_open(small_run):
-    from labkit.report.window_figures import ratio_figure, window_table
+    from labkit.experiments.pulse.window_figures import ratio_figure, window_table
     r = pd.read_parquet(small_run / "window_ratios.parquet")
     single = W.single_window(pd.read_parquet(small_run / "metrics.parquet").query("window == 0")
                              .query("policy in ['noswitch:40', 'threshold:40']"))

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from labkit import experiments
-from labkit.experiments.decode import measure as decode
+from labkit.experiments import decode_session
 from labkit.params import BadInput
 from labkit.results import METRIC_COLUMNS, load_run
 from labkit.shapes import PRESETS
@@ -56,14 +56,14 @@ def test_bytes_and_memory_columns_follow_the_formula(run):
 
 
 def test_failed_point_is_recorded_and_sweep_continues(tmp_path, monkeypatch):
-    real = decode.measure_decode
+    real = decode_session.measure_decode
 
     def flaky(model, caches, pt, p, tel, timeline=None):
         if pt.strategy == "host_gather" and pt.context_len == 512:
             raise RuntimeError("injected failure\nsecond line")
         return real(model, caches, pt, p, tel, timeline)
 
-    monkeypatch.setattr(decode, "measure_decode", flaky)
+    monkeypatch.setattr(decode_session, "measure_decode", flaky)
     r = load_run(experiments.measure("decode", {**SMALL, "concurrency": "1", "budgets": "64", "out_dir": str(tmp_path / "f")},
                                   progress_bar=False).path)
     m = r.metrics[r.metrics["experiment"] == "decode"]

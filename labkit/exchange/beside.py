@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..report.figures import tok_s_vs_context
+from ..experiments.decode.figures import tok_s_vs_context
 from ..report.summary import decode_table
 from ..results import load_run, run_manifests
 from ..experiments.serve_sweep import figures as F

@@ -16,8 +16,11 @@ at once. Every experiment is a package here named as the experiment: its `__init
 the measuring code, `figures.py` where it draws its own (PulseInfer's: `pulse/` the trace replay, `pulse_switch/`,
 `pulse_scaling/`, `pulse_ladder/`, `pulse_blocks/`). The real-model ones (`quality/`, `crossmodel/`,
 `serve_sweep/`) measure over the libraries `labkit.quality`, `labkit.crossmodel` and `labkit.serving`. What several
-experiments share is a named module here, not a sibling's measure.py (`trace_replay`: the trace replay of `pulse`
-and `pulse_ladder`).
+experiments share is a named module here, not a sibling's measure.py (tests/test_layout.py checks): `device_rates`
+(the link's and device's rates, measured by the probe and by the runs that bound their own figures), `device_cap`
+(a device-memory cap), `decode_session` (a decode point measured: decode, capacity, multigpu), `trace_replay` and
+`trace_windows` (the trace replay of `pulse` and `pulse_ladder`, its calibration over windows). An experiment that
+plans another's points names it through the registry (`plan("decode", ...)`), as a user would.
 """
 from __future__ import annotations
 

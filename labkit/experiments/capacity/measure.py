@@ -47,12 +47,11 @@ from ...results import Run
 from ...shapes import ModelShape, planned_shape
 from ...params import BadInput, fill_auto, gib, resolve_device
 from ... import sweep
-from .. import check_selection
+from .. import check_selection, plan as plan_experiment
 from . import SPEC
-from ..prefill.measure import apply_cap, check_cap
+from ..device_cap import apply_cap, check_cap
 from ...engine.transfer import settings_of
-from ...experiments import decode as decode_experiment
-from ..decode.measure import Caches, derive, Point, measure_decode, DecodeSession
+from ..decode_session import Caches, derive, Point, measure_decode, DecodeSession
 
 EXPERIMENT = "capacity"
 REFERENCE_CAP_GIB = 24.0     # the reference box's per-card memory (3x RTX 3090)
@@ -193,7 +192,7 @@ def _reusing_caches(stages, dp):
 
 def decode_plan(given: dict):
     """The decode sweep's plan of one point (checked as `labkit run decode` checks it)."""
-    return derive(decode_experiment.plan(given).params)
+    return derive(plan_experiment("decode", given).params)
 
 
 def measure_config(session, f: Fit, p: dict, batch: int, caches=None):

@@ -13,7 +13,7 @@ whose cache starts cold), those bytes against `zero_copy`'s (every selected row,
 step-to-step overlap of the replayed selections next to the trace's own (the stable mapping keeps it).
 
     labkit run hot_replay --out DIR [-p traces=TRACE.npz,...] [-p context_lens=128K,1M] [-p budget=2048]
-writes DIR/hot_replay.parquet, summary.md, manifest.json and report.html (`labkit.report.hot_cache_figures`).
+writes DIR/hot_replay.parquet, summary.md, manifest.json and report.html (`labkit.experiments.hot_replay.figures`).
 """
 from __future__ import annotations
 

@@ -30,12 +30,12 @@ from ...engine.transfer import ZeroCopy
 from ...results import Run
 from ...stats import spread
 from ...telemetry import Sampler
-from ..decode import measure as decode
+from ..decode_session import DecodeSession, derive
 from ...params import BadInput, fill_auto, resolve_device
-from ..probe.measure import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
+from ..device_rates import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
 from ... import sweep
 from . import SPEC
-from ...experiments import decode as decode_experiment
+from .. import plan as plan_experiment
 
 EXPERIMENT = "multigpu"
 
@@ -62,7 +62,7 @@ def check(p: dict) -> dict:
     if len(devs) > 1:
         p["layouts"]["split"] = {**common, "device": ",".join(map(str, devs)), "micro_batches": mbs}
     p["device_list"] = [str(d) for d in devs]
-    p["layouts"] = {name: dict(decode_experiment.plan(lay).params) for name, lay in p["layouts"].items()}
+    p["layouts"] = {name: dict(plan_experiment("decode", lay).params) for name, lay in p["layouts"].items()}
     p["shape"] = p["layouts"]["1gpu"]["shape"]          # "auto" as the layouts decided it
     return p
 
@@ -195,7 +195,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     devs = [torch.device(d) for d in p["device_list"]]
     cuda = devs[0].type == "cuda"
     run = sweep.open_run(p, EXPERIMENT, {k: v for k, v in p.items() if k != "layouts"})
-    plans = {name: decode.derive(lay) for name, lay in p["layouts"].items()}
+    plans = {name: derive(lay) for name, lay in p["layouts"].items()}
     n_points = sum(len(pl.points) for pl in plans.values())
     bar = sweep.bar(n_points + 2, f"{EXPERIMENT} {len(devs)} devices", progress_bar)
     tel = Sampler(gpus=[d.index or 0 for d in devs] if cuda else [])
@@ -220,7 +220,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
         # whole layout. One layout's caches are released before the next builds its own (at 1M x 8
         # requests the host KV is ~190 GiB: two at once would not fit).
         with contextlib.ExitStack() as stack:
-            sessions = {name: stack.enter_context(decode.DecodeSession(pl, tel)) for name, pl in plans.items()}
+            sessions = {name: stack.enter_context(DecodeSession(pl, tel)) for name, pl in plans.items()}
             if "split" in sessions and sessions["split"].stage_layers:
                 run.update_manifest(stage_layers=[list(r) for r in sessions["split"].stage_layers])
             for conc in p["concurrency"]:

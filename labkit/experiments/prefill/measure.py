@@ -45,11 +45,12 @@ from ...engine.model.layers import dn_prefill_kernel
 from ...engine.model.prefill_marks import PHASES, PrefillMarks
 from ...results import Run
 from ...shapes import ModelShape, planned_shape
-from ...params import BadInput, check_positive, fill_auto, gib, resolve_device
+from ...params import BadInput, check_positive, fill_auto, resolve_device
 from ... import sweep
 from ...sweep import sync
 from . import SPEC
-from ..probe.measure import gemm_peak, hbm_read_gbps, probe_contiguous
+from ..device_cap import apply_cap, check_cap
+from ..device_rates import gemm_peak, hbm_read_gbps, probe_contiguous
 
 EXPERIMENT = "prefill"
 MODES = {"resident": ("resident", "sync"), "sync": ("zero_copy", "sync"), "rotating": ("zero_copy", "rotating")}
@@ -70,30 +71,6 @@ def check(p: dict) -> dict:
     check_cap(p["mem_cap_gib"], shape, dev)
     envs.check_switch_params(p)
     return p
-
-
-def check_cap(cap_gib: float, shape: ModelShape, dev: torch.device) -> None:
-    """A cap must be > 0 (or 0: none), hold the weights, and not exceed the device."""
-    if cap_gib == 0:
-        return
-    if cap_gib < 0:
-        raise BadInput(f"mem_cap_gib must be > 0 (or 0 for no cap), got {cap_gib}")
-    cap = cap_gib * 2**30
-    if cap <= shape.weight_bytes():
-        raise BadInput(f"mem_cap_gib={cap_gib:g} is below the {gib(shape.weight_bytes())} the weights of "
-                       f"{shape.name} need")
-    if dev.type == "cuda":
-        total = torch.cuda.get_device_properties(dev).total_memory
-        if cap > total:
-            raise BadInput(f"mem_cap_gib={cap_gib:g} exceeds the device's {gib(total)}")
-
-
-def apply_cap(cap_gib: float, dev: torch.device) -> None:
-    """Make the caching allocator refuse what would not fit a card of `cap_gib` (CUDA; a no-op on CPU)."""
-    if cap_gib and dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()   # it wants an index
-        total = torch.cuda.get_device_properties(index).total_memory
-        torch.cuda.set_per_process_memory_fraction(float(min(1.0, cap_gib * 2**30 / total)), index)
 
 
 def measure(model, mode: str, T: int, p: dict, chunk_log=None, attention: str = "dense") -> dict:

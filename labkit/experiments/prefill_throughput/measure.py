@@ -68,7 +68,7 @@ from ...params import BadInput, fill_auto, resolve_device
 from ...results import Run
 from ...shapes import ModelShape, planned_shape
 from ... import sweep
-from ..prefill.measure import apply_cap, check_cap
+from ..device_cap import apply_cap, check_cap
 from .fit import CONFIGS, KV_ON_DEVICE, Fit, cap_holding, chunk_step, fit, padded, size, slot_bytes
 from . import SPEC
 

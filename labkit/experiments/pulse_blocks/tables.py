@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ...report.pulse_figures import QUALITY_POLICY, selection_table as selection_rows
+from .figures import QUALITY_POLICY, selection_table as selection_rows
 from ...report.summary import md_table as _md
 from ...results import REPO, load_run
 from ...shapes import metrics_shape

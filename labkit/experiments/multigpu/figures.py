@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .units import tokens_label as _ctx
+from ...report.units import tokens_label as _ctx
 
 LAYOUT_ORDER = ["1gpu", "split", "pipelined"]
 COLORS = {"1gpu": "#4c78a8", "split": "#bab0ac", "pipelined": "#f58518"}

@@ -1,6 +1,6 @@
-"""Figures of the hot cache (FlashOffloading): hit rate and link bytes per step against capacity, policy and the
-traces' recording density, from `labkit.experiments.hot_replay.measure` tables; hit rate, misses and step anatomy
-per strategy from decode-sweep metrics (rows with `hot_*` columns).
+"""Figures of a hot-cache replay (`labkit run hot_replay`, FlashOffloading's hot cache on recorded selections): hit
+rate and link bytes per step against capacity, policy and the traces' recording density, from the run's
+`hot_replay` table; the headline table and a one-page report of them.
 
     replay_report(df).write("hot_replay/report.html")
 """
@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from .html import Page
+from ...report.html import Page
 
 HEADLINE_RATIO = 1 / 32     # the hot cache's headline holds for traces recorded at budget/context <= 1/32
 
@@ -73,46 +73,3 @@ def replay_report(df: pd.DataFrame) -> Page:
                     "h2d_bytes_per_step": ".3e", "first_step_hit_rate": ".3f", "overlap_trace": ".3f",
                     "overlap_replayed": ".3f"})
     return page
-
-
-def sweep_figures(metrics: pd.DataFrame) -> list[go.Figure]:
-    """From a decode sweep with hot_cache rows: hit rate and misses per step per point, and the step
-    anatomy (transfer = lookup + miss loads, attention) per strategy."""
-    m = metrics[(metrics.get("experiment") == "decode") & (metrics.get("status") == "ok")] if "experiment" in metrics else metrics
-    figs = []
-    if "hot_hit_rate" in m:
-        h = m[m["strategy"] == "hot_cache"]
-        if not h.empty:
-            figs.append(px.bar(h, x="context_len", y="hot_hit_rate", color="hot_policy" if "hot_policy" in h else None,
-                               barmode="group", facet_col="concurrency", title="hot_cache hit rate per point"))
-    phases = [c for c in ("anat_weights_ms", "anat_index_score_ms", "anat_selection_ms", "anat_transfer_ms",
-                          "anat_attention_ms", "anat_other_ms") if c in m]
-    if phases:
-        a = m.groupby(["strategy", "context_len"], as_index=False)[phases].median()
-        a = a.melt(id_vars=["strategy", "context_len"], value_vars=phases, var_name="phase", value_name="ms")
-        figs.append(px.bar(a, x="strategy", y="ms", color="phase", facet_col="context_len",
-                           title="step anatomy per strategy (transfer: hot_cache lookup + misses; fused: in attention)"))
-    return figs
-
-
-def goodput_bars(goodput: pd.DataFrame, tpot_ms: float | None = None) -> go.Figure:
-    """FlashOffloading's comparison (a capacity run's `goodput` table): per configuration, decode goodput
-    (tok/s of requests under the TPOT limit, left axis) beside the requests the cap holds (right axis),
-    labelled with the ratio to no offload and the batch that kept the limit."""
-    g = goodput.copy()
-    base = g.loc[g["config"] == "none", "goodput_tok_s"]
-    ref = float(base.iloc[0]) if len(base) and base.iloc[0] else None
-    fig = go.Figure()
-    fig.add_bar(x=g["config"], y=g["goodput_tok_s"], name="goodput tok/s (left)", marker_color="#4c78a8",
-                offsetgroup=0, textposition="outside", cliponaxis=False,
-                text=[f"{v:,.0f}" + (f" ({v / ref:.2f}x)" if ref else "") for v in g["goodput_tok_s"]])
-    fig.add_bar(x=g["config"], y=g["requests"], name="requests held (right)", marker_color="#f58518", yaxis="y2",
-                offsetgroup=1, textposition="outside", cliponaxis=False,
-                text=[f"{int(r)} held, {int(b)} under the limit" for r, b in zip(g["requests"], g["good_batch"])])
-    limit = f" {tpot_ms:g} ms" if tpot_ms else ""
-    fig.update_layout(title=f"Goodput under a TPOT limit of{limit}: no offload, prefill-only, both stages",
-                      barmode="group", legend={"orientation": "h", "y": -0.15},
-                      yaxis={"title": "goodput (tok/s of requests under the limit)", "range": [0, 1.2 * g["goodput_tok_s"].max()]},
-                      yaxis2={"title": "requests the cap holds", "overlaying": "y", "side": "right",
-                              "range": [0, 1.2 * g["requests"].max()], "showgrid": False, "tickformat": "d"})
-    return fig

@@ -7,15 +7,15 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .summary import cost_model_errors, decode_table, is_cpu
-from .units import tokens_label as _ctx
-from ..costmodel import gpu, gpu_for_name, predict_table
-from ..engine.transfer import STRATEGIES
-from ..shapes import metrics_shape
+from ...costmodel import gpu, gpu_for_name, predict_table
+from ...engine.transfer import STRATEGIES
+from ...report.figures import TEMPLATE
+from ...report.summary import cost_model_errors, decode_table, is_cpu
+from ...report.units import tokens_label as _ctx
+from ...shapes import metrics_shape
 
 PHASE_COLORS = {"weights": "#4c78a8", "deltanet": "#72b7b2", "index_score": "#f58518", "selection": "#e45756",
                 "transfer": "#54a24b", "attention": "#b279a2", "head": "#9d755d", "other": "#bab0ac"}
-TEMPLATE = "plotly_white"
 
 
 def anatomy_text(m: pd.DataFrame) -> str:

@@ -1,0 +1,338 @@
+"""A decode point and what measuring one takes: the grid of a checked decode plan (`derive`: `DecodePlan`, its
+`Point`s), the model or its stages and the caches the points share (`DecodeSession`, `Caches`), and one point timed
+into a record (`measure_decode`): step times, link bytes engine-counted and NVML's, memory held, the step's anatomy.
+The decode sweep measures its grid through it; the capacity run times a batch at its cap and the multigpu run each
+layout's points through it too. One point at a time:
+
+    pl = derive(experiments.plan("decode", {"context_lens": "8K"}).params)
+    with DecodeSession(pl) as s:
+        rec = s.measure(pl.points[0])
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import asdict, dataclass, field
+
+import psutil
+import torch
+
+from .. import sweep
+from ..engine import Engine, HybridModel, OffloadCache, get_strategy
+from ..engine.drive.pipeline import (PipelineRunner, bubbles, device_guard, micro_batch_ranges, model_block_costs,
+                                     place_layers, split_model)
+from ..engine.drive.runner import DecodeRunner
+from ..engine.model.cache import build_on_devices
+from ..engine.model.trace_replay import load_selection_trace
+from ..engine.transfer import setting_names
+from ..params import gib, model_kwargs
+from ..shapes import ModelShape
+from ..stats import spread
+from ..telemetry import Sampler
+
+EXPERIMENT = "decode"     # the experiment column of a decode point's record, whichever run measured it
+MARGIN = 64          # tokens of cache beyond a point's context and its warm-up + timed steps (see margin)
+ANATOMY_STEPS = 3    # marked steps per point (the anatomy is their per-phase median)
+
+
+@dataclass(frozen=True)
+class Point:
+    concurrency: int
+    context_len: int
+    budget: int
+    strategy: str
+    axis: str            # "context" (the main table) or "budget" (the budget axis)
+    micro_batches: int = 1   # the batch in this many micro-batches, pipelined over the stages
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """A validated sweep: its parameters as the user gave them (resolved), and what they imply."""
+    params: dict                      # the manifest's parameters: names as in SPEC, `device` normalised
+    shape: ModelShape
+    devices: tuple[torch.device, ...]
+    points: tuple[Point, ...]
+    settings: dict = field(default_factory=dict)     # strategy settings (their sweep names) for get_strategy
+
+    @property
+    def margin(self) -> int:
+        p = self.params
+        return 8 + 4 + 2 * ANATOMY_STEPS + 2 + p["steps"] * p["repeats"] + MARGIN
+
+    @property
+    def cuda(self) -> bool:
+        return self.devices[0].type == "cuda"
+
+    def group_context(self, conc: int) -> int:
+        """The largest context of a concurrency group: its caches are sized for it once."""
+        return max(q.context_len for q in self.points if q.concurrency == conc)
+
+
+def derive(p: dict) -> DecodePlan:
+    """What checked parameters imply (shape, devices, the grid, strategy settings); checks nothing."""
+    devs = tuple(torch.device(d) for d in str(p["device"]).split(","))
+    return DecodePlan(dict(p), ModelShape.from_name(p["shape"]), devs, tuple(_points(p)),
+                      {k: p[k] for k in setting_names()})
+
+
+def _points(p: dict) -> list[Point]:
+    """The grid, in the order it runs: grouped by concurrency (one cache allocation per group)."""
+    out = []
+    for c in p["concurrency"]:
+        mbs = sorted({min(m, c) for m in p["micro_batches"]})     # never more micro-batches than requests
+        for ctx in sorted(set(p["context_lens"])):
+            out += [Point(c, ctx, p["budgets"][0], s, "context", m) for m in mbs for s in p["strategies"]]
+        if c == p["concurrency"][0]:
+            for b in p["budgets"][1:]:
+                out += [Point(c, p["budget_context"], b, s, "budget") for s in p["strategies"]]
+    return out
+
+
+class Caches:
+    """Per concurrency group, one host and one device cache per stage (one stage unless the layers are
+    split over several devices), sized to the group's largest context, filled once; points reuse
+    prefixes of them (a device that cannot hold the largest gets one sized to the point, see `_capacity`).
+    Each stage's cache is built by a thread bound to its device."""
+
+    def __init__(self, stages: list, pl: DecodePlan):
+        self.stages, self.pl = stages, pl
+        self.cache: dict[str, list[OffloadCache]] = {}
+        self.group = None
+
+    def get(self, medium: str, conc: int, ctx: int) -> list[OffloadCache]:
+        if self.group != conc:
+            self.release()
+            self.group = conc
+        have = self.cache.get(medium)
+        if have is None or have[0].capacity < ctx + self.pl.margin:
+            if have is not None:            # a point-sized device cache gives way to a longer point's
+                self.cache.pop(medium)
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            cap = self._capacity(medium, conc, ctx)
+
+            def build(stage):
+                c = OffloadCache.allocate(stage, medium, conc, cap)
+                c.fill_random_([ctx] * conc, seed=self.pl.params["seed"])
+                return c
+
+            self.cache[medium] = build_on_devices(build, self.stages)
+        return self.cache[medium]
+
+    def _capacity(self, medium: str, conc: int, ctx: int) -> int:
+        """Tokens per slot: the group's longest context, so its points share one fill; on a device that cannot
+        hold that but holds this point, the point's own (a resident 64K point beside 1M ones still runs).
+        Raises MemoryError in one line when not even the point fits."""
+        shape, margin = self.stages[0].shape, self.pl.margin
+        for cap in (self.pl.group_context(conc) + margin, ctx + margin):
+            need = conc * cap * shape.kv_bytes_per_token()          # over all stages together
+            if medium == "host" or self.stages[0].device.type == "cpu":
+                avail = psutil.virtual_memory().available
+                if need > 0.9 * avail:
+                    raise MemoryError(f"host KV of {gib(need)} exceeds 90% of the {gib(avail)} RAM available now")
+                return cap
+            short = [(st.device, free) for st in self.stages
+                     for free in [torch.cuda.mem_get_info(st.device)[0]]
+                     if need * st.n_attn // max(1, shape.attn_layers) > free - (2 << 30)]
+            if not short:
+                return cap
+        dev, free = short[0]
+        raise MemoryError(f"device KV of {gib(need)} does not fit the {gib(free)} free on {dev}")
+
+    def release(self) -> None:
+        self.cache.clear()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class DecodeSession:
+    """What the points of one plan share: the model (or its stages), the caches, the telemetry sampler.
+    `measure(point)` gives one record; `run_sweep` and the explorer both measure through it."""
+
+    def __init__(self, pl: DecodePlan, tel: Sampler | None = None):
+        self.pl, self.tel = pl, tel or Sampler(gpus=[])
+        self.stage_layers = None
+        torch.manual_seed(pl.params["seed"])
+        held = model_kwargs(pl.params)
+        if len(pl.devices) == 1:
+            self.stages = [HybridModel(pl.shape, pl.devices[0], seed=pl.params["seed"], **held)]
+        else:   # built on the CPU and moved stage by stage: the same weights whatever the split
+            model = HybridModel(pl.shape, "cpu", seed=pl.params["seed"], **held)
+            self.stage_layers = place_layers(model_block_costs(model, pl.params["budgets"][0]), len(pl.devices))
+            self.stages = split_model(model, self.stage_layers, list(pl.devices))
+        self.caches = Caches(self.stages, pl)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.caches.release()
+
+    def measure(self, pt: Point, timeline: list | None = None) -> dict:
+        """One decode point as a record; a failure becomes a failed record (the caller goes on).
+        `timeline`: a list that receives the spans of a split point's sampled steps."""
+        def free(ex):
+            if isinstance(ex, (torch.cuda.OutOfMemoryError, MemoryError)):
+                self.caches.release()
+        return sweep.attempt(lambda: measure_decode(self.stages, self.caches, pt, self.pl, self.tel, timeline),
+                             {"experiment": EXPERIMENT}, on_fail=free, **asdict(pt))
+
+
+def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel: Sampler,
+                   timeline: list | None = None) -> dict:
+    p, shape, dev = pl.params, pl.shape, stages[0].device
+    trace = None
+    if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
+        trace = load_selection_trace(p["selection"][6:], shape.attn_layers, pt.context_len, pt.budget,
+                                     steps=pl.margin, stable=True)   # keeps the trace's reuse (hot_cache)
+    conc, ctx = pt.concurrency, pt.context_len
+    strat = get_strategy(pt.strategy, **pl.settings)
+    stage_caches = caches.get(strat.medium, conc, ctx)
+    for cache in stage_caches:
+        cache.set_lengths(ctx, slice(0, conc))
+    runner, runners = _runners(stages, stage_caches, pt, pl, trace)
+    slow = strat.slow             # ~0.4 s a step per request (per_row): fewer steps, one repeat, no anatomy
+    steps, repeats = (p["per_row_steps"], 1) if slow else (p["steps"], p["repeats"])
+    with device_guard(dev):
+        runner.prepare(warmup=1 if slow else 2)
+    cuda = dev.type == "cuda"
+    counted = [r.engine.strategy.counters() for r in runners]    # hot_cache: device counts before the timed steps
+    for r in runners:
+        r.state.experts_read.zero_()
+    t_start = time.time()
+    times, rx, tx, rx_ok, per_gpu = _timed_steps(runner, dev, tel, steps, repeats)
+    n = len(times)
+    experts_read = sum(int(r.state.experts_read.item()) for r in runners)
+    t = spread(times)
+    used_kv = conc * ctx * shape.kv_bytes_per_token()
+    on_dev = strat.medium == "device"
+    pool_bytes = sum(c.pool.nbytes for c in stage_caches)
+    moe_layers = sum(len(st.blocks) for st in stages) if shape.moe else 0
+    per_layer = experts_read / (n * moe_layers) if moe_layers and n else None      # distinct experts a layer
+    step_weights = sum(st.step_weight_bytes(conc, per_layer) for st in stages)
+    ngram_bytes = shape.ngram_fetch_bytes * conc if shape.ngram_heads else 0
+    first = runners[0]
+    rec = {
+        "experiment": EXPERIMENT, "status": "ok", "error": None, **asdict(pt),
+        "repeats": repeats, "steps": steps, "step_ms_median": t.median, "step_ms_min": t.min,
+        "step_ms_max": t.max, "tok_s": conc / (t.median / 1e3),
+        "h2d_bytes_per_step": runner.h2d_bytes_per_step,                 # summed from the strategies' LoadResults
+        "selected_rows_per_step": runner.rows_per_step,
+        "nvml_rx_bytes_per_step": rx / n if rx_ok and tel.enabled else None,
+        "nvml_tx_bytes_per_step": tx / n if rx_ok and tel.enabled else None,
+        "device_kv_bytes": used_kv if on_dev else 0,
+        "device_index_bytes": conc * ctx * shape.index_key_bytes * shape.attn_layers,
+        "host_kv_bytes": 0 if on_dev else used_kv,
+        "device_kv_alloc_bytes": pool_bytes if on_dev else 0,
+        "device_index_alloc_bytes": sum(c.index.nbytes for c in stage_caches),
+        "host_kv_alloc_bytes": 0 if on_dev else pool_bytes,
+        "graph_mode": first.graph_mode,
+        "compiled": first.engine.fns.compiled,
+        "devices": ",".join(str(st.device) for st in stages),
+        "stage_layers": ";".join(f"{st.range[0]}-{st.range[1]}" for st in stages) if len(stages) > 1 else None,
+        "weight_bytes": sum(st.weight_bytes() for st in stages),
+        "step_weight_bytes": step_weights,
+        "weight_gbps": step_weights / (t.median / 1e3) / 1e9,
+        "experts_read_per_step": per_layer * moe_layers if per_layer is not None else None,
+        "experts_read_per_layer": per_layer,
+        "ngram_bytes_per_step": ngram_bytes or None,
+        **stages[0].holding(),
+        "selection": p["selection"], "t_start": t_start, "t_end": time.time(),
+        "device_mem_peak_bytes": sum(torch.cuda.max_memory_allocated(st.device) for st in stages) if cuda else None,
+        **strat.settings(),
+    }
+    rec.update(counted_per_step(runners, counted, n))
+    if rec["nvml_rx_bytes_per_step"] is not None and rec["h2d_bytes_per_step"]:
+        rec["nvml_over_engine"] = rec["nvml_rx_bytes_per_step"] / rec["h2d_bytes_per_step"]
+    for i, (a_rx, a_tx) in enumerate(per_gpu):        # each link's bytes when several GPUs are sampled
+        rec[f"nvml_rx_bytes_per_step_gpu{i}"] = a_rx / n
+        rec[f"nvml_tx_bytes_per_step_gpu{i}"] = a_tx / n
+    if isinstance(runner, PipelineRunner):
+        rec.update(_pipeline_fields(runner, pt, timeline))
+    if p["anatomy"] and not slow and pt.micro_batches == 1:   # phases of overlapped micro-batches do not add up
+        rec.update(_anatomy_fields(runner, dev, t.median))
+    del runner, runners
+    return rec
+
+
+def _runners(stages: list, stage_caches: list, pt: Point, pl: DecodePlan, trace) -> tuple:
+    """(the runner a point times, every DecodeRunner under it): one per micro-batch and stage, a PipelineRunner
+    over them when there are several; each stage replays its layers' share of a selection trace."""
+    grid = []
+    for first, size in micro_batch_ranges(pt.concurrency, pt.micro_batches):
+        row, first_attn = [], 0
+        for stage, cache in zip(stages, stage_caches):
+            engine = Engine(stage, cache, get_strategy(pt.strategy, **pl.settings), pt.budget,
+                            select_block=pl.params["select_block"])
+            tr = None if trace is None else trace[:, first_attn:first_attn + stage.n_attn]
+            first_attn += stage.n_attn
+            with device_guard(stage.device):
+                row.append(DecodeRunner(engine, size, trace=tr, max_steps=pl.margin, first=first))
+        grid.append(row)
+    runners = [r for row in grid for r in row]
+    return (runners[0] if len(runners) == 1 else PipelineRunner(grid)), runners
+
+
+def _timed_steps(runner, dev: torch.device, tel: Sampler, steps: int, repeats: int) -> tuple:
+    """`repeats` runs of `steps` consecutive steps: (step times in ms, NVML RX and TX bytes over them summed over
+    the sampled GPUs, whether every window could be read, each GPU's [rx, tx] when several are sampled)."""
+    times, rx, tx = [], 0.0, 0.0
+    rx_ok = True
+    n_gpu = len(tel.handles) if tel.enabled else 0
+    per_gpu = [[0.0, 0.0] for _ in range(n_gpu if n_gpu > 1 else 0)]
+    for _ in range(repeats):
+        a = tel.mark()
+        with device_guard(dev):       # the timing events on the first stage's device, where a step starts and ends
+            times += sweep.event_ms(runner.step, steps, dev, mode="chained")   # consecutive steps, no gap
+        b = tel.mark()
+        rs = [tel.rx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
+        ts = [tel.tx_bytes(a, b, g) for g in range(max(n_gpu, 1))]
+        rx_ok = rx_ok and all(r is not None for r in rs)
+        rx += sum(r or 0.0 for r in rs)
+        tx += sum(t or 0.0 for t in ts)
+        for g, acc in enumerate(per_gpu):
+            acc[0] += rs[g] or 0.0
+            acc[1] += ts[g] or 0.0
+    return times, rx, tx, rx_ok, per_gpu
+
+
+def _pipeline_fields(runner: PipelineRunner, pt: Point, timeline: list | None) -> dict:
+    """Each stage's engine-counted link bytes (beside its GPU's NVML RX) and the overlap of a step; the step's
+    spans go to `timeline`."""
+    rec = {f"h2d_bytes_per_step_stage{i}": b for i, b in enumerate(runner.stage_h2d_bytes_per_step())}
+    spans = runner.timeline(steps=4)
+    rec.update(bubbles(spans))
+    if timeline is not None:
+        timeline += [{**asdict(pt), **s} for s in spans]
+    return rec
+
+
+def _anatomy_fields(runner, dev: torch.device, step_ms: float) -> dict:
+    """Where the step's time goes: its phases, marked inside extra steps."""
+    with device_guard(dev):
+        anat = runner.anatomy(repeats=ANATOMY_STEPS)
+    phases = {k: v for k, v in anat.items() if k not in ("marked_step_ms", "mark_us", "n_marks")}
+    rec = {f"anat_{k}_ms": v for k, v in phases.items()}
+    rec.update(anat_marked_step_ms=anat["marked_step_ms"], anat_mark_us=anat["mark_us"], anat_marks=anat["n_marks"])
+    # The corrected phases against the unmarked step (1.0: they account for it exactly); the
+    # anatomy is trusted where this stays within 5% (targets.py).
+    rec["anat_closure"] = sum(phases.values()) / step_ms
+    return rec
+
+
+def counted_per_step(runners, before: list[dict], n: int) -> dict:
+    """Means over the timed steps of what strategies that `count` counted on the device (hot_cache: hits,
+    misses, inserts, evictions, bytes), as columns named with the strategy's `counter_prefix`;
+    `h2d_bytes_per_step` becomes the counted bytes' mean."""
+    after = [r.engine.strategy.counters() for r in runners]
+    tot = {k: sum(a[k] - b[k] for a, b in zip(after, before)) for k in after[0]} if after and after[0] else {}
+    if not tot:
+        return {}
+    pre = runners[0].engine.strategy.counter_prefix
+    out = {f"{pre}{k}_per_step": v / n for k, v in tot.items()}
+    if "hits" in tot and "misses" in tot:
+        out[f"{pre}hit_rate"] = tot["hits"] / max(1, tot["hits"] + tot["misses"])
+    out["h2d_bytes_per_step"] = tot["h2d_bytes"] / n
+    return out
