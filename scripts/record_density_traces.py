@@ -15,7 +15,7 @@ import torch
 
 from labkit.models import load_model
 from labkit.quality.corpora import sequences
-from labkit.quality.measure import prepare_policies
+from labkit.quality.evaluate import prepare_policies
 from labkit.quality.traces import record_traces, save_trace
 
 

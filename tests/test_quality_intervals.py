@@ -36,7 +36,7 @@ def _rows(n_seq: int = 6, seed: int = 3) -> pd.DataFrame:
 
 
 def test_summary_has_interval_columns_around_the_pooled_point():
-    from labkit.quality.measure import summarize
+    from labkit.quality.evaluate import summarize
 
     s = summarize(_rows()).set_index("policy")
     for col in INTERVAL_COLS:
@@ -53,7 +53,7 @@ def test_summary_has_interval_columns_around_the_pooled_point():
 
 
 def test_policy_identical_to_dense_has_ratio_one_and_a_zero_width_interval():
-    from labkit.quality.measure import summarize
+    from labkit.quality.evaluate import summarize
 
     s = summarize(_rows()).set_index("policy")
     for pol in ("indexer", "dense"):
@@ -63,7 +63,7 @@ def test_policy_identical_to_dense_has_ratio_one_and_a_zero_width_interval():
 
 def test_summary_pairs_each_policy_row_with_its_own_sequence():
     """Dropping one sequence's dense row drops that sequence from every policy's interval, not just a row."""
-    from labkit.quality.measure import summarize
+    from labkit.quality.evaluate import summarize
 
     rows = _rows()
     rows = rows[~((rows.policy == "dense") & (rows.document == "doc0.py"))]

@@ -22,7 +22,7 @@ def real():
 def test_faithful_when_budget_covers_the_sequence(real):
     """Instrumented model with budget >= seq_len: perplexity equals plain transformers' within 0.5%."""
     from labkit.quality.corpora import sequences
-    from labkit.quality.measure import measure_point, prefill
+    from labkit.quality.evaluate import measure_point, prefill
     from labkit.quality.sparse import instrument, uninstrument
 
     model, tok = real
@@ -47,7 +47,7 @@ def test_faithful_when_budget_covers_the_sequence(real):
 def test_policies_and_trace_on_real_model(real, tmp_path):
     from labkit.engine.model.trace_replay import load_selection_trace
     from labkit.quality.corpora import sequences
-    from labkit.quality.measure import prepare_policies, quality_sweep, summarize
+    from labkit.quality.evaluate import prepare_policies, quality_sweep, summarize
     from labkit.quality.traces import load_trace, locality_summary, record_traces, save_trace
 
     model, tok = real

@@ -156,7 +156,7 @@ def test_decode_with_cache_matches_full_pass_under_sparsity():
     """Teacher-forced block on a dense-prefilled cache == step-by-step decode (same selections)."""
     import copy
 
-    from labkit.quality.measure import forward
+    from labkit.quality.evaluate import forward
 
     model = tiny_llama()
     ids = torch.randint(0, 101, (1, 48))

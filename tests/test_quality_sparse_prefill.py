@@ -14,7 +14,7 @@ pytest.importorskip("transformers", reason="the quality lab needs transformers: 
 
 from labkit.quality.corpora import Unit  # noqa: E402
 from labkit.quality.indexer import Indexer  # noqa: E402
-from labkit.quality.measure import forward, prefill, prefill_stats, quality_sweep, summarize  # noqa: E402
+from labkit.quality.evaluate import forward, prefill, prefill_stats, quality_sweep, summarize  # noqa: E402
 from labkit.quality.sparse import SparseController, instrument  # noqa: E402
 from test_quality_sparse import tiny_llama  # noqa: E402  (the sparse lab's tiny random Llama)
 
@@ -126,7 +126,7 @@ def test_sparse_prefill_on_smollm2():
     the two within its intervals), each row tagged with its protocol."""
     from labkit.models import load_model
     from labkit.quality.corpora import draw_sequences
-    from labkit.quality.measure import prepare_policies
+    from labkit.quality.evaluate import prepare_policies
 
     model, tok = load_model("smollm2-135m", dtype=torch.float32, attn_implementation="eager")
     ctl, _ = prepare_policies(model, tok, ["indexer"], corpora=["prose"], seq_len=256, calib_sequences=1,

@@ -13,7 +13,7 @@ TINY = {"weights": "seeded", "large": "qwen3-tiny-large", "small": "qwen3-tiny-s
 
 
 def test_published_shapes_are_the_published_configs():
-    from labkit.crossmodel.seeded import SHAPES, pair_spec
+    from labkit.experiments.crossmodel.seeded import SHAPES, pair_spec
 
     s, l_ = SHAPES["qwen3-0.6b"], SHAPES["qwen3-1.7b"]
     assert (s["num_hidden_layers"], s["hidden_size"], s["intermediate_size"]) == (28, 1024, 3072)
@@ -55,7 +55,7 @@ def test_seeded_run_writes_the_rows_the_card_reads(tmp_path):
 
 
 def test_mapped_first_token_is_the_large_models_decode_over_a_mapped_cache():
-    from labkit.crossmodel import seeded as S
+    from labkit.experiments.crossmodel import seeded as S
     from labkit.crossmodel.features import build_cache, cache_kv, call
     from labkit.crossmodel.mapped_cache import Models, mapped_kv
 

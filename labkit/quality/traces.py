@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from labkit.quality.measure import forward
+from labkit.quality.evaluate import forward
 from labkit.quality.sparse import SHARED_POLICIES, instrument, n_layers
 
 SCHEMA_VERSION = 1

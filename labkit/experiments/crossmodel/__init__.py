@@ -2,7 +2,7 @@
 the large model's K/V, the large model decodes: quality against its own prefill, token agreement, and time to
 first token through transformers or vLLM with labkit's KV connector. With `weights=seeded`: time to first token
 only, at the published pair's shapes (Qwen3-0.6B prefills, Qwen3-1.7B decodes) with seeded random weights, on a
-GPU (`labkit.crossmodel.seeded`). Code: `measure.py` (figures: `figures.py`), over the cross-model library
+GPU (`seeded.py`). Code: `measure.py` (figures: `figures.py`), over the cross-model library
 `labkit.crossmodel`."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ SPEC = [
     Param("small", "str", "first:8", "the model that prefills: first:N (the large model's first N layers) or a checkpoint "
           "(weights=seeded: a published shape, qwen3-0.6b)"),
     Param("weights", "str", "checkpoint", "checkpoint: real weights, every stage; seeded: the shapes of "
-          "labkit.crossmodel.seeded.SHAPES with seeded random weights, TTFT only (ttft_lens x concurrency, dtype, device)"),
+          "labkit.experiments.crossmodel.seeded.SHAPES with seeded random weights, TTFT only (ttft_lens x concurrency, dtype, device)"),
     SEED.but(help="seed of the seeded weights, mapper fit and prompts (weights=seeded)"),
     DEVICE.but(default="cpu", help="cpu, cuda, cuda:N: where weights=seeded runs (real checkpoints run on the CPU)"),
     Param("layer_table", "str", "", "large:small,... alignment entries (empty: proportional / deepest layer for first:N)"),
@@ -59,7 +59,7 @@ SPEC = [
 
 
 measuring = lazy.module(".measure", __package__)                 # imported once the parameters resolved
-seeded = lazy.module("...crossmodel.seeded", __package__)      # weights=seeded: the same, at the published shapes
+seeded = lazy.module(".seeded", __package__)                    # weights=seeded: the same, at the published shapes
 
 
 def plan(given: dict) -> Plan:

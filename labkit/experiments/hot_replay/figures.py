@@ -1,16 +1,12 @@
 """Figures of a hot-cache replay (`labkit run hot_replay`, FlashOffloading's hot cache on recorded selections): hit
 rate and link bytes per step against capacity, policy and the traces' recording density, from the run's
-`hot_replay` table; the headline table and a one-page report of them.
-
-    replay_report(df).write("hot_replay/report.html")
+`hot_replay` table, and the headline table (the capacity notebook draws them).
 """
 from __future__ import annotations
 
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
-
-from ...report.html import Page
 
 HEADLINE_RATIO = 1 / 32     # the hot cache's headline holds for traces recorded at budget/context <= 1/32
 
@@ -54,22 +50,3 @@ def headline_table(df: pd.DataFrame) -> pd.DataFrame:
     cols = ["trace", "ratio", "context_len", "capacity_x", "policy", "hit_rate", "bytes_vs_zero_copy",
             "overlap_trace", "overlap_replayed"] + (["trace_share"] if "trace_share" in df else [])
     return d.sort_values(["trace", "context_len", "capacity_x", "hit_rate"], ascending=[True, True, True, False])[cols]
-
-
-def replay_report(df: pd.DataFrame) -> Page:
-    page = Page("hot_cache: hit rate and link bytes on replayed real selections")
-    page.text("Recorded SmolLM2-135M selections (the quality lab's indexer), scaled to the engine's context with "
-              "the stable mapping (a token keeps its position; step-to-step overlap and reuse distance are the "
-              "trace's), replayed through the hot cache's own bookkeeping on the CPU, 12 QSA layers, one request. "
-              "Steady state: steps after the first (cold) one.")
-    page.figure(hit_rate_vs_capacity(df))
-    page.figure(bytes_vs_density(df))
-    page.heading("Headline: traces recorded at budget/context <= 1/32, capacity <= 2 x budget")
-    page.table(headline_table(df), fmt={"hit_rate": ".3f", "bytes_vs_zero_copy": ".3f", "overlap_trace": ".3f",
-                                        "overlap_replayed": ".3f", "trace_share": ".3f"})
-    page.heading("All replays")
-    page.table(df.drop(columns=["trace_context", "zero_copy_bytes_per_step", "selected_of_trace"]),
-               fmt={"hit_rate": ".3f", "bytes_vs_zero_copy": ".3f", "ratio_value": ".4f", "misses_per_step": ".1f",
-                    "h2d_bytes_per_step": ".3e", "first_step_hit_rate": ".3f", "overlap_trace": ".3f",
-                    "overlap_replayed": ".3f"})
-    return page

@@ -36,7 +36,7 @@ from labkit import stats, sweep
 from labkit.models import ModelNotFound, load_model, resolve as resolve_model
 from labkit.params import BadInput, fill_auto, resolve_device
 from labkit.quality.corpora import SPLIT_RULE, documents, draw_sequences, sequences
-from labkit.quality.measure import head_share_map, prepare_policies, quality_sweep, summarize, validate
+from labkit.quality.evaluate import head_share_map, prepare_policies, quality_sweep, summarize, validate
 from labkit.quality.sparse import SHARED_POLICIES
 from labkit.quality.traces import locality, locality_summary, record_traces, reuse_distance, save_trace
 from labkit.stats import Interval
