@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import time
 from pathlib import Path
 
@@ -369,7 +370,30 @@ def _close(run, out: dict, before: dict | None, reqs: list, wp: dict, roles: dic
         old = before["requests"]
         reqs[:0] = old[old["window"].isin(out["kept"])].to_dict("records")
     run.write_table("requests", pd.DataFrame(reqs))
+    rung, why = strongest(out["selection"])
+    run.update_manifest(strongest_rung=rung, strongest_rule=why)
     R.close_windows(run, wp, out, roles, ratios=ladder_ratios(run.metrics(), wp, out["chosen"], roles))
+
+
+STRONGEST_RULE = ("the switching or adaptive rung whose chosen candidate had the better median throughput ratio to "
+                  "per_head on the calibration windows, among those within p99_limit (none within: the lower median "
+                  "p99 ratio); the held-out windows play no part")
+
+
+def strongest(selection: pd.DataFrame) -> tuple[str, str]:
+    """PulseInfer's strongest arm, chosen on the calibration windows only (`selection`: `trace_windows.choose`'s
+    table, the candidates' calibration figures): (rung, the rule that chose it). Without calibration windows
+    there is nothing to choose on: the full system, `adaptive`, as built."""
+    arms = {W.STATIC: "switching", W.ADAPTIVE: "adaptive"}
+    if selection is None or selection.empty or "chosen" not in selection:
+        return "adaptive", "no calibration window: the full system (adaptive), as built"
+    c = selection[selection["chosen"].astype(bool) & selection["arm"].isin(arms)]
+    if c.empty:
+        return "adaptive", "no candidate was chosen on the calibration windows: the full system (adaptive), as built"
+    ok = c[c["acceptable"].astype(bool)]
+    best = (ok.sort_values("throughput_ratio", ascending=False, kind="stable") if len(ok)
+            else c.sort_values("tpot_p99_ratio", kind="stable")).iloc[0]
+    return arms[best["arm"]], STRONGEST_RULE
 
 
 def ladder_ratios(m, wp: dict, chosen: dict, roles: dict):
@@ -392,6 +416,8 @@ def headline(path) -> list[str]:
     path = Path(path)
     s = pd.read_parquet(path / "window_summary.parquet") if (path / "window_summary.parquet").is_file() else pd.DataFrame()
     lines = []
+    mf = json.loads((path / "manifest.json").read_text()) if (path / "manifest.json").is_file() else {}
+    best = f"; strongest arm on the calibration windows: {mf['strongest_rung']}" if mf.get("strongest_rung") else ""
     if len(s) and "throughput_ratio" in s:
         lines.append(f"test windows {s['test_windows'].iloc[0]}, against per_head (no prefetch of the next layer): " + ", ".join(
             f"{r['arm']} throughput {r['throughput_ratio']:.2f}x [{r['throughput_ratio_lo']:.2f}, {r['throughput_ratio_hi']:.2f}]"
@@ -404,7 +430,7 @@ def headline(path) -> list[str]:
         if len(full):
             ci = bootstrap(full, np.median)
             lines.append(f"adaptive (full PulseInfer) / no_offload under the same cap: throughput {full.median():.2f}x "
-                         f"[{ci.lo:.2f}, {ci.hi:.2f}] over {len(full)} windows")
+                         f"[{ci.lo:.2f}, {ci.hi:.2f}] over {len(full)} windows{best}")
     m = pd.read_parquet(path / "metrics.parquet")
     ok = m[m["status"] == "ok"]
     if len(ok):
