@@ -243,7 +243,7 @@ def test_calibrate_times_the_steps_the_scheduler_runs(model, strategy, select_bl
 def test_per_head_units_by_dma_change_no_token_and_count_their_copies_on_gpu(model):
     """block_dma with per-head units (dma_unit_rows=4 of a 16-row block: pulse_ladder's per_head rung), every
     request offloaded, gives the tokens of whole-block DMA and of resident KV; its rounds count 4x the copies
-    of whole blocks (a partly filled last block moves row by row in both) for the same bytes."""
+    of whole blocks (a partly filled last block moves as two runs in both) for the same bytes."""
     cfg = dict(CFG, select_block=16)
     out, copies, moved = {}, {}, {}
     for name, lanes in (("units", dict(offload_slots=4, strategy="block_dma", settings={"dma_unit_rows": 4})),

@@ -30,10 +30,10 @@ costs more: this baseline is, if anything, faster than the published ones). Thei
 publication reports for such transfers, again the stronger baseline).
 
 The unit size is a parameter (`per_head_unit_bytes`, auto: one KV head's K or V of a block, the 8 KiB above);
-`bytes_per_copy` in the rows is what the copies measured, lower than the unit where a request's context is
-shorter than the budget: its selection is then padded with position 0 (`select.select_topk`, masked in the
-attention), and block_dma moves each padding entry as a copy of one row (2 KiB for the reference shape), in
-every block_dma rung alike.
+`bytes_per_copy` in the rows is what the copies measured. A request whose context is shorter than the budget
+has its selection padded with masked blocks; those are whole blocks of the first positions
+(`select.select_blocks`), so they move in units as any block. (Runs before that padded with position 0 once
+per entry, a one-row copy each in every block_dma rung: the committed ladder's per_head shows 4.7 KiB a copy.)
 
 Not built: the baselines' prefetch of the next layer's rows (InfiniGen speculates the next layer's selection
 from this layer's input). A QSA layer's selection needs that layer's query, and labkit's engine has no
