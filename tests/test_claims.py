@@ -235,6 +235,13 @@ def test_a_ladder_run_named_in_runs_toml_decides_pulseinfers_rows(tmp_path, monk
     # numbered rungs read in their numeric order
     num = pd.DataFrame(rows).replace({r: i + 1 for i, r in enumerate(C.LADDER)})
     assert C.ladder_ratios(num, "output_throughput").max() == pytest.approx(2.6 * 1.07)
+    # a run that chose its strongest arm on its calibration windows is read at that rung, named as chosen
+    monkeypatch.setitem(C.RUNS, "pulse_ladder", _run_folder(tmp_path / "ladder3", rows, parameters={"disaggregated": True},
+                                                            strongest_rung="switching"))
+    by = {c.key: c for c in C.pulse_claims()}
+    assert by["pulse-throughput"].terms.value == pytest.approx(2.2)          # rung 4 / rung 1
+    assert "chosen on the calibration windows (`switching`)" in by["pulse-throughput"].terms.what
+    assert by["pulse-vs-no-offload"].terms.value == pytest.approx(220 / 50)
 
 
 def test_link_rate_prefill_and_32k_runs_are_picked_up(tmp_path, monkeypatch):

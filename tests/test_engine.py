@@ -117,6 +117,11 @@ def test_select_blocks_keeps_the_best_blocks():
         got = sorted(set((pos[b][valid[b]] // block).tolist()))
         assert got == want
         assert int(valid[b].sum()) == sum(min(block, int(lens[b]) - i * block) for i in want)
+        # what is not valid points at written rows (below the length), and a padding block is a whole run of
+        # consecutive positions (one copy, as any block), not position 0 once per entry
+        assert (pos[b][~valid[b]] < lens[b]).all()
+    pad = ~valid[2].view(-1, block).any(-1)               # request 2 (9 tokens) has 2 blocks of the 5 kept
+    assert int(pad.sum()) == 3 and (pos[2].view(-1, block)[pad] == torch.arange(block)).all()
     with pytest.raises(ValueError, match="multiple"):
         select_blocks(scores, 30, block, lens)
 

@@ -243,7 +243,7 @@ def test_calibrate_times_the_steps_the_scheduler_runs(model, strategy, select_bl
 def test_per_head_units_by_dma_change_no_token_and_count_their_copies_on_gpu(model):
     """block_dma with per-head units (dma_unit_rows=4 of a 16-row block: pulse_ladder's per_head rung), every
     request offloaded, gives the tokens of whole-block DMA and of resident KV; its rounds count 4x the copies
-    of whole blocks (a partly filled last block moves row by row in both) for the same bytes."""
+    of whole blocks (a partly filled last block moves as two runs in both) for the same bytes."""
     cfg = dict(CFG, select_block=16)
     out, copies, moved = {}, {}, {}
     for name, lanes in (("units", dict(offload_slots=4, strategy="block_dma", settings={"dma_unit_rows": 4})),
@@ -257,3 +257,25 @@ def test_per_head_units_by_dma_change_no_token_and_count_their_copies_on_gpu(mod
         moved[name] = sum(r["h2d_bytes"] for r in sched.rounds)
     assert out["units"] == out["blocks"] == out["resident"]
     assert moved["units"] == moved["blocks"] > 0 and copies["units"] > 2 * copies["blocks"] > 0
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_handed_over_requests_decode_alone_and_alike_in_either_pool_on_gpu(model, graphs):
+    """A decode instance on the GPU: requests handed over with their KV (placed in the device pool or in the
+    pinned host pool, with the clock stopped) run no prefill forward and decode the same tokens whether
+    resident, offloaded by block DMA, or switched between the two; the handover's seconds are counted apart."""
+    cfg = dict(CFG, select_block=16)
+    out = {}
+    for name, res, off, pol in (("resident", 4, 0, Threshold(10**9)), ("offload", 0, 4, Threshold(0)),
+                                ("switched", 2, 2, Threshold(150))):
+        sched = Scheduler(make_lanes(TINY, "cuda", res, off, model=model, strategy="block_dma", **cfg), pol,
+                          graphs=graphs)
+        reqs = _requests(SPEC[:5])
+        for r in reqs:
+            r.prefilled = True
+        done = sched.run(reqs)
+        assert all(r.status == "done" for r in done), [r.error for r in done]
+        assert sched.prefill_forwards == 0 and sched.handovers == 5 and sched.handover_s > 0
+        assert all(r.record()["ttft_s"] is None for r in done)
+        out[name] = [r.tokens for r in done]
+    assert out["resident"] == out["offload"] == out["switched"]

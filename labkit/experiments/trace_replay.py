@@ -74,12 +74,19 @@ def find_resume(p: dict, experiment: str) -> str:
 
 def requests(p: dict, window: int = 0) -> list:
     """Window `window`'s requests (trace requests window x window_size on), arrivals from the window's first
-    request / rate, inputs x length_scale, capped to a slot; each request's id is its index in the trace."""
+    request / rate, inputs x length_scale, capped to a slot; each request's id is its index in the trace.
+    Outputs: the trace's lengths x `output_scale` (when given), capped to `max_output` (0: uncapped) and to
+    the slot (capacity - 1); the prompt then gets what the slot leaves."""
     cap, scale, n = p["capacity"], p["length_scale"], p["window_size"]
+    most, o_scale = p["max_output"], float(p.get("output_scale", 1.0))
     vocab = ModelShape.from_name(p["shape"]).vocab
     specs = trace_replay(p["trace"], n, p["rate"], max(2, int(cap / scale)), vocab,
-                         max_output=min(p["max_output"], cap - 1), start=window * n, seed=p["seed"])
+                         max_output=min(most, cap - 1) if most > 0 else 0, start=window * n, seed=p["seed"])
     for s in specs:
+        if o_scale != 1.0:
+            s.output_len = max(1, round(s.meta["trace_output_length"] * o_scale))
+            s.output_len = min(s.output_len, most) if most > 0 else s.output_len
+        s.output_len = min(s.output_len, cap - 1)
         m = max(1, min(int(len(s.prompt) * scale), cap - s.output_len))
         s.prompt = [t % vocab for t in s.prompt[:m]]
         s.index += window * n
@@ -107,12 +114,19 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
                       timeline_every=p["timeline_every"], graphs=p["graphs"])
     for s in specs:      # every request must fit where the policy may put it: one line before anything runs
         sched.validate(Request(s.prompt, s.output_len, id=str(s.index)))
+    # a decode instance of a disaggregated deployment: each request's KV arrives prefilled (`Request.prefilled`)
+    handed = bool(p.get("disaggregated", False))
+    if handed and p["transport"] != "inprocess":
+        raise BadInput("disaggregated replays run in process (transport=inprocess): the server takes prompts")
     if p["transport"] == "inprocess":
         # the same scheduler on its own clock: arrivals at the trace's times, records in the load
         # generator's format (`Request.record`); no HTTP or streaming overhead in the latencies
-        done = sched.run([Request(s.prompt, s.output_len, arrival=s.arrival_s, id=str(s.index)) for s in specs])
+        done = sched.run([Request(s.prompt, s.output_len, arrival=s.arrival_s, id=str(s.index), prefilled=handed)
+                          for s in specs])
         recs = [r.record() for r in done]
-        stats = {"records": recs, "rounds": list(sched.rounds), "graphs": sched.graphs, "graph_error": sched.graph_error}
+        stats = {"records": recs, "rounds": list(sched.rounds), "graphs": sched.graphs, "graph_error": sched.graph_error,
+                 "prefill_forwards": sched.prefill_forwards, "handovers": sched.handovers,
+                 "handover_s": sched.handover_s}
         return {"records": recs, "stats": stats, "timelines": list(sched.timelines), "costs": costs}
     # the http transport's packages (httpx, uvicorn, the server's fastapi): optional, transport=auto runs in-process
     # without them, so a replay never needs them installed
@@ -176,6 +190,12 @@ def summary_row(policy: str, p: dict, out: dict, experiment: str) -> dict:
            "max_running": max((sum(r["batch"].values()) for r in rounds), default=0),
            "graphs": st.get("graphs"), "graph_error": st.get("graph_error"),
            "first_round_s": rounds[0]["time"] if rounds else None,
+           # arrived but not admitted (no slot or no pages), at most: what a memory cap makes wait
+           "max_waiting": max((r.get("waiting", 0) for r in rounds), default=0),
+           # a decode instance: prefill forwards run (0), requests handed over, the seconds their KV took to
+           # place (off the scheduler's clock, so outside every timed figure); None: not recorded (http)
+           "disaggregated": bool(p.get("disaggregated", False)), "prefill_forwards": st.get("prefill_forwards"),
+           "handovers": st.get("handovers"), "handover_s": st.get("handover_s"),
            "rate": p["rate"], "length_scale": p["length_scale"], "n_requests": len(recs), "transport": p["transport"],
            **s}
     if out["costs"] is not None:

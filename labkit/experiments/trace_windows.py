@@ -72,15 +72,19 @@ def planned(p: dict, role: str, chosen: dict[str, str | None]) -> list[str]:
 
 
 def _ratios_of(rows: pd.DataFrame, reference: str) -> pd.DataFrame:
-    """Per (window, policy): throughput and p99 TPOT over the reference's of the same window (NaN where the
-    reference or the policy did not finish ok)."""
+    """Per (window, policy): throughput, p99 and mean TPOT over the reference's of the same window (NaN where
+    the reference or the policy did not finish ok; the mean's NaN too where rows lack it)."""
     ok = rows[rows["status"] == "ok"]
+    if "tpot_ms_mean" not in ok:
+        ok = ok.assign(tpot_ms_mean=float("nan"))
     ref = ok[ok["policy"] == reference].drop_duplicates("window", keep="last").set_index("window")
-    out = ok.drop_duplicates(["window", "policy"], keep="last")[["window", "policy", "output_throughput", "tpot_ms_p99"]].copy()
+    out = ok.drop_duplicates(["window", "policy"], keep="last")[["window", "policy", "output_throughput", "tpot_ms_p99",
+                                                                "tpot_ms_mean"]].copy()
     out["ref_throughput"] = out["window"].map(ref["output_throughput"])
     out["ref_tpot_ms_p99"] = out["window"].map(ref["tpot_ms_p99"])
     out["throughput_ratio"] = out["output_throughput"] / out["ref_throughput"]
     out["tpot_p99_ratio"] = out["tpot_ms_p99"] / out["ref_tpot_ms_p99"]
+    out["tpot_mean_ratio"] = out["tpot_ms_mean"] / out["window"].map(ref["tpot_ms_mean"])
     return out
 
 
@@ -135,19 +139,21 @@ def window_ratios(rows: pd.DataFrame, p: dict, chosen: dict[str, str | None], ro
     t = pd.concat(out, ignore_index=True) if out else r.iloc[:0]
     t["role"] = t["window"].map(roles)
     cols = ["window", "role", "arm", "policy", "output_throughput", "ref_throughput", "throughput_ratio",
-            "tpot_ms_p99", "ref_tpot_ms_p99", "tpot_p99_ratio"]
+            "tpot_ms_p99", "ref_tpot_ms_p99", "tpot_p99_ratio", "tpot_ms_mean", "tpot_mean_ratio"]
     return t[cols].sort_values(["window", "arm"], kind="stable").reset_index(drop=True)
 
 
 def summarize(ratios: pd.DataFrame) -> pd.DataFrame:
-    """Per arm over the test windows: median, min, max of each ratio (`stats.spread`) and a 95% bootstrap
-    interval of the median over windows (`stats.bootstrap`)."""
+    """Per arm over the test windows: median, min, max of each ratio (throughput, p99 and mean TPOT;
+    `stats.spread`) and a 95% bootstrap interval of the median over windows (`stats.bootstrap`)."""
 
     rows = []
     test = ratios[ratios["role"] == "test"]
     for arm, g in test.groupby("arm", sort=False):
         row = {"arm": arm, "policy": ",".join(dict.fromkeys(g["policy"])), "test_windows": ",".join(str(int(w)) for w in g["window"])}
-        for col in ("throughput_ratio", "tpot_p99_ratio"):
+        for col in ("throughput_ratio", "tpot_p99_ratio", "tpot_mean_ratio"):
+            if col not in g:
+                continue
             v = g[col].dropna()
             if v.empty:
                 continue

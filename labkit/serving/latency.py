@@ -2,7 +2,9 @@
 
 - TTFT: send -> first streamed token;  E2EL: send -> last streamed token (not the `[DONE]` after it);
 - TPOT per request: (E2EL - TTFT) / (output tokens - 1), requests with one output token count 0 for goodput
-  and are left out of the TPOT statistics;
+  and are left out of the TPOT statistics; a request handed over to a decode instance (`prefilled`, its first
+  token made by the prefill instance) has no TTFT (None), and its TPOT runs from its decode's start
+  (`decode_start_s`) instead;
 - ITL: every gap between consecutive streamed chunks, pooled over requests (AIPerf calls TPOT "ITL": here
   ITL is vLLM's, the per-gap one);
 - goodput: completed requests per second meeting every SLO given (TTFT and TPOT in ms);
@@ -25,7 +27,9 @@ def per_request(rec: dict) -> dict:
     tt = rec.get("token_times")
     tt = [] if tt is None else list(tt)        # a list, or a numpy array when read back from parquet
     ttft, e2el, n = rec.get("ttft_s"), rec.get("e2el_s"), int(rec.get("output_len") or 0)
-    tpot = (e2el - ttft) / (n - 1) if n > 1 and ttft is not None else None
+    # a request handed over to a decode instance has no TTFT there: its TPOT runs from its decode's start
+    start = ttft if ttft is not None else rec.get("decode_start_s") if rec.get("prefilled") else None
+    tpot = (e2el - start) / (n - 1) if n > 1 and start is not None else None
     itl = np.diff(tt).tolist() if len(tt) > 1 else []
     return {"ttft_s": ttft, "tpot_s": tpot, "e2el_s": e2el, "itl_s": itl}
 

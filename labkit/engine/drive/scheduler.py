@@ -22,6 +22,17 @@ Primitives:
 Pages for prompt + max_tokens are reserved when a request starts (no preemption). One prompt is
 prefilled at a time, one chunk (`Engine.prefill_chunk` tokens) per iteration.
 
+Handed-over requests (`Request(prefilled=True)`), a decode instance of a disaggregated deployment: the
+prompt was prefilled elsewhere and its KV arrives with the request, so nothing is prefilled here. When the
+request gets a slot its KV is placed straight into the lane's pool (seeded random contents,
+`OffloadCache.fill_slot_random_`: the device pool of a resident lane, the host pool of an offloaded one),
+its first token (prefilled elsewhere; here the prompt's last token stands in) is its first output, and it
+decodes from the next iteration. The placing is the handover's cost, not the decode instance's: the
+scheduler's clock stops while it runs (`handover_s` holds the seconds taken out), so every timed iteration
+is decode. Every waiting handed-over request that fits is admitted in the same iteration (FCFS still: the
+head of the queue first, nobody overtakes it). A handed-over request has no TTFT (its record says None); its
+TPOT runs from the iteration it was admitted in (`decode_start_s`).
+
 Starvation bound (tested): a request whose prefill has started finishes within
 `ceil(prompt / chunk) + max_tokens - 1` iterations; a request's prefill starts within
 `sum over the requests ahead of it of (ceil(prompt_i / chunk) + max_tokens_i)` iterations of its
@@ -34,6 +45,7 @@ import collections
 import hashlib
 import math
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import torch
@@ -72,6 +84,8 @@ class Request:
     # logits row (vocab,) instead of the engine's argmax (a server's banned tokens, its logprobs); the token
     # picked is the one fed to the next step. None: the engine's argmax, nothing read back.
     pick: object = None
+    # its KV was prefilled elsewhere and arrives with it (a disaggregated decode instance): no prefill here
+    prefilled: bool = False
 
     @property
     def remaining(self) -> int:
@@ -82,11 +96,15 @@ class Request:
         ok = self.status == "done"
         tt = [t - self.arrival for t in self.token_times]
         end = self.end_time if self.end_time is not None else self.arrival
+        # handed over: the first token came with the KV from the prefill instance, so there is no TTFT here;
+        # its time is when the request got a slot (its wait for one), where its decode starts
+        first = None if self.prefilled else (self.token_times[0] if self.token_times else None)
         return {"request_id": self.id, "status": "ok" if ok else "failed", "error": self.error,
                 "input_len": len(self.prompt), "prompt_tokens": len(self.prompt), "output_len": len(self.tokens),
                 "output_len_requested": self.max_tokens, "send_time": self.arrival, "end_time": end,
-                "first_token_time": self.token_times[0] if self.token_times else None,
-                "ttft_s": tt[0] if tt else None, "e2el_s": end - self.arrival, "token_times": tt,
+                "first_token_time": first, "ttft_s": None if self.prefilled else (tt[0] if tt else None),
+                "prefilled": self.prefilled, "decode_start_s": tt[0] if tt else None,
+                "e2el_s": end - self.arrival, "token_times": tt,
                 "lane": self.lane, "start_iter": self.start_iter, "end_iter": self.end_iter,
                 # the output tokens' digest: replays of one request under other placements compare by it
                 "output_sha": hashlib.sha1(",".join(map(str, self.tokens)).encode()).hexdigest()[:16]}
@@ -363,11 +381,16 @@ class Scheduler:
         self.finished: list[Request] = []
         self.timelines: list[dict] = []               # sampled rounds: {"iteration", "spans", stats}
         self.rounds: list[dict] = []                  # per decode iteration: what ran, switches, stalls
+        self.prefill_forwards = 0                     # prefill chunks run (0 on a decode instance)
+        self.handovers = 0                            # handed-over requests placed
+        self.handover_s = 0.0                         # seconds of placing their KV, taken off the clock
+        self._paused = 0.0
         self._loaders = {n: Loader(l.engine) for n, l in self.lanes.items() if l.offloaded}
 
     # -------------------------------------------------------------- requests in
     def now(self) -> float:
-        return self.clock() - self.t0
+        """Seconds on the scheduler's clock: wall time less the handovers' (`handover_s`)."""
+        return self.clock() - self.t0 - self._paused
 
     def validate(self, req: Request) -> None:
         """One line for a request that can never run (raised before it is queued)."""
@@ -418,9 +441,7 @@ class Scheduler:
             r = self.future.pop(0)
             r.queued_iter = self.iteration
             self.waiting.append(r)
-        if self.prefilling is None and self.waiting:
-            self._start(self.waiting[0])
-        did = False
+        did = self._admit()
         if self.prefilling is not None:
             self._prefill_chunk()
             did = True
@@ -443,21 +464,61 @@ class Scheduler:
         order = {id(r): i for i, r in enumerate(requests)}
         return sorted((r for r in self.finished if id(r) in order), key=lambda r: order[id(r)])
 
-    def _start(self, req: Request) -> None:
+    def _admit(self) -> bool:
+        """Start the head of the queue if it fits (a prompt to prefill: one at a time); handed-over requests
+        are admitted as long as the head fits. True when a handed-over request was placed."""
+        placed = False
+        while self.prefilling is None and self.waiting:
+            head = self.waiting[0]
+            if not self._start(head) or not head.prefilled:
+                break
+            placed = True
+        return placed
+
+    def _start(self, req: Request) -> bool:
         lane = self.lanes[self.policy.place(req, self)]
         if not lane.fits(req):
-            return                                   # FCFS: the head waits, nobody overtakes it
+            return False                             # FCFS: the head waits, nobody overtakes it
         self.waiting.popleft()
         slot = len(lane.running)
         c = lane.cache
         clear_slot(c, slot)
         c.pages.reserve(slot, len(req.prompt) + req.max_tokens)
         req.lane, req.status, req.start_iter, req.start_time = lane.name, "prefill", self.iteration, self.now()
+        if req.prefilled:
+            self._hand_over(req, lane, slot)
+            return True
         toks = torch.tensor(req.prompt, dtype=torch.int64, device=lane.engine.model.device)
         self.prefilling = (req, lane, slot, lane.engine.prefill_chunks(slot, toks))
+        return True
+
+    def _hand_over(self, req: Request, lane: Lane, slot: int) -> None:
+        """Place a handed-over request's KV in its slot with the clock stopped, emit its first token (the
+        prefill instance's; the prompt's last token stands in) and put it in the running batch."""
+        if lane.engine.strategy.mirrors:
+            raise BadInput(f"lane {lane.name}: {lane.engine.strategy.name} mirrors pool rows, so a handover "
+                           "that writes the pool directly would bypass it")
+        t = self.clock()
+        # the request's contents follow from its id alone: the same KV in any lane, under any policy
+        lane.cache.fill_slot_random_(slot, len(req.prompt), seed=zlib.crc32(req.id.encode()))
+        if lane.engine.model.device.type == "cuda":
+            torch.cuda.synchronize(lane.engine.model.device)
+        dt = self.clock() - t
+        self._paused += dt
+        self.handover_s += dt
+        self.handovers += 1
+        self._emit(req, req.prompt[-1], self.now())
+        if req.remaining == 0:
+            clear_slot(lane.cache, slot)
+            self._finish(req)
+            return
+        lane.running.append(req)
+        req.status = "decode"
+        lane.reset()
 
     def _prefill_chunk(self) -> None:
         req, lane, slot, gen = self.prefilling
+        self.prefill_forwards += 1
         try:
             next(gen)
             return
@@ -537,6 +598,7 @@ class Scheduler:
         t = self.now()
         rec = {"iteration": self.iteration, "mode": mode, "switches": stats.switches, "stalls": stats.stalls,
                "checks": stats.checks, "batch": {l.name: len(l.running) for l in busy},
+               "waiting": len(self.waiting),     # arrived, not yet admitted (memory or slots full)
                "h2d_bytes": sum(int(r.h2d_bytes) for r in stats.loads_offloaded), "time": t,
                # host-issued copies of the offloaded loads (a background thread's are all issued once
                # the round's loads are joined, which the token read above waits for)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv import WORD, IndexKeyCache, KVPool, PageTable
+from .kv import WORD, IndexKeyCache, KVPool, PageTable, quantize_index_keys
 from .layers import dn_state_shapes
 
 PAGE_SIZE = 256      # KV page (positions) unless a caller picks another
@@ -145,6 +145,29 @@ class OffloadCache:
         self.index.fill_random_(seed + 1)
         self._random_states(seed)
         self.lens.copy_(torch.tensor(context_lens, dtype=torch.int64))
+
+
+    def fill_slot_random_(self, slot: int, n: int, seed: int, chunk: int = 8192) -> None:
+        """Stand in for a prompt of `n` tokens prefilled elsewhere and handed over into `slot`, whose pages are
+        reserved: seeded random K/V rows (written through the slot's page table, so into whichever pool, device
+        or host, the slot's pages are in), index keys, DeltaNet states, length `n`. The contents depend on `seed`
+        and the position alone, not on the pool or the rows the pages landed on, so a request handed over to any
+        lane decodes the same tokens. Rows are made on the model's device `chunk` positions at a time."""
+        dev = self.index.keys.device
+        g = torch.Generator(device=dev).manual_seed(seed)
+        half = self.pool.row_bytes // 2                      # bf16 values a row
+        for layer in range(self.pool.attn_layers):
+            for a in range(0, n, chunk):
+                b = min(n, a + chunk)
+                rows = torch.randn((b - a, half), generator=g, device=dev).to(torch.bfloat16).view(torch.int64)
+                for p, r, m in self.pages.runs(slot, a, b):
+                    self.pool.data[layer, r:r + m].copy_(rows[p - a:p - a + m])
+            k = torch.randn((n, self.index.keys.shape[-1]), generator=g, device=dev)
+            self.index.keys[layer, slot, :n].copy_(quantize_index_keys(k)[0])
+            self.index.scales[layer, slot, :n].uniform_(0.5, 1.5, generator=g)
+        self.dn_state[:, slot].normal_(0, 0.02, generator=g)
+        self.dn_conv[:, slot].normal_(0, 1.0, generator=g)
+        self.lens[slot] = n
 
 
 def build_on_devices(fn, items: list, device_of=lambda item: item.device) -> list:

@@ -327,9 +327,13 @@ def select_blocks(scores: torch.Tensor, k: int, block: int, lens: torch.Tensor,
                   out: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Block-granular top-k (PulseInfer's selection): positions in whole aligned blocks of `block`, each
     block scored by its best position, the k // block best blocks kept in ascending order. Positions at
-    or past a request's length (`lens [B]`) in a kept block are not valid (position 0 in their place, as
-    `select_topk` does). Device ops only, so a captured step may contain it. A block of aligned
-    positions is `block` consecutive pool rows when the page size is a multiple of `block`: one copy."""
+    or past a request's length (`lens [B]`) in a kept block, and every position of a padding block (a
+    request with fewer than k // block blocks), are not valid. In their place: the same offset within the
+    first block (below the length), not position 0 for each as `select_topk` does: a padding block is then
+    `block` consecutive rows like any other, one copy (or one unit per head), where position 0 repeated
+    was a one-row copy per entry (masked either way: finite, written rows). Device ops only, so a captured
+    step may contain it. A block of aligned positions is `block` consecutive pool rows when the page size
+    is a multiple of `block`: one copy."""
     B, L = scores.shape
     if block < 1 or k % block:
         raise ValueError(f"select_blocks: k={k} must be a multiple of block={block}")
@@ -341,7 +345,10 @@ def select_blocks(scores: torch.Tensor, k: int, block: int, lens: torch.Tensor,
     pos = (bpos[:, :, None] * block + torch.arange(block, device=scores.device)).reshape(B, k)
     # expand, not repeat_interleave: the latter may size its output on the host (a sync inside a capture)
     valid = bvalid[:, :, None].expand(B, k // block, block).reshape(B, k) & (pos < lens.view(B, 1))
-    pos = torch.where(valid, pos, torch.zeros_like(pos))
+    # an invalid position of a selected block is past the length, and a padding block came back as block 0:
+    # either way the offset in the first block, clamped below the length (a row that was written)
+    pad = torch.minimum(pos % block, (lens.view(B, 1) - 1).clamp_min(0))
+    pos = torch.where(valid, pos, pad)
     if out is not None:
         out[0].copy_(pos)
         out[1].copy_(valid)

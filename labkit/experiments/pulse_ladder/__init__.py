@@ -13,7 +13,12 @@ rung adding one of PulseInfer's pieces to the one before:
 5. `adaptive`: + adaptive admission (the fitted adaptive policy) = full PulseInfer;
 
 and the arm `no_offload`: resident only, under the same device-memory cap (`device_kv_tokens`), so it
-holds fewer requests at once and the rest wait. What each rung is, and what still differs from the
+holds fewer requests at once and the rest wait.
+
+`disaggregated=true` replays the windows on a decode instance of a disaggregated deployment, PulseInfer's
+published regime: every request arrives with its prompt's KV prefilled elsewhere (placed in its lane's pool
+when it gets a slot, off the clock), so every timed step is decode and TTFT is absent; with `max_output=0`
+(the trace's own output lengths, times `output_scale`) and the `device_kv_tokens=auto` pressure rule. What each rung is, and what still differs from the
 published setup, is in `labkit.experiments.pulse_ladder.measure` and docs/pulseinfer.md. Code:
 `labkit.experiments.pulse_ladder.measure`, `labkit.experiments.trace_windows`.
 """
@@ -40,22 +45,32 @@ SPEC = [
     Param("rate", "float", 1.0, "arrival-rate multiplier (2: twice as fast as the trace)", gt=0),
     Param("length_scale", "float", "auto", "multiply input lengths (auto: 0.5 on CUDA, 1/200 on CPU)", gt=0,
           auto={"cuda": 0.5, "cpu": 1 / 200}),
-    Param("max_output", "int", "auto", "cap output lengths (auto: 256 on CUDA, 6 on CPU)", gt=0,
-          auto={"cuda": 256, "cpu": 6}),
+    Param("disaggregated", "bool", False, "a decode instance of a disaggregated deployment: requests arrive with "
+          "their prompt's KV prefilled elsewhere (placed in the lane's pool on admission, the clock stopped: no "
+          "prefill in the timed window; TTFT absent, TPOT from the admission); in-process transport only"),
+    Param("max_output", "int", "auto", "cap output lengths (auto: 256 on CUDA, 6 on CPU; 0: uncapped, the trace's "
+          "own output lengths x output_scale, at most capacity - 1)", ge=0),
+    Param("output_scale", "float", 1.0, "multiply the trace's output lengths (before max_output's cap; at least 1 "
+          "token)", gt=0),
     Param("resident_slots", "int", 8, "switching rungs: requests with KV on the device", gt=0),
     Param("offload_slots", "int", 8, "switching rungs: requests with KV in host RAM (the all-offloaded rungs and "
           "no_offload hold resident_slots + offload_slots requests)", gt=0),
     Param("capacity", "int", "auto", "tokens per request slot (auto: 65536 on CUDA, 512 on CPU)", gt=0,
           auto={"cuda": 65536, "cpu": 512}),
     Param("device_kv_tokens", "int", "auto", "the device-memory cap, in KV tokens: the switching rungs' "
-          "resident pool and no_offload's whole pool (auto: 131072 on CUDA, 256 on CPU)", gt=0,
-          auto={"cuda": 131072, "cpu": 256}),
+          "resident pool and no_offload's whole pool (auto: 131072 on CUDA, 256 on CPU; with disaggregated, "
+          "per window: the pressure rule, a cap below a third of the window's KV and below what its n // 3 + 1 "
+          "shortest requests need together, so no_offload holds at most a third of them at once, but never "
+          "below the window's longest request, which must fit alone)", gt=0),
     Param("host_kv_tokens", "int", "auto", "the offload lane's host pool, in KV tokens: every window's requests "
           "fit it together, so host RAM makes none wait (auto: 262144 on CUDA, 1024 on CPU)", gt=0,
           auto={"cuda": 262144, "cpu": 1024}),
     Param("budget", "int", "auto", "indexer budget (auto: 2048 on CUDA, 32 on CPU)", gt=0,
           auto={"cuda": REFERENCE_BUDGET, "cpu": 32}),
     Param("select_block", "int", 16, "positions per selected block, every rung (PulseInfer's 16)", gt=0),
+    Param("per_head_unit_bytes", "int", "auto", "per_head rung: bytes per copy, a whole number of KV rows (auto: "
+          "one KV head's K or V of a select_block block, select_block x head_dim x 2 B: 8 KiB for the reference "
+          "shape, as the published baselines' per-head units)", gt=0),
     Param("block_strategy", "str", "block_dma", "how the retrieval_head, switching and adaptive rungs move whole "
           "blocks (block_dma: one DMA per block; coalesced: gathered as the coalesced rung)",
           choices=("block_dma", "coalesced")),

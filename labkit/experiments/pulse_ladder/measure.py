@@ -29,6 +29,12 @@ costs more: this baseline is, if anything, faster than the published ones). Thei
 (`cuMemcpyBatchAsync` queues one copy per unit: 17.4 GB/s at 8 KiB on the H200 host, above the ~6 GB/s the
 publication reports for such transfers, again the stronger baseline).
 
+The unit size is a parameter (`per_head_unit_bytes`, auto: one KV head's K or V of a block, the 8 KiB above);
+`bytes_per_copy` in the rows is what the copies measured. A request whose context is shorter than the budget
+has its selection padded with masked blocks; those are whole blocks of the first positions
+(`select.select_blocks`), so they move in units as any block. (Runs before that padded with position 0 once
+per entry, a one-row copy each in every block_dma rung: the committed ladder's per_head shows 4.7 KiB a copy.)
+
 Not built: the baselines' prefetch of the next layer's rows (InfiniGen speculates the next layer's selection
 from this layer's input). A QSA layer's selection needs that layer's query, and labkit's engine has no
 speculative selection, so the per_head rung's loads sit on the critical path as every non-switching rung's
@@ -46,10 +52,26 @@ device pool (`device_kv_tokens`).
 On calibration windows the threshold and adaptive candidates are replayed beside the fixed rungs; their rows
 have no `rung` (`candidate_for` names it), so the rungs per window are the chosen ones on test windows only.
 
+Decode instance (`disaggregated=true`): PulseInfer's published figures are decode instances of a disaggregated
+deployment, so here every request arrives with its prompt's KV prefilled elsewhere (`Request.prefilled`):
+when the scheduler gives it a slot its KV is placed straight into the lane's pool, the device pool of a
+resident lane or the host pool of an offloaded one, and no prefill forward runs. The handover's cost is
+excluded from the timed window: the scheduler's clock stops while the KV is placed, and the seconds taken
+out are their own column (`handover_s`, with `handovers`; `prefill_forwards` counts the prefill chunks run,
+0 here). Every timed step is decode. TTFT has no meaning on a decode instance: its statistics are absent
+(None, not 0), and TPOT runs from the request's admission (`decode_start_s` in requests.parquet; the wait
+before it shows in E2EL and throughput). Outputs: `max_output=0` keeps the trace's own output lengths
+(times `output_scale`). Memory pressure: `device_kv_tokens=auto` sizes the cap per window (`window_caps`)
+so no_offload holds at most a third of the window's requests, or, where the window's longest request needs
+more, that request alone; every row records the cap (`device_kv_cap_tokens`), its share of the window's KV
+(`device_kv_share`), the most requests that fit it together (`most_held`, `third_held`) and what happened:
+`max_running`, `held_share` (of the window's requests) and `max_waiting`.
+
 Run folder: metrics.parquet (one row per window and rung: `rung`, `window`, `output_throughput`,
-`tpot_ms_p99`, TTFT/TPOT/ITL/E2EL statistics, goodput, link bytes, `bytes_per_copy`, `copies_per_step`,
+`tpot_ms_mean`, `tpot_ms_p99`, TTFT/TPOT/ITL/E2EL statistics, goodput, link bytes, `bytes_per_copy`, `copies_per_step`,
 `share_offloaded`, `max_running` (requests running at once, at most), `gpu_stall_share_sampled`),
-window_ratios.parquet (per window and rung: ratios to per_head; `throughput_vs_no_offload`),
+window_ratios.parquet (per window and rung: throughput, p99 and mean TPOT ratios to per_head;
+`throughput_vs_no_offload`),
 window_summary.parquet (per rung over the test windows: median, min, max, bootstrap interval),
 selection.parquet (the calibration choice), requests.parquet (every request of every replay).
 """
@@ -57,6 +79,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import time
 from pathlib import Path
 
@@ -93,12 +116,51 @@ def rung_of(policy: str) -> str:
 
 
 def unit_rows(p: dict) -> int:
-    """Rows per per-head unit: one KV head's K or V of a block is 1 / (2 n_kv_heads) of the block's rows."""
-    return p["select_block"] // (2 * ModelShape.from_name(p["shape"]).n_kv_heads)
+    """Rows per per-head unit: `per_head_unit_bytes` over a row's bytes; auto (and the runs before the
+    parameter): one KV head's K or V of a block, 1 / (2 n_kv_heads) of the block's rows (8 KiB for the
+    reference shape: 16 positions x 256 head dims x 2 B)."""
+    shape = ModelShape.from_name(p["shape"])
+    given = p.get("per_head_unit_bytes", "auto")
+    if given in ("auto", 0, None):
+        return p["select_block"] // (2 * shape.n_kv_heads)
+    return int(given) // shape.row_bytes
 
 
-def rung_params(policy: str, p: dict) -> tuple[dict, str]:
-    """(the replay's parameters, its placement policy) for one rung's policy name."""
+def pages(p: dict, tokens: int) -> int:
+    return -(-tokens // p["page_size"])
+
+
+def window_caps(p: dict, needs: list[list[int]]) -> list[dict]:
+    """Per window, the device-memory cap and how much pressure it puts on no_offload: {cap tokens, the
+    window's KV tokens (its requests' pages together), the cap's share of them, the most requests of the
+    window that fit it together (its shortest first), whether that is at most a third of them}. `needs`:
+    per window, each request's prompt + output tokens.
+
+    The pressure rule (`device_kv_tokens=auto` with `disaggregated`): in pages, the cap is the smaller of a
+    third of the window's pages and one page less than its n // 3 + 1 shortest requests need together, so
+    no_offload can hold neither a third of the window's KV nor more than a third of its requests at once;
+    but never below the window's longest request, which must fit alone. Where that request needs more, it
+    sets the cap, and `third_held` says whether the bound still holds. Otherwise one cap for every window:
+    `device_kv_tokens` as given."""
+    out = []
+    for n in needs:
+        pg = sorted(pages(p, x) for x in n)
+        k = len(pg) // 3
+        if p["device_kv_tokens"] == "auto":
+            cap = max(pg[-1], min(sum(pg) // 3, sum(pg[:k + 1]) - 1)) * p["page_size"]
+        else:
+            cap = int(p["device_kv_tokens"])
+        fit = cap // p["page_size"]
+        held = next((i for i in range(len(pg)) if sum(pg[:i + 1]) > fit), len(pg))
+        total = sum(pg) * p["page_size"]
+        out.append({"device_kv_cap_tokens": cap, "window_kv_tokens": total, "device_kv_share": cap / total,
+                    "most_held": held, "third_held": held <= max(1, len(pg) // 3)})
+    return out
+
+
+def rung_params(policy: str, p: dict, cap: int) -> tuple[dict, str]:
+    """(the replay's parameters, its placement policy) for one rung's policy name, under the device-memory
+    cap `cap` (tokens) of its window."""
     rung = rung_of(policy)
     both = p["resident_slots"] + p["offload_slots"]
     q = {**p, "dma_unit_rows": 0, "offload_pool_tokens": p["host_kv_tokens"]}
@@ -109,9 +171,9 @@ def rung_params(policy: str, p: dict) -> tuple[dict, str]:
             q["dma_unit_rows"] = unit_rows(p)
         return q, "offload"
     if rung == NO_OFFLOAD:
-        q.update(strategy="resident", resident_slots=both, offload_slots=0, resident_pool_tokens=p["device_kv_tokens"])
+        q.update(strategy="resident", resident_slots=both, offload_slots=0, resident_pool_tokens=cap)
         return q, "resident"
-    q.update(strategy=p["block_strategy"], resident_pool_tokens=p["device_kv_tokens"])
+    q.update(strategy=p["block_strategy"], resident_pool_tokens=cap)
     return q, policy
 
 
@@ -135,17 +197,29 @@ def check(given: dict, declared: list) -> dict:
     p = dict(given)
     dev = resolve_device(p["device"])
     fill_auto(declared, p, dev.type)
+    cuda = dev.type == "cuda"
+    if p["max_output"] == "auto":
+        p["max_output"] = 256 if cuda else 6
+    if p["device_kv_tokens"] == "auto" and not p["disaggregated"]:
+        p["device_kv_tokens"] = 131072 if cuda else 256     # the pressure rule is the decode instance's (window_caps)
+    if p["disaggregated"] and p["transport"] == "http":
+        raise BadInput("disaggregated replays run in process (transport=inprocess): the server takes prompts, "
+                       "not handed-over KV")
     p["trace"] = p["trace"] or str(R.TRACE)
     try:
         shape = ModelShape.from_name(p["shape"])
     except ValueError as ex:
         raise BadInput(str(ex)) from None
     sb, heads = p["select_block"], 2 * shape.n_kv_heads
-    if p["budget"] % sb or p["page_size"] % sb or sb % heads:
+    if p["budget"] % sb or p["page_size"] % sb or (p["per_head_unit_bytes"] == "auto" and sb % heads):
         raise BadInput(f"select_block {sb} must divide budget ({p['budget']}) and page_size ({p['page_size']}), and "
                        f"2 x n_kv_heads ({heads}) must divide it (the per-head units of a block)")
+    unit = p["per_head_unit_bytes"]
+    if unit != "auto" and (unit % shape.row_bytes or not 1 <= unit // shape.row_bytes <= sb):
+        raise BadInput(f"per_head_unit_bytes {unit} must be a whole number of {shape.row_bytes}-byte KV rows "
+                       f"({p['shape']}), from one row to a block of select_block {sb}")
     if p["dma_unit_rows"]:
-        raise BadInput("dma_unit_rows is set by the rungs (per_head: select_block / (2 x n_kv_heads)), not given")
+        raise BadInput("dma_unit_rows is set by the rungs (per_head: per_head_unit_bytes / the row's bytes), not given")
     if p["calibration_windows"] == 0 and (len(p["thresholds"]) != 1 or len(p["adaptive_min_tokens"]) != 1
                                           or len(p["adaptive_hide"]) != 1):
         raise BadInput("with calibration_windows=0 thresholds, adaptive_min_tokens and adaptive_hide hold one value "
@@ -164,21 +238,20 @@ def check(given: dict, declared: list) -> dict:
         check_policy(pol)
     if p["transport"] == "auto":
         have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
-        p["transport"] = "http" if have else "inprocess"
+        p["transport"] = "http" if have and not p["disaggregated"] else "inprocess"
     rows = load_trace(p["trace"])
     window_bounds(len(rows), p["windows"], p["window_size"], p["calibration_windows"])
     for i, r in enumerate(rows[:p["windows"] * p["window_size"]]):
         if r["timestamp"] < 0 or r["input_length"] < 1 or r["output_length"] < 1:
             raise BadInput(f"trace {p['trace']}: request {i} has a negative time or a length < 1")
     # every request of every window must fit the cap alone, or no_offload (and a resident placement) waits forever
-    pages = lambda n: -(-n // p["page_size"])          # noqa: E731
     need = [[len(s.prompt) + s.output_len for s in R.requests(p, w_)] for w_ in range(p["windows"])]
-    longest = max(max(n) for n in need)
-    if pages(longest) > p["device_kv_tokens"] // p["page_size"]:
-        raise BadInput(f"device_kv_tokens {p['device_kv_tokens']} holds no request of {longest} tokens (the longest "
-                       "of these windows): raise the cap or lower capacity / length_scale")
+    for w_, (n, c) in enumerate(zip(need, window_caps(p, need))):
+        if pages(p, max(n)) > c["device_kv_cap_tokens"] // p["page_size"]:
+            raise BadInput(f"device_kv_tokens {c['device_kv_cap_tokens']} holds no request of {max(n)} tokens (the "
+                           f"longest of window {w_}): raise the cap or lower capacity / length_scale")
     # the offloaded rungs hold a whole window at once: host RAM must never be what makes a request wait
-    most = max(sum(pages(x) for x in n) * p["page_size"] for n in need)
+    most = max(sum(pages(p, x) for x in n) * p["page_size"] for n in need)
     if most > p["host_kv_tokens"]:
         raise BadInput(f"host_kv_tokens {p['host_kv_tokens']} is below the {most} tokens of the largest window's "
                        "requests together: raise it (host RAM must not make an offloaded request wait)")
@@ -195,8 +268,9 @@ def _warm_up(p: dict, model, policies: list[str]) -> float:
     specs = R.requests(p, 0)[:min(4, p["window_size"])]
     for s in specs:
         s.output_len, s.arrival_s = min(s.output_len, 4), 0.0
+    cap = window_caps(p, [[len(s.prompt) + s.output_len for s in R.requests(p, 0)]])[0]["device_kv_cap_tokens"]
     for pol in policies:
-        q, placement = rung_params(pol, p)
+        q, placement = rung_params(pol, p, cap)
         R.replay_policy(placement, {**q, "timeline_every": 0}, specs, model)
     return time.monotonic() - t
 
@@ -209,18 +283,24 @@ def run(p: dict, progress_bar: bool = False):
     bounds = W.window_bounds(len(load_trace(p["trace"])), p["windows"], p["window_size"], p["calibration_windows"])
     roles = {b["window"]: b["role"] for b in bounds}
     shape = ModelShape.from_name(p["shape"])
-    cap_bytes = p["device_kv_tokens"] * shape.kv_bytes_per_token()
+    caps = window_caps(p, [[len(s.prompt) + s.output_len for s in R.requests(p, w)] for w in range(p["windows"])])
+    for c in caps:
+        c["device_kv_cap_bytes"] = c["device_kv_cap_tokens"] * shape.kv_bytes_per_token()
+    one = len({c["device_kv_cap_tokens"] for c in caps}) == 1
     before = R.earlier_run(p["resume"])
     run = sweep.open_run(p, EXPERIMENT, {**p})
     run.update_manifest(windows=bounds, calibration=[w for w, r in roles.items() if r == "calibration"],
                         test=[w for w, r in roles.items() if r == "test"], selection_rule=W.RULE,
-                        rungs=[*RUNGS, NO_OFFLOAD], device_kv_cap_tokens=p["device_kv_tokens"],
-                        device_kv_cap_bytes=cap_bytes, per_head_unit_bytes=unit_rows(p) * shape.row_bytes,
+                        rungs=[*RUNGS, NO_OFFLOAD], disaggregated=bool(p["disaggregated"]),
+                        # one cap for the run, or (the pressure rule) one per window: `device_kv_caps`
+                        device_kv_cap_tokens=caps[0]["device_kv_cap_tokens"] if one else None,
+                        device_kv_cap_bytes=caps[0]["device_kv_cap_bytes"] if one else None,
+                        device_kv_caps=[{"window": w, **c} for w, c in enumerate(caps)],
+                        per_head_unit_bytes=unit_rows(p) * shape.row_bytes,
                         resumed_from=[before["me"], *before["resumed_from"]] if before else [])
     dev = torch.device(p["device"])
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"],
-            "measured_in": run.run_id, "session": envs.get("LABKIT_SESSION"), "git_sha": run.manifest["git_sha"],
-            "device_kv_cap_tokens": p["device_kv_tokens"], "device_kv_cap_bytes": cap_bytes}
+            "measured_in": run.run_id, "session": envs.get("LABKIT_SESSION"), "git_sha": run.manifest["git_sha"]}
     model = HybridModel(shape, dev, seed=p["seed"])
     reqs: list[dict] = []
     position: dict[int, int] = {}            # replays so far per window (this call): the rung order turned
@@ -228,7 +308,7 @@ def run(p: dict, progress_bar: bool = False):
 
     def replay(w: int, pol: str) -> dict:
         rung = rung_of(pol)
-        q, placement = rung_params(pol, p)
+        q, placement = rung_params(pol, p, caps[w]["device_kv_cap_tokens"])
         # a candidate replayed on a calibration window is no rung yet (the choice comes after): its rows name
         # the rung it is a candidate for, so whoever reads rungs per window reads only what was chosen
         candidate = roles[w] == "calibration" and rung in ("switching", "adaptive")
@@ -236,7 +316,7 @@ def run(p: dict, progress_bar: bool = False):
                  "candidate_for": rung if candidate else None, "position": position.get(w, 0)}
         position[w] = position.get(w, 0) + 1
         bar.set_postfix_str(f"window {w} ({roles[w]}) {rung}")
-        head = {**base, "experiment": EXPERIMENT, "policy": pol, **where}
+        head = {**base, **caps[w], "experiment": EXPERIMENT, "policy": pol, **where}
         try:
             if w not in specs_of:
                 specs_of[w] = R.requests(p, w)
@@ -255,8 +335,8 @@ def run(p: dict, progress_bar: bool = False):
         run.write_table("requests", pd.DataFrame(reqs))      # a run cut short keeps what it measured
         row = {**base, **R.summary_row(placement, q, out, EXPERIMENT), **head}
         row.update(switching=rung in ("switching", "adaptive"), placement=placement,
-                   device_kv_tokens=0 if placement == "offload" else p["device_kv_tokens"],
-                   dma_unit_rows=q["dma_unit_rows"])
+                   device_kv_tokens=0 if placement == "offload" else caps[w]["device_kv_cap_tokens"],
+                   dma_unit_rows=q["dma_unit_rows"], held_share=row["max_running"] / max(1, len(specs)))
         return row
 
     def record(row: dict) -> None:
@@ -290,7 +370,30 @@ def _close(run, out: dict, before: dict | None, reqs: list, wp: dict, roles: dic
         old = before["requests"]
         reqs[:0] = old[old["window"].isin(out["kept"])].to_dict("records")
     run.write_table("requests", pd.DataFrame(reqs))
+    rung, why = strongest(out["selection"])
+    run.update_manifest(strongest_rung=rung, strongest_rule=why)
     R.close_windows(run, wp, out, roles, ratios=ladder_ratios(run.metrics(), wp, out["chosen"], roles))
+
+
+STRONGEST_RULE = ("the switching or adaptive rung whose chosen candidate had the better median throughput ratio to "
+                  "per_head on the calibration windows, among those within p99_limit (none within: the lower median "
+                  "p99 ratio); the held-out windows play no part")
+
+
+def strongest(selection: pd.DataFrame) -> tuple[str, str]:
+    """PulseInfer's strongest arm, chosen on the calibration windows only (`selection`: `trace_windows.choose`'s
+    table, the candidates' calibration figures): (rung, the rule that chose it). Without calibration windows
+    there is nothing to choose on: the full system, `adaptive`, as built."""
+    arms = {W.STATIC: "switching", W.ADAPTIVE: "adaptive"}
+    if selection is None or selection.empty or "chosen" not in selection:
+        return "adaptive", "no calibration window: the full system (adaptive), as built"
+    c = selection[selection["chosen"].astype(bool) & selection["arm"].isin(arms)]
+    if c.empty:
+        return "adaptive", "no candidate was chosen on the calibration windows: the full system (adaptive), as built"
+    ok = c[c["acceptable"].astype(bool)]
+    best = (ok.sort_values("throughput_ratio", ascending=False, kind="stable") if len(ok)
+            else c.sort_values("tpot_p99_ratio", kind="stable")).iloc[0]
+    return arms[best["arm"]], STRONGEST_RULE
 
 
 def ladder_ratios(m, wp: dict, chosen: dict, roles: dict):
@@ -313,17 +416,21 @@ def headline(path) -> list[str]:
     path = Path(path)
     s = pd.read_parquet(path / "window_summary.parquet") if (path / "window_summary.parquet").is_file() else pd.DataFrame()
     lines = []
+    mf = json.loads((path / "manifest.json").read_text()) if (path / "manifest.json").is_file() else {}
+    best = f"; strongest arm on the calibration windows: {mf['strongest_rung']}" if mf.get("strongest_rung") else ""
     if len(s) and "throughput_ratio" in s:
         lines.append(f"test windows {s['test_windows'].iloc[0]}, against per_head (no prefetch of the next layer): " + ", ".join(
             f"{r['arm']} throughput {r['throughput_ratio']:.2f}x [{r['throughput_ratio_lo']:.2f}, {r['throughput_ratio_hi']:.2f}]"
             + (f", p99 TPOT {r['tpot_p99_ratio']:.2f}x" if r.get("tpot_p99_ratio") == r.get("tpot_p99_ratio") else "")
+            + (f", mean TPOT {r['tpot_mean_ratio']:.2f}x" if r.get("tpot_mean_ratio") == r.get("tpot_mean_ratio")
+               and r.get("tpot_mean_ratio") is not None else "")
             for r in s.to_dict("records") if r["arm"] != "per_head"))
         t = pd.read_parquet(path / "window_ratios.parquet")
         full = t[(t["role"] == "test") & (t["arm"] == "adaptive")]["throughput_vs_no_offload"].dropna()
         if len(full):
             ci = bootstrap(full, np.median)
             lines.append(f"adaptive (full PulseInfer) / no_offload under the same cap: throughput {full.median():.2f}x "
-                         f"[{ci.lo:.2f}, {ci.hi:.2f}] over {len(full)} windows")
+                         f"[{ci.lo:.2f}, {ci.hi:.2f}] over {len(full)} windows{best}")
     m = pd.read_parquet(path / "metrics.parquet")
     ok = m[m["status"] == "ok"]
     if len(ok):
@@ -331,4 +438,10 @@ def headline(path) -> list[str]:
         lines.append("bytes per copy / copies per step / most running: " + ", ".join(
             f"{r} {x.bytes_per_copy / 1024:.1f} KiB / {x.copies_per_step:.0f} / {x.max_running:.0f}"
             if x.bytes_per_copy == x.bytes_per_copy else f"{r} - / - / {x.max_running:.0f}" for r, x in per.iterrows()))
+        no = ok[ok["rung"] == NO_OFFLOAD]
+        if len(no) and "disaggregated" in no and no["disaggregated"].all():
+            lines.append(f"decode instance ({int(no['prefill_forwards'].sum())} prefill forwards): no_offload held at most "
+                         f"{no['max_running'].max():.0f} of {no['n_requests'].max():.0f} requests a window (cap "
+                         f"{no['device_kv_share'].median():.0%} of a window's KV, median), up to "
+                         f"{no['max_waiting'].max():.0f} waiting")
     return lines
