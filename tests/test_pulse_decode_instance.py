@@ -121,6 +121,14 @@ def test_mean_and_p99_tpot_ratios_and_the_calibration_choice(decode_run):
     assert "mean TPOT" in lines[0] and "p99 TPOT" in lines[0] and "decode instance (0 prefill forwards)" in lines[-1]
 
 
+def test_the_docs_table_says_how_a_decode_instance_ladder_was_made(decode_run):
+    from labkit.experiments.pulse_ladder.tables import pulse_ladder_table
+    text = pulse_ladder_table(str(decode_run[0]))
+    for words in ("Decode instance", "no prefill in the timed window", "by the pressure rule", "the trace's output "
+                  "lengths × 0.01", "mean TPOT ratio median", "waiting at the most", "(`adaptive`) / `no_offload`"):
+        assert words in text, words
+
+
 def test_the_strongest_arm_is_read_off_the_calibration_figures():
     sel = pd.DataFrame([
         {"arm": "threshold (fitted)", "policy": "threshold:40", "chosen": True, "acceptable": True,
