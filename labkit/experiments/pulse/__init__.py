@@ -10,19 +10,20 @@ from ...shapes import REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from ... import lazy
 from .. import planner
+from ..replay_params import DEADLINE, PAGING, RATE, RESUME, TPOT_SLO, TRACE
 
 NAME = "pulse"
 
 SPEC = [
     DEVICE,
     SHAPE,
-    Param("trace", "str", "", "Mooncake-format trace (empty: the trace's first 1,000 requests, labkit/data)"),
+    TRACE,
     Param("windows", "int", 8, "disjoint windows of window_size consecutive trace requests, from the first"),
     Param("window_size", "int", "auto", "requests per window (auto: 32 on CUDA, 4 on CPU)", gt=0,
           auto={"cuda": 32, "cpu": 4}),
     Param("calibration_windows", "int", 2, "the first N windows choose the threshold and fit the adaptive "
           "constants; the others are test windows (0: no fitting, the policies as given)"),
-    Param("rate", "float", 1.0, "arrival-rate multiplier (2: twice as fast as the trace)", gt=0),
+    RATE,
     Param("length_scale", "float", "auto", "multiply input lengths (auto: 1.0 on CUDA, 1/200 on CPU)", gt=0,
           auto={"cuda": 1.0, "cpu": 1 / 200}),
     Param("max_output", "int", "auto", "cap output lengths (auto: 128 on CUDA, 6 on CPU)", gt=0,
@@ -54,18 +55,11 @@ SPEC = [
           "threshold:N, noswitch:N, adaptive, adaptive:MIN:HIDE, resident, offload"),
     Param("warmup", "bool", True, "untimed short replays first (the first replay of a process pays for kernel "
           "compiles: the reference always did in the one-window runs)"),
-    Param("deadline_s", "float", 0.0, "start no window that would end past this many seconds (0: none); "
-          "the run is then partial and resume continues it", ge=0),
-    Param("resume", "str", "", "continue a partial run of the same parameters: its folder, or auto (the "
-          "newest such run under results/); its complete windows are kept, not replayed"),
-    Param("tpot_slo_ms", "float", "auto", "goodput's TPOT limit (auto: 50 on CUDA, 2000 on CPU)",
-          auto={"cuda": 50.0, "cpu": 2000.0}),
+    DEADLINE,
+    RESUME,
+    TPOT_SLO,
     Param("timeline_every", "int", 10, "record the switching timeline every N decode rounds"),
-    Param("page_size", "int", "auto", "KV page (auto: 256 on CUDA, 16 on CPU)", gt=0, auto={"cuda": 256, "cpu": 16}),
-    Param("prefill_chunk", "int", "auto", "prefill chunk (auto: 8192 on CUDA, 64 on CPU)", gt=0,
-          auto={"cuda": 8192, "cpu": 64}),
-    Param("graphs", "bool", False, "CUDA graphs per batch composition (CUDA only)"),
-    Param("compile", "bool", False, "torch.compile the block pieces (CUDA; one compile per batch size seen)"),
+    *PAGING,
     Param("transport", "str", "http", "http: labkit serve + the load generator; inprocess: the scheduler's own "
           "clock, no server (a GPU host without fastapi/uvicorn/httpx); auto: http when importable",
           choices=("http", "inprocess", "auto")),

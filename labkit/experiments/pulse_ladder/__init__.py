@@ -29,20 +29,21 @@ from ...shapes import REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from ... import lazy
 from .. import planner
+from ..replay_params import DEADLINE, PAGING, RATE, RESUME, TPOT_SLO, TRACE
 
 NAME = "pulse_ladder"
 
 SPEC = [
     DEVICE,
     SHAPE,
-    Param("trace", "str", "", "Mooncake-format trace (empty: the trace's first 1,000 requests, labkit/data)"),
+    TRACE,
     Param("windows", "int", "auto", "disjoint windows of window_size consecutive trace requests, from the first "
           "(auto: 10 on CUDA, 3 on CPU)", auto={"cuda": 10, "cpu": 3}),
     Param("window_size", "int", "auto", "requests per window (auto: 16 on CUDA, 3 on CPU)", gt=0,
           auto={"cuda": 16, "cpu": 3}),
     Param("calibration_windows", "int", 2, "the first N windows choose the switching rung's threshold and fit "
           "the adaptive constants (0: thresholds and the adaptive grid hold one value each, used as given)"),
-    Param("rate", "float", 1.0, "arrival-rate multiplier (2: twice as fast as the trace)", gt=0),
+    RATE,
     Param("length_scale", "float", "auto", "multiply input lengths (auto: 0.5 on CUDA, 1/200 on CPU)", gt=0,
           auto={"cuda": 0.5, "cpu": 1 / 200}),
     Param("disaggregated", "bool", False, "a decode instance of a disaggregated deployment: requests arrive with "
@@ -85,19 +86,12 @@ SPEC = [
     Param("p99_limit", "float", 1.0, "a candidate is acceptable when its median p99 TPOT over the calibration "
           "windows is at most this times the per_head rung's", gt=0),
     Param("warmup", "bool", True, "untimed short replays of every rung first (kernel compiles, first allocations)"),
-    Param("deadline_s", "float", 0.0, "start no window that would end past this many seconds (0: none); "
-          "the run is then partial and resume continues it", ge=0),
-    Param("resume", "str", "", "continue a partial run of the same parameters: its folder, or auto (the "
-          "newest such run under results/); its complete windows are kept, not replayed"),
-    Param("tpot_slo_ms", "float", "auto", "goodput's TPOT limit (auto: 50 on CUDA, 2000 on CPU)",
-          auto={"cuda": 50.0, "cpu": 2000.0}),
+    DEADLINE,
+    RESUME,
+    TPOT_SLO,
     Param("timeline_every", "int", 10, "record the switching timeline every N decode rounds (GPU idle: the "
           "stall share of those rounds)"),
-    Param("page_size", "int", "auto", "KV page (auto: 256 on CUDA, 16 on CPU)", gt=0, auto={"cuda": 256, "cpu": 16}),
-    Param("prefill_chunk", "int", "auto", "prefill chunk (auto: 8192 on CUDA, 64 on CPU)", gt=0,
-          auto={"cuda": 8192, "cpu": 64}),
-    Param("graphs", "bool", False, "CUDA graphs per batch composition (CUDA only)"),
-    Param("compile", "bool", False, "torch.compile the block pieces (CUDA; one compile per batch size seen)"),
+    *PAGING,
     Param("transport", "str", "inprocess", "inprocess: the scheduler's own clock, no server; http: labkit serve "
           "+ the load generator; auto: http when importable", choices=("http", "inprocess", "auto")),
     SEED.but(help="model weights"),
