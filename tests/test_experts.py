@@ -121,6 +121,16 @@ KERNEL = textwrap.dedent('''
             got = grouped_gemv(x, w, Groups.one(R, "cpu"), glu=True, split=split, group_tile=gt)
             err = ((got.float() - want.float()).norm() / want.float().norm()).item()
             assert err < 1e-2, (R, split, gt, err)
+    # a dense W4A16 product of a prefill chunk's rows: the weight dequantised by one kernel, then a GEMM
+    from labkit.engine.model.grouped_gemv import W4_DEQUANT_ROWS, dequantize_w4
+    w = QuantWeight.quantize(torch.randn(1, 256, 96, generator=g) / 16)
+    # the definition's values, to one bf16 step (the interpreter rounds fp32 -> bf16 its own way)
+    assert torch.allclose(dequantize_w4(w).float(), w.dequantize()[0].t().float(), rtol=2 ** -7, atol=0)
+    x = torch.randn(W4_DEQUANT_ROWS + 44, 256, generator=g).to(torch.bfloat16)
+    for glu in (False, True):
+        got = grouped_gemv(x, w, Groups.one(x.shape[0], "cpu"), glu=glu)
+        want = grouped_gemv_reference(x, w, Groups.one(x.shape[0], "cpu"), glu=glu)
+        assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2, glu
     # a decode step's plan in one launch equals torch's stable sort, pair for pair (many repeats at 6 x 3 of 4)
     from labkit.engine.model.experts import plan_reference
     for T, k, E in ((1, 10, 512), (4, 10, 512), (6, 3, 4)):

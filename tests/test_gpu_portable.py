@@ -126,6 +126,13 @@ def test_grouped_gemv_matches_its_definition_on_cuda(quant, T, k, E):
         assert ((got.float() - want).norm() / want.norm()).item() < 1e-2, split
 
 
+def test_the_dequantised_weight_is_the_definitions_on_cuda():
+    """A prefill chunk's dense W4A16 product multiplies these values (T = 512 above takes that path)."""
+    from labkit.engine.model.grouped_gemv import dequantize_w4
+    w = QuantWeight.quantize(torch.randn(1, 2560, 1280, generator=torch.Generator().manual_seed(0)) / 50).cuda()
+    assert torch.equal(dequantize_w4(w), w.dequantize()[0].t())
+
+
 @pytest.mark.parametrize("T,k,E", [(1, 10, 512), (4, 10, 512), (6, 10, 8)])
 def test_the_one_launch_plan_equals_torchs_sort_on_cuda(T, k, E):
     g = torch.Generator().manual_seed(T)

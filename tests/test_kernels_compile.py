@@ -144,7 +144,7 @@ def drive_experts():
     """The routed experts at decode (one request, four) and in a prefill chunk, bf16 and W4A16, and the W4A16
     dense products (one group)."""
     from labkit.engine.model.experts import plan
-    from labkit.engine.model.grouped_gemv import Groups, grouped_gemv
+    from labkit.engine.model.grouped_gemv import Groups, dequantize_w4, grouped_gemv
     from labkit.engine.model.quant import QuantWeight
     H, I, E, k = REF.hidden, REF.expert_intermediate, 16, REF.experts_per_tok
     for quant in (False, True):
@@ -164,6 +164,8 @@ def drive_experts():
                                                                                             dtype=torch.uint8))
                 if quant:
                     grouped_gemv(_e(M, K), w, Groups.one(M, "cpu"), glu=glu)
+                    if M == 1:
+                        dequantize_w4(w)            # a prefill chunk's dense product: dequantised, then cuBLAS
 
 
 DRIVERS = [drive_decode_indexer, drive_gemv, drive_deltanet, drive_qsa_step, drive_transfers, drive_sparse_prefill,

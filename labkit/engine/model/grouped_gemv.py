@@ -22,7 +22,9 @@ W4A16 at decode (one row a group, or a dense product of at most four rows) takes
 `_w4_rows_kernel`: the nibbles multiply x as they lie (per row and 128-value group, scale * (sum(nibble * x) -
 zero * sum(x)): no value dequantised, no bf16 round trip) and K is cut into splits until the launch has about
 four programs a multiprocessor (`w4_split`; a 2,560-wide product is 80 output blocks, too few to keep HBM busy),
-their fp32 partial sums added by `_w4_splits_kernel` in split order (the same result at every launch).
+their fp32 partial sums added by `_w4_splits_kernel` in split order (the same result at every launch). A dense
+W4A16 product of many rows (a prefill chunk) is a GEMM: the weight dequantised once (`dequantize_w4`), cuBLAS's
+product.
 """
 from __future__ import annotations
 
@@ -197,6 +199,17 @@ if HAVE_TRITON:
         tl.store(out_ptr + r * out_st + n, acc.to(out_ptr.dtype.element_ty), mask=nm)
 
 
+    @triton.jit
+    def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, w_sn, s_sn, o_sn, BN: tl.constexpr, BK: tl.constexpr):
+        """One W4A16 weight [N, K/2] as bf16 [N, K]: the values the dequantising kernel computes with."""
+        n = tl.program_id(0) * BN + tl.arange(0, BN)
+        nm = n < N
+        k0 = tl.program_id(1) * BK
+        w = _weight_tile(w_ptr, s_ptr, z_ptr, 0, n, nm, k0, K, 0, w_sn, 0, s_sn, BN, BK, True)
+        k = k0 + tl.arange(0, BK)
+        tl.store(out_ptr + n[:, None].to(tl.int64) * o_sn + k[None, :], w, mask=nm[:, None])
+
+
 @dataclass
 class Groups:
     """Rows grouped by the weight they take (see the module docstring). All on the device, fixed shapes."""
@@ -287,6 +300,33 @@ def _w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, 
     return out
 
 
+# a dense W4A16 product of more rows (a prefill chunk) is a GEMM, not a stream: its weight dequantised once
+# (`dequantize_w4`, 2.5 bytes a value moved) and multiplied by cuBLAS, where the grouped kernel's one group
+# would be a few dozen programs each walking every row block
+W4_DEQUANT_ROWS = 256
+
+
+def dequantize_w4(w: QuantWeight) -> torch.Tensor:
+    """Expert 0 of a W4A16 weight as bf16 [N, K] (K-major): one kernel where kernels run, else `dequantize`."""
+    if not kernels_run(w.q):
+        return dequantize(w.q[:1], w.scales[:1], w.zeros[:1])[0].t()
+    N, K = w.N, w.K
+    out = torch.empty((N, K), dtype=torch.bfloat16, device=w.q.device)
+    BN = 32
+    _dequant_kernel[(triton.cdiv(N, BN), K // W4_GROUP)](w.q, w.scales, w.zeros, out, N, K, w.q.stride(1),
+                                                         w.scales.stride(1), out.stride(0), BN=BN, BK=W4_GROUP,
+                                                         num_warps=4)
+    return out
+
+
+def _dequant_gemm(x: torch.Tensor, w: QuantWeight, glu: bool) -> torch.Tensor:
+    y = x @ dequantize_w4(w).t()                                     # [M, N'] bf16, fp32 accumulation
+    if glu:
+        gate, up = y.float().chunk(2, dim=-1)
+        return (torch.nn.functional.silu(gate) * up).to(x.dtype)
+    return y
+
+
 def grouped_gemv(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bool = True,
                  m_pad: int | None = None, block_n: int | None = None, group_tile: int | None = None,
                  split: int | None = None) -> torch.Tensor:
@@ -313,6 +353,8 @@ def grouped_gemv(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bo
         M = 1 if R == 1 else 16 if R <= 16 else 64
     else:
         M = 1 if R <= plan.wid.shape[0] else 64
+    if quant and not m_pad and plan.wid.shape[0] == 1 and R > W4_DEQUANT_ROWS:
+        return _dequant_gemm(x, w, glu)        # one group slot of many rows: only a dense product's (Groups.one)
     if quant and W4_ROWS_KERNEL and not m_pad and (M == 1 or (plan.wid.shape[0] == 1 and R <= W4_ROWS_MAX)):
         return _w4_rows(x.contiguous(), t, s, z, plan, N, K, glu, gather, 1 if M == 1 else W4_ROWS_MAX, block_n,
                         group_tile, split)
