@@ -280,16 +280,24 @@ def w4_split(programs: int, k_tiles: int, device: torch.device, split: int | Non
     return -(-k_tiles // tiles), tiles
 
 
+def group_slots(plan: Groups, t: torch.Tensor) -> int:
+    """Programs along the groups: the plan's slots, but never more than the stack's weights (a prefill chunk's
+    plan has a slot per (token, expert) pair, 81,920 at 8K tokens, of which at most the 512 experts are groups:
+    the rest would be programs that only read the count and leave)."""
+    return min(plan.wid.shape[0], t.shape[0])
+
+
 def _w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, rows: int, block_n, group_tile,
              split) -> torch.Tensor:
     R = plan.tok.shape[0]
     BN, GT = W4_TILES[rows]
     BN, GT = block_n or BN, group_tile or GT
     n_blocks = triton.cdiv(N, BN)
-    splits, tiles = w4_split(plan.wid.shape[0] * n_blocks, triton.cdiv(K, W4_GROUP * GT), x.device, split)
+    G = group_slots(plan, t)
+    splits, tiles = w4_split(G * n_blocks, triton.cdiv(K, W4_GROUP * GT), x.device, split)
     out = torch.empty((R, N), dtype=x.dtype, device=x.device)
     part = torch.empty((splits, R, 2 * N if glu else N), dtype=torch.float32, device=x.device) if splits > 1 else out
-    _w4_rows_kernel[(plan.wid.shape[0], n_blocks, splits)](
+    _w4_rows_kernel[(G, n_blocks, splits)](
         x, t, s, z, out, part, plan.wid, plan.tok, plan.seg, plan.n_groups, N, K, tiles, x.stride(0), out.stride(0),
         part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0, t.stride(0), t.stride(1),
         s.stride(0), s.stride(1), MR=rows, BN=BN, GT=GT, PARTIAL=splits > 1, GLU=glu, GATHER=gather, num_warps=4)
@@ -362,7 +370,7 @@ def grouped_gemv(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bo
     BK = W4_GROUP if quant else 128
     x = x.contiguous()
     out = torch.empty((R, N), dtype=x.dtype, device=x.device)
-    grid = (plan.wid.shape[0], triton.cdiv(N, BN))
+    grid = (group_slots(plan, t), triton.cdiv(N, BN))
     _grouped_gemv_kernel[grid](x, t, s, z, out, plan.wid, plan.tok, plan.seg, plan.n_groups, N, K,
                                x.stride(0), out.stride(0), t.stride(0), t.stride(1), s.stride(0), s.stride(1),
                                M_PAD=M, BN=BN, BK=BK, QUANT=quant, GLU=glu, GATHER=gather,
