@@ -63,9 +63,9 @@ class DecodePlan:
     def cuda(self) -> bool:
         return self.devices[0].type == "cuda"
 
-    def group_context(self, conc: int) -> int:
+    def group_context(self, concurrency: int) -> int:
         """The largest context of a concurrency group: its caches are sized for it once."""
-        return max(q.context_len for q in self.points if q.concurrency == conc)
+        return max(q.context_len for q in self.points if q.concurrency == concurrency)
 
 
 def derive(p: dict) -> DecodePlan:
@@ -80,8 +80,8 @@ def _points(p: dict) -> list[Point]:
     out = []
     for c in p["concurrency"]:
         mbs = sorted({min(m, c) for m in p["micro_batches"]})     # never more micro-batches than requests
-        for ctx in sorted(set(p["context_lens"])):
-            out += [Point(c, ctx, p["budgets"][0], s, "context", m) for m in mbs for s in p["strategies"]]
+        for context_len in sorted(set(p["context_lens"])):
+            out += [Point(c, context_len, p["budgets"][0], s, "context", m) for m in mbs for s in p["strategies"]]
         if c == p["concurrency"][0]:
             for b in p["budgets"][1:]:
                 out += [Point(c, p["budget_context"], b, s, "budget") for s in p["strategies"]]
@@ -99,34 +99,34 @@ class Caches:
         self.cache: dict[str, list[OffloadCache]] = {}
         self.group = None
 
-    def get(self, medium: str, conc: int, ctx: int) -> list[OffloadCache]:
-        if self.group != conc:
+    def get(self, medium: str, concurrency: int, context_len: int) -> list[OffloadCache]:
+        if self.group != concurrency:
             self.release()
-            self.group = conc
+            self.group = concurrency
         have = self.cache.get(medium)
-        if have is None or have[0].capacity < ctx + self.pl.margin:
+        if have is None or have[0].capacity < context_len + self.pl.margin:
             if have is not None:            # a point-sized device cache gives way to a longer point's
                 self.cache.pop(medium)
                 gc.collect()
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-            cap = self._capacity(medium, conc, ctx)
+            cap = self._capacity(medium, concurrency, context_len)
 
             def build(stage):
-                c = OffloadCache.allocate(stage, medium, conc, cap)
-                c.fill_random_([ctx] * conc, seed=self.pl.params["seed"])
+                c = OffloadCache.allocate(stage, medium, concurrency, cap)
+                c.fill_random_([context_len] * concurrency, seed=self.pl.params["seed"])
                 return c
 
             self.cache[medium] = build_on_devices(build, self.stages)
         return self.cache[medium]
 
-    def _capacity(self, medium: str, conc: int, ctx: int) -> int:
+    def _capacity(self, medium: str, concurrency: int, context_len: int) -> int:
         """Tokens per slot: the group's longest context, so its points share one fill; on a device that cannot
         hold that but holds this point, the point's own (a resident 64K point beside 1M ones still runs).
         Raises MemoryError in one line when not even the point fits."""
         shape, margin = self.stages[0].shape, self.pl.margin
-        for cap in (self.pl.group_context(conc) + margin, ctx + margin):
-            need = conc * cap * shape.kv_bytes_per_token()          # over all stages together
+        for cap in (self.pl.group_context(concurrency) + margin, context_len + margin):
+            need = concurrency * cap * shape.kv_bytes_per_token()          # over all stages together
             if medium == "host" or self.stages[0].device.type == "cpu":
                 avail = psutil.virtual_memory().available
                 if need > 0.9 * avail:
@@ -187,11 +187,11 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
         trace = load_selection_trace(p["selection"][6:], shape.attn_layers, pt.context_len, pt.budget,
                                      steps=pl.margin, stable=True)   # keeps the trace's reuse (hot_cache)
-    conc, ctx = pt.concurrency, pt.context_len
+    concurrency, context_len = pt.concurrency, pt.context_len
     strat = get_strategy(pt.strategy, **pl.settings)
-    stage_caches = caches.get(strat.medium, conc, ctx)
+    stage_caches = caches.get(strat.medium, concurrency, context_len)
     for cache in stage_caches:
-        cache.set_lengths(ctx, slice(0, conc))
+        cache.set_lengths(context_len, slice(0, concurrency))
     runner, runners = _runners(stages, stage_caches, pt, pl, trace)
     slow = strat.slow             # ~0.4 s a step per request (per_row): fewer steps, one repeat, no anatomy
     steps, repeats = (p["per_row_steps"], 1) if slow else (p["steps"], p["repeats"])
@@ -206,24 +206,24 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
     n = len(times)
     experts_read = sum(int(r.state.experts_read.item()) for r in runners)
     t = spread(times)
-    used_kv = conc * ctx * shape.kv_bytes_per_token()
+    used_kv = concurrency * context_len * shape.kv_bytes_per_token()
     on_dev = strat.medium == "device"
     pool_bytes = sum(c.pool.nbytes for c in stage_caches)
     moe_layers = sum(len(st.blocks) for st in stages) if shape.moe else 0
     per_layer = experts_read / (n * moe_layers) if moe_layers and n else None      # distinct experts a layer
-    step_weights = sum(st.step_weight_bytes(conc, per_layer) for st in stages)
-    ngram_bytes = shape.ngram_fetch_bytes * conc if shape.ngram_heads else 0
+    step_weights = sum(st.step_weight_bytes(concurrency, per_layer) for st in stages)
+    ngram_bytes = shape.ngram_fetch_bytes * concurrency if shape.ngram_heads else 0
     first = runners[0]
     rec = {
         "experiment": EXPERIMENT, "status": "ok", "error": None, **asdict(pt),
         "repeats": repeats, "steps": steps, "step_ms_median": t.median, "step_ms_min": t.min,
-        "step_ms_max": t.max, "tok_s": conc / (t.median / 1e3),
+        "step_ms_max": t.max, "tok_s": concurrency / (t.median / 1e3),
         "h2d_bytes_per_step": runner.h2d_bytes_per_step,                 # summed from the strategies' LoadResults
         "selected_rows_per_step": runner.rows_per_step,
         "nvml_rx_bytes_per_step": rx / n if rx_ok and tel.enabled else None,
         "nvml_tx_bytes_per_step": tx / n if rx_ok and tel.enabled else None,
         "device_kv_bytes": used_kv if on_dev else 0,
-        "device_index_bytes": conc * ctx * shape.index_key_bytes * shape.attn_layers,
+        "device_index_bytes": concurrency * context_len * shape.index_key_bytes * shape.attn_layers,
         "host_kv_bytes": 0 if on_dev else used_kv,
         "device_kv_alloc_bytes": pool_bytes if on_dev else 0,
         "device_index_alloc_bytes": sum(c.index.nbytes for c in stage_caches),

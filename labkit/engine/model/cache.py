@@ -101,10 +101,10 @@ class OffloadCache:
                 "device_state_bytes": self.dn_state.numel() * 4 + self.dn_conv.numel() * self.dn_conv.element_size(),
                 "host_kv_bytes": 0 if on_dev else self.pool.nbytes}
 
-    def set_lengths(self, n: int, slots: slice = slice(None)) -> None:
-        """Place `slots` at `n` tokens of context without writing them: a measurement whose rows were filled at
-        random (`fill_random_`, `aliased`) and whose decode time depends on the length alone."""
-        self.lens[slots] = n
+    def set_lengths(self, context_len: int, slots: slice = slice(None)) -> None:
+        """Place `slots` at `context_len` tokens of context without writing them: a measurement whose rows were
+        filled at random (`fill_random_`, `aliased`) and whose decode time depends on the length alone."""
+        self.lens[slots] = context_len
 
     def free_slot(self, slot: int) -> None:
         """Make `slot` empty for a new prompt: its pages go back to the pool, its DeltaNet state starts from
