@@ -194,15 +194,16 @@ def _record(cc: int, mode: str) -> list:
 
 
 def to_compile(cc: int) -> list:
-    """Every launch for sm_86 (the reference box) and sm_90 (the device host), once each (launches that differ
-    only in Triton's alignment hints, an argument divisible by 16 or not, compile to the same code but for a
-    load's width); for sm_80 and sm_89, which lower as sm_86 does (mma.sync, no wgmma; sm_89 with the native
-    e4m3 load), one launch of each kernel and operand types, and every launch whose shared memory sm_86 might
-    grant where they do not (none: sm_80 gives more, sm_89 the same)."""
+    """Every launch for sm_86 (the reference box) and sm_90 (the device host); for sm_80 and sm_89, which
+    lower as sm_86 does (mma.sync, no wgmma; sm_89 with the native e4m3 load), one launch of each kernel and
+    operand types, and every launch whose shared memory sm_86 might grant where they do not (none: sm_80
+    gives more, sm_89 the same)."""
     launches = record(cc)
+    if cc in (86, 90):
+        return launches
     seen, out = set(), []
     for launch in launches:
-        key = launch.key()[:3] + launch.key()[4:] if cc in (86, 90) else (launch.name, launch.operands())
+        key = (launch.name, launch.operands())
         if key not in seen:
             seen.add(key)
             out.append(launch)
