@@ -39,7 +39,9 @@ LABELS = {"cublas": "cuBLAS [K,N]", "cublas_nk": "cuBLAS [N,K]", "gemv": "GEMV",
           "gemv_best": "GEMV best", "gemv_best_nopdl": "GEMV best nopdl", "gemv_glu": "GEMV gate/up fused"}
 L2_SAFE_BYTES = 256 << 20
 # --dry-run: the same code path on CPU under the Triton interpreter with a tiny shape, timed by the wall
-# clock without graphs (numbers meaningless): the script's own check, run by the test suite.
+# clock without graphs (numbers meaningless): the script's own check, run by the test suite. It multiplies by
+# one copy of each weight, and its step chains by one matrix of each distinct shape (`step_copies`): every
+# path runs, at a fraction of the interpreter's time.
 DRY = "--dry-run" in sys.argv
 DEV = "cpu" if DRY else "cuda"
 # the config sweep launches with programmatic dependent launch where the GPU has it (sm90+): the
@@ -52,6 +54,11 @@ def weight_shapes(s) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
     """[K, N] of each distinct weight a decode step multiplies by, and how many of each a step reads."""
     wm = s.weight_matrices()
     return {n: (K, N) for n, (K, N, _) in wm.items()}, {n: cnt for n, (_, _, cnt) in wm.items()}
+
+
+def step_copies(count: int) -> int:
+    """How many of a matrix the step chains multiply by: all of them, one in a dry run."""
+    return 1 if DRY else count
 
 
 def graph_ms(fn, replays: int = 15) -> float:
@@ -157,7 +164,7 @@ def main():
     sweep_cut = False
     for name, (K, N) in shapes.items():
         nbytes = K * N * 2
-        copies = max(1, -(-L2_SAFE_BYTES // nbytes)) if not DRY else 2
+        copies = max(1, -(-L2_SAFE_BYTES // nbytes)) if not DRY else 1
         ws = [(torch.randn(K, N, generator=g, device=DEV) / K ** 0.5).bfloat16() for _ in range(copies)]
         wts = [w.t().contiguous() for w in ws]
         gws = [w.t() for w in wts] if KM else ws              # the weights the GEMV reads
@@ -236,7 +243,7 @@ def main():
     order = [n for n in shapes for _ in range(counts[n])]
     total_bytes = sum(shapes[n][0] * shapes[n][1] * 2 for n in order)
     mats = {n: [(torch.randn(*shapes[n], generator=g, device=DEV) / shapes[n][0] ** 0.5).bfloat16()
-                for _ in range(counts[n])] for n in shapes}
+                for _ in range(step_copies(counts[n]))] for n in shapes}
     mats_nk = {n: [w.t().contiguous() for w in ws] for n, ws in mats.items()}
     mats_gemv = {n: [w.t() for w in ws] for n, ws in mats_nk.items()} if KM else mats
     whole = []

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv_bench import DEV, DRY, L2_SAFE_BYTES, graph_ms, read_bandwidth, weight_shapes  # noqa: E402
+from gemv_bench import DEV, DRY, L2_SAFE_BYTES, graph_ms, read_bandwidth, step_copies, weight_shapes  # noqa: E402
 from labkit.engine.model import gemv as G  # noqa: E402
 from labkit.shapes import PRESETS  # noqa: E402
 
@@ -70,7 +70,7 @@ def main():
     for name in names:
         K, N = shapes[name]
         nbytes = K * N * 2
-        copies = 2 if DRY else max(1, -(-L2_SAFE_BYTES // nbytes))
+        copies = 1 if DRY else max(1, -(-L2_SAFE_BYTES // nbytes))
         wts = [(torch.randn(N, K, generator=g, device=DEV) / K ** 0.5).bfloat16() for _ in range(copies)]
         gws = [w.t() for w in wts]                      # [K, N] K-major, what the kernel reads
         for M in ms_rows:
@@ -125,7 +125,7 @@ def main():
 
     # a step's matrices back to back, one graph per way
     mats = {n: [(torch.randn(shapes[n][1], shapes[n][0], generator=g, device=DEV) / 50).bfloat16()
-                for _ in range(counts[n])] for n in names}
+                for _ in range(step_copies(counts[n]))] for n in names}
     total = sum(shapes[n][0] * shapes[n][1] * 2 * counts[n] for n in names)
     chain = {}
     for M in ms_rows:

@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config, items):
 MADE_ONCE = "runs made once per process"
 SHARES_RUNS = {"test_browser.py", "test_explore.py", "test_index_compare.py", "test_nightly.py",
                "test_results_size.py"}
-LONGEST_FIRST = ["test_vllm_serving.py", "test_gemv.py", MADE_ONCE, "test_cluster.py", "test_kernels_compile.py",
+LONGEST_FIRST = ["test_vllm_serving.py", MADE_ONCE, "test_cluster.py", "test_kernels_compile.py", "test_gemv.py",
                  "test_serve_target.py", "test_experiments_cpu.py", "test_run_status.py", "test_vllm_xfer.py",
                  "test_hot_cache.py", "test_capacity.py", "test_report.py", "test_quality_notebook.py",
                  "test_sparse_prefill.py", "test_sweep.py", "test_faults.py", "test_serve_aiperf.py",
