@@ -32,6 +32,7 @@ import torch
 
 from ... import envs
 
+from . import arch
 from .arch import HAVE_TRITON, kernels_run
 
 if HAVE_TRITON:
@@ -257,8 +258,7 @@ def select_topk_triton(scores: torch.Tensor, k: int, block: int | None = None, o
     s = scores.contiguous()
     dev = s.device
     if block is None:
-        block = default_block(B, L, torch.cuda.get_device_properties(dev).multi_processor_count
-                              if dev.type == "cuda" else 132)
+        block = default_block(B, L, arch.multiprocessors(dev))
     block = min(block, triton.next_power_of_2(L))
     nblk = triton.cdiv(L, block)
     sub = 0 if bound is False else bound_run(B, L, k, force=bool(bound))       # None: where it pays

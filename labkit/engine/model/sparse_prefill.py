@@ -49,7 +49,6 @@ that KV head (GQA), in blocks of `BK`, with an online softmax; fp32 accumulation
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 
@@ -553,18 +552,13 @@ def sampled_cap(k: int, st: int) -> int:
     return max(256, triton.next_power_of_2(int(rank * st + 6 * rank ** 0.5 * st)))
 
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def collect_splits(T, S, bt, bs, dev) -> int:
     """Key ranges a query block's collect pass is cut into: about four programs a multiprocessor (a program of 64
     queries holds 4 warps; alone on one, it waits on every tile's loads and products), a power of two up to 4,
     none shorter than 16 tiles. On an H200 at 248K, 1 / 2 / 4 ranges: 14.3 / 9.9 / 9.6 ms of collect (64 x 64)."""
     if dev.type != "cuda":
         return 1
-    want = max(1, 4 * _multiprocessors(dev.index or 0) // triton.cdiv(T, bt))
+    want = max(1, 4 * arch.multiprocessors(dev) // triton.cdiv(T, bt))
     tiles = triton.cdiv(S, bs)
     n = 1
     while 2 * n <= min(want, 4) and tiles // (2 * n) >= 16:
