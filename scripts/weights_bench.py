@@ -143,10 +143,13 @@ VARIANTS = {
     "default": {},
     "dequant": {"W4_ROWS_KERNEL": False},
     "no-split": {"W4_PROGRAMS_PER_SM": 0},
+    "split-2sm": {"W4_PROGRAMS_PER_SM": 2},
     "split-8sm": {"W4_PROGRAMS_PER_SM": 8},
     "bn64-gt1": {"W4_TILES": {1: (64, 1), 4: (64, 1)}},
     "bn16-gt4": {"W4_TILES": {1: (16, 4), 4: (16, 2)}},
-    "bn32-gt4": {"W4_TILES": {1: (32, 4), 4: (32, 2)}},
+    "bn128-gt1-w8": {"W4_TILES": {1: (128, 1), 4: (64, 1)}, "W4_WARPS": 8},
+    "bn64-gt2-w8": {"W4_TILES": {1: (64, 2), 4: (32, 2)}, "W4_WARPS": 8},
+    "bn32-gt2-w8": {"W4_WARPS": 8},
 }
 
 

@@ -115,69 +115,116 @@ if HAVE_TRITON:
 
 
     @triton.jit
-    def _w4_tile(acc, q_ptr, s_ptr, z_ptr, e, n, nm, i, im, gi, gm, xe, xo, sx, w_se, w_sn, s_se, s_sn,
-                 MR: tl.constexpr, BN: tl.constexpr, GT: tl.constexpr):
-        """acc [MR, BN] += x . the rows n of weight e over GT groups of 128 values, without dequantising a value:
-        per row and group, scale * (sum(nibble * x) - zero * sum(x)), the nibbles taken as they lie (the low
-        ones meet x's even positions, the high ones its odd)."""
-        b = tl.load(q_ptr + e * w_se + n[:, None].to(tl.int64) * w_sn + i[None, :], mask=nm[:, None] & im[None, :],
-                    other=0)
-        lo = (b & 0xF).to(tl.float32)
-        hi = (b >> 4).to(tl.float32)
-        p = lo[None, :, :] * xe[:, None, :] + hi[None, :, :] * xo[:, None, :]            # [MR, BN, 64 GT]
-        pg = tl.sum(tl.reshape(p, [MR, BN, GT, 64]), axis=3)                              # [MR, BN, GT]
-        so = e * s_se + n[:, None].to(tl.int64) * s_sn + gi[None, :]
+    def _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t, t_end, K, w_se, w_sn, s_se, s_sn, GT: tl.constexpr):
+        """K tile t of the rows n of weight e: its words [BN, GT, 16] (eight nibbles a word: nibble j of word i
+        is value 8i + j), scales and zeros [BN, GT]; nothing read at or past tile t_end."""
+        g = t * GT + tl.arange(0, GT)
+        gm = (g < K // 128) & (g < t_end * GT)
+        wo = g[:, None] * 16 + tl.arange(0, 16)[None, :]
+        b = tl.load(qw_ptr + e * w_se + n[:, None, None].to(tl.int64) * w_sn + wo[None, :, :],
+                    mask=nm[:, None, None] & gm[None, :, None], other=0)
+        so = e * s_se + n[:, None].to(tl.int64) * s_sn + g[None, :]
         sm = nm[:, None] & gm[None, :]
-        sc = tl.load(s_ptr + so, mask=sm, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + so, mask=sm, other=0).to(tl.float32)
-        return acc + tl.sum(sc[None, :, :] * (pg - z[None, :, :] * sx[:, None, :]), axis=2)
+        return b, tl.load(s_ptr + so, mask=sm, other=0.0), tl.load(z_ptr + so, mask=sm, other=0)
 
     @triton.jit
-    def _w4_rows_kernel(x_ptr, q_ptr, s_ptr, z_ptr, out_ptr, part_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr, N, K,
+    def _nib(b, SH: tl.constexpr, zq):
+        """(nibble - zero) for the nibble at bits [SH, SH + 4) of each word, exact and without a conversion
+        instruction: under the exponent that puts the mantissa's unit at bit SH, the word's bits read as the
+        float 2^(23 - SH) + nibble, and zq is 2^(23 - SH) + zero."""
+        MAGIC: tl.constexpr = 0x4B000000 - (SH << 23)
+        return ((b & (0xF << SH)) | MAGIC).to(tl.float32, bitcast=True) - zq
+
+    @triton.jit
+    def _w4_mac(acc, b, sc, z, x_ptr, rows, mm, x_st, t, K, MR: tl.constexpr, GT: tl.constexpr):
+        """acc ([BN, GT, 16] at one row, else [MR, BN, GT, 16]) += sc * sum_j (nibble j - zero) * x[8i + j] over the tile's words i: the
+        products kept apart per word and summed once at the end. Nibbles 0-4 are taken where they lie, 5-7 after
+        one shift (a nibble at bit 20 or above would reach the exponent); int-to-float conversions run at a
+        quarter of the FMA rate and would bound the stream below HBM's."""
+        g = t * GT + tl.arange(0, GT)
+        gm = g < K // 128
+        xo = g[:, None] * 128 + tl.arange(0, 16)[None, :] * 8                      # x[8i] of each word i
+        zf = z.to(tl.float32)[:, :, None]
+        hi = b >> 20
+        p = tl.zeros(acc.shape, dtype=tl.float32)
+        for j in tl.static_range(8):
+            if j < 5:
+                f = _nib(b, 4 * j, zf + 8388608.0 / 16.0 ** j)
+            else:
+                f = _nib(hi, 4 * (j - 5), zf + 8388608.0 / 16.0 ** (j - 5))
+            if MR == 1:       # one row (always in the group): x [GT, 16] as the words' slice, where a 4-D
+                # broadcast would cost layout shuffles through shared memory
+                xj = tl.load(x_ptr + tl.sum(rows) * x_st + xo + j, mask=gm[:, None], other=0.0).to(tl.float32)
+                p += f * xj[None, :, :]
+            else:
+                xj = tl.load(x_ptr + rows[:, None, None] * x_st + xo[None, :, :] + j,
+                             mask=mm[:, None, None] & gm[None, :, None], other=0.0).to(tl.float32)
+                p += f[None, :, :, :] * xj[:, None, :, :]
+        if MR == 1:
+            return acc + sc.to(tl.float32)[:, :, None] * p
+        else:
+            return acc + sc.to(tl.float32)[None, :, :, None] * p
+
+    @triton.jit
+    def _w4_sum(acc, MR: tl.constexpr):
+        """[MR, BN] sums of an accumulator kept per word position."""
+        if MR == 1:
+            return tl.sum(tl.sum(acc, axis=2), axis=1)[None, :]
+        else:
+            return tl.sum(tl.sum(acc, axis=3), axis=2)
+
+    @triton.jit
+    def _w4_rows_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr, N, K,
                         tiles, x_st, out_st, part_ss, part_sr, w_se, w_sn, s_se, s_sn, MR: tl.constexpr,
                         BN: tl.constexpr, GT: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr,
                         GATHER: tl.constexpr):
         """W4A16 at a few rows a group: program (g, j, sp) takes group g's rows MR at a time, outputs
-        [j BN, (j + 1) BN) and the K tiles [sp tiles, (sp + 1) tiles) of 64 GT bytes a row; PARTIAL: fp32 sums to
-        `part[sp]` (a second kernel adds the splits), else the finished row."""
+        [j BN, (j + 1) BN) and the K tiles [sp tiles, (sp + 1) tiles) of GT groups. Each tile's words are loaded
+        one tile ahead (`_w4_load` before the products of the one before, `_w4_mac`): a program has its next
+        loads in flight while it multiplies. PARTIAL: fp32 sums to `part[sp]` (a second kernel adds the splits),
+        else the finished row."""
         g = tl.program_id(0)
         if g < tl.load(ngrp_ptr):
-            HB: tl.constexpr = 64 * GT
             e = tl.load(wid_ptr + g).to(tl.int64)
             s0 = tl.load(seg_ptr + g)
             s1 = tl.load(seg_ptr + g + 1)
             n = tl.program_id(1) * BN + tl.arange(0, BN)
             nm = n < N
-            sp = tl.program_id(2)
+            t0 = tl.program_id(2) * tiles
             for m0 in range(s0, s1, MR):
                 m, mm, rows = _group_rows(tok_ptr, m0, s1, MR, GATHER)
-                acc = tl.zeros([MR, BN], dtype=tl.float32)
-                acc_u = tl.zeros([MR, BN], dtype=tl.float32)
-                for t in range(sp * tiles, (sp + 1) * tiles):
-                    i = t * HB + tl.arange(0, HB)                # byte i of a row: values 2i and 2i + 1
-                    im = i < K // 2
-                    xm = mm[:, None] & im[None, :]
-                    xe = tl.load(x_ptr + rows[:, None] * x_st + 2 * i[None, :], mask=xm, other=0.0).to(tl.float32)
-                    xo = tl.load(x_ptr + rows[:, None] * x_st + 2 * i[None, :] + 1, mask=xm, other=0.0).to(tl.float32)
-                    sx = tl.sum(tl.reshape(xe + xo, [MR, GT, 64]), axis=2)                        # [MR, GT]
-                    gi = t * GT + tl.arange(0, GT)
-                    gm = gi < K // 128
-                    acc = _w4_tile(acc, q_ptr, s_ptr, z_ptr, e, n, nm, i, im, gi, gm, xe, xo, sx, w_se, w_sn, s_se,
-                                   s_sn, MR, BN, GT)
+                if MR == 1:
+                    acc = tl.zeros([BN, GT, 16], dtype=tl.float32)
+                else:
+                    acc = tl.zeros([MR, BN, GT, 16], dtype=tl.float32)
+                acc_u = tl.zeros_like(acc)
+                t_end = t0 + tiles
+                b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn, GT)
+                bu, scu, zu = b, sc, z
+                if GLU:
+                    bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn,
+                                           GT)
+                for t in range(t0, t_end):
+                    b1, sc1, z1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 1, t_end, K, w_se, w_sn, s_se, s_sn, GT)
+                    acc = _w4_mac(acc, b, sc, z, x_ptr, rows, mm, x_st, t, K, MR, GT)
+                    b, sc, z = b1, sc1, z1
                     if GLU:
-                        acc_u = _w4_tile(acc_u, q_ptr, s_ptr, z_ptr, e, n + N, nm, i, im, gi, gm, xe, xo, sx, w_se,
-                                         w_sn, s_se, s_sn, MR, BN, GT)
+                        b1, sc1, z1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 1, t_end, K, w_se, w_sn,
+                                               s_se, s_sn, GT)
+                        acc_u = _w4_mac(acc_u, bu, scu, zu, x_ptr, rows, mm, x_st, t, K, MR, GT)
+                        bu, scu, zu = b1, sc1, z1
+                y = _w4_sum(acc, MR)                                                         # [MR, BN]
                 om = mm[:, None] & nm[None, :]
                 if PARTIAL:
-                    at = part_ptr + sp * part_ss + m[:, None].to(tl.int64) * part_sr + n[None, :]
-                    tl.store(at, acc, mask=om)
+                    at = part_ptr + tl.program_id(2) * part_ss + m[:, None].to(tl.int64) * part_sr + n[None, :]
+                    tl.store(at, y, mask=om)
                     if GLU:
-                        tl.store(at + N, acc_u, mask=om)
+                        tl.store(at + N, _w4_sum(acc_u, MR), mask=om)
                 else:
                     if GLU:
-                        acc = acc / (1.0 + tl.exp(-acc)) * acc_u
+                        y = y / (1.0 + tl.exp(-y)) * _w4_sum(acc_u, MR)
                     tl.store(out_ptr + m[:, None].to(tl.int64) * out_st + n[None, :],
-                             acc.to(out_ptr.dtype.element_ty), mask=om)
+                             y.to(out_ptr.dtype.element_ty), mask=om)
 
     @triton.jit
     def _w4_splits_kernel(part_ptr, out_ptr, N, splits, part_ss, part_sr, out_st, GLU: tl.constexpr,
@@ -267,6 +314,8 @@ W4_ROWS_KERNEL = True                      # False: every W4A16 product through 
                                            # baseline)
 W4_TILES = {1: (32, 2), 4: (32, 1)}        # MR: (BN, GT)
 W4_PROGRAMS_PER_SM = 4                     # K split until the launch has about this many programs a multiprocessor
+W4_WARPS = 4
+W4_STAGES = 3                              # Triton's default software pipelining of the K loop
 
 
 def w4_split(programs: int, k_tiles: int, device: torch.device, split: int | None = None) -> tuple[int, int]:
@@ -297,10 +346,12 @@ def _w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, 
     splits, tiles = w4_split(G * n_blocks, triton.cdiv(K, W4_GROUP * GT), x.device, split)
     out = torch.empty((R, N), dtype=x.dtype, device=x.device)
     part = torch.empty((splits, R, 2 * N if glu else N), dtype=torch.float32, device=x.device) if splits > 1 else out
+    qw = t.view(torch.int32)                   # [E, N', K/8]: eight nibbles a word
     _w4_rows_kernel[(G, n_blocks, splits)](
-        x, t, s, z, out, part, plan.wid, plan.tok, plan.seg, plan.n_groups, N, K, tiles, x.stride(0), out.stride(0),
-        part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0, t.stride(0), t.stride(1),
-        s.stride(0), s.stride(1), MR=rows, BN=BN, GT=GT, PARTIAL=splits > 1, GLU=glu, GATHER=gather, num_warps=4)
+        x, qw, s, z, out, part, plan.wid, plan.tok, plan.seg, plan.n_groups, N, K, tiles, x.stride(0), out.stride(0),
+        part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0, qw.stride(0), qw.stride(1),
+        s.stride(0), s.stride(1), MR=rows, BN=BN, GT=GT, PARTIAL=splits > 1, GLU=glu, GATHER=gather,
+        num_warps=W4_WARPS, num_stages=W4_STAGES)
     if splits > 1:
         block = 256
         _w4_splits_kernel[(R, triton.cdiv(N, block))](part, out, N, splits, part.stride(0), part.stride(1),

@@ -25,7 +25,7 @@ from .attention import sparse_decode_attention
 from .experts import MoE
 from .gemv import matmul, norm_matmul, norm_silu_glu
 from .kv import quantize_index_keys
-from .layers import FFN, DeltaNetLayer, HyperConnection, QSALayer, RMSNorm, inject, make_weight
+from .layers import FFN, DeltaNetLayer, HyperConnection, QSALayer, RMSNorm, inject, make_weight, normal_rows
 from .ngram import NgramTable
 from .quant import QuantWeight
 
@@ -68,8 +68,12 @@ class HybridModel(nn.Module):
         self.expert_banks, self.routing = banks, routing
         gen = torch.Generator(device=device).manual_seed(seed)
         attn = set(shape.attn_layer_ids)
-        self.embed = nn.Parameter((torch.randn(shape.vocab, shape.hidden, generator=gen, device=device)).to(dtype),
-                                  requires_grad=False) if first == 0 else None
+        self.embed = None
+        if first == 0:
+            self.embed = nn.Parameter(torch.empty(shape.vocab, shape.hidden, dtype=dtype, device=device),
+                                      requires_grad=False)
+            for r0, r1, t in normal_rows(gen, shape.vocab, shape.hidden, device):
+                self.embed[r0:r1] = t
         blocks = []
         for j, i in enumerate(range(first, end)):
             bank = blocks[j % self.expert_banks].ffn.bank() if shape.moe and j >= self.expert_banks else None

@@ -46,17 +46,30 @@ def make_weight(gen: torch.Generator, fan_in: int, fan_out: int, dtype, device, 
     if weights_dtype == "w4a16" and fan_in % W4_GROUP == 0:
         n = aligned_width(fan_out) if pad else fan_out
         return QuantWeight.random(gen, fan_in, n, device=device)
-    t = torch.randn(fan_in, fan_out, generator=gen, device=device, dtype=torch.float32) / math.sqrt(fan_in)
     ld = aligned_width(fan_out) if pad else fan_out
-    if K_MAJOR if k_major is None else k_major:
-        buf = torch.zeros(ld, fan_in, dtype=dtype, device=device)      # stored [N, K]
-        buf[:fan_out] = t.t()
-        return nn.Parameter(buf.t(), requires_grad=False)              # held as [K, N], unit row stride
-    if ld == fan_out:
-        return nn.Parameter(t.to(dtype), requires_grad=False)
-    buf = torch.zeros(fan_in, ld, dtype=dtype, device=device)
-    buf[:, :fan_out] = t
-    return nn.Parameter(buf, requires_grad=False)
+    k_major = K_MAJOR if k_major is None else k_major
+    buf = torch.zeros((ld, fan_in) if k_major else (fan_in, ld), dtype=dtype, device=device)
+    for r0, r1, t in normal_rows(gen, fan_in, fan_out, device, math.sqrt(fan_in)):
+        if k_major:
+            buf[:fan_out, r0:r1] = t.t()                                 # stored [N, K]
+        else:
+            buf[r0:r1, :fan_out] = t
+    return nn.Parameter(buf.t() if k_major else buf, requires_grad=False)   # held as [K, N]
+
+
+# the fp32 draw of a weight is made a block of rows at a time above this: the head's [2,560, 248,320] at once
+# would be 2.4 GiB of fp32 beside its bf16 copy, over a 24 GiB card's spare room when only a third of the layers
+# is built (a weight under it draws as one block: the same values as before)
+DRAW_BYTES = 256 << 20
+
+
+def normal_rows(gen: torch.Generator, rows: int, cols: int, device, div: float = 1.0):
+    """A seeded N(0, 1 / div^2) [rows, cols] matrix as (r0, r1, fp32 block of rows [r0, r1)), at most DRAW_BYTES
+    a block."""
+    step = max(1, DRAW_BYTES // (4 * cols))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        yield r0, r1, torch.randn(r1 - r0, cols, generator=gen, device=device, dtype=torch.float32) / div
 
 
 class RMSNorm(nn.Module):
