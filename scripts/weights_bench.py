@@ -145,7 +145,7 @@ VARIANTS = {
     "no-split": {"W4_PROGRAMS_PER_SM": 0},
     "split-2sm": {"W4_PROGRAMS_PER_SM": 2},
     "split-8sm": {"W4_PROGRAMS_PER_SM": 8},
-    "bn64-gt1": {"W4_TILES": {1: (64, 1), 4: (64, 1)}},
+    "bn32-gt2": {"W4_TILES": {1: (32, 2), 4: (32, 1)}},
     "bn16-gt4": {"W4_TILES": {1: (16, 4), 4: (16, 2)}},
     "bn128-gt1-w8": {"W4_TILES": {1: (128, 1), 4: (64, 1)}, "W4_WARPS": 8},
     "bn64-gt2-w8": {"W4_TILES": {1: (64, 2), 4: (32, 2)}, "W4_WARPS": 8},
@@ -172,6 +172,7 @@ def main():
     ap.add_argument("--shape", default="qwen3.8-flash-next")
     ap.add_argument("--experts", type=int, default=64, help="experts held a layer (the bytes a step reads are the "
                     "distinct ones routed to: 64 hold as many as 512 would at c <= 4)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="the W4A16 variants timed (comma-separated)")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     dev = torch.device("cpu" if a.dry_run else "cuda")
@@ -183,7 +184,7 @@ def main():
         for c in (1, 4):
             run, b, distinct = expert_layers(s, weights, dev, c, min(a.experts, s.experts))
             parts.append(("experts", c, run, b, distinct))
-        for variant in (VARIANTS if weights == "w4a16" else {"default": {}}):
+        for variant in (a.variants.split(",") if weights == "w4a16" else ["default"]):
             with knobs(**VARIANTS.get(variant, {})):
                 for part, c, run, b, *distinct in parts:
                     ts = timed_graph(run, dev)

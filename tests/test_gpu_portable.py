@@ -146,7 +146,7 @@ def test_the_one_launch_plan_equals_torchs_sort_on_cuda(T, k, E):
 @pytest.mark.parametrize("weights", ["bf16", "w4a16"])
 def test_moe_model_decode_every_strategy_matches_resident_in_a_graph(weights):
     model = HybridModel(MID_MOE, "cuda", seed=0, weights_dtype=weights, expert_banks=4)
-    out = {name: _decode(model, name) for name in ("resident", "zero_copy", "hot_cache", "host_gather")}
+    out = {name: _decode(model, name, "auto") for name in ("resident", "zero_copy", "hot_cache", "host_gather")}
     ref = out["resident"]
     for name, (toks, sels, mode) in out.items():
         assert torch.equal(sels, ref[1]), name

@@ -267,11 +267,23 @@ class Groups:
 
     @classmethod
     def one(cls, rows: int, device) -> "Groups":
-        """Every row through weight 0 (a dense product)."""
-        return cls(torch.arange(rows, device=device), torch.zeros(1, dtype=torch.int64, device=device),
-                   # [0, rows] made on the device: a host list would be a copy, which a CUDA graph's capture refuses
-                   torch.arange(2, dtype=torch.int32, device=device) * rows,
-                   torch.ones(1, dtype=torch.int32, device=device))
+        """Every row through weight 0 (a dense product). Kept per (rows, device) once made outside a CUDA graph's
+        capture: made inside one it would be four small kernels before each dense W4A16 product of a step (at
+        decode, about as long as the product itself)."""
+        device = torch.device(device)
+        key = (rows, device.type, device.index)
+        if key in _ONE:
+            return _ONE[key]
+        g = cls(torch.arange(rows, device=device), torch.zeros(1, dtype=torch.int64, device=device),
+                # [0, rows] made on the device: a host list would be a copy, which a CUDA graph's capture refuses
+                torch.arange(2, dtype=torch.int32, device=device) * rows,
+                torch.ones(1, dtype=torch.int32, device=device))
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _ONE[key] = g
+        return g
+
+
+_ONE: dict = {}
 
 
 def _operands(w):
@@ -312,7 +324,7 @@ def grouped_gemv_reference(x: torch.Tensor, w, plan: Groups, glu: bool = False, 
 W4_ROWS_MAX = 4
 W4_ROWS_KERNEL = True                      # False: every W4A16 product through the dequantising kernel (the bench's
                                            # baseline)
-W4_TILES = {1: (32, 2), 4: (32, 1)}        # MR: (BN, GT)
+W4_TILES = {1: (64, 1), 4: (64, 1)}        # MR: (BN, GT): the best of the bench's tiles on an H100
 W4_PROGRAMS_PER_SM = 4                     # K split until the launch has about this many programs a multiprocessor
 W4_WARPS = 4
 W4_STAGES = 3                              # Triton's default software pipelining of the K loop
