@@ -21,13 +21,14 @@ for arg in "$@"; do
     split) timeout "$limit" python3 scripts/split_memory_check.py "$OUT" 2>&1 | tail -12 ;;
     *) before=$(ls -d results/*/ 2>/dev/null | sort)
        timeout "$limit" python3 - "$step" <<'PY' 2>&1 | grep -v "^\s*$" | tail -15
-import sys
+import sys, tomllib
 from labkit.experiments import measure
-from labkit.nightly import load_plan
-entry = next((e for e in load_plan("plans/reference-model.toml") if e.name == sys.argv[1]), None)
+# the plan read as TOML here: labkit.nightly needs papermill, which the device host does not have
+entries = tomllib.load(open("plans/reference-model.toml", "rb"))["entry"]
+entry = next((e for e in entries if e["name"] == sys.argv[1]), None)
 if entry is None:
     sys.exit(f"device_reference: no entry {sys.argv[1]!r}")
-measure(entry.experiment, dict(entry.parameters), progress_bar=False)
+measure(entry["experiment"], dict(entry["parameters"]), progress_bar=False)
 PY
        for d in $(comm -13 <(echo "$before") <(ls -d results/*/ | sort)); do
          tar czf "$OUT/$(basename "$d").tgz" -C results "$(basename "$d")"

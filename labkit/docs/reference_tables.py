@@ -204,7 +204,11 @@ def weights_bench_table(path: str) -> str:
     """`scripts/weights_bench.py`'s JSON: one decode step's weight products per part and dtype, against the HBM read
     bandwidth measured in the same process (the physical bound of a step that only streams weights)."""
     doc = json.loads((REPO / path).read_text())
-    rows = [{"part": r["part"], "weights": r["weights"], "c": r["concurrency"], "GB read": f"{r['bytes'] / 1e9:.2f}",
+    # a bench of one kernel per dtype has no variant column (the earlier runs); else the variant names the kernel
+    variants = len({r.get("variant", "default") for r in doc["rows"]}) > 1
+    rows = [{"part": r["part"], "weights": r["weights"],
+             **({"kernel": "lab's" if r["weights"] == "bf16" else r.get("variant", "default")} if variants else {}),
+             "c": r["concurrency"], "GB read": f"{r['bytes'] / 1e9:.2f}",
              "ms (min–max)": f"{r['ms_median']:.2f} ({r['ms_min']:.2f}–{r['ms_max']:.2f})",
              "GB/s": f"{r['gbps']:.0f}", "of HBM read": f"{r['of_hbm_read']:.0%}"} for r in doc["rows"]]
     return (f"{doc['shape']} on {doc['device']} (`{path}`); HBM read measured in the same process: "
