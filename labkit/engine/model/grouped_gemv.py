@@ -19,10 +19,11 @@ tensor-core products for more. The bytes a step reads are the distinct weights, 
 `ModelShape.step_weight_bytes` counts.
 
 W4A16 at decode (one row a group, or a dense product of at most four rows) takes its own kernel,
-`_w4_rows_kernel`: the nibbles multiply x as they lie (per row and 128-value group, scale * (sum(nibble * x) -
-zero * sum(x)): no value dequantised, no bf16 round trip) and K is cut into splits until the launch has about
-four programs a multiprocessor (`w4_split`; a 2,560-wide product is 80 output blocks, too few to keep HBM busy),
-their fp32 partial sums added by `_w4_splits_kernel` in split order (the same result at every launch). A dense
+`_w4_rows_kernel`: the weight read as 32-bit words of eight nibbles, each nibble made a float by its bits under
+an exponent (no conversion instruction) and multiplied by x, a scale and a zero applied once a group and tile;
+the next tile loaded while one multiplies; K cut into splits until the launch has about four programs a
+multiprocessor (`w4_split`; a 2,560-wide product is 40 output blocks, too few to keep HBM busy), the last split
+of a block to arrive adding the fp32 partial sums in split order (the same result at every launch). A dense
 W4A16 product of many rows (a prefill chunk) is a GEMM: the weight dequantised once (`dequantize_w4`), cuBLAS's
 product.
 """
@@ -136,13 +137,14 @@ if HAVE_TRITON:
         return ((b & (0xF << SH)) | MAGIC).to(tl.float32, bitcast=True) - zq
 
     @triton.jit
-    def _w4_mac(acc, b, sc, z, x_ptr, rows, mm, x_st, t, K, MR: tl.constexpr, GT: tl.constexpr):
-        """acc ([BN, GT, 16] at one row, else [MR, BN, GT, 16]) += sc * sum_j (nibble j - zero) * x[8i + j] over the tile's words i: the
-        products kept apart per word and summed once at the end. Nibbles 0-4 are taken where they lie, 5-7 after
-        one shift (a nibble at bit 20 or above would reach the exponent); int-to-float conversions run at a
-        quarter of the FMA rate and would bound the stream below HBM's."""
-        g = t * GT + tl.arange(0, GT)
-        gm = g < K // 128
+    def _w4_mac(acc, b, sc, z, x_ptr, rows, x_st, t, K, MR: tl.constexpr, GT: tl.constexpr):
+        """acc ([BN, GT, 16] at one row, else [MR, BN, GT, 16]) += sc * sum_j (nibble j - zero) * x[8i + j] over
+        the tile's words i: the products kept apart per word and summed once at the end. Nibbles 0-4 are taken where
+        they lie, 5-7 after one shift (a nibble at bit 20 or above would reach the exponent); int-to-float
+        conversions run at a quarter of the FMA rate and would bound the stream below HBM's. x is read without a
+        mask: a tile past K reads the last group's x again, against words, zeros and scales loaded as 0 (each
+        product 0), which spares a predicate and a register clear a value."""
+        g = tl.minimum(t * GT + tl.arange(0, GT), K // 128 - 1)
         xo = g[:, None] * 128 + tl.arange(0, 16)[None, :] * 8                      # x[8i] of each word i
         zf = z.to(tl.float32)[:, :, None]
         hi = b >> 20
@@ -154,11 +156,11 @@ if HAVE_TRITON:
                 f = _nib(hi, 4 * (j - 5), zf + 8388608.0 / 16.0 ** (j - 5))
             if MR == 1:       # one row (always in the group): x [GT, 16] as the words' slice, where a 4-D
                 # broadcast would cost layout shuffles through shared memory
-                xj = tl.load(x_ptr + tl.sum(rows) * x_st + xo + j, mask=gm[:, None], other=0.0).to(tl.float32)
+                xj = tl.load(x_ptr + tl.sum(rows) * x_st + xo + j).to(tl.float32)
                 p += f * xj[None, :, :]
             else:
-                xj = tl.load(x_ptr + rows[:, None, None] * x_st + xo[None, :, :] + j,
-                             mask=mm[:, None, None] & gm[None, :, None], other=0.0).to(tl.float32)
+                xj = tl.load(x_ptr + rows[:, None, None] * x_st + xo[None, :, :] + j).to(tl.float32)   # rows past
+                # the group read row 0 (their sums are not stored)
                 p += f[None, :, :, :] * xj[:, None, :, :]
         if MR == 1:
             return acc + sc.to(tl.float32)[:, :, None] * p
@@ -174,15 +176,17 @@ if HAVE_TRITON:
             return tl.sum(tl.sum(acc, axis=3), axis=2)
 
     @triton.jit
-    def _w4_rows_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr, N, K,
+    def _w4_rows_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr, N, K,
                         tiles, x_st, out_st, part_ss, part_sr, w_se, w_sn, s_se, s_sn, MR: tl.constexpr,
                         BN: tl.constexpr, GT: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr,
                         GATHER: tl.constexpr):
         """W4A16 at a few rows a group: program (g, j, sp) takes group g's rows MR at a time, outputs
         [j BN, (j + 1) BN) and the K tiles [sp tiles, (sp + 1) tiles) of GT groups. Each tile's words are loaded
         one tile ahead (`_w4_load` before the products of the one before, `_w4_mac`): a program has its next
-        loads in flight while it multiplies. PARTIAL: fp32 sums to `part[sp]` (a second kernel adds the splits),
-        else the finished row."""
+        loads in flight while it multiplies. PARTIAL: fp32 sums to `part[sp]`; the last of a (group, block)'s
+        splits to arrive adds them in split order (the same sum whoever arrives last), applies the GLU, writes the
+        rows and zeroes the block's counter `cnt[g * blocks + j]` (no second kernel: at decode a launch's gap is
+        as long as a small product), else the finished row."""
         g = tl.program_id(0)
         if g < tl.load(ngrp_ptr):
             e = tl.load(wid_ptr + g).to(tl.int64)
@@ -199,20 +203,28 @@ if HAVE_TRITON:
                     acc = tl.zeros([MR, BN, GT, 16], dtype=tl.float32)
                 acc_u = tl.zeros_like(acc)
                 t_end = t0 + tiles
+                # two tiles an iteration, each loaded while the other multiplies (a tile past t_end loads as 0 and
+                # adds 0): loop-carried tiles kept in place, where one tile a turn cost a register move a word
                 b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn, GT)
                 bu, scu, zu = b, sc, z
                 if GLU:
                     bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn,
                                            GT)
-                for t in range(t0, t_end):
+                for t in range(t0, t_end, 2):
                     b1, sc1, z1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 1, t_end, K, w_se, w_sn, s_se, s_sn, GT)
-                    acc = _w4_mac(acc, b, sc, z, x_ptr, rows, mm, x_st, t, K, MR, GT)
-                    b, sc, z = b1, sc1, z1
                     if GLU:
-                        b1, sc1, z1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 1, t_end, K, w_se, w_sn,
-                                               s_se, s_sn, GT)
-                        acc_u = _w4_mac(acc_u, bu, scu, zu, x_ptr, rows, mm, x_st, t, K, MR, GT)
-                        bu, scu, zu = b1, sc1, z1
+                        bu1, scu1, zu1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 1, t_end, K, w_se, w_sn,
+                                                  s_se, s_sn, GT)
+                    acc = _w4_mac(acc, b, sc, z, x_ptr, rows, x_st, t, K, MR, GT)
+                    if GLU:
+                        acc_u = _w4_mac(acc_u, bu, scu, zu, x_ptr, rows, x_st, t, K, MR, GT)
+                    b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 2, t_end, K, w_se, w_sn, s_se, s_sn, GT)
+                    if GLU:
+                        bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 2, t_end, K, w_se, w_sn, s_se,
+                                               s_sn, GT)
+                    acc = _w4_mac(acc, b1, sc1, z1, x_ptr, rows, x_st, t + 1, K, MR, GT)
+                    if GLU:
+                        acc_u = _w4_mac(acc_u, bu1, scu1, zu1, x_ptr, rows, x_st, t + 1, K, MR, GT)
                 y = _w4_sum(acc, MR)                                                         # [MR, BN]
                 om = mm[:, None] & nm[None, :]
                 if PARTIAL:
@@ -225,26 +237,25 @@ if HAVE_TRITON:
                         y = y / (1.0 + tl.exp(-y)) * _w4_sum(acc_u, MR)
                     tl.store(out_ptr + m[:, None].to(tl.int64) * out_st + n[None, :],
                              y.to(out_ptr.dtype.element_ty), mask=om)
-
-    @triton.jit
-    def _w4_splits_kernel(part_ptr, out_ptr, N, splits, part_ss, part_sr, out_st, GLU: tl.constexpr,
-                          BLOCK: tl.constexpr):
-        """out[r] = the sum of row r's split partials (silu(gate) * up with GLU), in split order: the same sum at
-        every launch."""
-        r = tl.program_id(0).to(tl.int64)
-        n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        nm = n < N
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK], dtype=tl.float32)
-        for sp in range(0, splits):
-            at = part_ptr + sp * part_ss + r * part_sr + n
-            acc += tl.load(at, mask=nm, other=0.0)
-            if GLU:
-                acc_u += tl.load(at + N, mask=nm, other=0.0)
-        if GLU:
-            acc = acc / (1.0 + tl.exp(-acc)) * acc_u
-        tl.store(out_ptr + r * out_st + n, acc.to(out_ptr.dtype.element_ty), mask=nm)
-
+            if PARTIAL:
+                tl.debug_barrier()                       # every thread's partials stored before the release
+                slot = g * tl.num_programs(1) + tl.program_id(1)
+                if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == tl.num_programs(2) - 1:
+                    for m0 in range(s0, s1, MR):
+                        m, mm, rows = _group_rows(tok_ptr, m0, s1, MR, GATHER)
+                        om = mm[:, None] & nm[None, :]
+                        tot = tl.zeros([MR, BN], dtype=tl.float32)
+                        tot_u = tl.zeros([MR, BN], dtype=tl.float32)
+                        for sp in range(0, tl.num_programs(2)):
+                            at = part_ptr + sp * part_ss + m[:, None].to(tl.int64) * part_sr + n[None, :]
+                            tot += tl.load(at, mask=om, other=0.0, cache_modifier=".cg")
+                            if GLU:
+                                tot_u += tl.load(at + N, mask=om, other=0.0, cache_modifier=".cg")
+                        if GLU:
+                            tot = tot / (1.0 + tl.exp(-tot)) * tot_u
+                        tl.store(out_ptr + m[:, None].to(tl.int64) * out_st + n[None, :],
+                                 tot.to(out_ptr.dtype.element_ty), mask=om)
+                    tl.atomic_xchg(cnt_ptr + slot, 0)      # zero again for the next product (graph replays too)
 
     @triton.jit
     def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, w_sn, s_sn, o_sn, BN: tl.constexpr, BK: tl.constexpr):
@@ -355,20 +366,31 @@ def _w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, 
     BN, GT = block_n or BN, group_tile or GT
     n_blocks = triton.cdiv(N, BN)
     G = group_slots(plan, t)
-    splits, tiles = w4_split(G * n_blocks, triton.cdiv(K, W4_GROUP * GT), x.device, split)
+    # a launch of more (group, block) pairs than counters has programs enough without a split
+    splits, tiles = w4_split(G * n_blocks, triton.cdiv(K, W4_GROUP * GT), x.device,
+                             split if G * n_blocks <= COUNTER_SLOTS else 1)
     out = torch.empty((R, N), dtype=x.dtype, device=x.device)
     part = torch.empty((splits, R, 2 * N if glu else N), dtype=torch.float32, device=x.device) if splits > 1 else out
     qw = t.view(torch.int32)                   # [E, N', K/8]: eight nibbles a word
     _w4_rows_kernel[(G, n_blocks, splits)](
-        x, qw, s, z, out, part, plan.wid, plan.tok, plan.seg, plan.n_groups, N, K, tiles, x.stride(0), out.stride(0),
-        part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0, qw.stride(0), qw.stride(1),
-        s.stride(0), s.stride(1), MR=rows, BN=BN, GT=GT, PARTIAL=splits > 1, GLU=glu, GATHER=gather,
-        num_warps=W4_WARPS, num_stages=W4_STAGES)
-    if splits > 1:
-        block = 256
-        _w4_splits_kernel[(R, triton.cdiv(N, block))](part, out, N, splits, part.stride(0), part.stride(1),
-                                                      out.stride(0), GLU=glu, BLOCK=block, num_warps=4)
+        x, qw, s, z, out, part, _counters(x.device), plan.wid, plan.tok, plan.seg, plan.n_groups, N, K, tiles,
+        x.stride(0), out.stride(0), part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0,
+        qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), MR=rows, BN=BN, GT=GT, PARTIAL=splits > 1, GLU=glu,
+        GATHER=gather, num_warps=W4_WARPS, num_stages=W4_STAGES)
     return out
+
+
+# arrival counters of the split W4A16 launches: one int32 a (group, output block), zero between launches (the
+# last split to arrive zeroes its own); products run on one stream per device, as the engine's step does
+COUNTER_SLOTS = 8192
+_COUNTERS: dict = {}
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    key = (device.type, device.index)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
 
 
 # a dense W4A16 product of more rows (a prefill chunk) is a GEMM, not a stream: its weight dequantised once
