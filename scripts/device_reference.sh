@@ -3,7 +3,11 @@
 # long leaves the others): GPU tests of the portable path and the MoE parts, the weight-stream bench, the
 # split's memory check, and entries of plans/reference-model.toml (run folders packed into $OUT).
 #   scripts/device_reference.sh tests bench decode-w4a16:330   # any of: tests bench split ENTRY, each STEP:SECONDS
+# The device host's copy of the tree may carry a stale .git: give the commit that runs in the command, as
+#   export LABKIT_GIT_SHA=<short sha here>[-dirty]; scripts/device_reference.sh ...
+# (every manifest records it; without it the sha git reports there is recorded, with a warning).
 set -u
+[ -n "${LABKIT_GIT_SHA:-}" ] || echo "device_reference: LABKIT_GIT_SHA not set; manifests record $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown), which may not be the commit that runs" >&2
 OUT=${OUT:-/tmp/labkit-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
