@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
+import types
 import weakref
 from pathlib import Path
 
@@ -18,8 +20,11 @@ from torch.utils._pytree import tree_flatten
 from labkit import experiments
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
 from labkit.experiments.prefill_throughput import measure as M
-from labkit.experiments.prefill_throughput.fit import (activation_bytes_per_token, activation_fixed_bytes,
-                                                       cap_holding, chunk_step, fit, padded, slot_bytes)
+from labkit.engine.model import attention, layers
+from labkit.experiments.prefill_throughput.fit import (activation_bytes, activation_bytes_per_token,
+                                                       activation_fixed_bytes, cap_holding, chunk_step, fit,
+                                                       fla_activation_bytes_per_token, fla_activation_fixed_bytes,
+                                                       padded, slot_bytes)
 from labkit.params import BadInput
 from labkit.shapes import ModelShape
 
@@ -80,34 +85,43 @@ def test_a_reused_slot_starts_clean(model):
         assert torch.equal(one.kv_rows(0), three.kv_rows(2)), config
 
 
-def test_chunk_and_prompts_held_are_the_largest_the_cap_allows():
+@pytest.mark.parametrize("kernels", [{}, {"dn_kernel": "fla", "attention_kernel": "split"}])
+def test_chunk_and_prompts_held_are_the_largest_the_cap_allows(kernels):
     """For caps from nothing-fits to everything-fits: the choice fits under the cap, and one more chunk step (or,
-    at the chunk chosen, one more prompt held) would not; the auto cap lets none hold half the prompts."""
-    T, N, chunk = 512, 4, 64
+    at the chunk chosen, one more prompt held) would not; the auto cap lets none hold half the prompts. With a
+    CPU's kernels (the torch form, the activations a line in the chunk) and a GPU's (flash-linear-attention and
+    the split attention, a step function: a QSA layer's prefix term)."""
+    T, N, chunk = 512, 4, 64 if not kernels else 256
     step = chunk_step(chunk)
     for config in ("none", "prefill"):
-        lo = fit(TINY, T, N, 0, config, chunk).predicted_bytes
+        lo = fit(TINY, T, N, 0, config, chunk, **kernels).predicted_bytes
         for cap in [lo - 1, lo, lo + 5_000, lo + 50_000, lo + 400_000, lo + 4_000_000]:
-            f = fit(TINY, T, N, cap, config, chunk)
+            f = fit(TINY, T, N, cap, config, chunk, **kernels)
+            assert (f.dn_kernel, f.attention_kernel) == (kernels.get("dn_kernel", "torch"),
+                                                          kernels.get("attention_kernel", "sdpa"))
             if not f.fits:
                 assert cap < lo and "the cap is" in f.why_not(T)
                 continue
             assert f.predicted_bytes <= cap and 1 <= f.in_flight <= N and 0 < f.chunk <= chunk
+            assert f.activation_bytes == activation_bytes(TINY, T, f.chunk, **kernels)
             if f.chunk < chunk:   # a step more of chunk would not fit even with one prompt held
-                assert dataclasses.replace(f, chunk=f.chunk + step, in_flight=1, activation_bytes=f.activation_bytes
-                                           + step * activation_bytes_per_token(TINY)).predicted_bytes > cap
+                more = activation_bytes(TINY, T, f.chunk + step, **kernels)
+                bigger = dataclasses.replace(f, chunk=f.chunk + step, in_flight=1, activation_bytes=more)
+                assert bigger.predicted_bytes > cap
             if f.in_flight < N:
                 assert dataclasses.replace(f, in_flight=f.in_flight + 1).predicted_bytes > cap
-    p = experiments.plan("prefill_throughput", {"device": "cpu", "context_lens": "512", "prompts": "4"}).params
-    fits = M.fits_of(p, TINY, 512)
-    assert fits["none"].in_flight == 2 and fits["none"].chunk == 64
-    assert fits["prefill"].in_flight == 4 and fits["prefill"].chunk == 64
-    assert p["mem_cap_gib"] * 2**30 >= cap_holding(TINY, 512, 4, 2, 64)
+    if not kernels:       # a CPU plan's own
+        p = experiments.plan("prefill_throughput", {"device": "cpu", "context_lens": "512", "prompts": "4"}).params
+        fits = M.fits_of(p, TINY, 512)
+        assert fits["none"].in_flight == 2 and fits["none"].chunk == 64
+        assert fits["prefill"].in_flight == 4 and fits["prefill"].chunk == 64
+        assert p["mem_cap_gib"] * 2**30 >= cap_holding(TINY, 512, 4, 2, 64)
 
 
 class _LiveBytes(TorchDispatchMode):
     """The bytes of every tensor storage alive, after each op, and their peak (a CPU stand-in for the
-    allocator's peak): a storage counts from the op that returned it until it is freed."""
+    allocator's peak): a storage counts from the op that returned it until it is freed; an op's view of (or
+    in-place write into) one of its inputs allocates nothing (a cache tensor made before is not counted)."""
 
     def __init__(self):
         super().__init__()
@@ -118,8 +132,9 @@ class _LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.live:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.live.keys() | given:
                 s = t.untyped_storage()
                 self.live[s.data_ptr()] = s.nbytes()
                 self.now += s.nbytes()
@@ -144,6 +159,67 @@ def test_activation_formula_matches_the_live_tensors_of_a_cpu_prefill():
     slope = (peaks[384] - peaks[128]) / 256
     want = activation_bytes_per_token(s) + s.row_bytes + 8
     assert slope == pytest.approx(want, rel=0.03), (slope, want)
+
+
+def _fla_stand_in(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                  use_qk_l2norm_in_kernel=False):
+    """What fla-core 0.6.0's `chunk_gated_delta_rule` allocates on its forward (its source, function by function),
+    in its order and with its lifetimes; the values are not computed. `input_guard`: every input contiguous;
+    `l2norm_fwd` on q and k: an output like its input and the inverse norms [.., H] fp32; `chunk_local_cumsum`: the
+    cumulative decay, fp32; `chunk_gated_delta_rule_fwd_intra`: A zeros [B, T, HV, 64] in k's dtype, then
+    `recompute_w_u_fwd`: w [B, T, HV, K] like k, u like v; `chunk_gated_delta_rule_fwd_h`: h [B, chunks, HV, K, V]
+    like k, the final state zeros fp32, the new values like u; `chunk_fwd_o`: o like the new values."""
+    assert use_qk_l2norm_in_kernel and output_final_state
+    guarded = [t.contiguous() for t in (q, k, v, g, beta, initial_state)]     # held by the guard's frame
+    q, k, v, g = guarded[:4]
+    q, q_rstd = torch.empty_like(q), torch.empty(q.shape[:-1], dtype=torch.float32)
+    k, k_rstd = torch.empty_like(k), torch.empty(k.shape[:-1], dtype=torch.float32)
+    g = torch.empty_like(g, dtype=torch.float32)
+    B, T, _, K = k.shape
+    HV, V = v.shape[2:]
+    A = torch.zeros(B, T, HV, 64, dtype=k.dtype)
+    w, u = k.new_empty(B, T, HV, K), torch.zeros_like(v)
+    h = k.new_empty(B, -(-T // 64), HV, K, V)
+    final_state = k.new_zeros(B, HV, K, V, dtype=torch.float32)
+    v_new = torch.zeros_like(u)
+    o = torch.zeros_like(v_new)
+    return o, final_state
+
+
+def _cudnn_stand_in(q, k, v, causal):
+    """What `attention._cudnn` returns from cuDNN: the output in q's layout and the log-sum-exp [B, H, Tq] fp32."""
+    return torch.zeros_like(q), torch.zeros(q.shape[:3], dtype=torch.float32)
+
+
+@pytest.fixture
+def gpu_kernels(monkeypatch):
+    """The engine's prefill on a CPU as it runs on an H100: DeltaNet through `deltanet_prefill.scan_fla` into
+    flash-linear-attention (`_fla_stand_in`), dense attention split into two cuDNN calls (`_cudnn_stand_in`)."""
+    fla = types.ModuleType("fla.ops.gated_delta_rule")
+    fla.chunk_gated_delta_rule = _fla_stand_in
+    for name in ("fla", "fla.ops", "fla.ops.gated_delta_rule"):
+        monkeypatch.setitem(sys.modules, name, fla if name.endswith("rule") else types.ModuleType(name))
+    monkeypatch.setattr(layers, "dn_prefill_kernel", lambda device: "fla")
+    monkeypatch.setattr(attention, "prefill_kernel", lambda device: "split")
+    monkeypatch.setattr(attention, "_cudnn", _cudnn_stand_in)
+
+
+@pytest.mark.parametrize("layers_, T, chunk", [(3, 384, 384), (8, 448, 128)])
+def test_fla_and_split_formulas_match_the_live_tensors_of_the_engine(gpu_kernels, layers_, T, chunk):
+    """The engine's own prefill forward on a CPU, the two GPU kernels replaced by what they allocate: the live
+    bytes at the peak are the formulas' activations plus the prefix buffer. Three DeltaNet layers in one chunk
+    (the DeltaNet term: no QSA layer), and `tiny` in three chunks and a tail (a QSA layer's, with its prefix)."""
+    s = dataclasses.replace(TINY, name=f"tiny-{layers_}", layers=layers_)
+    m = HybridModel(s, CPU, seed=0)
+    cache = OffloadCache.allocate(m, "host", 1, T)
+    e = Engine(m, cache, get_strategy("zero_copy"), 64, prefill_chunk=chunk)
+    tokens = torch.randint(0, s.vocab, (T,))
+    with torch.inference_mode(), _LiveBytes() as live:
+        e.prefill(0, tokens)
+    want = activation_bytes(s, T, chunk, "fla", "split")
+    dn = chunk * fla_activation_bytes_per_token(s) + fla_activation_fixed_bytes(s)
+    assert (want == dn) == (s.attn_layers == 0)          # each case checks one term: the one at its peak
+    assert live.peak - T * s.row_bytes == pytest.approx(want, rel=0.01), (live.peak - T * s.row_bytes, want)
 
 
 @pytest.mark.parametrize("run, config", [("20261130-121336-prefill-248k-full-h200", "resident"),

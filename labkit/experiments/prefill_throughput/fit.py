@@ -9,16 +9,23 @@ Device bytes at the peak of a prefill, term by term (each one the size of a tens
   on the device (`none`) also its pool rows, `attn_layers x T x row_bytes`;
 - `prefix`: the prompt's prefix buffers: `none` the one layer-sized prefix a chunk reads back (`T x row_bytes`),
   `prefill`/`both` the four rotating layer buffers (`rotating_buffer_bytes`);
-- `activations`: a chunk of `c` tokens, `c x activation_bytes_per_token + activation_fixed_bytes`: the live set at
-  the peak, which is inside a DeltaNet layer's chunked recurrence (`layers.delta_rule_chunked`; a QSA layer's live
-  set is a fraction of it, and on CUDA its attention holds no score matrix);
+- `activations`: a chunk of `c` tokens, the live set at the peak of a forward (`activation_bytes`), which depends on
+  the kernels the engine takes on the device (`layers.dn_prefill_kernel`, `attention.prefill_kernel`; `Fit` records
+  them): with DeltaNet's torch form (`layers.delta_rule_chunked`, every CPU) `c x activation_bytes_per_token +
+  activation_fixed_bytes`, inside the recurrence; with flash-linear-attention's kernel (`deltanet_prefill.scan_fla`,
+  CUDA) `c x fla_activation_bytes_per_token + fla_activation_fixed_bytes`, less than half of it; with the split
+  attention (cuDNN, Hopper) the larger of that and a QSA layer's live set at its last chunk with a prefix
+  (`split_attention_bytes`: per token, plus the prefix's keys and values copied once), the peak of the fla path at
+  the reference shape;
 - `prompts`: the N prompts' token ids and the logits kept per prompt;
 - `reserve`: what the formulas do not count (cuBLAS workspace, the allocator's rounding and fragmentation).
 
 Checked two ways: against the live tensors of a CPU prefill (`tests/test_prefill_throughput.py`, the per-token
 slope within a few percent) and against the allocator's peaks of the committed H200 prefill runs at 248K and 1M
-(within 0.3%; the activations of an 8K chunk are 2.61 GB there). On CUDA every run records the prediction next
-to `torch.cuda.max_memory_allocated`.
+(within 0.3%; the activations of an 8K chunk are 2.61 GB there; torch form and SDPA attention). The fla and split
+terms are the tensors their source allocates, counted (`tests/test_prefill_throughput.py` runs the engine's own
+forward on a CPU with stand-ins that allocate what the kernels allocate). On CUDA every run records the prediction
+next to `torch.cuda.max_memory_allocated`.
 """
 from __future__ import annotations
 
@@ -53,6 +60,78 @@ def activation_fixed_bytes(s: ModelShape) -> int:
     """Per forward, whatever the chunk: the recurrent state's working copies (four of [H, dk, dv] fp32) and
     one chunk's new values (u - w S)."""
     return 4 * s.dn_v_heads * s.dn_head_dim ** 2 * FP32 + s.dn_v_heads * DN_CHUNK * s.dn_head_dim * FP32
+
+
+# Per chunk token in every layer's live set: the chunk's positions and its pool rows and index-key slots (int64)
+POSITION_BYTES = 3 * 8
+DN_KERNELS = ("torch", "fla")           # `layers.dn_prefill_kernel`
+ATTENTION_KERNELS = ("sdpa", "split")   # `attention.prefill_kernel`
+
+
+def fla_activation_bytes_per_token(s: ModelShape) -> int:
+    """Bytes per chunk token live at the peak of a DeltaNet layer on flash-linear-attention's kernel (fla-core
+    0.6.0's `chunk_gated_delta_rule` from `deltanet_prefill.scan_fla`), its last allocation (the output o):
+    the engine's frames: the residual pair, its sum and norm (4 x hidden, bf16), the input projection (bf16), the
+    conv's output (conv channels, bf16: the lab's kernel writes nothing else that lives), the gates (log decay and
+    beta in fp32, beta again in bf16), the positions; the kernel's: contiguous copies of q, k, v (its input guard:
+    they are strided views of the conv output), the l2-normed q and k (bf16) and their inverse norms (fp32), the
+    decay's cumulative sum (fp32, one a value head), A ((I+A)^-1 per 64-token chunk, bf16 [value heads x 64]),
+    w and u (bf16, value width), the state at each 64-token chunk's start (bf16 [value heads, dk, dv] / 64),
+    the new values and the output (bf16, value width)."""
+    dh, hk, hv = s.dn_head_dim, s.dn_k_heads, s.dn_v_heads
+    dk, dv = hk * dh, hv * dh
+    conv_ch = 2 * dk + dv
+    frames = (4 * s.hidden + s.weight_matrices()["dn.w_in"][1] + conv_ch) * BF16_BYTES \
+        + 2 * hv * FP32 + hv * BF16_BYTES + POSITION_BYTES
+    kernel = (conv_ch + 2 * dk + hv * DN_CHUNK + 2 * dv + hv * dh * dh // DN_CHUNK + 2 * dv) * BF16_BYTES \
+        + (2 * hk + hv) * FP32
+    return frames + kernel
+
+
+def fla_activation_fixed_bytes(s: ModelShape) -> int:
+    """Per forward on flash-linear-attention's kernel: its final state ([value heads, dk, dv] fp32; the initial
+    state is the cache's own, taken as it is)."""
+    return s.dn_v_heads * s.dn_head_dim ** 2 * FP32
+
+
+def split_attention_bytes_per_token(s: ModelShape) -> int:
+    """Bytes per chunk token live in a QSA layer at the peak of the split attention
+    (`attention.split_prefill_attention`, cuDNN), where the two calls' outputs are merged: the block's residual
+    pair and its sum (3 x hidden), the input projection (its padded width), the roped q, the K/V row, the index key and
+    scale, the head weights, the positions; in the attention the queries twice (per head, and with the group
+    folded in), the chunk's keys and values repeated to the query heads, both outputs (bf16) and their five
+    log-sum-exp rows (fp32 a head), and three fp32 outputs of the merge at once (one weighted, the other
+    converted and weighted)."""
+    qd = s.n_heads * s.head_dim
+    block = (3 * s.hidden + s.weight_matrices()["qsa.w_in"][1] + qd) * BF16_BYTES + s.row_bytes \
+        + s.index_key_bytes + s.index_heads * BF16_BYTES + POSITION_BYTES
+    attention = 6 * qd * BF16_BYTES + 5 * s.n_heads * FP32 + 3 * qd * FP32
+    return block + attention
+
+
+def split_attention_bytes(s: ModelShape, T: int, chunk: int) -> int:
+    """A QSA layer's peak live bytes over a prompt of T tokens in chunks of `chunk`: at the last full chunk or
+    the shorter tail, whichever is more, `split_attention_bytes_per_token` a token plus the prefix's keys and
+    values copied contiguous (`row_bytes` a prefix token). A chunk without a prefix (the first) merges nothing
+    and holds less than a DeltaNet layer: 0 for a prompt of one chunk."""
+    full, tail = divmod(T, chunk)
+    points = ([(chunk, (full - 1) * chunk)] if full >= 2 else []) + ([(tail, full * chunk)] if tail and full else [])
+    return max((c * split_attention_bytes_per_token(s) + p * s.row_bytes for c, p in points), default=0)
+
+
+def activation_bytes(s: ModelShape, T: int, chunk: int, dn_kernel: str = "torch",
+                     attention_kernel: str = "sdpa") -> int:
+    """The activations at the peak of a prompt's forwards in chunks of `chunk` with these kernels: the DeltaNet
+    layer's live set, or with the split attention a QSA layer's where it is more (SDPA's per-KV-head calls hold
+    a fraction of the DeltaNet layer's: no term)."""
+    if dn_kernel not in DN_KERNELS or attention_kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"unknown kernels dn {dn_kernel!r}, attention {attention_kernel!r}: choose from "
+                         f"{', '.join(DN_KERNELS)} and {', '.join(ATTENTION_KERNELS)}")
+    if dn_kernel == "fla":
+        dn = chunk * fla_activation_bytes_per_token(s) + fla_activation_fixed_bytes(s)
+    else:
+        dn = chunk * activation_bytes_per_token(s) + activation_fixed_bytes(s)
+    return max(dn, split_attention_bytes(s, T, chunk)) if attention_kernel == "split" else dn
 
 
 def padded(T: int) -> int:
@@ -93,6 +172,8 @@ class Fit:
     prompt_bytes: int
     reserve_bytes: int
     cap_bytes: int
+    dn_kernel: str = "torch"           # the kernels `activation_bytes` assumed (`DN_KERNELS`, `ATTENTION_KERNELS`)
+    attention_kernel: str = "sdpa"
 
     @property
     def fits(self) -> bool:
@@ -128,29 +209,37 @@ def chunk_step(chunk_max: int) -> int:
     return min(DN_CHUNK, chunk_max)
 
 
-def fit(s: ModelShape, T: int, prompts: int, cap: float, config: str, chunk_max: int, reserve: float = 0.0) -> Fit:
+def fit(s: ModelShape, T: int, prompts: int, cap: float, config: str, chunk_max: int, reserve: float = 0.0,
+        dn_kernel: str = "torch", attention_kernel: str = "sdpa") -> Fit:
     """The largest chunk (a multiple of `chunk_step`, at most `chunk_max` and the prompt) that fits `cap` with one
     prompt held, then the most prompts held (at most `prompts`) that fit beside that chunk. The chunk goes
     first: it is paid on every forward, while a second slot only lets a finished prompt's hand-off overlap the
-    next prompt (module docstring of `measure`). Nothing fits: chunk and in_flight 0, the smallest chunk's bytes."""
+    next prompt (module docstring of `measure`). The kernels: those the engine takes on the device
+    (`measure.prefill_kernels`; the defaults are a CPU's). Nothing fits: chunk and in_flight 0, the smallest
+    chunk's bytes."""
     on_dev = KV_ON_DEVICE[config]
     slot, prefix = slot_bytes(s, T, on_dev), prefix_bytes(s, T, on_dev)
-    fixed = s.weight_bytes() + prefix + prompt_bytes(s, T, prompts) + int(reserve) + activation_fixed_bytes(s)
-    per_tok, step = activation_bytes_per_token(s), chunk_step(chunk_max)
+    rest = s.weight_bytes() + prefix + prompt_bytes(s, T, prompts) + int(reserve)
     base = dict(config=config, weight_bytes=s.weight_bytes(), slot_bytes=slot, prefix_bytes=prefix,
-                prompt_bytes=prompt_bytes(s, T, prompts), reserve_bytes=int(reserve), cap_bytes=int(cap))
-    room = cap - fixed - slot
-    top = min(chunk_max, T)
-    chunk = top if room >= top * per_tok else (int(room // per_tok) // step) * step
+                prompt_bytes=prompt_bytes(s, T, prompts), reserve_bytes=int(reserve), cap_bytes=int(cap),
+                dn_kernel=dn_kernel, attention_kernel=attention_kernel)
+
+    def act(c: int) -> int:
+        return activation_bytes(s, T, c, dn_kernel, attention_kernel)
+
+    step, top = chunk_step(chunk_max), min(chunk_max, T)
+    # the prompt's length, then the multiples of the step below it, largest first (a QSA layer's prefix term
+    # makes the activations a step function of the chunk, not a line: each candidate is priced)
+    chunk = next((c for c in [top, *range((top - 1) // step * step, 0, -step)] if rest + slot + act(c) <= cap), 0)
     if chunk <= 0:
-        return Fit(chunk=0, in_flight=0, activation_bytes=min(step, T) * per_tok + activation_fixed_bytes(s), **base)
-    act = chunk * per_tok + activation_fixed_bytes(s)
-    held = (cap - fixed - chunk * per_tok) // slot
+        return Fit(chunk=0, in_flight=0, activation_bytes=act(min(step, T)), **base)
+    held = (cap - rest - act(chunk)) // slot
     in_flight = prompts if held >= prompts else int(held)
-    return Fit(chunk=chunk, in_flight=in_flight, activation_bytes=act, **base)
+    return Fit(chunk=chunk, in_flight=in_flight, activation_bytes=act(chunk), **base)
 
 
-def cap_holding(s: ModelShape, T: int, prompts: int, held: int, chunk_max: int, reserve: float = 0.0) -> int:
+def cap_holding(s: ModelShape, T: int, prompts: int, held: int, chunk_max: int, reserve: float = 0.0,
+                dn_kernel: str = "torch", attention_kernel: str = "sdpa") -> int:
     """The smallest cap at which `none` (KV on the device) holds `held` prompts at the largest chunk."""
     return (s.weight_bytes() + held * slot_bytes(s, T, True) + prefix_bytes(s, T, True) + prompt_bytes(s, T, prompts)
-            + int(reserve) + min(chunk_max, T) * activation_bytes_per_token(s) + activation_fixed_bytes(s))
+            + int(reserve) + activation_bytes(s, T, min(chunk_max, T), dn_kernel, attention_kernel))

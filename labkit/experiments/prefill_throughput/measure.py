@@ -18,8 +18,9 @@ prefill internals are not touched), so what freed memory can buy here is
 1. tokens per forward: the chunk size the cap allows beside everything else (activations grow with the chunk);
 2. prompts held at once (`in_flight`): slots of the cache, one per prompt between its prefill and its hand-off.
 Each config takes, from the cap, the largest chunk (a multiple of 64 tokens, at most `chunk`) with one prompt
-held, then as many prompts held as fit beside it (`fit.py`: the byte formulas of every allocation, checked
-against the allocator's peaks of the committed H200 prefill runs within 1%). The chunk goes first because it is
+held, then as many prompts held as fit beside it (`fit.py`: the byte formulas of every allocation for the kernels the
+engine takes on the device, the torch form of DeltaNet's recurrence checked against the allocator's peaks of the
+committed H200 prefill runs within 1%). The chunk goes first because it is
 paid on every forward; a second slot only lets a hand-off overlap the next prompt. On CUDA the cap is enforced by
 the caching allocator (`torch.cuda.set_per_process_memory_fraction`, as `labkit run prefill` does): a config the
 formulas got wrong is a failed row with the allocator's message, and every row carries the predicted peak next
@@ -64,6 +65,8 @@ import psutil
 import torch
 
 from ...engine import Engine, HybridModel, OffloadCache, get_strategy
+from ...engine.model.attention import prefill_kernel
+from ...engine.model.layers import dn_prefill_kernel
 from ...params import BadInput, fill_auto, resolve_device
 from ...results import Run
 from ...shapes import ModelShape, planned_shape
@@ -94,7 +97,7 @@ def check(p: dict) -> dict:
     if p["mem_cap_gib"] == 0:        # just too small for none to hold every prompt: it holds half, rounded up
         T = max(p["context_lens"])
         held = math.ceil(p["prompts"] / 2)
-        cap = cap_holding(shape, T, p["prompts"], held, p["chunk"], p["reserve_gib"] * 2**30)
+        cap = cap_holding(shape, T, p["prompts"], held, p["chunk"], p["reserve_gib"] * 2**30, **prefill_kernels(dev))
         cap += slot_bytes(shape, T, True) // 2           # half a slot over: never one short by rounding
         p["mem_cap_gib"] = cap / 2**30
     try:
@@ -105,10 +108,17 @@ def check(p: dict) -> dict:
     return p
 
 
+def prefill_kernels(dev: torch.device) -> dict[str, str]:
+    """The kernels the engine's prefill takes on `dev` (DeltaNet's recurrence, dense attention), as `fit` names
+    them: its activations depend on them."""
+    return {"dn_kernel": dn_prefill_kernel(dev), "attention_kernel": prefill_kernel(dev)}
+
+
 def fits_of(p: dict, shape: ModelShape, T: int) -> dict[str, Fit]:
     """What the cap holds per config at prompt length T (checked parameters; arithmetic only)."""
-    return {c: fit(shape, T, p["prompts"], p["mem_cap_gib"] * 2**30, c, p["chunk"], p["reserve_gib"] * 2**30)
-            for c in p["configs"]}
+    kernels = prefill_kernels(torch.device(p["device"]))
+    return {c: fit(shape, T, p["prompts"], p["mem_cap_gib"] * 2**30, c, p["chunk"], p["reserve_gib"] * 2**30,
+                   **kernels) for c in p["configs"]}
 
 
 def host_bytes(shape: ModelShape, T: int, f: Fit, dev: torch.device) -> int:
