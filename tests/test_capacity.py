@@ -61,6 +61,28 @@ def test_offloading_both_stages_holds_more_requests_at_24_gib():
     assert none.requests == (cap - REF.weight_bytes() - 2 * 2**30 - (64 << 10) * REF.row_bytes) // none.per_request_bytes
 
 
+def test_a_cap_is_checked_against_the_weights_as_they_are_held():
+    """The published model's bf16 weights (234 GiB) do not fit 24 GiB; its W4A16 ones with one shared bank of
+    experts do, and each further bank adds one layer's routed experts (experts x gate, up, down x the W4A16 bytes
+    a weight)."""
+    from labkit.experiments.device_cap import check_cap, least_weight_bytes
+    from labkit.params import BadInput
+    from labkit.shapes import PRESETS, WEIGHT_BYTES
+    s, cpu = PRESETS["qwen3.8-flash-next"], torch.device("cpu")
+    bank = s.experts * 3 * s.hidden * s.expert_intermediate * WEIGHT_BYTES["w4a16"]
+    assert least_weight_bytes(s, "w4a16", 24) - least_weight_bytes(s, "w4a16", 1) == pytest.approx(23 * bank, rel=1e-6)
+    assert least_weight_bytes(s, "w4a16", 0) == least_weight_bytes(s, "w4a16", 1)
+    assert least_weight_bytes(s, "auto") == least_weight_bytes(s, "w4a16")
+    assert least_weight_bytes(s, "w4a16", s.layers) == s.weight_bytes("w4a16")
+    check_cap(24, s, cpu, "w4a16", 0)                      # fits with one bank
+    least = least_weight_bytes(s, "w4a16", 24) / 2**30
+    with pytest.raises(BadInput, match="w4a16"):
+        check_cap(least * 0.99, s, cpu, "w4a16", 24)
+    check_cap(least * 1.01, s, cpu, "w4a16", 24)
+    with pytest.raises(BadInput, match="bf16"):
+        check_cap(24, s, cpu, "bf16", s.layers)
+
+
 @pytest.mark.parametrize("name,args,msg", [
     ("capacity", ["-p", "mem_cap_gib=0.0001"], "weights"),
     ("capacity", ["-p", "configs=none,gpu"], "configs must be one of none, prefill, both; got 'gpu'"),

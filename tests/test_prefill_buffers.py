@@ -27,7 +27,7 @@ def _prefill(model, strategy, mode, chunk=64, page_size=16, start_from=None):
     e = Engine(model, cache, st, 16, prefill_chunk=chunk, prefill_mode=mode)
     logits = []
     for slot, n in enumerate(LENS):
-        tok = torch.randint(0, SHAPE.vocab, (n,), generator=torch.Generator().manual_seed(slot))
+        tok = torch.randint(0, model.shape.vocab, (n,), generator=torch.Generator().manual_seed(slot))
         logits.append(e.prefill(slot, tok))
     return e, cache, logits
 
@@ -52,6 +52,20 @@ def test_rotating_prefill_equals_sync(model, chunk):
     assert torch.equal(c1.index.scales, c0.index.scales)
     assert torch.equal(c1.dn_state, c0.dn_state) and torch.equal(c1.dn_conv, c0.dn_conv)
     assert torch.equal(c1.lens, c0.lens)
+
+
+def test_rotating_prefill_equals_sync_with_experts_hyper_connections_and_ngrams():
+    """The published model's parts (routed experts in W4A16, hyper-connections, the n-gram embedding) through the
+    rotating buffers: the same bytes and logits as the sync prefill (the rotating `io` answers what these layers
+    ask of it)."""
+    moe = HybridModel(PRESETS["tiny-moe"], "cpu", seed=0, weights_dtype="w4a16", ngram_table_bytes=1 << 20)
+    assert moe.shape.moe and moe.shape.hc_count > 1 and moe.ngram is not None
+    _, c0, lg0 = _prefill(moe, "zero_copy", "sync")
+    _, c1, lg1 = _prefill(moe, "zero_copy", "rotating")
+    for slot, n in enumerate(LENS):
+        assert torch.equal(_kv(c1, slot, n), _kv(c0, slot, n))
+        assert torch.equal(lg1[slot], lg0[slot])
+    assert torch.equal(c1.dn_state, c0.dn_state)
 
 
 def test_resident_prefill_equals_offloaded(model):

@@ -10,16 +10,31 @@ from ..params import BadInput, gib
 from ..shapes import ModelShape
 
 
-def check_cap(cap_gib: float, shape: ModelShape, dev: torch.device) -> None:
-    """A cap must be > 0 (or 0: none), hold the weights, and not exceed the device."""
+def least_weight_bytes(shape: ModelShape, weights_dtype: str = "bf16", expert_banks: int = 0) -> int:
+    """The fewest bytes the weights can take on a device as the model parameters hold them: `auto` as W4A16 for an
+    MoE shape (what `HybridModel` picks where bf16 does not fit), and with `expert_banks` 0 one bank of routed
+    experts shared by every layer (as many as fit is at least one)."""
+    dtype = weights_dtype if weights_dtype != "auto" else ("w4a16" if shape.moe else "bf16")
+    total = shape.weight_bytes(dtype)
+    if not shape.moe:
+        return total
+    bank = shape.step_weight_bytes(1, dtype, experts_read=shape.experts)["experts"] / shape.layers
+    return int(total - bank * (shape.layers - min(shape.layers, expert_banks or 1)))
+
+
+def check_cap(cap_gib: float, shape: ModelShape, dev: torch.device, weights_dtype: str = "bf16",
+              expert_banks: int = 0) -> None:
+    """A cap must be > 0 (or 0: none), hold the weights (as `weights_dtype` and `expert_banks` hold them), and not
+    exceed the device."""
     if cap_gib == 0:
         return
     if cap_gib < 0:
         raise BadInput(f"mem_cap_gib must be > 0 (or 0 for no cap), got {cap_gib}")
     cap = cap_gib * 2**30
-    if cap <= shape.weight_bytes():
-        raise BadInput(f"mem_cap_gib={cap_gib:g} is below the {gib(shape.weight_bytes())} the weights of "
-                       f"{shape.name} need")
+    least = least_weight_bytes(shape, weights_dtype, expert_banks)
+    if cap <= least:
+        raise BadInput(f"mem_cap_gib={cap_gib:g} is below the {gib(least)} the weights of {shape.name} need "
+                       f"({weights_dtype})")
     if dev.type == "cuda":
         total = torch.cuda.get_device_properties(dev).total_memory
         if cap > total:

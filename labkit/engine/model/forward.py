@@ -25,7 +25,7 @@ from .deltanet_step import delta_step, deltanet_mix
 from .gemv import norm_matmul
 from .hybrid import block_fns, dn_prefill, hc_head
 from .indexer import index_scores
-from .prefill_buffers import RotatingPrefillIO
+from .prefill_buffers import PrefillRequestIO, RotatingPrefillIO
 from .prefill_marks import NoMarks
 from .select import select_blocks, select_topk
 from .step_state import StepBuffers
@@ -252,7 +252,7 @@ def _run(gen):
     raise RuntimeError(f"prefill attention yielded a load request for layer {req.layer}")
 
 
-class _PrefillIO:
+class _PrefillIO(PrefillRequestIO):
     """Prefill of one request: a chunk's tokens attend densely to the whole prefix so far, read back
     from the pool (where the chunk's own rows were just written)."""
 
@@ -268,12 +268,6 @@ class _PrefillIO:
 
     def finish(self) -> None:
         pass
-
-    def experts_read(self, n) -> None:
-        pass
-
-    def ngram_rows(self, pos):
-        return self.e.model.ngram.lookup(self.tokens, pos)
 
     def begin_chunk(self, start: int, end: int) -> None:
         self.end = end

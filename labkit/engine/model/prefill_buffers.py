@@ -71,7 +71,21 @@ def rotating_buffer_bytes(T: int, row_bytes: int, attn_layers: int, n_buffers: i
     return min(n_buffers, attn_layers) * T * row_bytes
 
 
-class RotatingPrefillIO:
+class PrefillRequestIO:
+    """What every prefill `io` of one request answers alike: the n-gram embedding's rows of the chunk's tokens
+    (`tokens`, set per chunk by the prefill loop) and the routed experts' count, which prefill does not keep (a
+    decode step's rows report it)."""
+    tokens = None
+    e = None
+
+    def experts_read(self, n) -> None:
+        pass
+
+    def ngram_rows(self, pos):
+        return self.e.model.ngram.lookup(self.tokens, pos)
+
+
+class RotatingPrefillIO(PrefillRequestIO):
     """The `io` of `Engine.block` for one prompt prefilled through rotating layer buffers (docstring)."""
 
     def __init__(self, engine, slot: int, T: int, n_buffers: int = N_BUFFERS):

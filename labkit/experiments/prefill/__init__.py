@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ... import lazy
 from ... import envs
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, MODEL_PARAMS, OUT_DIR, SEED, SHAPE, Param, Plan
 from .. import planner
 
 NAME = "prefill"
@@ -13,6 +13,7 @@ NAME = "prefill"
 SPEC = [
     SHAPE,
     DEVICE,
+    *MODEL_PARAMS,
     Param("context_lens", "list[int]", "auto", "prompt lengths (248K, 1M accepted)", gt=0,
           auto={"cuda": [248 << 10], "cpu": [512]}),
     Param("modes", "list[str]", ["resident", "sync", "rotating"], "resident, sync, rotating",

@@ -45,7 +45,7 @@ from ...engine.model.layers import dn_prefill_kernel
 from ...engine.model.prefill_marks import PHASES, PrefillMarks
 from ...results import Run
 from ...shapes import ModelShape, planned_shape
-from ...params import BadInput, check_positive, fill_auto, resolve_device
+from ...params import BadInput, check_positive, fill_auto, model_kwargs, resolve_device
 from ... import sweep
 from ...sweep import sync
 from . import SPEC
@@ -68,7 +68,7 @@ def check(p: dict) -> dict:
     check_positive("context_lens", p["context_lens"] or [0])     # none given
     if any(p["tail_tokens"] >= n for n in p["context_lens"]):
         raise BadInput(f"tail_tokens={p['tail_tokens']} must be >= 0 and below every context length")
-    check_cap(p["mem_cap_gib"], shape, dev)
+    check_cap(p["mem_cap_gib"], shape, dev, p["weights_dtype"], p["expert_banks"])
     envs.check_switch_params(p)
     return p
 
@@ -197,8 +197,10 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     for row in probe_rows:
         r.add({**base, **row})
     p = {**p, "_rates": rates}
-    model = HybridModel(shape, dev, seed=p["seed"])
-    r.update_manifest(weight_bytes=model.weight_bytes(), shape_info=shape.summary(), bound_rates=rates)
+    model = HybridModel(shape, dev, seed=p["seed"], **model_kwargs(p))
+    r.update_manifest(weight_bytes=model.weight_bytes(), shape_info=shape.summary(), bound_rates=rates,
+                      holding=model.holding())
+    base |= {"weights_dtype": model.weights_dtype, "expert_banks": model.expert_banks or None}
     chunks_csv = r.path / "chunks.csv"
     r.write_file(chunks_csv.name, "engine_variant,mode,context_len,chunk_end,t_s\n")
     anatomy: list[dict] = []
