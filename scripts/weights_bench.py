@@ -13,7 +13,8 @@ over replays; GB/s = bytes read / time:
   through the lab's bf16 GEMV (bf16) or the grouped kernel's one-group form (W4A16);
 - `experts`: 48 layers of routed experts, 10 distinct a layer at c = 1 (as many as routing gives at c = 4),
   through the grouped kernel;
-- `hbm_read`: a sum over 8 GiB (bytes read / time).
+- `hbm_read`: a sum over 8 GiB (bytes read / time);
+- `launch_floor_us`: a kernel of no work in a graph of 192 of them (what each launch of a step costs at least).
 Dense products and experts are timed at one request and four; W4A16 under each of `VARIANTS` (the kernel as the
 engine runs it, the earlier dequantising kernel, other tiles and K splits), every variant over the same weights.
 The goal for W4A16: the stream at >= 75% of the measured read rate for one request.
@@ -81,6 +82,19 @@ def hbm_read_gbps(dev) -> float:
     ts = timed_graph(lambda: x.sum(), dev)
     del x
     return (8 << 30) / (statistics.median(ts) / 1e3) / 1e9
+
+
+def launch_floor_us(dev, launches: int = 192) -> float:
+    """µs a kernel of (almost) no work takes in a CUDA graph of `launches` of them back to back: the floor under
+    every small product of a step (a W4A16 product at decode reads a few MB, a few µs of HBM)."""
+    if dev.type != "cuda":
+        return float("nan")
+    t = torch.zeros(1, device=dev)
+
+    def run():
+        for _ in range(launches):
+            t.add_(1)
+    return statistics.median(timed_graph(run, dev)) * 1e3 / launches
 
 
 def nbytes(w) -> int:
@@ -178,7 +192,7 @@ def main():
     dev = torch.device("cpu" if a.dry_run else "cuda")
     s = PRESETS[a.shape]
     out = {"shape": s.name, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-           "hbm_read_gbps": hbm_read_gbps(dev), "rows": []}
+           "hbm_read_gbps": hbm_read_gbps(dev), "launch_floor_us": launch_floor_us(dev), "rows": []}
     for weights in ("bf16", "w4a16"):
         parts = [("dense", 1, *dense_products(s, weights, dev)), ("dense", 4, *dense_products(s, weights, dev, 4))]
         for c in (1, 4):
@@ -199,7 +213,7 @@ def main():
         r["of_hbm_read"] = r["gbps"] / out["hbm_read_gbps"]
         print(f"{r['part']:8s} {r['weights']:6s} {r['variant']:12s} c={r['concurrency']} {r['bytes'] / 1e9:7.3f} GB "
               f"{r['ms_median']:7.3f} ms  {r['gbps']:7.0f} GB/s  {r['of_hbm_read']:.0%} of read")
-    print(f"hbm read {out['hbm_read_gbps']:.0f} GB/s")
+    print(f"hbm read {out['hbm_read_gbps']:.0f} GB/s, a launch in a graph {out['launch_floor_us']:.2f} µs")
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "weights_bench.json").write_text(json.dumps(out, indent=1))
 

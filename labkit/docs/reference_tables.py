@@ -211,8 +211,10 @@ def weights_bench_table(path: str) -> str:
              "c": r["concurrency"], "GB read": f"{r['bytes'] / 1e9:.2f}",
              "ms (min–max)": f"{r['ms_median']:.2f} ({r['ms_min']:.2f}–{r['ms_max']:.2f})",
              "GB/s": f"{r['gbps']:.0f}", "of HBM read": f"{r['of_hbm_read']:.0%}"} for r in doc["rows"]]
+    floor = (f"; a kernel of no work in a graph: {doc['launch_floor_us']:.2f} µs" if doc.get("launch_floor_us")
+             else "")
     return (f"{doc['shape']} on {doc['device']} (`{path}`); HBM read measured in the same process: "
-            f"{doc['hbm_read_gbps']:.0f} GB/s.\n\n{_md(pd.DataFrame(rows))}")
+            f"{doc['hbm_read_gbps']:.0f} GB/s{floor}.\n\n{_md(pd.DataFrame(rows))}")
 
 
 # ---- the reference box beside the peer's measurements --------------------------------------------------------
