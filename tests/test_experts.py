@@ -114,13 +114,14 @@ KERNEL = textwrap.dedent('''
     # W4A16's row kernel with K cut into splits (a second kernel adds them, silu(gate) * up after the sum) and
     # at other tiles, one request and four
     w = QuantWeight.quantize(torch.randn(1, 1024, 80, generator=g) / 16)
-    for R in (1, 4):
+    for R in (1, 3, 4):           # three rows: a four-row tile with one row past the group
         x = torch.randn(R, 1024, generator=g).to(torch.bfloat16)
         want = grouped_gemv_reference(x, w, Groups.one(R, "cpu"), glu=True)
         for split, gt in ((None, None), (3, 1), (1, 4)):
-            got = grouped_gemv(x, w, Groups.one(R, "cpu"), glu=True, split=split, group_tile=gt)
-            err = ((got.float() - want.float()).norm() / want.float().norm()).item()
-            assert err < 1e-2, (R, split, gt, err)
+            for gather in ((True, False) if R == 3 else (True,)):      # rows taken as they are: none past x
+                got = grouped_gemv(x, w, Groups.one(R, "cpu"), glu=True, split=split, group_tile=gt, gather=gather)
+                err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+                assert err < 1e-2, (R, split, gt, gather, err)
     # a dense W4A16 product of a prefill chunk's rows: the weight dequantised by one kernel, then a GEMM
     from labkit.engine.model.grouped_gemv import W4_DEQUANT_ROWS, dequantize_w4
     w = QuantWeight.quantize(torch.randn(1, 256, 96, generator=g) / 16)

@@ -159,8 +159,7 @@ if HAVE_TRITON:
                 xj = tl.load(x_ptr + tl.sum(rows) * x_st + xo + j).to(tl.float32)
                 p += f * xj[None, :, :]
             else:
-                xj = tl.load(x_ptr + rows[:, None, None] * x_st + xo[None, :, :] + j).to(tl.float32)   # rows past
-                # the group read row 0 (their sums are not stored)
+                xj = tl.load(x_ptr + rows[:, None, None] * x_st + xo[None, :, :] + j).to(tl.float32)
                 p += f[None, :, :, :] * xj[:, None, :, :]
         if MR == 1:
             return acc + sc.to(tl.float32)[:, :, None] * p
@@ -197,6 +196,7 @@ if HAVE_TRITON:
             t0 = tl.program_id(2) * tiles
             for m0 in range(s0, s1, MR):
                 m, mm, rows = _group_rows(tok_ptr, m0, s1, MR, GATHER)
+                rows = tl.where(mm, rows, 0)     # x is read unmasked: a row past the group reads row 0
                 if MR == 1:
                     acc = tl.zeros([BN, GT, 16], dtype=tl.float32)
                 else:
