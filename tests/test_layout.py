@@ -275,6 +275,39 @@ def test_the_sibling_check_tells_shared_modules_from_experiments():
     assert _sibling_imports(g) == ["labkit.experiments.capacity.measure imports labkit.experiments.decode.measure"]
 
 
+# experiments that build a model without the model parameters, and why
+BUILDS_WITHOUT_MODEL_PARAMS = {
+    "prefill_throughput": "its byte formulas (fit.py) model a dense FFN held in bf16",
+    "pulse": "the first PulseInfer replay, measured on the dense stand-in; the ladder supersedes it",
+    "pulse_switch": "PulseInfer's switch on the dense stand-in's committed runs",
+    "pulse_scaling": "PulseInfer's two-batch bound on the dense stand-in's committed runs",
+}
+
+
+def test_an_experiment_that_builds_a_model_takes_the_model_parameters():
+    """weights_dtype, expert_banks, routing and the n-gram table reach `HybridModel` the same way in every
+    experiment (`params.MODEL_PARAMS` in its SPEC, `params.model_kwargs` where it builds the model; a shared
+    module that builds one for several passes them on), or the experiment says above why it holds the model one
+    way only."""
+    root = PKG / "experiments"
+    builds, passes = set(), set()
+    for f in root.rglob("*.py"):
+        src = f.read_text()
+        if "HybridModel(" in src:
+            parts = f.relative_to(root).parts
+            name = parts[0] if len(parts) > 1 else f.stem       # an experiment's package, or a shared module
+            builds.add(name)
+            if "model_kwargs(" in src:
+                passes.add(name)
+    in_spec = {f.parent.name for f in root.glob("*/__init__.py") if "*MODEL_PARAMS" in f.read_text()}
+    packages = {f.parent.name for f in root.glob("*/__init__.py")}
+    missing = sorted(n for n in builds - set(BUILDS_WITHOUT_MODEL_PARAMS)
+                     if n not in passes or (n in packages and n not in in_spec))
+    assert missing == [], f"building a HybridModel without MODEL_PARAMS and model_kwargs: {missing}"
+    stale = sorted(n for n in BUILDS_WITHOUT_MODEL_PARAMS if n in passes or n not in builds)
+    assert stale == [], f"exemptions no longer needed: {stale}"
+
+
 def test_an_experiments_figures_sit_beside_it():
     """The report keeps what every figure draws with (report/figures.py); an experiment's own figures are
     labkit/experiments/NAME/figures.py, not a report/NAME_figures.py the report could not import."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, MODEL_PARAMS, OUT_DIR, SEED, SHAPE, Param, Plan
 from ... import lazy
 from .. import planner
 from ..replay_params import DEADLINE, PAGING, RATE, RESUME, TPOT_SLO, TRACE
@@ -36,6 +36,7 @@ NAME = "pulse_ladder"
 SPEC = [
     DEVICE,
     SHAPE,
+    *MODEL_PARAMS,
     TRACE,
     Param("windows", "int", "auto", "disjoint windows of window_size consecutive trace requests, from the first "
           "(auto: 10 on CUDA, 3 on CPU)", auto={"cuda": 10, "cpu": 3}),

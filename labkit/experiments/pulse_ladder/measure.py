@@ -91,7 +91,7 @@ from ... import envs, sweep
 from ...engine.drive.policies import check_policy, fitted_name
 from ...engine.model.hybrid import HybridModel
 from ...engine.transfer import STRATEGIES, get_strategy, setting_names
-from ...params import BadInput, fill_auto, resolve_device
+from ...params import BadInput, fill_auto, model_kwargs, resolve_device
 from ...serving.workload import load_trace
 from ...shapes import ModelShape
 from ...stats import bootstrap
@@ -301,7 +301,9 @@ def run(p: dict, progress_bar: bool = False):
     dev = torch.device(p["device"])
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"],
             "measured_in": run.run_id, "session": envs.get("LABKIT_SESSION"), "git_sha": run.manifest["git_sha"]}
-    model = HybridModel(shape, dev, seed=p["seed"])
+    model = HybridModel(shape, dev, seed=p["seed"], **model_kwargs(p))
+    run.update_manifest(holding=model.holding())
+    base |= {"weights_dtype": model.weights_dtype, "expert_banks": model.expert_banks or None}
     reqs: list[dict] = []
     position: dict[int, int] = {}            # replays so far per window (this call): the rung order turned
     specs_of: dict[int, list] = {}
