@@ -17,11 +17,24 @@ HAS_CUDA = torch.cuda.is_available()
 THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
+def worker_cores(worker: str) -> str:
+    """The cores of worker gwN's share, as vLLM's VLLM_CPU_OMP_THREADS_BIND names them ("0", "2,3")."""
+    cores = sorted(os.sched_getaffinity(0))
+    first = int(worker.removeprefix("gw")) * THREADS % len(cores)
+    return ",".join(map(str, (cores[first:] + cores)[:min(THREADS, len(cores))]))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = str(THREADS)
         torch.set_num_threads(THREADS)
+        # vLLM's CPU build sets its own thread count, one thread bound to each core of the machine
+        # (VLLM_CPU_OMP_THREADS_BIND=auto), whatever OMP_NUM_THREADS says: a server a worker starts (the
+        # suite's own, or a sweep's) gets that worker's cores, so its step does not wait at every barrier for
+        # a thread stuck behind the other worker (2 x 160 tokens: 23 s bound to both cores beside a busy
+        # process, 14 s bound to one), and two workers' servers never share a core
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = worker_cores(os.environ["PYTEST_XDIST_WORKER"])
 
 
 def pytest_collection_modifyitems(config, items):
