@@ -57,11 +57,13 @@ def pytest_collection_modifyitems(config, items):
 MADE_ONCE = "runs made once per process"
 SHARES_RUNS = {"test_browser.py", "test_explore.py", "test_index_compare.py", "test_nightly.py",
                "test_results_size.py"}
-LONGEST_FIRST = ["test_vllm_serving.py", MADE_ONCE, "test_cluster.py", "test_kernels_compile.py", "test_gemv.py",
-                 "test_serve_target.py", "test_experiments_cpu.py", "test_run_status.py", "test_vllm_xfer.py",
-                 "test_hot_cache.py", "test_capacity.py", "test_report.py", "test_quality_notebook.py",
-                 "test_sparse_prefill.py", "test_sweep.py", "test_faults.py", "test_serve_aiperf.py",
-                 "test_stopped_runs.py", "test_quality_sparse_prefill.py"]
+# (the order: each group's summed test time in a two-worker run, longest first)
+LONGEST_FIRST = ["test_vllm_serving.py", MADE_ONCE, "test_cluster.py", "test_gemv.py", "test_kernels_compile.py",
+                 "test_experiments_cpu.py", "test_run_status.py", "test_vllm_xfer.py", "test_serve_target.py",
+                 "test_hot_cache.py", "test_sparse_prefill.py", "test_engine.py", "test_xfer_real.py", "test_report.py",
+                 "test_capacity.py", "test_local_security.py", "test_cli.py", "test_faults.py", "test_stopped_runs.py",
+                 "test_select.py", "test_sweep.py", "test_serve_aiperf.py", "test_quality_real.py", "test_models.py",
+                 "test_quality_notebook.py", "test_experts.py"]
 
 
 def group_of(nodeid: str) -> str:
