@@ -17,11 +17,24 @@ HAS_CUDA = torch.cuda.is_available()
 THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
+def worker_cores(worker: str) -> str:
+    """The cores of worker gwN's share, as vLLM's VLLM_CPU_OMP_THREADS_BIND names them ("0", "2,3")."""
+    cores = sorted(os.sched_getaffinity(0))
+    first = int(worker.removeprefix("gw")) * THREADS % len(cores)
+    return ",".join(map(str, (cores[first:] + cores)[:min(THREADS, len(cores))]))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = str(THREADS)
         torch.set_num_threads(THREADS)
+        # vLLM's CPU build sets its own thread count, one thread bound to each core of the machine
+        # (VLLM_CPU_OMP_THREADS_BIND=auto), whatever OMP_NUM_THREADS says: a server a worker starts (the
+        # suite's own, or a sweep's) gets that worker's cores, so its step does not wait at every barrier for
+        # a thread stuck behind the other worker (2 x 160 tokens: 23 s bound to both cores beside a busy
+        # process, 14 s bound to one), and two workers' servers never share a core
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = worker_cores(os.environ["PYTEST_XDIST_WORKER"])
 
 
 def pytest_collection_modifyitems(config, items):
@@ -44,11 +57,13 @@ def pytest_collection_modifyitems(config, items):
 MADE_ONCE = "runs made once per process"
 SHARES_RUNS = {"test_browser.py", "test_explore.py", "test_index_compare.py", "test_nightly.py",
                "test_results_size.py"}
-LONGEST_FIRST = ["test_vllm_serving.py", MADE_ONCE, "test_cluster.py", "test_kernels_compile.py", "test_gemv.py",
-                 "test_serve_target.py", "test_experiments_cpu.py", "test_run_status.py", "test_vllm_xfer.py",
-                 "test_hot_cache.py", "test_capacity.py", "test_report.py", "test_quality_notebook.py",
-                 "test_sparse_prefill.py", "test_sweep.py", "test_faults.py", "test_serve_aiperf.py",
-                 "test_stopped_runs.py", "test_quality_sparse_prefill.py"]
+# (the order: each group's summed test time in a two-worker run, longest first)
+LONGEST_FIRST = ["test_vllm_serving.py", MADE_ONCE, "test_cluster.py", "test_gemv.py", "test_kernels_compile.py",
+                 "test_experiments_cpu.py", "test_run_status.py", "test_vllm_xfer.py", "test_serve_target.py",
+                 "test_hot_cache.py", "test_sparse_prefill.py", "test_engine.py", "test_xfer_real.py", "test_report.py",
+                 "test_capacity.py", "test_local_security.py", "test_cli.py", "test_faults.py", "test_stopped_runs.py",
+                 "test_select.py", "test_sweep.py", "test_serve_aiperf.py", "test_quality_real.py", "test_models.py",
+                 "test_quality_notebook.py", "test_experts.py"]
 
 
 def group_of(nodeid: str) -> str:

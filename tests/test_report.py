@@ -101,7 +101,9 @@ def test_cpu_report_says_what_it_is_and_shows_no_gpu_rows(cli_run):
     for tracker in ("seed 000", "foundation issue", "roofline issue", "issue 10"):
         assert tracker not in text, tracker
     # token counts as people write them; the anatomy says what holds on a CPU; no contradiction below it
-    assert "@ 0K" not in text and "256.0" not in text and "1.0K" not in text
+    # (whole numbers only: a measured rate such as 256.041 tok/s contains "256.0" and is no token count)
+    assert "@ 0K" not in text and "1.0K" not in text
+    assert not re.search(r"(?<![\d.])256\.0(?!\d)", text), re.findall(r".{40}(?<![\d.])256\.0(?!\d).{40}", text)
     assert "CPU run. Each phase" in text and "inside one extra CUDA graph" not in text
     assert "this run has no anatomy" not in text and "Not from a CPU run" in text
 
