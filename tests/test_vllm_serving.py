@@ -263,7 +263,7 @@ SAME_FIELDS = [
 def test_labkit_serve_answers_with_vllms_fields(server, labkit_server, path, body, stream):
     """Every field and every chunk as vLLM's (null where labkit has nothing), the same finish reason, the same
     prompt and completion token counts (both count with SmolLM2's tokenizer and template), logprobs with as
-    many alternatives, the role chunk first and then one chunk per token."""
+    many alternatives, the role chunk first and then one chunk per token (vLLM's chunks may carry several)."""
     if "stream_options" in body and not stream:
         body = {k: v for k, v in body.items() if k != "stream_options"}
     vs, v = _ask(server.base_url, server.model, path, {**body, "ignore_eos": True}, stream)
@@ -276,12 +276,22 @@ def test_labkit_serve_answers_with_vllms_fields(server, labkit_server, path, bod
         if "top_logprobs" in body:
             assert [len(t["top_logprobs"]) for t in lp_l["content"]] == [len(t["top_logprobs"]) for t in lp_v["content"]]
         return
-    assert len(lab) == len(v), ([_shape(c) for c in lab], [_shape(c) for c in v])
-    for a, b in zip(lab, v):
-        assert _shape(a) == _shape(b), (a, b)
-    assert [c.get("usage") for c in lab] == [c.get("usage") for c in v]
-    assert [c["choices"][0]["finish_reason"] if c["choices"] else None for c in lab] == \
-        [c["choices"][0]["finish_reason"] if c["choices"] else None for c in v]
+    # labkit sends a chunk a token; vLLM does too, but folds several tokens into one chunk when its output handling
+    # falls behind the engine (seen with the server on one busy core): the same kinds of chunk, in the same order
+    # at both ends, never more of vLLM's
+    assert len(v) <= len(lab), ([_shape(c) for c in lab], [_shape(c) for c in v])
+    assert _shape(lab[0]) == _shape(v[0]) and _shape(lab[-1]) == _shape(v[-1]), (lab, v)
+    assert _kinds(lab) == _kinds(v), (lab, v)
+    assert [c["usage"] for c in lab if c.get("usage")][-1:] == [c["usage"] for c in v if c.get("usage")][-1:]
+    assert _finishes(lab) == _finishes(v)
+
+
+def _kinds(chunks: list[dict]) -> list[str]:
+    return sorted({json.dumps(_shape(c), sort_keys=True) for c in chunks})
+
+
+def _finishes(chunks: list[dict]) -> list[str]:
+    return [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
 
 
 BAD = [
