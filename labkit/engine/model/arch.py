@@ -105,6 +105,22 @@ def describe(device: torch.device) -> dict:
 _SMS: dict = {}
 
 
+# arrival counters of the split kernels (the GEMV's and W4A16's): one int32 a (group,) column tile, zero between
+# launches (the last split to arrive zeroes its own); products run on one stream per device, as the engine's step
+# does, so the kernels share them
+COUNTER_SLOTS = 8192
+_COUNTERS: dict = {}
+
+
+def arrival_counters(device: torch.device) -> torch.Tensor:
+    """The device's COUNTER_SLOTS arrival counters, made once."""
+    key = (device.type, device.index if device.index is not None or device.type != "cuda"
+           else torch.cuda.current_device())
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
 def multiprocessors(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device; the H200's 132 elsewhere (the interpreter and the compile
     check size their launches as the H200's)."""

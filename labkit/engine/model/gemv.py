@@ -102,7 +102,7 @@ _NORM_ROWS = envs.owner_value("LABKIT_GEMV_NORM_ROWS")
 _ROWS = envs.owner_value("LABKIT_GEMV_ROWS")
 # LABKIT_GEMV_SWAP: the tensor-core path (2-16 rows, K-major) as out^T = w^T @ x^T ("1", default) or x @ w
 _SWAP = envs.owner_value("LABKIT_GEMV_SWAP")
-COUNTER_SLOTS = 8192            # column tiles a split product may have (split is used only for few tiles)
+COUNTER_SLOTS = arch.COUNTER_SLOTS  # column tiles a split product may have (split only for few tiles)
 
 
 def set_mode(mode: str) -> None:
@@ -332,21 +332,13 @@ class Config:
     swap: bool = False       # the tensor-core path as out^T = w^T @ x^T (the weight tile the MMA's M side)
 
 
-_COUNTERS: dict = {}
-
-
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch: CUDA, compute capability 9 or above, not under `arch=portable`; never under
     the interpreter."""
     return not _INTERPRET and arch.native("pdl", device)
 
 
-def _counters(device: torch.device) -> torch.Tensor:
-    key = (device.type, device.index if device.index is not None or device.type != "cuda"
-           else torch.cuda.current_device())
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
+_counters = arch.arrival_counters
 
 
 def default_config(M: int, N: int, K: int, sms: int = 132, k_major: bool = False, normed: bool = False,

@@ -368,29 +368,18 @@ def _w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, 
     G = group_slots(plan, t)
     # a launch of more (group, block) pairs than counters has programs enough without a split
     splits, tiles = w4_split(G * n_blocks, triton.cdiv(K, W4_GROUP * GT), x.device,
-                             split if G * n_blocks <= COUNTER_SLOTS else 1)
+                             split if G * n_blocks <= arch.COUNTER_SLOTS else 1)
     out = torch.empty((R, N), dtype=x.dtype, device=x.device)
     part = torch.empty((splits, R, 2 * N if glu else N), dtype=torch.float32, device=x.device) if splits > 1 else out
     qw = t.view(torch.int32)                   # [E, N', K/8]: eight nibbles a word
     _w4_rows_kernel[(G, n_blocks, splits)](
-        x, qw, s, z, out, part, _counters(x.device), plan.wid, plan.tok, plan.seg, plan.n_groups, N, K, tiles,
-        x.stride(0), out.stride(0), part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0,
+        x, qw, s, z, out, part, arch.arrival_counters(x.device), plan.wid, plan.tok, plan.seg, plan.n_groups, N, K,
+        tiles, x.stride(0), out.stride(0), part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0,
         qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), MR=rows, BN=BN, GT=GT, PARTIAL=splits > 1, GLU=glu,
         GATHER=gather, num_warps=W4_WARPS, num_stages=W4_STAGES)
     return out
 
 
-# arrival counters of the split W4A16 launches: one int32 a (group, output block), zero between launches (the
-# last split to arrive zeroes its own); products run on one stream per device, as the engine's step does
-COUNTER_SLOTS = 8192
-_COUNTERS: dict = {}
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    key = (device.type, device.index)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
 
 
 # a dense W4A16 product of more rows (a prefill chunk) is a GEMM, not a stream: its weight dequantised once
