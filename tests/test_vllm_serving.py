@@ -64,7 +64,9 @@ def test_stream_lengths_and_timing(server):
     for r in recs:
         assert r["output_len"] == 6 and r["prompt_tokens"] == 40          # exact lengths, ignore_eos
         tt = r["token_times"]
-        assert len(tt) == 6 and tt[0] == pytest.approx(r["ttft_s"]) and all(b > a for a, b in zip(tt, tt[1:]))
+        # one time per streamed chunk, as vLLM's client counts them: a server whose output handling falls behind
+        # (one core, another test worker beside it) folds several tokens into one chunk, so at most one per token
+        assert 1 <= len(tt) <= 6 and tt[0] == pytest.approx(r["ttft_s"]) and all(b > a for a, b in zip(tt, tt[1:]))
         assert r["send_time"] < r["first_token_time"] < r["end_time"]
     s = latency.summarize(recs)
     assert s["completed"] == 3 and s["total_output_tokens"] == 18 and s["tpot_ms_median"] > 0
@@ -497,7 +499,7 @@ def test_sweep_end_to_end_with_vllm_client_and_notebook(tmp_path):
     assert lr.manifest["vllm_version"] and "launcher serve" in lr.manifest["servers"][0]["command"]
     assert lr.manifest["status"] == "ok"
     req = lr.table("requests")
-    assert len(req) == 4 and req["token_times"].map(len).eq(4).all()
+    assert len(req) == 4 and req["token_times"].map(len).between(1, 4).all()     # a chunk a token at most (vLLM may fold)
     tel = lr.telemetry
     assert (tel["source"] == "vllm").sum() >= 2 and "kv_cache_usage_perc" in tel
     assert len(list((out / "bench").glob("*.json"))) == 2
