@@ -447,7 +447,10 @@ def test_vllm_bench_serve_reads_labkit_serve_as_the_server_does(labkit_server, t
     assert got["completed"] == len(recs) == 10 and all(r["status"] == "ok" for r in recs)
     assert got["total_output_tokens"] == sum(r["output_len"] for r in recs) == 160
     server_ms = 1000 * sum(r["ttft_s"] for r in recs) / len(recs)
-    assert got["mean_ttft_ms"] == pytest.approx(server_ms, rel=0.10), (got["mean_ttft_ms"], server_ms)
+    # never before the server; above it by at most 10% and what the server's clock cannot see (the client's
+    # connection and send, its event loop reaching the chunk), a fixed allowance: beside another test worker
+    # that alone moves each TTFT by up to ~20 ms (the same allowance as AIPerf's check, test_serve_aiperf.py)
+    assert server_ms - 1.0 <= got["mean_ttft_ms"] <= 1.10 * server_ms + 20.0, (got["mean_ttft_ms"], server_ms)
 
 
 def test_failed_start_leaves_nothing(tmp_path):
