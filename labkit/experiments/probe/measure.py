@@ -46,7 +46,7 @@ from ...hostmem import keep, measure, FULL_MIB, QUICK_MIB, cached
 from ...shapes import ModelShape
 from ...telemetry import Sampler
 from ..device_rates import (BUDGET, LAYERS, PROBE, ROW_BYTES, bench, gather_step, gather_workload, link_stages,
-                            probe_contiguous, probe_device, rate_row)
+                            probe_contiguous, probe_device, random_bytes, rate_row)
 
 EXPERIMENT = PROBE
 
@@ -121,7 +121,7 @@ class HostLoad:
 def probe_link_under_host_load(dev, pool_gib: float, repeats: int) -> list[dict]:
     """The pinned 256 MiB host->device copy and one decode step's zero-copy gather, timed while `HostLoad` runs."""
     n = 256 << 20
-    h = torch.empty(n, dtype=torch.uint8, pin_memory=True).random_(0, 255)
+    h = random_bytes(n, pin=True)
     d = torch.empty(n, dtype=torch.uint8, device=dev)
     pool, idx, dst = gather_workload(dev, min(pool_gib, 8.0))
     idx_d = idx.to(dev)
