@@ -154,17 +154,26 @@ def lab_server(tmp_path: Path, results: Path):
 
 
 
+# a kernel chosen for the open notebook (started or starting), or JupyterLab's dialog asking which to start
+KERNEL_OR_DIALOG = ("() => { const w = window.jupyterapp.shell.currentWidget; const s = w && w.sessionContext; "
+                    "return !!document.querySelector('.jp-Dialog .jp-mod-accept') || !!(s && s.session && s.session.kernel); }")
+
+
+def accept_kernel_dialog(page) -> None:
+    """JupyterLab may ask which kernel to start (a fresh settings folder): take the notebook's own. Waits until
+    it asks or has chosen a kernel by itself (then it never asks), not a fixed time for a dialog that may not come."""
+    page.wait_for_function(KERNEL_OR_DIALOG, timeout=60000)
+    if page.locator(".jp-Dialog .jp-mod-accept").count():
+        page.click(".jp-Dialog .jp-mod-accept")
+
+
 def run_all_cells(page) -> None:
     """Wait for the notebook and its kernel, then Run All (fire and forget: the command's promise settles
     only when every cell has run)."""
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60000)
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
                            timeout=30000)
-    try:      # JupyterLab may ask which kernel to start (a fresh settings folder): take the notebook's own
-        page.wait_for_selector(".jp-Dialog .jp-mod-accept", timeout=8000)
-        page.click(".jp-Dialog .jp-mod-accept")
-    except Exception:
-        pass
+    accept_kernel_dialog(page)
     page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget; const k = w && w.sessionContext "
                            "&& w.sessionContext.session && w.sessionContext.session.kernel; return k && k.status === 'idle'; }",
                            timeout=180000)     # run-all before the kernel is up is lost on a loaded machine
@@ -200,7 +209,8 @@ def test_explorer_first_view_is_filled_and_a_run_change_keeps_the_shapes(launche
             try:
                 run_all_cells(page)
                 page.wait_for_function(f"() => ({FILLED})().length === 3", timeout=300000)
-                page.wait_for_timeout(3000)        # the three figures draw within moments of each other
+                # the three figures draw within moments of each other: until each holds data, not a fixed time
+                page.wait_for_function(f"() => ({FILLED})().every(n => n >= 1)", timeout=30000)
                 first = {"filled": page.evaluate(FILLED), "titles": page.evaluate(TITLES_FIT), "shapes": page.evaluate(SHAPES)}
                 news = page.get_by_text("official Jupyter news").count()
                 h200 = next(o for o in page.eval_on_selector_all(".widget-dropdown option", "os => os.map(o => o.textContent)")
@@ -281,12 +291,7 @@ def lab_explorer(launched, tmp_path_factory):
             page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60000)
             page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
                                    timeout=30000)
-            # JupyterLab may ask which kernel to start (a fresh settings folder): take the notebook's own
-            try:
-                page.wait_for_selector(".jp-Dialog .jp-mod-accept", timeout=8000)
-                page.click(".jp-Dialog .jp-mod-accept")
-            except Exception:
-                pass
+            accept_kernel_dialog(page)
             # before any cell runs: the saved first view draws its figures (no Run All yet)
             try:
                 page.wait_for_function(FIRST_VIEW_FILLED, timeout=120000)

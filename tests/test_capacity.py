@@ -3,8 +3,6 @@ arithmetic equals what the engine really allocates; bad input is one line and ex
 folder exists; both benches write run folders with manifest.json."""
 import json
 import math
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -18,10 +16,16 @@ from labkit.shapes import PRESETS
 REF, TINY = PRESETS["qwen3.8-flash-next-standin"], PRESETS["tiny"]
 
 
-def _cli(name, *args, cwd=None):
-    """`labkit run NAME` (bad input stops before papermill)."""
-    return subprocess.run([sys.executable, "-m", "labkit", "run", name, *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=120)
+def _cli(name, *args):
+    """`labkit run NAME`, its command line run in this process (bad input stops before papermill; torch is
+    loaded once, not per case): (exit code, stderr)."""
+    import contextlib
+    import io
+    from labkit.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["run", name, *args])
+    return rc, err.getvalue()
 
 
 def _measure(name, out, *pairs):
@@ -96,10 +100,10 @@ def test_a_cap_is_checked_against_the_weights_as_they_are_held():
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, name, args, msg):
     out = tmp_path / "run"
-    p = _cli(name, "--out", str(out), "-p", "device=cpu", *args)
-    assert p.returncode == 2, p.stderr[-2000:]
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and msg in lines[0], p.stderr
+    rc, err = _cli(name, "--out", str(out), "-p", "device=cpu", *args)
+    assert rc == 2, err[-2000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and msg in lines[0], err
     assert not out.exists(), "a run folder was created before the input was checked"
 
 
@@ -145,9 +149,8 @@ def test_labkit_run_capacity_notebook_holds_issue_10s_figures(tmp_path):
     assert list(g["config"]) == ["none", "prefill", "both"] and (g["goodput_tok_s"] > 0).all()
     assert figures_in_notebook_report(out) == 1 + 2 + 2          # goodput; replay x2; decode hit rate + anatomy
     assert (out / "report.html").exists()
-    r = subprocess.run([sys.executable, "-m", "labkit", "run", "capacity", "-p", "replay_run=/nonexistent",
-                        "--out", str(tmp_path / "never")], capture_output=True, text=True)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "replay_run" in r.stderr
+    rc, err = _cli("capacity", "-p", "replay_run=/nonexistent", "--out", str(tmp_path / "never"))
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "replay_run" in err
     assert not (tmp_path / "never").exists()
 
 
@@ -172,9 +175,9 @@ def test_a_timed_batch_larger_than_the_ram_is_refused_before_allocating(tmp_path
     import psutil
     cap = psutil.virtual_memory().total / 2**30
     out = tmp_path / "run"
-    r = _cli("capacity", "--out", str(out), "-p", "device=cpu", "-p", f"mem_cap_gib={cap:.1f}",
-             "-p", "max_batch=1000000000")
-    assert r.returncode == 2, r.stderr[-2000:]
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "of host RAM" in lines[0] and "available now" in lines[0], r.stderr
+    rc, err = _cli("capacity", "--out", str(out), "-p", "device=cpu", "-p", f"mem_cap_gib={cap:.1f}",
+                   "-p", "max_batch=1000000000")
+    assert rc == 2, err[-2000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "of host RAM" in lines[0] and "available now" in lines[0], err
     assert not out.exists()

@@ -18,6 +18,16 @@ def labkit(*args, **kw):
     return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True, text=True, env=ENV, **kw)
 
 
+def labkit_here(capsys, *args) -> subprocess.CompletedProcess:
+    """The same command line run in this process (a help text per experiment: one import of labkit, not one
+    per case); the tests above and below run it as a process of its own."""
+    from labkit.cli import main
+    capsys.readouterr()
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, rc, out, err)
+
+
 def test_run_help_lists_every_experiment():
     r = labkit("run", "--help")
     assert r.returncode == 0
@@ -26,8 +36,8 @@ def test_run_help_lists_every_experiment():
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
-def test_experiment_help_lists_its_parameters(name):
-    r = labkit("run", name, "--help")
+def test_experiment_help_lists_its_parameters(name, capsys):
+    r = labkit_here(capsys, "run", name, "--help")
     assert r.returncode == 0, r.stderr
     for p in EXPERIMENTS[name].spec:
         if p.name != "out_dir":
@@ -36,15 +46,15 @@ def test_experiment_help_lists_its_parameters(name):
 
 
 @pytest.mark.parametrize("old", sorted(RENAMED_EXPERIMENTS))
-def test_an_old_name_runs_todays_and_says_so(old):
+def test_an_old_name_runs_todays_and_says_so(old, capsys):
     """A renamed experiment or study keeps its old name on the command line (committed plans and habits), and
     shows the new."""
     new = RENAMED_EXPERIMENTS[old]
     sub = "run" if new in EXPERIMENTS else "study"
-    r = labkit(sub, old, "--help")
+    r = labkit_here(capsys, sub, old, "--help")
     assert r.returncode == 0 and r.stdout.startswith(f"labkit {sub} {new} "), r.stdout[:200]
     if sub == "run":
-        assert f"once {old}" in labkit("run", "--help").stdout
+        assert f"once {old}" in labkit_here(capsys, "run", "--help").stdout
 
 
 def test_unknown_names_get_the_closest_ones(tmp_path):

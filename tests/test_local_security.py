@@ -317,28 +317,41 @@ def _labkit(*args, cwd=REPO) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
 
 
+def _refused_here(monkeypatch, *args) -> subprocess.CompletedProcess:
+    """A command line that must be refused before anything runs, run in this process from the repository (one
+    import of labkit for all the cases, not one per case; the whole run below is a process of its own)."""
+    import contextlib
+    import io
+    from labkit.cli import main
+    monkeypatch.chdir(REPO)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(args))
+    return subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
+
+
 @pytest.mark.parametrize("mode", ["0777", "0755"])
-def test_a_run_folder_another_user_owns_is_refused_before_anything(other_user, shared, mode):
+def test_a_run_folder_another_user_owns_is_refused_before_anything(other_user, shared, mode, monkeypatch):
     """Another user's folder (world-writable, or merely theirs) holding a manifest and links named like every
     file a run writes, passed as --out: one line naming the owner, exit 2, nothing written, no link followed."""
     victims = _victims(shared, RUN_FILES)
     out = shared / f"theirs-{mode}"
     _plant(other_user, out, victims, mode)
-    r = _labkit("run", "hot_replay", *ONE_TRACE, "--out", str(out))
+    r = _refused_here(monkeypatch, "run", "hot_replay", *ONE_TRACE, "--out", str(out))
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and f"belongs to uid {other_user[0]}" in r.stderr, r.stderr
     _untouched(victims)
     assert sorted(p.name for p in out.iterdir()) == sorted(RUN_FILES)          # nothing of ours added
 
 
-def test_a_folder_others_may_write_or_replace_is_refused(other_user, shared, tmp_path):
+def test_a_folder_others_may_write_or_replace_is_refused(other_user, shared, tmp_path, monkeypatch):
     """Our own folder made world-writable; a folder of ours inside one everyone may write (no sticky bit) or
     inside one of the other user's (either could rename ours away and put theirs in its place); the other
     user's folder as the nightly's root: each refused in one line, before the plan is read, nothing made."""
     ours = tmp_path / "open"
     ours.mkdir()
     ours.chmod(0o777)
-    r = _labkit("run", "hot_replay", *ONE_TRACE, "--out", str(ours))
+    r = _refused_here(monkeypatch, "run", "hot_replay", *ONE_TRACE, "--out", str(ours))
     assert r.returncode == 2 and "mode 0777" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     (shared / "open-parent").mkdir()
     (shared / "open-parent").chmod(0o777)
@@ -349,14 +362,14 @@ def test_a_folder_others_may_write_or_replace_is_refused(other_user, shared, tmp
         inside = shared / parent / "mine"
         inside.mkdir()
         for args in (["run", "hot_replay", *ONE_TRACE, "--out", str(inside)], ["nightly", "--root", str(inside)]):
-            r = _labkit(*args)
+            r = _refused_here(monkeypatch, *args)
             assert r.returncode == 2 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
         assert list(inside.iterdir()) == []
-        r = _labkit("run", "hot_replay", *ONE_TRACE, "--out", str(inside / "new"))     # not made either
+        r = _refused_here(monkeypatch, "run", "hot_replay", *ONE_TRACE, "--out", str(inside / "new"))     # not made either
         assert r.returncode == 2 and says in r.stderr and not (inside / "new").exists(), r.stderr
     theirs = shared / "night"
     assert as_user(other_user, f"mkdir -m 0755 {theirs}").returncode == 0
-    r = _labkit("nightly", "--root", str(theirs))
+    r = _refused_here(monkeypatch, "nightly", "--root", str(theirs))
     assert r.returncode == 2 and f"belongs to uid {other_user[0]}" in r.stderr, r.stderr
 
 

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -166,23 +167,44 @@ CAPACITY_LONG = ["-p", "device=cpu", "-p", "mem_cap_gib=0.5", "-p", "workspace_g
 MULTIGPU_LONG = ["-p", "concurrency=1", "-p", "micro_batches=0", "-p", "repeats=100000", "-p", "steps=10"]
 
 
-def _start(out: Path, *params, experiment="capacity"):
-    return subprocess.Popen([sys.executable, "-m", "labkit", "run", experiment, *params, "--out", str(out)], cwd=REPO,
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+class _Started:
+    """A `labkit run` in the background, its stderr read as it comes (the progress bar says when the
+    measurement has begun; `err` is everything it wrote once it has ended)."""
 
+    def __init__(self, out: Path, *params, experiment="capacity"):
+        self.out, self.experiment, self._err = out, experiment, []
+        self.proc = subprocess.Popen([sys.executable, "-m", "labkit", "run", experiment, *params, "--out", str(out)],
+                                     cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self._reader = threading.Thread(target=lambda: self._err.extend(self.proc.stderr), daemon=True)
+        self._reader.start()
 
-def _wait_measuring(proc, out: Path, timeout=120):
-    """Until the kernel has made the run (manifest with writers) and is inside the measurement."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
+    def measuring(self) -> bool:
+        """The kernel has made the run (a manifest with writers) and drawn the sweep's bar: it is measuring."""
         try:
-            if json.loads((out / "manifest.json").read_text()).get("writers"):
-                time.sleep(3)
-                return
+            if not json.loads((self.out / "manifest.json").read_text()).get("writers"):
+                return False
         except (OSError, ValueError):
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"run never started: {proc.communicate()[1][-2000:] if proc.poll() is not None else ''}")
+            return False
+        return any(ln.startswith(f"{self.experiment} ") and "%|" in ln for ln in list(self._err))
+
+    def wait_measuring(self, timeout=120) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline and self.proc.poll() is None:
+            if self.measuring():
+                return
+            time.sleep(0.1)
+        if self.proc.poll() is not None:
+            self._reader.join(10)
+        raise AssertionError(f"run never began measuring: {self.err()[-2000:]}")
+
+    def wait(self, timeout) -> str:
+        """Its exit, then all it wrote to stderr."""
+        self.proc.wait(timeout)
+        self._reader.join(10)
+        return self.err()
+
+    def err(self) -> str:
+        return "".join(self._err)
 
 
 @pytest.mark.parametrize("experiment,params,sig", [("capacity", CAPACITY_LONG, signal.SIGINT),
@@ -194,11 +216,12 @@ def test_signal_during_labkit_run_leaves_interrupted(tmp_path, experiment, param
     multigpu `ok` over the rows measured so far), the CLI exits non-zero with one line that says so, and no
     kernel is left."""
     out = tmp_path / "run"
-    proc = _start(out, *params, experiment=experiment)
+    run = _Started(out, *params, experiment=experiment)
+    proc = run.proc
     try:
-        _wait_measuring(proc, out)
+        run.wait_measuring()
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
+        err = run.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -215,9 +238,10 @@ def test_signal_during_labkit_run_leaves_interrupted(tmp_path, experiment, param
 
 def test_kill_9_of_the_cli_leaves_stale(tmp_path):
     out = tmp_path / "run"
-    proc = _start(out, *CAPACITY_LONG)
+    run = _Started(out, *CAPACITY_LONG)
+    proc = run.proc
     try:
-        _wait_measuring(proc, out)
+        run.wait_measuring()
         proc.kill()
         proc.wait(10)
         deadline = time.time() + 30           # the kernel notices its parent is gone within a few seconds

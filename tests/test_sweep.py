@@ -6,6 +6,7 @@ import sys
 
 import pandas as pd
 import pytest
+import torch
 
 from labkit import experiments
 from labkit.experiments import decode_session
@@ -84,16 +85,20 @@ def test_failed_point_is_recorded_and_sweep_continues(tmp_path, monkeypatch):
     ("concurrency=two", "parameter concurrency: 'two' is not a whole number"),
     ("select_block=3", "select_block must divide every budget"),
 ])
-def test_bad_input_one_line_nothing_written(tmp_path, arg, msg):
+def test_bad_input_one_line_nothing_written(tmp_path, monkeypatch, capsys, arg, msg):
+    """`labkit run decode -p ARG`, its command line run in this process (torch is loaded once, not per case;
+    tests/test_cli.py runs bad input in a process of its own and checks it fails before anything heavy loads)."""
+    from labkit.cli import main
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "labkit", "run", "decode", "-p", arg, "--out", str(out)],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    if arg == "device=cuda" and "no CUDA GPU" not in p.stderr and p.returncode == 0:
+    monkeypatch.chdir(tmp_path)
+    if arg == "device=cuda" and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert p.returncode == 2, p.stderr
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and msg in lines[0], p.stderr
-    assert "Traceback" not in p.stderr
+    rc = main(["run", "decode", "-p", arg, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and msg in lines[0], err
+    assert "Traceback" not in err
     assert not out.exists() and not (tmp_path / "results").exists()
 
 
