@@ -400,6 +400,38 @@ def test_metric_families_as_vllms(server, labkit_server):
     assert rss > 50e6
 
 
+def test_vllm_target_identity_and_cold_prompts_across_runs(server, tmp_path):
+    """`labkit run serve_sweep -p target=URL` against this module's vLLM (a server the sweep did not start, its
+    prefix cache on as vLLM defaults): two runs of the same parameters, with the salt drawn afresh, the second
+    run's prompts find nothing in vLLM's prefix cache (its own counters say so); with the salt fixed to the
+    second run's (the control), a third run's prompts are the second's and vLLM serves their full blocks from
+    its device cache (the second run's blocks are the last freed: the third run's few new blocks evict older
+    ones). Last of the tests on `server`: the connector saves these runs' blocks, which a byte count above
+    would see."""
+    from labkit.experiments.serve_sweep import plan
+    from labkit.experiments.serve_sweep.measure import run_serve
+    import httpx
+    url = server.base_url
+
+    def run(given):
+        return run_serve(dict(plan(given).params), log=None)
+    given = {"target": url, "input_lens": "300", "concurrency": "1", "num_prompts": 2, "output_len": 3}
+    runs = [run({**given, "out_dir": str(tmp_path / f"fresh{i}")}) for i in range(2)]
+    for r in runs:
+        m = r.metrics()
+        assert (m["status"] == "ok").all(), m[["status", "error"]]
+        assert (m["prefix_cache_queried_tokens"] >= 2 * 300).all() and (m["prefix_cache_hit_tokens"] == 0).all()
+    mf = runs[1].manifest
+    version = httpx.get(url + "/version", timeout=5).json()["version"]
+    assert mf["target"]["engine"] == "vllm" and mf["target"]["engine_version"] == version
+    assert any(f["name"] == "vllm:prefix_cache_queries" for f in mf["target"]["metric_families"])
+    assert mf["prompts"]["vocab_from"].startswith("the checkpoint's config.json") and mf["prompts"]["ids"] == "[256, 49152)"
+    assert runs[0].manifest["prompts"]["salt"] != mf["prompts"]["salt"]
+    fixed = run({**given, "prompt_salt": mf["prompts"]["salt"], "out_dir": str(tmp_path / "fixed")}).metrics()
+    assert (fixed["prefix_cache_hit_tokens"] >= 2 * 256).all(), fixed["prefix_cache_hit_tokens"]   # 2 blocks of 128 each
+    assert server.alive()                                                      # the target was not stopped
+
+
 def test_every_slot_serves(labkit_server):
     """Four short requests at once against two resident and two offload slots (threshold 512: every one is
     short, so the threshold alone would run two and queue two): all four run together, two of them in the
