@@ -91,7 +91,9 @@ def test_metrics_scraper_sees_load(server):
     from labkit.serving import loadgen, workload
     from labkit.experiments.serve_sweep.measure import connector_counters
     from labkit.serving.servermetrics import MetricsScraper
-    n_out = 160                                   # long enough that several scrapes land while both decode
+    # long enough that many scrapes land while both decode (one each 0.05 s, the load ~2 s on one busy core;
+    # the gauges move every step), short enough not to spend the test on decoding
+    n_out = 64
     s = MetricsScraper(server.base_url, extra=lambda: connector_counters(server.stats))
     box = {}
     load = threading.Thread(target=lambda: box.update(recs=loadgen.run_load(
@@ -618,16 +620,16 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
 
 
 def test_a_server_that_never_comes_up_fails_the_run(tmp_path):
-    """`-p startup_timeout_s=5` (a server that cannot be healthy in time): every point is a failed row, the
+    """`-p startup_timeout_s=2` (a server that cannot be healthy in time): every point is a failed row, the
     manifest says failed, `labkit run` exits 1 with one line saying so, and no process of the server is left."""
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "labkit", "run", "serve_sweep", "-p", "input_lens=16", "-p", "concurrency=1",
-                        "-p", "num_prompts=1", "-p", "output_len=2", "-p", "startup_timeout_s=5", "--out", str(out)],
+                        "-p", "num_prompts=1", "-p", "output_len=2", "-p", "startup_timeout_s=2", "--out", str(out)],
                        capture_output=True, text=True, cwd=REPO, timeout=600)
     mf = json.loads((out / "manifest.json").read_text())
     assert r.returncode == 1 and mf["status"] == "failed", (r.returncode, mf["status"], r.stderr[-2000:])
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("labkit:")]
-    assert len(lines) == 1 and "failed" in lines[0] and "not healthy after 5 s" in lines[0], r.stderr[-2000:]
+    assert len(lines) == 1 and "failed" in lines[0] and "not healthy after 2 s" in lines[0], r.stderr[-2000:]
     pid = mf["servers"][0]["pid"]
     assert not _survivors(pid, {pid})
 
