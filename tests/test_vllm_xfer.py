@@ -45,7 +45,8 @@ def test_connector_loads_true_cache_exactly_and_refuses_other_models(tmp_path):
         large, tok = load_model(pair.large.path, dtype=torch.float32, attn_implementation="sdpa")
         (_, ids), = sequences(tok, "prose", 300, 1)
         ids = ids.tolist()
-        kv = [cache_kv(true_cache(large, torch.tensor(ids[:256]).view(1, -1)), i) for i in range(30)]
+        cache = true_cache(large, torch.tensor(ids[:256]).view(1, -1))      # one prefill: every layer's (K, V)
+        kv = [cache_kv(cache, i) for i in range(30)]
         srv.wait()
         ref, _ = _prompt_nll(srv.complete(ids, prompt_logprobs=1), ids, 260)
         path = shm.path_for(ids, root)
