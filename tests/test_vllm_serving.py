@@ -91,8 +91,8 @@ def test_metrics_scraper_sees_load(server):
     from labkit.serving import loadgen, workload
     from labkit.experiments.serve_sweep.measure import connector_counters
     from labkit.serving.servermetrics import MetricsScraper
-    # long enough that many scrapes land while both decode (one each 0.05 s, the load ~2 s on one busy core;
-    # the gauges move every step), short enough not to spend the test on decoding
+    # long enough that many scrapes land while both decode (one each 0.05 s against 64 steps, the gauges set at
+    # every step), short enough not to spend the test on decoding
     n_out = 64
     s = MetricsScraper(server.base_url, extra=lambda: connector_counters(server.stats))
     box = {}
