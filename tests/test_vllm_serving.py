@@ -91,7 +91,9 @@ def test_metrics_scraper_sees_load(server):
     from labkit.serving import loadgen, workload
     from labkit.experiments.serve_sweep.measure import connector_counters
     from labkit.serving.servermetrics import MetricsScraper
-    n_out = 160                                   # long enough that several scrapes land while both decode
+    # long enough that many scrapes land while both decode (one each 0.05 s against 64 steps, the gauges set at
+    # every step), short enough not to spend the test on decoding
+    n_out = 64
     s = MetricsScraper(server.base_url, extra=lambda: connector_counters(server.stats))
     box = {}
     load = threading.Thread(target=lambda: box.update(recs=loadgen.run_load(
@@ -400,6 +402,38 @@ def test_metric_families_as_vllms(server, labkit_server):
     assert rss > 50e6
 
 
+def test_vllm_target_identity_and_cold_prompts_across_runs(server, tmp_path):
+    """`labkit run serve_sweep -p target=URL` against this module's vLLM (a server the sweep did not start, its
+    prefix cache on as vLLM defaults): two runs of the same parameters, with the salt drawn afresh, the second
+    run's prompts find nothing in vLLM's prefix cache (its own counters say so); with the salt fixed to the
+    second run's (the control), a third run's prompts are the second's and vLLM serves their full blocks from
+    its device cache (the second run's blocks are the last freed: the third run's few new blocks evict older
+    ones). Last of the tests on `server`: the connector saves these runs' blocks, which a byte count above
+    would see."""
+    from labkit.experiments.serve_sweep import plan
+    from labkit.experiments.serve_sweep.measure import run_serve
+    import httpx
+    url = server.base_url
+
+    def run(given):
+        return run_serve(dict(plan(given).params), log=None)
+    given = {"target": url, "input_lens": "300", "concurrency": "1", "num_prompts": 2, "output_len": 3}
+    runs = [run({**given, "out_dir": str(tmp_path / f"fresh{i}")}) for i in range(2)]
+    for r in runs:
+        m = r.metrics()
+        assert (m["status"] == "ok").all(), m[["status", "error"]]
+        assert (m["prefix_cache_queried_tokens"] >= 2 * 300).all() and (m["prefix_cache_hit_tokens"] == 0).all()
+    mf = runs[1].manifest
+    version = httpx.get(url + "/version", timeout=5).json()["version"]
+    assert mf["target"]["engine"] == "vllm" and mf["target"]["engine_version"] == version
+    assert any(f["name"] == "vllm:prefix_cache_queries" for f in mf["target"]["metric_families"])
+    assert mf["prompts"]["vocab_from"].startswith("the checkpoint's config.json") and mf["prompts"]["ids"] == "[256, 49152)"
+    assert runs[0].manifest["prompts"]["salt"] != mf["prompts"]["salt"]
+    fixed = run({**given, "prompt_salt": mf["prompts"]["salt"], "out_dir": str(tmp_path / "fixed")}).metrics()
+    assert (fixed["prefix_cache_hit_tokens"] >= 2 * 256).all(), fixed["prefix_cache_hit_tokens"]   # 2 blocks of 128 each
+    assert server.alive()                                                      # the target was not stopped
+
+
 def test_every_slot_serves(labkit_server):
     """Four short requests at once against two resident and two offload slots (threshold 512: every one is
     short, so the threshold alone would run two and queue two): all four run together, two of them in the
@@ -586,16 +620,16 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
 
 
 def test_a_server_that_never_comes_up_fails_the_run(tmp_path):
-    """`-p startup_timeout_s=5` (a server that cannot be healthy in time): every point is a failed row, the
+    """`-p startup_timeout_s=2` (a server that cannot be healthy in time): every point is a failed row, the
     manifest says failed, `labkit run` exits 1 with one line saying so, and no process of the server is left."""
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "labkit", "run", "serve_sweep", "-p", "input_lens=16", "-p", "concurrency=1",
-                        "-p", "num_prompts=1", "-p", "output_len=2", "-p", "startup_timeout_s=5", "--out", str(out)],
+                        "-p", "num_prompts=1", "-p", "output_len=2", "-p", "startup_timeout_s=2", "--out", str(out)],
                        capture_output=True, text=True, cwd=REPO, timeout=600)
     mf = json.loads((out / "manifest.json").read_text())
     assert r.returncode == 1 and mf["status"] == "failed", (r.returncode, mf["status"], r.stderr[-2000:])
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("labkit:")]
-    assert len(lines) == 1 and "failed" in lines[0] and "not healthy after 5 s" in lines[0], r.stderr[-2000:]
+    assert len(lines) == 1 and "failed" in lines[0] and "not healthy after 2 s" in lines[0], r.stderr[-2000:]
     pid = mf["servers"][0]["pid"]
     assert not _survivors(pid, {pid})
 

@@ -38,12 +38,15 @@ def test_connector_loads_true_cache_exactly_and_refuses_other_models(tmp_path):
     root = tmp_path / "shm"
     root.mkdir()
     pair = plan_pair("smollm2-135m", "first:8", derive=False)
-    large, tok = load_model(pair.large.path, dtype=torch.float32, attn_implementation="sdpa")
-    (_, ids), = sequences(tok, "prose", 300, 1)
-    ids = ids.tolist()
-    kv = [cache_kv(true_cache(large, torch.tensor(ids[:256]).view(1, -1)), i) for i in range(30)]
-    srv = Server(pair.large.path, pair.large.fingerprint, root, tmp_path / "vllm.log", max_model_len=2048)
+    # the server starts first: it comes up while this process loads the model and computes the true cache
+    srv = Server(pair.large.path, pair.large.fingerprint, root, tmp_path / "vllm.log", max_model_len=2048,
+                 kv_space_gib=1)          # 23k tokens of float32 KV: ample for one 300-token prompt
     try:
+        large, tok = load_model(pair.large.path, dtype=torch.float32, attn_implementation="sdpa")
+        (_, ids), = sequences(tok, "prose", 300, 1)
+        ids = ids.tolist()
+        cache = true_cache(large, torch.tensor(ids[:256]).view(1, -1))      # one prefill: every layer's (K, V)
+        kv = [cache_kv(cache, i) for i in range(30)]
         srv.wait()
         ref, _ = _prompt_nll(srv.complete(ids, prompt_logprobs=1), ids, 260)
         path = shm.path_for(ids, root)
