@@ -25,6 +25,7 @@ import torch
 
 from ... import envs
 from ...params import BadInput
+from . import interpreter
 
 try:  # Triton is optional: CPU-only installs without it fall back to the kernels' torch references
     import triton  # noqa: F401 (only whether it imports)
@@ -147,3 +148,7 @@ def kernels_run(*tensors: torch.Tensor) -> bool:
     if interpret_mode():
         return all(t.device.type == "cpu" for t in tensors)
     return any(t.device.type == "cuda" for t in tensors)
+
+
+if HAVE_TRITON and interpret_mode():     # helper calls inside kernels patch Triton once a launch (interpreter.py)
+    interpreter.fast_device_calls()
