@@ -3,9 +3,10 @@ reference model, beside the contiguous HBM read bandwidth measured in the same p
 
     python3 scripts/gemv_bench.py OUT_DIR [--shape qwen3.8-flash-next] [--budget-s 120]
     python3 scripts/gemv_bench.py OUT_DIR --layout nk       # the GEMV on K-major weights ([N, K] transposed)
+    python3 scripts/gemv_bench.py OUT_DIR --rows 1          # one row only (M in 1, 4, 16 by default)
     TRITON_INTERPRET=1 python3 scripts/gemv_bench.py OUT_DIR --dry-run --shape tiny     # the script on CPU
 
-Per distinct weight shape [K, N] and M in 1, 4, 16: `x @ w` (cuBLAS on the layers' [K, N] layout), the
+Per distinct weight shape [K, N] and M in 1, 4, 16 (`--rows`): `x @ w` (cuBLAS on the layers' [K, N] layout), the
 same through `torch.matmul(x, wt.t())` on a [N, K] copy (the layout of a checkpoint's nn.Linear), the
 GEMV with the engine's default config, and the best of a small sweep of GEMV configs. Each is timed as a
 CUDA graph of products over distinct copies of the weight (>= 256 MB in all, so L2, 50 MB on an H200,
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit.engine.model import gemv as G  # noqa: E402
 from labkit.shapes import PRESETS  # noqa: E402
 
-MS = (1, 4, 16)
+MS = (1, 4, 16)     # the rows M measured by default (--rows)
 KINDS = ("cublas", "cublas_nk", "gemv", "gemv_pdl", "gemv_best", "gemv_best_nopdl", "gemv_glu")
 PER_MATRIX = ("cublas", "cublas_nk", "gemv", "gemv_pdl", "gemv_best", "gemv_best_nopdl", "gemv_glu")
 LABELS = {"cublas": "cuBLAS [K,N]", "cublas_nk": "cuBLAS [N,K]", "gemv": "GEMV", "gemv_pdl": "GEMV pdl",
@@ -139,9 +140,17 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, a tiny shape: checks the script")
     ap.add_argument("--layout", choices=("kn", "nk"), default="kn",
                     help="the GEMV's weights: kn row-major [K, N] (the layers' layout), nk K-major ([N, K] transposed)")
+    ap.add_argument("--rows", default=",".join(map(str, MS)),
+                    help=f"the activation rows M measured, comma-separated, 1 to {G.MAX_M} (default %(default)s)")
     a = ap.parse_args()
     if a.shape not in PRESETS:
         sys.exit(f"gemv_bench: unknown shape {a.shape!r} (known: {', '.join(PRESETS)})")
+    try:
+        m_rows = tuple(int(v) for v in a.rows.split(","))
+    except ValueError:
+        m_rows = ()
+    if not m_rows or not all(1 <= m <= G.MAX_M for m in m_rows):
+        sys.exit(f"gemv_bench: --rows takes row counts from 1 to {G.MAX_M}, got {a.rows!r}")
     if DRY and os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("gemv_bench: --dry-run runs under TRITON_INTERPRET=1")
     if not DRY and not torch.cuda.is_available():
@@ -160,7 +169,7 @@ def main():
     g = torch.Generator(device=DEV).manual_seed(0)
     rows, best_cfg = [], {}
     # the sweep's deadline for the j-th (shape, M) row: an even share, time left by fast rows carried on
-    sweep_budget, n_rows, t_sweep = a.budget_s * 0.7, len(shapes) * len(MS), time.time()
+    sweep_budget, n_rows, t_sweep = a.budget_s * 0.7, len(shapes) * len(m_rows), time.time()
     sweep_cut = False
     for name, (K, N) in shapes.items():
         nbytes = K * N * 2
@@ -168,7 +177,7 @@ def main():
         ws = [(torch.randn(K, N, generator=g, device=DEV) / K ** 0.5).bfloat16() for _ in range(copies)]
         wts = [w.t().contiguous() for w in ws]
         gws = [w.t() for w in wts] if KM else ws              # the weights the GEMV reads
-        for M in MS:
+        for M in m_rows:
             xs = torch.randn(M, K, generator=g, device=DEV).bfloat16()
             outs = [torch.empty(M, N, device=DEV, dtype=torch.bfloat16) for _ in ws]
 
@@ -247,7 +256,7 @@ def main():
     mats_nk = {n: [w.t().contiguous() for w in ws] for n, ws in mats.items()}
     mats_gemv = {n: [w.t() for w in ws] for n, ws in mats_nk.items()} if KM else mats
     whole = []
-    for M in MS:
+    for M in m_rows:
         xs = {n: torch.randn(M, shapes[n][0], generator=g, device=DEV).bfloat16() for n in shapes}
         outs = {n: torch.empty(M, shapes[n][1], device=DEV, dtype=torch.bfloat16) for n in shapes}
         glu_out = torch.empty(M, shapes["ffn.w_gu"][1] // 2, device=DEV, dtype=torch.bfloat16)

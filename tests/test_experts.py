@@ -96,11 +96,15 @@ KERNEL = textwrap.dedent('''
             E, K, N = 6, 256, 48
             w = (torch.randn(E, K, 2 * N if glu else N, generator=g) / 16)
             w = QuantWeight.quantize(w) if quant else w.transpose(1, 2).contiguous().to(torch.bfloat16)
-            for T, k in ((1, 3), (4, 3), (40, 2)):        # decode one request, four, a prefill chunk
+            # decode one request, four (12 pairs on 6 experts: groups of several rows), a prefill chunk (80 pairs:
+            # groups of some 13 rows, some past 16, two blocks of M_PAD = 16). A plan's groups take one row at a time
+            # by default, the path the four requests run already: the chunk takes the 16-row blocks only (one row at
+            # a time it cost the interpreter several times the rest of this test)
+            for T, k, pads in ((1, 3, (None, 16)), (4, 3, (None, 16)), (40, 2, (16,))):
                 x = torch.randn(T, K, generator=g).to(torch.bfloat16)
                 idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
                 groups, _ = plan(idx)
-                for m_pad in (None, 16):
+                for m_pad in pads:
                     got = grouped_gemv(x, w, groups, glu=glu, m_pad=m_pad)
                     want = grouped_gemv_reference(x, w, groups, glu=glu)
                     err = ((got.float() - want.float()).norm() / want.float().norm()).item()
@@ -111,11 +115,13 @@ KERNEL = textwrap.dedent('''
             got = grouped_gemv(x, w, Groups.one(3, "cpu"), glu=glu)
             want = grouped_gemv_reference(x, w, Groups.one(3, "cpu"), glu=glu)
             assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
-    # W4A16's row kernel with K cut into splits (a second kernel adds them, silu(gate) * up after the sum) and
-    # at other tiles, one request and four
-    w = QuantWeight.quantize(torch.randn(1, 1024, 80, generator=g) / 16)
+    # W4A16's row kernel with K cut into splits (the last split to arrive adds them, silu(gate) * up after the sum)
+    # and at other tiles, one request and four. K = 640, five groups of 128: five splits of one tile by default,
+    # three of two, two and one tiles (a split's loop takes two at a time), and two tiles of four groups, the second
+    # holding one
+    w = QuantWeight.quantize(torch.randn(1, 640, 80, generator=g) / 16)
     for R in (1, 3, 4):           # three rows: a four-row tile with one row past the group
-        x = torch.randn(R, 1024, generator=g).to(torch.bfloat16)
+        x = torch.randn(R, 640, generator=g).to(torch.bfloat16)
         want = grouped_gemv_reference(x, w, Groups.one(R, "cpu"), glu=True)
         for split, gt in ((None, None), (3, 1), (1, 4)):
             for gather in ((True, False) if R == 3 else (True,)):      # rows taken as they are: none past x
@@ -141,7 +147,9 @@ KERNEL = textwrap.dedent('''
         assert torch.equal(ba, bb), (T, k)
     s = ModelShape.from_name("tiny-moe")
     moe = MoE(s, torch.Generator().manual_seed(0), torch.bfloat16, "cpu", weights_dtype="w4a16")
-    y = torch.randn(3, s.hidden, generator=g).to(torch.bfloat16)
+    # two tokens, eight (token, expert) pairs: the routed experts one row at a time, gathered and not; the shared
+    # expert a four-row tile with two rows past the tokens
+    y = torch.randn(2, s.hidden, generator=g).to(torch.bfloat16)
     out, n = moe(y)
     ref = moe.reference(y)
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2
