@@ -3,6 +3,7 @@
 # long leaves the others): GPU tests of the portable path and the MoE parts, the weight-stream bench, the
 # split's memory check, and entries of plans/reference-model.toml (run folders packed into $OUT).
 #   scripts/device_reference.sh tests bench decode-w4a16:330   # any of: tests bench split ENTRY, each STEP:SECONDS
+# ENTRY is an entry of plans/reference-model.toml, or of the plan PLAN names (PLAN=plans/claims.toml ...).
 # The device host's copy of the tree may carry a stale .git: give the commit that runs in the command, as
 #   export LABKIT_GIT_SHA=<short sha here>[-dirty]; scripts/device_reference.sh ...
 # (every manifest records it; without it the sha git reports there is recorded, with a warning).
@@ -13,6 +14,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
 fi
+PLAN=${PLAN:-plans/reference-model.toml}
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD} LABKIT_SESSION=${LABKIT_SESSION:-$(date -u +%Y%m%d-%H%M%S)}
 nvidia-smi --query-gpu=name,driver_version,power.limit,power.default_limit,clocks.max.sm,pcie.link.gen.max,memory.total --format=csv | tee -a "$OUT/machine.txt"
 for arg in "$@"; do
@@ -24,14 +26,15 @@ for arg in "$@"; do
     bench) timeout "$limit" python3 scripts/weights_bench.py "$OUT" ${BENCH_VARIANTS:+--variants "$BENCH_VARIANTS"} 2>&1 | tail -40 ;;
     split) timeout "$limit" python3 scripts/split_memory_check.py "$OUT" 2>&1 | tail -12 ;;
     *) before=$(ls -d results/*/ 2>/dev/null | sort)
-       timeout "$limit" python3 - "$step" <<'PY' 2>&1 | grep -v "^\s*$" | tail -15
+       timeout "$limit" python3 - "$PLAN" "$step" <<'PY' 2>&1 | grep -v "^\s*$" | tail -15
 import sys, tomllib
 from labkit.experiments import measure
 # the plan read as TOML here: labkit.nightly needs papermill, which the device host does not have
-entries = tomllib.load(open("plans/reference-model.toml", "rb"))["entry"]
-entry = next((e for e in entries if e["name"] == sys.argv[1]), None)
+plan, name = sys.argv[1:3]
+entries = tomllib.load(open(plan, "rb"))["entry"]
+entry = next((e for e in entries if e["name"] == name), None)
 if entry is None:
-    sys.exit(f"device_reference: no entry {sys.argv[1]!r}")
+    sys.exit(f"device_reference: {plan} has no entry {name!r}")
 measure(entry["experiment"], dict(entry["parameters"]), progress_bar=False)
 PY
        for d in $(comm -13 <(echo "$before") <(ls -d results/*/ | sort)); do
