@@ -1,5 +1,6 @@
 """The published model's tables: the box's bound against the peer's step, the peer's own fixed-vs-per-request
 split, and the box predicted at the peer's points (each checked against its definition, not a stored output)."""
+import json
 import statistics
 
 import pytest
@@ -73,3 +74,25 @@ def test_the_anatomy_table_carries_each_points_phases_and_only_the_shapes_phases
     cells = dict(zip(head, [c.strip() for c in row.strip("|").split("|")]))
     assert cells["experts"] == f"{r.anat_experts_ms:.2f}" and cells["transfer"] == f"{r.anat_transfer_ms:.2f}"
     assert cells["step ms"] == f"{r.step_ms_median:.2f}" and cells["sum / step"] == f"{r.anat_closure:.3f}"
+
+
+def test_a_swept_bench_shows_the_engines_kernel_and_the_fastest_of_the_sweep(tmp_path, monkeypatch):
+    """A bench of many tiles and splits: the table keeps bf16, the engine's kernel and the earlier one, and one row per
+    part and batch names the fastest swept variant with its time against the engine's kernel."""
+    rows = []
+    for part, c in R.PARTS_C:
+        rows.append({"part": part, "weights": "bf16", "variant": "default", "concurrency": c, "ms": 2.0})
+        for i, v in enumerate(["default", "dequant", *[f"v{k}" for k in range(6)]]):
+            # v3 is the fastest swept variant everywhere; default at 1.0 ms
+            rows.append({"part": part, "weights": "w4a16", "variant": v, "concurrency": c,
+                         "ms": {"default": 1.0, "dequant": 3.0, "v3": 0.8}.get(v, 1.1 + 0.01 * i)})
+    for r in rows:
+        r.update(bytes=1e9, ms_median=r["ms"], ms_min=r["ms"], ms_max=r["ms"], gbps=1e9 / r["ms"] / 1e6,
+                 of_hbm_read=0.5 / r["ms"])
+    (tmp_path / "b.json").write_text(json.dumps({"shape": "s", "device": "d", "hbm_read_gbps": 3000, "rows": rows}))
+    monkeypatch.setattr(RT, "REPO", tmp_path)
+    text = R.weights_bench_table("b.json")
+    main, best = text.split("The other tiles")
+    assert "| v" not in main and main.count("| default |") == 4 and main.count("| dequant |") == 4
+    best_rows = [ln for ln in best.splitlines() if ln.startswith("| dense") or ln.startswith("| experts")]
+    assert len(best_rows) == 4 and all("| v3 | 0.80 |" in ln and "0.80×" in ln for ln in best_rows), best_rows

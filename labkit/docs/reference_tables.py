@@ -206,15 +206,41 @@ def weights_bench_table(path: str) -> str:
     doc = json.loads((REPO / path).read_text())
     # a bench of one kernel per dtype has no variant column (the earlier runs); else the variant names the kernel
     variants = len({r.get("variant", "default") for r in doc["rows"]}) > 1
+    # a sweep of the tiles and splits: the engine's kernel and the earlier one in full, the rest as the best of them
+    swept = [r for r in doc["rows"] if r.get("variant", "default") not in ("default", "dequant")]
+    shown = [r for r in doc["rows"] if r not in swept] if len(swept) > 4 * len(PARTS_C) else doc["rows"]
     rows = [{"part": r["part"], "weights": r["weights"],
              **({"kernel": "lab's" if r["weights"] == "bf16" else r.get("variant", "default")} if variants else {}),
              "c": r["concurrency"], "GB read": f"{r['bytes'] / 1e9:.2f}",
              "ms (min–max)": f"{r['ms_median']:.2f} ({r['ms_min']:.2f}–{r['ms_max']:.2f})",
-             "GB/s": f"{r['gbps']:.0f}", "of HBM read": f"{r['of_hbm_read']:.0%}"} for r in doc["rows"]]
+             "GB/s": f"{r['gbps']:.0f}", "of HBM read": f"{r['of_hbm_read']:.0%}"} for r in shown]
     floor = (f"; a kernel of no work in a graph: {doc['launch_floor_us']:.2f} µs" if doc.get("launch_floor_us")
              else "")
-    return (f"{doc['shape']} on {doc['device']} (`{path}`); HBM read measured in the same process: "
+    text = (f"{doc['shape']} on {doc['device']} (`{path}`); HBM read measured in the same process: "
             f"{doc['hbm_read_gbps']:.0f} GB/s{floor}.\n\n{_md(pd.DataFrame(rows))}")
+    if shown is not doc["rows"]:
+        text += "\n\n" + _best_swept(doc["rows"], swept)
+    return text
+
+
+PARTS_C = [("dense", 1), ("dense", 4), ("experts", 1), ("experts", 4)]
+
+
+def _best_swept(all_rows: list[dict], swept: list[dict]) -> str:
+    """The fastest of the swept tiles and splits at each part and batch, against the engine's kernel."""
+    out = []
+    for part, c in PARTS_C:
+        at = [r for r in swept if (r["part"], r["concurrency"]) == (part, c)]
+        base = next((r for r in all_rows if (r["part"], r["weights"], r.get("variant"), r["concurrency"])
+                     == (part, "w4a16", "default", c)), None)
+        if not at or base is None:
+            continue
+        best = min(at, key=lambda r: r["ms_median"])
+        out.append({"part": part, "c": c, "swept": len(at), "fastest": best["variant"],
+                    "ms": f"{best['ms_median']:.2f}", "of HBM read": f"{best['of_hbm_read']:.0%}",
+                    "against default": f"{best['ms_median'] / base['ms_median']:.2f}×"})
+    return (f"The other tiles and splits swept ({len({r['variant'] for r in swept})} of them, every row in the file), "
+            f"the fastest at each part and batch:\n\n{_md(pd.DataFrame(out))}")
 
 
 # ---- the reference box beside the peer's measurements --------------------------------------------------------
