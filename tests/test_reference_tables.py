@@ -90,7 +90,7 @@ def test_a_swept_bench_shows_the_engines_kernel_and_the_fastest_of_the_sweep(tmp
         r.update(bytes=1e9, ms_median=r["ms"], ms_min=r["ms"], ms_max=r["ms"], gbps=1e9 / r["ms"] / 1e6,
                  of_hbm_read=0.5 / r["ms"])
     (tmp_path / "b.json").write_text(json.dumps({"shape": "s", "device": "d", "hbm_read_gbps": 3000, "rows": rows}))
-    monkeypatch.setattr(RT, "REPO", tmp_path)
+    monkeypatch.setattr(R, "REPO", tmp_path)
     text = R.weights_bench_table("b.json")
     main, best = text.split("The other tiles")
     assert "| v" not in main and main.count("| default |") == 4 and main.count("| dequant |") == 4
