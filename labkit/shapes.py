@@ -111,7 +111,8 @@ class ModelShape:
         """The work of prefilling positions [start, end) of one prompt: FLOPs per phase and bytes moved, the
         numerators of a prefill anatomy's bounds (`labkit.engine.model.prefill_marks` names the phases).
 
-        - `weights_flops`: 2 x tokens x every weight product's K x N (the head's product is the last token's);
+        - `weights_flops`: 2 x tokens x every weight product's K x N a token computes (of the routed experts, the
+          `experts_per_tok` it chose; the head's product is the last token's);
         - `attention_flops`: dense causal attention, per QSA layer 4 x Hq x D x (query i sees its position + 1
           keys): tokens x start + tokens (tokens + 1) / 2 pairs;
         - `deltanet_flops`: the chunked delta rule's products per value head and token, counted from its
@@ -122,8 +123,9 @@ class ModelShape:
           `index_score_flops` counts the indexer's scores over every key it sees (2 x index_heads x index_dim a
           pair), the fused score-and-select's products."""
         n = end - start
-        per_token = sum(2 * K * N * c for name, (K, N, c) in self.weight_matrices().items() if name != "lm_head")
-        K, N, _ = self.weight_matrices()["lm_head"]
+        mats = self.weight_matrices(routed="per_token")
+        per_token = sum(2 * K * N * c for name, (K, N, c) in mats.items() if name != "lm_head")
+        K, N, _ = mats["lm_head"]
         pairs = n * start + n * (n + 1) / 2
         attended = pairs if not budget else sum(min(p + 1, budget) for p in range(start, end))
         dk = dv = self.dn_head_dim

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import subprocess
 import sys
@@ -117,3 +118,17 @@ def test_weight_matrices_are_the_layers_own(name):
         held = sum(p.numel() for n, p in full.named_parameters() if p.dim() in (2, 3) and not n.endswith("conv_w"))
         assert held == s.weight_params()
         assert full.weight_bytes() >= s.weight_bytes() - 2 * s.hidden * s.layers * 8   # + norms, A_log, dt_bias
+
+
+def test_prefill_flops_count_the_experts_a_token_chose_not_every_expert():
+    """A token's prefill work does not grow with experts it never computes: twice the routed experts at the same
+    experts per token add only the router's wider product; twice the experts per token add exactly the routed
+    share again."""
+    s = ModelShape.from_name("qwen3.8-flash-next")
+    base = s.prefill_chunk_work(0, 1024)["weights_flops"]
+    wider = dataclasses.replace(s, experts=2 * s.experts).prefill_chunk_work(0, 1024)["weights_flops"]
+    K, _, layers = s.weight_matrices("per_token")["moe.router"]
+    assert wider - base == pytest.approx(1024 * 2 * K * s.experts * layers, rel=1e-9)
+    routed = sum(2 * K * N * c for n, (K, N, c) in s.weight_matrices("per_token").items() if n in ("moe.w_gu", "moe.w_d"))
+    deeper = dataclasses.replace(s, experts_per_tok=2 * s.experts_per_tok).prefill_chunk_work(0, 1024)["weights_flops"]
+    assert deeper - base == pytest.approx(1024 * routed, rel=1e-9)

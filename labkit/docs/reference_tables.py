@@ -243,6 +243,49 @@ def _best_swept(all_rows: list[dict], swept: list[dict]) -> str:
             f"the fastest at each part and batch:\n\n{_md(pd.DataFrame(out))}")
 
 
+# ---- prefill of the published shape -------------------------------------------------------------------------
+PREFILL_PHASES = ("weights", "deltanet", "attention", "kv_write", "kv_load")
+
+
+def prefill_table(path: str) -> str:
+    """The prefill experiment's anatomy at each prompt: tok/s against the bound (its FLOPs and bytes at the GPU's
+    rates), each timed phase in seconds over the prompt, and what no phase names (`other`: at this shape the routed
+    experts, the hyper-connections, the n-gram embedding and the norms) with its share of the prompt's time.
+
+    The bound is taken from the run's chunks with today's `prefill_chunk_work`: runs made before it counted only
+    the routed experts a token computes stored a weights bound for every expert of every layer (about 20x the
+    FLOPs at this shape); the GEMM rate is the one the run measured (each chunk's stored FLOPs over its bound)."""
+    run = load_run(REPO / path)
+    m = run.metrics
+    m = m[(m["experiment"] == "prefill") & (m["status"] == "ok") & m["context_len"].notna()]
+    a = pd.read_parquet(REPO / path / "anatomy.parquet")
+    shape = metrics_shape(m)
+    rows = []
+    for r in m.to_dict("records"):
+        ch = a[(a["mode"] == r["mode"]) & (a["context_len"] == r["context_len"])]
+        bound_ms = sum(_chunk_bound_ms(shape, c) for c in ch.to_dict("records"))
+        bound_tok_s = r["context_len"] / bound_ms * 1e3
+        rows.append({"prompt": _ctx(r["context_len"]), "mode": r["mode"], "tok/s": f"{r['tok_s']:,.0f}",
+                     "bound tok/s": f"{bound_tok_s:,.0f}", "of bound": f"{r['tok_s'] / bound_tok_s:.1%}",
+                     **{f"{ph} s": f"{r[f'anatomy_{ph}_ms'] / 1e3:.2f}" for ph in PREFILL_PHASES},
+                     "other s": f"{r['anatomy_other_ms'] / 1e3:.2f}",
+                     "other of the prompt": f"{r['anatomy_other_ms'] / r['anatomy_chunk_ms']:.0%}",
+                     "closure": f"{r['anatomy_closure']:.2f}"})
+    first = m.iloc[0]
+    how = (f"{first['shape']}, {first['weights_dtype']} weights, on {first['gpu_name']} (`{path}`); seconds per "
+           f"phase summed over the prompt's chunks, the phases' sum over the unmarked prompt as the accounting's "
+           f"check; the bound counts the routed experts a token computes")
+    return f"{how}:\n\n{_md(pd.DataFrame(rows))}"
+
+
+def _chunk_bound_ms(shape, c: dict) -> float:
+    """One chunk's bound: its FLOP phases at the GEMM rate the run measured, its byte phases as stored."""
+    peak_flops_per_ms = c["attention_flops"] / c["attention_bound_ms"]
+    w = shape.prefill_chunk_work(int(c["start"]), int(c["end"]))
+    flop_ms = sum(w[f"{ph}_flops"] / peak_flops_per_ms for ph in ("weights", "attention", "deltanet", "index_score"))
+    return flop_ms + sum(c.get(f"{ph}_bound_ms", 0.0) or 0.0 for ph in ("kv_write", "kv_load"))
+
+
 # ---- the reference box beside the peer's measurements --------------------------------------------------------
 def box_predictions(m: pd.DataFrame, shape, source: C.GPU, strategy: str = "resident",
                     weights_dtype: str = "w4a16", **how) -> pd.DataFrame:
@@ -382,4 +425,6 @@ def producers(runs: dict) -> dict[str, Callable[[], str]]:
         out["weights-bench"] = partial(weights_bench_table, runs["reference_weights_bench"])
     if runs.get("reference_split_memory"):
         out["split-memory"] = partial(split_memory_table, runs["reference_split_memory"])
+    for gpu, path in (runs.get("reference_prefill") or {}).items():
+        out[f"reference-prefill-{gpu}"] = partial(prefill_table, path)
     return out
