@@ -80,9 +80,12 @@ def test_the_rows_read_their_regime_and_range_from_the_runs(rows):
     in the published regime; the decode figures are judged over the published context range; perplexity is
     decided on the pooled corpora."""
     by = {c.key: c for c in rows}
-    for key in ("flash-prefill-throughput", "flash-prefill-dense", "flash-decode-goodput", "pulse-throughput",
-                "pulse-tpot", "pulse-vs-no-offload"):
+    for key in ("flash-prefill-throughput", "flash-prefill-dense", "flash-decode-goodput"):
         assert by[key].verdict.verdict == C.OUT_OF_REGIME, key
+    # PulseInfer's rows read the decode-instance ladder (`disaggregated: true`): judged in the published terms
+    for key in ("pulse-throughput", "pulse-tpot", "pulse-vs-no-offload"):
+        assert by[key].verdict.verdict != C.OUT_OF_REGIME and by[key].verdict.basis == "published terms", key
+        assert C.RUNS["pulse_ladder_decode"] in by[key].runs(), key
     assert "~1.0×" in by["flash-prefill-throughput"].verdict.reason
     assert "never binds" in by["flash-decode-goodput"].verdict.reason
     for key in ("sparse-decode-c1", "sparse-decode-c4"):
@@ -215,6 +218,7 @@ def test_a_ladder_run_named_in_runs_toml_decides_pulseinfers_rows(tmp_path, monk
             rows.append({"rung": rung, "window": w, "output_throughput": 100.0 * (1 + 0.4 * i) * (1 + 0.01 * w if i == 4 else 1),
                          "tpot_ms_p99": 50.0 / (1 + 0.5 * i)})
         rows.append({"rung": C.NO_OFFLOAD_ARM, "window": w, "output_throughput": 50.0, "tpot_ms_p99": 10.0})
+    monkeypatch.setitem(C.RUNS, "pulse_ladder_decode", "")     # the decode-instance run, where named, comes first
     monkeypatch.setitem(C.RUNS, "pulse_ladder", _run_folder(tmp_path / "ladder0", rows))
     by = {c.key: c for c in C.pulse_claims()}      # prefill and decode on one GPU: not the published regime
     assert by["pulse-throughput"].verdict.verdict == C.OUT_OF_REGIME
@@ -240,6 +244,12 @@ def test_a_ladder_run_named_in_runs_toml_decides_pulseinfers_rows(tmp_path, monk
                                                             strongest_rung="switching"))
     by = {c.key: c for c in C.pulse_claims()}
     assert by["pulse-throughput"].terms.value == pytest.approx(2.2)          # rung 4 / rung 1
+    # a decode-instance run named beside a colocated one decides the rows
+    monkeypatch.setitem(C.RUNS, "pulse_ladder", str(tmp_path / "ladder0"))
+    monkeypatch.setitem(C.RUNS, "pulse_ladder_decode", str(tmp_path / "ladder3"))
+    by = {c.key: c for c in C.pulse_claims()}
+    assert by["pulse-throughput"].terms.value == pytest.approx(2.2)      # ladder3's chosen rung, not ladder0's last
+    assert by["pulse-throughput"].verdict.verdict == C.PART
     assert "chosen on the calibration windows (`switching`)" in by["pulse-throughput"].terms.what
     assert by["pulse-vs-no-offload"].terms.value == pytest.approx(220 / 50)
 

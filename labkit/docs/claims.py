@@ -19,7 +19,8 @@ provisional, and the row names the run that would settle it. Rows with none of t
 
 Runs that settle rows are picked up from `docs/runs.toml` (`[runs]`) by name, with no code change:
 
-- `pulse_ladder`: PulseInfer's ladder on the trace windows; metrics rows with `rung`, `window`,
+- `pulse_ladder_decode`, else `pulse_ladder`: PulseInfer's ladder on the trace windows (the first on a decode
+  instance, `disaggregated: true`, the published regime); metrics rows with `rung`, `window`,
   `output_throughput` and `tpot_ms_p99` (`status == "ok"`). Rungs in order: `per_head` (per-head 8 KiB units, one
   copy each, no switching: the published baseline), `coalesced`, `retrieval_head`, `switching`, `adaptive` (full
   PulseInfer), and the arm `no_offload` (resident only, under the same device-memory cap). Integer rungs are read
@@ -695,7 +696,7 @@ def _ladder() -> tuple[str, pd.DataFrame, str | None] | None:
     """(run, metrics, the PulseInfer rung to compare): a run that chose its strongest arm on its calibration
     windows (`strongest_rung` in its manifest) is read at that rung; one from before that choice at its last
     rung, the full system."""
-    run = _run("pulse_ladder")
+    run = _run("pulse_ladder_decode") or _run("pulse_ladder")      # the published regime's run where there is one
     if not run:
         return None
     return run, _metrics(run), load_run(REPO / run).manifest.get("strongest_rung")
@@ -728,10 +729,10 @@ def ladder_ratios(m: pd.DataFrame, column: str, against: str = "first", rung: st
 _PULSE_LADDER_SETTLE = ("PulseInfer's ladder on ≥ 8 trace windows (per-head 8 KiB units without switching → + coalesced → "
                         "+ retrieval-head blocks → + batch switching → + adaptive admission, and no offload under the same "
                         "cap), named `pulse_ladder` in docs/runs.toml")
-_PULSE_DIFFERS = "one H200 and Qwen3.8-Flash-Next's shape; 14B–230B models and the ServeGen trace not replayed"
+_PULSE_DIFFERS = "one H100/H200 and Qwen3.8-Flash-Next's shape; 14B–230B models and the ServeGen trace not replayed"
 _PULSE_REGIME_SETTLE = ("PulseInfer's ladder on a decode instance of a disaggregated deployment (prompts prefilled "
                         "elsewhere, their KV handed over; the run's manifest says `disaggregated: true`), named "
-                        "`pulse_ladder` in docs/runs.toml")
+                        "`pulse_ladder_decode` in docs/runs.toml")
 
 
 def _pulse_regime(run: str) -> str:

@@ -69,6 +69,7 @@ def producers() -> dict[str, Callable[[], str]]:
                                             r["pulse_scaling_compiled"][-1][0], r["quality_blocks"][1][0]),
             "pulse-trace-h200": partial(pulse.pulse_trace_table, r["pulse_trace"], r.get("pulse_trace_windows", "")),
             "pulse-ladder-h200": partial(pulse_ladder.pulse_ladder_table, r.get("pulse_ladder", "")),
+            "pulse-ladder-decode-h100": partial(pulse_ladder.pulse_ladder_table, r.get("pulse_ladder_decode", "")),
             "quality-blocks-cpu": partial(quality.quality_blocks_table, r["quality"]),
             "quality-cpu": partial(quality.quality_table, r["quality"]),
             "quality-sparse-prefill-cpu": partial(quality.quality_sparse_prefill_table, r["quality_sparse_prefill"]),
