@@ -580,7 +580,7 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
     server left, by process group or by parent."""
     out = tmp_path / "run"
     code = ("from labkit.experiments.serve_sweep import plan\nfrom labkit.experiments.serve_sweep.measure import run_serve\n"
-            f"run_serve(dict(plan({{'input_lens': '32', 'concurrency': '1', 'num_prompts': 3, 'output_len': 4, "
+            f"run_serve(dict(plan({{'input_lens': '32', 'concurrency': '1', 'num_prompts': 3, 'output_len': 32, "
             f"'repeats': 200, 'out_dir': {str(out)!r}}}, check_args=False).params))\n")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
@@ -592,12 +592,20 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
                 return []
 
         deadline = time.time() + 900
-        while not (out / "metrics.parquet").is_file() and time.time() < deadline:
-            time.sleep(0.5)                                      # the first point is done, the next one runs
+        metrics = out / "metrics.parquet"
+        while not metrics.is_file() and time.time() < deadline:
+            time.sleep(0.2)                                      # the first point is done
+        # kill inside a point, not between two: a server found dead before a point is restarted with no failed
+        # row. A point's row is written when it ends; the next point starts once its tables are saved, and its
+        # 3 requests of 32 tokens run for seconds on a CPU: the kill lands 0.8 s after a row was written
+        written = metrics.stat().st_mtime_ns
+        while metrics.stat().st_mtime_ns == written and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.8)
         first = servers()[0]
         first_family = _family(first["pid"])
         assert len(first_family) > 1, "the server forked no engine process: nothing to orphan"
-        os.kill(first["pid"], signal.SIGKILL)                   # the server's PID only, mid-sweep
+        os.kill(first["pid"], signal.SIGKILL)                   # the server's PID only, mid-point
         while not (len(servers()) > 1 and servers()[1].get("startup_s")) and time.time() < deadline:
             time.sleep(1)
         assert len(servers()) == 2, "server not restarted"
