@@ -280,7 +280,8 @@ def prefill_table(path: str) -> str:
 
 def _chunk_bound_ms(shape, c: dict) -> float:
     """One chunk's bound: its FLOP phases at the GEMM rate the run measured, its byte phases as stored."""
-    peak_flops_per_ms = c["attention_flops"] / c["attention_bound_ms"]
+    ph = next(ph for ph in ("weights", "attention", "deltanet") if (c.get(f"{ph}_bound_ms") or 0) > 0)
+    peak_flops_per_ms = c[f"{ph}_flops"] / c[f"{ph}_bound_ms"]   # any FLOP phase: one rate for all of them
     w = shape.prefill_chunk_work(int(c["start"]), int(c["end"]))
     flop_ms = sum(w[f"{ph}_flops"] / peak_flops_per_ms for ph in ("weights", "attention", "deltanet", "index_score"))
     return flop_ms + sum(c.get(f"{ph}_bound_ms", 0.0) or 0.0 for ph in ("kv_write", "kv_load"))
