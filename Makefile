@@ -123,8 +123,9 @@ probe: $(STAMP)
 # server's own record of it, so it holds beside the other worker. TEST_WORKERS=0: one process.
 # On a fresh clone the three environments install side by side (each its own venv; pip's cache takes concurrent
 # writers), as long as the largest alone rather than the sum.
-# Bytecode: the environments `make test` installs are not byte-compiled by pip (BYTECODE=--no-compile; not a PIP_ name, which pip would read as its own option), and
-# the tests run with PYTHONDONTWRITEBYTECODE unset, so each module is compiled the first time any test process
+# Bytecode: the environments `make test` installs are not byte-compiled by pip (BYTECODE=--no-compile; not a
+# PIP_ name, which pip would read as its own option), and the tests run with PYTHONDONTWRITEBYTECODE unset, so
+# each module is compiled the first time any test process
 # imports it and kept beside its source. Most of torch, vLLM, Ray and transformers is never imported by a test and
 # is never compiled; compiling all of it took about half the installs' time. (With PYTHONDONTWRITEBYTECODE set and
 # nothing compiled, every process would compile all it imports, every time.) `make venv` compiles as pip does.

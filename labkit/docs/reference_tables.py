@@ -200,6 +200,10 @@ def split_memory_table(path: str) -> str:
 
 
 # ---- the weight stream ---------------------------------------------------------------------------------------
+# the parts and batches a swept bench is summarised at
+PARTS_C = [("dense", 1), ("dense", 4), ("experts", 1), ("experts", 4)]
+
+
 def weights_bench_table(path: str) -> str:
     """`scripts/weights_bench.py`'s JSON: one decode step's weight products per part and dtype, against the HBM read
     bandwidth measured in the same process (the physical bound of a step that only streams weights)."""
@@ -222,8 +226,6 @@ def weights_bench_table(path: str) -> str:
         text += "\n\n" + _best_swept(doc["rows"], swept)
     return text
 
-
-PARTS_C = [("dense", 1), ("dense", 4), ("experts", 1), ("experts", 4)]
 
 
 def _best_swept(all_rows: list[dict], swept: list[dict]) -> str:
@@ -252,9 +254,9 @@ def prefill_table(path: str) -> str:
     rates), each timed phase in seconds over the prompt, and what no phase names (`other`: at this shape the routed
     experts, the hyper-connections, the n-gram embedding and the norms) with its share of the prompt's time.
 
-    The bound is taken from the run's chunks with today's `prefill_chunk_work`: runs made before it counted only
-    the routed experts a token computes stored a weights bound for every expert of every layer (about 20x the
-    FLOPs at this shape); the GEMM rate is the one the run measured (each chunk's stored FLOPs over its bound)."""
+    The bound is recomputed from the run's chunks with today's `prefill_chunk_work`, which counts the routed experts
+    a token computes: runs made before that stored a weights bound for every expert of every layer (about 20x the
+    FLOPs at this shape). The GEMM rate is the one the run measured (a chunk's stored FLOPs over their bound)."""
     run = load_run(REPO / path)
     m = run.metrics
     m = m[(m["experiment"] == "prefill") & (m["status"] == "ok") & m["context_len"].notna()]
