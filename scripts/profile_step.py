@@ -3,6 +3,7 @@ sits between kernels. The anatomy says which phase is slow; this says which kern
 
     python3 scripts/profile_step.py OUT_DIR [--shape qwen3.8-flash-next] [--ctx 65536] [--conc 1,4]
                                            [--strategy resident] [--budget 2048] [--tag NAME]
+                                           [--weights-dtype w4a16] [--layers 8] [--expert-banks 0]
 
 Per concurrency: the step's median over 50 graph replays (CUDA events), the runner's anatomy, and a
 torch.profiler (CUPTI) trace of 10 replays -> per kernel name: launches per step, µs per step; the sum
@@ -12,6 +13,7 @@ ramp/tail of small grids). Kernels are grouped by what they do, from their names
 Writes OUT_DIR/profile_<tag>.json and .md. Needs a CUDA GPU.
 """
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -93,6 +95,11 @@ def main():
     ap.add_argument("--mix", default="fused", choices=("fused", "unfused", "both"),
                     help="the DeltaNet mixer as one kernel, as torch.compile's kernels, or both in this process "
                          "(an A/B within one process)")
+    ap.add_argument("--weights-dtype", default="auto", help="the model's weights_dtype (auto, bf16, w4a16)")
+    ap.add_argument("--expert-banks", type=int, default=0, help="expert banks held (0: as many as fit)")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="the shape cut to its first N layers (a multiple of its QSA period): every layer's kernels "
+                         "are the same, and a few build in seconds where 48 take minutes")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("profile_step: needs a CUDA GPU")
@@ -100,7 +107,13 @@ def main():
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    model = HybridModel(PRESETS[a.shape], "cuda")
+    shape = PRESETS[a.shape]
+    if a.layers:
+        if a.layers % shape.attn_every:
+            sys.exit(f"profile_step: --layers {a.layers} is no multiple of the shape's QSA period {shape.attn_every}")
+        shape = dataclasses.replace(shape, name=f"{shape.name}[:{a.layers}]", layers=a.layers,
+                                    ple_layers=tuple(i for i in shape.ple_layers if i < a.layers))
+    model = HybridModel(shape, "cuda", weights_dtype=a.weights_dtype, expert_banks=a.expert_banks or None)
     from labkit.engine.transfer.base import STRATEGIES
     from labkit.params import Param, parse_value
     declared = {st.param: st for cls in STRATEGIES.values() for st in cls.SETTINGS}
@@ -112,7 +125,8 @@ def main():
         st = declared[name]
         settings[name] = parse_value(Param(name, st.kind, st.default, st.help), value)
     strat = get_strategy(a.strategy, **settings)
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": a.shape, "ctx": a.ctx,
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": shape.name, "ctx": a.ctx,
+           "holding": model.holding(),
            "strategy": a.strategy, "settings": settings, "budget": a.budget, "env": {k: v for k, v in os.environ.items()
                                                                 if k.startswith("LABKIT_")},
            "weight_bytes": model.step_weight_bytes(), "points": []}
@@ -153,8 +167,8 @@ def main():
         torch.cuda.empty_cache()
     res["wall_s"] = time.time() - t0
     (out / f"profile_{a.tag}.json").write_text(json.dumps(res, indent=1))
-    lines = [f"# Kernels of one decode step ({res['device']}, {a.shape}, {a.strategy}, {a.ctx} context, "
-             f"budget {a.budget}, {a.tag})", ""]
+    lines = [f"# Kernels of one decode step ({res['device']}, {shape.name} ({model.weights_dtype}), {a.strategy}, "
+             f"{a.ctx} context, budget {a.budget}, {a.tag})", ""]
     for pt in res["points"]:
         lines += [f"## c = {pt['conc']}, DeltaNet mixer {pt['deltanet_mix']}: step {pt['step_ms_median']:.3f} ms (min {pt['step_ms_min']:.3f}, max "
                   f"{pt['step_ms_max']:.3f}), {pt['kernels_per_step']:.0f} kernels, kernel time "

@@ -34,10 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit.engine.model.experts import plan, route  # noqa: E402
 from labkit.engine.model.gemv import matmul  # noqa: E402
 from labkit.engine.model import grouped_gemv as G  # noqa: E402
-from labkit.engine.model.grouped_gemv import grouped_gemv, qmatmul  # noqa: E402
+from labkit.engine.model import w4_decode as D  # noqa: E402
+from labkit.engine.model.grouped_gemv import (Groups, dense_reference, grouped_gemv,  # noqa: E402
+                                               grouped_gemv_reference, qmatmul)
 from labkit.engine.model.layers import make_weight  # noqa: E402
 from labkit.engine.model.quant import QuantWeight  # noqa: E402
-from labkit.shapes import PRESETS  # noqa: E402
+from labkit.shapes import PRESETS, W4_GROUP  # noqa: E402
 
 DENSE = ("qsa.w_in", "qsa.w_o", "dn.w_in", "dn.w_o", "moe.shared_gu", "moe.shared_d")
 
@@ -150,34 +152,210 @@ def expert_layers(s, weights: str, dev, concurrency: int, experts: int):
     return run, distinct * per_expert * len(layers), distinct
 
 
-# The W4A16 kernels' variants, each timed over the same weights: `default` as the engine runs; `dequant` the
-# earlier kernel (each tile dequantised to bf16 in registers, one program an output block, no K split); the rest
-# the row kernel at other tiles and splits.
+# The W4A16 kernels' variants, each timed over the same weights: `default` as the engine runs (`w4_decode`: lop3
+# unpacking, tensor-core products, PDL); `rows` the FMA kernel before it (`_w4_rows_kernel`), `dequant` the one
+# before that; the rest the default with one thing changed (no PDL, shift-and-mask unpacking, the weight tile as
+# the tensor-core product's M side, other tiles and splits). Keys name a module's setting, `module.NAME`.
 VARIANTS = {
     "default": {},
-    "dequant": {"W4_ROWS_KERNEL": False},
-    "no-split": {"W4_PROGRAMS_PER_SM": 0},
-    "split-2sm": {"W4_PROGRAMS_PER_SM": 2},
-    "split-8sm": {"W4_PROGRAMS_PER_SM": 8},
-    "bn32-gt2": {"W4_TILES": {1: (32, 2), 4: (32, 1)}},
-    "bn16-gt4": {"W4_TILES": {1: (16, 4), 4: (16, 2)}},
-    "bn128-gt1-w8": {"W4_TILES": {1: (128, 1), 4: (64, 1)}, "W4_WARPS": 8},
-    "bn64-gt2-w8": {"W4_TILES": {1: (64, 2), 4: (32, 2)}, "W4_WARPS": 8},
-    "bn32-gt2-w8": {"W4_WARPS": 8},
+    "rows": {"grouped_gemv.W4_KERNEL": "rows"},
+    "dequant": {"grouped_gemv.W4_KERNEL": "dequant"},
+    "no-pdl": {"w4_decode.W4_PDL": False},
+    "no-lop3": {"w4_decode.W4_ASM": False},
+    "unswapped": {"w4_decode.W4_SWAP": False},
+    "bn32": {"w4_decode.W4_BN": 32},
+    "bn128": {"w4_decode.W4_BN": 128},
+    "split-2sm": {"w4_decode.W4_PROGRAMS_PER_SM": 2},
+    "split-8sm": {"w4_decode.W4_PROGRAMS_PER_SM": 8},
+    "warps8": {"w4_decode.W4_WARPS": 8},
 }
+MODULES = {"grouped_gemv": G, "w4_decode": D}
 
 
 @contextlib.contextmanager
 def knobs(**values):
-    """The grouped kernel's module settings set for the block (a new graph captures the launches they give)."""
-    saved = {k: getattr(G, k) for k in values}
-    for k, v in values.items():
-        setattr(G, k, v)
+    """Module settings (`module.NAME`) set for the block (a new graph captures the launches they give)."""
+    saved = {}
+    for key, v in values.items():
+        mod, name = key.split(".")
+        saved[key] = getattr(MODULES[mod], name)
+        setattr(MODULES[mod], name, v)
     try:
         yield
     finally:
-        for k, v in saved.items():
-            setattr(G, k, v)
+        for key, v in saved.items():
+            mod, name = key.split(".")
+            setattr(MODULES[mod], name, v)
+
+
+# ------------------------------------------------------------------ two existing W4A16 implementations beside
+# The same codes, scales and zeros in each library's own layout, each product one launch of that library (a
+# SwiGLU's gate and up one product, silu(gate) * up a torch op after it), the routed experts one product an
+# expert (neither library has a grouped launch), checked against the lab's definition before it is timed.
+class Int4Pack:
+    """PyTorch's int4 weight-only kernel (`aten._weight_int4pack_mm`, tinygemm): its packing takes two codes a
+    byte with the even K value in the high nibble (ours: the low), and a float zero per group: a value is
+    (q - 8) * scale + zero, so zero = (8 - z) * scale."""
+    name = "torch-int4pack"
+
+    def __init__(self, w: QuantWeight, e: int = 0):
+        q = w.q[e]
+        self.packed = torch.ops.aten._convert_weight_to_int4pack((q >> 4) | ((q & 0xF) << 4), 8)
+        s = w.scales[e].float()
+        zf = (8 - w.zeros[e].float()) * s
+        self.sz = torch.stack([s, zf], dim=2).transpose(0, 1).contiguous().to(torch.bfloat16)   # [K/128, N, 2]
+
+    def __call__(self, x):
+        return torch.ops.aten._weight_int4pack_mm(x, self.packed, W4_GROUP, self.sz)
+
+
+class GemLite:
+    """gemlite's A16W4 layer (HQQ's convention (W_q - zeros) * scales, the codes given unpacked)."""
+    name = "gemlite"
+
+    def __init__(self, w: QuantWeight, e: int = 0):
+        import gemlite
+        from gemlite import DType, GemLiteLinear
+        q = w.q[e]
+        codes = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(w.N, w.K)            # [N, K], low nibble first
+        self.layer = GemLiteLinear(4, group_size=W4_GROUP, in_features=w.K, out_features=w.N,
+                                   input_dtype=DType.BF16, output_dtype=DType.BF16)
+        self.layer.pack(codes, w.scales[e], w.zeros[e].to(torch.bfloat16), None)
+        self._gemlite = gemlite
+
+    def __call__(self, x):
+        return self.layer(x)
+
+
+REFERENCES = {"torch-int4pack": Int4Pack, "gemlite": GemLite}
+
+
+def _glu(y):
+    g, u = y.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(g) * u).to(y.dtype)
+
+
+def reference_parts(s, dev, ref_cls, experts: int, check: list):
+    """The bench's parts through one library: (part, c, run, bytes[, distinct]) as `main` times them, over
+    weights drawn as the lab's (the same seeds); a first product of each kind checked against the definition
+    (relative error into `check`)."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    mats = s.weight_matrices(routed="per_token")
+    todo = []
+    for name in DENSE:
+        if name not in mats:
+            continue
+        K, N, count = mats[name]
+        for i in range(count):
+            w = make_weight(gen, K, N, torch.bfloat16, dev, weights_dtype="w4a16")
+            todo.append((ref_cls(w), name.endswith("_gu"), K, nbytes(w)))
+            if i == 0:
+                x = torch.randn(4, K, device=dev).bfloat16()
+                check.append({"kernel": ref_cls.name, "matrix": name,
+                              "rel_err": rel_err(todo[-1][0](x), dense_reference(x, w))})
+    parts = []
+    for rows in (1, 4):
+        xs = {K: torch.randn(rows, K, device=dev).bfloat16() for _, _, K, _ in todo}
+
+        def run(xs=xs):
+            for f, glu, K, _ in todo:
+                y = f(xs[K])
+                if glu:
+                    _glu(y)
+        parts.append(("dense", rows, run, sum(b for *_, b in todo)))
+    for c in (1, 4):
+        gen = torch.Generator(device=dev).manual_seed(1)
+        layers = []
+        for _ in range(s.layers):
+            gu = QuantWeight.random(gen, s.hidden, 2 * s.expert_intermediate, experts=experts, device=dev)
+            d = QuantWeight.random(gen, s.expert_intermediate, s.hidden, experts=experts, device=dev)
+            idx, _ = route(torch.randn(c, experts, generator=gen, device=dev), s.experts_per_tok)
+            chosen = {}
+            for t, row in enumerate(idx.tolist()):
+                for e in row:
+                    chosen.setdefault(e, []).append(t)
+            layers.append([(ref_cls(gu, e), ref_cls(d, e), torch.tensor(toks, device=dev))
+                           for e, toks in sorted(chosen.items())])
+        x = torch.randn(c, s.hidden, device=dev).bfloat16()
+        per_expert = (nbytes(gu) + nbytes(d)) / experts
+        distinct = sum(len(lay) for lay in layers) / len(layers)
+
+        def run(layers=layers, x=x):
+            for lay in layers:
+                for fgu, fd, toks in lay:
+                    fd(_glu(fgu(x.index_select(0, toks))))
+        parts.append(("experts", c, run, distinct * per_expert * len(layers), distinct))
+    return parts
+
+
+def rel_err(got, want) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def per_matrix(s, dev, kernels: list[str], check: list) -> list[dict]:
+    """Each dense matrix kind alone, its `count` copies back to back at one row: the time a product of that size
+    takes, where the whole-step rows mix the sizes. `kernels`: `default`, `rows` or a reference's name."""
+    out = []
+    mats = s.weight_matrices(routed="per_token")
+    for name in DENSE:
+        if name not in mats:
+            continue
+        K, N, count = mats[name]
+        gen = torch.Generator(device=dev).manual_seed(2)
+        ws = [make_weight(gen, K, N, torch.bfloat16, dev, weights_dtype="w4a16") for _ in range(count)]
+        x = torch.randn(1, K, device=dev).bfloat16()
+        glu = name.endswith("_gu")
+        for kernel in kernels:
+            try:
+                if kernel in REFERENCES:
+                    fs = [REFERENCES[kernel](w) for w in ws]
+
+                    def run(fs=fs):
+                        for f in fs:
+                            y = f(x)
+                            if glu:
+                                _glu(y)
+                else:
+                    def run():
+                        for w in ws:
+                            qmatmul(x, w, glu=glu)
+                with knobs(**VARIANTS[kernel]) if kernel in VARIANTS else contextlib.nullcontext():
+                    ts = timed_graph(run, dev)
+            except Exception as ex:              # a library that does not take this shape: recorded, the rest go on
+                out.append({"matrix": name, "kernel": kernel, "error": f"{type(ex).__name__}: {ex}"[:300]})
+                continue
+            b = sum(nbytes(w) for w in ws)
+            out.append({"matrix": name, "K": K, "N": N, "count": count, "kernel": kernel, "bytes": b,
+                        "us_per_product": statistics.median(ts) * 1e3 / count, "ms_median": statistics.median(ts),
+                        "ms_min": min(ts), "ms_max": max(ts)})
+        del ws
+    return out
+
+
+def check_variant(s, dev, variant: str) -> list[dict]:
+    """The variant's W4A16 products against their definition, fresh inputs: a dense product (plain and gate/up) at
+    one and four rows, a step's routed experts at one and four requests."""
+    gen = torch.Generator(device=dev).manual_seed(3)
+    out = []
+    with knobs(**VARIANTS.get(variant, {})):
+        for glu in (False, True):
+            N = 2 * s.expert_intermediate if glu else s.hidden
+            w = QuantWeight.random(gen, s.hidden, N, device=dev)
+            for rows in (1, 4):
+                x = torch.randn(rows, s.hidden, generator=gen, device=dev).bfloat16()
+                got = qmatmul(x, w, glu=glu)
+                want = grouped_gemv_reference(x, w, Groups.one(rows, dev), glu=glu)
+                out.append({"kernel": variant, "matrix": "dense-gu" if glu else "dense", "rows": rows,
+                            "rel_err": rel_err(got, want)})
+        w = QuantWeight.random(gen, s.hidden, 2 * s.expert_intermediate, experts=32, device=dev)
+        for c in (1, 4):
+            idx, _ = route(torch.randn(c, 32, generator=gen, device=dev), min(s.experts_per_tok, 8))
+            groups, _ = plan(idx)
+            x = torch.randn(c, s.hidden, generator=gen, device=dev).bfloat16()
+            out.append({"kernel": variant, "matrix": "experts-gu", "rows": c,
+                        "rel_err": rel_err(grouped_gemv(x, w, groups, glu=True),
+                                           grouped_gemv_reference(x, w, groups, glu=True))})
+    return out
 
 
 def main():
@@ -187,35 +365,80 @@ def main():
     ap.add_argument("--experts", type=int, default=64, help="experts held a layer (the bytes a step reads are the "
                     "distinct ones routed to: 64 hold as many as 512 would at c <= 4)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="the W4A16 variants timed (comma-separated)")
+    ap.add_argument("--references", default=",".join(REFERENCES),
+                    help="existing W4A16 libraries timed beside the lab's kernel (comma-separated; '' for none)")
+    ap.add_argument("--per-matrix", default="default,rows," + ",".join(REFERENCES),
+                    help="kernels timed on each dense matrix kind alone (comma-separated; '' for none)")
+    ap.add_argument("--weights", default="bf16,w4a16", help="the storages timed (comma-separated)")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     dev = torch.device("cpu" if a.dry_run else "cuda")
     s = PRESETS[a.shape]
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
     out = {"shape": s.name, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-           "hbm_read_gbps": hbm_read_gbps(dev), "launch_floor_us": launch_floor_us(dev), "rows": []}
-    for weights in ("bf16", "w4a16"):
+           "hbm_read_gbps": hbm_read_gbps(dev), "launch_floor_us": launch_floor_us(dev), "rows": [], "checks": [],
+           "per_matrix": []}
+
+    def save():                   # after every section: a run stopped at its limit keeps what it measured
+        for r in out["rows"]:
+            r["gbps"] = r["bytes"] / (r["ms_median"] / 1e3) / 1e9
+            r["of_hbm_read"] = r["gbps"] / out["hbm_read_gbps"]
+        for r in out["per_matrix"]:
+            if "bytes" in r:
+                r["of_hbm_read"] = r["bytes"] / (r["ms_median"] / 1e3) / 1e9 / out["hbm_read_gbps"]
+        (out_dir / "weights_bench.json").write_text(json.dumps(out, indent=1))
+
+    def timed(part, weights, c, variant, kernel, run, b, distinct):
+        ts = timed_graph(run, dev)
+        out["rows"].append({"part": part, "weights": weights, "concurrency": c, "variant": variant, "kernel": kernel,
+                            "bytes": b, **({"distinct_per_layer": distinct[0]} if distinct else {}),
+                            "ms_median": statistics.median(ts), "ms_min": min(ts), "ms_max": max(ts)})
+        r = out["rows"][-1]
+        print(f"{part:8s} {weights:6s} {variant:15s} c={c} {b / 1e9:7.3f} GB {r['ms_median']:7.3f} ms "
+              f"{b / r['ms_median'] / 1e6 / out['hbm_read_gbps']:5.0%} of read", flush=True)
+
+    variants = [v for v in a.variants.split(",") if v]
+    if dev.type == "cuda":
+        for v in variants:
+            out["checks"] += check_variant(s, dev, v)
+        save()
+    for weights in [w for w in a.weights.split(",") if w]:
         parts = [("dense", 1, *dense_products(s, weights, dev)), ("dense", 4, *dense_products(s, weights, dev, 4))]
         for c in (1, 4):
             run, b, distinct = expert_layers(s, weights, dev, c, min(a.experts, s.experts))
             parts.append(("experts", c, run, b, distinct))
-        for variant in (a.variants.split(",") if weights == "w4a16" else ["default"]):
+        for variant in (variants if weights == "w4a16" else ["default"]):
             with knobs(**VARIANTS.get(variant, {})):
                 for part, c, run, b, *distinct in parts:
-                    ts = timed_graph(run, dev)
-                    out["rows"].append({"part": part, "weights": weights, "concurrency": c, "variant": variant,
-                                        "bytes": b, **({"distinct_per_layer": distinct[0]} if distinct else {}),
-                                        "ms_median": statistics.median(ts), "ms_min": min(ts), "ms_max": max(ts)})
+                    timed(part, weights, c, variant, "lab", run, b, distinct)
+            save()
         del parts
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    for r in out["rows"]:
-        r["gbps"] = r["bytes"] / (r["ms_median"] / 1e3) / 1e9
-        r["of_hbm_read"] = r["gbps"] / out["hbm_read_gbps"]
-        print(f"{r['part']:8s} {r['weights']:6s} {r['variant']:12s} c={r['concurrency']} {r['bytes'] / 1e9:7.3f} GB "
-              f"{r['ms_median']:7.3f} ms  {r['gbps']:7.0f} GB/s  {r['of_hbm_read']:.0%} of read")
+    for ref in [r for r in a.references.split(",") if r] if dev.type == "cuda" else []:
+        try:
+            parts = reference_parts(s, dev, REFERENCES[ref], min(a.experts, s.experts), out["checks"])
+            for part, c, run, b, *distinct in parts:
+                timed(part, "w4a16", c, ref, ref, run, b, distinct)
+        except Exception as ex:                  # a library missing or refusing: recorded, the bench goes on
+            out.setdefault("errors", []).append({"kernel": ref, "error": f"{type(ex).__name__}: {ex}"[:400]})
+            print(f"{ref}: {type(ex).__name__}: {ex}"[:400], flush=True)
+        parts = None
+        save()
+        torch.cuda.empty_cache()
+    if dev.type == "cuda" and a.per_matrix:
+        out["per_matrix"] = per_matrix(s, dev, [k for k in a.per_matrix.split(",") if k], out["checks"])
+        for r in out["per_matrix"]:
+            if "error" in r:
+                print(f"{r['matrix']:14s} {r['kernel']:15s} {r['error']}")
+            else:
+                print(f"{r['matrix']:14s} {r['kernel']:15s} {r['us_per_product']:7.2f} us a product "
+                      f"({r['bytes'] / r['count'] / 1e6:6.2f} MB: {r['bytes'] / r['ms_median'] / 1e6 / out['hbm_read_gbps']:4.0%} of read)")
+    save()
+    for c in out["checks"]:
+        print(f"check {c['kernel']:15s} {c['matrix']:12s} rows={c.get('rows', '-')} rel err {c['rel_err']:.2e}")
     print(f"hbm read {out['hbm_read_gbps']:.0f} GB/s, a launch in a graph {out['launch_floor_us']:.2f} µs")
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "weights_bench.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

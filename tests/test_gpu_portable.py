@@ -126,6 +126,49 @@ def test_grouped_gemv_matches_its_definition_on_cuda(quant, T, k, E):
         assert ((got.float() - want).norm() / want.norm()).item() < 1e-2, split
 
 
+@pytest.mark.parametrize("glu", [False, True])
+def test_w4_decode_unpacking_and_pdl_change_no_bit(glu):
+    """The tensor-core W4A16 kernel's lop3 unpacking gives the values of shifts and masks (the interpreter's
+    form, which the CPU tests check against the definition), bit for bit; a chain of dense products launched
+    with programmatic dependent launch (each reading the last one's output, its first weight tile read before
+    the wait) gives the bits of the same chain without it, replayed from a CUDA graph: no product reads its
+    input before the one before has written it. Fresh inputs, outputs poisoned first."""
+    from labkit.engine.model import w4_decode as D
+    from labkit.engine.model.grouped_gemv import qmatmul
+    g = torch.Generator(device="cuda").manual_seed(11)
+    K = 2560
+    ws = [QuantWeight.random(g, K, 2 * K if glu else K, device="cuda") for _ in range(6)]
+    x0 = torch.randn(4, K, generator=g, device="cuda").bfloat16()
+
+    def chain(rows):
+        y = x0[:rows]
+        for w in ws:
+            y = qmatmul(y, w, glu=glu)      # weights of N(0, 1/K): the entries stay O(1) along the chain
+        return y
+
+    def run(rows, **knobs):
+        saved = {k: getattr(D, k) for k in knobs}
+        for k, v in knobs.items():
+            setattr(D, k, v)
+        try:
+            chain(rows)                        # compile outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = chain(rows)
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            return out.clone()
+        finally:
+            for k, v in saved.items():
+                setattr(D, k, v)
+    for rows in (1, 4):
+        base = run(rows, W4_PDL=False, W4_ASM=False)
+        assert torch.isfinite(base).all()
+        assert torch.equal(run(rows, W4_PDL=False, W4_ASM=True), base), "lop3 unpacking differs"
+        assert torch.equal(run(rows, W4_PDL=True, W4_ASM=True), base), "the PDL chain differs"
+
+
 def test_the_dequantised_weight_is_the_definitions_on_cuda():
     """A prefill chunk's dense W4A16 product multiplies these values (T = 512 above takes that path)."""
     from labkit.engine.model.grouped_gemv import dequantize_w4

@@ -36,6 +36,7 @@ import torch
 from ...shapes import W4_GROUP
 from . import arch
 from .arch import HAVE_TRITON, interpret_mode, kernels_run
+from . import w4_decode
 from .quant import QuantWeight, dequantize
 
 if HAVE_TRITON:
@@ -333,8 +334,9 @@ def grouped_gemv_reference(x: torch.Tensor, w, plan: Groups, glu: bool = False, 
 # W4A16 at a few rows: the rows a program takes at once (a decode step's one row a group; a dense product's
 # up to four requests), outputs a program, 128-value groups a K tile
 W4_ROWS_MAX = 4
-W4_ROWS_KERNEL = True                      # False: every W4A16 product through the dequantising kernel (the bench's
-                                           # baseline)
+# which kernel takes W4A16 at decode: "dot" (`w4_decode`: lop3 unpacking, tensor-core products, PDL), "rows"
+# (`_w4_rows_kernel`: FMAs, the kernel before it), "dequant" (every product through the dequantising kernel)
+W4_KERNEL = "dot"
 W4_TILES = {1: (64, 1), 4: (64, 1)}        # MR: (BN, GT): the best of the bench's tiles on an H100
 W4_PROGRAMS_PER_SM = 4                     # K split until the launch has about this many programs a multiprocessor
 W4_WARPS = 4
@@ -437,7 +439,10 @@ def grouped_gemv(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bo
         M = 1 if R <= plan.wid.shape[0] else 64
     if quant and not m_pad and plan.wid.shape[0] == 1 and R > W4_DEQUANT_ROWS:
         return _dequant_gemm(x, w, glu)        # one group slot of many rows: only a dense product's (Groups.one)
-    if quant and W4_ROWS_KERNEL and not m_pad and (M == 1 or (plan.wid.shape[0] == 1 and R <= W4_ROWS_MAX)):
+    if (quant and W4_KERNEL == "dot" and not m_pad and not group_tile
+            and (M == 1 or (plan.wid.shape[0] == 1 and R <= w4_decode.W4_MP))):
+        return w4_decode.w4_decode(x, t, s, z, plan, N, K, glu=glu, gather=gather, block_n=block_n, split=split)
+    if quant and W4_KERNEL != "dequant" and not m_pad and (M == 1 or (plan.wid.shape[0] == 1 and R <= W4_ROWS_MAX)):
         return _w4_rows(x.contiguous(), t, s, z, plan, N, K, glu, gather, 1 if M == 1 else W4_ROWS_MAX, block_n,
                         group_tile, split)
     BN = block_n or (32 if M == 1 else 64)

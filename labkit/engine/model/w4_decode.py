@@ -1,0 +1,275 @@
+"""W4A16 products at decode on the tensor cores: a few rows (a step's requests) against a 4-bit weight streamed
+once, each weight value made bf16 by two bit operations and multiplied by the matrix units, so a weight byte
+costs about one instruction where the FMA form (`grouped_gemv._w4_rows_kernel`) spent fourteen.
+
+    out = w4_decode(x, q, scales, zeros, plan, N, K, glu=False, gather=True)    # [R, N], plan: grouped_gemv.Groups
+
+Why: a 4-bit weight is a quarter of bf16's bytes, so to stream it at the memory's rate a multiprocessor must
+turn four times as many weights a cycle into products. On an H100 that leaves about 9 instructions a weight
+byte at the full read rate; unpacking a nibble to a float and an FMA a value took 14-18, and the stream ran at a
+quarter of the read rate however it was tiled.
+
+How (one program: group g's rows, BN outputs, a range of K):
+- The weight is read as it is held (`quant.QuantWeight`: each output's K values packed two a byte, low nibble
+  first), 32-bit words of eight nibbles, one 128-value group (16 words a row) a tile, the next tile loaded while
+  one multiplies.
+- A word becomes eight bf16 values 128 + nibble by `lop3` with the exponent of 128 (one instruction per two
+  values, `_nibbles`): nibble j of word i is K value 8i + j, so the eight values of a word are eight K positions
+  and the tile is eight [BN, 16] operands; each meets the matching 16 values of x (x[8i + j], i = 0..15) in one
+  tensor-core product with the rows padded to 16, fp32 sums.
+- The zero and scale apply once a group and row: sum_k (128 + n_k) x_k - (128 + z) sum_k x_k, times the scale,
+  in fp32 (exact products; the sums' rounding is fp32's).
+- K is cut into splits until the launch has about `W4_PROGRAMS_PER_SM` programs a multiprocessor; the last
+  split of a block to arrive adds the fp32 partial sums in split order (the same bits at every launch) and
+  applies the SwiGLU where the weight is [gate | up].
+- Programmatic dependent launch (sm_90): a dense product's first weight tile is loaded before the wait on the
+  kernel before (its plan is fixed: `Groups.one`), so a chain of products overlaps each one's start with the
+  last one's end; a routed product's plan is the kernel before's output, so it waits first.
+
+Under the interpreter (CPU tests) the nibbles are unpacked by shifts and masks instead of `lop3`: the same
+values, so the tests check the same arithmetic the GPU runs.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...shapes import W4_GROUP
+from . import arch
+from .arch import HAVE_TRITON, interpret_mode
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    # nibbles (0, 4), (1, 5), (2, 6), (3, 7) of the word as two bf16 each: lop3 (a & 0x000f000f) | 0x43004300
+    # puts a nibble under the exponent of 128 in each half (bf16 128 + nibble, exact), three shifts bring the
+    # other pairs down
+    _LOP3 = tl.constexpr("""{
+    .reg .b32 t0, t1, t2, t3, s;
+    lop3.b32 t0, $8, 0x000f000f, 0x43004300, 0xea;
+    shr.u32 s, $8, 4;
+    lop3.b32 t1, s, 0x000f000f, 0x43004300, 0xea;
+    shr.u32 s, $8, 8;
+    lop3.b32 t2, s, 0x000f000f, 0x43004300, 0xea;
+    shr.u32 s, $8, 12;
+    lop3.b32 t3, s, 0x000f000f, 0x43004300, 0xea;
+    mov.b32 {$0, $1}, t0;
+    mov.b32 {$2, $3}, t1;
+    mov.b32 {$4, $5}, t2;
+    mov.b32 {$6, $7}, t3;
+    }""")
+
+    @triton.jit
+    def _nib_ref(w, J: tl.constexpr):
+        """128 + nibble J of each word, as bf16 (exact): the interpreter's form of `_LOP3`."""
+        return (((w >> (4 * J)) & 0xF).to(tl.float32) + 128.0).to(tl.bfloat16)
+
+    @triton.jit
+    def _nibbles(w, ASM: tl.constexpr):
+        """The eight nibbles of each word of w as bf16 128 + nibble, in the order of K positions 0, 4, 1, 5, 2, 6,
+        3, 7 (`ORDER`)."""
+        if ASM:
+            a0, a1, a2, a3, a4, a5, a6, a7 = tl.inline_asm_elementwise(
+                _LOP3, "=h,=h,=h,=h,=h,=h,=h,=h,r", [w], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+            return (a0.to(tl.bfloat16, bitcast=True), a1.to(tl.bfloat16, bitcast=True),
+                    a2.to(tl.bfloat16, bitcast=True), a3.to(tl.bfloat16, bitcast=True),
+                    a4.to(tl.bfloat16, bitcast=True), a5.to(tl.bfloat16, bitcast=True),
+                    a6.to(tl.bfloat16, bitcast=True), a7.to(tl.bfloat16, bitcast=True))
+        else:
+            return (_nib_ref(w, 0), _nib_ref(w, 4), _nib_ref(w, 1), _nib_ref(w, 5), _nib_ref(w, 2), _nib_ref(w, 6),
+                    _nib_ref(w, 3), _nib_ref(w, 7))
+
+    @triton.jit
+    def _tile(qw_ptr, s_ptr, z_ptr, e, n, nm, t, t_end, w_se, w_sn, s_se, s_sn):
+        """Group t of rows n of weight e: its words [BN, 16], scales and zeros [BN]; zeros where t >= t_end (no
+        read)."""
+        rm = nm & ((t + n * 0) < t_end)          # (a vector: the interpreter takes no scalar mask here)
+        wo = tl.arange(0, 16)
+        b = tl.load(qw_ptr + e * w_se + n[:, None].to(tl.int64) * w_sn + t * 16 + wo[None, :],
+                    mask=rm[:, None], other=0)
+        so = e * s_se + n.to(tl.int64) * s_sn + t
+        return b, tl.load(s_ptr + so, mask=rm, other=0.0), tl.load(z_ptr + so, mask=rm, other=0)
+
+    @triton.jit
+    def _dot(h, xj, acc, SWAP: tl.constexpr, DOT_F32: tl.constexpr):
+        """acc += h [BN, 128] . xj [128, MP] (SWAP: acc^T [MP, BN] += xj^T . h^T, the rows the product's M side)."""
+        if DOT_F32:      # the interpreter's bf16 dot is not exact; the same (exact) values as fp32
+            if SWAP:
+                acc = tl.dot(tl.trans(xj.to(tl.float32)), tl.trans(h.to(tl.float32)), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(h.to(tl.float32), xj.to(tl.float32), acc, input_precision="ieee")
+        else:
+            if SWAP:
+                acc = tl.dot(tl.trans(xj), tl.trans(h), acc)
+            else:
+                acc = tl.dot(h, xj, acc)
+        return acc
+
+    @triton.jit
+    def _group(acc, b, sc, z, x_ptr, rows, mm, x_st, t, MP: tl.constexpr, ASM: tl.constexpr, SWAP: tl.constexpr,
+               DOT_F32: tl.constexpr):
+        """acc += scale * sum over group t of (nibble - zero) * x, for the tile's rows and the group's MP rows.
+        The eight unpacked operands are joined into one [BN, 128] (no data moves: each thread's values get a new
+        axis) and x is loaded in the same order, so the group is one product: position p of the joined K axis
+        holds word p // 8's nibble at K offset `koff(p)` (the join tree's order, below)."""
+        h0, h1, h2, h3, h4, h5, h6, h7 = _nibbles(b, ASM)
+        hw = tl.join(tl.join(tl.join(h0, h1), tl.join(h2, h3)), tl.join(tl.join(h4, h5), tl.join(h6, h7)))
+        h = tl.reshape(hw, [hw.shape[0], 128])
+        # p = 8 i + 4 a + 2 b + c holds operand a + 2 b + 4 c of word i, whose nibble is K offset 8 i + b + 2 c + 4 a
+        p = tl.arange(0, 128)
+        koff = (p >> 3) * 8 + ((p >> 1) & 1) + 2 * (p & 1) + 4 * ((p >> 2) & 1)
+        xt = tl.load(x_ptr + rows[None, :] * x_st + t * 128 + koff[:, None], mask=mm[None, :], other=0.0)  # [128, MP]
+        part = tl.zeros(acc.shape, dtype=tl.float32)
+        part = _dot(h, xt, part, SWAP, DOT_F32)
+        xs = tl.sum(xt.to(tl.float32), axis=0)           # the group's x summed per row: the offset's factor
+        off = z.to(tl.float32) + 128.0
+        scf = sc.to(tl.float32)
+        if SWAP:
+            acc += scf[None, :] * (part - xs[:, None] * off[None, :])
+        else:
+            acc += scf[:, None] * (part - off[:, None] * xs[None, :])
+        return acc
+
+    @triton.jit
+    def _w4_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr,
+                       N, K, tiles, x_st, out_st, part_ss, part_sr, w_se, w_sn, s_se, s_sn, MP: tl.constexpr,
+                       BN: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr, GATHER: tl.constexpr,
+                       ASM: tl.constexpr, SWAP: tl.constexpr, DOT_F32: tl.constexpr, GDC: tl.constexpr,
+                       EARLY: tl.constexpr):
+        """Program (g, j, sp): group g's rows MP at a time (a decode step's groups fit one block), outputs
+        [j BN, (j + 1) BN), groups of 128 K values [sp tiles, (sp + 1) tiles). EARLY (with GDC): the plan is
+        fixed, so the first tile is read before the wait on the kernel before; else the wait comes first (the plan
+        may be its output)."""
+        if GDC and not EARLY:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        g = tl.program_id(0)
+        if g < tl.load(ngrp_ptr):
+            e = tl.load(wid_ptr + g).to(tl.int64)
+            s0 = tl.load(seg_ptr + g)
+            s1 = tl.load(seg_ptr + g + 1)
+            n = tl.program_id(1) * BN + tl.arange(0, BN)
+            nm = n < N
+            t0 = tl.program_id(2) * tiles
+            t_end = tl.minimum(t0 + tiles, K // 128)
+            b0, sc0, z0 = _tile(qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, w_se, w_sn, s_se, s_sn)
+            bu0, scu0, zu0 = b0, sc0, z0
+            if GLU:
+                bu0, scu0, zu0 = _tile(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t0, t_end, w_se, w_sn, s_se, s_sn)
+            if GDC and EARLY:
+                tl.extra.cuda.gdc_wait()
+                tl.extra.cuda.gdc_launch_dependents()
+            for m0 in range(s0, s1, MP):
+                m = m0 + tl.arange(0, MP)
+                mm = m < s1
+                if GATHER:
+                    rows = tl.load(tok_ptr + m, mask=mm, other=0).to(tl.int64)
+                else:
+                    rows = m.to(tl.int64)
+                if SWAP:
+                    acc = tl.zeros([MP, BN], dtype=tl.float32)
+                else:
+                    acc = tl.zeros([BN, MP], dtype=tl.float32)
+                acc_u = tl.zeros_like(acc)
+                b, sc, z = b0, sc0, z0
+                bu, scu, zu = bu0, scu0, zu0
+                for t in range(t0, t_end):     # the next tile in flight while this one multiplies
+                    b1, sc1, z1 = _tile(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 1, t_end, w_se, w_sn, s_se, s_sn)
+                    if GLU:
+                        bu1, scu1, zu1 = _tile(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 1, t_end, w_se, w_sn, s_se,
+                                               s_sn)
+                    acc = _group(acc, b, sc, z, x_ptr, rows, mm, x_st, t, MP, ASM, SWAP, DOT_F32)
+                    if GLU:
+                        acc_u = _group(acc_u, bu, scu, zu, x_ptr, rows, mm, x_st, t, MP, ASM, SWAP, DOT_F32)
+                        bu, scu, zu = bu1, scu1, zu1
+                    b, sc, z = b1, sc1, z1
+                om, mo, no = _places(m, mm, n, nm, SWAP)
+                if PARTIAL:
+                    tl.store(part_ptr + tl.program_id(2) * part_ss + mo * part_sr + no, acc, mask=om)
+                    if GLU:
+                        tl.store(part_ptr + tl.program_id(2) * part_ss + mo * part_sr + no + N, acc_u, mask=om)
+                else:
+                    if GLU:
+                        acc = acc / (1.0 + tl.exp(-acc)) * acc_u
+                    tl.store(out_ptr + mo * out_st + no, acc.to(out_ptr.dtype.element_ty), mask=om)
+            if PARTIAL:
+                tl.debug_barrier()                       # every thread's partials stored before the release
+                slot = g * tl.num_programs(1) + tl.program_id(1)
+                if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == tl.num_programs(2) - 1:
+                    for m0 in range(s0, s1, MP):
+                        m = m0 + tl.arange(0, MP)
+                        om, mo, no = _places(m, m < s1, n, nm, SWAP)
+                        if SWAP:
+                            tot = tl.zeros([MP, BN], dtype=tl.float32)
+                        else:
+                            tot = tl.zeros([BN, MP], dtype=tl.float32)
+                        tot_u = tl.zeros_like(tot)
+                        for sp in range(0, tl.num_programs(2)):      # split order: the same sum at every launch
+                            pp = part_ptr + sp * part_ss + mo * part_sr + no
+                            tot += tl.load(pp, mask=om, other=0.0, cache_modifier=".cg")
+                            if GLU:
+                                tot_u += tl.load(pp + N, mask=om, other=0.0, cache_modifier=".cg")
+                        if GLU:
+                            tot = tot / (1.0 + tl.exp(-tot)) * tot_u
+                        tl.store(out_ptr + mo * out_st + no, tot.to(out_ptr.dtype.element_ty), mask=om)
+                    tl.atomic_xchg(cnt_ptr + slot, 0)      # zero again for the next product (graph replays too)
+
+    @triton.jit
+    def _places(m, mm, n, nm, SWAP: tl.constexpr):
+        """The accumulator's mask and (row, column) offsets: [MP, BN] swapped, else [BN, MP]."""
+        if SWAP:
+            om, mo, no = mm[:, None] & nm[None, :], m[:, None].to(tl.int64), n[None, :]
+        else:
+            om, mo, no = nm[:, None] & mm[None, :], m[None, :].to(tl.int64), n[:, None]
+        return om, mo, no
+
+
+# the rows a program takes at once: a tensor-core product's narrow side (decode: a group holds at most the step's
+# requests)
+W4_MP = 16
+W4_BN = 64                      # outputs a program
+W4_PROGRAMS_PER_SM = 4          # K split until the launch has about this many programs a multiprocessor
+W4_WARPS = 4
+W4_SWAP = True                  # the rows as the product's M side (mma.sync on every architecture; unswapped, the
+                                # weight tile is the M side: Hopper's warpgroup MMA with x through shared memory)
+W4_PDL = True                   # programmatic dependent launch where the GPU has it (`arch.native("pdl")`)
+W4_ASM = True                   # lop3 unpacking (False: shifts and masks, the interpreter's form, for an A/B)
+
+
+def pdl_ok(device: torch.device) -> bool:
+    return W4_PDL and not interpret_mode() and arch.native("pdl", device)
+
+
+def w4_decode(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, plan, N: int, K: int,
+              glu: bool = False, gather: bool = True, block_n: int | None = None, split: int | None = None,
+              programs_per_sm: int | None = None) -> torch.Tensor:
+    """[R, N] = each plan row of x through its group's W4A16 weight (`grouped_gemv.grouped_gemv`'s definition);
+    a group of more than W4_MP rows streams its weight once per W4_MP of them (decode: one block). `q` [E, N', K/2] uint8, `scales`/`zeros` [E, N', K/128]; N' = 2N with `glu`."""
+    from .grouped_gemv import group_slots         # the grouped kernel's plan helpers (no cycle: imported late)
+    R = plan.tok.shape[0]
+    BN = block_n or W4_BN
+    n_blocks = triton.cdiv(N, BN)
+    G = group_slots(plan, q)
+    k_tiles = K // W4_GROUP
+    if split is None:
+        per_sm = W4_PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
+        split = -(-per_sm * arch.multiprocessors(x.device) // max(G * n_blocks, 1))
+    if G * n_blocks > arch.COUNTER_SLOTS:
+        split = 1
+    split = max(1, min(split, k_tiles))
+    tiles = -(-k_tiles // split)
+    splits = -(-k_tiles // tiles)
+    out = torch.empty((R, N), dtype=x.dtype, device=x.device)
+    part = torch.empty((splits, R, 2 * N if glu else N), dtype=torch.float32, device=x.device) if splits > 1 else out
+    qw = q.view(torch.int32)                       # [E, N', K/8]: eight nibbles a word
+    gdc = pdl_ok(x.device)
+    dense = plan.wid.shape[0] == 1                 # Groups.one: a fixed plan, readable before the wait
+    x = x.contiguous()
+    _w4_dot_kernel[(G, n_blocks, splits)](
+        x, qw, scales, zeros, out, part, arch.arrival_counters(x.device), plan.wid, plan.tok, plan.seg, plan.n_groups,
+        N, K, tiles, x.stride(0), out.stride(0), part.stride(0) if splits > 1 else 0,
+        part.stride(1) if splits > 1 else 0, qw.stride(0), qw.stride(1), scales.stride(0), scales.stride(1),
+        MP=W4_MP, BN=BN, PARTIAL=splits > 1, GLU=glu, GATHER=gather, ASM=W4_ASM and not interpret_mode(),
+        SWAP=W4_SWAP, DOT_F32=interpret_mode(), GDC=gdc, EARLY=gdc and dense, num_warps=W4_WARPS,
+        **({"launch_pdl": True} if gdc else {}))
+    return out
