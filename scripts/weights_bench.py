@@ -159,6 +159,7 @@ def expert_layers(s, weights: str, dev, concurrency: int, experts: int):
 VARIANTS = {
     "default": {},
     "rows": {"grouped_gemv.W4_KERNEL": "rows"},
+    "rows-no-pdl": {"grouped_gemv.W4_KERNEL": "rows", "grouped_gemv.W4_ROWS_PDL": False},
     "dequant": {"grouped_gemv.W4_KERNEL": "dequant"},
     "no-pdl": {"w4_decode.W4_PDL": False},
     "no-lop3": {"w4_decode.W4_ASM": False},

@@ -179,7 +179,7 @@ if HAVE_TRITON:
     def _w4_rows_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr,
                         N, K, tiles, x_st, out_st, part_ss, part_sr, w_se, w_sn, s_se, s_sn, MR: tl.constexpr,
                         BN: tl.constexpr, GT: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr,
-                        GATHER: tl.constexpr):
+                        GATHER: tl.constexpr, GDC: tl.constexpr, EARLY: tl.constexpr):
         """W4A16 at a few rows a group: program (g, j, sp) takes group g's rows MR at a time, outputs
         [j BN, (j + 1) BN) and the K tiles [sp tiles, (sp + 1) tiles) of GT groups. Each tile's words are loaded
         one tile ahead (`_w4_load` before the products of the one before, `_w4_mac`): a program has its next
@@ -187,6 +187,9 @@ if HAVE_TRITON:
         splits to arrive adds them in split order (the same sum whoever arrives last), applies the GLU, writes the
         rows and zeroes the block's counter `cnt[g * blocks + j]` (no second kernel: at decode a launch's gap is
         as long as a small product), else the finished row."""
+        if GDC and not EARLY:          # programmatic dependent launch, the plan the kernel before's output
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         g = tl.program_id(0)
         if g < tl.load(ngrp_ptr):
             e = tl.load(wid_ptr + g).to(tl.int64)
@@ -195,7 +198,7 @@ if HAVE_TRITON:
             n = tl.program_id(1) * BN + tl.arange(0, BN)
             nm = n < N
             t0 = tl.program_id(2) * tiles
-            for m0 in range(s0, s1, MR):
+            for m0 in range(s0, s1, MR):          # (EARLY: one block of rows, so the wait below runs once)
                 m, mm, rows = _group_rows(tok_ptr, m0, s1, MR, GATHER)
                 rows = tl.where(mm, rows, 0)     # x is read unmasked: a row past the group reads row 0
                 if MR == 1:
@@ -211,6 +214,9 @@ if HAVE_TRITON:
                 if GLU:
                     bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn,
                                            GT)
+                if GDC and EARLY:      # a fixed plan (a dense product): the first tiles read before the wait on the
+                    tl.extra.cuda.gdc_wait()          # kernel before, whose output x is
+                    tl.extra.cuda.gdc_launch_dependents()
                 for t in range(t0, t_end, 2):
                     b1, sc1, z1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 1, t_end, K, w_se, w_sn, s_se, s_sn, GT)
                     if GLU:
@@ -341,6 +347,7 @@ W4_TILES = {1: (64, 1), 4: (64, 1)}        # MR: (BN, GT): the best of the bench
 W4_PROGRAMS_PER_SM = 4                     # K split until the launch has about this many programs a multiprocessor
 W4_WARPS = 4
 W4_STAGES = 3                              # Triton's default software pipelining of the K loop
+W4_ROWS_PDL = True                         # programmatic dependent launch where the GPU has it (w4_decode.pdl_ok)
 
 
 def w4_split(programs: int, k_tiles: int, device: torch.device, split: int | None = None) -> tuple[int, int]:
@@ -374,11 +381,14 @@ def _w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, 
     out = torch.empty((R, N), dtype=x.dtype, device=x.device)
     part = torch.empty((splits, R, 2 * N if glu else N), dtype=torch.float32, device=x.device) if splits > 1 else out
     qw = t.view(torch.int32)                   # [E, N', K/8]: eight nibbles a word
+    gdc = W4_ROWS_PDL and w4_decode.pdl_ok(x.device)
+    early = gdc and plan.wid.shape[0] == 1 and R <= rows       # Groups.one, one block of rows
     _w4_rows_kernel[(G, n_blocks, splits)](
         x, qw, s, z, out, part, arch.arrival_counters(x.device), plan.wid, plan.tok, plan.seg, plan.n_groups, N, K,
         tiles, x.stride(0), out.stride(0), part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0,
         qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), MR=rows, BN=BN, GT=GT, PARTIAL=splits > 1, GLU=glu,
-        GATHER=gather, num_warps=W4_WARPS, num_stages=W4_STAGES)
+        GATHER=gather, GDC=gdc, EARLY=early, num_warps=W4_WARPS, num_stages=W4_STAGES,
+        **({"launch_pdl": True} if gdc else {}))
     return out
 
 

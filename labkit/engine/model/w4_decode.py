@@ -14,11 +14,11 @@ How (one program: group g's rows, BN outputs, a range of K):
   first), 32-bit words of eight nibbles, one 128-value group (16 words a row) a tile, the next tile loaded while
   one multiplies.
 - A word becomes eight bf16 values 128 + nibble by `lop3` with the exponent of 128 (one instruction per two
-  values, `_nibbles`): nibble j of word i is K value 8i + j, so the eight values of a word are eight K positions
+  values, `_nibbles`), less 128 + zero: nibble j of word i is K value 8i + j, so the eight values of a word are eight K positions
   and the tile is eight [BN, 16] operands; each meets the matching 16 values of x (x[8i + j], i = 0..15) in one
   tensor-core product with the rows padded to 16, fp32 sums.
-- The zero and scale apply once a group and row: sum_k (128 + n_k) x_k - (128 + z) sum_k x_k, times the scale,
-  in fp32 (exact products; the sums' rounding is fp32's).
+- The zero is taken off in the same asm (one packed bf16 fma a pair: nibble - zero, exact), the scale applies
+  once a group and row to the fp32 sum.
 - K is cut into splits until the launch has about `W4_PROGRAMS_PER_SM` programs a multiprocessor; the last
   split of a block to arrive adds the fp32 partial sums in split order (the same bits at every launch) and
   applies the SwiGLU where the weight is [gate | up].
@@ -41,11 +41,13 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    # nibbles (0, 4), (1, 5), (2, 6), (3, 7) of the word as two bf16 each: lop3 (a & 0x000f000f) | 0x43004300
-    # puts a nibble under the exponent of 128 in each half (bf16 128 + nibble, exact), three shifts bring the
-    # other pairs down
+    # nibbles (0, 4), (1, 5), (2, 6), (3, 7) of the word as two bf16 each, less the group's zero: lop3
+    # (a & 0x000f000f) | 0x43004300 puts a nibble under the exponent of 128 in each half (bf16 128 + nibble, exact),
+    # three shifts bring the other pairs down, and one fma.rn.bf16x2 (x * 1 - (128 + zero), sm_80's packed form of a
+    # subtraction) leaves nibble - zero, exact in bf16
     _LOP3 = tl.constexpr("""{
-    .reg .b32 t0, t1, t2, t3, s;
+    .reg .b32 t0, t1, t2, t3, s, one;
+    mov.b32 one, 0x3f803f80;
     lop3.b32 t0, $8, 0x000f000f, 0x43004300, 0xea;
     shr.u32 s, $8, 4;
     lop3.b32 t1, s, 0x000f000f, 0x43004300, 0xea;
@@ -53,6 +55,10 @@ if HAVE_TRITON:
     lop3.b32 t2, s, 0x000f000f, 0x43004300, 0xea;
     shr.u32 s, $8, 12;
     lop3.b32 t3, s, 0x000f000f, 0x43004300, 0xea;
+    fma.rn.bf16x2 t0, t0, one, $9;
+    fma.rn.bf16x2 t1, t1, one, $9;
+    fma.rn.bf16x2 t2, t2, one, $9;
+    fma.rn.bf16x2 t3, t3, one, $9;
     mov.b32 {$0, $1}, t0;
     mov.b32 {$2, $3}, t1;
     mov.b32 {$4, $5}, t2;
@@ -60,24 +66,28 @@ if HAVE_TRITON:
     }""")
 
     @triton.jit
-    def _nib_ref(w, J: tl.constexpr):
-        """128 + nibble J of each word, as bf16 (exact): the interpreter's form of `_LOP3`."""
-        return (((w >> (4 * J)) & 0xF).to(tl.float32) + 128.0).to(tl.bfloat16)
+    def _nib_ref(w, z, J: tl.constexpr):
+        """Nibble J of each word less the zero, as bf16 (exact): the interpreter's form of `_LOP3`."""
+        return (((w >> (4 * J)) & 0xF).to(tl.float32) - z).to(tl.bfloat16)
 
     @triton.jit
-    def _nibbles(w, ASM: tl.constexpr):
-        """The eight nibbles of each word of w as bf16 128 + nibble, in the order of K positions 0, 4, 1, 5, 2, 6,
-        3, 7 (`ORDER`)."""
+    def _nibbles(w, z, ASM: tl.constexpr):
+        """The eight nibbles of each word of w [BN, 16] less its row's zero z [BN] (uint8), as bf16, in the order of
+        K positions 0, 4, 1, 5, 2, 6, 3, 7."""
         if ASM:
+            # -(128 + zero) as two bf16: its bits, an integer below 2^8 times the exponent's unit, in both halves
+            nz = (-(z.to(tl.float32) + 128.0)).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            nz2 = (nz | (nz << 16))[:, None] + tl.zeros_like(w)
             a0, a1, a2, a3, a4, a5, a6, a7 = tl.inline_asm_elementwise(
-                _LOP3, "=h,=h,=h,=h,=h,=h,=h,=h,r", [w], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+                _LOP3, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, nz2], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
             return (a0.to(tl.bfloat16, bitcast=True), a1.to(tl.bfloat16, bitcast=True),
                     a2.to(tl.bfloat16, bitcast=True), a3.to(tl.bfloat16, bitcast=True),
                     a4.to(tl.bfloat16, bitcast=True), a5.to(tl.bfloat16, bitcast=True),
                     a6.to(tl.bfloat16, bitcast=True), a7.to(tl.bfloat16, bitcast=True))
         else:
-            return (_nib_ref(w, 0), _nib_ref(w, 4), _nib_ref(w, 1), _nib_ref(w, 5), _nib_ref(w, 2), _nib_ref(w, 6),
-                    _nib_ref(w, 3), _nib_ref(w, 7))
+            zf = z.to(tl.float32)[:, None]
+            return (_nib_ref(w, zf, 0), _nib_ref(w, zf, 4), _nib_ref(w, zf, 1), _nib_ref(w, zf, 5),
+                    _nib_ref(w, zf, 2), _nib_ref(w, zf, 6), _nib_ref(w, zf, 3), _nib_ref(w, zf, 7))
 
     @triton.jit
     def _tile(qw_ptr, s_ptr, z_ptr, e, n, nm, t, t_end, w_se, w_sn, s_se, s_sn):
@@ -106,28 +116,31 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _group(acc, b, sc, z, x_ptr, rows, mm, x_st, t, MP: tl.constexpr, ASM: tl.constexpr, SWAP: tl.constexpr,
-               DOT_F32: tl.constexpr):
-        """acc += scale * sum over group t of (nibble - zero) * x, for the tile's rows and the group's MP rows.
-        The eight unpacked operands are joined into one [BN, 128] (no data moves: each thread's values get a new
-        axis) and x is loaded in the same order, so the group is one product: position p of the joined K axis
-        holds word p // 8's nibble at K offset `koff(p)` (the join tree's order, below)."""
-        h0, h1, h2, h3, h4, h5, h6, h7 = _nibbles(b, ASM)
-        hw = tl.join(tl.join(tl.join(h0, h1), tl.join(h2, h3)), tl.join(tl.join(h4, h5), tl.join(h6, h7)))
-        h = tl.reshape(hw, [hw.shape[0], 128])
+    def _x_tile(x_ptr, rows, mm, x_st, t, t_end):
+        """x of group t for the plan's rows, [128, MP], in the joined operand's K order (`_group`); zeros past
+        t_end."""
         # p = 8 i + 4 a + 2 b + c holds operand a + 2 b + 4 c of word i, whose nibble is K offset 8 i + b + 2 c + 4 a
         p = tl.arange(0, 128)
         koff = (p >> 3) * 8 + ((p >> 1) & 1) + 2 * (p & 1) + 4 * ((p >> 2) & 1)
-        xt = tl.load(x_ptr + rows[None, :] * x_st + t * 128 + koff[:, None], mask=mm[None, :], other=0.0)  # [128, MP]
+        live = (t + p * 0) < t_end
+        return tl.load(x_ptr + rows[None, :] * x_st + t * 128 + koff[:, None], mask=mm[None, :] & live[:, None],
+                       other=0.0)
+
+    @triton.jit
+    def _group(acc, b, sc, z, xt, ASM: tl.constexpr, SWAP: tl.constexpr, DOT_F32: tl.constexpr):
+        """acc += scale * sum over one group of (nibble - zero) * x, for the tile's rows and the group's MP rows
+        (xt: `_x_tile`). The eight unpacked operands are joined into one [BN, 128] (no data moves: each thread's
+        values get a new axis) in the order `_x_tile` loads x, so the group is one product."""
+        h0, h1, h2, h3, h4, h5, h6, h7 = _nibbles(b, z, ASM)
+        hw = tl.join(tl.join(tl.join(h0, h1), tl.join(h2, h3)), tl.join(tl.join(h4, h5), tl.join(h6, h7)))
+        h = tl.reshape(hw, [hw.shape[0], 128])
         part = tl.zeros(acc.shape, dtype=tl.float32)
         part = _dot(h, xt, part, SWAP, DOT_F32)
-        xs = tl.sum(xt.to(tl.float32), axis=0)           # the group's x summed per row: the offset's factor
-        off = z.to(tl.float32) + 128.0
         scf = sc.to(tl.float32)
         if SWAP:
-            acc += scf[None, :] * (part - xs[:, None] * off[None, :])
+            acc += scf[None, :] * part
         else:
-            acc += scf[:, None] * (part - off[:, None] * xs[None, :])
+            acc += scf[:, None] * part
         return acc
 
     @triton.jit
@@ -173,16 +186,18 @@ if HAVE_TRITON:
                 acc_u = tl.zeros_like(acc)
                 b, sc, z = b0, sc0, z0
                 bu, scu, zu = bu0, scu0, zu0
-                for t in range(t0, t_end):     # the next tile in flight while this one multiplies
+                xt = _x_tile(x_ptr, rows, mm, x_st, t0, t_end)
+                for t in range(t0, t_end):     # the next tile and its x in flight while this one multiplies
                     b1, sc1, z1 = _tile(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 1, t_end, w_se, w_sn, s_se, s_sn)
                     if GLU:
                         bu1, scu1, zu1 = _tile(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 1, t_end, w_se, w_sn, s_se,
                                                s_sn)
-                    acc = _group(acc, b, sc, z, x_ptr, rows, mm, x_st, t, MP, ASM, SWAP, DOT_F32)
+                    xt1 = _x_tile(x_ptr, rows, mm, x_st, t + 1, t_end)
+                    acc = _group(acc, b, sc, z, xt, ASM, SWAP, DOT_F32)
                     if GLU:
-                        acc_u = _group(acc_u, bu, scu, zu, x_ptr, rows, mm, x_st, t, MP, ASM, SWAP, DOT_F32)
+                        acc_u = _group(acc_u, bu, scu, zu, xt, ASM, SWAP, DOT_F32)
                         bu, scu, zu = bu1, scu1, zu1
-                    b, sc, z = b1, sc1, z1
+                    b, sc, z, xt = b1, sc1, z1, xt1
                 om, mo, no = _places(m, mm, n, nm, SWAP)
                 if PARTIAL:
                     tl.store(part_ptr + tl.program_id(2) * part_ss + mo * part_sr + no, acc, mask=om)
