@@ -152,23 +152,21 @@ def expert_layers(s, weights: str, dev, concurrency: int, experts: int):
     return run, distinct * per_expert * len(layers), distinct
 
 
-# The W4A16 kernels' variants, each timed over the same weights: `default` as the engine runs (`w4_decode`: lop3
-# unpacking, tensor-core products, PDL); `rows` the FMA kernel before it (`_w4_rows_kernel`), `dequant` the one
-# before that; the rest the default with one thing changed (no PDL, shift-and-mask unpacking, the weight tile as
-# the tensor-core product's M side, other tiles and splits). Keys name a module's setting, `module.NAME`.
+# The W4A16 kernels' variants, each timed over the same weights: `default` as the engine runs (one row and the
+# routed experts through the FMA kernel `_w4_rows_kernel` with PDL, dense products of 2-16 rows through the
+# tensor-core kernel `w4_decode`); `rows` and `dot` each kernel for every product; `dequant` the earliest kernel;
+# the rest one thing changed (no PDL, shift-and-mask unpacking, the rows as the tensor-core product's M side, wider
+# tiles). Keys name a module's setting, `module.NAME`.
 VARIANTS = {
     "default": {},
     "rows": {"grouped_gemv.W4_KERNEL": "rows"},
     "rows-no-pdl": {"grouped_gemv.W4_KERNEL": "rows", "grouped_gemv.W4_ROWS_PDL": False},
+    "dot": {"grouped_gemv.W4_KERNEL": "dot"},
+    "dot-swapped": {"grouped_gemv.W4_KERNEL": "dot", "w4_decode.W4_SWAP": True},
+    "dot-no-pdl": {"grouped_gemv.W4_KERNEL": "dot", "w4_decode.W4_PDL": False},
+    "dot-no-lop3": {"grouped_gemv.W4_KERNEL": "dot", "w4_decode.W4_ASM": False},
+    "dot-bn128": {"grouped_gemv.W4_KERNEL": "dot", "w4_decode.W4_BN": 128},
     "dequant": {"grouped_gemv.W4_KERNEL": "dequant"},
-    "no-pdl": {"w4_decode.W4_PDL": False},
-    "no-lop3": {"w4_decode.W4_ASM": False},
-    "unswapped": {"w4_decode.W4_SWAP": False},
-    "bn32": {"w4_decode.W4_BN": 32},
-    "bn128": {"w4_decode.W4_BN": 128},
-    "split-2sm": {"w4_decode.W4_PROGRAMS_PER_SM": 2},
-    "split-8sm": {"w4_decode.W4_PROGRAMS_PER_SM": 8},
-    "warps8": {"w4_decode.W4_WARPS": 8},
 }
 MODULES = {"grouped_gemv": G, "w4_decode": D}
 

@@ -127,14 +127,15 @@ def test_grouped_gemv_matches_its_definition_on_cuda(quant, T, k, E):
 
 
 @pytest.mark.parametrize("glu", [False, True])
-def test_w4_decode_unpacking_and_pdl_change_no_bit(glu):
-    """The tensor-core W4A16 kernel's lop3 unpacking gives the values of shifts and masks (the interpreter's
-    form, which the CPU tests check against the definition), bit for bit; a chain of dense products launched
-    with programmatic dependent launch (each reading the last one's output, its first weight tile read before
-    the wait) gives the bits of the same chain without it, replayed from a CUDA graph: no product reads its
-    input before the one before has written it. Fresh inputs, outputs poisoned first."""
+def test_w4a16_decode_kernels_unpacking_and_pdl_change_no_bit(glu):
+    """Both W4A16 decode kernels, each forced for every product: the tensor-core kernel's lop3 unpacking gives the
+    values of shifts and masks (the interpreter's form, which the CPU tests check against the definition), bit for
+    bit; a chain of dense products launched with programmatic dependent launch (each reading the last one's output,
+    its first weight tile read before the wait) gives the bits of the same chain without it, replayed from a CUDA
+    graph, for either kernel: no product reads its input before the one before has written it. Fresh inputs,
+    outputs poisoned first."""
+    from labkit.engine.model import grouped_gemv as G
     from labkit.engine.model import w4_decode as D
-    from labkit.engine.model.grouped_gemv import qmatmul
     g = torch.Generator(device="cuda").manual_seed(11)
     K = 2560
     ws = [QuantWeight.random(g, K, 2 * K if glu else K, device="cuda") for _ in range(6)]
@@ -143,13 +144,16 @@ def test_w4_decode_unpacking_and_pdl_change_no_bit(glu):
     def chain(rows):
         y = x0[:rows]
         for w in ws:
-            y = qmatmul(y, w, glu=glu)      # weights of N(0, 1/K): the entries stay O(1) along the chain
+            y = G.qmatmul(y, w, glu=glu)    # weights of N(0, 1/K): the entries stay O(1) along the chain
         return y
 
+    def home(knob):                            # the module whose setting a knob is
+        return G if knob in ("W4_KERNEL", "W4_ROWS_PDL") else D
+
     def run(rows, **knobs):
-        saved = {k: getattr(D, k) for k in knobs}
+        saved = {k: getattr(home(k), k) for k in knobs}
         for k, v in knobs.items():
-            setattr(D, k, v)
+            setattr(home(k), k, v)
         try:
             chain(rows)                        # compile outside the capture
             graph = torch.cuda.CUDAGraph()
@@ -161,12 +165,16 @@ def test_w4_decode_unpacking_and_pdl_change_no_bit(glu):
             return out.clone()
         finally:
             for k, v in saved.items():
-                setattr(D, k, v)
+                setattr(home(k), k, v)
     for rows in (1, 4):
-        base = run(rows, W4_PDL=False, W4_ASM=False)
+        base = run(rows, W4_KERNEL="dot", W4_PDL=False, W4_ASM=False)
         assert torch.isfinite(base).all()
-        assert torch.equal(run(rows, W4_PDL=False, W4_ASM=True), base), "lop3 unpacking differs"
-        assert torch.equal(run(rows, W4_PDL=True, W4_ASM=True), base), "the PDL chain differs"
+        assert torch.equal(run(rows, W4_KERNEL="dot", W4_PDL=False, W4_ASM=True), base), "lop3 unpacking differs"
+        assert torch.equal(run(rows, W4_KERNEL="dot", W4_PDL=True, W4_ASM=True), base), "the PDL chain differs"
+        fma = run(rows, W4_KERNEL="rows", W4_ROWS_PDL=False)
+        assert torch.isfinite(fma).all()
+        assert torch.equal(run(rows, W4_KERNEL="rows", W4_ROWS_PDL=True), fma), "the FMA kernel's PDL chain differs"
+        assert ((fma.float() - base.float()).norm() / base.float().norm()).item() < 2e-2   # two sum orders, 6 deep
 
 
 def test_the_dequantised_weight_is_the_definitions_on_cuda():

@@ -142,11 +142,26 @@ def drive_sparse_prefill():
 
 def drive_experts():
     """The routed experts at decode (one request, four) and in a prefill chunk, bf16 and W4A16, and the W4A16
-    dense products (one group)."""
-    from labkit.engine.model.experts import plan
+    dense products (one group); the router's top-k and plan in one launch; the W4A16 products through each of the
+    two decode kernels (`grouped_gemv.W4_KERNEL`: the tensor-core kernel as the engine takes it for dense products
+    of 2-16 rows, and for every product)."""
+    from labkit.engine.model import grouped_gemv as G
+    from labkit.engine.model.experts import plan, route_plan
     from labkit.engine.model.grouped_gemv import Groups, dequantize_w4, grouped_gemv
     from labkit.engine.model.quant import QuantWeight
     H, I, E, k = REF.hidden, REF.expert_intermediate, 16, REF.experts_per_tok
+    for T in (1, 4):
+        route_plan(_e(T, REF.experts), _e(REF.experts, dtype=torch.float32), k)
+    saved = G.W4_KERNEL
+    try:
+        for kernel in ("auto", "dot"):
+            G.W4_KERNEL = kernel
+            _drive_experts(H, I, E, k, Groups, QuantWeight, plan, grouped_gemv, dequantize_w4)
+    finally:
+        G.W4_KERNEL = saved
+
+
+def _drive_experts(H, I, E, k, Groups, QuantWeight, plan, grouped_gemv, dequantize_w4):
     for quant in (False, True):
         if quant:
             gu = QuantWeight(_e(E, 2 * I, H // 2, dtype=torch.uint8), _e(E, 2 * I, H // 128), _e(E, 2 * I, H // 128,

@@ -31,12 +31,9 @@ if HAVE_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _plan_kernel(e_ptr, tok_ptr, wid_ptr, seg_ptr, ngrp_ptr, back_ptr, R, k, RP: tl.constexpr):
-        """`plan` for one step's few pairs in one program: every quantity a count over all pairs ([RP, RP]
-        comparisons), so no two threads write one place and the result is the stable sort's."""
-        r = tl.arange(0, RP)
-        rm = r < R
-        e = tl.load(e_ptr + r, mask=rm, other=0)
+    def _plan_pairs(e, r, rm, R, k, tok_ptr, wid_ptr, seg_ptr, ngrp_ptr, back_ptr):
+        """`plan` of the pairs e [RP] (pair r: token r // k's choice; rm: r < R): every quantity a count over all
+        pairs ([RP, RP] comparisons), so no two threads write one place and the result is the stable sort's."""
         ri, rj = r[:, None], r[None, :]
         same = (e[None, :] == e[:, None]) & rm[None, :]
         before = ((e[None, :] < e[:, None]) & rm[None, :]) | (same & (rj < ri))
@@ -52,6 +49,51 @@ if HAVE_TRITON:
         tl.store(seg_ptr + r, tl.where(has, tl.sum(tl.where(starts, rank[None, :], 0), axis=1), R), mask=r <= R)
         tl.store(wid_ptr + r, tl.sum(tl.where(starts, e[None, :], 0), axis=1).to(tl.int64), mask=rm)
         tl.store(ngrp_ptr + r, tl.sum(first.to(tl.int32), axis=0) + r * 0, mask=r == 0)
+
+    @triton.jit
+    def _plan_kernel(e_ptr, tok_ptr, wid_ptr, seg_ptr, ngrp_ptr, back_ptr, R, k, RP: tl.constexpr):
+        """`plan` for one step's few pairs in one program."""
+        r = tl.arange(0, RP)
+        rm = r < R
+        e = tl.load(e_ptr + r, mask=rm, other=0)
+        _plan_pairs(e, r, rm, R, k, tok_ptr, wid_ptr, seg_ptr, ngrp_ptr, back_ptr)
+
+    @triton.jit
+    def _route_plan_kernel(lg_ptr, bias_ptr, ex_ptr, p_ptr, tok_ptr, wid_ptr, seg_ptr, ngrp_ptr, back_ptr, T, E,
+                           lg_st, k: tl.constexpr, TP: tl.constexpr, EP: tl.constexpr, KP: tl.constexpr,
+                           RP: tl.constexpr):
+        """`route` and `plan` of a decode step in one program: each token's top k of its router logits (chosen by
+        logits + bias, largest first, the lowest index among equals), their softmax over the k (fp32, unbiased
+        logits), written to ex [T, k] and p [T, k]; then the pairs read back (this program wrote them: the
+        barrier orders it) and planned."""
+        t = tl.arange(0, TP)
+        tm = t < T
+        ei = tl.arange(0, EP)
+        em = ei < E
+        lg = tl.load(lg_ptr + t[:, None] * lg_st + ei[None, :], mask=tm[:, None] & em[None, :], other=0.0)
+        lg = lg.to(tl.float32)
+        sc = tl.where(em[None, :], lg + tl.load(bias_ptr + ei, mask=em, other=0.0)[None, :], float("-inf"))
+        j = tl.arange(0, KP)
+        chosen = tl.zeros([TP, KP], dtype=tl.int32)
+        w = tl.full([TP, KP], float("-inf"), dtype=tl.float32)
+        for i in tl.static_range(k):
+            top = tl.max(sc, axis=1)
+            idx = tl.min(tl.where(sc == top[:, None], ei[None, :], EP), axis=1)            # [TP]
+            hit = ei[None, :] == idx[:, None]
+            chosen = tl.where(j[None, :] == i, idx[:, None], chosen)
+            w = tl.where(j[None, :] == i, tl.sum(tl.where(hit, lg, 0.0), axis=1)[:, None], w)
+            sc = tl.where(hit, float("-inf"), sc)
+        w = tl.exp(w - tl.max(w, axis=1)[:, None])
+        p = w / tl.sum(w, axis=1)[:, None]
+        om = tm[:, None] & (j[None, :] < k)
+        tl.store(ex_ptr + t[:, None] * k + j[None, :], chosen.to(tl.int64), mask=om)
+        tl.store(p_ptr + t[:, None] * k + j[None, :], p, mask=om)
+        tl.debug_barrier()
+        R = T * k
+        r = tl.arange(0, RP)
+        rm = r < R
+        e = tl.load(ex_ptr + r, mask=rm, other=0)
+        _plan_pairs(e, r, rm, R, k, tok_ptr, wid_ptr, seg_ptr, ngrp_ptr, back_ptr)
 
 
 # the pairs one program plans (a decode step's: c requests x 10 experts); more take the torch ops (a prefill chunk)
@@ -73,6 +115,32 @@ def plan(experts: torch.Tensor) -> tuple[Groups, torch.Tensor]:
                            RP=triton.next_power_of_2(R + 1), num_warps=4)
         return Groups(tok, wid, seg, n_groups), back
     return plan_reference(experts)
+
+
+def route_plan(logits: torch.Tensor, bias: torch.Tensor, k: int):
+    """`route` (choosing by logits + bias, the weights the softmax of the unbiased logits over the k) and `plan` of
+    its choices: (experts [T, k] int64, weights [T, k] fp32, Groups, the permutation back). One launch for a
+    decode step's few pairs where kernels run (the router's top-k through torch was two kernels and the weights'
+    softmax and gather three more, a layer), else the torch ops."""
+    T, E = logits.shape
+    if T * k > PLAN_KERNEL_MAX or not kernels_run(logits) or E > ROUTE_KERNEL_MAX_EXPERTS:
+        experts, _ = route(logits.float() + bias, k)
+        p = torch.softmax(torch.gather(logits.float(), 1, experts), dim=-1)
+        return (experts, p, *plan(experts))
+    dev = logits.device
+    R = T * k
+    experts = torch.empty((T, k), dtype=torch.int64, device=dev)
+    p = torch.empty((T, k), dtype=torch.float32, device=dev)
+    tok, wid, back = (torch.empty(R, dtype=torch.int64, device=dev) for _ in range(3))
+    seg, n_groups = torch.empty(R + 1, dtype=torch.int32, device=dev), torch.empty(1, dtype=torch.int32, device=dev)
+    _route_plan_kernel[(1,)](logits, bias, experts, p, tok, wid, seg, n_groups, back, T, E, logits.stride(0), k=k,
+                             TP=triton.next_power_of_2(T), EP=triton.next_power_of_2(E),
+                             KP=triton.next_power_of_2(k), RP=triton.next_power_of_2(R + 1), num_warps=4)
+    return experts, p, Groups(tok, wid, seg, n_groups), back
+
+
+# the widest router one program scores (the reference shape's 512 experts)
+ROUTE_KERNEL_MAX_EXPERTS = 1024
 
 
 def plan_reference(experts: torch.Tensor) -> tuple[Groups, torch.Tensor]:
@@ -137,10 +205,11 @@ class MoE(nn.Module):
         to use instead of the router's (a recorded one), its weights still the router's softmax over them."""
         T = y.shape[0]
         logits = matmul(y, self.router)
-        if experts is None:
-            experts, _ = route(logits.float() + self.route_bias, self.k)
-        p = torch.softmax(torch.gather(logits.float(), 1, experts), dim=-1)
-        groups, back = plan(experts)
+        if experts is None:        # the router's own choice: its top-k, weights and plan in one launch
+            experts, p, groups, back = route_plan(logits, self.route_bias, self.k)
+        else:
+            p = torch.softmax(torch.gather(logits.float(), 1, experts), dim=-1)
+            groups, back = plan(experts)
         act = grouped(y, self.w_gu, groups, glu=True)                                  # [T*k, I], expert order
         down = grouped(act, self.w_d, groups, gather=False)                            # [T*k, hidden]
         routed = (down[back].view(T, self.k, -1).float() * p[..., None]).sum(1)

@@ -340,9 +340,12 @@ def grouped_gemv_reference(x: torch.Tensor, w, plan: Groups, glu: bool = False, 
 # W4A16 at a few rows: the rows a program takes at once (a decode step's one row a group; a dense product's
 # up to four requests), outputs a program, 128-value groups a K tile
 W4_ROWS_MAX = 4
-# which kernel takes W4A16 at decode: "dot" (`w4_decode`: lop3 unpacking, tensor-core products, PDL), "rows"
-# (`_w4_rows_kernel`: FMAs, the kernel before it), "dequant" (every product through the dequantising kernel)
-W4_KERNEL = "dot"
+# which kernel takes W4A16 at decode: "auto" (one row and the routed experts `_w4_rows_kernel`, FMAs with PDL; a
+# dense product of 2-16 rows `w4_decode`, lop3 unpacking and tensor-core products, whose time does not grow with
+# the rows: the faster of the two at each, measured on an H100, results/20261207-weights-bench-h100), "dot"
+# (`w4_decode` for all), "rows" (`_w4_rows_kernel` for all, as before), "dequant" (every product through the
+# dequantising kernel)
+W4_KERNEL = "auto"
 W4_TILES = {1: (64, 1), 4: (64, 1)}        # MR: (BN, GT): the best of the bench's tiles on an H100
 W4_PROGRAMS_PER_SM = 4                     # K split until the launch has about this many programs a multiprocessor
 W4_WARPS = 4
@@ -449,8 +452,9 @@ def grouped_gemv(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bo
         M = 1 if R <= plan.wid.shape[0] else 64
     if quant and not m_pad and plan.wid.shape[0] == 1 and R > W4_DEQUANT_ROWS:
         return _dequant_gemm(x, w, glu)        # one group slot of many rows: only a dense product's (Groups.one)
-    if (quant and W4_KERNEL == "dot" and not m_pad and not group_tile
-            and (M == 1 or (plan.wid.shape[0] == 1 and R <= w4_decode.W4_MP))):
+    dense_rows = plan.wid.shape[0] == 1 and R <= w4_decode.W4_MP          # a dense product at decode
+    if quant and not m_pad and not group_tile and ((W4_KERNEL == "dot" and (M == 1 or dense_rows))
+                                                   or (W4_KERNEL == "auto" and dense_rows and R > 1)):
         return w4_decode.w4_decode(x, t, s, z, plan, N, K, glu=glu, gather=gather, block_n=block_n, split=split)
     if quant and W4_KERNEL != "dequant" and not m_pad and (M == 1 or (plan.wid.shape[0] == 1 and R <= W4_ROWS_MAX)):
         return _w4_rows(x.contiguous(), t, s, z, plan, N, K, glu, gather, 1 if M == 1 else W4_ROWS_MAX, block_n,
