@@ -145,6 +145,32 @@ KERNEL = textwrap.dedent('''
         (a, ba), (b, bb) = plan(ex), plan_reference(ex)
         assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("tok", "wid", "seg", "n_groups")), (T, k)
         assert torch.equal(ba, bb), (T, k)
+    # the router's top-k, their weights and the plan in one launch equal torch's top-k, softmax and stable sort
+    # (choosing by biased logits, weighting by the unbiased ones)
+    from labkit.engine.model.experts import route, route_plan
+    for T, k, E in ((1, 10, 512), (4, 10, 512), (3, 4, 16)):
+        lg = torch.randn(T, E, generator=g).to(torch.bfloat16)
+        bias = torch.randn(E, generator=g) * 0.1
+        ex, p, gr, back = route_plan(lg, bias, k)
+        want, _ = route(lg.float() + bias, k)
+        assert torch.equal(ex, want), (T, k)
+        assert torch.allclose(p, torch.softmax(torch.gather(lg.float(), 1, want), dim=-1), rtol=1e-6, atol=1e-7)
+        b, bb = plan_reference(want)
+        assert all(torch.equal(getattr(gr, f), getattr(b, f)) for f in ("tok", "wid", "seg", "n_groups")), (T, k)
+        assert torch.equal(back, bb)
+    # the tensor-core decode kernel for every product (the engine takes it for dense products of 2-16 rows, which
+    # the dense product above ran): routed groups of one and several rows, K split three ways and not at all
+    from labkit.engine.model import grouped_gemv as GG
+    GG.W4_KERNEL = "dot"
+    w = QuantWeight.quantize(torch.randn(6, 384, 160, generator=g) / 16)
+    for T, k in ((1, 3), (4, 3)):
+        x = torch.randn(T, 384, generator=g).to(torch.bfloat16)
+        groups, _ = plan(torch.stack([torch.randperm(6, generator=g)[:k] for _ in range(T)]))
+        want = grouped_gemv_reference(x, w, groups, glu=True)
+        for split in (None, 1):
+            got = grouped_gemv(x, w, groups, glu=True, split=split)
+            assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2, (T, split)
+    GG.W4_KERNEL = "auto"
     s = ModelShape.from_name("tiny-moe")
     moe = MoE(s, torch.Generator().manual_seed(0), torch.bfloat16, "cpu", weights_dtype="w4a16")
     # two tokens, eight (token, expert) pairs: the routed experts one row at a time, gathered and not; the shared

@@ -204,10 +204,20 @@ def split_memory_table(path: str) -> str:
 PARTS_C = [("dense", 1), ("dense", 4), ("experts", 1), ("experts", 4)]
 
 
+# what each W4A16 kernel of the bench is (`scripts/weights_bench.py`'s VARIANTS and REFERENCES), in column order
+BENCH_KERNELS = {"default": "the engine's choice", "rows": "FMA row kernel", "rows-no-pdl": "FMA, no PDL",
+                 "dot": "tensor-core kernel", "dot-no-pdl": "tensor-core, no PDL", "torch-int4pack": "torch int4pack",
+                 "gemlite": "gemlite", "dequant": "dequantising kernel"}
+
+
 def weights_bench_table(path: str) -> str:
     """`scripts/weights_bench.py`'s JSON: one decode step's weight products per part and dtype, against the HBM read
-    bandwidth measured in the same process (the physical bound of a step that only streams weights)."""
+    bandwidth measured in the same process (the physical bound of a step that only streams weights). A bench that
+    names each row's kernel (the lab's or an existing library's) is one row per part and batch, a column per kernel;
+    earlier benches one row per part, dtype and variant."""
     doc = json.loads((REPO / path).read_text())
+    if any("kernel" in r for r in doc["rows"]):
+        return _kernels_table(doc, path)
     # a bench of one kernel per dtype has no variant column (the earlier runs); else the variant names the kernel
     variants = len({r.get("variant", "default") for r in doc["rows"]}) > 1
     # a sweep of the tiles and splits: the engine's kernel and the earlier one in full, the rest as the best of them
@@ -226,6 +236,57 @@ def weights_bench_table(path: str) -> str:
         text += "\n\n" + _best_swept(doc["rows"], swept)
     return text
 
+
+
+def _kernels_table(doc: dict, path: str) -> str:
+    """The bench as a grid: W4A16 per part and batch, ms and share of the HBM read for each kernel, bf16's the lab's
+    bf16 products where the bench timed them; then each dense matrix kind alone, µs a product."""
+    floor = f"; a kernel of no work in a graph: {doc['launch_floor_us']:.2f} µs" if doc.get("launch_floor_us") else ""
+    variants = list(dict.fromkeys(r["variant"] for r in doc["rows"] if r["weights"] == "w4a16"))
+    variants.sort(key=lambda v: list(BENCH_KERNELS).index(v) if v in BENCH_KERNELS else len(BENCH_KERNELS))
+    grid = []
+    for part, c in PARTS_C:
+        at = {r["variant"]: r for r in doc["rows"] if (r["part"], r["concurrency"], r["weights"]) == (part, c, "w4a16")}
+        if not at:
+            continue
+        bf = next((r for r in doc["rows"] if (r["part"], r["concurrency"], r["weights"]) == (part, c, "bf16")), None)
+        row = {"part": part, "c": c, "W4A16 GB": f"{next(iter(at.values()))['bytes'] / 1e9:.2f}"}
+        if bf is not None:
+            row["bf16 (lab's)"] = f"{bf['ms_median']:.2f} ({bf['of_hbm_read']:.0%})"
+        for v in variants:
+            r = at.get(v)
+            row[BENCH_KERNELS.get(v, v)] = f"{r['ms_median']:.2f} ({r['of_hbm_read']:.0%})" if r else "—"
+        grid.append(row)
+    text = (f"{doc['shape']} on {doc['device']} (`{path}`); HBM read measured in the same process: "
+            f"{doc['hbm_read_gbps']:.0f} GB/s{floor}. ms for the step's products at c requests (median of the "
+            f"graph's replays) and their share of the read:\n\n{_md(pd.DataFrame(grid))}")
+    pm = [r for r in doc.get("per_matrix", []) if "error" not in r]
+    if pm:
+        kernels = list(dict.fromkeys(r["kernel"] for r in pm))
+        mats = []
+        for name in dict.fromkeys(r["matrix"] for r in pm):
+            at = {r["kernel"]: r for r in pm if r["matrix"] == name}
+            first = next(iter(at.values()))
+            row = {"matrix": name, "K × N": f"{first['K']:,} × {first['N']:,}",
+                   "MB": f"{first['bytes'] / first['count'] / 1e6:.2f}",
+                   "bound µs": f"{first['bytes'] / first['count'] / doc['hbm_read_gbps'] / 1e3:.1f}"}
+            for k in kernels:
+                r = at.get(k)
+                row[BENCH_KERNELS.get(k, k)] = f"{r['us_per_product']:.1f} ({r['of_hbm_read']:.0%})" if r else "—"
+            mats.append(row)
+        text += ("\n\nEach dense matrix kind alone, its copies back to back at one row (µs a product, its share of "
+                 f"the read; the bound is its bytes at the read rate):\n\n{_md(pd.DataFrame(mats))}")
+    checks = doc.get("checks", [])
+    if checks:
+        def worst(cs):
+            return max(c["rel_err"] for c in cs) if cs else float("nan")
+        libs = [c for c in checks if c["kernel"] in ("torch-int4pack", "gemlite")]
+        lab = [c for c in checks if c not in libs]
+        text += (f"\n\nEvery kernel's products checked against the definition in the same process, fresh inputs "
+                 f"({len(checks)} checks): relative error at most {worst(lab):.1e} for the lab's kernels"
+                 + (f", {worst(libs):.1e} for the libraries (gemlite folds the zero into a bf16 offset, zero x "
+                    f"scale, rounded once more)" if libs else "") + ".")
+    return text
 
 
 def _best_swept(all_rows: list[dict], swept: list[dict]) -> str:

@@ -18,8 +18,10 @@ of the group's rows, `M_PAD` at a time: a broadcast sum where a group has one ro
 tensor-core products for more. The bytes a step reads are the distinct weights, the formula
 `ModelShape.step_weight_bytes` counts.
 
-W4A16 at decode (one row a group, or a dense product of at most four rows) takes its own kernel,
-`_w4_rows_kernel`: the weight read as 32-bit words of eight nibbles, each nibble made a float by its bits under
+W4A16 at decode: a dense product of 2-16 rows takes the tensor-core kernel (`w4_decode`); one row a group (the
+routed experts, a dense product at one request) and, with `W4_KERNEL = "rows"`, dense products of up to four rows
+take `_w4_rows_kernel`, launched with programmatic dependent launch where the GPU has it (a dense product's first
+tile read before the wait on the kernel before, whose output x is): the weight read as 32-bit words of eight nibbles, each nibble made a float by its bits under
 an exponent (no conversion instruction) and multiplied by x, a scale and a zero applied once a group and tile;
 the next tile loaded while one multiplies; K cut into splits until the launch has about four programs a
 multiprocessor (`w4_split`; a 2,560-wide product is 40 output blocks, too few to keep HBM busy), the last split

@@ -1,24 +1,26 @@
 """W4A16 products at decode on the tensor cores: a few rows (a step's requests) against a 4-bit weight streamed
-once, each weight value made bf16 by two bit operations and multiplied by the matrix units, so a weight byte
-costs about one instruction where the FMA form (`grouped_gemv._w4_rows_kernel`) spent fourteen.
+once, each weight value made bf16 by bit operations and multiplied by the matrix units, so the unpacking costs
+about one instruction for two values and the rows cost nothing more (the FMA form, `grouped_gemv._w4_rows_kernel`,
+spends about fourteen instructions a weight byte and its time grows with the rows).
 
     out = w4_decode(x, q, scales, zeros, plan, N, K, glu=False, gather=True)    # [R, N], plan: grouped_gemv.Groups
 
-Why: a 4-bit weight is a quarter of bf16's bytes, so to stream it at the memory's rate a multiprocessor must
-turn four times as many weights a cycle into products. On an H100 that leaves about 9 instructions a weight
-byte at the full read rate; unpacking a nibble to a float and an FMA a value took 14-18, and the stream ran at a
-quarter of the read rate however it was tiled.
+Where it runs: the engine takes it for dense products of 2-16 rows (`grouped_gemv.W4_KERNEL = "auto"`), where it
+beats the FMA kernel (on an H100 a step's dense products at four rows 2.72 against 3.63 ms); at one row it is
+slower (2.69 against 1.78 ms): Triton gives the unpacked tile a register layout of its own, and making it the
+matrix product's operand is a store to shared memory and an `ldmatrix` a group, two barriers included, where
+Marlin shuffles the weights once, offline, so that the unpacked values land in the fragments
+(docs/reference-model.md has the runs).
 
 How (one program: group g's rows, BN outputs, a range of K):
 - The weight is read as it is held (`quant.QuantWeight`: each output's K values packed two a byte, low nibble
   first), 32-bit words of eight nibbles, one 128-value group (16 words a row) a tile, the next tile loaded while
   one multiplies.
 - A word becomes eight bf16 values 128 + nibble by `lop3` with the exponent of 128 (one instruction per two
-  values, `_nibbles`), less 128 + zero: nibble j of word i is K value 8i + j, so the eight values of a word are eight K positions
-  and the tile is eight [BN, 16] operands; each meets the matching 16 values of x (x[8i + j], i = 0..15) in one
-  tensor-core product with the rows padded to 16, fp32 sums.
-- The zero is taken off in the same asm (one packed bf16 fma a pair: nibble - zero, exact), the scale applies
-  once a group and row to the fp32 sum.
+  values, `_nibbles`), and one packed bf16 fma a pair takes off 128 + zero (nibble - zero, exact). Nibble j of
+  word i is K value 8i + j: the eight [BN, 16] results are joined into one [BN, 128] operand (each thread's values
+  get a new axis, nothing moves) and x is loaded in the same order (`_x_tile`), so a group is one tensor-core
+  product with the rows padded to 16, fp32 sums; the scale applies once a group and row to that sum.
 - K is cut into splits until the launch has about `W4_PROGRAMS_PER_SM` programs a multiprocessor; the last
   split of a block to arrive adds the fp32 partial sums in split order (the same bits at every launch) and
   applies the SwiGLU where the weight is [gate | up].
@@ -260,11 +262,10 @@ def w4_decode(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, zeros: tor
               programs_per_sm: int | None = None) -> torch.Tensor:
     """[R, N] = each plan row of x through its group's W4A16 weight (`grouped_gemv.grouped_gemv`'s definition);
     a group of more than W4_MP rows streams its weight once per W4_MP of them (decode: one block). `q` [E, N', K/2] uint8, `scales`/`zeros` [E, N', K/128]; N' = 2N with `glu`."""
-    from .grouped_gemv import group_slots         # the grouped kernel's plan helpers (no cycle: imported late)
     R = plan.tok.shape[0]
     BN = block_n or W4_BN
     n_blocks = triton.cdiv(N, BN)
-    G = group_slots(plan, q)
+    G = min(plan.wid.shape[0], q.shape[0])       # group slots, never more than the stack's weights (`group_slots`)
     k_tiles = K // W4_GROUP
     if split is None:
         per_sm = W4_PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
