@@ -177,6 +177,24 @@ def test_w4a16_decode_kernels_unpacking_and_pdl_change_no_bit(glu):
         assert ((fma.float() - base.float()).norm() / base.float().norm()).item() < 2e-2   # two sum orders, 6 deep
 
 
+def test_the_routing_launch_equals_torchs_topk_softmax_and_plan_on_cuda():
+    """`experts.route_plan` (the router's top-k, their softmax and the plan in one program) against torch's top-k,
+    softmax and stable sort, on logits without ties (distinct integers: bf16 holds them exactly; a bias in [0, 0.5)
+    keeps the biased ones distinct), one request to six."""
+    from labkit.engine.model.experts import route, route_plan
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for T in (1, 4, 6):
+        lg = torch.stack([torch.randperm(512, generator=g, device="cuda") - 256 for _ in range(T)]).to(torch.bfloat16)
+        for bias in (torch.zeros(512, device="cuda"), torch.rand(512, generator=g, device="cuda") * 0.5):
+            ex, p, groups, back = route_plan(lg, bias, 10)
+            want, _ = route(lg.float() + bias, 10)
+            assert torch.equal(ex, want), T
+            assert torch.allclose(p, torch.softmax(torch.gather(lg.float(), 1, want), dim=-1), rtol=1e-5, atol=1e-6)
+            ref, ref_back = plan_reference(want)
+            assert all(torch.equal(getattr(groups, f), getattr(ref, f)) for f in ("tok", "wid", "seg", "n_groups"))
+            assert torch.equal(back, ref_back)
+
+
 def test_the_dequantised_weight_is_the_definitions_on_cuda():
     """A prefill chunk's dense W4A16 product multiplies these values (T = 512 above takes that path)."""
     from labkit.engine.model.grouped_gemv import dequantize_w4
