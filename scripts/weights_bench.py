@@ -15,11 +15,14 @@ over replays; GB/s = bytes read / time:
   through the grouped kernel;
 - `hbm_read`: a sum over 8 GiB (bytes read / time);
 - `launch_floor_us`: a kernel of no work in a graph of 192 of them (what each launch of a step costs at least).
-Dense products and experts are timed at one request and four; W4A16 under each of `VARIANTS` (the kernel as the
-engine runs it, the earlier dequantising kernel, other tiles and K splits), every variant over the same weights.
-The goal for W4A16: the stream at >= 75% of the measured read rate for one request.
+Dense products and experts are timed at one request and four; W4A16 under each of `VARIANTS` (the kernels as the
+engine chooses them, each of its two decode kernels for every product, with and without PDL, the earliest
+dequantising kernel), every variant over the same weights, and through two existing W4A16 implementations on the
+same codes (`REFERENCES`: torch's int4pack, gemlite; `--references ''` leaves them out). `--per-matrix` times each
+dense matrix kind alone. Every variant's and library's products are checked against the definition first
+(`checks`). The goal for W4A16: the stream at >= 70% of the measured read rate.
 
-Writes OUT_DIR/weights_bench.json.
+Writes OUT_DIR/weights_bench.json (after every section: a run stopped at its limit keeps what it measured).
 """
 import argparse
 import contextlib
@@ -213,14 +216,12 @@ class GemLite:
     name = "gemlite"
 
     def __init__(self, w: QuantWeight, e: int = 0):
-        import gemlite
-        from gemlite import DType, GemLiteLinear
+        from gemlite import DType, GemLiteLinear       # optional: carried to the device host as a wheel
         q = w.q[e]
         codes = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(w.N, w.K)            # [N, K], low nibble first
         self.layer = GemLiteLinear(4, group_size=W4_GROUP, in_features=w.K, out_features=w.N,
                                    input_dtype=DType.BF16, output_dtype=DType.BF16)
         self.layer.pack(codes, w.scales[e], w.zeros[e].to(torch.bfloat16), None)
-        self._gemlite = gemlite
 
     def __call__(self, x):
         return self.layer(x)
@@ -291,7 +292,7 @@ def rel_err(got, want) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
-def per_matrix(s, dev, kernels: list[str], check: list) -> list[dict]:
+def per_matrix(s, dev, kernels: list[str]) -> list[dict]:
     """Each dense matrix kind alone, its `count` copies back to back at one row: the time a product of that size
     takes, where the whole-step rows mix the sizes. `kernels`: `default`, `rows` or a reference's name."""
     out = []
@@ -427,7 +428,7 @@ def main():
         save()
         torch.cuda.empty_cache()
     if dev.type == "cuda" and a.per_matrix:
-        out["per_matrix"] = per_matrix(s, dev, [k for k in a.per_matrix.split(",") if k], out["checks"])
+        out["per_matrix"] = per_matrix(s, dev, [k for k in a.per_matrix.split(",") if k])
         for r in out["per_matrix"]:
             if "error" in r:
                 print(f"{r['matrix']:14s} {r['kernel']:15s} {r['error']}")

@@ -48,7 +48,10 @@ def test_kept_once_per_host_and_recorded_in_every_manifest(tmp_path, monkeypatch
     from labkit.results import Run
     again = hostmem.for_manifest()
     run = Run.create(tmp_path / "run", "probe", {})
-    assert run.manifest["host_memory_bandwidth"] == again and again["measured"] != first["measured"]
+    # measured again for this host, not the planted record taken (the timestamps have one-second steps: a quick
+    # measurement can land in the first one's second, so they cannot tell the two apart)
+    assert run.manifest["host_memory_bandwidth"] == again
+    assert again["host_key"] == first["host_key"] and again["how"].startswith("quick") and again["copy_1t_gbps"] > 0
     assert "_times" not in json.loads(hostmem.cache_path().read_text())
 
 
