@@ -106,19 +106,24 @@ def nbytes(w) -> int:
     return w.nbytes if isinstance(w, QuantWeight) else w.numel() * w.element_size()
 
 
+def dense_weights(s, weights: str, dev):
+    """Each dense matrix a step reads, every copy its own weight (nothing stays in L2 between reads), drawn in
+    order from one seeded generator (so every kernel's bench draws the same values): (name, K, weight, copy)."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    mats = s.weight_matrices(routed="per_token")
+    for name in DENSE:
+        if name in mats:
+            K, N, count = mats[name]
+            for i in range(count):
+                yield name, K, make_weight(gen, K, N, torch.bfloat16, dev, weights_dtype=weights), i
+
+
 def dense_products(s, weights: str, dev, rows: int = 1):
     """Every dense product a step makes at `rows` requests, each its own weight copy: (the graph's function,
     bytes it reads)."""
-    gen = torch.Generator(device=dev).manual_seed(0)
-    mats = s.weight_matrices(routed="per_token")
-    todo = []
-    for name in DENSE:
-        if name not in mats:
-            continue
-        K, N, count = mats[name]
-        for _ in range(count):
-            todo.append((make_weight(gen, K, N, torch.bfloat16, dev, weights_dtype=weights), name.endswith("_gu")))
-    xs = {K: torch.randn(rows, K, device=dev).bfloat16() for K in {mats[n][0] for n in DENSE if n in mats}}
+    todo = [(w, name.endswith("_gu")) for name, _, w, _ in dense_weights(s, weights, dev)]
+    Ks = {w.K if isinstance(w, QuantWeight) else w.shape[0] for w, _ in todo}
+    xs = {K: torch.randn(rows, K, device=dev).bfloat16() for K in Ks}
 
     def run():
         for w, glu in todo:
@@ -239,20 +244,13 @@ def reference_parts(s, dev, ref_cls, experts: int, check: list):
     """The bench's parts through one library: (part, c, run, bytes[, distinct]) as `main` times them, over
     weights drawn as the lab's (the same seeds); a first product of each kind checked against the definition
     (relative error into `check`)."""
-    gen = torch.Generator(device=dev).manual_seed(0)
-    mats = s.weight_matrices(routed="per_token")
     todo = []
-    for name in DENSE:
-        if name not in mats:
-            continue
-        K, N, count = mats[name]
-        for i in range(count):
-            w = make_weight(gen, K, N, torch.bfloat16, dev, weights_dtype="w4a16")
-            todo.append((ref_cls(w), name.endswith("_gu"), K, nbytes(w)))
-            if i == 0:
-                x = torch.randn(4, K, device=dev).bfloat16()
-                check.append({"kernel": ref_cls.name, "matrix": name,
-                              "rel_err": rel_err(todo[-1][0](x), dense_reference(x, w))})
+    for name, K, w, copy in dense_weights(s, "w4a16", dev):
+        todo.append((ref_cls(w), name.endswith("_gu"), K, nbytes(w)))
+        if copy == 0:
+            x = torch.randn(4, K, device=dev).bfloat16()
+            check.append({"kernel": ref_cls.name, "matrix": name,
+                          "rel_err": rel_err(todo[-1][0](x), dense_reference(x, w))})
     parts = []
     for rows in (1, 4):
         xs = {K: torch.randn(rows, K, device=dev).bfloat16() for _, _, K, _ in todo}

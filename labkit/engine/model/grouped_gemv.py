@@ -247,24 +247,8 @@ if HAVE_TRITON:
                     tl.store(out_ptr + m[:, None].to(tl.int64) * out_st + n[None, :],
                              y.to(out_ptr.dtype.element_ty), mask=om)
             if PARTIAL:
-                tl.debug_barrier()                       # every thread's partials stored before the release
-                slot = g * tl.num_programs(1) + tl.program_id(1)
-                if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == tl.num_programs(2) - 1:
-                    for m0 in range(s0, s1, MR):
-                        m, mm, rows = _group_rows(tok_ptr, m0, s1, MR, GATHER)
-                        om = mm[:, None] & nm[None, :]
-                        tot = tl.zeros([MR, BN], dtype=tl.float32)
-                        tot_u = tl.zeros([MR, BN], dtype=tl.float32)
-                        for sp in range(0, tl.num_programs(2)):
-                            at = part_ptr + sp * part_ss + m[:, None].to(tl.int64) * part_sr + n[None, :]
-                            tot += tl.load(at, mask=om, other=0.0, cache_modifier=".cg")
-                            if GLU:
-                                tot_u += tl.load(at + N, mask=om, other=0.0, cache_modifier=".cg")
-                        if GLU:
-                            tot = tot / (1.0 + tl.exp(-tot)) * tot_u
-                        tl.store(out_ptr + m[:, None].to(tl.int64) * out_st + n[None, :],
-                                 tot.to(out_ptr.dtype.element_ty), mask=om)
-                    tl.atomic_xchg(cnt_ptr + slot, 0)      # zero again for the next product (graph replays too)
+                w4_decode._sum_splits(part_ptr, out_ptr, cnt_ptr, g * tl.num_programs(1) + tl.program_id(1), s0, s1, n,
+                                      nm, N, out_st, part_ss, part_sr, MR, BN, GLU)
 
     @triton.jit
     def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, w_sn, s_sn, o_sn, BN: tl.constexpr, BK: tl.constexpr):

@@ -23,7 +23,7 @@ How (one program: group g's rows, BN outputs, a range of K):
   product with the rows padded to 16, fp32 sums; the scale applies once a group and row to that sum.
 - K is cut into splits until the launch has about `W4_PROGRAMS_PER_SM` programs a multiprocessor; the last
   split of a block to arrive adds the fp32 partial sums in split order (the same bits at every launch) and
-  applies the SwiGLU where the weight is [gate | up].
+  applies the SwiGLU where the weight is [gate | up] (`_sum_splits`, the FMA kernel's end too).
 - Programmatic dependent launch (sm_90): a dense product's first weight tile is loaded before the wait on the
   kernel before (its plan is fixed: `Groups.one`), so a chain of products overlaps each one's start with the
   last one's end; a routed product's plan is the kernel before's output, so it waits first.
@@ -210,26 +210,35 @@ if HAVE_TRITON:
                         acc = acc / (1.0 + tl.exp(-acc)) * acc_u
                     tl.store(out_ptr + mo * out_st + no, acc.to(out_ptr.dtype.element_ty), mask=om)
             if PARTIAL:
-                tl.debug_barrier()                       # every thread's partials stored before the release
-                slot = g * tl.num_programs(1) + tl.program_id(1)
-                if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == tl.num_programs(2) - 1:
-                    for m0 in range(s0, s1, MP):
-                        m = m0 + tl.arange(0, MP)
-                        om, mo, no = _places(m, m < s1, n, nm, SWAP)
-                        if SWAP:
-                            tot = tl.zeros([MP, BN], dtype=tl.float32)
-                        else:
-                            tot = tl.zeros([BN, MP], dtype=tl.float32)
-                        tot_u = tl.zeros_like(tot)
-                        for sp in range(0, tl.num_programs(2)):      # split order: the same sum at every launch
-                            pp = part_ptr + sp * part_ss + mo * part_sr + no
-                            tot += tl.load(pp, mask=om, other=0.0, cache_modifier=".cg")
-                            if GLU:
-                                tot_u += tl.load(pp + N, mask=om, other=0.0, cache_modifier=".cg")
-                        if GLU:
-                            tot = tot / (1.0 + tl.exp(-tot)) * tot_u
-                        tl.store(out_ptr + mo * out_st + no, tot.to(out_ptr.dtype.element_ty), mask=om)
-                    tl.atomic_xchg(cnt_ptr + slot, 0)      # zero again for the next product (graph replays too)
+                _sum_splits(part_ptr, out_ptr, cnt_ptr, g * tl.num_programs(1) + tl.program_id(1), s0, s1, n, nm, N,
+                            out_st, part_ss, part_sr, MP, BN, GLU)
+
+    @triton.jit
+    def _sum_splits(part_ptr, out_ptr, cnt_ptr, slot, s0, s1, n, nm, N, out_st, part_ss, part_sr, MP: tl.constexpr,
+                    BN: tl.constexpr, GLU: tl.constexpr):
+        """After a program has stored its fp32 partial sums of rows [s0, s1) and outputs n (`part[sp]`, the up
+        half N columns on with GLU): it bumps its (group, block)'s arrival counter `cnt[slot]`, and the last of the
+        block's splits to arrive adds every split's partials in split order (the same bits whoever arrives last),
+        applies silu(gate) * up with GLU, writes the rows and zeroes the counter for the next product (graph replays
+        too). No second kernel: at decode a launch's gap is as long as a small product. The W4A16 decode kernels'
+        common end (this one's and `grouped_gemv._w4_rows_kernel`)."""
+        tl.debug_barrier()                       # every thread's partials stored before the release
+        if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == tl.num_programs(2) - 1:
+            for m0 in range(s0, s1, MP):
+                m = m0 + tl.arange(0, MP)
+                om = (m < s1)[:, None] & nm[None, :]
+                at = m[:, None].to(tl.int64) * part_sr + n[None, :]
+                tot = tl.zeros([MP, BN], dtype=tl.float32)
+                tot_u = tl.zeros([MP, BN], dtype=tl.float32)
+                for sp in range(0, tl.num_programs(2)):
+                    tot += tl.load(part_ptr + sp * part_ss + at, mask=om, other=0.0, cache_modifier=".cg")
+                    if GLU:
+                        tot_u += tl.load(part_ptr + sp * part_ss + at + N, mask=om, other=0.0, cache_modifier=".cg")
+                if GLU:
+                    tot = tot / (1.0 + tl.exp(-tot)) * tot_u
+                tl.store(out_ptr + m[:, None].to(tl.int64) * out_st + n[None, :], tot.to(out_ptr.dtype.element_ty),
+                         mask=om)
+            tl.atomic_xchg(cnt_ptr + slot, 0)
 
     @triton.jit
     def _places(m, mm, n, nm, SWAP: tl.constexpr):
