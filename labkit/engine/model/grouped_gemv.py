@@ -93,11 +93,7 @@ if HAVE_TRITON:
                              DOT_F32: tl.constexpr):
         g = tl.program_id(0)
         if g < tl.load(ngrp_ptr):
-            e = tl.load(wid_ptr + g).to(tl.int64)
-            s0 = tl.load(seg_ptr + g)
-            s1 = tl.load(seg_ptr + g + 1)
-            n = tl.program_id(1) * BN + tl.arange(0, BN)
-            nm = n < N
+            e, s0, s1, n, nm, _ = w4_decode._block(wid_ptr, seg_ptr, g, N, 0, BN)
             for m0 in range(s0, s1, M_PAD):
                 m, mm, rows = _group_rows(tok_ptr, m0, s1, M_PAD, GATHER)
                 acc = tl.zeros([M_PAD, BN], dtype=tl.float32)
@@ -194,12 +190,7 @@ if HAVE_TRITON:
             tl.extra.cuda.gdc_launch_dependents()
         g = tl.program_id(0)
         if g < tl.load(ngrp_ptr):
-            e = tl.load(wid_ptr + g).to(tl.int64)
-            s0 = tl.load(seg_ptr + g)
-            s1 = tl.load(seg_ptr + g + 1)
-            n = tl.program_id(1) * BN + tl.arange(0, BN)
-            nm = n < N
-            t0 = tl.program_id(2) * tiles
+            e, s0, s1, n, nm, t0 = w4_decode._block(wid_ptr, seg_ptr, g, N, tiles, BN)
             for m0 in range(s0, s1, MR):          # (EARLY: one block of rows, so the wait below runs once)
                 m, mm, rows = _group_rows(tok_ptr, m0, s1, MR, GATHER)
                 rows = tl.where(mm, rows, 0)     # x is read unmasked: a row past the group reads row 0

@@ -146,6 +146,16 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
+    def _block(wid_ptr, seg_ptr, g, N, tiles, BN: tl.constexpr):
+        """A grouped launch's program (g, j, sp): group g's weight e and rows [s0, s1), its outputs n = [j BN,
+        (j + 1) BN) with their mask, and its first K tile sp * tiles (the grouped kernels' common start)."""
+        e = tl.load(wid_ptr + g).to(tl.int64)
+        s0 = tl.load(seg_ptr + g)
+        s1 = tl.load(seg_ptr + g + 1)
+        n = tl.program_id(1) * BN + tl.arange(0, BN)
+        return e, s0, s1, n, n < N, tl.program_id(2) * tiles
+
+    @triton.jit
     def _w4_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr,
                        N, K, tiles, x_st, out_st, part_ss, part_sr, w_se, w_sn, s_se, s_sn, MP: tl.constexpr,
                        BN: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr, GATHER: tl.constexpr,
@@ -160,12 +170,7 @@ if HAVE_TRITON:
             tl.extra.cuda.gdc_launch_dependents()
         g = tl.program_id(0)
         if g < tl.load(ngrp_ptr):
-            e = tl.load(wid_ptr + g).to(tl.int64)
-            s0 = tl.load(seg_ptr + g)
-            s1 = tl.load(seg_ptr + g + 1)
-            n = tl.program_id(1) * BN + tl.arange(0, BN)
-            nm = n < N
-            t0 = tl.program_id(2) * tiles
+            e, s0, s1, n, nm, t0 = _block(wid_ptr, seg_ptr, g, N, tiles, BN)
             t_end = tl.minimum(t0 + tiles, K // 128)
             b0, sc0, z0 = _tile(qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, w_se, w_sn, s_se, s_sn)
             bu0, scu0, zu0 = b0, sc0, z0
