@@ -1,7 +1,7 @@
-"""The claims card (labkit/docs/claims.py): every published headline has a row with a verdict from the declared
-set; the verdict rule gives each of the four outcomes where it should; runs named later in docs/runs.toml are
-picked up with no code change; docs/claims.md and the README block say what `labkit docs --write` writes; the
-notebook draws the card under papermill."""
+"""The claims card (labkit/docs/claims/: the rule, one module per system, the card): every published headline has
+a row with a verdict from the declared set; the verdict rule gives each of the four outcomes where it should; runs
+named later in docs/runs.toml are picked up with no code change; docs/claims.md and the README block say what
+`labkit docs --write` writes; the notebook draws the card under papermill."""
 import json
 import math
 from pathlib import Path
@@ -99,13 +99,15 @@ def test_the_rows_read_their_regime_and_range_from_the_runs(rows):
 
 
 def test_claims_py_types_no_measured_number():
-    """Numbers in the row builders are published values (declared as such) or come from runs and data files."""
+    """Numbers in the row builders (one module per system) and the figures they read from runs are published
+    values (declared as such) or come from runs and data files."""
     import re
-    src = (Path(C.__file__)).read_text()
-    body = src[src.index("# ---- figures from committed runs"):src.index("# ---- the generated blocks")]
-    for bad in ("24 GiB", "one H200's PCIe", "of 30 layers", "== 8192", ">= 3701"):
-        assert bad not in body, bad
-    assert not re.search(r'gpu\("rtx3090"\), 3\b', body)
+    here = Path(C.__file__).parent
+    for name in ("common", "sparse", "flash", "pulse", "xfer"):
+        body = (here / f"{name}.py").read_text()
+        for bad in ("24 GiB", "one H200's PCIe", "of 30 layers", "== 8192", ">= 3701"):
+            assert bad not in body, (name, bad)
+        assert not re.search(r'gpu\("rtx3090"\), 3\b', body), name
 
 
 # ---- the rule on constructed inputs ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ def test_published_shapes_are_the_published_configs():
 
 def test_seeded_run_writes_the_rows_the_card_reads(tmp_path):
     from labkit.experiments import measure
-    from labkit.docs.claims import _ttft_speedup
+    from labkit.docs.claims.xfer import _ttft_speedup
     from labkit.results import load_run
 
     run = measure("crossmodel", dict(TINY, out_dir=str(tmp_path / "run")), progress_bar=False)

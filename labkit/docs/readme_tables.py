@@ -10,7 +10,7 @@ sits in exactly one file.
 
 This module only assembles: which function makes each block, from which runs (`producers`), and where the blocks
 are written. An experiment's tables sit beside it (labkit/experiments/NAME/tables.py); the blocks that span
-several experiments are labkit/docs/'s (headlines.py, roofline_tables.py, reference_tables.py, claims.py).
+several experiments are labkit/docs/'s (headlines.py, roofline_tables.py, reference_tables.py, claims/).
 """
 from __future__ import annotations
 
