@@ -95,6 +95,9 @@ def main():
     ap.add_argument("--mix", default="fused", choices=("fused", "unfused", "both"),
                     help="the DeltaNet mixer as one kernel, as torch.compile's kernels, or both in this process "
                          "(an A/B within one process)")
+    ap.add_argument("--hc", default="fused", choices=("fused", "unfused", "both"),
+                    help="the hyper-connections' mix as two kernels (`hc_mix`), as torch.compile's pieces, or both in "
+                         "this process (an A/B within one process)")
     ap.add_argument("--weights-dtype", default="auto", help="the model's weights_dtype (auto, bf16, w4a16)")
     ap.add_argument("--expert-banks", type=int, default=0, help="expert banks held (0: as many as fit)")
     ap.add_argument("--layers", type=int, default=0,
@@ -133,11 +136,15 @@ def main():
     from labkit import envs
     res["switches"] = envs.in_force()
     # both: A B B A, so that neither variant is always the one measured first or second in the process
-    mixes = {"fused": [True], "unfused": [False], "both": [True, False, False, True]}[a.mix]
-    points = [(c, f) for c in concs for f in mixes]
+    ab = {"fused": [True], "unfused": [False], "both": [True, False, False, True]}
+    if a.mix == "both" and a.hc == "both":
+        sys.exit("profile_step: --mix both and --hc both: one A/B at a time")
+    variants = ([(f, a.hc == "fused") for f in ab[a.mix]] if a.mix == "both"
+                else [(a.mix == "fused", h) for h in ab[a.hc]])
+    points = [(c, v) for c in concs for v in variants]
 
-    def runner_for(conc, fused):
-        envs.apply({"dn_fused": fused})           # the DeltaNet mixer's switch (recorded below with the rest)
+    def runner_for(conc, variant):
+        envs.apply({"dn_fused": variant[0], "hc_fused": variant[1]})   # the switches (recorded below with the rest)
         cache = OffloadCache.allocate(model, strat.medium, conc, a.ctx + 256)
         cache.fill_random_([a.ctx] * conc, seed=0)
         cache.lens[:conc] = a.ctx
@@ -147,18 +154,19 @@ def main():
 
     # every point's step timed before any profiling: once CUPTI has traced, graph replays in the same
     # process run slower (measured: +0.5 ms on a 4.3 ms step), so profiles come second
-    for conc, fused in points:
-        runner, cache = runner_for(conc, fused)
+    for conc, variant in points:
+        runner, cache = runner_for(conc, variant)
         ts = step_ms(runner)
-        res["points"].append({"conc": conc, "deltanet_mix": "fused" if fused else "unfused",
+        res["points"].append({"conc": conc, "deltanet_mix": "fused" if variant[0] else "unfused",
+                              "hc_mix": "fused" if variant[1] else "unfused",
                               "step_ms_median": statistics.median(ts), "step_ms_min": min(ts), "step_ms_max": max(ts),
                               "graph_mode": runner.graph_mode, "anatomy_ms": runner.anatomy()})
         del runner, cache
         torch.cuda.empty_cache()
-    for pt, (conc, fused) in zip(res["points"], points):
-        runner, cache = runner_for(conc, fused)
+    for pt, (conc, variant) in zip(res["points"], points):
+        runner, cache = runner_for(conc, variant)
         pt.update(profile(runner))
-        print(f"c={conc} {pt['deltanet_mix']}: step {pt['step_ms_median']:.3f} ms, {pt['kernels_per_step']:.0f} kernels, "
+        print(f"c={conc} DeltaNet {pt['deltanet_mix']}, hc {pt['hc_mix']}: step {pt['step_ms_median']:.3f} ms, {pt['kernels_per_step']:.0f} kernels, "
               f"kernel time {pt['kernel_us_per_step'] / 1e3:.3f} ms, busy {pt['busy_us_per_step'] / 1e3:.3f} ms",
               flush=True)
         for g, v in sorted(pt["groups"].items(), key=lambda kv: -kv[1]["us_per_step"]):
@@ -170,7 +178,7 @@ def main():
     lines = [f"# Kernels of one decode step ({res['device']}, {shape.name} ({model.weights_dtype}), {a.strategy}, "
              f"{a.ctx} context, budget {a.budget}, {a.tag})", ""]
     for pt in res["points"]:
-        lines += [f"## c = {pt['conc']}, DeltaNet mixer {pt['deltanet_mix']}: step {pt['step_ms_median']:.3f} ms (min {pt['step_ms_min']:.3f}, max "
+        lines += [f"## c = {pt['conc']}, DeltaNet mixer {pt['deltanet_mix']}, hc mix {pt['hc_mix']}: step {pt['step_ms_median']:.3f} ms (min {pt['step_ms_min']:.3f}, max "
                   f"{pt['step_ms_max']:.3f}), {pt['kernels_per_step']:.0f} kernels, kernel time "
                   f"{pt['kernel_us_per_step'] / 1e3:.3f} ms, GPU busy {pt['busy_us_per_step'] / 1e3:.3f} ms", "",
                   "anatomy (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in pt["anatomy_ms"].items()), "",

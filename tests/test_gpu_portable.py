@@ -221,3 +221,96 @@ def test_moe_model_decode_every_strategy_matches_resident_in_a_graph(weights):
         assert torch.equal(sels, ref[1]), name
         assert torch.equal(toks, ref[0]), name
     assert model.weights_dtype == weights and model.expert_banks == 4
+
+
+def test_the_two_launch_hc_mix_equals_its_definition_and_pdl_changes_no_bit():
+    """`hc_mix` at the published widths (hidden 2,560, four copies, rank 320), one, four and sixteen rows, the
+    injection pending with and without n-gram rows and a tensor to add: the stream bit for bit (each add rounded as
+    eager rounds it), the sub-block's input and the injection logits within bf16's step of the definition
+    (`HyperConnection.mix`), the pair's zero; a chain of mixes (each taking the last one's output as its sub-block's)
+    replayed from a CUDA graph with programmatic dependent launch gives the bits of the same chain without it and of
+    the chain run eagerly: no kernel reads what the one before has not written. Copies at different scales, so a
+    copy normed with another's 1/rms is caught; outputs poisoned first."""
+    from labkit.engine.model import hc_mix as X
+    from labkit.engine.model.layers import HyperConnection
+    g = torch.Generator(device="cuda").manual_seed(3)
+    hcs = [HyperConnection(REF, g, torch.bfloat16, "cuda") for _ in range(3)]
+    for hc in hcs:
+        hc.norm_w.data = (1 + 0.2 * torch.randn(hc.norm_w.shape, generator=g, device="cuda")).bfloat16()
+    H, HH = REF.hidden, REF.hidden * REF.hc_count
+    scale = torch.tensor([0.5, 1.0, 3.0, 8.0], device="cuda")[:, None]
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=g, device="cuda").bfloat16()
+    for M in (1, 4, 16):
+        h = (torch.randn(M, 4, H, generator=g, device="cuda") * scale).view(M, HH).bfloat16()
+        inj, o, e = draw(M, 4), draw(M, H), draw(M, H)
+        for d in (X.Pending(inj, o), X.Pending(inj, o, e), draw(M, HH)):
+            assert X.applies(hcs[0], h)
+            stream, y, zero, got_inj = X.hc_mix(hcs[0], h, d)
+            want = h + (d.dense() if isinstance(d, X.Pending) else d)
+            assert torch.equal(stream, want), M
+            want_y, want_inj = hcs[0].mix(want)
+            for a, b in ((y, want_y), (got_inj, want_inj)):
+                assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 1e-2, M
+            assert torch.equal(zero, torch.zeros_like(zero))
+
+    h0 = (torch.randn(4, 4, H, generator=g, device="cuda") * scale).view(4, HH).bfloat16()
+    d0 = X.Pending(draw(4, 4), draw(4, H), draw(4, H))
+
+    def chain(M):
+        h, d = h0[:M], X.Pending(*(t[:M] for t in d0))
+        for hc in hcs:
+            h, y, _, inj = X.hc_mix(hc, h, d)
+            d = X.Pending(inj, y)
+        return torch.cat([h, d.dense(), y], 1)
+
+    def run(M, pdl, graph=True):
+        saved, X.HC_PDL = X.HC_PDL, pdl
+        try:
+            chain(M)
+            if not graph:
+                return chain(M)
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                out = chain(M)
+            out.fill_(float("nan"))
+            cg.replay()
+            torch.cuda.synchronize()
+            return out.clone()
+        finally:
+            X.HC_PDL = saved
+    for M in (1, 4):
+        base = run(M, False, graph=False)
+        assert torch.isfinite(base).all()
+        assert torch.equal(run(M, False), base), "the graph differs"
+        assert torch.equal(run(M, True), base), "the PDL chain differs"
+
+
+def test_decode_with_the_two_launch_hc_mix_gives_the_compiled_pieces_logits():
+    """The engine's compiled decode step of the published model's parts (hyper-connections, experts, the n-gram
+    rows), W4A16, from the same prompts: with the two-launch mix (the pending injection carried across
+    blocks, the n-gram rows added in its first kernel) and with the torch.compile'd pieces, the first step's logits
+    agree within bf16 rounding and pick the same tokens."""
+    from labkit.engine.model import hc_mix as X
+    model = HybridModel(MID_MOE, "cuda", seed=0, weights_dtype="w4a16")
+    out = {}
+    for fused in (True, False):
+        st = get_strategy("resident")
+        cache = OffloadCache.allocate(model, st.medium, 2, 2048)        # each its own: a step moves the state
+        e = Engine(model, cache, st, budget=512, prefill_chunk=1024)
+        for s, n in enumerate((700, 1500)):
+            e.prefill(s, torch.randint(0, model.shape.vocab, (n,), generator=torch.Generator().manual_seed(s)).cuda())
+        saved, X.HC_FUSED = X.HC_FUSED, fused
+        try:
+            r = DecodeRunner(e, 2)
+            r.prepare(warmup=0)
+            r.step()
+            torch.cuda.synchronize()
+            out[fused] = (r.state.logits.float().clone(), r.state.tokens.clone())
+        finally:
+            X.HC_FUSED = saved
+    (a, ta), (b, tb) = out[True], out[False]
+    assert torch.isfinite(a).all()
+    assert ((a - b).norm() / b.norm()).item() < 3e-2
+    assert torch.equal(ta, tb)

@@ -184,8 +184,20 @@ def _drive_experts(H, I, E, k, Groups, QuantWeight, plan, grouped_gemv, dequanti
                         dequantize_w4(w)            # a prefill chunk's dense product: dequantised, then cuBLAS
 
 
+def drive_hc_mix():
+    """The hyper-connections' two-launch mix at decode (one request, four), with the injection and n-gram rows
+    pending and with a tensor to add."""
+    from labkit.engine.model.hc_mix import Pending, hc_mix
+    from labkit.engine.model.layers import HyperConnection
+    hc = _layer(HyperConnection)
+    H, HH = REF.hidden, REF.hidden * REF.hc_count
+    for M in (1, 4):
+        hc_mix(hc, _e(M, HH), Pending(_e(M, REF.hc_count), _e(M, H), _e(M, H)))
+        hc_mix(hc, _e(M, HH), _e(M, HH))
+
+
 DRIVERS = [drive_decode_indexer, drive_gemv, drive_deltanet, drive_qsa_step, drive_transfers, drive_sparse_prefill,
-           drive_experts]
+           drive_experts, drive_hc_mix]
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,6 +23,7 @@ from .attention import PREFILL_ATTENTION, prefill_attend, split_rows
 from .cache import OffloadCache
 from .deltanet_step import delta_step, deltanet_mix
 from .gemv import norm_matmul
+from .hc_mix import add_rows, settle
 from .hybrid import block_fns, dn_prefill, hc_head
 from .indexer import index_scores
 from .prefill_buffers import PrefillRequestIO, RotatingPrefillIO
@@ -89,7 +90,7 @@ class Engine:
         if blk.ngram:                      # the n-gram embedding joins the stream (every copy)
             mark("ngram", new_block=True)
             e = io.ngram_rows(pos)
-            x = (x[0], x[1] + (e.repeat(1, x[1].shape[1] // e.shape[1]) if blk.hc1 is not None else e))
+            x = (x[0], add_rows(x[1], e) if blk.hc1 is not None else x[1] + e)
         if blk.hc1 is not None:
             mark("hc", new_block=not blk.ngram)
             stream, *x, inj = f.hc_in(blk.hc1, *x)
@@ -178,6 +179,7 @@ class Engine:
             for blk, ki in zip(m.blocks, m.kind_index):
                 x = _run(self.block(blk, ki, x, pos, io))
             marks.mark("other")
+            x = settle(x)
             if m.lm_head is not None:
                 x = _unstream(x, m.shape)
             x = x[0] + x[1]
@@ -205,6 +207,7 @@ class Engine:
                 yield BlockDone(i)
         self.strategy.end_step()
         st.mark("head")
+        x = settle(x)
         if m.lm_head is None:          # a pipeline stage: hand the activations (the stream) to the next one
             st.x_out.copy_(x[0] + x[1])
         else:

@@ -23,6 +23,7 @@ from ... import envs
 from ...shapes import ModelShape
 from .attention import sparse_decode_attention
 from .experts import MoE
+from . import hc_mix
 from .gemv import matmul, norm_matmul, norm_silu_glu
 from .kv import quantize_index_keys
 from .layers import FFN, DeltaNetLayer, HyperConnection, QSALayer, RMSNorm, inject, make_weight, normal_rows
@@ -318,5 +319,8 @@ def block_fns(compiled: bool) -> BlockFns:
             import torch._dynamo        # slow to import: loaded only when blocks are compiled
             torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
             pieces = tuple(torch.compile(fn, dynamic=False) for fn in pieces)
+            # the hyper-connections' mixes: two launches each where the kernels apply (`hc_mix`), the compiled
+            # pieces elsewhere
+            pieces = (*pieces[:-2], hc_mix.fused_in(pieces[-2]), hc_mix.pending_out)
         _FNS[compiled] = BlockFns(*pieces, compiled=compiled)
     return _FNS[compiled]
