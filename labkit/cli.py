@@ -53,7 +53,6 @@ cluster = lazy.module(".cluster.executor", __package__)
 node = lazy.module(".cluster.node", __package__)
 export = lazy.module(".exchange.export", __package__)
 importer = lazy.module(".exchange.importer", __package__)
-engine_server = lazy.module(".serving.engine_server", __package__)
 report_compare = lazy.module(".report.compare", __package__)
 report_gpus = lazy.module(".report.gpus", __package__)
 report_index = lazy.module(".report.index", __package__)
@@ -424,7 +423,8 @@ def cmd_lab(a) -> int:
 
 
 def cmd_serve(a) -> int:
-    return engine_server.cmd_serve(a)
+    from .serving import serve_cli      # its options are checked before torch is imported
+    return serve_cli.cmd_serve(a)
 
 
 def cmd_export(a) -> int:
@@ -602,6 +602,8 @@ def _add_serve(sub) -> None:
     s.add_argument("--keep-records", type=int, default=1000,
                    help="finished requests and decode rounds GET /stats keeps (the newest; totals cover all) [default 1000]")
     s.set_defaults(fn=cmd_serve)
+    from .serving.serve_cli import one_line_errors
+    one_line_errors(s)                  # `--port abc`: one line, as every other bad option of serve
 
 
 def _add_shapes_and_docs(sub) -> None:

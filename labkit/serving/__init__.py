@@ -12,6 +12,8 @@ Modules (each does one thing):
 - `benchclient`    `vllm bench serve` against the same server, for a cross-check;
 - `vllm_connector` `LabkitHostConnector`: labkit's host-RAM KV tier as a vLLM KV connector;
 - `engine_server`  `labkit serve`: labkit's engine behind vLLM's OpenAI API (completions, chat, /metrics);
+- `serve_cli`      its front door: options range-checked in one line before anything is built, signals;
+- `fields`         every string of a request checked (valid Unicode) and counted against the context at once;
 - `tokentext`      its text in and out: SmolLM2's tokenizer for prompts, one countable word per token (`wordlist`);
 - `promserve`      its Prometheus `/metrics` under vLLM's metric names;
 

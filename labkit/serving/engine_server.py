@@ -14,16 +14,19 @@ generated token): `labkit.serving.tokentext`. A prompt may also be a list of tok
 
 One thread runs the scheduler (`labkit.engine.drive.scheduler.Scheduler`): requests reach it through a queue,
 tokens come back through the event loop (`call_soon_threadsafe`). Bounded whoever sends: a body over
-`--max-body-mib` is a 413 before it is parsed; a prompt that cannot fit is refused before it is tokenized;
-tokenizing runs on a worker thread. A request the engine cannot take (prompt + max_tokens longer than the
-cache, ids outside the vocabulary), a body that is not JSON or is nested too deeply for the parser, text that
-is not valid Unicode, or a field of the wrong type gets HTTP 400 with one line; a request that fails mid-run
-ends its stream with an `error` event and the server goes on. A client that disconnects (mid-stream, or
-while a non-streamed answer is being generated, whether tokens are arriving or not) aborts its request: it
-leaves the queue, or a running one stops after its next token and frees its slot; its record says
-`aborted`. A body cut off mid-upload is dropped without a traceback. `GET /stats` returns the newest
-per-request records and per-iteration rounds (lane sizes, switches, stalls, bytes) with totals over all
-(`RecordLog`), `GET /timeline` the newest sampled switching timelines.
+`--max-body-mib` is a 413 before it is parsed; every string of a request, whatever its field, is counted
+against the context before anything is tokenized (`labkit.serving.fields`), and a prompt that cannot fit is
+refused before it is tokenized; at most 4 stop strings of at most 1,024 characters; /tokenize and /detokenize
+take no more tokens than the context; tokenizing runs on a worker thread. A request the engine cannot take
+(prompt + max_tokens longer than the cache, ids outside the vocabulary), a body that is not JSON or is nested
+too deeply for the parser, text that is not valid Unicode in any field, or a field of the wrong type gets HTTP
+400 with one line; a request that fails mid-run ends its stream with an `error` event and the server goes
+on. A client that disconnects (mid-stream, or while a non-streamed answer is being generated, whether tokens
+are arriving or not) aborts its request: it leaves the queue, or a running one stops after its next token and
+frees its slot; its record says `aborted`. A body cut off mid-upload is dropped without a traceback. `GET
+/stats` returns the newest per-request records and per-iteration rounds (lane sizes, switches, stalls, bytes)
+with totals over all (`RecordLog`), `GET /timeline` the newest sampled switching timelines. The command line,
+its checks and how it stops: `labkit.serving.serve_cli`.
 """
 
 import asyncio
@@ -35,13 +38,13 @@ import time
 import uuid
 
 from ..params import BadInput
+from .fields import check_text
 from .generation import Generation, Sampling, bool_field, int_field, messages, prompt_ids
 from .promserve import CONTENT_TYPE, ServeMetrics
 from .replies import Reply
 from .tokentext import TokenText, piece
 from .. import __version__, lazy
-from ..engine.drive.scheduler import Scheduler, Threshold, calibrate, make_lanes, parse_policy, Costs
-from ..shapes import ModelShape
+from ..engine.drive.scheduler import Scheduler, Threshold, calibrate, make_lanes, parse_policy
 
 torch = lazy.module("torch")     # imported when device=auto is resolved, not when this module loads
 
@@ -252,8 +255,9 @@ def _request_id(http, body: dict) -> str:
 def _prompt_bound(body: dict, chat: bool, text: TokenText) -> int:
     """The fewest tokens the request's prompt can become, from its length alone (before any tokenizing or
     template rendering); BadInput for text that is not valid Unicode."""
-    if chat:
-        return sum(text.at_least(m["content"], "message content") for m in messages(body))
+    if chat:                # the template renders each message's role as well as its text
+        return sum(text.at_least(m["role"], "a message role") + text.at_least(m["content"], "message content")
+                   for m in messages(body))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
         prompt = prompt[0]
@@ -289,9 +293,17 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
             return None, _error(413, str(ex), "RequestEntityTooLarge")
         if why or not isinstance(body, dict):
             return None, _error(400, why or "body must be a JSON object")
+        try:
+            check_text(body, capacity, text)      # every string, whatever its field: before anything reads it
+        except BadInput as ex:
+            return None, _error(400, str(ex))
         asked = body.get("model")
+        if asked is not None and not isinstance(asked, str):
+            return None, _error(400, "model must be a string", param="model")
         if asked is not None and asked != model_name:       # vLLM: 404 for a model it does not serve
-            return None, _error(404, f"The model `{asked}` does not exist. Valid aliases: {model_name}", "NotFoundError", "model")
+            shown = asked if len(asked) <= 200 else asked[:200] + "...[truncated]"     # as vLLM cuts what it echoes
+            return None, _error(404, f"The model `{shown}` does not exist. Valid aliases: {model_name}",
+                                "NotFoundError", "model")
         return body, None
 
     _token_routes(app, _body, text, capacity, vocab)
@@ -357,9 +369,13 @@ def _token_routes(app, read_body, text: TokenText, capacity: int, vocab: int) ->
                 raise BadInput(f"This model's maximum context length is {capacity:,} tokens: the prompt exceeds it")
             ids = await asyncio.to_thread(text.chat, messages(body)) if chat else \
                 await asyncio.to_thread(prompt_ids, body.get("prompt"), text)
+            if len(ids) > capacity:     # what a completion would refuse: never millions of ids in an answer
+                raise BadInput(f"This model's maximum context length is {capacity:,} tokens. However, your prompt "
+                               f"contains {len(ids):,} input tokens, which exceeds this limit even without any "
+                               f"output tokens. Please reduce the length of the input prompt.")
             strs = None
             if bool_field(body, "return_token_strs"):
-                shown = text.render(messages(body)) if chat else body.get("prompt")
+                shown = await asyncio.to_thread(text.render, messages(body)) if chat else body.get("prompt")
                 strs = await asyncio.to_thread(text.token_strs, shown) if isinstance(shown, str) else None
         except BadInput as ex:
             return _error(400, str(ex))
@@ -375,6 +391,9 @@ def _token_routes(app, read_body, text: TokenText, capacity: int, vocab: int) ->
         ids = body.get("tokens")
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             return _error(400, "tokens must be a list of integers")
+        if len(ids) > capacity:         # no answer of this server is longer: never a text of millions of words
+            return _error(400, f"This model's maximum context length is {capacity:,} tokens: {len(ids):,} tokens "
+                               "exceed it")
         bad = next((i for i in ids if not 0 <= i < vocab), None)
         if bad is not None:
             return _error(400, f"token id {bad} is outside the vocabulary [0, {vocab})")
@@ -438,6 +457,7 @@ class Overflow:
 
 
 def build(args) -> EngineLoop:
+    """The engine `labkit serve`'s options describe (checked by `labkit.serving.serve_cli` before this runs)."""
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -451,47 +471,3 @@ def build(args) -> EngineLoop:
     sched = Scheduler(lanes, policy, switching=args.switching == "on",
                       timeline_every=args.timeline_every, graphs=args.graphs)
     return EngineLoop(sched, keep=getattr(args, "keep_records", KEEP_RECORDS))
-
-
-def cmd_serve(args) -> int:
-    # uvicorn is the optional `serve` extra
-    import uvicorn
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        raise BadInput(f"labkit serve binds to the loopback interface only, not {args.host}")
-    if args.switching not in ("on", "off"):
-        raise BadInput("--switching must be on or off")
-    if getattr(args, "overflow", "on") not in ("on", "off"):
-        raise BadInput("--overflow must be on or off")
-    max_body = getattr(args, "max_body_mib", MAX_BODY_MIB)
-    if not max_body > 0:
-        raise BadInput(f"--max-body-mib must be > 0, got {max_body}")
-    if getattr(args, "keep_records", KEEP_RECORDS) < 1:
-        raise BadInput(f"--keep-records must be >= 1, got {args.keep_records}")
-    parse_policy(args.policy, Costs(0, 0, 0))
-    tokenizer = getattr(args, "tokenizer", "auto")
-    try:
-        vocab = ModelShape.from_name(args.shape).vocab
-    except ValueError as ex:
-        raise BadInput(str(ex)) from ex
-    if tokenizer == "auto":             # SmolLM2's where the lab's model package is installed, else none
-        try:
-            text = TokenText("smollm2-135m", vocab)
-        except ValueError:
-            text = TokenText(None, vocab)
-    else:
-        try:
-            text = TokenText(None if tokenizer == "none" else tokenizer, vocab)
-        except ValueError as ex:        # the tokenizer's package missing: one line
-            raise BadInput(str(ex)) from ex
-    loop = build(args).start()
-    app = create_app(loop, args.model_name, text, max_body_bytes=int(max_body * 2**20))
-    print(f"labkit serve: shape {args.shape} with seeded random weights (seed {args.seed}), not a trained model: the "
-          "engine's speed and protocol are real, its replies are random tokens; "
-          f"lanes {', '.join(f'{n}={l.cache.n_slots} slots' for n, l in loop.sched.lanes.items())}, "
-          f"policy {args.policy}, switching {args.switching}, {text.describe()}, "
-          f"http://{args.host}:{args.port}/v1/completions and /v1/chat/completions, /metrics", flush=True)
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    finally:
-        loop.stop()
-    return 0

@@ -1,9 +1,10 @@
 """What a request to `labkit serve` asks of generation, and one request from submission to its end, with
 vLLM's (0.32) semantics where a client can tell them apart.
 
-- **Stop conditions.** `max_tokens` (chat: `max_completion_tokens` first); `stop` strings: the text ends before
-  the stop string unless `include_stop_str_in_output`; when several complete in the same token, the one that
-  completes first wins (ties: list order); `stop_token_ids`: the token counts, its text is dropped unless
+- **Stop conditions.** `max_tokens` (chat: `max_completion_tokens` first); `stop` strings (at most 4, vLLM's
+  cap, each at most 1,024 characters, labkit's): the text ends before the stop string unless
+  `include_stop_str_in_output`; when several complete in the same token, the one that completes first wins
+  (ties: list order); `stop_token_ids`: the token counts, its text is dropped unless
   `include_stop_str_in_output`. `min_tokens` m: as vLLM's logits processor does, the stop token ids are
   banned (masked in the logits) for the first m tokens, so a stop token can end a request only from token
   m + 1 on, and a stop string counts only when it completes in a token after the m-th. There is no EOS
@@ -29,6 +30,8 @@ from .. import lazy
 torch = lazy.module("torch")     # imported at the first token, not when this module loads
 
 MAX_LOGPROBS = 20          # vLLM's default --max-logprobs
+MAX_STOP_STRINGS = 4       # vLLM 0.32's VLLM_MAX_STOP_STRINGS default (OpenAI's API takes "up to 4" too)
+MAX_STOP_CHARS = 1024      # labkit's: vLLM has no length cap (a stop string is searched for after every token)
 
 
 class BadParam(BadInput):
@@ -93,6 +96,9 @@ def messages(body: dict) -> list[dict]:
 
 
 def _stops(body: dict) -> list[str]:
+    """The request's stop strings: at most MAX_STOP_STRINGS (vLLM's cap), each at most MAX_STOP_CHARS long
+    (labkit's: every one is searched for after every token, on the scheduler's thread that all requests share,
+    and streamed text is held back by the longest one's length)."""
     stop = body.get("stop")
     if stop is None:
         return []
@@ -100,8 +106,14 @@ def _stops(body: dict) -> list[str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise BadInput("stop must be a string or a list of strings")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise BadParam(f"stop takes at most {MAX_STOP_STRINGS} strings (vLLM's VLLM_MAX_STOP_STRINGS), got "
+                       f"{len(stop):,}", "stop")
     for s in stop:
         utf8_len(s, "a stop string")
+        if len(s) > MAX_STOP_CHARS:
+            raise BadParam(f"a stop string may be at most {MAX_STOP_CHARS:,} characters long, got one of "
+                           f"{len(s):,}", "stop")
     return [s for s in stop if s]
 
 
@@ -157,7 +169,9 @@ class Sampling:
         ids = body.get("stop_token_ids") or []
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise BadInput("stop_token_ids must be a list of integers")
-        self.stop_ids = set(ids)
+        # only ids the engine can generate can stop it: the set kept for the request's life is at most the
+        # vocabulary, however long the list (vLLM refuses ids outside it; labkit keeps accepting them)
+        self.stop_ids = {i for i in ids if 0 <= i < vocab}
         self.include_stop = bool_field(body, "include_stop_str_in_output")
         bool_field(body, "ignore_eos")
         self.logprobs = _logprobs(body, chat, vocab)
