@@ -13,6 +13,8 @@ over replays; GB/s = bytes read / time:
   through the lab's bf16 GEMV (bf16) or the grouped kernel's one-group form (W4A16);
 - `experts`: 48 layers of routed experts, 10 distinct a layer at c = 1 (as many as routing gives at c = 4),
   through the grouped kernel;
+- `hc`: 16 hyper-connection mixes back to back (bf16 mixing weights, 13 MB a mix of the published shape), the
+  two-launch mix against the torch.compile'd pieces it replaced (`--no-hc` leaves them out);
 - `hbm_read`: a sum over 8 GiB (bytes read / time);
 - `launch_floor_us`: a kernel of no work in a graph of 192 of them (what each launch of a step costs at least).
 Dense products and experts are timed at one request and four; W4A16 under each of `VARIANTS` (the kernels as the
@@ -177,6 +179,37 @@ VARIANTS = {
     "dequant": {"grouped_gemv.W4_KERNEL": "dequant"},
 }
 MODULES = {"grouped_gemv": G, "w4_decode": D}
+
+
+def hc_mixes(s, dev, rows: int, fused: bool, count: int = 16):
+    """`count` hyper-connection mixes back to back (each its own weights: 16 x 13 MB of the published shape, past
+    L2), each taking the last one's output as its sub-block's: the two-launch mix (`hc_mix`) or the torch.compile'd
+    pieces it replaced (`hybrid.hc_in`, `hc_out`). Returns (run, weight bytes read)."""
+    from labkit.engine.model import hc_mix as X
+    from labkit.engine.model import hybrid
+    from labkit.engine.model.layers import HyperConnection
+    g = torch.Generator(device=dev).manual_seed(7)
+    hcs = [HyperConnection(s, g, torch.bfloat16, dev) for _ in range(count)]
+    H = s.hidden
+    h0 = torch.randn(rows, s.hc_count * H, generator=g, device=dev).bfloat16()
+    y0 = torch.randn(rows, H, generator=g, device=dev).bfloat16()
+    inj0 = torch.randn(rows, s.hc_count, generator=g, device=dev).bfloat16()
+    if fused:
+        def run():
+            h, d = h0, X.Pending(inj0, y0)
+            for hc in hcs:
+                h, y, _, inj = X.hc_mix(hc, h, d)
+                d = X.Pending(inj, y)
+    else:
+        hc_in, hc_out = (torch.compile(f, dynamic=False) if dev.type == "cuda" else f
+                         for f in (hybrid.hc_in, hybrid.hc_out))
+
+        def run():
+            x = hc_out(h0, inj0, y0)
+            for hc in hcs:
+                h, y, _, inj = hc_in(hc, *x)
+                x = hc_out(h, inj, y)
+    return run, sum(nbytes(hc.w_down) + nbytes(hc.w_up) + nbytes(hc.norm_w) for hc in hcs) / count
 
 
 @contextlib.contextmanager
@@ -368,6 +401,8 @@ def main():
     ap.add_argument("--per-matrix", default="default,rows," + ",".join(REFERENCES),
                     help="kernels timed on each dense matrix kind alone (comma-separated; '' for none)")
     ap.add_argument("--weights", default="bf16,w4a16", help="the storages timed (comma-separated)")
+    ap.add_argument("--hc", action=argparse.BooleanOptionalAction, default=True,
+                    help="time the hyper-connections' mixes (the two-launch mix and the compiled pieces)")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     dev = torch.device("cpu" if a.dry_run else "cuda")
@@ -425,6 +460,15 @@ def main():
         parts = None
         save()
         torch.cuda.empty_cache()
+    if a.hc and s.hc_count > 1:
+        for c in (1, 4):
+            for fused in (True, False):
+                run, b = hc_mixes(s, dev, c, fused)
+                count = 16
+                timed("hc", "bf16", c, "two-launch" if fused else "compiled", "lab", run, b * count, None)
+                r = out["rows"][-1]
+                r["us_per_mix"], r["mixes"] = r["ms_median"] * 1e3 / count, count
+        save()
     if dev.type == "cuda" and a.per_matrix:
         out["per_matrix"] = per_matrix(s, dev, [k for k in a.per_matrix.split(",") if k])
         for r in out["per_matrix"]:

@@ -75,22 +75,14 @@ KERNEL = textwrap.dedent('''
             stream, y, zero, got_inj = hc_mix.hc_mix(hc, h, d)
             want_stream = h + (d if kind == "tensor" else d.dense())
             want_y, want_inj = hc.mix(want_stream)
-            # the interpreter casts to bf16 by truncation (the GPU rounds to nearest): each of the two roundings
-            # (the injection, the n-gram add, the sum) a step of bf16 apart at most
-            if kind == "tensor":
-                bound = h.float().abs() + 2 * d.float().abs()
-            else:
-                a = (inj.float()[:, :, None] * o.float()[:, None, :]).flatten(1).abs()
-                b = e.float().abs().repeat(1, 4) if e is not None else 0 * a
-                bound = h.float().abs() + 3 * a + 2 * b
-            ulp = bound * 2 ** -7
-            assert ((stream.float() - want_stream.float()).abs() <= ulp).all(), (H, M, kind, "stream")
+            # each add rounded to bf16 as eager rounds it (`_bf16`: the interpreter rounds as the GPU does)
+            assert torch.equal(stream, want_stream), (H, M, kind, "stream")
             assert torch.equal(zero, torch.zeros_like(zero)), "zero"
             for name, a, b in (("y", y, want_y), ("inj", got_inj, want_inj)):
                 assert torch.isfinite(a).all(), (H, M, kind, name)
                 err = ((a.float() - b.float()).norm() / b.float().norm()).item()
                 worst[name] = max(worst.get(name, 0.0), err)
-                assert err < 2e-2, (H, M, kind, name, err)
+                assert err < 1e-2, (H, M, kind, name, err)
     print("ok", worst)
 ''')
 

@@ -260,6 +260,16 @@ def _kernels_table(doc: dict, path: str) -> str:
     text = (f"{doc['shape']} on {doc['device']} (`{path}`); HBM read measured in the same process: "
             f"{doc['hbm_read_gbps']:.0f} GB/s{floor}. ms for the step's products at c requests (median of the "
             f"graph's replays) and their share of the read:\n\n{_md(pd.DataFrame(grid))}")
+    hc = [r for r in doc["rows"] if r["part"] == "hc" and "us_per_mix" in r]
+    if hc:
+        def mix(c, variant):
+            r = next((r for r in hc if (r["concurrency"], r["variant"]) == (c, variant)), None)
+            return f"{r['us_per_mix']:.1f} µs ({r['of_hbm_read']:.0%})" if r else "—"
+        each = hc[0]["bytes"] / hc[0]["mixes"]
+        text += (f"\n\nThe hyper-connections' mixes ({hc[0]['mixes']} back to back, {each / 1e6:.1f} MB of bf16 weights a "
+                 f"mix: {each / doc['hbm_read_gbps'] / 1e3:.1f} µs at the read rate), a mix and its share of the read: "
+                 + "; ".join(f"c = {c}: two launches {mix(c, 'two-launch')}, the compiled pieces {mix(c, 'compiled')}"
+                             for c in sorted({r['concurrency'] for r in hc})) + ".")
     pm = [r for r in doc.get("per_matrix", []) if "error" not in r]
     if pm:
         kernels = list(dict.fromkeys(r["kernel"] for r in pm))

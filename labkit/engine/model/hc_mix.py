@@ -21,7 +21,8 @@ Here (N ≤ `HC_MAX_ROWS` rows, bf16):
   before the wait on the kernel before): one product, sigmoid, the normed copies rebuilt from the stream and 1/rms,
   their mean; it writes y and the zero the sub-block's residual pair starts with.
 - After the sub-block nothing is launched: `Pending(inj, o)` rides to the next mix's first kernel.
-Both take programmatic dependent launch where the GPU has it: the weight tile is loaded before the wait.
+Both take programmatic dependent launch where the GPU has it: the weight tile is loaded before the wait. Every
+rounding to bf16 is `_bf16`'s integer form, so the interpreter (whose casts truncate) rounds as the GPU does.
 
 The rounding differs from the definition's only where the norm's scale factors out (bf16(s * w) * r for
 bf16(bf16(s * r) * w)): within bf16's step, as inductor's fused form differs too; the tests bound it.
@@ -42,9 +43,18 @@ if HAVE_TRITON:
     import triton.language as tl
 
     @triton.jit
+    def _bf16(x):
+        """fp32 x rounded to the nearest bf16 (ties to even), kept fp32: integer operations, which the compiler cannot
+        fold away as it folds a convert to bf16 and back (measured: the stream came out a bf16 step off eager's)."""
+        u = x.to(tl.uint32, bitcast=True)
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        return u.to(tl.float32, bitcast=True)
+
+    @triton.jit
     def _hc_down_kernel(h_ptr, d_ptr, inj_ptr, o_ptr, e_ptr, nw_ptr, w_ptr, stream_ptr, part_ptr, ss_ptr, act_ptr,
                         injo_ptr, r_ptr, cnt_ptr, M, H, R, NP, w_sk, w_sn, eps,
-                        HC: tl.constexpr, BM: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+                        HC: tl.constexpr, BM: tl.constexpr, ROWS: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr,
+                        BN: tl.constexpr,
                         SP2: tl.constexpr, PEND: tl.constexpr, HAS_E: tl.constexpr, GDC: tl.constexpr,
                         DOT_F32: tl.constexpr):
         """PEND: 0 nothing to add, 1 a tensor d [M, HC * H], 2 the injection inj [M, HC] x o [M, H]; HAS_E: the
@@ -71,22 +81,25 @@ if HAVE_TRITON:
         s = tl.load(h_ptr + at, mask=mm[:, None], other=0.0)
         if PEND == 1:
             t = tl.load(d_ptr + at, mask=mm[:, None], other=0.0)
+        if PEND == 1:
+            t = t.to(tl.float32)
         if PEND == 2:
             g = tl.load(inj_ptr + m * HC + c, mask=mm, other=0.0).to(tl.float32)
             ov = tl.load(o_ptr + m[:, None].to(tl.int64) * H + kc[None, :], mask=mm[:, None], other=0.0)
-            t = (g[:, None] * ov.to(tl.float32)).to(s.dtype)
+            t = _bf16(g[:, None] * ov.to(tl.float32))
         if HAS_E:
             ev = tl.load(e_ptr + m[:, None].to(tl.int64) * H + kc[None, :], mask=mm[:, None], other=0.0)
             if PEND == 0:
-                t = ev
+                t = ev.to(tl.float32)
             else:
-                t = (t.to(tl.float32) + ev.to(tl.float32)).to(s.dtype)
-        if PEND != 0 or HAS_E:
-            s = (s.to(tl.float32) + t.to(tl.float32)).to(s.dtype)
-        tl.store(stream_ptr + at, s, mask=(mm & ((m * 0 + pn) == 0))[:, None])
+                t = _bf16(t + ev.to(tl.float32))
         sf = s.to(tl.float32)
+        if PEND != 0 or HAS_E:
+            sf = _bf16(sf + t)
+        s = sf.to(s.dtype)                                               # exact: sf is a bf16 value
+        tl.store(stream_ptr + at, s, mask=(mm & ((m * 0 + pn) == 0))[:, None])
         tl.store(ss_ptr + (pn * S + pk) * M + m, tl.sum(sf * sf, axis=1), mask=mm)
-        a = (sf * nw[None, :]).to(s.dtype)
+        a = _bf16(sf * nw[None, :]).to(s.dtype)
         if DOT_F32:
             p = tl.dot(a.to(tl.float32), w.to(tl.float32))
         else:
@@ -99,19 +112,24 @@ if HAVE_TRITON:
             spm = sp < S
             cs = tl.arange(0, HC)
             own = ((sp * BK) // H)[None, :] == cs[:, None]               # [HC, SP2]: split sp is in copy c
-            for i in tl.static_range(ROWS):
-                row = pm * BM + i
-                ok = (sp * 0 + row) < M
-                sq = tl.load(ss_ptr + (pn * S + sp) * M + row, mask=spm & ok, other=0.0, cache_modifier=".cg")
-                rc = 1.0 / tl.sqrt(tl.sum(tl.where(own, sq[None, :], 0.0), axis=1) / H + eps)     # [HC]
-                rs = tl.sum(tl.where(own, rc[:, None], 0.0), axis=0)                             # [SP2]
-                tl.store(r_ptr + row * HC + cs, rc, mask=((cs * 0 + row) < M) & ((cs * 0 + pn) == 0))
-                pt = tl.load(part_ptr + (sp[:, None] * M + row).to(tl.int64) * NP + n[None, :],
-                             mask=(spm & ok)[:, None], other=0.0, cache_modifier=".cg")
-                lr = tl.sum(pt * rs[:, None], axis=0).to(s.dtype).to(tl.float32)                   # [BN]
-                rok = (n * 0 + row) < M
-                tl.store(act_ptr + row * R + n, (lr / (1.0 + tl.exp(-lr))).to(s.dtype), mask=(n < R) & rok)
-                tl.store(injo_ptr + row * HC + (n - R), lr.to(s.dtype), mask=(n >= R) & nm & rok)
+            for r0 in tl.static_range(0, ROWS, RB):                       # RB rows a pass: one round trip each
+                rows = pm * BM + r0 + tl.arange(0, RB)
+                rok = rows < M
+                sq = tl.load(ss_ptr + (pn * S + sp)[None, :] * M + rows[:, None], mask=rok[:, None] & spm[None, :],
+                             other=0.0, cache_modifier=".cg")                                    # [RB, SP2]
+                pt = tl.load(part_ptr + (sp[None, :, None] * M + rows[:, None, None]).to(tl.int64) * NP
+                             + n[None, None, :], mask=(rok[:, None] & spm[None, :])[:, :, None], other=0.0,
+                             cache_modifier=".cg")                                               # [RB, SP2, BN]
+                ssc = tl.sum(tl.where(own[None, :, :], sq[:, None, :], 0.0), axis=2)            # [RB, HC]
+                rc = 1.0 / tl.sqrt(ssc / H + eps)
+                rs = tl.sum(tl.where(own[None, :, :], rc[:, :, None], 0.0), axis=1)             # [RB, SP2]
+                tl.store(r_ptr + rows[:, None] * HC + cs[None, :], rc,
+                         mask=rok[:, None] & ((cs * 0 + pn) == 0)[None, :])
+                lr = _bf16(tl.sum(pt * rs[:, :, None], axis=1))                                 # [RB, BN]
+                ro = rows[:, None] * R + n[None, :]
+                tl.store(act_ptr + ro, _bf16(lr / (1.0 + tl.exp(-lr))).to(s.dtype), mask=rok[:, None] & (n < R)[None, :])
+                tl.store(injo_ptr + rows[:, None] * HC + (n - R)[None, :], lr.to(s.dtype),
+                         mask=rok[:, None] & ((n >= R) & nm)[None, :])
             tl.atomic_xchg(cnt_ptr + slot, 0)                            # zero for the next launch (graph replays)
 
     @triton.jit
@@ -136,20 +154,20 @@ if HAVE_TRITON:
         m = pm * BM + tl.arange(0, BM)
         mm = m < M
         a = tl.load(act_ptr + m[:, None] * R + kk[None, :], mask=mm[:, None] & km[None, :], other=0.0)
+        s = tl.load(stream_ptr + m[:, None].to(tl.int64) * (HC * H) + col[None, :], mask=mm[:, None] & jm[None, :],
+                    other=0.0)                                           # issued with a: one round trip
+        rr = tl.load(r_ptr + m[:, None] * HC + (q // BN)[None, :], mask=mm[:, None], other=0.0)
         if DOT_F32:
             gate = tl.dot(a.to(tl.float32), w.to(tl.float32))
         else:
             gate = tl.dot(a, w)                                          # [BM, HC * BN] fp32
-        gate = gate.to(a.dtype).to(tl.float32)
-        s = tl.load(stream_ptr + m[:, None].to(tl.int64) * (HC * H) + col[None, :], mask=mm[:, None] & jm[None, :],
-                    other=0.0)
-        rr = tl.load(r_ptr + m[:, None] * HC + (q // BN)[None, :], mask=mm[:, None], other=0.0)
-        xn = ((s.to(tl.float32) * rr).to(s.dtype).to(tl.float32) * nw[None, :]).to(s.dtype).to(tl.float32)
+        gate = _bf16(gate)
+        xn = _bf16(_bf16(s.to(tl.float32) * rr) * nw[None, :])          # the definition's normed copy, bf16
         v = xn / (1.0 + tl.exp(-gate))
         y = tl.sum(tl.reshape(v, (BM, HC, BN)), axis=1) / HC             # [BM, BN]: the copies' mean
         j = pj * BN + tl.arange(0, BN)
         om = mm[:, None] & (j < H)[None, :]
-        tl.store(y_ptr + m[:, None] * H + j[None, :], y.to(s.dtype), mask=om)
+        tl.store(y_ptr + m[:, None] * H + j[None, :], _bf16(y).to(s.dtype), mask=om)
         tl.store(zero_ptr + m[:, None] * H + j[None, :], tl.zeros([BM, BN], dtype=s.dtype), mask=om)
 
 
@@ -158,6 +176,7 @@ HC_MAX_ROWS = 16           # rows (requests) a launch takes; more go the compile
 HC_BK = 256                # K values of a copy a down program takes (the largest power of two up to it dividing H)
 HC_BN_DOWN = 64            # down-product columns a program
 HC_BN_UP = 8               # outputs of H a program in the up kernel (all hc copies: 4 x 8 columns of w_up)
+HC_TAIL_ROWS = 4           # rows the last arrival sums at once (its partials tile: rows x splits x columns)
 HC_PDL = True              # programmatic dependent launch where the GPU has it
 _BM = 16                   # a tensor-core product's narrow side
 
@@ -232,8 +251,8 @@ def hc_mix(hc, h: torch.Tensor, d) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     _hc_down_kernel[(S, NB, MB)](
         h, d_in, inj_in, o_in, e if e is not None else h, hc.norm_w, wd, stream, part, ss, act, inj, r,
         arch.arrival_counters(dev), M, H, R, NP, wd.stride(0), wd.stride(1), hc.eps,
-        HC=HC, BM=_BM, ROWS=min(M, _BM), BK=BK, BN=HC_BN_DOWN, SP2=triton.next_power_of_2(S), PEND=pend,
-        HAS_E=e is not None, GDC=gdc, DOT_F32=interpret_mode(), num_warps=4, **pdl)
+        HC=HC, BM=_BM, ROWS=min(M, _BM), RB=min(triton.next_power_of_2(M), HC_TAIL_ROWS), BK=BK, BN=HC_BN_DOWN, SP2=triton.next_power_of_2(S), PEND=pend,
+        HAS_E=e is not None, GDC=gdc, DOT_F32=interpret_mode(), num_warps=8, **pdl)
     _hc_up_kernel[(triton.cdiv(H, HC_BN_UP), MB)](
         act, wu, stream, r, hc.norm_w, y, zero, M, H, R, wu.stride(0), wu.stride(1),
         HC=HC, BM=_BM, BN=HC_BN_UP, RP=triton.next_power_of_2(R), GDC=gdc, DOT_F32=interpret_mode(), num_warps=4,
