@@ -5,7 +5,7 @@
     labkit run decode -p context_lens=8K,1M -p concurrency=1,4 [--out DIR]
     labkit report RUN [--standalone] [--rerun]     RUN: as `labkit runs` lists it, or a run folder
     labkit runs [--root results]
-    labkit predict RUN --gpu rtx3090 --gpus 3
+    labkit predict [RUN] [--context 128K] [--concurrency 1,4]   the published model on 3x RTX 3090 (--gpu, --gpus)
     labkit compare RUN_A RUN_B
     labkit nightly [--plan nightly/plan.toml] [--date YYYY-MM-DD]
     labkit lab                                 JupyterLab on notebooks/
@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from . import atomic, envs, lazy, stops
-from .params import RENAMED_EXPERIMENTS, BadInput, kv_pairs, resolve_device
+from .params import RENAMED_EXPERIMENTS, BadInput, kv_pairs, parse_size, resolve_device, tokens_label
 
 # Each command loads what it uses when it runs: `labkit --help` and bad input answer in well under a second,
 # importing neither torch nor Triton, papermill, plotly or pandas (tests/test_cli.py; `labkit run X --help` asks
@@ -58,6 +58,7 @@ report_gpus = lazy.module(".report.gpus", __package__)
 report_index = lazy.module(".report.index", __package__)
 report_notebook = lazy.module(".report.notebook", __package__)
 readme_tables = lazy.module(".docs.readme_tables", __package__)
+docs_runs = lazy.module(".docs.runs", __package__)
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -267,29 +268,67 @@ def cmd_report(a) -> int:
     return 0
 
 
-def cmd_predict(a) -> int:
-    """Predicted step time and tok/s of a measured decode run on another GPU (a prediction, labelled)."""
-    if a.gpus < 1:
-        raise BadInput(f"--gpus must be >= 1, got {a.gpus}")
+# The published shape's reference run (docs/runs.toml's `reference`, this key): what `labkit predict` reads
+# when no run is named, so the reference box's question is one command
+PREDICT_DEFAULT_RUN = "h100"
+PREDICT_MAX_CONTEXT = 1 << 26          # 64M tokens: beyond any model's context, and the memory check says so anyway
+PREDICT_MAX_CONCURRENCY = 4096
+PREDICT_MAX_VALUES = 64                # contexts or concurrencies in one table
+
+
+def predict_default_run() -> str:
+    """The folder of the published shape's reference run, as docs/runs.toml names it (`reference.h100`, W4A16)."""
     try:
-        target = costmodel.gpu(a.gpu)
-    except ValueError as ex:
-        raise BadInput(str(ex)) from None
-    run = results.load_run(run_folder(a.run_dir))
+        ref = docs_runs.RUNS["reference"][PREDICT_DEFAULT_RUN]
+    except (OSError, KeyError, TypeError, ValueError):
+        raise BadInput("no run named and no reference run in docs/runs.toml (`reference.h100`): name a decode run "
+                       "with step anatomies, as `labkit runs` lists it") from None
+    return str(results.REPO / ref)
+
+
+def predict_values(text: str | None, what: str, top: int, sizes: bool) -> list[int] | None:
+    """`--context 128K,1M` or `--concurrency 1,4`: whole numbers in 1..top, at most PREDICT_MAX_VALUES of them,
+    sorted, each once. None when not given (the run's own measured points)."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or "" in parts or len(parts) > PREDICT_MAX_VALUES:
+        raise BadInput(f"--{what}: one to {PREDICT_MAX_VALUES} whole numbers separated by commas, got {text!r}")
+    out = set()
+    for p in parts:
+        try:
+            v = parse_size(p) if sizes else int(p)
+        except ValueError:
+            raise BadInput(f"--{what}: {p!r} is not a whole number{' (e.g. 128K, 1M)' if sizes else ''}") from None
+        if not 1 <= v <= top:
+            raise BadInput(f"--{what} must be 1 to {top:,}, got {p}")
+        out.add(v)
+    return sorted(out)
+
+
+def _predict_source(a):
+    """The run `labkit predict` scales (named, or the published shape's reference run), checked: (run, its GPU, shape)."""
+    run = results.load_run(run_folder(a.run_dir or predict_default_run()))
     m, mf = run.metrics, run.manifest
-    source = costmodel.gpu_for_name(mf.get("gpu_name") or "")
+    name = a.run_dir or run.path.name
     if not mf.get("gpu_name"):
-        raise BadInput(f"{a.run_dir}: a CPU run; labkit predict scales a GPU run's step anatomy by GPU specs")
+        raise BadInput(f"{name}: a CPU run; labkit predict scales a GPU run's step anatomy by GPU specs")
+    source = costmodel.gpu_for_name(mf.get("gpu_name") or "")
     if source is None:
-        raise BadInput(f"{a.run_dir}: measured on {mf.get('gpu_name') or 'a CPU'}, which labkit/data/gpus.toml does not "
-                       f"list; the model needs the source GPU's specs")
+        raise BadInput(f"{name}: measured on {mf.get('gpu_name')}, which labkit/data/gpus.toml does not list; the "
+                       f"model needs the source GPU's specs")
     if "anat_weights_ms" not in m:
-        raise BadInput(f"{a.run_dir}: no step anatomy in this run (measured before anatomies existed, or anatomy=false)")
-    shape = shapes.shape_for_run(mf["parameters"]["shape"], mf.get("shape_rev"))
-    host = (mf.get("host_memory_bandwidth") or {}).get("copy_all_gbps")      # CPU-staged gathers' bound (labkit.hostmem)
-    if a.host_gbps is not None and (a.host_gbps <= 0 or not host):
-        raise BadInput(f"--host-gbps must be > 0 and the run must record its host's RAM bandwidth "
+        raise BadInput(f"{name}: no step anatomy in this run (measured before anatomies existed, or anatomy=false)")
+    return run, source, shapes.shape_for_run(mf["parameters"]["shape"], mf.get("shape_rev"))
+
+
+def _predict_how(a, run, host) -> dict:
+    """`CostModel.predict`'s options from the command line: split, weights, host scale, all-reduce, calibrations."""
+    if a.host_gbps is not None and (not a.host_gbps > 0 or a.host_gbps == float("inf") or not host):
+        raise BadInput(f"--host-gbps must be a finite number > 0 and the run must record its host's RAM bandwidth "
                        f"({'it does not' if not host else f'got {a.host_gbps}'})")
+    if a.allreduce_us is not None and not 0 <= a.allreduce_us < 1e6:
+        raise BadInput(f"--allreduce-us must be 0 to 1,000,000 µs, got {a.allreduce_us}")
     how = {"split": a.split, "weights_dtype": a.weights_dtype,
            "host_scale": a.host_gbps / host if a.host_gbps else None}
     if a.allreduce_us is not None:
@@ -299,33 +338,68 @@ def cmd_predict(a) -> int:
             cal = Path(a.calibration)
             how["calibration"] = (costmodel.Calibration.from_metrics(results.load_run(cal).metrics, "target", str(cal))
                                   if cal.is_dir() else costmodel.Calibration.load(cal))
-            how["source_calibration"] = costmodel.Calibration.from_metrics(m, mf.get("gpu_name") or "", str(a.run_dir))
+            how["source_calibration"] = costmodel.Calibration.from_metrics(run.metrics, run.manifest.get("gpu_name") or "",
+                                                                           str(a.run_dir))
         except (ValueError, OSError) as ex:
             raise BadInput(f"--calibration: {ex}") from None
-    tab = costmodel.predict_table(m, shape, source, target, a.gpus, host_gbps=host, **how)
+    return how
+
+
+def cmd_predict(a) -> int:
+    """Predicted step time and tok/s of a measured decode run on another GPU (a prediction, labelled): by default
+    the published shape's reference run on the reference box (3x RTX 3090), at its contexts or `--context`."""
+    if not 1 <= a.gpus <= 64:
+        raise BadInput(f"--gpus must be 1 to 64, got {a.gpus}")
+    try:
+        target = costmodel.gpu(a.gpu)
+    except ValueError as ex:
+        raise BadInput(str(ex)) from None
+    contexts = predict_values(a.context, "context", PREDICT_MAX_CONTEXT, sizes=True)
+    conc = predict_values(a.concurrency, "concurrency", PREDICT_MAX_CONCURRENCY, sizes=False)
+    run, source, shape = _predict_source(a)
+    m, mf = run.metrics, run.manifest
+    host = (mf.get("host_memory_bandwidth") or {}).get("copy_all_gbps")      # CPU-staged gathers' bound (labkit.hostmem)
+    how = _predict_how(a, run, host)
+    tab = costmodel.predict_table(m, shape, source, target, a.gpus, contexts=contexts, concurrency=conc,
+                                  host_gbps=host, **how)
     err = costmodel.validate(m, shape, source, host_gbps=host)
     if a.json:
-        print(json.dumps({"prediction": tab.to_dict("records"), "validation_on_source": err.to_dict("records")}, indent=1,
-                         default=str))
+        rows = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+                for r in tab.to_dict("records")]      # a point that does not fit: null, not NaN (which JSON has not)
+        print(json.dumps({"run": mf.get("run_id"), "shape": shape.name, "prediction": rows,
+                          "validation_on_source": err.to_dict("records")}, indent=1, default=str))
         return 0
+    _print_prediction(a, tab, err, target, source, shape, mf)
+    return 0
+
+
+def _print_prediction(a, tab, err, target, source, shape, mf) -> None:
+    """The table `labkit predict` prints: one line of what it is, one row per point, each point that does not fit
+    the card's memory said so, then the reasoning at the largest context and the check on the source run."""
     split = "" if a.gpus == 1 else (", each layer split over them" if a.split == "tensor" else ", layers in stages")
-    held = f", {a.weights_dtype} weights" if a.weights_dtype else ""
+    held = a.weights_dtype or (mf.get("parameters") or {}).get("weights_dtype") or "bf16"
+    named = "" if a.run_dir else " (docs/runs.toml's reference run: the published shape)"
     print(f"PREDICTED (not measured) on {a.gpus} x {target.name} (PCIe gen{target.pcie_gen} x{target.pcie_width}, "
-          f"{target.hbm_gbps} GB/s memory{split}{held}), shape {shape.name}, from the anatomy of {mf['run_id']} on "
-          f"{source.name}:")
+          f"{target.hbm_gbps} GB/s memory, {target.memory_gib:g} GiB{split}), shape {shape.name}, {held} weights, "
+          f"from the anatomy of {mf['run_id']}{named} on {source.name}:")
     cols = ["strategy", "concurrency", "context_len", "predicted_step_ms", "predicted_tok_s", "memory_gib_per_gpu"]
     show = tab[cols].round(2).astype(object)
+    show["context_len"] = [tokens_label(v) for v in tab["context_len"]]
     for c in ("predicted_step_ms", "predicted_tok_s"):      # a point whose memory exceeds the GPU: said, not NaN
         show[c] = [f"{v:.2f}" if fits else "does not fit" for v, fits in zip(tab[c], tab["fits"])]
     print(show.to_string(index=False))
-    print("\nwhy (largest context, concurrency 1):")
+    usable = target.memory_gib - costmodel.MEMORY_RESERVE_GIB
+    if not tab["fits"].all():
+        print(f"\n'does not fit': the point needs more than the {usable:.1f} GiB usable of each card's "
+              f"{target.memory_gib:g} GiB (memory_gib_per_gpu: weights, index keys and, for a strategy that keeps "
+              f"the KV on the card, the KV)")
+    print("\nwhy (largest context, lowest concurrency):")
     for strategy, g in tab.groupby("strategy"):
         r = g[g["concurrency"] == g["concurrency"].min()].sort_values("context_len").iloc[-1]
         print(f"  {strategy}: " + r["reasoning"].replace("; ", "\n    "))
     if not err.empty:
         print(f"\nthe same model predicting this run's own points on {source.key} (fit on one point per strategy): "
               f"median |error| {err['error'].abs().median():.1%}, worst {err['error'].abs().max():.1%}")
-    return 0
 
 
 def _link(gen, width) -> str:
@@ -505,11 +579,18 @@ def _add_reading(sub) -> None:
     ls.add_argument("--root", default="results", help="the folder of runs [default results]")
     ls.set_defaults(fn=cmd_runs)
 
-    pr = sub.add_parser("predict", help="predict a decode run's table on another GPU from its step anatomy")
-    pr.add_argument("run_dir", metavar="RUN", help="a GPU decode run with step anatomies, as `labkit runs` lists it, "
-                                                   "or its folder")
+    pr = sub.add_parser("predict", help="predict a decode run's table on another GPU from its step anatomy (default: "
+                                        "the published model on 3x RTX 3090)")
+    pr.add_argument("run_dir", metavar="RUN", nargs="?", default=None,
+                    help="a GPU decode run with step anatomies, as `labkit runs` lists it, or its folder [default: the "
+                         "published shape's reference run, docs/runs.toml's reference.h100 (W4A16, on an H100)]")
     pr.add_argument("--gpu", default="rtx3090", help="target GPU key in labkit/data/gpus.toml [default rtx3090]")
-    pr.add_argument("--gpus", type=int, default=1, help="GPUs the model is split over (the reference box: 3) [default 1]")
+    pr.add_argument("--gpus", type=int, default=3,
+                    help="GPUs the model is split over [default 3: the reference box; 1 for one card]")
+    pr.add_argument("--context", metavar="TOKENS[,TOKENS...]",
+                    help="contexts to predict, any length (e.g. 128K or 32K,128K,1M) [default: the run's measured ones]")
+    pr.add_argument("--concurrency", metavar="N[,N...]",
+                    help="concurrent requests to predict (e.g. 1 or 1,4,8) [default: the run's measured ones]")
     pr.add_argument("--split", choices=("layers", "tensor"), default="layers",
                     help="how the GPUs share the model: layers (stages in turn) or tensor (every layer sharded, "
                          "two all-reduces a layer) [default layers]")

@@ -149,3 +149,59 @@ def test_cross_check_is_exact_between_runs_that_follow_the_model():
     slow = b.copy()
     slow.loc[slow.experiment == "decode", "step_ms_median"] *= 1.1
     assert C.cross_check(a, slow, REF, C.gpu("h200"), C.gpu("h100"))["error"].max() < -0.08
+
+
+# ---- `labkit predict` with no run: the published shape on the reference box, at any context -------------------
+def _reference_run() -> Path:
+    from labkit.docs.runs import RUNS
+    run = Path(__file__).resolve().parent.parent / RUNS["reference"]["h100"]
+    if not run.is_dir():
+        pytest.skip("the reference run folder is not in this checkout")
+    return run
+
+
+def test_predict_with_no_run_is_the_published_shape_on_three_3090s_at_any_context(capsys):
+    """The 3090 owner's question, one command: `labkit predict --context 128K` reads docs/runs.toml's reference
+    run (the published shape, W4A16) and predicts 3 x RTX 3090 at exactly the context asked, one row a point."""
+    run = _reference_run()
+    assert main(["predict", "--context", "128K", "--concurrency", "1,4"]) == 0
+    out = capsys.readouterr().out
+    head, table = out.splitlines()[0], out.split("why (largest context")[0]
+    assert head.startswith("PREDICTED (not measured) on 3 x NVIDIA GeForce RTX 3090"), head
+    assert "shape qwen3.8-flash-next," in head and "w4a16 weights" in head and run.name[:15] in head, head
+    rows = [ln.split() for ln in table.splitlines()[2:] if ln.split() and ln.split()[0] in ("resident", "zero_copy")]
+    assert len(rows) == 4 and {r[2] for r in rows} == {"128K"} and {r[1] for r in rows} == {"1", "4"}, table
+    assert "nan" not in table.lower()
+
+
+def test_predict_says_which_contexts_do_not_fit_the_box_and_json_has_null_not_nan(capsys):
+    """A context whose memory exceeds a 3090 reads "does not fit" (resident at 1M holds its KV on the cards) with
+    the usable memory it exceeds; the JSON is strict JSON, such a point's tok/s null."""
+    _reference_run()
+    assert main(["predict", "--context", "100000,1M", "--concurrency", "1"]) == 0
+    out = capsys.readouterr().out
+    resident_1m = next(ln for ln in out.splitlines() if ln.split()[:3] == ["resident", "1", "1M"])
+    assert "does not fit" in resident_1m and "22.5 GiB usable" in out, out
+    assert any(ln.split()[:3] == ["zero_copy", "1", "97.7K"] for ln in out.splitlines()), out   # any length, as asked
+    assert main(["predict", "--context", "1M", "--concurrency", "1", "--json"]) == 0
+    import json
+
+    def no_nan(word):
+        raise AssertionError(f"{word} in the JSON")
+    doc = json.loads(capsys.readouterr().out, parse_constant=no_nan)
+    res = next(r for r in doc["prediction"] if r["strategy"] == "resident")
+    assert res["fits"] is False and res["predicted_tok_s"] is None and doc["shape"] == "qwen3.8-flash-next"
+
+
+@pytest.mark.parametrize("args,said", [(["--context", "0"], "--context must be 1 to"),
+                                       (["--context", "lots"], "is not a whole number"),
+                                       (["--context", "1,,2"], "separated by commas"),
+                                       (["--context", "1G"], "--context must be 1 to"),
+                                       (["--concurrency", "0"], "--concurrency must be 1 to"),
+                                       (["--concurrency", "2.5"], "is not a whole number"),
+                                       (["--gpus", "0"], "--gpus must be 1 to"),
+                                       (["--allreduce-us", "nan"], "--allreduce-us must be")])
+def test_predict_options_out_of_range_are_one_line(args, said, capsys):
+    assert main(["predict", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1, err
