@@ -634,6 +634,9 @@ def _add_lab(sub) -> None:
     lab.add_argument("--token", help="access token (visible to other local users in this command's argv: prefer "
                                           "$LABKIT_LAB_TOKEN; default: that, else a random one)")
     lab.add_argument("--dir", default="", help="folder to serve (default the repository's notebooks/)")
+    lab.add_argument("--edit-tracked", action="store_true",
+                     help="let JupyterLab save the notebooks git tracks (default: they open read-only, so running "
+                          "one never autosaves over the committed file; Save As keeps a session)")
     lab.add_argument("jupyter_args", nargs="*", metavar="-- JUPYTER_OPTION",
                      help="passed on to jupyter lab after `--`, e.g. -- --LabApp.expose_app_in_browser=True")
     lab.set_defaults(fn=cmd_lab)

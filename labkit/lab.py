@@ -116,14 +116,21 @@ def trust_shipped_notebooks(root: Path) -> list[str]:
     return signed
 
 
+# The server's contents manager: the notebooks git tracks open read-only, so running one never autosaves over it
+TRACKED_READ_ONLY = "labkit.lab_contents.TrackedReadOnlyManager"
+
+
 def lab_command(port: int, root_dir: Path, open_notebook: str = "explore.ipynb",
-                extra: list[str] | None = None, settings_dir: Path | None = None) -> list[str]:
+                extra: list[str] | None = None, settings_dir: Path | None = None, edit_tracked: bool = False) -> list[str]:
     """The JupyterLab command line. The token is not on it (any local user can read a process's argv in
-    /proc/PID/cmdline): `token_env` hands it over through a 0600 file named in the environment."""
+    /proc/PID/cmdline): `token_env` hands it over through a 0600 file named in the environment. The notebooks
+    git tracks in `root_dir` are served read-only (`labkit.lab_contents`) unless `edit_tracked`."""
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
            "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root_dir}",
            f"--LabApp.default_url=/lab/tree/{open_notebook}", "--LabApp.news_url=None",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if not edit_tracked:
+        cmd.append(f"--ServerApp.contents_manager_class={TRACKED_READ_ONLY}")
     if settings_dir is not None:
         cmd.append(f"--LabApp.app_settings_dir={settings_dir}")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -189,7 +196,8 @@ def notebook_title(path: Path) -> str:
     return head.lstrip("# ").split(":")[0].strip()
 
 
-def banner(port: int, token: str, open_notebook: str = "explore.ipynb", root_dir: Path | None = None) -> str:
+def banner(port: int, token: str, open_notebook: str = "explore.ipynb", root_dir: Path | None = None,
+           edit_tracked: bool = False) -> str:
     url = f"http://127.0.0.1:{port}/lab/tree/{open_notebook}?token={token}"
     host, user = socket.gethostname(), getpass.getuser()
     nbs = sorted(Path(root_dir or REPO / "notebooks").glob("*.ipynb"))
@@ -198,7 +206,13 @@ def banner(port: int, token: str, open_notebook: str = "explore.ipynb", root_dir
             f"From a laptop, tunnel first, then open the same URL there:\n\n"
             f"    ssh -N -L {port}:127.0.0.1:{port} {user}@{host}\n\n"
             f"The {len(nbs)} notebooks here (the file browser on the left opens any of them):\n{listing}\n"
+            f"{TRACKED_NOTE if not edit_tracked else EDIT_NOTE}\n"
             f"Stop with Ctrl-C.\n")
+
+
+TRACKED_NOTE = ("The notebooks git tracks open read-only, so running them never saves over the committed files: "
+                "File > Save Notebook As... keeps a session (--edit-tracked lets you save them).\n")
+EDIT_NOTE = "--edit-tracked: the notebooks git tracks save as any other (JupyterLab autosaves a changed one).\n"
 
 
 def cmd_lab(a) -> int:
@@ -209,6 +223,8 @@ def cmd_lab(a) -> int:
     token = a.token or envs.get("LABKIT_LAB_TOKEN") or os.environ.get("JUPYTER_TOKEN") or secrets.token_hex(24)
     trust_shipped_notebooks(root)
     env = token_env(token)
-    print(banner(port, token, root_dir=root), flush=True)
-    cmd = lab_command(port, root, extra=[x for x in a.jupyter_args if x != "--"], settings_dir=app_settings_dir())
+    edit = bool(getattr(a, "edit_tracked", False))
+    print(banner(port, token, root_dir=root, edit_tracked=edit), flush=True)
+    cmd = lab_command(port, root, extra=[x for x in a.jupyter_args if x != "--"], settings_dir=app_settings_dir(),
+                      edit_tracked=edit)
     os.execve(cmd[0], cmd, env)     # JupyterLab in this process: Ctrl-C and the exit status are its own

@@ -21,6 +21,7 @@ import pytest
 
 from browser_util import (REPO, assert_plotly_renders, chromium, derived_run, figures_in_notebook_report,
                           figures_in_page, needs_chromium, nightly_root, offline_context, open_page)
+from test_lab_tracked import git_clone_of_the_explorer
 
 EXPLORE = REPO / "notebooks" / "explore.ipynb"
 
@@ -112,14 +113,13 @@ def _free_port() -> int:
 
 @contextmanager
 def lab_server(tmp_path: Path, results: Path):
-    """`make lab`'s own command (`labkit lab`) as the current user, on a copy of the notebooks (JupyterLab
-    autosaves, and the repo's files must stay as committed), over the runs under `results`, with fresh
+    """`make lab`'s own command (`labkit lab`) as the current user, on a git clone of the explorer in `tmp_path`
+    (the repository's own file is never put at risk: the clone's, tracked there, is what must stay as committed),
+    over the runs under `results`, with fresh
     Jupyter settings, data (signature store) and runtime folders, as on a new user's machine, and
     `window.jupyterapp` exposed so the test can run all cells. Yields the base URL, token, the URL it
     printed, its output so far, and the path of its log."""
-    lab_root = tmp_path / "notebooks"
-    lab_root.mkdir()
-    shutil.copy(EXPLORE, lab_root / EXPLORE.name)
+    lab_root = git_clone_of_the_explorer(tmp_path)      # committed, as in a clone: `labkit lab` serves it read-only
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "LABKIT_LAB_TOKEN": token, "LABKIT_RESULTS": str(results), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws"),
@@ -356,21 +356,24 @@ def test_lab_opens_on_the_explorer_controls_not_code(lab_explorer):
 @needs_chromium
 def test_jupyterlab_runs_explorer_and_slider_changes_figure(lab_explorer):
     page, ctx = lab_explorer.page, lab_explorer.ctx
+    # the selected point's figure as drawn: its first trace's y values, or null while it is (re)drawing (no trace
+    # yet, or not every value a number); a wait below takes only a drawn figure, never a null caught mid-redraw
     point = ("() => { const p = document.querySelectorAll('.js-plotly-plot')[1]; "
-             "return p && p.data && p.data[0] ? Array.from(p.data[0].y).map(Number) : null; }")
+             "const y = p && p.data && p.data[0] && p.data[0].y ? Array.from(p.data[0].y).map(Number) : []; "
+             "return y.length && y.every(Number.isFinite) ? y : null; }")
     try:
         # FigureWidgets: vs context, the selected point, vs budget (and live PCIe, on a GPU only)
         page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 3 && "
                                "[...document.querySelectorAll('.js-plotly-plot')].every(e => e.querySelector('.main-svg'))",
                                timeout=60000)
-        page.wait_for_function(f"() => ({point})() !== null", timeout=120000)   # a loaded 2-core machine draws late
-        before = page.evaluate(point)
+        # a loaded 2-core machine draws late; the value is the one the wait saw (no second read to race a redraw)
+        before = page.wait_for_function(point, timeout=120000).json_value()
         slider = page.locator(".widget-slider").filter(has_text="context").first
         assert "1K" in slider.inner_text()
         slider.locator(".noUi-handle").first.focus()
         page.keyboard.press("ArrowLeft")
-        page.wait_for_function(f"b => JSON.stringify(({point})()) !== JSON.stringify(b)", arg=before, timeout=30000)
-        after = page.evaluate(point)
+        after = page.wait_for_function(f"b => {{ const y = ({point})(); return y && JSON.stringify(y) !== JSON.stringify(b) "
+                                       f"? y : null; }}", arg=before, timeout=30000).json_value()
         assert "256" in slider.inner_text()
         disabled_note = page.locator("text=measure now is disabled").count()
         n_plots = page.locator(".js-plotly-plot").count()
@@ -386,3 +389,26 @@ def test_jupyterlab_runs_explorer_and_slider_changes_figure(lab_explorer):
         assert disabled_note >= 1
         assert n_plots == 3, "a CPU draws no live PCIe plot (it would stay empty axes)"
     assert not errors, errors
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_the_explorer_leaves_its_tracked_file_alone(lab_explorer):
+    """After Run All and a slider move (the session's outputs differ from the saved ones), the explorer is open
+    read-only: JupyterLab's autosave skips it (`canSave` false), Save (the menu command and the document's own
+    save, as autosave calls it) writes nothing, and the committed file is byte for byte as it was."""
+    page, clone = lab_explorer.page, lab_explorer.tmp / "notebooks"
+    state = page.evaluate("""async () => { const w = window.jupyterapp.shell.currentWidget, c = w.context;
+        const out = {dirty: c.model.dirty, canSave: c.canSave, writable: c.contentsModel.writable,
+                     readOnlyShown: !!document.querySelector('[data-jp-item-name="read-only-indicator"], '
+                                                              + '.jp-ToolbarLabelComponent[title*="read-only"]')};
+        window.jupyterapp.commands.execute('docmanager:save').catch(() => null);   // answers with a dialog: not awaited
+        out.saveError = await Promise.race([c.save().then(() => '', e => String(e && (e.message || e))),
+                                            new Promise(r => setTimeout(() => r('no answer in 20 s'), 20000))]);
+        return out; }""")
+    page.wait_for_timeout(1000)
+    assert state["writable"] is False and state["canSave"] is False, state
+    assert state["readOnlyShown"], state
+    changed = subprocess.run(["git", "-C", str(clone), "status", "--porcelain", "--", EXPLORE.name], capture_output=True,
+                             text=True, check=True).stdout
+    assert not changed, f"JupyterLab saved over the tracked explorer: {changed}"
