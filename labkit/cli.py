@@ -339,7 +339,7 @@ def _predict_how(a, run, host) -> dict:
             how["calibration"] = (costmodel.Calibration.from_metrics(results.load_run(cal).metrics, "target", str(cal))
                                   if cal.is_dir() else costmodel.Calibration.load(cal))
             how["source_calibration"] = costmodel.Calibration.from_metrics(run.metrics, run.manifest.get("gpu_name") or "",
-                                                                           str(a.run_dir))
+                                                                           str(run.path))
         except (ValueError, OSError) as ex:
             raise BadInput(f"--calibration: {ex}") from None
     return how
