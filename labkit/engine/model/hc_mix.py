@@ -176,6 +176,7 @@ HC_MAX_ROWS = 16           # rows (requests) a launch takes; more go the compile
 HC_BK = 256                # K values of a copy a down program takes (the largest power of two up to it dividing H)
 HC_BN_DOWN = 64            # down-product columns a program
 HC_BN_UP = 8               # outputs of H a program in the up kernel (all hc copies: 4 x 8 columns of w_up)
+HC_WARPS_DOWN = 8          # warps a down program (its last arrival's tile: rows x splits x columns)
 HC_TAIL_ROWS = 4           # rows the last arrival sums at once (its partials tile: rows x splits x columns)
 HC_PDL = True              # programmatic dependent launch where the GPU has it
 _BM = 16                   # a tensor-core product's narrow side
@@ -252,7 +253,7 @@ def hc_mix(hc, h: torch.Tensor, d) -> tuple[torch.Tensor, torch.Tensor, torch.Te
         h, d_in, inj_in, o_in, e if e is not None else h, hc.norm_w, wd, stream, part, ss, act, inj, r,
         arch.arrival_counters(dev), M, H, R, NP, wd.stride(0), wd.stride(1), hc.eps,
         HC=HC, BM=_BM, ROWS=min(M, _BM), RB=min(triton.next_power_of_2(M), HC_TAIL_ROWS), BK=BK, BN=HC_BN_DOWN, SP2=triton.next_power_of_2(S), PEND=pend,
-        HAS_E=e is not None, GDC=gdc, DOT_F32=interpret_mode(), num_warps=8, **pdl)
+        HAS_E=e is not None, GDC=gdc, DOT_F32=interpret_mode(), num_warps=HC_WARPS_DOWN, **pdl)
     _hc_up_kernel[(triton.cdiv(H, HC_BN_UP), MB)](
         act, wu, stream, r, hc.norm_w, y, zero, M, H, R, wu.stride(0), wu.stride(1),
         HC=HC, BM=_BM, BN=HC_BN_UP, RP=triton.next_power_of_2(R), GDC=gdc, DOT_F32=interpret_mode(), num_warps=4,
