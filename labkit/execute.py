@@ -25,7 +25,7 @@ from papermill.iorw import LocalHandler, papermill_io
 
 from . import envs, experiments
 from .atomic import check_writable, describe_os_error, write_bytes, write_text, write_text_or_in_place
-from .outdir import prepare_out_dir
+from .outdir import make_fresh_folder, prepare_out_dir
 from .params import BadInput, Plan
 from .report.notebook import render_report
 from .results import REPO, derive_status, git_sha, machine_info, new_run_id
@@ -256,7 +256,9 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
     nb = NOTEBOOKS / exp.notebook
     if not nb.is_file():
         raise BadInput(f"notebook {nb} is missing")
-    out = prepare_out_dir(Path(out_dir or plan.params.get("out_dir") or Path(root) / new_run_id(plan.experiment)),
+    given = out_dir or plan.params.get("out_dir")
+    # no folder given: a new one made here (`-2`, ... when another run took the id in the same second)
+    out = prepare_out_dir(Path(given) if given else make_fresh_folder(Path(root), new_run_id(plan.experiment), "--root"),
                           others_ok=out_dir is not None)     # a caller's own folder (the nightly's, with its log)
     # a read-only or foreign folder: one line before anything runs
     check_writable(out, "--out" if out_dir or plan.params.get("out_dir") else "run folder")

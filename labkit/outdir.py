@@ -5,7 +5,13 @@ A run folder must be this user's alone: another local user who can write into it
 make it writable) could plant a symlink where the run writes its files, or swap the folder for another. So a
 folder is refused, in one line, when it belongs to someone else or when group or others may write it; and
 when a folder above it lets another user rename or replace entries (it is theirs, not root's or yours, or
-group/other-writable without the sticky bit that `/tmp` has). Folders labkit makes itself are made 0755 (less under the umask), never wider.
+group/other-writable without the sticky bit that `/tmp` has), or when a link on the way to it could be changed by
+another user. Folders labkit makes itself are made 0755 (less under the umask), never wider.
+
+A run opens its folder once (`open_own_folder`: the check is made on the open handle) and writes through that
+handle; a folder it names itself is made by `make_fresh_folder`, whose `mkdir` fails where the name exists. The
+results folder above runs holds the index and shared assets only when it is this user's alone
+(`results_root_problem`).
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ import pwd
 import stat
 from pathlib import Path
 
-from .atomic import check_writable
+from .atomic import check_writable, open_dir
 from .params import BadInput
 
 FOLDER_MODE = 0o755
@@ -27,16 +33,35 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _link_problem(given: Path) -> str:
+    """Why a link on the way to `given` could be changed by another user ("" when none can): a link they made
+    (they may swap it while a run writes), or one in a folder they may write without the sticky bit."""
+    me = os.geteuid()
+    for p in [*reversed(given.parents), given][1:]:
+        try:
+            lst = os.lstat(p)
+        except OSError:          # not there yet (made below), or cannot be: the walk below says so
+            return ""
+        if not stat.S_ISLNK(lst.st_mode):
+            continue
+        if lst.st_uid not in (me, 0):
+            return f"goes through {p}, a symlink made by {_owner(lst.st_uid)}: they could point it elsewhere mid-run"
+        try:
+            up = os.stat(p.parent)
+        except OSError as ex:
+            return f"cannot be checked ({ex.strerror or type(ex).__name__}: {p.parent})"
+        if up.st_uid not in (me, 0) or (up.st_mode & 0o022 and not up.st_mode & stat.S_ISVTX):
+            return f"goes through the symlink {p}, in a folder other users may change; give the folder it points to"
+    return ""
+
+
 def foreign_folder_problem(folder: Path) -> str:
     """Why `folder` (existing or not) is not safe to write a run into, or "" when it is."""
-    given = Path(folder)
+    given = Path(folder).absolute()
     me = os.geteuid()
-    try:
-        lst = os.lstat(given)
-        if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (me, 0):
-            return f"is a symlink made by {_owner(lst.st_uid)}"
-    except OSError:
-        pass
+    why = _link_problem(given)
+    if why:
+        return why
     real = Path(os.path.realpath(given))
     for p in [real, *real.parents]:
         try:
@@ -82,6 +107,72 @@ def make_own_folder(folder: Path, what: str) -> Path:
     if why:
         raise BadInput(f"{what} {folder} {why}")
     return folder
+
+
+def own_handle_problem(fd: int) -> str:
+    """`foreign_folder_problem`'s rule for the folder itself, applied to an open handle (what is written into)."""
+    st = os.fstat(fd)
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    if st.st_uid != os.geteuid():
+        return f"belongs to {_owner(st.st_uid)}, not to you"
+    if st.st_mode & 0o022:
+        return f"has mode {stat.S_IMODE(st.st_mode):04o}: other users may write into it"
+    return ""
+
+
+def open_own_folder(folder: Path, what: str) -> int:
+    """A handle on `folder`, this user's alone (checked on the handle itself, so a folder swapped after the
+    path was checked is refused, not written into); BadInput in one line otherwise."""
+    try:
+        fd = open_dir(folder)
+    except OSError as ex:
+        raise BadInput(f"{what} {folder}: cannot be opened ({ex.strerror or type(ex).__name__})") from None
+    why = own_handle_problem(fd)
+    if why:
+        os.close(fd)
+        raise BadInput(f"{what} {folder} {why}")
+    return fd
+
+
+def make_fresh_folder(parent: Path, name: str, what: str) -> Path:
+    """A new folder `parent/name` (else `name-2`, `name-3`, ...) made by this call: `mkdir` fails where a name
+    exists, so two runs started in the same second never share one folder. `parent` must be this user's alone."""
+    make_own_folder(parent, what)
+    fd = open_own_folder(parent, what)
+    try:
+        for n in range(1, 10_000):
+            fresh = name if n == 1 else f"{name}-{n}"
+            try:
+                os.mkdir(fresh, FOLDER_MODE, dir_fd=fd)
+                return Path(parent) / fresh
+            except FileExistsError:
+                continue
+            except OSError as ex:
+                raise BadInput(f"{what} {parent}: cannot write there ({ex.strerror or type(ex).__name__})") from None
+    finally:
+        os.close(fd)
+    raise BadInput(f"{what} {parent}: every name {name}-N is taken")
+
+
+def results_root_problem(root: Path) -> str:
+    """Why `root` cannot hold a results index and shared assets ("" when it can): it must be this user's alone
+    (`foreign_folder_problem`: `/tmp`, another user's folder are not), and so must its `_assets/` be where there is
+    one (a real folder, not a link). A run writes nothing above its own folder except into such a root."""
+    why = foreign_folder_problem(root)
+    if why:
+        return why
+    try:
+        st = os.lstat(Path(root) / "_assets")
+    except FileNotFoundError:
+        return ""
+    except OSError as ex:
+        return f"cannot be checked ({ex.strerror or type(ex).__name__})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "holds an _assets that is not a folder (a link or a file)"
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return f"holds an _assets folder other users may change (owner {_owner(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o})"
+    return ""
 
 
 def prepare_out_dir(out: Path, others_ok: bool = False) -> Path:

@@ -15,6 +15,7 @@ A run folder `results/<run-id>/` holds (the contract reports, tests and the inde
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import json
 import os
@@ -29,9 +30,9 @@ import pandas as pd
 import psutil
 
 from . import __version__, envs, lazy
-from .atomic import open_replacing, replacing, write_text, write_text_or_in_place
+from .atomic import open_replacing_at, read_regular_at, replacing_at, write_bytes_at, write_text_or_in_place_at
 from .hostmem import for_manifest
-from .outdir import make_own_folder
+from .outdir import make_fresh_folder, make_own_folder, open_own_folder
 from .params import RENAMED_EXPERIMENTS, BadInput, experiment_name, one_line
 from .telemetry import Sampler, cpu_model, describe_gpus, host_memory, link_info, machine_load, observed
 
@@ -223,10 +224,21 @@ def effective_status(manifest: dict, points=None) -> str:
 
 def point_statuses(run_dir: str | Path):
     """A run folder's points' statuses (metrics.parquet's `status` column); [] when it has none."""
+    mp = Path(run_dir) / "metrics.parquet"
+    if not mp.is_file():          # a FIFO or a device at that name is never opened
+        return []
     try:
-        return list(pd.read_parquet(Path(run_dir) / "metrics.parquet", columns=["status"])["status"])
+        return list(pd.read_parquet(mp, columns=["status"])["status"])
     except Exception:
         return []
+
+
+def _exists_at(fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def new_run_id(experiment: str) -> str:
@@ -238,9 +250,29 @@ class Run:
     """A run folder being written."""
 
     def __init__(self, path: Path, manifest: dict):
-        self.path, self.manifest = path, manifest
+        self.path, self.manifest = Path(path), manifest
         self.records: list[dict] = []
         self.gpu_watch = None         # a light NVML sampler over the run's GPUs (clocks, power, clock events)
+        self._fd: int | None = None
+
+    @property
+    def fd(self) -> int:
+        """The run folder's handle, opened once and checked (this user's alone) on the handle itself: every file of
+        the run is created through it, so a link swapped into the folder's path meanwhile redirects nothing."""
+        if self._fd is None:
+            self._fd = open_own_folder(self.path, "run folder")
+        return self._fd
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:       # interpreter shutdown: the fd goes with the process
+            pass
 
     @property
     def run_id(self) -> str:
@@ -248,22 +280,26 @@ class Run:
 
     @classmethod
     def create(cls, out_dir: str | Path | None, experiment: str, params: dict, root: str | Path = "results") -> "Run":
-        """Make the folder and write manifest.json. `out_dir` empty/None -> `<root>/<new run id>`."""
-        path = Path(out_dir) if out_dir else Path(root) / new_run_id(experiment)
-        make_own_folder(path, "run folder")     # this user's alone (no other user can plant links in it)
-        if (path / "metrics.parquet").exists():
+        """Make the folder and write manifest.json. `out_dir` empty/None -> `<root>/<new run id>`, a folder made
+        by this call (`-2`, `-3`, ... after the id when another run took it in the same second)."""
+        if out_dir:
+            path = make_own_folder(Path(out_dir), "run folder")  # this user's alone (no other user can plant links in it)
+        else:
+            path = make_fresh_folder(Path(root), new_run_id(experiment), "results root")
+        run = cls(path, {})
+        if _exists_at(run.fd, "metrics.parquet"):
+            run.close()
             raise FileExistsError(f"{path} already holds a run (metrics.parquet); choose another --out")
-        manifest = {"run_id": path.name, "experiment": experiment,
-                    "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    "git_sha": git_sha(), "labkit": __version__, **machine_info(), "parameters": params,
-                    "engine": envs.in_force(), "environment": envs.plumbing_in_force(),
-                    "status": "running", "writers": _writers(), "machine_id": machine_id(),
-                    "machine_load_before": machine_load(), "shape_rev": SHAPE_REV}
+        run.manifest = {"run_id": path.name, "experiment": experiment,
+                        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                        "git_sha": git_sha(), "labkit": __version__, **machine_info(), "parameters": params,
+                        "engine": envs.in_force(), "environment": envs.plumbing_in_force(),
+                        "status": "running", "writers": _writers(), "machine_id": machine_id(),
+                        "machine_load_before": machine_load(), "shape_rev": SHAPE_REV}
         if envs.get("LABKIT_SESSION"):     # runs made by one device session (their reports meet)
-            manifest["session"] = envs.get("LABKIT_SESSION")
+            run.manifest["session"] = envs.get("LABKIT_SESSION")
         gpus = run_gpus(params)
-        manifest["gpus"] = describe_gpus(gpus)
-        run = cls(path, manifest)
+        run.manifest["gpus"] = describe_gpus(gpus)
         run._write_manifest()
         if gpus:
             # clocks and clock events over the whole run, for the experiments that sample no telemetry of
@@ -277,7 +313,7 @@ class Run:
     def _write_manifest(self) -> None:
         # whole or absent (fsync + rename); on a full disk the existing manifest is rewritten in its own
         # blocks, so the final status can still say what happened
-        write_text_or_in_place(self.path / "manifest.json", json.dumps(self.manifest, indent=1, default=str))
+        write_text_or_in_place_at(self.fd, "manifest.json", json.dumps(self.manifest, indent=1, default=str))
 
     def update_manifest(self, **fields) -> None:
         self.manifest.update(fields)
@@ -304,7 +340,7 @@ class Run:
             if df[c].dtype == object:
                 num = pd.to_numeric(df[c], errors="coerce")
                 df[c] = num if num.notna().sum() == df[c].notna().sum() else df[c].astype("string")
-        with replacing(path) as tmp:     # whole or absent, no stray temporary file (e.g. on a full disk)
+        with replacing_at(self.fd, path.name, self.path) as tmp:     # whole or absent, no stray temporary file
             df.to_parquet(tmp, index=False)
         return path
 
@@ -313,13 +349,16 @@ class Run:
     def write_csv(self, name: str, df: pd.DataFrame) -> Path:
         """`<name>.csv` beside the tables (a copy for spreadsheets), whole or absent, never through a link."""
         path = self.path / f"{name}.csv"
-        with open_replacing(path) as f:
+        with open_replacing_at(self.fd, path.name) as f:
             df.to_csv(f, index=False)
         return path
 
     def write_file(self, name: str, text: str) -> Path:
         """Any other text file of the run (a summary), whole or absent, never through a link."""
-        return write_text(self.path / name, text)
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise ValueError(f"write_file: {name!r} is not a file name of the run folder")
+        write_bytes_at(self.fd, name, text.encode("utf-8"))
+        return self.path / name
 
     def finish(self, status: str | None = None, *, interrupted: bool | None = None,
                error: BaseException | str | None = None, **fields) -> str:
@@ -421,17 +460,27 @@ def manifest_problem(m) -> str:
         return f"{where} is {_short(err.value)}, which the manifest's schema refuses ({err.rule})"
 
 
+MANIFEST_CAP = 4 << 20     # bytes; a run's manifest is a few KiB
+
+
+def _os_why(ex: OSError) -> str:
+    if ex.errno == errno.ELOOP:
+        return "a symlink, not followed"
+    return ex.strerror or type(ex).__name__
+
+
 def read_manifest(path: str | Path) -> dict:
     """A run folder's manifest (`path`: the folder or its manifest.json), checked against the schema;
     BadManifest (one line: the file and why) otherwise."""
     path = Path(path)
     mf = path if path.name == "manifest.json" else path / "manifest.json"
     try:
-        m = json.loads(mf.read_text(encoding="utf-8"))
+        # a regular file under the cap, no link followed: a FIFO or /dev/zero there neither hangs nor fills memory
+        m = json.loads(read_regular_at(None, mf, MANIFEST_CAP).decode("utf-8"))
     except FileNotFoundError:
         raise
     except OSError as ex:
-        raise BadManifest(f"{mf}: cannot be read ({ex.strerror or type(ex).__name__})") from None
+        raise BadManifest(f"{mf}: cannot be read ({_os_why(ex)})") from None
     except UnicodeDecodeError:
         raise BadManifest(f"{mf}: not UTF-8 text") from None
     except ValueError as ex:
@@ -493,10 +542,28 @@ def load_run(path: str | Path) -> LoadedRun:
 ASSETS = "_assets"
 
 
+RUN_DEPTH = 3      # folders below a results root where runs sit: a run, a nightly's entry, one more level
+
+
 def run_manifests(root: str | Path) -> list[Path]:
-    """Every run folder's manifest.json under root, sorted; the shared assets' manifest
-    (`_assets/manifest.json`: what the reports link, not a run) is not one."""
-    return sorted(mf for mf in Path(root).glob("**/manifest.json") if mf.parent.name != ASSETS)
+    """Every run folder's manifest.json under root (at most RUN_DEPTH folders down, never through a link), sorted;
+    the shared assets' manifest (`_assets/manifest.json`: what the reports link, not a run) is not one."""
+    level = [Path(root)]
+    found = [level[0] / "manifest.json"] if level[0].name != ASSETS and os.path.lexists(level[0] / "manifest.json") else []
+    for _ in range(RUN_DEPTH):
+        below = []
+        for d in level:
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for e in entries:
+                if e.name != ASSETS and e.is_dir(follow_symlinks=False):
+                    below.append(Path(e.path))
+                    if os.path.lexists(os.path.join(e.path, "manifest.json")):
+                        found.append(Path(e.path) / "manifest.json")
+        level = below
+    return sorted(found)
 
 
 UNREADABLE = "unreadable"      # `list_runs`' word for a run folder whose manifest.json cannot be parsed

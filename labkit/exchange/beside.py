@@ -15,7 +15,7 @@ tokens per second, the serving figures TTFT, TPOT and output tokens per second o
 """
 from __future__ import annotations
 
-import json
+import os
 import re
 from pathlib import Path
 
@@ -24,10 +24,12 @@ import plotly.graph_objects as go
 
 from ..experiments.decode.figures import tok_s_vs_context
 from ..report.summary import decode_table
-from ..results import load_run, run_manifests
+from ..outdir import results_root_problem
+from ..params import BadInput
+from ..results import load_run, read_manifest
 from ..experiments.serve_sweep import figures as F
 from .archive import rows_of_run
-from .importer import EXPERIMENT
+from .importer import EXPERIMENT, RATES
 
 CONTEXT_TOLERANCE = 0.10
 STYLE = {"mode": "markers+lines", "line": {"dash": "dot", "color": "grey"},
@@ -38,16 +40,45 @@ def norm(name) -> str:
     return re.sub(r"[^a-z0-9]", "", str(name or "").lower())
 
 
+IMPORTED = re.compile(r"external-[a-z0-9-]{1,40}-[0-9a-f]{8}")      # the folder names `labkit import` makes
+NUMERIC = ("context_len", "concurrency", "tp", "power_limit_w") + RATES + ("tpot_p50_ms",)
+
+
+def imported_folders(root: str | Path) -> list[Path]:
+    """The folders `labkit import` made directly under the results folder `root`: named as it names them, real
+    folders (not links) of this user's alone. Nothing else, and nothing outside `root`, is read as external rows;
+    a root that is not this user's alone (`/tmp`, a folder of another's) has none."""
+    root = Path(root)
+    if not root.is_dir() or results_root_problem(root):
+        return []
+    out = []
+    for e in sorted(os.scandir(root), key=lambda e: e.name):
+        if IMPORTED.fullmatch(e.name) and e.is_dir(follow_symlinks=False):
+            st = e.stat(follow_symlinks=False)
+            if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+                out.append(Path(e.path))
+    return out
+
+
 def external_points(root: str | Path) -> pd.DataFrame:
-    """Every imported row under `root` (the run folders of experiment `external`)."""
+    """Every imported row under `root` (`imported_folders`, each with a manifest of experiment `external`). A
+    folder that cannot be read is passed over; the rate columns are numbers (anything else is missing), so one
+    odd file never stops a figure."""
     frames = []
-    for mf in run_manifests(root):
+    for d in imported_folders(root):
         try:
-            if json.loads(mf.read_text()).get("experiment") == EXPERIMENT:
-                frames.append(load_run(mf.parent).metrics)
-        except (OSError, ValueError):
+            if read_manifest(d).get("experiment") == EXPERIMENT:
+                frames.append(_numeric(load_run(d).metrics))
+        except (BadInput, OSError, ValueError):
             continue
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _numeric(m: pd.DataFrame) -> pd.DataFrame:
+    for c in NUMERIC:
+        if c in m:
+            m[c] = pd.to_numeric(m[c], errors="coerce")
+    return m
 
 
 def lab_models(run_dir: str | Path) -> set[str]:

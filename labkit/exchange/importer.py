@@ -12,7 +12,10 @@ The run folder `<root>/external-<source>-<first 8 hex of the file's sha256>/` ho
   `source` field is kept as `campaign`);
 - `report.html`: the rows as a table, so the run index links something readable.
 
-The same file imported again is the same folder: it says so and writes nothing. A line that is not a JSON object is
+The root must be this user's alone (another user's folder, or one others may write, is refused in one line), and
+the run folder is made by the import itself (`mkdir` that fails where the name exists): a link or folder planted
+at the predictable name is refused, never written through. The same file imported again is the same folder: it
+says so and writes nothing. A line that is not a JSON object is
 one BadInput line naming it; a record that is not a measurement, or has no model, is left out and counted.
 """
 from __future__ import annotations
@@ -21,15 +24,17 @@ import datetime as dt
 import hashlib
 import html
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import pandas as pd
 
-from ..atomic import write_text
+from ..outdir import FOLDER_MODE, make_own_folder, open_own_folder
 from ..params import BadInput
 from ..report.index import rebuild_index
-from ..results import Run
+from ..results import Run, read_manifest
 
 EXPERIMENT = "external"
 NESTED = ("source_refs", "curve", "samples", "knobs", "launch_argv", "quality")
@@ -87,10 +92,9 @@ def import_file(path: str | Path, root: str | Path = "results", source: str = ""
     rows, skipped = read_rows(path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     source = source or path.stem
-    folder = root / f"external-{slug(source)}-{digest[:8]}"
-    if (folder / "manifest.json").is_file():
+    folder, was = _claim(root, f"external-{slug(source)}-{digest[:8]}")
+    if was:
         return folder, len(rows), skipped, True
-    folder.mkdir(parents=True, exist_ok=True)
     hw = hardware or "hardware not stated"
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     manifest = {"run_id": folder.name, "experiment": EXPERIMENT, "created": now, "host": "external",
@@ -98,11 +102,49 @@ def import_file(path: str | Path, root: str | Path = "results", source: str = ""
                 "external": {"source": source, "file": path.name, "sha256": digest, "rows": len(rows),
                              "left_out": skipped, "hardware": hw, "imported": now},
                 "status": "ok", "wall_s": 0.0}
-    run = Run(folder, manifest)
-    run.write_table("metrics", lab_frame(rows, folder.name, source, hw))
-    write_text(folder / "report.html", _page(manifest, rows))
-    run.update_manifest()         # the manifest last: a folder without one is no run (an import cut short)
+    run = Run(folder, manifest)       # every file below through one handle on the folder made above
+    try:
+        run.write_table("metrics", lab_frame(rows, folder.name, source, hw))
+        run.write_file("report.html", _page(manifest, rows))
+        run.update_manifest()         # the manifest last: a folder without one is no run (an import cut short)
+    finally:
+        run.close()
     return folder, len(rows), skipped, False
+
+
+def _claim(root: Path, name: str) -> tuple[Path, bool]:
+    """(`root/name`, made by this call: False; or an earlier import of the same file: True). The root must be this
+    user's alone (not another user's, not writable by others); the folder is made with a `mkdir` that fails when
+    the name exists, so a link or folder planted at the predictable name is refused, never written through."""
+    make_own_folder(root, "--root")
+    folder = root / name
+    fd = open_own_folder(root, "--root")
+    try:
+        os.mkdir(name, FOLDER_MODE, dir_fd=fd)
+        return folder, False
+    except FileExistsError:
+        pass
+    finally:
+        os.close(fd)
+    if imported_here(folder) and not os.path.lexists(folder / "manifest.json"):
+        return folder, False                   # ours, cut short before its manifest: written again
+    try:
+        read_manifest(folder)                  # read without following a link, checked as any run's
+        if not imported_here(folder):
+            raise BadInput("")
+    except (BadInput, OSError):
+        raise BadInput(f"{folder} exists and is not an import labkit made (a link, another user's folder or one "
+                       f"cut short); remove it and import again") from None
+    return folder, True
+
+
+def imported_here(folder: Path) -> bool:
+    """Is `folder` a real folder (not a link) of this user's alone: what `_claim` made."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
 def _page(mf: dict, rows: list[dict]) -> str:

@@ -36,9 +36,12 @@ from .units import tokens_label as _ctx
 from ..results import UNREADABLE, BadManifest, mtime_iso, effective_status, read_manifest, run_manifests
 from ..costmodel import gpu_kind
 from ..params import BadInput
+from ..atomic import read_regular_at
+from ..outdir import results_root_problem
 from .html import Page, esc
 
 INDEX_NAME = "index.html"
+NIGHTLY_CAP = 16 << 20      # bytes of a nightly's record read at most
 MIN_EARLIER = 3        # earlier quiet runs of a figure before a new value is judged against their spread
 
 
@@ -185,6 +188,16 @@ def contents(run_dir: Path, st: pd.Series) -> str:
     return f"{len(files)} {'/'.join(kinds)} result file{'s' if len(files) != 1 else ''}, no metrics table"
 
 
+def _busy(m: pd.DataFrame, mf: dict, run_dir: Path, problems: list[str]) -> str:
+    """`run_busy`, or "" (with a problem line) for a table whose columns are not the types it reads: one run's
+    strange table never stops the index of the runs beside it."""
+    try:
+        return run_busy(m, mf) if len(m) else ""
+    except Exception as ex:
+        problems.append(f"{run_dir}: metrics.parquet's step times unreadable ({type(ex).__name__}); not judged busy")
+        return ""
+
+
 def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """(runs, headline figures, problems) for every run folder under root."""
     root = Path(root)
@@ -208,7 +221,7 @@ def collect(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
             m = pd.DataFrame()
         st = m["status"] if "status" in m else pd.Series(dtype=object)
         report = run_dir / "report.html"
-        busy = run_busy(m, mf) if len(m) else ""
+        busy = _busy(m, mf, run_dir, problems)
         runs.append({"created": mf.get("created", ""), "run_id": mf.get("run_id", run_dir.name),
                      "experiment": mf.get("experiment", ""), "status": effective_status(mf, list(st)),
                      "kind": machine_kind(mf), "machine": " · ".join(x for x in (machine_label(mf), machine_cell(mf)) if x),
@@ -302,7 +315,7 @@ def _nightlies(root: Path) -> pd.DataFrame:
     rows = []
     for nj in sorted(root.glob("nightly-*/nightly.json"), reverse=True):
         try:
-            n = json.loads(nj.read_text())
+            n = json.loads(read_regular_at(None, nj, NIGHTLY_CAP))      # a regular file under the cap, no link
             entries = [e for e in n.get("entries", []) if isinstance(e, dict)]
         except Exception:            # not JSON, or not the record's shape: that night is not listed
             continue
@@ -322,6 +335,9 @@ def rebuild_index(results_root: str | Path = "results") -> Path:
         root = root.parent
     if not root.is_dir():
         raise BadInput(f"{root} is not a folder of runs")
+    why = results_root_problem(root)       # a shared folder (/tmp) or another user's gets no index of ours
+    if why:
+        raise BadInput(f"no index written in {root}: it {why}")
     runs, heads, problems = collect(root)
     page = Page(f"labkit runs — {root.resolve().name}")
     page.text(f"{len(runs)} run(s) under {root}, trends grouped by machine kind. Figures are compared only between "
