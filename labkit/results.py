@@ -469,6 +469,16 @@ def _os_why(ex: OSError) -> str:
     return ex.strerror or type(ex).__name__
 
 
+def manifest_object(path: str | Path) -> dict:
+    """A manifest.json's JSON object, unchecked against the schema, read as `read_manifest` reads it (a regular
+    file under MANIFEST_CAP, no link followed); OSError or ValueError (not JSON, not an object) otherwise. For
+    readers that take what they find (an estimate from earlier runs, a report's header)."""
+    m = json.loads(read_regular_at(None, Path(path), MANIFEST_CAP).decode("utf-8"))
+    if not isinstance(m, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return m
+
+
 def read_manifest(path: str | Path) -> dict:
     """A run folder's manifest (`path`: the folder or its manifest.json), checked against the schema;
     BadManifest (one line: the file and why) otherwise."""

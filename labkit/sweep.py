@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -234,7 +233,7 @@ def from_history(experiment: str, params: dict, roots=()) -> Estimate | None:
     for root in roots:
         for mf_path in results.run_manifests(root) if os.path.isdir(root) else []:
             try:
-                mf = json.loads(mf_path.read_text())
+                mf = results.manifest_object(mf_path)      # a FIFO, a huge file or a JSON list: passed over
             except (OSError, ValueError):
                 continue
             p = {k: v for k, v in (mf.get("parameters") or {}).items() if k not in ("out_dir",)}

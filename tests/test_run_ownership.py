@@ -359,3 +359,40 @@ def test_no_index_is_written_in_a_shared_folder(tmp_path):
     with pytest.raises(BadInput, match="mode 1777"):
         rebuild_index(shared)
     assert not (shared / "index.html").exists()
+
+
+def test_the_estimate_from_earlier_runs_passes_over_a_fifo_and_a_list(tmp_path, monkeypatch):
+    """`labkit run`'s estimate reads every earlier run's manifest under the results folder: a FIFO there neither
+    hangs it nor a JSON list stops it."""
+    from labkit import sweep
+    here = {"gpu_name": None, "cpu_model": "cpu", "cpu_count": 2}
+    monkeypatch.setattr(results, "machine_info", lambda: here)
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "manifest.json").write_text(json.dumps(
+        _manifest("good", parameters={"a": 1}, wall_s=30.0, **here)))
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "manifest.json").write_text("[1]")
+    (tmp_path / "fifo").mkdir()
+    fifo = tmp_path / "fifo" / "manifest.json"
+    os.mkfifo(fifo)
+    try:
+        done, got = _in_thread(sweep.from_history, "decode", {"a": 1}, [str(tmp_path)])
+    finally:
+        _release(fifo)
+    assert done and not isinstance(got, Exception) and got is not None and got.seconds == 30.0
+
+
+def test_resume_auto_passes_over_a_fifo_and_a_list(tmp_path, monkeypatch):
+    from labkit.experiments import trace_replay
+    monkeypatch.setattr(results, "REPO", tmp_path)
+    root = tmp_path / "results"
+    (root / "list").mkdir(parents=True)
+    (root / "list" / "manifest.json").write_text("[1]")
+    (root / "fifo").mkdir()
+    fifo = root / "fifo" / "manifest.json"
+    os.mkfifo(fifo)
+    try:
+        done, got = _in_thread(trace_replay.find_resume, {"resume": "auto"}, "trace_replay")
+    finally:
+        _release(fifo)
+    assert done and got == ""

@@ -17,7 +17,7 @@ from ..engine.drive.policies import make_policy, needs_costs
 from ..engine.drive.scheduler import Request, Scheduler, calibrate, make_lanes
 from ..engine.transfer import setting_names, settings_of
 from ..params import BadInput
-from ..results import effective_status, load_run, run_manifests
+from ..results import effective_status, load_run, manifest_object, run_manifests
 from ..serving.latency import summarize
 from ..serving.workload import trace_replay
 from ..shapes import ModelShape
@@ -63,8 +63,8 @@ def find_resume(p: dict, experiment: str) -> str:
     found = []
     for mf in run_manifests(results.REPO / "results"):     # read at call time: a test points it elsewhere
         try:
-            m = json.loads(mf.read_text())
-        except ValueError:
+            m = manifest_object(mf)          # a FIFO, a huge file or a JSON list: passed over
+        except (OSError, ValueError):
             continue
         if (m.get("experiment") == experiment and effective_status(m) != "ok"
                 and _signature(m.get("parameters", {})) == sig):

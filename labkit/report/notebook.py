@@ -18,6 +18,7 @@ import signal
 import nbformat
 
 from ..atomic import write_text
+from ..results import manifest_object
 from ..stops import measured_points, measured_words, signal_words, where_stopped
 from .assets import plotly_script
 from .gpus import SECTION_TITLE, gpu_line, gpu_section
@@ -108,7 +109,7 @@ def mark_stopped(nb, run_dir: Path) -> bool:
     lands while a module is importing chains whatever that import was trying (jsonschema's optional
     `rfc3987`, say), which reads as a missing dependency when it is not one. Returns whether it marked."""
     try:
-        mf = json.loads((run_dir / "manifest.json").read_text())
+        mf = manifest_object(run_dir / "manifest.json")
     except (OSError, ValueError):
         mf = {}
     status = mf.get("status")
@@ -168,7 +169,7 @@ def add_gpu_cells(nb, run_dir: Path) -> bool:
     (power limit of default, clocks, what held them down, peer access), and the machine section with the detail
     at the end. A manifest from before runs recorded its GPUs adds nothing. Returns whether it added."""
     try:
-        mf = json.loads((run_dir / "manifest.json").read_text())
+        mf = manifest_object(run_dir / "manifest.json")
     except (OSError, ValueError):
         return False
     line = gpu_line(mf)
