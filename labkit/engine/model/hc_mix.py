@@ -248,7 +248,7 @@ def hc_mix(hc, h: torch.Tensor, d) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     NP = NB * HC_BN_DOWN
     MB = triton.cdiv(M, _BM)
     pend = 2 if isinstance(d, Pending) else 1
-    e = d.e if pend == 2 else None
+    e = d.e.contiguous() if pend == 2 and d.e is not None else None
     inj_in, o_in, d_in = (d.inj.contiguous(), d.o.contiguous(), h) if pend == 2 else (h, h, d.contiguous())
     h = h.contiguous()
     stream = torch.empty_like(h)
