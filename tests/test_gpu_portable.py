@@ -276,8 +276,9 @@ def test_the_two_launch_hc_mix_equals_its_definition_and_pdl_changes_no_bit():
             true_y, true_inj = _mix_fp64(hcs[0], want)
             for a, b, t in ((y, want_y, true_y), (got_inj, want_inj, true_inj)):
                 assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 1e-2, M
-                # as near the fp64 definition as eager's bf16 ops are
-                assert _rel64(a, t) <= 1.25 * _rel64(b, t) + 1e-3, (M, _rel64(a, t), _rel64(b, t))
+                # as near the fp64 definition as eager's bf16 ops are, up to the outputs' own rounding to bf16 (half
+                # a step, 2^-8: the four injection logits of a row are each a coin's toss of it)
+                assert _rel64(a, t) <= 1.25 * _rel64(b, t) + 2 ** -8, (M, _rel64(a, t), _rel64(b, t))
             assert torch.equal(zero, torch.zeros_like(zero))
 
     h0 = (torch.randn(4, 4, H, generator=g, device="cuda") * scale).view(4, HH).bfloat16()
