@@ -237,14 +237,14 @@ def _rel64(a, truth):
     return ((a.double() - truth).norm() / truth.norm()).item()
 
 
-def test_the_two_launch_hc_mix_equals_its_definition_and_pdl_changes_no_bit():
+def test_the_two_launch_hc_mix_equals_its_definition_in_a_graph():
     """`hc_mix` at the published widths (hidden 2,560, four copies, rank 320), one, four and sixteen rows, the
     injection pending with and without n-gram rows and a tensor to add: the stream within a bf16 step of eager's, the
-    sub-block's input and the injection logits within bf16's step of the definition
-    (`HyperConnection.mix`) and as near its fp64 form as eager's bf16 ops are, the pair's zero; a chain of mixes (each taking the last one's output as its sub-block's)
-    replayed from a CUDA graph with programmatic dependent launch gives the bits of the same chain without it and of
-    the chain run eagerly: no kernel reads what the one before has not written. Copies at different scales, so a
-    copy normed with another's 1/rms is caught; outputs poisoned first."""
+    sub-block's input and the injection logits within bf16's step of the definition (`HyperConnection.mix`) and as
+    near its fp64 form as eager's bf16 ops are, the pair's zero; a chain of mixes (each taking the last one's output
+    as its sub-block's) replayed from a CUDA graph gives the bits of the chain run eagerly (with programmatic
+    dependent launch too where `HC_PDL` is on). Copies at different scales, so a copy normed with another's 1/rms is
+    caught; outputs poisoned first."""
     from labkit.engine.model import hc_mix as X
     from labkit.engine.model.layers import HyperConnection
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -310,7 +310,46 @@ def test_the_two_launch_hc_mix_equals_its_definition_and_pdl_changes_no_bit():
         base = run(M, False, graph=False)
         assert torch.isfinite(base).all()
         assert torch.equal(run(M, False), base), "the graph differs"
-        assert torch.equal(run(M, True), base), "the PDL chain differs"
+        if X.HC_PDL:
+            assert torch.equal(run(M, True), base), "the PDL chain differs"
+
+
+@pytest.mark.xfail(reason="on an H100 the chain replayed with programmatic dependent launch gave other bits than "
+                          "without it (a read before the kernel before has written, not found yet): hc_mix.HC_PDL is "
+                          "off until it is", strict=False)
+def test_the_two_launch_hc_mix_chain_with_pdl_gives_the_bits_without():
+    """A chain of mixes replayed from a CUDA graph with programmatic dependent launch (each mix's weights read before
+    the wait on the kernel before) against the same chain without it: the same bits where no kernel reads what the
+    one before has not written."""
+    from labkit.engine.model import hc_mix as X
+    from labkit.engine.model.layers import HyperConnection
+    g = torch.Generator(device="cuda").manual_seed(4)
+    hcs = [HyperConnection(REF, g, torch.bfloat16, "cuda") for _ in range(3)]
+    H = REF.hidden
+    h0 = torch.randn(4, 4 * H, generator=g, device="cuda").bfloat16()
+    d0 = X.Pending(*(torch.randn(4, n, generator=g, device="cuda").bfloat16() for n in (4, H, H)))
+
+    def run(M, pdl):
+        saved, X.HC_PDL = X.HC_PDL, pdl
+        try:
+            def chain():
+                h, d = h0[:M], X.Pending(*(t[:M] for t in d0))
+                for hc in hcs:
+                    h, y, _, inj = X.hc_mix(hc, h, d)
+                    d = X.Pending(inj, y)
+                return torch.cat([h, d.dense(), y], 1)
+            chain()
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                out = chain()
+            out.fill_(float("nan"))
+            cg.replay()
+            torch.cuda.synchronize()
+            return out.clone()
+        finally:
+            X.HC_PDL = saved
+    for M in (1, 4):
+        assert torch.equal(run(M, True), run(M, False)), M
 
 
 def test_decode_with_the_two_launch_hc_mix_stays_near_eager():
