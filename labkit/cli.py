@@ -59,6 +59,7 @@ report_index = lazy.module(".report.index", __package__)
 report_notebook = lazy.module(".report.notebook", __package__)
 readme_tables = lazy.module(".docs.readme_tables", __package__)
 docs_runs = lazy.module(".docs.runs", __package__)
+serve_cli = lazy.module(".serving.serve_cli", __package__)     # itself light: checks options before torch is imported
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -497,7 +498,6 @@ def cmd_lab(a) -> int:
 
 
 def cmd_serve(a) -> int:
-    from .serving import serve_cli      # its options are checked before torch is imported
     return serve_cli.cmd_serve(a)
 
 
@@ -686,8 +686,7 @@ def _add_serve(sub) -> None:
     s.add_argument("--keep-records", type=int, default=1000,
                    help="finished requests and decode rounds GET /stats keeps (the newest; totals cover all) [default 1000]")
     s.set_defaults(fn=cmd_serve)
-    from .serving.serve_cli import one_line_errors
-    one_line_errors(s)                  # `--port abc`: one line, as every other bad option of serve
+    serve_cli.one_line_errors(s)        # `--port abc`: one line, as every other bad option of serve
 
 
 def _add_shapes_and_docs(sub) -> None:

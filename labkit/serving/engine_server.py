@@ -264,6 +264,32 @@ def _prompt_bound(body: dict, chat: bool, text: TokenText) -> int:
     return text.at_least(prompt) if isinstance(prompt, str) else len(prompt) if isinstance(prompt, list) else 0
 
 
+def _body_reader(max_body_bytes: int, capacity: int, text: TokenText, model_name: str):
+    """`read(http)`: a request's body as (body, None), or (None, the error response): larger than
+    `max_body_bytes` (413), not a JSON object, a string that is not valid Unicode or cannot fit the context, a
+    model that is not this server's (404, as vLLM answers)."""
+    async def read(http):
+        try:
+            body, why = await _json_body(http, max_body_bytes)
+        except BodyTooLarge as ex:
+            return None, _error(413, str(ex), "RequestEntityTooLarge")
+        if why or not isinstance(body, dict):
+            return None, _error(400, why or "body must be a JSON object")
+        try:
+            check_text(body, capacity, text)      # every string, whatever its field: before anything reads it
+        except BadInput as ex:
+            return None, _error(400, str(ex))
+        asked = body.get("model")
+        if asked is not None and not isinstance(asked, str):
+            return None, _error(400, "model must be a string", param="model")
+        if asked is not None and asked != model_name:       # vLLM: 404 for a model it does not serve
+            shown = asked if len(asked) <= 200 else asked[:200] + "...[truncated]"     # as vLLM cuts what it echoes
+            return None, _error(404, f"The model `{shown}` does not exist. Valid aliases: {model_name}",
+                                "NotFoundError", "model")
+        return body, None
+    return read
+
+
 def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | None = None,
                max_body_bytes: int = MAX_BODY_MIB << 20):
     # FastAPI is the optional `serve` extra
@@ -286,26 +312,7 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
     async def version():
         return {"version": __version__}
 
-    async def _body(http):
-        try:
-            body, why = await _json_body(http, max_body_bytes)
-        except BodyTooLarge as ex:
-            return None, _error(413, str(ex), "RequestEntityTooLarge")
-        if why or not isinstance(body, dict):
-            return None, _error(400, why or "body must be a JSON object")
-        try:
-            check_text(body, capacity, text)      # every string, whatever its field: before anything reads it
-        except BadInput as ex:
-            return None, _error(400, str(ex))
-        asked = body.get("model")
-        if asked is not None and not isinstance(asked, str):
-            return None, _error(400, "model must be a string", param="model")
-        if asked is not None and asked != model_name:       # vLLM: 404 for a model it does not serve
-            shown = asked if len(asked) <= 200 else asked[:200] + "...[truncated]"     # as vLLM cuts what it echoes
-            return None, _error(404, f"The model `{shown}` does not exist. Valid aliases: {model_name}",
-                                "NotFoundError", "model")
-        return body, None
-
+    _body = _body_reader(max_body_bytes, capacity, text, model_name)
     _token_routes(app, _body, text, capacity, vocab)
     _info_routes(app, loop, metrics, model_name, capacity, started)
 

@@ -25,8 +25,19 @@ import sys
 import threading
 import time
 
-from ..params import BadInput
-from .. import stops
+from ..params import BadInput, gib, resolve_device
+from .. import lazy, stops
+
+# Imported when first used, after every option that needs nothing imported is checked (check_words): a mistyped
+# number answers before torch is (tests/test_serve_cli.py). uvicorn and FastAPI are the optional `serve` extra.
+torch = lazy.module("torch")
+psutil = lazy.module("psutil")
+uvicorn = lazy.module("uvicorn")
+tokentext = lazy.module(".tokentext", __package__)
+engine_server = lazy.module(".engine_server", __package__)
+shapes = lazy.module("..shapes", __package__)
+scheduler = lazy.module("..engine.drive.scheduler", __package__)
+transfer_base = lazy.module("..engine.transfer.base", __package__)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")      # uvicorn's
@@ -81,10 +92,9 @@ def check_words(args) -> None:
     for option, v in (("--switching", args.switching), ("--overflow", args.overflow)):
         if v not in ("on", "off"):
             raise BadInput(f"{option} must be on or off, got {v!r}")
-    from .tokentext import TOKENIZERS
-    if args.tokenizer not in ("auto", "none", *TOKENIZERS):
+    if args.tokenizer not in ("auto", "none", *tokentext.TOKENIZERS):
         raise BadInput(f"--tokenizer: unknown tokenizer {args.tokenizer!r}: choose auto, none or one of "
-                       f"{', '.join(TOKENIZERS)}")
+                       f"{', '.join(tokentext.TOKENIZERS)}")
     if args.log_level not in LOG_LEVELS:
         raise BadInput(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
     name = args.model_name
@@ -99,19 +109,15 @@ def check_words(args) -> None:
 def check_engine(args):
     """The options the engine reads, checked before it is built: the shape (returned), the placement policy, the
     device, the offload lane's strategy, and whether the slots' KV cache can fit where it would live."""
-    from ..shapes import ModelShape
     try:
-        shape = ModelShape.from_name(args.shape)
+        shape = shapes.ModelShape.from_name(args.shape)
     except (ValueError, TypeError, OSError) as ex:      # a .json shape file that is not one: one line
         raise BadInput(f"--shape: {ex}") from None
-    from ..engine.drive.scheduler import Costs, parse_policy
-    from ..engine.transfer.base import STRATEGIES
-    from ..params import resolve_device
-    parse_policy(args.policy, Costs(0, 0, 0))
+    scheduler.parse_policy(args.policy, scheduler.Costs(0, 0, 0))
     device = resolve_device(args.device)
-    if args.offload_slots and args.strategy not in STRATEGIES:
+    if args.offload_slots and args.strategy not in transfer_base.STRATEGIES:
         raise BadInput(f"--strategy {args.strategy!r} is not a transfer strategy: choose one of "
-                       f"{', '.join(STRATEGIES)}")
+                       f"{', '.join(transfer_base.STRATEGIES)}")
     _check_memory(args, shape, device)
     return shape
 
@@ -120,12 +126,9 @@ def _check_memory(args, shape, device) -> None:
     """The KV cache of every slot (capacity rounded up to whole pages), where it lives: the resident lane's on the
     device, the offload lane's in host RAM. Only a lower bound of what the engine allocates: refused here is
     what could never be allocated, in one line instead of an out-of-memory traceback."""
-    import psutil
-    from ..params import gib
     per_slot = -(-args.capacity // args.page_size) * args.page_size * shape.kv_bytes_per_token()
     ram = psutil.virtual_memory().total
     if device.type == "cuda":
-        import torch
         gpu = torch.cuda.get_device_properties(device).total_memory
         places = [("resident", args.resident_slots, str(device), gpu), ("offload", args.offload_slots, "host RAM", ram)]
     else:
@@ -187,7 +190,7 @@ class StopOnSignals:
 
 def _text(tokenizer: str, vocab: int):
     """How string prompts become tokens: SmolLM2's tokenizer where asked (or, for auto, where installed)."""
-    from .tokentext import TokenText
+    TokenText = tokentext.TokenText
     if tokenizer == "auto":             # SmolLM2's where the lab's model package is installed, else none
         try:
             return TokenText("smollm2-135m", vocab)
@@ -208,11 +211,10 @@ def cmd_serve(args) -> int:
             shape = check_engine(args)
             check_port(args.host, args.port)
             text = _text(args.tokenizer, shape.vocab)
-            # uvicorn is the optional `serve` extra
-            import uvicorn
-            from .engine_server import build, create_app
-            loop = build(args).start()
-            app = create_app(loop, args.model_name, text, max_body_bytes=int(args.max_body_mib * 2**20))
+            # uvicorn is the optional `serve` extra: without it, this line fails, before the model is built
+            Server, Config = uvicorn.Server, uvicorn.Config
+            loop = engine_server.build(args).start()
+            app = engine_server.create_app(loop, args.model_name, text, max_body_bytes=int(args.max_body_mib * 2**20))
             print(f"labkit serve: shape {args.shape} with seeded random weights (seed {args.seed}), not a trained "
                   "model: the engine's speed and protocol are real, its replies are random tokens; "
                   f"lanes {', '.join(f'{n}={l.cache.n_slots} slots' for n, l in loop.sched.lanes.items())}, "
@@ -220,8 +222,7 @@ def cmd_serve(args) -> int:
                   f"http://{args.host}:{args.port}/v1/completions and /v1/chat/completions, /metrics; "
                   "Ctrl-C stops it", flush=True)
             # uvicorn.Server, not uvicorn.run: run() swallows the Ctrl-C that ends the server
-            signals.server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                                           log_level=args.log_level))
+            signals.server = Server(Config(app, host=args.host, port=args.port, log_level=args.log_level))
             signals.server.run()
         except Stopped as ex:
             n = loop.requests.seen if loop is not None else None
