@@ -162,7 +162,8 @@ def run_job(job: dict, tracker) -> dict:
     info["folder_on_node"] = str(folder)
     started = time.time()
     ray.get(tracker.started.remote(job["key"], job["attempt"], info))
-    env = {**os.environ, "LABKIT_PLAIN_PROGRESS": "1"}
+    env = dict(os.environ)
+    env["LABKIT_PLAIN_PROGRESS"] = "1"                   # the child's bars as plain lines in node-output.txt
     if envs.get("LABKIT_NODE_KIND"):      # a labkit node: the box's own thread count, not Ray's one per worker
         omp = envs.get("LABKIT_NODE_OMP_NUM_THREADS")
         env.pop("OMP_NUM_THREADS", None) if not omp else env.update(OMP_NUM_THREADS=omp)

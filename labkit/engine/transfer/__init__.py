@@ -11,7 +11,7 @@
 | block_dma   | block_dma.py   | host   | batched DMA, a copy per run of consecutive rows                  |
 
 `base.py` holds the interface and the registry. A strategy defined outside the package registers itself
-with `@register`; naming its file in the environment variable `LABKIT_STRATEGIES` (paths separated by
+with `@register`; naming its file in `LABKIT_STRATEGIES` (a variable of the shell, paths separated by
 `os.pathsep`) loads it in every process that imports this package, so it reaches a notebook's kernel too.
 """
 from __future__ import annotations
