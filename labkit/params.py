@@ -130,25 +130,8 @@ DEVICE = Param("device", "str", "auto", "auto, cpu, cuda, cuda:N")
 SEED = Param("seed", "int", 0, "weights and cache contents")
 SHAPE = Param("shape", "str", "auto", "model shape (auto: qwen3.8-flash-next on CUDA, tiny on CPU)",
               auto={"cuda": "qwen3.8-flash-next", "cpu": "tiny"})
-# How a shape's model is held and routed (`engine.HybridModel`): every experiment that builds one takes them.
-MODEL_PARAMS = [
-    Param("weights_dtype", "str", "auto", "weights: bf16, or w4a16 (4-bit, group 128, bf16 activations, as the "
-          "public RTX 3090 checkpoint); auto: bf16 where the whole model fits the device, else w4a16 (with fewer "
-          "expert banks where even that does not fit)", choices=("auto", "bf16", "w4a16")),
-    Param("expert_banks", "int", 0, "layers whose routed experts the device holds, the others sharing them (same "
-          "bytes a step, less memory); 0: every layer where they fit, else as many as fit", ge=0),
-    Param("routing", "str", "router", "expert routing: router (the seeded router, near uniform), zipf:S "
-          "(expert popularity ~ 1/rank^S, seeded per layer), file:PATH (recorded expert frequencies, JSON)"),
-    Param("ngram_table_gib", "float", 4.0, "the n-gram embedding's table in host RAM (GiB; the published one "
-          "is ~49): its rows cross the host link each step whatever its size", gt=0),
-]
-
-
-def model_kwargs(p: Mapping[str, Any]) -> dict:
-    """HybridModel's keyword arguments from a plan's model parameters (defaults where a plan has none)."""
-    d = {q.name: q.default for q in MODEL_PARAMS} | {k: p[k] for k in (q.name for q in MODEL_PARAMS) if k in p}
-    return {"weights_dtype": d["weights_dtype"], "expert_banks": d["expert_banks"] or None,
-            "routing": d["routing"], "ngram_table_bytes": int(d["ngram_table_gib"] * 2**30)}
+# How a shape's model is held and routed (`MODEL_PARAMS`, `model_kwargs`) lives in `shapes.py`, beside the
+# weight storages it names.
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")

@@ -17,14 +17,52 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
-from .params import BadInput
+from .params import BadInput, Param
 
 BF16_BYTES = 2
 W4_GROUP = 128             # W4A16: one scale and one zero per 128 weights along K
 # bytes a weight takes, per storage: W4A16 is 4 bits + (bf16 scale + 4-bit zero) / 128 (AWQ's layout)
 WEIGHT_BYTES = {"bf16": 2.0, "w4a16": 0.5 + (2 + 0.5) / W4_GROUP}
+# The one spelling of the ways a model's weights are held: the `weights_dtype` parameter's choices, the holding
+# rule's (`engine.model.hybrid.resolve_holding`) and the cost model's all read these.
 WEIGHT_DTYPES = tuple(WEIGHT_BYTES)
+WEIGHTS_DTYPE_CHOICES = ("auto", *WEIGHT_DTYPES)    # "auto": the holding rule decides per device
+
+
+def check_weights_dtype(weights_dtype: str, auto: bool = False) -> None:
+    """A ValueError naming the choices unless `weights_dtype` is one of `WEIGHT_DTYPES` (or "auto" with `auto`)."""
+    choices = WEIGHTS_DTYPE_CHOICES if auto else WEIGHT_DTYPES
+    if weights_dtype not in choices:
+        raise ValueError(f"unknown weights_dtype {weights_dtype!r}: choose from {', '.join(choices)}")
+
+
+def held_quantised(weights_dtype: str, K: int) -> bool:
+    """Whether a quantisable matrix of fan-in `K` is held 4-bit: under "w4a16" where K is a multiple of its
+    group (else bf16: tiny shapes only; the reference shape's are all multiples of 128)."""
+    return weights_dtype == "w4a16" and K % W4_GROUP == 0
+
+
+# How a shape's model is held and routed (`engine.HybridModel`): every experiment that builds one takes them.
+MODEL_PARAMS = [
+    Param("weights_dtype", "str", "auto", "weights: bf16, or w4a16 (4-bit, group 128, bf16 activations, as the "
+          "public RTX 3090 checkpoint); auto: bf16 where the whole model fits the device, else w4a16 (with fewer "
+          "expert banks where even that does not fit)", choices=WEIGHTS_DTYPE_CHOICES),
+    Param("expert_banks", "int", 0, "layers whose routed experts the device holds, the others sharing them (same "
+          "bytes a step, less memory); 0: every layer where they fit, else as many as fit", ge=0),
+    Param("routing", "str", "router", "expert routing: router (the seeded router, near uniform), zipf:S "
+          "(expert popularity ~ 1/rank^S, seeded per layer), file:PATH (recorded expert frequencies, JSON)"),
+    Param("ngram_table_gib", "float", 4.0, "the n-gram embedding's table in host RAM (GiB; the published one "
+          "is ~49): its rows cross the host link each step whatever its size", gt=0),
+]
+
+
+def model_kwargs(p: Mapping[str, Any]) -> dict:
+    """HybridModel's keyword arguments from a plan's model parameters (defaults where a plan has none)."""
+    d = {q.name: q.default for q in MODEL_PARAMS} | {k: p[k] for k in (q.name for q in MODEL_PARAMS) if k in p}
+    return {"weights_dtype": d["weights_dtype"], "expert_banks": d["expert_banks"] or None,
+            "routing": d["routing"], "ngram_table_bytes": int(d["ngram_table_gib"] * 2**30)}
 
 
 # rows the reference model's indexer keeps per QSA layer and request (its top-k): every experiment's budget
@@ -187,15 +225,17 @@ class ModelShape:
 
     def weight_bytes(self, weights_dtype: str = "bf16") -> int:
         """Bytes every weight takes (all experts; the embedding in bf16)."""
-        return int(sum(K * N * c * self._bytes_per_weight(name, weights_dtype, K)
+        return int(sum(K * N * c * self.bytes_per_weight(name, weights_dtype, K)
                        for name, (K, N, c) in self.weight_matrices().items()) + self.vocab * self.hidden * BF16_BYTES)
 
-    def _bytes_per_weight(self, name: str, weights_dtype: str, K: int) -> float:
-        """A quantised matrix's bytes a weight; one whose K is no multiple of the group stays bf16 (tiny
-        shapes only: the reference shape's are all multiples of 128)."""
-        if weights_dtype not in WEIGHT_BYTES:
-            raise ValueError(f"unknown weights_dtype {weights_dtype!r}: choose from {', '.join(WEIGHT_DTYPES)}")
+    def bytes_per_weight(self, name: str, weights_dtype: str, K: int) -> float:
+        """Bytes a weight of matrix `name` (fan-in `K`, `weight_matrices`' names) takes held as `weights_dtype`:
+        a quantised matrix's under "w4a16" (`held_quantised`), else bf16's."""
+        check_weights_dtype(weights_dtype)
         return WEIGHT_BYTES[weights_dtype] if name in self.QUANTISED and K % W4_GROUP == 0 else BF16_BYTES
+
+    # deprecated: the public `bytes_per_weight`, kept under its old name for callers not yet moved
+    _bytes_per_weight = bytes_per_weight
 
     def expected_experts(self, concurrency: int) -> float:
         """Distinct routed experts a layer reads at a decode step of `concurrency` requests whose tokens choose
@@ -213,7 +253,7 @@ class ModelShape:
         mats = self.weight_matrices(routed="per_token")
         parts = {"dense": 0.0, "experts": 0.0, "hc": 0.0, "head": 0.0}
         for name, (K, N, c) in mats.items():
-            b = K * N * self._bytes_per_weight(name, weights_dtype, K)
+            b = K * N * self.bytes_per_weight(name, weights_dtype, K)
             if name in ("moe.w_gu", "moe.w_d"):
                 per_layer = self.expected_experts(concurrency) if experts_read is None else experts_read
                 parts["experts"] += b * per_layer * self.layers

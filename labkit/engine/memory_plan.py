@@ -71,10 +71,10 @@ def block_weight_bytes(s: ModelShape, index: int, weights_dtype: str) -> int:
     n = 0.0
     for name in mine:
         K, N, _ = mats[name]
-        n += K * N * s._bytes_per_weight(name, weights_dtype, K)
+        n += K * N * s.bytes_per_weight(name, weights_dtype, K)
     for name in per_layer:
         K, N, c = mats[name]
-        n += K * N * (c / s.layers) * s._bytes_per_weight(name, weights_dtype, K)
+        n += K * N * (c / s.layers) * s.bytes_per_weight(name, weights_dtype, K)
     # norms (two per block, the QSA q/k norms, the DeltaNet gate params and conv) and the HC norms: small
     small = 2 * s.hidden + (2 * s.head_dim if qsa else s.dn_head_dim + 2 * s.dn_v_heads
                             + (2 * s.dn_k_heads * s.dn_head_dim + s.dn_v_heads * s.dn_head_dim) * s.dn_conv)

@@ -25,8 +25,8 @@ from ..engine.drive.runner import DecodeRunner
 from ..engine.model.cache import build_on_devices
 from ..engine.model.trace_replay import load_selection_trace
 from ..engine.transfer import setting_names
-from ..params import gib, model_kwargs
-from ..shapes import ModelShape
+from ..params import gib
+from ..shapes import ModelShape, model_kwargs
 from ..stats import spread
 from ..telemetry import Sampler
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...shapes import W4_GROUP, ModelShape
+from ...shapes import ModelShape, held_quantised
 from .gemv import matmul, silu_glu
 from .grouped_gemv import Groups, grouped
 from .arch import HAVE_TRITON, kernels_run
@@ -169,7 +169,7 @@ def route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def make_experts(gen, n: int, K: int, N: int, dtype, device, weights_dtype: str):
     """`n` experts' K-major weights [n, N, K]: bf16 (seeded, N(0, 1/K)) or W4A16 (where K is a multiple of its
     group)."""
-    if weights_dtype == "w4a16" and K % W4_GROUP == 0:
+    if held_quantised(weights_dtype, K):
         return QuantWeight.random(gen, K, N, experts=n, device=device)
     w = torch.empty((n, N, K), dtype=dtype, device=device)
     for i in range(n):      # one expert at a time: the fp32 draw of all of them would be twice their size

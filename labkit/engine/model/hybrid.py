@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ... import envs
-from ...shapes import ModelShape
+from ...shapes import ModelShape, check_weights_dtype
 from .attention import sparse_decode_attention
 from .experts import MoE
 from . import hc_mix
@@ -138,8 +138,7 @@ def resolve_holding(s: ModelShape, device: torch.device, weights_dtype: str, ban
     fits the device less `HOLDING_RESERVE`, else W4A16 (with as many expert banks as fit where even that does not
     fit whole: a card of the reference box's size, whose owners run the W4A16 checkpoint); explicit values kept
     (banks at most the layers). Off CUDA every shape is held whole."""
-    if weights_dtype not in ("auto", "bf16", "w4a16"):
-        raise ValueError(f"unknown weights_dtype {weights_dtype!r}: choose from auto, bf16, w4a16")
+    check_weights_dtype(weights_dtype, auto=True)
     if not s.moe:
         return ("bf16" if weights_dtype == "auto" else weights_dtype), 0
     layers = layers or s.layers

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import envs
-from ...shapes import W4_GROUP, ModelShape, aligned_width
+from ...shapes import ModelShape, aligned_width, held_quantised
 from .deltanet_prefill import causal_conv_silu_reference, scan_fla
 from .deltanet_step import delta_step_reference
 from .gemv import matmul, silu_glu
@@ -43,7 +43,7 @@ def make_weight(gen: torch.Generator, fan_in: int, fan_out: int, dtype, device, 
     width so that both layouts hold the same matrices. `k_major`: the layout (default `K_MAJOR`).
     `weights_dtype="w4a16"`: a `quant.QuantWeight` of the same shape (K-major, packed), where fan_in is a multiple
     of its group (else bf16: tiny shapes only)."""
-    if weights_dtype == "w4a16" and fan_in % W4_GROUP == 0:
+    if held_quantised(weights_dtype, fan_in):
         n = aligned_width(fan_out) if pad else fan_out
         return QuantWeight.random(gen, fan_in, n, device=device)
     ld = aligned_width(fan_out) if pad else fan_out

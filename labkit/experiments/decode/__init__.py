@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from ... import envs
 from ...engine.transfer import STRATEGIES, strategy_params
-from ...params import DEVICE, MODEL_PARAMS, OUT_DIR, SEED, SHAPE, Param, Plan
-from ...shapes import REFERENCE_BUDGET
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...shapes import MODEL_PARAMS, REFERENCE_BUDGET
 from ... import lazy
 from .. import planner
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ... import lazy
 from ... import envs
-from ...params import DEVICE, MODEL_PARAMS, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...shapes import MODEL_PARAMS
 from .. import planner
 
 NAME = "prefill"

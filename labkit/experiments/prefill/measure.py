@@ -44,8 +44,8 @@ from ...engine.model.attention import prefill_kernel
 from ...engine.model.layers import dn_prefill_kernel
 from ...engine.model.prefill_marks import PHASES, PrefillMarks
 from ...results import Run
-from ...shapes import ModelShape, planned_shape
-from ...params import BadInput, check_positive, fill_auto, model_kwargs, resolve_device
+from ...shapes import ModelShape, model_kwargs, planned_shape
+from ...params import BadInput, check_positive, fill_auto, resolve_device
 from ... import sweep
 from ...sweep import sync
 from . import SPEC

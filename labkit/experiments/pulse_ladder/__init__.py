@@ -25,8 +25,8 @@ published setup, is in `labkit.experiments.pulse_ladder.measure` and docs/pulsei
 from __future__ import annotations
 
 from ...engine.transfer import strategy_params
-from ...shapes import REFERENCE_BUDGET
-from ...params import DEVICE, MODEL_PARAMS, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...shapes import MODEL_PARAMS, REFERENCE_BUDGET
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from ... import lazy
 from .. import planner
 from ..replay_params import DEADLINE, PAGING, RATE, RESUME, TPOT_SLO, TRACE

@@ -91,9 +91,9 @@ from ... import envs, sweep
 from ...engine.drive.policies import check_policy, fitted_name
 from ...engine.model.hybrid import HybridModel
 from ...engine.transfer import STRATEGIES, get_strategy, setting_names
-from ...params import BadInput, fill_auto, model_kwargs, resolve_device
+from ...params import BadInput, fill_auto, resolve_device
 from ...serving.workload import load_trace
-from ...shapes import ModelShape
+from ...shapes import ModelShape, model_kwargs
 from ...stats import bootstrap
 from .. import trace_windows as W
 from ..trace_windows import candidates, window_bounds
