@@ -361,22 +361,29 @@ def cmd_predict(a) -> int:
     m, mf = run.metrics, run.manifest
     host = (mf.get("host_memory_bandwidth") or {}).get("copy_all_gbps")      # CPU-staged gathers' bound (labkit.hostmem)
     how = _predict_how(a, run, host)
-    tab = costmodel.predict_table(m, shape, source, target, a.gpus, contexts=contexts, concurrency=conc,
-                                  host_gbps=host, **how)
+    # a tensor split's all-reduce latency, unless measured (the option, or the calibration's): the band's two ends
+    band = (costmodel.ALLREDUCE_BAND_US if a.split == "tensor" and a.gpus > 1
+            and costmodel.measured_allreduce_us(how.get("allreduce_us"), how.get("calibration")) is None else None)
+    tabs = [costmodel.predict_table(m, shape, source, target, a.gpus, contexts=contexts, concurrency=conc,
+                                    host_gbps=host, **how, **({"allreduce_us": x} if band else {}))
+            .assign(allreduce_us=x if band else None) for x in (band or (None,))]
     err = costmodel.validate(m, shape, source, host_gbps=host)
     if a.json:
         rows = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
-                for r in tab.to_dict("records")]      # a point that does not fit: null, not NaN (which JSON has not)
+                for t in tabs for r in t.to_dict("records")]   # a point that does not fit: null, not NaN (not JSON)
         print(json.dumps({"run": mf.get("run_id"), "shape": shape.name, "prediction": rows,
+                          "allreduce_us_band": list(band) if band else None,
                           "validation_on_source": err.to_dict("records")}, indent=1, default=str))
         return 0
-    _print_prediction(a, tab, err, target, source, shape, mf)
+    _print_prediction(a, tabs, err, target, source, shape, mf, band)
     return 0
 
 
-def _print_prediction(a, tab, err, target, source, shape, mf) -> None:
+def _print_prediction(a, tabs, err, target, source, shape, mf, band=None) -> None:
     """The table `labkit predict` prints: one line of what it is, one row per point, each point that does not fit
-    the card's memory said so, then the reasoning at the largest context and the check on the source run."""
+    the card's memory said so, then the reasoning at the largest context and the check on the source run. `band`:
+    the all-reduce latencies of `tabs`' two tables (an unmeasured tensor split): each figure as the band's lo–hi."""
+    tab = tabs[0]
     split = "" if a.gpus == 1 else (", each layer split over them" if a.split == "tensor" else ", layers in stages")
     held = a.weights_dtype or (mf.get("parameters") or {}).get("weights_dtype") or "bf16"
     named = "" if a.run_dir else " (docs/runs.toml's reference run: the published shape)"
@@ -387,8 +394,13 @@ def _print_prediction(a, tab, err, target, source, shape, mf) -> None:
     show = tab[cols].round(2).astype(object)
     show["context_len"] = [tokens_label(v) for v in tab["context_len"]]
     for c in ("predicted_step_ms", "predicted_tok_s"):      # a point whose memory exceeds the GPU: said, not NaN
-        show[c] = [f"{v:.2f}" if fits else "does not fit" for v, fits in zip(tab[c], tab["fits"])]
+        show[c] = ["–".join(f"{t[c].iloc[i]:.2f}" for t in tabs) if fits else "does not fit"
+                   for i, fits in enumerate(tab["fits"])]
     print(show.to_string(index=False))
+    if band:
+        print(f"\nall-reduce latency unmeasured: each step and tok/s is the band over {band[0]:g}–{band[1]:g} µs an "
+              f"all-reduce (lo–hi); a measured one (--allreduce-us, or allreduce_us in the --calibration JSON) "
+              f"replaces the band")
     usable = target.memory_gib - costmodel.MEMORY_RESERVE_GIB
     if not tab["fits"].all():
         print(f"\n'does not fit': the point needs more than the {usable:.1f} GiB usable of each card's "
@@ -595,11 +607,11 @@ def _add_reading(sub) -> None:
                     help="how the GPUs share the model: layers (stages in turn) or tensor (every layer sharded, "
                          "two all-reduces a layer) [default layers]")
     pr.add_argument("--allreduce-us", type=float, default=None,
-                    help="one all-reduce's latency between your cards in µs (tensor split; default: the model's "
-                         "assumption, 30)")
+                    help="one all-reduce's measured latency between your cards in µs (tensor split; without it, "
+                         "or allreduce_us in the --calibration JSON, the prediction is the band over 10–100 µs)")
     pr.add_argument("--calibration", help="rates measured on the target card: a calibration JSON (gpu_name, "
-                    "hbm_read_gbps, link_gbps) or a decode run folder made there (its probe rows); the run's own "
-                    "probe calibrates the source")
+                    "hbm_read_gbps, link_gbps, optionally allreduce_us) or a decode run folder made there (its "
+                    "probe rows); the run's own probe calibrates the source")
     pr.add_argument("--weights-dtype", choices=("bf16", "w4a16"), help="predict the model held in these weights")
     pr.add_argument("--host-gbps", type=float, help="the target box's host RAM copy bandwidth (GB/s, all cores, as "
                     "`labkit run probe` measures it there): scales CPU-staged gathers (default: this run's host)")

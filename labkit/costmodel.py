@@ -56,8 +56,11 @@ HANDOFF_MS = 0.02            # one activation hand-off between stages (a few KiB
 # An all-reduce of a few KiB among cards on PCIe without NVLink is latency-bound: NCCL's ring over PCIe (through
 # host memory where peer-to-peer is off, as on GeForce cards) takes tens of microseconds. Not measured here (the
 # lab's GPUs are one per machine): an assumption, given with the predictions that use it, which a box's owner
-# replaces with their own measurement (`--allreduce-us`, e.g. from nccl-tests' all_reduce_perf at 16 KB).
+# replaces with their own measurement (`--allreduce-us`, or a calibration's `allreduce_us`, e.g. from nccl-tests'
+# all_reduce_perf at 16 KB). Without one, a tensor-parallel prediction is given over `ALLREDUCE_BAND_US`, not at one
+# value: `ALLREDUCE_US` is only the value inside the band a single-number call falls back on.
 ALLREDUCE_US = 30.0
+ALLREDUCE_BAND_US = (10.0, 100.0)
 MEMORY_RESERVE_GIB = 1.5     # CUDA context, workspaces, graphs
 
 
@@ -270,7 +273,7 @@ class CostModel:
 
     def predict(self, target: GPU, context_len: int, concurrency: int, budget: int, n_gpus: int = 1,
                 link_scale: float | None = None, split: str = "layers", calibration: "Calibration | None" = None,
-                source_calibration: "Calibration | None" = None, allreduce_us: float = ALLREDUCE_US,
+                source_calibration: "Calibration | None" = None, allreduce_us: float | None = None,
                 weights_dtype: str | None = None, host_scale: float | None = None) -> Prediction:
         """`link_scale`: the host link's rate as a multiple of the source's measured one (an emulated or
         measured link), in place of the spec ratio of the two GPUs' links. `calibration` /
@@ -278,11 +281,15 @@ class CostModel:
         place of the datasheets'. `split` over `n_gpus`: "layers" (stages one after another at a step, a
         hand-off between them) or "tensor" (every layer's weights 1/n on each card, which read them at once;
         the KV rows of a card's KV heads; two all-reduces of the block's output a layer over the cards' links,
-        `allreduce_us` each plus the ring's bytes). `weights_dtype`: predict the model held otherwise. `host_scale`:
-        the target host's measured RAM bandwidth over this one's (a CPU-staged gather's scale; 1: the same host)."""
+        `allreduce_us` each plus the ring's bytes; without it the target calibration's measured `allreduce_us`, else
+        the unmeasured `ALLREDUCE_US`: see `measured_allreduce_us`). `weights_dtype`: predict the model held
+        otherwise. `host_scale`: the target host's measured RAM bandwidth over this one's (a CPU-staged gather's
+        scale; 1: the same host)."""
         if split not in ("layers", "tensor"):
             raise ValueError(f"unknown split {split!r}: layers or tensor")
         wd = weights_dtype or self.weights_dtype
+        allreduce_us = measured_allreduce_us(allreduce_us, calibration)
+        allreduce_us = ALLREDUCE_US if allreduce_us is None else allreduce_us
         by = phase_bytes(self.shape, self.strategy, context_len, concurrency, budget, wd)
         tp = n_gpus if split == "tensor" else 1
         shards = {ph: tp for ph in ("weights", "deltanet", "experts", "hc", "head")}
@@ -336,6 +343,15 @@ class CostModel:
 
 
 
+def measured_allreduce_us(given: float | None = None, calibration: "Calibration | None" = None) -> float | None:
+    """The all-reduce latency a prediction may take as measured: the one given (`--allreduce-us`), else the target
+    calibration's `allreduce_us` (a probe's NCCL all-reduce at a step's size); None when neither is: the caller then
+    reports the band `ALLREDUCE_BAND_US`, not one value."""
+    if given is not None:
+        return given
+    return calibration.allreduce_us if calibration is not None and calibration.allreduce_us is not None else None
+
+
 def allreduce_ms(n: int, nbytes: float, link_gbps: float, latency_us: float = ALLREDUCE_US) -> float:
     """One ring all-reduce of `nbytes` over `n` cards: the latency plus 2 (n - 1) / n of the bytes over a link."""
     return (latency_us + 2 * (n - 1) / n * nbytes / (link_gbps * 1e3)) / 1e3
@@ -344,13 +360,16 @@ def allreduce_ms(n: int, nbytes: float, link_gbps: float, latency_us: float = AL
 @dataclass(frozen=True)
 class Calibration:
     """Rates measured on one card by a short calibration (`labkit calibrate`, or a decode run's probe rows):
-    its HBM read, its host link's zero-copy gather, optionally its dense bf16 GEMM. A prediction between two
-    calibrated cards scales each phase by these ratios rather than the datasheets'."""
+    its HBM read, its host link's zero-copy gather, optionally its dense bf16 GEMM and the latency of one NCCL
+    all-reduce among the box's cards at a tensor-parallel step's size (`allreduce_us`). A prediction between two
+    calibrated cards scales each phase by these ratios rather than the datasheets'; a measured all-reduce latency
+    replaces the unmeasured band of a tensor-parallel prediction."""
     gpu_name: str
     hbm_read_gbps: float
     link_gbps: float
     bf16_tflops: float | None = None
     source: str = ""
+    allreduce_us: float | None = None
 
     def ratio(self, other: "Calibration", what: str) -> float:
         if what == "hbm":
@@ -374,7 +393,8 @@ class Calibration:
         missing = {"gpu_name", "hbm_read_gbps", "link_gbps"} - set(d)
         if missing:
             raise ValueError(f"calibration {path}: missing {', '.join(sorted(missing))}")
-        return cls(**{k: d[k] for k in ("gpu_name", "hbm_read_gbps", "link_gbps", "bf16_tflops", "source") if k in d})
+        return cls(**{k: d[k] for k in ("gpu_name", "hbm_read_gbps", "link_gbps", "bf16_tflops", "source",
+                                         "allreduce_us") if k in d})
 
 
 def _num(v) -> float | None:

@@ -205,3 +205,39 @@ def test_predict_options_out_of_range_are_one_line(args, said, capsys):
     assert main(["predict", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert said in err and len(err.splitlines()) == 1, err
+
+
+def test_a_measured_all_reduce_latency_comes_from_the_option_or_the_calibration(tmp_path):
+    m = _run(REF, "w4a16")
+    cm = C.CostModel.fit(m, REF, "zero_copy", 65536, 1, H200)
+    box = C.gpu("rtx3090")
+    (tmp_path / "cal.json").write_text('{"gpu_name": "RTX 3090", "hbm_read_gbps": 800, "link_gbps": 20, '
+                                       '"allreduce_us": 55}')
+    cal = C.Calibration.load(tmp_path / "cal.json")
+    assert cal.allreduce_us == 55 and C.measured_allreduce_us(None, cal) == 55
+    assert C.measured_allreduce_us(40.0, cal) == 40.0          # the option wins over the calibration
+    assert C.measured_allreduce_us(None, None) is None          # nothing measured: the caller gives the band
+    assert C.measured_allreduce_us(0.0, None) == 0.0
+    src = C.Calibration("H200", HBM, 50.0)
+
+    def ar(**kw):
+        return cm.predict(box, 4096, 1, 2048, n_gpus=4, split="tensor", **kw).phases_ms["allreduce"]
+    assert ar(calibration=cal, source_calibration=src) == pytest.approx(
+        2 * 48 * C.allreduce_ms(4, 2560 * 2, box.link_gbps, 55.0))
+    assert ar(allreduce_us=0.0) == pytest.approx(2 * 48 * C.allreduce_ms(4, 2560 * 2, box.link_gbps, 0.0))
+
+
+def test_an_unmeasured_tensor_split_prints_the_all_reduce_band_and_a_measured_one_a_number(capsys):
+    args = ["predict", "--gpus", "4", "--split", "tensor", "--context", "4K", "--concurrency", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    lo, hi = C.ALLREDUCE_BAND_US
+    assert f"band over {lo:g}–{hi:g} µs" in out
+    row = next(ln.split() for ln in out.splitlines() if ln.split()[:1] == ["resident"])
+    a, b = (float(x) for x in row[3].split("–"))
+    assert b - a == pytest.approx(2 * 48 * (hi - lo) / 1e3, abs=0.02)       # 48 layers, two all-reduces each
+    assert main([*args, "--allreduce-us", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "band over" not in out
+    row = next(ln.split() for ln in out.splitlines() if ln.split()[:1] == ["resident"])
+    assert a < float(row[3]) < b

@@ -55,6 +55,10 @@ def test_the_box_predicted_at_the_peers_points_in_both_splits():
     tp = pred[(pred.split == "tensor") & (pred.metric == "tpot_ms")].iloc[0]
     ar = C.allreduce_ms(4, tp.concurrency * shape.hidden * 2, C.gpu("rtx3090").link_gbps, C.ALLREDUCE_US)
     assert tp["allreduce_ms"] == pytest.approx(2 * shape.layers * ar)
+    at = R.box_predictions(run.metrics, shape, src, allreduce_us=70.0)
+    tp = at[(at.split == "tensor") & (at.metric == "tpot_ms")].iloc[0]
+    ar = C.allreduce_ms(4, tp.concurrency * shape.hidden * 2, C.gpu("rtx3090").link_gbps, 70.0)
+    assert tp["allreduce_ms"] == pytest.approx(2 * shape.layers * ar)
     # the peer comparison matches every predicted point the peer measured
     cmp = P.compare(pred[pred.split == "tensor"][["context_len", "concurrency", "metric", "predicted"]], P.load())
     assert cmp["median"].notna().sum() == 14
@@ -96,3 +100,65 @@ def test_a_swept_bench_shows_the_engines_kernel_and_the_fastest_of_the_sweep(tmp
     assert "| v" not in main and main.count("| default |") == 4 and main.count("| dequant |") == 4
     best_rows = [ln for ln in best.splitlines() if ln.startswith("| dense") or ln.startswith("| experts")]
     assert len(best_rows) == 4 and all("| v3 | 0.80 |" in ln and "0.80×" in ln for ln in best_rows), best_rows
+
+
+def test_the_peer_is_checked_against_its_own_setup_over_the_all_reduce_band():
+    """The 4-card tensor-parallel prediction is the one compared with the 4-card peer, at both ends of the
+    unmeasured all-reduce band; the 3-stage box is a prediction with no peer column beside it."""
+    text = R.peer_table(ANATOMY_RUN)
+    head, tp_block, layers_block = text.split("\n\n**")
+    lo, hi = C.ALLREDUCE_BAND_US
+    assert head.startswith("4x RTX 3090, tensor parallel (the peer's setup)") and "3x" not in head
+    assert f"predicted, all-reduce {lo:g}–{hi:g} µs (unmeasured)" in tp_block
+    assert "a prediction, not a check" in layers_block and "peer (median" not in layers_block
+    assert "within" not in layers_block.split("\n\n", 1)[1]
+    run = load_run(REPO / ANATOMY_RUN)
+    shape, src = metrics_shape(run.metrics), C.gpu_for_name(run.manifest["gpu_name"])
+    rows = R.peer_tensor_rows(ANATOMY_RUN)
+    for x, end in ((lo, 0), (hi, -1)):
+        p = R.box_predictions(run.metrics, shape, src, allreduce_us=x)
+        step = p[(p.split == "tensor") & (p.metric == "tpot_ms")].set_index(["context_len", "concurrency"])["step_ms"]
+        r = next(r for r in rows if r["metric"] == "tpot_ms" and (r["context_len"], r["concurrency"]) == (4096, 1))
+        assert r["predicted"][end] == pytest.approx(step[(4096, 1)])
+    # a measured latency replaces the band: one number
+    one = R.peer_tensor_rows(ANATOMY_RUN, allreduce_us=40.0)
+    assert all(len(r["predicted"]) == 1 for r in one)
+    assert "40 µs (measured)" in R.peer_table(ANATOMY_RUN, allreduce_us=40.0)
+
+
+def test_the_fixed_term_is_never_fitted_on_the_point_it_is_judged_on():
+    """Each c = 1 point's fixed term comes from the other three depths, each c > 1 point's from the four c = 1
+    points: the 4K c = 1 point is no longer matched exactly by a term fitted on it."""
+    run = load_run(REPO / ANATOMY_RUN)
+    shape, src = metrics_shape(run.metrics), C.gpu_for_name(run.manifest["gpu_name"])
+    p = R.box_predictions(run.metrics, shape, src, allreduce_us=C.ALLREDUCE_BAND_US[0])
+    step = p[(p.split == "tensor") & (p.metric == "tpot_ms")].set_index(["context_len", "concurrency"])["step_ms"]
+    c1 = R.peer_fit()["c1_ms"]
+    rows = {(r["metric"], r["context_len"], r["concurrency"]): r for r in R.peer_tensor_rows(ANATOMY_RUN)}
+    for d in R.PEER_DEPTHS:
+        others = [o for o in R.PEER_DEPTHS if o != d]
+        fixed = statistics.fmean(c1[o] - step[(o, 1)] for o in others)
+        r = rows[("tpot_ms", d, 1)]
+        assert r["fixed_ms"] == pytest.approx(fixed) and r["with_fixed"] == pytest.approx(step[(d, 1)] + fixed)
+        assert "other c = 1 depths" in r["fixed_on"]
+    assert rows[("tpot_ms", 4096, 1)]["with_fixed_error"] != pytest.approx(0.0, abs=1e-6)
+    every = statistics.fmean(c1[o] - step[(o, 1)] for o in R.PEER_DEPTHS)
+    r8 = rows[("tpot_ms", 4096, 8)]
+    assert r8["fixed_ms"] == pytest.approx(every) and r8["fixed_on"] == "the c = 1 points"
+    # the fixed term does not depend on the latency the band is read at (every step waits it alike)
+    hi = R.box_predictions(run.metrics, shape, src, allreduce_us=C.ALLREDUCE_BAND_US[1])
+    step_hi = hi[(hi.split == "tensor") & (hi.metric == "tpot_ms")].set_index(["context_len", "concurrency"])["step_ms"]
+    fixed_hi = statistics.fmean(c1[o] - step_hi[(o, 1)] for o in R.PEER_DEPTHS)
+    assert step_hi[(4096, 8)] + fixed_hi == pytest.approx(step[(4096, 8)] + every, abs=1e-6)
+
+
+def test_a_point_out_of_reach_says_which_term_is_missing_and_by_how_much():
+    text = R.peer_table(ANATOMY_RUN)
+    rows = {(r["metric"], r["context_len"], r["concurrency"]): r for r in R.peer_tensor_rows(ANATOMY_RUN)}
+    for key, r in rows.items():
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"| {key[0]} {R._ctx(key[1])} c={key[2]} |"))
+        missing = line.rstrip(" |").rsplit("|", 1)[1].strip()
+        out = r["within"] is None or abs(r["with_fixed_error"]) > 0.15 + 1e-9
+        assert (missing != "—") == out, line
+        if out and key[2] > 1:
+            assert f"{r['missing_after_fixed_ms']:+.1f} ms a step" in missing and "per-request term" in missing
