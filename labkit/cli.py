@@ -11,7 +11,7 @@
     labkit lab                                 JupyterLab on notebooks/
     labkit serve                               labkit's engine behind an OpenAI-compatible endpoint
     labkit export RUN [RUN ...] --format jsonl|sqlite|markdown [--out FILE]     a run's points as archive rows
-    labkit import FILE.jsonl [--source NAME] [--hardware TEXT]                 archive rows into the index (external)
+    labkit import FILE.jsonl|FILE.sqlite [--source NAME] [--hardware TEXT]     archive rows into the index (external)
     labkit shapes [--json]
     labkit docs [--write]                      the measured tables in README.md and docs/ from committed runs
     labkit node --head --ip ADDR | --address HEAD:PORT --ip ADDR     a box joins the lab's Ray cluster
@@ -525,13 +525,15 @@ def cmd_import(a) -> int:
 def _add_exchange(sub) -> None:
     """`export` and `import`: a run's points as the rows benchmark archives share, and such rows in."""
     ex = sub.add_parser("export", help="a run's measured points as benchmark-archive rows (docs/share-rows.md)")
-    ex.add_argument("runs", nargs="+", metavar="RUN", help="run folders, or runs as `labkit runs` lists them")
+    ex.add_argument("runs", nargs="+", metavar="RUN", help="run folders, or runs as `labkit runs` lists them (an "
+                                                           "imported run gives back the rows it took in)")
     ex.add_argument("--format", default="jsonl", help="jsonl (default), sqlite (a runs table) or markdown (to paste)")
     ex.add_argument("--out", help="file to write (default: stdout; sqlite needs one, and adds to an existing one)")
     ex.set_defaults(fn=cmd_export)
 
-    im = sub.add_parser("import", help="benchmark-archive rows (JSONL) into the results as an external run")
-    im.add_argument("file", help="a JSONL file: one archive row per line")
+    im = sub.add_parser("import", help="benchmark-archive rows (JSONL or SQLite) into the results as an external run")
+    im.add_argument("file", help="a JSONL file (one archive row per line) or a SQLite file with a `runs` table "
+                                 "(what `labkit export --format sqlite` writes)")
     im.add_argument("--source", help="what the figures call these rows (default: the file's name), e.g. owner/repo@commit")
     im.add_argument("--hardware", help="the machine the rows were measured on, as their source states it")
     im.add_argument("--root", default="results", help="results folder (default results)")

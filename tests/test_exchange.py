@@ -40,7 +40,9 @@ def test_export_rows_carry_the_archive_fields_and_kinds():
     n_decode = int(((m[DECODE]["experiment"] == "decode") & (m[DECODE]["status"] == "ok")
                     & (m[DECODE]["axis"].isna() | (m[DECODE]["axis"] == "context"))).sum())
     n_serve = int(((m[SERVE]["client"] == "labkit") & (m[SERVE]["status"] == "ok")).sum())
-    assert len(rows) == n_decode + 3 + n_serve
+    n_decode_prefill = int(((m[DECODE]["experiment"] == "prefill") & (m[DECODE]["status"] == "ok")).sum())
+    assert n_decode_prefill >= 1                                               # the decode run's prefill point
+    assert len(rows) == n_decode + n_decode_prefill + 3 + n_serve
     assert len({r["run_id"] for r in rows}) == len(rows)                     # unique, as the archive's index wants
     home = str(Path.home())
     for r in rows:
@@ -54,7 +56,7 @@ def test_export_rows_carry_the_archive_fields_and_kinds():
     assert all(r["output_tps_kind"] == "single_stream_decode" and r["decode_tok_s"] == pytest.approx(r["output_tok_s"], rel=1e-6)
                for r in dec)
     assert {r["output_tps_kind"] for r in rows if r["labkit_experiment"] == "decode" and r["concurrency"] > 1} == {"aggregate_output"}
-    pre = [r for r in rows if r["labkit_experiment"] == "prefill"]
+    pre = [r for r in rows if r["labkit_experiment"] == "prefill" and DECODE.name not in r["source_path"]]
     assert sorted(r["prefill_tok_s"] for r in pre) == pytest.approx(sorted(m[PREFILL]["tok_s"]))
     assert all(r["output_tok_s"] is None and r["gen_tokens"] == 0 for r in pre)
     srv = [r for r in rows if r["labkit_experiment"] == "serve_sweep"]

@@ -1,9 +1,10 @@
 """`labkit export RUN [RUN ...] --format jsonl|sqlite|markdown [--out FILE]`: a run's measured points as rows
-(`archive.rows_of_run`), in the archive's own file formats, or as the Markdown table people paste into an issue.
+(`archive.rows_of_run`; an imported run: the rows it took in), in the archive's own file formats, or as the Markdown table people paste into an issue.
 
 - `jsonl`: one JSON object per line, the fields in `archive.FIELDS` order (stdout, or `--out`);
-- `sqlite`: a `runs` table with the archive's column types, nested fields as JSON text, `run_id` unique; an
-  existing file gains the rows (a point exported twice is replaced, not doubled);
+- `sqlite`: a `runs` table with the archive's column types, nested fields as JSON text, flags as 0/1, `run_id`
+  unique; an existing file gains the rows (a point exported twice is replaced, not doubled), and a table an
+  earlier labkit wrote gains the fields it lacked; `labkit import` reads the file back as the same rows;
 - `markdown`: a table of the headline fields and, under it, each run's `labkit` command in a code block.
 """
 from __future__ import annotations
@@ -15,14 +16,9 @@ from pathlib import Path
 
 from ..atomic import write_text
 from ..params import BadInput
-from .archive import FIELD_NAMES, rows_of_run
+from .archive import BOOL, FIELD_NAMES, INTEGER, REAL, rows_of_run
 
 FORMATS = ("jsonl", "sqlite", "markdown")
-INTEGER = {"schema_version", "weight_bits", "tp", "pp", "context_len", "power_limit_w", "concurrency", "prompt_tokens",
-           "gen_tokens", "vram_peak_mib"}
-TEXT = {"record_kind", "run_id", "date", "source", "source_refs", "model", "checkpoint_ref", "quant", "kv_cache_dtype",
-        "engine", "engine_version", "objective", "output_tps_kind", "knobs", "launch_cmd", "normalization_status",
-        "notes", "hardware", "timings", "labkit_experiment", "labkit_strategy"}
 MARKDOWN = ["model", "quant", "engine", "engine_version", "hardware", "labkit_strategy", "prompt_tokens", "concurrency",
             "output_tps_kind", "output_tok_s", "ttft_p50_ms", "tpot_p50_ms", "prefill_tok_s", "decode_tok_s"]
 
@@ -44,9 +40,14 @@ def jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
+def column_type(field: str) -> str:
+    return "INTEGER" if field in INTEGER or field in BOOL else "REAL" if field in REAL else "TEXT"
+
+
 def to_sqlite(rows: list[dict], path: Path) -> Path:
-    """Rows into `path`'s `runs` table (made with the archive's columns where absent)."""
-    cols = ", ".join(f'"{f}" {"INTEGER" if f in INTEGER else "TEXT" if f in TEXT else "REAL"}' for f in FIELD_NAMES)
+    """Rows into `path`'s `runs` table (made with the archive's columns where absent; a table an earlier labkit
+    made, with fewer fields, gains the new columns)."""
+    cols = ", ".join(f'"{f}" {column_type(f)}' for f in FIELD_NAMES)
     con = sqlite3.connect(path)
     try:
         with con:
@@ -54,8 +55,10 @@ def to_sqlite(rows: list[dict], path: Path) -> Path:
             con.execute("CREATE UNIQUE INDEX IF NOT EXISTS runs_run_id_uq ON runs(run_id)")
             have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
             missing = [f for f in FIELD_NAMES if f not in have]
-            if missing:
+            if missing and not {"run_id", "model", "output_tok_s", "launch_cmd"} <= have:
                 raise BadInput(f"{path}: its runs table lacks {', '.join(missing[:5])}: not a table of these rows")
+            for f in missing:
+                con.execute(f'ALTER TABLE runs ADD COLUMN "{f}" {column_type(f)}')
             marks = ", ".join("?" for _ in FIELD_NAMES)
             names = ", ".join(f'"{f}"' for f in FIELD_NAMES)
             con.executemany(f"INSERT OR REPLACE INTO runs ({names}) VALUES ({marks})",
@@ -68,6 +71,8 @@ def to_sqlite(rows: list[dict], path: Path) -> Path:
 
 
 def _cell(v):
+    if isinstance(v, bool):
+        return int(v)
     return json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v
 
 

@@ -1,5 +1,6 @@
-"""`labkit import FILE.jsonl [--source NAME] [--hardware TEXT] [--root results]`: rows of a benchmark archive (the
-public 4x RTX 3090 archive's JSONL, or what `labkit export` wrote) into the index as one external run.
+"""`labkit import FILE [--source NAME] [--hardware TEXT] [--root results]`: rows of a benchmark archive (the
+public 4x RTX 3090 archive's JSONL, or what `labkit export` wrote: JSONL, or SQLite's `runs` table) into the index
+as one external run, which `labkit export` writes out again as the same rows.
 
 The run folder `<root>/external-<source>-<first 8 hex of the file's sha256>/` holds:
 - `manifest.json`: experiment `external`, status ok, and `external`: the source, the file's name and checksum, the
@@ -9,7 +10,8 @@ The run folder `<root>/external-<source>-<first 8 hex of the file's sha256>/` ho
   JSON text), plus the lab's columns the figures read: `shape` (the model), `context_len` (the depth measured:
   `prompt_tokens` where the row has it, else its `context_len`, kept as `context_limit`), `concurrency`, `strategy`
   (engine and quantization), `tok_s` (the row's `output_tok_s`), `source` (the import's name; the archive's own
-  `source` field is kept as `campaign`);
+  `source` field is kept as `campaign`), and `archive_row`: the row as it came, JSON text (what `labkit export`
+  of this run writes back);
 - `report.html`: the rows as a table, so the run index links something readable.
 
 The root must be this user's alone (another user's folder, or one others may write, is refused in one line), and
@@ -26,6 +28,7 @@ import html
 import json
 import os
 import re
+import sqlite3
 import stat
 from pathlib import Path
 
@@ -35,17 +38,33 @@ from ..outdir import FOLDER_MODE, make_own_folder, open_own_folder
 from ..params import BadInput
 from ..report.index import rebuild_index
 from ..results import Run, read_manifest
+from .archive import NESTED, typed
 
 EXPERIMENT = "external"
-NESTED = ("source_refs", "curve", "samples", "knobs", "launch_argv", "quality")
+SQLITE_MAGIC = b"SQLite format 3\x00"
 RATES = ("output_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms")
 
 
 def read_rows(path: Path) -> tuple[list[dict], int]:
-    """(the measurements of a JSONL file, how many records were left out)."""
+    """(the measurements of a JSONL or SQLite file, how many records were left out)."""
     if not path.is_file():
         raise BadInput(f"{path} does not exist")
+    with open(path, "rb") as f:
+        sqlite = f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
     rows, skipped = [], 0
+    for r in (sqlite_records(path) if sqlite else _jsonl_records(path)):
+        usable = r.get("record_kind", "measurement") == "measurement" and r.get("model") \
+            and any(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for k in RATES)
+        if usable:
+            rows.append(r)
+        else:
+            skipped += 1
+    if not rows:
+        raise BadInput(f"{path}: no measurement rows (each needs a model and one of {', '.join(RATES)})")
+    return rows, skipped
+
+
+def _jsonl_records(path: Path):
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -56,15 +75,28 @@ def read_rows(path: Path) -> tuple[list[dict], int]:
                 raise BadInput(f"{path}:{n}: not JSON ({ex.msg})") from None
             if not isinstance(r, dict):
                 raise BadInput(f"{path}:{n}: not a JSON object")
-            usable = r.get("record_kind", "measurement") == "measurement" and r.get("model") \
-                and any(isinstance(r.get(k), (int, float)) for k in RATES)
-            if usable:
-                rows.append(r)
-            else:
-                skipped += 1
-    if not rows:
-        raise BadInput(f"{path}: no measurement rows (each needs a model and one of {', '.join(RATES)})")
-    return rows, skipped
+            yield r
+
+
+def sqlite_records(path: Path) -> list[dict]:
+    """The rows of a SQLite file's `runs` table (what `labkit export --format sqlite` writes), read-only, each
+    field as its JSON row held it (lists and objects parsed back from their JSON text, 0/1 flags as booleans)."""
+    try:
+        con = sqlite3.connect(f"file:{path.resolve().as_uri()[len('file://'):]}?mode=ro", uri=True)
+    except sqlite3.Error as ex:
+        raise BadInput(f"{path}: not a readable SQLite file ({ex})") from None
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        if "runs" not in tables:
+            raise BadInput(f"{path}: a SQLite file without a `runs` table (tables: {', '.join(tables) or 'none'}); "
+                           f"labkit reads the table `labkit export --format sqlite` writes")
+        cur = con.execute("SELECT * FROM runs ORDER BY rowid")
+        names = [d[0] for d in cur.description]
+        return [{k: typed(k, v) for k, v in zip(names, row)} for row in cur]
+    except sqlite3.Error as ex:
+        raise BadInput(f"{path}: not a readable SQLite file ({ex})") from None
+    finally:
+        con.close()
 
 
 def slug(text: str) -> str:
@@ -75,14 +107,15 @@ def lab_frame(rows: list[dict], folder: str, source: str, hardware: str) -> pd.D
     """The rows as a lab metrics table (see the module docstring)."""
     out = []
     for r in rows:
-        row = {k: (json.dumps(v, ensure_ascii=False) if k in NESTED and v is not None else v) for k, v in r.items()}
+        row = {k: (json.dumps(v, ensure_ascii=False) if (k in NESTED or isinstance(v, (list, dict))) and v is not None
+                   else v) for k, v in r.items()}
         row["campaign"], row["external_run_id"] = row.pop("source", None), row.pop("run_id", None)
         depth = r.get("prompt_tokens") if isinstance(r.get("prompt_tokens"), (int, float)) else r.get("context_len")
         c = r.get("concurrency") if isinstance(r.get("concurrency"), (int, float)) else 1
         out.append({"run_id": folder, "experiment": EXPERIMENT, "status": "ok", "error": None, "device": "external",
                     "gpu_name": hardware, "shape": r["model"], "strategy": " ".join(str(x) for x in (r.get("engine"), r.get("quant")) if x),
                     **row, "context_limit": r.get("context_len"), "context_len": depth, "concurrency": c,
-                    "tok_s": r.get("output_tok_s"), "source": source})
+                    "tok_s": r.get("output_tok_s"), "source": source, "archive_row": json.dumps(r, ensure_ascii=False)})
     return pd.DataFrame(out)
 
 

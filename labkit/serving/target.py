@@ -69,16 +69,30 @@ def _get(client: httpx.Client, url: str, path: str) -> tuple[int | None, object,
     return r.status_code, body, {k: v for k, v in r.headers.items() if k.lower() in KEEP_HEADERS}
 
 
-def _families(text: str) -> list[dict]:
-    """The /metrics page's families: name and type (the samples change, the families tell what is exposed)."""
+def _parsed(text: str) -> list:
+    """The /metrics page's families as Prometheus parses them ([] for what is not Prometheus text)."""
     # prometheus_client is the optional `serve` extra
     from prometheus_client.parser import text_string_to_metric_families
     try:
-        fams = list(text_string_to_metric_families(text))
+        return list(text_string_to_metric_families(text))
     except Exception:            # not Prometheus text: the server has no metrics page worth the name
         return []
+
+
+def _families(text: str) -> list[dict]:
+    """The /metrics page's families: name and type (the samples change, the families tell what is exposed)."""
     # prometheus_client's `_created` timestamps are families of their own in the text: not what a server exposes
-    return [{"name": f.name, "type": f.type} for f in fams if not f.name.endswith("_created")]
+    return [{"name": f.name, "type": f.type} for f in _parsed(text) if not f.name.endswith("_created")]
+
+
+def cache_config(text: str) -> dict | None:
+    """The labels of vLLM's `cache_config_info` gauge (`cache_dtype`, `block_size`, ...): how the server holds its
+    KV cache, as it publishes it; None where the page has none."""
+    for fam in _parsed(text):
+        for sample in fam.samples:
+            if sample.name.endswith("cache_config_info"):
+                return dict(sample.labels)
+    return None
 
 
 def identify(url: str, timeout_s: float = TIMEOUT_S) -> dict:
@@ -106,6 +120,7 @@ def identify(url: str, timeout_s: float = TIMEOUT_S) -> dict:
                 headers[path] = hdr
         status, body, hdr = _get(client, url, "/metrics")
         out["metric_families"] = _families(body) if status == 200 and isinstance(body, str) else []
+        out["cache_config"] = cache_config(body) if status == 200 and isinstance(body, str) else None
         if status == 200:
             headers["/metrics"] = hdr
     out["props"] = _props_kept(out.pop("props"))

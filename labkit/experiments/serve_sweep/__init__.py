@@ -16,6 +16,8 @@ SPEC = [
     Param("backend", "str", "vllm", "serving backend: vllm (labkit's own engine server: later)", choices=("vllm",)),
     Param("target", "str", "", "URL of an OpenAI-compatible server you already run (http://127.0.0.1:8000): measured "
           "as it is, nothing launched; empty: launch vLLM from the profile"),
+    Param("server_cmd", "str", "", "target: the command that started it (`vllm serve ...`), recorded and exported as "
+          "launch_argv; nothing is run"),
     Param("profile", "str", "smollm2-cpu", "launch profile: profiles/<name>.toml or a path"),
     Param("model", "str", "", "launched: the checkpoint folder (overrides the profile's); target: the served model's "
           "name (empty: the server's only model)"),

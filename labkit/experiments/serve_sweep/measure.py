@@ -86,6 +86,8 @@ def check(given: dict, check_args: bool = True) -> dict:
     p["prompt_salt"] = p["prompt_salt"] or fresh_salt()
     if p["target"]:
         return _check_target(p)
+    if p["server_cmd"]:
+        raise BadInput("server_cmd records how a target was started; without target=URL labkit launches and records its own")
     prof = load_profile(p["profile"])
     prof.check_model(p["model"])
     local = Path(p["model"] or prof.model).expanduser()
@@ -148,6 +150,10 @@ def _check_target(p: dict) -> dict:
         raise BadInput(f"target={p['target']} measures a running server as it is: {', '.join(set_)} "
                        f"{'is a launch setting' if len(set_) == 1 else 'are launch settings'} (set them where you start it)")
     _check_load(p)
+    try:
+        shlex.split(p["server_cmd"])
+    except ValueError as ex:
+        raise BadInput(f"server_cmd: {ex}") from None
     url = T.check_url(p["target"])
     ident = T.identify(url)
     model = T.served_model(ident, p["model"])
@@ -522,7 +528,7 @@ def _describe(run, prof, model) -> None:
 def _describe_target(run, p: dict) -> None:
     """The target side of the manifest: what the server says it is (`target.identify`), where its timings come
     from, what the metrics mean and how the prompts were drawn."""
-    ident = identify(p["target"])
+    ident = {**identify(p["target"]), "launch_cmd": p["server_cmd"] or None}
     label = ("CUDA" if run.manifest.get("gpu_name") else "CPU") if ident["local"] else "remote"
     run.update_manifest(target=ident, served_model=p["model"], timings_label=label,
                         metric_definitions="vLLM bench serve: TTFT, TPOT=(E2EL-TTFT)/(out-1), ITL per chunk gap, E2EL",
