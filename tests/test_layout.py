@@ -284,6 +284,17 @@ BUILDS_WITHOUT_MODEL_PARAMS = {
 }
 
 
+def test_every_experiment_checks_a_plan_one_way():
+    """`plan = planner(NAME, SPEC, measuring)` in each experiment's SPEC module, its checks in `measure.check`: a
+    newcomer who copies any experiment copies the same way (no checks written inline in a `plan()`)."""
+    root = PKG / "experiments"
+    other = sorted(f.parent.name for f in root.glob("*/__init__.py")
+                   if "plan = planner(NAME, SPEC, measuring" not in f.read_text() or "def plan(" in f.read_text())
+    assert other == []
+    no_check = sorted(f.parent.name for f in root.glob("*/measure.py") if "\ndef check(" not in f.read_text())
+    assert no_check == []
+
+
 def test_an_experiment_that_builds_a_model_takes_the_model_parameters():
     """weights_dtype, expert_banks, routing and the n-gram table reach `HybridModel` the same way in every
     experiment (`params.MODEL_PARAMS` in its SPEC, `params.model_kwargs` where it builds the model; a shared

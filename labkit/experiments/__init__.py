@@ -6,8 +6,8 @@ Each experiment is one module here with
   from the strategies themselves (`engine.transfer.strategy_params`);
 - `plan(given) -> Plan`: parse and validate `given` (strings from a command line, or values) once, in the
   process the user started, before anything is allocated or written; bad input is one `BadInput` line.
-  Most are `planner(NAME, SPEC, measuring)`: the declared checks, then the measuring module's `check` for
-  what crosses parameters or asks the machine;
+  Every one is `planner(NAME, SPEC, measuring)`: the declared checks, then the measuring module's `check` for
+  what crosses parameters or asks the machine (an engine experiment's starts with `for_this_machine`);
 - `run(plan) -> Run`: measure into a run folder (`labkit.results.Run`).
 
 These modules import only the light `params` layer at import time (torch, papermill and plotly are imported
@@ -132,11 +132,11 @@ def planner(name: str, spec: list[Param], code, **options):
     return plan
 
 
-def for_this_machine(spec: list[Param], given: dict, name: str) -> dict:
-    """Resolve `given` against `spec`, pick the device, decide every "auto" (or 0) parameter from its declared
-    per-device value (`Param.auto`), run the declared checks and check the shape exists: the common first half
-    of an engine experiment's `plan`."""
-    p = resolve(spec, given, name)
+def for_this_machine(spec: list[Param], p: dict) -> dict:
+    """Resolved parameters `p` on this machine: the device picked, every "auto" (or 0) parameter decided from its
+    declared per-device value (`Param.auto`), the declared checks run again on them and the shape checked to
+    exist: the common first half of an engine experiment's `measure.check`. Returns a new dict."""
+    p = dict(p)
     dev = resolve_device(p["device"])
     p["device"] = str(dev)
     fill_auto(spec, p, dev.type)

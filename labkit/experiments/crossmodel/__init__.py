@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ...params import DEVICE, OUT_DIR, SEED, Param, Plan
 from ... import lazy
-from .. import checked
+from .. import planner
 
 NAME = "crossmodel"
 
@@ -60,11 +60,7 @@ SPEC = [
 
 measuring = lazy.module(".measure", __package__)                 # imported once the parameters resolved
 seeded = lazy.module(".seeded", __package__)                    # weights=seeded: the same, at the published shapes
-
-
-def plan(given: dict) -> Plan:
-    return checked(NAME, SPEC, given, lambda: lambda p: (measuring.check if p["weights"] == "checkpoint" else
-                                                          seeded.check)(p))
+plan = planner(NAME, SPEC, measuring)                           # weights=seeded checked by seeded.check from there
 
 
 def run(plan: Plan, progress_bar: bool = True):

@@ -47,6 +47,7 @@ from labkit.models.loader import cache_dir
 from labkit.params import BadInput, one_line
 from labkit.quality.corpora import sequences
 from labkit.results import load_run
+from . import seeded
 
 EXPERIMENT = "crossmodel"
 
@@ -54,8 +55,10 @@ EXPERIMENT = "crossmodel"
 
 def check(given: dict) -> dict:
     """Validate resolved parameters (`experiments.crossmodel`); raises BadInput (one line) before anything is loaded
-    or written. Returns them with `_pair` (the model pair, not recorded)."""
-
+    or written. Returns them with `_pair` (the model pair, not recorded); weights other than checkpoint are
+    `seeded.check`'s."""
+    if given["weights"] != "checkpoint":
+        return seeded.check(given)
     p = dict(given)
     try:
         pair = plan_pair(p["large"], p["small"], p["layer_table"] or None, derive=False)

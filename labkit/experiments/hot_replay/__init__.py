@@ -9,10 +9,11 @@ from pathlib import Path
 
 from ... import lazy
 from ...engine.transfer.hot_cache import POLICIES
-from ...params import OUT_DIR, BadInput, Param, Plan, resolve
+from ...params import OUT_DIR, Param, Plan
 from ...shapes import PRESETS, REFERENCE_BUDGET
+from .. import planner
 
-measuring = lazy.module(".measure", __package__)     # imported once a run starts: this module stays light
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved: this module stays light
 sweep = lazy.module("...sweep", __package__)         # sweep imports pandas
 
 NAME = "hot_replay"
@@ -40,20 +41,7 @@ SPEC = [
 ]
 
 
-def plan(given: dict) -> Plan:
-    p = resolve(SPEC, given, NAME)        # names, types and the declared choices and bounds
-    if p["traces"] == "auto":
-        p["traces"] = sorted(str(t.relative_to(DATA.parent.parent)) for t in DATA.glob("*.npz"))
-    missing = [t for t in p["traces"] if not Path(t).is_file()]
-    if missing or not p["traces"]:
-        raise BadInput(f"trace {missing[0] if missing else '(none)'} does not exist")
-    if not p["policies"]:
-        raise BadInput(f"policies: none given; choose from {', '.join(_policies())}")
-    if any(c < p["budget"] for c in p["context_lens"]) or not p["context_lens"]:
-        raise BadInput(f"budget must be > 0 and no larger than every context, got {p['budget']}")
-    if not p["capacity_x"]:
-        raise BadInput(f"capacity_x must be > 0, got {p['capacity_x']}")
-    return Plan(NAME, p)
+plan = planner(NAME, SPEC, measuring)
 
 
 def run(plan: Plan, progress_bar: bool = True):

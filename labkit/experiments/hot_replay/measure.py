@@ -31,6 +31,26 @@ from ...quality.traces import load_trace, locality
 from ...shapes import PRESETS
 from ... import __version__
 from ...results import git_sha
+from ...params import BadInput
+from . import DATA
+
+
+def check(p: dict) -> dict:
+    """Check what crosses parameters and the traces named (one BadInput line before anything is read); "auto"
+    traces: every one shipped in labkit/data. Returns the parameters a plan records."""
+    p = dict(p)
+    if p["traces"] == "auto":
+        p["traces"] = sorted(str(t.relative_to(DATA.parent.parent)) for t in DATA.glob("*.npz"))
+    missing = [t for t in p["traces"] if not Path(t).is_file()]
+    if missing or not p["traces"]:
+        raise BadInput(f"trace {missing[0] if missing else '(none)'} does not exist")
+    if not p["policies"]:
+        raise BadInput(f"policies: none given; choose from {', '.join(POLICIES)}")
+    if any(c < p["budget"] for c in p["context_lens"]) or not p["context_lens"]:
+        raise BadInput(f"budget must be > 0 and no larger than every context, got {p['budget']}")
+    if not p["capacity_x"]:
+        raise BadInput(f"capacity_x must be > 0, got {p['capacity_x']}")
+    return p
 
 
 def replay(sel: torch.Tensor, capacity: int, policy: str, row_bytes: int, n_rows: int) -> pd.DataFrame:

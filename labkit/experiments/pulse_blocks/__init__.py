@@ -6,9 +6,9 @@ every result checked against the rows it should hold. Code: `labkit.experiments.
 from __future__ import annotations
 
 from ...shapes import REFERENCE_BUDGET
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from ... import lazy
-from .. import for_this_machine
+from .. import planner
 
 NAME = "pulse_blocks"
 
@@ -31,18 +31,8 @@ SPEC = [
 ]
 
 
-def plan(given: dict) -> Plan:
-    p = for_this_machine(SPEC, given, NAME)       # the declared bounds checked there
-    for b in p["blocks"]:
-        if p["budget"] % b or p["context"] % b or not 0 < p["budget"] <= p["context"]:
-            raise BadInput(f"budget {p['budget']} and context {p['context']} must be multiples of block {b}, "
-                           "0 < budget <= context")
-    if not p["requests"]:
-        raise BadInput("requests: none given")
-    return Plan(NAME, p)
-
-
-measuring = lazy.module(".measure", __package__)     # imported once a run starts: this module stays light
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring)
 
 
 def run(plan: Plan, progress_bar: bool = True):

@@ -44,11 +44,27 @@ import torch
 from ...engine.transfer.batched_dma import BatchedDMA
 from ...engine.transfer.coalesced import CoalescedLoader
 from ...engine.model.gather import gather_rows
+from ...params import BadInput
 from ...shapes import ModelShape
 from ... import sweep
 from ...sweep import event_ms
+from .. import for_this_machine
+from . import SPEC
 
 EXPERIMENT = "pulse_blocks"
+
+
+def check(p: dict) -> dict:
+    """Decide the "auto" ones for this device and check what crosses parameters (one BadInput line before anything
+    is allocated); returns the parameters a plan records."""
+    p = for_this_machine(SPEC, p)       # the declared bounds checked there
+    for b in p["blocks"]:
+        if p["budget"] % b or p["context"] % b or not 0 < p["budget"] <= p["context"]:
+            raise BadInput(f"budget {p['budget']} and context {p['context']} must be multiples of block {b}, "
+                           "0 < budget <= context")
+    if not p["requests"]:
+        raise BadInput("requests: none given")
+    return p
 
 WORD = 8
 

@@ -4,11 +4,11 @@ the bound they allow and where switching can start to pay. Code: `labkit.experim
 """
 from __future__ import annotations
 
-from ...engine.transfer import check_host_strategy, strategy_params
+from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan, check_positive
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from ... import lazy
-from .. import for_this_machine
+from .. import planner
 
 NAME = "pulse_scaling"
 
@@ -34,18 +34,8 @@ SPEC = [
 ]
 
 
-def plan(given: dict) -> Plan:
-    p = for_this_machine(SPEC, given, NAME)       # the declared bounds checked there
-    check_host_strategy(p["strategy"], "every request is offloaded")
-    check_positive("requests", p["requests"] or [0])      # none given
-    if not 1 <= p["budget"] <= p["context"]:
-        raise BadInput(f"budget {p['budget']} must be in [1, context {p['context']}]")
-    if p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
-        raise BadInput(f"select_block must divide budget and page_size, got {p['select_block']}")
-    return Plan(NAME, p)
-
-
-measuring = lazy.module(".measure", __package__)     # imported once a run starts: this module stays light
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring)
 
 
 def run(plan: Plan, progress_bar: bool = True):

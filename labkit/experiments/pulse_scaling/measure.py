@@ -29,8 +29,8 @@ import torch
 
 from ... import sweep
 from ...engine.model.cache import OffloadCache
-from ...engine.transfer import setting_names
-from ...params import BadInput
+from ...engine.transfer import check_host_strategy, setting_names
+from ...params import BadInput, check_positive
 from ...shapes import ModelShape
 from ...sweep import failed_row, wall_ms
 from ...engine import Engine, HybridModel, get_strategy
@@ -38,8 +38,23 @@ from ...engine.drive.dispatch import warm_up
 from ...engine.drive.runner import DecodeState
 from ...engine.drive.switching import Timeline, Loader, capture_pieces, pingpong_round, replay, replay_inline, sequential_round
 from ...engine.model.kv import KVPool
+from .. import for_this_machine
+from . import SPEC
 
 EXPERIMENT = "pulse_scaling"
+
+
+def check(p: dict) -> dict:
+    """Decide the "auto" ones for this device and check what crosses parameters (one BadInput line before anything
+    is allocated); returns the parameters a plan records."""
+    p = for_this_machine(SPEC, p)       # the declared bounds checked there
+    check_host_strategy(p["strategy"], "every request is offloaded")
+    check_positive("requests", p["requests"] or [0])      # none given
+    if not 1 <= p["budget"] <= p["context"]:
+        raise BadInput(f"budget {p['budget']} must be in [1, context {p['context']}]")
+    if p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
+        raise BadInput(f"select_block must divide budget and page_size, got {p['select_block']}")
+    return p
 
 
 # ------------------------------------------------------------------------------------------ the bound

@@ -5,11 +5,11 @@ timeline. Code: `labkit.experiments.pulse_switch.measure.switching_point`.
 """
 from __future__ import annotations
 
-from ...engine.transfer import check_host_strategy, strategy_params
+from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, BadInput, Param, Plan, check_positive
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from ... import lazy
-from .. import for_this_machine
+from .. import planner
 
 NAME = "pulse_switch"
 
@@ -36,18 +36,8 @@ SPEC = [
 ]
 
 
-def plan(given: dict) -> Plan:
-    p = for_this_machine(SPEC, given, NAME)       # the declared bounds checked there
-    check_host_strategy(p["strategy"], "the offloaded batch needs one")
-    for k in ("contexts", "offload_batches"):
-        check_positive(k, p[k] or [0])            # none given
-    if p["budget"] % p["select_block"] or any(c < p["budget"] for c in p["contexts"]):
-        raise BadInput(f"budget {p['budget']} must be a multiple of select_block {p['select_block']} and "
-                       f"no larger than every context")
-    return Plan(NAME, p)
-
-
-measuring = lazy.module(".measure", __package__)     # imported once a run starts: this module stays light
+measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
+plan = planner(NAME, SPEC, measuring)
 
 
 def run(plan: Plan, progress_bar: bool = True):

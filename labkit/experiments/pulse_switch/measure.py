@@ -29,12 +29,27 @@ from ...engine import Engine, HybridModel, OffloadCache, get_strategy
 from ...engine.drive.dispatch import warm_up
 from ...engine.drive.runner import DecodeState
 from ...engine.drive.switching import Loader, Timeline, capture_pieces, replay, replay_inline, sequential_round, switched_round
-from ...engine.transfer import setting_names, strategy_params
-from ...params import BadInput, kv_pairs, parse_value
+from ...engine.transfer import check_host_strategy, setting_names, strategy_params
+from ...params import BadInput, check_positive, kv_pairs, parse_value
 from ...shapes import ModelShape
 from ...sweep import wall_ms
+from .. import for_this_machine
+from . import SPEC
 
 EXPERIMENT = "pulse_switch"
+
+
+def check(p: dict) -> dict:
+    """Decide the "auto" ones for this device and check what crosses parameters (one BadInput line before anything
+    is allocated); returns the parameters a plan records."""
+    p = for_this_machine(SPEC, p)       # the declared bounds checked there
+    check_host_strategy(p["strategy"], "the offloaded batch needs one")
+    for k in ("contexts", "offload_batches"):
+        check_positive(k, p[k] or [0])            # none given
+    if p["budget"] % p["select_block"] or any(c < p["budget"] for c in p["contexts"]):
+        raise BadInput(f"budget {p['budget']} must be a multiple of select_block {p['select_block']} and "
+                       f"no larger than every context")
+    return p
 
 
 def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False, select_block=1, settings=None):
