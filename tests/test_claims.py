@@ -111,8 +111,9 @@ def test_claims_py_types_no_measured_number():
 
 
 # ---- the rule on constructed inputs ---------------------------------------------------------------------------
-def _fig(v, lo=None, hi=None):
-    return C.Figure(v, v if lo is None else lo, v if hi is None else hi, "constructed", "constructed")
+def _fig(v, lo=None, hi=None, median=None, noise=None):
+    return C.Figure(v, v if lo is None else lo, v if hi is None else hi, "constructed", "constructed", median=median,
+                    noise=noise)
 
 
 RATIO = C.Published(2.0, "2×", "constructed")
@@ -148,13 +149,20 @@ ZERO = C.Published(0, "zero failures", "c", "absolute", unit="failures")
     # a contrast for an absolute: 80 -> 60 caps the band at 12.5%, and the direction is "below 80"
     (DROP, _fig(60 * (1 + 0.25 * E) - eps), C.HOLDS), (DROP, _fig(60 * (1 + 0.25 * E) + eps), C.PART),
     (DROP, _fig(79, 78, 80 / (1 + M) - eps), C.PART), (DROP, _fig(79, 78, 80), C.FAILS),
-    # "up to": the best unit against the published best
-    (UP, _fig(2.6 * (1 - T) + eps, 0.5, 2.6 * (1 - T) + eps), C.HOLDS),
-    (UP, _fig(2.6 * (1 - T) - eps, 0.5, 2.6 * (1 - T) - eps), C.PART),
-    (UP, _fig(3.5, 1.0, 3.5), C.HOLDS),                                  # past the published best
-    (UP, _fig(1 + M + eps, 0.7, 1 + M + eps), C.PART), (UP, _fig(1 + M - eps, 0.7, 1 + M - eps), C.FAILS),
-    (DOWN, _fig(0.24 * (1 + T) - eps, 0.24, 3.0), C.HOLDS), (DOWN, _fig(0.57, 0.57, 1.1), C.PART),
-    (DOWN, _fig(1.0, 1.0, 2.0), C.FAILS),
+    # "up to": the best unit against the published best, once the median's interval clears no effect too
+    (UP, _fig(2.6 * (1 - T) + eps, 0.5, 2.6 * (1 - T) + eps, (1.5, 1.1, 2.0)), C.HOLDS),
+    (UP, _fig(2.6 * (1 - T) - eps, 0.5, 2.6 * (1 - T) - eps, (1.5, 1.1, 2.0)), C.PART),
+    (UP, _fig(3.5, 1.0, 3.5, (2.0, 1.5, 3.0)), C.HOLDS),                # past the published best
+    (UP, _fig(1.5, 1.0, 1.5, (1.2, 1 + M + eps, 1.4)), C.PART), (UP, _fig(1.5, 1.0, 1.5, (1.2, 1 + M - eps, 1.4)), C.FAILS),
+    (UP, _fig(1 + M - eps, 0.7, 1 + M - eps, (1 + M - eps,) * 3), C.FAILS),
+    (DOWN, _fig(0.24 * (1 + T) - eps, 0.24, 3.0, (0.5, 0.4, 1 / (1 + M) - eps)), C.HOLDS),
+    (DOWN, _fig(0.57, 0.57, 1.1, (0.8, 0.7, 0.9)), C.PART), (DOWN, _fig(1.0, 1.0, 2.0, (1.2, 1.0, 1.5)), C.FAILS),
+    # ... one unit alone is not an effect: a best past the published figure with the median at no effect fails
+    (UP, _fig(3.0, 0.8, 3.0, (1.0, 0.9, 1.1)), C.FAILS), (DOWN, _fig(0.2, 0.2, 1.3, (1.0, 0.9, 1.1)), C.FAILS),
+    # ... no median: the whole spread must clear; or the best clears the repeats' measured noise
+    (UP, _fig(3.0, 0.8, 3.0), C.FAILS), (UP, _fig(3.0, 1.1, 3.0), C.HOLDS),
+    (UP, _fig(3.0, 0.8, 3.0, (1.0, 0.9, 1.1), noise=0.5), C.HOLDS),
+    (UP, _fig(1.4, 0.8, 1.4, (1.0, 0.9, 1.1), noise=0.5), C.FAILS),
     # an absolute with nothing to contrast: PART_FACTOR
     (ABS, _fig(100 / C.PART_FACTOR + eps), C.PART), (ABS, _fig(100 / C.PART_FACTOR - eps), C.FAILS),
     (ABS, _fig(100 * C.PART_FACTOR - eps), C.PART), (ABS, _fig(100 * C.PART_FACTOR + eps), C.FAILS),
@@ -187,7 +195,7 @@ def test_decide_takes_each_class_in_order():
     assert (c.verdict.verdict, c.verdict.provisional, c.verdict.basis) == (C.HOLDS, False, "published terms")
     c = C.Claim("x", "s", RATIO, stand_in=_fig(1.0, 0.9, 1.1), settle="a run")
     assert (c.verdict.verdict, c.verdict.provisional) == (C.FAILS, True)
-    c = C.Claim("x", "s", ABS, model=_fig(100), model_checked=True)
+    c = C.Claim("x", "s", ABS, model=_fig(100), model_checked=C.SCALED_TERMS)
     assert (c.verdict.verdict, c.verdict.provisional) == (C.HOLDS, False)
     c = C.Claim("x", "s", ABS, model=_fig(100))
     assert c.verdict.provisional and "unchecked" in c.verdict.basis
@@ -272,7 +280,10 @@ def test_link_rate_prefill_and_32k_runs_are_picked_up(tmp_path, monkeypatch):
                                                                    ("large_prefill", 8, 4000.0), ("mapped", 8, 2400.0))]
     monkeypatch.setitem(C.RUNS, "xfer_ttft_32k", _run_folder(tmp_path / "x32", ttft))
     by = {c.key: c for c in C.card(["sparse", "flash", "xfer"])}
-    assert by["sparse-decode-c1"].model_checked and not by["sparse-decode-c1"].verdict.provisional
+    # the link-rate run checks the link term only: compute, bandwidth and shape stay unchecked, so still provisional
+    c1 = by["sparse-decode-c1"]
+    assert c1.model_checked == ("link",) and c1.verdict.provisional
+    assert c1.verdict.basis.endswith("(unchecked on a second GPU: compute, bandwidth, shape)")
     assert by["flash-prefill-throughput"].terms.value == pytest.approx(1.4)
     assert by["flash-prefill-throughput"].verdict.verdict == C.HOLDS
     assert by["xfer-ttft-32k"].terms.value == pytest.approx(2.25) and by["xfer-ttft-32k"].verdict.verdict == C.HOLDS
@@ -328,3 +339,56 @@ def test_notebook_draws_the_card_under_papermill(tmp_path):
     assert "Do the published figures hold?" in html and C.COLOURS[C.UNTESTED] in html
     assert "HellaSwag" in html and "TTFT 3,657" in html and "3,701" not in html    # only the rows asked for
     assert "results/20261201-xfer-heldout-smollm2-cpu" in html     # each row links its runs
+
+
+# ---- the rule's closed loopholes: each case is one the rule before these checks let through ---------------------
+def test_the_up_to_best_window_alone_no_longer_lifts_a_row():
+    """PulseInfer's 4.7x row as it was: best 1.03 of five windows, median 0.92 [0.80, 1.03]: does not hold."""
+    fig = _fig(1.03, 0.80, 1.03, (0.92, 0.80, 1.03))
+    assert C.judge(C.Published(4.7, "up to 4.7×", "c", up_to=True), fig)[0] == C.FAILS
+    v, why = C.judge(C.Published(2.6, "up to 2.6×", "c", up_to=True), _fig(1.30, 1.01, 1.30, (1.04, 1.01, 1.30)))
+    assert v == C.FAILS and "median 1.04" in why
+
+
+def test_a_point_outside_the_regime_neither_refutes_nor_confirms_and_a_stand_in_stays_provisional():
+    for fig in (_fig(2.0), _fig(0.5, 0.4, 0.6)):                     # would hold; would not hold
+        c = C.Claim("x", "s", RATIO, terms=fig, regime="the limit never binds")
+        assert (c.verdict.verdict, c.verdict.provisional) == (C.OUT_OF_REGIME, False)
+    c = C.Claim("x", "s", RATIO, stand_in=_fig(2.0), regime="the limit never binds")
+    assert (c.verdict.verdict, c.verdict.provisional) == (C.OUT_OF_REGIME, True)
+
+
+def test_a_proxy_in_the_published_terms_makes_the_row_provisional():
+    c = C.Claim("x", "s", RATIO, terms=_fig(2.0), proxy="a truncated model on a CPU")
+    assert (c.verdict.verdict, c.verdict.provisional) == (C.HOLDS, True) and "proxy" in c.verdict.basis
+    c = C.Claim("x", "s", RATIO, terms=_fig(0.5, 0.4, 0.6), proxy="a truncated model on a CPU")
+    assert (c.verdict.verdict, c.verdict.provisional) == (C.FAILS, True)
+
+
+def test_a_crossover_is_judged_on_both_halves():
+    short = C.Published(1.0, "short loses", "c", "direction", side=-1)
+    long_ = C.Published(1.0, "long wins", "c", "direction", side=1)
+    half = lambda fig: ("it pays off on long context", long_, fig)  # noqa: E731
+    assert C.Claim("x", "s", short, terms=_fig(0.5), other_half=half(_fig(0.8))).verdict.verdict == C.PART
+    assert C.Claim("x", "s", short, terms=_fig(0.5), other_half=half(_fig(1.5))).verdict.verdict == C.HOLDS
+    assert C.Claim("x", "s", short, terms=_fig(1.2), other_half=half(_fig(0.8))).verdict.verdict == C.FAILS
+    assert C.Claim("x", "s", short, terms=_fig(0.5), other_half=half(None)).verdict.verdict == C.PART
+
+
+def test_the_model_lifts_provisional_only_with_every_scaled_term_checked():
+    for checked in (True, ("link",), ("link", "bandwidth", "compute")):
+        c = C.Claim("x", "s", ABS, model=_fig(100), model_checked=checked)
+        assert c.verdict.provisional, checked
+    assert "shape" in C.Claim("x", "s", ABS, model=_fig(100), model_checked=("link",)).verdict.basis
+
+
+def test_the_card_rows_carry_the_closed_rule(rows):
+    by = {c.key: c for c in rows}
+    tpot = by["pulse-tpot"].verdict.reason
+    assert "p99 TPOT" in tpot and "mean TPOT" in tpot            # the statistic named, the other shown
+    assert by["xfer-perplexity"].verdict.provisional and "proxy" in by["xfer-perplexity"].verdict.basis
+    assert by["xfer-short-prompts"].other_half is not None and "the other half" in by["xfer-short-prompts"].verdict.reason
+    for key in ("pulse-throughput", "pulse-vs-no-offload"):
+        c = by[key]
+        if c.terms is not None and c.terms.median is not None and c.terms.median[1] <= C.NO_EFFECT * (1 + C.MIN_EFFECT):
+            assert c.verdict.verdict in (C.FAILS, C.OUT_OF_REGIME), key

@@ -57,8 +57,9 @@ from .common import (BOX_GPU, BOX_GPUS, PUBLISHED_CONTEXT, PUBLISHED_TPOT_MS, PU
 from .flash import FLASH_DECODE, FLASH_DENSE, FLASH_PREFILL, flash_claims
 from .pulse import LADDER, NO_OFFLOAD_ARM, ladder_ratios, pulse_claims
 from .rule import (APPROX_TOLERANCE, COLOURS, CONSTRUCTION, EFFECT_SHARE, FAILS, HOLDS, LINK_CHECK_RATES,
-                   LINK_CHECK_TOLERANCE, MIN_EFFECT, NO_EFFECT, OUT_OF_REGIME, PART, PART_FACTOR, SYSTEMS, TOLERANCE,
-                   UNTESTED, VERDICTS, Claim, Figure, Published, Verdict, contrast, decide, judge, rule_text, tolerance)
+                   LINK_CHECK_TOLERANCE, MIN_EFFECT, NO_EFFECT, OUT_OF_REGIME, PART, PART_FACTOR, SCALED_TERMS, SYSTEMS,
+                   TOLERANCE, UNTESTED, VERDICTS, Claim, Figure, Published, Verdict, checked_terms, contrast, decide,
+                   judge, rule_text, tolerance)
 from .sparse import (BELOW_BUDGET, BYTES_STEP, DECODE_BELOW, DECODE_C4, DECODE_FLAT, DECODE_PAST, INDEX_BYTES,
                      LINK_AT_80, LINK_SETTLE, ONE_M_BOX, PREFILL_248K, box_prediction, link_check, prefill_prediction,
                      sparse_claims)
@@ -67,8 +68,9 @@ from .xfer import XFER_PPL, xfer_claims
 __all__ = [
     # the rule and the row's types
     "TOLERANCE", "APPROX_TOLERANCE", "EFFECT_SHARE", "PART_FACTOR", "NO_EFFECT", "MIN_EFFECT", "LINK_CHECK_TOLERANCE",
-    "LINK_CHECK_RATES", "HOLDS", "PART", "FAILS", "CONSTRUCTION", "OUT_OF_REGIME", "UNTESTED", "VERDICTS", "COLOURS",
-    "SYSTEMS", "rule_text", "Published", "Figure", "Verdict", "Claim", "contrast", "tolerance", "judge", "decide",
+    "LINK_CHECK_RATES", "SCALED_TERMS", "HOLDS", "PART", "FAILS", "CONSTRUCTION", "OUT_OF_REGIME", "UNTESTED",
+    "VERDICTS", "COLOURS", "SYSTEMS", "rule_text", "Published", "Figure", "Verdict", "Claim", "contrast", "tolerance",
+    "judge", "decide", "checked_terms",
     # the published setups, and the runs docs/runs.toml names
     "BOX_GPU", "BOX_GPUS", "PUBLISHED_CONTEXT", "PUBLISHED_TPOT_MS", "PUBLISHED_UNIT_BYTES", "PUBLISHED_XFER_CONTEXT",
     "PUBLISHED_XFER_CONCURRENCY", "RUNS",

@@ -73,8 +73,8 @@ def _basis(c: Claim) -> str:
 def tallies(claims: list[Claim]) -> str:
     counts = pd.Series([c.verdict.verdict for c in claims], dtype=object).value_counts()
     return (f"{len(claims)} published figures; " + ", ".join(f"{int(counts.get(v, 0))} {v}" for v in VERDICTS)
-            + f" ({sum(c.verdict.provisional for c in claims)} of them provisional: decided by a stand-in or an "
-            "unchecked cost model until the run named in the row is committed).")
+            + f" ({sum(c.verdict.provisional for c in claims)} of them provisional: decided by a stand-in, a proxy or "
+            "a cost model not checked on a second GPU, until the run named in the row is committed).")
 
 
 def claims_block(claims: list[Claim]) -> str:

@@ -58,5 +58,6 @@ def window_figure(ratios: pd.Series, what: str, runs, up_to: bool, side: int, di
     iv = bootstrap(r, np.median)
     if up_to:
         return Figure(_best_of(r, side), float(r.min()), float(r.max()),
-                      f"best of {len(r)} windows; median {iv.text(2)}", what, tuple(runs), differs)
+                      f"best of {len(r)} windows; median {iv.text(2)}", what, tuple(runs), differs,
+                      median=(iv.value, iv.lo, iv.hi))
     return Figure(iv.value, iv.lo, iv.hi, f"median, 95% interval over {len(r)} windows", what, tuple(runs), differs)

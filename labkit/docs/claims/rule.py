@@ -1,5 +1,5 @@
-"""The verdict rule of the claims card, and the types every row is made of: the thresholds (written before the
-data), the verdicts and their colours, the four systems' names, `Published` (a figure as published), `Figure` (one
+"""The verdict rule of the claims card, and the types every row is made of: the thresholds (fixed in this module;
+the card names the commit that last changed them), the verdicts and their colours, the four systems' names, `Published` (a figure as published), `Figure` (one
 of ours, with its spread), `Verdict` and `Claim` (one row, whose verdict `decide` gives as it is made), and the rule
 itself (`judge`, `decide`; `rule_text` says it in words). Nothing here reads a run."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# ---- the verdict rule: every threshold in one place, written before the data ----------------------------------
+# ---- the verdict rule: every threshold in one place ------------------------------------------------------------
 TOLERANCE = 0.10          # ours within ±10% of the published figure: holds
 APPROX_TOLERANCE = 0.20   # the same for a figure published as "~x" (the publication rounds it)
 EFFECT_SHARE = 0.5        # ... but never more than this share of the effect the claim reports (its distance to
@@ -17,6 +17,9 @@ NO_EFFECT = 1.0           # a ratio against a baseline: 1 means no effect (the c
 MIN_EFFECT = 0.02         # ... and within ±2% of it is no effect either (below what two repeats can tell apart)
 LINK_CHECK_TOLERANCE = 0.10   # predicted vs measured step time at every link rate, for the model to count as checked
 LINK_CHECK_RATES = 3
+# the terms a cost-model figure for other hardware scales: each must be checked against a second real GPU before
+# the model's figure stops being provisional
+SCALED_TERMS = ("link", "compute", "bandwidth", "shape")
 
 HOLDS, PART, FAILS = "holds", "holds in part", "does not hold"
 CONSTRUCTION, OUT_OF_REGIME, UNTESTED = "by construction", "not tested in the published regime", "not tested"
@@ -37,18 +40,26 @@ def rule_text() -> str:
         "otherwise the comparison below decides.\n"
         f"2. **{OUT_OF_REGIME}** — the lab has a figure, but its point lies outside the regime the published figure "
         "was measured in, read from the run itself (the lab's own model predicts no effect at that point, the limit "
-        "the figure is defined by never binds, the setup the figure is about is absent). Such a point never makes a "
-        "row *does not hold*; the row names the run that would reach the regime.\n"
+        "the figure is defined by never binds, the setup the figure is about is absent). Such a point can neither "
+        "refute nor confirm: it never makes a row *does not hold*, nor *holds*; the row names the run that would "
+        "reach the regime.\n"
         "3. The deciding figure is the first of: ours in the published terms, the cost model's figure for the "
-        "published hardware, a stand-in (the last two mark the verdict *provisional*). It is compared with the "
-        "published figure:\n"
+        "published hardware, a stand-in or proxy (another model, pair or corpus in place of the published one). A "
+        "stand-in or proxy marks the verdict *provisional* whichever class it lands in (step 2's included); so does "
+        "the cost model's, unless every term it scales (" + ", ".join(SCALED_TERMS) + ") was checked against a "
+        "second real GPU. It is compared with the published figure:\n"
         f"   - **tolerance**: ±{TOLERANCE:.0%} of the published figure, ±{APPROX_TOLERANCE:.0%} for one published as "
         f"\"~x\"; either way at most {EFFECT_SHARE:.0%} of the effect the claim reports (the distance from the "
         "published figure to the one it contrasts with: no effect (1×) for a ratio, the other side for \"~80 → ~60\"), "
         "so the band never reaches what the claim sets itself against.\n"
         "   - **\"up to x\"** is read as a best case: our best unit (window, repeat) against the published best, with "
-        "the median over units and its 95% interval printed beside it. It holds when our best reaches the published "
-        "figure less the tolerance (or goes past it).\n"
+        "the median over units and its 95% interval printed beside it. One unit is not an effect: the row leaves "
+        f"*does not hold* only where the median's interval (a figure with no median: its whole spread) clears no "
+        f"effect ± {MIN_EFFECT:.0%} as well as the best unit, or the best unit clears the unit-to-unit noise measured "
+        "by repeats of the same unit. Then it holds when our best reaches the published figure less the tolerance "
+        "(or goes past it).\n"
+        "   - a **latency statistic** (TPOT) is judged on the statistic the row fixes in its definition; the row shows "
+        "the other one (mean beside p99) and the reason names both.\n"
         "   - any other figure **holds** when the published figure lies inside our spread or within the tolerance of "
         "our value, and our spread clears the contrast (a ratio's spread must not reach no effect ± "
         f"{MIN_EFFECT:.0%}).\n"
@@ -57,6 +68,8 @@ def rule_text() -> str:
         f"within {PART_FACTOR:g}× either way.\n"
         "   - a figure published over a range (a context range, \"then flat\") is judged at every point of the range "
         "the run covers: *holds* at every point, *holds in part* at some, *does not hold* at none.\n"
+        "   - a **crossover** (\"loses on short prompts, pays off on long ones\") is judged on both halves: *holds* "
+        "only where both hold, *holds in part* where one does, *does not hold* where neither does.\n"
         "   - otherwise **does not hold**.\n"
         f"4. **{UNTESTED}** — no figure of ours measures it; the row says what would.")
 
@@ -86,6 +99,8 @@ class Figure:
     differs: str = ""         # what differs from the published setup
     unit: str = "×"
     points: tuple = ()        # a figure over a range: (label, value, lo, hi) per point, each judged by the rule
+    median: tuple | None = None   # an "up to" figure: (median, lo, hi) over its units, the interval that must clear
+    noise: float | None = None    # an "up to" figure: unit-to-unit noise measured by repeats (a fraction), if any
 
     def text(self) -> str:
         if self.points:
@@ -118,13 +133,15 @@ class Claim:
     strongest: Figure | None = None   # ours against our strongest baseline
     model: Figure | None = None       # the cost model's figure for the published hardware
     stand_in: Figure | None = None    # what decides while the published-terms run is missing
-    model_checked: bool = False
+    model_checked: tuple = ()         # the scaled terms (SCALED_TERMS) checked on a second GPU (True: the link only)
     model_basis: str = ""             # what the cost model's figure rests on, when not the decode transfer term
     settle: str = ""                  # the run that would settle the row
     untestable: str = ""              # why no figure of ours can test it here
     construction: Figure | None = None   # the shape's arithmetic, for a figure that follows from the model's shape
     regime: str = ""                  # why our points lie outside the published regime (read from the runs), or ""
     caveat: str = ""                  # what the verdict holds only for, said beside it
+    proxy: str = ""                   # what the published-terms figure stands in for (a proxy: provisional)
+    other_half: tuple | None = None   # a crossover's other half: (words, Published, Figure | None)
     verdict: Verdict = field(init=False)
 
     def __post_init__(self):
@@ -213,8 +230,15 @@ def judge(pub: Published, ours: Figure) -> tuple[str, str]:
     side = (1 if p > c else -1) if c is not None else 1
     clear = c is None or all(side * (x - c * (1 + MIN_EFFECT) ** side) > 0 for x in ((v,) if pub.up_to else (lo, hi)))
     if pub.up_to:
-        if side * (v / p - 1) >= -tol:
-            return HOLDS, f"our best {_num(v, pub.unit)} reaches the published {P} (within {tol:.0%} or past it)"
+        units, words = _units_clear(ours, c, side)
+        if clear and not units:
+            return FAILS, (f"our best {_num(v, pub.unit)} clears {_num(c, pub.unit)} but one unit is not an effect: "
+                           f"the {words} does not clear {_num(c, pub.unit)} ± {MIN_EFFECT:.0%}"
+                           + ("" if ours.noise is None else f", nor does the best clear the repeats' noise "
+                              f"(±{ours.noise:.0%})"))
+        if clear and side * (v / p - 1) >= -tol:
+            return HOLDS, (f"our best {_num(v, pub.unit)} reaches the published {P} (within {tol:.0%} or past it)"
+                           + (f"; the {words} clears {_num(c, pub.unit)}" if c is not None else ""))
     elif clear:
         if lo == hi == p:
             return HOLDS, f"ours equals the published {P}"
@@ -235,6 +259,36 @@ def judge(pub: Published, ours: Figure) -> tuple[str, str]:
     return FAILS, f"ours is {v / p:.2g}× the published {P}: beyond a factor of {PART_FACTOR:g}"
 
 
+def _units_clear(ours: Figure, c: float | None, side: int) -> tuple[bool, str]:
+    """An "up to" figure: does the median's interval over its units (no median: its whole spread) clear the contrast
+    ± MIN_EFFECT, or its best unit the unit-to-unit noise its repeats measured? And the interval in words."""
+    if c is None:
+        return True, ""
+    m = ours.median or (ours.value, ours.lo, ours.hi)
+    edge = m[1] if side > 0 else m[2]
+    words = (f"median {_num(m[0], '', False)} [{value_range(m[1], m[2])}]" if ours.median
+             else f"spread {value_range(m[1], m[2])}")
+    interval = side * (edge - c * (1 + MIN_EFFECT) ** side) > 0
+    noise = ours.noise is not None and side * (ours.value - c * (1 + ours.noise) ** side) > 0
+    return interval or noise, words
+
+
+def checked_terms(model_checked) -> tuple[str, ...]:
+    """The scaled terms a cost-model figure had checked on a second GPU (`True`, as rows once said it: the link)."""
+    if model_checked is True:
+        return ("link",)
+    return tuple(t for t in SCALED_TERMS if t in (model_checked or ()))
+
+
+def _crossover(v: str, why: str, half: tuple) -> tuple[str, str]:
+    """A crossover claim's verdict from both halves: holds where both hold, in part where one does."""
+    words, pub, fig = half
+    ov, owhy = judge(pub, fig) if fig is not None else (UNTESTED, "no figure of ours measures it")
+    got = (v, ov)
+    verdict = HOLDS if got == (HOLDS, HOLDS) else PART if HOLDS in got or PART in got else FAILS
+    return verdict, f"one half: {why}; the other half ({words}): {owhy}"
+
+
 def decide(c: Claim) -> Verdict:
     """The verdict rule (`rule_text`), the one function every row goes through."""
     if c.construction is not None:
@@ -242,15 +296,19 @@ def decide(c: Claim) -> Verdict:
         if v == HOLDS:
             return Verdict(CONSTRUCTION, f"{c.construction.what}: {why}", "the model's shape", False)
         return Verdict(v, f"{c.construction.what}: {why}", "the model's shape", False)
+    unchecked = [t for t in SCALED_TERMS if t not in checked_terms(c.model_checked)]
     deciding = [(fig, basis, provisional) for fig, basis, provisional in (
-        (c.terms, "published terms", False),
-        (c.model, "cost model" + (f" ({c.model_basis})" if c.model_basis else
-                                  " (checked)" if c.model_checked else " (transfer term unchecked)"), not c.model_checked),
+        (c.terms, "published terms" + (f" (proxy: {c.proxy})" if c.proxy else ""), bool(c.proxy)),
+        (c.model, "cost model" + (f" ({c.model_basis})" if c.model_basis else " (checked)" if not unchecked else
+                                  f" (unchecked on a second GPU: {', '.join(unchecked)})"), bool(unchecked)),
         (c.stand_in, "stand-in", True)) if fig is not None]
-    if c.regime:
-        return Verdict(OUT_OF_REGIME, c.regime, deciding[0][1] if deciding else "none", False)
+    if c.regime:        # neither way: a point outside the regime can not refute, nor confirm
+        basis, provisional = deciding[0][1:] if deciding else ("none", False)
+        return Verdict(OUT_OF_REGIME, c.regime, basis, provisional)
     if deciding:
         fig, basis, provisional = deciding[0]
         v, why = judge(c.published, fig)
+        if c.other_half is not None:
+            v, why = _crossover(v, why, c.other_half)
         return Verdict(v, why + (f"; {c.caveat}" if c.caveat else ""), basis, provisional)
     return Verdict(UNTESTED, c.untestable or "no figure of ours measures it", "none", False)

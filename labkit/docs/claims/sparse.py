@@ -74,7 +74,8 @@ def box_prediction(concurrency: int, context_len: int = PUBLISHED_CONTEXT, strat
     fig = Figure(*band(p), how,
                  f"cost model: {strategy}, c = {concurrency}, layers split over {_box()}, fitted on one "
                  f"{str(m['gpu_name'].dropna().iloc[0]).replace('NVIDIA ', '')}", runs, "", "tok/s", points)
-    return fig, bool(chk and chk["checked"])
+    # the link-rate check covers the link term only; compute, bandwidth and shape stay unchecked on a second GPU
+    return fig, (("link",) if chk and chk["checked"] else ())
 
 
 def _prefill_predicted(run: str) -> tuple[dict, dict]:
