@@ -15,7 +15,7 @@ EFFECT_SHARE = 0.5        # ... but never more than this share of the effect the
 PART_FACTOR = 2.0         # an absolute figure with nothing to contrast (tok/s, GB/s) within this factor: holds in part
 NO_EFFECT = 1.0           # a ratio against a baseline: 1 means no effect (the contrast of every ratio)
 MIN_EFFECT = 0.02         # ... and within ±2% of it is no effect either (below what two repeats can tell apart)
-LINK_CHECK_TOLERANCE = 0.10   # predicted vs measured step time at every link rate, for the model to count as checked
+LINK_CHECK_TOLERANCE = 0.10   # predicted vs measured step time at every link rate, for the link term to count as checked
 LINK_CHECK_RATES = 3
 # the terms a cost-model figure for other hardware scales: each must be checked against a second real GPU before
 # the model's figure stops being provisional
