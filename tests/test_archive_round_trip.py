@@ -165,6 +165,12 @@ def test_a_targets_version_kv_dtype_and_launch_command_are_its_rows():
     assert ident["_argv"] == ["${ENGINE_ROOT}/vllm", "serve", "${MODEL_ROOT}/Qwen3-8B-AWQ", "--kv-cache-dtype", "fp8",
                               "-tp", "2"]
     assert (ident["quant"], ident["weight_bits"], ident["weight_path"]) == ("awq", 4, "${MODEL_ROOT}/Qwen3-8B-AWQ")
+    mf |= {"experiment": "serve_sweep", "parameters": {"target": "http://127.0.0.1:8000",
+                                                       "server_cmd": mf["target"]["launch_cmd"]}}
+    cmd = archive.labkit_command(mf)
+    assert "/data/" not in cmd and "/opt/" not in cmd
+    key, value = shlex.split(cmd)[-1].split("=", 1)
+    assert key == "server_cmd" and shlex.split(value) == ident["_argv"]
 
 
 # ------------------------------------------------------------------------------------------- against labkit serve

@@ -200,6 +200,10 @@ def labkit_command(mf: dict) -> str:
         text = ",".join(_text(x) for x in v) if isinstance(v, list) else _text(v)
         if prm.name == "target":
             text = _target_text(text)
+        if prm.name == "server_cmd":           # a command of words: each path shared as `${...}/name`
+            text = shlex.join(shared_argv(shlex.split(text)))
+            parts += ["-p", shlex.quote(f"server_cmd={text}")]
+            continue
         parts += ["-p", shlex.quote(f"{prm.name}={redact(text, 'MODEL_ROOT' if prm.name == 'model' else 'LOCAL')}")]
     return " ".join(parts)
 
