@@ -110,7 +110,7 @@ def params_help(name: str) -> str:
     in_force = {k: str(v).lower() if isinstance(v, bool) else v for k, v in envs.in_force().items()}
     groups = [("parameters (lists comma-separated; sizes as 8K, 1M)", [p for p in spec if p.name not in settings | switches]),
               ("strategy settings (each applies where its strategies run)", [p for p in spec if p.name in settings]),
-              ("engine switches (empty: as the environment's LABKIT_* says; several values: one sweep each, in this "
+              ("engine switches (empty: as the shell's LABKIT_* variables say; several values: one sweep each, in this "
                "run)", [p for p in spec if p.name in switches])]
     w = max(len(p.name) for p in spec)
     kw = max(len(p.kind) for p in spec)
