@@ -127,7 +127,7 @@ def test_completions_max_tokens_unknown_model_and_defaults(server):
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
 
 
-def test_stop_conditions_as_vllms(server):
+def test_stop_conditions_as_vllms(server, text):
     url, _, _ = server
     base = {"prompt": list(range(10, 50)), "max_tokens": 12}
     words = _post(url, "/v1/completions", base).json()["choices"][0]["text"].split()
@@ -138,8 +138,8 @@ def test_stop_conditions_as_vllms(server):
     assert ch["text"] == "".join(" " + w for w in words[:k]) and b["usage"]["completion_tokens"] == k + 1
     ch = _post(url, "/v1/completions", {**base, "stop": " " + words[k], "include_stop_str_in_output": True}).json()["choices"][0]
     assert ch["text"] == "".join(" " + w for w in words[:k + 1])
-    # a stop token id: the token counts, its text does not (tiny's vocabulary is smaller than the word list)
-    tid = WORDS.index(words[k])
+    # a stop token id (the id a client sees for the word: the tokenizer's): the token counts, its text does not
+    tid = text.shown(WORDS.index(words[k]))
     b = _post(url, "/v1/completions", {**base, "stop_token_ids": [tid]}).json()
     assert b["choices"][0]["stop_reason"] == tid and b["usage"]["completion_tokens"] == k + 1
     assert b["choices"][0]["text"] == "".join(" " + w for w in words[:k])
@@ -321,3 +321,37 @@ def test_a_clients_request_id_names_the_request(server):
     assert a["id"] == "cmpl-client-7f3a" and b["id"] == "chatcmpl-body-9"
     ids = [r["request_id"] for r in httpx.get(url + "/stats", params={"since": before}).json()["records"]]
     assert ids == ["cmpl-client-7f3a", "chatcmpl-body-9"]
+
+
+@needs_tokenizer
+def test_tokenize_and_detokenize_invert_each_other(server, text):
+    """Every id a client sees is the tokenizer's: /tokenize gives the tokenizer's own ids (not folded into the
+    tiny shape's 512), /detokenize decodes them back to the text, and an answer's prompt and token ids are the
+    same ids (its token ids decode to its text)."""
+    url, _, _ = server
+    prompt = "  Héllo\tworld, the city's 2 histories 🙂 and <|im_start|> too"
+    t = _post(url, "/tokenize", {"prompt": prompt}).json()
+    assert t["tokens"] == text.tok.encode(prompt, add_special_tokens=False).ids and max(t["tokens"]) >= TINY.vocab
+    assert _post(url, "/detokenize", {"tokens": t["tokens"]}).json() == {"prompt": prompt}
+    msgs = [{"role": "user", "content": "Tell me  about it"}]
+    c = _post(url, "/tokenize", {"messages": msgs}).json()
+    assert _post(url, "/detokenize", {"tokens": c["tokens"]}).json()["prompt"] == text.render(msgs)
+    a = _post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 4, "return_token_ids": True}).json()["choices"][0]
+    assert a["prompt_token_ids"] == t["tokens"]
+    assert _post(url, "/detokenize", {"tokens": a["token_ids"]}).json() == {"prompt": a["text"]}
+    assert _post(url, "/detokenize", {"tokens": [text.n_ids]}).status_code == 400
+
+
+def test_add_generation_prompt_false_is_honoured(server, text):
+    """`add_generation_prompt: false` renders the chat without the opened assistant turn, in /tokenize and in
+    a chat request (as vLLM); left out or true, the turn is opened."""
+    url, _, _ = server
+    msgs = [{"role": "user", "content": "Finish this"}]
+    opened, closed = (_post(url, "/tokenize", {"messages": msgs, **extra}).json()
+                      for extra in ({}, {"add_generation_prompt": False}))
+    assert opened["count"] > closed["count"] and opened["tokens"][:closed["count"]] == closed["tokens"]
+    assert closed["tokens"] == text.encode(text.render(msgs, False))       # the template without the assistant turn
+    for extra, want in (({}, opened), ({"add_generation_prompt": True}, opened), ({"add_generation_prompt": False}, closed)):
+        a = _post(url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "return_token_ids": True, **extra}).json()
+        assert a["usage"]["prompt_tokens"] == want["count"] and a["prompt_token_ids"] == want["tokens"]
+    assert _post(url, "/tokenize", {"messages": msgs, "add_generation_prompt": "no"}).status_code == 400

@@ -41,9 +41,9 @@ class WatchedText(TokenText):
         self.threads.append(threading.current_thread())
         return super().encode(text)
 
-    def render(self, messages):
+    def render(self, messages, add_generation_prompt=True):
         self.renders.append(len(messages))
-        return super().render(messages)
+        return super().render(messages, add_generation_prompt)
 
 
 def _free_port():

@@ -42,7 +42,7 @@ from .fields import check_text
 from .generation import Generation, Sampling, bool_field, int_field, messages, prompt_ids
 from .promserve import CONTENT_TYPE, ServeMetrics
 from .replies import Reply
-from .tokentext import TokenText, piece
+from .tokentext import TokenText
 from .. import __version__, lazy
 from ..engine.drive.scheduler import Scheduler, Threshold, calibrate, make_lanes, parse_policy
 
@@ -313,7 +313,7 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
         return {"version": __version__}
 
     _body = _body_reader(max_body_bytes, capacity, text, model_name)
-    _token_routes(app, _body, text, capacity, vocab)
+    _token_routes(app, _body, text, capacity)
     _info_routes(app, loop, metrics, model_name, capacity, started)
 
     async def serve(http: HTTPRequest, chat: bool):
@@ -329,10 +329,10 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
                 raise BadInput(f"This model's maximum context length is {capacity:,} tokens: the prompt (at least "
                                f"{at_least:,} tokens)" + (f" and max_tokens {asked} exceed it" if asked else " exceeds it"))
             # tokenizing (and a chat template) off the event loop: /health and the streams go on meanwhile
-            ids = await asyncio.to_thread(text.chat, messages(body)) if chat else \
-                await asyncio.to_thread(prompt_ids, body.get("prompt"), text)
-            sp = Sampling(body, chat, max(1, capacity - len(ids)) if chat else 16, vocab)
-            gen = Generation(loop, ids, sp, f"{'chatcmpl' if chat else 'cmpl'}-{_request_id(http, body)}", metrics)
+            ids, shown = await asyncio.to_thread(prompt_ids, body, chat, text)
+            sp = Sampling(body, chat, max(1, capacity - len(ids)) if chat else 16, vocab, text)
+            gen = Generation(loop, ids, sp, f"{'chatcmpl' if chat else 'cmpl'}-{_request_id(http, body)}", metrics,
+                             shown)
             gen.start(arrival)
         except BadInput as ex:
             return _error(400, str(ex), param=getattr(ex, "param", None))
@@ -356,7 +356,7 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
     return app
 
 
-def _token_routes(app, read_body, text: TokenText, capacity: int, vocab: int) -> None:
+def _token_routes(app, read_body, text: TokenText, capacity: int) -> None:
     """vLLM's /tokenize and /detokenize, answered with this server's tokens."""
     # FastAPI is the optional `serve` extra
     from fastapi import Request as HTTPRequest
@@ -364,9 +364,9 @@ def _token_routes(app, read_body, text: TokenText, capacity: int, vocab: int) ->
 
     @app.post("/tokenize")
     async def tokenize(http: HTTPRequest):
-        """vLLM's /tokenize: the ids this server counts for a prompt or chat messages (the template applied),
-        `count` (what `usage.prompt_tokens` will say) and `max_model_len`; `return_token_strs` adds the
-        tokenizer's strings."""
+        """vLLM's /tokenize: the tokenizer's ids for a prompt or chat messages (the template applied, the
+        assistant turn opened unless `add_generation_prompt` is false), `count` (what `usage.prompt_tokens`
+        will say) and `max_model_len`; `return_token_strs` adds the tokenizer's strings. /detokenize inverts it."""
         body, err = await _body(http)
         if err:
             return err
@@ -374,15 +374,15 @@ def _token_routes(app, read_body, text: TokenText, capacity: int, vocab: int) ->
         try:
             if _prompt_bound(body, chat, text) > capacity:
                 raise BadInput(f"This model's maximum context length is {capacity:,} tokens: the prompt exceeds it")
-            ids = await asyncio.to_thread(text.chat, messages(body)) if chat else \
-                await asyncio.to_thread(prompt_ids, body.get("prompt"), text)
+            _, ids = await asyncio.to_thread(prompt_ids, body, chat, text)
             if len(ids) > capacity:     # what a completion would refuse: never millions of ids in an answer
                 raise BadInput(f"This model's maximum context length is {capacity:,} tokens. However, your prompt "
                                f"contains {len(ids):,} input tokens, which exceeds this limit even without any "
                                f"output tokens. Please reduce the length of the input prompt.")
             strs = None
             if bool_field(body, "return_token_strs"):
-                shown = await asyncio.to_thread(text.render, messages(body)) if chat else body.get("prompt")
+                opened = bool_field(body, "add_generation_prompt", True)
+                shown = await asyncio.to_thread(text.render, messages(body), opened) if chat else body.get("prompt")
                 strs = await asyncio.to_thread(text.token_strs, shown) if isinstance(shown, str) else None
         except BadInput as ex:
             return _error(400, str(ex))
@@ -390,8 +390,8 @@ def _token_routes(app, read_body, text: TokenText, capacity: int, vocab: int) ->
 
     @app.post("/detokenize")
     async def detokenize(http: HTTPRequest):
-        """vLLM's /detokenize for this server's generated tokens: the text each id streams as, joined (so the
-        ids of an answer, `return_token_ids`, give back its text)."""
+        """vLLM's /detokenize: the tokenizer's text for its ids, so it inverts /tokenize and an answer's ids
+        (`return_token_ids`, each generated word's id) give back its text (`TokenText.decode`)."""
         body, err = await _body(http)
         if err:
             return err
@@ -401,10 +401,10 @@ def _token_routes(app, read_body, text: TokenText, capacity: int, vocab: int) ->
         if len(ids) > capacity:         # no answer of this server is longer: never a text of millions of words
             return _error(400, f"This model's maximum context length is {capacity:,} tokens: {len(ids):,} tokens "
                                "exceed it")
-        bad = next((i for i in ids if not 0 <= i < vocab), None)
-        if bad is not None:
-            return _error(400, f"token id {bad} is outside the vocabulary [0, {vocab})")
-        return {"prompt": "".join(piece(i) for i in ids)}
+        try:
+            return {"prompt": await asyncio.to_thread(text.decode, ids)}
+        except BadInput as ex:
+            return _error(400, str(ex))
 
 
 def _info_routes(app, loop: EngineLoop, metrics: "ServeMetrics", model_name: str, capacity: int, started: int) -> None:

@@ -61,15 +61,23 @@ def bool_field(body: dict, key: str, default: bool = False) -> bool:
     return v
 
 
-def prompt_ids(prompt, text: TokenText) -> list[int]:
+def prompt_ids(body: dict, chat: bool, text: TokenText) -> tuple[list[int], list[int]]:
+    """A request's prompt as (the engine's ids, the ids a client sees): chat messages through the template
+    (the assistant turn opened unless `add_generation_prompt` is false, as vLLM) and a string prompt through
+    the tokenizer, folded for the engine (`TokenText.engine_ids`); a list of ids as it is, both ways."""
+    if chat:
+        shown = text.chat(messages(body), bool_field(body, "add_generation_prompt", True))
+        return text.engine_ids(shown), shown
+    prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
         if len(prompt) != 1:
             raise BadInput("one prompt per request")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return text.encode(prompt)
+        shown = text.encode(prompt)
+        return text.engine_ids(shown), shown
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
+        return prompt, prompt
     raise BadInput("prompt must be a string or a list of token ids")
 
 
@@ -149,7 +157,9 @@ def _logprobs(body: dict, chat: bool, vocab: int) -> int | None:
 class Sampling:
     """What a request asks of generation, parsed and checked (BadInput: one line, HTTP 400)."""
 
-    def __init__(self, body: dict, chat: bool, default_max: int, vocab: int):
+    def __init__(self, body: dict, chat: bool, default_max: int, vocab: int, text: TokenText | None = None):
+        """`text`: the ids a client sees (`TokenText.shown`; stop_token_ids are read in them); None: the
+        engine's own."""
         if chat:
             mt = int_field(body, "max_completion_tokens", None)
             mt = int_field(body, "max_tokens", default_max) if mt is None else mt
@@ -171,7 +181,9 @@ class Sampling:
             raise BadInput("stop_token_ids must be a list of integers")
         # only ids the engine can generate can stop it: the set kept for the request's life is at most the
         # vocabulary, however long the list (vLLM refuses ids outside it; labkit keeps accepting them)
-        self.stop_ids = {i for i in ids if 0 <= i < vocab}
+        text = text or TokenText(None, vocab)
+        self.stop_ids = text.engine_stop_ids(ids)
+        self.shown = text.shown             # a generated token's id as a client sees it
         self.include_stop = bool_field(body, "include_stop_str_in_output")
         bool_field(body, "ignore_eos")
         self.logprobs = _logprobs(body, chat, vocab)
@@ -215,8 +227,11 @@ class Generation:
     right after each token (so a stopped request frees its slot at once); every token goes to the event
     loop as an `Event`."""
 
-    def __init__(self, loop, ids: list[int], sp: Sampling, rid: str, metrics: ServeMetrics):
+    def __init__(self, loop, ids: list[int], sp: Sampling, rid: str, metrics: ServeMetrics,
+                 shown_prompt: list[int] | None = None):
+        """`ids`: the engine's prompt; `shown_prompt`: the same prompt in the ids a client sees (default `ids`)."""
         self.sp, self.metrics, self.engine = sp, metrics, loop
+        self.shown_prompt = list(ids) if shown_prompt is None else shown_prompt
         self.aio = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
         self.text, self.sent = "", 0
@@ -262,7 +277,7 @@ class Generation:
         if tok in sp.stop_ids:                      # banned until min_tokens: here only after them
             if not sp.include_stop:
                 self.text = self.text[:before]
-            self.finish_reason, self.stop_reason = "stop", tok
+            self.finish_reason, self.stop_reason = "stop", sp.shown(tok)
         elif sp.stop and n > sp.min_tokens:
             best = None                             # the stop string that completes first in this token
             for s in sp.stop:

@@ -70,7 +70,7 @@ class Reply:
     # -- streamed
     def _chunk(self, ev: Event) -> dict:
         gen, sp = self.gen, self.sp
-        ids = [ev.token] if sp.token_ids else None
+        ids = [sp.shown(ev.token)] if sp.token_ids else None
         lp = self._lp([ev.logprob] if ev.logprob is not None else [])
         if self.chat:
             choice = {"index": 0, "delta": {"content": ev.text}, "logprobs": lp, "finish_reason": ev.finish}
@@ -97,7 +97,7 @@ class Reply:
             p = len(self.gen.req.prompt)
             msg["usage"] = {"prompt_tokens": p, "total_tokens": p, "completion_tokens": 0,
                             "completion_tokens_details": None}
-        msg.update(prompt_token_ids=list(self.gen.req.prompt) if self.sp.token_ids else None, prompt_text=None)
+        msg.update(prompt_token_ids=list(self.gen.shown_prompt) if self.sp.token_ids else None, prompt_text=None)
         return msg
 
     async def events(self):
@@ -113,7 +113,7 @@ class Reply:
                     yield sse(self._role_chunk())
                 msg = self._chunk(ev)
                 if first and not self.chat and sp.token_ids:
-                    msg["choices"][0]["prompt_token_ids"] = list(gen.req.prompt)
+                    msg["choices"][0]["prompt_token_ids"] = list(gen.shown_prompt)
                 first = False
                 yield sse(msg)
             if gen.req.status == "failed":
@@ -129,8 +129,8 @@ class Reply:
     def whole(self) -> dict:
         gen, sp = self.gen, self.sp
         finish = gen.finish_reason or "length"
-        ids = list(gen.req.tokens) if sp.token_ids else None
-        prompt_ids = list(gen.req.prompt) if sp.token_ids else None
+        ids = [sp.shown(t) for t in gen.req.tokens] if sp.token_ids else None
+        prompt_ids = list(gen.shown_prompt) if sp.token_ids else None
         usage = {**gen.usage(), "prompt_tokens_details": None, "completion_tokens_details": None}
         lp = self._lp(gen.logprobs)
         if self.chat:
