@@ -79,7 +79,7 @@ def test_a_launched_servers_rows_carry_its_argv_and_checkpoint():
         assert r["launch_argv"][0] == "${ENGINE_ROOT}/python" and r["launch_argv"][1:4] == argv[1:4]
         assert len(r["launch_argv"]) == len(argv) and "${MODEL_ROOT}/smollm2-135m" in r["launch_argv"]
         assert r["weight_path"] == "${MODEL_ROOT}/smollm2-135m" and r["weight_format"] == "safetensors"
-        assert (r["quant"], r["quant_raw"], r["quant_method"], r["activation_bits"]) == ("bf16", "bfloat16", None, 16)
+        assert (r["quant"], r["quant_raw"], r["quant_method"], r["activation_bits"]) == ("bf16", "bfloat16", "none", 16)
         assert (r["engine_raw"], r["dp"], r["instances"], r["model_variant"]) == ("vllm", 1, 1, "smollm2-135m")
         assert r["samples"]["completed"] >= 1 and r["labkit_driver"] is None and r["max_temp_c"] is None  # CPU run
     # what a lab row cannot know stays empty, and only that
@@ -121,6 +121,19 @@ def test_export_import_export_gives_the_same_rows(tmp_path):
         assert con1.execute("SELECT * FROM runs").fetchall() == con2.execute("SELECT * FROM runs").fetchall()
     m = pd.read_parquet(folder / "metrics.parquet")
     assert len(m) == len(first.read_text().splitlines()) and (m["source"] == "rows").all()
+
+
+def test_the_archives_own_sqlite_reads_as_its_jsonl(tmp_path):
+    """The archive publishes the same rows in SQLite (a `runs` table, its column types): read back, each row is
+    the JSONL's (flags as booleans, nested fields parsed)."""
+    from labkit.exchange.export import to_sqlite
+    from labkit.exchange.importer import read_rows
+    sample = [json.loads(x) for x in SAMPLE.read_text().splitlines()]
+    db = to_sqlite([{f: r.get(f) for f in archive.FIELD_NAMES} for r in sample], tmp_path / "archive.sqlite")
+    got, skipped = read_rows(db)
+    assert skipped == 0 and len(got) == len(sample)
+    for g, want in zip(got, sample):
+        assert {k: g[k] for k in want} == want
 
 
 def test_a_bad_sqlite_file_is_one_line(tmp_path):

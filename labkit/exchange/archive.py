@@ -53,7 +53,7 @@ FIELDS: list[tuple[str, str]] = [
     ("model_variant", "the checkpoint's name as served, quantization included; an engine run: its shape and weights"),
     ("checkpoint_ref", "the checkpoint's file or folder name as served (no path)"),
     ("quant", "`bf16`, `f32`, `gguf-q4_k_m`, `awq`, `w4a16`, ... from the checkpoint's name, the server's dtype or the engine's weights"),
-    ("quant_method", "the quantization's family (`gguf`, `awq`, `gptq`, `fp8`, `w4a16`); empty for unquantized weights"),
+    ("quant_method", "the quantization's family (`gguf`, `awq`, `gptq`, `fp8`, `w4a16`); `none` for bf16, f16 or f32 weights"),
     ("weight_bits", "bits per weight of that quantization"),
     ("activation_bits", "bits per activation: 16 for bf16/f16 weights and weight-only quantizations, 32 for f32; else empty"),
     ("weight_format", "`gguf` or `safetensors` (vLLM's default load format, or its `--load-format`); empty for the engine (random weights, no file)"),
@@ -112,8 +112,8 @@ FIELD_NAMES = [f for f, _ in FIELDS]
 # the SQLite column types (the archive's); a row's numbers are written as these types say (`_finish`), so a row
 # read back from SQLite or parquet is the same row
 INTEGER = {"schema_version", "weight_bits", "activation_bits", "group_size", "tp", "pp", "dp", "instances",
-           "context_len", "concurrency", "prompt_tokens", "gen_tokens", "vram_peak_mib"}
-REAL = {"power_limit_w", "output_tok_s", "req_s", "total_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
+           "context_len", "power_limit_w", "concurrency", "prompt_tokens", "gen_tokens", "vram_peak_mib"}
+REAL = {"output_tok_s", "req_s", "total_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
         "tpot_p50_ms", "e2e_p99_ms", "prefill_tok_s", "decode_tok_s", "avg_power_w", "max_temp_c",
         "labkit_sm_clock_mhz", "labkit_mem_clock_mhz"}
 BOOL = {"symmetric"}
@@ -511,7 +511,7 @@ def _quant_fields(name: str, dtype_given: str | None, default: str | None = "bf1
         return {"model": model, "quant": None, "quant_method": None, "quant_raw": None, "weight_bits": None,
                 "activation_bits": None}
     unq = quant in ("bf16", "f16", "f32", "fp16")
-    method = None if unq else quant.split("-")[0]
+    method = "none" if unq else quant.split("-")[0]
     acts = {"f32": 32}.get(quant, 16) if unq or method in ("gguf", "awq", "gptq", "w4a16") else None
     return {"model": model, "quant": quant, "quant_method": method, "quant_raw": raw or quant,
             "weight_bits": weight_bits(quant), "activation_bits": acts}
