@@ -16,8 +16,15 @@ How a point's rate is labelled (`output_tps_kind`, always set):
 
 `context_len` is the context a request may hold (the server's max model length, the engine's cache); the depth a
 point measured is `prompt_tokens`, as in the archive's depth campaigns. `launch_cmd` is the `labkit` command that
-makes the same plan again (every parameter that differs from its default); no field holds a path of the machine
-that measured (`no_local_paths` checks every row).
+makes the same plan again (every parameter that differs from its default); `launch_argv` the server's argv (as
+labkit launched it, or as the user passed it for a target with `-p server_cmd=`), the engine's own command for an
+engine run; no field holds a path of the machine that measured (`no_local_paths` checks every row).
+
+What the run recorded is all a row says: quantization from the checkpoint's name, the server's `--dtype` or the
+engine's `weights_dtype`; on GPU rows NVML's power, memory, hottest reading and median clocks over the point's own
+window (the run's summary where the window has none), the power limit and driver of the run's start; the busy
+flag from the lab's one rule (`sweep.machine_busy`). A field the run did not record stays empty, never guessed.
+An imported run (`labkit import`) gives back the rows it took in, unchanged.
 """
 from __future__ import annotations
 
