@@ -10,6 +10,7 @@ from ... import lazy
 from .. import planner
 
 NAME = "capacity"
+CONFIGS = ("none", "prefill", "both")      # no offload, offloaded prefill, offloaded prefill + a hot cache
 CPU_MAX_BATCH = 16           # a CPU steps a batch of thousands of tiny requests far too slowly to time
 
 SPEC = [
@@ -21,8 +22,7 @@ SPEC = [
                                         "quarter of the RAM available)", ge=0),
     Param("host_cap_gib", "float", 0.0, "pinned host KV allowed (GiB; 0: half the RAM)"),
     Param("workspace_gib", "float", 2.0, "device reserve for activations, graphs, cuBLAS (GiB)", ge=0),
-    Param("configs", "list[str]", ["none", "prefill", "both"], "none, prefill, both",
-          choices=("none", "prefill", "both")),
+    Param("configs", "list[str]", list(CONFIGS), ", ".join(CONFIGS), choices=CONFIGS),
     Param("budget", "int", REFERENCE_BUDGET, "indexer budget (rows per request and QSA layer)", gt=0),
     *strategy_params(["hot_cache"]),     # the hot cache of config `both`, its settings declared beside it
     Param("selection", "str", "indexer", "indexer, or trace:PATH (recorded selections)"),

@@ -48,7 +48,7 @@ from ...shapes import ModelShape, planned_shape
 from ...params import BadInput, fill_auto, gib, resolve_device
 from ... import sweep
 from .. import check_selection, plan as plan_experiment
-from . import SPEC
+from . import CONFIGS, SPEC
 from ..device_cap import apply_cap, check_cap
 from ...engine.transfer import settings_of
 from ..decode_session import Caches, derive, Point, measure_decode, DecodeSession
@@ -56,7 +56,7 @@ from ..decode_session import Caches, derive, Point, measure_decode, DecodeSessio
 EXPERIMENT = "capacity"
 REFERENCE_CAP_GIB = 24.0     # the reference box's per-card memory (3x RTX 3090)
 RAM_SHARE = 0.9              # of the RAM available now, the most a timed batch may take (as the decode sweep)
-CONFIGS = {"none": "resident", "prefill": "resident", "both": "hot_cache"}
+STRATEGY_OF = {"none": "resident", "prefill": "resident", "both": "hot_cache"}     # per config (`CONFIGS`)
 
 
 
@@ -155,7 +155,7 @@ def fits_of(p: dict, shape: ModelShape) -> list[Fit]:
 def host_bytes(shape: ModelShape, ctx: int, f: Fit, batch: int, dev: torch.device) -> int:
     """Host RAM that timing `batch` requests of `f.config` takes: the pinned KV pool when decode is
     offloaded, and on a CPU everything the "device" holds (weights, workspace, prefill, the requests)."""
-    kv = batch * ctx * shape.kv_bytes_per_token() if CONFIGS[f.config] == "hot_cache" else 0
+    kv = batch * ctx * shape.kv_bytes_per_token() if STRATEGY_OF[f.config] == "hot_cache" else 0
     device = f.shared_bytes + batch * f.per_request_bytes if dev.type != "cuda" else 0
     return kv + device
 
@@ -197,7 +197,7 @@ def decode_plan(given: dict):
 
 def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
     """One decode point (the decode sweep's measure_decode) for `f.config` at `batch` requests."""
-    strat = CONFIGS[f.config]
+    strat = STRATEGY_OF[f.config]
     dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": strat,
                       "context_lens": str(p["context_len"]), "budgets": str(p["budget"]), "concurrency": str(batch),
                       "repeats": str(p["repeats"]), "steps": str(p["steps"]), "prefill_lens": "", "probe": "false",
@@ -233,14 +233,14 @@ def run(p: dict, progress_bar: bool = True) -> Run:
         for f in fits:
             bar.set_postfix_str(f"{f.config}: {f.requests} requests")
             batch = _batches_to_try(f.requests, p["max_batch"])
-            strat = CONFIGS[f.config]
+            strat = STRATEGY_OF[f.config]
             for other in [k for k in caches if k != strat]:      # one medium's pool in memory at a time
                 caches.pop(other).release()
             if strat not in caches:
                 caches[strat] = _reusing_caches(session.stages, session.pl)
             tried = []
             for _ in range(3):      # capacity, then what a TPOT-bound scheduler would admit (twice at most)
-                key = (CONFIGS[f.config], batch)
+                key = (STRATEGY_OF[f.config], batch)
                 if key not in done:      # a batch that does not fit after all is a row, not the end
                     done[key] = sweep.attempt(lambda: measure_config(session, f, p, batch, caches[strat]),
                                               on_fail=lambda ex: caches[strat].release(), strategy=strat)

@@ -21,10 +21,6 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 
-def _policies():
-    return POLICIES
-
-
 def _presets():
     return list(PRESETS)
 
@@ -34,7 +30,7 @@ SPEC = [
     Param("context_lens", "list[int]", [128 << 10, 1 << 20], "contexts the traces are scaled to"),
     Param("budget", "int", REFERENCE_BUDGET, "rows selected per step and QSA layer", gt=0),
     Param("capacity_x", "list[float]", [0.5, 1.0, 1.5, 2.0, 3.0], "hot-cache capacities, in budgets", gt=0),
-    Param("policies", "list[str]", ["lru", "lfu", "lrfu"], "eviction policies", choices=_policies),
+    Param("policies", "list[str]", list(POLICIES), "eviction policies (the hot cache's)", choices=POLICIES),
     Param("shape", "str", "qwen3.8-flash-next", "model shape whose layers the traces are spread over",
           choices=_presets),
     OUT_DIR,

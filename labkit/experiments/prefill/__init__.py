@@ -11,14 +11,15 @@ from .. import planner
 
 NAME = "prefill"
 
+MODES = ("resident", "sync", "rotating")     # KV kept resident, written back as made, rotating layer buffers
+
 SPEC = [
     SHAPE,
     DEVICE,
     *MODEL_PARAMS,
     Param("context_lens", "list[int]", "auto", "prompt lengths (248K, 1M accepted)", gt=0,
           auto={"cuda": [248 << 10], "cpu": [512]}),
-    Param("modes", "list[str]", ["resident", "sync", "rotating"], "resident, sync, rotating",
-          choices=("resident", "sync", "rotating")),
+    Param("modes", "list[str]", list(MODES), ", ".join(MODES), choices=MODES),
     Param("chunk", "int", 0, "prefill chunk in tokens (0: 8192 on CUDA, 64 on CPU)", gt=0,
           auto={"cuda": 8192, "cpu": 64}),
     Param("prefill_attention", "list[str]", ["dense"], "dense (every query over its whole prefix) and/or sparse "

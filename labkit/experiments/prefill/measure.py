@@ -48,12 +48,12 @@ from ...shapes import ModelShape, model_kwargs, planned_shape
 from ...params import BadInput, check_positive, fill_auto, resolve_device
 from ... import sweep
 from ...sweep import sync
-from . import SPEC
+from . import MODES, SPEC
 from ..device_cap import apply_cap, check_cap
 from ..device_rates import gemm_peak, hbm_read_gbps, probe_contiguous
 
 EXPERIMENT = "prefill"
-MODES = {"resident": ("resident", "sync"), "sync": ("zero_copy", "sync"), "rotating": ("zero_copy", "rotating")}
+HOW = {"resident": ("resident", "sync"), "sync": ("zero_copy", "sync"), "rotating": ("zero_copy", "rotating")}   # per mode
 
 def check(p: dict) -> dict:
     """Validate resolved parameters and decide the "auto" ones; BadInput (one line) before anything is
@@ -76,7 +76,7 @@ def check(p: dict) -> dict:
 def measure(model, mode: str, T: int, p: dict, chunk_log=None, attention: str = "dense") -> dict:
     """One prefill of T tokens (or its last `tail_tokens`) in `mode` with `attention` dense or sparse; a record."""
     dev, shape = model.device, model.shape
-    strategy, pmode = MODES[mode]
+    strategy, pmode = HOW[mode]
     st = get_strategy(strategy)
     tail = p["tail_tokens"]
     start = T - tail if tail else 0
@@ -141,7 +141,7 @@ def anatomy_rows(chunks: list[dict], shape: ModelShape, mode: str, T: int, rates
     """Per chunk: the phases' ms and each phase's bound in ms (FLOPs at the GEMM peak, bytes at the measured
     read bandwidth or link rate; a phase without a rate gets no bound)."""
     peak, hbm, h2d, d2h = (rates.get(k) for k in ("gemm_tflops", "hbm_gbps", "h2d_gbps", "d2h_gbps"))
-    on_host = MODES[mode][0] != "resident"
+    on_host = HOW[mode][0] != "resident"
     out = []
     for c in chunks:
         w = shape.prefill_chunk_work(c["start"], c["end"], budget=budget if attention == "sparse" else 0)
@@ -225,9 +225,9 @@ def run(p: dict, progress_bar: bool = True) -> Run:
                 bar.set_postfix_str(f"{mode} {att} T={T}" + (f" {tag['engine_variant']}" if tag else ""))
                 # a mode that does not fit the cap is a row, the run goes on
                 got = sweep.attempt(lambda: _record(model, mode, T, p, chunk_log, anatomy, tag, att),
-                                    {"experiment": EXPERIMENT}, on_fail=free, mode=mode, strategy=MODES[mode][0],
+                                    {"experiment": EXPERIMENT}, on_fail=free, mode=mode, strategy=HOW[mode][0],
                                     prefill_attention=att,
-                                    prefill_mode=MODES[mode][1], context_len=T, tail_tokens=p["tail_tokens"],
+                                    prefill_mode=HOW[mode][1], context_len=T, tail_tokens=p["tail_tokens"],
                                     mem_cap_bytes=int(p["mem_cap_gib"] * 2**30) or None, **tag)
                 r.add({**base, **tag, **envs.in_force(), **got})
                 bar.update()

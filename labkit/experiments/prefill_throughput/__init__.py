@@ -10,14 +10,15 @@ from .. import planner
 
 NAME = "prefill_throughput"
 
+CONFIGS = ("none", "prefill", "both")      # no offload, offloaded prefill, prefill and decode offloaded
+
 SPEC = [
     SHAPE,
     DEVICE,
     Param("context_lens", "list[int]", "auto", "prompt lengths, each a batch of `prompts` prompts", gt=0,
           auto={"cuda": [64 << 10], "cpu": [512]}),
     Param("prompts", "int", 0, "prompts in a batch, N (0: 4)", gt=0, auto={"cuda": 4, "cpu": 4}),
-    Param("configs", "list[str]", ["none", "prefill", "both"], "none, prefill, both",
-          choices=("none", "prefill", "both")),
+    Param("configs", "list[str]", list(CONFIGS), ", ".join(CONFIGS), choices=CONFIGS),
     Param("mem_cap_gib", "float", 0.0, "device memory cap in GiB (0: the cap at which none holds half the prompts "
                                        "of the longest length, rounded up, at the largest chunk)", ge=0),
     Param("chunk", "int", 0, "largest prefill chunk in tokens a config may take (0: 8192 on CUDA, 64 on CPU)", gt=0,

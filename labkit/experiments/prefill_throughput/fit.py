@@ -39,7 +39,6 @@ from ...shapes import BF16_BYTES, ModelShape
 
 FP32 = 4
 DN_CHUNK = 64          # `DeltaNetLayer.forward_seq`'s recurrence chunk: a prefill chunk is a multiple of it
-CONFIGS = ("none", "prefill", "both")
 KV_ON_DEVICE = {"none": True, "prefill": False, "both": False}
 
 

@@ -72,8 +72,8 @@ from ...results import Run
 from ...shapes import ModelShape, planned_shape
 from ... import sweep
 from ..device_cap import apply_cap, check_cap
-from .fit import CONFIGS, KV_ON_DEVICE, Fit, cap_holding, chunk_step, fit, padded, size, slot_bytes
-from . import SPEC
+from .fit import KV_ON_DEVICE, Fit, cap_holding, chunk_step, fit, padded, size, slot_bytes
+from . import CONFIGS, SPEC
 
 EXPERIMENT = "prefill_throughput"
 HOW = {"none": ("resident", "sync"), "prefill": ("zero_copy", "rotating"), "both": ("zero_copy", "rotating")}

@@ -33,6 +33,9 @@ from ..replay_params import DEADLINE, PAGING, RATE, RESUME, TPOT_SLO, TRACE
 
 NAME = "pulse_ladder"
 
+# the strategies that move whole blocks: the block_strategy choices, each checked registered when a plan is made
+BLOCK_STRATEGIES = ("block_dma", "coalesced")
+
 SPEC = [
     DEVICE,
     SHAPE,
@@ -75,7 +78,7 @@ SPEC = [
           "shape, as the published baselines' per-head units)", gt=0),
     Param("block_strategy", "str", "block_dma", "how the retrieval_head, switching and adaptive rungs move whole "
           "blocks (block_dma: one DMA per block; coalesced: gathered as the coalesced rung)",
-          choices=("block_dma", "coalesced")),
+          choices=BLOCK_STRATEGIES),
     *strategy_params(),        # the transfers' settings (host_threads, dma_units_per_call, ...), beside each strategy
     Param("thresholds", "list[int]", "auto", "switching rung: static threshold candidates, chosen on the "
           "calibration windows (auto: 4096,8192 on CUDA, 40,80 on CPU)", auto={"cuda": [4096, 8192], "cpu": [40, 80]}),

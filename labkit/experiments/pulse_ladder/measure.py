@@ -97,6 +97,7 @@ from ...shapes import ModelShape, model_kwargs
 from ...stats import bootstrap
 from .. import trace_windows as W
 from ..trace_windows import candidates, window_bounds
+from . import BLOCK_STRATEGIES
 from .. import trace_replay as R
 
 EXPERIMENT = "pulse_ladder"
@@ -226,7 +227,7 @@ def check(given: dict, declared: list) -> dict:
                        "each (the switching and adaptive rungs, used as given)")
     if p["calibration_windows"] > 0 and not (p["thresholds"] and p["adaptive_min_tokens"] and p["adaptive_hide"]):
         raise BadInput("calibration windows need candidates: thresholds, adaptive_min_tokens and adaptive_hide")
-    for name in ("block_dma", "coalesced"):
+    for name in BLOCK_STRATEGIES:
         if name not in STRATEGIES:
             raise BadInput(f"strategy {name} is not registered")
         try:                                  # the settings' values, as the strategies check them
