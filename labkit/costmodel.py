@@ -44,8 +44,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from .atomic import read_regular_at
 from .engine.transfer import STRATEGIES
-from .params import tokens_label
+from .params import BadInput, tokens_label
 from .shapes import ModelShape
 
 PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attention", "experts", "hc", "ngram", "head",
@@ -61,6 +62,8 @@ HANDOFF_MS = 0.02            # one activation hand-off between stages (a few KiB
 # value: `ALLREDUCE_US` is only the value inside the band a single-number call falls back on.
 ALLREDUCE_US = 30.0
 ALLREDUCE_BAND_US = (10.0, 100.0)
+CALIBRATION_CAP = 1 << 20      # bytes of a calibration JSON (a few hundred)
+CALIBRATION_TOP = 1e6          # GB/s, TFLOP/s or µs: any rate or latency of a real card is below this
 MEMORY_RESERVE_GIB = 1.5     # CUDA context, workspaces, graphs
 
 
@@ -389,12 +392,70 @@ class Calibration:
 
     @classmethod
     def load(cls, path) -> "Calibration":
-        d = json.loads(Path(path).read_text())
+        """A calibration JSON object, read only as a regular file under CALIBRATION_CAP (a link followed to where it
+        ends, a FIFO or a device never waited on), its rates finite numbers > 0; ValueError in one line otherwise."""
+        try:
+            d = json.loads(read_regular_at(None, Path(path).resolve(), CALIBRATION_CAP).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError(f"calibration {path}: not UTF-8 text") from None
+        except OSError as ex:
+            raise ValueError(f"calibration {path}: cannot be read ({ex.strerror or type(ex).__name__})") from None
+        except ValueError as ex:
+            raise ValueError(f"calibration {path}: not valid JSON ({str(ex).splitlines()[0]})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"calibration {path}: not a JSON object")
         missing = {"gpu_name", "hbm_read_gbps", "link_gbps"} - set(d)
         if missing:
             raise ValueError(f"calibration {path}: missing {', '.join(sorted(missing))}")
+        for k in ("hbm_read_gbps", "link_gbps", "bf16_tflops", "allreduce_us"):
+            v, zero_ok = d.get(k), k == "allreduce_us"
+            if v is None and k in ("bf16_tflops", "allreduce_us"):
+                continue
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and (v >= 0 if zero_ok else v > 0)
+                    and v < CALIBRATION_TOP):      # NaN and infinity fail both
+                raise ValueError(f"calibration {path}: `{k}` must be a finite number {'>= 0' if zero_ok else '> 0'} "
+                                 f"below {CALIBRATION_TOP:,.0f}, got {v!r}")
+        if not isinstance(d["gpu_name"], str) or not isinstance(d.get("source", ""), str):
+            raise ValueError(f"calibration {path}: `gpu_name` and `source` are strings")
         return cls(**{k: d[k] for k in ("gpu_name", "hbm_read_gbps", "link_gbps", "bf16_tflops", "source",
                                          "allreduce_us") if k in d})
+
+
+# The metrics columns read as numbers (with every `anat_*` column): a run whose table holds text in one is refused
+# in one line, not met as a traceback mid-table; text that reads as a number ("65536.0") is taken as that number
+NUMERIC_COLUMNS = ("context_len", "concurrency", "budget", "repeats", "step_ms_median", "step_ms_min", "step_ms_max",
+                   "tok_s", "gbps", "experts_read_per_layer")
+
+
+def numeric_metrics(m: pd.DataFrame, where: str = "the run's metrics.parquet") -> pd.DataFrame:
+    """`m` with its NUMERIC_COLUMNS (and `anat_*`) as numbers; BadInput naming the column and a value that is not."""
+    out = m
+    for c in [c for c in m.columns if c in NUMERIC_COLUMNS or str(c).startswith("anat_")]:
+        if pd.api.types.is_numeric_dtype(m[c]) and not pd.api.types.is_bool_dtype(m[c]):
+            continue
+        col = m[c].astype(object)
+        num = pd.to_numeric(col, errors="coerce")
+        bad = col[num.isna() & col.notna()]
+        if not bad.empty:
+            v = str(bad.iloc[0])
+            raise BadInput(f"{where}: column `{c}` holds {v[:40] + ('…' if len(v) > 40 else '')!r}, not a number")
+        if out is m:
+            out = m.copy()
+        out[c] = num.astype(float)
+    return out
+
+
+def _decode_grid(m: pd.DataFrame, where: str) -> pd.DataFrame:
+    """The run's metrics with numbers where numbers are read, its decode points' context, concurrency and budget
+    finite and > 0 (each becomes an int); BadInput in one line otherwise."""
+    m = numeric_metrics(m, where)
+    d = _decode_points(m)
+    for c in ("context_len", "concurrency", "budget"):
+        v = d[c] if c in d else pd.Series(dtype=float)
+        bad = v[~((v > 0) & (v < 2**62))]          # NaN and infinity fail too
+        if not bad.empty:
+            raise BadInput(f"{where}: a decode point's `{c}` is {float(bad.iloc[0])!r}, not a whole number > 0")
+    return m
 
 
 def _num(v) -> float | None:
@@ -442,9 +503,11 @@ def fit_point(m: pd.DataFrame, strategy: str) -> tuple[int, int]:
     return int(ctx), c
 
 
-def validate(m: pd.DataFrame, shape: ModelShape, source: GPU, host_gbps: float | None = None) -> pd.DataFrame:
+def validate(m: pd.DataFrame, shape: ModelShape, source: GPU, host_gbps: float | None = None,
+             where: str = "the run's metrics.parquet") -> pd.DataFrame:
     """Fit on one point per strategy, predict every measured point of that strategy: the error table."""
     rows = []
+    m = _decode_grid(m, where)
     d = _decode_points(m)
     for strategy in sorted(d["strategy"].unique()):
         try:
@@ -461,10 +524,13 @@ def validate(m: pd.DataFrame, shape: ModelShape, source: GPU, host_gbps: float |
 
 
 def predict_table(m: pd.DataFrame, shape: ModelShape, source: GPU, target: GPU, n_gpus: int = 1,
-                  contexts=None, concurrency=None, host_gbps: float | None = None, **how) -> pd.DataFrame:
+                  contexts=None, concurrency=None, host_gbps: float | None = None, where: str = "the run's metrics.parquet",
+                  **how) -> pd.DataFrame:
     """Predicted tok/s on `target` for each strategy of the run at its measured contexts and concurrencies.
     `how`: `CostModel.predict`'s split, calibrations, all-reduce latency, weights dtype and the target host's
-    `host_scale`; `host_gbps`: this host's RAM bandwidth (`CostModel.fit`)."""
+    `host_scale`; `host_gbps`: this host's RAM bandwidth (`CostModel.fit`). `where`: what a refusal of the
+    table's values names."""
+    m = _decode_grid(m, where)
     d = _decode_points(m)
     contexts = contexts or sorted(int(x) for x in d["context_len"].unique())
     concurrency = concurrency or sorted(int(x) for x in d["concurrency"].unique())

@@ -41,6 +41,7 @@ from IPython import get_ipython
 from nbformat.sign import NotebookNotary
 
 from . import envs, experiments, lazy
+from .costmodel import numeric_metrics
 from .params import BadInput, one_line
 from .report.figures import COLORS
 from .report.index import machine_label
@@ -65,31 +66,44 @@ def results_root(given: str | Path = "") -> Path:
 
 
 def decode_runs(root: str | Path) -> dict[str, tuple[dict, pd.DataFrame]]:
-    """Every run under root with ok decode points: label -> (manifest, rows). Newest first."""
+    """Every run under root with ok decode points: label -> (manifest, rows). Newest first. A run that cannot be
+    read, or whose table holds text or no finite whole number where a point's numbers belong, is left out: one
+    malformed run never hides the others."""
     root = Path(root)
     out = []
     for mf in run_manifests(root):
         try:
-            r = load_run(mf.parent)
-            m = r.metrics
+            found = _decode_run(mf, root)
         except Exception:      # a half-written or foreign folder: not a run to explore
             continue
-        d = m[(m["experiment"] == "decode") & (m["status"] == "ok")].copy() if "experiment" in m else m.iloc[0:0]
-        if d.empty:
-            continue
-        if "axis" not in d:
-            d["axis"] = "context"
-        for c in ("context_len", "budget", "concurrency"):
-            d[c] = d[c].astype(int)
-        # a multi-GPU run's rows name no shape (the manifest does): a missing one would be a value no
-        # dropdown holds (NaN), so it is the run's shape
-        run_shape = (r.manifest.get("shape_info") or {}).get("name") or (r.manifest.get("parameters") or {}).get("shape")
-        d["shape"] = d["shape"].astype(object).where(d["shape"].notna(), run_shape if isinstance(run_shape, str) else "?")
-        d["shape"] = d["shape"].astype(str)
-        label = f"{mf.parent.relative_to(root)} · {machine_label(r.manifest)} · {r.manifest.get('created', '')[:16]}"
-        out.append((r.manifest.get("created", ""), label, r.manifest, d))
+        if found is not None:
+            out.append(found)
     out.sort(key=lambda t: t[0], reverse=True)
     return {label: (mf, d) for _, label, mf, d in out}
+
+
+def _decode_run(mf: Path, root: Path) -> tuple[str, str, dict, pd.DataFrame] | None:
+    """(created, label, manifest, ok decode rows) of the run whose manifest is `mf`; None without decode points.
+    Raises (BadInput, OSError, ValueError, ...) for a run whose rows are not what the explorer reads."""
+    r = load_run(mf.parent)
+    m = numeric_metrics(r.metrics, f"{mf.parent}/metrics.parquet")
+    d = m[(m["experiment"] == "decode") & (m["status"] == "ok")].copy() if "experiment" in m else m.iloc[0:0]
+    if d.empty:
+        return None
+    if "axis" not in d:
+        d["axis"] = "context"
+    for c in ("context_len", "budget", "concurrency"):
+        if not (d[c].notna() & (d[c].abs() < 2**62)).all():
+            raise ValueError(f"{mf.parent}: a decode point's {c} is not a finite number")
+        d[c] = d[c].astype(int)
+    # a multi-GPU run's rows name no shape (the manifest does): a missing one would be a value no
+    # dropdown holds (NaN), so it is the run's shape
+    run_shape = (r.manifest.get("shape_info") or {}).get("name") or (r.manifest.get("parameters") or {}).get("shape")
+    d["shape"] = d["shape"].astype(object).where(d["shape"].notna(), run_shape if isinstance(run_shape, str) else "?")
+    d["shape"] = d["shape"].astype(str)
+    created = str(r.manifest.get("created") or "")
+    label = f"{mf.parent.relative_to(root)} · {machine_label(r.manifest)} · {created[:16]}"
+    return created, label, r.manifest, d
 
 
 def default_point(d: pd.DataFrame) -> tuple[int, int, int]:

@@ -65,7 +65,7 @@ import papermill as pm
 import psutil
 
 from . import envs
-from .atomic import check_writable, open_append, write_text, write_text_or_in_place
+from .atomic import check_writable, open_append, read_regular_at, write_text, write_text_or_in_place
 from .execute import (KERNEL_ARGS, NOTEBOOKS, Terminated, notebook_parameters, notebook_writes_whole, run_notebook,
                       signals_to_kernels)
 from .experiments import EXPERIMENTS, get, plan as plan_experiment
@@ -129,12 +129,28 @@ def _resolve_notebook(nb: str, plan_dir: Path) -> Path:
     return p
 
 
+PLAN_CAP = 1 << 20      # bytes; a plan is a few KiB
+
+
+def plan_text(path: str | Path) -> str:
+    """A plan file's text, read only as a regular file (a link is followed to where it ends; a FIFO or a device is
+    never waited on) of at most PLAN_CAP bytes of UTF-8; BadInput in one line otherwise."""
+    try:
+        data = read_regular_at(None, Path(path).resolve(), PLAN_CAP)
+    except FileNotFoundError:
+        raise BadInput(f"plan {path} does not exist") from None
+    except OSError as ex:
+        raise BadInput(f"plan {path}: cannot be read ({ex.strerror or type(ex).__name__})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as ex:
+        raise BadInput(f"plan {path}: not UTF-8 text (byte {ex.start})") from None
+
+
 def _read_plan(path: Path, only: list[str] | None) -> list:
     """The plan file's `[[entry]]` tables, the file, its TOML, its top-level keys and `only` checked."""
-    if not path.is_file():
-        raise BadInput(f"plan {path} does not exist")
     try:
-        plan = tomllib.loads(path.read_text())
+        plan = tomllib.loads(plan_text(path))
     except tomllib.TOMLDecodeError as ex:
         raise BadInput(f"plan {path}: not valid TOML ({ex})") from None
     raw_entries = plan.get("entry")
@@ -559,10 +575,10 @@ def run_plan(plan: str | Path, date: str | None = None, root: str | Path = "resu
     with lock, _StopOnSignals() as stop:
         echo(f"nightly {date}: plan {plan}, pid {os.getpid()}, host {os.uname().nodename}")
         record = night_record(rec_path, lock, echo, date)
-        plan_text = Path(plan).read_text()
+        text = plan_text(plan)
         if record.get("stopped"):            # resumed after a stop: keep its word in the history
             record.setdefault("earlier_stops", []).append(record.pop("stopped"))
-        record.update({"date": date, "plan": str(Path(plan)), "plan_sha256": hashlib.sha256(plan_text.encode()).hexdigest()[:16],
+        record.update({"date": date, "plan": str(Path(plan)), "plan_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
                        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "finished": None,
                        "cuda": _has_cuda()})
         by_name = {e["name"]: e for e in record.get("entries", [])}

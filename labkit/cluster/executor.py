@@ -507,7 +507,7 @@ def run_plan_on_cluster(plan, date: str | None, root, only: list[str] | None, ad
     night.mkdir(parents=True, exist_ok=True)
     rec_path = night / "nightly.json"
     echo = N._logged(echo, night / N.LOG_NAME)
-    plan_text = Path(plan).read_text()
+    plan_text = N.plan_text(plan)
     lock = N._Lock(night / ".lock")
     with lock:
         echo(f"nightly {date}: plan {plan} on the cluster {address} (kinds {', '.join(present)}; commit {commit}), "

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..costmodel import numeric_metrics
 from ..params import BadInput
 from .index import machine_label
 from .summary import ok_rows
@@ -130,7 +131,9 @@ def compare(run_a: str | Path, run_b: str | Path, out: str | Path | None = None)
     if bool(a.manifest.get("gpu_name")) != bool(b.manifest.get("gpu_name")):
         raise BadInput(f"one run is CPU ({ma if not a.manifest.get('gpu_name') else mb}), the other GPU: "
                        "CPU timings are never compared with GPU figures")
-    j, only = match(a.metrics, b.metrics)
+    # text where numbers belong (a hand-edited or foreign table): one line naming the run and column
+    j, only = match(numeric_metrics(a.metrics, f"{a.path}/metrics.parquet"),
+                    numeric_metrics(b.metrics, f"{b.path}/metrics.parquet"))
     if j.empty:
         raise BadInput(f"{a.path.name} and {b.path.name} have no matching points (different experiments or grids)")
     out = Path(out) if out else b.path.parent / f"compare-{a.path.name}-vs-{b.path.name}.html"

@@ -1,0 +1,144 @@
+"""Files a user names and tables a run holds, when they are not what they should be: a plan that is not UTF-8 or
+not a regular file, a calibration that is too big, not an object, or holds NaN, a run's table with text where
+numbers belong. Each is one line (BadInput, exit 2) before anything is computed, and one malformed run never
+hides the others from the explorer. Each test runs in well under two seconds on the shipped reference run."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from labkit import costmodel as C
+from labkit.cli import main, predict_default_run
+from labkit import nightly
+from labkit.params import BadInput
+
+REF_RUN = Path(predict_default_run())       # the published shape's reference run, tracked in results/
+
+
+def _run_copy(dest: Path, column: str | None = None, value=None) -> Path:
+    """A copy of the reference run, with `column`'s last decode row set to `value` (the column then text)."""
+    shutil.copytree(REF_RUN, dest)
+    if column:
+        m = pd.read_parquet(dest / "metrics.parquet")
+        i = m.index[m["experiment"] == "decode"][-1]
+        if isinstance(value, str):
+            m[column] = m[column].astype(object).where(m[column].isna(), m[column].astype(str))
+        m.loc[i, column] = value
+        m.to_parquet(dest / "metrics.parquet")
+    return dest
+
+
+# ---------------------------------------------------------------- plans
+
+def test_a_plan_not_utf8_is_one_line(tmp_path):
+    p = tmp_path / "plan.toml"
+    p.write_bytes(b'description = "\xff\xfe"\n')
+    with pytest.raises(BadInput, match=r"plan .*plan.toml: not UTF-8 text"):
+        nightly.load_plan(p, cuda=False)
+
+
+def test_a_plan_that_is_a_fifo_or_too_big_is_one_line_without_waiting(tmp_path, capsys):
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)                               # never opened for writing: a blocking read would hang here
+    with pytest.raises(BadInput, match="cannot be read .not a regular file"):
+        nightly.load_plan(fifo, cuda=False)
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"#" * (nightly.PLAN_CAP + 1))
+    with pytest.raises(BadInput, match="over the"):
+        nightly.load_plan(big, cuda=False)
+    assert main(["nightly", "--plan", str(fifo), "--dry-run"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_plan_reached_through_a_link_is_read(tmp_path):
+    p = tmp_path / "plan.toml"
+    p.write_text('[[entry]]\nname = "t"\ntests = "-q tests/test_params.py"\n')
+    (tmp_path / "link.toml").symlink_to(p)
+    assert [e.name for e in nightly.load_plan(tmp_path / "link.toml", cuda=False)] == ["t"]
+
+
+# ---------------------------------------------------------------- predict: calibrations and tables
+
+@pytest.mark.parametrize("body,said", [
+    ('[1, 2]', "not a JSON object"),
+    ('{"gpu_name": "x", "hbm_read_gbps": NaN, "link_gbps": 20}', "`hbm_read_gbps` must be a finite number > 0"),
+    ('{"gpu_name": "x", "hbm_read_gbps": 900, "link_gbps": Infinity}', "`link_gbps` must be a finite number > 0"),
+    ('{"gpu_name": "x", "hbm_read_gbps": "900", "link_gbps": 20}', "`hbm_read_gbps` must be a finite number"),
+    ('{"gpu_name": "x", "hbm_read_gbps": 900, "link_gbps": 20, "allreduce_us": -1}', "`allreduce_us` must be"),
+    (b'{"gpu_name": "\xff"}', "not UTF-8 text"),
+    ("big", "over the"),
+])
+def test_a_bad_calibration_file_is_one_line(tmp_path, capsys, body, said):
+    f = tmp_path / "cal.json"
+    if body == "big":           # a valid object past the cap: read no further than the cap
+        f.write_text('{"gpu_name": "x", "hbm_read_gbps": 900, "link_gbps": 20}' + " " * C.CALIBRATION_CAP)
+    elif isinstance(body, bytes):
+        f.write_bytes(body)
+    else:
+        f.write_text(body)
+    with pytest.raises(ValueError, match=said):
+        C.Calibration.load(f)
+    assert main(["predict", "--calibration", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said.split("`")[0] in err[0]
+
+
+def test_a_calibration_that_is_a_device_or_fifo_is_not_read(tmp_path):
+    fifo = tmp_path / "cal.json"
+    os.mkfifo(fifo)
+    for p in ("/dev/zero", fifo):
+        with pytest.raises(ValueError, match="not a regular file"):
+            C.Calibration.load(p)
+
+
+@pytest.mark.parametrize("column,value,said", [
+    ("context_len", "abc", "column `context_len` holds 'abc', not a number"),
+    ("anat_weights_ms", "fast", "column `anat_weights_ms` holds 'fast'"),
+    ("concurrency", np.inf, "a decode point's `concurrency` is inf"),
+    ("budget", np.nan, "a decode point's `budget` is nan"),
+])
+def test_predict_on_a_run_with_text_or_no_number_in_its_table_is_one_line(tmp_path, capsys, column, value, said):
+    run = _run_copy(tmp_path / "run", column, value)
+    assert main(["predict", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+
+
+def test_numbers_written_as_text_are_read_as_numbers():
+    m = pd.DataFrame({"context_len": ["65536.0", "1024"], "strategy": ["a", "b"]})
+    out = C.numeric_metrics(m)
+    assert out["context_len"].tolist() == [65536.0, 1024.0] and m["context_len"].tolist() == ["65536.0", "1024"]
+
+
+# ---------------------------------------------------------------- compare and the explorer's run list
+
+@pytest.mark.parametrize("column", ["tok_s", "step_ms_min", "step_ms_median"])
+def test_compare_with_text_in_a_number_column_is_one_line_nothing_written(tmp_path, capsys, column):
+    bad = _run_copy(tmp_path / "bad", column, "abc")
+    out = tmp_path / "cmp.html"
+    assert main(["compare", str(REF_RUN), str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"bad/metrics.parquet: column `{column}` holds 'abc'" in err[0], err
+    assert not out.exists()
+
+
+def test_one_malformed_run_never_hides_the_others_from_the_explorer(tmp_path):
+    from labkit.explore import decode_runs
+    root = tmp_path / "results"
+    _run_copy(root / "good")
+    _run_copy(root / "text", "context_len", "abc")
+    _run_copy(root / "inf", "context_len", np.inf)
+    _run_copy(root / "str-tok", "tok_s", "abc")
+    (root / "zero").mkdir()
+    (root / "zero" / "manifest.json").symlink_to("/dev/zero")
+    (root / "list").mkdir()
+    (root / "list" / "manifest.json").write_text(json.dumps([1, 2]))
+    runs = decode_runs(root)
+    assert [k.split(" · ")[0] for k in runs] == ["good"]
+    assert runs[next(iter(runs))][1]["context_len"].dtype.kind == "i"
