@@ -385,6 +385,7 @@ class Calibration:
 
     @classmethod
     def from_metrics(cls, m: pd.DataFrame, gpu_name: str, source: str = "") -> "Calibration":
+        m = numeric_metrics(m, f"{source}/metrics.parquet" if source else "the run's metrics.parquet")
         hbm, link = _probe_gbps(m, "hbm_read"), _probe_gbps(m, "zero_copy")
         if not hbm or not link:
             raise ValueError(f"{source or 'this run'}: no hbm_read and zero_copy probe rows to calibrate from")

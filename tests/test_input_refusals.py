@@ -97,6 +97,18 @@ def test_a_calibration_that_is_a_device_or_fifo_is_not_read(tmp_path):
             C.Calibration.load(p)
 
 
+def test_a_calibration_run_with_text_rates_is_one_line_not_compared_as_text(tmp_path, capsys):
+    """Text rates compared as text would pick "9.5" over "10.2": the run's probe rates must be numbers."""
+    cal = _run_copy(tmp_path / "cal")
+    m = pd.read_parquet(cal / "metrics.parquet")
+    m["gbps"] = m["gbps"].astype(object).where(m["gbps"].isna(), m["gbps"].astype(str))
+    m.loc[m.index[m["experiment"] == "probe"][0], "gbps"] = "fast"
+    m.to_parquet(cal / "metrics.parquet")
+    assert main(["predict", "--calibration", str(cal)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--calibration: " in err[0] and "column `gbps` holds 'fast'" in err[0], err
+
+
 @pytest.mark.parametrize("column,value,said", [
     ("context_len", "abc", "column `context_len` holds 'abc', not a number"),
     ("anat_weights_ms", "fast", "column `anat_weights_ms` holds 'fast'"),
