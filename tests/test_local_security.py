@@ -467,7 +467,7 @@ NOT_RUN_FOLDERS = {
     "labkit/cluster/executor.py": "a node's work folder: fresh, in a scratch folder checked to be this user's alone",
     "labkit/crossmodel/pair.py": "a model folder being converted in a fresh temporary folder",
     "labkit/models/loader.py": "a model folder being converted in a fresh temporary folder",
-    "labkit/crossmodel/ablation.py": "the mapper-fitting cache under .cache/",
+    "labkit/experiments/crossmodel/ablation.py": "the mapper-fitting cache under .cache/",
     "labkit/quality/traces.py": "selection traces written by the trace tools, not by a run",
     "labkit/experiments/serve_sweep/measure.py": "the vLLM argument-check cache under .cache/",
 }

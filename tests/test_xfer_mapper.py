@@ -142,7 +142,7 @@ def test_causal_mean_feature_and_per_head_lambda(tiny, tmp_path):
     """`@avg` is the causal mean over positions 0..t; λ chosen per KV head still recovers a linearly
     readable layer exactly (one λ per head of K and of V in the file), and the layer's K/V is the same
     whichever λ granularity chose it."""
-    from labkit.crossmodel.ablation import merged
+    from labkit.experiments.crossmodel.ablation import merged
     from labkit.crossmodel.features import SmallPass
     from labkit.crossmodel.mapper import Fitter, restrict
 

@@ -52,13 +52,13 @@ def test_bad_pair_input_is_one_line():
 
 
 def test_attribution_rows_and_their_bounds(models, tmp_path):
-    """`labkit.crossmodel.attribution` on a real first:6 mapper: one row per variant (all, only:l and but:l for
+    """`labkit.experiments.crossmodel.attribution` on a real first:6 mapper: one row per variant (all, only:l and but:l for
     each of the 24 mapped layers, l's K and V apart for --split, the exact-prefix variant), and where a
     variant gives the large model its own K/V everywhere (a prefix covering the whole prompt) its NLL is
     the true cache's to the bit; `summarize` pools tokens, not documents."""
     import math
 
-    from labkit.crossmodel import attribution as A
+    from labkit.experiments.crossmodel import attribution as A
     from labkit.crossmodel.features import FeatureSpec
     from labkit.crossmodel.mapped_cache import calibration_chunks, fit_mapper
 

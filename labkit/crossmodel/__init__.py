@@ -8,5 +8,6 @@ pure-transformers reference: perplexity ratio, top-1 agreement, R²), `shm` (the
 `producer` (small prefill + mapping -> /dev/shm), `connector` (the vLLM KV connector that loads it),
 `ttft` (time to first token, mapped against the large model's own), `seeded` (TTFT at the published Qwen3-0.6B
 -> 1.7B shapes with seeded weights, `-p weights=seeded`). The experiment that measures with them is
-`labkit.experiments.crossmodel` (`labkit run crossmodel`).
+`labkit.experiments.crossmodel` (`labkit run crossmodel`); the mapper studies over them (`labkit study
+crossmodel-ablation`, `-frontier`, `-attribution`) sit beside it there.
 """

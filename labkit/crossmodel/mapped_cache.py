@@ -13,7 +13,7 @@ small-model prefill (`mapped_kv`), with the ablations that show what the mapper 
 model's own K/V, from a k-token forward of the large model (k/T of its prefill). Position 0 is the
 attention sink most deep-layer heads put their mass on; it is one row in 512 of the calibration text and
 the linear map predicts it badly; that one position carried 43% (first:8: 1.67 -> 1.34) and 60% (first:10:
-1.91 -> 1.30) of the log perplexity ratio at k = 1 (`labkit.crossmodel.attribution --prefix`).
+1.91 -> 1.30) of the log perplexity ratio at k = 1 (`labkit study crossmodel-attribution -p prefix=...`).
 
 The same function feeds the pure-transformers quality reference and the /dev/shm producer.
 """

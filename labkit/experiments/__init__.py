@@ -96,7 +96,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
 @dataclass(frozen=True)
 class Study:
     """A longer, specialised measurement behind a doc's figures (`labkit study NAME -p k=v`, `studies.py`): the
-    `study(**keywords)` of its module, which lives with the library it studies."""
+    `study(**keywords)` of its module, which sits beside the experiment whose library it studies (the cross-model
+    ones in `experiments/crossmodel/`)."""
     name: str
     question: str           # what it answers, one line
     where: str              # its module
@@ -104,11 +105,11 @@ class Study:
 
 _STUDIES = [
     Study("crossmodel-ablation", "which mapper and which small-model depth N: features, lambda, calibration",
-          "labkit.crossmodel.ablation"),
+          "labkit.experiments.crossmodel.ablation"),
     Study("crossmodel-frontier", "TTFT of mapped prefill against the large model's own, per N and length",
-          "labkit.crossmodel.frontier"),
+          "labkit.experiments.crossmodel.frontier"),
     Study("crossmodel-attribution", "where a fitted mapper loses its perplexity: per layer and length",
-          "labkit.crossmodel.attribution"),
+          "labkit.experiments.crossmodel.attribution"),
 ]
 STUDIES: dict[str, Study] = {s.name: s for s in _STUDIES}
 

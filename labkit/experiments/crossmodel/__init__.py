@@ -3,7 +3,8 @@ the large model's K/V, the large model decodes: quality against its own prefill,
 first token through transformers or vLLM with labkit's KV connector. With `weights=seeded`: time to first token
 only, at the published pair's shapes (Qwen3-0.6B prefills, Qwen3-1.7B decodes) with seeded random weights, on a
 GPU (`seeded.py`). Code: `measure.py` (figures: `figures.py`), over the cross-model library
-`labkit.crossmodel`."""
+`labkit.crossmodel`; the mapper studies beside it (`ablation.py`, `frontier.py`, `attribution.py`: `labkit study
+crossmodel-ablation` ...)."""
 from __future__ import annotations
 
 from ...params import DEVICE, OUT_DIR, SEED, Param, Plan

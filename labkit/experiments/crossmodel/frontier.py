@@ -1,4 +1,4 @@
-"""The N frontier of a `first:N` pair: perplexity ratio (from `labkit.crossmodel.ablation`) against measured TTFT
+"""The N frontier of a `first:N` pair: perplexity ratio (from `labkit.experiments.crossmodel.ablation`) against measured TTFT
 speedup, per N and prompt length — the figure a user picks N from.
 
 TTFT is measured end to end in one process on the transformers backend (`experiment.mapped_ttft_once`:

@@ -1,6 +1,6 @@
 """Where a fitted `first:N` mapper loses its perplexity: per mapped layer, and per prompt length.
 
-For each mapper file and prompt length, on the corpora's eval split (as `labkit.crossmodel.ablation` scores):
+For each mapper file and prompt length, on the corpora's eval split (as `labkit.experiments.crossmodel.ablation` scores):
 
 - `all`: every mapped layer predicted (the ablation's number);
 - `only:l`: layer l predicted, every other layer's K/V true — what l's error costs on its own;
@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from labkit.crossmodel.ablation import large_pass, small_view
+from labkit.experiments.crossmodel.ablation import large_pass, small_view
 from labkit.crossmodel.features import cache_kv, rotate
 from labkit.crossmodel.mapper import Mapper
 from labkit.crossmodel.quality import logits_with_kv
