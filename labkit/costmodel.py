@@ -446,9 +446,14 @@ def numeric_metrics(m: pd.DataFrame, where: str = "the run's metrics.parquet") -
     return out
 
 
-def _decode_grid(m: pd.DataFrame, where: str) -> pd.DataFrame:
+def _decode_grid(m: pd.DataFrame, where: str, host_gbps=None) -> pd.DataFrame:
     """The run's metrics with numbers where numbers are read, its decode points' context, concurrency and budget
-    finite and > 0 (each becomes an int); BadInput in one line otherwise."""
+    finite and > 0 (each becomes an int), the host's RAM bandwidth (from the manifest) a finite number > 0 where
+    given; BadInput in one line otherwise."""
+    if host_gbps is not None and not (isinstance(host_gbps, (int, float)) and not isinstance(host_gbps, bool)
+                                      and 0 <= host_gbps < CALIBRATION_TOP):
+        raise BadInput(f"the run's manifest: host_memory_bandwidth.copy_all_gbps is {host_gbps!r}, not a finite "
+                       f"number >= 0")
     m = numeric_metrics(m, where)
     d = _decode_points(m)
     for c in ("context_len", "concurrency", "budget"):
@@ -508,7 +513,7 @@ def validate(m: pd.DataFrame, shape: ModelShape, source: GPU, host_gbps: float |
              where: str = "the run's metrics.parquet") -> pd.DataFrame:
     """Fit on one point per strategy, predict every measured point of that strategy: the error table."""
     rows = []
-    m = _decode_grid(m, where)
+    m = _decode_grid(m, where, host_gbps)
     d = _decode_points(m)
     for strategy in sorted(d["strategy"].unique()):
         try:
@@ -531,7 +536,7 @@ def predict_table(m: pd.DataFrame, shape: ModelShape, source: GPU, target: GPU, 
     `how`: `CostModel.predict`'s split, calibrations, all-reduce latency, weights dtype and the target host's
     `host_scale`; `host_gbps`: this host's RAM bandwidth (`CostModel.fit`). `where`: what a refusal of the
     table's values names."""
-    m = _decode_grid(m, where)
+    m = _decode_grid(m, where, host_gbps)
     d = _decode_points(m)
     contexts = contexts or sorted(int(x) for x in d["context_len"].unique())
     concurrency = concurrency or sorted(int(x) for x in d["concurrency"].unique())
