@@ -446,14 +446,21 @@ def numeric_metrics(m: pd.DataFrame, where: str = "the run's metrics.parquet") -
     return out
 
 
-def _decode_grid(m: pd.DataFrame, where: str, host_gbps=None) -> pd.DataFrame:
-    """The run's metrics with numbers where numbers are read, its decode points' context, concurrency and budget
-    finite and > 0 (each becomes an int), the host's RAM bandwidth (from the manifest) a finite number > 0 where
-    given; BadInput in one line otherwise."""
+def check_host_gbps(host_gbps):
+    """`host_gbps` (a run manifest's `host_memory_bandwidth.copy_all_gbps`, None where not measured) when it is a
+    finite number >= 0; BadInput in one line otherwise. A caller that divides by it checks it first."""
     if host_gbps is not None and not (isinstance(host_gbps, (int, float)) and not isinstance(host_gbps, bool)
                                       and 0 <= host_gbps < CALIBRATION_TOP):
         raise BadInput(f"the run's manifest: host_memory_bandwidth.copy_all_gbps is {host_gbps!r}, not a finite "
                        f"number >= 0")
+    return host_gbps
+
+
+def _decode_grid(m: pd.DataFrame, where: str, host_gbps=None) -> pd.DataFrame:
+    """The run's metrics with numbers where numbers are read, its decode points' context, concurrency and budget
+    finite and > 0 (each becomes an int), the host's RAM bandwidth (from the manifest) a finite number > 0 where
+    given; BadInput in one line otherwise."""
+    check_host_gbps(host_gbps)
     m = numeric_metrics(m, where)
     d = _decode_points(m)
     for c in ("context_len", "concurrency", "budget"):

@@ -133,6 +133,13 @@ def test_a_host_bandwidth_in_the_manifest_that_is_no_number_is_one_line(tmp_path
     assert len(err) == 1 and "host_memory_bandwidth.copy_all_gbps is" in err[0], err
 
 
+def test_the_host_bandwidth_check_a_caller_makes_before_dividing_by_it():
+    assert C.check_host_gbps(None) is None and C.check_host_gbps(35.5) == 35.5
+    for bad in ("abc", [1], float("nan"), float("inf"), -1, True):
+        with pytest.raises(BadInput, match="copy_all_gbps is"):
+            C.check_host_gbps(bad)
+
+
 def test_numbers_written_as_text_are_read_as_numbers():
     m = pd.DataFrame({"context_len": ["65536.0", "1024"], "strategy": ["a", "b"]})
     out = C.numeric_metrics(m)
