@@ -325,6 +325,7 @@ def _predict_source(a):
 
 def _predict_how(a, run, host) -> dict:
     """`CostModel.predict`'s options from the command line: split, weights, host scale, all-reduce, calibrations."""
+    host = costmodel.check_host_gbps(host)        # the run's own figure, before anything divides by it
     if a.host_gbps is not None and (not a.host_gbps > 0 or a.host_gbps == float("inf") or not host):
         raise BadInput(f"--host-gbps must be a finite number > 0 and the run must record its host's RAM bandwidth "
                        f"({'it does not' if not host else f'got {a.host_gbps}'})")

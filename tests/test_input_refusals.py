@@ -122,13 +122,14 @@ def test_predict_on_a_run_with_text_or_no_number_in_its_table_is_one_line(tmp_pa
     assert len(err) == 1 and said in err[0], err
 
 
+@pytest.mark.parametrize("host_option", [[], ["--host-gbps", "20"]])
 @pytest.mark.parametrize("value", ["abc", float("nan"), -5])
-def test_a_host_bandwidth_in_the_manifest_that_is_no_number_is_one_line(tmp_path, capsys, value):
+def test_a_host_bandwidth_in_the_manifest_that_is_no_number_is_one_line(tmp_path, capsys, value, host_option):
     run = _run_copy(tmp_path / "run")
     mf = json.loads((run / "manifest.json").read_text())
     mf["host_memory_bandwidth"]["copy_all_gbps"] = value
     (run / "manifest.json").write_text(json.dumps(mf))
-    assert main(["predict", str(run)]) == 2
+    assert main(["predict", str(run), *host_option]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "host_memory_bandwidth.copy_all_gbps is" in err[0], err
 
