@@ -615,7 +615,7 @@ def _add_reading(sub) -> None:
     pr.add_argument("--calibration", help="rates measured on the target card: a calibration JSON (gpu_name, "
                     "hbm_read_gbps, link_gbps, optionally allreduce_us) or a decode run folder made there (its "
                     "probe rows); the run's own probe calibrates the source")
-    pr.add_argument("--weights-dtype", choices=("bf16", "w4a16"), help="predict the model held in these weights")
+    pr.add_argument("--weights-dtype", choices=shapes.WEIGHT_DTYPES, help="predict the model held in these weights")
     pr.add_argument("--host-gbps", type=float, help="the target box's host RAM copy bandwidth (GB/s, all cores, as "
                     "`labkit run probe` measures it there): scales CPU-staged gathers (default: this run's host)")
     pr.add_argument("--json", action="store_true", help="the prediction and its check on the source run as JSON")

@@ -167,7 +167,7 @@ def phase_bytes(shape: ModelShape, strategy: str, context_len: int, concurrency:
 
     def wb(name):
         K, N, c = mats[name]
-        return K * N * c * s._bytes_per_weight(name, weights_dtype, K)
+        return K * N * c * s.bytes_per_weight(name, weights_dtype, K)
     dn_state = s.dn_v_heads * s.dn_head_dim * s.dn_head_dim * 4
     rows = B * L_a * k * s.row_bytes
     dense_ffn = sum(wb(n) for n in ("ffn.w_gu", "ffn.w_d") if n in mats)
@@ -178,7 +178,7 @@ def phase_bytes(shape: ModelShape, strategy: str, context_len: int, concurrency:
                                                          "moe.shared_gate") if n in mats)
     # the QSA input projection as the products need it (its zero padding is not counted: the model's own bytes)
     qsa_in = s.hidden * (2 * s.n_heads * s.head_dim + 2 * s.n_kv_heads * s.head_dim + s.index_heads * s.index_dim
-                         + s.index_heads + s.index_dim) * L_a * s._bytes_per_weight("qsa.w_in", weights_dtype, s.hidden)
+                         + s.index_heads + s.index_dim) * L_a * s.bytes_per_weight("qsa.w_in", weights_dtype, s.hidden)
     return {
         "weights": qsa_in + wb("qsa.w_o") + dense_ffn,
         "deltanet": wb("dn.w_in") + wb("dn.w_o") + L_d * 2 * B * dn_state,

@@ -234,8 +234,6 @@ class ModelShape:
         check_weights_dtype(weights_dtype)
         return WEIGHT_BYTES[weights_dtype] if name in self.QUANTISED and K % W4_GROUP == 0 else BF16_BYTES
 
-    # deprecated: the public `bytes_per_weight`, kept under its old name for callers not yet moved
-    _bytes_per_weight = bytes_per_weight
 
     def expected_experts(self, concurrency: int) -> float:
         """Distinct routed experts a layer reads at a decode step of `concurrency` requests whose tokens choose
