@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from dataclasses import dataclass, replace
 from types import MappingProxyType, SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -197,16 +198,14 @@ def parse_value(p: Param, raw: Any) -> Any:
             out = []
             for x in items:
                 raw = x        # the item the message names
-                out.append(parse_size(x) if kind == "int" else float(x) if kind == "float" else str(x))
+                out.append(parse_size(x) if kind == "int" else _float(p, x) if kind == "float" else str(x))
             return out
         if kind in ("int", "float") and isinstance(raw, str) and raw.strip() == "auto":
             return "auto"            # decided by the experiment for the machine it is planned on
         if kind == "int":
             return parse_size(raw)
         if kind == "float":
-            if isinstance(raw, bool):
-                raise ValueError(raw)
-            return float(raw)
+            return _float(p, raw)
         if kind == "bool":
             if isinstance(raw, bool):
                 return raw
@@ -216,7 +215,26 @@ def parse_value(p: Param, raw: Any) -> Any:
             return word in _TRUE
         return str(raw)
     except (TypeError, ValueError):
-        raise BadInput(f"parameter {p.name}: {raw!r} is not {_WHAT.get(kind, kind)}") from None
+        what = "a finite number" if kind == "float" and _nonfinite(raw) else _WHAT.get(kind, kind)
+        raise BadInput(f"parameter {p.name}: {raw!r} is not {what}") from None
+
+
+def _float(p: Param, raw: Any) -> float:
+    """A float parameter's value: nan never, inf only where the parameter's default is inf (there it means "no
+    limit", e.g. a closed loop's request rate); ValueError otherwise (the caller's one line)."""
+    if isinstance(raw, bool):
+        raise ValueError(raw)
+    v = float(raw)
+    if _nonfinite(v) and not (isinstance(p.default, float) and math.isinf(p.default) and v == p.default):
+        raise ValueError(raw)
+    return v
+
+
+def _nonfinite(raw: Any) -> bool:
+    try:
+        return not math.isfinite(float(raw))
+    except (TypeError, ValueError):
+        return False
 
 
 def parse_size(x: Any) -> int:

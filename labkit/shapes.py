@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import atomic
 from .params import BadInput, Param
 
 BF16_BYTES = 2
@@ -369,6 +370,43 @@ def metrics_shape(m) -> ModelShape:
     rows = m[m["shape"].notna()]
     rev = rows["shape_rev"].iloc[0] if "shape_rev" in rows else None
     return shape_for_run(str(rows["shape"].iloc[0]), rev)
+
+
+ROUTING_FILE_CAP = 64 << 20      # a recorded routing's frequencies: 48 layers x 512 experts is ~200 KB of JSON
+
+
+def routing_spec(routing: str, s: ModelShape | None = None) -> tuple[str, Any]:
+    """The `routing` parameter read and checked before anything is built: ("router", None), ("zipf", S) with S a
+    finite number >= 0, or ("file", rows), the recorded frequencies (a JSON object {"experts": [...]} for every
+    layer or {"layers": [[...], ...]} one list a layer, finite numbers >= 0), read only as a regular file of at most
+    ROUTING_FILE_CAP bytes; with the shape `s`, rows of its layers x experts. One BadInput line otherwise."""
+    if routing == "router":
+        return "router", None
+    if routing.startswith("zipf:"):
+        try:
+            a = float(routing[5:])
+        except ValueError:
+            a = float("nan")
+        if not (a == a and 0 <= a < float("inf")):
+            raise BadInput(f"routing {routing!r}: zipf:S takes a finite exponent S >= 0")
+        return "zipf", a
+    if routing.startswith("file:"):
+        path = Path(routing[5:])
+        try:
+            d = json.loads(atomic.read_regular_at(None, path.resolve(), ROUTING_FILE_CAP).decode())
+        except (OSError, UnicodeDecodeError, ValueError) as ex:
+            raise BadInput(f"routing file {path}: {getattr(ex, 'strerror', None) or ex}") from None
+        rows = d.get("layers", [d.get("experts")] * (s.layers if s else 1)) if isinstance(d, dict) else None
+        if not (isinstance(rows, list) and rows and all(isinstance(r, list) and r and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf") for x in r)
+                for r in rows)):
+            raise BadInput(f"routing file {path}: not a JSON object of expert frequencies ({{\"experts\": [...]}} or "
+                           f"{{\"layers\": [[...], ...]}}, finite numbers >= 0)")
+        if s is not None and (len(rows), len(rows[0])) != (s.layers, s.experts) or len({len(r) for r in rows}) != 1:
+            raise BadInput(f"routing file {path}: {len(rows)} x {len(rows[0])} frequencies, the shape has "
+                           f"{s.layers if s else '?'} layers of {s.experts if s else '?'} experts")
+        return "file", rows
+    raise BadInput(f"unknown routing {routing!r}: router, zipf:S or file:PATH")
 
 
 def planned_shape(name: str) -> ModelShape:

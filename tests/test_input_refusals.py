@@ -173,3 +173,41 @@ def test_one_malformed_run_never_hides_the_others_from_the_explorer(tmp_path):
     runs = decode_runs(root)
     assert [k.split(" · ")[0] for k in runs] == ["good"]
     assert runs[next(iter(runs))][1]["context_len"].dtype.kind == "i"
+
+
+@pytest.mark.parametrize("routing, said", [
+    ("zipf:nan", "finite exponent"), ("zipf:inf", "finite exponent"), ("zipf:-1", "finite exponent"),
+    ("zipf:x", "finite exponent"), ("file:/dev/zero", "not a regular file"), ("file:{d}/list.json", "not a JSON object"),
+    ("file:{d}/nan.json", "not a JSON object"), ("file:{d}/short.json", "8 x 15 frequencies"),
+    ("file:{d}/missing.json", "No such file"), ("bogus", "unknown routing"),
+])
+def test_a_routing_that_is_no_distribution_is_one_line_before_anything_is_built(tmp_path, routing, said):
+    """`routing` read and checked when the plan is made (a FIFO or /dev/zero never read, nan or inf never a
+    popularity exponent), against the plan's shape (tiny-moe: 8 layers of 16 experts)."""
+    from labkit.experiments import plan
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "nan.json").write_text('{"experts": [NaN, 1]}')
+    (tmp_path / "short.json").write_text(json.dumps({"experts": [1.0] * 15}))
+    with pytest.raises(BadInput, match=said):
+        plan("decode", {"shape": "tiny-moe", "device": "cpu", "routing": routing.format(d=tmp_path)})
+
+
+def test_a_recorded_routing_of_the_shapes_size_plans_and_biases_the_router(tmp_path):
+    from labkit.engine.model.hybrid import routing_biases
+    from labkit.experiments import plan
+    from labkit.shapes import ModelShape
+    freq = [float(i + 1) for i in range(16)]
+    (tmp_path / "ok.json").write_text(json.dumps({"experts": freq}))
+    p = plan("decode", {"shape": "tiny-moe", "device": "cpu", "routing": f"file:{tmp_path}/ok.json"})
+    assert p.params["routing"].startswith("file:")
+    b = routing_biases(ModelShape.from_name("tiny-moe"), p.params["routing"], 0)
+    assert b.shape == (8, 16) and bool((b[:, 15] > b[:, 0]).all())      # the more often chosen, the larger
+
+
+def test_a_float_parameter_takes_no_nan_and_inf_only_where_inf_is_its_default():
+    from labkit.params import Param, parse_value
+    with pytest.raises(BadInput, match="'nan' is not a finite number"):
+        parse_value(Param("x", "float", 1.0, ""), "nan")
+    with pytest.raises(BadInput, match="'inf' is not a finite number"):
+        parse_value(Param("x", "list[float]", [1.0], ""), "1,inf")
+    assert parse_value(Param("rate", "float", float("inf"), ""), "inf") == float("inf")   # "no limit" there

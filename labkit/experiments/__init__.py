@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .. import lazy
 from ..params import BadInput, Param, Plan, experiment_name, fill_auto, resolve, resolve_device
-from ..shapes import planned_shape
+from ..shapes import planned_shape, routing_spec
 
 # sweep and results import pandas: the registry stays light for --help
 results = lazy.module("..results", __package__)
@@ -119,8 +119,20 @@ def checked(name: str, spec: list[Param], given: dict, load_check, **check_optio
     own `check(params)` (the machine, files, servers), which `load_check()` imports only then; keys it marks
     private (`_pair`) are not recorded."""
     p = resolve(spec, given, name)
+    if "routing" in p:                      # a model's routing (MODEL_PARAMS): a recorded one read and checked now
+        _check_routing(p)
     p = load_check()(p, **check_options)
     return Plan(name, {k: v for k, v in p.items() if not k.startswith("_")})
+
+
+def _check_routing(p: dict) -> None:
+    """`routing` (zipf:S, file:PATH) checked before the measuring module is imported, against the plan's shape
+    where it names one already (an "auto" shape is decided later, and the model checks it again when built)."""
+    try:
+        shape = planned_shape(p["shape"]) if "shape" in p else None
+    except BadInput:
+        shape = None                        # the check that decides the shape says what is wrong with it
+    routing_spec(p["routing"], shape if shape is not None and shape.moe else None)
 
 
 def planner(name: str, spec: list[Param], code, **options):

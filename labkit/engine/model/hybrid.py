@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ... import envs
-from ...shapes import ModelShape, check_weights_dtype
+from ...shapes import ModelShape, check_weights_dtype, routing_spec
 from .attention import sparse_decode_attention
 from .experts import MoE
 from . import hc_mix
@@ -161,21 +161,16 @@ def routing_biases(s: ModelShape, routing: str, seed: int) -> torch.Tensor:
     an expert popularity, so the choice follows it. `zipf:S`: popularity 1 / rank^S over a seeded permutation per
     layer; `file:PATH`: a JSON object {"experts": [...]} of frequencies for every layer, or {"layers": [[...],
     ...]} one list a layer (a recorded routing's counts)."""
-    if routing.startswith("zipf:"):
-        a = float(routing[5:])
+    kind, v = routing_spec(routing, s)            # checked as a plan checks it (BadInput in one line)
+    if kind == "zipf":
         g = torch.Generator().manual_seed(seed + 7)
         rank = torch.arange(1, s.experts + 1, dtype=torch.float32)
-        pop = rank ** -a
+        pop = rank ** -v
         return torch.stack([pop[torch.randperm(s.experts, generator=g)] for _ in range(s.layers)]).log()
-    if routing.startswith("file:"):
-        d = json.loads(Path(routing[5:]).read_text())
-        rows = d["layers"] if "layers" in d else [d["experts"]] * s.layers
-        t = torch.tensor(rows, dtype=torch.float32)
-        if t.shape != (s.layers, s.experts):
-            raise ValueError(f"routing file {routing[5:]}: {tuple(t.shape)} frequencies, the shape has "
-                             f"{s.layers} layers of {s.experts} experts")
+    if kind == "file":
+        t = torch.tensor(v, dtype=torch.float32)
         return (t.clamp_min(0) + 1e-6).log() - math.log(float(t.sum(1).mean()) + 1e-6)
-    raise ValueError(f"unknown routing {routing!r}: router, zipf:S or file:PATH")
+    raise ValueError(f"routing {routing!r} adds no bias: the router chooses")
 
 
 def kind_index(blocks) -> list[int]:
