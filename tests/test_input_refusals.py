@@ -211,3 +211,17 @@ def test_a_float_parameter_takes_no_nan_and_inf_only_where_inf_is_its_default():
     with pytest.raises(BadInput, match="'inf' is not a finite number"):
         parse_value(Param("x", "list[float]", [1.0], ""), "1,inf")
     assert parse_value(Param("rate", "float", float("inf"), ""), "inf") == float("inf")   # "no limit" there
+
+
+def test_the_shipped_traces_plan_and_read_from_any_working_directory(tmp_path, monkeypatch):
+    """hot_replay's "auto" traces are named as the repository names them (`labkit/data/...`, the same in every
+    manifest) and found from a working directory outside it."""
+    from labkit.experiments import plan
+    from labkit.experiments.hot_replay.measure import trace_path
+    from labkit.quality.traces import load_trace
+    monkeypatch.chdir(tmp_path)
+    p = plan("hot_replay", {"context_lens": "128K"})
+    assert p.params["traces"] and all(t.startswith("labkit/data/") for t in p.params["traces"])
+    assert load_trace(trace_path(p.params["traces"][0])).budget > 0
+    with pytest.raises(BadInput, match="does not exist"):
+        plan("hot_replay", {"context_lens": "128K", "traces": "labkit/data/none.npz"})

@@ -35,13 +35,20 @@ from ...params import BadInput
 from . import DATA
 
 
+def trace_path(name: str) -> Path:
+    """A trace as a plan names it: a path from here, else one relative to the repository (the shipped traces are
+    recorded as `labkit/data/...`, so a plan reads the same from any working directory)."""
+    path = Path(name)
+    return path if path.is_file() or path.is_absolute() else DATA.parent.parent / path
+
+
 def check(p: dict) -> dict:
     """Check what crosses parameters and the traces named (one BadInput line before anything is read); "auto"
     traces: every one shipped in labkit/data. Returns the parameters a plan records."""
     p = dict(p)
     if p["traces"] == "auto":
         p["traces"] = sorted(str(t.relative_to(DATA.parent.parent)) for t in DATA.glob("*.npz"))
-    missing = [t for t in p["traces"] if not Path(t).is_file()]
+    missing = [t for t in p["traces"] if not trace_path(t).is_file()]
     if missing or not p["traces"]:
         raise BadInput(f"trace {missing[0] if missing else '(none)'} does not exist")
     if not p["policies"]:
@@ -99,7 +106,7 @@ def replay_sweep(traces, context_lens, budget: int = 2048, capacity_x=(0.5, 1.0,
     s = PRESETS[shape]
     rows = []
     for path in traces:
-        tr = load_trace(path)
+        tr = load_trace(trace_path(path))
         t_budget, t_ctx = tr.budget, int(tr.context_len[0])
         valid = tr.positions[tr.positions >= 0]
         src_overlap = float(locality(tr)["overlap_prev"].mean())
