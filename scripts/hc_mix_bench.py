@@ -4,7 +4,8 @@
 
 16 mixes of the published shape back to back in a CUDA graph (each its own weights, 13 MB a mix: past L2), each
 taking the last one's output as its sub-block's, at one request and four; µs a mix, median over the graph's
-replays, against the time its weights take at the HBM read rate measured in the same process. A variant changes
+replays, against the time its weights take at the HBM read rate measured in the same process (a variant that skips
+a kernel: the other's weights). A variant changes
 module settings (`VARIANTS`); `down-only` / `up-only` skip the other kernel's launch (the skipped kernel's outputs
 stay as allocated: a timing, not a result). `--module FILE` times another version of the module (a copy of an
 earlier commit's file, imports made absolute) beside this one, under the name `module`. Writes
@@ -78,7 +79,9 @@ def main():
     per_mix = sum(nbytes(w.w_down) + nbytes(w.w_up) + nbytes(w.norm_w) for w in hcs) / a.count
     out = {"device": torch.cuda.get_device_name(), "hbm_read_gbps": hbm_read_gbps(dev), "bytes_per_mix": per_mix,
            "count": a.count, "rows": []}
-    bound_us = per_mix / out["hbm_read_gbps"] / 1e3
+    # a variant that skips a kernel reads only the other's weights: its bound is those bytes'
+    down_b = sum(nbytes(w.w_down) + nbytes(w.norm_w) for w in hcs) / a.count
+    up_b = sum(nbytes(w.w_up) + nbytes(w.norm_w) for w in hcs) / a.count
     mods = [(v, X, VARIANTS[v]) for v in a.variants.split(",") if v]
     if a.module:
         spec = importlib.util.spec_from_file_location("hc_mix_other", a.module)
@@ -89,11 +92,13 @@ def main():
         saved = {k: getattr(mod, k) for k in settings}
         for k, v in settings.items():
             setattr(mod, k, _Skip() if v == "skip" else v)
+        read = {"down-only": down_b, "up-only": up_b}.get(name, per_mix)
+        bound_us = read / out["hbm_read_gbps"] / 1e3
         try:
             for rows in (1, 4):
                 ts = timed_graph(chain(mod, hcs, rows, dev), dev)
                 us = statistics.median(ts) * 1e3 / a.count
-                out["rows"].append({"variant": name, "rows": rows, "us_per_mix": us,
+                out["rows"].append({"variant": name, "rows": rows, "us_per_mix": us, "bytes": read,
                                     "us_min": min(ts) * 1e3 / a.count, "us_max": max(ts) * 1e3 / a.count,
                                     "of_bound": bound_us / us})
                 print(f"{name:14s} c={rows} {us:6.2f} µs a mix ({bound_us / us:4.0%} of the read rate; bound "
