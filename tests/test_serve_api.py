@@ -212,6 +212,67 @@ def test_metrics_under_vllms_names(server):
     assert {"kv_cache_usage_perc", "num_requests_running", "num_requests_waiting", "generation_tokens"} <= set(got)
 
 
+
+def test_http_families_count_the_requests_made(server):
+    """The five `http_*` families vLLM's server publishes (prometheus-fastapi-instrumentator's default set):
+    same names, types and labels, counting the requests this server answered: handler the route's template,
+    status its class, request sizes from Content-Length, response sizes the bytes sent, one duration each;
+    /metrics and /health (excluded, as in vLLM) not counted."""
+    url = server[0]
+
+    def fams():
+        return {f.name: f for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+                if not f.name.endswith("_created")}
+
+    def value(f, sample, **labels):
+        return sum(s.value for s in f.samples if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()))
+    before = fams()
+    comp = {"handler": "/v1/completions"}
+    counts0 = {k: value(before[n], n + "_total", method="POST", **comp, status=k) if n in before else 0
+               for n, k in (("http_requests", "2xx"), ("http_requests", "4xx"))}
+    n_hi0 = value(before["http_request_duration_highr_seconds"], "http_request_duration_highr_seconds_count")
+    sizes0 = {n: (value(before[n], n + "_count", **comp), value(before[n], n + "_sum", **comp))
+              for n in ("http_request_size_bytes", "http_response_size_bytes")}
+    bodies, sent = [{"prompt": [1, 2, 3, 4], "max_tokens": 3}, {"prompt": [1, 2, 3], "max_tokens": 2}], []
+    for b in bodies:
+        r = _post(url, "/v1/completions", b)
+        assert r.status_code == 200
+        sent.append(len(r.content))
+    bad = _post(url, "/v1/completions", {"prompt": [1], "model": "nope"})
+    assert bad.status_code == 404
+    sent.append(len(bad.content))
+    stream = _sse(url, "/v1/completions", {"prompt": [1, 2], "max_tokens": 2, "stream": True})
+    assert stream[-1] == "[DONE]"
+    httpx.get(url + "/health")
+    httpx.get(url + "/no/such/path")
+    after = fams()
+    assert {n: after[n].type for n in after if n.startswith("http_")} == {
+        "http_requests": "counter", "http_request_size_bytes": "summary", "http_response_size_bytes": "summary",
+        "http_request_duration_highr_seconds": "histogram", "http_request_duration_seconds": "histogram"}
+    labels = {n: {k for s in after[n].samples for k in s.labels if k != "le"} for n in after if n.startswith("http_")}
+    assert labels == {"http_requests": {"handler", "method", "status"}, "http_request_size_bytes": {"handler"},
+                      "http_response_size_bytes": {"handler"}, "http_request_duration_highr_seconds": set(),
+                      "http_request_duration_seconds": {"handler", "method"}}
+    tot = after["http_requests"]
+    assert value(tot, "http_requests_total", method="POST", status="2xx", **comp) == counts0["2xx"] + 3
+    assert value(tot, "http_requests_total", method="POST", status="4xx", **comp) == counts0["4xx"] + 1
+    assert value(tot, "http_requests_total", handler="none", method="GET", status="4xx") >= 1
+    assert not [s for s in tot.samples if s.labels.get("handler") in ("/metrics", "/health")]
+    # 4 completions + the unknown path (+ whatever else other tests sent meanwhile: none, they run in turn)
+    assert value(after["http_request_duration_highr_seconds"], "http_request_duration_highr_seconds_count") == n_hi0 + 5
+    low = after["http_request_duration_seconds"]
+    assert value(low, "http_request_duration_seconds_count", method="POST", **comp) == \
+        value(tot, "http_requests_total", method="POST", **comp)
+    assert value(low, "http_request_duration_seconds_sum", method="POST", **comp) > 0
+    req_n, req_sum = sizes0["http_request_size_bytes"]
+    sizes = [len(httpx.Request("POST", url, json=b).content)
+             for b in bodies + [{"prompt": [1], "model": "nope"}, {"prompt": [1, 2], "max_tokens": 2, "stream": True}]]
+    n, total = (value(after["http_request_size_bytes"], "http_request_size_bytes" + k, **comp) for k in ("_count", "_sum"))
+    assert (n, total) == (req_n + 4, req_sum + sum(sizes))
+    res_n, res_sum = sizes0["http_response_size_bytes"]
+    n, total = (value(after["http_response_size_bytes"], "http_response_size_bytes" + k, **comp) for k in ("_count", "_sum"))
+    assert n == res_n + 4 and total > res_sum + sum(sent)       # the stream's bytes counted too
+
 def test_deeply_nested_body_is_400_not_500(server):
     url, _, _ = server
     deep = "[" * 100_000 + "]" * 100_000

@@ -384,15 +384,18 @@ NOT_EXPORTED = {"vllm:iteration_tokens_total", "vllm:estimated_flops_per_gpu", "
 
 
 def test_metric_families_as_vllms(server, labkit_server):
-    """Every `vllm:`, `process_` and `python_` family vLLM's server exports, labkit's exports too, of the same
-    type and labels, except the few it has nothing for; the process families are real (resident memory)."""
+    """Every `vllm:`, `process_`, `python_` and `http_` family vLLM's server exports, labkit's exports too, of
+    the same type and labels, except the few it has nothing for; the process families are real (resident
+    memory). One completion on each first, so each `http_` family has its labelled samples."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
+    for url, model in ((server.base_url, server.model), (labkit_server, "tiny")):
+        assert _ask(url, model, "/v1/completions", {"prompt": PROMPT_TEXT, "max_tokens": 2})[0] == 200
 
     def families(url):
         return {f.name: (f.type, frozenset(k for s in f.samples for k in s.labels if k != "le"))
                 for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)
-                if f.name.startswith(("vllm:", "process_", "python_")) and not f.name.endswith("_created")}
+                if f.name.startswith(("vllm:", "process_", "python_", "http_")) and not f.name.endswith("_created")}
     v, lab = families(server.base_url), families(labkit_server)
     missing = {k for k in v if k not in lab and k not in NOT_EXPORTED}
     assert not missing, sorted(missing)

@@ -5,7 +5,8 @@
 `POST /v1/completions` and `/v1/chat/completions` (streamed or not) answer as vLLM 0.32's server does: what a
 request asks and how it ends, logprobs included, in `labkit.serving.generation`; the fields of every answer
 and chunk in `labkit.serving.replies`. An unknown `model` gets 404. `POST /tokenize`, `/detokenize` and `GET
-/version` are vLLM's; `GET /metrics` is Prometheus text under vLLM's metric names (`labkit.serving.promserve`).
+/version` are vLLM's; `GET /metrics` is Prometheus text under vLLM's metric names (`labkit.serving.promserve`), its
+`http_*` families measured by an ASGI middleware as vLLM's server measures them.
 The same load generator that drives vLLM (`labkit.serving.loadgen`) drives this server.
 
 The engine's weights are random and seeded; decoding is greedy whatever `temperature` says and there is
@@ -40,7 +41,7 @@ import uuid
 from ..params import BadInput
 from .fields import check_text
 from .generation import Generation, Sampling, bool_field, int_field, messages, prompt_ids
-from .promserve import CONTENT_TYPE, ServeMetrics
+from .promserve import CONTENT_TYPE, HttpMetrics, ServeMetrics
 from .replies import Reply
 from .tokentext import TokenText
 from .. import __version__, lazy
@@ -302,6 +303,7 @@ def create_app(loop: EngineLoop, model_name: str = "labkit", text: TokenText | N
     vocab = next(iter(sched.lanes.values())).engine.model.shape.vocab
     text = text or TokenText(None, vocab)
     metrics = ServeMetrics(sched, model_name, capacity)
+    app.add_middleware(HttpMetrics, router=app.router, families=metrics.http)     # the http_* families
     started = int(time.time())
 
     @app.get("/health")

@@ -13,13 +13,17 @@ dashboard made for vLLM finds every panel: no prefix cache (`vllm:prefix_cache_q
 tokens, every hit counter stays 0, every prompt token's source is `local_compute`), no multi-modal cache,
 no queue limit (`vllm:admission_rejections` 0), never asleep, never preempted, n always 1. The process's own
 families (`process_*`, `python_*`: memory, CPU time, open files, garbage collection) are prometheus_client's
-collectors, as vLLM's server exports them. Not exported: the per-step token histogram, the FLOP and byte
+collectors, as vLLM's server exports them. The five `http_*` families vLLM's API server gets from
+prometheus-fastapi-instrumentator (requests by handler, method and status class; request and response sizes;
+durations) are measured here by `HttpMetrics`, an ASGI middleware, the same way. Not exported: the per-step token histogram, the FLOP and byte
 estimates and `vllm:cache_config_info` (vLLM's cache settings, most of which have no meaning here).
 """
 from __future__ import annotations
 
+import time
+
 from prometheus_client import (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter,
-                               Histogram, generate_latest)
+                               Histogram, Summary, generate_latest)
 from prometheus_client.core import GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -30,6 +34,13 @@ TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 40.0, 80.0]
 REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+# prometheus-fastapi-instrumentator's default buckets, and the handlers vLLM's server leaves out (a pattern
+# found anywhere in the handler's template, or in the path where no route matched)
+HTTP_HIGHR_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 7.5, 10,
+                      30, 60]
+HTTP_LOWR_BUCKETS = [0.1, 0.5, 1]
+HTTP_EXCLUDED = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
 
 
 def _1_2_5(top: int) -> list[int]:
@@ -89,9 +100,94 @@ class _Gauges:
         yield g
 
 
+class HttpFamilies:
+    """The `http_*` families of prometheus-fastapi-instrumentator's default set, as vLLM's server names them."""
+
+    def __init__(self, reg: CollectorRegistry):
+        self.total = Counter("http_requests", "Total number of requests by method, status and handler.",
+                             ["method", "status", "handler"], registry=reg)
+        self.in_size = Summary("http_request_size_bytes", "Content length of incoming requests by handler (the "
+                               "Content-Length header; the bytes read where there is none).", ["handler"], registry=reg)
+        self.out_size = Summary("http_response_size_bytes", "Bytes of the response bodies sent, by handler.",
+                                ["handler"], registry=reg)
+        self.highr = Histogram("http_request_duration_highr_seconds", "Latency with many buckets but no API "
+                               "specific labels. Made for more accurate percentile calculations.",
+                               buckets=HTTP_HIGHR_BUCKETS, registry=reg)
+        self.lowr = Histogram("http_request_duration_seconds", "Latency with only few buckets by handler. Made to "
+                              "be only used if aggregation by handler is important.", ["method", "handler"],
+                              buckets=HTTP_LOWR_BUCKETS, registry=reg)
+
+    def observe(self, method: str, handler: str, status: int, got: int, sent: int, seconds: float) -> None:
+        self.total.labels(method, f"{str(status)[0]}xx", handler).inc()
+        self.in_size.labels(handler).observe(got)
+        self.out_size.labels(handler).observe(sent)
+        self.highr.observe(seconds)
+        self.lowr.labels(method, handler).observe(seconds)
+
+
+def route_template(routes, scope) -> str | None:
+    """The path template of the route a request matches (a full match, else the first partial one: the path
+    matched but not the method), as the instrumentator names handlers; None where no route matches."""
+    partial = None
+    for route in routes:
+        path = getattr(route, "path", None)
+        if path is None:
+            continue
+        match, _ = route.matches(scope)
+        if match.name == "FULL":
+            return path
+        if match.name == "PARTIAL" and partial is None:
+            partial = path
+    return partial
+
+
+class HttpMetrics:
+    """ASGI middleware measuring every HTTP request the app answers into `HttpFamilies`, as the instrumentator
+    does in vLLM's server: the handler is the matched route's template (`none` where no route matched), the
+    status its class (`2xx`, `4xx`; 500 where the app raised before answering), the duration from the request
+    reaching the app to its last body byte sent (a stream included). The request's size is its Content-Length
+    header (the bytes the app read where there is none); the response's is the body bytes sent, which for a
+    whole answer is its Content-Length and for a stream what it sent (the instrumentator reads only the header,
+    so vLLM's streams count 0). Handlers in `HTTP_EXCLUDED` are not measured."""
+
+    def __init__(self, app, router, families: HttpFamilies):
+        self.app, self.router, self.families = app, router, families
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        path = route_template(self.router.routes, scope)
+        if any(x in (path or scope["path"]) for x in HTTP_EXCLUDED):
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        got, sent, status = 0, 0, 500
+
+        async def counted_receive():
+            nonlocal got
+            message = await receive()
+            if message["type"] == "http.request":
+                got += len(message.get("body", b""))
+            return message
+
+        async def counted_send(message):
+            nonlocal sent, status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+            await send(message)
+        try:
+            await self.app(scope, counted_receive, counted_send)
+        finally:
+            size = int(declared) if declared.isdigit() else got
+            self.families.observe(scope["method"], path or "none", status, size, sent, time.perf_counter() - start)
+
+
 class ServeMetrics:
     def __init__(self, sched, model_name: str, max_model_len: int):
         self.registry = reg = CollectorRegistry()
+        self.http = HttpFamilies(reg)
         labels = ["model_name", "engine"]
         self.values = [model_name, "0"]
         reg.register(_Gauges(sched, self.values))
