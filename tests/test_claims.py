@@ -18,6 +18,7 @@ from labkit.results import REPO
 HEADLINES = [
     ("sparse-decode-below-budget", "sparse", "~80 tok/s"), ("sparse-decode-c1", "sparse", "~60 tok/s"),
     ("sparse-decode-flat", "sparse", "flat"), ("sparse-decode-c4", "sparse", "~150 tok/s"),
+    ("sparse-pcie4-hides", "sparse", "PCIe 4.0 x16 hides the transfer"),
     ("sparse-prefill-248k", "sparse", "3,701 tok/s"), ("sparse-bytes-step", "sparse", "48 MiB"),
     ("sparse-link-at-80", "sparse", "~3.9 GB/s at 80 tok/s"), ("sparse-index-bytes", "sparse", "66 B"),
     ("sparse-1m-box", "sparse", "1M context on 3× RTX 3090 without KV quantization"),
@@ -96,6 +97,47 @@ def test_the_rows_read_their_regime_and_range_from_the_runs(rows):
     assert "fastest of" in by["pulse-small-transfers"].verdict.reason
     for key in ("sparse-bytes-step", "sparse-link-at-80", "sparse-index-bytes"):
         assert by[key].verdict.verdict == C.CONSTRUCTION, key
+
+
+def test_the_3090_rows_scale_the_published_shapes_run(rows):
+    """Every 3× RTX 3090 prediction on the card scales the published shape's run (`reference.h100`) the way
+    `labkit predict` does, naming its shape and GPU; a stand-in run appears only in a line that says so."""
+    from labkit.docs import box
+    by = {c.key: c for c in rows}
+    ref = box.reference_run()
+    at_1m = box.box_table(contexts=[C.PUBLISHED_CONTEXT], concurrency=[1]).set_index("strategy")
+    c1 = by["sparse-decode-c1"].model
+    assert c1.points[-1][0] == "1M" and c1.points[-1][1] == pytest.approx(at_1m.loc["zero_copy", "predicted_tok_s"])
+    for key in ("sparse-decode-below-budget", "sparse-decode-c1", "sparse-decode-c4"):
+        m = by[key].model
+        assert ref in m.runs and "qwen3.8-flash-next, w4a16 weights, on one H100" in m.what, key
+        assert "standin" not in m.what and "not re-run on the published shape yet" in m.how, key
+        assert "link-1m-pcie4" in by[key].settle, key
+    for key in ("sparse-decode-c1", "sparse-prefill-248k"):
+        s = by[key].strongest
+        assert "stand-in" not in s.what or "stand-in line: " in s.what, key
+    pre = by["sparse-prefill-248k"]
+    assert C.RUNS["reference_prefill"]["h100"] in pre.model.runs and "the published shape" in pre.model.what
+    assert pre.verdict.verdict == C.OUT_OF_REGIME and pre.verdict.provisional and "248K" in pre.verdict.reason
+    for key in ("sparse-bytes-step", "sparse-link-at-80", "sparse-index-bytes"):
+        assert by[key].runs() == [ref], key
+
+
+def test_the_pcie_row_reads_the_published_shapes_decode_grid(rows):
+    """Offloaded (zero_copy, hot cache) over resident tok/s at each point of the H100 grid where both ran, judged
+    with the H100's link as a proxy for PCIe 4.0 x16 (provisional); the box's predicted step ratio beside it."""
+    from labkit.docs import box
+    from labkit.report import summary as S
+    from labkit.results import load_run
+    row = {c.key: c for c in rows}["sparse-pcie4-hides"]
+    d = S.decode_table(load_run(REPO / box.reference_run()).metrics).set_index(["strategy", "concurrency", "context_len"])
+    want = d.loc[("zero_copy", 1, 1 << 20), "tok_s"] / d.loc[("resident", 1, 1 << 20), "tok_s"]
+    pts = dict((p[0], p[1]) for p in row.terms.points)
+    assert pts["zero_copy 1M c=1"] == pytest.approx(want) and "zero_copy 1M c=4" not in pts   # no resident there
+    assert len(pts) == 10 and all(p.startswith(("zero_copy", "hot_cache")) for p in pts)
+    assert row.verdict.provisional and "PCIe 5.0" in row.verdict.basis
+    assert row.model is not None and len(row.model.points) == 12 and "link-1m-pcie4" in row.settle
+    assert row.verdict.verdict == C.judge(row.published, row.terms)[0]
 
 
 def test_claims_py_types_no_measured_number():
@@ -267,9 +309,18 @@ def test_a_ladder_run_named_in_runs_toml_decides_pulseinfers_rows(tmp_path, monk
 def test_link_rate_prefill_and_32k_runs_are_picked_up(tmp_path, monkeypatch):
     link = [{"link_gbps": g, "predicted_step_ms": 10.0 * (1 + e), "step_ms_median": 10.0}
             for g, e in ((8, 0.05), (16, -0.04), (24, 0.02))]
-    monkeypatch.setitem(C.RUNS, "link_rate", _run_folder(tmp_path / "link", link))
+    # a link-rate run of the stand-in shape (the published name, no shape revision) checks nothing on the card
+    monkeypatch.setitem(C.RUNS, "link_rate", _run_folder(tmp_path / "link0", link,
+                                                         parameters={"shape": "qwen3.8-flash-next"}))
     chk = C.link_check()
-    assert chk["checked"] and chk["worst"] == pytest.approx(0.05) and chk["rates"] == [8, 16, 24]
+    assert chk["checked"] and not chk["published"] and chk["shape"] == "qwen3.8-flash-next-standin"
+    fig, checked = C.box_prediction(1)
+    assert not checked and "not re-run on the published shape yet" in fig.how and chk["run"] not in fig.runs
+    # one of the published shape does
+    monkeypatch.setitem(C.RUNS, "link_rate", _run_folder(tmp_path / "link", link, shape_rev=2,
+                                                         parameters={"shape": "qwen3.8-flash-next"}))
+    chk = C.link_check()
+    assert chk["checked"] and chk["published"] and chk["worst"] == pytest.approx(0.05) and chk["rates"] == [8, 16, 24]
     fig, checked = C.box_prediction(1)
     assert checked and fig.hi / fig.value == pytest.approx(1 / 0.95)
     pre = [{"config": "none", "prompts_per_s": 1.0}, {"config": "prefill", "prompts_per_s": 1.4},

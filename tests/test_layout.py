@@ -180,7 +180,8 @@ def test_the_report_renders_a_run_and_imports_no_measuring_code():
 # The generated docs blocks (`labkit docs`): an experiment's tables sit beside it, in labkit/experiments/NAME/tables.py;
 # labkit/docs/ makes only the blocks that span experiments (or none): the README's headlines, the roofline's kernels,
 # benches and spreads, the published model's study, the claims card (whose blocks come from claims.blocks, not here).
-DOCS_WIDE_TABLES = {"labkit.docs.headlines", "labkit.docs.roofline_tables", "labkit.docs.reference_tables"}
+DOCS_WIDE_TABLES = {"labkit.docs.headlines", "labkit.docs.roofline_tables", "labkit.docs.reference_tables",
+                    "labkit.docs.box"}       # the reference box predicted from the published shape, every doc alike
 
 
 def test_every_docs_table_sits_beside_its_experiment_or_spans_several():

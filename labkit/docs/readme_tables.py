@@ -34,6 +34,7 @@ from ..experiments.pulse_switch import tables as pulse_switch
 from ..experiments.quality import tables as quality
 from ..experiments.serve_sweep import tables as serve_sweep
 from ..results import REPO
+from . import box
 from .claims import blocks as claims_blocks
 from .headlines import headlines
 from .reference_tables import producers as reference_producers
@@ -89,7 +90,7 @@ def producers() -> dict[str, Callable[[], str]]:
             "agreement-h200": partial(probe.agreement_table, r["probe"]),
             "decode-trace-h200": partial(decode.decode_trace_table, _labelled("decode_trace")),
             **xfer_producers(),
-            "predict-rtx3090": partial(decode.prediction_table, r["decode"]),
+            "predict-rtx3090": partial(box.box_block, r["decode"]),
             "costmodel-h200": partial(decode.validation_summary, r["decode"]),
             **roofline_producers(r), **reference_producers(r)}
 

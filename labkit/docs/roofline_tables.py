@@ -19,6 +19,7 @@ from ..experiments.prefill.tables import prefill_rows
 from ..experiments.pulse_scaling.tables import pulse_rows
 from ..results import REPO, load_run
 from ..stats import across_runs
+from . import box
 from .kernels import grouped
 from ..report.summary import md_table
 
@@ -243,6 +244,6 @@ def producers(runs: dict) -> dict[str, Callable[[], str]]:
             "decode-now-h200": partial(decode.decode_tables, now), "anatomy-now-h200": partial(decode.anatomy_table, now),
             "anatomy-all-now-h200": partial(decode.anatomy_table, now, contexts=None),
             "decode-change-h200": partial(decode.ratio_change_block, runs["decode_before"], now),
-            "predict-now-rtx3090": partial(decode.prediction_table, now),
+            "predict-now-rtx3090": partial(box.box_block, now),
             "spreads-h200": partial(spreads_block, runs["repeats_hot1m"], runs["repeats_capacity"],
                                     runs["repeats_pulse_scaling"], runs["repeats_prefill"])}

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from ..runs import RUNS
 from .card import (BUILDERS, blocks, card, claims_block, figure, link_rate_block, summary_block, table, tallies)
-from .common import (BOX_GPU, BOX_GPUS, PUBLISHED_CONTEXT, PUBLISHED_TPOT_MS, PUBLISHED_UNIT_BYTES,
+from .common import (BOX_GPU, BOX_GPUS, PUBLISHED_CONTEXT, PUBLISHED_SHAPE, PUBLISHED_TPOT_MS, PUBLISHED_UNIT_BYTES,
                      PUBLISHED_XFER_CONCURRENCY, PUBLISHED_XFER_CONTEXT)
 from .flash import FLASH_DECODE, FLASH_DENSE, FLASH_PREFILL, flash_claims
 from .pulse import LADDER, NO_OFFLOAD_ARM, ladder_ratios, pulse_claims
@@ -61,8 +61,8 @@ from .rule import (APPROX_TOLERANCE, COLOURS, CONSTRUCTION, EFFECT_SHARE, FAILS,
                    TOLERANCE, UNTESTED, VERDICTS, Claim, Figure, Published, Verdict, checked_terms, contrast, decide,
                    judge, rule_text, tolerance)
 from .sparse import (BELOW_BUDGET, BYTES_STEP, DECODE_BELOW, DECODE_C4, DECODE_FLAT, DECODE_PAST, INDEX_BYTES,
-                     LINK_AT_80, LINK_SETTLE, ONE_M_BOX, PREFILL_248K, box_prediction, link_check, prefill_prediction,
-                     sparse_claims)
+                     LINK_AT_80, LINK_PENDING, LINK_SETTLE, ONE_M_BOX, PCIE_HIDES, PREFILL_248K, PREFILL_SETTLE,
+                     box_prediction, link_check, prefill_prediction, sparse_claims)
 from .xfer import XFER_PPL, xfer_claims
 
 __all__ = [
@@ -72,12 +72,12 @@ __all__ = [
     "VERDICTS", "COLOURS", "SYSTEMS", "rule_text", "Published", "Figure", "Verdict", "Claim", "contrast", "tolerance",
     "judge", "decide", "checked_terms",
     # the published setups, and the runs docs/runs.toml names
-    "BOX_GPU", "BOX_GPUS", "PUBLISHED_CONTEXT", "PUBLISHED_TPOT_MS", "PUBLISHED_UNIT_BYTES", "PUBLISHED_XFER_CONTEXT",
+    "BOX_GPU", "BOX_GPUS", "PUBLISHED_CONTEXT", "PUBLISHED_SHAPE", "PUBLISHED_TPOT_MS", "PUBLISHED_UNIT_BYTES", "PUBLISHED_XFER_CONTEXT",
     "PUBLISHED_XFER_CONCURRENCY", "RUNS",
     # sparse offload of Qwen3.8-Flash-Next, and the cost model for its box
     "link_check", "box_prediction", "prefill_prediction", "LINK_SETTLE", "DECODE_BELOW", "DECODE_PAST", "DECODE_FLAT",
     "DECODE_C4", "PREFILL_248K", "BYTES_STEP", "LINK_AT_80", "INDEX_BYTES", "ONE_M_BOX", "BELOW_BUDGET",
-    "sparse_claims",
+    "LINK_PENDING", "PREFILL_SETTLE", "PCIE_HIDES", "sparse_claims",
     # FlashOffloading
     "FLASH_PREFILL", "FLASH_DENSE", "FLASH_DECODE", "flash_claims",
     # PulseInfer

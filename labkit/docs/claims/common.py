@@ -13,6 +13,7 @@ from .rule import Figure
 
 # ---- the published setups (published values, typed as published) --------------------------------------------
 BOX_GPU, BOX_GPUS = "rtx3090", 3          # sparse offload: 3× RTX 3090 (labkit/data/gpus.toml gives its rates)
+PUBLISHED_SHAPE = "qwen3.8-flash-next"     # sparse offload: the published model's shape (its public config)
 PUBLISHED_CONTEXT = 1 << 20               # sparse offload: decode at 1M tokens of context
 PUBLISHED_TPOT_MS = 30.0                  # FlashOffloading: the TPOT limit of its 1.91×
 PUBLISHED_UNIT_BYTES = 8192               # PulseInfer: per-head transfers of ~8 KB

@@ -8,6 +8,7 @@ from ...experiments.capacity.tables import capacity_rows
 from ...experiments.prefill.tables import prefill_rows
 from ...report.units import tokens_label as _ctx
 from ...results import REPO, load_run
+from ..box import run_shape
 from ..runs import RUNS
 from .common import (PUBLISHED_CONTEXT, PUBLISHED_TPOT_MS, across as _across, named_run as _run,
                      ok_metrics as _metrics)
@@ -79,7 +80,7 @@ def flash_claims() -> list[Claim]:
         lo = num.get("prompts_per_s_min", num["prompts_per_s"]) / den.get("prompts_per_s_max", den["prompts_per_s"])
         hi = num.get("prompts_per_s_max", num["prompts_per_s"]) / den.get("prompts_per_s_min", den["prompts_per_s"])
         both = f"; both stages {g.loc['both', 'prompts_per_s'] / den['prompts_per_s']:.2f}×" if "both" in g.index else ""
-        shape = f"{m['shape'].dropna().iloc[0]}'s shape" if "shape" in m and m["shape"].notna().any() else "our shape"
+        shape = f"{run_shape(run)}'s shape"      # the manifest's shape and revision: a stand-in says so
         dev = str(m["gpu_name"].dropna().iloc[0]).replace("NVIDIA ", "") if "gpu_name" in m and m["gpu_name"].notna().any() else "our GPU"
         terms = Figure(float(num["prompts_per_s"] / den["prompts_per_s"]), float(lo), float(hi),
                        "slowest–fastest repeat" if "prompts_per_s_min" in g else "one measurement",
@@ -103,7 +104,7 @@ def flash_claims() -> list[Claim]:
                      terms=_across(list(good["value"]), RUNS["repeats_capacity"],
                                    f"decode goodput (tok/s of the largest batch within a {limit:g} ms TPOT limit), offload "
                                    f"in both stages / none, requests of {_ctx(prm['context_len'])} tokens",
-                                   differs=f"Qwen3.8-Flash-Next's shape under a {prm['mem_cap_gib']:g} GiB device cap on one "
+                                   differs=f"{run_shape(RUNS['repeats_capacity'][0])}'s shape under a {prm['mem_cap_gib']:g} GiB device cap on one "
                                            f"{cap_gpu}; no speculative decoding"
                                            + ("" if limit == PUBLISHED_TPOT_MS else f"; TPOT limit {limit:g} ms")),
                      strongest=_across([v for _, v in hot], [r for r, _ in hot],
