@@ -111,6 +111,7 @@ def test_the_3090_rows_scale_the_published_shapes_run(rows):
     for key in ("sparse-decode-below-budget", "sparse-decode-c1", "sparse-decode-c4"):
         m = by[key].model
         assert ref in m.runs and "qwen3.8-flash-next, w4a16 weights, on one H100" in m.what, key
+        assert "scaling qwen3.8-flash-next, w4a16 weights, on one H100" in m.text(), key     # the card's column
         assert "standin" not in m.what and "not re-run on the published shape yet" in m.how, key
         assert "link-1m-pcie4" in by[key].settle, key
     for key in ("sparse-decode-c1", "sparse-prefill-248k"):

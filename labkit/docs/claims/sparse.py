@@ -71,6 +71,7 @@ def box_prediction(concurrency: int, context_len: int = PUBLISHED_CONTEXT, strat
         how, runs = (f"± the model's worst {strategy} error on the source run's own points ({e:.0%}); the link-rate "
                      f"check {LINK_PENDING}"), (run,)
     band = lambda p: (p, p / (1 + e), p / max(1 - e, 1e-9))  # noqa: E731
+    how = f"scaling {src['words']}; {how}"
     p = float(tab.loc[int(context_len)])
     points = tuple((_ctx(x), *band(float(tab.loc[x]))) for x in sorted(map(int, over)))
     fig = Figure(*band(p), how,
@@ -119,7 +120,8 @@ def _prediction_figure(run: str, best: dict, p: dict) -> Figure:
             f"{p['dense_bound_tok_s']:,.0f} tok/s"
             + ("" if sparse or p["dense_bound_tok_s"] >= PREFILL_248K.value else ", below the published figure: it implies sparse "
                "prefill or FP16 accumulation"))
-    return Figure(p["tok_s"], p["tok_s"], p["tok_s"], f"one anatomy scaled by datasheet rates; the {'sparse' if sparse else 'dense'} "
+    return Figure(p["tok_s"], p["tok_s"], p["tok_s"], f"{who}'s {_ctx(int(best['context_len']))} prompt on one {src}, its "
+                  f"anatomy scaled by datasheet rates; the {'sparse' if sparse else 'dense'} "
                   f"bound on {_box_name()} {p['dense_bound_tok_s']:,.0f} tok/s", what, (run,), "", "tok/s")
 
 
@@ -255,7 +257,8 @@ def _pcie_claim(sys, d: pd.DataFrame, m: pd.DataFrame, run: str, gpu_name: str) 
     step = tab["predicted_step_ms"].astype(float)
     mpts = _pcie_points(tab, contexts, lambda s, c, x: float(step.loc[("resident", c, x)] / step.loc[(s, c, x)]))
     mv = [p[1] for p in mpts]
-    model = Figure(float(pd.Series(mv).median()), min(mv), max(mv), "a ratio of two predictions of one fitted model",
+    model = Figure(float(pd.Series(mv).median()), min(mv), max(mv),
+                   f"a ratio of two predictions of one fitted model, scaling {box.run_setup(run)['words']}",
                    f"cost model: resident / offloaded predicted step on {_box()}, scaling the published shape's run "
                    "(resident's step where its KV would not fit the cards: the model's step, a hypothetical)", (run,),
                    "", "×", mpts)
@@ -287,7 +290,7 @@ def _decode_claims(sys, d, run: str, budget: int, gpu_name: str) -> list[Claim]:
                      settle=LINK_SETTLE))
     lo_pt, hi_pt = past.points[0], past.points[-1]
     flat_model = Figure(hi_pt[1] / lo_pt[1], hi_pt[1] / lo_pt[1], hi_pt[1] / lo_pt[1],
-                        "a ratio of two predictions of one fitted model", f"cost model: tok/s at {hi_pt[0]} / at "
+                        f"a ratio of two predictions of one fitted model, scaling {box.run_setup(run)['words']}", f"cost model: tok/s at {hi_pt[0]} / at "
                         f"{lo_pt[0]} on {_box()} ({hi_pt[1]:.1f} vs {lo_pt[1]:.1f} tok/s)", past.runs)
     zrows = d.xs(("zero_copy", 1), level=("strategy", "concurrency"))["tok_s"]
     flat_ours = _one(zrows.loc[top] / zrows.loc[min(zrows.index)],
