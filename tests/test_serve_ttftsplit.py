@@ -56,6 +56,8 @@ def test_the_split_adds_up_to_the_clients_ttft(stamped, chat):
     assert len(rows) == 3
     for row, rec_ttft in zip(rows, ttfts):
         assert sum(row[k] for k in SEGMENTS) == pytest.approx(row["client"]) == pytest.approx(rec_ttft * 1e3)
-        assert all(row[k] > -1.0 for k in SEGMENTS), row           # in order, the write stamp aside
+        # in order, the write stamp aside: the first token's time is the scheduler's clock turned into perf_counter
+        # by one offset, the write stamp the event loop's; on a loaded machine the two cross by a few ms
+        assert all(row[k] > -1.0 for k in SEGMENTS if k not in ("token->written", "written->client")), row
         outside = row["socket->app"] + row["app->clock"] + row["token->written"]
         assert outside < 50.0, row                                 # milliseconds, even beside other work
