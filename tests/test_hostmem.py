@@ -125,3 +125,19 @@ def test_link_under_a_host_memory_load_on_cuda():
     rows = probe_link_under_host_load(torch.device("cuda"), 1.0, 5)
     assert {r["strategy"] for r in rows} == {"contiguous_under_host_load", "zero_copy_under_host_load"}
     assert all(r["gbps"] > 0 and r["host_load_gbps"] > 0 and r["host_load_threads"] >= 1 for r in rows)
+
+
+def test_the_summary_line_and_the_chart_both_say_median_of_the_repeats():
+    """The probe's header line (`hostmem.line`) shows the medians its chart draws, and says so; a record kept before
+    medians were kept says "best repeat"; the chart's title names the repeats."""
+    from labkit.experiments.probe.figures import host_memory_bars
+    rec = {"array_mib": 192, "threads_all": 2, "repeats": 3, "copy_1t_gbps": 13.4, "copy_1t_gbps_median": 12.9,
+           "copy_all_gbps": 20.0, "copy_all_gbps_median": 19.0, "triad_1t_gbps": 14.0, "triad_1t_gbps_median": 13.0,
+           "triad_all_gbps": 21.0, "triad_all_gbps_median": 20.5}
+    text = hostmem.line(rec)
+    assert "12.9 GB/s on 1 core, 19.0 on 2" in text and "median of 3 repeats" in text
+    old = {k: v for k, v in rec.items() if not k.endswith("_median")}
+    assert "13.4 GB/s" in hostmem.line(old) and "best repeat" in hostmem.line(old)
+    rows = pd.DataFrame([{"experiment": "probe", "status": "ok", "strategy": s, "threads": t, "gbps": 10.0 + t,
+                          "repeats": 3} for s in ("host_copy", "host_triad") for t in (1, 2)])
+    assert "median of 3 repeats" in host_memory_bars(rows).layout.title.text

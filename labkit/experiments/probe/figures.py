@@ -84,6 +84,8 @@ def host_memory_bars(m: pd.DataFrame) -> go.Figure:
         fig.add_trace(go.Bar(x=["link H2D 256 MiB", "link zero_copy step"], name="link, host RAM busy",
                              y=[loaded.loc[loaded["strategy"] == s, "gbps"].max()
                                 for s in ("contiguous_under_host_load", "zero_copy_under_host_load")]))
-    fig.update_layout(barmode="group", title="Host memory (STREAM kernels) and the link under a host-memory load",
+    reps = host["repeats"].max() if "repeats" in host else None
+    fig.update_layout(barmode="group", title="Host memory (STREAM kernels, median of "
+                      f"{int(reps) if reps == reps and reps else '?'} repeats) and the link under a host-memory load",
                       yaxis_title="GB/s", template=TEMPLATE, height=400)
     return fig
