@@ -430,6 +430,11 @@ def test_vllm_target_identity_and_cold_prompts_across_runs(server, tmp_path):
     version = httpx.get(url + "/version", timeout=5).json()["version"]
     assert mf["target"]["engine"] == "vllm" and mf["target"]["engine_version"] == version
     assert any(f["name"] == "vllm:prefix_cache_queries" for f in mf["target"]["metric_families"])
+    from labkit.exchange.archive import rows_of_run       # the run exported: the server's own version and KV dtype
+    rows, _ = rows_of_run(runs[1].path)
+    cache_dtype = (mf["target"].get("cache_config") or {}).get("cache_dtype")
+    assert cache_dtype and rows and all(r["engine_version"] == version and r["kv_cache_dtype"] == cache_dtype
+                                        for r in rows), (cache_dtype, [(r["engine_version"], r["kv_cache_dtype"]) for r in rows])
     assert mf["prompts"]["vocab_from"].startswith("the checkpoint's config.json") and mf["prompts"]["ids"] == "[256, 49152)"
     assert runs[0].manifest["prompts"]["salt"] != mf["prompts"]["salt"]
     fixed = run({**given, "prompt_salt": mf["prompts"]["salt"], "out_dir": str(tmp_path / "fixed")}).metrics()

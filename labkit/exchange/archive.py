@@ -574,7 +574,7 @@ def _target_identity(mf: dict, t: dict) -> dict:
     return {**_quant_fields(str(name), None, None), "model_variant": name, "checkpoint_ref": name,
             "weight_format": "gguf" if gguf else None, "weight_path": redact(str(path), "MODEL_ROOT") if path else None,
             "kv_cache_dtype": cache.get("cache_dtype"), "engine": t.get("engine"), "engine_raw": t.get("engine"),
-            "engine_version": version, "tp": None, "pp": None, "_knobs": {"served_model": served},
+            "engine_version": version, "tp": None, "pp": None, "_knobs": {"served_model": redact(served, "MODEL_ROOT")},
             "_argv": shared_argv(shlex.split(cmd)) if cmd else None}
 
 
