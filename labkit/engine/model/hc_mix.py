@@ -91,20 +91,17 @@ if HAVE_TRITON:
         m = pm * BM + tl.arange(0, BM)
         mm = m < M
         at = m[:, None].to(tl.int64) * (HC * H) + k[None, :]
-        # what earlier kernels wrote is read from L2 (.cg), never a line an SM's L1 kept: see HC_PDL
-        s = tl.load(h_ptr + at, mask=mm[:, None], other=0.0, cache_modifier=".cg")
+        s = tl.load(h_ptr + at, mask=mm[:, None], other=0.0)
         if PEND == 1:
-            t = tl.load(d_ptr + at, mask=mm[:, None], other=0.0, cache_modifier=".cg")
+            t = tl.load(d_ptr + at, mask=mm[:, None], other=0.0)
         if PEND == 1:
             t = t.to(tl.float32)
         if PEND == 2:
-            g = tl.load(inj_ptr + m * HC + c, mask=mm, other=0.0, cache_modifier=".cg").to(tl.float32)
-            ov = tl.load(o_ptr + m[:, None].to(tl.int64) * H + kc[None, :], mask=mm[:, None], other=0.0,
-                         cache_modifier=".cg")
+            g = tl.load(inj_ptr + m * HC + c, mask=mm, other=0.0).to(tl.float32)
+            ov = tl.load(o_ptr + m[:, None].to(tl.int64) * H + kc[None, :], mask=mm[:, None], other=0.0)
             t = _rnd(g[:, None] * ov.to(tl.float32), DOT_F32)
         if HAS_E:
-            ev = tl.load(e_ptr + m[:, None].to(tl.int64) * H + kc[None, :], mask=mm[:, None], other=0.0,
-                         cache_modifier=".cg")
+            ev = tl.load(e_ptr + m[:, None].to(tl.int64) * H + kc[None, :], mask=mm[:, None], other=0.0)
             if PEND == 0:
                 t = ev.to(tl.float32)
             else:
@@ -170,11 +167,10 @@ if HAVE_TRITON:
             tl.extra.cuda.gdc_launch_dependents()
         m = pm * BM + tl.arange(0, BM)
         mm = m < M
-        a = tl.load(act_ptr + m[:, None] * R + kk[None, :], mask=mm[:, None] & km[None, :], other=0.0,
-                    cache_modifier=".cg")                              # from L2 (.cg): see HC_PDL
+        a = tl.load(act_ptr + m[:, None] * R + kk[None, :], mask=mm[:, None] & km[None, :], other=0.0)
         s = tl.load(stream_ptr + m[:, None].to(tl.int64) * (HC * H) + col[None, :], mask=mm[:, None] & jm[None, :],
-                    other=0.0, cache_modifier=".cg")                     # issued with a: one round trip
-        rr = tl.load(r_ptr + m[:, None] * HC + (q // BN)[None, :], mask=mm[:, None], other=0.0, cache_modifier=".cg")
+                    other=0.0)                                           # issued with a: one round trip
+        rr = tl.load(r_ptr + m[:, None] * HC + (q // BN)[None, :], mask=mm[:, None], other=0.0)
         if DOT_F32:
             gate = tl.dot(a.to(tl.float32), w.to(tl.float32))
         else:
@@ -201,9 +197,9 @@ HC_PDL = False             # programmatic dependent launch (weights read before 
                            # replayed with it gave other bits than without it there (tests/test_gpu_portable.py's
                            # expected failure). The kernels are alike with it and without it but for the wait (their
                            # PTX: the same arithmetic), so it is an order of reads; the first kernel reads what the
-                           # kernel two back wrote (the stream, the logits), where the wait covers the one before,
-                           # and its buffers reuse freed ones, whose old lines an SM's L1 may hold from a kernel that
-                           # overlapped. Those reads now go to L2 (.cg); off until the GPU test passes with it on
+                           # kernel two back wrote (the stream, the logits), where the wait covers the one before, and
+                           # its buffers reuse freed ones, whose old lines an SM's L1 may hold from a kernel that
+                           # overlapped: reading those through L2 (.cg) is the first thing to try; off until then
 _BM = 16                   # a tensor-core product's narrow side
 
 
