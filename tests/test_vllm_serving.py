@@ -183,15 +183,10 @@ def test_client_disconnect_mid_stream_aborts_in_vllm(server):
 @pytest.fixture(scope="module")
 def labkit_server():
     """`labkit serve` in this process (uvicorn on a thread), two resident and two offload slots."""
-    import threading
-
-    import httpx
     import torch
-    import uvicorn
 
     from labkit.cli import build_parser
-    from labkit.serving.engine_server import build, create_app
-    from labkit.serving.lifecycle import free_port
+    from labkit.serving.engine_server import build, create_app, serve_in_thread
     from labkit.serving.tokentext import TokenText
     from labkit.shapes import PRESETS
     n = torch.get_num_threads()
@@ -201,18 +196,7 @@ def labkit_server():
                                       "--page-size", "16", "--prefill-chunk", "64", "--resident-slots", "2",
                                       "--offload-slots", "2", "--policy", "threshold:512"])
     loop = build(args).start()
-    port = free_port()
-    app = create_app(loop, "tiny", TokenText("smollm2-135m", PRESETS["tiny"].vocab))
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    url, srv, th = serve_in_thread(create_app(loop, "tiny", TokenText("smollm2-135m", PRESETS["tiny"].vocab)))
     yield url
     srv.should_exit = True
     th.join(timeout=10)

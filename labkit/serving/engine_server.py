@@ -41,6 +41,7 @@ import uuid
 from ..params import BadInput
 from .fields import check_text
 from .generation import Generation, Sampling, bool_field, int_field, messages, prompt_ids
+from .lifecycle import free_port
 from .promserve import CONTENT_TYPE, HttpMetrics, ServeMetrics
 from .replies import Reply
 from .tokentext import TokenText
@@ -48,6 +49,8 @@ from .. import __version__, lazy
 from ..engine.drive.scheduler import Scheduler, Threshold, calibrate, make_lanes, parse_policy
 
 torch = lazy.module("torch")     # imported when device=auto is resolved, not when this module loads
+httpx = lazy.module("httpx")       # serve_in_thread's wait for /health: tests and the client-TTFT split
+uvicorn = lazy.module("uvicorn")
 
 
 KEEP_RECORDS = 1000                   # finished requests (and decode rounds) /stats keeps, newest last
@@ -480,3 +483,21 @@ def build(args) -> EngineLoop:
     sched = Scheduler(lanes, policy, switching=args.switching == "on",
                       timeline_every=args.timeline_every, graphs=args.graphs)
     return EngineLoop(sched, keep=getattr(args, "keep_records", KEEP_RECORDS))
+
+
+def serve_in_thread(app, port: int | None = None, **config):
+    """`app` served by uvicorn on a thread of this process at 127.0.0.1 (a free port unless `port`), returned once
+    `/health` answers 200 (up to ~30 s): (url, server, thread); `server.should_exit = True` stops it. How the tests
+    and the client-TTFT split (`ttftsplit`) serve the engine's app beside their own clients."""
+    port = port or free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
+    th = threading.Thread(target=srv.run, daemon=True)        # uvicorn's event loop runs on this thread
+    th.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return url, srv, th

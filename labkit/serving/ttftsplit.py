@@ -34,12 +34,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
-import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .benchclient import bench_command
-from .engine_server import build, create_app
-from .lifecycle import free_port
+from .engine_server import build, create_app, serve_in_thread
 from .tokentext import TokenText, tokenizer_dir
 
 SEGMENTS = ("client->socket", "socket->app", "app->clock", "server", "token->written", "written->client")
@@ -124,17 +122,7 @@ def serve(stamps: Stamps):
     loop = build(args).start()
     vocab = next(iter(loop.sched.lanes.values())).engine.model.shape.vocab
     app = stamps.wrap(create_app(loop, "tiny", TokenText("smollm2-135m", vocab)))
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                        http=stamps.protocol()))
-    threading.Thread(target=srv.run, daemon=True).start()
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    url, srv, _ = serve_in_thread(app, http=stamps.protocol())
     return url, loop, srv
 
 
