@@ -103,6 +103,8 @@ VARS: list[Var] = [
             "dn_pdl", "labkit.engine.model.deltanet_step:MIX_PDL"),
     _switch("LABKIT_HC_FUSED", "bool", True, "the hyper-connections' mix at decode as two Triton kernels",
             "hc_fused", "labkit.engine.model.hc_mix:HC_FUSED"),
+    _switch("LABKIT_MOE_GEMM", "bool", True, "a prefill chunk's routed experts as grouped GEMMs (off: the "
+            "decode step's grouped kernel, a row at a time)", "moe_gemm", "labkit.engine.model.moe_gemm:MOE_GEMM"),
     _switch("LABKIT_QSA_FUSED", "bool", True, "the QSA heads' q/k norms, RoPE and KV row in one kernel",
             "qsa_fused", "labkit.engine.model.qsa_step:FUSED_QSA"),
     _switch("LABKIT_SELECT_BLOCK", "int", 0, "keys a selection program takes (0: the heuristic)",

@@ -32,6 +32,16 @@ WEIGHT_DTYPES = tuple(WEIGHT_BYTES)
 WEIGHTS_DTYPE_CHOICES = ("auto", *WEIGHT_DTYPES)    # "auto": the holding rule decides per device
 
 
+# a prefill chunk's phases counted in FLOPs (`ModelShape.prefill_chunk_work`'s `<phase>_flops`; each a phase of
+# the prefill anatomy, `engine.model.prefill_marks`)
+FLOP_PHASES = ("weights", "experts", "hc", "attention", "deltanet", "index_score")
+
+
+def _flop_part(matrix: str) -> str:
+    """The FLOP phase a weight matrix's products are timed in (`weight_matrices`' names)."""
+    return {"moe": "experts", "hc": "hc"}.get(matrix.split(".")[0], "weights")
+
+
 def check_weights_dtype(weights_dtype: str, auto: bool = False) -> None:
     """A ValueError naming the choices unless `weights_dtype` is one of `WEIGHT_DTYPES` (or "auto" with `auto`)."""
     choices = WEIGHTS_DTYPE_CHOICES if auto else WEIGHT_DTYPES
@@ -150,8 +160,10 @@ class ModelShape:
         """The work of prefilling positions [start, end) of one prompt: FLOPs per phase and bytes moved, the
         numerators of a prefill anatomy's bounds (`labkit.engine.model.prefill_marks` names the phases).
 
-        - `weights_flops`: 2 x tokens x every weight product's K x N a token computes (of the routed experts, the
-          `experts_per_tok` it chose; the head's product is the last token's);
+        - `weights_flops`: 2 x tokens x every dense weight product's K x N (the head's product is the last
+          token's); `experts_flops` the same of the router, the `experts_per_tok` routed experts a token chose and
+          the shared expert; `hc_flops` of the hyper-connections' down and up products (`FLOP_PHASES`: each its
+          own phase of the anatomy);
         - `attention_flops`: dense causal attention, per QSA layer 4 x Hq x D x (query i sees its position + 1
           keys): tokens x start + tokens (tokens + 1) / 2 pairs;
         - `deltanet_flops`: the chunked delta rule's products per value head and token, counted from its
@@ -160,21 +172,29 @@ class ModelShape:
           read back per QSA layer (the sync path's read; rotating buffers read [held, start) instead);
         - with `budget` > 0 (sparse prefill): a query attends to min(its keys, budget) rows, and
           `index_score_flops` counts the indexer's scores over every key it sees (2 x index_heads x index_dim a
-          pair), the fused score-and-select's products."""
+          pair), the fused score-and-select's products;
+        - `ngram_bytes`: the n-gram embedding's rows the chunk's tokens read from host RAM (each layer that adds
+          them)."""
         n = end - start
         mats = self.weight_matrices(routed="per_token")
-        per_token = sum(2 * K * N * c for name, (K, N, c) in mats.items() if name != "lm_head")
+
+        def per_token(part: str) -> int:
+            return sum(2 * K * N * c for name, (K, N, c) in mats.items() if _flop_part(name) == part
+                       and name != "lm_head")
         K, N, _ = mats["lm_head"]
         pairs = n * start + n * (n + 1) / 2
         attended = pairs if not budget else sum(min(p + 1, budget) for p in range(start, end))
         dk = dv = self.dn_head_dim
         dn = 2 * (3 * dk * dv + dn_chunk * (3 * dk + 2 * dv)) * self.dn_v_heads
-        return {"weights_flops": float(n * per_token + 2 * K * N),
+        return {"weights_flops": float(n * per_token("weights") + 2 * K * N),
+                "experts_flops": float(n * per_token("experts")),
+                "hc_flops": float(n * per_token("hc")),
                 "attention_flops": float(4 * self.n_heads * self.head_dim * attended * self.attn_layers),
                 "index_score_flops": float(2 * self.index_heads * self.index_dim * pairs * self.attn_layers) if budget else 0.0,
                 "deltanet_flops": float(n * dn * self.deltanet_layers),
                 "kv_write_bytes": float(n * (self.row_bytes + self.index_key_bytes) * self.attn_layers),
-                "kv_read_bytes": float(end * self.row_bytes * self.attn_layers)}
+                "kv_read_bytes": float(end * self.row_bytes * self.attn_layers),
+                "ngram_bytes": float(n * self.ngram_fetch_bytes * len(self.ple_layers))}
 
     def weight_params(self) -> int:
         """Parameters the engine instantiates: every weight matrix (all experts of every layer) and the

@@ -1,11 +1,12 @@
 """Every kernel of one prefill chunk: what runs and how long, to say which kernels make a prefill anatomy's
 phase slow (the anatomy says which phase; this says which kernels).
 
-    python3 scripts/profile_prefill.py OUT_DIR [--prefix 8K] [--chunk 8K] [--tag NAME]
+    python3 scripts/profile_prefill.py OUT_DIR [--prefix 8K] [--chunk 8K] [--tag NAME] [--weights-dtype w4a16]
+        [--expert-banks 24] [--ngram-gib 4]
 
 Builds the reference shape, fills a random cached prefix of `--prefix` tokens, warms up, then profiles the
 prefill of the next `--chunk` tokens (torch.profiler, CUDA kernels): per kernel name its launches and total
-µs, sorted, with the chunk's wall time. Writes OUT_DIR/profile_prefill_<tag>.json and .md. Needs CUDA.
+µs, sorted, with the chunk's wall time, and the chunk's anatomy (its phases by CUDA events, a pass of its own). Writes OUT_DIR/profile_prefill_<tag>.json and .md. Needs CUDA.
 """
 import argparse
 import json
@@ -19,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit import envs  # noqa: E402
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy  # noqa: E402
+from labkit.engine.model.prefill_marks import PrefillMarks  # noqa: E402
 from labkit.params import parse_size  # noqa: E402
 from labkit.shapes import ModelShape  # noqa: E402
 
@@ -29,6 +31,9 @@ def main() -> None:
     ap.add_argument("--prefix", default="8K")
     ap.add_argument("--chunk", default="8K")
     ap.add_argument("--tag", default="chunk")
+    ap.add_argument("--weights-dtype", default="auto")
+    ap.add_argument("--expert-banks", type=int, default=None)
+    ap.add_argument("--ngram-gib", type=float, default=None)
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("profile_prefill: needs a CUDA GPU")
@@ -37,7 +42,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     s, dev = ModelShape.from_name("qwen3.8-flash-next"), torch.device("cuda")
     P, C = parse_size(a.prefix), parse_size(a.chunk)
-    model = HybridModel(s, dev, seed=0)
+    model = HybridModel(s, dev, seed=0, weights_dtype=a.weights_dtype, expert_banks=a.expert_banks,
+                        ngram_table_bytes=int(a.ngram_gib * 2**30) if a.ngram_gib else None)
     st = get_strategy("resident")
     cache = OffloadCache.allocate(model, st.medium, 1, P + C)
     cache.fill_random_([P], seed=0)
@@ -56,6 +62,11 @@ def main() -> None:
             e.prefill(0, tokens, start=P)
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) * 1e3
+        cache.pages.release(0)
+        cache.pages.reserve(0, P + C)
+        marks = PrefillMarks(dev)
+        e.prefill(0, tokens, start=P, marks=marks)
+        phases = {k[:-3]: v for k, v in marks.chunks()[0].items() if k.endswith("_ms")}
     per = defaultdict(lambda: [0, 0.0])
     for ev in prof.events():
         if ev.device_type != torch.autograd.DeviceType.CUDA:
@@ -66,10 +77,12 @@ def main() -> None:
     kernels = sorted(({"name": n[:160], "launches": c, "us": t} for n, (c, t) in per.items()), key=lambda r: -r["us"])
     total = sum(k["us"] for k in kernels)
     res = {"gpu": torch.cuda.get_device_name(), "prefix": P, "chunk": C, "wall_ms": wall, "kernel_ms": total / 1e3,
-           "launches": sum(k["launches"] for k in kernels), "switches": envs.in_force(), "kernels": kernels}
+           "launches": sum(k["launches"] for k in kernels), "switches": envs.in_force(), "holding": model.holding(),
+           "phases_ms": phases, "kernels": kernels}
     (out / f"profile_prefill_{a.tag}.json").write_text(json.dumps(res, indent=1))
     lines = [f"# One prefill chunk: {C:,} tokens over {P:,} cached ({res['gpu']})", "",
-             f"wall {wall:.1f} ms; kernels {total / 1e3:.1f} ms in {res['launches']:,} launches", "",
+             f"wall {wall:.1f} ms; kernels {total / 1e3:.1f} ms in {res['launches']:,} launches; {model.holding()}", "",
+             "phases (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items() if v), "",
              "| kernel | launches | ms | share |", "|---|---|---|---|"]
     lines += [f"| `{k['name'][:90]}` | {k['launches']} | {k['us'] / 1e3:.2f} | {k['us'] / total:.1%} |" for k in kernels[:40]]
     (out / f"profile_prefill_{a.tag}.md").write_text("\n".join(lines) + "\n")

@@ -126,6 +126,62 @@ def test_grouped_gemv_matches_its_definition_on_cuda(quant, T, k, E):
         assert ((got.float() - want).norm() / want.norm()).item() < 1e-2, split
 
 
+@pytest.mark.parametrize("quant", [False, True])
+@pytest.mark.parametrize("T", [300, 2048])
+def test_the_prefill_expert_gemms_match_their_definition_at_the_published_widths(quant, T):
+    """A chunk's routed experts as grouped GEMMs (`moe_gemm`) against the block-by-block reference, with the engine's
+    tiles and the others the bench sweeps; the whole path (alignment, both products, the weighted sum with the
+    shared expert) against the decode step's grouped kernel on the same pairs."""
+    from labkit.engine.model import moe_gemm
+    g = torch.Generator().manual_seed(T)
+    H, I, E, k = REF.hidden, REF.expert_intermediate, 64, REF.experts_per_tok
+    wgu, wd = torch.randn(E, H, 2 * I, generator=g) / H ** 0.5, torch.randn(E, I, H, generator=g) / I ** 0.5
+    if quant:
+        gu, d = QuantWeight.quantize(wgu).cuda(), QuantWeight.quantize(wd).cuda()
+    else:
+        gu, d = wgu.transpose(1, 2).contiguous().bfloat16().cuda(), wd.transpose(1, 2).contiguous().bfloat16().cuda()
+    y = torch.randn(T, H, generator=g).bfloat16().cuda()
+    experts = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).cuda()
+    for tiles in (moe_gemm.TILES["glu"], moe_gemm.Tiles(128, 128, 64, 8, 3), moe_gemm.Tiles(64, 64, 128, 4, 3)):
+        blocks = moe_gemm.align(experts, E, tiles.bm)
+        act = moe_gemm.moe_gemm(y, gu, blocks, glu=True, tiles=tiles)
+        want = moe_gemm.moe_gemm_reference(y, gu, blocks, glu=True)
+        real = blocks.rows < blocks.pairs
+        assert ((act[real].float() - want[real].float()).norm() / want[real].float().norm()).item() < 1e-2, tiles
+        down = moe_gemm.moe_gemm(act, d, blocks, scatter=True, tiles=dataclasses.replace(tiles, bn=128))
+        want = moe_gemm.moe_gemm_reference(act, d, blocks, scatter=True)
+        assert ((down.float() - want.float()).norm() / want.float().norm()).item() < 1e-2, tiles
+    p = torch.softmax(torch.randn(T, k, generator=g), -1).cuda()
+    shared, gate = torch.randn(T, H, generator=g).bfloat16().cuda(), torch.randn(T, 1, generator=g).bfloat16().cuda()
+    got, n = moe_gemm.routed_experts(y, gu, d, experts, p, E, shared, gate)
+    groups, back = plan(experts)
+    rows = grouped_gemv(grouped_gemv(y, gu, groups, glu=True), d, groups, gather=False)[back]
+    want = ((rows.view(T, k, H).float() * p[..., None]).sum(1) + torch.sigmoid(gate.float()) * shared.float())
+    assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
+    assert int(n) == int(torch.unique(experts).numel())
+
+
+def test_a_prefill_through_the_expert_gemms_stays_near_the_row_at_a_time_one():
+    """The published parts (8 layers, 64 experts, W4A16): a 1,024-token prompt prefilled with the chunk's experts as
+    grouped GEMMs and with the decode kernel a row at a time (`moe_gemm=off`) gives nearby last-token logits (the
+    two differ in rounding only: the sums of the same products in another order)."""
+    from labkit.engine.model import moe_gemm
+    model = HybridModel(MID_MOE, "cuda", seed=0, weights_dtype="w4a16")
+    st = get_strategy("resident")
+    tokens = torch.randint(0, MID_MOE.vocab, (1024,), generator=torch.Generator().manual_seed(3)).cuda()
+    logits = {}
+    saved = moe_gemm.MOE_GEMM
+    try:
+        for on in (True, False):
+            moe_gemm.MOE_GEMM = on
+            cache = OffloadCache.allocate(model, st.medium, 1, 1024)
+            logits[on] = Engine(model, cache, st, 256, prefill_chunk=512).prefill(0, tokens).float()
+    finally:
+        moe_gemm.MOE_GEMM = saved
+    assert torch.isfinite(logits[True]).all()
+    assert ((logits[True] - logits[False]).norm() / logits[False].norm()).item() < 2e-2
+
+
 @pytest.mark.parametrize("glu", [False, True])
 def test_w4a16_decode_kernels_unpacking_and_pdl_change_no_bit(glu):
     """Both W4A16 decode kernels, each forced for every product: the tensor-core kernel's lop3 unpacking gives the

@@ -174,6 +174,7 @@ def _drive_experts(H, I, E, k, Groups, QuantWeight, plan, grouped_gemv, dequanti
             groups, _ = plan(torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]))
             act = grouped_gemv(_e(T, H), gu, groups, glu=True)
             grouped_gemv(act, d, groups, gather=False)
+        _drive_moe_gemm(gu, d, E, k, H, g)
         for M in (1, 4):
             for K, N, glu in ((H, 2 * I, True), (H, 13824, False), (6144, H, False)):
                 w = QuantWeight(_e(1, N, K // 2, dtype=torch.uint8), _e(1, N, K // 128), _e(1, N, K // 128,
@@ -182,6 +183,15 @@ def _drive_experts(H, I, E, k, Groups, QuantWeight, plan, grouped_gemv, dequanti
                     grouped_gemv(_e(M, K), w, Groups.one(M, "cpu"), glu=glu)
                     if M == 1:
                         dequantize_w4(w)            # a prefill chunk's dense product: dequantised, then cuBLAS
+
+
+def _drive_moe_gemm(gu, d, E, k, H, g):
+    """A prefill chunk's routed experts as the engine takes them (`moe_gemm.routed_experts`: the two grouped GEMMs
+    and the combine with the shared expert)."""
+    from labkit.engine.model import moe_gemm
+    T = 8192
+    experts = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    moe_gemm.routed_experts(_e(T, H), gu, d, experts, _e(T, k, dtype=torch.float32), E, _e(T, H), _e(T, 1))
 
 
 def drive_hc_mix():

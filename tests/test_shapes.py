@@ -125,10 +125,10 @@ def test_prefill_flops_count_the_experts_a_token_chose_not_every_expert():
     experts per token add only the router's wider product; twice the experts per token add exactly the routed
     share again."""
     s = ModelShape.from_name("qwen3.8-flash-next")
-    base = s.prefill_chunk_work(0, 1024)["weights_flops"]
-    wider = dataclasses.replace(s, experts=2 * s.experts).prefill_chunk_work(0, 1024)["weights_flops"]
+    base = s.prefill_chunk_work(0, 1024)["experts_flops"]
+    wider = dataclasses.replace(s, experts=2 * s.experts).prefill_chunk_work(0, 1024)["experts_flops"]
     K, _, layers = s.weight_matrices("per_token")["moe.router"]
     assert wider - base == pytest.approx(1024 * 2 * K * s.experts * layers, rel=1e-9)
     routed = sum(2 * K * N * c for n, (K, N, c) in s.weight_matrices("per_token").items() if n in ("moe.w_gu", "moe.w_d"))
-    deeper = dataclasses.replace(s, experts_per_tok=2 * s.experts_per_tok).prefill_chunk_work(0, 1024)["weights_flops"]
+    deeper = dataclasses.replace(s, experts_per_tok=2 * s.experts_per_tok).prefill_chunk_work(0, 1024)["experts_flops"]
     assert deeper - base == pytest.approx(1024 * routed, rel=1e-9)

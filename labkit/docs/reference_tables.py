@@ -18,7 +18,7 @@ from .. import costmodel as C
 from .. import peer as P
 from ..results import REPO, load_run
 from ..engine.memory_plan import GIB, plan_split
-from ..shapes import PRESETS, metrics_shape
+from ..shapes import FLOP_PHASES, PRESETS, metrics_shape
 from ..report import summary as S
 from ..report.units import tokens_label as _ctx
 
@@ -317,7 +317,7 @@ def _best_swept(all_rows: list[dict], swept: list[dict]) -> str:
 
 
 # ---- prefill of the published shape -------------------------------------------------------------------------
-PREFILL_PHASES = ("weights", "deltanet", "attention", "kv_write", "kv_load")
+PREFILL_PHASES = ("weights", "experts", "hc", "ngram", "deltanet", "attention", "kv_write", "kv_load")
 
 
 def prefill_table(path: str) -> str:
@@ -340,7 +340,7 @@ def prefill_table(path: str) -> str:
         bound_tok_s = r["context_len"] / bound_ms * 1e3
         rows.append({"prompt": _ctx(r["context_len"]), "mode": r["mode"], "tok/s": f"{r['tok_s']:,.0f}",
                      "bound tok/s": f"{bound_tok_s:,.0f}", "of bound": f"{r['tok_s'] / bound_tok_s:.1%}",
-                     **{f"{ph} s": f"{r[f'anatomy_{ph}_ms'] / 1e3:.2f}" for ph in PREFILL_PHASES},
+                     **{f"{ph} s": _seconds(r.get(f"anatomy_{ph}_ms")) for ph in PREFILL_PHASES},
                      "other s": f"{r['anatomy_other_ms'] / 1e3:.2f}",
                      "other of the prompt": f"{r['anatomy_other_ms'] / r['anatomy_chunk_ms']:.0%}",
                      "closure": f"{r['anatomy_closure']:.2f}"})
@@ -351,13 +351,22 @@ def prefill_table(path: str) -> str:
     return f"{how}:\n\n{_md(pd.DataFrame(rows))}"
 
 
+def _seconds(ms) -> str:
+    """A phase's seconds; a dash where the run's anatomy did not name the phase (runs before it was timed apart)."""
+    return "—" if ms is None or ms != ms else f"{ms / 1e3:.2f}"
+
+
 def _chunk_bound_ms(shape, c: dict) -> float:
     """One chunk's bound: its FLOP phases at the GEMM rate the run measured, its byte phases as stored."""
     ph = next(ph for ph in ("weights", "attention", "deltanet") if (c.get(f"{ph}_bound_ms") or 0) > 0)
     peak_flops_per_ms = c[f"{ph}_flops"] / c[f"{ph}_bound_ms"]   # any FLOP phase: one rate for all of them
     w = shape.prefill_chunk_work(int(c["start"]), int(c["end"]))
-    flop_ms = sum(w[f"{ph}_flops"] / peak_flops_per_ms for ph in ("weights", "attention", "deltanet", "index_score"))
-    return flop_ms + sum(c.get(f"{ph}_bound_ms", 0.0) or 0.0 for ph in ("kv_write", "kv_load"))
+    flop_ms = sum(w[f"{ph}_flops"] / peak_flops_per_ms for ph in FLOP_PHASES)
+    return flop_ms + sum(_num(c.get(f"{ph}_bound_ms")) for ph in ("kv_write", "kv_load", "ngram"))
+
+
+def _num(v) -> float:
+    return 0.0 if v is None or v != v else float(v)
 
 
 # ---- the reference box beside the peer's measurements --------------------------------------------------------

@@ -11,7 +11,7 @@ from ...experiments.prefill.tables import prefill_rows
 from ...report import summary as S
 from ...report.units import tokens_label as _ctx
 from ...results import REPO, load_run
-from ...shapes import PRESETS
+from ...shapes import FLOP_PHASES, PRESETS
 from .. import box
 from ..runs import RUNS
 from .common import (BOX_GPU, BOX_GPUS, PUBLISHED_CONTEXT, PUBLISHED_SHAPE, across as _across, named_run as _run,
@@ -94,7 +94,7 @@ def _prefill_predicted(run: str) -> tuple[dict, dict]:
     sel = a[(a[keys] == pd.Series({k: best[k] for k in keys})).all(axis=1)] if keys else a
     if "context_len" in sel:
         sel = sel[sel["context_len"] == best["context_len"]]
-    work = [c for c in ("weights_flops", "attention_flops", "deltanet_flops", "index_score_flops") if c in sel]
+    work = [f"{ph}_flops" for ph in FLOP_PHASES if f"{ph}_flops" in sel]
     best["prefill_flops"] = float(sel[work].sum().sum())
     return best, predict_prefill(best, gpu_for_name(str(best["gpu_name"])), gpu(BOX_GPU), BOX_GPUS)
 

@@ -8,7 +8,9 @@ weighted sum plus a shared expert gated by a sigmoid.
 Where the bytes go: a decode step of c requests reads each distinct expert its tokens chose once (`plan`:
 the (token, expert) pairs sorted by expert, one group an expert; `grouped_gemv` streams a group's weight once
 for all its rows), so the bytes grow with the distinct experts, up to `experts_per_tok` x c of them, not with
-c x `experts_per_tok`. The plan is built from device ops only (no host sync): a CUDA graph replays it.
+c x `experts_per_tok`. The plan is built from device ops only (no host sync): a CUDA graph replays it. A prefill
+chunk's hundreds of rows an expert take grouped GEMMs instead (`moe_gemm`: the pairs sorted by expert, blocks of
+rows through the tensor cores).
 
 Routing is the router's (random seeded weights: close to uniform over experts) or, with `route="recorded"`,
 drawn from a recorded expert-frequency distribution (`Routing`), a parameter of the decode experiment.
@@ -21,6 +23,7 @@ from torch import nn
 from ...shapes import ModelShape, held_quantised
 from .gemv import matmul, silu_glu
 from .grouped_gemv import Groups, grouped
+from . import moe_gemm
 from .arch import HAVE_TRITON, kernels_run
 from .layers import make_weight
 from .quant import QuantWeight
@@ -205,6 +208,13 @@ class MoE(nn.Module):
         to use instead of the router's (a recorded one), its weights still the router's softmax over them."""
         T = y.shape[0]
         logits = matmul(y, self.router)
+        if moe_gemm.applies(y):    # a prefill chunk: pairs sorted by expert, one GEMM launch a product
+            if experts is None:
+                experts, _ = route(logits.float() + self.route_bias, self.k)
+            p = torch.softmax(torch.gather(logits.float(), 1, experts), dim=-1)
+            shared = matmul(silu_glu(y, self.shared_gu), self.shared_d)
+            return moe_gemm.routed_experts(y, self.w_gu, self.w_d, experts, p, self.s.experts, shared,
+                                           matmul(y, self.shared_gate))
         if experts is None:        # the router's own choice: its top-k, weights and plan in one launch
             experts, p, groups, back = route_plan(logits, self.route_bias, self.k)
         else:

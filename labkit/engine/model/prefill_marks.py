@@ -8,8 +8,12 @@
 A phase runs from its mark to the next one; `Engine.block` and the prefill io mark the lines (the same marks
 as the decode step's anatomy, plus prefill's own). The phases, as `PHASES` names them:
 
-- `weights`: the products by the layers' weights with the norms, RoPE and activations around them (QSA's
+- `weights`: the products by the layers' dense weights with the norms, RoPE and activations around them (QSA's
   projections and output, the FFN, DeltaNet's input and output projections);
+- `experts`: a MoE layer's router, the routed experts (their alignment, grouped products and weighted sum) and the
+  shared expert;
+- `hc`: the hyper-connections' mixes before each sub-block and the injection of its output into the copies;
+- `ngram`: the n-gram embedding's rows read from host RAM and added to the stream;
 - `deltanet`: DeltaNet's causal conv and its chunked delta-rule scan;
 - `kv_write`: the chunk's K/V rows to the pool (or the rotating buffer and its write-back's enqueue) and the
   index keys to the device;
@@ -28,7 +32,8 @@ import time
 
 import torch
 
-PHASES = ("weights", "deltanet", "kv_write", "kv_load", "index_score", "selection", "attention", "other")
+PHASES = ("weights", "experts", "hc", "ngram", "deltanet", "kv_write", "kv_load", "index_score", "selection",
+          "attention", "other")
 # the decode step's mark names that prefill shares, folded into prefill's phases (a DeltaNet block starts
 # with its input projection: "deltanet" opens a weights line; "dn_scan" opens the scan)
 _ALIAS = {"ffn": "weights", "dn_ffn": "weights", "dn_weights": "weights", "deltanet": "weights", "dn_scan": "deltanet",

@@ -16,7 +16,8 @@ fraction of its time (the row says `tail_tokens`; `tok_s` is over the computed t
 `tail_tokens=0` the whole prompt is prefilled and the time of every chunk goes to `chunks.csv`.
 
 The anatomy (`anatomy=true`): every chunk's time split into phases by CUDA events on the compute stream
-(`engine/model/prefill_marks.py`: weights, deltanet, kv_write, kv_load, attention, other), each phase beside
+(`engine/model/prefill_marks.py`: weights, experts, hc, ngram, deltanet, kv_write, kv_load, attention, other), each
+phase beside
 its own bound: FLOPs (`ModelShape.prefill_chunk_work`) at the dense bf16 peak of an 8192^3 GEMM measured at
 the start of the run, bytes at the device's measured read bandwidth or the link's measured contiguous rate
 (both `probe` rows of this run). `anatomy.parquet` holds one row per chunk (its position in the prompt:
@@ -44,7 +45,7 @@ from ...engine.model.attention import prefill_kernel
 from ...engine.model.layers import dn_prefill_kernel
 from ...engine.model.prefill_marks import PHASES, PrefillMarks
 from ...results import Run
-from ...shapes import ModelShape, model_kwargs, planned_shape
+from ...shapes import FLOP_PHASES, ModelShape, model_kwargs, planned_shape
 from ...params import BadInput, check_positive, fill_auto, resolve_device
 from ... import sweep
 from ...sweep import sync
@@ -147,8 +148,10 @@ def anatomy_rows(chunks: list[dict], shape: ModelShape, mode: str, T: int, rates
         w = shape.prefill_chunk_work(c["start"], c["end"], budget=budget if attention == "sparse" else 0)
         b = {}
         if peak:
-            for ph in ("weights", "attention", "deltanet", "index_score"):
+            for ph in FLOP_PHASES:
                 b[f"{ph}_bound_ms"] = w[f"{ph}_flops"] / (peak * 1e9)
+        if h2d and w["ngram_bytes"]:                                # the n-gram rows cross the link in every mode
+            b["ngram_bound_ms"] = w["ngram_bytes"] / (h2d * 1e6)
         write_rate = d2h if on_host and mode == "sync" else hbm     # rotating: into a device buffer, DMA overlapped
         if write_rate:
             b["kv_write_bound_ms"] = w["kv_write_bytes"] / (write_rate * 1e6)
@@ -172,7 +175,7 @@ def anatomy_totals(rows: list[dict], wall_ms: float, tokens: int) -> dict:
             "anatomy_closure": chunk_ms / wall_ms if wall_ms else float("nan"),
             "bound_ms": bound_ms, "bound_tok_s": tokens / bound_ms * 1e3 if bound_ms == bound_ms and bound_ms else None,
             "attention_tflops": float(df["attention_flops"].sum()) / att / 1e9 if att else None,
-            "prefill_flops": float(df[["weights_flops", "attention_flops", "deltanet_flops", "index_score_flops"]].sum().sum())}
+            "prefill_flops": float(df[[f"{ph}_flops" for ph in FLOP_PHASES]].sum().sum())}
 
 
 def probe_rates(dev: torch.device, repeats: int = 10) -> tuple[dict, list[dict]]:
