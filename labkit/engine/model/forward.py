@@ -26,6 +26,7 @@ from .gemv import norm_matmul
 from .hc_mix import add_rows, settle
 from .hybrid import block_fns, dn_prefill, hc_head
 from .indexer import index_scores
+from .prefill_batch import BatchedPrefill, PrefillRequest
 from .prefill_buffers import PrefillRequestIO, RotatingPrefillIO
 from .prefill_marks import NoMarks
 from .select import select_blocks, select_topk
@@ -162,10 +163,7 @@ class Engine:
         if not 0 <= start < T:
             raise ValueError(f"prefill start {start} outside the prompt [0, {T})")
         c.pages.reserve(slot, T)
-        if self.prefill_mode == "rotating":
-            io = RotatingPrefillIO(self, slot, T)
-        else:
-            io = _PrefillIO(self, slot, T)
+        io = self.request_io(slot, T)
         marks = marks or NoMarks()
         io.mark = marks.mark
         outs, x = [], None
@@ -175,14 +173,7 @@ class Engine:
             pos = torch.arange(a, e, device=m.device)
             io.begin_chunk(a, e)
             io.tokens = tokens[a:e] if tokens is not None else None
-            x = _stream(m.embed[tokens[a:e]] if m.embed is not None else hidden[a:e], m.shape)
-            for blk, ki in zip(m.blocks, m.kind_index):
-                x = _run(self.block(blk, ki, x, pos, io))
-            marks.mark("other")
-            x = settle(x)
-            if m.lm_head is not None:
-                x = _unstream(x, m.shape)
-            x = x[0] + x[1]
+            x = self.prefill_forward(m.embed[tokens[a:e]] if m.embed is not None else hidden[a:e], pos, io, marks)
             if m.lm_head is None:
                 outs.append(x)
             marks.end_chunk()
@@ -191,6 +182,47 @@ class Engine:
         io.finish()
         c.lens[slot] = T
         return m.norm(x[-1:]) @ m.lm_head if m.lm_head is not None else torch.cat(outs)
+
+    def request_io(self, slot: int, T: int, prefix: torch.Tensor | None = None):
+        """The prefill `io` of one request's prompt of T tokens as `prefill_mode` says: `sync` (its prefix read
+        back into `prefix` [>= T, row words], or a buffer of its own) or `rotating` (four layer buffers of T)."""
+        if self.prefill_mode == "rotating":
+            return RotatingPrefillIO(self, slot, T)
+        return _PrefillIO(self, slot, T, prefix)
+
+    def prefill_forward(self, x_in: torch.Tensor, pos: torch.Tensor, io, marks=NO_MARKS) -> torch.Tensor:
+        """One prefill forward: inputs x_in [N, hidden] (the embeddings, or a pipeline stage's hidden states) at
+        positions pos [N] through every block, with `io` saying where each row's KV and state live. Returns the
+        hidden states [N, hidden] (the residual pair summed; a stage without the head: its stream)."""
+        m = self.model
+        x = _stream(x_in, m.shape)
+        for blk, ki in zip(m.blocks, m.kind_index):
+            x = _run(self.block(blk, ki, x, pos, io))
+        marks.mark("other")
+        x = settle(x)
+        if m.lm_head is not None:
+            x = _unstream(x, m.shape)
+        return x[0] + x[1]
+
+    def prefill_batch(self, requests: list[PrefillRequest], max_tokens: int | None = None):
+        """Prefill several requests with up to `max_tokens` tokens per forward (default `prefill_chunk`), taken
+        first come, first served (vLLM's `max_num_batched_tokens`; `prefill_batch.py` says what runs once over
+        the forward's rows and what per request). A generator like `prefill_chunks`: yields the forward's
+        `Segment`s (slot, start, end) after each forward but the last and returns each request's last-token
+        logits [1, vocab], in the order of `requests`; each slot's length is set when its prompt is done. Drive
+        it under `torch.inference_mode()`. Both prefill modes: with `rotating` each request in a forward holds
+        its own four layer buffers. Bad input (a budget <= 0, a prompt over the capacity, a slot twice): one
+        ValueError at the first step, before anything is reserved. A scheduler that admits requests as slots
+        free up drives `BatchedPrefill` itself (`add`, `step`)."""
+        batch = BatchedPrefill(self, max_tokens)
+        batch.add(*requests)
+        out = {}
+        while batch.pending:
+            segs, done = batch.step()
+            out.update(done)
+            if batch.pending:
+                yield segs
+        return [out[r.slot] for r in requests]
 
     # ------------------------------------------------------------------ decode
     def decode_segments(self, st: StepBuffers, boundaries: bool = False):
@@ -257,12 +289,14 @@ def _run(gen):
 
 class _PrefillIO(PrefillRequestIO):
     """Prefill of one request: a chunk's tokens attend densely to the whole prefix so far, read back
-    from the pool (where the chunk's own rows were just written)."""
+    from the pool (where the chunk's own rows were just written) into `prefix` (a batched prefill's requests
+    share one: their attentions run one after another on one stream)."""
 
-    def __init__(self, engine: Engine, slot: int, T: int):
+    def __init__(self, engine: Engine, slot: int, T: int, prefix: torch.Tensor | None = None):
         m = engine.model
         self.e, self.slot, self.fns, self.mark = engine, slot, engine._eager_fns, NO_MARKS.mark
-        self.prefix = torch.empty((T, engine.cache.row_words()), dtype=torch.int64, device=m.device)
+        self.prefix = (prefix if prefix is not None
+                       else torch.empty((T, engine.cache.row_words()), dtype=torch.int64, device=m.device))
         self.end, self.where = 0, None
 
     def write(self, ki, kv_rows, keys, scales) -> None:

@@ -264,6 +264,13 @@ def dn_prefill(blk, x, d, S, conv, mark=None):
     return h, blk.mixer.forward_seq(blk.norm1(h), S, conv, mark=mark)
 
 
+def dn_prefill_segments(blk, x, d, segments: list, mark=None):
+    """`dn_prefill` over several requests' chunks in one forward: rows one request after another, `segments`
+    [(a, e, S, conv)] each request's rows and its own state and conv window (`DeltaNetLayer.forward_segments`)."""
+    h = x + d
+    return h, blk.mixer.forward_segments(blk.norm1(h), segments, mark=mark)
+
+
 def qsa_project(blk, x, d):
     """Decode with the fused QSA heads (`qsa_step.qsa_heads` takes y next): h = x + d, y = norm1(h) @ w_in,
     the index key quantised, the indexer's query and head weights."""

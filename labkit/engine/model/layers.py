@@ -352,17 +352,27 @@ class DeltaNetLayer(nn.Module):
                     mark=None) -> torch.Tensor:
         """A prompt chunk of one request: x [T, hidden]; S [H, dk, dv], conv [C, K-1] updated in place.
         `mark(phase)`: where the projections end and the scan starts, and back (a prefill anatomy's lines)."""
-        T = x.shape[0]
+        return self.forward_segments(x, [(0, x.shape[0], S, conv)], chunk, mark)
+
+    def forward_segments(self, x: torch.Tensor, segments: list, chunk: int = 64, mark=None) -> torch.Tensor:
+        """Prompt chunks of several requests in one forward: x [N, hidden] their rows one request after another,
+        `segments` [(a, e, S, conv)] each request's rows [a, e) in order with its own state and conv window
+        (updated in place). The projections run once over all N rows (one larger product); the causal conv and
+        the scan run per request, since each continues its own recurrence."""
         mark = mark or (lambda phase: None)
         qkv, z, a, b = torch.split(matmul(x, self.w_in), [self.conv_ch, self.splits[3], self.splits[4], self.splits[5]], dim=-1)
         mark("dn_scan")
-        if dn_prefill_kernel(x.device) == "fla":     # the conv in one kernel, q/k per key head: deltanet_prefill
-            o = scan_fla(self, qkv, a, b, S, conv)
-        else:
-            conv_out = causal_conv_silu_reference(qkv, conv, self.conv_w)  # [T, C]
-            q, k, v = self._qkv(conv_out, T)
-            log_a, beta = self._gates(a, b)
-            o, S_new = delta_rule_chunked(q, k, v, log_a, beta, S, chunk=chunk)
-            S.copy_(S_new)
+        outs = [self._scan(qkv[r0:r1], a[r0:r1], b[r0:r1], S, conv, chunk) for r0, r1, S, conv in segments]
         mark("dn_weights")
-        return self._out(o, z)
+        return self._out(outs[0] if len(outs) == 1 else torch.cat(outs), z)
+
+    def _scan(self, qkv, a, b, S, conv, chunk: int) -> torch.Tensor:
+        """One request's rows from the projection's parts to the recurrence's output [T, H, dv]; S, conv in place."""
+        if dn_prefill_kernel(qkv.device) == "fla":     # the conv in one kernel, q/k per key head: deltanet_prefill
+            return scan_fla(self, qkv, a, b, S, conv)
+        conv_out = causal_conv_silu_reference(qkv, conv, self.conv_w)  # [T, C]
+        q, k, v = self._qkv(conv_out, qkv.shape[0])
+        log_a, beta = self._gates(a, b)
+        o, S_new = delta_rule_chunked(q, k, v, log_a, beta, S, chunk=chunk)
+        S.copy_(S_new)
+        return o
