@@ -21,10 +21,11 @@ from labkit import experiments
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
 from labkit.experiments.prefill_throughput import measure as M
 from labkit.engine.model import attention, layers
+from labkit.engine.model.prefill_batch import PrefillRequest, plan_forward
 from labkit.experiments.prefill_throughput.fit import (activation_bytes, activation_bytes_per_token,
                                                        activation_fixed_bytes, cap_holding, chunk_step, fit,
                                                        fla_activation_bytes_per_token, fla_activation_fixed_bytes,
-                                                       padded, slot_bytes)
+                                                       forward_shape, padded, prefix_bytes, slot_bytes)
 from labkit.params import BadInput
 from labkit.shapes import ModelShape
 
@@ -159,6 +160,104 @@ def test_activation_formula_matches_the_live_tensors_of_a_cpu_prefill():
     slope = (peaks[384] - peaks[128]) / 256
     want = activation_bytes_per_token(s) + s.row_bytes + 8
     assert slope == pytest.approx(want, rel=0.03), (slope, want)
+
+
+def test_forward_shape_is_the_schedulers():
+    """The formulas' count of prompts a forward touches and of the prefix its first prompt brings is what the
+    engine's first-come-first-served scheduler does, for budgets below, at and above the prompt's length."""
+    for T, budget, n in [(100, 64, 5), (150, 100, 3), (128, 128, 4), (128, 64, 4), (100, 256, 6), (96, 200, 2),
+                         (512, 1024, 4), (7, 3, 5)]:
+        queue = [types.SimpleNamespace(slot=i, T=T, next=0) for i in range(n)]
+        most = prefix = 0
+        while queue:
+            segs = plan_forward(queue, budget)
+            most, prefix = max(most, len(segs)), max(prefix, segs[0].start)
+            for r, sg in zip(queue, segs):
+                r.next = sg.end
+            queue = [r for r in queue if r.next < T]
+        assert forward_shape(T, budget, n) == (most, prefix), (T, budget, n)
+
+
+@pytest.mark.parametrize("config", ["none", "prefill"])
+def test_a_batched_fit_holds_every_prompt_a_forward_touches(config):
+    """Forwards of several prompts (a budget up to four prompts' worth): under caps from nothing-fits to
+    everything-fits the choice fits, holds a slot for every prompt a forward touches (and with rotating buffers
+    their four each), and one more chunk step would not fit; a budget that divides the prompt is one prompt a
+    forward, the unbatched fit's bytes."""
+    T, N, top = 256, 4, 1024
+    lo = fit(TINY, T, N, 0, config, top, batched=True).predicted_bytes
+    for cap in [lo - 1, lo, lo + 50_000, lo + 400_000, lo + 4_000_000, lo + 40_000_000]:
+        f = fit(TINY, T, N, cap, config, top, batched=True)
+        if not f.fits:
+            assert cap < lo
+            continue
+        assert f.predicted_bytes <= cap and f.per_forward <= f.in_flight <= N
+        assert f.per_forward == forward_shape(T, f.chunk, N)[0]
+        assert f.prefix_bytes == prefix_bytes(TINY, T, config == "none", f.per_forward)
+        if f.chunk < top:
+            c = f.chunk + chunk_step(top)
+            k = forward_shape(T, c, N)[0]
+            more = dataclasses.replace(f, chunk=c, per_forward=k, in_flight=k,
+                                       prefix_bytes=prefix_bytes(TINY, T, config == "none", k),
+                                       activation_bytes=activation_bytes(TINY, T, c, batched=True, prompts=N))
+            assert more.predicted_bytes > cap
+    wide = fit(TINY, T, N, 1 << 40, config, top, batched=True)
+    assert wide.chunk == top and wide.per_forward == N        # four prompts' worth: every prompt in one forward
+    one = fit(TINY, T, N, 1 << 40, config, 128, batched=True)
+    assert dataclasses.replace(one, batched=False) == fit(TINY, T, N, 1 << 40, config, 128)
+
+
+def test_batched_activation_formula_matches_the_live_tensors_of_a_cpu_prefill():
+    """The engine's batched prefill (a DeltaNet-only `tiny`, two prompts of 1.5 budgets each: forwards of one
+    prompt's whole budget and forwards mixing the two) under budgets of 128 and 384: the live bytes per extra
+    token of budget are the formula's activations at the forward's total, plus the shared prefix buffer's rows
+    (1.5 a budget token), the forward's positions and its token ids gathered from the prompts."""
+    s = dataclasses.replace(TINY, name="tiny-dn", layers=3)
+    m = HybridModel(s, CPU, seed=0)
+    peaks = {}
+    for c in (128, 384):
+        T = c * 3 // 2
+        cache = OffloadCache.allocate(m, "host", 2, T)
+        e = Engine(m, cache, get_strategy("zero_copy"), 64, prefill_chunk=c)
+        prompts = [torch.randint(0, s.vocab, (T,)) for _ in range(2)]
+        with torch.inference_mode(), _LiveBytes() as live:
+            for _ in e.prefill_batch([PrefillRequest(i, t) for i, t in enumerate(prompts)]):
+                pass
+        peaks[c] = live.peak
+    slope = (peaks[384] - peaks[128]) / 256
+    per_token = (activation_bytes(s, 576, 384, batched=True, prompts=2) - activation_bytes(s, 192, 128, batched=True,
+                                                                                            prompts=2)) / 256
+    want = per_token + 1.5 * s.row_bytes + 16
+    assert per_token == activation_bytes_per_token(s)
+    assert slope == pytest.approx(want, rel=0.03), (slope, want)
+
+
+@torch.inference_mode()
+def test_a_batched_batch_reuses_slots_and_hands_each_prompt_off(model):
+    """The experiment's batched switch: three prompts of 160 tokens several to a forward (a 256-token budget)
+    through two slots, the third prompt admitted into the first one's slot as soon as it is handed off. The
+    forwards are then those of the engine's batched prefill with a slot for every prompt, so the logits and the
+    KV are its own, bit for bit (the engine's tests pin that to one-prompt prefill); the last hand-off took the
+    third prompt's KV whole."""
+    T = 160
+    prompts = M.make_prompts(TINY, T, 3, seed=5, dev=CPU)
+    f = dataclasses.replace(fit(TINY, T, 3, 1 << 40, "none", 256, batched=True), in_flight=2)
+    assert f.batched and f.chunk == 256 and f.per_forward == 2
+    b = M.Batch(model, "none", T, f)
+    got = b.prefill_all(prompts)
+    cache = OffloadCache.allocate(model, "device", 3, T)
+    gen = Engine(model, cache, get_strategy("resident"), 2048).prefill_batch(
+        [PrefillRequest(i, t) for i, t in enumerate(prompts)], 256)
+    try:
+        while True:
+            next(gen)
+    except StopIteration as done:
+        want = done.value
+    assert all(torch.equal(x, y) for x, y in zip(got, want)) and not torch.equal(got[0], got[1])
+    kv = torch.empty_like(b.kv_rows(0))
+    for layer in range(cache.pool.attn_layers):
+        cache.read_prefix(layer, 2, T, kv[layer])
+    assert torch.equal(b.kv_rows(0), kv) and torch.equal(b.recv_kv, kv)
 
 
 def _fla_stand_in(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,

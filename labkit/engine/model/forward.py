@@ -173,7 +173,8 @@ class Engine:
             pos = torch.arange(a, e, device=m.device)
             io.begin_chunk(a, e)
             io.tokens = tokens[a:e] if tokens is not None else None
-            x = self.prefill_forward(m.embed[tokens[a:e]] if m.embed is not None else hidden[a:e], pos, io, marks)
+            x = None                   # the last chunk's states are not held through this chunk's forward
+            x = self.prefill_forward(io.tokens, None if hidden is None else hidden[a:e], pos, io, marks)
             if m.lm_head is None:
                 outs.append(x)
             marks.end_chunk()
@@ -190,12 +191,14 @@ class Engine:
             return RotatingPrefillIO(self, slot, T)
         return _PrefillIO(self, slot, T, prefix)
 
-    def prefill_forward(self, x_in: torch.Tensor, pos: torch.Tensor, io, marks=NO_MARKS) -> torch.Tensor:
-        """One prefill forward: inputs x_in [N, hidden] (the embeddings, or a pipeline stage's hidden states) at
-        positions pos [N] through every block, with `io` saying where each row's KV and state live. Returns the
-        hidden states [N, hidden] (the residual pair summed; a stage without the head: its stream)."""
+    def prefill_forward(self, tokens: torch.Tensor | None, hidden: torch.Tensor | None, pos: torch.Tensor, io,
+                        marks=NO_MARKS) -> torch.Tensor:
+        """One prefill forward: the tokens [N] (or a pipeline stage's input hidden states [N, hidden]) at positions
+        pos [N] through every block, with `io` saying where each row's KV and state live. Returns the hidden
+        states [N, hidden] (the residual pair summed; a stage without the head: its stream). The embedding is
+        looked up here, not by the caller: an argument would hold it through the whole forward."""
         m = self.model
-        x = _stream(x_in, m.shape)
+        x = _stream(m.embed[tokens] if hidden is None else hidden, m.shape)
         for blk, ki in zip(m.blocks, m.kind_index):
             x = _run(self.block(blk, ki, x, pos, io))
         marks.mark("other")

@@ -181,13 +181,15 @@ class BatchedPrefill:
         tokens = torch.cat([r.tokens[s.start:s.end] for r, s in zip(reqs, segs)]).to(m.device)
         pos = torch.cat([torch.arange(s.start, s.end, device=m.device) for s in segs])
         self.io.begin_forward(reqs, tokens)
-        x = self.e.prefill_forward(m.embed[tokens], pos, self.io)
+        x = self.e.prefill_forward(tokens, None, pos, self.io)
         done = {}
         for r, s in zip(reqs, segs):
             r.next = s.end
             if r.next == r.T:          # the head on this request's last row alone, as one-request prefill runs it
                 done[r.slot] = m.norm(x[r.rows.stop - 1:r.rows.stop]) @ m.lm_head
                 r.io.finish()
+                r.io = None            # its buffers go before the next forward's requests take theirs
                 self.e.cache.lens[r.slot] = r.T
+        self.io.begin_forward([], None)
         self.queue = [r for r in self.queue if r.next < r.T]
         return segs, done

@@ -18,6 +18,13 @@ Device bytes at the peak of a prefill, term by term (each one the size of a tens
   (`split_attention_bytes`: per token, plus the prefix's keys and values copied once), the peak of the fla path at
   the reference shape;
 - `prompts`: the N prompts' token ids and the logits kept per prompt;
+- a forward of several requests (`Engine.prefill_batch`, `batched=True`): the chunk is the forward's token budget,
+  which may exceed a prompt; the activations are those of a chunk of the forward's total tokens (the dense products
+  and the experts see all of them at once, and a forward of one request alone takes the whole budget whenever a
+  prompt is longer than it; where every forward mixes requests, DeltaNet's scan and the attention hold one
+  request's rows at a time, and the term is an upper bound); every request a forward touches holds its slot, and
+  with rotating buffers its own four (`forward_shape`: the most requests a forward touches, and the longest
+  prefix its first request brings, from the scheduler's first-come-first-served rule);
 - `reserve`: what the formulas do not count (cuBLAS workspace, the allocator's rounding and fragmentation).
 
 Checked two ways: against the live tensors of a CPU prefill (`tests/test_prefill_throughput.py`, the per-token
@@ -118,11 +125,27 @@ def split_attention_bytes(s: ModelShape, T: int, chunk: int) -> int:
     return max((c * split_attention_bytes_per_token(s) + p * s.row_bytes for c, p in points), default=0)
 
 
+def forward_shape(T: int, budget: int, prompts: int) -> tuple[int, int]:
+    """N prompts of T tokens prefilled several to a forward under a token budget, first come, first served
+    (`prefill_batch.plan_forward`): (the most requests one forward touches, the longest prefix a forward's first
+    request already holds). Forward j covers the tokens [j budget, (j + 1) budget) of the prompts laid end to end."""
+    total, most, prefix = T * prompts, 0, 0
+    for a in range(0, total, budget):
+        e = min(total, a + budget)
+        most = max(most, (e - 1) // T - a // T + 1)
+        prefix = max(prefix, a % T)
+        if most >= prompts and prefix >= T - math.gcd(budget, T):      # nothing later can be larger
+            break
+    return most, prefix
+
+
 def activation_bytes(s: ModelShape, T: int, chunk: int, dn_kernel: str = "torch",
-                     attention_kernel: str = "sdpa") -> int:
+                     attention_kernel: str = "sdpa", batched: bool = False, prompts: int = 1) -> int:
     """The activations at the peak of a prompt's forwards in chunks of `chunk` with these kernels: the DeltaNet
     layer's live set, or with the split attention a QSA layer's where it is more (SDPA's per-KV-head calls hold
-    a fraction of the DeltaNet layer's: no term)."""
+    a fraction of the DeltaNet layer's: no term). `batched`: `chunk` is the token budget of forwards over several
+    of the `prompts` (module docstring): a QSA layer's split attention then holds the forward's rows and the
+    longest prefix a forward's first request brings."""
     if dn_kernel not in DN_KERNELS or attention_kernel not in ATTENTION_KERNELS:
         raise ValueError(f"unknown kernels dn {dn_kernel!r}, attention {attention_kernel!r}: choose from "
                          f"{', '.join(DN_KERNELS)} and {', '.join(ATTENTION_KERNELS)}")
@@ -130,7 +153,12 @@ def activation_bytes(s: ModelShape, T: int, chunk: int, dn_kernel: str = "torch"
         dn = chunk * fla_activation_bytes_per_token(s) + fla_activation_fixed_bytes(s)
     else:
         dn = chunk * activation_bytes_per_token(s) + activation_fixed_bytes(s)
-    return max(dn, split_attention_bytes(s, T, chunk)) if attention_kernel == "split" else dn
+    if attention_kernel != "split":
+        return dn
+    if not batched:
+        return max(dn, split_attention_bytes(s, T, chunk))
+    prefix = forward_shape(T, chunk, prompts)[1]
+    return max(dn, (chunk * split_attention_bytes_per_token(s) + prefix * s.row_bytes) if prefix else 0)
 
 
 def padded(T: int) -> int:
@@ -148,9 +176,10 @@ def slot_bytes(s: ModelShape, T: int, kv_on_device: bool) -> int:
     return s.attn_layers * Tp * s.index_key_bytes + dn + table + kv
 
 
-def prefix_bytes(s: ModelShape, T: int, kv_on_device: bool) -> int:
-    """The prefix buffers of the prompt being prefilled: sync's one layer, or the four rotating buffers."""
-    return T * s.row_bytes if kv_on_device else rotating_buffer_bytes(T, s.row_bytes, s.attn_layers)
+def prefix_bytes(s: ModelShape, T: int, kv_on_device: bool, in_forward: int = 1) -> int:
+    """The prefix buffers of the prompts being prefilled: sync's one layer (one for all the requests of a forward:
+    their attentions run one after another), or four rotating buffers for each of the `in_forward` requests."""
+    return T * s.row_bytes if kv_on_device else in_forward * rotating_buffer_bytes(T, s.row_bytes, s.attn_layers)
 
 
 def prompt_bytes(s: ModelShape, T: int, n: int) -> int:
@@ -173,6 +202,8 @@ class Fit:
     cap_bytes: int
     dn_kernel: str = "torch"           # the kernels `activation_bytes` assumed (`DN_KERNELS`, `ATTENTION_KERNELS`)
     attention_kernel: str = "sdpa"
+    batched: bool = False              # `chunk` is the token budget of forwards over several prompts
+    per_forward: int = 1               # the most prompts one forward touches (each holds its slot)
 
     @property
     def fits(self) -> bool:
@@ -182,7 +213,7 @@ class Fit:
     def predicted_bytes(self) -> int:
         """The device peak the formulas predict at the chosen chunk and in-flight count (reserve included);
         when nothing fits, what one prompt at the smallest chunk would need."""
-        return (self.weight_bytes + max(1, self.in_flight) * self.slot_bytes + self.prefix_bytes
+        return (self.weight_bytes + max(self.per_forward, self.in_flight) * self.slot_bytes + self.prefix_bytes
                 + self.activation_bytes + self.prompt_bytes + self.reserve_bytes)
 
     def row(self) -> dict:
@@ -209,32 +240,43 @@ def chunk_step(chunk_max: int) -> int:
 
 
 def fit(s: ModelShape, T: int, prompts: int, cap: float, config: str, chunk_max: int, reserve: float = 0.0,
-        dn_kernel: str = "torch", attention_kernel: str = "sdpa") -> Fit:
+        dn_kernel: str = "torch", attention_kernel: str = "sdpa", batched: bool = False) -> Fit:
     """The largest chunk (a multiple of `chunk_step`, at most `chunk_max` and the prompt) that fits `cap` with one
     prompt held, then the most prompts held (at most `prompts`) that fit beside that chunk. The chunk goes
     first: it is paid on every forward, while a second slot only lets a finished prompt's hand-off overlap the
     next prompt (module docstring of `measure`). The kernels: those the engine takes on the device
-    (`measure.prefill_kernels`; the defaults are a CPU's). Nothing fits: chunk and in_flight 0, the smallest
+    (`measure.prefill_kernels`; the defaults are a CPU's). `batched`: the chunk is the token budget of forwards over
+    several prompts, at most `chunk_max` (not the prompt), and a chunk fits only with a slot (and with rotating
+    buffers, their four) for every prompt a forward touches. Nothing fits: chunk and in_flight 0, the smallest
     chunk's bytes."""
     on_dev = KV_ON_DEVICE[config]
-    slot, prefix = slot_bytes(s, T, on_dev), prefix_bytes(s, T, on_dev)
-    rest = s.weight_bytes() + prefix + prompt_bytes(s, T, prompts) + int(reserve)
-    base = dict(config=config, weight_bytes=s.weight_bytes(), slot_bytes=slot, prefix_bytes=prefix,
-                prompt_bytes=prompt_bytes(s, T, prompts), reserve_bytes=int(reserve), cap_bytes=int(cap),
-                dn_kernel=dn_kernel, attention_kernel=attention_kernel)
+    slot = slot_bytes(s, T, on_dev)
+    fixed = s.weight_bytes() + prompt_bytes(s, T, prompts) + int(reserve)
+    base = dict(config=config, weight_bytes=s.weight_bytes(), slot_bytes=slot, prompt_bytes=prompt_bytes(s, T, prompts),
+                reserve_bytes=int(reserve), cap_bytes=int(cap), dn_kernel=dn_kernel, attention_kernel=attention_kernel,
+                batched=batched)
 
-    def act(c: int) -> int:
-        return activation_bytes(s, T, c, dn_kernel, attention_kernel)
+    def held(c: int) -> int:               # prompts one forward of c tokens touches
+        return forward_shape(T, c, prompts)[0] if batched else 1
 
-    step, top = chunk_step(chunk_max), min(chunk_max, T)
-    # the prompt's length, then the multiples of the step below it, largest first (a QSA layer's prefix term
-    # makes the activations a step function of the chunk, not a line: each candidate is priced)
-    chunk = next((c for c in [top, *range((top - 1) // step * step, 0, -step)] if rest + slot + act(c) <= cap), 0)
+    def need(c: int) -> tuple[int, int, int]:  # (bytes with the prompts a forward touches held, prefix, activations)
+        pre, act = prefix_bytes(s, T, on_dev, held(c)), activation_bytes(s, T, c, dn_kernel, attention_kernel,
+                                                                        batched, prompts)
+        return fixed + pre + held(c) * slot + act, pre, act
+
+    step, top = chunk_step(chunk_max), chunk_max if batched else min(chunk_max, T)
+    # the top, then the multiples of the step below it, largest first (a QSA layer's prefix term makes the
+    # activations a step function of the chunk, not a line; batched, so do the prompts a forward touches)
+    chunk = next((c for c in [top, *range((top - 1) // step * step, 0, -step)] if need(c)[0] <= cap), 0)
     if chunk <= 0:
-        return Fit(chunk=0, in_flight=0, activation_bytes=act(min(step, T)), **base)
-    held = (cap - rest - act(chunk)) // slot
-    in_flight = prompts if held >= prompts else int(held)
-    return Fit(chunk=chunk, in_flight=in_flight, activation_bytes=act(chunk), **base)
+        c = min(step, T)
+        return Fit(chunk=0, in_flight=0, prefix_bytes=need(c)[1], activation_bytes=need(c)[2], per_forward=held(c),
+                   **base)
+    total, pre, act = need(chunk)
+    more = (cap - total) // slot               # slots beyond those the forward needs
+    in_flight = min(prompts, held(chunk) + int(more))
+    return Fit(chunk=chunk, in_flight=in_flight, prefix_bytes=pre, activation_bytes=act, per_forward=held(chunk),
+               **base)
 
 
 def cap_holding(s: ModelShape, T: int, prompts: int, held: int, chunk_max: int, reserve: float = 0.0,

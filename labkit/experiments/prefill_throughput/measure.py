@@ -12,9 +12,11 @@ prefilled on one device whose memory cannot hold them all with their KV, in thre
 
 Why this measure. The published setting is disaggregated: a prefill node prefills prompts and keeps each
 finished prompt's KV until the decode side takes it; with no offload that KV occupies device memory, with
-offload it sits in host RAM and the freed device memory buys larger batches. The lab's engine prefills one
-request's chunk per forward (`Engine.prefill_chunks`) and this experiment composes through that API only (the
-prefill internals are not touched), so what freed memory can buy here is
+offload it sits in host RAM and the freed device memory buys larger batches. A run prefills one request's chunk
+per forward (`Engine.prefill_chunks`); a `Batch` made from a batched fit (`fits_of(..., batched=True)`) prefills
+several prompts a forward under the chunk as token budget (`Engine.prefill_batch`'s `BatchedPrefill`), where a
+forward's tokens may span prompts. The experiment composes through those APIs only (the prefill internals are not
+touched), so what freed memory can buy here is
 1. tokens per forward: the chunk size the cap allows beside everything else (activations grow with the chunk);
 2. prompts held at once (`in_flight`): slots of the cache, one per prompt between its prefill and its hand-off.
 Each config takes, from the cap, the largest chunk (a multiple of 64 tokens, at most `chunk`) with one prompt
@@ -67,6 +69,7 @@ import torch
 from ...engine import Engine, HybridModel, OffloadCache, get_strategy
 from ...engine.model.attention import prefill_kernel
 from ...engine.model.layers import dn_prefill_kernel
+from ...engine.model.prefill_batch import BatchedPrefill, PrefillRequest
 from ...params import BadInput, fill_auto, resolve_device
 from ...results import Run
 from ...shapes import ModelShape, planned_shape
@@ -114,11 +117,12 @@ def prefill_kernels(dev: torch.device) -> dict[str, str]:
     return {"dn_kernel": dn_prefill_kernel(dev), "attention_kernel": prefill_kernel(dev)}
 
 
-def fits_of(p: dict, shape: ModelShape, T: int) -> dict[str, Fit]:
-    """What the cap holds per config at prompt length T (checked parameters; arithmetic only)."""
+def fits_of(p: dict, shape: ModelShape, T: int, batched: bool = False) -> dict[str, Fit]:
+    """What the cap holds per config at prompt length T (checked parameters; arithmetic only). `batched`: several
+    prompts a forward, `chunk` their token budget (a `Batch` made from such a fit prefills that way)."""
     kernels = prefill_kernels(torch.device(p["device"]))
     return {c: fit(shape, T, p["prompts"], p["mem_cap_gib"] * 2**30, c, p["chunk"], p["reserve_gib"] * 2**30,
-                   **kernels) for c in p["configs"]}
+                   **kernels, batched=batched) for c in p["configs"]}
 
 
 def host_bytes(shape: ModelShape, T: int, f: Fit, dev: torch.device) -> int:
@@ -174,7 +178,7 @@ class Batch:
     def __init__(self, model, config: str, T: int, f: Fit):
         strategy, mode = HOW[config]
         st = get_strategy(strategy)
-        self.model, self.config, self.T, self.in_flight = model, config, T, f.in_flight
+        self.model, self.config, self.T, self.in_flight, self.batched = model, config, T, f.in_flight, f.batched
         self.cache = OffloadCache.allocate(model, st.medium, f.in_flight, T)
         self.engine = Engine(model, self.cache, st, 2048, prefill_chunk=f.chunk, prefill_mode=mode)
         self.lane = _Lane(model.device)
@@ -224,16 +228,40 @@ class Batch:
     @torch.inference_mode()
     def prefill_all(self, prompts: list[torch.Tensor]) -> list[torch.Tensor]:
         """Prefill every prompt (slot i % in_flight), hand each off; returns each prompt's last logits. Ends with
-        the compute stream waiting for every hand-off."""
-        out = []
-        for i, tokens in enumerate(prompts):
-            slot = i % self.in_flight
-            self.take_back(slot)
-            out.append(self.engine.prefill(slot, tokens))
-            self.dirty[slot] = True
-            self.hand_off(slot, tokens.numel())
+        the compute stream waiting for every hand-off. A batched fit (`Fit.batched`) prefills several prompts a
+        forward (`prefill_batched`)."""
+        if self.batched:
+            out = self.prefill_batched(prompts)
+        else:
+            out = []
+            for i, tokens in enumerate(prompts):
+                slot = i % self.in_flight
+                self.take_back(slot)
+                out.append(self.engine.prefill(slot, tokens))
+                self.dirty[slot] = True
+                self.hand_off(slot, tokens.numel())
         for ev in self.done:
             self.lane.compute_waits(ev)
+        return out
+
+    def prefill_batched(self, prompts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The prompts several to a forward under the fit's chunk as token budget (`prefill_batch.BatchedPrefill`,
+        first come, first served): a prompt joins the queue as soon as a slot is free (after that slot's last
+        hand-off), and is handed off once the forward that finishes it is enqueued."""
+        batch = BatchedPrefill(self.engine, self.engine.prefill_chunk)
+        waiting, free, owner = list(enumerate(prompts)), list(range(self.in_flight)), {}
+        out: list = [None] * len(prompts)
+        while waiting or batch.pending:
+            while waiting and free:
+                (i, tokens), slot = waiting.pop(0), free.pop(0)
+                self.take_back(slot)
+                batch.add(PrefillRequest(slot, tokens))
+                owner[slot] = i
+            for slot, logits in batch.step()[1].items():
+                out[owner[slot]] = logits
+                self.dirty[slot] = True
+                self.hand_off(slot, prompts[owner.pop(slot)].numel())
+                free.append(slot)
         return out
 
     @torch.inference_mode()
@@ -302,7 +330,8 @@ def point_row(shape: ModelShape, f: Fit, config: str, T: int, p: dict, fits_form
             "fits_formula": fits_formula, "predicted_bytes": f.predicted_bytes,
             "predicted_allocated_bytes": f.predicted_bytes - f.reserve_bytes, "weight_bytes": f.weight_bytes,
             "slot_bytes": f.slot_bytes, "prefix_bytes": f.prefix_bytes, "activation_bytes": f.activation_bytes,
-            "reserve_bytes": f.reserve_bytes, "strategy": HOW[config][0], "prefill_mode": HOW[config][1]}
+            "reserve_bytes": f.reserve_bytes, "strategy": HOW[config][0], "prefill_mode": HOW[config][1],
+            "batched": f.batched}
 
 
 # ---------------------------------------------------------------------------------------------- the run
