@@ -161,6 +161,31 @@ def test_the_prefill_expert_gemms_match_their_definition_at_the_published_widths
     assert int(n) == int(torch.unique(experts).numel())
 
 
+@pytest.mark.parametrize("N", [300, 8192])
+def test_the_chunk_hc_mix_matches_eagers_at_the_published_widths(N):
+    """A prefill chunk's mix (`hc_chunk.mix`) against eager's (`hybrid.hc_in` of the stream h + d): the stream
+    within a bf16 step of eager's (the compiler may fold a rounding), y and the injection logits within 1%, the
+    addend dense and pending with the n-gram rows."""
+    from labkit.engine.model import hc_chunk, hybrid
+    from labkit.engine.model.hc_mix import Pending
+    from labkit.engine.model.layers import HyperConnection
+    g = torch.Generator(device="cuda").manual_seed(N)
+    hc = HyperConnection(REF, g, torch.bfloat16, "cuda")
+    H = REF.hidden
+    h = torch.randn(N, 4 * H, device="cuda", generator=g).bfloat16()
+    pend = Pending(torch.randn(N, 4, device="cuda", generator=g).bfloat16(),
+                   torch.randn(N, H, device="cuda", generator=g).bfloat16(),
+                   torch.randn(N, H, device="cuda", generator=g).bfloat16())
+    for d in (torch.randn(N, 4 * H, device="cuda", generator=g).bfloat16(), pend):
+        assert hc_chunk.applies(hc, h)
+        stream, y, _, inj = hc_chunk.mix(hc, h, d)
+        ws, wy, _, winj = hybrid.hc_in(hc, h, d.dense() if isinstance(d, Pending) else d)
+        step = ws.float().abs() * 2 ** -7 + 1e-30
+        assert ((stream.float() - ws.float()).abs() <= step).all()
+        for a, b in ((y, wy), (inj, winj)):
+            assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 1e-2
+
+
 def test_a_prefill_through_the_expert_gemms_stays_near_the_row_at_a_time_one():
     """The published parts (8 layers, 64 experts, W4A16): a 1,024-token prompt prefilled with the chunk's experts as
     grouped GEMMs and with the decode kernel a row at a time (`moe_gemm=off`) gives nearby last-token logits (the

@@ -75,7 +75,7 @@ KERNEL = textwrap.dedent('''
             stream, y, zero, got_inj = hc_mix.hc_mix(hc, h, d)
             want_stream = h + (d if kind == "tensor" else d.dense())
             want_y, want_inj = hc.mix(want_stream)
-            # each add rounded to bf16 as eager rounds it (`_bf16`: the interpreter rounds as the GPU does)
+            # each add rounded to bf16 as eager rounds it (`bf16_round`: the interpreter rounds as the GPU does)
             assert torch.equal(stream, want_stream), (H, M, kind, "stream")
             assert torch.equal(zero, torch.zeros_like(zero)), "zero"
             for name, a, b in (("y", y, want_y), ("inj", got_inj, want_inj)):

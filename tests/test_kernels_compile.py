@@ -196,7 +196,7 @@ def _drive_moe_gemm(gu, d, E, k, H, g):
 
 def drive_hc_mix():
     """The hyper-connections' two-launch mix at decode (one request, four), with the injection and n-gram rows
-    pending and with a tensor to add."""
+    pending and with a tensor to add; the chunk mix of prefill, the same three ways."""
     from labkit.engine.model.hc_mix import Pending, hc_mix
     from labkit.engine.model.layers import HyperConnection
     hc = _layer(HyperConnection)
@@ -204,6 +204,10 @@ def drive_hc_mix():
     for M in (1, 4):
         hc_mix(hc, _e(M, HH), Pending(_e(M, REF.hc_count), _e(M, H), _e(M, H)))
         hc_mix(hc, _e(M, HH), _e(M, HH))
+    from labkit.engine.model import hc_chunk          # a prefill chunk's mixes
+    hc_chunk.mix(hc, _e(8192, HH), Pending(_e(8192, REF.hc_count), _e(8192, H), _e(8192, H)))
+    hc_chunk.mix(hc, _e(8192, HH), Pending(_e(8192, REF.hc_count), _e(8192, H)))
+    hc_chunk.mix(hc, _e(8192, HH), _e(8192, HH))
 
 
 DRIVERS = [drive_decode_indexer, drive_gemv, drive_deltanet, drive_qsa_step, drive_transfers, drive_sparse_prefill,

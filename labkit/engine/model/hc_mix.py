@@ -22,8 +22,8 @@ Here (N ≤ `HC_MAX_ROWS` rows, bf16):
   their mean; it writes y and the zero the sub-block's residual pair starts with.
 - After the sub-block nothing is launched: `Pending(inj, o)` rides to the next mix's first kernel.
 Both can take programmatic dependent launch (`HC_PDL`, off: see there), the weight tile loaded before the wait. Under
-the interpreter (whose casts truncate) every rounding to bf16 is `_bf16`'s integer form, so the CPU tests check
-eager's roundings; on the GPU the stream's roundings are converts the compiler may fold (`_rnd`).
+the interpreter (whose casts truncate) every rounding to bf16 is `bf16_round`'s integer form, so the CPU tests check
+eager's roundings; on the GPU the stream's roundings are converts the compiler may fold (`eager_round`).
 
 The rounding differs from the definition's where the norm's scale factors out (bf16(s * w) * r for
 bf16(bf16(s * r) * w)) and where the compiler folds a rounding: within bf16's step, as inductor's fused form differs
@@ -45,7 +45,7 @@ if HAVE_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _bf16(x):
+    def bf16_round(x):
         """fp32 x rounded to the nearest bf16 (ties to even), kept fp32: integer operations, which the compiler cannot
         fold away as it folds a convert to bf16 and back (measured: the stream came out a bf16 step off eager's)."""
         u = x.to(tl.uint32, bitcast=True)
@@ -53,13 +53,13 @@ if HAVE_TRITON:
         return u.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _rnd(x, EXACT: tl.constexpr):
-        """x rounded to bf16 (kept fp32) as eager rounds it: `_bf16` where EXACT (the interpreter, whose casts
+    def eager_round(x, EXACT: tl.constexpr):
+        """x rounded to bf16 (kept fp32) as eager rounds it: `bf16_round` where EXACT (the interpreter, whose casts
         truncate), else a convert and back, which the compiler may fold into the next operation (a bf16 step from
-        eager at most, as inductor's fused pieces; `_bf16` on every element of the [16, BK] tile cost the down
+        eager at most, as inductor's fused pieces; `bf16_round` on every element of the [16, BK] tile cost the down
         kernel ~2.5 µs a mix on an H100: scripts/hc_mix_bench.py)."""
         if EXACT:
-            return _bf16(x)
+            return bf16_round(x)
         else:
             return x.to(tl.bfloat16).to(tl.float32)
 
@@ -99,20 +99,20 @@ if HAVE_TRITON:
         if PEND == 2:
             g = tl.load(inj_ptr + m * HC + c, mask=mm, other=0.0).to(tl.float32)
             ov = tl.load(o_ptr + m[:, None].to(tl.int64) * H + kc[None, :], mask=mm[:, None], other=0.0)
-            t = _rnd(g[:, None] * ov.to(tl.float32), DOT_F32)
+            t = eager_round(g[:, None] * ov.to(tl.float32), DOT_F32)
         if HAS_E:
             ev = tl.load(e_ptr + m[:, None].to(tl.int64) * H + kc[None, :], mask=mm[:, None], other=0.0)
             if PEND == 0:
                 t = ev.to(tl.float32)
             else:
-                t = _rnd(t + ev.to(tl.float32), DOT_F32)
+                t = eager_round(t + ev.to(tl.float32), DOT_F32)
         sf = s.to(tl.float32)
         if PEND != 0 or HAS_E:
-            sf = _rnd(sf + t, DOT_F32)
+            sf = eager_round(sf + t, DOT_F32)
         s = sf.to(s.dtype)                                               # exact: sf is a bf16 value
         tl.store(stream_ptr + at, s, mask=(mm & ((m * 0 + pn) == 0))[:, None])
         tl.store(ss_ptr + (pn * S + pk) * M + m, tl.sum(sf * sf, axis=1), mask=mm)
-        a = _rnd(sf * nw[None, :], DOT_F32).to(s.dtype)
+        a = eager_round(sf * nw[None, :], DOT_F32).to(s.dtype)
         if DOT_F32:
             p = tl.dot(a.to(tl.float32), w.to(tl.float32))
         else:
@@ -138,9 +138,9 @@ if HAVE_TRITON:
                 rs = tl.sum(tl.where(own[None, :, :], rc[:, :, None], 0.0), axis=1)             # [RB, SP2]
                 tl.store(r_ptr + rows[:, None] * HC + cs[None, :], rc,
                          mask=rok[:, None] & ((cs * 0 + pn) == 0)[None, :])
-                lr = _bf16(tl.sum(pt * rs[:, :, None], axis=1))                                 # [RB, BN]
+                lr = bf16_round(tl.sum(pt * rs[:, :, None], axis=1))                                 # [RB, BN]
                 ro = rows[:, None] * R + n[None, :]
-                tl.store(act_ptr + ro, _bf16(lr / (1.0 + tl.exp(-lr))).to(s.dtype),
+                tl.store(act_ptr + ro, bf16_round(lr / (1.0 + tl.exp(-lr))).to(s.dtype),
                          mask=rok[:, None] & (n < R)[None, :])
                 tl.store(injo_ptr + rows[:, None] * HC + (n - R)[None, :], lr.to(s.dtype),
                          mask=rok[:, None] & ((n >= R) & nm)[None, :])
@@ -175,13 +175,13 @@ if HAVE_TRITON:
             gate = tl.dot(a.to(tl.float32), w.to(tl.float32))
         else:
             gate = tl.dot(a, w)                                          # [BM, HC * BN] fp32
-        gate = _bf16(gate)
-        xn = _bf16(_bf16(s.to(tl.float32) * rr) * nw[None, :])          # the definition's normed copy, bf16
+        gate = bf16_round(gate)
+        xn = bf16_round(bf16_round(s.to(tl.float32) * rr) * nw[None, :])          # the definition's normed copy, bf16
         v = xn / (1.0 + tl.exp(-gate))
         y = tl.sum(tl.reshape(v, (BM, HC, BN)), axis=1) / HC             # [BM, BN]: the copies' mean
         j = pj * BN + tl.arange(0, BN)
         om = mm[:, None] & (j < H)[None, :]
-        tl.store(y_ptr + m[:, None] * H + j[None, :], _bf16(y).to(s.dtype), mask=om)
+        tl.store(y_ptr + m[:, None] * H + j[None, :], bf16_round(y).to(s.dtype), mask=om)
         tl.store(zero_ptr + m[:, None] * H + j[None, :], tl.zeros([BM, BN], dtype=s.dtype), mask=om)
 
 

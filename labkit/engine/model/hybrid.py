@@ -23,7 +23,7 @@ from ... import envs
 from ...shapes import ModelShape, check_weights_dtype, routing_spec
 from .attention import sparse_decode_attention
 from .experts import MoE
-from . import hc_mix
+from . import hc_chunk, hc_mix
 from .gemv import matmul, norm_matmul, norm_silu_glu
 from .kv import quantize_index_keys
 from .layers import FFN, DeltaNetLayer, HyperConnection, QSALayer, RMSNorm, inject, make_weight, normal_rows
@@ -323,5 +323,10 @@ def block_fns(compiled: bool) -> BlockFns:
             # the hyper-connections' mixes: two launches each where the kernels apply (`hc_mix`), the compiled
             # pieces elsewhere
             pieces = (*pieces[:-2], hc_mix.fused_in(pieces[-2]), hc_mix.pending_out)
+        else:
+            # eager (prefill, and decode without compile): a chunk's mixes in the chunk kernels where they run
+            # (`hc_chunk`: the stream read twice a mix, where eager's ops read it a dozen times), the eager pieces
+            # elsewhere; the injection pending to the next mix either way
+            pieces = (*pieces[:-2], hc_chunk.chunk_in(pieces[-2]), hc_mix.pending_out)
         _FNS[compiled] = BlockFns(*pieces, compiled=compiled)
     return _FNS[compiled]
