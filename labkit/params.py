@@ -1,5 +1,6 @@
 """Parameters: what an experiment takes (`Param`, a SPEC is a list of them), how a command line's strings
-become typed values (`resolve`), and the frozen `Plan` a run executes.
+become typed values (`resolve`), and the frozen plan a run executes: one dataclass per experiment, made from its
+SPEC by `plan_type` (a subclass of `Plan`, one typed field per parameter).
 
 `BadInput` carries one line for the user; front doors print it and exit non-zero, before any allocation.
 This is the bottom layer: every part of labkit may import it, and it imports nothing heavy (torch only
@@ -10,9 +11,10 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import dataclasses
 from dataclasses import dataclass, replace
-from types import MappingProxyType, SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 if TYPE_CHECKING:
     import torch
@@ -32,7 +34,8 @@ class Param:
     """One parameter: its name, type, default and help, and the checks it declares (each item of a list is
     checked): `choices` (names, or a function giving them, called only when a value is checked: the engine's
     strategies are known after it is imported), `gt` / `ge` / `lt` / `le` bounds, and `auto`: the value an "auto"
-    (or 0) takes per device type ({"cuda": ..., "cpu": ...}), decided when the plan is made."""
+    (or 0) takes per device type ({"cuda": ..., "cpu": ...}), decided when the plan is made; `unit`, what its
+    numbers count. A plan's field of the same name carries all of it (`plan_type`)."""
     name: str
     kind: str                      # "str", "int", "float", "bool", "list[str]", "list[int]", "list[float]"
                                    # ("table": a file's sub-table, `check_table` only)
@@ -44,6 +47,7 @@ class Param:
     le: float | None = None
     auto: Mapping[str, Any] | None = None
     lt: float | None = None
+    unit: str = ""                 # what one of its numbers counts ("tokens", "rows", "GB/s"); empty: none
 
     def but(self, **changes) -> "Param":
         """This parameter with some fields changed (another help text, default or bound)."""
@@ -152,32 +156,96 @@ def experiment_name(name):
     return RENAMED_EXPERIMENTS.get(name, name)
 
 
+_FIELD_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list[str]": tuple[str, ...],
+                "list[int]": tuple[int, ...], "list[float]": tuple[float, ...], "table": Mapping[str, Any]}
+
+
+def _recorded(v: Any) -> Any:
+    """A held value as a manifest and a notebook's JSON record it: tuples as lists."""
+    if isinstance(v, (list, tuple)):
+        return [_recorded(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: _recorded(x) for k, x in v.items()}
+    return v
+
+
 @dataclass(frozen=True)
 class Plan:
-    """A validated experiment: its name and every parameter resolved (typed, "auto" decided for the machine
-    it was planned on). Made once, in the process the user started; a notebook receives it as JSON and runs
-    it without parsing or checking anything again."""
-    experiment: str
-    params: Mapping[str, Any]
+    """A validated experiment: every parameter resolved (typed, "auto" decided for the machine it was planned on).
+    Made once, in the process the user started; a notebook receives it as JSON (`to_json`) and runs it without
+    parsing or checking anything again. Each experiment's plan is a subclass made by `plan_type` from its SPEC:
+    one field per parameter, read as an attribute (`plan.budgets`). `params` is the same plan as the dict a
+    manifest records, and `from_params` reads such a dict back."""
+    experiment: ClassVar[str] = ""
+    spec: ClassVar[tuple[Param, ...]] = ()         # the parameters a command line may set (derived fields aside)
 
-    def __post_init__(self):
-        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
-
-    def __getitem__(self, name: str) -> Any:
-        return self.params[name]
+    @property
+    def params(self) -> dict:
+        """The plan as a manifest records it: {name: value}, lists as lists."""
+        return {f.name: _recorded(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def to_json(self) -> str:
-        return json.dumps({"experiment": self.experiment, "params": dict(self.params)}, default=str)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}     # a tuple is a JSON list
+        return json.dumps({"experiment": self.experiment, "params": fields}, default=str)
 
     @classmethod
     def from_json(cls, text: "str | Plan") -> "Plan":
+        """The plan `to_json` wrote (or `text` itself when it is a plan already)."""
         if isinstance(text, Plan):
             return text
         d = json.loads(text)
-        return cls(d["experiment"], d["params"])
+        if d["experiment"] != cls.experiment:
+            raise BadInput(f"a plan of {d['experiment']!r} given to {cls.experiment!r}")
+        return cls.from_params(d["params"])
 
-    def replace(self, **params) -> "Plan":
-        return Plan(self.experiment, {**self.params, **params})
+    @classmethod
+    def from_params(cls, values: Mapping[str, Any]) -> "Plan":
+        """A plan from checked parameters as a check returns them or a manifest records them: every parameter of
+        the SPEC given (a derived value may be left out: its default), no other name (a name missing or unknown is
+        a ValueError: the dict is not this experiment's plan). A list is held as a tuple."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = sorted({p.name for p in cls.spec} - set(values))
+        unknown = sorted(set(values) - set(names))
+        if missing or unknown:
+            raise ValueError(f"{cls.experiment} plan: missing {missing}, unknown {unknown}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+    @classmethod
+    def from_manifest(cls, recorded: Mapping[str, Any]) -> "tuple[Plan, dict]":
+        """The plan of a committed run, from the parameters its manifest records: a parameter added since the run
+        was made takes its default (what the run did before it existed); returns (the plan, the recorded values
+        of parameters the plan no longer takes)."""
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        given = {k: v for k, v in recorded.items() if k in names}
+        for k, f in names.items():
+            if k not in given:
+                given[k] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        return cls.from_params(given), {k: v for k, v in recorded.items() if k not in names}
+
+    def replace(self, **changes) -> "Plan":
+        return dataclasses.replace(self, **{k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()})
+
+    @classmethod
+    def field_param(cls, name: str) -> Param:
+        """The `Param` a field was made from: its help, unit, choices, bounds and default."""
+        return next(f.metadata["param"] for f in dataclasses.fields(cls) if f.name == name)
+
+
+def plan_type(experiment: str, spec: list[Param], derived: list[Param] = ()) -> type[Plan]:
+    """The frozen plan of `experiment`: one field per parameter of `spec` (typed by its kind, a list as a tuple;
+    its default the parameter's; the `Param` itself in the field's metadata), then one per `derived` value that
+    the experiment's check adds (not settable from a command line)."""
+    def spec_field(p: Param):
+        default, meta = tuple(p.default) if isinstance(p.default, list) else p.default, {"param": p}
+        made = dataclasses.field(default_factory=lambda: dict(default), metadata=meta) if isinstance(default, dict) \
+            else dataclasses.field(default=default, metadata=meta)
+        return p.name, _FIELD_TYPES[p.kind], made
+
+    name = "".join(w.capitalize() for w in experiment.split("_")) + "Plan"
+    cls = dataclasses.make_dataclass(name, [spec_field(p) for p in [*spec, *derived]], bases=(Plan,), frozen=True,
+                                     namespace={"experiment": experiment, "spec": tuple(spec)})
+    cls.__doc__ = f"The checked plan of `labkit run {experiment}`: " + ", ".join(p.name for p in spec)
+    return cls
 
 
 def parse_value(p: Param, raw: Any) -> Any:

@@ -13,11 +13,11 @@ EARLIER_DEFAULT_S = 6 * 60 + 51
 
 
 def test_the_cpu_default_sweep_is_sized_to_about_five_minutes():
-    pl = M.derive(experiments.plan("decode", {"device": "cpu"}).params)
+    pl = M.derive(experiments.plan("decode", {"device": "cpu"}))
     earlier = M._seconds(pl, QUIET_2_CORES, repeats=5, steps=20)[0]
     assert abs(earlier - EARLIER_DEFAULT_S) < 10, earlier          # the cost still stands for those cores
     now = M._seconds(pl, QUIET_2_CORES)[0]
     assert 4 * 60 <= now <= 5.5 * 60, now
     # the same axes as before: every strategy, three contexts, concurrency 1 and 4, a budget axis, a prefill
-    p = pl.params
-    assert len(p["context_lens"]) == 3 and p["concurrency"] == [1, 4] and len(p["budgets"]) > 1 and p["prefill_lens"]
+    p = pl.plan
+    assert len(p.context_lens) == 3 and p.concurrency == (1, 4) and len(p.budgets) > 1 and p.prefill_lens

@@ -18,7 +18,7 @@ from labkit.experiments import plan as plan_experiment
 
 
 def plan(given):
-    return derive(plan_experiment("decode", given).params)
+    return derive(plan_experiment("decode", given))
 from labkit.params import BadInput
 from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
 from labkit.engine.transfer.hot_cache import COUNTERS, LRFU_DECAY, POLICIES, HotIndex

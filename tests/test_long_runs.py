@@ -53,8 +53,8 @@ def test_the_estimate_scales_with_the_work_asked(monkeypatch):
     cost = (2.0, 1e-4, 1e-4)                       # ms a step, ms per context token, ms per cache token filled
     monkeypatch.setattr(M, "_calibrate", lambda pl: cost)
     small = M.derive(experiments.plan("decode", {"device": "cpu", "context_lens": "256K", "repeats": 5,
-                                                  "probe": False, "anatomy": False}).params)
-    big = M.derive({**small.params, "repeats": 50})
+                                                  "probe": False, "anatomy": False}))
+    big = M.derive(small.plan.replace(repeats=50))
     s, b = M._seconds(small, cost)[0], M._seconds(big, cost)[0]
     assert 7 < (b - 20) / (s - 20) < 10.5          # the fixed start-up apart
     est = M.estimate(big)

@@ -7,7 +7,9 @@ Each experiment is one module here with
 - `plan(given) -> Plan`: parse and validate `given` (strings from a command line, or values) once, in the
   process the user started, before anything is allocated or written; bad input is one `BadInput` line.
   Every one is `planner(NAME, SPEC, measuring)`: the declared checks, then the measuring module's `check` for
-  what crosses parameters or asks the machine (an engine experiment's starts with `for_this_machine`);
+  what crosses parameters or asks the machine (an engine experiment's starts with `for_this_machine`); the plan
+  it returns is the experiment's own frozen dataclass (`plan.type`, made by `params.plan_type`: one typed field
+  per parameter);
 - `run(plan) -> Run`: measure into a run folder (`labkit.results.Run`).
 
 These modules import only the light `params` layer at import time (torch, papermill and plotly are imported
@@ -26,11 +28,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import lazy
-from ..params import BadInput, Param, Plan, experiment_name, fill_auto, resolve, resolve_device
+from ..params import BadInput, Param, Plan, experiment_name, fill_auto, plan_type, resolve, resolve_device
 from ..shapes import planned_shape, routing_spec
 
 # sweep and results import pandas: the registry stays light for --help
@@ -53,6 +56,11 @@ class Experiment:
     @property
     def spec(self) -> list[Param]:
         return list(self.module.SPEC)
+
+    @property
+    def plan_type(self) -> type[Plan]:
+        """Its frozen plan: one typed field per parameter (`params.plan_type`)."""
+        return self.module.plan.type
 
 
 _ALL = [
@@ -114,17 +122,6 @@ _STUDIES = [
 STUDIES: dict[str, Study] = {s.name: s for s in _STUDIES}
 
 
-def checked(name: str, spec: list[Param], given: dict, load_check, **check_options) -> Plan:
-    """Resolve `given` against `spec` (names and types: nothing heavy imported yet), then the measuring module's
-    own `check(params)` (the machine, files, servers), which `load_check()` imports only then; keys it marks
-    private (`_pair`) are not recorded."""
-    p = resolve(spec, given, name)
-    if "routing" in p:                      # a model's routing (MODEL_PARAMS): a recorded one read and checked now
-        _check_routing(p)
-    p = load_check()(p, **check_options)
-    return Plan(name, {k: v for k, v in p.items() if not k.startswith("_")})
-
-
 def _check_routing(p: dict) -> None:
     """`routing` (zipf:S, file:PATH) checked before the measuring module is imported, against the plan's shape
     where it names one already (an "auto" shape is decided later, and the model checks it again when built)."""
@@ -135,13 +132,26 @@ def _check_routing(p: dict) -> None:
     routing_spec(p["routing"], shape if shape is not None and shape.moe else None)
 
 
-def planner(name: str, spec: list[Param], code, **options):
+def planner(name: str, spec: list[Param], code, *, derived: list[Param] = (), **options):
     """The `plan(given, **more) -> Plan` of an experiment that states only its name, SPEC and measuring module
     `code` (a `lazy.module`, so the SPEC module stays light): `given` resolved against `spec`, then `code.check`
-    (imported only then) with `options` and `more` (e.g. serve's `check_args=False`)."""
+    (imported only then) with `options` and `more` (e.g. serve's `check_args=False`). `plan.type` is the
+    experiment's frozen plan (`params.plan_type`), with a field for each of `derived`, the values its check adds."""
+    kind = plan_type(name, spec, derived)
+
     def plan(given: dict, **more) -> Plan:
-        return checked(name, spec, given, lambda: code.check, **options, **more)
-    plan.__doc__ = f"Parse and check the parameters of `labkit run {name}` (one BadInput line on bad input)."
+        """`given` resolved against the SPEC (names and types: nothing heavy imported yet), then the measuring
+        module's own `check(params)` (the machine, files, servers), imported only then. A check returns the plan
+        (`plan.type.from_params`), or the dict it is made from, where keys it marks private (`_pair`) are not
+        recorded."""
+        p = resolve(spec, given, name)
+        if "routing" in p:                  # a model's routing (MODEL_PARAMS): a recorded one read and checked now
+            _check_routing(p)
+        got = code.check(p, **options, **more)
+        return got if isinstance(got, Plan) else kind.from_params({k: v for k, v in got.items() if not k.startswith("_")})
+    plan.__doc__ = f"Parse and check the parameters of `labkit run {name}` (one BadInput line on bad input).\n" \
+        + plan.__doc__
+    plan.type = kind
     return plan
 
 
@@ -193,10 +203,23 @@ def estimate(plan: Plan):
     return est
 
 
+def plan_from_params(name: str, values: dict) -> Plan:
+    """The plan of experiment `name` from parameters already checked (another plan's part, as multigpu's
+    layouts hold decode's)."""
+    return get(name).plan_type.from_params(values)
+
+
+def plan_of_run(manifest: dict) -> tuple[Plan, dict]:
+    """A run folder's plan, read from its manifest with today's plan type (`Plan.from_manifest`): (the plan, the
+    recorded values of parameters today's plan no longer takes)."""
+    return get(manifest["experiment"]).plan_type.from_manifest(manifest.get("parameters") or {})
+
+
 def run(plan: Plan | str, **options):
     """Measure a plan (a `Plan` or its JSON) into its run folder; returns the `Run`. `options` go to the
     experiment's `run` (progress_bar, log)."""
-    plan = Plan.from_json(plan)
+    if not isinstance(plan, Plan):              # the JSON a notebook receives: its experiment's plan type reads it
+        plan = get(json.loads(plan)["experiment"]).plan_type.from_json(plan)
     return get(plan.experiment).module.run(plan, **options)
 
 

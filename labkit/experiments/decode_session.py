@@ -1,12 +1,14 @@
-"""A decode point and what measuring one takes: the grid of a checked decode plan (`derive`: `DecodePlan`, its
-`Point`s), the model or its stages and the caches the points share (`DecodeSession`, `Caches`), and one point timed
-into a record (`measure_decode`): step times, link bytes engine-counted and NVML's, memory held, the step's anatomy.
-The decode sweep measures its grid through it; the capacity run times a batch at its cap and the multigpu run each
-layout's points through it too. One point at a time:
+"""A decode point and what measuring one takes: the grid a checked decode plan implies (`derive`: `DecodeGrid`,
+its `Point`s), the model or its stages and the caches the points share (`DecodeSession`, `Caches`), and one point
+timed into a record (`measure_decode`): step times, link bytes engine-counted and NVML's, memory held, the step's
+anatomy. The decode sweep measures its grid through it; the capacity run times a batch at its cap and the multigpu
+run each layout's points through it too. One point at a time:
 
-    pl = derive(experiments.plan("decode", {"context_lens": "8K"}).params)
-    with DecodeSession(pl) as s:
-        rec = s.measure(pl.points[0])
+    grid = derive(experiments.plan("decode", {"context_lens": "8K"}))
+    with DecodeSession(grid) as s:
+        rec = s.measure(grid.points[0])
+
+Everything here reads the decode plan's fields (`grid.plan.steps`), never a dict of parameters.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from ..engine.model.cache import build_on_devices
 from ..engine.model.trace_replay import load_selection_trace
 from ..engine.transfer import setting_names
 from ..params import gib
-from ..shapes import ModelShape, model_kwargs
+from ..shapes import MODEL_PARAMS, ModelShape, model_kwargs
 from ..stats import spread
 from ..telemetry import Sampler
 
@@ -46,9 +48,10 @@ class Point:
 
 
 @dataclass(frozen=True)
-class DecodePlan:
-    """A validated sweep: its parameters as the user gave them (resolved), and what they imply."""
-    params: dict                      # the manifest's parameters: names as in SPEC, `device` normalised
+class DecodeGrid:
+    """What a checked decode plan implies: the shape, the devices, the points in the order they run, the strategy
+    settings."""
+    plan: "DecodePlan"                # labkit.experiments.decode's checked plan; its `params` are the manifest's
     shape: ModelShape
     devices: tuple[torch.device, ...]
     points: tuple[Point, ...]
@@ -56,8 +59,8 @@ class DecodePlan:
 
     @property
     def margin(self) -> int:
-        p = self.params
-        return 8 + 4 + 2 * ANATOMY_STEPS + 2 + p["steps"] * p["repeats"] + MARGIN
+        """Cache tokens a point needs beyond its context: the steps it decodes, and a margin."""
+        return 8 + 4 + 2 * ANATOMY_STEPS + 2 + self.plan.steps * self.plan.repeats + MARGIN
 
     @property
     def cuda(self) -> bool:
@@ -68,23 +71,24 @@ class DecodePlan:
         return max(q.context_len for q in self.points if q.concurrency == concurrency)
 
 
-def derive(p: dict) -> DecodePlan:
-    """What checked parameters imply (shape, devices, the grid, strategy settings); checks nothing."""
-    devs = tuple(torch.device(d) for d in str(p["device"]).split(","))
-    return DecodePlan(dict(p), ModelShape.from_name(p["shape"]), devs, tuple(_points(p)),
-                      {k: p[k] for k in setting_names()})
+def derive(plan: "DecodePlan") -> DecodeGrid:
+    """What a checked plan implies (shape, devices, the grid, strategy settings); checks nothing."""
+    devs = tuple(torch.device(d) for d in plan.device.split(","))
+    return DecodeGrid(plan, ModelShape.from_name(plan.shape), devs, tuple(_points(plan)),
+                      {k: getattr(plan, k) for k in setting_names()})
 
 
-def _points(p: dict) -> list[Point]:
-    """The grid, in the order it runs: grouped by concurrency (one cache allocation per group)."""
+def _points(plan: "DecodePlan") -> list[Point]:
+    """The grid, in the order it runs: grouped by concurrency (one cache allocation per group). The main table's
+    points take the first budget, the budget axis the others at `budget_context`."""
     out = []
-    for c in p["concurrency"]:
-        mbs = sorted({min(m, c) for m in p["micro_batches"]})     # never more micro-batches than requests
-        for context_len in sorted(set(p["context_lens"])):
-            out += [Point(c, context_len, p["budgets"][0], s, "context", m) for m in mbs for s in p["strategies"]]
-        if c == p["concurrency"][0]:
-            for b in p["budgets"][1:]:
-                out += [Point(c, p["budget_context"], b, s, "budget") for s in p["strategies"]]
+    for c in plan.concurrency:
+        mbs = sorted({min(m, c) for m in plan.micro_batches})     # never more micro-batches than requests
+        for context_len in sorted(set(plan.context_lens)):
+            out += [Point(c, context_len, plan.budgets[0], s, "context", m) for m in mbs for s in plan.strategies]
+        if c == plan.concurrency[0]:
+            for budget in plan.budgets[1:]:
+                out += [Point(c, plan.budget_context, budget, s, "budget") for s in plan.strategies]
     return out
 
 
@@ -94,8 +98,8 @@ class Caches:
     prefixes of them (a device that cannot hold the largest gets one sized to the point, see `_capacity`).
     Each stage's cache is built by a thread bound to its device."""
 
-    def __init__(self, stages: list, pl: DecodePlan):
-        self.stages, self.pl = stages, pl
+    def __init__(self, stages: list, grid: DecodeGrid):
+        self.stages, self.grid = stages, grid
         self.cache: dict[str, list[OffloadCache]] = {}
         self.group = None
 
@@ -104,7 +108,7 @@ class Caches:
             self.release()
             self.group = concurrency
         have = self.cache.get(medium)
-        if have is None or have[0].capacity < context_len + self.pl.margin:
+        if have is None or have[0].capacity < context_len + self.grid.margin:
             if have is not None:            # a point-sized device cache gives way to a longer point's
                 self.cache.pop(medium)
                 gc.collect()
@@ -114,7 +118,7 @@ class Caches:
 
             def build(stage):
                 c = OffloadCache.allocate(stage, medium, concurrency, cap)
-                c.fill_random_([context_len] * concurrency, seed=self.pl.params["seed"])
+                c.fill_random_([context_len] * concurrency, seed=self.grid.plan.seed)
                 return c
 
             self.cache[medium] = build_on_devices(build, self.stages)
@@ -124,8 +128,8 @@ class Caches:
         """Tokens per slot: the group's longest context, so its points share one fill; on a device that cannot
         hold that but holds this point, the point's own (a resident 64K point beside 1M ones still runs).
         Raises MemoryError in one line when not even the point fits."""
-        shape, margin = self.stages[0].shape, self.pl.margin
-        for cap in (self.pl.group_context(concurrency) + margin, context_len + margin):
+        shape, margin = self.stages[0].shape, self.grid.margin
+        for cap in (self.grid.group_context(concurrency) + margin, context_len + margin):
             need = concurrency * cap * shape.kv_bytes_per_token()          # over all stages together
             if medium == "host" or self.stages[0].device.type == "cpu":
                 avail = psutil.virtual_memory().available
@@ -151,18 +155,19 @@ class DecodeSession:
     """What the points of one plan share: the model (or its stages), the caches, the telemetry sampler.
     `measure(point)` gives one record; `run_sweep` and the explorer both measure through it."""
 
-    def __init__(self, pl: DecodePlan, tel: Sampler | None = None):
-        self.pl, self.tel = pl, tel or Sampler(gpus=[])
+    def __init__(self, grid: DecodeGrid, tel: Sampler | None = None):
+        self.grid, self.tel = grid, tel or Sampler(gpus=[])
         self.stage_layers = None
-        torch.manual_seed(pl.params["seed"])
-        held = model_kwargs(pl.params)
-        if len(pl.devices) == 1:
-            self.stages = [HybridModel(pl.shape, pl.devices[0], seed=pl.params["seed"], **held)]
+        plan = grid.plan
+        torch.manual_seed(plan.seed)
+        held = model_kwargs({q.name: getattr(plan, q.name) for q in MODEL_PARAMS})     # weights_dtype, ...
+        if len(grid.devices) == 1:
+            self.stages = [HybridModel(grid.shape, grid.devices[0], seed=plan.seed, **held)]
         else:   # built on the CPU and moved stage by stage: the same weights whatever the split
-            model = HybridModel(pl.shape, "cpu", seed=pl.params["seed"], **held)
-            self.stage_layers = place_layers(model_block_costs(model, pl.params["budgets"][0]), len(pl.devices))
-            self.stages = split_model(model, self.stage_layers, list(pl.devices))
-        self.caches = Caches(self.stages, pl)
+            model = HybridModel(grid.shape, "cpu", seed=plan.seed, **held)
+            self.stage_layers = place_layers(model_block_costs(model, plan.budgets[0]), len(grid.devices))
+            self.stages = split_model(model, self.stage_layers, list(grid.devices))
+        self.caches = Caches(self.stages, grid)
 
     def __enter__(self):
         return self
@@ -176,25 +181,25 @@ class DecodeSession:
         def free(ex):
             if isinstance(ex, (torch.cuda.OutOfMemoryError, MemoryError)):
                 self.caches.release()
-        return sweep.attempt(lambda: measure_decode(self.stages, self.caches, pt, self.pl, self.tel, timeline),
+        return sweep.attempt(lambda: measure_decode(self.stages, self.caches, pt, self.grid, self.tel, timeline),
                              {"experiment": EXPERIMENT}, on_fail=free, **asdict(pt))
 
 
-def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel: Sampler,
+def measure_decode(stages: list, caches: Caches, pt: Point, grid: DecodeGrid, tel: Sampler,
                    timeline: list | None = None) -> dict:
-    p, shape, dev = pl.params, pl.shape, stages[0].device
+    plan, shape, dev = grid.plan, grid.shape, stages[0].device
     trace = None
-    if p["selection"].startswith("trace:"):   # recorded selections, scaled to this point's context and budget
-        trace = load_selection_trace(p["selection"][6:], shape.attn_layers, pt.context_len, pt.budget,
-                                     steps=pl.margin, stable=True)   # keeps the trace's reuse (hot_cache)
+    if plan.selection.startswith("trace:"):   # recorded selections, scaled to this point's context and budget
+        trace = load_selection_trace(plan.selection[6:], shape.attn_layers, pt.context_len, pt.budget,
+                                     steps=grid.margin, stable=True)   # keeps the trace's reuse (hot_cache)
     concurrency, context_len = pt.concurrency, pt.context_len
-    strat = get_strategy(pt.strategy, **pl.settings)
+    strat = get_strategy(pt.strategy, **grid.settings)
     stage_caches = caches.get(strat.medium, concurrency, context_len)
     for cache in stage_caches:
         cache.set_lengths(context_len, slice(0, concurrency))
-    runner, runners = _runners(stages, stage_caches, pt, pl, trace)
+    runner, runners = _runners(stages, stage_caches, pt, grid, trace)
     slow = strat.slow             # ~0.4 s a step per request (per_row): fewer steps, one repeat, no anatomy
-    steps, repeats = (p["per_row_steps"], 1) if slow else (p["steps"], p["repeats"])
+    steps, repeats = (plan.per_row_steps, 1) if slow else (plan.steps, plan.repeats)
     with device_guard(dev):
         runner.prepare(warmup=1 if slow else 2)
     cuda = dev.type == "cuda"
@@ -239,7 +244,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
         "experts_read_per_layer": per_layer,
         "ngram_bytes_per_step": ngram_bytes or None,
         **stages[0].holding(),
-        "selection": p["selection"], "t_start": t_start, "t_end": time.time(),
+        "selection": plan.selection, "t_start": t_start, "t_end": time.time(),
         "device_mem_peak_bytes": sum(torch.cuda.max_memory_allocated(st.device) for st in stages) if cuda else None,
         **strat.settings(),
     }
@@ -251,28 +256,28 @@ def measure_decode(stages: list, caches: Caches, pt: Point, pl: DecodePlan, tel:
         rec[f"nvml_tx_bytes_per_step_gpu{i}"] = a_tx / n
     if isinstance(runner, PipelineRunner):
         rec.update(_pipeline_fields(runner, pt, timeline))
-    if p["anatomy"] and not slow and pt.micro_batches == 1:   # phases of overlapped micro-batches do not add up
+    if plan.anatomy and not slow and pt.micro_batches == 1:   # phases of overlapped micro-batches do not add up
         rec.update(_anatomy_fields(runner, dev, t.median))
     del runner, runners
     return rec
 
 
-def _runners(stages: list, stage_caches: list, pt: Point, pl: DecodePlan, trace) -> tuple:
+def _runners(stages: list, stage_caches: list, pt: Point, grid: DecodeGrid, trace) -> tuple:
     """(the runner a point times, every DecodeRunner under it): one per micro-batch and stage, a PipelineRunner
     over them when there are several; each stage replays its layers' share of a selection trace."""
-    grid = []
+    table = []                    # a row of runners per micro-batch, one per stage
     for first, size in micro_batch_ranges(pt.concurrency, pt.micro_batches):
         row, first_attn = [], 0
         for stage, cache in zip(stages, stage_caches):
-            engine = Engine(stage, cache, get_strategy(pt.strategy, **pl.settings), pt.budget,
-                            select_block=pl.params["select_block"])
+            engine = Engine(stage, cache, get_strategy(pt.strategy, **grid.settings), pt.budget,
+                            select_block=grid.plan.select_block)
             tr = None if trace is None else trace[:, first_attn:first_attn + stage.n_attn]
             first_attn += stage.n_attn
             with device_guard(stage.device):
-                row.append(DecodeRunner(engine, size, trace=tr, max_steps=pl.margin, first=first))
-        grid.append(row)
-    runners = [r for row in grid for r in row]
-    return (runners[0] if len(runners) == 1 else PipelineRunner(grid)), runners
+                row.append(DecodeRunner(engine, size, trace=tr, max_steps=grid.margin, first=first))
+        table.append(row)
+    runners = [r for row in table for r in row]
+    return (runners[0] if len(runners) == 1 else PipelineRunner(table)), runners
 
 
 def _timed_steps(runner, dev: torch.device, tel: Sampler, steps: int, repeats: int) -> tuple:

@@ -20,3 +20,5 @@ PAGING = [
     Param("graphs", "bool", False, "CUDA graphs per batch composition (CUDA only)"),
     Param("compile", "bool", False, "torch.compile the block pieces (CUDA; one compile per batch size seen)"),
 ]
+# what a replay's check adds: the trace file's identity, recorded beside its path
+TRACE_SHA = Param("trace_sha", "str", "", "the trace file's sha256 (its first 16 hex digits), read when planned")

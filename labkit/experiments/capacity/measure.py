@@ -177,7 +177,7 @@ def _batches_to_try(n: int, max_batch: int) -> int:
     return min(n, max_batch) if max_batch > 0 else n
 
 
-def _reusing_caches(stages, dp):
+def _reusing_caches(stages, grid):
     """The decode sweep's `Caches`, except that a cache of more slots serves a smaller batch (a runner
     uses slots [0, batch)): a TPOT-bound retry does not allocate, pin and fill the host pool again."""
     class Reuse(Caches):
@@ -187,12 +187,12 @@ def _reusing_caches(stages, dp):
                 return have
             return super().get(medium, conc, ctx)
 
-    return Reuse(stages, dp)
+    return Reuse(stages, grid)
 
 
 def decode_plan(given: dict):
-    """The decode sweep's plan of one point (checked as `labkit run decode` checks it)."""
-    return derive(plan_experiment("decode", given).params)
+    """The decode sweep's grid of one point (checked as `labkit run decode` checks it)."""
+    return derive(plan_experiment("decode", given))
 
 
 def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
@@ -204,7 +204,7 @@ def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
                       "anatomy": "false", "selection": p["selection"], "seed": str(p["seed"]),
                       **{s.param: p[s.param] for s in settings_of("hot_cache")}})
     caches = caches if caches is not None else _reusing_caches(session.stages, dp)
-    caches.pl = dp                 # sizes a new cache for this batch (the plan's only concurrency)
+    caches.grid = dp               # sizes a new cache for this batch (the plan's only concurrency)
     return measure_decode(session.stages, caches, Point(batch, p["context_len"], p["budget"], strat, "context"),
                           dp, session.tel)
 
@@ -237,7 +237,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
             for other in [k for k in caches if k != strat]:      # one medium's pool in memory at a time
                 caches.pop(other).release()
             if strat not in caches:
-                caches[strat] = _reusing_caches(session.stages, session.pl)
+                caches[strat] = _reusing_caches(session.stages, session.grid)
             tried = []
             for _ in range(3):      # capacity, then what a TPOT-bound scheduler would admit (twice at most)
                 key = (STRATEGY_OF[f.config], batch)

@@ -8,8 +8,11 @@ plus one prefill per `prefill_lens` entry. A decode point fills its requests' ca
 rows and index keys (decode time does not depend on the values); prefill is measured on its own.
 
     plan = experiments.plan("decode", {"context_lens": "8K,1M"})   # checked once; nothing allocated yet
-    pl = derive(plan.params)                     # the grid it implies
-    run = run_sweep(pl)                          # measures every point into a run folder
+    grid = derive(plan)                          # the grid it implies
+    run = run_sweep(grid)                        # measures every point into a run folder
+
+`check` works on the resolved parameters (a dict: the plan is made from what it returns); everything after it
+reads the plan's fields (`grid.plan.steps`).
 
 A point is measured through `labkit.experiments.decode_session` (`DecodeSession`, `measure_decode`), which the
 capacity and multigpu runs share; this module is the sweep: its checks, the link probe and
@@ -34,83 +37,88 @@ from ...results import Run
 from ...shapes import ModelShape, planned_shape
 from ...telemetry import Sampler
 from ...params import BadInput, check_positive, fill_auto, gib, one_line, resolve_device
-from ..decode_session import ANATOMY_STEPS, EXPERIMENT, DecodePlan, DecodeSession, Point, derive
+from ..decode_session import ANATOMY_STEPS, EXPERIMENT, DecodeGrid, DecodeSession, Point, derive
 from ..device_rates import emulated_link, hbm_read_gbps, link_rates, run_link_probe
 from ... import sweep
 from .. import check_selection
-from . import SPEC
+from . import SPEC, DecodePlan
 from ...costmodel import GPU, CostModel, gpu_for_name
 
 
-def check(p: dict) -> dict:
-    """Validate resolved parameters against this machine and decide the "auto" ones; returns them as a plan
-    records them. Raises BadInput with one line before anything is allocated (`experiments.decode.plan`)."""
+def check(p: dict) -> DecodePlan:
+    """Validate resolved parameters against this machine and decide the "auto" ones; returns the plan. Raises
+    BadInput with one line before anything is allocated (`experiments.decode.plan`). The device and the "auto"
+    values are decided on the dict the SPEC resolved; every check after that reads the plan's fields."""
     p = dict(p)
-    # `device` may list several devices ("cuda:0,cuda:1,cuda:2", or "cpu,cpu" to exercise the split on a
-    # CPU): the layers are then split over them, one pipeline stage per device.
-    devs = [resolve_device(d.strip()) for d in str(p["device"]).split(",") if d.strip()] or [resolve_device("auto")]
-    if len({d.type for d in devs}) > 1:
-        raise BadInput(f"device={p['device']}: mix of device types; use cuda:N,... or cpu,...")
-    if len(devs) > 1 and devs[0].type == "cuda" and len(set(devs)) < len(devs):
-        raise BadInput(f"device={p['device']}: a GPU is listed twice")
+    devs = _devices(p["device"])
     p["device"] = ",".join(str(d) for d in devs)
     fill_auto(SPEC, p, devs[0].type)     # shape, contexts, budgets, prompts; then the declared bounds and choices
-    shape = planned_shape(p["shape"])
-    if not p["strategies"]:
+    envs.check_switch_params(p)          # the engine switches' values in their canonical form
+    plan = DecodePlan.from_params(p)
+    shape = planned_shape(plan.shape)
+    if not plan.strategies:
         raise BadInput(f"strategies: none given; choose from {', '.join(STRATEGIES)}")
-    if not p["context_lens"] or not p["budgets"] or not p["concurrency"]:
+    if not plan.context_lens or not plan.budgets or not plan.concurrency:
         raise BadInput("context_lens, budgets and concurrency need at least one value each")
-    if not p["micro_batches"]:
-        p["micro_batches"] = [1]
+    plan = plan.replace(micro_batches=plan.micro_batches or (1,),
+                        budget_context=plan.budget_context or max(plan.context_lens))
     for name in ("gather_rows_per_prog", "gather_num_warps"):       # zero_copy's settings, declared beside it
-        check_positive(name, [p[name]])
-    settings = {k: p[k] for k in setting_names()}
-    for s in p["strategies"]:
+        check_positive(name, [getattr(plan, name)])
+    settings = {k: getattr(plan, k) for k in setting_names()}
+    for s in plan.strategies:
         try:
             get_strategy(s, **settings)
         except ValueError as ex:
             raise BadInput(str(ex)) from None
-    if "hot_cache" in p["strategies"]:
-        _check_hot_capacity(p, shape, devs[0])
-    sb = p["select_block"]
-    if any(b % sb for b in p["budgets"]) or PAGE_SIZE % sb:
-        raise BadInput(f"select_block must divide every budget and the page size {PAGE_SIZE}, got {sb}")
-    check_selection(p["selection"])
-    if p["budget_context"] == 0:
-        p["budget_context"] = max(p["context_lens"])
+    if "hot_cache" in plan.strategies:
+        _check_hot_capacity(plan, shape, devs[0])
+    if any(budget % plan.select_block for budget in plan.budgets) or PAGE_SIZE % plan.select_block:
+        raise BadInput(f"select_block must divide every budget and the page size {PAGE_SIZE}, got {plan.select_block}")
+    check_selection(plan.selection)
     if len(devs) > shape.layers:
         raise BadInput(f"{len(devs)} devices for a shape of {shape.layers} layers")
-    envs.check_switch_params(p)
-    if p.get("link_gbps") and "zero_copy" not in p["strategies"]:
+    if plan.link_gbps and "zero_copy" not in plan.strategies:
         raise BadInput("link_gbps emulates the link under zero_copy's gather: add zero_copy to strategies")
-    pl = derive(p)
+    grid = derive(plan)
     # Host RAM: the biggest concurrency group's pool must fit in this machine's RAM at all.
     total = psutil.virtual_memory().total
-    need = max(q.concurrency for q in pl.points) * (max(q.context_len for q in pl.points) + pl.margin) \
+    need = max(q.concurrency for q in grid.points) * (max(q.context_len for q in grid.points) + grid.margin) \
         * shape.kv_bytes_per_token()
-    if any(STRATEGIES[s].medium == "host" for s in p["strategies"]) or not pl.cuda:
+    if any(STRATEGIES[s].medium == "host" for s in plan.strategies) or not grid.cuda:
         if need > total:
-            raise BadInput(f"context {max(p['context_lens'])} x concurrency {max(p['concurrency'])} needs "
+            raise BadInput(f"context {max(plan.context_lens)} x concurrency {max(plan.concurrency)} needs "
                            f"{gib(need)} of host KV ({shape.kv_bytes_per_token()} B/token); this machine has {gib(total)} of RAM")
-    return p
+    return plan
 
 
-def _check_hot_capacity(p: dict, shape: ModelShape, dev: torch.device) -> None:
+def _devices(device: str) -> list[torch.device]:
+    """`device` may list several devices ("cuda:0,cuda:1,cuda:2", or "cpu,cpu" to exercise the split on a CPU):
+    the layers are then split over them, one pipeline stage per device."""
+    devs = [resolve_device(d.strip()) for d in str(device).split(",") if d.strip()] or [resolve_device("auto")]
+    if len({d.type for d in devs}) > 1:
+        raise BadInput(f"device={device}: mix of device types; use cuda:N,... or cpu,...")
+    if len(devs) > 1 and devs[0].type == "cuda" and len(set(devs)) < len(devs):
+        raise BadInput(f"device={device}: a GPU is listed twice")
+    return devs
+
+
+def _check_hot_capacity(plan: DecodePlan, shape: ModelShape, dev: torch.device) -> None:
     """The hot cache's slots of the largest batch must fit the device (RAM on a CPU) at all."""
-    need = p["hot_capacity"] * max(p["concurrency"]) * shape.attn_layers * shape.row_bytes
+    need = plan.hot_capacity * max(plan.concurrency) * shape.attn_layers * shape.row_bytes
     have = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else psutil.virtual_memory().total
     if need > have:
-        raise BadInput(f"hot_capacity={p['hot_capacity']} x concurrency {max(p['concurrency'])} needs {gib(need)} "
+        raise BadInput(f"hot_capacity={plan.hot_capacity} x concurrency {max(plan.concurrency)} needs {gib(need)} "
                        f"of device slots; the device has {gib(have)}")
 
 
-def measure_prefill(stages: list, n_tokens: int, strategy: str, pl: DecodePlan) -> dict:
-    strat = get_strategy(strategy, **pl.settings)
+def measure_prefill(stages: list, n_tokens: int, strategy: str, grid: DecodeGrid) -> dict:
+    strat = get_strategy(strategy, **grid.settings)
     dev = stages[0].device
     chunk = 8192 if dev.type == "cuda" else 512
-    engines = [Engine(st, OffloadCache.allocate(st, strat.medium, 1, n_tokens), get_strategy(strategy, **pl.settings),
-                      pl.params["budgets"][0], prefill_chunk=chunk) for st in stages]
-    g = torch.Generator().manual_seed(pl.params["seed"])
+    budget = grid.plan.budgets[0]          # the main table's
+    engines = [Engine(st, OffloadCache.allocate(st, strat.medium, 1, n_tokens), get_strategy(strategy, **grid.settings),
+                      budget, prefill_chunk=chunk) for st in stages]
+    g = torch.Generator().manual_seed(grid.plan.seed)
     tokens = torch.randint(0, stages[0].shape.vocab, (n_tokens,), generator=g)
 
     def sync():
@@ -126,39 +134,39 @@ def measure_prefill(stages: list, n_tokens: int, strategy: str, pl: DecodePlan) 
     on_dev = strat.medium == "device"
     kv = n_tokens * stages[0].shape.kv_bytes_per_token()
     return {"experiment": "prefill", "status": "ok", "error": None, "strategy": strat.name,
-            "context_len": n_tokens, "budget": pl.params["budgets"][0], "concurrency": 1, "repeats": 1, "steps": 1,
+            "context_len": n_tokens, "budget": budget, "concurrency": 1, "repeats": 1, "steps": 1,
             "step_ms_median": dt * 1e3, "step_ms_min": dt * 1e3, "step_ms_max": dt * 1e3,
             "tok_s": n_tokens / dt, "prefill_chunk": chunk, "device_kv_bytes": kv if on_dev else 0,
             "host_kv_bytes": 0 if on_dev else kv,
             "device_index_bytes": n_tokens * stages[0].shape.index_key_bytes * stages[0].shape.attn_layers}
 
 
-def _link_variants(pl: DecodePlan, run: Run, base: dict) -> list[tuple[dict, dict]]:
+def _link_variants(grid: DecodeGrid, run: Run, base: dict) -> list[tuple[dict, dict]]:
     """The native link, then one emulated link per `link_gbps`: (strategy settings, row tags). The zero-copy
     gather's rate per program count is measured here for every load size of the grid (budget x concurrency
     rows a layer: a program that reads more rows per load reads them faster), the probe rows kept
     (experiment=link_probe); each target is met by the program count nearest it at the first point's load.
     What it emulates: the rate at which selected rows arrive. What it does not: a slower link's latency per
     transaction, and the SMs a full-rate gather would occupy (fewer programs leave more free)."""
-    dev = pl.devices[0]
-    loads = sorted({q.budget * q.concurrency for q in pl.points if q.strategy == "zero_copy"})
-    rates = {n: link_rates(dev, n, repeats=10, pool_gib=2.0 if pl.cuda else 0.02) for n in loads}
+    dev, plan = grid.devices[0], grid.plan
+    loads = sorted({q.budget * q.concurrency for q in grid.points if q.strategy == "zero_copy"})
+    rates = {n: link_rates(dev, n, repeats=10, pool_gib=2.0 if grid.cuda else 0.02) for n in loads}
     for n, r in rates.items():
         for q, g in r.items():
             run.add({**base, "experiment": "link_probe", "status": "ok", "strategy": "zero_copy", "rows_per_load": n,
                      "gather_programs": q, "gbps": g})
-    first = pl.params["budgets"][0] * pl.params["concurrency"][0]
+    first = plan.budgets[0] * plan.concurrency[0]           # the first point's rows a load
     out = [({}, {"link_gbps": 0.0, "link_gbps_measured": rates[first][0], "link": "native"})]
-    for target in pl.params["link_gbps"]:
+    for target in plan.link_gbps:
         q, got = emulated_link(rates[first], target)
         out.append(({"gather_programs": q}, {"link_gbps": float(target), "link_gbps_measured": got, "link": "emulated"}))
     run.update_manifest(link_emulation={
         "programs_gbps": {str(n): {str(q): round(g, 3) for q, g in r.items()} for n, r in rates.items()},
-        "targets": {str(t): s_["gather_programs"] for (s_, _), t in zip(out[1:], pl.params["link_gbps"])}})
+        "targets": {str(t): s_["gather_programs"] for (s_, _), t in zip(out[1:], plan.link_gbps)}})
     return out
 
 
-def _predict_link_rows(run: Run, pl: DecodePlan) -> None:
+def _predict_link_rows(run: Run, grid: DecodeGrid) -> None:
     """`predicted_step_ms` for each emulated-link zero_copy row: the cost model fitted on the native grid's row
     of the same context and concurrency (its link rate measured at that row's load), its transfer term scaled by
     the emulated over the native rate at the predicted row's own load. The check of the model's transfer term at
@@ -168,7 +176,7 @@ def _predict_link_rows(run: Run, pl: DecodePlan) -> None:
              for r in m[m["experiment"] == "link_probe"].itertuples()}
     fit_rows = m[~((m["experiment"] == "decode") & (m["link"] == "emulated"))]     # the native grid + the probes
     source = gpu_for_name(run.manifest.get("gpu_name")) or GPU("this", "cpu", 1.0, 5, 16, 1, 1e9)
-    b0 = pl.params["budgets"][0]
+    b0 = grid.plan.budgets[0]            # the main table's budget
     for rec in run.records:
         if rec.get("experiment") != "decode" or rec.get("link") != "emulated" or rec.get("strategy") != "zero_copy" \
                 or rec.get("status") != "ok":
@@ -176,7 +184,7 @@ def _predict_link_rows(run: Run, pl: DecodePlan) -> None:
         c, ctx, n = int(rec["concurrency"]), int(rec["context_len"]), int(rec["budget"]) * int(rec["concurrency"])
         q = int(rec.get("gather_programs") or 0)
         try:
-            model = CostModel.fit(fit_rows, pl.shape, "zero_copy", ctx, c, source, link_gbps=rates[(b0 * c, 0)])
+            model = CostModel.fit(fit_rows, grid.shape, "zero_copy", ctx, c, source, link_gbps=rates[(b0 * c, 0)])
             scale = rates[(n, q)] / rates[(n, 0)]
             pred = model.predict(source, ctx, c, int(rec["budget"]), link_scale=scale)
         except (ValueError, KeyError) as ex:
@@ -189,72 +197,73 @@ def _predict_link_rows(run: Run, pl: DecodePlan) -> None:
     run.write_table("metrics", run.metrics())
 
 
-def _sweep_once(pl: DecodePlan, run: Run, base: dict, prefill: list, tel: Sampler, bar) -> None:
+def _sweep_once(grid: DecodeGrid, run: Run, base: dict, prefill: list, tel: Sampler, bar) -> None:
     """The grid's points and the prefill lengths, with the engine as it is now configured."""
-    with DecodeSession(pl, tel) as session:
+    with DecodeSession(grid, tel) as session:
         if session.stage_layers:
             run.update_manifest(stage_layers=[list(r) for r in session.stage_layers])
-        for pt in pl.points:
+        for pt in grid.points:
             bar.set_postfix_str(f"{pt.strategy} ctx={pt.context_len} c={pt.concurrency} b={pt.budget}")
             run.add({**base, **session.measure(pt)})
             bar.update()
         session.caches.release()
         for n, s in prefill:
             bar.set_postfix_str(f"prefill {s} {n}")
-            rec = sweep.attempt(lambda: measure_prefill(session.stages, n, s, pl), {"experiment": "prefill"},
+            rec = sweep.attempt(lambda: measure_prefill(session.stages, n, s, grid), {"experiment": "prefill"},
                                 strategy=s, context_len=n)
             run.add({**base, **rec})
             gc.collect()
             bar.update()
 
 
-def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True) -> Run:
-    """Measure every point of a checked plan into a run folder; a failing point becomes a failed row."""
-    p, shape, dev = pl.params, pl.shape, pl.devices[0]
+def run_sweep(grid: DecodeGrid, run: Run | None = None, progress_bar: bool = True) -> Run:
+    """Measure every point of a checked plan's grid into a run folder; a failing point becomes a failed row."""
+    plan, shape, dev = grid.plan, grid.shape, grid.devices[0]
     if run is None:
-        run = sweep.open_run(p, EXPERIMENT)
-    base = {"device": p["device"], "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": shape.name}
+        run = sweep.open_run(plan.params, EXPERIMENT)        # the manifest records the plan as a dict
+    base = {"device": plan.device, "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": shape.name}
     # Prefill is measured once per length, with the KV pool where the offloaded strategies keep it.
     # (plain rows, no mirror of them to keep up to date; a graphable one first: the prefill path the sweep's
     # offloaded strategies share)
-    host = sorted((s for s in p["strategies"] if STRATEGIES[s].medium == "host" and not STRATEGIES[s].mirrors),
+    host = sorted((s for s in plan.strategies if STRATEGIES[s].medium == "host" and not STRATEGIES[s].mirrors),
                   key=lambda s: not STRATEGIES[s].graphable)
-    prefill = [(n, (host or p["strategies"])[0]) for n in (p["prefill_lens"] or [])]
-    variants = envs.variants(p)
-    n_zc = sum(q.strategy == "zero_copy" for q in pl.points) * len(p.get("link_gbps") or [])
-    bar = sweep.bar((len(pl.points) + n_zc + len(prefill)) * len(variants), f"{EXPERIMENT} {shape.name}", progress_bar)
-    tel = Sampler(gpus=[d.index or 0 for d in pl.devices] if pl.cuda else [])
+    prefill = [(n, (host or plan.strategies)[0]) for n in plan.prefill_lens]
+    variants = envs.variants(plan.params)       # envs reads the switch parameters by their names
+    n_zc = sum(q.strategy == "zero_copy" for q in grid.points) * len(plan.link_gbps)
+    bar = sweep.bar((len(grid.points) + n_zc + len(prefill)) * len(variants), f"{EXPERIMENT} {shape.name}", progress_bar)
+    tel = Sampler(gpus=[d.index or 0 for d in grid.devices] if grid.cuda else [])
     run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary())
     try:
         # The link probe runs before the NVML sampler thread starts: the thread's reads (and the GIL it
         # takes) slowed the host-side gathers of an in-sweep probe by up to 3x.
-        if p["probe"]:
+        if plan.probe:
             bar.set_postfix_str("link probe")
             with sweep.point(run, {**base, "experiment": "probe"}):
                 # the link only: the weight products are `labkit run probe`'s (they would add their GEMV
                 # compiles to every sweep)
-                for r in run_link_probe(str(dev), pool_gib=8.0 if pl.cuda else 0.05, repeats=10):
+                for r in run_link_probe(str(dev), pool_gib=8.0 if grid.cuda else 0.05, repeats=10):
                     run.add({**base, **r})
             gc.collect()
-        if pl.cuda:   # the roofline's denominator, measured in this run whether or not the probe ran
+        if grid.cuda:   # the roofline's denominator, measured in this run whether or not the probe ran
             run.add({**base, **hbm_read_gbps(dev)})
         tel.start()
         # Engine switches given as parameters: the whole grid once per combination, the model rebuilt under
         # each (its kernels and layout are chosen when it is built), rows tagged with the combination.
-        links = _link_variants(pl, run, base) if p.get("link_gbps") else [({}, {})]
+        links = _link_variants(grid, run, base) if plan.link_gbps else [({}, {})]
         for variant in variants:
             before = envs.apply(variant)
             tag = {"engine_variant": envs.variant_name(variant), **variant} if variant else {}
             try:
                 for settings, link_tag in links:
                     # an emulated link changes zero_copy's gather alone: the other strategies ran on the native pass
-                    lpl = replace(pl, settings={**pl.settings, **settings},
-                                  points=tuple(q for q in pl.points if q.strategy == "zero_copy")) if settings else pl
-                    _sweep_once(lpl, run, {**base, **tag, **link_tag}, prefill if not settings else [], tel, bar)
+                    on_link = replace(grid, settings={**grid.settings, **settings},
+                                      points=tuple(q for q in grid.points if q.strategy == "zero_copy")) \
+                        if settings else grid
+                    _sweep_once(on_link, run, {**base, **tag, **link_tag}, prefill if not settings else [], tel, bar)
             finally:
                 envs.apply(before)
-        if p.get("link_gbps"):
-            _predict_link_rows(run, pl)
+        if plan.link_gbps:
+            _predict_link_rows(run, grid)
     finally:
         bar.close()
         tel.stop()
@@ -265,7 +274,8 @@ def run_sweep(pl: DecodePlan, run: Run | None = None, progress_bar: bool = True)
             run.update_manifest(pcie_gen=int(tf["pcie_gen"].max()), pcie_width=int(tf["pcie_width"].max()),
                                 nvml_max_counter_gap_s=round(tel.max_gap_s, 4))
         run.finish()        # the shared rule; an exception in flight (Ctrl-C included) decides too
-    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), p, run.manifest)), progress_bar, EXPERIMENT)
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), plan.params, run.manifest)), progress_bar,
+                   EXPERIMENT)
     return run
 
 
@@ -274,21 +284,21 @@ CALIBRATE_FROM = 2e8      # token-steps (requests x context x steps, summed) bel
 ANATOMY_STEP_COST = 2 * ANATOMY_STEPS + 2     # steps an anatomy adds to a point (runner.anatomy advances this many)
 
 
-def _point_steps(q: Point, p: dict) -> int:
+def _point_steps(q: Point, plan: DecodePlan) -> int:
     """Decode steps a point runs: warm-up, the timed ones, its anatomy (a slow strategy: fewer, none)."""
     if STRATEGIES[q.strategy].slow:
-        return 1 + p["per_row_steps"]
-    return 2 + p["repeats"] * p["steps"] + (ANATOMY_STEP_COST if p["anatomy"] else 0)
+        return 1 + plan.per_row_steps
+    return 2 + plan.repeats * plan.steps + (ANATOMY_STEP_COST if plan.anatomy else 0)
 
 
-def _calibrate(pl: DecodePlan) -> tuple[float, float, float]:
+def _calibrate(grid: DecodeGrid) -> tuple[float, float, float]:
     """This CPU now, timed on the plan's own shape: (ms a step costs a request, ms per context token a request,
     ms per cache token filled), from two short points at 2K and 32K tokens."""
     lens = [2048, 32768]
-    strat = next((s for s in pl.params["strategies"] if not STRATEGIES[s].slow), pl.params["strategies"][0])
-    cal = derive({**pl.params, "context_lens": lens, "concurrency": [1], "strategies": [strat], "repeats": 1,
-                  "steps": 3, "anatomy": False, "probe": False, "prefill_lens": [], "link_gbps": [],
-                  "budgets": pl.params["budgets"][:1]})
+    plan = grid.plan
+    strat = next((s for s in plan.strategies if not STRATEGIES[s].slow), plan.strategies[0])
+    cal = derive(plan.replace(context_lens=lens, concurrency=[1], strategies=[strat], repeats=1, steps=3,
+                              anatomy=False, probe=False, prefill_lens=[], link_gbps=[], budgets=plan.budgets[:1]))
     ms, walls = [], []
     with DecodeSession(cal) as s:
         for q in cal.points:
@@ -304,55 +314,58 @@ def _calibrate(pl: DecodePlan) -> tuple[float, float, float]:
     return fixed, per_token, fill
 
 
-def _seconds(pl: DecodePlan, cost: tuple[float, float, float], **change) -> tuple[float, dict]:
+def _seconds(grid: DecodeGrid, cost: tuple[float, float, float], **change) -> tuple[float, dict]:
     """Seconds the plan (with `change`d parameters) is expected to take at `cost`, and seconds per context."""
-    p = {**pl.params, **change}
     if change:
-        pl = derive(p)
+        grid = derive(grid.plan.replace(**change))
+    plan = grid.plan
     fixed, per_token, fill = cost
     by_ctx: dict[int, float] = {}
-    for q in pl.points:
-        t = _point_steps(q, p) * q.concurrency * (fixed + per_token * q.context_len) / 1e3
+    for q in grid.points:
+        t = _point_steps(q, plan) * q.concurrency * (fixed + per_token * q.context_len) / 1e3
         by_ctx[q.context_len] = by_ctx.get(q.context_len, 0.0) + t
-    media = {STRATEGIES[s].medium for s in p["strategies"]}
-    for c in p["concurrency"]:                 # each group's caches, built once per medium at its largest context
-        cap = pl.group_context(c) + pl.margin
-        by_ctx[pl.group_context(c)] = by_ctx.get(pl.group_context(c), 0.0) + len(media) * c * cap * fill / 1e3
-    for n in p["prefill_lens"] or []:          # a prompt of n tokens: about n steps of one request over its prefix
+    media = {STRATEGIES[s].medium for s in plan.strategies}
+    for c in plan.concurrency:                 # each group's caches, built once per medium at its largest context
+        largest = grid.group_context(c)
+        by_ctx[largest] = by_ctx.get(largest, 0.0) + len(media) * c * (largest + grid.margin) * fill / 1e3
+    for n in plan.prefill_lens:                # a prompt of n tokens: about n steps of one request over its prefix
         by_ctx[n] = by_ctx.get(n, 0.0) + n * (fixed + per_token * n / 2) / 1e3 / 8
-    return sum(by_ctx.values()) + (30.0 if p["probe"] else 0.0) + 20.0, by_ctx      # the probe; kernel and report
+    return sum(by_ctx.values()) + (30.0 if plan.probe else 0.0) + 20.0, by_ctx      # the probe; kernel and report
 
 
-def estimate(pl: DecodePlan):
+def _format_size(v: int) -> str:
+    return f"{v >> 20}M" if v >= 1 << 20 and not v % (1 << 20) else f"{v >> 10}K" if v >= 1024 and not v % 1024 else str(v)
+
+
+def estimate(grid: DecodeGrid):
     """How long this sweep is expected to take on this machine (`sweep.Estimate`), timed on the CPU it runs on
     (about two seconds, only for sweeps big enough to matter); None where the lab does not estimate it (a GPU:
     its points cost compiles and graph captures a short timing does not see; a shape too big to build twice)."""
-    p = pl.params
-    if pl.cuda or len(pl.devices) > 1 or pl.shape.weight_bytes() > 1 << 30:
+    plan = grid.plan
+    if grid.cuda or len(grid.devices) > 1 or grid.shape.weight_bytes() > 1 << 30:
         return None
-    work = sum(q.concurrency * q.context_len * _point_steps(q, p) for q in pl.points)
+    work = sum(q.concurrency * q.context_len * _point_steps(q, plan) for q in grid.points)
     if work < CALIBRATE_FROM:
         return None
-    cost = _calibrate(pl)
-    total, by_ctx = _seconds(pl, cost)
-    def format_size(v: int) -> str:
-        return f"{v >> 20}M" if v >= 1 << 20 and not v % (1 << 20) else f"{v >> 10}K" if v >= 1024 and not v % 1024 else str(v)
+    cost = _calibrate(grid)
+    total, by_ctx = _seconds(grid, cost)
     top = max(by_ctx, key=by_ctx.get)
-    heaviest = f"the {format_size(top)}-token points take {by_ctx[top] / total:.0%} of it" if len(by_ctx) > 1 else ""
+    heaviest = f"the {_format_size(top)}-token points take {by_ctx[top] / total:.0%} of it" if len(by_ctx) > 1 else ""
     shrink = []
-    smaller = [c for c in p["context_lens"] if c != max(p["context_lens"])]
+    largest = max(plan.context_lens)
+    smaller = [c for c in plan.context_lens if c != largest]
     if smaller:
-        shrink.append((f"-p context_lens={','.join(format_size(c) for c in smaller)}",
-                       _seconds(pl, cost, context_lens=smaller, budget_context=max(smaller) if p["budget_context"] ==
-                                max(p["context_lens"]) else p["budget_context"])[0]))
-    elif max(p["context_lens"]) >= 16 << 10:        # one context: a quarter of it
-        q = max(p["context_lens"]) // 4
-        shrink.append((f"-p context_lens={format_size(q)}", _seconds(pl, cost, context_lens=[q], budget_context=q)[0]))
-    if p["repeats"] * p["steps"] > 10:
-        shrink.append(("-p repeats=2 -p steps=5", _seconds(pl, cost, repeats=2, steps=5)[0]))
-    if max(p["concurrency"]) > 1:
-        shrink.append(("-p concurrency=1", _seconds(pl, cost, concurrency=[1])[0]))
-    return sweep.Estimate(total, f"{len(pl.points)} points; from a timing of this CPU just now", heaviest, shrink)
+        budget_context = max(smaller) if plan.budget_context == largest else plan.budget_context
+        shrink.append((f"-p context_lens={','.join(_format_size(c) for c in smaller)}",
+                       _seconds(grid, cost, context_lens=smaller, budget_context=budget_context)[0]))
+    elif largest >= 16 << 10:        # one context: a quarter of it
+        q = largest // 4
+        shrink.append((f"-p context_lens={_format_size(q)}", _seconds(grid, cost, context_lens=[q], budget_context=q)[0]))
+    if plan.repeats * plan.steps > 10:
+        shrink.append(("-p repeats=2 -p steps=5", _seconds(grid, cost, repeats=2, steps=5)[0]))
+    if max(plan.concurrency) > 1:
+        shrink.append(("-p concurrency=1", _seconds(grid, cost, concurrency=[1])[0]))
+    return sweep.Estimate(total, f"{len(grid.points)} points; from a timing of this CPU just now", heaviest, shrink)
 
 
 def headline(m, p: dict, mf: dict | None = None) -> list[str]:

@@ -34,7 +34,9 @@ SPEC = [
 
 
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
-plan = planner(NAME, SPEC, measuring)
+plan = planner(NAME, SPEC, measuring, derived=[
+    Param("device_list", "list[str]", [], "the devices the layers are split over, one stage each"),
+    Param("layouts", "table", {}, "each layout's checked decode plan (1gpu, split): name -> its parameters")])
 
 
 def run(plan: Plan, progress_bar: bool = True):

@@ -35,7 +35,7 @@ from ...params import BadInput, fill_auto, resolve_device
 from ..device_rates import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
 from ... import sweep
 from . import SPEC
-from .. import plan as plan_experiment
+from .. import plan as plan_experiment, plan_from_params
 
 EXPERIMENT = "multigpu"
 
@@ -195,7 +195,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     devs = [torch.device(d) for d in p["device_list"]]
     cuda = devs[0].type == "cuda"
     run = sweep.open_run(p, EXPERIMENT, {k: v for k, v in p.items() if k != "layouts"})
-    plans = {name: derive(lay) for name, lay in p["layouts"].items()}
+    plans = {name: derive(plan_from_params("decode", lay)) for name, lay in p["layouts"].items()}
     n_points = sum(len(pl.points) for pl in plans.values())
     bar = sweep.bar(n_points + 2, f"{EXPERIMENT} {len(devs)} devices", progress_bar)
     tel = Sampler(gpus=[d.index or 0 for d in devs] if cuda else [])
@@ -229,7 +229,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
                         bar.set_postfix_str(f"{name} {pt.strategy} ctx={pt.context_len} c={conc} mb={pt.micro_batches}")
                         got: list[dict] = []
                         rec = sessions[name].measure(pt, timeline=got)
-                        rec.setdefault("devices", pl.params["device"])
+                        rec.setdefault("devices", pl.plan.device)
                         rec["layout"] = layout_of({**rec, "micro_batches": pt.micro_batches})
                         spans += [{**s, "layout": rec["layout"]} for s in got]
                         run.add(rec)

@@ -10,7 +10,7 @@ from ...shapes import REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from ... import lazy
 from .. import planner
-from ..replay_params import DEADLINE, PAGING, RATE, RESUME, TPOT_SLO, TRACE
+from ..replay_params import DEADLINE, PAGING, RATE, RESUME, TPOT_SLO, TRACE, TRACE_SHA
 
 NAME = "pulse"
 
@@ -69,7 +69,7 @@ SPEC = [
 
 
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
-plan = planner(NAME, SPEC, measuring, declared=SPEC)      # its "auto" values are decided there
+plan = planner(NAME, SPEC, measuring, derived=[TRACE_SHA], declared=SPEC)      # its "auto" values are decided there
 
 
 def run(plan: Plan, progress_bar: bool = True):

@@ -29,7 +29,7 @@ from ...shapes import MODEL_PARAMS, REFERENCE_BUDGET
 from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
 from ... import lazy
 from .. import planner
-from ..replay_params import DEADLINE, PAGING, RATE, RESUME, TPOT_SLO, TRACE
+from ..replay_params import DEADLINE, PAGING, RATE, RESUME, TPOT_SLO, TRACE, TRACE_SHA
 
 NAME = "pulse_ladder"
 
@@ -104,7 +104,7 @@ SPEC = [
 
 
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
-plan = planner(NAME, SPEC, measuring, declared=SPEC)
+plan = planner(NAME, SPEC, measuring, derived=[TRACE_SHA], declared=SPEC)
 
 
 def run(plan: Plan, progress_bar: bool = True):
