@@ -32,7 +32,7 @@ from ...shapes import PRESETS
 from ... import __version__
 from ...results import git_sha
 from ...params import BadInput
-from . import DATA
+from . import DATA, HotReplayPlan
 
 
 def trace_path(name: str) -> Path:
@@ -42,22 +42,23 @@ def trace_path(name: str) -> Path:
     return path if path.is_file() or path.is_absolute() else DATA.parent.parent / path
 
 
-def check(p: dict) -> dict:
+def check(p: dict) -> HotReplayPlan:
     """Check what crosses parameters and the traces named (one BadInput line before anything is read); "auto"
-    traces: every one shipped in labkit/data. Returns the parameters a plan records."""
-    p = dict(p)
-    if p["traces"] == "auto":
-        p["traces"] = sorted(str(t.relative_to(DATA.parent.parent)) for t in DATA.glob("*.npz"))
-    missing = [t for t in p["traces"] if not trace_path(t).is_file()]
-    if missing or not p["traces"]:
+    traces: every one shipped in labkit/data. Returns the plan."""
+    traces = p["traces"]
+    if traces == "auto":
+        traces = sorted(str(t.relative_to(DATA.parent.parent)) for t in DATA.glob("*.npz"))
+    plan = HotReplayPlan.from_params({**p, "traces": traces})
+    missing = [t for t in plan.traces if not trace_path(t).is_file()]
+    if missing or not plan.traces:
         raise BadInput(f"trace {missing[0] if missing else '(none)'} does not exist")
-    if not p["policies"]:
+    if not plan.policies:
         raise BadInput(f"policies: none given; choose from {', '.join(POLICIES)}")
-    if any(c < p["budget"] for c in p["context_lens"]) or not p["context_lens"]:
-        raise BadInput(f"budget must be > 0 and no larger than every context, got {p['budget']}")
-    if not p["capacity_x"]:
-        raise BadInput(f"capacity_x must be > 0, got {p['capacity_x']}")
-    return p
+    if any(c < plan.budget for c in plan.context_lens) or not plan.context_lens:
+        raise BadInput(f"budget must be > 0 and no larger than every context, got {plan.budget}")
+    if not plan.capacity_x:
+        raise BadInput(f"capacity_x must be > 0, got {list(plan.capacity_x)}")
+    return plan
 
 
 def replay(sel: torch.Tensor, capacity: int, policy: str, row_bytes: int, n_rows: int) -> pd.DataFrame:

@@ -5,7 +5,7 @@ the selection kernels' speed. Every speed plot of the lab draws its bound from t
 measure too)."""
 from __future__ import annotations
 
-from ...params import DEVICE, OUT_DIR, Param, Plan
+from ...params import DEVICE, OUT_DIR, Param
 from ... import lazy
 from .. import planner
 
@@ -13,7 +13,7 @@ NAME = "probe"
 
 SPEC = [
     DEVICE,
-    Param("pool_gib", "float", 0.0, "host pool to gather from (0: 24 GiB on CUDA, 0.25 on CPU)", ge=0),
+    Param("pool_gib", "float", 0.0, "host pool to gather from (0: 24 GiB on CUDA, 0.25 on CPU)", ge=0, unit="GiB"),
     Param("repeats", "int", 20, "timed calls per measurement (interleaved rounds)", gt=0),
     OUT_DIR,
 ]
@@ -21,7 +21,8 @@ SPEC = [
 
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 plan = planner(NAME, SPEC, measuring)
+ProbePlan = plan.type        # the checked plan: plan.device, plan.pool_gib, plan.repeats, plan.out_dir
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run(dict(plan.params), progress_bar=progress_bar)
+def run(plan: ProbePlan, progress_bar: bool = True):
+    return measuring.run(plan, progress_bar=progress_bar)

@@ -45,6 +45,7 @@ from ...engine.model.layers import make_weight
 from ...hostmem import keep, measure, FULL_MIB, QUICK_MIB, cached
 from ...shapes import ModelShape
 from ...telemetry import Sampler
+from . import ProbePlan
 from ..device_rates import (BUDGET, LAYERS, PROBE, ROW_BYTES, bench, gather_step, gather_workload, link_stages,
                             probe_contiguous, probe_device, random_bytes, rate_row)
 
@@ -156,15 +157,14 @@ def probe_stages(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20,
     return [s for name, fn in stages for s in [(name, fn), *after.get(name, [])]]
 
 
-def check(p: dict) -> dict:
-    """Validate resolved parameters against this machine (one line on bad input); returns them."""
-    p = dict(p)
-    p["device"] = str(resolve_device(p["device"]))       # repeats and pool_gib: bounds declared on the SPEC
+def check(p: dict) -> ProbePlan:
+    """Validate resolved parameters against this machine (one line on bad input); returns the plan."""
+    plan = ProbePlan.from_params({**p, "device": str(resolve_device(p["device"]))})   # bounds: declared on the SPEC
     total = psutil.virtual_memory().total
-    if p["pool_gib"] * 2**30 > total:
-        raise BadInput(f"pool_gib={p['pool_gib']:g}: a {p['pool_gib']:g} GiB pinned host pool does not fit this "
+    if plan.pool_gib * 2**30 > total:
+        raise BadInput(f"pool_gib={plan.pool_gib:g}: a {plan.pool_gib:g} GiB pinned host pool does not fit this "
                        f"machine's {total / 2**30:.0f} GiB of RAM")
-    return p
+    return plan
 
 
 def headline(m) -> list[str]:
@@ -194,14 +194,14 @@ def headline(m) -> list[str]:
     return lines
 
 
-def run(p: dict, progress_bar: bool = True):
-    """A run folder with the probe rows and telemetry (checked parameters: `experiments.probe`)."""
-    dev = resolve_device(p["device"])
-    run = sweep.open_run(p, EXPERIMENT)
+def run(plan: ProbePlan, progress_bar: bool = True):
+    """A run folder with the probe rows and telemetry (a checked plan: `experiments.probe`)."""
+    dev = resolve_device(plan.device)
+    run = sweep.open_run(plan.params, EXPERIMENT)
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": "qwen3.8-flash-next"}
     if dev.type != "cuda":
         run.update_manifest(link_under_host_load=LINK_UNDER_LOAD_SKIPPED)
-    stages = probe_stages(p["device"], p["pool_gib"], p["repeats"], host=True)
+    stages = probe_stages(plan.device, plan.pool_gib, plan.repeats, host=True)
     with sweep.bar(len(stages), EXPERIMENT, progress_bar) as bar:
         for name, stage in stages:
             bar.set_postfix_str(name)
