@@ -29,10 +29,12 @@ from labkit.engine.model.quant import QuantWeight  # noqa: E402
 from labkit.shapes import ModelShape  # noqa: E402
 
 T_ = moe_gemm.Tiles
-SETTINGS = [T_(64, 64, 64, 4, 3), T_(64, 64, 128, 4, 3), T_(64, 128, 64, 4, 3), T_(64, 128, 64, 8, 3),
-            T_(128, 64, 64, 4, 3), T_(128, 64, 64, 8, 3), T_(128, 128, 64, 8, 3), T_(128, 128, 64, 8, 4),
-            T_(128, 64, 128, 8, 3), T_(64, 64, 64, 4, 4), T_(64, 256, 64, 8, 3), T_(128, 128, 128, 8, 2)]
-QUICK = SETTINGS[:2] + SETTINGS[4:6]
+# (bm, bn, bk, warps, stages, deq): the unpacking ways at the two best tiles of the first sweep, then tiles
+SETTINGS = [T_(64, 64, 64, 4, 3, 0), T_(64, 64, 64, 4, 3, 1), T_(64, 64, 64, 4, 3, 2), T_(64, 128, 64, 4, 3, 0),
+            T_(64, 128, 64, 4, 3, 2), T_(64, 64, 64, 4, 4, 2), T_(64, 64, 32, 4, 3, 2), T_(64, 64, 128, 4, 3, 2),
+            T_(128, 64, 64, 4, 3, 2), T_(64, 128, 64, 8, 4, 2), T_(128, 128, 64, 8, 3, 2), T_(64, 256, 64, 8, 3, 2)]
+FIELDS = ("bm", "bn", "bk", "warps", "stages", "deq")
+QUICK = [T_(64, 64, 64, 4, 3, 2), T_(64, 128, 64, 4, 3, 2), T_(128, 64, 64, 4, 3, 2), T_(128, 128, 64, 8, 3, 2)]
 
 
 def timed(fn, repeats: int = 10, warmup: int = 3) -> dict:
@@ -126,11 +128,11 @@ def main() -> None:
         if quant:
             ok = [r for r in rows if "error" not in r]
             best = {p: moe_gemm.Tiles(**{f: min((r for r in ok if r["product"] == p), key=lambda r: r["median"])[f]
-                                         for f in ("bm", "bn", "bk", "warps", "stages")}) for p in ("glu", "down")}
+                                         for f in FIELDS}) for p in ("glu", "down")}
             if best["glu"].bm != best["down"].bm:      # the two products share the blocks: the down's best at glu's bm
                 best["down"] = moe_gemm.Tiles(**{f: min((r for r in ok if r["product"] == "down"
                                                          and r["bm"] == best["glu"].bm), key=lambda r: r["median"])[f]
-                                                 for f in ("bm", "bn", "bk", "warps", "stages")})
+                                                 for f in FIELDS})
             layers = layer_rows(s, T, experts, gu, d, best)
         del gu, d
         torch.cuda.empty_cache()
@@ -139,10 +141,10 @@ def main() -> None:
     (out / "moe_gemm_bench.json").write_text(json.dumps(res, indent=1))
     lines = [f"# A prefill chunk's routed experts: {T:,} tokens x {s.experts_per_tok} of {s.experts} experts "
              f"({res['gpu']}; cuBLAS bf16 {peak:.0f} TFLOP/s)", "",
-             "| product | weights | bm | bn | bk | warps | stages | ms (min-max) | TFLOP/s | of GEMM |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| product | weights | bm | bn | bk | warps | stages | unpack | ms (min-max) | TFLOP/s | of GEMM |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        tiles = f"{r['bm']} | {r['bn']} | {r['bk']} | {r['warps']} | {r['stages']}"
+        tiles = f"{r['bm']} | {r['bn']} | {r['bk']} | {r['warps']} | {r['stages']} | {r['deq']}"
         if "error" in r:
             lines.append(f"| {r['product']} | {r['weights']} | {tiles} | {r['error']} | | |")
         else:

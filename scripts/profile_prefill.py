@@ -25,6 +25,45 @@ from labkit.params import parse_size  # noqa: E402
 from labkit.shapes import ModelShape  # noqa: E402
 
 
+class PhaseRanges:
+    """Marks that open a profiler range at each of the anatomy's phase lines ("phase:<mark>"), so each kernel is
+    attributed to the phase whose range launched it (`by_phase`)."""
+
+    def __init__(self):
+        self.rf = None
+
+    def mark(self, phase: str, new_block: bool = False) -> None:
+        self.close()
+        self.rf = torch.profiler.record_function("phase:" + phase)
+        self.rf.__enter__()
+
+    def close(self) -> None:
+        if self.rf is not None:
+            self.rf.__exit__(None, None, None)
+            self.rf = None
+
+    def begin_chunk(self, start: int, end: int) -> None:
+        self.mark("other")
+
+    def end_chunk(self) -> None:
+        self.close()
+
+
+def by_phase(prof) -> dict:
+    """{phase: {kernel: µs}}: each CUDA kernel under the phase range that holds the CPU event that launched it."""
+    out = defaultdict(lambda: defaultdict(float))
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CPU or not ev.kernels:
+            continue
+        p = ev
+        while p is not None and not p.name.startswith("phase:"):
+            p = p.cpu_parent
+        ph = p.name[len("phase:"):] if p is not None else "unmarked"
+        for k in ev.kernels:
+            out[ph][k.name[:160]] += k.duration
+    return {ph: dict(ks) for ph, ks in out.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
@@ -57,9 +96,9 @@ def main() -> None:
         torch.cuda.synchronize()
         cache.pages.release(0)
         cache.pages.reserve(0, P + C)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
-            e.prefill(0, tokens, start=P)
+            e.prefill(0, tokens, start=P, marks=PhaseRanges())
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) * 1e3
         cache.pages.release(0)
@@ -74,17 +113,25 @@ def main() -> None:
         d = getattr(ev, "device_time_total", None)
         per[ev.name][0] += 1
         per[ev.name][1] += ev.cuda_time_total if d is None else d
+    try:
+        phase_kernels = by_phase(prof)
+    except Exception as exc:        # the attribution is a help; the kernel table stands without it
+        phase_kernels = {"attribution failed": {f"{type(exc).__name__}: {exc}"[:160]: 0.0}}
     kernels = sorted(({"name": n[:160], "launches": c, "us": t} for n, (c, t) in per.items()), key=lambda r: -r["us"])
     total = sum(k["us"] for k in kernels)
     res = {"gpu": torch.cuda.get_device_name(), "prefix": P, "chunk": C, "wall_ms": wall, "kernel_ms": total / 1e3,
            "launches": sum(k["launches"] for k in kernels), "switches": envs.in_force(), "holding": model.holding(),
-           "phases_ms": phases, "kernels": kernels}
+           "phases_ms": phases, "kernels": kernels,
+           "phase_kernels": phase_kernels}
     (out / f"profile_prefill_{a.tag}.json").write_text(json.dumps(res, indent=1))
     lines = [f"# One prefill chunk: {C:,} tokens over {P:,} cached ({res['gpu']})", "",
              f"wall {wall:.1f} ms; kernels {total / 1e3:.1f} ms in {res['launches']:,} launches; {model.holding()}", "",
              "phases (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items() if v), "",
              "| kernel | launches | ms | share |", "|---|---|---|---|"]
     lines += [f"| `{k['name'][:90]}` | {k['launches']} | {k['us'] / 1e3:.2f} | {k['us'] / total:.1%} |" for k in kernels[:40]]
+    for ph, ks in sorted(phase_kernels.items(), key=lambda kv: -sum(kv[1].values())):
+        lines += ["", f"## {ph}: {sum(ks.values()) / 1e3:.1f} ms of kernels", "", "| kernel | ms |", "|---|---|"]
+        lines += [f"| `{n[:90]}` | {us / 1e3:.2f} |" for n, us in sorted(ks.items(), key=lambda kv: -kv[1])[:10]]
     (out / f"profile_prefill_{a.tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:30]))
 

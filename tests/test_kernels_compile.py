@@ -196,7 +196,7 @@ def _drive_moe_gemm(gu, d, E, k, H, g):
 
 def drive_hc_mix():
     """The hyper-connections' two-launch mix at decode (one request, four), with the injection and n-gram rows
-    pending and with a tensor to add; the chunk mix of prefill, the same three ways."""
+    pending and with a tensor to add; the chunk mix of prefill, the same three ways, and its residual add and norm."""
     from labkit.engine.model.hc_mix import Pending, hc_mix
     from labkit.engine.model.layers import HyperConnection
     hc = _layer(HyperConnection)
@@ -208,6 +208,9 @@ def drive_hc_mix():
     hc_chunk.mix(hc, _e(8192, HH), Pending(_e(8192, REF.hc_count), _e(8192, H), _e(8192, H)))
     hc_chunk.mix(hc, _e(8192, HH), Pending(_e(8192, REF.hc_count), _e(8192, H)))
     hc_chunk.mix(hc, _e(8192, HH), _e(8192, HH))
+    from labkit.engine.model.layers import RMSNorm    # a prefill chunk's residual add and norm
+    from labkit.engine.model.norm_rows import add_norm
+    add_norm(_e(8192, H), _e(8192, H), RMSNorm(H, torch.bfloat16, "cpu"))
 
 
 DRIVERS = [drive_decode_indexer, drive_gemv, drive_deltanet, drive_qsa_step, drive_transfers, drive_sparse_prefill,

@@ -28,6 +28,7 @@ from .gemv import matmul, norm_matmul, norm_silu_glu
 from .kv import quantize_index_keys
 from .layers import FFN, DeltaNetLayer, HyperConnection, QSALayer, RMSNorm, inject, make_weight, normal_rows
 from .ngram import NgramTable
+from .norm_rows import add_norm
 from .quant import QuantWeight
 
 
@@ -224,8 +225,8 @@ def ffn_residual(blk, x, d):
 
 def moe_residual(blk, x, d):
     """The routed experts of h = x + d: (h, moe(norm2(h)), the distinct experts read [1])."""
-    h = x + d
-    out, n = blk.ffn(blk.norm2(h))
+    h, y = add_norm(x, d, blk.norm2)
+    out, n = blk.ffn(y)
     return h, out, n
 
 
@@ -251,8 +252,8 @@ def hc_head(x, d, hc: int):
 def qsa_pre(blk, x, d, pos):
     """Projections of a QSA block of h = x + d: h, then q [N, Hq, D], gate, the K/V row to store, its
     fp8 index key + scale, and the indexer's query and head weights."""
-    h = x + d
-    q, gate, kv_row, iq, iw, ik = blk.mixer.project(blk.norm1(h), pos)
+    h, y = add_norm(x, d, blk.norm1)
+    q, gate, kv_row, iq, iw, ik = blk.mixer.project(y, pos)
     k8, sc = quantize_index_keys(ik)
     return h, q, gate, kv_row.contiguous(), k8, sc, iq, iw
 
@@ -260,15 +261,15 @@ def qsa_pre(blk, x, d, pos):
 def dn_prefill(blk, x, d, S, conv, mark=None):
     """Prefill, a DeltaNet block's mixer over a chunk of h = x + d (chunked recurrence; S and conv in
     place): (h, its output, unadded). Eager: every chunk is a new shape. `mark`: the anatomy's phase lines."""
-    h = x + d
-    return h, blk.mixer.forward_seq(blk.norm1(h), S, conv, mark=mark)
+    h, y = add_norm(x, d, blk.norm1)
+    return h, blk.mixer.forward_seq(y, S, conv, mark=mark)
 
 
 def dn_prefill_segments(blk, x, d, segments: list, mark=None):
     """`dn_prefill` over several requests' chunks in one forward: rows one request after another, `segments`
     [(a, e, S, conv)] each request's rows and its own state and conv window (`DeltaNetLayer.forward_segments`)."""
-    h = x + d
-    return h, blk.mixer.forward_segments(blk.norm1(h), segments, mark=mark)
+    h, y = add_norm(x, d, blk.norm1)
+    return h, blk.mixer.forward_segments(y, segments, mark=mark)
 
 
 def qsa_project(blk, x, d):
