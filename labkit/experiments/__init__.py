@@ -138,6 +138,7 @@ def planner(name: str, spec: list[Param], code, *, derived: list[Param] = (), **
     (imported only then) with `options` and `more` (e.g. serve's `check_args=False`). `plan.type` is the
     experiment's frozen plan (`params.plan_type`), with a field for each of `derived`, the values its check adds."""
     kind = plan_type(name, spec, derived)
+    kind.__module__ = f"{__name__}.{name}"          # where a reader finds it: the experiment's package
 
     def plan(given: dict, **more) -> Plan:
         """`given` resolved against the SPEC (names and types: nothing heavy imported yet), then the measuring

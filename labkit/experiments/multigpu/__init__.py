@@ -4,7 +4,7 @@ activation hand-off between stages. Code: `labkit.experiments.multigpu.measure`.
 from __future__ import annotations
 
 from ...engine.transfer import STRATEGIES
-from ...params import OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import OUT_DIR, SEED, SHAPE, Param
 from ...shapes import REFERENCE_BUDGET
 from ... import lazy
 from .. import planner
@@ -37,7 +37,8 @@ measuring = lazy.module(".measure", __package__)     # imported once the paramet
 plan = planner(NAME, SPEC, measuring, derived=[
     Param("device_list", "list[str]", [], "the devices the layers are split over, one stage each"),
     Param("layouts", "table", {}, "each layout's checked decode plan (1gpu, split): name -> its parameters")])
+MultigpuPlan = plan.type     # the checked plan: plan.device_list, plan.layouts, plan.concurrency, ...
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run(dict(plan.params), progress_bar=progress_bar)
+def run(plan: MultigpuPlan, progress_bar: bool = True):
+    return measuring.run(plan, progress_bar=progress_bar)

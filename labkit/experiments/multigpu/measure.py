@@ -34,15 +34,15 @@ from ..decode_session import DecodeSession, derive
 from ...params import BadInput, fill_auto, resolve_device
 from ..device_rates import BUDGET, LAYERS, ROW_BYTES, gather_step, gather_workload
 from ... import sweep
-from . import SPEC
+from . import SPEC, MultigpuPlan
 from .. import plan as plan_experiment, plan_from_params
 
 EXPERIMENT = "multigpu"
 
 
-def check(p: dict) -> dict:
+def check(p: dict) -> MultigpuPlan:
     """Check resolved parameters; the decode plans of every layout are checked here (one line, nothing
-    allocated). Returns the parameters with `device_list` and `layouts` (name -> checked decode params)."""
+    allocated). Returns the plan with `device_list` and `layouts` (name -> checked decode params)."""
     p = dict(p)
     auto = p["devices"] == "auto"
     if auto:
@@ -54,17 +54,18 @@ def check(p: dict) -> dict:
     if len(devs) < 2 and not auto:
         raise BadInput(f"devices={p['devices']}: a split needs at least two devices")
     fill_auto(SPEC, p, devs[0].type)     # contexts, budget, gather pool; then the declared bounds and choices
-    common = dict(shape=p["shape"], strategies=p["strategies"], context_lens=p["context_lens"], budgets=[p["budget"]],
-                  concurrency=p["concurrency"], repeats=p["repeats"], steps=p["steps"], prefill_lens=[], probe=False,
-                  anatomy=p["anatomy"], seed=p["seed"])
-    mbs = sorted({1, *[m for m in p["micro_batches"] if m > 1]})
-    p["layouts"] = {"1gpu": {**common, "device": str(devs[0])}}
+    plan = MultigpuPlan.from_params(p)
+    common = dict(shape=plan.shape, strategies=plan.strategies, context_lens=plan.context_lens, budgets=[plan.budget],
+                  concurrency=plan.concurrency, repeats=plan.repeats, steps=plan.steps, prefill_lens=[], probe=False,
+                  anatomy=plan.anatomy, seed=plan.seed)
+    layouts = {"1gpu": {**common, "device": str(devs[0])}}
     if len(devs) > 1:
-        p["layouts"]["split"] = {**common, "device": ",".join(map(str, devs)), "micro_batches": mbs}
-    p["device_list"] = [str(d) for d in devs]
-    p["layouts"] = {name: dict(plan_experiment("decode", lay).params) for name, lay in p["layouts"].items()}
-    p["shape"] = p["layouts"]["1gpu"]["shape"]          # "auto" as the layouts decided it
-    return p
+        mbs = sorted({1, *[m for m in plan.micro_batches if m > 1]})
+        layouts["split"] = {**common, "device": ",".join(map(str, devs)), "micro_batches": mbs}
+    decode_plans = {name: plan_experiment("decode", lay) for name, lay in layouts.items()}
+    return plan.replace(layouts={name: dp.params for name, dp in decode_plans.items()},      # as a manifest records them
+                        device_list=[str(d) for d in devs],
+                        shape=decode_plans["1gpu"].shape)         # "auto" as the layouts decided it
 
 
 # ---------------------------------------------------------------------------------------------- gather
@@ -190,29 +191,30 @@ def layout_of(rec: dict) -> str:
     return "split" if rec.get("micro_batches", 1) == 1 else "pipelined"
 
 
-def run(p: dict, progress_bar: bool = True) -> Run:
-    """Gather scaling, hand-off latency and every layout's decode points (checked parameters)."""
-    devs = [torch.device(d) for d in p["device_list"]]
+def run(plan: MultigpuPlan, progress_bar: bool = True) -> Run:
+    """Gather scaling, hand-off latency and every layout's decode points (a checked plan)."""
+    devs = [torch.device(d) for d in plan.device_list]
     cuda = devs[0].type == "cuda"
-    run = sweep.open_run(p, EXPERIMENT, {k: v for k, v in p.items() if k != "layouts"})
-    plans = {name: derive(plan_from_params("decode", lay)) for name, lay in p["layouts"].items()}
-    n_points = sum(len(pl.points) for pl in plans.values())
+    recorded = plan.params
+    run = sweep.open_run(recorded, EXPERIMENT, {k: v for k, v in recorded.items() if k != "layouts"})
+    grids = {name: derive(plan_from_params("decode", lay)) for name, lay in plan.layouts.items()}
+    n_points = sum(len(grid.points) for grid in grids.values())
     bar = sweep.bar(n_points + 2, f"{EXPERIMENT} {len(devs)} devices", progress_bar)
     tel = Sampler(gpus=[d.index or 0 for d in devs] if cuda else [])
-    shape = plans["1gpu"].shape
+    shape = grids["1gpu"].shape
     run.update_manifest(telemetry=tel.reason or "nvml", weight_bytes=shape.weight_bytes(), shape_info=shape.summary(),
-                        devices=p["device_list"])
+                        devices=list(plan.device_list))
     spans: list[dict] = []
     try:
         bar.set_postfix_str("gather scaling")
         with sweep.point(run, {"experiment": "gather"}):
-            for r in gather_scaling(devs, p["gather_pool_gib"], p["gather_repeats"]):
+            for r in gather_scaling(devs, plan.gather_pool_gib, plan.gather_repeats):
                 run.add(r)
         gc.collect()
         bar.update()
         bar.set_postfix_str("activation hand-off")
         with sweep.point(run, {"experiment": "handoff"}):
-            for r in handoff_latency(devs, shape.hidden, sorted(set(p["concurrency"]))):
+            for r in handoff_latency(devs, shape.hidden, sorted(set(plan.concurrency))):
                 run.add(r)
         bar.update()
         tel.start()
@@ -220,16 +222,16 @@ def run(p: dict, progress_bar: bool = True) -> Run:
         # whole layout. One layout's caches are released before the next builds its own (at 1M x 8
         # requests the host KV is ~190 GiB: two at once would not fit).
         with contextlib.ExitStack() as stack:
-            sessions = {name: stack.enter_context(DecodeSession(pl, tel)) for name, pl in plans.items()}
+            sessions = {name: stack.enter_context(DecodeSession(grid, tel)) for name, grid in grids.items()}
             if "split" in sessions and sessions["split"].stage_layers:
                 run.update_manifest(stage_layers=[list(r) for r in sessions["split"].stage_layers])
-            for conc in p["concurrency"]:
-                for name, pl in plans.items():
-                    for pt in (q for q in pl.points if q.concurrency == conc):
+            for conc in plan.concurrency:
+                for name, grid in grids.items():
+                    for pt in (q for q in grid.points if q.concurrency == conc):
                         bar.set_postfix_str(f"{name} {pt.strategy} ctx={pt.context_len} c={conc} mb={pt.micro_batches}")
                         got: list[dict] = []
                         rec = sessions[name].measure(pt, timeline=got)
-                        rec.setdefault("devices", pl.plan.device)
+                        rec.setdefault("devices", grid.plan.device)
                         rec["layout"] = layout_of({**rec, "micro_batches": pt.micro_batches})
                         spans += [{**s, "layout": rec["layout"]} for s in got]
                         run.add(rec)
