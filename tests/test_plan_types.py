@@ -79,7 +79,8 @@ def test_every_committed_run_loads_into_todays_plan():
 MOVED = {"decode": ["decode/__init__.py", "decode/measure.py", "decode_session.py"],
          "probe": ["probe/__init__.py", "probe/measure.py"],
          "hot_replay": ["hot_replay/__init__.py", "hot_replay/measure.py"],
-         "multigpu": ["multigpu/__init__.py", "multigpu/measure.py"]}
+         "multigpu": ["multigpu/__init__.py", "multigpu/measure.py"],
+         "capacity": ["capacity/__init__.py", "capacity/measure.py"]}
 KEYED = re.compile(r"""\b(p|params|pl\.params)\[["']""")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...shapes import REFERENCE_BUDGET
 from ...engine.transfer import strategy_params
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param
 from ... import lazy
 from .. import planner
 
@@ -42,7 +42,8 @@ SPEC = [
 
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 plan = planner(NAME, SPEC, measuring)
+CapacityPlan = plan.type      # the checked plan: plan.context_len, plan.mem_cap_gib, plan.configs, ...
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run(dict(plan.params), progress_bar=progress_bar)
+def run(plan: CapacityPlan, progress_bar: bool = True):
+    return measuring.run(plan, progress_bar=progress_bar)

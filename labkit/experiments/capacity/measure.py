@@ -48,7 +48,7 @@ from ...shapes import ModelShape, planned_shape
 from ...params import BadInput, fill_auto, gib, resolve_device
 from ... import sweep
 from .. import check_selection, plan as plan_experiment
-from . import CONFIGS, SPEC
+from . import CONFIGS, SPEC, CapacityPlan
 from ..device_cap import apply_cap, check_cap
 from ...engine.transfer import settings_of
 from ..decode_session import Caches, derive, Point, measure_decode, DecodeSession
@@ -105,10 +105,9 @@ def fit(shape: ModelShape, ctx: int, cap: float, config: str, budget: int = 2048
     return Fit(config, per, shared, n_dev, n_host, n)
 
 
-def check(p: dict) -> dict:
+def check(p: dict) -> CapacityPlan:
     """Decide the "auto" ones for this device and check what the SPEC cannot declare: the machine's memory,
-    what crosses parameters, the files named (one line before anything is allocated); returns the parameters
-    a plan records."""
+    what crosses parameters, the files named (one line before anything is allocated); returns the plan."""
     p = dict(p)
     dev = resolve_device(p["device"])
     p["device"] = str(dev)
@@ -117,39 +116,41 @@ def check(p: dict) -> dict:
         have = (torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda"
                 else psutil.virtual_memory().available / 4)
         p["mem_cap_gib"] = round(min(REFERENCE_CAP_GIB, have / 2**30), 2)
-    shape = planned_shape(p["shape"])
-    if not p["configs"]:
+    host = p["host_cap_gib"] * 2**30 if p["host_cap_gib"] > 0 else psutil.virtual_memory().total / 2
+    plan = CapacityPlan.from_params({**p, "host_cap_gib": round(host / 2**30, 2)})
+    shape = planned_shape(plan.shape)
+    if not plan.configs:
         raise BadInput(f"configs: none given; choose from {', '.join(CONFIGS)}")
-    check_cap(p["mem_cap_gib"], shape, dev)
+    check_cap(plan.mem_cap_gib, shape, dev)
     try:
-        check_settings(p["hot_capacity"], p["hot_policy"])
+        check_settings(plan.hot_capacity, plan.hot_policy)
     except ValueError as ex:
         raise BadInput(str(ex)) from None
-    check_selection(p["selection"])
-    for key, table in (("replay_run", "hot_replay.parquet"), ("decode_run", "metrics.parquet")):
-        if p[key] and not (Path(p[key]) / table).is_file():
-            raise BadInput(f"{key}={p[key]}: not a run folder with {table}")
-    host = p["host_cap_gib"] * 2**30 if p["host_cap_gib"] > 0 else psutil.virtual_memory().total / 2
-    p["host_cap_gib"] = round(host / 2**30, 2)
-    fits = [fit(shape, p["context_len"], p["mem_cap_gib"] * 2**30, c, p["budget"], p["hot_capacity"], host,
-                p["workspace_gib"] * 2**30) for c in p["configs"]]
+    check_selection(plan.selection)
+    for run_dir, key, table in ((plan.replay_run, "replay_run", "hot_replay.parquet"),
+                                (plan.decode_run, "decode_run", "metrics.parquet")):
+        if run_dir and not (Path(run_dir) / table).is_file():
+            raise BadInput(f"{key}={run_dir}: not a run folder with {table}")
+    fits = [fit(shape, plan.context_len, plan.mem_cap_gib * 2**30, c, plan.budget, plan.hot_capacity, host,
+                plan.workspace_gib * 2**30) for c in plan.configs]
     for f in fits:
         if f.requests <= 0:
-            why = (f"the cap leaves {gib(p['mem_cap_gib'] * 2**30 - f.shared_bytes)} after weights, workspace and "
+            why = (f"the cap leaves {gib(plan.mem_cap_gib * 2**30 - f.shared_bytes)} after weights, workspace and "
                    f"prefill buffers ({gib(f.shared_bytes)}); one request needs {gib(f.per_request_bytes)}")
             if f.n_host == 0:
-                why = f"host_cap_gib={p['host_cap_gib']} holds no request of {gib(p['context_len'] * shape.kv_bytes_per_token())} KV"
-            raise BadInput(f"config {f.config}: no request of {p['context_len']} tokens fits a "
-                           f"{p['mem_cap_gib']:g} GiB cap: {why}")
-    if p["measure"]:
-        check_host_memory(p, shape, dev, fits_of(p, shape))
-    return p
+                why = (f"host_cap_gib={plan.host_cap_gib} holds no request of "
+                       f"{gib(plan.context_len * shape.kv_bytes_per_token())} KV")
+            raise BadInput(f"config {f.config}: no request of {plan.context_len} tokens fits a "
+                           f"{plan.mem_cap_gib:g} GiB cap: {why}")
+    if plan.measure:
+        check_host_memory(plan, shape, dev, fits_of(plan, shape))
+    return plan
 
 
-def fits_of(p: dict, shape: ModelShape) -> list[Fit]:
-    """What the cap holds per config, for checked parameters (pure arithmetic on the shape)."""
-    return [fit(shape, p["context_len"], p["mem_cap_gib"] * 2**30, c, p["budget"], p["hot_capacity"],
-                p["host_cap_gib"] * 2**30, p["workspace_gib"] * 2**30) for c in p["configs"]]
+def fits_of(plan: CapacityPlan, shape: ModelShape) -> list[Fit]:
+    """What the cap holds per config, for a checked plan (pure arithmetic on the shape)."""
+    return [fit(shape, plan.context_len, plan.mem_cap_gib * 2**30, c, plan.budget, plan.hot_capacity,
+                plan.host_cap_gib * 2**30, plan.workspace_gib * 2**30) for c in plan.configs]
 
 
 def host_bytes(shape: ModelShape, ctx: int, f: Fit, batch: int, dev: torch.device) -> int:
@@ -160,15 +161,15 @@ def host_bytes(shape: ModelShape, ctx: int, f: Fit, batch: int, dev: torch.devic
     return kv + device
 
 
-def check_host_memory(p: dict, shape: ModelShape, dev: torch.device, fits: list[Fit]) -> None:
+def check_host_memory(plan: CapacityPlan, shape: ModelShape, dev: torch.device, fits: list[Fit]) -> None:
     """Every configuration's timed batch must fit the RAM available now (one pool in memory at a time), as
     the decode sweep checks its pools: one line before anything is allocated, not a failed row after."""
     avail = psutil.virtual_memory().available
     for f in fits:
-        batch = _batches_to_try(f.requests, p["max_batch"])
-        need = host_bytes(shape, p["context_len"], f, batch, dev)
+        batch = _batches_to_try(f.requests, plan.max_batch)
+        need = host_bytes(shape, plan.context_len, f, batch, dev)
         if need > RAM_SHARE * avail:
-            raise BadInput(f"config {f.config}: timing {batch:,} requests of {p['context_len']} tokens needs {gib(need)} "
+            raise BadInput(f"config {f.config}: timing {batch:,} requests of {plan.context_len} tokens needs {gib(need)} "
                            f"of host RAM; {gib(avail)} is available now: lower mem_cap_gib or max_batch "
                            f"(measure=false gives the capacities alone)")
 
@@ -195,44 +196,45 @@ def decode_plan(given: dict):
     return derive(plan_experiment("decode", given))
 
 
-def measure_config(session, f: Fit, p: dict, batch: int, caches=None):
+def measure_config(session, f: Fit, plan: CapacityPlan, batch: int, caches=None):
     """One decode point (the decode sweep's measure_decode) for `f.config` at `batch` requests."""
     strat = STRATEGY_OF[f.config]
-    dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": strat,
-                      "context_lens": str(p["context_len"]), "budgets": str(p["budget"]), "concurrency": str(batch),
-                      "repeats": str(p["repeats"]), "steps": str(p["steps"]), "prefill_lens": "", "probe": "false",
-                      "anatomy": "false", "selection": p["selection"], "seed": str(p["seed"]),
-                      **{s.param: p[s.param] for s in settings_of("hot_cache")}})
-    caches = caches if caches is not None else _reusing_caches(session.stages, dp)
-    caches.grid = dp               # sizes a new cache for this batch (the plan's only concurrency)
-    return measure_decode(session.stages, caches, Point(batch, p["context_len"], p["budget"], strat, "context"),
-                          dp, session.tel)
+    grid = decode_plan({"shape": plan.shape, "device": plan.device, "strategies": strat,
+                        "context_lens": plan.context_len, "budgets": plan.budget, "concurrency": batch,
+                        "repeats": plan.repeats, "steps": plan.steps, "prefill_lens": "", "probe": False,
+                        "anatomy": False, "selection": plan.selection, "seed": plan.seed,
+                        **{s.param: getattr(plan, s.param) for s in settings_of("hot_cache")}})
+    caches = caches if caches is not None else _reusing_caches(session.stages, grid)
+    caches.grid = grid             # sizes a new cache for this batch (the plan's only concurrency)
+    return measure_decode(session.stages, caches, Point(batch, plan.context_len, plan.budget, strat, "context"),
+                          grid, session.tel)
 
 
-def run(p: dict, progress_bar: bool = True) -> Run:
-    """Capacities, then the decode step of each config's batches, into a run folder (checked parameters)."""
-    shape, dev = ModelShape.from_name(p["shape"]), torch.device(p["device"])
-    fits = fits_of(p, shape)
-    apply_cap(p["mem_cap_gib"], dev)
-    r = sweep.open_run(p, EXPERIMENT)
-    base = {"device": p["device"], "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name,
-            "context_len": p["context_len"], "budget": p["budget"], "mem_cap_bytes": int(p["mem_cap_gib"] * 2**30),
-            "tpot_ms_limit": p["tpot_ms"], "selection": p["selection"]}
+def run(plan: CapacityPlan, progress_bar: bool = True) -> Run:
+    """Capacities, then the decode step of each config's batches, into a run folder (a checked plan)."""
+    shape, dev = ModelShape.from_name(plan.shape), torch.device(plan.device)
+    fits = fits_of(plan, shape)
+    apply_cap(plan.mem_cap_gib, dev)
+    r = sweep.open_run(plan.params, EXPERIMENT)
+    base = {"device": plan.device, "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name,
+            "context_len": plan.context_len, "budget": plan.budget, "mem_cap_bytes": int(plan.mem_cap_gib * 2**30),
+            "tpot_ms_limit": plan.tpot_ms, "selection": plan.selection}
     r.update_manifest(weight_bytes=shape.weight_bytes(), fits=[f.row() for f in fits])
-    if not p["measure"]:
+    if not plan.measure:
         for f in fits:
             r.add({**base, "experiment": EXPERIMENT, "status": "ok", "error": None, **f.row()})
         r.finish()
-        sweep.headline(sweep.summary_lines(lambda: headline(fits, None, p)), progress_bar, EXPERIMENT)
+        sweep.headline(sweep.summary_lines(lambda: headline(fits, None, plan)), progress_bar, EXPERIMENT)
         return r
-    dp = decode_plan({"shape": p["shape"], "device": p["device"], "strategies": "resident", "context_lens": str(p["context_len"]),
-                      "budgets": str(p["budget"]), "concurrency": "1", "prefill_lens": "", "probe": "false", "seed": str(p["seed"])})
+    grid = decode_plan({"shape": plan.shape, "device": plan.device, "strategies": "resident",
+                        "context_lens": plan.context_len, "budgets": plan.budget, "concurrency": 1, "prefill_lens": "",
+                        "probe": False, "seed": plan.seed})
     done: dict[tuple[str, int], dict] = {}     # none and prefill decode alike: time a batch once
-    with DecodeSession(dp) as session, sweep.bar(len(fits), f"{EXPERIMENT} {shape.name}", progress_bar) as bar:
+    with DecodeSession(grid) as session, sweep.bar(len(fits), f"{EXPERIMENT} {shape.name}", progress_bar) as bar:
         caches = {}
         for f in fits:
             bar.set_postfix_str(f"{f.config}: {f.requests} requests")
-            batch = _batches_to_try(f.requests, p["max_batch"])
+            batch = _batches_to_try(f.requests, plan.max_batch)
             strat = STRATEGY_OF[f.config]
             for other in [k for k in caches if k != strat]:      # one medium's pool in memory at a time
                 caches.pop(other).release()
@@ -242,11 +244,11 @@ def run(p: dict, progress_bar: bool = True) -> Run:
             for _ in range(3):      # capacity, then what a TPOT-bound scheduler would admit (twice at most)
                 key = (STRATEGY_OF[f.config], batch)
                 if key not in done:      # a batch that does not fit after all is a row, not the end
-                    done[key] = sweep.attempt(lambda: measure_config(session, f, p, batch, caches[strat]),
+                    done[key] = sweep.attempt(lambda: measure_config(session, f, plan, batch, caches[strat]),
                                               on_fail=lambda ex: caches[strat].release(), strategy=strat)
                 rec = done[key]
                 tpot = rec.get("step_ms_median") if rec.get("status") == "ok" else None
-                good = tpot is not None and tpot <= p["tpot_ms"]
+                good = tpot is not None and tpot <= plan.tpot_ms
                 tried.append((batch, tpot, good, rec))
                 bar.set_postfix_str(f"{f.config} batch {batch}: " + (f"TPOT {tpot:.2f} ms" if tpot else "failed"))
                 if good or batch == 1:
@@ -256,7 +258,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
                         break
                     batch = max(1, batch - max(1, batch // 10))
                     continue
-                batch = max(1, min(batch - 1, int(batch * p["tpot_ms"] / tpot)))
+                batch = max(1, min(batch - 1, int(batch * plan.tpot_ms / tpot)))
             for b, tpot, good, rec in tried:
                 rec = {k: v for k, v in rec.items() if k not in ("concurrency",)} | {"concurrency": b}
                 rec = {**rec, **base, **f.row(), "experiment": EXPERIMENT, "batch": b, "tpot_ms": tpot, "good": good,
@@ -282,14 +284,14 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     r.write_csv("goodput", sdf)
     r.write_csv("metrics", df.drop(columns=[c for c in df.columns if c.startswith("anat_")]))
     r.finish()
-    sweep.headline(sweep.summary_lines(lambda: headline(fits, summary, p)), progress_bar, EXPERIMENT)
+    sweep.headline(sweep.summary_lines(lambda: headline(fits, summary, plan)), progress_bar, EXPERIMENT)
     return r
 
 
-def headline(fits, summary: list[dict] | None, p: dict) -> list[str]:
+def headline(fits, summary: list[dict] | None, plan: CapacityPlan) -> list[str]:
     """Per config: the requests the cap holds, and (when timed) the goodput under the TPOT limit."""
     by = {s["config"]: s for s in summary or []}
-    lines = [f"{p['context_len']} tokens a request under {p['mem_cap_gib']:g} GiB, TPOT <= {p['tpot_ms']:g} ms:"]
+    lines = [f"{plan.context_len} tokens a request under {plan.mem_cap_gib:g} GiB, TPOT <= {plan.tpot_ms:g} ms:"]
     for f in fits:
         s = by.get(f.config)
         if s is None:
