@@ -80,7 +80,8 @@ MOVED = {"decode": ["decode/__init__.py", "decode/measure.py", "decode_session.p
          "probe": ["probe/__init__.py", "probe/measure.py"],
          "hot_replay": ["hot_replay/__init__.py", "hot_replay/measure.py"],
          "multigpu": ["multigpu/__init__.py", "multigpu/measure.py"],
-         "capacity": ["capacity/__init__.py", "capacity/measure.py"]}
+         "capacity": ["capacity/__init__.py", "capacity/measure.py"],
+         **{name: [f"{name}/__init__.py", f"{name}/measure.py"] for name in ("pulse_blocks", "pulse_switch", "pulse_scaling")}}
 KEYED = re.compile(r"""\b(p|params|pl\.params)\[["']""")
 
 

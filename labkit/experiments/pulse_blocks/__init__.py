@@ -6,7 +6,7 @@ every result checked against the rows it should hold. Code: `labkit.experiments.
 from __future__ import annotations
 
 from ...shapes import REFERENCE_BUDGET
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param
 from ... import lazy
 from .. import planner
 
@@ -33,7 +33,8 @@ SPEC = [
 
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 plan = planner(NAME, SPEC, measuring)
+PulseBlocksPlan = plan.type   # the checked plan: plan.context, plan.budget, plan.blocks, plan.requests, ...
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run(dict(plan.params), progress_bar=progress_bar)
+def run(plan: PulseBlocksPlan, progress_bar: bool = True):
+    return measuring.run(plan, progress_bar=progress_bar)

@@ -49,22 +49,22 @@ from ...shapes import ModelShape
 from ... import sweep
 from ...sweep import event_ms
 from .. import for_this_machine
-from . import SPEC
+from . import SPEC, PulseBlocksPlan
 
 EXPERIMENT = "pulse_blocks"
 
 
-def check(p: dict) -> dict:
+def check(p: dict) -> PulseBlocksPlan:
     """Decide the "auto" ones for this device and check what crosses parameters (one BadInput line before anything
-    is allocated); returns the parameters a plan records."""
-    p = for_this_machine(SPEC, p)       # the declared bounds checked there
-    for b in p["blocks"]:
-        if p["budget"] % b or p["context"] % b or not 0 < p["budget"] <= p["context"]:
-            raise BadInput(f"budget {p['budget']} and context {p['context']} must be multiples of block {b}, "
+    is allocated); returns the plan."""
+    plan = PulseBlocksPlan.from_params(for_this_machine(SPEC, p))       # the declared bounds checked there
+    for b in plan.blocks:
+        if plan.budget % b or plan.context % b or not 0 < plan.budget <= plan.context:
+            raise BadInput(f"budget {plan.budget} and context {plan.context} must be multiples of block {b}, "
                            "0 < budget <= context")
-    if not p["requests"]:
+    if not plan.requests:
         raise BadInput("requests: none given")
-    return p
+    return plan
 
 WORD = 8
 
@@ -216,19 +216,19 @@ def headline(m) -> list[str]:
     return lines[:4]
 
 
-def run(p: dict, progress_bar: bool = True):
-    """Measure a checked plan's parameters into a run folder; returns the Run."""
-    run = sweep.open_run(p, EXPERIMENT)
+def run(plan: PulseBlocksPlan, progress_bar: bool = True):
+    """Measure a checked plan into a run folder; returns the Run."""
+    run = sweep.open_run(plan.params, EXPERIMENT)
     gpu = run.manifest.get("gpu_name") or "cpu"
-    points = sweep.grid(req=p["requests"], b=p["blocks"])
+    points = sweep.grid(req=list(plan.requests), b=list(plan.blocks))
     with sweep.bar(len(points), EXPERIMENT, progress_bar) as bar:
         for pt in points:
             req, b = pt["req"], pt["b"]
             bar.set_postfix_str(f"block {b}, {req} request(s)")
             with sweep.point(run, {"experiment": EXPERIMENT}, block=b, requests=req):
-                for r in block_probe(ModelShape.from_name(p["shape"]), p["device"], p["context"], p["budget"], b,
-                                     p["repeats"], p["threads"], seed=p["seed"], requests=req,
-                                     chunk_bytes=p["chunk_bytes"], dma_split_units=tuple(p["dma_split"])):
+                for r in block_probe(ModelShape.from_name(plan.shape), plan.device, plan.context, plan.budget, b,
+                                     plan.repeats, plan.threads, seed=plan.seed, requests=req,
+                                     chunk_bytes=plan.chunk_bytes, dma_split_units=plan.dma_split):
                     run.add({**r, "gpu_name": gpu})
             bar.update()
     run.finish()                 # the shared rule over the rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param
 from ... import lazy
 from .. import planner
 
@@ -36,7 +36,8 @@ SPEC = [
 
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 plan = planner(NAME, SPEC, measuring)
+PulseScalingPlan = plan.type  # the checked plan: plan.context, plan.requests, plan.budget, ...
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run(dict(plan.params), progress_bar=progress_bar)
+def run(plan: PulseScalingPlan, progress_bar: bool = True):
+    return measuring.run(plan, progress_bar=progress_bar)

@@ -39,22 +39,22 @@ from ...engine.drive.runner import DecodeState
 from ...engine.drive.switching import Timeline, Loader, capture_pieces, pingpong_round, replay, replay_inline, sequential_round
 from ...engine.model.kv import KVPool
 from .. import for_this_machine
-from . import SPEC
+from . import SPEC, PulseScalingPlan
 
 EXPERIMENT = "pulse_scaling"
 
 
-def check(p: dict) -> dict:
+def check(p: dict) -> PulseScalingPlan:
     """Decide the "auto" ones for this device and check what crosses parameters (one BadInput line before anything
-    is allocated); returns the parameters a plan records."""
-    p = for_this_machine(SPEC, p)       # the declared bounds checked there
-    check_host_strategy(p["strategy"], "every request is offloaded")
-    check_positive("requests", p["requests"] or [0])      # none given
-    if not 1 <= p["budget"] <= p["context"]:
-        raise BadInput(f"budget {p['budget']} must be in [1, context {p['context']}]")
-    if p["budget"] % p["select_block"] or p["page_size"] % p["select_block"]:
-        raise BadInput(f"select_block must divide budget and page_size, got {p['select_block']}")
-    return p
+    is allocated); returns the plan."""
+    plan = PulseScalingPlan.from_params(for_this_machine(SPEC, p))       # the declared bounds checked there
+    check_host_strategy(plan.strategy, "every request is offloaded")
+    check_positive("requests", plan.requests or [0])      # none given
+    if not 1 <= plan.budget <= plan.context:
+        raise BadInput(f"budget {plan.budget} must be in [1, context {plan.context}]")
+    if plan.budget % plan.select_block or plan.page_size % plan.select_block:
+        raise BadInput(f"select_block must divide budget and page_size, got {plan.select_block}")
+    return plan
 
 
 # ------------------------------------------------------------------------------------------ the bound
@@ -265,15 +265,16 @@ def headline(m) -> list[str]:
     return lines
 
 
-def run(p: dict, progress_bar: bool = True):
-    """Measure a checked plan's parameters into a run folder; returns the Run."""
-    run = sweep.open_run(p, EXPERIMENT)
+def run(plan: PulseScalingPlan, progress_bar: bool = True):
+    """Measure a checked plan into a run folder; returns the Run."""
+    run = sweep.open_run(plan.params, EXPERIMENT)
     try:
-        with sweep.bar(len(p["requests"]), EXPERIMENT, progress_bar) as bar:
-            rows, spans = scaling(ModelShape.from_name(p["shape"]), p["device"], p["context"], p["requests"],
-                                  p["budget"], p["strategy"], p["steps"], graphs=p["graphs"], compile=p["compile"],
-                                  page_size=p["page_size"], seed=p["seed"], select_block=p["select_block"],
-                                  settings={k: p[k] for k in setting_names()}, log=lambda *a: None, bar=bar)
+        with sweep.bar(len(plan.requests), EXPERIMENT, progress_bar) as bar:
+            rows, spans = scaling(ModelShape.from_name(plan.shape), plan.device, plan.context, plan.requests,
+                                  plan.budget, plan.strategy, plan.steps, graphs=plan.graphs, compile=plan.compile,
+                                  page_size=plan.page_size, seed=plan.seed, select_block=plan.select_block,
+                                  settings={k: getattr(plan, k) for k in setting_names()}, log=lambda *a: None,
+                                  bar=bar)
     except Exception as ex:      # before any point (the model, the pools): the run's one failed row
         run.add(sweep.failed_row(ex, {"experiment": EXPERIMENT}))
         run.finish(error=ex)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param
 from ... import lazy
 from .. import planner
 
@@ -38,7 +38,8 @@ SPEC = [
 
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 plan = planner(NAME, SPEC, measuring)
+PulseSwitchPlan = plan.type   # the checked plan: plan.contexts, plan.offload_batches, plan.budget, ...
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run(dict(plan.params), progress_bar=progress_bar)
+def run(plan: PulseSwitchPlan, progress_bar: bool = True):
+    return measuring.run(plan, progress_bar=progress_bar)

@@ -34,22 +34,22 @@ from ...params import BadInput, check_positive, kv_pairs, parse_value
 from ...shapes import ModelShape
 from ...sweep import wall_ms
 from .. import for_this_machine
-from . import SPEC
+from . import SPEC, PulseSwitchPlan
 
 EXPERIMENT = "pulse_switch"
 
 
-def check(p: dict) -> dict:
+def check(p: dict) -> PulseSwitchPlan:
     """Decide the "auto" ones for this device and check what crosses parameters (one BadInput line before anything
-    is allocated); returns the parameters a plan records."""
-    p = for_this_machine(SPEC, p)       # the declared bounds checked there
-    check_host_strategy(p["strategy"], "the offloaded batch needs one")
-    for k in ("contexts", "offload_batches"):
-        check_positive(k, p[k] or [0])            # none given
-    if p["budget"] % p["select_block"] or any(c < p["budget"] for c in p["contexts"]):
-        raise BadInput(f"budget {p['budget']} must be a multiple of select_block {p['select_block']} and "
+    is allocated); returns the plan."""
+    plan = PulseSwitchPlan.from_params(for_this_machine(SPEC, p))       # the declared bounds checked there
+    check_host_strategy(plan.strategy, "the offloaded batch needs one")
+    check_positive("contexts", plan.contexts or [0])            # none given
+    check_positive("offload_batches", plan.offload_batches or [0])
+    if plan.budget % plan.select_block or any(c < plan.budget for c in plan.contexts):
+        raise BadInput(f"budget {plan.budget} must be a multiple of select_block {plan.select_block} and "
                        f"no larger than every context")
-    return p
+    return plan
 
 
 def _lane(model, strategy, batch, ctx, budget, steps, seed, compile=False, select_block=1, settings=None):
@@ -176,26 +176,26 @@ def headline(m) -> list[str]:
     return lines
 
 
-def run(p: dict, progress_bar: bool = True):
-    """Measure a checked plan's parameters into a run folder; returns the Run."""
-    run = sweep.open_run(p, EXPERIMENT)
-    settings = {k: p[k] for k in setting_names()}
+def run(plan: PulseSwitchPlan, progress_bar: bool = True):
+    """Measure a checked plan into a run folder; returns the Run."""
+    run = sweep.open_run(plan.params, EXPERIMENT)
+    settings = {k: getattr(plan, k) for k in setting_names()}
     spans = []
-    points = sweep.grid(ctx=p["contexts"], ob=p["offload_batches"])
+    points = sweep.grid(ctx=plan.contexts, ob=plan.offload_batches)
     with sweep.bar(len(points), EXPERIMENT, progress_bar) as bar:
         for pt in points:
             ctx, ob = pt["ctx"], pt["ob"]
             bar.set_postfix_str(f"{ob} offloaded at {ctx}")
-            with sweep.point(run, {"experiment": EXPERIMENT}, context_len=ctx, offload_batch=ob, strategy=p["strategy"]):
-                r = switching_point(ModelShape.from_name(p["shape"]), p["device"], ctx, ob, p["normal_batch"],
-                                    p["normal_context"], p["budget"], p["strategy"], p["steps"], seed=p["seed"],
-                                    graphs=p["graphs"], lookahead=p["lookahead"], compute_ref=p["compute_ref"],
-                                    select_block=p["select_block"], settings=settings)
+            with sweep.point(run, {"experiment": EXPERIMENT}, context_len=ctx, offload_batch=ob, strategy=plan.strategy):
+                r = switching_point(ModelShape.from_name(plan.shape), plan.device, ctx, ob, plan.normal_batch,
+                                    plan.normal_context, plan.budget, plan.strategy, plan.steps, seed=plan.seed,
+                                    graphs=plan.graphs, lookahead=plan.lookahead, compute_ref=plan.compute_ref,
+                                    select_block=plan.select_block, settings=settings)
                 spans += [{**s, "context_len": ctx, "offload_batch": ob} for s in r.pop("timeline")]
-                run.add({"experiment": EXPERIMENT, "status": "ok", "error": None, "device": p["device"],
-                         "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"],
-                         "strategy": p["strategy"], "context_len": ctx, "budget": p["budget"],
-                         "concurrency": ob + p["normal_batch"], "offload_batch": ob, **r})
+                run.add({"experiment": EXPERIMENT, "status": "ok", "error": None, "device": plan.device,
+                         "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": plan.shape,
+                         "strategy": plan.strategy, "context_len": ctx, "budget": plan.budget,
+                         "concurrency": ob + plan.normal_batch, "offload_batch": ob, **r})
             bar.update()
     run.write_table("timeline", pd.DataFrame(spans))
     run.finish()                 # the shared rule over the rows
