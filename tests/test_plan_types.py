@@ -76,12 +76,10 @@ def test_every_committed_run_loads_into_todays_plan():
 
 
 # the experiments whose measuring code reads the plan's fields, and the modules it is in
-MOVED = {"decode": ["decode/__init__.py", "decode/measure.py", "decode_session.py"],
-         "probe": ["probe/__init__.py", "probe/measure.py"],
-         "hot_replay": ["hot_replay/__init__.py", "hot_replay/measure.py"],
-         "multigpu": ["multigpu/__init__.py", "multigpu/measure.py"],
-         "capacity": ["capacity/__init__.py", "capacity/measure.py"],
-         **{name: [f"{name}/__init__.py", f"{name}/measure.py"] for name in ("pulse_blocks", "pulse_switch", "pulse_scaling")}}
+MOVED = {name: [f"{name}/__init__.py", f"{name}/measure.py"]
+         for name in ("decode", "probe", "hot_replay", "multigpu", "capacity", "pulse_blocks", "pulse_switch",
+                      "pulse_scaling", "quality")}
+MOVED["decode"].append("decode_session.py")
 KEYED = re.compile(r"""\b(p|params|pl\.params)\[["']""")
 
 

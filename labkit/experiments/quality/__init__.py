@@ -5,7 +5,7 @@ intervals over the evaluation sequences, with the prefix prefilled densely or un
 Code: `labkit.experiments.quality.measure` (figures: `figures.py`), over the quality lab `labkit.quality`."""
 from __future__ import annotations
 
-from ...params import DEVICE, OUT_DIR, SEED, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, Param
 from ... import lazy
 from .. import planner
 
@@ -45,7 +45,8 @@ SPEC = [
 
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 plan = planner(NAME, SPEC, measuring, declared=SPEC)    # its per-device dtype decided there
+QualityPlan = plan.type       # the checked plan: plan.model, plan.corpora, plan.budgets, plan.policies, ...
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run_quality(dict(plan.params), log=print if progress_bar else None)
+def run(plan: QualityPlan, progress_bar: bool = True):
+    return measuring.run_quality(plan, log=print if progress_bar else None)

@@ -42,82 +42,82 @@ from labkit.quality.traces import locality, locality_summary, record_traces, reu
 from labkit.stats import Interval
 from labkit.telemetry import Sampler
 
+from . import QualityPlan
+
 EXPERIMENT = "quality"
 
 
 
-def check(given: dict, declared: list) -> dict:
+def check(given: dict, declared: list) -> QualityPlan:
     """Decide the "auto" ones for this device (`declared`: the experiment's SPEC, handed over by its plan) and
-    check what the SPEC cannot declare; raises BadInput (one line) before anything is loaded."""
-
+    check what the SPEC cannot declare; raises BadInput (one line) before anything is loaded. Returns the plan."""
     p = dict(given)
     dev = resolve_device(p["device"])
     p["device"] = str(dev)
     fill_auto(declared, p, dev.type)      # dtype for this device; then the declared bounds and choices
+    plan = QualityPlan.from_params(p)
     try:
-        validate(p["corpora"], p["budgets"], p["policies"], p["seq_len"], p["n_sequences"], p["eval_tokens"],
-                 p["seed"], p["block_variants"], p["block_budgets"], p["protocol"])
-        resolve_model(p["model"])
+        validate(list(plan.corpora), list(plan.budgets), list(plan.policies), plan.seq_len, plan.n_sequences,
+                 plan.eval_tokens, plan.seed, list(plan.block_variants), list(plan.block_budgets),
+                 list(plan.protocol))
+        resolve_model(plan.model)
     except (ValueError, ModelNotFound) as ex:
         raise BadInput(str(ex)) from None
-    bad = [x for x in p["trace_policies"] if x not in SHARED_POLICIES]
+    bad = [x for x in plan.trace_policies if x not in SHARED_POLICIES]
     if bad:
         raise BadInput(f"trace_policies must be layer-shared ({', '.join(SHARED_POLICIES)}), got {bad[0]!r}")
-    if p["trace_steps"] and not (max(p["trace_budgets"] or [1]) < p["trace_prompt_len"] <= 8192 - p["trace_steps"]):
+    if plan.trace_steps and not (max(plan.trace_budgets or [1]) < plan.trace_prompt_len <= 8192 - plan.trace_steps):
         raise BadInput(f"trace_prompt_len must exceed the trace budgets and leave room for trace_steps in 8192, "
-                       f"got {p['trace_prompt_len']}")
-    if any(b % p["block"] for b in p["budgets"]):
-        raise BadInput(f"block must divide every budget, got block {p['block']}")
-    if p["block_variants"] and not p["block_budgets"]:
+                       f"got {plan.trace_prompt_len}")
+    if any(b % plan.block for b in plan.budgets):
+        raise BadInput(f"block must divide every budget, got block {plan.block}")
+    if plan.block_variants and not plan.block_budgets:
         raise BadInput("block_variants need block_budgets to measure them at")
-    return p
+    return plan
 
 
-def run_quality(given: dict, run=None, log=print):
-    """Measure everything into a run folder (labkit.results.Run); returns the Run."""
-
-
-    p = dict(given)          # checked by `experiments.quality.plan`
+def run_quality(plan: QualityPlan, run=None, log=print):
+    """Measure a checked plan (`experiments.quality.plan`) into a run folder (labkit.results.Run); returns the Run."""
     if run is None:
-        run = sweep.open_run(p, EXPERIMENT)
-    dev = torch.device(p["device"])
+        run = sweep.open_run(plan.params, EXPERIMENT)
+    dev = torch.device(plan.device)
     tel = Sampler(gpus=[dev.index or 0] if dev.type == "cuda" else []).start()
     run.update_manifest(telemetry=tel.reason or "nvml")
-    base = {"experiment": EXPERIMENT, "device": p["device"], "gpu_name": run.manifest.get("gpu_name") or "cpu",
-            "shape": p["model"], "strategy": None, "concurrency": 1, "repeats": 1}
+    base = {"experiment": EXPERIMENT, "device": plan.device, "gpu_name": run.manifest.get("gpu_name") or "cpu",
+            "shape": plan.model, "strategy": None, "concurrency": 1, "repeats": 1}
     t_start = time.perf_counter()
     try:
         if dev.type == "cpu":
             torch.set_num_threads(max(torch.get_num_threads(), 1))
             # OMP_NUM_THREADS=1 is faster on cores other processes share (threads stall at each barrier)
             run.update_manifest(torch_threads=torch.get_num_threads())
-        model, tok = load_model(p["model"], dtype=getattr(torch, p["dtype"]), device=p["device"])
+        model, tok = load_model(plan.model, dtype=getattr(torch, plan.dtype), device=plan.device)
         cfg = model.config
         run.update_manifest(model_info={"layers": cfg.num_hidden_layers, "q_heads": cfg.num_attention_heads,
                                         "kv_heads": cfg.num_key_value_heads,
                                         "head_dim": getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads),
-                                        "dtype": p["dtype"]})
+                                        "dtype": plan.dtype})
         # the evaluation sequences first: a corpus that cannot give n_sequences fails before any compute
-        units = _draw_sequences(run, tok, p)
-        ctl, calib_share = _prepare_policies(run, model, tok, p, log)
+        units = _draw_sequences(run, tok, plan)
+        ctl, calib_share = _prepare_policies(run, model, tok, plan, log)
 
         def on_record(row):
             rec = dict(base, **row)
             rec["indexer_recall"] = row.get("oracle_overlap") if row.get("policy") == "indexer" else None
             run.add(rec)
 
-        df = quality_sweep(model, tok, p["corpora"], p["budgets"], p["policies"], p["seq_len"], p["n_sequences"],
-                           p["eval_tokens"], controller=ctl, on_record=on_record, log=log, seed=p["seed"],
-                           block=p["block"], block_variants=p["block_variants"], block_budgets=p["block_budgets"],
-                           units=units, progress_bar=log is not None, protocols=p["protocol"])
+        df = quality_sweep(model, tok, plan.corpora, plan.budgets, plan.policies, plan.seq_len, plan.n_sequences,
+                           plan.eval_tokens, controller=ctl, on_record=on_record, log=log, seed=plan.seed,
+                           block=plan.block, block_variants=plan.block_variants, block_budgets=plan.block_budgets,
+                           units=units, progress_bar=log is not None, protocols=plan.protocol)
         qs = summarize(df)
         run.write_table("quality_summary", qs)
-        eval_share = head_share_map(model, tok, p["corpora"], p["seq_len"], 1, p["eval_tokens"], "eval",
-                                    p["sink_window"], p["recent_window"])
+        eval_share = head_share_map(model, tok, plan.corpora, plan.seq_len, 1, plan.eval_tokens, "eval",
+                                    plan.sink_window, plan.recent_window)
         run.write_table("head_share", pd.concat([calib_share, eval_share], ignore_index=True))
 
-        if p["trace_steps"]:
-            _record_traces(run, model, tok, ctl, p, log)
+        if plan.trace_steps:
+            _record_traces(run, model, tok, ctl, plan, log)
     except BadInput:
         raise
     except Exception as ex:
@@ -131,17 +131,17 @@ def run_quality(given: dict, run=None, log=print):
     return run
 
 
-def _draw_sequences(run, tok, p: dict) -> dict:
+def _draw_sequences(run, tok, plan: QualityPlan) -> dict:
     """The evaluation sequences of every corpus, drawn by the seed, into `sequences.parquet` and the manifest
     (the split rule, the draw, the intervals' method)."""
-    units = {c: draw_sequences(tok, c, p["seq_len"], p["n_sequences"], p["seed"]) for c in p["corpora"]}
-    run.write_table("sequences", pd.DataFrame([dict(u.record(), seed=p["seed"]) for c in p["corpora"]
+    units = {c: draw_sequences(tok, c, plan.seq_len, plan.n_sequences, plan.seed) for c in plan.corpora}
+    run.write_table("sequences", pd.DataFrame([dict(u.record(), seed=plan.seed) for c in plan.corpora
                                                for u in units[c]]))
     run.update_manifest(
         splits={c: {"rule": SPLIT_RULE[c], "calibration_documents": len(documents(c, "calibration")),
                     "eval_documents": len(documents(c, "eval")),
-                    "eval_units": sorted({u.unit for u in units[c]})} for c in p["corpora"]},
-        sequence_draw={"seed": p["seed"], "per_corpus": p["n_sequences"], "table": "sequences.parquet",
+                    "eval_units": sorted({u.unit for u in units[c]})} for c in plan.corpora},
+        sequence_draw={"seed": plan.seed, "per_corpus": plan.n_sequences, "table": "sequences.parquet",
                        "rule": "first seq_len tokens of eval documents in a seeded order; non-overlapping "
                                "seq_len windows of the long eval documents, drawn by the seed, where a "
                                "corpus has fewer such documents than n_sequences"},
@@ -150,33 +150,33 @@ def _draw_sequences(run, tok, p: dict) -> dict:
     return units
 
 
-def _prepare_policies(run, model, tok, p: dict, log):
+def _prepare_policies(run, model, tok, plan: QualityPlan, log):
     """The selection controller calibrated on the calibration split (indexer fit, retrieval heads), recorded
     in the run; returns it with the calibration split's head-share map."""
-    ctl, calib_share = prepare_policies(model, tok, p["policies"], p["corpora"], p["seq_len"], p["calib_sequences"],
-                                        p["eval_tokens"], p["sink_window"], p["recent_window"], log=log)
-    ctl.block = p["block"]  # calibration ran dense; the sweep and the traces select in blocks
+    ctl, calib_share = prepare_policies(model, tok, plan.policies, plan.corpora, plan.seq_len, plan.calib_sequences,
+                                        plan.eval_tokens, plan.sink_window, plan.recent_window, log=log)
+    ctl.block = plan.block  # calibration ran dense; the sweep and the traces select in blocks
     if calib_share is None:  # retrieval heads still worth reporting
-        calib_share = head_share_map(model, tok, p["corpora"], p["seq_len"], p["calib_sequences"], p["eval_tokens"],
-                                     "calibration", p["sink_window"], p["recent_window"])
+        calib_share = head_share_map(model, tok, plan.corpora, plan.seq_len, plan.calib_sequences, plan.eval_tokens,
+                                     "calibration", plan.sink_window, plan.recent_window)
     if ctl.retrieval_heads:
         run.write_table("retrieval_heads", pd.DataFrame(
             [{"layer": k, "head": v} for k, v in sorted(ctl.retrieval_heads.items())]))
     run.update_manifest(indexer={"bytes_per_token": ctl.indexer.bytes_per_token, "rank": ctl.indexer.rank,
                                  "fit": "closed-form rank-64 from query/key second moments on the calibration split",
-                                 "calibration_corpora": list(p["corpora"]), "calib_sequences": p["calib_sequences"]}
+                                 "calibration_corpora": list(plan.corpora), "calib_sequences": plan.calib_sequences}
                         if ctl.indexer is not None else None)
     return ctl, calib_share
 
 
-def _record_traces(run, model, tok, ctl, p: dict, log) -> None:
+def _record_traces(run, model, tok, ctl, plan: QualityPlan, log) -> None:
     """Greedy decode steps over one eval document per corpus, their selections saved as traces (what the
     engine and the hot cache replay) with their locality and reuse distances."""
     locs, sums, rds = [], [], []
-    for corpus in p["corpora"]:
-        (name, ids), = sequences(tok, corpus, p["trace_prompt_len"], 1, split="eval")
-        traces = record_traces(model, ids, p["trace_policies"], p["trace_budgets"], p["trace_steps"],
-                               controller=ctl, meta={"model": p["model"], "corpus": corpus, "document": name},
+    for corpus in plan.corpora:
+        (name, ids), = sequences(tok, corpus, plan.trace_prompt_len, 1, split="eval")
+        traces = record_traces(model, ids, plan.trace_policies, plan.trace_budgets, plan.trace_steps,
+                               controller=ctl, meta={"model": plan.model, "corpus": corpus, "document": name},
                                log=log)
         for (pol, b), tr in traces.items():
             save_trace(tr, run.path / "traces" / f"{corpus}-{pol}-{b}.npz")
