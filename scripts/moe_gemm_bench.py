@@ -29,12 +29,10 @@ from labkit.engine.model.quant import QuantWeight  # noqa: E402
 from labkit.shapes import ModelShape  # noqa: E402
 
 T_ = moe_gemm.Tiles
-# (bm, bn, bk, warps, stages, deq): the unpacking ways at the two best tiles of the first sweep, then tiles
-SETTINGS = [T_(64, 64, 64, 4, 3, 0), T_(64, 64, 64, 4, 3, 1), T_(64, 64, 64, 4, 3, 2), T_(64, 128, 64, 4, 3, 0),
-            T_(64, 128, 64, 4, 3, 2), T_(64, 64, 64, 4, 4, 2), T_(64, 64, 32, 4, 3, 2), T_(64, 64, 128, 4, 3, 2),
-            T_(128, 64, 64, 4, 3, 2), T_(64, 128, 64, 8, 4, 2), T_(128, 128, 64, 8, 3, 2), T_(64, 256, 64, 8, 3, 2)]
-FIELDS = ("bm", "bn", "bk", "warps", "stages", "deq")
-QUICK = [T_(64, 64, 64, 4, 3, 2), T_(64, 128, 64, 4, 3, 2), T_(128, 64, 64, 4, 3, 2), T_(128, 128, 64, 8, 3, 2)]
+SETTINGS = [T_(64, 64, 64, 4, 3), T_(64, 128, 64, 4, 3), T_(64, 64, 64, 4, 4), T_(64, 64, 64, 8, 3),
+            T_(64, 64, 32, 4, 4), T_(64, 128, 64, 4, 4), T_(128, 64, 64, 4, 3), T_(128, 128, 64, 8, 3)]
+FIELDS = ("bm", "bn", "bk", "warps", "stages")
+QUICK = [T_(64, 64, 64, 4, 3), T_(64, 128, 64, 4, 3), T_(128, 64, 64, 4, 3), T_(128, 128, 64, 8, 3)]
 
 
 def timed(fn, repeats: int = 10, warmup: int = 3) -> dict:
@@ -141,10 +139,10 @@ def main() -> None:
     (out / "moe_gemm_bench.json").write_text(json.dumps(res, indent=1))
     lines = [f"# A prefill chunk's routed experts: {T:,} tokens x {s.experts_per_tok} of {s.experts} experts "
              f"({res['gpu']}; cuBLAS bf16 {peak:.0f} TFLOP/s)", "",
-             "| product | weights | bm | bn | bk | warps | stages | unpack | ms (min-max) | TFLOP/s | of GEMM |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| product | weights | bm | bn | bk | warps | stages | ms (min-max) | TFLOP/s | of GEMM |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        tiles = f"{r['bm']} | {r['bn']} | {r['bk']} | {r['warps']} | {r['stages']} | {r['deq']}"
+        tiles = f"{r['bm']} | {r['bn']} | {r['bk']} | {r['warps']} | {r['stages']}"
         if "error" in r:
             lines.append(f"| {r['product']} | {r['weights']} | {tiles} | {r['error']} | | |")
         else:

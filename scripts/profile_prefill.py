@@ -108,8 +108,8 @@ def main() -> None:
         phases = {k[:-3]: v for k, v in marks.chunks()[0].items() if k.endswith("_ms")}
     per = defaultdict(lambda: [0, 0.0])
     for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CUDA:
-            continue
+        if ev.device_type != torch.autograd.DeviceType.CUDA or ev.name.startswith("phase:"):
+            continue          # the phase ranges' own GPU annotations are not kernels
         d = getattr(ev, "device_time_total", None)
         per[ev.name][0] += 1
         per[ev.name][1] += ev.cuda_time_total if d is None else d

@@ -142,8 +142,7 @@ def test_the_prefill_expert_gemms_match_their_definition_at_the_published_widths
         gu, d = wgu.transpose(1, 2).contiguous().bfloat16().cuda(), wd.transpose(1, 2).contiguous().bfloat16().cuda()
     y = torch.randn(T, H, generator=g).bfloat16().cuda()
     experts = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).cuda()
-    for tiles in (moe_gemm.TILES["glu"], moe_gemm.Tiles(128, 128, 64, 8, 3, deq=0),
-                  moe_gemm.Tiles(64, 64, 128, 4, 3, deq=1), moe_gemm.Tiles(64, 64, 32, 4, 3, deq=2)):
+    for tiles in (moe_gemm.TILES["glu"], moe_gemm.Tiles(128, 128, 64, 8, 3), moe_gemm.Tiles(64, 64, 128, 4, 3)):
         blocks = moe_gemm.align(experts, E, tiles.bm)
         act = moe_gemm.moe_gemm(y, gu, blocks, glu=True, tiles=tiles)
         want = moe_gemm.moe_gemm_reference(y, gu, blocks, glu=True)
@@ -204,7 +203,9 @@ def test_the_one_pass_add_and_norm_matches_eagers_on_cuda():
     h, y = add_norm(x, d, norm)
     want = norm(x + d)
     assert torch.equal(h, x + d)
-    assert ((y.float() - want.float()).abs() <= want.float().abs() * 2 ** -7 + 1e-6).all()
+    # a bf16 step of the normed row and one of the weighted one: the fp32 sum of squares in another order may
+    # round the first differently
+    assert ((y.float() - want.float()).abs() <= want.float().abs() * 2 ** -6 + 1e-6).all()
 
 
 def test_a_prefill_through_the_expert_gemms_stays_near_the_row_at_a_time_one():

@@ -138,6 +138,9 @@ def drive_sparse_prefill():
                                 splits=4, hoist=bt == 64)
     q, kv = _e(T, REF.n_heads, REF.head_dim), _e(S, REF.n_kv_heads, REF.head_dim)
     P.sparse_prefill_attention(q, kv, kv, torch.zeros(T, 2048, dtype=torch.int64), torch.ones(T, 2048, dtype=torch.bool))
+    from labkit.engine.model.attention import merge_by_lse     # dense prefill's two partial attentions merged
+    o, lse = _e(1, REF.n_heads, T, REF.head_dim), _e(1, REF.n_heads, T, dtype=torch.float32)
+    merge_by_lse(o, lse, o, lse)
 
 
 def drive_experts():

@@ -71,11 +71,8 @@ KERNEL = textwrap.dedent('''
         blocks = moe_gemm.align(experts, E, tiles.bm)
         want = moe_gemm.moe_gemm_reference(y, gu, blocks, glu=True)
         real = blocks.rows < blocks.pairs
-        # each way of unpacking the codes gives the same values (2, bf16 arithmetic, runs as 1 here: the GPU test's)
-        for deq in (0, 1) if quant else (2,):
-            act = moe_gemm.moe_gemm(y, gu, blocks, glu=True, tiles=moe_gemm.Tiles(bm=8, bn=32, bk=64, deq=deq))
-            e1 = rel(act[real], want[real])
-            assert e1 < 1e-2, (deq, e1)
+        act = moe_gemm.moe_gemm(y, gu, blocks, glu=True, tiles=tiles)
+        e1 = rel(act[real], want[real])
         down = moe_gemm.moe_gemm(act, d, blocks, scatter=True, tiles=moe_gemm.Tiles(bm=8, bn=64, bk=32 if not quant else 64))
         e2 = rel(down, moe_gemm.moe_gemm_reference(act, d, blocks, scatter=True))
         # the definition, pair by pair: token t's j-th choice through its expert's dense weights

@@ -2,6 +2,11 @@
 causal square, merged by log-sum-exp) against SDPA under a lower-right causal mask. On CPU the cuDNN call is
 replaced by its definition in torch ops (`attention_with_lse`): what is tested here is the fold, the split and
 the merge; the cuDNN kernel itself is compared on the GPU (`gpu` tests below)."""
+import importlib.util
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -112,3 +117,30 @@ def test_sparse_prefill_attends_to_fewer_rows_and_every_io_path_agrees():
 def test_an_unknown_prefill_attention_is_one_line():
     with pytest.raises(ValueError, match="prefill_attention"):
         _prefill("sparsest", 16)
+
+
+MERGE = '''
+import torch
+from labkit.engine.model import attention as A
+g = torch.Generator().manual_seed(0)
+H, T, D = 3, 21, 32
+o1, o2 = torch.randn(1, H, T, D, generator=g).bfloat16(), torch.randn(1, H, T, D, generator=g).bfloat16()
+l1, l2 = torch.randn(1, H, T, generator=g) * 4, torch.randn(1, H, T, generator=g) * 4
+got = A.merge_by_lse(o1, l1, o2, l2)
+m = torch.maximum(l1, l2)
+w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
+want = ((o1.float() * w1[..., None] + o2.float() * w2[..., None]) / (w1 + w2)[..., None])[0].transpose(0, 1)
+assert got.shape == (T, H, D)
+assert ((got.float() - want).abs() <= want.abs() * 2 ** -7 + 1e-6).all()
+print("merge ok")
+'''
+
+
+def test_the_lse_merge_kernel_matches_the_torch_ops_under_the_interpreter():
+    """The split attention's merge (`merge_by_lse`, one Triton kernel on CUDA) against its torch ops, under
+    TRITON_INTERPRET=1 in a subprocess (the variable must be set before triton is imported)."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton not installed")
+    p = subprocess.run([sys.executable, "-c", MERGE], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0 and "merge ok" in p.stdout, p.stderr[-3000:]

@@ -16,6 +16,47 @@ from . import arch
 from .sparse_prefill import prefill_select, sparse_prefill_attention
 
 
+if arch.HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _merge_kernel(o1_ptr, o2_ptr, l1_ptr, l2_ptr, out_ptr, T, H, D: tl.constexpr, BT: tl.constexpr):
+        """Two partial attentions of head h's queries [BT] (outputs [H, T, D], natural-log LSEs [H, T]) merged by
+        their log-sum-exps in fp32, written as [T, H, D] in the output's dtype."""
+        h = tl.program_id(1).to(tl.int64)
+        t = tl.program_id(0) * BT + tl.arange(0, BT)
+        tm = t < T
+        d = tl.arange(0, D)
+        l1 = tl.load(l1_ptr + h * T + t, mask=tm, other=0.0)
+        l2 = tl.load(l2_ptr + h * T + t, mask=tm, other=0.0)
+        m = tl.maximum(l1, l2)
+        w1, w2 = tl.exp(l1 - m), tl.exp(l2 - m)
+        src = (h * T + t)[:, None].to(tl.int64) * D + d[None, :]
+        o1 = tl.load(o1_ptr + src, mask=tm[:, None], other=0.0).to(tl.float32)
+        o2 = tl.load(o2_ptr + src, mask=tm[:, None], other=0.0).to(tl.float32)
+        o = (o1 * w1[:, None] + o2 * w2[:, None]) / (w1 + w2)[:, None]
+        dst = (t[:, None].to(tl.int64) * H + h) * D + d[None, :]
+        tl.store(out_ptr + dst, o.to(out_ptr.dtype.element_ty), mask=tm[:, None])
+
+
+def merge_by_lse(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
+    """Two partial attentions of the same queries (o [1, H, T, D], LSE [1, H, T]) merged by log-sum-exp, in fp32:
+    [T, H, D] in o1's dtype. One kernel where kernels run (eager's fp32 ops were ~10 passes over [H, T, D] a QSA
+    layer of a chunk, ~1.7 ms at 8K tokens on an H100), the same ops in torch elsewhere."""
+    if not arch.kernels_run(o1, o2) or o1.shape[-1] & (o1.shape[-1] - 1):
+        m = torch.maximum(l1, l2)
+        w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
+        o = (o1.float() * w1[..., None] + o2.float() * w2[..., None]) / (w1 + w2)[..., None]
+        return o[0].transpose(0, 1).to(o1.dtype).contiguous()
+    _, H, T, D = o1.shape
+    out = torch.empty((T, H, D), dtype=o1.dtype, device=o1.device)
+    BT = 16
+    _merge_kernel[(triton.cdiv(T, BT), H)](o1.contiguous(), o2.contiguous(), l1.float().contiguous(),
+                                           l2.float().contiguous(), out, T, H, D=D, BT=BT, num_warps=4)
+    return out
+
+
 def split_rows(rows: torch.Tensor, n_kv: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """rows [..., 2*n_kv*head_dim] bf16 -> K, V each [..., n_kv, head_dim]."""
     kv = rows.unflatten(-1, (2, n_kv, head_dim))
@@ -121,10 +162,7 @@ def split_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a
     o1, l1 = attend(qf, kp, vp, causal=False)
     o1 = o1.view(n_kv, G, T, D).reshape(1, Hq, T, D)
     l1 = l1.view(n_kv, G, T).reshape(1, Hq, T)
-    m = torch.maximum(l1, l2)
-    w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
-    o = (o1.float() * w1[..., None] + o2.float() * w2[..., None]) / (w1 + w2)[..., None]
-    return o[0].transpose(0, 1).to(q.dtype).contiguous()
+    return merge_by_lse(o1, l1, o2, l2)
 
 PREFILL_ATTENTION = ("dense", "sparse")
 

@@ -25,17 +25,22 @@ if HAVE_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _conv_silu_kernel(x_ptr, w_ptr, o_ptr, T, C, x_st, o_st, K: tl.constexpr, BT: tl.constexpr,
+    def _conv_silu_kernel(x_ptr, win_ptr, w_ptr, o_ptr, T, C, x_st, o_st, K: tl.constexpr, BT: tl.constexpr,
                           BC: tl.constexpr):
-        """out[t, c] = silu(sum_j w[c, j] x[t + j, c]) over x [K-1+T, C] (the window's rows, then the chunk's)."""
+        """out[t, c] = silu(sum_j w[c, j] r[t + j, c]) over r = the window's K-1 rows (win [C, K-1]), then the
+        chunk's x [T, C]: read from where each lives (no copy of the chunk behind the window)."""
         t = tl.program_id(0) * BT + tl.arange(0, BT)
         c = tl.program_id(1) * BC + tl.arange(0, BC)
-        m = (t < T)[:, None] & (c < C)[None, :]
-        ptr = x_ptr + t[:, None].to(tl.int64) * x_st + c[None, :]
+        cm = c < C
+        m = (t < T)[:, None] & cm[None, :]
         acc = tl.zeros([BT, BC], dtype=tl.float32)
         for j in tl.static_range(K):
-            wj = tl.load(w_ptr + c * K + j, mask=c < C, other=0.0).to(tl.float32)
-            acc += tl.load(ptr + j * x_st, mask=m, other=0.0).to(tl.float32) * wj[None, :]
+            wj = tl.load(w_ptr + c * K + j, mask=cm, other=0.0).to(tl.float32)
+            r = t + j - (K - 1)                                   # the row in the chunk; < 0: in the window
+            xv = tl.load(x_ptr + r[:, None].to(tl.int64) * x_st + c[None, :], mask=m & (r >= 0)[:, None], other=0.0)
+            wv = tl.load(win_ptr + c[None, :].to(tl.int64) * (K - 1) + (r + K - 1)[:, None],
+                         mask=m & (r < 0)[:, None], other=0.0)
+            acc += (xv.to(tl.float32) + wv.to(tl.float32)) * wj[None, :]
         out = acc * tl.sigmoid(acc)
         tl.store(o_ptr + t[:, None].to(tl.int64) * o_st + c[None, :], out.to(o_ptr.dtype.element_ty), mask=m)
 
@@ -57,14 +62,12 @@ def causal_conv_silu(qkv: torch.Tensor, conv: torch.Tensor, w: torch.Tensor, bt:
     if conv.shape != (C, K - 1) or w.shape[0] != C:
         raise ValueError(f"causal_conv_silu: qkv {tuple(qkv.shape)}, conv {tuple(conv.shape)}, w {tuple(w.shape)} do "
                          "not fit [T, C], [C, K-1], [C, K]")
-    if not kernels_run(qkv) or qkv.stride(1) != 1:
+    if not kernels_run(qkv) or qkv.stride(1) != 1 or T < K - 1 or conv.dtype != qkv.dtype:
         return causal_conv_silu_reference(qkv, conv, w)
-    # the window's rows, then the chunk's ([K-1+T, C]: one copy of the chunk, so every tap reads one tensor)
-    x = torch.cat([conv.t().to(qkv.dtype), qkv], dim=0)
-    conv.copy_(x[T:].t())                               # the next chunk's window: the last K-1 rows
     out = torch.empty((T, C), dtype=qkv.dtype, device=qkv.device)
-    _conv_silu_kernel[(triton.cdiv(T, bt), triton.cdiv(C, bc))](x, w.contiguous(), out, T, C, x.stride(0),
-                                                                out.stride(0), K=K, BT=bt, BC=bc)
+    _conv_silu_kernel[(triton.cdiv(T, bt), triton.cdiv(C, bc))](qkv, conv.contiguous(), w.contiguous(), out, T, C,
+                                                                qkv.stride(0), out.stride(0), K=K, BT=bt, BC=bc)
+    conv.copy_(qkv[T - (K - 1):].t())                   # the next chunk's window, after the kernel read the old one
     return out
 
 

@@ -39,28 +39,19 @@ if HAVE_TRITON:
 
     @triton.jit
     def _w_tile(w_ptr, s_ptr, z_ptr, e, n, nm, k0, w_se, w_sn, s_se, s_sn, BN: tl.constexpr, BK: tl.constexpr,
-                QUANT: tl.constexpr, DEQ: tl.constexpr):
+                QUANT: tl.constexpr):
         """Rows n of weight e, K values [k0, k0 + BK), as the product's right operand, bf16 [BK, BN]; W4A16
-        dequantised (BK divides a group of 128: one scale and zero a row). `DEQ` (W4A16): 0 unpacks a [BN, BK / 2]
-        byte tile by joining its nibbles (a register shuffle) and transposes, in fp32; 1 loads each byte for both of
-        its K values and shifts (no shuffle), in fp32; 2 as 1 with (code - zero) x scale in bf16, the same value
-        (the difference of codes is exact and the product rounded once either way)."""
+        dequantised (BK divides a group of 128: one scale and zero a row): a [BN, BK / 2] byte tile (each row's
+        bytes contiguous) whose nibbles are joined, then transposed. Loading each byte for both of its K values
+        and shifting, as a [BK, BN] tile, measured ~20x slower on an H100 (the loads run along the strided axis)."""
         if QUANT:
             g = k0 // 128
-            sc = tl.load(s_ptr + e * s_se + n.to(tl.int64) * s_sn + g, mask=nm, other=0.0)
-            z = tl.load(z_ptr + e * s_se + n.to(tl.int64) * s_sn + g, mask=nm, other=0)
-            if DEQ == 0:
-                kk = k0 // 2 + tl.arange(0, BK // 2)
-                b = tl.load(w_ptr + e * w_se + n[:, None].to(tl.int64) * w_sn + kk[None, :], mask=nm[:, None], other=0)
-                v = tl.reshape(tl.join((b & 0xF).to(tl.float32), (b >> 4).to(tl.float32)), [BN, BK])   # k = 2i, 2i+1
-                return tl.trans(((v - z.to(tl.float32)[:, None]) * sc.to(tl.float32)[:, None]).to(tl.bfloat16))
-            k = k0 + tl.arange(0, BK)
-            b = tl.load(w_ptr + e * w_se + n[None, :].to(tl.int64) * w_sn + (k // 2)[:, None], mask=nm[None, :],
-                        other=0)
-            v = (b >> ((k % 2) * 4).to(tl.uint8)[:, None]) & 0xF
-            if DEQ == 1:
-                return ((v.to(tl.float32) - z.to(tl.float32)[None, :]) * sc.to(tl.float32)[None, :]).to(tl.bfloat16)
-            return (v.to(tl.bfloat16) - z.to(tl.bfloat16)[None, :]) * sc[None, :]
+            sc = tl.load(s_ptr + e * s_se + n.to(tl.int64) * s_sn + g, mask=nm, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + e * s_se + n.to(tl.int64) * s_sn + g, mask=nm, other=0).to(tl.float32)
+            kk = k0 // 2 + tl.arange(0, BK // 2)
+            b = tl.load(w_ptr + e * w_se + n[:, None].to(tl.int64) * w_sn + kk[None, :], mask=nm[:, None], other=0)
+            v = tl.reshape(tl.join((b & 0xF).to(tl.float32), (b >> 4).to(tl.float32)), [BN, BK])   # k = 2i, 2i+1
+            return tl.trans(((v - z[:, None]) * sc[:, None]).to(tl.bfloat16))
         else:
             k = k0 + tl.arange(0, BK)
             return tl.load(w_ptr + e * w_se + n[None, :].to(tl.int64) * w_sn + k[:, None], mask=nm[None, :],
@@ -77,7 +68,7 @@ if HAVE_TRITON:
     def _moe_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, rows_ptr, bexp_ptr, nblk_ptr, N, K, R, TOPK,
                          x_st, out_st, w_se, w_sn, s_se, s_sn, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                          QUANT: tl.constexpr, GLU: tl.constexpr, GATHER: tl.constexpr, SCATTER: tl.constexpr,
-                         DEQ: tl.constexpr, DOT_F32: tl.constexpr):
+                         DOT_F32: tl.constexpr):
         pid = tl.program_id(0)
         n_tiles = tl.cdiv(N, BN)
         b, t = pid // n_tiles, pid % n_tiles          # a block's output tiles adjacent: its input rows shared in L2
@@ -97,11 +88,11 @@ if HAVE_TRITON:
             for k0 in range(0, K, BK):
                 k = k0 + tl.arange(0, BK)
                 x = tl.load(x_ptr + src[:, None] * x_st + k[None, :], mask=mm[:, None], other=0.0)
-                acc = _mac(acc, x, _w_tile(w_ptr, s_ptr, z_ptr, e, n, nm, k0, w_se, w_sn, s_se, s_sn, BN, BK, QUANT,
-                                           DEQ), DOT_F32)
+                acc = _mac(acc, x, _w_tile(w_ptr, s_ptr, z_ptr, e, n, nm, k0, w_se, w_sn, s_se, s_sn, BN, BK, QUANT),
+                           DOT_F32)
                 if GLU:
                     acc_u = _mac(acc_u, x, _w_tile(w_ptr, s_ptr, z_ptr, e, n + N, nm, k0, w_se, w_sn, s_se, s_sn, BN,
-                                                   BK, QUANT, DEQ), DOT_F32)
+                                                   BK, QUANT), DOT_F32)
             if GLU:
                 acc = acc / (1.0 + tl.exp(-acc)) * acc_u
             if SCATTER:
@@ -148,7 +139,6 @@ class Tiles:
     bk: int = 64               # K values a step (divides the W4A16 group of 128)
     warps: int = 4
     stages: int = 3
-    deq: int = 2               # W4A16's unpacking (`_w_tile`'s DEQ): 0 join, 1 shift, 2 shift with bf16 arithmetic
 
 
 MOE_GEMM = envs.owner_value("LABKIT_MOE_GEMM")     # off: a chunk's experts take the decode kernel (an A/B)
@@ -218,8 +208,7 @@ def moe_gemm(x: torch.Tensor, w, blocks: Blocks, glu: bool = False, scatter: boo
     _moe_gemm_kernel[grid](x, t, s, z, out, blocks.rows, blocks.expert, blocks.n_blocks, N, K, blocks.pairs,
                            blocks.topk, x.stride(0), out.stride(0), t.stride(0), t.stride(1), s.stride(0), s.stride(1),
                            BM=tiles.bm, BN=tiles.bn, BK=tiles.bk, QUANT=quant, GLU=glu, GATHER=glu, SCATTER=scatter,
-                           # the interpreter's bf16 arithmetic is not the GPU's (it overflows): 2's values by 1's way
-                           DEQ=1 if interpret_mode() and tiles.deq == 2 else tiles.deq, DOT_F32=interpret_mode(),
+                           DOT_F32=interpret_mode(),
                            num_warps=tiles.warps, num_stages=tiles.stages)
     return out
 
