@@ -208,6 +208,21 @@ def test_the_one_pass_add_and_norm_matches_eagers_on_cuda():
     assert ((y.float() - want.float()).abs() <= want.float().abs() * 2 ** -6 + 1e-6).all()
 
 
+def test_the_one_pass_gated_norm_matches_eagers_on_cuda():
+    """DeltaNet's output gate over a chunk (`norm_rows.gated_norm`) at the published heads against eager's ops."""
+    from labkit.engine.model.layers import RMSNorm
+    from labkit.engine.model.norm_rows import gated_norm
+    g = torch.Generator(device="cuda").manual_seed(3)
+    H, D = REF.dn_v_heads, REF.dn_head_dim
+    norm = RMSNorm(D, torch.bfloat16, "cuda")
+    norm.weight.data = (1 + 0.3 * torch.randn(D, device="cuda", generator=g)).bfloat16()
+    o = torch.randn(8192, H, D, device="cuda", generator=g).bfloat16()
+    z = torch.randn(8192, H * D, device="cuda", generator=g).bfloat16()
+    want = (norm(o) * torch.nn.functional.silu(z.view(8192, H, D))).flatten(1)
+    got = gated_norm(o, z, norm)
+    assert ((got.float() - want.float()).abs() <= want.float().abs() * 2 ** -6 + 1e-6).all()
+
+
 def test_a_prefill_through_the_expert_gemms_stays_near_the_row_at_a_time_one():
     """The published parts (8 layers, 64 experts, W4A16): a 1,024-token prompt prefilled with the chunk's experts as
     grouped GEMMs and with the decode kernel a row at a time (`moe_gemm=off`) gives nearby last-token logits (the

@@ -214,6 +214,9 @@ def drive_hc_mix():
     from labkit.engine.model.layers import RMSNorm    # a prefill chunk's residual add and norm
     from labkit.engine.model.norm_rows import add_norm
     add_norm(_e(8192, H), _e(8192, H), RMSNorm(H, torch.bfloat16, "cpu"))
+    from labkit.engine.model.norm_rows import gated_norm       # DeltaNet's output gate over a chunk
+    gated_norm(_e(8192, REF.dn_v_heads, REF.dn_head_dim), _e(8192, REF.dn_v_heads * REF.dn_head_dim),
+               RMSNorm(REF.dn_head_dim, torch.bfloat16, "cpu"))
 
 
 DRIVERS = [drive_decode_indexer, drive_gemv, drive_deltanet, drive_qsa_step, drive_transfers, drive_sparse_prefill,

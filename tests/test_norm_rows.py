@@ -1,6 +1,7 @@
-"""A prefill chunk's residual add and RMSNorm in one pass (`norm_rows.add_norm`) against eager's `h = x + d;
-norm(h)` under TRITON_INTERPRET=1 (a subprocess: the variable must be set before triton is imported): h bit for
-bit, the normed rows within a bf16 step; few rows and float rows take eager's ops themselves."""
+"""A prefill chunk's row kernels (`norm_rows`) against eager's ops under TRITON_INTERPRET=1 (a subprocess: the
+variable must be set before triton is imported): the residual add and RMSNorm (h bit for bit, the normed rows within
+a bf16 step) and DeltaNet's output gate (within two bf16 steps: the rounded norm, then the gate); few rows take
+eager's ops themselves."""
 from __future__ import annotations
 
 import importlib.util
@@ -42,6 +43,16 @@ KERNEL = textwrap.dedent('''
         assert torch.equal(h, x + d), (N, H)
         want = norm(x + d)
         assert ((y.float() - want.float()).abs() <= want.float().abs() * 2 ** -7 + 1e-6).all(), (N, H)
+    # DeltaNet's output gate: per-head norm of o (fp32, rounded to bf16 first as eager), times silu(z)
+    from labkit.engine.model.norm_rows import gated_norm
+    for N, H, D in ((17, 3, 32), (33, 6, 16)):
+        norm = RMSNorm(D, torch.bfloat16, "cpu")
+        norm.weight.data = (1 + 0.3 * torch.randn(D, generator=g)).bfloat16()
+        o, z = torch.randn(N, H, D, generator=g) * 2, torch.randn(N, H * D, generator=g).bfloat16()
+        got = gated_norm(o, z, norm)
+        want = (norm(o.to(z.dtype)) * torch.nn.functional.silu(z.view(N, H, D))).flatten(1)
+        assert got is not None and got.shape == want.shape
+        assert ((got.float() - want.float()).abs() <= want.float().abs() * 2 ** -6 + 1e-6).all(), (N, H, D)
     print("ok")
 ''')
 

@@ -32,7 +32,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from .hc_mix import bf16_round, eager_round
+    from .norm_rows import bf16_round, eager_round
 
     @triton.jit
     def _hc_stream_kernel(h_ptr, d_ptr, inj_ptr, o_ptr, e_ptr, nw_ptr, s_ptr, xn_ptr, N, H, eps, HC: tl.constexpr,

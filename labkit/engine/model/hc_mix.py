@@ -44,24 +44,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def bf16_round(x):
-        """fp32 x rounded to the nearest bf16 (ties to even), kept fp32: integer operations, which the compiler cannot
-        fold away as it folds a convert to bf16 and back (measured: the stream came out a bf16 step off eager's)."""
-        u = x.to(tl.uint32, bitcast=True)
-        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-        return u.to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def eager_round(x, EXACT: tl.constexpr):
-        """x rounded to bf16 (kept fp32) as eager rounds it: `bf16_round` where EXACT (the interpreter, whose casts
-        truncate), else a convert and back, which the compiler may fold into the next operation (a bf16 step from
-        eager at most, as inductor's fused pieces; `bf16_round` on every element of the [16, BK] tile cost the down
-        kernel ~2.5 µs a mix on an H100: scripts/hc_mix_bench.py)."""
-        if EXACT:
-            return bf16_round(x)
-        else:
-            return x.to(tl.bfloat16).to(tl.float32)
+    from .norm_rows import bf16_round, eager_round
 
     @triton.jit
     def _hc_down_kernel(h_ptr, d_ptr, inj_ptr, o_ptr, e_ptr, nw_ptr, w_ptr, stream_ptr, part_ptr, ss_ptr, act_ptr,

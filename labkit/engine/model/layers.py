@@ -23,6 +23,7 @@ from ...shapes import ModelShape, aligned_width, held_quantised
 from .deltanet_prefill import causal_conv_silu_reference, scan_fla
 from .deltanet_step import delta_step_reference
 from .gemv import matmul, silu_glu
+from .norm_rows import gated_norm
 from .quant import QuantWeight
 
 # The layers' weight layout (LABKIT_WEIGHTS, read at import): "nk" (default) each weight stored [N, K] and
@@ -310,6 +311,9 @@ class DeltaNetLayer(nn.Module):
     def gated_norm(self, o, z):
         """The recurrence's output o [N, H, dv] through the per-head norm and the output gate silu(z):
         [N, H * dv], the input of the output projection."""
+        fused = gated_norm(o, z, self.o_norm)           # a chunk's rows: one kernel where kernels run
+        if fused is not None:
+            return fused
         n = o.shape[0]
         return (self.o_norm(o.to(z.dtype)) * F.silu(z.view(n, self.s.dn_v_heads, -1))).flatten(1)
 
