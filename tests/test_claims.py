@@ -118,8 +118,12 @@ def test_the_3090_rows_scale_the_published_shapes_run(rows):
         s = by[key].strongest
         assert "stand-in" not in s.what or "stand-in line: " in s.what, key
     pre = by["sparse-prefill-248k"]
-    assert C.RUNS["reference_prefill"]["h100"] in pre.model.runs and "the published shape" in pre.model.what
-    assert pre.verdict.verdict == C.OUT_OF_REGIME and pre.verdict.provisional and "248K" in pre.verdict.reason
+    runs = C.RUNS["reference_prefill"]["h100"]
+    longest = runs if isinstance(runs, str) else runs[-1]         # the plan lists the 248K run last
+    assert longest in pre.model.runs and "the published shape" in pre.model.what and "248K prompt" in pre.model.what
+    # the published length reached: judged (provisionally: the scaling to the box is unchecked), not out of regime
+    assert pre.verdict.verdict != C.OUT_OF_REGIME and pre.verdict.provisional
+    assert "3× RTX 3090" in pre.settle
     for key in ("sparse-bytes-step", "sparse-link-at-80", "sparse-index-bytes"):
         assert by[key].runs() == [ref], key
 

@@ -320,34 +320,35 @@ def _best_swept(all_rows: list[dict], swept: list[dict]) -> str:
 PREFILL_PHASES = ("weights", "experts", "hc", "ngram", "deltanet", "attention", "kv_write", "kv_load")
 
 
-def prefill_table(path: str) -> str:
-    """The prefill experiment's anatomy at each prompt: tok/s against the bound (its FLOPs and bytes at the GPU's
-    rates), each timed phase in seconds over the prompt, and what no phase names (`other`: at this shape the routed
-    experts, the hyper-connections, the n-gram embedding and the norms) with its share of the prompt's time.
+def prefill_table(paths: str | list[str]) -> str:
+    """The prefill experiment's anatomy at each prompt of one or several runs: tok/s against the bound (its FLOPs and
+    bytes at the GPU's rates), each timed phase in seconds over the prompt (a dash where a run's anatomy did not
+    name the phase yet), and what no phase names (`other`) with its share of the prompt's time.
 
     The bound is recomputed from the run's chunks with today's `prefill_chunk_work`, which counts the routed experts
     a token computes: runs made before that stored a weights bound for every expert of every layer (about 20x the
     FLOPs at this shape). The GEMM rate is the one the run measured (a chunk's stored FLOPs over their bound)."""
-    run = load_run(REPO / path)
-    m = run.metrics
-    m = m[(m["experiment"] == "prefill") & (m["status"] == "ok") & m["context_len"].notna()]
-    a = pd.read_parquet(REPO / path / "anatomy.parquet")
-    shape = metrics_shape(m)
-    rows = []
-    for r in m.to_dict("records"):
-        ch = a[(a["mode"] == r["mode"]) & (a["context_len"] == r["context_len"])]
-        bound_ms = sum(_chunk_bound_ms(shape, c) for c in ch.to_dict("records"))
-        bound_tok_s = r["context_len"] / bound_ms * 1e3
-        rows.append({"prompt": _ctx(r["context_len"]), "mode": r["mode"], "tok/s": f"{r['tok_s']:,.0f}",
-                     "bound tok/s": f"{bound_tok_s:,.0f}", "of bound": f"{r['tok_s'] / bound_tok_s:.1%}",
-                     **{f"{ph} s": _seconds(r.get(f"anatomy_{ph}_ms")) for ph in PREFILL_PHASES},
-                     "other s": f"{r['anatomy_other_ms'] / 1e3:.2f}",
-                     "other of the prompt": f"{r['anatomy_other_ms'] / r['anatomy_chunk_ms']:.0%}",
-                     "closure": f"{r['anatomy_closure']:.2f}"})
-    first = m.iloc[0]
-    how = (f"{first['shape']}, {first['weights_dtype']} weights, on {first['gpu_name']} (`{path}`); seconds per "
-           f"phase summed over the prompt's chunks, the phases' sum over the unmarked prompt as the accounting's "
-           f"check; the bound counts the routed experts a token computes")
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    rows, first = [], None
+    for path in paths:
+        m = load_run(REPO / path).metrics
+        m = m[(m["experiment"] == "prefill") & (m["status"] == "ok") & m["context_len"].notna()]
+        a = pd.read_parquet(REPO / path / "anatomy.parquet")
+        shape = metrics_shape(m)
+        first = first if first is not None else m.iloc[0]
+        for r in m.to_dict("records"):
+            ch = a[(a["mode"] == r["mode"]) & (a["context_len"] == r["context_len"])]
+            bound_tok_s = r["context_len"] / sum(_chunk_bound_ms(shape, c) for c in ch.to_dict("records")) * 1e3
+            rows.append({"prompt": _ctx(r["context_len"]), "mode": r["mode"], "tok/s": f"{r['tok_s']:,.0f}",
+                         "bound tok/s": f"{bound_tok_s:,.0f}", "of bound": f"{r['tok_s'] / bound_tok_s:.1%}",
+                         **{f"{ph} s": _seconds(r.get(f"anatomy_{ph}_ms")) for ph in PREFILL_PHASES},
+                         "other s": f"{r['anatomy_other_ms'] / 1e3:.2f}",
+                         "other of the prompt": f"{r['anatomy_other_ms'] / r['anatomy_chunk_ms']:.0%}",
+                         "closure": f"{r['anatomy_closure']:.2f}"})
+    how = (f"{first['shape']}, {first['weights_dtype']} weights, on {first['gpu_name']} "
+           f"({', '.join(f'`{p}`' for p in paths)}); seconds per phase summed over the prompt's chunks, the phases' "
+           f"sum over the unmarked prompt as the accounting's check; the bound counts the routed experts a token "
+           f"computes")
     return f"{how}:\n\n{_md(pd.DataFrame(rows))}"
 
 
@@ -614,6 +615,6 @@ def producers(runs: dict) -> dict[str, Callable[[], str]]:
         out["weights-bench"] = partial(weights_bench_table, runs["reference_weights_bench"])
     if runs.get("reference_split_memory"):
         out["split-memory"] = partial(split_memory_table, runs["reference_split_memory"])
-    for gpu, path in (runs.get("reference_prefill") or {}).items():
-        out[f"reference-prefill-{gpu}"] = partial(prefill_table, path)
+    for gpu, paths in (runs.get("reference_prefill") or {}).items():
+        out[f"reference-prefill-{gpu}"] = partial(prefill_table, paths)
     return out
