@@ -27,6 +27,7 @@ from labkit.engine.model.experts import plan  # noqa: E402
 from labkit.engine.model.grouped_gemv import grouped  # noqa: E402
 from labkit.engine.model.quant import QuantWeight  # noqa: E402
 from labkit.shapes import ModelShape  # noqa: E402
+from labkit.sweep import event_ms  # noqa: E402
 
 T_ = moe_gemm.Tiles
 SETTINGS = [T_(64, 64, 64, 4, 3), T_(64, 128, 64, 4, 3), T_(64, 64, 64, 4, 4), T_(64, 64, 64, 8, 3),
@@ -36,16 +37,8 @@ QUICK = [T_(64, 64, 64, 4, 3), T_(64, 128, 64, 4, 3), T_(128, 64, 64, 4, 3), T_(
 
 
 def timed(fn, repeats: int = 10, warmup: int = 3) -> dict:
-    for _ in range(warmup):
-        fn()
-    ms = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ms.append(a.elapsed_time(b))
+    """Median, min and max ms of `repeats` calls, each alone on the device (`sweep.event_ms`'s isolated mode)."""
+    ms = event_ms(fn, repeats, torch.device("cuda"), warmup=warmup)
     return {"median": statistics.median(ms), "min": min(ms), "max": max(ms), "repeats": repeats}
 
 
