@@ -76,7 +76,7 @@ def test_uncapped_outputs_are_the_traces_lengths_scaled():
     assert [s.output_len for s in R.requests({**p, "output_scale": 0.01, "max_output": 6}, 0)] == [5, 5, 6]
     # the committed runs' way: max_output caps, nothing scaled
     assert [s.output_len for s in R.requests({**p, "max_output": 64, "output_scale": 1.0}, 0)] == [64, 64, 64]
-    assert experiments.plan("pulse_ladder", {**DECODE, "max_output": "auto"})["max_output"] == 6
+    assert experiments.plan("pulse_ladder", {**DECODE, "max_output": "auto"}).max_output == 6
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ def test_bad_decode_instance_input_is_one_line():
         experiments.plan("pulse_ladder", {**DECODE, "transport": "http"})
     with pytest.raises(BadInput, match="whole number"):
         experiments.plan("pulse_ladder", {**DECODE, "per_head_unit_bytes": "1000"})
-    assert experiments.plan("pulse_ladder", {**DECODE, "transport": "auto"})["transport"] == "inprocess"
+    assert experiments.plan("pulse_ladder", {**DECODE, "transport": "auto"}).transport == "inprocess"
 
 
 def test_per_head_unit_bytes_sets_the_per_head_rungs_copies():

@@ -121,7 +121,7 @@ def test_a_run_cut_at_its_deadline_is_continued_by_whole_windows(tmp_path, monke
     assert ma["status"] == "partial" and ma["complete_windows"] == [0] and "window 1" in ma["error"]
     monkeypatch.setattr("labkit.results.REPO", tmp_path)
     plan = experiments.plan("pulse_ladder", {**tiny, "resume": "auto", "out_dir": str(tmp_path / "b")})
-    assert plan["resume"] == str(a)
+    assert plan.resume == str(a)
     b = experiments.run(plan, progress_bar=False).path
     mb = json.loads((b / "manifest.json").read_text())
     assert mb["status"] == "ok" and mb["kept_windows"] == [0] and mb["measured_windows"] == [1]

@@ -90,10 +90,10 @@ def test_default_trace_travels_with_the_package_and_pool_check(tmp_path):
     a resident pool smaller than one request slot is one line before anything is allocated, from the
     plain-Python entry point too (no papermill on the GPU host)."""
     p = _plan({"device": "cpu"})
-    assert (p["windows"], p["window_size"], p["calibration_windows"]) == (8, 4, 2)
-    assert p["trace"].endswith("labkit/data/mooncake-conversation-first1000.jsonl")
+    assert (p.windows, p.window_size, p.calibration_windows) == (8, 4, 2)
+    assert p.trace.endswith("labkit/data/mooncake-conversation-first1000.jsonl")
     from labkit.serving.workload import load_trace
-    rows = load_trace(p["trace"])
+    rows = load_trace(p.trace)
     assert len(rows) == 1000 and rows[0]["input_length"] == 6758 and rows[-1]["timestamp"] == 330000
     with pytest.raises(BadInput, match="resident_pool_tokens"):
         _plan({"device": "cpu", "capacity": 512, "resident_pool_tokens": 256})
@@ -120,7 +120,7 @@ def test_inprocess_transport_same_tables(tmp_path):
     r = pd.read_parquet(run.path / "requests.parquet")
     assert set(r["lane"]) == {"resident", "offload"} and len(r) == 8
     assert len(pd.read_parquet(run.path / "timeline.parquet")) > 0
-    assert _plan({"device": "cpu", "transport": "auto"})["transport"] in ("http", "inprocess")
+    assert _plan({"device": "cpu", "transport": "auto"}).transport in ("http", "inprocess")
     with pytest.raises(BadInput, match="transport"):
         _plan({"device": "cpu", "transport": "pigeon"})
 

@@ -182,7 +182,7 @@ def test_deadline_then_resume_by_whole_windows(tmp_path, monkeypatch):
     mo["parameters"]["max_output"] = 4
     (tmp_path / "results" / "other" / "manifest.json").write_text(json.dumps(mo))
     plan = experiments.plan("pulse", {**SMALL, "resume": "auto", "out_dir": str(tmp_path / "b")})
-    assert plan["resume"] == str(a)
+    assert plan.resume == str(a)
     b = experiments.run(plan, progress_bar=False).path
     mb = json.loads((b / "manifest.json").read_text())
     assert mb["status"] == "ok" and mb["complete_windows"] == [0, 1, 2]

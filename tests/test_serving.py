@@ -243,9 +243,9 @@ def test_config_without_vocab_is_bad_input_before_a_folder(tmp_path, config):
 def test_trace_workload_reads_the_shipped_trace():
     from labkit.experiments.serve_sweep import plan
     p = plan({"workload": "trace"}, check_args=False)
-    trace = Path(p["trace"]).resolve()
+    trace = Path(p.trace).resolve()
     assert trace.is_file() and trace.is_relative_to(REPO / "labkit" / "data"), trace
-    assert len(workload.load_trace(trace)) >= p["trace_requests"]
+    assert len(workload.load_trace(trace)) >= p.trace_requests
 
 
 def test_port_held_only_by_time_wait_is_free():

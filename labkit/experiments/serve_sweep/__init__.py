@@ -62,7 +62,9 @@ SPEC = [
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 # plan(given, check_args=False) skips vLLM's own parser on the server command (a few seconds in .venv-vllm)
 plan = planner(NAME, SPEC, measuring, derived=[Param("extra_args_list", "list[str]", [], "extra_args split as a "
-                                                   "shell splits it (what the server is started with)")])
+                                                   "shell splits it (what the server is started with)"),
+                                             Param("vocab_from", "str", "", "where a target's prompt vocabulary "
+                                                   "was read (its tokenizer, the vocab parameter)")])
 
 
 def run(plan: Plan, progress_bar: bool = True):
