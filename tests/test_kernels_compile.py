@@ -177,7 +177,8 @@ def _drive_experts(H, I, E, k, Groups, QuantWeight, plan, grouped_gemv, dequanti
             groups, _ = plan(torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]))
             act = grouped_gemv(_e(T, H), gu, groups, glu=True)
             grouped_gemv(act, d, groups, gather=False)
-        _drive_moe_gemm(gu, d, E, k, H, g)
+        if quant:                # the chunk's grouped GEMMs as the published shape takes them (W4A16)
+            _drive_moe_gemm(gu, d, E, k, H, g)
         for M in (1, 4):
             for K, N, glu in ((H, 2 * I, True), (H, 13824, False), (6144, H, False)):
                 w = QuantWeight(_e(1, N, K // 2, dtype=torch.uint8), _e(1, N, K // 128), _e(1, N, K // 128,
@@ -199,7 +200,8 @@ def _drive_moe_gemm(gu, d, E, k, H, g):
 
 def drive_hc_mix():
     """The hyper-connections' two-launch mix at decode (one request, four), with the injection and n-gram rows
-    pending and with a tensor to add; the chunk mix of prefill, the same three ways, and its residual add and norm."""
+    pending and with a tensor to add; the chunk mix of prefill (pending with the n-gram rows, and a tensor to add), its
+    residual add and norm."""
     from labkit.engine.model.hc_mix import Pending, hc_mix
     from labkit.engine.model.layers import HyperConnection
     hc = _layer(HyperConnection)
@@ -209,7 +211,6 @@ def drive_hc_mix():
         hc_mix(hc, _e(M, HH), _e(M, HH))
     from labkit.engine.model import hc_chunk          # a prefill chunk's mixes
     hc_chunk.mix(hc, _e(8192, HH), Pending(_e(8192, REF.hc_count), _e(8192, H), _e(8192, H)))
-    hc_chunk.mix(hc, _e(8192, HH), Pending(_e(8192, REF.hc_count), _e(8192, H)))
     hc_chunk.mix(hc, _e(8192, HH), _e(8192, HH))
     from labkit.engine.model.layers import RMSNorm    # a prefill chunk's residual add and norm
     from labkit.engine.model.norm_rows import add_norm
