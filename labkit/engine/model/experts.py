@@ -127,8 +127,7 @@ def route_plan(logits: torch.Tensor, bias: torch.Tensor, k: int):
     softmax and gather three more, a layer), else the torch ops."""
     T, E = logits.shape
     if T * k > PLAN_KERNEL_MAX or not kernels_run(logits) or E > ROUTE_KERNEL_MAX_EXPERTS:
-        experts, _ = route(logits.float() + bias, k)
-        p = torch.softmax(torch.gather(logits.float(), 1, experts), dim=-1)
+        experts, p = choose(logits, bias, k)
         return (experts, p, *plan(experts))
     dev = logits.device
     R = T * k
@@ -161,6 +160,14 @@ def plan_reference(experts: torch.Tensor) -> tuple[Groups, torch.Tensor]:
     wid.scatter_(0, gid.to(torch.int64), sorted_e)
     n_groups = gid[-1:].to(torch.int32) + 1
     return Groups(order // k, wid, seg, n_groups), torch.argsort(order)
+
+
+def choose(logits: torch.Tensor, bias: torch.Tensor, k: int, experts: torch.Tensor | None = None):
+    """In torch ops: the experts [T, k] (chosen by logits + bias, unless given: a recorded routing) and their
+    weights, the softmax of the unbiased logits over them [T, k] fp32."""
+    if experts is None:
+        experts, _ = route(logits.float() + bias, k)
+    return experts, torch.softmax(torch.gather(logits.float(), 1, experts), dim=-1)
 
 
 def route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,23 +215,19 @@ class MoE(nn.Module):
         to use instead of the router's (a recorded one), its weights still the router's softmax over them."""
         T = y.shape[0]
         logits = matmul(y, self.router)
+        shared, gate_logit = matmul(silu_glu(y, self.shared_gu), self.shared_d), matmul(y, self.shared_gate)
         if moe_gemm.applies(y):    # a prefill chunk: pairs sorted by expert, one GEMM launch a product
-            if experts is None:
-                experts, _ = route(logits.float() + self.route_bias, self.k)
-            p = torch.softmax(torch.gather(logits.float(), 1, experts), dim=-1)
-            shared = matmul(silu_glu(y, self.shared_gu), self.shared_d)
-            return moe_gemm.routed_experts(y, self.w_gu, self.w_d, experts, p, self.s.experts, shared,
-                                           matmul(y, self.shared_gate))
+            experts, p = choose(logits, self.route_bias, self.k, experts)
+            return moe_gemm.routed_experts(y, self.w_gu, self.w_d, experts, p, self.s.experts, shared, gate_logit)
         if experts is None:        # the router's own choice: its top-k, weights and plan in one launch
             experts, p, groups, back = route_plan(logits, self.route_bias, self.k)
         else:
-            p = torch.softmax(torch.gather(logits.float(), 1, experts), dim=-1)
+            experts, p = choose(logits, self.route_bias, self.k, experts)
             groups, back = plan(experts)
         act = grouped(y, self.w_gu, groups, glu=True)                                  # [T*k, I], expert order
         down = grouped(act, self.w_d, groups, gather=False)                            # [T*k, hidden]
         routed = (down[back].view(T, self.k, -1).float() * p[..., None]).sum(1)
-        shared = matmul(silu_glu(y, self.shared_gu), self.shared_d)
-        gate = torch.sigmoid(matmul(y, self.shared_gate).float())
+        gate = torch.sigmoid(gate_logit.float())
         return (routed + gate * shared.float()).to(y.dtype), groups.n_groups
 
     def reference(self, y: torch.Tensor) -> torch.Tensor:

@@ -281,7 +281,7 @@ class Groups:
 _ONE: dict = {}
 
 
-def _operands(w):
+def operands(w):
     """(tensor, scales, zeros, quant) of a bf16 stack [E, N', K] or a QuantWeight."""
     if isinstance(w, QuantWeight):
         return w.q, w.scales, w.zeros, True
@@ -416,7 +416,7 @@ def grouped_gemv(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bo
         return grouped_gemv_reference(x, w, plan, glu, gather)
     N = weight_n(w) // 2 if glu else weight_n(w)
     R = plan.tok.shape[0]
-    t, s, z, quant = _operands(w)
+    t, s, z, quant = operands(w)
     if quant and K % W4_GROUP:
         raise ValueError(f"grouped_gemv: W4A16 needs K to be a multiple of {W4_GROUP}, got {K}")
     # rows a group takes at a time: a dense product's M rows (1, 16 or 64); a decode step's plan has a group
@@ -465,7 +465,7 @@ def _(x, w, scales, zeros, tok, wid, seg, n_groups, glu, gather, quant):
 
 def grouped(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bool = True) -> torch.Tensor:
     """`grouped_gemv` as the engine calls it (one custom op: a compiled block piece does not trace into it)."""
-    t, s, z, quant = _operands(w)
+    t, s, z, quant = operands(w)
     return torch.ops.labkit.grouped_gemv(x, t, s, z, plan.tok, plan.wid, plan.seg, plan.n_groups, glu, gather, quant)
 
 

@@ -31,7 +31,8 @@ import torch
 from ... import envs
 from ...shapes import W4_GROUP
 from .arch import HAVE_TRITON, interpret_mode, kernels_run
-from .quant import QuantWeight, dequantize
+from .grouped_gemv import operands, weight_k, weight_n
+from .quant import dequantize
 
 if HAVE_TRITON:
     import triton
@@ -182,21 +183,14 @@ def align(experts: torch.Tensor, n_experts: int, bm: int) -> Blocks:
                   R, k, bm)
 
 
-def _operands(w):
-    if isinstance(w, QuantWeight):
-        return w.q, w.scales, w.zeros, True, w.N, w.K
-    return w, w, w, False, w.shape[1], w.shape[2]
-
-
 def moe_gemm(x: torch.Tensor, w, blocks: Blocks, glu: bool = False, scatter: bool = False,
              tiles: Tiles | None = None) -> torch.Tensor:
     """`glu`: x [T, K] (each pair's token's row gathered) through its expert's gate|up weight, silu(gate) * up,
     [blocks_max x bm, N'/2] in block order (padding rows unwritten). Else x [blocks_max x bm, K] in block order
     (the activations) through the expert's weight, each pair's row written to its place t x k + j of [T x k, N]
     (`scatter`) or left in block order. `w`: a stack of K-major weights, bf16 [E, N', K] or a QuantWeight."""
-    t, s, z, quant, N, K = _operands(w)
-    if glu:
-        N //= 2
+    t, s, z, quant = operands(w)
+    N, K = weight_n(w) // (2 if glu else 1), weight_k(w)
     tiles = tiles or TILES["glu" if glu else "down"]
     if K % tiles.bk or (quant and W4_GROUP % tiles.bk):
         raise ValueError(f"moe_gemm: K = {K} is not a multiple of the tile's {tiles.bk}"
@@ -220,8 +214,8 @@ def moe_gemm(x: torch.Tensor, w, blocks: Blocks, glu: bool = False, scatter: boo
 def moe_gemm_reference(x: torch.Tensor, w, blocks: Blocks, glu: bool = False, scatter: bool = False) -> torch.Tensor:
     """`moe_gemm` in torch ops, block by block (fp32 products, one rounding): the definition the kernel is checked
     against, and the path where kernels do not run."""
-    t, s, z, quant, N, K = _operands(w)
-    n_out = N // 2 if glu else N
+    t, s, z, quant = operands(w)
+    n_out = weight_n(w) // (2 if glu else 1)
     out = torch.zeros((blocks.pairs if scatter else blocks.rows.shape[0], n_out), dtype=x.dtype, device=x.device)
     rows, bm = blocks.rows.long(), blocks.bm
     for b in range(int(blocks.n_blocks)):
