@@ -101,10 +101,15 @@ VARS: list[Var] = [
             "dn_fused", "labkit.engine.model.deltanet_step:FUSED_MIX"),
     _switch("LABKIT_DN_PDL", "bool", False, "programmatic dependent launch for DeltaNet's mixer kernels",
             "dn_pdl", "labkit.engine.model.deltanet_step:MIX_PDL"),
+    _switch("LABKIT_HC_PDL", "bool", True, "programmatic dependent launch for the hyper-connections' mix kernels",
+            "hc_pdl", "labkit.engine.model.hc_mix:HC_PDL"),
     _switch("LABKIT_HC_FUSED", "bool", True, "the hyper-connections' mix at decode as two Triton kernels",
             "hc_fused", "labkit.engine.model.hc_mix:HC_FUSED"),
     _switch("LABKIT_MOE_GEMM", "bool", True, "a prefill chunk's routed experts as grouped GEMMs (off: the "
             "decode step's grouped kernel, a row at a time)", "moe_gemm", "labkit.engine.model.moe_gemm:MOE_GEMM"),
+    _switch("LABKIT_MOE_STEP", "bool", True, "a decode step's W4A16 experts in three launches (the shared expert "
+            "in the routed products' launches, the weighted sum in the down product's end)", "moe_step",
+            "labkit.engine.model.moe_step:MOE_STEP"),
     _switch("LABKIT_QSA_FUSED", "bool", True, "the QSA heads' q/k norms, RoPE and KV row in one kernel",
             "qsa_fused", "labkit.engine.model.qsa_step:FUSED_QSA"),
     _switch("LABKIT_SELECT_BLOCK", "int", 0, "keys a selection program takes (0: the heuristic)",

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from labkit.engine.model import moe_gemm  # noqa: E402
-from labkit.engine.model.experts import plan  # noqa: E402
+from labkit.engine.model.routing import plan  # noqa: E402
 from labkit.engine.model.grouped_gemv import grouped  # noqa: E402
 from labkit.engine.model.quant import QuantWeight  # noqa: E402
 from labkit.shapes import ModelShape  # noqa: E402

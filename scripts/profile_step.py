@@ -81,6 +81,13 @@ def profile(runner, steps: int = 10) -> dict:
             "groups": {g: {"per_step": c, "us_per_step": t} for g, (c, t) in groups.items()}}
 
 
+def _label(pt: dict) -> str:
+    """A point's variant: the DeltaNet mixer's and the hc mix's form, and any other switch it set."""
+    rest = {k: v for k, v in pt.get("switches", {}).items() if k not in ("dn_fused", "hc_fused")}
+    return ", ".join([f"DeltaNet mixer {pt['deltanet_mix']}", f"hc mix {pt['hc_mix']}",
+                      *(f"{k} {'on' if v else 'off'}" for k, v in rest.items())])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
@@ -98,6 +105,9 @@ def main():
     ap.add_argument("--hc", default="fused", choices=("fused", "unfused", "both"),
                     help="the hyper-connections' mix as two kernels (`hc_mix`), as torch.compile's pieces, or both in "
                          "this process (an A/B within one process)")
+    ap.add_argument("--ab", default="", metavar="SWITCH",
+                    help="an engine switch by its parameter name (e.g. moe_step, hc_pdl): on and off in this process, "
+                         "A B B A (`labkit.envs`)")
     ap.add_argument("--weights-dtype", default="auto", help="the model's weights_dtype (auto, bf16, w4a16)")
     ap.add_argument("--expert-banks", type=int, default=0, help="expert banks held (0: as many as fit)")
     ap.add_argument("--layers", type=int, default=0,
@@ -137,14 +147,25 @@ def main():
     res["switches"] = envs.in_force()
     # both: A B B A, so that neither variant is always the one measured first or second in the process
     ab = {"fused": [True], "unfused": [False], "both": [True, False, False, True]}
-    if a.mix == "both" and a.hc == "both":
-        sys.exit("profile_step: --mix both and --hc both: one A/B at a time")
-    variants = ([(f, a.hc == "fused") for f in ab[a.mix]] if a.mix == "both"
-                else [(a.mix == "fused", h) for h in ab[a.hc]])
+    if sum(x == "both" for x in (a.mix, a.hc)) + bool(a.ab) > 1:
+        sys.exit("profile_step: --mix both, --hc both, --ab: one A/B at a time")
+    by_param = envs.BY_PARAM
+    if a.ab and (a.ab not in by_param or by_param[a.ab].kind != "bool"):
+        sys.exit(f"profile_step: --ab {a.ab}: not an on/off engine switch (choose from "
+                 f"{', '.join(sorted(n for n, v in by_param.items() if v.kind == 'bool'))})")
+    base = {"dn_fused": a.mix != "unfused", "hc_fused": a.hc != "unfused"}
+    if a.mix == "both":
+        variants = [dict(base, dn_fused=f) for f in ab["both"]]
+    elif a.hc == "both":
+        variants = [dict(base, hc_fused=h) for h in ab["both"]]
+    elif a.ab:
+        variants = [dict(base, **{a.ab: v}) for v in ab["both"]]
+    else:
+        variants = [base]
     points = [(c, v) for c in concs for v in variants]
 
     def runner_for(conc, variant):
-        envs.apply({"dn_fused": variant[0], "hc_fused": variant[1]})   # the switches (recorded below with the rest)
+        envs.apply(variant)                       # the switches (recorded below with the rest)
         cache = OffloadCache.allocate(model, strat.medium, conc, a.ctx + 256)
         cache.fill_random_([a.ctx] * conc, seed=0)
         cache.lens[:conc] = a.ctx
@@ -157,8 +178,8 @@ def main():
     for conc, variant in points:
         runner, cache = runner_for(conc, variant)
         ts = step_ms(runner)
-        res["points"].append({"conc": conc, "deltanet_mix": "fused" if variant[0] else "unfused",
-                              "hc_mix": "fused" if variant[1] else "unfused",
+        res["points"].append({"conc": conc, "deltanet_mix": "fused" if variant["dn_fused"] else "unfused",
+                              "hc_mix": "fused" if variant["hc_fused"] else "unfused", "switches": dict(variant),
                               "step_ms_median": statistics.median(ts), "step_ms_min": min(ts), "step_ms_max": max(ts),
                               "graph_mode": runner.graph_mode, "anatomy_ms": runner.anatomy()})
         del runner, cache
@@ -166,7 +187,7 @@ def main():
     for pt, (conc, variant) in zip(res["points"], points):
         runner, cache = runner_for(conc, variant)
         pt.update(profile(runner))
-        print(f"c={conc} DeltaNet {pt['deltanet_mix']}, hc {pt['hc_mix']}: step {pt['step_ms_median']:.3f} ms, {pt['kernels_per_step']:.0f} kernels, "
+        print(f"c={conc} {_label(pt)}: step {pt['step_ms_median']:.3f} ms, {pt['kernels_per_step']:.0f} kernels, "
               f"kernel time {pt['kernel_us_per_step'] / 1e3:.3f} ms, busy {pt['busy_us_per_step'] / 1e3:.3f} ms",
               flush=True)
         for g, v in sorted(pt["groups"].items(), key=lambda kv: -kv[1]["us_per_step"]):
@@ -178,7 +199,7 @@ def main():
     lines = [f"# Kernels of one decode step ({res['device']}, {shape.name} ({model.weights_dtype}), {a.strategy}, "
              f"{a.ctx} context, budget {a.budget}, {a.tag})", ""]
     for pt in res["points"]:
-        lines += [f"## c = {pt['conc']}, DeltaNet mixer {pt['deltanet_mix']}, hc mix {pt['hc_mix']}: step {pt['step_ms_median']:.3f} ms (min {pt['step_ms_min']:.3f}, max "
+        lines += [f"## c = {pt['conc']}, {_label(pt)}: step {pt['step_ms_median']:.3f} ms (min {pt['step_ms_min']:.3f}, max "
                   f"{pt['step_ms_max']:.3f}), {pt['kernels_per_step']:.0f} kernels, kernel time "
                   f"{pt['kernel_us_per_step'] / 1e3:.3f} ms, GPU busy {pt['busy_us_per_step'] / 1e3:.3f} ms", "",
                   "anatomy (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in pt["anatomy_ms"].items()), "",

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from labkit.engine.model.experts import plan, route  # noqa: E402
+from labkit.engine.model.routing import plan, route  # noqa: E402
 from labkit.engine.model.gemv import matmul  # noqa: E402
 from labkit.engine.model import grouped_gemv as G  # noqa: E402
 from labkit.engine.model import w4_decode as D  # noqa: E402

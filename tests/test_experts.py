@@ -12,7 +12,8 @@ import textwrap
 import pytest
 import torch
 
-from labkit.engine.model.experts import MoE, plan, route
+from labkit.engine.model.experts import MoE
+from labkit.engine.model.routing import plan, route
 from labkit.engine.model.quant import QuantWeight, dequantize, unpack
 from labkit.shapes import ModelShape, WEIGHT_BYTES
 
@@ -85,7 +86,8 @@ def test_moe_on_cpu_equals_the_token_by_token_reference():
 
 KERNEL = textwrap.dedent('''
     import torch
-    from labkit.engine.model.experts import MoE, plan
+    from labkit.engine.model.experts import MoE
+    from labkit.engine.model.routing import plan
     from labkit.engine.model.grouped_gemv import Groups, grouped_gemv, grouped_gemv_reference
     from labkit.engine.model.quant import QuantWeight
     from labkit.shapes import ModelShape
@@ -139,7 +141,7 @@ KERNEL = textwrap.dedent('''
         want = grouped_gemv_reference(x, w, Groups.one(x.shape[0], "cpu"), glu=glu)
         assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2, glu
     # a decode step's plan in one launch equals torch's stable sort, pair for pair (many repeats at 6 x 3 of 4)
-    from labkit.engine.model.experts import plan_reference
+    from labkit.engine.model.routing import plan_reference
     for T, k, E in ((1, 10, 512), (4, 10, 512), (6, 3, 4)):
         ex = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
         (a, ba), (b, bb) = plan(ex), plan_reference(ex)
@@ -147,7 +149,7 @@ KERNEL = textwrap.dedent('''
         assert torch.equal(ba, bb), (T, k)
     # the router's top-k, their weights and the plan in one launch equal torch's top-k, softmax and stable sort
     # (choosing by biased logits, weighting by the unbiased ones)
-    from labkit.engine.model.experts import route, route_plan
+    from labkit.engine.model.routing import route, route_plan
     for T, k, E in ((1, 10, 512), (4, 10, 512), (3, 4, 16)):
         lg = torch.randn(T, E, generator=g).to(torch.bfloat16)
         bias = torch.randn(E, generator=g) * 0.1
@@ -179,6 +181,23 @@ KERNEL = textwrap.dedent('''
     out, n = moe(y)
     ref = moe.reference(y)
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2
+    # the decode step's three launches (moe_step: the shared expert in the routed products' launches, the weighted
+    # sum in the down product's last arrival) against the same layer with the shared expert and the sum apart, one
+    # token and three (groups of several rows): the same distinct experts, outputs a bf16 rounding apart (the
+    # interpreter's casts truncate where the tail rounds), both near the definition; a weight on the wrong row or
+    # the shared row ungated would be O(1)
+    from labkit.engine.model import moe_step as MS
+    for T in (1, 3):
+        y = torch.randn(T, s.hidden, generator=g).to(torch.bfloat16)
+        assert MS.applies(moe, y, None)
+        out, n = moe(y)
+        MS.MOE_STEP = False
+        apart, n_apart = moe(y)
+        MS.MOE_STEP = True
+        ref = moe.reference(y)
+        assert torch.equal(n, n_apart), (T, n, n_apart)
+        assert ((out.float() - apart.float()).norm() / apart.float().norm()).item() < 1e-2, T
+        assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2, T
     print("ok", worst)
 ''')
 

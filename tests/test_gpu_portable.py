@@ -15,7 +15,7 @@ from labkit.engine import Engine, HybridModel, OffloadCache, get_strategy
 from labkit.engine.drive.runner import DecodeRunner
 from labkit.engine.model import arch, fp8, indexer
 from labkit.engine.model import sparse_prefill as P
-from labkit.engine.model.experts import plan, plan_reference
+from labkit.engine.model.routing import plan, plan_reference
 from labkit.engine.model.grouped_gemv import Groups, grouped_gemv, grouped_gemv_reference
 from labkit.engine.model.quant import QuantWeight
 from labkit.shapes import PRESETS
@@ -296,10 +296,10 @@ def test_w4a16_decode_kernels_unpacking_and_pdl_change_no_bit(glu):
 
 
 def test_the_routing_launch_equals_torchs_topk_softmax_and_plan_on_cuda():
-    """`experts.route_plan` (the router's top-k, their softmax and the plan in one program) against torch's top-k,
+    """`routing.route_plan` (the router's top-k, their softmax and the plan in one program) against torch's top-k,
     softmax and stable sort, on logits without ties (distinct integers: bf16 holds them exactly; a bias in [0, 0.5)
     keeps the biased ones distinct), one request to six."""
-    from labkit.engine.model.experts import route, route_plan
+    from labkit.engine.model.routing import route, route_plan
     g = torch.Generator(device="cuda").manual_seed(5)
     for T in (1, 4, 6):
         lg = torch.stack([torch.randperm(512, generator=g, device="cuda") - 256 for _ in range(T)]).to(torch.bfloat16)
@@ -311,6 +311,39 @@ def test_the_routing_launch_equals_torchs_topk_softmax_and_plan_on_cuda():
             ref, ref_back = plan_reference(want)
             assert all(torch.equal(getattr(groups, f), getattr(ref, f)) for f in ("tok", "wid", "seg", "n_groups"))
             assert torch.equal(back, ref_back)
+
+
+def test_the_three_launch_experts_equal_the_shared_expert_apart_and_replay_to_the_same_bits():
+    """A decode step's W4A16 experts at the published shape (512 experts, top 10, the shared expert), one request
+    and four: `moe_step` (the shared expert in the routed launches, the weighted sum in the down product's last
+    arrival) against the same layer with the shared expert's products and the sum apart: the same distinct
+    experts, outputs within bf16 roundings (the shared down product's K split differs); replayed from a CUDA graph
+    three times, the eager launch's bits each time (the last arrival sums in a fixed order and zeroes its
+    counters)."""
+    from labkit.engine.model import moe_step as MS
+    from labkit.engine.model.experts import MoE
+    moe = MoE(REF, torch.Generator(device="cuda").manual_seed(6), torch.bfloat16, "cuda", weights_dtype="w4a16")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for T in (1, 4):
+        y = torch.randn(T, REF.hidden, generator=g, device="cuda").bfloat16()
+        assert MS.applies(moe, y, None)
+        out, n = moe(y)
+        MS.MOE_STEP = False
+        try:
+            apart, n_apart = moe(y)
+        finally:
+            MS.MOE_STEP = True
+        assert torch.equal(n, n_apart), T
+        assert torch.isfinite(out).all()
+        assert ((out.float() - apart.float()).norm() / apart.float().norm()).item() < 1e-2, T
+        cg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cg):
+            got, _ = moe(y)
+        for _ in range(3):
+            got.fill_(float("nan"))
+            cg.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(got, out), T
 
 
 def test_the_dequantised_weight_is_the_definitions_on_cuda():
@@ -361,7 +394,7 @@ def test_the_two_launch_hc_mix_equals_its_definition_in_a_graph():
     sub-block's input and the injection logits within bf16's step of the definition (`HyperConnection.mix`) and as
     near its fp64 form as eager's bf16 ops are, the pair's zero; a chain of mixes (each taking the last one's output
     as its sub-block's) replayed from a CUDA graph gives the bits of the chain run eagerly (with programmatic
-    dependent launch too where `HC_PDL` is on). Copies at different scales, so a copy normed with another's 1/rms is
+    dependent launch too). Copies at different scales, so a copy normed with another's 1/rms is
     caught; outputs poisoned first."""
     from labkit.engine.model import hc_mix as X
     from labkit.engine.model.layers import HyperConnection
@@ -428,46 +461,11 @@ def test_the_two_launch_hc_mix_equals_its_definition_in_a_graph():
         base = run(M, False, graph=False)
         assert torch.isfinite(base).all()
         assert torch.equal(run(M, False), base), "the graph differs"
-        if X.HC_PDL:
+        # the same compiled kernels launched with the programmatic dependency (each mix's weights read before the
+        # wait on the kernel before): the same bits where no kernel reads what the one before has not yet written,
+        # replay after replay
+        for _ in range(3):
             assert torch.equal(run(M, True), base), "the PDL chain differs"
-
-
-@pytest.mark.xfail(reason="on an H100 the chain replayed with programmatic dependent launch gave other bits than "
-                          "without it (a read before the kernel before has written, not found yet): hc_mix.HC_PDL is "
-                          "off until it is", strict=False)
-def test_the_two_launch_hc_mix_chain_with_pdl_gives_the_bits_without():
-    """A chain of mixes replayed from a CUDA graph with programmatic dependent launch (each mix's weights read before
-    the wait on the kernel before) against the same chain without it: the same bits where no kernel reads what the
-    one before has not written."""
-    from labkit.engine.model import hc_mix as X
-    from labkit.engine.model.layers import HyperConnection
-    g = torch.Generator(device="cuda").manual_seed(4)
-    hcs = [HyperConnection(REF, g, torch.bfloat16, "cuda") for _ in range(3)]
-    H = REF.hidden
-    h0 = torch.randn(4, 4 * H, generator=g, device="cuda").bfloat16()
-    d0 = X.Pending(*(torch.randn(4, n, generator=g, device="cuda").bfloat16() for n in (4, H, H)))
-
-    def run(M, pdl):
-        saved, X.HC_PDL = X.HC_PDL, pdl
-        try:
-            def chain():
-                h, d = h0[:M], X.Pending(*(t[:M] for t in d0))
-                for hc in hcs:
-                    h, y, _, inj = X.hc_mix(hc, h, d)
-                    d = X.Pending(inj, y)
-                return torch.cat([h, d.dense(), y], 1)
-            chain()
-            cg = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(cg):
-                out = chain()
-            out.fill_(float("nan"))
-            cg.replay()
-            torch.cuda.synchronize()
-            return out.clone()
-        finally:
-            X.HC_PDL = saved
-    for M in (1, 4):
-        assert torch.equal(run(M, True), run(M, False)), M
 
 
 def test_decode_with_the_two_launch_hc_mix_stays_near_eager():

@@ -155,6 +155,7 @@ def drive_experts():
     H, I, E, k = REF.hidden, REF.expert_intermediate, 16, REF.experts_per_tok
     for T in (1, 4):
         route_plan(_e(T, REF.experts), _e(REF.experts, dtype=torch.float32), k)
+    _drive_moe_step(H, I, k)
     saved = G.W4_KERNEL
     try:
         for kernel in ("auto", "dot"):
@@ -187,6 +188,22 @@ def _drive_experts(H, I, E, k, Groups, QuantWeight, plan, grouped_gemv, dequanti
                     grouped_gemv(_e(M, K), w, Groups.one(M, "cpu"), glu=glu)
                     if M == 1:
                         dequantize_w4(w)            # a prefill chunk's dense product: dequantised, then cuBLAS
+
+
+def _drive_moe_step(H, I, k):
+    """A decode step's W4A16 experts in three launches (`moe_step`: the routing with the shared expert's group, the
+    gate|up launch with the shared weight beside the stack, the down launch ending in the weighted sum)."""
+    from labkit.engine.model import moe_step
+    from labkit.engine.model.quant import QuantWeight
+
+    def w4(E, N, K):
+        return QuantWeight(_e(E, N, K // 2, dtype=torch.uint8), _e(E, N, K // 128), _e(E, N, K // 128,
+                                                                                   dtype=torch.uint8))
+    E = REF.experts
+    gu, d, sgu, sd = w4(E, 2 * I, H), w4(E, H, I), w4(1, 2 * I, H), w4(1, H, I)
+    for T in (1, 4):
+        torch.ops.labkit.moe_step(_e(T, H), _e(T, E + 1), _e(E, dtype=torch.float32), gu.q, gu.scales, gu.zeros,
+                                  d.q, d.scales, d.zeros, sgu.q, sgu.scales, sgu.zeros, sd.q, sd.scales, sd.zeros, k)
 
 
 def _drive_moe_gemm(gu, d, E, k, H, g):

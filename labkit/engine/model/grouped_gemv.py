@@ -2,7 +2,7 @@
 experts (each distinct expert a step's tokens chose, its weight streamed once for all of them) and the W4A16
 dense products (one group: every token, one weight).
 
-    plan = Groups(...)                                   # which weight each group of rows takes (`experts.plan`)
+    plan = Groups(...)                                   # which weight each group of rows takes (`routing.plan`)
     out  = grouped_gemv(x, w, plan, glu=True)            # [rows, N]: row r of the plan's order through its weight
 
 `w` is a stack of K-major weights, bf16 `[E, N', K]` or W4A16 (`quant.QuantWeight`: packed `[E, N', K/2]`,
@@ -175,22 +175,30 @@ if HAVE_TRITON:
 
     @triton.jit
     def _w4_rows_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr,
+                        qsh_ptr, ssh_ptr, zsh_ptr, e_sh, back_ptr, p_ptr, gl_ptr, gl_st, T, R,
                         N, K, tiles, x_st, out_st, part_ss, part_sr, w_se, w_sn, s_se, s_sn, MR: tl.constexpr,
                         BN: tl.constexpr, GT: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr,
-                        GATHER: tl.constexpr, GDC: tl.constexpr, EARLY: tl.constexpr):
+                        GATHER: tl.constexpr, GDC: tl.constexpr, EARLY: tl.constexpr, SHARED: tl.constexpr,
+                        COMBINE: tl.constexpr, TOPK: tl.constexpr, KP1: tl.constexpr, TB: tl.constexpr):
         """W4A16 at a few rows a group: program (g, j, sp) takes group g's rows MR at a time, outputs
         [j BN, (j + 1) BN) and the K tiles [sp tiles, (sp + 1) tiles) of GT groups. Each tile's words are loaded
         one tile ahead (`_w4_load` before the products of the one before, `_w4_mac`): a program has its next
         loads in flight while it multiplies. PARTIAL: fp32 sums to `part[sp]`; the last of a (group, block)'s
         splits to arrive adds them in split order (the same sum whoever arrives last), applies the GLU, writes the
         rows and zeroes the block's counter `cnt[g * blocks + j]` (no second kernel: at decode a launch's gap is
-        as long as a small product), else the finished row."""
+        as long as a small product), else the finished row. SHARED: the group whose weight id is `e_sh` takes the
+        weight at `qsh`/`ssh`/`zsh` (a layer's shared expert, beside the routed stack); COMBINE (a decode step's
+        experts' down product): every program stores its partials and the last of an output block to arrive
+        writes each token's weighted sum (`w4_decode._combine_tail`)."""
         if GDC and not EARLY:          # programmatic dependent launch, the plan the kernel before's output
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         g = tl.program_id(0)
         if g < tl.load(ngrp_ptr):
             e, s0, s1, n, nm, t0 = w4_decode._block(wid_ptr, seg_ptr, g, N, tiles, BN)
+            if SHARED:
+                if e == e_sh:                    # the shared expert: its own weight, addressed as expert 0
+                    qw_ptr, s_ptr, z_ptr, e = qsh_ptr, ssh_ptr, zsh_ptr, e * 0
             for m0 in range(s0, s1, MR):          # (EARLY: one block of rows, so the wait below runs once)
                 m, mm, rows = _group_rows(tok_ptr, m0, s1, MR, GATHER)
                 rows = tl.where(mm, rows, 0)     # x is read unmasked: a row past the group reads row 0
@@ -227,7 +235,7 @@ if HAVE_TRITON:
                         acc_u = _w4_mac(acc_u, bu1, scu1, zu1, x_ptr, rows, x_st, t + 1, K, MR, GT)
                 y = _w4_sum(acc, MR)                                                         # [MR, BN]
                 om = mm[:, None] & nm[None, :]
-                if PARTIAL:
+                if PARTIAL or COMBINE:
                     at = part_ptr + tl.program_id(2) * part_ss + m[:, None].to(tl.int64) * part_sr + n[None, :]
                     tl.store(at, y, mask=om)
                     if GLU:
@@ -237,9 +245,13 @@ if HAVE_TRITON:
                         y = y / (1.0 + tl.exp(-y)) * _w4_sum(acc_u, MR)
                     tl.store(out_ptr + m[:, None].to(tl.int64) * out_st + n[None, :],
                              y.to(out_ptr.dtype.element_ty), mask=om)
-            if PARTIAL:
+            if PARTIAL and not COMBINE:
                 w4_decode._sum_splits(part_ptr, out_ptr, cnt_ptr, g * tl.num_programs(1) + tl.program_id(1), s0, s1, n,
                                       nm, N, out_st, part_ss, part_sr, MR, BN, GLU)
+        if COMBINE:                              # every program arrives, a group past the count too
+            n = tl.program_id(1) * BN + tl.arange(0, BN)
+            w4_decode._combine_tail(part_ptr, out_ptr, cnt_ptr, back_ptr, p_ptr, gl_ptr, gl_st, T, R, n, n < N,
+                                    out_st, part_ss, part_sr, TOPK, KP1, TB, BN)
 
     @triton.jit
     def _dequant_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, w_sn, s_sn, o_sn, BN: tl.constexpr, BK: tl.constexpr):
@@ -348,28 +360,48 @@ def group_slots(plan: Groups, t: torch.Tensor) -> int:
     return min(plan.wid.shape[0], t.shape[0])
 
 
-def _w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, rows: int, block_n, group_tile,
-             split) -> torch.Tensor:
+def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, rows: int, block_n, group_tile,
+            split, shared=None, combine=None) -> torch.Tensor:
+    """`_w4_rows_kernel`'s launch. `shared` (a QuantWeight of one expert, the stack's N' and K): the plan's group
+    of weight id E (the stack's count) takes it. `combine` (back, p, gate_logit, k), a decode step's experts'
+    down product: the output is each token's weighted sum [T, N] (`w4_decode._combine_tail`), not the rows."""
     R = plan.tok.shape[0]
     BN, GT = W4_TILES[rows]
     BN, GT = block_n or BN, group_tile or GT
     n_blocks = triton.cdiv(N, BN)
-    G = group_slots(plan, t)
+    G = min(plan.wid.shape[0], t.shape[0] + (shared is not None))       # `group_slots`, the shared group beside
     # a launch of more (group, block) pairs than counters has programs enough without a split
     splits, tiles = w4_split(G * n_blocks, triton.cdiv(K, W4_GROUP * GT), x.device,
                              split if G * n_blocks <= arch.COUNTER_SLOTS else 1)
-    out = torch.empty((R, N), dtype=x.dtype, device=x.device)
-    part = torch.empty((splits, R, 2 * N if glu else N), dtype=torch.float32, device=x.device) if splits > 1 else out
+    partial = splits > 1 or combine is not None
+    if combine is not None:
+        back, p, gl, k = combine
+        T = p.shape[0]
+        out = torch.empty((T, N), dtype=x.dtype, device=x.device)
+    else:
+        back = p = gl = plan.tok
+        T, k = 0, 1
+        out = torch.empty((R, N), dtype=x.dtype, device=x.device)
+    part = torch.empty((splits, R, 2 * N if glu else N), dtype=torch.float32, device=x.device) if partial else out
     qw = t.view(torch.int32)                   # [E, N', K/8]: eight nibbles a word
+    if shared is not None:
+        qs, ss, zs = shared.q.view(torch.int32), shared.scales, shared.zeros
+    else:
+        qs, ss, zs = qw, s, z
     gdc = W4_ROWS_PDL and w4_decode.pdl_ok(x.device)
     early = gdc and plan.wid.shape[0] == 1 and R <= rows       # Groups.one, one block of rows
     _w4_rows_kernel[(G, n_blocks, splits)](
-        x, qw, s, z, out, part, arch.arrival_counters(x.device), plan.wid, plan.tok, plan.seg, plan.n_groups, N, K,
-        tiles, x.stride(0), out.stride(0), part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0,
-        qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), MR=rows, BN=BN, GT=GT, PARTIAL=splits > 1, GLU=glu,
-        GATHER=gather, GDC=gdc, EARLY=early, num_warps=W4_WARPS, num_stages=W4_STAGES,
-        **({"launch_pdl": True} if gdc else {}))
+        x, qw, s, z, out, part, arch.arrival_counters(x.device), plan.wid, plan.tok, plan.seg, plan.n_groups,
+        qs, ss, zs, t.shape[0], back, p, gl, gl.stride(0), T, R - T if combine is not None else R, N, K,
+        tiles, x.stride(0), out.stride(0), part.stride(0) if partial else 0, part.stride(1) if partial else 0,
+        qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), MR=rows, BN=BN, GT=GT, PARTIAL=partial, GLU=glu,
+        GATHER=gather, GDC=gdc, EARLY=early, SHARED=shared is not None, COMBINE=combine is not None, TOPK=k,
+        KP1=triton.next_power_of_2(k + 1), TB=min(triton.next_power_of_2(max(T, 1)), COMBINE_TOKENS),
+        num_warps=W4_WARPS, num_stages=W4_STAGES, **({"launch_pdl": True} if gdc else {}))
     return out
+
+
+COMBINE_TOKENS = 4        # tokens the combine's last arrival sums at once ([tokens, k + 1, BN] fp32 in registers)
 
 
 
@@ -434,7 +466,7 @@ def grouped_gemv(x: torch.Tensor, w, plan: Groups, glu: bool = False, gather: bo
                                                    or (W4_KERNEL == "auto" and dense_rows and R > 1)):
         return w4_decode.w4_decode(x, t, s, z, plan, N, K, glu=glu, gather=gather, block_n=block_n, split=split)
     if quant and W4_KERNEL != "dequant" and not m_pad and (M == 1 or (plan.wid.shape[0] == 1 and R <= W4_ROWS_MAX)):
-        return _w4_rows(x.contiguous(), t, s, z, plan, N, K, glu, gather, 1 if M == 1 else W4_ROWS_MAX, block_n,
+        return w4_rows(x.contiguous(), t, s, z, plan, N, K, glu, gather, 1 if M == 1 else W4_ROWS_MAX, block_n,
                         group_tile, split)
     BN = block_n or (32 if M == 1 else 64)
     BK = W4_GROUP if quant else 128

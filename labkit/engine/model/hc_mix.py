@@ -21,7 +21,7 @@ Here (N ≤ `HC_MAX_ROWS` rows, bf16):
   before the wait on the kernel before): one product, sigmoid, the normed copies rebuilt from the stream and 1/rms,
   their mean; it writes y and the zero the sub-block's residual pair starts with.
 - After the sub-block nothing is launched: `Pending(inj, o)` rides to the next mix's first kernel.
-Both can take programmatic dependent launch (`HC_PDL`, off: see there), the weight tile loaded before the wait. Under
+Both take programmatic dependent launch where the GPU has it (`HC_PDL`), the weight tile loaded before the wait. Under
 the interpreter (whose casts truncate) every rounding to bf16 is `bf16_round`'s integer form, so the CPU tests check
 eager's roundings; on the GPU the stream's roundings are converts the compiler may fold (`eager_round`).
 
@@ -175,14 +175,13 @@ HC_BN_DOWN = 64            # down-product columns a program
 HC_BN_UP = 8               # outputs of H a program in the up kernel (all hc copies: 4 x 8 columns of w_up)
 HC_WARPS_DOWN = 4          # warps a down program (8: 21.6 against 13.1 µs a mix on an H100, scripts/hc_mix_bench.py)
 HC_TAIL_ROWS = 4           # rows the last arrival sums at once (its partials tile: rows x splits x columns)
-HC_PDL = False             # programmatic dependent launch (weights read before the wait on the kernel before):
-                           # 10.7 against 15.9 µs a mix on an H100 (scripts/hc_mix_bench.py), but a chain of mixes
-                           # replayed with it gave other bits than without it there (tests/test_gpu_portable.py's
-                           # expected failure). The kernels are alike with it and without it but for the wait (their
-                           # PTX: the same arithmetic), so it is an order of reads; the first kernel reads what the
-                           # kernel two back wrote (the stream, the logits), where the wait covers the one before, and
-                           # its buffers reuse freed ones, whose old lines an SM's L1 may hold from a kernel that
-                           # overlapped: reading those through L2 (.cg) is the first thing to try; off until then
+# programmatic dependent launch (weights read before the wait on the kernel before): 10.7 against 15.9 µs a mix on
+# an H100 (scripts/hc_mix_bench.py). The kernels are compiled with the wait wherever the GPU has it, launched with
+# the attribute or not (the wait is a no-op without it). A chain compiled without the wait gave bits one bf16 step
+# apart from the chain with it on an H100: the same PTX arithmetic, so most likely the compiler contracting a mul
+# and an add into an FMA, which depends on the code around it. That read as a race between kernels until the two
+# forms were told apart: the GPU test compares the same compiled kernels launched both ways.
+HC_PDL = envs.owner_value("LABKIT_HC_PDL")
 _BM = 16                   # a tensor-core product's narrow side
 
 
@@ -250,8 +249,8 @@ def hc_mix(hc, h: torch.Tensor, d) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     r = torch.empty((M, HC), dtype=torch.float32, device=dev)
     y = torch.empty((M, H), dtype=h.dtype, device=dev)
     zero = torch.empty((M, H), dtype=h.dtype, device=dev)
-    gdc = HC_PDL and not interpret_mode() and arch.native("pdl", dev)
-    pdl = {"launch_pdl": True} if gdc else {}
+    gdc = not interpret_mode() and arch.native("pdl", dev)         # compiled with the wait where the GPU has it
+    pdl = {"launch_pdl": True} if gdc and HC_PDL else {}
     wd, wu = hc.w_down, hc.w_up
     _hc_down_kernel[(S, NB, MB)](
         h, d_in, inj_in, o_in, e if e is not None else h, hc.norm_w, wd, stream, part, ss, act, inj, r,

@@ -43,6 +43,8 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
+    from .norm_rows import bf16_round
+
     # nibbles (0, 4), (1, 5), (2, 6), (3, 7) of the word as two bf16 each, less the group's zero: lop3
     # (a & 0x000f000f) | 0x43004300 puts a nibble under the exponent of 128 in each half (bf16 128 + nibble, exact),
     # three shifts bring the other pairs down, and one fma.rn.bf16x2 (x * 1 - (128 + zero), sm_80's packed form of a
@@ -243,6 +245,44 @@ if HAVE_TRITON:
                     tot = tot / (1.0 + tl.exp(-tot)) * tot_u
                 tl.store(out_ptr + m[:, None].to(tl.int64) * out_st + n[None, :], tot.to(out_ptr.dtype.element_ty),
                          mask=om)
+            tl.atomic_xchg(cnt_ptr + slot, 0)
+
+    @triton.jit
+    def _combine_tail(part_ptr, out_ptr, cnt_ptr, back_ptr, p_ptr, gl_ptr, gl_st, T, R, n, nm, out_st, part_ss,
+                      part_sr, TOPK: tl.constexpr, KP1: tl.constexpr, TB: tl.constexpr, BN: tl.constexpr):
+        """A decode step's experts' down product, after a program has stored its fp32 partials (`part[sp]`, rows in
+        the plan's order: a token's pairs where `back` puts them, the shared expert's rows R + t): every program of
+        the launch bumps output block j's counter `cnt[j]` (programs of groups past the count too, so the count is
+        the grid's), and the last to arrive writes the block's outputs of every token: each pair's row (its
+        splits added in split order, rounded to bf16 as its own product would be) times the router's weight, plus
+        the shared expert's row times sigmoid of its gate logit, summed in fp32 and rounded once. The same bits
+        whoever arrives last; the counter zeroed for the next launch (graph replays too). What was a third
+        kernel a layer (the weighted sum) and two launches of the shared expert's own."""
+        tl.debug_barrier()                       # every thread's partials stored before the release
+        slot = tl.program_id(1)
+        if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == \
+                tl.num_programs(0) * tl.num_programs(2) - 1:
+            jj = tl.arange(0, KP1)
+            routed = jj[None, :] < TOPK                                         # [1, KP1]; column TOPK: shared
+            for t0 in range(0, T, TB):
+                t = t0 + tl.arange(0, TB)
+                tm = t < T
+                pair = t[:, None] * TOPK + jj[None, :]                          # [TB, KP1]
+                live = tm[:, None] & (jj[None, :] <= TOPK)
+                rows = tl.load(back_ptr + pair, mask=tm[:, None] & routed, other=0)
+                rows = tl.where(routed, rows, R + t[:, None])
+                at = rows.to(tl.int64)[:, :, None] * part_sr + n[None, None, :]
+                msk = live[:, :, None] & nm[None, None, :]
+                tot = tl.zeros([TB, KP1, BN], dtype=tl.float32)
+                for sp in range(0, tl.num_programs(2)):
+                    tot += tl.load(part_ptr + sp * part_ss + at, mask=msk, other=0.0, cache_modifier=".cg")
+                tot = bf16_round(tot)
+                wgt = tl.load(p_ptr + pair, mask=tm[:, None] & routed, other=0.0)
+                gate = tl.load(gl_ptr + t * gl_st, mask=tm, other=0.0).to(tl.float32)
+                wgt = tl.where(routed, wgt, (1.0 / (1.0 + tl.exp(-gate)))[:, None])
+                y = tl.sum(tot * tl.where(live, wgt, 0.0)[:, :, None], axis=1)        # [TB, BN]
+                tl.store(out_ptr + t[:, None].to(tl.int64) * out_st + n[None, :], y.to(out_ptr.dtype.element_ty),
+                         mask=tm[:, None] & nm[None, :])
             tl.atomic_xchg(cnt_ptr + slot, 0)
 
     @triton.jit
