@@ -8,6 +8,7 @@ the notebook receives that frozen plan as one JSON parameter, `plan`, and runs i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -262,7 +263,7 @@ def run_notebook(plan: Plan, out_dir: str | Path | None = None, root: str | Path
                           others_ok=out_dir is not None)     # a caller's own folder (the nightly's, with its log)
     # a read-only or foreign folder: one line before anything runs
     check_writable(out, "--out" if out_dir or plan.params.get("out_dir") else "run folder")
-    plan = plan.replace(out_dir=str(out.resolve()))
+    plan = dataclasses.replace(plan, out_dir=str(out.resolve()))
     envs.set_env("LABKIT_PLAIN_PROGRESS", "1")
     envs.set_env("LABKIT_RUN_DRIVER", os.getpid())      # the manifest names us beside the kernel (stale check)
     error, seen, started = None, (signals if signals is not None else []), time.time()

@@ -172,12 +172,18 @@ def _recorded(v: Any) -> Any:
 @dataclass(frozen=True)
 class Plan:
     """A validated experiment: every parameter resolved (typed, "auto" decided for the machine it was planned on).
-    Made once, in the process the user started; a notebook receives it as JSON (`to_json`) and runs it without
-    parsing or checking anything again. Each experiment's plan is a subclass made by `plan_type` from its SPEC:
-    one field per parameter, read as an attribute (`plan.budgets`). `params` is the same plan as the dict a
-    manifest records, and `from_params` reads such a dict back."""
+    Made once, in the process the user started; a notebook receives it as JSON (`to_json`; the registry's `run`
+    reads it back) and runs it without parsing or checking anything again. Each experiment's plan is a subclass
+    made by `plan_type` from its SPEC: one field per parameter, read as an attribute (`plan.budgets`). However it
+    is made (its constructor, `from_params`, `dataclasses.replace`), a list is held as a tuple. `params` is the
+    same plan as the dict a manifest records, and `from_params` reads such a dict back."""
     experiment: ClassVar[str] = ""
     spec: ClassVar[tuple[Param, ...]] = ()         # the parameters a command line may set (derived fields aside)
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):          # frozen: a list given is held as the tuple its type says
+            if isinstance(getattr(self, f.name), list):
+                object.__setattr__(self, f.name, tuple(getattr(self, f.name)))
 
     @property
     def params(self) -> dict:
@@ -185,30 +191,21 @@ class Plan:
         return {f.name: _recorded(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def to_json(self) -> str:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}     # a tuple is a JSON list
+        """The plan as a notebook receives it: {"experiment", "params"} (a tuple is a JSON list)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return json.dumps({"experiment": self.experiment, "params": fields}, default=str)
-
-    @classmethod
-    def from_json(cls, text: "str | Plan") -> "Plan":
-        """The plan `to_json` wrote (or `text` itself when it is a plan already)."""
-        if isinstance(text, Plan):
-            return text
-        d = json.loads(text)
-        if d["experiment"] != cls.experiment:
-            raise BadInput(f"a plan of {d['experiment']!r} given to {cls.experiment!r}")
-        return cls.from_params(d["params"])
 
     @classmethod
     def from_params(cls, values: Mapping[str, Any]) -> "Plan":
         """A plan from checked parameters as a check returns them or a manifest records them: every parameter of
         the SPEC given (a derived value may be left out: its default), no other name (a name missing or unknown is
-        a ValueError: the dict is not this experiment's plan). A list is held as a tuple."""
+        a ValueError: the dict is not this experiment's plan)."""
         names = [f.name for f in dataclasses.fields(cls)]
         missing = sorted({p.name for p in cls.spec} - set(values))
         unknown = sorted(set(values) - set(names))
         if missing or unknown:
             raise ValueError(f"{cls.experiment} plan: missing {missing}, unknown {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        return cls(**values)
 
     @classmethod
     def from_manifest(cls, recorded: Mapping[str, Any]) -> "tuple[Plan, dict]":
@@ -221,9 +218,6 @@ class Plan:
             if k not in given:
                 given[k] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         return cls.from_params(given), {k: v for k, v in recorded.items() if k not in names}
-
-    def replace(self, **changes) -> "Plan":
-        return dataclasses.replace(self, **{k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()})
 
     @classmethod
     def field_param(cls, name: str) -> Param:

@@ -3,6 +3,7 @@
 measures instead of freezing until the point ends."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -54,7 +55,7 @@ def test_the_estimate_scales_with_the_work_asked(monkeypatch):
     monkeypatch.setattr(M, "_calibrate", lambda pl: cost)
     small = M.derive(experiments.plan("decode", {"device": "cpu", "context_lens": "256K", "repeats": 5,
                                                   "probe": False, "anatomy": False}))
-    big = M.derive(small.plan.replace(repeats=50))
+    big = M.derive(dataclasses.replace(small.plan, repeats=50))
     s, b = M._seconds(small, cost)[0], M._seconds(big, cost)[0]
     assert 7 < (b - 20) / (s - 20) < 10.5          # the fixed start-up apart
     est = M.estimate(big)

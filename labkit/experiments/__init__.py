@@ -6,10 +6,10 @@ Each experiment is one module here with
   from the strategies themselves (`engine.transfer.strategy_params`);
 - `plan(given) -> Plan`: parse and validate `given` (strings from a command line, or values) once, in the
   process the user started, before anything is allocated or written; bad input is one `BadInput` line.
-  Every one is `planner(NAME, SPEC, measuring)`: the declared checks, then the measuring module's `check` for
-  what crosses parameters or asks the machine (an engine experiment's starts with `for_this_machine`); the plan
-  it returns is the experiment's own frozen dataclass (`plan.type`, made by `params.plan_type`: one typed field
-  per parameter);
+  Every one is `planner(NAME, SPEC, measuring)`, this registry's `plan(NAME, given)`: the declared checks, then
+  the measuring module's `check` for what crosses parameters or asks the machine (an engine experiment's starts
+  with `for_this_machine`); the plan it returns is the experiment's own frozen dataclass (`plan.type`, made by
+  `params.plan_type`: one typed field per parameter);
 - `run(plan) -> Run`: measure into a run folder (`labkit.results.Run`).
 
 These modules import only the light `params` layer at import time (torch, papermill and plotly are imported
@@ -133,27 +133,21 @@ def _check_routing(p: dict) -> None:
 
 
 def planner(name: str, spec: list[Param], code, *, derived: list[Param] = (), **options):
-    """The `plan(given, **more) -> Plan` of an experiment that states only its name, SPEC and measuring module
-    `code` (a `lazy.module`, so the SPEC module stays light): `given` resolved against `spec`, then `code.check`
-    (imported only then) with `options` and `more` (e.g. serve's `check_args=False`). `plan.type` is the
-    experiment's frozen plan (`params.plan_type`), with a field for each of `derived`, the values its check adds."""
+    """What an experiment that states only its name, SPEC and measuring module `code` (a `lazy.module`, so the SPEC
+    module stays light) plans with: its `plan(given, **more) -> Plan`, the registry's `plan(name, given, **more)`
+    for it, holding what that reads: the SPEC, `code`, `options` for `code.check` (e.g. quality's `declared=`) and
+    `plan.type`, the experiment's frozen plan (`params.plan_type`), with a field for each of `derived`, the values
+    its check adds."""
     kind = plan_type(name, spec, derived)
     kind.__module__ = f"{__name__}.{name}"          # where a reader finds it: the experiment's package
 
-    def plan(given: dict, **more) -> Plan:
-        """`given` resolved against the SPEC (names and types: nothing heavy imported yet), then the measuring
-        module's own `check(params)` (the machine, files, servers), imported only then. A check returns the plan
-        (`plan.type.from_params`), or the dict it is made from, where keys it marks private (`_pair`) are not
-        recorded."""
-        p = resolve(spec, given, name)
-        if "routing" in p:                  # a model's routing (MODEL_PARAMS): a recorded one read and checked now
-            _check_routing(p)
-        got = code.check(p, **options, **more)
-        return got if isinstance(got, Plan) else kind.from_params({k: v for k, v in got.items() if not k.startswith("_")})
-    plan.__doc__ = f"Parse and check the parameters of `labkit run {name}` (one BadInput line on bad input).\n" \
-        + plan.__doc__
-    plan.type = kind
-    return plan
+    def plan_this(given: dict, **more) -> Plan:
+        return plan(name, given, **more)
+    plan_this.__name__ = plan_this.__qualname__ = "plan"
+    plan_this.__doc__ = f"Parse and check the parameters of `labkit run {name}` (one BadInput line on bad input): " \
+        f"`experiments.plan({name!r}, given, **more)`."
+    plan_this.type, plan_this.spec, plan_this.code, plan_this.options = kind, list(spec), code, options
+    return plan_this
 
 
 def for_this_machine(spec: list[Param], p: dict) -> dict:
@@ -187,9 +181,19 @@ def get(name: str) -> Experiment:
     raise BadInput(f"unknown experiment {name!r}{hint} (labkit run --help lists {len(EXPERIMENTS)})")
 
 
-def plan(name: str, given: dict | None = None) -> Plan:
-    """Parse and validate parameters for experiment `name` (one `BadInput` line on bad input)."""
-    return get(name).module.plan(dict(given or {}))
+def plan(name: str, given: dict | None = None, **more) -> Plan:
+    """Parse and check parameters for experiment `name` (one `BadInput` line on bad input): the one way every
+    experiment is planned. `given` resolved against its SPEC (names and types: nothing heavy imported yet), then
+    its measuring module's own `check(params, **options, **more)` (the machine, files, servers; `more`: e.g.
+    serve's `check_args=False`), imported only then. A check returns the plan, or the dict it is made from, where
+    keys it marks private (`_pair`) are not recorded."""
+    exp = get(name)
+    how = exp.module.plan                   # what the experiment declared through `planner`
+    p = resolve(how.spec, dict(given or {}), exp.name)
+    if "routing" in p:                      # a model's routing (MODEL_PARAMS): a recorded one read and checked now
+        _check_routing(p)
+    got = how.code.check(p, **how.options, **more)
+    return got if isinstance(got, Plan) else how.type.from_params({k: v for k, v in got.items() if not k.startswith("_")})
 
 
 def estimate(plan: Plan):
@@ -219,8 +223,9 @@ def plan_of_run(manifest: dict) -> tuple[Plan, dict]:
 def run(plan: Plan | str, **options):
     """Measure a plan (a `Plan` or its JSON) into its run folder; returns the `Run`. `options` go to the
     experiment's `run` (progress_bar, log)."""
-    if not isinstance(plan, Plan):              # the JSON a notebook receives: its experiment's plan type reads it
-        plan = get(json.loads(plan)["experiment"]).plan_type.from_json(plan)
+    if not isinstance(plan, Plan):              # the JSON a notebook receives (`Plan.to_json`): every field given
+        sent = json.loads(plan)
+        plan = get(sent["experiment"]).plan_type(**sent["params"])
     return get(plan.experiment).module.run(plan, **options)
 
 

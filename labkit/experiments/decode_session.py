@@ -72,31 +72,28 @@ class DecodeGrid:
 
 
 def derive(plan: "DecodePlan") -> DecodeGrid:
-    """What a checked plan implies (shape, devices, the grid, strategy settings); checks nothing."""
-    devs = tuple(torch.device(d) for d in plan.device.split(","))
-    return DecodeGrid(plan, ModelShape.from_name(plan.shape), devs, tuple(_points(plan)),
-                      {k: getattr(plan, k) for k in setting_names()})
-
-
-def _points(plan: "DecodePlan") -> list[Point]:
-    """The grid, in the order it runs: grouped by concurrency (one cache allocation per group). The main table's
-    points take the first budget, the budget axis the others at `budget_context`."""
-    out = []
+    """What a checked plan implies (shape, devices, the grid, strategy settings); checks nothing. The grid in the
+    order it runs: grouped by concurrency (one cache allocation per group); the main table's points take the first
+    budget, the budget axis the others at `budget_context`."""
+    points = []
     for c in plan.concurrency:
         mbs = sorted({min(m, c) for m in plan.micro_batches})     # never more micro-batches than requests
         for context_len in sorted(set(plan.context_lens)):
-            out += [Point(c, context_len, plan.budgets[0], s, "context", m) for m in mbs for s in plan.strategies]
+            points += [Point(c, context_len, plan.budgets[0], s, "context", m) for m in mbs for s in plan.strategies]
         if c == plan.concurrency[0]:
             for budget in plan.budgets[1:]:
-                out += [Point(c, plan.budget_context, budget, s, "budget") for s in plan.strategies]
-    return out
+                points += [Point(c, plan.budget_context, budget, s, "budget") for s in plan.strategies]
+    devs = tuple(torch.device(d) for d in plan.device.split(","))
+    return DecodeGrid(plan, ModelShape.from_name(plan.shape), devs, tuple(points),
+                      {k: getattr(plan, k) for k in setting_names()})
 
 
 class Caches:
     """Per concurrency group, one host and one device cache per stage (one stage unless the layers are
     split over several devices), sized to the group's largest context, filled once; points reuse
-    prefixes of them (a device that cannot hold the largest gets one sized to the point, see `_capacity`).
-    Each stage's cache is built by a thread bound to its device."""
+    prefixes of them, each placing its requests at its own context (`measure_decode`'s `set_lengths`; a device
+    that cannot hold the largest gets one sized to the point, see `_capacity`). Each stage's cache is built by a
+    thread bound to its device."""
 
     def __init__(self, stages: list, grid: DecodeGrid):
         self.stages, self.grid = stages, grid
@@ -116,9 +113,9 @@ class Caches:
                     torch.cuda.empty_cache()
             cap = self._capacity(medium, concurrency, context_len)
 
-            def build(stage):
+            def build(stage):       # filled for its whole capacity: each point sets its own length (set_lengths)
                 c = OffloadCache.allocate(stage, medium, concurrency, cap)
-                c.fill_random_([context_len] * concurrency, seed=self.grid.plan.seed)
+                c.fill_random_([cap] * concurrency, seed=self.grid.plan.seed)
                 return c
 
             self.cache[medium] = build_on_devices(build, self.stages)

@@ -2,7 +2,7 @@
 
     res = load(engine, req)                         # the strategy moves req's rows; what moved
     res, done = load_async(engine, req, stream)     # on `stream`, from a background thread (async_load)
-    results = run_eager(engine, state)              # one decode step, op by op, loads inline
+    results = [load(engine, req) for req in engine.decode_segments(state)]   # one step op by op, loads inline
     with capture(graph, device, pool):              # capture on a stream of that device
         ...
     warm_up(fn, device, n)                          # n calls outside any capture, on a side stream
@@ -31,11 +31,6 @@ def load_async(engine: Engine, req: LoadRequest, stream: torch.cuda.Stream):
     if not engine.strategy.async_load:
         raise ValueError(f"{engine.strategy.name} has no asynchronous load")
     return engine.strategy.load_async(engine.cache.pool, req.layer, req.rows, req.out, stream)
-
-
-def run_eager(engine: Engine, state) -> list[LoadResult]:
-    """One decode step of `state`'s batch driven op by op, each load where the step yields it."""
-    return [load(engine, req) for req in engine.decode_segments(state)]
 
 
 _capture_streams: dict[torch.device, torch.cuda.Stream] = {}

@@ -28,7 +28,7 @@ import torch
 from ..model.forward import Engine, LoadRequest
 from ..model.step_state import StepBuffers
 from ..transfer import LoadResult
-from .dispatch import capture, load, run_eager, warm_up
+from .dispatch import capture, load, warm_up
 
 PHASES = ("weights", "deltanet", "index_score", "selection", "transfer", "attention", "experts", "hc", "ngram",
           "head", "other")
@@ -177,7 +177,8 @@ class DecodeRunner:
     # ------------------------------------------------------------------ running
     @torch.inference_mode()
     def _eager(self) -> None:
-        self.results = run_eager(self.engine, self.state)
+        """One step op by op, each load where the step yields it."""
+        self.results = [load(self.engine, req) for req in self.engine.decode_segments(self.state)]
 
     @torch.inference_mode()
     def prepare(self, warmup: int = 2, warmed: bool = False) -> None:

@@ -56,7 +56,7 @@ from ..model.cache import OffloadCache
 from ..model.forward import Engine
 from ..model.hybrid import HybridModel
 from ..transfer import get_strategy
-from .dispatch import run_eager
+from .dispatch import load
 from .runner import DecodeState
 from .switching import (Loader, RoundStats, Timeline, capture_pieces, replay, replay_inline, sequential_round,
                         switched_round)
@@ -284,7 +284,8 @@ def calibrate(lanes: dict[str, Engine], context: int | None = None, steps: int =
         e.strategy.bind(e.cache, b, st.k)
 
         def eager():
-            run_eager(e, st)
+            for req in e.decode_segments(st):
+                load(e, req)
         run = eager
         if graphs and e.model.device.type == "cuda":
             eager()                                   # kernels compiled, workspaces made, outside any capture

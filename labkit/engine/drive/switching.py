@@ -39,7 +39,7 @@ import torch
 
 from ..model.forward import BlockDone, Engine, LoadRequest
 from ..transfer import LoadResult
-from .dispatch import capture, load, load_async, run_eager
+from .dispatch import capture, load, load_async
 
 
 class Timeline:
@@ -263,7 +263,7 @@ def sequential_round(engines_states: list[tuple[Engine, object]], timeline: Time
     for e, s in engines_states:
         normal = e.strategy.medium == "device"
         a = timeline.stamp() if timeline else None
-        loads = run_eager(e, s)
+        loads = [load(e, req) for req in e.decode_segments(s)]
         (st.loads_normal if normal else st.loads_offloaded).extend(loads)
         if timeline:
             timeline.add("normal" if normal else "offloaded", "compute", "step", a, timeline.stamp())

@@ -11,8 +11,8 @@ rows and index keys (decode time does not depend on the values); prefill is meas
     grid = derive(plan)                          # the grid it implies
     run = run_sweep(grid)                        # measures every point into a run folder
 
-`check` works on the resolved parameters (a dict: the plan is made from what it returns); everything after it
-reads the plan's fields (`grid.plan.steps`).
+`check` decides the machine's values on the resolved parameters (a dict) and makes the plan once from them; everything
+after it reads the plan's fields (`grid.plan.steps`).
 
 A point is measured through `labkit.experiments.decode_session` (`DecodeSession`, `measure_decode`), which the
 capacity and multigpu runs share; this module is the sweep: its checks, the link probe and
@@ -47,21 +47,22 @@ from ...costmodel import GPU, CostModel, gpu_for_name
 
 def check(p: dict) -> DecodePlan:
     """Validate resolved parameters against this machine and decide the "auto" ones; returns the plan. Raises
-    BadInput with one line before anything is allocated (`experiments.decode.plan`). The device and the "auto"
-    values are decided on the dict the SPEC resolved; every check after that reads the plan's fields."""
+    BadInput with one line before anything is allocated (`experiments.decode.plan`). The device, the "auto" values
+    and the defaults that follow from other values are decided on the dict the SPEC resolved, and the plan is made
+    once from it; every check after that reads the plan's fields."""
     p = dict(p)
     devs = _devices(p["device"])
     p["device"] = ",".join(str(d) for d in devs)
     fill_auto(SPEC, p, devs[0].type)     # shape, contexts, budgets, prompts; then the declared bounds and choices
     envs.check_switch_params(p)          # the engine switches' values in their canonical form
-    plan = DecodePlan.from_params(p)
-    shape = planned_shape(plan.shape)
-    if not plan.strategies:
+    if not p["strategies"]:
         raise BadInput(f"strategies: none given; choose from {', '.join(STRATEGIES)}")
-    if not plan.context_lens or not plan.budgets or not plan.concurrency:
+    if not p["context_lens"] or not p["budgets"] or not p["concurrency"]:
         raise BadInput("context_lens, budgets and concurrency need at least one value each")
-    plan = plan.replace(micro_batches=plan.micro_batches or (1,),
-                        budget_context=plan.budget_context or max(plan.context_lens))
+    p["micro_batches"] = p["micro_batches"] or [1]
+    p["budget_context"] = p["budget_context"] or max(p["context_lens"])
+    plan = DecodePlan(**p)
+    shape = planned_shape(plan.shape)
     for name in ("gather_rows_per_prog", "gather_num_warps"):       # zero_copy's settings, declared beside it
         check_positive(name, [getattr(plan, name)])
     settings = {k: getattr(plan, k) for k in setting_names()}
@@ -297,8 +298,8 @@ def _calibrate(grid: DecodeGrid) -> tuple[float, float, float]:
     lens = [2048, 32768]
     plan = grid.plan
     strat = next((s for s in plan.strategies if not STRATEGIES[s].slow), plan.strategies[0])
-    cal = derive(plan.replace(context_lens=lens, concurrency=[1], strategies=[strat], repeats=1, steps=3,
-                              anatomy=False, probe=False, prefill_lens=[], link_gbps=[], budgets=plan.budgets[:1]))
+    cal = derive(replace(plan, context_lens=lens, concurrency=[1], strategies=[strat], repeats=1, steps=3,
+                         anatomy=False, probe=False, prefill_lens=[], link_gbps=[], budgets=plan.budgets[:1]))
     ms, walls = [], []
     with DecodeSession(cal) as s:
         for q in cal.points:
@@ -317,7 +318,7 @@ def _calibrate(grid: DecodeGrid) -> tuple[float, float, float]:
 def _seconds(grid: DecodeGrid, cost: tuple[float, float, float], **change) -> tuple[float, dict]:
     """Seconds the plan (with `change`d parameters) is expected to take at `cost`, and seconds per context."""
     if change:
-        grid = derive(grid.plan.replace(**change))
+        grid = derive(replace(grid.plan, **change))
     plan = grid.plan
     fixed, per_token, fill = cost
     by_ctx: dict[int, float] = {}

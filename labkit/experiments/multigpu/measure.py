@@ -18,6 +18,7 @@ Tables: `timeline` (the sampled steps of every split point: micro-batch, stage, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import time
 
@@ -63,9 +64,9 @@ def check(p: dict) -> MultigpuPlan:
         mbs = sorted({1, *[m for m in plan.micro_batches if m > 1]})
         layouts["split"] = {**common, "device": ",".join(map(str, devs)), "micro_batches": mbs}
     decode_plans = {name: plan_experiment("decode", lay) for name, lay in layouts.items()}
-    return plan.replace(layouts={name: dp.params for name, dp in decode_plans.items()},      # as a manifest records them
-                        device_list=[str(d) for d in devs],
-                        shape=decode_plans["1gpu"].shape)         # "auto" as the layouts decided it
+    return dataclasses.replace(plan, layouts={name: dp.params for name, dp in decode_plans.items()},  # as recorded
+                               device_list=[str(d) for d in devs],
+                               shape=decode_plans["1gpu"].shape)         # "auto" as the layouts decided it
 
 
 # ---------------------------------------------------------------------------------------------- gather
