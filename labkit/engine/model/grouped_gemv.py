@@ -362,14 +362,19 @@ def group_slots(plan: Groups, t: torch.Tensor) -> int:
 
 def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, rows: int, block_n, group_tile,
             split, shared=None, combine=None) -> torch.Tensor:
-    """`_w4_rows_kernel`'s launch. `shared` (a QuantWeight of one expert, the stack's N' and K): the plan's group
-    of weight id E (the stack's count) takes it. `combine` (back, p, gate_logit, k), a decode step's experts'
-    down product: the output is each token's weighted sum [T, N] (`w4_decode._combine_tail`), not the rows."""
+    """`_w4_rows_kernel`'s launch. `shared` (a QuantWeight of one expert, the stack's N' and K, and how many
+    groups take it): the plan's groups of weight id E (the stack's count) take it. `combine` (back, p, gate_logit,
+    k), a decode step's experts' down product: the output is each token's weighted sum [T, N]
+    (`w4_decode._combine_tail`), not the rows."""
     R = plan.tok.shape[0]
     BN, GT = W4_TILES[rows]
     BN, GT = block_n or BN, group_tile or GT
     n_blocks = triton.cdiv(N, BN)
-    G = min(plan.wid.shape[0], t.shape[0] + (shared is not None))       # `group_slots`, the shared group beside
+    if shared is not None:                # `group_slots`, the shared expert's groups beside the stack's
+        shared, shared_groups = shared
+        G = min(plan.wid.shape[0] - shared_groups, t.shape[0]) + shared_groups
+    else:
+        G = group_slots(plan, t)
     # a launch of more (group, block) pairs than counters has programs enough without a split
     splits, tiles = w4_split(G * n_blocks, triton.cdiv(K, W4_GROUP * GT), x.device,
                              split if G * n_blocks <= arch.COUNTER_SLOTS else 1)

@@ -3,7 +3,7 @@
     out, distinct = moe_step(y, both, moe)     # both = y @ [router | shared gate]: [T, experts + 1]
 
 1. `routing.route_plan(..., shared=True)`: each token's top k, their softmax and the plan (the pairs grouped by
-   expert), with one more group for the shared expert (its id is the routed stack's count, its rows every token);
+   expert), with a group a token for the shared expert (its id is the routed stack's count);
 2. the gate|up product of every group in one `_w4_rows_kernel` launch (`SHARED`: the group of that id takes the
    shared expert's weight, held apart from the routed stack), silu(gate) * up;
 3. the down product of every group, the last program of an output block to arrive writing each token's weighted
@@ -59,10 +59,11 @@ def _moe_step_op(y: torch.Tensor, both: torch.Tensor, bias: torch.Tensor, q_gu: 
     _, p, groups, back, distinct = route_plan(logits, bias, k, shared=True)
     w_gu, w_d = QuantWeight(q_gu, s_gu, z_gu), QuantWeight(q_d, s_d, z_d)
     y = y.contiguous()
+    T = y.shape[0]
     act = w4_rows(y, q_gu, s_gu, z_gu, groups, w_gu.N // 2, w_gu.K, glu=True, gather=True, rows=1, block_n=None,
-                  group_tile=None, split=None, shared=QuantWeight(qs_gu, ss_gu, zs_gu))
+                  group_tile=None, split=None, shared=(QuantWeight(qs_gu, ss_gu, zs_gu), T))
     out = w4_rows(act, q_d, s_d, z_d, groups, w_d.N, w_d.K, glu=False, gather=False, rows=1, block_n=None,
-                  group_tile=None, split=None, shared=QuantWeight(qs_d, ss_d, zs_d),
+                  group_tile=None, split=None, shared=(QuantWeight(qs_d, ss_d, zs_d), T),
                   combine=(back, p, gate_logit, k))
     return out, distinct
 

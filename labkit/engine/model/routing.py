@@ -55,8 +55,10 @@ if HAVE_TRITON:
         """`route` and `plan` of a decode step in one program: each token's top k of its router logits (chosen by
         logits + bias, largest first, the lowest index among equals), their softmax over the k (fp32, unbiased
         logits), written to ex [T, k] and p [T, k]; then the pairs read back (this program wrote them: the
-        barrier orders it) and planned. SHARED: one more group after the routed ones, weight id E (the shared
-        expert) for rows [T k, T k + T), token t each; `dist` gets the distinct routed experts."""
+        barrier orders it) and planned. SHARED: T more groups after the routed ones, weight id E (the shared
+        expert), group ng + t the one row T k + t of token t (one group of T rows would stream the weight once
+        a row in one program, T times the others' time: the launch's tail); `dist` gets the distinct routed
+        experts."""
         t = tl.arange(0, TP)
         tm = t < T
         ei = tl.arange(0, EP)
@@ -88,10 +90,10 @@ if HAVE_TRITON:
         if SHARED:
             tl.debug_barrier()                   # after the plan's own stores to seg and the count
             tl.store(tok_ptr + R + t, t.to(tl.int64), mask=tm)
+            tl.store(wid_ptr + ng + t, E + t.to(tl.int64) * 0, mask=tm)
+            tl.store(seg_ptr + ng + 1 + t, R + 1 + t, mask=tm)            # seg[ng] = R: the plan's end
             one = t == 0
-            tl.store(wid_ptr + ng + t * 0, E + t.to(tl.int64) * 0, mask=one)
-            tl.store(seg_ptr + ng + 1 + t * 0, R + T + t * 0, mask=one)
-            tl.store(ngrp_ptr + t * 0, ng + 1 + t * 0, mask=one)
+            tl.store(ngrp_ptr + t * 0, ng + T + t * 0, mask=one)
             tl.store(dist_ptr + t * 0, ng + t * 0, mask=one)
 
 
@@ -121,8 +123,8 @@ def route_plan(logits: torch.Tensor, bias: torch.Tensor, k: int, shared: bool = 
     its choices: (experts [T, k] int64, weights [T, k] fp32, Groups, the permutation back). One launch for a
     decode step's few pairs where kernels run (the router's top-k through torch was two kernels and the weights'
     softmax and gather three more, a layer), else the torch ops. `shared` (the launch only: `moe_step`): the
-    plan has one more group, weight id E (the shared expert), rows [T k, T k + T) for tokens 0..T-1, and a sixth
-    return, the distinct routed experts [1] int32 (the plan's count less the shared group)."""
+    plan has T more groups of weight id E (the shared expert), group ng + t row T k + t of token t, and a sixth
+    return, the distinct routed experts [1] int32 (the plan's count less the shared groups)."""
     T, E = logits.shape
     if not route_kernel_applies(T, E, k, logits):
         if shared:
@@ -134,9 +136,9 @@ def route_plan(logits: torch.Tensor, bias: torch.Tensor, k: int, shared: bool = 
     experts = torch.empty((T, k), dtype=torch.int64, device=dev)
     p = torch.empty((T, k), dtype=torch.float32, device=dev)
     tok = torch.empty(R + T * shared, dtype=torch.int64, device=dev)
-    wid = torch.empty(R + shared, dtype=torch.int64, device=dev)
+    wid = torch.empty(R + T * shared, dtype=torch.int64, device=dev)
     back = torch.empty(R, dtype=torch.int64, device=dev)
-    seg = torch.empty(R + 1 + shared, dtype=torch.int32, device=dev)
+    seg = torch.empty(R + 1 + T * shared, dtype=torch.int32, device=dev)
     n_groups, distinct = (torch.empty(1, dtype=torch.int32, device=dev) for _ in range(2))
     _route_plan_kernel[(1,)](logits, bias, experts, p, tok, wid, seg, n_groups, back, distinct, T, E,
                              logits.stride(0), k=k, TP=triton.next_power_of_2(T), EP=triton.next_power_of_2(E),
