@@ -278,7 +278,6 @@ def test_the_sibling_check_tells_shared_modules_from_experiments():
 
 # experiments that build a model without the model parameters, and why
 BUILDS_WITHOUT_MODEL_PARAMS = {
-    "prefill_throughput": "its byte formulas (fit.py) model a dense FFN held in bf16",
     "pulse": "the first PulseInfer replay, measured on the dense stand-in; the ladder supersedes it",
     "pulse_switch": "PulseInfer's switch on the dense stand-in's committed runs",
     "pulse_scaling": "PulseInfer's two-batch bound on the dense stand-in's committed runs",

@@ -25,12 +25,15 @@ from labkit.engine.model.prefill_batch import PrefillRequest, plan_forward
 from labkit.experiments.prefill_throughput.fit import (activation_bytes, activation_bytes_per_token,
                                                        activation_fixed_bytes, cap_holding, chunk_step, fit,
                                                        fla_activation_bytes_per_token, fla_activation_fixed_bytes,
-                                                       forward_shape, padded, prefix_bytes, slot_bytes)
+                                                       forward_shape, hc_frame_bytes_per_token, held_weight_bytes,
+                                                       moe_activation_bytes_per_token, moe_activation_fixed_bytes,
+                                                       padded, prefix_bytes, slot_bytes)
 from labkit.params import BadInput
 from labkit.shapes import ModelShape
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ModelShape.from_name("tiny")
+MOE = ModelShape.from_name("tiny-moe")            # the published shape's parts: experts, hyper-connections
 CPU = torch.device("cpu")
 
 
@@ -338,12 +341,13 @@ def test_byte_formulas_match_the_allocator_peaks_of_the_h200_runs(run, config):
     assert slot_bytes(ref, T, False) + ref.attn_layers * padded(T) * ref.row_bytes == slot_bytes(ref, T, True)
 
 
-def test_a_config_that_cannot_fit_is_a_failed_row_and_the_sweep_goes_on(tmp_path):
+def test_a_config_that_cannot_fit_is_a_failed_row_and_the_sweep_goes_on(tmp_path, model):
     """A cap that holds one offloaded prompt of 256 tokens but not one with its KV on the device: none is a
-    failed row that says why, prefill is measured (one prompt held), each row within the cap by the formulas."""
+    failed row that says why, prefill is measured (one prompt held), each row within the cap by the formulas
+    (which count the weights the built model holds)."""
     T, N = 256, 2
-    need = fit(TINY, T, N, 0, "prefill", 64).predicted_bytes
-    assert fit(TINY, T, N, need + 2_000, "none", 64).fits is False
+    need = fit(TINY, T, N, 0, "prefill", 64, weight_bytes=model.weight_bytes()).predicted_bytes
+    assert fit(TINY, T, N, need + 2_000, "none", 64, weight_bytes=model.weight_bytes()).fits is False
     run = experiments.measure("prefill_throughput", {"device": "cpu", "context_lens": str(T), "prompts": str(N),
                                                      "configs": "none,prefill", "repeats": "1",
                                                      "mem_cap_gib": str((need + 2_000) / 2**30),
@@ -363,6 +367,9 @@ def test_a_config_that_cannot_fit_is_a_failed_row_and_the_sweep_goes_on(tmp_path
     ({"mem_cap_gib": "0.0001"}, "below the"),
     ({"prompts": "-2"}, "prompts must be > 0"),
     ({"context_lens": "64M", "prompts": "64"}, "of host RAM"),
+    ({"batched": "true", "max_num_batched_tokens": "32"}, "below one chunk (64 tokens)"),
+    ({"max_num_batched_tokens": "512"}, "set batched=true"),
+    ({"shape": "tiny-moe", "weights_dtype": "bf16", "mem_cap_gib": "0.01"}, "fewer expert_banks hold less (now 8)"),
 ])
 def test_bad_input_is_one_line_before_anything_is_allocated(given, says, tmp_path):
     out = tmp_path / "never"
@@ -370,3 +377,93 @@ def test_bad_input_is_one_line_before_anything_is_allocated(given, says, tmp_pat
         experiments.plan("prefill_throughput", {"device": "cpu", "out_dir": str(out), **given})
     assert says in str(ex.value) and len(str(ex.value).splitlines()) == 1, str(ex.value)
     assert not out.exists()
+
+
+def test_the_weights_counted_are_those_held():
+    """W4A16 and expert banks: the formula's weights are the built model's (its matrices; the norms' and gates'
+    vectors aside, under 2% at these widths), a plan's fits count them, and fewer banks count less."""
+    for wd, banks in (("bf16", None), ("w4a16", None), ("w4a16", 2), ("bf16", 3)):
+        m = HybridModel(MOE, CPU, weights_dtype=wd, expert_banks=banks)
+        want = m.weight_bytes()
+        got = held_weight_bytes(MOE, wd, m.expert_banks)
+        assert 0 <= want - got <= 0.02 * want, (wd, banks, got, want)
+    assert held_weight_bytes(MOE, "w4a16", 2) < held_weight_bytes(MOE, "w4a16", 8) < held_weight_bytes(MOE, "bf16", 8)
+    p = experiments.plan("prefill_throughput", {"device": "cpu", "shape": "tiny-moe", "weights_dtype": "w4a16",
+                                                "expert_banks": "2", "context_lens": "256", "prompts": "3"}).params
+    assert (p["weights_dtype"], p["expert_banks"]) == ("w4a16", 2)
+    assert {f.weight_bytes for f in M.fits_of(p, MOE, 256).values()} == {held_weight_bytes(MOE, "w4a16", 2)}
+
+
+def test_the_activation_formula_covers_experts_and_hyper_connections():
+    """A DeltaNet-only `tiny-moe` (routed and shared experts, four hyper-connection copies) prefills one chunk of
+    128 and of 384 tokens: the live bytes per extra token are the formula's (the hyper-connections' frames
+    included) plus the prefix row and token id; without the hyper-connections' term it would be 15% short. The
+    experts' live set (the device's grouped GEMMs) is counted beside it and is below it here and at the
+    published shape, whose prefill peak stays in the DeltaNet layer or the split attention."""
+    s = dataclasses.replace(MOE, name="tiny-moe-dn", layers=3)
+    m = HybridModel(s, CPU, seed=0, weights_dtype="w4a16")
+    peaks = {}
+    for c in (128, 384):
+        cache = OffloadCache.allocate(m, "host", 1, c)
+        e = Engine(m, cache, get_strategy("zero_copy"), 64, prefill_chunk=c)
+        with torch.inference_mode(), _LiveBytes() as live:
+            e.prefill(0, torch.randint(0, s.vocab, (c,)))
+        peaks[c] = live.peak
+    slope = (peaks[384] - peaks[128]) / 256
+    want = activation_bytes_per_token(s) + s.row_bytes + 8
+    assert slope == pytest.approx(want, rel=0.03), (slope, want)
+    assert abs(slope - (want - hc_frame_bytes_per_token(s))) > 0.1 * slope
+    assert activation_bytes(s, 384, 384) == 384 * activation_bytes_per_token(s) + activation_fixed_bytes(s)
+    ref = ModelShape.from_name("qwen3.8-flash-next")
+    for shape in (s, ref):
+        assert moe_activation_bytes_per_token(shape) < min(activation_bytes_per_token(shape),
+                                                           fla_activation_bytes_per_token(shape))
+    big = dataclasses.replace(s, experts_per_tok=16, expert_intermediate=1024)     # experts' peak: the max takes it
+    assert activation_bytes(big, 256, 256) == 256 * moe_activation_bytes_per_token(big) + moe_activation_fixed_bytes(big)
+
+
+@torch.inference_mode()
+def test_a_batched_run_computes_what_one_at_a_time_computes():
+    """The published shape's parts held as the plan entries hold them (W4A16, two expert banks): three prompts of
+    160 tokens through two slots under a 256-token budget (forwards [p0, p1 to 96], [p1 from 96, p2]) leave bit
+    for bit the logits and KV of one-request prefill cut where the batch cut each prompt (this CPU computes each
+    row of a product alone), and the fit's bytes are the formula's terms."""
+    m = HybridModel(MOE, CPU, seed=0, weights_dtype="w4a16", expert_banks=2)
+    T = 160
+    prompts = M.make_prompts(MOE, T, 3, seed=6, dev=CPU)
+    f = dataclasses.replace(fit(MOE, T, 3, 1 << 40, "prefill", 256, batched=True,
+                                weight_bytes=m.weight_bytes()), in_flight=2)
+    assert f.per_forward == 2 and f.weight_bytes == m.weight_bytes()
+    assert f.predicted_bytes == (m.weight_bytes() + 2 * slot_bytes(MOE, T, False) + prefix_bytes(MOE, T, False, 2)
+                                 + activation_bytes(MOE, T, 256, batched=True, prompts=3)
+                                 + 3 * (T * 8 + MOE.vocab * 2))
+    b = M.Batch(m, "prefill", T, f)
+    got = b.prefill_all(prompts)
+    cache = OffloadCache.allocate(m, "host", 3, T)
+    e = Engine(m, cache, get_strategy("zero_copy"), 2048, prefill_chunk=256)
+    want = [e.prefill(0, prompts[0])]
+    e.prefill(1, prompts[1][:96])
+    want.append(e.prefill(1, prompts[1], start=96))
+    want.append(e.prefill(2, prompts[2]))
+    assert all(torch.equal(x, y) for x, y in zip(got, want)) and not torch.equal(got[0], got[2])
+    kv = torch.empty_like(b.kv_rows(0))
+    for layer in range(cache.pool.attn_layers):
+        cache.read_prefix(layer, 2, T, kv[layer])
+    assert torch.equal(b.kv_rows(0), kv)          # the third prompt went into the first prompt's slot
+
+
+def test_the_claims_plan_entries_test_the_published_regime():
+    """plans/claims.toml's three regime entries load and plan (on this CPU, their toy `[entry.cpu]` sizes), with
+    the published shape, W4A16, batched forwards, a 24 GiB cap, every config and two repeats on a GPU."""
+    from labkit.nightly import load_plan
+    names = ["prefill-throughput-128k", "prefill-throughput-512k", "prefill-throughput-1m"]
+    got = {e.name: e for e in load_plan(REPO / "plans" / "claims.toml", cuda=False, only=names)}
+    assert sorted(got) == sorted(names)
+    for name, (T, n) in zip(names, [("128K", 8), ("512K", 4), ("1M", 2)]):
+        e = got[name]
+        gpu = e.raw["parameters"]
+        assert (gpu["shape"], gpu["weights_dtype"], gpu["batched"], gpu["mem_cap_gib"]) == (
+            "qwen3.8-flash-next", "w4a16", True, 24)
+        assert (gpu["context_lens"], gpu["prompts"], gpu["configs"]) == (T, n, "none,prefill,both")
+        assert gpu["repeats"] >= 2 and e.timeout_s > 0
+        assert e.plan.batched and e.plan.weights_dtype == "w4a16" and e.plan.max_num_batched_tokens >= e.plan.chunk

@@ -10,8 +10,7 @@ from ...report.units import tokens_label as _ctx
 from ...results import REPO, load_run
 from ..box import run_shape
 from ..runs import RUNS
-from .common import (PUBLISHED_CONTEXT, PUBLISHED_TPOT_MS, across as _across, named_run as _run,
-                     ok_metrics as _metrics)
+from .common import PUBLISHED_CONTEXT, PUBLISHED_TPOT_MS, across as _across, ok_metrics as _metrics
 from .rule import SYSTEMS, Claim, Figure, Published
 
 
@@ -30,22 +29,84 @@ _PREFILL_SETTLE = ("a FlashOffloading prefill-throughput run at a point where th
 
 def _prefill_regime(m: pd.DataFrame | None) -> str:
     """Why a prefill-throughput point cannot show the published gain, read from its rows ("" when it can): the cap
-    leaves `none` chunks as large as `prefill`'s, and the engine prefills one request's chunk per forward, so what
-    the freed memory buys (prompts held) adds no throughput (the lab's byte model predicts ~1.0× there). With no
-    run, the stand-in is one prompt with no device cap: nothing for freed memory to buy."""
+    leaves `none` the same tokens per forward as `prefill` (its chunk, or with `batched` its token budget), so
+    what the freed memory buys adds no throughput (the lab's byte model predicts ~1.0× there). One-request runs
+    say so with prompts held (they buy nothing: one request's chunk a forward); batched runs with the prompts a
+    forward touches. Rows of several lengths: "" when any length can show it. With no run, the stand-in is one
+    prompt with no device cap: nothing for freed memory to buy."""
     if m is None:
         return ("the stand-in prefills one prompt with no device cap, so there is no freed memory to buy anything: "
                 "the lab's own model predicts ~1.0× there")
     if not {"config", "chunk"} <= set(m.columns):
         return ""
-    g = m.groupby("config").median(numeric_only=True)
-    if not {"none", "prefill"} <= set(g.index) or g.loc["none", "chunk"] < g.loc["prefill", "chunk"]:
-        return ""
-    held = (f" ({g.loc['none', 'in_flight']:.0f} vs {g.loc['prefill', 'in_flight']:.0f} prompts held)"
-            if "in_flight" in g else "")
-    return (f"at this point the device cap leaves `none` the same {g.loc['none', 'chunk']:,.0f}-token chunks as "
-            f"`prefill`{held}, and the engine prefills one request's chunk per forward, so the lab's own byte model "
-            "predicts ~1.0× here: the point cannot show the published effect")
+    lengths = sorted(m["context_len"].unique()) if "context_len" in m else [None]
+    out = []
+    for T in lengths:
+        g = (m if T is None else m[m["context_len"] == T]).groupby("config").median(numeric_only=True)
+        if not {"none", "prefill"} <= set(g.index) or g.loc["none", "chunk"] < g.loc["prefill", "chunk"]:
+            return ""
+        at = "" if T is None or len(lengths) == 1 else f" at {_ctx(int(T))}"
+        if bool(g.loc["prefill"].get("batched", False)):
+            out.append(f"the device cap leaves `none` the same {g.loc['none', 'chunk']:,.0f}-token budget per forward "
+                       f"as `prefill`{at}, so both run the same batched forwards")
+            continue
+        held = (f" ({g.loc['none', 'in_flight']:.0f} vs {g.loc['prefill', 'in_flight']:.0f} prompts held)"
+                if "in_flight" in g else "")
+        out.append(f"the device cap leaves `none` the same {g.loc['none', 'chunk']:,.0f}-token chunks as "
+                   f"`prefill`{at}{held}, and the engine prefills one request's chunk per forward")
+    return (("at this point " if len(lengths) == 1 else "") + "; ".join(out) + ", so the lab's own byte model predicts ~1.0× here: the point cannot show the "
+            "published effect")
+
+
+def _prefill_runs() -> list[str]:
+    """The committed prefill-throughput runs docs/runs.toml names under `prefill_throughput`: one run, or a list
+    (a length's configs may be measured in separate runs, each length in its own)."""
+    v = RUNS.get("prefill_throughput", "")
+    runs = [v] if isinstance(v, str) else list(v)
+    return [r for r in runs if r and (REPO / r / "manifest.json").is_file()]
+
+
+def _prefill_terms(runs: list[str], m: pd.DataFrame) -> Figure | None:
+    """Prompts per second, prefill-only offload over none, in the published terms: one figure, or with several
+    lengths one point per length where none held a prompt (where it could not, the gain is unbounded: said in
+    the figure's words, not a point). None when no length has both."""
+    lengths = sorted(m["context_len"].unique()) if "context_len" in m else [None]
+    points, unbounded, both = [], [], []
+    for T in lengths:
+        g = (m if T is None else m[m["context_len"] == T]).groupby("config").median(numeric_only=True)
+        num = g.loc["prefill" if "prefill" in g.index else "both"] if {"prefill", "both"} & set(g.index) else None
+        if num is None:
+            continue
+        if "none" not in g.index:
+            unbounded.append(_ctx(int(T)) if T is not None else "this length")
+            continue
+        den = g.loc["none"]
+        lo = num.get("prompts_per_s_min", num["prompts_per_s"]) / den.get("prompts_per_s_max", den["prompts_per_s"])
+        hi = num.get("prompts_per_s_max", num["prompts_per_s"]) / den.get("prompts_per_s_min", den["prompts_per_s"])
+        label = _ctx(int(T)) if T is not None and len(lengths) > 1 else ""
+        points.append((label or _ctx(int(T)) if T is not None else label, float(num["prompts_per_s"] / den["prompts_per_s"]), float(lo), float(hi)))
+        if "both" in g.index:
+            both.append(f"{label} {g.loc['both', 'prompts_per_s'] / den['prompts_per_s']:.2f}×".strip())
+    if not points:
+        return None
+    how = "slowest–fastest repeat" if "prompts_per_s_min" in m else "one measurement"
+    batched = "batched" in m and bool(m["batched"].fillna(False).astype(bool).any())
+    what = ("prompts prefilled per second, prefill-only offload / none, under a device cap"
+            + (", several prompts a forward" if batched else "")
+            + (f"; both stages {', '.join(both)}" if both else "")
+            + (f"; at {', '.join(unbounded)} none cannot hold one prompt (unbounded gain, no point)" if unbounded else ""))
+    shape = f"{run_shape(runs[0])}'s shape"      # the manifest's shape and revision: a stand-in says so
+    dev = (str(m["gpu_name"].dropna().iloc[0]).replace("NVIDIA ", "") if "gpu_name" in m and m["gpu_name"].notna().any()
+           else "our GPU")
+    held = (f", {m['weights_dtype'].dropna().iloc[0]} weights" if "weights_dtype" in m and m["weights_dtype"].notna().any()
+            else "")
+    differs = f"{shape}{held} on one {dev} (dense attention), not GLM-5.2 on Ascend 910C"
+    if len(points) == 1:
+        _, v, lo, hi = points[0]
+        return Figure(v, lo, hi, how, what, tuple(runs), differs)
+    vals = [p[1] for p in points]
+    return Figure(float(pd.Series(vals).median()), min(p[2] for p in points), max(p[3] for p in points), how, what,
+                  tuple(runs), differs, points=tuple(points))
 
 
 def _goodput_regime(runs: list[str], limit: float) -> str:
@@ -72,20 +133,10 @@ def flash_claims() -> list[Claim]:
                          f"one {_ctx(int(_metrics(RUNS['repeats_prefill'][0])['context_len'].max()))} prompt's prefill "
                          f"speed, rotating buffers (KV to host RAM) / resident, one {gpu_name}")
     terms, m = None, None
-    run = _run("prefill_throughput")
-    if run:
-        m = _metrics(run)
-        g = m.groupby("config").median(numeric_only=True)
-        num, den = g.loc["prefill" if "prefill" in g.index else "both"], g.loc["none"]
-        lo = num.get("prompts_per_s_min", num["prompts_per_s"]) / den.get("prompts_per_s_max", den["prompts_per_s"])
-        hi = num.get("prompts_per_s_max", num["prompts_per_s"]) / den.get("prompts_per_s_min", den["prompts_per_s"])
-        both = f"; both stages {g.loc['both', 'prompts_per_s'] / den['prompts_per_s']:.2f}×" if "both" in g.index else ""
-        shape = f"{run_shape(run)}'s shape"      # the manifest's shape and revision: a stand-in says so
-        dev = str(m["gpu_name"].dropna().iloc[0]).replace("NVIDIA ", "") if "gpu_name" in m and m["gpu_name"].notna().any() else "our GPU"
-        terms = Figure(float(num["prompts_per_s"] / den["prompts_per_s"]), float(lo), float(hi),
-                       "slowest–fastest repeat" if "prompts_per_s_min" in g else "one measurement",
-                       f"prompts prefilled per second, prefill-only offload / none, under a device cap{both}", (run,),
-                       f"{shape} on one {dev} (dense attention), not GLM-5.2 on Ascend 910C")
+    runs = _prefill_runs()
+    if runs:
+        m = pd.concat([_metrics(r) for r in runs], ignore_index=True)
+        terms = _prefill_terms(runs, m)
     regime = _prefill_regime(m)
     for key, pub in (("flash-prefill-throughput", FLASH_PREFILL), ("flash-prefill-dense", FLASH_DENSE)):
         out.append(Claim(key, sys, pub, terms=terms, strongest=one_prompt, stand_in=one_prompt, regime=regime,

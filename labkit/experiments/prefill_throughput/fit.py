@@ -3,7 +3,9 @@ and per configuration the largest chunk and in-flight count that fit (pure arith
 
 Device bytes at the peak of a prefill, term by term (each one the size of a tensor the engine allocates):
 
-- `weights`: the model (`ModelShape.weight_bytes`);
+- `weights`: the weights held (`held_weight_bytes`: every matrix as `weights_dtype` holds it, W4A16's 4-bit values
+  with their group scales and zeros, and of the routed experts only the `expert_banks` layers' worth the device
+  holds, the other layers sharing them; a run passes the built model's own `HybridModel.weight_bytes`);
 - `slot` per prompt in flight (`OffloadCache.allocate` with one slot per prompt held): the index keys and their
   scales (`attn_layers x T x index_key_bytes`), the DeltaNet state and conv window, the page-table row; with the KV
   on the device (`none`) also its pool rows, `attn_layers x T x row_bytes`;
@@ -17,6 +19,11 @@ Device bytes at the peak of a prefill, term by term (each one the size of a tens
   attention (cuDNN, Hopper) the larger of that and a QSA layer's live set at its last chunk with a prefix
   (`split_attention_bytes`: per token, plus the prefix's keys and values copied once), the peak of the fla path at
   the reference shape;
+- with hyper-connections every frame of a forward also holds the residual stream (`hc_frame_bytes_per_token`: the
+  pair of `hc_count` copies the caller holds, their sum, the mix's low-rank product), and with routed experts the
+  FFN's live set may be the peak instead (`moe_activation_bytes_per_token`: the router's logits, the shared
+  expert's output, the chosen pairs and their weights, the gate|up activations of every pair and their down
+  products, as `moe_gemm.routed_experts` allocates them on the device), whichever is more;
 - `prompts`: the N prompts' token ids and the logits kept per prompt;
 - a forward of several requests (`Engine.prefill_batch`, `batched=True`): the chunk is the forward's token budget,
   which may exceed a prompt; the activations are those of a chunk of the forward's total tokens (the dense products
@@ -41,12 +48,58 @@ from dataclasses import asdict, dataclass
 
 from ...engine.model.cache import PAGE_SIZE
 from ...engine.model.layers import dn_state_shapes
+from ...engine.model.moe_gemm import TILES
 from ...engine.model.prefill_buffers import rotating_buffer_bytes
-from ...shapes import BF16_BYTES, ModelShape
+from ...shapes import BF16_BYTES, ModelShape, aligned_width
 
 FP32 = 4
 DN_CHUNK = 64          # `DeltaNetLayer.forward_seq`'s recurrence chunk: a prefill chunk is a multiple of it
 KV_ON_DEVICE = {"none": True, "prefill": False, "both": False}
+
+
+def held_weight_bytes(s: ModelShape, weights_dtype: str = "bf16", expert_banks: int | None = None) -> int:
+    """Device bytes of the weights as held: every matrix and the embedding as `weights_dtype` holds it
+    (`ModelShape.weight_bytes`), less the routed experts of the layers beyond `expert_banks` (they share the banks
+    held: `engine.model.hybrid.resolve_holding`'s bank is one layer's routed experts). The norms' and gates'
+    vectors are not counted (under 1% at toy widths, nothing at the reference's)."""
+    held = s.weight_bytes(weights_dtype)
+    if s.moe and expert_banks and expert_banks < s.layers:
+        bank = s.step_weight_bytes(1, weights_dtype, experts_read=s.experts)["experts"] / s.layers
+        held -= int((s.layers - expert_banks) * bank)
+    return held
+
+
+def hc_frame_bytes_per_token(s: ModelShape) -> int:
+    """What hyper-connections add to every frame of a prefill forward, per token (0 without them): the stream pair
+    the caller holds through the block (2 x hc_count x hidden; the first block's is the embeddings repeated and
+    zeros), the stream's sum (hc_count x hidden) less the plain pair it replaces (2 x hidden), and the mix's
+    low-rank down product with its injection logits (`hc.w_down`'s padded width); bf16."""
+    if s.hc_count <= 1:
+        return 0
+    return ((3 * s.hc_count - 2) * s.hidden + aligned_width(s.hc_lowrank + s.hc_count)) * BF16_BYTES
+
+
+def moe_activation_bytes_per_token(s: ModelShape) -> int:
+    """Bytes per chunk token live at the peak of a routed-experts FFN on the device's grouped GEMMs
+    (`moe_gemm.routed_experts`, at its combine): the residual and its norm (2 x hidden), the router's and the
+    shared gate's logits (experts + 1), the shared expert's output (hidden), the gate|up activations of the
+    `experts_per_tok` pairs (k x expert width) and their down products (k x hidden), the combined output (hidden),
+    all bf16; the chosen experts (int64), their weights (fp32) and the sorted pair rows (int32), k each; plus the
+    hyper-connections' frames. 0 without experts."""
+    if not s.moe:
+        return 0
+    k = s.experts_per_tok
+    bf16 = 2 * s.hidden + s.experts + 1 + s.hidden + k * s.expert_intermediate + k * s.hidden + s.hidden
+    return bf16 * BF16_BYTES + k * (8 + FP32 + 4) + hc_frame_bytes_per_token(s) + POSITION_BYTES
+
+
+def moe_activation_fixed_bytes(s: ModelShape) -> int:
+    """Per forward, whatever the chunk: each expert's pairs padded to a block of the grouped GEMM's rows, at most
+    a block's rows short per expert, in the activations and the pair rows."""
+    if not s.moe:
+        return 0
+    bm = TILES["glu"].bm
+    return s.experts * bm * (s.expert_intermediate * BF16_BYTES + 4)
 
 
 def activation_bytes_per_token(s: ModelShape) -> int:
@@ -54,12 +107,13 @@ def activation_bytes_per_token(s: ModelShape) -> int:
     the residual pair, its sum and norm (4 x hidden, bf16); the input projection (bf16); the conv's input and
     output (2 x conv channels, bf16); twelve fp32 tensors of value width (q and k repeated to the value heads,
     v, their padded copies, k*beta, u, w, the decayed k and q, the output); six fp32 [C x C] blocks per
-    recurrence chunk and head (decay, its masks, A, (I+A)^-1, q.k); five fp32 gates per head."""
+    recurrence chunk and head (decay, its masks, A, (I+A)^-1, q.k); five fp32 gates per head; the
+    hyper-connections' frames (`hc_frame_bytes_per_token`)."""
     dk, dv, hv = s.dn_k_heads * s.dn_head_dim, s.dn_v_heads * s.dn_head_dim, s.dn_v_heads
     conv_ch = 2 * dk + dv
     in_proj = 2 * dk + 2 * dv + 2 * hv
     return (4 * s.hidden * BF16_BYTES + in_proj * BF16_BYTES + 2 * conv_ch * BF16_BYTES + 12 * dv * FP32
-            + 6 * hv * DN_CHUNK * FP32 + 5 * hv * FP32)
+            + 6 * hv * DN_CHUNK * FP32 + 5 * hv * FP32 + hc_frame_bytes_per_token(s))
 
 
 def activation_fixed_bytes(s: ModelShape) -> int:
@@ -91,7 +145,7 @@ def fla_activation_bytes_per_token(s: ModelShape) -> int:
         + 2 * hv * FP32 + hv * BF16_BYTES + POSITION_BYTES
     kernel = (conv_ch + 2 * dk + hv * DN_CHUNK + 2 * dv + hv * dh * dh // DN_CHUNK + 2 * dv) * BF16_BYTES \
         + (2 * hk + hv) * FP32
-    return frames + kernel
+    return frames + kernel + hc_frame_bytes_per_token(s)
 
 
 def fla_activation_fixed_bytes(s: ModelShape) -> int:
@@ -112,7 +166,7 @@ def split_attention_bytes_per_token(s: ModelShape) -> int:
     block = (3 * s.hidden + s.weight_matrices()["qsa.w_in"][1] + qd) * BF16_BYTES + s.row_bytes \
         + s.index_key_bytes + s.index_heads * BF16_BYTES + POSITION_BYTES
     attention = 6 * qd * BF16_BYTES + 5 * s.n_heads * FP32 + 3 * qd * FP32
-    return block + attention
+    return block + attention + hc_frame_bytes_per_token(s)
 
 
 def split_attention_bytes(s: ModelShape, T: int, chunk: int) -> int:
@@ -142,8 +196,9 @@ def forward_shape(T: int, budget: int, prompts: int) -> tuple[int, int]:
 def activation_bytes(s: ModelShape, T: int, chunk: int, dn_kernel: str = "torch",
                      attention_kernel: str = "sdpa", batched: bool = False, prompts: int = 1) -> int:
     """The activations at the peak of a prompt's forwards in chunks of `chunk` with these kernels: the DeltaNet
-    layer's live set, or with the split attention a QSA layer's where it is more (SDPA's per-KV-head calls hold
-    a fraction of the DeltaNet layer's: no term). `batched`: `chunk` is the token budget of forwards over several
+    layer's live set, or the routed experts' or with the split attention a QSA layer's where either is more
+    (SDPA's per-KV-head calls hold a fraction of the DeltaNet layer's: no term). With a batched forward the
+    DeltaNet scan and the attention hold one request's rows at a time, the experts all the forward's. `batched`: `chunk` is the token budget of forwards over several
     of the `prompts` (module docstring): a QSA layer's split attention then holds the forward's rows and the
     longest prefix a forward's first request brings."""
     if dn_kernel not in DN_KERNELS or attention_kernel not in ATTENTION_KERNELS:
@@ -153,6 +208,8 @@ def activation_bytes(s: ModelShape, T: int, chunk: int, dn_kernel: str = "torch"
         dn = chunk * fla_activation_bytes_per_token(s) + fla_activation_fixed_bytes(s)
     else:
         dn = chunk * activation_bytes_per_token(s) + activation_fixed_bytes(s)
+    if s.moe:          # the routed experts' live set, where it is more (not at the reference shape: 0.63 of fla's)
+        dn = max(dn, chunk * moe_activation_bytes_per_token(s) + moe_activation_fixed_bytes(s))
     if attention_kernel != "split":
         return dn
     if not batched:
@@ -240,19 +297,22 @@ def chunk_step(chunk_max: int) -> int:
 
 
 def fit(s: ModelShape, T: int, prompts: int, cap: float, config: str, chunk_max: int, reserve: float = 0.0,
-        dn_kernel: str = "torch", attention_kernel: str = "sdpa", batched: bool = False) -> Fit:
+        dn_kernel: str = "torch", attention_kernel: str = "sdpa", batched: bool = False,
+        weight_bytes: int | None = None) -> Fit:
     """The largest chunk (a multiple of `chunk_step`, at most `chunk_max` and the prompt) that fits `cap` with one
     prompt held, then the most prompts held (at most `prompts`) that fit beside that chunk. The chunk goes
     first: it is paid on every forward, while a second slot only lets a finished prompt's hand-off overlap the
     next prompt (module docstring of `measure`). The kernels: those the engine takes on the device
     (`measure.prefill_kernels`; the defaults are a CPU's). `batched`: the chunk is the token budget of forwards over
     several prompts, at most `chunk_max` (not the prompt), and a chunk fits only with a slot (and with rotating
-    buffers, their four) for every prompt a forward touches. Nothing fits: chunk and in_flight 0, the smallest
-    chunk's bytes."""
+    buffers, their four) for every prompt a forward touches. `weight_bytes`: the weights held (default the
+    shape's, all of them in bf16: `held_weight_bytes` for another holding). Nothing fits: chunk and in_flight 0,
+    the smallest chunk's bytes."""
     on_dev = KV_ON_DEVICE[config]
     slot = slot_bytes(s, T, on_dev)
-    fixed = s.weight_bytes() + prompt_bytes(s, T, prompts) + int(reserve)
-    base = dict(config=config, weight_bytes=s.weight_bytes(), slot_bytes=slot, prompt_bytes=prompt_bytes(s, T, prompts),
+    weights = s.weight_bytes() if weight_bytes is None else int(weight_bytes)
+    fixed = weights + prompt_bytes(s, T, prompts) + int(reserve)
+    base = dict(config=config, weight_bytes=weights, slot_bytes=slot, prompt_bytes=prompt_bytes(s, T, prompts),
                 reserve_bytes=int(reserve), cap_bytes=int(cap), dn_kernel=dn_kernel, attention_kernel=attention_kernel,
                 batched=batched)
 
@@ -280,7 +340,8 @@ def fit(s: ModelShape, T: int, prompts: int, cap: float, config: str, chunk_max:
 
 
 def cap_holding(s: ModelShape, T: int, prompts: int, held: int, chunk_max: int, reserve: float = 0.0,
-                dn_kernel: str = "torch", attention_kernel: str = "sdpa") -> int:
-    """The smallest cap at which `none` (KV on the device) holds `held` prompts at the largest chunk."""
-    return (s.weight_bytes() + held * slot_bytes(s, T, True) + prefix_bytes(s, T, True) + prompt_bytes(s, T, prompts)
+                dn_kernel: str = "torch", attention_kernel: str = "sdpa", weight_bytes: int | None = None) -> int:
+    """The smallest cap at which `none` (KV on the device) holds `held` prompts at the largest chunk (one
+    request's chunk a forward), `weight_bytes` held (default as `fit`'s)."""
+    return ((s.weight_bytes() if weight_bytes is None else int(weight_bytes)) + held * slot_bytes(s, T, True) + prefix_bytes(s, T, True) + prompt_bytes(s, T, prompts)
             + int(reserve) + activation_bytes(s, T, min(chunk_max, T), dn_kernel, attention_kernel))

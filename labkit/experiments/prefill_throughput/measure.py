@@ -12,14 +12,17 @@ prefilled on one device whose memory cannot hold them all with their KV, in thre
 
 Why this measure. The published setting is disaggregated: a prefill node prefills prompts and keeps each
 finished prompt's KV until the decode side takes it; with no offload that KV occupies device memory, with
-offload it sits in host RAM and the freed device memory buys larger batches. A run prefills one request's chunk
-per forward (`Engine.prefill_chunks`); a `Batch` made from a batched fit (`fits_of(..., batched=True)`) prefills
-several prompts a forward under the chunk as token budget (`Engine.prefill_batch`'s `BatchedPrefill`), where a
-forward's tokens may span prompts. The experiment composes through those APIs only (the prefill internals are not
-touched), so what freed memory can buy here is
-1. tokens per forward: the chunk size the cap allows beside everything else (activations grow with the chunk);
-2. prompts held at once (`in_flight`): slots of the cache, one per prompt between its prefill and its hand-off.
-Each config takes, from the cap, the largest chunk (a multiple of 64 tokens, at most `chunk`) with one prompt
+offload it sits in host RAM and the freed device memory buys larger batches. By default a run prefills one
+request's chunk per forward (`Engine.prefill_chunks`); with `batched` it prefills several prompts a forward
+(`Engine.prefill_batch`'s `BatchedPrefill`, first come, first served) under a token budget per forward, vLLM's
+`max_num_batched_tokens`, where a forward's tokens may span prompts. The experiment composes through those APIs
+only (the prefill internals are not touched), so what freed memory can buy here is
+1. tokens per forward: the chunk (batched: the budget) the cap allows beside everything else (activations grow
+   with it; batched, the experts' GEMMs see all of a forward's tokens at once);
+2. prompts held at once (`in_flight`): slots of the cache, one per prompt between its prefill and its hand-off
+   (batched: at least one for every prompt a forward touches, `per_forward`).
+Each config takes, from the cap, the largest chunk (a multiple of 64 tokens, at most `chunk`; batched, the
+largest budget, at most `max_num_batched_tokens`) with one prompt (batched: `per_forward` prompts)
 held, then as many prompts held as fit beside it (`fit.py`: the byte formulas of every allocation for the kernels the
 engine takes on the device, the torch form of DeltaNet's recurrence checked against the allocator's peaks of the
 committed H200 prefill runs within 1%). The chunk goes first because it is
@@ -51,7 +54,8 @@ offloaded configs' (~1.0x), whatever `in_flight` is; the ratio moves only when t
 Rows (metrics.parquet, one per length and config): `prompts_per_s` = N / the batch's wall time (median over
 `repeats` batches; `_min`/`_max` from the slowest/fastest), `tok_s` = N x T / that time, `step_ms_*` = wall time per
 prompt, `concurrency` = `in_flight`, `chunk`, `predicted_bytes` (the formulas) and `device_mem_peak_bytes` (the
-allocator), `vs_none` (prompts_per_s over `none`'s at that length, this run). A batch's time runs from the first
+allocator), `vs_none` (prompts_per_s over `none`'s at that length, this run), `batched`, `per_forward`,
+`max_num_batched_tokens` (0 unbatched), `forwards` per batch, `weights_dtype` and `expert_banks` as held. A batch's time runs from the first
 chunk's enqueue to the last hand-off's end (host wall time between two synchronizes). Bad parameters: one line
 before anything is allocated.
 """
@@ -68,14 +72,15 @@ import torch
 
 from ...engine import Engine, HybridModel, OffloadCache, get_strategy
 from ...engine.model.attention import prefill_kernel
+from ...engine.model.hybrid import resolve_holding
 from ...engine.model.layers import dn_prefill_kernel
 from ...engine.model.prefill_batch import BatchedPrefill, PrefillRequest
 from ...params import BadInput, fill_auto, resolve_device
 from ...results import Run
-from ...shapes import ModelShape, planned_shape
+from ...shapes import ModelShape, model_kwargs, planned_shape
 from ... import sweep
 from ..device_cap import apply_cap, check_cap
-from .fit import KV_ON_DEVICE, Fit, cap_holding, chunk_step, fit, padded, size, slot_bytes
+from .fit import KV_ON_DEVICE, Fit, cap_holding, chunk_step, fit, held_weight_bytes, padded, size, slot_bytes
 from . import CONFIGS, SPEC
 
 EXPERIMENT = "prefill_throughput"
@@ -97,18 +102,40 @@ def check(p: dict) -> dict:
     p["configs"] = list(dict.fromkeys(p["configs"]))
     if not p["context_lens"]:
         raise BadInput("context_lens: none given")
+    check_budget(p)
+    # how the weights are held, decided here as the model will decide it, so the byte formulas count what it holds
+    p["weights_dtype"], banks = resolve_holding(shape, dev, p["weights_dtype"], p["expert_banks"] or None)
+    p["expert_banks"] = banks if shape.moe else 0
+    weights = held_weight_bytes(shape, p["weights_dtype"], p["expert_banks"])
     if p["mem_cap_gib"] == 0:        # just too small for none to hold every prompt: it holds half, rounded up
         T = max(p["context_lens"])
         held = math.ceil(p["prompts"] / 2)
-        cap = cap_holding(shape, T, p["prompts"], held, p["chunk"], p["reserve_gib"] * 2**30, **prefill_kernels(dev))
+        cap = cap_holding(shape, T, p["prompts"], held, p["chunk"], p["reserve_gib"] * 2**30, **prefill_kernels(dev),
+                          weight_bytes=weights)
         cap += slot_bytes(shape, T, True) // 2           # half a slot over: never one short by rounding
         p["mem_cap_gib"] = cap / 2**30
     try:
-        check_cap(p["mem_cap_gib"], shape, dev)
+        check_cap(p["mem_cap_gib"], shape, dev, p["weights_dtype"], p["expert_banks"])
     except BadInput as ex:
-        raise BadInput(f"{ex} (prompts={p['prompts']} of {max(p['context_lens'])} tokens)") from None
+        bank = (f"; fewer expert_banks hold less (now {p['expert_banks']})" if shape.moe else "")
+        raise BadInput(f"{ex} (prompts={p['prompts']} of {max(p['context_lens'])} tokens{bank})") from None
     check_host_memory(p, shape, dev)
     return p
+
+
+def check_budget(p: dict) -> None:
+    """The batched prefill's token budget per forward: decided where 0, refused in one line where it is below one
+    chunk or given without `batched`."""
+    given = p["max_num_batched_tokens"]
+    if not p["batched"]:
+        if given:
+            raise BadInput(f"max_num_batched_tokens={given} is the batched prefill's budget per forward: set "
+                           "batched=true, or leave it 0")
+        return
+    if given and given < p["chunk"]:
+        raise BadInput(f"max_num_batched_tokens={given} is below one chunk ({p['chunk']} tokens): a forward over "
+                       f"several prompts would take fewer tokens than one prompt's chunk; give at least {p['chunk']}")
+    p["max_num_batched_tokens"] = given or p["prompts"] * p["chunk"]
 
 
 def prefill_kernels(dev: torch.device) -> dict[str, str]:
@@ -117,28 +144,33 @@ def prefill_kernels(dev: torch.device) -> dict[str, str]:
     return {"dn_kernel": dn_prefill_kernel(dev), "attention_kernel": prefill_kernel(dev)}
 
 
-def fits_of(p: dict, shape: ModelShape, T: int, batched: bool = False) -> dict[str, Fit]:
-    """What the cap holds per config at prompt length T (checked parameters; arithmetic only). `batched`: several
-    prompts a forward, `chunk` their token budget (a `Batch` made from such a fit prefills that way)."""
+def fits_of(p: dict, shape: ModelShape, T: int, weight_bytes: int | None = None) -> dict[str, Fit]:
+    """What the cap holds per config at prompt length T (checked parameters; arithmetic only). With `batched`,
+    several prompts a forward under a token budget of at most `max_num_batched_tokens` (a `Batch` made from such
+    a fit prefills that way), else one prompt's chunk of at most `chunk`. `weight_bytes`: the weights held (a
+    built model's; default the formula's for the plan's `weights_dtype` and `expert_banks`)."""
     kernels = prefill_kernels(torch.device(p["device"]))
-    return {c: fit(shape, T, p["prompts"], p["mem_cap_gib"] * 2**30, c, p["chunk"], p["reserve_gib"] * 2**30,
-                   **kernels, batched=batched) for c in p["configs"]}
+    top = p["max_num_batched_tokens"] if p["batched"] else p["chunk"]
+    if weight_bytes is None:
+        weight_bytes = held_weight_bytes(shape, p["weights_dtype"], p["expert_banks"])
+    return {c: fit(shape, T, p["prompts"], p["mem_cap_gib"] * 2**30, c, top, p["reserve_gib"] * 2**30, **kernels,
+                   batched=p["batched"], weight_bytes=weight_bytes) for c in p["configs"]}
 
 
-def host_bytes(shape: ModelShape, T: int, f: Fit, dev: torch.device) -> int:
-    """Host RAM a config takes: its pinned KV pool (offloaded), the hand-off's receive buffer, and on a CPU
-    everything the "device" holds."""
+def host_bytes(shape: ModelShape, T: int, f: Fit, dev: torch.device, ngram: int = 0) -> int:
+    """Host RAM a config takes: its pinned KV pool (offloaded), the hand-off's receive buffer, the n-gram table
+    (`ngram` bytes), and on a CPU everything the "device" holds."""
     held = max(1, f.in_flight)
     pool = 0 if KV_ON_DEVICE[f.config] else held * padded(T) * shape.kv_bytes_per_token()
     device = f.predicted_bytes if dev.type != "cuda" else 0
-    return pool + f.slot_bytes + device
+    return pool + f.slot_bytes + device + ngram
 
 
 def check_host_memory(p: dict, shape: ModelShape, dev: torch.device) -> None:
     avail = psutil.virtual_memory().available
     for T in p["context_lens"]:
         for c, f in fits_of(p, shape, T).items():
-            need = host_bytes(shape, T, f, dev)
+            need = host_bytes(shape, T, f, dev, model_kwargs(p)["ngram_table_bytes"] if shape.ngram_heads else 0)
             if need > RAM_SHARE * avail:
                 raise BadInput(f"config {c}: {max(1, f.in_flight)} prompt(s) of {T} tokens need {size(need)} of host "
                                f"RAM; {size(avail)} is available now: lower context_lens or prompts")
@@ -307,6 +339,7 @@ def measure(model, config: str, T: int, f: Fit, prompts: list[torch.Tensor], p: 
            "tok_s": n * T / (med / 1e3), "wall_s": med / 1e3, "wall_s_min": lo / 1e3, "wall_s_max": hi / 1e3,
            "step_ms_median": med / n, "step_ms_min": lo / n, "step_ms_max": hi / n,
            "chunks_per_prompt": math.ceil(T / f.chunk), "handoff_bytes_per_prompt": batch.handoff_bytes,
+           "forwards": math.ceil(n * T / f.chunk) if f.batched else n * math.ceil(T / f.chunk),
            "device_kv_bytes": kv if KV_ON_DEVICE[config] else 0, "host_kv_bytes": 0 if KV_ON_DEVICE[config] else kv,
            "device_mem_peak_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
            "device_mem_reserved_peak_bytes": torch.cuda.max_memory_reserved(dev) if dev.type == "cuda" else None,
@@ -331,7 +364,9 @@ def point_row(shape: ModelShape, f: Fit, config: str, T: int, p: dict, fits_form
             "predicted_allocated_bytes": f.predicted_bytes - f.reserve_bytes, "weight_bytes": f.weight_bytes,
             "slot_bytes": f.slot_bytes, "prefix_bytes": f.prefix_bytes, "activation_bytes": f.activation_bytes,
             "reserve_bytes": f.reserve_bytes, "strategy": HOW[config][0], "prefill_mode": HOW[config][1],
-            "batched": f.batched}
+            "batched": f.batched, "per_forward": f.per_forward,
+            "max_num_batched_tokens": p["max_num_batched_tokens"] if f.batched else 0,
+            "weights_dtype": p["weights_dtype"], "expert_banks": p["expert_banks"]}
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -341,9 +376,12 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     apply_cap(p["mem_cap_gib"], dev)
     r = sweep.open_run(p, EXPERIMENT)
     base = {"device": p["device"], "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name}
-    model = HybridModel(shape, dev, seed=p["seed"])
-    fits = {T: fits_of(p, shape, T) for T in p["context_lens"]}
-    r.update_manifest(weight_bytes=model.weight_bytes(), shape_info=shape.summary(),
+    model = HybridModel(shape, dev, seed=p["seed"], **model_kwargs(p))
+    # the fits count the weights the model holds; the formula's count beside it in the manifest
+    fits = {T: fits_of(p, shape, T, model.weight_bytes()) for T in p["context_lens"]}
+    r.update_manifest(weight_bytes=model.weight_bytes(), holding=model.holding(),
+                      formula_weight_bytes=held_weight_bytes(shape, p["weights_dtype"], p["expert_banks"]),
+                      shape_info=shape.summary(),
                       fits=[{"context_len": T, **f.row()} for T, fs in fits.items() for f in fs.values()])
     points = sweep.grid(T=p["context_lens"], config=p["configs"])
     first = True
