@@ -376,14 +376,17 @@ def cmd_predict(a) -> int:
                           "allreduce_us_band": list(band) if band else None,
                           "validation_on_source": err.to_dict("records")}, indent=1, default=str))
         return 0
-    _print_prediction(a, tabs, err, target, source, shape, mf, band)
+    measured = (costmodel.measured_allreduce_us(how.get("allreduce_us"), how.get("calibration"))
+                if a.split == "tensor" and a.gpus > 1 else None)
+    _print_prediction(a, tabs, err, target, source, shape, mf, band, measured)
     return 0
 
 
-def _print_prediction(a, tabs, err, target, source, shape, mf, band=None) -> None:
+def _print_prediction(a, tabs, err, target, source, shape, mf, band=None, measured=None) -> None:
     """The table `labkit predict` prints: one line of what it is, one row per point, each point that does not fit
     the card's memory said so, then the reasoning at the largest context and the check on the source run. `band`:
-    the all-reduce latencies of `tabs`' two tables (an unmeasured tensor split): each figure as the band's lo–hi."""
+    the all-reduce latencies of `tabs`' two tables (an unmeasured tensor split): each figure as the band's lo–hi;
+    `measured`: the one measured latency a tensor split took instead, said with where it came from."""
     tab = tabs[0]
     split = "" if a.gpus == 1 else (", each layer split over them" if a.split == "tensor" else ", layers in stages")
     held = a.weights_dtype or (mf.get("parameters") or {}).get("weights_dtype") or "bf16"
@@ -400,8 +403,11 @@ def _print_prediction(a, tabs, err, target, source, shape, mf, band=None) -> Non
     print(show.to_string(index=False))
     if band:
         print(f"\nall-reduce latency unmeasured: each step and tok/s is the band over {band[0]:g}–{band[1]:g} µs an "
-              f"all-reduce (lo–hi); a measured one (--allreduce-us, or allreduce_us in the --calibration JSON) "
-              f"replaces the band")
+              f"all-reduce (lo–hi); a measured one (--allreduce-us, allreduce_us in a --calibration JSON, or a "
+              f"--calibration folder of `labkit run probe` on the box's 2 or more GPUs) replaces the band")
+    elif measured is not None:
+        print(f"\nall-reduce latency {measured:g} µs, measured "
+              f"({'--allreduce-us' if a.allreduce_us is not None else f'the --calibration {a.calibration}'})")
     usable = target.memory_gib - costmodel.MEMORY_RESERVE_GIB
     if not tab["fits"].all():
         print(f"\n'does not fit': the point needs more than the {usable:.1f} GiB usable of each card's "
@@ -611,10 +617,11 @@ def _add_reading(sub) -> None:
                          "two all-reduces a layer) [default layers]")
     pr.add_argument("--allreduce-us", type=float, default=None,
                     help="one all-reduce's measured latency between your cards in µs (tensor split; without it, "
-                         "or allreduce_us in the --calibration JSON, the prediction is the band over 10–100 µs)")
+                         "or an all-reduce in the --calibration, the prediction is the band over 10–100 µs)")
     pr.add_argument("--calibration", help="rates measured on the target card: a calibration JSON (gpu_name, "
-                    "hbm_read_gbps, link_gbps, optionally allreduce_us) or a decode run folder made there (its "
-                    "probe rows); the run's own probe calibrates the source")
+                    "hbm_read_gbps, link_gbps, optionally allreduce_us) or a probe or decode run folder made there "
+                    "(its probe rows; a `labkit run probe` on 2 or more GPUs adds the all-reduce latency); the run's "
+                    "own probe calibrates the source")
     pr.add_argument("--weights-dtype", choices=shapes.WEIGHT_DTYPES, help="predict the model held in these weights")
     pr.add_argument("--host-gbps", type=float, help="the target box's host RAM copy bandwidth (GB/s, all cores, as "
                     "`labkit run probe` measures it there): scales CPU-staged gathers (default: this run's host)")

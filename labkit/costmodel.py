@@ -57,9 +57,10 @@ HANDOFF_MS = 0.02            # one activation hand-off between stages (a few KiB
 # An all-reduce of a few KiB among cards on PCIe without NVLink is latency-bound: NCCL's ring over PCIe (through
 # host memory where peer-to-peer is off, as on GeForce cards) takes tens of microseconds. Not measured here (the
 # lab's GPUs are one per machine): an assumption, given with the predictions that use it, which a box's owner
-# replaces with their own measurement (`--allreduce-us`, or a calibration's `allreduce_us`, e.g. from nccl-tests'
-# all_reduce_perf at 16 KB). Without one, a tensor-parallel prediction is given over `ALLREDUCE_BAND_US`, not at one
-# value: `ALLREDUCE_US` is only the value inside the band a single-number call falls back on.
+# replaces with their own measurement (`--allreduce-us`; `--calibration` with a `labkit run probe` folder made on the
+# box, whose `allreduce` rows time NCCL among its GPUs; or a calibration JSON's `allreduce_us`, e.g. from
+# nccl-tests' all_reduce_perf at 16 KB). Without one, a tensor-parallel prediction is given over `ALLREDUCE_BAND_US`,
+# not at one value: `ALLREDUCE_US` is only the value inside the band a single-number call falls back on.
 ALLREDUCE_US = 30.0
 ALLREDUCE_BAND_US = (10.0, 100.0)
 CALIBRATION_CAP = 1 << 20      # bytes of a calibration JSON (a few hundred)
@@ -362,9 +363,10 @@ def allreduce_ms(n: int, nbytes: float, link_gbps: float, latency_us: float = AL
 
 @dataclass(frozen=True)
 class Calibration:
-    """Rates measured on one card by a short calibration (`labkit calibrate`, or a decode run's probe rows):
+    """Rates measured on one card by a short calibration (`labkit calibrate`, or a probe or decode run's probe rows):
     its HBM read, its host link's zero-copy gather, optionally its dense bf16 GEMM and the latency of one NCCL
-    all-reduce among the box's cards at a tensor-parallel step's size (`allreduce_us`). A prediction between two
+    all-reduce among the box's cards at a tensor-parallel step's size (`allreduce_us`: a JSON's, or a probe run's
+    `allreduce` row at concurrency 1, measured where the box has 2 or more GPUs). A prediction between two
     calibrated cards scales each phase by these ratios rather than the datasheets'; a measured all-reduce latency
     replaces the unmeasured band of a tensor-parallel prediction."""
     gpu_name: str
@@ -389,7 +391,7 @@ class Calibration:
         hbm, link = _probe_gbps(m, "hbm_read"), _probe_gbps(m, "zero_copy")
         if not hbm or not link:
             raise ValueError(f"{source or 'this run'}: no hbm_read and zero_copy probe rows to calibrate from")
-        return cls(gpu_name, hbm, link, _probe_gbps(m, "gemm_bf16"), source)
+        return cls(gpu_name, hbm, link, _probe_gbps(m, "gemm_bf16"), source, _probe_allreduce_us(m, source))
 
     @classmethod
     def load(cls, path) -> "Calibration":
@@ -425,7 +427,7 @@ class Calibration:
 # The metrics columns read as numbers (with every `anat_*` column): a run whose table holds text in one is refused
 # in one line, not met as a traceback mid-table; text that reads as a number ("65536.0") is taken as that number
 NUMERIC_COLUMNS = ("context_len", "concurrency", "budget", "repeats", "step_ms_median", "step_ms_min", "step_ms_max",
-                   "tok_s", "gbps", "experts_read_per_layer")
+                   "tok_s", "gbps", "experts_read_per_layer", "ranks")
 
 
 def numeric_metrics(m: pd.DataFrame, where: str = "the run's metrics.parquet") -> pd.DataFrame:
@@ -498,6 +500,24 @@ def _kernel_gbps(m: pd.DataFrame, name: str, shape: ModelShape, phase: str) -> f
 def _probe_gbps(m: pd.DataFrame, strategy: str) -> float | None:
     p = m[(m["experiment"] == "probe") & (m["strategy"] == strategy) & (m["status"] == "ok")]
     return None if p.empty or p["gbps"].isna().all() else float(p["gbps"].max())
+
+
+def _probe_allreduce_us(m: pd.DataFrame, source: str = "") -> float | None:
+    """The probe's all-reduce latency among the box's GPUs at one decode step's size, concurrency 1 (the shape's
+    hidden x 2 bytes: what a tensor-parallel layer sends twice), in µs: the row's median, among the most GPUs the
+    run measured (several probes' rows merged: the median of theirs). None where the run has no such row."""
+    if not {"strategy", "concurrency", "step_ms_median"} <= set(m.columns):
+        return None
+    p = m[(m["experiment"] == "probe") & (m["strategy"] == "allreduce") & (m["status"] == "ok")
+          & (m["concurrency"] == 1) & m["step_ms_median"].notna()]
+    if p.empty:
+        return None
+    if "ranks" in p:
+        p = p[p["ranks"] == p["ranks"].max()]
+    us = float(p["step_ms_median"].median()) * 1e3
+    if not 0 <= us < CALIBRATION_TOP:
+        raise ValueError(f"{source or 'this run'}: its all-reduce latency is {us!r} µs, not a finite number >= 0")
+    return us
 
 
 def _decode_points(m: pd.DataFrame) -> pd.DataFrame:

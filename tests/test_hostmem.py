@@ -73,6 +73,9 @@ def test_probe_on_cpu_measures_the_host_and_says_the_link_part_is_skipped(tmp_pa
     assert not m["strategy"].str.endswith("_under_host_load").any()
     from labkit.experiments.probe.measure import headline
     assert any("link under a host-memory load: skipped" in ln for ln in headline(m))
+    # no GPU, so no all-reduce between GPUs: no rows, and the manifest and the closing lines say why
+    assert mf["allreduce"].startswith("skipped: no CUDA GPU") and "allreduce" not in set(m["strategy"])
+    assert headline(m, mf["allreduce"])[-1] == f"all-reduce among the GPUs {mf['allreduce']}"
 
 
 def _fit(host_gbps=None):

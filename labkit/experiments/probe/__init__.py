@@ -1,8 +1,9 @@
 """`labkit run probe`: the host link's limits for sparse KV gathers — contiguous pinned and pageable copies,
 one copy per row, a CPU gather + one DMA, the zero-copy gather kernel, the same rows from device memory — and
-the selection kernels' speed. Every speed plot of the lab draws its bound from these. Code:
-`labkit.experiments.probe.measure`, over `labkit.experiments.device_rates` (the link and device rates other runs
-measure too)."""
+the selection kernels' speed; on a host with 2 or more GPUs, NCCL all-reduce among them at a tensor-parallel decode
+step's sizes (what `labkit predict --split tensor --calibration` reads). Every speed plot of the lab draws its bound
+from these. Code: `labkit.experiments.probe.measure`, over `labkit.experiments.device_rates` (the link and device
+rates other runs measure too), and `labkit.experiments.probe.allreduce`."""
 from __future__ import annotations
 
 from ...params import DEVICE, OUT_DIR, Param

@@ -22,6 +22,12 @@ Rows (`experiment=probe`, with `gbps` where bytes move):
 - `index_score`, `select`, `topk_sort`, `score_select`: one QSA layer's selection at 8K..1M context and
   batch 1..16: the fused score kernel, our radix select, torch.topk + sort (the previous path), and
   score + select together, each replayed from a CUDA graph as in a decode step.
+- `allreduce` (2 or more CUDA GPUs; `labkit.experiments.probe.allreduce`): NCCL all-reduce among every visible
+  GPU, one process each, of one decode step's bf16 activations at concurrency 1..16 (`concurrency` rows of the
+  shape's hidden size: the two messages a tensor-parallel layer waits on) and of 1 and 16 MiB; `latency_us_*` per
+  all-reduce, `gbps` the bus bandwidth 2 (n - 1) / n x bytes / time (`algbw_gbps`: bytes / time), `ranks`/`gpus`
+  the GPUs taking part. `labkit predict --calibration` takes the concurrency-1 latency as `allreduce_us`. Fewer
+  than 2 GPUs: no rows, the manifest's `allreduce` and the closing lines say it was skipped and why.
 
 The link's measurements and their timing (`triton.testing.do_bench`'s way) are `labkit.experiments.device_rates`,
 shared with the runs that measure their own bounds (decode, prefill, multigpu); host RAM, the link under a host load
@@ -46,6 +52,7 @@ from ...hostmem import keep, measure, FULL_MIB, QUICK_MIB, cached
 from ...shapes import ModelShape
 from ...telemetry import Sampler
 from . import ProbePlan
+from . import allreduce as AR
 from ..device_rates import (BUDGET, LAYERS, PROBE, ROW_BYTES, bench, gather_step, gather_workload, link_stages,
                             probe_contiguous, probe_device, random_bytes, rate_row)
 
@@ -136,14 +143,37 @@ def probe_link_under_host_load(dev, pool_gib: float, repeats: int) -> list[dict]
             rate_row("zero_copy_under_host_load", step, ts["zero_copy"], rows_per_prog=4, num_warps=4, **extra)]
 
 
+def probe_allreduce(repeats: int, backend: str = "nccl", hidden: int | None = None, ranks: int | None = None,
+                    large=AR.BANDWIDTH_BYTES, inner: int = AR.INNER) -> list[dict]:
+    """`allreduce` rows, one a message size (`labkit.experiments.probe.allreduce`): one decode step's activations at
+    each concurrency, then the bandwidth sizes. NCCL among the GPUs; `backend="gloo"` runs the same harness on
+    CPU tensors (what a machine without GPUs checks it by)."""
+    if backend == "nccl" and torch.cuda.is_available():
+        torch.cuda.empty_cache()          # the earlier stages' cached blocks back to the card rank 0 shares
+    sizes = AR.step_sizes(hidden, large)
+    got = AR.measure([b for _, b in sizes], repeats, backend, ranks, inner)
+    n, rows = got["ranks"], []
+    for c, nbytes in sizes:
+        r = rate_row("allreduce", nbytes, got["times_ms"][nbytes], backend=backend, ranks=n,
+                     gpus=n if backend == "nccl" else 0, concurrency=c, dtype="bf16",
+                     size_mib=None if c else nbytes / 2**20, inner=inner, nccl_version=got["nccl_version"],
+                     correct=got["sums"][nbytes][0] == got["expected_sum"] == got["sums"][nbytes][1])
+        r.update(algbw_gbps=r["gbps"], gbps=AR.bus_gbps(nbytes, r["step_ms_median"], n),
+                 **{f"latency_us_{k}": r[f"step_ms_{k}"] * 1e3 for k in ("median", "min", "max")})
+        rows.append(r)
+    return rows
+
+
 LINK_UNDER_LOAD_SKIPPED = "skipped: no CUDA GPU here (host and \"device\" are one memory, there is no link to load)"
 
 
 def probe_stages(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20, gathers=None,
-                 selection: bool = True, weights: bool = True, host: bool = False) -> list[tuple[str, "callable"]]:
+                 selection: bool = True, weights: bool = True, host: bool = False,
+                 allreduce: bool = False) -> list[tuple[str, "callable"]]:
     """The probe's measurements in order, each a (name, function -> rows) pair: what a progress bar counts. The link's
     (`device_rates.link_stages`, what a decode run's own probe measures too), then `host`: host RAM and the link
-    under a host-memory load after the gathers, and `weights`: the weight products after the read bandwidth (CUDA)."""
+    under a host-memory load after the gathers, `weights`: the weight products after the read bandwidth (CUDA), and
+    `allreduce`: NCCL among the GPUs, last, where there are 2 or more (`AR.skipped` says why not)."""
     dev, pool_gib = probe_device(device, pool_gib, repeats)
     stages = link_stages(dev, pool_gib, repeats, gathers, selection)
     after = {"gathers": [], "hbm_read": []}
@@ -154,7 +184,10 @@ def probe_stages(device: str = "auto", pool_gib: float = 0.0, repeats: int = 20,
             after["gathers"].append(("link_under_host_load", lambda: probe_link_under_host_load(dev, pool_gib, repeats)))
     if weights and dev.type == "cuda":
         after["hbm_read"].append(("weights", lambda: probe_weights(dev, repeats)))
-    return [s for name, fn in stages for s in [(name, fn), *after.get(name, [])]]
+    out = [s for name, fn in stages for s in [(name, fn), *after.get(name, [])]]
+    if allreduce and AR.skipped(dev) is None:
+        out.append(("allreduce", lambda: probe_allreduce(repeats)))
+    return out
 
 
 def check(p: dict) -> ProbePlan:
@@ -167,8 +200,29 @@ def check(p: dict) -> ProbePlan:
     return plan
 
 
-def headline(m) -> list[str]:
-    """The link's GB/s per path, best configuration of each: the figures every speed plot's bound comes from."""
+def allreduce_line(m, skipped: str | None = None) -> str | None:
+    """The all-reduce among the GPUs in one line: one decode step's latency and the largest message's bus bandwidth,
+    why it was skipped, or its failure; None where the run says nothing of it (a probe from before the stage)."""
+    ar = m[(m["experiment"] == EXPERIMENT) & (m["strategy"] == "allreduce") & (m["status"] == "ok")] \
+        if "strategy" in m else m.iloc[0:0]
+    if not ar.empty:
+        one, big = ar.sort_values("bytes").iloc[0], ar.sort_values("bytes").iloc[-1]
+        nccl = f" (NCCL {one['nccl_version']})" if isinstance(one.get("nccl_version"), str) else ""
+        among = (f"{int(one['ranks'])} GPUs{nccl}" if one.get("backend", "nccl") == "nccl"
+                 else f"{int(one['ranks'])} {one['backend']} ranks")
+        return (f"all-reduce among {among}: {one['latency_us_median']:.1f} µs for one decode "
+                f"step at concurrency 1 ({int(one['bytes']):,} B; min {one['latency_us_min']:.1f}, max "
+                f"{one['latency_us_max']:.1f}), bus {big['gbps']:.1f} GB/s at {big['bytes'] / 2**20:g} MiB; "
+                f"`labkit predict --calibration` on this run folder takes the first as allreduce_us")
+    failed = m[(m["status"] == "failed") & (m["stage"] == "allreduce")] if "stage" in m else m.iloc[0:0]
+    if not failed.empty:
+        return f"all-reduce among the GPUs failed: {failed['error'].iloc[0]}"
+    return f"all-reduce among the GPUs {skipped}" if skipped else None
+
+
+def headline(m, allreduce_skipped: str | None = None) -> list[str]:
+    """The link's GB/s per path, best configuration of each: the figures every speed plot's bound comes from; then
+    the all-reduce among the GPUs (or why it was skipped)."""
     ok = m[(m["experiment"] == EXPERIMENT) & (m["status"] == "ok")]
 
     def best(strategy: str, **where) -> str:
@@ -191,7 +245,8 @@ def headline(m) -> list[str]:
         lines.append(f"host RAM copy {best('host_copy', threads=1)} GB/s on 1 core, {best('host_copy', threads=n)} on {n} "
                      f"(triad {best('host_triad', threads=1)} / {best('host_triad', threads=n)}); link under a "
                      f"host-memory load: {loaded}")
-    return lines
+    ar = allreduce_line(m[m["experiment"] == EXPERIMENT], allreduce_skipped)
+    return lines + ([ar] if ar else [])
 
 
 def run(plan: ProbePlan, progress_bar: bool = True):
@@ -201,11 +256,14 @@ def run(plan: ProbePlan, progress_bar: bool = True):
     base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": "qwen3.8-flash-next"}
     if dev.type != "cuda":
         run.update_manifest(link_under_host_load=LINK_UNDER_LOAD_SKIPPED)
-    stages = probe_stages(plan.device, plan.pool_gib, plan.repeats, host=True)
+    skipped = AR.skipped(dev)            # fewer than 2 GPUs: no stage, the manifest and the closing lines say why
+    if skipped:
+        run.update_manifest(allreduce=skipped)
+    stages = probe_stages(plan.device, plan.pool_gib, plan.repeats, host=True, allreduce=True)
     with sweep.bar(len(stages), EXPERIMENT, progress_bar) as bar:
         for name, stage in stages:
             bar.set_postfix_str(name)
-            with sweep.point(run, {**base, "experiment": EXPERIMENT}):
+            with sweep.point(run, {**base, "experiment": EXPERIMENT}, stage=name):     # a failed row names its stage
                 for r in stage():
                     run.add({**base, **r})
             if name == "host_memory":          # this run measured the host in full: its manifest says so
@@ -221,5 +279,5 @@ def run(plan: ProbePlan, progress_bar: bool = True):
         tel.stop()
         run.write_table("telemetry", tel.frame())
         run.finish()        # the shared rule; an exception in flight (Ctrl-C included) decides too
-    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics())), progress_bar, EXPERIMENT)
+    sweep.headline(sweep.summary_lines(lambda: headline(run.metrics(), skipped)), progress_bar, EXPERIMENT)
     return run
