@@ -177,6 +177,7 @@ VARIANTS = {
     "dot-no-lop3": {"grouped_gemv.W4_KERNEL": "dot", "w4_decode.W4_ASM": False},
     "dot-bn128": {"grouped_gemv.W4_KERNEL": "dot", "w4_decode.W4_BN": 128},
     "dequant": {"grouped_gemv.W4_KERNEL": "dequant"},
+    "waves": {"grouped_gemv.W4_SPLIT_WAVES": True},
 }
 MODULES = {"grouped_gemv": G, "w4_decode": D}
 

@@ -84,6 +84,33 @@ def test_moe_on_cpu_equals_the_token_by_token_reference():
         assert 1 <= int(n) <= 5 * s.experts_per_tok
 
 
+def test_the_split_by_waves_is_never_longer_than_the_filling_one_and_spares_the_second_wave():
+    """`grouped_gemv.w4_split` with W4_SPLIT_WAVES (the engine's default until timed is the split rounded up to fill
+    the multiprocessors): by `w4_split_cost` never a longer launch than the filling split, at every program count and
+    K the decode products take; and the QSA input projection at one row (214 output blocks, 20 K tiles) two splits
+    in one wave of an H100's 528 places, where filling them takes three splits and 1.22 waves."""
+    from labkit.engine.model import grouped_gemv as G
+    dev = torch.device("cpu")                     # sized as the H200's 132 multiprocessors, as on an H100
+    places = G.W4_PROGRAMS_PER_SM * 132
+    saved = G.W4_SPLIT_WAVES
+    try:
+        for programs in range(1, 700, 7):
+            for k_tiles in (1, 2, 5, 10, 20, 48):
+                G.W4_SPLIT_WAVES = False
+                fill, fill_tiles = G.w4_split(programs, k_tiles, dev)
+                G.W4_SPLIT_WAVES = True
+                waves, waves_tiles = G.w4_split(programs, k_tiles, dev)
+                assert (waves - 1) * waves_tiles < k_tiles <= waves * waves_tiles      # no split empty, K covered
+                assert (G.w4_split_cost(programs, k_tiles, waves, places)
+                        <= G.w4_split_cost(programs, k_tiles, fill, places)), (programs, k_tiles)
+        G.W4_SPLIT_WAVES = False
+        assert G.w4_split(214, 20, dev) == (3, 7) and 214 * 3 > places
+        G.W4_SPLIT_WAVES = True
+        assert G.w4_split(214, 20, dev) == (2, 10) and 214 * 2 <= places
+    finally:
+        G.W4_SPLIT_WAVES = saved
+
+
 KERNEL = textwrap.dedent('''
     import torch
     from labkit.engine.model.experts import MoE

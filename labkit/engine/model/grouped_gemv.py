@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ... import envs
 from ...shapes import W4_GROUP
 from . import arch
 from .arch import HAVE_TRITON, interpret_mode, kernels_run
@@ -340,17 +341,37 @@ W4_PROGRAMS_PER_SM = 4                     # K split until the launch has about 
 W4_WARPS = 4
 W4_STAGES = 3                              # Triton's default software pipelining of the K loop
 W4_ROWS_PDL = True                         # programmatic dependent launch where the GPU has it (w4_decode.pdl_ok)
+# the K split by the waves it makes (`w4_split_cost`) rather than rounded up to fill the multiprocessors: off until
+# timed on a GPU (the weight bench's `waves` variant, the step's `--ab w4_split_waves`)
+W4_SPLIT_WAVES = envs.owner_value("LABKIT_W4_SPLIT_WAVES")
+W4_PROGRAM_TILES = 2
 
 
 def w4_split(programs: int, k_tiles: int, device: torch.device, split: int | None = None) -> tuple[int, int]:
     """(splits, tiles a split) for a W4A16 launch of `programs` (group, output block) programs over `k_tiles` K
     tiles: K cut until about W4_PROGRAMS_PER_SM programs a multiprocessor stream the weight (one program a
-    multiprocessor with a few KiB in flight leaves HBM idle), no split empty."""
-    if split is None:
-        split = -(-W4_PROGRAMS_PER_SM * arch.multiprocessors(device) // max(programs, 1))
+    multiprocessor with a few KiB in flight leaves HBM idle), no split empty. With W4_SPLIT_WAVES, the split whose
+    launch ends soonest by `w4_split_cost` instead."""
+    places = W4_PROGRAMS_PER_SM * arch.multiprocessors(device)
+    if split is None and W4_SPLIT_WAVES:
+        split = min(range(1, k_tiles + 1), key=lambda s: (w4_split_cost(programs, k_tiles, s, places), s))
+    elif split is None:
+        split = -(-places // max(programs, 1))
     split = max(1, min(split, k_tiles))
     tiles = -(-k_tiles // split)
     return -(-k_tiles // tiles), tiles
+
+
+def w4_split_cost(programs: int, k_tiles: int, split: int, places: int) -> int:
+    """Tiles on a launch's critical path when K is cut `split` ways: the waves its programs take over `places`
+    resident programs, times the tiles each streams plus W4_PROGRAM_TILES (a program's start, its first loads'
+    latency and its partial sums' store and arrival, in tiles: a guess for the bench to check). Rounding the split
+    up to fill the places (the default) gives the QSA input projection at one row 642 programs for 528 places on an
+    H100: a second wave of 114, each program's 7 tiles twice on the path, where two splits are one wave of 10
+    (Nsight Compute: results/20261207-162330-reference-checks-h100/ncu_w4_dense.csv)."""
+    tiles = -(-k_tiles // split)
+    splits = -(-k_tiles // tiles)
+    return -(-programs * splits // places) * (tiles + W4_PROGRAM_TILES)
 
 
 def group_slots(plan: Groups, t: torch.Tensor) -> int:
