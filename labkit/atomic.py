@@ -64,11 +64,15 @@ def _fsync_dir_fd(dfd: int) -> None:
         pass
 
 
-def _fresh_temp(dfd: int, name: str) -> tuple[str, int]:
-    """A new private name beside `name` in the folder `dfd`, created exclusively (never an existing file or a
-    planted link)."""
-    tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+def _temp_name(name: str) -> str:
+    """A new private name beside `name`. Named before it is made, so the `try` that removes it on any failure can
+    already hold its creation: a Ctrl-C landing between the file's creation and a later `try` left it behind."""
+    return f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def _create(dfd: int, tmp: str) -> int:
+    """`tmp` created exclusively in the folder `dfd` (never an existing file or a planted link)."""
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
 
 
 def _through(dfd: int, name: str, folder: Path) -> Path:
@@ -86,9 +90,9 @@ def _drop(dfd: int, tmp: str) -> None:
 @contextlib.contextmanager
 def replacing_at(dfd: int, name: str, folder: Path = Path(".")):
     """`replacing` for `name` in the folder held by `dfd`; `folder` is only the fallback path without /proc."""
-    tmp, fd = _fresh_temp(dfd, name)
-    os.close(fd)
+    tmp = _temp_name(name)
     try:
+        os.close(_create(dfd, tmp))
         yield _through(dfd, tmp, folder)
         fd = os.open(tmp, os.O_RDONLY | NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         try:
@@ -96,8 +100,9 @@ def replacing_at(dfd: int, name: str, folder: Path = Path(".")):
         finally:
             os.close(fd)
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
-        _drop(dfd, tmp)
+    except BaseException as ex:
+        if not isinstance(ex, FileExistsError):     # the name was taken: that file is not ours to remove
+            _drop(dfd, tmp)
         raise
     _fsync_dir_fd(dfd)
 
@@ -115,16 +120,17 @@ def open_replacing_at(dfd: int, name: str, mode: str = "w", encoding: str = "utf
     """`open_replacing` for `name` in the folder held by `dfd`."""
     if mode not in ("w", "wb"):
         raise ValueError(f"open_replacing: mode {mode!r} (w or wb)")
-    tmp, fd = _fresh_temp(dfd, name)
+    tmp = _temp_name(name)
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding, "newline": ""})) as f:
+        with os.fdopen(_create(dfd, tmp), mode, **({} if "b" in mode else {"encoding": encoding, "newline": ""})) as f:
             yield f
             f.flush()
             if sync:
                 os.fsync(f.fileno())
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
-        _drop(dfd, tmp)
+    except BaseException as ex:
+        if not isinstance(ex, FileExistsError):     # the name was taken: that file is not ours to remove
+            _drop(dfd, tmp)
         raise
     if sync:
         _fsync_dir_fd(dfd)

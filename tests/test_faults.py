@@ -266,3 +266,39 @@ def test_a_truncated_manifest_is_listed_as_unreadable(tmp_path, capsys):
     assert main(["runs", "--root", str(tmp_path)]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.split() and Path(ln.split()[0]).name == "cut")
     assert "unreadable" in line and "manifest.json unreadable" in line
+
+
+@pytest.mark.parametrize("how", ["replacing", "open_replacing"])
+def test_a_ctrl_c_as_the_temp_file_is_made_leaves_no_temp_file_and_a_taken_name_stays(tmp_path, monkeypatch, how):
+    """Ctrl-C (KeyboardInterrupt) landing the moment the temporary file exists, before any write: it propagates,
+    the target is unchanged and no `.tmp` stays (it once did when the interrupt came between the file's creation
+    and the `try` that removes it). A temporary name already taken (FileExistsError) leaves that file alone."""
+    from labkit import atomic
+    target = tmp_path / "manifest.json"
+    target.write_text("before")
+    made = atomic._create
+
+    def create_then(exc):
+        def create(dfd, tmp):
+            fd = made(dfd, tmp)
+            os.close(fd)
+            if exc is FileExistsError:          # someone else's file at the name: ours never made
+                raise FileExistsError(errno.EEXIST, "taken", tmp)
+            raise exc()
+        return create
+
+    def write():
+        if how == "replacing":
+            with atomic.replacing(target) as p:
+                Path(p).write_text("after")
+        else:
+            with atomic.open_replacing(target) as f:
+                f.write("after")
+    monkeypatch.setattr(atomic, "_create", create_then(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        write()
+    assert target.read_text() == "before" and not stray_tmp(tmp_path)
+    monkeypatch.setattr(atomic, "_create", create_then(FileExistsError))
+    with pytest.raises(FileExistsError):
+        write()
+    assert target.read_text() == "before" and len(stray_tmp(tmp_path)) == 1    # the taken name's file stays
