@@ -126,6 +126,16 @@ def test_ctrl_c_before_anything_was_measured_says_so(tmp_path):
     assert "rfc3987" not in shown and "interrupted by a signal (Ctrl-C)" in shown
 
 
+def _as_a_terminal_starts_it():
+    """A child's SIGINT as a terminal's command has it: the default action, unblocked. Ignored and blocked signals
+    are inherited across exec, and Python installs its Ctrl-C handler only where SIGINT starts at the default:
+    `labkit report` (no handler of its own, unlike `labkit run`) started from a test process that an earlier test
+    left ignoring SIGINT would run to its end and exit 0, the likely reason a fresh-clone make test saw exactly that
+    twice (never with the file alone)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_on_any_other_command_is_the_same_words_and_130(tmp_path):
     """`labkit report RUN --rerun` (the run's notebook executed again on its tables) stopped by Ctrl-C: the one stop
     message and the shell's 130, as `labkit run` and the nightly give, no traceback."""
@@ -133,7 +143,8 @@ def test_ctrl_c_on_any_other_command_is_the_same_words_and_130(tmp_path):
     run = tmp_path / "results" / "20261203-060711-decode-64k-h200"
     shutil.copytree(REPO / "results" / run.name, run, ignore=shutil.ignore_patterns("report*.html", "*.ipynb"))
     proc = subprocess.Popen([sys.executable, "-m", "labkit", "report", run.name, "--rerun"], cwd=tmp_path, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_a_terminal_starts_it)
     try:
         deadline = time.time() + 120
         while not list(run.glob("*.ipynb")) and time.time() < deadline and proc.poll() is None:
