@@ -1,5 +1,8 @@
 import os
+import signal
 import sys
+import threading
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -131,3 +134,19 @@ def pytest_unconfigure(config):
     tr = config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None and getattr(config.option, "collectonly", False) is False:
         tr.write_line(not_run_line(_SKIPPED), yellow=bool(_SKIPPED), bold=True)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_left_as_a_terminal_gives_it(request):
+    """Each test ends with Ctrl-C's handler as Python starts with it. A test left SIGINT ignored in a worker of
+    fresh-clone runs (not found which): the tests after it that check a command's handlers, or Ctrl-C a child (an
+    ignored signal is inherited across exec), then failed in whichever worker it was. Put back, with a warning
+    naming the test that left it, so the summary says where to look."""
+    yield
+    if threading.current_thread() is threading.main_thread():
+        was = signal.getsignal(signal.SIGINT)
+        if was is not signal.default_int_handler:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            warnings.warn(f"{request.node.nodeid} left SIGINT's handler as {was!r}; put back",
+                          pytest.PytestWarning)
+
