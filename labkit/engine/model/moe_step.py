@@ -1,4 +1,5 @@
-"""A decode step's experts in three launches where they were nine, for W4A16 weights:
+"""A decode step's experts in three launches after the router's product (with it four a layer, where they were nine
+kernels), for W4A16 weights:
 
     out, distinct = moe_step(y, both, moe)     # both = y @ [router | shared gate]: [T, experts + 1]
 
