@@ -149,7 +149,7 @@ def drive_experts():
     two decode kernels (`grouped_gemv.W4_KERNEL`: the tensor-core kernel as the engine takes it for dense products
     of 2-16 rows, and for every product)."""
     from labkit.engine.model import grouped_gemv as G
-    from labkit.engine.model.experts import plan, route_plan
+    from labkit.engine.model.routing import plan, route_plan
     from labkit.engine.model.grouped_gemv import Groups, dequantize_w4, grouped_gemv
     from labkit.engine.model.quant import QuantWeight
     H, I, E, k = REF.hidden, REF.expert_intermediate, 16, REF.experts_per_tok

@@ -24,7 +24,7 @@ from ...shapes import ModelShape, held_quantised
 from .gemv import is_k_major, matmul, silu_glu
 from .grouped_gemv import grouped
 from . import moe_gemm, moe_step
-from .routing import choose, plan, route, route_plan  # noqa: F401  (the routing's names, where they were)
+from .routing import choose, plan, route, route_plan
 from .layers import make_weight
 from .quant import QuantWeight
 

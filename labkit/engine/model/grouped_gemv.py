@@ -383,8 +383,8 @@ def group_slots(plan: Groups, t: torch.Tensor) -> int:
 
 def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, rows: int, block_n, group_tile,
             split, shared=None, combine=None) -> torch.Tensor:
-    """`_w4_rows_kernel`'s launch. `shared` (a QuantWeight of one expert, the stack's N' and K, and how many
-    groups take it): the plan's groups of weight id E (the stack's count) take it. `combine` (back, p, gate_logit,
+    """`_w4_rows_kernel`'s launch. `shared` (codes, scales, zeros of one expert of the stack's N' and K, and how
+    many groups take it): the plan's groups of weight id E (the stack's count) take it. `combine` (back, p, gate_logit,
     k), a decode step's experts' down product: the output is each token's weighted sum [T, N]
     (`w4_decode._combine_tail`), not the rows."""
     R = plan.tok.shape[0]
@@ -392,7 +392,7 @@ def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, r
     BN, GT = block_n or BN, group_tile or GT
     n_blocks = triton.cdiv(N, BN)
     if shared is not None:                # `group_slots`, the shared expert's groups beside the stack's
-        shared, shared_groups = shared
+        *shared, shared_groups = shared
         G = min(plan.wid.shape[0] - shared_groups, t.shape[0]) + shared_groups
     else:
         G = group_slots(plan, t)
@@ -411,7 +411,7 @@ def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, r
     part = torch.empty((splits, R, 2 * N if glu else N), dtype=torch.float32, device=x.device) if partial else out
     qw = t.view(torch.int32)                   # [E, N', K/8]: eight nibbles a word
     if shared is not None:
-        qs, ss, zs = shared.q.view(torch.int32), shared.scales, shared.zeros
+        qs, ss, zs = shared[0].view(torch.int32), shared[1], shared[2]
     else:
         qs, ss, zs = qw, s, z
     gdc = W4_ROWS_PDL and w4_decode.pdl_ok(x.device)

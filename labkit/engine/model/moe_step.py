@@ -58,13 +58,13 @@ def _moe_step_op(y: torch.Tensor, both: torch.Tensor, bias: torch.Tensor, q_gu: 
     E = q_gu.shape[0]
     logits, gate_logit = both[:, :E], both[:, E:E + 1]
     _, p, groups, back, distinct = route_plan(logits, bias, k, shared=True)
-    w_gu, w_d = QuantWeight(q_gu, s_gu, z_gu), QuantWeight(q_d, s_d, z_d)
     y = y.contiguous()
     T = y.shape[0]
-    act = w4_rows(y, q_gu, s_gu, z_gu, groups, w_gu.N // 2, w_gu.K, glu=True, gather=True, rows=1, block_n=None,
-                  group_tile=None, split=None, shared=(QuantWeight(qs_gu, ss_gu, zs_gu), T))
-    out = w4_rows(act, q_d, s_d, z_d, groups, w_d.N, w_d.K, glu=False, gather=False, rows=1, block_n=None,
-                  group_tile=None, split=None, shared=(QuantWeight(qs_d, ss_d, zs_d), T),
+    # N and K from the packed codes [E, N', K/2] (no QuantWeight modules made at every call)
+    act = w4_rows(y, q_gu, s_gu, z_gu, groups, q_gu.shape[1] // 2, 2 * q_gu.shape[2], glu=True, gather=True, rows=1,
+                  block_n=None, group_tile=None, split=None, shared=(qs_gu, ss_gu, zs_gu, T))
+    out = w4_rows(act, q_d, s_d, z_d, groups, q_d.shape[1], 2 * q_d.shape[2], glu=False, gather=False, rows=1,
+                  block_n=None, group_tile=None, split=None, shared=(qs_d, ss_d, zs_d, T),
                   combine=(back, p, gate_logit, k))
     return out, distinct
 
