@@ -113,6 +113,8 @@ VARS: list[Var] = [
     _switch("LABKIT_W4_SPLIT_WAVES", "bool", False, "a W4A16 decode product's K split chosen by the waves its "
             "programs take, not rounded up to fill the multiprocessors", "w4_split_waves",
             "labkit.engine.model.grouped_gemv:W4_SPLIT_WAVES"),
+    _switch("LABKIT_W4_X_AHEAD", "bool", False, "a W4A16 decode product's x read as 32-bit pairs, each K tile's "
+            "loaded with its weight a tile ahead", "w4_x_ahead", "labkit.engine.model.grouped_gemv:W4_X_AHEAD"),
     _switch("LABKIT_QSA_FUSED", "bool", True, "the QSA heads' q/k norms, RoPE and KV row in one kernel",
             "qsa_fused", "labkit.engine.model.qsa_step:FUSED_QSA"),
     _switch("LABKIT_SELECT_BLOCK", "int", 0, "keys a selection program takes (0: the heuristic)",

@@ -166,7 +166,8 @@ def expert_layers(s, weights: str, dev, concurrency: int, experts: int):
 # routed experts through the FMA kernel `_w4_rows_kernel` with PDL, dense products of 2-16 rows through the
 # tensor-core kernel `w4_decode`); `rows` and `dot` each kernel for every product; `dequant` the earliest kernel;
 # the rest one thing changed (no PDL, shift-and-mask unpacking, the rows as the tensor-core product's M side, wider
-# tiles). Keys name a module's setting, `module.NAME`.
+# tiles, the K split by waves, the row kernel's x as 32-bit pairs and loaded a tile ahead, narrower programs more of
+# them a multiprocessor). Keys name a module's setting, `module.NAME`.
 VARIANTS = {
     "default": {},
     "rows": {"grouped_gemv.W4_KERNEL": "rows"},
@@ -178,6 +179,14 @@ VARIANTS = {
     "dot-bn128": {"grouped_gemv.W4_KERNEL": "dot", "w4_decode.W4_BN": 128},
     "dequant": {"grouped_gemv.W4_KERNEL": "dequant"},
     "waves": {"grouped_gemv.W4_SPLIT_WAVES": True},
+    "xpairs": {"grouped_gemv.W4_X_PAIRS": True},
+    "xahead": {"grouped_gemv.W4_X_AHEAD": True},
+    "xahead-waves": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_SPLIT_WAVES": True},
+    "xahead-bn32": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_TILES": {1: (32, 1), 4: (64, 1)},
+                    "grouped_gemv.W4_WARPS": 2, "grouped_gemv.W4_PROGRAMS_PER_SM": 8},
+    "xahead-bn32-waves": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_TILES": {1: (32, 1), 4: (64, 1)},
+                          "grouped_gemv.W4_WARPS": 2, "grouped_gemv.W4_PROGRAMS_PER_SM": 8,
+                          "grouped_gemv.W4_SPLIT_WAVES": True},
 }
 MODULES = {"grouped_gemv": G, "w4_decode": D}
 

@@ -129,37 +129,84 @@ if HAVE_TRITON:
         return b, tl.load(s_ptr + so, mask=sm, other=0.0), tl.load(z_ptr + so, mask=sm, other=0)
 
     @triton.jit
-    def _nib(b, SH: tl.constexpr, zq):
+    def _nib(b, SH: tl.constexpr, zq, magic):
         """(nibble - zero) for the nibble at bits [SH, SH + 4) of each word, exact and without a conversion
         instruction: under the exponent that puts the mantissa's unit at bit SH, the word's bits read as the
-        float 2^(23 - SH) + nibble, and zq is 2^(23 - SH) + zero."""
-        MAGIC: tl.constexpr = 0x4B000000 - (SH << 23)
-        return ((b & (0xF << SH)) | MAGIC).to(tl.float32, bitcast=True) - zq
+        float 2^(23 - SH) + nibble, and zq is 2^(23 - SH) + zero. `magic` is that exponent's bits (0x4B000000 at
+        SH = 0) as a runtime value: with two immediates the mask and the OR are two instructions (ptxas takes one
+        immediate a LOP3), with the exponent in a register one."""
+        return ((b & (0xF << SH)) | (magic - (SH << 23))).to(tl.float32, bitcast=True) - zq
 
     @triton.jit
-    def _w4_mac(acc, b, sc, z, x_ptr, rows, x_st, t, K, MR: tl.constexpr, GT: tl.constexpr):
+    def _w4_xtile(x_ptr, rows, x_st, t, K, MR: tl.constexpr, GT: tl.constexpr, PRE: tl.constexpr):
+        """K tile t's x as four 32-bit pairs a word ([GT, 16] each at one row, else [MR, GT, 16]: pair jj of word i
+        holds x[8i + 2jj] and x[8i + 2jj + 1]), loaded with the tile's weight (PRE) so its latency hides behind
+        the tile before; (0, 0, 0, 0) without PRE."""
+        if PRE:
+            g = tl.minimum(t * GT + tl.arange(0, GT), K // 128 - 1)
+            xo = g[:, None] * 64 + tl.arange(0, 16)[None, :] * 4
+            if MR == 1:
+                at = x_ptr + tl.sum(rows) * x_st + xo
+            else:
+                at = x_ptr + rows[:, None, None] * x_st + xo[None, :, :]
+            return tl.load(at), tl.load(at + 1), tl.load(at + 2), tl.load(at + 3)
+        else:
+            return 0, 0, 0, 0
+
+    @triton.jit
+    def _w4_mac(acc, b, sc, z, x_ptr, rows, x_st, t, K, magic, x0, x1, x2, x3, MR: tl.constexpr, GT: tl.constexpr,
+                XP: tl.constexpr, PRE: tl.constexpr):
         """acc ([BN, GT, 16] at one row, else [MR, BN, GT, 16]) += sc * sum_j (nibble j - zero) * x[8i + j] over
         the tile's words i: the products kept apart per word and summed once at the end. Nibbles 0-4 are taken where
         they lie, 5-7 after one shift (a nibble at bit 20 or above would reach the exponent); int-to-float
         conversions run at a quarter of the FMA rate and would bound the stream below HBM's. x is read without a
         mask: a tile past K reads the last group's x again, against words, zeros and scales loaded as 0 (each
-        product 0), which spares a predicate and a register clear a value."""
+        product 0), which spares a predicate and a register clear a value. XP: x read as 32-bit pairs (x_ptr an
+        int32 view, x_st in pairs), each pair made two floats by a shift and a mask: half the loads and the
+        registers that hold a tile's x; PRE: those pairs given (x0-x3, `_w4_xtile`), loaded a tile ahead."""
         g = tl.minimum(t * GT + tl.arange(0, GT), K // 128 - 1)
-        xo = g[:, None] * 128 + tl.arange(0, 16)[None, :] * 8                      # x[8i] of each word i
+        if XP:
+            xo = g[:, None] * 64 + tl.arange(0, 16)[None, :] * 4                   # pair 4i of each word i
+        else:
+            xo = g[:, None] * 128 + tl.arange(0, 16)[None, :] * 8                  # x[8i] of each word i
         zf = z.to(tl.float32)[:, :, None]
         hi = b >> 20
         p = tl.zeros(acc.shape, dtype=tl.float32)
         for j in tl.static_range(8):
             if j < 5:
-                f = _nib(b, 4 * j, zf + 8388608.0 / 16.0 ** j)
+                f = _nib(b, 4 * j, zf + 8388608.0 / 16.0 ** j, magic)
             else:
-                f = _nib(hi, 4 * (j - 5), zf + 8388608.0 / 16.0 ** (j - 5))
-            if MR == 1:       # one row (always in the group): x [GT, 16] as the words' slice, where a 4-D
-                # broadcast would cost layout shuffles through shared memory
+                f = _nib(hi, 4 * (j - 5), zf + 8388608.0 / 16.0 ** (j - 5), magic)
+            if PRE:
+                if j // 2 == 0:
+                    xw = x0
+                elif j // 2 == 1:
+                    xw = x1
+                elif j // 2 == 2:
+                    xw = x2
+                else:
+                    xw = x3
+                if j % 2 == 0:
+                    xj = (xw << 16).to(tl.float32, bitcast=True)
+                else:
+                    xj = (xw & -65536).to(tl.float32, bitcast=True)
+            elif XP:
+                if j % 2 == 0:
+                    if MR == 1:
+                        xw = tl.load(x_ptr + tl.sum(rows) * x_st + xo + j // 2)
+                    else:
+                        xw = tl.load(x_ptr + rows[:, None, None] * x_st + xo[None, :, :] + j // 2)
+                    xj = (xw << 16).to(tl.float32, bitcast=True)               # the pair's low bf16
+                else:
+                    xj = (xw & -65536).to(tl.float32, bitcast=True)            # its high bf16
+            elif MR == 1:
                 xj = tl.load(x_ptr + tl.sum(rows) * x_st + xo + j).to(tl.float32)
-                p += f * xj[None, :, :]
             else:
                 xj = tl.load(x_ptr + rows[:, None, None] * x_st + xo[None, :, :] + j).to(tl.float32)
+            if MR == 1:       # one row (always in the group): x [GT, 16] as the words' slice, where a 4-D
+                # broadcast would cost layout shuffles through shared memory
+                p += f * xj[None, :, :]
+            else:
                 p += f[None, :, :, :] * xj[:, None, :, :]
         if MR == 1:
             return acc + sc.to(tl.float32)[:, :, None] * p
@@ -177,10 +224,11 @@ if HAVE_TRITON:
     @triton.jit
     def _w4_rows_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr,
                         qsh_ptr, ssh_ptr, zsh_ptr, e_sh, back_ptr, p_ptr, gl_ptr, gl_st, T, R,
-                        N, K, tiles, x_st, out_st, part_ss, part_sr, w_se, w_sn, s_se, s_sn, MR: tl.constexpr,
+                        N, K, tiles, x_st, out_st, part_ss, part_sr, w_se, w_sn, s_se, s_sn, magic, MR: tl.constexpr,
                         BN: tl.constexpr, GT: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr,
                         GATHER: tl.constexpr, GDC: tl.constexpr, EARLY: tl.constexpr, SHARED: tl.constexpr,
-                        COMBINE: tl.constexpr, TOPK: tl.constexpr, KP1: tl.constexpr, TB: tl.constexpr):
+                        COMBINE: tl.constexpr, TOPK: tl.constexpr, KP1: tl.constexpr, TB: tl.constexpr,
+                        XP: tl.constexpr, PRE: tl.constexpr):
         """W4A16 at a few rows a group: program (g, j, sp) takes group g's rows MR at a time, outputs
         [j BN, (j + 1) BN) and the K tiles [sp tiles, (sp + 1) tiles) of GT groups. Each tile's words are loaded
         one tile ahead (`_w4_load` before the products of the one before, `_w4_mac`): a program has its next
@@ -212,6 +260,7 @@ if HAVE_TRITON:
                 # two tiles an iteration, each loaded while the other multiplies (a tile past t_end loads as 0 and
                 # adds 0): loop-carried tiles kept in place, where one tile a turn cost a register move a word
                 b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn, GT)
+                xa0, xa1, xa2, xa3 = _w4_xtile(x_ptr, rows, x_st, t0, K, MR, GT, PRE)
                 bu, scu, zu = b, sc, z
                 if GLU:
                     bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn,
@@ -221,19 +270,24 @@ if HAVE_TRITON:
                     tl.extra.cuda.gdc_launch_dependents()
                 for t in range(t0, t_end, 2):
                     b1, sc1, z1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 1, t_end, K, w_se, w_sn, s_se, s_sn, GT)
+                    xb0, xb1, xb2, xb3 = _w4_xtile(x_ptr, rows, x_st, t + 1, K, MR, GT, PRE)
                     if GLU:
                         bu1, scu1, zu1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 1, t_end, K, w_se, w_sn,
                                                   s_se, s_sn, GT)
-                    acc = _w4_mac(acc, b, sc, z, x_ptr, rows, x_st, t, K, MR, GT)
+                    acc = _w4_mac(acc, b, sc, z, x_ptr, rows, x_st, t, K, magic, xa0, xa1, xa2, xa3, MR, GT, XP, PRE)
                     if GLU:
-                        acc_u = _w4_mac(acc_u, bu, scu, zu, x_ptr, rows, x_st, t, K, MR, GT)
+                        acc_u = _w4_mac(acc_u, bu, scu, zu, x_ptr, rows, x_st, t, K, magic, xa0, xa1, xa2, xa3, MR,
+                                         GT, XP, PRE)
                     b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 2, t_end, K, w_se, w_sn, s_se, s_sn, GT)
+                    xa0, xa1, xa2, xa3 = _w4_xtile(x_ptr, rows, x_st, t + 2, K, MR, GT, PRE)
                     if GLU:
                         bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 2, t_end, K, w_se, w_sn, s_se,
                                                s_sn, GT)
-                    acc = _w4_mac(acc, b1, sc1, z1, x_ptr, rows, x_st, t + 1, K, MR, GT)
+                    acc = _w4_mac(acc, b1, sc1, z1, x_ptr, rows, x_st, t + 1, K, magic, xb0, xb1, xb2, xb3, MR, GT, XP,
+                                  PRE)
                     if GLU:
-                        acc_u = _w4_mac(acc_u, bu1, scu1, zu1, x_ptr, rows, x_st, t + 1, K, MR, GT)
+                        acc_u = _w4_mac(acc_u, bu1, scu1, zu1, x_ptr, rows, x_st, t + 1, K, magic, xb0, xb1, xb2, xb3, MR,
+                                         GT, XP, PRE)
                 y = _w4_sum(acc, MR)                                                         # [MR, BN]
                 om = mm[:, None] & nm[None, :]
                 if PARTIAL or COMBINE:
@@ -345,6 +399,10 @@ W4_ROWS_PDL = True                         # programmatic dependent launch where
 # timed on a GPU (the weight bench's `waves` variant, the step's `--ab w4_split_waves`)
 W4_SPLIT_WAVES = envs.owner_value("LABKIT_W4_SPLIT_WAVES")
 W4_PROGRAM_TILES = 2
+# x read as 32-bit pairs (`_w4_mac`'s XP), and with them each tile's x loaded with its weight a tile ahead
+# (`_w4_xtile`, the switch `w4_x_ahead`): off until timed on a GPU (the weight bench's `xpairs` and `xahead`)
+W4_X_PAIRS = False
+W4_X_AHEAD = envs.owner_value("LABKIT_W4_X_AHEAD")
 
 
 def w4_split(programs: int, k_tiles: int, device: torch.device, split: int | None = None) -> tuple[int, int]:
@@ -416,13 +474,16 @@ def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, r
         qs, ss, zs = qw, s, z
     gdc = W4_ROWS_PDL and w4_decode.pdl_ok(x.device)
     early = gdc and plan.wid.shape[0] == 1 and R <= rows       # Groups.one, one block of rows
+    xp = (W4_X_PAIRS or W4_X_AHEAD) and x.stride(1) == 1 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
+    xk = x.view(torch.int32) if xp else x
     _w4_rows_kernel[(G, n_blocks, splits)](
-        x, qw, s, z, out, part, arch.arrival_counters(x.device), plan.wid, plan.tok, plan.seg, plan.n_groups,
+        xk, qw, s, z, out, part, arch.arrival_counters(x.device), plan.wid, plan.tok, plan.seg, plan.n_groups,
         qs, ss, zs, t.shape[0], back, p, gl, gl.stride(0), T, R - T if combine is not None else R, N, K,
-        tiles, x.stride(0), out.stride(0), part.stride(0) if partial else 0, part.stride(1) if partial else 0,
-        qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), MR=rows, BN=BN, GT=GT, PARTIAL=partial, GLU=glu,
+        tiles, xk.stride(0), out.stride(0), part.stride(0) if partial else 0, part.stride(1) if partial else 0,
+        qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), 0x4B000000, MR=rows, BN=BN, GT=GT, PARTIAL=partial, GLU=glu,
         GATHER=gather, GDC=gdc, EARLY=early, SHARED=shared is not None, COMBINE=combine is not None, TOPK=k,
-        KP1=triton.next_power_of_2(k + 1), TB=min(triton.next_power_of_2(max(T, 1)), COMBINE_TOKENS),
+        KP1=triton.next_power_of_2(k + 1), TB=min(triton.next_power_of_2(max(T, 1)), COMBINE_TOKENS), XP=xp,
+        PRE=xp and W4_X_AHEAD,
         num_warps=W4_WARPS, num_stages=W4_STAGES, **({"launch_pdl": True} if gdc else {}))
     return out
 

@@ -1,0 +1,152 @@
+"""The W4A16 row kernel's machine code for one GPU architecture, without a GPU: registers a thread, spills, and
+the instructions its K loop issues a weight byte, for the engine's launch and for each setting given.
+
+    python3 scripts/w4_sass.py                                  # sm_90, the engine's settings
+    python3 scripts/w4_sass.py --cc 86 --set W4_STAGES=1 --set "W4_STAGES=1;W4_WARPS=2" --dump /tmp/sass
+
+Each `--set` is one compile with `grouped_gemv` module settings changed (NAME=VALUE, several joined by ";"). The launch
+is the one the engine makes for the QSA input projection at one row (2,560 x 13,696) and for the routed experts'
+gate|up at one row; Triton's compiler and ptxas compile it (`tests/aot.py`), `nvdisasm` lists it, and the loop is
+the innermost span between a backward branch and its target that holds the products. A loop's instructions a weight byte bound the stream by
+the issue rate: 4 warp instructions a cycle a multiprocessor, so at 14 instructions a byte an H100 (132 SMs,
+1.755 GHz) issues for at most 2.1 TB/s, two thirds of its HBM read, before any latency is counted.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+
+def _launches(cc: int, product: str):
+    """The recorded launches of `product` ('dense': the QSA input projection; 'experts': gate|up at one row)."""
+    import aot
+    from labkit.engine.model import grouped_gemv as G
+    from labkit.engine.model.routing import plan
+    from labkit.engine.model.quant import QuantWeight
+    from labkit.shapes import ModelShape
+    s = ModelShape.from_name("qwen3.8-flash-next")
+
+    def w4(E, N, K):
+        return QuantWeight(torch.empty(E, N, K // 2, dtype=torch.uint8), torch.empty(E, N, K // 128),
+                           torch.empty(E, N, K // 128, dtype=torch.uint8))
+    with aot.launches(cc) as rec:
+        if product == "dense":
+            N, K = s.weight_matrices()["qsa.w_in"][1], s.weight_matrices()["qsa.w_in"][0]
+            G.grouped_gemv(torch.empty(1, K, dtype=torch.bfloat16), w4(1, N, K), G.Groups.one(1, "cpu"))
+        else:
+            idx = torch.arange(s.experts_per_tok)[None]
+            groups, _ = plan(idx)
+            G.grouped_gemv(torch.empty(1, s.hidden, dtype=torch.bfloat16), w4(16, 2 * s.expert_intermediate, s.hidden),
+                           groups, glu=True)
+    return [r for r in aot.unique(rec) if r.name == "_w4_rows_kernel"]
+
+
+def _nvdisasm() -> str:
+    import triton
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm")
+
+
+def loop_body(sass: list[str]) -> list[str]:
+    """The instructions of the K loop: of the spans from a backward branch's target to the branch, the shortest
+    of those that hold the most FFMA (the outer loop over a group's rows holds the same products and more)."""
+    labels = {}
+    for i, line in enumerate(sass):
+        m = re.match(r"^\.(L_x_\d+):", line.strip())
+        if m:
+            labels[m.group(1)] = i
+    spans = []
+    for i, line in enumerate(sass):
+        m = re.search(r"\bBRA\b.*\.(L_x_\d+)", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            body = [ln for ln in sass[labels[m.group(1)]:i + 1] if re.match(r"^\s*/\*[0-9a-f]{4}\*/", ln)]
+            spans.append((-sum(" FFMA " in ln for ln in body), len(body), body))
+    return min(spans, key=lambda s: s[:2])[2] if spans else []
+
+
+def inspect(launch, cc: int, dump: Path | None, tag: str) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    src = ASTSource(fn=launch.fn, signature=launch.signature, constexprs=launch.constants, attrs=launch.attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                       options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([_nvdisasm(), "-c", f.name], capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([_nvdisasm().replace("nvdisasm", "cuobjdump"), "-res-usage", f.name],
+                             capture_output=True, text=True, check=True).stdout
+    lines = sass.splitlines()
+    body = loop_body(lines)
+    BN, GT = launch.const("BN"), launch.const("GT")
+    glu = bool(launch.const("GLU"))
+    threads = 32 * launch.num_warps
+    # two K tiles an iteration, each [BN, GT, 16] words of 4 bytes (twice for a gate|up weight)
+    bytes_thread = 2 * BN * GT * 64 * (2 if glu else 1) / threads
+    ops = {}
+    for ln in body:
+        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", ln)
+        if m:
+            ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+        (dump / f"{tag}.sass").write_text(sass)
+        (dump / f"{tag}.ptx").write_text(k.asm["ptx"])
+    regs = re.search(r"REG:(\d+)", res)
+    spill = re.search(r"STACK:(\d+)", res)
+    return {"regs": int(regs.group(1)) if regs else None, "spills": int(spill.group(1)) if spill else None, "loop": len(body), "bytes_thread": bytes_thread,
+            "per_byte": len(body) / bytes_thread if body else float("nan"),
+            "top": sorted(ops.items(), key=lambda kv: -kv[1])[:10]}
+
+
+@contextlib.contextmanager
+def settings(text: str):
+    from labkit.engine.model import grouped_gemv as G
+    from labkit.engine.model import w4_decode as D
+    saved = []
+    try:
+        for item in [t for t in text.split(";") if t]:
+            name, value = item.split("=", 1)
+            mod = D if name.startswith("w4_decode.") else G
+            name = name.split(".")[-1]
+            saved.append((mod, name, getattr(mod, name)))
+            setattr(mod, name, ast.literal_eval(value))
+        yield
+    finally:
+        for mod, name, value in reversed(saved):
+            setattr(mod, name, value)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cc", type=int, default=90, help="compute capability (80, 86, 89, 90)")
+    ap.add_argument("--set", action="append", default=[""], help="grouped_gemv settings, NAME=VALUE[;NAME=VALUE]")
+    ap.add_argument("--product", default="dense,experts")
+    ap.add_argument("--dump", type=Path, help="write each compile's SASS and PTX here")
+    a = ap.parse_args()
+    print(f"| settings | product | regs | spills | loop instr | weight bytes a thread | instr a byte | most issued |")
+    print("|---|---|---|---|---|---|---|---|")
+    for text in a.set:
+        for product in a.product.split(","):
+            with settings(text):
+                for i, launch in enumerate(_launches(a.cc, product)):
+                    tag = f"{product}-{text or 'engine'}-{i}".replace("=", "").replace(",", "_")
+                    r = inspect(launch, a.cc, a.dump, tag)
+                    top = " ".join(f"{k}:{v}" for k, v in r["top"][:6])
+                    print(f"| {text or 'engine'} | {product} | {r['regs']} | {r['spills']} | {r['loop']} | "
+                          f"{r['bytes_thread']:.0f} | {r['per_byte']:.1f} | {top} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
