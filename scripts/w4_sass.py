@@ -79,8 +79,11 @@ def inspect(launch, cc: int, dump: Path | None, tag: str) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     src = ASTSource(fn=launch.fn, signature=launch.signature, constexprs=launch.constants, attrs=launch.attrs)
+    from labkit.engine.model import grouped_gemv as G
+    glu = bool(launch.const("GLU"))
     k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                       options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+                       options={"num_warps": launch.num_warps, "num_stages": launch.num_stages,
+                                **({"maxnreg": G.W4_MAXNREG[glu]} if G.W4_MAXNREG.get(glu) else {})})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()

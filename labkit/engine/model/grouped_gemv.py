@@ -403,6 +403,7 @@ W4_PROGRAM_TILES = 2
 # (`_w4_xtile`, the switch `w4_x_ahead`): off until timed on a GPU (the weight bench's `xpairs` and `xahead`)
 W4_X_PAIRS = False
 W4_X_AHEAD = envs.owner_value("LABKIT_W4_X_AHEAD")
+W4_MAXNREG = {}                # glu: registers a thread ptxas may use (none given: its choice; fewer, more programs)
 
 
 def w4_split(programs: int, k_tiles: int, device: torch.device, split: int | None = None) -> tuple[int, int]:
@@ -484,7 +485,8 @@ def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, r
         GATHER=gather, GDC=gdc, EARLY=early, SHARED=shared is not None, COMBINE=combine is not None, TOPK=k,
         KP1=triton.next_power_of_2(k + 1), TB=min(triton.next_power_of_2(max(T, 1)), COMBINE_TOKENS), XP=xp,
         PRE=xp and W4_X_AHEAD,
-        num_warps=W4_WARPS, num_stages=W4_STAGES, **({"launch_pdl": True} if gdc else {}))
+        num_warps=W4_WARPS, num_stages=W4_STAGES, **({"launch_pdl": True} if gdc else {}),
+        **({"maxnreg": W4_MAXNREG[glu]} if W4_MAXNREG.get(glu) else {}))
     return out
 
 
