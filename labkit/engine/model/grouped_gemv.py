@@ -260,7 +260,6 @@ if HAVE_TRITON:
                 # two tiles an iteration, each loaded while the other multiplies (a tile past t_end loads as 0 and
                 # adds 0): loop-carried tiles kept in place, where one tile a turn cost a register move a word
                 b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn, GT)
-                xa0, xa1, xa2, xa3 = _w4_xtile(x_ptr, rows, x_st, t0, K, MR, GT, PRE)
                 bu, scu, zu = b, sc, z
                 if GLU:
                     bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn,
@@ -268,6 +267,8 @@ if HAVE_TRITON:
                 if GDC and EARLY:      # a fixed plan (a dense product): the first tiles read before the wait on the
                     tl.extra.cuda.gdc_wait()          # kernel before, whose output x is
                     tl.extra.cuda.gdc_launch_dependents()
+                # x is the kernel before's output: its first tile read after the wait, never with the early weights
+                xa0, xa1, xa2, xa3 = _w4_xtile(x_ptr, rows, x_st, t0, K, MR, GT, PRE)
                 for t in range(t0, t_end, 2):
                     b1, sc1, z1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 1, t_end, K, w_se, w_sn, s_se, s_sn, GT)
                     xb0, xb1, xb2, xb3 = _w4_xtile(x_ptr, rows, x_st, t + 1, K, MR, GT, PRE)
