@@ -1,4 +1,4 @@
-"""The W4A16 row kernel's machine code for one GPU architecture, without a GPU: registers a thread, spills, and
+"""The W4A16 decode kernels' machine code for one GPU architecture, without a GPU: registers a thread, spills, and
 the instructions its K loop issues a weight byte, for the engine's launch and for each setting given.
 
     python3 scripts/w4_sass.py                                  # sm_90, the engine's settings
@@ -29,7 +29,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 
 def _launches(cc: int, product: str):
-    """The recorded launches of `product` ('dense': the QSA input projection; 'experts': gate|up at one row)."""
+    """The recorded W4A16 launches of `product`: 'dense' (the QSA input projection at one row: the row kernel),
+    'dense4' (the same at four rows: the tensor-core kernel `w4_decode`), 'experts' (gate|up at one row)."""
     import aot
     from labkit.engine.model import grouped_gemv as G
     from labkit.engine.model.routing import plan
@@ -41,15 +42,16 @@ def _launches(cc: int, product: str):
         return QuantWeight(torch.empty(E, N, K // 2, dtype=torch.uint8), torch.empty(E, N, K // 128),
                            torch.empty(E, N, K // 128, dtype=torch.uint8))
     with aot.launches(cc) as rec:
-        if product == "dense":
+        if product in ("dense", "dense4"):
+            rows = 4 if product == "dense4" else 1
             N, K = s.weight_matrices()["qsa.w_in"][1], s.weight_matrices()["qsa.w_in"][0]
-            G.grouped_gemv(torch.empty(1, K, dtype=torch.bfloat16), w4(1, N, K), G.Groups.one(1, "cpu"))
+            G.grouped_gemv(torch.empty(rows, K, dtype=torch.bfloat16), w4(1, N, K), G.Groups.one(rows, "cpu"))
         else:
             idx = torch.arange(s.experts_per_tok)[None]
             groups, _ = plan(idx)
             G.grouped_gemv(torch.empty(1, s.hidden, dtype=torch.bfloat16), w4(16, 2 * s.expert_intermediate, s.hidden),
                            groups, glu=True)
-    return [r for r in aot.unique(rec) if r.name == "_w4_rows_kernel"]
+    return [r for r in aot.unique(rec) if r.name in ("_w4_rows_kernel", "_w4_dot_kernel")]
 
 
 def _nvdisasm() -> str:
@@ -80,10 +82,12 @@ def inspect(launch, cc: int, dump: Path | None, tag: str) -> dict:
     from triton.compiler import ASTSource
     src = ASTSource(fn=launch.fn, signature=launch.signature, constexprs=launch.constants, attrs=launch.attrs)
     from labkit.engine.model import grouped_gemv as G
+    from labkit.engine.model import w4_decode as D
     glu = bool(launch.const("GLU"))
+    cap = G.W4_MAXNREG.get(glu) if launch.name == "_w4_rows_kernel" else D.W4_MAXNREG
     k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
                        options={"num_warps": launch.num_warps, "num_stages": launch.num_stages,
-                                **({"maxnreg": G.W4_MAXNREG[glu]} if G.W4_MAXNREG.get(glu) else {})})
+                                **({"maxnreg": cap} if cap else {})})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()
@@ -92,11 +96,14 @@ def inspect(launch, cc: int, dump: Path | None, tag: str) -> dict:
                              capture_output=True, text=True, check=True).stdout
     lines = sass.splitlines()
     body = loop_body(lines)
-    BN, GT = launch.const("BN"), launch.const("GT")
+    BN = launch.const("BN")
+    GT = launch.const("GT") if launch.name == "_w4_rows_kernel" else 1
     glu = bool(launch.const("GLU"))
     threads = 32 * launch.num_warps
-    # two K tiles an iteration, each [BN, GT, 16] words of 4 bytes (twice for a gate|up weight)
-    bytes_thread = 2 * BN * GT * 64 * (2 if glu else 1) / threads
+    # the row kernel: two K tiles an iteration, each [BN, GT, 16] words of 4 bytes; the tensor-core kernel: one
+    # group of 128 values [BN, 16] words (each twice for a gate|up weight)
+    tiles = 2 if launch.name == "_w4_rows_kernel" else 1
+    bytes_thread = tiles * BN * GT * 64 * (2 if glu else 1) / threads
     ops = {}
     for ln in body:
         m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", ln)
@@ -135,11 +142,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cc", type=int, default=90, help="compute capability (80, 86, 89, 90)")
     ap.add_argument("--set", action="append", default=[""], help="grouped_gemv settings, NAME=VALUE[;NAME=VALUE]")
-    ap.add_argument("--product", default="dense,experts")
+    ap.add_argument("--product", default="dense,experts", help="dense, dense4 (four rows: the tensor-core kernel), "
+                    "experts (comma-separated)")
     ap.add_argument("--dump", type=Path, help="write each compile's SASS and PTX here")
     a = ap.parse_args()
-    print(f"| settings | product | regs | spills | loop instr | weight bytes a thread | instr a byte | most issued |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| settings | product | kernel | regs | spills | loop instr | weight bytes a thread | instr a byte | most issued |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for text in a.set:
         for product in a.product.split(","):
             with settings(text):
@@ -147,7 +155,7 @@ def main():
                     tag = f"{product}-{text or 'engine'}-{i}".replace("=", "").replace(",", "_")
                     r = inspect(launch, a.cc, a.dump, tag)
                     top = " ".join(f"{k}:{v}" for k, v in r["top"][:6])
-                    print(f"| {text or 'engine'} | {product} | {r['regs']} | {r['spills']} | {r['loop']} | "
+                    print(f"| {text or 'engine'} | {product} | {launch.name} | {r['regs']} | {r['spills']} | {r['loop']} | "
                           f"{r['bytes_thread']:.0f} | {r['per_byte']:.1f} | {top} |", flush=True)
 
 

@@ -305,6 +305,7 @@ W4_SWAP = False                 # True: the rows as the product's M side (mma.sy
                                 # the weight tile is (Hopper's warpgroup MMA), faster on an H100 at 1 and 4 rows
 W4_PDL = True                   # programmatic dependent launch where the GPU has it (`arch.native("pdl")`)
 W4_ASM = True                   # lop3 unpacking (False: shifts and masks, the interpreter's form, for an A/B)
+W4_MAXNREG = None               # registers a thread ptxas may use (None: its choice, 199 on sm_90: 2 programs an SM)
 
 
 def pdl_ok(device: torch.device) -> bool:
@@ -341,5 +342,5 @@ def w4_decode(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, zeros: tor
         part.stride(1) if splits > 1 else 0, qw.stride(0), qw.stride(1), scales.stride(0), scales.stride(1),
         MP=W4_MP, BN=BN, PARTIAL=splits > 1, GLU=glu, GATHER=gather, ASM=W4_ASM and not interpret_mode(),
         SWAP=W4_SWAP, DOT_F32=interpret_mode(), GDC=gdc, EARLY=gdc and dense, num_warps=W4_WARPS,
-        **({"launch_pdl": True} if gdc else {}))
+        **({"launch_pdl": True} if gdc else {}), **({"maxnreg": W4_MAXNREG} if W4_MAXNREG else {}))
     return out
