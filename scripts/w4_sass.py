@@ -1,15 +1,20 @@
 """The W4A16 decode kernels' machine code for one GPU architecture, without a GPU: registers a thread, spills, and
-the instructions its K loop issues a weight byte, for the engine's launch and for each setting given.
+the instructions their K loop issues a weight byte, for the engine's launch and for each setting given.
 
     python3 scripts/w4_sass.py                                  # sm_90, the engine's settings
-    python3 scripts/w4_sass.py --cc 86 --set W4_STAGES=1 --set "W4_STAGES=1;W4_WARPS=2" --dump /tmp/sass
+    python3 scripts/w4_sass.py --cc 86 --set W4_X_AHEAD=True --set "W4_X_AHEAD=True;W4_WARPS=2" --dump /tmp/sass
+    python3 scripts/w4_sass.py --product dense4 --set "w4_decode.W4_MAXNREG=128"
 
-Each `--set` is one compile with `grouped_gemv` module settings changed (NAME=VALUE, several joined by ";"). The launch
-is the one the engine makes for the QSA input projection at one row (2,560 x 13,696) and for the routed experts'
-gate|up at one row; Triton's compiler and ptxas compile it (`tests/aot.py`), `nvdisasm` lists it, and the loop is
-the innermost span between a backward branch and its target that holds the products. A loop's instructions a weight byte bound the stream by
-the issue rate: 4 warp instructions a cycle a multiprocessor, so at 14 instructions a byte an H100 (132 SMs,
-1.755 GHz) issues for at most 2.1 TB/s, two thirds of its HBM read, before any latency is counted.
+Each `--set` is one compile with module settings changed (NAME=VALUE, several joined by ";"; `grouped_gemv`'s unless
+prefixed `w4_decode.`). The launches are the ones the engine makes for the QSA input projection (2,560 x 13,696) at
+one row (the row kernel) and at four (`dense4`: the tensor-core kernel), and for the routed experts' gate|up at one
+row; Triton's compiler and ptxas compile them (`tests/aot.py`), `nvdisasm` lists them, and the loop is the innermost
+span between a backward branch and its target that holds the products. Registers depend on the Triton version:
+compile with the GPU host's (`pip install --target DIR triton==X`, `PYTHONPATH=DIR`) to read what it runs.
+
+A loop's instructions a weight byte bound the stream by the issue rate, 4 warp instructions a cycle a
+multiprocessor: at 14 a byte an H100 (132 SMs at 1.755 GHz) issues for at most 2.1 TB/s, two thirds of its HBM
+read, before any latency is counted.
 """
 from __future__ import annotations
 
@@ -115,7 +120,8 @@ def inspect(launch, cc: int, dump: Path | None, tag: str) -> dict:
         (dump / f"{tag}.ptx").write_text(k.asm["ptx"])
     regs = re.search(r"REG:(\d+)", res)
     spill = re.search(r"STACK:(\d+)", res)
-    return {"regs": int(regs.group(1)) if regs else None, "spills": int(spill.group(1)) if spill else None, "loop": len(body), "bytes_thread": bytes_thread,
+    return {"regs": int(regs.group(1)) if regs else None, "spills": int(spill.group(1)) if spill else None,
+            "loop": len(body), "bytes_thread": bytes_thread,
             "per_byte": len(body) / bytes_thread if body else float("nan"),
             "top": sorted(ops.items(), key=lambda kv: -kv[1])[:10]}
 
@@ -146,7 +152,8 @@ def main():
                     "experts (comma-separated)")
     ap.add_argument("--dump", type=Path, help="write each compile's SASS and PTX here")
     a = ap.parse_args()
-    print(f"| settings | product | kernel | regs | spills | loop instr | weight bytes a thread | instr a byte | most issued |")
+    print("| settings | product | kernel | regs | spills | loop instr | weight bytes a thread | instr a byte | "
+          "most issued |")
     print("|---|---|---|---|---|---|---|---|---|")
     for text in a.set:
         for product in a.product.split(","):
@@ -155,7 +162,8 @@ def main():
                     tag = f"{product}-{text or 'engine'}-{i}".replace("=", "").replace(",", "_")
                     r = inspect(launch, a.cc, a.dump, tag)
                     top = " ".join(f"{k}:{v}" for k, v in r["top"][:6])
-                    print(f"| {text or 'engine'} | {product} | {launch.name} | {r['regs']} | {r['spills']} | {r['loop']} | "
+                    print(f"| {text or 'engine'} | {product} | {launch.name} | {r['regs']} | {r['spills']} | "
+                          f"{r['loop']} | "
                           f"{r['bytes_thread']:.0f} | {r['per_byte']:.1f} | {top} |", flush=True)
 
 

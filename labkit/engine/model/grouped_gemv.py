@@ -287,8 +287,8 @@ if HAVE_TRITON:
                     acc = _w4_mac(acc, b1, sc1, z1, x_ptr, rows, x_st, t + 1, K, magic, xb0, xb1, xb2, xb3, MR, GT, XP,
                                   PRE)
                     if GLU:
-                        acc_u = _w4_mac(acc_u, bu1, scu1, zu1, x_ptr, rows, x_st, t + 1, K, magic, xb0, xb1, xb2, xb3, MR,
-                                         GT, XP, PRE)
+                        acc_u = _w4_mac(acc_u, bu1, scu1, zu1, x_ptr, rows, x_st, t + 1, K, magic, xb0, xb1, xb2,
+                                         xb3, MR, GT, XP, PRE)
                 y = _w4_sum(acc, MR)                                                         # [MR, BN]
                 om = mm[:, None] & nm[None, :]
                 if PARTIAL or COMBINE:
@@ -476,17 +476,18 @@ def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, r
         qs, ss, zs = qw, s, z
     gdc = W4_ROWS_PDL and w4_decode.pdl_ok(x.device)
     early = gdc and plan.wid.shape[0] == 1 and R <= rows       # Groups.one, one block of rows
-    xp = (W4_X_PAIRS or W4_X_AHEAD) and x.stride(1) == 1 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
+    # x as 32-bit pairs of bf16: the pairs' two halves made floats by a shift and a mask, so bf16 only, aligned
+    xp = ((W4_X_PAIRS or W4_X_AHEAD) and x.dtype == torch.bfloat16 and x.stride(1) == 1 and x.stride(0) % 2 == 0
+          and x.data_ptr() % 4 == 0)
     xk = x.view(torch.int32) if xp else x
     _w4_rows_kernel[(G, n_blocks, splits)](
         xk, qw, s, z, out, part, arch.arrival_counters(x.device), plan.wid, plan.tok, plan.seg, plan.n_groups,
         qs, ss, zs, t.shape[0], back, p, gl, gl.stride(0), T, R - T if combine is not None else R, N, K,
         tiles, xk.stride(0), out.stride(0), part.stride(0) if partial else 0, part.stride(1) if partial else 0,
-        qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), 0x4B000000, MR=rows, BN=BN, GT=GT, PARTIAL=partial, GLU=glu,
-        GATHER=gather, GDC=gdc, EARLY=early, SHARED=shared is not None, COMBINE=combine is not None, TOPK=k,
+        qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), 0x4B000000, MR=rows, BN=BN, GT=GT, PARTIAL=partial,
+        GLU=glu, GATHER=gather, GDC=gdc, EARLY=early, SHARED=shared is not None, COMBINE=combine is not None, TOPK=k,
         KP1=triton.next_power_of_2(k + 1), TB=min(triton.next_power_of_2(max(T, 1)), COMBINE_TOKENS), XP=xp,
-        PRE=xp and W4_X_AHEAD,
-        num_warps=W4_WARPS, num_stages=W4_STAGES, **({"launch_pdl": True} if gdc else {}),
+        PRE=xp and W4_X_AHEAD, num_warps=W4_WARPS, num_stages=W4_STAGES, **({"launch_pdl": True} if gdc else {}),
         **({"maxnreg": W4_MAXNREG[glu]} if W4_MAXNREG.get(glu) else {}))
     return out
 
