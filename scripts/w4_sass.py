@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import re
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "scripts")]
 
 
 def _launches(cc: int, product: str):
@@ -126,22 +125,11 @@ def inspect(launch, cc: int, dump: Path | None, tag: str) -> dict:
             "top": sorted(ops.items(), key=lambda kv: -kv[1])[:10]}
 
 
-@contextlib.contextmanager
 def settings(text: str):
-    from labkit.engine.model import grouped_gemv as G
-    from labkit.engine.model import w4_decode as D
-    saved = []
-    try:
-        for item in [t for t in text.split(";") if t]:
-            name, value = item.split("=", 1)
-            mod = D if name.startswith("w4_decode.") else G
-            name = name.split(".")[-1]
-            saved.append((mod, name, getattr(mod, name)))
-            setattr(mod, name, ast.literal_eval(value))
-        yield
-    finally:
-        for mod, name, value in reversed(saved):
-            setattr(mod, name, value)
+    """The weight bench's `knobs` for "NAME=VALUE;..." (`grouped_gemv`'s names unless prefixed `w4_decode.`)."""
+    from weights_bench import knobs
+    pairs = [item.split("=", 1) for item in text.split(";") if item]
+    return knobs(**{(n if n.startswith("w4_decode.") else f"grouped_gemv.{n}"): ast.literal_eval(v) for n, v in pairs})
 
 
 def main():

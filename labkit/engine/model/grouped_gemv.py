@@ -177,22 +177,11 @@ if HAVE_TRITON:
                 f = _nib(b, 4 * j, zf + 8388608.0 / 16.0 ** j, magic)
             else:
                 f = _nib(hi, 4 * (j - 5), zf + 8388608.0 / 16.0 ** (j - 5), magic)
-            if PRE:
-                if j // 2 == 0:
-                    xw = x0
-                elif j // 2 == 1:
-                    xw = x1
-                elif j // 2 == 2:
-                    xw = x2
-                else:
-                    xw = x3
-                if j % 2 == 0:
-                    xj = (xw << 16).to(tl.float32, bitcast=True)
-                else:
-                    xj = (xw & -65536).to(tl.float32, bitcast=True)
-            elif XP:
-                if j % 2 == 0:
-                    if MR == 1:
+            if XP or PRE:
+                if j % 2 == 0:                      # pair j // 2: given a tile ahead, or loaded now
+                    if PRE:
+                        xw = x0 if j == 0 else x1 if j == 2 else x2 if j == 4 else x3
+                    elif MR == 1:
                         xw = tl.load(x_ptr + tl.sum(rows) * x_st + xo + j // 2)
                     else:
                         xw = tl.load(x_ptr + rows[:, None, None] * x_st + xo[None, :, :] + j // 2)
