@@ -217,7 +217,7 @@ if HAVE_TRITON:
                         BN: tl.constexpr, GT: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr,
                         GATHER: tl.constexpr, GDC: tl.constexpr, EARLY: tl.constexpr, SHARED: tl.constexpr,
                         COMBINE: tl.constexpr, TOPK: tl.constexpr, KP1: tl.constexpr, TB: tl.constexpr,
-                        XP: tl.constexpr, PRE: tl.constexpr):
+                        XP: tl.constexpr, PRE: tl.constexpr, ONE: tl.constexpr = False):
         """W4A16 at a few rows a group: program (g, j, sp) takes group g's rows MR at a time, outputs
         [j BN, (j + 1) BN) and the K tiles [sp tiles, (sp + 1) tiles) of GT groups. Each tile's words are loaded
         one tile ahead (`_w4_load` before the products of the one before, `_w4_mac`): a program has its next
@@ -232,13 +232,13 @@ if HAVE_TRITON:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         g = tl.program_id(0)
-        if g < tl.load(ngrp_ptr):
-            e, s0, s1, n, nm, t0 = w4_decode._block(wid_ptr, seg_ptr, g, N, tiles, BN)
+        if w4_decode._live(ngrp_ptr, g, ONE):
+            e, s0, s1, n, nm, t0 = w4_decode._block(wid_ptr, seg_ptr, g, N, tiles, BN, R, ONE)
             if SHARED:
                 if e == e_sh:                    # the shared expert: its own weight, addressed as expert 0
                     qw_ptr, s_ptr, z_ptr, e = qsh_ptr, ssh_ptr, zsh_ptr, e * 0
             for m0 in range(s0, s1, MR):          # (EARLY: one block of rows, so the wait below runs once)
-                m, mm, rows = _group_rows(tok_ptr, m0, s1, MR, GATHER)
+                m, mm, rows = _group_rows(tok_ptr, m0, s1, MR, GATHER and not ONE)   # Groups.one: rows 0..R-1
                 rows = tl.where(mm, rows, 0)     # x is read unmasked: a row past the group reads row 0
                 if MR == 1:
                     acc = tl.zeros([BN, GT, 16], dtype=tl.float32)
@@ -316,6 +316,7 @@ class Groups:
     wid: torch.Tensor          # [G_max] int64: weight of group g (valid for g < n_groups)
     seg: torch.Tensor          # [G_max + 1] int32: group g's rows are [seg[g], seg[g+1])
     n_groups: torch.Tensor     # [1] int32
+    fixed: bool = False        # `one`'s plan: weight 0 for rows [0, R), which kernels may take without reading it
 
     @classmethod
     def one(cls, rows: int, device) -> "Groups":
@@ -329,7 +330,7 @@ class Groups:
         g = cls(torch.arange(rows, device=device), torch.zeros(1, dtype=torch.int64, device=device),
                 # [0, rows] made on the device: a host list would be a copy, which a CUDA graph's capture refuses
                 torch.arange(2, dtype=torch.int32, device=device) * rows,
-                torch.ones(1, dtype=torch.int32, device=device))
+                torch.ones(1, dtype=torch.int32, device=device), fixed=True)
         if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
             _ONE[key] = g
         return g
@@ -464,7 +465,7 @@ def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, r
     else:
         qs, ss, zs = qw, s, z
     gdc = W4_ROWS_PDL and w4_decode.pdl_ok(x.device)
-    early = gdc and plan.wid.shape[0] == 1 and R <= rows       # Groups.one, one block of rows
+    early = gdc and plan.fixed and R <= rows       # Groups.one, one block of rows
     # x as 32-bit pairs of bf16: the pairs' two halves made floats by a shift and a mask, so bf16 only, aligned
     xp = ((W4_X_PAIRS or W4_X_AHEAD) and x.dtype == torch.bfloat16 and x.stride(1) == 1 and x.stride(0) % 2 == 0
           and x.data_ptr() % 4 == 0)
@@ -476,7 +477,8 @@ def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, r
         qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), 0x4B000000, MR=rows, BN=BN, GT=GT, PARTIAL=partial,
         GLU=glu, GATHER=gather, GDC=gdc, EARLY=early, SHARED=shared is not None, COMBINE=combine is not None, TOPK=k,
         KP1=triton.next_power_of_2(k + 1), TB=min(triton.next_power_of_2(max(T, 1)), COMBINE_TOKENS), XP=xp,
-        PRE=xp and W4_X_AHEAD, num_warps=W4_WARPS, num_stages=W4_STAGES, **({"launch_pdl": True} if gdc else {}),
+        PRE=xp and W4_X_AHEAD, ONE=plan.fixed and combine is None and w4_decode.W4_ONE,
+        num_warps=W4_WARPS, num_stages=W4_STAGES, **({"launch_pdl": True} if gdc else {}),
         **({"maxnreg": W4_MAXNREG[glu]} if W4_MAXNREG.get(glu) else {}))
     return out
 

@@ -148,21 +148,36 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _block(wid_ptr, seg_ptr, g, N, tiles, BN: tl.constexpr):
+    def _block(wid_ptr, seg_ptr, g, N, tiles, BN: tl.constexpr, R=0, ONE: tl.constexpr = False):
         """A grouped launch's program (g, j, sp): group g's weight e and rows [s0, s1), its outputs n = [j BN,
-        (j + 1) BN) with their mask, and its first K tile sp * tiles (the grouped kernels' common start)."""
-        e = tl.load(wid_ptr + g).to(tl.int64)
-        s0 = tl.load(seg_ptr + g)
-        s1 = tl.load(seg_ptr + g + 1)
+        (j + 1) BN) with their mask, and its first K tile sp * tiles (the grouped kernels' common start). ONE: the
+        plan is `Groups.one` (weight 0, rows [0, R)), known without reading it: a plan read is a round trip to
+        memory before the program's first weight load can be addressed, at every program's start."""
+        if ONE:
+            e = g.to(tl.int64) * 0
+            s0 = g * 0
+            s1 = s0 + R
+        else:
+            e = tl.load(wid_ptr + g).to(tl.int64)
+            s0 = tl.load(seg_ptr + g)
+            s1 = tl.load(seg_ptr + g + 1)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         return e, s0, s1, n, n < N, tl.program_id(2) * tiles
+
+    @triton.jit
+    def _live(ngrp_ptr, g, ONE: tl.constexpr):
+        """Whether program row g has a group: the plan's count read, or (ONE) the one group."""
+        if ONE:
+            return g == 0
+        else:
+            return g < tl.load(ngrp_ptr)
 
     @triton.jit
     def _w4_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr,
                        N, K, tiles, x_st, out_st, part_ss, part_sr, w_se, w_sn, s_se, s_sn, MP: tl.constexpr,
                        BN: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr, GATHER: tl.constexpr,
                        ASM: tl.constexpr, SWAP: tl.constexpr, DOT_F32: tl.constexpr, GDC: tl.constexpr,
-                       EARLY: tl.constexpr):
+                       EARLY: tl.constexpr, R=0, ONE: tl.constexpr = False):
         """Program (g, j, sp): group g's rows MP at a time (a decode step's groups fit one block), outputs
         [j BN, (j + 1) BN), groups of 128 K values [sp tiles, (sp + 1) tiles). EARLY (with GDC): the plan is
         fixed, so the first tile is read before the wait on the kernel before; else the wait comes first (the plan
@@ -171,8 +186,8 @@ if HAVE_TRITON:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         g = tl.program_id(0)
-        if g < tl.load(ngrp_ptr):
-            e, s0, s1, n, nm, t0 = _block(wid_ptr, seg_ptr, g, N, tiles, BN)
+        if _live(ngrp_ptr, g, ONE):
+            e, s0, s1, n, nm, t0 = _block(wid_ptr, seg_ptr, g, N, tiles, BN, R, ONE)
             t_end = tl.minimum(t0 + tiles, K // 128)
             b0, sc0, z0 = _tile(qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, w_se, w_sn, s_se, s_sn)
             bu0, scu0, zu0 = b0, sc0, z0
@@ -184,7 +199,7 @@ if HAVE_TRITON:
             for m0 in range(s0, s1, MP):
                 m = m0 + tl.arange(0, MP)
                 mm = m < s1
-                if GATHER:
+                if GATHER and not ONE:           # Groups.one's rows are 0..R-1
                     rows = tl.load(tok_ptr + m, mask=mm, other=0).to(tl.int64)
                 else:
                     rows = m.to(tl.int64)
@@ -305,6 +320,9 @@ W4_SWAP = False                 # True: the rows as the product's M side (mma.sy
                                 # the weight tile is (Hopper's warpgroup MMA), faster on an H100 at 1 and 4 rows
 W4_PDL = True                   # programmatic dependent launch where the GPU has it (`arch.native("pdl")`)
 W4_ASM = True                   # lop3 unpacking (False: shifts and masks, the interpreter's form, for an A/B)
+# Groups.one's plan taken as known (`_block`'s ONE), not read at each program's start: off until timed on a GPU
+# (the weight bench's `one` variant)
+W4_ONE = False
 W4_MAXNREG = None               # registers a thread ptxas may use (None: its choice, 199 on sm_90: 2 programs an SM)
 
 
@@ -334,13 +352,14 @@ def w4_decode(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, zeros: tor
     part = torch.empty((splits, R, 2 * N if glu else N), dtype=torch.float32, device=x.device) if splits > 1 else out
     qw = q.view(torch.int32)                       # [E, N', K/8]: eight nibbles a word
     gdc = pdl_ok(x.device)
-    dense = plan.wid.shape[0] == 1                 # Groups.one: a fixed plan, readable before the wait
+    dense = plan.fixed                             # Groups.one: a fixed plan, readable before the wait
     x = x.contiguous()
     _w4_dot_kernel[(G, n_blocks, splits)](
         x, qw, scales, zeros, out, part, arch.arrival_counters(x.device), plan.wid, plan.tok, plan.seg, plan.n_groups,
         N, K, tiles, x.stride(0), out.stride(0), part.stride(0) if splits > 1 else 0,
         part.stride(1) if splits > 1 else 0, qw.stride(0), qw.stride(1), scales.stride(0), scales.stride(1),
         MP=W4_MP, BN=BN, PARTIAL=splits > 1, GLU=glu, GATHER=gather, ASM=W4_ASM and not interpret_mode(),
-        SWAP=W4_SWAP, DOT_F32=interpret_mode(), GDC=gdc, EARLY=gdc and dense, num_warps=W4_WARPS,
+        SWAP=W4_SWAP, DOT_F32=interpret_mode(), GDC=gdc, EARLY=gdc and dense, R=R, ONE=dense and W4_ONE,
+        num_warps=W4_WARPS,
         **({"launch_pdl": True} if gdc else {}), **({"maxnreg": W4_MAXNREG} if W4_MAXNREG else {}))
     return out
