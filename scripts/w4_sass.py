@@ -104,9 +104,9 @@ def inspect(launch, cc: int, dump: Path | None, tag: str) -> dict:
     GT = launch.const("GT") if launch.name == "_w4_rows_kernel" else 1
     glu = bool(launch.const("GLU"))
     threads = 32 * launch.num_warps
-    # the row kernel: two K tiles an iteration, each [BN, GT, 16] words of 4 bytes; the tensor-core kernel: one
-    # group of 128 values [BN, 16] words (each twice for a gate|up weight)
-    tiles = 2 if launch.name == "_w4_rows_kernel" else 1
+    # the row kernel: two K tiles an iteration by hand, one under Triton's pipeliner (PIPE), each [BN, GT, 16] words
+    # of 4 bytes; the tensor-core kernel: one group of 128 values [BN, 16] words (each twice for a gate|up weight)
+    tiles = 2 if launch.name == "_w4_rows_kernel" and not launch.const("PIPE") else 1
     bytes_thread = tiles * BN * GT * 64 * (2 if glu else 1) / threads
     ops = {}
     for ln in body:

@@ -167,7 +167,8 @@ def expert_layers(s, weights: str, dev, concurrency: int, experts: int):
 # tensor-core kernel `w4_decode`); `rows` and `dot` each kernel for every product; `dequant` the earliest kernel;
 # the rest one thing changed (no PDL, shift-and-mask unpacking, the rows as the tensor-core product's M side, wider
 # tiles, the K split by waves, the row kernel's x as 32-bit pairs and loaded a tile ahead, narrower programs more of
-# them a multiprocessor, a dense product's fixed plan taken as known). Keys name a module's setting, `module.NAME`.
+# them a multiprocessor, a dense product's fixed plan taken as known, the K loop under Triton's pipeliner). Keys
+# name a module's setting, `module.NAME`.
 VARIANTS = {
     "default": {},
     "rows": {"grouped_gemv.W4_KERNEL": "rows"},
@@ -188,6 +189,8 @@ VARIANTS = {
                           "grouped_gemv.W4_PROGRAMS_PER_SM": 5, "grouped_gemv.W4_SPLIT_WAVES": True},
     "one": {"w4_decode.W4_ONE": True},
     "xahead-one": {"grouped_gemv.W4_X_AHEAD": True, "w4_decode.W4_ONE": True},
+    "xahead-pipe3": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_PIPE": {False: 3, True: 3}},
+    "xahead-pipe4": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_PIPE": {False: 4, True: 3}},
     "xahead-bn32": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_TILES": {1: (32, 1), 4: (64, 1)},
                     "grouped_gemv.W4_WARPS": 2, "grouped_gemv.W4_PROGRAMS_PER_SM": 8},
     "xahead-bn32-waves": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_TILES": {1: (32, 1), 4: (64, 1)},

@@ -157,14 +157,15 @@ KERNEL = textwrap.dedent('''
                 got = grouped_gemv(x, w, Groups.one(R, "cpu"), glu=True, split=split, group_tile=gt, gather=gather)
                 err = ((got.float() - want.float()).norm() / want.float().norm()).item()
                 assert err < 1e-2, (R, split, gt, gather, err)
-        # the plan taken as known (W4_ONE: no plan read) gives the same bits, either kernel
-        from labkit.engine.model import w4_decode
+        # the plan taken as known (W4_ONE: no plan read) gives the same bits, either kernel; so does the row
+        # kernel's K loop a tile a turn under Triton's pipeliner (W4_PIPE)
+        from labkit.engine.model import grouped_gemv as G, w4_decode
         read = grouped_gemv(x, w, Groups.one(R, "cpu"), glu=True, split=3)
-        w4_decode.W4_ONE = True
+        w4_decode.W4_ONE, G.W4_PIPE = True, {True: 3}
         try:
             assert torch.equal(grouped_gemv(x, w, Groups.one(R, "cpu"), glu=True, split=3), read), R
         finally:
-            w4_decode.W4_ONE = False
+            w4_decode.W4_ONE, G.W4_PIPE = False, {}
     # a dense W4A16 product of a prefill chunk's rows: the weight dequantised by one kernel, then a GEMM
     from labkit.engine.model.grouped_gemv import W4_DEQUANT_ROWS, dequantize_w4
     w = QuantWeight.quantize(torch.randn(1, 256, 96, generator=g) / 16)

@@ -248,8 +248,9 @@ def test_a_prefill_through_the_expert_gemms_stays_near_the_row_at_a_time_one():
 def test_w4a16_decode_kernels_unpacking_and_pdl_change_no_bit(glu):
     """Both W4A16 decode kernels, each forced for every product: the tensor-core kernel's lop3 unpacking gives the
     values of shifts and masks, the row kernel's x read as pairs or a tile ahead the values of its x read a value at
-    a time, a dense product's plan taken as known (`W4_ONE`) the values of the plan read (the interpreter's form, which the CPU tests check against the definition), bit for
-    bit; a chain of dense products launched with programmatic dependent launch (each reading the last one's output,
+    a time (the interpreter's form, which the CPU tests check against the definition), a dense product's plan taken
+    as known (`W4_ONE`) the values of the plan read, the row kernel's K loop under Triton's pipeliner (`W4_PIPE`)
+    those of the loop by hand, bit for bit; a chain of dense products launched with programmatic dependent launch (each reading the last one's output,
     its first weight tile read before the wait) gives the bits of the same chain without it, replayed from a CUDA
     graph, for either kernel: no product reads its input before the one before has written it. Fresh inputs,
     outputs poisoned first."""
@@ -267,7 +268,7 @@ def test_w4a16_decode_kernels_unpacking_and_pdl_change_no_bit(glu):
         return y
 
     def home(knob):                            # the module whose setting a knob is
-        return G if knob in ("W4_KERNEL", "W4_ROWS_PDL", "W4_X_PAIRS", "W4_X_AHEAD") else D
+        return G if knob in ("W4_KERNEL", "W4_ROWS_PDL", "W4_X_PAIRS", "W4_X_AHEAD", "W4_PIPE") else D
 
     def run(rows, **knobs):
         saved = {k: getattr(home(k), k) for k in knobs}
@@ -296,6 +297,9 @@ def test_w4a16_decode_kernels_unpacking_and_pdl_change_no_bit(glu):
         # x as 32-bit pairs, and loaded a tile ahead: the same values in the same order
         assert torch.equal(run(rows, W4_KERNEL="rows", W4_ROWS_PDL=True, W4_X_PAIRS=True), fma), "x pairs differ"
         assert torch.equal(run(rows, W4_KERNEL="rows", W4_ROWS_PDL=True, W4_X_AHEAD=True), fma), "x ahead differs"
+        # the K loop a tile a turn under Triton's pipeliner: the same products in the same order
+        assert torch.equal(run(rows, W4_KERNEL="rows", W4_ROWS_PDL=True, W4_X_AHEAD=True, W4_PIPE={glu: 3}), fma), \
+            "pipelined loop differs"
         # the dense product's plan taken as known, not read: the same values from either kernel
         assert torch.equal(run(rows, W4_KERNEL="rows", W4_ROWS_PDL=True, W4_ONE=True), fma), "fixed plan differs"
         assert torch.equal(run(rows, W4_KERNEL="dot", W4_PDL=True, W4_ASM=True, W4_ONE=True), base), \

@@ -211,13 +211,71 @@ if HAVE_TRITON:
             return tl.sum(tl.sum(acc, axis=3), axis=2)
 
     @triton.jit
+    def _w4_by_hand(acc, acc_u, qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, N, w_se, w_sn, s_se, s_sn, x_ptr, rows,
+                    x_st, magic, MR: tl.constexpr, GT: tl.constexpr, XP: tl.constexpr, PRE: tl.constexpr,
+                    GLU: tl.constexpr, GDC: tl.constexpr, EARLY: tl.constexpr):
+        """The K loop two tiles a turn, each loaded while the other multiplies; EARLY (with GDC): the first tiles
+        read before the wait on the kernel before, whose output x is."""
+        # two tiles an iteration, each loaded while the other multiplies (a tile past t_end loads as 0 and
+        # adds 0): loop-carried tiles kept in place, where one tile a turn cost a register move a word
+        b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn, GT)
+        bu, scu, zu = b, sc, z
+        if GLU:
+            bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn,
+                                   GT)
+        if GDC and EARLY:      # a fixed plan (a dense product): the first tiles read before the wait on the
+            tl.extra.cuda.gdc_wait()          # kernel before, whose output x is
+            tl.extra.cuda.gdc_launch_dependents()
+        # x is the kernel before's output: its first tile read after the wait, never with the early weights
+        xa0, xa1, xa2, xa3 = _w4_xtile(x_ptr, rows, x_st, t0, K, MR, GT, PRE)
+        for t in range(t0, t_end, 2):
+            b1, sc1, z1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 1, t_end, K, w_se, w_sn, s_se, s_sn, GT)
+            xb0, xb1, xb2, xb3 = _w4_xtile(x_ptr, rows, x_st, t + 1, K, MR, GT, PRE)
+            if GLU:
+                bu1, scu1, zu1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 1, t_end, K, w_se, w_sn,
+                                          s_se, s_sn, GT)
+            acc = _w4_mac(acc, b, sc, z, x_ptr, rows, x_st, t, K, magic, xa0, xa1, xa2, xa3, MR, GT, XP, PRE)
+            if GLU:
+                acc_u = _w4_mac(acc_u, bu, scu, zu, x_ptr, rows, x_st, t, K, magic, xa0, xa1, xa2, xa3, MR,
+                                 GT, XP, PRE)
+            b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 2, t_end, K, w_se, w_sn, s_se, s_sn, GT)
+            xa0, xa1, xa2, xa3 = _w4_xtile(x_ptr, rows, x_st, t + 2, K, MR, GT, PRE)
+            if GLU:
+                bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 2, t_end, K, w_se, w_sn, s_se,
+                                       s_sn, GT)
+            acc = _w4_mac(acc, b1, sc1, z1, x_ptr, rows, x_st, t + 1, K, magic, xb0, xb1, xb2, xb3, MR, GT, XP,
+                          PRE)
+            if GLU:
+                acc_u = _w4_mac(acc_u, bu1, scu1, zu1, x_ptr, rows, x_st, t + 1, K, magic, xb0, xb1, xb2,
+                                 xb3, MR, GT, XP, PRE)
+        return acc, acc_u
+
+    @triton.jit
+    def _w4_pipelined(acc, acc_u, qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, N, w_se, w_sn, s_se, s_sn, x_ptr, rows,
+                      x_st, magic, MR: tl.constexpr, GT: tl.constexpr, XP: tl.constexpr, PRE: tl.constexpr,
+                      GLU: tl.constexpr, GDC: tl.constexpr, STAGES: tl.constexpr):
+        """The K loop one tile a turn under Triton's software pipeliner, STAGES - 1 tiles in flight (its copies
+        to shared memory hold them, not registers); the wait on the kernel before comes first."""
+        if GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        for t in tl.range(t0, t_end, num_stages=STAGES):
+            b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t, t_end, K, w_se, w_sn, s_se, s_sn, GT)
+            x0, x1, x2, x3 = _w4_xtile(x_ptr, rows, x_st, t, K, MR, GT, PRE)
+            acc = _w4_mac(acc, b, sc, z, x_ptr, rows, x_st, t, K, magic, x0, x1, x2, x3, MR, GT, XP, PRE)
+            if GLU:
+                bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t, t_end, K, w_se, w_sn, s_se, s_sn, GT)
+                acc_u = _w4_mac(acc_u, bu, scu, zu, x_ptr, rows, x_st, t, K, magic, x0, x1, x2, x3, MR, GT, XP, PRE)
+        return acc, acc_u
+
+    @triton.jit
     def _w4_rows_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr, wid_ptr, tok_ptr, seg_ptr, ngrp_ptr,
                         qsh_ptr, ssh_ptr, zsh_ptr, e_sh, back_ptr, p_ptr, gl_ptr, gl_st, T, R,
                         N, K, tiles, x_st, out_st, part_ss, part_sr, w_se, w_sn, s_se, s_sn, magic, MR: tl.constexpr,
                         BN: tl.constexpr, GT: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr,
                         GATHER: tl.constexpr, GDC: tl.constexpr, EARLY: tl.constexpr, SHARED: tl.constexpr,
                         COMBINE: tl.constexpr, TOPK: tl.constexpr, KP1: tl.constexpr, TB: tl.constexpr,
-                        XP: tl.constexpr, PRE: tl.constexpr, ONE: tl.constexpr = False):
+                        XP: tl.constexpr, PRE: tl.constexpr, ONE: tl.constexpr = False, PIPE: tl.constexpr = 0):
         """W4A16 at a few rows a group: program (g, j, sp) takes group g's rows MR at a time, outputs
         [j BN, (j + 1) BN) and the K tiles [sp tiles, (sp + 1) tiles) of GT groups. Each tile's words are loaded
         one tile ahead (`_w4_load` before the products of the one before, `_w4_mac`): a program has its next
@@ -246,38 +304,12 @@ if HAVE_TRITON:
                     acc = tl.zeros([MR, BN, GT, 16], dtype=tl.float32)
                 acc_u = tl.zeros_like(acc)
                 t_end = t0 + tiles
-                # two tiles an iteration, each loaded while the other multiplies (a tile past t_end loads as 0 and
-                # adds 0): loop-carried tiles kept in place, where one tile a turn cost a register move a word
-                b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn, GT)
-                bu, scu, zu = b, sc, z
-                if GLU:
-                    bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn,
-                                           GT)
-                if GDC and EARLY:      # a fixed plan (a dense product): the first tiles read before the wait on the
-                    tl.extra.cuda.gdc_wait()          # kernel before, whose output x is
-                    tl.extra.cuda.gdc_launch_dependents()
-                # x is the kernel before's output: its first tile read after the wait, never with the early weights
-                xa0, xa1, xa2, xa3 = _w4_xtile(x_ptr, rows, x_st, t0, K, MR, GT, PRE)
-                for t in range(t0, t_end, 2):
-                    b1, sc1, z1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 1, t_end, K, w_se, w_sn, s_se, s_sn, GT)
-                    xb0, xb1, xb2, xb3 = _w4_xtile(x_ptr, rows, x_st, t + 1, K, MR, GT, PRE)
-                    if GLU:
-                        bu1, scu1, zu1 = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 1, t_end, K, w_se, w_sn,
-                                                  s_se, s_sn, GT)
-                    acc = _w4_mac(acc, b, sc, z, x_ptr, rows, x_st, t, K, magic, xa0, xa1, xa2, xa3, MR, GT, XP, PRE)
-                    if GLU:
-                        acc_u = _w4_mac(acc_u, bu, scu, zu, x_ptr, rows, x_st, t, K, magic, xa0, xa1, xa2, xa3, MR,
-                                         GT, XP, PRE)
-                    b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t + 2, t_end, K, w_se, w_sn, s_se, s_sn, GT)
-                    xa0, xa1, xa2, xa3 = _w4_xtile(x_ptr, rows, x_st, t + 2, K, MR, GT, PRE)
-                    if GLU:
-                        bu, scu, zu = _w4_load(qw_ptr, s_ptr, z_ptr, e, n + N, nm, t + 2, t_end, K, w_se, w_sn, s_se,
-                                               s_sn, GT)
-                    acc = _w4_mac(acc, b1, sc1, z1, x_ptr, rows, x_st, t + 1, K, magic, xb0, xb1, xb2, xb3, MR, GT, XP,
-                                  PRE)
-                    if GLU:
-                        acc_u = _w4_mac(acc_u, bu1, scu1, zu1, x_ptr, rows, x_st, t + 1, K, magic, xb0, xb1, xb2,
-                                         xb3, MR, GT, XP, PRE)
+                if PIPE > 0:
+                    acc, acc_u = _w4_pipelined(acc, acc_u, qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, N, w_se, w_sn,
+                                               s_se, s_sn, x_ptr, rows, x_st, magic, MR, GT, XP, PRE, GLU, GDC, PIPE)
+                else:
+                    acc, acc_u = _w4_by_hand(acc, acc_u, qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, N, w_se, w_sn,
+                                             s_se, s_sn, x_ptr, rows, x_st, magic, MR, GT, XP, PRE, GLU, GDC, EARLY)
                 y = _w4_sum(acc, MR)                                                         # [MR, BN]
                 om = mm[:, None] & nm[None, :]
                 if PARTIAL or COMBINE:
@@ -394,6 +426,9 @@ W4_PROGRAM_TILES = 2
 # (`_w4_xtile`, the switch `w4_x_ahead`): off until timed on a GPU (the weight bench's `xpairs` and `xahead`)
 W4_X_PAIRS = False
 W4_X_AHEAD = envs.owner_value("LABKIT_W4_X_AHEAD")
+# the K loop as one tile a turn under Triton's software pipeliner with this many stages (per glu; none: two tiles
+# a turn loaded by hand, each while the other multiplies): off until timed on a GPU (the weight bench's `pipe`)
+W4_PIPE = {}
 W4_MAXNREG = {}                # glu: registers a thread ptxas may use (none given: its choice; fewer, more programs)
 
 
@@ -477,7 +512,7 @@ def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, r
         qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), 0x4B000000, MR=rows, BN=BN, GT=GT, PARTIAL=partial,
         GLU=glu, GATHER=gather, GDC=gdc, EARLY=early, SHARED=shared is not None, COMBINE=combine is not None, TOPK=k,
         KP1=triton.next_power_of_2(k + 1), TB=min(triton.next_power_of_2(max(T, 1)), COMBINE_TOKENS), XP=xp,
-        PRE=xp and W4_X_AHEAD, ONE=plan.fixed and combine is None and w4_decode.W4_ONE,
+        PRE=xp and W4_X_AHEAD, PIPE=W4_PIPE.get(glu, 0), ONE=plan.fixed and combine is None and w4_decode.W4_ONE,
         num_warps=W4_WARPS, num_stages=W4_STAGES, **({"launch_pdl": True} if gdc else {}),
         **({"maxnreg": W4_MAXNREG[glu]} if W4_MAXNREG.get(glu) else {}))
     return out
