@@ -115,6 +115,11 @@ VARS: list[Var] = [
             "labkit.engine.model.grouped_gemv:W4_SPLIT_WAVES"),
     _switch("LABKIT_W4_X_AHEAD", "bool", False, "a W4A16 decode product's x read as 32-bit pairs, each K tile's "
             "loaded with its weight a tile ahead", "w4_x_ahead", "labkit.engine.model.grouped_gemv:W4_X_AHEAD"),
+    _switch("LABKIT_W4_ONE", "bool", False, "a dense W4A16 decode product's plan (one group of every row) taken as "
+            "known by its kernel, not read at each program's start", "w4_one", "labkit.engine.model.w4_decode:W4_ONE"),
+    _switch("LABKIT_W4_PIPE", "int", 0, "a W4A16 decode product's K loop a tile a turn under Triton's software "
+            "pipeliner with this many stages (0: two tiles a turn by hand)", "w4_pipe",
+            "labkit.engine.model.grouped_gemv:W4_PIPE", minimum=0),
     _switch("LABKIT_QSA_FUSED", "bool", True, "the QSA heads' q/k norms, RoPE and KV row in one kernel",
             "qsa_fused", "labkit.engine.model.qsa_step:FUSED_QSA"),
     _switch("LABKIT_SELECT_BLOCK", "int", 0, "keys a selection program takes (0: the heuristic)",

@@ -161,11 +161,11 @@ KERNEL = textwrap.dedent('''
         # kernel's K loop a tile a turn under Triton's pipeliner (W4_PIPE)
         from labkit.engine.model import grouped_gemv as G, w4_decode
         read = grouped_gemv(x, w, Groups.one(R, "cpu"), glu=True, split=3)
-        w4_decode.W4_ONE, G.W4_PIPE = True, {True: 3}
+        w4_decode.W4_ONE, G.W4_PIPE = True, 3
         try:
             assert torch.equal(grouped_gemv(x, w, Groups.one(R, "cpu"), glu=True, split=3), read), R
         finally:
-            w4_decode.W4_ONE, G.W4_PIPE = False, {}
+            w4_decode.W4_ONE, G.W4_PIPE = False, 0
     # a dense W4A16 product of a prefill chunk's rows: the weight dequantised by one kernel, then a GEMM
     from labkit.engine.model.grouped_gemv import W4_DEQUANT_ROWS, dequantize_w4
     w = QuantWeight.quantize(torch.randn(1, 256, 96, generator=g) / 16)

@@ -298,7 +298,7 @@ def test_w4a16_decode_kernels_unpacking_and_pdl_change_no_bit(glu):
         assert torch.equal(run(rows, W4_KERNEL="rows", W4_ROWS_PDL=True, W4_X_PAIRS=True), fma), "x pairs differ"
         assert torch.equal(run(rows, W4_KERNEL="rows", W4_ROWS_PDL=True, W4_X_AHEAD=True), fma), "x ahead differs"
         # the K loop a tile a turn under Triton's pipeliner: the same products in the same order
-        assert torch.equal(run(rows, W4_KERNEL="rows", W4_ROWS_PDL=True, W4_X_AHEAD=True, W4_PIPE={glu: 3}), fma), \
+        assert torch.equal(run(rows, W4_KERNEL="rows", W4_ROWS_PDL=True, W4_X_AHEAD=True, W4_PIPE=3), fma), \
             "pipelined loop differs"
         # the dense product's plan taken as known, not read: the same values from either kernel
         assert torch.equal(run(rows, W4_KERNEL="rows", W4_ROWS_PDL=True, W4_ONE=True), fma), "fixed plan differs"

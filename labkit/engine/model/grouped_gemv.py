@@ -426,9 +426,9 @@ W4_PROGRAM_TILES = 2
 # (`_w4_xtile`, the switch `w4_x_ahead`): off until timed on a GPU (the weight bench's `xpairs` and `xahead`)
 W4_X_PAIRS = False
 W4_X_AHEAD = envs.owner_value("LABKIT_W4_X_AHEAD")
-# the K loop as one tile a turn under Triton's software pipeliner with this many stages (per glu; none: two tiles
-# a turn loaded by hand, each while the other multiplies): off until timed on a GPU (the weight bench's `pipe`)
-W4_PIPE = {}
+# the K loop as one tile a turn under Triton's software pipeliner with this many stages (0: two tiles a turn loaded
+# by hand, each while the other multiplies; the switch `w4_pipe`): off until timed on a GPU (the bench's `pipe`)
+W4_PIPE = envs.owner_value("LABKIT_W4_PIPE")
 W4_MAXNREG = {}                # glu: registers a thread ptxas may use (none given: its choice; fewer, more programs)
 
 
@@ -512,7 +512,7 @@ def w4_rows(x, t, s, z, plan: Groups, N: int, K: int, glu: bool, gather: bool, r
         qw.stride(0), qw.stride(1), s.stride(0), s.stride(1), 0x4B000000, MR=rows, BN=BN, GT=GT, PARTIAL=partial,
         GLU=glu, GATHER=gather, GDC=gdc, EARLY=early, SHARED=shared is not None, COMBINE=combine is not None, TOPK=k,
         KP1=triton.next_power_of_2(k + 1), TB=min(triton.next_power_of_2(max(T, 1)), COMBINE_TOKENS), XP=xp,
-        PRE=xp and W4_X_AHEAD, PIPE=W4_PIPE.get(glu, 0), ONE=plan.fixed and combine is None and w4_decode.W4_ONE,
+        PRE=xp and W4_X_AHEAD, PIPE=W4_PIPE, ONE=plan.fixed and combine is None and w4_decode.W4_ONE,
         num_warps=W4_WARPS, num_stages=W4_STAGES, **({"launch_pdl": True} if gdc else {}),
         **({"maxnreg": W4_MAXNREG[glu]} if W4_MAXNREG.get(glu) else {}))
     return out

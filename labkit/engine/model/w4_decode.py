@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import torch
 
+from ... import envs
 from ...shapes import W4_GROUP
 from . import arch
 from .arch import HAVE_TRITON, interpret_mode
@@ -320,9 +321,9 @@ W4_SWAP = False                 # True: the rows as the product's M side (mma.sy
                                 # the weight tile is (Hopper's warpgroup MMA), faster on an H100 at 1 and 4 rows
 W4_PDL = True                   # programmatic dependent launch where the GPU has it (`arch.native("pdl")`)
 W4_ASM = True                   # lop3 unpacking (False: shifts and masks, the interpreter's form, for an A/B)
-# Groups.one's plan taken as known (`_block`'s ONE), not read at each program's start: off until timed on a GPU
-# (the weight bench's `one` variant)
-W4_ONE = False
+# Groups.one's plan taken as known (`_block`'s ONE), not read at each program's start (the switch `w4_one`): off
+# until timed on a GPU (the weight bench's `one` variant)
+W4_ONE = envs.owner_value("LABKIT_W4_ONE")
 W4_MAXNREG = None               # registers a thread ptxas may use (None: its choice, 199 on sm_90: 2 programs an SM)
 
 
