@@ -191,6 +191,8 @@ VARIANTS = {
     "xahead-one": {"grouped_gemv.W4_X_AHEAD": True, "w4_decode.W4_ONE": True},
     "xahead-pipe3": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_PIPE": 3},
     "xahead-pipe4": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_PIPE": 4},
+    "xahead-bn16g4": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_TILES": {1: (16, 4), 4: (64, 1)}},
+    "xahead-bn32g2": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_TILES": {1: (32, 2), 4: (64, 1)}},
     "xahead-bn32": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_TILES": {1: (32, 1), 4: (64, 1)},
                     "grouped_gemv.W4_WARPS": 2, "grouped_gemv.W4_PROGRAMS_PER_SM": 8},
     "xahead-bn32-waves": {"grouped_gemv.W4_X_AHEAD": True, "grouped_gemv.W4_TILES": {1: (32, 1), 4: (64, 1)},
