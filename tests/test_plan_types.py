@@ -80,7 +80,8 @@ def test_every_committed_run_loads_into_todays_plan():
 # the experiments whose measuring code reads the plan's fields, and the modules it is in
 MOVED = {name: [f"{name}/__init__.py", f"{name}/measure.py"]
          for name in ("decode", "probe", "hot_replay", "multigpu", "capacity", "pulse_blocks", "pulse_switch",
-                      "pulse_scaling", "quality")}
+                      "pulse_scaling", "quality", "prefill", "pulse", "pulse_ladder", "serve_sweep",
+                      "prefill_throughput")}
 MOVED["decode"].append("decode_session.py")
 KEYED = re.compile(r"""\b(p|params|pl\.params)\[["']""")
 

@@ -115,11 +115,11 @@ def test_chunk_and_prompts_held_are_the_largest_the_cap_allows(kernels):
             if f.in_flight < N:
                 assert dataclasses.replace(f, in_flight=f.in_flight + 1).predicted_bytes > cap
     if not kernels:       # a CPU plan's own
-        p = experiments.plan("prefill_throughput", {"device": "cpu", "context_lens": "512", "prompts": "4"}).params
+        p = experiments.plan("prefill_throughput", {"device": "cpu", "context_lens": "512", "prompts": "4"})
         fits = M.fits_of(p, TINY, 512)
         assert fits["none"].in_flight == 2 and fits["none"].chunk == 64
         assert fits["prefill"].in_flight == 4 and fits["prefill"].chunk == 64
-        assert p["mem_cap_gib"] * 2**30 >= cap_holding(TINY, 512, 4, 2, 64)
+        assert p.mem_cap_gib * 2**30 >= cap_holding(TINY, 512, 4, 2, 64)
 
 
 class _LiveBytes(TorchDispatchMode):
@@ -389,8 +389,8 @@ def test_the_weights_counted_are_those_held():
         assert 0 <= want - got <= 0.02 * want, (wd, banks, got, want)
     assert held_weight_bytes(MOE, "w4a16", 2) < held_weight_bytes(MOE, "w4a16", 8) < held_weight_bytes(MOE, "bf16", 8)
     p = experiments.plan("prefill_throughput", {"device": "cpu", "shape": "tiny-moe", "weights_dtype": "w4a16",
-                                                "expert_banks": "2", "context_lens": "256", "prompts": "3"}).params
-    assert (p["weights_dtype"], p["expert_banks"]) == ("w4a16", 2)
+                                                "expert_banks": "2", "context_lens": "256", "prompts": "3"})
+    assert (p.weights_dtype, p.expert_banks) == ("w4a16", 2)
     assert {f.weight_bytes for f in M.fits_of(p, MOE, 256).values()} == {held_weight_bytes(MOE, "w4a16", 2)}
 
 

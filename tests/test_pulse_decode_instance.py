@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -55,7 +56,7 @@ def test_handed_over_requests_run_no_prefill_and_decode_the_same_tokens_in_eithe
 
 
 def test_the_pressure_rule_holds_a_third_or_the_longest_request():
-    p = {"device_kv_tokens": "auto", "page_size": 16}
+    p = replace(experiments.plan("pulse_ladder", DECODE), device_kv_tokens="auto", page_size=16)
     # 6 requests of 2, 2, 2, 3, 3, 4 pages: a third of the 16 pages is 5, the 3 shortest need 6: cap 5 pages,
     # above the longest's 4, and 2 requests (a third) fit it together
     six, = L.window_caps(p, [[16 * k - 3 for k in (2, 2, 2, 3, 3, 4)]])
@@ -63,19 +64,20 @@ def test_the_pressure_rule_holds_a_third_or_the_longest_request():
     # one long request: it must fit alone, so it sets the cap, and the bound says it no longer holds
     skew, = L.window_caps(p, [[16, 16, 16, 16 * 10]])
     assert skew["device_kv_cap_tokens"] == 160 and skew["most_held"] == 3 and not skew["third_held"]
-    given, = L.window_caps({**p, "device_kv_tokens": 64}, [[16, 16, 16]])
+    given, = L.window_caps(replace(p, device_kv_tokens=64), [[16, 16, 16]])
     assert given["device_kv_cap_tokens"] == 64 and given["device_kv_share"] == pytest.approx(64 / 48)
 
 
 def test_uncapped_outputs_are_the_traces_lengths_scaled():
-    p = dict(experiments.plan("pulse_ladder", {**DECODE, "output_scale": "1", "capacity": "4096",
-                                               "host_kv_tokens": "16384"}).params)
-    assert p["max_output"] == 0 and p["device_kv_tokens"] == "auto"
-    assert [s.output_len for s in R.requests(p, 0)] == [500, 490, 794]
-    assert [s.output_len for s in R.requests({**p, "output_scale": 0.01}, 0)] == [5, 5, 8]
-    assert [s.output_len for s in R.requests({**p, "output_scale": 0.01, "max_output": 6}, 0)] == [5, 5, 6]
+    p = experiments.plan("pulse_ladder", {**DECODE, "output_scale": "1", "capacity": "4096",
+                                          "host_kv_tokens": "16384"})
+    assert p.max_output == 0 and p.device_kv_tokens == "auto"
+    assert [s.output_len for s in L.window_requests(p, 0)] == [500, 490, 794]
+    assert [s.output_len for s in L.window_requests(replace(p, output_scale=0.01), 0)] == [5, 5, 8]
+    assert [s.output_len for s in L.window_requests(replace(p, output_scale=0.01, max_output=6), 0)] == [5, 5, 6]
+    assert [s.output_len for s in R.requests(p, 0, output_scale=0.01)] == [5, 5, 8]     # the shared replay's own
     # the committed runs' way: max_output caps, nothing scaled
-    assert [s.output_len for s in R.requests({**p, "max_output": 64, "output_scale": 1.0}, 0)] == [64, 64, 64]
+    assert [s.output_len for s in L.window_requests(replace(p, max_output=64, output_scale=1.0), 0)] == [64, 64, 64]
     assert experiments.plan("pulse_ladder", {**DECODE, "max_output": "auto"}).max_output == 6
 
 
@@ -151,9 +153,9 @@ def test_bad_decode_instance_input_is_one_line():
 
 
 def test_per_head_unit_bytes_sets_the_per_head_rungs_copies():
-    p = dict(experiments.plan("pulse_ladder", {**DECODE, "per_head_unit_bytes": "1024"}).params)   # tiny: 256 B rows
-    assert L.unit_rows(p) == 4 == L.unit_rows({**p, "per_head_unit_bytes": "auto"})   # auto: one head's K or V
-    assert L.rung_params("per_head", {**p, "per_head_unit_bytes": 2048}, 64)[0]["dma_unit_rows"] == 8
+    p = experiments.plan("pulse_ladder", {**DECODE, "per_head_unit_bytes": "1024"})   # tiny: 256 B rows
+    assert L.unit_rows(p) == 4 == L.unit_rows(replace(p, per_head_unit_bytes="auto"))   # auto: one head's K or V
+    assert L.rung_params("per_head", replace(p, per_head_unit_bytes=2048), 64)[0].settings["dma_unit_rows"] == 8
 
 
 def test_labkit_run_decode_instance_under_papermill(tmp_path):

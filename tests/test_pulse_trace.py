@@ -47,7 +47,7 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path):
         _plan({**base, "trace": good, "dma_units_per_call": 4})
     with pytest.raises(BadInput, match="policy"):
         _plan({**base, "trace": good, "policies": "fastest"})
-    specs = P.requests(dict(_plan({**base, "trace": good, "length_scale": 0.01, "capacity": 100, "max_output": 8}).params), 0)
+    specs = P.requests(_plan({**base, "trace": good, "length_scale": 0.01, "capacity": 100, "max_output": 8}), 0)
     assert [len(s.prompt) for s in specs] == [60, 92, 30, 95]                # scaled, then capped to the slot
     assert [s.output_len for s in specs] == [8, 8, 8, 5]
     assert all(len(s.prompt) + s.output_len <= 100 for s in specs)

@@ -37,12 +37,12 @@ def test_windows_are_disjoint_and_cover_what_they_say():
     assert all(len(s) == 32 for s in spans)
     assert set().union(*spans) == set(range(256)) and sum(map(len, spans)) == 256      # disjoint, no gap
     # the requests a window replays are the trace's requests of that window, ids = trace indices
-    p = dict(experiments.plan("pulse", {"device": "cpu", "windows": "5", "window_size": "3"}).params)
+    plan = experiments.plan("pulse", {"device": "cpu", "windows": "5", "window_size": "3"})
     from labkit.serving.workload import load_trace
-    rows = load_trace(p["trace"])
+    rows = load_trace(plan.trace)
     seen = []
     for w in range(5):
-        specs = P.requests(p, w)
+        specs = P.requests(plan, w)
         assert [s.index for s in specs] == list(range(3 * w, 3 * w + 3))
         assert [s.meta["trace_input_length"] for s in specs] == [r["input_length"] for r in rows[3 * w:3 * w + 3]]
         assert specs[0].arrival_s == 0.0          # each window's arrivals count from its own first request
@@ -88,8 +88,8 @@ def test_the_reference_ratio_is_one_in_every_window(small_run):
 
 
 # ---- the choice sees the calibration windows only ----------------------------------------------------------
-POL = {"reference": "noswitch:4096", "thresholds": [4096, 8192], "adaptive_min_tokens": [2048, 8192],
-       "adaptive_hide": [1.0], "p99_limit": 1.0, "policies": [], "deadline_s": 0}
+POL = W.Protocol(reference="noswitch:4096", thresholds=[4096, 8192], adaptive_min_tokens=[2048, 8192],
+                 adaptive_hide=[1.0], p99_limit=1.0, policies=[], deadline_s=0)
 
 
 def _truth(windows: int) -> dict:

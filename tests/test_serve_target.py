@@ -52,7 +52,7 @@ def _labkit(*args, timeout=600):
 
 def _plan(given: dict):
     from labkit.experiments.serve_sweep import plan
-    return dict(plan(given).params)
+    return plan(given)
 
 
 def _run(given: dict):

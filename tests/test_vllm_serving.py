@@ -403,7 +403,7 @@ def test_vllm_target_identity_and_cold_prompts_across_runs(server, tmp_path):
     url = server.base_url
 
     def run(given):
-        return run_serve(dict(plan(given).params), log=None)
+        return run_serve(plan(given), log=None)
     given = {"target": url, "input_lens": "300", "concurrency": "1", "num_prompts": 2, "output_len": 3}
     runs = [run({**given, "out_dir": str(tmp_path / f"fresh{i}")}) for i in range(2)]
     for r in runs:
@@ -496,7 +496,7 @@ def _run_serve(given: dict, **kw):
     """Plan (as `labkit run serve_sweep` does, without vLLM's own argument check) and run in this process."""
     from labkit.experiments.serve_sweep import plan
     from labkit.experiments.serve_sweep.measure import run_serve
-    return run_serve(dict(plan(given, check_args=False).params), **{"log": None, **kw})
+    return run_serve(plan(given, check_args=False), **{"log": None, **kw})
 
 
 def _labkit(*args, timeout=600):
@@ -572,8 +572,8 @@ def test_server_death_recorded_restarted_and_ctrl_c_cleans_up(tmp_path):
     server left, by process group or by parent."""
     out = tmp_path / "run"
     code = ("from labkit.experiments.serve_sweep import plan\nfrom labkit.experiments.serve_sweep.measure import run_serve\n"
-            f"run_serve(dict(plan({{'input_lens': '32', 'concurrency': '1', 'num_prompts': 3, 'output_len': 32, "
-            f"'repeats': 200, 'out_dir': {str(out)!r}}}, check_args=False).params))\n")
+            f"run_serve(plan({{'input_lens': '32', 'concurrency': '1', 'num_prompts': 3, 'output_len': 32, "
+            f"'repeats': 200, 'out_dir': {str(out)!r}}}, check_args=False))\n")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
     try:
@@ -663,7 +663,7 @@ def test_weightless_model_and_port_taken_after_checks_are_not_ok(tmp_path, monke
     holder.listen()
     try:
         with pytest.raises(Exception, match="in use"):
-            E.run_serve(dict(p.params), log=None)
+            E.run_serve(p, log=None)
     finally:
         holder.close()
     mf = json.loads((tmp_path / "port-run" / "manifest.json").read_text())

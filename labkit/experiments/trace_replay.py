@@ -8,7 +8,9 @@ import json
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 import pandas as pd
 
@@ -42,14 +44,14 @@ def _signature(params: dict) -> dict:
     return {k: json.dumps(norm(v), default=str) for k, v in params.items() if k not in RESUME_FREE}
 
 
-def find_resume(p: dict, experiment: str) -> str:
-    """`resume`: "" (a fresh run), a run folder, or "auto": the newest `experiment` run under results/ that
-    did not finish ok and has these parameters. A folder given that is no such run is one line."""
-
-    want = p["resume"].strip()
+def find_resume(plan: Any, experiment: str) -> str:
+    """A plan's `resume`: "" (a fresh run), a run folder, or "auto": the newest `experiment` run under results/
+    that did not finish ok and has these parameters (a manifest's, compared with `plan.params`). A folder given
+    that is no such run is one line."""
+    want = plan.resume.strip()
     if not want:
         return ""
-    sig = _signature(p)
+    sig = _signature(plan.params)
     if want != "auto":
         mf = Path(want) / "manifest.json"
         if not mf.is_file():
@@ -72,16 +74,16 @@ def find_resume(p: dict, experiment: str) -> str:
     return max(found)[1] if found else ""
 
 
-def requests(p: dict, window: int = 0) -> list:
-    """Window `window`'s requests (trace requests window x window_size on), arrivals from the window's first
-    request / rate, inputs x length_scale, capped to a slot; each request's id is its index in the trace.
-    Outputs: the trace's lengths x `output_scale` (when given), capped to `max_output` (0: uncapped) and to
-    the slot (capacity - 1); the prompt then gets what the slot leaves."""
-    cap, scale, n = p["capacity"], p["length_scale"], p["window_size"]
-    most, o_scale = p["max_output"], float(p.get("output_scale", 1.0))
-    vocab = ModelShape.from_name(p["shape"]).vocab
-    specs = trace_replay(p["trace"], n, p["rate"], max(2, int(cap / scale)), vocab,
-                         max_output=min(most, cap - 1) if most > 0 else 0, start=window * n, seed=p["seed"])
+def requests(plan: Any, window: int = 0, output_scale: float = 1.0) -> list:
+    """Window `window`'s requests of a replay's plan (trace requests window x window_size on), arrivals from the
+    window's first request / rate, inputs x length_scale, capped to a slot; each request's id is its index in the
+    trace. Outputs: the trace's lengths x `output_scale` (the ladder's parameter; 1: as the trace says), capped to
+    `max_output` (0: uncapped) and to the slot (capacity - 1); the prompt then gets what the slot leaves."""
+    cap, scale, n = plan.capacity, plan.length_scale, plan.window_size
+    most, o_scale = plan.max_output, float(output_scale)
+    vocab = ModelShape.from_name(plan.shape).vocab
+    specs = trace_replay(plan.trace, n, plan.rate, max(2, int(cap / scale)), vocab,
+                         max_output=min(most, cap - 1) if most > 0 else 0, start=window * n, seed=plan.seed)
     for s in specs:
         if o_scale != 1.0:
             s.output_len = max(1, round(s.meta["trace_output_length"] * o_scale))
@@ -100,25 +102,62 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
-    """One policy: a server on a free port, the load generator against it; returns records and stats."""
-    lanes = make_lanes(model.shape, model.device, p["resident_slots"], p["offload_slots"], capacity=p["capacity"],
-                       budget=p["budget"], strategy=p["strategy"], page_size=p["page_size"],
-                       prefill_chunk=p["prefill_chunk"], model=model, compile=p["compile"],
-                       resident_pool_tokens=p["resident_pool_tokens"] or None, select_block=p["select_block"],
-                       offload_pool_tokens=p.get("offload_pool_tokens") or None,
-                       settings={k: p[k] for k in setting_names() if k in {s.param for s in settings_of(p["strategy"])}})
-    costs = calibrate(lanes, graphs=p["graphs"]) if needs_costs(policy) else None
+@dataclass(frozen=True)
+class Serving:
+    """How one replay serves a window's requests: the offload lane's strategy and its settings, the lanes' slots
+    and pools (0: slots x capacity), the paging, the graphs, the timeline's sampling and the transport. Derived
+    from an experiment's plan (`serving`): pulse serves every policy alike, each ladder rung its own way."""
+    strategy: str
+    resident_slots: int
+    offload_slots: int
+    capacity: int
+    budget: int
+    page_size: int
+    prefill_chunk: int
+    select_block: int
+    compile: bool
+    graphs: bool
+    timeline_every: int
+    transport: str
+    settings: Mapping[str, Any] = field(default_factory=dict)    # the strategy's own settings, by parameter name
+    resident_pool_tokens: int = 0
+    offload_pool_tokens: int = 0
+    disaggregated: bool = False      # a decode instance: every request's KV arrives prefilled
+
+
+def serving(plan: Any, strategy: str, settings: Mapping[str, Any] | None = None, **changes) -> Serving:
+    """How a replay's `plan` serves with the offload lane's `strategy`: the plan's slots, paging, graphs, timeline
+    and transport, the plan's values of that strategy's settings (`settings`: values that replace them), then
+    `changes` (a rung's slots and pools)."""
+    values = {k: getattr(plan, k) for k in setting_names()} | dict(settings or {})
+    mine = {s.param for s in settings_of(strategy)}
+    made = {"strategy": strategy, "resident_slots": plan.resident_slots, "offload_slots": plan.offload_slots,
+            "capacity": plan.capacity, "budget": plan.budget, "page_size": plan.page_size,
+            "prefill_chunk": plan.prefill_chunk, "select_block": plan.select_block, "compile": plan.compile,
+            "graphs": plan.graphs, "timeline_every": plan.timeline_every, "transport": plan.transport,
+            "settings": {k: v for k, v in values.items() if k in mine}}
+    return Serving(**{**made, **changes})
+
+
+def replay_policy(policy: str, how: Serving, specs: list, model) -> dict:
+    """One policy served `how` says: a server on a free port, the load generator against it (or the scheduler in
+    process); returns records and stats."""
+    lanes = make_lanes(model.shape, model.device, how.resident_slots, how.offload_slots, capacity=how.capacity,
+                       budget=how.budget, strategy=how.strategy, page_size=how.page_size,
+                       prefill_chunk=how.prefill_chunk, model=model, compile=how.compile,
+                       resident_pool_tokens=how.resident_pool_tokens or None, select_block=how.select_block,
+                       offload_pool_tokens=how.offload_pool_tokens or None, settings=dict(how.settings))
+    costs = calibrate(lanes, graphs=how.graphs) if needs_costs(policy) else None
     switching = not policy.startswith("noswitch:")
     sched = Scheduler(lanes, make_policy(policy, costs), switching=switching,
-                      timeline_every=p["timeline_every"], graphs=p["graphs"])
+                      timeline_every=how.timeline_every, graphs=how.graphs)
     for s in specs:      # every request must fit where the policy may put it: one line before anything runs
         sched.validate(Request(s.prompt, s.output_len, id=str(s.index)))
     # a decode instance of a disaggregated deployment: each request's KV arrives prefilled (`Request.prefilled`)
-    handed = bool(p.get("disaggregated", False))
-    if handed and p["transport"] != "inprocess":
+    handed = how.disaggregated
+    if handed and how.transport != "inprocess":
         raise BadInput("disaggregated replays run in process (transport=inprocess): the server takes prompts")
-    if p["transport"] == "inprocess":
+    if how.transport == "inprocess":
         # the same scheduler on its own clock: arrivals at the trace's times, records in the load
         # generator's format (`Request.record`); no HTTP or streaming overhead in the latencies
         done = sched.run([Request(s.prompt, s.output_len, arrival=s.arrival_s, id=str(s.index), prefilled=handed)
@@ -160,11 +199,12 @@ def replay_policy(policy: str, p: dict, specs: list, model) -> dict:
     return {"records": recs, "stats": stats, "timelines": tls, "costs": costs}
 
 
-def summary_row(policy: str, p: dict, out: dict, experiment: str) -> dict:
-    """One metrics row of a replay: latency statistics (`serving.latency.summarize`), lanes, switches, stalls,
-    the GPU stall share of the sampled rounds, link bytes and copies, the most requests running at once."""
+def summary_row(policy: str, plan: Any, how: Serving, out: dict, experiment: str) -> dict:
+    """One metrics row of a replay of `plan` served `how`: latency statistics (`serving.latency.summarize`), lanes,
+    switches, stalls, the GPU stall share of the sampled rounds, link bytes and copies, the most requests running
+    at once."""
     recs, st = out["records"], out["stats"]
-    s = summarize(recs, slo_tpot_ms=p["tpot_slo_ms"])
+    s = summarize(recs, slo_tpot_ms=plan.tpot_slo_ms)
     lanes = [r.get("lane") for r in st["records"]]
     rounds = st["rounds"]
     copies = sum(r.get("copies", 0) for r in rounds)
@@ -176,8 +216,8 @@ def summary_row(policy: str, p: dict, out: dict, experiment: str) -> dict:
             span += max(x["end_ms"] for x in sp) - min(x["start_ms"] for x in sp)
             stall += sum(x["end_ms"] - x["start_ms"] for x in sp if x["kind"] == "stall")
     row = {"experiment": experiment, "status": "ok" if s["failed"] == 0 else "partial", "error": None,
-           "strategy": p["strategy"], "policy": policy, "switching": not policy.startswith("noswitch:"),
-           "budget": p["budget"], "concurrency": p["resident_slots"] + p["offload_slots"],
+           "strategy": how.strategy, "policy": policy, "switching": not policy.startswith("noswitch:"),
+           "budget": how.budget, "concurrency": how.resident_slots + how.offload_slots,
            "tok_s": s["output_throughput"], "step_ms_median": s["tpot_ms_median"],
            "share_offloaded": (sum(x == "offload" for x in lanes) / len(lanes)) if lanes else None,
            "switched_rounds": sum(r["mode"] == "switched" for r in rounds), "rounds": len(rounds),
@@ -194,9 +234,9 @@ def summary_row(policy: str, p: dict, out: dict, experiment: str) -> dict:
            "max_waiting": max((r.get("waiting", 0) for r in rounds), default=0),
            # a decode instance: prefill forwards run (0), requests handed over, the seconds their KV took to
            # place (off the scheduler's clock, so outside every timed figure); None: not recorded (http)
-           "disaggregated": bool(p.get("disaggregated", False)), "prefill_forwards": st.get("prefill_forwards"),
+           "disaggregated": how.disaggregated, "prefill_forwards": st.get("prefill_forwards"),
            "handovers": st.get("handovers"), "handover_s": st.get("handover_s"),
-           "rate": p["rate"], "length_scale": p["length_scale"], "n_requests": len(recs), "transport": p["transport"],
+           "rate": plan.rate, "length_scale": plan.length_scale, "n_requests": len(recs), "transport": how.transport,
            **s}
     if out["costs"] is not None:
         row.update({f"cost_{k}": v for k, v in out["costs"].__dict__.items()})
@@ -227,10 +267,10 @@ def keep_earlier(tables: dict, before: dict | None, kept: list, sampled: int) ->
                 tables[name] = t.to_dict("records") + tables[name]
 
 
-def close_windows(run, p: dict, out: dict, roles: dict, ratios=None) -> None:
+def close_windows(run, protocol: W.Protocol, out: dict, roles: dict, ratios=None) -> None:
     """The per-window ratios (`ratios`, or the arms' to the reference), their summary and the choice; the run's
     status (a stopped run names the windows a resume still has to replay). The ladder closes through it too."""
-    ratios = W.window_ratios(run.metrics(), p, out["chosen"], roles) if ratios is None else ratios
+    ratios = W.window_ratios(run.metrics(), protocol, out["chosen"], roles) if ratios is None else ratios
     run.write_table("window_ratios", ratios)
     run.write_table("window_summary", W.summarize(ratios))
     run.write_table("selection", out["selection"])

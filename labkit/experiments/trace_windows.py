@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,33 @@ from ..engine.drive.policies import fitted_name
 REFERENCE, STATIC, ADAPTIVE = "reference", "threshold (fitted)", "adaptive (fitted)"
 RULE = ("on the calibration windows only: the candidate with the best median throughput ratio to the reference "
         "among those whose median p99 TPOT ratio is at most p99_limit; none acceptable: the lowest median p99 ratio")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """What the windows' protocol plans with: the policy every ratio is to (`reference`), the policies replayed as
+    given on every window (`policies`), the candidates fitted on the calibration windows (static `thresholds`, the
+    adaptive grid `adaptive_min_tokens` x `adaptive_hide`), the p99 bound of an acceptable one and the deadline
+    (`deadline_s`, 0: none). A pulse plan carries these as its own fields (`of`); the ladder derives its own
+    (`pulse_ladder.measure.ladder_protocol`)."""
+    reference: str
+    policies: tuple[str, ...] = ()
+    thresholds: tuple[int, ...] = ()
+    adaptive_min_tokens: tuple[int, ...] = ()
+    adaptive_hide: tuple[float, ...] = ()
+    p99_limit: float = 1.0
+    deadline_s: float = 0.0
+
+    def __post_init__(self):
+        for name in ("policies", "thresholds", "adaptive_min_tokens", "adaptive_hide"):     # frozen: lists as tuples
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    @classmethod
+    def of(cls, plan: Any, **changes) -> "Protocol":
+        """The protocol of a plan that has these fields (pulse's), with `changes`."""
+        names = ("reference", "policies", "thresholds", "adaptive_min_tokens", "adaptive_hide", "p99_limit",
+                 "deadline_s")
+        return cls(**{**{n: getattr(plan, n) for n in names}, **changes})
 
 
 def window_bounds(n_trace: int, windows: int, size: int, calibration: int) -> list[dict]:
@@ -53,21 +81,21 @@ def window_bounds(n_trace: int, windows: int, size: int, calibration: int) -> li
              "role": "calibration" if w < calibration else "test"} for w in range(windows)]
 
 
-def candidates(p: dict) -> dict[str, list[str]]:
+def candidates(protocol: Protocol) -> dict[str, list[str]]:
     """The policies each fitted arm chooses among (on the calibration windows)."""
-    return {STATIC: [f"threshold:{int(t)}" for t in p["thresholds"]],
-            ADAPTIVE: [fitted_name(m, h) for m in p["adaptive_min_tokens"] for h in p["adaptive_hide"]]}
+    return {STATIC: [f"threshold:{int(t)}" for t in protocol.thresholds],
+            ADAPTIVE: [fitted_name(m, h) for m in protocol.adaptive_min_tokens for h in protocol.adaptive_hide]}
 
 
-def planned(p: dict, role: str, chosen: dict[str, str | None]) -> list[str]:
+def planned(protocol: Protocol, role: str, chosen: dict[str, str | None]) -> list[str]:
     """The policies replayed on a window of `role`, reference first, each once."""
-    pols = [p["reference"]]
+    pols = [protocol.reference]
     if role == "calibration":
-        for c in candidates(p).values():
+        for c in candidates(protocol).values():
             pols += c
     else:
         pols += [c for c in (chosen.get(STATIC), chosen.get(ADAPTIVE)) if c]
-    pols += list(p["policies"])
+    pols += list(protocol.policies)
     return list(dict.fromkeys(pols))
 
 
@@ -88,16 +116,17 @@ def _ratios_of(rows: pd.DataFrame, reference: str) -> pd.DataFrame:
     return out
 
 
-def choose(rows: pd.DataFrame, p: dict, calibration: list[int]) -> tuple[dict[str, str | None], pd.DataFrame]:
+def choose(rows: pd.DataFrame, protocol: Protocol,
+           calibration: list[int]) -> tuple[dict[str, str | None], pd.DataFrame]:
     """The chosen threshold and adaptive constants, from the rows of the `calibration` windows only (rows of
     other windows are dropped first, whatever they say), and the table of every candidate's calibration
     figures. A candidate needs an ok row on every calibration window whose reference finished ok."""
     cal = rows[rows["window"].isin(calibration)]
-    r = _ratios_of(cal, p["reference"])
-    usable = sorted(r.loc[(r["policy"] == p["reference"]) & r["throughput_ratio"].notna(), "window"].unique())
+    r = _ratios_of(cal, protocol.reference)
+    usable = sorted(r.loc[(r["policy"] == protocol.reference) & r["throughput_ratio"].notna(), "window"].unique())
     chosen: dict[str, str | None] = {}
     table = []
-    for arm, pols in candidates(p).items():
+    for arm, pols in candidates(protocol).items():
         cands = []
         for pol in pols:
             g = r[(r["policy"] == pol) & r["window"].isin(usable)].dropna(subset=["throughput_ratio", "tpot_p99_ratio"])
@@ -106,7 +135,7 @@ def choose(rows: pd.DataFrame, p: dict, calibration: list[int]) -> tuple[dict[st
                 t, q = spread(g["throughput_ratio"]), spread(g["tpot_p99_ratio"])
                 row.update(throughput_ratio=t.median, throughput_ratio_min=t.min, throughput_ratio_max=t.max,
                            tpot_p99_ratio=q.median, tpot_p99_ratio_min=q.min, tpot_p99_ratio_max=q.max)
-            row["acceptable"] = row["eligible"] and row.get("tpot_p99_ratio", math.inf) <= p["p99_limit"]
+            row["acceptable"] = row["eligible"] and row.get("tpot_p99_ratio", math.inf) <= protocol.p99_limit
             table.append(row)
             if row["eligible"]:
                 cands.append(row)
@@ -126,12 +155,14 @@ def choose(rows: pd.DataFrame, p: dict, calibration: list[int]) -> tuple[dict[st
     return chosen, sel
 
 
-def window_ratios(rows: pd.DataFrame, p: dict, chosen: dict[str, str | None], roles: dict[int, str]) -> pd.DataFrame:
+def window_ratios(rows: pd.DataFrame, protocol: Protocol, chosen: dict[str, str | None],
+                  roles: dict[int, str]) -> pd.DataFrame:
     """One row per (window, arm): the arm's policy on that window and its ratios to the reference. Arms: the
     reference, the fitted threshold and adaptive policy (on calibration windows: the chosen candidate's
     replay there), and each fixed policy by its name."""
-    r = _ratios_of(rows, p["reference"])
-    arms = {REFERENCE: p["reference"], **{a: c for a, c in chosen.items() if c}, **{x: x for x in p["policies"]}}
+    r = _ratios_of(rows, protocol.reference)
+    arms = {REFERENCE: protocol.reference, **{a: c for a, c in chosen.items() if c},
+            **{x: x for x in protocol.policies}}
     out = []
     for arm, pol in arms.items():
         g = r[r["policy"] == pol].assign(arm=arm)
@@ -173,26 +204,28 @@ def single_window(metrics: pd.DataFrame) -> pd.DataFrame:
     return r.assign(arm=r["policy"].where(r["policy"] != ref, REFERENCE))
 
 
-def complete_windows(rows: pd.DataFrame, p: dict, bounds: list[dict]) -> tuple[set[int], dict]:
+def complete_windows(rows: pd.DataFrame, protocol: Protocol, bounds: list[dict]) -> tuple[set[int], dict]:
     """Which windows of an earlier (cut short) run hold an ok row for every policy planned for them, and the
     choice its calibration windows make: those windows need not be replayed again."""
     cal = [b["window"] for b in bounds if b["role"] == "calibration"]
     ok = rows[rows["status"] == "ok"] if len(rows) else rows
     have = {w: set(g["policy"]) for w, g in ok.groupby("window")} if len(ok) else {}
-    done_cal = {w for w in cal if set(planned(p, "calibration", {})) <= have.get(w, set())}
-    chosen = choose(rows, p, cal)[0] if cal and done_cal == set(cal) else {}
+    done_cal = {w for w in cal if set(planned(protocol, "calibration", {})) <= have.get(w, set())}
+    chosen = choose(rows, protocol, cal)[0] if cal and done_cal == set(cal) else {}
     done = set(done_cal)
     if not cal or chosen:
-        done |= {b["window"] for b in bounds if b["role"] == "test" and set(planned(p, "test", chosen)) <= have.get(b["window"], set())}
+        done |= {b["window"] for b in bounds
+                 if b["role"] == "test" and set(planned(protocol, "test", chosen)) <= have.get(b["window"], set())}
     return done, chosen
 
 
-def replay_windows(p: dict, bounds: list[dict], replay: Callable[[int, str], dict], record: Callable[[dict], None],
-                   earlier: pd.DataFrame | None = None, clock=time.monotonic, t0: float | None = None) -> dict:
+def replay_windows(protocol: Protocol, bounds: list[dict], replay: Callable[[int, str], dict],
+                   record: Callable[[dict], None], earlier: pd.DataFrame | None = None, clock=time.monotonic,
+                   t0: float | None = None) -> dict:
     """Replay the calibration windows, choose, then replay the test windows. `replay(window, policy)` returns
     a metrics row (status, output_throughput, tpot_ms_p99, ...); every row goes to `record` as it comes.
     `earlier`: rows of a run cut short with the same parameters; its complete windows are kept, not replayed.
-    `p["deadline_s"]` > 0: a window is started only when, by the replays so far, it ends by then (the first
+    `protocol.deadline_s` > 0: a window is started only when, by the replays so far, it ends by then (the first
     window of a call always starts). A window's policies run one after the other, their order turned by
     the window's index, so that what the first replay of a process pays (it was the reference every time
     in the one-window runs) does not fall on one policy. Returns {chosen, selection, complete (windows with
@@ -200,7 +233,7 @@ def replay_windows(p: dict, bounds: list[dict], replay: Callable[[int, str], dic
     replays), kept, rows}."""
     t0 = clock() if t0 is None else t0
     earlier = earlier if earlier is not None and len(earlier) else pd.DataFrame(columns=["window", "policy", "status"])
-    kept, _ = complete_windows(earlier, p, bounds)
+    kept, _ = complete_windows(earlier, protocol, bounds)
     rows = []
     for _, r in earlier[earlier["window"].isin(kept)].iterrows():
         rows.append(r.to_dict())
@@ -209,17 +242,17 @@ def replay_windows(p: dict, bounds: list[dict], replay: Callable[[int, str], dic
     order, stopped, started = [], None, False
 
     def fits(pols) -> bool:
-        if not p.get("deadline_s") or not started:
+        if not protocol.deadline_s or not started:
             return True
         longest = max(last.values(), default=0.0)
-        return clock() - t0 + sum(last.get(x, longest) for x in pols) <= p["deadline_s"]
+        return clock() - t0 + sum(last.get(x, longest) for x in pols) <= protocol.deadline_s
 
     def window(b: dict, pols: list[str]) -> bool:
         nonlocal started, stopped
         if b["window"] in kept:
             return True
         if not fits(pols):
-            stopped = f"deadline_s {p['deadline_s']:g} reached before window {b['window']}"
+            stopped = f"deadline_s {protocol.deadline_s:g} reached before window {b['window']}"
             return False
         started = True
         k = b["window"] % len(pols)          # the order turns with the window: no policy is always first
@@ -234,19 +267,19 @@ def replay_windows(p: dict, bounds: list[dict], replay: Callable[[int, str], dic
 
     cal = [b for b in bounds if b["role"] == "calibration"]
     for b in cal:
-        if not window(b, planned(p, "calibration", {})):
+        if not window(b, planned(protocol, "calibration", {})):
             break
     frame = pd.DataFrame(rows)
     cal_ids = [b["window"] for b in cal]
     if stopped is None:
-        chosen, sel = choose(frame, p, cal_ids) if cal else ({}, pd.DataFrame())
+        chosen, sel = choose(frame, protocol, cal_ids) if cal else ({}, pd.DataFrame())
         for b in (b for b in bounds if b["role"] == "test"):
-            if not window(b, planned(p, "test", chosen)):
+            if not window(b, planned(protocol, "test", chosen)):
                 break
     else:
         chosen, sel = {}, pd.DataFrame()
     frame = pd.DataFrame(rows) if rows else earlier.iloc[:0]
-    done, _ = complete_windows(frame, p, bounds)
+    done, _ = complete_windows(frame, protocol, bounds)
     return {"chosen": chosen, "selection": sel, "complete": sorted(done), "stopped": stopped, "order": order,
             "kept": sorted(kept), "rows": frame}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ... import lazy
 from ... import envs
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param
 from ...shapes import MODEL_PARAMS
 from .. import planner
 
@@ -41,7 +41,8 @@ measuring = lazy.module(".measure", __package__)     # imported once the paramet
 
 
 plan = planner(NAME, SPEC, measuring)
+PrefillPlan = plan.type       # the checked plan: plan.context_lens, plan.modes, plan.chunk, plan.budget, ...
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run(dict(plan.params), progress_bar=progress_bar)
+def run(plan: PrefillPlan, progress_bar: bool = True):
+    return measuring.run(plan, progress_bar=progress_bar)

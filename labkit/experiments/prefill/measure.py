@@ -49,49 +49,53 @@ from ...shapes import FLOP_PHASES, ModelShape, model_kwargs, planned_shape
 from ...params import BadInput, check_positive, fill_auto, resolve_device
 from ... import sweep
 from ...sweep import sync
-from . import MODES, SPEC
+from . import MODES, SPEC, PrefillPlan
 from ..device_cap import apply_cap, check_cap
 from ..device_rates import gemm_peak, hbm_read_gbps, probe_contiguous
 
 EXPERIMENT = "prefill"
 HOW = {"resident": ("resident", "sync"), "sync": ("zero_copy", "sync"), "rotating": ("zero_copy", "rotating")}   # per mode
 
-def check(p: dict) -> dict:
+def check(p: dict) -> PrefillPlan:
     """Validate resolved parameters and decide the "auto" ones; BadInput (one line) before anything is
-    allocated. Returns the parameters a plan records."""
+    allocated. Returns the plan."""
     p = dict(p)
     dev = resolve_device(p["device"])
     fill_auto(SPEC, p, dev.type)          # "auto" per device, then the declared bounds and choices
     p["device"] = str(dev)
-    shape = planned_shape(p["shape"])
-    if not p["modes"]:
+    envs.check_switch_params(p)           # the engine switches' values in their canonical form
+    plan = PrefillPlan.from_params(p)
+    shape = planned_shape(plan.shape)
+    if not plan.modes:
         raise BadInput(f"modes: none given; choose from {', '.join(MODES)}")
-    check_positive("context_lens", p["context_lens"] or [0])     # none given
-    if any(p["tail_tokens"] >= n for n in p["context_lens"]):
-        raise BadInput(f"tail_tokens={p['tail_tokens']} must be >= 0 and below every context length")
-    check_cap(p["mem_cap_gib"], shape, dev, p["weights_dtype"], p["expert_banks"])
-    envs.check_switch_params(p)
-    return p
+    check_positive("context_lens", list(plan.context_lens) or [0])     # none given
+    if any(plan.tail_tokens >= n for n in plan.context_lens):
+        raise BadInput(f"tail_tokens={plan.tail_tokens} must be >= 0 and below every context length")
+    check_cap(plan.mem_cap_gib, shape, dev, plan.weights_dtype, plan.expert_banks)
+    return plan
 
 
-def measure(model, mode: str, T: int, p: dict, chunk_log=None, attention: str = "dense") -> dict:
-    """One prefill of T tokens (or its last `tail_tokens`) in `mode` with `attention` dense or sparse; a record."""
+def measure(model, mode: str, T: int, plan: PrefillPlan, chunk_log=None, attention: str = "dense",
+            rates: dict | None = None) -> dict:
+    """One prefill of T tokens (or its last `tail_tokens`) in `mode` with `attention` dense or sparse; a record.
+    `rates`: the anatomy bounds' denominators measured at the run's start (`probe_rates`)."""
     dev, shape = model.device, model.shape
     strategy, pmode = HOW[mode]
     st = get_strategy(strategy)
-    tail = p["tail_tokens"]
+    tail = plan.tail_tokens
     start = T - tail if tail else 0
-    gen = torch.Generator().manual_seed(p["seed"])
+    gen = torch.Generator().manual_seed(plan.seed)
     tokens = torch.randint(0, shape.vocab, (T,), generator=gen).to(dev)
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
     cache = OffloadCache.allocate(model, st.medium, 1, T)
     if start:
-        cache.fill_random_([start], seed=p["seed"])
-    e = Engine(model, cache, st, p["budget"], prefill_chunk=p["chunk"], prefill_mode=pmode, prefill_attention=attention)
-    marks = PrefillMarks(dev) if p["anatomy"] else None
-    warm = p["warmup_tokens"] or 2 * p["chunk"]
+        cache.fill_random_([start], seed=plan.seed)
+    e = Engine(model, cache, st, plan.budget, prefill_chunk=plan.chunk, prefill_mode=pmode,
+               prefill_attention=attention)
+    marks = PrefillMarks(dev) if plan.anatomy else None
+    warm = plan.warmup_tokens or 2 * plan.chunk
     with torch.inference_mode():   # warm-up: kernels, workspaces (a slot of its own would need a second pool)
         e.prefill(0, tokens[:min(warm, T)])
         sync(dev)
@@ -114,20 +118,20 @@ def measure(model, mode: str, T: int, p: dict, chunk_log=None, attention: str = 
     on_dev = st.medium == "device"
     kv = T * shape.kv_bytes_per_token()
     rec = {"experiment": EXPERIMENT, "status": "ok", "error": None, "strategy": strategy, "prefill_mode": pmode,
-           "mode": mode, "context_len": T, "tail_tokens": tail, "computed_tokens": n, "prefill_chunk": p["chunk"],
-           "prefill_attention": attention, "budget": p["budget"] if attention == "sparse" else 0,
+           "mode": mode, "context_len": T, "tail_tokens": tail, "computed_tokens": n, "prefill_chunk": plan.chunk,
+           "prefill_attention": attention, "budget": plan.budget if attention == "sparse" else 0,
            "attention_kernel": prefill_kernel(dev), "dn_kernel": dn_prefill_kernel(dev),   # what "auto" resolved to "concurrency": 1, "repeats": 1, "steps": 1,
            "step_ms_median": dt * 1e3, "step_ms_min": dt * 1e3, "step_ms_max": dt * 1e3, "tok_s": n / dt,
            "device_kv_bytes": kv if on_dev else 0, "host_kv_bytes": 0 if on_dev else kv,
            "prefill_buffer_bytes": rotating_buffer_bytes(T, shape.row_bytes, shape.attn_layers) if pmode == "rotating"
            else (T * shape.row_bytes),
            "device_index_bytes": cache.index.nbytes, "weight_bytes": model.weight_bytes(),
-           "mem_cap_bytes": int(p["mem_cap_gib"] * 2**30) or None,
+           "mem_cap_bytes": int(plan.mem_cap_gib * 2**30) or None,
            "device_mem_peak_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
            "logits_finite": bool(torch.isfinite(logits.float()).all())}
     anatomy = []
     if marks is not None:
-        anatomy = anatomy_rows(marks.chunks(), shape, mode, T, p.get("_rates", {}), attention, p["budget"])
+        anatomy = anatomy_rows(marks.chunks(), shape, mode, T, rates or {}, attention, plan.budget)
         rec.update(anatomy_totals(anatomy, dt * 1e3, n))
     del e, cache
     return rec, anatomy
@@ -190,17 +194,16 @@ def probe_rates(dev: torch.device, repeats: int = 10) -> tuple[dict, list[dict]]
     return rates, rows
 
 
-def run(p: dict, progress_bar: bool = True) -> Run:
-    """Every (engine variant, length, mode) of checked parameters into a run folder."""
-    shape, dev = ModelShape.from_name(p["shape"]), torch.device(p["device"])
-    apply_cap(p["mem_cap_gib"], dev)
-    r = sweep.open_run(p, EXPERIMENT)
-    base = {"device": p["device"], "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name}
-    rates, probe_rows = probe_rates(dev) if p["anatomy"] else ({}, [])
+def run(plan: PrefillPlan, progress_bar: bool = True) -> Run:
+    """Every (engine variant, length, mode) of a checked plan into a run folder."""
+    shape, dev = ModelShape.from_name(plan.shape), torch.device(plan.device)
+    apply_cap(plan.mem_cap_gib, dev)
+    r = sweep.open_run(plan.params, EXPERIMENT)        # the manifest records the plan as a dict
+    base = {"device": plan.device, "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name}
+    rates, probe_rows = probe_rates(dev) if plan.anatomy else ({}, [])
     for row in probe_rows:
         r.add({**base, **row})
-    p = {**p, "_rates": rates}
-    model = HybridModel(shape, dev, seed=p["seed"], **model_kwargs(p))
+    model = HybridModel(shape, dev, seed=plan.seed, **model_kwargs(plan.params))    # weights_dtype, ... by name
     r.update_manifest(weight_bytes=model.weight_bytes(), shape_info=shape.summary(), bound_rates=rates,
                       holding=model.holding())
     base |= {"weights_dtype": model.weights_dtype, "expert_banks": model.expert_banks or None}
@@ -212,8 +215,8 @@ def run(p: dict, progress_bar: bool = True) -> Run:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
-    variants = envs.variants(p)
-    points = sweep.grid(T=p["context_lens"], attention=p["prefill_attention"], mode=p["modes"])
+    variants = envs.variants(plan.params)       # envs reads the switch parameters by their names
+    points = sweep.grid(T=plan.context_lens, attention=plan.prefill_attention, mode=plan.modes)
     with sweep.bar(len(points) * len(variants), f"{EXPERIMENT} {shape.name}", progress_bar) as bar:
         for variant in variants:
             before = envs.apply(variant)
@@ -227,11 +230,11 @@ def run(p: dict, progress_bar: bool = True) -> Run:
                 T, mode, att = pt["T"], pt["mode"], pt["attention"]
                 bar.set_postfix_str(f"{mode} {att} T={T}" + (f" {tag['engine_variant']}" if tag else ""))
                 # a mode that does not fit the cap is a row, the run goes on
-                got = sweep.attempt(lambda: _record(model, mode, T, p, chunk_log, anatomy, tag, att),
+                got = sweep.attempt(lambda: _record(model, mode, T, plan, chunk_log, anatomy, tag, att, rates),
                                     {"experiment": EXPERIMENT}, on_fail=free, mode=mode, strategy=HOW[mode][0],
                                     prefill_attention=att,
-                                    prefill_mode=HOW[mode][1], context_len=T, tail_tokens=p["tail_tokens"],
-                                    mem_cap_bytes=int(p["mem_cap_gib"] * 2**30) or None, **tag)
+                                    prefill_mode=HOW[mode][1], context_len=T, tail_tokens=plan.tail_tokens,
+                                    mem_cap_bytes=int(plan.mem_cap_gib * 2**30) or None, **tag)
                 r.add({**base, **tag, **envs.in_force(), **got})
                 bar.update()
             envs.apply(before)
@@ -254,8 +257,9 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     return r
 
 
-def _record(model, mode, T, p, chunk_log, anatomy: list, tag: dict, attention: str) -> dict:
-    rec, rows = measure(model, mode, T, p, chunk_log, attention)
+def _record(model, mode, T, plan: PrefillPlan, chunk_log, anatomy: list, tag: dict, attention: str,
+            rates: dict) -> dict:
+    rec, rows = measure(model, mode, T, plan, chunk_log, attention, rates)
     anatomy += [{**tag, **row} for row in rows]
     return rec
 

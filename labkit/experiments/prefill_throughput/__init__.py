@@ -6,7 +6,7 @@ in one forward under the largest token budget (vLLM's `max_num_batched_tokens`) 
 from __future__ import annotations
 
 from ... import lazy
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param
 from ...shapes import MODEL_PARAMS
 from .. import planner
 
@@ -46,5 +46,5 @@ plan = planner(NAME, SPEC, measuring)
 PrefillThroughputPlan = plan.type      # the checked plan: one typed field per parameter above
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run(dict(plan.params), progress_bar=progress_bar)
+def run(plan: PrefillThroughputPlan, progress_bar: bool = True):
+    return measuring.run(plan, progress_bar=progress_bar)

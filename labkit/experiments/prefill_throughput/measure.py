@@ -81,7 +81,7 @@ from ...shapes import ModelShape, model_kwargs, planned_shape
 from ... import sweep
 from ..device_cap import apply_cap, check_cap
 from .fit import KV_ON_DEVICE, Fit, cap_holding, chunk_step, fit, held_weight_bytes, padded, size, slot_bytes
-from . import CONFIGS, SPEC
+from . import CONFIGS, SPEC, PrefillThroughputPlan
 
 EXPERIMENT = "prefill_throughput"
 HOW = {"none": ("resident", "sync"), "prefill": ("zero_copy", "rotating"), "both": ("zero_copy", "rotating")}
@@ -89,9 +89,9 @@ RAM_SHARE = 0.9              # of the RAM available now, the most the host side 
 
 
 # ---------------------------------------------------------------------------------------------- the plan
-def check(p: dict) -> dict:
+def check(p: dict) -> PrefillThroughputPlan:
     """Validate resolved parameters and decide the "auto" ones (the cap among them); BadInput, one line, before
-    anything is allocated. Returns the parameters a plan records."""
+    anything is allocated. Returns the plan."""
     p = dict(p)
     dev = resolve_device(p["device"])
     fill_auto(SPEC, p, dev.type)
@@ -102,7 +102,7 @@ def check(p: dict) -> dict:
     p["configs"] = list(dict.fromkeys(p["configs"]))
     if not p["context_lens"]:
         raise BadInput("context_lens: none given")
-    check_budget(p)
+    p["max_num_batched_tokens"] = token_budget(p["max_num_batched_tokens"], p["batched"], p["prompts"], p["chunk"])
     # how the weights are held, decided here as the model will decide it, so the byte formulas count what it holds
     p["weights_dtype"], banks = resolve_holding(shape, dev, p["weights_dtype"], p["expert_banks"] or None)
     p["expert_banks"] = banks if shape.moe else 0
@@ -114,28 +114,28 @@ def check(p: dict) -> dict:
                           weight_bytes=weights)
         cap += slot_bytes(shape, T, True) // 2           # half a slot over: never one short by rounding
         p["mem_cap_gib"] = cap / 2**30
+    plan = PrefillThroughputPlan.from_params(p)
     try:
-        check_cap(p["mem_cap_gib"], shape, dev, p["weights_dtype"], p["expert_banks"])
+        check_cap(plan.mem_cap_gib, shape, dev, plan.weights_dtype, plan.expert_banks)
     except BadInput as ex:
-        bank = (f"; fewer expert_banks hold less (now {p['expert_banks']})" if shape.moe else "")
-        raise BadInput(f"{ex} (prompts={p['prompts']} of {max(p['context_lens'])} tokens{bank})") from None
-    check_host_memory(p, shape, dev)
-    return p
+        bank = (f"; fewer expert_banks hold less (now {plan.expert_banks})" if shape.moe else "")
+        raise BadInput(f"{ex} (prompts={plan.prompts} of {max(plan.context_lens)} tokens{bank})") from None
+    check_host_memory(plan, shape, dev)
+    return plan
 
 
-def check_budget(p: dict) -> None:
-    """The batched prefill's token budget per forward: decided where 0, refused in one line where it is below one
-    chunk or given without `batched`."""
-    given = p["max_num_batched_tokens"]
-    if not p["batched"]:
+def token_budget(given: int, batched: bool, prompts: int, chunk: int) -> int:
+    """The batched prefill's token budget per forward (`max_num_batched_tokens`): `given`, or where 0 a chunk of
+    every prompt; refused in one line where it is below one chunk or given without `batched` (0 then)."""
+    if not batched:
         if given:
             raise BadInput(f"max_num_batched_tokens={given} is the batched prefill's budget per forward: set "
                            "batched=true, or leave it 0")
-        return
-    if given and given < p["chunk"]:
-        raise BadInput(f"max_num_batched_tokens={given} is below one chunk ({p['chunk']} tokens): a forward over "
-                       f"several prompts would take fewer tokens than one prompt's chunk; give at least {p['chunk']}")
-    p["max_num_batched_tokens"] = given or p["prompts"] * p["chunk"]
+        return given
+    if given and given < chunk:
+        raise BadInput(f"max_num_batched_tokens={given} is below one chunk ({chunk} tokens): a forward over "
+                       f"several prompts would take fewer tokens than one prompt's chunk; give at least {chunk}")
+    return given or prompts * chunk
 
 
 def prefill_kernels(dev: torch.device) -> dict[str, str]:
@@ -144,17 +144,17 @@ def prefill_kernels(dev: torch.device) -> dict[str, str]:
     return {"dn_kernel": dn_prefill_kernel(dev), "attention_kernel": prefill_kernel(dev)}
 
 
-def fits_of(p: dict, shape: ModelShape, T: int, weight_bytes: int | None = None) -> dict[str, Fit]:
+def fits_of(plan: PrefillThroughputPlan, shape: ModelShape, T: int, weight_bytes: int | None = None) -> dict[str, Fit]:
     """What the cap holds per config at prompt length T (checked parameters; arithmetic only). With `batched`,
     several prompts a forward under a token budget of at most `max_num_batched_tokens` (a `Batch` made from such
     a fit prefills that way), else one prompt's chunk of at most `chunk`. `weight_bytes`: the weights held (a
     built model's; default the formula's for the plan's `weights_dtype` and `expert_banks`)."""
-    kernels = prefill_kernels(torch.device(p["device"]))
-    top = p["max_num_batched_tokens"] if p["batched"] else p["chunk"]
+    kernels = prefill_kernels(torch.device(plan.device))
+    top = plan.max_num_batched_tokens if plan.batched else plan.chunk
     if weight_bytes is None:
-        weight_bytes = held_weight_bytes(shape, p["weights_dtype"], p["expert_banks"])
-    return {c: fit(shape, T, p["prompts"], p["mem_cap_gib"] * 2**30, c, top, p["reserve_gib"] * 2**30, **kernels,
-                   batched=p["batched"], weight_bytes=weight_bytes) for c in p["configs"]}
+        weight_bytes = held_weight_bytes(shape, plan.weights_dtype, plan.expert_banks)
+    return {c: fit(shape, T, plan.prompts, plan.mem_cap_gib * 2**30, c, top, plan.reserve_gib * 2**30, **kernels,
+                   batched=plan.batched, weight_bytes=weight_bytes) for c in plan.configs}
 
 
 def host_bytes(shape: ModelShape, T: int, f: Fit, dev: torch.device, ngram: int = 0) -> int:
@@ -166,11 +166,12 @@ def host_bytes(shape: ModelShape, T: int, f: Fit, dev: torch.device, ngram: int 
     return pool + f.slot_bytes + device + ngram
 
 
-def check_host_memory(p: dict, shape: ModelShape, dev: torch.device) -> None:
+def check_host_memory(plan: PrefillThroughputPlan, shape: ModelShape, dev: torch.device) -> None:
     avail = psutil.virtual_memory().available
-    for T in p["context_lens"]:
-        for c, f in fits_of(p, shape, T).items():
-            need = host_bytes(shape, T, f, dev, model_kwargs(p)["ngram_table_bytes"] if shape.ngram_heads else 0)
+    for T in plan.context_lens:
+        for c, f in fits_of(plan, shape, T).items():
+            ngram = model_kwargs(plan.params)["ngram_table_bytes"] if shape.ngram_heads else 0
+            need = host_bytes(shape, T, f, dev, ngram)
             if need > RAM_SHARE * avail:
                 raise BadInput(f"config {c}: {max(1, f.in_flight)} prompt(s) of {T} tokens need {size(need)} of host "
                                f"RAM; {size(avail)} is available now: lower context_lens or prompts")
@@ -320,7 +321,8 @@ def make_prompts(shape: ModelShape, T: int, n: int, seed: int, dev: torch.device
 
 
 # ---------------------------------------------------------------------------------------------- a point
-def measure(model, config: str, T: int, f: Fit, prompts: list[torch.Tensor], p: dict, warm: int) -> dict:
+def measure(model, config: str, T: int, f: Fit, prompts: list[torch.Tensor], plan: PrefillThroughputPlan,
+            warm: int) -> dict:
     """`repeats` timed batches of the prompts in `config` with `f`'s chunk and in-flight count, after a warm-up
     prompt of `warm` tokens; a record."""
     dev, shape = model.device, model.shape
@@ -329,12 +331,12 @@ def measure(model, config: str, T: int, f: Fit, prompts: list[torch.Tensor], p: 
     batch.warm_up(prompts[0][:warm])
     sweep.sync(dev)
     last = {}
-    walls = sweep.wall_ms(lambda: last.update(logits=batch.prefill_all(prompts)), p["repeats"], dev)
+    walls = sweep.wall_ms(lambda: last.update(logits=batch.prefill_all(prompts)), plan.repeats, dev)
     med, lo, hi = statistics.median(walls), min(walls), max(walls)
     kv = f.in_flight * T * shape.kv_bytes_per_token()
     strategy, mode = HOW[config]
     rec = {"status": "ok", "error": None, "strategy": strategy, "prefill_mode": mode,
-           "repeats": p["repeats"], "concurrency": f.in_flight, "budget": 0, "steps": n,
+           "repeats": plan.repeats, "concurrency": f.in_flight, "budget": 0, "steps": n,
            "prompts_per_s": n / (med / 1e3), "prompts_per_s_min": n / (hi / 1e3), "prompts_per_s_max": n / (lo / 1e3),
            "tok_s": n * T / (med / 1e3), "wall_s": med / 1e3, "wall_s_min": lo / 1e3, "wall_s_max": hi / 1e3,
            "step_ms_median": med / n, "step_ms_min": lo / n, "step_ms_max": hi / n,
@@ -356,55 +358,57 @@ def _fresh(dev: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(dev)
 
 
-def point_row(shape: ModelShape, f: Fit, config: str, T: int, p: dict, fits_formula: bool) -> dict:
+def point_row(shape: ModelShape, f: Fit, config: str, T: int, plan: PrefillThroughputPlan,
+              fits_formula: bool) -> dict:
     """A point's coordinates and what the formulas chose (the head of its row, ok or failed)."""
-    return {"experiment": EXPERIMENT, "config": config, "context_len": T, "prompts": p["prompts"],
-            "mem_cap_bytes": int(p["mem_cap_gib"] * 2**30), "chunk": f.chunk, "in_flight": f.in_flight,
+    return {"experiment": EXPERIMENT, "config": config, "context_len": T, "prompts": plan.prompts,
+            "mem_cap_bytes": int(plan.mem_cap_gib * 2**30), "chunk": f.chunk, "in_flight": f.in_flight,
             "fits_formula": fits_formula, "predicted_bytes": f.predicted_bytes,
             "predicted_allocated_bytes": f.predicted_bytes - f.reserve_bytes, "weight_bytes": f.weight_bytes,
             "slot_bytes": f.slot_bytes, "prefix_bytes": f.prefix_bytes, "activation_bytes": f.activation_bytes,
             "reserve_bytes": f.reserve_bytes, "strategy": HOW[config][0], "prefill_mode": HOW[config][1],
             "batched": f.batched, "per_forward": f.per_forward,
-            "max_num_batched_tokens": p["max_num_batched_tokens"] if f.batched else 0,
-            "weights_dtype": p["weights_dtype"], "expert_banks": p["expert_banks"]}
+            "max_num_batched_tokens": plan.max_num_batched_tokens if f.batched else 0,
+            "weights_dtype": plan.weights_dtype, "expert_banks": plan.expert_banks}
 
 
 # ---------------------------------------------------------------------------------------------- the run
-def run(p: dict, progress_bar: bool = True) -> Run:
+def run(plan: PrefillThroughputPlan, progress_bar: bool = True) -> Run:
     """Every (length, config) of checked parameters into a run folder."""
-    shape, dev = ModelShape.from_name(p["shape"]), torch.device(p["device"])
-    apply_cap(p["mem_cap_gib"], dev)
-    r = sweep.open_run(p, EXPERIMENT)
-    base = {"device": p["device"], "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name}
-    model = HybridModel(shape, dev, seed=p["seed"], **model_kwargs(p))
+    shape, dev = ModelShape.from_name(plan.shape), torch.device(plan.device)
+    apply_cap(plan.mem_cap_gib, dev)
+    r = sweep.open_run(plan.params, EXPERIMENT)        # the manifest records the plan as a dict
+    base = {"device": plan.device, "gpu_name": r.manifest.get("gpu_name") or "cpu", "shape": shape.name}
+    model = HybridModel(shape, dev, seed=plan.seed, **model_kwargs(plan.params))    # weights_dtype, ... by name
     # the fits count the weights the model holds; the formula's count beside it in the manifest
-    fits = {T: fits_of(p, shape, T, model.weight_bytes()) for T in p["context_lens"]}
+    fits = {T: fits_of(plan, shape, T, model.weight_bytes()) for T in plan.context_lens}
     r.update_manifest(weight_bytes=model.weight_bytes(), holding=model.holding(),
-                      formula_weight_bytes=held_weight_bytes(shape, p["weights_dtype"], p["expert_banks"]),
+                      formula_weight_bytes=held_weight_bytes(shape, plan.weights_dtype, plan.expert_banks),
                       shape_info=shape.summary(),
                       fits=[{"context_len": T, **f.row()} for T, fs in fits.items() for f in fs.values()])
-    points = sweep.grid(T=p["context_lens"], config=p["configs"])
+    points = sweep.grid(T=plan.context_lens, config=plan.configs)
     first = True
     with sweep.bar(len(points), f"{EXPERIMENT} {shape.name}", progress_bar) as bar:
-        for T in p["context_lens"]:
-            prompts = make_prompts(shape, T, p["prompts"], p["seed"], dev)
-            for config in p["configs"]:
+        for T in plan.context_lens:
+            prompts = make_prompts(shape, T, plan.prompts, plan.seed, dev)
+            for config in plan.configs:
                 f = fits[T][config]
                 bar.set_postfix_str(f"{config} T={T}: chunk {f.chunk}, {f.in_flight} held")
                 _fresh(dev)
                 if f.fits:
                     tried = f
                 elif dev.type == "cuda":          # the formulas say no: let the allocator say why
-                    tried = replace(f, chunk=min(chunk_step(p["chunk"]), T), in_flight=1)
+                    tried = replace(f, chunk=min(chunk_step(plan.chunk), T), in_flight=1)
                 else:
-                    r.add({**base, **sweep.failed_row(ValueError(f.why_not(T)), point_row(shape, f, config, T, p, False))})
+                    row = point_row(shape, f, config, T, plan, False)
+                    r.add({**base, **sweep.failed_row(ValueError(f.why_not(T)), row)})
                     bar.update()
                     continue
-                head = point_row(shape, tried, config, T, p, f.fits)
+                head = point_row(shape, tried, config, T, plan, f.fits)
                 # the first point warms up on a whole prompt: a fresh GPU's clocks and allocator settle over its
                 # first seconds (the committed 248K prefill runs: the first mode's early chunks 0.45 s slower)
-                warm = min(T, p["warmup_tokens"] or (T if first else 2 * tried.chunk))
-                rec = sweep.attempt(lambda: measure(model, config, T, tried, prompts, p, warm), head,
+                warm = min(T, plan.warmup_tokens or (T if first else 2 * tried.chunk))
+                rec = sweep.attempt(lambda: measure(model, config, T, tried, prompts, plan, warm), head,
                                     on_fail=lambda ex: _fresh(dev))
                 first = False
                 if rec.get("status") == "failed" and not f.fits:
@@ -414,7 +418,7 @@ def run(p: dict, progress_bar: bool = True) -> Run:
             del prompts
     df = r.metrics()
     ok = df[df["status"] == "ok"]
-    for T in p["context_lens"]:
+    for T in plan.context_lens:
         none = ok[(ok["context_len"] == T) & (ok["config"] == "none")]
         if len(none):
             sel = (df["context_len"] == T) & (df["status"] == "ok")
@@ -423,15 +427,15 @@ def run(p: dict, progress_bar: bool = True) -> Run:
     r.write_table("metrics", df)
     r.write_csv("metrics", df)
     r.finish()
-    sweep.headline(sweep.summary_lines(lambda: headline(df, p)), progress_bar, EXPERIMENT)
+    sweep.headline(sweep.summary_lines(lambda: headline(df, plan)), progress_bar, EXPERIMENT)
     return r
 
 
-def headline(df, p: dict) -> list[str]:
+def headline(df, plan: PrefillThroughputPlan) -> list[str]:
     """Per config at the longest length: prompts/s, chunk and prompts held, and each against none."""
     ok = df[df["status"] == "ok"]
     T = int(df["context_len"].max())
-    lines = [f"{p['prompts']} prompts of {T} tokens under a {size(p['mem_cap_gib'] * 2**30)} cap:"]
+    lines = [f"{plan.prompts} prompts of {T} tokens under a {size(plan.mem_cap_gib * 2**30)} cap:"]
     parts = []
     for r in ok[ok["context_len"] == T].to_dict("records"):
         vs = r.get("vs_none")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ...engine.transfer import strategy_params
 from ...shapes import REFERENCE_BUDGET
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param
 from ... import lazy
 from .. import planner
 from ..replay_params import DEADLINE, PAGING, RATE, RESUME, TPOT_SLO, TRACE, TRACE_SHA
@@ -70,7 +70,8 @@ SPEC = [
 
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 plan = planner(NAME, SPEC, measuring, derived=[TRACE_SHA], declared=SPEC)      # its "auto" values are decided there
+PulsePlan = plan.type         # the checked plan: plan.windows, plan.window_size, plan.reference, plan.policies, ...
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run(dict(plan.params), progress_bar=progress_bar)
+def run(plan: PulsePlan, progress_bar: bool = True):
+    return measuring.run(plan, progress_bar=progress_bar)

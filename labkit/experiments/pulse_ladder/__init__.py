@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ...engine.transfer import strategy_params
 from ...shapes import MODEL_PARAMS, REFERENCE_BUDGET
-from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, SHAPE, Param
 from ... import lazy
 from .. import planner
 from ..replay_params import DEADLINE, PAGING, RATE, RESUME, TPOT_SLO, TRACE, TRACE_SHA
@@ -105,7 +105,8 @@ SPEC = [
 
 measuring = lazy.module(".measure", __package__)     # imported once the parameters resolved
 plan = planner(NAME, SPEC, measuring, derived=[TRACE_SHA], declared=SPEC)
+PulseLadderPlan = plan.type   # the checked plan: plan.windows, plan.device_kv_tokens, plan.block_strategy, ...
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run(dict(plan.params), progress_bar=progress_bar)
+def run(plan: PulseLadderPlan, progress_bar: bool = True):
+    return measuring.run(plan, progress_bar=progress_bar)

@@ -2,8 +2,8 @@
 (the same seeded model, fresh pools per replay), so every rung's throughput and p99 TPOT is a ratio to the
 published baseline's on the same requests, in the same process.
 
-The rungs, as configurations of `replay_measure.replay_policy` (every rung selects 16-position blocks, so a
-request's tokens are the same under every rung: `output_sha` in requests.parquet):
+The rungs, as configurations of `trace_replay.replay_policy` (each a `Serving`: `rung_params`; every rung selects
+16-position blocks, so a request's tokens are the same under every rung: `output_sha` in requests.parquet):
 
 | rung | lanes | offload transfer | placement |
 |---|---|---|---|
@@ -81,6 +81,7 @@ import hashlib
 import importlib.util
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +98,7 @@ from ...shapes import ModelShape, model_kwargs
 from ...stats import bootstrap
 from .. import trace_windows as W
 from ..trace_windows import candidates, window_bounds
-from . import BLOCK_STRATEGIES
+from . import BLOCK_STRATEGIES, PulseLadderPlan
 from .. import trace_replay as R
 
 EXPERIMENT = "pulse_ladder"
@@ -116,22 +117,22 @@ def rung_of(policy: str) -> str:
     return policy
 
 
-def unit_rows(p: dict) -> int:
+def unit_rows(plan: PulseLadderPlan) -> int:
     """Rows per per-head unit: `per_head_unit_bytes` over a row's bytes; auto (and the runs before the
     parameter): one KV head's K or V of a block, 1 / (2 n_kv_heads) of the block's rows (8 KiB for the
     reference shape: 16 positions x 256 head dims x 2 B)."""
-    shape = ModelShape.from_name(p["shape"])
-    given = p.get("per_head_unit_bytes", "auto")
+    shape = ModelShape.from_name(plan.shape)
+    given = plan.per_head_unit_bytes
     if given in ("auto", 0, None):
-        return p["select_block"] // (2 * shape.n_kv_heads)
+        return plan.select_block // (2 * shape.n_kv_heads)
     return int(given) // shape.row_bytes
 
 
-def pages(p: dict, tokens: int) -> int:
-    return -(-tokens // p["page_size"])
+def pages(plan: PulseLadderPlan, tokens: int) -> int:
+    return -(-tokens // plan.page_size)
 
 
-def window_caps(p: dict, needs: list[list[int]]) -> list[dict]:
+def window_caps(plan: PulseLadderPlan, needs: list[list[int]]) -> list[dict]:
     """Per window, the device-memory cap and how much pressure it puts on no_offload: {cap tokens, the
     window's KV tokens (its requests' pages together), the cap's share of them, the most requests of the
     window that fit it together (its shortest first), whether that is at most a third of them}. `needs`:
@@ -145,56 +146,64 @@ def window_caps(p: dict, needs: list[list[int]]) -> list[dict]:
     `device_kv_tokens` as given."""
     out = []
     for n in needs:
-        pg = sorted(pages(p, x) for x in n)
+        pg = sorted(pages(plan, x) for x in n)
         k = len(pg) // 3
-        if p["device_kv_tokens"] == "auto":
-            cap = max(pg[-1], min(sum(pg) // 3, sum(pg[:k + 1]) - 1)) * p["page_size"]
+        if plan.device_kv_tokens == "auto":
+            cap = max(pg[-1], min(sum(pg) // 3, sum(pg[:k + 1]) - 1)) * plan.page_size
         else:
-            cap = int(p["device_kv_tokens"])
-        fit = cap // p["page_size"]
+            cap = int(plan.device_kv_tokens)
+        fit = cap // plan.page_size
         held = next((i for i in range(len(pg)) if sum(pg[:i + 1]) > fit), len(pg))
-        total = sum(pg) * p["page_size"]
+        total = sum(pg) * plan.page_size
         out.append({"device_kv_cap_tokens": cap, "window_kv_tokens": total, "device_kv_share": cap / total,
                     "most_held": held, "third_held": held <= max(1, len(pg) // 3)})
     return out
 
 
-def rung_params(policy: str, p: dict, cap: int) -> tuple[dict, str]:
-    """(the replay's parameters, its placement policy) for one rung's policy name, under the device-memory
-    cap `cap` (tokens) of its window."""
+def window_requests(plan: PulseLadderPlan, window: int) -> list:
+    """A window's requests, their outputs scaled by the plan's `output_scale` (`trace_replay.requests`)."""
+    return R.requests(plan, window, plan.output_scale)
+
+
+def window_needs(plan: PulseLadderPlan, windows: range) -> list[list[int]]:
+    """Per window, each request's prompt + output tokens: what `window_caps` sizes the cap by."""
+    return [[len(s.prompt) + s.output_len for s in window_requests(plan, w)] for w in windows]
+
+
+def rung_params(policy: str, plan: PulseLadderPlan, cap: int) -> tuple[R.Serving, str]:
+    """(how the replay serves, its placement policy) for one rung's policy name, under the device-memory cap
+    `cap` (tokens) of its window: every rung's host pool holds the window (`host_kv_tokens`); only per_head cuts
+    its copies into units (`dma_unit_rows`)."""
     rung = rung_of(policy)
-    both = p["resident_slots"] + p["offload_slots"]
-    q = {**p, "dma_unit_rows": 0, "offload_pool_tokens": p["host_kv_tokens"]}
+    both = plan.resident_slots + plan.offload_slots
+    pools = {"offload_pool_tokens": plan.host_kv_tokens, "disaggregated": plan.disaggregated}
+    units = {"dma_unit_rows": unit_rows(plan) if rung == "per_head" else 0}
     if rung in ("per_head", "coalesced", "retrieval_head"):
-        strategy = {"per_head": "block_dma", "coalesced": "coalesced"}.get(rung, p["block_strategy"])
-        q.update(strategy=strategy, resident_slots=0, offload_slots=both, resident_pool_tokens=0)
-        if rung == "per_head":
-            q["dma_unit_rows"] = unit_rows(p)
-        return q, "offload"
+        strategy = {"per_head": "block_dma", "coalesced": "coalesced"}.get(rung, plan.block_strategy)
+        return R.serving(plan, strategy, units, resident_slots=0, offload_slots=both, resident_pool_tokens=0,
+                         **pools), "offload"
     if rung == NO_OFFLOAD:
-        q.update(strategy="resident", resident_slots=both, offload_slots=0, resident_pool_tokens=cap)
-        return q, "resident"
-    q.update(strategy=p["block_strategy"], resident_pool_tokens=cap)
-    return q, policy
+        return R.serving(plan, "resident", units, resident_slots=both, offload_slots=0, resident_pool_tokens=cap,
+                         **pools), "resident"
+    return R.serving(plan, plan.block_strategy, units, resident_pool_tokens=cap, **pools), policy
 
 
-def windows_params(p: dict) -> dict:
-    """The parameters `labkit.experiments.trace_windows` plans with: per_head the reference of every ratio, the other fixed
-    rungs replayed on every window, the threshold and adaptive candidates fitted on the calibration windows
-    (or, with none, the one value of each given replayed as fixed policies)."""
+def ladder_protocol(plan: PulseLadderPlan) -> W.Protocol:
+    """The protocol `labkit.experiments.trace_windows` plans the ladder with: per_head the reference of every
+    ratio, the other fixed rungs replayed on every window, the threshold and adaptive candidates fitted on the
+    calibration windows (or, with none, the one value of each given replayed as fixed policies)."""
     fixed = [r for r in FIXED if r != "per_head"]
-    w = {**p, "reference": "per_head", "policies": fixed}
-    if p["calibration_windows"] == 0:
-        w["policies"] = [*fixed[:2], f"threshold:{int(p['thresholds'][0])}",
-                         fitted_name(p["adaptive_min_tokens"][0], p["adaptive_hide"][0]), NO_OFFLOAD]
-        w.update(thresholds=[], adaptive_min_tokens=[], adaptive_hide=[])
-    return w
+    if plan.calibration_windows == 0:
+        given = [*fixed[:2], f"threshold:{int(plan.thresholds[0])}",
+                 fitted_name(plan.adaptive_min_tokens[0], plan.adaptive_hide[0]), NO_OFFLOAD]
+        return W.Protocol("per_head", given, p99_limit=plan.p99_limit, deadline_s=plan.deadline_s)
+    return W.Protocol("per_head", fixed, plan.thresholds, plan.adaptive_min_tokens, plan.adaptive_hide,
+                      plan.p99_limit, plan.deadline_s)
 
 
-def check(given: dict, declared: list) -> dict:
+def check(given: dict, declared: list) -> PulseLadderPlan:
     """Validate resolved parameters, the trace, its windows and the cap before anything is allocated (one line
-    on bad input), and find the run to resume."""
-
+    on bad input), and find the run to resume. Returns the plan."""
     p = dict(given)
     dev = resolve_device(p["device"])
     fill_auto(declared, p, dev.type)
@@ -207,102 +216,117 @@ def check(given: dict, declared: list) -> dict:
         raise BadInput("disaggregated replays run in process (transport=inprocess): the server takes prompts, "
                        "not handed-over KV")
     p["trace"] = p["trace"] or str(R.TRACE)
+    if p["transport"] == "auto":
+        have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
+        p["transport"] = "http" if have and not p["disaggregated"] else "inprocess"
+    p["device"] = str(dev)
+    plan = PulseLadderPlan.from_params(p)
+    _check_blocks(plan)
+    _check_rungs(plan)
+    _check_windows(plan)
+    plan = replace(plan, trace_sha=hashlib.sha256(Path(plan.trace).read_bytes()).hexdigest()[:16])
+    return replace(plan, resume=R.find_resume(plan, EXPERIMENT))
+
+
+def _check_blocks(plan: PulseLadderPlan) -> None:
+    """The shape exists, and its blocks split into the per-head units the per_head rung copies."""
     try:
-        shape = ModelShape.from_name(p["shape"])
+        shape = ModelShape.from_name(plan.shape)
     except ValueError as ex:
         raise BadInput(str(ex)) from None
-    sb, heads = p["select_block"], 2 * shape.n_kv_heads
-    if p["budget"] % sb or p["page_size"] % sb or (p["per_head_unit_bytes"] == "auto" and sb % heads):
-        raise BadInput(f"select_block {sb} must divide budget ({p['budget']}) and page_size ({p['page_size']}), and "
-                       f"2 x n_kv_heads ({heads}) must divide it (the per-head units of a block)")
-    unit = p["per_head_unit_bytes"]
+    sb, heads = plan.select_block, 2 * shape.n_kv_heads
+    if plan.budget % sb or plan.page_size % sb or (plan.per_head_unit_bytes == "auto" and sb % heads):
+        raise BadInput(f"select_block {sb} must divide budget ({plan.budget}) and page_size ({plan.page_size}), "
+                       f"and 2 x n_kv_heads ({heads}) must divide it (the per-head units of a block)")
+    unit = plan.per_head_unit_bytes
     if unit != "auto" and (unit % shape.row_bytes or not 1 <= unit // shape.row_bytes <= sb):
         raise BadInput(f"per_head_unit_bytes {unit} must be a whole number of {shape.row_bytes}-byte KV rows "
-                       f"({p['shape']}), from one row to a block of select_block {sb}")
-    if p["dma_unit_rows"]:
+                       f"({plan.shape}), from one row to a block of select_block {sb}")
+    if plan.dma_unit_rows:
         raise BadInput("dma_unit_rows is set by the rungs (per_head: per_head_unit_bytes / the row's bytes), not given")
-    if p["calibration_windows"] == 0 and (len(p["thresholds"]) != 1 or len(p["adaptive_min_tokens"]) != 1
-                                          or len(p["adaptive_hide"]) != 1):
+
+
+def _check_rungs(plan: PulseLadderPlan) -> None:
+    """The switching and adaptive rungs' candidates, the block strategies and their settings, every policy."""
+    if plan.calibration_windows == 0 and (len(plan.thresholds) != 1 or len(plan.adaptive_min_tokens) != 1
+                                          or len(plan.adaptive_hide) != 1):
         raise BadInput("with calibration_windows=0 thresholds, adaptive_min_tokens and adaptive_hide hold one value "
                        "each (the switching and adaptive rungs, used as given)")
-    if p["calibration_windows"] > 0 and not (p["thresholds"] and p["adaptive_min_tokens"] and p["adaptive_hide"]):
+    if plan.calibration_windows > 0 and not (plan.thresholds and plan.adaptive_min_tokens and plan.adaptive_hide):
         raise BadInput("calibration windows need candidates: thresholds, adaptive_min_tokens and adaptive_hide")
     for name in BLOCK_STRATEGIES:
         if name not in STRATEGIES:
             raise BadInput(f"strategy {name} is not registered")
         try:                                  # the settings' values, as the strategies check them
-            get_strategy(name, **{k: p[k] for k in setting_names()})
+            get_strategy(name, **{k: getattr(plan, k) for k in setting_names()})
         except ValueError as ex:
             raise BadInput(str(ex)) from None
-    w = windows_params(p)
-    for pol in [*(x for x in w["policies"] if x not in FIXED), *(c for cs in candidates(w).values() for c in cs)]:
+    w = ladder_protocol(plan)
+    for pol in [*(x for x in w.policies if x not in FIXED), *(c for cs in candidates(w).values() for c in cs)]:
         check_policy(pol)
-    if p["transport"] == "auto":
-        have = all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "httpx"))
-        p["transport"] = "http" if have and not p["disaggregated"] else "inprocess"
-    rows = load_trace(p["trace"])
-    window_bounds(len(rows), p["windows"], p["window_size"], p["calibration_windows"])
-    for i, r in enumerate(rows[:p["windows"] * p["window_size"]]):
+
+
+def _check_windows(plan: PulseLadderPlan) -> None:
+    """The trace's windows exist and are sound, every request fits the device cap alone and every window the
+    host pool together."""
+    rows = load_trace(plan.trace)
+    window_bounds(len(rows), plan.windows, plan.window_size, plan.calibration_windows)
+    for i, r in enumerate(rows[:plan.windows * plan.window_size]):
         if r["timestamp"] < 0 or r["input_length"] < 1 or r["output_length"] < 1:
-            raise BadInput(f"trace {p['trace']}: request {i} has a negative time or a length < 1")
+            raise BadInput(f"trace {plan.trace}: request {i} has a negative time or a length < 1")
     # every request of every window must fit the cap alone, or no_offload (and a resident placement) waits forever
-    need = [[len(s.prompt) + s.output_len for s in R.requests(p, w_)] for w_ in range(p["windows"])]
-    for w_, (n, c) in enumerate(zip(need, window_caps(p, need))):
-        if pages(p, max(n)) > c["device_kv_cap_tokens"] // p["page_size"]:
+    need = window_needs(plan, range(plan.windows))
+    for w_, (n, c) in enumerate(zip(need, window_caps(plan, need))):
+        if pages(plan, max(n)) > c["device_kv_cap_tokens"] // plan.page_size:
             raise BadInput(f"device_kv_tokens {c['device_kv_cap_tokens']} holds no request of {max(n)} tokens (the "
                            f"longest of window {w_}): raise the cap or lower capacity / length_scale")
     # the offloaded rungs hold a whole window at once: host RAM must never be what makes a request wait
-    most = max(sum(pages(p, x) for x in n) * p["page_size"] for n in need)
-    if most > p["host_kv_tokens"]:
-        raise BadInput(f"host_kv_tokens {p['host_kv_tokens']} is below the {most} tokens of the largest window's "
+    most = max(sum(pages(plan, x) for x in n) * plan.page_size for n in need)
+    if most > plan.host_kv_tokens:
+        raise BadInput(f"host_kv_tokens {plan.host_kv_tokens} is below the {most} tokens of the largest window's "
                        "requests together: raise it (host RAM must not make an offloaded request wait)")
-    p["device"] = str(dev)
-    p["trace_sha"] = hashlib.sha256(Path(p["trace"]).read_bytes()).hexdigest()[:16]
-    p["resume"] = R.find_resume(p, EXPERIMENT)
-    return p
 
 
-def _warm_up(p: dict, model, policies: list[str]) -> float:
+def _warm_up(plan: PulseLadderPlan, model, policies: list[str]) -> float:
     """Untimed replays before the measured ones (kernel compiles, first allocations, graphs per batch size):
     window 0's first requests, all at once, a few tokens each, under every rung's configuration."""
     t = time.monotonic()
-    specs = R.requests(p, 0)[:min(4, p["window_size"])]
+    specs = window_requests(plan, 0)[:min(4, plan.window_size)]
     for s in specs:
         s.output_len, s.arrival_s = min(s.output_len, 4), 0.0
-    cap = window_caps(p, [[len(s.prompt) + s.output_len for s in R.requests(p, 0)]])[0]["device_kv_cap_tokens"]
+    cap = window_caps(plan, window_needs(plan, range(1)))[0]["device_kv_cap_tokens"]
     for pol in policies:
-        q, placement = rung_params(pol, p, cap)
-        R.replay_policy(placement, {**q, "timeline_every": 0}, specs, model)
+        how, placement = rung_params(pol, plan, cap)
+        R.replay_policy(placement, replace(how, timeline_every=0), specs, model)
     return time.monotonic() - t
 
 
-def run(p: dict, progress_bar: bool = False):
+def run(plan: PulseLadderPlan, progress_bar: bool = False):
     """`labkit run pulse_ladder`: calibration windows, the choice, the test windows, every rung on each."""
-
     t0 = time.monotonic()
-    wp = windows_params(p)
-    bounds = W.window_bounds(len(load_trace(p["trace"])), p["windows"], p["window_size"], p["calibration_windows"])
+    wp = ladder_protocol(plan)
+    bounds = W.window_bounds(len(load_trace(plan.trace)), plan.windows, plan.window_size, plan.calibration_windows)
     roles = {b["window"]: b["role"] for b in bounds}
-    shape = ModelShape.from_name(p["shape"])
-    caps = window_caps(p, [[len(s.prompt) + s.output_len for s in R.requests(p, w)] for w in range(p["windows"])])
+    shape = ModelShape.from_name(plan.shape)
+    caps = window_caps(plan, window_needs(plan, range(plan.windows)))
     for c in caps:
         c["device_kv_cap_bytes"] = c["device_kv_cap_tokens"] * shape.kv_bytes_per_token()
     one = len({c["device_kv_cap_tokens"] for c in caps}) == 1
-    before = R.earlier_run(p["resume"])
-    run = sweep.open_run(p, EXPERIMENT, {**p})
+    before = R.earlier_run(plan.resume)
+    run = sweep.open_run(plan.params, EXPERIMENT)
     run.update_manifest(windows=bounds, calibration=[w for w, r in roles.items() if r == "calibration"],
                         test=[w for w, r in roles.items() if r == "test"], selection_rule=W.RULE,
-                        rungs=[*RUNGS, NO_OFFLOAD], disaggregated=bool(p["disaggregated"]),
+                        rungs=[*RUNGS, NO_OFFLOAD], disaggregated=bool(plan.disaggregated),
                         # one cap for the run, or (the pressure rule) one per window: `device_kv_caps`
                         device_kv_cap_tokens=caps[0]["device_kv_cap_tokens"] if one else None,
                         device_kv_cap_bytes=caps[0]["device_kv_cap_bytes"] if one else None,
                         device_kv_caps=[{"window": w, **c} for w, c in enumerate(caps)],
-                        per_head_unit_bytes=unit_rows(p) * shape.row_bytes,
+                        per_head_unit_bytes=unit_rows(plan) * shape.row_bytes,
                         resumed_from=[before["me"], *before["resumed_from"]] if before else [])
-    dev = torch.device(p["device"])
-    base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": p["shape"],
+    dev = torch.device(plan.device)
+    base = {"device": str(dev), "gpu_name": run.manifest.get("gpu_name") or "cpu", "shape": plan.shape,
             "measured_in": run.run_id, "session": envs.get("LABKIT_SESSION"), "git_sha": run.manifest["git_sha"]}
-    model = HybridModel(shape, dev, seed=p["seed"], **model_kwargs(p))
+    model = HybridModel(shape, dev, seed=plan.seed, **model_kwargs(plan.params))     # weights_dtype, ... by name
     run.update_manifest(holding=model.holding())
     base |= {"weights_dtype": model.weights_dtype, "expert_banks": model.expert_banks or None}
     reqs: list[dict] = []
@@ -311,7 +335,7 @@ def run(p: dict, progress_bar: bool = False):
 
     def replay(w: int, pol: str) -> dict:
         rung = rung_of(pol)
-        q, placement = rung_params(pol, p, caps[w]["device_kv_cap_tokens"])
+        how, placement = rung_params(pol, plan, caps[w]["device_kv_cap_tokens"])
         # a candidate replayed on a calibration window is no rung yet (the choice comes after): its rows name
         # the rung it is a candidate for, so whoever reads rungs per window reads only what was chosen
         candidate = roles[w] == "calibration" and rung in ("switching", "adaptive")
@@ -322,9 +346,9 @@ def run(p: dict, progress_bar: bool = False):
         head = {**base, **caps[w], "experiment": EXPERIMENT, "policy": pol, **where}
         try:
             if w not in specs_of:
-                specs_of[w] = R.requests(p, w)
+                specs_of[w] = window_requests(plan, w)
             specs = specs_of[w]
-            out = R.replay_policy(placement, {**q, "timeline_every": p["timeline_every"]}, specs, model)
+            out = R.replay_policy(placement, how, specs, model)
         except Exception as ex:   # noqa: BLE001 - recorded, the next rung runs
             return sweep.failed_row(ex, head)
         finally:
@@ -336,17 +360,18 @@ def run(p: dict, progress_bar: bool = False):
                          "lane": mine.get("lane"), "output_sha": mine.get("output_sha"),
                          "n_token_times": len(r.get("token_times") or [])})
         run.write_table("requests", pd.DataFrame(reqs))      # a run cut short keeps what it measured
-        row = {**base, **R.summary_row(placement, q, out, EXPERIMENT), **head}
+        row = {**base, **R.summary_row(placement, plan, how, out, EXPERIMENT), **head}
         row.update(switching=rung in ("switching", "adaptive"), placement=placement,
                    device_kv_tokens=0 if placement == "offload" else caps[w]["device_kv_cap_tokens"],
-                   dma_unit_rows=q["dma_unit_rows"], held_share=row["max_running"] / max(1, len(specs)))
+                   dma_unit_rows=how.settings.get("dma_unit_rows", 0),     # 0: whole runs (not per_head's strategy)
+                   held_share=row["max_running"] / max(1, len(specs)))
         return row
 
     def record(row: dict) -> None:
         run.add({k: v for k, v in row.items() if k != "run_id"})
 
-    if p["warmup"]:
-        run.update_manifest(warmup_s=_warm_rungs(p, wp, model))
+    if plan.warmup:
+        run.update_manifest(warmup_s=_warm_rungs(plan, wp, model))
     earlier = before.get("metrics") if before else None
     fitted = {arm: arm for arm, c in W.candidates(wp).items() if c}
     total = sum(len(W.planned(wp, b["role"], fitted)) for b in bounds)
@@ -357,15 +382,15 @@ def run(p: dict, progress_bar: bool = False):
     return run
 
 
-def _warm_rungs(p: dict, wp: dict, model) -> float:
+def _warm_rungs(plan: PulseLadderPlan, wp: W.Protocol, model) -> float:
     """Untimed replays of one policy of each rung (the candidates of a rung share its configuration); seconds."""
     one: dict[str, str] = {}
     for pol in W.planned(wp, "calibration", {}) + W.planned(wp, "test", {}):
         one.setdefault(rung_of(pol), pol)
-    return round(_warm_up(p, model, list(one.values())), 2)
+    return round(_warm_up(plan, model, list(one.values())), 2)
 
 
-def _close(run, out: dict, before: dict | None, reqs: list, wp: dict, roles: dict) -> None:
+def _close(run, out: dict, before: dict | None, reqs: list, wp: W.Protocol, roles: dict) -> None:
     """The run's tables once the windows are replayed (the kept windows' requests first), and its status: a run
     stopped at its deadline says which windows a resume still has to replay."""
 
@@ -399,7 +424,7 @@ def strongest(selection: pd.DataFrame) -> tuple[str, str]:
     return arms[best["arm"]], STRONGEST_RULE
 
 
-def ladder_ratios(m, wp: dict, chosen: dict, roles: dict):
+def ladder_ratios(m, wp: W.Protocol, chosen: dict, roles: dict):
     """Per (window, rung): throughput and p99 TPOT over per_head's on the same window (`windows.window_ratios`,
     arms named by rung), and throughput over no_offload's (`throughput_vs_no_offload`)."""
     m = m[m["experiment"] == EXPERIMENT]

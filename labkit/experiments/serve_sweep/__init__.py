@@ -6,7 +6,7 @@ already runs (vLLM, llama.cpp, SGLang, `labkit serve`, any OpenAI-compatible one
 Code: `measure.py` (figures: `figures.py`), over `labkit.serving` (the running server: `labkit.serving.target`)."""
 from __future__ import annotations
 
-from ...params import OUT_DIR, SEED, Param, Plan
+from ...params import OUT_DIR, SEED, Param
 from ... import lazy
 from .. import planner
 
@@ -67,5 +67,8 @@ plan = planner(NAME, SPEC, measuring, derived=[Param("extra_args_list", "list[st
                                                    "was read (its tokenizer, the vocab parameter)")])
 
 
-def run(plan: Plan, progress_bar: bool = True):
-    return measuring.run_serve(dict(plan.params), log=print if progress_bar else None)
+ServeSweepPlan = plan.type    # the checked plan: plan.workload, plan.input_lens, plan.offload, plan.target, ...
+
+
+def run(plan: ServeSweepPlan, progress_bar: bool = True):
+    return measuring.run_serve(plan, log=print if progress_bar else None)

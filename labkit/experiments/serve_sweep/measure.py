@@ -30,6 +30,7 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -49,6 +50,8 @@ from labkit.serving.servermetrics import MetricsScraper, parse_metrics
 from labkit.serving.target import Target, identify
 from labkit.serving.workload import FIRST_ID, load_trace, salted, synthetic
 from labkit.telemetry import Sampler
+
+from . import ServeSweepPlan
 
 EXPERIMENT = "serve_sweep"
 DEFAULT_TRACE = str(REPO / "labkit" / "data" / "mooncake-conversation-first1000.jsonl")
@@ -78,41 +81,46 @@ def _rates(raw: list[str]) -> list[float]:
     return out
 
 
-def check(given: dict, check_args: bool = True) -> dict:
-    """Validate resolved parameters (`experiments.serve`), vLLM's own parser included; BadInput (one line)
-    before anything starts. With a target, the server is asked what it serves instead (nothing is launched)."""
+def check(given: dict, check_args: bool = True) -> ServeSweepPlan:
+    """Validate resolved parameters (`experiments.serve_sweep`), vLLM's own parser included; BadInput (one line)
+    before anything starts. With a target, the server is asked what it serves instead (nothing is launched).
+    Returns the plan: the trace and the salt named, the sizes and rates as numbers, the context decided."""
     p = dict(given)
     p["trace"] = p["trace"] or DEFAULT_TRACE
     p["prompt_salt"] = p["prompt_salt"] or fresh_salt()
-    if p["target"]:
-        return _check_target(p)
-    if p["server_cmd"]:
-        raise BadInput("server_cmd records how a target was started; without target=URL labkit launches and records its own")
-    prof = load_profile(p["profile"])
-    prof.check_model(p["model"])
-    local = Path(p["model"] or prof.model).expanduser()
+    plan = ServeSweepPlan.from_params(p)
+    if plan.target:
+        return _check_target(plan)
+    if plan.server_cmd:
+        raise BadInput("server_cmd records how a target was started; without target=URL labkit launches and records "
+                       "its own")
+    prof = load_profile(plan.profile)
+    prof.check_model(plan.model)
+    local = Path(plan.model or prof.model).expanduser()
     if (local / "config.json").is_file():
         _vocab(local)                   # a config without a vocabulary: refused before a folder exists
     if prof.platform == "cuda":
         import torch    # only a CUDA profile asks for the GPU: a target=URL or CPU sweep never pays torch's import
         if not torch.cuda.is_available():
             raise BadInput(f"profile {prof.name} is for CUDA GPUs but this machine has none; use profile=smollm2-cpu")
-    _check_load(p)
-    p["offload"] = _offloads(p["offload"])
-    if p["port"]:
-        if port_in_use(p["port"]):
-            raise BadInput(f"port {p['port']} on 127.0.0.1 is in use or invalid: choose another (port=0 picks a free one)")
-    ctx = p["context_len"] or _auto_context(p)
-    _check_fits(p, ctx)
-    p["context_len"] = ctx
+    plan = replace(_check_load(plan), offload=_offloads(plan.offload))
+    if plan.port and port_in_use(plan.port):
+        raise BadInput(f"port {plan.port} on 127.0.0.1 is in use or invalid: choose another (port=0 picks a free one)")
+    ctx = plan.context_len or _auto_context(plan)
+    _check_fits(plan, ctx)
+    plan = replace(plan, context_len=ctx, extra_args_list=_split_args(plan.extra_args))
+    if check_args:
+        for off in plan.offload:
+            check_serve_args(serve_args(plan, prof, "MODEL", off, stats_dir=None))
+    return plan
+
+
+def _split_args(extra_args: str) -> list[str]:
+    """`extra_args` split as a shell splits it (what the server is started with), or one BadInput line."""
     try:
-        p["extra_args_list"] = shlex.split(p["extra_args"])
+        return shlex.split(extra_args)
     except ValueError as ex:
         raise BadInput(f"extra_args: {ex}") from None
-    if check_args:
-        for off in p["offload"]:
-            check_serve_args(serve_args(p, prof, "MODEL", off, stats_dir=None))
-    return p
 
 
 def fresh_salt() -> int:
@@ -120,71 +128,76 @@ def fresh_salt() -> int:
     return secrets.randbelow(2**31 - 2) + 1
 
 
-def _check_load(p: dict) -> None:
-    """What the load asks, whoever serves it: concurrency, arrival rates, the trace."""
-    if p["workload"] != "trace":      # a trace brings its arrivals: concurrency is only a cap there (0: none)
-        check_positive("concurrency", p["concurrency"])
-    p["trace_rates"] = _rates(p["trace_rates"])
-    if p["workload"] == "trace":
-        if not Path(p["trace"]).is_file():
-            raise BadInput(f"trace {p['trace']} does not exist")
-        load_trace(p["trace"])      # every line a trace record, or one line saying which is not
+def _check_load(plan: ServeSweepPlan) -> ServeSweepPlan:
+    """What the load asks, whoever serves it: concurrency, arrival rates, the trace. Returns the plan with the
+    trace's rates as numbers."""
+    if plan.workload != "trace":      # a trace brings its arrivals: concurrency is only a cap there (0: none)
+        check_positive("concurrency", list(plan.concurrency))
+    plan = replace(plan, trace_rates=_rates(plan.trace_rates))
+    if plan.workload == "trace":
+        if not Path(plan.trace).is_file():
+            raise BadInput(f"trace {plan.trace} does not exist")
+        load_trace(plan.trace)      # every line a trace record, or one line saying which is not
+    return plan
 
 
-def _check_fits(p: dict, ctx: int) -> None:
-    need = max(p["input_lens"]) + 1 if p["workload"] != "trace" else 2
+def _check_fits(plan: ServeSweepPlan, ctx: int) -> None:
+    need = max(plan.input_lens) + 1 if plan.workload != "trace" else 2
     if ctx < need:
         raise BadInput(f"context_len {ctx} is shorter than the longest input + 1 ({need})")
 
 
 # What only a launch can set: with a target they must stay as declared (the server runs as its owner started it).
-LAUNCH_ONLY = {"profile": "smollm2-cpu", "offload": ["0"], "offload_backend": "", "device_blocks": 0,
+LAUNCH_ONLY = {"profile": "smollm2-cpu", "offload": ("0",), "offload_backend": "", "device_blocks": 0,
                "prefix_caching": True, "extra_args": "", "port": 0, "startup_timeout_s": 0.0, "bench_client": False}
 
 
-def _check_target(p: dict) -> dict:
+def _check_target(plan: ServeSweepPlan) -> ServeSweepPlan:
     """A running server as the target: its address, the model it serves, the ids its vocabulary takes, and
-    whether the longest request fits its context; one line for each that does not hold."""
-    set_ = [k for k, v in LAUNCH_ONLY.items() if p[k] != v]
+    whether the longest request fits its context; one line for each that does not hold. Returns the plan with
+    what the server said."""
+    set_ = [k for k, v in LAUNCH_ONLY.items() if getattr(plan, k) != v]
     if set_:
-        raise BadInput(f"target={p['target']} measures a running server as it is: {', '.join(set_)} "
-                       f"{'is a launch setting' if len(set_) == 1 else 'are launch settings'} (set them where you start it)")
-    _check_load(p)
+        raise BadInput(f"target={plan.target} measures a running server as it is: {', '.join(set_)} "
+                       f"{'is a launch setting' if len(set_) == 1 else 'are launch settings'} (set them where you "
+                       "start it)")
+    plan = _check_load(plan)
     try:
-        shlex.split(p["server_cmd"])
+        shlex.split(plan.server_cmd)
     except ValueError as ex:
         raise BadInput(f"server_cmd: {ex}") from None
-    url = T.check_url(p["target"])
+    url = T.check_url(plan.target)
     ident = T.identify(url)
-    model = T.served_model(ident, p["model"])
+    model = T.served_model(ident, plan.model)
     limit = T.max_model_len(ident, model)
-    if p["context_len"] and limit and p["context_len"] > limit:
-        raise BadInput(f"context_len {p['context_len']} exceeds what {url} holds per request ({limit})")
-    ctx = p["context_len"] or limit or _auto_context(p)
-    if p["workload"] != "trace" and limit and max(p["input_lens"]) + p["output_len"] > limit:
-        raise BadInput(f"{url} holds {limit} tokens per request: the longest input ({max(p['input_lens'])}) + "
-                       f"output ({p['output_len']}) does not fit")
-    vocab = T.prompt_vocab(ident, model, p["vocab"])
-    p.update(target=url, model=model, context_len=ctx, vocab=vocab.size, vocab_from=vocab.found, offload=[0.0])
-    return p
+    if plan.context_len and limit and plan.context_len > limit:
+        raise BadInput(f"context_len {plan.context_len} exceeds what {url} holds per request ({limit})")
+    ctx = plan.context_len or limit or _auto_context(plan)
+    if plan.workload != "trace" and limit and max(plan.input_lens) + plan.output_len > limit:
+        raise BadInput(f"{url} holds {limit} tokens per request: the longest input ({max(plan.input_lens)}) + "
+                       f"output ({plan.output_len}) does not fit")
+    vocab = T.prompt_vocab(ident, model, plan.vocab)
+    return replace(plan, target=url, model=model, context_len=ctx, vocab=vocab.size, vocab_from=vocab.found,
+                   offload=[0.0])
 
 
-def _auto_context(p: dict) -> int:
-    if p["workload"] == "trace":
+def _auto_context(plan: ServeSweepPlan) -> int:
+    if plan.workload == "trace":
         return 4096
-    need = int(max(p["input_lens"]) * (1 + p["input_range"])) + int(p["output_len"] * (1 + p["output_range"])) + 1
+    need = (int(max(plan.input_lens) * (1 + plan.input_range)) + int(plan.output_len * (1 + plan.output_range))
+            + 1)
     return -(-need // 256) * 256
 
 
-def serve_args(p: dict, prof, model, offload_gib: float, stats_dir: Path | None) -> list[str]:
-    mns = max(p["concurrency"]) if p["workload"] != "trace" else max(max(p["concurrency"]), 8)
+def serve_args(plan: ServeSweepPlan, prof, model, offload_gib: float, stats_dir: Path | None) -> list[str]:
+    mns = max(plan.concurrency) if plan.workload != "trace" else max(max(plan.concurrency), 8)
     extra = {"stats_dir": str(stats_dir)} if stats_dir else {}
-    args = prof.serve_args(model, p["context_len"], mns, offload_gib, p["offload_backend"], extra)
-    if p["device_blocks"] > 0:
-        args += ["--num-gpu-blocks-override", str(p["device_blocks"])]
-    if not p["prefix_caching"]:
+    args = prof.serve_args(model, plan.context_len, mns, offload_gib, plan.offload_backend, extra)
+    if plan.device_blocks > 0:
+        args += ["--num-gpu-blocks-override", str(plan.device_blocks)]
+    if not plan.prefix_caching:
         args += ["--no-enable-prefix-caching"]
-    return args + p["extra_args_list"]
+    return args + list(plan.extra_args_list)
 
 
 def check_serve_args(args: list[str]) -> None:
@@ -223,12 +236,12 @@ def vllm_info() -> dict:
 class _Server:
     """One server per offload value; restarted when it dies."""
 
-    def __init__(self, run, p, prof, model, offload, log):
-        self.run, self.p, self.prof, self.model, self.offload, self.log = run, p, prof, model, offload, log
+    def __init__(self, run, plan, prof, model, offload, log):
+        self.run, self.plan, self.prof, self.model, self.offload, self.log = run, plan, prof, model, offload, log
         tag = f"offload{offload:g}"
         self.stats_dir = run.path / f"connector-{tag}"
-        self.args = serve_args(p, prof, model, offload, self.stats_dir)
-        values = prof.placeholder_values(model, p["context_len"], 1, offload)
+        self.args = serve_args(plan, prof, model, offload, self.stats_dir)
+        values = prof.placeholder_values(model, plan.context_len, 1, offload)
         self.env = {**server_base_env(REPO / ".cache"), **prof.server_env(values)}
         self.tag, self.n_starts, self.srv = tag, 0, None
 
@@ -238,8 +251,8 @@ class _Server:
         self.stop()
         self.n_starts += 1
         log = self.run.path / f"server-{self.tag}-{self.n_starts}.log"
-        self.srv = VllmServer(self.args, self.env, log, self.p["startup_timeout_s"] or self.prof.startup_timeout_s,
-                              port=self.p["port"])
+        self.srv = VllmServer(self.args, self.env, log, self.plan.startup_timeout_s or self.prof.startup_timeout_s,
+                              port=self.plan.port)
         t = time.time()
         self.srv.start()
         servers = self.run.manifest.setdefault("servers", [])
@@ -289,23 +302,23 @@ def connector_requests(stats_dir: Path) -> pd.DataFrame:
     return pd.DataFrame([json.loads(x) for x in path.read_text().splitlines() if x.strip()])
 
 
-def _points(p: dict) -> list[dict]:
-    if p["workload"] == "trace":
-        return [{"trace_rate": r, "concurrency": max(p["concurrency"]) if max(p["concurrency"]) > 0 else 0}
-                for r in p["trace_rates"]]
-    if p["workload"] == "repeat":
-        return [{"input_len": n, "concurrency": 1} for n in p["input_lens"]]
-    return [{"input_len": n, "concurrency": c} for n in p["input_lens"] for c in p["concurrency"]]
+def _points(plan: ServeSweepPlan) -> list[dict]:
+    if plan.workload == "trace":
+        return [{"trace_rate": r, "concurrency": max(plan.concurrency) if max(plan.concurrency) > 0 else 0}
+                for r in plan.trace_rates]
+    if plan.workload == "repeat":
+        return [{"input_len": n, "concurrency": 1} for n in plan.input_lens]
+    return [{"input_len": n, "concurrency": c} for n in plan.input_lens for c in plan.concurrency]
 
 
-def _requests_for(p: dict, pt: dict, vocab: int, seed: int):
-    if p["workload"] == "trace":
-        return W.trace_replay(p["trace"], p["trace_requests"], pt["trace_rate"], p["context_len"], vocab,
-                              p["trace_max_output"], seed=p["seed"])
-    if p["workload"] == "repeat":
-        return W.repeated(p["num_prompts"], pt["input_len"], p["output_len"], vocab, seed=seed)
-    return W.synthetic(p["num_prompts"], pt["input_len"], p["output_len"], vocab, p["input_range"], p["output_range"],
-                       p["request_rate"], seed=seed)
+def _requests_for(plan: ServeSweepPlan, pt: dict, vocab: int, seed: int):
+    if plan.workload == "trace":
+        return W.trace_replay(plan.trace, plan.trace_requests, pt["trace_rate"], plan.context_len, vocab,
+                              plan.trace_max_output, seed=plan.seed)
+    if plan.workload == "repeat":
+        return W.repeated(plan.num_prompts, pt["input_len"], plan.output_len, vocab, seed=seed)
+    return W.synthetic(plan.num_prompts, pt["input_len"], plan.output_len, vocab, plan.input_range,
+                       plan.output_range, plan.request_rate, seed=seed)
 
 
 def _vocab(model: Path) -> int:
@@ -331,49 +344,48 @@ def _bench_row(res: dict) -> dict:
     return {v: res.get(k) for k, v in m.items()}
 
 
-def run_serve(given: dict, run=None, log=print):
-    """Measure every point into a run folder (labkit.results.Run); returns the Run."""
-
+def run_serve(plan: ServeSweepPlan, run=None, log=print):
+    """Measure every point of a checked plan (`experiments.serve_sweep.plan`) into a run folder
+    (labkit.results.Run); returns the Run."""
     shown = log is not None
     log = log or (lambda *a, **k: None)
-    p = dict(given)           # checked by `experiments.serve.plan`
-    prof, run, model, vocab = _opened(p, run)
+    prof, run, model, vocab = _opened(plan, run)
     tel = Sampler().start()
     run.update_manifest(telemetry=tel.reason or "nvml")
-    base = _base_row(run, p, prof, model)
+    base = _base_row(run, plan, prof, model)
     requests: list[dict] = []
     scrapes: list[pd.DataFrame] = []
     restore = _interrupt_on_signals()
-    n_clients = 2 if p["bench_client"] and p["workload"] == "synthetic" else 1
-    bar = sweep.bar(len(p["offload"]) * p["repeats"] * len(_points(p)) * n_clients, EXPERIMENT, shown)
+    n_clients = 2 if plan.bench_client and plan.workload == "synthetic" else 1
+    bar = sweep.bar(len(plan.offload) * plan.repeats * len(_points(plan)) * n_clients, EXPERIMENT, shown)
 
     def save_tables(scraper=None):
         _save_tables(run, requests, scrapes + ([scraper.frame()] if scraper is not None else []), tel)
 
     try:
-        for off in p["offload"]:
-            strategy, backend = _strategy(run, p, prof, off)
-            server = _Attached(run, p["target"], log) if p["target"] else _Server(run, p, prof, model, off, log)
+        for off in plan.offload:
+            strategy, backend = _strategy(run, plan, prof, off)
+            server = _Attached(run, plan.target, log) if plan.target else _Server(run, plan, prof, model, off, log)
             scraper = None
-            pts = _points(p)
-            bar.set_postfix_str(f"{strategy}: {'asking the target' if p['target'] else 'starting the server'}")
+            pts = _points(plan)
+            bar.set_postfix_str(f"{strategy}: {'asking the target' if plan.target else 'starting the server'}")
             try:
                 srv = server.start()
             except ServerFailed as ex:
-                _fail_unstarted(run, ex, p, pts, base, strategy, off, backend, server)
-                bar.update(p["repeats"] * len(pts) * n_clients)
+                _fail_unstarted(run, ex, plan, pts, base, strategy, off, backend, server)
+                bar.update(plan.repeats * len(pts) * n_clients)
                 continue
-            scraper = _scraper(srv, p, server, off, strategy)
+            scraper = _scraper(srv, plan, server, off, strategy)
             try:
-                _warmup(srv.base_url, str(model), prof.warmup_requests if prof else 1, vocab, salt=p["prompt_salt"])
-                for rnd in range(p["repeats"]):
+                _warmup(srv.base_url, str(model), prof.warmup_requests if prof else 1, vocab, salt=plan.prompt_salt)
+                for rnd in range(plan.repeats):
                     for i, pt in enumerate(pts):
-                        for client in _clients(p, rnd + i):
+                        for client in _clients(plan, rnd + i):
                             point_id = f"{server.tag}-r{rnd}-{'-'.join(f'{k}{v:g}' for k, v in pt.items())}-{client}"
                             bar.set_postfix_str(point_id)
                             row = {**base, **pt, "strategy": strategy, "offload_gib": off, "offload_backend": backend,
                                    "client": client, "round": rnd, "point_id": point_id,
-                                   "context_len": pt.get("input_len", p["context_len"])}
+                                   "context_len": pt.get("input_len", plan.context_len)}
                             if not srv.alive():
                                 log(f"server {server.tag} died; restarting")
                                 scraper.stop()
@@ -384,10 +396,11 @@ def run_serve(given: dict, run=None, log=print):
                                     run.add(sweep.failed_row(ex, row, server_log_tail=_tail(server.srv)))
                                     bar.update()
                                     continue
-                                scraper = _scraper(srv, p, server, off, strategy)
+                                scraper = _scraper(srv, plan, server, off, strategy)
                             scraper.set_tags(point_id=point_id, client=client)
-                            seed = p["seed"] * 100000 + rnd * 1000 + i     # new prompts every round: no prefix-cache hits across rounds
-                            _measure_point(run, p, pt, row, client, srv, server, model, vocab, seed, requests, log)
+                            # new prompts every round: no prefix-cache hits across rounds
+                            seed = plan.seed * 100000 + rnd * 1000 + i
+                            _measure_point(run, plan, pt, row, client, srv, server, model, vocab, seed, requests, log)
                             save_tables(scraper)
                             bar.update()
             finally:
@@ -402,7 +415,7 @@ def run_serve(given: dict, run=None, log=print):
         restore()
         tel.stop()
         save_tables()
-        if p["workload"] == "repeat" and requests:
+        if plan.workload == "repeat" and requests:
             run.update_manifest(outputs=outputs_check(pd.DataFrame(requests)))
         run.finish()        # the shared rule over the rows; an exception in flight (Ctrl-C included) decides too
     sweep.headline(sweep.summary_lines(lambda: closing_lines(run.metrics())), shown, EXPERIMENT)
@@ -414,13 +427,13 @@ def _tail(srv, lines: int = 10) -> str:
     return log_tail(srv.log_path, lines) if srv is not None and srv.log_path else ""
 
 
-def _strategy(run, p: dict, prof, off: float) -> tuple[str, str]:
+def _strategy(run, plan: ServeSweepPlan, prof, off: float) -> tuple[str, str]:
     """(what the rows call the server configuration, the host KV tier's backend): vLLM and its tier when
     launched; the engine the target said it is."""
-    if p["target"]:
+    if plan.target:
         return run.manifest["target"]["engine"], "unknown"
-    backend = (p["offload_backend"] or prof.offload_backend) if off > 0 else "none"
-    return (f"{p['backend']}" if off == 0 else f"{p['backend']}+{backend}:{off:g}GiB"), backend
+    backend = (plan.offload_backend or prof.offload_backend) if off > 0 else "none"
+    return (f"{plan.backend}" if off == 0 else f"{plan.backend}+{backend}:{off:g}GiB"), backend
 
 
 class _Attached:
@@ -443,63 +456,64 @@ class _Attached:
         return None
 
 
-def _fail_unstarted(run, ex: Exception, p: dict, pts: list, base: dict, strategy: str, off: float, backend: str,
-                    server: "_Server") -> None:
+def _fail_unstarted(run, ex: Exception, plan: ServeSweepPlan, pts: list, base: dict, strategy: str, off: float,
+                    backend: str, server: "_Server") -> None:
     """A server that did not start: every point of every round it was to serve is a failed row."""
-    for rnd in range(p["repeats"]):
+    for rnd in range(plan.repeats):
         for pt in pts:
             run.add(sweep.failed_row(ex, {**base, **pt}, strategy=strategy, offload_gib=off,
                                      offload_backend=backend, client="labkit", round=rnd,
                                      server_log_tail=_tail(server.srv)))
 
 
-def _opened(p: dict, run):
+def _opened(plan: ServeSweepPlan, run):
     """(the launch profile, the run folder, the model's path, its vocabulary size); a config that cannot be read
     fails the run, not leaves it running."""
     if run is None:
-        run = sweep.open_run(p, EXPERIMENT, {k: v for k, v in p.items() if k != "extra_args_list"})
-    if p["target"]:
+        recorded = {k: v for k, v in plan.params.items() if k != "extra_args_list"}    # extra_args says it
+        run = sweep.open_run(plan.params, EXPERIMENT, recorded)
+    if plan.target:
         try:
-            _describe_target(run, p)
+            _describe_target(run, plan)
         except BaseException as ex:       # the server went away since the plan was checked
             run.finish(error=ex if not isinstance(ex, KeyboardInterrupt) else None,
                        interrupted=isinstance(ex, KeyboardInterrupt))
             raise
-        return None, run, p["model"], p["vocab"]
-    prof = load_profile(p["profile"])
-    model = prof.model_path(p["model"])
+        return None, run, plan.model, plan.vocab
+    prof = load_profile(plan.profile)
+    model = prof.model_path(plan.model)
     try:
-        vocab = p["vocab"] or _vocab(model)
+        vocab = plan.vocab or _vocab(model)
     except BaseException as ex:        # an unreadable config: the run is failed, not left running
         run.finish(error=BadInput(f"{model}/config.json: {one_line(ex)}") if not isinstance(ex, KeyboardInterrupt) else None,
                    interrupted=isinstance(ex, KeyboardInterrupt))
         raise
     _describe(run, prof, model)
-    run.update_manifest(prompts=_prompts_note(p, vocab, p.get("vocab_from") or ("given (vocab parameter)" if p["vocab"]
-                                               else "the checkpoint's config.json")))
+    found = plan.vocab_from or ("given (vocab parameter)" if plan.vocab else "the checkpoint's config.json")
+    run.update_manifest(prompts=_prompts_note(plan, vocab, found))
     return prof, run, model, vocab
 
 
-def _base_row(run, p: dict, prof, model) -> dict:
+def _base_row(run, plan: ServeSweepPlan, prof, model) -> dict:
     """What every row of the run shares."""
     if prof is None:                    # a target: the engine it said it is, on this machine or another
         t, mf = run.manifest["target"], run.manifest
         device = ("cuda" if mf.get("gpu_name") else "cpu") if t["local"] else "remote"
         return {"experiment": EXPERIMENT, "device": device, "gpu_name": (mf.get("gpu_name") if t["local"] else None) or device,
-                "shape": str(model), "budget": None, "repeats": p["repeats"], "backend": "target", "profile": None,
-                "engine": t["engine"], "engine_version": t["engine_version"], "workload": p["workload"],
-                "output_len": p["output_len"], "num_prompts": p["num_prompts"], "request_rate": p["request_rate"],
+                "shape": str(model), "budget": None, "repeats": plan.repeats, "backend": "target", "profile": None,
+                "engine": t["engine"], "engine_version": t["engine_version"], "workload": plan.workload,
+                "output_len": plan.output_len, "num_prompts": plan.num_prompts, "request_rate": plan.request_rate,
                 "timings": mf["timings_label"]}
     label = "cpu" if prof.platform == "cpu" else (run.manifest.get("gpu_name") or "cuda")
     return {"experiment": EXPERIMENT, "device": prof.platform, "gpu_name": run.manifest.get("gpu_name") or "cpu",
-            "shape": Path(str(model)).name, "budget": None, "repeats": p["repeats"], "backend": p["backend"],
-            "profile": prof.name, "workload": p["workload"], "output_len": p["output_len"], "num_prompts": p["num_prompts"],
-            "request_rate": p["request_rate"], "timings": label}
+            "shape": Path(str(model)).name, "budget": None, "repeats": plan.repeats, "backend": plan.backend,
+            "profile": prof.name, "workload": plan.workload, "output_len": plan.output_len,
+            "num_prompts": plan.num_prompts, "request_rate": plan.request_rate, "timings": label}
 
 
-def _clients(p: dict, turn: int) -> list[str]:
+def _clients(plan: ServeSweepPlan, turn: int) -> list[str]:
     """The clients that drive a point, in turn: interleaved, neither always runs first."""
-    clients = ["labkit", "vllm"] if p["bench_client"] and p["workload"] == "synthetic" else ["labkit"]
+    clients = ["labkit", "vllm"] if plan.bench_client and plan.workload == "synthetic" else ["labkit"]
     if turn % 2:
         clients.reverse()
     return clients
@@ -525,59 +539,59 @@ def _describe(run, prof, model) -> None:
                         metric_definitions="vLLM bench serve: TTFT, TPOT=(E2EL-TTFT)/(out-1), ITL per chunk gap, E2EL")
 
 
-def _describe_target(run, p: dict) -> None:
+def _describe_target(run, plan: ServeSweepPlan) -> None:
     """The target side of the manifest: what the server says it is (`target.identify`), where its timings come
     from, what the metrics mean and how the prompts were drawn."""
-    ident = {**identify(p["target"]), "launch_cmd": p["server_cmd"] or None}
+    ident = {**identify(plan.target), "launch_cmd": plan.server_cmd or None}
     label = ("CUDA" if run.manifest.get("gpu_name") else "CPU") if ident["local"] else "remote"
-    run.update_manifest(target=ident, served_model=p["model"], timings_label=label,
+    run.update_manifest(target=ident, served_model=plan.model, timings_label=label,
                         metric_definitions="vLLM bench serve: TTFT, TPOT=(E2EL-TTFT)/(out-1), ITL per chunk gap, E2EL",
-                        prompts=_prompts_note(p, p["vocab"], p.get("vocab_from") or "given (vocab parameter)"))
+                        prompts=_prompts_note(plan, plan.vocab, plan.vocab_from or "given (vocab parameter)"))
 
 
-def _prompts_note(p: dict, vocab: int, found: str) -> dict:
-    return {"salt": p["prompt_salt"], "ids": f"[{FIRST_ID}, {vocab})", "vocab_from": found,
+def _prompts_note(plan: ServeSweepPlan, vocab: int, found: str) -> dict:
+    return {"salt": plan.prompt_salt, "ids": f"[{FIRST_ID}, {vocab})", "vocab_from": found,
             "how": "random token ids drawn from the seed, every position shifted by the run's salt: no prompt "
                    "begins like one of an earlier run, so no prefix cache serves it"}
 
 
-def _scraper(srv, p: dict, server: "_Server", off: float, strategy: str):
+def _scraper(srv, plan: ServeSweepPlan, server: "_Server", off: float, strategy: str):
     """The server's /metrics (and the connector's counters) scraped from now on, tagged with its settings."""
-    return MetricsScraper(srv.base_url, 1.0 / p["scrape_hz"], extra=lambda d=server.stats_dir: connector_counters(d),
+    return MetricsScraper(srv.base_url, 1.0 / plan.scrape_hz, extra=lambda d=server.stats_dir: connector_counters(d),
                           tags={"offload_gib": off, "strategy": strategy}).start()
 
 
-def _measure_point(run, p: dict, pt: dict, row: dict, client: str, srv, server: "_Server", model, vocab: int,
-                   seed: int, requests: list, log) -> None:
+def _measure_point(run, plan: ServeSweepPlan, pt: dict, row: dict, client: str, srv, server: "_Server", model,
+                   vocab: int, seed: int, requests: list, log) -> None:
     """One point with one client (labkit's load generator, or `vllm bench serve`): its row(s) into the run and
     labkit's per-request records into `requests`; a failure is a failed row (the sweep goes on), with the
     server's log tail when the server died."""
     point_id = row["point_id"]
     try:
         if client == "vllm":
-            res = run_bench(srv.base_url, str(model), pt["input_len"], p["output_len"],
-                            p["num_prompts"], pt["concurrency"], run.path / "bench",
+            res = run_bench(srv.base_url, str(model), pt["input_len"], plan.output_len,
+                            plan.num_prompts, pt["concurrency"], run.path / "bench",
                             f"{point_id}.json", {**server.env, **_env_with_repo(),
                                                  "LABKIT_WATCH_PARENT": str(__import__('os').getpid())},
-                            run.path / "bench" / "bench.log", request_rate=p["request_rate"], seed=seed)
+                            run.path / "bench" / "bench.log", request_rate=plan.request_rate, seed=seed)
             s = _bench_row(res)
             s["bench_result"] = str(Path(s["bench_result"]).relative_to(run.path))
         else:
-            specs = salted(_requests_for(p, pt, vocab, seed), p["prompt_salt"], vocab)
-            if p["workload"] != "trace":
-                _warmup(srv.base_url, str(model), 1, vocab, pt.get("input_len", 16), p["output_len"], p["prompt_salt"])
+            specs = salted(_requests_for(plan, pt, vocab, seed), plan.prompt_salt, vocab)
+            if plan.workload != "trace":
+                _warmup(srv.base_url, str(model), 1, vocab, pt.get("input_len", 16), plan.output_len, plan.prompt_salt)
             before = prefix_counters(srv.base_url)
             recs = loadgen.run_load(srv.base_url, str(model), specs, pt["concurrency"])
-            s = {**_summaries(p, recs), **prefix_delta(before, srv.base_url)}
+            s = {**_summaries(plan, recs), **prefix_delta(before, srv.base_url)}
             _attach_connector(recs, server.stats_dir)
             for r in recs:
                 requests.append({**{k: row[k] for k in ("point_id", "strategy", "offload_gib", "client",
                                                          "round", "concurrency")},
                                  "input_len_point": pt.get("input_len"), "trace_rate": pt.get("trace_rate"), **r})
-            if p["workload"] == "repeat":
+            if plan.workload == "repeat":
                 for send in ("first", "repeat"):
                     sub = [r for r in recs if r.get("send") == send]
-                    run.add({**row, **_row_stats(p, sub), "send": send, **_bytes(sub),
+                    run.add({**row, **_row_stats(plan, sub), "send": send, **_bytes(sub),
                              "status": "ok" if all(r["status"] == "ok" for r in sub) else "failed",
                              "error": next((r["error"] for r in sub if r["error"]), None)})
                 s = None
@@ -701,12 +715,12 @@ def prefix_delta(before: dict | None, base_url: str) -> dict:
             "prefix_cache_hit_tokens": after["prefix_cache_hits"] - before["prefix_cache_hits"]}
 
 
-def _summaries(p: dict, recs: list[dict]) -> dict:
-    return _row_stats(p, recs)
+def _summaries(plan: ServeSweepPlan, recs: list[dict]) -> dict:
+    return _row_stats(plan, recs)
 
 
-def _row_stats(p: dict, recs: list[dict]) -> dict:
-    s = latency.summarize(recs, p["slo_ttft_ms"] or None, p["slo_tpot_ms"] or None)
+def _row_stats(plan: ServeSweepPlan, recs: list[dict]) -> dict:
+    s = latency.summarize(recs, plan.slo_ttft_ms or None, plan.slo_tpot_ms or None)
     s.update(step_ms_median=s.get("tpot_ms_median"), step_ms_min=s.get("tpot_ms_min"), step_ms_max=s.get("tpot_ms_max"),
              tok_s=s.get("output_throughput"), input_len_mean=(sum(r["input_len"] for r in recs) / len(recs)) if recs else None)
     return s
