@@ -50,10 +50,12 @@ def _stream(w_ptr, out_ptr, N, KW, tiles, BN: tl.constexpr, W: tl.constexpr, TIL
     tl.store(out_ptr + (j * tl.num_programs(1) + tl.program_id(1)), tl.xor_sum(tl.xor_sum(acc, axis=1), axis=0))
 
 
-def points():
-    """(layout, BN, W, programs a multiprocessor the split aims at (0: no split), pipeline stages)."""
+def points(quick: bool = False):
+    """(layout, BN, W, programs a multiprocessor the split aims at (0: no split), pipeline stages). quick: the
+    engine's tile and the longest row run, no split or the engine's four programs a multiprocessor."""
+    tiles = ((64, 16), (16, 64)) if quick else ((64, 16), (32, 32), (16, 64), (128, 16), (64, 32))
     for layout, (bn, w), per_sm, stages in itertools.product(
-            ("rows", "tiled"), ((64, 16), (32, 32), (16, 64), (128, 16), (64, 32)), (0, 2, 4, 8), (1, 3)):
+            ("rows", "tiled"), tiles, (0, 4) if quick else (0, 2, 4, 8), (1, 3)):
         yield layout, bn, w, per_sm, stages
 
 
@@ -61,6 +63,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
     ap.add_argument("--dry-run", action="store_true", help="CPU, the Triton interpreter, two small points")
+    ap.add_argument("--quick", action="store_true", help="16 points a matrix, not 80")
     a = ap.parse_args()
     if not a.dry_run and not torch.cuda.is_available():
         sys.exit("w4_stream_probe: needs a CUDA GPU (or --dry-run under TRITON_INTERPRET=1)")
@@ -76,7 +79,7 @@ def main():
         nbytes = N * K // 2
         copies = 1 if a.dry_run else max(1, -(-L2_SAFE_BYTES // nbytes))
         ws = [torch.randint(-2**31, 2**31 - 1, (N * KW,), dtype=torch.int32, device=dev) for _ in range(copies)]
-        pts = list(points())[:2] if a.dry_run else list(points())
+        pts = list(points())[:2] if a.dry_run else list(points(a.quick))
         for layout, bn, w, per_sm, stages in pts:
             blocks, ktiles = N // bn, KW // w
             split = 1 if per_sm == 0 else max(1, min(ktiles, -(-per_sm * sms // blocks)))
