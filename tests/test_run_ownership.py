@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import threading
+import types
 from pathlib import Path
 
 import pandas as pd
@@ -392,7 +393,8 @@ def test_resume_auto_passes_over_a_fifo_and_a_list(tmp_path, monkeypatch):
     fifo = root / "fifo" / "manifest.json"
     os.mkfifo(fifo)
     try:
-        done, got = _in_thread(trace_replay.find_resume, {"resume": "auto"}, "trace_replay")
+        plan = types.SimpleNamespace(resume="auto", params={"resume": "auto"})    # the fields find_resume reads
+        done, got = _in_thread(trace_replay.find_resume, plan, "trace_replay")
     finally:
         _release(fifo)
     assert done and got == ""

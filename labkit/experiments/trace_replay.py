@@ -60,7 +60,8 @@ def find_resume(plan: Any, experiment: str) -> str:
         diff = sorted(k for k in set(sig) | set(_signature(m.get("parameters", {})))
                       if sig.get(k) != _signature(m.get("parameters", {})).get(k))
         if m.get("experiment") != experiment or diff:
-            raise BadInput(f"resume={want}: not a {experiment} run of these parameters (differs in {', '.join(diff) or 'experiment'})")
+            raise BadInput(f"resume={want}: not a {experiment} run of these parameters "
+                           f"(differs in {', '.join(diff) or 'experiment'})")
         return str(Path(want))
     found = []
     for mf in run_manifests(results.REPO / "results"):     # read at call time: a test points it elsewhere
