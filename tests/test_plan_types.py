@@ -81,8 +81,9 @@ def test_every_committed_run_loads_into_todays_plan():
 MOVED = {name: [f"{name}/__init__.py", f"{name}/measure.py"]
          for name in ("decode", "probe", "hot_replay", "multigpu", "capacity", "pulse_blocks", "pulse_switch",
                       "pulse_scaling", "quality", "prefill", "pulse", "pulse_ladder", "serve_sweep",
-                      "prefill_throughput")}
+                      "prefill_throughput", "crossmodel")}
 MOVED["decode"].append("decode_session.py")
+MOVED["crossmodel"].append("crossmodel/seeded.py")
 KEYED = re.compile(r"""\b(p|params|pl\.params)\[["']""")
 
 

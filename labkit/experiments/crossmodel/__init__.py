@@ -7,7 +7,7 @@ GPU (`seeded.py`). Code: `measure.py` (figures: `figures.py`), over the cross-mo
 crossmodel-ablation` ...)."""
 from __future__ import annotations
 
-from ...params import DEVICE, OUT_DIR, SEED, Param, Plan
+from ...params import DEVICE, OUT_DIR, SEED, Param
 from ... import lazy
 from .. import planner
 
@@ -64,8 +64,11 @@ seeded = lazy.module(".seeded", __package__)                    # weights=seeded
 plan = planner(NAME, SPEC, measuring)                           # weights=seeded checked by seeded.check from there
 
 
-def run(plan: Plan, progress_bar: bool = True):
+CrossmodelPlan = plan.type     # the checked plan: plan.large, plan.small, plan.weights, plan.ttft_lens, ...
+
+
+def run(plan: CrossmodelPlan, progress_bar: bool = True):
     log = print if progress_bar else None
-    if plan.params["weights"] == "seeded":
-        return seeded.run_seeded(dict(plan.params), log=log)
-    return measuring.run_crossmodel(dict(plan.params), log=log)
+    if plan.weights == "seeded":
+        return seeded.run_seeded(plan, log=log)
+    return measuring.run_crossmodel(plan, log=log)

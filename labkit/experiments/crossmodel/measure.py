@@ -47,16 +47,15 @@ from labkit.models.loader import cache_dir
 from labkit.params import BadInput, one_line
 from labkit.quality.corpora import sequences
 from labkit.results import load_run
-from . import seeded
+from . import CrossmodelPlan, seeded
 
 EXPERIMENT = "crossmodel"
 
 
 
-def check(given: dict) -> dict:
+def check(given: dict) -> CrossmodelPlan:
     """Validate resolved parameters (`experiments.crossmodel`); raises BadInput (one line) before anything is loaded
-    or written. Returns them with `_pair` (the model pair, not recorded); weights other than checkpoint are
-    `seeded.check`'s."""
+    or written. Returns the plan (nothing here is "auto"); weights other than checkpoint are `seeded.check`'s."""
     if given["weights"] != "checkpoint":
         return seeded.check(given)
     p = dict(given)
@@ -118,32 +117,35 @@ def check(given: dict) -> dict:
             shm.check_space(root, need)
         except shm.ShmError as ex:
             raise BadInput(str(ex)) from None
-    p["_pair"] = pair
-    return p
+    # the pair checked here is not kept in the plan: the models stage plans it again, deriving the small model
+    return CrossmodelPlan.from_params(p)
 
 
-def mapper_cache_path(p: dict, pair) -> Path:
-
-    key = json.dumps({k: p[k] for k in ("features", "rope", "calib_tokens", "calib_seq_len", "corpora", "layer_table")}
+def mapper_cache_path(plan: CrossmodelPlan, pair) -> Path:
+    """Where the fit for these parameters and models is cached: the key hashes what the fit depends on, so a
+    mapper fitted before keeps its file (the corpora a JSON list either way, from the plan's tuple)."""
+    key = json.dumps({"features": plan.features, "rope": plan.rope, "calib_tokens": plan.calib_tokens,
+                      "calib_seq_len": plan.calib_seq_len, "corpora": plan.corpora, "layer_table": plan.layer_table}
                      | {"large": pair.large.fingerprint, "small": pair.small.fingerprint}
-                     | ({"rank": p["rank"]} if p.get("rank") else {})   # full-rank keys as before
-                     | ({"calib_val": p["calib_val"]} if p.get("calib_val", "chunk") != "chunk" else {}),  # chunk: as before
+                     | ({"rank": plan.rank} if plan.rank else {})   # full-rank keys as before
+                     | ({"calib_val": plan.calib_val} if plan.calib_val != "chunk" else {}),  # chunk: as before
                      sort_keys=True)
-    return cache_dir().parent / "xfer" / f"{pair.large.name.replace('/', '_')}-{p['small'].replace(':', '')}-" \
+    return cache_dir().parent / "xfer" / f"{pair.large.name.replace('/', '_')}-{plan.small.replace(':', '')}-" \
         f"{hashlib.sha256(key.encode()).hexdigest()[:12]}.safetensors"
 
 
-def get_mapper(p: dict, models, log=print, calib=None):
-
+def get_mapper(plan: CrossmodelPlan, models, log=print, calib=None):
+    """The mapper file `plan.mapper`, else the cached fit for this plan, else a fit on `calib` (or the plan's
+    calibration chunks) saved to the cache: (mapper, its path, whether it was fitted now)."""
     pair = models.pair
-    path = Path(p["mapper"]) if p["mapper"] else mapper_cache_path(p, pair)
+    path = Path(plan.mapper) if plan.mapper else mapper_cache_path(plan, pair)
     if path.is_file():
         log(f"mapper: {path}")
         return Mapper.load(path, expect=pair), path, False
-    calib = calib or calibration_chunks(models.tokenizer, p["corpora"], p["calib_seq_len"], p["calib_tokens"],
-                                        val_by=p.get("calib_val", "document"))
-    log(f"fitting the mapper on {len(calib)} calibration chunks of {p['calib_seq_len']} tokens")
-    mp = fit_mapper(models, FeatureSpec.parse(p["features"]), calib, rope=p["rope"], log=log, rank=p.get("rank", 0))
+    calib = calib or calibration_chunks(models.tokenizer, plan.corpora, plan.calib_seq_len, plan.calib_tokens,
+                                        val_by=plan.calib_val)
+    log(f"fitting the mapper on {len(calib)} calibration chunks of {plan.calib_seq_len} tokens")
+    mp = fit_mapper(models, FeatureSpec.parse(plan.features), calib, rope=plan.rope, log=log, rank=plan.rank)
     mp.save(path)
     log(f"mapper saved: {path} ({path.stat().st_size / 2**20:.0f} MiB)")
     return mp, path, True
@@ -176,30 +178,28 @@ def ttft_transformers(models, mapper, tokenizer, lens, repeats: int, root: Path,
     return rows
 
 
-def run_crossmodel(given: dict, run=None, log=print):
+def run_crossmodel(plan: CrossmodelPlan, run=None, log=print):
     """Measure everything into a run folder (labkit.results.Run); returns the Run."""
-
-    p = dict(given)           # checked by `experiments.crossmodel.plan`
-    p.pop("_pair", None)      # the plan's resolved pair; the models stage derives the small model from it again
     shown = log is not None
     log = log or (lambda *a, **k: None)
     if run is None:
-        run = sweep.open_run(p, EXPERIMENT)
-    stages = ["models", "mapper", "quality"] + (["ttft"] if p["ttft_lens"] and p["backend"] in ("transformers", "both")
-                                                else []) + (["vllm"] if p["backend"] in ("vllm", "both") else [])
+        run = sweep.open_run(plan.params, EXPERIMENT)      # the manifest records the plan as a dict
+    ttft_in_process = bool(plan.ttft_lens) and plan.backend in ("transformers", "both")     # transformers' TTFT
+    through_vllm = plan.backend in ("vllm", "both")
+    stages = ["models", "mapper", "quality"] + ["ttft"] * ttft_in_process + ["vllm"] * through_vllm
     bar = sweep.bar(len(stages), EXPERIMENT, shown)
 
     def stage(name: str) -> None:       # the bar says which part of the run is under way
         if bar.n < len(stages) and name != "models":
             bar.update()
         bar.set_postfix_str(name)
-    base = {"experiment": EXPERIMENT, "device": "cpu", "gpu_name": "cpu", "shape": p["large"]}
+    base = {"experiment": EXPERIMENT, "device": "cpu", "gpu_name": "cpu", "shape": plan.large}
     t_start = time.perf_counter()
     try:
         stage("models")
-        models, calib, seqs = _models_and_texts(p, run)
+        models, calib, seqs = _models_and_texts(plan, run)
         stage("mapper")
-        mp, mpath, fitted = get_mapper(p, models, log=log, calib=calib)
+        mp, mpath, fitted = get_mapper(plan, models, log=log, calib=calib)
         _record_mapper(run, mp, mpath, fitted, calib)
 
         def on_row(row):
@@ -207,19 +207,21 @@ def run_crossmodel(given: dict, run=None, log=print):
                          context_len=row["prompt_len"], concurrency=1, repeats=1, **row))
 
         stage("quality")
-        df, r2 = q.evaluate(models, mp, seqs, p["prompt_len"], p["cont_len"], p["agree_tokens"], p["modes"],
-                            on_row=on_row, log=log, exact_prefix=p["exact_prefix"])
+        df, r2 = q.evaluate(models, mp, seqs, plan.prompt_len, plan.cont_len, plan.agree_tokens, plan.modes,
+                            on_row=on_row, log=log, exact_prefix=plan.exact_prefix)
         run.write_table("quality_summary", q.summarize(df).assign(backend="transformers"))
         run.write_table("quality_pooled", q.pooled(df).assign(backend="transformers"))
         run.write_table("r2", r2)
-        if p["ttft_lens"] and p["backend"] in ("transformers", "both"):
+        if ttft_in_process:
             stage("ttft")
-            for row in ttft_transformers(models, mp, models.tokenizer, p["ttft_lens"], p["repeats"],
-                                         shm.default_root(), log=log, exact_prefix=p["exact_prefix"]):
+            for row in ttft_transformers(models, mp, models.tokenizer, plan.ttft_lens, plan.repeats,
+                                         shm.default_root(), log=log, exact_prefix=plan.exact_prefix):
                 run.add(dict(base, status="ok", error=None, **row))
-        if p["backend"] in ("vllm", "both"):
+        if through_vllm:
             stage("vllm")
-            run_vllm(p, models, mp, mpath, seqs, run, base, log=log)
+            run_vllm(models, mp, mpath, seqs, run, base, prompt_len=plan.prompt_len, cont_len=plan.cont_len,
+                     agree_tokens=plan.agree_tokens, ttft_lens=plan.ttft_lens, concurrency=plan.concurrency,
+                     repeats=plan.repeats, exact_prefix=plan.exact_prefix, log=log)
     except BadInput:
         raise
     except Exception as ex:
@@ -233,21 +235,21 @@ def run_crossmodel(given: dict, run=None, log=print):
     return run
 
 
-def _models_and_texts(p: dict, run):
+def _models_and_texts(plan: CrossmodelPlan, run):
     """The pair's models, the calibration chunks and the held-out evaluation sequences (disjoint by document and
     family), recorded in the manifest."""
-    pair = plan_pair(p["large"], p["small"], p["layer_table"] or None, derive=True)
-    models = load_models(pair, dtype=getattr(torch, p["dtype"]))
+    pair = plan_pair(plan.large, plan.small, plan.layer_table or None, derive=True)
+    models = load_models(pair, dtype=getattr(torch, plan.dtype))
     run.update_manifest(pair=pair.to_dict(), small_note=(
         f"small model = the large model's first {pair.shared_layers} layers + final norm + head (no training); "
         f"layers 0..{pair.shared_layers - 1} are copied exactly, {pair.shared_layers}..{pair.large.layers - 1} mapped")
         if pair.shared_layers else "")
-    calib = calibration_chunks(models.tokenizer, p["corpora"], p["calib_seq_len"], p["calib_tokens"],
-                               val_by=p["calib_val"])
-    seqs = q.eval_sequences(models.tokenizer, p["corpora"], p["prompt_len"] + p["cont_len"], p["n_sequences"],
-                            seed=p["eval_seed"])
+    calib = calibration_chunks(models.tokenizer, plan.corpora, plan.calib_seq_len, plan.calib_tokens,
+                               val_by=plan.calib_val)
+    seqs = q.eval_sequences(models.tokenizer, plan.corpora, plan.prompt_len + plan.cont_len, plan.n_sequences,
+                            seed=plan.eval_seed)
     heldout.check_disjoint(calib, seqs)   # no evaluation window from a calibration document or family
-    run.update_manifest(split=heldout.split_record(calib, seqs, p["eval_seed"], heldout.overlap(calib, seqs)))
+    run.update_manifest(split=heldout.split_record(calib, seqs, plan.eval_seed, heldout.overlap(calib, seqs)))
     return models, calib, seqs
 
 

@@ -49,6 +49,7 @@ from labkit.crossmodel.mapper import Fitter, Mapper, solve
 from labkit.crossmodel.ttft import ttft_rows
 from labkit.params import BadInput, resolve_device
 from labkit.results import load_run
+from . import CrossmodelPlan
 
 # Published configuration values (Hugging Face config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B): both have
 # 28 layers, 16 query and 8 KV heads of 128 and tied embeddings; the 1.7B is twice as wide (hidden 2048,
@@ -212,8 +213,8 @@ def concurrent_ttft(models, mapper, T: int, c: int, repeats: int, seed: int, exa
 
 
 # ---- `labkit run crossmodel -p weights=seeded` ---------------------------------------------------------------------
-def check(given: dict) -> dict:
-    """The parameters of a seeded run, each problem one line (BadInput) before anything is built."""
+def check(given: dict) -> CrossmodelPlan:
+    """The plan of a seeded run (its device decided), each problem one line (BadInput) before anything is built."""
     p = dict(given)
     if p["weights"] != "seeded":
         raise BadInput(f"weights must be checkpoint or seeded, got {p['weights']!r}")
@@ -241,43 +242,47 @@ def check(given: dict) -> dict:
     if p["exact_prefix"] < 0:
         raise BadInput(f"exact_prefix must be >= 0, got {p['exact_prefix']}")
     p["device"] = str(resolve_device(p["device"]))
-    return p
+    return CrossmodelPlan.from_params(p)
 
 
-def run_seeded(p: dict, run=None, log=print):
+def run_seeded(plan: CrossmodelPlan, run=None, log=print):
     """Both models and the mapper once, then per prompt length and concurrency the two TTFT rows -> the run
     folder (kind=ttft, weights=seeded); returns the Run."""
     shown = log is not None
     log = log or (lambda *a, **k: None)
-    run = run or sweep.open_run(p, "crossmodel")
-    dev = torch.device(p["device"])
-    dtype = getattr(torch, p["dtype"])
-    points = [(n, c) for n in p["ttft_lens"] for c in p["concurrency"]]
+    run = run or sweep.open_run(plan.params, "crossmodel")      # the manifest records the plan as a dict
+    dev = torch.device(plan.device)
+    dtype = getattr(torch, plan.dtype)
+    points = [(n, c) for n in plan.ttft_lens for c in plan.concurrency]
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    base = {"experiment": "crossmodel", "device": dev.type, "gpu_name": gpu, "shape": f"{p['small']}->{p['large']}",
-            "weights": "seeded", "dtype": p["dtype"]}
+    base = {"experiment": "crossmodel", "device": dev.type, "gpu_name": gpu, "shape": f"{plan.small}->{plan.large}",
+            "weights": "seeded", "dtype": plan.dtype}
     bar = sweep.bar(2 + len(points), "crossmodel", shown)
     t_start = time.perf_counter()
     try:
         bar.set_postfix_str("models")
-        pair = pair_spec(p["large"], p["small"], p["seed"])
-        models = Models(pair, build(p["large"], p["seed"], dtype, dev), build(p["small"], p["seed"] + 1, dtype, dev), None)
-        run.update_manifest(pair=pair.to_dict(), shapes={p["large"]: SHAPES[p["large"]], p["small"]: SHAPES[p["small"]]},
+        pair = pair_spec(plan.large, plan.small, plan.seed)
+        # the small model's weights from the next seed, the seed `pair_spec` fingerprints it by
+        large, small = build(plan.large, plan.seed, dtype, dev), build(plan.small, plan.seed + 1, dtype, dev)
+        models = Models(pair, large, small, None)
+        shapes = {plan.large: SHAPES[plan.large], plan.small: SHAPES[plan.small]}
+        run.update_manifest(pair=pair.to_dict(), shapes=shapes,
                             seeded_note="published configuration values, seeded random weights (transformers' own "
                                         "initialization); both models on one device, no cache transfer timed")
         bar.update()
         bar.set_postfix_str("mapper")
-        mp = fit_mapper(models, p["seed"])
+        mp = fit_mapper(models, plan.seed)
         run.update_manifest(mapper={"features": FEATURES, "fit": f"closed-form ridge (relative lambda {LAMBDA}) on "
                                     f"{CALIB_TOKENS} seeded tokens", "rope": mp.rope,
-                                    "macs_per_token": mp.macs_per_token(), "dtype": p["dtype"]})
+                                    "macs_per_token": mp.macs_per_token(), "dtype": plan.dtype})
         bar.update()
         for n, c in points:
             bar.set_postfix_str(f"{n} tokens, c={c}")
+            prompts_seed = plan.seed + n        # each length its own prompts, the same at every concurrency
             if c == 1:
-                rows = single_ttft(models, mp, n, p["repeats"], p["seed"] + n, p["exact_prefix"])
+                rows = single_ttft(models, mp, n, plan.repeats, prompts_seed, plan.exact_prefix)
             else:
-                rows = concurrent_ttft(models, mp, n, c, p["repeats"], p["seed"] + n, p["exact_prefix"])
+                rows = concurrent_ttft(models, mp, n, c, plan.repeats, prompts_seed, plan.exact_prefix)
             for r in rows:
                 run.add(dict(base, status="ok", error=None, **r))
             log(f"TTFT {n} tokens, c={c}: large {rows[0]['ttft_ms_median']:.1f} ms, mapped {rows[1]['ttft_ms_median']:.1f} ms "
