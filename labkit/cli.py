@@ -309,7 +309,10 @@ def predict_values(text: str | None, what: str, top: int, sizes: bool) -> list[i
 
 def _predict_source(a):
     """The run `labkit predict` scales (named, or the published shape's reference run), checked: (run, its GPU, shape)."""
-    run = results.load_run(run_folder(a.run_dir or predict_default_run()))
+    # the reference run with the decode points docs/runs.toml joins to it (`reference_more`), as the docs read it
+    more = () if a.run_dir else [results.REPO / p for p in
+                                 (docs_runs.RUNS.get("reference_more") or {}).get(PREDICT_DEFAULT_RUN, ())]
+    run = results.load_run(run_folder(a.run_dir or predict_default_run()), more)
     m, mf = run.metrics, run.manifest
     name = a.run_dir or run.path.name
     if not mf.get("gpu_name"):

@@ -113,9 +113,9 @@ VARS: list[Var] = [
     _switch("LABKIT_W4_SPLIT_WAVES", "bool", False, "a W4A16 decode product's K split chosen by the waves its "
             "programs take, not rounded up to fill the multiprocessors", "w4_split_waves",
             "labkit.engine.model.grouped_gemv:W4_SPLIT_WAVES"),
-    _switch("LABKIT_W4_X_AHEAD", "bool", False, "a W4A16 decode product's x read as 32-bit pairs, each K tile's "
+    _switch("LABKIT_W4_X_AHEAD", "bool", True, "a W4A16 decode product's x read as 32-bit pairs, each K tile's "
             "loaded with its weight a tile ahead", "w4_x_ahead", "labkit.engine.model.grouped_gemv:W4_X_AHEAD"),
-    _switch("LABKIT_W4_ONE", "bool", False, "a dense W4A16 decode product's plan (one group of every row) taken as "
+    _switch("LABKIT_W4_ONE", "bool", True, "a dense W4A16 decode product's plan (one group of every row) taken as "
             "known by its kernel, not read at each program's start", "w4_one", "labkit.engine.model.w4_decode:W4_ONE"),
     _switch("LABKIT_W4_PIPE", "int", 0, "a W4A16 decode product's K loop a tile a turn under Triton's software "
             "pipeliner with this many stages (0: two tiles a turn by hand)", "w4_pipe",

@@ -504,8 +504,11 @@ def read_manifest(path: str | Path) -> dict:
 
 
 class LoadedRun:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, more: tuple = ()):
+        """`more`: run folders whose decode points join this run's metrics (a grid whose strategies one device
+        sitting measured in two processes, read as one, as docs/runs.toml's `reference_more` names them)."""
         self.path = Path(path)
+        self.more = tuple(Path(p) for p in more)
         mf = self.path / "manifest.json"
         if not mf.is_file():
             raise FileNotFoundError(f"{self.path} is not a run folder: no manifest.json")
@@ -526,6 +529,9 @@ class LoadedRun:
     @property
     def metrics(self) -> pd.DataFrame:
         df = self.table("metrics")
+        for p in self.more:
+            o = LoadedRun(p).metrics
+            df = pd.concat([df, o[o["experiment"] == "decode"]], ignore_index=True)
         if "experiment" in df and df["experiment"].isin(list(RENAMED_EXPERIMENTS)).any():
             df["experiment"] = df["experiment"].replace(RENAMED_EXPERIMENTS)
         return df if not df.empty else pd.DataFrame(columns=METRIC_COLUMNS)
@@ -544,8 +550,8 @@ def _writers() -> list[dict]:
     return out
 
 
-def load_run(path: str | Path) -> LoadedRun:
-    return LoadedRun(path)
+def load_run(path: str | Path, more: tuple = ()) -> LoadedRun:
+    return LoadedRun(path, more)
 
 
 # The results folder's one folder that is not a run: the assets its reports share (plotly.js, `report.assets`)

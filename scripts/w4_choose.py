@@ -7,11 +7,13 @@ one request and four) take the least time together; printed as the engine switch
 import json
 import sys
 
-# a variant's engine switches (`labkit/envs.py`); a variant not here is not a candidate
-SWITCHES = {"default": {}, "xahead": {"LABKIT_W4_X_AHEAD": "1"},
-            "xahead-one": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_ONE": "1"},
-            "xahead-pipe3": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_PIPE": "3"},
-            "xahead-pipe4": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_PIPE": "4"}}
+# a variant's engine switches (`labkit/envs.py`), each spelled out so a variant means the same whatever the
+# defaults are (`default`: the engine's own); a variant not here is not a candidate
+SWITCHES = {"default": {},
+            "xahead": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_ONE": "0", "LABKIT_W4_PIPE": "0"},
+            "xahead-one": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_ONE": "1", "LABKIT_W4_PIPE": "0"},
+            "xahead-pipe3": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_ONE": "0", "LABKIT_W4_PIPE": "3"},
+            "xahead-pipe4": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_ONE": "0", "LABKIT_W4_PIPE": "4"}}
 PARTS = {("dense", 1), ("dense", 4), ("experts", 1), ("experts", 4)}
 
 

@@ -124,8 +124,8 @@ def test_the_3090_rows_scale_the_published_shapes_run(rows):
     # the published length reached: judged (provisionally: the scaling to the box is unchecked), not out of regime
     assert pre.verdict.verdict != C.OUT_OF_REGIME and pre.verdict.provisional
     assert "3× RTX 3090" in pre.settle
-    for key in ("sparse-bytes-step", "sparse-link-at-80", "sparse-index-bytes"):
-        assert by[key].runs() == [ref], key
+    for key in ("sparse-bytes-step", "sparse-link-at-80", "sparse-index-bytes"):     # the reference grid's runs
+        assert by[key].runs()[0] == ref and set(by[key].runs()) <= {ref, *box.reference_more()}, key
 
 
 def test_the_pcie_row_reads_the_published_shapes_decode_grid(rows):

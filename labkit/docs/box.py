@@ -22,11 +22,22 @@ def reference_run() -> str:
     return RUNS["reference"][REFERENCE_GPU]
 
 
+def reference_more() -> list[str]:
+    """Runs whose decode points join the reference run's (`reference_more.h100`: strategies a device sitting
+    measured in another process)."""
+    return list((RUNS.get("reference_more") or {}).get(REFERENCE_GPU, ()))
+
+
+def reference_metrics() -> pd.DataFrame:
+    """The reference run's metrics with the decode points of `reference_more` joined."""
+    return load_run(REPO / reference_run(), [REPO / p for p in reference_more()]).metrics
+
+
 def run_setup(run: str) -> dict:
     """A committed decode run as `labkit predict` reads it: metrics, shape (its manifest's), source GPU, host RAM
     bandwidth, and the run in words (shape, weights, GPU)."""
     lr = load_run(REPO / run)
-    mf, m = lr.manifest, lr.metrics
+    mf, m = lr.manifest, (reference_metrics() if run == reference_run() else lr.metrics)
     shape = shape_for_run(mf["parameters"]["shape"], mf.get("shape_rev"))
     source = C.gpu_for_name(mf.get("gpu_name") or "")
     host = C.check_host_gbps((mf.get("host_memory_bandwidth") or {}).get("copy_all_gbps"))

@@ -83,10 +83,18 @@ def split_plan_table(name: str = "qwen3.8-flash-next", cards: int = 3, context_l
 
 
 # ---- the grid as measured --------------------------------------------------------------------------------------
-def grid_table(path: str) -> str:
-    """Decode tok/s per strategy at each context and concurrency, the experts a step read, and prefill tok/s."""
-    run, shape = _run(path)
+def _with_more(path: str, more: tuple = ()):
+    """(the run at `path`, its shape, its metrics with the decode points of the runs `more` joined, and the
+    paths named): a grid whose strategies a device sitting measured in two processes is one table."""
+    run = load_run(REPO / path, [REPO / p for p in more])
     m = run.metrics
+    return run, metrics_shape(m), m, ", ".join(f"`{p}`" for p in (path, *more))
+
+
+def grid_table(path: str, more: tuple = ()) -> str:
+    """Decode tok/s per strategy at each context and concurrency, the experts a step read, and prefill tok/s;
+    `more`: runs whose decode points join the table (the same GPU, shape and weights)."""
+    run, shape, m, named = _with_more(path, more)
     d = m[(m["experiment"] == "decode") & (m["status"] == "ok")]
     if "axis" in d:
         d = d[d["axis"] == "context"]
@@ -100,7 +108,7 @@ def grid_table(path: str) -> str:
         rows.append(r)
     failed = m[(m["experiment"] == "decode") & (m["status"] != "ok")]
     out = [f"{shape.name}, {run.manifest.get('parameters', {}).get('weights_dtype', 'bf16')} weights, on "
-           f"{run.manifest.get('gpu_name')} (`{path}`); tok/s with the step's fastest–slowest repeat.",
+           f"{run.manifest.get('gpu_name')} ({named}); tok/s with the step's fastest–slowest repeat.",
            "", _md(pd.DataFrame(rows).fillna("—"))]
     if not failed.empty:
         out += ["", "Points that did not run: " + "; ".join(
@@ -113,11 +121,11 @@ def grid_table(path: str) -> str:
     return "\n".join(out)
 
 
-def anatomy_of(path: str) -> str:
+def anatomy_of(path: str, more: tuple = ()) -> str:
     """Where each decode step's time goes, phase by phase (the runner's anatomy: a graph with an event at every
-    phase boundary), for every point of the run's grid; only the phases this shape has."""
-    run, shape = _run(path)
-    d = run.metrics
+    phase boundary), for every point of the run's grid (and of `more`, as `grid_table`); only the phases this
+    shape has."""
+    run, shape, d, named = _with_more(path, more)
     d = d[(d["experiment"] == "decode") & (d["status"] == "ok") & d["anat_closure"].notna()]
     if "axis" in d:
         d = d[d["axis"] == "context"]
@@ -131,7 +139,7 @@ def anatomy_of(path: str) -> str:
         row["step ms"] = f"{r['step_ms_median']:.2f}"
         rows.append(row)
     return (f"{shape.name}, {run.manifest.get('parameters', {}).get('weights_dtype', 'bf16')} weights, on "
-            f"{run.manifest.get('gpu_name')} (`{path}`); ms per phase of the step, the phases' sum over the unmarked "
+            f"{run.manifest.get('gpu_name')} ({named}); ms per phase of the step, the phases' sum over the unmarked "
             f"step as the accounting's check:\n\n{_md(pd.DataFrame(rows))}")
 
 
@@ -602,9 +610,10 @@ def producers(runs: dict) -> dict[str, Callable[[], str]]:
     out = {"reference-step-bytes": partial(step_bytes_table), "reference-split-plan": partial(split_plan_table),
            "peer-bound": partial(peer_bound_table)}
     ref = runs.get("reference") or {}
+    more = runs.get("reference_more") or {}
     for gpu, path in ref.items():
-        out[f"reference-grid-{gpu}"] = partial(grid_table, path)
-        out[f"reference-anatomy-{gpu}"] = partial(anatomy_of, path)
+        out[f"reference-grid-{gpu}"] = partial(grid_table, path, tuple(more.get(gpu, ())))
+        out[f"reference-anatomy-{gpu}"] = partial(anatomy_of, path, tuple(more.get(gpu, ())))
     if {"h100", "h200"} <= set(ref):
         out["costmodel-cross"] = partial(cross_table, ref["h200"], ref["h100"])
     if ref:

@@ -163,10 +163,10 @@ PREFILL_SETTLE_BOX = ("a 248K prefill of the published shape on 3× RTX 3090 (th
 
 
 def _reference() -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The published shape's decode run (`reference.h100`): its decode table by (strategy, c, context), its
-    metrics, the run."""
+    """The published shape's decode run (`reference.h100`, with `reference_more`'s points): its decode table by
+    (strategy, c, context), its metrics, the run."""
     run = box.reference_run()
-    m = load_run(REPO / run).metrics
+    m = box.reference_metrics()
     return S.decode_table(m).set_index(["strategy", "concurrency", "context_len"]), m, run
 
 
@@ -222,7 +222,8 @@ def _sparse_shape_claims(sys, shape, budget: int, d, top: int, gpu_name: str, ru
                                   f"host-to-device bytes per decode step counted by the engine, zero_copy, c = 1, budget "
                                   f"{budget:,}", (run,), f"the same layout and budget; one {gpu_name}", "MiB"),
                      strongest=_one(hot["h2d_bytes_per_step"] / 2**20, f"the hot cache's bytes per step at {_ctx(top)}, "
-                                    "c = 1 (only misses cross)", [run], "MiB", how="one process")))
+                                    "c = 1 (only misses cross)", [run, *box.reference_more()], "MiB",
+                                    how="one process")))
     rate = DECODE_BELOW.value     # the published ~80 tok/s the ~3.9 GB/s is quoted at
     out.append(Claim("sparse-link-at-80", sys, LINK_AT_80,
                      construction=_one(step * rate / 1e9, f"the shape's arithmetic ({shape.name}), ({arithmetic}) × "

@@ -423,11 +423,13 @@ W4_ROWS_PDL = True                         # programmatic dependent launch where
 W4_SPLIT_WAVES = envs.owner_value("LABKIT_W4_SPLIT_WAVES")
 W4_PROGRAM_TILES = 2
 # x read as 32-bit pairs (`_w4_mac`'s XP), and with them each tile's x loaded with its weight a tile ahead
-# (`_w4_xtile`, the switch `w4_x_ahead`): off until timed on a GPU (the weight bench's `xpairs` and `xahead`)
+# (`_w4_xtile`, the switch `w4_x_ahead`, on: the 64K step at one request 6.67 -> 6.39 ms on an H100 with `w4_one`,
+# results/20261207-221140-reference-w4a16-h100)
 W4_X_PAIRS = False
 W4_X_AHEAD = envs.owner_value("LABKIT_W4_X_AHEAD")
 # the K loop as one tile a turn under Triton's software pipeliner with this many stages (0: two tiles a turn loaded
-# by hand, each while the other multiplies; the switch `w4_pipe`): off until timed on a GPU (the bench's `pipe`)
+# by hand, each while the other multiplies; the switch `w4_pipe`): off, 5-12% slower at one request on an H100
+# (results/20261207-220700-reference-checks-h100/weights_bench.json)
 W4_PIPE = envs.owner_value("LABKIT_W4_PIPE")
 W4_MAXNREG = {}                # glu: registers a thread ptxas may use (none given: its choice; fewer, more programs)
 
