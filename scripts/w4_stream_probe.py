@@ -4,7 +4,7 @@ time is the access pattern's and the occupancy's alone. Two layouts of the same 
 weight row's K/8 words contiguous, a tile BN rows x W words at the row stride) and `tiled` (each tile's BN x W
 words one contiguous block, the blocks of a row block in K order: what a kernel reading 16 B a thread sees).
 
-    python3 scripts/w4_stream_probe.py OUT_DIR          # on a GPU; about a minute on an H100
+    python3 scripts/w4_stream_probe.py OUT_DIR          # on a GPU; about 15 s on an H100 (the two matrices, 160 points)
     TRITON_INTERPRET=1 python3 scripts/w4_stream_probe.py OUT_DIR --dry-run   # the script on CPU
 
 Times each point in a CUDA graph over copies of the weight that L2 cannot hold (median of replays) beside a
