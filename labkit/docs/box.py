@@ -28,16 +28,21 @@ def reference_more() -> list[str]:
     return list((RUNS.get("reference_more") or {}).get(REFERENCE_GPU, ()))
 
 
+def _load(run: str):
+    """A committed run, with `reference_more`'s decode points joined where it is the reference run."""
+    return load_run(REPO / run, [REPO / p for p in reference_more()] if run == reference_run() else ())
+
+
 def reference_metrics() -> pd.DataFrame:
     """The reference run's metrics with the decode points of `reference_more` joined."""
-    return load_run(REPO / reference_run(), [REPO / p for p in reference_more()]).metrics
+    return _load(reference_run()).metrics
 
 
 def run_setup(run: str) -> dict:
     """A committed decode run as `labkit predict` reads it: metrics, shape (its manifest's), source GPU, host RAM
     bandwidth, and the run in words (shape, weights, GPU)."""
-    lr = load_run(REPO / run)
-    mf, m = lr.manifest, (reference_metrics() if run == reference_run() else lr.metrics)
+    lr = _load(run)
+    mf, m = lr.manifest, lr.metrics
     shape = shape_for_run(mf["parameters"]["shape"], mf.get("shape_rev"))
     source = C.gpu_for_name(mf.get("gpu_name") or "")
     host = C.check_host_gbps((mf.get("host_memory_bandwidth") or {}).get("copy_all_gbps"))

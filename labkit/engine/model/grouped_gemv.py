@@ -214,10 +214,9 @@ if HAVE_TRITON:
     def _w4_by_hand(acc, acc_u, qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, N, w_se, w_sn, s_se, s_sn, x_ptr, rows,
                     x_st, magic, MR: tl.constexpr, GT: tl.constexpr, XP: tl.constexpr, PRE: tl.constexpr,
                     GLU: tl.constexpr, GDC: tl.constexpr, EARLY: tl.constexpr):
-        """The K loop two tiles a turn, each loaded while the other multiplies; EARLY (with GDC): the first tiles
-        read before the wait on the kernel before, whose output x is."""
-        # two tiles an iteration, each loaded while the other multiplies (a tile past t_end loads as 0 and
-        # adds 0): loop-carried tiles kept in place, where one tile a turn cost a register move a word
+        """The K loop two tiles a turn, each loaded while the other multiplies (a tile past t_end loads as 0 and
+        adds 0; loop-carried tiles kept in place, where one tile a turn cost a register move a word); EARLY (with
+        GDC): the first tiles read before the wait on the kernel before, whose output x is."""
         b, sc, z = _w4_load(qw_ptr, s_ptr, z_ptr, e, n, nm, t0, t_end, K, w_se, w_sn, s_se, s_sn, GT)
         bu, scu, zu = b, sc, z
         if GLU:
