@@ -164,6 +164,10 @@ KERNEL = textwrap.dedent('''
         w4_decode.W4_ONE, G.W4_PIPE = True, 3
         try:
             assert torch.equal(grouped_gemv(x, w, Groups.one(R, "cpu"), glu=True, split=3), read), R
+            # the plan not read at all: its count zeroed, the fixed plan's product is still whole
+            one = Groups.one(R, "cpu")
+            unread = Groups(one.tok, one.wid, one.seg, torch.zeros_like(one.n_groups), fixed=True)
+            assert torch.equal(grouped_gemv(x, w, unread, glu=True, split=3), read), R
         finally:
             w4_decode.W4_ONE, G.W4_PIPE = False, 0
     # a dense W4A16 product of a prefill chunk's rows: the weight dequantised by one kernel, then a GEMM
