@@ -144,9 +144,10 @@ def anatomy_of(path: str, more: tuple = ()) -> str:
 
 
 # ---- the cost model across two GPUs --------------------------------------------------------------------------
-def cross_frame(a_path: str, b_path: str) -> pd.DataFrame:
-    """Every point measured in both runs predicted in both directions (`costmodel.cross_check`)."""
-    (ra, sa), (rb, _) = _run(a_path), _run(b_path)
+def cross_frame(a_path: str, b_path: str, a_more: tuple = (), b_more: tuple = ()) -> pd.DataFrame:
+    """Every point measured in both runs predicted in both directions (`costmodel.cross_check`); `a_more`,
+    `b_more`: runs whose decode points join each side's (a grid measured in two processes)."""
+    (ra, sa, _, _), (rb, _, _, _) = _with_more(a_path, a_more), _with_more(b_path, b_more)
     ga, gb = _source_gpu(ra.manifest), _source_gpu(rb.manifest)
     out = []
     for src, tgt, gs, gt in ((ra, rb, ga, gb), (rb, ra, gb, ga)):
@@ -165,8 +166,8 @@ def cross_summary(x: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def cross_table(a_path: str, b_path: str) -> str:
-    x = cross_frame(a_path, b_path)
+def cross_table(a_path: str, b_path: str, a_more: tuple = (), b_more: tuple = ()) -> str:
+    x = cross_frame(a_path, b_path, a_more, b_more)
     rows = [{"direction": r["direction"], "kind": r["kind"], "strategy": r["strategy"], "context": _ctx(r["context_len"]),
              "c": int(r["concurrency"]), "source ms": f"{r['source_ms']:.2f}", "predicted ms": f"{r['predicted_ms']:.2f}",
              "measured ms": f"{r['measured_ms']:.2f}", "error": f"{r['error']:+.1%}"} for _, r in x.iterrows()]
@@ -615,7 +616,8 @@ def producers(runs: dict) -> dict[str, Callable[[], str]]:
         out[f"reference-grid-{gpu}"] = partial(grid_table, path, tuple(more.get(gpu, ())))
         out[f"reference-anatomy-{gpu}"] = partial(anatomy_of, path, tuple(more.get(gpu, ())))
     if {"h100", "h200"} <= set(ref):
-        out["costmodel-cross"] = partial(cross_table, ref["h200"], ref["h100"])
+        out["costmodel-cross"] = partial(cross_table, ref["h200"], ref["h100"], tuple(more.get("h200", ())),
+                                         tuple(more.get("h100", ())))
     if ref:
         out["peer-rtx3090"] = partial(peer_table, ref.get("h200") or next(iter(ref.values())))
     if runs.get("reference_portable"):
