@@ -23,7 +23,7 @@ HEADLINES = [
     ("sparse-link-at-80", "sparse", "~3.9 GB/s at 80 tok/s"), ("sparse-index-bytes", "sparse", "66 B"),
     ("sparse-1m-box", "sparse", "1M context on 3× RTX 3090 without KV quantization"),
     ("flash-prefill-throughput", "flash", "1.38×"), ("flash-prefill-dense", "flash", "dense attention"),
-    ("flash-decode-goodput", "flash", "1.91×"),
+    ("flash-decode-goodput", "flash", "1.91×"), ("flash-same-tokens", "flash", "attended tokens"),
     ("pulse-throughput", "pulse", "2.6×"), ("pulse-tpot", "pulse", "76% lower TPOT"), ("pulse-vs-no-offload", "pulse", "4.7×"),
     ("pulse-small-transfers", "pulse", "~6 GB/s"), ("pulse-longbench", "pulse", "LongBench"),
     ("pulse-threshold", "pulse", "static length threshold"),
@@ -448,3 +448,19 @@ def test_the_card_rows_carry_the_closed_rule(rows):
         c = by[key]
         if c.terms is not None and c.terms.median is not None and c.terms.median[1] <= C.NO_EFFECT * (1 + C.MIN_EFFECT):
             assert c.verdict.verdict in (C.FAILS, C.OUT_OF_REGIME), key
+
+
+def test_the_same_tokens_row_counts_each_offloaded_point_against_resident_at_its_own_point():
+    """FlashOffloading's identical-results row: an offloaded point counts against the resident row of its own
+    context, batch, budget and step count; a differing hash is named, a point with no resident row is left out."""
+    import pandas as pd
+
+    from labkit.docs.claims.flash import differing_points
+    rows = [("resident", 65536, 1, "a"), ("zero_copy", 65536, 1, "a"), ("hot_cache", 65536, 1, "b"),
+            ("resident", 65536, 4, "c"), ("zero_copy", 65536, 4, "c"), ("zero_copy", 1 << 20, 4, "d")]
+    m = pd.DataFrame([{"strategy": s, "context_len": x, "concurrency": c, "budget": 2048, "logits_after_steps": 32,
+                       "logits_sha": h} for s, x, c, h in rows])
+    off, differ = differing_points(m)
+    assert len(off) == 3 and differ == ["hot_cache 64K c=1"]
+    m.loc[4, "logits_after_steps"] = 31        # another step count is another point: no resident row for it
+    assert len(differing_points(m)[0]) == 2

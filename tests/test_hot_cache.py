@@ -418,3 +418,25 @@ def test_fused_decode_under_interpreter_on_the_same_selections():
                        env={**os.environ, "TRITON_INTERPRET": "1", "LABKIT_DN_FUSED": "0"})
     assert p.returncode == 0 and "fused ok" in p.stdout, p.stdout[-1000:] + p.stderr[-3000:]
     print(p.stdout.splitlines()[0])
+
+
+def test_a_decode_run_gives_every_strategy_the_resident_logits(tmp_path):
+    """FlashOffloading's "the set of attended tokens does not change, only where the data lives": one decode run
+    on the CPU over resident, zero_copy and hot_cache (the KV in another pool and read through another path) at
+    two contexts and batches. Each point's `logits_sha` is the resident's at the same point and step count, and
+    the points differ from each other (the hash sees the context: a constant would pass the first check)."""
+    import pandas as pd
+
+    from labkit import experiments
+    out = tmp_path / "run"
+    plan = experiments.plan("decode", {"device": "cpu", "shape": "tiny", "context_lens": "256,640", "budgets": "32",
+                                       "concurrency": "1,2", "strategies": "resident,zero_copy,hot_cache",
+                                       "repeats": "1", "steps": "2", "prefill_lens": "", "probe": "false",
+                                       "anatomy": "false", "out_dir": str(out)})
+    experiments.run(plan, progress_bar=False)
+    d = pd.read_parquet(out / "metrics.parquet")
+    d = d[d["experiment"] == "decode"]
+    assert (d["status"] == "ok").all() and len(d) == 12
+    by_point = d.groupby(["context_len", "concurrency", "logits_after_steps"])["logits_sha"]
+    assert (by_point.nunique() == 1).all(), d[["strategy", "context_len", "concurrency", "logits_sha"]]
+    assert by_point.first().nunique() == 4

@@ -13,6 +13,7 @@ Everything here reads the decode plan's fields (`grid.plan.steps`), never a dict
 from __future__ import annotations
 
 import gc
+import hashlib
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -194,6 +195,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, grid: DecodeGrid, te
     stage_caches = caches.get(strat.medium, concurrency, context_len)
     for cache in stage_caches:
         cache.set_lengths(context_len, slice(0, concurrency))
+        cache.random_states_(plan.seed)     # the states the fill left, whatever points ran before (`logits_sha`)
     runner, runners = _runners(stages, stage_caches, pt, grid, trace)
     slow = strat.slow             # ~0.4 s a step per request (per_row): fewer steps, one repeat, no anatomy
     steps, repeats = (plan.per_row_steps, 1) if slow else (plan.steps, plan.repeats)
@@ -206,6 +208,7 @@ def measure_decode(stages: list, caches: Caches, pt: Point, grid: DecodeGrid, te
     t_start = time.time()
     times, rx, tx, rx_ok, per_gpu = _timed_steps(runner, dev, tel, steps, repeats)
     n = len(times)
+    sha = logits_sha(runners[len(stages) - 1::len(stages)])    # before the anatomy's steps move the lengths on
     experts_read = sum(int(r.state.experts_read.item()) for r in runners)
     t = spread(times)
     used_kv = concurrency * context_len * shape.kv_bytes_per_token()
@@ -244,6 +247,10 @@ def measure_decode(stages: list, caches: Caches, pt: Point, grid: DecodeGrid, te
         "selection": plan.selection, "t_start": t_start, "t_end": time.time(),
         "device_mem_peak_bytes": sum(torch.cuda.max_memory_allocated(st.device) for st in stages) if cuda else None,
         **strat.settings(),
+        # the logits after the point's warm-up and timed steps (each advances every request a position): equal
+        # to the resident strategy's at the same point and step count where an offloaded strategy attends the
+        # same tokens with the same arithmetic, only from another memory (FlashOffloading's "results identical")
+        "logits_sha": sha, "logits_after_steps": (1 if slow else 2) + steps * repeats,
     }
     rec.update(counted_per_step(runners, counted, n))
     if rec["nvml_rx_bytes_per_step"] is not None and rec["h2d_bytes_per_step"]:
@@ -257,6 +264,15 @@ def measure_decode(stages: list, caches: Caches, pt: Point, grid: DecodeGrid, te
         rec.update(_anatomy_fields(runner, dev, t.median))
     del runner, runners
     return rec
+
+
+def logits_sha(last_stage: list) -> str:
+    """The first 16 hex digits of the SHA-256 of the last stage's logits, each micro-batch's in order (their
+    bytes as computed: any difference in a selected row or in the arithmetic changes it)."""
+    h = hashlib.sha256()
+    for r in last_stage:
+        h.update(r.state.logits.detach().contiguous().view(torch.int16).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _runners(stages: list, stage_caches: list, pt: Point, grid: DecodeGrid, trace) -> tuple:

@@ -8,6 +8,7 @@ from ...experiments.capacity.tables import capacity_rows
 from ...experiments.prefill.tables import prefill_rows
 from ...report.units import tokens_label as _ctx
 from ...results import REPO, load_run
+from .. import box
 from ..box import run_shape
 from ..runs import RUNS
 from .common import PUBLISHED_CONTEXT, PUBLISHED_TPOT_MS, across as _across, ok_metrics as _metrics
@@ -20,6 +21,9 @@ FLASH_DENSE = Published(1.38, "the prefill gain holds for dense attention too", 
                         "(the decode gain needs a built-in sparse indexer; the prefill gain does not)")
 FLASH_DECODE = Published(1.91, "1.91× decode throughput at a 30 ms TPOT limit", "offload in both stages vs none, same "
                          "accelerator memory, GLM-5.2 (MTP3), Ascend 910C")
+FLASH_SAME = Published(0, "the set of attended tokens does not change, only where it is stored",
+                       "decode with the KV offloaded against resident: results identical", "absolute",
+                       unit="points that differ")
 
 _PREFILL_SETTLE = ("a FlashOffloading prefill-throughput run at a point where the device cap squeezes `none`'s chunk below "
                    "`prefill`'s, or where `none` cannot hold one prompt (docs/prefill-capacity.md names such points), "
@@ -123,6 +127,40 @@ def _goodput_regime(runs: list[str], limit: float) -> str:
         + "); the published figure is throughput where the limit decides the batch")
 
 
+def differing_points(m: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """(the offloaded decode rows that have a resident row at the same context, batch, budget and step count,
+    the labels of those whose `logits_sha` is not the resident's)."""
+    key = ["context_len", "concurrency", "budget", "logits_after_steps"]
+    res = m[m["strategy"] == "resident"].set_index(key)["logits_sha"]
+    off = m[(m["strategy"] != "resident") & m.set_index(key).index.isin(res.index)]
+    differ = [f"{r.strategy} {_ctx(r.context_len)} c={int(r.concurrency)}" for r in off.itertuples()
+              if r.logits_sha != res.loc[tuple(getattr(r, k) for k in key)]]
+    return off, differ
+
+
+def _same_outputs(sys) -> Claim:
+    """Offloaded decode's outputs against resident's, point for point, on the published shape's decode grid: the
+    logits after the same steps (`logits_sha`) of every offloaded strategy against the resident strategy's at the
+    same context, batch and budget (a count of the points that differ; the publication's is zero)."""
+    run = box.reference_run()
+    m = box.reference_metrics()
+    m = m[(m["experiment"] == "decode") & (m["status"] == "ok")]
+    settle = ("the published shape's decode grid re-run with each point's `logits_sha` (plans/reference-model.toml "
+              "`decode-w4a16`), named `reference` in docs/runs.toml")
+    if "logits_sha" not in m or m["logits_sha"].isna().all():
+        return Claim("flash-same-tokens", sys, FLASH_SAME, settle=settle)
+    off, differ = differing_points(m)
+    n, gpu_name = len(off), str(m["gpu_name"].dropna().iloc[0]).replace("NVIDIA ", "")
+    strategies = ", ".join(sorted(off["strategy"].unique()))
+    what = (f"decode points whose logits after the same steps (SHA-256) differ from the resident strategy's at the same "
+            f"context, batch and budget: {strategies} against resident, {n} points"
+            + (f" (differ: {', '.join(differ)})" if differ else ""))
+    terms = Figure(float(len(differ)), float(len(differ)), float(len(differ)), "one process a point", what,
+                   (run, *box.reference_more()), f"the published shape in W4A16 on one {gpu_name}; the lab's selection "
+                   "and attention, not FlashOffloading's fused kernel", "points")
+    return Claim("flash-same-tokens", sys, FLASH_SAME, terms=terms, settle=settle)
+
+
 def flash_claims() -> list[Claim]:
     HOT_DECODE_RUNS = [tuple(x) for x in RUNS["hot_decode"]]
     sys = SYSTEMS["flash"]
@@ -164,5 +202,6 @@ def flash_claims() -> list[Claim]:
                      regime=_goodput_regime(RUNS["repeats_capacity"], limit),
                      settle="a capacity run where the TPOT limit binds: a device cap and request length at which none's "
                             "and both's largest batches within the limit are smaller than the batches memory allows"))
+    out.append(_same_outputs(sys))
     return out
 

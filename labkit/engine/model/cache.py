@@ -127,11 +127,13 @@ class OffloadCache:
         c.pool = pool
         c.pages.map_all_slots(pool.n_pages, per_slot)
         c.index.fill_random_(seed + 1)
-        c._random_states(seed)
+        c.random_states_(seed)
         c.set_lengths(context)
         return c
 
-    def _random_states(self, seed: int) -> None:
+    def random_states_(self, seed: int) -> None:
+        """The DeltaNet states and conv windows at seeded random values (every decode step changes them: a
+        measurement that compares its points' outputs starts each from these)."""
         g = torch.Generator(device=self.dn_state.device).manual_seed(seed + 2)
         self.dn_state.normal_(0, 0.02, generator=g)
         self.dn_conv.normal_(0, 1.0, generator=g)
@@ -143,7 +145,7 @@ class OffloadCache:
             self.pages.reserve(slot, self.capacity)
         self.pool.fill_random_(seed)
         self.index.fill_random_(seed + 1)
-        self._random_states(seed)
+        self.random_states_(seed)
         self.lens.copy_(torch.tensor(context_lens, dtype=torch.int64))
 
 

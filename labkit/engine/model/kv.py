@@ -74,18 +74,16 @@ class KVPool:
         weakref.finalize(self, rt.cudaHostUnregister, ptr)
 
     def fill_random_(self, seed: int) -> None:
-        """Seeded random rows of moderate magnitude (decode time does not depend on values; never zeros)."""
-        dev = self.data.device
-        g = torch.Generator(device=dev).manual_seed(seed)
+        """Seeded random rows of moderate magnitude (decode time does not depend on values; never zeros): one
+        64 MiB random block from the CPU's generator tiled over the pool (randn over 96 GiB would take minutes;
+        a memcpy-speed fill takes seconds), the same bytes whichever memory the pool is in, so a strategy that
+        reads the KV from host RAM attends the very rows a resident one does and its outputs can be compared
+        with the resident's bit for bit (the decode rows' `logits_sha`)."""
         flat = self.data.view(torch.bfloat16).view(-1)
         if flat.numel() == 0:      # a pipeline stage without QSA layers holds no KV
             return
-        if dev.type == "cuda":
-            flat.normal_(generator=g)
-            return
-        # Host: one 64 MiB random block tiled over the pool (randn over 96 GiB would take minutes; a
-        # memcpy-speed fill takes seconds; decode time does not depend on the values).
-        block = torch.randn(min(flat.numel(), 1 << 25), generator=g).to(torch.bfloat16)
+        g = torch.Generator().manual_seed(seed)
+        block = torch.randn(min(flat.numel(), 1 << 25), generator=g).to(torch.bfloat16).to(self.data.device)
         for s in range(0, flat.numel(), block.numel()):
             part = flat[s:s + block.numel()]
             part.copy_(block[:part.numel()])
