@@ -270,8 +270,8 @@ def _run_folder(path, rows, **manifest):
 
 def test_a_ladder_run_named_in_runs_toml_decides_pulseinfers_rows(tmp_path, monkeypatch):
     rows = []
-    for w in range(8):
-        for i, rung in enumerate(C.LADDER):
+    for w in range(8):      # a ladder without the prefetch baseline (the next test has it)
+        for i, rung in enumerate(r for r in C.LADDER if r != "prefetch"):
             rows.append({"rung": rung, "window": w, "output_throughput": 100.0 * (1 + 0.4 * i) * (1 + 0.01 * w if i == 4 else 1),
                          "tpot_ms_p99": 50.0 / (1 + 0.5 * i)})
         rows.append({"rung": C.NO_OFFLOAD_ARM, "window": w, "output_throughput": 50.0, "tpot_ms_p99": 10.0})
@@ -464,3 +464,35 @@ def test_the_same_tokens_row_counts_each_offloaded_point_against_resident_at_its
     assert len(off) == 3 and differ == ["hot_cache 64K c=1"]
     m.loc[4, "logits_after_steps"] = 31        # another step count is another point: no resident row for it
     assert len(differing_points(m)[0]) == 2
+
+
+def test_the_best_offload_system_is_the_better_baseline_in_each_window():
+    """With the prefetch baseline in a ladder run, a PulseInfer ratio is to the better of the two baselines in
+    each window: the higher throughput, the lower TPOT (a ratio to per_head alone would flatter PulseInfer
+    wherever the prefetch is faster)."""
+    import pandas as pd
+    rows = []
+    for w, (ph, pf) in enumerate([(100.0, 125.0), (100.0, 80.0)]):
+        for rung, tput, tpot in (("per_head", ph, 1e3 / ph), ("prefetch", pf, 1e3 / pf), ("adaptive", 150.0, 1e3 / 150)):
+            rows.append({"window": w, "rung": rung, "output_throughput": tput, "tpot_ms_p99": tpot})
+    m = pd.DataFrame(rows)
+    assert list(C.ladder_ratios(m, "output_throughput")) == pytest.approx([150 / 125, 150 / 100])
+    assert list(C.ladder_ratios(m, "tpot_ms_p99")) == pytest.approx([125 / 150, 100 / 150])
+    alone = m[m["rung"] != "prefetch"]
+    assert list(C.ladder_ratios(alone, "output_throughput")) == pytest.approx([1.5, 1.5])
+
+
+def test_two_processes_of_a_ladder_measure_the_noise_between_repeats():
+    """The same windows replayed in two processes: the noise is the median over windows of the ratio's spread
+    between processes over their mean; one process has none."""
+    import pandas as pd
+
+    from labkit.docs.claims.pulse import repeat_noise
+    rows = []
+    for p, (a, b) in enumerate([(120.0, 150.0), (130.0, 150.0)]):      # window 0's, window 1's adaptive throughput
+        for w, top in enumerate((a, b)):
+            rows += [{"process": p, "window": w, "rung": "per_head", "output_throughput": 100.0},
+                     {"process": p, "window": w, "rung": "adaptive", "output_throughput": top}]
+    m = pd.DataFrame(rows)
+    assert repeat_noise(m, "output_throughput") == pytest.approx((0.1 / 1.25 + 0.0) / 2)
+    assert repeat_noise(m[m["process"] == 0], "output_throughput") is None

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 # switching and adaptive constants given; the auto cap holds one request at a time
 DECODE = {"device": "cpu", "windows": "1", "window_size": "3", "calibration_windows": "0", "thresholds": "40",
           "adaptive_min_tokens": "16", "rate": "20", "warmup": "false", "resident_slots": "3", "offload_slots": "3",
-          "disaggregated": "true", "max_output": "0", "output_scale": "0.01"}
+          "disaggregated": "true", "max_output": "0", "output_scale": "0.01", "prefetch": "true"}
 
 
 def test_handed_over_requests_run_no_prefill_and_decode_the_same_tokens_in_either_pool():

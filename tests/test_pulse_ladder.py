@@ -12,12 +12,13 @@ from labkit import experiments
 from labkit.experiments.pulse_ladder import measure as L
 from labkit.params import BadInput
 
-# 2 windows of 2 requests that arrive together (the trace's first 4), the switching rung's threshold and the
+# 2 windows of 2 requests that arrive together (the trace's first 4), the prefetch baseline replayed (on CPU it is
+# off unless asked), the switching rung's threshold and the
 # adaptive constants given (no calibration window); a cap of 64 tokens (4 pages of 16) holds one of window 0's
 # requests at a time (each 39 tokens: 3 pages), where the offloaded rungs hold both
 SMALL = {"device": "cpu", "windows": "2", "window_size": "2", "calibration_windows": "0", "thresholds": "40",
          "adaptive_min_tokens": "16", "rate": "20", "max_output": "3", "warmup": "false", "resident_slots": "2",
-         "offload_slots": "2", "device_kv_tokens": "64", "timeline_every": "1"}
+         "offload_slots": "2", "device_kv_tokens": "64", "timeline_every": "1", "prefetch": "true"}
 ALL = [*L.RUNGS, L.NO_OFFLOAD]
 
 
@@ -54,6 +55,9 @@ def test_offloaded_rungs_move_the_same_bytes_in_copies_of_their_own_size(ladder)
         assert r.loc["no_offload", "h2d_bytes_total"] == 0 and r.loc["no_offload", "share_offloaded"] == 0
         assert pd.isna(r.loc["no_offload", "bytes_per_copy"])
         assert r.loc["per_head", "dma_unit_rows"] == 4 and r.loc["retrieval_head", "dma_unit_rows"] == 0
+        # prefetch: only the guess's misses cross (its hits need a batch that lasts: the next test)
+        assert r.loc["prefetch", "share_offloaded"] == 1
+        assert 0 < r.loc["prefetch", "h2d_bytes_total"] <= r.loc["per_head", "h2d_bytes_total"]
 
 
 def test_no_offload_holds_fewer_requests_under_the_cap(ladder):
@@ -136,3 +140,28 @@ def test_a_run_cut_at_its_deadline_is_continued_by_whole_windows(tmp_path, monke
     assert sorted(pd.read_parquet(b / "requests.parquet")["window"].unique()) == [0, 1]
     with pytest.raises(BadInput, match="not a pulse_ladder run of these parameters"):
         experiments.plan("pulse_ladder", {**tiny, "max_output": "3", "resume": str(a)})
+
+
+def test_the_prefetch_baseline_moves_only_what_the_last_steps_selection_missed():
+    """The prefetch rung on one window whose batch lasts several steps: its first step of a batch moves what
+    per_head moves (no guess yet), the steps after move less (the guess's hits stay on the device), and every
+    request's tokens are per_head's (the rows attended are the same, only where they come from differs)."""
+    from labkit.engine.model.hybrid import HybridModel
+    from labkit.experiments import trace_replay as R
+    from labkit.shapes import ModelShape
+    plan = experiments.plan("pulse_ladder", {**SMALL, "max_output": "8"})
+    model = HybridModel(ModelShape.from_name(plan.shape), "cpu", seed=plan.seed)
+    specs = L.window_requests(plan, 0)
+    got = {}
+    for rung in ("per_head", "prefetch"):
+        how, placement = L.rung_params(rung, plan, 64)
+        out = R.replay_policy(placement, how, specs, model)
+        got[rung] = ([(r["batch"]["offload"], r["h2d_bytes"]) for r in out["stats"]["rounds"]],
+                     sorted(r["output_sha"] for r in out["stats"]["records"]))
+    assert L.rung_params("prefetch", plan, 64)[0].settings["hot_capacity"] == plan.budget
+    (ph, ph_tokens), (pf, pf_tokens) = got["per_head"], got["prefetch"]
+    assert pf_tokens == ph_tokens and [b for b, _ in pf] == [b for b, _ in ph]
+    firsts = [i for i in range(len(pf)) if i == 0 or pf[i][0] != pf[i - 1][0]]     # a batch's first step
+    assert all(pf[i][1] == ph[i][1] for i in firsts)
+    later = [i for i in range(len(pf)) if i not in firsts]
+    assert later and all(pf[i][1] < ph[i][1] for i in later)

@@ -50,15 +50,18 @@ def _best_of(values: pd.Series, side: int) -> float:
     return float(values.max() if side > 0 else values.min())
 
 
-def window_figure(ratios: pd.Series, what: str, runs, up_to: bool, side: int, differs: str = "") -> Figure | None:
-    """Per-window ratios -> our figure: for an "up to" claim the best window with the min–max over windows;
-    otherwise the median with its 95% bootstrap interval over windows. None when no window has both arms."""
+def window_figure(ratios: pd.Series, what: str, runs, up_to: bool, side: int, differs: str = "",
+                  noise: float | None = None) -> Figure | None:
+    """Per-window ratios -> our figure: for an "up to" claim the best window with the min–max over windows (and
+    `noise`, the window-to-window noise repeats measured, where there are repeats); otherwise the median with its
+    95% bootstrap interval over windows. None when no window has both arms."""
     r = ratios.dropna().astype(float)
     if r.empty:
         return None
     iv = bootstrap(r, np.median)
     if up_to:
         return Figure(_best_of(r, side), float(r.min()), float(r.max()),
-                      f"best of {len(r)} windows; median {iv.text(2)}", what, tuple(runs), differs,
-                      median=(iv.value, iv.lo, iv.hi))
+                      f"best of {len(r)} windows; median {iv.text(2)}"
+                      + (f"; repeat noise ±{noise:.0%}" if noise is not None else ""), what, tuple(runs), differs,
+                      median=(iv.value, iv.lo, iv.hi), noise=noise)
     return Figure(iv.value, iv.lo, iv.hi, f"median, 95% interval over {len(r)} windows", what, tuple(runs), differs)

@@ -496,7 +496,8 @@ class Scheduler:
     def _hand_over(self, req: Request, lane: Lane, slot: int) -> None:
         """Place a handed-over request's KV in its slot with the clock stopped, emit its first token (the
         prefill instance's; the prompt's last token stands in) and put it in the running batch."""
-        if lane.engine.strategy.mirrors:
+        # a strategy whose copies `bind` drops is safe: `lane.reset()` below makes the next step bind afresh
+        if lane.engine.strategy.mirrors and not lane.engine.strategy.mirrors_until_bind:
             raise BadInput(f"lane {lane.name}: {lane.engine.strategy.name} mirrors pool rows, so a handover "
                            "that writes the pool directly would bypass it")
         t = self.clock()

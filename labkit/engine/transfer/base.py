@@ -20,6 +20,9 @@ What a strategy can do is declared, never guessed from its name or its methods:
   `LoadResult.h2d_bytes` is a device tensor and `counters()` are read after the timed steps;
 - `attends`: it reads rows inside its own attention kernel (`attend`), not through the staging rows;
 - `mirrors`: it keeps copies of pool rows (device slots), so every write must go through its `store`;
+- `mirrors_until_bind`: its copies are dropped by `bind` (the next batch starts with none), so a write that
+  bypasses `store` is safe when a bind follows it before the next step (a scheduler's handover, which rebuilds
+  the batch);
 - `slow`: a step takes of the order of a second (per_row): sweeps time it over fewer steps, no anatomy;
 - `counter_prefix`: the prefix of its counters' columns in a run's metrics (hot_cache: `hot_hit_rate`);
 - `moved_by`: who moves the selected rows — "gpu" (a kernel's threads), "cpu" (host threads or one host-issued
@@ -100,6 +103,7 @@ class TransferStrategy(ABC):
     counts: bool = False
     attends: bool = False
     mirrors: bool = False
+    mirrors_until_bind: bool = False
     slow: bool = False
     counter_prefix: str = ""
     moved_by: str = "gpu"

@@ -213,6 +213,7 @@ class HotIndex:
 class HotCache(TransferStrategy):
     """Device slots per request and layer; a step moves only the rows not in them (module docstring)."""
     name, medium, graphable, counts, mirrors = "hot_cache", "host", True, True, True
+    mirrors_until_bind = True        # `bind` allocates empty slots and reverse index
     counter_prefix = "hot_"
     summary = "FlashOffloading: device slots per request, a reverse index finds rows already there; only misses cross"
     SETTINGS = (Setting("hot_capacity", "int", 4096, "device slots per request and QSA layer (rows)", "capacity"),

@@ -5,6 +5,9 @@ rung adding one of PulseInfer's pieces to the one before:
 1. `per_head`: the published baseline (ArkVale / InfiniGen / PQCache as PulseInfer describes them): every
    request's KV in host RAM, the selected blocks moved as per-head units, one copy per unit (~8 KiB for the
    reference shape), no batch switching;
+   `prefetch` beside it (`prefetch=true`): the same offloaded requests with the previous step's selection of each
+   layer kept on the device as the guess for this step's, only its misses crossing (InfiniGen's next-layer
+   prefetch at its best); "the best offload system" is, per window, the better of the two;
 2. `coalesced`: + coalesced transfers (a CPU gather into pinned staging, large copies);
 3. `retrieval_head`: + one retrieval head's blocks serving every head of the layer (whole blocks, one unit
    each: `block_strategy`);
@@ -76,6 +79,9 @@ SPEC = [
     Param("per_head_unit_bytes", "int", "auto", "per_head rung: bytes per copy, a whole number of KV rows (auto: "
           "one KV head's K or V of a select_block block, select_block x head_dim x 2 B: 8 KiB for the reference "
           "shape, as the published baselines' per-head units)", gt=0),
+    Param("prefetch", "bool", "auto", "replay the prefetch baseline beside per_head: the previous step's selection "
+          "of each layer kept on the device as the guess for this step's, only the rows it missed read over the "
+          "link (auto: on CUDA yes, on CPU no)", auto={"cuda": True, "cpu": False}),
     Param("block_strategy", "str", "block_dma", "how the retrieval_head, switching and adaptive rungs move whole "
           "blocks (block_dma: one DMA per block; coalesced: gathered as the coalesced rung)",
           choices=BLOCK_STRATEGIES),

@@ -8,6 +8,7 @@ The rungs, as configurations of `trace_replay.replay_policy` (each a `Serving`: 
 | rung | lanes | offload transfer | placement |
 |---|---|---|---|
 | `per_head` | offload only, R + O slots | `block_dma` cut into per-head units (`dma_unit_rows`) | every request offloaded |
+| `prefetch` | offload only, R + O slots | `hot_cache` holding the last step's selection: only the guess's misses cross | every request offloaded |
 | `coalesced` | offload only, R + O slots | `coalesced` (gather into staging, chunked copies) | every request offloaded |
 | `retrieval_head` | offload only, R + O slots | `block_strategy` over whole blocks | every request offloaded |
 | `switching` | R resident (pool = cap) + O offload | `block_strategy` | `threshold:N`, switched at layer boundaries |
@@ -35,10 +36,16 @@ has its selection padded with masked blocks; those are whole blocks of the first
 (`select.select_blocks`), so they move in units as any block. (Runs before that padded with position 0 once
 per entry, a one-row copy each in every block_dma rung: the committed ladder's per_head shows 4.7 KiB a copy.)
 
-Not built: the baselines' prefetch of the next layer's rows (InfiniGen speculates the next layer's selection
-from this layer's input). A QSA layer's selection needs that layer's query, and labkit's engine has no
-speculative selection, so the per_head rung's loads sit on the critical path as every non-switching rung's
-do; this difference favours the later rungs and is named in every headline. The retrieval head itself (its
+The baselines' prefetch of the next layer's rows (InfiniGen speculates layer l + 1's selection from layer l's
+input and loads it during layer l): the `prefetch` rung (`prefetch=true`, on by default on CUDA) takes the previous
+step's selection of each layer as its guess and corrects it by the real one. It is the `hot_cache` strategy with
+one selection of slots per request and layer (`hot_capacity` = budget, `lru`): after a step the device holds exactly
+that step's selected rows, so at the next step only the rows the guess missed cross the link (read by the GPU from
+mapped host memory) and the guessed rows cost no transfer at all. That is the prefetch at its best: a real
+prefetch moves the guess over the link during the layer before (the same bytes again, hidden only where that
+layer's compute is long enough), and its misses in per-head units. The guess is kept per batch: a batch that
+changes (a request admitted or finished) starts with none, as the lane rebuilds its buffers. Without it the
+per_head rung's loads sit on the critical path as every non-switching rung's do. The retrieval head itself (its
 choice by mid-context attention share, and what it costs in quality) is measured by `labkit run quality`.
 
 The device-memory cap (`device_kv_tokens`, tokens of KV in device memory) is the switching rungs' resident
@@ -102,9 +109,11 @@ from . import BLOCK_STRATEGIES, PulseLadderPlan
 from .. import trace_replay as R
 
 EXPERIMENT = "pulse_ladder"
-RUNGS = ("per_head", "coalesced", "retrieval_head", "switching", "adaptive")
+RUNGS = ("per_head", "prefetch", "coalesced", "retrieval_head", "switching", "adaptive")
 NO_OFFLOAD = "no_offload"
-FIXED = ("per_head", "coalesced", "retrieval_head", NO_OFFLOAD)      # rungs whose policy name is the rung's
+PREFETCH = "prefetch"
+BASELINES = ("per_head", PREFETCH)       # the published offload systems' stand-ins: "the best offload system"
+FIXED = ("per_head", PREFETCH, "coalesced", "retrieval_head", NO_OFFLOAD)      # rungs whose policy name is the rung's
 
 
 def rung_of(policy: str) -> str:
@@ -178,6 +187,9 @@ def rung_params(policy: str, plan: PulseLadderPlan, cap: int) -> tuple[R.Serving
     both = plan.resident_slots + plan.offload_slots
     pools = {"offload_pool_tokens": plan.host_kv_tokens, "disaggregated": plan.disaggregated}
     units = {"dma_unit_rows": unit_rows(plan) if rung == "per_head" else 0}
+    if rung == PREFETCH:       # the last step's selection kept per request and layer: the guess the next corrects
+        return R.serving(plan, "hot_cache", {**units, "hot_capacity": plan.budget, "hot_policy": "lru"},
+                         resident_slots=0, offload_slots=both, resident_pool_tokens=0, **pools), "offload"
     if rung in ("per_head", "coalesced", "retrieval_head"):
         strategy = {"per_head": "block_dma", "coalesced": "coalesced"}.get(rung, plan.block_strategy)
         return R.serving(plan, strategy, units, resident_slots=0, offload_slots=both, resident_pool_tokens=0,
@@ -192,9 +204,9 @@ def ladder_protocol(plan: PulseLadderPlan) -> W.Protocol:
     """The protocol `labkit.experiments.trace_windows` plans the ladder with: per_head the reference of every
     ratio, the other fixed rungs replayed on every window, the threshold and adaptive candidates fitted on the
     calibration windows (or, with none, the one value of each given replayed as fixed policies)."""
-    fixed = [r for r in FIXED if r != "per_head"]
+    fixed = [r for r in FIXED if r != "per_head" and (r != PREFETCH or plan.prefetch)]
     if plan.calibration_windows == 0:
-        given = [*fixed[:2], f"threshold:{int(plan.thresholds[0])}",
+        given = [*fixed[:-1], f"threshold:{int(plan.thresholds[0])}",              # fixed[-1]: no_offload
                  fitted_name(plan.adaptive_min_tokens[0], plan.adaptive_hide[0]), NO_OFFLOAD]
         return W.Protocol("per_head", given, p99_limit=plan.p99_limit, deadline_s=plan.deadline_s)
     return W.Protocol("per_head", fixed, plan.thresholds, plan.adaptive_min_tokens, plan.adaptive_hide,
@@ -316,7 +328,7 @@ def run(plan: PulseLadderPlan, progress_bar: bool = False):
     run = sweep.open_run(plan.params, EXPERIMENT)
     run.update_manifest(windows=bounds, calibration=[w for w, r in roles.items() if r == "calibration"],
                         test=[w for w, r in roles.items() if r == "test"], selection_rule=W.RULE,
-                        rungs=[*RUNGS, NO_OFFLOAD], disaggregated=bool(plan.disaggregated),
+                        rungs=[*(r for r in RUNGS if r != PREFETCH or plan.prefetch), NO_OFFLOAD], disaggregated=bool(plan.disaggregated),
                         # one cap for the run, or (the pressure rule) one per window: `device_kv_caps`
                         device_kv_cap_tokens=caps[0]["device_kv_cap_tokens"] if one else None,
                         device_kv_cap_bytes=caps[0]["device_kv_cap_bytes"] if one else None,

@@ -10,10 +10,14 @@ from ...report.units import ratio_cell, window_range
 from ...results import REPO, load_run
 
 
-def pulse_ladder_table(run: str) -> str:
-    """PulseInfer's ladder (the run `run`; "": none yet): per rung, throughput and p99 TPOT as ratios to the first rung
-    on the same test window (median, min, max, 95% bootstrap interval over the windows), and what each rung moved
-    (bytes per copy, copies per step, the most requests running at once: medians over the test windows)."""
+def pulse_ladder_table(run: str | list) -> str:
+    """PulseInfer's ladder (the run `run`; "": none yet; a list: the same plan run in several processes, a table
+    each): per rung, throughput and p99 TPOT as ratios to the first rung on the same test window (median, min,
+    max, 95% bootstrap interval over the windows), and what each rung moved (bytes per copy, copies per step, the
+    most requests running at once: medians over the test windows)."""
+    if not isinstance(run, str):
+        return "\n\n".join(f"Process {i + 1} of {len(run)}:\n\n{pulse_ladder_table(r)}" for i, r in enumerate(run)) \
+            if run else pulse_ladder_table("")
     if not run:
         return "No ladder run is named in docs/runs.toml yet."
     lr = load_run(REPO / run)
