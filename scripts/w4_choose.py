@@ -1,6 +1,8 @@
 """The W4A16 decode settings a device sitting measures the step with, chosen by a rule written before the bench ran:
-of the weight bench's variants that the GPU tests checked bit for bit, the one whose four parts (dense and experts,
-one request and four) take the least time together; printed as the engine switches' environment lines.
+of the weight bench's variants that the GPU tests checked (bit for bit against the engine's earlier forms; `waves`,
+which changes only how many ways a launch cuts K, a path every split count shares, against the definition within
+the bench's tolerance), the one whose four parts (dense and experts, one request and four) take the least time
+together; printed as the engine switches' environment lines.
 
     python3 scripts/w4_choose.py OUT/weights_bench.json OUT/gpu-tests.txt > chosen.env
 """
@@ -13,7 +15,9 @@ SWITCHES = {"default": {},
             "xahead": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_ONE": "0", "LABKIT_W4_PIPE": "0"},
             "xahead-one": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_ONE": "1", "LABKIT_W4_PIPE": "0"},
             "xahead-pipe3": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_ONE": "0", "LABKIT_W4_PIPE": "3"},
-            "xahead-pipe4": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_ONE": "0", "LABKIT_W4_PIPE": "4"}}
+            "xahead-pipe4": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_ONE": "0", "LABKIT_W4_PIPE": "4"},
+            "waves": {"LABKIT_W4_X_AHEAD": "1", "LABKIT_W4_ONE": "1", "LABKIT_W4_PIPE": "0",
+                      "LABKIT_W4_SPLIT_WAVES": "1"}}
 PARTS = {("dense", 1), ("dense", 4), ("experts", 1), ("experts", 4)}
 
 

@@ -436,13 +436,18 @@ W4_MAXNREG = {}                # glu: registers a thread ptxas may use (none giv
 def w4_split(programs: int, k_tiles: int, device: torch.device, split: int | None = None) -> tuple[int, int]:
     """(splits, tiles a split) for a W4A16 launch of `programs` (group, output block) programs over `k_tiles` K
     tiles: K cut until about W4_PROGRAMS_PER_SM programs a multiprocessor stream the weight (one program a
-    multiprocessor with a few KiB in flight leaves HBM idle), no split empty. With W4_SPLIT_WAVES, the split whose
-    launch ends soonest by `w4_split_cost` instead."""
+    multiprocessor with a few KiB in flight leaves HBM idle), no split empty. With W4_SPLIT_WAVES, the split up to
+    that one whose launch ends soonest by `w4_split_cost` instead: never more splits than filling takes, because
+    where the cost model chose more (the experts' gate|up at four requests, ~32 groups: two splits in three waves
+    for one in two) the launch ran slower, 3.73 -> 4.28 ms for the step's experts on an H100, while its fewer
+    splits at one request ran faster: dense 1.56 -> 1.43 ms, experts 1.33 -> 1.21
+    (results/20261207-220700-reference-checks-h100/weights_bench.json, `xahead` against `xahead-waves`)."""
     places = W4_PROGRAMS_PER_SM * arch.multiprocessors(device)
+    fill = -(-places // max(programs, 1))
     if split is None and W4_SPLIT_WAVES:
-        split = min(range(1, k_tiles + 1), key=lambda s: (w4_split_cost(programs, k_tiles, s, places), s))
+        split = min(range(1, min(fill, k_tiles) + 1), key=lambda s: (w4_split_cost(programs, k_tiles, s, places), s))
     elif split is None:
-        split = -(-places // max(programs, 1))
+        split = fill
     split = max(1, min(split, k_tiles))
     tiles = -(-k_tiles // split)
     return -(-k_tiles // tiles), tiles
