@@ -162,3 +162,26 @@ def test_a_point_out_of_reach_says_which_term_is_missing_and_by_how_much():
         assert (missing != "—") == out, line
         if out and key[2] > 1:
             assert f"{r['missing_after_fixed_ms']:+.1f} ms a step" in missing and "per-request term" in missing
+
+
+def test_each_streaming_phase_is_set_against_its_own_bytes_at_the_measured_rate():
+    """`phase_bounds`: a phase's bound is its bytes at the run's rate (the routed experts at the distinct experts the
+    point read, the dense products against the QSA and DeltaNet phases together, `transfer` at the link's rate);
+    a phase the point did not run, or whose rate was not measured, has no bound."""
+    import pandas as pd
+
+    from labkit.docs.reference_tables import phase_bounds
+    from labkit.shapes import PRESETS
+    s = PRESETS["qwen3.8-flash-next"]
+    r = pd.Series({"concurrency": 4, "context_len": 65536, "experts_read_per_layer": 30.0, "h2d_bytes_per_step": 2e8,
+                   "anat_experts_ms": 6.0, "anat_hc_ms": 1.5, "anat_weights_ms": 0.7, "anat_deltanet_ms": 2.3,
+                   "anat_head_ms": 0.5, "anat_index_score_ms": 0.2, "anat_transfer_ms": 4.0})
+    b = phase_bounds(r, s, "w4a16", 3000.0, 50.0)
+    wb = s.step_weight_bytes(4, "w4a16", 30.0)
+    assert b["experts"] == (6.0, pytest.approx(wb["experts"] / 3e9))
+    assert b["weights + deltanet"] == (pytest.approx(3.0), pytest.approx(wb["dense"] / 3e9))
+    assert b["transfer"] == (4.0, pytest.approx(2e8 / 50e6))
+    assert b["index_score"][1] == pytest.approx(4 * 65536 * s.index_key_bytes * s.attn_layers / 3e9)
+    assert s.step_weight_bytes(4, "w4a16", 40.0)["experts"] > wb["experts"]        # the bound follows the experts read
+    assert "transfer" not in phase_bounds(r, s, "w4a16", 3000.0, float("nan"))
+    assert "transfer" not in phase_bounds(r.drop("anat_transfer_ms"), s, "w4a16", 3000.0, 50.0)

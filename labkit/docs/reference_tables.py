@@ -143,6 +143,56 @@ def anatomy_of(path: str, more: tuple = ()) -> str:
             f"step as the accounting's check:\n\n{_md(pd.DataFrame(rows))}")
 
 
+# the anatomy's phases that stream bytes a step, and the bytes each must read: a weight part of the shape (at the
+# distinct experts the point read), the index keys, or the rows that cross the host link
+PHASE_BYTES = (("experts", ("experts",)), ("hc", ("hc",)), ("weights + deltanet", ("weights", "deltanet")),
+               ("head", ("head",)), ("index_score", ("index_score",)), ("transfer", ("transfer",)))
+
+
+def phase_bounds(r: pd.Series, shape, weights_dtype: str, hbm_gbps: float, link_gbps: float) -> dict:
+    """One decode point's streaming phases: {phase: (ms, bound ms)}, each bound its bytes at the rate the run
+    measured (HBM read; the host link for `transfer`). `weights + deltanet` reads the dense products (the QSA and
+    DeltaNet projections); `index_score` the index keys of every request's context."""
+    c = int(r["concurrency"])
+    wb = shape.step_weight_bytes(c, weights_dtype, r.get("experts_read_per_layer"))
+    need = {"experts": wb["experts"], "hc": wb["hc"], "weights + deltanet": wb["dense"], "head": wb["head"],
+            "index_score": c * int(r["context_len"]) * shape.index_key_bytes * shape.attn_layers,
+            "transfer": float(r.get("h2d_bytes_per_step") or 0.0)}
+    out = {}
+    for name, cols in PHASE_BYTES:
+        ms = sum(float(r.get(f"anat_{c_}_ms") or 0.0) for c_ in cols)
+        rate = link_gbps if name == "transfer" else hbm_gbps
+        if need[name] > 0 and ms > 0 and rate == rate:         # a NaN rate: not measured in the run
+            out[name] = (ms, need[name] / (rate * 1e6))
+    return out
+
+
+def anatomy_bounds(path: str, more: tuple = ()) -> str:
+    """Each streaming phase of each point against its own bound (its bytes at the rate measured in the same run),
+    so the next bottleneck is read off the row: ms / bound, with the bound in ms beside the first point's."""
+    run, shape, d, named = _with_more(path, more)
+    hbm, link = C._probe_gbps(d, "hbm_read"), C._probe_gbps(d, "zero_copy")     # a run without the link probe:
+    if not hbm:                                                                    # no transfer bound
+        raise ValueError(f"{path}: no hbm_read row to take the bounds from")
+    held = run.manifest.get("parameters", {}).get("weights_dtype") or "bf16"
+    d = d[(d["experiment"] == "decode") & (d["status"] == "ok") & d["anat_closure"].notna()]
+    if "axis" in d:
+        d = d[d["axis"] == "context"]
+    rows = []
+    for _, r in d.sort_values(["concurrency", "context_len", "strategy"]).iterrows():
+        b = phase_bounds(r, shape, held, hbm, link or float("nan"))
+        row = {"c": int(r["concurrency"]), "context": _ctx(r["context_len"]), "strategy": r["strategy"]}
+        row.update({name: f"{ms / lim:.1f}× ({lim:.2f})" for name, (ms, lim) in b.items()})
+        weights = sum(lim for name, (_, lim) in b.items() if name in ("experts", "hc", "weights + deltanet", "head"))
+        row["step / weight bound"] = f"{r['step_ms_median'] / weights:.2f}×"
+        rows.append(row)
+    return (f"{shape.name}, {held} weights, on {run.manifest.get('gpu_name')} ({named}): each phase's ms over its "
+            f"bound, the bound's ms in brackets (its bytes at {hbm:,.0f} GB/s of HBM read"
+            + (f", `transfer` at the {link:.1f} GB/s host link" if link else "") + ", measured in the run); "
+            f"`weights + deltanet` is the dense "
+            f"products' phases, `index_score` reads every request's index keys:\n\n{_md(pd.DataFrame(rows).fillna('—'))}")
+
+
 # ---- the cost model across two GPUs --------------------------------------------------------------------------
 def cross_frame(a_path: str, b_path: str, a_more: tuple = (), b_more: tuple = ()) -> pd.DataFrame:
     """Every point measured in both runs predicted in both directions (`costmodel.cross_check`); `a_more`,
@@ -615,6 +665,7 @@ def producers(runs: dict) -> dict[str, Callable[[], str]]:
     for gpu, path in ref.items():
         out[f"reference-grid-{gpu}"] = partial(grid_table, path, tuple(more.get(gpu, ())))
         out[f"reference-anatomy-{gpu}"] = partial(anatomy_of, path, tuple(more.get(gpu, ())))
+        out[f"reference-bounds-{gpu}"] = partial(anatomy_bounds, path, tuple(more.get(gpu, ())))
     if {"h100", "h200"} <= set(ref):
         out["costmodel-cross"] = partial(cross_table, ref["h200"], ref["h100"], tuple(more.get("h200", ())),
                                          tuple(more.get("h100", ())))
