@@ -108,8 +108,8 @@ def test_the_split_by_waves_is_never_longer_than_the_filling_one_and_spares_the_
         assert G.w4_split(214, 20, dev) == (3, 7) and 214 * 3 > places
         G.W4_SPLIT_WAVES = True
         assert G.w4_split(214, 20, dev) == (2, 10) and 214 * 2 <= places
-        # ~32 experts' gate|up at four requests (640 programs): filling takes one split, and so does waves (the cost
-        # model alone would take two splits in three waves, which ran slower on an H100)
+        # 640 programs (32 groups' gate|up): filling takes one split, and so does waves, where its cost model alone
+        # would take two in three waves: more splits than filling is a choice no bench has timed
         assert G.w4_split(640, 20, dev) == (1, 20) and G.w4_split_cost(640, 20, 2, places) < G.w4_split_cost(640, 20, 1, places)
     finally:
         G.W4_SPLIT_WAVES = saved

@@ -437,11 +437,12 @@ def w4_split(programs: int, k_tiles: int, device: torch.device, split: int | Non
     """(splits, tiles a split) for a W4A16 launch of `programs` (group, output block) programs over `k_tiles` K
     tiles: K cut until about W4_PROGRAMS_PER_SM programs a multiprocessor stream the weight (one program a
     multiprocessor with a few KiB in flight leaves HBM idle), no split empty. With W4_SPLIT_WAVES, the split up to
-    that one whose launch ends soonest by `w4_split_cost` instead: never more splits than filling takes, because
-    where the cost model chose more (the experts' gate|up at four requests, ~32 groups: two splits in three waves
-    for one in two) the launch ran slower, 3.73 -> 4.28 ms for the step's experts on an H100, while its fewer
-    splits at one request ran faster: dense 1.56 -> 1.43 ms, experts 1.33 -> 1.21
-    (results/20261207-220700-reference-checks-h100/weights_bench.json, `xahead` against `xahead-waves`)."""
+    that one whose launch ends soonest by `w4_split_cost` instead: fewer splits where they make fewer waves (at one
+    request the dense products on an H100 1.56 -> 1.43 ms, the experts 1.33 -> 1.21: `xahead` against
+    `xahead-waves` in results/20261207-220700-reference-checks-h100/weights_bench.json), never more than filling
+    takes, a choice no bench has timed. (At four requests that bench's experts ran 3.73 -> 4.28 ms with the switch,
+    but their launches split alike under both rules, 40 group slots x 20 blocks being past the places: the last
+    variant of a long bench, not the split.)"""
     places = W4_PROGRAMS_PER_SM * arch.multiprocessors(device)
     fill = -(-places // max(programs, 1))
     if split is None and W4_SPLIT_WAVES:
