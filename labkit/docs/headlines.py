@@ -13,6 +13,8 @@ from ..report import summary as S
 from ..report.units import tokens_label as _ctx
 from ..results import REPO, load_run
 from ..stats import across_runs
+from . import box
+from .reference_tables import prefill_points
 from .roofline_tables import gemv_chain
 from .runs import RUNS
 
@@ -35,35 +37,58 @@ def _selection_words(run: str) -> str:
 
 def headlines() -> str:
     """The README's one line per system, every figure computed here from the same committed runs as the docs'
-    tables: ratios within one run, and where a figure was repeated, its range across processes."""
-    d = S.decode_table(load_run(REPO / RUNS["decode_now"]).metrics)
+    tables: ratios within one run, and where a figure was repeated, its range across processes. The sparse-offload
+    and baseline lines read the published shape's decode grid (`reference`), each naming its shape and GPU."""
+    ref = box.reference_metrics()
+    d = S.decode_table(ref)
     d1 = d[d["concurrency"] == 1].set_index(["strategy", "context_len"])
     top = int(d1.index.get_level_values(1).max())
-    lines = [_sparse_offload_line(d1, top), _baseline_line(), _prefill_line(), _hot_cache_line(top), _pulse_line(),
+    lines = [_sparse_offload_line(d1, top), _baseline_line(ref), _prefill_line(), _hot_cache_line(top), _pulse_line(),
              _xfer_line(), _two_gpus_line()]
     return "\n".join(lines)
 
 
 def _sparse_offload_line(d1: pd.DataFrame, top: int) -> str:
+    """The published shape's grid at one request: zero_copy against resident at the longest context, and how
+    its step grows from 64K; the stand-in shape's repeats across processes in a clause that says so."""
     rep = across_runs(decode_ratio_rows(RUNS["repeats_hot1m"]), ["figure"], "value").set_index("figure")
     zc_rep = rep.loc[[f for f in rep.index if f.startswith("zero_copy")][0]]
     zc, res = d1.loc[("zero_copy", top)], d1.loc[("resident", top)]
     grow = zc["step_ms_median"] / d1.loc[("zero_copy", 64 << 10), "step_ms_median"] - 1
-    return (f"- **Sparse offload** decodes at {_ctx(top)} tokens at {zc['tok_s']:.1f} tok/s with `zero_copy` against "
-            f"{res['tok_s']:.1f} fully resident ({zc['tok_s'] / res['tok_s']:.2f}× {_selection_words(RUNS['decode_now'])}; "
+    setup = box.run_setup(box.reference_run())["words"]
+    return (f"- **Sparse offload** of the published model ({setup}) decodes at {_ctx(top)} tokens at "
+            f"{zc['tok_s']:.1f} tok/s with `zero_copy` against {res['tok_s']:.1f} fully resident "
+            f"({zc['tok_s'] / res['tok_s']:.2f}× {_selection_words(box.reference_run())}; the stand-in shape on an H200: "
             f"{_span(zc_rep['min'], zc_rep['max'])}× across {int(zc_rep['n'])} processes "
-            f"{_selection_words(RUNS['repeats_hot1m'][0])}), and its step grows only {grow:.0%} from 64K to {_ctx(top)}: the transfer "
-            f"per step is fixed ([results](docs/roofline.md), [spreads](docs/spreads.md)).")
+            f"{_selection_words(RUNS['repeats_hot1m'][0])}), and its step grows only "
+            f"{grow:.0%} from 64K to {_ctx(top)}: the transfer per step is fixed "
+            f"([reference model](docs/reference-model.md), [spreads](docs/spreads.md)).")
 
 
 def _prefill_line() -> str:
-    """Prefill of the long prompt: today's variant against the first one in the anatomy run, and attention's rate."""
+    """Prefill: the published shape's prompts against their bounds (`reference_prefill`), then the stand-in shape's
+    long prompt, its variants in the anatomy run and attention's rate, said to be the stand-in's."""
+    pts = prefill_points(next(iter(RUNS["reference_prefill"].values())))
+    res = pts[pts["mode"] == "resident"].sort_values("context_len")
+    lo, hi = res.iloc[0], res.iloc[-1]
+    rot = pts[(pts["mode"] == "rotating") & (pts["context_len"] == hi["context_len"])]
+    setup = f"{lo['shape']}, {lo['weights_dtype']} weights, on one {str(lo['gpu_name']).replace('NVIDIA ', '')}"
+    published = (f"- **Prefill** of the published model ({setup}) runs a {_ctx(lo['context_len'])} prompt at "
+                 f"{lo['tok_s']:,.0f} tok/s ({lo['tok_s'] / lo['bound_tok_s']:.0%} of its bound) and a "
+                 f"{_ctx(hi['context_len'])} one at {hi['tok_s']:,.0f} ({hi['tok_s'] / hi['bound_tok_s']:.0%})"
+                 + (f", {float(rot['tok_s'].iloc[0]) / hi['tok_s']:.2f}× of that with the KV going to host RAM through "
+                    f"the rotating buffers" if len(rot) else "") + ". The stand-in shape (bf16, dense FFN, an H200): ")
+    return published + _standin_prefill_words()
+
+
+def _standin_prefill_words() -> str:
+    """The stand-in shape's long prompt: today's variant against the first one in the anatomy run, attention's rate."""
     all_ = load_run(REPO / RUNS["prefill_anatomy"]).metrics
     all_ = all_[(all_["experiment"] == "prefill") & (all_["status"] == "ok")]
     m = all_[all_["mode"] == "resident"]
     first, best = m.iloc[0], m.loc[m["tok_s"].idxmax()]
     rot = all_[(all_["mode"] == "rotating") & (all_["engine_variant"] == best["engine_variant"])]
-    return (f"- **Prefill** of a {_ctx(int(best['context_len']))} prompt runs at {best['tok_s']:,.0f} tok/s "
+    return (f"a {_ctx(int(best['context_len']))} prompt at {best['tok_s']:,.0f} tok/s "
             f"({best['tok_s'] / first['tok_s']:.2f}× the {first['tok_s']:,.0f} before in the same run): attention at "
             f"{best['attention_of_gemm_peak']:.0%} of the GEMM peak measured beside it (two cuDNN calls merged by "
             f"log-sum-exp) and DeltaNet's scan on flash-linear-attention's kernel; the rotating buffers keep "
@@ -86,16 +111,25 @@ def _prefill_now_words() -> str:
             f"{_ctx(int(long_['context_len']))}-token prompt{under} in {long_['step_ms_median'] / 1e3:.0f} s")
 
 
-def _baseline_line() -> str:
+def _baseline_line(ref: pd.DataFrame) -> str:
+    """The published shape's resident step at 64K, one request, against its weight-read bound in the same run;
+    the stand-in shape's, which the lab's GEMV brought near its bound, beside it as the stand-in's."""
     gshare = gemv_chain(RUNS["gemv_kmajor"])["share_m1"]
     roof = load_run(REPO / RUNS["roofline"]).metrics
-    r64 = roof[(roof.experiment == "decode") & (roof.status == "ok") & (roof.strategy == "resident") & (roof.concurrency == 1)].iloc[0]
-    bw = float(roof[(roof.experiment == "probe") & (roof.strategy == "hbm_read")]["gbps"].median())
-    bound = float(r64.step_weight_bytes) / bw / 1e6
-    return (f"- **The baseline**: `resident` steps at {r64.step_ms_median:.2f} ms at 64K ({r64.tok_s:.0f} tok/s), "
-            f"{r64.step_ms_median / bound:.1f}× the time to read its weights once from HBM; the lab's one-row GEMV streams "
-            f"a step's weight matrices at {gshare['gemv_best']:.0%} of the read bandwidth, cuBLAS at {gshare['cublas']:.0%} "
-            f"([roofline](docs/roofline.md)).")
+
+    def at_64k(m):
+        r = m[(m.experiment == "decode") & (m.status == "ok") & (m.strategy == "resident") & (m.concurrency == 1)
+              & (m.context_len == 64 << 10)].iloc[0]
+        bw = float(m[(m.experiment == "probe") & (m.strategy == "hbm_read")]["gbps"].median())
+        return r, float(r.step_weight_bytes) / bw / 1e6
+    r, bound = at_64k(ref)
+    s, s_bound = at_64k(roof)
+    return (f"- **The baseline**: the published model's `resident` step ({box.run_setup(box.reference_run())['words']}) "
+            f"takes {r.step_ms_median:.2f} ms at 64K ({r.tok_s:.0f} tok/s), {r.step_ms_median / bound:.1f}× the "
+            f"{bound:.2f} ms its {r.step_weight_bytes / 1e9:.2f} GB of weights take to read once from HBM, the phases "
+            f"against their bounds in [the reference model](docs/reference-model.md); the stand-in shape's (bf16, dense "
+            f"FFN, an H200) steps at {s.step_ms_median / s_bound:.1f}× its bound, its one-row GEMV streaming the weights at "
+            f"{gshare['gemv_best']:.0%} of the read bandwidth, cuBLAS at {gshare['cublas']:.0%} ([roofline](docs/roofline.md)).")
 
 
 def _hot_cache_line(top: int) -> str:

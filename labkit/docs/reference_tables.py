@@ -396,8 +396,7 @@ def prefill_table(paths: str | list[str]) -> str:
         shape = metrics_shape(m)
         first = first if first is not None else m.iloc[0]
         for r in m.to_dict("records"):
-            ch = a[(a["mode"] == r["mode"]) & (a["context_len"] == r["context_len"])]
-            bound_tok_s = r["context_len"] / sum(_chunk_bound_ms(shape, c) for c in ch.to_dict("records")) * 1e3
+            bound_tok_s = _prompt_bound_tok_s(shape, a, r)
             rows.append({"prompt": _ctx(r["context_len"]), "mode": r["mode"], "tok/s": f"{r['tok_s']:,.0f}",
                          "bound tok/s": f"{bound_tok_s:,.0f}", "of bound": f"{r['tok_s'] / bound_tok_s:.1%}",
                          **{f"{ph} s": _seconds(r.get(f"anatomy_{ph}_ms")) for ph in PREFILL_PHASES},
@@ -409,6 +408,29 @@ def prefill_table(paths: str | list[str]) -> str:
            f"sum over the unmarked prompt as the accounting's check; the bound counts the routed experts a token "
            f"computes")
     return f"{how}:\n\n{_md(pd.DataFrame(rows))}"
+
+
+def prefill_points(paths: str | list[str]) -> pd.DataFrame:
+    """Each prompt of the prefill runs at `paths`: shape, weights, GPU, prompt, mode, tok/s and the bound's tok/s
+    (`prefill_table`'s, recomputed from the run's chunks)."""
+    out = []
+    for path in [paths] if isinstance(paths, str) else paths:
+        m = load_run(REPO / path).metrics
+        m = m[(m["experiment"] == "prefill") & (m["status"] == "ok") & m["context_len"].notna()]
+        a = pd.read_parquet(REPO / path / "anatomy.parquet")
+        shape = metrics_shape(m)
+        for r in m.to_dict("records"):
+            bound = _prompt_bound_tok_s(shape, a, r)
+            out.append({"shape": r["shape"], "weights_dtype": r["weights_dtype"], "gpu_name": r["gpu_name"],
+                        "context_len": int(r["context_len"]), "mode": r["mode"], "tok_s": float(r["tok_s"]),
+                        "bound_tok_s": bound, "run": path})
+    return pd.DataFrame(out)
+
+
+def _prompt_bound_tok_s(shape, anatomy: pd.DataFrame, r: dict) -> float:
+    """A prompt's bound in tok/s: its chunks' bounds (`_chunk_bound_ms`) summed."""
+    ch = anatomy[(anatomy["mode"] == r["mode"]) & (anatomy["context_len"] == r["context_len"])]
+    return r["context_len"] / sum(_chunk_bound_ms(shape, c) for c in ch.to_dict("records")) * 1e3
 
 
 def _seconds(ms) -> str:

@@ -208,7 +208,6 @@ def measure_decode(stages: list, caches: Caches, pt: Point, grid: DecodeGrid, te
     t_start = time.time()
     times, rx, tx, rx_ok, per_gpu = _timed_steps(runner, dev, tel, steps, repeats)
     n = len(times)
-    sha = logits_sha(runners[len(stages) - 1::len(stages)])    # before the anatomy's steps move the lengths on
     experts_read = sum(int(r.state.experts_read.item()) for r in runners)
     t = spread(times)
     used_kv = concurrency * context_len * shape.kv_bytes_per_token()
@@ -247,10 +246,10 @@ def measure_decode(stages: list, caches: Caches, pt: Point, grid: DecodeGrid, te
         "selection": plan.selection, "t_start": t_start, "t_end": time.time(),
         "device_mem_peak_bytes": sum(torch.cuda.max_memory_allocated(st.device) for st in stages) if cuda else None,
         **strat.settings(),
-        # the logits after the point's warm-up and timed steps (each advances every request a position): equal
-        # to the resident strategy's at the same point and step count where an offloaded strategy attends the
-        # same tokens with the same arithmetic, only from another memory (FlashOffloading's "results identical")
-        "logits_sha": sha, "logits_after_steps": (1 if slow else 2) + steps * repeats,
+        # the logits after the warm-up and timed steps, before the anatomy's: an offloaded strategy attending the
+        # resident's tokens with its arithmetic from another memory gives the resident's hash (FlashOffloading)
+        "logits_sha": logits_sha(runners[len(stages) - 1::len(stages)]),
+        "logits_after_steps": (1 if slow else 2) + steps * repeats,
     }
     rec.update(counted_per_step(runners, counted, n))
     if rec["nvml_rx_bytes_per_step"] is not None and rec["h2d_bytes_per_step"]:
