@@ -77,8 +77,19 @@ def _prefill_line() -> str:
                  f"{lo['tok_s']:,.0f} tok/s ({lo['tok_s'] / lo['bound_tok_s']:.0%} of its bound) and a "
                  f"{_ctx(hi['context_len'])} one at {hi['tok_s']:,.0f} ({hi['tok_s'] / hi['bound_tok_s']:.0%})"
                  + (f", {float(rot['tok_s'].iloc[0]) / hi['tok_s']:.2f}× of that with the KV going to host RAM through "
-                    f"the rotating buffers" if len(rot) else "") + ". The stand-in shape (bf16, dense FFN, an H200): ")
+                    f"the rotating buffers" if len(rot) else "") + _capped_words(pts)
+                 + ". The stand-in shape (bf16, dense FFN, an H200): ")
     return published + _standin_prefill_words()
+
+
+def _capped_words(pts: pd.DataFrame) -> str:
+    """The longest prompt prefilled under a device-memory cap, where one was."""
+    cap = pts[pts["mem_cap_gib"].fillna(0) > 0].sort_values("context_len")
+    if cap.empty:
+        return ""
+    r = cap.iloc[-1]
+    return (f"; a whole {_ctx(r['context_len'])}-token prompt under a {r['mem_cap_gib']:.0f} GiB cap in "
+            f"{r['seconds']:.0f} s ({r['tok_s']:,.0f} tok/s)")
 
 
 def _standin_prefill_words() -> str:

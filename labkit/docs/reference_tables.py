@@ -423,7 +423,8 @@ def prefill_points(paths: str | list[str]) -> pd.DataFrame:
             bound = _prompt_bound_tok_s(shape, a, r)
             out.append({"shape": r["shape"], "weights_dtype": r["weights_dtype"], "gpu_name": r["gpu_name"],
                         "context_len": int(r["context_len"]), "mode": r["mode"], "tok_s": float(r["tok_s"]),
-                        "bound_tok_s": bound, "run": path})
+                        "bound_tok_s": bound, "seconds": float(r["step_ms_median"]) / 1e3,
+                        "mem_cap_gib": (r.get("mem_cap_bytes") or 0) / 2**30, "run": path})
     return pd.DataFrame(out)
 
 
