@@ -22,7 +22,7 @@ for arg in "$@"; do
   t0=$(date +%s)
   case $step in
     tests) timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_hostmem.py tests/test_gpu_portable.py \
-            tests/test_gpu_description.py tests/test_gpu_prefill_throughput.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
+            tests/test_gpu_description.py tests/test_gpu_prefill_throughput.py tests/test_gpu_claims.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
     bench) timeout "$limit" python3 scripts/weights_bench.py "$OUT" ${BENCH_VARIANTS:+--variants "$BENCH_VARIANTS"} 2>&1 | tail -40 ;;
     split) timeout "$limit" python3 scripts/split_memory_check.py "$OUT" 2>&1 | tail -12 ;;
     *) before=$(ls -d results/*/ 2>/dev/null | sort)
