@@ -132,6 +132,7 @@ def differing_points(m: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     the labels of those whose `logits_sha` is not the resident's)."""
     key = ["context_len", "concurrency", "budget", "logits_after_steps"]
     res = m[m["strategy"] == "resident"].set_index(key)["logits_sha"]
+    res = res[~res.index.duplicated()]         # a point measured twice: its first resident row
     off = m[(m["strategy"] != "resident") & m.set_index(key).index.isin(res.index)]
     differ = [f"{r.strategy} {_ctx(r.context_len)} c={int(r.concurrency)}" for r in off.itertuples()
               if r.logits_sha != res.loc[tuple(getattr(r, k) for k in key)]]

@@ -440,9 +440,10 @@ def w4_split(programs: int, k_tiles: int, device: torch.device, split: int | Non
     that one whose launch ends soonest by `w4_split_cost` instead: fewer splits where they make fewer waves (at one
     request the dense products on an H100 1.56 -> 1.43 ms, the experts 1.33 -> 1.21: `xahead` against
     `xahead-waves` in results/20261207-220700-reference-checks-h100/weights_bench.json), never more than filling
-    takes, a choice no bench has timed. (At four requests that bench's experts ran 3.73 -> 4.28 ms with the switch,
-    but their launches split alike under both rules, 40 group slots x 20 blocks being past the places: the last
-    variant of a long bench, not the split.)"""
+    takes, a choice no bench has timed. Off: at four requests the experts ran 3.73 -> 4.28 ms with the switch, and
+    again 3.75 -> 4.27 in a bench of the two variants alone (results/20261208-011000-reference-checks-h100), though
+    by this function both rules split those launches alike (40 group slots x 20 blocks, past the places): a cause
+    not found yet (`weights_bench.py --abba` times the two in turn)."""
     places = W4_PROGRAMS_PER_SM * arch.multiprocessors(device)
     fill = -(-places // max(programs, 1))
     if split is None and W4_SPLIT_WAVES:
