@@ -420,16 +420,12 @@ def test_fused_decode_under_interpreter_on_the_same_selections():
     print(p.stdout.splitlines()[0])
 
 
-def test_a_decode_run_gives_every_strategy_the_resident_logits(tmp_path):
-    """FlashOffloading's "the set of attended tokens does not change, only where the data lives": one decode run
-    on the CPU over resident, zero_copy and hot_cache (the KV in another pool and read through another path) at
-    two contexts and batches. Each point's `logits_sha` is the resident's at the same point and step count, and
-    the points differ from each other (the hash sees the context: a constant would pass the first check)."""
+def strategies_logits(out, device: str, context_lens: str) -> "pd.DataFrame":
+    """One decode run over resident, zero_copy and hot_cache at `context_lens` and one and two requests: its rows."""
     import pandas as pd
 
     from labkit import experiments
-    out = tmp_path / "run"
-    plan = experiments.plan("decode", {"device": "cpu", "shape": "tiny", "context_lens": "256,640", "budgets": "32",
+    plan = experiments.plan("decode", {"device": device, "shape": "tiny", "context_lens": context_lens, "budgets": "32",
                                        "concurrency": "1,2", "strategies": "resident,zero_copy,hot_cache",
                                        "repeats": "1", "steps": "2", "prefill_lens": "", "probe": "false",
                                        "anatomy": "false", "out_dir": str(out)})
@@ -440,3 +436,12 @@ def test_a_decode_run_gives_every_strategy_the_resident_logits(tmp_path):
     by_point = d.groupby(["context_len", "concurrency", "logits_after_steps"])["logits_sha"]
     assert (by_point.nunique() == 1).all(), d[["strategy", "context_len", "concurrency", "logits_sha"]]
     assert by_point.first().nunique() == 4
+    return d
+
+
+def test_a_decode_run_gives_every_strategy_the_resident_logits(tmp_path):
+    """FlashOffloading's "the set of attended tokens does not change, only where it is stored": one decode run
+    on the CPU over resident, zero_copy and hot_cache (the KV in another pool and read through another path) at
+    two contexts and batches. Each point's `logits_sha` is the resident's at the same point and step count, and
+    the points differ from each other (the hash sees the context: a constant would pass the first check)."""
+    strategies_logits(tmp_path / "run", "cpu", "256,640")

@@ -142,25 +142,33 @@ def test_a_run_cut_at_its_deadline_is_continued_by_whole_windows(tmp_path, monke
         experiments.plan("pulse_ladder", {**tiny, "max_output": "3", "resume": str(a)})
 
 
-def test_the_prefetch_baseline_moves_only_what_the_last_steps_selection_missed():
-    """The prefetch rung on one window whose batch lasts several steps: its first step of a batch moves what
-    per_head moves (no guess yet), the steps after move less (the guess's hits stay on the device), and every
-    request's tokens are per_head's (the rows attended are the same, only where they come from differs)."""
+def prefetch_against_per_head(plan, device: str) -> dict:
+    """Window 0 replayed by the per_head and prefetch rungs: per rung, (each round's batch and bytes, the
+    requests' token hashes sorted, the handovers)."""
     from labkit.engine.model.hybrid import HybridModel
     from labkit.experiments import trace_replay as R
     from labkit.shapes import ModelShape
-    plan = experiments.plan("pulse_ladder", {**SMALL, "max_output": "8"})
-    model = HybridModel(ModelShape.from_name(plan.shape), "cpu", seed=plan.seed)
+    model = HybridModel(ModelShape.from_name(plan.shape), device, seed=plan.seed)
     specs = L.window_requests(plan, 0)
     got = {}
     for rung in ("per_head", "prefetch"):
         how, placement = L.rung_params(rung, plan, 64)
         out = R.replay_policy(placement, how, specs, model)
-        got[rung] = ([(r["batch"]["offload"], r["h2d_bytes"]) for r in out["stats"]["rounds"]],
-                     sorted(r["output_sha"] for r in out["stats"]["records"]))
+        got[rung] = ([(sum(r["batch"].values()), r["h2d_bytes"]) for r in out["stats"]["rounds"]],
+                     sorted(r["output_sha"] for r in out["stats"]["records"]), out["stats"]["handovers"])
     assert L.rung_params("prefetch", plan, 64)[0].settings["hot_capacity"] == plan.budget
-    (ph, ph_tokens), (pf, pf_tokens) = got["per_head"], got["prefetch"]
-    assert pf_tokens == ph_tokens and [b for b, _ in pf] == [b for b, _ in ph]
+    assert got["prefetch"][1:] == got["per_head"][1:]             # the same tokens, the same handovers
+    assert 0 < sum(b for _, b in got["prefetch"][0]) < sum(b for _, b in got["per_head"][0])
+    return got
+
+
+def test_the_prefetch_baseline_moves_only_what_the_last_steps_selection_missed():
+    """The prefetch rung on one window whose batch lasts several steps: its first step of a batch moves what
+    per_head moves (no guess yet), the steps after move less (the guess's hits stay on the device), and every
+    request's tokens are per_head's (the rows attended are the same, only where they come from differs)."""
+    got = prefetch_against_per_head(experiments.plan("pulse_ladder", {**SMALL, "max_output": "8"}), "cpu")
+    ph, pf = got["per_head"][0], got["prefetch"][0]
+    assert [b for b, _ in pf] == [b for b, _ in ph]
     firsts = [i for i in range(len(pf)) if i == 0 or pf[i][0] != pf[i - 1][0]]     # a batch's first step
     assert all(pf[i][1] == ph[i][1] for i in firsts)
     later = [i for i in range(len(pf)) if i not in firsts]
