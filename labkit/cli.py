@@ -59,6 +59,7 @@ report_index = lazy.module(".report.index", __package__)
 report_notebook = lazy.module(".report.notebook", __package__)
 readme_tables = lazy.module(".docs.readme_tables", __package__)
 docs_runs = lazy.module(".docs.runs", __package__)
+docs_box = lazy.module(".docs.box", __package__)
 serve_cli = lazy.module(".serving.serve_cli", __package__)     # itself light: checks options before torch is imported
 
 
@@ -310,8 +311,7 @@ def predict_values(text: str | None, what: str, top: int, sizes: bool) -> list[i
 def _predict_source(a):
     """The run `labkit predict` scales (named, or the published shape's reference run), checked: (run, its GPU, shape)."""
     # the reference run with the decode points docs/runs.toml joins to it (`reference_more`), as the docs read it
-    more = () if a.run_dir else [results.REPO / p for p in
-                                 (docs_runs.RUNS.get("reference_more") or {}).get(PREDICT_DEFAULT_RUN, ())]
+    more = () if a.run_dir else [results.REPO / p for p in docs_box.reference_more()]
     run = results.load_run(run_folder(a.run_dir or predict_default_run()), more)
     m, mf = run.metrics, run.manifest
     name = a.run_dir or run.path.name

@@ -39,23 +39,22 @@ def headlines() -> str:
     """The README's one line per system, every figure computed here from the same committed runs as the docs'
     tables: ratios within one run, and where a figure was repeated, its range across processes. The sparse-offload
     and baseline lines read the published shape's decode grid (`reference`), each naming its shape and GPU."""
-    ref = box.reference_metrics()
-    d = S.decode_table(ref)
+    ref = box.run_setup(box.reference_run())            # its metrics with `reference_more`'s points, its words
+    d = S.decode_table(ref["metrics"])
     d1 = d[d["concurrency"] == 1].set_index(["strategy", "context_len"])
     top = int(d1.index.get_level_values(1).max())
-    lines = [_sparse_offload_line(d1, top), _baseline_line(ref), _prefill_line(), _hot_cache_line(top), _pulse_line(),
-             _xfer_line(), _two_gpus_line()]
+    lines = [_sparse_offload_line(d1, top, ref["words"]), _baseline_line(ref), _prefill_line(), _hot_cache_line(top),
+             _pulse_line(), _xfer_line(), _two_gpus_line()]
     return "\n".join(lines)
 
 
-def _sparse_offload_line(d1: pd.DataFrame, top: int) -> str:
+def _sparse_offload_line(d1: pd.DataFrame, top: int, setup: str) -> str:
     """The published shape's grid at one request: zero_copy against resident at the longest context, and how
     its step grows from 64K; the stand-in shape's repeats across processes in a clause that says so."""
     rep = across_runs(decode_ratio_rows(RUNS["repeats_hot1m"]), ["figure"], "value").set_index("figure")
     zc_rep = rep.loc[[f for f in rep.index if f.startswith("zero_copy")][0]]
     zc, res = d1.loc[("zero_copy", top)], d1.loc[("resident", top)]
     grow = zc["step_ms_median"] / d1.loc[("zero_copy", 64 << 10), "step_ms_median"] - 1
-    setup = box.run_setup(box.reference_run())["words"]
     return (f"- **Sparse offload** of the published model ({setup}) decodes at {_ctx(top)} tokens at "
             f"{zc['tok_s']:.1f} tok/s with `zero_copy` against {res['tok_s']:.1f} fully resident "
             f"({zc['tok_s'] / res['tok_s']:.2f}× {_selection_words(box.reference_run())}; the stand-in shape on an H200: "
@@ -68,7 +67,7 @@ def _sparse_offload_line(d1: pd.DataFrame, top: int) -> str:
 def _prefill_line() -> str:
     """Prefill: the published shape's prompts against their bounds (`reference_prefill`), then the stand-in shape's
     long prompt, its variants in the anatomy run and attention's rate, said to be the stand-in's."""
-    pts = prefill_points(next(iter(RUNS["reference_prefill"].values())))
+    pts = prefill_points(RUNS["reference_prefill"][box.REFERENCE_GPU])
     res = pts[pts["mode"] == "resident"].sort_values("context_len")
     lo, hi = res.iloc[0], res.iloc[-1]
     rot = pts[(pts["mode"] == "rotating") & (pts["context_len"] == hi["context_len"])]
@@ -122,7 +121,7 @@ def _prefill_now_words() -> str:
             f"{_ctx(int(long_['context_len']))}-token prompt{under} in {long_['step_ms_median'] / 1e3:.0f} s")
 
 
-def _baseline_line(ref: pd.DataFrame) -> str:
+def _baseline_line(ref: dict) -> str:
     """The published shape's resident step at 64K, one request, against its weight-read bound in the same run;
     the stand-in shape's, which the lab's GEMV brought near its bound, beside it as the stand-in's."""
     gshare = gemv_chain(RUNS["gemv_kmajor"])["share_m1"]
@@ -133,9 +132,9 @@ def _baseline_line(ref: pd.DataFrame) -> str:
               & (m.context_len == 64 << 10)].iloc[0]
         bw = float(m[(m.experiment == "probe") & (m.strategy == "hbm_read")]["gbps"].median())
         return r, float(r.step_weight_bytes) / bw / 1e6
-    r, bound = at_64k(ref)
+    r, bound = at_64k(ref["metrics"])
     s, s_bound = at_64k(roof)
-    return (f"- **The baseline**: the published model's `resident` step ({box.run_setup(box.reference_run())['words']}) "
+    return (f"- **The baseline**: the published model's `resident` step ({ref['words']}) "
             f"takes {r.step_ms_median:.2f} ms at 64K ({r.tok_s:.0f} tok/s), {r.step_ms_median / bound:.1f}× the "
             f"{bound:.2f} ms its {r.step_weight_bytes / 1e9:.2f} GB of weights take to read once from HBM, the phases "
             f"against their bounds in [the reference model](docs/reference-model.md); the stand-in shape's (bf16, dense "

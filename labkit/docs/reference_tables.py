@@ -121,14 +121,18 @@ def grid_table(path: str, more: tuple = ()) -> str:
     return "\n".join(out)
 
 
+def _anatomy_points(m: pd.DataFrame) -> pd.DataFrame:
+    """A grid's decode points that measured an anatomy (the context axis where the run has several)."""
+    d = m[(m["experiment"] == "decode") & (m["status"] == "ok") & m["anat_closure"].notna()]
+    return d[d["axis"] == "context"] if "axis" in d else d
+
+
 def anatomy_of(path: str, more: tuple = ()) -> str:
     """Where each decode step's time goes, phase by phase (the runner's anatomy: a graph with an event at every
     phase boundary), for every point of the run's grid (and of `more`, as `grid_table`); only the phases this
     shape has."""
     run, shape, d, named = _with_more(path, more)
-    d = d[(d["experiment"] == "decode") & (d["status"] == "ok") & d["anat_closure"].notna()]
-    if "axis" in d:
-        d = d[d["axis"] == "context"]
+    d = _anatomy_points(d)
     phases = [c[5:-3] for c in d.columns if c.startswith("anat_") and c.endswith("_ms") and c != "anat_marked_step_ms"
               and d[c].fillna(0).max() > 0.005]
     rows = []
@@ -175,9 +179,7 @@ def anatomy_bounds(path: str, more: tuple = ()) -> str:
     if not hbm:                                                                    # no transfer bound
         raise ValueError(f"{path}: no hbm_read row to take the bounds from")
     held = run.manifest.get("parameters", {}).get("weights_dtype") or "bf16"
-    d = d[(d["experiment"] == "decode") & (d["status"] == "ok") & d["anat_closure"].notna()]
-    if "axis" in d:
-        d = d[d["axis"] == "context"]
+    d = _anatomy_points(d)
     rows = []
     for _, r in d.sort_values(["concurrency", "context_len", "strategy"]).iterrows():
         b = phase_bounds(r, shape, held, hbm, link or float("nan"))
